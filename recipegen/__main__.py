@@ -1,0 +1,3 @@
+from recipegen.cli import main
+
+main()

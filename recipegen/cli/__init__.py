@@ -1,0 +1,71 @@
+"""The `recipegen` command: a thin layer over the library.
+
+Subcommands live in their own modules and are imported lazily, so `recipegen check budgets`
+does not pay for importing docker, httpx or matplotlib.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from recipegen import __version__
+from recipegen.errors import RecipegenError
+
+# command name -> "module:attribute"; each module owns its command(s).
+COMMANDS: dict[str, str] = {
+    "check": "recipegen.cli.check_cmd:check",
+    "schema": "recipegen.cli.schema_cmd:schema",
+    "render": "recipegen.cli.render_cmd:render",
+    "rowmap": "recipegen.cli.rowmap_cmd:rowmap",
+    "plan": "recipegen.cli.plan_cmd:plan",
+    "up": "recipegen.cli.ops_cmd:up",
+    "swap": "recipegen.cli.ops_cmd:swap",
+    "status": "recipegen.cli.ops_cmd:status",
+    "verify": "recipegen.cli.ops_cmd:verify",
+    "doctor": "recipegen.cli.ops_cmd:doctor",
+    "profile": "recipegen.cli.ops_cmd:profile",
+    "drift": "recipegen.cli.ops_cmd:drift",
+    "parity": "recipegen.cli.acceptance_cmd:parity",
+    "knee": "recipegen.cli.acceptance_cmd:knee",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(name for name in COMMANDS if self._load(name) is not None)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return self._load(cmd_name)
+
+    @staticmethod
+    def _load(name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:  # command not built yet
+                return None
+            raise
+        return getattr(module, attr, None)
+
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except RecipegenError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="recipegen")
+def main() -> None:
+    """Serving recipes for MoE models on memory-tiered GPU boxes.
+
+    Workflow: check → render → up → status → profile → swap → verify.
+    """

@@ -1,0 +1,322 @@
+"""The routing histogram: selections per (MoE layer, routed expert) with token counts.
+
+File format (text, UTF-8; docs/formats.md is the reference)::
+
+    # comment lines start with '#'
+    format: expert-residency-histogram/1
+    num_experts: 384
+    moe_layers: 0-39
+    tokens: 143333                 (tokens routed through every MoE layer)
+    decode_tokens: null            (JSON integer or null when unknown)
+    prefill_tokens: null
+    top_k: 6                       (JSON integer or null)
+    source: "<JSON string>"
+    model_revision: "<JSON string>"
+    meta.<key>: <JSON value>       (any number: lane, class, mode, synthetic, ...)
+    layer 0: c0 c1 ... c383        (one line per MoE layer, in moe_layers order)
+    ...
+    checksum: <hex sha256 of the counts encoding>
+    end
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._io import atomic_write_text, format_index_ranges, parse_index_ranges
+from .errors import FormatError
+
+HISTOGRAM_FORMAT = "expert-residency-histogram"
+HISTOGRAM_VERSION = 1
+HISTOGRAM_FORMAT_LINE = f"{HISTOGRAM_FORMAT}/{HISTOGRAM_VERSION}"
+COUNTS_TAG = "expert-residency/histogram-counts/v1"
+
+_LAYER_LINE = re.compile(r"^layer (\d+):(.*)$")
+_OPTIONAL_INTS = ("decode_tokens", "prefill_tokens", "top_k")
+
+
+@dataclass
+class Histogram:
+    """Routing counts `counts[row, expert]` for MoE layer `moe_layer_indices[row]`."""
+
+    moe_layer_indices: tuple[int, ...]
+    num_experts: int
+    counts: np.ndarray
+    tokens: int
+    decode_tokens: int | None = None
+    prefill_tokens: int | None = None
+    source: str = ""
+    model_revision: str = ""
+    top_k: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.moe_layer_indices = tuple(int(i) for i in self.moe_layer_indices)
+        self.num_experts = int(self.num_experts)
+        self.counts = np.asarray(self.counts, dtype=np.int64)
+        self.tokens = int(self.tokens)
+
+    @property
+    def selections(self) -> int:
+        """Total (token, layer, pick) selections counted."""
+        return int(self.counts.sum())
+
+    def layer_row(self, layer_index: int) -> int:
+        try:
+            return self.moe_layer_indices.index(layer_index)
+        except ValueError:
+            raise FormatError(f"layer {layer_index} is not in this histogram",
+                              field="moe_layers") from None
+
+    def checksum(self) -> str:
+        return hashlib.sha256(counts_encoding(self.moe_layer_indices, self.counts)).hexdigest()
+
+    def validate(self, *, path: str | os.PathLike[str] | None = None) -> None:
+        if self.num_experts <= 0:
+            raise FormatError("num_experts must be positive", path=path, field="num_experts")
+        if not self.moe_layer_indices or len(set(self.moe_layer_indices)) != len(
+                self.moe_layer_indices) or min(self.moe_layer_indices) < 0:
+            raise FormatError("layer list must be non-empty, unique and non-negative",
+                              path=path, field="moe_layers")
+        want = (len(self.moe_layer_indices), self.num_experts)
+        if self.counts.shape != want:
+            raise FormatError(f"counts have shape {self.counts.shape}, expected {want}",
+                              path=path, field="counts")
+        if (self.counts < 0).any():
+            row, expert = np.argwhere(self.counts < 0)[0]
+            raise FormatError(f"negative count for expert {expert}", path=path,
+                              field=f"layer {self.moe_layer_indices[row]}")
+        if self.tokens < 0:
+            raise FormatError("must be non-negative", path=path, field="tokens")
+        for name in _OPTIONAL_INTS:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise FormatError("must be a non-negative integer or null", path=path,
+                                  field=name)
+        if self.decode_tokens is not None and self.prefill_tokens is not None and \
+                self.decode_tokens + self.prefill_tokens != self.tokens:
+            raise FormatError(f"decode_tokens + prefill_tokens = "
+                              f"{self.decode_tokens + self.prefill_tokens} but tokens = "
+                              f"{self.tokens}", path=path, field="tokens")
+
+    def same_geometry(self, other: Histogram) -> bool:
+        return (self.moe_layer_indices == other.moe_layer_indices
+                and self.num_experts == other.num_experts)
+
+
+def counts_encoding(moe_layer_indices: Sequence[int], counts: np.ndarray) -> bytes:
+    """ASCII: tag line, then `layer <i> <c0>,<c1>,...` per layer, each line ending in "\\n"."""
+    lines = [COUNTS_TAG]
+    for layer, row in zip(moe_layer_indices, np.asarray(counts, dtype=np.int64)):
+        lines.append(f"layer {int(layer)} " + ",".join(map(str, row.tolist())))
+    return ("\n".join(lines) + "\n").encode("ascii")
+
+
+def merge_histograms(histograms: Iterable[Histogram], *, source: str | None = None) -> Histogram:
+    """Sum counts and tokens of histograms with one geometry (a pooled profile)."""
+    items = list(histograms)
+    if not items:
+        raise FormatError("no histograms to merge")
+    first = items[0]
+    for other in items[1:]:
+        if not first.same_geometry(other):
+            raise FormatError(f"cannot merge histograms of different geometry "
+                              f"({first.source!r} vs {other.source!r})", field="moe_layers")
+
+    def _sum(name: str) -> int | None:
+        values = [getattr(h, name) for h in items]
+        return None if any(v is None for v in values) else int(sum(values))
+
+    top_ks = {h.top_k for h in items}
+    revisions = {h.model_revision for h in items}
+    return Histogram(first.moe_layer_indices, first.num_experts,
+                     np.sum([h.counts for h in items], axis=0), sum(h.tokens for h in items),
+                     decode_tokens=_sum("decode_tokens"), prefill_tokens=_sum("prefill_tokens"),
+                     source=source if source is not None else
+                     "merged: " + " + ".join(h.source or "?" for h in items),
+                     model_revision=revisions.pop() if len(revisions) == 1 else "mixed",
+                     top_k=top_ks.pop() if len(top_ks) == 1 else None,
+                     meta={"merged_from": [h.source for h in items]})
+
+
+def format_histogram(h: Histogram) -> str:
+    h.validate()
+    out = [f"format: {HISTOGRAM_FORMAT_LINE}",
+           f"num_experts: {h.num_experts}",
+           f"moe_layers: {format_index_ranges(h.moe_layer_indices)}",
+           f"tokens: {h.tokens}"]
+    for name in _OPTIONAL_INTS:
+        out.append(f"{name}: {json.dumps(getattr(h, name))}")
+    out.append(f"source: {json.dumps(h.source, ensure_ascii=False)}")
+    out.append(f"model_revision: {json.dumps(h.model_revision, ensure_ascii=False)}")
+    for key in sorted(h.meta):
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", key):
+            raise FormatError(f"meta key {key!r} must be [A-Za-z0-9_.-]+", field=f"meta.{key}")
+        out.append(f"meta.{key}: {json.dumps(h.meta[key], sort_keys=True, ensure_ascii=False)}")
+    for layer, row in zip(h.moe_layer_indices, h.counts):
+        out.append(f"layer {layer}: " + " ".join(map(str, row.tolist())))
+    out.append(f"checksum: {h.checksum()}")
+    out.append("end")
+    return "\n".join(out) + "\n"
+
+
+def save_histogram(h: Histogram, path: str | os.PathLike[str]) -> None:
+    """Validate and write atomically (temp file + rename)."""
+    atomic_write_text(path, format_histogram(h))
+
+
+def parse_histogram(text: str, path: str | os.PathLike[str] = "<histogram>") -> Histogram:
+    header: dict[str, tuple[str, int]] = {}
+    meta: dict[str, Any] = {}
+    rows: list[tuple[int, int, str]] = []
+    checksum: tuple[str, int] | None = None
+    ended = False
+    lineno = 0
+    for lineno, raw in enumerate(text.split("\n"), start=1):
+        line = raw.rstrip("\r")
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if ended:
+            raise FormatError("content after 'end'", path=path, line=lineno)
+        if line == "end":
+            ended = True
+            continue
+        m = _LAYER_LINE.match(line)
+        if m:
+            rows.append((lineno, int(m.group(1)), m.group(2)))
+            continue
+        key, sep, value = line.partition(":")
+        if not sep:
+            raise FormatError(f"unrecognised line {line[:60]!r}", path=path, line=lineno)
+        key, value = key.strip(), value.strip()
+        if key.startswith("meta."):
+            try:
+                meta[key[5:]] = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise FormatError(f"value is not JSON ({exc.msg})", path=path, line=lineno,
+                                  field=key) from None
+        elif key == "checksum":
+            checksum = (value, lineno)
+        elif key in ("format", "num_experts", "moe_layers", "tokens", "source",
+                     "model_revision", *_OPTIONAL_INTS):
+            header[key] = (value, lineno)
+        else:
+            raise FormatError(f"unknown field {key!r}", path=path, line=lineno, field=key)
+
+    if "format" not in header:
+        raise FormatError("missing 'format:' line (not a histogram?)", path=path, field="format")
+    fmt, fmt_line = header["format"]
+    name, _, version = fmt.partition("/")
+    if name != HISTOGRAM_FORMAT:
+        raise FormatError(f"not a histogram: format {fmt!r}", path=path, line=fmt_line,
+                          field="format")
+    if version != str(HISTOGRAM_VERSION):
+        raise FormatError(f"unknown histogram format version {version!r} (this runtime reads "
+                          f"version {HISTOGRAM_VERSION})", path=path, line=fmt_line,
+                          field="format")
+    for key in ("num_experts", "moe_layers", "tokens"):
+        if key not in header:
+            raise FormatError(f"missing '{key}:' line", path=path, field=key)
+
+    def _int(key: str, *, optional: bool = False) -> int | None:
+        if key not in header:
+            return None
+        value, ln = header[key]
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        if parsed is None and optional:
+            return None
+        if not isinstance(parsed, int) or isinstance(parsed, bool) or parsed < 0:
+            raise FormatError(f"expected a non-negative integer{' or null' if optional else ''}"
+                              f", got {value!r}", path=path, line=ln, field=key)
+        return parsed
+
+    def _str(key: str) -> str:
+        if key not in header:
+            return ""
+        value, ln = header[key]
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, str):
+            raise FormatError("expected a JSON string", path=path, line=ln, field=key)
+        return parsed
+
+    num_experts = _int("num_experts")
+    assert num_experts is not None
+    if num_experts <= 0:
+        raise FormatError("must be positive", path=path, line=header["num_experts"][1],
+                          field="num_experts")
+    try:
+        layers = parse_index_ranges(header["moe_layers"][0])
+    except ValueError as exc:
+        raise FormatError(f"bad layer list ({exc})", path=path, line=header["moe_layers"][1],
+                          field="moe_layers") from None
+    if not layers or len(set(layers)) != len(layers) or min(layers) < 0:
+        raise FormatError("layer list must be non-empty, unique and non-negative", path=path,
+                          line=header["moe_layers"][1], field="moe_layers")
+    counts = np.zeros((len(layers), num_experts), dtype=np.int64)
+    for position, want in enumerate(layers):
+        if position >= len(rows):
+            raise FormatError(f"no counts for layer {want} (truncated file or missing layer)",
+                              path=path, line=rows[-1][0] if rows else lineno,
+                              field=f"layer {want}")
+        ln, layer, values = rows[position]
+        if layer != want:
+            raise FormatError(f"expected layer {want}, found layer {layer} (layers must "
+                              f"follow moe_layers)", path=path, line=ln, field=f"layer {layer}")
+        tokens = values.split()
+        if len(tokens) != num_experts:
+            raise FormatError(f"{len(tokens)} counts, expected {num_experts}", path=path,
+                              line=ln, field=f"layer {layer}")
+        try:
+            row = np.array([int(t) for t in tokens], dtype=np.int64)
+        except ValueError:
+            raise FormatError("counts must be integers", path=path, line=ln,
+                              field=f"layer {layer}") from None
+        if (row < 0).any():
+            raise FormatError("negative count", path=path, line=ln, field=f"layer {layer}")
+        counts[position] = row
+    if len(rows) > len(layers):
+        ln, layer, _ = rows[len(layers)]
+        raise FormatError(f"layer {layer} is not in moe_layers or is listed twice", path=path,
+                          line=ln, field=f"layer {layer}")
+    hist = Histogram(layers, num_experts, counts, _int("tokens") or 0,
+                     decode_tokens=_int("decode_tokens", optional=True),
+                     prefill_tokens=_int("prefill_tokens", optional=True),
+                     top_k=_int("top_k", optional=True),
+                     source=_str("source"), model_revision=_str("model_revision"), meta=meta)
+    if checksum is None:
+        raise FormatError("missing 'checksum:' line (truncated file?)", path=path,
+                          field="checksum")
+    if not ended:
+        raise FormatError("missing final 'end' line (truncated file?)", path=path, line=lineno)
+    if checksum[0] != hist.checksum():
+        raise FormatError("checksum does not match the counts (file edited or corrupted)",
+                          path=path, line=checksum[1], field="checksum")
+    hist.validate(path=path)
+    return hist
+
+
+def load_histogram(path: str | os.PathLike[str]) -> Histogram:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FormatError("no such file", path=path) from None
+    except UnicodeDecodeError:
+        raise FormatError("not UTF-8 text (corrupted file?)", path=path) from None
+    except OSError as exc:
+        raise FormatError(f"cannot read ({exc.strerror})", path=path) from None
+    return parse_histogram(text, path)

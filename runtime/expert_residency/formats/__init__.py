@@ -11,6 +11,8 @@
 docs/formats.md documents every field and both hash encodings.
 """
 
+from .capture import (HistogramAccumulator, decode_routed_experts, histogram_from_captures,
+                      iter_npy_chunks, iter_vllm_capture)
 from .errors import FormatError
 from .histogram import (HISTOGRAM_VERSION, Histogram, format_histogram, load_histogram,
                         merge_histograms, parse_histogram, save_histogram)
@@ -21,7 +23,8 @@ from .rowmap import (ROWMAP_VERSION, RowMap, format_rowmap, load_rowmap, parse_r
                      save_rowmap, verify_content_hash)
 
 __all__ = [
-    "FormatError",
+    "FormatError", "HistogramAccumulator", "decode_routed_experts", "histogram_from_captures",
+    "iter_npy_chunks", "iter_vllm_capture",
     "HISTOGRAM_VERSION", "Histogram", "format_histogram", "load_histogram", "merge_histograms",
     "parse_histogram", "save_histogram",
     "MODES", "REPORT_TAG", "REPORT_VERSION", "StartupReport", "expand_counts",

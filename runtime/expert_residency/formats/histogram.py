@@ -187,6 +187,9 @@ def parse_histogram(text: str, path: str | os.PathLike[str] = "<histogram>") -> 
             continue
         if ended:
             raise FormatError("content after 'end'", path=path, line=lineno)
+        if not header and not line.startswith("format:"):
+            raise FormatError(f"not a histogram: the first line must be 'format: {HISTOGRAM_FORMAT_LINE}'",
+                              path=path, line=lineno, field="format")
         if line == "end":
             ended = True
             continue

@@ -197,6 +197,9 @@ def parse_rowmap(text: str, path: str | os.PathLike[str] = "<row map>") -> RowMa
             continue
         if ended:
             raise FormatError("content after 'end'", path=path, line=lineno)
+        if not header and not line.startswith("format:"):
+            raise FormatError(f"not a row map: the first line must be 'format: {ROWMAP_FORMAT_LINE}'",
+                              path=path, line=lineno, field="format")
         if line == "end":
             ended = True
             continue

@@ -1,0 +1,236 @@
+"""Routing captures → histograms, streamed in chunks.
+
+Two capture sources:
+
+* vLLM's routed-experts capture (`--enable-return-routed-experts`, vLLM 0.33
+  `vllm/entrypoints/openai/completion/protocol.py` and `.../chat_completion/protocol.py`,
+  field `routed_experts` of each choice; encoded by `vllm/utils/serial_utils.py::numpy2base64`):
+  base64 of `.npy` bytes, shape `(num_tokens - 1, num_layers, top_k)`, dtype uint8 when the
+  model has ≤ 256 experts else uint16 (int32 accepted). The layer axis is indexed by the
+  router's `layer_id` over all decoder layers
+  (`vllm/model_executor/layers/fused_moe/routed_experts_capturer.py`). Ids are logical.
+  Files: a response JSON object, a JSON list of responses, JSON Lines (one response per
+  line), or a text file holding one bare base64 string per line.
+* Raw arrays: a `.npy` file of shape `[tokens, layers, top_k]` with integer ids,
+  memory-mapped and reduced chunk by chunk.
+
+Layer axis: if it has as many entries as the histogram's MoE layers, entry i is MoE layer i;
+otherwise it must cover every MoE layer index (entry = decoder layer index), and only the
+MoE layers' columns are counted (dense layers carry no routing).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import FormatError
+from .histogram import Histogram
+
+ProgressFn = Callable[[int, int], None]  # (units done, units total)
+
+DEFAULT_CHUNK_TOKENS = 1 << 16
+
+
+def decode_routed_experts(b64: str, *, path: str | os.PathLike[str] | None = None,
+                          line: int | None = None) -> np.ndarray:
+    """vLLM's `routed_experts` string → array `(tokens, layers, top_k)`."""
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError):
+        raise FormatError("routed_experts is not valid base64", path=path, line=line,
+                          field="routed_experts") from None
+    try:
+        array = np.load(io.BytesIO(raw), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise FormatError(f"routed_experts is not a .npy array ({exc})", path=path, line=line,
+                          field="routed_experts") from None
+    return _check_capture_array(array, path=path, line=line, field="routed_experts")
+
+
+def _check_capture_array(array: np.ndarray, *, path: Any = None, line: int | None = None,
+                         field: str | None = None) -> np.ndarray:
+    if array.ndim != 3:
+        raise FormatError(f"capture has shape {array.shape}, expected (tokens, layers, top_k)",
+                          path=path, line=line, field=field)
+    if not np.issubdtype(array.dtype, np.integer):
+        raise FormatError(f"capture dtype {array.dtype} is not an integer type", path=path,
+                          line=line, field=field)
+    return array
+
+
+class HistogramAccumulator:
+    """Adds `(tokens, layers, top_k)` id arrays into `[moe layers, experts]` counts."""
+
+    def __init__(self, moe_layer_indices: Sequence[int], num_experts: int) -> None:
+        self.moe_layer_indices = tuple(int(i) for i in moe_layer_indices)
+        self.num_experts = int(num_experts)
+        self.counts = np.zeros((len(self.moe_layer_indices), self.num_experts), dtype=np.int64)
+        self.tokens = 0
+        self.top_k: int | None = None
+        n = len(self.moe_layer_indices)
+        self._offsets = (np.arange(n, dtype=np.int64) * self.num_experts)[None, :, None]
+
+    def _columns(self, num_capture_layers: int, path: Any) -> np.ndarray | slice:
+        if num_capture_layers == len(self.moe_layer_indices):
+            return slice(None)
+        if num_capture_layers > max(self.moe_layer_indices):
+            return np.asarray(self.moe_layer_indices, dtype=np.int64)
+        raise FormatError(f"capture has {num_capture_layers} layers; the model has "
+                          f"{len(self.moe_layer_indices)} MoE layers up to index "
+                          f"{max(self.moe_layer_indices)}", path=path, field="layers")
+
+    def add(self, ids: np.ndarray, *, path: Any = None, line: int | None = None) -> None:
+        ids = _check_capture_array(np.asarray(ids), path=path, line=line)
+        if ids.shape[0] == 0:
+            return
+        if self.top_k is None:
+            self.top_k = int(ids.shape[2])
+        elif ids.shape[2] != self.top_k:
+            raise FormatError(f"top_k {ids.shape[2]} differs from earlier captures "
+                              f"({self.top_k})", path=path, line=line, field="top_k")
+        picked = ids[:, self._columns(ids.shape[1], path), :].astype(np.int64, copy=False)
+        lo, hi = int(picked.min()), int(picked.max())
+        if lo < 0 or hi >= self.num_experts:
+            bad = lo if lo < 0 else hi
+            raise FormatError(f"expert id {bad} out of range 0..{self.num_experts - 1}",
+                              path=path, line=line, field="ids")
+        flat = (picked + self._offsets).ravel()
+        self.counts += np.bincount(flat, minlength=self.counts.size).reshape(self.counts.shape)
+        self.tokens += int(ids.shape[0])
+
+    def histogram(self, *, source: str, model_revision: str = "",
+                  meta: dict[str, Any] | None = None) -> Histogram:
+        return Histogram(self.moe_layer_indices, self.num_experts, self.counts.copy(),
+                         self.tokens, source=source, model_revision=model_revision,
+                         top_k=self.top_k, meta=dict(meta or {}))
+
+
+def iter_npy_chunks(path: str | os.PathLike[str], chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+                    ) -> Iterator[tuple[np.ndarray, int, int]]:
+    """(chunk, tokens done, tokens total) over a raw `[tokens, layers, top_k]` `.npy`."""
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise FormatError("no such file", path=path) from None
+    except (ValueError, OSError, EOFError) as exc:
+        raise FormatError(f"not a readable .npy array ({exc})", path=path) from None
+    array = _check_capture_array(array, path=path)
+    total = int(array.shape[0])
+    for start in range(0, total, chunk_tokens):
+        stop = min(start + chunk_tokens, total)
+        yield np.asarray(array[start:stop]), stop, total
+
+
+def iter_vllm_capture(path: str | os.PathLike[str]
+                      ) -> Iterator[tuple[np.ndarray, int | None, int, int]]:
+    """(ids, line, bytes done, bytes total) for every `routed_experts` in a vLLM capture file."""
+    p = Path(path)
+    try:
+        total = p.stat().st_size
+        handle = p.open("r", encoding="utf-8")
+    except FileNotFoundError:
+        raise FormatError("no such file", path=path) from None
+    except OSError as exc:
+        raise FormatError(f"cannot read ({exc.strerror})", path=path) from None
+    with handle:
+        first = handle.read(1)
+        while first and first.isspace():
+            first = handle.read(1)
+        handle.seek(0)
+        if first == "[" or (first == "{" and p.suffix == ".json"):
+            try:
+                doc = json.load(handle)
+            except json.JSONDecodeError as exc:
+                raise FormatError(f"not valid JSON ({exc.msg})", path=path,
+                                  line=exc.lineno) from None
+            docs = doc if isinstance(doc, list) else [doc]
+            for doc_item in docs:
+                for b64 in _routed_experts_strings(doc_item, path, None):
+                    yield decode_routed_experts(b64, path=path), None, total, total
+            return
+        done = 0
+        for lineno, text in enumerate(handle, start=1):
+            done += len(text.encode("utf-8"))
+            stripped = text.strip()
+            if not stripped:
+                continue
+            if stripped.startswith("{"):
+                try:
+                    doc = json.loads(stripped)
+                except json.JSONDecodeError as exc:
+                    raise FormatError(f"not valid JSON ({exc.msg})", path=path,
+                                      line=lineno) from None
+                for b64 in _routed_experts_strings(doc, path, lineno):
+                    yield decode_routed_experts(b64, path=path, line=lineno), lineno, done, total
+            else:
+                yield decode_routed_experts(stripped, path=path, line=lineno), lineno, done, total
+
+
+def _routed_experts_strings(doc: Any, path: Any, line: int | None) -> list[str]:
+    """`routed_experts` of a completion / chat response (per choice) or of a bare object."""
+    if not isinstance(doc, dict):
+        raise FormatError("expected a response object", path=path, line=line)
+    found: list[str] = []
+    if isinstance(doc.get("routed_experts"), str):
+        found.append(doc["routed_experts"])
+    for choice in doc.get("choices") or []:
+        if isinstance(choice, dict) and isinstance(choice.get("routed_experts"), str):
+            found.append(choice["routed_experts"])
+    if not found and "routed_experts" not in doc and not any(
+            isinstance(c, dict) and "routed_experts" in c for c in doc.get("choices") or []):
+        raise FormatError("response has no routed_experts (was the server started with "
+                          "--enable-return-routed-experts?)", path=path, line=line,
+                          field="routed_experts")
+    return found  # a null routed_experts (aborted request) contributes nothing
+
+
+def capture_kind(path: str | os.PathLike[str]) -> str:
+    """'npy' for raw arrays, 'vllm' for response files / base64 lines."""
+    with open(path, "rb") as handle:
+        magic = handle.read(6)
+    return "npy" if magic == b"\x93NUMPY" else "vllm"
+
+
+def histogram_from_captures(paths: Sequence[str | os.PathLike[str]], *,
+                            moe_layer_indices: Sequence[int], num_experts: int,
+                            source: str | None = None, model_revision: str = "",
+                            chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                            progress: ProgressFn | None = None,
+                            meta: dict[str, Any] | None = None) -> Histogram:
+    """Reduce capture files (raw `.npy` or vLLM responses, mixed) into one histogram.
+
+    `progress(done, total)` is called after every chunk; units are bytes of input.
+    """
+    acc = HistogramAccumulator(moe_layer_indices, num_experts)
+    sizes = []
+    for path in paths:
+        try:
+            sizes.append(os.path.getsize(path))
+        except OSError:
+            raise FormatError("no such file", path=path) from None
+    grand_total, base = sum(sizes), 0
+    for path, size in zip(paths, sizes):
+        if capture_kind(path) == "npy":
+            for chunk, done, total in iter_npy_chunks(path, chunk_tokens):
+                acc.add(chunk, path=path)
+                if progress:
+                    progress(base + (size * done // total if total else size), grand_total)
+        else:
+            for ids, line, done, total in iter_vllm_capture(path):
+                acc.add(ids, path=path, line=line)
+                if progress:
+                    progress(base + (size * done // total if total else size), grand_total)
+        base += size
+        if progress:
+            progress(base, grand_total)
+    return acc.histogram(source=source or "capture: " + ", ".join(
+        os.path.basename(str(p)) for p in paths), model_revision=model_revision, meta=meta)

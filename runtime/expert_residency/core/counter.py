@@ -1,0 +1,103 @@
+"""Count-only mode's counter: one int64 per (MoE layer, expert), incremented per pick, on the device.
+
+Used two ways:
+
+* **count-only boot** (profile service): no row map, every expert in one bank; each MoE forward
+  calls ``count`` and the dump writer (``core.dump``) snapshots ``to_histogram()`` into the dump
+  folder in the shared histogram format;
+* **alongside residency** (drift on a live lane): ``residency_forward(..., counter=...)``. The cost
+  is one ``index_add_`` of ``T*K`` int64 ones per layer — device-only, fixed shapes, no sync.
+
+``token_mask [T]`` (bool) excludes padded tokens (CUDA-graph padding routes garbage);
+``decode_mask [T]`` (bool) marks decode tokens so the histogram can carry ``decode_tokens``.
+Counts are exact integers (integer atomics on the GPU), so a recount from the same ids matches.
+Reading (``snapshot``) copies to the host and therefore synchronises: call it from the dump
+thread or at a barrier, never on the step path.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+
+class ExpertCounter:
+    """Per-(layer, expert) pick counts for the MoE layers ``moe_layer_indices`` (model numbering)."""
+
+    def __init__(self, moe_layer_indices: Sequence[int], num_experts: int,
+                 device: torch.device | str = "cpu", top_k: int | None = None) -> None:
+        self.moe_layer_indices = tuple(int(i) for i in moe_layer_indices)
+        if len(set(self.moe_layer_indices)) != len(self.moe_layer_indices):
+            raise ValueError("moe_layer_indices must be unique")
+        self.num_experts = int(num_experts)
+        self.top_k = top_k
+        self.device = torch.device(device)
+        self._row = {layer: row for row, layer in enumerate(self.moe_layer_indices)}
+        layers = len(self.moe_layer_indices)
+        self.counts = torch.zeros(layers, self.num_experts, dtype=torch.int64, device=self.device)
+        self.tokens = torch.zeros(layers, dtype=torch.int64, device=self.device)
+        self.decode_tokens = torch.zeros(layers, dtype=torch.int64, device=self.device)
+        self._decode_known = True
+        self._lock = threading.Lock()
+
+    def row_of(self, layer_index: int) -> int:
+        try:
+            return self._row[layer_index]
+        except KeyError:
+            raise ValueError(f"MoE layer {layer_index} is not counted "
+                             f"(counter has {self.moe_layer_indices[:3]}...)") from None
+
+    def count(self, layer_index: int, topk_ids: torch.Tensor, *, token_mask: torch.Tensor | None = None,
+              decode_mask: torch.Tensor | None = None) -> None:
+        """Add this step's picks ``topk_ids [T, K]`` of MoE layer ``layer_index``."""
+        row = self.row_of(layer_index)
+        ids = topk_ids.reshape(-1).long()
+        if token_mask is None:
+            weight = torch.ones(topk_ids.shape, dtype=torch.int64, device=topk_ids.device)
+            valid = torch.ones(topk_ids.shape[0], dtype=torch.int64, device=topk_ids.device)
+        else:
+            valid = token_mask.to(torch.int64)
+            weight = valid.unsqueeze(1).expand(topk_ids.shape)
+        self.counts[row].index_add_(0, ids, weight.reshape(-1))
+        self.tokens[row] += valid.sum()
+        if decode_mask is None:
+            self._decode_known = False
+        else:
+            self.decode_tokens[row] += (valid * decode_mask.to(torch.int64)).sum()
+
+    def reset(self) -> None:
+        self.counts.zero_()
+        self.tokens.zero_()
+        self.decode_tokens.zero_()
+        self._decode_known = True
+
+    def snapshot(self) -> tuple[np.ndarray, int, int | None]:
+        """(counts ``int64 [layers, experts]``, tokens, decode tokens or None) — synchronises.
+
+        ``tokens`` is the number of tokens routed through the first counted layer; every layer sees
+        every token, so a different count on another layer means a layer was skipped (ValueError).
+        """
+        with self._lock:
+            counts = self.counts.detach().to("cpu").numpy().copy()
+            tokens = self.tokens.detach().to("cpu").numpy()
+            decode = self.decode_tokens.detach().to("cpu").numpy()
+        seen = tokens[tokens > 0]
+        if seen.size and (seen != seen[0]).any():
+            raise ValueError(f"layers saw different token counts {sorted(set(seen.tolist()))}")
+        total = int(tokens.max()) if tokens.size else 0
+        return counts, total, (int(decode.max()) if self._decode_known else None)
+
+    def to_histogram(self, *, source: str, model_revision: str = "",
+                     meta: dict[str, Any] | None = None) -> Any:
+        """Snapshot as an ``expert_residency.formats.Histogram``."""
+        from ..formats.histogram import Histogram
+
+        counts, tokens, decode = self.snapshot()
+        return Histogram(self.moe_layer_indices, self.num_experts, counts, tokens,
+                         decode_tokens=decode,
+                         prefill_tokens=None if decode is None else tokens - decode,
+                         source=source, model_revision=model_revision, top_k=self.top_k,
+                         meta=dict(meta or {}))

@@ -1,0 +1,91 @@
+"""The device row map: one ``int32[num_experts]`` per MoE layer resolving an expert id to (bank, row).
+
+Encoding (one int32 per expert id ``e``):
+
+* ``code[e] >= 0``  → expert ``e`` lives in the **hot** bank at row ``code[e]``;
+* ``code[e] <  0``  → expert ``e`` lives in the **cold** bank at row ``~code[e]`` (i.e. ``-code[e] - 1``).
+
+The encoding is a plain device tensor, never a captured constant: a CUDA graph replays against
+whatever it holds, so a swap only has to rewrite two of its elements (see ``core.swap``).
+
+``route_picks`` turns router output ``topk_ids [T, K]`` into per-bank row indices and masks with
+fixed shapes and no host synchronisation (every pick gets a row in both banks; the mask says which
+one is real; masked-out rows are clamped to 0 so they are always valid indices).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+def encode_row_codes(hot_ids: Sequence[int], cold_ids: Sequence[int], num_experts: int,
+                     device: torch.device | str | None = None) -> torch.Tensor:
+    """Build the ``int32[num_experts]`` code tensor for one layer.
+
+    ``hot_ids[r]`` is the expert held in hot row ``r``; ``cold_ids[r]`` the expert in cold row ``r``.
+    Every id in ``0..num_experts-1`` must appear exactly once across both lists.
+    """
+    hot = [int(e) for e in hot_ids]
+    cold = [int(e) for e in cold_ids]
+    _check_partition(hot, cold, num_experts)
+    codes = [0] * num_experts
+    for row, expert in enumerate(hot):
+        codes[expert] = row
+    for row, expert in enumerate(cold):
+        codes[expert] = -row - 1
+    return torch.tensor(codes, dtype=torch.int32, device=device)
+
+
+def decode_row_codes(codes: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Inverse of ``encode_row_codes`` (host side; syncs — for reports and tests, not the step path)."""
+    values = [int(v) for v in codes.detach().to("cpu").tolist()]
+    hot_rows = {v: e for e, v in enumerate(values) if v >= 0}
+    cold_rows = {-v - 1: e for e, v in enumerate(values) if v < 0}
+    if sorted(hot_rows) != list(range(len(hot_rows))) or sorted(cold_rows) != list(range(len(cold_rows))):
+        raise ValueError("row codes do not describe dense hot/cold rows (a row is used twice or skipped)")
+    return [hot_rows[r] for r in range(len(hot_rows))], [cold_rows[r] for r in range(len(cold_rows))]
+
+
+@dataclass
+class PickRouting:
+    """Per-bank view of one step's picks; every tensor is ``[T, K]`` on the device of ``topk_ids``.
+
+    ``hot_rows``/``cold_rows`` are int64 row indices into the bank (0 where the pick belongs to the
+    other bank); ``hot_mask``/``cold_mask`` are bool and exactly complementary.
+    """
+
+    hot_rows: torch.Tensor
+    hot_mask: torch.Tensor
+    cold_rows: torch.Tensor
+    cold_mask: torch.Tensor
+
+
+def route_picks(codes: torch.Tensor, topk_ids: torch.Tensor) -> PickRouting:
+    """Resolve ``topk_ids [T, K]`` (any integer dtype, global expert ids) through ``codes``.
+
+    Fixed shapes, device-only ops, no ``.item()``/``nonzero``: safe inside CUDA-graph capture.
+    """
+    code = codes[topk_ids.long()]
+    hot_mask = code >= 0
+    cold_mask = ~hot_mask
+    zero = torch.zeros_like(code)
+    hot_rows = torch.where(hot_mask, code, zero).long()
+    cold_rows = torch.where(cold_mask, torch.bitwise_not(code), zero).long()
+    return PickRouting(hot_rows=hot_rows, hot_mask=hot_mask, cold_rows=cold_rows, cold_mask=cold_mask)
+
+
+def _check_partition(hot: list[int], cold: list[int], num_experts: int) -> None:
+    seen: dict[int, str] = {}
+    for bank, ids in (("hot", hot), ("cold", cold)):
+        for expert in ids:
+            if not 0 <= expert < num_experts:
+                raise ValueError(f"{bank} expert id {expert} is outside 0..{num_experts - 1}")
+            if expert in seen:
+                raise ValueError(f"expert {expert} appears twice ({seen[expert]} and {bank})")
+            seen[expert] = bank
+    if len(seen) != num_experts:
+        missing = sorted(set(range(num_experts)) - set(seen))
+        raise ValueError(f"{len(missing)} expert id(s) in neither bank, first {missing[:5]}")

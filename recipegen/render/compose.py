@@ -1,0 +1,122 @@
+"""Turn service specs into compose.yaml text with the jinja2 templates under `templates/`.
+
+Pure text in, text out: no recipe, no ledger, no I/O besides reading templates. The config
+hash of a service is the sha256 of its own rendered block (with the hash left empty) plus the
+bytes of every generated file it mounts, so any change to what defines the service — a flag,
+an env var, the mounted row map, the template itself — changes the label, and
+`docker compose up -d` recreates exactly that service.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import jinja2
+
+from recipegen.errors import RecipegenError
+
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent.parent / "templates"
+CONFIG_HASH_LABEL = "io.recipegen.config-hash"
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A volume entry (long syntax). Bind sources are relative to the output folder."""
+
+    type: Literal["bind", "volume"]
+    source: str
+    target: str
+    read_only: bool
+    create_host_path: bool = False
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    test: tuple[str, ...]
+    interval: str = "15s"
+    timeout: str = "10s"
+    retries: int = 5
+    start_period: str = "180m"
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """Everything one compose service carries; the template only lays it out."""
+
+    name: str
+    image: str
+    command: tuple[str, ...]
+    environment: tuple[tuple[str, str], ...]
+    mounts: tuple[Mount, ...]
+    device_ids: tuple[str, ...]
+    port: int
+    healthcheck: HealthCheck
+    labels: tuple[tuple[str, str], ...]
+    shm_size: str = "16gb"
+    restart: str = "unless-stopped"
+    stop_grace_period: str = "120s"
+    profiles: tuple[str, ...] = ()
+    depends_on: tuple[str, ...] = ()
+    env_files: tuple[str, ...] = ()
+    # Output-folder files this service mounts (path → bytes), hashed into the config hash.
+    mounted_files: dict[str, bytes] = field(default_factory=dict, compare=False)
+
+
+def _quote(value: Any) -> str:
+    """A YAML scalar that means exactly `value` as a string: JSON strings are valid YAML."""
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+def make_environment(templates_dir: Path = TEMPLATES_DIR) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=False,
+        lstrip_blocks=False,
+    )
+    env.filters["q"] = _quote
+    return env
+
+
+def _render(env: jinja2.Environment, name: str, **context: Any) -> str:
+    try:
+        return env.get_template(name).render(**context)
+    except jinja2.TemplateNotFound as exc:
+        raise RecipegenError(f"template {exc.name} not found under {env.loader.searchpath}")  # type: ignore[union-attr]
+    except jinja2.TemplateSyntaxError as exc:
+        raise RecipegenError(f"template {exc.filename or exc.name}:{exc.lineno}: {exc.message}")
+    except jinja2.UndefinedError as exc:
+        raise RecipegenError(f"template {name}: {exc.message}")
+
+
+def config_hash(block_without_hash: str, mounted_files: dict[str, bytes]) -> str:
+    digest = hashlib.sha256()
+    digest.update(block_without_hash.encode("utf-8"))
+    for path, data in sorted(mounted_files.items()):
+        digest.update(b"\0" + path.encode("utf-8") + b"\0")
+        digest.update(hashlib.sha256(data).digest())
+    return digest.hexdigest()
+
+
+def render_service(env: jinja2.Environment, spec: ServiceSpec, vllm_version: str) -> str:
+    """The service's YAML block, its config hash label filled in."""
+    unhashed = _render(env, "service.yaml.j2", s=spec, config_hash="", vllm_version=vllm_version)
+    digest = config_hash(unhashed.strip("\n"), spec.mounted_files)
+    block = _render(env, "service.yaml.j2", s=spec, config_hash=digest, vllm_version=vllm_version)
+    return block.strip("\n")
+
+
+def render_compose(env: jinja2.Environment, *, project_name: str, recipe_name: str,
+                   recipe_file: str, vllm_version: str, services: list[ServiceSpec],
+                   volumes: list[str]) -> str:
+    blocks = [render_service(env, spec, vllm_version) for spec in services]
+    return _render(env, "compose.yaml.j2", project_name=project_name, recipe_name=recipe_name,
+                   recipe_file=recipe_file, vllm_version=vllm_version, service_blocks=blocks,
+                   first_service=services[0].name if services else "",
+                   volumes=sorted(volumes))

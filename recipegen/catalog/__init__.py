@@ -1,0 +1,64 @@
+"""Catalogs of models and machines shipped with the package; every figure carries its source."""
+
+from __future__ import annotations
+
+import copy
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from recipegen.schema.sourced import is_sourced
+
+KINDS = ("models", "machines")
+# Keys whose values are names or coordinates, not figures: they need no source.
+NON_FIGURE_KEYS = frozenset({"name", "description", "kind", "architecture", "checkpoint",
+                             "revision", "address", "streams", "k", "dtype"})
+
+
+@lru_cache(maxsize=None)
+def load_catalog(kind: str) -> dict[str, dict[str, Any]]:
+    """The raw catalog (`{value, source}` figures intact), by entry name."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown catalog {kind!r}")
+    text = resources.files("recipegen.catalog").joinpath(f"{kind}.yaml").read_text(encoding="utf-8")
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    data = yaml.load(text, Loader=loader) or {}
+    return {name: {"name": name, **entry} for name, entry in data.items()}
+
+
+def catalog_names(kind: str) -> list[str]:
+    return sorted(load_catalog(kind))
+
+
+def catalog_entry(kind: str, name: str) -> dict[str, Any]:
+    """A deep copy of one entry; an unknown name is a ValueError listing the known ones."""
+    entries = load_catalog(kind)
+    if name not in entries:
+        singular = kind[:-1]
+        raise ValueError(f"unknown {singular} {name!r} in the {singular} catalog; "
+                         f"known: {', '.join(sorted(entries)) or '(none)'}")
+    return copy.deepcopy(entries[name])
+
+
+def figures_without_source(kind: str) -> list[str]:
+    """Field paths of catalog figures that are not written as `{value, source}` (should be none)."""
+    missing: list[str] = []
+
+    def walk(node: Any, path: str, key: str) -> None:
+        if is_sourced(node):
+            return
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{path}.{k}", str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{path}[{i}]", key)
+        elif key not in NON_FIGURE_KEYS:
+            missing.append(path)
+
+    for name, entry in load_catalog(kind).items():
+        for k, v in entry.items():
+            walk(v, f"{name}.{k}", k)
+    return missing

@@ -1,0 +1,1 @@
+"""The budget ledger: pure functions, the single source of every budget formula."""

@@ -1,0 +1,376 @@
+"""Locate, read and validate recipe files; write `active_class` back without touching the layout.
+
+Every problem becomes one `InputError` naming file, line and field path (all problems of a file are
+listed in its message), never a traceback: YAML syntax, duplicate keys, unknown fields, wrong
+types, missing units, unknown catalog names, cross-references, missing or mismatched row maps.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from pydantic import ValidationError
+
+from recipegen.errors import InputError
+from recipegen.schema import Recipe
+from recipegen.schema.base import PathError, StrictModel
+from recipegen.schema.checks import Problem, cross_reference_problems
+
+RECIPES_DIRNAME = "recipes"
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+
+Loc = tuple[str | int, ...]
+
+
+@dataclass
+class LoadedRecipe:
+    """A validated recipe and where it came from."""
+
+    recipe: Recipe
+    path: Path
+    document: Any = field(repr=False, default=None)  # ruamel round-trip tree, for line numbers
+    rowmaps: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False)
+    """(lane, class) -> expert_residency.formats.RowMap, for every class whose map was read."""
+
+    @property
+    def name(self) -> str:
+        return self.recipe.name
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+    def resolve(self, relative: str) -> Path:
+        """A path written in the recipe (relative to the recipe file)."""
+        return self.base_dir / relative
+
+    def line_of(self, loc: Loc) -> int | None:
+        return line_of(self.document, loc)
+
+    def error(self, message: str, loc: Loc) -> InputError:
+        """An InputError at a field of this recipe."""
+        return InputError(message, file=display_path(self.path), line=self.line_of(loc),
+                          field=format_loc(loc))
+
+
+# ---------------------------------------------------------------- locating
+
+def recipe_search_dirs() -> list[Path]:
+    dirs = [Path.cwd() / RECIPES_DIRNAME, PACKAGE_ROOT / RECIPES_DIRNAME]
+    unique: list[Path] = []
+    for d in dirs:
+        if d not in unique:
+            unique.append(d)
+    return unique
+
+
+def resolve_recipe_path(name_or_path: str | os.PathLike[str]) -> Path:
+    """A path to a file, or a bare recipe name resolved as `recipes/<name>.yaml`."""
+    text = os.fspath(name_or_path)
+    candidate = Path(text)
+    if candidate.is_file():
+        return candidate
+    bare = os.sep not in text and "/" not in text
+    if bare:
+        stem = text[:-5] if text.endswith(".yaml") else text
+        for folder in recipe_search_dirs():
+            path = folder / f"{stem}.yaml"
+            if path.is_file():
+                return path
+    if candidate.exists():
+        raise InputError("not a file", file=text)
+    known = sorted({p.stem for d in recipe_search_dirs() if d.is_dir() for p in d.glob("*.yaml")})
+    hint = f"; recipes under {RECIPES_DIRNAME}/: {', '.join(known)}" if bare and known else ""
+    raise InputError(f"recipe not found{hint}", file=text)
+
+
+def list_recipes(folder: Path | None = None) -> list[Path]:
+    """Every recipe under `recipes/` (the first search folder that exists)."""
+    folders = [folder] if folder is not None else recipe_search_dirs()
+    for d in folders:
+        if d.is_dir():
+            return sorted(d.glob("*.yaml"))
+    return []
+
+
+def display_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+# ---------------------------------------------------------------- YAML
+
+def _yaml() -> Any:
+    from ruamel.yaml import YAML
+
+    yaml = YAML(typ="rt")
+    yaml.allow_duplicate_keys = False
+    yaml.preserve_quotes = True
+    return yaml
+
+
+def parse_yaml(text: str, file: str) -> Any:
+    """Round-trip parse (keeps line numbers); syntax errors and duplicate keys are InputErrors."""
+    from ruamel.yaml.constructor import DuplicateKeyError
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+    try:
+        return _yaml().load(text)
+    except DuplicateKeyError as exc:
+        mark = exc.problem_mark
+        key = _duplicate_key_name(exc)
+        raise InputError(f"duplicate key {key!r} (first defined on line "
+                         f"{exc.context_mark.line + 1})" if exc.context_mark else
+                         f"duplicate key {key!r}", file=file,
+                         line=mark.line + 1 if mark else None, field=key) from None
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = " ".join(p for p in (exc.context, exc.problem) if p) or "invalid YAML"
+        raise InputError(f"YAML syntax error: {problem}", file=file,
+                         line=mark.line + 1 if mark else None) from None
+    except YAMLError as exc:
+        raise InputError(f"YAML error: {exc}", file=file) from None
+
+
+def _duplicate_key_name(exc: Exception) -> str:
+    match = re.search(r'found duplicate key "([^"]*)"', str(exc))
+    return match.group(1) if match else "?"
+
+
+def to_plain(node: Any) -> Any:
+    """ruamel's commented containers and scalar subclasses -> plain dict/list/str/int/float/bool."""
+    if isinstance(node, dict):
+        return {str(k) if not isinstance(k, (int, float, bool)) else k: to_plain(v)
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [to_plain(v) for v in node]
+    if isinstance(node, bool) or node is None:
+        return node
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    if isinstance(node, str):
+        return str(node)
+    return node
+
+
+def line_of(document: Any, loc: Loc) -> int | None:
+    """1-based line of the deepest part of `loc` present in the document."""
+    line: int | None = None
+    node = document
+    for step in loc:
+        lc = getattr(node, "lc", None)
+        if isinstance(node, dict) and step in node:
+            if lc is not None:
+                try:
+                    line = lc.key(step)[0] + 1
+                except Exception:  # ruamel keeps no position for some keys
+                    pass
+            node = node[step]
+        elif isinstance(node, list) and isinstance(step, int) and 0 <= step < len(node):
+            if lc is not None:
+                try:
+                    line = lc.item(step)[0] + 1
+                except Exception:
+                    pass
+            node = node[step]
+        else:
+            break
+    if line is None and document is not None and getattr(document, "lc", None) is not None:
+        line = document.lc.line + 1
+    return line
+
+
+def format_loc(loc: Iterable[str | int]) -> str:
+    out = ""
+    for step in loc:
+        if isinstance(step, int):
+            out += f"[{step}]"
+        else:
+            out += f".{step}" if out else str(step)
+    return out or "(top level)"
+
+
+# ---------------------------------------------------------------- validation errors
+
+_ALL_FIELDS: set[str] | None = None
+
+
+def _all_field_names() -> set[str]:
+    global _ALL_FIELDS
+    if _ALL_FIELDS is None:
+        names: set[str] = set()
+        seen: set[type] = set()
+
+        def visit(model: type[StrictModel]) -> None:
+            if model in seen:
+                return
+            seen.add(model)
+            for name, info in model.model_fields.items():
+                names.add(name)
+                for arg in _model_types(info.annotation):
+                    visit(arg)
+        visit(Recipe)
+        _ALL_FIELDS = names
+    return _ALL_FIELDS
+
+
+def _model_types(annotation: Any) -> list[type[StrictModel]]:
+    from typing import get_args
+
+    found: list[type[StrictModel]] = []
+    if isinstance(annotation, type) and issubclass(annotation, StrictModel):
+        found.append(annotation)
+    for arg in get_args(annotation):
+        found.extend(_model_types(arg))
+    return found
+
+
+def _describe(error: dict[str, Any]) -> tuple[Loc, str]:
+    loc: Loc = tuple(error["loc"])
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    cause = ctx.get("error")
+    if isinstance(cause, PathError):
+        loc = loc + tuple(cause.path)
+    value = error.get("input")
+    if kind == "extra_forbidden":
+        name = str(loc[-1]) if loc else "?"
+        close = difflib.get_close_matches(name, sorted(_all_field_names()), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return loc, f"unknown field {name!r}{hint}"
+    if kind == "missing":
+        return loc, "missing required field"
+    message = str(error["msg"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if message.startswith(prefix):
+            message = message[len(prefix):]
+    if kind not in ("value_error", "assertion_error") and isinstance(value, (str, int, float, bool)):
+        message += f" (got {value!r})"
+    return loc, message
+
+
+def problems_error(path: Path, document: Any, problems: list[Problem]) -> InputError:
+    """One InputError for all problems: the first sets file/line/field, the rest are listed."""
+    file = display_path(path)
+    (loc0, msg0), rest = problems[0], problems[1:]
+    message = msg0
+    if rest:
+        lines = [f"  {file}:{line_of(document, loc) or '?'}: field '{format_loc(loc)}': {msg}"
+                 for loc, msg in rest]
+        message += f"\n  ({len(problems)} problems in this file; the others:)\n" + "\n".join(lines)
+    return InputError(message, file=file, line=line_of(document, loc0), field=format_loc(loc0))
+
+
+# ---------------------------------------------------------------- loading
+
+def load_recipe(path_or_name: str | os.PathLike[str], *, read_maps: bool = True) -> LoadedRecipe:
+    """Read, validate and cross-check a recipe. Raises InputError on any problem."""
+    path = resolve_recipe_path(path_or_name)
+    file = display_path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError("not UTF-8 text", file=file) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", file=file) from None
+    document = parse_yaml(text, file)
+    if not isinstance(document, dict):
+        kind = "empty" if document is None else f"a {type(document).__name__}"
+        raise InputError(f"a recipe is a YAML mapping (version, name, model, machines, lanes); "
+                         f"this file is {kind}", file=file, line=1)
+    try:
+        recipe = Recipe.model_validate(to_plain(document))
+    except ValidationError as exc:
+        problems = [_describe(e) for e in exc.errors(include_url=False)]
+        raise problems_error(path, document, problems) from None
+    cross = cross_reference_problems(recipe, path.parent)
+    if cross:
+        raise problems_error(path, document, cross)
+    loaded = LoadedRecipe(recipe=recipe, path=path, document=document)
+    if read_maps:
+        from recipegen.recipe_rowmaps import read_lane_rowmaps  # local: keeps numpy off the light path
+
+        problems: list[Problem] = []
+        for i, lane in enumerate(recipe.lanes):
+            maps, lane_problems = read_lane_rowmaps(recipe, i, path.parent)
+            problems.extend(lane_problems)
+            for cls, rowmap in maps.items():
+                loaded.rowmaps[(lane.name, cls)] = rowmap
+        if problems:
+            raise problems_error(path, document, problems)
+    return loaded
+
+
+# ---------------------------------------------------------------- write-back
+
+_SCALAR_AT = re.compile(r"""("(?:[^"\\]|\\.)*"|'(?:[^']|'')*'|[^\s#]+)""")
+
+
+def set_active_class(path: str | os.PathLike[str], lane: str, cls: str) -> bool:
+    """Write `active_class: <cls>` for `lane` into the recipe, changing nothing else.
+
+    Comments, quoting and layout are preserved (only the value token is replaced; a missing key is
+    added with ruamel's round-trip writer). The result is re-validated before an atomic rename.
+    Returns False when the class was already active (file untouched).
+    """
+    target = resolve_recipe_path(path)
+    loaded = load_recipe(target, read_maps=False)
+    recipe, document = loaded.recipe, loaded.document
+    index = next((i for i, item in enumerate(recipe.lanes) if item.name == lane), None)
+    if index is None:
+        raise InputError(f"no lane {lane!r} (lanes: {', '.join(l.name for l in recipe.lanes)})",
+                         file=display_path(target), field="lanes")
+    lane_model = recipe.lanes[index]
+    if cls not in lane_model.classes:
+        raise loaded.error(f"class {cls!r} is not declared in lane {lane!r} (declared: "
+                           f"{', '.join(lane_model.classes) or 'none'})", ("lanes", index, "classes"))
+    if lane_model.active_class == cls:
+        return False
+    text = target.read_text(encoding="utf-8")
+    lane_node = document["lanes"][index]
+    if "active_class" in lane_node:
+        line, col = lane_node.lc.value("active_class")
+        lines = text.splitlines(keepends=True)
+        match = _SCALAR_AT.match(lines[line], col)
+        if match is None:
+            raise loaded.error("cannot find the active_class value to replace",
+                               ("lanes", index, "active_class"))
+        lines[line] = lines[line][:match.start()] + cls + lines[line][match.end():]
+        new_text = "".join(lines)
+    else:
+        import io
+
+        lane_node["active_class"] = cls
+        yaml = _yaml()
+        yaml.width = 4096
+        yaml.indent(mapping=2, sequence=4, offset=2)
+        buffer = io.StringIO()
+        yaml.dump(document, buffer)
+        new_text = buffer.getvalue()
+    _atomic_write_validated(target, new_text)
+    return True
+
+
+def _atomic_write_validated(target: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".yaml", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+        load_recipe(tmp, read_maps=False)  # never replace a good recipe with a broken one
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise

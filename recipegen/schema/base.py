@@ -1,0 +1,90 @@
+"""Shared pieces of the recipe language: a strict base model and unit-carrying field types."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, WithJsonSchema
+
+from recipegen.units import UnitError, parse_bandwidth, parse_bytes, parse_count, parse_scaled_number
+
+
+class StrictModel(BaseModel):
+    """Unknown fields are errors; each field's docstring is its description (JSON Schema, docs)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=False,
+                              validate_default=True)
+
+
+class PathError(ValueError):
+    """A cross-field error that belongs to a sub-field: `path` is appended to the error's location."""
+
+    def __init__(self, message: str, path: tuple[str | int, ...] = ()) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+def _bytes_any(value: Any) -> int:
+    n = parse_bytes(value)
+    if n < 0:
+        raise UnitError(f"size must not be negative, got {value!r}")
+    return n
+
+
+def _bytes_positive(value: Any) -> int:
+    n = parse_bytes(value)
+    if n <= 0:
+        raise UnitError(f"size must be positive, got {value!r}")
+    return n
+
+
+def _bandwidth_positive(value: Any) -> float:
+    bw = parse_bandwidth(value)
+    if bw <= 0:
+        raise UnitError(f"bandwidth must be positive, got {value!r}")
+    return bw
+
+
+def _count(value: Any) -> int:
+    n = parse_count(value)
+    if n <= 0:
+        raise UnitError(f"must be a positive whole number, got {value!r}")
+    return n
+
+
+def _scaled_positive(value: Any) -> float:
+    x = parse_scaled_number(value)
+    if x <= 0:
+        raise UnitError(f"must be positive, got {value!r}")
+    return x
+
+
+_SIZE_SCHEMA = {"type": "string", "pattern": r"^\s*[0-9][0-9_,.]*\s*(B|KiB|MiB|GiB|TiB|kB|KB|MB|GB|TB)\s*$",
+                "examples": ["60 GiB", "141 GB", "18800640 B"]}
+
+Bytes = Annotated[int, BeforeValidator(_bytes_any), WithJsonSchema(
+    {**_SIZE_SCHEMA, "description": "A size with its unit (GiB = 2^30 bytes, GB = 10^9); zero allowed."})]
+"""A size in bytes, written with a unit ('60 GiB'); 0 allowed."""
+
+PositiveBytes = Annotated[int, BeforeValidator(_bytes_positive), WithJsonSchema(
+    {**_SIZE_SCHEMA, "description": "A positive size with its unit (GiB = 2^30 bytes, GB = 10^9)."})]
+"""A positive size in bytes, written with a unit."""
+
+Bandwidth = Annotated[float, BeforeValidator(_bandwidth_positive), WithJsonSchema(
+    {"type": "string", "pattern": r"^\s*[0-9][0-9_,.]*\s*(B|KiB|MiB|GiB|TiB|kB|KB|MB|GB|TB)/s\s*$",
+     "examples": ["340 GB/s", "4.2 TB/s"],
+     "description": "A positive bandwidth with its unit, in bytes per second (GB/s = 10^9 B/s)."})]
+"""A bandwidth in bytes per second, written with a unit ('340 GB/s')."""
+
+TokenCount = Annotated[int, BeforeValidator(_count), WithJsonSchema(
+    {"anyOf": [{"type": "integer", "minimum": 1},
+               {"type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*[kKmMgG]?\s*$"}],
+     "examples": [1048576, "1M", "128k"],
+     "description": "A whole number; vLLM's suffixes accepted: k/m/g decimal, K/M/G binary (1M = 1048576)."})]
+"""A positive whole number that may use vLLM's k/K/m/M suffixes."""
+
+ScaledNumber = Annotated[float, BeforeValidator(_scaled_positive), WithJsonSchema(
+    {"anyOf": [{"type": "number", "exclusiveMinimum": 0},
+               {"type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*[kKmM]?\s*$"}],
+     "examples": [518000, "0.518M"]})]
+"""A positive number that may carry a decimal k/M suffix ('0.518M' = 518000)."""

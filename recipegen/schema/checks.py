@@ -1,0 +1,88 @@
+"""Checks that span fields: references between lanes, machines, classes and files.
+
+Each returns every problem it finds as (field path, message), so one run lists them all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recipegen.schema.recipe import Recipe
+
+Problem = tuple[tuple[str | int, ...], str]
+
+
+def cross_reference_problems(recipe: Recipe, base_dir: Path) -> list[Problem]:
+    problems: list[Problem] = []
+    seen_names: dict[str, int] = {}
+    seen_ports: dict[tuple[str, int], int] = {}
+    for i, lane in enumerate(recipe.lanes):
+        where = ("lanes", i)
+        if lane.name in seen_names:
+            problems.append(((*where, "name"), f"duplicate lane name {lane.name!r} "
+                             f"(also lanes[{seen_names[lane.name]}])"))
+        seen_names.setdefault(lane.name, i)
+
+        machine = recipe.machines.get(lane.machine)
+        if machine is None:
+            problems.append(((*where, "machine"), f"unknown machine {lane.machine!r}; the recipe's "
+                             f"machines are: {', '.join(sorted(recipe.machines))}"))
+        else:
+            for j, gpu in enumerate(lane.gpus):
+                if gpu >= machine.gpus.count:
+                    problems.append(((*where, "gpus", j), f"GPU id {gpu} does not exist on machine "
+                                     f"{lane.machine!r} ({machine.gpus.count} GPU(s): ids 0.."
+                                     f"{machine.gpus.count - 1})"))
+            key = (lane.machine, lane.port)
+            if key in seen_ports:
+                problems.append(((*where, "port"), f"port {lane.port} on machine {lane.machine!r} is "
+                                 f"already used by lanes[{seen_ports[key]}]"))
+            seen_ports.setdefault(key, i)
+
+        offload = lane.offload
+        experts = recipe.model.routed_experts
+        if offload.hot_experts_per_layer is not None and offload.hot_experts_per_layer > experts:
+            problems.append(((*where, "offload", "hot_experts_per_layer"),
+                             f"{offload.hot_experts_per_layer} hot experts per layer, but the model "
+                             f"has {experts} routed experts per layer"))
+        reserve = lane.reserves.hbm.back_solved_from
+        if reserve is not None and reserve.hot_experts_per_layer > experts:
+            problems.append(((*where, "reserves", "hbm", "back_solved_from", "hot_experts_per_layer"),
+                             f"{reserve.hot_experts_per_layer} exceeds the model's {experts} experts"))
+
+        problems.extend(_class_problems(recipe, i, base_dir))
+    return problems
+
+
+def _class_problems(recipe: Recipe, i: int, base_dir: Path) -> list[Problem]:
+    lane = recipe.lanes[i]
+    where: tuple[str | int, ...] = ("lanes", i)
+    problems: list[Problem] = []
+    usage_aware = lane.offload.placement == "usage-aware"
+    if usage_aware and not lane.classes:
+        problems.append(((*where, "classes"), "a usage-aware lane needs at least one traffic class "
+                         "with a row map"))
+    if lane.classes and lane.active_class is None:
+        problems.append(((*where, "active_class"), "missing: name one of the declared classes ("
+                         f"{', '.join(lane.classes)})"))
+    if lane.active_class is not None and lane.active_class not in lane.classes:
+        declared = ", ".join(lane.classes) or "none"
+        problems.append(((*where, "active_class"), f"class {lane.active_class!r} is not declared "
+                         f"in this lane's classes (declared: {declared})"))
+    for name, cls in lane.classes.items():
+        cpath = (*where, "classes", name)
+        if usage_aware and cls.rowmap is None:
+            problems.append(((*cpath, "rowmap"), "missing: a usage-aware lane's class needs a row map"))
+        if not usage_aware and cls.rowmap is not None:
+            problems.append(((*cpath, "rowmap"), "a positional lane has no row map (placement is "
+                             "plain --cpu-offload-gb); set offload.placement: usage-aware"))
+        for field in ("rowmap", "histogram"):
+            rel = getattr(cls, field)
+            if rel is None:
+                continue
+            path = (base_dir / rel)
+            if Path(rel).is_absolute():
+                problems.append(((*cpath, field), f"{rel!r} must be relative to the recipe file"))
+            elif not path.is_file():
+                problems.append(((*cpath, field), f"file not found: {rel} (resolved to {path})"))
+    return problems

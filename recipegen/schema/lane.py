@@ -1,0 +1,256 @@
+"""The lane: one vLLM engine on fixed GPUs, one port, one image, its traffic classes."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+
+from recipegen.schema.base import Bytes, PathError, PositiveBytes, StrictModel, TokenCount
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
+
+# vLLM 0.33 `SpeculativeMethod` (vllm/config/speculative.py), the values a recipe may name.
+SPECULATIVE_METHODS = (
+    "ngram", "ngram_gpu", "draft_model", "suffix", "custom_class", "eagle", "eagle3",
+    "extract_hidden_states", "dflash", "dspark", "mtp", "deepseek_mtp",
+)
+
+
+class Concurrency(StrictModel):
+    """The range of concurrent requests the lane is expected to serve."""
+
+    min: PositiveInt = 1
+    """Fewest concurrent streams expected (usually 1)."""
+    max: PositiveInt
+    """Most concurrent streams expected; renders as `--max-num-seqs` unless overridden."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "Concurrency":
+        if self.min > self.max:
+            raise PathError(f"min {self.min} is above max {self.max}", ("min",))
+        return self
+
+
+class Offload(StrictModel):
+    """Where routed experts live: the budget, and how experts are chosen for the host.
+
+    `usage-aware`: the row map decides; declare the budget as `hot_experts_per_layer` OR
+    `cold_experts_budget` (GiB of experts in host) — the other is derived (a byte budget buys the
+    largest whole count that fits). `positional`: plain vLLM `--cpu-offload-gb`, no row map.
+    """
+
+    placement: Literal["usage-aware", "positional"] = "usage-aware"
+    """`usage-aware` (row map, expert residency runtime) or `positional` (plain `--cpu-offload-gb`)."""
+    hot_experts_per_layer: NonNegativeInt | None = None
+    """Routed experts per MoE layer kept in HBM (usage-aware only)."""
+    cold_experts_budget: Bytes | None = None
+    """Bytes of routed experts allowed in pinned host memory (usage-aware only)."""
+    load_cpu_offload: Bytes | None = None
+    """vLLM `--cpu-offload-gb` (GiB) the engine loads with. Usage-aware: the load-time placement the
+    runtime re-homes from. Positional: the offload itself (required)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "Offload":
+        if self.placement == "usage-aware":
+            if (self.hot_experts_per_layer is None) == (self.cold_experts_budget is None):
+                raise PathError("usage-aware offload needs exactly one of hot_experts_per_layer and "
+                                "cold_experts_budget (the other is derived)", ("hot_experts_per_layer",))
+        else:
+            for name in ("hot_experts_per_layer", "cold_experts_budget"):
+                if getattr(self, name) is not None:
+                    raise PathError(f"{name} applies to usage-aware placement; positional offload is "
+                                    "set by load_cpu_offload alone", (name,))
+            if not self.load_cpu_offload:
+                raise PathError("positional offload needs load_cpu_offload (vLLM --cpu-offload-gb)",
+                                ("load_cpu_offload",))
+        return self
+
+
+class Speculative(StrictModel):
+    """Speculative decoding: a method and a constant k, or a k-per-batch-size schedule."""
+
+    method: Literal[SPECULATIVE_METHODS]  # type: ignore[valid-type]
+    """vLLM speculative method (`dspark`, `mtp`, `eagle3`, …)."""
+    k: NonNegativeInt | None = None
+    """Speculative tokens per step (`num_speculative_tokens`); with a schedule, the maximum (sizes
+    buffers and draft KV). Defaults to the schedule's largest k."""
+    schedule: list[tuple[PositiveInt, PositiveInt, NonNegativeInt]] | None = None
+    """vLLM 0.33 `num_speculative_tokens_per_batch_size`: `[start, end, k]` inclusive batch-size
+    ranges, sorted, non-overlapping, the first starting at 1."""
+    model: str | None = None
+    """Drafter checkpoint, for methods that need one apart from the target (`draft_model`, `eagle3`)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "Speculative":
+        if self.schedule is None:
+            if self.k is None or self.k == 0:
+                raise PathError("give k >= 1 (speculative tokens per step) or a schedule", ("k",))
+            return self
+        if not self.schedule:
+            raise PathError("schedule must not be empty", ("schedule",))
+        previous_end = 0
+        for i, (start, end, k) in enumerate(self.schedule):
+            if start > end:
+                raise PathError(f"range [{start}, {end}] starts after it ends", ("schedule", i))
+            if start <= previous_end:
+                raise PathError("batch-size ranges must be sorted and non-overlapping "
+                                f"([{start}, {end}] starts at or before {previous_end})", ("schedule", i))
+            previous_end = end
+        if self.schedule[0][0] != 1:
+            raise PathError("the first batch-size range must start at 1 (vLLM requires every batch "
+                            "size to have a k)", ("schedule", 0))
+        top = max(k for _, _, k in self.schedule)
+        if self.k is None:
+            self.k = top
+        elif any(k > self.k for _, _, k in self.schedule):
+            raise PathError(f"schedule asks for k={top} but k (the maximum) is {self.k}; vLLM would "
+                            "silently clamp it", ("schedule",))
+        if self.k == 0:
+            raise PathError("every k in the schedule is 0: drop `speculative` instead", ("schedule",))
+        return self
+
+    def k_at(self, batch_size: int) -> int:
+        """The k vLLM uses at `batch_size` (gaps and the tail carry the previous range's k)."""
+        assert self.k is not None
+        if self.schedule is None:
+            return self.k
+        chosen = self.schedule[0][2]
+        for start, _end, k in self.schedule:
+            if start <= batch_size:
+                chosen = k
+        return min(chosen, self.k)
+
+
+class HbmReserveMeasurement(StrictModel):
+    """The boot a HBM reserve was back-solved from: its KV pool at its utilisation and hot count."""
+
+    kv_pool: PositiveBytes
+    """KV pool vLLM reported on that boot."""
+    gpu_memory_utilization: float = Field(gt=0, le=1)
+    """Utilisation of that boot."""
+    hot_experts_per_layer: NonNegativeInt
+    """Hot experts per MoE layer on that boot."""
+
+
+class HbmReserve(StrictModel):
+    """HBM for everything but routed experts and KV: dense weights, drafter, activations, CUDA graphs.
+
+    Give `value`, or `back_solved_from` a measured boot (reserve = HBM × utilisation − hot experts −
+    KV pool, labelled back-solved). Declared dense and drafter bytes are parts of it, never extra.
+    """
+
+    value: Bytes | None = None
+    """The reserve, measured directly."""
+    back_solved_from: HbmReserveMeasurement | None = None
+    """A measured boot to back-solve the reserve from."""
+    source: str = Field(min_length=1)
+    """Where the figure was measured (seed file and section, or 'measured on …')."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "HbmReserve":
+        if (self.value is None) == (self.back_solved_from is None):
+            raise PathError("give exactly one of value and back_solved_from", ("value",))
+        return self
+
+
+class HostReserveMeasurement(StrictModel):
+    """The boot a host reserve was back-solved from: host memory in use with some experts pinned."""
+
+    host_used: PositiveBytes
+    """Host memory in use on that boot (page cache included)."""
+    pinned_experts: Bytes
+    """Expert bytes pinned in host on that boot."""
+
+
+class HostReserve(StrictModel):
+    """Host memory for everything but host tables and pinned experts: page cache, processes, OS.
+
+    Give `value`, or `back_solved_from` a measured boot (reserve = host used − pinned experts −
+    the model's host tables).
+    """
+
+    value: Bytes | None = None
+    """The reserve, measured directly."""
+    back_solved_from: HostReserveMeasurement | None = None
+    """A measured boot to back-solve the reserve from."""
+    source: str = Field(min_length=1)
+    """Where the figure was measured."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "HostReserve":
+        if (self.value is None) == (self.back_solved_from is None):
+            raise PathError("give exactly one of value and back_solved_from", ("value",))
+        return self
+
+
+class Reserves(StrictModel):
+    """Measured reserves, each with its source."""
+
+    hbm: HbmReserve
+    """Per-GPU HBM not available to routed experts and KV."""
+    host: HostReserve | None = None
+    """Host memory not available to tables and pinned experts (page cache, processes)."""
+
+
+class TrafficClass(StrictModel):
+    """A kind of traffic with its own row map (and the histogram it was built from)."""
+
+    rowmap: str | None = None
+    """Row-map file, relative to the recipe file (required for usage-aware lanes)."""
+    histogram: str | None = None
+    """Histogram file the row map was built from, relative to the recipe file."""
+    description: str = ""
+    """Free text."""
+
+
+class Lane(StrictModel):
+    """One vLLM engine: fixed GPUs of one machine, one port, one image, one active traffic class."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    """Lane name; its compose service is `lane-<name>`."""
+    machine: str
+    """Key of the machine in the recipe's `machines` (multi-node lanes will add a placement list)."""
+    gpus: list[NonNegativeInt] = Field(min_length=1)
+    """GPU ids on that machine (tensor-parallel across them)."""
+    port: int = Field(ge=1, le=65535)
+    """Host port of the OpenAI-compatible API."""
+    image: str = Field(min_length=1)
+    """Container image, e.g. `vllm/vllm-openai:v0.33.0`."""
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    """vLLM `--gpu-memory-utilization` (give this or `kv_cache_bytes`)."""
+    kv_cache_bytes: PositiveBytes | None = None
+    """Fixed KV pool (`--kv-cache-memory-bytes`) instead of a utilisation."""
+    max_model_len: TokenCount
+    """vLLM `--max-model-len` (1M = 1048576, as vLLM reads it)."""
+    concurrency: Concurrency
+    """Expected concurrent streams."""
+    offload: Offload
+    """Expert budget and placement."""
+    speculative: Speculative | None = None
+    """Speculative decoding, if any."""
+    reserves: Reserves
+    """Measured reserves with their sources."""
+    classes: dict[str, TrafficClass] = {}
+    """Traffic classes by name (usage-aware lanes: each has a row map)."""
+    active_class: str | None = None
+    """The class whose row map the lane serves now (written back by `render --class`/`swap`)."""
+    profile: str | None = Field(default=None, pattern=NAME_PATTERN)
+    """Compose profile for lanes that are not always on."""
+    extra_args: list[str] = []
+    """Further `vllm serve` arguments, passed through verbatim."""
+    env: dict[str, str] = {}
+    """Further container environment variables."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "Lane":
+        if (self.gpu_memory_utilization is None) == (self.kv_cache_bytes is None):
+            raise PathError("give exactly one of gpu_memory_utilization and kv_cache_bytes",
+                            ("gpu_memory_utilization",))
+        if len(set(self.gpus)) != len(self.gpus):
+            raise PathError(f"GPU ids repeat: {self.gpus}", ("gpus",))
+        return self
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return len(self.gpus)

@@ -1,0 +1,75 @@
+"""The machine: a box with GPUs, host memory and the links between them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, PositiveInt, model_validator
+
+from recipegen.schema.base import Bandwidth, PathError, PositiveBytes, StrictModel
+from recipegen.schema.sourced import split_sources
+
+
+class GpuSpec(StrictModel):
+    """The machine's GPUs (all of one kind)."""
+
+    kind: str
+    """GPU product, e.g. `GB300`, `H200 PCIe`."""
+    count: PositiveInt
+    """Number of GPUs; lanes name GPU ids 0..count-1."""
+    compute_capability: str | None = Field(default=None, pattern=r"^\d+\.\d+$")
+    """CUDA compute capability, e.g. `10.3`."""
+    hbm: PositiveBytes
+    """Usable HBM per GPU as the driver reports it (what `gpu_memory_utilization` multiplies)."""
+    hbm_bandwidth: Bandwidth
+    """HBM read bandwidth per GPU."""
+
+
+class Nvme(StrictModel):
+    """Local NVMe storage (model files)."""
+
+    capacity: PositiveBytes | None = None
+    """Usable capacity."""
+    read_bandwidth: Bandwidth
+    """Sequential read bandwidth (the low end where a range is quoted)."""
+    read_bandwidth_max: Bandwidth | None = None
+    """High end of a quoted read-bandwidth range."""
+
+
+class Machine(StrictModel):
+    """A box: GPUs, host memory, GPU↔host link, NVMe, address."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    """Catalog name."""
+    description: str = ""
+    """Free text."""
+    gpus: GpuSpec
+    """The GPUs."""
+    host_memory: PositiveBytes
+    """Host (CPU) memory visible to the OS."""
+    pinned_read_bandwidth: Bandwidth
+    """GPU read bandwidth from pinned host memory, in place (UVA/ATS) — what a cold expert costs."""
+    nvme: Nvme | None = None
+    """Local NVMe, where known."""
+    address: str | None = None
+    """Host name or IP the machine is reached at (Docker host, multi-node peers)."""
+    sources: dict[str, str] = {}
+    """Where each figure comes from, by field path."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_sources(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            plain, sources = split_sources({k: v for k, v in data.items() if k != "sources"})
+            merged = {**sources, **(data.get("sources") or {})}
+            if merged or "sources" in data:
+                plain["sources"] = merged
+            return plain
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> "Machine":
+        if self.nvme and self.nvme.read_bandwidth_max is not None \
+                and self.nvme.read_bandwidth_max < self.nvme.read_bandwidth:
+            raise PathError("read_bandwidth_max is below read_bandwidth", ("nvme", "read_bandwidth_max"))
+        return self

@@ -1,0 +1,71 @@
+"""The recipe: schema version, name, model, machines and lanes."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from recipegen.schema.base import StrictModel
+from recipegen.schema.lane import Lane
+from recipegen.schema.machine import Machine
+from recipegen.schema.model import Model
+
+SCHEMA_VERSION = 1
+
+
+def _resolve(kind: str, value: Any) -> Any:
+    """A catalog name, or `{catalog: name, <overrides>}`, becomes the catalog entry (+ overrides)."""
+    from recipegen.catalog import catalog_entry
+
+    if isinstance(value, str):
+        return catalog_entry(kind, value)
+    if isinstance(value, dict) and "catalog" in value:
+        name = value["catalog"]
+        if not isinstance(name, str):
+            raise ValueError("catalog must be a catalog name")
+        entry = dict(catalog_entry(kind, name))
+        overrides = {k: v for k, v in value.items() if k != "catalog"}
+        # An overridden figure no longer carries the catalog's source.
+        sources = {k: v for k, v in (entry.get("sources") or {}).items()
+                   if k.split(".")[0].split("[")[0] not in overrides}
+        entry.update(overrides)
+        entry["sources"] = {**sources, **(overrides.get("sources") or {})}
+        return entry
+    return value
+
+
+class Recipe(StrictModel):
+    """A serving recipe: one model on one or more machines, served by lanes."""
+
+    version: Literal[1]
+    """Schema version of this file (currently 1)."""
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    """Recipe name; rendered output goes to `compose/<name>/`."""
+    description: str = ""
+    """Free text."""
+    model: Model
+    """A model catalog name (`recipegen/catalog/models.yaml`), `{catalog: name, …overrides}`, or an
+    inline model."""
+    machines: dict[str, Machine] = Field(min_length=1)
+    """Machines by key: each a catalog name, `{catalog: name, address: …}`, or inline."""
+    lanes: list[Lane] = Field(min_length=1)
+    """The lanes (one vLLM engine and one compose service each)."""
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_from_catalog(cls, value: Any) -> Any:
+        return _resolve("models", value)
+
+    @field_validator("machines", mode="before")
+    @classmethod
+    def _machines_from_catalog(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: _resolve("machines", item) for key, item in value.items()}
+        return value
+
+    def lane(self, name: str) -> Lane:
+        for lane in self.lanes:
+            if lane.name == name:
+                return lane
+        raise KeyError(name)

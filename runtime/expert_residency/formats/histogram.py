@@ -148,9 +148,10 @@ def merge_histograms(histograms: Iterable[Histogram], *, source: str | None = No
                      meta={"merged_from": [h.source for h in items]})
 
 
-def format_histogram(h: Histogram) -> str:
+def format_histogram(h: Histogram, *, comments: list[str] | None = None) -> str:
     h.validate()
-    out = [f"format: {HISTOGRAM_FORMAT_LINE}",
+    out = [f"# {c}" if c else "#" for c in (comments or [])]
+    out += [f"format: {HISTOGRAM_FORMAT_LINE}",
            f"num_experts: {h.num_experts}",
            f"moe_layers: {format_index_ranges(h.moe_layer_indices)}",
            f"tokens: {h.tokens}"]
@@ -169,9 +170,10 @@ def format_histogram(h: Histogram) -> str:
     return "\n".join(out) + "\n"
 
 
-def save_histogram(h: Histogram, path: str | os.PathLike[str]) -> None:
+def save_histogram(h: Histogram, path: str | os.PathLike[str], *,
+                   comments: list[str] | None = None) -> None:
     """Validate and write atomically (temp file + rename)."""
-    atomic_write_text(path, format_histogram(h))
+    atomic_write_text(path, format_histogram(h, comments=comments))
 
 
 def parse_histogram(text: str, path: str | os.PathLike[str] = "<histogram>") -> Histogram:

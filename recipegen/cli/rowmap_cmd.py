@@ -1,0 +1,365 @@
+"""`recipegen rowmap …`: build, evaluate, compare, diff and show row maps (thin layer)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from recipegen.errors import InputError
+
+GEOMETRY_HELP = ("Model geometry for capture files: --recipe R, or --experts E "
+                 "[--layers 0-39] [--top-k K].")
+
+
+def _geometry_options(func: Any) -> Any:
+    func = click.option("--recipe", help="Recipe (name under recipes/ or path): model geometry "
+                        "and bytes per expert.")(func)
+    func = click.option("--experts", type=int, help="Routed experts per MoE layer.")(func)
+    func = click.option("--layers", help="MoE layer indices, e.g. 0-39 (default: the "
+                        "capture's layer axis).")(func)
+    func = click.option("--bytes-per-expert", "bytes_per_expert",
+                        help="Bytes of one routed expert, e.g. 18800640 or '17.93 MiB'.")(func)
+    return func
+
+
+def _parse_size(text: str, field: str) -> int:
+    from recipegen.units import UnitError, parse_bytes
+    stripped = text.strip().replace("_", "").replace(",", "")
+    if stripped.isdigit():
+        return int(stripped)
+    try:
+        return parse_bytes(text)
+    except UnitError as exc:
+        raise InputError(str(exc), field=field) from None
+
+
+def _geometry(recipe: str | None, experts: int | None, layers: str | None,
+              bytes_per_expert: str | None, captures: list[str]) -> Any:
+    from recipegen.rowmap.inputs import Geometry, capture_layer_count, parse_layers
+    bpe = _parse_size(bytes_per_expert, "--bytes-per-expert") if bytes_per_expert else None
+    if recipe:
+        from recipegen.rowmap.inputs import geometry_from_recipe
+        geo = geometry_from_recipe(recipe)
+        if bpe is not None and bpe != geo.bytes_per_expert:
+            raise InputError(f"--bytes-per-expert {bpe} disagrees with the recipe's model "
+                             f"({geo.bytes_per_expert})", field="--bytes-per-expert")
+        return geo
+    if experts is None:
+        return Geometry((), 0, bpe, source="command line") if bpe else None
+    if experts <= 0:
+        raise InputError("must be positive", field="--experts")
+    if layers:
+        moe_layers = parse_layers(layers)
+    elif captures:
+        moe_layers = tuple(range(capture_layer_count(captures[0])))
+    else:
+        raise InputError("give --layers with --experts", field="--layers")
+    return Geometry(moe_layers, experts, bpe, source="command line")
+
+
+def _emit_json(payload: Any) -> None:
+    click.echo(json.dumps(payload, indent=2, sort_keys=False))
+
+
+def _echo(lines: list[str]) -> None:
+    click.echo("\n".join(lines))
+
+
+@click.group()
+def rowmap() -> None:
+    """Row maps per traffic class: which experts are hot (HBM) and which cold (host).
+
+    \b
+    build    HIST... (--hot N | --cold-budget BYTES) -o MAP
+    eval     MAP HIST...            cold share, skew, leave-one-out
+    compare  HIST_A HIST_B          one map per class or one merged map?
+    diff     MAP_A MAP_B            changed cold ids, shape/content hashes
+    show     MAP [--recipe R]       geometry, provenance, hashes, bank bytes
+    reduce   CAPTURE... -o HIST     vLLM routed-experts / raw .npy captures → histogram
+    synth    -o DIR                 seeded SYNTHETIC example histograms
+
+    HIST arguments accept histogram files and capture files (vLLM
+    --enable-return-routed-experts responses, raw [tokens, layers, top_k] .npy).
+    """
+
+
+@rowmap.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--hot", type=int, help="Hot experts per layer (uniform top-N).")
+@click.option("--cold-budget", "cold_budget",
+              help="Cold-bank byte budget, e.g. '62.34 GiB': budget-global map (variable hot "
+                   "count per layer).")
+@click.option("--uniform", is_flag=True,
+              help="With --cold-budget: write the uniform map the budget gives instead.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Row-map file to write (atomically).")
+@_geometry_options
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+def build(inputs: tuple[str, ...], hot: int | None, cold_budget: str | None, uniform: bool,
+          output: str, recipe: str | None, experts: int | None, layers: str | None,
+          bytes_per_expert: str | None, as_json: bool) -> None:
+    """Build a row map from histograms/captures (pooled when several).
+
+    Top-N per layer: count descending, ties to the lower expert id; rows in each bank in
+    ascending id order.
+    """
+    from expert_residency.formats import merge_histograms, save_rowmap
+
+    from recipegen.rowmap.build import build_budget_global, build_top_n, provenance_for
+    from recipegen.rowmap.evaluate import evaluate_on
+    from recipegen.rowmap.inputs import is_histogram_file, read_histograms
+    from recipegen.rowmap.text import budget_lines, pct, show_lines
+
+    if (hot is None) == (cold_budget is None):
+        raise InputError("give exactly one of --hot N and --cold-budget BYTES", field="--hot")
+    if uniform and cold_budget is None:
+        raise InputError("--uniform goes with --cold-budget", field="--uniform")
+    captures = [p for p in inputs if not is_histogram_file(p)]
+    geo = _geometry(recipe, experts, layers, bytes_per_expert, captures)
+    named = read_histograms(inputs, geo if geo and geo.num_experts else None,
+                            group_captures=True)
+    hists = [h for _, h in named]
+    names = [n for n, _ in named]
+    try:
+        pooled = merge_histograms(hists) if len(hists) > 1 else hists[0]
+    except Exception as exc:  # FormatError: different geometry
+        raise InputError(str(exc), field="moe_layers") from None
+    comments = ["expert residency row map, written by `recipegen rowmap build`"]
+    if any(h.meta.get("synthetic") for h in hists):
+        comments.append("SYNTHETIC: built from synthetic example histograms, not measured "
+                        "traffic")
+    summary: dict[str, Any] = {"output": output}
+    if hot is not None:
+        prov = provenance_for(hists, names, "top-n", hot=hot)
+        prov["histogram_checksums"] = [h.checksum() for h in hists]
+        rowmap = build_top_n(pooled, hot, prov)
+        lines = []
+    else:
+        assert cold_budget is not None
+        budget = _parse_size(cold_budget, "--cold-budget")
+        bpe = geo.bytes_per_expert if geo else None
+        if not bpe:
+            raise InputError("--cold-budget needs bytes per expert: give --recipe or "
+                             "--bytes-per-expert", field="--cold-budget")
+        prov = provenance_for(hists, names, "budget-uniform" if uniform else "budget-global",
+                              cold_budget_bytes=budget, bytes_per_expert=bpe)
+        prov["histogram_checksums"] = [h.checksum() for h in hists]
+        result = build_budget_global(pooled, budget, bpe, prov)
+        rowmap = result.uniform if uniform else result.rowmap
+        if uniform:
+            rowmap.provenance.update(prov)
+        global_eval = evaluate_on(result.rowmap, pooled, "input")
+        uniform_eval = evaluate_on(result.uniform, pooled, "input")
+        lines = budget_lines(result, global_eval, uniform_eval)
+        summary.update({"cold_budget_bytes": budget, "cold_experts": result.cold_experts,
+                        "uniform_cold_per_layer": result.uniform_cold_per_layer,
+                        "kernel_tunings": result.tunings,
+                        "uniform_kernel_tunings": result.uniform_tunings,
+                        "layer_shapes": len(result.rowmap.distinct_shapes()),
+                        "cold_share_global": global_eval.cold_share,
+                        "cold_share_uniform": uniform_eval.cold_share})
+    save_rowmap(rowmap, output, comments=comments)
+    in_sample = evaluate_on(rowmap, pooled, "input")
+    summary.update({"content_hash": rowmap.content_hash(), "shape_hash": rowmap.shape_hash(),
+                    "hot_counts": rowmap.hot_counts(), "cold_share_in_sample":
+                    in_sample.cold_share, "positional_cold_share":
+                    in_sample.positional_cold_share, "inputs": names})
+    if as_json:
+        _emit_json(summary)
+        return
+    _echo([f"wrote {output}"] + show_lines(rowmap, output, geo.bytes_per_expert if geo else None,
+                                            geo.source if geo else "")[1:] + lines +
+          [f"  cold share on its own input: {pct(in_sample.cold_share)} (positional "
+           f"{pct(in_sample.positional_cold_share)}) — in-sample; use `rowmap eval` with "
+           f"held-out files for an honest figure"])
+
+
+@rowmap.command(name="eval")
+@click.argument("map_path", metavar="MAP")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--per-layer", is_flag=True, help="Also print per-layer cold shares.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def eval_(map_path: str, inputs: tuple[str, ...], per_layer: bool, as_json: bool) -> None:
+    """Cold share of MAP on each histogram/capture, per layer and overall; skew; positional
+    baseline; leave-one-out across the files when there are several."""
+    from recipegen.rowmap.evaluate import evaluate
+    from recipegen.rowmap.inputs import Geometry, read_histograms, read_rowmap, short_names
+    from recipegen.rowmap.text import eval_lines
+
+    rm = read_rowmap(map_path)
+    named = read_histograms(inputs, Geometry(rm.moe_layer_indices, rm.num_experts))
+    names = [n for n, _ in named] if as_json else short_names([n for n, _ in named])
+    report = evaluate(rm, [h for _, h in named], names, map_path)
+    if as_json:
+        _emit_json(report.to_json())
+    else:
+        _echo(eval_lines(report, per_layer=per_layer))
+
+
+@rowmap.command()
+@click.argument("hist_a")
+@click.argument("hist_b")
+@click.option("--hot", type=int, help="Hot experts per layer for the maps compared "
+              "(default: the reference's 295 of 384, scaled to the model).")
+@click.option("--equal-weights", is_flag=True,
+              help="Merge the two classes with equal weight instead of by selections.")
+@_geometry_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def compare(hist_a: str, hist_b: str, hot: int | None, equal_weights: bool, recipe: str | None,
+            experts: int | None, layers: str | None, bytes_per_expert: str | None,
+            as_json: bool) -> None:
+    """Two traffic classes: rank correlation, top-set overlap, and the cold share each class's
+    map gives the other beside a merged map — one map per class, or one merged map?"""
+    from recipegen.rowmap.compare import compare as compare_hists
+    from recipegen.rowmap.inputs import is_histogram_file, read_histograms
+    from recipegen.rowmap.text import compare_lines
+
+    captures = [p for p in (hist_a, hist_b) if not is_histogram_file(p)]
+    geo = _geometry(recipe, experts, layers, bytes_per_expert, captures)
+    (name_a, a), (name_b, b) = read_histograms([hist_a, hist_b],
+                                               geo if geo and geo.num_experts else None)
+    if hot is None:
+        hot = round(a.num_experts * 295 / 384)
+    report = compare_hists(a, b, hot=hot, name_a=Path(name_a).stem, name_b=Path(name_b).stem,
+                           equal_weights=equal_weights)
+    if as_json:
+        _emit_json(report.to_json())
+    else:
+        _echo(compare_lines(report))
+
+
+@rowmap.command()
+@click.argument("map_a")
+@click.argument("map_b")
+@click.option("--summary", is_flag=True, help="Omit the per-layer table.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def diff(map_a: str, map_b: str, summary: bool, as_json: bool) -> None:
+    """Per layer: cold ids changed; whether shape_hash is equal (swap without re-tuning) and
+    content_hash differs."""
+    from recipegen.rowmap.diff import diff as diff_maps
+    from recipegen.rowmap.inputs import read_rowmap
+    from recipegen.rowmap.text import diff_lines
+
+    report = diff_maps(read_rowmap(map_a), read_rowmap(map_b), name_a=map_a, name_b=map_b)
+    if as_json:
+        _emit_json(report.to_json())
+    else:
+        _echo(diff_lines(report, per_layer=not summary))
+
+
+@rowmap.command()
+@click.argument("map_path", metavar="MAP")
+@click.option("--recipe", help="Recipe whose model gives the bytes per expert.")
+@click.option("--bytes-per-expert", "bytes_per_expert", help="Bytes of one routed expert.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def show(map_path: str, recipe: str | None, bytes_per_expert: str | None, as_json: bool) -> None:
+    """Geometry, provenance, hashes, and bytes hot/cold with the recipe's model."""
+    from recipegen.rowmap.inputs import read_rowmap
+    from recipegen.rowmap.text import show_lines
+
+    rm = read_rowmap(map_path)
+    bpe, source = None, ""
+    if recipe:
+        from recipegen.rowmap.inputs import geometry_from_recipe
+        geo = geometry_from_recipe(recipe)
+        if (geo.moe_layer_indices, geo.num_experts) != (rm.moe_layer_indices, rm.num_experts):
+            raise InputError(f"the map's geometry ({len(rm.moe_layer_indices)} layers × "
+                             f"{rm.num_experts}) is not the recipe model's "
+                             f"({len(geo.moe_layer_indices)} × {geo.num_experts})",
+                             file=map_path, field="moe_layers")
+        bpe, source = geo.bytes_per_expert, geo.source
+    elif bytes_per_expert:
+        bpe, source = _parse_size(bytes_per_expert, "--bytes-per-expert"), "command line"
+    if as_json:
+        hot, cold = sum(rm.hot_counts()), sum(rm.cold_counts())
+        _emit_json({"map": map_path, "moe_layers": list(rm.moe_layer_indices),
+                    "num_experts": rm.num_experts, "hot_counts": rm.hot_counts(),
+                    "cold_counts": rm.cold_counts(), "content_hash": rm.content_hash(),
+                    "shape_hash": rm.shape_hash(), "provenance": rm.provenance,
+                    "bytes_per_expert": bpe,
+                    "hot_bytes": hot * bpe if bpe else None,
+                    "cold_bytes": cold * bpe if bpe else None})
+    else:
+        _echo(show_lines(rm, map_path, bpe, source))
+
+
+@rowmap.command()
+@click.argument("captures", nargs=-1, required=True)
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Histogram file to write (atomically).")
+@click.option("--source", help="Source text recorded in the histogram.")
+@_geometry_options
+def reduce(captures: tuple[str, ...], output: str, source: str | None, recipe: str | None,
+           experts: int | None, layers: str | None, bytes_per_expert: str | None) -> None:
+    """Reduce captures (vLLM routed_experts responses, raw .npy) into one histogram file."""
+    import time
+
+    from expert_residency.formats import save_histogram
+
+    from recipegen.rowmap.inputs import is_histogram_file, read_histograms
+
+    for c in captures:
+        if is_histogram_file(c):
+            raise InputError("is already a histogram; `reduce` takes captures", file=c)
+    geo = _geometry(recipe, experts, layers, bytes_per_expert, list(captures))
+    if geo is None or not geo.num_experts:
+        raise InputError(GEOMETRY_HELP, field="--recipe")
+    start = time.perf_counter()
+    [(_, hist)] = read_histograms(captures, geo, group_captures=True)
+    elapsed = time.perf_counter() - start
+    if source:
+        hist.source = source
+    save_histogram(hist, output)
+    click.echo(f"wrote {output}: {hist.tokens:,} tokens, {hist.selections:,} selections over "
+               f"{len(hist.moe_layer_indices)} MoE layers × {hist.num_experts} experts "
+               f"(top_k {hist.top_k}) in {elapsed:.2f} s")
+
+
+@rowmap.command()
+@click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False),
+              help="Folder for <class>.hist files.")
+@click.option("--class", "classes", multiple=True, default=("agent", "prose", "math"),
+              show_default=True, help="Traffic class (repeat).")
+@click.option("--seed", type=int, default=41, show_default=True)
+@click.option("--tokens", type=int, default=47_778, show_default=True,
+              help="Tokens per class (47,778 × 40 layers × 6 = 11.5M selections).")
+@click.option("--correlation", type=float, default=0.15, show_default=True,
+              help="Spearman rank correlation between classes (seeds: agent vs prose 0.15).")
+@click.option("--top-k", "top_k", type=int, help="Experts picked per token (with --experts).")
+@_geometry_options
+def synth(output_dir: str, classes: tuple[str, ...], seed: int, tokens: int, correlation: float,
+          top_k: int | None, recipe: str | None, experts: int | None, layers: str | None,
+          bytes_per_expert: str | None) -> None:
+    """Write seeded SYNTHETIC example histograms, one per class (marked synthetic inside)."""
+    from expert_residency.formats import save_histogram
+
+    from recipegen.rowmap.synthetic import synthetic_histogram
+
+    geo = _geometry(recipe, experts, layers, bytes_per_expert, [])
+    if geo is None or not geo.num_experts:
+        raise InputError("give --recipe R, or --experts E --layers L --top-k K",
+                         field="--recipe")
+    k = geo.top_k or top_k
+    if not k or k <= 0 or k > geo.num_experts:
+        raise InputError("give a top-k between 1 and the expert count", field="--top-k")
+    if tokens <= 0:
+        raise InputError("must be positive", field="--tokens")
+    if not 0 <= correlation < 1:
+        raise InputError("must be in [0, 1)", field="--correlation")
+    from expert_residency.formats._io import format_index_ranges
+    geometry_args = (f"--recipe {recipe}" if recipe else
+                     f"--experts {geo.num_experts} --layers "
+                     f"{format_index_ranges(geo.moe_layer_indices)} --top-k {k}")
+    for name in classes:
+        hist = synthetic_histogram(seed, name, moe_layer_indices=geo.moe_layer_indices,
+                                   num_experts=geo.num_experts, top_k=k, tokens=tokens,
+                                   correlation=correlation, model_revision=geo.model_revision)
+        path = Path(output_dir) / f"{name}.hist"
+        save_histogram(hist, path, comments=[
+            f"SYNTHETIC example histogram for traffic class '{name}' — generated, not measured",
+            f"regenerate: recipegen rowmap synth --class {name} --seed {seed} --tokens {tokens} "
+            f"--correlation {correlation} {geometry_args} -o {output_dir}"])
+        click.echo(f"wrote {path} (SYNTHETIC, {hist.selections:,} selections)")

@@ -13,11 +13,12 @@ Modules (each documents its contract):
                   originals, bytes per bank), ``build_unsplit_layer`` (the reference), allocator
                   hooks (``device_allocator``, ``host_allocator``, ``mapped_host_allocator(view_fn)``
                   — the GPU pinned-host device-view plugs in there).
-* ``rehome``    — ``plan_rehome_order`` (pure: alternate device/host layers so neither memory
-                  overshoots by more than one layer) and ``rehome_model``.
+* ``plan``      — ``plan_rehome_order`` (pure, no torch: order device/host layers so neither
+                  memory overshoots ``max(initial, final)`` by more than one layer).
+* ``rehome``    — ``rehome_model`` (executes the plan), ``current_rowmap`` (state after swaps).
 * ``split``     — the ``PerPickExpertFn`` contract, ``split_invoke``, ``residency_forward``
                   (split + finalize + optional count).
-* ``finalize``  — fp32 fma accumulation in original top-k order, one cast (``fma_f32`` exact).
+* ``fma_finalize`` — fp32 fma accumulation in original top-k order, one cast (``fma_f32`` exact).
 * ``reference`` — torch reference per-pick functions: float SwiGLU and MXFP4-dequantizing SwiGLU.
 * ``counter``   — ``ExpertCounter`` (count-only mode and drift alongside residency).
 * ``dump``      — ``HistogramDumper``: the dump folder writer (interval, SIGUSR1, shutdown).
@@ -32,24 +33,42 @@ Typical use inside an engine (the vLLM plugin does this from ``RoutedExperts``):
 Imports nothing from recipegen.
 """
 
-from .banks import (AllocatedTensor, BankAllocator, BankBytes, ExpertBank, ResidentLayer,
-                    build_unsplit_layer, copy_expert_rows, device_allocator, host_allocator,
-                    mapped_host_allocator, rehome_layer)
-from .counter import ExpertCounter
-from .devmap import PickRouting, decode_row_codes, encode_row_codes, route_picks
-from .dump import DumpConfig, HistogramDumper, dump_file_name, parse_dump_name
-from .finalize import finalize, fma_f32
-from .rehome import (LayerPlacement, RehomePlan, ResidencyState, plan_rehome_order, rehome_model,
-                     rowmap_banks)
-from .split import PerPickExpertFn, dense_per_pick, residency_forward, split_invoke
-from .swap import StagingBuffer, SwapStep, swap_experts, swap_steps
+import importlib
+from typing import Any
 
-__all__ = [
-    "AllocatedTensor", "BankAllocator", "BankBytes", "ExpertBank", "ResidentLayer",
-    "build_unsplit_layer", "copy_expert_rows", "device_allocator", "host_allocator",
-    "mapped_host_allocator", "rehome_layer", "ExpertCounter", "PickRouting", "decode_row_codes",
-    "encode_row_codes", "route_picks", "DumpConfig", "HistogramDumper", "dump_file_name",
-    "parse_dump_name", "finalize", "fma_f32", "LayerPlacement", "RehomePlan", "ResidencyState",
-    "plan_rehome_order", "rehome_model", "rowmap_banks", "PerPickExpertFn", "dense_per_pick",
-    "residency_forward", "split_invoke", "StagingBuffer", "SwapStep", "swap_experts", "swap_steps",
-]
+# name -> defining module. Loaded on first access (PEP 562) so that the pure-arithmetic
+# ``core.plan`` stays importable where torch is not installed (recipegen's ledger, for one).
+_EXPORTS = {
+    "AllocatedTensor": "banks", "BankAllocator": "banks", "BankBytes": "banks",
+    "ExpertBank": "banks", "ResidentLayer": "banks", "build_unsplit_layer": "banks",
+    "copy_expert_rows": "banks", "device_allocator": "banks", "host_allocator": "banks",
+    "mapped_host_allocator": "banks", "rehome_layer": "banks",
+    "ExpertCounter": "counter",
+    "PickRouting": "devmap", "decode_row_codes": "devmap", "encode_row_codes": "devmap",
+    "route_picks": "devmap",
+    "DumpConfig": "dump", "HistogramDumper": "dump", "dump_file_name": "dump",
+    "parse_dump_name": "dump",
+    "finalize": "fma_finalize", "fma_f32": "fma_finalize",
+    "LayerPlacement": "plan", "RehomePlan": "plan", "plan_rehome_order": "plan",
+    "ResidencyState": "rehome", "rehome_model": "rehome", "rowmap_banks": "rehome",
+    "current_rowmap": "rehome",
+    "PerPickExpertFn": "split", "dense_per_pick": "split", "residency_forward": "split",
+    "split_invoke": "split",
+    "StagingBuffer": "swap", "SwapStep": "swap", "swap_experts": "swap", "swap_steps": "swap",
+    "swiglu_per_pick": "reference", "mxfp4_swiglu_per_pick": "reference",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

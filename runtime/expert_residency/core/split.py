@@ -39,7 +39,7 @@ import torch
 
 from .banks import ExpertBank, ResidentLayer
 from .devmap import route_picks
-from .finalize import finalize
+from .fma_finalize import finalize
 
 if TYPE_CHECKING:
     from .counter import ExpertCounter

@@ -79,6 +79,12 @@ def test_argv_checker_reports_each_kind_of_mistake() -> None:
         argv_problems(["--port", "eighty"], table) == ["--port 'eighty': not a number"]
     assert argv_problems(["--speculative-config", "{bad"], table)[0].startswith(
         "--speculative-config: invalid JSON")
+    # JSON keys are checked against the config dataclass's fields (SpeculativeConfig here).
+    assert argv_problems(["--speculative-config", '{"method": "mtp", "k": 3}'], table) == [
+        "--speculative-config: 'k' is not a field of VllmConfig.speculative_config"]
+    assert argv_problems(["--speculative-config", json.dumps(
+        {"method": "dspark", "num_speculative_tokens": 5,
+         "num_speculative_tokens_per_batch_size": [[1, 4, 5], [5, 64, 3]]})], table) == []
 
 
 _PARSER_DUMP = r"""

@@ -60,7 +60,9 @@ class ServiceSpec:
     restart: str = "unless-stopped"
     stop_grace_period: str = "120s"
     profiles: tuple[str, ...] = ()
-    depends_on: tuple[str, ...] = ()
+    # (service, required): wait for it to be healthy first; not required when it sits behind a
+    # compose profile this service lacks (then it may legitimately be off).
+    depends_on: tuple[tuple[str, bool], ...] = ()
     env_files: tuple[str, ...] = ()
     # Output-folder files this service mounts (path → bytes), hashed into the config hash.
     mounted_files: dict[str, bytes] = field(default_factory=dict, compare=False)

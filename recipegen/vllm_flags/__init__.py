@@ -104,12 +104,19 @@ def argv_problems(argv: list[str], table: FlagTable) -> list[str]:
                 if not _is_number(value, integer=(kind == "int")):
                     problems.append(f"{flag} {value!r}: not a number")
         if kind == "json":
+            allowed = table.flags[flag].get("fields")
             for value in values:
-                if value.startswith("{"):
-                    try:
-                        json.loads(value)
-                    except json.JSONDecodeError as exc:
-                        problems.append(f"{flag}: invalid JSON ({exc})")
+                if not value.startswith("{"):
+                    continue
+                try:
+                    parsed = json.loads(value)
+                except json.JSONDecodeError as exc:
+                    problems.append(f"{flag}: invalid JSON ({exc})")
+                    continue
+                if allowed and isinstance(parsed, dict):
+                    for key in sorted(set(parsed) - set(allowed)):
+                        problems.append(f"{flag}: {key!r} is not a field of "
+                                        f"{table.flags[flag].get('config', 'its config')}")
     return problems
 
 

@@ -198,6 +198,7 @@ def classify(index: SourceIndex, info: FieldInfo) -> dict[str, object]:
         return {"kind": "value"}
     heads: set[str] = set()
     choices: list[object] | None = None
+    json_fields: list[str] = []
     for member in _union_members(info.annotation):
         if isinstance(member, ast.Constant) and member.value is None:
             heads.add("None")
@@ -218,9 +219,14 @@ def classify(index: SourceIndex, info: FieldInfo) -> dict[str, object]:
             heads.add(name)
             continue
         cls = index.find_class(name)
-        heads.add("dataclass" if cls is not None and cls.is_config else "other")
+        if cls is not None and cls.is_config:
+            heads.add("dataclass")
+            json_fields = sorted(f.name for f in index.all_fields(name))
+        else:
+            heads.add("other")
     if "dataclass" in heads:
-        return {"kind": "json"}
+        # Keys a JSON value may carry: the dataclass's fields (pydantic validates them).
+        return {"kind": "json", "fields": json_fields}
     if heads == {"bool", "str", "None"}:
         return {"kind": "optional_value"}
     if "bool" in heads:

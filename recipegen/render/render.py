@@ -1,0 +1,251 @@
+"""`recipegen render`: recipe + ledger → the compose project folder, written atomically.
+
+render_recipe()  - everything in memory: {output folder: {relative path: bytes}}
+write_rendering() - atomic swap of each output folder (optionally validated first)
+check_renderings() - staleness of committed output against the recipes, byte for byte
+"""
+
+from __future__ import annotations
+
+import configparser
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from recipegen.errors import RecipegenError
+from recipegen.render.compose import TEMPLATES_DIR, make_environment, render_compose
+from recipegen.render.compose_validate import validate_compose_file
+from recipegen.render.output import (RenderedFiles, Staleness, compare_output_dir, read_manifest,
+                                     write_output_dir)
+from recipegen.render.services import (DEFAULT_PLUGIN_ENTRY_POINT, LaneMemory, RenderInputs,
+                                       build_services, relative_posix)
+from recipegen.vllm_flags import TARGET_VLLM_VERSION, load_flag_table
+
+COMPOSE_DIRNAME = "compose"
+COMPOSE_FILE = "compose.yaml"
+# Generated beside compose.yaml: runtime data and secrets never belong in git.
+GITIGNORE = b"# written by recipegen render\ndumps/\nsecrets.env\n"
+
+
+@dataclass(frozen=True)
+class Rendering:
+    """One recipe's output: per output folder (one per machine), its files."""
+
+    recipe_name: str
+    recipe_path: Path
+    folders: dict[Path, RenderedFiles]
+    root: Path  # compose/<recipe>
+
+
+def project_root_for(recipe_path: Path) -> Path:
+    """The folder holding `recipes/` and `compose/`: the recipe's `recipes/` parent, else cwd."""
+    parent = recipe_path.resolve().parent
+    while parent != parent.parent:
+        if parent.name == "recipes":
+            return parent.parent
+        parent = parent.parent
+    return Path.cwd().resolve()
+
+
+def runtime_dir_for(project_root: Path) -> Path:
+    """The runtime/ folder to mount: the project's own, else the installed package's parent."""
+    local = project_root / "runtime"
+    if (local / "expert_residency").is_dir():
+        return local
+    import expert_residency
+
+    return Path(expert_residency.__file__).resolve().parent.parent
+
+
+def plugin_entry_point(runtime_dir: Path) -> str:
+    """The `vllm.general_plugins` entry-point name the runtime's dist-info declares."""
+    for dist_info in sorted(runtime_dir.glob("expert_residency-*.dist-info")):
+        entry_points = dist_info / "entry_points.txt"
+        if entry_points.is_file():
+            parser = configparser.ConfigParser()
+            parser.read_string(entry_points.read_text(encoding="utf-8"))
+            if parser.has_section("vllm.general_plugins"):
+                names = list(parser["vllm.general_plugins"])
+                if names:
+                    return names[0]
+    return DEFAULT_PLUGIN_ENTRY_POINT
+
+
+def lane_memory(loaded) -> dict[str, LaneMemory]:
+    """How each lane sizes its KV pool: a declared `kv_cache_bytes` is fixed; a lane that shares
+    a GPU is always fixed (the ledger's pool bytes), so engines starting one after another do
+    not each claim a fraction of the whole GPU; otherwise the declared utilisation."""
+    recipe = loaded.recipe
+    memory: dict[str, LaneMemory] = {}
+    ledger = None
+    for index, lane in enumerate(recipe.lanes):
+        sharing = [o for o in recipe.lanes if o is not lane and o.machine == lane.machine
+                   and set(o.gpus) & set(lane.gpus)]
+        if lane.kv_cache_bytes is not None:
+            memory[lane.name] = LaneMemory(kv_cache_memory_bytes=lane.kv_cache_bytes)
+        elif sharing:
+            if ledger is None:
+                ledger = _ledger(loaded)
+            pool = _ledger_kv_pool_bytes(ledger, lane.name)
+            if pool is None:
+                raise loaded.error(
+                    f"lane shares GPU(s) with {', '.join(o.name for o in sharing)}: its KV pool must "
+                    "be fixed bytes; declare kv_cache_bytes", ("lanes", index, "gpu_memory_utilization"))
+            memory[lane.name] = LaneMemory(kv_cache_memory_bytes=pool)
+        else:
+            memory[lane.name] = LaneMemory(gpu_memory_utilization=lane.gpu_memory_utilization)
+    return memory
+
+
+def _ledger(loaded):
+    from recipegen.ledger import compute_ledger  # type: ignore[attr-defined]
+
+    return compute_ledger(loaded)
+
+
+def _ledger_kv_pool_bytes(ledger, lane_name: str) -> int | None:
+    lane = _ledger_lane(ledger, lane_name)
+    for attr in ("kv_pool_bytes", "kv_bytes", "kv_pool"):
+        value = getattr(lane, attr, None)
+        if value is not None:
+            return int(getattr(value, "value", value))
+    return None
+
+
+def _ledger_lane(ledger, lane_name: str):
+    lanes = getattr(ledger, "lanes")
+    if isinstance(lanes, dict):
+        return lanes[lane_name]
+    return next(lane for lane in lanes if getattr(lane, "name", None) == lane_name)
+
+
+def refuse_failing_budgets(loaded) -> None:
+    """Rendering a recipe whose budgets fail would ship an engine that OOMs: refuse."""
+    try:
+        from recipegen.ledger import compute_ledger  # type: ignore[attr-defined]  # noqa: F401
+    except ImportError:
+        return  # the ledger is not installed in this build (it lands with the recipe issue)
+    ledger = _ledger(loaded)
+    failures = _ledger_failures(ledger)
+    if failures:
+        raise RecipegenError(f"{loaded.path}: budgets fail, not rendering (see `recipegen check "
+                             f"budgets {loaded.name}`):\n  " + "\n  ".join(failures))
+
+
+def _ledger_failures(ledger) -> list[str]:
+    for attr in ("failures", "errors", "problems"):
+        value = getattr(ledger, attr, None)
+        if callable(value):
+            value = value()
+        if value is not None:
+            return [str(v) for v in value]
+    return []
+
+
+def output_root(project_root: Path, recipe_name: str) -> Path:
+    return project_root / COMPOSE_DIRNAME / recipe_name
+
+
+def render_recipe(loaded, *, project_root: Path | None = None,
+                  templates_dir: Path = TEMPLATES_DIR) -> Rendering:
+    """Render every output file of a loaded recipe, in memory. Raises on any problem."""
+    recipe = loaded.recipe
+    root_dir = project_root or project_root_for(loaded.path)
+    refuse_failing_budgets(loaded)
+    table = load_flag_table(TARGET_VLLM_VERSION)
+    runtime_dir = runtime_dir_for(root_dir)
+    memory = lane_memory(loaded)
+    env = make_environment(templates_dir)
+    root = output_root(root_dir, recipe.name)
+    machines = sorted({lane.machine for lane in recipe.lanes})
+    folders: dict[Path, RenderedFiles] = {}
+    for machine in machines:
+        out_dir = root if len(machines) == 1 else root / machine
+        inputs = RenderInputs(out_dir=out_dir, runtime_dir=runtime_dir,
+                              plugin_entry_point=plugin_entry_point(runtime_dir),
+                              memory=memory, flag_table=table)
+        services, volumes, extra = build_services(loaded, machine, inputs)
+        project = recipe.name if len(machines) == 1 else f"{recipe.name}-{machine}"
+        text = render_compose(env, project_name=_project_name(project), recipe_name=recipe.name,
+                              recipe_file=relative_posix(loaded.path, out_dir),
+                              vllm_version=table.vllm_version, services=services, volumes=volumes)
+        files: RenderedFiles = {COMPOSE_FILE: text.encode("utf-8"), ".gitignore": GITIGNORE}
+        files.update(extra)
+        folders[out_dir] = files
+    return Rendering(recipe.name, loaded.path, folders, root)
+
+
+def _project_name(name: str) -> str:
+    """Compose project names: lowercase letters, digits, dashes and underscores."""
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in name.lower())
+
+
+def validate_rendering(rendering: Rendering, *, prefer_docker_cli: bool) -> list[str]:
+    """Validate each compose file with a real Compose v2 before anything is written.
+
+    The text is validated from a scratch folder at the same depth below a `compose/` folder,
+    so relative paths resolve the same way; `config` does not need the bind sources to exist.
+    """
+    reports = []
+    with tempfile.TemporaryDirectory(prefix="recipegen-validate-") as scratch:
+        for out_dir, files in rendering.folders.items():
+            relative = out_dir.relative_to(rendering.root.parent.parent)
+            staged = Path(scratch) / relative
+            staged.mkdir(parents=True, exist_ok=True)
+            (staged / COMPOSE_FILE).write_bytes(files[COMPOSE_FILE])
+            version = validate_compose_file(staged / COMPOSE_FILE, prefer_docker_cli=prefer_docker_cli)
+            reports.append(f"{out_dir / COMPOSE_FILE}: valid (Docker Compose {version})")
+    return reports
+
+
+def write_rendering(rendering: Rendering) -> list[Path]:
+    """Write each output folder atomically; returns the compose files written.
+
+    With several machines, `compose/<recipe>/` holds one folder per machine: stale machine
+    folders from an earlier render are removed with the rest of the swap.
+    """
+    written = []
+    if len(rendering.folders) == 1 and rendering.root in rendering.folders:
+        write_output_dir(rendering.root, rendering.folders[rendering.root])
+        written.append(rendering.root / COMPOSE_FILE)
+        return written
+    # Multi-machine: one folder per machine, each swapped atomically; the recipe folder itself
+    # carries no manifest of its own.
+    for out_dir, files in sorted(rendering.folders.items()):
+        write_output_dir(out_dir, files)
+        written.append(out_dir / COMPOSE_FILE)
+    if rendering.root.is_dir():
+        for child in rendering.root.iterdir():
+            if child.is_dir() and child not in rendering.folders and read_manifest(child) is not None:
+                shutil.rmtree(child)
+    return written
+
+
+def check_rendering(rendering: Rendering) -> list[Staleness]:
+    results = [compare_output_dir(out_dir, files) for out_dir, files in sorted(rendering.folders.items())]
+    if rendering.root.is_dir() and rendering.root not in rendering.folders:
+        # A machine folder that a fresh render would not produce.
+        for child in sorted(rendering.root.iterdir()):
+            if child.is_dir() and child not in rendering.folders and read_manifest(child) is not None:
+                results.append(Staleness(child, extra=("(whole folder)",)))
+    if rendering.root in rendering.folders:
+        for child in sorted(rendering.root.iterdir()) if rendering.root.is_dir() else []:
+            if child.is_dir() and read_manifest(child) is not None:
+                results.append(Staleness(child, extra=("(whole folder)",)))
+    return results
+
+
+def orphan_outputs(project_root: Path, recipe_names: set[str]) -> list[Path]:
+    """Rendered folders under compose/ whose recipe no longer exists."""
+    compose_dir = project_root / COMPOSE_DIRNAME
+    if not compose_dir.is_dir():
+        return []
+    orphans = []
+    for child in sorted(compose_dir.iterdir()):
+        if not child.is_dir() or child.name.startswith(".") or child.name in recipe_names:
+            continue
+        if read_manifest(child) is not None or any(read_manifest(c) is not None
+                                                   for c in child.iterdir() if c.is_dir()):
+            orphans.append(child)
+    return orphans

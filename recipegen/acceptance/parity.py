@@ -1,0 +1,181 @@
+"""Greedy token-exact parity between two endpoints, separating placement from serving noise.
+
+Each endpoint answers the fixture `runs` times. Per prompt:
+  - exact              every run of A and of B produced the same tokens;
+  - nondeterministic   A's own runs disagree (or A agrees with itself and some run of B
+                       matches it while another does not): serving-level nondeterminism, the
+                       seeds' tool-path jitter, not a placement effect;
+  - diverges           A agrees with itself and no run of B matches it: a placement (or
+                       model) effect. Any such prompt fails parity.
+With one run per endpoint nothing can be attributed to nondeterminism, so every divergence
+counts. The pairwise exact counts (A×A, A×B, B×B) are reported as the seeds did
+("47/50 within v15, 49/50 v15 vs v14").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import combinations, product
+from typing import Literal
+
+from recipegen.acceptance.client import EndpointClient, Generation, Request
+from recipegen.acceptance.fixture import Fixture, Prompt
+
+Status = Literal["exact", "nondeterministic", "diverges"]
+CONTEXT_CHARS = 40
+
+
+@dataclass(frozen=True)
+class Output:
+    """One run's output for one prompt: tokens when the server gave them, and text."""
+
+    text: str
+    token_ids: tuple[int, ...] | None = None
+
+    @classmethod
+    def of(cls, generation: Generation) -> Output:
+        return cls(text=generation.text, token_ids=generation.token_ids)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where two outputs part: token index (or character index when compared on text)."""
+
+    unit: Literal["token", "char"]
+    index: int
+    common: str      # the text just before the divergence
+    left: str        # what each side continues with
+    right: str
+
+    def describe(self) -> str:
+        return f"{self.unit} {self.index}: …{self.common!r} then {self.left!r} vs {self.right!r}"
+
+
+def first_divergence(a: Output, b: Output, context: int = CONTEXT_CHARS) -> Divergence | None:
+    """None when a and b are identical; else where they first differ, with text context."""
+    if a.token_ids is not None and b.token_ids is not None:
+        if a.token_ids == b.token_ids:
+            return None
+        index = _common_prefix(a.token_ids, b.token_ids)
+        unit: Literal["token", "char"] = "token"
+    else:
+        if a.text == b.text:
+            return None
+        index = _common_prefix(a.text, b.text)
+        unit = "char"
+    char = _common_prefix(a.text, b.text)
+    return Divergence(unit=unit, index=index, common=a.text[max(0, char - context):char],
+                      left=a.text[char:char + context], right=b.text[char:char + context])
+
+
+def _common_prefix(a: Sequence[object], b: Sequence[object]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+@dataclass(frozen=True)
+class PromptVerdict:
+    prompt_id: str
+    category: str
+    status: Status
+    a_self_exact: bool
+    b_self_exact: bool
+    ab_exact_pairs: int
+    ab_pairs: int
+    divergence: Divergence | None     # first A-vs-B divergence (earliest), if any
+    self_divergence: Divergence | None  # first A-vs-A divergence, if any
+
+
+@dataclass
+class ParityReport:
+    runs_a: int
+    runs_b: int
+    verdicts: list[PromptVerdict]
+    pair_counts: dict[str, tuple[int, int]] = field(default_factory=dict)  # "A1×B2" -> (exact, total)
+
+    @property
+    def passed(self) -> bool:
+        return not any(v.status == "diverges" for v in self.verdicts)
+
+    def count(self, status: Status) -> int:
+        return sum(1 for v in self.verdicts if v.status == status)
+
+
+def judge_prompt(prompt: Prompt, outputs_a: Sequence[Output], outputs_b: Sequence[Output]) -> PromptVerdict:
+    if not outputs_a or not outputs_b:
+        raise ValueError("each endpoint needs at least one run")
+    self_divs = [d for x, y in combinations(outputs_a, 2) if (d := first_divergence(x, y))]
+    b_self = all(first_divergence(x, y) is None for x, y in combinations(outputs_b, 2))
+    ab_divs = [first_divergence(x, y) for x, y in product(outputs_a, outputs_b)]
+    ab_exact = sum(1 for d in ab_divs if d is None)
+    real_divs = [d for d in ab_divs if d is not None]
+    if not real_divs:
+        status: Status = "exact"
+    elif self_divs:
+        status = "nondeterministic"
+    elif ab_exact > 0:       # A is stable and some run of B reproduces it: B's own jitter
+        status = "nondeterministic"
+    else:
+        status = "diverges"
+    return PromptVerdict(prompt_id=prompt.id, category=prompt.category, status=status,
+                         a_self_exact=not self_divs, b_self_exact=b_self, ab_exact_pairs=ab_exact,
+                         ab_pairs=len(ab_divs),
+                         divergence=min(real_divs, key=lambda d: d.index) if real_divs else None,
+                         self_divergence=min(self_divs, key=lambda d: d.index) if self_divs else None)
+
+
+def compare(fixture: Fixture, runs_a: Sequence[Sequence[Output]], runs_b: Sequence[Sequence[Output]]
+            ) -> ParityReport:
+    """Judge every prompt; `runs_x[r][i]` is run r's output for fixture prompt i."""
+    for runs in (runs_a, runs_b):
+        if not runs or any(len(run) != len(fixture.prompts) for run in runs):
+            raise ValueError("every run must answer every fixture prompt")
+    verdicts = [judge_prompt(p, [run[i] for run in runs_a], [run[i] for run in runs_b])
+                for i, p in enumerate(fixture.prompts)]
+    labelled = [(f"A{r + 1}", run) for r, run in enumerate(runs_a)] + \
+               [(f"B{r + 1}", run) for r, run in enumerate(runs_b)]
+    pair_counts: dict[str, tuple[int, int]] = {}
+    for (name_x, run_x), (name_y, run_y) in combinations(labelled, 2):
+        exact = sum(1 for x, y in zip(run_x, run_y) if first_divergence(x, y) is None)
+        pair_counts[f"{name_x}×{name_y}"] = (exact, len(fixture.prompts))
+    return ParityReport(runs_a=len(runs_a), runs_b=len(runs_b), verdicts=verdicts, pair_counts=pair_counts)
+
+
+def request_for(prompt: Prompt, *, max_tokens: int, seed: int | None) -> Request:
+    return Request(prompt=prompt.prompt, messages=prompt.messages, tools=prompt.tools,
+                   max_tokens=max_tokens, seed=seed, temperature=0.0)
+
+
+async def run_fixture(client: EndpointClient, fixture: Fixture, *, max_tokens: int, seed: int | None,
+                      concurrency: int = 1, progress: Callable[[int], None] | None = None) -> list[Output]:
+    """One greedy pass of the fixture; results in fixture order."""
+    semaphore = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(prompt: Prompt) -> Output:
+        async with semaphore:
+            generation = await client.generate(request_for(prompt, max_tokens=max_tokens, seed=seed))
+        if progress:
+            progress(1)
+        return Output.of(generation)
+
+    return list(await asyncio.gather(*(one(p) for p in fixture.prompts)))
+
+
+async def collect(client_a: EndpointClient, client_b: EndpointClient, fixture: Fixture, *, runs: int,
+                  max_tokens: int, seed: int | None, concurrency: int = 1,
+                  progress: Callable[[int], None] | None = None
+                  ) -> tuple[list[list[Output]], list[list[Output]]]:
+    """`runs` passes per endpoint, alternating A, B, A, B … so both see the same window."""
+    runs_a: list[list[Output]] = []
+    runs_b: list[list[Output]] = []
+    for _ in range(runs):
+        runs_a.append(await run_fixture(client_a, fixture, max_tokens=max_tokens, seed=seed,
+                                        concurrency=concurrency, progress=progress))
+        runs_b.append(await run_fixture(client_b, fixture, max_tokens=max_tokens, seed=seed,
+                                        concurrency=concurrency, progress=progress))
+    return runs_a, runs_b

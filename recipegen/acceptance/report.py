@@ -1,0 +1,113 @@
+"""Text and JSON forms of parity and knee results (no I/O)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from recipegen.acceptance.knee import KneeResult, compare_levels
+from recipegen.acceptance.parity import ParityReport
+
+
+def identity_lines(label: str, info: dict[str, Any]) -> list[str]:
+    models = ", ".join(str(m.get("id")) for m in info.get("models", [])) or info.get("models_error", "?")
+    lines = [f"{label}: {info.get('url')}  model {models}"
+             + (f"  vLLM {info['server_version']}" if info.get("server_version") else "")]
+    if info.get("lane_reports"):
+        lane = info.get("lane") or "?"
+        cls = info.get("traffic_class") or "?"
+        lines.append(f"    lane {lane} class {cls} mode {'/'.join(info.get('residency_mode', []))}  "
+                     f"content {_short(info.get('content_hashes'))} shape {_short(info.get('shape_hashes'))}  "
+                     f"[{info.get('lane_report_source')}]")
+    elif info.get("lane_report_error"):
+        lines.append(f"    start-up report: {info['lane_report_error']} [{info.get('lane_report_source')}]")
+    else:
+        lines.append("    start-up report: none found (not a local recipegen lane; pass --lane-log to name one)")
+    return lines
+
+
+def _short(hashes: Any) -> str:
+    if not hashes:
+        return "-"
+    return ",".join(h[:12] for h in hashes)
+
+
+def parity_text(report: ParityReport, identities: dict[str, dict[str, Any]], *, fixture_name: str) -> str:
+    lines = []
+    for label in ("A", "B"):
+        if label in identities:
+            lines += identity_lines(label, identities[label])
+    n = len(report.verdicts)
+    lines.append(f"fixture {fixture_name}: {n} prompts, {report.runs_a} run(s) of A, {report.runs_b} run(s) of B")
+    lines.append("")
+    lines.append(f"{'prompt':<16} {'category':<12} {'verdict':<17} detail")
+    for v in report.verdicts:
+        detail = ""
+        if v.status == "diverges" and v.divergence:
+            detail = f"A≠B at {v.divergence.describe()}"
+        elif v.status == "nondeterministic":
+            d = v.self_divergence or v.divergence
+            who = "A≠A" if v.self_divergence else "B≠B"
+            detail = f"{who} at {d.describe()}" if d else ""
+        lines.append(f"{v.prompt_id:<16} {v.category:<12} {v.status:<17} {detail}")
+    lines.append("")
+    lines.append("pairwise exact: " + "  ".join(f"{pair} {e}/{t}" for pair, (e, t) in report.pair_counts.items()))
+    lines.append(f"exact {report.count('exact')}/{n}, nondeterministic {report.count('nondeterministic')}/{n}, "
+                 f"diverges {report.count('diverges')}/{n}")
+    if report.runs_a < 2:
+        lines.append("note: one run of A cannot tell serving nondeterminism from a placement effect; "
+                     "every divergence counts (use --runs 2 or more)")
+    lines.append("PASS: A matches B within A's own nondeterminism" if report.passed
+                 else "FAIL: A diverges from B beyond A's own nondeterminism")
+    return "\n".join(lines)
+
+
+def parity_json(report: ParityReport, identities: dict[str, dict[str, Any]], settings: dict[str, Any]
+                ) -> dict[str, Any]:
+    return {"passed": report.passed, "settings": settings, "endpoints": identities,
+            "summary": {s: report.count(s) for s in ("exact", "nondeterministic", "diverges")},
+            "pairwise_exact": {k: {"exact": e, "total": t} for k, (e, t) in report.pair_counts.items()},
+            "prompts": [asdict(v) for v in report.verdicts]}
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.0f}"
+
+
+def knee_text(result: KneeResult) -> str:
+    lines = []
+    for label, info in result.endpoints.items():
+        lines += identity_lines(label, info)
+    s = result.settings
+    lines.append(f"warm-up {s.get('warmup_s')} s excluded; {s.get('repetitions')} window(s) of {s.get('duration_s')} s; "
+                 f"max_tokens {s.get('max_tokens')}")
+    lines.append("")
+    lines.append(f"{'leg':<4} {'conc':>4} {'tok/s mean':>10} {'min':>8} {'max':>8} {'spread':>7} "
+                 f"{'p50 lat ms':>10} {'p90 lat ms':>10} {'ttft ms':>8} {'req':>5}")
+    for level in result.levels:
+        t = level.tok_s
+        p90 = max((w.latency_p90_s for w in level.windows if w.latency_p90_s is not None), default=None)
+        ttft = [w.ttft_p50_s for w in level.windows if w.ttft_p50_s is not None]
+        requests = sum(w.requests for w in level.windows)
+        lines.append(f"{level.label:<4} {level.concurrency:>4} {t.mean:>10.1f} {t.min:>8.1f} {t.max:>8.1f} "
+                     f"{t.relative:>6.1%} {_ms(level.latency_p50):>10} {_ms(p90):>10} "
+                     f"{_ms(sorted(ttft)[len(ttft) // 2] if ttft else None):>8} {requests:>5}")
+    comparisons = compare_levels(result)
+    if comparisons:
+        lines.append("")
+        lines.append("candidate (A, A2) vs control (B):")
+        for c in comparisons:
+            lines.append(f"  C{c.concurrency}: {c.candidate.mean:.1f} vs {c.control.mean:.1f} tok/s "
+                         f"({c.change:+.1%}); candidate drift across the window {c.candidate_drift:.1%}")
+    return "\n".join(lines)
+
+
+def knee_json(result: KneeResult) -> dict[str, Any]:
+    levels = []
+    for level in result.levels:
+        item = asdict(level)
+        item["tok_s"] = asdict(level.tok_s)
+        item["tok_s"]["relative_spread"] = level.tok_s.relative
+        levels.append(item)
+    return {"settings": result.settings, "endpoints": result.endpoints, "levels": levels,
+            "comparisons": [{**asdict(c), "change": c.change} for c in compare_levels(result)]}

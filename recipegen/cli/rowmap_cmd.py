@@ -153,14 +153,16 @@ def build(inputs: tuple[str, ...], hot: int | None, cold_budget: str | None, uni
             rowmap.provenance.update(prov)
         global_eval = evaluate_on(result.rowmap, pooled, "input")
         uniform_eval = evaluate_on(result.uniform, pooled, "input")
-        lines = budget_lines(result, global_eval, uniform_eval)
+        same_eval = evaluate_on(result.global_same_total, pooled, "input")
+        lines = budget_lines(result, global_eval, uniform_eval, same_eval)
         summary.update({"cold_budget_bytes": budget, "cold_experts": result.cold_experts,
                         "uniform_cold_per_layer": result.uniform_cold_per_layer,
                         "kernel_tunings": result.tunings,
                         "uniform_kernel_tunings": result.uniform_tunings,
                         "layer_shapes": len(result.rowmap.distinct_shapes()),
                         "cold_share_global": global_eval.cold_share,
-                        "cold_share_uniform": uniform_eval.cold_share})
+                        "cold_share_uniform": uniform_eval.cold_share,
+                        "cold_share_global_same_total": same_eval.cold_share})
     save_rowmap(rowmap, output, comments=comments)
     in_sample = evaluate_on(rowmap, pooled, "input")
     summary.update({"content_hash": rowmap.content_hash(), "shape_hash": rowmap.shape_hash(),

@@ -92,6 +92,7 @@ class BudgetBuild:
 
     rowmap: RowMap
     uniform: RowMap
+    global_same_total: RowMap  # budget-global with the uniform map's total cold count
     budget_bytes: int
     bytes_per_expert: int
     cold_experts: int          # largest whole count whose bytes fit the budget
@@ -120,31 +121,43 @@ class BudgetBuild:
         return len(self.bank_sizes(self.uniform))
 
 
+def build_global(histogram: Histogram, cold_total: int,
+                 provenance: dict[str, Any] | None = None) -> RowMap:
+    """`cold_total` least-used (layer, expert) pairs across all layers go cold.
+
+    Global rank, coldest first: ascending count, then descending expert id, then descending
+    layer position — the exact reverse of the per-layer hot preference.
+    """
+    n_layers, e = histogram.counts.shape
+    cold_total = max(0, min(int(cold_total), n_layers * e))
+    layer_pos = np.repeat(np.arange(n_layers), e)
+    expert = np.tile(np.arange(e), n_layers)
+    order = np.lexsort((-layer_pos, -expert, histogram.counts.ravel()))
+    cold_mask = np.zeros(n_layers * e, dtype=bool)
+    cold_mask[order[:cold_total]] = True
+    cold_mask = cold_mask.reshape(n_layers, e)
+    return RowMap(histogram.moe_layer_indices, e,
+                  [np.flatnonzero(~m).tolist() for m in cold_mask],
+                  [np.flatnonzero(m).tolist() for m in cold_mask], dict(provenance or {}))
+
+
 def build_budget_global(histogram: Histogram, cold_budget_bytes: int, bytes_per_expert: int,
                         provenance: dict[str, Any] | None = None) -> BudgetBuild:
     """Variable hot count per layer under one cold-bank byte budget, plus the uniform map
-    that the same budget gives (its per-layer count = the budget's whole count ÷ layers)."""
+    that the same budget gives (its per-layer count = the budget's whole count ÷ layers) and
+    a global map holding exactly the uniform map's total, for a like-for-like comparison."""
     if bytes_per_expert <= 0:
         raise InputError("bytes per expert must be positive", field="bytes_per_expert")
     if cold_budget_bytes < 0:
         raise InputError("the cold budget must not be negative", field="cold_budget")
     n_layers, e = histogram.counts.shape
     cold_total = min(cold_budget_bytes // bytes_per_expert, n_layers * e)
-    # Global rank: cold first = ascending count, then descending id, then descending layer.
-    counts = histogram.counts
-    layer_pos = np.repeat(np.arange(n_layers), e)
-    expert = np.tile(np.arange(e), n_layers)
-    order = np.lexsort((-layer_pos, -expert, counts.ravel()))
-    cold_mask = np.zeros(n_layers * e, dtype=bool)
-    cold_mask[order[:cold_total]] = True
-    cold_mask = cold_mask.reshape(n_layers, e)
-    hot_ids = [np.flatnonzero(~m).tolist() for m in cold_mask]
-    cold_ids = [np.flatnonzero(m).tolist() for m in cold_mask]
     prov = dict(provenance or {})
-    rowmap = RowMap(histogram.moe_layer_indices, e, hot_ids, cold_ids, prov)
+    rowmap = build_global(histogram, cold_total, prov)
     per_layer = int(cold_total // n_layers)
     uniform = build_top_n(histogram, e - per_layer, dict(prov, builder="top-n"))
-    return BudgetBuild(rowmap, uniform, int(cold_budget_bytes), int(bytes_per_expert),
+    same_total = build_global(histogram, per_layer * n_layers, prov)
+    return BudgetBuild(rowmap, uniform, same_total, int(cold_budget_bytes), int(bytes_per_expert),
                        int(cold_total), per_layer)
 
 

@@ -141,7 +141,8 @@ def show_lines(rowmap: RowMap, name: str, bytes_per_expert: int | None,
 
 
 def budget_lines(b: BudgetBuild, in_sample: HistogramEval | None,
-                 uniform_sample: HistogramEval | None) -> list[str]:
+                 uniform_sample: HistogramEval | None,
+                 same_total_sample: HistogramEval | None = None) -> list[str]:
     layers = len(b.rowmap.moe_layer_indices)
     lines = [f"cold budget {_gib(b.budget_bytes)} at {b.bytes_per_expert:,} B per expert",
              f"  budget-global: {b.cold_experts:,} cold experts ({_gib(b.cold_bytes)}), "
@@ -156,4 +157,9 @@ def budget_lines(b: BudgetBuild, in_sample: HistogramEval | None,
     if in_sample and uniform_sample:
         lines.append(f"  cold share on the input: budget-global {pct(in_sample.cold_share)}, "
                      f"uniform {pct(uniform_sample.cold_share)}")
+    if same_total_sample and uniform_sample:
+        n = b.uniform_cold_per_layer * layers
+        lines.append(f"  like for like ({n:,} cold experts each): budget-global "
+                     f"{pct(same_total_sample.cold_share)} vs uniform "
+                     f"{pct(uniform_sample.cold_share)}")
     return lines

@@ -1,0 +1,148 @@
+"""`recipegen rowmap …` end to end through the real CLI root (click), on raw and vLLM captures."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from expert_residency.formats import load_histogram, load_rowmap, save_rowmap
+
+from recipegen.cli import main
+
+# 4 tokens, 2 MoE layers, top-2 of 4 experts. Hand counts:
+#   layer 0: e0 x4, e1 x2, e2 x1, e3 x1      layer 1: e3 x4, e2 x3, e1 x1, e0 x0
+IDS = np.array([[[0, 1], [3, 2]],
+                [[0, 1], [3, 2]],
+                [[0, 2], [3, 2]],
+                [[0, 3], [3, 1]]], dtype=np.uint8)
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _b64(a: np.ndarray) -> str:
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    return base64.b64encode(buf.getbuffer()).decode()
+
+
+def test_reduce_then_build_from_raw_capture(tmp_path: Path) -> None:
+    np.save(tmp_path / "cap.npy", IDS)
+    code, out, err = run("rowmap", "reduce", str(tmp_path / "cap.npy"), "--experts", "4",
+                         "-o", str(tmp_path / "c.hist"))
+    assert code == 0, err
+    h = load_histogram(tmp_path / "c.hist")
+    assert h.counts.tolist() == [[4, 2, 1, 1], [0, 1, 3, 4]]
+    assert h.moe_layer_indices == (0, 1) and h.tokens == 4 and h.top_k == 2
+    assert "4 tokens, 16 selections" in out
+
+    code, out, err = run("rowmap", "build", str(tmp_path / "cap.npy"), "--experts", "4",
+                         "--layers", "0-1", "--hot", "2", "-o", str(tmp_path / "m.rowmap"))
+    assert code == 0, err
+    rm = load_rowmap(tmp_path / "m.rowmap")
+    # layer 0: e0 (4), e1 (2) hot; e2/e3 tie at 1 -> cold; layer 1: e3 (4), e2 (3) hot
+    assert rm.hot == [[0, 1], [2, 3]] and rm.cold == [[2, 3], [0, 1]]
+    assert rm.provenance["selections"] == 16 and rm.provenance["builder"] == "top-n"
+
+
+def test_eval_vllm_capture_json_exact_cold_share(tmp_path: Path) -> None:
+    rm_path = tmp_path / "m.rowmap"
+    from expert_residency.formats import RowMap
+    save_rowmap(RowMap((0, 1), 4, [[0, 1], [2, 3]], [[2, 3], [0, 1]]), rm_path)
+    responses = [{"choices": [{"routed_experts": _b64(IDS[:2])}]},
+                 {"choices": [{"routed_experts": _b64(IDS[2:])}]}]
+    (tmp_path / "r.jsonl").write_text("\n".join(json.dumps(r) for r in responses) + "\n")
+    code, out, err = run("rowmap", "eval", str(rm_path), str(tmp_path / "r.jsonl"), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    [h] = report["histograms"]
+    # cold: layer 0 e2 + e3 = 2 of 8; layer 1 e0 + e1 = 1 of 8 -> 3 / 16
+    assert h["cold_share"] == pytest.approx(3 / 16)
+    assert h["cold_share_per_layer"] == pytest.approx([2 / 8, 1 / 8])
+    # positional (e0, e1 hot in both layers): layer 0 cold 2, layer 1 cold 7 -> 9 / 16
+    assert h["positional_cold_share"] == pytest.approx(9 / 16)
+
+
+def test_eval_text_and_leave_one_out(tmp_path: Path) -> None:
+    rm_path = tmp_path / "m.rowmap"
+    np.save(tmp_path / "a.npy", IDS[:2])
+    np.save(tmp_path / "b.npy", IDS[2:])
+    assert run("rowmap", "build", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
+               "--experts", "4", "--layers", "0-1", "--hot", "2", "-o", str(rm_path))[0] == 0
+    code, out, _ = run("rowmap", "eval", str(rm_path), str(tmp_path / "a.npy"),
+                       str(tmp_path / "b.npy"), "--per-layer")
+    assert code == 0
+    assert "leave-one-out" in out and "a.npy" in out and "top 73%" in out
+    assert "per-layer cold %" in out
+
+
+def test_compare_diff_show(tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", IDS)
+    np.save(tmp_path / "b.npy", 3 - IDS)  # mirror image: e3 <-> e0, e2 <-> e1
+    code, out, err = run("rowmap", "compare", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
+                         "--experts", "4", "--layers", "0-1", "--hot", "2", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    # a's map: cold {2,3} in layer 0, {0,1} in layer 1. b (mirrored) counts: layer 0
+    # [1,1,2,4] -> 2 + 4 = 6 cold; layer 1 [4,3,1,0] -> 4 + 3 = 7 cold -> 13 / 16
+    assert r["cold_shares"]["A"]["b"] == pytest.approx(13 / 16)
+    assert r["cold_shares"]["A"]["a"] == pytest.approx(3 / 16)
+    assert r["mean_spearman"] < 0
+
+    for name, hot in (("x", "3"), ("y", "3"), ("z", "2")):
+        assert run("rowmap", "build", str(tmp_path / "a.npy"), "--experts", "4", "--layers",
+                   "0-1", "--hot", hot, "-o", str(tmp_path / f"{name}.rowmap"))[0] == 0
+    code, out, _ = run("rowmap", "diff", str(tmp_path / "x.rowmap"), str(tmp_path / "y.rowmap"))
+    assert code == 0 and "identical assignment" in out
+    code, out, _ = run("rowmap", "diff", str(tmp_path / "x.rowmap"), str(tmp_path / "z.rowmap"),
+                       "--json")
+    d = json.loads(out)
+    assert not d["same_shape"] and [l["cold_changed"] for l in d["layers"]] == [1, 1]
+
+    code, out, _ = run("rowmap", "show", str(tmp_path / "z.rowmap"), "--bytes-per-expert", "1 MiB")
+    assert code == 0 and "hot bank (HBM):   0.00 GiB (4,194,304 B)" in out
+    code, out, _ = run("rowmap", "show", str(tmp_path / "z.rowmap"), "--json")
+    assert json.loads(out)["hot_counts"] == [2, 2]
+
+
+def test_budget_build_reports_shapes(tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", IDS)
+    code, out, err = run("rowmap", "build", str(tmp_path / "a.npy"), "--experts", "4",
+                         "--layers", "0-1", "--cold-budget", "3 MiB", "--bytes-per-expert",
+                         "1 MiB", "-o", str(tmp_path / "g.rowmap"), "--json")
+    assert code == 0, err
+    s = json.loads(out)
+    # 3 cold: layer 1 e0 (0); then the 1-counts: l0 e3, l0 e2, l1 e1 -> descending id: l0 e3,
+    # then l1 e1 vs l0 e2 -> descending id: e2 (layer 0)
+    assert s["cold_experts"] == 3 and s["uniform_cold_per_layer"] == 1
+    rm = load_rowmap(tmp_path / "g.rowmap")
+    assert rm.cold == [[2, 3], [0]] and rm.hot_counts() == [2, 3]
+    assert s["kernel_tunings"] == 3 and s["uniform_kernel_tunings"] == 2
+
+
+def test_errors_are_clear_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.rowmap"
+    bad.write_text("format: expert-residency-rowmap/7\n")
+    code, _, err = run("rowmap", "show", str(bad))
+    assert code == 2 and err.startswith("error: ") and f"{bad}:1" in err
+    assert "unknown row-map format version" in err and "Traceback" not in err
+    np.save(tmp_path / "a.npy", IDS)
+    code, _, err = run("rowmap", "build", str(tmp_path / "a.npy"), "--hot", "2", "-o",
+                       str(tmp_path / "m.rowmap"))
+    assert code == 2 and "need the model geometry" in err
+    assert not (tmp_path / "m.rowmap").exists()
+    code, _, err = run("rowmap", "build", str(tmp_path / "a.npy"), "--experts", "3",
+                       "--layers", "0-1", "--hot", "2", "-o", str(tmp_path / "m.rowmap"))
+    assert code == 2 and "expert id 3 out of range" in err
+    code, _, err = run("rowmap", "build", str(tmp_path / "a.npy"), "--experts", "4",
+                       "-o", str(tmp_path / "m.rowmap"))
+    assert code == 2 and "exactly one of --hot" in err
+    code, _, err = run("rowmap", "eval", str(bad), str(tmp_path / "missing.hist"))
+    assert code == 2

@@ -1,1 +1,16 @@
-"""The budget ledger: pure functions, the single source of every budget formula."""
+"""The budget ledger: pure functions, the single source of every budget formula.
+
+`compute_ledger(loaded_recipe) -> RecipeLedger`: per lane, HBM (cap, reserve, hot experts, KV pool
+and tokens), host (tables, pinned experts, reserve), both placements (positional vs usage-aware)
+and load-time peaks; every figure in bytes with its formula and operands; violations with what to
+change. See docs/ledger.md.
+"""
+
+from recipegen.ledger.budget import DeclaredSplit, declared_split
+from recipegen.ledger.compute import (LaneLedger, PlacementLedger, RecipeLedger, Violation, compute_lane,
+                                      compute_ledger)
+from recipegen.ledger.figures import Figure
+from recipegen.ledger.placement import positional_walk, rehoming_peaks
+
+__all__ = ["DeclaredSplit", "declared_split", "LaneLedger", "PlacementLedger", "RecipeLedger",
+           "Violation", "compute_lane", "compute_ledger", "Figure", "positional_walk", "rehoming_peaks"]

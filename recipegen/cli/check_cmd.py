@@ -1,0 +1,106 @@
+"""`recipegen check recipe` and `recipegen check budgets`: validate recipes, show the budget ledger.
+
+Exit codes: 0 all valid / all budgets hold; 1 a budget is exceeded; 2 an invalid recipe.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from recipegen.errors import RecipegenError
+
+EXIT_OK, EXIT_OVER_BUDGET, EXIT_INVALID = 0, 1, 2
+
+
+@click.group()
+def check() -> None:
+    """Validate recipes and their budgets before anything boots."""
+
+
+def _targets(recipes: tuple[str, ...]) -> list[str]:
+    if recipes:
+        return list(recipes)
+    from recipegen.recipe_io import list_recipes, recipe_search_dirs
+
+    found = [str(p) for p in list_recipes()]
+    if not found:
+        raise RecipegenError(f"no recipes found under {recipe_search_dirs()[0]}")
+    return found
+
+
+@check.command("recipe")
+@click.argument("recipes", nargs=-1)
+def check_recipe(recipes: tuple[str, ...]) -> None:
+    """Validate RECIPES (paths or names under recipes/; default: all of them).
+
+    Every problem is reported with file, line and field; exit 2 if any recipe is invalid.
+    """
+    from recipegen.recipe_io import display_path, load_recipe
+
+    failed = 0
+    for target in _targets(recipes):
+        try:
+            loaded = load_recipe(target)
+        except RecipegenError as exc:
+            click.echo(f"error: {exc}", err=True)
+            failed += 1
+            continue
+        r = loaded.recipe
+        lanes = "; ".join(
+            f"lane {lane.name} ({lane.offload.placement}"
+            + (f", class {lane.active_class} of {'/'.join(lane.classes)}" if lane.active_class else "")
+            + f", {lane.machine} GPU {','.join(map(str, lane.gpus))}, port {lane.port})"
+            for lane in r.lanes)
+        click.echo(f"ok  {display_path(loaded.path)}: {r.name}, model {r.model.name}; {lanes}")
+    if failed:
+        sys.exit(EXIT_INVALID)
+
+
+@check.command("budgets")
+@click.argument("recipes", nargs=-1)
+@click.option("--explain", is_flag=True, help="Print every figure with its formula and operands.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable ledger (bytes and GiB).")
+@click.option("--lane", "lanes", multiple=True, help="Only these lanes (repeatable).")
+def check_budgets(recipes: tuple[str, ...], explain: bool, as_json: bool, lanes: tuple[str, ...]) -> None:
+    """Compute the HBM / host / KV ledger of RECIPES (default: every recipe under recipes/).
+
+    Exit 0 when every budget holds, 1 when one is exceeded (the output says which, by how much and
+    what to change), 2 for an invalid recipe.
+    """
+    from recipegen.ledger import compute_ledger
+    from recipegen.recipe_io import display_path, load_recipe
+
+    worst = EXIT_OK
+    results: list[dict[str, Any]] = []
+    for target in _targets(recipes):
+        try:
+            loaded = load_recipe(target)
+        except RecipegenError as exc:
+            worst = max(worst, EXIT_INVALID)
+            if as_json:
+                results.append({"path": target, "ok": False, "error": str(exc)})
+            else:
+                click.echo(f"error: {exc}", err=True)
+            continue
+        unknown = [name for name in lanes if name not in {l.name for l in loaded.recipe.lanes}]
+        if unknown and recipes:
+            raise RecipegenError(f"{display_path(loaded.path)}: no lane {', '.join(unknown)}")
+        ledger = compute_ledger(loaded)
+        if lanes:
+            ledger.lanes = [l for l in ledger.lanes if l.lane in lanes]
+        if not ledger.ok:
+            worst = max(worst, EXIT_OVER_BUDGET)
+        if as_json:
+            results.append(ledger.to_json())
+        else:
+            from recipegen.ledger.report import render_ledger
+
+            click.echo(render_ledger(ledger, display_path(loaded.path), explain=explain))
+    if as_json:
+        click.echo(json.dumps({"ok": worst == EXIT_OK, "recipes": results}, indent=2))
+    if worst:
+        sys.exit(worst)

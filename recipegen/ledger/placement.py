@@ -1,0 +1,92 @@
+"""Where routed experts sit: vLLM's positional walk, row-map counts, and the re-homing peak.
+
+Pure arithmetic on per-layer byte lists; no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from recipegen.schema import Model
+
+
+def layer_param_bytes(model: Model) -> list[int]:
+    """Bytes of each expert parameter of one MoE layer, in module order (w13 then w2).
+
+    vLLM stores each of a layer's expert tensors as one parameter holding all routed experts.
+    Without declared tensors, the layer's experts count as one parameter.
+    """
+    experts = model.routed_experts
+    if model.expert_tensors:
+        return [int(t.num_bytes()) * experts for t in model.expert_tensors]
+    return [model.expert_bytes * experts]
+
+
+@dataclass(frozen=True)
+class PositionalWalk:
+    """What plain `--cpu-offload-gb` moves to host, per MoE layer (bytes)."""
+
+    budget_bytes: int
+    host_per_layer: list[int]
+    offloaded_bytes: int
+    layers_whole: int        # MoE layers with every expert parameter offloaded
+    layers_partial: int      # MoE layers with some expert parameters offloaded
+
+
+def positional_walk(model: Model, budget_bytes: int) -> PositionalWalk:
+    """vLLM 0.33 `UVAOffloader._maybe_offload_to_cpu`: walk parameters in module order and offload
+    each while the running total is below the budget (so the last one overshoots).
+
+    Approximation: only routed-expert parameters are walked (the real walk also moves the dense
+    parameters it meets first — the measured figure is the check on this), and a layer's scales
+    travel with their weights.
+    """
+    params = layer_param_bytes(model)
+    per_layer = [0] * model.num_moe_layers
+    total = 0
+    for layer in range(model.num_moe_layers):
+        for size in params:
+            if total >= budget_bytes:
+                break
+            total += size
+            per_layer[layer] += size
+    full = sum(params)
+    whole = sum(1 for b in per_layer if b == full)
+    partial = sum(1 for b in per_layer if 0 < b < full)
+    return PositionalWalk(budget_bytes, per_layer, total, whole, partial)
+
+
+@dataclass(frozen=True)
+class RehomingPeaks:
+    """Expert bytes on each side at load, at the worst moment of re-homing, and at the end."""
+
+    hbm_initial: int
+    host_initial: int
+    hbm_peak: int
+    host_peak: int
+    hbm_final: int
+    host_final: int
+    order: list[int]          # MoE layer positions in re-homing order
+
+
+def rehoming_peaks(initial_hbm: list[int], initial_host: list[int],
+                   final_hbm: list[int], final_host: list[int]) -> RehomingPeaks:
+    """Expert bytes on each side while the runtime re-homes from the load placement to the map.
+
+    The order is the runtime's own (`expert_residency.core.plan.plan_rehome_order`, stdlib-only),
+    so the ledger predicts the peaks the runtime will produce: each layer's new banks are allocated
+    before its original tensors are freed; HBM-resident and offloaded layers are interleaved so
+    neither side exceeds max(initial, final) by more than one layer. A layer the positional walk
+    offloaded only partly counts as offloaded (approximation).
+    """
+    from expert_residency.core.plan import LayerPlacement, plan_rehome_order
+
+    layers = [LayerPlacement(i, initial_host[i] == 0, final_hbm[i], final_host[i])
+              for i in range(len(initial_hbm))]
+    if all(initial_hbm[i] == final_hbm[i] and initial_host[i] == final_host[i] for i in range(len(layers))):
+        hbm, host = sum(initial_hbm), sum(initial_host)
+        return RehomingPeaks(hbm, host, hbm, host, hbm, host, [])
+    plan = plan_rehome_order(layers)
+    return RehomingPeaks(sum(initial_hbm), sum(initial_host), max(plan.peak[0], sum(initial_hbm)),
+                         max(plan.peak[1], sum(initial_host)), plan.final[0], plan.final[1],
+                         list(plan.order))

@@ -7,7 +7,8 @@ import pytest
 
 from expert_residency.formats import Histogram, RowMap, StartupReport
 from expert_residency.formats.report import summarize_counts
-from recipegen.ops.drift import cold_share, judge
+from recipegen.errors import InputError, RecipegenError
+from recipegen.ops.drift import judge, live_cold_share
 from recipegen.ops.kvcapacity import kv_from_log, kv_from_metrics
 from recipegen.ops.verify import Expected, compare, latest_per_rank
 
@@ -100,11 +101,11 @@ def _hist(weights: list[int], layers: tuple[int, ...] = (0, 1)) -> Histogram:
 
 
 def test_cold_share_counts_selections_on_cold_experts():
-    assert cold_share(_hist([10, 10, 0, 0, 0, 0, 0, 80]), _map([6, 7])) == pytest.approx(0.8)
-    with pytest.raises(ValueError, match="geometry"):
-        cold_share(_hist([1] * 8, layers=(0,)), _map([7]))
-    with pytest.raises(ValueError, match="no selections"):
-        cold_share(_hist([0] * 8), _map([7]))
+    assert live_cold_share(_hist([10, 10, 0, 0, 0, 0, 0, 80]), _map([6, 7])) == pytest.approx(0.8)
+    with pytest.raises(InputError, match="MoE layers"):
+        live_cold_share(_hist([1] * 8, layers=(0,)), _map([7]))
+    with pytest.raises(RecipegenError, match="no selections"):
+        live_cold_share(_hist([0] * 8), _map([7]))
 
 
 def test_drift_flags_mismatch_and_names_the_better_class():

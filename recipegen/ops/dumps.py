@@ -1,0 +1,116 @@
+"""Histogram snapshots from the runtime's dump folder (DESIGN "How counts leave the engine").
+
+File names are `<lane>__<class>__<mode>__<UTC YYYYmmddTHHMMSS.ffffffZ>__<seq>.hist`
+(`expert_residency.core.dump`, which needs torch, so the name is parsed here again from its
+documented form). Counts are cumulative since the engine started; a window is the difference of
+two snapshots. Files are read through the engine (`get_archive`, works for any mount type) or
+straight from a host folder.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from expert_residency.formats import FormatError, Histogram, parse_histogram
+from recipegen.errors import InputError, RecipegenError
+
+_TIME_FORMAT = "%Y%m%dT%H%M%S.%fZ"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    name: str
+    lane: str
+    traffic_class: str
+    mode: str
+    time: datetime
+    seq: int
+    histogram: Histogram
+
+
+def parse_name(name: str) -> tuple[str, str, str, datetime, int] | None:
+    if not name.endswith(".hist") or name.startswith("."):
+        return None
+    parts = name[: -len(".hist")].split("__")
+    if len(parts) != 5:
+        return None
+    lane, cls, mode, stamp, seq = parts
+    try:
+        when = datetime.strptime(stamp, _TIME_FORMAT).replace(tzinfo=timezone.utc)
+        return lane, cls, mode, when, int(seq)
+    except ValueError:
+        return None
+
+
+def snapshots(files: dict[str, bytes], *, where: str, lane: str | None = None,
+              traffic_class: str | None = None) -> list[Snapshot]:
+    """Parsed dump files (oldest first), optionally of one lane/class; others are ignored."""
+    found = []
+    for name, data in files.items():
+        parsed = parse_name(name)
+        if parsed is None:
+            continue
+        f_lane, f_cls, mode, when, seq = parsed
+        if (lane and f_lane != lane) or (traffic_class and f_cls != traffic_class):
+            continue
+        try:
+            hist = parse_histogram(data.decode("utf-8"), f"{where}/{name}")
+        except FormatError as exc:
+            raise InputError(f"dump file is not a valid histogram: {exc}",
+                             file=f"{where}/{name}") from None
+        found.append(Snapshot(name, f_lane, f_cls, mode, when, seq, hist))
+    return sorted(found, key=lambda s: (s.time, s.seq))
+
+
+def read_host_dir(folder: Path) -> dict[str, bytes]:
+    if not folder.is_dir():
+        raise InputError("dump folder not found", file=str(folder))
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def wait_for_snapshot(read: Callable[[], dict[str, bytes]], *, where: str, lane: str | None,
+                      traffic_class: str | None, seen: set[str], timeout_s: float,
+                      poll_s: float = 1.0) -> Snapshot:
+    """The newest snapshot whose file was not in `seen` (names present before the trigger);
+    polls until `timeout_s`. Names, not clocks: the engine's clock may differ from ours."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        files = read()
+        fresh = [s for s in snapshots({n: d for n, d in files.items() if n not in seen},
+                                      where=where, lane=lane, traffic_class=traffic_class)]
+        if fresh:
+            return fresh[-1]
+        if time.monotonic() >= deadline:
+            raise RecipegenError(
+                f"no new histogram snapshot appeared in {where} "
+                f"within {timeout_s:.0f} s (is the runtime counting, is its dump folder "
+                f"{where}, and is EXPERT_RESIDENCY_DUMP_INTERVAL_S shorter than the wait?)")
+        time.sleep(poll_s)
+
+
+def difference(after: Histogram, before: Histogram | None, *, source: str) -> Histogram:
+    """The counts of the window between two cumulative snapshots of one engine."""
+    if before is None:
+        return after
+    if before.counts.shape != after.counts.shape or \
+            before.moe_layer_indices != after.moe_layer_indices:
+        raise RecipegenError("snapshots of different geometry cannot be subtracted")
+    counts = after.counts - before.counts
+    if (counts < 0).any():
+        raise RecipegenError("the later snapshot has fewer counts than the earlier one: the engine "
+                             "restarted in between; profile again")
+    def sub(a: int | None, b: int | None) -> int | None:
+        return None if a is None or b is None else a - b
+    return Histogram(after.moe_layer_indices, after.num_experts, np.asarray(counts),
+                     tokens=after.tokens - before.tokens,
+                     decode_tokens=sub(after.decode_tokens, before.decode_tokens),
+                     prefill_tokens=sub(after.prefill_tokens, before.prefill_tokens),
+                     source=source, model_revision=after.model_revision, top_k=after.top_k,
+                     meta={k: v for k, v in after.meta.items()
+                           if k in ("lane", "class", "mode", "synthetic")})

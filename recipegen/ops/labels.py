@@ -1,0 +1,25 @@
+"""Labels `recipegen render` puts on every lane service (templates/service.yaml.j2), read back by
+status/swap/verify, and the compose service names of DESIGN.md "Lanes, classes and services"."""
+
+from __future__ import annotations
+
+PREFIX = "io.recipegen."
+RECIPE = PREFIX + "recipe"
+LANE = PREFIX + "lane"
+CLASS = PREFIX + "class"
+CONTENT_HASH = PREFIX + "content-hash"
+SHAPE_HASH = PREFIX + "shape-hash"
+CONFIG_HASH = PREFIX + "config-hash"
+MODE = PREFIX + "mode"
+
+
+def lane_service(lane: str) -> str:
+    return f"lane-{lane}"
+
+
+def profile_service(lane: str) -> str:
+    """The lane's count-only profile-boot service (compose profile `profile`)."""
+    return f"lane-{lane}-profile"
+
+
+PROFILE_BOOT_PROFILE = "profile"

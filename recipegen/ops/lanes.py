@@ -1,0 +1,225 @@
+"""up / swap / status: start lanes behind their health checks, swap a lane's class with
+rollback, and report what runs against the rendering.
+
+Lanes start one after another: vLLM engines starting together on a shared GPU count each
+other's memory during start-up profiling (anchors: production-stack#1047, vllm#17979).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from recipegen.errors import InputError, RecipegenError
+from recipegen.ops import labels
+from recipegen.ops.compose import ComposeError
+from recipegen.ops.deployment import Deployment, dependency_order, rendered_label, service_profiles
+from recipegen.ops.engine import ContainerInfo, find_containers, service_container
+
+Echo = Callable[[str], None]
+DEFAULT_WAIT_S = 3 * 3600  # a cold boot with kernel tuning takes over an hour (seeds: ~75 min)
+
+
+@dataclass(frozen=True)
+class Started:
+    service: str
+    seconds: float
+    container: str
+    traffic_class: str
+    health: str
+
+
+def _ensure_rendered(dep: Deployment, echo: Echo) -> None:
+    reasons = dep.rendering.stale_reasons()
+    if reasons:
+        dep.rendering.render()
+        echo(f"rendered {dep.rendering.out_dir} (it was stale: {reasons[0]}"
+             f"{f' and {len(reasons) - 1} more' if len(reasons) > 1 else ''})")
+
+
+def _start(dep: Deployment, service: str, config: dict[str, Any], wait_s: int) -> Started:
+    t0 = time.monotonic()
+    dep.project().up([service], wait_timeout_s=wait_s, profiles=service_profiles(config, service))
+    seconds = time.monotonic() - t0
+    info = service_container(dep.client(), config.get("name") or dep.rendering.out_dir.name, service)
+    if info is None:
+        raise RecipegenError(f"{service}: compose reported success but no container exists")
+    return Started(service, seconds, info.id[:12], info.labels.get(labels.CLASS, ""), info.health)
+
+
+def up(dep: Deployment, lanes: list[str], *, wait_s: int = DEFAULT_WAIT_S,
+       echo: Echo = print) -> list[Started]:
+    """Render if stale, then `up -d --wait` each lane's service in dependency order."""
+    for name in lanes:
+        dep.lane(name)
+    _ensure_rendered(dep, echo)
+    config = dep.project().config()
+    if lanes:
+        services = [labels.lane_service(n) for n in lanes]
+    else:  # lanes that are always on: those without a compose profile
+        services = [labels.lane_service(n) for n in dep.lane_names()
+                    if not service_profiles(config, labels.lane_service(n))]
+        if not services:
+            raise InputError("every lane of this recipe carries a compose profile; name the "
+                             "lanes to start", file=str(dep.loaded.path), field="lanes")
+    started: list[Started] = []
+    for service in dependency_order(config, services):
+        echo(f"{service}: starting (waits for its health check, at most {wait_s} s)")
+        try:
+            result = _start(dep, service, config, wait_s)
+        except ComposeError as exc:
+            done = ", ".join(s.service for s in started) or "none"
+            raise RecipegenError(f"{service} did not become healthy: {exc}\n"
+                                 f"lanes already up: {done}; logs: `docker compose -f "
+                                 f"{dep.rendering.compose_file} logs {service}`") from None
+        echo(f"{service}: {result.health} after {result.seconds:.1f} s "
+             f"(class {result.traffic_class or '-'}, container {result.container})")
+        started.append(result)
+    return started
+
+
+@dataclass(frozen=True)
+class SwapResult:
+    lane: str
+    previous_class: str
+    new_class: str
+    ok: bool
+    downtime_s: float
+    rolled_back: bool
+    message: str
+
+
+def swap(dep: Deployment, lane_name: str, new_class: str, *, wait_s: int = DEFAULT_WAIT_S,
+         echo: Echo = print) -> SwapResult:
+    """Write active_class, re-render, recreate exactly that service, wait for health; on
+    failure restore the previous class (recipe and rendering) and service."""
+    from recipegen.recipe_io import set_active_class
+
+    lane = dep.lane(lane_name)
+    if new_class not in lane.classes:
+        raise InputError(f"lane {lane_name} has no class {new_class!r} (classes: "
+                         f"{', '.join(lane.classes) or 'none'})", file=str(dep.loaded.path),
+                         field=f"lanes.{lane_name}.classes")
+    previous = lane.active_class or ""
+    service = labels.lane_service(lane_name)
+    if previous == new_class:
+        _ensure_rendered(dep, echo)
+        return SwapResult(lane_name, previous, new_class, True, 0.0, False,
+                          f"{service} already serves class {new_class}; nothing to swap")
+    _ensure_rendered(dep, echo)  # the baseline we can come back to
+    set_active_class(dep.loaded.path, lane_name, new_class)
+    dep.rendering.reload()
+    dep.rendering.render()
+    config = dep.project().config()
+    echo(f"{service}: active_class {previous} -> {new_class}; recreating {service} only")
+    t0 = time.monotonic()
+    try:
+        dep.project().up([service], wait_timeout_s=wait_s,
+                         profiles=service_profiles(config, service))
+        info = service_container(dep.client(), config.get("name") or dep.rendering.out_dir.name,
+                                 service)
+        if info is None or info.health not in ("healthy", "none") or info.state != "running":
+            raise ComposeError(f"{service} is {info.state if info else 'missing'}"
+                               f"/{info.health if info else '-'} after the swap")
+    except ComposeError as exc:
+        failed_after = time.monotonic() - t0
+        echo(f"{service}: class {new_class} did not become healthy within {failed_after:.1f} s: {exc}")
+        echo(f"{service}: rolling back to class {previous}")
+        set_active_class(dep.loaded.path, lane_name, previous)
+        dep.rendering.reload()
+        dep.rendering.render()
+        t1 = time.monotonic()
+        try:
+            dep.project().up([service], wait_timeout_s=wait_s,
+                             profiles=service_profiles(config, service))
+        except ComposeError as exc2:
+            raise RecipegenError(
+                f"swap of {service} to {new_class} failed and the rollback to {previous} failed "
+                f"too: {exc2}\nthe recipe and rendering are back on {previous}; inspect with "
+                f"`docker compose -f {dep.rendering.compose_file} logs {service}`") from None
+        downtime = time.monotonic() - t0
+        return SwapResult(lane_name, previous, new_class, False, downtime, True,
+                          f"swap to {new_class} failed; rolled back: {service} healthy again on "
+                          f"class {previous} after {time.monotonic() - t1:.1f} s "
+                          f"(lane down for {downtime:.1f} s in all)")
+    downtime = time.monotonic() - t0
+    return SwapResult(lane_name, previous, new_class, True, downtime, False,
+                      f"{service} serves class {new_class}: healthy after {downtime:.1f} s "
+                      f"(downtime, from stopping the old container to the new one's first "
+                      f"healthy check)")
+
+
+@dataclass(frozen=True)
+class LaneStatus:
+    recipe: str
+    lane: str
+    service: str
+    traffic_class: str
+    content_hash: str
+    shape_hash: str
+    config_hash: str
+    state: str
+    health: str
+    uptime_s: float | None
+    container: str
+    rendering: str        # current / stale / not rendered / unknown recipe
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _rendered_configs(recipes: set[str], load: Callable[[str], Deployment | None]
+                      ) -> dict[str, tuple[dict[str, Any] | None, list[str]]]:
+    """recipe → (compose config of its rendering, reasons the rendering is stale)."""
+    out: dict[str, tuple[dict[str, Any] | None, list[str]]] = {}
+    for name in sorted(recipes):
+        dep = load(name)
+        if dep is None or not dep.rendering.compose_file.is_file():
+            out[name] = (None, [])
+            continue
+        try:
+            stale = dep.rendering.stale_reasons()
+        except RecipegenError as exc:
+            stale = [f"cannot re-render: {exc}"]
+        out[name] = (dep.project().config(), stale)
+    return out
+
+
+def status(client: Any, *, recipe: str | None,
+           load: Callable[[str], Deployment | None]) -> list[LaneStatus]:
+    """Every container with recipegen labels (of one recipe, or all), judged against the
+    current rendering: `current` when its config hash is the rendered one and the rendering is
+    current against the recipe."""
+    filters = [labels.RECIPE] if recipe is None else [f"{labels.RECIPE}={recipe}"]
+    containers = find_containers(client, filters)
+    configs = _rendered_configs({c.labels[labels.RECIPE] for c in containers}, load)
+    result = []
+    for c in containers:
+        result.append(_lane_status(c, *configs.get(c.labels[labels.RECIPE], (None, []))))
+    return result
+
+
+def _lane_status(c: ContainerInfo, config: dict[str, Any] | None, stale: list[str]) -> LaneStatus:
+    have = c.labels.get(labels.CONFIG_HASH, "")
+    if config is None:
+        verdict, detail = "unknown", "recipe or rendering not found here"
+    elif c.service not in config.get("services", {}):
+        verdict, detail = "stale", "service no longer rendered (`docker compose down --remove-orphans`)"
+    else:
+        want = rendered_label(config, c.service, labels.CONFIG_HASH) or ""
+        if want != have:
+            verdict, detail = "stale", "container differs from the rendering: `recipegen up` recreates it"
+        elif stale:
+            verdict, detail = "stale", f"rendering is stale against the recipe: {stale[0]}"
+        else:
+            verdict, detail = "current", ""
+    return LaneStatus(
+        recipe=c.labels.get(labels.RECIPE, ""), lane=c.labels.get(labels.LANE, ""),
+        service=c.service, traffic_class=c.labels.get(labels.CLASS, ""),
+        content_hash=c.labels.get(labels.CONTENT_HASH, ""),
+        shape_hash=c.labels.get(labels.SHAPE_HASH, ""), config_hash=have, state=c.state,
+        health=c.health, uptime_s=c.uptime_s(), container=c.id[:12], rendering=verdict,
+        detail=detail)

@@ -1,0 +1,223 @@
+"""`recipegen profile`: the count-only profile boot as one command.
+
+Docker: stop the lane if it runs (same GPUs), start its `lane-<lane>-profile` service (count-only
+runtime, no row map), optionally drive a prompt fixture and/or keep it serving for a while, stop
+it (the runtime writes a final snapshot at shutdown), read the newest snapshot from its dump
+folder, restart the lane, save the histogram as the class's profile and build the class's row
+map with the lane's hot count.
+
+Endpoint (`--endpoint URL --dump-dir DIR`): a lane started outside Docker. The window is the
+difference of two cumulative snapshots: before and after the prompts; snapshots come from the
+runtime's timer, or on request through vLLM's development `/collective_rpc` endpoint (`--rpc`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from expert_residency.formats import Histogram, RowMap, save_histogram, save_rowmap
+from recipegen.errors import InputError, RecipegenError
+from recipegen.ops import labels
+from recipegen.ops.deployment import Deployment, service_profiles
+from recipegen.ops.dumps import Snapshot, difference, read_host_dir, snapshots, wait_for_snapshot
+from recipegen.ops.engine import list_dir, service_container
+from recipegen.ops.prompts import drive, load_prompts
+
+Echo = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ProfileTarget:
+    lane: str
+    traffic_class: str
+    histogram_path: Path
+    rowmap_path: Path
+    hot_per_layer: int
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    histogram_path: Path
+    rowmap_path: Path
+    selections: int
+    tokens: int
+    content_hash: str
+    shape_hash: str
+    cold_share: float
+    previous_shape_hash: str | None
+
+
+def profile_target(loaded: Any, lane_name: str, traffic_class: str | None) -> ProfileTarget:
+    from recipegen.ledger.budget import declared_split
+
+    lane = next((l for l in loaded.recipe.lanes if l.name == lane_name), None)
+    if lane is None:
+        raise InputError(f"no lane {lane_name!r}", file=str(loaded.path), field="lanes")
+    cls_name = traffic_class or lane.active_class
+    if not cls_name or cls_name not in lane.classes:
+        raise InputError(f"lane {lane_name} has no class {cls_name!r} (classes: "
+                         f"{', '.join(lane.classes) or 'none'})", file=str(loaded.path),
+                         field=f"lanes.{lane_name}.classes")
+    cls = lane.classes[cls_name]
+    if lane.offload.placement != "usage-aware":
+        raise InputError("profile builds a row map for a usage-aware lane; this lane is positional",
+                         file=str(loaded.path), field=f"lanes.{lane_name}.offload.placement")
+    missing = [f for f in ("histogram", "rowmap") if not getattr(cls, f)]
+    if missing:
+        raise InputError(f"class {cls_name} declares no {missing[0]} path to write (add e.g. "
+                         f"`{missing[0]}: {'profiles' if missing[0] == 'histogram' else 'maps'}/"
+                         f"{loaded.name}/{cls_name}.{'hist' if missing[0] == 'histogram' else 'rowmap'}`)",
+                         file=str(loaded.path), field=f"lanes.{lane_name}.classes.{cls_name}")
+    split = declared_split(loaded.recipe.model, lane.offload)
+    return ProfileTarget(lane_name, cls_name, loaded.resolve(cls.histogram),
+                         loaded.resolve(cls.rowmap), split.hot_per_layer)
+
+
+def finish(loaded: Any, target: ProfileTarget, histogram: Histogram, source: str,
+           echo: Echo) -> ProfileResult:
+    """Save the histogram as the class's profile and build its row map (atomic writes)."""
+    from recipegen.rowmap import build_top_n, check_same_geometry, cold_share
+    from recipegen.rowmap.build import provenance_for
+
+    model = loaded.recipe.model
+    if histogram.num_experts != model.routed_experts or \
+            list(histogram.moe_layer_indices) != list(model.moe_layers):
+        raise RecipegenError(
+            f"the engine counted {histogram.num_experts} experts over MoE layers "
+            f"{list(histogram.moe_layer_indices)[:3]}…, but {loaded.name}'s model has "
+            f"{model.routed_experts} over {list(model.moe_layers)[:3]}…: wrong model served?")
+    if histogram.selections == 0:
+        raise RecipegenError("the profile boot counted no selections: no traffic reached it")
+    histogram.source = source
+    histogram.meta = dict(histogram.meta, lane=target.lane, **{"class": target.traffic_class})
+    previous_shape = None
+    if target.rowmap_path.is_file():
+        from expert_residency.formats import load_rowmap
+
+        try:
+            previous_shape = load_rowmap(target.rowmap_path).shape_hash()
+        except Exception:
+            previous_shape = None
+    rowmap: RowMap = build_top_n(histogram, target.hot_per_layer, provenance_for(
+        [histogram], [str(target.histogram_path.name)], "top-n", profile=source))
+    check_same_geometry(rowmap, histogram)
+    target.histogram_path.parent.mkdir(parents=True, exist_ok=True)
+    target.rowmap_path.parent.mkdir(parents=True, exist_ok=True)
+    save_histogram(histogram, target.histogram_path)
+    save_rowmap(rowmap, target.rowmap_path)
+    result = ProfileResult(target.histogram_path, target.rowmap_path, histogram.selections,
+                           histogram.tokens, rowmap.content_hash(), rowmap.shape_hash(),
+                           cold_share(rowmap, histogram), previous_shape)
+    echo(f"histogram: {result.histogram_path} ({result.selections:,} selections, "
+         f"{result.tokens:,} tokens)")
+    echo(f"row map:   {result.rowmap_path} ({target.hot_per_layer} hot per layer, cold share "
+         f"{result.cold_share:.2%} on this histogram, content {result.content_hash[:12]}, shape "
+         f"{result.shape_hash[:12]}"
+         + (", same shape: hash-hit reboot)" if previous_shape == result.shape_hash else ")"))
+    return result
+
+
+def profile_in_docker(dep: Deployment, lane_name: str, traffic_class: str | None, *,
+                      prompts: Path | None, serve_s: float, wait_s: int, echo: Echo) -> ProfileResult:
+    from recipegen.ops.lanes import _ensure_rendered
+
+    target = profile_target(dep.loaded, lane_name, traffic_class)
+    prompt_list = load_prompts(prompts) if prompts else []
+    _ensure_rendered(dep, echo)
+    config = dep.project().config()
+    project = config.get("name") or dep.rendering.out_dir.name
+    lane_svc, prof_svc = labels.lane_service(lane_name), labels.profile_service(lane_name)
+    service_profiles(config, prof_svc)  # rendered?
+    client = dep.client()
+    running = service_container(client, project, lane_svc)
+    lane_was_up = running is not None and running.state == "running"
+    if lane_was_up:
+        echo(f"{lane_svc}: stopping it for the profile boot (same GPUs)")
+        dep.project().stop([lane_svc])
+    try:
+        echo(f"{prof_svc}: starting in count-only mode")
+        dep.project().up([prof_svc], wait_timeout_s=wait_s,
+                         profiles=service_profiles(config, prof_svc), force_recreate=True)
+        info = service_container(client, project, prof_svc)
+        assert info is not None
+        dump_dir = info.env.get("EXPERT_RESIDENCY_DUMP_DIR")
+        if not dump_dir:
+            raise RecipegenError(f"{prof_svc} has no EXPERT_RESIDENCY_DUMP_DIR: re-render")
+        seen = set(list_dir(client, info.id, dump_dir))
+        lane = dep.lane(lane_name)
+        address = dep.loaded.recipe.machines[lane.machine].address or "127.0.0.1"
+        endpoint = f"http://{address}:{lane.port}"
+        if prompt_list:
+            echo(f"{prof_svc}: driving {len(prompt_list)} prompts at {endpoint}")
+            drive(endpoint, prompt_list)
+        if serve_s > 0:
+            echo(f"{prof_svc}: counting live traffic at {endpoint} for {serve_s:.0f} s")
+            time.sleep(serve_s)
+        echo(f"{prof_svc}: stopping (the runtime writes its final snapshot)")
+        dep.project().stop([prof_svc], profiles=service_profiles(config, prof_svc))
+        fresh = {n: d for n, d in list_dir(client, info.id, dump_dir).items() if n not in seen}
+        found = snapshots(fresh, where=f"{prof_svc}:{dump_dir}", lane=None)
+        if not found:
+            raise RecipegenError(f"{prof_svc} wrote no histogram snapshot into {dump_dir}; "
+                                 f"see `docker logs {info.id[:12]}`")
+        snap = found[-1]
+        dep.project().rm([prof_svc], profiles=service_profiles(config, prof_svc))
+    finally:
+        if lane_was_up:
+            echo(f"{lane_svc}: starting it again")
+            dep.project().up([lane_svc], wait_timeout_s=wait_s,
+                             profiles=service_profiles(config, lane_svc))
+    source = (f"recipegen profile {dep.recipe_name} {lane_name}: count-only boot {prof_svc}, "
+              f"snapshot {snap.name}" + (f", prompts {prompts.name}" if prompts else ""))
+    return finish(dep.loaded, target, snap.histogram, source, echo)
+
+
+def _rpc_dump(endpoint: str) -> None:
+    import httpx
+
+    try:
+        reply = httpx.post(f"{endpoint}/collective_rpc", json={"method": "expert_residency_dump"},
+                           timeout=120)
+        reply.raise_for_status()
+    except Exception as exc:
+        raise RecipegenError(f"{endpoint}/collective_rpc failed ({exc}); it needs "
+                             "VLLM_SERVER_DEV_MODE=1 and the runtime's worker extension") from None
+
+
+def profile_endpoint(loaded: Any, lane_name: str, traffic_class: str | None, *, endpoint: str,
+                     dump_dir: Path, prompts: Path | None, rpc: bool, wait_s: float,
+                     echo: Echo) -> ProfileResult:
+    target = profile_target(loaded, lane_name, traffic_class)
+    prompt_list = load_prompts(prompts) if prompts else []
+    if not prompt_list:
+        raise InputError("--endpoint needs --prompts: the window is the traffic it sends",
+                         field="--prompts")
+    endpoint = endpoint.rstrip("/")
+    read = lambda: read_host_dir(dump_dir)  # noqa: E731
+    where = str(dump_dir)
+    before: Snapshot | None
+    if rpc:
+        seen = set(read())
+        _rpc_dump(endpoint)
+        before = wait_for_snapshot(read, where=where, lane=None, traffic_class=None, seen=seen,
+                                   timeout_s=wait_s)
+    else:
+        existing = snapshots(read(), where=where)
+        before = existing[-1] if existing else None
+    seen = set(read())
+    echo(f"driving {len(prompt_list)} prompts at {endpoint}")
+    drive(endpoint, prompt_list)
+    if rpc:
+        _rpc_dump(endpoint)
+    else:
+        echo(f"waiting for the runtime's next snapshot in {where} (at most {wait_s:.0f} s)")
+    after = wait_for_snapshot(read, where=where, lane=None, traffic_class=None, seen=seen,
+                              timeout_s=wait_s)
+    source = (f"recipegen profile {loaded.name} {lane_name} --endpoint {endpoint}: window "
+              f"{before.name if before else 'engine start'} .. {after.name}, prompts {prompts.name}")
+    window = difference(after.histogram, before.histogram if before else None, source=source)
+    return finish(loaded, target, window, source, echo)

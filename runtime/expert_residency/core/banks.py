@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Mapping, MutableMapping, Protocol, Sequen
 
 import torch
 
-from .devmap import encode_row_codes
+from .devmap import check_partition, encode_row_codes
 
 
 @dataclass
@@ -160,6 +160,10 @@ def rehome_layer(tensors: MutableMapping[str, torch.Tensor], hot_ids: Sequence[i
     num_experts = _common_num_experts(tensors, layer_index)
     hot = [int(e) for e in hot_ids]
     cold = [int(e) for e in cold_ids]
+    try:  # validate before touching anything: a bad map must leave the caller's tensors intact
+        check_partition(hot, cold, num_experts)
+    except ValueError as exc:
+        raise ValueError(f"layer {layer_index}: {exc}") from None
     hot_bank = ExpertBank({}, len(hot))
     cold_bank = ExpertBank({}, len(cold))
     hot_device = None

@@ -30,7 +30,7 @@ def encode_row_codes(hot_ids: Sequence[int], cold_ids: Sequence[int], num_expert
     """
     hot = [int(e) for e in hot_ids]
     cold = [int(e) for e in cold_ids]
-    _check_partition(hot, cold, num_experts)
+    check_partition(hot, cold, num_experts)
     codes = [0] * num_experts
     for row, expert in enumerate(hot):
         codes[expert] = row
@@ -77,7 +77,8 @@ def route_picks(codes: torch.Tensor, topk_ids: torch.Tensor) -> PickRouting:
     return PickRouting(hot_rows=hot_rows, hot_mask=hot_mask, cold_rows=cold_rows, cold_mask=cold_mask)
 
 
-def _check_partition(hot: list[int], cold: list[int], num_experts: int) -> None:
+def check_partition(hot: Sequence[int], cold: Sequence[int], num_experts: int) -> None:
+    """ValueError unless ``hot`` + ``cold`` hold every id in ``0..num_experts-1`` exactly once."""
     seen: dict[int, str] = {}
     for bank, ids in (("hot", hot), ("cold", cold)):
         for expert in ids:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, MutableMapping, Sequence
 import torch
 
 from .banks import BankAllocator, BankBytes, ResidentLayer, rehome_layer, tensor_nbytes
+from .devmap import check_partition
 from .plan import LayerPlacement, RehomePlan, plan_rehome_order
 
 
@@ -42,9 +43,18 @@ def rehome_model(layer_tensors: Mapping[int, MutableMapping[str, torch.Tensor]],
     each finished layer (the plugin installs it on the module and drops its own references there,
     so the originals are actually freed before the next layer starts).
     """
+    missing = sorted(set(layer_tensors) - (set(hot_ids) & set(cold_ids)))
+    if missing:
+        raise ValueError(f"the row map has no entry for MoE layer(s) {missing}")
     placements = []
     for index, tensors in layer_tensors.items():
+        if not tensors:
+            raise ValueError(f"layer {index}: no expert tensors to re-home")
         experts = next(iter(tensors.values())).shape[0]
+        try:  # every layer's map is checked before any layer is touched
+            check_partition(hot_ids[index], cold_ids[index], experts)
+        except ValueError as exc:
+            raise ValueError(f"layer {index}: {exc}") from None
         per_expert = sum(tensor_nbytes(t) for t in tensors.values()) // experts
         if any(tensor_nbytes(t) % experts for t in tensors.values()):
             raise ValueError(f"layer {index}: a tensor's bytes are not a whole number per expert")

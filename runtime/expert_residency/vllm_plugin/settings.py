@@ -1,0 +1,113 @@
+"""The runtime's environment contract, parsed once per process (standard library only).
+
+==================================  =============================================================
+``EXPERT_RESIDENCY_MODE``           ``off`` (default) | ``count`` | ``residency`` | ``unsplit``
+``EXPERT_RESIDENCY_ROWMAP``         row-map file (residency; optional for count/unsplit)
+``EXPERT_RESIDENCY_CONTENT_HASH``   expected ``content_hash`` of that file (residency: required)
+``EXPERT_RESIDENCY_DUMP_DIR``       histogram dump folder (count mode; optional otherwise)
+``EXPERT_RESIDENCY_DUMP_INTERVAL_S`` seconds between snapshots (default 60; 0 = only on
+                                    request and at shutdown)
+``EXPERT_RESIDENCY_LANE``           lane name (report line, dump file names)
+``EXPERT_RESIDENCY_CLASS``          traffic class (report line, dump file names)
+==================================  =============================================================
+
+Modes:
+
+* ``count``: every routed pick of every MoE layer is counted (the profile boot); vLLM's own
+  expert kernel runs unchanged.
+* ``residency``: experts re-homed into hot/cold banks per the row map; split invoke + one finalize.
+* ``unsplit``: the bit-identity reference — every expert in one bank, same per-pick kernel and
+  finalize as ``residency``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+ENV_MODE = "EXPERT_RESIDENCY_MODE"
+ENV_ROWMAP = "EXPERT_RESIDENCY_ROWMAP"
+ENV_CONTENT_HASH = "EXPERT_RESIDENCY_CONTENT_HASH"
+ENV_DUMP_DIR = "EXPERT_RESIDENCY_DUMP_DIR"
+ENV_DUMP_INTERVAL_S = "EXPERT_RESIDENCY_DUMP_INTERVAL_S"
+ENV_LANE = "EXPERT_RESIDENCY_LANE"
+ENV_CLASS = "EXPERT_RESIDENCY_CLASS"
+
+MODE_OFF = "off"
+MODE_COUNT = "count"
+MODE_RESIDENCY = "residency"
+MODE_UNSPLIT = "unsplit"
+MODES = (MODE_OFF, MODE_COUNT, MODE_RESIDENCY, MODE_UNSPLIT)
+# Spellings used by other parts of the runtime (dump file names, report lines).
+_ALIASES = {"count-only": MODE_COUNT, "": MODE_OFF}
+
+DEFAULT_DUMP_INTERVAL_S = 60.0
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class SettingsError(ValueError):
+    """A runtime environment variable has a bad value; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    mode: str
+    rowmap_path: str | None = None
+    content_hash: str | None = None
+    dump_dir: str | None = None
+    dump_interval_s: float = DEFAULT_DUMP_INTERVAL_S
+    lane: str = "lane"
+    traffic_class: str = "none"
+
+    @property
+    def active(self) -> bool:
+        return self.mode != MODE_OFF
+
+    @property
+    def splits_experts(self) -> bool:
+        """Modes that run the runtime's split invoke + finalize (instead of vLLM's kernel)."""
+        return self.mode in (MODE_RESIDENCY, MODE_UNSPLIT)
+
+    @property
+    def dump_mode_name(self) -> str:
+        """The mode as the dump writer and report line spell it."""
+        return "count-only" if self.mode == MODE_COUNT else self.mode
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> PluginSettings:
+    """Parse the environment; raises SettingsError naming the variable on a bad value."""
+    env = os.environ if environ is None else environ
+    raw_mode = env.get(ENV_MODE, "").strip().lower()
+    mode = _ALIASES.get(raw_mode, raw_mode)
+    if mode not in MODES:
+        raise SettingsError(f"{ENV_MODE}={env.get(ENV_MODE)!r}: expected one of {', '.join(MODES)}")
+    rowmap = env.get(ENV_ROWMAP, "").strip() or None
+    content_hash = env.get(ENV_CONTENT_HASH, "").strip().lower() or None
+    if content_hash is not None and not _HEX64.match(content_hash):
+        raise SettingsError(f"{ENV_CONTENT_HASH}={content_hash!r}: expected 64 hex digits (sha256)")
+    raw_interval = env.get(ENV_DUMP_INTERVAL_S, "").strip()
+    try:
+        interval = float(raw_interval) if raw_interval else DEFAULT_DUMP_INTERVAL_S
+    except ValueError:
+        raise SettingsError(f"{ENV_DUMP_INTERVAL_S}={raw_interval!r}: not a number of seconds") from None
+    if interval < 0:
+        raise SettingsError(f"{ENV_DUMP_INTERVAL_S}={raw_interval!r}: must be >= 0")
+    lane = env.get(ENV_LANE, "").strip() or "lane"
+    traffic_class = env.get(ENV_CLASS, "").strip() or "none"
+    for variable, value in ((ENV_LANE, lane), (ENV_CLASS, traffic_class)):
+        if not _NAME.match(value) or "__" in value:
+            raise SettingsError(f"{variable}={value!r}: use letters, digits, '.', '_' or '-' "
+                                "(no '__', not starting with a symbol)")
+    settings = PluginSettings(mode=mode, rowmap_path=rowmap, content_hash=content_hash,
+                              dump_dir=env.get(ENV_DUMP_DIR, "").strip() or None,
+                              dump_interval_s=interval, lane=lane, traffic_class=traffic_class)
+    if mode == MODE_RESIDENCY:
+        if rowmap is None:
+            raise SettingsError(f"{ENV_MODE}=residency needs {ENV_ROWMAP} (the row map to pin)")
+        if content_hash is None:
+            raise SettingsError(f"{ENV_MODE}=residency needs {ENV_CONTENT_HASH} (the content_hash "
+                                "the recipe rendered for that row map)")
+    return settings

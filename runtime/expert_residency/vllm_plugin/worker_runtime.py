@@ -1,0 +1,426 @@
+"""The runtime inside one vLLM worker process: layers, counter, banks, dumps, start-up report.
+
+Life cycle (all before the engine serves):
+
+1. ``ResidencyRoutedExperts.__init__`` (model construction) calls ``register_layer``: per-layer
+   refusals that need only the layer config (EPLB, LoRA, expert parallelism).
+2. The model loader returns (weights loaded *and* converted to kernel format by
+   ``process_weights_after_loading``) → ``after_model_loaded``: geometry check against the row
+   map, monolithic-backend refusal, then per mode:
+   * ``count``: one ``ExpertCounter`` over the MoE layers (+ the dump writer);
+   * ``residency``: ``core.rehome_model`` re-homes every layer into hot/cold banks in the
+     alternating order, frees the originals, installs the banks on the modules;
+   * ``unsplit``: ``core.build_unsplit_layer`` (every expert in one bank, no copy).
+   Then one start-up report line. This runs inside the model runner's ``load_model``, i.e. before
+   vLLM measures memory for the KV cache, so freed device bytes go to the KV cache.
+3. Every MoE forward goes through ``forward`` (count) or ``split_forward`` (split modes).
+
+A model loaded after the first one with MoE layers (a speculative-decoding drafter) is left to
+vLLM's own kernel and is not counted: the row map covers the target model only (logged).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import threading
+from typing import Any
+
+import torch
+
+from .. import __version__ as RUNTIME_VERSION
+from . import checks
+from .refusal import refuse
+from .settings import MODE_COUNT, MODE_RESIDENCY, MODE_UNSPLIT, PluginSettings
+
+logger = logging.getLogger("expert_residency.vllm_plugin")
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+# Parameters of RoutedExperts that are not per-expert rows (vLLM's own list for EPLB).
+_NON_EXPERT = {"e_score_correction_bias", "w13_input_scale", "w2_input_scale", "hash_indices_table"}
+
+
+def layer_index_of(layer_name: str) -> int:
+    match = _LAYER_INDEX.search(layer_name)
+    if match is None:
+        refuse(f"cannot tell the decoder layer index of MoE layer {layer_name!r}")
+    return int(match.group(1))
+
+
+def _log(line: str) -> None:
+    """One line on stderr (worker stdout/stderr reach the container log) and the logger."""
+    print(line, file=sys.stderr, flush=True)
+
+
+class WorkerRuntime:
+    def __init__(self, settings: PluginSettings, rowmap: Any | None) -> None:
+        self.settings = settings
+        self.rowmap = rowmap
+        self.pending: list[Any] = []          # layers constructed, model not loaded yet
+        self.target_layers: dict[int, Any] = {}
+        self.counter: Any | None = None
+        self.dumper: Any | None = None
+        self.state: Any | None = None         # core.ResidencyState (residency mode)
+        self.report: Any | None = None
+        self.backend: str = ""
+        self.per_pick_fn: Any | None = None
+        self.excluded_layers: list[str] = []
+        self._mask_cache: tuple[int, int, Any] | None = None
+        self._lock = threading.Lock()
+
+    # -- construction -------------------------------------------------------------------------
+
+    def register_layer(self, module: Any) -> None:
+        moe_config = module.moe_config
+        reason = checks.eplb_reason(bool(moe_config.moe_parallel_config.enable_eplb))
+        if reason is None:
+            reason = checks.lora_reason(_lora_enabled(), self.settings.mode)
+        if reason is None:
+            reason = checks.expert_parallel_reason(int(module.local_num_experts),
+                                                   int(module.global_num_experts), module.layer_name)
+        if reason is not None:
+            refuse(reason)
+        module._er_layer_index = layer_index_of(module.layer_name)
+        module._er_resident = None
+        module._er_counted = False
+        self.pending.append(module)
+
+    # -- after load ---------------------------------------------------------------------------
+
+    def after_model_loaded(self, model: Any) -> None:
+        ids = {id(m) for m in model.modules()}
+        mine = [m for m in self.pending if id(m) in ids]
+        self.pending = [m for m in self.pending if id(m) not in ids]
+        if not mine:
+            return
+        if self.target_layers:
+            # A second model with MoE layers in this worker: the speculative-decoding drafter.
+            names = [m.layer_name for m in mine]
+            self.excluded_layers.extend(names)
+            _log(f"expert_residency: {len(names)} MoE layer(s) of a second model (drafter) left to "
+                 f"vLLM's own kernel and not counted: {names[:4]}{'...' if len(names) > 4 else ''}")
+            return
+        layers: dict[int, Any] = {}
+        for module in mine:
+            index = module._er_layer_index
+            if index in layers:
+                refuse(f"two MoE layers share decoder index {index}: {layers[index].layer_name}, "
+                       f"{module.layer_name}")
+            layers[index] = module
+        for module in layers.values():
+            reason = checks.monolithic_reason(bool(module.quant_method.is_monolithic),
+                                              _backend_name(module), module.layer_name)
+            if reason is not None:
+                refuse(reason)
+        if self.rowmap is not None:
+            reason = checks.geometry_reason(
+                self.rowmap.moe_layer_indices, self.rowmap.num_experts, sorted(layers),
+                [int(m.global_num_experts) for m in layers.values()], self.settings.rowmap_path or "")
+            if reason is not None:
+                refuse(reason)
+        self.target_layers = dict(sorted(layers.items()))
+        self.backend = _backend_name(next(iter(layers.values())))
+        if self.settings.mode == MODE_COUNT or self.settings.dump_dir:
+            self._start_counter()
+        if self.settings.splits_experts:
+            self._install_banks()
+        self._emit_report()
+
+    def _start_counter(self) -> None:
+        from ..core import ExpertCounter
+
+        first = next(iter(self.target_layers.values()))
+        device = _expert_tensors(first)["w13_weight"].device if "w13_weight" in dict(
+            first.named_parameters()) else torch.device("cpu")
+        self.counter = ExpertCounter(list(self.target_layers), int(first.global_num_experts),
+                                     device=device, top_k=int(first.top_k))
+        for module in self.target_layers.values():
+            module._er_counted = True
+        if self.settings.dump_dir:
+            from pathlib import Path
+
+            from ..core import DumpConfig, HistogramDumper
+
+            config = DumpConfig(Path(self.settings.dump_dir), self.settings.dump_interval_s,
+                                self.settings.lane, self.settings.traffic_class,
+                                self.settings.dump_mode_name)
+            self.dumper = HistogramDumper(self.counter, config, source=self._source(),
+                                          model_revision=_model_revision()).start()
+            # vLLM's workers are multiprocessing children, which leave through os._exit: atexit
+            # never runs there, multiprocessing's own exit finalizers do (SIGTERM -> SystemExit).
+            import multiprocessing.util
+
+            multiprocessing.util.Finalize(None, self.dumper.stop, exitpriority=100)
+
+    def _install_banks(self) -> None:
+        from ..core import build_unsplit_layer, rehome_model, rowmap_banks
+
+        per_pick: dict[int, Any] = {}
+        for index, module in self.target_layers.items():
+            fn, backend = _per_pick_fn(module)
+            if fn is None:
+                refuse(f"{module.layer_name}: no per-pick expert function for MoE backend {backend} "
+                       "in this runtime (the CPU build's unquantized experts are supported; see "
+                       "docs/plugin.md for GPU backends)")
+            per_pick[index] = fn
+        self.per_pick_fn = per_pick
+        if self.settings.mode == MODE_UNSPLIT:
+            for index, module in self.target_layers.items():
+                module._er_resident = build_unsplit_layer(_expert_tensors(module), layer_index=index)
+            return
+        assert self.rowmap is not None
+        hot_ids, cold_ids = rowmap_banks(self.rowmap)
+        tensors: dict[int, dict[str, torch.Tensor]] = {}
+        for index, module in self.target_layers.items():
+            layer_tensors = _expert_tensors(module)
+            for name in layer_tensors:
+                # The mapping must hold the last reference so each original is freed as soon
+                # as its rows are copied.
+                del module._parameters[name]
+            tensors[index] = layer_tensors
+        hot_alloc, cold_alloc = _allocators(tensors)
+
+        def install(layer: Any) -> None:
+            self.target_layers[layer.layer_index]._er_resident = layer
+
+        self.state = rehome_model(tensors, hot_ids, cold_ids, hot_alloc=hot_alloc,
+                                  cold_alloc=cold_alloc, on_device=_on_device, after_layer=install)
+        del tensors
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _emit_report(self) -> None:
+        from ..formats import MODES as REPORT_MODES
+        from ..formats import StartupReport, format_report_line, summarize_counts
+        from .version import installed_vllm_version
+
+        rank, world = _rank_and_world()
+        hot_counts: list[int] = []
+        cold_counts: list[int] = []
+        hot_bytes = cold_bytes = 0
+        for module in self.target_layers.values():
+            resident = module._er_resident
+            if resident is not None:
+                hot_counts.append(resident.hot.num_rows)
+                cold_counts.append(resident.cold.num_rows)
+                b = resident.bank_bytes()
+                hot_bytes += b.hot
+                cold_bytes += b.cold
+            else:
+                hot_counts.append(int(module.global_num_experts))
+                cold_counts.append(0)
+                hot_bytes += sum(t.numel() * t.element_size()
+                                 for t in _expert_tensors(module).values())
+        mode = self.settings.dump_mode_name
+        extra: dict[str, Any] = {"backend": self.backend,
+                                 "moe_layers": len(self.target_layers),
+                                 "excluded_layers": len(self.excluded_layers)}
+        content_hash = shape_hash = None
+        if self.rowmap is not None and self.settings.mode == MODE_RESIDENCY:
+            content_hash, shape_hash = self.rowmap.content_hash(), self.rowmap.shape_hash()
+        if mode not in REPORT_MODES:
+            # Older report formats know no "unsplit": report the all-hot placement it is.
+            extra["runtime_mode"] = mode
+            mode = "residency"
+            content_hash, shape_hash = _all_hot_hashes(self.target_layers)
+        report = StartupReport(rank=rank, mode=mode, vllm_version=installed_vllm_version(),
+                               runtime_version=RUNTIME_VERSION, hot_bytes=hot_bytes,
+                               cold_bytes=cold_bytes, hot_counts=summarize_counts(hot_counts),
+                               cold_counts=summarize_counts(cold_counts),
+                               content_hash=content_hash, shape_hash=shape_hash, world_size=world,
+                               lane=self.settings.lane, traffic_class=self.settings.traffic_class,
+                               rowmap_path=self.settings.rowmap_path, extra=extra)
+        self.report = report
+        _log(format_report_line(report))
+
+    def _source(self) -> str:
+        return (f"vLLM count-only boot, lane {self.settings.lane}, class "
+                f"{self.settings.traffic_class}, mode {self.settings.dump_mode_name}")
+
+    # -- per step -----------------------------------------------------------------------------
+
+    def count(self, module: Any, topk_ids: torch.Tensor) -> None:
+        if self.counter is None or not module._er_counted:
+            return
+        masks = self._batch_masks(topk_ids.shape[0])
+        if masks is None:
+            return  # a dummy/profile run, not traffic
+        token_mask, decode_mask = masks
+        self.counter.count(module._er_layer_index, topk_ids, token_mask=token_mask,
+                           decode_mask=decode_mask)
+
+    def split_forward(self, module: Any, x: torch.Tensor, topk_weights: torch.Tensor,
+                      topk_ids: torch.Tensor) -> torch.Tensor:
+        from ..core import residency_forward
+
+        if module.apply_router_weight_on_input:
+            # vLLM's prepare step scales the input (top-1 models); the finalize then gets unit weights.
+            x = x * topk_weights.to(x.dtype)
+            topk_weights = torch.ones_like(topk_weights)
+        self.count(module, topk_ids)
+        return residency_forward(module._er_resident, x, topk_weights, topk_ids,
+                                 self.per_pick_fn[module._er_layer_index],
+                                 pick_dtype=x.dtype, out_dtype=x.dtype)
+
+    def _batch_masks(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """(token mask excluding padding, decode mask) for this step, None for dummy runs.
+
+        A decode token is one of a request scheduled with exactly one new token (no speculative
+        decoding: a verify window has several).
+        """
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        if not is_forward_context_available():
+            return None
+        metadata = get_forward_context().attn_metadata
+        if isinstance(metadata, list):
+            metadata = metadata[0] if metadata else None
+        if not metadata:
+            return None
+        key = (id(metadata), num_tokens)
+        cached = self._mask_cache
+        if cached is not None and cached[:2] == key:
+            return cached[2]
+        meta = next(iter(metadata.values()))
+        actual = int(getattr(meta, "num_actual_tokens", num_tokens) or num_tokens)
+        positions = torch.arange(num_tokens)
+        token_mask = positions < min(actual, num_tokens)
+        decode_mask = None
+        starts = getattr(meta, "query_start_loc", None)
+        if isinstance(starts, torch.Tensor):
+            starts = starts.to("cpu").long()
+            lengths = (starts[1:] - starts[:-1]).clamp(min=0)
+            per_token = torch.repeat_interleave(lengths == 1, lengths)
+            if per_token.numel() >= actual:
+                decode_mask = torch.zeros(num_tokens, dtype=torch.bool)
+                decode_mask[:actual] = per_token[:actual]
+        device = self.counter.device if self.counter is not None else torch.device("cpu")
+        result = (token_mask.to(device), None if decode_mask is None else decode_mask.to(device))
+        self._mask_cache = (key[0], key[1], result)
+        return result
+
+    # -- requests from the worker extension -----------------------------------------------------
+
+    def dump(self, folder: str | None = None) -> str:
+        if self.counter is None:
+            raise RuntimeError("no counter in this worker (EXPERT_RESIDENCY_MODE is not count and "
+                               "no EXPERT_RESIDENCY_DUMP_DIR is set)")
+        if self.dumper is not None and folder is None:
+            return str(self.dumper.dump_now("manual"))
+        if folder is None:
+            raise RuntimeError("no EXPERT_RESIDENCY_DUMP_DIR set: pass a folder")
+        from pathlib import Path
+
+        from ..core import DumpConfig, HistogramDumper
+
+        config = DumpConfig(Path(folder), 0.0, self.settings.lane, self.settings.traffic_class,
+                            self.settings.dump_mode_name)
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        one_shot = HistogramDumper(self.counter, config, source=self._source(),
+                                   model_revision=_model_revision())
+        return str(one_shot.dump_now("manual"))
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"mode": self.settings.mode, "lane": self.settings.lane,
+                               "class": self.settings.traffic_class, "backend": self.backend,
+                               "moe_layers": sorted(self.target_layers),
+                               "excluded_layers": list(self.excluded_layers)}
+        if self.report is not None:
+            from ..formats import format_report_line
+
+            out["report_line"] = format_report_line(self.report)
+        if self.counter is not None:
+            counts, tokens, decode = self.counter.snapshot()
+            out.update(counts=counts.tolist(), tokens=tokens, decode_tokens=decode,
+                       top_k=self.counter.top_k)
+        return out
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _expert_tensors(module: Any) -> dict[str, torch.Tensor]:
+    """Every per-expert parameter of a RoutedExperts layer (dim 0 = local experts)."""
+    experts = int(module.local_num_experts)
+    return {name: p for name, p in module.named_parameters(recurse=False)
+            if name not in _NON_EXPERT and p.dim() > 0 and p.shape[0] == experts}
+
+
+def _on_device(t: torch.Tensor) -> bool:
+    return t.device.type != "cpu" and not getattr(t, "_vllm_is_uva_offloaded", False)
+
+
+def _allocators(tensors: dict[int, dict[str, torch.Tensor]]) -> tuple[Any, Any]:
+    from ..core import device_allocator, host_allocator, mapped_host_allocator
+
+    first = next(iter(next(iter(tensors.values())).values()))
+    if first.device.type == "cpu":
+        # The CPU build: both banks are host memory; the cold bank is the "host" tier by name.
+        return device_allocator("cpu"), host_allocator(pin=False)
+    from vllm.utils.torch_utils import get_accelerator_view_from_cpu_tensor
+
+    device = first.device if first.device.type != "cpu" else torch.device("cuda")
+    return device_allocator(device), mapped_host_allocator(get_accelerator_view_from_cpu_tensor)
+
+
+def _per_pick_fn(module: Any) -> tuple[Any, str]:
+    from .cpu_experts import cpu_per_pick_fn
+
+    return cpu_per_pick_fn(module)
+
+
+def _backend_name(module: Any) -> str:
+    kernel = getattr(module.quant_method, "moe_kernel", None)
+    fused = getattr(kernel, "fused_experts", None)
+    return type(fused).__name__ if fused is not None else type(module.quant_method).__name__
+
+
+def _lora_enabled() -> bool:
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+    except ImportError:  # pragma: no cover - older layouts
+        return False
+    config = get_current_vllm_config_or_none()
+    return bool(config is not None and getattr(config, "lora_config", None) is not None)
+
+
+def _model_revision() -> str:
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+
+        config = get_current_vllm_config_or_none()
+        if config is not None:
+            model = config.model_config
+            return f"{model.model}@{model.revision or 'local'}"
+    except Exception:
+        pass
+    return ""
+
+
+def _rank_and_world() -> tuple[int, int | None]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _all_hot_hashes(layers: dict[int, Any]) -> tuple[str, str]:
+    from ..formats import RowMap
+
+    experts = int(next(iter(layers.values())).global_num_experts)
+    indices = tuple(layers)
+    rowmap = RowMap(indices, experts, [list(range(experts)) for _ in indices],
+                    [[] for _ in indices], provenance={"source": "unsplit"})
+    return rowmap.content_hash(), rowmap.shape_hash()
+
+
+_RUNTIME: WorkerRuntime | None = None
+
+
+def set_runtime(runtime: WorkerRuntime | None) -> None:
+    global _RUNTIME
+    _RUNTIME = runtime
+
+
+def get_runtime() -> WorkerRuntime | None:
+    return _RUNTIME

@@ -126,7 +126,7 @@ def check_k_schedule(schedule: int | Sequence[Sequence[int]], *, max_num_seqs: i
                                         + f" at batch size {', '.join(map(str, inside))} "
                                         f"fall{'' if len(inside) > 1 else 's'} inside the lane's expected "
                                         f"concurrency {low}-{high}: throughput can collapse when concurrency "
-                                        "crosses it (vllm-project/vllm#49548); use a constant k="
+                                        "crosses a boundary (vllm-project/vllm#49548); use a constant k="
                                         f"{dense[max(low, 1)]} for this lane"))
     return KScheduleCheck(dense=dense, boundaries=boundaries, findings=findings)
 

@@ -1,0 +1,275 @@
+"""The cost model applied to a recipe's lane: fetch tax per class, prefetch price, k checks, sweeps.
+
+Budgets (hot/cold bytes, KV pool and tokens, host headroom) come from `recipegen.ledger`;
+cold shares from `recipegen.rowmap` (row map + histogram); this module only feeds them to the
+pure fetch, unique-experts and prefetch functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recipegen.costmodel.fetch import FetchTax, fetch_tax
+from recipegen.costmodel.kschedule import KScheduleCheck, check_k_schedule
+from recipegen.costmodel.prefetch import PrefetchPrice, prefetch_bank_price
+from recipegen.costmodel.steps import measured_step
+from recipegen.costmodel.unique_experts import UniqueExpertsModel, calibrated_model
+from recipegen.errors import InputError
+
+GiB = 2**30
+
+
+def unique_model_for(model: Any) -> UniqueExpertsModel:
+    """The unique-experts model from the catalog model's measured points (else the seeds')."""
+    points = [(u.streams, u.k, u.experts_per_layer) for u in getattr(model, "unique_experts", [])]
+    if any(s == 1 and (k or 0) > 0 for s, k, _ in points):
+        return calibrated_model(model.routed_experts, model.top_k, points)
+    return calibrated_model(model.routed_experts, model.top_k)
+
+
+@dataclass(frozen=True)
+class ColdShare:
+    """A class's cold share of routed picks, with where it came from."""
+
+    overall: float
+    per_layer: tuple[float, ...] | None
+    basis: str
+    synthetic: bool = False
+
+
+@dataclass(frozen=True)
+class FetchPoint:
+    streams: int
+    k: int
+    unique_per_layer: float
+    tax: FetchTax
+    step_source: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"streams": self.streams, "k": self.k, "unique_experts_per_layer": self.unique_per_layer,
+                "cold_bytes_per_step": self.tax.cold_bytes.value, "fetch_ms": self.tax.fetch_ms,
+                "share_of_step": self.tax.share, "step_source": self.step_source}
+
+
+@dataclass(frozen=True)
+class ClassFetch:
+    traffic_class: str
+    active: bool
+    cold_share: ColdShare | None
+    points: tuple[FetchPoint, ...]
+    missing: str | None = None     # why there is no projection
+    # This class's traffic served by the *active* class's map (before a swap), for other classes.
+    under_active: ColdShare | None = None
+    under_active_points: tuple[FetchPoint, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"class": self.traffic_class, "active": self.active,
+                "cold_share": _share_json(self.cold_share),
+                "points": [p.to_json() for p in self.points], "missing": self.missing,
+                "under_active_map": None if self.under_active is None else {
+                    "cold_share": _share_json(self.under_active),
+                    "points": [p.to_json() for p in self.under_active_points]}}
+
+
+def _share_json(share: ColdShare | None) -> dict[str, Any] | None:
+    if share is None:
+        return None
+    return {"overall": share.overall, "basis": share.basis, "synthetic": share.synthetic}
+
+
+def _points_text(points: Sequence[FetchPoint]) -> str:
+    parts = []
+    for p in points:
+        share = ""
+        if p.tax.share is not None and p.tax.share_of_step is not None:
+            step_ms = p.tax.share_of_step.operands[1].value
+            share = f" = {p.tax.share:.1%} of the measured {step_ms:g} ms step"
+        parts.append(f"C{p.streams} k={p.k}: {p.tax.fetch_ms:.2f} ms{share}")
+    return "; ".join(parts)
+
+
+@dataclass
+class LaneFetchSummary:
+    """What `check budgets` shows per lane and class: projected fetch time and share of step."""
+
+    lane: str
+    placement: str
+    link_bandwidth: float
+    classes: list[ClassFetch]
+    k_check: KScheduleCheck | None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lane": self.lane, "placement": self.placement, "link_bandwidth_bytes_per_s": self.link_bandwidth,
+                "classes": [c.to_json() for c in self.classes],
+                "k_schedule": None if self.k_check is None else {
+                    "ok": self.k_check.ok, "boundaries": self.k_check.boundaries,
+                    "findings": [{"level": f.level, "message": f.message, "field": f.field}
+                                 for f in self.k_check.findings]},
+                "notes": self.notes}
+
+    def lines(self) -> list[str]:
+        """Plain-text rows for `check budgets`."""
+        out = [f"fetch tax (cold expert reads over the {self.link_bandwidth / 1e9:g} GB/s host link, "
+               f"per decode step; {self.placement}):"]
+        for c in self.classes:
+            tag = " (active)" if c.active else ""
+            if c.missing:
+                out.append(f"  {c.traffic_class}{tag}: {c.missing}")
+                continue
+            assert c.cold_share is not None
+            synthetic = ", synthetic histogram" if c.cold_share.synthetic else ""
+            mapped = "the active map" if c.active else "its own map (after a swap)"
+            out.append(f"  {c.traffic_class}{tag} on {mapped}: cold share {c.cold_share.overall:.2%}{synthetic}; "
+                       + _points_text(c.points))
+            if c.under_active is not None:
+                synthetic = ", synthetic histogram" if c.under_active.synthetic else ""
+                out.append(f"  {c.traffic_class} traffic on the active map (before a swap): cold share "
+                           f"{c.under_active.overall:.2%}{synthetic}; " + _points_text(c.under_active_points))
+        if self.k_check is not None:
+            for f in self.k_check.findings:
+                if f.level != "note":
+                    out.append(f"  speculative {f.level}: {f.message}")
+        out += [f"  note: {n}" for n in self.notes]
+        return out
+
+
+def _k_at(lane: Any, streams: int) -> int:
+    return 0 if lane.speculative is None else lane.speculative.k_at(streams)
+
+
+def lane_cold_shares(loaded: Any, lane: Any, ledger_lane: Any, *, map_class: str | None = None
+                     ) -> dict[str, ColdShare | str]:
+    """Per class: its cold share (a row map on the class's histogram), or why none can be projected.
+
+    The row map is the class's own, or `map_class`'s (e.g. the active class: its traffic before a swap).
+    """
+    from recipegen.rowmap import cold_share_per_layer
+    from recipegen.rowmap.coldshare import check_same_geometry
+
+    model = loaded.recipe.model
+    out: dict[str, ColdShare | str] = {}
+    if lane.offload.placement == "positional":
+        cold = ledger_lane.active.cold_per_layer
+        per_layer = tuple(c / model.routed_experts for c in cold)
+        share = ColdShare(sum(per_layer) / len(per_layer), per_layer,
+                          "positional: whole layers' experts offloaded, usage-blind (cold experts per layer ÷ "
+                          f"{model.routed_experts}); the seeds measured ~23% / 24% of picks on v14")
+        return {name: share for name in (lane.classes or {"(all traffic)": None})}
+    for name, cls in lane.classes.items():
+        map_name = map_class or name
+        rowmap = loaded.rowmaps.get((lane.name, map_name))
+        if rowmap is None:
+            out[name] = f"no row map read for class {map_name}"
+            continue
+        if not cls.histogram:
+            out[name] = "no histogram declared for this class: cold share unknown (declare `histogram:`)"
+            continue
+        histogram = _load_histogram(Path(loaded.path).parent / cls.histogram)
+        map_file = lane.classes[map_name].rowmap
+        check_same_geometry(rowmap, histogram, map_name=map_file, hist_name=cls.histogram)
+        per_layer = tuple(float(x) for x in cold_share_per_layer(rowmap, histogram))
+        total = float(histogram.counts.sum())
+        overall = float((histogram.counts.sum(axis=1) * per_layer).sum() / total) if total else 0.0
+        out[name] = ColdShare(overall, per_layer, f"row map {map_file} on histogram {cls.histogram}",
+                              bool(getattr(histogram, "meta", {}).get("synthetic")))
+    return out
+
+
+def _load_histogram(path: Path) -> Any:
+    from expert_residency.formats import FormatError, load_histogram
+
+    from recipegen.rowmap.inputs import input_error
+    try:
+        return load_histogram(path)
+    except FileNotFoundError:
+        raise InputError("histogram file not found", file=str(path)) from None
+    except FormatError as exc:
+        raise input_error(exc) from None
+
+
+def fetch_points(loaded: Any, lane: Any, share: ColdShare, streams: Sequence[int],
+                 unique: UniqueExpertsModel) -> tuple[FetchPoint, ...]:
+    model = loaded.recipe.model
+    machine = loaded.recipe.machines[lane.machine]
+    points = []
+    for s in streams:
+        k = _k_at(lane, s)
+        u = unique.unique(k, s)
+        step = measured_step(model.name, machine.name, lane.offload.placement, s, k)
+        cold: float | Sequence[float] = share.per_layer if share.per_layer is not None else share.overall
+        tax = fetch_tax(moe_layers=model.num_moe_layers, unique_per_layer=u, cold_share=cold,
+                        bytes_per_expert=model.expert_bytes, link_bandwidth=machine.pinned_read_bandwidth,
+                        step_time=step.seconds if step else None, cold_share_source=share.basis,
+                        unique_source=f"unique-experts model at {s} stream(s), k={k}",
+                        bandwidth_source=machine.sources.get("pinned_read_bandwidth", ""),
+                        step_source=step.source if step else "")
+        points.append(FetchPoint(s, k, u, tax, step.source if step else None))
+    return tuple(points)
+
+
+def fetch_summary(loaded: Any, lane_name: str, *, streams: Sequence[int] | None = None,
+                  ledger: Any = None) -> LaneFetchSummary:
+    """Projected fetch time (and share of a measured step) per class of one lane.
+
+    `streams`: the concurrencies to project (default: the lane's expected min and max).
+    `ledger`: a `RecipeLedger` already computed for `loaded` (computed here otherwise).
+    """
+    from recipegen.ledger import compute_ledger
+
+    recipe = loaded.recipe
+    lane = recipe.lane(lane_name)
+    ledger = ledger or compute_ledger(loaded)
+    ledger_lane = ledger.lane(lane_name)
+    machine = recipe.machines[lane.machine]
+    points = sorted({lane.concurrency.min, lane.concurrency.max}) if streams is None else list(streams)
+    unique = unique_model_for(recipe.model)
+    classes = []
+    under_active: dict[str, ColdShare | str] = {}
+    if lane.offload.placement != "positional" and lane.active_class is not None:
+        under_active = lane_cold_shares(loaded, lane, ledger_lane, map_class=lane.active_class)
+    for name, share in lane_cold_shares(loaded, lane, ledger_lane).items():
+        active = name == lane.active_class or lane.offload.placement == "positional"
+        if isinstance(share, str):
+            classes.append(ClassFetch(name, active, None, (), missing=share))
+            continue
+        other = under_active.get(name)
+        other_share = other if isinstance(other, ColdShare) and not active else None
+        classes.append(ClassFetch(
+            name, active, share, fetch_points(loaded, lane, share, points, unique),
+            under_active=other_share,
+            under_active_points=fetch_points(loaded, lane, other_share, points, unique) if other_share else ()))
+    notes = ["fetch = MoE layers × unique experts per layer (calibrated model) × cold share × bytes per "
+             "expert ÷ link bandwidth; no overlap with compute (an upper bound); share of step only where "
+             "a step time was measured (docs/costmodel.md)"]
+    if unique.diversity != 1.0 and max(points) > 1:
+        notes.append(f"unique experts at >1 stream use the cross-stream diversity D={unique.diversity:.2f} "
+                     "calibrated to ~300 of 384 at sixteen streams, which overstates bytes under skewed "
+                     "routing (see the calibration table)")
+    return LaneFetchSummary(lane.name, lane.offload.placement, machine.pinned_read_bandwidth, classes,
+                            lane_k_check(lane), notes)
+
+
+def lane_k_check(lane: Any) -> KScheduleCheck | None:
+    spec = lane.speculative
+    if spec is None:
+        return None
+    schedule: Any = spec.schedule if spec.schedule is not None else spec.k
+    return check_k_schedule(schedule, max_num_seqs=lane.concurrency.max, num_speculative_tokens=spec.k,
+                            expected_concurrency=(lane.concurrency.min, lane.concurrency.max))
+
+
+def lane_prefetch_price(loaded: Any, lane_name: str, slots_per_layer: int, *, ledger: Any = None) -> PrefetchPrice:
+    """What a prefetch bank of `slots_per_layer` costs this lane in KV tokens (pool from the ledger)."""
+    from recipegen.ledger import compute_ledger
+
+    ledger = ledger or compute_ledger(loaded)
+    lane = ledger.lane(lane_name)
+    model = loaded.recipe.model
+    return prefetch_bank_price(slots_per_layer=slots_per_layer, moe_layers=model.num_moe_layers,
+                               bytes_per_expert=model.expert_bytes, kv_pool_bytes=lane.fig("hbm.kv_pool").value,
+                               kv_pool_tokens=lane.fig("kv.tokens").value,
+                               kv_source=f"ledger of lane {lane_name}")

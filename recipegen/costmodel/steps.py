@@ -1,0 +1,42 @@
+"""Measured decode step times (measured inputs, never derived), keyed by model and machine.
+
+The share of a step that the fetch tax takes needs a measured step time of the same model on
+the same machine, at the same placement, concurrency and k. The seeds measured three, all at
+one stream; elsewhere the share is reported as unknown rather than guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SEED_PIN = "seed 000 'vLLM: Pin Hot Experts'"
+SEED_PREFETCH = "seed 001 'Should a GB300 Prefetch Its Cold Experts?'"
+
+
+@dataclass(frozen=True)
+class StepTime:
+    model: str
+    machine: str
+    placement: str       # usage-aware | positional
+    streams: int
+    k: int
+    seconds: float
+    source: str
+
+
+STEP_TIMES: tuple[StepTime, ...] = (
+    StepTime("dsv41-flash-mxfp4", "gb300-station", "usage-aware", 1, 5, 0.0146,
+             f"{SEED_PREFETCH}, Figures 1 and 3: 'one decode step for one user ≈ 14.6 ms' (v15)"),
+    StepTime("dsv41-flash-mxfp4", "gb300-station", "positional", 1, 5, 0.024,
+             f"{SEED_PIN}, 'Update, September 17 afternoon': '~24 ms k=5 step' (v14)"),
+    StepTime("dsv41-flash-mxfp4", "gb300-station", "positional", 1, 0, 0.0111,
+             f"{SEED_PIN}, 'Where the experts live today': 'our k=0 step (11.1 ms, 89.7 tok/s)' (v12)"),
+)
+
+
+def measured_step(model: str, machine: str, placement: str, streams: int, k: int) -> StepTime | None:
+    for step in STEP_TIMES:
+        if (step.model, step.machine, step.placement, step.streams, step.k) == (model, machine, placement,
+                                                                                 streams, k):
+            return step
+    return None

@@ -403,32 +403,121 @@ def test_extra_args_that_vllm_033_lacks_are_refused(project: Path) -> None:
     assert "extra_args" in out
 
 
-# ------------------------------------------------------------------ shared GPU
+# ------------------------------------------------------------------ ledger
+
+
+def test_failing_budget_is_refused_and_previous_output_kept(project: Path) -> None:
+    assert run("render", REFERENCE)[0] == 0
+    state = _rendered_state(project)
+    recipe_file = project / "recipes" / f"{REFERENCE}.yaml"
+    recipe_file.write_text(recipe_file.read_text().replace(
+        "\n    gpu_memory_utilization: 0.97\n", "\n    gpu_memory_utilization: 0.5\n"))
+    code, out = run("render", REFERENCE)
+    assert code == 2
+    assert "budgets fail, not rendering" in out and "lane agent:" in out
+    assert "exceed the HBM cap" in out
+    assert _rendered_state(project) == state
+
+
+SHARED_RECIPE = """\
+# Two lanes on one GPU (test fixture)
+version: 1
+name: shared
+model:
+  name: tiny-moe
+  revision: abc123
+  checkpoint: acme/tiny-moe
+  decoder_layers: 4
+  moe_layers: "0-3"
+  routed_experts: 8
+  top_k: 2
+  bytes_per_expert: 1 GiB
+  kv_bytes_per_token: 64 KiB
+machines:
+  box:
+    name: box
+    gpus: {kind: H200, count: 2, hbm: 140 GiB, hbm_bandwidth: 4.8 TB/s}
+    host_memory: 1000 GiB
+    pinned_read_bandwidth: 50 GB/s
+lanes:
+  - name: chat
+    machine: box
+    gpus: [0]
+    port: 8000
+    image: vllm/vllm-openai:v0.33.0
+    gpu_memory_utilization: 0.5
+    max_model_len: 32k
+    concurrency: {max: 8}
+    offload: {placement: positional, load_cpu_offload: 8 GiB}
+    reserves:
+      hbm: {value: 10 GiB, source: "test fixture"}
+  - name: batch
+    machine: box
+    gpus: [0]
+    port: 8001
+    image: vllm/vllm-openai:v0.33.0
+    gpu_memory_utilization: 0.45
+    max_model_len: 32k
+    concurrency: {max: 32}
+    offload: {placement: positional, load_cpu_offload: 8 GiB}
+    reserves:
+      hbm: {value: 10 GiB, source: "test fixture"}
+    profile: batch
+  - name: solo
+    machine: box
+    gpus: [1]
+    port: 8002
+    image: vllm/vllm-openai:v0.33.0
+    kv_cache_bytes: 20 GiB
+    max_model_len: 32k
+    concurrency: {max: 4}
+    offload: {placement: positional, load_cpu_offload: 8 GiB}
+    reserves:
+      hbm: {value: 10 GiB, source: "test fixture"}
+"""
 
 
 @needs_compose
-def test_lanes_sharing_a_gpu_get_fixed_kv_bytes_and_start_in_order(project: Path) -> None:
-    recipe_file = project / "recipes" / f"{REFERENCE}.yaml"
-    text = recipe_file.read_text().replace("\n    gpu_memory_utilization: 0.97\n",
-                                           "\n    kv_cache_bytes: 2 GiB\n")
-    lane = text[text.index("  - name: agent"):]
-    second = (lane.replace("name: agent", "name: batch", 1)
-              .replace("port: 30006", "port: 30007")
-              .replace("maps/dsv41-flash/agent.rowmap", "maps/dsv41-flash/math.rowmap", 1))
-    second = second.replace("    active_class: agent", "    profile: batch\n    active_class: agent")
-    recipe_file.write_text(text + second)
-    code, out = run("render", REFERENCE, "--validate")
+def test_lanes_sharing_a_gpu_get_the_ledgers_kv_bytes_and_start_in_order(project: Path) -> None:
+    from recipegen.ledger import compute_ledger
+    from recipegen.recipe_io import load_recipe
+
+    recipe_file = project / "recipes" / "shared.yaml"
+    recipe_file.write_text(SHARED_RECIPE)
+    ledger = compute_ledger(load_recipe(recipe_file))
+    assert ledger.ok, [v.message for v in ledger.violations]
+    code, out = run("render", "shared", "--validate")
     assert code == 0, out
-    model = compose_config_json(project / "compose" / REFERENCE / "compose.yaml")
-    services = model["services"]
-    for name in ("lane-agent", "lane-batch"):
-        argv = services[name]["command"]
-        assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(2 * 2**30)
-        assert "--gpu-memory-utilization" not in argv
-    assert services["lane-batch"]["depends_on"]["lane-agent"]["condition"] == "service_healthy"
-    assert "depends_on" not in services["lane-agent"]
+    services = compose_config_json(project / "compose" / "shared" / "compose.yaml")["services"]
+
+    def flag(service: str, name: str) -> str | None:
+        argv = services[service]["command"]
+        return argv[argv.index(name) + 1] if name in argv else None
+
+    for lane in ("chat", "batch"):  # shared GPU 0: fixed bytes, the ledger's own pool
+        pool = int(ledger.lane(lane).fig("hbm.kv_pool").value)
+        assert flag(f"lane-{lane}", "--kv-cache-memory-bytes") == str(pool)
+        assert flag(f"lane-{lane}", "--gpu-memory-utilization") is None
+    assert flag("lane-solo", "--kv-cache-memory-bytes") == str(20 * 2**30)
+    assert services["lane-batch"]["depends_on"]["lane-chat"]["condition"] == "service_healthy"
+    assert services["lane-batch"]["depends_on"]["lane-chat"]["required"] is True
+    assert services["lane-batch-profile"]["depends_on"]["lane-chat"]["required"] is True
+    assert "depends_on" not in services["lane-chat"] and "depends_on" not in services["lane-solo"]
     assert services["lane-batch"]["profiles"] == ["batch"]
-    assert services["lane-batch"]["labels"]["io.recipegen.class"] == "agent"
-    assert services["lane-batch"]["environment"]["EXPERT_RESIDENCY_CONTENT_HASH"] != \
-        services["lane-agent"]["environment"]["EXPERT_RESIDENCY_CONTENT_HASH"]
-    assert {"agent-cache", "batch-cache"} <= set(model["volumes"])
+    assert services["lane-solo"]["deploy"]["resources"]["reservations"]["devices"][0][
+        "device_ids"] == ["1"]
+    # A Hugging Face checkpoint: the hub cache read-only, offline, revision pinned.
+    chat = services["lane-chat"]
+    assert flag("lane-chat", "--model") == "acme/tiny-moe" and flag("lane-chat", "--revision") == "abc123"
+    hub = [v for v in chat["volumes"] if v["target"] == "/root/.cache/huggingface/hub"]
+    assert hub and hub[0]["read_only"] is True
+    assert chat["environment"]["HF_HUB_OFFLINE"] == "1"
+    assert flag("lane-chat", "--cpu-offload-gb") == "8"
+
+    # The earlier lane behind a profile the later one lacks: the dependency is not required.
+    recipe_file.write_text(SHARED_RECIPE.replace("    gpu_memory_utilization: 0.5\n",
+                                                 "    gpu_memory_utilization: 0.5\n    profile: day\n"))
+    code, out = run("render", "shared", "--validate")
+    assert code == 0, out
+    services = compose_config_json(project / "compose" / "shared" / "compose.yaml")["services"]
+    assert services["lane-batch"]["depends_on"]["lane-chat"]["required"] is False

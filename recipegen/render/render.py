@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recipegen.errors import RecipegenError
+from recipegen.recipe_io import display_path
 from recipegen.render.compose import TEMPLATES_DIR, make_environment, render_compose
 from recipegen.render.compose_validate import validate_compose_file
 from recipegen.render.output import (RenderedFiles, Staleness, compare_output_dir, read_manifest,
@@ -72,75 +73,40 @@ def plugin_entry_point(runtime_dir: Path) -> str:
     return DEFAULT_PLUGIN_ENTRY_POINT
 
 
-def lane_memory(loaded) -> dict[str, LaneMemory]:
+def lane_memory(loaded, ledger) -> dict[str, LaneMemory]:
     """How each lane sizes its KV pool: a declared `kv_cache_bytes` is fixed; a lane that shares
-    a GPU is always fixed (the ledger's pool bytes), so engines starting one after another do
-    not each claim a fraction of the whole GPU; otherwise the declared utilisation."""
+    a GPU is always fixed (the ledger's `hbm.kv_pool` bytes), so engines starting one after
+    another do not each measure the whole GPU; otherwise the declared utilisation."""
     recipe = loaded.recipe
     memory: dict[str, LaneMemory] = {}
-    ledger = None
-    for index, lane in enumerate(recipe.lanes):
+    for lane in recipe.lanes:
         sharing = [o for o in recipe.lanes if o is not lane and o.machine == lane.machine
                    and set(o.gpus) & set(lane.gpus)]
         if lane.kv_cache_bytes is not None:
             memory[lane.name] = LaneMemory(kv_cache_memory_bytes=lane.kv_cache_bytes)
         elif sharing:
-            if ledger is None:
-                ledger = _ledger(loaded)
-            pool = _ledger_kv_pool_bytes(ledger, lane.name)
-            if pool is None:
-                raise loaded.error(
-                    f"lane shares GPU(s) with {', '.join(o.name for o in sharing)}: its KV pool must "
-                    "be fixed bytes; declare kv_cache_bytes", ("lanes", index, "gpu_memory_utilization"))
-            memory[lane.name] = LaneMemory(kv_cache_memory_bytes=pool)
+            pool = ledger.lane(lane.name).fig("hbm.kv_pool").value
+            memory[lane.name] = LaneMemory(kv_cache_memory_bytes=int(pool))
         else:
             memory[lane.name] = LaneMemory(gpu_memory_utilization=lane.gpu_memory_utilization)
     return memory
 
 
-def _ledger(loaded):
-    from recipegen.ledger import compute_ledger  # type: ignore[attr-defined]
+def checked_ledger(loaded):
+    """The recipe's ledger; refuses (rather than ship an engine that OOMs) when a budget fails."""
+    from recipegen.ledger import compute_ledger
 
-    return compute_ledger(loaded)
-
-
-def _ledger_kv_pool_bytes(ledger, lane_name: str) -> int | None:
-    lane = _ledger_lane(ledger, lane_name)
-    for attr in ("kv_pool_bytes", "kv_bytes", "kv_pool"):
-        value = getattr(lane, attr, None)
-        if value is not None:
-            return int(getattr(value, "value", value))
-    return None
-
-
-def _ledger_lane(ledger, lane_name: str):
-    lanes = getattr(ledger, "lanes")
-    if isinstance(lanes, dict):
-        return lanes[lane_name]
-    return next(lane for lane in lanes if getattr(lane, "name", None) == lane_name)
-
-
-def refuse_failing_budgets(loaded) -> None:
-    """Rendering a recipe whose budgets fail would ship an engine that OOMs: refuse."""
-    try:
-        from recipegen.ledger import compute_ledger  # type: ignore[attr-defined]  # noqa: F401
-    except ImportError:
-        return  # the ledger is not installed in this build (it lands with the recipe issue)
-    ledger = _ledger(loaded)
-    failures = _ledger_failures(ledger)
-    if failures:
-        raise RecipegenError(f"{loaded.path}: budgets fail, not rendering (see `recipegen check "
-                             f"budgets {loaded.name}`):\n  " + "\n  ".join(failures))
-
-
-def _ledger_failures(ledger) -> list[str]:
-    for attr in ("failures", "errors", "problems"):
-        value = getattr(ledger, attr, None)
-        if callable(value):
-            value = value()
-        if value is not None:
-            return [str(v) for v in value]
-    return []
+    ledger = compute_ledger(loaded)
+    if not ledger.ok:
+        lines = []
+        for violation in ledger.violations:
+            where = f"lane {violation.lane}: " if violation.lane else (
+                f"machine {violation.machine}: " if violation.machine else "")
+            lines.append(f"{where}{violation.message} ({violation.suggestion})")
+        raise RecipegenError(f"{display_path(loaded.path)}: budgets fail, not rendering "
+                             f"(details: recipegen check budgets {loaded.name} --explain):\n  "
+                             + "\n  ".join(lines))
+    return ledger
 
 
 def output_root(project_root: Path, recipe_name: str) -> Path:
@@ -152,10 +118,10 @@ def render_recipe(loaded, *, project_root: Path | None = None,
     """Render every output file of a loaded recipe, in memory. Raises on any problem."""
     recipe = loaded.recipe
     root_dir = project_root or project_root_for(loaded.path)
-    refuse_failing_budgets(loaded)
+    ledger = checked_ledger(loaded)
     table = load_flag_table(TARGET_VLLM_VERSION)
     runtime_dir = runtime_dir_for(root_dir)
-    memory = lane_memory(loaded)
+    memory = lane_memory(loaded, ledger)
     env = make_environment(templates_dir)
     root = output_root(root_dir, recipe.name)
     machines = sorted({lane.machine for lane in recipe.lanes})

@@ -1,0 +1,272 @@
+"""The split MoE layer on the GPU: Triton MXFP4 experts over a hot and a cold bank, plus finalize.
+
+``TritonMxfp4Experts`` drives ``gpu.kernels`` for layers built by the runtime core
+(``core.banks.ResidentLayer``: ``w13_weight``/``w2_weight`` packed E2M1 and their ``*_scale``
+ue8m0 tensors in a hot bank on the device and a cold bank that is a device view of pinned host
+memory, and the device row map ``row_codes``). Two entry points:
+
+* ``forward(layer, x, topk_weights, topk_ids)`` — the whole routed-expert output ``[T, H]`` in four
+  launches (group, w13+SwiGLU, w2, finalize), both banks in one pass, optional in-kernel counting
+  into a ``core.counter.ExpertCounter``. Fixed shapes, no host sync: capture it in a CUDA graph
+  (``gpu.graphs``) and replay it with new routing, or after a swap (the map is read at run time).
+* ``per_pick_fn()`` — the same kernels behind the core's ``PerPickExpertFn`` contract, so
+  ``core.split.residency_forward`` (torch finalize) runs with the Triton per-pick arithmetic.
+
+Scratch memory is a ``Workspace`` sized once for ``max_tokens``; layers run one after another on
+one stream share it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+
+from ..core.banks import ExpertBank, ResidentLayer
+from . import kernels
+
+if TYPE_CHECKING:
+    from ..core.counter import ExpertCounter
+
+W13, W2 = "w13_weight", "w2_weight"
+SCALE_SUFFIX = "_scale"
+# The grouping kernel sorts every pick of a step in one program; above this many picks (prefill)
+# the same grouping is done with torch ops (identical order, so identical bits).
+MAX_FUSED_PICKS = 4096
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile shapes. ``block_m`` tokens per tile; ``block_n*`` weight rows per program; ``block_k*``
+    reduction depth per step (a multiple of 32, the MX block). The same config is used for every
+    bank and every bank size; that is what keeps the split bit-identical to the unsplit layer."""
+
+    block_m: int = 16
+    block_n1: int = 32
+    block_k1: int = 256
+    block_n2: int = 64
+    block_k2: int = 256
+    num_warps: int = 4
+    num_stages: int = 3
+    dequant: int = 0  # 0: integer dequant + tl.dot; 1: tl.dot_scaled (GPU only)
+    finalize_block: int = 1024
+
+    def describe(self) -> str:
+        kind = "int-dequant" if self.dequant == 0 else "dot_scaled"
+        return (f"{kind} BM{self.block_m} w13:BN{self.block_n1}xBK{self.block_k1} "
+                f"w2:BN{self.block_n2}xBK{self.block_k2} warps{self.num_warps} stages{self.num_stages}")
+
+
+@dataclass(frozen=True)
+class ExpertShape:
+    hidden: int
+    intermediate: int
+
+    @property
+    def bytes_per_expert(self) -> int:
+        """Packed values plus ue8m0 scales of w13 and w2."""
+        h, i = self.hidden, self.intermediate
+        return 2 * i * (h // 2 + h // 32) + h * (i // 2 + i // 32)
+
+
+def expert_shape_of(bank: ExpertBank) -> ExpertShape:
+    w13, w2 = bank[W13], bank[W2]
+    if w13.dtype != torch.uint8 or w2.dtype != torch.uint8:
+        raise TypeError(f"Triton experts read MXFP4 packed uint8 weights, got {w13.dtype}/{w2.dtype}")
+    shape = ExpertShape(hidden=w13.shape[2] * 2, intermediate=w13.shape[1] // 2)
+    expected = {
+        W13: (2 * shape.intermediate, shape.hidden // 2),
+        W13 + SCALE_SUFFIX: (2 * shape.intermediate, shape.hidden // 32),
+        W2: (shape.hidden, shape.intermediate // 2),
+        W2 + SCALE_SUFFIX: (shape.hidden, shape.intermediate // 32),
+    }
+    for name, dims in expected.items():
+        if name not in bank.tensors:
+            raise ValueError(f"bank has no {name!r} tensor (has {sorted(bank.tensors)})")
+        t = bank.tensors[name]
+        if tuple(t.shape[1:]) != dims or not t.is_contiguous():
+            raise ValueError(f"{name}: expected contiguous [rows, {dims[0]}, {dims[1]}], got {tuple(t.shape)}")
+    for name in ("w13_bias", "w2_bias"):
+        if name in bank.tensors:
+            raise ValueError(f"{name}: expert biases are not supported by the Triton MXFP4 kernel")
+    return shape
+
+
+class Workspace:
+    """Per-step scratch for up to ``max_tokens`` tokens of ``top_k`` picks (shared across layers)."""
+
+    def __init__(self, max_tokens: int, top_k: int, shape: ExpertShape, device: torch.device | str,
+                 act_dtype: torch.dtype = torch.bfloat16) -> None:
+        self.max_tokens, self.top_k, self.shape = max_tokens, top_k, shape
+        picks = max_tokens * top_k
+        pb = triton.next_power_of_2(max(picks, 2))
+        dev = torch.device(device)
+        i32 = dict(dtype=torch.int32, device=dev)
+        self.sorted_pick = torch.zeros(pb, **i32)
+        self.scratch = torch.zeros(pb, **i32)
+        self.slot_start = torch.zeros(picks + 1, **i32)
+        self.slot_expert = torch.zeros(max(picks, 1), **i32)
+        self.num_slots = torch.zeros(1, **i32)
+        self.act = torch.empty(picks, shape.intermediate, dtype=act_dtype, device=dev)
+        self.pick_out = torch.empty(picks, shape.hidden, dtype=act_dtype, device=dev)
+        self.dummy_i64 = torch.zeros(1, dtype=torch.int64, device=dev)
+
+
+class TritonMxfp4Experts:
+    """Launches the residency kernels for layers of one geometry (see the module docstring)."""
+
+    def __init__(self, shape: ExpertShape, num_experts: int, top_k: int, max_tokens: int,
+                 device: torch.device | str, config: KernelConfig = KernelConfig()) -> None:
+        if shape.hidden % config.block_k1 or shape.intermediate % config.block_k2:
+            raise ValueError(f"block_k must divide the reduction dims ({shape}, {config})")
+        if shape.intermediate % config.block_n1 or shape.hidden % config.block_n2:
+            raise ValueError(f"block_n must divide the output dims ({shape}, {config})")
+        self.shape, self.num_experts, self.top_k = shape, num_experts, top_k
+        self.config = config
+        self.device = torch.device(device)
+        self.workspace = Workspace(max_tokens, top_k, shape, self.device)
+        self._identity_codes: torch.Tensor | None = None
+
+    # -- the fused split layer -------------------------------------------------------------
+    def forward(self, layer: ResidentLayer, x: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor, *, counter: "ExpertCounter | None" = None,
+                token_mask: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Routed-expert output ``[T, H]`` (dtype of ``x``) of ``layer`` for ``x [T, H]`` bf16."""
+        pick_out = self.pick_outputs(layer, x, topk_ids, counter=counter, token_mask=token_mask)
+        return self.finalize(pick_out, topk_weights, out=out, out_dtype=x.dtype)
+
+    def pick_outputs(self, layer: ResidentLayer, x: torch.Tensor, topk_ids: torch.Tensor, *,
+                     counter: "ExpertCounter | None" = None,
+                     token_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Unreduced per-pick rows ``[T, K, H]`` bf16 (a view of the workspace: consume before the
+        next call)."""
+        hot = layer.hot
+        cold = layer.cold if layer.cold.num_rows else layer.hot
+        counts = tokens = None
+        if counter is not None:
+            row = counter.row_of(layer.layer_index)
+            counts, tokens = counter.counts[row], counter.tokens[row:row + 1]
+            counter._decode_known = False  # as ExpertCounter.count() without a decode mask
+        self._run(x, topk_ids, layer.row_codes, hot, cold, token_mask=token_mask,
+                  counts=counts, tokens=tokens)
+        t, k = topk_ids.shape
+        return self.workspace.pick_out[:t * k].view(t, k, self.shape.hidden)
+
+    def finalize(self, pick_out: torch.Tensor, topk_weights: torch.Tensor, *,
+                 out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """fp32 fma over the K pick rows in router order, one cast (== ``core.finalize``)."""
+        t, k, h = pick_out.shape
+        if topk_weights.shape != (t, k):
+            raise ValueError(f"topk_weights {tuple(topk_weights.shape)} do not match picks {(t, k)}")
+        if out is None:
+            out = torch.empty(t, h, dtype=out_dtype, device=pick_out.device)
+        bh = min(self.config.finalize_block, triton.next_power_of_2(h))
+        kernels.finalize_kernel[(t, triton.cdiv(h, bh))](
+            pick_out, topk_weights.contiguous(), out, H=h, TOP_K=k, BH=bh, num_warps=4)
+        return out
+
+    # -- the core's per-pick contract -----------------------------------------------------
+    def per_pick_fn(self):
+        """A ``core.split.PerPickExpertFn`` running these kernels on one bank at a time."""
+
+        def per_pick(hidden_states: torch.Tensor, bank: ExpertBank, rows: torch.Tensor,
+                     mask: torch.Tensor, out: torch.Tensor) -> None:
+            ids = torch.where(mask, rows, torch.full_like(rows, -1))
+            codes = self._identity(bank.num_rows)
+            self._run(hidden_states, ids, codes, bank, bank, token_mask=None, counts=None, tokens=None)
+            t, k = rows.shape
+            picks = self.workspace.pick_out[:t * k].view(t, k, self.shape.hidden)
+            out.copy_(torch.where(mask.unsqueeze(-1), picks.to(out.dtype), out))
+
+        return per_pick
+
+    def _identity(self, rows: int) -> torch.Tensor:
+        if self._identity_codes is None or self._identity_codes.numel() < rows:
+            self._identity_codes = torch.arange(max(rows, self.num_experts), dtype=torch.int32,
+                                                device=self.device)
+        return self._identity_codes
+
+    # -- launches ----------------------------------------------------------------------------
+    def _run(self, x: torch.Tensor, ids: torch.Tensor, codes: torch.Tensor, hot: ExpertBank,
+             cold: ExpertBank, *, token_mask: torch.Tensor | None, counts: torch.Tensor | None,
+             tokens: torch.Tensor | None) -> None:
+        cfg, ws, shape = self.config, self.workspace, self.shape
+        t, k = ids.shape
+        if k != self.top_k or t > ws.max_tokens:
+            raise ValueError(f"routing {tuple(ids.shape)} exceeds the workspace ({ws.max_tokens} x {self.top_k})")
+        if x.dtype != torch.bfloat16 or x.shape != (t, shape.hidden) or x.stride(1) != 1:
+            raise ValueError(f"x must be bf16 [T={t}, H={shape.hidden}] with unit column stride, "
+                             f"got {x.dtype} {tuple(x.shape)}")
+        for bank in (hot, cold):
+            if expert_shape_of(bank) != shape:
+                raise ValueError(f"bank geometry {expert_shape_of(bank)} != {shape}")
+        picks = t * k
+        ids = ids.reshape(-1)
+        if not ids.is_contiguous():
+            ids = ids.contiguous()
+        if picks <= MAX_FUSED_PICKS:
+            pb = triton.next_power_of_2(max(picks, 2))
+            kernels.group_picks_kernel[(1,)](
+                ids, token_mask if token_mask is not None else ws.scratch,
+                ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.scratch,
+                counts if counts is not None else ws.dummy_i64,
+                tokens if tokens is not None else ws.dummy_i64,
+                picks, t, self.num_experts,
+                TOP_K=k, PB=pb, HAS_TOKEN_MASK=token_mask is not None, COUNT=counts is not None,
+                num_warps=4)
+        else:
+            self._group_torch(ids, t, k, token_mask, counts, tokens)
+        max_slots = min(picks, self.num_experts)
+        w13, s13 = hot[W13], hot[W13 + SCALE_SUFFIX]
+        w2, s2 = hot[W2], hot[W2 + SCALE_SUFFIX]
+        kernels.w13_swiglu_kernel[(shape.intermediate // cfg.block_n1, max_slots)](
+            x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX],
+            ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.act,
+            x.stride(0), w13[0].numel(), s13[0].numel(),
+            H=shape.hidden, INTER=shape.intermediate, TOP_K=k,
+            BM=cfg.block_m, BN=cfg.block_n1, BK=cfg.block_k1, DEQUANT=cfg.dequant,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        kernels.w2_kernel[(shape.hidden // cfg.block_n2, max_slots)](
+            ws.act, codes, w2, s2, cold[W2], cold[W2 + SCALE_SUFFIX],
+            ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.pick_out,
+            w2[0].numel(), s2[0].numel(),
+            H=shape.hidden, INTER=shape.intermediate,
+            BM=cfg.block_m, BN=cfg.block_n2, BK=cfg.block_k2, DEQUANT=cfg.dequant,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    def _group_torch(self, ids: torch.Tensor, t: int, k: int, token_mask: torch.Tensor | None,
+                     counts: torch.Tensor | None, tokens: torch.Tensor | None) -> None:
+        """The grouping kernel's exact result with torch ops (large steps; fixed shapes, no sync)."""
+        ws, e = self.workspace, self.num_experts
+        picks = t * k
+        ids = ids.to(torch.int64)
+        valid = (ids >= 0) & (ids < e)
+        if token_mask is not None:
+            valid &= token_mask.bool().repeat_interleave(k)
+        order = torch.arange(picks, device=ids.device)
+        key = torch.where(valid, ids, torch.full_like(ids, e)) * picks + order
+        key, _ = torch.sort(key)
+        expert, pick = key // picks, key % picks
+        ws.sorted_pick[:picks].copy_(pick)
+        prev = torch.cat([expert.new_full((1,), -1), expert[:-1]])
+        first = (expert != prev) & (expert < e)
+        slot = torch.cumsum(first.to(torch.int64), 0) - 1
+        n_slots = first.sum()
+        n_valid = valid.sum()
+        # Non-first positions write to a trash index past the real slots (fixed shapes, no sync).
+        trash = torch.full_like(slot, picks)
+        target = torch.where(first, slot, trash)
+        start = torch.zeros(picks + 1, dtype=torch.int64, device=ids.device)
+        start.scatter_(0, target, order)
+        expert_of = torch.zeros(picks + 1, dtype=torch.int64, device=ids.device)
+        expert_of.scatter_(0, target, expert)
+        start.scatter_(0, n_slots.reshape(1), n_valid.reshape(1))
+        ws.slot_start[:picks + 1].copy_(start.to(torch.int32))
+        ws.slot_expert[:picks].copy_(expert_of[:picks].to(torch.int32))
+        ws.num_slots.copy_(n_slots.reshape(1).to(torch.int32))
+        if counts is not None:
+            counts.index_add_(0, torch.where(valid, ids, torch.zeros_like(ids)), valid.to(torch.int64))
+            n_tok = token_mask.to(torch.int64).sum() if token_mask is not None else torch.tensor(t, device=ids.device)
+            tokens.add_(n_tok)

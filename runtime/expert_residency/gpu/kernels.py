@@ -1,0 +1,221 @@
+"""Triton kernels of the GPU residency path (launch logic lives in ``gpu.experts``).
+
+One MoE layer's routed experts run as four launches, all fixed-shape and sync-free so the layer
+captures into a CUDA graph:
+
+1. ``group_picks_kernel`` (one program): sort the step's ``T*K`` picks by (expert, pick index) and
+   cut them into *slots*, one per distinct expert; optionally count every pick into the usage
+   counter with an in-kernel atomic add (count-only/drift mode, exact integers).
+2. ``w13_swiglu_kernel``: for every slot and every tile of intermediate rows, dequantize the
+   expert's MXFP4 gate and up rows in registers, multiply by the slot's tokens, apply SwiGLU in
+   fp32 and store the activation rows as bf16 (what fused MoE kernels feed their second GEMM).
+3. ``w2_kernel``: the down projection of every slot, one **unreduced** bf16 row per pick.
+4. ``finalize_kernel``: per token, ``acc = fma(w_k, y_k, acc)`` in fp32 in the router's top-k order,
+   cast once (bit-identical to ``core.finalize``, which computes a correctly rounded fmaf).
+
+Banks: each expert kernel reads the device row map ``codes[e]`` (``core.devmap``: ``>= 0`` hot row,
+``< 0`` cold row ``~code``) and takes that expert's weights from the hot bank (HBM) or from the
+cold bank (pinned host memory read in place over the host link). Both banks go through the very
+same loads and the same tiling, so a pick's bits do not depend on where its expert lives, on the
+bank sizes or on the other picks: the split layer is bit-identical to the unsplit one.
+
+Weights are vLLM's MXFP4 checkpoint layout (``expert_residency.mxfp4``): ``w13 [E, 2I, H/2]`` and
+``w2 [E, H, I/2]`` uint8 (low nibble = even element), ue8m0 scales ``[E, 2I, H/32]`` and
+``[E, H, I/32]``. The products are arranged weights × activations (``[rows, K] @ [K, tokens]``) so
+that the tensor-core tile's large side is the weight rows and a decode step's few tokens sit in
+the small side.
+
+Two dequantizers (``DEQUANT``): ``0`` builds each bf16 weight from its E2M1 code and ue8m0 scale
+with integer ops (exact; also runs under ``TRITON_INTERPRET=1``); ``1`` hands the packed values and
+scales to ``tl.dot_scaled`` and lets Triton's own MXFP4 upcast run (GPU only).
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+# Triton's CPU interpreter multiplies bf16 tiles wrongly (it treats their storage as integers), so
+# under TRITON_INTERPRET=1 the tile products run on fp32 copies of the same bf16 values (exact
+# products, fp32 sums). Compiled kernels always multiply bf16 tiles on the tensor cores.
+_INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def group_picks_kernel(ids_ptr, token_mask_ptr, sorted_pick_ptr, slot_start_ptr, slot_expert_ptr,
+                       num_slots_ptr, scratch_ptr, counts_ptr, tokens_ptr,
+                       P, T, E,
+                       TOP_K: tl.constexpr, PB: tl.constexpr,
+                       HAS_TOKEN_MASK: tl.constexpr, COUNT: tl.constexpr):
+    """Group ``P = T*TOP_K`` picks by expert. ``PB`` is the next power of two >= P.
+
+    Outputs: ``sorted_pick[0:P]`` pick indices ordered by (expert, pick), skipped picks last;
+    ``slot_start[0:num_slots+1]`` (the last entry is the number of valid picks); ``slot_expert``.
+    """
+    offs = tl.arange(0, PB)
+    in_range = offs < P
+    ids = tl.load(ids_ptr + offs, mask=in_range, other=-1).to(tl.int32)
+    valid = in_range & (ids >= 0) & (ids < E)
+    if HAS_TOKEN_MASK:
+        tok_ok = tl.load(token_mask_ptr + offs // TOP_K, mask=in_range, other=0)
+        valid = valid & (tok_ok != 0)
+    # Unique keys: expert-major, pick index minor; skipped picks sort after every real expert.
+    key = tl.where(valid, ids, E) * PB + offs
+    key = tl.sort(key)
+    expert = key // PB
+    pick = key % PB
+    tl.store(sorted_pick_ptr + offs, pick, mask=in_range)
+    tl.store(scratch_ptr + offs, expert)
+    tl.debug_barrier()
+    prev = tl.load(scratch_ptr + offs - 1, mask=offs > 0, other=-1)
+    first = (expert != prev) & (expert < E)
+    slot = tl.cumsum(first.to(tl.int32), axis=0) - 1
+    tl.store(slot_start_ptr + slot, offs, mask=first)
+    tl.store(slot_expert_ptr + slot, expert, mask=first)
+    n_slots = tl.sum(first.to(tl.int32), axis=0)
+    n_valid = tl.sum(valid.to(tl.int32), axis=0)
+    tl.store(slot_start_ptr + n_slots, n_valid)
+    tl.store(num_slots_ptr, n_slots)
+    if COUNT:
+        # The usage counter: one exact integer atomic per pick, inside the captured graph.
+        tl.atomic_add(counts_ptr + ids, tl.full([PB], 1, tl.int64), mask=valid)
+        if HAS_TOKEN_MASK:
+            tok_valid = tl.load(token_mask_ptr + offs, mask=offs < T, other=0)
+            n_tok = tl.sum((tok_valid != 0).to(tl.int64), axis=0)
+        else:
+            n_tok = tl.sum((offs < T).to(tl.int64), axis=0)  # T may be specialised to a constant
+        tl.atomic_add(tokens_ptr, n_tok)
+
+
+@triton.jit
+def _dequant_mxfp4(packed, scales, ROWS: tl.constexpr, BK: tl.constexpr):
+    """``uint8 [ROWS, BK/2]`` E2M1 pairs + ``uint8 [ROWS, BK/32]`` ue8m0 → exact bf16 ``[ROWS, BK]``.
+
+    The scale is folded into the exponent with integer ops: for magnitude code ``c = 2e + m``
+    (``e`` >= 1) the bf16 bits are ``(c << 6) + ((s - 1) << 7)``; code 1 (0.5) is ``(s - 1) << 7``;
+    code 0 is zero; bit 3 is the sign. Valid for ``1 <= s`` and ``s + 2 <= 254`` (checkpoint scales
+    are far inside that).
+    """
+    p = packed.to(tl.int32)
+    codes = tl.reshape(tl.join(p & 0xF, p >> 4), (ROWS, BK))
+    s = scales.to(tl.int32)
+    s = tl.reshape(tl.broadcast_to(tl.reshape(s, (ROWS, BK // 32, 1)), (ROWS, BK // 32, 32)), (ROWS, BK))
+    mag = codes & 7
+    bits = tl.where(mag >= 2, mag << 6, 0) + tl.where(mag > 0, (s - 1) << 7, 0)
+    bits = bits | ((codes & 8) << 12)
+    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _expert_base(codes_ptr, expert, hot_ptr, cold_ptr, expert_stride):
+    """Pointer to ``expert``'s first byte in whichever bank the row map says holds it."""
+    code = tl.load(codes_ptr + expert)
+    if code >= 0:
+        base = hot_ptr + code.to(tl.int64) * expert_stride
+    else:
+        base = cold_ptr + (-code - 1).to(tl.int64) * expert_stride
+    return base
+
+
+@triton.jit
+def _mx_tile_dot(acc, w_base, s_base, rows, k0, x_t, row_bytes, row_scales,
+                 BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr):
+    """``acc[BN, BM] += W[rows, k0:k0+BK] @ x_t[BK, BM]`` with W in MXFP4."""
+    kb = k0 // 2 + tl.arange(0, BK // 2)
+    ks = k0 // 32 + tl.arange(0, BK // 32)
+    packed = tl.load(w_base + rows[:, None].to(tl.int64) * row_bytes + kb[None, :])
+    scales = tl.load(s_base + rows[:, None].to(tl.int64) * row_scales + ks[None, :])
+    if DEQUANT == 0:
+        w = _dequant_mxfp4(packed, scales, BN, BK)
+        if _INTERPRETED:
+            acc = tl.dot(w.to(tl.float32), x_t.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, x_t, acc)
+    else:
+        acc = tl.dot_scaled(packed, scales, "e2m1", x_t, None, "bf16", acc)
+    return acc
+
+
+@triton.jit
+def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
+                      sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, act_ptr,
+                      stride_x, w_expert_stride, s_expert_stride,
+                      H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr):
+    """``act[p, n] = bf16(silu(gate_n . x_t) * (up_n . x_t))`` for every pick ``p`` of the slot."""
+    pid_n = tl.program_id(0)
+    slot = tl.program_id(1)
+    if slot >= tl.load(num_slots_ptr):
+        return
+    start = tl.load(slot_start_ptr + slot)
+    end = tl.load(slot_start_ptr + slot + 1)
+    expert = tl.load(slot_expert_ptr + slot)
+    w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride)
+    s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride)
+    gate_rows = pid_n * BN + tl.arange(0, BN)
+    up_rows = gate_rows + INTER
+    m0 = start
+    while m0 < end:  # a while loop: run-time bounds (a slot holds 1..T picks)
+        mm = m0 + tl.arange(0, BM)
+        m_ok = mm < end
+        picks = tl.load(sorted_pick_ptr + mm, mask=m_ok, other=0)
+        tok = (picks // TOP_K).to(tl.int64)
+        acc_g = tl.zeros((BN, BM), dtype=tl.float32)
+        acc_u = tl.zeros((BN, BM), dtype=tl.float32)
+        for k0 in range(0, H, BK):
+            kk = k0 + tl.arange(0, BK)
+            x_t = tl.load(x_ptr + tok[None, :] * stride_x + kk[:, None], mask=m_ok[None, :], other=0.0)
+            acc_g = _mx_tile_dot(acc_g, w_base, s_base, gate_rows, k0, x_t, H // 2, H // 32, BN, BK, DEQUANT)
+            acc_u = _mx_tile_dot(acc_u, w_base, s_base, up_rows, k0, x_t, H // 2, H // 32, BN, BK, DEQUANT)
+        act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+        dest = act_ptr + picks[None, :].to(tl.int64) * INTER + gate_rows[:, None]
+        tl.store(dest, act.to(tl.bfloat16), mask=m_ok[None, :])
+        m0 += BM
+
+
+@triton.jit
+def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
+              sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, y_ptr,
+              w_expert_stride, s_expert_stride,
+              H: tl.constexpr, INTER: tl.constexpr,
+              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr):
+    """``y[p, n] = bf16(w2_n . act_p)``: one unreduced output row per pick."""
+    pid_n = tl.program_id(0)
+    slot = tl.program_id(1)
+    if slot >= tl.load(num_slots_ptr):
+        return
+    start = tl.load(slot_start_ptr + slot)
+    end = tl.load(slot_start_ptr + slot + 1)
+    expert = tl.load(slot_expert_ptr + slot)
+    w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride)
+    s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride)
+    rows = pid_n * BN + tl.arange(0, BN)
+    m0 = start
+    while m0 < end:
+        mm = m0 + tl.arange(0, BM)
+        m_ok = mm < end
+        picks = tl.load(sorted_pick_ptr + mm, mask=m_ok, other=0).to(tl.int64)
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+        for k0 in range(0, INTER, BK):
+            kk = k0 + tl.arange(0, BK)
+            a_t = tl.load(act_ptr + picks[None, :] * INTER + kk[:, None], mask=m_ok[None, :], other=0.0)
+            acc = _mx_tile_dot(acc, w_base, s_base, rows, k0, a_t, INTER // 2, INTER // 32, BN, BK, DEQUANT)
+        dest = y_ptr + picks[None, :] * H + rows[:, None]
+        tl.store(dest, acc.to(tl.bfloat16), mask=m_ok[None, :])
+        m0 += BM
+
+
+@triton.jit
+def finalize_kernel(y_ptr, weights_ptr, out_ptr, H: tl.constexpr, TOP_K: tl.constexpr, BH: tl.constexpr):
+    """``out[t] = cast(fma(w[t,K-1], y[t,K-1], ... fma(w[t,0], y[t,0], 0)))`` in fp32, router order."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BH + tl.arange(0, BH)
+    col_ok = cols < H
+    acc = tl.zeros((BH,), dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
+        w = tl.load(weights_ptr + t * TOP_K + k).to(tl.float32)
+        y = tl.load(y_ptr + (t * TOP_K + k) * H + cols, mask=col_ok, other=0.0).to(tl.float32)
+        acc = tl.fma(tl.full((BH,), 0.0, tl.float32) + w, y, acc)
+    tl.store(out_ptr + t * H + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)

@@ -49,8 +49,9 @@ ENV_MODE = "EXPERT_RESIDENCY_MODE"
 MODES = ("count-only", "residency", "unsplit")
 DEFAULT_INTERVAL_S = 60.0
 
-_NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_DUMP_NAME = re.compile(r"^(?P<lane>[^_]+(?:_[^_]+)*)__(?P<cls>[^_]+(?:_[^_]+)*)__(?P<mode>[a-z-]+)__"
+_NAME_PART = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9.-])?$")
+_PART = r"[A-Za-z0-9](?:[A-Za-z0-9.-]|_(?!_))*"
+_DUMP_NAME = re.compile(rf"^(?P<lane>{_PART})__(?P<cls>{_PART})__(?P<mode>count-only|residency|unsplit)__"
                         r"(?P<time>\d{8}T\d{6}\.\d{6}Z)__(?P<seq>\d+)\.hist$")
 _TIME_FORMAT = "%Y%m%dT%H%M%S.%fZ"
 
@@ -90,7 +91,7 @@ class DumpConfig:
         for variable, value in ((ENV_LANE, self.lane), (ENV_CLASS, self.traffic_class)):
             if not _NAME_PART.match(value) or "__" in value:
                 raise ValueError(f"{variable}={value!r}: use letters, digits, '.', '_' or '-' "
-                                 f"(no '__', not starting with a symbol)")
+                                 f"(no '__', not starting with a symbol or ending in '_')")
         if self.mode not in MODES:
             raise ValueError(f"{ENV_MODE}={self.mode!r}: expected one of {', '.join(MODES)}")
 

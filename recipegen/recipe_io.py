@@ -285,13 +285,18 @@ def load_recipe(path_or_name: str | os.PathLike[str], *, read_maps: bool = True)
         raise InputError(f"cannot read: {exc.strerror}", file=file) from None
     document = parse_yaml(text, file)
     if not isinstance(document, dict):
-        kind = "empty" if document is None else f"a {type(document).__name__}"
+        kind = "empty" if document is None else "a list" if isinstance(document, list) \
+            else f"a single value ({document!r})"
         raise InputError(f"a recipe is a YAML mapping (version, name, model, machines, lanes); "
-                         f"this file is {kind}", file=file, line=1)
+                         f"this file is {kind}", file=file,
+                         line=document.lc.line + 1 if hasattr(document, "lc") else 1)
     try:
         recipe = Recipe.model_validate(to_plain(document))
     except ValidationError as exc:
-        problems = [_describe(e) for e in exc.errors(include_url=False)]
+        errors = exc.errors(include_url=False)
+        # Unknown fields first: a misspelt key also shows up as a missing required one.
+        errors.sort(key=lambda e: e["type"] != "extra_forbidden")
+        problems = [_describe(e) for e in errors]
         raise problems_error(path, document, problems) from None
     cross = cross_reference_problems(recipe, path.parent)
     if cross:

@@ -262,10 +262,6 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     add(Figure("host.headroom", "host headroom", host_memory - host_total, "bytes",
                "host_memory − host_in_use", {"host_memory_bytes": host_memory, "host_in_use_bytes": host_total}))
 
-    # --- load time ---------------------------------------------------------------------------
-    _load_figures(model, machine, lane, active, add, reserve, dense + drafter, tables, host_reserve,
-                  violations, tp)
-
     # --- verdict -----------------------------------------------------------------------------
     if lane.kv_cache_bytes is not None:
         # A fixed pool: the "room" is what the cap leaves after reserve and hot experts.
@@ -276,6 +272,11 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     violations.extend(_budget_violations(model, machine, lane, cap, reserve, kv_for_checks,
                                          kv_tokens, host_total, tables, host_reserve, tp,
                                          fixed_kv=lane.kv_cache_bytes))
+
+    # --- load time (after the verdict: a side already over budget at the end is not re-reported)
+    final_over = {v.kind for v in violations}
+    _load_figures(model, machine, lane, active, add, reserve, dense + drafter, tables, host_reserve,
+                  violations, tp, skip_hbm="hbm" in final_over, skip_host="host" in final_over)
     return LaneLedger(lane.name, lane.machine, list(lane.gpus), lane.offload.placement, figs, ua, pos,
                       violations, notes)
 
@@ -442,7 +443,8 @@ def _placement_figures(p: PlacementLedger, model: Model, lane: Lane, cap: float,
 
 def _load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLedger, add: Any,
                   reserve: float, declared_weights: float, tables: float, host_reserve: float,
-                  violations: list[Violation], tp: int) -> None:
+                  violations: list[Violation], tp: int, *, skip_hbm: bool = False,
+                  skip_host: bool = False) -> None:
     e = model.expert_bytes
     budget = lane.offload.load_cpu_offload or 0
     walk = positional_walk(model, budget)
@@ -480,14 +482,14 @@ def _load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementL
                            {"host_tables_bytes": tables, "host_reserve_bytes": host_reserve,
                             "peak_pinned_bytes": peaks.host_peak}, how)).value
     capacity = machine.gpus.hbm
-    if hbm_peak > capacity:
+    if hbm_peak > capacity and not skip_hbm:
         need = hbm_peak - capacity
         violations.append(Violation(
             "load-hbm", f"HBM peaks at {format_bytes(hbm_peak)} while loading, {format_bytes(need)} over "
             f"the GPU's {format_bytes(capacity)}",
             f"raise offload.load_cpu_offload to at least {math.ceil((budget + need * tp) / GiB)} GiB so "
             "fewer experts land in HBM at load", need, lane=lane.name))
-    if host_peak > machine.host_memory:
+    if host_peak > machine.host_memory and not skip_host:
         need = host_peak - machine.host_memory
         violations.append(Violation(
             "load-host", f"host memory peaks at {format_bytes(host_peak)} while loading, "
@@ -528,8 +530,9 @@ def _budget_violations(model: Model, machine: Machine, lane: Lane, cap: float, r
             fix = f"lower hot experts per layer to {hot_max} (room for one max_model_len sequence)"
         else:
             fix = "even 0 hot experts leave no room for KV: raise gpu_memory_utilization or use a bigger GPU"
-        if lane.gpu_memory_utilization is not None and lane.gpu_memory_utilization < 1 and not positional:
-            fix += ", or raise gpu_memory_utilization"
+        util_needed = (reserve + (cap - reserve - kv_pool) + need_kv) / machine.gpus.hbm
+        if lane.gpu_memory_utilization is not None and util_needed <= 1:
+            fix += f", or raise gpu_memory_utilization to {math.ceil(util_needed * 100) / 100:.2f}"
         out.append(Violation(
             "hbm", f"hot experts + HBM reserve exceed the HBM cap by {format_bytes(over)} "
             f"(cap {format_bytes(cap)}): no room left for KV", fix, over, lane=lane.name))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 
 from recipegen.schema.base import StrictModel
 from recipegen.schema.lane import Lane
@@ -47,7 +47,8 @@ class Recipe(StrictModel):
     model: Model
     """A model catalog name (`recipegen/catalog/models.yaml`), `{catalog: name, …overrides}`, or an
     inline model."""
-    machines: dict[str, Machine] = Field(min_length=1)
+    machines: dict[str, Annotated[Machine, BeforeValidator(lambda v: _resolve("machines", v))]] = \
+        Field(min_length=1)
     """Machines by key: each a catalog name, `{catalog: name, address: …}`, or inline."""
     lanes: list[Lane] = Field(min_length=1)
     """The lanes (one vLLM engine and one compose service each)."""
@@ -56,13 +57,6 @@ class Recipe(StrictModel):
     @classmethod
     def _model_from_catalog(cls, value: Any) -> Any:
         return _resolve("models", value)
-
-    @field_validator("machines", mode="before")
-    @classmethod
-    def _machines_from_catalog(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {key: _resolve("machines", item) for key, item in value.items()}
-        return value
 
     def lane(self, name: str) -> Lane:
         for lane in self.lanes:

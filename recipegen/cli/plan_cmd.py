@@ -1,0 +1,118 @@
+"""`recipegen plan RECIPE LANE --sweep hot=250..384 [--plot out.png]`: choose the offload budget."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+from recipegen.errors import InputError
+
+GiB = 2**30
+
+
+def _streams(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise InputError(f"cannot read {text!r} as concurrencies (e.g. 1,16)", field="--concurrency") from None
+    if not values or values[0] < 1:
+        raise InputError("concurrencies must be positive integers", field="--concurrency")
+    return values
+
+
+@click.command()
+@click.argument("recipe")
+@click.argument("lane")
+@click.option("--sweep", "sweep_text", default=None, metavar="hot=LOW..HIGH[:STEP]",
+              help="Tabulate hot experts per layer against HBM, KV tokens, host and projected fetch tax.")
+@click.option("--class", "traffic_class", default=None, help="Class whose histogram gives the cold share "
+              "(default: the lane's active class).")
+@click.option("--concurrency", "concurrency_text", default=None,
+              help="Concurrencies to project (default: the lane's expected min and max).")
+@click.option("--prefetch-slots", type=click.IntRange(0), default=None,
+              help="Also price a prefetch bank of N spare expert slots per layer in KV tokens.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Draw the sweep to a PNG (needs matplotlib: pip install 'recipegen[plot]').")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--explain", is_flag=True, help="Show the formula and operands of the lane's current fetch figures.")
+def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | None, concurrency_text: str | None,
+         prefetch_slots: int | None, plot_path: Path | None, as_json: bool, explain: bool) -> None:
+    """Projected fetch tax, KV trade-off and k checks for one LANE of RECIPE."""
+    from recipegen.costmodel.lane import fetch_summary, lane_prefetch_price
+    from recipegen.costmodel.sweep import parse_sweep, sweep_hot, table_rows
+    from recipegen.ledger import compute_ledger
+    from recipegen.recipe_io import load_recipe
+
+    loaded = load_recipe(recipe)
+    names = [l.name for l in loaded.recipe.lanes]
+    if lane not in names:
+        raise InputError(f"no lane {lane!r} (lanes: {', '.join(names)})", file=str(loaded.path), field="lanes")
+    streams = _streams(concurrency_text)
+    ledger = compute_ledger(loaded)
+    summary = fetch_summary(loaded, lane, streams=streams, ledger=ledger)
+    sweep = None
+    step = None
+    if sweep_text is not None:
+        hot_values, step = parse_sweep(sweep_text, loaded.recipe.model.routed_experts)
+        sweep = sweep_hot(loaded, lane, hot_values, traffic_class=traffic_class, streams=streams)
+    elif plot_path is not None:
+        raise InputError("--plot draws a sweep: add --sweep hot=LOW..HIGH", field="--plot")
+    price = lane_prefetch_price(loaded, lane, prefetch_slots, ledger=ledger) if prefetch_slots is not None else None
+
+    if as_json:
+        data = {"fetch": summary.to_json(), "sweep": sweep.to_json() if sweep else None,
+                "prefetch": None if price is None else {
+                    "slots_per_layer": prefetch_slots, "experts": price.experts, "bank_bytes": price.bank_bytes.value,
+                    "kv_tokens_lost": price.kv_tokens_lost.value, "share_of_kv_pool": price.share_of_pool.value}}
+        click.echo(json.dumps(data, indent=2))
+    else:
+        click.echo("\n".join(summary.lines()))
+        if explain:
+            for c in summary.classes:
+                if c.active and c.points:
+                    for p in c.points:
+                        click.echo(f"\n[{c.traffic_class}, C{p.streams}]")
+                        for fig in (p.tax.cold_bytes, p.tax.fetch_time, p.tax.share_of_step):
+                            if fig is not None:
+                                click.echo(fig.explain())
+        if price is not None:
+            click.echo(f"\nprefetch bank of {prefetch_slots} slot(s) per layer: {price.experts} experts = "
+                       f"{price.bank_gib:.2f} GiB ≈ {price.kv_tokens_lost.value / 1e6:.2f}M KV tokens = "
+                       f"{price.share_of_pool.value:.0%} of the {ledger.lane(lane).fig('hbm.kv_pool').value / GiB:.2f} "
+                       "GiB pool")
+        if sweep is not None:
+            click.echo("")
+            click.echo(_sweep_table(sweep, step))
+    if plot_path is not None and sweep is not None:
+        from recipegen.costmodel.plot import plot_sweep
+        plot_sweep(sweep, plot_path)
+        if not as_json:
+            click.echo(f"plot written to {plot_path}")
+
+
+def _sweep_table(sweep, step: int | None) -> str:  # type: ignore[no-untyped-def]
+    from recipegen.costmodel.sweep import table_rows
+
+    head = f"{'hot':>4} {'cold':>4} {'HBM experts':>12} {'KV pool':>9} {'KV tokens':>10} {'host pinned':>12} " \
+           f"{'host free':>10} {'cold share':>10}"
+    for s in sweep.streams:
+        head += f" {f'fetch C{s}':>10}"
+    lines = [f"lane {sweep.lane}, class {sweep.traffic_class or '-'}"
+             + (f", histogram {sweep.histogram}{' (synthetic)' if sweep.histogram_synthetic else ''}"
+                if sweep.histogram else ""), head]
+    for r in table_rows(sweep, step):
+        mark = " ◀ lane now" if r.hot == round(sweep.current_hot) else ""
+        bad = f"  ✗ {', '.join(r.violations)}" if r.violations else ""
+        line = (f"{r.hot:>4} {r.cold:>4} {r.hot_bytes / GiB:>8.2f} GiB {r.kv_pool_bytes / GiB:>5.2f} GiB "
+                f"{r.kv_tokens / 1e6:>9.2f}M {r.cold_bytes / GiB:>8.2f} GiB {r.host_headroom / GiB:>6.1f} GiB "
+                f"{'' if r.cold_share is None else f'{r.cold_share:.2%}':>10}")
+        for p in r.points:
+            line += f" {p.tax.fetch_ms:>7.2f} ms"
+        lines.append(line + mark + bad)
+    lines += [f"note: {n}" for n in sweep.notes]
+    return "\n".join(lines)

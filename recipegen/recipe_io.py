@@ -273,9 +273,8 @@ def problems_error(path: Path, document: Any, problems: list[Problem]) -> InputE
 
 # ---------------------------------------------------------------- loading
 
-def load_recipe(path_or_name: str | os.PathLike[str], *, read_maps: bool = True) -> LoadedRecipe:
-    """Read, validate and cross-check a recipe. Raises InputError on any problem."""
-    path = resolve_recipe_path(path_or_name)
+def _read_validated(path: Path) -> tuple[Recipe, Any]:
+    """YAML + schema validation (no cross-references): the Recipe and its round-trip document."""
     file = display_path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -298,6 +297,13 @@ def load_recipe(path_or_name: str | os.PathLike[str], *, read_maps: bool = True)
         errors.sort(key=lambda e: e["type"] != "extra_forbidden")
         problems = [_describe(e) for e in errors]
         raise problems_error(path, document, problems) from None
+    return recipe, document
+
+
+def load_recipe(path_or_name: str | os.PathLike[str], *, read_maps: bool = True) -> LoadedRecipe:
+    """Read, validate and cross-check a recipe. Raises InputError on any problem."""
+    path = resolve_recipe_path(path_or_name)
+    recipe, document = _read_validated(path)
     cross = cross_reference_problems(recipe, path.parent)
     if cross:
         raise problems_error(path, document, cross)
@@ -329,8 +335,8 @@ def set_active_class(path: str | os.PathLike[str], lane: str, cls: str) -> bool:
     Returns False when the class was already active (file untouched).
     """
     target = resolve_recipe_path(path)
-    loaded = load_recipe(target, read_maps=False)
-    recipe, document = loaded.recipe, loaded.document
+    recipe, document = _read_validated(target)  # cross-references are checked on the result
+    loaded = LoadedRecipe(recipe=recipe, path=target, document=document)
     index = next((i for i, item in enumerate(recipe.lanes) if item.name == lane), None)
     if index is None:
         raise InputError(f"no lane {lane!r} (lanes: {', '.join(l.name for l in recipe.lanes)})",

@@ -6,7 +6,7 @@ uint16 ids as vLLM uses above 256 experts) in two forms, and times the streamed 
 (`expert_residency.formats.histogram_from_captures`, the code behind `recipegen rowmap
 reduce/build/eval`):
 
-* raw `[tokens, 40, 6]` `.npy` (memory-mapped, 64 Ki-token chunks)
+* raw `[tokens, 40, 6]` `.npy` (memory-mapped, 16 Ki-token chunks)
 * vLLM responses as JSON Lines, one `routed_experts` base64 `.npy` per response
 
 Usage:  .venv/bin/python bench/rowmap_reduce.py [--selections 34.4e6] [--repeats 3]

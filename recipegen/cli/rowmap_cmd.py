@@ -106,7 +106,7 @@ def build(inputs: tuple[str, ...], hot: int | None, cold_budget: str | None, uni
     Top-N per layer: count descending, ties to the lower expert id; rows in each bank in
     ascending id order.
     """
-    from expert_residency.formats import merge_histograms, save_rowmap
+    from expert_residency.formats import FormatError, merge_histograms, save_rowmap
 
     from recipegen.rowmap.build import build_budget_global, build_top_n, provenance_for
     from recipegen.rowmap.evaluate import evaluate_on
@@ -123,10 +123,17 @@ def build(inputs: tuple[str, ...], hot: int | None, cold_budget: str | None, uni
                             group_captures=True)
     hists = [h for _, h in named]
     names = [n for n, _ in named]
+    if geo is not None and geo.num_experts:
+        for name, h in named:
+            if (h.moe_layer_indices, h.num_experts) != (geo.moe_layer_indices, geo.num_experts):
+                raise InputError(f"covers {len(h.moe_layer_indices)} MoE layers × "
+                                 f"{h.num_experts} experts; {geo.source} has "
+                                 f"{len(geo.moe_layer_indices)} × {geo.num_experts}",
+                                 file=name, field="moe_layers")
     try:
         pooled = merge_histograms(hists) if len(hists) > 1 else hists[0]
-    except Exception as exc:  # FormatError: different geometry
-        raise InputError(str(exc), field="moe_layers") from None
+    except FormatError as exc:  # different geometry
+        raise InputError(f"{exc.reason}: {', '.join(names)}", field="moe_layers") from None
     comments = ["expert residency row map, written by `recipegen rowmap build`"]
     if any(h.meta.get("synthetic") for h in hists):
         comments.append("SYNTHETIC: built from synthetic example histograms, not measured "

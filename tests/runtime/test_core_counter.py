@@ -207,3 +207,13 @@ def test_dumper_shutdown_snapshot_at_interpreter_exit(tmp_path):
     assert len(files) == 1
     h = load_histogram(files[0])
     assert h.meta["reason"] == "shutdown" and h.counts.tolist() == [[0, 1, 1]] and h.tokens == 1
+
+
+def test_dump_names_import_without_torch():
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from expert_residency.core.dump import parse_dump_name, DumpConfig\n"
+            "print(parse_dump_name('a__b__residency__20261129T103652.000001Z__000001.hist').lane)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "a"

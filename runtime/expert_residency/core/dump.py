@@ -15,6 +15,10 @@ Counts are **cumulative** since the engine started (a later file supersedes earl
 drift window is the difference of two files). Each file's ``meta`` carries lane, class, mode,
 reason (``interval`` | ``signal`` | ``shutdown`` | ``manual``), seq, pid, and the start time.
 
+Standard library only at import time: ``dump_file_name``/``parse_dump_name``/``DumpConfig`` are the
+one definition of the dump file names, and readers without torch (``recipegen profile``/``drift``)
+import them from here.
+
 Configuration from the environment (``DumpConfig.from_env``), set by the rendered compose service:
 
 ================================  ==========================================================
@@ -37,9 +41,10 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from .counter import ExpertCounter
+if TYPE_CHECKING:  # the name and config helpers stay importable without torch (recipegen reads dumps)
+    from .counter import ExpertCounter
 
 ENV_DIR = "EXPERT_RESIDENCY_DUMP_DIR"
 ENV_INTERVAL = "EXPERT_RESIDENCY_DUMP_INTERVAL"

@@ -122,3 +122,15 @@ def test_bad_capture_files(tmp_path: Path) -> None:
     (tmp_path / "t.npy").write_bytes(b"\x93NUMPY\x01\x00garbage")
     with pytest.raises(FormatError, match="not a readable .npy"):
         histogram_from_captures([tmp_path / "t.npy"], moe_layer_indices=(0,), num_experts=4)
+
+
+def test_formats_module_is_dependency_free() -> None:
+    """The serving container has no recipegen, click, pydantic (and formats needs no torch)."""
+    import subprocess
+    import sys
+    code = ("import sys, expert_residency.formats as f; "
+            "bad = sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'recipegen', 'click', 'pydantic', 'torch', 'rich', 'yaml', 'ruamel'}); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -146,3 +146,35 @@ def test_errors_are_clear_and_exit_2(tmp_path: Path) -> None:
     assert code == 2 and "exactly one of --hot" in err
     code, _, err = run("rowmap", "eval", str(bad), str(tmp_path / "missing.hist"))
     assert code == 2
+
+
+def test_show_and_build_with_the_reference_recipe(tmp_path: Path, repo_root: Path) -> None:
+    maps = repo_root / "recipes" / "maps" / "dsv41-flash"
+    code, out, err = run("rowmap", "show", str(maps / "agent.rowmap"), "--recipe",
+                         "dsv41-flash-gb300")
+    assert code == 0, err
+    # 295 × 40 and 89 × 40 experts of 18,800,640 B (the agreed DSv4.1-Flash geometry)
+    assert "hot bank (HBM):   206.61 GiB (221,847,552,000 B)" in out
+    assert "cold bank (host): 62.33 GiB (66,930,278,400 B)" in out
+    # a histogram of another geometry is refused against the recipe's model
+    np.save(tmp_path / "a.npy", IDS)
+    assert run("rowmap", "reduce", str(tmp_path / "a.npy"), "--experts", "4", "-o",
+               str(tmp_path / "small.hist"))[0] == 0
+    code, _, err = run("rowmap", "build", str(tmp_path / "small.hist"), "--recipe",
+                       "dsv41-flash-gb300", "--hot", "2", "-o", str(tmp_path / "m.rowmap"))
+    assert code == 2 and "small.hist" in err and "2 MoE layers × 4 experts" in err
+    # the DESIGN.md budget example through the command: 62.33 GiB -> 88 cold per layer
+    profiles = repo_root / "recipes" / "profiles" / "dsv41-flash"
+    code, out, err = run("rowmap", "build", str(profiles / "agent.hist"), "--recipe",
+                         "dsv41-flash-gb300", "--cold-budget", "62.33 GiB", "--uniform", "-o",
+                         str(tmp_path / "u.rowmap"), "--json")
+    assert code == 0, err
+    assert json.loads(out)["hot_counts"] == [296] * 40
+
+
+def test_progress_bar_reports_to_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from recipegen.rowmap.inputs import Geometry, read_histograms
+    np.save(tmp_path / "a.npy", IDS)
+    [(name, h)] = read_histograms([tmp_path / "a.npy"], Geometry((0, 1), 4), progress=True)
+    assert h.counts.tolist() == [[4, 2, 1, 1], [0, 1, 3, 4]]
+    assert "reducing a.npy" in capsys.readouterr().err

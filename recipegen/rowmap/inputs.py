@@ -78,12 +78,13 @@ def is_histogram_file(path: str | os.PathLike[str]) -> bool:
 @contextmanager
 def progress_bar(description: str, enabled: bool | None = None
                  ) -> Iterator[Callable[[int, int], None]]:
-    """A rich progress bar on stderr (only on a terminal) fed as `update(done, total)`."""
+    """A rich progress bar on stderr fed as `update(done, total)`: shown on a terminal by
+    default; `enabled=True` forces it (also into a file or pipe), `False` hides it."""
     from rich.console import Console
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
                                TimeRemainingColumn, TransferSpeedColumn)
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, force_terminal=True if enabled else None)
     show = console.is_terminal if enabled is None else enabled
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                   TransferSpeedColumn(), TimeRemainingColumn(), console=console,

@@ -129,3 +129,24 @@ def test_unreachable_endpoint_is_a_clear_error(tmp_path):
     assert result.exit_code == 2
     assert "error: http://127.0.0.1:9/v1/models: connection refused" in result.output
     assert "Traceback" not in result.output
+
+
+def test_recorded_runs_compare_across_boots(tmp_path):
+    fixture = write_fixture(tmp_path)
+    record = tmp_path / "control.json"
+    with serve(FakeModel()) as url:
+        made = run_parity(url, "--record", record, "--fixture", fixture, "--runs", "2", "--max-tokens", "10")
+    assert made.exit_code == 0, made.output
+    assert json.loads(record.read_text())["format"] == "recipegen-parity-record"
+    with serve(FakeModel()) as url:  # a fresh "boot" of the same engine: passes against the recording
+        same = run_parity(url, record, "--fixture", fixture, "--max-tokens", "10")
+    assert same.exit_code == 0 and "recorded in" in same.output, same.output
+    with serve(FakeModel(weight_seed=9)) as url:
+        other = run_parity(url, record, "--fixture", fixture, "--max-tokens", "10")
+    assert other.exit_code == 1 and "diverges 7/7" in other.output
+    # a recording made with other settings is refused, naming the file and field
+    bad = CliRunner().invoke(main, ["parity", str(record), str(record), "--fixture", str(fixture),
+                                    "--max-tokens", "11"])
+    assert bad.exit_code == 2 and "settings.max_tokens" in bad.output
+    both = run_parity(record, record, "--fixture", fixture, "--max-tokens", "10")
+    assert both.exit_code == 0 and "PASS" in both.output

@@ -179,3 +179,50 @@ async def collect(client_a: EndpointClient, client_b: EndpointClient, fixture: F
         runs_b.append(await run_fixture(client_b, fixture, max_tokens=max_tokens, seed=seed,
                                         concurrency=concurrency, progress=progress))
     return runs_a, runs_b
+
+
+# --- recordings: compare across boots that cannot be up at the same time -------------------------
+RECORD_FORMAT = "recipegen-parity-record"
+RECORD_VERSION = 1
+
+
+def record_json(fixture: Fixture, runs: Sequence[Sequence[Output]], identity: dict, settings: dict) -> dict:
+    return {"format": RECORD_FORMAT, "version": RECORD_VERSION, "fixture": fixture.name,
+            "prompt_ids": [p.id for p in fixture.prompts], "settings": settings, "endpoint": identity,
+            "runs": [[{"text": o.text, "token_ids": None if o.token_ids is None else list(o.token_ids)}
+                      for o in run] for run in runs]}
+
+
+def read_record(data: object, fixture: Fixture, settings: dict, *, file: str) -> tuple[list[list[Output]], dict]:
+    """Runs and endpoint identity from a recording; refuses one made with another fixture or settings."""
+    from recipegen.errors import InputError
+
+    if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT:
+        raise InputError(f"not a parity recording (expected \"format\": \"{RECORD_FORMAT}\")", file=file,
+                         field="format")
+    if data.get("version") != RECORD_VERSION:
+        raise InputError(f"recording version {data.get('version')!r}; this recipegen reads {RECORD_VERSION}",
+                         file=file, field="version")
+    if data.get("prompt_ids") != [p.id for p in fixture.prompts]:
+        raise InputError(f"recorded with another fixture ({data.get('fixture')}); use the same --fixture",
+                         file=file, field="prompt_ids")
+    recorded = data.get("settings") or {}
+    for key in ("max_tokens", "seed"):
+        if recorded.get(key) != settings.get(key):
+            raise InputError(f"recorded with {key}={recorded.get(key)!r}, this run uses {settings.get(key)!r}",
+                             file=file, field=f"settings.{key}")
+    runs_raw = data.get("runs")
+    if not isinstance(runs_raw, list) or not runs_raw:
+        raise InputError("the recording holds no runs", file=file, field="runs")
+    runs: list[list[Output]] = []
+    for r, run in enumerate(runs_raw):
+        if not isinstance(run, list) or len(run) != len(fixture.prompts):
+            raise InputError(f"run {r} does not answer every prompt", file=file, field=f"runs[{r}]")
+        outputs = []
+        for item in run:
+            ids = item.get("token_ids") if isinstance(item, dict) else None
+            outputs.append(Output(text=str(item.get("text", "")) if isinstance(item, dict) else "",
+                                  token_ids=tuple(int(t) for t in ids) if isinstance(ids, list) else None))
+        runs.append(outputs)
+    identity = data.get("endpoint") if isinstance(data.get("endpoint"), dict) else {}
+    return runs, dict(identity, recording=file)

@@ -12,7 +12,8 @@ from recipegen.acceptance.parity import ParityReport
 def identity_lines(label: str, info: dict[str, Any]) -> list[str]:
     models = ", ".join(str(m.get("id")) for m in info.get("models", [])) or info.get("models_error", "?")
     lines = [f"{label}: {info.get('url')}  model {models}"
-             + (f"  vLLM {info['server_version']}" if info.get("server_version") else "")]
+             + (f"  vLLM {info['server_version']}" if info.get("server_version") else "")
+             + (f"  (recorded in {info['recording']})" if info.get("recording") else "")]
     if info.get("lane_reports"):
         lane = info.get("lane") or "?"
         cls = info.get("traffic_class") or "?"

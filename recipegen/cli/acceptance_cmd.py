@@ -50,15 +50,18 @@ def _duration(text: str, option: str) -> float:
 
 @click.command()
 @click.argument("url_a")
-@click.argument("url_b")
+@click.argument("url_b", required=False)
 @click.option("--fixture", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="JSON Lines fixture (default: the packaged 50-prompt fixture).")
 @click.option("--runs", type=click.IntRange(1, 20), default=2, show_default=True,
-              help="Passes per endpoint; 2+ separates serving nondeterminism from A≠B.")
+              help="Passes per live endpoint; 2+ separates serving nondeterminism from A≠B.")
 @click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True)
 @click.option("--seed", type=int, default=42, show_default=True)
 @click.option("--concurrency", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Requests in flight per endpoint (1 keeps batches identical between runs).")
+@click.option("--record", "record_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Record URL_A's runs to this file (no comparison); compare later by passing the file "
+                   "in place of a URL — for boots that cannot be up at the same time.")
 @click.option("--model", "model_a", default=None, help="Model name on A (default: its first served model).")
 @click.option("--model-b", default=None, help="Model name on B (default: its first served model).")
 @click.option("--lane-log", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
@@ -67,38 +70,78 @@ def _duration(text: str, option: str) -> float:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the full result as JSON.")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds per request.")
-def parity(url_a: str, url_b: str, fixture: Path | None, runs: int, max_tokens: int, seed: int,
-           concurrency: int, model_a: str | None, model_b: str | None, lane_log: Path | None,
-           lane_log_b: Path | None, json_path: Path | None, timeout: float) -> None:
+def parity(url_a: str, url_b: str | None, fixture: Path | None, runs: int, max_tokens: int, seed: int,
+           concurrency: int, record_path: Path | None, model_a: str | None, model_b: str | None,
+           lane_log: Path | None, lane_log_b: Path | None, json_path: Path | None, timeout: float) -> None:
     """Greedy token-exact parity of URL_A (candidate) against URL_B (control).
 
-    Exit status 1 when A differs from B beyond A's own run-to-run nondeterminism.
+    Either side may be a recording made with --record instead of a live URL. Exit status 1
+    when A differs from B beyond A's own run-to-run nondeterminism.
     """
     from recipegen.acceptance.client import EndpointClient
     from recipegen.acceptance.fixture import load_fixture
     from recipegen.acceptance.identity import describe_endpoint
-    from recipegen.acceptance.parity import collect, compare
+    from recipegen.acceptance.parity import compare, read_record, record_json, run_fixture
     from recipegen.acceptance.report import parity_json, parity_text
 
     loaded = load_fixture(fixture)
-    total = 2 * runs * len(loaded.prompts)
+    settings = {"fixture": loaded.name, "runs": runs, "max_tokens": max_tokens, "seed": seed,
+                "concurrency": concurrency}
+    if record_path is not None and url_b is not None:
+        raise InputError("--record takes one endpoint (URL_A); compare the recording later", field="--record")
+    if record_path is None and url_b is None:
+        raise InputError("give URL_B to compare against, or --record FILE to record URL_A", field="URL_B")
 
-    async def main() -> tuple[Any, dict[str, Any]]:
-        async with EndpointClient(url_a, model=model_a, timeout_s=timeout) as a, \
-                EndpointClient(url_b, model=model_b, timeout_s=timeout) as b:
-            identities = {"A": await describe_endpoint(a, lane_log=lane_log),
-                          "B": await describe_endpoint(b, lane_log=lane_log_b)}
+    def recorded(source: str) -> tuple[list, dict] | None:
+        path = Path(source)
+        if "://" in source or not path.is_file():
+            return None
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise InputError(f"cannot read parity recording: {exc}", file=str(path)) from None
+        return read_record(data, loaded, settings, file=str(path))
+
+    sides = {"A": (url_a, model_a, lane_log), "B": (url_b, model_b, lane_log_b)} if url_b else \
+        {"A": (url_a, model_a, lane_log)}
+    results: dict[str, list] = {}
+    identities: dict[str, dict[str, Any]] = {}
+    live: dict[str, tuple[str, str | None, Path | None]] = {}
+    for label, (source, model, log) in sides.items():
+        record = recorded(source)
+        if record is None:
+            live[label] = (source, model, log)
+        else:
+            results[label], identities[label] = record
+
+    async def main() -> None:
+        clients = {label: EndpointClient(source, model=model, timeout_s=timeout)
+                   for label, (source, model, _) in live.items()}
+        try:
+            for label, client in clients.items():
+                identities[label] = await describe_endpoint(client, lane_log=live[label][2])
+            total = runs * len(loaded.prompts) * len(clients)
             with click.progressbar(length=total, label="parity", file=sys.stderr) as bar:
-                runs_a, runs_b = await collect(a, b, loaded, runs=runs, max_tokens=max_tokens, seed=seed,
-                                               concurrency=concurrency, progress=bar.update)
-            return compare(loaded, runs_a, runs_b), identities
+                for _ in range(runs):  # alternate the live endpoints run by run: one window
+                    for label, client in clients.items():
+                        results.setdefault(label, []).append(await run_fixture(
+                            client, loaded, max_tokens=max_tokens, seed=seed, concurrency=concurrency,
+                            progress=bar.update))
+        finally:
+            for client in clients.values():
+                await client.aclose()
 
-    report, identities = asyncio.run(main())
+    if live:
+        asyncio.run(main())
+    if record_path is not None:
+        _write_json(record_path, record_json(loaded, results["A"], identities["A"], settings))
+        click.echo(f"recorded {len(results['A'])} run(s) of {len(loaded.prompts)} prompts from {url_a} "
+                   f"to {record_path}")
+        return
+    report = compare(loaded, results["A"], results["B"])
     click.echo(parity_text(report, identities, fixture_name=loaded.name))
     if json_path is not None:
-        _write_json(json_path, parity_json(report, identities, {
-            "fixture": loaded.name, "runs": runs, "max_tokens": max_tokens, "seed": seed,
-            "concurrency": concurrency}))
+        _write_json(json_path, parity_json(report, identities, settings))
     if not report.passed:
         raise SystemExit(1)
 

@@ -32,6 +32,7 @@ class DiffReport:
     content_hash_b: str
     shape_hash_a: str
     shape_hash_b: str
+    num_experts: int
 
     @property
     def same_shape(self) -> bool:
@@ -82,4 +83,4 @@ def diff(a: RowMap, b: RowMap, *, name_a: str = "A", name_b: str = "B") -> DiffR
                                 len(set_a - set_b),
                                 same_sets and (hot_a != hot_b or cold_a != cold_b)))
     return DiffReport(name_a, name_b, layers, a.content_hash(), b.content_hash(),
-                      a.shape_hash(), b.shape_hash())
+                      a.shape_hash(), b.shape_hash(), a.num_experts)

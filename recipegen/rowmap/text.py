@@ -54,6 +54,10 @@ def eval_lines(report: EvalReport, *, per_layer: bool = False) -> list[str]:
     for h in rows:
         shares = " ".join(f"{pct(h.skew.top_shares[f]):>9}" for f in TOP_FRACTIONS)
         lines.append(f"  {h.name[-40:]:<40} {shares} {h.skew.mean_gini:>10.3f}")
+    if per_layer:
+        for h in rows:
+            lines.append(f"  per-layer Gini ({h.name}): "
+                         + " ".join(f"{g:.3f}" for g in h.skew.gini_per_layer))
     if report.leave_one_out:
         lines.append("")
         lines.append("  leave-one-out (map with these hot counts built from the other files, "
@@ -95,6 +99,11 @@ def compare_lines(r: CompareReport) -> list[str]:
     return lines
 
 
+def _mean_cold(r: DiffReport) -> float:
+    """Mean cold-bank size of map B (what 'changed' is out of)."""
+    return r.num_experts - sum(l.hot_b for l in r.layers) / max(len(r.layers), 1)
+
+
 def diff_lines(r: DiffReport, *, per_layer: bool = True) -> list[str]:
     lines = [f"diff {r.name_a} -> {r.name_b}",
              f"  content_hash {r.content_hash_a[:16]}… -> {r.content_hash_b[:16]}… "
@@ -103,7 +112,7 @@ def diff_lines(r: DiffReport, *, per_layer: bool = True) -> list[str]:
              f"({'equal' if r.same_shape else 'differs'})",
              f"  {r.verdict()}",
              f"  layers changed: {r.changed_layers} of {len(r.layers)}; cold ids changed per "
-             f"layer: mean {r.mean_cold_changed:.1f}"]
+             f"layer: mean {r.mean_cold_changed:.1f} of {_mean_cold(r):.0f}"]
     if per_layer:
         lines.append(f"  {'layer':>5} {'hot A':>6} {'hot B':>6} {'new cold':>9} {'left cold':>10}"
                      f" {'reordered':>9}")

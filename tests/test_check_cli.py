@@ -1,0 +1,112 @@
+"""`recipegen check budgets` end to end: the table, --explain, --json, exit codes 0/1/2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from recipegen.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+FAILURES = Path(__file__).parent / "budget_failures"
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, ["check", "budgets", *args])
+
+
+def test_json_reproduces_the_reference_numbers() -> None:
+    result = run(str(REPO / "recipes" / "dsv41-flash-gb300.yaml"), "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["ok"] is True
+    lane = doc["recipes"][0]["lanes"][0]
+    figs = lane["figures"]
+    expected = {  # seed "vLLM: Pin Hot Experts" (v15), to 0.01 GiB
+        "experts.per_layer": 6.72, "experts.total": 268.95, "hbm.hot_experts": 206.61,
+        "host.cold_experts": 62.33, "hbm.cap": 243.18, "hbm.kv_pool": 4.9, "hbm.reserve": 31.67,
+        "host.tables": 189.2, "host.before_reserve": 251.53,
+    }
+    for key, gib in expected.items():
+        assert figs[key]["gib"] == pytest.approx(gib, abs=0.01), key
+        assert figs[key]["value"] == pytest.approx(figs[key]["gib"] * 2**30)
+    assert figs["kv.tokens"]["value"] / 1e6 == pytest.approx(2.54, abs=0.01)
+    assert lane["usage_aware"]["hot_per_layer"] == 295 and lane["usage_aware"]["cold_per_layer"] == 89
+    assert lane["positional"]["figures"]["positional.measured"]["gib"] == pytest.approx(61.17, abs=0.01)
+    assert figs["hbm.kv_pool"]["formula"] == "hbm_cap − reserve − hot_experts"
+    assert set(figs["hbm.kv_pool"]["operands"]) == {"hbm_cap_bytes", "reserve_bytes", "hot_experts_bytes"}
+
+
+def test_human_table_shows_the_numbers() -> None:
+    result = run(str(REPO / "recipes" / "dsv41-flash-gb300.yaml"))
+    assert result.exit_code == 0
+    out = result.stdout
+    for text in ("295 hot / 89 cold", "206.61 GiB", "62.33 GiB", "4.90 GiB", "2.54M tokens",
+                 "250.70 GiB × 0.97 = 243.18 GiB cap", "reserve 31.67 GiB (back-solved)",
+                 "= 251.53 GiB before page cache", "positional (--cpu-offload-gb 60)",
+                 "(measured 61.17 GiB)", "verdict: OK"):
+        assert text in out, text
+
+
+def test_explain_prints_formulas() -> None:
+    result = run(str(REPO / "recipes" / "dsv41-flash-gb300.yaml"), "--explain")
+    assert result.exit_code == 0
+    assert "KV pool (per GPU) = 4.90 GiB" in result.stdout
+    assert "= hbm_cap − reserve − hot_experts" in result.stdout
+    assert "back-solved from a measured boot" in result.stdout
+    assert "[positional] experts offloaded by --cpu-offload-gb (approximation)" in result.stdout
+
+
+def test_default_checks_every_shipped_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    result = run()
+    assert result.exit_code == 0, result.output
+    shipped = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
+    for name in shipped:
+        assert f"verdict: OK ({name})" in result.stdout
+
+
+@pytest.mark.parametrize("name, text", [
+    ("all-experts-pinned", "host memory over by 145.78 GiB"),
+    ("hot-over-hbm-cap", "exceed the HBM cap by 57.43 GiB"),
+    ("kv-below-max-model-len", "less than one max_model_len sequence"),
+])
+def test_failures_exit_1_with_explanation(name: str, text: str) -> None:
+    result = run(str(FAILURES / f"{name}.yaml"))
+    assert result.exit_code == 1, result.output
+    assert text in result.stdout and "→ " in result.stdout
+    assert "verdict: OVER BUDGET" in result.stdout
+
+
+def test_worst_exit_code_wins() -> None:
+    good = str(REPO / "recipes" / "dsv41-flash-gb300.yaml")
+    bad = str(FAILURES / "kv-below-max-model-len.yaml")
+    invalid = str(Path(__file__).parent / "bad_recipes" / "missing_unit.yaml")
+    assert run(good, bad).exit_code == 1
+    result = run(good, bad, invalid, "--json")
+    assert result.exit_code == 2
+    doc = json.loads(result.stdout)
+    assert [r["ok"] for r in doc["recipes"]] == [True, False, False]
+    assert "missing unit" in doc["recipes"][2]["error"]
+
+
+def test_lane_filter() -> None:
+    result = run(str(REPO / "recipes" / "dsv41-flash-gb300.yaml"), "--lane", "nope")
+    assert result.exit_code == 2 and "no lane nope" in result.stderr
+
+
+def test_real_console_script(tmp_path: Path) -> None:
+    """Through the installed entry point, as a user runs it."""
+    exe = Path(sys.executable).parent / "recipegen"
+    proc = subprocess.run([str(exe), "check", "budgets", "dsv41-flash-gb300", "--json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["recipes"][0]["recipe"] == "dsv41-flash-gb300"
+    proc = subprocess.run([str(exe), "check", "budgets", str(FAILURES / "hot-over-hbm-cap.yaml")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "lower hot experts per layer to 299" in proc.stdout

@@ -1,0 +1,269 @@
+"""The budget ledger: reference numbers derived from the recipe, placements, peaks, failures."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from expert_residency.formats import RowMap, save_rowmap
+from recipegen.ledger import compute_lane, compute_ledger, declared_split, positional_walk, rehoming_peaks
+from recipegen.recipe_io import load_recipe
+from recipegen.units import GiB, parse_bytes
+
+REPO = Path(__file__).resolve().parent.parent
+REFERENCE = REPO / "recipes" / "dsv41-flash-gb300.yaml"
+OFF60 = REPO / "recipes" / "dsv41-flash-gb300-off60.yaml"
+FAILURES = sorted((Path(__file__).parent / "budget_failures").glob("*.yaml"))
+
+
+def gib(value: float) -> float:
+    return value / GiB
+
+
+@pytest.fixture(scope="module")
+def reference():
+    loaded = load_recipe(REFERENCE)
+    return loaded, compute_ledger(loaded).lane("agent")
+
+
+def test_reference_expert_figures(reference) -> None:
+    loaded, lane = reference
+    model = loaded.recipe.model
+    per_expert = sum(math.prod(t.shape) for t in model.expert_tensors) * (4 / 8 + 1 / 32)
+    assert lane.fig("experts.bytes_per_expert").value == per_expert
+    assert lane.fig("experts.per_layer").value == model.routed_experts * per_expert
+    assert lane.fig("experts.total").value == len(model.moe_layers) * model.routed_experts * per_expert
+    # Seed "vLLM: Pin Hot Experts": 6.72 GiB per layer, 268.95 GiB in all.
+    assert gib(lane.fig("experts.per_layer").value) == pytest.approx(6.72, abs=0.005)
+    assert gib(lane.fig("experts.total").value) == pytest.approx(268.95, abs=0.005)
+
+
+def test_reference_hot_cold_split(reference) -> None:
+    loaded, lane = reference
+    model, spec = loaded.recipe.model, loaded.recipe.lane("agent")
+    hot = spec.offload.hot_experts_per_layer
+    cold = model.routed_experts - hot
+    layers = len(model.moe_layers)
+    assert lane.usage_aware.hot_per_layer == [hot] * layers  # read from the row map
+    assert lane.fig("hbm.hot_experts").value == hot * layers * model.expert_bytes
+    assert lane.fig("host.cold_experts").value == cold * layers * model.expert_bytes
+    assert "row map maps/dsv41-flash/agent.rowmap" in lane.usage_aware.basis
+    # 295 hot / 89 cold -> 206.61 GiB hot in HBM, 62.33 GiB pinned in host.
+    assert gib(lane.fig("hbm.hot_experts").value) == pytest.approx(206.61, abs=0.005)
+    assert gib(lane.fig("host.cold_experts").value) == pytest.approx(62.33, abs=0.005)
+
+
+def test_reference_hbm_and_kv(reference) -> None:
+    loaded, lane = reference
+    spec = loaded.recipe.lane("agent")
+    machine = loaded.recipe.machines[spec.machine]
+    model = loaded.recipe.model
+    cap = machine.gpus.hbm * spec.gpu_memory_utilization
+    measured = spec.reserves.hbm.back_solved_from
+    reserve = (machine.gpus.hbm * measured.gpu_memory_utilization
+               - measured.hot_experts_per_layer * len(model.moe_layers) * model.expert_bytes - measured.kv_pool)
+    assert lane.fig("hbm.cap").value == pytest.approx(cap)
+    assert lane.fig("hbm.reserve").value == pytest.approx(reserve)
+    assert "back-solved" in lane.fig("hbm.reserve").note
+    kv = cap - reserve - lane.fig("hbm.hot_experts").value
+    assert lane.fig("hbm.kv_pool").value == pytest.approx(kv)
+    assert lane.fig("kv.tokens").value == pytest.approx(kv / model.kv_token_bytes)
+    assert lane.fig("kv.full_sequences").value == math.floor(kv / model.kv_token_bytes / spec.max_model_len)
+    # Seeds: util 0.97 of 250.7 GiB; KV 4.9 GiB ~ 2.54M tokens; reserve 31.67 GiB (DESIGN).
+    assert gib(lane.fig("hbm.cap").value) == pytest.approx(243.18, abs=0.005)
+    assert gib(lane.fig("hbm.kv_pool").value) == pytest.approx(4.9, abs=0.005)
+    assert lane.fig("kv.tokens").value / 1e6 == pytest.approx(2.54, abs=0.005)
+    assert gib(lane.fig("hbm.reserve").value) == pytest.approx(31.67, abs=0.005)
+    # Declared dense weights are part of the reserve, not added on top of it.
+    assert lane.fig("hbm.reserve.dense").value + lane.fig("hbm.reserve.runtime").value == \
+        pytest.approx(lane.fig("hbm.reserve").value)
+
+
+def test_reference_host(reference) -> None:
+    loaded, lane = reference
+    model = loaded.recipe.model
+    tables = sum(t.bytes for t in model.host_tables)
+    cold = lane.fig("host.cold_experts").value
+    assert lane.fig("host.before_reserve").value == tables + cold
+    assert gib(lane.fig("host.tables").value) == pytest.approx(189.2, abs=0.005)
+    assert gib(lane.fig("host.before_reserve").value) == pytest.approx(251.53, abs=0.005)
+    # DESIGN: with the v14-measured host reserve, 62.33 GiB of cold experts fit (433.1 <= 494).
+    assert gib(lane.fig("host.total").value) == pytest.approx(433.16, abs=0.01)
+    assert lane.fig("host.total").value <= lane.fig("host.memory").value
+    assert lane.ok, lane.violations
+
+
+def test_reserve_is_fixed_when_the_budget_moves(tmp_path: Path) -> None:
+    """The back-solved reserve belongs to the model on the machine: 5 fewer hot experts per layer
+    free exactly 5 x 40 experts of HBM for KV."""
+    _copy_with_maps(tmp_path, hot=290)
+    text = REFERENCE.read_text().replace("hot_experts_per_layer: 295      #", "hot_experts_per_layer: 290      #")
+    (tmp_path / "r.yaml").write_text(text.replace("maps/dsv41-flash/", "maps/x/"))
+    moved = compute_ledger(load_recipe(tmp_path / "r.yaml")).lane("agent")
+    base = compute_ledger(load_recipe(REFERENCE)).lane("agent")
+    e = load_recipe(REFERENCE).recipe.model.expert_bytes
+    assert moved.fig("hbm.reserve").value == base.fig("hbm.reserve").value
+    assert moved.fig("hbm.kv_pool").value - base.fig("hbm.kv_pool").value == pytest.approx(5 * 40 * e)
+
+
+def _copy_with_maps(folder: Path, hot: int) -> None:
+    (folder / "maps" / "x").mkdir(parents=True)
+    (folder / "profiles").symlink_to(REPO / "recipes" / "profiles")
+    for cls in ("agent", "prose", "math"):
+        save_rowmap(RowMap.positional(range(40), 384, hot), folder / "maps" / "x" / f"{cls}.rowmap")
+
+
+def test_map_is_the_truth_for_a_byte_budget(tmp_path: Path) -> None:
+    """A byte budget with a non-uniform map: the ledger uses the map's real per-layer counts."""
+    (tmp_path / "maps" / "x").mkdir(parents=True)
+    (tmp_path / "profiles").symlink_to(REPO / "recipes" / "profiles")
+    hot = [296 if i % 2 else 294 for i in range(40)]  # 295 on average: same total
+    rowmap = RowMap(tuple(range(40)), 384, [list(range(h)) for h in hot], [list(range(h, 384)) for h in hot])
+    for cls in ("agent", "prose", "math"):
+        save_rowmap(rowmap, tmp_path / "maps" / "x" / f"{cls}.rowmap")
+    text = REFERENCE.read_text().replace("hot_experts_per_layer: 295 ", "cold_experts_budget: 62.34 GiB ")
+    (tmp_path / "r.yaml").write_text(text.replace("maps/dsv41-flash/", "maps/x/"))
+    lane = compute_ledger(load_recipe(tmp_path / "r.yaml")).lane("agent")
+    assert lane.usage_aware.hot_per_layer == hot
+    assert gib(lane.fig("hbm.hot_experts").value) == pytest.approx(206.61, abs=0.005)
+    assert "62.34 GiB buys 89 cold per layer" in lane.usage_aware.basis
+
+
+def test_budget_rounding_rule() -> None:
+    loaded = load_recipe(REFERENCE)
+    model, offload = loaded.recipe.model, loaded.recipe.lane("agent").offload
+    for budget, cold in (("62.33 GiB", 88), ("62.34 GiB", 89), ("0 GiB", 0), ("300 GiB", 384)):
+        split = declared_split(model, offload.model_copy(update={"hot_experts_per_layer": None,
+                                                                 "cold_experts_budget": parse_bytes(budget)}))
+        assert (split.cold_per_layer, split.hot_per_layer) == (cold, 384 - cold), budget
+
+
+def test_positional_walk_and_measured_comparison(reference) -> None:
+    loaded, lane = reference
+    model = loaded.recipe.model
+    w13 = 4608 * 5120 * 17 // 32 * 384
+    w2 = 5120 * 2304 * 17 // 32 * 384
+    walk = positional_walk(model, 60 * GiB)
+    # 8 layers + w13 of the 9th stay below 60 GiB, so the 9th layer's w2 goes too.
+    assert 8 * (w13 + w2) + w13 < 60 * GiB <= 9 * (w13 + w2)
+    assert walk.offloaded_bytes == 9 * (w13 + w2) and walk.layers_whole == 9 and walk.layers_partial == 0
+    assert positional_walk(model, 1).host_per_layer[:2] == [w13, 0]  # one parameter overshoots
+    pos = lane.positional
+    assert pos is not None and pos.figures["positional.offloaded"].value == walk.offloaded_bytes
+    measured = pos.figures["positional.measured"].value
+    assert gib(measured) == pytest.approx(61.17, abs=0.005)  # catalog input (seed 000)
+    assert pos.figures["positional.measured_delta"].value == measured - walk.offloaded_bytes
+    # Positional leaves less KV than usage-aware at about the same host bytes.
+    assert pos.figures["hbm.kv_pool"].value < lane.usage_aware.figures["hbm.kv_pool"].value
+
+
+def test_load_time_peaks(reference) -> None:
+    loaded, lane = reference
+    e = loaded.recipe.model.expert_bytes
+    layer = 384 * e
+    walk = positional_walk(loaded.recipe.model, 60 * GiB)
+    assert lane.fig("load.host_experts_initial").value == walk.offloaded_bytes
+    hbm_initial = lane.fig("load.hbm_experts_initial").value
+    dense = lane.fig("hbm.reserve.dense").value
+    peak_experts = lane.fig("load.hbm_peak").value - dense
+    # Neither side rises more than one layer above the higher of its load and final levels.
+    assert max(hbm_initial, lane.fig("hbm.hot_experts").value) < peak_experts <= \
+        max(hbm_initial, lane.fig("hbm.hot_experts").value) + layer
+    host_fixed = lane.fig("host.tables").value + lane.fig("host.reserve").value
+    host_peak = lane.fig("load.host_peak").value - host_fixed
+    assert host_peak <= max(walk.offloaded_bytes, lane.fig("host.cold_experts").value) + layer
+    assert lane.fig("load.hbm_peak").value <= lane.fig("hbm.capacity").value
+
+
+def test_rehoming_ends_at_the_map() -> None:
+    e = 1000
+    initial_host = [384 * e] * 3 + [0] * 7
+    initial_hbm = [384 * e - h for h in initial_host]
+    peaks = rehoming_peaks(initial_hbm, initial_host, [300 * e] * 10, [84 * e] * 10)
+    assert (peaks.hbm_final, peaks.host_final) == (3000 * e, 840 * e)
+    assert sorted(peaks.order) == list(range(10))
+    everything_first = rehoming_peaks(initial_hbm, initial_host, initial_hbm, initial_host)
+    assert everything_first.hbm_peak == sum(initial_hbm) and everything_first.order == []
+
+
+def test_positional_twin_ledger() -> None:
+    lane = compute_ledger(load_recipe(OFF60)).lane("agent")
+    walk_bytes = lane.positional.figures["positional.offloaded"].value
+    assert lane.placement == "positional"
+    assert lane.fig("host.cold_experts").value == walk_bytes
+    assert lane.fig("hbm.hot_experts").value == lane.fig("experts.total").value - walk_bytes
+    assert lane.ok
+
+
+# ------------------------------------------------------------------ must-fail recipes
+
+@pytest.mark.parametrize("path", FAILURES, ids=[p.stem for p in FAILURES])
+def test_budget_failures(path: Path) -> None:
+    import re
+    text = path.read_text()
+    kind = re.search(r"^# expect-kind: (.*)$", text, re.M).group(1).strip()
+    suggestion = re.search(r"^# expect-suggestion: (.*)$", text, re.M).group(1).strip()
+    ledger = compute_ledger(load_recipe(path))
+    assert not ledger.ok
+    kinds = {v.kind: v for v in ledger.violations}
+    assert kind in kinds, ledger.violations
+    assert suggestion in kinds[kind].suggestion
+    assert kinds[kind].over_bytes and kinds[kind].over_bytes > 0
+
+
+def _lane_with(hot: int, **lane_updates):
+    loaded = load_recipe(REFERENCE, read_maps=False)
+    spec = loaded.recipe.lane("agent")
+    offload = spec.offload.model_copy(update={"hot_experts_per_layer": hot})
+    spec = spec.model_copy(update={"offload": offload, **lane_updates})
+    return compute_lane(loaded.recipe.model, loaded.recipe.machines["station"], spec)
+
+
+def test_suggestions_are_exact() -> None:
+    """The fixes the failures suggest are the boundary: one step further fails."""
+    # KV: "lower hot experts per layer to 299" (1M context).
+    assert _lane_with(299).ok and {v.kind for v in _lane_with(300).violations} == {"kv"}
+    # Host: "raise hot experts per layer to at least 209".
+    assert "host" not in {v.kind for v in _lane_with(209).violations}
+    assert "host" in {v.kind for v in _lane_with(208).violations}
+    # "lower max_model_len to at most N" holds N tokens and not N + 1.
+    failing = _lane_with(300)
+    limit = int(failing.fig("kv.tokens").value)
+    assert f"lower max_model_len to at most {limit:,}" in failing.violations[0].suggestion
+    assert _lane_with(300, max_model_len=limit).ok
+    assert not _lane_with(300, max_model_len=limit + 1).ok
+
+
+def test_fixed_kv_pool_over_the_gpu() -> None:
+    lane = _lane_with(295, gpu_memory_utilization=None, kv_cache_bytes=40 * GiB)
+    hbm = [v for v in lane.violations if v.kind == "hbm"]
+    assert hbm and "fixed KV pool" in hbm[0].message
+    ok = _lane_with(295, gpu_memory_utilization=None, kv_cache_bytes=5 * GiB)
+    assert ok.fig("hbm.kv_pool").value == 5 * GiB and ok.ok
+
+
+def test_two_always_on_lanes_on_one_gpu(tmp_path: Path) -> None:
+    base = Path(__file__).parent / "bad_recipes"
+    shutil.copytree(base / "maps", tmp_path / "maps")
+    text = (base / "valid" / "tiny.yaml").read_text().replace("../maps/", "maps/")
+    second = text[text.index("  - name: main"):].replace("name: main", "name: side").replace("port: 8000", "port: 8001")
+    (tmp_path / "two.yaml").write_text(text + second)
+    ledger = compute_ledger(load_recipe(tmp_path / "two.yaml"))
+    shared = [v for v in ledger.machine_violations if v.kind == "gpu-shared"]
+    assert shared and "sum to 1.80 > 1" in shared[0].message
+    (tmp_path / "two.yaml").write_text(text + second.replace("    active_class: chat\n",
+                                                             "    active_class: chat\n    profile: batch\n"))
+    assert compute_ledger(load_recipe(tmp_path / "two.yaml")).ok  # a profiled lane is not always on
+
+
+def test_every_figure_explains_itself(reference) -> None:
+    _, lane = reference
+    for key, fig in lane.figures.items():
+        assert fig.unit in ("bytes", "tokens", "count", "ratio", "sequences"), key
+        if fig.formula:
+            assert fig.operands, key
+        else:
+            assert fig.note or key.startswith("kv.max_model_len"), f"{key}: an input needs its source"

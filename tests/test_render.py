@@ -521,3 +521,43 @@ def test_lanes_sharing_a_gpu_get_the_ledgers_kv_bytes_and_start_in_order(project
     assert code == 0, out
     services = compose_config_json(project / "compose" / "shared" / "compose.yaml")["services"]
     assert services["lane-batch"]["depends_on"]["lane-chat"]["required"] is False
+
+
+def test_lanes_on_two_machines_render_one_compose_file_per_machine(project: Path) -> None:
+    recipe_file = project / "recipes" / "shared.yaml"
+    two_boxes = SHARED_RECIPE.replace(
+        "lanes:\n", "  box2:\n    name: box2\n    gpus: {kind: H200, count: 1, hbm: 140 GiB, "
+        "hbm_bandwidth: 4.8 TB/s}\n    host_memory: 1000 GiB\n    pinned_read_bandwidth: 50 GB/s\n"
+        "lanes:\n", 1)
+    solo = two_boxes.index("  - name: solo")
+    two_boxes = two_boxes[:solo] + two_boxes[solo:].replace("machine: box", "machine: box2", 1) \
+        .replace("gpus: [1]", "gpus: [0]", 1)
+    recipe_file.write_text(SHARED_RECIPE)
+    assert run("render", "shared")[0] == 0
+    assert (project / "compose" / "shared" / "compose.yaml").is_file()
+
+    recipe_file.write_text(two_boxes)
+    assert run("render", "--check", "shared")[0] == 1
+    code, out = run("render", "shared")
+    assert code == 0, out
+    root = project / "compose" / "shared"
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("compose.yaml")) == \
+        ["box/compose.yaml", "box2/compose.yaml"]
+    assert not (root / "compose.yaml").exists() and not (root / ".recipegen-manifest").exists()
+    box = service_blocks((root / "box" / "compose.yaml").read_text())
+    box2 = service_blocks((root / "box2" / "compose.yaml").read_text())
+    assert set(box) == {"lane-chat", "lane-chat-profile", "lane-batch", "lane-batch-profile"}
+    assert set(box2) == {"lane-solo", "lane-solo-profile"}
+    assert 'name: "shared-box2"' in (root / "box2" / "compose.yaml").read_text()
+    assert run("render", "--check", "shared")[0] == 0
+
+    # Back to one machine: the per-machine folders go, the flat layout returns.
+    (root / "box2" / "dumps" / "solo").mkdir(parents=True)
+    (root / "box2" / "dumps" / "solo" / "counts.hist").write_text("the user's data")
+    recipe_file.write_text(SHARED_RECIPE)
+    assert run("render", "--check", "shared")[0] == 1
+    assert run("render", "shared")[0] == 0
+    assert not (root / "box").exists() and (root / "compose.yaml").is_file()
+    assert not (root / "box2" / "compose.yaml").exists()
+    assert (root / "box2" / "dumps" / "solo" / "counts.hist").read_text() == "the user's data"
+    assert run("render", "--check", "shared")[0] == 0

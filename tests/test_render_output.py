@@ -12,16 +12,28 @@ from recipegen.render.output import (MANIFEST_NAME, compare_output_dir, read_man
                                      write_output_dir)
 
 
+def _leftovers(folder: Path) -> list[str]:
+    return [p.name for p in folder.rglob("*") if p.name.endswith((".new", ".old"))]
+
+
 def test_write_replaces_generated_files_and_keeps_the_users(tmp_path: Path) -> None:
     out = tmp_path / "compose" / "r"
     write_output_dir(out, {"compose.yaml": b"a\n", "maps/x/old.rowmap": b"m1"})
     (out / "secrets.env").write_text("TOKEN=1\n")
+    (out / "dumps" / "agent").mkdir(parents=True)
+    (out / "dumps" / "agent" / "h.hist").write_text("counts")
+    folder_inode = out.stat().st_ino
+    dumps_inode = (out / "dumps" / "agent").stat().st_ino
     write_output_dir(out, {"compose.yaml": b"b\n", "maps/x/new.rowmap": b"m2"})
     assert (out / "compose.yaml").read_bytes() == b"b\n"
     assert not (out / "maps" / "x" / "old.rowmap").exists()      # no longer generated: gone
-    assert (out / "secrets.env").read_text() == "TOKEN=1\n"        # the user's: carried over
+    assert (out / "secrets.env").read_text() == "TOKEN=1\n"        # the user's: untouched
+    assert (out / "dumps" / "agent" / "h.hist").read_text() == "counts"
+    # Same folders: a running container's bind mounts (dumps/<lane>) still point at them.
+    assert out.stat().st_ino == folder_inode
+    assert (out / "dumps" / "agent").stat().st_ino == dumps_inode
     assert set(read_manifest(out) or {}) == {"compose.yaml", "maps/x/new.rowmap"}
-    assert [p.name for p in (tmp_path / "compose").iterdir()] == ["r"]  # no staging left
+    assert _leftovers(out) == []
 
 
 def test_a_failure_while_staging_leaves_the_previous_output(tmp_path: Path,
@@ -35,29 +47,30 @@ def test_a_failure_while_staging_leaves_the_previous_output(tmp_path: Path,
 
     monkeypatch.setattr(output, "_fsync_tree", full_disk)
     with pytest.raises(OSError):
-        write_output_dir(out, {"compose.yaml": b"second\n"})
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+        write_output_dir(out, {"compose.yaml": b"second\n", "maps/a.rowmap": b"m"})
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert _leftovers(out) == []
 
 
-def test_a_failed_swap_puts_the_previous_output_back(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_rename_puts_the_previous_output_back(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "r"
-    write_output_dir(out, {"compose.yaml": b"first\n"})
+    write_output_dir(out, {"compose.yaml": b"first\n", "maps/a.rowmap": b"m1"})
+    before = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     real_replace = output.os.replace
-    calls = []
 
     def flaky_replace(src, dst):  # type: ignore[no-untyped-def]
-        calls.append((Path(src).name, Path(dst).name))
-        if Path(src).name.startswith(".r.staging"):
-            raise OSError(5, "I/O error")
+        if Path(dst).name == MANIFEST_NAME and str(src).endswith(".new"):
+            raise OSError(5, "I/O error")  # the last rename: everything else already moved
         return real_replace(src, dst)
 
     monkeypatch.setattr(output.os, "replace", flaky_replace)
     with pytest.raises(OSError):
-        write_output_dir(out, {"compose.yaml": b"second\n"})
-    assert (out / "compose.yaml").read_bytes() == b"first\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+        write_output_dir(out, {"compose.yaml": b"second\n", "maps/a.rowmap": b"m2",
+                               "maps/b.rowmap": b"new"})
+    after = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before
+    assert _leftovers(out) == []
 
 
 def test_refuses_to_replace_a_folder_it_did_not_write(tmp_path: Path) -> None:

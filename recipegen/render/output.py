@@ -1,19 +1,19 @@
 """Atomic, deterministic writing of a rendered output folder, and its staleness check.
 
-A render produces every file in memory first (`RenderedFiles`: relative path → bytes). Writing
-stages the whole folder beside the target, then swaps it in with two renames, so a failed
-render (template error, validation error, full disk) leaves the previous output untouched.
+A render produces every file in memory first (`RenderedFiles`: relative path → bytes), so bad
+input fails before anything is written. Writing then happens in three steps: every new file is
+written to a temp file beside its target (a failure here removes the temps: nothing changed);
+the previous versions are hard-linked aside; then the temps are renamed over their targets, and
+if a rename fails the previous versions are renamed back. The folder itself is never replaced,
+so running containers keep their bind mounts (the `dumps/` folder a live lane writes into).
 
 The folder carries a manifest (`.recipegen-manifest`: one `sha256  path` line per generated
-file). Files the manifest does not list belong to the user (e.g. `secrets.env`) and are carried
-over into the new folder; `--check` ignores them.
+file). Files the manifest does not list belong to the user (e.g. `secrets.env`, `dumps/`) and are
+left alone; `--check` ignores them. Generated files a new render no longer produces are removed.
 """
-
-from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -51,66 +51,91 @@ def _check_relative(path: str) -> None:
 
 
 def write_output_dir(out_dir: Path, files: RenderedFiles) -> None:
-    """Replace `out_dir` with exactly `files` (+ manifest, + the user's own files), atomically."""
+    """Make `out_dir` hold exactly `files` (+ manifest) as generated files, atomically per render."""
     for path in files:
         _check_relative(path)
-    parent = out_dir.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    staging = parent / f".{out_dir.name}.staging-{os.getpid()}"
-    backup = parent / f".{out_dir.name}.previous-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    previous = read_manifest(out_dir)
+    if previous is None and any(p.is_file() for p in out_dir.iterdir()):
+        # A folder we did not write: refuse rather than silently overwrite someone's files.
+        raise RecipegenError(
+            f"{out_dir} exists and was not written by `recipegen render` (no {MANIFEST_NAME}); "
+            "move it away or delete it first")
+    wanted = dict(files)
+    wanted[MANIFEST_NAME] = manifest_bytes(files)  # renamed last (dict order): the commit point
+    tag = f".recipegen-{os.getpid()}"
+    staged: list[tuple[Path, Path]] = []
     try:
-        staging.mkdir()
-        for path, data in sorted(files.items()):
-            target = staging / path
+        for path, data in sorted(files.items()) + [(MANIFEST_NAME, wanted[MANIFEST_NAME])]:
+            target = out_dir / path
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-        (staging / MANIFEST_NAME).write_bytes(manifest_bytes(files))
-        if out_dir.exists():
-            _carry_user_files(out_dir, staging, files)
-        _fsync_tree(staging)
+            temp = target.with_name(target.name + tag + ".new")
+            with open(temp, "wb") as handle:
+                staged.append((temp, target))
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        _fsync_tree(out_dir)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        for temp, _ in staged:
+            temp.unlink(missing_ok=True)
         raise
-    if out_dir.exists():
-        os.replace(out_dir, backup)
-        try:
-            os.replace(staging, out_dir)
-        except BaseException:
-            os.replace(backup, out_dir)  # put the previous output back
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        shutil.rmtree(backup, ignore_errors=True)
-    else:
-        os.replace(staging, out_dir)
+    backups: list[tuple[Path, Path]] = []
+    replaced: list[tuple[Path, Path | None]] = []
+    try:
+        for _, target in staged:
+            if target.exists():
+                backup = target.with_name(target.name + tag + ".old")
+                os.link(target, backup)
+                backups.append((backup, target))
+        for temp, target in staged:
+            backup = next((b for b, t in backups if t == target), None)
+            os.replace(temp, target)
+            replaced.append((target, backup))
+    except BaseException:
+        for target, backup in reversed(replaced):  # put the previous output back
+            if backup is not None:
+                os.replace(backup, target)
+            else:
+                target.unlink(missing_ok=True)
+        for temp, _ in staged:
+            temp.unlink(missing_ok=True)
+        for backup, _ in backups:
+            backup.unlink(missing_ok=True)
+        raise
+    for backup, _ in backups:
+        backup.unlink(missing_ok=True)
+    for stale in sorted(set(previous or {}) - set(wanted)):
+        (out_dir / stale).unlink(missing_ok=True)
+        _remove_empty_parents((out_dir / stale).parent, out_dir)
 
 
-def _carry_user_files(out_dir: Path, staging: Path, files: RenderedFiles) -> None:
+def retire_output_dir(out_dir: Path) -> None:
+    """Remove what a render generated in `out_dir` (per its manifest); the user's files stay."""
     previous = read_manifest(out_dir)
     if previous is None:
-        # A folder we did not write: refuse rather than silently replace someone's files.
-        entries = [p for p in out_dir.rglob("*") if p.is_file()]
-        if entries:
-            raise RecipegenError(
-                f"{out_dir} exists and was not written by `recipegen render` (no "
-                f"{MANIFEST_NAME}); move it away or delete it first")
         return
-    for source in sorted(out_dir.rglob("*")):
-        if not source.is_file():
-            continue
-        relative = source.relative_to(out_dir).as_posix()
-        if relative == MANIFEST_NAME or relative in previous or relative in files:
-            continue
-        target = staging / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, target)
+    for relative in sorted(previous):
+        (out_dir / relative).unlink(missing_ok=True)
+        _remove_empty_parents((out_dir / relative).parent, out_dir)
+    (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
+    _remove_empty_parents(out_dir, out_dir.parent)
+
+
+def _remove_empty_parents(folder: Path, stop: Path) -> None:
+    while folder != stop and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+        folder = folder.parent
 
 
 def _fsync_tree(root: Path) -> None:
-    for path in root.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
+    """Flush directory entries so the renames that follow land on durable files."""
+    for folder in [root, *[p for p in root.rglob("*") if p.is_dir()]]:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 @dataclass(frozen=True)

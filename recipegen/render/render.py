@@ -8,7 +8,6 @@ check_renderings() - staleness of committed output against the recipes, byte for
 from __future__ import annotations
 
 import configparser
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from recipegen.recipe_io import display_path
 from recipegen.render.compose import TEMPLATES_DIR, make_environment, render_compose
 from recipegen.render.compose_validate import validate_compose_file
 from recipegen.render.output import (RenderedFiles, Staleness, compare_output_dir, read_manifest,
-                                     write_output_dir)
+                                     retire_output_dir, write_output_dir)
 from recipegen.render.services import (DEFAULT_PLUGIN_ENTRY_POINT, LaneMemory, RenderInputs,
                                        build_services, relative_posix)
 from recipegen.vllm_flags import TARGET_VLLM_VERSION, load_flag_table
@@ -168,37 +167,47 @@ def validate_rendering(rendering: Rendering, *, prefer_docker_cli: bool) -> list
 def write_rendering(rendering: Rendering) -> list[Path]:
     """Write each output folder atomically; returns the compose files written.
 
-    With several machines, `compose/<recipe>/` holds one folder per machine: stale machine
-    folders from an earlier render are removed with the rest of the swap.
+    One machine: `compose/<recipe>/` is the output folder. Several machines: one folder per
+    machine below it (DESIGN "Multi-node lanes"), each swapped atomically; what an earlier render
+    left in the other layout is removed.
     """
+    root = rendering.root
+    single = list(rendering.folders) == [root]
+    # Retire what an earlier render wrote in the other layout (its generated files only: the
+    # user's files, e.g. dumps/ and secrets.env, stay where they are).
+    if single:
+        for child in _machine_folders(root):
+            retire_output_dir(child)
+    else:
+        retire_output_dir(root)  # an earlier single-machine render
+        for child in _machine_folders(root):
+            if child not in rendering.folders:
+                retire_output_dir(child)
     written = []
-    if len(rendering.folders) == 1 and rendering.root in rendering.folders:
-        write_output_dir(rendering.root, rendering.folders[rendering.root])
-        written.append(rendering.root / COMPOSE_FILE)
-        return written
-    # Multi-machine: one folder per machine, each swapped atomically; the recipe folder itself
-    # carries no manifest of its own.
     for out_dir, files in sorted(rendering.folders.items()):
         write_output_dir(out_dir, files)
         written.append(out_dir / COMPOSE_FILE)
-    if rendering.root.is_dir():
-        for child in rendering.root.iterdir():
-            if child.is_dir() and child not in rendering.folders and read_manifest(child) is not None:
-                shutil.rmtree(child)
     return written
 
 
+def _machine_folders(root: Path) -> list[Path]:
+    """Sub-folders of an output root that a render wrote (they carry a manifest)."""
+    if not root.is_dir():
+        return []
+    return [c for c in sorted(root.iterdir())
+            if c.is_dir() and not c.name.startswith(".") and read_manifest(c) is not None]
+
+
 def check_rendering(rendering: Rendering) -> list[Staleness]:
-    results = [compare_output_dir(out_dir, files) for out_dir, files in sorted(rendering.folders.items())]
-    if rendering.root.is_dir() and rendering.root not in rendering.folders:
-        # A machine folder that a fresh render would not produce.
-        for child in sorted(rendering.root.iterdir()):
-            if child.is_dir() and child not in rendering.folders and read_manifest(child) is not None:
-                results.append(Staleness(child, extra=("(whole folder)",)))
-    if rendering.root in rendering.folders:
-        for child in sorted(rendering.root.iterdir()) if rendering.root.is_dir() else []:
-            if child.is_dir() and read_manifest(child) is not None:
-                results.append(Staleness(child, extra=("(whole folder)",)))
+    """Byte-for-byte comparison of every output folder, plus folders a render would not write."""
+    results = [compare_output_dir(out_dir, files)
+               for out_dir, files in sorted(rendering.folders.items())]
+    root = rendering.root
+    for child in _machine_folders(root):
+        if child not in rendering.folders:
+            results.append(Staleness(child, extra=(COMPOSE_FILE,)))
+    if root not in rendering.folders and read_manifest(root) is not None:
+        results.append(Staleness(root, extra=(COMPOSE_FILE,)))
     return results
 
 

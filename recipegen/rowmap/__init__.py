@@ -52,6 +52,6 @@ def projected_cold_share(rowmap_path: str | os.PathLike[str],
                               bool(histogram.meta.get("synthetic")))
 
 
-__all__ = ["ProjectedColdShare", "build_budget_global", "build_top_n", "cold_share",
+__all__ = ["ProjectedColdShare", "build_budget_global", "build_top_n", "check_same_geometry", "cold_share",
            "cold_share_per_layer", "hot_count_for_cold_budget", "positional_baseline",
            "projected_cold_share"]

@@ -90,3 +90,11 @@ def test_merge() -> None:
     assert m.decode_tokens == 4 and m.top_k == 2 and "unit test" in m.source
     with pytest.raises(FormatError, match="different geometry"):
         merge_histograms([_h(), _h(moe_layer_indices=(0, 2))])
+
+
+def test_numpy_integers_are_accepted(tmp_path: Path) -> None:
+    h = _h(tokens=np.int64(3), decode_tokens=np.int64(2), prefill_tokens=np.int32(1),
+           top_k=np.int64(2))
+    save_histogram(h, tmp_path / "a.hist")
+    back = load_histogram(tmp_path / "a.hist")
+    assert (back.decode_tokens, back.prefill_tokens, back.top_k) == (2, 1, 2)

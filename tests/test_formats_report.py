@@ -65,3 +65,11 @@ def test_unknown_keys_go_to_extra() -> None:
     r = parse_report_line('EXPERT_RESIDENCY_REPORT v1 {"rank":0,"mode":"off",'
                           '"vllm_version":"x","runtime_version":"y","gpu":"H200"}')
     assert r is not None and r.extra == {"gpu": "H200"}
+
+
+def test_numpy_integers_serialise() -> None:
+    import numpy as np
+    r = StartupReport(rank=np.int64(0), mode="off", vllm_version="0.33.0",
+                      runtime_version="0.1.0", hot_bytes=np.int64(5), world_size=np.int32(2))
+    back = parse_report_line(format_report_line(r))
+    assert back is not None and back.hot_bytes == 5 and back.world_size == 2

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -64,6 +65,11 @@ class Histogram:
         self.num_experts = int(self.num_experts)
         self.counts = np.asarray(self.counts, dtype=np.int64)
         self.tokens = int(self.tokens)
+        # numpy integers (from counters) become plain ints; anything else is left for validate()
+        for name in _OPTIONAL_INTS:
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                setattr(self, name, int(value))
 
     @property
     def selections(self) -> int:

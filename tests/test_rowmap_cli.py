@@ -178,3 +178,26 @@ def test_progress_bar_reports_to_stderr(tmp_path: Path, capsys: pytest.CaptureFi
     [(name, h)] = read_histograms([tmp_path / "a.npy"], Geometry((0, 1), 4), progress=True)
     assert h.counts.tolist() == [[4, 2, 1, 1], [0, 1, 3, 4]]
     assert "reducing a.npy" in capsys.readouterr().err
+
+
+def test_unwritable_output_and_bad_synth_arguments(tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", IDS)
+    code, _, err = run("rowmap", "build", str(tmp_path / "a.npy"), "--experts", "4", "--layers",
+                       "0-1", "--hot", "2", "-o", str(tmp_path / "missing-dir" / "x" / "m.rowmap"))
+    # parent folders are created; a path under a regular file cannot be
+    assert code == 0
+    (tmp_path / "file").write_text("x")
+    code, _, err = run("rowmap", "build", str(tmp_path / "a.npy"), "--experts", "4", "--layers",
+                       "0-1", "--hot", "2", "-o", str(tmp_path / "file" / "m.rowmap"))
+    assert code == 2 and "cannot write" in err and "Traceback" not in err
+    code, _, err = run("rowmap", "synth", "--experts", "4", "--layers", "0-1", "--top-k", "2",
+                       "--class", "../evil", "-o", str(tmp_path))
+    assert code == 2 and "class name" in err
+    code, _, err = run("rowmap", "synth", "--experts", "4", "--layers", "0-1", "--top-k", "9",
+                       "-o", str(tmp_path))
+    assert code == 2 and "top-k" in err
+    code, out, err = run("rowmap", "synth", "--experts", "4", "--layers", "0-1", "--top-k", "2",
+                         "--tokens", "10", "--class", "a", "-o", str(tmp_path / "s"))
+    assert code == 0, err
+    h = load_histogram(tmp_path / "s" / "a.hist")
+    assert h.counts.sum(axis=1).tolist() == [20, 20] and h.meta["synthetic"] is True

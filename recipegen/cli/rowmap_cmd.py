@@ -60,6 +60,14 @@ def _geometry(recipe: str | None, experts: int | None, layers: str | None,
     return Geometry(moe_layers, experts, bpe, source="command line")
 
 
+def _write(save: Any, path: str | Path) -> None:
+    """Run an atomic save; a folder that cannot be written is an input error, not a traceback."""
+    try:
+        save()
+    except OSError as exc:
+        raise InputError(f"cannot write ({exc.strerror or exc})", file=str(path)) from None
+
+
 def _emit_json(payload: Any) -> None:
     click.echo(json.dumps(payload, indent=2, sort_keys=False))
 
@@ -170,7 +178,7 @@ def build(inputs: tuple[str, ...], hot: int | None, cold_budget: str | None, uni
                         "cold_share_global": global_eval.cold_share,
                         "cold_share_uniform": uniform_eval.cold_share,
                         "cold_share_global_same_total": same_eval.cold_share})
-    save_rowmap(rowmap, output, comments=comments)
+    _write(lambda: save_rowmap(rowmap, output, comments=comments), output)
     in_sample = evaluate_on(rowmap, pooled, "input")
     summary.update({"content_hash": rowmap.content_hash(), "shape_hash": rowmap.shape_hash(),
                     "hot_counts": rowmap.hot_counts(), "cold_share_in_sample":
@@ -321,7 +329,7 @@ def reduce(captures: tuple[str, ...], output: str, source: str | None, recipe: s
     elapsed = time.perf_counter() - start
     if source:
         hist.source = source
-    save_histogram(hist, output)
+    _write(lambda: save_histogram(hist, output), output)
     click.echo(f"wrote {output}: {hist.tokens:,} tokens, {hist.selections:,} selections over "
                f"{len(hist.moe_layer_indices)} MoE layers × {hist.num_experts} experts "
                f"(top_k {hist.top_k}) in {elapsed:.2f} s")
@@ -354,6 +362,11 @@ def synth(output_dir: str, classes: tuple[str, ...], seed: int, tokens: int, cor
     k = geo.top_k or top_k
     if not k or k <= 0 or k > geo.num_experts:
         raise InputError("give a top-k between 1 and the expert count", field="--top-k")
+    import re
+    for name in classes:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            raise InputError(f"class name {name!r} must be letters, digits, '.', '_' or '-' "
+                             f"(it names the file)", field="--class")
     if tokens <= 0:
         raise InputError("must be positive", field="--tokens")
     if not 0 <= correlation < 1:
@@ -367,8 +380,8 @@ def synth(output_dir: str, classes: tuple[str, ...], seed: int, tokens: int, cor
                                    num_experts=geo.num_experts, top_k=k, tokens=tokens,
                                    correlation=correlation, model_revision=geo.model_revision)
         path = Path(output_dir) / f"{name}.hist"
-        save_histogram(hist, path, comments=[
+        _write(lambda: save_histogram(hist, path, comments=[
             f"SYNTHETIC example histogram for traffic class '{name}' — generated, not measured",
             f"regenerate: recipegen rowmap synth --class {name} --seed {seed} --tokens {tokens} "
-            f"--correlation {correlation} {geometry_args} -o {output_dir}"])
+            f"--correlation {correlation} {geometry_args} -o {output_dir}"]), path)
         click.echo(f"wrote {path} (SYNTHETIC, {hist.selections:,} selections)")

@@ -188,10 +188,11 @@ def profile(recipe: str, lane: str, cls: str | None, prompts: Path | None, serve
 @click.argument("lane")
 @click.option("--tolerance", default=0.02, show_default=True, type=float,
               help="Rise of the cold share (absolute) beyond the map's own share that counts as drift.")
-@click.option("--wait", "wait_s", default=90.0, show_default=True, type=float,
-              help="Seconds to wait for the runtime's snapshot.")
+@click.option("--wait", "wait_s", default=None, type=float,
+              help="Seconds to wait for the runtime's snapshot (default: the lane's dump "
+                   "interval + 30 s, in case SIGUSR1 does not reach the runtime).")
 @click.option("--json", "as_json", is_flag=True)
-def drift(recipe: str, lane: str, tolerance: float, wait_s: float, as_json: bool) -> None:
+def drift(recipe: str, lane: str, tolerance: float, wait_s: float | None, as_json: bool) -> None:
     """Live cold share of LANE (from the runtime's counter) against the share its map was built
     for; says when traffic no longer matches the map and which class's map fits better.
     Exit 1 when drifted."""

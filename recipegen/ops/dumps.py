@@ -76,11 +76,16 @@ def read_host_dir(folder: Path) -> dict[str, bytes]:
 
 def wait_for_snapshot(read: Callable[[], dict[str, bytes]], *, where: str, lane: str | None,
                       traffic_class: str | None, seen: set[str], timeout_s: float,
-                      poll_s: float = 1.0) -> Snapshot:
+                      poll_s: float = 1.0, nudge: Callable[[], None] | None = None,
+                      nudge_every_s: float = 10.0) -> Snapshot:
     """The newest snapshot whose file was not in `seen` (names present before the trigger);
     polls until `timeout_s`. Names, not clocks: the engine's clock may differ from ours."""
     deadline = time.monotonic() + timeout_s
+    next_nudge = time.monotonic() + nudge_every_s
     while True:
+        if nudge is not None and time.monotonic() >= next_nudge:
+            nudge()  # a signal can be lost (or arrive before the handler is installed): ask again
+            next_nudge = time.monotonic() + nudge_every_s
         files = read()
         fresh = [s for s in snapshots({n: d for n, d in files.items() if n not in seen},
                                       where=where, lane=lane, traffic_class=traffic_class)]

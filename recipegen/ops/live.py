@@ -102,7 +102,14 @@ def verify_lane(dep: Deployment, lane_name: str, *, bytes_tolerance: float,
     return VerifyOutcome(info.service, cls_name, rows)
 
 
-def drift_lane(dep: Deployment, lane_name: str, *, wait_s: float,
+def _float(text: str | None, default: float) -> float:
+    try:
+        return float(text) if text else default
+    except ValueError:
+        return default
+
+
+def drift_lane(dep: Deployment, lane_name: str, *, wait_s: float | None,
                tolerance: float = DEFAULT_TOLERANCE, echo: Echo = print) -> DriftVerdict:
     info = running_lane(dep, lane_name)
     lane = dep.lane(lane_name)
@@ -114,10 +121,17 @@ def drift_lane(dep: Deployment, lane_name: str, *, wait_s: float,
     client = dep.client()
     read = lambda: list_dir(client, info.id, dump_dir)  # noqa: E731
     seen = set(read())
-    send_signal(client, info.id, "SIGUSR1")
+    if wait_s is None:
+        # SIGUSR1 reaches the runtime only where it listens in the container's main process;
+        # otherwise the timer's next snapshot answers, so wait one interval (+ margin).
+        interval = _float(info.env.get("EXPERT_RESIDENCY_DUMP_INTERVAL_S"), 60.0)
+        wait_s = (interval if interval > 0 else 60.0) + 30.0
+    nudge = lambda: send_signal(client, info.id, "SIGUSR1")  # noqa: E731
+    nudge()
     echo(f"{info.service}: asked for a snapshot (SIGUSR1); waiting at most {wait_s:.0f} s")
     snap = wait_for_snapshot(read, where=f"{info.service}:{dump_dir}", lane=None,
-                             traffic_class=None, seen=seen, timeout_s=wait_s)
+                             traffic_class=None, seen=seen, timeout_s=wait_s, nudge=nudge,
+                             nudge_every_s=5.0)
     maps = {name: _load_map(dep, lane_name, name) for name, c in lane.classes.items() if c.rowmap}
     if active not in maps:
         raise RecipegenError(f"{info.service} runs class {active!r}, which has no row map here")

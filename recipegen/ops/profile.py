@@ -24,7 +24,7 @@ from recipegen.errors import InputError, RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.deployment import Deployment, service_profiles
 from recipegen.ops.dumps import Snapshot, difference, read_host_dir, snapshots, wait_for_snapshot
-from recipegen.ops.engine import list_dir, service_container
+from recipegen.ops.engine import list_dir, send_signal, service_container
 from recipegen.ops.prompts import drive, load_prompts
 
 Echo = Callable[[str], None]
@@ -157,14 +157,21 @@ def profile_in_docker(dep: Deployment, lane_name: str, traffic_class: str | None
         if serve_s > 0:
             echo(f"{prof_svc}: counting live traffic at {endpoint} for {serve_s:.0f} s")
             time.sleep(serve_s)
+        # A snapshot now (SIGUSR1, else the timer's next one) so the counts are safe even if
+        # the shutdown snapshot does not come; then stop: the final snapshot supersedes it.
+        where = f"{prof_svc}:{dump_dir}"
+        read = lambda: list_dir(client, info.id, dump_dir)  # noqa: E731
+        nudge = lambda: send_signal(client, info.id, "SIGUSR1")  # noqa: E731
+        interval = float(info.env.get("EXPERT_RESIDENCY_DUMP_INTERVAL_S") or 60) or 60.0
+        nudge()
+        echo(f"{prof_svc}: asking for a snapshot (at most {interval + 30:.0f} s)")
+        snap = wait_for_snapshot(read, where=where, lane=None, traffic_class=None, seen=seen,
+                                 timeout_s=interval + 30, nudge=nudge, nudge_every_s=5.0)
         echo(f"{prof_svc}: stopping (the runtime writes its final snapshot)")
         dep.project().stop([prof_svc], profiles=service_profiles(config, prof_svc))
-        fresh = {n: d for n, d in list_dir(client, info.id, dump_dir).items() if n not in seen}
-        found = snapshots(fresh, where=f"{prof_svc}:{dump_dir}", lane=None)
-        if not found:
-            raise RecipegenError(f"{prof_svc} wrote no histogram snapshot into {dump_dir}; "
-                                 f"see `docker logs {info.id[:12]}`")
-        snap = found[-1]
+        final = snapshots({n: d for n, d in read().items() if n not in seen}, where=where)
+        if final and final[-1].histogram.selections >= snap.histogram.selections:
+            snap = final[-1]
         dep.project().rm([prof_svc], profiles=service_profiles(config, prof_svc))
     finally:
         if lane_was_up:

@@ -1,16 +1,5 @@
-"""What a recipe asks of a host, from the ledger (the single source of budget figures)."""
+"""What a recipe asks of a host (doctor RECIPE): see `ledger_view.host_requirement`."""
 
-from __future__ import annotations
+from recipegen.ops.ledger_view import host_requirement
 
-from recipegen.errors import RecipegenError
-from recipegen.ops.doctor import HostRequirement
-
-
-def host_requirement(recipe: str) -> HostRequirement:
-    try:
-        from recipegen.ledger import compute_ledger  # noqa: F401
-        from recipegen.recipe_io import load_recipe  # noqa: F401
-    except ImportError:
-        raise RecipegenError("doctor RECIPE needs the budget ledger, which this build lacks; "
-                             "run `recipegen doctor` without a recipe") from None
-    raise RecipegenError("doctor RECIPE: ledger figures not wired yet")
+__all__ = ["host_requirement"]

@@ -51,6 +51,8 @@ def free_port() -> int:
 
 @dataclass
 class TestProject:
+    __test__ = False  # a helper, not a pytest test class
+
     root: Path
     recipe: Path
     ports: dict[str, int]

@@ -1,0 +1,60 @@
+"""The ledger's figures that verify and doctor compare against (no formula lives here: every
+number comes from `recipegen.ledger`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from recipegen.errors import RecipegenError
+from recipegen.ops.doctor import HostRequirement
+from recipegen.ops.verify import Expected
+
+
+def lane_expectation(loaded: Any, lane_name: str, cls_name: str, rowmap: Any) -> Expected:
+    """The ledger for `lane_name` serving `cls_name` (the class the container runs, which may
+    differ from the recipe's active_class while a swap is pending)."""
+    from recipegen.ledger import compute_lane
+
+    recipe = loaded.recipe
+    lane = next(l for l in recipe.lanes if l.name == lane_name)
+    if lane.offload.placement != "usage-aware":
+        raise RecipegenError(f"lane {lane_name} uses positional offload: there is no residency "
+                             "report to verify (vLLM's own --cpu-offload-gb places the experts)")
+    lane = lane.model_copy(update={"active_class": cls_name})
+    ledger = compute_lane(recipe.model, recipe.machines[lane.machine], lane,
+                          rowmap_hot=rowmap.hot_counts(),
+                          rowmap_label=f"row map of class {cls_name}")
+    placement = ledger.usage_aware
+    kv = ledger.figures.get("kv.tokens")
+    return Expected(hot_bytes=int(placement.hot_bytes), cold_bytes=int(placement.cold_bytes),
+                    kv_tokens=int(round(kv.value)) if kv is not None else None,
+                    hot_counts=list(rowmap.hot_counts()), cold_counts=list(rowmap.cold_counts()),
+                    content_hash=rowmap.content_hash(), shape_hash=rowmap.shape_hash(),
+                    traffic_class=cls_name)
+
+
+def host_requirement(recipe: str) -> HostRequirement:
+    """Host memory and pinned bytes the recipe's lanes plan for, over the machine they share
+    (lanes with a compose profile count one at a time, the largest — as the ledger's machine
+    check counts them), and the GPUs they use."""
+    from recipegen.ledger import compute_ledger
+    from recipegen.recipe_io import load_recipe
+
+    loaded = load_recipe(recipe)
+    ledger = compute_ledger(loaded)
+    lanes = list(zip(loaded.recipe.lanes, ledger.lanes))
+    machines = sorted({l.machine for l, _ in lanes})
+    if len(machines) > 1:
+        raise RecipegenError(f"{loaded.name} spans machines {', '.join(machines)}: run doctor on "
+                             "each machine with a recipe of its lanes")
+
+    def biggest_optional(key: str) -> float:
+        values = [g.fig(key).value for l, g in lanes if l.profile is not None]
+        return max(values) if values else 0.0
+
+    always = [(l, g) for l, g in lanes if l.profile is None]
+    host = sum(g.fig("host.total").value for _, g in always) + biggest_optional("host.total")
+    pinned = sum(g.fig("host.cold_experts").value for _, g in always) + \
+        biggest_optional("host.cold_experts")
+    gpus = len({gpu for l, _ in lanes for gpu in l.gpus})
+    return HostRequirement(loaded.name, int(host), int(pinned), gpus)

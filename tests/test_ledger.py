@@ -130,6 +130,9 @@ def test_map_is_the_truth_for_a_byte_budget(tmp_path: Path) -> None:
     assert lane.usage_aware.hot_per_layer == hot
     assert gib(lane.fig("hbm.hot_experts").value) == pytest.approx(206.61, abs=0.005)
     assert "62.34 GiB buys 89 cold per layer" in lane.usage_aware.basis
+    # Both forms of the budget are printed: the count the bytes buy and the bytes the count implies.
+    assert lane.fig("budget.cold_per_layer").value == 89 and lane.fig("budget.hot_per_layer").value == 295
+    assert gib(lane.fig("budget.cold_bytes").value) == pytest.approx(62.33, abs=0.005)
 
 
 def test_budget_rounding_rule() -> None:

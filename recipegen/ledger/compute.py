@@ -228,6 +228,29 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     assert active is not None
 
     hot_bytes, cold_bytes = active.hot_bytes, active.cold_bytes
+    if lane.offload.placement == USAGE_AWARE:
+        split = declared_split(model, lane.offload)
+        per_cold = n_layers * e
+        if split.declared == "hot_experts_per_layer":
+            add(Figure("budget.cold_bytes", "declared budget: cold experts implied in host",
+                       split.cold_per_layer * per_cold, "bytes",
+                       "(routed_experts − hot_experts_per_layer) × moe_layers × bytes_per_expert",
+                       {"routed_experts": n_experts, "hot_experts_per_layer": split.hot_per_layer,
+                        "moe_layers": n_layers, "bytes_per_expert": e}, "declared: hot_experts_per_layer"))
+        else:
+            add(Figure("budget.cold_per_layer", "declared budget: cold experts per layer it buys",
+                       split.cold_per_layer, "count",
+                       "⌊cold_experts_budget / (moe_layers × bytes_per_expert)⌋",
+                       {"cold_experts_budget_bytes": split.budget_bytes, "moe_layers": n_layers,
+                        "bytes_per_expert": e}, "declared: cold_experts_budget (largest whole count that fits)"))
+            add(Figure("budget.cold_bytes", "declared budget: cold experts it implies in host",
+                       split.cold_per_layer * per_cold, "bytes", "cold_per_layer × moe_layers × bytes_per_expert",
+                       {"cold_per_layer": split.cold_per_layer, "moe_layers": n_layers, "bytes_per_expert": e}))
+        add(Figure("budget.hot_per_layer", "declared budget: hot experts per layer", split.hot_per_layer,
+                   "count", "routed_experts − cold_per_layer" if split.declared != "hot_experts_per_layer" else "",
+                   {"routed_experts": n_experts, "cold_per_layer": split.cold_per_layer}
+                   if split.declared != "hot_experts_per_layer" else {},
+                   "declared" if split.declared == "hot_experts_per_layer" else "derived from cold_experts_budget"))
     add(Figure("placement.hot_experts", f"hot experts in HBM ({lane.offload.placement})", hot_bytes,
                "bytes", "Σ hot per layer × bytes_per_expert",
                {"hot_experts": sum(active.hot_per_layer), "bytes_per_expert": e}, active.basis))

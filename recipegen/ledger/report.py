@@ -47,6 +47,17 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
     out.append(f"  {'':<{w0}}{head_own:<{w1}}{head_other}")
     for r, a, b in zip(rows, col_own, col_other):
         out.append(f"  {r:<{w0}}{a:<{w1}}{b}")
+    if "budget.hot_per_layer" in fig:
+        hot_budget = int(fig["budget.hot_per_layer"].value)
+        if "budget.cold_per_layer" in fig:
+            declared = (f"cold_experts_budget {_g(fig['budget.cold_per_layer'].operands['cold_experts_budget_bytes'])}"
+                        f" → {int(fig['budget.cold_per_layer'].value)} cold per layer (largest whole count that "
+                        f"fits) = {_g(fig['budget.cold_bytes'].value)}, {hot_budget} hot")
+        else:
+            declared = (f"hot_experts_per_layer {hot_budget} → "
+                        f"{int(fig['experts.per_layer'].value / fig['experts.bytes_per_expert'].value) - hot_budget}"
+                        f" cold per layer = {_g(fig['budget.cold_bytes'].value)} in host")
+        out.append(f"  Budget: {declared}; the row map is the truth ({lane.usage_aware.basis.split(';')[0]})")
     cap = fig["hbm.cap"]
     util = cap.operands.get("gpu_memory_utilization")
     cap_text = (f"{_g(fig['hbm.capacity'].value)} × {util:g} = {_g(cap.value)} cap" if util is not None

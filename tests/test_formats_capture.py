@@ -134,3 +134,57 @@ def test_formats_module_is_dependency_free() -> None:
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _resp(ids: np.ndarray, **usage: int) -> dict:
+    return {"object": "chat.completion", "usage": dict(usage),
+            "choices": [{"index": 0, "routed_experts": _b64(ids)}]}
+
+
+def test_prefill_decode_split_from_usage(tmp_path: Path) -> None:
+    # prompt 3 tokens, 2 output tokens: rows = 3 + 2 - 1 = 4 -> 3 prefill rows, 1 decode row
+    ids = np.concatenate([IDS, IDS[:1]])  # 4 rows; the decode row is IDS[0]
+    (tmp_path / "r.jsonl").write_text(json.dumps(_resp(ids, prompt_tokens=3,
+                                                       completion_tokens=2)) + "\n")
+    h = histogram_from_captures([tmp_path / "r.jsonl"], moe_layer_indices=(0, 1), num_experts=4)
+    assert (h.tokens, h.prefill_tokens, h.decode_tokens) == (4, 3, 1)
+    d = histogram_from_captures([tmp_path / "r.jsonl"], moe_layer_indices=(0, 1), num_experts=4,
+                                decode_only=True)
+    # only row IDS[0] = [[0, 1], [2, 3]]
+    assert d.counts.tolist() == [[1, 1, 0, 0], [0, 0, 1, 1]]
+    assert (d.tokens, d.decode_tokens, d.prefill_tokens) == (1, 1, 0)
+    assert d.meta["decode_only"] is True
+
+
+def test_prompt_start_and_per_choice_token_ids(tmp_path: Path) -> None:
+    # routed_experts_prompt_start skipped 2 of 3 prompt rows: 1 prompt row + (3 - 1) decode rows
+    a = {"usage": {"prompt_tokens": 3, "completion_tokens": 3},
+         "choices": [{"routed_experts": _b64(IDS)}]}
+    # two choices: per-choice token_ids tell each one's output length
+    b = {"usage": {"prompt_tokens": 1, "completion_tokens": 5},
+         "choices": [{"routed_experts": _b64(IDS[:2]), "token_ids": [5, 6]},
+                     {"routed_experts": _b64(IDS), "token_ids": [7, 8, 9]}]}
+    (tmp_path / "r.json").write_text(json.dumps([a, b]))
+    h = histogram_from_captures([tmp_path / "r.json"], moe_layer_indices=(0, 1), num_experts=4)
+    # a: 3 rows = 1 prefill + 2 decode; b0: 2 rows = 1 + 1; b1: 3 rows = 1 + 2
+    assert (h.prefill_tokens, h.decode_tokens, h.tokens) == (3, 5, 8)
+
+
+def test_unknown_split_stays_unknown_and_decode_only_refuses(tmp_path: Path) -> None:
+    (tmp_path / "r.b64").write_text(_b64(IDS) + "\n")
+    h = histogram_from_captures([tmp_path / "r.b64"], moe_layer_indices=(0, 1), num_experts=4)
+    assert h.decode_tokens is None and h.prefill_tokens is None
+    with pytest.raises(FormatError, match="cannot tell prompt rows from decode rows") as info:
+        histogram_from_captures([tmp_path / "r.b64"], moe_layer_indices=(0, 1), num_experts=4,
+                                decode_only=True)
+    assert info.value.line == 1
+    # counts that do not fit (more rows than prompt + output - 1) are not guessed at
+    (tmp_path / "bad.jsonl").write_text(json.dumps(_resp(IDS, prompt_tokens=1,
+                                                         completion_tokens=1)) + "\n")
+    h = histogram_from_captures([tmp_path / "bad.jsonl"], moe_layer_indices=(0, 1),
+                                num_experts=4)
+    assert h.decode_tokens is None
+    np.save(tmp_path / "raw.npy", IDS)
+    with pytest.raises(FormatError, match="raw .npy capture carries no prompt/decode split"):
+        histogram_from_captures([tmp_path / "raw.npy"], moe_layer_indices=(0, 1), num_experts=4,
+                                decode_only=True)

@@ -201,3 +201,23 @@ def test_unwritable_output_and_bad_synth_arguments(tmp_path: Path) -> None:
     assert code == 0, err
     h = load_histogram(tmp_path / "s" / "a.hist")
     assert h.counts.sum(axis=1).tolist() == [20, 20] and h.meta["synthetic"] is True
+
+
+def test_reduce_decode_only(tmp_path: Path) -> None:
+    resp = {"usage": {"prompt_tokens": 2, "completion_tokens": 3},
+            "choices": [{"routed_experts": _b64(IDS)}]}  # 4 rows = 2 prefill + 2 decode
+    (tmp_path / "r.jsonl").write_text(json.dumps(resp) + "\n")
+    code, out, err = run("rowmap", "reduce", str(tmp_path / "r.jsonl"), "--experts", "4",
+                         "-o", str(tmp_path / "all.hist"))
+    assert code == 0, err
+    assert "(2 prefill + 2 decode)" in out
+    code, out, err = run("rowmap", "reduce", str(tmp_path / "r.jsonl"), "--experts", "4",
+                         "--decode-only", "-o", str(tmp_path / "dec.hist"))
+    assert code == 0, err
+    h = load_histogram(tmp_path / "dec.hist")
+    # rows 2 and 3 of IDS: [[0,2],[3,2]] and [[0,3],[3,1]]
+    assert h.counts.tolist() == [[2, 0, 1, 1], [0, 1, 1, 2]] and h.decode_tokens == 2
+    np.save(tmp_path / "a.npy", IDS)
+    code, _, err = run("rowmap", "build", str(tmp_path / "a.npy"), "--experts", "4", "--layers",
+                       "0-1", "--hot", "2", "--decode-only", "-o", str(tmp_path / "m.rowmap"))
+    assert code == 2 and "no prompt/decode split" in err

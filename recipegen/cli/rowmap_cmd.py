@@ -25,6 +25,12 @@ def _geometry_options(func: Any) -> Any:
     return func
 
 
+def _decode_only_option(func: Any) -> Any:
+    return click.option("--decode-only", is_flag=True,
+                        help="From vLLM captures count only decode rows (responses must carry "
+                             "usage or token_ids); the seeds' histograms are decode-only.")(func)
+
+
 def _parse_size(text: str, field: str) -> int:
     from recipegen.units import UnitError, parse_bytes
     stripped = text.strip().replace("_", "").replace(",", "")
@@ -105,10 +111,11 @@ def rowmap() -> None:
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Row-map file to write (atomically).")
 @_geometry_options
+@_decode_only_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 def build(inputs: tuple[str, ...], hot: int | None, cold_budget: str | None, uniform: bool,
           output: str, recipe: str | None, experts: int | None, layers: str | None,
-          bytes_per_expert: str | None, as_json: bool) -> None:
+          bytes_per_expert: str | None, decode_only: bool, as_json: bool) -> None:
     """Build a row map from histograms/captures (pooled when several).
 
     Top-N per layer: count descending, ties to the lower expert id; rows in each bank in
@@ -128,7 +135,7 @@ def build(inputs: tuple[str, ...], hot: int | None, cold_budget: str | None, uni
     captures = [p for p in inputs if not is_histogram_file(p)]
     geo = _geometry(recipe, experts, layers, bytes_per_expert, captures)
     named = read_histograms(inputs, geo if geo and geo.num_experts else None,
-                            group_captures=True)
+                            group_captures=True, decode_only=decode_only)
     hists = [h for _, h in named]
     names = [n for n, _ in named]
     if geo is not None and geo.num_experts:
@@ -197,9 +204,11 @@ def build(inputs: tuple[str, ...], hot: int | None, cold_budget: str | None, uni
 @rowmap.command(name="eval")
 @click.argument("map_path", metavar="MAP")
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("--per-layer", is_flag=True, help="Also print per-layer cold shares.")
+@click.option("--per-layer", is_flag=True, help="Also print per-layer cold shares and Gini.")
+@_decode_only_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def eval_(map_path: str, inputs: tuple[str, ...], per_layer: bool, as_json: bool) -> None:
+def eval_(map_path: str, inputs: tuple[str, ...], per_layer: bool, decode_only: bool,
+          as_json: bool) -> None:
     """Cold share of MAP on each histogram/capture, per layer and overall; skew; positional
     baseline; leave-one-out across the files when there are several."""
     from recipegen.rowmap.evaluate import evaluate
@@ -207,7 +216,8 @@ def eval_(map_path: str, inputs: tuple[str, ...], per_layer: bool, as_json: bool
     from recipegen.rowmap.text import eval_lines
 
     rm = read_rowmap(map_path)
-    named = read_histograms(inputs, Geometry(rm.moe_layer_indices, rm.num_experts))
+    named = read_histograms(inputs, Geometry(rm.moe_layer_indices, rm.num_experts),
+                            decode_only=decode_only)
     names = [n for n, _ in named] if as_json else short_names([n for n, _ in named])
     report = evaluate(rm, [h for _, h in named], names, map_path)
     if as_json:
@@ -224,10 +234,11 @@ def eval_(map_path: str, inputs: tuple[str, ...], per_layer: bool, as_json: bool
 @click.option("--equal-weights", is_flag=True,
               help="Merge the two classes with equal weight instead of by selections.")
 @_geometry_options
+@_decode_only_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def compare(hist_a: str, hist_b: str, hot: int | None, equal_weights: bool, recipe: str | None,
             experts: int | None, layers: str | None, bytes_per_expert: str | None,
-            as_json: bool) -> None:
+            decode_only: bool, as_json: bool) -> None:
     """Two traffic classes: rank correlation, top-set overlap, and the cold share each class's
     map gives the other beside a merged map — one map per class, or one merged map?"""
     from recipegen.rowmap.compare import compare as compare_hists
@@ -237,7 +248,8 @@ def compare(hist_a: str, hist_b: str, hot: int | None, equal_weights: bool, reci
     captures = [p for p in (hist_a, hist_b) if not is_histogram_file(p)]
     geo = _geometry(recipe, experts, layers, bytes_per_expert, captures)
     (name_a, a), (name_b, b) = read_histograms([hist_a, hist_b],
-                                               geo if geo and geo.num_experts else None)
+                                               geo if geo and geo.num_experts else None,
+                                               decode_only=decode_only)
     if hot is None:
         hot = round(a.num_experts * 295 / 384)
     report = compare_hists(a, b, hot=hot, name_a=Path(name_a).stem, name_b=Path(name_b).stem,
@@ -309,8 +321,10 @@ def show(map_path: str, recipe: str | None, bytes_per_expert: str | None, as_jso
               help="Histogram file to write (atomically).")
 @click.option("--source", help="Source text recorded in the histogram.")
 @_geometry_options
+@_decode_only_option
 def reduce(captures: tuple[str, ...], output: str, source: str | None, recipe: str | None,
-           experts: int | None, layers: str | None, bytes_per_expert: str | None) -> None:
+           experts: int | None, layers: str | None, bytes_per_expert: str | None,
+           decode_only: bool) -> None:
     """Reduce captures (vLLM routed_experts responses, raw .npy) into one histogram file."""
     import time
 
@@ -325,13 +339,16 @@ def reduce(captures: tuple[str, ...], output: str, source: str | None, recipe: s
     if geo is None or not geo.num_experts:
         raise InputError(GEOMETRY_HELP, field="--recipe")
     start = time.perf_counter()
-    [(_, hist)] = read_histograms(captures, geo, group_captures=True)
+    [(_, hist)] = read_histograms(captures, geo, group_captures=True, decode_only=decode_only)
     elapsed = time.perf_counter() - start
     if source:
         hist.source = source
     _write(lambda: save_histogram(hist, output), output)
-    click.echo(f"wrote {output}: {hist.tokens:,} tokens, {hist.selections:,} selections over "
-               f"{len(hist.moe_layer_indices)} MoE layers × {hist.num_experts} experts "
+    split = (f" ({hist.prefill_tokens:,} prefill + {hist.decode_tokens:,} decode)"
+             if hist.decode_tokens is not None and not decode_only else
+             " (decode only)" if decode_only else "")
+    click.echo(f"wrote {output}: {hist.tokens:,} tokens{split}, {hist.selections:,} selections "
+               f"over {len(hist.moe_layer_indices)} MoE layers × {hist.num_experts} experts "
                f"(top_k {hist.top_k}) in {elapsed:.2f} s")
 
 

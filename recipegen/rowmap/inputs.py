@@ -98,8 +98,8 @@ def progress_bar(description: str, enabled: bool | None = None
 
 
 def read_histograms(paths: Sequence[str | os.PathLike[str]], geometry: Geometry | None,
-                    *, progress: bool | None = None, group_captures: bool = False
-                    ) -> list[tuple[str, Histogram]]:
+                    *, progress: bool | None = None, group_captures: bool = False,
+                    decode_only: bool = False) -> list[tuple[str, Histogram]]:
     """Each input as (display name, histogram).
 
     Histogram files load as they are. Capture files (raw `.npy`, vLLM responses) reduce with
@@ -129,7 +129,8 @@ def read_histograms(paths: Sequence[str | os.PathLike[str]], geometry: Geometry 
                     hist = histogram_from_captures(
                         batch, moe_layer_indices=geometry.moe_layer_indices,
                         num_experts=geometry.num_experts, model_revision=geometry.model_revision,
-                        progress=update, meta={"capture_kind": ", ".join(kinds)})
+                        progress=update, meta={"capture_kind": ", ".join(kinds)},
+                        decode_only=decode_only)
             except FormatError as exc:
                 raise input_error(exc) from None
             out.append((label, hist))
@@ -155,7 +156,7 @@ def capture_layer_count(path: str) -> int:
     try:
         if capture_kind(path) == "npy":
             return int(np.load(path, mmap_mode="r", allow_pickle=False).shape[1])
-        for ids, _, _, _ in iter_vllm_capture(path):
+        for ids, _, _, _, _ in iter_vllm_capture(path):
             return int(ids.shape[1])
     except FormatError as exc:
         raise input_error(exc) from None

@@ -76,6 +76,9 @@ class HistogramAccumulator:
         self.counts = np.zeros((len(self.moe_layer_indices), self.num_experts), dtype=np.int64)
         self.tokens = 0
         self.top_k: int | None = None
+        self.prefill_tokens = 0
+        self.decode_tokens = 0
+        self.split_known = True  # every add so far said how many rows were prompt rows
         n = len(self.moe_layer_indices)
         self._offsets = (np.arange(n, dtype=np.int64) * self.num_experts)[None, :, None]
 
@@ -88,8 +91,25 @@ class HistogramAccumulator:
                           f"{len(self.moe_layer_indices)} MoE layers up to index "
                           f"{max(self.moe_layer_indices)}", path=path, field="layers")
 
-    def add(self, ids: np.ndarray, *, path: Any = None, line: int | None = None) -> None:
+    def add(self, ids: np.ndarray, *, prefill_rows: int | None = None,
+            decode_only: bool = False, path: Any = None, line: int | None = None) -> None:
+        """Count `(tokens, layers, top_k)` ids; the first `prefill_rows` rows are prompt rows
+        (None: unknown). With `decode_only`, prompt rows are skipped — unknown is an error."""
         ids = _check_capture_array(np.asarray(ids), path=path, line=line)
+        if prefill_rows is not None and not 0 <= prefill_rows <= ids.shape[0]:
+            raise FormatError(f"prefill rows {prefill_rows} outside 0..{ids.shape[0]}",
+                              path=path, line=line)
+        if decode_only:
+            if prefill_rows is None:
+                raise FormatError("cannot tell prompt rows from decode rows here (needs vLLM "
+                                  "responses with usage or token_ids); drop --decode-only",
+                                  path=path, line=line, field="routed_experts")
+            ids, prefill_rows = ids[prefill_rows:], 0
+        if prefill_rows is None:
+            self.split_known = False
+        else:
+            self.prefill_tokens += prefill_rows
+            self.decode_tokens += int(ids.shape[0]) - prefill_rows
         if ids.shape[0] == 0:
             return
         if self.top_k is None:
@@ -109,9 +129,12 @@ class HistogramAccumulator:
 
     def histogram(self, *, source: str, model_revision: str = "",
                   meta: dict[str, Any] | None = None) -> Histogram:
+        known = self.split_known and self.tokens > 0
         return Histogram(self.moe_layer_indices, self.num_experts, self.counts.copy(),
                          self.tokens, source=source, model_revision=model_revision,
-                         top_k=self.top_k, meta=dict(meta or {}))
+                         top_k=self.top_k, meta=dict(meta or {}),
+                         decode_tokens=self.decode_tokens if known else None,
+                         prefill_tokens=self.prefill_tokens if known else None)
 
 
 def iter_npy_chunks(path: str | os.PathLike[str], chunk_tokens: int = DEFAULT_CHUNK_TOKENS
@@ -131,8 +154,9 @@ def iter_npy_chunks(path: str | os.PathLike[str], chunk_tokens: int = DEFAULT_CH
 
 
 def iter_vllm_capture(path: str | os.PathLike[str]
-                      ) -> Iterator[tuple[np.ndarray, int | None, int, int]]:
-    """(ids, line, bytes done, bytes total) for every `routed_experts` in a vLLM capture file."""
+                      ) -> Iterator[tuple[np.ndarray, int | None, int | None, int, int]]:
+    """(ids, prefill rows, line, bytes done, bytes total) for every `routed_experts` in a vLLM
+    capture file. Prefill rows is None when the response does not tell (see `_prefill_rows`)."""
     p = Path(path)
     try:
         total = p.stat().st_size
@@ -154,8 +178,9 @@ def iter_vllm_capture(path: str | os.PathLike[str]
                                   line=exc.lineno) from None
             docs = doc if isinstance(doc, list) else [doc]
             for doc_item in docs:
-                for b64 in _routed_experts_strings(doc_item, path, None):
-                    yield decode_routed_experts(b64, path=path), None, total, total
+                for b64, prompt, output in _routed_experts_entries(doc_item, path, None):
+                    ids = decode_routed_experts(b64, path=path)
+                    yield ids, _prefill_rows(len(ids), prompt, output), None, total, total
             return
         done = 0
         for lineno, text in enumerate(handle, start=1):
@@ -169,24 +194,64 @@ def iter_vllm_capture(path: str | os.PathLike[str]
                 except json.JSONDecodeError as exc:
                     raise FormatError(f"not valid JSON ({exc.msg})", path=path,
                                       line=lineno) from None
-                for b64 in _routed_experts_strings(doc, path, lineno):
-                    yield decode_routed_experts(b64, path=path, line=lineno), lineno, done, total
+                for b64, prompt, output in _routed_experts_entries(doc, path, lineno):
+                    ids = decode_routed_experts(b64, path=path, line=lineno)
+                    yield ids, _prefill_rows(len(ids), prompt, output), lineno, done, total
             else:
-                yield decode_routed_experts(stripped, path=path, line=lineno), lineno, done, total
+                ids = decode_routed_experts(stripped, path=path, line=lineno)
+                yield ids, None, lineno, done, total
 
 
-def _routed_experts_strings(doc: Any, path: Any, line: int | None) -> list[str]:
-    """`routed_experts` of a completion / chat response (per choice) or of a bare object."""
+def _prefill_rows(rows: int, prompt_tokens: int | None, output_tokens: int | None) -> int | None:
+    """How many leading rows of a response's capture belong to the prompt.
+
+    vLLM returns one row per forwarded token: the prompt (minus any
+    `routed_experts_prompt_start` rows skipped at its start) and every output token but the
+    last, which was sampled and never forwarded. So the last `output_tokens - 1` rows are
+    decode rows and the rest prefill; None when the counts are unknown or do not fit.
+    """
+    if output_tokens is None or output_tokens < 1:
+        return None
+    prefill = rows - (output_tokens - 1)
+    if prefill < 0 or (prompt_tokens is not None and prefill > prompt_tokens):
+        return None
+    return prefill
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _routed_experts_entries(doc: Any, path: Any, line: int | None
+                            ) -> list[tuple[str, int | None, int | None]]:
+    """(`routed_experts`, prompt tokens, output tokens) per choice of a completion / chat
+    response, or of a bare object; token counts None where the response does not carry them
+    (per-choice `token_ids` / `prompt_token_ids` with `return_token_ids`, else `usage` when the
+    response has one choice)."""
     if not isinstance(doc, dict):
         raise FormatError("expected a response object", path=path, line=line)
-    found: list[str] = []
+    usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
+    choices = [c for c in (doc.get("choices") or []) if isinstance(c, dict)]
+    doc_prompt = (len(doc["prompt_token_ids"]) if isinstance(doc.get("prompt_token_ids"), list)
+                  else _int_or_none(usage.get("prompt_tokens")))
+    found: list[tuple[str, int | None, int | None]] = []
     if isinstance(doc.get("routed_experts"), str):
-        found.append(doc["routed_experts"])
-    for choice in doc.get("choices") or []:
-        if isinstance(choice, dict) and isinstance(choice.get("routed_experts"), str):
-            found.append(choice["routed_experts"])
+        found.append((doc["routed_experts"], doc_prompt,
+                      _int_or_none(usage.get("completion_tokens"))))
+    for choice in choices:
+        if not isinstance(choice.get("routed_experts"), str):
+            continue
+        prompt = (len(choice["prompt_token_ids"]) if isinstance(choice.get("prompt_token_ids"),
+                                                                list) else doc_prompt)
+        if isinstance(choice.get("token_ids"), list):
+            output = len(choice["token_ids"])
+        elif len(choices) == 1:
+            output = _int_or_none(usage.get("completion_tokens"))
+        else:
+            output = None
+        found.append((choice["routed_experts"], prompt, output))
     if not found and "routed_experts" not in doc and not any(
-            isinstance(c, dict) and "routed_experts" in c for c in doc.get("choices") or []):
+            "routed_experts" in c for c in choices):
         raise FormatError("response has no routed_experts (was the server started with "
                           "--enable-return-routed-experts?)", path=path, line=line,
                           field="routed_experts")
@@ -205,10 +270,13 @@ def histogram_from_captures(paths: Sequence[str | os.PathLike[str]], *,
                             source: str | None = None, model_revision: str = "",
                             chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                             progress: ProgressFn | None = None,
-                            meta: dict[str, Any] | None = None) -> Histogram:
+                            meta: dict[str, Any] | None = None,
+                            decode_only: bool = False) -> Histogram:
     """Reduce capture files (raw `.npy` or vLLM responses, mixed) into one histogram.
 
     `progress(done, total)` is called after every chunk; units are bytes of input.
+    `decode_only` counts only decode rows (vLLM responses that carry token counts); the
+    histogram's decode/prefill split is filled in whenever every response tells it.
     """
     acc = HistogramAccumulator(moe_layer_indices, num_experts)
     sizes = []
@@ -220,17 +288,23 @@ def histogram_from_captures(paths: Sequence[str | os.PathLike[str]], *,
     grand_total, base = sum(sizes), 0
     for path, size in zip(paths, sizes):
         if capture_kind(path) == "npy":
+            if decode_only:
+                raise FormatError("a raw .npy capture carries no prompt/decode split; "
+                                  "drop --decode-only or capture decode rows only", path=path)
             for chunk, done, total in iter_npy_chunks(path, chunk_tokens):
                 acc.add(chunk, path=path)
                 if progress:
                     progress(base + (size * done // total if total else size), grand_total)
         else:
-            for ids, line, done, total in iter_vllm_capture(path):
-                acc.add(ids, path=path, line=line)
+            for ids, prefill, line, done, total in iter_vllm_capture(path):
+                acc.add(ids, prefill_rows=prefill, decode_only=decode_only, path=path, line=line)
                 if progress:
                     progress(base + (size * done // total if total else size), grand_total)
         base += size
         if progress:
             progress(base, grand_total)
+    meta = dict(meta or {})
+    if decode_only:
+        meta["decode_only"] = True
     return acc.histogram(source=source or "capture: " + ", ".join(
         os.path.basename(str(p)) for p in paths), model_revision=model_revision, meta=meta)

@@ -153,3 +153,13 @@ def test_diff_by_hand() -> None:
     assert diff(a, a).same_content
     with pytest.raises(InputError, match="different geometry"):
         diff(a, RowMap((0,), 4, [[0]], [[1, 2, 3]]))
+
+
+def test_eval_notes_revision_and_partial_counts() -> None:
+    rm = build_top_n(SMALL, 2, {"model_revision": "rev-a"})
+    h = H([[5, 1, 3, 3], [0, 0, 0, 7]], model_revision="rev-b", top_k=2)
+    h.tokens = 6  # 12 selections expected per layer; layer 1 holds 7
+    report = evaluate(rm, [h], ["x.hist"], "m")
+    assert any("model revision 'rev-b'" in n for n in report.notes)
+    assert any("differ from tokens × top_k = 12" in n for n in report.notes)
+    assert evaluate(rm, [SMALL], ["s"], "m").notes == []

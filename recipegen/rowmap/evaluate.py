@@ -69,6 +69,7 @@ class EvalReport:
     histograms: list[HistogramEval]
     combined: HistogramEval | None
     leave_one_out: list[LeaveOneOut] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"map": self.map_name, "content_hash": self.content_hash,
@@ -76,7 +77,8 @@ class EvalReport:
                 "histograms": [h.to_json() for h in self.histograms],
                 "combined": self.combined.to_json() if self.combined else None,
                 "leave_one_out": [{"held_out": l.held_out, "cold_share": l.cold_share}
-                                  for l in self.leave_one_out]}
+                                  for l in self.leave_one_out],
+                "notes": self.notes}
 
 
 def evaluate_on(rowmap: RowMap, histogram: Histogram, name: str) -> HistogramEval:
@@ -105,6 +107,26 @@ def leave_one_out(rowmap: RowMap, histograms: Sequence[Histogram],
     return out
 
 
+def consistency_notes(rowmap: RowMap, histograms: Sequence[Histogram],
+                      names: Sequence[str]) -> list[str]:
+    """Things worth a second look that are not errors: another checkpoint revision, counts
+    that do not add up to tokens × top_k."""
+    notes = []
+    map_rev = rowmap.provenance.get("model_revision")
+    for h, name in zip(histograms, names):
+        if isinstance(map_rev, str) and map_rev and h.model_revision and \
+                h.model_revision != map_rev:
+            notes.append(f"{name}: model revision {h.model_revision!r}, the map was built on "
+                         f"{map_rev!r}")
+        if h.top_k and h.tokens:
+            sums = h.counts.sum(axis=1)
+            expected = h.tokens * h.top_k
+            if (sums != expected).any():
+                notes.append(f"{name}: per-layer selections {int(sums.min()):,}..{int(sums.max()):,}"
+                             f" differ from tokens × top_k = {expected:,} (partial counts?)")
+    return notes
+
+
 def evaluate(rowmap: RowMap, histograms: Sequence[Histogram], names: Sequence[str],
              map_name: str) -> EvalReport:
     evals = [evaluate_on(rowmap, h, n) for h, n in zip(histograms, names)]
@@ -113,4 +135,5 @@ def evaluate(rowmap: RowMap, histograms: Sequence[Histogram], names: Sequence[st
         combined = evaluate_on(rowmap, merge_histograms(histograms), "all (pooled)")
     return EvalReport(map_name, rowmap.content_hash(), rowmap.shape_hash(),
                       rowmap.hot_counts(), evals, combined,
-                      leave_one_out(rowmap, histograms, names))
+                      leave_one_out(rowmap, histograms, names),
+                      consistency_notes(rowmap, histograms, names))

@@ -66,6 +66,8 @@ def eval_lines(report: EvalReport, *, per_layer: bool = False) -> list[str]:
             lines.append(f"  {l.held_out[-40:]:<40} {pct(l.cold_share):>8}")
         values = [l.cold_share for l in report.leave_one_out]
         lines.append(f"  {'range':<40} {pct(min(values))} – {pct(max(values))}")
+    for note in report.notes:
+        lines.append(f"  note: {note}")
     return lines
 
 

@@ -149,7 +149,7 @@ def test_reference_lane_agent_carries_everything_a_vllm_user_expects(project: Pa
     assert with_secret["environment"]["HF_TOKEN"] == "hf_test_only"
     assert "hf_test_only" not in compose_file.read_text()
     assert (compose_file.parent / ".gitignore").read_text().splitlines()[1:] == \
-        ["dumps/", "secrets.env"]
+        ["dumps/", "secrets.env", ".env"]
 
     # Labels for `recipegen status/verify` and for recreate-on-change.
     labels = lane["labels"]

@@ -24,8 +24,9 @@ from recipegen.vllm_flags import TARGET_VLLM_VERSION, load_flag_table
 
 COMPOSE_DIRNAME = "compose"
 COMPOSE_FILE = "compose.yaml"
-# Generated beside compose.yaml: runtime data and secrets never belong in git.
-GITIGNORE = b"# written by recipegen render\ndumps/\nsecrets.env\n"
+# Generated beside compose.yaml: runtime data, secrets and host-specific settings (`.env`:
+# compose interpolation, e.g. RECIPEGEN_MODELS_DIR) never belong in git.
+GITIGNORE = b"# written by recipegen render\ndumps/\nsecrets.env\n.env\n"
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,12 @@ def test_reference_lane_agent_carries_everything_a_vllm_user_expects(project: Pa
     assert (compose_file.parent / ".gitignore").read_text().splitlines()[1:] == \
         ["dumps/", "secrets.env", ".env"]
 
+    # Host-specific paths come from Compose interpolation: the operator's .env sets them.
+    assert model_mount["source"] == "/srv/models/dsv41-flash-mxfp4"
+    (compose_file.parent / ".env").write_text("RECIPEGEN_MODELS_DIR=/data/models\n")
+    relocated = compose_config_json(compose_file)["services"]["lane-agent"]["volumes"]
+    assert "/data/models/dsv41-flash-mxfp4" in [v["source"] for v in relocated]
+
     # Labels for `recipegen status/verify` and for recreate-on-change.
     labels = lane["labels"]
     assert labels["io.recipegen.recipe"] == REFERENCE

@@ -250,6 +250,13 @@ def _describe(error: dict[str, Any]) -> tuple[Loc, str]:
         return loc, f"unknown field {name!r}{hint}"
     if kind == "missing":
         return loc, "missing required field"
+    is_key = bool(loc) and loc[-1] == "[key]"
+    if is_key:
+        loc = loc[:-1]
+    if kind == "string_pattern_mismatch":
+        what = "name" if is_key else "value"
+        return loc, (f"{what} {value!r} is not allowed: use lowercase letters, digits and '-' "
+                     f"(pattern {ctx.get('pattern')})")
     message = str(error["msg"])
     for prefix in ("Value error, ", "Assertion failed, "):
         if message.startswith(prefix):

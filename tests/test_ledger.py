@@ -217,12 +217,40 @@ def test_budget_failures(path: Path) -> None:
     assert kinds[kind].over_bytes and kinds[kind].over_bytes > 0
 
 
-def _lane_with(hot: int, **lane_updates):
+def _lane_with(hot: int, offload_updates: dict | None = None, model_updates: dict | None = None,
+               **lane_updates):
     loaded = load_recipe(REFERENCE, read_maps=False)
     spec = loaded.recipe.lane("agent")
-    offload = spec.offload.model_copy(update={"hot_experts_per_layer": hot})
+    offload = spec.offload.model_copy(update={"hot_experts_per_layer": hot, **(offload_updates or {})})
     spec = spec.model_copy(update={"offload": offload, **lane_updates})
-    return compute_lane(loaded.recipe.model, loaded.recipe.machines["station"], spec)
+    model = loaded.recipe.model.model_copy(update=model_updates or {})
+    return compute_lane(model, loaded.recipe.machines["station"], spec)
+
+
+def test_prefetch_bank_is_priced_out_of_kv() -> None:
+    """Seed 001: a 3-slot-per-layer bank is 120 experts = 2.1 GiB, ~1.09M tokens, 43% of the pool."""
+    base = _lane_with(295)
+    banked = _lane_with(295, {"prefetch_slots_per_layer": 3})
+    e = base.fig("experts.bytes_per_expert").value
+    assert banked.fig("hbm.prefetch_bank").value == 3 * 40 * e
+    assert gib(banked.fig("hbm.prefetch_bank").value) == pytest.approx(2.1, abs=0.01)
+    lost = base.fig("kv.tokens").value - banked.fig("kv.tokens").value
+    assert lost / 1e6 == pytest.approx(1.09, abs=0.01)
+    assert lost / base.fig("kv.tokens").value == pytest.approx(0.43, abs=0.005)
+    assert banked.fig("kv.tokens").value / 1e6 == pytest.approx(1.45, abs=0.01)  # "leaving about 1.45 million"
+    assert banked.ok  # still one 1M-token sequence
+    # A 5-slot bank does not leave one, and the fix says what to drop.
+    kv = [v for v in _lane_with(295, {"prefetch_slots_per_layer": 5}).violations if v.kind == "kv"]
+    assert kv and "drop the prefetch bank" in kv[0].suggestion
+
+
+def test_declared_drafter_kv_adds_to_the_token_cost() -> None:
+    from recipegen.schema import Drafter
+    base = _lane_with(295)
+    with_kv = _lane_with(295, model_updates={"drafter": Drafter(method="dspark", kv_bytes_per_token="1 KiB")})
+    per_token = base.fig("kv.tokens").operands["kv_bytes_per_token"]
+    assert with_kv.fig("kv.bytes_per_token").value == per_token + 1024
+    assert with_kv.fig("kv.tokens").value == pytest.approx(base.fig("hbm.kv_pool").value / (per_token + 1024))
 
 
 def test_suggestions_are_exact() -> None:

@@ -217,13 +217,26 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
                 "re-measure the reserve (reserves.hbm) or correct the model's dense_bytes/drafter",
                 -rest.value, lane=lane.name))
 
+    # --- prefetch bank and KV rate ----------------------------------------------------------
+    bank = lane.offload.prefetch_slots_per_layer * n_layers * e / tp
+    if bank:
+        add(Figure("hbm.prefetch_bank", "prefetch bank (per GPU)", bank, "bytes",
+                   "prefetch_slots_per_layer × moe_layers × bytes_per_expert / tp",
+                   {"prefetch_slots_per_layer": lane.offload.prefetch_slots_per_layer,
+                    "moe_layers": n_layers, "bytes_per_expert": e, "tp": tp}))
+    drafter_kv = (model.drafter.kv_bytes_per_token or 0) if (model.drafter and lane.speculative) else 0
+    kv_token_bytes = model.kv_token_bytes + drafter_kv
+    if drafter_kv:
+        add(Figure("kv.bytes_per_token", "KV bytes per token (target + drafter)", kv_token_bytes, "count",
+                   "target_kv_bytes_per_token + drafter.kv_bytes_per_token",
+                   {"target_kv_bytes_per_token": model.kv_token_bytes, "drafter_kv_bytes_per_token": drafter_kv}))
+
     # --- placements ------------------------------------------------------------------------
-    kv_token_bytes = model.kv_token_bytes
     ua = _usage_aware_placement(model, lane, rowmap_hot, rowmap_label)
     pos = _positional_placement(model, lane) if lane.offload.load_cpu_offload else None
     for placement in (ua, pos):
         if placement is not None:
-            _placement_figures(placement, model, lane, cap, reserve, kv_token_bytes, tp)
+            _placement_figures(placement, model, lane, cap, reserve, kv_token_bytes, tp, bank)
     active = pos if lane.offload.placement == POSITIONAL else ua
     assert active is not None
 
@@ -288,13 +301,14 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     # --- verdict -----------------------------------------------------------------------------
     if lane.kv_cache_bytes is not None:
         # A fixed pool: the "room" is what the cap leaves after reserve and hot experts.
-        room = cap - reserve - hot_bytes / tp
+        room = cap - reserve - hot_bytes / tp - bank
         kv_for_checks = room if room < kv_pool else kv_pool
     else:
         kv_for_checks = kv_pool
     violations.extend(_budget_violations(model, machine, lane, cap, reserve, kv_for_checks,
                                          kv_tokens, host_total, tables, host_reserve, tp,
-                                         fixed_kv=lane.kv_cache_bytes))
+                                         fixed_kv=lane.kv_cache_bytes, bank=bank,
+                                         kv_token_bytes=kv_token_bytes))
 
     # --- load time (after the verdict: a side already over budget at the end is not re-reported)
     final_over = {v.kind for v in violations}
@@ -419,7 +433,7 @@ def _layer_params(model: Model) -> list[int]:
 
 
 def _placement_figures(p: PlacementLedger, model: Model, lane: Lane, cap: float, reserve: float,
-                       kv_token_bytes: float, tp: int) -> None:
+                       kv_token_bytes: float, tp: int, bank: float = 0.0) -> None:
     e = model.expert_bytes
     hot_total = sum(p.hot_per_layer)
     hot_gpu = p.hot_bytes / tp
@@ -442,16 +456,18 @@ def _placement_figures(p: PlacementLedger, model: Model, lane: Lane, cap: float,
         kv_pool = float(lane.kv_cache_bytes)
         f["hbm.kv_pool"] = Figure("hbm.kv_pool", "KV pool (per GPU, fixed)", kv_pool, "bytes",
                                   "kv_cache_bytes", {"kv_cache_bytes": lane.kv_cache_bytes})
-        f["hbm.used"] = Figure("hbm.used", "HBM in use (per GPU)", reserve + hot_gpu + kv_pool,
-                               "bytes", "reserve + hot_experts + kv_pool",
+        f["hbm.used"] = Figure("hbm.used", "HBM in use (per GPU)", reserve + hot_gpu + bank + kv_pool,
+                               "bytes", "reserve + hot_experts + prefetch_bank + kv_pool",
                                {"reserve_bytes": reserve, "hot_experts_bytes": hot_gpu,
-                                "kv_pool_bytes": kv_pool})
+                                "prefetch_bank_bytes": bank, "kv_pool_bytes": kv_pool})
     else:
-        kv_pool = cap - reserve - hot_gpu
+        kv_pool = cap - reserve - hot_gpu - bank
+        operands = {"hbm_cap_bytes": cap, "reserve_bytes": reserve, "hot_experts_bytes": hot_gpu}
+        if bank:
+            operands["prefetch_bank_bytes"] = bank
         f["hbm.kv_pool"] = Figure("hbm.kv_pool", "KV pool (per GPU)", kv_pool, "bytes",
-                                  "hbm_cap − reserve − hot_experts",
-                                  {"hbm_cap_bytes": cap, "reserve_bytes": reserve,
-                                   "hot_experts_bytes": hot_gpu})
+                                  "hbm_cap − reserve − hot_experts" + (" − prefetch_bank" if bank else ""),
+                                  operands)
     tokens = max(0.0, kv_pool) * tp / kv_token_bytes
     f["kv.tokens"] = Figure("kv.tokens", "KV pool in tokens", tokens, "tokens",
                             "kv_pool × tp / kv_bytes_per_token",
@@ -523,7 +539,8 @@ def _load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementL
 
 def _budget_violations(model: Model, machine: Machine, lane: Lane, cap: float, reserve: float,
                        kv_pool: float, kv_tokens: float, host_total: float, tables: float,
-                       host_reserve: float, tp: int, fixed_kv: int | None = None) -> list[Violation]:
+                       host_reserve: float, tp: int, fixed_kv: int | None = None, bank: float = 0.0,
+                       kv_token_bytes: float | None = None) -> list[Violation]:
     """HBM (cap, KV for one max_model_len) and host budgets of one lane, with what to change.
 
     `kv_pool`: for a utilisation lane the pool that is left; for a fixed-pool lane the room the
@@ -532,10 +549,11 @@ def _budget_violations(model: Model, machine: Machine, lane: Lane, cap: float, r
     out: list[Violation] = []
     e, n, experts = model.expert_bytes, model.num_moe_layers, model.routed_experts
     per_hot = n * e / tp                          # HBM per GPU for one more hot expert per layer
-    need_kv = lane.max_model_len * model.kv_token_bytes / tp
+    kv_token_bytes = kv_token_bytes or model.kv_token_bytes
+    need_kv = lane.max_model_len * kv_token_bytes / tp
     positional = lane.offload.placement == POSITIONAL
     # Largest hot count per layer that leaves room for one max_model_len sequence.
-    room = cap - reserve - need_kv
+    room = cap - reserve - bank - need_kv
     hot_max = min(experts, math.floor(room / per_hot)) if room >= 0 else -1
     if fixed_kv is not None and kv_pool < fixed_kv:
         over = fixed_kv - kv_pool
@@ -564,13 +582,15 @@ def _budget_violations(model: Model, machine: Machine, lane: Lane, cap: float, r
         fixes = [f"lower max_model_len to at most {int(kv_tokens):,}"]
         if positional:
             fixes.append(f"raise offload.load_cpu_offload by about "
-                         f"{math.ceil(short * model.kv_token_bytes / GiB)} GiB")
+                         f"{math.ceil(short * kv_token_bytes / GiB)} GiB")
         elif hot_max >= 0:
             fixes.append(f"lower hot experts per layer to {hot_max}")
+        if bank:
+            fixes.append(f"drop the prefetch bank ({format_bytes(bank)} per GPU)")
         out.append(Violation(
             "kv", f"the KV pool holds {format_tokens(kv_tokens)} tokens, less than one max_model_len "
             f"sequence ({lane.max_model_len:,} tokens)", ", or ".join(fixes),
-            short * model.kv_token_bytes, lane=lane.name))
+            short * kv_token_bytes, lane=lane.name))
     if host_total > machine.host_memory:
         over = host_total - machine.host_memory
         available = machine.host_memory - tables - host_reserve

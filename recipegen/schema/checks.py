@@ -11,6 +11,9 @@ from recipegen.schema.recipe import Recipe
 
 Problem = tuple[tuple[str | int, ...], str]
 
+# Methods that draft with a drafter shipped inside the target checkpoint.
+BUNDLED_DRAFTER_METHODS = ("dspark", "mtp", "deepseek_mtp")
+
 
 def cross_reference_problems(recipe: Recipe, base_dir: Path) -> list[Problem]:
     problems: list[Problem] = []
@@ -50,6 +53,16 @@ def cross_reference_problems(recipe: Recipe, base_dir: Path) -> list[Problem]:
             problems.append(((*where, "reserves", "hbm", "back_solved_from", "hot_experts_per_layer"),
                              f"{reserve.hot_experts_per_layer} exceeds the model's {experts} experts"))
 
+        spec = lane.speculative
+        drafter = recipe.model.drafter
+        if spec is not None and drafter is not None and spec.method in BUNDLED_DRAFTER_METHODS \
+                and spec.method != drafter.method and not spec.model:
+            problems.append(((*where, "speculative", "method"), f"method {spec.method!r} drafts with the "
+                             f"model's bundled drafter, which is {drafter.method!r} for {recipe.model.name}"))
+        if spec is not None and spec.method in BUNDLED_DRAFTER_METHODS and drafter is None and not spec.model:
+            problems.append(((*where, "speculative", "method"), f"method {spec.method!r} needs a drafter: "
+                             f"model {recipe.model.name} declares none (add model.drafter or "
+                             "speculative.model)"))
         problems.extend(_class_problems(recipe, i, base_dir))
     return problems
 

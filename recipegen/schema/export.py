@@ -31,14 +31,18 @@ def recipe_json_schema() -> dict[str, Any]:
             {"$ref": model_ref} if isinstance(model_ref, str) else model_ref,
         ]}
     machines = props["machines"]
-    inner = machines["additionalProperties"]
-    machines["additionalProperties"] = {"anyOf": [
+    choices = lambda inner: {"anyOf": [  # noqa: E731
         {"type": "string", "enum": catalog_names("machines"), "description": "machine catalog name"},
         {"type": "object", "required": ["catalog"], "properties": {
             "catalog": {"type": "string", "enum": catalog_names("machines")},
             "address": {"type": ["string", "null"]}},
          "description": "catalog entry with overridden fields (e.g. address)"},
         inner]}
+    if "patternProperties" in machines:  # keys are constrained: patternProperties, nothing else
+        machines["patternProperties"] = {k: choices(v) for k, v in machines["patternProperties"].items()}
+        machines["additionalProperties"] = False
+    else:
+        machines["additionalProperties"] = choices(machines["additionalProperties"])
     return schema
 
 

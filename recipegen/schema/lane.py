@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, StringConstraints, model_validator
 
 from recipegen.schema.base import Bytes, PathError, PositiveBytes, StrictModel, TokenCount
 
@@ -15,6 +15,10 @@ SPECULATIVE_METHODS = (
     "ngram", "ngram_gpu", "draft_model", "suffix", "custom_class", "eagle", "eagle3",
     "extract_hidden_states", "dflash", "dspark", "mtp", "deepseek_mtp",
 )
+
+
+# Methods whose drafter is a separate checkpoint (vLLM needs `speculative_config.model`).
+SEPARATE_DRAFTER_METHODS = ("draft_model", "eagle", "eagle3", "dflash")
 
 
 class Concurrency(StrictModel):
@@ -49,6 +53,10 @@ class Offload(StrictModel):
     load_cpu_offload: Bytes | None = None
     """vLLM `--cpu-offload-gb` (GiB) the engine loads with. Usage-aware: the load-time placement the
     runtime re-homes from. Positional: the offload itself (required)."""
+    prefetch_slots_per_layer: NonNegativeInt = 0
+    """HBM slots per MoE layer reserved for a cold-expert prefetch bank. The ledger prices it out of
+    the KV pool (seed 001: 3 slots per layer cost 43% of the v15 pool); the residency runtime has no
+    prefetch mode yet, so this is for what-if budgets."""
 
     @model_validator(mode="after")
     def _check(self) -> "Offload":
@@ -79,10 +87,14 @@ class Speculative(StrictModel):
     """vLLM 0.33 `num_speculative_tokens_per_batch_size`: `[start, end, k]` inclusive batch-size
     ranges, sorted, non-overlapping, the first starting at 1."""
     model: str | None = None
-    """Drafter checkpoint, for methods that need one apart from the target (`draft_model`, `eagle3`)."""
+    """Drafter checkpoint, for methods that need one apart from the target (`draft_model`, `eagle`,
+    `eagle3`, `dflash`)."""
 
     @model_validator(mode="after")
     def _check(self) -> "Speculative":
+        if self.method in SEPARATE_DRAFTER_METHODS and not self.model:
+            raise PathError(f"method {self.method!r} drafts with a separate checkpoint: give its id in "
+                            "`model`", ("model",))
         if self.schedule is None:
             if self.k is None or self.k == 0:
                 raise PathError("give k >= 1 (speculative tokens per step) or a schedule", ("k",))
@@ -231,7 +243,7 @@ class Lane(StrictModel):
     """Speculative decoding, if any."""
     reserves: Reserves
     """Measured reserves with their sources."""
-    classes: dict[str, TrafficClass] = {}
+    classes: dict[Annotated[str, StringConstraints(pattern=NAME_PATTERN)], TrafficClass] = {}
     """Traffic classes by name (usage-aware lanes: each has a row map)."""
     active_class: str | None = None
     """The class whose row map the lane serves now (written back by `render --class`/`swap`)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field, StringConstraints, field_validator, model_validator
 
 from recipegen.schema.base import StrictModel
 from recipegen.schema.lane import Lane
@@ -47,11 +47,24 @@ class Recipe(StrictModel):
     model: Model
     """A model catalog name (`recipegen/catalog/models.yaml`), `{catalog: name, …overrides}`, or an
     inline model."""
-    machines: dict[str, Annotated[Machine, BeforeValidator(lambda v: _resolve("machines", v))]] = \
-        Field(min_length=1)
+    machines: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]*$")],
+                   Annotated[Machine, BeforeValidator(lambda v: _resolve("machines", v))]] = Field(min_length=1)
     """Machines by key: each a catalog name, `{catalog: name, address: …}`, or inline."""
     lanes: list[Lane] = Field(min_length=1)
     """The lanes (one vLLM engine and one compose service each)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_inline_machines(cls, data: Any) -> Any:
+        """An inline machine without a `name` takes its key."""
+        if isinstance(data, dict) and isinstance(data.get("machines"), dict):
+            machines = {}
+            for key, value in data["machines"].items():
+                if isinstance(value, dict) and "catalog" not in value and "name" not in value:
+                    value = {"name": key, **value}
+                machines[key] = value
+            data = {**data, "machines": machines}
+        return data
 
     @field_validator("model", mode="before")
     @classmethod

@@ -48,7 +48,8 @@ def test_machine_catalog_figures() -> None:
     assert station.pinned_read_bandwidth == 340e9
     assert station.nvme is not None and station.nvme.read_bandwidth_max == 12e9
     h200 = Machine.model_validate(catalog_entry("machines", "h200-pcie"))
-    assert h200.gpus.hbm == 141 * 10**9 and h200.pinned_read_bandwidth == 51e9
+    assert h200.gpus.hbm == 143771 * MiB and h200.pinned_read_bandwidth == 51e9
+    assert h200.host_memory == 131981020 * 1024
 
 
 @pytest.mark.parametrize("name", ["dsv41-flash-gb300", "dsv41-flash-gb300-off60"])

@@ -250,6 +250,8 @@ def _describe(error: dict[str, Any]) -> tuple[Loc, str]:
         return loc, f"unknown field {name!r}{hint}"
     if kind == "missing":
         return loc, "missing required field"
+    if loc == ("version",) and kind == "literal_error":
+        return loc, f"unsupported schema version {value!r}: this recipegen reads version 1"
     is_key = bool(loc) and loc[-1] == "[key]"
     if is_key:
         loc = loc[:-1]

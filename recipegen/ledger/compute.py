@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from recipegen.ledger.budget import declared_split
 from recipegen.ledger.figures import Figure
-from recipegen.ledger.placement import positional_walk, rehoming_peaks
+from recipegen.ledger.placement import layer_param_bytes, positional_walk, rehoming_peaks
 from recipegen.schema import Lane, Machine, Model, Recipe
 from recipegen.units import GiB, format_bytes, format_tokens, largest_count_within
 
@@ -403,7 +403,7 @@ def _positional_placement(model: Model, lane: Lane) -> PlacementLedger:
         "positional.offloaded", "experts offloaded by --cpu-offload-gb (approximation)",
         walk.offloaded_bytes, "bytes",
         "walk expert parameters in module order, offloading each while the total < budget",
-        {"budget_bytes": budget, "layer_param_bytes": [_r(b) for b in _layer_params(model)],
+        {"budget_bytes": budget, "layer_param_bytes": [_r(b) for b in layer_param_bytes(model)],
          "layers_whole": walk.layers_whole, "layers_partial": walk.layers_partial,
          "layer_experts_bytes": full},
         "approximation of vllm/model_executor/offloader/uva.py: dense parameters the real walk also "
@@ -425,11 +425,6 @@ def _positional_placement(model: Model, lane: Lane) -> PlacementLedger:
             share, "ratio", "", {}, "measured input: "
             + (_src(model.sources, f"positional_cold_pick_share[{i}]") or "catalog"))
     return placement
-
-
-def _layer_params(model: Model) -> list[int]:
-    from recipegen.ledger.placement import layer_param_bytes
-    return layer_param_bytes(model)
 
 
 def _placement_figures(p: PlacementLedger, model: Model, lane: Lane, cap: float, reserve: float,

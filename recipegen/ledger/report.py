@@ -10,7 +10,7 @@ def _g(value: float) -> str:
     return f"{value / GiB:,.2f} GiB"
 
 
-def _placement_column(p: PlacementLedger | None, lane: LaneLedger) -> list[str]:
+def _placement_column(p: PlacementLedger | None) -> list[str]:
     if p is None:
         return ["—"] * 5
     f = p.figures
@@ -40,8 +40,8 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
     head_other = f"{other}{pos_budget if other == 'positional' else ' (same budget)'}"
     rows = ["hot / cold per layer", "routed experts in HBM / GPU", "routed experts pinned in host",
             "KV pool / GPU", "KV tokens"]
-    col_own = _placement_column(lane.active, lane)
-    col_other = _placement_column(lane.positional if own != POSITIONAL else lane.usage_aware, lane)
+    col_own = _placement_column(lane.active)
+    col_other = _placement_column(lane.positional if own != POSITIONAL else lane.usage_aware)
     w0 = max(len(r) for r in rows) + 2
     w1 = max(len(head_own), *(len(c) for c in col_own)) + 3
     out.append(f"  {'':<{w0}}{head_own:<{w1}}{head_other}")
@@ -109,9 +109,8 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
 def render_ledger(ledger: RecipeLedger, path: str, *, explain: bool = False) -> str:
     out = [f"{ledger.recipe} ({path})"]
     for lane in ledger.lanes:
-        cls = ""
         out.append(f"lane {lane.lane} · machine {lane.machine} GPU {','.join(map(str, lane.gpus))} · "
-                   f"{lane.placement}{cls}")
+                   f"{lane.placement}")
         out.append(render_lane(lane, explain=explain))
     for v in ledger.machine_violations:
         out.append(f"OVER BUDGET [{v.kind}] machine {v.machine}: {v.message}")

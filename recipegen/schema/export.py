@@ -122,6 +122,10 @@ def recipe_reference_markdown() -> str:
         "the recipe file. Inside `model` and `machines` any figure may be written as "
         "`{value: …, source: \"…\"}` to cite where it comes from.",
         "",
+        "Check a recipe with `recipegen check recipe RECIPE` (every problem with file, line and "
+        "field) and its budgets with `recipegen check budgets RECIPE` (see `docs/ledger.md`); "
+        "`recipegen schema` prints the JSON Schema.",
+        "",
         f"Catalog models: {', '.join(f'`{n}`' for n in catalog_names('models'))}. "
         f"Catalog machines: {', '.join(f'`{n}`' for n in catalog_names('machines'))}.",
         "",

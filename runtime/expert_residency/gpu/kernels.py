@@ -25,9 +25,12 @@ Weights are vLLM's MXFP4 checkpoint layout (``expert_residency.mxfp4``): ``w13 [
 that the tensor-core tile's large side is the weight rows and a decode step's few tokens sit in
 the small side.
 
-Two dequantizers (``DEQUANT``): ``0`` builds each bf16 weight from its E2M1 code and ue8m0 scale
-with integer ops (exact; also runs under ``TRITON_INTERPRET=1``); ``1`` hands the packed values and
-scales to ``tl.dot_scaled`` and lets Triton's own MXFP4 upcast run (GPU only).
+Three dequantizers (``DEQUANT``), all exact: ``0`` builds each bf16 weight from its E2M1 code and
+ue8m0 scale with integer ops (also runs under ``TRITON_INTERPRET=1``: the CPU check of the
+indexing); ``1`` hands the packed values and scales to ``tl.dot_scaled`` (Triton's own MXFP4
+upcast); ``2`` looks the codes up with byte permutes in inline PTX and multiplies by the scale in
+bf16 (GPU only). At T=1 every weight is used once, so the dequantizer's instructions per weight,
+not the tensor cores, decide whether the kernel keeps up with HBM.
 """
 
 from __future__ import annotations
@@ -108,6 +111,46 @@ def _dequant_mxfp4(packed, scales, ROWS: tl.constexpr, BK: tl.constexpr):
     return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
+# E2M1 -> bf16 for 4 packed bytes (8 codes) in one 32-bit register, by byte permutes (prmt) on
+# two 8-entry tables (the low and high byte of each code's bf16 value) plus the sign bit. Output:
+# $0,$1 = the low-nibble (even) elements of bytes 0..3, $2,$3 = the high-nibble (odd) elements,
+# each register a bf16x2 pair. About 2 instructions per weight instead of ~14 integer ops.
+_E2M1_TO_BF16_PTX = tl.constexpr("""
+{
+.reg .b32 m, s, mh, sh, lb0, lb1, hb0, hb1, sg0, sg1;
+and.b32 m, $4, 0x77777777;
+and.b32 s, $4, 0x88888888;
+shr.u32 s, s, 3;
+shr.u32 mh, m, 16;
+shr.u32 sh, s, 16;
+prmt.b32 lb0, 0xC0800000, 0xC0804000, m;
+prmt.b32 lb1, 0xC0800000, 0xC0804000, mh;
+prmt.b32 hb0, 0x3F3F3F00, 0x40404040, m;
+prmt.b32 hb1, 0x3F3F3F00, 0x40404040, mh;
+prmt.b32 sg0, 0x00008000, 0, s;
+prmt.b32 sg1, 0x00008000, 0, sh;
+or.b32 hb0, hb0, sg0;
+or.b32 hb1, hb1, sg1;
+prmt.b32 $0, lb0, hb0, 0x6240;
+prmt.b32 $1, lb1, hb1, 0x6240;
+prmt.b32 $2, lb0, hb0, 0x7351;
+prmt.b32 $3, lb1, hb1, 0x7351;
+}
+""")
+
+
+@triton.jit
+def _dequant_mxfp4_prmt(packed, scales, ROWS: tl.constexpr, BK: tl.constexpr):
+    """Same bf16 values as ``_dequant_mxfp4`` (exact), via the prmt table lookup and one bf16
+    multiply by the power-of-two scale. GPU only (inline PTX)."""
+    lo, hi = tl.inline_asm_elementwise(_E2M1_TO_BF16_PTX, "=r,=r,=r,=r,r", [packed],
+                                       dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    w = tl.reshape(tl.join(lo, hi), (ROWS, BK))
+    sc = (scales.to(tl.int16) << 7).to(tl.bfloat16, bitcast=True)
+    sc = tl.reshape(tl.broadcast_to(tl.reshape(sc, (ROWS, BK // 32, 1)), (ROWS, BK // 32, 32)), (ROWS, BK))
+    return w * sc
+
+
 @triton.jit
 def _expert_base(codes_ptr, expert, hot_ptr, cold_ptr, expert_stride):
     """Pointer to ``expert``'s first byte in whichever bank the row map says holds it."""
@@ -133,8 +176,11 @@ def _mx_tile_dot(acc, w_base, s_base, rows, k0, x_t, row_bytes, row_scales,
             acc = tl.dot(w.to(tl.float32), x_t.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(w, x_t, acc)
-    else:
+    elif DEQUANT == 1:
         acc = tl.dot_scaled(packed, scales, "e2m1", x_t, None, "bf16", acc)
+    else:
+        w = _dequant_mxfp4_prmt(packed, scales, BN, BK)
+        acc = tl.dot(w, x_t, acc)
     return acc
 
 

@@ -35,11 +35,15 @@ PAGE = 4096
 _REGISTER_FLAGS = 0x01 | 0x02
 
 
-def device_view(host: torch.Tensor, device: torch.device | str | int | None = None) -> torch.Tensor:
+def device_view(host: torch.Tensor, device: torch.device | str | int | None = None, *,
+                check_pinned: bool = True) -> torch.Tensor:
     """A CUDA tensor aliasing the page-locked host tensor ``host`` (same bytes, same shape/dtype).
 
-    ``host`` must be contiguous and page-locked (``host.is_pinned()``). Reads and writes through the
-    view go over the host link in place; nothing is copied. The view does not keep ``host`` alive.
+    ``host`` must be contiguous and page-locked. Reads and writes through the view go over the host
+    link in place; nothing is copied. The view does not keep ``host`` alive. ``check_pinned=False``
+    skips ``host.is_pinned()``, which only recognises torch's own pinned allocations, not memory
+    registered with ``cudaHostRegister`` (``PinnedRegion``); the driver still refuses to wrap an
+    address it does not know.
     """
     if host.device.type != "cpu":
         raise ValueError(f"device_view wants a host tensor, got one on {host.device}")
@@ -49,7 +53,7 @@ def device_view(host: torch.Tensor, device: torch.device | str | int | None = No
     nbytes = host.numel() * host.element_size()
     if nbytes == 0:
         return torch.empty(host.shape, dtype=host.dtype, device=dev)
-    if not host.is_pinned():
+    if check_pinned and not host.is_pinned():
         raise ValueError("device_view wants page-locked host memory (pin_memory=True or PinnedRegion)")
     raw = torch.as_tensor(_CudaArray(host.data_ptr(), nbytes), device=dev)
     if raw.data_ptr() != host.data_ptr():  # as_tensor must alias, never copy
@@ -81,9 +85,20 @@ class PinnedRegion:
         itemsize = torch.empty((), dtype=dtype).element_size()
         self.nbytes = math.prod(self.shape) * itemsize
         self._registered_ptr: int | None = None
+        self.registered = False  # True: exact-size cudaHostRegister; False: pin_memory fallback
         self._lock = threading.Lock()
         self.host = self._allocate(itemsize)
-        self.view = device_view(self.host, self.device)
+        try:
+            self.view = device_view(self.host, self.device, check_pinned=not self.registered)
+        except Exception:
+            if not self.registered:
+                raise
+            # The driver would not wrap the registered range: use torch's cudaHostAlloc instead.
+            self.close()
+            self._raw = None
+            self.registered = False
+            self.host = torch.empty(self.shape, dtype=self.dtype, pin_memory=True)
+            self.view = device_view(self.host, self.device)
 
     def _allocate(self, itemsize: int) -> torch.Tensor:
         if self.nbytes == 0:
@@ -96,7 +111,6 @@ class PinnedRegion:
             torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(ptr, span, _REGISTER_FLAGS))
         except Exception:
             # Registration refused (e.g. a sandbox without it): cudaHostAlloc through torch.
-            del raw
             self.registered = False
             return torch.empty(self.shape, dtype=self.dtype, pin_memory=True)
         self.registered = True

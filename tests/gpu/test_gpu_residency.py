@@ -1,0 +1,333 @@
+"""GPU residency path on a CUDA GPU (the H200 device): Triton MXFP4 experts over a hot HBM bank and
+a cold bank in pinned host memory read in place.
+
+Run there with ``PYTHONPATH=runtime python3 -m pytest tests/gpu -q`` (or ``python3
+tests/gpu/test_gpu_residency.py``). Skips on machines without CUDA or Triton, saying why.
+
+Claims and how each can fail:
+* split == unsplit bit for bit (torch.equal) with the Triton kernel — random routing, tokens
+  entirely hot, entirely cold and straddling, experts with more picks than one tile (chunk loop),
+  both dequantizers, the real DSv4.1 expert geometry and a small one;
+* Triton vs the core's torch MXFP4 reference within a stated tolerance (relative L2 <= 1e-2: the
+  reference rounds the SwiGLU activation and pick rows to bf16 like the kernel, so the gap is fp32
+  summation order plus the occasional bf16 rounding flip; measured ~1e-3);
+* the Triton finalize == the core's correctly rounded fma finalize, bit for bit;
+* graph replay == eager, with new routing on every replay;
+* the in-kernel counter == a bincount recount (with and without padded tokens, under replay);
+* swaps: replay after ``core.swap.swap_experts`` == the unsplit reference; a map flip without its
+  copies diverges (so the check is real).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU: these tests run on the H200 through the device tool",
+                allow_module_level=True)
+pytest.importorskip("triton", reason="needs Triton (the H200 image has triton 3.6)")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime"))
+
+from expert_residency.core.banks import (build_unsplit_layer, device_allocator,  # noqa: E402
+                                         rehome_layer)
+from expert_residency.core.counter import ExpertCounter  # noqa: E402
+from expert_residency.core.fma_finalize import finalize as core_finalize  # noqa: E402
+from expert_residency.core.reference import mxfp4_swiglu_per_pick  # noqa: E402
+from expert_residency.core.split import residency_forward  # noqa: E402
+from expert_residency.core.swap import swap_experts, swap_steps, StagingBuffer  # noqa: E402
+from expert_residency.gpu.experts import (ExpertShape, KernelConfig,  # noqa: E402
+                                          TritonMxfp4Experts, MAX_FUSED_PICKS)
+from expert_residency.gpu.graphs import CapturedStep  # noqa: E402
+from expert_residency.gpu.pinned import PinnedRegion, device_view, pinned_view_allocator  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+DEV = torch.device("cuda")
+SMALL = ExpertShape(hidden=512, intermediate=256)
+DSV41 = ExpertShape(hidden=5120, intermediate=2304)
+REL_TOL = 1e-2
+CONFIGS = {
+    "int-dequant": KernelConfig(dequant=0),
+    "dot_scaled": KernelConfig(dequant=1),
+    "prmt-dequant": KernelConfig(dequant=2),
+}
+
+
+def random_experts(shape: ExpertShape, experts: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Random MXFP4 experts: every nibble code, scales around 2**-6 (checkpoint-like)."""
+    h, i = shape.hidden, shape.intermediate
+
+    def u8(*dims: int, lo: int = 0, hi: int = 256) -> torch.Tensor:
+        return torch.randint(lo, hi, dims, generator=gen, device=DEV, dtype=torch.int32).to(torch.uint8)
+
+    return {
+        "w13_weight": u8(experts, 2 * i, h // 2),
+        "w13_weight_scale": u8(experts, 2 * i, h // 32, lo=117, hi=126),
+        "w2_weight": u8(experts, h, i // 2),
+        "w2_weight_scale": u8(experts, h, i // 32, lo=117, hi=126),
+    }
+
+
+def random_routing(tokens: int, experts: int, k: int, gen: torch.Generator,
+                   hot: list[int] | None = None, cold: list[int] | None = None):
+    scores = torch.rand(tokens, experts, generator=gen, device=DEV)
+    ids = torch.topk(scores, k, dim=1).indices
+    if hot is not None and cold is not None and tokens >= 3:
+        ids[0] = torch.tensor(hot[:k], device=DEV)            # entirely hot
+        ids[1] = torch.tensor(cold[:k], device=DEV)           # entirely cold
+        ids[2] = torch.tensor((hot[:k // 2] + cold[:k - k // 2]), device=DEV)  # straddling
+    weights = torch.softmax(torch.randn(tokens, k, generator=gen, device=DEV), dim=1)
+    return ids, weights
+
+
+def make_layers(shape: ExpertShape, experts: int, cold_count: int, gen: torch.Generator):
+    full = random_experts(shape, experts, gen)
+    perm = torch.randperm(experts, generator=torch.Generator().manual_seed(7)).tolist()
+    cold_ids, hot_ids = sorted(perm[:cold_count]), perm[cold_count:]  # hot rows in shuffled order
+    unsplit = build_unsplit_layer(full, layer_index=0)
+    split = rehome_layer(dict(full), hot_ids, cold_ids, layer_index=0,
+                         hot_alloc=device_allocator(DEV), cold_alloc=pinned_view_allocator(DEV))
+    return unsplit, split, hot_ids, cold_ids
+
+
+def activations(tokens: int, hidden: int, gen: torch.Generator) -> torch.Tensor:
+    return torch.randn(tokens, hidden, generator=gen, device=DEV).to(torch.bfloat16)
+
+
+# -- pinned view ---------------------------------------------------------------------------------
+
+def test_pinned_view_aliases_host_memory() -> None:
+    region = PinnedRegion((3, 1000, 7), torch.int32, DEV)
+    assert region.registered or region.host.is_pinned()
+    print(f"\npinned region: exact-size cudaHostRegister={region.registered}")
+    region.host.copy_(torch.arange(21000, dtype=torch.int32).view(3, 1000, 7))
+    assert region.view.device.type == "cuda" and region.view.data_ptr() == region.host.data_ptr()
+    assert torch.equal(region.view.sum(dim=0).cpu(), region.host.sum(dim=0))
+    region.view.add_(5)                       # a kernel writing through the view ...
+    torch.cuda.synchronize()
+    assert int(region.host[2, 999, 6]) == 20999 + 5   # ... lands in host memory in place
+    plain = torch.empty(10, pin_memory=True)
+    assert device_view(plain).data_ptr() == plain.data_ptr()
+    with pytest.raises(ValueError, match="page-locked"):
+        device_view(torch.empty(10))
+
+
+def test_cold_bank_lives_in_host_memory() -> None:
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    _, split, _, cold_ids = make_layers(SMALL, 16, 6, gen)
+    before = torch.cuda.memory_allocated()
+    region = PinnedRegion((64 << 20,), torch.uint8, DEV)
+    assert torch.cuda.memory_allocated() == before  # a view allocates no device memory
+    del region
+    assert split.cold.num_rows == 6 and all(t.is_cuda for t in split.cold.tensors.values())
+    assert all(isinstance(o, PinnedRegion) for o in split.cold.owners)
+    host_bytes = sum(o.nbytes for o in split.cold.owners)
+    assert host_bytes == split.cold.nbytes() == 6 * SMALL.bytes_per_expert
+
+
+# -- bit-identity, tolerance, finalize ----------------------------------------------------------
+
+@pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
+@pytest.mark.parametrize("tokens", [1, 3, 16, 96])
+def test_split_equals_unsplit_bitwise(config: str, tokens: int) -> None:
+    gen = torch.Generator(device=DEV).manual_seed(100 + tokens)
+    experts, k = 16, 6
+    unsplit, split, hot_ids, cold_ids = make_layers(SMALL, experts, 6, gen)
+    ex = TritonMxfp4Experts(SMALL, experts, k, max_tokens=128, device=DEV, config=CONFIGS[config])
+    ids, weights = random_routing(tokens, experts, k, gen, hot_ids, cold_ids)
+    x = activations(tokens, SMALL.hidden, gen)
+    picks_split = ex.pick_outputs(split, x, ids).clone()
+    out_split = ex.finalize(picks_split, weights)
+    picks_unsplit = ex.pick_outputs(unsplit, x, ids).clone()
+    out_unsplit = ex.finalize(picks_unsplit, weights)
+    assert torch.isfinite(out_split.float()).all()
+    assert torch.equal(picks_split, picks_unsplit)
+    assert torch.equal(out_split, out_unsplit)
+    # The same bits through the core's split invoke (Triton per-pick fn, torch fma finalize).
+    core_out = residency_forward(split, x, weights, ids, ex.per_pick_fn(), pick_dtype=torch.bfloat16)
+    assert torch.equal(core_out, out_split)
+
+
+@pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
+def test_split_equals_unsplit_dsv41_geometry(config: str) -> None:
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    experts, k, tokens = 12, 6, 6
+    unsplit, split, hot_ids, cold_ids = make_layers(DSV41, experts, 6, gen)
+    ex = TritonMxfp4Experts(DSV41, experts, k, max_tokens=16, device=DEV, config=CONFIGS[config])
+    ids, weights = random_routing(tokens, experts, k, gen, hot_ids, cold_ids)
+    x = activations(tokens, DSV41.hidden, gen)
+    out_split = ex.forward(split, x, weights, ids).clone()
+    out_unsplit = ex.forward(unsplit, x, weights, ids).clone()
+    assert torch.equal(out_split, out_unsplit)
+    ref = residency_forward(unsplit, x, weights, ids, mxfp4_swiglu_per_pick(), pick_dtype=torch.bfloat16)
+    rel = ((out_split.float() - ref.float()).norm() / ref.float().norm()).item()
+    print(f"\n[{config}] DSv4.1 geometry, T={tokens}: Triton vs torch reference relative L2 = {rel:.2e}")
+    assert rel <= REL_TOL
+
+
+@pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
+def test_triton_vs_torch_reference(config: str) -> None:
+    gen = torch.Generator(device=DEV).manual_seed(11)
+    experts, k, tokens = 16, 6, 16
+    unsplit, split, hot_ids, cold_ids = make_layers(SMALL, experts, 6, gen)
+    ex = TritonMxfp4Experts(SMALL, experts, k, max_tokens=tokens, device=DEV, config=CONFIGS[config])
+    ids, weights = random_routing(tokens, experts, k, gen, hot_ids, cold_ids)
+    x = activations(tokens, SMALL.hidden, gen)
+    picks = ex.pick_outputs(split, x, ids).clone()
+    out = ex.finalize(picks, weights)
+    from expert_residency.core.split import split_invoke
+    ref_picks = split_invoke(unsplit, x, ids, mxfp4_swiglu_per_pick(), out_dtype=torch.bfloat16)
+    ref = core_finalize(ref_picks, weights, torch.bfloat16)
+    rel_picks = ((picks.float() - ref_picks.float()).norm() / ref_picks.float().norm()).item()
+    rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    print(f"\n[{config}] Triton vs torch reference: picks rel L2 {rel_picks:.2e}, layer rel L2 {rel:.2e}")
+    assert rel_picks <= REL_TOL and rel <= REL_TOL
+
+
+def test_dequantizers_agree() -> None:
+    """All three dequantizers feed the tensor cores the same exact bf16 weights; the outputs agree
+    to rounding (bit equality across variants is not claimed: tile layouts may differ)."""
+    gen = torch.Generator(device=DEV).manual_seed(4)
+    experts, k, tokens = 16, 6, 16
+    _, split, hot_ids, cold_ids = make_layers(SMALL, experts, 6, gen)
+    ids, weights = random_routing(tokens, experts, k, gen, hot_ids, cold_ids)
+    x = activations(tokens, SMALL.hidden, gen)
+    outs = {name: TritonMxfp4Experts(SMALL, experts, k, max_tokens=tokens, device=DEV, config=cfg)
+            .forward(split, x, weights, ids) for name, cfg in CONFIGS.items()}
+    base = outs["int-dequant"].float()
+    for name, out in outs.items():
+        rel = ((out.float() - base).norm() / base.norm()).item()
+        print(f"\n{name} vs int-dequant: relative L2 {rel:.2e}, bit-identical {torch.equal(out, outs['int-dequant'])}")
+        assert rel <= 1e-3
+
+
+def test_triton_finalize_matches_core_fma_bitwise() -> None:
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    ex = TritonMxfp4Experts(SMALL, 16, 6, max_tokens=64, device=DEV)
+    for tokens in (1, 7, 64):
+        picks = (torch.randn(tokens, 6, SMALL.hidden, generator=gen, device=DEV) * 3).to(torch.bfloat16)
+        weights = torch.rand(tokens, 6, generator=gen, device=DEV)
+        assert torch.equal(ex.finalize(picks, weights), core_finalize(picks, weights, torch.bfloat16))
+        assert torch.equal(ex.finalize(picks, weights, out_dtype=torch.float32),
+                           core_finalize(picks, weights, torch.float32))
+
+
+def test_large_step_uses_torch_grouping_with_same_bits() -> None:
+    gen = torch.Generator(device=DEV).manual_seed(9)
+    experts, k = 16, 6
+    tokens = MAX_FUSED_PICKS // k + 40  # over the one-program grouping limit
+    unsplit, split, hot_ids, cold_ids = make_layers(SMALL, experts, 6, gen)
+    ex = TritonMxfp4Experts(SMALL, experts, k, max_tokens=tokens, device=DEV)
+    ids, weights = random_routing(tokens, experts, k, gen, hot_ids, cold_ids)
+    x = activations(tokens, SMALL.hidden, gen)
+    counter = ExpertCounter([0], experts, device=DEV)
+    big = ex.forward(split, x, weights, ids, counter=counter).clone()
+    assert torch.equal(big, ex.forward(unsplit, x, weights, ids))
+    assert torch.equal(counter.counts[0], torch.bincount(ids.flatten(), minlength=experts))
+    # Same tokens through the fused grouping in small steps: identical rows (grouping order only
+    # decides which tile a pick lands in; a pick's arithmetic does not depend on it).
+    head = 64
+    small = ex.forward(split, x[:head].contiguous(), weights[:head], ids[:head])
+    assert torch.equal(small, big[:head])
+
+
+# -- graphs, counter, swaps ----------------------------------------------------------------------
+
+def _graph_fixture(tokens: int, layers: int = 2):
+    gen = torch.Generator(device=DEV).manual_seed(20 + tokens)
+    experts, k = 16, 6
+    built = [make_layers(SMALL, experts, 6, gen) for _ in range(layers)]
+    for i, (_, split, _, _) in enumerate(built):
+        split.layer_index = i
+    ex = TritonMxfp4Experts(SMALL, experts, k, max_tokens=tokens, device=DEV)
+    return gen, experts, k, built, ex
+
+
+@pytest.mark.parametrize("tokens", [1, 16])
+def test_graph_replay_equals_eager_with_new_routing(tokens: int) -> None:
+    gen, experts, k, built, ex = _graph_fixture(tokens)
+    counter = ExpertCounter(list(range(len(built))), experts, device=DEV)
+    outs = [torch.empty(tokens, SMALL.hidden, dtype=torch.bfloat16, device=DEV) for _ in built]
+
+    def step(x, w, ids):
+        for i, (_, split, _, _) in enumerate(built):
+            ex.forward(split, x[i], w[i], ids[i], counter=counter, out=outs[i])
+        return torch.stack(outs)
+
+    def routing():
+        pairs = [random_routing(tokens, experts, k, gen) for _ in built]
+        return (torch.stack([activations(tokens, SMALL.hidden, gen) for _ in built]),
+                torch.stack([w for _, w in pairs]), torch.stack([i for i, _ in pairs]))
+
+    x0, w0, i0 = routing()
+    graph = CapturedStep(step, x0, w0, i0)
+    counter.reset()
+    recount = torch.zeros(len(built), experts, dtype=torch.int64, device=DEV)
+    for _ in range(4):
+        x, w, ids = routing()
+        replayed = graph.replay(x, w, ids).clone()
+        for i in range(len(built)):
+            recount[i] += torch.bincount(ids[i].flatten(), minlength=experts)
+        eager = torch.stack([ex.forward(unsplit, x[i], w[i], ids[i])
+                             for i, (unsplit, _, _, _) in enumerate(built)])
+        assert torch.equal(replayed, eager)
+    assert torch.equal(counter.counts, recount)      # the in-graph atomics counted every pick once
+    assert counter.tokens.tolist() == [4 * tokens] * len(built)
+
+
+def test_counter_exact_with_padded_tokens() -> None:
+    gen, experts, k, built, ex = _graph_fixture(32, layers=1)
+    _, split, _, _ = built[0]
+    counter = ExpertCounter([0], experts, device=DEV)
+    expected = torch.zeros(experts, dtype=torch.int64, device=DEV)
+    tokens_seen = 0
+    for step in range(5):
+        ids, w = random_routing(32, experts, k, gen)
+        mask = torch.rand(32, generator=gen, device=DEV) > 0.3
+        ex.forward(split, activations(32, SMALL.hidden, gen), w, ids, counter=counter, token_mask=mask)
+        expected += torch.bincount(ids[mask].flatten(), minlength=experts)
+        tokens_seen += int(mask.sum())
+    assert torch.equal(counter.counts[0], expected)
+    assert int(counter.tokens[0]) == tokens_seen
+
+
+def test_swap_in_graph_is_exact_and_misordered_swap_is_caught() -> None:
+    tokens = 16
+    gen, experts, k, built, ex = _graph_fixture(tokens, layers=1)
+    unsplit, split, hot_ids, cold_ids = built[0]
+    out = torch.empty(tokens, SMALL.hidden, dtype=torch.bfloat16, device=DEV)
+
+    def step(x, w, ids):
+        return ex.forward(split, x, w, ids, out=out)
+
+    # Routing that uses the swapped experts on every token.
+    pairs = [(hot_ids[0], cold_ids[0]), (hot_ids[3], cold_ids[2]), (hot_ids[7], cold_ids[4])]
+    fillers = [hot_ids[1], hot_ids[2], hot_ids[4], hot_ids[5]]  # k - 2 experts no pair touches
+    ids = torch.stack([torch.tensor([pairs[t % 3][0], pairs[t % 3][1]] + fillers)
+                       for t in range(tokens)]).to(DEV)
+    w = torch.softmax(torch.randn(tokens, k, generator=gen, device=DEV), dim=1)
+    x = activations(tokens, SMALL.hidden, gen)
+    reference = ex.forward(unsplit, x, w, ids).clone()
+    graph = CapturedStep(step, x, w, ids)
+    assert torch.equal(graph.replay(), reference)
+    swap_experts(split, pairs)                       # copies, then the two-element map write
+    torch.cuda.synchronize()
+    assert all(e in split.cold_ids for e, _ in pairs) and all(e in split.hot_ids for _, e in pairs)
+    assert torch.equal(graph.replay(), reference)    # replay reads the updated map
+    # Mis-ordered: flip the map for a pair without moving its rows -> outputs must diverge.
+    hot_e, cold_e = split.hot_ids[5], split.cold_ids[1]
+    ids[:, -1] = hot_e
+    reference2 = ex.forward(unsplit, x, w, ids).clone()
+    staging = StagingBuffer.for_layer(split)
+    for s in swap_steps(split, hot_e, cold_e, staging):
+        if s.kind == "map":
+            s.run()
+    assert not torch.equal(graph.replay(x, w, ids), reference2)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q", "-rs", "-s"] + sys.argv[1:]))

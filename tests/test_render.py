@@ -595,3 +595,21 @@ def test_lanes_on_two_machines_render_one_compose_file_per_machine(project: Path
     assert not (root / "box2" / "compose.yaml").exists()
     assert (root / "box2" / "dumps" / "solo" / "counts.hist").read_text() == "the user's data"
     assert run("render", "--check", "shared")[0] == 0
+
+
+BAD_RECIPES = sorted((REPO / "tests" / "bad_recipes").glob("*.yaml")) + \
+    sorted((REPO / "tests" / "budget_failures").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", BAD_RECIPES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_bad_recipe_is_refused_cleanly_and_writes_nothing(recipe: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recipe issue's catalogue of bad inputs and failing budgets: rendering any of them
+    exits 2 with one `error:` message naming the file, never a traceback, never output."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["render", str(recipe)])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ")
+    assert recipe.name in result.output
+    assert "Traceback" not in result.output and result.exception.__class__ is SystemExit
+    assert not (tmp_path / "compose").exists()

@@ -19,6 +19,7 @@ from expert_residency.core import (DumpConfig, ExpertCounter, HistogramDumper,  
 from expert_residency.core.reference import swiglu_per_pick  # noqa: E402
 from expert_residency.formats import load_histogram  # noqa: E402
 
+from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
 from test_core_fixtures import EXPERTS, clone_tensors, float_layer, hidden_states, random_partition, routing  # noqa: E402
 
 pytestmark = pytest.mark.torch

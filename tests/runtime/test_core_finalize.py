@@ -12,6 +12,8 @@ torch = pytest.importorskip("torch")
 
 from expert_residency.core import finalize, fma_f32  # noqa: E402
 
+from test_core_fixtures import single_torch_thread  # noqa: E402,F401
+
 pytestmark = pytest.mark.torch
 
 F32_MAX = Fraction(struct.unpack("<f", struct.pack("<I", 0x7F7FFFFF))[0])

@@ -11,6 +11,17 @@ torch = pytest.importorskip("torch")
 
 from expert_residency.mxfp4 import quantize_mxfp4  # noqa: E402
 
+@pytest.fixture(autouse=True)
+def single_torch_thread():
+    """The tests' tensors are tiny: intra-op threads only add contention (50x slower measured on a
+    loaded 2-core CI box). Restored afterwards so other suites keep their setting. Test modules
+    activate it by importing it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 HIDDEN = 64
 INTER = 32
 EXPERTS = 16

@@ -14,6 +14,7 @@ from expert_residency.core import (ExpertCounter, build_unsplit_layer, device_al
                                    host_allocator, rehome_layer, residency_forward)
 from expert_residency.core.reference import mxfp4_swiglu_per_pick, swiglu_per_pick  # noqa: E402
 
+from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
 from test_core_fixtures import (EXPERTS, clone_tensors, float_layer, hidden_states, mxfp4_layer,  # noqa: E402
                                 random_partition, routing)
 

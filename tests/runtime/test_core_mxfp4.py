@@ -9,6 +9,8 @@ torch = pytest.importorskip("torch")
 from expert_residency.mxfp4 import (decode_e2m1, dequantize_mxfp4, e2m1_table, e8m0_to_float,  # noqa: E402
                                     quantize_mxfp4, unpack_fp4)
 
+from test_core_fixtures import single_torch_thread  # noqa: E402,F401
+
 pytestmark = pytest.mark.torch
 
 # OCP MX spec, E2M1: codes 0..7 = 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 = sign.

@@ -17,6 +17,7 @@ from expert_residency.core import (AllocatedTensor, LayerPlacement, current_rowm
 from expert_residency.core.plan import step_peaks  # noqa: E402
 from expert_residency.formats import RowMap  # noqa: E402
 
+from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
 from test_core_fixtures import float_layer, mxfp4_layer, random_partition  # noqa: E402
 
 pytestmark = pytest.mark.torch

@@ -12,6 +12,7 @@ from expert_residency.core import (ExpertBank, build_unsplit_layer, dense_per_pi
 from expert_residency.core.reference import mxfp4_swiglu_per_pick, swiglu_per_pick  # noqa: E402
 from expert_residency.mxfp4 import dequantize_mxfp4  # noqa: E402
 
+from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
 from test_core_fixtures import (EXPERTS, TOP_K, clone_tensors, float_layer, hidden_states,  # noqa: E402
                                 mxfp4_layer, random_partition, routing)
 

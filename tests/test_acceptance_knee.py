@@ -102,3 +102,12 @@ def test_knee_records_the_lanes_startup_report_and_hashes(tmp_path):
 def test_knee_rejects_bad_options_clearly(args, message):
     result = CliRunner().invoke(main, ["knee", "http://127.0.0.1:9", *args])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_lane_container_is_matched_by_published_or_listening_port():
+    from recipegen.acceptance.identity import _serves_port
+
+    published = {"NetworkSettings": {"Ports": {"8000/tcp": [{"HostIp": "0.0.0.0", "HostPort": "30006"}]}}}
+    assert _serves_port(published, 30006) and not _serves_port(published, 8000)
+    host_net = {"HostConfig": {"NetworkMode": "host"}, "Config": {"Cmd": ["model", "--port", "30007"]}}
+    assert _serves_port(host_net, 30007) and not _serves_port(host_net, 30006)

@@ -112,3 +112,21 @@ def test_plan_cli_json_and_errors(tmp_path):
     assert bad.exit_code == 2 and "no lane 'nope'" in bad.output and "Traceback" not in bad.output
     bad = CliRunner().invoke(main, ["plan", REFERENCE, "agent", "--plot", str(tmp_path / "x.png")])
     assert bad.exit_code == 2 and "--sweep" in bad.output
+
+
+def test_plan_explain_shows_every_operand():
+    result = CliRunner().invoke(main, ["plan", REFERENCE, "agent", "--explain", "--concurrency", "1"])
+    assert result.exit_code == 0, result.output
+    for text in ("MoE layers = 40", "unique experts per layer = 22.5", "bytes per expert = 18,800,640 B",
+                 "link bandwidth = 340 GB/s", "step time = 14.6 ms", "row map maps/dsv41-flash/agent.rowmap"):
+        assert text in result.output
+
+
+def test_positional_twin_reads_whole_layers_cold():
+    twin = load_recipe("dsv41-flash-gb300-off60")
+    summary = fetch_summary(twin, twin.recipe.lanes[0].name, streams=[1])
+    (only,) = summary.classes
+    point = only.points[0]
+    # v14's off60: about 23% of picks cold (seeds: ~23% / 24%), against the measured ~24 ms k=5 step
+    assert 0.21 < only.cold_share.overall < 0.25
+    assert point.tax.share_of_step is not None and point.tax.share_of_step.operands[1].value == 24.0

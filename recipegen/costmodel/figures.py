@@ -31,9 +31,20 @@ class Figure:
     operands: tuple[Operand, ...] = field(default_factory=tuple)
 
     def explain(self) -> str:
-        lines = [f"{self.name} = {_fmt(self.value)} {self.unit}".rstrip(), f"  = {self.formula}"]
+        lines = [f"{self.name} = {display(self.value, self.unit)}", f"  = {self.formula}"]
         lines += [f"    {operand.describe()}" for operand in self.operands]
         return "\n".join(lines)
+
+
+def display(value: float, unit: str) -> str:
+    """A figure's value for people: bytes with MiB, seconds as ms, a bare share as a percentage."""
+    if unit == "B":
+        return f"{value:,.0f} B ({value / 2**20:,.1f} MiB)"
+    if unit == "s":
+        return f"{value * 1e3:.3f} ms"
+    if unit == "" and 0 <= value <= 1:
+        return f"{value:.2%}"
+    return f"{_fmt(value)} {unit}".rstrip()
 
 
 def _fmt(value: float) -> str:

@@ -106,7 +106,7 @@ def test_histogram_round_trip(tmp_path):
 
 def _config(tmp_path: Path, interval: float = 0.0, **env: str) -> DumpConfig:
     environ = {"EXPERT_RESIDENCY_DUMP_DIR": str(tmp_path / "dumps"),
-               "EXPERT_RESIDENCY_DUMP_INTERVAL": str(interval),
+               "EXPERT_RESIDENCY_DUMP_INTERVAL_S": str(interval),
                "EXPERT_RESIDENCY_LANE": "agent", "EXPERT_RESIDENCY_CLASS": "prose",
                "EXPERT_RESIDENCY_MODE": "residency", **env}
     config = DumpConfig.from_env(environ)
@@ -122,8 +122,9 @@ def test_dump_config_from_env(tmp_path):
     defaults = DumpConfig.from_env({"EXPERT_RESIDENCY_DUMP_DIR": "/x"})
     assert (defaults.interval_s, defaults.lane, defaults.traffic_class, defaults.mode) == \
         (60.0, "lane", "none", "count-only")
-    with pytest.raises(ValueError, match="EXPERT_RESIDENCY_DUMP_INTERVAL='soon'"):
-        _config(tmp_path, EXPERT_RESIDENCY_DUMP_INTERVAL="soon")
+    with pytest.raises(ValueError, match="EXPERT_RESIDENCY_DUMP_INTERVAL_S='soon'"):
+        _config(tmp_path, EXPERT_RESIDENCY_DUMP_INTERVAL_S="soon")
+    assert _config(tmp_path, EXPERT_RESIDENCY_MODE="count").mode == "count-only"
     with pytest.raises(ValueError, match="EXPERT_RESIDENCY_MODE='fast'"):
         _config(tmp_path, EXPERT_RESIDENCY_MODE="fast")
     with pytest.raises(ValueError, match="EXPERT_RESIDENCY_LANE='a__b'"):
@@ -201,7 +202,7 @@ def test_dumper_shutdown_snapshot_at_interpreter_exit(tmp_path):
             "from expert_residency.core import ExpertCounter, HistogramDumper, DumpConfig\n"
             "c = ExpertCounter((0,), 3); c.count(0, torch.tensor([[2, 1]]))\n"
             "HistogramDumper(c, DumpConfig.from_env()).start()\n")
-    env = dict(os.environ, EXPERT_RESIDENCY_DUMP_DIR=str(tmp_path / "d"), EXPERT_RESIDENCY_DUMP_INTERVAL="0",
+    env = dict(os.environ, EXPERT_RESIDENCY_DUMP_DIR=str(tmp_path / "d"), EXPERT_RESIDENCY_DUMP_INTERVAL_S="0",
                EXPERT_RESIDENCY_MODE="count-only")
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
     files = _dumps(tmp_path / "d")

@@ -23,11 +23,15 @@ Configuration from the environment (``DumpConfig.from_env``), set by the rendere
 
 ================================  ==========================================================
 ``EXPERT_RESIDENCY_DUMP_DIR``      dump folder (required to dump; mounted from the host)
-``EXPERT_RESIDENCY_DUMP_INTERVAL`` seconds between snapshots (default 60; 0 = none)
+``EXPERT_RESIDENCY_DUMP_INTERVAL_S`` seconds between snapshots (default 60; 0 = none)
 ``EXPERT_RESIDENCY_LANE``          lane name (default ``lane``)
 ``EXPERT_RESIDENCY_CLASS``         traffic class (default ``none``)
-``EXPERT_RESIDENCY_MODE``          runtime mode: ``count-only`` | ``residency`` | ``unsplit``
+``EXPERT_RESIDENCY_MODE``          ``count`` (or ``count-only``) | ``residency`` | ``unsplit``
 ================================  ==========================================================
+
+Inside vLLM the plugin's settings module parses these variables (same names) and builds the
+``DumpConfig`` itself; ``from_env`` is the same reading for standalone use. In file names and
+histogram ``meta`` the count mode is spelled ``count-only``.
 """
 
 from __future__ import annotations
@@ -47,11 +51,12 @@ if TYPE_CHECKING:  # the name and config helpers stay importable without torch (
     from .counter import ExpertCounter
 
 ENV_DIR = "EXPERT_RESIDENCY_DUMP_DIR"
-ENV_INTERVAL = "EXPERT_RESIDENCY_DUMP_INTERVAL"
+ENV_INTERVAL = "EXPERT_RESIDENCY_DUMP_INTERVAL_S"
 ENV_LANE = "EXPERT_RESIDENCY_LANE"
 ENV_CLASS = "EXPERT_RESIDENCY_CLASS"
 ENV_MODE = "EXPERT_RESIDENCY_MODE"
 MODES = ("count-only", "residency", "unsplit")
+_MODE_ALIASES = {"count": "count-only"}
 DEFAULT_INTERVAL_S = 60.0
 
 _NAME_PART = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9.-])?$")
@@ -86,9 +91,9 @@ class DumpConfig:
             raise ValueError(f"{ENV_INTERVAL}={raw!r}: not a number of seconds") from None
         if interval < 0:
             raise ValueError(f"{ENV_INTERVAL}={raw!r}: must be >= 0")
+        mode = env.get(ENV_MODE, "").strip() or "count-only"
         config = cls(Path(folder), interval, env.get(ENV_LANE, "lane").strip() or "lane",
-                     env.get(ENV_CLASS, "none").strip() or "none",
-                     env.get(ENV_MODE, "count-only").strip() or "count-only")
+                     env.get(ENV_CLASS, "none").strip() or "none", _MODE_ALIASES.get(mode, mode))
         config.check()
         return config
 

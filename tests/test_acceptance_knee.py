@@ -111,3 +111,16 @@ def test_lane_container_is_matched_by_published_or_listening_port():
     assert _serves_port(published, 30006) and not _serves_port(published, 8000)
     host_net = {"HostConfig": {"NetworkMode": "host"}, "Config": {"Cmd": ["model", "--port", "30007"]}}
     assert _serves_port(host_net, 30007) and not _serves_port(host_net, 30006)
+
+
+def test_streamed_tokens_are_counted_from_ids_then_usage_then_chunks():
+    from recipegen.acceptance.client import _chunk_tokens
+
+    assert _chunk_tokens({"choices": [{"text": "ab", "token_ids": [1, 2]}]}, 0, chat=False) == (2, 2)
+    # no ids: vLLM's continuous usage statistics give the running total
+    assert _chunk_tokens({"choices": [{"text": "ab"}], "usage": {"completion_tokens": 5}}, 3, chat=False) == (2, 5)
+    # nothing but text: one token per non-empty chunk
+    assert _chunk_tokens({"choices": [{"delta": {"content": "x"}}]}, 4, chat=True) == (1, 5)
+    assert _chunk_tokens({"choices": [{"delta": {}}]}, 4, chat=True) == (0, 4)
+    # the final usage-only chunk adds nothing already counted
+    assert _chunk_tokens({"choices": [], "usage": {"completion_tokens": 5}}, 5, chat=False) == (0, 5)

@@ -140,6 +140,13 @@ def compute_ledger(loaded: Any) -> RecipeLedger:
         if lane.active_class is not None:
             rowmap = loaded.rowmaps.get((lane.name, lane.active_class))
             rowmap_file = lane.classes[lane.active_class].rowmap
+        if lane.parallel is not None:  # a lane over several machines: one ledger per stage
+            from recipegen.ledger.multinode import compute_multinode_lane
+            lanes.append(compute_multinode_lane(
+                recipe, lane, rowmap_hot=rowmap.hot_counts() if rowmap is not None else None,
+                rowmap_label=(f"row map {rowmap_file} (class {lane.active_class})"
+                              if rowmap is not None else None)))
+            continue
         lanes.append(compute_lane(recipe.model, recipe.machines[lane.machine], lane,
                                   rowmap_hot=rowmap.hot_counts() if rowmap is not None else None,
                                   rowmap_label=(f"row map {rowmap_file} (class {lane.active_class})"

@@ -111,6 +111,12 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
 def render_ledger(ledger: RecipeLedger, path: str, *, explain: bool = False) -> str:
     out = [f"{ledger.recipe} ({path})"]
     for lane in ledger.lanes:
+        if hasattr(lane, "stages"):  # a lane over several machines: one ledger per machine
+            from recipegen.ledger.multinode_report import render_multinode_lane
+            out.append(f"lane {lane.lane} · {len(lane.stages)} machines (pipeline parallel) · "
+                       f"{lane.placement}")
+            out.append(render_multinode_lane(lane, explain=explain))
+            continue
         out.append(f"lane {lane.lane} · machine {lane.machine} GPU {','.join(map(str, lane.gpus))} · "
                    f"{lane.placement}")
         out.append(render_lane(lane, explain=explain))

@@ -64,6 +64,9 @@ def cross_reference_problems(recipe: Recipe, base_dir: Path) -> list[Problem]:
                              f"model {recipe.model.name} declares none (add model.drafter or "
                              "speculative.model)"))
         problems.extend(_class_problems(recipe, i, base_dir))
+        if lane.parallel is not None:
+            from recipegen.multinode.checks import parallel_problems
+            problems.extend(parallel_problems(recipe, i))
     return problems
 
 
@@ -72,7 +75,9 @@ def _class_problems(recipe: Recipe, i: int, base_dir: Path) -> list[Problem]:
     where: tuple[str | int, ...] = ("lanes", i)
     problems: list[Problem] = []
     usage_aware = lane.offload.placement == "usage-aware"
-    if usage_aware and not lane.classes:
+    # A budget that keeps every expert hot puts nothing in host: no row map to choose by.
+    all_hot = lane.offload.hot_experts_per_layer == recipe.model.routed_experts
+    if usage_aware and not lane.classes and not all_hot:
         problems.append(((*where, "classes"), "a usage-aware lane needs at least one traffic class "
                          "with a row map"))
     if lane.classes and lane.active_class is None:

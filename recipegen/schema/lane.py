@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, NonNegativeInt, PositiveInt, StringConstraints, model_validator
 
 from recipegen.schema.base import Bytes, PathError, PositiveBytes, StrictModel, TokenCount
+from recipegen.schema.parallel import Parallel
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
 
@@ -253,6 +254,9 @@ class Lane(StrictModel):
     """Further `vllm serve` arguments, passed through verbatim."""
     env: dict[str, str] = {}
     """Further container environment variables."""
+    parallel: Parallel | None = None
+    """Span several machines: pipeline stages (one machine each, `machine`/`gpus` above are stage
+    0, the head), their layer split and rendezvous port (see docs/multinode.md)."""
 
     @model_validator(mode="after")
     def _check(self) -> "Lane":
@@ -261,6 +265,12 @@ class Lane(StrictModel):
                             ("gpu_memory_utilization",))
         if len(set(self.gpus)) != len(self.gpus):
             raise PathError(f"GPU ids repeat: {self.gpus}", ("gpus",))
+        if self.parallel is not None:
+            head = self.parallel.pipeline[0]
+            if head.machine != self.machine or head.gpus != self.gpus:
+                raise PathError(f"stage 0 runs on the lane's own machine and GPUs (the head serves "
+                                f"the API): expected machine {self.machine!r} gpus {self.gpus}, got "
+                                f"{head.machine!r} {head.gpus}", ("parallel", "pipeline", 0))
         return self
 
     @property

@@ -51,6 +51,9 @@ class HostTable(StrictModel):
     """What the table is."""
     bytes: PositiveBytes
     """Its size in host memory."""
+    layer: NonNegativeInt | None = None
+    """Decoder layer the table belongs to (DeepSeek-V4.1: `engram_layer_ids`); a pipeline stage holds
+    the tables of its layers. Unknown: every stage of a multi-node lane counts it (conservative)."""
 
 
 class Drafter(StrictModel):

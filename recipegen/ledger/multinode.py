@@ -1,0 +1,366 @@
+"""The ledger of a lane that spans machines: one ledger per pipeline stage (= per machine), a lane
+summary, and the all-HBM question (does every weight fit in HBM next to a useful KV pool?).
+
+Pure. Each stage is the lane's own budget arithmetic (`compute.compute_lane`, the one home of every
+HBM/KV/host formula) applied to the stage's share of the model: its MoE layers, its share of the
+dense weights, the drafter on the last stage, the host tables of its layers, KV for its layers. The
+only formulas here are those shares and the stage's HBM reserve:
+
+- layers per stage: vLLM's own rule (`recipegen.multinode.partition`) or the declared partition;
+- dense share: dense_bytes × stage_layers / decoder_layers (attention, shared experts and norms
+  are per layer; embeddings and LM head sit on the first and last stage — an approximation);
+- KV per token: kv_bytes_per_token × stage_layers / decoder_layers (every stage caches its layers);
+- stage HBM reserve: the lane's measured per-GPU reserve minus its dense and drafter parts (what is
+  left is activations, CUDA graphs and runtime, which every GPU pays), plus the stage's dense share
+  (and the drafter on the last stage — vLLM runs the drafter on the last pipeline rank).
+
+vLLM sizes one KV pool per rank and the engine uses the smallest (every stage caches every token
+for its layers), so the lane's KV tokens are the minimum over stages.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+from recipegen.ledger.compute import (LaneLedger, PlacementLedger, Violation, compute_lane)
+from recipegen.ledger.figures import Figure
+from recipegen.multinode.partition import StageLayers, stage_layers
+from recipegen.schema import HbmReserve, HostReserve, HostTable, Lane, Machine, Model, Recipe
+from recipegen.units import format_bytes, format_tokens
+
+
+@dataclass
+class StageLedger:
+    """One pipeline stage on one machine: its layers and its own full ledger."""
+
+    rank: int
+    machine: str
+    gpus: list[int]
+    layers: StageLayers
+    all_experts_in_hbm: bool
+    tables: list[str]                   # host tables this stage holds
+    ledger: LaneLedger                  # compute_lane on the stage's share of the model
+    figures: dict[str, Figure]          # the share figures (layers, dense, KV rate, reserve)
+
+    @property
+    def role(self) -> str:
+        return "head" if self.rank == 0 else "worker"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "role": self.role, "machine": self.machine, "gpus": self.gpus,
+                "layers": [self.layers.start, self.layers.end],
+                "moe_layers": [self.layers.moe_layers[0], self.layers.moe_layers[-1]]
+                if self.layers.moe_layers else [],
+                "all_experts_in_hbm": self.all_experts_in_hbm, "host_tables": self.tables,
+                "figures": {k: f.to_json() for k, f in self.figures.items()},
+                "ledger": self.ledger.to_json()}
+
+
+@dataclass
+class LayoutVerdict:
+    """Does a whole-lane layout fit? One line per stage."""
+
+    name: str
+    experts_in_hbm: bool
+    tables_in_hbm: bool
+    fits: bool
+    stages: list[tuple[str, float, float, bool]]   # (machine, kv tokens, kv pool bytes, fits)
+    shortfall: float                               # bytes over, summed over failing stages
+    weights_and_reserves: float = 0.0              # Σ stages: reserve + experts in HBM (all GPUs)
+    hbm_cap: float = 0.0                           # Σ stages: HBM cap (all GPUs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "experts_in_hbm": self.experts_in_hbm,
+                "tables_in_hbm": self.tables_in_hbm, "fits": self.fits,
+                "stages": [{"machine": m, "kv_tokens": t, "kv_pool_bytes": p, "fits": ok}
+                           for m, t, p, ok in self.stages],
+                "shortfall_bytes": self.shortfall, "weights_and_reserves_bytes": self.weights_and_reserves,
+                "hbm_cap_bytes": self.hbm_cap}
+
+    @property
+    def any_split_fits(self) -> bool:
+        """Whether some layer split could fit it at all (Σ weights and reserves ≤ Σ caps)."""
+        return self.weights_and_reserves <= self.hbm_cap
+
+
+@dataclass
+class MultiNodeLaneLedger(LaneLedger):
+    """A lane over several machines. Its own `figures`/`violations` are the lane summary and every
+    stage's violations; `stages` hold one full ledger per machine."""
+
+    stages: list[StageLedger] = field(default_factory=list)
+    layouts: list[LayoutVerdict] = field(default_factory=list)
+    recommendation: str = ""
+    pipeline_parallel_size: int = 1
+    tensor_parallel_size: int = 1
+
+    def stage_on(self, machine: str) -> StageLedger:
+        for stage in self.stages:
+            if stage.machine == machine:
+                return stage
+        raise KeyError(machine)
+
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        out.update({"multinode": True, "pipeline_parallel_size": self.pipeline_parallel_size,
+                    "tensor_parallel_size": self.tensor_parallel_size,
+                    "stages": [s.to_json() for s in self.stages],
+                    "layouts": [v.to_json() for v in self.layouts],
+                    "recommendation": self.recommendation})
+        return out
+
+
+# ------------------------------------------------------------------------------------------
+
+def lane_stages(model: Model, lane: Lane) -> list[StageLayers]:
+    """The lane's stages' layer ranges (vLLM's rule unless declared)."""
+    assert lane.parallel is not None
+    return stage_layers(model.decoder_layers, model.moe_layers, lane.parallel.pipeline_parallel_size,
+                        lane.parallel.layer_partition)
+
+
+def compute_multinode_lane(recipe: Recipe, lane: Lane, *, rowmap_hot: Sequence[int] | None = None,
+                           rowmap_label: str | None = None) -> MultiNodeLaneLedger:
+    """Per-stage ledgers of a multi-node lane, the lane summary and the all-HBM verdicts."""
+    assert lane.parallel is not None
+    model = recipe.model
+    parallel = lane.parallel
+    head_machine = recipe.machines[lane.machine]
+    # The lane's reserve as measured (one GPU holding the whole model): computed by the lane
+    # arithmetic itself, so its dense/drafter/rest split is the ledger's own.
+    whole = compute_lane(model, head_machine, lane.model_copy(update={"parallel": None}),
+                         rowmap_hot=rowmap_hot, rowmap_label=rowmap_label)
+    layers = lane_stages(model, lane)
+    stages = [_stage(recipe, lane, whole, rank, sl, rowmap_hot, rowmap_label,
+                     experts_in_hbm=parallel.pipeline[rank].all_experts_in_hbm,
+                     tables_in_hbm=parallel.host_tables_in_hbm)
+              for rank, sl in enumerate(layers)]
+    layouts = [_layout(recipe, lane, whole, layers, name, experts, tables)
+               for name, experts, tables in (
+                   ("every weight in HBM (experts and host tables)", True, True),
+                   ("every expert in HBM, host tables in host", True, False))]
+
+    figs: dict[str, Figure] = {}
+    tokens = [s.ledger.fig("kv.tokens").value for s in stages]
+    low = min(range(len(stages)), key=lambda i: tokens[i])
+    figs["kv.tokens"] = Figure(
+        "kv.tokens", "lane KV pool in tokens (smallest stage)", tokens[low], "tokens",
+        "min over stages of stage kv_tokens", {f"stage{s.rank}_{s.machine}_tokens": round(t)
+                                               for s, t in zip(stages, tokens)},
+        "vLLM allocates the same number of KV blocks on every rank: the smallest pool decides")
+    figs["kv.max_model_len"] = Figure("kv.max_model_len", "max_model_len", lane.max_model_len, "tokens", "", {})
+    figs["kv.full_sequences"] = Figure(
+        "kv.full_sequences", "full max_model_len sequences that fit", math.floor(tokens[low] / lane.max_model_len),
+        "sequences", "⌊kv_tokens / max_model_len⌋", {"kv_tokens": round(tokens[low]),
+                                                      "max_model_len": lane.max_model_len})
+    for key, label in (("hbm.hot_experts", "hot routed experts in HBM (all stages)"),
+                       ("host.cold_experts", "routed experts pinned in host (all machines)")):
+        values = {f"stage{s.rank}": s.ledger.fig(key).value * (len(s.gpus) if key.startswith("hbm") else 1)
+                  for s in stages}
+        figs["lane." + key] = Figure("lane." + key, label, sum(values.values()), "bytes",
+                                     "Σ stages" + (" (× GPUs per stage)" if key.startswith("hbm") else ""),
+                                     values)
+    figs["lane.host_tables"] = Figure(
+        "lane.host_tables", "host tables (all machines)", sum(s.ledger.fig("host.tables").value for s in stages),
+        "bytes", "Σ stages", {f"stage{s.rank}": s.ledger.fig("host.tables").value for s in stages},
+        "in HBM instead (--engram-config cpu_offload false)" if parallel.host_tables_in_hbm else "")
+
+    violations = [v for s in stages for v in s.ledger.violations]
+    notes = [f"pipeline parallel {len(stages)} × tensor parallel {parallel.tensor_parallel_size} on vLLM's "
+             f"multi-node mode; layers per stage {[s.layers.num_layers for s in stages]} "
+             + ("(declared VLLM_PP_LAYER_PARTITION)" if parallel.layer_partition else
+                "(vLLM's get_pp_indices rule)")]
+    recommendation = _recommend(lane, stages, layouts)
+    head = stages[0].ledger
+    placement = "all-HBM" if all(s.all_experts_in_hbm or not any(s.ledger.active.cold_per_layer)
+                                 for s in stages) else lane.offload.placement
+    return MultiNodeLaneLedger(
+        lane=lane.name, machine=lane.machine, gpus=list(lane.gpus), placement=placement,
+        figures={**head.figures, **figs}, usage_aware=_joined(stages, "usage_aware"),
+        positional=None, violations=violations, notes=notes + head.notes, stages=stages,
+        layouts=layouts, recommendation=recommendation,
+        pipeline_parallel_size=len(stages), tensor_parallel_size=parallel.tensor_parallel_size)
+
+
+# ------------------------------------------------------------------------------------------
+
+def stage_model(model: Model, layers: StageLayers, *, last: bool, tables_in_hbm: bool
+                ) -> tuple[Model, list[HostTable], dict[str, Figure]]:
+    """The stage's share of the model (its MoE layers, dense share, KV rate, drafter, tables)."""
+    share = layers.num_layers / model.decoder_layers
+    figs: dict[str, Figure] = {}
+    figs["stage.layers"] = Figure(
+        "stage.layers", "decoder layers on this stage", layers.num_layers, "count",
+        "end − start", {"start": layers.start, "end": layers.end, "moe_layers": len(layers.moe_layers)})
+    tables = [t for t in model.host_tables if t.layer is None or layers.holds(t.layer)]
+    update: dict[str, Any] = {"moe_layers": list(layers.moe_layers),
+                              "host_tables": [] if tables_in_hbm else tables}
+    if model.dense_bytes is not None:
+        dense = model.dense_bytes * share
+        figs["stage.dense"] = Figure(
+            "stage.dense", "dense weights on this stage", dense, "bytes",
+            "dense_bytes × stage_layers / decoder_layers",
+            {"dense_bytes": model.dense_bytes, "stage_layers": layers.num_layers,
+             "decoder_layers": model.decoder_layers},
+            "approximation: per-layer share (embeddings/LM head are on the first/last stage)")
+        update["dense_bytes"] = round(dense)
+    if model.kv_bytes_per_token is not None:
+        update["kv_bytes_per_token"] = max(1, round(model.kv_bytes_per_token * share))
+        figs["stage.kv_bytes_per_token"] = Figure(
+            "stage.kv_bytes_per_token", "KV bytes per token for this stage's layers",
+            update["kv_bytes_per_token"], "count", "kv_bytes_per_token × stage_layers / decoder_layers",
+            {"kv_bytes_per_token": model.kv_bytes_per_token, "stage_layers": layers.num_layers,
+             "decoder_layers": model.decoder_layers})
+    else:
+        assert model.kv_tokens_per_gib is not None
+        update["kv_tokens_per_gib"] = model.kv_tokens_per_gib / share
+        figs["stage.kv_tokens_per_gib"] = Figure(
+            "stage.kv_tokens_per_gib", "KV tokens per GiB for this stage's layers",
+            update["kv_tokens_per_gib"], "count", "kv_tokens_per_gib × decoder_layers / stage_layers",
+            {"kv_tokens_per_gib": model.kv_tokens_per_gib, "stage_layers": layers.num_layers,
+             "decoder_layers": model.decoder_layers},
+            "every layer is taken to cache the same bytes per token (approximation)")
+    if not last and model.drafter is not None:
+        update["drafter"] = None
+    return model.model_copy(update=update), tables, figs
+
+
+def _stage(recipe: Recipe, lane: Lane, whole: LaneLedger, rank: int, layers: StageLayers,
+           rowmap_hot: Sequence[int] | None, rowmap_label: str | None, *, experts_in_hbm: bool,
+           tables_in_hbm: bool) -> StageLedger:
+    assert lane.parallel is not None
+    model = recipe.model
+    spec = lane.parallel.pipeline[rank]
+    machine = recipe.machines[spec.machine]
+    last = rank == lane.parallel.pipeline_parallel_size - 1
+    if not layers.moe_layers:
+        raise ValueError(f"stage {rank} ({spec.machine}) holds no MoE layer")
+    smodel, tables, figs = stage_model(model, layers, last=last, tables_in_hbm=tables_in_hbm)
+    tp = len(spec.gpus)
+    reserve = _stage_reserve(model, whole, smodel, figs, tp, last=last)
+    if tables_in_hbm and tables:
+        table_bytes = sum(t.bytes for t in tables)
+        figs["stage.tables_in_hbm"] = Figure(
+            "stage.tables_in_hbm", "host tables placed in HBM (per GPU)", table_bytes / tp, "bytes",
+            "Σ stage tables / tp", {t.name + "_bytes": t.bytes for t in tables} | {"tp": tp},
+            "--engram-config '{\"cpu_offload\": false}' (vLLM shards them over TP)")
+        reserve += table_bytes / tp
+    figs["stage.hbm_reserve"] = Figure(
+        "stage.hbm_reserve", "stage HBM reserve (per GPU)", reserve, "bytes",
+        "runtime_rest + stage_dense / tp + drafter(last stage) / tp" + (" + tables_in_hbm" if tables_in_hbm and tables else ""),
+        {k: v for k, v in figs["stage.hbm_reserve.parts"].operands.items()},
+        figs["stage.hbm_reserve.parts"].note)
+    del figs["stage.hbm_reserve.parts"]
+    updates: dict[str, Any] = {
+        "machine": spec.machine, "gpus": list(spec.gpus), "parallel": None,
+        "reserves": lane.reserves.model_copy(update={
+            "hbm": HbmReserve(value=f"{round(reserve)} B", source=(
+                f"stage {rank}'s share of the lane's back-solved reserve (stage.hbm_reserve)")),
+            # The host reserve (page cache, processes) is the lane's, back-solved against the
+            # whole model's tables; every machine is charged all of it.
+            "host": None if lane.reserves.host is None else HostReserve(
+                value=f"{round(whole.fig('host.reserve').value)} B",
+                source=f"the lane's host reserve, per machine ({lane.reserves.host.source})")})}
+    hot = list(rowmap_hot[model.moe_layers.index(layers.moe_layers[0]):
+                         model.moe_layers.index(layers.moe_layers[-1]) + 1]) if rowmap_hot is not None else None
+    label = rowmap_label
+    if experts_in_hbm:
+        updates["offload"] = lane.offload.model_copy(update={
+            "placement": "usage-aware", "hot_experts_per_layer": model.routed_experts,
+            "cold_experts_budget": None, "load_cpu_offload": None})
+        hot, label = None, None
+    if not last:
+        updates["speculative"] = None
+    ledger = compute_lane(smodel, machine, lane.model_copy(update=updates), rowmap_hot=hot,
+                          rowmap_label=f"{label}, layers {layers.moe_layers[0]}–{layers.moe_layers[-1]}"
+                          if label else None)
+    ledger.violations[:] = [replace(v, machine=v.machine or spec.machine,
+                                    message=f"stage {rank} on {spec.machine}: {v.message}")
+                            for v in ledger.violations]
+    return StageLedger(rank, spec.machine, list(spec.gpus), layers, experts_in_hbm,
+                       [t.name for t in tables], ledger, figs)
+
+
+def _stage_reserve(model: Model, whole: LaneLedger, smodel: Model, figs: dict[str, Figure], tp: int,
+                   *, last: bool) -> float:
+    """runtime rest (whole lane's reserve − its dense − drafter) + this stage's dense + drafter."""
+    measured = whole.fig("hbm.reserve").value
+    if "hbm.reserve.runtime" in whole.figures:
+        rest = whole.fig("hbm.reserve.runtime").value
+        dense = (smodel.dense_bytes or 0) / tp
+        drafter = ((model.drafter.weights or 0) / tp) if (last and model.drafter) else 0.0
+        figs["stage.hbm_reserve.parts"] = Figure(
+            "", "", 0, "bytes", "", {"runtime_rest_bytes": rest, "stage_dense_bytes": dense,
+                                     "drafter_bytes": drafter, "tp": tp},
+            "runtime rest = the lane's measured reserve − its dense and drafter weights, paid on every GPU")
+        return rest + dense + drafter
+    figs["stage.hbm_reserve.parts"] = Figure(
+        "", "", 0, "bytes", "", {"lane_reserve_bytes": measured},
+        "the model declares no dense_bytes: every stage is charged the lane's whole reserve (conservative)")
+    return measured
+
+
+def _layout(recipe: Recipe, lane: Lane, whole: LaneLedger, layers: list[StageLayers], name: str,
+            experts_in_hbm: bool, tables_in_hbm: bool) -> LayoutVerdict:
+    rows: list[tuple[str, float, float, bool]] = []
+    shortfall = need = cap = 0.0
+    for rank, sl in enumerate(layers):
+        stage = _stage(recipe, lane, whole, rank, sl, None, None, experts_in_hbm=experts_in_hbm,
+                       tables_in_hbm=tables_in_hbm)
+        hbm = [v for v in stage.ledger.violations if v.kind in ("hbm", "kv")]
+        shortfall += sum(v.over_bytes or 0 for v in hbm)
+        gpus = len(stage.gpus)
+        need += (stage.figures["stage.hbm_reserve"].value + stage.ledger.fig("hbm.hot_experts").value) * gpus
+        cap += stage.ledger.fig("hbm.cap").value * gpus
+        rows.append((stage.machine, stage.ledger.fig("kv.tokens").value,
+                     stage.ledger.fig("hbm.kv_pool").value, not hbm))
+    return LayoutVerdict(name, experts_in_hbm, tables_in_hbm, all(ok for *_, ok in rows), rows, shortfall,
+                         need, cap)
+
+
+def _recommend(lane: Lane, stages: list[StageLedger], layouts: list[LayoutVerdict]) -> str:
+    fitting = [v for v in layouts if v.fits]
+    offloading = [s for s in stages if not s.all_experts_in_hbm and any(s.ledger.active.cold_per_layer)]
+    if not fitting:
+        worst = layouts[-1]
+        return (f"all-HBM does not fit ({worst.name}: {format_bytes(worst.shortfall)} short for one "
+                f"max_model_len sequence); keep expert residency on the stages that offload")
+    best = fitting[0]
+    kv = min(t for _, t, _, _ in best.stages)
+    text = f"recommended: {best.name} — fits on every stage, KV {format_tokens(kv)} tokens per stage pool"
+    if offloading:
+        text += ("; set all_experts_in_hbm: true on stage(s) "
+                 + ", ".join(f"{s.rank} ({s.machine})" for s in offloading)
+                 + " — they offload experts although all fit")
+    for verdict in layouts:
+        if not verdict.fits:
+            text += f". Not: {verdict.name} ({format_bytes(verdict.shortfall)} short"
+            text += (f"; no layer split fits it: weights + reserves {format_bytes(verdict.weights_and_reserves)}"
+                     f" > HBM caps {format_bytes(verdict.hbm_cap)})" if not verdict.any_split_fits else
+                     "; another layer_partition may fit it)")
+    return text
+
+
+def _joined(stages: list[StageLedger], attr: str) -> PlacementLedger:
+    """The lane's placement across stages: per-layer hot/cold counts in layer order."""
+    parts = [getattr(s.ledger, attr) for s in stages]
+    hot = [h for p in parts for h in p.hot_per_layer]
+    cold = [c for p in parts for c in p.cold_per_layer]
+    return PlacementLedger(parts[0].placement, hot, cold, "; ".join(
+        f"stage {s.rank}: {p.basis}" for s, p in zip(stages, parts)),
+        sum(p.hot_bytes for p in parts), sum(p.cold_bytes for p in parts),
+        dict(stages[0].ledger.active.figures))
+
+
+def stage_violation_machines(ledger: MultiNodeLaneLedger) -> dict[str, list[Violation]]:
+    out: dict[str, list[Violation]] = {}
+    for stage in ledger.stages:
+        out.setdefault(stage.machine, []).extend(stage.ledger.violations)
+    return out
+
+
+def machine_for_stage(recipe: Recipe, lane: Lane, rank: int) -> Machine:
+    assert lane.parallel is not None
+    return recipe.machines[lane.parallel.pipeline[rank].machine]

@@ -1,0 +1,57 @@
+"""The human ledger of a lane over several machines: one ledger per machine, then the lane."""
+
+from __future__ import annotations
+
+from recipegen.ledger.multinode import MultiNodeLaneLedger
+from recipegen.ledger.report import render_lane
+from recipegen.units import GiB, format_tokens
+
+
+def _g(value: float) -> str:
+    return f"{value / GiB:,.2f} GiB"
+
+
+def render_multinode_lane(lane: MultiNodeLaneLedger, *, explain: bool = False) -> str:
+    out: list[str] = []
+    for stage in lane.stages:
+        sl = stage.layers
+        moe = f"MoE {sl.moe_layers[0]}–{sl.moe_layers[-1]}" if sl.moe_layers else "no MoE layer"
+        out.append(f"  machine {stage.machine} · stage {stage.rank} ({stage.role}) · GPU "
+                   f"{','.join(map(str, stage.gpus))} · layers {sl.start}–{sl.end - 1} ({moe})"
+                   + (" · every expert in HBM" if stage.all_experts_in_hbm else ""))
+        f = stage.figures
+        parts = [f"stage reserve {_g(f['stage.hbm_reserve'].value)}"]
+        if "stage.dense" in f:
+            parts.append(f"of which dense share {_g(f['stage.dense'].value / len(stage.gpus))}")
+        if "stage.tables_in_hbm" in f:
+            parts.append(f"host tables in HBM {_g(f['stage.tables_in_hbm'].value)}")
+        parts.append("host tables here: " + (", ".join(stage.tables) or "none"))
+        out.append("    " + "; ".join(parts))
+        body = render_lane(stage.ledger, explain=explain)
+        out.extend("  " + line for line in body.splitlines())
+        if explain:
+            out.append("    Stage shares:")
+            for fig in f.values():
+                out.extend("      " + line for line in fig.explain().splitlines())
+    fig = lane.figures
+    out.append(f"  lane summary: pipeline {lane.pipeline_parallel_size} × tensor parallel "
+               f"{lane.tensor_parallel_size}; KV {fig['kv.tokens'].display()} (smallest stage) → "
+               f"{int(fig['kv.full_sequences'].value)} full max_model_len sequence(s); experts in HBM "
+               f"{_g(fig['lane.hbm.hot_experts'].value)}, pinned in host "
+               f"{_g(fig['lane.host.cold_experts'].value)}; host tables {_g(fig['lane.host_tables'].value)}")
+    for verdict in lane.layouts:
+        stages = ", ".join(f"{m} KV {_g(pool)} = {format_tokens(max(t, 0))} tokens"
+                           + ("" if ok else " ✗") for m, t, pool, ok in verdict.stages)
+        out.append(f"  layout {verdict.name}: {'fits' if verdict.fits else 'does NOT fit'} ({stages})"
+                   + ("" if verdict.fits else f", {_g(verdict.shortfall)} short")
+                   + f"; weights + reserves {_g(verdict.weights_and_reserves)} of HBM caps {_g(verdict.hbm_cap)}")
+    out.append(f"  {lane.recommendation}")
+    for note in lane.notes[:1]:
+        out.append(f"  note: {note}")
+    if lane.ok:
+        out.append("  verdict: OK — every budget holds on every machine")
+    else:
+        for v in lane.violations:
+            out.append(f"  OVER BUDGET [{v.kind}]: {v.message}")
+            out.append(f"    → {v.suggestion}")
+    return "\n".join(out)

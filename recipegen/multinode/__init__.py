@@ -1,0 +1,1 @@
+"""Lanes that span machines: vLLM's pipeline layer split, per-node commands, row-map slices."""

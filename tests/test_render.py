@@ -278,7 +278,8 @@ def test_swap_changes_only_that_service_and_keeps_the_recipe_layout(project: Pat
 
 def test_check_exits_1_when_stale_and_0_when_current(project: Path) -> None:
     assert run("render")[0] == 0
-    assert run("render", "--check") == (0, "up to date: 2 recipe(s)\n")
+    count = len(list((project / "recipes").glob("*.yaml")))
+    assert run("render", "--check") == (0, f"up to date: {count} recipe(s)\n")
 
     # A user's own file in the output folder is neither stale nor lost on re-render.
     secrets = project / "compose" / REFERENCE / "secrets.env"
@@ -613,3 +614,44 @@ def test_every_bad_recipe_is_refused_cleanly_and_writes_nothing(recipe: Path, tm
     assert recipe.name in result.output
     assert "Traceback" not in result.output and result.exception.__class__ is SystemExit
     assert not (tmp_path / "compose").exists()
+
+
+MULTI_NODE = "dsv41-flash-gb300x2-pp2"
+
+
+@needs_compose
+def test_multi_node_lane_renders_a_head_and_headless_workers_per_machine(project: Path) -> None:
+    """DESIGN "Multi-node lanes": one compose file per machine; the head keeps `lane-<lane>` and
+    serves the API, workers are `lane-<lane>-worker-<n>`, all on vLLM's own multi-node mode."""
+    if not (project / "recipes" / f"{MULTI_NODE}.yaml").is_file():
+        pytest.skip(f"recipes/{MULTI_NODE}.yaml not present")
+    code, out = run("render", MULTI_NODE, "--validate")
+    assert code == 0, out
+    root = project / "compose" / MULTI_NODE
+    head = compose_config_json(root / "station-a" / "compose.yaml")["services"]
+    worker = compose_config_json(root / "station-b" / "compose.yaml")["services"]
+    assert set(head) == {"lane-agent", "lane-agent-profile"}
+    assert set(worker) == {"lane-agent-worker-1", "lane-agent-worker-1-profile"}
+
+    def flags(service: dict) -> list[str]:
+        assert argv_problems(service["command"], load_flag_table("0.33.0")) == []
+        return service["command"]
+
+    h, w = flags(head["lane-agent"]), flags(worker["lane-agent-worker-1"])
+    for argv, rank in ((h, "0"), (w, "1")):
+        assert argv[argv.index("--node-rank") + 1] == rank
+        assert argv[argv.index("--nnodes") + 1] == "2"
+        assert argv[argv.index("--pipeline-parallel-size") + 1] == "2"
+        assert argv[argv.index("--master-addr") + 1] == "10.0.0.1"
+        assert argv[argv.index("--master-port") + 1] == "29501"
+        assert "--cpu-offload-gb" not in argv and "--worker-extension-cls" not in argv
+    assert "--headless" in w and "--headless" not in h
+    assert head["lane-agent"]["network_mode"] == worker["lane-agent-worker-1"]["network_mode"] == "host"
+    assert head["lane-agent"]["environment"]["VLLM_HOST_IP"] == "10.0.0.1"
+    assert worker["lane-agent-worker-1"]["environment"]["VLLM_HOST_IP"] == "10.0.0.2"
+    assert "python3" in head["lane-agent"]["healthcheck"]["test"]
+    assert "healthcheck" not in worker["lane-agent-worker-1"]   # headless: no /health
+    assert "EXPERT_RESIDENCY_MODE" not in head["lane-agent"]["environment"]  # all experts in HBM
+    assert head["lane-agent-profile"]["environment"]["EXPERT_RESIDENCY_MODE"] == "count"
+    assert worker["lane-agent-worker-1"]["labels"]["io.recipegen.node-rank"] == "1"
+    assert run("render", "--check", MULTI_NODE)[0] == 0

@@ -54,7 +54,7 @@ class ServiceSpec:
     mounts: tuple[Mount, ...]
     device_ids: tuple[str, ...]
     port: int
-    healthcheck: HealthCheck
+    healthcheck: HealthCheck | None
     labels: tuple[tuple[str, str], ...]
     shm_size: str = "16gb"
     restart: str = "unless-stopped"
@@ -64,6 +64,8 @@ class ServiceSpec:
     # compose profile this service lacks (then it may legitimately be off).
     depends_on: tuple[tuple[str, bool], ...] = ()
     env_files: tuple[str, ...] = ()
+    # "host" for nodes of a multi-node lane (published ports do not apply then).
+    network_mode: str | None = None
     # Output-folder files this service mounts (path → bytes), hashed into the config hash.
     mounted_files: dict[str, bytes] = field(default_factory=dict, compare=False)
 

@@ -11,6 +11,7 @@ import configparser
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from recipegen.errors import RecipegenError
 from recipegen.recipe_io import display_path
@@ -19,8 +20,13 @@ from recipegen.render.compose_validate import validate_compose_file
 from recipegen.render.output import (RenderedFiles, Staleness, compare_output_dir, read_manifest,
                                      retire_output_dir, write_output_dir)
 from recipegen.render.services import (DEFAULT_PLUGIN_ENTRY_POINT, LaneMemory, RenderInputs,
-                                       build_services, relative_posix)
+                                       build_services, lane_stages, recipe_machines,
+                                       relative_posix)
 from recipegen.vllm_flags import TARGET_VLLM_VERSION, load_flag_table
+
+if TYPE_CHECKING:
+    from recipegen.ledger import RecipeLedger
+    from recipegen.recipe_io import LoadedRecipe
 
 COMPOSE_DIRNAME = "compose"
 COMPOSE_FILE = "compose.yaml"
@@ -73,15 +79,16 @@ def plugin_entry_point(runtime_dir: Path) -> str:
     return DEFAULT_PLUGIN_ENTRY_POINT
 
 
-def lane_memory(loaded, ledger) -> dict[str, LaneMemory]:
+def lane_memory(loaded: LoadedRecipe, ledger: RecipeLedger) -> dict[str, LaneMemory]:
     """How each lane sizes its KV pool: a declared `kv_cache_bytes` is fixed; a lane that shares
     a GPU is always fixed (the ledger's `hbm.kv_pool` bytes), so engines starting one after
     another do not each measure the whole GPU; otherwise the declared utilisation."""
     recipe = loaded.recipe
     memory: dict[str, LaneMemory] = {}
     for lane in recipe.lanes:
-        sharing = [o for o in recipe.lanes if o is not lane and o.machine == lane.machine
-                   and set(o.gpus) & set(lane.gpus)]
+        sharing = [o for o in recipe.lanes if o is not lane and any(
+            a.machine == b.machine and set(a.gpus) & set(b.gpus)
+            for a in lane_stages(lane) for b in lane_stages(o))]
         if lane.kv_cache_bytes is not None:
             memory[lane.name] = LaneMemory(kv_cache_memory_bytes=lane.kv_cache_bytes)
         elif sharing:
@@ -92,7 +99,7 @@ def lane_memory(loaded, ledger) -> dict[str, LaneMemory]:
     return memory
 
 
-def checked_ledger(loaded):
+def checked_ledger(loaded: LoadedRecipe) -> RecipeLedger:
     """The recipe's ledger; refuses (rather than ship an engine that OOMs) when a budget fails."""
     from recipegen.ledger import compute_ledger
 
@@ -113,7 +120,7 @@ def output_root(project_root: Path, recipe_name: str) -> Path:
     return project_root / COMPOSE_DIRNAME / recipe_name
 
 
-def render_recipe(loaded, *, project_root: Path | None = None,
+def render_recipe(loaded: LoadedRecipe, *, project_root: Path | None = None,
                   templates_dir: Path = TEMPLATES_DIR) -> Rendering:
     """Render every output file of a loaded recipe, in memory. Raises on any problem."""
     recipe = loaded.recipe
@@ -124,7 +131,7 @@ def render_recipe(loaded, *, project_root: Path | None = None,
     memory = lane_memory(loaded, ledger)
     env = make_environment(templates_dir)
     root = output_root(root_dir, recipe.name)
-    machines = sorted({lane.machine for lane in recipe.lanes})
+    machines = recipe_machines(recipe)
     folders: dict[Path, RenderedFiles] = {}
     for machine in machines:
         out_dir = root if len(machines) == 1 else root / machine

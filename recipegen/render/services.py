@@ -12,10 +12,18 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from recipegen.errors import InputError
 from recipegen.render.compose import HealthCheck, Mount, ServiceSpec
 from recipegen.vllm_flags import FlagTable, argv_problems
+
+if TYPE_CHECKING:
+    from expert_residency.formats import RowMap
+
+    from recipegen.recipe_io import LoadedRecipe
+    from recipegen.schema import Recipe
+    from recipegen.schema.lane import Lane, Speculative
 
 # --- where things live inside the container --------------------------------------------------
 RUNTIME_TARGET = "/opt/expert-residency"
@@ -98,7 +106,7 @@ def healthcheck_for(port: int) -> HealthCheck:
     return HealthCheck(test=("CMD", "python3", "-c", probe), start_period=HEALTH_START_PERIOD)
 
 
-def speculative_json(spec) -> str:  # spec: recipegen.schema.lane.Speculative
+def speculative_json(spec: Speculative) -> str:
     """`--speculative-config`: a plain `num_speculative_tokens` when k is constant (the safe
     default); the per-batch-size schedule only when the recipe declares one."""
     config: dict[str, object] = {"method": spec.method, "num_speculative_tokens": spec.k}
@@ -109,7 +117,7 @@ def speculative_json(spec) -> str:  # spec: recipegen.schema.lane.Speculative
     return json.dumps(config, separators=(", ", ": "))
 
 
-def _model_source(recipe) -> tuple[str, Mount, tuple[tuple[str, str], ...]]:
+def _model_source(recipe: Recipe) -> tuple[str, Mount, tuple[tuple[str, str], ...]]:
     """`--model` value, the read-only model mount, and env it needs.
 
     - `checkpoint` is a Hugging Face repo id: the host's HF hub cache, read-only, offline.
@@ -126,46 +134,105 @@ def _model_source(recipe) -> tuple[str, Mount, tuple[tuple[str, str], ...]]:
     return target, Mount("bind", source, target, True), ()
 
 
-def _shape_key(rowmap) -> str:
+def _shape_key(rowmap: RowMap | None) -> str:
     return rowmap.shape_hash()[:16] if rowmap is not None else "unsplit"
 
 
-def build_services(loaded, machine: str, inputs: RenderInputs) -> tuple[list[ServiceSpec], list[str], dict[str, bytes]]:
-    """Services (lanes of `machine` in recipe order, each followed by its profile boot), named
-    volumes, and the extra files to write into the output folder (row maps)."""
+@dataclass(frozen=True)
+class Stage:
+    """Where one engine process of a lane runs: a whole single-node lane, or one pipeline stage
+    of a multi-node lane (rank 0 is the head that serves the API; the others run headless)."""
+
+    rank: int
+    machine: str
+    gpus: tuple[int, ...]
+    all_experts_in_hbm: bool = False
+    pipeline_size: int = 1
+
+    @property
+    def multi_node(self) -> bool:
+        return self.pipeline_size > 1
+
+    def service_name(self, lane: str) -> str:
+        return f"lane-{lane}" if self.rank == 0 else f"lane-{lane}-worker-{self.rank}"
+
+
+def lane_stages(lane: Lane) -> list[Stage]:
+    parallel = getattr(lane, "parallel", None)
+    if parallel is None:
+        return [Stage(0, lane.machine, tuple(lane.gpus))]
+    return [Stage(rank, stage.machine, tuple(stage.gpus), stage.all_experts_in_hbm,
+                  len(parallel.pipeline))
+            for rank, stage in enumerate(parallel.pipeline)]
+
+
+def recipe_machines(recipe: Recipe) -> list[str]:
+    """Machines that run at least one engine of the recipe."""
+    return sorted({stage.machine for lane in recipe.lanes for stage in lane_stages(lane)})
+
+
+def build_services(loaded: LoadedRecipe, machine: str,
+                   inputs: RenderInputs) -> tuple[list[ServiceSpec], list[str], dict[str, bytes]]:
+    """Services of `machine` (its lanes' engines in recipe order, each followed by its profile
+    boot), named volumes, and the extra files to write into the output folder (row maps)."""
     recipe = loaded.recipe
-    lanes = [(i, lane) for i, lane in enumerate(recipe.lanes) if lane.machine == machine]
+    engines = [(i, lane, stage) for i, lane in enumerate(recipe.lanes)
+               for stage in lane_stages(lane) if stage.machine == machine]
     services: list[ServiceSpec] = []
     volumes: list[str] = []
     files: dict[str, bytes] = {}
-    for position, (index, lane) in enumerate(lanes):
-        previous_sharing = [other for _, other in lanes[:position]
-                            if set(other.gpus) & set(lane.gpus)]
-        # Lanes sharing a GPU start one after another: each engine sizes its KV pool while the
+    for position, (index, lane, stage) in enumerate(engines):
+        previous_sharing = [(other, st) for _, other, st in engines[:position]
+                            if set(st.gpus) & set(stage.gpus)]
+        # Engines sharing a GPU start one after another: each sizes its KV pool while the
         # previous one is already resident (their pools are then fixed bytes, see LaneMemory).
         before = previous_sharing[-1] if previous_sharing else None
         # One persistent cache volume per lane (vLLM, Triton, inductor, FlashInfer autotune),
         # shared with its profile boot: same kernel shapes, so the tuning is paid once.
         volume = f"{lane.name}-cache"
         volumes.append(volume)
-        lane_spec, lane_files = _service(loaded, index, lane, inputs, volume, before, profile=False)
-        profile_spec, _ = _service(loaded, index, lane, inputs, volume, before, profile=True)
-        services += [lane_spec, profile_spec]
+        spec, lane_files = _service(loaded, index, lane, stage, inputs, volume, before,
+                                    profile=False)
+        profile_spec, _ = _service(loaded, index, lane, stage, inputs, volume, before,
+                                   profile=True)
+        services += [spec, profile_spec]
         files.update(lane_files)
     return services, volumes, files
 
 
-def _service(loaded, index: int, lane, inputs: RenderInputs, cache_volume: str,
-             before, *, profile: bool) -> tuple[ServiceSpec, dict[str, bytes]]:
+def _multi_node_args(loaded: LoadedRecipe, lane: Lane, stage: Stage) -> list[str]:
+    """vLLM's own multi-node mode: one node per pipeline stage, ranks ordered [PP, TP], the head
+    (rank 0) serves the API at its address and rendezvous port; the others run --headless."""
+    parallel = lane.parallel
+    head = loaded.recipe.machines[parallel.pipeline[0].machine]
+    args = ["--pipeline-parallel-size", str(stage.pipeline_size),
+            "--nnodes", str(stage.pipeline_size), "--node-rank", str(stage.rank),
+            "--master-addr", str(head.address), "--master-port", str(parallel.master_port)]
+    if stage.rank > 0:
+        args.append("--headless")
+    if getattr(parallel, "host_tables_in_hbm", False):
+        args += ["--engram-config", json.dumps({"cpu_offload": False})]
+    return args
+
+
+def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs: RenderInputs,
+             cache_volume: str, before: tuple[Lane, Stage] | None, *,
+             profile: bool) -> tuple[ServiceSpec, dict[str, bytes]]:
     recipe = loaded.recipe
-    usage_aware = lane.offload.placement == "usage-aware"
+    usage_aware = lane.offload.placement == "usage-aware" and not stage.all_experts_in_hbm
     mode = "count" if profile else ("residency" if usage_aware else "off")
     runtime_on = mode != "off"
     cls = lane.active_class if mode == "residency" else None
     rowmap = loaded.rowmaps.get((lane.name, cls)) if cls is not None else None
+    if mode == "residency" and stage.multi_node:
+        raise loaded.error(
+            f"pipeline stage {stage.rank} of lane {lane.name!r} would run the residency runtime; "
+            "rendering a row map per pipeline stage is not supported yet: set "
+            "all_experts_in_hbm on that stage, or serve the lane from one machine",
+            ("lanes", index, "parallel", "pipeline", stage.rank))
     if mode == "residency" and rowmap is None:
-        raise loaded.error(f"no row map loaded for class {cls!r} of lane {lane.name!r}",
-                           ("lanes", index, "classes", cls or "", "rowmap"))
+        raise loaded.error(f"no row map loaded for the active class {cls!r} of lane "
+                           f"{lane.name!r}", ("lanes", index, "active_class"))
 
     model_arg, model_mount, model_env = _model_source(recipe)
     memory = inputs.memory[lane.name]
@@ -174,8 +241,10 @@ def _service(loaded, index: int, lane, inputs: RenderInputs, cache_volume: str,
         argv += ["--revision", recipe.model.revision]
     argv += ["--served-model-name", recipe.model.name,
              "--host", "0.0.0.0", "--port", str(lane.port),
-             "--tensor-parallel-size", str(lane.tensor_parallel_size),
+             "--tensor-parallel-size", str(len(stage.gpus)),
              "--max-model-len", str(lane.max_model_len)]
+    if stage.multi_node:
+        argv += _multi_node_args(loaded, lane, stage)
     if not _sets_flag(lane.extra_args, "--max-num-seqs"):
         argv += ["--max-num-seqs", str(lane.concurrency.max)]
     if memory.kv_cache_memory_bytes is not None:
@@ -183,7 +252,7 @@ def _service(loaded, index: int, lane, inputs: RenderInputs, cache_volume: str,
     else:
         assert memory.gpu_memory_utilization is not None
         argv += ["--gpu-memory-utilization", repr(memory.gpu_memory_utilization)]
-    if lane.offload.load_cpu_offload:
+    if lane.offload.load_cpu_offload and not stage.all_experts_in_hbm:
         argv += ["--cpu-offload-gb", format_gib(lane.offload.load_cpu_offload)]
     if runtime_on and not _sets_flag(lane.extra_args, "--moe-backend"):
         argv += ["--moe-backend", RESIDENCY_MOE_BACKEND]
@@ -204,7 +273,7 @@ def _service(loaded, index: int, lane, inputs: RenderInputs, cache_volume: str,
                            f"{inputs.flag_table.vllm_version}: " + "; ".join(problems),
                            ("lanes", index, "extra_args"))
 
-    name = f"lane-{lane.name}" + ("-profile" if profile else "")
+    name = stage.service_name(lane.name) + ("-profile" if profile else "")
     out_dir = inputs.out_dir
     mounts: list[Mount] = [model_mount, Mount("volume", cache_volume, CACHE_TARGET, False)]
     env: dict[str, str] = {
@@ -220,6 +289,12 @@ def _service(loaded, index: int, lane, inputs: RenderInputs, cache_volume: str,
         "VLLM_ENABLE_STARTUP_PLAN": "0",
         **dict(model_env),
     }
+    if stage.multi_node:
+        # Each node announces its own address; a declared layer split goes to every node.
+        env["VLLM_HOST_IP"] = str(recipe.machines[stage.machine].address)
+        partition = getattr(lane.parallel, "layer_partition", None)
+        if partition:
+            env["VLLM_PP_LAYER_PARTITION"] = ",".join(str(n) for n in partition)
     files: dict[str, bytes] = {}
     labels: dict[str, str] = {
         "recipe": recipe.name, "lane": lane.name, "mode": mode,
@@ -227,6 +302,8 @@ def _service(loaded, index: int, lane, inputs: RenderInputs, cache_volume: str,
         "class": cls or "", "content-hash": rowmap.content_hash() if rowmap else "",
         "shape-hash": rowmap.shape_hash() if rowmap else "",
     }
+    if stage.multi_node:
+        labels["node-rank"] = str(stage.rank)
     if runtime_on:
         mounts.append(Mount("bind", relative_posix(inputs.runtime_dir, out_dir), RUNTIME_TARGET, True))
         dump_source = f"dumps/{lane.name}"
@@ -261,24 +338,30 @@ def _service(loaded, index: int, lane, inputs: RenderInputs, cache_volume: str,
         profiles = (lane.profile,)
     depends_on: tuple[tuple[str, bool], ...] = ()
     if before is not None:
-        # Not required when the earlier lane sits behind a profile this service lacks.
-        required = before.profile is None or before.profile in profiles
-        depends_on = ((f"lane-{before.name}", required),)
+        # Not required when the earlier engine sits behind a profile this service lacks.
+        before_lane, before_stage = before
+        required = before_lane.profile is None or before_lane.profile in profiles
+        depends_on = ((before_stage.service_name(before_lane.name), required),)
+    # Only the head serves HTTP; headless workers have no /health to probe.
+    serves_api = stage.rank == 0
     spec = ServiceSpec(
         name=name,
         image=lane.image,
         command=tuple(argv),
         environment=tuple(sorted(env.items())),
         mounts=tuple(mounts),
-        device_ids=tuple(str(g) for g in lane.gpus),
+        device_ids=tuple(str(g) for g in stage.gpus),
         port=lane.port,
-        healthcheck=healthcheck_for(lane.port),
+        healthcheck=healthcheck_for(lane.port) if serves_api else None,
         labels=tuple((LABEL_PREFIX + k, v) for k, v in labels.items()),
         shm_size=SHM_SIZE,
         restart="no" if profile else "unless-stopped",
         profiles=profiles,
         depends_on=depends_on,
         env_files=(SECRETS_ENV_FILE,),
+        # Nodes of a multi-node lane reach each other at the machines' own addresses (NCCL,
+        # the rendezvous port): no bridge network and NAT between them.
+        network_mode="host" if stage.multi_node else None,
         mounted_files=dict(files),
     )
     return spec, files

@@ -91,15 +91,16 @@ def residency_forward(layer: ResidentLayer, hidden_states: torch.Tensor, topk_we
                       pick_dtype: torch.dtype | None = None,
                       out_dtype: torch.dtype | None = None,
                       counter: "ExpertCounter | None" = None,
-                      token_mask: torch.Tensor | None = None) -> torch.Tensor:
+                      token_mask: torch.Tensor | None = None,
+                      decode_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Split invoke + finalize (+ optional count): the MoE layer's routed-expert output ``[T, H]``.
 
     Works identically for split and unsplit layers; that is the bit-identity claim.
     ``counter``: count this step's picks for ``layer.layer_index`` (``core.counter``), with
-    ``token_mask`` excluding padded tokens.
+    ``token_mask`` excluding padded tokens and ``decode_mask`` marking decode tokens.
     """
     if counter is not None:
-        counter.count(layer.layer_index, topk_ids, token_mask=token_mask)
+        counter.count(layer.layer_index, topk_ids, token_mask=token_mask, decode_mask=decode_mask)
     pick_out = split_invoke(layer, hidden_states, topk_ids, per_pick_fn, out_dtype=pick_dtype)
     return finalize(pick_out, topk_weights, out_dtype or hidden_states.dtype)
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -372,6 +373,9 @@ def run_tokens(tokens, steps, ex, cases, cold_sets, p, k, per_expert, hbm_bw, pi
     out["positional_over_usage_aware"] = pos["step_ms_mean"] / ua["step_ms_mean"]
     out["usage_aware_over_all_hbm"] = ua["step_ms_mean"] / out["cases"]["all_hbm"]["step_ms_mean"]
     out["counter_added_us_per_step_median"] = statistics.median(paired) * 1e6
+    out["counter_added_us_per_step_mean"] = statistics.fmean(paired) * 1e6
+    out["counter_added_us_per_step_sem"] = (statistics.stdev(paired) / math.sqrt(len(paired)) * 1e6
+                                            if len(paired) > 1 else float("nan"))
     out["counter_pct_of_step"] = 100 * statistics.median(paired) / statistics.median(times["usage_aware"])
     out["finalize_us_per_layer"] = statistics.median(times["finalize_only"]) / layers * 1e6
     out["finalize_pct_of_layer"] = 100 * statistics.median(times["finalize_only"]) / statistics.median(
@@ -402,7 +406,8 @@ def cold_only(ex, cases, p, k, per_expert, pin_bw, seed, tokens=96, steps=6):
 
 
 def run_sweep(spec: str, cases, p, k, experts) -> list[dict]:
-    """Time candidate configs on one usage-aware layer at T=1 and T=96 (graph replays)."""
+    """Time candidate configs on one all-HBM layer at T=1, 16, 96 (graph replays), plus the T=1
+    L2 probe and the cold-only read rate."""
     rows = []
     layer = cases["all_hbm"][0]
     for text in spec.split(";"):
@@ -422,20 +427,50 @@ def run_sweep(spec: str, cases, p, k, experts) -> list[dict]:
                 row[f"T{tokens}_us"] = statistics.median(ts) * 1e6
                 row[f"T{tokens}_GBps"] = statistics.fmean(nb) / statistics.median(ts) / GB
                 if tokens == 1:
-                    # Explains a T=1 miss: the same launch shape on two experts that stay in L2
-                    # (2 x 18.8 MB < 60 MB). If this is no faster per expert than the HBM case,
-                    # the kernel is bound by its own instructions, not by HBM.
-                    hot2 = ids[0].clone()
-                    hot2[0, 0, :3], hot2[0, 0, 3:] = ids[0, 0, 0, 0], ids[0, 0, 0, 1]
-                    g.load(topk_ids=hot2)
-                    l2 = time_fn(g.graph.replay, 8, warmup=2)
-                    row["T1_per_expert_us_hbm"] = row["T1_us"] / len(np.unique(ids[0].cpu().numpy()))
-                    row["T1_per_expert_us_l2"] = statistics.median(l2) * 1e6 / 2
+                    row.update(l2_probe(g, ids[0], experts))
+            row.update(cold_probe(ex, cases, p, k))
         except Exception as exc:  # a config that does not compile is reported, not fatal
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         print("sweep", json.dumps(row), flush=True)
         rows.append(row)
     return rows
+
+
+def l2_probe(g: CapturedStep, ids_like: torch.Tensor, experts: int, reps: int = 16) -> dict:
+    """Is the T=1 launch bound by HBM or by its own instructions? Same launch shape (one token, six
+    picks on two experts, so two slots) with the two experts changing every replay (read from
+    HBM) versus the same two experts every replay (2 x 18.8 MB stay in the 60 MB L2)."""
+    def ids_for(a: int, b: int) -> torch.Tensor:
+        t = ids_like.clone()
+        t[..., :3], t[..., 3:] = a, b
+        return t
+
+    rotating = [ids_for((2 * r) % experts, (2 * r + 1) % experts) for r in range(reps)]
+    fixed = ids_for(0, 1)
+    hbm, l2 = [], []
+    for r in range(reps):
+        g.load(topk_ids=rotating[r])
+        hbm += time_fn(g.graph.replay, 1, warmup=0)
+    g.load(topk_ids=fixed)
+    l2 = time_fn(g.graph.replay, reps, warmup=2)
+    return {"T1_two_experts_hbm_us": statistics.median(hbm) * 1e6,
+            "T1_two_experts_l2_us": statistics.median(l2) * 1e6}
+
+
+def cold_probe(ex: TritonMxfp4Experts, cases, p, k, tokens: int = 96, reps: int = 3) -> dict:
+    """Cold-bank read rate of this config: T=96 on the positional cold layer (every pick cold)."""
+    layer = cases["positional"][-1]
+    if layer.cold.num_rows == 0:
+        return {}
+    ids, weights = sample_routing(p[layer.layer_index:layer.layer_index + 1], reps, tokens, k, 4242)
+    x = torch.randn(1, tokens, DSV41.hidden, device=DEV).to(torch.bfloat16)
+    g = CapturedStep(make_step(ex, [layer], tokens), x, weights[0], ids[0])
+    ts, nb = [], []
+    for s in range(reps):
+        g.load(topk_weights=weights[s], topk_ids=ids[s])
+        ts += time_fn(g.graph.replay, 1, warmup=0)
+        nb.append(len(np.unique(ids[s].cpu().numpy())) * DSV41.bytes_per_expert)
+    return {"T96_cold_GBps": sum(nb) / sum(ts) / GB}
 
 
 def markdown(r: dict) -> str:
@@ -462,7 +497,8 @@ def markdown(r: dict) -> str:
               "|---|---|---|---|---|"]
     for tokens, res in r["per_T"].items():
         lines.append(f"| {tokens} | {res['positional_over_usage_aware']:.2f}× | {res['usage_aware_over_all_hbm']:.2f}× | "
-                     f"{res['counter_pct_of_step']:.2f}% ({res['counter_added_us_per_step_median']:.1f} µs/step) | "
+                     f"{res['counter_pct_of_step']:.2f}% (median {res['counter_added_us_per_step_median']:.1f} µs/step; mean "
+                     f"{res['counter_added_us_per_step_mean']:.1f} ± {res['counter_added_us_per_step_sem']:.1f}) | "
                      f"{res['finalize_us_per_layer']:.1f} µs, {res['finalize_pct_of_layer']:.2f}% |")
     co = r["cold_only"]
     lines += ["", f"Cold path alone (T={co['tokens']}, one layer entirely in pinned host, "
@@ -471,14 +507,15 @@ def markdown(r: dict) -> str:
     lines += ["", "Targets (✔ met / ✘ missed):", ""] + [f"- {t}" for t in targets(r)]
     if r.get("sweep"):
         lines += ["", "Config sweep (one all-HBM layer, median of 8 graph replays):", "",
-                  "| config | T=1 µs (GB/s) | T=16 µs (GB/s) | T=96 µs (GB/s) | T=1 µs per expert: HBM / L2-resident |", "|---|---|---|---|---|"]
+                  "| config | T=1 µs (GB/s) | T=16 µs (GB/s) | T=96 µs (GB/s) | T=1, 2 experts: from HBM / from L2 (µs) | cold-only T=96 GB/s |", "|---|---|---|---|---|---|"]
         for row in r["sweep"]:
             if "error" in row:
-                lines.append(f"| {row['describe']} | error: {row['error'][:80]} | | | |")
+                lines.append(f"| {row['describe']} | error: {row['error'][:80]} | | | | |")
             else:
                 lines.append(f"| {row['describe']} | " + " | ".join(
                     f"{row[f'T{t}_us']:.0f} ({row[f'T{t}_GBps']:.0f})" for t in (1, 16, 96))
-                    + f" | {row['T1_per_expert_us_hbm']:.1f} / {row['T1_per_expert_us_l2']:.1f} |")
+                    + f" | {row['T1_two_experts_hbm_us']:.1f} / {row['T1_two_experts_l2_us']:.1f}"
+                    + f" | {row.get('T96_cold_GBps', float('nan')):.1f} |")
     return "\n".join(lines) + "\n"
 
 

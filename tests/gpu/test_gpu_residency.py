@@ -51,9 +51,10 @@ SMALL = ExpertShape(hidden=512, intermediate=256)
 DSV41 = ExpertShape(hidden=5120, intermediate=2304)
 REL_TOL = 1e-2
 CONFIGS = {
-    "int-dequant": KernelConfig(dequant=0),
+    "int-dequant": KernelConfig(dequant=0, block_n1=32, block_k1=256, block_k2=256),
     "dot_scaled": KernelConfig(dequant=1),
-    "prmt-dequant": KernelConfig(dequant=2),
+    "prmt-dequant": KernelConfig(dequant=2),   # the default
+    "prmt-bn32-bk256": KernelConfig(dequant=2, block_n1=32, block_k1=256, block_k2=256),
 }
 
 

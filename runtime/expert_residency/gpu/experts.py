@@ -44,13 +44,15 @@ class KernelConfig:
     bank and every bank size; that is what keeps the split bit-identical to the unsplit layer."""
 
     block_m: int = 16
-    block_n1: int = 32
-    block_k1: int = 256
+    block_n1: int = 64
+    block_k1: int = 128
     block_n2: int = 64
-    block_k2: int = 256
+    block_k2: int = 128
     num_warps: int = 4
     num_stages: int = 3
-    dequant: int = 0  # 0: integer dequant + tl.dot; 1: tl.dot_scaled; 2: prmt-table PTX (GPU only)
+    # 0: integer dequant + tl.dot (also runs under TRITON_INTERPRET=1); 1: tl.dot_scaled;
+    # 2: prmt-table PTX (GPU only; fastest of the three on the H200, see BENCHMARKS.md)
+    dequant: int = 2
     finalize_block: int = 1024
 
     def describe(self) -> str:

@@ -215,9 +215,9 @@ def profile_endpoint(loaded: Any, lane_name: str, traffic_class: str | None, *, 
     else:
         existing = snapshots(read(), where=where)
         before = existing[-1] if existing else None
-    seen = set(read())
     echo(f"driving {len(prompt_list)} prompts at {endpoint}")
     drive(endpoint, prompt_list)
+    seen = set(read())  # after the prompts: a snapshot taken during them would be partial
     if rpc:
         _rpc_dump(endpoint)
     else:

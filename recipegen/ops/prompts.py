@@ -15,6 +15,8 @@ from typing import Any
 from recipegen.errors import InputError, RecipegenError
 
 DEFAULT_MAX_TOKENS = 64
+# Request fields a fixture line may set (OpenAI API + vLLM's `ignore_eos` for fixed lengths).
+PASSED_KEYS = ("prompt", "messages", "max_tokens", "temperature", "seed", "ignore_eos")
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,7 @@ def load_prompts(path: Path) -> list[Prompt]:
         if not isinstance(item, dict) or not ({"prompt", "messages"} & item.keys()):
             raise InputError("each line needs a 'prompt' or 'messages'", file=str(path),
                              line=number, field="prompt")
-        body = {k: v for k, v in item.items() if k in ("prompt", "messages", "max_tokens",
-                                                        "temperature", "seed")}
+        body = {k: v for k, v in item.items() if k in PASSED_KEYS}
         body.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
         prompts.append(Prompt(body, chat="messages" in body))
     if not prompts:

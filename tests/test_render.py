@@ -164,6 +164,8 @@ def test_reference_lane_agent_carries_everything_a_vllm_user_expects(project: Pa
     assert labels["io.recipegen.content-hash"] == recipe_map.content_hash()
     assert labels["io.recipegen.shape-hash"] == recipe_map.shape_hash()
     assert len(labels["io.recipegen.config-hash"]) == 64
+    metadata = (REPO / "runtime" / "expert_residency-0.1.0.dist-info" / "METADATA").read_text()
+    assert f"Version: {labels['io.recipegen.runtime-version']}\n" in metadata
 
     # The profile boot: same GPUs and flags, count-only runtime, no row map, profile `profile`.
     prof = model["services"]["lane-agent-profile"]

@@ -65,6 +65,17 @@ def runtime_dir_for(project_root: Path) -> Path:
     return Path(expert_residency.__file__).resolve().parent.parent
 
 
+def runtime_version(runtime_dir: Path) -> str:
+    """The runtime's version from its dist-info METADATA ("" when it has none)."""
+    for dist_info in sorted(runtime_dir.glob("expert_residency-*.dist-info")):
+        metadata = dist_info / "METADATA"
+        if metadata.is_file():
+            for line in metadata.read_text(encoding="utf-8").splitlines():
+                if line.startswith("Version:"):
+                    return line.partition(":")[2].strip()
+    return ""
+
+
 def plugin_entry_point(runtime_dir: Path) -> str:
     """The `vllm.general_plugins` entry-point name the runtime's dist-info declares."""
     for dist_info in sorted(runtime_dir.glob("expert_residency-*.dist-info")):
@@ -137,6 +148,7 @@ def render_recipe(loaded: LoadedRecipe, *, project_root: Path | None = None,
         out_dir = root if len(machines) == 1 else root / machine
         inputs = RenderInputs(out_dir=out_dir, runtime_dir=runtime_dir,
                               plugin_entry_point=plugin_entry_point(runtime_dir),
+                              runtime_version=runtime_version(runtime_dir),
                               memory=memory, flag_table=table)
         services, volumes, extra = build_services(loaded, machine, inputs)
         project = recipe.name if len(machines) == 1 else f"{recipe.name}-{machine}"

@@ -76,6 +76,7 @@ class RenderInputs:
     out_dir: Path                      # compose/<recipe>[/<machine>]
     runtime_dir: Path                  # the runtime/ folder that gets mounted
     plugin_entry_point: str            # name in VLLM_PLUGINS
+    runtime_version: str               # runtime dist-info version: a bump recreates the services
     memory: dict[str, LaneMemory]      # lane name -> KV sizing
     flag_table: FlagTable
 
@@ -305,6 +306,9 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
     if stage.multi_node:
         labels["node-rank"] = str(stage.rank)
     if runtime_on:
+        # The runtime's code is mounted, not rendered: its version is part of the service's
+        # definition (and so of the config hash), its individual files are not.
+        labels["runtime-version"] = inputs.runtime_version
         mounts.append(Mount("bind", relative_posix(inputs.runtime_dir, out_dir), RUNTIME_TARGET, True))
         dump_source = f"dumps/{lane.name}"
         mounts.append(Mount("bind", dump_source, DUMP_TARGET, False, create_host_path=True))

@@ -122,17 +122,22 @@ def test_originals_are_freed_as_the_layer_is_rehomed():
     assert all(r() is None for r in refs)
 
 
-def _model(tracker: MemoryTracker, on_device_layers: set[int], hot_counts: dict[int, int]):
+def _model(tracker: MemoryTracker, on_device_layers: set[int], hot_counts: dict[int, int],
+           split_layers: frozenset[int] = frozenset()):
     tensors = {}
     for i in hot_counts:
         pool = "device" if i in on_device_layers else "host"
-        tensors[i] = {name: tracker.track(t, pool) for name, t in mxfp4_layer(i, experts=E, hidden=H, inter=I).items()}
+        tensors[i] = {}
+        for name, t in mxfp4_layer(i, experts=E, hidden=H, inter=I).items():
+            # a layer the offloader split: w13 on the host, w2 on the device (whole parameters)
+            where = ("host" if name.startswith("w13") else "device") if i in split_layers else pool
+            tensors[i][name] = tracker.track(t, where)
     hot = {i: random_partition(100 + i, E, n)[0] for i, n in hot_counts.items()}
     cold = {i: [e for e in range(E) if e not in hot[i]] for i in hot_counts}
     return tensors, hot, cold
 
 
-@pytest.mark.parametrize("case", ["offload-like", "mostly-host", "skewed"])
+@pytest.mark.parametrize("case", ["offload-like", "mostly-host", "skewed", "split-load"])
 def test_measured_peaks_stay_within_one_layer_of_final(case):
     """Load state like vLLM's --cpu-offload-gb (whole layers on host), then re-home; the tracked
     live bytes never exceed max(initial, final) + one layer, on either side."""
@@ -144,11 +149,15 @@ def test_measured_peaks_stay_within_one_layer_of_final(case):
     elif case == "mostly-host":
         on_device = {0, 1}
         hot_counts = {i: rng.randint(8, 16) for i in range(n_layers)}
-    else:
+    elif case == "skewed":
         on_device = set(range(0, n_layers, 2))
         hot_counts = {i: (16 if i % 3 else 1) for i in range(n_layers)}
+    else:  # the offload budget ran out inside layers 2 and 5
+        on_device = set(range(3, n_layers)) - {5}
+        hot_counts = {i: rng.randint(10, 14) for i in range(n_layers)}
+    split = frozenset({2, 5}) if case == "split-load" else frozenset()
     tracker = MemoryTracker()
-    tensors, hot, cold = _model(tracker, on_device, hot_counts)
+    tensors, hot, cold = _model(tracker, on_device, hot_counts, split)
     initial = dict(tracker.live)
     tracker.peak = dict(initial)
     state = rehome_model(tensors, hot, cold, hot_alloc=tracker.allocator("device"),
@@ -193,12 +202,25 @@ def test_plan_bound_holds_on_random_maps():
         for i in range(n):
             total = size if uniform else rng.randint(1, 40)
             hot = rng.randint(0, total)
-            layers.append(LayerPlacement(i, rng.random() < 0.5, hot * 1000, (total - hot) * 1000))
+            split = rng.randint(0, total) * 1000 if rng.random() < 0.2 else None
+            layers.append(LayerPlacement(i, rng.random() < 0.5, hot * 1000, (total - hot) * 1000,
+                                         device_bytes=split))
         plan = plan_rehome_order(layers)
         assert sorted(plan.order) == list(range(n))
         assert plan.within_bound, layers
         assert plan.device_overshoot <= plan.largest_layer_bytes
         assert plan.host_overshoot <= plan.largest_layer_bytes
+
+
+def test_split_layer_placement_arithmetic():
+    layer = LayerPlacement(3, False, hot_bytes=70, cold_bytes=30, device_bytes=40)
+    assert (layer.loaded_device_bytes, layer.loaded_host_bytes) == (40, 60)
+    # banks allocated before the original is freed, then the original's two parts go
+    assert step_peaks(1000, 500, layer) == (1070, 530, 1030, 470)
+    plan = plan_rehome_order([layer])
+    assert plan.initial == (40, 60) and plan.final == (70, 30)
+    with pytest.raises(ValueError, match="device_bytes 101 outside 0..100"):
+        LayerPlacement(0, True, 60, 40, device_bytes=101)
 
 
 def test_plan_for_the_reference_geometry():

@@ -6,7 +6,9 @@ map's banks, one layer at a time, allocating the new banks before the original i
 
 * a **device** layer (hot ``h``, cold ``c`` bytes): transient device ``+h`` and host ``+c``;
   afterwards device ``-c``, host ``+c``;
-* a **host** layer: transient device ``+h`` and host ``+c``; afterwards device ``+h``, host ``-h``.
+* a **host** layer: transient device ``+h`` and host ``+c``; afterwards device ``+h``, host ``-h``;
+* a layer the loader **split** (``d`` bytes on the device): transient ``+h``/``+c``; afterwards
+  device ``+h-d``, host ``+c-(h+c-d)``.
 
 With ``e`` = device expert bytes minus their final value (the host is then exactly ``-e`` from its
 final value: bytes are conserved), re-homing any layer at ``e`` peaks at ``e + h`` above the final
@@ -34,16 +36,40 @@ SEARCH_BUDGET = 200_000
 
 @dataclass(frozen=True)
 class LayerPlacement:
-    """Where one layer's full expert tensors sit before re-homing, and its bank sizes after."""
+    """Where one layer's full expert tensors sit before re-homing, and its bank sizes after.
+
+    ``on_device``: the loaded layer is wholly in device memory (False: wholly in host memory).
+    ``device_bytes``: for a layer the loader split — vLLM's offloader moves whole parameters, so a
+    budget boundary can leave ``w13`` on the host and ``w2`` on the device — the bytes of the loaded
+    layer that are in device memory (the rest are on the host); ``on_device`` is then ignored.
+    """
 
     layer_index: int
     on_device: bool
     hot_bytes: int
     cold_bytes: int
+    device_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.hot_bytes < 0 or self.cold_bytes < 0:
+            raise ValueError(f"layer {self.layer_index}: negative bank bytes")
+        if self.device_bytes is not None and not 0 <= self.device_bytes <= self.total_bytes:
+            raise ValueError(f"layer {self.layer_index}: device_bytes {self.device_bytes} outside "
+                             f"0..{self.total_bytes}")
 
     @property
     def total_bytes(self) -> int:
         return self.hot_bytes + self.cold_bytes
+
+    @property
+    def loaded_device_bytes(self) -> int:
+        if self.device_bytes is not None:
+            return self.device_bytes
+        return self.total_bytes if self.on_device else 0
+
+    @property
+    def loaded_host_bytes(self) -> int:
+        return self.total_bytes - self.loaded_device_bytes
 
 
 @dataclass
@@ -72,15 +98,13 @@ def step_peaks(device: int, host: int, layer: LayerPlacement) -> tuple[int, int,
     """(device peak, host peak, device after, host after) for re-homing ``layer`` at (device, host)."""
     peak_device = device + layer.hot_bytes
     peak_host = host + layer.cold_bytes
-    if layer.on_device:
-        return peak_device, peak_host, device - layer.cold_bytes, host + layer.cold_bytes
-    return peak_device, peak_host, device + layer.hot_bytes, host - layer.hot_bytes
+    return (peak_device, peak_host, peak_device - layer.loaded_device_bytes,
+            peak_host - layer.loaded_host_bytes)
 
 
 def plan_rehome_order(layers: Sequence[LayerPlacement], *, budget: int = SEARCH_BUDGET) -> RehomePlan:
     """Order ``layers`` so device and host stay within ``max(initial, final) + L`` (see module doc)."""
-    initial = (sum(l.total_bytes for l in layers if l.on_device),
-               sum(l.total_bytes for l in layers if not l.on_device))
+    initial = (sum(l.loaded_device_bytes for l in layers), sum(l.loaded_host_bytes for l in layers))
     final = (sum(l.hot_bytes for l in layers), sum(l.cold_bytes for l in layers))
     largest = max((l.total_bytes for l in layers), default=0)
     limit = (max(initial[0], final[0]) + largest, max(initial[1], final[1]) + largest)
@@ -98,9 +122,9 @@ def _fits(device: int, host: int, layer: LayerPlacement, limit: tuple[int, int])
 
 def _search(layers: list[LayerPlacement], initial: tuple[int, int], limit: tuple[int, int],
             budget: int) -> list[LayerPlacement] | None:
-    groups: dict[tuple[bool, int, int], list[LayerPlacement]] = {}
+    groups: dict[tuple[int, int, int], list[LayerPlacement]] = {}
     for layer in layers:
-        groups.setdefault((layer.on_device, layer.hot_bytes, layer.cold_bytes), []).append(layer)
+        groups.setdefault((layer.loaded_device_bytes, layer.hot_bytes, layer.cold_bytes), []).append(layer)
     kinds = list(groups)
     counts = [len(groups[k]) for k in kinds]
     final_device = sum(l.hot_bytes for l in layers)

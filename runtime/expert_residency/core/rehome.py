@@ -39,9 +39,10 @@ def rehome_model(layer_tensors: Mapping[int, MutableMapping[str, torch.Tensor]],
 
     ``hot_ids``/``cold_ids``: per MoE layer index, experts in row order (``RowMap.hot[i]`` for
     ``RowMap.moe_layer_indices[i]``; see ``rowmap_banks``). ``on_device(t)``: whether a loaded tensor
-    sits in device memory (decides the layer's kind for the ordering). ``after_layer``: called with
-    each finished layer (the plugin installs it on the module and drops its own references there,
-    so the originals are actually freed before the next layer starts).
+    sits in device memory, asked per tensor (a layer the loader split between device and host is
+    planned with its device share). ``after_layer``: called with each finished layer (the plugin
+    installs it on the module and drops its own references there, so the originals are actually
+    freed before the next layer starts).
     """
     missing = sorted(set(layer_tensors) - (set(hot_ids) & set(cold_ids)))
     if missing:
@@ -58,11 +59,12 @@ def rehome_model(layer_tensors: Mapping[int, MutableMapping[str, torch.Tensor]],
         per_expert = sum(tensor_nbytes(t) for t in tensors.values()) // experts
         if any(tensor_nbytes(t) % experts for t in tensors.values()):
             raise ValueError(f"layer {index}: a tensor's bytes are not a whole number per expert")
-        device_flags = {on_device(t) for t in tensors.values()}
-        if len(device_flags) != 1:
-            raise ValueError(f"layer {index}: expert tensors are split between device and host")
-        placements.append(LayerPlacement(index, device_flags.pop(), per_expert * len(hot_ids[index]),
-                                         per_expert * len(cold_ids[index])))
+        device_bytes = sum(tensor_nbytes(t) for t in tensors.values() if on_device(t))
+        total = per_expert * experts
+        # vLLM's offloader moves whole parameters: a layer may be split between device and host.
+        placements.append(LayerPlacement(index, device_bytes == total, per_expert * len(hot_ids[index]),
+                                         per_expert * len(cold_ids[index]),
+                                         device_bytes=device_bytes if 0 < device_bytes < total else None))
     plan = plan_rehome_order(placements)
     state = ResidencyState({}, {}, plan)
     for index in plan.order:

@@ -1,0 +1,143 @@
+"""Small pieces of the ops commands without an engine: dump snapshots, prompt fixtures,
+start order, status verdicts, argument errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import numpy as np
+import pytest
+
+from expert_residency.formats import Histogram, format_histogram
+from recipegen.errors import InputError, RecipegenError
+from recipegen.ops import labels
+from recipegen.ops.deployment import dependency_order
+from recipegen.ops.dumps import difference, parse_name, snapshots, wait_for_snapshot
+from recipegen.ops.engine import ContainerInfo, _parse_time
+from recipegen.ops.lanes import _lane_status
+from recipegen.ops.prompts import load_prompts
+
+
+def _hist(counts, tokens) -> Histogram:
+    return Histogram((0, 1), 4, np.array(counts, dtype=np.int64), tokens=tokens, top_k=1)
+
+
+def _file(counts, tokens) -> bytes:
+    return format_histogram(_hist(counts, tokens)).encode()
+
+
+NAME1 = "main__chat__count-only__20261129T105443.633671Z__000001.hist"
+NAME2 = "main__chat__count-only__20261129T105448.637077Z__000002.hist"
+
+
+def test_dump_names_follow_the_runtime_format():
+    lane, cls, mode, when, seq = parse_name(NAME1)
+    assert (lane, cls, mode, seq) == ("main", "chat", "count-only", 1)
+    assert when == datetime(2026, 11, 29, 10, 54, 43, 633671, tzinfo=timezone.utc)
+    assert parse_name(".main__chat__count-only__20261129T105443.633671Z__000001.hist.tmp") is None
+    assert parse_name("notes.txt") is None and parse_name("a__b.hist") is None
+
+
+def test_snapshots_sorted_filtered_and_validated():
+    files = {NAME2: _file([[1, 1, 0, 0], [0, 2, 0, 0]], 2), NAME1: _file([[1, 0, 0, 0], [0, 1, 0, 0]], 1),
+             "other__x__residency__20261129T105443.633671Z__000001.hist": _file([[0] * 4] * 2, 0),
+             "README": b"not a dump"}
+    found = snapshots(files, where="d", lane="main")
+    assert [s.seq for s in found] == [1, 2]
+    with pytest.raises(InputError, match="d/" + NAME1):
+        snapshots({NAME1: b"garbage"}, where="d")
+
+
+def test_window_is_the_difference_of_two_cumulative_snapshots():
+    before, after = _hist([[1, 0, 0, 0], [0, 1, 0, 0]], 1), _hist([[3, 1, 0, 0], [0, 3, 1, 0]], 4)
+    window = difference(after, before, source="w")
+    assert window.counts.tolist() == [[2, 1, 0, 0], [0, 2, 1, 0]] and window.tokens == 3
+    assert difference(after, None, source="w") is after
+    with pytest.raises(RecipegenError, match="restarted"):
+        difference(before, after, source="w")
+
+
+def test_wait_returns_only_files_written_after_the_trigger():
+    state = {NAME1: _file([[1, 0, 0, 0], [0, 1, 0, 0]], 1)}
+    seen = set(state)
+    calls = []
+
+    def nudge():
+        calls.append(1)
+        state[NAME2] = _file([[2, 0, 0, 0], [0, 2, 0, 0]], 2)
+
+    snap = wait_for_snapshot(lambda: dict(state), where="d", lane=None, traffic_class=None,
+                             seen=seen, timeout_s=5, poll_s=0.01, nudge=nudge, nudge_every_s=0.05)
+    assert snap.name == NAME2 and calls
+    with pytest.raises(RecipegenError, match="no new histogram snapshot"):
+        wait_for_snapshot(lambda: dict(state), where="d", lane=None, traffic_class=None,
+                          seen=set(state), timeout_s=0.05, poll_s=0.01)
+
+
+def test_prompt_fixtures(tmp_path):
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"prompt": "a", "max_tokens": 3, "ignore_eos": true, "junk": 1}\n\n'
+                     '{"messages": [{"role": "user", "content": "b"}]}\n')
+    first, second = load_prompts(jsonl)
+    assert first.body == {"prompt": "a", "max_tokens": 3, "ignore_eos": True} and not first.chat
+    assert second.chat and second.body["max_tokens"] == 64
+    text = tmp_path / "p.txt"
+    text.write_text("one\n# comment\ntwo\n")
+    assert [p.body["prompt"] for p in load_prompts(text)] == ["one", "two"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n{"text": "b"}\n')
+    with pytest.raises(InputError, match=r"bad.jsonl:2: field 'prompt'"):
+        load_prompts(bad)
+    with pytest.raises(InputError, match="not found"):
+        load_prompts(tmp_path / "missing.jsonl")
+
+
+def test_dependency_order_puts_dependencies_first():
+    config = {"services": {"lane-a": {}, "lane-b": {"depends_on": {"lane-a": {}}},
+                           "lane-c": {"depends_on": {"lane-b": {}}}}}
+    assert dependency_order(config, ["lane-c", "lane-b", "lane-a"]) == ["lane-a", "lane-b", "lane-c"]
+    assert dependency_order(config, ["lane-b", "lane-a"]) == ["lane-a", "lane-b"]
+    assert dependency_order(config, ["lane-c"]) == ["lane-c"]
+
+
+def _info(config_hash: str, service: str = "lane-agent") -> ContainerInfo:
+    return ContainerInfo(id="abcdef0123456789", name="p-lane-agent-1", service=service, project="p",
+                         state="running", health="healthy",
+                         started_at=_parse_time("2026-11-29T10:00:00.123456789Z"),
+                         labels={labels.RECIPE: "r", labels.LANE: "agent", labels.CLASS: "agent",
+                                 labels.CONFIG_HASH: config_hash}, env={}, mounts=[])
+
+
+def test_status_verdicts():
+    config = {"services": {"lane-agent": {"labels": {labels.CONFIG_HASH: "h1"}}}}
+    assert _lane_status(_info("h1"), config, []).rendering == "current"
+    stale = _lane_status(_info("h0"), config, [])
+    assert stale.rendering == "stale" and "recipegen up" in stale.detail
+    behind = _lane_status(_info("h1"), config, ["compose.yaml: differs from a fresh render"])
+    assert behind.rendering == "stale" and "rendering is stale" in behind.detail
+    assert _lane_status(_info("h1", "lane-gone"), config, []).rendering == "stale"
+    assert _lane_status(_info("h1"), None, []).rendering == "unknown"
+
+
+def test_docker_times_parse_with_nanoseconds():
+    assert _parse_time("2026-11-29T10:00:00.123456789Z") == datetime(
+        2026, 11, 29, 10, 0, 0, 123456, tzinfo=timezone.utc)
+    assert _parse_time("0001-01-01T00:00:00Z") is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["swap", "dsv41-flash-gb300", "agent", "--class", "poetry"], "has no class 'poetry'"),
+    (["up", "dsv41-flash-gb300", "nosuchlane"], "has no lane 'nosuchlane'"),
+    (["profile", "dsv41-flash-gb300", "agent"], "--prompts"),
+    (["profile", "dsv41-flash-gb300", "agent", "--endpoint", "http://127.0.0.1:9"], "--dump-dir"),
+    (["up", "no-such-recipe"], "no-such-recipe"),
+])
+def test_bad_arguments_give_one_clear_error(args, message, repo_root):
+    env = {"DOCKER_HOST": "unix:///nonexistent.sock", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-m", "recipegen", *args], cwd=repo_root, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("error: ") and message in result.stderr
+    assert "Traceback" not in result.stderr

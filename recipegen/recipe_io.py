@@ -76,6 +76,8 @@ def resolve_recipe_path(name_or_path: str | os.PathLike[str]) -> Path:
     candidate = Path(text)
     if candidate.is_file():
         return candidate
+    if not candidate.suffix and candidate.with_suffix(".yaml").is_file():
+        return candidate.with_suffix(".yaml")
     bare = os.sep not in text and "/" not in text
     if bare:
         stem = text[:-5] if text.endswith(".yaml") else text

@@ -219,3 +219,13 @@ def test_dump_names_import_without_torch():
             "print(parse_dump_name('a__b__residency__20261129T103652.000001Z__000001.hist').lane)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "a"
+
+
+def test_snapshot_mid_step_reports_the_leading_layer_tokens():
+    """A dump taken between two layers of one step (dump thread vs engine) must not fail."""
+    counter = ExpertCounter((0, 1), 4)
+    counter.count(0, torch.tensor([[0, 1], [2, 3]]))
+    counter.count(1, torch.tensor([[0, 1], [2, 3]]))
+    counter.count(0, torch.tensor([[1, 2]]))  # layer 1 of this step not counted yet
+    counts, tokens, _ = counter.snapshot()
+    assert tokens == 3 and counts.sum(axis=1).tolist() == [6, 4]

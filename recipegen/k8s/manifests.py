@@ -1,0 +1,204 @@
+"""Kubernetes manifests for multi-node lanes, in the form vLLM's multi-node users deploy with:
+a LeaderWorkerSet (kubernetes-sigs/lws; one group = one lane, `size` = pipeline stages, the leader
+is stage 0 and serves the API) plus a Service for the leader's port.
+
+The engine flags are exactly the compose rendering's (`recipegen.render.services.build_services`,
+one spec per stage), so compose and Kubernetes never disagree on what vLLM runs. What Kubernetes
+replaces: the head's address (`$(LWS_LEADER_ADDRESS)`), a worker's rank (`$(LWS_WORKER_INDEX)`, the
+LWS worker index = pipeline stage), each node's own address (`VLLM_HOST_IP` from `status.podIP`),
+host paths (compose's `${VAR:-default}` resolved to the default), the cache volume (a host path per
+lane, so kernel tuning survives restarts like the compose named volume), row-map slices (a
+ConfigMap), GPUs (`nvidia.com/gpu` = tensor-parallel size), and placement: pods land on nodes
+labelled `recipegen.io/machine=<machine key>` (stage 0 on the head's machine, workers on theirs).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recipegen.errors import RecipegenError
+
+MACHINE_LABEL = "recipegen.io/machine"
+ANNOTATION_PREFIX = "recipegen.io/"
+CACHE_HOST_ROOT = "/var/cache/recipegen"
+DUMPS_HOST_ROOT = "/var/lib/recipegen/dumps"
+RUNTIME_HOST_PATH = "/opt/recipegen/runtime"
+LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"
+WORKER_INDEX = "$(LWS_WORKER_INDEX)"
+# A first boot of a new kernel shape autotunes for a long time (compose: 180 min start period).
+STARTUP_PROBE_PERIOD_S = 30
+STARTUP_PROBE_FAILURES = 360
+
+
+@dataclass(frozen=True)
+class LaneManifests:
+    lane: str
+    documents: list[dict[str, Any]]
+
+
+def _k8s_name(text: str) -> str:
+    """A DNS-1123 label: lowercase alphanumerics and '-', at most 63 characters."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    return name[:63].rstrip("-")
+
+
+def _host_path(source: str) -> str:
+    """Compose `${VAR:-default}` → default; `~` → /root (the vLLM image runs as root)."""
+    resolved = re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*:-([^}]*)\}", r"\1", source)
+    if resolved.startswith("~"):
+        resolved = "/root" + resolved[1:]
+    if not resolved.startswith("/"):
+        raise RecipegenError(f"cannot turn compose mount source {source!r} into a host path")
+    return resolved
+
+
+def _replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    out = list(argv)
+    i = out.index(flag)
+    out[i + 1] = value
+    return out
+
+
+def _container(spec: Any, *, recipe: str, lane: str, rank: int, leader: bool,
+               map_volume: str | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    argv = list(spec.command)
+    argv = _replace_flag(argv, "--master-addr", LEADER_ADDRESS)
+    if not leader:
+        argv = _replace_flag(argv, "--node-rank", WORKER_INDEX)
+    env: list[dict[str, Any]] = []
+    for key, value in spec.environment:
+        if key == "VLLM_HOST_IP":
+            env.append({"name": key, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+        else:
+            env.append({"name": key, "value": value})
+    mounts: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
+    for i, m in enumerate(spec.mounts):
+        vname = f"m{i}"
+        if m.type == "volume":
+            host = f"{CACHE_HOST_ROOT}/{recipe}/{lane}"
+            volumes.append({"name": vname, "hostPath": {"path": host, "type": "DirectoryOrCreate"}})
+        elif m.source.startswith("maps/"):
+            assert map_volume is not None
+            mounts.append({"name": map_volume, "mountPath": m.target, "subPath": f"stage-{rank}.rowmap",
+                           "readOnly": True})
+            continue
+        elif m.source.startswith("dumps/"):
+            volumes.append({"name": vname, "hostPath": {"path": f"{DUMPS_HOST_ROOT}/{recipe}/{lane}",
+                                                        "type": "DirectoryOrCreate"}})
+        elif m.target.startswith("/opt/"):
+            volumes.append({"name": vname, "hostPath": {"path": RUNTIME_HOST_PATH, "type": "Directory"}})
+        else:
+            volumes.append({"name": vname, "hostPath": {"path": _host_path(m.source), "type": "Directory"}})
+        mounts.append({"name": vname, "mountPath": m.target, "readOnly": bool(m.read_only)})
+    mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                 "sizeLimit": spec.shm_size.replace("gb", "Gi")}})
+    container: dict[str, Any] = {
+        "name": "vllm",
+        "image": spec.image,
+        # The vLLM image's entrypoint is `vllm serve`: these are its arguments (as in compose).
+        "args": argv,
+        "env": env,
+        "envFrom": [{"secretRef": {"name": f"{recipe}-secrets", "optional": True}}],
+        "resources": {"limits": {"nvidia.com/gpu": len(spec.device_ids)}},
+        "volumeMounts": mounts,
+    }
+    if leader:
+        container["ports"] = [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}]
+        probe = {"httpGet": {"path": "/health", "port": spec.port}}
+        container["startupProbe"] = {**probe, "periodSeconds": STARTUP_PROBE_PERIOD_S,
+                                     "failureThreshold": STARTUP_PROBE_FAILURES}
+        container["readinessProbe"] = {**probe, "periodSeconds": 15, "failureThreshold": 5}
+    return container, volumes
+
+
+def _pod_template(container: dict[str, Any], volumes: list[dict[str, Any]], *, labels: dict[str, str],
+                  annotations: dict[str, str], machines: list[str],
+                  grace_s: int) -> dict[str, Any]:
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": MACHINE_LABEL, "operator": "In", "values": machines}]}]}}}
+    return {"metadata": {"labels": labels, "annotations": annotations},
+            "spec": {"affinity": affinity, "containers": [container], "volumes": volumes,
+                     "terminationGracePeriodSeconds": grace_s}}
+
+
+def lane_manifests(loaded: Any, lane_index: int, specs: dict[int, Any],
+                   slices: dict[int, bytes]) -> LaneManifests:
+    """The LeaderWorkerSet (+ Service, + ConfigMap of row-map slices) of one multi-node lane.
+
+    `specs`: the compose ServiceSpec of each stage (rank → spec); `slices`: rank → row-map slice
+    bytes for the stages that run the residency runtime.
+    """
+    recipe = loaded.recipe
+    lane = recipe.lanes[lane_index]
+    assert lane.parallel is not None
+    pp = lane.parallel.pipeline_parallel_size
+    name = _k8s_name(f"{recipe.name}-{lane.name}")
+    workers = [specs[r] for r in range(1, pp)]
+    # One worker template serves every worker: they may differ only in rank and address.
+    if len(workers) > 1:
+        def normalised(spec: Any) -> tuple[Any, ...]:
+            argv = _replace_flag(list(spec.command), "--node-rank", "*")
+            env = tuple((k, v) for k, v in spec.environment if k != "VLLM_HOST_IP")
+            return (tuple(argv), env, spec.mounts, len(spec.device_ids), spec.image)
+        if len({normalised(w) for w in workers}) > 1:
+            raise loaded.error(
+                f"lane {lane.name!r}: its workers differ in more than rank and address (e.g. row-map "
+                "slices), and a LeaderWorkerSet has one worker template; use compose, or give the "
+                "workers' stages the same placement", ("lanes", lane_index, "parallel", "pipeline"))
+    map_volume = "rowmaps" if slices else None
+    base_labels = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/managed-by": "recipegen",
+                   "recipegen.io/recipe": _k8s_name(recipe.name), "recipegen.io/lane": _k8s_name(lane.name)}
+    documents: list[dict[str, Any]] = []
+    if slices:
+        documents.append({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": f"{name}-rowmaps", "labels": base_labels},
+            "data": {f"stage-{r}.rowmap": data.decode("utf-8") for r, data in sorted(slices.items())}})
+    templates: dict[str, Any] = {}
+    for role, rank in (("leader", 0), ("worker", 1)):
+        spec = specs[rank]
+        container, volumes = _container(spec, recipe=recipe.name, lane=lane.name, rank=rank,
+                                        leader=role == "leader", map_volume=map_volume)
+        if map_volume:
+            volumes.append({"name": map_volume, "configMap": {"name": f"{name}-rowmaps"}})
+        annotations = {ANNOTATION_PREFIX + k.removeprefix("io.recipegen."): v for k, v in spec.labels
+                       if v and k != "io.recipegen.node-rank"}
+        machines = ([lane.parallel.pipeline[0].machine] if role == "leader" else
+                    sorted({s.machine for s in lane.parallel.pipeline[1:]}))
+        templates[f"{role}Template"] = _pod_template(
+            container, volumes, labels={**base_labels, "role": role}, annotations=annotations,
+            machines=machines, grace_s=int(spec.stop_grace_period.rstrip("s")))
+    documents.append({
+        "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+        "metadata": {"name": name, "labels": base_labels},
+        "spec": {
+            "replicas": 1,
+            # Workers start with the leader (LeaderReady would wait forever: the leader is ready
+            # only once every worker has joined).
+            "startupPolicy": "LeaderCreated",
+            "leaderWorkerTemplate": {
+                "size": pp,
+                # A pipeline cannot lose a stage: any pod restart recreates the whole group.
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                **templates,
+            },
+        },
+    })
+    documents.append({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": f"{name}-leader", "labels": base_labels},
+        "spec": {"type": "ClusterIP",
+                 "selector": {"leaderworkerset.sigs.k8s.io/name": name, "role": "leader"},
+                 "ports": [{"name": "http", "port": lane.port, "targetPort": lane.port,
+                            "protocol": "TCP"}]}})
+    return LaneManifests(lane.name, documents)
+
+
+def manifest_path(project_root: Path, recipe_name: str, lane: str) -> Path:
+    return project_root / "k8s" / recipe_name / f"{lane}.yaml"

@@ -277,3 +277,19 @@ def test_rehome_model_checks_every_map_before_touching_a_layer():
     with pytest.raises(ValueError, match=r"no entry for MoE layer\(s\) \[1\]"):
         rehome_model(tensors, {0: [0, 1]}, {0: [2, 3]}, hot_alloc=MemoryTracker().allocator("device"),
                      cold_alloc=MemoryTracker().allocator("host"), on_device=lambda t: True)
+
+
+def test_core_imports_nothing_from_recipegen_or_its_dependencies():
+    """The serving container has torch and numpy, not recipegen, click or pydantic."""
+    import subprocess
+    import sys
+    code = ("import sys\n"
+            "for name in ('recipegen', 'click', 'pydantic', 'ruamel', 'vllm'):\n"
+            "    sys.modules[name] = None\n"
+            "import expert_residency.core as core, expert_residency.mxfp4\n"
+            "import expert_residency.core.reference\n"
+            "for name in core.__all__:\n"
+            "    getattr(core, name)\n"
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

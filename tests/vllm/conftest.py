@@ -2,7 +2,8 @@
 count-only profile boot shared by the plugin tests.
 
 Reuse from other test folders by importing `vllm_support` (tests/ is on sys.path):
-`from vllm_support.server import VllmServer` and `from vllm_support.tiny_moe import write_tiny_moe`.
+`from vllm_support.prompts import MAX_TOKENS, PROMPTS
+from vllm_support.server import VllmServer` and `from vllm_support.tiny_moe import write_tiny_moe`.
 Servers are expensive (~3 GiB, ~40-60 s on two cores): fixtures start at most one at a time and
 stop each with SIGTERM as soon as its tests are done.
 """
@@ -17,21 +18,12 @@ from typing import Any
 
 import pytest
 
+from vllm_support.prompts import MAX_TOKENS, PROMPTS
 from vllm_support.server import VllmServer, completion_token_ids, skip_reason, vllm_available
 from vllm_support.tiny_moe import write_tiny_moe
 
 SUPPORT_DIR = Path(__file__).resolve().parents[1] / "vllm_support"
 
-# A fixed prompt set (distinct prompts, prefix caching off): 6 prompts x 12 greedy tokens.
-PROMPTS = [
-    "the cat of the world is a big red stone",
-    "one two three four five six seven",
-    "agent call tool plan code run test error result",
-    "a small bird in the cold night sky",
-    "math proof of the sum value is the answer",
-    "story poem of the sea and the wind and the rain",
-]
-MAX_TOKENS = 12
 
 
 @pytest.fixture(scope="session")

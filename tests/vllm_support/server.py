@@ -154,10 +154,13 @@ class VllmServer:
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def complete(self, prompt: str, max_tokens: int = 16) -> dict[str, Any]:
-        """Greedy completion with token ids (`return_token_ids`) and usage."""
-        body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens,
-                "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
+    def complete(self, prompt: str, max_tokens: int = 16, logprobs: int | None = None
+                 ) -> dict[str, Any]:
+        """Greedy completion with token ids (`return_token_ids`), usage and optional logprobs."""
+        body: dict[str, Any] = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens,
+                                "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
+        if logprobs is not None:
+            body["logprobs"] = logprobs
         r = httpx.post(self.base_url + "/v1/completions", json=body, timeout=120.0)
         r.raise_for_status()
         return r.json()
@@ -175,3 +178,8 @@ def completion_token_ids(response: dict[str, Any]) -> list[int]:
     if ids is None:
         raise AssertionError("the server did not return token ids: " + json.dumps(choice)[:300])
     return [int(t) for t in ids]
+
+
+def completion_logprobs(response: dict[str, Any]) -> list[float]:
+    """The chosen tokens' logprobs (exact floats as the server serialised them)."""
+    return [float(x) for x in response["choices"][0]["logprobs"]["token_logprobs"]]

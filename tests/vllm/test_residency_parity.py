@@ -1,0 +1,176 @@
+"""Pin boot on the real vLLM CPU engine with the row map built from the count-only profile.
+
+* residency (hot/cold banks, split invoke, one fp32-fma finalize) is token-identical — and
+  logprob-identical — to the same plugin in ``unsplit`` mode (every expert in one bank, same
+  per-pick kernel, same finalize): the bit-exactness claim, end to end;
+* plain vLLM without the plugin is compared as measured (see ``test_stock_vllm_agreement``);
+* the start-up report's bank bytes match the ledger for the tiny model (recipegen's verify
+  comparison: map counts × bytes per expert);
+* a second map for the same class with a different ``shape_hash`` swaps by restart.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from expert_residency.formats import StartupReport, find_report_lines, load_rowmap
+from recipegen.ops.verify import Expected, compare
+from vllm_support.server import VllmServer, completion_logprobs, completion_token_ids
+from vllm_support.prompts import MAX_TOKENS, PROMPTS
+from vllm_support.tiny_moe import TINY
+
+pytestmark = pytest.mark.vllm
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Run:
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    reports: list[StartupReport]
+    status: list[Any]
+    log: str
+    prompt_tokens: list[int]
+
+
+def _build_map(histogram: Path, hot: int, out: Path) -> Path:
+    proc = subprocess.run([sys.executable, "-m", "recipegen", "rowmap", "build", str(histogram),
+                           "--hot", str(hot), "-o", str(out)], capture_output=True, text=True,
+                          cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def _serve_and_run(start_server: Callable[..., VllmServer], name: str,
+                   env: dict[str, str]) -> Run:
+    server = start_server(name, env)
+    try:
+        responses = [server.complete(p, MAX_TOKENS, logprobs=1) for p in PROMPTS]
+        status = server.collective_rpc("expert_residency_status") if env else []
+    finally:
+        server.stop()
+    log = server.log_text()
+    return Run([completion_token_ids(r) for r in responses],
+               [completion_logprobs(r) for r in responses], find_report_lines(log), status, log,
+               [int(r["usage"]["prompt_tokens"]) for r in responses])
+
+
+def _residency_env(rowmap_path: Path) -> dict[str, str]:
+    # A dump folder turns on the counter alongside residency (drift on a live lane).
+    return {"EXPERT_RESIDENCY_MODE": "residency", "EXPERT_RESIDENCY_ROWMAP": str(rowmap_path),
+            "EXPERT_RESIDENCY_CONTENT_HASH": load_rowmap(rowmap_path).content_hash(),
+            "EXPERT_RESIDENCY_LANE": "tiny", "EXPERT_RESIDENCY_CLASS": "mixed",
+            "EXPERT_RESIDENCY_DUMP_DIR": str(rowmap_path.parent / ("dumps-" + rowmap_path.stem)),
+            "EXPERT_RESIDENCY_DUMP_INTERVAL_S": "0"}
+
+
+@pytest.fixture(scope="module")
+def maps(count_profile, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("maps")
+    hist = count_profile.shutdown_dumps[0]
+    return {"hot5": _build_map(hist, 5, folder / "mixed-hot5.rowmap"),
+            "hot6": _build_map(hist, 6, folder / "mixed-hot6.rowmap")}
+
+
+@pytest.fixture(scope="module")
+def runs(start_server, maps) -> dict[str, Run]:
+    """One server at a time: unsplit, residency (hot 5), residency (hot 6), stock vLLM."""
+    return {
+        "unsplit": _serve_and_run(start_server, "unsplit", {"EXPERT_RESIDENCY_MODE": "unsplit"}),
+        "hot5": _serve_and_run(start_server, "residency-hot5", _residency_env(maps["hot5"])),
+        "hot6": _serve_and_run(start_server, "residency-hot6", _residency_env(maps["hot6"])),
+        "stock": _serve_and_run(start_server, "stock", {}),
+    }
+
+
+def test_residency_is_token_identical_to_unsplit(runs) -> None:
+    assert runs["hot5"].tokens == runs["unsplit"].tokens
+    # Stronger than tokens: the logprobs of the chosen tokens are bit-identical too.
+    assert runs["hot5"].logprobs == runs["unsplit"].logprobs
+
+
+def test_split_actually_used_both_banks(runs, maps) -> None:
+    """The prompts route picks to cold experts too, so both banks' per-pick calls ran."""
+    rowmap = load_rowmap(maps["hot5"])
+    status = runs["hot5"].status[0]
+    assert status["mode"] == "residency" and status["moe_layers"] == [0, 1]
+    assert runs["hot5"].reports[0].cold_counts_list() == rowmap.cold_counts() == [3, 3]
+    for layer, counts in enumerate(status["counts"]):
+        assert sum(counts[e] for e in rowmap.cold[layer]) > 0
+        assert sum(counts[e] for e in rowmap.hot[layer]) > 0
+    # Counting alongside residency sees every routed token: prompt + completion - 1 each.
+    assert status["tokens"] == sum(runs["hot5"].prompt_tokens) + sum(
+        len(t) - 1 for t in runs["hot5"].tokens)
+
+
+def test_startup_report_bytes_match_the_ledger(runs, maps) -> None:
+    for key in ("hot5", "hot6"):
+        rowmap = load_rowmap(maps[key])
+        reports = runs[key].reports
+        assert len(reports) == 1, "one start-up report line per worker"
+        r = reports[0]
+        expected = Expected(
+            hot_bytes=sum(rowmap.hot_counts()) * TINY.bytes_per_expert,
+            cold_bytes=sum(rowmap.cold_counts()) * TINY.bytes_per_expert,
+            kv_tokens=None, hot_counts=rowmap.hot_counts(), cold_counts=rowmap.cold_counts(),
+            content_hash=rowmap.content_hash(), shape_hash=rowmap.shape_hash(),
+            traffic_class="mixed")
+        rows = compare(expected, reports, None)
+        assert all(row.ok for row in rows), [row for row in rows if not row.ok]
+        # Exact, not just within verify's tolerance: the banks hold exactly the map's rows.
+        assert (r.hot_bytes, r.cold_bytes) == (expected.hot_bytes, expected.cold_bytes)
+        assert r.traffic_class == "mixed" and r.rowmap_path == str(maps[key])
+
+
+def test_other_shape_same_class_swaps_by_restart(runs, maps) -> None:
+    a, b = load_rowmap(maps["hot5"]), load_rowmap(maps["hot6"])
+    assert a.shape_hash() != b.shape_hash()
+    ra, rb = runs["hot5"].reports[0], runs["hot6"].reports[0]
+    assert (ra.shape_hash, rb.shape_hash) == (a.shape_hash(), b.shape_hash())
+    assert ra.traffic_class == rb.traffic_class == "mixed"
+    assert rb.hot_counts_list() == [6, 6]
+    assert runs["hot6"].tokens == runs["unsplit"].tokens
+    assert runs["hot6"].logprobs == runs["unsplit"].logprobs
+
+
+def test_unsplit_reports_all_experts_hot(runs) -> None:
+    r = runs["unsplit"].reports[0]
+    assert r.hot_counts_list() == [TINY.num_experts] * TINY.num_layers
+    assert r.cold_bytes == 0
+    assert r.hot_bytes == TINY.num_experts * TINY.num_layers * TINY.bytes_per_expert
+
+
+def test_stock_vllm_agreement(runs, count_profile, tmp_path_factory) -> None:
+    """Plain `vllm serve` (no runtime env: the plugin is inert) against the runtime.
+
+    Count-only mode runs vLLM's own kernel, so it must agree exactly with stock. The split path
+    rounds each pick row to bf16 before the fp32 fma finalize, while vLLM's CPU kernel
+    accumulates the weighted picks inside the kernel, so split vs stock is reported as measured
+    (written to stock_agreement.json next to the test's temp files and printed).
+    """
+    stock = runs["stock"]
+    assert not stock.reports, "the plugin must be inert without EXPERT_RESIDENCY_MODE"
+    assert count_profile.token_ids == stock.tokens
+    same = sum(a == b for a, b in zip(runs["hot5"].tokens, stock.tokens))
+    total_tokens = sum(len(t) for t in stock.tokens)
+    same_tokens = sum(x == y for a, b in zip(runs["hot5"].tokens, stock.tokens)
+                      for x, y in zip(a, b))
+    max_logprob_diff = max(abs(x - y) for a, b in zip(runs["hot5"].logprobs, stock.logprobs)
+                           for x, y in zip(a, b))
+    measured = {"prompts_identical": same, "prompts": len(PROMPTS),
+                "tokens_identical": same_tokens, "tokens": total_tokens,
+                "max_abs_logprob_diff": max_logprob_diff,
+                "logprobs_bit_identical": runs["hot5"].logprobs == stock.logprobs}
+    out = tmp_path_factory.mktemp("agreement") / "stock_agreement.json"
+    out.write_text(json.dumps(measured, indent=1))
+    print("residency vs stock vLLM:", json.dumps(measured))
+    assert 0 <= same <= len(PROMPTS)

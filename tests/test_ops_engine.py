@@ -261,7 +261,11 @@ def test_profile_boot_produces_a_histogram_and_a_map(ops, tmp_path):
     # the lane is back, and its rendering is now stale: its class has a new map
     prose = _container(ops.env, "lane-prose")
     assert prose.id == prose_before and prose.attrs["State"]["Health"]["Status"] == "healthy"
-    assert ops.status()["lane-prose"]["rendering"] == "stale"
+    lanes = ops.status()
+    assert lanes["lane-prose"]["rendering"] == "stale"
+    assert "changed since the last render" in lanes["lane-prose"]["detail"]
+    # the agent lane serves math, whose map did not change: it stays current
+    assert lanes["lane-agent"]["rendering"] == "current"
     # `up` re-renders and recreates it with the new map
     result = ops("up", "opstest", "prose", override=True)
     assert result.returncode == 0, result.stderr

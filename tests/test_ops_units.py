@@ -111,14 +111,18 @@ def _info(config_hash: str, service: str = "lane-agent") -> ContainerInfo:
 
 
 def test_status_verdicts():
+    from recipegen.ops.lanes import _RecipeView
+
     config = {"services": {"lane-agent": {"labels": {labels.CONFIG_HASH: "h1"}}}}
-    assert _lane_status(_info("h1"), config, []).rendering == "current"
-    stale = _lane_status(_info("h0"), config, [])
+    assert _lane_status(_info("h1"), _RecipeView(config, {"lane-agent": "h1"})).rendering == "current"
+    stale = _lane_status(_info("h0"), _RecipeView(config, {"lane-agent": "h1"}))
     assert stale.rendering == "stale" and "recipegen up" in stale.detail
-    behind = _lane_status(_info("h1"), config, ["compose.yaml: differs from a fresh render"])
-    assert behind.rendering == "stale" and "rendering is stale" in behind.detail
-    assert _lane_status(_info("h1", "lane-gone"), config, []).rendering == "stale"
-    assert _lane_status(_info("h1"), None, []).rendering == "unknown"
+    behind = _lane_status(_info("h1"), _RecipeView(config, {"lane-agent": "h2"}))
+    assert behind.rendering == "stale" and "changed since the last render" in behind.detail
+    broken = _lane_status(_info("h1"), _RecipeView(config, {}, "budgets fail"))
+    assert broken.rendering == "stale" and "budgets fail" in broken.detail
+    assert _lane_status(_info("h1", "lane-gone"), _RecipeView(config, {})).rendering == "stale"
+    assert _lane_status(_info("h1"), _RecipeView(None, {})).rendering == "unknown"
 
 
 def test_docker_times_parse_with_nanoseconds():

@@ -171,51 +171,57 @@ class LaneStatus:
         return asdict(self)
 
 
-def _rendered_configs(recipes: set[str], load: Callable[[str], Deployment | None]
-                      ) -> dict[str, tuple[dict[str, Any] | None, list[str]]]:
-    """recipe → (compose config of its rendering, reasons the rendering is stale)."""
-    out: dict[str, tuple[dict[str, Any] | None, list[str]]] = {}
+@dataclass(frozen=True)
+class _RecipeView:
+    config: dict[str, Any] | None        # compose config of the rendering on disk
+    fresh: dict[str, str]                # service → config hash of a fresh render
+    problem: str = ""                    # why a fresh render is not available
+
+
+def _recipe_views(recipes: set[str], load: Callable[[str], Deployment | None]
+                  ) -> dict[str, _RecipeView]:
+    out: dict[str, _RecipeView] = {}
     for name in sorted(recipes):
         dep = load(name)
         if dep is None or not dep.rendering.compose_file.is_file():
-            out[name] = (None, [])
+            out[name] = _RecipeView(None, {})
             continue
         try:
-            stale = dep.rendering.stale_reasons()
+            fresh, problem = dep.rendering.fresh_config_hashes(), ""
         except RecipegenError as exc:
-            stale = [f"cannot re-render: {exc}"]
-        out[name] = (dep.project().config(), stale)
+            fresh, problem = {}, f"the recipe does not render now: {exc}"
+        out[name] = _RecipeView(dep.project().config(), fresh, problem)
     return out
 
 
 def status(client: Any, *, recipe: str | None,
            load: Callable[[str], Deployment | None]) -> list[LaneStatus]:
-    """Every container with recipegen labels (of one recipe, or all), judged against the
-    current rendering: `current` when its config hash is the rendered one and the rendering is
-    current against the recipe."""
+    """Every container with recipegen labels (of one recipe, or all), judged per service: it is
+    `current` when its config hash is the rendered one and a fresh render of the recipe (with
+    its row maps as they are now) would not change that service."""
     filters = [labels.RECIPE] if recipe is None else [f"{labels.RECIPE}={recipe}"]
     containers = find_containers(client, filters)
-    configs = _rendered_configs({c.labels[labels.RECIPE] for c in containers}, load)
-    result = []
-    for c in containers:
-        result.append(_lane_status(c, *configs.get(c.labels[labels.RECIPE], (None, []))))
-    return result
+    views = _recipe_views({c.labels[labels.RECIPE] for c in containers}, load)
+    return [_lane_status(c, views.get(c.labels[labels.RECIPE], _RecipeView(None, {})))
+            for c in containers]
 
 
-def _lane_status(c: ContainerInfo, config: dict[str, Any] | None, stale: list[str]) -> LaneStatus:
+def _lane_status(c: ContainerInfo, view: _RecipeView) -> LaneStatus:
     have = c.labels.get(labels.CONFIG_HASH, "")
+    config = view.config
     if config is None:
         verdict, detail = "unknown", "recipe or rendering not found here"
     elif c.service not in config.get("services", {}):
         verdict, detail = "stale", "service no longer rendered (`docker compose down --remove-orphans`)"
+    elif (rendered_label(config, c.service, labels.CONFIG_HASH) or "") != have:
+        verdict, detail = "stale", "container differs from the rendering: `recipegen up` recreates it"
+    elif view.problem:
+        verdict, detail = "stale", view.problem
+    elif view.fresh.get(c.service, "") != have:
+        verdict, detail = "stale", ("the recipe or its row map changed since the last render: "
+                                    "`recipegen up` re-renders and recreates it")
     else:
-        want = rendered_label(config, c.service, labels.CONFIG_HASH) or ""
-        if want != have:
-            verdict, detail = "stale", "container differs from the rendering: `recipegen up` recreates it"
-        elif stale:
-            verdict, detail = "stale", f"rendering is stale against the recipe: {stale[0]}"
-        else:
-            verdict, detail = "current", ""
+        verdict, detail = "current", ""
     return LaneStatus(
         recipe=c.labels.get(labels.RECIPE, ""), lane=c.labels.get(labels.LANE, ""),
         service=c.service, traffic_class=c.labels.get(labels.CLASS, ""),

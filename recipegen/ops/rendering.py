@@ -55,6 +55,19 @@ class Rendering:
 
         return [line for s in check_rendering(self._render()) for line in s.describe()]
 
+    def fresh_config_hashes(self) -> dict[str, str]:
+        """service → config-hash label of a fresh render (what `up` would run now)."""
+        import yaml
+
+        from recipegen.render.compose import CONFIG_HASH_LABEL
+        from recipegen.render.render import COMPOSE_FILE
+
+        rendering = self._render()
+        text = next(iter(rendering.folders.values()))[COMPOSE_FILE].decode("utf-8")
+        services = (yaml.safe_load(text) or {}).get("services") or {}
+        return {name: str((svc.get("labels") or {}).get(CONFIG_HASH_LABEL, ""))
+                for name, svc in services.items()}
+
     def render(self) -> None:
         from recipegen.render.render import write_rendering
 

@@ -92,6 +92,9 @@ def check_budgets(recipes: tuple[str, ...], explain: bool, as_json: bool, lanes:
         ledger = compute_ledger(loaded)
         if lanes:
             ledger.lanes = [l for l in ledger.lanes if l.lane in lanes]
+        if any(hasattr(l, "stages") for l in ledger.lanes):  # lanes over several machines
+            from recipegen.costmodel.stages import attach_stage_fetch
+            attach_stage_fetch(loaded, ledger)
         if not ledger.ok:
             worst = max(worst, EXIT_OVER_BUDGET)
         if as_json:

@@ -95,6 +95,7 @@ class MultiNodeLaneLedger(LaneLedger):
     recommendation: str = ""
     pipeline_parallel_size: int = 1
     tensor_parallel_size: int = 1
+    stage_fetch: list[Any] = field(default_factory=list)   # filled by costmodel.stages (needs histograms)
 
     def stage_on(self, machine: str) -> StageLedger:
         for stage in self.stages:
@@ -108,7 +109,8 @@ class MultiNodeLaneLedger(LaneLedger):
                     "tensor_parallel_size": self.tensor_parallel_size,
                     "stages": [s.to_json() for s in self.stages],
                     "layouts": [v.to_json() for v in self.layouts],
-                    "recommendation": self.recommendation})
+                    "recommendation": self.recommendation,
+                    "stage_fetch": [f.to_json() for f in self.stage_fetch]})
         return out
 
 

@@ -45,6 +45,10 @@ def render_multinode_lane(lane: MultiNodeLaneLedger, *, explain: bool = False) -
         out.append(f"  layout {verdict.name}: {'fits' if verdict.fits else 'does NOT fit'} ({stages})"
                    + ("" if verdict.fits else f", {_g(verdict.shortfall)} short")
                    + f"; weights + reserves {_g(verdict.weights_and_reserves)} of HBM caps {_g(verdict.hbm_cap)}")
+    for f in lane.stage_fetch:
+        out.append(f"  cost model: stage {f.rank} ({f.machine}) at {f.streams} stream(s), k={f.k}: "
+                   f"{f.cold_bytes_per_step / 1e6:,.1f} MB from host per step = {f.fetch_ms:.2f} ms "
+                   f"({f.basis})")
     out.append(f"  {lane.recommendation}")
     for note in lane.notes[:1]:
         out.append(f"  note: {note}")

@@ -66,7 +66,8 @@ def _duration(text: str, option: str) -> float:
 @click.option("--model-b", default=None, help="Model name on B (default: its first served model).")
 @click.option("--lane-log", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Log of lane A to read its start-up report from (else found via Docker for local lanes).")
-@click.option("--lane-log-b", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None)
+@click.option("--lane-log-b", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="Log of lane B (the control) to read its start-up report from.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the full result as JSON.")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds per request.")
@@ -163,7 +164,8 @@ def parity(url_a: str, url_b: str | None, fixture: Path | None, runs: int, max_t
               help="Ask vLLM for exactly max_tokens per request.")
 @click.option("--model", default=None, help="Model name (default: the endpoint's first model).")
 @click.option("--lane-log", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None)
-@click.option("--lane-log-b", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None)
+@click.option("--lane-log-b", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="Log of lane B (the control) to read its start-up report from.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the full result as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,

@@ -8,7 +8,8 @@ with CUDA and triton, and ``runtime/`` on PYTHONPATH. Nothing else: routing is g
 Model: DSv4.1-Flash routed experts (MXFP4 w13 4608x5120 + w2 5120x2304, 18,800,640 bytes each),
 384 experts per layer, top-6, ``--layers`` MoE layers (13 by default, so that 3 whole layers are
 23.1% of the expert bytes). Weights are random MXFP4 bytes with checkpoint-like scales; the
-kernels do the same work on any bytes.
+kernels do the same work on any bytes, so the random bytes stand for weights already in the
+kernel layout the config names (tile-major or row-major, ``gpu.layout``).
 
 Routing: per layer, expert popularity p(r) ∝ exp(-4.94·(r/384)^1.01) over a seeded per-layer
 permutation (the row-map engineer's synthetic profile); each token draws 6 distinct experts from p.

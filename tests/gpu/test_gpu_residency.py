@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -43,6 +44,7 @@ from expert_residency.core.swap import swap_experts, swap_steps, StagingBuffer  
 from expert_residency.gpu.experts import (ExpertShape, KernelConfig,  # noqa: E402
                                           TritonMxfp4Experts, MAX_FUSED_PICKS)
 from expert_residency.gpu.graphs import CapturedStep  # noqa: E402
+from expert_residency.gpu.layout import to_kernel_layout  # noqa: E402
 from expert_residency.gpu.pinned import PinnedRegion, device_view, pinned_view_allocator  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -85,14 +87,26 @@ def random_routing(tokens: int, experts: int, k: int, gen: torch.Generator,
     return ids, weights
 
 
-def make_layers(shape: ExpertShape, experts: int, cold_count: int, gen: torch.Generator):
-    full = random_experts(shape, experts, gen)
+class Layers(NamedTuple):
+    unsplit: object   # every expert in one HBM bank, kernel layout (the bit-identity reference)
+    split: object     # hot bank in HBM + cold bank in pinned host memory, kernel layout
+    hot_ids: list
+    cold_ids: list
+    reference: object  # unsplit in vLLM's layout, for the torch reference per-pick function
+
+
+def make_layers(shape: ExpertShape, experts: int, cold_count: int, gen: torch.Generator,
+                config: KernelConfig = KernelConfig(),
+                original: dict[str, torch.Tensor] | None = None) -> Layers:
+    original = original if original is not None else random_experts(shape, experts, gen)
+    full = {name: t.clone() for name, t in original.items()}
+    to_kernel_layout(full, config)
     perm = torch.randperm(experts, generator=torch.Generator().manual_seed(7)).tolist()
     cold_ids, hot_ids = sorted(perm[:cold_count]), perm[cold_count:]  # hot rows in shuffled order
     unsplit = build_unsplit_layer(full, layer_index=0)
     split = rehome_layer(dict(full), hot_ids, cold_ids, layer_index=0,
                          hot_alloc=device_allocator(DEV), cold_alloc=pinned_view_allocator(DEV))
-    return unsplit, split, hot_ids, cold_ids
+    return Layers(unsplit, split, hot_ids, cold_ids, build_unsplit_layer(original, layer_index=0))
 
 
 def activations(tokens: int, hidden: int, gen: torch.Generator) -> torch.Tensor:
@@ -119,7 +133,7 @@ def test_pinned_view_aliases_host_memory() -> None:
 
 def test_cold_bank_lives_in_host_memory() -> None:
     gen = torch.Generator(device=DEV).manual_seed(1)
-    _, split, _, cold_ids = make_layers(SMALL, 16, 6, gen)
+    _, split, _, cold_ids, _ = make_layers(SMALL, 16, 6, gen)
     before = torch.cuda.memory_allocated()
     region = PinnedRegion((64 << 20,), torch.uint8, DEV)
     assert torch.cuda.memory_allocated() == before  # a view allocates no device memory
@@ -137,7 +151,7 @@ def test_cold_bank_lives_in_host_memory() -> None:
 def test_split_equals_unsplit_bitwise(config: str, tokens: int) -> None:
     gen = torch.Generator(device=DEV).manual_seed(100 + tokens)
     experts, k = 16, 6
-    unsplit, split, hot_ids, cold_ids = make_layers(SMALL, experts, 6, gen)
+    unsplit, split, hot_ids, cold_ids, _ = make_layers(SMALL, experts, 6, gen, CONFIGS[config])
     ex = TritonMxfp4Experts(SMALL, experts, k, max_tokens=128, device=DEV, config=CONFIGS[config])
     ids, weights = random_routing(tokens, experts, k, gen, hot_ids, cold_ids)
     x = activations(tokens, SMALL.hidden, gen)
@@ -157,14 +171,14 @@ def test_split_equals_unsplit_bitwise(config: str, tokens: int) -> None:
 def test_split_equals_unsplit_dsv41_geometry(config: str) -> None:
     gen = torch.Generator(device=DEV).manual_seed(5)
     experts, k, tokens = 12, 6, 6
-    unsplit, split, hot_ids, cold_ids = make_layers(DSV41, experts, 6, gen)
+    unsplit, split, hot_ids, cold_ids, reference = make_layers(DSV41, experts, 6, gen, CONFIGS[config])
     ex = TritonMxfp4Experts(DSV41, experts, k, max_tokens=16, device=DEV, config=CONFIGS[config])
     ids, weights = random_routing(tokens, experts, k, gen, hot_ids, cold_ids)
     x = activations(tokens, DSV41.hidden, gen)
     out_split = ex.forward(split, x, weights, ids).clone()
     out_unsplit = ex.forward(unsplit, x, weights, ids).clone()
     assert torch.equal(out_split, out_unsplit)
-    ref = residency_forward(unsplit, x, weights, ids, mxfp4_swiglu_per_pick(), pick_dtype=torch.bfloat16)
+    ref = residency_forward(reference, x, weights, ids, mxfp4_swiglu_per_pick(), pick_dtype=torch.bfloat16)
     rel = ((out_split.float() - ref.float()).norm() / ref.float().norm()).item()
     print(f"\n[{config}] DSv4.1 geometry, T={tokens}: Triton vs torch reference relative L2 = {rel:.2e}")
     assert rel <= REL_TOL
@@ -174,14 +188,14 @@ def test_split_equals_unsplit_dsv41_geometry(config: str) -> None:
 def test_triton_vs_torch_reference(config: str) -> None:
     gen = torch.Generator(device=DEV).manual_seed(11)
     experts, k, tokens = 16, 6, 16
-    unsplit, split, hot_ids, cold_ids = make_layers(SMALL, experts, 6, gen)
+    unsplit, split, hot_ids, cold_ids, reference = make_layers(SMALL, experts, 6, gen, CONFIGS[config])
     ex = TritonMxfp4Experts(SMALL, experts, k, max_tokens=tokens, device=DEV, config=CONFIGS[config])
     ids, weights = random_routing(tokens, experts, k, gen, hot_ids, cold_ids)
     x = activations(tokens, SMALL.hidden, gen)
     picks = ex.pick_outputs(split, x, ids).clone()
     out = ex.finalize(picks, weights)
     from expert_residency.core.split import split_invoke
-    ref_picks = split_invoke(unsplit, x, ids, mxfp4_swiglu_per_pick(), out_dtype=torch.bfloat16)
+    ref_picks = split_invoke(reference, x, ids, mxfp4_swiglu_per_pick(), out_dtype=torch.bfloat16)
     ref = core_finalize(ref_picks, weights, torch.bfloat16)
     rel_picks = ((picks.float() - ref_picks.float()).norm() / ref_picks.float().norm()).item()
     rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
@@ -189,16 +203,21 @@ def test_triton_vs_torch_reference(config: str) -> None:
     assert rel_picks <= REL_TOL and rel <= REL_TOL
 
 
-def test_dequantizers_agree() -> None:
-    """All three dequantizers feed the tensor cores the same exact bf16 weights; the outputs agree
-    to rounding (bit equality across variants is not claimed: tile layouts may differ)."""
+def test_dequantizers_and_layouts_agree() -> None:
+    """Every dequantizer and both layouts feed the tensor cores the same exact bf16 weights; the
+    outputs agree to rounding (bit equality across configs is not claimed: tiles differ)."""
     gen = torch.Generator(device=DEV).manual_seed(4)
     experts, k, tokens = 16, 6, 16
-    _, split, hot_ids, cold_ids = make_layers(SMALL, experts, 6, gen)
-    ids, weights = random_routing(tokens, experts, k, gen, hot_ids, cold_ids)
-    x = activations(tokens, SMALL.hidden, gen)
-    outs = {name: TritonMxfp4Experts(SMALL, experts, k, max_tokens=tokens, device=DEV, config=cfg)
-            .forward(split, x, weights, ids) for name, cfg in CONFIGS.items()}
+    original = random_experts(SMALL, experts, gen)
+    configs = dict(CONFIGS, **{"row-major": KernelConfig(tile_major=False)})
+    outs = {}
+    for name, cfg in configs.items():
+        layers = make_layers(SMALL, experts, 6, gen, cfg, original=original)
+        if not outs:
+            ids, weights = random_routing(tokens, experts, k, gen, layers.hot_ids, layers.cold_ids)
+            x = activations(tokens, SMALL.hidden, gen)
+        ex = TritonMxfp4Experts(SMALL, experts, k, max_tokens=tokens, device=DEV, config=cfg)
+        outs[name] = ex.forward(layers.split, x, weights, ids)
     base = outs["int-dequant"].float()
     for name, out in outs.items():
         rel = ((out.float() - base).norm() / base.norm()).item()
@@ -221,7 +240,7 @@ def test_large_step_uses_torch_grouping_with_same_bits() -> None:
     gen = torch.Generator(device=DEV).manual_seed(9)
     experts, k = 16, 6
     tokens = MAX_FUSED_PICKS // k + 40  # over the one-program grouping limit
-    unsplit, split, hot_ids, cold_ids = make_layers(SMALL, experts, 6, gen)
+    unsplit, split, hot_ids, cold_ids, _ = make_layers(SMALL, experts, 6, gen)
     ex = TritonMxfp4Experts(SMALL, experts, k, max_tokens=tokens, device=DEV)
     ids, weights = random_routing(tokens, experts, k, gen, hot_ids, cold_ids)
     x = activations(tokens, SMALL.hidden, gen)
@@ -242,8 +261,8 @@ def _graph_fixture(tokens: int, layers: int = 2):
     gen = torch.Generator(device=DEV).manual_seed(20 + tokens)
     experts, k = 16, 6
     built = [make_layers(SMALL, experts, 6, gen) for _ in range(layers)]
-    for i, (_, split, _, _) in enumerate(built):
-        split.layer_index = i
+    for i, layers in enumerate(built):
+        layers.split.layer_index = i
     ex = TritonMxfp4Experts(SMALL, experts, k, max_tokens=tokens, device=DEV)
     return gen, experts, k, built, ex
 
@@ -255,8 +274,8 @@ def test_graph_replay_equals_eager_with_new_routing(tokens: int) -> None:
     outs = [torch.empty(tokens, SMALL.hidden, dtype=torch.bfloat16, device=DEV) for _ in built]
 
     def step(x, w, ids):
-        for i, (_, split, _, _) in enumerate(built):
-            ex.forward(split, x[i], w[i], ids[i], counter=counter, out=outs[i])
+        for i, layers in enumerate(built):
+            ex.forward(layers.split, x[i], w[i], ids[i], counter=counter, out=outs[i])
         return torch.stack(outs)
 
     def routing():
@@ -273,8 +292,8 @@ def test_graph_replay_equals_eager_with_new_routing(tokens: int) -> None:
         replayed = graph.replay(x, w, ids).clone()
         for i in range(len(built)):
             recount[i] += torch.bincount(ids[i].flatten(), minlength=experts)
-        eager = torch.stack([ex.forward(unsplit, x[i], w[i], ids[i])
-                             for i, (unsplit, _, _, _) in enumerate(built)])
+        eager = torch.stack([ex.forward(layers.unsplit, x[i], w[i], ids[i])
+                             for i, layers in enumerate(built)])
         assert torch.equal(replayed, eager)
     assert torch.equal(counter.counts, recount)      # the in-graph atomics counted every pick once
     assert counter.tokens.tolist() == [4 * tokens] * len(built)
@@ -282,7 +301,7 @@ def test_graph_replay_equals_eager_with_new_routing(tokens: int) -> None:
 
 def test_counter_exact_with_padded_tokens() -> None:
     gen, experts, k, built, ex = _graph_fixture(32, layers=1)
-    _, split, _, _ = built[0]
+    split = built[0].split
     counter = ExpertCounter([0], experts, device=DEV)
     expected = torch.zeros(experts, dtype=torch.int64, device=DEV)
     tokens_seen = 0
@@ -299,7 +318,7 @@ def test_counter_exact_with_padded_tokens() -> None:
 def test_swap_in_graph_is_exact_and_misordered_swap_is_caught() -> None:
     tokens = 16
     gen, experts, k, built, ex = _graph_fixture(tokens, layers=1)
-    unsplit, split, hot_ids, cold_ids = built[0]
+    unsplit, split, hot_ids, cold_ids, _ = built[0]
     out = torch.empty(tokens, SMALL.hidden, dtype=torch.bfloat16, device=DEV)
 
     def step(x, w, ids):

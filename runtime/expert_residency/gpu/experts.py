@@ -26,6 +26,7 @@ import triton
 
 from ..core.banks import ExpertBank, ResidentLayer
 from . import kernels
+from .layout import to_kernel_layout
 
 if TYPE_CHECKING:
     from ..core.counter import ExpertCounter
@@ -53,10 +54,14 @@ class KernelConfig:
     # 0: integer dequant + tl.dot (also runs under TRITON_INTERPRET=1); 1: tl.dot_scaled;
     # 2: prmt-table PTX (GPU only; fastest of the three on the H200, see BENCHMARKS.md)
     dequant: int = 2
+    # Banks hold each expert tile-major for these tile shapes (``gpu.layout``): contiguous reads,
+    # which the host link needs. False: vLLM's row-major layout as loaded.
+    tile_major: bool = True
     finalize_block: int = 1024
 
     def describe(self) -> str:
         kind = {0: "int-dequant", 1: "dot_scaled", 2: "prmt-dequant"}.get(self.dequant, f"dequant{self.dequant}")
+        kind += " tile-major" if self.tile_major else " row-major"
         return (f"{kind} BM{self.block_m} w13:BN{self.block_n1}xBK{self.block_k1} "
                 f"w2:BN{self.block_n2}xBK{self.block_k2} warps{self.num_warps} stages{self.num_stages}")
 
@@ -111,6 +116,7 @@ class Workspace:
         self.slot_start = torch.zeros(picks + 1, **i32)
         self.slot_expert = torch.zeros(max(picks, 1), **i32)
         self.num_slots = torch.zeros(1, **i32)
+        self.n_tokens = torch.zeros(1, **i32)
         self.act = torch.empty(picks, shape.intermediate, dtype=act_dtype, device=dev)
         self.pick_out = torch.empty(picks, shape.hidden, dtype=act_dtype, device=dev)
         self.dummy_i64 = torch.zeros(1, dtype=torch.int64, device=dev)
@@ -130,6 +136,11 @@ class TritonMxfp4Experts:
         self.device = torch.device(device)
         self.workspace = Workspace(max_tokens, top_k, shape, self.device)
         self._identity_codes: torch.Tensor | None = None
+
+    def to_kernel_layout(self, tensors: "dict[str, torch.Tensor]") -> None:
+        """Re-order a layer's full expert tensors for these kernels (in place; ``gpu.layout``).
+        Call once per layer before re-homing it into banks."""
+        to_kernel_layout(tensors, self.config)
 
     # -- the fused split layer -------------------------------------------------------------
     def forward(self, layer: ResidentLayer, x: torch.Tensor, topk_weights: torch.Tensor,
@@ -212,23 +223,24 @@ class TritonMxfp4Experts:
             pb = triton.next_power_of_2(max(picks, 2))
             kernels.group_picks_kernel[(1,)](
                 ids, token_mask if token_mask is not None else ws.scratch,
-                ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.scratch,
-                counts if counts is not None else ws.dummy_i64,
-                tokens if tokens is not None else ws.dummy_i64,
+                ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.scratch, ws.n_tokens,
                 picks, t, self.num_experts,
-                TOP_K=k, PB=pb, HAS_TOKEN_MASK=token_mask is not None, COUNT=counts is not None,
-                num_warps=4)
+                TOP_K=k, PB=pb, HAS_TOKEN_MASK=token_mask is not None, num_warps=4)
+            count_in_kernel = counts is not None
         else:
             self._group_torch(ids, t, k, token_mask, counts, tokens)
+            count_in_kernel = False
         max_slots = min(picks, self.num_experts)
         w13, s13 = hot[W13], hot[W13 + SCALE_SUFFIX]
         w2, s2 = hot[W2], hot[W2 + SCALE_SUFFIX]
         kernels.w13_swiglu_kernel[(shape.intermediate // cfg.block_n1, max_slots)](
             x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX],
             ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.act,
-            x.stride(0), w13.stride(0), s13.stride(0),
+            counts if count_in_kernel else ws.dummy_i64, tokens if count_in_kernel else ws.dummy_i64,
+            ws.n_tokens, x.stride(0), w13.stride(0), s13.stride(0),
             H=shape.hidden, INTER=shape.intermediate, TOP_K=k,
             BM=cfg.block_m, BN=cfg.block_n1, BK=cfg.block_k1, DEQUANT=cfg.dequant,
+            TILE_MAJOR=cfg.tile_major, COUNT=count_in_kernel,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         kernels.w2_kernel[(shape.hidden // cfg.block_n2, max_slots)](
             ws.act, codes, w2, s2, cold[W2], cold[W2 + SCALE_SUFFIX],
@@ -236,6 +248,7 @@ class TritonMxfp4Experts:
             w2.stride(0), s2.stride(0),
             H=shape.hidden, INTER=shape.intermediate,
             BM=cfg.block_m, BN=cfg.block_n2, BK=cfg.block_k2, DEQUANT=cfg.dequant,
+            TILE_MAJOR=cfg.tile_major,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     def _group_torch(self, ids: torch.Tensor, t: int, k: int, token_mask: torch.Tensor | None,

@@ -4,11 +4,12 @@ One MoE layer's routed experts run as four launches, all fixed-shape and sync-fr
 captures into a CUDA graph:
 
 1. ``group_picks_kernel`` (one program): sort the step's ``T*K`` picks by (expert, pick index) and
-   cut them into *slots*, one per distinct expert; optionally count every pick into the usage
-   counter with an in-kernel atomic add (count-only/drift mode, exact integers).
+   cut them into *slots*, one per distinct expert.
 2. ``w13_swiglu_kernel``: for every slot and every tile of intermediate rows, dequantize the
    expert's MXFP4 gate and up rows in registers, multiply by the slot's tokens, apply SwiGLU in
    fp32 and store the activation rows as bf16 (what fused MoE kernels feed their second GEMM).
+   With the usage counter on, each slot's first program adds the slot's pick count to the
+   counter with one integer atomic (count-only/drift mode; exact).
 3. ``w2_kernel``: the down projection of every slot, one **unreduced** bf16 row per pick.
 4. ``finalize_kernel``: per token, ``acc = fma(w_k, y_k, acc)`` in fp32 in the router's top-k order,
    cast once (bit-identical to ``core.finalize``, which computes a correctly rounded fmaf).
@@ -19,9 +20,10 @@ cold bank (pinned host memory read in place over the host link). Both banks go t
 same loads and the same tiling, so a pick's bits do not depend on where its expert lives, on the
 bank sizes or on the other picks: the split layer is bit-identical to the unsplit one.
 
-Weights are vLLM's MXFP4 checkpoint layout (``expert_residency.mxfp4``): ``w13 [E, 2I, H/2]`` and
+Weights are vLLM's MXFP4 tensors (``expert_residency.mxfp4``): ``w13 [E, 2I, H/2]`` and
 ``w2 [E, H, I/2]`` uint8 (low nibble = even element), ue8m0 scales ``[E, 2I, H/32]`` and
-``[E, H, I/32]``. The products are arranged weights × activations (``[rows, K] @ [K, tokens]``) so
+``[E, H, I/32]``; each expert's bytes either row-major as loaded or tile-major (``gpu.layout``,
+``TILE_MAJOR``: every tile one contiguous run, for the host link). The products are arranged weights × activations (``[rows, K] @ [K, tokens]``) so
 that the tensor-core tile's large side is the weight rows and a decode step's few tokens sit in
 the small side.
 
@@ -48,14 +50,14 @@ _INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0"
 
 @triton.jit
 def group_picks_kernel(ids_ptr, token_mask_ptr, sorted_pick_ptr, slot_start_ptr, slot_expert_ptr,
-                       num_slots_ptr, scratch_ptr, counts_ptr, tokens_ptr,
+                       num_slots_ptr, scratch_ptr, n_tokens_ptr,
                        P, T, E,
-                       TOP_K: tl.constexpr, PB: tl.constexpr,
-                       HAS_TOKEN_MASK: tl.constexpr, COUNT: tl.constexpr):
+                       TOP_K: tl.constexpr, PB: tl.constexpr, HAS_TOKEN_MASK: tl.constexpr):
     """Group ``P = T*TOP_K`` picks by expert. ``PB`` is the next power of two >= P.
 
     Outputs: ``sorted_pick[0:P]`` pick indices ordered by (expert, pick), skipped picks last;
-    ``slot_start[0:num_slots+1]`` (the last entry is the number of valid picks); ``slot_expert``.
+    ``slot_start[0:num_slots+1]`` (the last entry is the number of valid picks); ``slot_expert``;
+    ``n_tokens`` (valid tokens of the step, for the counter).
     """
     offs = tl.arange(0, PB)
     in_range = offs < P
@@ -64,6 +66,10 @@ def group_picks_kernel(ids_ptr, token_mask_ptr, sorted_pick_ptr, slot_start_ptr,
     if HAS_TOKEN_MASK:
         tok_ok = tl.load(token_mask_ptr + offs // TOP_K, mask=in_range, other=0)
         valid = valid & (tok_ok != 0)
+        tok_valid = tl.load(token_mask_ptr + offs, mask=offs < T, other=0)
+        n_tok = tl.sum((tok_valid != 0).to(tl.int32), axis=0)
+    else:
+        n_tok = tl.sum((offs < T).to(tl.int32), axis=0)  # T may be specialised to a constant
     # Unique keys: expert-major, pick index minor; skipped picks sort after every real expert.
     key = tl.where(valid, ids, E) * PB + offs
     key = tl.sort(key)
@@ -81,15 +87,7 @@ def group_picks_kernel(ids_ptr, token_mask_ptr, sorted_pick_ptr, slot_start_ptr,
     n_valid = tl.sum(valid.to(tl.int32), axis=0)
     tl.store(slot_start_ptr + n_slots, n_valid)
     tl.store(num_slots_ptr, n_slots)
-    if COUNT:
-        # The usage counter: one exact integer atomic per pick, inside the captured graph.
-        tl.atomic_add(counts_ptr + ids, tl.full([PB], 1, tl.int64), mask=valid)
-        if HAS_TOKEN_MASK:
-            tok_valid = tl.load(token_mask_ptr + offs, mask=offs < T, other=0)
-            n_tok = tl.sum((tok_valid != 0).to(tl.int64), axis=0)
-        else:
-            n_tok = tl.sum((offs < T).to(tl.int64), axis=0)  # T may be specialised to a constant
-        tl.atomic_add(tokens_ptr, n_tok)
+    tl.store(n_tokens_ptr, n_tok)
 
 
 @triton.jit
@@ -163,13 +161,25 @@ def _expert_base(codes_ptr, expert, hot_ptr, cold_ptr, expert_stride):
 
 
 @triton.jit
-def _mx_tile_dot(acc, w_base, s_base, rows, k0, x_t, row_bytes, row_scales,
-                 BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr):
-    """``acc[BN, BM] += W[rows, k0:k0+BK] @ x_t[BK, BM]`` with W in MXFP4."""
-    kb = k0 // 2 + tl.arange(0, BK // 2)
-    ks = k0 // 32 + tl.arange(0, BK // 32)
-    packed = tl.load(w_base + rows[:, None].to(tl.int64) * row_bytes + kb[None, :])
-    scales = tl.load(s_base + rows[:, None].to(tl.int64) * row_scales + ks[None, :])
+def _mx_tile_dot(acc, w_base, s_base, row0, k0, x_t, K: tl.constexpr,
+                 BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr, TILE_MAJOR: tl.constexpr):
+    """``acc[BN, BM] += W[row0:row0+BN, k0:k0+BK] @ x_t[BK, BM]`` with W in MXFP4 (reduction dim K).
+
+    ``TILE_MAJOR``: the expert's bytes are stored tile by tile (``gpu.layout``), so a tile's packed
+    values (``BN*BK/2`` bytes) and scales (``BN*BK/32`` bytes) are each one contiguous run — long
+    reads, which is what the host link needs; otherwise rows are ``K/2`` bytes apart (vLLM layout).
+    """
+    rr = tl.arange(0, BN)
+    if TILE_MAJOR:
+        tile = ((row0 // BN) * (K // BK) + k0 // BK).to(tl.int64)
+        w_ptr = w_base + tile * (BN * BK // 2) + rr[:, None] * (BK // 2) + tl.arange(0, BK // 2)[None, :]
+        s_ptr = s_base + tile * (BN * BK // 32) + rr[:, None] * (BK // 32) + tl.arange(0, BK // 32)[None, :]
+    else:
+        rows = (row0 + rr).to(tl.int64)
+        w_ptr = w_base + rows[:, None] * (K // 2) + (k0 // 2 + tl.arange(0, BK // 2))[None, :]
+        s_ptr = s_base + rows[:, None] * (K // 32) + (k0 // 32 + tl.arange(0, BK // 32))[None, :]
+    packed = tl.load(w_ptr)
+    scales = tl.load(s_ptr)
     if DEQUANT == 0:
         w = _dequant_mxfp4(packed, scales, BN, BK)
         if _INTERPRETED:
@@ -187,21 +197,33 @@ def _mx_tile_dot(acc, w_base, s_base, rows, k0, x_t, row_bytes, row_scales,
 @triton.jit
 def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
                       sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, act_ptr,
+                      counts_ptr, tokens_ptr, n_tokens_ptr,
                       stride_x, w_expert_stride, s_expert_stride,
                       H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
-                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr):
-    """``act[p, n] = bf16(silu(gate_n . x_t) * (up_n . x_t))`` for every pick ``p`` of the slot."""
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr,
+                      TILE_MAJOR: tl.constexpr, COUNT: tl.constexpr):
+    """``act[p, n] = bf16(silu(gate_n . x_t) * (up_n . x_t))`` for every pick ``p`` of the slot.
+
+    ``COUNT``: the usage counter — the first program of each slot adds the slot's pick count to
+    ``counts[expert]`` (exact integer atomics, off the step's serial path), program (0, 0) adds the
+    step's valid tokens.
+    """
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
+    if COUNT:
+        if (pid_n == 0) & (slot == 0):
+            tl.atomic_add(tokens_ptr, tl.load(n_tokens_ptr).to(tl.int64))
     if slot >= tl.load(num_slots_ptr):
         return
     start = tl.load(slot_start_ptr + slot)
     end = tl.load(slot_start_ptr + slot + 1)
     expert = tl.load(slot_expert_ptr + slot)
+    if COUNT:
+        if pid_n == 0:
+            tl.atomic_add(counts_ptr + expert, (end - start).to(tl.int64))
     w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride)
     s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride)
     gate_rows = pid_n * BN + tl.arange(0, BN)
-    up_rows = gate_rows + INTER
     m0 = start
     while m0 < end:  # a while loop: run-time bounds (a slot holds 1..T picks)
         mm = m0 + tl.arange(0, BM)
@@ -213,8 +235,9 @@ def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s
         for k0 in range(0, H, BK):
             kk = k0 + tl.arange(0, BK)
             x_t = tl.load(x_ptr + tok[None, :] * stride_x + kk[:, None], mask=m_ok[None, :], other=0.0)
-            acc_g = _mx_tile_dot(acc_g, w_base, s_base, gate_rows, k0, x_t, H // 2, H // 32, BN, BK, DEQUANT)
-            acc_u = _mx_tile_dot(acc_u, w_base, s_base, up_rows, k0, x_t, H // 2, H // 32, BN, BK, DEQUANT)
+            acc_g = _mx_tile_dot(acc_g, w_base, s_base, pid_n * BN, k0, x_t, H, BN, BK, DEQUANT, TILE_MAJOR)
+            acc_u = _mx_tile_dot(acc_u, w_base, s_base, pid_n * BN + INTER, k0, x_t, H, BN, BK, DEQUANT,
+                                 TILE_MAJOR)
         act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
         dest = act_ptr + picks[None, :].to(tl.int64) * INTER + gate_rows[:, None]
         tl.store(dest, act.to(tl.bfloat16), mask=m_ok[None, :])
@@ -226,7 +249,8 @@ def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
               sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, y_ptr,
               w_expert_stride, s_expert_stride,
               H: tl.constexpr, INTER: tl.constexpr,
-              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr):
+              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr,
+              TILE_MAJOR: tl.constexpr):
     """``y[p, n] = bf16(w2_n . act_p)``: one unreduced output row per pick."""
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
@@ -247,7 +271,7 @@ def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
         for k0 in range(0, INTER, BK):
             kk = k0 + tl.arange(0, BK)
             a_t = tl.load(act_ptr + picks[None, :] * INTER + kk[:, None], mask=m_ok[None, :], other=0.0)
-            acc = _mx_tile_dot(acc, w_base, s_base, rows, k0, a_t, INTER // 2, INTER // 32, BN, BK, DEQUANT)
+            acc = _mx_tile_dot(acc, w_base, s_base, pid_n * BN, k0, a_t, INTER, BN, BK, DEQUANT, TILE_MAJOR)
         dest = y_ptr + picks[None, :] * H + rows[:, None]
         tl.store(dest, acc.to(tl.bfloat16), mask=m_ok[None, :])
         m0 += BM

@@ -1,0 +1,110 @@
+"""CPU checks of the GPU path that need no GPU.
+
+* ``gpu.layout``: tile-major re-ordering is a lossless permutation inside each expert whose every
+  tile is one contiguous run (pure torch; runs in CI).
+* The Triton kernels under ``TRITON_INTERPRET=1`` (needs Triton installed; the CI venv has none,
+  so it skips there): indexing, grouping, both layouts, banks, counter and the torch-grouping
+  fallback against the core's torch reference. The interpreter rounds fp32 -> bf16 by truncation
+  and has no true fma, so only split == unsplit is checked bit for bit here; the tolerance is
+  wider than on the GPU (where ``tests/gpu/test_gpu_residency.py`` checks the real numerics).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime"))
+
+from expert_residency.gpu.layout import from_kernel_layout, to_kernel_layout  # noqa: E402
+
+
+def _config(**kw):
+    base = dict(block_n1=4, block_k1=64, block_n2=8, block_k2=32, tile_major=True)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def _tensors(experts: int = 3, h: int = 128, i: int = 64) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    shapes = {"w13_weight": (experts, 2 * i, h // 2), "w13_weight_scale": (experts, 2 * i, h // 32),
+              "w2_weight": (experts, h, i // 2), "w2_weight_scale": (experts, h, i // 32)}
+    return {n: torch.randint(0, 256, s, generator=g, dtype=torch.int32).to(torch.uint8) for n, s in shapes.items()}
+
+
+def test_tile_major_round_trip_and_contiguous_tiles() -> None:
+    original = _tensors()
+    tiled = {n: t.clone() for n, t in original.items()}
+    cfg = _config()
+    to_kernel_layout(tiled, cfg)
+    w = original["w13_weight"]
+    # First tile of expert 1: rows 0..3, bytes 0..31 (BK=64 values = 32 bytes), one run.
+    assert torch.equal(tiled["w13_weight"][1].reshape(-1)[:4 * 32], w[1, :4, :32].reshape(-1))
+    # Second tile along k: rows 0..3, bytes 32..63.
+    assert torch.equal(tiled["w13_weight"][1].reshape(-1)[4 * 32:8 * 32], w[1, :4, 32:64].reshape(-1))
+    s = original["w2_weight_scale"]  # tiles of 8 rows x (32/32 = 1) byte
+    assert torch.equal(tiled["w2_weight_scale"][2].reshape(-1)[:8], s[2, :8, 0])
+    assert not torch.equal(tiled["w13_weight"], w)
+    from_kernel_layout(tiled, cfg)
+    assert all(torch.equal(tiled[n], original[n]) for n in original)
+    untouched = {n: t.clone() for n, t in original.items()}
+    to_kernel_layout(untouched, _config(tile_major=False))
+    assert all(torch.equal(untouched[n], original[n]) for n in original)
+
+
+def test_layout_refuses_partial_tiles() -> None:
+    with pytest.raises(ValueError, match="whole number"):
+        to_kernel_layout(_tensors(), _config(block_n1=5))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="needs Triton for TRITON_INTERPRET=1 (not in the CI venv; the H200 runs "
+                           "tests/gpu/test_gpu_residency.py on the real kernels)")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: tests/gpu/test_gpu_residency.py "
+                    "checks the compiled kernels instead")
+@pytest.mark.parametrize("tile_major", [True, False])
+def test_kernels_under_triton_interpreter(tile_major: bool) -> None:
+    os.environ["TRITON_INTERPRET"] = "1"   # read when the kernels module is first imported
+    from expert_residency.core.banks import build_unsplit_layer, device_allocator, host_allocator, rehome_layer
+    from expert_residency.core.counter import ExpertCounter
+    from expert_residency.core.reference import mxfp4_swiglu_per_pick
+    from expert_residency.core.split import residency_forward
+    from expert_residency.gpu import experts as gx
+    from expert_residency.mxfp4 import quantize_mxfp4
+
+    torch.manual_seed(0)
+    e, k, h, i, t = 8, 2, 256, 128, 5
+    p13, s13 = quantize_mxfp4(torch.randn(e, 2 * i, h) * 0.05)
+    p2, s2 = quantize_mxfp4(torch.randn(e, h, i) * 0.05)
+    original = {"w13_weight": p13, "w13_weight_scale": s13, "w2_weight": p2, "w2_weight_scale": s2}
+    x = torch.randn(t, h).bfloat16()
+    weights, ids = torch.topk(torch.softmax(torch.randn(t, e), -1), k)
+    ids[0] = torch.tensor([2, 6])  # a token entirely in the cold bank
+    ref = residency_forward(build_unsplit_layer(original, layer_index=0), x, weights, ids,
+                            mxfp4_swiglu_per_pick(), pick_dtype=torch.bfloat16)
+    cfg = gx.KernelConfig(dequant=0, block_m=4, block_n1=32, block_k1=64, block_n2=32, block_k2=64,
+                          tile_major=tile_major)
+    full = {n: v.clone() for n, v in original.items()}
+    to_kernel_layout(full, cfg)
+    unsplit = build_unsplit_layer(full, layer_index=0)
+    split = rehome_layer(dict(full), [5, 1, 7, 0, 3], [2, 6, 4], layer_index=0,
+                         hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator())
+    ex = gx.TritonMxfp4Experts(gx.ExpertShape(h, i), e, k, max_tokens=8, device="cpu", config=cfg)
+    counter = ExpertCounter([0], e)
+    out_split = ex.forward(split, x, weights, ids, counter=counter).clone()
+    assert torch.equal(out_split, ex.forward(unsplit, x, weights, ids))
+    assert torch.equal(counter.counts[0], torch.bincount(ids.flatten(), minlength=e))
+    assert int(counter.tokens[0]) == t
+    rel = ((out_split.float() - ref.float()).norm() / ref.float().norm()).item()
+    assert rel < 2e-2  # bf16 truncation in the interpreter; ~1e-3 on the GPU
+    mask = torch.tensor([True, False, True, True, True])
+    masked = ExpertCounter([0], e)
+    ex.forward(split, x, weights, ids, counter=masked, token_mask=mask)
+    assert torch.equal(masked.counts[0], torch.bincount(ids[mask].flatten(), minlength=e))
+    assert int(masked.tokens[0]) == 4

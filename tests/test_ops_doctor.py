@@ -99,3 +99,37 @@ def test_doctor_against_the_real_engine_reports_a_low_memlock_limit(docker_engin
     assert checks["nvidia runtime"]["status"] == "fail"
     assert checks["memlock limit"]["status"] == "fail"
     assert "this process: 64 KiB" in checks["memlock limit"]["detail"]
+
+
+def test_recipe_checks_images_and_must_exist_bind_mounts():
+    need = HostRequirement("ref", host_bytes=GIB, pinned_bytes=GIB, gpus=1,
+                           images=["vllm/vllm-openai:v0.33.0"],
+                           required_paths=["/srv/models/dsv41-flash-mxfp4", "/repo/runtime"])
+    checks = _by_name(evaluate(_facts(local_images=set(), existing_paths={"/repo/runtime"}), need))
+    assert checks["images"].status == "warn" and "docker pull vllm/vllm-openai:v0.33.0" in checks["images"].fix
+    assert checks["bind mounts"].status == FAIL
+    assert "/srv/models/dsv41-flash-mxfp4" in checks["bind mounts"].detail
+    assert "RECIPEGEN_MODELS_DIR" in checks["bind mounts"].fix
+    ok = _by_name(evaluate(_facts(local_images={"vllm/vllm-openai:v0.33.0"},
+                                  existing_paths=set(need.required_paths)), need))
+    assert ok["images"].status == OK and ok["bind mounts"].status == OK
+
+
+def test_doctor_reads_the_recipes_mounts_and_ledger(repo_root, tmp_path):
+    models = tmp_path / "models"
+    (models / "dsv41-flash-mxfp4").mkdir(parents=True)
+    env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent.sock", "RECIPEGEN_MODELS_DIR": str(models)}
+    result = subprocess.run([sys.executable, "-m", "recipegen", "doctor", "dsv41-flash-gb300",
+                             "--json"], cwd=repo_root, env=env, capture_output=True, text=True,
+                            timeout=120)
+    checks = {c["name"]: c for c in json.loads(result.stdout)}
+    assert result.returncode == 1  # no daemon, no GPU here
+    assert checks["bind mounts"]["status"] == "ok"
+    assert "433.16 GiB" in checks["host memory"]["detail"]  # the seeds' 433.1 GiB host ledger
+    env["RECIPEGEN_MODELS_DIR"] = str(tmp_path / "elsewhere")
+    result = subprocess.run([sys.executable, "-m", "recipegen", "doctor", "dsv41-flash-gb300",
+                             "--json"], cwd=repo_root, env=env, capture_output=True, text=True,
+                            timeout=120)
+    checks = {c["name"]: c for c in json.loads(result.stdout)}
+    assert checks["bind mounts"]["status"] == "fail"
+    assert str(tmp_path / "elsewhere" / "dsv41-flash-mxfp4") in checks["bind mounts"]["detail"]

@@ -233,7 +233,7 @@ def doctor(recipe: str | None, as_json: bool) -> None:
     from recipegen.ops.requirements import host_requirement
 
     need = host_requirement(recipe) if recipe else None
-    checks = evaluate(gather_facts(), need)
+    checks = evaluate(gather_facts(need=need), need)
     if as_json:
         click.echo(json.dumps([c.__dict__ for c in checks], indent=2))
     else:

@@ -98,8 +98,8 @@ class ComposeProject:
     def up(self, services: Sequence[str], *, wait_timeout_s: int, profiles: Sequence[str] = (),
            force_recreate: bool = False) -> subprocess.CompletedProcess[str]:
         """`up -d --wait` exactly these services (no dependencies started or recreated)."""
-        args = ["up", "-d", "--wait", "--wait-timeout", str(int(wait_timeout_s)), "--no-deps",
-                "--pull", "never"]
+        # pull policy as plain `docker compose up`: a missing image is pulled, a present one kept
+        args = ["up", "-d", "--wait", "--wait-timeout", str(int(wait_timeout_s)), "--no-deps"]
         if force_recreate:
             args.append("--force-recreate")
         # the compose process itself gets a margin beyond its own wait

@@ -38,6 +38,9 @@ class HostRequirement:
     host_bytes: int               # host memory the ledger plans for (pinned experts + the rest)
     pinned_bytes: int             # bytes the runtime pins (memlock must allow them)
     gpus: int                     # GPUs the recipe's lanes on this machine use
+    images: list[str] = field(default_factory=list)          # images its services run
+    required_paths: list[str] = field(default_factory=list)  # host paths its services bind
+                                                              # without creating them (model dirs)
 
 
 @dataclass
@@ -54,6 +57,8 @@ class Facts:
     nvidia_smi: bool = False
     gpus: list[str] = field(default_factory=list)   # "index: name, memory"
     gpu_error: str = ""
+    local_images: set[str] | None = None            # None: not asked (no daemon)
+    existing_paths: set[str] = field(default_factory=set)
 
 
 def _fmt_limit(value: int | None) -> str:
@@ -93,7 +98,30 @@ def evaluate(facts: Facts, need: HostRequirement | None = None) -> list[Check]:
     checks.append(_memlock_check(facts, need))
     checks.append(_memory_check(facts, need))
     checks.append(_gpu_check(facts, need))
+    if need is not None:
+        checks.append(_images_check(facts, need))
+        checks.append(_paths_check(facts, need))
     return checks
+
+
+def _images_check(facts: Facts, need: HostRequirement) -> Check:
+    if facts.local_images is None:
+        return Check("images", WARN, "unknown (daemon not reachable)")
+    missing = [i for i in need.images if i not in facts.local_images]
+    if not missing:
+        return Check("images", OK, "present locally: " + ", ".join(need.images))
+    return Check("images", WARN, "not present locally: " + ", ".join(missing) +
+                 " (the first `up` pulls it; vLLM images are many GB)",
+                 "pull ahead of time: " + "; ".join(f"`docker pull {i}`" for i in missing))
+
+
+def _paths_check(facts: Facts, need: HostRequirement) -> Check:
+    missing = [p for p in need.required_paths if p not in facts.existing_paths]
+    if not missing:
+        return Check("bind mounts", OK, f"{len(need.required_paths)} host path(s) present")
+    return Check("bind mounts", FAIL, "missing on this host: " + ", ".join(missing),
+                 "put the checkpoint there, or set RECIPEGEN_MODELS_DIR to the folder holding "
+                 "the model folders (the rendered mounts read `${RECIPEGEN_MODELS_DIR:-/srv/models}`)")
 
 
 def _memlock_check(facts: Facts, need: HostRequirement | None) -> Check:
@@ -199,9 +227,12 @@ def _local_dockerd_pid(env: Mapping[str, str]) -> int | None:
     return None
 
 
-def gather_facts(env: Mapping[str, str] | None = None) -> Facts:
+def gather_facts(env: Mapping[str, str] | None = None, need: HostRequirement | None = None
+                 ) -> Facts:
     env = dict(os.environ if env is None else env)
     facts = Facts()
+    if need is not None:
+        facts.existing_paths = {p for p in need.required_paths if Path(p).exists()}
     try:
         from recipegen.ops.engine import connect
 
@@ -211,6 +242,8 @@ def gather_facts(env: Mapping[str, str] | None = None) -> Facts:
         facts.daemon_detail = (f"{env.get('DOCKER_HOST') or 'default socket'}: Docker "
                                f"{info.get('ServerVersion', '?')}, {info.get('Driver', '?')} storage")
         facts.runtimes = sorted((info.get("Runtimes") or {}).keys())
+        if need is not None:
+            facts.local_images = {tag for image in client.images.list() for tag in image.tags}
         client.close()
     except Exception as exc:
         facts.daemon_detail = str(exc).split(" — ")[0]  # the engine error's own fix hint is repeated below

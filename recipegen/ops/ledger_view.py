@@ -57,4 +57,35 @@ def host_requirement(recipe: str) -> HostRequirement:
     pinned = sum(g.fig("host.cold_experts").value for _, g in always) + \
         biggest_optional("host.cold_experts")
     gpus = len({gpu for l, _ in lanes for gpu in l.gpus})
-    return HostRequirement(loaded.name, int(host), int(pinned), gpus)
+    images, paths = _rendered_needs(loaded)
+    return HostRequirement(loaded.name, int(host), int(pinned), gpus, images, paths)
+
+
+def _rendered_needs(loaded: Any) -> tuple[list[str], list[str]]:
+    """Images and must-exist bind sources of the rendered services, as compose resolves them
+    (environment interpolated): from a fresh render, so doctor works before `render`. Compose
+    omits `create_host_path: false` from its JSON, and false is the long syntax's default."""
+    import tempfile
+    from pathlib import Path
+
+    from recipegen.ops.compose import ComposeProject
+    from recipegen.render.render import COMPOSE_FILE, render_recipe
+
+    rendering = render_recipe(loaded)
+    images: set[str] = set()
+    paths: set[str] = set()
+    for out_dir, files in rendering.folders.items():
+        # compose resolves relative sources against the project folder: stage the file there
+        # (name-spaced, removed after) so no generated file is touched
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("wb", dir=out_dir, prefix=".doctor-", suffix=".yaml") as f:
+            f.write(files[COMPOSE_FILE])
+            f.flush()
+            config = ComposeProject(out_dir, [Path(f.name)]).config()
+        for svc in (config.get("services") or {}).values():
+            if svc.get("image"):
+                images.add(str(svc["image"]))
+            for vol in svc.get("volumes") or []:
+                if vol.get("type") == "bind" and not (vol.get("bind") or {}).get("create_host_path"):
+                    paths.add(str(vol["source"]))
+    return sorted(images), sorted(paths)

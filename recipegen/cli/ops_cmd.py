@@ -191,15 +191,19 @@ def profile(recipe: str, lane: str, cls: str | None, prompts: Path | None, serve
 @click.option("--wait", "wait_s", default=None, type=float,
               help="Seconds to wait for the runtime's snapshot (default: the lane's dump "
                    "interval + 30 s, in case SIGUSR1 does not reach the runtime).")
+@click.option("--window", "window_s", default=None, type=float,
+              help="Judge only the last SECONDS of traffic (difference of two snapshots); "
+                   "default: everything since the lane started.")
 @click.option("--json", "as_json", is_flag=True)
-def drift(recipe: str, lane: str, tolerance: float, wait_s: float | None, as_json: bool) -> None:
+def drift(recipe: str, lane: str, tolerance: float, wait_s: float | None, window_s: float | None,
+          as_json: bool) -> None:
     """Live cold share of LANE (from the runtime's counter) against the share its map was built
     for; says when traffic no longer matches the map and which class's map fits better.
     Exit 1 when drifted."""
     from recipegen.ops.live import drift_lane
 
     v = drift_lane(_deployment(recipe, ()), lane, wait_s=wait_s, tolerance=tolerance,
-                   echo=(lambda s: None) if as_json else click.echo)
+                   window_s=window_s, echo=(lambda s: None) if as_json else click.echo)
     if as_json:
         click.echo(json.dumps({"class": v.active_class, "live_share": v.live_share,
                                "built_share": v.built_share, "built_source": v.built_source,

@@ -12,7 +12,7 @@ from recipegen.errors import InputError, RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.deployment import Deployment
 from recipegen.ops.drift import DEFAULT_TOLERANCE, DriftVerdict, judge
-from recipegen.ops.dumps import wait_for_snapshot
+from recipegen.ops.dumps import Snapshot, difference, snapshots, wait_for_snapshot
 from recipegen.ops.engine import ContainerInfo, container_logs, list_dir, send_signal, service_container
 from recipegen.ops.kvcapacity import KvCapacity, kv_from_log, kv_from_metrics
 from recipegen.ops.verify import Expected, Row, compare
@@ -110,7 +110,8 @@ def _float(text: str | None, default: float) -> float:
 
 
 def drift_lane(dep: Deployment, lane_name: str, *, wait_s: float | None,
-               tolerance: float = DEFAULT_TOLERANCE, echo: Echo = print) -> DriftVerdict:
+               tolerance: float = DEFAULT_TOLERANCE, window_s: float | None = None,
+               echo: Echo = print) -> DriftVerdict:
     info = running_lane(dep, lane_name)
     lane = dep.lane(lane_name)
     active = info.labels.get(labels.CLASS) or lane.active_class or ""
@@ -132,6 +133,9 @@ def drift_lane(dep: Deployment, lane_name: str, *, wait_s: float | None,
     snap = wait_for_snapshot(read, where=f"{info.service}:{dump_dir}", lane=None,
                              traffic_class=None, seen=seen, timeout_s=wait_s, nudge=nudge,
                              nudge_every_s=5.0)
+    live = snap.histogram
+    if window_s:
+        live = _window(read(), snap, window_s, where=f"{info.service}:{dump_dir}", echo=echo)
     maps = {name: _load_map(dep, lane_name, name) for name, c in lane.classes.items() if c.rowmap}
     if active not in maps:
         raise RecipegenError(f"{info.service} runs class {active!r}, which has no row map here")
@@ -140,8 +144,25 @@ def drift_lane(dep: Deployment, lane_name: str, *, wait_s: float | None,
     if label_hash and label_hash != maps[active].content_hash():
         echo(f"note: {info.service} runs a different {active} map (content {label_hash[:12]}) than "
              f"the file now holds ({maps[active].content_hash()[:12]}); judging against the file")
-    return judge(snap.histogram, active, maps, built_share=built, built_source=source,
-                 tolerance=tolerance)
+    return judge(live, active, maps, built_share=built, built_source=source, tolerance=tolerance)
+
+
+def _window(files: dict[str, bytes], latest: Snapshot, window_s: float, *, where: str,
+            echo: Echo) -> Any:
+    """Counts of the last `window_s` seconds: `latest` minus the newest snapshot of the same
+    engine run at least that old (counts are cumulative since the engine started)."""
+    run = latest.histogram.meta.get("started_at")
+    older = [s for s in snapshots(files, where=where, lane=latest.lane,
+                                  traffic_class=latest.traffic_class)
+             if (latest.time - s.time).total_seconds() >= window_s
+             and (run is None or s.histogram.meta.get("started_at") == run)]
+    if not older:
+        echo(f"note: no snapshot of this run is {window_s:.0f} s older than the latest; "
+             "judging everything since the lane started")
+        return latest.histogram
+    base = older[-1]
+    echo(f"window: {base.name} .. {latest.name}")
+    return difference(latest.histogram, base.histogram, source=f"window {base.name}..{latest.name}")
 
 
 def _built_share(dep: Deployment, lane_name: str, cls_name: str, rowmap: Any

@@ -103,6 +103,11 @@ def swap(dep: Deployment, lane_name: str, new_class: str, *, wait_s: int = DEFAU
                          f"{', '.join(lane.classes) or 'none'})", file=str(dep.loaded.path),
                          field=f"lanes.{lane_name}.classes")
     previous = lane.active_class or ""
+    if not previous:
+        raise InputError(f"lane {lane_name} has no active_class to come back to if the swap "
+                         f"fails; set it with `recipegen render {dep.rendering.recipe_arg} "
+                         f"--class {lane_name}={new_class}` and `recipegen up`",
+                         file=str(dep.loaded.path), field=f"lanes.{lane_name}.active_class")
     service = labels.lane_service(lane_name)
     if previous == new_class:
         _ensure_rendered(dep, echo)

@@ -32,11 +32,13 @@ class Started:
 
 
 def _ensure_rendered(dep: Deployment, echo: Echo) -> None:
+    first = not dep.rendering.compose_file.is_file()
     reasons = dep.rendering.stale_reasons()
     if reasons:
         dep.rendering.render()
-        echo(f"rendered {dep.rendering.out_dir} (it was stale: {reasons[0]}"
-             f"{f' and {len(reasons) - 1} more' if len(reasons) > 1 else ''})")
+        why = "first render" if first else (
+            f"it was stale: {reasons[0]}" + (f" and {len(reasons) - 1} more" if len(reasons) > 1 else ""))
+        echo(f"rendered {dep.rendering.out_dir} ({why})")
 
 
 def _start(dep: Deployment, service: str, config: dict[str, Any], wait_s: int) -> Started:

@@ -96,3 +96,26 @@ def test_vendored_schema_records_its_source() -> None:
 
 def test_single_machine_recipes_render_no_manifests() -> None:
     assert render_k8s(load_recipe("dsv41-flash-gb300"), REPO) == {}
+
+
+def test_offloading_worker_mounts_its_slice_from_a_configmap(tmp_path: Path) -> None:
+    """A lane whose stage 1 offloads (the v15 maps): the ConfigMap carries stage 1's slice and
+    the worker's runtime expects exactly that slice's content hash."""
+    from expert_residency.formats import parse_rowmap
+    from test_multinode import _mixed_recipe
+
+    path = _mixed_recipe(tmp_path)
+    files = render_k8s(load_recipe(path), tmp_path)
+    configmap, lws, _service = yaml.safe_load_all(next(iter(files.values())).decode())
+    assert configmap["kind"] == "ConfigMap" and list(configmap["data"]) == ["stage-1.rowmap"]
+    sliced = parse_rowmap(configmap["data"]["stage-1.rowmap"])
+    assert sliced.moe_layer_indices == tuple(range(20, 40))
+    worker = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env["EXPERT_RESIDENCY_MODE"] == "residency"
+    assert env["EXPERT_RESIDENCY_CONTENT_HASH"] == sliced.content_hash()
+    mount = next(m for m in worker["volumeMounts"] if m["name"] == "rowmaps")
+    assert mount["subPath"] == "stage-1.rowmap" and mount["mountPath"] == env["EXPERT_RESIDENCY_ROWMAP"]
+    leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+    assert "EXPERT_RESIDENCY_MODE" not in {e["name"] for e in leader["env"]}   # stage 0: all in HBM
+    assert validate_manifest(configmap) == [] and validate_manifest(lws) == []

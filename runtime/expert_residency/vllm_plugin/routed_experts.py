@@ -23,6 +23,7 @@ class ResidencyRoutedExperts(RoutedExperts):
         runtime = get_runtime()
         self._er_resident = None
         self._er_counted = False
+        self._er_excluded = True  # until the runtime registers it (inert processes)
         if runtime is not None:
             runtime.register_layer(self)
 
@@ -34,6 +35,7 @@ class ResidencyRoutedExperts(RoutedExperts):
             return super().forward_modular(x, topk_weights, topk_ids, shared_experts,
                                            shared_experts_input)
         if self._er_resident is None:
+            runtime.check_installed(self)
             runtime.count(self, topk_ids)
             return super().forward_modular(x, topk_weights, topk_ids, shared_experts,
                                            shared_experts_input)

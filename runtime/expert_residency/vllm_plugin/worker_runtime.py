@@ -22,6 +22,7 @@ vLLM's own kernel and is not counted: the row map covers the target model only (
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import threading
@@ -84,6 +85,7 @@ class WorkerRuntime:
         module._er_layer_index = layer_index_of(module.layer_name)
         module._er_resident = None
         module._er_counted = False
+        module._er_excluded = False
         self.pending.append(module)
 
     # -- after load ---------------------------------------------------------------------------
@@ -97,6 +99,8 @@ class WorkerRuntime:
         if self.target_layers:
             # A second model with MoE layers in this worker: the speculative-decoding drafter.
             names = [m.layer_name for m in mine]
+            for module in mine:
+                module._er_excluded = True
             self.excluded_layers.extend(names)
             _log(f"expert_residency: {len(names)} MoE layer(s) of a second model (drafter) left to "
                  f"vLLM's own kernel and not counted: {names[:4]}{'...' if len(names) > 4 else ''}")
@@ -240,6 +244,14 @@ class WorkerRuntime:
 
     # -- per step -----------------------------------------------------------------------------
 
+    def check_installed(self, module: Any) -> None:
+        """In split modes a target layer must have been re-homed; a loader that bypassed the
+        hook would otherwise serve unsplit while the report claims residency."""
+        if self.settings.splits_experts and not module._er_excluded:
+            refuse(f"{module.layer_name} was never re-homed: the model loader bypassed the "
+                   "runtime's hook (loaders overriding BaseModelLoader.load_model are not "
+                   "supported with EXPERT_RESIDENCY_MODE=residency/unsplit)")
+
     def count(self, module: Any, topk_ids: torch.Tensor) -> None:
         if self.counter is None or not module._er_counted:
             return
@@ -322,7 +334,8 @@ class WorkerRuntime:
         return str(one_shot.dump_now("manual"))
 
     def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"mode": self.settings.mode, "lane": self.settings.lane,
+        out: dict[str, Any] = {"pid": os.getpid(), "mode": self.settings.mode,
+                               "lane": self.settings.lane,
                                "class": self.settings.traffic_class, "backend": self.backend,
                                "moe_layers": sorted(self.target_layers),
                                "excluded_layers": list(self.excluded_layers)}

@@ -111,3 +111,36 @@ def test_geometry() -> None:
     assert layers is not None and "0-39" in layers and "0-38" in layers and "extra [39]" in layers
     mixed = checks.geometry_reason((0,), 8, [0, 1], [8, 16], "m")
     assert mixed is not None and "disagree" in mixed
+
+
+torch = pytest.importorskip("torch")
+
+
+def test_layer_index_from_vllm_layer_names() -> None:
+    from expert_residency.vllm_plugin.worker_runtime import layer_index_of
+
+    assert layer_index_of("model.layers.0.mlp.experts") == 0
+    assert layer_index_of("language_model.model.layers.39.mlp.experts") == 39
+    with pytest.raises(ResidencyRefused, match="decoder layer index"):
+        layer_index_of("model.mtp.experts")
+
+
+def test_expert_tensors_and_placement_of_uva_offloaded_parameters() -> None:
+    """Every per-expert parameter is re-homed (vLLM's non-expert list excluded); a parameter
+    vLLM's UVA offloader marked lives in host memory whatever device its view reports."""
+    from expert_residency.vllm_plugin.worker_runtime import _expert_tensors, _on_device
+
+    layer = torch.nn.Module()
+    layer.local_num_experts = 4
+    layer.w13_weight = torch.nn.Parameter(torch.zeros(4, 8, 2), requires_grad=False)
+    layer.w2_weight = torch.nn.Parameter(torch.zeros(4, 2, 4), requires_grad=False)
+    layer.w13_weight_scale = torch.nn.Parameter(torch.zeros(4, 8, 1), requires_grad=False)
+    layer.w13_input_scale = torch.nn.Parameter(torch.zeros(4), requires_grad=False)
+    layer.e_score_correction_bias = torch.nn.Parameter(torch.zeros(4), requires_grad=False)
+    layer.global_scale = torch.nn.Parameter(torch.zeros(()), requires_grad=False)
+    assert sorted(_expert_tensors(layer)) == ["w13_weight", "w13_weight_scale", "w2_weight"]
+    meta = torch.zeros(2, device="meta")
+    assert _on_device(meta)
+    meta._vllm_is_uva_offloaded = True
+    assert not _on_device(meta)
+    assert not _on_device(torch.zeros(2))

@@ -349,8 +349,12 @@ def run_tokens(tokens, steps, ex, cases, cold_sets, p, k, per_expert, hbm_bw, pi
 
     graphs["finalize_only"] = CapturedStep(fin_step, x, weights[0], ids[0])
     times = {case: [] for case in graphs}
+    order = list(graphs.items())
     for s in range(steps):
-        for case, g in graphs.items():  # same routing for every case, timed one after another
+        # Same routing for every case, timed one after another; the order flips every step so that
+        # no case always follows the same neighbour (paired differences such as the counter's
+        # cost would otherwise carry an order effect).
+        for case, g in (order if s % 2 == 0 else order[::-1]):
             g.load(topk_weights=weights[s], topk_ids=ids[s])
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()

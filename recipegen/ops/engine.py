@@ -117,6 +117,36 @@ def container_logs(client: Any, container_id: str, *, since: datetime | None = N
     return data.decode("utf-8", errors="replace")
 
 
+# Signal every process of the container that *catches* SIGUSR1 (bit 9 of SigCgt in
+# /proc/<pid>/status), and only those: in a vLLM container the runtime's snapshot handler lives in
+# the worker process, not in PID 1 (the API server), and a process that does not catch SIGUSR1
+# would be terminated by it. Plain POSIX sh, so it runs in the vLLM image and in busybox alike.
+_SIGNAL_CATCHERS = r"""for s in /proc/[0-9]*/status; do
+  p=${s#/proc/}; p=${p%/status}
+  while read -r k v; do
+    if [ "$k" = "SigCgt:" ]; then
+      if [ $(( (0x$v >> 9) & 1 )) -eq 1 ]; then kill -USR1 "$p" && echo "$p"; fi
+      break
+    fi
+  done < "$s" 2>/dev/null
+done"""
+
+
+def request_snapshot(client: Any, container_id: str) -> list[int]:
+    """Send SIGUSR1 to the container's processes that handle it; the PIDs signalled (inside the
+    container). Falls back to signalling PID 1 when the container has no shell."""
+    container = client.containers.get(container_id)
+    try:
+        result = container.exec_run(["sh", "-c", _SIGNAL_CATCHERS])
+        if result.exit_code == 0:
+            out = result.output.decode("utf-8", errors="replace")
+            return [int(x) for x in out.split() if x.isdigit()]
+    except Exception:
+        pass
+    send_signal(client, container_id, "SIGUSR1")
+    return [1]
+
+
 def send_signal(client: Any, container_id: str, signal_name: str) -> None:
     try:
         client.containers.get(container_id).kill(signal=signal_name)

@@ -13,7 +13,8 @@ from recipegen.ops import labels
 from recipegen.ops.deployment import Deployment
 from recipegen.ops.drift import DEFAULT_TOLERANCE, DriftVerdict, judge
 from recipegen.ops.dumps import Snapshot, difference, snapshots, wait_for_snapshot
-from recipegen.ops.engine import ContainerInfo, container_logs, list_dir, send_signal, service_container
+from recipegen.ops.engine import (ContainerInfo, container_logs, list_dir, request_snapshot,
+                                  service_container)
 from recipegen.ops.kvcapacity import KvCapacity, kv_from_log, kv_from_metrics
 from recipegen.ops.verify import Expected, Row, compare
 
@@ -102,6 +103,12 @@ def verify_lane(dep: Deployment, lane_name: str, *, bytes_tolerance: float,
     return VerifyOutcome(info.service, cls_name, rows)
 
 
+def _asked(pids: list[int]) -> str:
+    if not pids:
+        return "no process in the container handles SIGUSR1: waiting for the runtime's timer"
+    return f"asked for a snapshot (SIGUSR1 to pid {', '.join(map(str, pids))} in the container)"
+
+
 def _float(text: str | None, default: float) -> float:
     try:
         return float(text) if text else default
@@ -123,13 +130,11 @@ def drift_lane(dep: Deployment, lane_name: str, *, wait_s: float | None,
     read = lambda: list_dir(client, info.id, dump_dir)  # noqa: E731
     seen = set(read())
     if wait_s is None:
-        # SIGUSR1 reaches the runtime only where it listens in the container's main process;
-        # otherwise the timer's next snapshot answers, so wait one interval (+ margin).
+        # If no process answers SIGUSR1, the timer's next snapshot does: wait one interval + margin.
         interval = _float(info.env.get("EXPERT_RESIDENCY_DUMP_INTERVAL_S"), 60.0)
         wait_s = (interval if interval > 0 else 60.0) + 30.0
-    nudge = lambda: send_signal(client, info.id, "SIGUSR1")  # noqa: E731
-    nudge()
-    echo(f"{info.service}: asked for a snapshot (SIGUSR1); waiting at most {wait_s:.0f} s")
+    nudge = lambda: request_snapshot(client, info.id)  # noqa: E731
+    echo(f"{info.service}: {_asked(nudge())}; waiting at most {wait_s:.0f} s")
     snap = wait_for_snapshot(read, where=f"{info.service}:{dump_dir}", lane=None,
                              traffic_class=None, seen=seen, timeout_s=wait_s, nudge=nudge,
                              nudge_every_s=5.0)

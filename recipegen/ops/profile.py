@@ -24,7 +24,8 @@ from recipegen.errors import InputError, RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.deployment import Deployment, service_profiles
 from recipegen.ops.dumps import Snapshot, difference, read_host_dir, snapshots, wait_for_snapshot
-from recipegen.ops.engine import list_dir, send_signal, service_container
+from recipegen.ops.engine import list_dir, request_snapshot, service_container
+from recipegen.ops.live import _asked
 from recipegen.ops.prompts import drive, load_prompts
 
 Echo = Callable[[str], None]
@@ -161,10 +162,9 @@ def profile_in_docker(dep: Deployment, lane_name: str, traffic_class: str | None
         # the shutdown snapshot does not come; then stop: the final snapshot supersedes it.
         where = f"{prof_svc}:{dump_dir}"
         read = lambda: list_dir(client, info.id, dump_dir)  # noqa: E731
-        nudge = lambda: send_signal(client, info.id, "SIGUSR1")  # noqa: E731
+        nudge = lambda: request_snapshot(client, info.id)  # noqa: E731
         interval = float(info.env.get("EXPERT_RESIDENCY_DUMP_INTERVAL_S") or 60) or 60.0
-        nudge()
-        echo(f"{prof_svc}: asking for a snapshot (at most {interval + 30:.0f} s)")
+        echo(f"{prof_svc}: {_asked(nudge())} (at most {interval + 30:.0f} s)")
         snap = wait_for_snapshot(read, where=where, lane=None, traffic_class=None, seen=seen,
                                  timeout_s=interval + 30, nudge=nudge, nudge_every_s=5.0)
         echo(f"{prof_svc}: stopping (the runtime writes its final snapshot)")

@@ -130,3 +130,9 @@ def test_positional_twin_reads_whole_layers_cold():
     # v14's off60: about 23% of picks cold (seeds: ~23% / 24%), against the measured ~24 ms k=5 step
     assert 0.21 < only.cold_share.overall < 0.25
     assert point.tax.share_of_step is not None and point.tax.share_of_step.operands[1].value == 24.0
+
+
+def test_all_experts_in_hbm_has_no_fetch_tax():
+    pp2 = load_recipe("dsv41-flash-gb300x2-pp2")
+    summary = fetch_summary(pp2, "agent")
+    assert summary.classes == [] and "fetch tax 0" in "\n".join(summary.lines())

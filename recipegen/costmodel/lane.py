@@ -227,6 +227,9 @@ def fetch_summary(loaded: Any, lane_name: str, *, streams: Sequence[int] | None 
     machine = recipe.machines[lane.machine]
     points = sorted({lane.concurrency.min, lane.concurrency.max}) if streams is None else list(streams)
     unique = unique_model_for(recipe.model)
+    if sum(ledger_lane.active.cold_per_layer) == 0:
+        return LaneFetchSummary(lane.name, lane.offload.placement, machine.pinned_read_bandwidth, [],
+                                lane_k_check(lane), ["every routed expert is in HBM: no cold reads, fetch tax 0"])
     classes = []
     under_active: dict[str, ColdShare | str] = {}
     if lane.offload.placement != "positional" and lane.active_class is not None:
@@ -249,6 +252,9 @@ def fetch_summary(loaded: Any, lane_name: str, *, streams: Sequence[int] | None 
         notes.append(f"unique experts at >1 stream use the cross-stream diversity D={unique.diversity:.2f} "
                      "calibrated to ~300 of 384 at sixteen streams, which overstates bytes under skewed "
                      "routing (see the calibration table)")
+    if not classes:
+        notes.insert(0, "the lane declares no traffic class with a row map and histogram: cold share unknown, "
+                        "no fetch projection")
     return LaneFetchSummary(lane.name, lane.offload.placement, machine.pinned_read_bandwidth, classes,
                             lane_k_check(lane), notes)
 

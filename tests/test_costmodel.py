@@ -87,6 +87,19 @@ def test_unique_experts_is_monotone_and_bounded():
     assert model.diversity > 1.0  # stated in the docs: the ~300 point implies more than independent streams
 
 
+def test_independent_draws_from_a_skewed_histogram_still_overestimate_one_stream(repo_root):
+    from expert_residency.formats import load_histogram
+
+    from recipegen.costmodel.unique_experts import histogram_draws_unique
+
+    counts = load_histogram(repo_root / "recipes/profiles/dsv41-flash/agent.hist").counts.tolist()
+    assert histogram_draws_unique([[1.0] * 384], 36) == pytest.approx(independent_draws_unique(36, 384))
+    skewed = histogram_draws_unique(counts, 36)
+    assert ONE_STREAM_UNIQUE[5] * 1.2 < skewed < independent_draws_unique(36, 384)
+    # and at 576 picks the skew keeps the union far below the seeds' uniform ~300
+    assert histogram_draws_unique(counts, 576) < 250
+
+
 def test_independent_draws_overestimate_one_stream_table():
     # 36 picks (k=5, top-6) drawn independently give ~34 unique experts; the router measured 22.5
     assert independent_draws_unique(36, 384) > 1.5 * ONE_STREAM_UNIQUE[5]

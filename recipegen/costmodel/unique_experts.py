@@ -65,6 +65,17 @@ def independent_draws_unique(picks: int, num_experts: int) -> float:
     return num_experts * (1.0 - (1.0 - 1.0 / num_experts) ** picks)
 
 
+def histogram_draws_unique(counts: Sequence[Sequence[float]], picks: int) -> float:
+    """Mean over layers of Σ_e 1 − (1 − p_e)^picks, p_e = the expert's share of its layer's picks:
+    unique experts from `picks` independent draws that follow a histogram's skew."""
+    total = 0.0
+    for row in counts:
+        layer_sum = float(sum(row))
+        if layer_sum > 0:
+            total += sum(1.0 - (1.0 - c / layer_sum) ** picks for c in row)
+    return total / len(counts) if len(counts) else 0.0
+
+
 @dataclass(frozen=True)
 class UniqueExpertsModel:
     """Calibrated unique-experts model; build it with `calibrated_model()`."""

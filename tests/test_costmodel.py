@@ -132,3 +132,11 @@ def test_projection_needs_no_tuning_parameters():
     model = calibrated_model()
     assert project(PAIRS[0], model=model) == project(PAIRS[0], model=model)
     assert math.isclose(project(PAIRS[0]).projected_tok_s, project(PAIRS[0], model=model).projected_tok_s)
+
+
+def test_hot_read_time_uses_hbm_bandwidth_for_the_rest_of_the_step_bytes():
+    tax = fetch_tax(moe_layers=40, unique_per_layer=22.5, cold_share=0.027, bytes_per_expert=18_800_640,
+                    link_bandwidth=340e9, hbm_bandwidth=4.2e12)
+    expected = 40 * 22.5 * (1 - 0.027) * 18_800_640 / 4.2e12
+    assert tax.hot_read_time.value == pytest.approx(expected)
+    assert "HBM bandwidth = 4,200 GB/s" in tax.hot_read_time.explain()

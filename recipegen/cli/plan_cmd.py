@@ -77,7 +77,7 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
                 if c.active and c.points:
                     for p in c.points:
                         click.echo(f"\n[{c.traffic_class}, C{p.streams}]")
-                        for fig in (p.tax.cold_bytes, p.tax.fetch_time, p.tax.share_of_step):
+                        for fig in (p.tax.cold_bytes, p.tax.fetch_time, p.tax.share_of_step, p.tax.hot_read_time):
                             if fig is not None:
                                 click.echo(fig.explain())
         if price is not None:

@@ -30,6 +30,7 @@ class FetchTax:
     cold_bytes: Figure       # bytes per decode step
     fetch_time: Figure       # seconds per decode step
     share_of_step: Figure | None  # fraction of the measured step (None when no step time is known)
+    hot_read_time: Figure | None = None  # the same step's hot expert bytes at HBM bandwidth, for scale
 
     @property
     def fetch_ms(self) -> float:
@@ -82,10 +83,12 @@ def cold_bytes_per_step(*, moe_layers: int, unique_per_layer: float, cold_share:
 def fetch_tax(*, moe_layers: int, unique_per_layer: float, cold_share: float | Sequence[float],
               bytes_per_expert: int, link_bandwidth: float, step_time: float | None = None,
               cold_share_source: str = "", unique_source: str = "", bandwidth_source: str = "",
-              step_source: str = "") -> FetchTax:
+              step_source: str = "", hbm_bandwidth: float | None = None) -> FetchTax:
     """Cold bytes, fetch time and (given a measured step time, seconds) its share of the step.
 
     `link_bandwidth` is bytes per second for pinned in-place reads (e.g. 340e9 for 340 GB/s).
+    With `hbm_bandwidth`, also the time to read the step's *hot* expert bytes from HBM — the
+    floor the expert GEMMs stream at, against which the fetch tax is an addition.
     """
     if link_bandwidth <= 0:
         raise ValueError(f"link bandwidth must be positive, got {link_bandwidth}")
@@ -105,4 +108,14 @@ def fetch_tax(*, moe_layers: int, unique_per_layer: float, cold_share: float | S
             Operand("fetch time", seconds * 1e3, "ms"),
             Operand("step time", step_time * 1e3, "ms", step_source),
         ))
-    return FetchTax(cold_bytes=cold, fetch_time=fetch, share_of_step=share)
+    hot = None
+    if hbm_bandwidth is not None:
+        if hbm_bandwidth <= 0:
+            raise ValueError(f"HBM bandwidth must be positive, got {hbm_bandwidth}")
+        all_bytes = moe_layers * unique_per_layer * bytes_per_expert
+        hot_bytes = all_bytes - cold.value
+        hot = Figure("hot expert read time per step", hot_bytes / hbm_bandwidth, "s",
+                     "(MoE layers × unique experts per layer × bytes per expert − cold bytes) ÷ HBM bandwidth", (
+                         Operand("hot expert bytes per step", hot_bytes, "B"),
+                         Operand("HBM bandwidth", hbm_bandwidth / GB, "GB/s")))
+    return FetchTax(cold_bytes=cold, fetch_time=fetch, share_of_step=share, hot_read_time=hot)

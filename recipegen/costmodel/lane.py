@@ -51,7 +51,8 @@ class FetchPoint:
     def to_json(self) -> dict[str, Any]:
         return {"streams": self.streams, "k": self.k, "unique_experts_per_layer": self.unique_per_layer,
                 "cold_bytes_per_step": self.tax.cold_bytes.value, "fetch_ms": self.tax.fetch_ms,
-                "share_of_step": self.tax.share, "step_source": self.step_source}
+                "share_of_step": self.tax.share, "step_source": self.step_source,
+                "hot_read_ms": None if self.tax.hot_read_time is None else self.tax.hot_read_time.value * 1e3}
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,8 @@ def _points_text(points: Sequence[FetchPoint]) -> str:
         if p.tax.share is not None and p.tax.share_of_step is not None:
             step_ms = p.tax.share_of_step.operands[1].value
             share = f" = {p.tax.share:.1%} of the measured {step_ms:g} ms step"
-        parts.append(f"C{p.streams} k={p.k}: {p.tax.fetch_ms:.2f} ms{share}")
+        hot = "" if p.tax.hot_read_time is None else f" (hot experts from HBM: {p.tax.hot_read_time.value * 1e3:.2f} ms)"
+        parts.append(f"C{p.streams} k={p.k}: {p.tax.fetch_ms:.2f} ms{share}{hot}")
     return "; ".join(parts)
 
 
@@ -206,7 +208,7 @@ def fetch_points(loaded: Any, lane: Any, share: ColdShare, streams: Sequence[int
                         step_time=step.seconds if step else None, cold_share_source=share.basis,
                         unique_source=f"unique-experts model at {s} stream(s), k={k}",
                         bandwidth_source=machine.sources.get("pinned_read_bandwidth", ""),
-                        step_source=step.source if step else "")
+                        step_source=step.source if step else "", hbm_bandwidth=machine.gpus.hbm_bandwidth)
         points.append(FetchPoint(s, k, u, tax, step.source if step else None))
     return tuple(points)
 

@@ -12,8 +12,12 @@ memory, and the device row map ``row_codes``). Two entry points:
 * ``per_pick_fn()`` — the same kernels behind the core's ``PerPickExpertFn`` contract, so
   ``core.split.residency_forward`` (torch finalize) runs with the Triton per-pick arithmetic.
 
+The banks must hold the kernel layout of ``config`` (``gpu.layout``; tile-major by default): call
+``to_kernel_layout`` on a layer's full tensors before re-homing it. The torch references read
+vLLM's layout, not this one.
+
 Scratch memory is a ``Workspace`` sized once for ``max_tokens``; layers run one after another on
-one stream share it.
+one stream share it. ``pick_outputs`` returns a view of it: consume it before the next call.
 """
 
 from __future__ import annotations

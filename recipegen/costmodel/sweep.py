@@ -100,7 +100,8 @@ def sweep_hot(loaded: Any, lane_name: str, hot_values: Sequence[int], *, traffic
     model, machine = recipe.model, recipe.machines[lane.machine]
     points = sorted({lane.concurrency.min, lane.concurrency.max}) if streams is None else list(streams)
     current = compute_ledger(loaded).lane(lane_name)
-    hot_now = current.active.hot_per_layer
+    # A positional lane is marked where usage-aware residency would sit at its byte budget.
+    hot_now = current.usage_aware.hot_per_layer
     cls_name = traffic_class or lane.active_class
     if cls_name is None and lane.classes:
         cls_name = next((n for n, c in lane.classes.items() if c.histogram), None)
@@ -123,7 +124,8 @@ def sweep_hot(loaded: Any, lane_name: str, hot_values: Sequence[int], *, traffic
         result.notes.append(f"cold share per row: histogram {hist_file} under the top-N map with that many hot "
                             "experts per layer (in-sample: optimistic for traffic it did not see)")
     if lane.offload.placement == "positional":
-        result.notes.append("this lane is positional; the sweep shows it as if usage-aware at each hot count")
+        result.notes.append("this lane is positional; the sweep shows it as if usage-aware at each hot count, "
+                            "and marks the hot count its --cpu-offload-gb budget would buy")
     for h in hot_values:
         offload = lane.offload.model_copy(update={"placement": "usage-aware", "hot_experts_per_layer": h,
                                                   "cold_experts_budget": None})

@@ -106,7 +106,8 @@ def _sweep_table(sweep, step: int | None) -> str:  # type: ignore[no-untyped-def
              + (f", histogram {sweep.histogram}{' (synthetic)' if sweep.histogram_synthetic else ''}"
                 if sweep.histogram else ""), head]
     for r in table_rows(sweep, step):
-        mark = " ◀ lane now" if r.hot == round(sweep.current_hot) else ""
+        here = " ◀ lane's offload budget, usage-aware" if sweep.positional else " ◀ lane now"
+        mark = here if r.hot == round(sweep.current_hot) else ""
         bad = f"  ✗ {', '.join(r.violations)}" if r.violations else ""
         line = (f"{r.hot:>4} {r.cold:>4} {r.hot_bytes / GiB:>8.2f} GiB {r.kv_pool_bytes / GiB:>5.2f} GiB "
                 f"{r.kv_tokens / 1e6:>9.2f}M {r.cold_bytes / GiB:>8.2f} GiB {r.host_headroom / GiB:>6.1f} GiB "

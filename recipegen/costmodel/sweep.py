@@ -70,6 +70,7 @@ class Sweep:
     max_model_len: int
     streams: list[int]
     rows: list[SweepRow] = field(default_factory=list)
+    positional: bool = False
     notes: list[str] = field(default_factory=list)
 
     def row(self, hot: int) -> SweepRow:
@@ -124,6 +125,7 @@ def sweep_hot(loaded: Any, lane_name: str, hot_values: Sequence[int], *, traffic
         result.notes.append(f"cold share per row: histogram {hist_file} under the top-N map with that many hot "
                             "experts per layer (in-sample: optimistic for traffic it did not see)")
     if lane.offload.placement == "positional":
+        result.positional = True
         result.notes.append("this lane is positional; the sweep shows it as if usage-aware at each hot count, "
                             "and marks the hot count its --cpu-offload-gb budget would buy")
     for h in hot_values:

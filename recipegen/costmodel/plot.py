@@ -80,7 +80,8 @@ def plot_sweep(sweep: Sweep, path: Path) -> None:
         row = sweep.row(current)
         for ax in (ax_fetch, ax_kv):
             ax.axvline(current, color="black", lw=1.2)
-        label = f"lane now: {current} hot / {row.cold} cold"
+        label = (f"lane's offload budget (usage-aware): {current} hot / {row.cold} cold" if sweep.positional
+                 else f"lane now: {current} hot / {row.cold} cold")
         if row.points:
             label += f"\n{row.points[0].tax.fetch_ms:.2f} ms at C{row.points[0].streams}"
         label += f"\n{row.kv_tokens / 1e6:.2f}M KV tokens"

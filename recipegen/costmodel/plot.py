@@ -50,6 +50,7 @@ def plot_sweep(sweep: Sweep, path: Path) -> None:
     else:
         ax_fetch.text(0.5, 0.5, "no histogram for this class: fetch tax not projected",
                       ha="center", va="center", transform=ax_fetch.transAxes)
+        ax_fetch.set_yticks([])
     ax_fetch.grid(True, which="both", alpha=0.3)
     # --- KV tokens and HBM --------------------------------------------------------------------
     tokens_m = [r.kv_tokens / 1e6 for r in rows]

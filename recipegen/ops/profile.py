@@ -197,7 +197,7 @@ def _rpc_dump(endpoint: str) -> None:
 
 def profile_endpoint(loaded: Any, lane_name: str, traffic_class: str | None, *, endpoint: str,
                      dump_dir: Path, prompts: Path | None, rpc: bool, wait_s: float,
-                     echo: Echo) -> ProfileResult:
+                     echo: Echo, signal_pid: int | None = None) -> ProfileResult:
     target = profile_target(loaded, lane_name, traffic_class)
     prompt_list = load_prompts(prompts) if prompts else []
     if not prompt_list:
@@ -207,9 +207,19 @@ def profile_endpoint(loaded: Any, lane_name: str, traffic_class: str | None, *, 
     read = lambda: read_host_dir(dump_dir)  # noqa: E731
     where = str(dump_dir)
     before: Snapshot | None
+    request: Callable[[], None] | None = None
     if rpc:
+        request = lambda: _rpc_dump(endpoint)  # noqa: E731
+    elif signal_pid is not None:
+        from recipegen.ops.signals import signal_catchers
+
+        def request() -> None:
+            if not signal_catchers(signal_pid):
+                raise RecipegenError(f"no process in the tree of pid {signal_pid} handles SIGUSR1 "
+                                     "(is the runtime counting, with EXPERT_RESIDENCY_DUMP_DIR set?)")
+    if request is not None:
         seen = set(read())
-        _rpc_dump(endpoint)
+        request()
         before = wait_for_snapshot(read, where=where, lane=None, traffic_class=None, seen=seen,
                                    timeout_s=wait_s)
     else:
@@ -218,8 +228,8 @@ def profile_endpoint(loaded: Any, lane_name: str, traffic_class: str | None, *, 
     echo(f"driving {len(prompt_list)} prompts at {endpoint}")
     drive(endpoint, prompt_list)
     seen = set(read())  # after the prompts: a snapshot taken during them would be partial
-    if rpc:
-        _rpc_dump(endpoint)
+    if request is not None:
+        request()
     else:
         echo(f"waiting for the runtime's next snapshot in {where} (at most {wait_s:.0f} s)")
     after = wait_for_snapshot(read, where=where, lane=None, traffic_class=None, seen=seen,

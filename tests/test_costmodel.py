@@ -8,9 +8,7 @@ import pytest
 
 from recipegen.costmodel.calibration import DSV41_GB300, PAIRS, project, project_all, projected_slope_per_gib
 from recipegen.costmodel.fetch import fetch_tax
-from recipegen.costmodel.prefetch import prefetch_bank_price
-from recipegen.costmodel.seed_tables import (FIGURE3_ROWS, FIGURE3_STEP_S, PREFETCH_PRINTED,
-                                             PREFETCH_SLOTS_PER_LAYER, printed_like)
+from recipegen.costmodel.seed_tables import FIGURE3_ROWS, FIGURE3_STEP_S, printed_like
 from recipegen.costmodel.unique_experts import (ONE_STREAM_UNIQUE, calibrated_model, independent_draws_unique,
                                                 unique_calibration_points)
 
@@ -48,20 +46,6 @@ def test_per_layer_cold_shares_sum_layer_by_layer():
         fetch_tax(moe_layers=40, unique_per_layer=6, cold_share=[0.1] * 39, bytes_per_expert=1, link_bandwidth=1)
     with pytest.raises(ValueError, match="between 0 and 1"):
         fetch_tax(moe_layers=40, unique_per_layer=6, cold_share=1.5, bytes_per_expert=1, link_bandwidth=1)
-
-
-def test_prefetch_bank_price_matches_seeds():
-    pool_bytes = 4.9 * GiB
-    pool_tokens = 2.54e6
-    price = prefetch_bank_price(slots_per_layer=PREFETCH_SLOTS_PER_LAYER, moe_layers=G.moe_layers,
-                                bytes_per_expert=G.bytes_per_expert, kv_pool_bytes=pool_bytes,
-                                kv_pool_tokens=pool_tokens)
-    assert str(price.experts) == PREFETCH_PRINTED["experts"]
-    assert printed_like(price.bank_gib, "2.1") == PREFETCH_PRINTED["bank_gib"]
-    assert printed_like(price.kv_tokens_lost.value / 1e6, "1.09") == PREFETCH_PRINTED["kv_tokens_m"]
-    assert printed_like(price.share_of_pool.value * 100, "43") == PREFETCH_PRINTED["share_pct"]
-    # the seeds' rate: ~0.518M tokens per GiB
-    assert pool_tokens / 4.9 / 1e6 == pytest.approx(0.518, abs=0.001)
 
 
 def test_unique_experts_reproduces_measured_table_and_concurrent_point():

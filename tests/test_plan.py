@@ -9,7 +9,8 @@ from click.testing import CliRunner
 
 from recipegen.cli import main
 from recipegen.costmodel.fetch import fetch_tax
-from recipegen.costmodel.lane import fetch_summary, lane_prefetch_price, unique_model_for
+from recipegen.costmodel.lane import fetch_summary, unique_model_for
+from recipegen.costmodel.prefetch import lane_prefetch_price
 from recipegen.costmodel.seed_tables import FIGURE3_ROWS, PREFETCH_PRINTED, printed_like
 from recipegen.costmodel.steps import measured_step
 from recipegen.costmodel.sweep import parse_sweep, sweep_hot
@@ -40,13 +41,14 @@ def test_figure3_from_the_reference_recipe(reference, row):
 def test_prefetch_price_from_the_reference_lane(reference):
     price = lane_prefetch_price(reference, "agent", 3)
     assert str(price.experts) == PREFETCH_PRINTED["experts"]
-    assert printed_like(price.bank_gib, "2.1") == "2.1"
-    assert printed_like(price.kv_tokens_lost.value / 1e6, "1.09") == "1.09"
-    assert printed_like(price.share_of_pool.value * 100, "43") == "43"
-    # the pool the price is taken from is the ledger's: 4.9 GiB, ~2.54M tokens
-    pool = price.kv_tokens_lost.operands[2].value
-    assert printed_like(pool, "4.9") == PREFETCH_PRINTED["pool_gib"]
-    assert printed_like(price.kv_tokens_lost.operands[1].value / 1e6, "2.54") == PREFETCH_PRINTED["pool_tokens_m"]
+    assert printed_like(price.bank_gib, "2.1") == PREFETCH_PRINTED["bank_gib"]
+    assert printed_like(price.kv_tokens_lost.value / 1e6, "1.09") == PREFETCH_PRINTED["kv_tokens_m"]
+    assert printed_like(price.share_of_pool.value * 100, "43") == PREFETCH_PRINTED["share_pct"]
+    # the pool it is taken from is the ledger's: 4.9 GiB, ~2.54M tokens, leaving ~1.45M (seed 001, Figure 4)
+    assert printed_like(price.kv_pool_bytes / 2**30, "4.9") == PREFETCH_PRINTED["pool_gib"]
+    assert printed_like(price.kv_tokens_before / 1e6, "2.54") == PREFETCH_PRINTED["pool_tokens_m"]
+    assert printed_like(price.kv_tokens_after / 1e6, "1.45") == "1.45"
+    assert lane_prefetch_price(reference, "agent", 0).kv_tokens_lost.value == 0
 
 
 def test_unique_model_comes_from_the_catalog_points(reference):

@@ -43,7 +43,8 @@ def _streams(text: str | None) -> list[int] | None:
 def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | None, concurrency_text: str | None,
          prefetch_slots: int | None, plot_path: Path | None, as_json: bool, explain: bool) -> None:
     """Projected fetch tax, KV trade-off and k checks for one LANE of RECIPE."""
-    from recipegen.costmodel.lane import fetch_summary, lane_prefetch_price
+    from recipegen.costmodel.lane import fetch_summary
+    from recipegen.costmodel.prefetch import lane_prefetch_price
     from recipegen.costmodel.sweep import parse_sweep, sweep_hot, table_rows
     from recipegen.ledger import compute_ledger
     from recipegen.recipe_io import load_recipe
@@ -62,7 +63,7 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
         sweep = sweep_hot(loaded, lane, hot_values, traffic_class=traffic_class, streams=streams)
     elif plot_path is not None:
         raise InputError("--plot draws a sweep: add --sweep hot=LOW..HIGH", field="--plot")
-    price = lane_prefetch_price(loaded, lane, prefetch_slots, ledger=ledger) if prefetch_slots is not None else None
+    price = lane_prefetch_price(loaded, lane, prefetch_slots) if prefetch_slots is not None else None
 
     if as_json:
         data = {"fetch": summary.to_json(), "sweep": sweep.to_json() if sweep else None,
@@ -83,8 +84,8 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
         if price is not None:
             click.echo(f"\nprefetch bank of {prefetch_slots} slot(s) per layer: {price.experts} experts = "
                        f"{price.bank_gib:.2f} GiB ≈ {price.kv_tokens_lost.value / 1e6:.2f}M KV tokens = "
-                       f"{price.share_of_pool.value:.0%} of the {ledger.lane(lane).fig('hbm.kv_pool').value / GiB:.2f} "
-                       "GiB pool")
+                       f"{price.share_of_pool.value:.0%} of the {price.kv_pool_bytes / GiB:.2f} GiB pool "
+                       f"({price.kv_tokens_before / 1e6:.2f}M → {price.kv_tokens_after / 1e6:.2f}M tokens)")
         if sweep is not None:
             click.echo("")
             click.echo(_sweep_table(sweep, step))

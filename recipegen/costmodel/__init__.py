@@ -9,12 +9,12 @@ sweep (matplotlib, imported only when plotting). Budgets (HBM, host, KV tokens) 
 from recipegen.costmodel.fetch import FetchTax, cold_bytes_per_step, fetch_tax
 from recipegen.costmodel.figures import Figure, Operand
 from recipegen.costmodel.kschedule import Finding, KScheduleCheck, check_k_schedule
-from recipegen.costmodel.prefetch import PrefetchPrice, prefetch_bank_price
+from recipegen.costmodel.prefetch import PrefetchPrice, lane_prefetch_price
 from recipegen.costmodel.unique_experts import UniqueExpertsModel, calibrated_model
 
 __all__ = [
     "Figure", "Operand", "FetchTax", "cold_bytes_per_step", "fetch_tax", "Finding", "KScheduleCheck",
-    "check_k_schedule", "PrefetchPrice", "prefetch_bank_price", "UniqueExpertsModel", "calibrated_model",
+    "check_k_schedule", "PrefetchPrice", "lane_prefetch_price", "UniqueExpertsModel", "calibrated_model",
     "fetch_summary",
 ]
 

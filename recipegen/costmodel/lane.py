@@ -14,7 +14,6 @@ from typing import Any
 
 from recipegen.costmodel.fetch import FetchTax, fetch_tax
 from recipegen.costmodel.kschedule import KScheduleCheck, check_k_schedule
-from recipegen.costmodel.prefetch import PrefetchPrice, prefetch_bank_price
 from recipegen.costmodel.steps import measured_step
 from recipegen.costmodel.unique_experts import UniqueExpertsModel, calibrated_model
 from recipegen.errors import InputError
@@ -268,16 +267,3 @@ def lane_k_check(lane: Any) -> KScheduleCheck | None:
     schedule: Any = spec.schedule if spec.schedule is not None else spec.k
     return check_k_schedule(schedule, max_num_seqs=lane.concurrency.max, num_speculative_tokens=spec.k,
                             expected_concurrency=(lane.concurrency.min, lane.concurrency.max))
-
-
-def lane_prefetch_price(loaded: Any, lane_name: str, slots_per_layer: int, *, ledger: Any = None) -> PrefetchPrice:
-    """What a prefetch bank of `slots_per_layer` costs this lane in KV tokens (pool from the ledger)."""
-    from recipegen.ledger import compute_ledger
-
-    ledger = ledger or compute_ledger(loaded)
-    lane = ledger.lane(lane_name)
-    model = loaded.recipe.model
-    return prefetch_bank_price(slots_per_layer=slots_per_layer, moe_layers=model.num_moe_layers,
-                               bytes_per_expert=model.expert_bytes, kv_pool_bytes=lane.fig("hbm.kv_pool").value,
-                               kv_pool_tokens=lane.fig("kv.tokens").value,
-                               kv_source=f"ledger of lane {lane_name}")

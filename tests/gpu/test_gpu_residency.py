@@ -255,6 +255,26 @@ def test_large_step_uses_torch_grouping_with_same_bits() -> None:
     assert torch.equal(small, big[:head])
 
 
+def test_large_step_graph_capture_with_counter() -> None:
+    """The torch grouping path (prefill-sized steps) is capturable too, counter included."""
+    gen = torch.Generator(device=DEV).manual_seed(12)
+    experts, k = 16, 6
+    tokens = MAX_FUSED_PICKS // k + 8
+    unsplit, split, hot_ids, cold_ids, _ = make_layers(SMALL, experts, 6, gen)
+    ex = TritonMxfp4Experts(SMALL, experts, k, max_tokens=tokens, device=DEV)
+    counter = ExpertCounter([0], experts, device=DEV)
+    out = torch.empty(tokens, SMALL.hidden, dtype=torch.bfloat16, device=DEV)
+    ids, w = random_routing(tokens, experts, k, gen, hot_ids, cold_ids)
+    x = activations(tokens, SMALL.hidden, gen)
+    graph = CapturedStep(lambda xx, ww, ii: ex.forward(split, xx, ww, ii, counter=counter, out=out), x, w, ids)
+    counter.reset()
+    ids2, w2 = random_routing(tokens, experts, k, gen)
+    replayed = graph.replay(x, w2, ids2).clone()
+    assert torch.equal(replayed, ex.forward(unsplit, x, w2, ids2))
+    assert torch.equal(counter.counts[0], torch.bincount(ids2.flatten(), minlength=experts))
+    assert int(counter.tokens[0]) == tokens
+
+
 # -- graphs, counter, swaps ----------------------------------------------------------------------
 
 def _graph_fixture(tokens: int, layers: int = 2):

@@ -124,3 +124,19 @@ def test_hot_read_time_uses_hbm_bandwidth_for_the_rest_of_the_step_bytes():
     expected = 40 * 22.5 * (1 - 0.027) * 18_800_640 / 4.2e12
     assert tax.hot_read_time.value == pytest.approx(expected)
     assert "HBM bandwidth = 4,200 GB/s" in tax.hot_read_time.explain()
+
+
+def test_docs_calibration_table_matches_the_code(repo_root):
+    """docs/costmodel.md quotes the model's figures; recalibrating must update them."""
+    doc = (repo_root / "docs" / "costmodel.md").read_text()
+    model = calibrated_model()
+    assert f"γ = {model.gamma:.3f}" in doc and f"D = {model.diversity:.2f}" in doc
+    projections = project_all()
+    c1, _, _, slope, hbm = projections
+    for text in (f"{c1.projected_tok_s:.1f} tok/s", f"{c1.error:+.1%}", f"{c1.fetch_before_s * 1e3:.2f} → "
+                 f"{c1.fetch_after_s * 1e3:.2f} ms", f"{projected_slope_per_gib(slope):.2f} tok/s per GiB",
+                 f"{hbm.projected_tok_s:.1f} tok/s", f"{slope.error:+.1%}".replace("-", "−"),
+                 f"{hbm.error:+.1%}".replace("-", "−")):
+        assert text in doc, text
+    for p in projections[1:3]:
+        assert f"{p.fetch_before_s * 1e3:.1f}" in doc and f"≤ {p.max_consistent_unique():.0f}" in doc

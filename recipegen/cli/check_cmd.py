@@ -97,13 +97,33 @@ def check_budgets(recipes: tuple[str, ...], explain: bool, as_json: bool, lanes:
             attach_stage_fetch(loaded, ledger)
         if not ledger.ok:
             worst = max(worst, EXIT_OVER_BUDGET)
+        fetch = _fetch_summaries(loaded, ledger)
         if as_json:
-            results.append(ledger.to_json())
+            recipe_json = ledger.to_json()
+            for lane_json in recipe_json["lanes"]:
+                if lane_json["lane"] in fetch:
+                    lane_json["fetch"] = fetch[lane_json["lane"]].to_json()
+            results.append(recipe_json)
         else:
             from recipegen.ledger.report import render_ledger
 
             click.echo(render_ledger(ledger, display_path(loaded.path), explain=explain))
+            for lane_name, summary in fetch.items():
+                click.echo(f"projected fetch tax · lane {lane_name} (recipegen plan for operands)")
+                click.echo("\n".join(f"  {line}" for line in summary.lines()))
     if as_json:
         click.echo(json.dumps({"ok": worst == EXIT_OK, "recipes": results}, indent=2))
     if worst:
         sys.exit(worst)
+
+
+def _fetch_summaries(loaded: Any, ledger: Any) -> dict[str, Any]:
+    """Per single-machine lane: projected cold share and fetch time per class (cost model).
+
+    Lanes over several machines get theirs per stage inside the ledger (costmodel.stages).
+    """
+    from recipegen.costmodel import fetch_summary
+
+    return {lane.lane: fetch_summary(loaded, lane.lane, ledger=ledger)
+            for lane in ledger.lanes if not hasattr(lane, "stages")}
+

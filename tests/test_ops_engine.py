@@ -296,3 +296,52 @@ def test_profile_boot_produces_a_histogram_and_a_map(ops, tmp_path):
     lanes = ops.status()
     assert lanes["lane-prose"]["rendering"] == "current"
     assert lanes["lane-prose"]["content_hash"] == new_map.content_hash()
+
+
+def test_multi_machine_recipe_runs_per_machine_folder(ops, tmp_path):
+    """A lane spanning two boxes renders compose/<recipe>/<machine>/: `--machine` picks the
+    folder of the box the engine runs on (both boxes share this one engine here)."""
+    import re
+    import shutil
+
+    from docker_support.project import REPO, free_port
+
+    root = tmp_path / "pp"
+    (root / "recipes").mkdir(parents=True)
+    text = (REPO / "recipes" / "dsv41-flash-gb300x2-pp2.yaml").read_text()
+    port = free_port()
+    (root / "recipes" / "pp.yaml").write_text(
+        re.sub(r"(?m)^    port: \d+", f"    port: {port}",
+               re.sub(r"(?m)^name: .*$", "name: pp", text, count=1)))
+    shutil.copytree(ops.project.root / "models", root / "models")
+    base = ("    deploy: !reset {}\n    network_mode: host\n    ports: !reset []\n"
+            "    ulimits: !reset {}\n")
+    overrides = {"station-a": root / "head.yaml", "station-b": root / "worker.yaml"}
+    overrides["station-a"].write_text(f"services:\n  lane-agent:\n{base}"
+                                      "    healthcheck:\n      interval: 1s\n")
+    overrides["station-b"].write_text(f"services:\n  lane-agent-worker-1:\n{base}")
+    env = dict(ops.env, RECIPEGEN_MODELS_DIR=str(root / "models"))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "recipegen", *args], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    refused = run("up", "pp")
+    assert refused.returncode == 2 and "--machine" in refused.stderr
+    head = run("up", "pp", "--machine", "station-a", "-f", str(overrides["station-a"]))
+    assert head.returncode == 0, head.stdout + head.stderr
+    assert "lane-agent: healthy" in head.stdout
+    worker = run("up", "pp", "agent", "-f", str(overrides["station-b"]), "--machine", "station-b")
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    assert "lane-agent-worker-1: none" in worker.stdout     # headless: no health check, running
+    assert (root / "compose/pp/station-a/compose.yaml").is_file()
+    lanes = {s["service"]: s for s in json.loads(run("status", "pp", "--json").stdout)}
+    assert set(lanes) == {"lane-agent", "lane-agent-worker-1"}
+    assert lanes["lane-agent"]["health"] == "healthy"
+    assert lanes["lane-agent-worker-1"]["state"] == "running"
+    assert {s["rendering"] for s in lanes.values()} == {"current"}
+    from recipegen.ops.compose import ComposeProject
+
+    for machine in ("station-a", "station-b"):
+        folder = root / "compose/pp" / machine
+        ComposeProject(folder, [folder / "compose.yaml", overrides[machine]], env=env).down(timeout_s=5)

@@ -26,24 +26,33 @@ def _overrides(f: Callable[..., Any]) -> Callable[..., Any]:
                         help="Extra compose file(s) layered on the rendered one.")(f)
 
 
-def _deployment(recipe: str, overrides: tuple[Path, ...]) -> Any:
+def _machine(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--machine", envvar="RECIPEGEN_MACHINE", default=None,
+                        help="For recipes whose lanes span machines: the machine this engine "
+                             "runs on (its folder compose/<recipe>/<machine>/).")(f)
+
+
+def _deployment(recipe: str, overrides: tuple[Path, ...], machine: str | None = None) -> Any:
     from recipegen.ops.deployment import Deployment
     from recipegen.ops.rendering import Rendering
 
-    return Deployment(Rendering.load(recipe), overrides=list(overrides))
+    return Deployment(Rendering.load(recipe, machine), overrides=list(overrides))
 
 
 @click.command()
 @click.argument("recipe")
 @click.argument("lanes", nargs=-1)
 @_overrides
+@_machine
 @click.option("--wait-timeout", default=3 * 3600, show_default=True, type=int, help=_WAIT_HELP)
-def up(recipe: str, lanes: tuple[str, ...], overrides: tuple[Path, ...], wait_timeout: int) -> None:
+def up(recipe: str, lanes: tuple[str, ...], overrides: tuple[Path, ...], machine: str | None,
+       wait_timeout: int) -> None:
     """Render RECIPE if stale, then start LANES (default: every lane without a compose profile)
     one after another, each behind its health check."""
     from recipegen.ops.lanes import up as run_up
 
-    run_up(_deployment(recipe, overrides), list(lanes), wait_s=wait_timeout, echo=click.echo)
+    run_up(_deployment(recipe, overrides, machine), list(lanes), wait_s=wait_timeout,
+           echo=click.echo)
 
 
 @click.command()
@@ -51,14 +60,16 @@ def up(recipe: str, lanes: tuple[str, ...], overrides: tuple[Path, ...], wait_ti
 @click.argument("lane")
 @click.option("--class", "cls", required=True, help="Traffic class to serve.")
 @_overrides
+@_machine
 @click.option("--wait-timeout", default=3 * 3600, show_default=True, type=int, help=_WAIT_HELP)
-def swap(recipe: str, lane: str, cls: str, overrides: tuple[Path, ...], wait_timeout: int) -> None:
+def swap(recipe: str, lane: str, cls: str, overrides: tuple[Path, ...], machine: str | None,
+         wait_timeout: int) -> None:
     """Swap LANE to class CLASS: write active_class, re-render, recreate exactly that service,
     wait for health and report the downtime. If it does not become healthy, restore the previous
     class (recipe and rendering) and service (exit 1)."""
     from recipegen.ops.lanes import swap as run_swap
 
-    result = run_swap(_deployment(recipe, overrides), lane, cls, wait_s=wait_timeout,
+    result = run_swap(_deployment(recipe, overrides, machine), lane, cls, wait_s=wait_timeout,
                       echo=click.echo)
     click.echo(result.message)
     if not result.ok:
@@ -84,15 +95,27 @@ def status(recipe: str | None, as_json: bool) -> None:
     from recipegen.ops.lanes import status as run_status
     from recipegen.ops.rendering import Rendering
 
-    def load(name: str) -> Deployment | None:
+    def load(name: str, project: str) -> Deployment | None:
+        """The deployment a container belongs to; a multi-machine recipe's machine comes from
+        the compose project name the renderer gives it (`<recipe>-<machine>`)."""
         try:
-            return Deployment(Rendering.load(name))
+            rendering = Rendering.load(name, None)
         except RecipegenError:
-            return None
+            try:
+                from recipegen.recipe_io import load_recipe
+
+                machines = Rendering(name, load_recipe(name)).machines()
+                machine = next(m for m in machines if project == f"{name}-{m}".lower())
+                rendering = Rendering.load(name, machine)
+            except (RecipegenError, StopIteration):
+                return None
+        return Deployment(rendering)
 
     name = None
     if recipe is not None:
-        name = Rendering.load(recipe).loaded.name
+        from recipegen.recipe_io import load_recipe
+
+        name = load_recipe(recipe).name
     lanes = run_status(connect(), recipe=name, load=load)
     if as_json:
         click.echo(json.dumps([s.as_dict() for s in lanes], indent=2))
@@ -119,13 +142,15 @@ def status(recipe: str | None, as_json: bool) -> None:
               help="Relative tolerance for bank bytes.")
 @click.option("--kv-tolerance", default=0.02, show_default=True, type=float,
               help="Relative tolerance for KV cache tokens.")
+@_machine
 @click.option("--json", "as_json", is_flag=True)
-def verify(recipe: str, lane: str, bytes_tolerance: float, kv_tolerance: float, as_json: bool) -> None:
+def verify(recipe: str, lane: str, bytes_tolerance: float, kv_tolerance: float,
+           machine: str | None, as_json: bool) -> None:
     """Compare the running LANE's start-up report and vLLM's KV capacity with the ledger.
     Exit 1 on any difference beyond the stated tolerance."""
     from recipegen.ops.live import verify_lane
 
-    outcome = verify_lane(_deployment(recipe, ()), lane, bytes_tolerance=bytes_tolerance,
+    outcome = verify_lane(_deployment(recipe, (), machine), lane, bytes_tolerance=bytes_tolerance,
                           kv_tolerance=kv_tolerance)
     if as_json:
         click.echo(json.dumps({"service": outcome.service, "class": outcome.traffic_class,
@@ -160,10 +185,11 @@ def verify(recipe: str, lane: str, bytes_tolerance: float, kv_tolerance: float, 
               help="With --endpoint: ask for snapshots with SIGUSR1 to the processes of this "
                    "PID's tree that handle it (e.g. the `vllm serve` PID).")
 @_overrides
+@_machine
 @click.option("--wait-timeout", default=3 * 3600, show_default=True, type=int, help=_WAIT_HELP)
 def profile(recipe: str, lane: str, cls: str | None, prompts: Path | None, serve_s: float,
             endpoint: str | None, dump_dir: Path | None, rpc: bool, signal_pid: int | None,
-            overrides: tuple[Path, ...], wait_timeout: int) -> None:
+            overrides: tuple[Path, ...], machine: str | None, wait_timeout: int) -> None:
     """Count-only profile boot → the class's histogram → its row map, as one command."""
     from recipegen.errors import InputError
     from recipegen.ops.profile import profile_endpoint, profile_in_docker
@@ -173,14 +199,16 @@ def profile(recipe: str, lane: str, cls: str | None, prompts: Path | None, serve
         if dump_dir is None:
             raise InputError("--endpoint needs --dump-dir (where its runtime writes snapshots)",
                              field="--dump-dir")
-        profile_endpoint(Rendering.load(recipe).loaded, lane, cls, endpoint=endpoint,
+        from recipegen.recipe_io import load_recipe
+
+        profile_endpoint(load_recipe(recipe), lane, cls, endpoint=endpoint,
                          dump_dir=dump_dir, prompts=prompts, rpc=rpc, signal_pid=signal_pid,
                          wait_s=min(wait_timeout, 600), echo=click.echo)
     else:
         if prompts is None and serve_s <= 0:
             raise InputError("give --prompts FILE and/or --serve SECONDS: the profile boot counts "
                              "the traffic it gets", field="--prompts")
-        profile_in_docker(_deployment(recipe, overrides), lane, cls, prompts=prompts,
+        profile_in_docker(_deployment(recipe, overrides, machine), lane, cls, prompts=prompts,
                           serve_s=serve_s, wait_s=wait_timeout, echo=click.echo)
     click.echo(f"next: `recipegen swap {recipe} {lane} --class {cls or '<class>'}` (or `recipegen up`) "
                "to serve the new map")
@@ -197,15 +225,16 @@ def profile(recipe: str, lane: str, cls: str | None, prompts: Path | None, serve
 @click.option("--window", "window_s", default=None, type=float,
               help="Judge only the last SECONDS of traffic (difference of two snapshots); "
                    "default: everything since the lane started.")
+@_machine
 @click.option("--json", "as_json", is_flag=True)
 def drift(recipe: str, lane: str, tolerance: float, wait_s: float | None, window_s: float | None,
-          as_json: bool) -> None:
+          machine: str | None, as_json: bool) -> None:
     """Live cold share of LANE (from the runtime's counter) against the share its map was built
     for; says when traffic no longer matches the map and which class's map fits better.
     Exit 1 when drifted."""
     from recipegen.ops.live import drift_lane
 
-    v = drift_lane(_deployment(recipe, ()), lane, wait_s=wait_s, tolerance=tolerance,
+    v = drift_lane(_deployment(recipe, (), machine), lane, wait_s=wait_s, tolerance=tolerance,
                    window_s=window_s, echo=(lambda s: None) if as_json else click.echo)
     if as_json:
         click.echo(json.dumps({"class": v.active_class, "live_share": v.live_share,

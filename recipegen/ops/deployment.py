@@ -92,8 +92,22 @@ def dependency_order(config: dict[str, Any], services: list[str]) -> list[str]:
     return ordered
 
 
+def lane_services(config: dict[str, Any], lane: str, *, profile_boot: bool = False) -> list[str]:
+    """The services of `lane` in this machine's project: `lane-<lane>` on the head's machine,
+    `lane-<lane>-worker-<n>` on the others (or their count-only profile boots)."""
+    found = []
+    for name, svc in (config.get("services") or {}).items():
+        svc_labels = svc.get("labels") or {}
+        if svc_labels.get(labels.LANE) != lane:
+            continue
+        if (svc_labels.get(labels.MODE) == "count") == profile_boot:
+            found.append(name)
+    return sorted(found)
+
+
 def rendered_label(config: dict[str, Any], service: str, key: str) -> str | None:
     return (config.get("services", {}).get(service, {}).get("labels") or {}).get(key)
 
 
-__all__ = ["Deployment", "dependency_order", "rendered_label", "service_profiles", "labels"]
+__all__ = ["Deployment", "dependency_order", "lane_services", "rendered_label", "service_profiles",
+           "labels"]

@@ -15,7 +15,8 @@ from typing import Any
 from recipegen.errors import InputError, RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.compose import ComposeError
-from recipegen.ops.deployment import Deployment, dependency_order, rendered_label, service_profiles
+from recipegen.ops.deployment import (Deployment, dependency_order, lane_services, rendered_label,
+                                      service_profiles)
 from recipegen.ops.engine import ContainerInfo, find_containers, service_container
 
 Echo = Callable[[str], None]
@@ -56,16 +57,23 @@ def up(dep: Deployment, lanes: list[str], *, wait_s: int = DEFAULT_WAIT_S,
     """Render if stale, then `up -d --wait` each lane's service in dependency order."""
     for name in lanes:
         dep.lane(name)
+    dep.client()  # a clear error now if the engine is not reachable, before rendering
     _ensure_rendered(dep, echo)
     config = dep.project().config()
-    if lanes:
-        services = [labels.lane_service(n) for n in lanes]
-    else:  # lanes that are always on: those without a compose profile
-        services = [labels.lane_service(n) for n in dep.lane_names()
-                    if not service_profiles(config, labels.lane_service(n))]
-        if not services:
-            raise InputError("every lane of this recipe carries a compose profile; name the "
-                             "lanes to start", file=str(dep.loaded.path), field="lanes")
+    services: list[str] = []
+    for name in lanes or dep.lane_names():
+        here = lane_services(config, name)
+        if not here:
+            if lanes:
+                echo(f"lane {name}: no service in {dep.rendering.compose_file} (it runs on "
+                     "another machine)")
+            continue
+        if not lanes and any(service_profiles(config, s) for s in here):
+            continue  # not always on: started only when named
+        services += here
+    if not services:
+        raise InputError("no lane to start here: name lanes (lanes with a compose profile start "
+                         "only when named)", file=str(dep.loaded.path), field="lanes")
     started: list[Started] = []
     for service in dependency_order(config, services):
         echo(f"{service}: starting (waits for its health check, at most {wait_s} s)")
@@ -104,6 +112,7 @@ def swap(dep: Deployment, lane_name: str, new_class: str, *, wait_s: int = DEFAU
         raise InputError(f"lane {lane_name} has no class {new_class!r} (classes: "
                          f"{', '.join(lane.classes) or 'none'})", file=str(dep.loaded.path),
                          field=f"lanes.{lane_name}.classes")
+    dep.client()
     previous = lane.active_class or ""
     if not previous:
         raise InputError(f"lane {lane_name} has no active_class to come back to if the swap "
@@ -185,11 +194,13 @@ class _RecipeView:
     problem: str = ""                    # why a fresh render is not available
 
 
-def _recipe_views(recipes: set[str], load: Callable[[str], Deployment | None]
-                  ) -> dict[str, _RecipeView]:
-    out: dict[str, _RecipeView] = {}
-    for name in sorted(recipes):
-        dep = load(name)
+def _recipe_views(projects: set[tuple[str, str]],
+                  load: Callable[[str, str], Deployment | None]
+                  ) -> dict[tuple[str, str], _RecipeView]:
+    """(recipe, compose project) → what its rendering says."""
+    out: dict[tuple[str, str], _RecipeView] = {}
+    for name in sorted(projects):
+        dep = load(*name)
         if dep is None or not dep.rendering.compose_file.is_file():
             out[name] = _RecipeView(None, {})
             continue
@@ -202,14 +213,14 @@ def _recipe_views(recipes: set[str], load: Callable[[str], Deployment | None]
 
 
 def status(client: Any, *, recipe: str | None,
-           load: Callable[[str], Deployment | None]) -> list[LaneStatus]:
+           load: Callable[[str, str], Deployment | None]) -> list[LaneStatus]:
     """Every container with recipegen labels (of one recipe, or all), judged per service: it is
     `current` when its config hash is the rendered one and a fresh render of the recipe (with
     its row maps as they are now) would not change that service."""
     filters = [labels.RECIPE] if recipe is None else [f"{labels.RECIPE}={recipe}"]
     containers = find_containers(client, filters)
-    views = _recipe_views({c.labels[labels.RECIPE] for c in containers}, load)
-    return [_lane_status(c, views.get(c.labels[labels.RECIPE], _RecipeView(None, {})))
+    views = _recipe_views({(c.labels[labels.RECIPE], c.project) for c in containers}, load)
+    return [_lane_status(c, views.get((c.labels[labels.RECIPE], c.project), _RecipeView(None, {})))
             for c in containers]
 
 

@@ -266,7 +266,7 @@ def doctor(recipe: str | None, as_json: bool) -> None:
     """Check this host: Docker daemon, Compose v2, NVIDIA runtime, memlock limit, free host
     memory (against RECIPE's host ledger when given) and GPUs. Exit 1 if any check fails."""
     from recipegen.ops.doctor import evaluate, gather_facts
-    from recipegen.ops.requirements import host_requirement
+    from recipegen.ops.ledger_view import host_requirement
 
     need = host_requirement(recipe) if recipe else None
     checks = evaluate(gather_facts(need=need), need)

@@ -275,3 +275,23 @@ def test_launch_flags_parse_in_vllm_033() -> None:
     for rank in (0, 1):
         argv = ["--model", "m"] + node_args(pp=2, rank=rank, master_addr="10.0.0.1", master_port=29501)
         assert argv_problems(argv, table) == []
+
+
+def test_machine_checks_count_each_stage_on_its_own_machine(tmp_path: Path) -> None:
+    """A single-machine lane beside the worker stage on station-b: host memory and the GPU are
+    shared with stage 1, not with the head machine."""
+    import shutil
+
+    path = _write_variant(tmp_path, "    parallel:\n", "    parallel:\n")
+    one_station = (REPO / "recipes" / "dsv41-flash-gb300.yaml").read_text()
+    lane = one_station[one_station.index("  - name: agent"):].replace("name: agent", "name: batch", 1) \
+        .replace("machine: station", "machine: station-b", 1).replace("port: 30006", "port: 30007", 1)
+    path.write_text(path.read_text() + lane)
+    for folder in ("maps", "profiles"):
+        shutil.copytree(REPO / "recipes" / folder, path.parent / folder)
+    ledger = compute_ledger(load_recipe(path))
+    kinds = {(v.kind, v.machine) for v in ledger.machine_violations}
+    # 181.6 GiB (stage 1) + 189.2 + 62.3 + 181.6 GiB (the batch lane) > 494 GiB on station-b.
+    assert ("machine-host", "station-b") in kinds
+    assert ("gpu-shared", "station-b") in kinds          # 0.97 + 0.97 on GPU 0
+    assert not any(m == "station-a" for _, m in kinds)

@@ -626,6 +626,11 @@ def machine_checks(recipe: Recipe, lanes: list[LaneLedger]) -> list[Violation]:
     out: list[Violation] = []
     by_machine: dict[str, list[tuple[Lane, LaneLedger]]] = {}
     for lane, ledger in zip(recipe.lanes, lanes):
+        if hasattr(ledger, "stages"):  # a lane over several machines: each stage on its own
+            from recipegen.ledger.multinode import stage_engines
+            for machine_name, stage_lane, stage_ledger in stage_engines(lane, ledger):
+                by_machine.setdefault(machine_name, []).append((stage_lane, stage_ledger))
+            continue
         by_machine.setdefault(lane.machine, []).append((lane, ledger))
     for name, members in by_machine.items():
         if len(members) < 2:

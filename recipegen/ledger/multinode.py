@@ -24,10 +24,10 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from recipegen.ledger.compute import (LaneLedger, PlacementLedger, Violation, compute_lane)
+from recipegen.ledger.compute import LaneLedger, PlacementLedger, compute_lane
 from recipegen.ledger.figures import Figure
 from recipegen.multinode.partition import StageLayers, stage_layers
-from recipegen.schema import HbmReserve, HostReserve, HostTable, Lane, Machine, Model, Recipe
+from recipegen.schema import HbmReserve, HostReserve, HostTable, Lane, Model, Recipe
 from recipegen.units import format_bytes, format_tokens
 
 
@@ -356,13 +356,12 @@ def _joined(stages: list[StageLedger], attr: str) -> PlacementLedger:
         dict(stages[0].ledger.active.figures))
 
 
-def stage_violation_machines(ledger: MultiNodeLaneLedger) -> dict[str, list[Violation]]:
-    out: dict[str, list[Violation]] = {}
+def stage_engines(lane: Lane, ledger: MultiNodeLaneLedger) -> list[tuple[str, Lane, LaneLedger]]:
+    """(machine, the lane as that stage runs it, the stage's ledger) per stage: what the machine
+    checks (host memory, shared GPUs) count on each machine."""
+    out = []
     for stage in ledger.stages:
-        out.setdefault(stage.machine, []).extend(stage.ledger.violations)
+        stage_lane = lane.model_copy(update={"machine": stage.machine, "gpus": list(stage.gpus),
+                                             "parallel": None})
+        out.append((stage.machine, stage_lane, stage.ledger))
     return out
-
-
-def machine_for_stage(recipe: Recipe, lane: Lane, rank: int) -> Machine:
-    assert lane.parallel is not None
-    return recipe.machines[lane.parallel.pipeline[rank].machine]

@@ -185,9 +185,12 @@ def test_verify_fails_on_a_wrong_kv_figure(ops):
 
 def test_swap_recreates_only_that_container_with_new_hashes(ops):
     agent_before, prose_before = _container(ops.env, "lane-agent"), _container(ops.env, "lane-prose")
-    result = ops("swap", "opstest", "agent", "--class", "math", override=True)
+    result = ops("swap", "opstest", "agent", "--class", "math", "--json", override=True)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "serves class math" in result.stdout and "downtime" in result.stdout
+    outcome = json.loads(result.stdout)
+    assert outcome["ok"] and not outcome["rolled_back"]
+    assert (outcome["previous_class"], outcome["new_class"]) == ("agent", "math")
+    assert outcome["downtime_s"] > 0 and "downtime" in outcome["message"]
     agent_after, prose_after = _container(ops.env, "lane-agent"), _container(ops.env, "lane-prose")
     assert agent_after.id != agent_before.id
     assert prose_after.id == prose_before.id

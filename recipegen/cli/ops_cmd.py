@@ -45,14 +45,19 @@ def _deployment(recipe: str, overrides: tuple[Path, ...], machine: str | None = 
 @_overrides
 @_machine
 @click.option("--wait-timeout", default=3 * 3600, show_default=True, type=int, help=_WAIT_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print the started services as JSON.")
 def up(recipe: str, lanes: tuple[str, ...], overrides: tuple[Path, ...], machine: str | None,
-       wait_timeout: int) -> None:
+       wait_timeout: int, as_json: bool) -> None:
     """Render RECIPE if stale, then start LANES (default: every lane without a compose profile)
     one after another, each behind its health check."""
+    from dataclasses import asdict
+
     from recipegen.ops.lanes import up as run_up
 
-    run_up(_deployment(recipe, overrides, machine), list(lanes), wait_s=wait_timeout,
-           echo=click.echo)
+    started = run_up(_deployment(recipe, overrides, machine), list(lanes), wait_s=wait_timeout,
+                     echo=(lambda s: click.echo(s, err=True)) if as_json else click.echo)
+    if as_json:
+        click.echo(json.dumps([asdict(s) for s in started], indent=2))
 
 
 @click.command()
@@ -62,16 +67,19 @@ def up(recipe: str, lanes: tuple[str, ...], overrides: tuple[Path, ...], machine
 @_overrides
 @_machine
 @click.option("--wait-timeout", default=3 * 3600, show_default=True, type=int, help=_WAIT_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def swap(recipe: str, lane: str, cls: str, overrides: tuple[Path, ...], machine: str | None,
-         wait_timeout: int) -> None:
+         wait_timeout: int, as_json: bool) -> None:
     """Swap LANE to class CLASS: write active_class, re-render, recreate exactly that service,
     wait for health and report the downtime. If it does not become healthy, restore the previous
     class (recipe and rendering) and service (exit 1)."""
     from recipegen.ops.lanes import swap as run_swap
 
+    from dataclasses import asdict
+
     result = run_swap(_deployment(recipe, overrides, machine), lane, cls, wait_s=wait_timeout,
-                      echo=click.echo)
-    click.echo(result.message)
+                      echo=(lambda s: click.echo(s, err=True)) if as_json else click.echo)
+    click.echo(json.dumps(asdict(result), indent=2) if as_json else result.message)
     if not result.ok:
         sys.exit(1)
 

@@ -11,6 +11,8 @@ stop each with SIGTERM as soon as its tests are done.
 from __future__ import annotations
 
 import os
+import signal
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +82,7 @@ class CountProfile:
     log: str
     returncode: int | None
     token_ids: list[list[int]] = field(default_factory=list)
+    signal_dumps: list[Path] = field(default_factory=list)
 
 
 @pytest.fixture(scope="session")
@@ -103,9 +106,22 @@ def count_profile(start_server: Callable[..., VllmServer],
         status = server.collective_rpc("expert_residency_status")[0]
         recount = server.collective_rpc("recount_counts")[0]
         manual = Path(server.collective_rpc("expert_residency_dump")[0])
+        # SIGUSR1 to the worker process asks the dump thread for a snapshot.
+        os.kill(int(status["pid"]), signal.SIGUSR1)
+        signalled = _wait_for_new_dump(dump_dir, {manual})
     finally:
         rc = server.stop()
-    before = {manual}
+    before = {manual, *signalled}
     shutdown = sorted(p for p in dump_dir.glob("*.hist") if p not in before)
     return CountProfile(responses, status, recount, manual, dump_dir, shutdown, server.log_text(),
-                        rc, [completion_token_ids(r) for r in responses])
+                        rc, [completion_token_ids(r) for r in responses], signalled)
+
+
+def _wait_for_new_dump(folder: Path, known: set[Path], timeout: float = 20.0) -> list[Path]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        new = sorted(p for p in folder.glob("*.hist") if p not in known)
+        if new:
+            return new
+        time.sleep(0.2)
+    return []

@@ -68,6 +68,13 @@ def test_shutdown_dump_is_written_with_the_same_counts(count_profile) -> None:
     assert count_profile.shutdown_dumps[0].name.startswith("tiny__mixed__count-only__")
 
 
+def test_sigusr1_to_the_worker_writes_a_snapshot(count_profile) -> None:
+    assert len(count_profile.signal_dumps) == 1, "no dump after SIGUSR1 to the worker"
+    h = load_histogram(count_profile.signal_dumps[0])
+    assert h.meta["reason"] == "signal" and h.meta["pid"] == count_profile.status["pid"]
+    np.testing.assert_array_equal(h.counts, load_histogram(count_profile.manual_dump).counts)
+
+
 def test_startup_report_line_for_count_mode(count_profile) -> None:
     reports = find_report_lines(count_profile.log)
     assert len(reports) == 1

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from expert_residency.formats import StartupReport, find_report_lines, load_rowmap
+from expert_residency.formats import (StartupReport, find_report_lines, load_histogram,
+                                      load_rowmap)
 from recipegen.ops.verify import Expected, compare
 from vllm_support.server import VllmServer, completion_logprobs, completion_token_ids
 from vllm_support.prompts import MAX_TOKENS, PROMPTS
@@ -64,13 +65,13 @@ def _serve_and_run(start_server: Callable[..., VllmServer], name: str,
                [int(r["usage"]["prompt_tokens"]) for r in responses])
 
 
-def _residency_env(rowmap_path: Path) -> dict[str, str]:
+def _residency_env(rowmap_path: Path, interval_s: str = "0") -> dict[str, str]:
     # A dump folder turns on the counter alongside residency (drift on a live lane).
     return {"EXPERT_RESIDENCY_MODE": "residency", "EXPERT_RESIDENCY_ROWMAP": str(rowmap_path),
             "EXPERT_RESIDENCY_CONTENT_HASH": load_rowmap(rowmap_path).content_hash(),
             "EXPERT_RESIDENCY_LANE": "tiny", "EXPERT_RESIDENCY_CLASS": "mixed",
             "EXPERT_RESIDENCY_DUMP_DIR": str(rowmap_path.parent / ("dumps-" + rowmap_path.stem)),
-            "EXPERT_RESIDENCY_DUMP_INTERVAL_S": "0"}
+            "EXPERT_RESIDENCY_DUMP_INTERVAL_S": interval_s}
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +88,8 @@ def runs(start_server, maps) -> dict[str, Run]:
     return {
         "unsplit": _serve_and_run(start_server, "unsplit", {"EXPERT_RESIDENCY_MODE": "unsplit"}),
         "hot5": _serve_and_run(start_server, "residency-hot5", _residency_env(maps["hot5"])),
-        "hot6": _serve_and_run(start_server, "residency-hot6", _residency_env(maps["hot6"])),
+        # This one also snapshots its counts every second (drift on a live lane).
+        "hot6": _serve_and_run(start_server, "residency-hot6", _residency_env(maps["hot6"], "1")),
         "stock": _serve_and_run(start_server, "stock", {}),
     }
 
@@ -140,6 +142,16 @@ def test_other_shape_same_class_swaps_by_restart(runs, maps) -> None:
     assert rb.hot_counts_list() == [6, 6]
     assert runs["hot6"].tokens == runs["unsplit"].tokens
     assert runs["hot6"].logprobs == runs["unsplit"].logprobs
+
+
+def test_interval_snapshots_alongside_residency(runs, maps) -> None:
+    folder = maps["hot6"].parent / ("dumps-" + maps["hot6"].stem)
+    dumps = sorted(folder.glob("tiny__mixed__residency__*.hist"))
+    reasons = [load_histogram(p).meta["reason"] for p in dumps]
+    assert "interval" in reasons, reasons
+    # Counts only grow; the last file (written at or before shutdown) holds every routed token.
+    tokens = [load_histogram(p).tokens for p in dumps]
+    assert tokens == sorted(tokens)
 
 
 def test_unsplit_reports_all_experts_hot(runs) -> None:

@@ -67,7 +67,7 @@ class WorkerRuntime:
         self.backend: str = ""
         self.per_pick_fn: Any | None = None
         self.excluded_layers: list[str] = []
-        self._mask_cache: tuple[int, int, Any] | None = None
+        self._mask_cache: tuple[Any, int, Any] | None = None
         self._lock = threading.Lock()
 
     # -- construction -------------------------------------------------------------------------
@@ -290,9 +290,10 @@ class WorkerRuntime:
             metadata = metadata[0] if metadata else None
         if not metadata:
             return None
-        key = (id(metadata), num_tokens)
         cached = self._mask_cache
-        if cached is not None and cached[:2] == key:
+        # Keyed on the step's metadata object itself (held, so its id cannot be reused by a
+        # later step's dict): every MoE layer of one step shares the masks.
+        if cached is not None and cached[0] is metadata and cached[1] == num_tokens:
             return cached[2]
         meta = next(iter(metadata.values()))
         actual = int(getattr(meta, "num_actual_tokens", num_tokens) or num_tokens)
@@ -309,7 +310,7 @@ class WorkerRuntime:
                 decode_mask[:actual] = per_token[:actual]
         device = self.counter.device if self.counter is not None else torch.device("cpu")
         result = (token_mask.to(device), None if decode_mask is None else decode_mask.to(device))
-        self._mask_cache = (key[0], key[1], result)
+        self._mask_cache = (metadata, num_tokens, result)
         return result
 
     # -- requests from the worker extension -----------------------------------------------------

@@ -120,6 +120,20 @@ def test_bad_multinode_recipes_name_file_line_field(tmp_path: Path, old: str, ne
     assert result.exit_code == 2 and "Traceback" not in result.output
 
 
+def test_host_tables_in_hbm_needs_host_tables(tmp_path: Path) -> None:
+    text = (REPO / "recipes" / f"{RECIPE}.yaml").read_text()
+    start, end = text.index("  host_tables:\n"), text.index("machines:\n")
+    text = text[:start] + "  host_tables: []\n" + text[end:]
+    text = text.replace("      master_port: 29501", "      master_port: 29501\n      host_tables_in_hbm: true")
+    path = tmp_path / "recipes" / "variant.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    with pytest.raises(InputError) as info:
+        load_recipe(path)
+    assert info.value.field == "lanes[0].parallel.host_tables_in_hbm"
+    assert "declares no host tables" in str(info.value)
+
+
 def test_usage_aware_lane_with_every_expert_hot_needs_no_class() -> None:
     lane = load_recipe(RECIPE).recipe.lanes[0]
     assert lane.offload.hot_experts_per_layer == 384 and not lane.classes

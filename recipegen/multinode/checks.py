@@ -53,6 +53,9 @@ def parallel_problems(recipe: Recipe, lane_index: int) -> list[Problem]:
         if other is not lane and other.machine == lane.machine and other.port == parallel.master_port:
             problems.append(((*where, "master_port"), f"master_port {parallel.master_port} is lanes[{i}]'s "
                              f"API port on machine {lane.machine!r}"))
+    if parallel.host_tables_in_hbm and not recipe.model.host_tables:
+        problems.append(((*where, "host_tables_in_hbm"), f"model {recipe.model.name} declares no host "
+                         "tables (vLLM refuses --engram-config for a model without Engram layers)"))
     try:
         stages = stage_layers(recipe.model.decoder_layers, recipe.model.moe_layers,
                               parallel.pipeline_parallel_size, parallel.layer_partition)

@@ -119,3 +119,41 @@ def test_offloading_worker_mounts_its_slice_from_a_configmap(tmp_path: Path) -> 
     leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
     assert "EXPERT_RESIDENCY_MODE" not in {e["name"] for e in leader["env"]}   # stage 0: all in HBM
     assert validate_manifest(configmap) == [] and validate_manifest(lws) == []
+
+
+def _three_stations(tmp_path: Path, *, offload: bool) -> Path:
+    from test_multinode import _mixed_recipe
+
+    path = _mixed_recipe(tmp_path)
+    text = path.read_text()
+    text = text.replace("    address: 10.0.0.2\n", "    address: 10.0.0.2\n  station-c:\n"
+                        "    catalog: gb300-station\n    address: 10.0.0.3\n")
+    text = text.replace("        - {machine: station-b, gpus: [0]}",
+                        "        - {machine: station-b, gpus: [0]%s}\n"
+                        "        - {machine: station-c, gpus: [0]%s}"
+                        % (("", "") if offload else (", all_experts_in_hbm: true",) * 2))
+    path.write_text(text)
+    return path
+
+
+def test_three_stages_one_worker_template(tmp_path: Path) -> None:
+    files = render_k8s(load_recipe(_three_stations(tmp_path, offload=False)), tmp_path)
+    lws, _service = yaml.safe_load_all(next(iter(files.values())).decode())
+    assert lws["spec"]["leaderWorkerTemplate"]["size"] == 3
+    worker = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    args = worker["spec"]["containers"][0]["args"]
+    assert args[args.index("--pipeline-parallel-size") + 1] == "3"
+    env = {e["name"]: e.get("value") for e in worker["spec"]["containers"][0]["env"]}
+    assert env["VLLM_PP_LAYER_PARTITION"] == "13,14,13"          # vLLM's rule for 40 over 3
+    values = worker["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
+    assert values == ["station-b", "station-c"]
+    assert validate_manifest(lws) == []
+
+
+def test_workers_with_different_slices_are_refused(tmp_path: Path) -> None:
+    from recipegen.errors import InputError
+
+    loaded = load_recipe(_three_stations(tmp_path, offload=True))
+    with pytest.raises(InputError, match="one worker template"):
+        render_k8s(loaded, tmp_path)

@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "drift": "recipegen.cli.ops_cmd:drift",
     "parity": "recipegen.cli.acceptance_cmd:parity",
     "knee": "recipegen.cli.acceptance_cmd:knee",
+    "k8s": "recipegen.cli.k8s_cmd:k8s",
 }
 
 

@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from recipegen.errors import RecipegenError
+
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 LWS_SCHEMA_FILE = SCHEMA_DIR / "leaderworkerset-v1.json"
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
@@ -52,19 +54,29 @@ def _path(error: Any) -> str:
     return ".".join(str(p) for p in error.absolute_path) or "(document)"
 
 
+def _optional(module: str) -> Any:
+    """The validators are an optional extra (kubernetes-validate bundles ~100 MB of schemas)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        raise RecipegenError(f"validating Kubernetes manifests needs {exc.name}: "
+                             "pip install 'recipegen[k8s]'") from None
+
+
 def validate_manifest(doc: dict[str, Any]) -> list[str]:
     """Every problem of one manifest document, as `kind name: path: message` lines."""
     kind = doc.get("kind", "?")
     name = (doc.get("metadata") or {}).get("name", "?")
     where = f"{kind} {name}"
     if doc.get("apiVersion") == LWS_API_VERSION and kind == "LeaderWorkerSet":
-        import jsonschema
+        jsonschema = _optional("jsonschema")
 
         validator = jsonschema.Draft7Validator(lws_schema())
         return [f"{where}: {_path(e)}: {e.message}"
                 for e in sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))]
-    import kubernetes_validate
-
+    kubernetes_validate = _optional("kubernetes_validate")
     try:
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
     except kubernetes_validate.ValidationError as exc:

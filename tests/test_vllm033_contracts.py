@@ -252,3 +252,22 @@ def test_worker_shutdown_path_and_flags(root: Path) -> None:
     for flag in ("--shutdown-timeout", "--worker-extension-cls", "--enforce-eager",
                  "--enable-eplb", "--enable-lora", "--moe-backend"):
         assert f'"{flag}"' in args or flag.lstrip("-").replace("-", "_") in args, flag
+
+
+@tree
+def test_modular_kernel_facade_for_the_generic_per_pick_path(root: Path) -> None:
+    rel = f"{FUSED_MOE}/modular_kernel.py"
+    apply = _function(root, rel, "apply", "FusedMoEKernel")
+    assert _params(apply) == ["self", "hidden_states", "w1", "w2", "topk_weights", "topk_ids",
+                              "activation", "global_num_experts", "expert_map",
+                              "apply_router_weight_on_input", "shared_experts",
+                              "shared_experts_input"]
+    impl = ast.unparse(_function(root, rel, "apply", "FusedMoEKernelModularImpl"))
+    # Weights come from the call (per bank), the local expert count from w1's rows.
+    assert "local_num_experts = w1.shape[0]" in impl
+    assert "UnfinalizedMoEOutput" in _module_names(root, f"{FUSED_MOE}/moe_output.py")
+    method = _class(root, f"{FUSED_MOE}/unquantized_fused_moe_method.py", "UnquantizedFusedMoEMethod")
+    assert "moe_kernel" in _self_attrs(method) or "moe_kernel" in _self_attrs(
+        _class(root, f"{FUSED_MOE}/fused_moe_method_base.py", "FusedMoEMethodBase"))
+    assert "topk_indices_dtype" in _self_attrs(
+        _class(root, f"{FUSED_MOE}/fused_moe_method_base.py", "FusedMoEMethodBase"))

@@ -36,6 +36,9 @@ def test_modes_and_defaults() -> None:
     assert s.splits_experts and s.content_hash == HASH and s.dump_interval_s == 2.5
     assert (s.lane, s.traffic_class) == ("agent", "prose")
     assert load_settings({"EXPERT_RESIDENCY_MODE": "unsplit"}).splits_experts
+    assert load_settings({"EXPERT_RESIDENCY_MODE": "unsplit"}).per_pick == "auto"
+    assert load_settings({"EXPERT_RESIDENCY_MODE": "unsplit",
+                          "EXPERT_RESIDENCY_PER_PICK": "Modular"}).per_pick == "modular"
 
 
 @pytest.mark.parametrize("env, variable", [
@@ -52,6 +55,8 @@ def test_modes_and_defaults() -> None:
      "EXPERT_RESIDENCY_DUMP_INTERVAL_S"),
     ({"EXPERT_RESIDENCY_MODE": "count", "EXPERT_RESIDENCY_LANE": "a__b"}, "EXPERT_RESIDENCY_LANE"),
     ({"EXPERT_RESIDENCY_MODE": "count", "EXPERT_RESIDENCY_CLASS": "-x"}, "EXPERT_RESIDENCY_CLASS"),
+    ({"EXPERT_RESIDENCY_MODE": "unsplit", "EXPERT_RESIDENCY_PER_PICK": "gpu"},
+     "EXPERT_RESIDENCY_PER_PICK"),
 ])
 def test_bad_settings_name_the_variable(env: dict[str, str], variable: str) -> None:
     with pytest.raises(SettingsError, match=variable):

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -23,10 +24,13 @@ import pytest
 
 from expert_residency.formats import (StartupReport, find_report_lines, load_histogram,
                                       load_rowmap)
-from recipegen.ops.verify import Expected, compare
+from recipegen.ops.ledger_view import lane_expectation
+from recipegen.ops.verify import compare
+from recipegen.recipe_io import load_recipe
 from vllm_support.server import VllmServer, completion_logprobs, completion_token_ids
 from vllm_support.prompts import MAX_TOKENS, PROMPTS
 from vllm_support.tiny_moe import TINY
+from vllm_support.tiny_recipe import write_tiny_recipe
 
 pytestmark = pytest.mark.vllm
 
@@ -84,13 +88,19 @@ def maps(count_profile, tmp_path_factory: pytest.TempPathFactory) -> dict[str, P
 
 @pytest.fixture(scope="module")
 def runs(start_server, maps) -> dict[str, Run]:
-    """One server at a time: unsplit, residency (hot 5), residency (hot 6), stock vLLM."""
+    """One server at a time: unsplit, residency (hot 5), residency (hot 6), stock vLLM, and
+    unsplit/residency through vLLM's modular kernel."""
     return {
         "unsplit": _serve_and_run(start_server, "unsplit", {"EXPERT_RESIDENCY_MODE": "unsplit"}),
         "hot5": _serve_and_run(start_server, "residency-hot5", _residency_env(maps["hot5"])),
         # This one also snapshots its counts every second (drift on a live lane).
         "hot6": _serve_and_run(start_server, "residency-hot6", _residency_env(maps["hot6"], "1")),
         "stock": _serve_and_run(start_server, "stock", {}),
+        # The generic path GPU backends would use: vLLM's modular kernel per bank.
+        "unsplit-modular": _serve_and_run(start_server, "unsplit-modular", {
+            "EXPERT_RESIDENCY_MODE": "unsplit", "EXPERT_RESIDENCY_PER_PICK": "modular"}),
+        "hot5-modular": _serve_and_run(start_server, "residency-hot5-modular", {
+            **_residency_env(maps["hot5"]), "EXPERT_RESIDENCY_PER_PICK": "modular"}),
     }
 
 
@@ -114,22 +124,23 @@ def test_split_actually_used_both_banks(runs, maps) -> None:
         len(t) - 1 for t in runs["hot5"].tokens)
 
 
-def test_startup_report_bytes_match_the_ledger(runs, maps) -> None:
-    for key in ("hot5", "hot6"):
+def test_startup_report_bytes_match_the_ledger(runs, maps, tmp_path: Path) -> None:
+    """The ledger of a recipe for the tiny model (inline geometry, the class's map) predicts the
+    bank bytes the workers report; compared with `recipegen verify`'s own comparison."""
+    for key, hot in (("hot5", 5), ("hot6", 6)):
         rowmap = load_rowmap(maps[key])
+        recipe = write_tiny_recipe(tmp_path / key, maps[key], hot_per_layer=hot)
+        expected = lane_expectation(load_recipe(str(recipe)), "tiny", "mixed", rowmap)
+        # The CPU engine's KV pool is VLLM_CPU_KVCACHE_SPACE, not the ledger's HBM arithmetic.
+        expected = dataclasses.replace(expected, kv_tokens=None)
         reports = runs[key].reports
         assert len(reports) == 1, "one start-up report line per worker"
-        r = reports[0]
-        expected = Expected(
-            hot_bytes=sum(rowmap.hot_counts()) * TINY.bytes_per_expert,
-            cold_bytes=sum(rowmap.cold_counts()) * TINY.bytes_per_expert,
-            kv_tokens=None, hot_counts=rowmap.hot_counts(), cold_counts=rowmap.cold_counts(),
-            content_hash=rowmap.content_hash(), shape_hash=rowmap.shape_hash(),
-            traffic_class="mixed")
         rows = compare(expected, reports, None)
         assert all(row.ok for row in rows), [row for row in rows if not row.ok]
+        r = reports[0]
         # Exact, not just within verify's tolerance: the banks hold exactly the map's rows.
         assert (r.hot_bytes, r.cold_bytes) == (expected.hot_bytes, expected.cold_bytes)
+        assert expected.hot_bytes == sum(rowmap.hot_counts()) * TINY.bytes_per_expert
         assert r.traffic_class == "mixed" and r.rowmap_path == str(maps[key])
 
 
@@ -186,3 +197,14 @@ def test_stock_vllm_agreement(runs, count_profile, tmp_path_factory) -> None:
     out.write_text(json.dumps(measured, indent=1))
     print("residency vs stock vLLM:", json.dumps(measured))
     assert 0 <= same <= len(PROMPTS)
+
+
+def test_modular_kernel_path_is_bit_identical_too(runs) -> None:
+    """Per-pick through `FusedMoEKernel.apply` (prepare → CPU experts → finalize) instead of the
+    CPU experts directly: split vs unsplit identical, and identical to the direct path."""
+    for key in ("unsplit-modular", "hot5-modular"):
+        assert "via FusedMoEKernel.apply" in runs[key].reports[0].extra["per_pick"]
+    assert runs["unsplit"].reports[0].extra["per_pick"] == "CPUUnquantizedExperts"
+    assert runs["hot5-modular"].tokens == runs["unsplit-modular"].tokens == runs["unsplit"].tokens
+    assert runs["hot5-modular"].logprobs == runs["unsplit-modular"].logprobs
+    assert runs["unsplit-modular"].logprobs == runs["unsplit"].logprobs

@@ -34,6 +34,8 @@ ENV_DUMP_DIR = "EXPERT_RESIDENCY_DUMP_DIR"
 ENV_DUMP_INTERVAL_S = "EXPERT_RESIDENCY_DUMP_INTERVAL_S"
 ENV_LANE = "EXPERT_RESIDENCY_LANE"
 ENV_CLASS = "EXPERT_RESIDENCY_CLASS"
+ENV_PER_PICK = "EXPERT_RESIDENCY_PER_PICK"
+PER_PICK_CHOICES = ("auto", "cpu", "modular")
 
 MODE_OFF = "off"
 MODE_COUNT = "count"
@@ -61,6 +63,7 @@ class PluginSettings:
     dump_interval_s: float = DEFAULT_DUMP_INTERVAL_S
     lane: str = "lane"
     traffic_class: str = "none"
+    per_pick: str = "auto"
 
     @property
     def active(self) -> bool:
@@ -101,7 +104,11 @@ def load_settings(environ: Mapping[str, str] | None = None) -> PluginSettings:
         if not _NAME.match(value) or "__" in value:
             raise SettingsError(f"{variable}={value!r}: use letters, digits, '.', '_' or '-' "
                                 "(no '__', not starting with a symbol)")
-    settings = PluginSettings(mode=mode, rowmap_path=rowmap, content_hash=content_hash,
+    per_pick = env.get(ENV_PER_PICK, "").strip().lower() or "auto"
+    if per_pick not in PER_PICK_CHOICES:
+        raise SettingsError(f"{ENV_PER_PICK}={per_pick!r}: expected one of "
+                            f"{', '.join(PER_PICK_CHOICES)}")
+    settings = PluginSettings(mode=mode, rowmap_path=rowmap, content_hash=content_hash, per_pick=per_pick,
                               dump_dir=env.get(ENV_DUMP_DIR, "").strip() or None,
                               dump_interval_s=interval, lane=lane, traffic_class=traffic_class)
     if mode == MODE_RESIDENCY:

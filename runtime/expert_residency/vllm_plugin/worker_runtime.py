@@ -66,6 +66,7 @@ class WorkerRuntime:
         self.report: Any | None = None
         self.backend: str = ""
         self.per_pick_fn: Any | None = None
+        self.per_pick_name: str | None = None
         self.excluded_layers: list[str] = []
         self._mask_cache: tuple[Any, int, Any] | None = None
         self._lock = threading.Lock()
@@ -162,12 +163,13 @@ class WorkerRuntime:
 
         per_pick: dict[int, Any] = {}
         for index, module in self.target_layers.items():
-            fn, backend = _per_pick_fn(module)
+            fn, backend = _per_pick_fn(module, self.settings.per_pick)
             if fn is None:
                 refuse(f"{module.layer_name}: no per-pick expert function for MoE backend {backend} "
-                       "in this runtime (the CPU build's unquantized experts are supported; see "
-                       "docs/plugin.md for GPU backends)")
+                       "in this runtime (supported: vLLM's CPU unquantized experts, and unquantized "
+                       "layers through a modular kernel; see docs/plugin.md)")
             per_pick[index] = fn
+            self.per_pick_name = backend
         self.per_pick_fn = per_pick
         if self.settings.mode == MODE_UNSPLIT:
             for index, module in self.target_layers.items():
@@ -217,7 +219,7 @@ class WorkerRuntime:
                 hot_bytes += sum(t.numel() * t.element_size()
                                  for t in _expert_tensors(module).values())
         mode = self.settings.dump_mode_name
-        extra: dict[str, Any] = {"backend": self.backend,
+        extra: dict[str, Any] = {"backend": self.backend, "per_pick": self.per_pick_name,
                                  "moe_layers": len(self.target_layers),
                                  "excluded_layers": len(self.excluded_layers)}
         content_hash = shape_hash = None
@@ -378,10 +380,17 @@ def _allocators(tensors: dict[int, dict[str, torch.Tensor]]) -> tuple[Any, Any]:
     return device_allocator(device), mapped_host_allocator(get_accelerator_view_from_cpu_tensor)
 
 
-def _per_pick_fn(module: Any) -> tuple[Any, str]:
+def _per_pick_fn(module: Any, choice: str) -> tuple[Any, str]:
+    """The CPU build's kernel directly where it applies (``auto``/``cpu``), else vLLM's modular
+    kernel for unquantized layers (``auto``/``modular``)."""
     from .cpu_experts import cpu_per_pick_fn
+    from .modular_experts import modular_per_pick_fn
 
-    return cpu_per_pick_fn(module)
+    if choice in ("auto", "cpu"):
+        fn, backend = cpu_per_pick_fn(module)
+        if fn is not None or choice == "cpu":
+            return fn, backend
+    return modular_per_pick_fn(module)
 
 
 def _backend_name(module: Any) -> str:

@@ -271,3 +271,28 @@ def test_modular_kernel_facade_for_the_generic_per_pick_path(root: Path) -> None
         _class(root, f"{FUSED_MOE}/fused_moe_method_base.py", "FusedMoEMethodBase"))
     assert "topk_indices_dtype" in _self_attrs(
         _class(root, f"{FUSED_MOE}/fused_moe_method_base.py", "FusedMoEMethodBase"))
+
+
+@tree
+def test_routed_experts_constructor_receives_moe_config_third(root: Path) -> None:
+    init = _function(root, f"{FUSED_MOE}/routed_experts.py", "__init__", "RoutedExperts")
+    assert _params(init)[:5] == ["self", "layer_name", "params_dtype", "moe_config", "quant_config"]
+    factory = ast.unparse(_parse(root / f"{FUSED_MOE}/layer.py"))
+    assert "routed_experts_cls(layer_name, params_dtype, moe_config, quant_config," in factory
+
+
+def test_v033_modular_backend_can_be_required() -> None:
+    """0.33 picks the experts class in the quant method's constructor and skips monolithic
+    classes when `FusedMoEConfig.require_decomposed_backend` is set: the plugin sets it so a
+    residency/count boot gets routing ids (e.g. TrtLlmMxfp4ExpertsModular, not ...Monolithic)."""
+    root = _v033_root()
+    if root is None:
+        pytest.skip("vllm 0.33.0 source absent: run scripts/fetch-vllm033-source.sh")
+    assert "require_decomposed_backend" in _self_attrs(
+        _class(root, f"{FUSED_MOE}/config.py", "FusedMoEConfig"))
+    check = ast.unparse(_function(root, f"{FUSED_MOE}/modular_kernel.py", "is_supported_config",
+                                  "FusedMoEExperts"))
+    assert "moe_config.require_decomposed_backend and cls.is_monolithic()" in check
+    mxfp4 = ast.unparse(_function(root, "model_executor/layers/quantization/mxfp4.py", "__init__",
+                                  "Mxfp4MoEMethod"))
+    assert "select_deepseek_v4_mxfp4_moe_backend(moe)" in mxfp4

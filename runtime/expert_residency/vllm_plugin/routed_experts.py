@@ -19,8 +19,10 @@ from .worker_runtime import get_runtime
 
 class ResidencyRoutedExperts(RoutedExperts):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
         runtime = get_runtime()
+        if runtime is not None:
+            _require_modular_kernel(args[2] if len(args) > 2 else kwargs.get("moe_config"))
+        super().__init__(*args, **kwargs)
         self._er_resident = None
         self._er_counted = False
         self._er_excluded = True  # until the runtime registers it (inert processes)
@@ -41,6 +43,16 @@ class ResidencyRoutedExperts(RoutedExperts):
                                            shared_experts_input)
         _run_kernel_internal_shared_experts(self, shared_experts, shared_experts_input)
         return runtime.split_forward(self, x, topk_weights, topk_ids)
+
+
+def _require_modular_kernel(moe_config: Any) -> None:
+    """Ask vLLM's backend oracle for a modular (decomposed) experts class: monolithic kernels
+    route inside the kernel and expose no ``topk_ids``. vLLM 0.33 honours
+    ``FusedMoEConfig.require_decomposed_backend`` when it picks the experts class (in the quant
+    method's constructor, which ``RoutedExperts.__init__`` runs); 0.32 has no such field, and a
+    monolithic choice there is refused after load."""
+    if moe_config is not None and hasattr(moe_config, "require_decomposed_backend"):
+        moe_config.require_decomposed_backend = True
 
 
 def _run_kernel_internal_shared_experts(layer: RoutedExperts, shared_experts: Any,

@@ -64,8 +64,8 @@ def test_layout_refuses_partial_tiles() -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                    reason="needs Triton for TRITON_INTERPRET=1 (not in the CI venv; the H200 runs "
-                           "tests/gpu/test_gpu_residency.py on the real kernels)")
+                    reason="needs Triton for TRITON_INTERPRET=1 (the test extra installs it; the H200 "
+                           "runs tests/gpu/test_gpu_residency.py on the real kernels)")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: tests/gpu/test_gpu_residency.py "
                     "checks the compiled kernels instead")
 @pytest.mark.parametrize("tile_major", [True, False])

@@ -28,12 +28,13 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ._io import atomic_write_text, format_index_ranges, parse_index_ranges
+from ._io import atomic_write_text, format_index_ranges
+from ._records import (RecordLines, check_format_line, format_json_fields, parse_moe_layers,
+                       read_record_text)
 from .errors import FormatError
 
 HISTOGRAM_FORMAT = "expert-residency-histogram"
@@ -165,10 +166,7 @@ def format_histogram(h: Histogram, *, comments: list[str] | None = None) -> str:
         out.append(f"{name}: {json.dumps(getattr(h, name))}")
     out.append(f"source: {json.dumps(h.source, ensure_ascii=False)}")
     out.append(f"model_revision: {json.dumps(h.model_revision, ensure_ascii=False)}")
-    for key in sorted(h.meta):
-        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", key):
-            raise FormatError(f"meta key {key!r} must be [A-Za-z0-9_.-]+", field=f"meta.{key}")
-        out.append(f"meta.{key}: {json.dumps(h.meta[key], sort_keys=True, ensure_ascii=False)}")
+    out += format_json_fields("meta", h.meta)
     for layer, row in zip(h.moe_layer_indices, h.counts):
         out.append(f"layer {layer}: " + " ".join(map(str, row.tolist())))
     out.append(f"checksum: {h.checksum()}")
@@ -187,20 +185,9 @@ def parse_histogram(text: str, path: str | os.PathLike[str] = "<histogram>") -> 
     meta: dict[str, Any] = {}
     rows: list[tuple[int, int, str]] = []
     checksum: tuple[str, int] | None = None
-    ended = False
-    lineno = 0
-    for lineno, raw in enumerate(text.split("\n"), start=1):
-        line = raw.rstrip("\r")
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        if ended:
-            raise FormatError("content after 'end'", path=path, line=lineno)
-        if not header and not line.startswith("format:"):
-            raise FormatError(f"not a histogram: the first line must be 'format: {HISTOGRAM_FORMAT_LINE}'",
-                              path=path, line=lineno, field="format")
-        if line == "end":
-            ended = True
-            continue
+    lines = RecordLines(text, path, not_this_kind=(
+        f"not a histogram: the first line must be 'format: {HISTOGRAM_FORMAT_LINE}'"))
+    for lineno, line in lines:
         m = _LAYER_LINE.match(line)
         if m:
             rows.append((lineno, int(m.group(1)), m.group(2)))
@@ -223,17 +210,8 @@ def parse_histogram(text: str, path: str | os.PathLike[str] = "<histogram>") -> 
         else:
             raise FormatError(f"unknown field {key!r}", path=path, line=lineno, field=key)
 
-    if "format" not in header:
-        raise FormatError("missing 'format:' line (not a histogram?)", path=path, field="format")
-    fmt, fmt_line = header["format"]
-    name, _, version = fmt.partition("/")
-    if name != HISTOGRAM_FORMAT:
-        raise FormatError(f"not a histogram: format {fmt!r}", path=path, line=fmt_line,
-                          field="format")
-    if version != str(HISTOGRAM_VERSION):
-        raise FormatError(f"unknown histogram format version {version!r} (this runtime reads "
-                          f"version {HISTOGRAM_VERSION})", path=path, line=fmt_line,
-                          field="format")
+    check_format_line(header, path, format_name=HISTOGRAM_FORMAT, version=HISTOGRAM_VERSION,
+                      noun="histogram", adjective="histogram")
     for key in ("num_experts", "moe_layers", "tokens"):
         if key not in header:
             raise FormatError(f"missing '{key}:' line", path=path, field=key)
@@ -270,19 +248,12 @@ def parse_histogram(text: str, path: str | os.PathLike[str] = "<histogram>") -> 
     if num_experts <= 0:
         raise FormatError("must be positive", path=path, line=header["num_experts"][1],
                           field="num_experts")
-    try:
-        layers = parse_index_ranges(header["moe_layers"][0])
-    except ValueError as exc:
-        raise FormatError(f"bad layer list ({exc})", path=path, line=header["moe_layers"][1],
-                          field="moe_layers") from None
-    if not layers or len(set(layers)) != len(layers) or min(layers) < 0:
-        raise FormatError("layer list must be non-empty, unique and non-negative", path=path,
-                          line=header["moe_layers"][1], field="moe_layers")
+    layers = parse_moe_layers(*header["moe_layers"], path)
     counts = np.zeros((len(layers), num_experts), dtype=np.int64)
     for position, want in enumerate(layers):
         if position >= len(rows):
             raise FormatError(f"no counts for layer {want} (truncated file or missing layer)",
-                              path=path, line=rows[-1][0] if rows else lineno,
+                              path=path, line=rows[-1][0] if rows else lines.last_line,
                               field=f"layer {want}")
         ln, layer, values = rows[position]
         if layer != want:
@@ -312,8 +283,7 @@ def parse_histogram(text: str, path: str | os.PathLike[str] = "<histogram>") -> 
     if checksum is None:
         raise FormatError("missing 'checksum:' line (truncated file?)", path=path,
                           field="checksum")
-    if not ended:
-        raise FormatError("missing final 'end' line (truncated file?)", path=path, line=lineno)
+    lines.require_end()
     if checksum[0] != hist.checksum():
         raise FormatError("checksum does not match the counts (file edited or corrupted)",
                           path=path, line=checksum[1], field="checksum")
@@ -322,12 +292,5 @@ def parse_histogram(text: str, path: str | os.PathLike[str] = "<histogram>") -> 
 
 
 def load_histogram(path: str | os.PathLike[str]) -> Histogram:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FormatError("no such file", path=path) from None
-    except UnicodeDecodeError:
-        raise FormatError("not UTF-8 text (corrupted file?)", path=path) from None
-    except OSError as exc:
-        raise FormatError(f"cannot read ({exc.strerror})", path=path) from None
+    text = read_record_text(path)
     return parse_histogram(text, path)

@@ -25,13 +25,14 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import hashes
-from ._io import atomic_write_text, format_index_ranges, parse_index_ranges
+from ._io import atomic_write_text, format_index_ranges
+from ._records import (RecordLines, check_format_line, format_json_fields, parse_moe_layers,
+                       read_record_text)
 from .errors import FormatError
 
 ROWMAP_FORMAT = "expert-residency-rowmap"
@@ -162,12 +163,7 @@ def format_rowmap(rowmap: RowMap, *, comments: list[str] | None = None) -> str:
     out.append(f"format: {ROWMAP_FORMAT_LINE}")
     out.append(f"num_experts: {rowmap.num_experts}")
     out.append(f"moe_layers: {format_index_ranges(rowmap.moe_layer_indices)}")
-    for key in sorted(rowmap.provenance):
-        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", key):
-            raise FormatError(f"provenance key {key!r} must be [A-Za-z0-9_.-]+",
-                              field=f"provenance.{key}")
-        value = json.dumps(rowmap.provenance[key], sort_keys=True, ensure_ascii=False)
-        out.append(f"provenance.{key}: {value}")
+    out += format_json_fields("provenance", rowmap.provenance)
     for layer, hot_ids, cold_ids in zip(rowmap.moe_layer_indices, rowmap.hot, rowmap.cold):
         out.append(f"layer {layer} hot {len(hot_ids)}: " + " ".join(map(str, hot_ids)))
         out.append(f"layer {layer} cold {len(cold_ids)}: " + " ".join(map(str, cold_ids)))
@@ -189,20 +185,9 @@ def parse_rowmap(text: str, path: str | os.PathLike[str] = "<row map>") -> RowMa
     provenance: dict[str, Any] = {}
     layer_lines: list[tuple[int, int, str, int, str]] = []  # (lineno, layer, bank, n, ids)
     trailer: dict[str, tuple[str, int]] = {}
-    ended = False
-    lineno = 0
-    for lineno, raw in enumerate(text.split("\n"), start=1):
-        line = raw.rstrip("\r")
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        if ended:
-            raise FormatError("content after 'end'", path=path, line=lineno)
-        if not header and not line.startswith("format:"):
-            raise FormatError(f"not a row map: the first line must be 'format: {ROWMAP_FORMAT_LINE}'",
-                              path=path, line=lineno, field="format")
-        if line == "end":
-            ended = True
-            continue
+    lines = RecordLines(text, path, not_this_kind=(
+        f"not a row map: the first line must be 'format: {ROWMAP_FORMAT_LINE}'"))
+    for lineno, line in lines:
         m = _LAYER_LINE.match(line)
         if m:
             if trailer:
@@ -230,16 +215,8 @@ def parse_rowmap(text: str, path: str | os.PathLike[str] = "<row map>") -> RowMa
         else:
             raise FormatError(f"unknown field {key!r}", path=path, line=lineno, field=key)
 
-    if "format" not in header:
-        raise FormatError("missing 'format:' line (not a row map?)", path=path, field="format")
-    fmt, fmt_line = header["format"]
-    name, _, version = fmt.partition("/")
-    if name != ROWMAP_FORMAT:
-        raise FormatError(f"not a row map: format {fmt!r}", path=path, line=fmt_line,
-                          field="format")
-    if version != str(ROWMAP_VERSION):
-        raise FormatError(f"unknown row-map format version {version!r} (this runtime reads "
-                          f"version {ROWMAP_VERSION})", path=path, line=fmt_line, field="format")
+    check_format_line(header, path, format_name=ROWMAP_FORMAT, version=ROWMAP_VERSION,
+                      noun="row map", adjective="row-map")
     for key in ("num_experts", "moe_layers"):
         if key not in header:
             raise FormatError(f"missing '{key}:' line", path=path, field=key)
@@ -251,24 +228,17 @@ def parse_rowmap(text: str, path: str | os.PathLike[str] = "<row map>") -> RowMa
     if num_experts <= 0:
         raise FormatError("must be positive", path=path, line=header["num_experts"][1],
                           field="num_experts")
-    try:
-        layers = parse_index_ranges(header["moe_layers"][0])
-    except ValueError as exc:
-        raise FormatError(f"bad layer list ({exc})", path=path, line=header["moe_layers"][1],
-                          field="moe_layers") from None
-    if not layers or len(set(layers)) != len(layers) or min(layers) < 0:
-        raise FormatError("layer list must be non-empty, unique and non-negative", path=path,
-                          line=header["moe_layers"][1], field="moe_layers")
+    layers = parse_moe_layers(*header["moe_layers"], path)
 
     hot: list[list[int]] = []
     cold: list[list[int]] = []
     expected = [(layer, bank) for layer in layers for bank in ("hot", "cold")]
     for position, (want_layer, want_bank) in enumerate(expected):
         if position >= len(layer_lines):
-            where = "file ends" if not ended else "layer lines end"
+            where = "file ends" if not lines.ended else "layer lines end"
             raise FormatError(f"{where} before 'layer {want_layer} {want_bank}' "
                               f"(truncated file or missing layer)", path=path,
-                              line=layer_lines[-1][0] if layer_lines else lineno,
+                              line=layer_lines[-1][0] if layer_lines else lines.last_line,
                               field=f"layer {want_layer} {want_bank}")
         ln, layer, bank, count, ids_text = layer_lines[position]
         if (layer, bank) != (want_layer, want_bank):
@@ -300,8 +270,7 @@ def parse_rowmap(text: str, path: str | os.PathLike[str] = "<row map>") -> RowMa
     for key in ("content_hash", "shape_hash"):
         if key not in trailer:
             raise FormatError(f"missing '{key}:' line (truncated file?)", path=path, field=key)
-    if not ended:
-        raise FormatError("missing final 'end' line (truncated file?)", path=path, line=lineno)
+    lines.require_end()
     for key, actual in (("content_hash", rowmap.content_hash()),
                         ("shape_hash", rowmap.shape_hash())):
         stored, ln = trailer[key]
@@ -319,14 +288,7 @@ def load_rowmap(path: str | os.PathLike[str], *,
     With `expected_content_hash` (what rendering passed to the runtime), a map whose
     content differs is refused.
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FormatError("no such file", path=path) from None
-    except UnicodeDecodeError:
-        raise FormatError("not UTF-8 text (corrupted file?)", path=path) from None
-    except OSError as exc:
-        raise FormatError(f"cannot read ({exc.strerror})", path=path) from None
+    text = read_record_text(path)
     rowmap = parse_rowmap(text, path)
     if expected_content_hash is not None:
         verify_content_hash(rowmap, expected_content_hash, path=path)

@@ -1,0 +1,116 @@
+"""Parsing and writing pieces shared by the line-oriented record formats (row map, histogram).
+
+Both files are UTF-8 text: comment and blank lines, a `format: <name>/<version>` first
+line, header/JSON fields, per-layer lines, a hash trailer and a final `end`. The parts that
+are the same in both live here so that the two formats cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ._io import parse_index_ranges
+from .errors import FormatError
+
+_JSON_KEY = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+def read_record_text(path: str | os.PathLike[str]) -> str:
+    """The file's text; FormatError (naming the path) when it is missing or not UTF-8."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FormatError("no such file", path=path) from None
+    except UnicodeDecodeError:
+        raise FormatError("not UTF-8 text (corrupted file?)", path=path) from None
+    except OSError as exc:
+        raise FormatError(f"cannot read ({exc.strerror})", path=path) from None
+
+
+def format_json_fields(prefix: str, fields: Mapping[str, Any]) -> list[str]:
+    """`<prefix>.<key>: <JSON>` lines, sorted by key; keys must be `[A-Za-z0-9_.-]+`."""
+    out: list[str] = []
+    for key in sorted(fields):
+        if not _JSON_KEY.fullmatch(key):
+            raise FormatError(f"{prefix} key {key!r} must be [A-Za-z0-9_.-]+",
+                              field=f"{prefix}.{key}")
+        out.append(f"{prefix}.{key}: "
+                   f"{json.dumps(fields[key], sort_keys=True, ensure_ascii=False)}")
+    return out
+
+
+class RecordLines:
+    """The content lines `(lineno, line)` of a record file, checked as they stream.
+
+    Comment and blank lines are skipped; the first content line must be the `format:`
+    line; `end` closes the file (not yielded) and anything after it is refused. After
+    iterating, `ended` says whether `end` was seen and `last_line` is the file's last
+    line number (where a truncated file's error points).
+    """
+
+    def __init__(self, text: str, path: str | os.PathLike[str], *, not_this_kind: str) -> None:
+        self._text = text
+        self._path = path
+        self._not_this_kind = not_this_kind  # message when the first line is not 'format:'
+        self.ended = False
+        self.last_line = 0
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        seen_format = False
+        for lineno, raw in enumerate(self._text.split("\n"), start=1):
+            self.last_line = lineno
+            line = raw.rstrip("\r")
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            if self.ended:
+                raise FormatError("content after 'end'", path=self._path, line=lineno)
+            if not seen_format and not line.startswith("format:"):
+                raise FormatError(self._not_this_kind, path=self._path, line=lineno,
+                                  field="format")
+            seen_format = True
+            if line == "end":
+                self.ended = True
+                continue
+            yield lineno, line
+
+    def require_end(self) -> None:
+        if not self.ended:
+            raise FormatError("missing final 'end' line (truncated file?)", path=self._path,
+                              line=self.last_line)
+
+
+def check_format_line(header: Mapping[str, tuple[str, int]], path: str | os.PathLike[str], *,
+                      format_name: str, version: int, noun: str, adjective: str) -> None:
+    """The `format:` header names `format_name` at `version`, or FormatError.
+
+    `noun`/`adjective` word the messages ("row map"/"row-map", "histogram"/"histogram").
+    """
+    if "format" not in header:
+        raise FormatError(f"missing 'format:' line (not a {noun}?)", path=path, field="format")
+    fmt, fmt_line = header["format"]
+    name, _, found_version = fmt.partition("/")
+    if name != format_name:
+        raise FormatError(f"not a {noun}: format {fmt!r}", path=path, line=fmt_line,
+                          field="format")
+    if found_version != str(version):
+        raise FormatError(f"unknown {adjective} format version {found_version!r} (this runtime "
+                          f"reads version {version})", path=path, line=fmt_line,
+                          field="format")
+
+
+def parse_moe_layers(value: str, lineno: int, path: str | os.PathLike[str]) -> tuple[int, ...]:
+    """The `moe_layers:` value: a non-empty list of unique non-negative layer indices."""
+    try:
+        layers = parse_index_ranges(value)
+    except ValueError as exc:
+        raise FormatError(f"bad layer list ({exc})", path=path, line=lineno,
+                          field="moe_layers") from None
+    if not layers or len(set(layers)) != len(layers) or min(layers) < 0:
+        raise FormatError("layer list must be non-empty, unique and non-negative", path=path,
+                          line=lineno, field="moe_layers")
+    return layers

@@ -10,11 +10,11 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from expert_residency.formats import atomic_write_text
 from pydantic import ValidationError
 
 from recipegen.errors import InputError
@@ -384,15 +384,6 @@ def set_active_class(path: str | os.PathLike[str], lane: str, cls: str) -> bool:
 
 
 def _atomic_write_validated(target: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".yaml", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-        load_recipe(tmp, read_maps=False)  # never replace a good recipe with a broken one
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    # never replace a good recipe with a broken one: validate the temp file before the rename
+    atomic_write_text(target, text, suffix=".yaml",
+                      check=lambda tmp: load_recipe(tmp, read_maps=False))

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import click
+from expert_residency.formats import atomic_write_text
 
 from recipegen.errors import RecipegenError
 
@@ -37,14 +36,5 @@ def schema(markdown: bool, output: Path | None, check_only: bool) -> None:
             raise SystemExit(1)
         click.echo(f"{output} is up to date")
         return
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, output)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(output, text)
     click.echo(f"wrote {output}")

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
+from expert_residency.formats import atomic_write_bytes
 
 from recipegen.errors import RecipegenError
 from recipegen.k8s.manifests import lane_manifests, manifest_path
@@ -109,15 +109,7 @@ def write_files(files: dict[Path, bytes]) -> list[Path]:
     """Each file atomically (temp file in the same folder + rename)."""
     written = []
     for path, data in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_bytes(path, data)
         written.append(path)
     return written
 

@@ -7,12 +7,15 @@
 - Capture readers (vLLM `routed_experts` base64 `.npy`, raw `[tokens, layers, top_k]`
   `.npy`) in `capture`.
 - `FormatError(ValueError)` with `path`, `line`, `field`.
+- `atomic_write_text` / `atomic_write_bytes`: the one temp-file + rename writer (recipegen
+  uses it too).
 
 docs/formats.md documents every field and both hash encodings.
 """
 
 from .capture import (HistogramAccumulator, decode_routed_experts, histogram_from_captures,
                       iter_npy_chunks, iter_vllm_capture)
+from ._io import atomic_write_bytes, atomic_write_text
 from .errors import FormatError
 from .histogram import (HISTOGRAM_VERSION, Histogram, format_histogram, load_histogram,
                         merge_histograms, parse_histogram, save_histogram)
@@ -23,6 +26,7 @@ from .rowmap import (ROWMAP_VERSION, RowMap, format_rowmap, load_rowmap, parse_r
                      save_rowmap, verify_content_hash)
 
 __all__ = [
+    "atomic_write_bytes", "atomic_write_text",
     "FormatError", "HistogramAccumulator", "decode_routed_experts", "histogram_from_captures",
     "iter_npy_chunks", "iter_vllm_capture",
     "HISTOGRAM_VERSION", "Histogram", "format_histogram", "load_histogram", "merge_histograms",

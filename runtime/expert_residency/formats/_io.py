@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write `text` to `path` via a temp file in the same folder and a rename.
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *,
+                       check: Callable[[Path], object] | None = None,
+                       suffix: str = ".tmp") -> None:
+    """Write `data` to `path` via a temp file in the same folder and a rename.
 
-    A reader never sees a half-written file, and a crash leaves the old file intact.
+    A reader never sees a half-written file, and a crash leaves the old file intact. The
+    file gets the old file's mode, or what a plain open() would give (0666 less the umask).
+    `check(temp_path)` runs on the complete temp file before the rename; if it raises, the
+    target is untouched (e.g. a recipe is re-validated before it replaces the good one).
+    `suffix` ends the temp file's name, for checks that look at the file type.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
     try:
         # mkstemp creates 0600; give the file what a plain open() would (or keep the old mode).
         try:
@@ -24,10 +31,12 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
             os.umask(umask)
             mode = 0o666 & ~umask
         os.chmod(tmp, mode)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        if check is not None:
+            check(Path(tmp))
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -35,6 +44,13 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, *,
+                      check: Callable[[Path], object] | None = None,
+                      suffix: str = ".tmp") -> None:
+    """`atomic_write_bytes` of `text` as UTF-8, newlines written as given."""
+    atomic_write_bytes(path, text.encode("utf-8"), check=check, suffix=suffix)
 
 
 def format_index_ranges(indices: tuple[int, ...] | list[int]) -> str:

@@ -32,6 +32,17 @@ def monolithic_reason(is_monolithic: bool, backend: str, layer_name: str) -> str
             "no routing ids reach Python); choose a modular backend with --moe-backend")
 
 
+def deferred_finalize_reason(deferred: bool, layer_name: str) -> str | None:
+    """vLLM 0.33 lets a layer's consumer own the top-k reduction (DSv4.1's mHC all-reduce fusion
+    at TP > 1 with TRTLLM modular experts); the split path finalizes itself."""
+    if not deferred:
+        return None
+    return (f"{layer_name}: the model defers the MoE top-k finalize to its all-reduce (vLLM's "
+            "use_deferred_moe_finalize: DSv4.1 mHC fusion at TP > 1); the residency split "
+            "finalizes itself and does not return vLLM's unfinalized output — run TP=1/PP, or "
+            "set EXPERT_RESIDENCY_MODE=off/count")
+
+
 def expert_parallel_reason(local_num_experts: int, global_num_experts: int,
                            layer_name: str) -> str | None:
     if local_num_experts == global_num_experts:

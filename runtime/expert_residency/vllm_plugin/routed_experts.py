@@ -26,8 +26,11 @@ class ResidencyRoutedExperts(RoutedExperts):
         self._er_resident = None
         self._er_counted = False
         self._er_excluded = True  # until the runtime registers it (inert processes)
+        self._er_mxfp4 = False
         if runtime is not None:
             runtime.register_layer(self)
+            if runtime.settings.splits_experts:
+                _keep_mxfp4_checkpoint_layout(self)
 
     def forward_modular(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                         shared_experts: Any = None, shared_experts_input: torch.Tensor | None = None,
@@ -43,6 +46,39 @@ class ResidencyRoutedExperts(RoutedExperts):
                                            shared_experts_input)
         _run_kernel_internal_shared_experts(self, shared_experts, shared_experts_input)
         return runtime.split_forward(self, x, topk_weights, topk_ids)
+
+
+def _keep_mxfp4_checkpoint_layout(layer: RoutedExperts) -> None:
+    """Split modes own an MXFP4 layer's layout: replace vLLM's ``process_weights_after_loading``
+    for this layer's ``Mxfp4MoEMethod`` so the checkpoint-layout tensors stay as loaded (no
+    backend conversion, no vLLM kernel, no quant config holding the whole layer's scales); the
+    worker runtime re-homes them after load (``mxfp4_experts``). Layers the runtime cannot compute
+    exactly refuse here, at load, before any conversion."""
+    try:
+        from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4MoEMethod
+    except ImportError:  # a build without MXFP4 support has no such layers
+        return
+    method = layer.quant_method
+    if not isinstance(method, Mxfp4MoEMethod):
+        return
+
+    def process_weights_after_loading(module: RoutedExperts) -> None:
+        from vllm.model_executor.utils import is_weights_pre_processed
+
+        from .mxfp4_experts import mxfp4_unsupported_reason
+        from .refusal import refuse
+
+        if module is not layer:  # the method serves exactly one layer
+            raise RuntimeError(f"{layer.layer_name}: MXFP4 method called for another layer")
+        if is_weights_pre_processed():
+            refuse(f"{layer.layer_name}: pre-processed (kernel-format) MXFP4 weights cannot be "
+                   "split; load the checkpoint layout with residency")
+        reason = mxfp4_unsupported_reason(layer)
+        if reason is not None:
+            refuse(reason)
+        layer._er_mxfp4 = True
+
+    method.process_weights_after_loading = process_weights_after_loading  # type: ignore[method-assign]
 
 
 def _require_modular_kernel(moe_config: Any) -> None:

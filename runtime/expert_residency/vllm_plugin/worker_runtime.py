@@ -5,8 +5,10 @@ Life cycle (all before the engine serves):
 1. ``ResidencyRoutedExperts.__init__`` (model construction) calls ``register_layer``: per-layer
    refusals that need only the layer config (EPLB, LoRA, expert parallelism).
 2. The model loader returns (weights loaded *and* converted to kernel format by
-   ``process_weights_after_loading``) → ``after_model_loaded``: geometry check against the row
-   map, monolithic-backend refusal, then per mode:
+   ``process_weights_after_loading`` — except MXFP4 layers in split modes, whose conversion the
+   plugin skips so the runtime owns their layout: ``mxfp4_experts``) → ``after_model_loaded``:
+   geometry check against the row map, monolithic-backend and deferred-finalize refusals, then
+   per mode:
    * ``count``: one ``ExpertCounter`` over the MoE layers (+ the dump writer);
    * ``residency``: ``core.rehome_model`` re-homes every layer into hot/cold banks in the
      alternating order, frees the originals, installs the banks on the modules;
@@ -69,6 +71,7 @@ class WorkerRuntime:
         self.per_pick_name: str | None = None
         self.excluded_layers: list[str] = []
         self._mask_cache: tuple[Any, int, Any] | None = None
+        self._mxfp4_cache: dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
     # -- construction -------------------------------------------------------------------------
@@ -116,6 +119,10 @@ class WorkerRuntime:
         for module in layers.values():
             reason = checks.monolithic_reason(bool(module.quant_method.is_monolithic),
                                               _backend_name(module), module.layer_name)
+            if reason is None and self.settings.splits_experts:
+                reason = checks.deferred_finalize_reason(
+                    bool(getattr(module.moe_config, "use_deferred_moe_finalize", False)),
+                    module.layer_name)
             if reason is not None:
                 refuse(reason)
         if self.rowmap is not None:
@@ -162,17 +169,28 @@ class WorkerRuntime:
         from ..core import build_unsplit_layer, rehome_model, rowmap_banks
 
         per_pick: dict[int, Any] = {}
+        mxfp4 = self._mxfp4_layers()
+        if mxfp4 and len(mxfp4) != len(self.target_layers):
+            refuse("the model mixes MXFP4 and other expert layers; the runtime splits one kind of "
+                   "expert layer per model")
         for index, module in self.target_layers.items():
+            if index in mxfp4:
+                per_pick[index] = mxfp4[index].per_pick_fn()
+                self.per_pick_name = mxfp4[index].name
+                continue
             fn, backend = _per_pick_fn(module, self.settings.per_pick)
             if fn is None:
                 refuse(f"{module.layer_name}: no per-pick expert function for MoE backend {backend} "
-                       "in this runtime (supported: vLLM's CPU unquantized experts, and unquantized "
-                       "layers through a modular kernel; see docs/plugin.md)")
+                       "in this runtime (supported: vLLM's CPU unquantized experts, unquantized "
+                       "layers through a modular kernel, and vLLM's Mxfp4MoEMethod layers through "
+                       "the runtime's own MXFP4 kernels; see docs/plugin.md)")
             per_pick[index] = fn
             self.per_pick_name = backend
         self.per_pick_fn = per_pick
         if self.settings.mode == MODE_UNSPLIT:
             for index, module in self.target_layers.items():
+                if index in mxfp4:
+                    mxfp4[index].to_kernel_layout(_expert_tensors(module))
                 module._er_resident = build_unsplit_layer(_expert_tensors(module), layer_index=index)
             return
         assert self.rowmap is not None
@@ -180,12 +198,18 @@ class WorkerRuntime:
         tensors: dict[int, dict[str, torch.Tensor]] = {}
         for index, module in self.target_layers.items():
             layer_tensors = _expert_tensors(module)
+            if index in mxfp4:
+                # The runtime's kernel layout, on the full tensors, before they are split.
+                mxfp4[index].to_kernel_layout(layer_tensors)
             for name in layer_tensors:
                 # The mapping must hold the last reference so each original is freed as soon
                 # as its rows are copied.
                 del module._parameters[name]
             tensors[index] = layer_tensors
-        hot_alloc, cold_alloc = _allocators(tensors)
+        if mxfp4:
+            hot_alloc, cold_alloc = next(iter(mxfp4.values())).allocators()
+        else:
+            hot_alloc, cold_alloc = _allocators(tensors)
 
         def install(layer: Any) -> None:
             self.target_layers[layer.layer_index]._er_resident = layer
@@ -195,6 +219,25 @@ class WorkerRuntime:
         del tensors
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+    def _mxfp4_layers(self) -> dict[int, Any]:
+        """MXFP4 layers whose vLLM conversion was skipped (``routed_experts``): layer index ->
+        the shared ``Mxfp4Residency`` for its geometry (holds no reference to the tensors, so
+        re-homing still frees each original as soon as it is copied)."""
+        from .mxfp4_experts import residency_for
+
+        out: dict[int, Any] = {}
+        for index, module in self.target_layers.items():
+            if not getattr(module, "_er_mxfp4", False):
+                continue
+            try:
+                out[index] = residency_for(_expert_tensors(module), int(module.top_k),
+                                           _max_tokens(module), self._mxfp4_cache,
+                                           module.layer_name)
+            except ValueError as exc:
+                refuse(f"{module.layer_name}: the runtime's MXFP4 experts cannot take this layer: "
+                       f"{exc}")
+        return out
 
     def _emit_report(self) -> None:
         from ..formats import MODES as REPORT_MODES
@@ -391,6 +434,19 @@ def _per_pick_fn(module: Any, choice: str) -> tuple[Any, str]:
         if fn is not None or choice == "cpu":
             return fn, backend
     return modular_per_pick_fn(module)
+
+
+def _max_tokens(module: Any) -> int:
+    """Most tokens one MoE call carries (sizes the MXFP4 kernels' shared workspace)."""
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+
+        config = get_current_vllm_config_or_none()
+        if config is not None:
+            return int(config.scheduler_config.max_num_batched_tokens)
+    except Exception:
+        pass
+    return int(module.moe_config.max_num_tokens)
 
 
 def _backend_name(module: Any) -> str:

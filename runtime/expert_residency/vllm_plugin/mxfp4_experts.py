@@ -1,0 +1,175 @@
+"""MXFP4 expert layers (vLLM 0.33 ``Mxfp4MoEMethod``) under residency: the runtime owns the layout.
+
+vLLM's MXFP4 backends convert the checkpoint tensors into a backend-specific format in
+``process_weights_after_loading`` and keep the block scales in a quant config built once for the
+whole layer, so a bank split cannot reuse their kernels. In the split modes the plugin therefore
+skips that conversion for MXFP4 layers (``routed_experts``) and keeps the **checkpoint layout**::
+
+    w13_weight        uint8 [E, 2I, H/2]   E2M1 pairs, low nibble first; gate rows 0..I-1, up I..2I-1
+    w13_weight_scale  uint8 [E, 2I, H/32]  ue8m0
+    w2_weight         uint8 [E, H, I/2]
+    w2_weight_scale   uint8 [E, H, I/32]
+
+and this module turns those into banks and a per-pick expert function:
+
+* on CUDA: the runtime's Triton MXFP4 kernels (``expert_residency.gpu``): tensors re-ordered
+  tile-major for them (``TritonMxfp4Experts.to_kernel_layout``), the cold bank in exact-size pinned
+  host memory read in place (``gpu.pinned.pinned_view_allocator``), per-pick rows from the same
+  kernels whichever bank holds the expert;
+* on CPU: the core's torch reference (``core.reference.mxfp4_swiglu_per_pick``) over the
+  checkpoint layout (no vLLM MXFP4 kernel runs on CPU).
+
+The expert these compute is ``y = W2 · bf16(silu(W1·x) * (W3·x))`` with bf16 activations, fp32
+accumulation, no bias, no clamp. Anything else a layer asks for (expert biases, a SwiGLU clamp
+``swiglu_limit``, another activation, alpha/beta) is refused by ``mxfp4_unsupported_reason``
+rather than computed differently.
+
+No vLLM import here (the GPU test runs it where vLLM is absent); the caller hands in the layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..core.banks import BankAllocator, device_allocator, host_allocator
+from ..core.split import PerPickExpertFn
+
+CHECKPOINT_NAMES = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale")
+BIAS_NAMES = ("w13_bias", "w2_bias")
+MX_BLOCK = 32
+
+
+def mxfp4_unsupported_reason(layer: Any) -> str | None:
+    """None if the runtime computes exactly what this MXFP4 layer asks for, else why not.
+
+    ``layer`` is a vLLM ``RoutedExperts`` (or anything with its attributes: ``layer_name``,
+    ``activation``, ``swiglu_limit``, ``moe_config.swiglu_alpha/_beta``, the weight parameters).
+    """
+    name = getattr(layer, "layer_name", "MoE layer")
+    for bias in BIAS_NAMES:
+        if getattr(layer, bias, None) is not None:
+            return (f"{name}: MXFP4 expert biases ({bias}) are not supported by the runtime's "
+                    "MXFP4 expert kernel; set EXPERT_RESIDENCY_MODE=off/count for this model")
+    limit = getattr(layer, "swiglu_limit", None)
+    if limit is not None and float(limit) > 0:
+        return (f"{name}: the model clamps the expert SwiGLU (swiglu_limit={float(limit):g}); the "
+                "runtime's MXFP4 expert kernel computes an unclamped silu(gate)*up and would give "
+                "different results — set EXPERT_RESIDENCY_MODE=off/count for this model")
+    activation = getattr(layer, "activation", None)
+    act_name = str(getattr(activation, "value", activation)).lower()
+    if act_name != "silu":
+        return (f"{name}: expert activation {act_name!r}: the runtime's MXFP4 expert kernel "
+                "implements SiLU-gated (silu(gate)*up, gate rows first) experts only")
+    moe_config = getattr(layer, "moe_config", None)
+    alpha = getattr(moe_config, "swiglu_alpha", None)
+    beta = getattr(moe_config, "swiglu_beta", None)
+    if (alpha is not None and float(alpha) != 1.0) or (beta is not None and float(beta) != 0.0):
+        return (f"{name}: SwiGLU alpha/beta ({alpha}, {beta}) are not supported by the runtime's "
+                "MXFP4 expert kernel")
+    return None
+
+
+def checkpoint_geometry(tensors: dict[str, torch.Tensor], layer_name: str = "MoE layer"
+                        ) -> tuple[int, int, int]:
+    """(experts, hidden, intermediate) of checkpoint-layout MXFP4 tensors; ValueError naming the
+    tensor if any name, dtype or shape disagrees with vLLM 0.33's ``Mxfp4MoEMethod.create_weights``."""
+    missing = [n for n in CHECKPOINT_NAMES if n not in tensors]
+    if missing:
+        raise ValueError(f"{layer_name}: no {missing} among the MXFP4 expert tensors "
+                         f"({sorted(tensors)})")
+    w13 = tensors["w13_weight"]
+    if w13.dim() != 3:
+        raise ValueError(f"{layer_name}: w13_weight must be [E, 2I, H/2], got {tuple(w13.shape)}")
+    experts, two_i, half_h = (int(d) for d in w13.shape)
+    hidden, inter = 2 * half_h, two_i // 2
+    expected = {
+        "w13_weight": (experts, 2 * inter, hidden // 2),
+        "w13_weight_scale": (experts, 2 * inter, hidden // MX_BLOCK),
+        "w2_weight": (experts, hidden, inter // 2),
+        "w2_weight_scale": (experts, hidden, inter // MX_BLOCK),
+    }
+    for name, shape in expected.items():
+        t = tensors[name]
+        if t.dtype != torch.uint8 or tuple(t.shape) != shape:
+            raise ValueError(f"{layer_name}: {name} is {t.dtype} {tuple(t.shape)}, expected "
+                             f"torch.uint8 {shape} (vLLM's MXFP4 checkpoint layout; a backend's "
+                             "converted format cannot be split)")
+    if two_i % 2 or hidden % MX_BLOCK or inter % MX_BLOCK:
+        raise ValueError(f"{layer_name}: hidden {hidden} / intermediate {inter} are not whole "
+                         f"MX blocks of {MX_BLOCK}")
+    return experts, hidden, inter
+
+
+@dataclass(frozen=True)
+class Mxfp4Geometry:
+    hidden: int
+    intermediate: int
+    num_experts: int
+    top_k: int
+
+
+class Mxfp4Residency:
+    """Layout, allocators and per-pick function for MXFP4 layers of one geometry on one device.
+
+    One instance serves every layer of that geometry: on CUDA the Triton kernels' scratch
+    workspace (sized for ``max_tokens``) is shared by the layers, which run one after another.
+    """
+
+    def __init__(self, geometry: Mxfp4Geometry, device: torch.device | str, max_tokens: int,
+                 *, kernel_config: Any | None = None) -> None:
+        self.geometry = geometry
+        self.device = torch.device(device)
+        self.max_tokens = int(max_tokens)
+        self._experts: Any | None = None
+        if self.device.type == "cuda":
+            from ..gpu.experts import ExpertShape, KernelConfig, TritonMxfp4Experts
+
+            config = kernel_config if kernel_config is not None else KernelConfig()
+            self._experts = TritonMxfp4Experts(
+                ExpertShape(geometry.hidden, geometry.intermediate), geometry.num_experts,
+                geometry.top_k, self.max_tokens, self.device, config)
+            self.name = f"expert_residency Triton MXFP4 ({config.describe()})"
+        elif self.device.type == "cpu":
+            self.name = "expert_residency torch MXFP4 reference (core.reference)"
+        else:
+            raise ValueError(f"MXFP4 residency runs on CUDA or CPU, not {self.device}")
+
+    def to_kernel_layout(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Re-order one layer's full checkpoint tensors in place for the per-pick function (CUDA:
+        tile-major for the Triton kernels; CPU: the reference reads the checkpoint layout as is).
+        Call once per layer before re-homing or building the unsplit layer."""
+        if self._experts is not None:
+            self._experts.to_kernel_layout(tensors)
+
+    def allocators(self) -> tuple[BankAllocator, BankAllocator]:
+        """(hot, cold) bank allocators: CUDA — device memory and exact-size pinned host memory read
+        in place; CPU — both host memory (the cold bank is the host tier by name only)."""
+        if self._experts is not None:
+            from ..gpu.pinned import pinned_view_allocator
+
+            return device_allocator(self.device), pinned_view_allocator(self.device)
+        return device_allocator("cpu"), host_allocator(pin=False)
+
+    def per_pick_fn(self) -> PerPickExpertFn:
+        if self._experts is not None:
+            return self._experts.per_pick_fn()
+        from ..core.reference import mxfp4_swiglu_per_pick
+
+        return mxfp4_swiglu_per_pick()
+
+
+def residency_for(tensors: dict[str, torch.Tensor], top_k: int, max_tokens: int,
+                  cache: dict[tuple, Mxfp4Residency], layer_name: str = "MoE layer"
+                  ) -> Mxfp4Residency:
+    """The (shared) ``Mxfp4Residency`` for a layer's checkpoint tensors; ValueError on a layout
+    or geometry the kernels cannot take."""
+    experts, hidden, inter = checkpoint_geometry(tensors, layer_name)
+    device = tensors["w13_weight"].device
+    key = (hidden, inter, experts, int(top_k), str(device))
+    if key not in cache:
+        cache[key] = Mxfp4Residency(Mxfp4Geometry(hidden, inter, experts, int(top_k)), device,
+                                    max_tokens)
+    return cache[key]

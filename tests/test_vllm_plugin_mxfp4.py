@@ -1,0 +1,263 @@
+"""MXFP4 residency adapter of the vLLM plugin (``vllm_plugin.mxfp4_experts`` + the worker runtime's
+MXFP4 path), without vLLM: a stand-in layer with exactly vLLM 0.33's ``Mxfp4MoEMethod``
+parameter names, shapes and dtypes (``create_weights``; pinned in tests/test_vllm_plugin_mxfp4_contracts.py)
+in the checkpoint layout the plugin keeps by skipping vLLM's conversion.
+
+Claims, each able to fail:
+* residency (two different hot/cold maps) == unsplit, bit for bit (``torch.equal``), through
+  ``WorkerRuntime._install_banks`` + ``split_forward`` — the same code the engine runs;
+* both agree with a plain dequantize-then-matmul MXFP4 SwiGLU reference within a tolerance;
+* re-homing removes the original parameters from the layer and places every byte in one bank;
+* layers the kernels cannot compute exactly (biases, a SwiGLU clamp, another activation,
+  alpha/beta, a backend's converted layout) are refused with a reason naming the layer.
+
+``build_case``/``run_modes`` take a device: tests/gpu/test_plugin_mxfp4_gpu.py runs the same
+checks on CUDA with the Triton kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from expert_residency.formats import RowMap  # noqa: E402
+from expert_residency.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
+from expert_residency.vllm_plugin.mxfp4_experts import (  # noqa: E402
+    checkpoint_geometry,
+    mxfp4_unsupported_reason,
+)
+from expert_residency.vllm_plugin.refusal import ResidencyRefused  # noqa: E402
+from expert_residency.vllm_plugin.settings import PluginSettings  # noqa: E402
+from expert_residency.vllm_plugin.worker_runtime import WorkerRuntime  # noqa: E402
+
+HASH = "b" * 64
+# Smallest geometry the Triton kernels' default tiles take (H % 128, I % 128).
+HIDDEN, INTER, EXPERTS, TOP_K, TOKENS = 256, 128, 8, 3, 7
+LAYERS = (0, 1)
+
+
+class MoEActivation(Enum):  # the values of vLLM 0.33's enum the check reads
+    SILU = "silu"
+    SWIGLUOAI = "swigluoai"
+
+
+class FakeMxfp4Experts(torch.nn.Module):
+    """What the runtime reads from a vLLM 0.33 ``RoutedExperts`` with an ``Mxfp4MoEMethod`` after
+    the plugin kept the checkpoint layout."""
+
+    def __init__(self, index: int, w13: torch.Tensor, w2: torch.Tensor) -> None:
+        super().__init__()
+        w13_q, w13_s = quantize_mxfp4(w13)
+        w2_q, w2_s = quantize_mxfp4(w2)
+        for name, value in (("w13_weight", w13_q), ("w13_weight_scale", w13_s),
+                            ("w2_weight", w2_q), ("w2_weight_scale", w2_s)):
+            self.register_parameter(name, torch.nn.Parameter(value, requires_grad=False))
+        self.layer_name = f"model.layers.{index}.ffn.experts"
+        self.local_num_experts = self.global_num_experts = w13.shape[0]
+        self.top_k = TOP_K
+        self.activation = MoEActivation.SILU
+        self.swiglu_limit = None
+        self.apply_router_weight_on_input = False
+        self.moe_config = SimpleNamespace(max_num_tokens=64, swiglu_alpha=None, swiglu_beta=None,
+                                          use_deferred_moe_finalize=False)
+        self._er_layer_index = index
+        self._er_mxfp4 = True
+        self._er_counted = False
+        self._er_excluded = False
+        self._er_resident = None
+
+
+@dataclass
+class Case:
+    weights: dict[int, tuple[torch.Tensor, torch.Tensor]]   # float w13, w2 per layer (pre-quant)
+    x: torch.Tensor
+    topk_weights: torch.Tensor
+    topk_ids: torch.Tensor
+    device: torch.device
+
+
+def build_case(device: str = "cpu", seed: int = 0) -> Case:
+    gen = torch.Generator().manual_seed(seed)
+    weights = {}
+    for index in LAYERS:
+        w13 = torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen) * 0.08
+        w2 = torch.randn(EXPERTS, HIDDEN, INTER, generator=gen) * 0.08
+        # Spread the block scales (ue8m0) over several binades.
+        w13 *= 2.0 ** torch.randint(-2, 3, (EXPERTS, 2 * INTER, HIDDEN // 32, 1), generator=gen
+                                    ).float().expand(-1, -1, -1, 32).reshape(w13.shape)
+        weights[index] = (w13, w2)
+    x = (torch.randn(TOKENS, HIDDEN, generator=gen)).to(torch.bfloat16).to(device)
+    logits = torch.randn(TOKENS, EXPERTS, generator=gen)
+    top = torch.topk(logits, TOP_K, dim=-1)
+    return Case(weights, x, torch.softmax(top.values, dim=-1).to(device),
+                top.indices.to(torch.int32).to(device), torch.device(device))
+
+
+def _rowmap(hot: list[int]) -> RowMap:
+    cold = [e for e in range(EXPERTS) if e not in hot]
+    return RowMap(LAYERS, EXPERTS, [list(hot) for _ in LAYERS], [list(cold) for _ in LAYERS],
+                  provenance={"source": "test"})
+
+
+def runtime_for(case: Case, mode: str, hot: list[int] | None = None) -> tuple[WorkerRuntime, dict]:
+    rowmap = _rowmap(hot) if hot is not None else None
+    settings = PluginSettings(mode=mode, rowmap_path="test.rowmap" if rowmap else None,
+                              content_hash=rowmap.content_hash() if rowmap else None)
+    runtime = WorkerRuntime(settings, rowmap)
+    layers = {}
+    for index, (w13, w2) in case.weights.items():
+        layers[index] = FakeMxfp4Experts(index, w13, w2).to(case.device)
+    runtime.target_layers = dict(layers)
+    runtime._install_banks()
+    return runtime, layers
+
+
+def forward_all(runtime: WorkerRuntime, layers: dict, case: Case) -> dict[int, torch.Tensor]:
+    return {i: runtime.split_forward(m, case.x, case.topk_weights, case.topk_ids)
+            for i, m in layers.items()}
+
+
+def reference_output(case: Case, index: int) -> torch.Tensor:
+    """Dequantize the whole layer, then per token: fp32 matmuls, bf16 activation and pick rows
+    (what the kernels store), fp32 weighted sum, one cast."""
+    w13, w2 = case.weights[index]
+    q13, s13 = quantize_mxfp4(w13)
+    q2, s2 = quantize_mxfp4(w2)
+    d13, d2 = dequantize_mxfp4(q13, s13), dequantize_mxfp4(q2, s2)
+    x = case.x.float().cpu()
+    out = torch.zeros(TOKENS, HIDDEN)
+    for t in range(TOKENS):
+        for k in range(TOP_K):
+            e = int(case.topk_ids[t, k])
+            g = d13[e] @ x[t]
+            a = (torch.nn.functional.silu(g[:INTER]) * g[INTER:]).to(torch.bfloat16).float()
+            y = (d2[e] @ a).to(torch.bfloat16).float()
+            out[t] += float(case.topk_weights[t, k]) * y
+    return out.to(torch.bfloat16)
+
+
+def run_modes(device: str) -> dict[str, Any]:
+    """Unsplit and two residency maps over the same case; returns outputs and runtimes."""
+    case = build_case(device)
+    outputs, runtimes = {}, {}
+    for label, mode, hot in (("unsplit", "unsplit", None),
+                             ("residency-a", "residency", [0, 3, 5]),
+                             ("residency-b", "residency", [7, 6, 2, 1, 4])):
+        runtime, layers = runtime_for(case, mode, hot)
+        outputs[label] = forward_all(runtime, layers, case)
+        runtimes[label] = (runtime, layers)
+    return {"case": case, "outputs": outputs, "runtimes": runtimes}
+
+
+def check_modes(result: dict[str, Any], rel_tol: float) -> None:
+    case, outputs = result["case"], result["outputs"]
+    for index in LAYERS:
+        base = outputs["unsplit"][index]
+        assert base.dtype == torch.bfloat16 and base.shape == (TOKENS, HIDDEN)
+        for label in ("residency-a", "residency-b"):
+            assert torch.equal(outputs[label][index], base), f"{label} layer {index} != unsplit"
+        ref = reference_output(case, index).float()
+        got = base.float().cpu()
+        rel = float((got - ref).norm() / ref.norm())
+        assert rel <= rel_tol, f"layer {index}: relative L2 {rel:.2e} vs the dequantized reference"
+    # The comparison is not vacuous: the layers differ from each other and from zero.
+    assert not torch.equal(outputs["unsplit"][0], outputs["unsplit"][1])
+
+
+def test_residency_equals_unsplit_and_matches_dequantized_reference() -> None:
+    check_modes(run_modes("cpu"), rel_tol=1e-3)
+
+
+def test_rehome_frees_parameters_and_places_every_byte() -> None:
+    case = build_case("cpu")
+    checkpoint_bytes = sum(p.numel() for p in FakeMxfp4Experts(0, *case.weights[0]).parameters())
+    runtime, layers = runtime_for(case, "residency", [0, 3, 5])
+    for index, module in layers.items():
+        assert dict(module.named_parameters(recurse=False)) == {}, "originals must be freed"
+        resident = module._er_resident
+        assert (resident.hot.num_rows, resident.cold.num_rows) == (3, EXPERTS - 3)
+        assert resident.hot_ids == [0, 3, 5]
+        bank_bytes = resident.bank_bytes()
+        assert bank_bytes.total == checkpoint_bytes
+        assert bank_bytes.hot == checkpoint_bytes * 3 // EXPERTS
+        assert sorted(resident.hot.tensors) == ["w13_weight", "w13_weight_scale", "w2_weight",
+                                                 "w2_weight_scale"]
+    assert runtime.per_pick_name.startswith("expert_residency torch MXFP4 reference")
+
+
+def test_unsplit_keeps_the_parameters_in_place() -> None:
+    case = build_case("cpu")
+    _, layers = runtime_for(case, "unsplit")
+    module = layers[0]
+    assert module._er_resident.hot.tensors["w13_weight"].data_ptr() == module.w13_weight.data_ptr()
+    assert module._er_resident.cold.num_rows == 0
+
+
+def _layer(**changes: Any) -> FakeMxfp4Experts:
+    case = build_case("cpu")
+    layer = FakeMxfp4Experts(3, *case.weights[0])
+    for name, value in changes.items():
+        if name.startswith("moe_config."):
+            setattr(layer.moe_config, name.split(".", 1)[1], value)
+        else:
+            setattr(layer, name, value)
+    return layer
+
+
+def test_supported_layer_has_no_reason() -> None:
+    assert mxfp4_unsupported_reason(_layer()) is None
+    assert mxfp4_unsupported_reason(_layer(swiglu_limit=0.0)) is None  # vLLM: limit <= 0 is off
+    assert mxfp4_unsupported_reason(_layer(**{"moe_config.swiglu_alpha": 1.0,
+                                              "moe_config.swiglu_beta": 0.0})) is None
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"w13_bias": torch.zeros(EXPERTS, 2 * INTER)}, ["w13_bias", "biases"]),
+    ({"swiglu_limit": 10.0}, ["swiglu_limit=10", "unclamped"]),
+    ({"activation": MoEActivation.SWIGLUOAI}, ["'swigluoai'", "SiLU"]),
+    ({"moe_config.swiglu_alpha": 1.702}, ["alpha/beta"]),
+])
+def test_unsupported_layers_are_refused_by_name(changes: dict, words: list[str]) -> None:
+    reason = mxfp4_unsupported_reason(_layer(**changes))
+    assert reason is not None and reason.startswith("model.layers.3.ffn.experts: ")
+    for word in words:
+        assert word in reason
+
+
+def test_checkpoint_geometry_reads_and_checks_vllm_layout() -> None:
+    layer = _layer()
+    tensors = dict(layer.named_parameters(recurse=False))
+    assert checkpoint_geometry(tensors) == (EXPERTS, HIDDEN, INTER)
+    swizzled = dict(tensors, w13_weight_scale=tensors["w13_weight_scale"].reshape(EXPERTS, -1))
+    with pytest.raises(ValueError, match=r"w13_weight_scale is torch.uint8 \(8, 2048\), expected"):
+        checkpoint_geometry(swizzled, "L")
+    fp4 = dict(tensors, w2_weight=tensors["w2_weight"].view(torch.int8))
+    with pytest.raises(ValueError, match="w2_weight is torch.int8"):
+        checkpoint_geometry(fp4)
+    with pytest.raises(ValueError, match=r"no \['w2_weight_scale'\]"):
+        checkpoint_geometry({k: v for k, v in tensors.items() if k != "w2_weight_scale"})
+
+
+def test_layer_the_kernels_cannot_take_refuses_at_install() -> None:
+    case = build_case("cpu")
+    runtime = WorkerRuntime(PluginSettings(mode="unsplit"), None)
+    layer = FakeMxfp4Experts(0, *case.weights[0])
+    layer.w2_weight_scale = torch.nn.Parameter(layer.w2_weight_scale.data[:, :, :2].contiguous(),
+                                               requires_grad=False)
+    runtime.target_layers = {0: layer}
+    with pytest.raises(ResidencyRefused, match="MXFP4 experts cannot take this layer"):
+        runtime._install_banks()
+
+
+def test_deferred_finalize_is_refused_for_split_modes() -> None:
+    from expert_residency.vllm_plugin import checks
+
+    assert checks.deferred_finalize_reason(False, "L") is None
+    reason = checks.deferred_finalize_reason(True, "model.layers.0.ffn.experts")
+    assert "use_deferred_moe_finalize" in reason and "TP=1" in reason

@@ -195,3 +195,25 @@ def test_signal_catchers_are_found_from_proc(tmp_path):
 
         os.killpg(parent.pid, sig.SIGKILL)  # the group we started: sh, its sleep and worker
         parent.wait()
+
+
+def test_dump_names_round_trip_the_runtime_writer():
+    from expert_residency.core.dump import dump_file_name
+
+    when = datetime(2026, 11, 29, 10, 54, 43, 633671, tzinfo=timezone.utc)
+    name = dump_file_name("lane-a", "prose", "residency", when, 7)
+    assert parse_name(name) == ("lane-a", "prose", "residency", when, 7)
+    assert parse_name(NAME1.replace("20261129", "20261399")) is None  # impossible date
+    assert parse_name(NAME1.replace("count-only", "bogus")) is None  # not a runtime mode
+
+
+def test_snapshot_wait_follows_the_dump_interval():
+    from recipegen.ops.dumps import env_dump_dir, snapshot_wait_s
+
+    assert snapshot_wait_s({"EXPERT_RESIDENCY_DUMP_INTERVAL_S": "15"}) == 45.0
+    for unusable in ({}, {"EXPERT_RESIDENCY_DUMP_INTERVAL_S": "0"},
+                     {"EXPERT_RESIDENCY_DUMP_INTERVAL_S": "x"},
+                     {"EXPERT_RESIDENCY_DUMP_INTERVAL_S": "-5"}):
+        assert snapshot_wait_s(unusable) == 90.0
+    assert env_dump_dir({"EXPERT_RESIDENCY_DUMP_DIR": "/dumps"}) == "/dumps"
+    assert env_dump_dir({"EXPERT_RESIDENCY_DUMP_DIR": ""}) is None and env_dump_dir({}) is None

@@ -1,8 +1,8 @@
 """Histogram snapshots from the runtime's dump folder (DESIGN "How counts leave the engine").
 
-File names are `<lane>__<class>__<mode>__<UTC YYYYmmddTHHMMSS.ffffffZ>__<seq>.hist`
-(`expert_residency.core.dump`, which needs torch, so the name is parsed here again from its
-documented form). Counts are cumulative since the engine started; a window is the difference of
+File names are `<lane>__<class>__<mode>__<UTC YYYYmmddTHHMMSS.ffffffZ>__<seq>.hist`, defined
+once by `expert_residency.core.dump` (its name and config helpers import without torch).
+Counts are cumulative since the engine started; a window is the difference of
 two snapshots. Files are read through the engine (`get_archive`, works for any mount type) or
 straight from a host folder.
 """
@@ -10,17 +10,19 @@ straight from a host folder.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 
+from expert_residency.core.dump import DEFAULT_INTERVAL_S, ENV_DIR, ENV_INTERVAL, parse_dump_name
 from expert_residency.formats import FormatError, Histogram, parse_histogram
 from recipegen.errors import InputError, RecipegenError
 
-_TIME_FORMAT = "%Y%m%dT%H%M%S.%fZ"
+# How long past one dump interval a snapshot may take to appear in the folder.
+SNAPSHOT_MARGIN_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -35,17 +37,27 @@ class Snapshot:
 
 
 def parse_name(name: str) -> tuple[str, str, str, datetime, int] | None:
-    if not name.endswith(".hist") or name.startswith("."):
+    """(lane, class, mode, UTC time, seq) of a dump file name; None for other files."""
+    parsed = parse_dump_name(name)
+    if parsed is None:
         return None
-    parts = name[: -len(".hist")].split("__")
-    if len(parts) != 5:
-        return None
-    lane, cls, mode, stamp, seq = parts
+    return parsed.lane, parsed.traffic_class, parsed.mode, parsed.time, parsed.seq
+
+
+def env_dump_dir(env: Mapping[str, str]) -> str | None:
+    """The runtime's dump folder from a container's environment (None: it is not dumping)."""
+    return env.get(ENV_DIR) or None
+
+
+def snapshot_wait_s(env: Mapping[str, str]) -> float:
+    """How long to wait for the next snapshot if no process answers SIGUSR1: the container's
+    dump interval (the runtime's default when unset, unreadable or not positive) + a margin."""
+    text = env.get(ENV_INTERVAL)
     try:
-        when = datetime.strptime(stamp, _TIME_FORMAT).replace(tzinfo=timezone.utc)
-        return lane, cls, mode, when, int(seq)
+        interval = float(text) if text else DEFAULT_INTERVAL_S
     except ValueError:
-        return None
+        interval = DEFAULT_INTERVAL_S
+    return (interval if interval > 0 else DEFAULT_INTERVAL_S) + SNAPSHOT_MARGIN_S
 
 
 def snapshots(files: dict[str, bytes], *, where: str, lane: str | None = None,

@@ -7,12 +7,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from expert_residency.core.dump import ENV_DIR
 from expert_residency.formats import FormatError, find_report_lines, load_histogram, load_rowmap
 from recipegen.errors import InputError, RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.deployment import Deployment
 from recipegen.ops.drift import DEFAULT_TOLERANCE, DriftVerdict, judge
-from recipegen.ops.dumps import Snapshot, difference, snapshots, wait_for_snapshot
+from recipegen.ops.dumps import (Snapshot, difference, env_dump_dir, snapshot_wait_s,
+                                 snapshots, wait_for_snapshot)
 from recipegen.ops.engine import (ContainerInfo, container_logs, list_dir, request_snapshot,
                                   service_container)
 from recipegen.ops.kvcapacity import KvCapacity, kv_from_log, kv_from_metrics
@@ -109,38 +111,30 @@ def _asked(pids: list[int]) -> str:
     return f"asked for a snapshot (SIGUSR1 to pid {', '.join(map(str, pids))} in the container)"
 
 
-def _float(text: str | None, default: float) -> float:
-    try:
-        return float(text) if text else default
-    except ValueError:
-        return default
-
-
 def drift_lane(dep: Deployment, lane_name: str, *, wait_s: float | None,
                tolerance: float = DEFAULT_TOLERANCE, window_s: float | None = None,
                echo: Echo = print) -> DriftVerdict:
     info = running_lane(dep, lane_name)
     lane = dep.lane(lane_name)
     active = info.labels.get(labels.CLASS) or lane.active_class or ""
-    dump_dir = info.env.get("EXPERT_RESIDENCY_DUMP_DIR")
-    if not dump_dir:
-        raise RecipegenError(f"{info.service} has no EXPERT_RESIDENCY_DUMP_DIR: the runtime is not "
+    folder = env_dump_dir(info.env)
+    if not folder:
+        raise RecipegenError(f"{info.service} has no {ENV_DIR}: the runtime is not "
                              "counting; re-render and recreate the lane")
     client = dep.client()
-    read = lambda: list_dir(client, info.id, dump_dir)  # noqa: E731
+    read = lambda: list_dir(client, info.id, folder)  # noqa: E731
     seen = set(read())
     if wait_s is None:
         # If no process answers SIGUSR1, the timer's next snapshot does: wait one interval + margin.
-        interval = _float(info.env.get("EXPERT_RESIDENCY_DUMP_INTERVAL_S"), 60.0)
-        wait_s = (interval if interval > 0 else 60.0) + 30.0
+        wait_s = snapshot_wait_s(info.env)
     nudge = lambda: request_snapshot(client, info.id)  # noqa: E731
     echo(f"{info.service}: {_asked(nudge())}; waiting at most {wait_s:.0f} s")
-    snap = wait_for_snapshot(read, where=f"{info.service}:{dump_dir}", lane=None,
+    snap = wait_for_snapshot(read, where=f"{info.service}:{folder}", lane=None,
                              traffic_class=None, seen=seen, timeout_s=wait_s, nudge=nudge,
                              nudge_every_s=5.0)
     live = snap.histogram
     if window_s:
-        live = _window(read(), snap, window_s, where=f"{info.service}:{dump_dir}", echo=echo)
+        live = _window(read(), snap, window_s, where=f"{info.service}:{folder}", echo=echo)
     maps = {name: _load_map(dep, lane_name, name) for name, c in lane.classes.items() if c.rowmap}
     if active not in maps:
         raise RecipegenError(f"{info.service} runs class {active!r}, which has no row map here")

@@ -19,11 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from expert_residency.core.dump import ENV_DIR
 from expert_residency.formats import Histogram, RowMap, save_histogram, save_rowmap
 from recipegen.errors import InputError, RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.deployment import Deployment, service_profiles
-from recipegen.ops.dumps import Snapshot, difference, read_host_dir, snapshots, wait_for_snapshot
+from recipegen.ops.dumps import (Snapshot, difference, env_dump_dir, read_host_dir, snapshot_wait_s,
+                                 snapshots, wait_for_snapshot)
 from recipegen.ops.engine import list_dir, request_snapshot, service_container
 from recipegen.ops.live import _asked
 from recipegen.ops.prompts import drive, load_prompts
@@ -145,10 +147,10 @@ def profile_in_docker(dep: Deployment, lane_name: str, traffic_class: str | None
                          profiles=service_profiles(config, prof_svc), force_recreate=True)
         info = service_container(client, project, prof_svc)
         assert info is not None
-        dump_dir = info.env.get("EXPERT_RESIDENCY_DUMP_DIR")
-        if not dump_dir:
-            raise RecipegenError(f"{prof_svc} has no EXPERT_RESIDENCY_DUMP_DIR: re-render")
-        seen = set(list_dir(client, info.id, dump_dir))
+        folder = env_dump_dir(info.env)
+        if not folder:
+            raise RecipegenError(f"{prof_svc} has no {ENV_DIR}: re-render")
+        seen = set(list_dir(client, info.id, folder))
         lane = dep.lane(lane_name)
         address = dep.loaded.recipe.machines[lane.machine].address or "127.0.0.1"
         endpoint = f"http://{address}:{lane.port}"
@@ -160,13 +162,13 @@ def profile_in_docker(dep: Deployment, lane_name: str, traffic_class: str | None
             time.sleep(serve_s)
         # A snapshot now (SIGUSR1, else the timer's next one) so the counts are safe even if
         # the shutdown snapshot does not come; then stop: the final snapshot supersedes it.
-        where = f"{prof_svc}:{dump_dir}"
-        read = lambda: list_dir(client, info.id, dump_dir)  # noqa: E731
+        where = f"{prof_svc}:{folder}"
+        read = lambda: list_dir(client, info.id, folder)  # noqa: E731
         nudge = lambda: request_snapshot(client, info.id)  # noqa: E731
-        interval = float(info.env.get("EXPERT_RESIDENCY_DUMP_INTERVAL_S") or 60) or 60.0
-        echo(f"{prof_svc}: {_asked(nudge())} (at most {interval + 30:.0f} s)")
+        snapshot_wait = snapshot_wait_s(info.env)
+        echo(f"{prof_svc}: {_asked(nudge())} (at most {snapshot_wait:.0f} s)")
         snap = wait_for_snapshot(read, where=where, lane=None, traffic_class=None, seen=seen,
-                                 timeout_s=interval + 30, nudge=nudge, nudge_every_s=5.0)
+                                 timeout_s=snapshot_wait, nudge=nudge, nudge_every_s=5.0)
         echo(f"{prof_svc}: stopping (the runtime writes its final snapshot)")
         dep.project().stop([prof_svc], profiles=service_profiles(config, prof_svc))
         final = snapshots({n: d for n, d in read().items() if n not in seen}, where=where)

@@ -125,7 +125,10 @@ def parse_dump_name(name: str) -> DumpName | None:
     m = _DUMP_NAME.match(name)
     if not m:
         return None
-    when = datetime.strptime(m.group("time"), _TIME_FORMAT).replace(tzinfo=timezone.utc)
+    try:
+        when = datetime.strptime(m.group("time"), _TIME_FORMAT).replace(tzinfo=timezone.utc)
+    except ValueError:  # right shape, impossible date: not one of ours either
+        return None
     return DumpName(m.group("lane"), m.group("cls"), m.group("mode"), when, int(m.group("seq")))
 
 

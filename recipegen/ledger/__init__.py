@@ -8,9 +8,9 @@ change. See docs/ledger.md.
 
 from recipegen.ledger.budget import DeclaredSplit, declared_split
 from recipegen.ledger.compute import (LaneLedger, PlacementLedger, RecipeLedger, Violation, compute_lane,
-                                      compute_ledger)
+                                      compute_ledger, concurrent_total)
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.placement import positional_walk, rehoming_peaks
 
 __all__ = ["DeclaredSplit", "declared_split", "LaneLedger", "PlacementLedger", "RecipeLedger",
-           "Violation", "compute_lane", "compute_ledger", "Figure", "positional_walk", "rehoming_peaks"]
+           "Violation", "compute_lane", "compute_ledger", "concurrent_total", "Figure", "positional_walk", "rehoming_peaks"]

@@ -618,6 +618,14 @@ def _budget_violations(model: Model, machine: Machine, lane: Lane, cap: float, r
     return out
 
 
+def concurrent_total(members: list[tuple[Lane, LaneLedger]], key: str) -> float:
+    """Figure `key` over lanes sharing a machine, as they can be up together: every always-on
+    lane plus the largest lane with a compose profile (those come up one at a time)."""
+    always = sum(g.fig(key).value for l, g in members if l.profile is None)
+    optional = [g.fig(key).value for l, g in members if l.profile is not None]
+    return always + (max(optional) if optional else 0)
+
+
 def machine_checks(recipe: Recipe, lanes: list[LaneLedger]) -> list[Violation]:
     """Budgets shared by lanes: host memory of a machine, and GPUs used by more than one lane.
 
@@ -637,10 +645,7 @@ def machine_checks(recipe: Recipe, lanes: list[LaneLedger]) -> list[Violation]:
             continue
         machine = recipe.machines[name]
         always = [(l, g) for l, g in members if l.profile is None]
-        optional = [(l, g) for l, g in members if l.profile is not None]
-        host = sum(g.fig("host.total").value for _, g in always)
-        if optional:
-            host += max(g.fig("host.total").value for _, g in optional)
+        host = concurrent_total(members, "host.total")
         if host > machine.host_memory:
             over = host - machine.host_memory
             out.append(Violation(

@@ -37,7 +37,7 @@ def host_requirement(recipe: str) -> HostRequirement:
     """Host memory and pinned bytes the recipe's lanes plan for, over the machine they share
     (lanes with a compose profile count one at a time, the largest — as the ledger's machine
     check counts them), and the GPUs they use."""
-    from recipegen.ledger import compute_ledger
+    from recipegen.ledger import compute_ledger, concurrent_total
     from recipegen.recipe_io import load_recipe
 
     loaded = load_recipe(recipe)
@@ -47,15 +47,8 @@ def host_requirement(recipe: str) -> HostRequirement:
     if len(machines) > 1:
         raise RecipegenError(f"{loaded.name} spans machines {', '.join(machines)}: run doctor on "
                              "each machine with a recipe of its lanes")
-
-    def biggest_optional(key: str) -> float:
-        values = [g.fig(key).value for l, g in lanes if l.profile is not None]
-        return max(values) if values else 0.0
-
-    always = [(l, g) for l, g in lanes if l.profile is None]
-    host = sum(g.fig("host.total").value for _, g in always) + biggest_optional("host.total")
-    pinned = sum(g.fig("host.cold_experts").value for _, g in always) + \
-        biggest_optional("host.cold_experts")
+    host = concurrent_total(lanes, "host.total")
+    pinned = concurrent_total(lanes, "host.cold_experts")
     gpus = len({gpu for l, _ in lanes for gpu in l.gpus})
     images, paths = _rendered_needs(loaded)
     return HostRequirement(loaded.name, int(host), int(pinned), gpus, images, paths)

@@ -9,31 +9,18 @@ from __future__ import annotations
 
 import ast
 import base64
-import os
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 from expert_residency.formats import HistogramAccumulator, decode_routed_experts
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def vllm033_source() -> Path | None:
-    candidates = []
-    if os.environ.get("RECIPEGEN_VLLM033_SRC"):
-        candidates.append(Path(os.environ["RECIPEGEN_VLLM033_SRC"]) / "vllm")
-    candidates += [REPO / ".cache" / "vllm-0.33.0" / "vllm", Path("/work/cache/vllm-0.33.0/vllm")]
-    for candidate in candidates:
-        if (candidate / "utils" / "serial_utils.py").is_file():
-            return candidate
-    return None
+from vllm033_source import vllm033_source
 
 
 @pytest.fixture(scope="module")
 def src() -> Path:
-    source = vllm033_source()
+    source = vllm033_source("utils/serial_utils.py")
     if source is None:
         pytest.skip("vllm 0.33.0 source not unpacked (scripts/fetch-vllm033-source.sh)")
     return source

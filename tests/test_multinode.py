@@ -21,10 +21,10 @@ from recipegen.multinode.launch import lane_launches, node_args, node_env
 from recipegen.multinode.partition import PartitionError, stage_layers, vllm_partition
 from recipegen.recipe_io import load_recipe
 from recipegen.units import GiB
+from vllm033_source import vllm033_source
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = "dsv41-flash-gb300x2-pp2"
-VLLM_033_UTILS = Path("/work/cache/vllm-0.33.0/vllm/distributed/utils.py")
 E = 18_800_640                      # bytes per DSv4.1-Flash expert (team interface 2)
 
 
@@ -32,14 +32,16 @@ E = 18_800_640                      # bytes per DSv4.1-Flash expert (team interf
 
 def _vllm_get_pp_indices(partition_env: str | None = None) -> Any:
     """vLLM 0.33.0's own get_pp_indices, compiled from its source (no vLLM import needed)."""
-    if not VLLM_033_UTILS.is_file():
-        pytest.skip(f"vLLM 0.33.0 source not unpacked at {VLLM_033_UTILS}")
-    tree = ast.parse(VLLM_033_UTILS.read_text())
+    source = vllm033_source("distributed/utils.py")
+    if source is None:
+        pytest.skip("vLLM 0.33.0 source not unpacked (scripts/fetch-vllm033-source.sh)")
+    utils = source / "distributed" / "utils.py"
+    tree = ast.parse(utils.read_text())
     node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_pp_indices")
     namespace: dict[str, Any] = {
         "envs": SimpleNamespace(VLLM_PP_LAYER_PARTITION=partition_env),
         "logger": SimpleNamespace(info=lambda *a, **k: None)}
-    exec(compile(ast.Module(body=[node], type_ignores=[]), str(VLLM_033_UTILS), "exec"), namespace)
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(utils), "exec"), namespace)
     return namespace["get_pp_indices"]
 
 

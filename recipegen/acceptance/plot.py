@@ -5,16 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from recipegen.acceptance.knee import KneeResult
-from recipegen.errors import RecipegenError
+from recipegen.plotting import pyplot, save_png
 
 
 def plot_knee(result: KneeResult, path: Path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise RecipegenError("--plot needs matplotlib: pip install 'recipegen[plot]'") from None
+    plt = pyplot()
     names = {"A": "candidate", "B": "control", "A2": "candidate (repeat)"}
     fig, (ax_tok, ax_lat) = plt.subplots(1, 2, figsize=(11, 4.2))
     for label in dict.fromkeys(lv.label for lv in result.levels):
@@ -40,8 +35,4 @@ def plot_knee(result: KneeResult, path: Path) -> None:
     ax_lat.set_title("Per-request latency")
     ax_tok.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    tmp.replace(path)
+    save_png(fig, path)

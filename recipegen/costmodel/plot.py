@@ -5,18 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from recipegen.costmodel.sweep import Sweep
-from recipegen.errors import RecipegenError
-
-GiB = 2**30
+from recipegen.plotting import pyplot, save_png
+from recipegen.units import GiB
 
 
 def plot_sweep(sweep: Sweep, path: Path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise RecipegenError("--plot needs matplotlib: pip install 'recipegen[plot]'") from None
+    plt = pyplot()
     rows = sweep.rows
     hot = [r.hot for r in rows]
     fig, (ax_fetch, ax_kv) = plt.subplots(2, 1, figsize=(9.5, 7.5), sharex=True,
@@ -92,8 +86,4 @@ def plot_sweep(sweep: Sweep, path: Path) -> None:
         if row.points:
             ax_fetch.plot([current], [row.points[0].tax.fetch_ms], "ko", ms=5)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    tmp.replace(path)
+    save_png(fig, path)

@@ -9,8 +9,7 @@ from pathlib import Path
 import click
 
 from recipegen.errors import InputError
-
-GiB = 2**30
+from recipegen.units import GiB
 
 
 def _streams(text: str | None) -> list[int] | None:

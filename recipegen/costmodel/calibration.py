@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from recipegen.costmodel.fetch import fetch_tax
 from recipegen.costmodel.unique_experts import UniqueExpertsModel, calibrated_model
+from recipegen.units import GiB
 
-GiB = 2**30
 SEED_PIN = "seed 000 'vLLM: Pin Hot Experts'"
 SEED_PREFETCH = "seed 001 'Should a GB300 Prefetch Its Cold Experts?'"
 SEED_OFFLOAD = "seed 002 'Offload by Expert on GB300'"

@@ -17,8 +17,7 @@ from recipegen.costmodel.kschedule import KScheduleCheck, check_k_schedule
 from recipegen.costmodel.steps import measured_step
 from recipegen.costmodel.unique_experts import UniqueExpertsModel, calibrated_model
 from recipegen.errors import InputError
-
-GiB = 2**30
+from recipegen.units import GiB
 
 
 def unique_model_for(model: Any) -> UniqueExpertsModel:

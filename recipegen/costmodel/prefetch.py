@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recipegen.costmodel.figures import Figure, Operand
-
-GiB = 2**30
+from recipegen.units import GiB
 
 
 @dataclass(frozen=True)

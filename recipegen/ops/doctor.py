@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-GIB = 2**30  # DESIGN: GiB = 2^30
+from recipegen.units import GiB as GIB
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 UNLIMITED = -1

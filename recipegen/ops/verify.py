@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from expert_residency.formats import StartupReport
+from recipegen.units import GiB as GIB
 
 BYTES_TOLERANCE = 0.005
 KV_TOLERANCE = 0.02
-GIB = 2**30
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from recipegen.ledger.multinode import MultiNodeLaneLedger
-from recipegen.ledger.report import render_lane
+from recipegen.ledger.report import render_lane, verdict_lines
 from recipegen.units import GiB, format_tokens
 
 
@@ -52,10 +52,5 @@ def render_multinode_lane(lane: MultiNodeLaneLedger, *, explain: bool = False) -
     out.append(f"  {lane.recommendation}")
     for note in lane.notes[:1]:
         out.append(f"  note: {note}")
-    if lane.ok:
-        out.append("  verdict: OK — every budget holds on every machine")
-    else:
-        for v in lane.violations:
-            out.append(f"  OVER BUDGET [{v.kind}]: {v.message}")
-            out.append(f"    → {v.suggestion}")
+    out += verdict_lines(lane.ok, lane.violations, holds="every budget holds on every machine")
     return "\n".join(out)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from recipegen.ledger.compute import POSITIONAL, LaneLedger, PlacementLedger, RecipeLedger
+from recipegen.ledger.compute import POSITIONAL, LaneLedger, PlacementLedger, RecipeLedger, Violation
 from recipegen.units import GiB, MiB
 
 
@@ -99,13 +99,19 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
                 prefix = f"[{key.split(':')[0]}] " if ":" in key else ""
                 out.extend("    " + (prefix if i == 0 else "") + line
                            for i, line in enumerate(f.explain().splitlines()))
-    if lane.ok:
-        out.append("  verdict: OK — every budget holds")
-    else:
-        for v in lane.violations:
-            out.append(f"  OVER BUDGET [{v.kind}]: {v.message}")
-            out.append(f"    → {v.suggestion}")
+    out += verdict_lines(lane.ok, lane.violations, holds="every budget holds")
     return "\n".join(out)
+
+
+def verdict_lines(ok: bool, violations: list[Violation], *, holds: str) -> list[str]:
+    """A lane's closing lines: `verdict: OK — <holds>`, or each violation with what to change."""
+    if ok:
+        return [f"  verdict: OK — {holds}"]
+    out: list[str] = []
+    for v in violations:
+        out.append(f"  OVER BUDGET [{v.kind}]: {v.message}")
+        out.append(f"    → {v.suggestion}")
+    return out
 
 
 def render_ledger(ledger: RecipeLedger, path: str, *, explain: bool = False) -> str:

@@ -261,3 +261,65 @@ def test_deferred_finalize_is_refused_for_split_modes() -> None:
     assert checks.deferred_finalize_reason(False, "L") is None
     reason = checks.deferred_finalize_reason(True, "model.layers.0.ffn.experts")
     assert "use_deferred_moe_finalize" in reason and "TP=1" in reason
+
+
+class FakeMxfp4Method:
+    """Stands in for vLLM's ``Mxfp4MoEMethod``: records whether its conversion ran."""
+
+    def __init__(self) -> None:
+        self.converted: list[str] = []
+
+    def process_weights_after_loading(self, layer: Any) -> None:
+        self.converted.append(layer.layer_name)
+
+
+def _hold(runtime: Any, pre_processed: bool = False) -> FakeMxfp4Method:
+    from expert_residency.vllm_plugin.mxfp4_experts import hold_back_conversion
+
+    method = FakeMxfp4Method()
+    hold_back_conversion(method, lambda: runtime, lambda: pre_processed)
+    hold_back_conversion(method, lambda: runtime, lambda: pre_processed)  # idempotent
+    return method
+
+
+def test_target_layers_keep_the_checkpoint_layout() -> None:
+    runtime = WorkerRuntime(PluginSettings(mode="unsplit"), None)
+    method = _hold(runtime)
+    layer = _layer()
+    layer._er_mxfp4 = False
+    method.process_weights_after_loading(layer)
+    assert method.converted == [] and layer._er_mxfp4 is True
+
+
+def test_layers_of_a_second_model_get_vllms_conversion() -> None:
+    runtime = WorkerRuntime(PluginSettings(mode="unsplit"), None)
+    runtime.target_layers = {0: object()}  # the target model is loaded: this is a drafter
+    method = _hold(runtime)
+    layer = _layer(swiglu_limit=7.0)  # not refused: vLLM's kernel runs it
+    layer._er_mxfp4 = False
+    method.process_weights_after_loading(layer)
+    assert method.converted == [layer.layer_name] and layer._er_mxfp4 is False
+
+
+def test_unsupported_or_preprocessed_layers_refuse_before_any_conversion() -> None:
+    runtime = WorkerRuntime(PluginSettings(mode="unsplit"), None)
+    method = _hold(runtime)
+    with pytest.raises(ResidencyRefused, match="swiglu_limit=10"):
+        method.process_weights_after_loading(_layer(swiglu_limit=10.0))
+    method = _hold(runtime, pre_processed=True)
+    with pytest.raises(ResidencyRefused, match="pre-processed"):
+        method.process_weights_after_loading(_layer())
+    assert method.converted == []
+
+
+def test_held_back_drafter_layers_are_converted_when_excluded() -> None:
+    runtime = WorkerRuntime(PluginSettings(mode="unsplit"), None)
+    runtime.target_layers = {0: object()}
+    method = FakeMxfp4Method()
+    drafter = _layer()
+    drafter._er_vllm_process_weights = method.process_weights_after_loading
+    runtime.pending = [drafter]
+    runtime.after_model_loaded(torch.nn.ModuleList([drafter]))
+    assert method.converted == [drafter.layer_name]
+    assert drafter._er_excluded and not drafter._er_mxfp4
+    assert runtime.excluded_layers == [drafter.layer_name]

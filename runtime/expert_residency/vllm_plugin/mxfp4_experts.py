@@ -30,7 +30,7 @@ No vLLM import here (the GPU test runs it where vLLM is absent); the caller hand
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -70,6 +70,39 @@ def mxfp4_unsupported_reason(layer: Any) -> str | None:
         return (f"{name}: SwiGLU alpha/beta ({alpha}, {beta}) are not supported by the runtime's "
                 "MXFP4 expert kernel")
     return None
+
+
+def hold_back_conversion(method: Any, get_runtime: Callable[[], Any],
+                         is_weights_pre_processed: Callable[[], bool]) -> None:
+    """Replace ``method.process_weights_after_loading`` (a vLLM ``Mxfp4MoEMethod``) so that, for
+    the target model's layers, the checkpoint-layout tensors stay as loaded: no backend
+    conversion, no vLLM kernel, no quant config holding the whole layer's scales; the worker
+    runtime re-homes them after load and marks nothing else. Layers the runtime cannot compute
+    exactly refuse here, at load, before any conversion. vLLM's own method is kept on the layer
+    (``_er_vllm_process_weights``) and still runs for a second model's layers (a drafter, loaded
+    after the target's banks exist), which vLLM's kernel serves."""
+    if getattr(method, "_er_wrapped", False):
+        return
+    vllm_process = method.process_weights_after_loading
+
+    def process_weights_after_loading(module: Any) -> None:
+        from .refusal import refuse
+
+        module._er_vllm_process_weights = vllm_process
+        runtime = get_runtime()
+        if runtime is None or runtime.target_layers:
+            vllm_process(module)
+            return
+        if is_weights_pre_processed():
+            refuse(f"{module.layer_name}: pre-processed (kernel-format) MXFP4 weights cannot be "
+                   "split; load the checkpoint layout with residency")
+        reason = mxfp4_unsupported_reason(module)
+        if reason is not None:
+            refuse(reason)
+        module._er_mxfp4 = True
+
+    method.process_weights_after_loading = process_weights_after_loading
+    method._er_wrapped = True
 
 
 def checkpoint_geometry(tensors: dict[str, torch.Tensor], layer_name: str = "MoE layer"

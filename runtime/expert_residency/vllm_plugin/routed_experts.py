@@ -49,36 +49,17 @@ class ResidencyRoutedExperts(RoutedExperts):
 
 
 def _keep_mxfp4_checkpoint_layout(layer: RoutedExperts) -> None:
-    """Split modes own an MXFP4 layer's layout: replace vLLM's ``process_weights_after_loading``
-    for this layer's ``Mxfp4MoEMethod`` so the checkpoint-layout tensors stay as loaded (no
-    backend conversion, no vLLM kernel, no quant config holding the whole layer's scales); the
-    worker runtime re-homes them after load (``mxfp4_experts``). Layers the runtime cannot compute
-    exactly refuse here, at load, before any conversion."""
+    """Split modes own an MXFP4 layer's layout: hold back vLLM's conversion on the layer's
+    ``Mxfp4MoEMethod`` (``mxfp4_experts.hold_back_conversion``)."""
     try:
         from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4MoEMethod
+        from vllm.model_executor.utils import is_weights_pre_processed
     except ImportError:  # a build without MXFP4 support has no such layers
         return
-    method = layer.quant_method
-    if not isinstance(method, Mxfp4MoEMethod):
-        return
+    if isinstance(layer.quant_method, Mxfp4MoEMethod):
+        from .mxfp4_experts import hold_back_conversion
 
-    def process_weights_after_loading(module: RoutedExperts) -> None:
-        from vllm.model_executor.utils import is_weights_pre_processed
-
-        from .mxfp4_experts import mxfp4_unsupported_reason
-        from .refusal import refuse
-
-        if module is not layer:  # the method serves exactly one layer
-            raise RuntimeError(f"{layer.layer_name}: MXFP4 method called for another layer")
-        if is_weights_pre_processed():
-            refuse(f"{layer.layer_name}: pre-processed (kernel-format) MXFP4 weights cannot be "
-                   "split; load the checkpoint layout with residency")
-        reason = mxfp4_unsupported_reason(layer)
-        if reason is not None:
-            refuse(reason)
-        layer._er_mxfp4 = True
-
-    method.process_weights_after_loading = process_weights_after_loading  # type: ignore[method-assign]
+        hold_back_conversion(layer.quant_method, get_runtime, is_weights_pre_processed)
 
 
 def _require_modular_kernel(moe_config: Any) -> None:

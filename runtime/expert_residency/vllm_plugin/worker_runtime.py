@@ -105,6 +105,11 @@ class WorkerRuntime:
             names = [m.layer_name for m in mine]
             for module in mine:
                 module._er_excluded = True
+                if getattr(module, "_er_mxfp4", False):
+                    # Its vLLM conversion was held back for the runtime: run it now (still inside
+                    # load_model), since vLLM's kernel serves this layer.
+                    module._er_vllm_process_weights(module)
+                    module._er_mxfp4 = False
             self.excluded_layers.extend(names)
             _log(f"expert_residency: {len(names)} MoE layer(s) of a second model (drafter) left to "
                  f"vLLM's own kernel and not counted: {names[:4]}{'...' if len(names) > 4 else ''}")

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field, PositiveInt, model_validator
 
 from recipegen.schema.base import Bandwidth, PathError, PositiveBytes, StrictModel
-from recipegen.schema.sourced import split_sources
+from recipegen.schema.sourced import lift_sources
 
 
 class GpuSpec(StrictModel):
@@ -59,13 +59,7 @@ class Machine(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _split_sources(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            plain, sources = split_sources({k: v for k, v in data.items() if k != "sources"})
-            merged = {**sources, **(data.get("sources") or {})}
-            if merged or "sources" in data:
-                plain["sources"] = merged
-            return plain
-        return data
+        return lift_sources(data)
 
     @model_validator(mode="after")
     def _check(self) -> "Machine":

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from recipegen.schema.base import Bytes, PositiveBytes, ScaledNumber, StrictModel
-from recipegen.schema.sourced import split_sources
+from recipegen.schema.sourced import lift_sources
 from recipegen.units import GiB
 
 # Storage per logical element: (bits per value, values per scale block, bytes per scale).
@@ -141,14 +141,7 @@ class Model(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _split_sources(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            plain, sources = split_sources({k: v for k, v in data.items() if k != "sources"})
-            if "sources" in data:
-                plain["sources"] = {**sources, **(data["sources"] or {})}
-            elif sources:
-                plain["sources"] = sources
-            return plain
-        return data
+        return lift_sources(data)
 
     @field_validator("moe_layers", mode="before")
     @classmethod

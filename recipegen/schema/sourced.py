@@ -33,3 +33,17 @@ def split_sources(node: Any, prefix: str = "") -> tuple[Any, dict[str, str]]:
 
     plain = walk(node, prefix)
     return plain, sources
+
+
+def lift_sources(data: Any) -> Any:
+    """A model's raw input with its sourced figures replaced by their values and their sources
+    merged into its `sources` map (an explicit `sources:` entry wins); for a `mode="before"`
+    validator of a model with a `sources` field."""
+    if not isinstance(data, dict):
+        return data
+    plain, sources = split_sources({k: v for k, v in data.items() if k != "sources"})
+    if "sources" in data:
+        plain["sources"] = {**sources, **(data["sources"] or {})}
+    elif sources:
+        plain["sources"] = sources
+    return plain

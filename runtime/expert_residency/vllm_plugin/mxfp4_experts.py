@@ -77,7 +77,7 @@ def hold_back_conversion(method: Any, get_runtime: Callable[[], Any],
     """Replace ``method.process_weights_after_loading`` (a vLLM ``Mxfp4MoEMethod``) so that, for
     the target model's layers, the checkpoint-layout tensors stay as loaded: no backend
     conversion, no vLLM kernel, no quant config holding the whole layer's scales; the worker
-    runtime re-homes them after load and marks nothing else. Layers the runtime cannot compute
+    runtime re-homes the layers this marks (``_er_mxfp4``) after load. Layers it cannot compute
     exactly refuse here, at load, before any conversion. vLLM's own method is kept on the layer
     (``_er_vllm_process_weights``) and still runs for a second model's layers (a drafter, loaded
     after the target's banks exist), which vLLM's kernel serves."""

@@ -192,6 +192,16 @@ def test_rehoming_ends_at_the_map() -> None:
     assert everything_first.hbm_peak == sum(initial_hbm) and everything_first.order == []
 
 
+def test_rehoming_plans_a_partly_offloaded_layer_exactly() -> None:
+    # One layer loaded 40 in HBM / 60 on the host, re-homed to 70 hot / 30 cold: the new banks
+    # are allocated before the loaded tensors are freed, so HBM peaks at 40 + 70 and host at
+    # 60 + 30 (counting the layer as wholly offloaded would say 70 and 130).
+    peaks = rehoming_peaks([40], [60], [70], [30])
+    assert (peaks.hbm_initial, peaks.host_initial) == (40, 60)
+    assert (peaks.hbm_peak, peaks.host_peak) == (110, 90)
+    assert (peaks.hbm_final, peaks.host_final) == (70, 30)
+
+
 def test_positional_twin_ledger() -> None:
     lane = compute_ledger(load_recipe(OFF60)).lane("agent")
     walk_bytes = lane.positional.figures["positional.offloaded"].value

@@ -77,11 +77,12 @@ def rehoming_peaks(initial_hbm: list[int], initial_host: list[int],
     so the ledger predicts the peaks the runtime will produce: each layer's new banks are allocated
     before its original tensors are freed; HBM-resident and offloaded layers are interleaved so
     neither side exceeds max(initial, final) by more than one layer. A layer the positional walk
-    offloaded only partly counts as offloaded (approximation).
+    offloaded only partly (w13 on the host, w2 still in HBM) is planned with its exact split.
     """
     from expert_residency.core.plan import LayerPlacement, plan_rehome_order
 
-    layers = [LayerPlacement(i, initial_host[i] == 0, final_hbm[i], final_host[i])
+    layers = [LayerPlacement(i, initial_host[i] == 0, final_hbm[i], final_host[i],
+                             device_bytes=initial_hbm[i])
               for i in range(len(initial_hbm))]
     if all(initial_hbm[i] == final_hbm[i] and initial_host[i] == final_host[i] for i in range(len(layers))):
         hbm, host = sum(initial_hbm), sum(initial_host)

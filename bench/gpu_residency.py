@@ -90,19 +90,21 @@ def read_bandwidth(buf: torch.Tensor, reps: int) -> dict:
             "best_GBps": nbytes / min(times) / GB}
 
 
+def event_seconds(fn) -> float:
+    """Seconds `fn`'s GPU work takes on the current stream (CUDA events around it)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / 1e3
+
+
 def time_fn(fn, reps: int, warmup: int = 1) -> list[float]:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / 1e3)
-    return out
+    return [event_seconds(fn) for _ in range(reps)]
 
 
 # -- model, routing, placement ----------------------------------------------------------------------
@@ -356,12 +358,7 @@ def run_tokens(tokens, steps, ex, cases, cold_sets, p, k, per_expert, hbm_bw, pi
         # cost would otherwise carry an order effect).
         for case, g in (order if s % 2 == 0 else order[::-1]):
             g.load(topk_weights=weights[s], topk_ids=ids[s])
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.graph.replay()
-            b.record()
-            b.synchronize()
-            times[case].append(a.elapsed_time(b) / 1e3)
+            times[case].append(event_seconds(g.graph.replay))
     ids_np = ids.cpu().numpy()
     out = {"steps": steps, "cases": {}}
     for case in cases:
@@ -398,12 +395,7 @@ def cold_only(ex, cases, p, k, per_expert, pin_bw, seed, tokens=96, steps=6):
     times, nbytes = [], []
     for s in range(steps):
         g.load(topk_weights=weights[s], topk_ids=ids[s])
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
+        times.append(event_seconds(g.graph.replay))
         nbytes.append(len(np.unique(ids[s].cpu().numpy())) * per_expert)
     bw = sum(nbytes) / sum(times)
     return {"tokens": tokens, "steps": steps, "unique_experts_mean": statistics.fmean(nbytes) / per_expert,

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from recipegen.errors import InputError
 from recipegen.schema import Recipe
-from recipegen.schema.base import PathError, StrictModel
+from recipegen.schema.base import PathError, reachable_models
 from recipegen.schema.checks import Problem, cross_reference_problems
 
 RECIPES_DIRNAME = "recipes"
@@ -210,31 +210,8 @@ _ALL_FIELDS: set[str] | None = None
 def _all_field_names() -> set[str]:
     global _ALL_FIELDS
     if _ALL_FIELDS is None:
-        names: set[str] = set()
-        seen: set[type] = set()
-
-        def visit(model: type[StrictModel]) -> None:
-            if model in seen:
-                return
-            seen.add(model)
-            for name, info in model.model_fields.items():
-                names.add(name)
-                for arg in _model_types(info.annotation):
-                    visit(arg)
-        visit(Recipe)
-        _ALL_FIELDS = names
+        _ALL_FIELDS = {name for model in reachable_models(Recipe) for name in model.model_fields}
     return _ALL_FIELDS
-
-
-def _model_types(annotation: Any) -> list[type[StrictModel]]:
-    from typing import get_args
-
-    found: list[type[StrictModel]] = []
-    if isinstance(annotation, type) and issubclass(annotation, StrictModel):
-        found.append(annotation)
-    for arg in get_args(annotation):
-        found.extend(_model_types(arg))
-    return found
 
 
 def _describe(error: dict[str, Any]) -> tuple[Loc, str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, WithJsonSchema
 
@@ -14,6 +14,31 @@ class StrictModel(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=False,
                               validate_default=True)
+
+
+def reachable_models(root: type[StrictModel]) -> list[type[StrictModel]]:
+    """`root` and every model its fields can hold (nested in lists, unions, optionals), each
+    once, in first-reached depth-first order."""
+    order: list[type[StrictModel]] = []
+
+    def visit(model: type[StrictModel]) -> None:
+        if model in order:
+            return
+        order.append(model)
+        for info in model.model_fields.values():
+            for arg in _nested_models(info.annotation):
+                visit(arg)
+    visit(root)
+    return order
+
+
+def _nested_models(annotation: Any) -> list[type[StrictModel]]:
+    found: list[type[StrictModel]] = []
+    if isinstance(annotation, type) and issubclass(annotation, StrictModel):
+        found.append(annotation)
+    for arg in get_args(annotation):
+        found.extend(_nested_models(arg))
+    return found
 
 
 class PathError(ValueError):

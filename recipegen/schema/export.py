@@ -8,7 +8,7 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel
 
-from recipegen.schema.base import StrictModel
+from recipegen.schema.base import reachable_models
 from recipegen.schema.recipe import SCHEMA_VERSION, Recipe
 
 
@@ -85,28 +85,6 @@ _UNIT_TYPES = {
 }
 
 
-def _models_in_order(root: type[StrictModel]) -> list[type[StrictModel]]:
-    order: list[type[StrictModel]] = []
-
-    def visit(model: type[StrictModel]) -> None:
-        if model in order:
-            return
-        order.append(model)
-        for info in model.model_fields.values():
-            for arg in _nested_models(info.annotation):
-                visit(arg)
-    visit(root)
-    return order
-
-
-def _nested_models(annotation: Any) -> list[type[StrictModel]]:
-    found: list[type[StrictModel]] = []
-    if isinstance(annotation, type) and issubclass(annotation, StrictModel):
-        found.append(annotation)
-    for arg in get_args(annotation):
-        found.extend(_nested_models(arg))
-    return found
-
 
 def recipe_reference_markdown() -> str:
     """docs/recipe-reference.md: every object and field of the recipe language, from docstrings."""
@@ -130,7 +108,7 @@ def recipe_reference_markdown() -> str:
         f"Catalog machines: {', '.join(f'`{n}`' for n in catalog_names('machines'))}.",
         "",
     ]
-    for model in _models_in_order(Recipe):
+    for model in reachable_models(Recipe):
         lines.append(f"## {model.__name__}")
         lines.append("")
         doc = (model.__doc__ or "").strip()

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from recipegen.ledger.multinode import MultiNodeLaneLedger
 from recipegen.ledger.report import render_lane, verdict_lines
-from recipegen.units import GiB, format_tokens
-
-
-def _g(value: float) -> str:
-    return f"{value / GiB:,.2f} GiB"
+from recipegen.units import format_bytes, format_tokens
 
 
 def render_multinode_lane(lane: MultiNodeLaneLedger, *, explain: bool = False) -> str:
@@ -20,11 +16,11 @@ def render_multinode_lane(lane: MultiNodeLaneLedger, *, explain: bool = False) -
                    f"{','.join(map(str, stage.gpus))} · layers {sl.start}–{sl.end - 1} ({moe})"
                    + (" · every expert in HBM" if stage.all_experts_in_hbm else ""))
         f = stage.figures
-        parts = [f"stage reserve {_g(f['stage.hbm_reserve'].value)}"]
+        parts = [f"stage reserve {format_bytes(f['stage.hbm_reserve'].value)}"]
         if "stage.dense" in f:
-            parts.append(f"of which dense share {_g(f['stage.dense'].value / len(stage.gpus))}")
+            parts.append(f"of which dense share {format_bytes(f['stage.dense'].value / len(stage.gpus))}")
         if "stage.tables_in_hbm" in f:
-            parts.append(f"host tables in HBM {_g(f['stage.tables_in_hbm'].value)}")
+            parts.append(f"host tables in HBM {format_bytes(f['stage.tables_in_hbm'].value)}")
         parts.append("host tables here: " + (", ".join(stage.tables) or "none"))
         out.append("    " + "; ".join(parts))
         body = render_lane(stage.ledger, explain=explain)
@@ -37,14 +33,14 @@ def render_multinode_lane(lane: MultiNodeLaneLedger, *, explain: bool = False) -
     out.append(f"  lane summary: pipeline {lane.pipeline_parallel_size} × tensor parallel "
                f"{lane.tensor_parallel_size}; KV {fig['kv.tokens'].display()} (smallest stage) → "
                f"{int(fig['kv.full_sequences'].value)} full max_model_len sequence(s); experts in HBM "
-               f"{_g(fig['lane.hbm.hot_experts'].value)}, pinned in host "
-               f"{_g(fig['lane.host.cold_experts'].value)}; host tables {_g(fig['lane.host_tables'].value)}")
+               f"{format_bytes(fig['lane.hbm.hot_experts'].value)}, pinned in host "
+               f"{format_bytes(fig['lane.host.cold_experts'].value)}; host tables {format_bytes(fig['lane.host_tables'].value)}")
     for verdict in lane.layouts:
-        stages = ", ".join(f"{m} KV {_g(pool)} = {format_tokens(max(t, 0))} tokens"
+        stages = ", ".join(f"{m} KV {format_bytes(pool)} = {format_tokens(max(t, 0))} tokens"
                            + ("" if ok else " ✗") for m, t, pool, ok in verdict.stages)
         out.append(f"  layout {verdict.name}: {'fits' if verdict.fits else 'does NOT fit'} ({stages})"
-                   + ("" if verdict.fits else f", {_g(verdict.shortfall)} short")
-                   + f"; weights + reserves {_g(verdict.weights_and_reserves)} of HBM caps {_g(verdict.hbm_cap)}")
+                   + ("" if verdict.fits else f", {format_bytes(verdict.shortfall)} short")
+                   + f"; weights + reserves {format_bytes(verdict.weights_and_reserves)} of HBM caps {format_bytes(verdict.hbm_cap)}")
     for f in lane.stage_fetch:
         out.append(f"  cost model: stage {f.rank} ({f.machine}) at {f.streams} stream(s), k={f.k}: "
                    f"{f.cold_bytes_per_step / 1e6:,.1f} MB from host per step = {f.fetch_ms:.2f} ms "

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._io import parse_index_ranges
+from ._io import format_index_ranges, parse_index_ranges
 from .errors import FormatError
 
 _JSON_KEY = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -42,6 +42,21 @@ def format_json_fields(prefix: str, fields: Mapping[str, Any]) -> list[str]:
         out.append(f"{prefix}.{key}: "
                    f"{json.dumps(fields[key], sort_keys=True, ensure_ascii=False)}")
     return out
+
+
+def format_header(comments: list[str] | None, format_line: str, num_experts: int,
+                  moe_layer_indices: tuple[int, ...]) -> list[str]:
+    """The opening lines both formats share: `# comments`, format, num_experts, moe_layers."""
+    out = [f"# {c}" if c else "#" for c in (comments or [])]
+    out += [f"format: {format_line}",
+            f"num_experts: {num_experts}",
+            f"moe_layers: {format_index_ranges(moe_layer_indices)}"]
+    return out
+
+
+def end_text(lines: list[str]) -> str:
+    """The file text: the lines, the closing `end`, a final newline."""
+    return "\n".join([*lines, "end"]) + "\n"
 
 
 class RecordLines:

@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from ._io import atomic_write_text, format_index_ranges
-from ._records import (RecordLines, check_format_line, format_json_fields, parse_moe_layers,
-                       read_record_text)
+from ._io import atomic_write_text
+from ._records import (RecordLines, check_format_line, end_text, format_header, format_json_fields,
+                       parse_moe_layers, read_record_text)
 from .errors import FormatError
 
 HISTOGRAM_FORMAT = "expert-residency-histogram"
@@ -157,11 +157,8 @@ def merge_histograms(histograms: Iterable[Histogram], *, source: str | None = No
 
 def format_histogram(h: Histogram, *, comments: list[str] | None = None) -> str:
     h.validate()
-    out = [f"# {c}" if c else "#" for c in (comments or [])]
-    out += [f"format: {HISTOGRAM_FORMAT_LINE}",
-           f"num_experts: {h.num_experts}",
-           f"moe_layers: {format_index_ranges(h.moe_layer_indices)}",
-           f"tokens: {h.tokens}"]
+    out = format_header(comments, HISTOGRAM_FORMAT_LINE, h.num_experts, h.moe_layer_indices)
+    out.append(f"tokens: {h.tokens}")
     for name in _OPTIONAL_INTS:
         out.append(f"{name}: {json.dumps(getattr(h, name))}")
     out.append(f"source: {json.dumps(h.source, ensure_ascii=False)}")
@@ -170,8 +167,7 @@ def format_histogram(h: Histogram, *, comments: list[str] | None = None) -> str:
     for layer, row in zip(h.moe_layer_indices, h.counts):
         out.append(f"layer {layer}: " + " ".join(map(str, row.tolist())))
     out.append(f"checksum: {h.checksum()}")
-    out.append("end")
-    return "\n".join(out) + "\n"
+    return end_text(out)
 
 
 def save_histogram(h: Histogram, path: str | os.PathLike[str], *,

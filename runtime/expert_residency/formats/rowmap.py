@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from . import hashes
-from ._io import atomic_write_text, format_index_ranges
-from ._records import (RecordLines, check_format_line, format_json_fields, parse_moe_layers,
-                       read_record_text)
+from ._io import atomic_write_text
+from ._records import (RecordLines, check_format_line, end_text, format_header, format_json_fields,
+                       parse_moe_layers, read_record_text)
 from .errors import FormatError
 
 ROWMAP_FORMAT = "expert-residency-rowmap"
@@ -159,18 +159,14 @@ class RowMap:
 def format_rowmap(rowmap: RowMap, *, comments: list[str] | None = None) -> str:
     """The file text of `rowmap` (validated first)."""
     rowmap.validate()
-    out: list[str] = [f"# {c}" if c else "#" for c in (comments or [])]
-    out.append(f"format: {ROWMAP_FORMAT_LINE}")
-    out.append(f"num_experts: {rowmap.num_experts}")
-    out.append(f"moe_layers: {format_index_ranges(rowmap.moe_layer_indices)}")
+    out = format_header(comments, ROWMAP_FORMAT_LINE, rowmap.num_experts, rowmap.moe_layer_indices)
     out += format_json_fields("provenance", rowmap.provenance)
     for layer, hot_ids, cold_ids in zip(rowmap.moe_layer_indices, rowmap.hot, rowmap.cold):
         out.append(f"layer {layer} hot {len(hot_ids)}: " + " ".join(map(str, hot_ids)))
         out.append(f"layer {layer} cold {len(cold_ids)}: " + " ".join(map(str, cold_ids)))
     out.append(f"content_hash: {rowmap.content_hash()}")
     out.append(f"shape_hash: {rowmap.shape_hash()}")
-    out.append("end")
-    return "\n".join(out) + "\n"
+    return end_text(out)
 
 
 def save_rowmap(rowmap: RowMap, path: str | os.PathLike[str], *,

@@ -168,10 +168,13 @@ def test_reference_lane_agent_carries_everything_a_vllm_user_expects(project: Pa
     metadata = (REPO / "runtime" / "expert_residency-0.1.0.dist-info" / "METADATA").read_text()
     assert f"Version: {labels['io.recipegen.runtime-version']}\n" in metadata
 
-    # The profile boot: same GPUs and flags, count-only runtime, no row map, profile `profile`.
+    # The profile boot: same GPUs and flags plus what exact counts need (eager, no prefix cache,
+    # time for the final snapshot), count-only runtime, no row map, profile `profile`.
     prof = model["services"]["lane-agent-profile"]
     assert prof["profiles"] == ["profile"]
-    assert prof["command"] == argv
+    assert prof["command"] == argv + ["--enforce-eager", "--no-enable-prefix-caching",
+                                      "--shutdown-timeout", "10"]
+    assert prof["stop_grace_period"] == "20s" and lane["stop_grace_period"] == "2m0s"
     assert prof["environment"]["EXPERT_RESIDENCY_MODE"] == "count"
     assert "EXPERT_RESIDENCY_ROWMAP" not in prof["environment"]
     assert prof["deploy"] == lane["deploy"]

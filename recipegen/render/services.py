@@ -52,6 +52,9 @@ SHM_SIZE = "16gb"
 HEALTH_START_PERIOD = "180m"
 SECRETS_ENV_FILE = "secrets.env"
 PROFILE_COMPOSE_PROFILE = "profile"
+PROFILE_BOOT_FLAGS: tuple[tuple[str, ...], ...] = (
+    ("--enforce-eager",), ("--no-enable-prefix-caching",), ("--shutdown-timeout", "10"))
+PROFILE_STOP_GRACE_PERIOD = "20s"  # > --shutdown-timeout: compose waits for the final snapshot
 
 LABEL_PREFIX = "io.recipegen."
 
@@ -266,6 +269,13 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
         argv += ["--speculative-config", speculative_json(lane.speculative)]
     if runtime_on:
         argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
+    if profile:
+        # Exact counts: the runtime's counting hook runs only outside CUDA graphs, and a prefix-cache
+        # hit would skip routing for the cached tokens; the shutdown timeout lets the worker write
+        # its final snapshot (vLLM kills workers at once otherwise).
+        for flag in PROFILE_BOOT_FLAGS:
+            if not _sets_flag(lane.extra_args, flag[0]):
+                argv += list(flag)
     rendered = {a.partition("=")[0] for a in argv if a.startswith("--")}
     for extra in lane.extra_args:
         flag = extra.partition("=")[0]
@@ -360,6 +370,7 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
         labels=tuple((LABEL_PREFIX + k, v) for k, v in labels.items()),
         shm_size=SHM_SIZE,
         restart="no" if profile else "unless-stopped",
+        **({"stop_grace_period": PROFILE_STOP_GRACE_PERIOD} if profile else {}),
         profiles=profiles,
         depends_on=depends_on,
         env_files=(SECRETS_ENV_FILE,),

@@ -440,8 +440,12 @@ def test_extra_args_that_vllm_033_lacks_are_refused(project: Path) -> None:
                                         "    active_class: agent"))
     code, out = run("render", REFERENCE)
     assert code == 0, out
-    assert '      - "--enable-prefix-caching"\n' in (project / "compose" / REFERENCE /
-                                                   "compose.yaml").read_text()
+    blocks = service_blocks((project / "compose" / REFERENCE / "compose.yaml").read_text())
+    assert '      - "--enable-prefix-caching"\n' in blocks["lane-agent"]
+    # The profile boot keeps its exact-count flags last, so extra_args cannot undo them.
+    profile_block = blocks["lane-agent-profile"]
+    assert profile_block.index('"--enable-prefix-caching"') < \
+        profile_block.index('"--no-enable-prefix-caching"')
 
 
 # ------------------------------------------------------------------ ledger

@@ -269,13 +269,6 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
         argv += ["--speculative-config", speculative_json(lane.speculative)]
     if runtime_on:
         argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
-    if profile:
-        # Exact counts: the runtime's counting hook runs only outside CUDA graphs, and a prefix-cache
-        # hit would skip routing for the cached tokens; the shutdown timeout lets the worker write
-        # its final snapshot (vLLM kills workers at once otherwise).
-        for flag in PROFILE_BOOT_FLAGS:
-            if not _sets_flag(lane.extra_args, flag[0]):
-                argv += list(flag)
     rendered = {a.partition("=")[0] for a in argv if a.startswith("--")}
     for extra in lane.extra_args:
         flag = extra.partition("=")[0]
@@ -283,6 +276,13 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
             raise loaded.error(f"{flag} is rendered from the recipe's own fields; change those "
                                "instead of repeating it in extra_args", ("lanes", index, "extra_args"))
     argv += list(lane.extra_args)
+    if profile:
+        # Exact counts: the runtime's counting hook runs only outside CUDA graphs, and a prefix-cache
+        # hit would skip routing for the cached tokens; the shutdown timeout lets the worker write
+        # its final snapshot (vLLM kills workers at once otherwise). Last, so that the lane's
+        # extra_args (e.g. --enable-prefix-caching) cannot undo them: argparse keeps the last.
+        for flag in PROFILE_BOOT_FLAGS:
+            argv += list(flag)
     problems = argv_problems(argv, inputs.flag_table)
     if problems:
         raise loaded.error("the rendered `vllm serve` command is not valid for vLLM "

@@ -7,6 +7,9 @@ bank, so a pick's bits never depend on the bank size:
 
     g   = W13[e] @ x            (fp32 accumulate)        (+ b13)
     a   = silu(g[:I]) * g[I:]   cast to the activation dtype (as the fused kernels store it)
+          with ``swiglu_limit=L`` (> 0): silu(min(g[:I], L)) * clamp(g[I:], -L, L) — vLLM 0.33's
+          ``silu_and_mul_with_clamp``/``swiglu_limit_func`` for SILU experts (gate clamped from
+          above only, up on both sides, before the SiLU; no alpha, no +1 — not GPT-OSS's SwiGLU)
     y   = W2[e] @ a             (fp32 accumulate)        (+ b2), cast to the pick dtype
 
 ``swiglu_per_pick()`` reads float weights of any dtype; ``mxfp4_swiglu_per_pick()`` reads MXFP4
@@ -25,14 +28,29 @@ from .banks import ExpertBank
 from .split import PerPickExpertFn, dense_per_pick
 
 
+def check_swiglu_limit(swiglu_limit: float | None) -> float | None:
+    """The clamp a per-pick function applies: None (no clamp) or a finite float > 0."""
+    if swiglu_limit is None:
+        return None
+    limit = float(swiglu_limit)
+    if not limit > 0 or limit == float("inf"):
+        raise ValueError(f"swiglu_limit must be None or a finite float > 0, got {swiglu_limit!r}")
+    return limit
+
+
 def _swiglu_pick(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,
-                 b2: torch.Tensor | None, act_dtype: torch.dtype) -> torch.Tensor:
+                 b2: torch.Tensor | None, act_dtype: torch.dtype,
+                 swiglu_limit: float | None = None) -> torch.Tensor:
     """x ``[T, H]``; w13 ``[T, 2I, H]`` and w2 ``[T, H, I]`` fp32 (gathered for one pick column)."""
     g = torch.matmul(w13, x.float().unsqueeze(-1)).squeeze(-1)
     if b13 is not None:
         g = g + b13.float()
     inter = g.shape[-1] // 2
-    a = (torch.nn.functional.silu(g[:, :inter]) * g[:, inter:]).to(act_dtype).float()
+    gate, up = g[:, :inter], g[:, inter:]
+    if swiglu_limit is not None:
+        gate = torch.clamp(gate, max=swiglu_limit)
+        up = torch.clamp(up, min=-swiglu_limit, max=swiglu_limit)
+    a = (torch.nn.functional.silu(gate) * up).to(act_dtype).float()
     y = torch.matmul(w2, a.unsqueeze(-1)).squeeze(-1)
     if b2 is not None:
         y = y + b2.float()
@@ -40,8 +58,10 @@ def _swiglu_pick(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: torc
 
 
 def swiglu_per_pick(w13_name: str = "w13_weight", w2_name: str = "w2_weight",
-                    w13_bias: str = "w13_bias", w2_bias: str = "w2_bias") -> PerPickExpertFn:
-    """Reference per-pick SwiGLU over float expert weights."""
+                    w13_bias: str = "w13_bias", w2_bias: str = "w2_bias",
+                    swiglu_limit: float | None = None) -> PerPickExpertFn:
+    """Reference per-pick SwiGLU over float expert weights (``swiglu_limit``: the clamp above)."""
+    limit = check_swiglu_limit(swiglu_limit)
 
     def compute(x: torch.Tensor, bank: ExpertBank, rows: torch.Tensor) -> torch.Tensor:
         columns = []
@@ -50,7 +70,7 @@ def swiglu_per_pick(w13_name: str = "w13_weight", w2_name: str = "w2_weight",
             columns.append(_swiglu_pick(
                 x, bank[w13_name][r].float(), bank[w2_name][r].float(),
                 bank.tensors[w13_bias][r] if w13_bias in bank.tensors else None,
-                bank.tensors[w2_bias][r] if w2_bias in bank.tensors else None, x.dtype))
+                bank.tensors[w2_bias][r] if w2_bias in bank.tensors else None, x.dtype, limit))
         return torch.stack(columns, dim=1)
 
     return dense_per_pick(compute)
@@ -58,8 +78,11 @@ def swiglu_per_pick(w13_name: str = "w13_weight", w2_name: str = "w2_weight",
 
 def mxfp4_swiglu_per_pick(w13_name: str = "w13_weight", w2_name: str = "w2_weight",
                           scale_suffix: str = "_scale", w13_bias: str = "w13_bias",
-                          w2_bias: str = "w2_bias") -> PerPickExpertFn:
-    """Reference per-pick SwiGLU over MXFP4 packed weights + ue8m0 block scales."""
+                          w2_bias: str = "w2_bias", swiglu_limit: float | None = None
+                          ) -> PerPickExpertFn:
+    """Reference per-pick SwiGLU over MXFP4 packed weights + ue8m0 block scales
+    (``swiglu_limit``: the clamp above; None computes exactly what it did without the option)."""
+    limit = check_swiglu_limit(swiglu_limit)
 
     def compute(x: torch.Tensor, bank: ExpertBank, rows: torch.Tensor) -> torch.Tensor:
         columns = []
@@ -70,7 +93,7 @@ def mxfp4_swiglu_per_pick(w13_name: str = "w13_weight", w2_name: str = "w2_weigh
             columns.append(_swiglu_pick(
                 x, w13, w2,
                 bank.tensors[w13_bias][r] if w13_bias in bank.tensors else None,
-                bank.tensors[w2_bias][r] if w2_bias in bank.tensors else None, x.dtype))
+                bank.tensors[w2_bias][r] if w2_bias in bank.tensors else None, x.dtype, limit))
         return torch.stack(columns, dim=1)
 
     return dense_per_pick(compute)

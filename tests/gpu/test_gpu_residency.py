@@ -8,6 +8,7 @@ Claims and how each can fail:
 * split == unsplit bit for bit (torch.equal) with the Triton kernel — random routing, tokens
   entirely hot, entirely cold and straddling, experts with more picks than one tile (chunk loop),
   both dequantizers, the real DSv4.1 expert geometry and a small one;
+* the same with vLLM's SwiGLU clamp (``swiglu_limit``), against the clamped torch reference;
 * Triton vs the core's torch MXFP4 reference within a stated tolerance (relative L2 <= 1e-2: the
   reference rounds the SwiGLU activation and pick rows to bf16 like the kernel, so the gap is fp32
   summation order plus the occasional bf16 rounding flip; measured ~1e-3);
@@ -182,6 +183,49 @@ def test_split_equals_unsplit_dsv41_geometry(config: str) -> None:
     rel = ((out_split.float() - ref.float()).norm() / ref.float().norm()).item()
     print(f"\n[{config}] DSv4.1 geometry, T={tokens}: Triton vs torch reference relative L2 = {rel:.2e}")
     assert rel <= REL_TOL
+
+
+def _clamp_limit(original: dict[str, torch.Tensor], x: torch.Tensor) -> float:
+    """Half the median |gate/up product| of these experts on ``x``: a limit that clamps a large
+    share of them (so a missing or misplaced clamp shows far above the tolerance)."""
+    from expert_residency.mxfp4 import dequantize_mxfp4
+
+    w13 = dequantize_mxfp4(original["w13_weight"], original["w13_weight_scale"])
+    g = torch.einsum("eoh,th->teo", w13, x.float())
+    return float(g.abs().median()) * 0.5
+
+
+@pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
+@pytest.mark.parametrize("shape", ["small", "dsv41"])
+def test_swiglu_clamp_split_equals_unsplit_and_matches_reference(config: str, shape: str) -> None:
+    """vLLM 0.33's ``swiglu_limit`` (DeepSeek-V4/V4.1): split == unsplit bit for bit (fused
+    forward and the per-pick path), Triton within REL_TOL of the clamped torch reference, and the
+    clamped reference far from the unclamped one."""
+    geometry = SMALL if shape == "small" else DSV41
+    gen = torch.Generator(device=DEV).manual_seed(31)
+    experts, k, tokens = 12, 6, (16 if shape == "small" else 6)
+    original = random_experts(geometry, experts, gen)
+    unsplit, split, hot_ids, cold_ids, reference = make_layers(geometry, experts, 6, gen,
+                                                               CONFIGS[config], original)
+    ids, weights = random_routing(tokens, experts, k, gen, hot_ids, cold_ids)
+    x = activations(tokens, geometry.hidden, gen)
+    limit = _clamp_limit(original, x)
+    ex = TritonMxfp4Experts(geometry, experts, k, max_tokens=tokens, device=DEV,
+                            config=CONFIGS[config], swiglu_limit=limit)
+    out_split = ex.forward(split, x, weights, ids).clone()
+    assert torch.equal(out_split, ex.forward(unsplit, x, weights, ids))
+    core_out = residency_forward(split, x, weights, ids, ex.per_pick_fn(), pick_dtype=torch.bfloat16)
+    assert torch.equal(core_out, out_split)
+    ref = residency_forward(reference, x, weights, ids, mxfp4_swiglu_per_pick(swiglu_limit=limit),
+                            pick_dtype=torch.bfloat16)
+    plain = residency_forward(reference, x, weights, ids, mxfp4_swiglu_per_pick(),
+                              pick_dtype=torch.bfloat16)
+    rel = ((out_split.float() - ref.float()).norm() / ref.float().norm()).item()
+    gap = ((plain.float() - ref.float()).norm() / ref.float().norm()).item()
+    print(f"\n[{config}] {shape}, swiglu_limit={limit:.3g}: Triton vs clamped reference rel L2 "
+          f"{rel:.2e}; clamped vs unclamped reference {gap:.2e}")
+    assert rel <= REL_TOL
+    assert gap > 10 * REL_TOL
 
 
 @pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))

@@ -63,6 +63,22 @@ def test_layout_refuses_partial_tiles() -> None:
         to_kernel_layout(_tensors(), _config(block_n1=5))
 
 
+def _rerun_interpreted(test_id: str) -> bool:
+    """True (after running ``test_id`` in a fresh interpreter with ``TRITON_INTERPRET=1``) when
+    Triton was already imported in this process without it: ``triton.language``'s own helpers
+    (``tl.sort``, ``tl.cumsum``) are then compiled-mode functions the interpreter cannot call
+    (another suite run earlier in the session, e.g. a torch dispatch mode, imports Triton)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or "triton" not in sys.modules:
+        return False
+    import subprocess
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           f"{__file__}::{test_id}"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    return True
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                     reason="needs Triton for TRITON_INTERPRET=1 (the test extra installs it; the H200 "
                            "runs tests/gpu/test_gpu_residency.py on the real kernels)")
@@ -70,6 +86,8 @@ def test_layout_refuses_partial_tiles() -> None:
                     "checks the compiled kernels instead")
 @pytest.mark.parametrize("tile_major", [True, False])
 def test_kernels_under_triton_interpreter(tile_major: bool) -> None:
+    if _rerun_interpreted(f"test_kernels_under_triton_interpreter[{tile_major}]"):
+        return
     os.environ["TRITON_INTERPRET"] = "1"   # read when the kernels module is first imported
     from expert_residency.core.banks import build_unsplit_layer, device_allocator, host_allocator, rehome_layer
     from expert_residency.core.counter import ExpertCounter
@@ -108,3 +126,53 @@ def test_kernels_under_triton_interpreter(tile_major: bool) -> None:
     ex.forward(split, x, weights, ids, counter=masked, token_mask=mask)
     assert torch.equal(masked.counts[0], torch.bincount(ids[mask].flatten(), minlength=e))
     assert int(masked.tokens[0]) == 4
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="needs Triton for TRITON_INTERPRET=1 (the H200 runs "
+                           "tests/gpu/test_gpu_residency.py on the real kernels)")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: tests/gpu/test_gpu_residency.py "
+                    "checks the compiled kernels instead")
+def test_kernels_with_swiglu_clamp_under_triton_interpreter() -> None:
+    """``swiglu_limit``: split == unsplit bit for bit, within bf16 tolerance of the clamped torch
+    reference, and clearly not the unclamped one (the limit bites)."""
+    if _rerun_interpreted("test_kernels_with_swiglu_clamp_under_triton_interpreter"):
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    from expert_residency.core.banks import build_unsplit_layer, device_allocator, host_allocator, rehome_layer
+    from expert_residency.core.reference import mxfp4_swiglu_per_pick
+    from expert_residency.core.split import residency_forward
+    from expert_residency.gpu import experts as gx
+    from expert_residency.mxfp4 import quantize_mxfp4
+
+    torch.manual_seed(1)
+    e, k, h, i, t, limit = 8, 2, 256, 128, 5, 0.5
+    p13, s13 = quantize_mxfp4(torch.randn(e, 2 * i, h) * 0.08)  # products ~N(0, 1.3)
+    p2, s2 = quantize_mxfp4(torch.randn(e, h, i) * 0.05)
+    original = {"w13_weight": p13, "w13_weight_scale": s13, "w2_weight": p2, "w2_weight_scale": s2}
+    x = torch.randn(t, h).bfloat16()
+    weights, ids = torch.topk(torch.softmax(torch.randn(t, e), -1), k)
+    unsplit_ref = build_unsplit_layer(original, layer_index=0)
+    ref = residency_forward(unsplit_ref, x, weights, ids, mxfp4_swiglu_per_pick(swiglu_limit=limit),
+                            pick_dtype=torch.bfloat16)
+    plain = residency_forward(unsplit_ref, x, weights, ids, mxfp4_swiglu_per_pick(),
+                              pick_dtype=torch.bfloat16)
+    cfg = gx.KernelConfig(dequant=0, block_m=4, block_n1=32, block_k1=64, block_n2=32, block_k2=64)
+    full = {n: v.clone() for n, v in original.items()}
+    to_kernel_layout(full, cfg)
+    unsplit = build_unsplit_layer(full, layer_index=0)
+    split = rehome_layer(dict(full), [5, 1, 7, 0, 3], [2, 6, 4], layer_index=0,
+                         hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator())
+    ex = gx.TritonMxfp4Experts(gx.ExpertShape(h, i), e, k, max_tokens=8, device="cpu", config=cfg,
+                               swiglu_limit=limit)
+    out_split = ex.forward(split, x, weights, ids).clone()
+    assert torch.equal(out_split, ex.forward(unsplit, x, weights, ids))
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+    assert rel(out_split, ref) < 2e-2
+    assert rel(plain, ref) > 0.1
+    with pytest.raises(ValueError, match="swiglu_limit"):
+        gx.TritonMxfp4Experts(gx.ExpertShape(h, i), e, k, max_tokens=8, device="cpu", config=cfg,
+                              swiglu_limit=0.0)

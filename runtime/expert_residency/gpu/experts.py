@@ -29,6 +29,7 @@ import torch
 import triton
 
 from ..core.banks import ExpertBank, ResidentLayer
+from ..core.reference import check_swiglu_limit
 from . import kernels
 from .layout import to_kernel_layout
 
@@ -131,13 +132,17 @@ class TritonMxfp4Experts:
     """Launches the residency kernels for layers of one geometry (see the module docstring)."""
 
     def __init__(self, shape: ExpertShape, num_experts: int, top_k: int, max_tokens: int,
-                 device: torch.device | str, config: KernelConfig = KernelConfig()) -> None:
+                 device: torch.device | str, config: KernelConfig = KernelConfig(), *,
+                 swiglu_limit: float | None = None) -> None:
+        """``swiglu_limit``: vLLM's SwiGLU clamp of the layers (``silu(min(gate, L)) *
+        clamp(up, -L, L)``, as ``core.reference``); None computes the unclamped kernel as before."""
         if shape.hidden % config.block_k1 or shape.intermediate % config.block_k2:
             raise ValueError(f"block_k must divide the reduction dims ({shape}, {config})")
         if shape.intermediate % config.block_n1 or shape.hidden % config.block_n2:
             raise ValueError(f"block_n must divide the output dims ({shape}, {config})")
         self.shape, self.num_experts, self.top_k = shape, num_experts, top_k
         self.config = config
+        self.swiglu_limit = check_swiglu_limit(swiglu_limit)
         self.device = torch.device(device)
         self.workspace = Workspace(max_tokens, top_k, shape, self.device)
         self._identity_codes: torch.Tensor | None = None
@@ -246,6 +251,7 @@ class TritonMxfp4Experts:
             H=shape.hidden, INTER=shape.intermediate, TOP_K=k,
             BM=cfg.block_m, BN=cfg.block_n1, BK=cfg.block_k1, DEQUANT=cfg.dequant,
             TILE_MAJOR=cfg.tile_major, COUNT=count_in_kernel,
+            SWIGLU_LIMIT=0.0 if self.swiglu_limit is None else self.swiglu_limit,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         kernels.w2_kernel[(shape.hidden // cfg.block_n2, max_slots)](
             ws.act, codes, w2, s2, cold[W2], cold[W2 + SCALE_SUFFIX],

@@ -6,8 +6,9 @@ captures into a CUDA graph:
 1. ``group_picks_kernel`` (one program): sort the step's ``T*K`` picks by (expert, pick index) and
    cut them into *slots*, one per distinct expert.
 2. ``w13_swiglu_kernel``: for every slot and every tile of intermediate rows, dequantize the
-   expert's MXFP4 gate and up rows in registers, multiply by the slot's tokens, apply SwiGLU in
-   fp32 and store the activation rows as bf16 (what fused MoE kernels feed their second GEMM).
+   expert's MXFP4 gate and up rows in registers, multiply by the slot's tokens, apply SwiGLU
+   (optionally vLLM's ``swiglu_limit`` clamp) in fp32 and store the activation rows as bf16
+   (what fused MoE kernels feed their second GEMM).
    With the usage counter on, each slot's first program adds the slot's pick count to the
    counter with one integer atomic (count-only/drift mode; exact).
 3. ``w2_kernel``: the down projection of every slot, one **unreduced** bf16 row per pick.
@@ -201,8 +202,12 @@ def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s
                       stride_x, w_expert_stride, s_expert_stride,
                       H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr,
-                      TILE_MAJOR: tl.constexpr, COUNT: tl.constexpr):
+                      TILE_MAJOR: tl.constexpr, COUNT: tl.constexpr, SWIGLU_LIMIT: tl.constexpr = 0.0):
     """``act[p, n] = bf16(silu(gate_n . x_t) * (up_n . x_t))`` for every pick ``p`` of the slot.
+
+    ``SWIGLU_LIMIT`` > 0: vLLM 0.33's clamped SwiGLU for SILU experts (``swiglu_limit``),
+    ``silu(min(gate, L)) * clamp(up, -L, L)`` on the fp32 products; 0.0 (the default) compiles
+    exactly the unclamped kernel (the branch is resolved at compile time).
 
     ``COUNT``: the usage counter — the first program of each slot adds the slot's pick count to
     ``counts[expert]`` (exact integer atomics, off the step's serial path), program (0, 0) adds the
@@ -238,6 +243,9 @@ def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s
             acc_g = _mx_tile_dot(acc_g, w_base, s_base, pid_n * BN, k0, x_t, H, BN, BK, DEQUANT, TILE_MAJOR)
             acc_u = _mx_tile_dot(acc_u, w_base, s_base, pid_n * BN + INTER, k0, x_t, H, BN, BK, DEQUANT,
                                  TILE_MAJOR)
+        if SWIGLU_LIMIT > 0:
+            acc_g = tl.minimum(acc_g, SWIGLU_LIMIT)
+            acc_u = tl.minimum(tl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT)
         act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
         dest = act_ptr + picks[None, :].to(tl.int64) * INTER + gate_rows[:, None]
         tl.store(dest, act.to(tl.bfloat16), mask=m_ok[None, :])

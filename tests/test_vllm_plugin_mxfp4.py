@@ -8,8 +8,10 @@ Claims, each able to fail:
   ``WorkerRuntime._install_banks`` + ``split_forward`` — the same code the engine runs;
 * both agree with a plain dequantize-then-matmul MXFP4 SwiGLU reference within a tolerance;
 * re-homing removes the original parameters from the layer and places every byte in one bank;
-* layers the kernels cannot compute exactly (biases, a SwiGLU clamp, another activation,
-  alpha/beta, a backend's converted layout) are refused with a reason naming the layer.
+* the same two claims with a SwiGLU clamp (``swiglu_limit``, as DeepSeek-V4/V4.1 pass it), against
+  a reference that clamps the dequantized products itself, and the clamp changes the output;
+* layers the kernels cannot compute exactly (biases, another activation, alpha/beta, a backend's
+  converted layout) are refused with a reason naming the layer; a clamp is not refused.
 
 ``build_case``/``run_modes`` take a device: tests/gpu/test_plugin_mxfp4_gpu.py runs the same
 checks on CUDA with the Triton kernels.
@@ -51,7 +53,8 @@ class FakeMxfp4Experts(torch.nn.Module):
     """What the runtime reads from a vLLM 0.33 ``RoutedExperts`` with an ``Mxfp4MoEMethod`` after
     the plugin kept the checkpoint layout."""
 
-    def __init__(self, index: int, w13: torch.Tensor, w2: torch.Tensor) -> None:
+    def __init__(self, index: int, w13: torch.Tensor, w2: torch.Tensor,
+                 swiglu_limit: float | None = None) -> None:
         super().__init__()
         w13_q, w13_s = quantize_mxfp4(w13)
         w2_q, w2_s = quantize_mxfp4(w2)
@@ -62,7 +65,7 @@ class FakeMxfp4Experts(torch.nn.Module):
         self.local_num_experts = self.global_num_experts = w13.shape[0]
         self.top_k = TOP_K
         self.activation = MoEActivation.SILU
-        self.swiglu_limit = None
+        self.swiglu_limit = swiglu_limit
         self.apply_router_weight_on_input = False
         self.moe_config = SimpleNamespace(max_num_tokens=64, swiglu_alpha=None, swiglu_beta=None,
                                           use_deferred_moe_finalize=False)
@@ -105,14 +108,15 @@ def _rowmap(hot: list[int]) -> RowMap:
                   provenance={"source": "test"})
 
 
-def runtime_for(case: Case, mode: str, hot: list[int] | None = None) -> tuple[WorkerRuntime, dict]:
+def runtime_for(case: Case, mode: str, hot: list[int] | None = None,
+                swiglu_limit: float | None = None) -> tuple[WorkerRuntime, dict]:
     rowmap = _rowmap(hot) if hot is not None else None
     settings = PluginSettings(mode=mode, rowmap_path="test.rowmap" if rowmap else None,
                               content_hash=rowmap.content_hash() if rowmap else None)
     runtime = WorkerRuntime(settings, rowmap)
     layers = {}
     for index, (w13, w2) in case.weights.items():
-        layers[index] = FakeMxfp4Experts(index, w13, w2).to(case.device)
+        layers[index] = FakeMxfp4Experts(index, w13, w2, swiglu_limit).to(case.device)
     runtime.target_layers = dict(layers)
     runtime._install_banks()
     return runtime, layers
@@ -123,9 +127,10 @@ def forward_all(runtime: WorkerRuntime, layers: dict, case: Case) -> dict[int, t
             for i, m in layers.items()}
 
 
-def reference_output(case: Case, index: int) -> torch.Tensor:
+def reference_output(case: Case, index: int, swiglu_limit: float | None = None) -> torch.Tensor:
     """Dequantize the whole layer, then per token: fp32 matmuls, bf16 activation and pick rows
-    (what the kernels store), fp32 weighted sum, one cast."""
+    (what the kernels store), fp32 weighted sum, one cast. ``swiglu_limit``: vLLM 0.33's SILU
+    clamp (``fused_moe/utils.py`` ``_swiglu_limit_torch``): gate ≤ L, -L ≤ up ≤ L, before SiLU."""
     w13, w2 = case.weights[index]
     q13, s13 = quantize_mxfp4(w13)
     q2, s2 = quantize_mxfp4(w2)
@@ -136,23 +141,28 @@ def reference_output(case: Case, index: int) -> torch.Tensor:
         for k in range(TOP_K):
             e = int(case.topk_ids[t, k])
             g = d13[e] @ x[t]
-            a = (torch.nn.functional.silu(g[:INTER]) * g[INTER:]).to(torch.bfloat16).float()
+            gate, up = g[:INTER], g[INTER:]
+            if swiglu_limit is not None:
+                gate = gate.clamp(max=swiglu_limit)
+                up = up.clamp(min=-swiglu_limit, max=swiglu_limit)
+            a = (torch.nn.functional.silu(gate) * up).to(torch.bfloat16).float()
             y = (d2[e] @ a).to(torch.bfloat16).float()
             out[t] += float(case.topk_weights[t, k]) * y
     return out.to(torch.bfloat16)
 
 
-def run_modes(device: str) -> dict[str, Any]:
-    """Unsplit and two residency maps over the same case; returns outputs and runtimes."""
+def run_modes(device: str, swiglu_limit: float | None = None) -> dict[str, Any]:
+    """Unsplit and two residency maps over the same case (layers with ``swiglu_limit``); returns
+    outputs and runtimes."""
     case = build_case(device)
     outputs, runtimes = {}, {}
     for label, mode, hot in (("unsplit", "unsplit", None),
                              ("residency-a", "residency", [0, 3, 5]),
                              ("residency-b", "residency", [7, 6, 2, 1, 4])):
-        runtime, layers = runtime_for(case, mode, hot)
+        runtime, layers = runtime_for(case, mode, hot, swiglu_limit)
         outputs[label] = forward_all(runtime, layers, case)
         runtimes[label] = (runtime, layers)
-    return {"case": case, "outputs": outputs, "runtimes": runtimes}
+    return {"case": case, "outputs": outputs, "runtimes": runtimes, "swiglu_limit": swiglu_limit}
 
 
 def check_modes(result: dict[str, Any], rel_tol: float) -> None:
@@ -162,7 +172,7 @@ def check_modes(result: dict[str, Any], rel_tol: float) -> None:
         assert base.dtype == torch.bfloat16 and base.shape == (TOKENS, HIDDEN)
         for label in ("residency-a", "residency-b"):
             assert torch.equal(outputs[label][index], base), f"{label} layer {index} != unsplit"
-        ref = reference_output(case, index).float()
+        ref = reference_output(case, index, result.get("swiglu_limit")).float()
         got = base.float().cpu()
         rel = float((got - ref).norm() / ref.norm())
         assert rel <= rel_tol, f"layer {index}: relative L2 {rel:.2e} vs the dequantized reference"
@@ -172,6 +182,32 @@ def check_modes(result: dict[str, Any], rel_tol: float) -> None:
 
 def test_residency_equals_unsplit_and_matches_dequantized_reference() -> None:
     check_modes(run_modes("cpu"), rel_tol=1e-3)
+
+
+# Small enough that many gate/up products of the test layers (|g| up to ~10) are clamped.
+CLAMP = 1.5
+
+
+def clamp_bites(case: Case, rel_min: float = 0.05) -> None:
+    """The clamp changes the reference output by far more than the tolerances used here."""
+    for index in LAYERS:
+        plain = reference_output(case, index).float()
+        clamped = reference_output(case, index, CLAMP).float()
+        assert float((plain - clamped).norm() / plain.norm()) > rel_min
+
+
+def test_residency_with_swiglu_clamp_equals_unsplit_and_clamped_reference() -> None:
+    result = run_modes("cpu", swiglu_limit=CLAMP)
+    check_modes(result, rel_tol=1e-3)
+    clamp_bites(result["case"])
+    runtime, _ = result["runtimes"]["residency-a"]
+    assert runtime.per_pick_name.endswith("swiglu_limit=1.5)")
+    # A limit <= 0 is vLLM's "off": the layers compute the unclamped expert.
+    off = run_modes("cpu", swiglu_limit=0.0)
+    plain = run_modes("cpu")
+    for index in LAYERS:
+        assert torch.equal(off["outputs"]["residency-a"][index],
+                           plain["outputs"]["residency-a"][index])
 
 
 def test_rehome_frees_parameters_and_places_every_byte() -> None:
@@ -213,13 +249,22 @@ def _layer(**changes: Any) -> FakeMxfp4Experts:
 def test_supported_layer_has_no_reason() -> None:
     assert mxfp4_unsupported_reason(_layer()) is None
     assert mxfp4_unsupported_reason(_layer(swiglu_limit=0.0)) is None  # vLLM: limit <= 0 is off
+    assert mxfp4_unsupported_reason(_layer(swiglu_limit=10.0)) is None  # computed (clamped)
+
+
+def test_layer_swiglu_limit_is_the_clamp_vllm_applies() -> None:
+    from expert_residency.vllm_plugin.mxfp4_experts import layer_swiglu_limit
+
+    assert layer_swiglu_limit(_layer(swiglu_limit=10.0)) == 10.0
+    for off in (None, 0.0, -1.0, float("inf")):
+        assert layer_swiglu_limit(_layer(swiglu_limit=off)) is None
     assert mxfp4_unsupported_reason(_layer(**{"moe_config.swiglu_alpha": 1.0,
                                               "moe_config.swiglu_beta": 0.0})) is None
 
 
 @pytest.mark.parametrize("changes, words", [
     ({"w13_bias": torch.zeros(EXPERTS, 2 * INTER)}, ["w13_bias", "biases"]),
-    ({"swiglu_limit": 10.0}, ["swiglu_limit=10", "unclamped"]),
+    ({"w2_bias": torch.zeros(EXPERTS, HIDDEN), "swiglu_limit": 10.0}, ["w2_bias", "biases"]),
     ({"activation": MoEActivation.SWIGLUOAI}, ["'swigluoai'", "SiLU"]),
     ({"moe_config.swiglu_alpha": 1.702}, ["alpha/beta"]),
 ])
@@ -304,8 +349,13 @@ def test_layers_of_a_second_model_get_vllms_conversion() -> None:
 def test_unsupported_or_preprocessed_layers_refuse_before_any_conversion() -> None:
     runtime = WorkerRuntime(PluginSettings(mode="unsplit"), None)
     method = _hold(runtime)
-    with pytest.raises(ResidencyRefused, match="swiglu_limit=10"):
-        method.process_weights_after_loading(_layer(swiglu_limit=10.0))
+    with pytest.raises(ResidencyRefused, match="w13_bias"):
+        method.process_weights_after_loading(_layer(swiglu_limit=10.0,
+                                                    w13_bias=torch.zeros(EXPERTS, 2 * INTER)))
+    clamped = _layer(swiglu_limit=10.0)  # a clamp alone is computed, not refused
+    clamped._er_mxfp4 = False
+    method.process_weights_after_loading(clamped)
+    assert clamped._er_mxfp4 is True
     method = _hold(runtime, pre_processed=True)
     with pytest.raises(ResidencyRefused, match="pre-processed"):
         method.process_weights_after_loading(_layer())

@@ -80,7 +80,7 @@ def test_activation_and_clamp_attributes_the_refusals_read(root: Path) -> None:
     init = ast.unparse(_function(root, f"{FUSED_MOE}/routed_experts.py", "__init__", "RoutedExperts"))
     assert "self.swiglu_limit = swiglu_limit" in init
     assert "self.activation = self.moe_config.activation" in init
-    # vLLM's MXFP4 kernels clamp with the layer's swiglu_limit: the runtime's kernel does not.
+    # vLLM's MXFP4 kernels clamp with the layer's swiglu_limit; so does the runtime's (next test).
     quant_config = ast.unparse(_function(root, MXFP4, "get_fused_moe_quant_config",
                                          "Mxfp4MoEMethod"))
     assert "getattr(layer, 'swiglu_limit', None)" in quant_config
@@ -98,8 +98,8 @@ def test_workspace_size_source(root: Path) -> None:
 
 
 def test_v033_dsv41_clamps_its_routed_experts() -> None:
-    """Why the reference DSv4.1 lane refuses MXFP4 residency today: its MoE passes the config's
-    ``swiglu_limit`` to the expert container (the runtime's Triton kernel has no clamp)."""
+    """The reference DSv4.1 lane's MoE passes the config's ``swiglu_limit`` to the expert
+    container (default activation ``silu``), so the runtime must clamp like vLLM (next test)."""
     root = _v033()
     base = ast.unparse(_function(root, "models/deepseek_v4/nvidia/model.py", "__init__",
                                  "DeepseekV4MoE"))
@@ -109,6 +109,52 @@ def test_v033_dsv41_clamps_its_routed_experts() -> None:
     assert "swiglu_limit=self.swiglu_limit" in fused
     src = _source(root, "models/deepseek_v41/nvidia/model.py")
     assert "DeepseekV4MoE as DeepseekV4MoEBase" in src
+    assert "activation=" not in fused  # FusedMoEFactory's default: activation="silu"
+    factory = ast.unparse(_function(root, f"{FUSED_MOE}/layer.py", "FusedMoEFactory"))
+    assert "activation: str='silu'" in factory and "swiglu_limit=swiglu_limit" in factory
+
+
+def _flat(code: str) -> str:
+    return " ".join(code.split())
+
+
+def test_v033_silu_clamp_is_what_the_runtime_computes() -> None:
+    """vLLM 0.33's clamped SILU expert activation, which ``core.reference`` and the Triton
+    ``w13_swiglu_kernel`` reproduce: ``silu(min(gate, L)) * clamp(up, -L, L)``, gate = first half,
+    clamp before the SiLU, no alpha and no +1 (GPT-OSS's SWIGLUOAI differs), only for L > 0."""
+    root = _v033()
+    act = f"{FUSED_MOE}/activation.py"
+    # The layer's limit reaches the activation config (quant config first, then the MoE config).
+    cfg = ast.unparse(_function(root, act, "from_configs", "ApplyMoEActivationConfig"))
+    assert "clamp_limit = quant_config.gemm1_clamp_limit" in cfg
+    assert "clamp_limit = moe_config.swiglu_limit" in cfg
+    # SILU with a limit -> silu_and_mul_with_clamp (alpha 1.0, beta 0.0).
+    apply = _flat(ast.unparse(_function(root, act, "apply_moe_activation")))
+    assert ("if activation == MoEActivation.SILU: if config.clamp_limit is not None: "
+            "silu_and_mul_with_clamp(output, input, config.clamp_limit, topk_ids, expert_map)"
+            ) in apply
+    clamp = ast.unparse(_function(root, act, "silu_and_mul_with_clamp"))
+    assert "gate = torch.clamp(input[..., :d], max=clamp_limit)" in clamp
+    assert "up = torch.clamp(input[..., d:], min=-clamp_limit, max=clamp_limit)" in clamp
+    assert "output.copy_(gate * torch.sigmoid(gate) * up)" in clamp
+    assert "torch.ops._C.silu_and_mul_with_clamp(output, input, clamp_limit, 1.0, 0.0)" in clamp
+    utils = f"{FUSED_MOE}/utils.py"
+    torch_ref = _flat(ast.unparse(_function(root, utils, "_swiglu_limit_torch")))
+    assert ("if swiglu_limit > 0: gate = torch.clamp(gate, max=swiglu_limit) "
+            "up = torch.clamp(up, min=-swiglu_limit, max=swiglu_limit)") in torch_ref
+    assert "output.copy_(F.silu(gate) * up)" in torch_ref
+    kernel = _flat(ast.unparse(_function(root, utils, "_swiglu_limit_pad_aware_kernel")))
+    assert ("if HAS_LIMIT: gate = tl.minimum(gate, swiglu_limit) up = tl.maximum(up, -swiglu_limit) "
+            "up = tl.minimum(up, swiglu_limit)") in kernel
+    assert "silu_gate = gate / (1.0 + tl.exp(-gate))" in kernel
+    assert "HAS_LIMIT=swiglu_limit > 0" in ast.unparse(_function(root, utils, "_swiglu_limit_pad_aware"))
+    # The Triton modular experts take the same function for SILU + clamp.
+    triton_moe = _source(root, f"{FUSED_MOE}/experts/triton_moe.py")
+    assert "swiglu_limit_func(output, input, activation_config.clamp_limit)" in triton_moe
+    # MXFP4 layers hand the layer's limit to every backend's quant config.
+    quant_config = ast.unparse(_function(root, MXFP4, "get_fused_moe_quant_config",
+                                         "Mxfp4MoEMethod"))
+    assert "gemm1_clamp_limit=swiglu_limit" in quant_config and "swiglu_limit=swiglu_limit" in quant_config
 
 
 def test_v033_deferred_finalize_only_for_trtllm_modular_experts() -> None:

@@ -7,6 +7,7 @@ Run there with ``PYTHONPATH=runtime python3 -m pytest tests/gpu/test_plugin_mxfp
 
 Claims, each able to fail:
 * residency (two maps) == unsplit bit for bit (``torch.equal``) through ``WorkerRuntime``;
+* the same with a SwiGLU clamp (``swiglu_limit``) against the clamped reference;
 * both within relative L2 1e-2 of the dequantize-then-matmul reference (fp32 summation order and
   tensor-core accumulation differ from the CPU reference);
 * banks hold the Triton kernels' tile-major layout of exactly the checkpoint rows of their experts
@@ -43,6 +44,17 @@ def test_residency_equals_unsplit_with_triton_kernels() -> None:
     cpu_case.check_modes(result, rel_tol=1e-2)
     runtime, _ = result["runtimes"]["residency-a"]
     assert runtime.per_pick_name.startswith("expert_residency Triton MXFP4")
+
+
+def test_residency_with_swiglu_clamp_equals_unsplit_with_triton_kernels() -> None:
+    """The same with the layers' ``swiglu_limit`` (DeepSeek-V4/V4.1): the plugin passes it to the
+    Triton kernel; split == unsplit bit for bit, within 1e-2 of the clamped reference."""
+    result = cpu_case.run_modes("cuda", swiglu_limit=cpu_case.CLAMP)
+    cpu_case.check_modes(result, rel_tol=1e-2)
+    cpu_case.clamp_bites(result["case"])
+    runtime, _ = result["runtimes"]["residency-a"]
+    assert runtime.per_pick_name.startswith("expert_residency Triton MXFP4")
+    assert runtime.per_pick_name.endswith("swiglu_limit=1.5)")
 
 
 def test_banks_hold_the_kernel_layout_of_their_experts_hot_in_hbm_cold_pinned() -> None:

@@ -20,9 +20,12 @@ and this module turns those into banks and a per-pick expert function:
   checkpoint layout (no vLLM MXFP4 kernel runs on CPU).
 
 The expert these compute is ``y = W2 · bf16(silu(W1·x) * (W3·x))`` with bf16 activations, fp32
-accumulation, no bias, no clamp. Anything else a layer asks for (expert biases, a SwiGLU clamp
-``swiglu_limit``, another activation, alpha/beta) is refused by ``mxfp4_unsupported_reason``
-rather than computed differently.
+accumulation, no bias; with the layer's ``swiglu_limit`` L > 0 (DeepSeek-V4/V4.1 pass their
+config's) ``silu(min(W1·x, L)) * clamp(W3·x, -L, L)``, as vLLM 0.33 computes SILU experts with a
+clamp (``fused_moe/activation.py`` ``silu_and_mul_with_clamp``, ``fused_moe/utils.py``
+``swiglu_limit_func``; docs/plugin.md cites the lines). Anything else a layer asks for (expert
+biases, another activation, alpha/beta) is refused by ``mxfp4_unsupported_reason`` rather than
+computed differently.
 
 No vLLM import here (the GPU test runs it where vLLM is absent); the caller hands in the layer.
 """
@@ -42,6 +45,16 @@ BIAS_NAMES = ("w13_bias", "w2_bias")
 MX_BLOCK = 32
 
 
+def layer_swiglu_limit(layer: Any) -> float | None:
+    """The SwiGLU clamp the runtime applies for ``layer``: its ``swiglu_limit`` when > 0, else None.
+    vLLM 0.33 clamps only for a limit > 0 (``swiglu_limit_func``: ``HAS_LIMIT=swiglu_limit > 0``;
+    ``_swiglu_limit_torch``: ``if swiglu_limit > 0``); an infinite limit clamps nothing."""
+    limit = getattr(layer, "swiglu_limit", None)
+    if limit is None or not float(limit) > 0 or float(limit) == float("inf"):
+        return None
+    return float(limit)
+
+
 def mxfp4_unsupported_reason(layer: Any) -> str | None:
     """None if the runtime computes exactly what this MXFP4 layer asks for, else why not.
 
@@ -53,11 +66,6 @@ def mxfp4_unsupported_reason(layer: Any) -> str | None:
         if getattr(layer, bias, None) is not None:
             return (f"{name}: MXFP4 expert biases ({bias}) are not supported by the runtime's "
                     "MXFP4 expert kernel; set EXPERT_RESIDENCY_MODE=off/count for this model")
-    limit = getattr(layer, "swiglu_limit", None)
-    if limit is not None and float(limit) > 0:
-        return (f"{name}: the model clamps the expert SwiGLU (swiglu_limit={float(limit):g}); the "
-                "runtime's MXFP4 expert kernel computes an unclamped silu(gate)*up and would give "
-                "different results — set EXPERT_RESIDENCY_MODE=off/count for this model")
     activation = getattr(layer, "activation", None)
     act_name = str(getattr(activation, "value", activation)).lower()
     if act_name != "silu":
@@ -152,8 +160,10 @@ class Mxfp4Residency:
     """
 
     def __init__(self, geometry: Mxfp4Geometry, device: torch.device | str, max_tokens: int,
-                 *, kernel_config: Any | None = None) -> None:
+                 *, kernel_config: Any | None = None, swiglu_limit: float | None = None) -> None:
         self.geometry = geometry
+        self.swiglu_limit = swiglu_limit
+        clamp = "" if swiglu_limit is None else f", swiglu_limit={swiglu_limit:g}"
         self.device = torch.device(device)
         self.max_tokens = int(max_tokens)
         self._experts: Any | None = None
@@ -163,10 +173,10 @@ class Mxfp4Residency:
             config = kernel_config if kernel_config is not None else KernelConfig()
             self._experts = TritonMxfp4Experts(
                 ExpertShape(geometry.hidden, geometry.intermediate), geometry.num_experts,
-                geometry.top_k, self.max_tokens, self.device, config)
-            self.name = f"expert_residency Triton MXFP4 ({config.describe()})"
+                geometry.top_k, self.max_tokens, self.device, config, swiglu_limit=swiglu_limit)
+            self.name = f"expert_residency Triton MXFP4 ({config.describe()}{clamp})"
         elif self.device.type == "cpu":
-            self.name = "expert_residency torch MXFP4 reference (core.reference)"
+            self.name = f"expert_residency torch MXFP4 reference (core.reference{clamp})"
         else:
             raise ValueError(f"MXFP4 residency runs on CUDA or CPU, not {self.device}")
 
@@ -191,18 +201,18 @@ class Mxfp4Residency:
             return self._experts.per_pick_fn()
         from ..core.reference import mxfp4_swiglu_per_pick
 
-        return mxfp4_swiglu_per_pick()
+        return mxfp4_swiglu_per_pick(swiglu_limit=self.swiglu_limit)
 
 
 def residency_for(tensors: dict[str, torch.Tensor], top_k: int, max_tokens: int,
-                  cache: dict[tuple, Mxfp4Residency], layer_name: str = "MoE layer"
-                  ) -> Mxfp4Residency:
-    """The (shared) ``Mxfp4Residency`` for a layer's checkpoint tensors; ValueError on a layout
-    or geometry the kernels cannot take."""
+                  cache: dict[tuple, Mxfp4Residency], layer_name: str = "MoE layer",
+                  swiglu_limit: float | None = None) -> Mxfp4Residency:
+    """The (shared) ``Mxfp4Residency`` for a layer's checkpoint tensors and SwiGLU clamp
+    (``layer_swiglu_limit``); ValueError on a layout or geometry the kernels cannot take."""
     experts, hidden, inter = checkpoint_geometry(tensors, layer_name)
     device = tensors["w13_weight"].device
-    key = (hidden, inter, experts, int(top_k), str(device))
+    key = (hidden, inter, experts, int(top_k), str(device), swiglu_limit)
     if key not in cache:
         cache[key] = Mxfp4Residency(Mxfp4Geometry(hidden, inter, experts, int(top_k)), device,
-                                    max_tokens)
+                                    max_tokens, swiglu_limit=swiglu_limit)
     return cache[key]

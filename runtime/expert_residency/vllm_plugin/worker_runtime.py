@@ -229,7 +229,7 @@ class WorkerRuntime:
         """MXFP4 layers whose vLLM conversion was skipped (``routed_experts``): layer index ->
         the shared ``Mxfp4Residency`` for its geometry (holds no reference to the tensors, so
         re-homing still frees each original as soon as it is copied)."""
-        from .mxfp4_experts import residency_for
+        from .mxfp4_experts import layer_swiglu_limit, residency_for
 
         out: dict[int, Any] = {}
         for index, module in self.target_layers.items():
@@ -238,7 +238,7 @@ class WorkerRuntime:
             try:
                 out[index] = residency_for(_expert_tensors(module), int(module.top_k),
                                            _max_tokens(module), self._mxfp4_cache,
-                                           module.layer_name)
+                                           module.layer_name, layer_swiglu_limit(module))
             except ValueError as exc:
                 refuse(f"{module.layer_name}: the runtime's MXFP4 experts cannot take this layer: "
                        f"{exc}")

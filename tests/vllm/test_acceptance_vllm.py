@@ -19,19 +19,12 @@ from click.testing import CliRunner
 
 from expert_residency.formats import RowMap, save_rowmap
 from recipegen.cli import main
+from vllm_support.prompts import PROMPTS
 from vllm_support.server import VllmServer
 from vllm_support.tiny_moe import TINY, write_tiny_moe
 
 pytestmark = pytest.mark.vllm
 
-PROMPTS = [
-    "the cat of the world is a big red stone",
-    "one two three four five six seven",
-    "agent call tool plan code run test error result",
-    "a small bird in the cold night sky",
-    "math proof of the sum value is the answer",
-    "story poem of the sea and the wind and the rain",
-]
 CATEGORIES = ["prose", "math", "agent", "prose", "math", "prose"]
 MAX_TOKENS = "24"
 

@@ -66,6 +66,22 @@ _DUMP_NAME = re.compile(rf"^(?P<lane>{_PART})__(?P<cls>{_PART})__(?P<mode>count-
 _TIME_FORMAT = "%Y%m%dT%H%M%S.%fZ"
 
 
+def interval_from_env(env: Mapping[str, str]) -> float:
+    """Seconds between snapshots, from ``EXPERT_RESIDENCY_DUMP_INTERVAL_S`` (default 60; 0 = none).
+
+    The one parser of that variable (the runtime's dump thread and the vLLM plugin's settings).
+    Raises ValueError naming the variable on a bad value.
+    """
+    raw = env.get(ENV_INTERVAL, "").strip()
+    try:
+        interval = float(raw) if raw else DEFAULT_INTERVAL_S
+    except ValueError:
+        raise ValueError(f"{ENV_INTERVAL}={raw!r}: not a number of seconds") from None
+    if interval < 0:
+        raise ValueError(f"{ENV_INTERVAL}={raw!r}: must be >= 0")
+    return interval
+
+
 @dataclass(frozen=True)
 class DumpConfig:
     folder: Path
@@ -84,13 +100,7 @@ class DumpConfig:
         folder = env.get(ENV_DIR, "").strip()
         if not folder:
             return None
-        raw = env.get(ENV_INTERVAL, "").strip()
-        try:
-            interval = float(raw) if raw else DEFAULT_INTERVAL_S
-        except ValueError:
-            raise ValueError(f"{ENV_INTERVAL}={raw!r}: not a number of seconds") from None
-        if interval < 0:
-            raise ValueError(f"{ENV_INTERVAL}={raw!r}: must be >= 0")
+        interval = interval_from_env(env)
         mode = env.get(ENV_MODE, "").strip() or "count-only"
         config = cls(Path(folder), interval, env.get(ENV_LANE, "lane").strip() or "lane",
                      env.get(ENV_CLASS, "none").strip() or "none", _MODE_ALIASES.get(mode, mode))

@@ -27,11 +27,13 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from expert_residency.core.dump import DEFAULT_INTERVAL_S, ENV_INTERVAL, interval_from_env
+
 ENV_MODE = "EXPERT_RESIDENCY_MODE"
 ENV_ROWMAP = "EXPERT_RESIDENCY_ROWMAP"
 ENV_CONTENT_HASH = "EXPERT_RESIDENCY_CONTENT_HASH"
 ENV_DUMP_DIR = "EXPERT_RESIDENCY_DUMP_DIR"
-ENV_DUMP_INTERVAL_S = "EXPERT_RESIDENCY_DUMP_INTERVAL_S"
+ENV_DUMP_INTERVAL_S = ENV_INTERVAL
 ENV_LANE = "EXPERT_RESIDENCY_LANE"
 ENV_CLASS = "EXPERT_RESIDENCY_CLASS"
 ENV_PER_PICK = "EXPERT_RESIDENCY_PER_PICK"
@@ -45,7 +47,7 @@ MODES = (MODE_OFF, MODE_COUNT, MODE_RESIDENCY, MODE_UNSPLIT)
 # Spellings used by other parts of the runtime (dump file names, report lines).
 _ALIASES = {"count-only": MODE_COUNT, "": MODE_OFF}
 
-DEFAULT_DUMP_INTERVAL_S = 60.0
+DEFAULT_DUMP_INTERVAL_S = DEFAULT_INTERVAL_S
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -91,13 +93,10 @@ def load_settings(environ: Mapping[str, str] | None = None) -> PluginSettings:
     content_hash = env.get(ENV_CONTENT_HASH, "").strip().lower() or None
     if content_hash is not None and not _HEX64.match(content_hash):
         raise SettingsError(f"{ENV_CONTENT_HASH}={content_hash!r}: expected 64 hex digits (sha256)")
-    raw_interval = env.get(ENV_DUMP_INTERVAL_S, "").strip()
     try:
-        interval = float(raw_interval) if raw_interval else DEFAULT_DUMP_INTERVAL_S
-    except ValueError:
-        raise SettingsError(f"{ENV_DUMP_INTERVAL_S}={raw_interval!r}: not a number of seconds") from None
-    if interval < 0:
-        raise SettingsError(f"{ENV_DUMP_INTERVAL_S}={raw_interval!r}: must be >= 0")
+        interval = interval_from_env(env)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     lane = env.get(ENV_LANE, "").strip() or "lane"
     traffic_class = env.get(ENV_CLASS, "").strip() or "none"
     for variable, value in ((ENV_LANE, lane), (ENV_CLASS, traffic_class)):

@@ -47,6 +47,87 @@ def test_verdicts_separate_placement_from_nondeterminism():
     assert judge_prompt(P, [a], [b]).status == "diverges"
 
 
+def jittered(base: tuple[int, ...], at: int, token: int = 99) -> Output:
+    """`base` with the token at `at` replaced: a run that parts from `base` exactly there."""
+    return out(*base[:at], token, *base[at + 1:])
+
+
+RUN = tuple(range(1, 301))  # a 300-token greedy run
+
+
+@pytest.mark.parametrize("a_runs, b_runs, status, index", [
+    # the excuse that must not hold: A jitters with itself at token 200, but already leaves B at 0
+    ([out(*RUN), jittered(RUN, 200)], [jittered(RUN, 0, 7)] * 2, "diverges", 0),
+    # A's own runs disagree at 5; one leaves B at 9, the other at 5 (never before 5): A's jitter
+    ([out(*RUN), jittered(RUN, 5)], [jittered(RUN, 9)] * 2, "nondeterministic", 5),
+    # ... and at exactly the jitter point, still A's jitter
+    ([out(*RUN), jittered(RUN, 5)], [jittered(RUN, 5, 7)] * 2, "nondeterministic", 5),
+    # A's own runs disagree at 5 but leave B at 4, before: a real divergence
+    ([jittered(RUN, 4), jittered(jittered(RUN, 4).token_ids, 5)], [out(*RUN)] * 2, "diverges", 4),
+    # A stable and never reproduced: diverges wherever it is
+    ([jittered(RUN, 250)] * 2, [out(*RUN)] * 2, "diverges", 250),
+    # A stable, B jitters at 0 but one run of B reproduces A exactly: B's jitter
+    ([out(*RUN)] * 2, [out(*RUN), jittered(RUN, 0)], "nondeterministic", 0),
+    # three runs of A: two agree, a third jitters at 200; all leave B at 3
+    ([jittered(RUN, 3)] * 2 + [jittered(jittered(RUN, 3).token_ids, 200)], [out(*RUN)] * 2,
+     "diverges", 3),
+    # one run of A reproduced by B, the other parts from it (and from B) at 10: A's jitter
+    ([out(*RUN), jittered(RUN, 10)], [out(*RUN)], "nondeterministic", 10),
+    # B's runs disagree with each other at 50, A follows one of them to 120 then leaves both:
+    # B's jitter does not excuse A (A's own runs agree)
+    ([jittered(jittered(RUN, 50).token_ids, 120)] * 2, [out(*RUN), jittered(RUN, 50)], "diverges", 120),
+])
+def test_divergence_is_excused_only_at_or_after_the_endpoints_own_jitter(a_runs, b_runs, status, index):
+    verdict = judge_prompt(P, a_runs, b_runs)
+    assert verdict.status == status, verdict.reason
+    assert verdict.divergence is not None and verdict.divergence.index == index
+    assert verdict.divergence.unit == "token"
+
+
+def test_attribution_reason_names_both_points():
+    diverges = judge_prompt(P, [out(*RUN), jittered(RUN, 200)], [jittered(RUN, 0, 7)] * 2)
+    assert diverges.self_divergence.index == 200
+    assert diverges.reason.startswith("A≠B at token 0")
+    assert "before A's own runs disagree (token 200)" in diverges.reason
+    excused = judge_prompt(P, [out(*RUN), jittered(RUN, 5)], [jittered(RUN, 9)] * 2)
+    assert excused.reason.startswith("A≠A at token 5") and "A leaves B at token 5" in excused.reason
+
+
+def test_attribution_on_text_when_one_output_lacks_token_ids():
+    # compared on characters for every pair: A's own runs part at char 9, A leaves B at char 4
+    a1, a2 = Output("the hostAAAA", (1, 2)), Output("the hostABBB")
+    b = Output("the cold")
+    verdict = judge_prompt(P, [a1, a2], [b, b])
+    assert verdict.status == "diverges" and verdict.divergence.unit == "char"
+    assert verdict.divergence.index == 4 and verdict.self_divergence.index == 9
+
+
+def test_recorded_runs_attribute_per_prompt(tmp_path):
+    """Both sides as recordings: the token-0 divergence with token-200 self-jitter fails, the
+    jitter-after-divergence prompt passes, through the CLI and its JSON."""
+    from recipegen.acceptance.fixture import load_fixture
+    from recipegen.acceptance.parity import record_json
+
+    path = tmp_path / "fixture.jsonl"
+    path.write_text('{"id": "early", "category": "agent", "prompt": "a"}\n'
+                    '{"id": "late", "category": "prose", "prompt": "b"}\n')
+    fixture = load_fixture(path)
+    settings = {"max_tokens": 300, "seed": 0}
+    runs_a = [[out(*RUN), out(*RUN)], [jittered(RUN, 200), jittered(RUN, 5)]]
+    runs_b = [[jittered(RUN, 0, 7), jittered(RUN, 9)]] * 2
+    for name, runs in (("a.json", runs_a), ("b.json", runs_b)):
+        (tmp_path / name).write_text(json.dumps(record_json(fixture, runs, {}, settings)))
+    result = run_parity(tmp_path / "a.json", tmp_path / "b.json", "--fixture", path, "--max-tokens", "300",
+                        "--seed", "0", "--json", tmp_path / "r.json")
+    assert result.exit_code == 1, result.output
+    early = next(line for line in result.output.splitlines() if line.startswith("early "))
+    late = next(line for line in result.output.splitlines() if line.startswith("late "))
+    assert "diverges" in early and "A≠B at token 0" in early and "(token 200)" in early
+    assert "nondeterministic" in late and "A≠A at token 5" in late
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["summary"] == {"exact": 0, "nondeterministic": 1, "diverges": 1}
+
+
 def test_default_fixture_has_the_seeds_categories():
     fixture = load_fixture()
     assert len(fixture.prompts) == 50

@@ -1,15 +1,18 @@
 """Greedy token-exact parity between two endpoints, separating placement from serving noise.
 
-Each endpoint answers the fixture `runs` times. Per prompt:
+Each endpoint answers the fixture `runs` times; A is the candidate, B the control. Per prompt:
   - exact              every run of A and of B produced the same tokens;
-  - nondeterministic   A's own runs disagree (or A agrees with itself and some run of B
-                       matches it while another does not): serving-level nondeterminism, the
-                       seeds' tool-path jitter, not a placement effect;
-  - diverges           A agrees with itself and no run of B matches it: a placement (or
-                       model) effect. Any such prompt fails parity.
-With one run per endpoint nothing can be attributed to nondeterminism, so every divergence
-counts. The pairwise exact counts (A×A, A×B, B×B) are reported as the seeds did
-("47/50 within v15, 49/50 v15 vs v14").
+  - nondeterministic   every run of A that differs from B is accounted for by nondeterminism:
+                       some run of B reproduces it exactly (B's own jitter), or it departs from
+                       every run of B only at or after the token where A's own runs already
+                       disagree with each other on this prompt (A's own jitter point);
+  - diverges           some run of A departs from every run of B *before* A's own runs disagree
+                       (or A never disagrees with itself) and no run of B reproduces it: a
+                       placement (or model) effect. Any such prompt fails parity.
+So self-jitter at token 200 cannot excuse a divergence at token 0. With one run per endpoint
+nothing can be attributed to nondeterminism, so every divergence counts. The pairwise exact
+counts (A×A, A×B, B×B) are reported as the field report "vLLM: Pin Hot Experts" (2026-09-17)
+did ("47/50 within v15, 49/50 v15 vs v14").
 """
 
 from __future__ import annotations
@@ -87,8 +90,9 @@ class PromptVerdict:
     b_self_exact: bool
     ab_exact_pairs: int
     ab_pairs: int
-    divergence: Divergence | None     # first A-vs-B divergence (earliest), if any
-    self_divergence: Divergence | None  # first A-vs-A divergence, if any
+    divergence: Divergence | None     # the deciding A-vs-B divergence (see judge_prompt), if any
+    self_divergence: Divergence | None  # first A-vs-A divergence (A's own jitter point), if any
+    reason: str = ""                  # why the verdict, in words (printed beside it)
 
 
 @dataclass
@@ -106,27 +110,65 @@ class ParityReport:
         return sum(1 for v in self.verdicts if v.status == status)
 
 
+def _comparable(outputs: Sequence[Output]) -> list[Output]:
+    """Compare every pair of a prompt in one unit: tokens only when every output has them."""
+    if all(o.token_ids is not None for o in outputs):
+        return list(outputs)
+    return [Output(text=o.text) for o in outputs]
+
+
 def judge_prompt(prompt: Prompt, outputs_a: Sequence[Output], outputs_b: Sequence[Output]) -> PromptVerdict:
+    """Attribute each A-vs-B difference on one prompt (module docstring).
+
+    For each run a of A: if some run of B equals it, it is reproduced. Otherwise its departure
+    point is the furthest any run of B follows it (max common prefix); it is excused only when
+    that point is at or after A's own jitter point (the earliest index where two runs of A
+    differ). One unexcused run of A makes the prompt diverge.
+    """
     if not outputs_a or not outputs_b:
         raise ValueError("each endpoint needs at least one run")
+    both = _comparable([*outputs_a, *outputs_b])
+    outputs_a, outputs_b = both[:len(outputs_a)], both[len(outputs_a):]
     self_divs = [d for x, y in combinations(outputs_a, 2) if (d := first_divergence(x, y))]
     b_self = all(first_divergence(x, y) is None for x, y in combinations(outputs_b, 2))
     ab_divs = [first_divergence(x, y) for x, y in product(outputs_a, outputs_b)]
     ab_exact = sum(1 for d in ab_divs if d is None)
+    self_first = min(self_divs, key=lambda d: d.index) if self_divs else None
+    jitter_point = self_first.index if self_first else None
+    unexcused: list[Divergence] = []   # per unexcused run of A: where it leaves every run of B
+    excused: list[Divergence] = []
+    for a in outputs_a:
+        divs = [first_divergence(a, b) for b in outputs_b]
+        if any(d is None for d in divs):
+            continue                   # reproduced by a run of B
+        departure = max((d for d in divs if d is not None), key=lambda d: d.index)
+        if jitter_point is not None and departure.index >= jitter_point:
+            excused.append(departure)
+        else:
+            unexcused.append(departure)
     real_divs = [d for d in ab_divs if d is not None]
-    if not real_divs:
+    unit_name = real_divs[0].unit if real_divs else "token"
+    if ab_exact == len(ab_divs):
         status: Status = "exact"
-    elif self_divs:
-        status = "nondeterministic"
-    elif ab_exact > 0:       # A is stable and some run of B reproduces it: B's own jitter
-        status = "nondeterministic"
-    else:
+        decisive, reason = None, ""
+    elif unexcused:
         status = "diverges"
+        decisive = min(unexcused, key=lambda d: d.index)
+        reason = (f"A≠B at {decisive.describe()}" + (
+            "; A's own runs agree" if jitter_point is None else
+            f"; before A's own runs disagree ({unit_name} {jitter_point})"))
+    else:
+        status = "nondeterministic"
+        decisive = min(excused or real_divs, key=lambda d: d.index)
+        if self_first is not None and excused:
+            reason = (f"A≠A at {self_first.describe()}; A leaves B at {unit_name} {decisive.index}, "
+                      "not before")
+        else:
+            reason = "B≠B: a run of B reproduces each run of A"
     return PromptVerdict(prompt_id=prompt.id, category=prompt.category, status=status,
                          a_self_exact=not self_divs, b_self_exact=b_self, ab_exact_pairs=ab_exact,
-                         ab_pairs=len(ab_divs),
-                         divergence=min(real_divs, key=lambda d: d.index) if real_divs else None,
-                         self_divergence=min(self_divs, key=lambda d: d.index) if self_divs else None)
+                         ab_pairs=len(ab_divs), divergence=decisive, self_divergence=self_first,
+                         reason=reason)
 
 
 def compare(fixture: Fixture, runs_a: Sequence[Sequence[Output]], runs_b: Sequence[Sequence[Output]]

@@ -43,13 +43,7 @@ def parity_text(report: ParityReport, identities: dict[str, dict[str, Any]], *, 
     lines.append("")
     lines.append(f"{'prompt':<16} {'category':<12} {'verdict':<17} detail")
     for v in report.verdicts:
-        detail = ""
-        if v.status == "diverges" and v.divergence:
-            detail = f"A≠B at {v.divergence.describe()}"
-        elif v.status == "nondeterministic":
-            d = v.self_divergence or v.divergence
-            who = "A≠A" if v.self_divergence else "B≠B"
-            detail = f"{who} at {d.describe()}" if d else ""
+        detail = v.reason   # judge_prompt says why: where A left B, and A's own jitter point
         lines.append(f"{v.prompt_id:<16} {v.category:<12} {v.status:<17} {detail}")
     lines.append("")
     lines.append("pairwise exact: " + "  ".join(f"{pair} {e}/{t}" for pair, (e, t) in report.pair_counts.items()))
@@ -58,8 +52,9 @@ def parity_text(report: ParityReport, identities: dict[str, dict[str, Any]], *, 
     if report.runs_a < 2:
         lines.append("note: one run of A cannot tell serving nondeterminism from a placement effect; "
                      "every divergence counts (use --runs 2 or more)")
-    lines.append("PASS: A matches B within A's own nondeterminism" if report.passed
-                 else "FAIL: A diverges from B beyond A's own nondeterminism")
+    lines.append("PASS: every difference of A from B starts at or after A's own run-to-run disagreement, "
+                 "or B reproduces it" if report.passed
+                 else "FAIL: A departs from B before A's own runs disagree, and no run of B reproduces it")
     return "\n".join(lines)
 
 

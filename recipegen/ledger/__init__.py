@@ -4,13 +4,19 @@
 and tokens), host (tables, pinned experts, reserve), both placements (positional vs usage-aware)
 and load-time peaks; every figure in bytes with its formula and operands; violations with what to
 change. See docs/ledger.md.
+
+Modules, imports one way: `result` (the returned data) ← `reserves`, `placements`, `verdict`,
+`load` (one part of a lane's figures each) ← `lane` (`compute_lane`) ← `multinode` (a lane over
+several machines: `compute_lane` per stage) ← `recipe` (`compute_ledger`, shared budgets). The
+human text: `report_lane` ← `multinode_report` ← `report`.
 """
 
 from recipegen.ledger.budget import DeclaredSplit, declared_split
-from recipegen.ledger.compute import (LaneLedger, PlacementLedger, RecipeLedger, Violation, compute_lane,
-                                      compute_ledger, concurrent_total)
 from recipegen.ledger.figures import Figure
+from recipegen.ledger.lane import compute_lane
 from recipegen.ledger.placement import positional_walk, rehoming_peaks
+from recipegen.ledger.recipe import compute_ledger, concurrent_total
+from recipegen.ledger.result import LaneLedger, PlacementLedger, RecipeLedger, Violation
 
 __all__ = ["DeclaredSplit", "declared_split", "LaneLedger", "PlacementLedger", "RecipeLedger",
            "Violation", "compute_lane", "compute_ledger", "concurrent_total", "Figure", "positional_walk", "rehoming_peaks"]

@@ -1,7 +1,7 @@
 """The ledger of a lane that spans machines: one ledger per pipeline stage (= per machine), a lane
 summary, and the all-HBM question (does every weight fit in HBM next to a useful KV pool?).
 
-Pure. Each stage is the lane's own budget arithmetic (`compute.compute_lane`, the one home of every
+Pure. Each stage is the lane's own budget arithmetic (`lane.compute_lane`, the one home of every
 HBM/KV/host formula) applied to the stage's share of the model: its MoE layers, its share of the
 dense weights, the drafter on the last stage, the host tables of its layers, KV for its layers. The
 only formulas here are those shares and the stage's HBM reserve:
@@ -24,7 +24,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from recipegen.ledger.compute import LaneLedger, PlacementLedger, compute_lane
+from recipegen.ledger.lane import compute_lane
+from recipegen.ledger.result import LaneLedger, PlacementLedger
 from recipegen.ledger.figures import Figure
 from recipegen.multinode.partition import StageLayers, stage_layers
 from recipegen.schema import HbmReserve, HostReserve, HostTable, Lane, Model, Recipe

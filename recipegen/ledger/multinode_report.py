@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from recipegen.ledger.multinode import MultiNodeLaneLedger
-from recipegen.ledger.report import render_lane, verdict_lines
+from recipegen.ledger.report_lane import render_lane, verdict_lines
 from recipegen.units import format_bytes, format_tokens
 
 

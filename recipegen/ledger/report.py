@@ -1,124 +1,18 @@
-"""The human ledger: a table per lane, the verdict, and (with --explain) every formula."""
+"""The human ledger of a recipe: each lane (`report_lane`, or `multinode_report` for a lane over
+several machines), the machine-wide violations, and the verdict."""
 
 from __future__ import annotations
 
-from recipegen.ledger.compute import POSITIONAL, LaneLedger, PlacementLedger, RecipeLedger, Violation
-from recipegen.units import GiB, MiB
-
-
-def _g(value: float) -> str:
-    if 0 < abs(value) < GiB / 8:
-        return f"{value / MiB:,.2f} MiB"
-    return f"{value / GiB:,.2f} GiB"
-
-
-def _placement_column(p: PlacementLedger | None) -> list[str]:
-    if p is None:
-        return ["—"] * 5
-    f = p.figures
-    if p.placement == POSITIONAL:
-        whole = sum(1 for c in p.cold_per_layer if c == max(p.cold_per_layer)) if any(p.cold_per_layer) else 0
-        counts = f"all {max(p.cold_per_layer)} cold in {whole} layers" if whole else "none cold"
-        host = _g(f["host.cold_experts"].value)
-        if "positional.measured" in f:
-            host += f" (measured {_g(f['positional.measured'].value)})"
-    else:
-        counts = p.counts_label().replace(" per layer", "")
-        host = _g(f["host.cold_experts"].value)
-    seqs = int(f["kv.full_sequences"].value)
-    return [counts, _g(f["hbm.hot_experts"].value), host, _g(f["hbm.kv_pool"].value),
-            f"{f['kv.tokens'].display()} ({seqs} × max_model_len)"]
-
-
-def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
-    fig = lane.figures
-    out: list[str] = []
-    own = lane.placement
-    other = "positional" if own != POSITIONAL else "usage-aware"
-    pos_budget = ""
-    if lane.positional is not None:
-        pos_budget = f" (--cpu-offload-gb {fig['load.host_experts_initial'].operands['load_cpu_offload_bytes'] / GiB:g})"
-    head_own = f"{own} (this lane)"
-    head_other = f"{other}{pos_budget if other == 'positional' else ' (same budget)'}"
-    rows = ["hot / cold per layer", "routed experts in HBM / GPU", "routed experts pinned in host",
-            "KV pool / GPU", "KV tokens"]
-    col_own = _placement_column(lane.active)
-    col_other = _placement_column(lane.positional if own != POSITIONAL else lane.usage_aware)
-    w0 = max(len(r) for r in rows) + 2
-    w1 = max(len(head_own), *(len(c) for c in col_own)) + 3
-    out.append(f"  {'':<{w0}}{head_own:<{w1}}{head_other}")
-    for r, a, b in zip(rows, col_own, col_other):
-        out.append(f"  {r:<{w0}}{a:<{w1}}{b}")
-    if "budget.hot_per_layer" in fig:
-        hot_budget = int(fig["budget.hot_per_layer"].value)
-        if "budget.cold_per_layer" in fig:
-            declared = (f"cold_experts_budget {_g(fig['budget.cold_per_layer'].operands['cold_experts_budget_bytes'])}"
-                        f" → {int(fig['budget.cold_per_layer'].value)} cold per layer (largest whole count that "
-                        f"fits) = {_g(fig['budget.cold_bytes'].value)}, {hot_budget} hot")
-        else:
-            declared = (f"hot_experts_per_layer {hot_budget} → "
-                        f"{int(fig['experts.per_layer'].value / fig['experts.bytes_per_expert'].value) - hot_budget}"
-                        f" cold per layer = {_g(fig['budget.cold_bytes'].value)} in host")
-        out.append(f"  Budget: {declared}; the row map is the truth ({lane.usage_aware.basis.split(';')[0]})")
-    cap = fig["hbm.cap"]
-    util = cap.operands.get("gpu_memory_utilization")
-    cap_text = (f"{_g(fig['hbm.capacity'].value)} × {util:g} = {_g(cap.value)} cap" if util is not None
-                else f"{_g(cap.value)} (fixed KV pool)")
-    reserve = fig["hbm.reserve"]
-    reserve_kind = "back-solved" if "back-solved" in reserve.note else "measured"
-    out.append(f"  HBM / GPU: {cap_text} = reserve {_g(reserve.value)} ({reserve_kind}) + hot experts "
-               f"{_g(fig['hbm.hot_experts'].value)} + KV {_g(fig['hbm.kv_pool'].value)}")
-    if "hbm.reserve.dense" in fig:
-        parts = [f"dense {_g(fig['hbm.reserve.dense'].value)}"]
-        if "hbm.reserve.drafter" in fig:
-            parts.append(f"drafter {_g(fig['hbm.reserve.drafter'].value)}")
-        parts.append(f"activations/CUDA graphs/rest {_g(fig['hbm.reserve.runtime'].value)}")
-        out.append(f"    reserve = {' + '.join(parts)}")
-    out.append(f"  KV: {fig['kv.tokens'].display()} for max_model_len {int(fig['kv.max_model_len'].value):,} "
-               f"→ {int(fig['kv.full_sequences'].value)} full-length sequence(s)")
-    out.append(f"  Host: tables {_g(fig['host.tables'].value)} + pinned experts "
-               f"{_g(fig['host.cold_experts'].value)} = {_g(fig['host.before_reserve'].value)} before page "
-               f"cache; + reserve {_g(fig['host.reserve'].value)} = {_g(fig['host.total'].value)} of "
-               f"{_g(fig['host.memory'].value)} (headroom {_g(fig['host.headroom'].value)})")
-    out.append(f"  Load: experts after load HBM {_g(fig['load.hbm_experts_initial'].value)} / host "
-               f"{_g(fig['load.host_experts_initial'].value)}; peak HBM {_g(fig['load.hbm_peak'].value)} "
-               f"of {_g(fig['hbm.capacity'].value)}, peak host {_g(fig['load.host_peak'].value)} of "
-               f"{_g(fig['host.memory'].value)}")
-    for note in lane.notes:
-        out.append(f"  note: {note}")
-    if explain:
-        out.append("  Figures:")
-        seen: set[str] = set()
-        for placement in (lane.usage_aware, lane.positional):
-            if placement is None:
-                continue
-            for key, f in {**fig, **{f"{placement.placement}:{k}": v for k, v in placement.figures.items()}}.items():
-                if key in seen:
-                    continue
-                seen.add(key)
-                prefix = f"[{key.split(':')[0]}] " if ":" in key else ""
-                out.extend("    " + (prefix if i == 0 else "") + line
-                           for i, line in enumerate(f.explain().splitlines()))
-    out += verdict_lines(lane.ok, lane.violations, holds="every budget holds")
-    return "\n".join(out)
-
-
-def verdict_lines(ok: bool, violations: list[Violation], *, holds: str) -> list[str]:
-    """A lane's closing lines: `verdict: OK — <holds>`, or each violation with what to change."""
-    if ok:
-        return [f"  verdict: OK — {holds}"]
-    out: list[str] = []
-    for v in violations:
-        out.append(f"  OVER BUDGET [{v.kind}]: {v.message}")
-        out.append(f"    → {v.suggestion}")
-    return out
+from recipegen.ledger.multinode import MultiNodeLaneLedger
+from recipegen.ledger.multinode_report import render_multinode_lane
+from recipegen.ledger.report_lane import render_lane
+from recipegen.ledger.result import RecipeLedger
 
 
 def render_ledger(ledger: RecipeLedger, path: str, *, explain: bool = False) -> str:
     out = [f"{ledger.recipe} ({path})"]
     for lane in ledger.lanes:
-        if hasattr(lane, "stages"):  # a lane over several machines: one ledger per machine
-            from recipegen.ledger.multinode_report import render_multinode_lane
+        if isinstance(lane, MultiNodeLaneLedger):  # a lane over several machines: one ledger per machine
             out.append(f"lane {lane.lane} · {len(lane.stages)} machines (pipeline parallel) · "
                        f"{lane.placement}")
             out.append(render_multinode_lane(lane, explain=explain))

@@ -1,0 +1,230 @@
+"""The ledger of one lane on one machine: `compute_lane` assembles the figures of each part.
+
+Experts (bytes per expert, per layer, total), the HBM cap and reserve, the KV rate, both
+placements (`placements`), the declared budget, host memory, the verdict (`verdict`) and the
+load-time peaks (`load`). Every figure is in bytes with its formula and operands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from recipegen.ledger.budget import declared_split
+from recipegen.ledger.figures import Figure
+from recipegen.ledger.load import load_figures
+from recipegen.ledger.placements import placement_figures, positional_placement, usage_aware_placement
+from recipegen.ledger.reserves import hbm_reserve, host_reserve
+from recipegen.ledger.result import POSITIONAL, USAGE_AWARE, LaneLedger, PlacementLedger, Violation, src_note
+from recipegen.ledger.verdict import budget_violations
+from recipegen.schema import Lane, Machine, Model
+from recipegen.units import format_bytes
+
+
+@dataclass
+class _Figures:
+    """The figures, notes and violations of a lane as they are computed."""
+
+    figs: dict[str, Figure] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+
+    def add(self, f: Figure) -> Figure:
+        self.figs[f.key] = f
+        return f
+
+
+@dataclass(frozen=True)
+class _Hbm:
+    cap: float          # what vLLM may use per GPU
+    reserve: float      # measured non-expert, non-KV HBM per GPU
+    weights: float      # declared dense + drafter weights per GPU (inside the reserve)
+
+
+def compute_lane(model: Model, machine: Machine, lane: Lane, *,
+                 rowmap_hot: Sequence[int] | None = None, rowmap_label: str | None = None) -> LaneLedger:
+    """All figures of one lane. `rowmap_hot`: the active map's hot count per MoE layer, if read."""
+    out = _Figures()
+    tp = lane.tensor_parallel_size
+    if tp > 1:
+        out.notes.append(f"tensor parallel over {tp} GPUs: experts, dense weights and KV are taken as "
+                         "split evenly across them (per-GPU figures are lane totals / TP)")
+    _expert_figures(model, out)
+    hbm = _hbm_figures(model, machine, lane, out)
+    bank = _prefetch_bank(model, lane, out)
+    kv_token_bytes = _kv_rate(model, lane, out)
+
+    ua = usage_aware_placement(model, lane, rowmap_hot, rowmap_label)
+    pos = positional_placement(model, lane) if lane.offload.load_cpu_offload else None
+    for placement in (ua, pos):
+        if placement is not None:
+            placement_figures(placement, model, lane, hbm.cap, hbm.reserve, kv_token_bytes, tp, bank)
+    active = pos if lane.offload.placement == POSITIONAL else ua
+    assert active is not None
+    _placement_summary(model, lane, active, out)
+    kv_pool, kv_tokens = out.figs["hbm.kv_pool"].value, out.figs["kv.tokens"].value
+    tables, reserve_host, host_total = _host_figures(model, machine, lane, active, out)
+
+    # --- verdict
+    if lane.kv_cache_bytes is not None:
+        # A fixed pool: the "room" is what the cap leaves after reserve and hot experts.
+        room = hbm.cap - hbm.reserve - active.hot_bytes / tp - bank
+        kv_for_checks = room if room < kv_pool else kv_pool
+    else:
+        kv_for_checks = kv_pool
+    out.violations.extend(budget_violations(model, machine, lane, hbm.cap, hbm.reserve, kv_for_checks,
+                                            kv_tokens, host_total, tables, reserve_host, tp,
+                                            fixed_kv=lane.kv_cache_bytes, bank=bank,
+                                            kv_token_bytes=kv_token_bytes))
+
+    # --- load time (after the verdict: a side already over budget at the end is not re-reported)
+    final_over = {v.kind for v in out.violations}
+    load_figures(model, machine, lane, active, out.add, hbm.reserve, hbm.weights, tables, reserve_host,
+                 out.violations, tp, skip_hbm="hbm" in final_over, skip_host="host" in final_over)
+    return LaneLedger(lane.name, lane.machine, list(lane.gpus), lane.offload.placement, out.figs, ua, pos,
+                      out.violations, out.notes)
+
+
+def _expert_figures(model: Model, out: _Figures) -> None:
+    e, n_layers, n_experts = model.expert_bytes, model.num_moe_layers, model.routed_experts
+    if model.expert_tensors:
+        tensors = " + ".join(f"{t.name} {'x'.join(map(str, t.shape))} {t.dtype}" for t in model.expert_tensors)
+        out.add(Figure("experts.bytes_per_expert", "bytes per routed expert", e, "bytes",
+                       "Σ tensors (values × bits / 8 + scale bytes per block)",
+                       {"tensors": tensors}, src_note(model.sources, "expert_tensors")))
+    else:
+        out.add(Figure("experts.bytes_per_expert", "bytes per routed expert", e, "bytes", "", {},
+                       src_note(model.sources, "bytes_per_expert")))
+    out.add(Figure("experts.per_layer", "routed experts per MoE layer", n_experts * e, "bytes",
+                   "routed_experts × bytes_per_expert", {"routed_experts": n_experts, "bytes_per_expert": e}))
+    out.add(Figure("experts.total", "all routed experts", n_layers * n_experts * e, "bytes",
+                   "moe_layers × routed_experts × bytes_per_expert",
+                   {"moe_layers": n_layers, "routed_experts": n_experts, "bytes_per_expert": e}))
+
+
+def _hbm_figures(model: Model, machine: Machine, lane: Lane, out: _Figures) -> _Hbm:
+    """HBM per GPU: capacity, the cap vLLM may use, the reserve and its declared parts."""
+    tp = lane.tensor_parallel_size
+    hbm_capacity = machine.gpus.hbm
+    out.add(Figure("hbm.capacity", "HBM per GPU", hbm_capacity, "bytes", "", {},
+                   src_note(machine.sources, "gpus.hbm") or f"machine {machine.name}"))
+    util = lane.gpu_memory_utilization
+    if util is not None:
+        cap = out.add(Figure("hbm.cap", "HBM cap (vLLM budget)", hbm_capacity * util, "bytes",
+                             "hbm_capacity × gpu_memory_utilization",
+                             {"hbm_capacity_bytes": hbm_capacity, "gpu_memory_utilization": util})).value
+    else:
+        cap = float(hbm_capacity)
+        out.add(Figure("hbm.cap", "HBM cap (physical; fixed KV pool)", cap, "bytes",
+                       "hbm_capacity (kv_cache_bytes fixes the KV pool; utilisation is ignored by vLLM)",
+                       {"hbm_capacity_bytes": hbm_capacity}))
+    reserve = hbm_reserve(model, machine, lane, out.add)
+    dense = (model.dense_bytes or 0) / tp
+    drafter = ((model.drafter.weights if model.drafter else None) or 0) / tp
+    if model.dense_bytes is not None or drafter:
+        out.add(Figure("hbm.reserve.dense", "  of which dense weights", dense, "bytes",
+                       "dense_bytes / tp", {"dense_bytes": model.dense_bytes or 0, "tp": tp},
+                       src_note(model.sources, "dense_bytes")))
+        if drafter:
+            out.add(Figure("hbm.reserve.drafter", "  of which drafter weights", drafter, "bytes",
+                           "drafter.weights / tp", {"drafter_bytes": drafter * tp, "tp": tp}))
+        rest = out.add(Figure("hbm.reserve.runtime", "  of which activations, CUDA graphs, rest",
+                              reserve - dense - drafter, "bytes", "reserve − dense − drafter",
+                              {"reserve_bytes": reserve, "dense_bytes": dense, "drafter_bytes": drafter},
+                              "declared parts are inside the measured reserve, never added on top"))
+        if rest.value < 0:
+            out.violations.append(Violation(
+                "reserve", f"declared dense + drafter weights ({format_bytes(dense + drafter)}) exceed "
+                f"the measured HBM reserve ({format_bytes(reserve)}) they are part of",
+                "re-measure the reserve (reserves.hbm) or correct the model's dense_bytes/drafter",
+                -rest.value, lane=lane.name))
+    return _Hbm(cap, reserve, dense + drafter)
+
+
+def _prefetch_bank(model: Model, lane: Lane, out: _Figures) -> float:
+    tp = lane.tensor_parallel_size
+    slots = lane.offload.prefetch_slots_per_layer
+    bank = slots * model.num_moe_layers * model.expert_bytes / tp
+    if bank:
+        out.add(Figure("hbm.prefetch_bank", "prefetch bank (per GPU)", bank, "bytes",
+                       "prefetch_slots_per_layer × moe_layers × bytes_per_expert / tp",
+                       {"prefetch_slots_per_layer": slots, "moe_layers": model.num_moe_layers,
+                        "bytes_per_expert": model.expert_bytes, "tp": tp}))
+    return bank
+
+
+def _kv_rate(model: Model, lane: Lane, out: _Figures) -> float:
+    """KV bytes per token of the lane: the target's, plus the drafter's when it runs."""
+    drafter_kv = (model.drafter.kv_bytes_per_token or 0) if (model.drafter and lane.speculative) else 0
+    kv_token_bytes = model.kv_token_bytes + drafter_kv
+    if drafter_kv:
+        out.add(Figure("kv.bytes_per_token", "KV bytes per token (target + drafter)", kv_token_bytes, "count",
+                       "target_kv_bytes_per_token + drafter.kv_bytes_per_token",
+                       {"target_kv_bytes_per_token": model.kv_token_bytes,
+                        "drafter_kv_bytes_per_token": drafter_kv}))
+    return kv_token_bytes
+
+
+def _placement_summary(model: Model, lane: Lane, active: PlacementLedger, out: _Figures) -> None:
+    """The declared budget as counts and bytes, and the active placement's headline figures."""
+    e, n_layers, n_experts = model.expert_bytes, model.num_moe_layers, model.routed_experts
+    add = out.add
+    if lane.offload.placement == USAGE_AWARE:
+        split = declared_split(model, lane.offload)
+        per_cold = n_layers * e
+        if split.declared == "hot_experts_per_layer":
+            add(Figure("budget.cold_bytes", "declared budget: cold experts implied in host",
+                       split.cold_per_layer * per_cold, "bytes",
+                       "(routed_experts − hot_experts_per_layer) × moe_layers × bytes_per_expert",
+                       {"routed_experts": n_experts, "hot_experts_per_layer": split.hot_per_layer,
+                        "moe_layers": n_layers, "bytes_per_expert": e}, "declared: hot_experts_per_layer"))
+        else:
+            add(Figure("budget.cold_per_layer", "declared budget: cold experts per layer it buys",
+                       split.cold_per_layer, "count",
+                       "⌊cold_experts_budget / (moe_layers × bytes_per_expert)⌋",
+                       {"cold_experts_budget_bytes": split.budget_bytes, "moe_layers": n_layers,
+                        "bytes_per_expert": e}, "declared: cold_experts_budget (largest whole count that fits)"))
+            add(Figure("budget.cold_bytes", "declared budget: cold experts it implies in host",
+                       split.cold_per_layer * per_cold, "bytes", "cold_per_layer × moe_layers × bytes_per_expert",
+                       {"cold_per_layer": split.cold_per_layer, "moe_layers": n_layers, "bytes_per_expert": e}))
+        hot_declared = split.declared == "hot_experts_per_layer"
+        add(Figure("budget.hot_per_layer", "declared budget: hot experts per layer", split.hot_per_layer,
+                   "count", "" if hot_declared else "routed_experts − cold_per_layer",
+                   {} if hot_declared else {"routed_experts": n_experts, "cold_per_layer": split.cold_per_layer},
+                   "declared" if hot_declared else "derived from cold_experts_budget"))
+    add(Figure("placement.hot_experts", f"hot experts in HBM ({lane.offload.placement})", active.hot_bytes,
+               "bytes", "Σ hot per layer × bytes_per_expert",
+               {"hot_experts": sum(active.hot_per_layer), "bytes_per_expert": e}, active.basis))
+    add(Figure("placement.cold_experts", f"cold experts pinned in host ({lane.offload.placement})",
+               active.cold_bytes, "bytes", "Σ cold per layer × bytes_per_expert",
+               {"cold_experts": sum(active.cold_per_layer), "bytes_per_expert": e}, active.basis))
+    for key in ("hbm.hot_experts", "hbm.kv_pool", "kv.tokens", "kv.full_sequences"):
+        out.figs[key] = active.figures[key]
+    add(Figure("kv.max_model_len", "max_model_len", lane.max_model_len, "tokens", "", {}))
+
+
+def _host_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLedger,
+                  out: _Figures) -> tuple[float, float, float]:
+    """Host memory: tables + pinned cold experts + reserve. Returns (tables, reserve, total)."""
+    add, e, cold_bytes = out.add, model.expert_bytes, active.cold_bytes
+    host_memory = machine.host_memory
+    add(Figure("host.memory", "host memory", host_memory, "bytes", "", {},
+               src_note(machine.sources, "host_memory") or f"machine {machine.name}"))
+    tables = add(Figure("host.tables", "host tables", model.host_table_bytes, "bytes",
+                        " + ".join(t.name for t in model.host_tables) or "none",
+                        {t.name + "_bytes": t.bytes for t in model.host_tables},
+                        src_note(model.sources, "host_tables[0].bytes"))).value
+    reserve = host_reserve(model, lane, add, out.notes)
+    add(Figure("host.cold_experts", "pinned cold experts", cold_bytes, "bytes",
+               "Σ cold per layer × bytes_per_expert", {"cold_experts": sum(active.cold_per_layer),
+                                                        "bytes_per_expert": e}, active.basis))
+    add(Figure("host.before_reserve", "host tables + pinned experts", tables + cold_bytes, "bytes",
+               "host_tables + cold_experts", {"host_tables_bytes": tables, "cold_experts_bytes": cold_bytes},
+               "before page cache and processes"))
+    total = add(Figure("host.total", "host in use", tables + cold_bytes + reserve, "bytes",
+                       "host_tables + cold_experts + host_reserve",
+                       {"host_tables_bytes": tables, "cold_experts_bytes": cold_bytes,
+                        "host_reserve_bytes": reserve})).value
+    add(Figure("host.headroom", "host headroom", host_memory - total, "bytes",
+               "host_memory − host_in_use", {"host_memory_bytes": host_memory, "host_in_use_bytes": total}))
+    return tables, reserve, total

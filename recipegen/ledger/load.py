@@ -1,0 +1,70 @@
+"""Load-time figures: the lane loads with vLLM's `--cpu-offload-gb`, then the runtime re-homes to
+the row map; the HBM and host peaks between the two states, and the violations they cause."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from recipegen.ledger.figures import Figure
+from recipegen.ledger.placement import positional_walk, rehoming_peaks
+from recipegen.ledger.result import USAGE_AWARE, PlacementLedger, Violation
+from recipegen.schema import Lane, Machine, Model
+from recipegen.units import GiB, format_bytes
+
+
+def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLedger, add: Any,
+                  reserve: float, declared_weights: float, tables: float, host_reserve: float,
+                  violations: list[Violation], tp: int, *, skip_hbm: bool = False,
+                  skip_host: bool = False) -> None:
+    e = model.expert_bytes
+    budget = lane.offload.load_cpu_offload or 0
+    walk = positional_walk(model, budget)
+    layer_full = model.routed_experts * e
+    init_host = walk.host_per_layer
+    init_hbm = [layer_full - h for h in init_host]
+    if lane.offload.placement == USAGE_AWARE:
+        final_hbm = [h * e for h in active.hot_per_layer]
+        final_host = [c * e for c in active.cold_per_layer]
+        peaks = rehoming_peaks(init_hbm, init_host, final_hbm, final_host)
+        how = ("re-homing layer by layer from the --cpu-offload-gb load placement to the row map in "
+               "the runtime's order (expert_residency.core.plan), new banks allocated before the old "
+               "tensors are freed")
+    else:
+        peaks = rehoming_peaks(init_hbm, init_host, init_hbm, init_host)
+        how = "positional lane: the load placement is the final placement"
+    if model.dense_bytes is not None:
+        weights_at_load = declared_weights
+        weights_note = "dense (+ drafter) weights as declared"
+    else:
+        weights_at_load = reserve
+        weights_note = "no dense_bytes declared: the whole HBM reserve is counted (conservative)"
+    add(Figure("load.hbm_experts_initial", "experts in HBM after load (per GPU)", peaks.hbm_initial / tp,
+               "bytes", "experts.total − positional walk(load_cpu_offload)",
+               {"load_cpu_offload_bytes": budget, "offloaded_bytes": walk.offloaded_bytes, "tp": tp}))
+    add(Figure("load.host_experts_initial", "experts pinned after load", peaks.host_initial, "bytes",
+               "positional walk(load_cpu_offload)", {"load_cpu_offload_bytes": budget}))
+    hbm_peak = add(Figure("load.hbm_peak", "HBM peak during load (per GPU)",
+                          weights_at_load + peaks.hbm_peak / tp, "bytes",
+                          "weights_at_load + peak expert bytes in HBM / tp",
+                          {"weights_at_load_bytes": weights_at_load, "peak_experts_bytes": peaks.hbm_peak,
+                           "tp": tp}, f"{how}; {weights_note}; KV is allocated after")).value
+    host_peak = add(Figure("load.host_peak", "host peak during load", tables + host_reserve + peaks.host_peak,
+                           "bytes", "host_tables + host_reserve + peak pinned expert bytes",
+                           {"host_tables_bytes": tables, "host_reserve_bytes": host_reserve,
+                            "peak_pinned_bytes": peaks.host_peak}, how)).value
+    capacity = machine.gpus.hbm
+    if hbm_peak > capacity and not skip_hbm:
+        need = hbm_peak - capacity
+        violations.append(Violation(
+            "load-hbm", f"HBM peaks at {format_bytes(hbm_peak)} while loading, {format_bytes(need)} over "
+            f"the GPU's {format_bytes(capacity)}",
+            f"raise offload.load_cpu_offload to at least {math.ceil((budget + need * tp) / GiB)} GiB so "
+            "fewer experts land in HBM at load", need, lane=lane.name))
+    if host_peak > machine.host_memory and not skip_host:
+        need = host_peak - machine.host_memory
+        violations.append(Violation(
+            "load-host", f"host memory peaks at {format_bytes(host_peak)} while loading, "
+            f"{format_bytes(need)} over the machine's {format_bytes(machine.host_memory)}",
+            f"lower offload.load_cpu_offload to at most {max(0, math.floor((budget - need) / GiB))} GiB",
+            need, lane=lane.name))

@@ -1,0 +1,130 @@
+"""The lane's two placements of its routed experts (usage-aware, positional) and what each leaves
+for KV: hot/cold counts per layer, HBM in use, the KV pool in bytes, tokens and sequences."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from recipegen.ledger.budget import declared_split
+from recipegen.ledger.figures import Figure
+from recipegen.ledger.placement import layer_param_bytes, positional_walk
+from recipegen.ledger.result import POSITIONAL, USAGE_AWARE, PlacementLedger, n_total_bytes, rounded, src_note
+from recipegen.schema import Lane, Model
+from recipegen.units import GiB, format_bytes, largest_count_within
+
+
+def usage_aware_placement(model: Model, lane: Lane, rowmap_hot: Sequence[int] | None,
+                           rowmap_label: str | None) -> PlacementLedger:
+    n, experts = model.num_moe_layers, model.routed_experts
+    if lane.offload.placement == USAGE_AWARE:
+        split = declared_split(model, lane.offload)
+        if split.declared == "cold_experts_budget":
+            basis = (f"cold_experts_budget {format_bytes(split.budget_bytes or 0)} buys "
+                     f"{split.cold_per_layer} cold per layer (largest whole count that fits)")
+        else:
+            basis = f"hot_experts_per_layer = {split.hot_per_layer}"
+        if rowmap_hot is not None:
+            hot = list(rowmap_hot)
+            basis = f"{rowmap_label}; budget: {basis}"
+        else:
+            hot = [split.hot_per_layer] * n
+            basis = f"declared budget ({basis}); row map not read"
+    else:
+        # What usage-aware residency would hold at this lane's positional byte budget.
+        budget = lane.offload.load_cpu_offload or 0
+        cold = min(experts, largest_count_within(budget, n * model.expert_bytes))
+        hot = [experts - cold] * n
+        basis = (f"same budget as --cpu-offload-gb ({format_bytes(budget)}): {cold} cold per layer "
+                 "(largest whole count that fits)")
+    e = model.expert_bytes
+    return PlacementLedger(USAGE_AWARE, hot, [experts - h for h in hot], basis,
+                           sum(hot) * e, sum(experts - h for h in hot) * e)
+
+
+def positional_placement(model: Model, lane: Lane) -> PlacementLedger:
+    budget = lane.offload.load_cpu_offload or 0
+    walk = positional_walk(model, budget)
+    e = model.expert_bytes
+    full = model.routed_experts * e
+    # Express the walk in expert counts per layer (a partly offloaded layer has its w13 in host).
+    cold = [round(b / e) for b in walk.host_per_layer]
+    placement = PlacementLedger(
+        POSITIONAL, [model.routed_experts - c for c in cold], cold,
+        f"vLLM --cpu-offload-gb {budget / GiB:g}: first {walk.layers_whole} MoE layers whole"
+        + (f", {walk.layers_partial} partly" if walk.layers_partial else "") + " (approximation)",
+        n_total_bytes(model) - walk.offloaded_bytes, walk.offloaded_bytes)
+    placement.figures["positional.offloaded"] = Figure(
+        "positional.offloaded", "experts offloaded by --cpu-offload-gb (approximation)",
+        walk.offloaded_bytes, "bytes",
+        "walk expert parameters in module order, offloading each while the total < budget",
+        {"budget_bytes": budget, "layer_param_bytes": [rounded(b) for b in layer_param_bytes(model)],
+         "layers_whole": walk.layers_whole, "layers_partial": walk.layers_partial,
+         "layer_experts_bytes": full},
+        "approximation of vllm/model_executor/offloader/uva.py: dense parameters the real walk also "
+        "meets are ignored")
+    measured = [m for m in model.positional_offload if m.cpu_offload == budget]
+    if measured:
+        i = model.positional_offload.index(measured[0])
+        placement.figures["positional.measured"] = Figure(
+            "positional.measured", "experts offloaded, measured", measured[0].offloaded, "bytes", "", {},
+            "measured input: " + (src_note(model.sources, f"positional_offload[{i}].offloaded") or "catalog"))
+        placement.figures["positional.measured_delta"] = Figure(
+            "positional.measured_delta", "measured − approximation", measured[0].offloaded - walk.offloaded_bytes,
+            "bytes", "measured − approximation",
+            {"measured_bytes": measured[0].offloaded, "approximation_bytes": walk.offloaded_bytes},
+            "the real walk also offloads dense parameters it meets")
+    for i, share in enumerate(model.positional_cold_pick_share):
+        placement.figures[f"positional.cold_pick_share[{i}]"] = Figure(
+            f"positional.cold_pick_share[{i}]", "share of routed picks on host experts (measured)",
+            share, "ratio", "", {}, "measured input: "
+            + (src_note(model.sources, f"positional_cold_pick_share[{i}]") or "catalog"))
+    return placement
+
+
+def placement_figures(p: PlacementLedger, model: Model, lane: Lane, cap: float, reserve: float,
+                       kv_token_bytes: float, tp: int, bank: float = 0.0) -> None:
+    e = model.expert_bytes
+    hot_total = sum(p.hot_per_layer)
+    hot_gpu = p.hot_bytes / tp
+    f = p.figures
+    if p.placement == POSITIONAL:
+        f["hbm.hot_experts"] = Figure(
+            "hbm.hot_experts", "routed experts left in HBM (per GPU)", hot_gpu, "bytes",
+            "(experts.total − offloaded) / tp", {"experts_total_bytes": n_total_bytes(model),
+                                                 "offloaded_bytes": p.cold_bytes, "tp": tp}, p.basis)
+    else:
+        f["hbm.hot_experts"] = Figure(
+            "hbm.hot_experts", "hot routed experts in HBM (per GPU)", hot_gpu, "bytes",
+            "Σ hot per layer × bytes_per_expert / tp",
+            {"hot_experts": hot_total, "bytes_per_expert": e, "tp": tp}, p.basis)
+    f["host.cold_experts"] = Figure(
+        "host.cold_experts", "routed experts pinned in host", p.cold_bytes, "bytes",
+        "Σ cold per layer × bytes_per_expert" if p.placement == USAGE_AWARE else "positional walk",
+        {"cold_experts": sum(p.cold_per_layer), "bytes_per_expert": e}, p.basis)
+    if lane.kv_cache_bytes is not None:
+        kv_pool = float(lane.kv_cache_bytes)
+        f["hbm.kv_pool"] = Figure("hbm.kv_pool", "KV pool (per GPU, fixed)", kv_pool, "bytes",
+                                  "kv_cache_bytes", {"kv_cache_bytes": lane.kv_cache_bytes})
+        f["hbm.used"] = Figure("hbm.used", "HBM in use (per GPU)", reserve + hot_gpu + bank + kv_pool,
+                               "bytes", "reserve + hot_experts + prefetch_bank + kv_pool",
+                               {"reserve_bytes": reserve, "hot_experts_bytes": hot_gpu,
+                                "prefetch_bank_bytes": bank, "kv_pool_bytes": kv_pool})
+    else:
+        kv_pool = cap - reserve - hot_gpu - bank
+        operands = {"hbm_cap_bytes": cap, "reserve_bytes": reserve, "hot_experts_bytes": hot_gpu}
+        if bank:
+            operands["prefetch_bank_bytes"] = bank
+        f["hbm.kv_pool"] = Figure("hbm.kv_pool", "KV pool (per GPU)", kv_pool, "bytes",
+                                  "hbm_cap − reserve − hot_experts" + (" − prefetch_bank" if bank else ""),
+                                  operands)
+    tokens = max(0.0, kv_pool) * tp / kv_token_bytes
+    f["kv.tokens"] = Figure("kv.tokens", "KV pool in tokens", tokens, "tokens",
+                            "kv_pool × tp / kv_bytes_per_token",
+                            {"kv_pool_bytes": kv_pool, "tp": tp, "kv_bytes_per_token": kv_token_bytes,
+                             "tokens_per_gib": GiB / kv_token_bytes},
+                            src_note(model.sources, "kv_tokens_per_gib") or src_note(model.sources, "kv_bytes_per_token"))
+    f["kv.full_sequences"] = Figure("kv.full_sequences", "full max_model_len sequences that fit",
+                                    math.floor(tokens / lane.max_model_len), "sequences",
+                                    "⌊kv_tokens / max_model_len⌋",
+                                    {"kv_tokens": rounded(tokens), "max_model_len": lane.max_model_len})

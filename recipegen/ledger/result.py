@@ -1,0 +1,145 @@
+"""What the ledger returns: figures per lane and placement, violations, and the recipe's verdict.
+
+Plain data with `to_json`; no formula lives here (the formulas are in `lane`, `placements`,
+`reserves`, `load` and `verdict`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from recipegen.ledger.figures import Figure
+from recipegen.schema import Model
+from recipegen.units import GiB
+
+USAGE_AWARE, POSITIONAL = "usage-aware", "positional"
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A budget that does not hold: which, by how much, and what to change."""
+
+    kind: str          # hbm | kv | host | load-hbm | load-host | reserve | gpu-shared | machine-host
+    message: str
+    suggestion: str
+    over_bytes: float | None = None
+    lane: str | None = None
+    machine: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "message": self.message, "suggestion": self.suggestion}
+        if self.over_bytes is not None:
+            out["over_bytes"] = self.over_bytes
+            out["over_gib"] = self.over_bytes / GiB
+        if self.lane:
+            out["lane"] = self.lane
+        if self.machine:
+            out["machine"] = self.machine
+        return out
+
+
+@dataclass
+class PlacementLedger:
+    """One way of placing the lane's experts, with what it leaves for KV."""
+
+    placement: str
+    hot_per_layer: list[int]
+    cold_per_layer: list[int]
+    basis: str               # where the counts come from
+    hot_bytes: int           # routed-expert bytes in HBM (lane total)
+    cold_bytes: int          # routed-expert bytes pinned in host
+    figures: dict[str, Figure] = field(default_factory=dict)
+
+    def counts_label(self) -> str:
+        return f"{span(self.hot_per_layer)} hot / {span(self.cold_per_layer)} cold per layer"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"placement": self.placement, "basis": self.basis,
+                "hot_per_layer": compact(self.hot_per_layer),
+                "cold_per_layer": compact(self.cold_per_layer),
+                "figures": {k: f.to_json() for k, f in self.figures.items()}}
+
+
+@dataclass
+class LaneLedger:
+    lane: str
+    machine: str
+    gpus: list[int]
+    placement: str
+    figures: dict[str, Figure]
+    usage_aware: PlacementLedger
+    positional: PlacementLedger | None
+    violations: list[Violation]
+    notes: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def fig(self, key: str) -> Figure:
+        return self.figures[key]
+
+    @property
+    def active(self) -> PlacementLedger:
+        """The lane's own placement."""
+        if self.placement == POSITIONAL:
+            assert self.positional is not None
+            return self.positional
+        return self.usage_aware
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lane": self.lane, "machine": self.machine, "gpus": self.gpus,
+                "placement": self.placement, "ok": self.ok,
+                "figures": {k: f.to_json() for k, f in self.figures.items()},
+                "usage_aware": self.usage_aware.to_json(),
+                "positional": self.positional.to_json() if self.positional else None,
+                "violations": [v.to_json() for v in self.violations], "notes": self.notes}
+
+
+@dataclass
+class RecipeLedger:
+    recipe: str
+    path: str
+    lanes: list[LaneLedger]
+    machine_violations: list[Violation]
+
+    @property
+    def violations(self) -> list[Violation]:
+        return [v for lane in self.lanes for v in lane.violations] + self.machine_violations
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def lane(self, name: str) -> LaneLedger:
+        for lane in self.lanes:
+            if lane.lane == name:
+                return lane
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"recipe": self.recipe, "path": self.path, "ok": self.ok,
+                "lanes": [lane.to_json() for lane in self.lanes],
+                "machine_violations": [v.to_json() for v in self.machine_violations]}
+
+
+def n_total_bytes(model: Model) -> int:
+    return model.num_moe_layers * model.routed_experts * model.expert_bytes
+
+
+def src_note(sources: dict[str, str], key: str) -> str:
+    return f"source: {sources[key]}" if key in sources else ""
+
+
+def rounded(x: float) -> float | int:
+    return int(x) if float(x).is_integer() else round(x, 3)
+
+
+def span(values: list[int]) -> str:
+    lo, hi = min(values), max(values)
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
+def compact(values: list[int]) -> list[int] | int:
+    return values[0] if len(set(values)) == 1 else values

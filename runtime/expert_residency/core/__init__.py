@@ -23,6 +23,8 @@ Modules (each documents its contract):
 * ``counter``   — ``ExpertCounter`` (count-only mode and drift alongside residency).
 * ``dump``      — ``HistogramDumper``: the dump folder writer (interval, SIGUSR1, shutdown).
 * ``swap``      — ``swap_experts`` through a staging buffer, copies before the map flip.
+* ``adaptive``  — ``AdaptivePolicy``: decayed counts ranked at a barrier, bounded swaps with
+                  hysteresis (``plan_swaps`` is the pure plan step).
 
 Typical use inside an engine (the vLLM plugin does this from ``RoutedExperts``)::
 
@@ -56,6 +58,8 @@ _EXPORTS = {
     "split_invoke": "split",
     "StagingBuffer": "swap", "SwapStep": "swap", "swap_experts": "swap", "swap_steps": "swap",
     "swiglu_per_pick": "reference", "mxfp4_swiglu_per_pick": "reference",
+    "AdaptiveConfig": "adaptive", "AdaptivePolicy": "adaptive", "BarrierReport": "adaptive",
+    "Swap": "adaptive", "plan_swaps": "adaptive", "rank_swaps": "adaptive",
 }
 
 __all__ = sorted(_EXPORTS)

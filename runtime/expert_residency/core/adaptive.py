@@ -1,0 +1,271 @@
+"""Adaptive residency: the row map follows the traffic, one bounded set of swaps per barrier.
+
+The step path is unchanged: ``residency_forward(..., counter=...)`` already counts every pick on
+the device (``core.counter``). Everything else happens at a **barrier** — a point where no forward
+is in flight, reached every ``interval`` forwards — and runs in this order:
+
+1. **window**: ``counts - seen`` (device; ``seen`` is the counter's value at the last barrier, so
+   the counter itself stays cumulative for the dump writer and drift);
+2. **decay**: ``score = decay * score + window`` per (layer, expert), float64 on the device;
+3. **rank** (``rank_swaps``, device ops): per layer the ``S`` strongest cold experts against the
+   ``S`` weakest hot ones, paired strongest-with-weakest; pair ``i`` is accepted only when
+   ``cold_score > (1 + margin) * hot_score`` (hysteresis) and every pair before it was accepted;
+4. **read back** the plan (one small device-to-host copy; the barrier is drained anyway);
+5. **apply**: each accepted pair goes through ``core.swap`` (staging copies, then the map flip),
+   layer by layer; nothing is allocated per swap (one staging buffer per distinct row layout).
+
+Bank shapes never change, so ``shape_hash`` is constant (checked) and captured graphs stay valid;
+the live map's ``content_hash`` changes and is reported in every ``BarrierReport``.
+
+The hysteresis is what stops thrash: under traffic that alternates between two classes faster
+than the decay forgets, a cold expert and the hot one it would displace keep scores within a
+factor ``1 + margin`` of each other and nothing moves (``tests/runtime/test_adaptive_plan.py``).
+
+``plan_swaps`` is pure (scores + hot mask in, ``Swap`` list out) so the policy is unit-testable
+without banks; ``AdaptivePolicy`` binds it to a counter and the resident layers. ``tick()`` is
+the only call on the step path: host arithmetic on a Python int, no device op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping, NamedTuple, Sequence
+
+import torch
+
+from .banks import ResidentLayer
+from .counter import ExpertCounter
+from .rehome import current_rowmap
+from .swap import StagingBuffer, SwapStep, swap_steps
+
+
+@dataclass(frozen=True)
+class AdaptiveConfig:
+    """Parameters of the policy (the future recipe field ``offload.adaptive``)."""
+
+    interval: int = 16
+    """Forwards between barriers. Each barrier costs one device-to-host copy of the plan plus the
+    swaps it accepts; a longer interval gives each decision more picks."""
+
+    swaps_per_layer: int = 8
+    """Most swaps (one hot expert out, one cold expert in) per MoE layer per barrier: bounds the
+    host-link traffic and the barrier's length (2 × expert bytes × swaps per layer × layers)."""
+
+    decay: float = 0.9
+    """Factor applied to every score at each barrier before the new window is added
+    (``score = decay * score + window``): the memory is ``1 / (1 - decay)`` windows."""
+
+    margin: float = 0.5
+    """Hysteresis: a cold expert replaces the weakest hot one only when its decayed score exceeds
+    ``(1 + margin)`` times that hot expert's score."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.interval, int) and self.interval >= 1):
+            raise ValueError(f"adaptive interval must be an integer >= 1 forward, got {self.interval!r}")
+        if not (isinstance(self.swaps_per_layer, int) and self.swaps_per_layer >= 0):
+            raise ValueError(f"adaptive swaps_per_layer must be an integer >= 0, got {self.swaps_per_layer!r}")
+        if not 0.0 <= float(self.decay) < 1.0:
+            raise ValueError(f"adaptive decay must be in [0, 1), got {self.decay!r}")
+        if not 0.0 <= float(self.margin) < float("inf"):
+            raise ValueError(f"adaptive margin must be a finite number >= 0, got {self.margin!r}")
+
+
+class Swap(NamedTuple):
+    """One accepted exchange: ``promote`` (cold now) becomes hot, ``demote`` (hot now) goes cold."""
+
+    layer: int
+    promote: int
+    demote: int
+
+
+def decay_scores(scores: torch.Tensor, window: torch.Tensor, decay: float) -> torch.Tensor:
+    """``decay * scores + window`` in the scores' dtype (in place on ``scores``; returned)."""
+    return scores.mul_(float(decay)).add_(window.to(scores.dtype))
+
+
+def rank_swaps(scores: torch.Tensor, hot_mask: torch.Tensor, swaps_per_layer: int,
+               margin: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Device-side ranking: ``(promote [L, S], demote [L, S], accept [L, S] bool)``.
+
+    ``scores [L, E]`` float, ``hot_mask [L, E]`` bool. Column ``i`` pairs a layer's ``i``-th
+    strongest cold expert with its ``i``-th weakest hot one; ties go to the lower expert id (stable
+    sorts over ids in ascending order). ``accept`` is a prefix per layer: cold scores fall and hot
+    scores rise along the columns, so the first refused pair ends the layer's swaps. Columns past a
+    layer's hot or cold count are refused. No host synchronisation.
+    """
+    layers, experts = scores.shape
+    width = min(int(swaps_per_layer), experts)
+    inf = torch.tensor(float("inf"), dtype=scores.dtype, device=scores.device)
+    cold_key = torch.where(hot_mask, -inf, scores)
+    hot_key = torch.where(hot_mask, scores, inf)
+    cold_sorted, cold_idx = torch.sort(cold_key, dim=1, descending=True, stable=True)
+    hot_sorted, hot_idx = torch.sort(hot_key, dim=1, descending=False, stable=True)
+    cold_top, hot_low = cold_sorted[:, :width], hot_sorted[:, :width]
+    accept = (cold_top > hot_low * (1.0 + float(margin))) & torch.isfinite(cold_top) & torch.isfinite(hot_low)
+    accept = torch.cumprod(accept.to(torch.int32), dim=1).bool()
+    return cold_idx[:, :width], hot_idx[:, :width], accept
+
+
+def plan_swaps(scores: torch.Tensor, hot_mask: torch.Tensor, layer_indices: Sequence[int], *,
+               swaps_per_layer: int, margin: float) -> list[Swap]:
+    """The accepted swaps, layer order then strongest pair first (reads the plan back: a sync)."""
+    if scores.shape != hot_mask.shape or scores.dim() != 2 or scores.shape[0] != len(layer_indices):
+        raise ValueError(f"scores {tuple(scores.shape)} / hot mask {tuple(hot_mask.shape)} do not match "
+                         f"{len(layer_indices)} layers")
+    promote, demote, accept = rank_swaps(scores, hot_mask, swaps_per_layer, margin)
+    packed = torch.stack([promote, demote, accept.to(promote.dtype)]).to("cpu").tolist()
+    swaps = []
+    for row, layer in enumerate(layer_indices):
+        for p, d, ok in zip(packed[0][row], packed[1][row], packed[2][row]):
+            if ok:
+                swaps.append(Swap(int(layer), int(p), int(d)))
+    return swaps
+
+
+StepRunner = Callable[[Sequence[SwapStep]], None]
+
+
+def run_in_order(steps: Sequence[SwapStep]) -> None:
+    """The one correct order: ``swap_steps`` lists the copies first and the map flip last."""
+    for step in steps:
+        step.run()
+
+
+@dataclass
+class BarrierReport:
+    """What one barrier did (the figures status/drift will show)."""
+
+    barrier: int
+    """1 for the first barrier."""
+    forwards: int
+    """Forwards counted (``tick``) since the policy started."""
+    swaps: list[Swap]
+    window_picks: int
+    """Picks counted in the window this barrier ranked (all layers)."""
+    window_cold_picks: int
+    """Of those, picks of experts that were cold during the window (before this barrier's swaps)."""
+    host_link_bytes: int
+    """Expert bytes this barrier's swaps moved over the host link (one row in, one row out each)."""
+    content_hash: str
+    """The live map's ``content_hash`` after the swaps."""
+    shape_hash: str
+
+    @property
+    def window_cold_share(self) -> float | None:
+        return self.window_cold_picks / self.window_picks if self.window_picks else None
+
+
+@dataclass
+class AdaptivePolicy:
+    """The policy bound to a counter and the resident layers it may swap.
+
+    ``layers`` must hold exactly the counter's MoE layers. Construct after re-homing; call
+    ``tick()`` after every forward and ``barrier()`` when it returns True, with no forward in flight
+    (on a GPU: after the step's outputs were consumed; the plan's read-back then drains the stream).
+    """
+
+    counter: ExpertCounter
+    layers: Mapping[int, ResidentLayer]
+    config: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    forwards: int = 0
+    barriers: int = 0
+    swaps_done: int = 0
+    reports: list[BarrierReport] = field(default_factory=list)
+    keep_reports: int = 64
+
+    def __post_init__(self) -> None:
+        order = self.counter.moe_layer_indices
+        if set(self.layers) != set(order):
+            raise ValueError(f"adaptive policy: the resident layers {sorted(self.layers)[:4]}... are not "
+                             f"the counter's MoE layers {list(order)[:4]}...")
+        experts = {self.layers[i].num_experts for i in order}
+        if experts != {self.counter.num_experts}:
+            raise ValueError(f"adaptive policy: layers have {sorted(experts)} experts, the counter "
+                             f"{self.counter.num_experts}")
+        self._order = tuple(order)
+        counts = self.counter.counts
+        self._seen = counts.detach().clone()
+        self.scores = torch.zeros(counts.shape, dtype=torch.float64, device=counts.device)
+        self._staging: dict[tuple, StagingBuffer] = {}
+        self._expert_bytes = {i: _expert_bytes(self.layers[i]) for i in order}
+        live = current_rowmap(self.layers)
+        self.initial_content_hash = live.content_hash()
+        self.shape_hash = live.shape_hash()
+        self._in_barrier = False
+
+    # -- the step path -------------------------------------------------------------------------
+    def tick(self) -> bool:
+        """Count one finished forward; True when a barrier is due. Host-only (no device op)."""
+        if self._in_barrier:
+            raise RuntimeError("adaptive residency: a forward ran inside a swap barrier "
+                               "(between a swap's first copy and its map flip)")
+        self.forwards += 1
+        return self.forwards % self.config.interval == 0
+
+    # -- the barrier ---------------------------------------------------------------------------
+    def staging_bytes(self) -> int:
+        """Bytes of the staging buffers (one per distinct row layout among the layers)."""
+        for index in self._order:
+            self._staging_for(self.layers[index])
+        return sum(t.numel() * t.element_size() for s in self._staging.values() for t in s.rows.values())
+
+    def hot_mask(self) -> torch.Tensor:
+        """``bool [L, E]`` from the device row maps (no host mirror, no sync)."""
+        codes = torch.stack([self.layers[i].row_codes.to(self.scores.device) for i in self._order])
+        return codes >= 0
+
+    def barrier(self, *, run: StepRunner = run_in_order) -> BarrierReport:
+        """Decay, rank, swap. The caller guarantees no forward is in flight; ``run`` executes each
+        swap's ordered steps (tests inject a mis-ordered runner to show the check catches it)."""
+        with self._guard():
+            counts = self.counter.counts
+            # a counter reset since the last barrier restarts the window at zero
+            window = torch.where(counts >= self._seen, counts - self._seen, counts)
+            self._seen.copy_(counts)
+            decay_scores(self.scores, window, self.config.decay)
+            hot = self.hot_mask()
+            picks = torch.stack([window.sum(), (window * (~hot).to(window.dtype)).sum()])
+            swaps = plan_swaps(self.scores, hot, self._order,
+                               swaps_per_layer=self.config.swaps_per_layer, margin=self.config.margin)
+            picks_host = picks.to("cpu").tolist()  # already drained by plan_swaps' read-back
+            moved = self.apply(swaps, run=run)
+        self.barriers += 1
+        live = current_rowmap(self.layers)
+        if live.shape_hash() != self.shape_hash:  # swaps exchange rows: shapes cannot change
+            raise RuntimeError("adaptive residency: bank shapes changed during a barrier")
+        report = BarrierReport(self.barriers, self.forwards, swaps, int(picks_host[0]), int(picks_host[1]),
+                               moved, live.content_hash(), self.shape_hash)
+        self.reports.append(report)
+        del self.reports[:-self.keep_reports]
+        return report
+
+    def apply(self, swaps: Sequence[Swap], *, run: StepRunner = run_in_order) -> int:
+        """Run ``swaps`` through ``core.swap`` (copies before each map flip); bytes over the host link."""
+        moved = 0
+        for swap in swaps:
+            layer = self.layers[swap.layer]
+            run(swap_steps(layer, swap.demote, swap.promote, self._staging_for(layer)))
+            moved += 2 * self._expert_bytes[swap.layer]
+            self.swaps_done += 1
+        return moved
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        self._in_barrier = True
+        try:
+            yield
+        finally:
+            self._in_barrier = False
+
+    def _staging_for(self, layer: ResidentLayer) -> StagingBuffer:
+        key = tuple((name, tuple(t.shape[1:]), t.dtype, str(t.device)) for name, t in layer.hot.tensors.items())
+        staging = self._staging.get(key)
+        if staging is None:
+            staging = self._staging[key] = StagingBuffer.for_layer(layer)
+        return staging
+
+
+def _expert_bytes(layer: ResidentLayer) -> int:
+    bank = layer.hot if layer.hot.num_rows else layer.cold
+    return sum(t[0].numel() * t.element_size() for t in bank.tensors.values()) if bank.num_rows else 0

@@ -18,6 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from recipegen.costmodel.fetch import fetch_tax
+from recipegen.costmodel.reference import reference_machine, reference_model
+from recipegen.costmodel.steps import (STEP_C1_K0_ALL_HBM, STEP_C1_K0_POSITIONAL, STEP_C1_K5_POSITIONAL,
+                                      STEP_C1_K5_USAGE_AWARE)
 from recipegen.costmodel.unique_experts import UniqueExpertsModel, calibrated_model
 from recipegen.units import GiB
 
@@ -41,9 +44,14 @@ class Geometry:
         return self.moe_layers * self.routed_experts * self.bytes_per_expert
 
 
-# DeepSeek-V4.1-Flash on one DGX Station GB300 (agreed geometry; link: seed 001 section 1).
-DSV41_GB300 = Geometry(moe_layers=40, routed_experts=384, top_k=6, bytes_per_expert=18_800_640,
-                       link_bandwidth=340e9)
+def reference_geometry() -> Geometry:
+    """DeepSeek-V4.1-Flash on one DGX Station GB300, as the catalog declares them (their one home)."""
+    model, machine = reference_model(), reference_machine()
+    return Geometry(moe_layers=model.num_moe_layers, routed_experts=model.routed_experts, top_k=model.top_k,
+                    bytes_per_expert=model.expert_bytes, link_bandwidth=machine.pinned_read_bandwidth)
+
+
+DSV41_GB300 = reference_geometry()
 
 
 @dataclass(frozen=True)
@@ -55,13 +63,14 @@ class MeasuredInput:
 
 
 MEASURED_INPUTS: tuple[MeasuredInput, ...] = (
-    MeasuredInput("step time, k=0, one stream (v12, off60)", 11.1, "ms",
-                  f"{SEED_PIN}, 'Where the experts live today' (11.1 ms, 89.7 tok/s); {SEED_OFFLOAD}"),
-    MeasuredInput("step time, one user (v15, usage-aware map)", 14.6, "ms", f"{SEED_PREFETCH}, Figures 1 and 3"),
-    MeasuredInput("step time, k=5, one stream (v14, positional)", 24.0, "ms",
-                  f"{SEED_PIN}, 'Update, September 17 afternoon': '2 ms of a ~24 ms k=5 step against ~9 today'"),
-    MeasuredInput("step time, all experts in HBM, k=0 (catid, 2x GB300 PP2)", 7.1, "ms",
-                  f"{SEED_PIN}, 'Where the experts live today' (141.3 tok/s)"),
+    MeasuredInput("step time, k=0, one stream (v12, off60)", STEP_C1_K0_POSITIONAL.seconds * 1e3, "ms",
+                  f"{STEP_C1_K0_POSITIONAL.source}; {SEED_OFFLOAD}"),
+    MeasuredInput("step time, one user (v15, usage-aware map)", STEP_C1_K5_USAGE_AWARE.seconds * 1e3, "ms",
+                  STEP_C1_K5_USAGE_AWARE.source),
+    MeasuredInput("step time, k=5, one stream (v14, positional)", STEP_C1_K5_POSITIONAL.seconds * 1e3, "ms",
+                  STEP_C1_K5_POSITIONAL.source),
+    MeasuredInput("step time, all experts in HBM, k=0 (catid, 2x GB300 PP2)", STEP_C1_K0_ALL_HBM.seconds * 1e3,
+                  "ms", STEP_C1_K0_ALL_HBM.source),
     MeasuredInput("cold share of picks, positional off60 (v14)", 0.24, "",
                   f"{SEED_PREFETCH}, section 3 ('from about 24% to 2.7%'); ~23% in {SEED_PIN}"),
     MeasuredInput("cold share of picks, usage-aware 295/89, matching traffic (v15)", 0.027, "",
@@ -91,13 +100,13 @@ class ThroughputPair:
 
 # Tokens per step per stream at k=5, derived from the C1 pair (88.74 tok/s × ~24 ms); used for
 # pairs whose step time was not measured. Assumes acceptance does not change with concurrency.
-C1_K5_TOKENS_PER_STEP = 88.74 * 0.024
+C1_K5_TOKENS_PER_STEP = 88.74 * STEP_C1_K5_POSITIONAL.seconds
 C1_K5_TOKENS_PER_STEP_SOURCE = "derived: 88.74 tok/s × ~24 ms (v14, C1, k=5); acceptance assumed constant across concurrency"
 
 PAIRS: tuple[ThroughputPair, ...] = (
     ThroughputPair("C1 k=5: positional (v14) -> usage-aware 295/89 (v15)", 1, 5, 88.74, 153.28, 0.24, 0.027,
                    f"{SEED_PIN}, 'Confirmed: second pair' (four runs each, instrument spread 0.4 tok/s)",
-                   before_step_s=0.024, after_step_s=0.0146),
+                   before_step_s=STEP_C1_K5_POSITIONAL.seconds, after_step_s=STEP_C1_K5_USAGE_AWARE.seconds),
     ThroughputPair("C8 k=5: positional (v14) -> usage-aware (v15)", 8, 5, 305.0, 704.0, 0.24, 0.027,
                    f"{SEED_PREFETCH}, section 3 ('eight users from 305 to 704')",
                    note="k at C8 under the seeds' DSpark schedule is not stated; k=5 assumed"),
@@ -109,12 +118,12 @@ PAIRS: tuple[ThroughputPair, ...] = (
                    0.24 + 12.7 * GiB / DSV41_GB300.all_expert_bytes, 0.24,
                    f"{SEED_PIN}, 'Where the experts live today' (+9.7 tok/s, 0.76 tok/s per GiB); "
                    f"{SEED_OFFLOAD} quotes +14.7%",
-                   after_step_s=0.0111,
+                   after_step_s=STEP_C1_K0_POSITIONAL.seconds,
                    note="v12 is taken as the 89.7 tok/s k=0 point, so v11 = 80.0; the +14.7% quoted in "
                         "seed 002 does not fit those numbers"),
     ThroughputPair("C1 k=0: positional (v12) -> every expert in HBM (catid)", 1, 0, 89.7, 141.3, 0.24, 0.0,
                    f"{SEED_PIN}, 'Where the experts live today' and 'Against the two-Station all-HBM reference'",
-                   before_step_s=0.0111, after_step_s=0.0071,
+                   before_step_s=STEP_C1_K0_POSITIONAL.seconds, after_step_s=STEP_C1_K0_ALL_HBM.seconds,
                    note="different box (2x GB300, PP2) and checkpoint revision"),
 )
 

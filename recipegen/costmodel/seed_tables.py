@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recipegen.costmodel.steps import STEP_C1_K5_USAGE_AWARE
+
 FIGURE3_SOURCE = "seed 001 'Should a GB300 Prefetch Its Cold Experts?', Figure 3"
-FIGURE3_STEP_S = 0.0146
+FIGURE3_STEP_S = STEP_C1_K5_USAGE_AWARE.seconds  # the 14.6 ms one-user step (steps.py is its home)
 
 
 @dataclass(frozen=True)

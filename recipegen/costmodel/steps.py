@@ -2,7 +2,8 @@
 
 The share of a step that the fetch tax takes needs a measured step time of the same model on
 the same machine, at the same placement, concurrency and k. The seeds measured three, all at
-one stream; elsewhere the share is reported as unknown rather than guessed.
+one stream (and a fourth on another box, a calibration point only); elsewhere the share is
+reported as unknown rather than guessed. This module is their one home.
 """
 
 from __future__ import annotations
@@ -24,14 +25,25 @@ class StepTime:
     source: str
 
 
-STEP_TIMES: tuple[StepTime, ...] = (
-    StepTime("dsv41-flash-mxfp4", "gb300-station", "usage-aware", 1, 5, 0.0146,
-             f"{SEED_PREFETCH}, Figures 1 and 3: 'one decode step for one user ≈ 14.6 ms' (v15)"),
-    StepTime("dsv41-flash-mxfp4", "gb300-station", "positional", 1, 5, 0.024,
-             f"{SEED_PIN}, 'Update, September 17 afternoon': '~24 ms k=5 step' (v14)"),
-    StepTime("dsv41-flash-mxfp4", "gb300-station", "positional", 1, 0, 0.0111,
-             f"{SEED_PIN}, 'Where the experts live today': 'our k=0 step (11.1 ms, 89.7 tok/s)' (v12)"),
-)
+STEP_C1_K5_USAGE_AWARE = StepTime(
+    "dsv41-flash-mxfp4", "gb300-station", "usage-aware", 1, 5, 0.0146,
+    f"{SEED_PREFETCH}, Figures 1 and 3: 'one decode step for one user ≈ 14.6 ms' (v15)")
+STEP_C1_K5_POSITIONAL = StepTime(
+    "dsv41-flash-mxfp4", "gb300-station", "positional", 1, 5, 0.024,
+    f"{SEED_PIN}, 'Update, September 17 afternoon': '~24 ms k=5 step' (v14)")
+STEP_C1_K0_POSITIONAL = StepTime(
+    "dsv41-flash-mxfp4", "gb300-station", "positional", 1, 0, 0.0111,
+    f"{SEED_PIN}, 'Where the experts live today': 'our k=0 step (11.1 ms, 89.7 tok/s)' (v12)")
+# Another box (two GB300 Stations, pipeline parallel 2, every expert in HBM) and revision: a
+# calibration point only, never matched to a lane.
+STEP_C1_K0_ALL_HBM = StepTime(
+    "dsv41-flash-mxfp4", "gb300-station-x2-pp2", "all-in-hbm", 1, 0, 0.0071,
+    f"{SEED_PIN}, 'Where the experts live today' (141.3 tok/s)")
+
+# The one home of measured step times: the lane cost model, the calibration pairs and the seeds'
+# printed tables all read them from here.
+STEP_TIMES: tuple[StepTime, ...] = (STEP_C1_K5_USAGE_AWARE, STEP_C1_K5_POSITIONAL, STEP_C1_K0_POSITIONAL,
+                                    STEP_C1_K0_ALL_HBM)
 
 
 def measured_step(model: str, machine: str, placement: str, streams: int, k: int) -> StepTime | None:

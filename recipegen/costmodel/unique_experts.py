@@ -3,8 +3,9 @@
 One stream: a measured input. A verify window of k draft tokens plus one target token
 routes (k+1)·top_k picks per layer, but consecutive tokens of one stream share experts, so
 the seeds measured far fewer unique experts than picks: k0 6.0, k1 10.1, k3 16.8, k5 22.5,
-k7 27.4 (DeepSeek-V4.1-Flash, 384 experts, top-6; seed "vLLM: Pin Hot Experts", section
-"What the router already told us"). Independent draws from a histogram overestimate these
+k7 27.4 (DeepSeek-V4.1-Flash, 384 experts, top-6; the field report "vLLM: Pin Hot Experts",
+2026-09-17, section "What the router already told us"; read from the catalog model
+`dsv41-flash-mxfp4`, their one home). Independent draws from a histogram overestimate these
 (36 uniform picks give 34.4 unique, not 22.5) — see `independent_draws_unique`.
 
 The model. A layer with N experts and top-m routing that sees t "effective independent
@@ -17,7 +18,7 @@ Cross-stream diversity. S concurrent streams contribute t(S, k) = t₁(k) · (1 
 effective tokens: each further stream adds D times the first stream's effective tokens.
 D = 1 would mean streams are independent copies of one stream; D is calibrated to the
 seeds' one concurrent point, ~300 of 384 unique experts per layer at sixteen streams and
-k=5 (seed "Pin Hot Experts", "What it would honestly buy": "576 selections per layer dedup
+k=5 ("Pin Hot Experts", "What it would honestly buy": "576 selections per layer dedup
 to ~300 unique experts"). One point fixes one parameter, so the error there is zero by
 construction; the calibrated D > 1 says sixteen streams are more diverse than sixteen
 independent copies of one stream (the seeds' ~300 equals 576 independent uniform picks,
@@ -30,18 +31,30 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from recipegen.costmodel.reference import reference_model
+
 SEED_PIN_HOT = "seed 000 'vLLM: Pin Hot Experts'"
 
-# Measured input: unique experts per MoE layer per step at one stream, by draft length k.
-ONE_STREAM_UNIQUE: dict[int, float] = {0: 6.0, 1: 10.1, 3: 16.8, 5: 22.5, 7: 27.4}
-ONE_STREAM_SOURCE = f"{SEED_PIN_HOT}, 'What the router already told us' (DSv4.1-Flash, 384 experts, top-6)"
-ONE_STREAM_EXPERTS = 384
-ONE_STREAM_TOP_K = 6
 
-# Measured input: the seeds' concurrent point.
-CONCURRENT_POINT_STREAMS = 16
-CONCURRENT_POINT_K = 5
-CONCURRENT_POINT_UNIQUE = 300.0
+def _reference_points() -> tuple[tuple[int, int, float], ...]:
+    """The measured (streams, k, unique experts per layer) points, from the catalog's reference
+    model (their one home; each carries its source there)."""
+    return tuple((u.streams, int(u.k or 0), u.experts_per_layer) for u in reference_model().unique_experts)
+
+
+_REFERENCE = _reference_points()
+
+# Measured input (from the catalog): unique experts per MoE layer per step at one stream, by k.
+ONE_STREAM_UNIQUE: dict[int, float] = {k: u for s, k, u in _REFERENCE if s == 1}
+ONE_STREAM_SOURCE = f"{SEED_PIN_HOT}, 'What the router already told us' (DSv4.1-Flash, 384 experts, top-6)"
+
+
+# The geometry those points were measured on.
+ONE_STREAM_EXPERTS, ONE_STREAM_TOP_K = reference_model().routed_experts, reference_model().top_k
+
+# Measured input (from the catalog): the first point at more than one stream.
+CONCURRENT_POINT_STREAMS, CONCURRENT_POINT_K, CONCURRENT_POINT_UNIQUE = next(
+    (s, k, u) for s, k, u in _REFERENCE if s > 1)
 CONCURRENT_POINT_SOURCE = (f"{SEED_PIN_HOT}, 'What it would honestly buy': 576 selections per layer "
                            "dedup to ~300 unique experts at sixteen streams")
 
@@ -112,9 +125,7 @@ def fit_gamma(one_stream_tokens: dict[int, float]) -> float:
     return sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
 
 
-SEED_POINTS: tuple[tuple[int, int, float], ...] = tuple(
-    [(1, k, u) for k, u in ONE_STREAM_UNIQUE.items()]
-    + [(CONCURRENT_POINT_STREAMS, CONCURRENT_POINT_K, CONCURRENT_POINT_UNIQUE)])
+SEED_POINTS: tuple[tuple[int, int, float], ...] = _REFERENCE
 
 
 def calibrated_model(num_experts: int = ONE_STREAM_EXPERTS, top_k: int = ONE_STREAM_TOP_K,

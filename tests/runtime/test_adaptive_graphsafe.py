@@ -1,0 +1,89 @@
+"""With the adaptive policy on, the step path stays graph-safe: counting is the only device work it
+adds, ``tick()`` adds no op at all, and barrier work happens only inside ``barrier()``."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from expert_residency.core import ExpertCounter, device_allocator, host_allocator, rehome_layer, residency_forward  # noqa: E402
+from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy  # noqa: E402
+from expert_residency.core.reference import swiglu_per_pick  # noqa: E402
+
+from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
+from test_core_fixtures import EXPERTS, clone_tensors, float_layer, hidden_states, random_partition, routing  # noqa: E402
+from test_core_graphsafe import FORBIDDEN, OpRecorder  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def _setup():
+    layers = {}
+    for index in (1, 4):
+        hot, cold = random_partition(index, EXPERTS, 9)
+        layers[index] = rehome_layer(clone_tensors(float_layer(index, torch.bfloat16)), hot, cold,
+                                     layer_index=index, hot_alloc=device_allocator("cpu"),
+                                     cold_alloc=host_allocator())
+    counter = ExpertCounter((1, 4), EXPERTS)
+    policy = AdaptivePolicy(counter, layers, AdaptiveConfig(interval=2, swaps_per_layer=2, decay=0.5, margin=0.0))
+    return layers, counter, policy
+
+
+def _step(layers, counter, policy, seed):
+    """Record one engine step (both layers' forwards with counting, then ``tick``); the inputs are
+    built before recording, as the engine's router would have produced them."""
+    fn = swiglu_per_pick()
+    inputs = {}
+    for index, layer in layers.items():
+        ids, weights = routing(seed, 12, hot_ids=layer.hot_ids, cold_ids=layer.cold_ids)
+        inputs[index] = (hidden_states(seed, 12, torch.bfloat16), weights, ids, torch.arange(12) < 10)
+    with OpRecorder() as rec:
+        for index, layer in layers.items():
+            x, weights, ids, mask = inputs[index]
+            residency_forward(layer, x, weights, ids, fn, counter=counter, token_mask=mask)
+        due = policy.tick()
+    return rec.ops, due
+
+
+def test_step_path_with_adaptive_counting_has_no_sync_and_fixed_shapes():
+    layers, counter, policy = _setup()
+    first, due = _step(layers, counter, policy, 0)
+    names = {name for name, _ in first}
+    assert not names & FORBIDDEN, names & FORBIDDEN
+    assert "index_add" in names or "index_add_" in names  # the counting the policy feeds on
+    assert due is False
+    second, due = _step(layers, counter, policy, 1)
+    assert due is True
+    before = [list(layer.hot_ids) for layer in layers.values()]
+    policy.barrier()  # the barrier may read back; it is outside the recorded step
+    assert [list(layer.hot_ids) for layer in layers.values()] != before  # the next step runs on a new map
+    third, _ = _step(layers, counter, policy, 2)
+    # the same op sequence and shapes whatever the routing and the live map
+    assert second == first and third == first
+
+
+def test_tick_adds_no_op():
+    layers, counter, policy = _setup()
+    with OpRecorder() as rec:
+        for _ in range(5):
+            policy.tick()
+    assert rec.ops == []
+
+
+def test_barrier_keeps_every_address_a_captured_graph_reads():
+    """Swaps write into the existing bank rows and row map: no tensor a graph captured is replaced."""
+    layers, counter, policy = _setup()
+
+    def addresses():
+        return {(index, name, bank): t.data_ptr() for index, layer in layers.items()
+                for bank, b in (("hot", layer.hot), ("cold", layer.cold)) for name, t in b.tensors.items()} | \
+            {(index, "codes", ""): layer.row_codes.data_ptr() for index, layer in layers.items()} | \
+            {("counter", "counts", ""): counter.counts.data_ptr()}
+
+    before = addresses()
+    for seed in range(4):
+        _step(layers, counter, policy, seed)
+        policy.barrier()
+    assert policy.swaps_done > 0
+    assert addresses() == before

@@ -1,0 +1,216 @@
+"""The adaptive policy on real banks: split == unsplit bit for bit through swap rounds under
+shifting routing, hashes, bytes, window figures, and mis-ordered swaps caught."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from expert_residency.core import (ExpertCounter, build_unsplit_layer, current_rowmap,  # noqa: E402
+                                   decode_row_codes, device_allocator, host_allocator, rehome_layer,
+                                   residency_forward)
+from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy, Swap, run_in_order  # noqa: E402
+from expert_residency.core.reference import swiglu_per_pick  # noqa: E402
+from expert_residency.formats import load_histogram  # noqa: E402
+from expert_residency.formats.hashes import content_hash  # noqa: E402
+
+from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
+from test_core_fixtures import EXPERTS, HIDDEN, INTER, TOP_K, clone_tensors, float_layer, hidden_states  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+PROFILES = Path(__file__).resolve().parents[2] / "recipes" / "profiles" / "dsv41-flash"
+LAYERS = (3, 5)  # model numbering: the policy must not assume 0..L-1
+HOT = 10
+
+
+def class_probs(name: str) -> torch.Tensor:
+    """The synthetic class profile scaled down: MoE layers 0 and 1, experts 0..15 of the
+    reference histograms (each class keeps its own skew and its own ranking)."""
+    h = load_histogram(PROFILES / f"{name}.hist")
+    counts = torch.tensor(h.counts[:len(LAYERS), :EXPERTS], dtype=torch.float64)
+    return counts / counts.sum(dim=1, keepdim=True)
+
+
+def top_hot(probs_row: torch.Tensor) -> tuple[list[int], list[int]]:
+    order = torch.argsort(probs_row, descending=True, stable=True).tolist()
+    return order[:HOT], order[HOT:]
+
+
+def sample_ids(probs_row: torch.Tensor, tokens: int, g: torch.Generator) -> torch.Tensor:
+    return torch.multinomial(probs_row.float().expand(tokens, -1), TOP_K, replacement=False,
+                             generator=g).to(torch.int32)
+
+
+class Engine:
+    """Two split layers beside their unsplit references, one counter, one policy."""
+
+    def __init__(self, config: AdaptiveConfig, start: str = "agent") -> None:
+        probs = class_probs(start)
+        self.fn = swiglu_per_pick()
+        self.split, self.ref = {}, {}
+        for row, index in enumerate(LAYERS):
+            tensors = float_layer(40 + row, torch.bfloat16)
+            hot, cold = top_hot(probs[row])
+            self.split[index] = rehome_layer(clone_tensors(tensors), hot, cold, layer_index=index,
+                                             hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator())
+            self.ref[index] = build_unsplit_layer(tensors, layer_index=index)
+        self.counter = ExpertCounter(LAYERS, EXPERTS, top_k=TOP_K)
+        self.policy = AdaptivePolicy(self.counter, self.split, config)
+
+    def forward(self, ids: dict[int, torch.Tensor], seed: int) -> bool:
+        """One step through both layers; True when split == unsplit bit for bit in every layer."""
+        same = True
+        for index in LAYERS:
+            x = hidden_states(seed + index, ids[index].shape[0], torch.bfloat16)
+            w = torch.softmax(torch.randn(ids[index].shape, generator=torch.Generator().manual_seed(seed)), -1)
+            got = residency_forward(self.split[index], x, w, ids[index], self.fn, counter=self.counter)
+            want = residency_forward(self.ref[index], x, w, ids[index], self.fn)
+            same = same and torch.equal(got, want)
+        return same
+
+    def full_check(self) -> bool:
+        """Every expert in every top-k position of some token, in both layers."""
+        ids = torch.tensor([[(e + 5 * k) % EXPERTS for k in range(TOP_K)] for e in range(EXPERTS)],
+                           dtype=torch.int32)
+        return self.forward({index: ids for index in LAYERS}, seed=999)
+
+
+def hot_mass(layers, probs: torch.Tensor) -> float:
+    """Share of a class's picks (by its profile) that the live maps serve from the hot bank."""
+    return sum(float(probs[row, layers[index].hot_ids].sum()) for row, index in enumerate(LAYERS)) / len(LAYERS)
+
+
+def test_split_equals_unsplit_through_swap_rounds_under_shifting_traffic():
+    engine = Engine(AdaptiveConfig(interval=3, swaps_per_layer=2, decay=0.5, margin=0.25))
+    g = torch.Generator().manual_seed(7)
+    shape_hash = current_rowmap(engine.split).shape_hash()
+    hashes = [engine.policy.initial_content_hash]
+    step = 0
+    for phase in ("agent", "prose", "math"):
+        probs = class_probs(phase)
+        before = hot_mass(engine.split, probs)
+        for _ in range(18):
+            ids = {index: sample_ids(probs[row], 8, g) for row, index in enumerate(LAYERS)}
+            assert engine.forward(ids, seed=step), f"split != unsplit at step {step} ({phase})"
+            step += 1
+            if engine.policy.tick():
+                report = engine.policy.barrier()
+                assert engine.full_check(), f"bit-exact check failed after barrier {report.barrier}"
+                assert report.shape_hash == shape_hash
+                # the reported hash is the hash of what the device map holds (decoded independently)
+                hot, cold = zip(*(decode_row_codes(engine.split[i].row_codes) for i in LAYERS))
+                assert report.content_hash == content_hash(LAYERS, EXPERTS, hot, cold)
+        after = hot_mass(engine.split, probs)
+        hashes.append(engine.policy.reports[-1].content_hash)
+        if phase != "agent":  # the map moved toward the new class
+            assert after > before, (phase, before, after)
+    assert engine.policy.barriers == 18 and engine.policy.forwards == 54
+    assert engine.policy.swaps_done >= 4
+    assert len(set(hashes[1:])) == 3 and hashes[-1] != hashes[0]
+    # at most S swaps per layer per barrier
+    for report in engine.policy.reports:
+        for index in LAYERS:
+            assert sum(1 for s in report.swaps if s.layer == index) <= 2
+
+
+def test_window_figures_and_bytes_by_hand():
+    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0))
+    layer = engine.split[3]
+    cold, hot = list(layer.cold_ids), list(layer.hot_ids)  # copies: the swap updates the live lists
+    # one forward, 2 tokens: layer 3 gets 3 cold picks + 5 hot picks, layer 5 all-hot picks of its map
+    ids3 = torch.tensor([[cold[0], cold[1], hot[0], hot[1]], [cold[0], hot[2], hot[3], hot[4]]], dtype=torch.int32)
+    h5 = list(engine.split[5].hot_ids)
+    ids5 = torch.tensor([h5[:4], h5[4:8]], dtype=torch.int32)
+    assert engine.forward({3: ids3, 5: ids5}, seed=1)
+    assert engine.policy.tick()
+    report = engine.policy.barrier()
+    assert report.window_picks == 16 and report.window_cold_picks == 3
+    assert report.window_cold_share == 3 / 16
+    # layer 3: cold[0] scored 2 beats the weakest hot expert (score 0, lowest id among the unpicked)
+    unpicked_hot = sorted(set(hot) - {hot[0], hot[1], hot[2], hot[3], hot[4]})
+    assert report.swaps == [Swap(3, cold[0], unpicked_hot[0])]
+    # bytes: one bf16 row each of w13 [2I, H] and w2 [H, I] = (2*32*64 + 64*32) * 2 = 12288 B per expert;
+    # a swap moves one expert in and one out over the host link; both layers share one staging row set
+    assert (INTER, HIDDEN) == (32, 64)
+    assert report.host_link_bytes == 2 * 12288
+    assert engine.policy.staging_bytes() == 12288
+    assert engine.full_check()
+
+
+def test_decayed_scores_follow_the_counter_and_survive_a_reset():
+    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=0, decay=0.5, margin=0.0))
+    e = engine.split[3].cold_ids[0]
+    ids = torch.tensor([[e, (e + 1) % EXPERTS, (e + 2) % EXPERTS, (e + 3) % EXPERTS]], dtype=torch.int32)
+    for _ in range(3):  # counts of e per window: 1, 1, 1 -> scores 1, 1.5, 1.75
+        engine.counter.count(3, ids)
+        engine.policy.barrier()
+    assert engine.policy.scores[0, e].item() == 1.75
+    engine.counter.reset()           # e.g. a dump writer that restarts its counts
+    engine.counter.count(3, ids)     # window = 1 (not 1 - 3): 0.5 * 1.75 + 1 = 1.875
+    engine.policy.barrier()
+    assert engine.policy.scores[0, e].item() == 1.875
+    engine.policy.barrier()          # an empty window only decays: 0.9375
+    assert engine.policy.scores[0, e].item() == 0.9375
+    assert engine.counter.counts[0, e].item() == 1  # the counter itself stays cumulative
+
+
+def _primed_engine():
+    """An engine whose next barrier swaps at least one pair in layer 3."""
+    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0))
+    cold = engine.split[3].cold_ids
+    engine.counter.count(3, torch.tensor([[cold[0], cold[1], cold[2], cold[3]]], dtype=torch.int32))
+    return engine
+
+
+def test_flip_before_copy_is_caught_by_the_bit_exact_check():
+    engine = _primed_engine()
+    results = []
+
+    def flip_first(steps):
+        flips = [s for s in steps if s.kind == "map"]
+        copies = [s for s in steps if s.kind == "copy"]
+        for s in flips:
+            s.run()
+        results.append(engine.full_check())  # a forward sneaking in between flip and copies
+        for s in copies:
+            s.run()
+
+    report = engine.policy.barrier(run=flip_first)
+    assert report.swaps and results == [False]
+    assert engine.full_check()  # once the copies landed the state is what an ordered swap gives
+
+
+def test_flip_without_copies_is_caught_after_the_round():
+    engine = _primed_engine()
+    engine.policy.barrier(run=lambda steps: [s.run() for s in steps if s.kind == "map"])
+    assert not engine.full_check()
+
+
+def test_ordered_round_passes_the_same_check():
+    engine = _primed_engine()
+    report = engine.policy.barrier(run=run_in_order)
+    assert report.swaps and engine.full_check()
+
+
+def test_a_forward_inside_the_barrier_is_refused():
+    engine = _primed_engine()
+
+    def forward_between(steps):
+        steps[0].run()
+        engine.policy.tick()  # the engine counting a forward between the first copy and the flip
+
+    with pytest.raises(RuntimeError, match="inside a swap barrier"):
+        engine.policy.barrier(run=forward_between)
+    assert engine.policy.tick() is True  # the guard is lifted again afterwards
+
+
+def test_policy_refuses_layers_that_do_not_match_the_counter():
+    engine = Engine(AdaptiveConfig())
+    with pytest.raises(ValueError, match="counter's MoE layers"):
+        AdaptivePolicy(ExpertCounter((3, 4), EXPERTS), engine.split)
+    with pytest.raises(ValueError, match="experts"):
+        AdaptivePolicy(ExpertCounter(LAYERS, EXPERTS + 1), engine.split)

@@ -16,6 +16,7 @@ from recipegen.ledger.load import load_figures
 from recipegen.ledger.placements import placement_figures, positional_placement, usage_aware_placement
 from recipegen.ledger.reserves import hbm_reserve, host_reserve
 from recipegen.ledger.result import POSITIONAL, USAGE_AWARE, LaneLedger, PlacementLedger, Violation, src_note
+from recipegen.ledger.runtime_check import runtime_violations
 from recipegen.ledger.verdict import budget_violations
 from recipegen.schema import Lane, Machine, Model
 from recipegen.units import format_bytes
@@ -46,7 +47,11 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     """All figures of one lane. `rowmap_hot`: the active map's hot count per MoE layer, if read."""
     out = _Figures()
     tp = lane.tensor_parallel_size
-    if tp > 1:
+    if tp > 1 and model.attention:
+        out.notes.append(f"tensor parallel over {tp} GPUs: experts and dense weights are taken as split "
+                         "evenly across them; KV per GPU follows vLLM (KV heads max(1, heads // TP), "
+                         "replicated when TP exceeds them; an MLA latent on every GPU)")
+    elif tp > 1:
         out.notes.append(f"tensor parallel over {tp} GPUs: experts, dense weights and KV are taken as "
                          "split evenly across them (per-GPU figures are lane totals / TP)")
     _expert_figures(model, out)
@@ -55,7 +60,12 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     kv_token_bytes = _kv_rate(model, lane, out)
 
     ua = usage_aware_placement(model, lane, rowmap_hot, rowmap_label)
-    pos = positional_placement(model, lane) if lane.offload.load_cpu_offload else None
+    pos = (positional_placement(model, lane)
+           if lane.offload.load_cpu_offload or lane.offload.placement == POSITIONAL else None)
+    if lane.offload.load_cpu_offload == 0 and lane.offload.load_cpu_offload is not None:
+        out.notes.append("load_cpu_offload 0 GiB: vLLM loads every routed expert into HBM (no "
+                         "--cpu-offload-gb)" + (", then the runtime re-homes the cold ones to the host"
+                                                if lane.offload.placement == USAGE_AWARE else ""))
     for placement in (ua, pos):
         if placement is not None:
             placement_figures(placement, model, lane, hbm.cap, hbm.reserve, kv_token_bytes, tp, bank)
@@ -76,6 +86,8 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
                                             kv_tokens, host_total, tables, reserve_host, tp,
                                             fixed_kv=lane.kv_cache_bytes, bank=bank,
                                             kv_token_bytes=kv_token_bytes))
+
+    out.violations.extend(runtime_violations(model, machine, lane))
 
     # --- load time (after the verdict: a side already over budget at the end is not re-reported)
     final_over = {v.kind for v in out.violations}
@@ -154,15 +166,64 @@ def _prefetch_bank(model: Model, lane: Lane, out: _Figures) -> float:
 
 
 def _kv_rate(model: Model, lane: Lane, out: _Figures) -> float:
-    """KV bytes per token of the lane: the target's, plus the drafter's when it runs."""
+    """KV bytes per token of the lane, summed over its tensor-parallel ranks: the target's, plus
+    the drafter's when it runs. The ledger's KV formulas divide it by TP for one GPU."""
+    if model.attention:
+        target = _kv_rate_by_layer_kind(model, lane, out)
+    else:
+        target = model.kv_token_bytes
     drafter_kv = (model.drafter.kv_bytes_per_token or 0) if (model.drafter and lane.speculative) else 0
-    kv_token_bytes = model.kv_token_bytes + drafter_kv
+    kv_token_bytes = target + drafter_kv
     if drafter_kv:
         out.add(Figure("kv.bytes_per_token", "KV bytes per token (target + drafter)", kv_token_bytes, "count",
                        "target_kv_bytes_per_token + drafter.kv_bytes_per_token",
-                       {"target_kv_bytes_per_token": model.kv_token_bytes,
-                        "drafter_kv_bytes_per_token": drafter_kv}))
+                       {"target_kv_bytes_per_token": target, "drafter_kv_bytes_per_token": drafter_kv}))
     return kv_token_bytes
+
+
+def _kv_rate_by_layer_kind(model: Model, lane: Lane, out: _Figures) -> float:
+    """KV per token from the model's attention layers, as vLLM 0.33 sizes it per rank.
+
+    Per rank and layer: full/sliding 2 × max(1, kv_heads // tp) × head_dim × dtype bytes (heads
+    replicated when TP exceeds them: vllm/config/model.py:1673-1683), MLA (kv_lora_rank +
+    rope_head_dim) × dtype bytes on every rank. A sequence of max_model_len tokens holds every
+    token in full and MLA layers and at most `window` tokens in a sliding layer (vLLM frees the
+    blocks behind the window: vllm/v1/kv_cache_interface.py:918-943, which also keeps the tokens
+    in flight during a prefill chunk — not counted here). The lane's rate is that sequence's
+    bytes ÷ max_model_len × tp, so tokens = pool ÷ (rate / tp) and sequences = pool ÷ bytes per
+    sequence per GPU.
+    """
+    tp, seq = lane.tensor_parallel_size, lane.max_model_len
+    per_seq = 0
+    operands: dict[str, object] = {"tp": tp, "max_model_len": seq}
+    for i, group in enumerate(model.attention):
+        rate = group.bytes_per_token_per_layer(tp)
+        held = min(seq, group.window) if group.kind == "sliding" and group.window else seq
+        layer_bytes = len(group.layers) * rate * held
+        per_seq += layer_bytes
+        how = {"mla": "(kv_lora_rank + rope_head_dim) × dtype bytes (every rank)",
+               "full": "2 × max(1, kv_heads // tp) × head_dim × dtype bytes",
+               "sliding": "2 × max(1, kv_heads // tp) × head_dim × dtype bytes, min(window, max_model_len) tokens"}
+        ops: dict[str, object] = {"layers": len(group.layers), "tp": tp, "kv_dtype": group.kv_dtype}
+        if group.kind == "mla":
+            ops.update(kv_lora_rank=group.kv_lora_rank, rope_head_dim=group.rope_head_dim)
+        else:
+            ops.update(kv_heads=group.kv_heads, kv_heads_per_rank=group.kv_heads_per_rank(tp),
+                       head_dim=group.head_dim)
+        if group.kind == "sliding":
+            ops.update(window=group.window, tokens_held=held)
+        out.add(Figure(f"kv.layers[{i}].bytes_per_token", f"KV per token per layer, {group.kind} "
+                       f"attention ({len(group.layers)} layers, per GPU)", rate, "count",
+                       how[group.kind], ops, src_note(model.sources, f"attention[{i}].kv_heads")
+                       or src_note(model.sources, f"attention[{i}].kv_lora_rank")))
+        operands[f"group{i}_{group.kind}_bytes"] = layer_bytes
+    out.add(Figure("kv.bytes_per_sequence", "KV of one max_model_len sequence (per GPU)", per_seq, "bytes",
+                   "Σ layer kinds: layers × bytes per token per layer × tokens held", operands))
+    lane_rate = per_seq / seq * tp
+    out.add(Figure("kv.lane_bytes_per_token", "KV bytes per token at max_model_len (lane, all GPUs)",
+                   lane_rate, "count", "bytes_per_sequence / max_model_len × tp",
+                   {"bytes_per_sequence": per_seq, "max_model_len": seq, "tp": tp}))
+    return lane_rate
 
 
 def _placement_summary(model: Model, lane: Lane, active: PlacementLedger, out: _Figures) -> None:

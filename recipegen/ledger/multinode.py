@@ -209,7 +209,17 @@ def stage_model(model: Model, layers: StageLayers, *, last: bool, tables_in_hbm:
              "decoder_layers": model.decoder_layers},
             "approximation: per-layer share (embeddings/LM head are on the first/last stage)")
         update["dense_bytes"] = round(dense)
-    if model.kv_bytes_per_token is not None:
+    if model.attention:
+        groups = [g.model_copy(update={"layers": [n for n in g.layers if layers.holds(n)]})
+                  for g in model.attention]
+        update["attention"] = [g for g in groups if g.layers]
+        update["kv_bytes_per_token"] = sum(len(g.layers) * g.bytes_per_token_per_layer(1)
+                                           for g in update["attention"])
+        figs["stage.kv_bytes_per_token"] = Figure(
+            "stage.kv_bytes_per_token", "KV bytes per token for this stage's layers (one rank)",
+            update["kv_bytes_per_token"], "count", "Σ this stage's attention layers × bytes per token per layer",
+            {"stage_layers": layers.num_layers})
+    elif model.kv_bytes_per_token is not None:
         update["kv_bytes_per_token"] = max(1, round(model.kv_bytes_per_token * share))
         figs["stage.kv_bytes_per_token"] = Figure(
             "stage.kv_bytes_per_token", "KV bytes per token for this stage's layers",

@@ -12,15 +12,45 @@ from recipegen.schema.sourced import lift_sources
 from recipegen.units import GiB
 
 # Storage per logical element: (bits per value, values per scale block, bytes per scale).
+# The block here is the format's own (over the flattened tensor); a tensor with an explicit
+# `scale` layout (FP8 128×128 blocks, int4 groups) counts that instead.
 DTYPE_STORAGE: dict[str, tuple[int, int, int]] = {
     "mxfp4": (4, 32, 1),   # OCP MX: fp4 e2m1 values packed 2 per byte, one ue8m0 scale per 32
     "nvfp4": (4, 16, 1),   # fp4 e2m1 values, one fp8 e4m3 scale per 16 (per-tensor scale ignored)
-    "fp8": (8, 0, 0),
+    "fp8": (8, 0, 0),      # e4m3; block scales only where `scale` declares them
+    "int4": (4, 0, 0),     # packed 2 per byte; its group scales are declared in `scale`
     "bf16": (16, 0, 0),
     "fp16": (16, 0, 0),
     "fp32": (32, 0, 0),
 }
-Dtype = Literal["mxfp4", "nvfp4", "fp8", "bf16", "fp16", "fp32"]
+Dtype = Literal["mxfp4", "nvfp4", "fp8", "int4", "bf16", "fp16", "fp32"]
+
+# Bytes per scale value.
+SCALE_BYTES: dict[str, int] = {"ue8m0": 1, "e4m3": 1, "bf16": 2, "fp16": 2, "fp32": 4}
+ScaleDtype = Literal["ue8m0", "e4m3", "bf16", "fp16", "fp32"]
+
+# Bytes per KV cache element.
+KV_DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
+
+
+class ScaleLayout(StrictModel):
+    """How a quantized tensor's scales are laid out: one scale per block of logical elements."""
+
+    dtype: ScaleDtype
+    """Storage of one scale (FP8 block checkpoints: `fp32`; MXFP4: `ue8m0`; int4 groups: `bf16`)."""
+    block: list[PositiveInt] = Field(min_length=1)
+    """Block size per trailing dimension of the tensor's shape, e.g. `[128, 128]` (DeepSeek/Qwen
+    FP8: one fp32 scale per 128×128 block) or `[32]` (a group of 32 along the last dimension)."""
+
+    def count(self, shape: list[int]) -> int:
+        """Scales of a tensor of `shape`: Π ⌈dim / block⌉ over the blocked dims × the other dims."""
+        lead = shape[:len(shape) - len(self.block)]
+        n = 1
+        for dim in lead:
+            n *= dim
+        for dim, block in zip(shape[len(lead):], self.block):
+            n *= -(-dim // block)
+        return n
 
 
 class ExpertTensor(StrictModel):
@@ -32,6 +62,22 @@ class ExpertTensor(StrictModel):
     """Logical element counts (values, not packed bytes), e.g. [4608, 5120]."""
     dtype: Dtype
     """Storage format; block-scaled formats add their scale bytes (mxfp4: 1 ue8m0 byte per 32 values)."""
+    scale: ScaleLayout | None = None
+    """Explicit scale layout (FP8 with 128×128 fp32 block scales, int4 with group scales); replaces
+    the format's own block (mxfp4/nvfp4). Omitted for fp8: a per-tensor scale, not counted."""
+    kind: Literal["weight", "bias"] = "weight"
+    """`bias` for a per-expert bias vector (gpt-oss: `gate_up_proj_bias`, `down_proj_bias`)."""
+
+    @model_validator(mode="after")
+    def _check_scale(self) -> "ExpertTensor":
+        from recipegen.schema.base import PathError
+        if self.dtype == "int4" and self.scale is None:
+            raise PathError("int4 values need their scale layout (e.g. {dtype: bf16, block: [32]})",
+                            ("scale",))
+        if self.scale is not None and len(self.scale.block) > len(self.shape):
+            raise PathError(f"scale block {self.scale.block} has more dimensions than shape {self.shape}",
+                            ("scale", "block"))
+        return self
 
     def num_bytes(self) -> Fraction:
         numel = 1
@@ -39,9 +85,97 @@ class ExpertTensor(StrictModel):
             numel *= dim
         bits, block, scale_bytes = DTYPE_STORAGE[self.dtype]
         total = Fraction(numel * bits, 8)
-        if block:
+        if self.scale is not None:
+            total += self.scale.count(list(self.shape)) * SCALE_BYTES[self.scale.dtype]
+        elif block:
             total += -(-numel // block) * scale_bytes
         return total
+
+    def scale_bytes(self) -> int:
+        """Bytes of this tensor's scales alone."""
+        numel = 1
+        for dim in self.shape:
+            numel *= dim
+        _, block, per = DTYPE_STORAGE[self.dtype]
+        if self.scale is not None:
+            return self.scale.count(list(self.shape)) * SCALE_BYTES[self.scale.dtype]
+        return -(-numel // block) * per if block else 0
+
+
+class AttentionLayers(StrictModel):
+    """Decoder layers that share one attention kind, and what each caches per token.
+
+    `full`: grouped-query (or multi-head) attention over the whole sequence — K and V of
+    `kv_heads` heads of `head_dim`. `sliding`: the same, but each sequence keeps only the last
+    `window` tokens. `mla`: multi-head latent attention (DeepSeek-V3 style) — one compressed
+    latent of `kv_lora_rank` + `rope_head_dim` per token, the same on every tensor-parallel rank.
+    """
+
+    kind: Literal["full", "sliding", "mla"]
+    """Attention kind of these layers."""
+    layers: list[NonNegativeInt] = Field(min_length=1)
+    """Decoder layer indices (`"0-35"` ranges accepted)."""
+    kv_heads: PositiveInt | None = None
+    """KV heads (config.json `num_key_value_heads`); full and sliding layers."""
+    head_dim: PositiveInt | None = None
+    """Per-head dimension of K and V (config.json `head_dim`); full and sliding layers."""
+    window: PositiveInt | None = None
+    """Sliding window in tokens (config.json `sliding_window`); sliding layers."""
+    kv_lora_rank: PositiveInt | None = None
+    """MLA latent width (config.json `kv_lora_rank`)."""
+    rope_head_dim: PositiveInt | None = None
+    """MLA decoupled RoPE key width cached beside the latent (config.json `qk_rope_head_dim`)."""
+    kv_dtype: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
+    """KV cache element type (vLLM `--kv-cache-dtype`; the model dtype by default)."""
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _expand_ranges(cls, value: Any) -> Any:
+        return expand_index_ranges(value)
+
+    @model_validator(mode="after")
+    def _check(self) -> "AttentionLayers":
+        from recipegen.schema.base import PathError
+        need = {"full": ("kv_heads", "head_dim"), "sliding": ("kv_heads", "head_dim", "window"),
+                "mla": ("kv_lora_rank", "rope_head_dim")}[self.kind]
+        for name in need:
+            if getattr(self, name) is None:
+                raise PathError(f"{self.kind} attention needs {name}", (name,))
+        other = {"kv_heads", "head_dim", "window", "kv_lora_rank", "rope_head_dim"} - set(need)
+        for name in sorted(other):
+            if getattr(self, name) is not None:
+                raise PathError(f"{name} does not apply to {self.kind} attention", (name,))
+        return self
+
+    def kv_heads_per_rank(self, tp: int) -> int:
+        """vLLM 0.33 `ModelConfig.get_num_kv_heads` (vllm/config/model.py:1673-1683): MLA caches one
+        latent "head" on every rank; otherwise max(1, kv_heads // tp) — heads are replicated when
+        tensor parallelism exceeds them."""
+        if self.kind == "mla":
+            return 1
+        assert self.kv_heads is not None
+        return max(1, self.kv_heads // tp)
+
+    def bytes_per_token_per_layer(self, tp: int = 1) -> int:
+        """KV bytes one layer caches per token on one tensor-parallel rank."""
+        size = KV_DTYPE_BYTES[self.kv_dtype]
+        if self.kind == "mla":
+            assert self.kv_lora_rank is not None and self.rope_head_dim is not None
+            return (self.kv_lora_rank + self.rope_head_dim) * size
+        assert self.head_dim is not None
+        return 2 * self.kv_heads_per_rank(tp) * self.head_dim * size
+
+
+class Activation(StrictModel):
+    """The routed experts' activation (vLLM `MoEActivation`)."""
+
+    kind: Literal["silu", "swigluoai"] = "silu"
+    """`silu`: SwiGLU, silu(gate) × up. `swigluoai`: gpt-oss's variant, gate × σ(alpha × gate) ×
+    (up + 1) with gate/up clamped (gate/up interleaved in w13)."""
+    alpha: float | None = None
+    """swigluoai alpha (gpt-oss: 1.702, set by vLLM, vllm/model_executor/layers/quantization/mxfp4.py:428)."""
+    limit: float | None = None
+    """Clamp limit (config.json `swiglu_limit`: gpt-oss 7.0; DeepSeek-V4 style clamped silu)."""
 
 
 class HostTable(StrictModel):
@@ -111,6 +245,12 @@ class Model(StrictModel):
     """Routed experts picked per token per layer."""
     shared_experts: NonNegativeInt | None = None
     """Shared experts per MoE layer, where known (always in HBM; counted in the dense bytes)."""
+    hidden_size: PositiveInt | None = None
+    """Model width (config.json `hidden_size`), where known; vLLM's layout padding needs it."""
+    moe_intermediate_size: PositiveInt | None = None
+    """Routed expert intermediate width (config.json `moe_intermediate_size` or `intermediate_size`)."""
+    activation: Activation | None = None
+    """The routed experts' activation; omitted: SwiGLU (silu), unclamped."""
     expert_tensors: list[ExpertTensor] | None = None
     """Per-expert tensors (logical shapes + dtype); bytes per expert is derived from them."""
     bytes_per_expert: PositiveBytes | None = None
@@ -122,8 +262,14 @@ class Model(StrictModel):
     """Whole checkpoint size, for reference."""
     host_tables: list[HostTable] = []
     """Tables that always live in host memory (e.g. two Engram tables)."""
+    attention: list[AttentionLayers] = []
+    """Attention kind per decoder layer (full, sliding window, MLA) with what each caches per
+    token; the ledger derives KV bytes per token per tensor-parallel rank from it (heads
+    replicated when TP exceeds them, MLA latents on every rank, sliding layers capped at their
+    window per sequence). When given, the groups cover every decoder layer once."""
     kv_bytes_per_token: PositiveBytes | None = None
-    """KV cache bytes per token (give this or `kv_tokens_per_gib`)."""
+    """KV cache bytes per token, all layers, one rank (give this, `kv_tokens_per_gib`, or
+    `attention`; with `attention` it is derived and, if given, must agree)."""
     kv_tokens_per_gib: ScaledNumber | None = None
     """KV tokens per GiB of pool, as measured (e.g. `0.518M`)."""
     drafter: Drafter | None = None
@@ -169,10 +315,41 @@ class Model(StrictModel):
                 raise PathError(f"bytes_per_expert {self.bytes_per_expert} disagrees with the "
                                 f"{int(derived)} bytes derived from expert_tensors", ("bytes_per_expert",))
             self.bytes_per_expert = int(derived)
-        if (self.kv_bytes_per_token is None) == (self.kv_tokens_per_gib is None):
-            raise PathError("give exactly one of kv_bytes_per_token and kv_tokens_per_gib",
+        if self.attention:
+            self._check_attention()
+        elif (self.kv_bytes_per_token is None) == (self.kv_tokens_per_gib is None):
+            raise PathError("give exactly one of kv_bytes_per_token and kv_tokens_per_gib (or attention)",
                             ("kv_bytes_per_token",))
         return self
+
+    def _check_attention(self) -> None:
+        from recipegen.schema.base import PathError
+        seen: dict[int, int] = {}
+        for i, group in enumerate(self.attention):
+            for layer in group.layers:
+                if layer >= self.decoder_layers:
+                    raise PathError(f"layer {layer} is outside the model's {self.decoder_layers} decoder "
+                                    "layers", ("attention", i, "layers"))
+                if layer in seen:
+                    raise PathError(f"layer {layer} is in attention groups {seen[layer]} and {i}",
+                                    ("attention", i, "layers"))
+                seen[layer] = i
+        missing = [n for n in range(self.decoder_layers) if n not in seen]
+        if missing:
+            raise PathError(f"attention groups leave decoder layers {_ranges(missing)} out",
+                            ("attention",))
+        if self.kv_tokens_per_gib is not None:
+            raise PathError("kv_tokens_per_gib is measured; with attention the rate is derived — give one",
+                            ("kv_tokens_per_gib",))
+        derived = self.kv_bytes_per_token_derived(1)
+        if self.kv_bytes_per_token is not None and self.kv_bytes_per_token != derived:
+            raise PathError(f"kv_bytes_per_token {self.kv_bytes_per_token} disagrees with the {derived} "
+                            "bytes derived from attention (all layers, one rank)", ("kv_bytes_per_token",))
+        self.kv_bytes_per_token = derived
+
+    def kv_bytes_per_token_derived(self, tp: int) -> int:
+        """Σ over decoder layers of KV bytes per token on one rank (sliding layers uncapped)."""
+        return sum(len(g.layers) * g.bytes_per_token_per_layer(tp) for g in self.attention)
 
     # --- derived figures (the ledger cites these by name) ---
     @property
@@ -196,6 +373,37 @@ class Model(StrictModel):
     @property
     def host_table_bytes(self) -> int:
         return sum(t.bytes for t in self.host_tables)
+
+    @property
+    def expert_biases(self) -> bool:
+        """Whether routed experts carry bias vectors."""
+        return any(t.kind == "bias" for t in self.expert_tensors or [])
+
+    @property
+    def expert_format(self) -> str | None:
+        """The routed experts' weight format (dtype of their weight tensors, with `-block` when FP8
+        carries block scales, `-group` for int4 groups), or None without declared tensors."""
+        weights = [t for t in self.expert_tensors or [] if t.kind == "weight"]
+        if not weights:
+            return None
+        t = weights[0]
+        if t.dtype == "fp8" and t.scale is not None:
+            return "fp8-block"
+        return t.dtype
+
+
+def _ranges(values: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out: list[str] = []
+    start = prev = values[0]
+    for v in values[1:] + [None]:  # type: ignore[list-item]
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ", ".join(out)
 
 
 def expand_index_ranges(value: Any) -> Any:

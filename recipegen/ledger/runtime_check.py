@@ -1,0 +1,30 @@
+"""Would the expert residency runtime refuse this lane? Asked of the runtime's own capability
+table (`expert_residency.capabilities`, the one place that says what the runtime can split), so
+`check budgets` fails where the plugin would refuse at boot, naming why."""
+
+from __future__ import annotations
+
+from expert_residency.capabilities import unsupported_reason
+
+from recipegen.ledger.result import USAGE_AWARE, Violation
+from recipegen.schema import Lane, Machine, Model
+
+
+def runtime_violations(model: Model, machine: Machine, lane: Lane) -> list[Violation]:
+    """A usage-aware lane runs the runtime's split; a positional lane is plain vLLM (not asked)."""
+    if lane.offload.placement != USAGE_AWARE or model.expert_format is None:
+        return []
+    act = model.activation
+    reason = unsupported_reason(
+        expert_format=model.expert_format,
+        activation=act.kind if act else "silu",
+        swiglu_limit=act.limit if act else None,
+        swiglu_alpha=act.alpha if act else None,
+        biases=model.expert_biases,
+        compute_capability=machine.gpus.compute_capability)
+    if reason is None:
+        return []
+    return [Violation(
+        "runtime", f"the expert residency runtime would refuse this lane at boot: {reason}",
+        "use placement: positional (vLLM's own --cpu-offload-gb, no runtime split), or a checkpoint "
+        "in a format the runtime splits (expert_residency/capabilities.py)", lane=lane.name)]

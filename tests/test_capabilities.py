@@ -1,0 +1,27 @@
+"""The runtime's capability table: what it splits, what it refuses, and why (one line each)."""
+
+from __future__ import annotations
+
+from expert_residency.capabilities import FORMATS, unsupported_reason, unverified_note
+
+
+def test_mxfp4_silu_with_clamp_is_supported_on_hopper() -> None:
+    assert unsupported_reason(expert_format="mxfp4", swiglu_limit=7.0, compute_capability="9.0") is None
+    assert unverified_note("mxfp4", "9.0") is None          # verified on the H200
+    assert "8.9" in (unverified_note("mxfp4", "8.9") or "")  # supported, not verified there
+
+
+def test_gpt_oss_experts_are_refused_on_the_first_missing_capability() -> None:
+    reason = unsupported_reason(expert_format="mxfp4", activation="swigluoai", swiglu_alpha=1.702,
+                                swiglu_beta=1.0, swiglu_limit=7.0, biases=True)
+    assert reason is not None and "swigluoai" in reason
+    assert "alpha/beta" in (unsupported_reason(expert_format="mxfp4", swiglu_alpha=1.702) or "")
+    assert "biases" in (unsupported_reason(expert_format="mxfp4", biases=True) or "")
+
+
+def test_formats_without_a_kernel_and_old_devices_are_refused() -> None:
+    for fmt in ("fp8-block", "fp8", "int4", "nvfp4"):
+        assert not FORMATS[fmt].supported and unsupported_reason(expert_format=fmt) == FORMATS[fmt].why_not
+    assert "not in the runtime's capability table" in (unsupported_reason(expert_format="q4_k") or "")
+    assert "8.0 or newer" in (unsupported_reason(expert_format="mxfp4", compute_capability=(7, 5)) or "")
+    assert "expert parallelism" in (unsupported_reason(expert_format="bf16", expert_parallel=True) or "")

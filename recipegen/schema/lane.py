@@ -70,9 +70,9 @@ class Offload(StrictModel):
                 if getattr(self, name) is not None:
                     raise PathError(f"{name} applies to usage-aware placement; positional offload is "
                                     "set by load_cpu_offload alone", (name,))
-            if not self.load_cpu_offload:
-                raise PathError("positional offload needs load_cpu_offload (vLLM --cpu-offload-gb)",
-                                ("load_cpu_offload",))
+            if self.load_cpu_offload is None:
+                raise PathError("positional offload needs load_cpu_offload (vLLM --cpu-offload-gb; "
+                                "0 GiB keeps every expert in HBM)", ("load_cpu_offload",))
         return self
 
 

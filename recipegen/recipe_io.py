@@ -23,6 +23,10 @@ from recipegen.schema.base import PathError, reachable_models
 from recipegen.schema.checks import Problem, cross_reference_problems
 
 RECIPES_DIRNAME = "recipes"
+# Bounds on what a recipe file may be before anything walks it (the reference is ~5 KB).
+MAX_RECIPE_CHARS = 1 << 20
+MAX_YAML_NODES = 100_000
+MAX_YAML_DEPTH = 64
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 Loc = tuple[str | int, ...]
@@ -124,8 +128,14 @@ def parse_yaml(text: str, file: str) -> Any:
     from ruamel.yaml.constructor import DuplicateKeyError
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
+    if len(text) > MAX_RECIPE_CHARS:
+        raise InputError(f"{len(text)} characters: larger than any recipe (at most "
+                         f"{MAX_RECIPE_CHARS})", file=file)
     try:
-        return _yaml().load(text)
+        document = _yaml().load(text)
+    except RecursionError:
+        raise InputError(f"nested too deeply (at most {MAX_YAML_DEPTH} levels)",
+                         file=file) from None
     except DuplicateKeyError as exc:
         mark = exc.problem_mark
         key = _duplicate_key_name(exc)
@@ -139,7 +149,38 @@ def parse_yaml(text: str, file: str) -> Any:
         raise InputError(f"YAML syntax error: {problem}", file=file,
                          line=mark.line + 1 if mark else None) from None
     except YAMLError as exc:
-        raise InputError(f"YAML error: {exc}", file=file) from None
+        raise InputError(f"YAML error: {str(exc).splitlines()[0][:200]}", file=file) from None
+    except (ValueError, OverflowError) as exc:  # e.g. a timestamp or number ruamel cannot build
+        raise InputError(f"YAML value error: {type(exc).__name__}", file=file) from None
+    check_expansion(document, file)
+    return document
+
+
+def check_expansion(document: Any, file: str) -> None:
+    """Refuse a document whose aliases expand past `MAX_YAML_NODES` nodes (a few-KB alias bomb
+    is a billion nodes once anything walks it) or that nests past `MAX_YAML_DEPTH` levels.
+
+    Walks the expanded tree with an explicit stack, counting every visit, so it stops as soon
+    as the budget is spent instead of expanding first.
+    """
+    visits = 0
+    stack: list[tuple[Any, int, int | None]] = [(document, 0, None)]
+    while stack:
+        node, depth, line = stack.pop()
+        visits += 1
+        if visits > MAX_YAML_NODES or depth > MAX_YAML_DEPTH:
+            what = (f"expands to more than {MAX_YAML_NODES} values (anchors and aliases "
+                    "included)") if visits > MAX_YAML_NODES else \
+                f"nested deeper than {MAX_YAML_DEPTH} levels"
+            raise InputError(f"{what}: not a recipe", file=file, line=line)
+        lc = getattr(node, "lc", None)
+        here = lc.line + 1 if lc is not None and getattr(lc, "line", None) is not None else line
+        if isinstance(node, dict):
+            for key, value in node.items():
+                stack.append((key, depth + 1, here))
+                stack.append((value, depth + 1, here))
+        elif isinstance(node, list):
+            stack.extend((item, depth + 1, here) for item in node)
 
 
 def _duplicate_key_name(exc: Exception) -> str:
@@ -272,8 +313,9 @@ def _read_validated(path: Path) -> tuple[Recipe, Any]:
         raise InputError(f"cannot read: {exc.strerror}", file=file) from None
     document = parse_yaml(text, file)
     if not isinstance(document, dict):
+        # never echo the value: a mistyped path may name a secrets file
         kind = "empty" if document is None else "a list" if isinstance(document, list) \
-            else f"a single value ({document!r})"
+            else f"a single {type(document).__name__} value"
         raise InputError(f"a recipe is a YAML mapping (version, name, model, machines, lanes); "
                          f"this file is {kind}", file=file,
                          line=document.lc.line + 1 if hasattr(document, "lc") else 1)

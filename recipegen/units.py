@@ -21,9 +21,15 @@ BYTE_UNITS: dict[str, int] = {
 # Bandwidth units: bytes per second.
 BANDWIDTH_UNITS: dict[str, int] = {f"{unit}/s": factor for unit, factor in BYTE_UNITS.items()}
 
-_NUMBER = r"(?P<num>[+-]?(?:\d+(?:[_,]\d{3})*(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)"
+# ASCII digits only ([0-9], not \d): the published JSON Schema allows nothing else.
+_NUMBER = r"(?P<num>[+-]?(?:[0-9]+(?:[_,][0-9]{3})*(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)"
 _QUANTITY_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<unit>[A-Za-z]+(?:/s)?)?\s*$")
-_COUNT_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<suffix>[kKmMgG]?)\s*$")
+_COUNT_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<suffix>[kKmMgG]?)\s*$")
+# Bounds far above any real figure (a GB300 has ~0.25 TiB of HBM, its host ~0.5 TiB), below
+# where float arithmetic or an allocation sized from the figure would go wrong.
+MAX_BYTES = 2**60          # 1 EiB
+MAX_BANDWIDTH = 1e18       # 1 EB/s
+MAX_COUNT = 2**53          # exact in a float
 
 
 class UnitError(ValueError):
@@ -56,16 +62,28 @@ def _split(text: object, what: str, units: dict[str, int], example: str) -> tupl
 def parse_bytes(text: object) -> int:
     """'60 GiB' -> 64424509440. Rounds to the nearest byte (catalog figures have 2 decimals)."""
     number, factor = _split(text, "a size", BYTE_UNITS, "60 GiB")
+    if abs(number * factor) > MAX_BYTES:
+        raise UnitError(f"{text!r} is beyond any real size (at most 1 EiB)")
     return int(round(number * factor))
 
 
 def parse_bandwidth(text: object) -> float:
     """'340 GB/s' -> 3.4e11 bytes per second."""
     number, factor = _split(text, "a bandwidth", BANDWIDTH_UNITS, "340 GB/s")
+    if abs(number * factor) > MAX_BANDWIDTH:
+        raise UnitError(f"{text!r} is beyond any real bandwidth (at most 1 EB/s)")
     return number * factor
 
 
 def parse_count(value: object) -> int:
+    """An integer count (see `_parse_count`), at most `MAX_COUNT`."""
+    n = _parse_count(value)
+    if abs(n) > MAX_COUNT:
+        raise UnitError(f"{value!r} is beyond any real count (at most 2^53)")
+    return n
+
+
+def _parse_count(value: object) -> int:
     """An integer count, optionally with vLLM's suffixes ('1M' = 2**20, '1m' = 10**6, '25.6k').
 
     Mirrors vllm.utils.argparse_utils.human_readable_int so a recipe means what vLLM means.
@@ -101,10 +119,12 @@ def parse_scaled_number(value: object) -> float:
     if isinstance(value, bool):
         raise UnitError(f"expected a number, got {value!r}")
     if isinstance(value, (int, float)):
+        if not math.isfinite(value) or abs(value) > MAX_COUNT:
+            raise UnitError(f"expected a finite number, got {value!r}")
         return float(value)
     if not isinstance(value, str):
         raise UnitError(f"expected a number, got {type(value).__name__}")
-    match = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$", value)
+    match = re.match(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmM]?)\s*$", value)
     if not match:
         raise UnitError(f"cannot read {value!r} as a number (e.g. 518000 or '0.518M')")
     factor = {"": 1, "k": KB, "K": KB, "m": MB, "M": MB}[match.group(2)]

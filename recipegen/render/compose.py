@@ -10,7 +10,7 @@ an env var, the mounted row map, the template itself — changes the label, and
 from __future__ import annotations
 
 import hashlib
-import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -70,9 +70,51 @@ class ServiceSpec:
     mounted_files: dict[str, bytes] = field(default_factory=dict, compare=False)
 
 
-def _quote(value: Any) -> str:
-    """A YAML scalar that means exactly `value` as a string: JSON strings are valid YAML."""
-    return json.dumps(str(value), ensure_ascii=False)
+class Interpolated(str):
+    """A value recipegen writes with a Compose interpolation on purpose (`${VAR:-default}`):
+    the only strings whose `$` reaches Compose unescaped (docs/render.md lists them)."""
+
+
+# Characters a YAML double-quoted scalar must not carry raw: C0/C1 controls, DEL, the Unicode
+# line/paragraph separators (Compose's YAML parser breaks lines on them), BOM and non-characters.
+_YAML_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff\"\\\\]")
+_YAML_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+# Names recipegen writes as YAML keys (services, env keys, labels, volumes): never quoted, so
+# they must not be able to end the key or start a new one.
+YAML_KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+
+
+def yaml_scalar(value: Any) -> str:
+    """The one escaping function for every value that reaches compose.yaml: a YAML
+    double-quoted scalar that Compose reads back as exactly `str(value)`.
+
+    Quotes, backslashes and every line-breaking or control character are escaped, so a value
+    can never end its scalar and add keys; `$` becomes `$$` (Compose's literal dollar) so a
+    recipe value arrives in the container as written, except an `Interpolated` value.
+    """
+    text = str(value)
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in text):
+        raise RecipegenError(f"value {text[:40]!r}… is not valid Unicode text (lone surrogate)")
+    if not isinstance(value, Interpolated):
+        text = text.replace("$", "$$")
+    escaped = _YAML_UNSAFE.sub(lambda m: _YAML_ESCAPES.get(m.group(0), f"\\u{ord(m.group(0)):04x}"),
+                               text)
+    return f'"{escaped}"'
+
+
+def yaml_key(value: Any) -> str:
+    """A name written as a plain YAML key; refused unless it matches `YAML_KEY_PATTERN`."""
+    text = str(value)
+    if not YAML_KEY_PATTERN.fullmatch(text):
+        raise RecipegenError(f"{text[:60]!r} cannot be a compose key: use letters, digits, "
+                             "'_', '.' and '-', starting with a letter or '_'")
+    return text
+
+
+def yaml_comment(value: Any) -> str:
+    """Text for a `#` comment line: kept as is when it is plain, else one escaped scalar."""
+    text = str(value)
+    return text if re.fullmatch(r"[A-Za-z0-9_./@+-]*", text) else yaml_scalar(text)
 
 
 def make_environment(templates_dir: Path = TEMPLATES_DIR) -> jinja2.Environment:
@@ -84,7 +126,9 @@ def make_environment(templates_dir: Path = TEMPLATES_DIR) -> jinja2.Environment:
         trim_blocks=False,
         lstrip_blocks=False,
     )
-    env.filters["q"] = _quote
+    env.filters["q"] = yaml_scalar
+    env.filters["k"] = yaml_key
+    env.filters["c"] = yaml_comment
     return env
 
 

@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from recipegen.errors import InputError
-from recipegen.render.compose import HealthCheck, Mount, ServiceSpec
+from recipegen.render.compose import HealthCheck, Interpolated, Mount, ServiceSpec
 from recipegen.vllm_flags import FlagTable, argv_problems
 
 if TYPE_CHECKING:
@@ -132,9 +132,13 @@ def _model_source(recipe: Recipe) -> tuple[str, Mount, tuple[tuple[str, str], ..
     checkpoint = model.checkpoint
     target = f"{MODELS_TARGET}/{model.name}"
     if checkpoint and not checkpoint.startswith("/") and re.fullmatch(r"[\w.-]+/[\w.-]+", checkpoint):
-        mount = Mount("bind", "${HF_HUB_CACHE:-~/.cache/huggingface/hub}", HF_HUB_TARGET, True)
+        mount = Mount("bind", Interpolated("${HF_HUB_CACHE:-~/.cache/huggingface/hub}"),
+                      HF_HUB_TARGET, True)
         return checkpoint, mount, (("HF_HUB_OFFLINE", "1"),)
-    source = checkpoint if checkpoint else f"${{RECIPEGEN_MODELS_DIR:-/srv/models}}/{model.name}"
+    # A checkpoint path is the recipe's text: its `$` stay literal. The default is recipegen's
+    # own interpolation (the host's models folder from `.env` or the shell).
+    source = checkpoint if checkpoint else Interpolated(
+        f"${{RECIPEGEN_MODELS_DIR:-/srv/models}}/{model.name}")
     return target, Mount("bind", source, target, True), ()
 
 
@@ -254,7 +258,7 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
         argv += list(launch.args)
         if getattr(lane.parallel, "host_tables_in_hbm", False):
             argv += ["--engram-config", json.dumps({"cpu_offload": False})]
-    if not _sets_flag(lane.extra_args, "--max-num-seqs"):
+    if not _sets_flag(lane.extra_args, "--max-num-seqs", inputs.flag_table):
         argv += ["--max-num-seqs", str(lane.concurrency.max)]
     if memory.kv_cache_memory_bytes is not None:
         argv += ["--kv-cache-memory-bytes", str(memory.kv_cache_memory_bytes)]
@@ -263,18 +267,19 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
         argv += ["--gpu-memory-utilization", repr(memory.gpu_memory_utilization)]
     if lane.offload.load_cpu_offload and not stage.all_experts_in_hbm:
         argv += ["--cpu-offload-gb", format_gib(lane.offload.load_cpu_offload)]
-    if runtime_on and not _sets_flag(lane.extra_args, "--moe-backend"):
+    if runtime_on and not _sets_flag(lane.extra_args, "--moe-backend", inputs.flag_table):
         argv += ["--moe-backend", RESIDENCY_MOE_BACKEND]
     if lane.speculative is not None:
         argv += ["--speculative-config", speculative_json(lane.speculative)]
     if runtime_on:
         argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
-    rendered = {a.partition("=")[0] for a in argv if a.startswith("--")}
+    rendered = canonical_flags(argv, inputs.flag_table)
     for extra in lane.extra_args:
         flag = extra.partition("=")[0]
-        if flag in rendered:
-            raise loaded.error(f"{flag} is rendered from the recipe's own fields; change those "
-                               "instead of repeating it in extra_args", ("lanes", index, "extra_args"))
+        if canonical_flag(flag, inputs.flag_table) in rendered:
+            raise loaded.error(f"{flag} sets {canonical_flag(flag, inputs.flag_table)}, which is "
+                               "rendered from the recipe's own fields; change those instead of "
+                               "repeating it in extra_args", ("lanes", index, "extra_args"))
     argv += list(lane.extra_args)
     if profile:
         # Exact counts: the runtime's counting hook runs only outside CUDA graphs, and a prefix-cache
@@ -382,5 +387,24 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
     return spec, files
 
 
-def _sets_flag(args: list[str], flag: str) -> bool:
+def canonical_flag(token: str, table: FlagTable) -> str:
+    """The flag `token` (`-tp`, `--tensor_parallel_size`, `--no-enforce-eager`, `--x=v`) sets,
+    by vLLM's own alias table: its canonical `--long-name`."""
+    flag = token.partition("=")[0]
+    if flag not in table and flag.startswith("--"):
+        flag = "--" + flag[2:].replace("_", "-")  # vLLM's parser reads `_` as `-`
+    if flag in table:
+        return str(table.flags[flag].get("canonical") or flag)
+    return flag
+
+
+def canonical_flags(argv: list[str], table: FlagTable) -> set[str]:
+    """Canonical names of every flag in `argv` (values and negative numbers skipped)."""
+    return {canonical_flag(a, table) for a in argv
+            if a.startswith("-") and len(a) > 1 and not re.fullmatch(r"-[0-9.]+", a)}
+
+
+def _sets_flag(args: list[str], flag: str, table: FlagTable | None = None) -> bool:
+    if table is not None:
+        return canonical_flag(flag, table) in canonical_flags(args, table)
     return any(a == flag or a.startswith(flag + "=") for a in args)

@@ -12,8 +12,10 @@ from recipegen.units import UnitError, parse_bandwidth, parse_bytes, parse_count
 class StrictModel(BaseModel):
     """Unknown fields are errors; each field's docstring is its description (JSON Schema, docs)."""
 
+    # strict: a YAML `true` is not the integer 1 nor a port, a string is not a number;
+    # no NaN/inf: a non-finite figure would poison every sum it enters.
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=False,
-                              validate_default=True)
+                              validate_default=True, strict=True, allow_inf_nan=False)
 
 
 def reachable_models(root: type[StrictModel]) -> list[type[StrictModel]]:

@@ -10,6 +10,10 @@ from recipegen.schema.base import Bytes, PathError, PositiveBytes, StrictModel, 
 from recipegen.schema.parallel import Parallel
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
+# What Compose and the container see as a variable name / an image reference; nothing that
+# could start YAML structure or a Compose interpolation.
+ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 
 # vLLM 0.33 `SpeculativeMethod` (vllm/config/speculative.py), the values a recipe may name.
 SPECULATIVE_METHODS = (
@@ -84,7 +88,7 @@ class Speculative(StrictModel):
     k: NonNegativeInt | None = None
     """Speculative tokens per step (`num_speculative_tokens`); with a schedule, the maximum (sizes
     buffers and draft KV). Defaults to the schedule's largest k."""
-    schedule: list[tuple[PositiveInt, PositiveInt, NonNegativeInt]] | None = None
+    schedule: list[Annotated[tuple[PositiveInt, PositiveInt, NonNegativeInt], Field(strict=False)]] | None = None
     """vLLM 0.33 `num_speculative_tokens_per_batch_size`: `[start, end, k]` inclusive batch-size
     ranges, sorted, non-overlapping, the first starting at 1."""
     model: str | None = None
@@ -228,7 +232,7 @@ class Lane(StrictModel):
     """GPU ids on that machine (tensor-parallel across them)."""
     port: int = Field(ge=1, le=65535)
     """Host port of the OpenAI-compatible API."""
-    image: str = Field(min_length=1)
+    image: str = Field(min_length=1, pattern=IMAGE_PATTERN)
     """Container image, e.g. `vllm/vllm-openai:v0.33.0`."""
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     """vLLM `--gpu-memory-utilization` (give this or `kv_cache_bytes`)."""
@@ -252,7 +256,7 @@ class Lane(StrictModel):
     """Compose profile for lanes that are not always on."""
     extra_args: list[str] = []
     """Further `vllm serve` arguments, passed through verbatim."""
-    env: dict[str, str] = {}
+    env: dict[Annotated[str, StringConstraints(pattern=ENV_KEY_PATTERN)], str] = {}
     """Further container environment variables."""
     parallel: Parallel | None = None
     """Span several machines: pipeline stages (one machine each, `machine`/`gpus` above are stage

@@ -1,0 +1,23 @@
+"""Fixtures of the hostile-input corpus: a scratch project (recipes copied, runtime linked)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture()
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "proj"
+    root.mkdir()
+    shutil.copytree(REPO / "recipes", root / "recipes")
+    (root / "runtime").symlink_to(REPO / "runtime", target_is_directory=True)
+    monkeypatch.chdir(root)
+    return root

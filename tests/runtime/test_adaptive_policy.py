@@ -48,7 +48,7 @@ def sample_ids(probs_row: torch.Tensor, tokens: int, g: torch.Generator) -> torc
 class Engine:
     """Two split layers beside their unsplit references, one counter, one policy."""
 
-    def __init__(self, config: AdaptiveConfig, start: str = "agent") -> None:
+    def __init__(self, config: AdaptiveConfig, start: str = "agent", priors=None) -> None:
         probs = class_probs(start)
         self.fn = swiglu_per_pick()
         self.split, self.ref = {}, {}
@@ -59,24 +59,26 @@ class Engine:
                                              hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator())
             self.ref[index] = build_unsplit_layer(tensors, layer_index=index)
         self.counter = ExpertCounter(LAYERS, EXPERTS, top_k=TOP_K)
-        self.policy = AdaptivePolicy(self.counter, self.split, config)
+        self.policy = AdaptivePolicy(self.counter, self.split, config, priors=priors)
 
-    def forward(self, ids: dict[int, torch.Tensor], seed: int) -> bool:
+    def forward(self, ids: dict[int, torch.Tensor], seed: int, count: bool = True) -> bool:
         """One step through both layers; True when split == unsplit bit for bit in every layer."""
         same = True
         for index in LAYERS:
             x = hidden_states(seed + index, ids[index].shape[0], torch.bfloat16)
             w = torch.softmax(torch.randn(ids[index].shape, generator=torch.Generator().manual_seed(seed)), -1)
-            got = residency_forward(self.split[index], x, w, ids[index], self.fn, counter=self.counter)
+            got = residency_forward(self.split[index], x, w, ids[index], self.fn,
+                                    counter=self.counter if count else None)
             want = residency_forward(self.ref[index], x, w, ids[index], self.fn)
             same = same and torch.equal(got, want)
         return same
 
     def full_check(self) -> bool:
-        """Every expert in every top-k position of some token, in both layers."""
+        """Every expert in every top-k position of some token, in both layers (not counted: the
+        check is not traffic)."""
         ids = torch.tensor([[(e + 5 * k) % EXPERTS for k in range(TOP_K)] for e in range(EXPERTS)],
                            dtype=torch.int32)
-        return self.forward({index: ids for index in LAYERS}, seed=999)
+        return self.forward({index: ids for index in LAYERS}, seed=999, count=False)
 
 
 def hot_mass(layers, probs: torch.Tensor) -> float:
@@ -85,7 +87,7 @@ def hot_mass(layers, probs: torch.Tensor) -> float:
 
 
 def test_split_equals_unsplit_through_swap_rounds_under_shifting_traffic():
-    engine = Engine(AdaptiveConfig(interval=3, swaps_per_layer=2, decay=0.5, margin=0.25))
+    engine = Engine(AdaptiveConfig(interval=3, swaps_per_layer=2, decay=0.5, margin=0.25, evidence=0.0))
     g = torch.Generator().manual_seed(7)
     shape_hash = current_rowmap(engine.split).shape_hash()
     hashes = [engine.policy.initial_content_hash]
@@ -118,7 +120,7 @@ def test_split_equals_unsplit_through_swap_rounds_under_shifting_traffic():
 
 
 def test_window_figures_and_bytes_by_hand():
-    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0))
+    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0, evidence=0.0))
     layer = engine.split[3]
     cold, hot = list(layer.cold_ids), list(layer.hot_ids)  # copies: the swap updates the live lists
     # one forward, 2 tokens: layer 3 gets 3 cold picks + 5 hot picks, layer 5 all-hot picks of its map
@@ -142,7 +144,7 @@ def test_window_figures_and_bytes_by_hand():
 
 
 def test_decayed_scores_follow_the_counter_and_survive_a_reset():
-    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=0, decay=0.5, margin=0.0))
+    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=0, decay=0.5, margin=0.0, evidence=0.0))
     e = engine.split[3].cold_ids[0]
     ids = torch.tensor([[e, (e + 1) % EXPERTS, (e + 2) % EXPERTS, (e + 3) % EXPERTS]], dtype=torch.int32)
     for _ in range(3):  # counts of e per window: 1, 1, 1 -> scores 1, 1.5, 1.75
@@ -160,7 +162,7 @@ def test_decayed_scores_follow_the_counter_and_survive_a_reset():
 
 def _primed_engine():
     """An engine whose next barrier swaps at least one pair in layer 3."""
-    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0))
+    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0, evidence=0.0))
     cold = engine.split[3].cold_ids
     engine.counter.count(3, torch.tensor([[cold[0], cold[1], cold[2], cold[3]]], dtype=torch.int32))
     return engine
@@ -214,3 +216,32 @@ def test_policy_refuses_layers_that_do_not_match_the_counter():
         AdaptivePolicy(ExpertCounter((3, 4), EXPERTS), engine.split)
     with pytest.raises(ValueError, match="experts"):
         AdaptivePolicy(ExpertCounter(LAYERS, EXPERTS + 1), engine.split)
+
+
+def test_class_priors_pick_the_class_and_lead_the_ranking():
+    """With the class profiles as priors the window's class is named in the report and its map is
+    approached even where counts alone are too thin to pass the evidence guard."""
+    profiles = {name: class_probs(name) for name in ("agent", "prose", "math")}
+    config = AdaptiveConfig(interval=2, swaps_per_layer=2, decay=0.5, margin=0.25, evidence=1.0, prior_weight=8.0)
+    with_prior = Engine(config, priors=profiles)
+    counts_only = Engine(AdaptiveConfig(interval=2, swaps_per_layer=2, decay=0.5, margin=0.25, evidence=1.0,
+                                        prior_weight=0.0), priors=profiles)
+    g = torch.Generator().manual_seed(3)
+    probs = profiles["prose"]
+    for step in range(8):  # 8 forwards x 8 tokens of prose: 64 picks per layer per window
+        ids = {index: sample_ids(probs[row], 8, g) for row, index in enumerate(LAYERS)}
+        for engine in (with_prior, counts_only):
+            assert engine.forward(ids, seed=step)
+            if engine.policy.tick():
+                report = engine.policy.barrier()
+                assert engine.full_check()
+                assert report.prior == ("prose" if engine is with_prior else None)
+    assert hot_mass(with_prior.split, probs) > hot_mass(counts_only.split, probs)
+    # an empty window keeps the last choice
+    assert with_prior.policy.barrier().prior == "prose"
+
+
+def test_priors_of_the_wrong_shape_are_refused():
+    engine = Engine(AdaptiveConfig())
+    with pytest.raises(ValueError, match="prior 'agent' has shape"):
+        AdaptivePolicy(engine.counter, engine.split, AdaptiveConfig(), priors={"agent": torch.ones(3, EXPERTS)})

@@ -60,6 +60,7 @@ _EXPORTS = {
     "swiglu_per_pick": "reference", "mxfp4_swiglu_per_pick": "reference",
     "AdaptiveConfig": "adaptive", "AdaptivePolicy": "adaptive", "BarrierReport": "adaptive",
     "Swap": "adaptive", "plan_swaps": "adaptive", "rank_swaps": "adaptive",
+    "blend_prior": "adaptive", "choose_prior": "adaptive",
 }
 
 __all__ = sorted(_EXPORTS)

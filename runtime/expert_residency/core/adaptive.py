@@ -7,11 +7,16 @@ is in flight, reached every ``interval`` forwards — and runs in this order:
 1. **window**: ``counts - seen`` (device; ``seen`` is the counter's value at the last barrier, so
    the counter itself stays cumulative for the dump writer and drift);
 2. **decay**: ``score = decay * score + window`` per (layer, expert), float64 on the device;
-3. **rank** (``rank_swaps``, device ops): per layer the ``S`` strongest cold experts against the
+3. **prior** (optional, device ops): when the lane's class profiles are given, the one (or their
+   mixture) under which the window is most likely is chosen and blended into the ranking
+   (``choose_prior``, ``blend_prior``) — at one stream per step the counts alone are too thin to
+   rank the experts near the hot/cold boundary for hundreds of steps;
+4. **rank** (``rank_swaps``, device ops): per layer the ``S`` strongest cold experts against the
    ``S`` weakest hot ones, paired strongest-with-weakest; pair ``i`` is accepted only when
-   ``cold_score > (1 + margin) * hot_score`` (hysteresis) and every pair before it was accepted;
-4. **read back** the plan (one small device-to-host copy; the barrier is drained anyway);
-5. **apply**: each accepted pair goes through ``core.swap`` (staging copies, then the map flip),
+   ``cold > (1 + margin) * hot`` (hysteresis), ``cold - hot > evidence * sqrt(cold + hot)``
+   (noise guard) and every pair before it was accepted;
+5. **read back** the plan (one small device-to-host copy; the barrier is drained anyway);
+6. **apply**: each accepted pair goes through ``core.swap`` (staging copies, then the map flip),
    layer by layer; nothing is allocated per swap (one staging buffer per distinct row layout).
 
 Bank shapes never change, so ``shape_hash`` is constant (checked) and captured graphs stay valid;
@@ -48,7 +53,7 @@ class AdaptiveConfig:
     """Forwards between barriers. Each barrier costs one device-to-host copy of the plan plus the
     swaps it accepts; a longer interval gives each decision more picks."""
 
-    swaps_per_layer: int = 8
+    swaps_per_layer: int = 16
     """Most swaps (one hot expert out, one cold expert in) per MoE layer per barrier: bounds the
     host-link traffic and the barrier's length (2 × expert bytes × swaps per layer × layers)."""
 
@@ -60,6 +65,17 @@ class AdaptiveConfig:
     """Hysteresis: a cold expert replaces the weakest hot one only when its decayed score exceeds
     ``(1 + margin)`` times that hot expert's score."""
 
+    evidence: float = 1.0
+    """Noise guard: the cold expert's lead must also exceed ``evidence`` standard deviations of a
+    Poisson count, ``cold - hot > evidence * sqrt(cold + hot)``. The relative margin alone lets a
+    cold expert seen twice displace a hot one seen once; at one stream per step most experts near
+    the hot/cold boundary are seen a handful of times per window."""
+
+    prior_weight: float = 8.0
+    """Weight of the best-fitting class profile (``AdaptivePolicy.priors``) in the ranking:
+    ``ranked = score + prior_weight * layer_total * p_class``. 0 ranks on counts alone. The class
+    (or the mixture of all classes) is chosen per barrier by the likelihood of the last window."""
+
     def __post_init__(self) -> None:
         if not (isinstance(self.interval, int) and self.interval >= 1):
             raise ValueError(f"adaptive interval must be an integer >= 1 forward, got {self.interval!r}")
@@ -67,8 +83,10 @@ class AdaptiveConfig:
             raise ValueError(f"adaptive swaps_per_layer must be an integer >= 0, got {self.swaps_per_layer!r}")
         if not 0.0 <= float(self.decay) < 1.0:
             raise ValueError(f"adaptive decay must be in [0, 1), got {self.decay!r}")
-        if not 0.0 <= float(self.margin) < float("inf"):
-            raise ValueError(f"adaptive margin must be a finite number >= 0, got {self.margin!r}")
+        for name in ("margin", "evidence", "prior_weight"):
+            value = float(getattr(self, name))
+            if not 0.0 <= value < float("inf"):
+                raise ValueError(f"adaptive {name} must be a finite number >= 0, got {getattr(self, name)!r}")
 
 
 class Swap(NamedTuple):
@@ -84,8 +102,26 @@ def decay_scores(scores: torch.Tensor, window: torch.Tensor, decay: float) -> to
     return scores.mul_(float(decay)).add_(window.to(scores.dtype))
 
 
+PROBABILITY_FLOOR = 1e-9
+"""Smallest per-pick probability a class profile is taken to give an expert (an expert a profile
+never saw must not make one window's likelihood minus infinity)."""
+
+
+def choose_prior(window: torch.Tensor, log_priors: torch.Tensor) -> torch.Tensor:
+    """Index (0-dim device tensor) of the profile ``log_priors [C, L, E]`` under which the window's
+    counts ``[L, E]`` are most likely (multinomial log-likelihood; ties go to the lower index)."""
+    loglik = (window.to(log_priors.dtype).unsqueeze(0) * log_priors).sum(dim=(1, 2))
+    return torch.argmax(loglik)
+
+
+def blend_prior(scores: torch.Tensor, prior: torch.Tensor, weight: float) -> torch.Tensor:
+    """``scores + weight * layer_total * prior`` (a new tensor): the profile counts as ``weight``
+    times the layer's decayed picks, spread by the profile's per-layer probabilities ``[L, E]``."""
+    return scores + float(weight) * scores.sum(dim=1, keepdim=True) * prior.to(scores.dtype)
+
+
 def rank_swaps(scores: torch.Tensor, hot_mask: torch.Tensor, swaps_per_layer: int,
-               margin: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               margin: float, evidence: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Device-side ranking: ``(promote [L, S], demote [L, S], accept [L, S] bool)``.
 
     ``scores [L, E]`` float, ``hot_mask [L, E]`` bool. Column ``i`` pairs a layer's ``i``-th
@@ -103,17 +139,22 @@ def rank_swaps(scores: torch.Tensor, hot_mask: torch.Tensor, swaps_per_layer: in
     hot_sorted, hot_idx = torch.sort(hot_key, dim=1, descending=False, stable=True)
     cold_top, hot_low = cold_sorted[:, :width], hot_sorted[:, :width]
     accept = (cold_top > hot_low * (1.0 + float(margin))) & torch.isfinite(cold_top) & torch.isfinite(hot_low)
+    if evidence:
+        zero = torch.zeros_like(cold_top)  # refused columns hold +-inf: keep them out of the sqrt
+        lead = torch.where(accept, cold_top - hot_low, zero)
+        spread = torch.where(accept, cold_top + hot_low, zero)
+        accept = accept & (lead > float(evidence) * torch.sqrt(spread))
     accept = torch.cumprod(accept.to(torch.int32), dim=1).bool()
     return cold_idx[:, :width], hot_idx[:, :width], accept
 
 
 def plan_swaps(scores: torch.Tensor, hot_mask: torch.Tensor, layer_indices: Sequence[int], *,
-               swaps_per_layer: int, margin: float) -> list[Swap]:
+               swaps_per_layer: int, margin: float, evidence: float = 0.0) -> list[Swap]:
     """The accepted swaps, layer order then strongest pair first (reads the plan back: a sync)."""
     if scores.shape != hot_mask.shape or scores.dim() != 2 or scores.shape[0] != len(layer_indices):
         raise ValueError(f"scores {tuple(scores.shape)} / hot mask {tuple(hot_mask.shape)} do not match "
                          f"{len(layer_indices)} layers")
-    promote, demote, accept = rank_swaps(scores, hot_mask, swaps_per_layer, margin)
+    promote, demote, accept = rank_swaps(scores, hot_mask, swaps_per_layer, margin, evidence)
     packed = torch.stack([promote, demote, accept.to(promote.dtype)]).to("cpu").tolist()
     swaps = []
     for row, layer in enumerate(layer_indices):
@@ -150,6 +191,8 @@ class BarrierReport:
     content_hash: str
     """The live map's ``content_hash`` after the swaps."""
     shape_hash: str
+    prior: str | None = None
+    """The class profile (or ``"mixture"``) the window fitted best, when priors are in use."""
 
     @property
     def window_cold_share(self) -> float | None:
@@ -173,6 +216,10 @@ class AdaptivePolicy:
     swaps_done: int = 0
     reports: list[BarrierReport] = field(default_factory=list)
     keep_reports: int = 64
+    priors: Mapping[str, torch.Tensor] | None = None
+    """Per-class per-pick probabilities ``[L, E]`` (each layer's row sums to 1, layers in the
+    counter's order), e.g. the lane's class histograms normalised. Used when
+    ``config.prior_weight > 0``; their mean is added as one more candidate, ``"mixture"``."""
 
     def __post_init__(self) -> None:
         order = self.counter.moe_layer_indices
@@ -193,6 +240,23 @@ class AdaptivePolicy:
         self.initial_content_hash = live.content_hash()
         self.shape_hash = live.shape_hash()
         self._in_barrier = False
+        self._prior_names: list[str] = []
+        self._priors = self._log_priors = None
+        if self.priors:
+            stacked = []
+            for name, table in self.priors.items():
+                table = torch.as_tensor(table, dtype=torch.float64).to(counts.device)
+                if tuple(table.shape) != tuple(counts.shape):
+                    raise ValueError(f"adaptive policy: prior {name!r} has shape {tuple(table.shape)}, "
+                                     f"the counter {tuple(counts.shape)}")
+                stacked.append(table / table.sum(dim=1, keepdim=True).clamp_min(PROBABILITY_FLOOR))
+                self._prior_names.append(str(name))
+            if len(stacked) > 1:
+                stacked.append(torch.stack(stacked).mean(dim=0))
+                self._prior_names.append("mixture")
+            self._priors = torch.stack(stacked)
+            self._log_priors = torch.log(self._priors.clamp_min(PROBABILITY_FLOOR))
+        self._prior_choice: torch.Tensor | None = None
 
     # -- the step path -------------------------------------------------------------------------
     def tick(self) -> bool:
@@ -225,17 +289,29 @@ class AdaptivePolicy:
             self._seen.copy_(counts)
             decay_scores(self.scores, window, self.config.decay)
             hot = self.hot_mask()
-            picks = torch.stack([window.sum(), (window * (~hot).to(window.dtype)).sum()])
-            swaps = plan_swaps(self.scores, hot, self._order,
-                               swaps_per_layer=self.config.swaps_per_layer, margin=self.config.margin)
+            ranked = self.scores
+            choice = torch.tensor(-1, device=counts.device)
+            if self._priors is not None and self.config.prior_weight > 0:
+                total = window.sum()
+                fresh = choose_prior(window, self._log_priors)
+                # an empty window keeps the previous choice (nothing new to judge by)
+                previous = fresh if self._prior_choice is None else self._prior_choice
+                self._prior_choice = choice = torch.where(total > 0, fresh, previous)
+                ranked = blend_prior(self.scores, self._priors[choice], self.config.prior_weight)
+            picks = torch.stack([window.sum(), (window * (~hot).to(window.dtype)).sum(),
+                                 choice.to(window.dtype)])
+            swaps = plan_swaps(ranked, hot, self._order,
+                               swaps_per_layer=self.config.swaps_per_layer, margin=self.config.margin,
+                               evidence=self.config.evidence)
             picks_host = picks.to("cpu").tolist()  # already drained by plan_swaps' read-back
             moved = self.apply(swaps, run=run)
         self.barriers += 1
         live = current_rowmap(self.layers)
         if live.shape_hash() != self.shape_hash:  # swaps exchange rows: shapes cannot change
             raise RuntimeError("adaptive residency: bank shapes changed during a barrier")
+        prior = self._prior_names[int(picks_host[2])] if picks_host[2] >= 0 else None
         report = BarrierReport(self.barriers, self.forwards, swaps, int(picks_host[0]), int(picks_host[1]),
-                               moved, live.content_hash(), self.shape_hash)
+                               moved, live.content_hash(), self.shape_hash, prior)
         self.reports.append(report)
         del self.reports[:-self.keep_reports]
         return report

@@ -1,0 +1,308 @@
+#!/usr/bin/env python3
+"""Adaptive residency, the policy alone, on the CPU: replay shifting synthetic routing through
+``expert_residency.core.adaptive.AdaptivePolicy`` and measure the cold share it leaves.
+
+This is a simulation of the **policy**, not of the engine path: no expert computes, no GPU, no vLLM.
+The banks are real ``ResidentLayer`` objects holding one dummy byte per expert, so every accepted
+swap runs through ``core.swap``'s ordered steps and the live map is the device row map a kernel
+would read; the counter is a real ``ExpertCounter`` (each window's picks are added in one batch,
+which gives the same integer counts as counting every forward).
+
+Traffic: the repository's synthetic class histograms (``recipes/profiles/dsv41-flash/{agent,prose,
+math}.hist``, marked synthetic inside; 40 MoE layers × 384 experts, top-6). Each token of each layer
+draws 6 distinct experts from its class's per-layer distribution (Gumbel top-k, i.e. sampling without
+replacement in proportion to the counts). Phases, in order: ``agent`` (the lane's boot class),
+``prose``, ``math``, ``mix`` (every token's class drawn uniformly from the three). Decode steps carry
+``T`` tokens (T = 1: one stream; T = 16: sixteen streams).
+
+Maps compared on the same routing (common random numbers):
+
+* ``static``: the boot class's map (``recipes/maps/dsv41-flash/agent.rowmap``, 295 hot / 89 cold)
+  all the time;
+* ``oracle``: the phase's own class map (``<class>.rowmap``; for ``mix`` the top 295 of the merged
+  histogram per layer) — the in-domain figure;
+* ``adaptive``: starts as ``static``; the policy runs a barrier every ``interval`` decode steps;
+* ``frozen``: the adaptive live map as it stood at the phase's start, never updated (the gap the
+  policy has to close after a shift).
+
+Figures per phase and T: mean cold share (share of routed picks served from the cold bank) over
+the phase's second half for each map, decode steps until the trailing ``--window``-step cold share
+is within 1.5× the oracle's phase mean, decode steps to close 80% of the frozen-to-oracle gap,
+swaps (total after the shift, and per barrier over the second half: thrash), and expert bytes those
+swaps move over the host link (2 × 18,800,640 B per swap: one row in, one row out).
+
+Usage::
+
+    .venv/bin/python bench/adaptive_sim.py                     # defaults, T = 1 and 16
+    .venv/bin/python bench/adaptive_sim.py --sweep "interval=8,16,32;swaps=4,8;decay=0.8,0.9;margin=0.25,0.5"
+    .venv/bin/python bench/adaptive_sim.py --json out.json     # per-step series too
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "runtime"))
+
+from expert_residency.core import ExpertCounter, device_allocator, host_allocator, rehome_layer  # noqa: E402
+from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy  # noqa: E402
+from expert_residency.formats import load_histogram, load_rowmap  # noqa: E402
+
+PROFILES = ROOT / "recipes" / "profiles" / "dsv41-flash"
+MAPS = ROOT / "recipes" / "maps" / "dsv41-flash"
+CLASSES = ("agent", "prose", "math")
+PHASES = ("agent", "prose", "math", "mix")
+TOP_K = 6
+BYTES_PER_EXPERT = 18_800_640  # DSv4.1-Flash MXFP4 expert (bench/core_rehome.py)
+TARGET_RATIO = 1.5
+CLOSE = 0.8
+
+
+@dataclass
+class Traffic:
+    """Routing for every phase: ``ids[phase]`` is ``uint16 [steps, T, L, 6]``."""
+
+    tokens: int
+    steps: int
+    ids: dict[str, np.ndarray]
+
+
+def load_profiles(layers: int, seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray],
+                                                      dict[str, np.ndarray]]:
+    """(log-probabilities ``[L, E]`` per class, oracle cold masks ``bool [L, E]`` per phase,
+    class priors for the policy). The priors are an independent profile of each class: every
+    layer's counts resampled (multinomial, same total) from the histogram that drives the traffic,
+    so the policy's profile is as noisy as a real profiling run of that size, not the truth."""
+    logp, cold, priors = {}, {}, {}
+    merged = None
+    rng = np.random.default_rng(seed + 1000)
+    for name in CLASSES:
+        counts = load_histogram(PROFILES / f"{name}.hist").counts[:layers].astype(np.float64)
+        probs = counts / counts.sum(axis=1, keepdims=True)
+        priors[name] = np.stack([rng.multinomial(int(c.sum()), p) for c, p in zip(counts, probs)]).astype(np.float64)
+        merged = probs if merged is None else merged + probs
+        with np.errstate(divide="ignore"):
+            logp[name] = np.log(probs).astype(np.float32)
+        cold[name] = load_rowmap(MAPS / f"{name}.rowmap").cold_mask()[:layers]
+    hot = int((~cold["agent"][0]).sum())
+    order = np.argsort(-merged, axis=1, kind="stable")
+    mix_cold = np.ones_like(cold["agent"])
+    np.put_along_axis(mix_cold, order[:, :hot], False, axis=1)
+    cold["mix"] = mix_cold
+    return logp, cold, priors
+
+
+def make_traffic(logp: dict[str, np.ndarray], tokens: int, steps: int, seed: int) -> Traffic:
+    rng = np.random.default_rng(seed)
+    layers, experts = logp["agent"].shape
+    ids = {}
+    for phase in PHASES:
+        out = np.empty((steps, tokens, layers, TOP_K), dtype=np.uint16)
+        block = max(1, 4096 // tokens)
+        for start in range(0, steps, block):
+            n = min(block, steps - start)
+            if phase == "mix":
+                which = rng.integers(0, len(CLASSES), size=(n, tokens))
+                base = np.stack([logp[c] for c in CLASSES])[which]          # [n, T, L, E]
+            else:
+                base = np.broadcast_to(logp[phase], (n, tokens, layers, experts))
+            u = rng.random(size=(n, tokens, layers, experts), dtype=np.float32)
+            keys = base - np.log(-np.log(np.maximum(u, np.float32(1e-30))))
+            out[start:start + n] = np.argpartition(-keys, TOP_K, axis=-1)[..., :TOP_K]
+        ids[phase] = out
+    return Traffic(tokens, steps, ids)
+
+
+def cold_picks(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Cold picks per step of ``ids [n, T, L, K]`` under ``mask [L, E]``."""
+    layer = np.arange(mask.shape[0])[None, None, :, None]
+    return mask[layer, ids.astype(np.int64)].sum(axis=(1, 2, 3))
+
+
+def build_policy(cold_mask: np.ndarray, config: AdaptiveConfig,
+                 priors: dict[str, np.ndarray] | None = None) -> AdaptivePolicy:
+    layers, experts = cold_mask.shape
+    resident = {}
+    for index in range(layers):
+        hot_ids = [int(e) for e in np.flatnonzero(~cold_mask[index])]
+        cold_ids = [int(e) for e in np.flatnonzero(cold_mask[index])]
+        tensors = {"w": torch.zeros(experts, 1, dtype=torch.uint8)}
+        resident[index] = rehome_layer(tensors, hot_ids, cold_ids, layer_index=index,
+                                       hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator())
+    return AdaptivePolicy(ExpertCounter(tuple(range(layers)), experts, top_k=TOP_K), resident, config,
+                          priors={k: torch.from_numpy(v) for k, v in (priors or {}).items()} or None)
+
+
+def live_cold_mask(policy: AdaptivePolicy, layers: int, experts: int) -> np.ndarray:
+    mask = np.zeros((layers, experts), dtype=bool)
+    for index in range(layers):
+        mask[index, policy.layers[index].cold_ids] = True
+    return mask
+
+
+def first_step(trailing: np.ndarray, threshold: float, window: int) -> int | None:
+    """Decode steps after the shift until the trailing window's cold share is <= threshold."""
+    hits = np.flatnonzero(trailing <= threshold)
+    return int(hits[0]) + window if hits.size else None
+
+
+def trailing_share(picks: np.ndarray, per_step: int, window: int) -> np.ndarray:
+    csum = np.concatenate([[0], np.cumsum(picks)])
+    return (csum[window:] - csum[:-window]) / (per_step * window)
+
+
+def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConfig,
+             window: int, series: bool = False, priors: dict[str, np.ndarray] | None = None) -> dict:
+    layers, experts = cold["agent"].shape
+    policy = build_policy(cold["agent"], config, priors)
+    per_step = traffic.tokens * layers * TOP_K
+    step = 0
+    result: dict = {"config": vars(config) | {}, "tokens": traffic.tokens, "phases": {}}
+    barrier_seconds = []
+    for phase in PHASES:
+        ids = traffic.ids[phase]
+        frozen = live_cold_mask(policy, layers, experts)
+        adaptive = np.empty(traffic.steps, dtype=np.int64)
+        swaps_before = policy.swaps_done
+        half_barriers, half_swaps = 0, 0
+        swaps_at: list[tuple[int, int]] = []
+        mask = frozen
+        for start in range(0, traffic.steps):
+            adaptive[start] = cold_picks(mask, ids[start:start + 1])[0]
+            step += 1
+            if step % config.interval == 0:
+                lo = start + 1 - config.interval
+                block = ids[max(lo, 0):start + 1].astype(np.int64)
+                flat = (np.arange(layers)[None, None, :, None] * experts + block).ravel()
+                if lo < 0:  # the window straddles the shift: add the previous phase's tail too
+                    prev = traffic.ids[PHASES[PHASES.index(phase) - 1]][lo:].astype(np.int64)
+                    flat = np.concatenate([flat, (np.arange(layers)[None, None, :, None] * experts + prev).ravel()])
+                counts = np.bincount(flat, minlength=layers * experts).reshape(layers, experts)
+                policy.counter.counts += torch.from_numpy(counts)
+                done = policy.swaps_done
+                t0 = time.perf_counter()
+                policy.barrier()
+                barrier_seconds.append(time.perf_counter() - t0)
+                mask = live_cold_mask(policy, layers, experts)
+                swaps_at.append((start + 1, policy.swaps_done - done))
+                if start >= traffic.steps - traffic.steps // 3:
+                    half_barriers += 1
+                    half_swaps += policy.swaps_done - done
+        static = cold_picks(cold["agent"], ids)
+        oracle = cold_picks(cold[phase], ids)
+        frozen_picks = cold_picks(frozen, ids)
+        half = slice(traffic.steps // 2, None)
+        share = {name: float(v[half].sum() / (per_step * v[half].size))
+                 for name, v in (("static", static), ("oracle", oracle), ("adaptive", adaptive),
+                                 ("frozen", frozen_picks))}
+        trail = trailing_share(adaptive, per_step, window)
+        frozen_all = float(frozen_picks.sum() / (per_step * frozen_picks.size))
+        gap_target = share["oracle"] + (1 - CLOSE) * (frozen_all - share["oracle"])
+        steps_15 = first_step(trail, TARGET_RATIO * share["oracle"], window)
+        steps_80 = first_step(trail, gap_target, window) if frozen_all > TARGET_RATIO * share["oracle"] else 0
+        swaps_to_target = None
+        if steps_15 is not None:
+            swaps_to_target = sum(n for at, n in swaps_at if at <= steps_15)
+        entry = {
+            "cold_share": share,
+            "frozen_cold_share_whole_phase": frozen_all,
+            "steps_to_1.5x_oracle": steps_15,
+            "steps_to_close_80pct": steps_80,
+            "swaps": policy.swaps_done - swaps_before,
+            "swaps_until_1.5x": swaps_to_target,
+            "swaps_per_barrier_last_third": half_swaps / half_barriers if half_barriers else 0.0,
+            "host_link_bytes": 2 * BYTES_PER_EXPERT * (policy.swaps_done - swaps_before),
+        }
+        if series:
+            entry["series"] = {"static": (static / per_step).tolist(), "oracle": (oracle / per_step).tolist(),
+                               "adaptive": (adaptive / per_step).tolist()}
+        result["phases"][phase] = entry
+    result["barrier_seconds_median"] = float(np.median(barrier_seconds)) if barrier_seconds else None
+    result["layers"] = layers
+    return result
+
+
+def parse_sweep(text: str) -> list[dict]:
+    keys = {"interval": int, "swaps": int, "decay": float, "margin": float, "evidence": float, "prior": float}
+    axes = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        name, _, values = part.partition("=")
+        if name not in keys:
+            raise SystemExit(f"--sweep: unknown parameter {name!r} (interval, swaps, decay, margin)")
+        axes.append([(name, keys[name](v)) for v in values.split(",")])
+    return [dict(combo) for combo in itertools.product(*axes)]
+
+
+def summary_line(r: dict) -> str:
+    c = r["config"]
+    head = f"T={r['tokens']:<2} interval={c['interval']:<3} swaps={c['swaps_per_layer']:<2} " \
+           f"decay={c['decay']:<4} margin={c['margin']:<4} ev={c['evidence']} prior={c['prior_weight']}"
+    cells = []
+    for phase, e in r["phases"].items():
+        s = e["cold_share"]
+        cells.append(f"{phase}: st {s['static']:.2%} or {s['oracle']:.2%} ad {s['adaptive']:.2%} "
+                     f"1.5x@{e['steps_to_1.5x_oracle']} 80%@{e['steps_to_close_80pct']} "
+                     f"sw {e['swaps']} thr {e['swaps_per_barrier_last_third']:.2f}")
+    return head + " | " + " | ".join(cells)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", default="1,16", help="decode tokens per step, comma-separated (default 1,16)")
+    ap.add_argument("--steps", type=int, default=600, help="decode steps per phase (default 600)")
+    ap.add_argument("--layers", type=int, default=40, help="MoE layers simulated, from layer 0 (default 40)")
+    ap.add_argument("--window", type=int, default=25, help="trailing window for the time-to-target figures")
+    ap.add_argument("--seed", type=int, default=0)
+    defaults = AdaptiveConfig()
+    ap.add_argument("--interval", type=int, default=defaults.interval)
+    ap.add_argument("--swaps", type=int, default=defaults.swaps_per_layer)
+    ap.add_argument("--decay", type=float, default=defaults.decay)
+    ap.add_argument("--margin", type=float, default=defaults.margin)
+    ap.add_argument("--evidence", type=float, default=defaults.evidence)
+    ap.add_argument("--prior", type=float, default=defaults.prior_weight,
+                    help="prior_weight: weight of the best-fitting class profile (0 = counts only)")
+    ap.add_argument("--priors", default=",".join(CLASSES),
+                    help="class profiles the policy is given (comma-separated, or 'none'); a phase whose "
+                         "class is left out is traffic the policy has no profile for")
+    ap.add_argument("--sweep", default="", help='e.g. "interval=8,16;swaps=4,8;decay=0.8,0.9;margin=0.25,0.5"')
+    ap.add_argument("--json", type=Path, help="write every result (with per-step series) here")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    logp, cold, priors = load_profiles(args.layers, args.seed)
+    wanted = [] if args.priors == "none" else [c.strip() for c in args.priors.split(",") if c.strip()]
+    if set(wanted) - set(CLASSES):
+        raise SystemExit(f"--priors: unknown class(es) {sorted(set(wanted) - set(CLASSES))}")
+    priors = {c: priors[c] for c in wanted}
+    base = {"interval": args.interval, "swaps": args.swaps, "decay": args.decay, "margin": args.margin,
+            "evidence": args.evidence, "prior": args.prior}
+    grid = [base | combo for combo in parse_sweep(args.sweep)] if args.sweep else [base]
+    results = []
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        t0 = time.perf_counter()
+        traffic = make_traffic(logp, tokens, args.steps, args.seed + tokens)
+        print(f"# T={tokens}: routing for {len(PHASES)} phases x {args.steps} steps x {args.layers} layers "
+              f"generated in {time.perf_counter() - t0:.1f} s", flush=True)
+        for combo in grid:
+            config = AdaptiveConfig(interval=combo["interval"], swaps_per_layer=combo["swaps"],
+                                    decay=combo["decay"], margin=combo["margin"],
+                                    evidence=combo["evidence"], prior_weight=combo["prior"])
+            r = simulate(traffic, cold, config, args.window, series=args.json is not None, priors=priors)
+            results.append(r)
+            print(summary_line(r), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -213,3 +213,17 @@ def test_emulated_launcher_refuses_what_flashinfer_refuses() -> None:
         kernel().bank_call(x, None, ids.to(torch.int32), weights, bank, 2, EXPERTS)
     with pytest.raises(LaunchError, match="int32"):
         kernel().bank_call(x, None, ids, weights, bank, 0, EXPERTS)
+
+
+def test_selfcheck_dry_run_passes(tmp_path) -> None:
+    import json
+
+    from expert_residency.blackwell.selfcheck import main
+
+    out = tmp_path / "selfcheck.json"
+    assert main(["--emulate", "--tokens", "1,6", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["ok"] and [r["tokens"] for r in result["results"]] == [1, 6]
+    assert all(r["split_equal"] and r["per_pick_equal"] for r in result["results"])
+    assert sum(r["cold_picks"] for r in result["results"]) > 0  # the cold bank was exercised
+    assert main(["--emulate", "--hot", "0"]) == 2  # an empty bank is no split

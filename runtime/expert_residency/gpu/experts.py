@@ -31,7 +31,7 @@ import triton
 from ..core.banks import ExpertBank, ResidentLayer
 from ..core.reference import check_swiglu_limit
 from . import kernels
-from .layout import to_kernel_layout
+from .layout import check_mma_tiles, is_mma_order, to_kernel_layout
 
 if TYPE_CHECKING:
     from ..core.counter import ExpertCounter
@@ -58,15 +58,18 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 3
     # 0: integer dequant + tl.dot (also runs under TRITON_INTERPRET=1); 1: tl.dot_scaled;
-    # 2: prmt-table PTX (GPU only; fastest of the three on the H200, see BENCHMARKS.md)
-    dequant: int = 2
+    # 2: prmt-table PTX (GPU only); 3: MMA-order layout, decoded in the tensor cores' register
+    # order (the default; tiles of multiples of 64 rows x 64 values; GPU, and its integer twin
+    # under TRITON_INTERPRET=1). See BENCHMARKS.md.
+    dequant: int = 3
     # Banks hold each expert tile-major for these tile shapes (``gpu.layout``): contiguous reads,
     # which the host link needs. False: vLLM's row-major layout as loaded.
     tile_major: bool = True
     finalize_block: int = 1024
 
     def describe(self) -> str:
-        kind = {0: "int-dequant", 1: "dot_scaled", 2: "prmt-dequant"}.get(self.dequant, f"dequant{self.dequant}")
+        kind = {0: "int-dequant", 1: "dot_scaled", 2: "prmt-dequant", 3: "mma-order"}.get(
+            self.dequant, f"dequant{self.dequant}")
         kind += " tile-major" if self.tile_major else " row-major"
         return (f"{kind} BM{self.block_m} w13:BN{self.block_n1}xBK{self.block_k1} "
                 f"w2:BN{self.block_n2}xBK{self.block_k2} warps{self.num_warps} stages{self.num_stages}")
@@ -123,9 +126,26 @@ class Workspace:
         self.slot_expert = torch.zeros(max(picks, 1), **i32)
         self.num_slots = torch.zeros(1, **i32)
         self.n_tokens = torch.zeros(1, **i32)
-        self.act = torch.empty(picks, shape.intermediate, dtype=act_dtype, device=dev)
-        self.pick_out = torch.empty(picks, shape.hidden, dtype=act_dtype, device=dev)
+        # Zeroed, not empty: rows of masked (padded) tokens are never written, and the finalize
+        # reads them; they must hold finite numbers (zeros, or a previous step's rows).
+        self.act = torch.zeros(picks, shape.intermediate, dtype=act_dtype, device=dev)
+        self.pick_out = torch.zeros(picks, shape.hidden, dtype=act_dtype, device=dev)
         self.dummy_i64 = torch.zeros(1, dtype=torch.int64, device=dev)
+
+    @staticmethod
+    def bytes_for(max_tokens: int, top_k: int, shape: ExpertShape, act_bytes: int = 2) -> int:
+        """Device bytes of one workspace: with P = max_tokens*top_k and PB the next power of two
+        >= max(P, 2), int32 ``2*PB + (P+1) + max(P,1) + 2``, int64 1, and bf16 ``P*(I + H)``
+        (activation rows and per-pick output rows)."""
+        picks = int(max_tokens) * int(top_k)
+        pb = triton.next_power_of_2(max(picks, 2))
+        ints = 2 * pb + (picks + 1) + max(picks, 1) + 2
+        return 4 * ints + 8 + act_bytes * picks * (shape.intermediate + shape.hidden)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in vars(self).values()
+                   if isinstance(t, torch.Tensor))
 
 
 class TritonMxfp4Experts:
@@ -140,6 +160,9 @@ class TritonMxfp4Experts:
             raise ValueError(f"block_k must divide the reduction dims ({shape}, {config})")
         if shape.intermediate % config.block_n1 or shape.hidden % config.block_n2:
             raise ValueError(f"block_n must divide the output dims ({shape}, {config})")
+        if is_mma_order(config):
+            check_mma_tiles(config.block_n1, config.block_k1)
+            check_mma_tiles(config.block_n2, config.block_k2)
         self.shape, self.num_experts, self.top_k = shape, num_experts, top_k
         self.config = config
         self.swiglu_limit = check_swiglu_limit(swiglu_limit)
@@ -155,14 +178,21 @@ class TritonMxfp4Experts:
     # -- the fused split layer -------------------------------------------------------------
     def forward(self, layer: ResidentLayer, x: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor, *, counter: "ExpertCounter | None" = None,
-                token_mask: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Routed-expert output ``[T, H]`` (dtype of ``x``) of ``layer`` for ``x [T, H]`` bf16."""
-        pick_out = self.pick_outputs(layer, x, topk_ids, counter=counter, token_mask=token_mask)
+                token_mask: torch.Tensor | None = None, decode_mask: torch.Tensor | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+        """Routed-expert output ``[T, H]`` (dtype of ``x``) of ``layer`` for ``x [T, H]`` bf16.
+
+        ``token_mask [T]`` (nonzero = real token): masked tokens are neither computed nor counted;
+        their output rows are unspecified (finite). ``decode_mask [T]`` (bool, real decode tokens
+        only) adds the step's decode tokens to ``counter`` (one reduction, fixed shape)."""
+        pick_out = self.pick_outputs(layer, x, topk_ids, counter=counter, token_mask=token_mask,
+                                     decode_mask=decode_mask)
         return self.finalize(pick_out, topk_weights, out=out, out_dtype=x.dtype)
 
     def pick_outputs(self, layer: ResidentLayer, x: torch.Tensor, topk_ids: torch.Tensor, *,
                      counter: "ExpertCounter | None" = None,
-                     token_mask: torch.Tensor | None = None) -> torch.Tensor:
+                     token_mask: torch.Tensor | None = None,
+                     decode_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Unreduced per-pick rows ``[T, K, H]`` bf16 (a view of the workspace: consume before the
         next call)."""
         hot = layer.hot
@@ -171,7 +201,10 @@ class TritonMxfp4Experts:
         if counter is not None:
             row = counter.row_of(layer.layer_index)
             counts, tokens = counter.counts[row], counter.tokens[row:row + 1]
-            counter._decode_known = False  # as ExpertCounter.count() without a decode mask
+            if decode_mask is None:
+                counter._decode_known = False  # as ExpertCounter.count() without a decode mask
+            else:
+                counter.decode_tokens[row:row + 1].add_(decode_mask.sum())
         self._run(x, topk_ids, layer.row_codes, hot, cold, token_mask=token_mask,
                   counts=counts, tokens=tokens)
         t, k = topk_ids.shape

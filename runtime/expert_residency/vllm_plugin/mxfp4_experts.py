@@ -196,6 +196,17 @@ class Mxfp4Residency:
             return device_allocator(self.device), pinned_view_allocator(self.device)
         return device_allocator("cpu"), host_allocator(pin=False)
 
+    @property
+    def fused(self) -> Any | None:
+        """CUDA: the ``gpu.experts.TritonMxfp4Experts`` whose ``forward`` is the whole split layer
+        (both banks in one pass, Triton finalize, in-kernel counter); None on CPU."""
+        return self._experts
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Device bytes allocated once for the kernels' shared workspace (0 on CPU)."""
+        return self._experts.workspace.nbytes if self._experts is not None else 0
+
     def per_pick_fn(self) -> PerPickExpertFn:
         if self._experts is not None:
             return self._experts.per_pick_fn()

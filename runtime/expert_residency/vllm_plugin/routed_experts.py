@@ -4,20 +4,21 @@
 ``RoutedExperts(...)`` that ``FusedMoEFactory`` builds is an instance of this subclass, so the
 runtime owns the expert container of every MoE model without touching model files. Weight
 creation, loading and kernel-format conversion are vLLM's own (``super().__init__``); the subclass
-only registers the layer with the worker runtime and takes over ``forward_modular``.
+only registers the layer with the worker runtime and takes over ``forward_modular``
+(``forward.ResidencyForward``, first in the bases, so it is the method vLLM's ``MoERunner`` calls).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 
+from .forward import ResidencyForward
 from .worker_runtime import get_runtime
 
 
-class ResidencyRoutedExperts(RoutedExperts):
+class ResidencyRoutedExperts(ResidencyForward, RoutedExperts):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         runtime = get_runtime()
         if runtime is not None:
@@ -31,21 +32,6 @@ class ResidencyRoutedExperts(RoutedExperts):
             runtime.register_layer(self)
             if runtime.settings.splits_experts:
                 _keep_mxfp4_checkpoint_layout(self)
-
-    def forward_modular(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                        shared_experts: Any = None, shared_experts_input: torch.Tensor | None = None,
-                        ) -> Any:
-        runtime = get_runtime()
-        if runtime is None:
-            return super().forward_modular(x, topk_weights, topk_ids, shared_experts,
-                                           shared_experts_input)
-        if self._er_resident is None:
-            runtime.check_installed(self)
-            runtime.count(self, topk_ids)
-            return super().forward_modular(x, topk_weights, topk_ids, shared_experts,
-                                           shared_experts_input)
-        _run_kernel_internal_shared_experts(self, shared_experts, shared_experts_input)
-        return runtime.split_forward(self, x, topk_weights, topk_ids)
 
 
 def _keep_mxfp4_checkpoint_layout(layer: RoutedExperts) -> None:
@@ -70,19 +56,3 @@ def _require_modular_kernel(moe_config: Any) -> None:
     monolithic choice there is refused after load."""
     if moe_config is not None and hasattr(moe_config, "require_decomposed_backend"):
         moe_config.require_decomposed_backend = True
-
-
-def _run_kernel_internal_shared_experts(layer: RoutedExperts, shared_experts: Any,
-                                        shared_experts_input: torch.Tensor | None) -> None:
-    """Do what ``FusedMoEKernel`` would have done with the shared experts it was handed: run
-    them here only where the modular kernel runs them itself (async prepare/finalize);
-    otherwise the MoE runner runs them outside ``forward_modular``."""
-    if shared_experts is None:
-        return
-    kernel = getattr(layer.quant_method, "moe_kernel", None)
-    prepare_finalize = getattr(kernel, "prepare_finalize", None)
-    if prepare_finalize is None or not prepare_finalize.supports_async():
-        return
-    from vllm.model_executor.layers.fused_moe.runner.shared_experts import SharedExpertsOrder
-
-    shared_experts(shared_experts_input, SharedExpertsOrder.MK_INTERNAL_OVERLAPPED)

@@ -15,7 +15,16 @@ Life cycle (all before the engine serves):
    * ``unsplit``: ``core.build_unsplit_layer`` (every expert in one bank, no copy).
    Then one start-up report line. This runs inside the model runner's ``load_model``, i.e. before
    vLLM measures memory for the KV cache, so freed device bytes go to the KV cache.
-3. Every MoE forward goes through ``forward`` (count) or ``split_forward`` (split modes).
+3. Every MoE forward goes through ``forward.ResidencyForward.forward_modular``: ``count`` (count
+   mode: vLLM's kernel serves) or ``split_forward`` (split modes). On CUDA an MXFP4 layer's split
+   forward is the fused split layer (``gpu.experts.TritonMxfp4Experts.forward``: both banks in one
+   pass, Triton finalize, in-kernel counter); its workspace is allocated once, at install.
+
+Counting is graph-safe: per-(layer, expert) counts are device tensors updated by the captured
+kernels, masked by the runtime's ``step_masks.StepMasks`` (device buffers refreshed from vLLM's
+``ForwardContext.is_padding`` and the attention metadata's ``query_start_loc`` each time vLLM
+creates a forward context, outside any captured region: ``forward_hook``), and read only by
+the dump writer. Nothing on the step path copies to the host or depends on tensor values.
 
 A model loaded after the first one with MoE layers (a speculative-decoding drafter) is left to
 vLLM's own kernel and is not counted: the row map covers the target model only (logged).
@@ -70,7 +79,8 @@ class WorkerRuntime:
         self.per_pick_fn: Any | None = None
         self.per_pick_name: str | None = None
         self.excluded_layers: list[str] = []
-        self._mask_cache: tuple[Any, int, Any] | None = None
+        self.masks: Any | None = None         # step_masks.StepMasks (when counting)
+        self.fused: dict[int, Any] = {}       # layer index -> TritonMxfp4Experts (CUDA MXFP4)
         self._mxfp4_cache: dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
@@ -152,6 +162,15 @@ class WorkerRuntime:
             first.named_parameters()) else torch.device("cpu")
         self.counter = ExpertCounter(list(self.target_layers), int(first.global_num_experts),
                                      device=device, top_k=int(first.top_k))
+        from .step_masks import StepMasks
+
+        self.masks = StepMasks(_max_tokens(first), device)
+        from .forward_hook import on_forward_context
+
+        try:
+            on_forward_context(self.on_forward_context)
+        except ImportError:
+            pass  # no vLLM in this process (tests, bench): the caller fills the masks
         for module in self.target_layers.values():
             module._er_counted = True
         if self.settings.dump_dir:
@@ -182,6 +201,8 @@ class WorkerRuntime:
             if index in mxfp4:
                 per_pick[index] = mxfp4[index].per_pick_fn()
                 self.per_pick_name = mxfp4[index].name
+                if mxfp4[index].fused is not None:
+                    self.fused[index] = mxfp4[index].fused
                 continue
             fn, backend = _per_pick_fn(module, self.settings.per_pick)
             if fn is None:
@@ -269,7 +290,9 @@ class WorkerRuntime:
         mode = self.settings.dump_mode_name
         extra: dict[str, Any] = {"backend": self.backend, "per_pick": self.per_pick_name,
                                  "moe_layers": len(self.target_layers),
-                                 "excluded_layers": len(self.excluded_layers)}
+                                 "excluded_layers": len(self.excluded_layers),
+                                 "forward": "fused" if self.fused else "per-pick",
+                                 **self.workspace_bytes()}
         content_hash = shape_hash = None
         if self.rowmap is not None and self.settings.mode == MODE_RESIDENCY:
             content_hash, shape_hash = self.rowmap.content_hash(), self.rowmap.shape_hash()
@@ -303,14 +326,12 @@ class WorkerRuntime:
                    "supported with EXPERT_RESIDENCY_MODE=residency/unsplit)")
 
     def count(self, module: Any, topk_ids: torch.Tensor) -> None:
+        """Count-mode layers (vLLM's kernel serves): add the step's real picks on the device."""
         if self.counter is None or not module._er_counted:
             return
-        masks = self._batch_masks(topk_ids.shape[0])
-        if masks is None:
-            return  # a dummy/profile run, not traffic
-        token_mask, decode_mask = masks
-        self.counter.count(module._er_layer_index, topk_ids, token_mask=token_mask,
-                           decode_mask=decode_mask)
+        valid, decode = self.masks.for_tokens(topk_ids.shape[0])
+        self.counter.count(module._er_layer_index, topk_ids, token_mask=valid,
+                           decode_mask=decode)
 
     def split_forward(self, module: Any, x: torch.Tensor, topk_weights: torch.Tensor,
                       topk_ids: torch.Tensor) -> torch.Tensor:
@@ -320,48 +341,45 @@ class WorkerRuntime:
             # vLLM's prepare step scales the input (top-1 models); the finalize then gets unit weights.
             x = x * topk_weights.to(x.dtype)
             topk_weights = torch.ones_like(topk_weights)
+        index = module._er_layer_index
+        fused = self.fused.get(index)
+        if fused is not None:
+            if self.counter is None or not module._er_counted:
+                return fused.forward(module._er_resident, x, topk_weights, topk_ids)
+            valid, decode = self.masks.for_tokens(topk_ids.shape[0])
+            # Decode tokens are the same for every layer of a step: added once, on the first
+            # layer's row (the counter's snapshot reads the largest row).
+            first = index == self.counter.moe_layer_indices[0]
+            out = fused.forward(module._er_resident, x, topk_weights, topk_ids,
+                                counter=self.counter, token_mask=valid,
+                                decode_mask=decode if first else None)
+            self.counter._decode_known = self.masks.decode_known
+            return out
         self.count(module, topk_ids)
         return residency_forward(module._er_resident, x, topk_weights, topk_ids,
-                                 self.per_pick_fn[module._er_layer_index],
-                                 pick_dtype=x.dtype, out_dtype=x.dtype)
+                                 self.per_pick_fn[index], pick_dtype=x.dtype, out_dtype=x.dtype)
 
-    def _batch_masks(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """(token mask excluding padding, decode mask) for this step, None for dummy runs.
+    def on_forward_context(self, context: Any) -> None:
+        """vLLM created a step's forward context (eager, before the forward or graph replay):
+        refresh the step masks on the device (``step_masks``)."""
+        if self.masks is None:
+            return
+        self.masks.update_from_context(context)
+        if not self.masks.decode_known and self.counter is not None:
+            self.counter._decode_known = False
 
-        A decode token is one of a request scheduled with exactly one new token (no speculative
-        decoding: a verify window has several).
-        """
-        from vllm.forward_context import get_forward_context, is_forward_context_available
-
-        if not is_forward_context_available():
-            return None
-        metadata = get_forward_context().attn_metadata
-        if isinstance(metadata, list):
-            metadata = metadata[0] if metadata else None
-        if not metadata:
-            return None
-        cached = self._mask_cache
-        # Keyed on the step's metadata object itself (held, so its id cannot be reused by a
-        # later step's dict): every MoE layer of one step shares the masks.
-        if cached is not None and cached[0] is metadata and cached[1] == num_tokens:
-            return cached[2]
-        meta = next(iter(metadata.values()))
-        actual = int(getattr(meta, "num_actual_tokens", num_tokens) or num_tokens)
-        positions = torch.arange(num_tokens)
-        token_mask = positions < min(actual, num_tokens)
-        decode_mask = None
-        starts = getattr(meta, "query_start_loc", None)
-        if isinstance(starts, torch.Tensor):
-            starts = starts.to("cpu").long()
-            lengths = (starts[1:] - starts[:-1]).clamp(min=0)
-            per_token = torch.repeat_interleave(lengths == 1, lengths)
-            if per_token.numel() >= actual:
-                decode_mask = torch.zeros(num_tokens, dtype=torch.bool)
-                decode_mask[:actual] = per_token[:actual]
-        device = self.counter.device if self.counter is not None else torch.device("cpu")
-        result = (token_mask.to(device), None if decode_mask is None else decode_mask.to(device))
-        self._mask_cache = (metadata, num_tokens, result)
-        return result
+    def workspace_bytes(self) -> dict[str, int]:
+        """Device bytes the runtime allocates once at start-up besides the banks, before vLLM
+        sizes the KV cache: the MXFP4 kernels' shared workspaces (one per geometry) and the
+        counter with its step masks."""
+        kernels = sum(r.workspace_bytes for r in self._mxfp4_cache.values())
+        counter = 0
+        if self.counter is not None and self.counter.device.type != "cpu":
+            counter += sum(t.numel() * t.element_size() for t in
+                           (self.counter.counts, self.counter.tokens, self.counter.decode_tokens))
+        if self.masks is not None and self.masks.device.type != "cpu":
+            counter += self.masks.nbytes
+        return {"workspace_bytes": kernels, "counter_bytes": counter}
 
     # -- requests from the worker extension -----------------------------------------------------
 

@@ -1,0 +1,131 @@
+"""Which rows of a step are real tokens, and which are decode tokens: device buffers, graph-safe.
+
+vLLM replays CUDA graphs of padded batches: a captured MoE forward runs its Python once, at
+capture, so a mask built in Python inside the forward would be a captured constant. The counter
+therefore reads two **persistent device buffers** owned by this object, whose contents change
+every step and whose addresses never do:
+
+* ``valid [max_tokens] bool`` — True for the step's real tokens (not padding);
+* ``decode [max_tokens] bool`` — True for real tokens of requests scheduled with exactly one new
+  token (a verify window of speculative decoding has several, a prefill chunk many).
+
+They are filled by ``update_from_context`` when vLLM creates the step's forward context
+(``forward_hook``: eager, before the model runs or a graph replays, on the step's stream), from
+what vLLM 0.32/0.33 keep on the device for the step:
+
+* ``ForwardContext.is_padding`` — a slice of the model runner's persistent ``is_padding`` buffer
+  (V1 ``gpu_model_runner.py`` ``_prepare_padding_mask``, V2 ``input_batch.py``/``model_runner.py``)
+  that vLLM's own DeepGEMM mega-MoE reads inside its captured MoE forward to skip padded rows
+  (``fused_moe/deep_gemm_mega_moe.py``); tests/test_vllm_plugin_graphsafe_contracts.py pins it;
+* the attention metadata's ``query_start_loc`` (device ``int32 [requests + 1]``): a token's
+  request is found with ``searchsorted`` on the device, its length is one step of the cumulative
+  sum.
+
+A forward context without attention metadata (vLLM's memory-profiling run, warm-ups and capture
+dummies) marks every row invalid: nothing is counted. All updates are device ops with fixed
+output shapes: no host synchronisation, no host-to-device copy of step data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class StepMasks:
+    """The two per-step token masks (see the module docstring) for steps of up to ``max_tokens``."""
+
+    def __init__(self, max_tokens: int, device: torch.device | str) -> None:
+        self.max_tokens = int(max_tokens)
+        self.device = torch.device(device)
+        self.valid = torch.zeros(self.max_tokens, dtype=torch.bool, device=self.device)
+        self.decode = torch.zeros(self.max_tokens, dtype=torch.bool, device=self.device)
+        self._rows = torch.arange(self.max_tokens, dtype=torch.int32, device=self.device)
+        # False once a step's metadata had no query_start_loc: decode tokens are then unknown.
+        self.decode_known = True
+
+    @staticmethod
+    def bytes_for(max_tokens: int) -> int:
+        """Device bytes of the buffers: two bool rows and one int32 row of ``max_tokens``."""
+        return int(max_tokens) * (1 + 1 + 4)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.valid, self.decode, self._rows))
+
+    def for_tokens(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views ``(valid[:T], decode[:T])`` for a forward of ``T`` rows (fixed addresses)."""
+        if num_tokens > self.max_tokens:
+            raise ValueError(f"a step of {num_tokens} tokens exceeds the masks' "
+                             f"{self.max_tokens} (max_num_batched_tokens)")
+        return self.valid[:num_tokens], self.decode[:num_tokens]
+
+    def clear(self) -> None:
+        """No real token in this step (profiling run, warm-up, capture dummy)."""
+        self.valid.zero_()
+        self.decode.zero_()
+
+    def update(self, num_rows: int, *, is_padding: torch.Tensor | None = None,
+               num_actual_tokens: int | None = None,
+               query_start_loc: torch.Tensor | None = None) -> None:
+        """Masks for a step of ``num_rows`` rows (padded). Real rows: ``~is_padding`` when given,
+        else the first ``num_actual_tokens``, else all ``num_rows``. Decode rows: real rows whose
+        request (``query_start_loc``) has length 1; unknown without ``query_start_loc``."""
+        n = min(int(num_rows), self.max_tokens)
+        valid, decode = self.valid[:n], self.decode[:n]
+        if is_padding is not None:
+            torch.logical_not(is_padding[:n].to(self.device, non_blocking=True), out=valid)
+        elif num_actual_tokens is not None:
+            torch.lt(self._rows[:n], int(num_actual_tokens), out=valid)
+        else:
+            valid.fill_(True)
+        self.valid[n:].zero_()
+        self.decode[n:].zero_()
+        if query_start_loc is None:
+            self.decode_known = False
+            decode.zero_()
+            return
+        starts = query_start_loc.to(device=self.device, dtype=torch.int32)
+        requests = starts.numel() - 1
+        if requests < 1:
+            decode.zero_()
+            return
+        # Request of row t: the last start <= t (fixed shape [n]); rows past the last request
+        # clamp onto it and are padding anyway.
+        request = torch.searchsorted(starts, self._rows[:n], right=True) - 1
+        request.clamp_(0, requests - 1)
+        one_token = (starts[1:] - starts[:-1]) == 1
+        torch.logical_and(one_token[request], valid, out=decode)
+
+    def update_from_context(self, context: Any) -> None:
+        """Fill the masks from a vLLM ``ForwardContext`` (called as it is created)."""
+        metadata = getattr(context, "attn_metadata", None)
+        if isinstance(metadata, list):  # micro-batched steps: one dict per micro-batch
+            metadata = metadata[0] if metadata else None
+        if not metadata:
+            self.clear()
+            return
+        meta = next(iter(metadata.values())) if isinstance(metadata, dict) else metadata
+        starts = _first_tensor(metadata, "query_start_loc")
+        is_padding = getattr(context, "is_padding", None)
+        descriptor = getattr(context, "batch_descriptor", None)
+        if isinstance(is_padding, torch.Tensor):
+            rows = is_padding.numel()
+        elif descriptor is not None and getattr(descriptor, "num_tokens", None):
+            rows = int(descriptor.num_tokens)
+        else:
+            rows = self.max_tokens
+        actual = getattr(meta, "num_actual_tokens", None)
+        self.update(rows, is_padding=is_padding if isinstance(is_padding, torch.Tensor) else None,
+                    num_actual_tokens=int(actual) if isinstance(actual, int) else None,
+                    query_start_loc=starts)
+
+
+def _first_tensor(metadata: Any, name: str) -> torch.Tensor | None:
+    values = metadata.values() if isinstance(metadata, dict) else [metadata]
+    for meta in values:
+        value = getattr(meta, name, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    return None

@@ -227,3 +227,19 @@ def test_selfcheck_dry_run_passes(tmp_path) -> None:
     assert all(r["split_equal"] and r["per_pick_equal"] for r in result["results"])
     assert sum(r["cold_picks"] for r in result["results"]) > 0  # the cold bank was exercised
     assert main(["--emulate", "--hot", "0"]) == 2  # an empty bank is no split
+
+
+def test_fused_signature_counts_picks() -> None:
+    from expert_residency.core.counter import ExpertCounter
+
+    x, ids, weights = routing()
+    converted = checkpoint()
+    L.to_trtllm_layout(converted)
+    layer = build_unsplit_layer(converted, layer_index=3)
+    counter = ExpertCounter([3], EXPERTS, device="cpu", top_k=TOP_K)
+    mask = torch.tensor([True, True, False, True, True])
+    out = torch.empty(TOKENS, HIDDEN, dtype=torch.bfloat16)
+    y = kernel().forward(layer, x, weights, ids, counter=counter, token_mask=mask, out=out)
+    assert y is out
+    expected = torch.bincount(ids[mask].reshape(-1), minlength=EXPERTS)
+    assert counter.counts[counter.row_of(3)].tolist() == expected.tolist()

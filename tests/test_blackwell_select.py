@@ -59,3 +59,22 @@ def test_report_fields() -> None:
     assert fields["compute_capability"] == "sm103"
     assert fields["bank_kernel_requested"] == "auto"
     assert select_bank_kernel(None).report_fields()["compute_capability"] == "none"
+
+
+def test_plugin_entry_builds_the_selected_kernel() -> None:
+    pytest.importorskip("torch")
+    from expert_residency.blackwell.plugin import cuda_bank_experts
+    from expert_residency.blackwell.trtllm import TrtllmMxfp4Banks
+
+    experts, name, choice = cuda_bank_experts(5120, 2304, 384, 6, 512, "cpu", capability=(10, 3),
+                                              environ={}, swiglu_limit=10.0)
+    assert isinstance(experts, TrtllmMxfp4Banks) and choice.kernel == FLASHINFER_TRTLLM
+    assert experts.activation == "mxfp8" and experts.tune_max_num_tokens == 8192
+    assert "FlashInfer TRT-LLM" in name and "swiglu_limit=10" in name
+    assert experts.workspace.nbytes == 0
+    experts, name, choice = cuda_bank_experts(5120, 2304, 384, 6, 512, "cpu", capability=(10, 3),
+                                              environ={ENV_VAR: TORCH_REFERENCE})
+    assert experts is None and "reference" in name
+    with pytest.raises(ValueError, match=ENV_VAR):
+        cuda_bank_experts(5120, 2304, 384, 6, 512, "cpu", capability=(9, 0),
+                          environ={ENV_VAR: FLASHINFER_TRTLLM})

@@ -40,7 +40,8 @@ injected (``blackwell.emulation`` does on CPU).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -49,6 +50,9 @@ from ..core.fma_finalize import finalize
 from ..core.reference import check_swiglu_limit
 from ..core.split import PerPickExpertFn
 from .layout import check_bank_separable
+
+if TYPE_CHECKING:
+    from ..core.counter import ExpertCounter
 
 ACTIVATIONS = ("mxfp8", "bf16")
 # flashinfer.tllm_enums.ActivationType.Swiglu: vLLM maps MoEActivation.SILU to it
@@ -105,6 +109,14 @@ def vllm_mxfp8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return xq, scale.view(torch.float8_e4m3fn)
 
 
+@dataclass(frozen=True)
+class CallScratch:
+    """FlashInfer allocates its scratch inside each call (torch's caching allocator, seen by
+    vLLM's profile run); nothing is held between calls."""
+
+    nbytes: int = 0
+
+
 class TrtllmMxfp4Banks:
     """FlashInfer TRT-LLM routed MXFP4 experts over a layer's hot and cold banks.
 
@@ -135,6 +147,7 @@ class TrtllmMxfp4Banks:
         self._convert = convert
         self.device = None if device is None else torch.device(device)
         self._clamp: torch.Tensor | None = None
+        self.workspace = CallScratch()
         clamp = "" if self.swiglu_limit is None else f", swiglu_limit={self.swiglu_limit:g}"
         self.name = (f"FlashInfer TRT-LLM routed MXFP4 per bank (do_finalize=False, "
                      f"act {activation}{clamp}) + fp32-fma finalize")
@@ -238,10 +251,18 @@ class TrtllmMxfp4Banks:
         return pick_out
 
     def forward(self, layer: ResidentLayer, x: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The layer's routed-expert output ``[T, H]``: both banks, then one finalize."""
+                topk_ids: torch.Tensor, *, counter: "ExpertCounter | None" = None,
+                token_mask: torch.Tensor | None = None, decode_mask: torch.Tensor | None = None,
+                out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None
+                ) -> torch.Tensor:
+        """The layer's routed-expert output ``[T, H]``: both banks, then one finalize. The same
+        signature as ``gpu.experts.TritonMxfp4Experts.forward`` (the plugin's fused path); the
+        picks are counted with ``counter.count`` (FlashInfer has no in-kernel counter)."""
+        if counter is not None:
+            counter.count(layer.layer_index, topk_ids, token_mask=token_mask,
+                          decode_mask=decode_mask)
         pick_out = self.pick_outputs(layer, x, topk_weights, topk_ids)
-        return finalize(pick_out, topk_weights, out_dtype or x.dtype)
+        return finalize(pick_out, topk_weights, out_dtype or x.dtype, out=out)
 
     # -- the core's per-pick contract -----------------------------------------------------
     def per_pick_fn(self) -> PerPickExpertFn:

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from vllm_support.prompts import MAX_TOKENS, PROMPTS
-from vllm_support.server import VllmServer, completion_token_ids, skip_reason, vllm_available
+from vllm_support.server import (VllmServer, completion_token_ids, engine_pythonpath, skip_reason,
+                                 vllm_available)
 from vllm_support.tiny_moe import write_tiny_moe
 
 SUPPORT_DIR = Path(__file__).resolve().parents[1] / "vllm_support"
@@ -50,8 +51,7 @@ def start_server(vllm_required: None, tiny_model_dir: Path,
               wait: bool = True, extra_pythonpath: list[Path] | None = None) -> VllmServer:
         env = dict(runtime_env)
         if extra_pythonpath:
-            env["PYTHONPATH"] = os.pathsep.join(
-                [str(Path(__file__).resolve().parents[2] / "runtime")] + [str(p) for p in extra_pythonpath])
+            env["PYTHONPATH"] = engine_pythonpath(*extra_pythonpath)
         server = VllmServer(tiny_model_dir, tmp_path_factory.mktemp(name), runtime_env=env,
                             extra_args=list(extra_args or []))
         started.append(server)

@@ -39,13 +39,12 @@ import pytest
 
 from vllm_support.prompts import MAX_TOKENS, PROMPTS
 from vllm_support.server import (VllmServer, base_env, completion_logprobs, completion_token_ids,
-                                 free_port, serve_args)
+                                 engine_pythonpath, free_port, serve_args)
 from vllm_support.tiny_moe import TINY
 
 pytestmark = pytest.mark.vllm
 
 REPO = Path(__file__).resolve().parents[2]
-RUNTIME_DIR = REPO / "runtime"
 FIX_DIR = Path(__file__).resolve().parents[1] / "vllm_support" / "pp_eager_fix"
 HEAD_ADDRESS, WORKER_ADDRESS = "127.0.0.1", "127.0.0.2"
 HOT_IDS = [[0, 2, 4, 5, 7], [1, 2, 3, 6, 7]]      # per MoE layer 0, 1; the rest cold
@@ -111,7 +110,7 @@ def _start_worker(setup: dict[str, Any], workdir: Path, master_port: int, *, fix
 
     workdir.mkdir(parents=True, exist_ok=True)
     env = base_env(workdir)
-    env["PYTHONPATH"] = os.pathsep.join([str(RUNTIME_DIR)] + ([str(FIX_DIR)] if fix else []))
+    env["PYTHONPATH"] = engine_pythonpath(*([FIX_DIR] if fix else []))
     env.update(dict(node_env(host_ip=WORKER_ADDRESS, stages=setup["stages"])))
     env.update({"VLLM_CPU_OMP_THREADS_BIND": "1", "GLOO_SOCKET_IFNAME": "lo", **runtime_env})
     argv = serve_args(setup["model"], free_port(),
@@ -141,7 +140,7 @@ def _head(setup: dict[str, Any], workdir: Path, master_port: int, *, fix: bool,
     env = dict(node_env(host_ip=HEAD_ADDRESS, stages=setup["stages"]))
     env.update(runtime_env or {})
     env.update({"VLLM_CPU_OMP_THREADS_BIND": "0", "GLOO_SOCKET_IFNAME": "lo",
-                "PYTHONPATH": os.pathsep.join([str(RUNTIME_DIR)] + ([str(FIX_DIR)] if fix else []))})
+                "PYTHONPATH": engine_pythonpath(*([FIX_DIR] if fix else []))})
     return VllmServer(setup["model"], workdir, runtime_env=env,
                       extra_args=node_args(pp=2, rank=0, master_addr=HEAD_ADDRESS,
                                            master_port=master_port))

@@ -26,6 +26,9 @@ VLLM_VENV = REPO_ROOT / ".venv-vllm"
 VLLM_BIN = VLLM_VENV / "bin" / "vllm"
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
 RUNTIME_DIR = REPO_ROOT / "runtime"
+# Test-only fix for the CPU build, on every engine's PYTHONPATH (see its docstring): AMX tile
+# permission before vLLM's AMX attention kernel runs; does nothing on CPUs without AMX.
+AMX_PERMISSION_DIR = Path(__file__).resolve().parent / "cpu_amx_permission"
 SERVED_NAME = "tiny-moe"
 WORKER_EXTENSION = "expert_residency.vllm_plugin.worker_ext.ResidencyWorkerExtension"
 STARTUP_TIMEOUT_S = 300.0
@@ -46,6 +49,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def engine_pythonpath(*extra: Path) -> str:
+    """PYTHONPATH of a test engine: the runtime, the CPU build's AMX permission fix, then `extra`."""
+    return os.pathsep.join(str(p) for p in (RUNTIME_DIR, AMX_PERMISSION_DIR, *extra))
+
+
 def base_env(workdir: Path) -> dict[str, str]:
     """Environment for a vLLM process: runtime on PYTHONPATH, side files contained in workdir."""
     env = {k: v for k, v in os.environ.items()
@@ -53,7 +61,7 @@ def base_env(workdir: Path) -> dict[str, str]:
     (workdir / "cache").mkdir(parents=True, exist_ok=True)
     (workdir / "tmp").mkdir(parents=True, exist_ok=True)
     env.update({
-        "PYTHONPATH": str(RUNTIME_DIR),
+        "PYTHONPATH": engine_pythonpath(),
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CACHE_ROOT": str(workdir / "cache"),
         "TMPDIR": str(workdir / "tmp"),

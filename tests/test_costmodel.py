@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import dataclasses
 
 import pytest
 
@@ -112,10 +112,28 @@ def test_calibration_pairs_project_with_errors_shown_not_hidden():
 
 
 def test_projection_needs_no_tuning_parameters():
-    # the same pair projected twice with an explicit model gives the same answer: nothing is fitted to pairs
-    model = calibrated_model()
-    assert project(PAIRS[0], model=model) == project(PAIRS[0], model=model)
-    assert math.isclose(project(PAIRS[0]).projected_tok_s, project(PAIRS[0], model=model).projected_tok_s)
+    """Nothing is fitted to the pairs: a pair's projection reads its "before" and the two
+    placements, never what was measured "after". Moving the measured "after" (tok/s and step
+    time) moves the error and leaves the projection where it was; a model tuned to the pairs
+    would follow the measurement."""
+    for pair in PAIRS:
+        base = project(pair)
+        moved = project(dataclasses.replace(
+            pair, after_tok_s=pair.after_tok_s * 1.5,
+            after_step_s=None if pair.after_step_s is None else pair.after_step_s * 0.5))
+        assert (moved.unique, moved.fetch_before_s, moved.fetch_after_s, moved.step_after_s,
+                moved.projected_tok_s) == (base.unique, base.fetch_before_s, base.fetch_after_s,
+                                           base.step_after_s, base.projected_tok_s)
+        if base.consistent:
+            assert moved.error == pytest.approx((base.error + 1) / 1.5 - 1)
+    # ... while the "before" is an input: doubling its tok/s (k=0, no measured step) doubles the
+    # projected "after" (same step ratio), by hand: tok/s_after = tok/s_before × step_before ÷ step_after
+    slope = next(p for p in PAIRS if p.before_step_s is None and p.k == 0)
+    faster = project(dataclasses.replace(slope, before_tok_s=slope.before_tok_s * 2))
+    half_step = 1 / (slope.before_tok_s * 2)
+    fetch_before, fetch_after = faster.fetch_before_s, faster.fetch_after_s
+    assert faster.projected_tok_s == pytest.approx(
+        slope.before_tok_s * 2 * half_step / (half_step - fetch_before + fetch_after))
 
 
 def test_hot_read_time_uses_hbm_bandwidth_for_the_rest_of_the_step_bytes():

@@ -30,6 +30,11 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
 IMAGE = "vllm/vllm-openai:v0.33.0"
 WRONG_KV_TOKENS = 2_000_000     # the prose lane's stand-in reports this instead of the ledger's
+# What the agent lane's stand-in reports as vLLM's KV capacity, by hand and not from the ledger:
+# the reference lane's measured 4.9 GiB pool × 0.518M tokens per GiB (the field report "Should a
+# GB300 Prefetch Its Cold Experts? Mostly No, and What to Build Instead", 2026-10-23, section 4)
+# = 2,538,200 tokens, in whole 256-token blocks. verify must find the ledger agreeing with it.
+AGENT_KV_TOKENS = 2_538_200 // 256 * 256
 
 
 class Ops:
@@ -57,13 +62,11 @@ class Ops:
 def _write_standin_data(project: TestProject) -> None:
     """What the stand-in prints and dumps, computed from the project's own files: a residency
     report per class from that class's row map (as the runtime would), vLLM's KV capacity per
-    lane (the ledger's figure rounded down to whole 256-token blocks; the prose lane wrong on
-    purpose), and live counters."""
-    from recipegen.ledger import compute_ledger
+    lane (AGENT_KV_TOKENS, worked out by hand; the prose lane wrong on purpose), and live
+    counters."""
     from recipegen.recipe_io import load_recipe
 
     loaded = load_recipe(project.recipe)
-    ledger = compute_ledger(loaded)
     data = project.standin_dir
     for (lane, cls), rowmap in loaded.rowmaps.items():
         if lane != "agent":
@@ -74,8 +77,7 @@ def _write_standin_data(project: TestProject) -> None:
                                    world_size=1, lane=lane, traffic_class=cls)
         (data / f"report-{cls}.txt").write_text(
             "INFO 11-29 10:00:00 [worker_runtime.py:88] " + format_report_line(report) + "\n")
-    kv = int(ledger.lane("agent").fig("kv.tokens").value) // 256 * 256
-    (data / "kv_tokens-lane-agent").write_text(str(kv))
+    (data / "kv_tokens-lane-agent").write_text(str(AGENT_KV_TOKENS))
     (data / "kv_tokens-lane-prose").write_text(str(WRONG_KV_TOKENS))
     profiles = project.root / "recipes" / "profiles" / "dsv41-flash"
     # live counters: the math lane class sees prose traffic (a mismatch), prose sees its own
@@ -170,6 +172,9 @@ def test_verify_agrees_with_the_ledger(ops):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "agrees with the ledger" in result.stdout
     assert "206.61 GiB" in result.stdout and "62.33 GiB" in result.stdout
+    doc = json.loads(ops("verify", "opstest", "agent", "--json").stdout)
+    kv = next(r for r in doc["rows"] if r["figure"] == "KV cache tokens")
+    assert kv["ok"] and kv["observed"] == f"{AGENT_KV_TOKENS:,}", kv
 
 
 def test_verify_fails_on_a_wrong_kv_figure(ops):

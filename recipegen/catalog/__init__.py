@@ -14,7 +14,7 @@ from recipegen.schema.sourced import is_sourced
 KINDS = ("models", "machines")
 # Keys whose values are names or coordinates, not figures: they need no source.
 NON_FIGURE_KEYS = frozenset({"name", "description", "kind", "architecture", "checkpoint",
-                             "revision", "address", "streams", "k", "dtype"})
+                             "revision", "address", "streams", "k", "dtype", "kv_dtype"})
 
 
 @lru_cache(maxsize=None)
@@ -22,10 +22,22 @@ def load_catalog(kind: str) -> dict[str, dict[str, Any]]:
     """The raw catalog (`{value, source}` figures intact), by entry name."""
     if kind not in KINDS:
         raise ValueError(f"unknown catalog {kind!r}")
-    text = resources.files("recipegen.catalog").joinpath(f"{kind}.yaml").read_text(encoding="utf-8")
+    root = resources.files("recipegen.catalog")
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    data = yaml.load(text, Loader=loader) or {}
-    return {name: {"name": name, **entry} for name, entry in data.items()}
+    data = yaml.load(root.joinpath(f"{kind}.yaml").read_text(encoding="utf-8"), Loader=loader) or {}
+    out = {name: {"name": name, **entry} for name, entry in data.items()}
+    # One file per entry under <kind>/ (the imported models: `recipegen model import` output).
+    folder = root.joinpath(kind)
+    if folder.is_dir():
+        for item in sorted(folder.iterdir(), key=lambda p: p.name):
+            if not item.name.endswith(".yaml"):
+                continue
+            entry = yaml.load(item.read_text(encoding="utf-8"), Loader=loader) or {}
+            name = entry.get("name")
+            if name in out:
+                raise ValueError(f"catalog {kind}: {name!r} is in {kind}.yaml and {kind}/{item.name}")
+            out[name] = entry
+    return out
 
 
 def catalog_names(kind: str) -> list[str]:

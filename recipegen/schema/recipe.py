@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, StringConstraints, field_validator, model_validator
+from pydantic import BeforeValidator, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 
 from recipegen.schema.base import StrictModel
 from recipegen.schema.lane import Lane
@@ -35,6 +35,26 @@ def _resolve(kind: str, value: Any) -> Any:
     return value
 
 
+def _model_file(value: dict[str, Any], info: ValidationInfo) -> Any:
+    """`{file: models/<name>.yaml, <overrides>}`: the model file (read by the loader the recipe
+    reader passes in the validation context, relative to the recipe) plus overrides."""
+    name = value["file"]
+    if not isinstance(name, str) or not name:
+        raise ValueError("file must be a path to a model file (relative to the recipe)")
+    loader = (info.context or {}).get("model_file")
+    if loader is None:
+        raise ValueError("model.file is read relative to the recipe file: load the recipe with "
+                         "recipegen.recipe_io.load_recipe")
+    entry = dict(loader(name))
+    overrides = {k: v for k, v in value.items() if k != "file"}
+    sources = {k: v for k, v in (entry.get("sources") or {}).items()
+               if k.split(".")[0].split("[")[0] not in overrides}
+    entry.update(overrides)
+    if sources or "sources" in overrides:
+        entry["sources"] = {**sources, **(overrides.get("sources") or {})}
+    return entry
+
+
 class Recipe(StrictModel):
     """A serving recipe: one model on one or more machines, served by lanes."""
 
@@ -45,8 +65,9 @@ class Recipe(StrictModel):
     description: str = ""
     """Free text."""
     model: Model
-    """A model catalog name (`recipegen/catalog/models.yaml`), `{catalog: name, …overrides}`, or an
-    inline model."""
+    """A model catalog name (`recipegen/catalog/models.yaml`, `recipegen/catalog/models/`),
+    `{catalog: name, …overrides}`, `{file: models/<name>.yaml, …overrides}` (a model file written by
+    `recipegen model import`, relative to the recipe), or an inline model."""
     machines: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]*$")],
                    Annotated[Machine, BeforeValidator(lambda v: _resolve("machines", v))]] = Field(min_length=1)
     """Machines by key: each a catalog name, `{catalog: name, address: …}`, or inline."""
@@ -68,7 +89,9 @@ class Recipe(StrictModel):
 
     @field_validator("model", mode="before")
     @classmethod
-    def _model_from_catalog(cls, value: Any) -> Any:
+    def _model_from_catalog(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, dict) and "file" in value:
+            return _model_file(value, info)
         return _resolve("models", value)
 
     def lane(self, name: str) -> Lane:

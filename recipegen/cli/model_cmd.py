@@ -1,0 +1,46 @@
+"""`recipegen model import PATH`: write a model file from a Hugging Face config.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from recipegen.errors import InputError
+
+
+@click.group()
+def model() -> None:
+    """Model files: import a Hugging Face config.json."""
+
+
+@model.command("import")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Model file to write (default: recipes/models/<name>.yaml; '-' for stdout).")
+@click.option("--name", help="Model name (default: the folder's name, lowercased).")
+@click.option("--checkpoint", help="Checkpoint id to record, e.g. openai/gpt-oss-120b.")
+@click.option("--force", is_flag=True, help="Overwrite an existing model file.")
+def import_(path: Path, output: Path | None, name: str | None, checkpoint: str | None, force: bool) -> None:
+    """PATH: a config.json, or a folder with config.json (and model.safetensors.index.json).
+
+    Every figure in the written file names the config field, tensor or vLLM source line it came
+    from; a recipe references it as `model: {file: models/<name>.yaml}`.
+    """
+    from expert_residency.formats import atomic_write_text
+
+    from recipegen.modelimport import import_model
+
+    m, text = import_model(path, name=name, checkpoint=checkpoint)
+    if output is not None and str(output) == "-":
+        click.echo(text, nl=False)
+        return
+    target = output or Path("recipes") / "models" / f"{m.name}.yaml"
+    if target.exists() and not force:
+        raise InputError("exists; pass --force to overwrite", file=str(target))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(target, text)
+    experts = m.num_moe_layers * m.routed_experts * m.expert_bytes
+    click.echo(f"wrote {target}: {m.decoder_layers} layers ({m.num_moe_layers} MoE) × {m.routed_experts} experts, "
+               f"top-{m.top_k}, {m.expert_bytes:,} B per expert ({experts / 2**30:,.2f} GiB of routed experts), "
+               f"KV {m.kv_token_bytes:,.0f} B per token")

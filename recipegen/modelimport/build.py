@@ -1,0 +1,161 @@
+"""`config.json` (+ optional safetensors index) -> a model document whose every figure is sourced.
+
+The document is what `recipegen model import` writes (`recipes/models/<name>.yaml`) and what the
+catalog ships (`recipegen/catalog/models/<name>.yaml`): a `Model` with `{value, source}` figures,
+validated by the schema before anything is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recipegen.errors import InputError
+from recipegen.modelimport.config import Config
+from recipegen.modelimport.dense import dense_bytes
+from recipegen.modelimport.geometry import (GPT_OSS_ALPHA, GPT_OSS_BIAS_SOURCE, GPT_OSS_SOURCE, MOE_INTER_FIELDS,
+                                            ROUTED_FIELDS, TOP_K_FIELDS, attention_groups, expert_format,
+                                            moe_layer_indices, sourced)
+from recipegen.modelimport.safetensors import IndexFacts, read_index
+
+INDEX_NAME = "model.safetensors.index.json"
+KV_DTYPE_SOURCE = "vLLM --kv-cache-dtype auto: the model's activation dtype (bf16)"
+
+
+@dataclass(frozen=True)
+class ImportInput:
+    config: Path
+    index: Path | None
+
+
+def locate(path: Path) -> ImportInput:
+    """A config.json, or a folder with config.json (and model.safetensors.index.json if present)."""
+    if path.is_dir():
+        config = path / "config.json"
+        if not config.is_file():
+            raise InputError("no config.json in this folder", file=str(path))
+        index = path / INDEX_NAME
+        return ImportInput(config, index if index.is_file() else None)
+    if not path.is_file():
+        raise InputError("no such file or folder", file=str(path))
+    index = path.parent / INDEX_NAME
+    return ImportInput(path, index if index.is_file() else None)
+
+
+def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> dict[str, Any]:
+    """The model document (plain data, YAML-ready) for `inp`."""
+    cfg = Config.read(inp.config)
+    arch_list = cfg.need("architectures", kind=list)
+    arch = str(arch_list[0])
+    layers = cfg.need("num_hidden_layers")
+    routed_field = cfg.field(*ROUTED_FIELDS)
+    routed = cfg.need(*ROUTED_FIELDS, what="routed experts per MoE layer (is this a MoE model?)")
+    top_k_field = cfg.field(*TOP_K_FIELDS)
+    top_k = cfg.need(*TOP_K_FIELDS)
+    hidden = cfg.need("hidden_size")
+    inter_fields = MOE_INTER_FIELDS if cfg.get("moe_intermediate_size") else ("intermediate_size",)
+    inter = cfg.need(*inter_fields, what="the routed experts' intermediate width")
+    inter_src = f"config.json `{inter_fields[0]}`"
+    moe, moe_rule = moe_layer_indices(cfg, layers)
+    if not moe:
+        raise InputError("no MoE layer: every layer is dense by the config's layer rule", file=cfg.file,
+                         field="first_k_dense_replace")
+    fmt = expert_format(cfg)
+    act = cfg.get("hidden_act", default="silu")
+    if act != "silu":
+        raise InputError(f"expert activation {act!r}: the importer reads SwiGLU (silu) experts", file=cfg.file,
+                         field="hidden_act")
+
+    shape_src = f"{inter_src} {inter} (gate + up) × config.json `hidden_size` {hidden}; {fmt.source}"
+    tensors: list[dict[str, Any]] = [
+        {"name": "w13", "shape": [2 * inter, hidden], "dtype": fmt.dtype},
+        {"name": "w2", "shape": [hidden, inter], "dtype": fmt.dtype}]
+    if fmt.scale is not None:
+        for t in tensors:
+            t["scale"] = dict(fmt.scale)
+    biases = arch == "GptOssForCausalLM"
+    bias_src = GPT_OSS_BIAS_SOURCE
+    facts: IndexFacts | None = read_index(inp.index, layers) if inp.index else None
+    if facts is not None and facts.expert_bias_names:
+        biases, bias_src = True, f"{INDEX_NAME}: {facts.expert_bias_names[0]}"
+    if biases:
+        tensors += [{"name": "w13_bias", "shape": [2 * inter], "dtype": "bf16", "kind": "bias"},
+                    {"name": "w2_bias", "shape": [hidden], "dtype": "bf16", "kind": "bias"}]
+        shape_src += f"; bf16 biases per expert ({bias_src})"
+
+    doc: dict[str, Any] = {"name": name, "description": f"{checkpoint or name} ({arch}), imported from its config.json"
+                           + (" and safetensors index" if inp.index else "")}
+    doc["architecture"] = arch
+    if checkpoint:
+        doc["checkpoint"] = checkpoint
+    doc["decoder_layers"] = sourced(layers, "config.json `num_hidden_layers`"
+                                    + (f" (MTP layers excluded: `num_nextn_predict_layers` "
+                                       f"{cfg.get('num_nextn_predict_layers')})"
+                                       if cfg.get("num_nextn_predict_layers") else ""))
+    doc["moe_layers"] = sourced(_ranges(moe), moe_rule)
+    doc["routed_experts"] = sourced(routed, f"config.json `{routed_field}`")
+    doc["top_k"] = sourced(top_k, f"config.json `{top_k_field}`")
+    shared = cfg.get("n_shared_experts")
+    doc["shared_experts"] = sourced(shared or 0, "config.json `n_shared_experts`" if cfg.has("n_shared_experts")
+                                    else "no n_shared_experts / shared_expert_intermediate_size in config.json")
+    doc["hidden_size"] = sourced(hidden, "config.json `hidden_size`")
+    doc["moe_intermediate_size"] = sourced(inter, inter_src)
+    doc["expert_tensors"] = sourced(tensors, shape_src)
+    if arch == "GptOssForCausalLM":
+        limit = cfg.need("swiglu_limit", kind=(int, float))
+        doc["activation"] = sourced({"kind": "swigluoai", "alpha": GPT_OSS_ALPHA, "limit": float(limit)},
+                                    f"{GPT_OSS_SOURCE}; config.json `swiglu_limit`; vLLM 0.33.0 "
+                                    "vllm/model_executor/models/gpt_oss.py:400 (activation swigluoai)")
+    else:
+        doc["activation"] = sourced({"kind": "silu"}, "config.json `hidden_act` silu")
+    dense = dense_bytes(cfg, fmt, moe, layers)
+    if facts is not None and facts.exact_dense_bytes is not None:
+        doc["dense_bytes"] = sourced(f"{facts.exact_dense_bytes} B",
+                                     f"{INDEX_NAME} + {facts.shards_read} shard header(s): every tensor not "
+                                     "under `.experts.` in decoder layers < num_hidden_layers")
+    else:
+        doc["dense_bytes"] = sourced(f"{dense.total} B", "derived from config.json geometry: " + dense.summary()
+                                     + (" (FP8 linear layers with fp32 block scales)" if fmt.dense_fp8_block else ""))
+    if facts is not None and facts.total_size is not None:
+        doc["total_bytes"] = sourced(f"{facts.total_size} B", f"{INDEX_NAME} `metadata.total_size`"
+                                     + (f" (includes MTP layers {facts.mtp_layers})" if facts.mtp_layers else ""))
+    kv_dtype = "bf16"
+    groups = attention_groups(cfg, layers, kv_dtype)
+    doc["attention"] = groups
+    per_token = _kv_bytes_per_token(groups)
+    doc["kv_bytes_per_token"] = sourced(f"{per_token} B", "Σ attention layers × bytes per token per layer at one "
+                                        "rank, bf16 (" + _kv_terms(groups) + "); sliding layers counted uncapped "
+                                        "here, the ledger caps them at their window per sequence")
+    return doc
+
+
+def _plain(v: Any) -> Any:
+    return v["value"] if isinstance(v, dict) and set(v) == {"value", "source"} else v
+
+
+def _kv_bytes_per_token(groups: list[dict[str, Any]]) -> int:
+    from recipegen.schema.model import AttentionLayers
+    total = 0
+    for g in groups:
+        group = AttentionLayers.model_validate({k: _plain(v) for k, v in g.items()})
+        total += len(group.layers) * group.bytes_per_token_per_layer(1)
+    return total
+
+
+def _kv_terms(groups: list[dict[str, Any]]) -> str:
+    from recipegen.schema.model import AttentionLayers
+    out = []
+    for g in groups:
+        group = AttentionLayers.model_validate({k: _plain(v) for k, v in g.items()})
+        if group.kind == "mla":
+            out.append(f"{len(group.layers)} MLA × ({group.kv_lora_rank} + {group.rope_head_dim}) × 2 B")
+        else:
+            out.append(f"{len(group.layers)} {group.kind} × 2 × {group.kv_heads} × {group.head_dim} × 2 B")
+    return " + ".join(out)
+
+
+def _ranges(idx: list[int]) -> str | list[int]:
+    if idx == list(range(idx[0], idx[-1] + 1)):
+        return f"{idx[0]}-{idx[-1]}"
+    return idx

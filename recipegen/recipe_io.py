@@ -320,7 +320,8 @@ def _read_validated(path: Path) -> tuple[Recipe, Any]:
                          f"this file is {kind}", file=file,
                          line=document.lc.line + 1 if hasattr(document, "lc") else 1)
     try:
-        recipe = Recipe.model_validate(to_plain(document))
+        # model: {file: ...} is read relative to this recipe (recipegen.model_files)
+        recipe = Recipe.model_validate(to_plain(document), context={"model_file": _model_file_loader(path)})
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         # Unknown fields first: a misspelt key also shows up as a missing required one.
@@ -406,3 +407,8 @@ def _atomic_write_validated(target: Path, text: str) -> None:
     # never replace a good recipe with a broken one: validate the temp file before the rename
     atomic_write_text(target, text, suffix=".yaml",
                       check=lambda tmp: load_recipe(tmp, read_maps=False))
+
+
+def _model_file_loader(recipe_path: Path) -> Any:
+    from recipegen.model_files import load_model_file
+    return lambda relative: load_model_file(relative, base=recipe_path.parent)

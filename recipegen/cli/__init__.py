@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "parity": "recipegen.cli.acceptance_cmd:parity",
     "knee": "recipegen.cli.acceptance_cmd:knee",
     "k8s": "recipegen.cli.k8s_cmd:k8s",
+    "model": "recipegen.cli.model_cmd:model",
 }
 
 

@@ -358,3 +358,73 @@ def test_flashinfer_128x4_scale_layout_is_ours() -> None:
             offset = (row // 128) * (c // 4) * 512 + (col // 4) * 512 + (row % 32) * 16 \
                 + ((row % 128) // 32) * 4 + col % 4
             assert int(flat[offset]) == int(sf[row, col])
+
+
+# -- docs/blackwell.md cites these lines: each must still hold what the doc says -------------
+DOC = REPO / "docs" / "blackwell.md"
+VLLM_CITES = [  # (file under vllm/, line, text on that line)
+    (EXPERTS_FILE, 121, "def _supports_current_device"),
+    (EXPERTS_FILE, 123, "is_device_capability_family(100)"),
+    (EXPERTS_FILE, 355, "def _invoke_kernel("),
+    (EXPERTS_FILE, 339, "def _max_supported_tokens"),
+    (EXPERTS_FILE, 440, "local_expert_offset = self.moe_config.ep_rank * local_num_experts"),
+    (ORACLE_FILE, 361, '"flashinfer_trtllm": ['),
+    (ORACLE_FILE, 871, "elif backend in TRTLLM_BACKENDS:"),
+    (ORACLE_FILE, 453, "Mxfp4MoeBackend.FLASHINFER_TRTLLM_MXFP4_MXFP8,"),
+    (ORACLE_FILE, 1556, "def convert_weight_to_mxfp4_moe_kernel_format("),
+    (ORACLE_FILE, 1666, "if mxfp4_backend in TRTLLM_BACKENDS:"),
+    (ORACLE_FILE, 1685, "w13_weight = torch.stack([w3_weight, w1_weight], dim=2)"),
+    (ORACLE_FILE, 1703, "epilogue_tile_m = 128"),
+    (ORACLE_FILE, 1723, "nvfp4_block_scale_interleave(w13_s.reshape(E * N_s, K_s))"),
+    (ORACLE_FILE, 2129, "Mxfp4MoeBackend.FLASHINFER_TRTLLM_MXFP4_MXFP8:"),
+    ("model_executor/layers/fused_moe/moe_output.py", 10, "@dataclass"),
+    ("model_executor/layers/fused_moe/moe_output.py", 11, "class UnfinalizedMoEOutput"),
+    ("model_executor/layers/fused_moe/moe_output.py", 61, "def convert_flashinfer_moe_output("),
+]
+FLASHINFER_CITES = [  # (file under the unpacked wheel, line, text on that line)
+    (FI_CORE, 6606, "def trtllm_fp4_block_scale_routed_moe("),
+    (FI_CORE, 5178, "[gemm2_output, expert_weights, expanded_idx_to_permuted_idx]"),
+    (f"{FI_CSRC}/trtllm_fused_moe_kernel_launcher.cu", 716, "topk_ids.size(1), top_k"),
+    (f"{FI_CSRC}/trtllm_fused_moe_kernel_launcher.cu", 724, "local_expert_offset + local_num_experts <= num_experts"),
+    (f"{FI_CSRC}/trtllm_fused_moe_kernel_launcher.cu", 1399, "args->local_expert_offset + args->local_num_experts <= args->num_experts"),
+    (f"{FI_CSRC}/trtllm_fused_moe_kernel_launcher.cu", 5236, "gemm2_output = alloc_tensor({max_num_padded_tokens_gemm2"),
+    (f"{FI_CSRC}/trtllm_fused_moe_kernel_launcher.cu", 5374, "MoeRunResultBuffers result(args->do_finalize"),
+    (f"{FI_CSRC}/fused_moe/trtllm_backend/trtllm_fused_moe_routing_custom.cuh", 130, "expertIdx > -1 && expertIdx < params.mNumExperts"),
+    (f"{FI_CSRC}/fused_moe/trtllm_backend/trtllm_fused_moe_routing_custom.cuh", 196, "auto isLocal = localExpIdx >= 0"),
+    (f"{FI_CSRC}/fused_moe/trtllm_backend/trtllm_fused_moe_routing_custom.cuh", 306, ": int32_t{-1};"),
+    (f"{FI_INCLUDE}/RoutingKernel.cuh", 363, "auto isLocalExpert = localExpertIdx >= 0"),
+    (f"{FI_INCLUDE}/RoutingKernel.cuh", 538, "isLocalExpert ? int32_t{smemExpertOffset[expertIdx]}"),
+    (f"{FI_CSRC}/fused_moe/trtllm_backend/trtllm_fused_moe_dev_kernel.cu", 114, "if (permutedIdx == -1) continue;"),
+    (f"{FI_CSRC}/fused_moe/trtllm_backend/trtllm_fused_moe_dev_kernel.cu", 701, "if (permutedIdx == -1) {"),
+    ("flashinfer/utils.py", 1053, "srcToDstBlk32RowMap = ["),
+    ("flashinfer/utils.py", 1073, "def get_shuffle_matrix_a_row_indices("),
+    ("flashinfer/data/csrc/nv_internal/tensorrt_llm/kernels/quantization_utils.cuh", 995,
+     "get_sf_out_offset_128x4(int mIdx, int kIdx, int numColVecs)"),
+]
+
+
+def _line(path: Path, number: int) -> str:
+    lines = _text(path).splitlines()
+    return lines[number - 1] if number <= len(lines) else ""
+
+
+@needs_vllm
+@pytest.mark.parametrize("rel,number,text", VLLM_CITES)
+def test_doc_cites_vllm_lines(rel: str, number: int, text: str) -> None:
+    assert text in _line(VLLM / rel, number), f"vllm/{rel}:{number} no longer holds {text!r}"
+    assert re.search(rf"{number}\b", _text(DOC)), f"docs/blackwell.md does not cite line {number}"
+
+
+@needs_flashinfer
+@pytest.mark.parametrize("rel,number,text", FLASHINFER_CITES)
+def test_doc_cites_flashinfer_lines(rel: str, number: int, text: str) -> None:
+    assert text in _line(FLASHINFER / rel, number), f"{rel}:{number} no longer holds {text!r}"
+
+
+def test_doc_cites_every_pinned_line() -> None:
+    """Every line pinned above appears in docs/blackwell.md (alone or as a range end)."""
+    doc = _text(DOC)
+    for rel, number, _ in VLLM_CITES + FLASHINFER_CITES:
+        if rel.endswith("moe_output.py") and number == 11:
+            continue  # inside the cited range 10-37
+        assert re.search(rf"(?<![\d.]){number}(?!\d)", doc), f"docs/blackwell.md does not cite {rel}:{number}"

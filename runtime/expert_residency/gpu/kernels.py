@@ -32,8 +32,12 @@ Three dequantizers (``DEQUANT``), all exact: ``0`` builds each bf16 weight from 
 ue8m0 scale with integer ops (also runs under ``TRITON_INTERPRET=1``: the CPU check of the
 indexing); ``1`` hands the packed values and scales to ``tl.dot_scaled`` (Triton's own MXFP4
 upcast); ``2`` looks the codes up with byte permutes in inline PTX and multiplies by the scale in
-bf16 (GPU only). At T=1 every weight is used once, so the dequantizer's instructions per weight,
-not the tensor cores, decide whether the kernel keeps up with HBM.
+bf16 (GPU only); ``3`` (the default) reads the *MMA-order* layout (``gpu.layout``): every thread
+loads its own tensor-core A-fragment bytes with 16-byte loads and turns each 32-bit word (8 codes
+of one row and one 32-value scale block) into four bf16x2 registers with a mask, a shift and one
+``mul.bf16x2`` by ``2^(s-1)`` (the E2M1 exponent bias folded into the scale) — no shared-memory
+round trip, no repacking. At T=1 every weight is used once, so the dequantizer's instructions per
+weight, not the tensor cores, decide whether the kernel keeps up with HBM.
 """
 
 from __future__ import annotations
@@ -150,15 +154,112 @@ def _dequant_mxfp4_prmt(packed, scales, ROWS: tl.constexpr, BK: tl.constexpr):
     return w * sc
 
 
+# MMA-order word -> 4 bf16x2 registers, scaled. $4: one 32-bit word = the 8 E2M1 codes of one
+# thread's tensor-core A fragment for one k16 step (rows g, g+8; values 2q+e and 2q+8+e), bit-placed
+# by ``gpu.layout`` so that each output lane needs the sign at bit 15 and (e1 e0 m) at bits 8..6:
+# bf16 then holds the code's value times 2^-126, and the multiply by bf16x2(2^(s-1)) = 2^126 *
+# 2^(s-127) gives the exact scaled weight (mul.bf16x2 is exact on subnormal inputs). $5..$8: the
+# multipliers of the word's 4 byte-elements (rows g, g, g+8, g+8). Outputs $0..$3: the fragment
+# registers (row g, k 2q..), (row g+8, k 2q..), (row g, k 2q+8..), (row g+8, k 2q+8..).
+_MMA_WORD_TO_BF16_PTX = tl.constexpr("""
+{
+.reg .b32 t, u;
+and.b32 $0, $4, 0x81C081C0;
+mul.rn.bf16x2 $0, $0, $5;
+shl.b32 t, $4, 3;
+and.b32 $1, t, 0x81C081C0;
+mul.rn.bf16x2 $1, $1, $7;
+shl.b32 t, $4, 6;
+and.b32 $2, t, 0x81C081C0;
+mul.rn.bf16x2 $2, $2, $5;
+shl.b32 t, $4, 1;
+and.b32 t, t, 0x80008000;
+shr.u32 u, $4, 3;
+and.b32 u, u, 0x01800180;
+or.b32 t, t, u;
+shr.u32 u, $4, 7;
+and.b32 u, u, 0x00400040;
+or.b32 t, t, u;
+mul.rn.bf16x2 $3, t, $7;
+}
+""")
+
+# The PTX masks as signed int32 (the interpreter refuses int32 literals above 2^31).
+_MASK_SIMPLE: tl.constexpr = tl.constexpr(0x81C081C0 - (1 << 32))
+_MASK_SIGNS: tl.constexpr = tl.constexpr(0x80008000 - (1 << 32))
+
+
+@triton.jit
+def _mma_lane_value(p, scale):
+    """The value the PTX's bf16 lane ``p`` (sign bit 15, exponent bits 8..7, mantissa bit 6) has
+    after the multiply, from its bit fields (the interpreter flushes bf16 subnormals)."""
+    ex = (p >> 7) & 3
+    m = ((p >> 6) & 1).to(tl.float32)
+    mag = tl.where(ex == 0, 0.5 * m, (1 << ex).to(tl.float32) * 0.5 * (1.0 + 0.5 * m))
+    return tl.where(((p >> 15) & 1) != 0, -mag, mag) * scale
+
+
+@triton.jit
+def _mma_word_lanes(v, scale):
+    """Interpreter twin of one PTX output: the bit-placed int32 ``v`` as its two bf16 lanes."""
+    return (_mma_lane_value(v & 0xFFFF, scale).to(tl.bfloat16),
+            _mma_lane_value((v >> 16) & 0xFFFF, scale).to(tl.bfloat16))
+
+
+@triton.jit
+def _load_mma_tile(w_tile, s_tile, BN: tl.constexpr, BK: tl.constexpr):
+    """One ``BN x BK`` weight tile in the MMA-order layout -> exact bf16 ``[BN, BK]``.
+
+    Tile bytes (``gpu.layout``): 16-byte rows indexed ``(rm, bh, w, g, q)`` — row-rep, pair of
+    32-value scale blocks, warp, lane group, lane in group — each holding one thread's 4 words
+    ``(b0, c)`` of 4 bytes ``(h, e)``; the thread of warp ``w``, lane ``4g+q`` owns rows
+    ``64rm + 16w + 8h + g`` and values ``32b + 16c + 8d + 2q + e`` (``b = 2bh + b0``): the wgmma A
+    fragment, in the fragment's own register order, so the loads are 16 bytes wide and the reshapes
+    below are register renamings. Scales: bytes ``(rm, bh, w, g, b0, h)`` per tile.
+    """
+    R: tl.constexpr = BN // 64
+    BH: tl.constexpr = BK // 64
+    ROWS: tl.constexpr = BN * BK // 32
+    rows = tl.arange(0, ROWS)
+    packed = tl.load(w_tile + rows[:, None] * 16 + tl.arange(0, 16)[None, :])
+    sc = tl.load(s_tile + (rows // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]).to(tl.int32)  # (b0, h)
+    if _INTERPRETED:
+        even, odd = tl.split(tl.reshape(packed.to(tl.int32), (ROWS, 4, 2, 2)))  # bytes (0, 2), (1, 3)
+        b0, b2 = tl.split(even)
+        b1, b3 = tl.split(odd)
+        word = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)  # [ROWS, 4 (b0, c)] little-endian words
+        mult = (sc << 23).to(tl.float32, bitcast=True)   # 2^(s-127), exactly (s >= 1)
+        m_h0, m_h1 = tl.split(tl.reshape(mult, (ROWS, 2, 2)))  # [ROWS, 2 (b0)] per row half
+        m_h0 = tl.reshape(tl.broadcast_to(tl.reshape(m_h0, (ROWS, 2, 1)), (ROWS, 2, 2)), (ROWS, 4))
+        m_h1 = tl.reshape(tl.broadcast_to(tl.reshape(m_h1, (ROWS, 2, 1)), (ROWS, 2, 2)), (ROWS, 4))
+        l00, l01 = _mma_word_lanes(word & _MASK_SIMPLE, m_h0)
+        l10, l11 = _mma_word_lanes((word << 3) & _MASK_SIMPLE, m_h1)
+        l20, l21 = _mma_word_lanes((word << 6) & _MASK_SIMPLE, m_h0)
+        v3 = ((word << 1) & _MASK_SIGNS) | ((word >> 3) & 0x01800180) | ((word >> 7) & 0x00400040)
+        l30, l31 = _mma_word_lanes(v3, m_h1)
+        # r0[.., h, e] = output h's lane e (the asm's byte order); r1 = outputs 2, 3
+        r0 = tl.reshape(tl.join(tl.join(l00, l10), tl.join(l01, l11)), (ROWS, 16))
+        r1 = tl.reshape(tl.join(tl.join(l20, l30), tl.join(l21, l31)), (ROWS, 16))
+    else:
+        mult = sc * 0x00800080 + 0x3F003F00  # bf16x2 of 2^(s-1): exponent field s + 126, both lanes
+        mult = tl.reshape(mult, (ROWS, 2, 1, 2, 1))  # (b0, c, h, e)
+        mult = tl.reshape(tl.broadcast_to(mult, (ROWS, 2, 2, 2, 2)), (ROWS, 16))
+        r0, r1 = tl.inline_asm_elementwise(_MMA_WORD_TO_BF16_PTX, "=r,=r,=r,=r,r,r,r,r,r", [packed, mult],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    # [rm, bh, w, g, q, b0, c, h, e, d] -> rows (rm, w, h, g) x values (bh, b0, c, d, q, e)
+    w = tl.reshape(tl.join(r0, r1), (R, BH, 4, 8, 4, 2, 2, 2, 2, 2))
+    w = tl.permute(w, (0, 2, 7, 3, 1, 5, 6, 9, 4, 8))
+    return tl.reshape(w, (BN, BK))
+
+
 @triton.jit
 def _expert_base(codes_ptr, expert, hot_ptr, cold_ptr, expert_stride):
     """Pointer to ``expert``'s first byte in whichever bank the row map says holds it."""
     code = tl.load(codes_ptr + expert)
-    if code >= 0:
-        base = hot_ptr + code.to(tl.int64) * expert_stride
-    else:
-        base = cold_ptr + (-code - 1).to(tl.int64) * expert_stride
-    return base
+    # One select instead of an if/else: the compiler then still knows the base is 16-byte aligned
+    # (both bank pointers and the stride are), which the MMA-order loads need to be 16 bytes wide.
+    row = tl.where(code >= 0, code, -code - 1).to(tl.int64)
+    return tl.where(code >= 0, hot_ptr, cold_ptr) + row * expert_stride
 
 
 @triton.jit
@@ -170,6 +271,12 @@ def _mx_tile_dot(acc, w_base, s_base, row0, k0, x_t, K: tl.constexpr,
     values (``BN*BK/2`` bytes) and scales (``BN*BK/32`` bytes) are each one contiguous run — long
     reads, which is what the host link needs; otherwise rows are ``K/2`` bytes apart (vLLM layout).
     """
+    if DEQUANT == 3:  # MMA-order layout (always tile-major)
+        tile = ((row0 // BN) * (K // BK) + k0 // BK).to(tl.int64)
+        w = _load_mma_tile(w_base + tile * (BN * BK // 2), s_base + tile * (BN * BK // 32), BN, BK)
+        if _INTERPRETED:
+            return tl.dot(w.to(tl.float32), x_t.to(tl.float32), acc, input_precision="ieee")
+        return tl.dot(w, x_t, acc)
     rr = tl.arange(0, BN)
     if TILE_MAJOR:
         tile = ((row0 // BN) * (K // BK) + k0 // BK).to(tl.int64)

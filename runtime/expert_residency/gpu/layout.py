@@ -14,6 +14,22 @@ re-homing, swaps (whole expert rows) and hashes of the row map are untouched. Co
 full tensors once, before ``core.banks.rehome_layer``; every bank then holds the kernel layout.
 The torch references read vLLM's layout, so keep (or convert back with ``from_kernel_layout``) the
 original for them.
+
+**MMA order** (``dequant=3``, the default kernel): inside each tile the bytes are further arranged
+in the order the tensor cores consume them, so that each thread of the kernel's warpgroup loads
+its own A-fragment values with 16-byte loads and decodes them in registers without any exchange
+between threads. A tile of ``BN`` rows (``BN/64`` row-reps ``rm``) × ``BK`` values (``BK/64``
+pairs ``bh`` of 32-value scale blocks ``b = 2bh + b0``) becomes 16-byte rows indexed
+``(rm, bh, w, g, q)``, each four 32-bit words ``(b0, c)``: the thread of warp ``w``, lane
+``4g+q`` owns rows ``64rm + 16w + 8h + g`` and values ``32b + 16c + 8d + 2q + e`` (the
+wgmma/mma.m16n8k16 A fragment). A word holds the 8 codes ``(h, d, e)`` of one k16 step; code
+``(h, d, e)`` goes to output ``j = 2d + h``, lane ``e`` (16 bits up for ``e = 1``): sign at bit
+``15, 12, 9, 14`` and ``(e1 e0 m)`` at bits ``8..6``, ``5..3``, ``2..0`` for ``j = 0, 1, 2``;
+for ``j = 3`` ``e1 e0`` at bits ``11..10`` and ``m`` at bit 13 (the kernel's decode,
+``kernels._MMA_WORD_TO_BF16_PTX``). Scales become bytes ``(rm, bh, w, g, b0, h)`` per tile. Still
+a permutation of each expert's bytes (bytes per expert unchanged), each tile still one contiguous
+run for the host link. The decode multiplies by ``2^(s-1)`` in bf16, so scales must be ≤ 128
+(weights ≤ 12): checked here.
 """
 
 from __future__ import annotations
@@ -48,7 +64,24 @@ def from_kernel_layout(tensors: Mapping[str, torch.Tensor], config: object) -> N
     _convert(tensors, config, inverse=True)
 
 
+MMA_ORDER_DEQUANT = 3  # KernelConfig.dequant of the kernel that reads the MMA-order layout
+MAX_MMA_SCALE = 128     # ue8m0 code whose 2^(s-1) is still a finite bf16 (exponent field s + 126)
+
+
+def is_mma_order(config: object) -> bool:
+    return getattr(config, "dequant", None) == MMA_ORDER_DEQUANT
+
+
+def check_mma_tiles(bn: int, bk: int) -> None:
+    if bn % 64 or bk % 64:
+        raise ValueError(f"the MMA-order layout needs tiles of a multiple of 64 rows x 64 values, "
+                         f"got {bn} x {bk}")
+
+
 def _convert(tensors: Mapping[str, torch.Tensor], config: object, *, inverse: bool) -> None:
+    if is_mma_order(config):
+        _convert_mma(tensors, config, inverse=inverse)
+        return
     if not getattr(config, "tile_major", True):
         return
     for name in TILE_FIELDS:
@@ -69,3 +102,89 @@ def _convert(tensors: Mapping[str, torch.Tensor], config: object, *, inverse: bo
             else:
                 src = block.reshape(n, rows // bn, bn, cols // bc, bc).permute(0, 1, 3, 2, 4)
             block.copy_(src.reshape(n, rows, cols))
+
+
+# -- the MMA-order layout (dequant=3) --------------------------------------------------------------
+
+# (sign bit, e1e0m bit-offset) of output j = 0, 1, 2 in a 16-bit lane; j = 3 is split (see above)
+_SIMPLE_FIELDS = ((15, 6), (12, 3), (9, 0))
+_MMA_CHUNK_BYTES = 16 << 20  # smaller steps: the encode holds int32 per code
+
+
+def _weight_dims(n: int, rows: int, k: int, bn: int, bk: int) -> tuple[int, ...]:
+    # rows -> (tr, rm, w, h, g); k -> (tk, bh, b0, c, d, q, e)
+    return (n, rows // bn, bn // 64, 4, 2, 8, k // bk, bk // 64, 2, 2, 2, 4, 2)
+
+
+_W_PERM = (0, 1, 6, 2, 7, 3, 5, 11, 8, 9, 4, 10, 12)   # -> n, tr, tk, rm, bh, w, g, q, b0, c | h, d, e
+_S_PERM = (0, 1, 6, 2, 7, 3, 5, 8, 4)                  # -> n, tr, tk, rm, bh, w, g, b0, h
+
+
+def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
+
+
+def _encode_words(codes: torch.Tensor) -> torch.Tensor:
+    """``[..., h, d, e]`` E2M1 codes (int32) -> ``[...]`` int32 words in the kernel's bit placement
+    (code ``(h, d, e)`` -> output ``j = 2d + h``, lane ``e``)."""
+    sign, em = (codes >> 3) & 1, codes & 7
+    word = torch.zeros(codes.shape[:-3], dtype=torch.int64, device=codes.device)
+    for e in range(2):
+        up = 16 * e
+        for j, (sbit, ebit) in enumerate(_SIMPLE_FIELDS):
+            d, h = divmod(j, 2)
+            word |= (sign[..., h, d, e].long() << (sbit + up)) | (em[..., h, d, e].long() << (ebit + up))
+        s3, em3 = sign[..., 1, 1, e].long(), em[..., 1, 1, e].long()
+        word |= (s3 << (14 + up)) | ((em3 >> 1) << (10 + up)) | ((em3 & 1) << (13 + up))
+    return torch.where(word >= 2 ** 31, word - 2 ** 32, word).to(torch.int32)
+
+
+def _decode_words(word: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``_encode_words``: ``[...]`` int32 -> ``[..., h, d, e]`` uint8 codes."""
+    w = word.long() & 0xFFFFFFFF
+    out = torch.zeros(word.shape + (2, 2, 2), dtype=torch.uint8, device=word.device)
+    for e in range(2):
+        up = 16 * e
+        for j, (sbit, ebit) in enumerate(_SIMPLE_FIELDS):
+            d, h = divmod(j, 2)
+            out[..., h, d, e] = ((((w >> (sbit + up)) & 1) << 3) | ((w >> (ebit + up)) & 7)).to(torch.uint8)
+        code3 = (((w >> (14 + up)) & 1) << 3) | (((w >> (10 + up)) & 3) << 1) | ((w >> (13 + up)) & 1)
+        out[..., 1, 1, e] = code3.to(torch.uint8)
+    return out
+
+
+def _convert_mma(tensors: Mapping[str, torch.Tensor], config: object, *, inverse: bool) -> None:
+    for name in TILE_FIELDS:
+        if name not in tensors:
+            raise ValueError(f"no {name!r} tensor to lay out (have {sorted(tensors)})")
+    for prefix, rows_field, k_field in (("w13_weight", "block_n1", "block_k1"), ("w2_weight", "block_n2", "block_k2")):
+        bn, bk = getattr(config, rows_field), getattr(config, k_field)
+        check_mma_tiles(bn, bk)
+        w, s = tensors[prefix], tensors[prefix + "_scale"]
+        experts, rows, cols = w.shape
+        k = cols * 2
+        if rows % bn or k % bk or tuple(s.shape) != (experts, rows, k // 32):
+            raise ValueError(f"{prefix} {tuple(w.shape)} / scales {tuple(s.shape)} are not whole "
+                             f"{bn} x {bk} MMA-order tiles")
+        if not inverse and s.numel() and int(s.max()) > MAX_MMA_SCALE:
+            raise ValueError(f"{prefix}_scale holds a ue8m0 scale above {MAX_MMA_SCALE} (2^1): the "
+                             f"MMA-order decode (2^(s-1) in bf16) cannot represent it")
+        step = max(1, _MMA_CHUNK_BYTES // max(rows * cols, 1))
+        for start in range(0, experts, step):
+            wb, sb = w[start:start + step], s[start:start + step]
+            n = wb.shape[0]
+            dims = _weight_dims(n, rows, k, bn, bk)
+            sdims = (n, rows // bn, bn // 64, 4, 2, 8, k // bk, bk // 64, 2)
+            if inverse:
+                words = wb.reshape(-1).view(torch.int32).reshape(tuple(dims[i] for i in _W_PERM[:-3]))
+                codes = _decode_words(words).permute(_inverse(_W_PERM)).reshape(n, rows, k)
+                wb.copy_((codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8))
+                sb.copy_(sb.reshape(tuple(sdims[i] for i in _S_PERM)).permute(_inverse(_S_PERM)).reshape(sb.shape))
+            else:
+                codes = torch.stack((wb & 0xF, wb >> 4), dim=-1).reshape(dims).permute(_W_PERM).to(torch.int32)
+                words = _encode_words(codes)
+                wb.copy_(words.reshape(-1).view(torch.uint8).reshape(wb.shape))
+                sb.copy_(sb.reshape(sdims).permute(_S_PERM).reshape(sb.shape))

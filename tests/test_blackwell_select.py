@@ -78,3 +78,11 @@ def test_plugin_entry_builds_the_selected_kernel() -> None:
     with pytest.raises(ValueError, match=ENV_VAR):
         cuda_bank_experts(5120, 2304, 384, 6, 512, "cpu", capability=(9, 0),
                           environ={ENV_VAR: FLASHINFER_TRTLLM})
+
+
+def test_capability_table_keeps_the_sm100_caveat() -> None:
+    from expert_residency.capabilities import unverified_note
+
+    # The SM100 path is supported but was never run on such a device: the caveat must stay.
+    note = unverified_note("mxfp4", (10, 3)) or ""
+    assert "10.3" in note and "not run on SM100" in note

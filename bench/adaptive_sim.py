@@ -65,6 +65,7 @@ PHASES = ("agent", "prose", "math", "mix")
 TOP_K = 6
 BYTES_PER_EXPERT = 18_800_640  # DSv4.1-Flash MXFP4 expert (bench/core_rehome.py)
 TARGET_RATIO = 1.5
+BOUND_STEPS = 200  # the target's horizon: cold share within 1.5x of the oracle's within 200 steps
 CLOSE = 0.8
 
 
@@ -108,7 +109,7 @@ def make_traffic(logp: dict[str, np.ndarray], tokens: int, steps: int, seed: int
     ids = {}
     for phase in PHASES:
         out = np.empty((steps, tokens, layers, TOP_K), dtype=np.uint16)
-        block = max(1, 4096 // tokens)
+        block = max(1, 1024 // tokens)
         for start in range(0, steps, block):
             n = min(block, steps - start)
             if phase == "mix":
@@ -121,6 +122,20 @@ def make_traffic(logp: dict[str, np.ndarray], tokens: int, steps: int, seed: int
             out[start:start + n] = np.argpartition(-keys, TOP_K, axis=-1)[..., :TOP_K]
         ids[phase] = out
     return Traffic(tokens, steps, ids)
+
+
+def count_bound_mask(ids: np.ndarray, frozen: np.ndarray, steps: int) -> np.ndarray:
+    """The map a clairvoyant count-only policy would hold after ``steps`` decode steps: every pick
+    of those steps counted, unlimited swaps, hot = the most counted (ties keep the frozen map)."""
+    layers, experts = frozen.shape
+    block = ids[:steps].astype(np.int64)
+    flat = (np.arange(layers)[None, None, :, None] * experts + block).ravel()
+    counts = np.bincount(flat, minlength=layers * experts).reshape(layers, experts).astype(np.float64)
+    key = counts + 0.5 * (~frozen)
+    hot = int((~frozen[0]).sum())
+    mask = np.ones_like(frozen)
+    np.put_along_axis(mask, np.argsort(-key, axis=1, kind="stable")[:, :hot], False, axis=1)
+    return mask
 
 
 def cold_picks(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -176,6 +191,7 @@ def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConf
         swaps_before = policy.swaps_done
         half_barriers, half_swaps = 0, 0
         swaps_at: list[tuple[int, int]] = []
+        chosen: list[str | None] = []
         mask = frozen
         for start in range(0, traffic.steps):
             adaptive[start] = cold_picks(mask, ids[start:start + 1])[0]
@@ -191,8 +207,10 @@ def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConf
                 policy.counter.counts += torch.from_numpy(counts)
                 done = policy.swaps_done
                 t0 = time.perf_counter()
-                policy.barrier()
+                report = policy.barrier()
                 barrier_seconds.append(time.perf_counter() - t0)
+                if start >= traffic.steps - traffic.steps // 3:
+                    chosen.append(report.prior)
                 mask = live_cold_mask(policy, layers, experts)
                 swaps_at.append((start + 1, policy.swaps_done - done))
                 if start >= traffic.steps - traffic.steps // 3:
@@ -205,6 +223,10 @@ def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConf
         share = {name: float(v[half].sum() / (per_step * v[half].size))
                  for name, v in (("static", static), ("oracle", oracle), ("adaptive", adaptive),
                                  ("frozen", frozen_picks))}
+        # held out: the bound's map is built from the first 200 steps and judged on the rest
+        held = ids[BOUND_STEPS:]
+        share["count_bound_200"] = (float(cold_picks(count_bound_mask(ids, frozen, BOUND_STEPS), held).sum()
+                                          / (per_step * len(held))) if len(held) else None)
         trail = trailing_share(adaptive, per_step, window)
         frozen_all = float(frozen_picks.sum() / (per_step * frozen_picks.size))
         gap_target = share["oracle"] + (1 - CLOSE) * (frozen_all - share["oracle"])
@@ -222,13 +244,16 @@ def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConf
             "swaps_until_1.5x": swaps_to_target,
             "swaps_per_barrier_last_third": half_swaps / half_barriers if half_barriers else 0.0,
             "host_link_bytes": 2 * BYTES_PER_EXPERT * (policy.swaps_done - swaps_before),
+            "prior_last_third": max(set(chosen), key=chosen.count) if chosen else None,
         }
         if series:
             entry["series"] = {"static": (static / per_step).tolist(), "oracle": (oracle / per_step).tolist(),
                                "adaptive": (adaptive / per_step).tolist()}
         result["phases"][phase] = entry
     result["barrier_seconds_median"] = float(np.median(barrier_seconds)) if barrier_seconds else None
+    result["barrier_seconds_max"] = float(np.max(barrier_seconds)) if barrier_seconds else None
     result["layers"] = layers
+    result["priors"] = sorted(priors or {})
     return result
 
 
@@ -243,17 +268,24 @@ def parse_sweep(text: str) -> list[dict]:
     return [dict(combo) for combo in itertools.product(*axes)]
 
 
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2%}"
+
+
 def summary_line(r: dict) -> str:
     c = r["config"]
     head = f"T={r['tokens']:<2} interval={c['interval']:<3} swaps={c['swaps_per_layer']:<2} " \
-           f"decay={c['decay']:<4} margin={c['margin']:<4} ev={c['evidence']} prior={c['prior_weight']}"
+           f"decay={c['decay']:<4} margin={c['margin']:<4} ev={c['evidence']} prior={c['prior_weight']} " \
+           f"profiles={','.join(r['priors']) or 'none'}"
     cells = []
     for phase, e in r["phases"].items():
         s = e["cold_share"]
         cells.append(f"{phase}: st {s['static']:.2%} or {s['oracle']:.2%} ad {s['adaptive']:.2%} "
+                     f"bd {_pct(s['count_bound_200'])} "
                      f"1.5x@{e['steps_to_1.5x_oracle']} 80%@{e['steps_to_close_80pct']} "
-                     f"sw {e['swaps']} thr {e['swaps_per_barrier_last_third']:.2f}")
-    return head + " | " + " | ".join(cells)
+                     f"sw {e['swaps']} thr {e['swaps_per_barrier_last_third']:.2f} pr {e['prior_last_third']}")
+    tail = f" | barrier median {r['barrier_seconds_median'] * 1e3:.1f} ms, max {r['barrier_seconds_max'] * 1e3:.1f} ms"
+    return head + " | " + " | ".join(cells) + tail
 
 
 def main() -> int:

@@ -10,7 +10,9 @@ is in flight, reached every ``interval`` forwards — and runs in this order:
 3. **prior** (optional, device ops): when the lane's class profiles are given, the one (or their
    mixture) under which the window is most likely is chosen and blended into the ranking
    (``choose_prior``, ``blend_prior``) — at one stream per step the counts alone are too thin to
-   rank the experts near the hot/cold boundary for hundreds of steps;
+   rank the experts near the hot/cold boundary for hundreds of steps. The smoothed counts before
+   the window compete as one more candidate: when they explain the window better than every
+   profile (a class nobody profiled), the ranking uses the counts alone;
 4. **rank** (``rank_swaps``, device ops): per layer the ``S`` strongest cold experts against the
    ``S`` weakest hot ones, paired strongest-with-weakest; pair ``i`` is accepted only when
    ``cold > (1 + margin) * hot`` (hysteresis), ``cold - hot > evidence * sqrt(cold + hot)``
@@ -65,13 +67,13 @@ class AdaptiveConfig:
     """Hysteresis: a cold expert replaces the weakest hot one only when its decayed score exceeds
     ``(1 + margin)`` times that hot expert's score."""
 
-    evidence: float = 1.0
+    evidence: float = 1.5
     """Noise guard: the cold expert's lead must also exceed ``evidence`` standard deviations of a
     Poisson count, ``cold - hot > evidence * sqrt(cold + hot)``. The relative margin alone lets a
     cold expert seen twice displace a hot one seen once; at one stream per step most experts near
     the hot/cold boundary are seen a handful of times per window."""
 
-    prior_weight: float = 8.0
+    prior_weight: float = 16.0
     """Weight of the best-fitting class profile (``AdaptivePolicy.priors``) in the ranking:
     ``ranked = score + prior_weight * layer_total * p_class``. 0 ranks on counts alone. The class
     (or the mixture of all classes) is chosen per barrier by the likelihood of the last window."""
@@ -102,6 +104,9 @@ def decay_scores(scores: torch.Tensor, window: torch.Tensor, decay: float) -> to
     return scores.mul_(float(decay)).add_(window.to(scores.dtype))
 
 
+OBSERVED_PSEUDO_COUNT = 0.5
+"""Pseudo-count per (layer, expert) smoothing the observed-counts candidate of the prior choice."""
+
 PROBABILITY_FLOOR = 1e-9
 """Smallest per-pick probability a class profile is taken to give an expert (an expert a profile
 never saw must not make one window's likelihood minus infinity)."""
@@ -114,10 +119,13 @@ def choose_prior(window: torch.Tensor, log_priors: torch.Tensor) -> torch.Tensor
     return torch.argmax(loglik)
 
 
-def blend_prior(scores: torch.Tensor, prior: torch.Tensor, weight: float) -> torch.Tensor:
+def blend_prior(scores: torch.Tensor, prior: torch.Tensor, weight: float | torch.Tensor) -> torch.Tensor:
     """``scores + weight * layer_total * prior`` (a new tensor): the profile counts as ``weight``
-    times the layer's decayed picks, spread by the profile's per-layer probabilities ``[L, E]``."""
-    return scores + float(weight) * scores.sum(dim=1, keepdim=True) * prior.to(scores.dtype)
+    times the layer's decayed picks, spread by the profile's per-layer probabilities ``[L, E]``.
+    ``weight`` may be a 0-dim device tensor (chosen on the device, no sync)."""
+    if not isinstance(weight, torch.Tensor):
+        weight = float(weight)
+    return scores + weight * scores.sum(dim=1, keepdim=True) * prior.to(scores.dtype)
 
 
 def rank_swaps(scores: torch.Tensor, hot_mask: torch.Tensor, swaps_per_layer: int,
@@ -192,7 +200,9 @@ class BarrierReport:
     """The live map's ``content_hash`` after the swaps."""
     shape_hash: str
     prior: str | None = None
-    """The class profile (or ``"mixture"``) the window fitted best, when priors are in use."""
+    """The class profile (or ``"mixture"``) the window fitted best, when priors are in use;
+    ``"observed"`` when the counts so far fitted it better than every profile (traffic of a class
+    without a profile: the ranking then uses the counts alone)."""
 
     @property
     def window_cold_share(self) -> float | None:
@@ -287,17 +297,25 @@ class AdaptivePolicy:
             # a counter reset since the last barrier restarts the window at zero
             window = torch.where(counts >= self._seen, counts - self._seen, counts)
             self._seen.copy_(counts)
+            use_priors = self._priors is not None and self.config.prior_weight > 0
+            if use_priors:
+                # the counts so far (before this window), smoothed: the candidate that wins when no
+                # class profile explains the traffic better than its own recent past
+                observed = self.scores + OBSERVED_PSEUDO_COUNT
+                observed_log = torch.log(observed / observed.sum(dim=1, keepdim=True))
             decay_scores(self.scores, window, self.config.decay)
             hot = self.hot_mask()
             ranked = self.scores
             choice = torch.tensor(-1, device=counts.device)
-            if self._priors is not None and self.config.prior_weight > 0:
+            if use_priors:
                 total = window.sum()
-                fresh = choose_prior(window, self._log_priors)
+                fresh = choose_prior(window, torch.cat([self._log_priors, observed_log.unsqueeze(0)]))
                 # an empty window keeps the previous choice (nothing new to judge by)
                 previous = fresh if self._prior_choice is None else self._prior_choice
                 self._prior_choice = choice = torch.where(total > 0, fresh, previous)
-                ranked = blend_prior(self.scores, self._priors[choice], self.config.prior_weight)
+                classes = self._priors.shape[0]
+                weight = torch.where(choice < classes, self.config.prior_weight, 0.0)
+                ranked = blend_prior(self.scores, self._priors[choice.clamp(max=classes - 1)], weight)
             picks = torch.stack([window.sum(), (window * (~hot).to(window.dtype)).sum(),
                                  choice.to(window.dtype)])
             swaps = plan_swaps(ranked, hot, self._order,
@@ -309,7 +327,8 @@ class AdaptivePolicy:
         live = current_rowmap(self.layers)
         if live.shape_hash() != self.shape_hash:  # swaps exchange rows: shapes cannot change
             raise RuntimeError("adaptive residency: bank shapes changed during a barrier")
-        prior = self._prior_names[int(picks_host[2])] if picks_host[2] >= 0 else None
+        chosen = int(picks_host[2])
+        prior = None if chosen < 0 else (self._prior_names + ["observed"])[chosen]
         report = BarrierReport(self.barriers, self.forwards, swaps, int(picks_host[0]), int(picks_host[1]),
                                moved, live.content_hash(), self.shape_hash, prior)
         self.reports.append(report)

@@ -8,7 +8,9 @@ it relies on, read as text (``ast``), never imported:
   flashinfer-python==0.7.2.post1``; ``.cache/flashinfer-python-0.7.2.post1``,
   scripts/fetch-flashinfer-source.sh): the routed entry point's parameters, the ``do_finalize=False``
   return list, the non-local-expert rule (``-1`` in the permute map, skipped by finalize), the
-  launcher's range checks, the bf16 GEMM2 buffer, the row shuffle table and the 128x4 scale layout.
+  launcher's range checks, the bf16 GEMM2 buffer, the row shuffle table and the 128x4 scale layout;
+* vLLM's TRT-LLM conversion branch executed from its source text (with FlashInfer's own row
+  permutation functions, also from source) equals ``blackwell.layout.to_trtllm_layout`` byte for byte.
 
 A failure names the file and the missing piece: re-check docs/blackwell.md and the kernel before
 moving to another vLLM or FlashInfer.
@@ -428,3 +430,53 @@ def test_doc_cites_every_pinned_line() -> None:
         if rel.endswith("moe_output.py") and number == 11:
             continue  # inside the cited range 10-37
         assert re.search(rf"(?<![\d.]){number}(?!\d)", doc), f"docs/blackwell.md does not cite {rel}:{number}"
+
+
+@needs_vllm
+@needs_flashinfer
+def test_vllm_conversion_run_from_source_equals_our_layout_model() -> None:
+    """vLLM 0.33's TRT-LLM conversion branch, executed from its source text with FlashInfer's own
+    row-permutation functions (also from source); only the 128x4 interleave kernel (CUDA) is our
+    model, checked against the C++ offset formula above. Its output must equal
+    ``layout.to_trtllm_layout`` byte for byte."""
+    torch = pytest.importorskip("torch")
+    from expert_residency.blackwell.layout import swizzle_128x4, to_trtllm_layout
+    from expert_residency.mxfp4 import quantize_mxfp4
+
+    fn = _find(VLLM / ORACLE_FILE, "convert_weight_to_mxfp4_moe_kernel_format")
+    branch = next(n for n in ast.walk(fn) if isinstance(n, ast.If)
+                  and ast.unparse(n.test) == "mxfp4_backend in TRTLLM_BACKENDS")
+    body = [s for s in branch.body if not isinstance(s, ast.ImportFrom)]
+    args = ["w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale", "w13_bias", "w2_bias",
+            "_cache_permute_indices", "num_experts", "intermediate_size", "hidden_size",
+            "sf_block_size"]
+    module = ast.Module(body=[ast.FunctionDef(
+        name="vllm_trtllm_branch", args=ast.arguments(
+            posonlyargs=[], args=[ast.arg(a) for a in args], kwonlyargs=[], kw_defaults=[],
+            defaults=[]), body=body, decorator_list=[], returns=None, type_params=[])],
+        type_ignores=[])
+    namespace: dict = {"torch": torch}
+    utils_path, core_path = FLASHINFER / "flashinfer/utils.py", FLASHINFER / FI_CORE
+    for node in _tree(utils_path).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.startswith("srcToDstBlk")
+                                                for t in node.targets):
+            exec(compile(ast.Module([node], []), str(utils_path), "exec"), namespace)
+    for path, name in ((utils_path, "get_shuffle_block_size"),
+                       (utils_path, "get_shuffle_matrix_a_row_indices"),
+                       (utils_path, "get_shuffle_matrix_sf_a_row_indices"),
+                       (core_path, "get_w2_permute_indices_with_cache")):
+        exec(compile(_flashinfer_function(path, name), str(path), "exec"), namespace)
+    namespace["nvfp4_block_scale_interleave"] = lambda sf: swizzle_128x4(sf).reshape(-1)
+    exec(compile(ast.fix_missing_locations(module), str(VLLM / ORACLE_FILE), "exec"), namespace)
+
+    experts, hidden, inter = 3, 256, 128
+    g = torch.Generator().manual_seed(5)
+    q13, s13 = quantize_mxfp4(torch.randn(experts, 2 * inter, hidden, generator=g))
+    q2, s2 = quantize_mxfp4(torch.randn(experts, hidden, inter, generator=g))
+    theirs = namespace["vllm_trtllm_branch"](q13.clone(), q2.clone(), s13.clone(), s2.clone(), None,
+                                             None, {}, experts, inter, hidden, 32)
+    ours = {"w13_weight": q13, "w13_weight_scale": s13, "w2_weight": q2, "w2_weight_scale": s2}
+    to_trtllm_layout(ours)
+    for name, value in zip(("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"), theirs):
+        assert value.dtype == ours[name].dtype, name
+        assert torch.equal(value.view(torch.uint8), ours[name].view(torch.uint8)), name

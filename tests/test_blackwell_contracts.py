@@ -269,6 +269,9 @@ def test_flashinfer_routed_entry_point_accepts_our_call() -> None:
     assert defaults["do_finalize"] == "True" and defaults["routing_method_type"] == "0"
     doc = ast.get_docstring(fn) or ""
     assert "Unpacked format: ``topk_ids`` is a tuple ``(topk_ids, topk_weights)``" in doc
+    split = ast.unparse(_find(FLASHINFER / FI_CORE, "_split_precomputed_routing"))
+    assert "if isinstance(topk_ids, tuple):" in split
+    assert "return (topk_ids_tensor, topk_weights, RoutingInputMode.UnpackedPrecomputed)" in split
     assert "consumed at their native dtype" in doc
     src = _text(FLASHINFER / FI_CORE)
     assert ("``False``      ``None``            "

@@ -105,6 +105,9 @@ def test_layout_round_trip_and_dtypes() -> None:
     original = {k: v.clone() for k, v in t.items()}
     L.to_trtllm_layout(t)
     assert t["w13_weight"].dtype == torch.uint8 and t["w13_weight_scale"].dtype == torch.float8_e4m3fn
+    # Same bytes per expert as the checkpoint layout: the ledger's bank bytes hold for both kernels.
+    for name, value in original.items():
+        assert t[name].shape == value.shape and t[name].element_size() == value.element_size(), name
     assert not torch.equal(t["w13_weight"], original["w13_weight"])
     L.from_trtllm_layout(t)
     for name, value in original.items():

@@ -10,8 +10,10 @@ Kernels (the names are the values of ``EXPERT_RESIDENCY_BANK_KERNEL``):
   (``TrtLlmMxfp4ExpertsBase._supports_current_device``: ``is_device_capability_family(100)``).
 * ``triton`` — the runtime's Triton MXFP4 kernels with their default dequantizer
   (``gpu.experts.KernelConfig()``), tuned on the H200 (SM90); also SM89 and anything else with CUDA.
-* ``triton-dot-scaled`` — the same Triton kernels with ``tl.dot_scaled`` (``KernelConfig(dequant=1)``):
-  native block-scaled FP4 MMA on SM100, an emulated upcast elsewhere. The second Blackwell option.
+* ``triton-dot-scaled`` — the same Triton kernels with ``tl.dot_scaled`` (``KernelConfig(dequant=1)``),
+  the second Blackwell option. As the kernels call it (bf16 activations without scales) Triton
+  decomposes it into an upcast + bf16 MMA on every device, SM100 included: its native block-scaled
+  MMA needs scales on both operands (docs/blackwell.md).
 * ``torch-reference`` — the core's torch reference (``core.reference``); what a CPU device runs.
 
 ``auto`` (the default) picks ``flashinfer-trtllm`` on the SM100 family (major 10), ``triton`` on

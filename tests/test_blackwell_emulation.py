@@ -246,3 +246,32 @@ def test_fused_signature_counts_picks() -> None:
     assert y is out
     expected = torch.bincount(ids[mask].reshape(-1), minlength=EXPERTS)
     assert counter.counts[counter.row_of(3)].tolist() == expected.tolist()
+
+
+def test_gather_depends_on_the_permute_map_only() -> None:
+    """FlashInfer's row order is an implementation detail (and tactic-dependent); with the routes'
+    rows scattered at random over the padded buffer the result is the same bits."""
+    import functools
+
+    x, ids, weights = routing()
+    reference = residency_forward(build_unsplit_layer(checkpoint(), layer_index=0), x, weights,
+                                  ids, mxfp4_swiglu_per_pick())
+    converted = checkpoint()
+    L.to_trtllm_layout(converted)
+    hot, cold = PARTITIONS[0]
+    layer = rehome_layer(converted, hot, cold, layer_index=0,
+                         hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator())
+    for seed in (1, 2):
+        scattered = TrtllmMxfp4Banks(HIDDEN, INTER, EXPERTS, TOP_K, activation="bf16",
+                                     routed_moe=functools.partial(emulated_routed_moe,
+                                                                  row_order_seed=seed))
+        assert torch.equal(scattered.forward(layer, x, weights, ids), reference)
+
+
+def test_selfcheck_without_a_gpu_says_so(capsys: pytest.CaptureFixture) -> None:
+    from expert_residency.blackwell.selfcheck import main
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert main(["--tokens", "1"]) == 2
+    assert "no CUDA device" in capsys.readouterr().out

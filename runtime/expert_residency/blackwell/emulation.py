@@ -8,7 +8,8 @@ rules of FlashInfer 0.7.2.post1 (docs/blackwell.md cites the lines):
   ``expanded_idx_to_permuted_idx``;
 * local routes are permuted expert-major (local expert ascending, then token order), each expert's
   run padded to a multiple of the tile (8 tokens, the runner's smallest ``tileTokensDim``); pad rows
-  hold garbage — here NaN, so a reader that touches a pad row or a ``-1`` route is caught;
+  hold garbage — here NaN, so a reader that touches a pad row or a ``-1`` route is caught
+  (``row_order_seed`` scatters the rows at random instead: the order is FlashInfer's business);
 * ``gemm2_output`` rows are the **unweighted** expert outputs in bf16; ``expert_weights`` is the
   caller's weight tensor returned as is (FlashInfer "always borrows the caller's topk_weights").
 
@@ -46,9 +47,12 @@ def emulated_routed_moe(*, topk_ids: Any, hidden_states: torch.Tensor,
                         activation_type: int = SWIGLU, routing_method_type: int = 0,
                         gemm1_bias: torch.Tensor | None = None,
                         gemm2_bias: torch.Tensor | None = None, gemm1_alpha: Any = None,
-                        gemm1_beta: Any = None, **_: Any) -> list[torch.Tensor]:
+                        gemm1_beta: Any = None, row_order_seed: int | None = None,
+                        **_: Any) -> list[torch.Tensor]:
     """See the module docstring. Only ``do_finalize=False`` with unpacked ``(ids, weights)``
-    routing and bf16 activations is modelled; anything else raises ``LaunchError``."""
+    routing and bf16 activations is modelled; anything else raises ``LaunchError``.
+    ``row_order_seed`` (not a FlashInfer argument): place the local routes' rows in a random order
+    instead of expert-major, to show a reader depends on the permute map only."""
     if not isinstance(topk_ids, tuple):
         raise LaunchError("only the unpacked (topk_ids, topk_weights) routing form is modelled")
     ids, weights = topk_ids
@@ -102,6 +106,13 @@ def emulated_routed_moe(*, topk_ids: Any, hidden_states: torch.Tensor,
         slots.append((row, e, t))
         row += 1
     rows_total = max(TILE_TOKENS, -(-row // TILE_TOKENS) * TILE_TOKENS)
+    if row_order_seed is not None:
+        g = torch.Generator().manual_seed(row_order_seed)
+        targets = torch.randperm(rows_total, generator=g).tolist()
+        new_row = {old: targets[i] for i, (old, _, _) in enumerate(slots)}
+        slots = [(new_row[r], e, t) for r, e, t in slots]
+        permuted_idx = torch.tensor([new_row[v] if v >= 0 else -1 for v in permuted_idx.tolist()],
+                                    dtype=torch.int32)
     gemm2 = torch.full((rows_total, hidden), float("nan"), dtype=torch.bfloat16)
     for row, e, t in slots:
         w13 = dequantize_mxfp4(plain["w13_weight"][e:e + 1], plain["w13_weight_scale"][e:e + 1])

@@ -60,24 +60,26 @@ def mxfp4_unsupported_reason(layer: Any) -> str | None:
 
     ``layer`` is a vLLM ``RoutedExperts`` (or anything with its attributes: ``layer_name``,
     ``activation``, ``swiglu_limit``, ``moe_config.swiglu_alpha/_beta``, the weight parameters).
+    The verdict is the runtime's capability table's (``expert_residency.capabilities``, which
+    ``recipegen check budgets`` reads too); this adds the layer and parameter names.
     """
+    from ..capabilities import unsupported_reason
+
     name = getattr(layer, "layer_name", "MoE layer")
-    for bias in BIAS_NAMES:
-        if getattr(layer, bias, None) is not None:
-            return (f"{name}: MXFP4 expert biases ({bias}) are not supported by the runtime's "
-                    "MXFP4 expert kernel; set EXPERT_RESIDENCY_MODE=off/count for this model")
+    biases = [b for b in BIAS_NAMES if getattr(layer, b, None) is not None]
     activation = getattr(layer, "activation", None)
     act_name = str(getattr(activation, "value", activation)).lower()
-    if act_name != "silu":
-        return (f"{name}: expert activation {act_name!r}: the runtime's MXFP4 expert kernel "
-                "implements SiLU-gated (silu(gate)*up, gate rows first) experts only")
     moe_config = getattr(layer, "moe_config", None)
     alpha = getattr(moe_config, "swiglu_alpha", None)
     beta = getattr(moe_config, "swiglu_beta", None)
-    if (alpha is not None and float(alpha) != 1.0) or (beta is not None and float(beta) != 0.0):
-        return (f"{name}: SwiGLU alpha/beta ({alpha}, {beta}) are not supported by the runtime's "
-                "MXFP4 expert kernel")
-    return None
+    reason = unsupported_reason(expert_format="mxfp4", activation=act_name,
+                                swiglu_limit=layer_swiglu_limit(layer), swiglu_alpha=alpha,
+                                swiglu_beta=beta, biases=bool(biases))
+    if reason is None:
+        return None
+    detail = f" ({', '.join(biases)})" if biases and "bias" in reason else ""
+    return (f"{name}: {reason}{detail}; set EXPERT_RESIDENCY_MODE=off/count for this model "
+            "(vLLM's own kernel then serves it)")
 
 
 def hold_back_conversion(method: Any, get_runtime: Callable[[], Any],
@@ -167,14 +169,17 @@ class Mxfp4Residency:
         self.device = torch.device(device)
         self.max_tokens = int(max_tokens)
         self._experts: Any | None = None
+        self.choice: Any | None = None  # blackwell.select.BankKernelChoice (CUDA)
         if self.device.type == "cuda":
-            from ..gpu.experts import ExpertShape, KernelConfig, TritonMxfp4Experts
+            # The bank kernel by compute capability (and EXPERT_RESIDENCY_BANK_KERNEL): the
+            # runtime's Triton kernels on SM90/SM89, FlashInfer TRT-LLM banks on SM100, or the
+            # torch reference; each object offers the fused split layer's ``forward``.
+            from ..blackwell.plugin import cuda_bank_experts
 
-            config = kernel_config if kernel_config is not None else KernelConfig()
-            self._experts = TritonMxfp4Experts(
-                ExpertShape(geometry.hidden, geometry.intermediate), geometry.num_experts,
-                geometry.top_k, self.max_tokens, self.device, config, swiglu_limit=swiglu_limit)
-            self.name = f"expert_residency Triton MXFP4 ({config.describe()}{clamp})"
+            self._experts, self.name, self.choice = cuda_bank_experts(
+                geometry.hidden, geometry.intermediate, geometry.num_experts, geometry.top_k,
+                self.max_tokens, self.device, kernel_config=kernel_config,
+                swiglu_limit=swiglu_limit)
         elif self.device.type == "cpu":
             self.name = f"expert_residency torch MXFP4 reference (core.reference{clamp})"
         else:
@@ -190,7 +195,7 @@ class Mxfp4Residency:
     def allocators(self) -> tuple[BankAllocator, BankAllocator]:
         """(hot, cold) bank allocators: CUDA — device memory and exact-size pinned host memory read
         in place; CPU — both host memory (the cold bank is the host tier by name only)."""
-        if self._experts is not None:
+        if self.device.type == "cuda":
             from ..gpu.pinned import pinned_view_allocator
 
             return device_allocator(self.device), pinned_view_allocator(self.device)
@@ -198,8 +203,9 @@ class Mxfp4Residency:
 
     @property
     def fused(self) -> Any | None:
-        """CUDA: the ``gpu.experts.TritonMxfp4Experts`` whose ``forward`` is the whole split layer
-        (both banks in one pass, Triton finalize, in-kernel counter); None on CPU."""
+        """CUDA: the bank-kernel object (``gpu.experts.TritonMxfp4Experts``, or on SM100
+        ``blackwell.trtllm.TrtllmMxfp4Banks``) whose ``forward`` is the whole split layer (both
+        banks in one pass, one finalize, counter on the device); None for the torch reference."""
         return self._experts
 
     @property

@@ -6,8 +6,11 @@ therefore reads two **persistent device buffers** owned by this object, whose co
 every step and whose addresses never do:
 
 * ``valid [max_tokens] bool`` — True for the step's real tokens (not padding);
-* ``decode [max_tokens] bool`` — True for real tokens of requests scheduled with exactly one new
-  token (a verify window of speculative decoding has several, a prefill chunk many).
+* ``decode_count [1] int64`` — the step's decode tokens: requests scheduled with exactly one new
+  token (a verify window of speculative decoding has several, a prefill chunk many, a padded
+  request none), each contributing one token. The first counted MoE layer adds it to the counter
+  inside the captured region (a drafter's forward context overwrites it, but no target layer
+  runs in that forward).
 
 They are filled by ``update_from_context`` when vLLM creates the step's forward context
 (``forward_hook``: eager, before the model runs or a graph replays, on the step's stream), from
@@ -17,9 +20,8 @@ what vLLM 0.32/0.33 keep on the device for the step:
   (V1 ``gpu_model_runner.py`` ``_prepare_padding_mask``, V2 ``input_batch.py``/``model_runner.py``)
   that vLLM's own DeepGEMM mega-MoE reads inside its captured MoE forward to skip padded rows
   (``fused_moe/deep_gemm_mega_moe.py``); tests/test_vllm_plugin_graphsafe_contracts.py pins it;
-* the attention metadata's ``query_start_loc`` (device ``int32 [requests + 1]``): a token's
-  request is found with ``searchsorted`` on the device, its length is one step of the cumulative
-  sum.
+* the attention metadata's ``query_start_loc`` (device ``int32 [requests + 1]``, cumulative):
+  a request's new tokens are one step of it.
 
 A forward context without attention metadata (vLLM's memory-profiling run, warm-ups and capture
 dummies) marks every row invalid: nothing is counted. All updates are device ops with fixed
@@ -34,69 +36,63 @@ import torch
 
 
 class StepMasks:
-    """The two per-step token masks (see the module docstring) for steps of up to ``max_tokens``."""
+    """The step's token mask and decode count (see the module docstring) for up to
+    ``max_tokens`` rows."""
 
     def __init__(self, max_tokens: int, device: torch.device | str) -> None:
         self.max_tokens = int(max_tokens)
         self.device = torch.device(device)
         self.valid = torch.zeros(self.max_tokens, dtype=torch.bool, device=self.device)
-        self.decode = torch.zeros(self.max_tokens, dtype=torch.bool, device=self.device)
+        self.decode_count = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._rows = torch.arange(self.max_tokens, dtype=torch.int32, device=self.device)
         # False once a step's metadata had no query_start_loc: decode tokens are then unknown.
         self.decode_known = True
 
     @staticmethod
     def bytes_for(max_tokens: int) -> int:
-        """Device bytes of the buffers: two bool rows and one int32 row of ``max_tokens``."""
-        return int(max_tokens) * (1 + 1 + 4)
+        """Device bytes of the buffers: a bool and an int32 row of ``max_tokens``, one int64."""
+        return int(max_tokens) * (1 + 4) + 8
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.valid, self.decode, self._rows))
+        return sum(t.numel() * t.element_size() for t in (self.valid, self.decode_count,
+                                                          self._rows))
 
-    def for_tokens(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views ``(valid[:T], decode[:T])`` for a forward of ``T`` rows (fixed addresses)."""
+    def for_tokens(self, num_tokens: int) -> torch.Tensor:
+        """``valid[:T]`` for a forward of ``T`` rows (a fixed address)."""
         if num_tokens > self.max_tokens:
             raise ValueError(f"a step of {num_tokens} tokens exceeds the masks' "
                              f"{self.max_tokens} (max_num_batched_tokens)")
-        return self.valid[:num_tokens], self.decode[:num_tokens]
+        return self.valid[:num_tokens]
 
     def clear(self) -> None:
         """No real token in this step (profiling run, warm-up, capture dummy)."""
         self.valid.zero_()
-        self.decode.zero_()
+        self.decode_count.zero_()
 
     def update(self, num_rows: int, *, is_padding: torch.Tensor | None = None,
                num_actual_tokens: int | None = None,
                query_start_loc: torch.Tensor | None = None) -> None:
         """Masks for a step of ``num_rows`` rows (padded). Real rows: ``~is_padding`` when given,
-        else the first ``num_actual_tokens``, else all ``num_rows``. Decode rows: real rows whose
-        request (``query_start_loc``) has length 1; unknown without ``query_start_loc``."""
+        else the first ``num_actual_tokens``, else all ``num_rows``. Decode tokens: the requests
+        of ``query_start_loc`` with exactly one new token (padded requests have none); unknown
+        without it. Five device ops at most, none reading back to the host."""
         n = min(int(num_rows), self.max_tokens)
-        valid, decode = self.valid[:n], self.decode[:n]
+        valid = self.valid[:n]
         if is_padding is not None:
-            torch.logical_not(is_padding[:n].to(self.device, non_blocking=True), out=valid)
+            torch.logical_not(is_padding[:n], out=valid)
         elif num_actual_tokens is not None:
             torch.lt(self._rows[:n], int(num_actual_tokens), out=valid)
         else:
             valid.fill_(True)
-        self.valid[n:].zero_()
-        self.decode[n:].zero_()
+        if n < self.max_tokens:
+            self.valid[n:].zero_()
         if query_start_loc is None:
             self.decode_known = False
-            decode.zero_()
+            self.decode_count.zero_()
             return
-        starts = query_start_loc.to(device=self.device, dtype=torch.int32)
-        requests = starts.numel() - 1
-        if requests < 1:
-            decode.zero_()
-            return
-        # Request of row t: the last start <= t (fixed shape [n]); rows past the last request
-        # clamp onto it and are padding anyway.
-        request = torch.searchsorted(starts, self._rows[:n], right=True) - 1
-        request.clamp_(0, requests - 1)
-        one_token = (starts[1:] - starts[:-1]) == 1
-        torch.logical_and(one_token[request], valid, out=decode)
+        starts = query_start_loc
+        torch.sum((starts[1:] - starts[:-1]) == 1, dim=0, keepdim=True, out=self.decode_count)
 
     def update_from_context(self, context: Any) -> None:
         """Fill the masks from a vLLM ``ForwardContext`` (called as it is created)."""
@@ -107,19 +103,20 @@ class StepMasks:
             self.clear()
             return
         meta = next(iter(metadata.values())) if isinstance(metadata, dict) else metadata
-        starts = _first_tensor(metadata, "query_start_loc")
         is_padding = getattr(context, "is_padding", None)
+        if not isinstance(is_padding, torch.Tensor):
+            is_padding = None
         descriptor = getattr(context, "batch_descriptor", None)
-        if isinstance(is_padding, torch.Tensor):
+        if is_padding is not None:
             rows = is_padding.numel()
         elif descriptor is not None and getattr(descriptor, "num_tokens", None):
             rows = int(descriptor.num_tokens)
         else:
             rows = self.max_tokens
         actual = getattr(meta, "num_actual_tokens", None)
-        self.update(rows, is_padding=is_padding if isinstance(is_padding, torch.Tensor) else None,
-                    num_actual_tokens=int(actual) if isinstance(actual, int) else None,
-                    query_start_loc=starts)
+        self.update(rows, is_padding=is_padding,
+                    num_actual_tokens=actual if isinstance(actual, int) else None,
+                    query_start_loc=_first_tensor(metadata, "query_start_loc"))
 
 
 def _first_tensor(metadata: Any, name: str) -> torch.Tensor | None:

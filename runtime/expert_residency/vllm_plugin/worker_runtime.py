@@ -293,6 +293,9 @@ class WorkerRuntime:
                                  "excluded_layers": len(self.excluded_layers),
                                  "forward": "fused" if self.fused else "per-pick",
                                  **self.workspace_bytes()}
+        for residency in self._mxfp4_cache.values():
+            if getattr(residency, "choice", None) is not None:
+                extra.update(residency.choice.report_fields())  # bank kernel and why
         content_hash = shape_hash = None
         if self.rowmap is not None and self.settings.mode == MODE_RESIDENCY:
             content_hash, shape_hash = self.rowmap.content_hash(), self.rowmap.shape_hash()
@@ -326,12 +329,22 @@ class WorkerRuntime:
                    "supported with EXPERT_RESIDENCY_MODE=residency/unsplit)")
 
     def count(self, module: Any, topk_ids: torch.Tensor) -> None:
-        """Count-mode layers (vLLM's kernel serves): add the step's real picks on the device."""
+        """Count-mode layers (vLLM's kernel serves) and the per-pick path: add the step's real
+        picks on the device."""
         if self.counter is None or not module._er_counted:
             return
-        valid, decode = self.masks.for_tokens(topk_ids.shape[0])
-        self.counter.count(module._er_layer_index, topk_ids, token_mask=valid,
-                           decode_mask=decode)
+        self.counter.count(module._er_layer_index, topk_ids,
+                           token_mask=self.masks.for_tokens(topk_ids.shape[0]))
+        self._count_decode(module)
+
+    def _count_decode(self, module: Any) -> None:
+        """Decode tokens are the same for every layer of a step: added once, on the first MoE
+        layer's row, from the step's device count (the counter's snapshot reads the largest
+        row). Python here runs at capture; the add is captured."""
+        row = 0
+        if module._er_layer_index == self.counter.moe_layer_indices[row]:
+            self.counter.decode_tokens[row:row + 1].add_(self.masks.decode_count)
+        self.counter._decode_known = self.masks.decode_known
 
     def split_forward(self, module: Any, x: torch.Tensor, topk_weights: torch.Tensor,
                       topk_ids: torch.Tensor) -> torch.Tensor:
@@ -346,14 +359,10 @@ class WorkerRuntime:
         if fused is not None:
             if self.counter is None or not module._er_counted:
                 return fused.forward(module._er_resident, x, topk_weights, topk_ids)
-            valid, decode = self.masks.for_tokens(topk_ids.shape[0])
-            # Decode tokens are the same for every layer of a step: added once, on the first
-            # layer's row (the counter's snapshot reads the largest row).
-            first = index == self.counter.moe_layer_indices[0]
             out = fused.forward(module._er_resident, x, topk_weights, topk_ids,
-                                counter=self.counter, token_mask=valid,
-                                decode_mask=decode if first else None)
-            self.counter._decode_known = self.masks.decode_known
+                                counter=self.counter,
+                                token_mask=self.masks.for_tokens(topk_ids.shape[0]))
+            self._count_decode(module)
             return out
         self.count(module, topk_ids)
         return residency_forward(module._er_resident, x, topk_weights, topk_ids,

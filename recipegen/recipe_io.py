@@ -91,7 +91,8 @@ def resolve_recipe_path(name_or_path: str | os.PathLike[str]) -> Path:
                 return path
     if candidate.exists():
         raise InputError("not a file", file=text)
-    known = sorted({p.stem for d in recipe_search_dirs() if d.is_dir() for p in d.glob("*.yaml")})
+    known = sorted({p.stem for d in recipe_search_dirs() if d.is_dir() for p in d.glob("*.yaml")
+                    if not p.name.startswith(".")})
     hint = f"; recipes under {RECIPES_DIRNAME}/: {', '.join(known)}" if bare and known else ""
     raise InputError(f"recipe not found{hint}", file=text)
 
@@ -101,7 +102,8 @@ def list_recipes(folder: Path | None = None) -> list[Path]:
     folders = [folder] if folder is not None else recipe_search_dirs()
     for d in folders:
         if d.is_dir():
-            return sorted(d.glob("*.yaml"))
+            # dot files are temp files of a write in progress (or of one a crash cut short)
+            return sorted(p for p in d.glob("*.yaml") if not p.name.startswith("."))
     return []
 
 
@@ -302,9 +304,12 @@ def problems_error(path: Path, document: Any, problems: list[Problem]) -> InputE
 
 # ---------------------------------------------------------------- loading
 
-def _read_validated(path: Path) -> tuple[Recipe, Any]:
-    """YAML + schema validation (no cross-references): the Recipe and its round-trip document."""
+def _read_validated(path: Path, text: str | None = None) -> tuple[Recipe, Any]:
+    """YAML + schema validation (no cross-references): the Recipe and its round-trip document.
+    `text`: validate this as the content of `path` (a write not yet made)."""
     file = display_path(path)
+    if text is not None:
+        return _validated_document(path, parse_yaml(text, file))
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -312,6 +317,11 @@ def _read_validated(path: Path) -> tuple[Recipe, Any]:
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror}", file=file) from None
     document = parse_yaml(text, file)
+    return _validated_document(path, document)
+
+
+def _validated_document(path: Path, document: Any) -> tuple[Recipe, Any]:
+    file = display_path(path)
     if not isinstance(document, dict):
         # never echo the value: a mistyped path may name a secrets file
         kind = "empty" if document is None else "a list" if isinstance(document, list) \
@@ -331,10 +341,13 @@ def _read_validated(path: Path) -> tuple[Recipe, Any]:
     return recipe, document
 
 
-def load_recipe(path_or_name: str | os.PathLike[str], *, read_maps: bool = True) -> LoadedRecipe:
-    """Read, validate and cross-check a recipe. Raises InputError on any problem."""
-    path = resolve_recipe_path(path_or_name)
-    recipe, document = _read_validated(path)
+def load_recipe(path_or_name: str | os.PathLike[str], *, read_maps: bool = True,
+                text: str | None = None) -> LoadedRecipe:
+    """Read, validate and cross-check a recipe. Raises InputError on any problem.
+
+    `text`: take this as the file's content (to check a write before making it)."""
+    path = resolve_recipe_path(path_or_name) if text is None else Path(path_or_name)
+    recipe, document = _read_validated(path, text)
     cross = cross_reference_problems(recipe, path.parent)
     if cross:
         raise problems_error(path, document, cross)
@@ -366,41 +379,65 @@ def set_active_class(path: str | os.PathLike[str], lane: str, cls: str) -> bool:
     Returns False when the class was already active (file untouched).
     """
     target = resolve_recipe_path(path)
-    recipe, document = _read_validated(target)  # cross-references are checked on the result
+    text = target.read_text(encoding="utf-8")
+    new_text = active_class_text(target, text, lane, cls)
+    if new_text == text:
+        return False
+    _atomic_write_validated(target, new_text)
+    return True
+
+
+def active_class_text(target: Path, text: str, lane: str, cls: str) -> str:
+    """The recipe text `text` (of file `target`) with `active_class: <cls>` for `lane`; the
+    text unchanged when the class is already active. Pure: writes nothing."""
+    file = display_path(target)
+    document = parse_yaml(text, file)
+    recipe, document = _validated_document(target, document)
     loaded = LoadedRecipe(recipe=recipe, path=target, document=document)
     index = next((i for i, item in enumerate(recipe.lanes) if item.name == lane), None)
     if index is None:
         raise InputError(f"no lane {lane!r} (lanes: {', '.join(l.name for l in recipe.lanes)})",
-                         file=display_path(target), field="lanes")
+                         file=file, field="lanes")
     lane_model = recipe.lanes[index]
     if cls not in lane_model.classes:
         raise loaded.error(f"class {cls!r} is not declared in lane {lane!r} (declared: "
                            f"{', '.join(lane_model.classes) or 'none'})", ("lanes", index, "classes"))
     if lane_model.active_class == cls:
-        return False
-    text = target.read_text(encoding="utf-8")
+        return text
     lane_node = document["lanes"][index]
-    if "active_class" in lane_node:
+    if "active_class" in lane_node and _own_key(lane_node, "active_class"):
         line, col = lane_node.lc.value("active_class")
         lines = text.splitlines(keepends=True)
-        match = _SCALAR_AT.match(lines[line], col)
-        if match is None:
-            raise loaded.error("cannot find the active_class value to replace",
+        match = _SCALAR_AT.match(lines[line], col) if line < len(lines) else None
+        if match is None or match.group(0).startswith(("*", "&", "!", "[", "{", "|", ">")):
+            raise loaded.error("cannot find the active_class value to replace (write it as "
+                               "a plain `active_class: <class>` line)",
                                ("lanes", index, "active_class"))
         lines[line] = lines[line][:match.start()] + cls + lines[line][match.end():]
-        new_text = "".join(lines)
-    else:
-        import io
+        return "".join(lines)
+    if "active_class" in lane_node:
+        # inherited through a YAML merge key (`<<: *defaults`): writing it would change every
+        # lane that shares the anchor
+        raise loaded.error("active_class comes from a YAML merge key (`<<:`); write it in the "
+                           "lane itself to swap classes", ("lanes", index, "active_class"))
+    import io
 
-        lane_node["active_class"] = cls
-        yaml = _yaml()
-        yaml.width = 4096
-        yaml.indent(mapping=2, sequence=4, offset=2)
-        buffer = io.StringIO()
-        yaml.dump(document, buffer)
-        new_text = buffer.getvalue()
-    _atomic_write_validated(target, new_text)
-    return True
+    lane_node["active_class"] = cls
+    yaml = _yaml()
+    yaml.width = 4096
+    yaml.indent(mapping=2, sequence=4, offset=2)
+    buffer = io.StringIO()
+    yaml.dump(document, buffer)
+    return buffer.getvalue()
+
+
+def _own_key(node: Any, key: str) -> bool:
+    """True when `key` is written in `node` itself (not inherited through a merge key)."""
+    merged = getattr(node, "merge", None) or []
+    own = getattr(node, "_ok", None)
+    if own is not None:
+        return key in own
+    return not any(key in m[1] for m in merged)
 
 
 def _atomic_write_validated(target: Path, text: str) -> None:

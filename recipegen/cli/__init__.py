@@ -58,6 +58,7 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
+            _recover_interrupted_swaps()
             return super().invoke(ctx)
         except RecipegenError as exc:
             click.echo(f"error: {exc}", err=True)
@@ -65,13 +66,27 @@ class LazyGroup(click.Group):
         except OSError as exc:
             # A folder that is read-only, full, or blocked by a file: the path and the reason,
             # not a traceback (exit 2 like any other bad input).
-            where = exc.filename if exc.filename is not None else ""
-            also = f" -> {exc.filename2}" if exc.filename2 is not None else ""
-            click.echo(f"error: {where}{also}: {exc.strerror or exc}", err=True)
+            where = f"{exc.filename}" if exc.filename is not None else ""
+            where += f" -> {exc.filename2}" if exc.filename2 is not None else ""
+            click.echo(f"error: {where + ': ' if where else ''}{exc.strerror or exc}", err=True)
             sys.exit(2)
         except RecursionError:
             click.echo("error: input nested too deeply", err=True)
             sys.exit(2)
+
+
+def _recover_interrupted_swaps() -> None:
+    """Roll back a class swap a killed process left half done (recipegen.render.swap), before
+    any command reads the recipes. Costs one directory listing when there is none."""
+    from recipegen.recipe_io import recipe_search_dirs
+
+    for folder in recipe_search_dirs():
+        if folder.is_dir() and any(p.name.startswith(".") and ".recipegen-swap." in p.name
+                                   for p in folder.iterdir()):
+            from recipegen.render.swap import recover_interrupted
+
+            for line in recover_interrupted(folder):
+                click.echo(line, err=True)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

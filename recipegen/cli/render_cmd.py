@@ -9,17 +9,13 @@ from pathlib import Path
 import click
 
 from recipegen.errors import InputError, RecipegenError
-from recipegen.render.compose import CONFIG_HASH_LABEL, TEMPLATES_DIR
+from recipegen.render.compose import TEMPLATES_DIR, service_hashes  # noqa: F401 (re-export)
 
-_CLASS_ARG = re.compile(r"^([a-z0-9][a-z0-9-]*)=([^=\s]+)$")
-_SERVICE_LINE = re.compile(r"^  (lane-[a-z0-9-]+):\s*$")
-_HASH_LINE = re.compile(r'^\s+' + re.escape(CONFIG_HASH_LABEL) + r': "([0-9a-f]*)"\s*$')
-
-
+_CLASS_ARG = re.compile(r"([a-z0-9][a-z0-9-]*)=([a-z0-9][a-z0-9-]*)")
 def _parse_class_args(values: tuple[str, ...]) -> list[tuple[str, str]]:
     swaps = []
     for value in values:
-        match = _CLASS_ARG.match(value)
+        match = _CLASS_ARG.fullmatch(value)
         if match is None:
             raise InputError(f"--class {value!r}: write LANE=CLASS, e.g. --class agent=prose",
                              field="--class")
@@ -28,21 +24,6 @@ def _parse_class_args(values: tuple[str, ...]) -> list[tuple[str, str]]:
     if len(set(lanes)) != len(lanes):
         raise InputError("--class names a lane twice", field="--class")
     return swaps
-
-
-def service_hashes(compose_text: str) -> dict[str, str]:
-    """service name → config hash, read from a rendered compose file."""
-    hashes: dict[str, str] = {}
-    current = None
-    for line in compose_text.splitlines():
-        service = _SERVICE_LINE.match(line)
-        if service:
-            current = service.group(1)
-            continue
-        digest = _HASH_LINE.match(line)
-        if digest and current:
-            hashes[current] = digest.group(1)
-    return hashes
 
 
 def _old_hashes(rendering) -> dict[Path, dict[str, str]]:
@@ -151,14 +132,18 @@ def _echo_diff(target: Path, new: bytes) -> None:
 
 
 def _write(rendering, validate: bool) -> None:
-    from recipegen.recipe_io import display_path
     from recipegen.render.render import validate_rendering, write_rendering
 
     if validate:
         for line in validate_rendering(rendering, prefer_docker_cli=True):
             click.echo(line)
     old = _old_hashes(rendering)
-    written = write_rendering(rendering)
+    _report(write_rendering(rendering), old)
+
+
+def _report(written: list[Path], old: dict[Path, dict[str, str]]) -> None:
+    from recipegen.recipe_io import display_path
+
     for compose_file in written:
         new = service_hashes(compose_file.read_text(encoding="utf-8"))
         before = old.get(compose_file.parent, {})
@@ -175,28 +160,12 @@ def _write(rendering, validate: bool) -> None:
 
 def _render_with_swaps(path: Path, swaps: list[tuple[str, str]], templates: Path,
                        validate: bool) -> None:
-    """Write active_class for each swap, re-render; on any failure put the recipe back."""
-    from recipegen.recipe_io import load_recipe, set_active_class
-    from recipegen.render.render import render_recipe
+    """Write active_class for each swap and re-render, as one transaction (recipegen.render.swap,
+    the same one `recipegen swap` uses): on any failure the recipe and rendering are restored."""
+    from recipegen.render.swap import swap_classes
 
-    before = load_recipe(path, read_maps=False)
-    previous = {lane.name: lane.active_class for lane in before.recipe.lanes}
-    for lane, _ in swaps:
-        if lane not in previous:
-            raise InputError(f"no lane {lane!r} (lanes: {', '.join(previous)})",
-                             file=str(path), field="--class")
-    changed: list[tuple[str, str | None]] = []
-    try:
-        for lane, cls in swaps:
-            if set_active_class(path, lane, cls):
-                changed.append((lane, previous[lane]))
-                click.echo(f"{path}: lane {lane}: active_class {previous[lane]} -> {cls}")
-        rendering = render_recipe(load_recipe(path), templates_dir=templates)
-        _write(rendering, validate)
-    except BaseException:
-        for lane, old_cls in reversed(changed):
-            if old_cls is not None:
-                set_active_class(path, lane, old_cls)
-        if changed:
-            click.echo(f"{path}: render failed, active_class restored", err=True)
-        raise
+    outcome = swap_classes(path, swaps, templates_dir=templates, validate=validate,
+                           echo=click.echo)
+    if not outcome.written:
+        click.echo(f"{path}: nothing to change (class already active, rendering current)")
+    _report(outcome.written, outcome.old_hashes)

@@ -103,9 +103,9 @@ class SwapResult:
 
 def swap(dep: Deployment, lane_name: str, new_class: str, *, wait_s: int = DEFAULT_WAIT_S,
          echo: Echo = print) -> SwapResult:
-    """Write active_class, re-render, recreate exactly that service, wait for health; on
-    failure restore the previous class (recipe and rendering) and service."""
-    from recipegen.recipe_io import set_active_class
+    """Write active_class, re-render, recreate exactly that service, wait for health — one
+    transaction with `render --class` (recipegen.render.swap): on any failure (render, Compose,
+    health) the recipe, the rendering and the service are restored."""
 
     lane = dep.lane(lane_name)
     if new_class not in lane.classes:
@@ -125,28 +125,37 @@ def swap(dep: Deployment, lane_name: str, new_class: str, *, wait_s: int = DEFAU
         return SwapResult(lane_name, previous, new_class, True, 0.0, False,
                           f"{service} already serves class {new_class}; nothing to swap")
     _ensure_rendered(dep, echo)  # the baseline we can come back to
-    set_active_class(dep.loaded.path, lane_name, new_class)
-    dep.rendering.reload()
-    dep.rendering.render()
-    config = dep.project().config()
-    echo(f"{service}: active_class {previous} -> {new_class}; recreating {service} only")
-    t0 = time.monotonic()
-    try:
-        dep.project().up([service], wait_timeout_s=wait_s,
-                         profiles=service_profiles(config, service))
-        info = service_container(dep.client(), config.get("name") or dep.rendering.out_dir.name,
-                                 service)
-        if info is None or info.health not in ("healthy", "none") or info.state != "running":
-            raise ComposeError(f"{service} is {info.state if info else 'missing'}"
-                               f"/{info.health if info else '-'} after the swap")
-    except ComposeError as exc:
-        failed_after = time.monotonic() - t0
-        echo(f"{service}: class {new_class} did not become healthy within {failed_after:.1f} s: {exc}")
-        echo(f"{service}: rolling back to class {previous}")
-        set_active_class(dep.loaded.path, lane_name, previous)
+    from recipegen.render.swap import swap_classes
+
+    project_name = dep.project().config().get("name") or dep.rendering.out_dir.name
+    clock: dict[str, float] = {}
+
+    def apply() -> None:
+        """Recreate exactly the lane's service on the new rendering and wait for health."""
         dep.rendering.reload()
-        dep.rendering.render()
-        t1 = time.monotonic()
+        config = dep.project().config()
+        echo(f"{service}: active_class {previous} -> {new_class}; recreating {service} only")
+        clock["t0"] = time.monotonic()
+        try:
+            dep.project().up([service], wait_timeout_s=wait_s,
+                             profiles=service_profiles(config, service))
+            info = service_container(dep.client(), config.get("name") or project_name, service)
+            if info is None or info.health not in ("healthy", "none") or info.state != "running":
+                raise ComposeError(f"{service} is {info.state if info else 'missing'}"
+                                   f"/{info.health if info else '-'} after the swap")
+        except ComposeError as exc:
+            echo(f"{service}: class {new_class} did not become healthy within "
+                 f"{time.monotonic() - clock['t0']:.1f} s: {exc}")
+            raise
+
+    def restore() -> None:
+        """The recipe and rendering are back on the previous class: bring its service back."""
+        dep.rendering.reload()
+        if "t0" not in clock:
+            return  # failed before the service was touched: it still runs the previous class
+        echo(f"{service}: rolling back to class {previous}")
+        clock["t1"] = time.monotonic()
+        config = dep.project().config()
         try:
             dep.project().up([service], wait_timeout_s=wait_s,
                              profiles=service_profiles(config, service))
@@ -155,12 +164,19 @@ def swap(dep: Deployment, lane_name: str, new_class: str, *, wait_s: int = DEFAU
                 f"swap of {service} to {new_class} failed and the rollback to {previous} failed "
                 f"too: {exc2}\nthe recipe and rendering are back on {previous}; inspect with "
                 f"`docker compose -f {dep.rendering.compose_file} logs {service}`") from None
+
+    try:
+        swap_classes(dep.loaded.path, [(lane_name, new_class)], apply=apply, restore=restore,
+                     echo=echo)
+    except ComposeError:
+        t0 = clock.get("t0", time.monotonic())
         downtime = time.monotonic() - t0
         return SwapResult(lane_name, previous, new_class, False, downtime, True,
                           f"swap to {new_class} failed; rolled back: {service} healthy again on "
-                          f"class {previous} after {time.monotonic() - t1:.1f} s "
+                          f"class {previous} after {time.monotonic() - clock.get('t1', t0):.1f} s "
                           f"(lane down for {downtime:.1f} s in all)")
-    downtime = time.monotonic() - t0
+    dep.rendering.reload()
+    downtime = time.monotonic() - clock["t0"]
     return SwapResult(lane_name, previous, new_class, True, downtime, False,
                       f"{service} serves class {new_class}: healthy after {downtime:.1f} s "
                       f"(downtime, from stopping the old container to the new one's first "

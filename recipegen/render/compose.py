@@ -168,3 +168,22 @@ def render_compose(env: jinja2.Environment, *, project_name: str, recipe_name: s
                    recipe_file=recipe_file, vllm_version=vllm_version, service_blocks=blocks,
                    first_service=services[0].name if services else "",
                    volumes=sorted(volumes))
+
+
+_SERVICE_LINE = re.compile(r"^  (lane-[a-z0-9-]+):\s*$")
+_HASH_LINE = re.compile(r'^\s+' + re.escape(CONFIG_HASH_LABEL) + r': "([0-9a-f]*)"\s*$')
+
+
+def service_hashes(compose_text: str) -> dict[str, str]:
+    """service name → config hash, read from a rendered compose file."""
+    hashes: dict[str, str] = {}
+    current = None
+    for line in compose_text.splitlines():
+        service = _SERVICE_LINE.match(line)
+        if service:
+            current = service.group(1)
+            continue
+        digest = _HASH_LINE.match(line)
+        if digest and current:
+            hashes[current] = digest.group(1)
+    return hashes

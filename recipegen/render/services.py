@@ -276,10 +276,12 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
     rendered = canonical_flags(argv, inputs.flag_table)
     for extra in lane.extra_args:
         flag = extra.partition("=")[0]
-        if canonical_flag(flag, inputs.flag_table) in rendered:
-            raise loaded.error(f"{flag} sets {canonical_flag(flag, inputs.flag_table)}, which is "
-                               "rendered from the recipe's own fields; change those instead of "
-                               "repeating it in extra_args", ("lanes", index, "extra_args"))
+        canonical = canonical_flag(flag, inputs.flag_table)
+        if canonical in rendered:
+            alias = f" (vLLM reads it as {canonical})" if canonical != flag else ""
+            raise loaded.error(f"{flag} is rendered from the recipe's own fields{alias}; change "
+                               "those instead of repeating it in extra_args",
+                               ("lanes", index, "extra_args"))
     argv += list(lane.extra_args)
     if profile:
         # Exact counts: the runtime's counting hook runs only outside CUDA graphs, and a prefix-cache

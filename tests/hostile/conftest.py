@@ -17,7 +17,12 @@ REPO = Path(__file__).resolve().parents[2]
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "proj"
     root.mkdir()
-    shutil.copytree(REPO / "recipes", root / "recipes")
+    # the reference recipe and its maps/profiles only: commands without a recipe name see
+    # exactly one recipe, whatever else recipes/ holds
+    shutil.copytree(REPO / "recipes", root / "recipes",
+                    ignore=lambda folder, names: [n for n in names if Path(folder) == REPO / "recipes"
+                                                  and n.endswith(".yaml")
+                                                  and n != "dsv41-flash-gb300.yaml"])
     (root / "runtime").symlink_to(REPO / "runtime", target_is_directory=True)
     monkeypatch.chdir(root)
     return root

@@ -33,7 +33,7 @@ import torch
 
 from ..core.banks import build_unsplit_layer, device_allocator, rehome_layer
 from ..core.split import residency_forward
-from .select import FLASHINFER_TRTLLM, TORCH_REFERENCE, bank_kernel_from_env
+from .select import FLASHINFER_TRTLLM, bank_kernel_from_env
 from .trtllm import TrtllmMxfp4Banks
 
 EMULATED_GEOMETRY = dict(experts=12, hidden=256, intermediate=128, top_k=4, hot=7, tokens="1,5,9")

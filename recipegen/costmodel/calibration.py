@@ -24,9 +24,9 @@ from recipegen.costmodel.steps import (STEP_C1_K0_ALL_HBM, STEP_C1_K0_POSITIONAL
 from recipegen.costmodel.unique_experts import UniqueExpertsModel, calibrated_model
 from recipegen.units import GiB
 
-SEED_PIN = "seed 000 'vLLM: Pin Hot Experts'"
-SEED_PREFETCH = "seed 001 'Should a GB300 Prefetch Its Cold Experts?'"
-SEED_OFFLOAD = "seed 002 'Offload by Expert on GB300'"
+from recipegen.costmodel.reports import OFFLOAD_REPORT as SEED_OFFLOAD
+from recipegen.costmodel.reports import PIN_REPORT as SEED_PIN
+from recipegen.costmodel.reports import PREFETCH_REPORT as SEED_PREFETCH
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ PAIRS: tuple[ThroughputPair, ...] = (
                    f"{SEED_OFFLOAD} quotes +14.7%",
                    after_step_s=STEP_C1_K0_POSITIONAL.seconds,
                    note="v12 is taken as the 89.7 tok/s k=0 point, so v11 = 80.0; the +14.7% quoted in "
-                        "seed 002 does not fit those numbers"),
+                        "the offload report does not fit those numbers"),
     ThroughputPair("C1 k=0: positional (v12) -> every expert in HBM (catid)", 1, 0, 89.7, 141.3, 0.24, 0.0,
                    f"{SEED_PIN}, 'Where the experts live today' and 'Against the two-Station all-HBM reference'",
                    before_step_s=STEP_C1_K0_POSITIONAL.seconds, after_step_s=STEP_C1_K0_ALL_HBM.seconds,

@@ -1,6 +1,6 @@
-"""The seeds' hand-computed tables, as printed, for tests and docs to reproduce.
+"""The field reports' hand-computed tables, as printed, for tests and docs to reproduce.
 
-"Should a GB300 Prefetch Its Cold Experts?" (seed 001), Figure 3: time per token spent
+"Should a GB300 Prefetch Its Cold Experts? Mostly No, and What to Build Instead" (2026-10-23), Figure 3: time per token spent
 reading cold experts over C2C = 40 layers × 6 picks × cold share × 17.92 MiB ÷ 340 GB/s,
 as a share of a 14.6 ms one-user step. Section 4 / Figure 4: the price of a 3-slot-per-layer
 prefetch bank.
@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recipegen.costmodel.reports import PREFETCH_REPORT
 from recipegen.costmodel.steps import STEP_C1_K5_USAGE_AWARE
 
-FIGURE3_SOURCE = "seed 001 'Should a GB300 Prefetch Its Cold Experts?', Figure 3"
+FIGURE3_SOURCE = f"{PREFETCH_REPORT}, Figure 3"
 FIGURE3_STEP_S = STEP_C1_K5_USAGE_AWARE.seconds  # the 14.6 ms one-user step (steps.py is its home)
 
 
@@ -32,7 +33,7 @@ FIGURE3_ROWS: tuple[Figure3Row, ...] = (
     Figure3Row("bigger future model, 50% cold", 0.50, "6.6", "45"),
 )
 
-PREFETCH_SOURCE = "seed 001 'Should a GB300 Prefetch Its Cold Experts?', section 4 and Figure 4"
+PREFETCH_SOURCE = f"{PREFETCH_REPORT}, section 4 and Figure 4"
 PREFETCH_SLOTS_PER_LAYER = 3
 PREFETCH_PRINTED = {"experts": "120", "bank_gib": "2.1", "kv_tokens_m": "1.09", "share_pct": "43",
                     "pool_gib": "4.9", "pool_tokens_m": "2.54"}

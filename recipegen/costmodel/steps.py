@@ -1,7 +1,7 @@
 """Measured decode step times (measured inputs, never derived), keyed by model and machine.
 
 The share of a step that the fetch tax takes needs a measured step time of the same model on
-the same machine, at the same placement, concurrency and k. The seeds measured three, all at
+the same machine, at the same placement, concurrency and k. The field reports measured three, all at
 one stream (and a fourth on another box, a calibration point only); elsewhere the share is
 reported as unknown rather than guessed. This module is their one home.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SEED_PIN = "seed 000 'vLLM: Pin Hot Experts'"
-SEED_PREFETCH = "seed 001 'Should a GB300 Prefetch Its Cold Experts?'"
+from recipegen.costmodel.reports import PIN_REPORT as SEED_PIN
+from recipegen.costmodel.reports import PREFETCH_REPORT as SEED_PREFETCH
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from recipegen.costmodel.reference import reference_model
 
-SEED_PIN_HOT = "seed 000 'vLLM: Pin Hot Experts'"
+from recipegen.costmodel.reports import PIN_REPORT as SEED_PIN_HOT
 
 
 def _reference_points() -> tuple[tuple[int, int, float], ...]:

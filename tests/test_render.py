@@ -97,8 +97,7 @@ def test_reference_lane_agent_carries_everything_a_vllm_user_expects(project: Pa
     assert flags["--moe-backend"] == "flashinfer_trtllm"
     assert flags["--worker-extension-cls"].endswith("ResidencyWorkerExtension")
     spec = json.loads(flags["--speculative-config"])
-    assert spec == {"method": "dspark", "num_speculative_tokens": 5,
-                    "num_speculative_tokens_per_batch_size": [[1, 1, 5], [2, 4, 3], [5, 16, 1]]}
+    assert spec == {"method": "dspark", "num_speculative_tokens": 5}  # the lane's constant k
 
     # Volumes: model read-only, persistent cache, runtime read-only, row map read-only, dumps.
     volumes = {v["target"]: v for v in lane["volumes"]}
@@ -215,6 +214,22 @@ def test_two_renders_are_byte_identical(project: Path) -> None:
     # Paths inside are relative: nothing names the scratch folder.
     for name, data in first.items():
         assert str(project).encode() not in data, name
+
+
+def test_k_schedule_renders_as_vllm_per_batch_size_list(project: Path) -> None:
+    """A lane with a k schedule passes it as vLLM 0.33's num_speculative_tokens_per_batch_size."""
+    recipe = project / "recipes" / f"{REFERENCE}.yaml"
+    recipe.write_text(recipe.read_text().replace(
+        "      k: 5\n", "      k: 5\n      schedule: [[1, 1, 5], [2, 4, 3], [5, 16, 1]]\n", 1))
+    code, out = run("render", REFERENCE)
+    assert code == 0, out
+    import yaml
+
+    lane = yaml.safe_load((project / "compose" / REFERENCE / "compose.yaml").read_text())["services"]["lane-agent"]
+    argv = lane["command"]
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec == {"method": "dspark", "num_speculative_tokens": 5,
+                    "num_speculative_tokens_per_batch_size": [[1, 1, 5], [2, 4, 3], [5, 16, 1]]}
 
 
 def test_committed_reference_rendering_is_current() -> None:

@@ -144,7 +144,7 @@ def test_set_active_class_adds_missing_key(recipe_copy: Path) -> None:
     set_active_class(recipe_copy, "agent", "math")  # … and the write-back repairs it
     new = recipe_copy.read_text()
     assert "# DeepSeek-V4.1-Flash (MXFP4) on one DGX Station GB300" in new  # comments kept
-    assert "# k=5 at C1 is the seeds' figure" in new
+    assert "# A constant k: k=5 at one stream is the measured figure" in new
     assert load_recipe(recipe_copy).recipe.lane("agent").active_class == "math"
 
 

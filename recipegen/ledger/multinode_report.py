@@ -35,11 +35,20 @@ def render_multinode_lane(lane: MultiNodeLaneLedger, *, explain: bool = False) -
                f"{int(fig['kv.full_sequences'].value)} full max_model_len sequence(s); experts in HBM "
                f"{format_bytes(fig['lane.hbm.hot_experts'].value)}, pinned in host "
                f"{format_bytes(fig['lane.host.cold_experts'].value)}; host tables {format_bytes(fig['lane.host_tables'].value)}")
+    if lane.layouts:
+        # What-ifs beside the recipe's own layout: a layout that would not fit is information for
+        # choosing, not a failed budget (the verdict at the end is the recipe's layout's).
+        own_experts = all(stage.all_experts_in_hbm for stage in lane.stages)
+        own_tables = any("stage.tables_in_hbm" in stage.figures for stage in lane.stages)
+        out.append("  whole-lane layouts compared (what-ifs; the verdict below is for this recipe's layout):")
     for verdict in lane.layouts:
-        stages = ", ".join(f"{m} KV {format_bytes(pool)} = {format_tokens(max(t, 0))} tokens"
-                           + ("" if ok else " ✗") for m, t, pool, ok in verdict.stages)
-        out.append(f"  layout {verdict.name}: {'fits' if verdict.fits else 'does NOT fit'} ({stages})"
-                   + ("" if verdict.fits else f", {format_bytes(verdict.shortfall)} short")
+        stages = ", ".join(f"{m} KV {format_bytes(pool)} = {format_tokens(t)} tokens" if ok else
+                           f"{m} over its HBM cap by {format_bytes(-pool)}, no room for KV"
+                           for m, t, pool, ok in verdict.stages)
+        mine = (verdict.experts_in_hbm, verdict.tables_in_hbm) == (own_experts, own_tables)
+        out.append(f"    {verdict.name}{' (this recipe)' if mine else ''}: "
+                   + (f"fits ({stages})" if verdict.fits else
+                      f"would not fit, {format_bytes(verdict.shortfall)} short ({stages})")
                    + f"; weights + reserves {format_bytes(verdict.weights_and_reserves)} of HBM caps {format_bytes(verdict.hbm_cap)}")
     for f in lane.stage_fetch:
         out.append(f"  cost model: stage {f.rank} ({f.machine}) at {f.streams} stream(s), k={f.k}: "

@@ -25,6 +25,12 @@ Maps compared on the same routing (common random numbers):
 * ``frozen``: the adaptive live map as it stood at the phase's start, never updated (the gap the
   policy has to close after a shift).
 
+The policy is given the three class profiles as priors (``--priors``), each an independent
+resample of its histogram (same token count) so the profile is as noisy as a real profiling run;
+``--priors agent,prose`` leaves math without a profile, ``--priors none`` ranks on counts alone.
+``count_bound_200`` is the held-out cold share of the map a clairvoyant counts-only policy would
+hold after 200 steps (every pick counted, unlimited swaps): no counts-only policy does better.
+
 Figures per phase and T: mean cold share (share of routed picks served from the cold bank) over
 the phase's second half for each map, decode steps until the trailing ``--window``-step cold share
 is within 1.5× the oracle's phase mean, decode steps to close 80% of the frozen-to-oracle gap,
@@ -35,6 +41,7 @@ Usage::
 
     .venv/bin/python bench/adaptive_sim.py                     # defaults, T = 1 and 16
     .venv/bin/python bench/adaptive_sim.py --sweep "interval=8,16,32;swaps=4,8;decay=0.8,0.9;margin=0.25,0.5"
+    .venv/bin/python bench/adaptive_sim.py --priors none       # counts only
     .venv/bin/python bench/adaptive_sim.py --json out.json     # per-step series too
 """
 

@@ -149,3 +149,60 @@ def test_positional_zero_offload_is_accepted_and_says_so() -> None:
     assert any("0 GiB" in n and "every routed expert into HBM" in n for n in got.notes)
     with pytest.raises(ValueError, match="positional offload needs load_cpu_offload"):
         lane(placement="positional")
+
+
+def _dense_model(**extra) -> Model:
+    """4 decoder layers, layer 0 dense, layers 1-3 MoE with 2 experts of (w13 100 B + w2 50 B) bf16."""
+    return Model.model_validate({
+        "name": "w", "decoder_layers": 4, "moe_layers": "1-3", "routed_experts": 2, "top_k": 1,
+        "expert_tensors": [{"name": "w13", "shape": [50], "dtype": "bf16"},
+                           {"name": "w2", "shape": [25], "dtype": "bf16"}],
+        "kv_bytes_per_token": "64 B", **extra})
+
+
+def test_positional_walk_meets_dense_parameters_in_vllm_order() -> None:
+    from recipegen.ledger import positional_walk
+    model = _dense_model(decoder_layer_bytes={"moe_layer": "30 B", "dense_layer": "70 B"})
+    # Layer params: w13 = 2 experts * 100 B = 200 B, w2 = 2 * 50 B = 100 B.
+    # Order: dense layer 0 (70), layer 1 other (30), w13 (200), w2 (100), layer 2 other (30), w13 ...
+    # Budget 350: offload while the running total < 350: 70, 30, 200 (=300), 100 (=400) -> stop.
+    walk = positional_walk(model, 350)
+    assert (walk.dense_offloaded, walk.offloaded_bytes, walk.host_per_layer) == (100, 300, [300, 0, 0])
+    # Without the layer bytes only experts are walked: 200, 100 (=300), 200 (=500) -> stop.
+    walk = positional_walk(_dense_model(), 350)
+    assert (walk.dense_offloaded, walk.offloaded_bytes, walk.host_per_layer) == (0, 500, [300, 200, 0])
+    # --cpu-offload-params experts: the same as experts only.
+    walk = positional_walk(model, 350, experts_only=True)
+    assert (walk.dense_offloaded, walk.offloaded_bytes) == (0, 500)
+
+
+def test_dense_offloaded_leaves_hbm_and_joins_host() -> None:
+    model = _dense_model(decoder_layer_bytes={"moe_layer": "30 B", "dense_layer": "70 B"})
+    base = lane(placement="positional", load_cpu_offload="350 B", kv="1 GiB")
+    got = compute_lane(model, machine(), base)
+    assert got.fig("host.dense_offloaded").value == 100
+    assert got.fig("host.total").value == 300 + 100  # experts + dense, no host reserve declared
+    experts_only = compute_lane(model, machine(), base.model_copy(
+        update={"extra_args": ["--cpu-offload-params", "experts"]}))
+    assert "host.dense_offloaded" not in experts_only.figures
+    assert experts_only.fig("host.total").value == 500
+
+
+def test_vllm_pads_gpt_oss_experts_for_marlin_not_for_triton() -> None:
+    # gpt-oss-120b: hidden 2880, intermediate 2880, MXFP4 + bf16 biases, 13,236,480 B per expert.
+    from recipegen.catalog import catalog_entry
+    model = Model.model_validate(catalog_entry("models", "gpt-oss-120b"))
+    positional = lane(placement="positional", load_cpu_offload="0 GiB", max_model_len=4096, kv="1 GiB")
+    # SM89 (L40S): Marlin pads hidden to 256 (3072) and intermediate to 128 (2944):
+    # w13 5888x3072 + w2 3072x2944 at 4.25 bits, biases (5888 + 3072) x 2 B.
+    n = 2 * 2944 * 3072 + 3072 * 2944
+    marlin = n // 2 + n // 32 + (5888 + 3072) * 2
+    got = compute_lane(model, machine(compute_capability="8.9"), positional)
+    assert got.fig("experts.bytes_per_expert").value == marlin == 14_431_744
+    assert got.fig("experts.checkpoint_bytes_per_expert").value == 13_236_480
+    # SM90 (H200): OAI Triton only rounds the intermediate size to 64 (2880 is a multiple): no padding.
+    got = compute_lane(model, machine(compute_capability="9.0"), positional)
+    assert got.fig("experts.bytes_per_expert").value == 13_236_480
+    # A usage-aware lane keeps the checkpoint layout (the runtime holds back vLLM's conversion).
+    from recipegen.ledger.vllm_layout import vllm_mxfp4_layout
+    assert vllm_mxfp4_layout(model, machine(compute_capability="12.0"), 1) is not None

@@ -13,13 +13,15 @@ from typing import Sequence
 from recipegen.ledger.budget import declared_split
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.load import load_figures
+from recipegen.ledger.placement import experts_only, positional_walk
 from recipegen.ledger.placements import placement_figures, positional_placement, usage_aware_placement
 from recipegen.ledger.reserves import hbm_reserve, host_reserve
 from recipegen.ledger.result import POSITIONAL, USAGE_AWARE, LaneLedger, PlacementLedger, Violation, src_note
 from recipegen.ledger.runtime_check import runtime_violations
 from recipegen.ledger.verdict import budget_violations
+from recipegen.ledger.vllm_layout import as_vllm_lays_out
 from recipegen.schema import Lane, Machine, Model
-from recipegen.units import format_bytes
+from recipegen.units import GiB, format_bytes
 
 
 @dataclass
@@ -47,6 +49,15 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     """All figures of one lane. `rowmap_hot`: the active map's hot count per MoE layer, if read."""
     out = _Figures()
     tp = lane.tensor_parallel_size
+    if lane.offload.placement == POSITIONAL:  # plain vLLM holds its own (padded) layout
+        checkpoint_bytes = model.expert_bytes
+        model, layout = as_vllm_lays_out(model, machine, tp)
+        if layout is not None:
+            out.notes.append(f"vLLM 0.33 lays these experts out padded for {layout.backend}: "
+                             f"{layout.bytes_per_expert:,} B per expert in memory vs {checkpoint_bytes:,} B "
+                             "in the checkpoint (experts.bytes_per_expert is the in-memory size)")
+            out.add(Figure("experts.checkpoint_bytes_per_expert", "bytes per routed expert in the checkpoint",
+                           checkpoint_bytes, "bytes", "", {}, "before vLLM's padding"))
     if tp > 1 and model.attention:
         out.notes.append(f"tensor parallel over {tp} GPUs: experts and dense weights are taken as split "
                          "evenly across them; KV per GPU follows vLLM (KV heads max(1, heads // TP), "
@@ -66,11 +77,25 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
         out.notes.append("load_cpu_offload 0 GiB: vLLM loads every routed expert into HBM (no "
                          "--cpu-offload-gb)" + (", then the runtime re-homes the cold ones to the host"
                                                 if lane.offload.placement == USAGE_AWARE else ""))
+    # Non-routed bytes the load's --cpu-offload-gb walk moves to host (stay there after re-homing).
+    dense_off = (positional_walk(model, lane.offload.load_cpu_offload, experts_only=experts_only(lane)).dense_offloaded
+                 if lane.offload.load_cpu_offload else 0)
     for placement in (ua, pos):
         if placement is not None:
-            placement_figures(placement, model, lane, hbm.cap, hbm.reserve, kv_token_bytes, tp, bank)
+            own = placement is pos or lane.offload.placement == USAGE_AWARE
+            placement.dense_host_bytes = dense_off if own else 0
+            placement_figures(placement, model, lane, hbm.cap, hbm.reserve, kv_token_bytes, tp, bank,
+                              dense_offloaded=placement.dense_host_bytes)
     active = pos if lane.offload.placement == POSITIONAL else ua
     assert active is not None
+    if active.dense_host_bytes:
+        per_step = active.dense_host_bytes / machine.pinned_read_bandwidth
+        out.notes.append(
+            f"--cpu-offload-gb {lane.offload.load_cpu_offload / GiB:g} also moves {format_bytes(active.dense_host_bytes)} "
+            "of non-routed weights (attention, norms, routers) to host memory, where they stay and are read "
+            f"over the {machine.pinned_read_bandwidth / 1e9:g} GB/s link on every step (~{per_step * 1e3:.0f} ms); "
+            "add extra_args: [--cpu-offload-params, experts] to offload routed experts only "
+            "(vllm/model_executor/offloader/uva.py:102-113)")
     _placement_summary(model, lane, active, out)
     kv_pool, kv_tokens = out.figs["hbm.kv_pool"].value, out.figs["kv.tokens"].value
     tables, reserve_host, host_total = _host_figures(model, machine, lane, active, out)
@@ -82,7 +107,8 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
         kv_for_checks = room if room < kv_pool else kv_pool
     else:
         kv_for_checks = kv_pool
-    out.violations.extend(budget_violations(model, machine, lane, hbm.cap, hbm.reserve, kv_for_checks,
+    out.violations.extend(budget_violations(model, machine, lane, hbm.cap,
+                                            hbm.reserve - active.dense_host_bytes / tp, kv_for_checks,
                                             kv_tokens, host_total, tables, reserve_host, tp,
                                             fixed_kv=lane.kv_cache_bytes, bank=bank,
                                             kv_token_bytes=kv_token_bytes))
@@ -92,7 +118,8 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     # --- load time (after the verdict: a side already over budget at the end is not re-reported)
     final_over = {v.kind for v in out.violations}
     load_figures(model, machine, lane, active, out.add, hbm.reserve, hbm.weights, tables, reserve_host,
-                 out.violations, tp, skip_hbm="hbm" in final_over, skip_host="host" in final_over)
+                 out.violations, tp, skip_hbm="hbm" in final_over, skip_host="host" in final_over,
+                 dense_offloaded=active.dense_host_bytes)
     return LaneLedger(lane.name, lane.machine, list(lane.gpus), lane.offload.placement, out.figs, ua, pos,
                       out.violations, out.notes)
 
@@ -282,10 +309,18 @@ def _host_figures(model: Model, machine: Machine, lane: Lane, active: PlacementL
     add(Figure("host.before_reserve", "host tables + pinned experts", tables + cold_bytes, "bytes",
                "host_tables + cold_experts", {"host_tables_bytes": tables, "cold_experts_bytes": cold_bytes},
                "before page cache and processes"))
-    total = add(Figure("host.total", "host in use", tables + cold_bytes + reserve, "bytes",
-                       "host_tables + cold_experts + host_reserve",
-                       {"host_tables_bytes": tables, "cold_experts_bytes": cold_bytes,
-                        "host_reserve_bytes": reserve})).value
+    dense = active.dense_host_bytes
+    if dense:
+        add(active.figures["host.dense_offloaded"])
+        total = add(Figure("host.total", "host in use", tables + cold_bytes + dense + reserve, "bytes",
+                           "host_tables + cold_experts + dense_offloaded + host_reserve",
+                           {"host_tables_bytes": tables, "cold_experts_bytes": cold_bytes,
+                            "dense_offloaded_bytes": dense, "host_reserve_bytes": reserve})).value
+    else:
+        total = add(Figure("host.total", "host in use", tables + cold_bytes + reserve, "bytes",
+                           "host_tables + cold_experts + host_reserve",
+                           {"host_tables_bytes": tables, "cold_experts_bytes": cold_bytes,
+                            "host_reserve_bytes": reserve})).value
     add(Figure("host.headroom", "host headroom", host_memory - total, "bytes",
                "host_memory − host_in_use", {"host_memory_bytes": host_memory, "host_in_use_bytes": total}))
     return tables, reserve, total

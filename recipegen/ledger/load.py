@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from recipegen.ledger.figures import Figure
-from recipegen.ledger.placement import positional_walk, rehoming_peaks
+from recipegen.ledger.placement import experts_only, positional_walk, rehoming_peaks
 from recipegen.ledger.result import USAGE_AWARE, PlacementLedger, Violation
 from recipegen.schema import Lane, Machine, Model
 from recipegen.units import GiB, format_bytes
@@ -16,10 +16,11 @@ from recipegen.units import GiB, format_bytes
 def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLedger, add: Any,
                   reserve: float, declared_weights: float, tables: float, host_reserve: float,
                   violations: list[Violation], tp: int, *, skip_hbm: bool = False,
-                  skip_host: bool = False) -> None:
+                  skip_host: bool = False, dense_offloaded: float = 0.0) -> None:
+    """`dense_offloaded`: non-routed bytes the walk moved to host (out of HBM, into pinned host)."""
     e = model.expert_bytes
     budget = lane.offload.load_cpu_offload or 0
-    walk = positional_walk(model, budget)
+    walk = positional_walk(model, budget, experts_only=experts_only(lane))
     layer_full = model.routed_experts * e
     init_host = walk.host_per_layer
     init_hbm = [layer_full - h for h in init_host]
@@ -34,8 +35,9 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
         peaks = rehoming_peaks(init_hbm, init_host, init_hbm, init_host)
         how = "positional lane: the load placement is the final placement"
     if model.dense_bytes is not None:
-        weights_at_load = declared_weights
-        weights_note = "dense (+ drafter) weights as declared"
+        weights_at_load = declared_weights - dense_offloaded / tp
+        weights_note = "dense (+ drafter) weights as declared" + (
+            ", less the non-routed bytes --cpu-offload-gb moved to host" if dense_offloaded else "")
     else:
         weights_at_load = reserve
         weights_note = "no dense_bytes declared: the whole HBM reserve is counted (conservative)"
@@ -49,10 +51,18 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
                           "weights_at_load + peak expert bytes in HBM / tp",
                           {"weights_at_load_bytes": weights_at_load, "peak_experts_bytes": peaks.hbm_peak,
                            "tp": tp}, f"{how}; {weights_note}; KV is allocated after")).value
-    host_peak = add(Figure("load.host_peak", "host peak during load", tables + host_reserve + peaks.host_peak,
-                           "bytes", "host_tables + host_reserve + peak pinned expert bytes",
-                           {"host_tables_bytes": tables, "host_reserve_bytes": host_reserve,
-                            "peak_pinned_bytes": peaks.host_peak}, how)).value
+    if dense_offloaded:
+        host_peak = add(Figure("load.host_peak", "host peak during load",
+                               tables + host_reserve + dense_offloaded + peaks.host_peak, "bytes",
+                               "host_tables + host_reserve + dense_offloaded + peak pinned expert bytes",
+                               {"host_tables_bytes": tables, "host_reserve_bytes": host_reserve,
+                                "dense_offloaded_bytes": dense_offloaded, "peak_pinned_bytes": peaks.host_peak},
+                               how)).value
+    else:
+        host_peak = add(Figure("load.host_peak", "host peak during load", tables + host_reserve + peaks.host_peak,
+                               "bytes", "host_tables + host_reserve + peak pinned expert bytes",
+                               {"host_tables_bytes": tables, "host_reserve_bytes": host_reserve,
+                                "peak_pinned_bytes": peaks.host_peak}, how)).value
     capacity = machine.gpus.hbm
     if hbm_peak > capacity and not skip_hbm:
         need = hbm_peak - capacity

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from recipegen.schema import Model
+from recipegen.schema import Lane, Model
 
 
 def layer_param_bytes(model: Model) -> list[int]:
@@ -27,33 +27,79 @@ class PositionalWalk:
     """What plain `--cpu-offload-gb` moves to host, per MoE layer (bytes)."""
 
     budget_bytes: int
-    host_per_layer: list[int]
-    offloaded_bytes: int
+    host_per_layer: list[int]   # routed-expert bytes offloaded, per MoE layer
+    offloaded_bytes: int        # routed-expert bytes offloaded
     layers_whole: int        # MoE layers with every expert parameter offloaded
     layers_partial: int      # MoE layers with some expert parameters offloaded
+    dense_offloaded: int = 0  # non-routed bytes the walk met first (with decoder_layer_bytes)
 
 
-def positional_walk(model: Model, budget_bytes: int) -> PositionalWalk:
-    """vLLM 0.33 `UVAOffloader._maybe_offload_to_cpu`: walk parameters in module order and offload
-    each while the running total is below the budget (so the last one overshoots).
+# Parameter-name segments of routed-expert parameters (vLLM FusedMoE: `mlp.experts.w13_weight`, ...).
+EXPERT_SEGMENTS = frozenset({"experts", "w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale",
+                             "w13_bias", "w2_bias", "w13_weight_scale_inv", "w2_weight_scale_inv"})
 
-    Approximation: only routed-expert parameters are walked (the real walk also moves the dense
-    parameters it meets first — the measured figure is the check on this), and a layer's scales
-    travel with their weights.
+
+def offload_param_filter(extra_args: list[str]) -> frozenset[str]:
+    """The segments of a lane's `--cpu-offload-params` (vLLM 0.33: only matching parameters are
+    offloaded, vllm/model_executor/offloader/uva.py:102-113), empty when not set."""
+    out: set[str] = set()
+    for i, arg in enumerate(extra_args):
+        if arg == "--cpu-offload-params":
+            for value in extra_args[i + 1:]:
+                if value.startswith("--"):
+                    break
+                out.update(v for v in value.split(",") if v)
+        elif arg.startswith("--cpu-offload-params="):
+            out.update(v for v in arg.split("=", 1)[1].split(",") if v)
+    return frozenset(out)
+
+
+def experts_only(lane: Lane) -> bool:
+    """Whether the lane's `--cpu-offload-params` names routed-expert parameters only."""
+    segments = offload_param_filter(list(lane.extra_args))
+    return bool(segments) and segments <= EXPERT_SEGMENTS
+
+
+def positional_walk(model: Model, budget_bytes: int, *, experts_only: bool = False) -> PositionalWalk:
+    """vLLM 0.33 `UVAOffloader._maybe_offload_to_cpu` (vllm/model_executor/offloader/uva.py:74-125):
+    walk parameters in module order and offload each while the running total is below the
+    budget (so the last one overshoots).
+
+    With the model's `decoder_layer_bytes`, every decoder layer is walked in order, its
+    non-routed parameters (one chunk: attention, norms, router, shared experts; a dense layer's
+    MLP) before its routed experts. Without them only routed-expert parameters are walked (the
+    real walk also moves the dense parameters it meets first — a measured figure is the check on
+    this). A layer's scales travel with their weights. `experts_only`: the lane restricts the
+    walk to routed-expert parameters (`--cpu-offload-params experts`), so dense ones stay in HBM.
     """
     params = layer_param_bytes(model)
     per_layer = [0] * model.num_moe_layers
-    total = 0
-    for layer in range(model.num_moe_layers):
-        for size in params:
-            if total >= budget_bytes:
+    total = dense = 0
+    layers = model.decoder_layer_bytes
+    if layers is None or experts_only:
+        order: list[tuple[int | None, list[int]]] = [(i, params) for i in range(model.num_moe_layers)]
+    else:
+        moe_pos = {layer: i for i, layer in enumerate(model.moe_layers)}
+        order = []
+        for layer in range(model.decoder_layers):
+            if layer in moe_pos:
+                order.append((None, [layers.moe_layer]))
+                order.append((moe_pos[layer], params))
+            else:
+                order.append((None, [layers.dense_layer or 0]))
+    for position, sizes in order:
+        for size in sizes:
+            if total + dense >= budget_bytes:
                 break
-            total += size
-            per_layer[layer] += size
+            if position is None:
+                dense += size
+            else:
+                total += size
+                per_layer[position] += size
     full = sum(params)
     whole = sum(1 for b in per_layer if b == full)
     partial = sum(1 for b in per_layer if 0 < b < full)
-    return PositionalWalk(budget_bytes, per_layer, total, whole, partial)
+    return PositionalWalk(budget_bytes, per_layer, total, whole, partial, dense)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from recipegen.ledger.budget import declared_split
 from recipegen.ledger.figures import Figure
-from recipegen.ledger.placement import layer_param_bytes, positional_walk
+from recipegen.ledger.placement import experts_only, layer_param_bytes, positional_walk
 from recipegen.ledger.result import POSITIONAL, USAGE_AWARE, PlacementLedger, n_total_bytes, rounded, src_note
 from recipegen.schema import Lane, Model
 from recipegen.units import GiB, format_bytes, largest_count_within
@@ -44,7 +44,7 @@ def usage_aware_placement(model: Model, lane: Lane, rowmap_hot: Sequence[int] | 
 
 def positional_placement(model: Model, lane: Lane) -> PlacementLedger:
     budget = lane.offload.load_cpu_offload or 0
-    walk = positional_walk(model, budget)
+    walk = positional_walk(model, budget, experts_only=experts_only(lane))
     e = model.expert_bytes
     full = model.routed_experts * e
     # Express the walk in expert counts per layer (a partly offloaded layer has its w13 in host).
@@ -61,8 +61,10 @@ def positional_placement(model: Model, lane: Lane) -> PlacementLedger:
         {"budget_bytes": budget, "layer_param_bytes": [rounded(b) for b in layer_param_bytes(model)],
          "layers_whole": walk.layers_whole, "layers_partial": walk.layers_partial,
          "layer_experts_bytes": full},
-        "approximation of vllm/model_executor/offloader/uva.py: dense parameters the real walk also "
-        "meets are ignored")
+        "approximation of vllm/model_executor/offloader/uva.py:74-125: "
+        + ("each decoder layer's non-routed parameters are walked as one chunk before its experts "
+           f"({walk.dense_offloaded:,} B of them offloaded)" if model.decoder_layer_bytes is not None
+           else "dense parameters the real walk also meets are ignored"))
     measured = [m for m in model.positional_offload if m.cpu_offload == budget]
     if measured:
         i = model.positional_offload.index(measured[0])
@@ -83,7 +85,9 @@ def positional_placement(model: Model, lane: Lane) -> PlacementLedger:
 
 
 def placement_figures(p: PlacementLedger, model: Model, lane: Lane, cap: float, reserve: float,
-                       kv_token_bytes: float, tp: int, bank: float = 0.0) -> None:
+                       kv_token_bytes: float, tp: int, bank: float = 0.0, dense_offloaded: float = 0.0) -> None:
+    """HBM and KV figures of one placement. `dense_offloaded`: non-routed bytes vLLM's
+    --cpu-offload-gb walk moved to the host at load (they leave HBM for good)."""
     e = model.expert_bytes
     hot_total = sum(p.hot_per_layer)
     hot_gpu = p.hot_bytes / tp
@@ -111,13 +115,21 @@ def placement_figures(p: PlacementLedger, model: Model, lane: Lane, cap: float, 
                                {"reserve_bytes": reserve, "hot_experts_bytes": hot_gpu,
                                 "prefetch_bank_bytes": bank, "kv_pool_bytes": kv_pool})
     else:
-        kv_pool = cap - reserve - hot_gpu - bank
+        kv_pool = cap - reserve - hot_gpu - bank + dense_offloaded / tp
         operands = {"hbm_cap_bytes": cap, "reserve_bytes": reserve, "hot_experts_bytes": hot_gpu}
         if bank:
             operands["prefetch_bank_bytes"] = bank
+        if dense_offloaded:
+            operands.update(dense_offloaded_bytes=dense_offloaded, tp=tp)
         f["hbm.kv_pool"] = Figure("hbm.kv_pool", "KV pool (per GPU)", kv_pool, "bytes",
-                                  "hbm_cap − reserve − hot_experts" + (" − prefetch_bank" if bank else ""),
-                                  operands)
+                                  "hbm_cap − reserve − hot_experts" + (" − prefetch_bank" if bank else "")
+                                  + (" + dense_offloaded / tp" if dense_offloaded else ""), operands)
+    if dense_offloaded:
+        f["host.dense_offloaded"] = Figure(
+            "host.dense_offloaded", "non-routed weights offloaded by --cpu-offload-gb", dense_offloaded, "bytes",
+            "positional walk over decoder layers (decoder_layer_bytes)", {"budget_bytes": lane.offload.load_cpu_offload},
+            "vllm/model_executor/offloader/uva.py:74-125 walks every parameter of each decoder layer; these stay "
+            "in host memory (read over the link each step)")
     tokens = max(0.0, kv_pool) * tp / kv_token_bytes
     f["kv.tokens"] = Figure("kv.tokens", "KV pool in tokens", tokens, "tokens",
                             "kv_pool × tp / kv_bytes_per_token",

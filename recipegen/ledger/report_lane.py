@@ -66,7 +66,8 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
     cap_text = (f"{_g(fig['hbm.capacity'].value)} × {util:g} = {_g(cap.value)} cap" if util is not None
                 else f"{_g(cap.value)} (fixed KV pool)")
     reserve = fig["hbm.reserve"]
-    reserve_kind = "back-solved" if "back-solved" in reserve.note else "measured"
+    reserve_kind = ("back-solved" if "back-solved" in reserve.note
+                    else "assumed" if "input: assumed" in reserve.note else "measured")
     out.append(f"  HBM / GPU: {cap_text} = reserve {_g(reserve.value)} ({reserve_kind}) + hot experts "
                f"{_g(fig['hbm.hot_experts'].value)} + KV {_g(fig['hbm.kv_pool'].value)}")
     if "hbm.reserve.dense" in fig:
@@ -77,9 +78,11 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
         out.append(f"    reserve = {' + '.join(parts)}")
     out.append(f"  KV: {fig['kv.tokens'].display()} for max_model_len {int(fig['kv.max_model_len'].value):,} "
                f"→ {int(fig['kv.full_sequences'].value)} full-length sequence(s)")
+    dense_host = (f" + non-routed weights offloaded {_g(fig['host.dense_offloaded'].value)}"
+                  if "host.dense_offloaded" in fig else "")
     out.append(f"  Host: tables {_g(fig['host.tables'].value)} + pinned experts "
                f"{_g(fig['host.cold_experts'].value)} = {_g(fig['host.before_reserve'].value)} before page "
-               f"cache; + reserve {_g(fig['host.reserve'].value)} = {_g(fig['host.total'].value)} of "
+               f"cache; + reserve {_g(fig['host.reserve'].value)}{dense_host} = {_g(fig['host.total'].value)} of "
                f"{_g(fig['host.memory'].value)} (headroom {_g(fig['host.headroom'].value)})")
     out.append(f"  Load: experts after load HBM {_g(fig['load.hbm_experts_initial'].value)} / host "
                f"{_g(fig['load.host_experts_initial'].value)}; peak HBM {_g(fig['load.hbm_peak'].value)} "

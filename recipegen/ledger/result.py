@@ -50,6 +50,7 @@ class PlacementLedger:
     hot_bytes: int           # routed-expert bytes in HBM (lane total)
     cold_bytes: int          # routed-expert bytes pinned in host
     figures: dict[str, Figure] = field(default_factory=dict)
+    dense_host_bytes: float = 0   # non-routed bytes --cpu-offload-gb moved to host at load (stay there)
 
     def counts_label(self) -> str:
         return f"{span(self.hot_per_layer)} hot / {span(self.cold_per_layer)} cold per layer"

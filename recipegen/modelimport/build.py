@@ -117,6 +117,12 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
     else:
         doc["dense_bytes"] = sourced(f"{dense.total} B", "derived from config.json geometry: " + dense.summary()
                                      + (" (FP8 linear layers with fp32 block scales)" if fmt.dense_fp8_block else ""))
+    layer_bytes: dict[str, Any] = {"moe_layer": f"{dense.moe_layer} B"}
+    if dense.dense_layer:
+        layer_bytes["dense_layer"] = f"{dense.dense_layer} B"
+    doc["decoder_layer_bytes"] = sourced(layer_bytes, "derived from config.json geometry: one MoE decoder layer's "
+                                         "attention + norms + router + shared experts; one dense layer's attention "
+                                         "+ norms + MLP (what vLLM's --cpu-offload-gb walk meets per layer)")
     if facts is not None and facts.total_size is not None:
         doc["total_bytes"] = sourced(f"{facts.total_size} B", f"{INDEX_NAME} `metadata.total_size`"
                                      + (f" (includes MTP layers {facts.mtp_layers})" if facts.mtp_layers else ""))

@@ -20,6 +20,8 @@ class DenseBytes:
     """Bytes per part, in the checkpoint's storage."""
 
     parts: dict[str, int] = field(default_factory=dict)
+    moe_layer: int = 0      # non-routed bytes of one MoE decoder layer (attention, norms, router, shared)
+    dense_layer: int = 0    # one dense decoder layer (attention, norms, MLP)
 
     def add(self, name: str, n: int) -> None:
         self.parts[name] = self.parts.get(name, 0) + n
@@ -73,6 +75,7 @@ def dense_bytes(cfg: Config, fmt: Format, moe_layers: list[int], layers: int) ->
         if arch == "Qwen3MoeForCausalLM" or cfg.get("use_qk_norm", default=False):
             per_layer_attn += 2 * hd * 2
     out.add("attention", per_layer_attn * layers)
+    norms = 2 * h * 2
     n_moe = len(moe_layers)
     router = h * experts * 2
     if arch == "GptOssForCausalLM":
@@ -81,11 +84,16 @@ def dense_bytes(cfg: Config, fmt: Format, moe_layers: list[int], layers: int) ->
         router += experts * 4  # e_score_correction_bias, fp32
     out.add("routers", router * n_moe)
     shared = cfg.get("n_shared_experts") or 0
+    shared_bytes = 0
     if shared:
         inter = cfg.need("moe_intermediate_size") * shared
-        out.add("shared_experts", (2 * _linear(inter, h, fmt) + _linear(h, inter, fmt)) * n_moe)
+        shared_bytes = 2 * _linear(inter, h, fmt) + _linear(h, inter, fmt)
+        out.add("shared_experts", shared_bytes * n_moe)
+    out.moe_layer = per_layer_attn + norms + router + shared_bytes
     dense_layers = layers - n_moe
     if dense_layers:
         inter = cfg.need("intermediate_size")
-        out.add("dense_mlp", (2 * _linear(inter, h, fmt) + _linear(h, inter, fmt)) * dense_layers)
+        mlp = 2 * _linear(inter, h, fmt) + _linear(h, inter, fmt)
+        out.add("dense_mlp", mlp * dense_layers)
+        out.dense_layer = per_layer_attn + norms + mlp
     return out

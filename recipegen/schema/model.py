@@ -166,6 +166,18 @@ class AttentionLayers(StrictModel):
         return 2 * self.kv_heads_per_rank(tp) * self.head_dim * size
 
 
+class DecoderLayerBytes(StrictModel):
+    """Non-routed bytes of one decoder layer, as vLLM's `--cpu-offload-gb` walk meets them: it
+    offloads each decoder layer's parameters in order (attention first, then the MLP), dense
+    parameters included (vllm/model_executor/offloader/uva.py:74-125)."""
+
+    moe_layer: Bytes
+    """Attention, norms, router and shared experts of one MoE decoder layer (walked before its
+    routed experts: an approximation of the parameter order inside the layer)."""
+    dense_layer: Bytes | None = None
+    """One dense (non-MoE) decoder layer: attention, norms and its MLP."""
+
+
 class Activation(StrictModel):
     """The routed experts' activation (vLLM `MoEActivation`)."""
 
@@ -258,6 +270,9 @@ class Model(StrictModel):
     when both are given they must agree."""
     dense_bytes: Bytes | None = None
     """Non-routed weights resident in HBM (attention, shared experts, embeddings)."""
+    decoder_layer_bytes: DecoderLayerBytes | None = None
+    """Non-routed bytes per decoder layer, for vLLM's positional offload walk (which offloads
+    dense parameters too); omitted: the walk counts routed experts only."""
     total_bytes: Bytes | None = None
     """Whole checkpoint size, for reference."""
     host_tables: list[HostTable] = []

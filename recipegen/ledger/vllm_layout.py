@@ -1,0 +1,99 @@
+"""Routed-expert bytes as vLLM 0.33 allocates them, where that differs from the checkpoint.
+
+For MXFP4 experts vLLM picks a backend by compute capability and pads the hidden and
+intermediate sizes to that backend's tile (vllm/model_executor/layers/fused_moe/oracle/mxfp4.py):
+
+- backend order: gpt-oss (swigluoai) `_get_priority_backends_for_gpt_oss` (:402-431: FlashInfer
+  TRT-LLM first, which needs the SM100 family; OAI Triton next, which needs 9.0 <= cc < 13.0,
+  experts/gpt_oss_triton_kernels_moe.py:41-53, and on SM12x is moved after Marlin, :424-430;
+  Marlin, cc >= 7.5, experts/marlin_moe.py:592-594); other MXFP4 models `_get_priority_backends`
+  (:437-460: TRT-LLM MXFP8 on SM100, then Marlin, with Humming moved ahead of Marlin on SM90,
+  quantization/utils/humming/priority.py:11);
+- padding `mxfp4_round_up_hidden_size_and_intermediate_size` (:837-916): Marlin intermediate to
+  128, hidden to 256 (:865-870); TRT-LLM intermediate 128, hidden 256 (:871-873); Triton and
+  Humming only the intermediate to 64 (:915-916). The intermediate size is per tensor-parallel rank.
+
+A plain-vLLM (positional) lane holds these padded tensors in HBM and in pinned host memory. A
+usage-aware lane keeps the checkpoint layout: the runtime holds back vLLM's conversion for the
+layers it splits, so no padding applies there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from recipegen.schema import Machine, Model
+
+_SRC = "vLLM 0.33.0 vllm/model_executor/layers/fused_moe/oracle/mxfp4.py"
+
+
+@dataclass(frozen=True)
+class Layout:
+    backend: str
+    hidden: int           # padded hidden size
+    intermediate: int     # padded intermediate size, whole layer (per rank × tp)
+    bytes_per_expert: int
+    source: str
+
+
+def _round_up(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+def mxfp4_backend(model: Model, compute_capability: str | None) -> tuple[str, int, int] | None:
+    """(backend, intermediate alignment, hidden alignment) vLLM 0.33 picks by default, or None."""
+    if compute_capability is None:
+        return None
+    major, _, minor = compute_capability.partition(".")
+    cc = (int(major), int(minor or 0))
+    gpt_oss = model.activation is not None and model.activation.kind == "swigluoai"
+    if cc[0] == 10:
+        return ("FLASHINFER_TRTLLM_MXFP4_BF16" if gpt_oss else "FLASHINFER_TRTLLM_MXFP4_MXFP8", 128, 256)
+    if gpt_oss and cc[0] == 9:
+        return ("TRITON", 64, 1)
+    if not gpt_oss and cc == (9, 0):
+        return ("HUMMING", 64, 1)
+    if cc >= (7, 5):
+        return ("MARLIN", 128, 256)
+    return None
+
+
+def vllm_mxfp4_layout(model: Model, machine: Machine, tp: int) -> Layout | None:
+    """The padded layout of an MXFP4 model with declared hidden/intermediate sizes, or None when
+    nothing is padded (or the model does not declare its sizes)."""
+    if model.expert_format != "mxfp4" or model.hidden_size is None or model.moe_intermediate_size is None:
+        return None
+    choice = mxfp4_backend(model, machine.gpus.compute_capability)
+    if choice is None:
+        return None
+    backend, inter_align, hidden_align = choice
+    hidden = _round_up(model.hidden_size, hidden_align)
+    inter = _round_up(model.moe_intermediate_size // tp, inter_align) * tp
+    if (hidden, inter) == (model.hidden_size, model.moe_intermediate_size):
+        return None
+    per = (2 * inter * hidden + hidden * inter) // 2 + (2 * inter * hidden + hidden * inter) // 32
+    if model.expert_biases:
+        per += (2 * inter + hidden) * 2
+    line = {"MARLIN": ":865-870", "FLASHINFER_TRTLLM_MXFP4_BF16": ":871-873",
+            "FLASHINFER_TRTLLM_MXFP4_MXFP8": ":871-873"}.get(backend, ":915-916")
+    return Layout(backend, hidden, inter, per,
+                  f"{_SRC}{line}: {backend} on compute capability {machine.gpus.compute_capability} pads hidden "
+                  f"{model.hidden_size} -> {hidden}, intermediate {model.moe_intermediate_size} -> {inter}")
+
+
+def as_vllm_lays_out(model: Model, machine: Machine, tp: int) -> tuple[Model, Layout | None]:
+    """The model with its routed experts at vLLM's in-memory size (unchanged when not padded)."""
+    layout = vllm_mxfp4_layout(model, machine, tp)
+    if layout is None:
+        return model, None
+    tensors = [{"name": "w13", "shape": [2 * layout.intermediate, layout.hidden], "dtype": "mxfp4"},
+               {"name": "w2", "shape": [layout.hidden, layout.intermediate], "dtype": "mxfp4"}]
+    if model.expert_biases:
+        tensors += [{"name": "w13_bias", "shape": [2 * layout.intermediate], "dtype": "bf16", "kind": "bias"},
+                    {"name": "w2_bias", "shape": [layout.hidden], "dtype": "bf16", "kind": "bias"}]
+    from recipegen.schema.model import ExpertTensor
+    padded = model.model_copy(update={
+        "expert_tensors": [ExpertTensor.model_validate(t) for t in tensors],
+        "bytes_per_expert": layout.bytes_per_expert,
+        "sources": {**model.sources, "expert_tensors": layout.source}})
+    return padded, layout

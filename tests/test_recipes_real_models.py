@@ -1,0 +1,59 @@
+"""The committed recipes for public models: each checks green, and the runtime's refusal of a lane
+it cannot split is named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from recipegen.ledger import compute_ledger
+from recipegen.recipe_io import load_recipe
+from recipegen.units import GiB
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-120b-l40s", "qwen3-30b-a3b-rtx4090", "qwen3-235b-a22b-fp8-h200"])
+def test_recipe_is_green(name: str) -> None:
+    ledger = compute_ledger(load_recipe(REPO / "recipes" / f"{name}.yaml"))
+    assert ledger.ok, [v.message for v in ledger.violations]
+    assert ledger.lanes[0].fig("kv.full_sequences").value >= 1
+
+
+def test_gpt_oss_window_layers_make_room_on_48_gb() -> None:
+    lane = compute_ledger(load_recipe(REPO / "recipes" / "gpt-oss-120b-l40s.yaml")).lanes[0]
+    # 18 full layers x 2048 B x 131,072 + 18 sliding layers x 2048 B x 128 per sequence.
+    assert lane.fig("kv.bytes_per_sequence").value == 18 * 2048 * 131072 + 18 * 2048 * 128
+    # Every layer at full length would be 9 GiB a sequence: the pool would hold one, not two.
+    assert lane.fig("hbm.kv_pool").value // (36 * 2048 * 131072) == 1
+    assert lane.fig("kv.full_sequences").value == 2
+
+
+def test_gpt_oss_usage_aware_is_refused_naming_why() -> None:
+    from recipegen.ledger import compute_lane
+    from recipegen.schema.lane import Offload
+    loaded = load_recipe(REPO / "recipes" / "gpt-oss-120b-l40s.yaml")
+    recipe = loaded.recipe
+    lane = recipe.lanes[0].model_copy(update={"offload": Offload(
+        placement="usage-aware", hot_experts_per_layer=50, load_cpu_offload="38 GiB")})
+    got = compute_lane(recipe.model, recipe.machines["box"], lane)
+    refusal = [v for v in got.violations if v.kind == "runtime"]
+    assert refusal and "swigluoai" in refusal[0].message and "placement: positional" in refusal[0].suggestion
+
+
+def test_qwen3_235b_tp8_replicates_kv_heads() -> None:
+    # Qwen3-235B-A22B at TP=8 on a DGX H200: 4 KV heads -> 1 per GPU (replicated), 94 layers:
+    # 2 * 1 * 128 * 2 B * 94 = 48,128 B per token per GPU.
+    from recipegen.catalog import catalog_entry
+    from recipegen.ledger import compute_lane
+    from recipegen.schema import Lane, Machine, Model
+    model = Model.model_validate(catalog_entry("models", "qwen3-235b-a22b"))
+    machine = Machine.model_validate(catalog_entry("machines", "h200-sxm-x8"))
+    lane = Lane.model_validate({
+        "name": "l", "machine": "m", "gpus": list(range(8)), "port": 8000, "image": "vllm/vllm-openai:v0.33.0",
+        "kv_cache_bytes": "100 GiB", "max_model_len": 32768, "concurrency": {"max": 8},
+        "offload": {"placement": "positional", "load_cpu_offload": "0 GiB"},
+        "reserves": {"hbm": {"value": "10 GiB", "source": "test"}}})
+    got = compute_lane(model, machine, lane)
+    assert got.fig("kv.tokens").value == pytest.approx(100 * GiB / 48_128)   # 2.23M, not 4.46M

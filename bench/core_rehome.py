@@ -2,7 +2,7 @@
 """Runtime core at the real DSv4.1-Flash geometry on one GPU: re-homing time per layer and swap
 latency through the staging buffer.
 
-Runs on the H200 through the device tool (command in BENCHMARKS.md, section "Runtime core:
+Runs on one NVIDIA H200 (command in BENCHMARKS.md, section "Runtime core:
 re-homing and swaps"); needs torch with CUDA and ``runtime/`` on PYTHONPATH.
 
 Model: 384 routed experts per layer, MXFP4 ``w13_weight [384, 4608, 2560]`` + ``w13_weight_scale

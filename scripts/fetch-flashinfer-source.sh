@@ -12,7 +12,8 @@ if [ -n "${RECIPEGEN_FLASHINFER_SRC:-}" ] && [ -f "$RECIPEGEN_FLASHINFER_SRC/fla
   exit 0
 fi
 dest=.cache/flashinfer-python-$FLASHINFER_VERSION
-[ -f "$dest/.complete" ] && exit 0
+stamp=$dest/.complete-2   # bump when the kept file list changes
+[ -f "$stamp" ] && exit 0
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] && PY=.venv/bin/python
 tmp=$(mktemp -d)
@@ -27,6 +28,7 @@ whl, dest = sys.argv[1], sys.argv[2]
 keep = ("flashinfer/__init__.py", "flashinfer/utils.py", "flashinfer/tllm_enums.py",
         "flashinfer/fp4_quantization.py", "flashinfer/quantization/fp4_quantization.py",
         "flashinfer/fused_moe/__init__.py", "flashinfer/fused_moe/core.py",
+        "flashinfer/autotuner/autotuner.py", "flashinfer/data/csrc/trtllm_batched_gemm_runner.cu",
         "flashinfer/data/csrc/trtllm_fused_moe_kernel_launcher.cu",
         "flashinfer/data/csrc/fused_moe/trtllm_backend/",
         "flashinfer/data/include/flashinfer/trtllm/fused_moe/",
@@ -35,4 +37,4 @@ with zipfile.ZipFile(whl) as zf:
     names = [n for n in zf.namelist() if n.startswith(keep) or n.endswith(".dist-info/METADATA")]
     zf.extractall(dest, names)
 PYEOF
-touch "$dest/.complete"
+touch "$stamp"

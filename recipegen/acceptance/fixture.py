@@ -5,7 +5,7 @@
 
 `id` is unique; `category` groups the report; exactly one of `prompt` and `messages`.
 Lines that are empty or start with `#` are skipped. The default fixture (50 prompts in the
-seeds' categories: 8 agent, 8 prose, 10 code, 10 math, 8 non-English, 6 tool/structured;
+the field reports' categories: 8 agent, 8 prose, 10 code, 10 math, 8 non-English, 6 tool/structured;
 written for this project) ships in the package.
 """
 

@@ -7,7 +7,7 @@ back-to-back windows of `duration` seconds while the load continues: a window's 
 the tokens that *arrived* inside it divided by its length (streamed, so long requests do not
 bunch their tokens at completion), and its latencies are those of the requests that started
 after the warm-up and finished inside it. The spread across windows is the instrument's own
-noise. `--compare` runs candidate, control, candidate (A B A) back to back, as the seeds did.
+noise. `--compare` runs candidate, control, candidate (A B A) back to back, as the field reports did.
 """
 
 from __future__ import annotations

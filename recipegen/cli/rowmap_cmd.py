@@ -28,7 +28,7 @@ def _geometry_options(func: Any) -> Any:
 def _decode_only_option(func: Any) -> Any:
     return click.option("--decode-only", is_flag=True,
                         help="From vLLM captures count only decode rows (responses must carry "
-                             "usage or token_ids); the seeds' histograms are decode-only.")(func)
+                             "usage or token_ids); the field reports' histograms are decode-only.")(func)
 
 
 def _parse_size(text: str, field: str) -> int:
@@ -361,7 +361,7 @@ def reduce(captures: tuple[str, ...], output: str, source: str | None, recipe: s
 @click.option("--tokens", type=int, default=47_778, show_default=True,
               help="Tokens per class (47,778 × 40 layers × 6 = 11.5M selections).")
 @click.option("--correlation", type=float, default=0.15, show_default=True,
-              help="Spearman rank correlation between classes (seeds: agent vs prose 0.15).")
+              help="Spearman rank correlation between classes (field reports: agent vs prose 0.15).")
 @click.option("--top-k", "top_k", type=int, help="Experts picked per token (with --experts).")
 @_geometry_options
 def synth(output_dir: str, classes: tuple[str, ...], seed: int, tokens: int, correlation: float,

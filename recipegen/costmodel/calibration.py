@@ -1,4 +1,4 @@
-"""Calibration data set: the seeds' measured pairs, and what the fetch model projects for each.
+"""Calibration data set: the field reports' measured pairs, and what the fetch model projects for each.
 
 Every "after" is projected from its "before" with the same additive step model:
 
@@ -92,7 +92,7 @@ class ThroughputPair:
     before_cold_share: float
     after_cold_share: float
     source: str
-    before_step_s: float | None = None   # measured step time of the "before", when the seeds give one
+    before_step_s: float | None = None   # measured step time of the "before", when the field reports give one
     after_step_s: float | None = None    # measured step time of the "after", for comparison
     before_range: tuple[float, float] | None = None
     note: str = ""
@@ -109,7 +109,7 @@ PAIRS: tuple[ThroughputPair, ...] = (
                    before_step_s=STEP_C1_K5_POSITIONAL.seconds, after_step_s=STEP_C1_K5_USAGE_AWARE.seconds),
     ThroughputPair("C8 k=5: positional (v14) -> usage-aware (v15)", 8, 5, 305.0, 704.0, 0.24, 0.027,
                    f"{SEED_PREFETCH}, section 3 ('eight users from 305 to 704')",
-                   note="k at C8 under the seeds' DSpark schedule is not stated; k=5 assumed"),
+                   note="k at C8 under the field reports' DSpark schedule is not stated; k=5 assumed"),
     ThroughputPair("C16 k=5: positional (v14) -> usage-aware (v15)", 16, 5, 401.5, 955.0, 0.24, 0.027,
                    f"{SEED_PIN}, 'Confirmed' (~955 on six of seven reps, one 667; v14 386-417); "
                    f"{SEED_PREFETCH} quotes 385 -> 953", before_range=(386.0, 417.0),

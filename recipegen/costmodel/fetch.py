@@ -5,7 +5,7 @@
     share of step       = fetch time ÷ measured step time
 
 With one stream at k=0 the unique experts per layer are the top_k picks themselves, so this
-is exactly the seeds' arithmetic ("Should a GB300 Prefetch", Figure 3: layers × 6 picks ×
+is exactly the field reports' arithmetic ("Should a GB300 Prefetch", Figure 3: layers × 6 picks ×
 cold share × bytes ÷ 340 GB/s). It is simplified the same way: no overlap of the cold read
 with compute, no L2 reuse, every cold pick read once per step.
 

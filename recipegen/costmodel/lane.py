@@ -21,7 +21,7 @@ from recipegen.units import GiB
 
 
 def unique_model_for(model: Any) -> UniqueExpertsModel:
-    """The unique-experts model from the catalog model's measured points (else the seeds')."""
+    """The unique-experts model from the catalog model's measured points (else the field reports')."""
     points = [(u.streams, u.k, u.experts_per_layer) for u in getattr(model, "unique_experts", [])]
     if any(s == 1 and (k or 0) > 0 for s, k, _ in points):
         return calibrated_model(model.routed_experts, model.top_k, points)
@@ -157,7 +157,7 @@ def lane_cold_shares(loaded: Any, lane: Any, ledger_lane: Any, *, map_class: str
         per_layer = tuple(c / model.routed_experts for c in cold)
         share = ColdShare(sum(per_layer) / len(per_layer), per_layer,
                           "positional: whole layers' experts offloaded, usage-blind (cold experts per layer ÷ "
-                          f"{model.routed_experts}); the seeds measured ~23% / 24% of picks on v14")
+                          f"{model.routed_experts}); the field reports measured ~23% / 24% of picks on v14")
         return {name: share for name in (lane.classes or {"(all traffic)": None})}
     for name, cls in lane.classes.items():
         map_name = map_class or name

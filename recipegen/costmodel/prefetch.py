@@ -7,7 +7,7 @@ between the lane's ledger without and with the bank:
     KV tokens lost = kv.tokens(no bank) − kv.tokens(bank)
     share of pool  = KV tokens lost ÷ kv.tokens(no bank)
 
-The seeds ("Should a GB300 Prefetch", section 4): 3 slots per layer = 120 experts = 2.1 GiB
+The field reports ("Should a GB300 Prefetch", section 4): 3 slots per layer = 120 experts = 2.1 GiB
 ≈ 1.09M KV tokens = 43% of a 4.9 GiB (≈ 2.54M-token) pool.
 """
 

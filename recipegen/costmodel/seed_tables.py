@@ -40,6 +40,6 @@ PREFETCH_PRINTED = {"experts": "120", "bank_gib": "2.1", "kv_tokens_m": "1.09", 
 
 
 def printed_like(value: float, printed: str) -> str:
-    """Format `value` with as many decimals as the seeds printed."""
+    """Format `value` with as many decimals as the field reports printed."""
     decimals = len(printed.split(".")[1]) if "." in printed else 0
     return f"{value:.{decimals}f}"

@@ -40,7 +40,7 @@ STEP_C1_K0_ALL_HBM = StepTime(
     "dsv41-flash-mxfp4", "gb300-station-x2-pp2", "all-in-hbm", 1, 0, 0.0071,
     f"{SEED_PIN}, 'Where the experts live today' (141.3 tok/s)")
 
-# The one home of measured step times: the lane cost model, the calibration pairs and the seeds'
+# The one home of measured step times: the lane cost model, the calibration pairs and the field reports'
 # printed tables all read them from here.
 STEP_TIMES: tuple[StepTime, ...] = (STEP_C1_K5_USAGE_AWARE, STEP_C1_K5_POSITIONAL, STEP_C1_K0_POSITIONAL,
                                     STEP_C1_K0_ALL_HBM)

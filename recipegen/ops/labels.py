@@ -1,5 +1,5 @@
 """Labels `recipegen render` puts on every lane service (templates/service.yaml.j2), read back by
-status/swap/verify, and the compose service names of DESIGN.md "Lanes, classes and services"."""
+status/swap/verify, and the compose service names of docs/design.md "Lanes, classes and services"."""
 
 from __future__ import annotations
 

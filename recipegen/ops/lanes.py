@@ -20,7 +20,7 @@ from recipegen.ops.deployment import (Deployment, dependency_order, lane_service
 from recipegen.ops.engine import ContainerInfo, find_containers, service_container
 
 Echo = Callable[[str], None]
-DEFAULT_WAIT_S = 3 * 3600  # a cold boot with kernel tuning takes over an hour (seeds: ~75 min)
+DEFAULT_WAIT_S = 3 * 3600  # a cold boot with kernel tuning takes over an hour (field reports: ~75 min)
 
 
 @dataclass(frozen=True)

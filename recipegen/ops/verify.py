@@ -4,7 +4,7 @@ Pure comparison of plain values; gathering (container logs, /metrics, the ledger
 the caller. Bank bytes and per-layer counts come from the runtime's start-up report lines
 (one per worker; bytes are summed over ranks), KV capacity from vLLM itself.
 
-Tolerances (stated in every output): bank bytes must agree within 0.5% (the seeds: measured
+Tolerances (stated in every output): bank bytes must agree within 0.5% (the field reports: measured
 206.61 / 62.33 GiB against predicted 206.6 / 62.4 — within 0.2%); KV tokens within 2% (vLLM
 rounds the pool to whole blocks and the ledger's reserve is back-solved); hashes and per-layer
 counts must match exactly.

@@ -36,7 +36,7 @@ HF_HUB_TARGET = "/root/.cache/huggingface/hub"
 # --- the runtime's activation contract (runtime/expert_residency/vllm_plugin/settings.py) -----
 WORKER_EXTENSION_CLS = "expert_residency.vllm_plugin.worker_ext.ResidencyWorkerExtension"
 DEFAULT_PLUGIN_ENTRY_POINT = "expert_residency"
-# The residency runtime splits the modular MXFP4 TRT-LLM path (seed 000: the lane's experts run
+# The residency runtime splits the modular MXFP4 TRT-LLM path (the field report "vLLM: Pin Hot Experts" (2026-09-17): the lane's experts run
 # through FlashInfer TRT-LLM, `TrtLlmMxfp4ExpertsModular`); vLLM 0.33 maps this --moe-backend
 # value to the FLASHINFER_TRTLLM_MXFP4_* backends (oracle/mxfp4.py `map_mxfp4_backend`).
 RESIDENCY_MOE_BACKEND = "flashinfer_trtllm"
@@ -46,7 +46,7 @@ DUMP_INTERVAL_LANE_S = 600
 
 # --- container defaults ------------------------------------------------------------------------
 SHM_SIZE = "16gb"
-# First boot of a new kernel shape pays FlashInfer autotuning (~75 min per shape in the seeds,
+# First boot of a new kernel shape pays FlashInfer autotuning (~75 min per shape in the field reports,
 # two shapes for a split lane): a start period shorter than that marks a healthy boot unhealthy.
 # A lane turns healthy at its first good probe, so a long start period costs nothing.
 HEALTH_START_PERIOD = "180m"
@@ -302,7 +302,7 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
     env: dict[str, str] = {
         "VLLM_CACHE_ROOT": f"{CACHE_TARGET}/vllm",
         # Autotuned kernels are keyed on the bank shapes: maps with one shape_hash reuse them
-        # (the seeds' "hash-hit reboot"); a new shape tunes into its own folder.
+        # (the field reports' "hash-hit reboot"); a new shape tunes into its own folder.
         "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": f"{CACHE_TARGET}/flashinfer-autotune/{_shape_key(rowmap)}",
         "TRITON_CACHE_DIR": f"{CACHE_TARGET}/triton",
         "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_TARGET}/inductor",

@@ -164,6 +164,6 @@ def build_budget_global(histogram: Histogram, cold_budget_bytes: int, bytes_per_
 def hot_count_for_cold_budget(cold_budget_bytes: int, bytes_per_expert: int, num_layers: int,
                               num_experts: int) -> int:
     """Uniform hot count per layer for a cold-bank budget: the largest whole per-layer cold
-    count whose bytes fit (DESIGN.md: 62.33 GiB → 88 cold, 62.34 GiB → 89)."""
+    count whose bytes fit (docs/design.md: 62.33 GiB → 88 cold, 62.34 GiB → 89)."""
     cold = min(cold_budget_bytes // (bytes_per_expert * num_layers), num_experts)
     return num_experts - int(cold)

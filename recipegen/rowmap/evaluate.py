@@ -96,7 +96,7 @@ def evaluate_on(rowmap: RowMap, histogram: Histogram, name: str) -> HistogramEva
 def leave_one_out(rowmap: RowMap, histograms: Sequence[Histogram],
                   names: Sequence[str]) -> list[LeaveOneOut]:
     """For each profile: build a map with this map's per-layer hot counts from all the other
-    profiles pooled, and measure it on the held-out one (the seeds' 1.6–1.7% check)."""
+    profiles pooled, and measure it on the held-out one (the field reports' 1.6–1.7% check)."""
     if len(histograms) < 2:
         return []
     out = []

@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 
-# The seeds' skew table (002, "The skew is real"): share of decode selections in the top
+# The skew table of the field report "Offload by Expert on GB300: The Skew Is Real, the Kernel
+# Is Not" (undated; section "The skew is real"): share of decode selections in the top
 # 25 / 50 / 73 % of experts by count.
 TOP_FRACTIONS: tuple[float, ...] = (0.25, 0.50, 0.73)
 

@@ -5,12 +5,12 @@ every file it produces (`meta.synthetic: true`, a `synthetic:` source).
 
 Model of one class and one layer:
 * Rank profile: the expert at popularity rank r (0 = most used) is picked with probability
-  p(r) ∝ exp(−a·(r/E)^b), a = 4.94, b = 1.01. A power law cannot match the seeds' skew table
+  p(r) ∝ exp(−a·(r/E)^b), a = 4.94, b = 1.01. A power law cannot match the field reports' skew table
   (top 25/50/73% of experts → 71.4/91.8/98.7% of selections, mean Gini 0.632); this
   exponential-tailed profile gives about 71/92/98% and Gini ≈ 0.61, and ≈ 1.5% cold at 295/89.
 * Each class ranks experts by its own per-layer permutation. Permutations come from Gaussian
   scores s = w·z_shared + √(1−w²)·z_class, so any two classes' ranks have Spearman ρ ≈ the
-  requested correlation (seeds: agent vs prose 0.15). w² = 2·sin(π·ρ/6) (Gaussian
+  requested correlation (field reports: agent vs prose 0.15). w² = 2·sin(π·ρ/6) (Gaussian
   rank-correlation identity).
 * Counts: tokens × top_k selections per layer drawn multinomially from the permuted profile.
 

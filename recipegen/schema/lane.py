@@ -60,8 +60,9 @@ class Offload(StrictModel):
     runtime re-homes from. Positional: the offload itself (required)."""
     prefetch_slots_per_layer: NonNegativeInt = 0
     """HBM slots per MoE layer reserved for a cold-expert prefetch bank. The ledger prices it out of
-    the KV pool (seed 001: 3 slots per layer cost 43% of the v15 pool); the residency runtime has no
-    prefetch mode yet, so this is for what-if budgets."""
+    the KV pool (3 slots per layer cost 43% of the v15 pool in the field report "Should a GB300
+    Prefetch Its Cold Experts? Mostly No, and What to Build Instead", 2026-10-23); the residency
+    runtime has no prefetch mode yet, so this is for what-if budgets."""
 
     @model_validator(mode="after")
     def _check(self) -> "Offload":

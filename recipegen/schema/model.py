@@ -295,7 +295,7 @@ class Model(StrictModel):
     """Measured results of vLLM's positional `--cpu-offload-gb` on this model."""
     positional_cold_pick_share: list[Annotated[float, Field(gt=0, lt=1)]] = []
     """Measured share of routed picks that land on host-resident experts under positional offload
-    (each with its source; the seeds quote ~23% and 24%)."""
+    (each with its source; the field reports quote ~23% and 24%)."""
     sources: dict[str, str] = {}
     """Where each figure comes from, by field path (filled from `{value, source}` figures)."""
 

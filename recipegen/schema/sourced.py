@@ -1,6 +1,6 @@
 """`{value: ..., source: ...}` figures: catalogs (and inline models/machines) cite each figure.
 
-A figure written as `{value: 250.7 GiB, source: "seed 000, 'The idea'"}` validates as its value;
+A figure written as `{value: 250.7 GiB, source: "the field report 'vLLM: Pin Hot Experts' (2026-09-17), 'The idea'"}` validates as its value;
 the source is kept in the owning object's `sources` map under the figure's field path
 (`gpus.hbm`, `host_tables[0].bytes`), so `--explain` and the docs can cite it.
 """

@@ -275,3 +275,42 @@ def test_selfcheck_without_a_gpu_says_so(capsys: pytest.CaptureFixture) -> None:
         pytest.skip("a CUDA device is present")
     assert main(["--tokens", "1"]) == 2
     assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_mxfp8_activations_quantized_once_for_both_banks() -> None:
+    """The MXFP8 variant quantizes the layer input once; both launches get the same bytes, the
+    scales as given, and the call arguments FlashInfer's launcher needs for each bank."""
+    x, ids, weights = routing()
+    calls: list[dict] = []
+    quantized: list[torch.Tensor] = []
+
+    def quantize(a: torch.Tensor):
+        quantized.append(a)
+        return a.to(torch.float8_e4m3fn), torch.full((a.shape[0], HIDDEN // 32), 127, dtype=torch.uint8)
+
+    def routed_moe(**kw):
+        calls.append(kw)
+        t, k = kw["topk_ids"][0].shape
+        return [torch.zeros(8, HIDDEN, dtype=torch.bfloat16), kw["topk_ids"][1],
+                torch.full((t * k,), -1, dtype=torch.int32)]
+
+    converted = checkpoint()
+    L.to_trtllm_layout(converted)
+    hot, cold = PARTITIONS[1]
+    layer = rehome_layer(converted, hot, cold, layer_index=0,
+                         hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator())
+    k = TrtllmMxfp4Banks(HIDDEN, INTER, EXPERTS, TOP_K, activation="mxfp8", swiglu_limit=7.0,
+                         routed_moe=routed_moe, quantize=quantize)
+    k.forward(layer, x, weights, ids)
+    assert len(quantized) == 1 and len(calls) == 2
+    hot_call, cold_call = calls
+    # the same buffer (a view per launch chunk), not a second quantization
+    for name in ("hidden_states", "hidden_states_scale"):
+        assert hot_call[name].data_ptr() == cold_call[name].data_ptr(), name
+    assert hot_call["hidden_states"].dtype == torch.float8_e4m3fn
+    assert (hot_call["local_expert_offset"], hot_call["local_num_experts"]) == (0, 8)
+    assert (cold_call["local_expert_offset"], cold_call["local_num_experts"]) == (8, 2)
+    assert hot_call["num_experts"] == cold_call["num_experts"] == EXPERTS
+    assert hot_call["do_finalize"] is False and cold_call["gemm1_weights"].shape[0] == 2
+    assert cold_call["gemm1_clamp_limit"].tolist() == [7.0, 7.0]
+    assert torch.equal(hot_call["topk_ids"][0], cold_call["topk_ids"][0])  # one remap, two ranges

@@ -11,6 +11,8 @@ Modules (import them directly; none imports FlashInfer or vLLM at import time):
                   are per-expert slices of it, and ``convert_with_vllm`` (vLLM's own conversion).
 * ``trtllm``    — ``TrtllmMxfp4Banks``: ids remapped to bank rows, one ``do_finalize=False``
                   launch per bank, the unfinalized rows gathered, one finalize.
+* ``plugin``    — ``cuda_bank_experts``: the selected kernel object for one MXFP4 geometry (what the
+                  vLLM plugin's ``Mxfp4Residency`` builds on CUDA).
 * ``emulation`` — a torch model of the routed kernel's unfinalized output (CPU tests, dry runs).
 * ``selfcheck`` — ``python -m expert_residency.blackwell.selfcheck``: split == unsplit on the
                   operator's SM100 box.

@@ -157,7 +157,7 @@ def format_tokens(tokens: float) -> str:
 
 
 def largest_count_within(budget_bytes: float, bytes_per_item: float) -> int:
-    """DESIGN's rounding rule: a byte budget buys the largest whole count that fits."""
+    """The rounding rule (docs/design.md 'Budget ↔ count'): a byte budget buys the largest whole count that fits."""
     if bytes_per_item <= 0:
         raise ValueError("bytes_per_item must be positive")
     return max(0, math.floor(budget_bytes / bytes_per_item + 1e-12))

@@ -308,3 +308,20 @@ def test_every_figure_explains_itself(reference) -> None:
             assert fig.operands, key
         else:
             assert fig.note or key.startswith("kv.max_model_len"), f"{key}: an input needs its source"
+
+
+def test_more_streams_than_full_sequences_is_a_stated_warning(reference) -> None:
+    """16 expected streams at 1M context against a pool of two full sequences: no budget fails
+    (short requests share the pool), but a warning gives the numbers. By hand: 4.9 GiB × 0.518M
+    tokens per GiB = 2,538,200 tokens = 2 sequences of 1,048,576; 2,538,200 / 16 = 158,637."""
+    _, lane = reference
+    assert lane.ok
+    [warning] = [n for n in lane.notes if n.startswith("warning: concurrency")]
+    assert "up to 16 streams" in warning and "2.54M tokens = 2 full-length sequence(s)" in warning
+    assert "max_model_len 1,048,576" in warning and "≤ 158,637 tokens each" in warning
+    from recipegen.schema.lane import Concurrency
+
+    two = _lane_with(295, concurrency=Concurrency(min=1, max=2))
+    assert not [n for n in two.notes if n.startswith("warning: concurrency")]
+    three = _lane_with(295, concurrency=Concurrency(min=1, max=3))
+    assert [n for n in three.notes if n.startswith("warning: concurrency up to 3 streams")]

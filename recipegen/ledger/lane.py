@@ -21,7 +21,7 @@ from recipegen.ledger.runtime_check import runtime_violations
 from recipegen.ledger.verdict import budget_violations
 from recipegen.ledger.vllm_layout import as_vllm_lays_out
 from recipegen.schema import Lane, Machine, Model
-from recipegen.units import GiB, format_bytes
+from recipegen.units import GiB, format_bytes, format_tokens
 
 
 @dataclass
@@ -98,6 +98,7 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
             "(vllm/model_executor/offloader/uva.py:102-113)")
     _placement_summary(model, lane, active, out)
     kv_pool, kv_tokens = out.figs["hbm.kv_pool"].value, out.figs["kv.tokens"].value
+    _concurrency_warning(lane, out)
     tables, reserve_host, host_total = _host_figures(model, machine, lane, active, out)
 
     # --- verdict
@@ -122,6 +123,20 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
                  dense_offloaded=active.dense_host_bytes)
     return LaneLedger(lane.name, lane.machine, list(lane.gpus), lane.offload.placement, out.figs, ua, pos,
                       out.violations, out.notes)
+
+
+def _concurrency_warning(lane: Lane, out: _Figures) -> None:
+    """More expected streams than full-length sequences in the KV pool: not a budget violation
+    (short requests share the pool), but said with the numbers, since long ones will not all fit."""
+    streams, full = lane.concurrency.max, int(out.figs["kv.full_sequences"].value)
+    if streams <= full:
+        return
+    tokens = out.figs["kv.tokens"].value
+    out.notes.append(
+        f"warning: concurrency up to {streams} streams, but the KV pool holds {format_tokens(tokens)} tokens "
+        f"= {full} full-length sequence(s) of max_model_len {lane.max_model_len:,}: {streams} streams fit only "
+        f"while they average ≤ {int(tokens // streams):,} tokens each (prompt + output); longer ones make vLLM "
+        "preempt or queue requests. Lower concurrency.max or max_model_len, or give the KV pool more HBM")
 
 
 def _expert_figures(model: Model, out: _Figures) -> None:

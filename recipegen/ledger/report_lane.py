@@ -89,7 +89,7 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
                f"of {_g(fig['hbm.capacity'].value)}, peak host {_g(fig['load.host_peak'].value)} of "
                f"{_g(fig['host.memory'].value)}")
     for note in lane.notes:
-        out.append(f"  note: {note}")
+        out.append(f"  {note}" if note.startswith("warning: ") else f"  note: {note}")
     if explain:
         out.append("  Figures:")
         seen: set[str] = set()

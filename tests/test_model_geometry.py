@@ -206,3 +206,25 @@ def test_vllm_pads_gpt_oss_experts_for_marlin_not_for_triton() -> None:
     # A usage-aware lane keeps the checkpoint layout (the runtime holds back vLLM's conversion).
     from recipegen.ledger.vllm_layout import vllm_mxfp4_layout
     assert vllm_mxfp4_layout(model, machine(compute_capability="12.0"), 1) is not None
+
+
+def test_pipeline_stage_caches_kv_for_its_own_layers(tmp_path) -> None:
+    # gpt-oss-120b over two H200 boxes, PP=2: vLLM splits 36 layers 18 / 18; each stage holds 9
+    # sliding (window 128) and 9 full layers: per 8,192-token sequence 9*2048*8192 + 9*2048*128 B.
+    from recipegen.ledger import compute_ledger
+    from recipegen.recipe_io import load_recipe
+    recipe = tmp_path / "pp.yaml"
+    recipe.write_text(
+        "version: 1\nname: pp\nmodel: gpt-oss-120b\nmachines:\n"
+        "  a: {catalog: h200-pcie, address: 10.0.0.1}\n  b: {catalog: h200-pcie, address: 10.0.0.2}\n"
+        "lanes:\n  - name: chat\n    machine: a\n    gpus: [0]\n    port: 8000\n"
+        "    image: vllm/vllm-openai:v0.33.0\n    gpu_memory_utilization: 0.9\n    max_model_len: 8192\n"
+        "    concurrency: {max: 1}\n    offload: {placement: usage-aware, hot_experts_per_layer: 128}\n"
+        "    reserves: {hbm: {value: 8 GiB, source: test}}\n"
+        "    parallel:\n      pipeline:\n        - {machine: a, gpus: [0], all_experts_in_hbm: true}\n"
+        "        - {machine: b, gpus: [0], all_experts_in_hbm: true}\n      master_port: 29501\n")
+    lane = compute_ledger(load_recipe(recipe)).lanes[0]
+    for stage in lane.stages:
+        assert stage.ledger.fig("kv.bytes_per_sequence").value == 9 * 2048 * 8192 + 9 * 2048 * 128
+    # Every expert in HBM: nothing for the runtime to split, so its refusal of gpt-oss does not apply.
+    assert not [v for v in lane.violations if v.kind == "runtime"]

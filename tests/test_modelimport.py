@@ -148,3 +148,22 @@ def test_recipe_references_a_model_file(tmp_path: Path) -> None:
     with pytest.raises(InputError) as err:
         load_recipe(recipe)
     assert "q30.yaml" in str(err.value) and "routed_experts" in str(err.value)
+
+
+def test_cli_writes_the_model_file_and_refuses_to_overwrite(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from recipegen.cli import main
+    out = tmp_path / "m.yaml"
+    args = ["model", "import", str(FIX / "glm-4.5-air"), "-o", str(out), "--checkpoint", "zai-org/GLM-4.5-Air"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    doc = yaml.safe_load(out.read_text())
+    assert doc["checkpoint"] == "zai-org/GLM-4.5-Air" and doc["moe_layers"]["value"] == "1-45"
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 2 and "--force" in again.output
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text('{"architectures": ["X"], "num_hidden_layers": 2}')
+    result = CliRunner().invoke(main, ["model", "import", str(bad), "-o", "-"])
+    assert result.exit_code == 2 and "num_local_experts" in result.output and "Traceback" not in result.output

@@ -11,9 +11,12 @@ from recipegen.schema import Lane, Machine, Model
 
 
 def runtime_violations(model: Model, machine: Machine, lane: Lane) -> list[Violation]:
-    """A usage-aware lane runs the runtime's split; a positional lane is plain vLLM (not asked)."""
+    """A usage-aware lane runs the runtime's split; a positional lane, or one holding every routed
+    expert in HBM, is plain vLLM (not asked)."""
     if lane.offload.placement != USAGE_AWARE or model.expert_format is None:
         return []
+    if lane.offload.hot_experts_per_layer == model.routed_experts:
+        return []  # every routed expert in HBM: nothing to split, the runtime is not mounted
     act = model.activation
     reason = unsupported_reason(
         expert_format=model.expert_format,
@@ -23,8 +26,21 @@ def runtime_violations(model: Model, machine: Machine, lane: Lane) -> list[Viola
         biases=model.expert_biases,
         compute_capability=machine.gpus.compute_capability)
     if reason is None:
-        return []
+        return _backend_violations(model, machine, lane)
     return [Violation(
         "runtime", f"the expert residency runtime would refuse this lane at boot: {reason}",
         "use placement: positional (vLLM's own --cpu-offload-gb, no runtime split), or a checkpoint "
         "in a format the runtime splits (expert_residency/capabilities.py)", lane=lane.name)]
+
+
+def _backend_violations(model: Model, machine: Machine, lane: Lane) -> list[Violation]:
+    """No vLLM 0.33 MoE backend runs the format as a modular kernel on the GPU
+    (recipegen.moe_backend): the runtime's boot would fail there too."""
+    from recipegen.moe_backend import NoBackend, choose
+
+    try:
+        choose(model.expert_format, machine.gpus.compute_capability, machine.gpus.kind)
+    except NoBackend as exc:
+        message, _, fix = str(exc).partition(". What would work: ")
+        return [Violation("runtime", message, fix or "placement: positional", lane=lane.name)]
+    return []

@@ -56,8 +56,10 @@ REL_TOL = 1e-2
 CONFIGS = {
     "int-dequant": KernelConfig(dequant=0, block_n1=32, block_k1=256, block_k2=256),
     "dot_scaled": KernelConfig(dequant=1),
-    "prmt-dequant": KernelConfig(dequant=2),   # the default
+    "prmt-dequant": KernelConfig(dequant=2),
     "prmt-bn32-bk256": KernelConfig(dequant=2, block_n1=32, block_k1=256, block_k2=256),
+    "mma-order": KernelConfig(),   # the default (dequant=3)
+    "mma-order-bn128-bk64": KernelConfig(block_n1=128, block_k1=64, block_n2=128, block_k2=64),
 }
 
 

@@ -63,6 +63,56 @@ def test_layout_refuses_partial_tiles() -> None:
         to_kernel_layout(_tensors(), _config(block_n1=5))
 
 
+def _mma_tensors(h: int = 128, i: int = 64) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    shapes = {"w13_weight": (2, 2 * i, h // 2), "w13_weight_scale": (2, 2 * i, h // 32),
+              "w2_weight": (2, h, i // 2), "w2_weight_scale": (2, h, i // 32)}
+    out = {n: torch.randint(0, 256, s, generator=g, dtype=torch.int32).to(torch.uint8) for n, s in shapes.items()}
+    for n in ("w13_weight_scale", "w2_weight_scale"):
+        out[n] = torch.randint(117, 126, shapes[n], generator=g, dtype=torch.int32).to(torch.uint8)
+    return out
+
+
+def _mma_config():
+    return SimpleNamespace(dequant=3, block_n1=64, block_k1=128, block_n2=64, block_k2=64, tile_major=True)
+
+
+def test_mma_order_layout_places_one_code_where_the_decode_reads_it() -> None:
+    """Hand-placed: w13 of expert 1, row 9, value 42, code 0b1011 (-1.5). Row 9 = warp 0, h 1, g 1;
+    value 42 = block b 1 (bh 0, b0 1), c 0, d 1, q 1, e 0. Thread (w 0, g 1, q 1) owns 16-byte row
+    4g+q = 5 (byte 80) of tile 0; word c + 2*b0 = 2 (bytes 88..91); code (h 1, d 1, e 0) is output
+    j = 2d + h = 3, lane 0: sign bit 14, e1 e0 = 01 at bits 11..10, m = 1 at bit 13 -> 0x6400.
+    Its scale (row 9, block 1) goes to byte ((w*8 + g)*4) + h + 2*b0 = 4 + 3 = 7 of the tile."""
+    t = _mma_tensors()
+    for n in t:
+        t[n].zero_()
+    t["w13_weight"][1, 9, 21] = 0x0B          # value 42 = low nibble of byte 21
+    t["w13_weight_scale"][1, 9, 1] = 121
+    to_kernel_layout(t, _mma_config())
+    flat = t["w13_weight"][1].reshape(-1)
+    assert flat[88:92].tolist() == [0x00, 0x64, 0x00, 0x00]
+    assert int(torch.count_nonzero(flat)) == 1
+    sflat = t["w13_weight_scale"][1].reshape(-1)
+    assert int(sflat[7]) == 121 and int(torch.count_nonzero(sflat)) == 1
+    assert int(torch.count_nonzero(t["w13_weight"][0])) == 0  # other experts untouched
+
+
+def test_mma_order_round_trip_and_refusals() -> None:
+    original = _mma_tensors()
+    tiled = {n: v.clone() for n, v in original.items()}
+    to_kernel_layout(tiled, _mma_config())
+    assert not torch.equal(tiled["w13_weight"], original["w13_weight"])
+    assert all(tiled[n].shape == original[n].shape for n in original)
+    from_kernel_layout(tiled, _mma_config())
+    assert all(torch.equal(tiled[n], original[n]) for n in original)
+    big = _mma_tensors()
+    big["w2_weight_scale"][0, 0, 0] = 129     # 2^(s-1) = 2^128 is no bf16
+    with pytest.raises(ValueError, match="above 128"):
+        to_kernel_layout(big, _mma_config())
+    with pytest.raises(ValueError, match="multiple of 64"):
+        to_kernel_layout(_mma_tensors(), SimpleNamespace(**{**vars(_mma_config()), "block_n1": 32}))
+
+
 def _rerun_interpreted(test_id: str) -> bool:
     """True (after running ``test_id`` in a fresh interpreter with ``TRITON_INTERPRET=1``) when
     Triton was already imported in this process without it: ``triton.language``'s own helpers
@@ -176,3 +226,47 @@ def test_kernels_with_swiglu_clamp_under_triton_interpreter() -> None:
     with pytest.raises(ValueError, match="swiglu_limit"):
         gx.TritonMxfp4Experts(gx.ExpertShape(h, i), e, k, max_tokens=8, device="cpu", config=cfg,
                               swiglu_limit=0.0)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="needs Triton for TRITON_INTERPRET=1 (the H200 runs "
+                           "tests/gpu/test_gpu_residency.py on the real kernels)")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: tests/gpu/test_gpu_residency.py "
+                    "checks the compiled kernels instead")
+def test_mma_order_kernels_under_triton_interpreter() -> None:
+    """The default MMA-order kernels (their integer twin of the PTX decode): split == unsplit bit
+    for bit, the counter exact, within bf16 tolerance of the torch reference on vLLM's layout."""
+    if _rerun_interpreted("test_mma_order_kernels_under_triton_interpreter"):
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    from expert_residency.core.banks import build_unsplit_layer, device_allocator, host_allocator, rehome_layer
+    from expert_residency.core.counter import ExpertCounter
+    from expert_residency.core.reference import mxfp4_swiglu_per_pick
+    from expert_residency.core.split import residency_forward
+    from expert_residency.gpu import experts as gx
+    from expert_residency.mxfp4 import quantize_mxfp4
+
+    torch.manual_seed(2)
+    e, k, h, i, t = 6, 2, 256, 128, 4
+    p13, s13 = quantize_mxfp4(torch.randn(e, 2 * i, h) * 0.05)
+    p2, s2 = quantize_mxfp4(torch.randn(e, h, i) * 0.05)
+    original = {"w13_weight": p13, "w13_weight_scale": s13, "w2_weight": p2, "w2_weight_scale": s2}
+    x = torch.randn(t, h).bfloat16()
+    weights, ids = torch.topk(torch.softmax(torch.randn(t, e), -1), k)
+    ids[0] = torch.tensor([2, 4])  # a token entirely in the cold bank
+    ref = residency_forward(build_unsplit_layer(original, layer_index=0), x, weights, ids,
+                            mxfp4_swiglu_per_pick(), pick_dtype=torch.bfloat16)
+    cfg = gx.KernelConfig(block_m=4, block_n1=64, block_k1=128, block_n2=64, block_k2=64)
+    assert cfg.dequant == 3  # the default kernel
+    full = {n: v.clone() for n, v in original.items()}
+    to_kernel_layout(full, cfg)
+    unsplit = build_unsplit_layer(full, layer_index=0)
+    split = rehome_layer(dict(full), [5, 1, 0, 3], [2, 4], layer_index=0,
+                         hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator())
+    ex = gx.TritonMxfp4Experts(gx.ExpertShape(h, i), e, k, max_tokens=8, device="cpu", config=cfg)
+    counter = ExpertCounter([0], e)
+    out_split = ex.forward(split, x, weights, ids, counter=counter).clone()
+    assert torch.equal(out_split, ex.forward(unsplit, x, weights, ids))
+    assert torch.equal(counter.counts[0], torch.bincount(ids.flatten(), minlength=e))
+    rel = ((out_split.float() - ref.float()).norm() / ref.float().norm()).item()
+    assert rel < 2e-2  # bf16 truncation in the interpreter; ~1e-3 on the GPU

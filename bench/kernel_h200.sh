@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The kernel's tests and benchmarks on one H200, in one call (see BENCHMARKS.md):
+#   bash bench/kernel_h200.sh [tests|residency|peer|offload ...]   (default: all four)
+# Needs the unpacked vLLM 0.33.0 wheel at .cache/vllm-0.33.0 (its triton_kernels and two glue files).
+set -o pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/runtime
+OUT=${OUT:-bench_out}; mkdir -p "$OUT"
+parts=${*:-tests residency peer offload}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+for part in $parts; do
+  case $part in
+    tests) timeout ${TESTS_S:-240} python3 -m pytest tests/gpu/test_gpu_residency.py -q -rA -s --timeout 200 \
+             -p no:cacheprovider > "$OUT/tests.log" 2>&1
+           grep -E "^(FAILED|ERROR)|passed|failed|vs int-dequant|Triton vs" "$OUT/tests.log" | cut -c1-160 ;;
+    residency) timeout ${RES_S:-240} python3 bench/gpu_residency.py --out "$OUT" ${RES_ARGS:-} 2>&1 \
+             | tee "$OUT/residency.log" | grep -v "^sweep" | tail -${RES_TAIL:-45} ;;
+    peer) timeout ${PEER_S:-240} python3 bench/peer_moe.py --out "$OUT" ${PEER_ARGS:-} 2>&1 \
+             | tee "$OUT/peer.log" | tail -${PEER_TAIL:-25} ;;
+    offload) timeout ${OFF_S:-300} python3 bench/peer_moe.py --out "$OUT/offload" --tokens 1 --steps 1:3 --layers 1 \
+             --offload 2>&1 | tee "$OUT/offload.log" | grep -E "offload|Offload|ratio|\| 1 |\| 16 " | tail -12 ;;
+  esac
+done

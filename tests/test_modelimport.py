@@ -167,3 +167,21 @@ def test_cli_writes_the_model_file_and_refuses_to_overwrite(tmp_path: Path) -> N
     (bad / "config.json").write_text('{"architectures": ["X"], "num_hidden_layers": 2}')
     result = CliRunner().invoke(main, ["model", "import", str(bad), "-o", "-"])
     assert result.exit_code == 2 and "num_local_experts" in result.output and "Traceback" not in result.output
+
+
+def test_index_without_shards_takes_dense_bytes_from_total_size(tmp_path: Path) -> None:
+    cfg = json.loads((FIX / "mixtral-8x7b-v0.1" / "config.json").read_text())
+    cfg.update(num_hidden_layers=1, num_local_experts=2, vocab_size=8, hidden_size=64, intermediate_size=32,
+               num_attention_heads=4, num_key_value_heads=2)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    # One MoE layer, 2 experts of 3 * 64 * 32 bf16 = 12,288 B: 24,576 B of experts.
+    names = ["model.embed_tokens.weight", "model.layers.0.block_sparse_moe.experts.0.w1.weight"]
+    index = {"metadata": {"total_size": 24_576 + 5_000}, "weight_map": {n: "absent.safetensors" for n in names}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    m, text = import_model(tmp_path)
+    assert m.dense_bytes == 5_000 and m.total_bytes == 29_576
+    assert "metadata.total_size" in yaml.safe_load(text)["dense_bytes"]["source"]
+    index["metadata"]["total_size"] = 100
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(InputError, match="smaller than the routed experts"):
+        import_model(tmp_path)

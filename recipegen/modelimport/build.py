@@ -17,7 +17,7 @@ from recipegen.modelimport.dense import dense_bytes
 from recipegen.modelimport.geometry import (GPT_OSS_ALPHA, GPT_OSS_BIAS_SOURCE, GPT_OSS_SOURCE, MOE_INTER_FIELDS,
                                             ROUTED_FIELDS, TOP_K_FIELDS, attention_groups, expert_format,
                                             moe_layer_indices, sourced)
-from recipegen.modelimport.safetensors import IndexFacts, read_index
+from recipegen.modelimport.safetensors import IndexFacts, is_routed_expert, layer_of, read_index
 
 INDEX_NAME = "model.safetensors.index.json"
 KV_DTYPE_SOURCE = "vLLM --kv-cache-dtype auto: the model's activation dtype (bf16)"
@@ -114,6 +114,20 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
         doc["dense_bytes"] = sourced(f"{facts.exact_dense_bytes} B",
                                      f"{INDEX_NAME} + {facts.shards_read} shard header(s): every tensor not "
                                      "under `.experts.` in decoder layers < num_hidden_layers")
+    elif facts is not None and facts.total_size is not None:
+        expert_bytes = int(_expert_bytes(tensors))
+        mtp_moe = [lay for lay in facts.mtp_layers
+                   if any(layer_of(n) == lay and is_routed_expert(n) for n in facts.names)]
+        n_moe = len(moe) + len(mtp_moe)
+        rest = facts.total_size - n_moe * routed * expert_bytes
+        if rest <= 0:
+            raise InputError(f"metadata.total_size {facts.total_size:,} B is smaller than the routed experts "
+                             f"the config implies ({n_moe * routed * expert_bytes:,} B): wrong index for this "
+                             "config?", file=str(inp.index), field="metadata.total_size")
+        doc["dense_bytes"] = sourced(f"{rest} B", f"{INDEX_NAME} `metadata.total_size` − {n_moe} MoE layers × "
+                                     f"{routed} routed experts × {expert_bytes:,} B"
+                                     + (f" (includes the non-expert tensors of MTP layers {facts.mtp_layers})"
+                                        if facts.mtp_layers else ""))
     else:
         doc["dense_bytes"] = sourced(f"{dense.total} B", "derived from config.json geometry: " + dense.summary()
                                      + (" (FP8 linear layers with fp32 block scales)" if fmt.dense_fp8_block else ""))
@@ -134,6 +148,11 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
                                         "rank, bf16 (" + _kv_terms(groups) + "); sliding layers counted uncapped "
                                         "here, the ledger caps them at their window per sequence")
     return doc
+
+
+def _expert_bytes(tensors: list[dict[str, Any]]) -> float:
+    from recipegen.schema.model import ExpertTensor
+    return float(sum(ExpertTensor.model_validate(t).num_bytes() for t in tensors))
 
 
 def _plain(v: Any) -> Any:

@@ -81,7 +81,8 @@ def test_reference_lane_agent_carries_everything_a_vllm_user_expects(project: Pa
     devices = lane["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"capabilities": ["gpu"], "driver": "nvidia", "device_ids": ["0"]}]
     assert lane["ipc"] == "host"
-    assert int(lane["shm_size"]) >= 16 * 2**30
+    # ipc: host shares the host's /dev/shm, so a shm_size beside it would be ignored: none is set
+    assert "shm_size" not in lane
     assert lane["ulimits"]["memlock"] == {"soft": -1, "hard": -1}
     assert lane["restart"] == "unless-stopped"
 
@@ -93,7 +94,10 @@ def test_reference_lane_agent_carries_everything_a_vllm_user_expects(project: Pa
     assert flags["--port"] == "30006"
     assert flags["--gpu-memory-utilization"] == "0.97"
     assert flags["--cpu-offload-gb"] == "60"
-    assert flags["--revision"] == "df42c109"
+    # a local checkpoint folder (/models/<name>) is one revision already: no --revision; the
+    # revision is in the labels (a hub checkpoint gets --revision: test_lanes_sharing_a_gpu_...)
+    assert flags["--model"].startswith("/models/") and "--revision" not in flags
+    assert lane["labels"]["io.recipegen.model-revision"] == "df42c109"
     assert flags["--moe-backend"] == "flashinfer_trtllm"
     assert flags["--worker-extension-cls"].endswith("ResidencyWorkerExtension")
     spec = json.loads(flags["--speculative-config"])

@@ -248,7 +248,9 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
     model_arg, model_mount, model_env = _model_source(recipe)
     memory = inputs.memory[lane.name]
     argv: list[str] = ["--model", model_arg]
-    if recipe.model.revision:
+    # --revision selects a commit of a Hugging Face repo; a local folder is one revision already
+    # (the model's revision still goes into the labels and the row maps' provenance).
+    if recipe.model.revision and not model_arg.startswith("/"):
         argv += ["--revision", recipe.model.revision]
     argv += ["--served-model-name", recipe.model.name,
              "--host", "0.0.0.0", "--port", str(lane.port),

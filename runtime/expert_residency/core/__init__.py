@@ -25,6 +25,7 @@ Modules (each documents its contract):
 * ``swap``      — ``swap_experts`` through a staging buffer, copies before the map flip.
 * ``adaptive``  — ``AdaptivePolicy``: decayed counts ranked at a barrier, bounded swaps with
                   hysteresis (``plan_swaps`` is the pure plan step).
+* ``adaptive_config`` — ``AdaptiveConfig`` and the bytes it allows (no torch: ledgers read it).
 * ``adaptive_setup`` — the policy's environment variables (parameters, class priors).
 
 Typical use inside an engine (the vLLM plugin does this from ``RoutedExperts``)::
@@ -59,7 +60,7 @@ _EXPORTS = {
     "split_invoke": "split",
     "StagingBuffer": "swap", "SwapStep": "swap", "swap_experts": "swap", "swap_steps": "swap",
     "swiglu_per_pick": "reference", "mxfp4_swiglu_per_pick": "reference",
-    "AdaptiveConfig": "adaptive", "AdaptivePolicy": "adaptive", "BarrierReport": "adaptive",
+    "AdaptiveConfig": "adaptive_config", "AdaptivePolicy": "adaptive", "BarrierReport": "adaptive",
     "Swap": "adaptive", "plan_swaps": "adaptive", "rank_swaps": "adaptive",
     "blend_prior": "adaptive", "choose_prior": "adaptive",
 }

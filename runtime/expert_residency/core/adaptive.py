@@ -41,54 +41,11 @@ from typing import Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import torch
 
+from .adaptive_config import AdaptiveConfig
 from .banks import ResidentLayer
 from .counter import ExpertCounter
 from .rehome import current_rowmap
 from .swap import StagingBuffer, SwapStep, swap_steps
-
-
-@dataclass(frozen=True)
-class AdaptiveConfig:
-    """Parameters of the policy (the future recipe field ``offload.adaptive``)."""
-
-    interval: int = 16
-    """Forwards between barriers. Each barrier costs one device-to-host copy of the plan plus the
-    swaps it accepts; a longer interval gives each decision more picks."""
-
-    swaps_per_layer: int = 16
-    """Most swaps (one hot expert out, one cold expert in) per MoE layer per barrier: bounds the
-    host-link traffic and the barrier's length (2 × expert bytes × swaps per layer × layers)."""
-
-    decay: float = 0.9
-    """Factor applied to every score at each barrier before the new window is added
-    (``score = decay * score + window``): the memory is ``1 / (1 - decay)`` windows."""
-
-    margin: float = 0.5
-    """Hysteresis: a cold expert replaces the weakest hot one only when its decayed score exceeds
-    ``(1 + margin)`` times that hot expert's score."""
-
-    evidence: float = 1.5
-    """Noise guard: the cold expert's lead must also exceed ``evidence`` standard deviations of a
-    Poisson count, ``cold - hot > evidence * sqrt(cold + hot)``. The relative margin alone lets a
-    cold expert seen twice displace a hot one seen once; at one stream per step most experts near
-    the hot/cold boundary are seen a handful of times per window."""
-
-    prior_weight: float = 16.0
-    """Weight of the best-fitting class profile (``AdaptivePolicy.priors``) in the ranking:
-    ``ranked = score + prior_weight * layer_total * p_class``. 0 ranks on counts alone. The class
-    (or the mixture of all classes) is chosen per barrier by the likelihood of the last window."""
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.interval, int) and self.interval >= 1):
-            raise ValueError(f"adaptive interval must be an integer >= 1 forward, got {self.interval!r}")
-        if not (isinstance(self.swaps_per_layer, int) and self.swaps_per_layer >= 0):
-            raise ValueError(f"adaptive swaps_per_layer must be an integer >= 0, got {self.swaps_per_layer!r}")
-        if not 0.0 <= float(self.decay) < 1.0:
-            raise ValueError(f"adaptive decay must be in [0, 1), got {self.decay!r}")
-        for name in ("margin", "evidence", "prior_weight"):
-            value = float(getattr(self, name))
-            if not 0.0 <= value < float("inf"):
-                raise ValueError(f"adaptive {name} must be a finite number >= 0, got {getattr(self, name)!r}")
 
 
 class Swap(NamedTuple):

@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .adaptive import AdaptiveConfig
+from .adaptive_config import AdaptiveConfig
 
 ENV_ADAPTIVE = "EXPERT_RESIDENCY_ADAPTIVE"
 ENV_PRIORS = "EXPERT_RESIDENCY_ADAPTIVE_PRIORS"

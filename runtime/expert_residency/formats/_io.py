@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -67,20 +68,44 @@ def format_index_ranges(indices: tuple[int, ...] | list[int]) -> str:
     return ",".join(parts)
 
 
-def parse_index_ranges(text: str) -> tuple[int, ...]:
-    """Inverse of `format_index_ranges`; raises ValueError on malformed text."""
-    text = text.strip()
+# docs/formats.md: "Integers are decimal, no sign, no leading zeros, no thousands separators"
+# (ASCII digits only: Python's int() would also take '+7', '0_7', ' 7' and '٧').
+DECIMAL = re.compile(r"0|[1-9][0-9]*")
+# Bounds checked before anything is allocated: far above any model (DeepSeek-V4.1-Flash has 40
+# MoE layers of 384 experts), far below what a few bytes of `1-300000000` would ask for.
+MAX_LAYER_INDEX = 65_535
+MAX_LAYERS = 4_096
+MAX_EXPERTS = 65_536
+
+
+def parse_decimal(text: str, *, limit: int | None = None) -> int:
+    """A canonical non-negative decimal integer (at most `limit`); ValueError otherwise."""
+    if not DECIMAL.fullmatch(text):
+        raise ValueError(f"not a plain decimal integer: {text[:24]!r}")
+    if limit is not None and (len(text) > len(str(limit)) or int(text) > limit):
+        raise ValueError(f"{text[:24]} is larger than {limit}")
+    return int(text)
+
+
+def parse_index_ranges(text: str, *, max_index: int = MAX_LAYER_INDEX,
+                       max_count: int = MAX_LAYERS) -> tuple[int, ...]:
+    """Inverse of `format_index_ranges`; raises ValueError on malformed text, on an index
+    above `max_index` or on more than `max_count` indices (checked before expanding)."""
+    text = text.strip(" ")
     if not text:
         return ()
     out: list[int] = []
     for part in text.split(","):
-        part = part.strip()
         if "-" in part:
             lo_s, hi_s = part.split("-", 1)
-            lo, hi = int(lo_s), int(hi_s)
+            lo, hi = parse_decimal(lo_s, limit=max_index), parse_decimal(hi_s, limit=max_index)
             if hi < lo:
                 raise ValueError(f"descending range {part!r}")
+            if len(out) + hi - lo + 1 > max_count:
+                raise ValueError(f"more than {max_count} indices")
             out.extend(range(lo, hi + 1))
         else:
-            out.append(int(part))
+            out.append(parse_decimal(part, limit=max_index))
+            if len(out) > max_count:
+                raise ValueError(f"more than {max_count} indices")
     return tuple(out)

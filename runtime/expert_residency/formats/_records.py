@@ -14,20 +14,56 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._io import format_index_ranges, parse_index_ranges
+from ._io import (MAX_EXPERTS, MAX_LAYER_INDEX, MAX_LAYERS, format_index_ranges, parse_decimal,
+                  parse_index_ranges)
 from .errors import FormatError
 
 _JSON_KEY = re.compile(r"[A-Za-z0-9_.\-]+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]")
+MAX_RECORD_BYTES = 64 << 20  # a 40 x 384 histogram is ~100 KB
+
+
+def put_once(fields: dict[str, tuple[str, int]], key: str, value: str, lineno: int,
+             path: str | os.PathLike[str]) -> None:
+    """Record a header field; a field given twice is refused (which one would count?)."""
+    if key in fields:
+        raise FormatError(f"{key!r} given twice (first on line {fields[key][1]})", path=path,
+                          line=lineno, field=key)
+    fields[key] = (value, lineno)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def json_value(value: str, path: str | os.PathLike[str], lineno: int, key: str) -> Any:
+    """One strict JSON value (no NaN/Infinity, bounded nesting) or FormatError."""
+    try:
+        return json.loads(value, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else (
+            "nested too deeply" if isinstance(exc, RecursionError) else str(exc))
+        raise FormatError(f"value is not JSON ({reason})", path=path, line=lineno,
+                          field=key) from None
 
 
 def read_record_text(path: str | os.PathLike[str]) -> str:
     """The file's text; FormatError (naming the path) when it is missing or not UTF-8."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_RECORD_BYTES + 1)
+        if len(data) > MAX_RECORD_BYTES:
+            raise FormatError(f"larger than {MAX_RECORD_BYTES >> 20} MiB: not a row map or "
+                              "histogram", path=path)
+        if not data.strip():
+            raise FormatError("empty file", path=path)
+        return data.decode("utf-8")
     except FileNotFoundError:
         raise FormatError("no such file", path=path) from None
     except UnicodeDecodeError:
         raise FormatError("not UTF-8 text (corrupted file?)", path=path) from None
+    except IsADirectoryError:
+        raise FormatError("a folder, not a file", path=path) from None
     except OSError as exc:
         raise FormatError(f"cannot read ({exc.strerror})", path=path) from None
 
@@ -84,6 +120,11 @@ class RecordLines:
                 continue
             if self.ended:
                 raise FormatError("content after 'end'", path=self._path, line=lineno)
+            bad = _CONTROL.search(line)
+            if bad:
+                raise FormatError(f"control character {bad.group(0)!r} (tabs included) in a "
+                                  "content line; fields are separated by single spaces",
+                                  path=self._path, line=lineno)
             if not seen_format and not line.startswith("format:"):
                 raise FormatError(self._not_this_kind, path=self._path, line=lineno,
                                   field="format")
@@ -118,10 +159,46 @@ def check_format_line(header: Mapping[str, tuple[str, int]], path: str | os.Path
                           field="format")
 
 
+def malformed_layer_line(line: str, path: str | os.PathLike[str], lineno: int,
+                         form: str) -> FormatError:
+    """The error for a `layer …` line that is not in canonical form, saying what is wrong."""
+    head, _, numbers = line.partition(":")
+    named = re.fullmatch(r"layer (0|[1-9][0-9]*)((?: hot| cold)?).*", head)
+    field = f"layer {named.group(1)}{named.group(2)}" if named else "layer"
+    tokens = numbers[1:].split(" ") if numbers.startswith(" ") else [numbers]
+    bad = next((t for t in tokens if not _DECIMAL.fullmatch(t)), None) if numbers.strip(" ") \
+        else None
+    if bad is not None and bad.startswith("-") and bad[1:].isdigit():
+        reason = f"negative number {bad}"
+    elif bad == "":
+        reason = "two spaces in a row"
+    elif bad is not None:
+        reason = f"{bad[:20]!r} is not a plain decimal integer (no sign, no leading zeros)"
+    else:
+        reason = "malformed layer line"
+    return FormatError(f"{reason}: write '{form}', integers separated by single spaces",
+                       path=path, line=lineno, field=field)
+
+
+_DECIMAL = re.compile(r"0|[1-9][0-9]*")
+
+
+def parse_num_experts(value: str, lineno: int, path: str | os.PathLike[str]) -> int:
+    """The `num_experts:` value: a canonical positive decimal, at most `MAX_EXPERTS`."""
+    try:
+        n = parse_decimal(value, limit=MAX_EXPERTS)
+    except ValueError as exc:
+        raise FormatError(f"{exc} (a positive integer, at most {MAX_EXPERTS})", path=path,
+                          line=lineno, field="num_experts") from None
+    if n <= 0:
+        raise FormatError("must be positive", path=path, line=lineno, field="num_experts")
+    return n
+
+
 def parse_moe_layers(value: str, lineno: int, path: str | os.PathLike[str]) -> tuple[int, ...]:
     """The `moe_layers:` value: a non-empty list of unique non-negative layer indices."""
     try:
-        layers = parse_index_ranges(value)
+        layers = parse_index_ranges(value, max_index=MAX_LAYER_INDEX, max_count=MAX_LAYERS)
     except ValueError as exc:
         raise FormatError(f"bad layer list ({exc})", path=path, line=lineno,
                           field="moe_layers") from None

@@ -157,6 +157,15 @@ def iter_vllm_capture(path: str | os.PathLike[str]
                       ) -> Iterator[tuple[np.ndarray, int | None, int | None, int, int]]:
     """(ids, prefill rows, line, bytes done, bytes total) for every `routed_experts` in a vLLM
     capture file. Prefill rows is None when the response does not tell (see `_prefill_rows`)."""
+    try:
+        yield from _iter_vllm_capture(path)
+    except UnicodeDecodeError:
+        raise FormatError("neither UTF-8 text (vLLM responses, base64 lines) nor a .npy array",
+                          path=path) from None
+
+
+def _iter_vllm_capture(path: str | os.PathLike[str]
+                       ) -> Iterator[tuple[np.ndarray, int | None, int | None, int, int]]:
     p = Path(path)
     try:
         total = p.stat().st_size
@@ -176,6 +185,8 @@ def iter_vllm_capture(path: str | os.PathLike[str]
             except json.JSONDecodeError as exc:
                 raise FormatError(f"not valid JSON ({exc.msg})", path=path,
                                   line=exc.lineno) from None
+            except RecursionError:
+                raise FormatError("JSON nested too deeply", path=path) from None
             docs = doc if isinstance(doc, list) else [doc]
             for doc_item in docs:
                 for b64, prompt, output in _routed_experts_entries(doc_item, path, None):
@@ -194,6 +205,8 @@ def iter_vllm_capture(path: str | os.PathLike[str]
                 except json.JSONDecodeError as exc:
                     raise FormatError(f"not valid JSON ({exc.msg})", path=path,
                                       line=lineno) from None
+                except RecursionError:
+                    raise FormatError("JSON nested too deeply", path=path) from None
                 for b64, prompt, output in _routed_experts_entries(doc, path, lineno):
                     ids = decode_routed_experts(b64, path=path, line=lineno)
                     yield ids, _prefill_rows(len(ids), prompt, output), lineno, done, total
@@ -296,15 +309,27 @@ def histogram_from_captures(paths: Sequence[str | os.PathLike[str]], *,
                 if progress:
                     progress(base + (size * done // total if total else size), grand_total)
         else:
+            entries = 0
             for ids, prefill, line, done, total in iter_vllm_capture(path):
+                entries += 1
                 acc.add(ids, prefill_rows=prefill, decode_only=decode_only, path=path, line=line)
                 if progress:
                     progress(base + (size * done // total if total else size), grand_total)
+            if not entries:
+                raise FormatError("holds no routed_experts at all (empty capture file?)",
+                                  path=path)
         base += size
         if progress:
             progress(base, grand_total)
     meta = dict(meta or {})
     if decode_only:
         meta["decode_only"] = True
-    return acc.histogram(source=source or "capture: " + ", ".join(
+    if not paths:
+        raise FormatError("no capture files")
+    hist = acc.histogram(source=source or "capture: " + ", ".join(
         os.path.basename(str(p)) for p in paths), model_revision=model_revision, meta=meta)
+    if hist.tokens == 0:
+        # a zero-token histogram would build a row map from nothing
+        raise FormatError("the captures hold no tokens" + (" in decode" if decode_only else ""),
+                          path=paths[0] if len(paths) == 1 else None)
+    return hist

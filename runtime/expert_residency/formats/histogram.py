@@ -33,8 +33,9 @@ from typing import Any
 import numpy as np
 
 from ._io import atomic_write_text
+from ._io import MAX_LAYERS, parse_decimal
 from ._records import (RecordLines, check_format_line, end_text, format_header, format_json_fields,
-                       parse_moe_layers, read_record_text)
+                       json_value, malformed_layer_line, parse_moe_layers, parse_num_experts, put_once, read_record_text)
 from .errors import FormatError
 
 HISTOGRAM_FORMAT = "expert-residency-histogram"
@@ -42,7 +43,14 @@ HISTOGRAM_VERSION = 1
 HISTOGRAM_FORMAT_LINE = f"{HISTOGRAM_FORMAT}/{HISTOGRAM_VERSION}"
 COUNTS_TAG = "expert-residency/histogram-counts/v1"
 
-_LAYER_LINE = re.compile(r"^layer (\d+):(.*)$")
+_N = r"(?:0|[1-9][0-9]*)"
+# `layer <L>: <count> <count> ...`: canonical decimals separated by single spaces.
+_LAYER_LINE = re.compile(rf"layer ({_N}): ({_N}(?: {_N})*)")
+_LAYER_LIKE = re.compile(r"^layer\b")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+# Every count and the total of all counts fit an int64, so no sum of counts anywhere (numpy
+# sums in int64) can wrap: a histogram past that is refused, not summed modulo 2^64.
+MAX_TOTAL = 2**63 - 1
 _OPTIONAL_INTS = ("decode_tokens", "prefill_tokens", "top_k")
 
 
@@ -74,8 +82,8 @@ class Histogram:
 
     @property
     def selections(self) -> int:
-        """Total (token, layer, pick) selections counted."""
-        return int(self.counts.sum())
+        """Total (token, layer, pick) selections counted (exact: Python integers)."""
+        return exact_total(self.counts)
 
     def layer_row(self, layer_index: int) -> int:
         try:
@@ -102,11 +110,15 @@ class Histogram:
             row, expert = np.argwhere(self.counts < 0)[0]
             raise FormatError(f"negative count for expert {expert}", path=path,
                               field=f"layer {self.moe_layer_indices[row]}")
-        if self.tokens < 0:
-            raise FormatError("must be non-negative", path=path, field="tokens")
+        if exact_total(self.counts) > MAX_TOTAL:
+            raise FormatError(f"counts sum to more than 2^63 - 1 ({MAX_TOTAL}): no capture has "
+                              "that many selections", path=path, field="counts")
+        if not 0 <= self.tokens <= MAX_TOTAL:
+            raise FormatError("must be non-negative and below 2^63", path=path, field="tokens")
         for name in _OPTIONAL_INTS:
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 0):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or not 0 <= value <= MAX_TOTAL):
                 raise FormatError("must be a non-negative integer or null", path=path,
                                   field=name)
         if self.decode_tokens is not None and self.prefill_tokens is not None and \
@@ -118,6 +130,11 @@ class Histogram:
     def same_geometry(self, other: Histogram) -> bool:
         return (self.moe_layer_indices == other.moe_layer_indices
                 and self.num_experts == other.num_experts)
+
+
+def exact_total(counts: np.ndarray) -> int:
+    """The sum of all counts as a Python integer (numpy's int64 sum wraps past 2^63)."""
+    return sum(int(v) for v in np.asarray(counts).ravel().tolist())
 
 
 def counts_encoding(moe_layer_indices: Sequence[int], counts: np.ndarray) -> bytes:
@@ -143,6 +160,8 @@ def merge_histograms(histograms: Iterable[Histogram], *, source: str | None = No
         values = [getattr(h, name) for h in items]
         return None if any(v is None for v in values) else int(sum(values))
 
+    if sum(h.selections for h in items) > MAX_TOTAL:
+        raise FormatError("the merged counts would sum past 2^63 - 1", field="counts")
     top_ks = {h.top_k for h in items}
     revisions = {h.model_revision for h in items}
     return Histogram(first.moe_layer_indices, first.num_experts,
@@ -184,25 +203,39 @@ def parse_histogram(text: str, path: str | os.PathLike[str] = "<histogram>") -> 
     lines = RecordLines(text, path, not_this_kind=(
         f"not a histogram: the first line must be 'format: {HISTOGRAM_FORMAT_LINE}'"))
     for lineno, line in lines:
-        m = _LAYER_LINE.match(line)
+        m = _LAYER_LINE.fullmatch(line)
         if m:
+            if len(rows) >= MAX_LAYERS:
+                raise FormatError(f"more than {MAX_LAYERS} layers", path=path, line=lineno)
             rows.append((lineno, int(m.group(1)), m.group(2)))
             continue
+        if _LAYER_LIKE.match(line):
+            raise malformed_layer_line(line, path, lineno, "layer <L>: <counts>")
         key, sep, value = line.partition(":")
         if not sep:
             raise FormatError(f"unrecognised line {line[:60]!r}", path=path, line=lineno)
-        key, value = key.strip(), value.strip()
+        if key != key.strip() or not value.startswith(" ") or value != " " + value.strip(" "):
+            raise FormatError("write 'key: value' (one space after the colon, none elsewhere)",
+                              path=path, line=lineno, field=key.strip()[:40])
+        key, value = key.strip(), value.strip(" ")
         if key.startswith("meta."):
-            try:
-                meta[key[5:]] = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise FormatError(f"value is not JSON ({exc.msg})", path=path, line=lineno,
-                                  field=key) from None
+            if key[5:] in meta:
+                raise FormatError(f"{key!r} given twice", path=path, line=lineno, field=key)
+            meta[key[5:]] = json_value(value, path, lineno, key)
         elif key == "checksum":
+            if checksum is not None:
+                raise FormatError("'checksum' given twice", path=path, line=lineno,
+                                  field=key)
+            if not _HEX64.fullmatch(value):
+                raise FormatError("expected 64 lowercase hex digits", path=path, line=lineno,
+                                  field=key)
             checksum = (value, lineno)
         elif key in ("format", "num_experts", "moe_layers", "tokens", "source",
                      "model_revision", *_OPTIONAL_INTS):
-            header[key] = (value, lineno)
+            if rows:
+                raise FormatError("header line after the layer lines", path=path,
+                                  line=lineno, field=key)
+            put_once(header, key, value, lineno, path)
         else:
             raise FormatError(f"unknown field {key!r}", path=path, line=lineno, field=key)
 
@@ -216,34 +249,25 @@ def parse_histogram(text: str, path: str | os.PathLike[str] = "<histogram>") -> 
         if key not in header:
             return None
         value, ln = header[key]
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            parsed = value
-        if parsed is None and optional:
+        if value == "null" and optional:
             return None
-        if not isinstance(parsed, int) or isinstance(parsed, bool) or parsed < 0:
-            raise FormatError(f"expected a non-negative integer{' or null' if optional else ''}"
-                              f", got {value!r}", path=path, line=ln, field=key)
-        return parsed
+        try:
+            return parse_decimal(value, limit=MAX_TOTAL)
+        except ValueError:
+            raise FormatError(f"expected a non-negative decimal integer below 2^63"
+                              f"{' or null' if optional else ''}", path=path, line=ln,
+                              field=key) from None
 
     def _str(key: str) -> str:
         if key not in header:
             return ""
         value, ln = header[key]
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            parsed = None
+        parsed = json_value(value, path, ln, key)
         if not isinstance(parsed, str):
             raise FormatError("expected a JSON string", path=path, line=ln, field=key)
         return parsed
 
-    num_experts = _int("num_experts")
-    assert num_experts is not None
-    if num_experts <= 0:
-        raise FormatError("must be positive", path=path, line=header["num_experts"][1],
-                          field="num_experts")
+    num_experts = parse_num_experts(*header["num_experts"], path)
     layers = parse_moe_layers(*header["moe_layers"], path)
     counts = np.zeros((len(layers), num_experts), dtype=np.int64)
     for position, want in enumerate(layers):
@@ -255,18 +279,14 @@ def parse_histogram(text: str, path: str | os.PathLike[str] = "<histogram>") -> 
         if layer != want:
             raise FormatError(f"expected layer {want}, found layer {layer} (layers must "
                               f"follow moe_layers)", path=path, line=ln, field=f"layer {layer}")
-        tokens = values.split()
+        tokens = values.split(" ")
         if len(tokens) != num_experts:
             raise FormatError(f"{len(tokens)} counts, expected {num_experts}", path=path,
                               line=ln, field=f"layer {layer}")
-        try:
-            row = np.array([int(t) for t in tokens], dtype=np.int64)
-        except ValueError:
-            raise FormatError("counts must be integers", path=path, line=ln,
-                              field=f"layer {layer}") from None
-        if (row < 0).any():
-            raise FormatError("negative count", path=path, line=ln, field=f"layer {layer}")
-        counts[position] = row
+        if any(len(t) > 19 or int(t) > MAX_TOTAL for t in tokens):
+            raise FormatError("a count above 2^63 - 1", path=path, line=ln,
+                              field=f"layer {layer}")
+        counts[position] = np.array([int(t) for t in tokens], dtype=np.int64)
     if len(rows) > len(layers):
         ln, layer, _ = rows[len(layers)]
         raise FormatError(f"layer {layer} is not in moe_layers or is listed twice", path=path,

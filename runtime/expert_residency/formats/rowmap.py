@@ -21,7 +21,6 @@ recomputes both hashes and refuses a file whose stored hashes disagree.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -31,15 +30,21 @@ import numpy as np
 
 from . import hashes
 from ._io import atomic_write_text
+from ._io import MAX_EXPERTS, MAX_LAYERS
 from ._records import (RecordLines, check_format_line, end_text, format_header, format_json_fields,
-                       parse_moe_layers, read_record_text)
+                       json_value, malformed_layer_line, parse_moe_layers, parse_num_experts, put_once, read_record_text)
 from .errors import FormatError
 
 ROWMAP_FORMAT = "expert-residency-rowmap"
 ROWMAP_VERSION = 1
 ROWMAP_FORMAT_LINE = f"{ROWMAP_FORMAT}/{ROWMAP_VERSION}"
 
-_LAYER_LINE = re.compile(r"^layer (\d+) (hot|cold) (\d+):(.*)$")
+_N = r"(?:0|[1-9][0-9]*)"
+# `layer <L> <bank> <n>: <id> <id> ...`: canonical decimals, single spaces (an empty bank is
+# written `layer 3 hot 0: `). Nothing else parses, so no edit of an id line loads unnoticed.
+_LAYER_LINE = re.compile(rf"layer ({_N}) (hot|cold) ({_N}): ((?:{_N}(?: {_N})*)?)")
+_LAYER_LIKE = re.compile(r"^layer\b")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 def _layer_problem(num_experts: int, hot: list[int], cold: list[int]) -> tuple[str, str] | None:
@@ -184,30 +189,42 @@ def parse_rowmap(text: str, path: str | os.PathLike[str] = "<row map>") -> RowMa
     lines = RecordLines(text, path, not_this_kind=(
         f"not a row map: the first line must be 'format: {ROWMAP_FORMAT_LINE}'"))
     for lineno, line in lines:
-        m = _LAYER_LINE.match(line)
+        m = _LAYER_LINE.fullmatch(line)
         if m:
             if trailer:
                 raise FormatError("layer line after the hashes", path=path, line=lineno)
-            layer_lines.append((lineno, int(m.group(1)), m.group(2), int(m.group(3)),
-                                m.group(4)))
+            if len(layer_lines) >= 2 * MAX_LAYERS:
+                raise FormatError(f"more than {MAX_LAYERS} layers", path=path, line=lineno)
+            layer, count = int(m.group(1)), int(m.group(3))
+            if count > MAX_EXPERTS:
+                raise FormatError(f"more than {MAX_EXPERTS} ids", path=path, line=lineno,
+                                  field=f"layer {layer} {m.group(2)}")
+            layer_lines.append((lineno, layer, m.group(2), count, m.group(4)))
             continue
+        if _LAYER_LIKE.match(line):
+            raise malformed_layer_line(line, path, lineno, "layer <L> hot|cold <n>: <ids>")
         key, sep, value = line.partition(":")
         if not sep:
             raise FormatError(f"unrecognised line {line[:60]!r}", path=path, line=lineno)
-        key, value = key.strip(), value.strip()
+        if key != key.strip() or not value.startswith(" ") or value != " " + value.strip(" "):
+            raise FormatError("write 'key: value' (one space after the colon, none elsewhere)",
+                              path=path, line=lineno, field=key.strip()[:40])
+        key, value = key.strip(), value.strip(" ")
         if key.startswith("provenance."):
-            try:
-                provenance[key[len("provenance."):]] = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise FormatError(f"provenance value is not JSON ({exc.msg})", path=path,
-                                  line=lineno, field=key) from None
+            name = key[len("provenance."):]
+            if name in provenance:
+                raise FormatError(f"{key!r} given twice", path=path, line=lineno, field=key)
+            provenance[name] = json_value(value, path, lineno, key)
         elif key in ("format", "num_experts", "moe_layers"):
             if layer_lines:
                 raise FormatError("header line after the layer lines", path=path,
                                   line=lineno, field=key)
-            header[key] = (value, lineno)
+            put_once(header, key, value, lineno, path)
         elif key in ("content_hash", "shape_hash"):
-            trailer[key] = (value, lineno)
+            if not _HEX64.fullmatch(value):
+                raise FormatError("expected 64 lowercase hex digits", path=path, line=lineno,
+                                  field=key)
+            put_once(trailer, key, value, lineno, path)
         else:
             raise FormatError(f"unknown field {key!r}", path=path, line=lineno, field=key)
 
@@ -216,14 +233,7 @@ def parse_rowmap(text: str, path: str | os.PathLike[str] = "<row map>") -> RowMa
     for key in ("num_experts", "moe_layers"):
         if key not in header:
             raise FormatError(f"missing '{key}:' line", path=path, field=key)
-    try:
-        num_experts = int(header["num_experts"][0])
-    except ValueError:
-        raise FormatError(f"not an integer: {header['num_experts'][0]!r}", path=path,
-                          line=header["num_experts"][1], field="num_experts") from None
-    if num_experts <= 0:
-        raise FormatError("must be positive", path=path, line=header["num_experts"][1],
-                          field="num_experts")
+    num_experts = parse_num_experts(*header["num_experts"], path)
     layers = parse_moe_layers(*header["moe_layers"], path)
 
     hot: list[list[int]] = []
@@ -241,11 +251,7 @@ def parse_rowmap(text: str, path: str | os.PathLike[str] = "<row map>") -> RowMa
             raise FormatError(f"expected 'layer {want_layer} {want_bank}', found "
                               f"'layer {layer} {bank}' (layers must follow moe_layers, hot "
                               f"before cold)", path=path, line=ln, field=f"layer {layer} {bank}")
-        try:
-            ids = [int(t) for t in ids_text.split()]
-        except ValueError:
-            raise FormatError("ids must be integers separated by spaces", path=path, line=ln,
-                              field=f"layer {layer} {bank}") from None
+        ids = [int(t) for t in ids_text.split(" ")] if ids_text else []
         if len(ids) != count:
             raise FormatError(f"declares {count} ids but lists {len(ids)}", path=path, line=ln,
                               field=f"layer {layer} {bank}")

@@ -17,7 +17,7 @@ from recipegen.ledger.placement import experts_only, positional_walk
 from recipegen.ledger.placements import placement_figures, positional_placement, usage_aware_placement
 from recipegen.ledger.reserves import hbm_reserve, host_reserve
 from recipegen.ledger.result import POSITIONAL, USAGE_AWARE, LaneLedger, PlacementLedger, Violation, src_note
-from recipegen.ledger.runtime_check import runtime_violations
+from recipegen.ledger.runtime_check import runtime_caveat, runtime_violations
 from recipegen.ledger.verdict import budget_violations
 from recipegen.ledger.vllm_layout import as_vllm_lays_out
 from recipegen.schema import Lane, Machine, Model
@@ -115,6 +115,9 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
                                             kv_token_bytes=kv_token_bytes))
 
     out.violations.extend(runtime_violations(model, machine, lane))
+    caveat = runtime_caveat(model, machine, lane)
+    if caveat:
+        out.notes.append(caveat + ": check split == unsplit on the box (recipegen parity) before relying on it")
 
     # --- load time (after the verdict: a side already over budget at the end is not re-reported)
     final_over = {v.kind for v in out.violations}

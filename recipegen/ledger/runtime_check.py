@@ -4,7 +4,7 @@ table (`expert_residency.capabilities`, the one place that says what the runtime
 
 from __future__ import annotations
 
-from expert_residency.capabilities import unsupported_reason
+from expert_residency.capabilities import format_support, unsupported_reason, unverified_note
 
 from recipegen.ledger.result import USAGE_AWARE, Violation
 from recipegen.schema import Lane, Machine, Model
@@ -44,3 +44,19 @@ def _backend_violations(model: Model, machine: Machine, lane: Lane) -> list[Viol
         message, _, fix = str(exc).partition(". What would work: ")
         return [Violation("runtime", message, fix or "placement: positional", lane=lane.name)]
     return []
+
+
+def runtime_caveat(model: Model, machine: Machine, lane: Lane) -> str | None:
+    """A note (not a violation) where the runtime would split this lane but its split was not
+    verified bit-identical on this kind of GPU."""
+    if lane.offload.placement != USAGE_AWARE or model.expert_format is None \
+            or lane.offload.hot_experts_per_layer == model.routed_experts:
+        return None
+    if runtime_violations(model, machine, lane):
+        return None
+    if unverified_note(model.expert_format, machine.gpus.compute_capability) is None:
+        return None
+    row = format_support(model.expert_format)
+    where = sorted({line.split(":")[0] for line in (row.verified_on if row else ())})
+    return (f"the runtime's {model.expert_format} split is not verified on compute capability "
+            f"{machine.gpus.compute_capability} (verified on: {'; '.join(where)})")

@@ -34,7 +34,8 @@ hold after 200 steps (every pick counted, unlimited swaps): no counts-only polic
 Figures per phase and T: mean cold share (share of routed picks served from the cold bank) over
 the phase's second half for each map, decode steps until the trailing ``--window``-step cold share
 is within 1.5× the oracle's phase mean, decode steps to close 80% of the frozen-to-oracle gap,
-swaps (total after the shift, and per barrier over the second half: thrash), and expert bytes those
+swaps (total after the shift, and per barrier over the last third), reversals (expert moves that
+undo an earlier move of the same expert in the same phase: the thrash), and expert bytes those
 swaps move over the host link (2 × 18,800,640 B per swap: one row in, one row out).
 
 Usage::
@@ -199,6 +200,8 @@ def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConf
         half_barriers, half_swaps = 0, 0
         swaps_at: list[tuple[int, int]] = []
         chosen: list[str | None] = []
+        moved: dict[tuple[int, int], str] = {}  # (layer, expert) -> its last move this phase
+        reversals = 0
         mask = frozen
         for start in range(0, traffic.steps):
             adaptive[start] = cold_picks(mask, ids[start:start + 1])[0]
@@ -218,6 +221,11 @@ def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConf
                 barrier_seconds.append(time.perf_counter() - t0)
                 if start >= traffic.steps - traffic.steps // 3:
                     chosen.append(report.prior)
+                for swap in report.swaps:  # a reversal undoes an earlier move of the same expert
+                    reversals += moved.get((swap.layer, swap.promote)) == "out"
+                    reversals += moved.get((swap.layer, swap.demote)) == "in"
+                    moved[(swap.layer, swap.promote)] = "in"
+                    moved[(swap.layer, swap.demote)] = "out"
                 mask = live_cold_mask(policy, layers, experts)
                 swaps_at.append((start + 1, policy.swaps_done - done))
                 if start >= traffic.steps - traffic.steps // 3:
@@ -248,6 +256,7 @@ def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConf
             "steps_to_1.5x_oracle": steps_15,
             "steps_to_close_80pct": steps_80,
             "swaps": policy.swaps_done - swaps_before,
+            "reversals": reversals,
             "swaps_until_1.5x": swaps_to_target,
             "swaps_per_barrier_last_third": half_swaps / half_barriers if half_barriers else 0.0,
             "host_link_bytes": 2 * BYTES_PER_EXPERT * (policy.swaps_done - swaps_before),
@@ -290,7 +299,8 @@ def summary_line(r: dict) -> str:
         cells.append(f"{phase}: st {s['static']:.2%} or {s['oracle']:.2%} ad {s['adaptive']:.2%} "
                      f"bd {_pct(s['count_bound_200'])} "
                      f"1.5x@{e['steps_to_1.5x_oracle']} 80%@{e['steps_to_close_80pct']} "
-                     f"sw {e['swaps']} thr {e['swaps_per_barrier_last_third']:.2f} pr {e['prior_last_third']}")
+                     f"sw {e['swaps']} rev {e['reversals']} thr {e['swaps_per_barrier_last_third']:.2f} "
+                     f"pr {e['prior_last_third']}")
     tail = f" | barrier median {r['barrier_seconds_median'] * 1e3:.1f} ms, max {r['barrier_seconds_max'] * 1e3:.1f} ms"
     return head + " | " + " | ".join(cells) + tail
 

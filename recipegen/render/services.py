@@ -15,6 +15,8 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from recipegen.errors import InputError
+from recipegen.moe_backend import (START_PERIOD_AUTOTUNED, BackendChoice, NoBackend, choose,
+                                   start_period)
 from recipegen.render.compose import HealthCheck, Interpolated, Mount, ServiceSpec
 from recipegen.vllm_flags import FlagTable, argv_problems
 
@@ -36,20 +38,13 @@ HF_HUB_TARGET = "/root/.cache/huggingface/hub"
 # --- the runtime's activation contract (runtime/expert_residency/vllm_plugin/settings.py) -----
 WORKER_EXTENSION_CLS = "expert_residency.vllm_plugin.worker_ext.ResidencyWorkerExtension"
 DEFAULT_PLUGIN_ENTRY_POINT = "expert_residency"
-# The residency runtime splits the modular MXFP4 TRT-LLM path (the field report "vLLM: Pin Hot Experts" (2026-09-17): the lane's experts run
-# through FlashInfer TRT-LLM, `TrtLlmMxfp4ExpertsModular`); vLLM 0.33 maps this --moe-backend
-# value to the FLASHINFER_TRTLLM_MXFP4_* backends (oracle/mxfp4.py `map_mxfp4_backend`).
-RESIDENCY_MOE_BACKEND = "flashinfer_trtllm"
 # Histogram snapshots: the profile boot wants fine-grained counts; a live lane only feeds drift.
 DUMP_INTERVAL_PROFILE_S = 60
 DUMP_INTERVAL_LANE_S = 600
 
 # --- container defaults ------------------------------------------------------------------------
 SHM_SIZE = "16gb"
-# First boot of a new kernel shape pays FlashInfer autotuning (~75 min per shape in the field reports,
-# two shapes for a split lane): a start period shorter than that marks a healthy boot unhealthy.
-# A lane turns healthy at its first good probe, so a long start period costs nothing.
-HEALTH_START_PERIOD = "180m"
+# Health start period: by the lane's MoE backend (recipegen.moe_backend.start_period).
 SECRETS_ENV_FILE = "secrets.env"
 PROFILE_COMPOSE_PROFILE = "profile"
 PROFILE_BOOT_FLAGS: tuple[tuple[str, ...], ...] = (
@@ -102,12 +97,25 @@ def format_gib(num_bytes: int) -> str:
     return text or "0"
 
 
-def healthcheck_for(port: int) -> HealthCheck:
+def _moe_backend(loaded: LoadedRecipe, index: int, recipe: Recipe, stage: Stage, mode: str
+                 ) -> BackendChoice:
+    """`--moe-backend` by the stage's GPU and the expert format (recipegen.moe_backend); a
+    residency lane no backend admits is refused (check budgets says the same)."""
+    machine = recipe.machines[stage.machine]
+    try:
+        return choose(recipe.model.expert_format, machine.gpus.compute_capability, machine.gpus.kind)
+    except NoBackend as exc:
+        if mode == "residency":
+            raise loaded.error(str(exc), ("lanes", index, "machine")) from None
+        return BackendChoice(None, None, str(exc))  # count boots fall back to vLLM's auto oracle
+
+
+def healthcheck_for(port: int, start_period: str = START_PERIOD_AUTOTUNED) -> HealthCheck:
     """A probe the vLLM image can run: python3 is there, curl is not guaranteed."""
     probe = ("import sys, urllib.request; "
              f"sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:{port}/health', "
              "timeout=5).status == 200 else 1)")
-    return HealthCheck(test=("CMD", "python3", "-c", probe), start_period=HEALTH_START_PERIOD)
+    return HealthCheck(test=("CMD", "python3", "-c", probe), start_period=start_period)
 
 
 def speculative_json(spec: Speculative) -> str:
@@ -269,8 +277,10 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
         argv += ["--gpu-memory-utilization", repr(memory.gpu_memory_utilization)]
     if lane.offload.load_cpu_offload and not stage.all_experts_in_hbm:
         argv += ["--cpu-offload-gb", format_gib(lane.offload.load_cpu_offload)]
-    if runtime_on and not _sets_flag(lane.extra_args, "--moe-backend", inputs.flag_table):
-        argv += ["--moe-backend", RESIDENCY_MOE_BACKEND]
+    backend = _moe_backend(loaded, index, recipe, stage, mode)
+    if runtime_on and backend.moe_backend and not _sets_flag(lane.extra_args, "--moe-backend",
+                                                             inputs.flag_table):
+        argv += ["--moe-backend", backend.moe_backend]
     if lane.speculative is not None:
         argv += ["--speculative-config", speculative_json(lane.speculative)]
     if runtime_on:
@@ -375,7 +385,7 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
         mounts=tuple(mounts),
         device_ids=tuple(str(g) for g in stage.gpus),
         port=lane.port,
-        healthcheck=healthcheck_for(lane.port) if serves_api else None,
+        healthcheck=healthcheck_for(lane.port, start_period(backend)) if serves_api else None,
         labels=tuple((LABEL_PREFIX + k, v) for k, v in labels.items()),
         shm_size=SHM_SIZE,
         restart="no" if profile else "unless-stopped",

@@ -185,3 +185,17 @@ def test_index_without_shards_takes_dense_bytes_from_total_size(tmp_path: Path) 
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(InputError, match="smaller than the routed experts"):
         import_model(tmp_path)
+
+
+def test_compressed_tensors_int4_groups(tmp_path: Path) -> None:
+    # Kimi-K2-Thinking's published scheme: int4 symmetric weights, group_size 32, on Kimi-K2 geometry.
+    cfg = json.loads((FIX / "kimi-k2-instruct" / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "weights": {
+            "num_bits": 4, "type": "int", "symmetric": True, "group_size": 32, "strategy": "group"}}}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    m, _ = import_model(tmp_path)
+    # w13 4096x7168: 4096*7168/2 B + 4096*(7168/32) bf16 scales; w2 7168x2048: 7168*2048/2 + 7168*64*2.
+    assert m.expert_bytes == 4096 * 7168 // 2 + 4096 * 224 * 2 + 7168 * 2048 // 2 + 7168 * 64 * 2 == 24_772_608
+    assert m.expert_format == "int4"

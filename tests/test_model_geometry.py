@@ -235,3 +235,18 @@ def test_unverified_device_is_a_note_not_a_failure() -> None:
     got = compute_lane(model, machine(compute_capability="8.9"), lane(hot_experts_per_layer=64))
     assert not [v for v in got.violations if v.kind == "runtime"]
     assert any("not verified on compute capability 8.9" in n for n in got.notes)
+
+
+def test_moe_backend_flag_chooses_the_padding() -> None:
+    from recipegen.catalog import catalog_entry
+    model = Model.model_validate(catalog_entry("models", "gpt-oss-120b"))
+    base = lane(placement="positional", load_cpu_offload="0 GiB", max_model_len=4096, kv="1 GiB")
+    # On an H200 vLLM's default (OAI Triton) pads nothing; --moe-backend marlin pads like on an L40S.
+    marlin = base.model_copy(update={"extra_args": ["--moe-backend", "marlin"]})
+    assert compute_lane(model, machine(compute_capability="9.0"), marlin).fig(
+        "experts.bytes_per_expert").value == 14_431_744
+    # flashinfer_cutlass: hidden and intermediate to 128 -> 2944 x 2944.
+    cutlass = base.model_copy(update={"extra_args": ["--moe-backend=flashinfer_cutlass"]})
+    n = 2 * 2944 * 2944 + 2944 * 2944
+    assert compute_lane(model, machine(compute_capability="9.0"), cutlass).fig(
+        "experts.bytes_per_expert").value == n // 2 + n // 32 + (2 * 2944 + 2944) * 2

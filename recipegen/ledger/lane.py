@@ -51,7 +51,7 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     tp = lane.tensor_parallel_size
     if lane.offload.placement == POSITIONAL:  # plain vLLM holds its own (padded) layout
         checkpoint_bytes = model.expert_bytes
-        model, layout = as_vllm_lays_out(model, machine, tp)
+        model, layout = as_vllm_lays_out(model, machine, tp, lane.extra_args)
         if layout is not None:
             out.notes.append(f"vLLM 0.33 lays these experts out padded for {layout.backend}: "
                              f"{layout.bytes_per_expert:,} B per expert in memory vs {checkpoint_bytes:,} B "
@@ -233,7 +233,7 @@ def _kv_rate_by_layer_kind(model: Model, lane: Lane, out: _Figures) -> float:
     replicated when TP exceeds them: vllm/config/model.py:1673-1683), MLA (kv_lora_rank +
     rope_head_dim) × dtype bytes on every rank. A sequence of max_model_len tokens holds every
     token in full and MLA layers and at most `window` tokens in a sliding layer (vLLM frees the
-    blocks behind the window: vllm/v1/kv_cache_interface.py:918-943, which also keeps the tokens
+    blocks behind the window: vllm/v1/kv_cache_interface.py:918-944, which also keeps the tokens
     in flight during a prefill chunk — not counted here). The lane's rate is that sequence's
     bytes ÷ max_model_len × tp, so tokens = pool ÷ (rate / tp) and sequences = pool ÷ bytes per
     sequence per GPU.

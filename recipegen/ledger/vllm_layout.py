@@ -40,8 +40,35 @@ def _round_up(x: int, a: int) -> int:
     return -(-x // a) * a
 
 
-def mxfp4_backend(model: Model, compute_capability: str | None) -> tuple[str, int, int] | None:
-    """(backend, intermediate alignment, hidden alignment) vLLM 0.33 picks by default, or None."""
+# `--moe-backend` values (oracle/mxfp4.py:352-399, `map_mxfp4_backend`) -> (backend, alignments).
+_BY_NAME: dict[str, tuple[str, int, int]] = {
+    "marlin": ("MARLIN", 128, 256),
+    "flashinfer_trtllm": ("FLASHINFER_TRTLLM_MXFP4_BF16", 128, 256),
+    "flashinfer_trtllm_afp8": ("FLASHINFER_TRTLLM_MXFP4_MXFP8", 128, 256),
+    "flashinfer_cutlass": ("FLASHINFER_CUTLASS_MXFP4_BF16", 128, 128),
+    "flashinfer_cutlass_afp8": ("FLASHINFER_CUTLASS_MXFP4_MXFP8", 128, 128),
+    "triton": ("TRITON", 64, 1),
+    "humming": ("HUMMING", 64, 1),
+    "deep_gemm": ("DEEPGEMM_MXFP4", 128, 128),
+}
+
+
+def requested_backend(extra_args: list[str]) -> str | None:
+    """The lane's `--moe-backend NAME` (or `--moe-backend=NAME`), if it sets one."""
+    for i, arg in enumerate(extra_args):
+        if arg == "--moe-backend" and i + 1 < len(extra_args):
+            return extra_args[i + 1]
+        if arg.startswith("--moe-backend="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def mxfp4_backend(model: Model, compute_capability: str | None,
+                  requested: str | None = None) -> tuple[str, int, int] | None:
+    """(backend, intermediate alignment, hidden alignment) vLLM 0.33 uses: the lane's
+    `--moe-backend` when it names an MXFP4 backend, else its default pick; None if unknown."""
+    if requested is not None and requested in _BY_NAME:
+        return _BY_NAME[requested]
     if compute_capability is None:
         return None
     major, _, minor = compute_capability.partition(".")
@@ -58,12 +85,12 @@ def mxfp4_backend(model: Model, compute_capability: str | None) -> tuple[str, in
     return None
 
 
-def vllm_mxfp4_layout(model: Model, machine: Machine, tp: int) -> Layout | None:
+def vllm_mxfp4_layout(model: Model, machine: Machine, tp: int, requested: str | None = None) -> Layout | None:
     """The padded layout of an MXFP4 model with declared hidden/intermediate sizes, or None when
     nothing is padded (or the model does not declare its sizes)."""
     if model.expert_format != "mxfp4" or model.hidden_size is None or model.moe_intermediate_size is None:
         return None
-    choice = mxfp4_backend(model, machine.gpus.compute_capability)
+    choice = mxfp4_backend(model, machine.gpus.compute_capability, requested)
     if choice is None:
         return None
     backend, inter_align, hidden_align = choice
@@ -75,15 +102,18 @@ def vllm_mxfp4_layout(model: Model, machine: Machine, tp: int) -> Layout | None:
     if model.expert_biases:
         per += (2 * inter + hidden) * 2
     line = {"MARLIN": ":865-870", "FLASHINFER_TRTLLM_MXFP4_BF16": ":871-873",
-            "FLASHINFER_TRTLLM_MXFP4_MXFP8": ":871-873"}.get(backend, ":915-916")
+            "FLASHINFER_TRTLLM_MXFP4_MXFP8": ":871-873", "DEEPGEMM_MXFP4": ":857-860",
+            "FLASHINFER_CUTLASS_MXFP4_BF16": ":874-879",
+            "FLASHINFER_CUTLASS_MXFP4_MXFP8": ":874-879"}.get(backend, ":915-916")
     return Layout(backend, hidden, inter, per,
                   f"{_SRC}{line}: {backend} on compute capability {machine.gpus.compute_capability} pads hidden "
                   f"{model.hidden_size} -> {hidden}, intermediate {model.moe_intermediate_size} -> {inter}")
 
 
-def as_vllm_lays_out(model: Model, machine: Machine, tp: int) -> tuple[Model, Layout | None]:
+def as_vllm_lays_out(model: Model, machine: Machine, tp: int,
+                     extra_args: list[str] | None = None) -> tuple[Model, Layout | None]:
     """The model with its routed experts at vLLM's in-memory size (unchanged when not padded)."""
-    layout = vllm_mxfp4_layout(model, machine, tp)
+    layout = vllm_mxfp4_layout(model, machine, tp, requested_backend(list(extra_args or [])))
     if layout is None:
         return model, None
     tensors = [{"name": "w13", "shape": [2 * layout.intermediate, layout.hidden], "dtype": "mxfp4"},

@@ -49,15 +49,58 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     """All figures of one lane. `rowmap_hot`: the active map's hot count per MoE layer, if read."""
     out = _Figures()
     tp = lane.tensor_parallel_size
-    if lane.offload.placement == POSITIONAL:  # plain vLLM holds its own (padded) layout
-        checkpoint_bytes = model.expert_bytes
-        model, layout = as_vllm_lays_out(model, machine, tp, lane.extra_args)
-        if layout is not None:
-            out.notes.append(f"vLLM 0.33 lays these experts out padded for {layout.backend}: "
-                             f"{layout.bytes_per_expert:,} B per expert in memory vs {checkpoint_bytes:,} B "
-                             "in the checkpoint (experts.bytes_per_expert is the in-memory size)")
-            out.add(Figure("experts.checkpoint_bytes_per_expert", "bytes per routed expert in the checkpoint",
-                           checkpoint_bytes, "bytes", "", {}, "before vLLM's padding"))
+    model = _as_loaded(model, machine, lane, out)
+    _tp_note(model, tp, out)
+    _expert_figures(model, out)
+    hbm = _hbm_figures(model, machine, lane, out)
+    bank = _prefetch_bank(model, lane, out)
+    kv_token_bytes = _kv_rate(model, lane, out)
+    ua, pos, active = _placements(model, machine, lane, hbm, bank, kv_token_bytes, rowmap_hot, rowmap_label, out)
+    _placement_summary(model, lane, active, out)
+    kv_pool, kv_tokens = out.figs["hbm.kv_pool"].value, out.figs["kv.tokens"].value
+    _concurrency_warning(lane, out)
+    tables, reserve_host, host_total = _host_figures(model, machine, lane, active, out)
+
+    # --- verdict
+    if lane.kv_cache_bytes is not None:
+        # A fixed pool: the "room" is what the cap leaves after reserve and hot experts.
+        room = hbm.cap - hbm.reserve - active.hot_bytes / tp - bank
+        kv_for_checks = room if room < kv_pool else kv_pool
+    else:
+        kv_for_checks = kv_pool
+    out.violations.extend(budget_violations(model, machine, lane, hbm.cap,
+                                            hbm.reserve - active.dense_host_bytes / tp, kv_for_checks,
+                                            kv_tokens, host_total, tables, reserve_host, tp,
+                                            fixed_kv=lane.kv_cache_bytes, bank=bank,
+                                            kv_token_bytes=kv_token_bytes))
+    _runtime_check(model, machine, lane, out)
+
+    # --- load time (after the verdict: a side already over budget at the end is not re-reported)
+    final_over = {v.kind for v in out.violations}
+    load_figures(model, machine, lane, active, out.add, hbm.reserve, hbm.weights, tables, reserve_host,
+                 out.violations, tp, skip_hbm="hbm" in final_over, skip_host="host" in final_over,
+                 dense_offloaded=active.dense_host_bytes)
+    return LaneLedger(lane.name, lane.machine, list(lane.gpus), lane.offload.placement, out.figs, ua, pos,
+                      out.violations, out.notes)
+
+
+def _as_loaded(model: Model, machine: Machine, lane: Lane, out: _Figures) -> Model:
+    """The model as the lane's engine holds it: a plain-vLLM (positional) lane keeps vLLM's own,
+    possibly padded, expert layout (`vllm_layout`); a usage-aware lane the checkpoint's."""
+    if lane.offload.placement != POSITIONAL:
+        return model
+    checkpoint_bytes = model.expert_bytes
+    loaded, layout = as_vllm_lays_out(model, machine, lane.tensor_parallel_size, lane.extra_args)
+    if layout is not None:
+        out.notes.append(f"vLLM 0.33 lays these experts out padded for {layout.backend}: "
+                         f"{layout.bytes_per_expert:,} B per expert in memory vs {checkpoint_bytes:,} B "
+                         "in the checkpoint (experts.bytes_per_expert is the in-memory size)")
+        out.add(Figure("experts.checkpoint_bytes_per_expert", "bytes per routed expert in the checkpoint",
+                       checkpoint_bytes, "bytes", "", {}, "before vLLM's padding"))
+    return loaded
+
+
+def _tp_note(model: Model, tp: int, out: _Figures) -> None:
     if tp > 1 and model.attention:
         out.notes.append(f"tensor parallel over {tp} GPUs: experts and dense weights are taken as split "
                          "evenly across them; KV per GPU follows vLLM (KV heads max(1, heads // TP), "
@@ -65,11 +108,13 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     elif tp > 1:
         out.notes.append(f"tensor parallel over {tp} GPUs: experts, dense weights and KV are taken as "
                          "split evenly across them (per-GPU figures are lane totals / TP)")
-    _expert_figures(model, out)
-    hbm = _hbm_figures(model, machine, lane, out)
-    bank = _prefetch_bank(model, lane, out)
-    kv_token_bytes = _kv_rate(model, lane, out)
 
+
+def _placements(model: Model, machine: Machine, lane: Lane, hbm: _Hbm, bank: float, kv_token_bytes: float,
+                rowmap_hot: Sequence[int] | None, rowmap_label: str | None,
+                out: _Figures) -> tuple[PlacementLedger, PlacementLedger | None, PlacementLedger]:
+    """Both placements with their HBM/KV figures, and the lane's own (active) one."""
+    tp = lane.tensor_parallel_size
     ua = usage_aware_placement(model, lane, rowmap_hot, rowmap_label)
     pos = (positional_placement(model, lane)
            if lane.offload.load_cpu_offload or lane.offload.placement == POSITIONAL else None)
@@ -91,41 +136,20 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     if active.dense_host_bytes:
         per_step = active.dense_host_bytes / machine.pinned_read_bandwidth
         out.notes.append(
-            f"--cpu-offload-gb {lane.offload.load_cpu_offload / GiB:g} also moves {format_bytes(active.dense_host_bytes)} "
-            "of non-routed weights (attention, norms, routers) to host memory, where they stay and are read "
-            f"over the {machine.pinned_read_bandwidth / 1e9:g} GB/s link on every step (~{per_step * 1e3:.0f} ms); "
-            "add extra_args: [--cpu-offload-params, experts] to offload routed experts only "
-            "(vllm/model_executor/offloader/uva.py:102-113)")
-    _placement_summary(model, lane, active, out)
-    kv_pool, kv_tokens = out.figs["hbm.kv_pool"].value, out.figs["kv.tokens"].value
-    _concurrency_warning(lane, out)
-    tables, reserve_host, host_total = _host_figures(model, machine, lane, active, out)
+            f"--cpu-offload-gb {(lane.offload.load_cpu_offload or 0) / GiB:g} also moves "
+            f"{format_bytes(active.dense_host_bytes)} of non-routed weights (attention, norms, routers) to host "
+            f"memory, where they stay and are read over the {machine.pinned_read_bandwidth / 1e9:g} GB/s link on "
+            f"every step (~{per_step * 1e3:.0f} ms); add extra_args: [--cpu-offload-params, experts] to offload "
+            "routed experts only (vllm/model_executor/offloader/uva.py:102-113)")
+    return ua, pos, active
 
-    # --- verdict
-    if lane.kv_cache_bytes is not None:
-        # A fixed pool: the "room" is what the cap leaves after reserve and hot experts.
-        room = hbm.cap - hbm.reserve - active.hot_bytes / tp - bank
-        kv_for_checks = room if room < kv_pool else kv_pool
-    else:
-        kv_for_checks = kv_pool
-    out.violations.extend(budget_violations(model, machine, lane, hbm.cap,
-                                            hbm.reserve - active.dense_host_bytes / tp, kv_for_checks,
-                                            kv_tokens, host_total, tables, reserve_host, tp,
-                                            fixed_kv=lane.kv_cache_bytes, bank=bank,
-                                            kv_token_bytes=kv_token_bytes))
 
+def _runtime_check(model: Model, machine: Machine, lane: Lane, out: _Figures) -> None:
+    """The runtime's capability table: a refusal is a violation, an unverified device a note."""
     out.violations.extend(runtime_violations(model, machine, lane))
     caveat = runtime_caveat(model, machine, lane)
     if caveat:
         out.notes.append(caveat + ": check split == unsplit on the box (recipegen parity) before relying on it")
-
-    # --- load time (after the verdict: a side already over budget at the end is not re-reported)
-    final_over = {v.kind for v in out.violations}
-    load_figures(model, machine, lane, active, out.add, hbm.reserve, hbm.weights, tables, reserve_host,
-                 out.violations, tp, skip_hbm="hbm" in final_over, skip_host="host" in final_over,
-                 dense_offloaded=active.dense_host_bytes)
-    return LaneLedger(lane.name, lane.machine, list(lane.gpus), lane.offload.placement, out.figs, ua, pos,
-                      out.violations, out.notes)
 
 
 def _concurrency_warning(lane: Lane, out: _Figures) -> None:

@@ -20,6 +20,8 @@ Modules (each documents its contract):
                   (split + finalize + optional count).
 * ``fma_finalize`` — fp32 fma accumulation in original top-k order, one cast (``fma_f32`` exact).
 * ``reference`` — torch reference per-pick functions: float SwiGLU and MXFP4-dequantizing SwiGLU.
+* ``formats_ref`` — per-format references: gpt-oss MXFP4 (biases, SwiGLU-OAI), BF16 (SILU or
+                  SwiGLU-OAI, biases), FP8 E4M3 with 128x128 block scales (W8A8 as vLLM).
 * ``counter``   — ``ExpertCounter`` (count-only mode and drift alongside residency).
 * ``dump``      — ``HistogramDumper``: the dump folder writer (interval, SIGUSR1, shutdown).
 * ``swap``      — ``swap_experts`` through a staging buffer, copies before the map flip.
@@ -60,6 +62,8 @@ _EXPORTS = {
     "split_invoke": "split",
     "StagingBuffer": "swap", "SwapStep": "swap", "swap_experts": "swap", "swap_steps": "swap",
     "swiglu_per_pick": "reference", "mxfp4_swiglu_per_pick": "reference",
+    "float_per_pick": "formats_ref", "mxfp4_per_pick": "formats_ref",
+    "gptoss_mxfp4_per_pick": "formats_ref", "fp8_block_per_pick": "formats_ref",
     "AdaptiveConfig": "adaptive_config", "AdaptivePolicy": "adaptive", "BarrierReport": "adaptive",
     "Swap": "adaptive", "plan_swaps": "adaptive", "rank_swaps": "adaptive",
     "blend_prior": "adaptive", "choose_prior": "adaptive",

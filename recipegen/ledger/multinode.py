@@ -199,7 +199,10 @@ def stage_model(model: Model, layers: StageLayers, *, last: bool, tables_in_hbm:
         "end − start", {"start": layers.start, "end": layers.end, "moe_layers": len(layers.moe_layers)})
     tables = [t for t in model.host_tables if t.layer is None or layers.holds(t.layer)]
     update: dict[str, Any] = {"moe_layers": list(layers.moe_layers),
-                              "host_tables": [] if tables_in_hbm else tables}
+                              "host_tables": [] if tables_in_hbm else tables,
+                              # the offload walk over whole decoder layers spans the model, not a stage:
+                              # a stage walks its routed experts only
+                              "decoder_layer_bytes": None}
     if model.dense_bytes is not None:
         dense = model.dense_bytes * share
         figs["stage.dense"] = Figure(

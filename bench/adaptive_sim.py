@@ -274,7 +274,8 @@ def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConf
 
 
 def parse_sweep(text: str) -> list[dict]:
-    keys = {"interval": int, "swaps": int, "decay": float, "margin": float, "evidence": float, "prior": float}
+    keys = {"interval": int, "swaps": int, "decay": float, "margin": float, "evidence": float,
+            "counts_evidence": float, "prior": float}
     axes = []
     for part in filter(None, (p.strip() for p in text.split(";"))):
         name, _, values = part.partition("=")
@@ -291,7 +292,8 @@ def _pct(x: float | None) -> str:
 def summary_line(r: dict) -> str:
     c = r["config"]
     head = f"T={r['tokens']:<2} interval={c['interval']:<3} swaps={c['swaps_per_layer']:<2} " \
-           f"decay={c['decay']:<4} margin={c['margin']:<4} ev={c['evidence']} prior={c['prior_weight']} " \
+           f"decay={c['decay']:<4} margin={c['margin']:<4} ev={c['evidence']} cev={c['counts_evidence']} " \
+           f"prior={c['prior_weight']} " \
            f"profiles={','.join(r['priors']) or 'none'}"
     cells = []
     for phase, e in r["phases"].items():
@@ -318,6 +320,8 @@ def main() -> int:
     ap.add_argument("--decay", type=float, default=defaults.decay)
     ap.add_argument("--margin", type=float, default=defaults.margin)
     ap.add_argument("--evidence", type=float, default=defaults.evidence)
+    ap.add_argument("--counts-evidence", type=float, default=defaults.counts_evidence,
+                    help="the noise guard when ranking on counts alone")
     ap.add_argument("--prior", type=float, default=defaults.prior_weight,
                     help="prior_weight: weight of the best-fitting class profile (0 = counts only)")
     ap.add_argument("--priors", default=",".join(CLASSES),
@@ -333,7 +337,7 @@ def main() -> int:
         raise SystemExit(f"--priors: unknown class(es) {sorted(set(wanted) - set(CLASSES))}")
     priors = {c: priors[c] for c in wanted}
     base = {"interval": args.interval, "swaps": args.swaps, "decay": args.decay, "margin": args.margin,
-            "evidence": args.evidence, "prior": args.prior}
+            "evidence": args.evidence, "counts_evidence": args.counts_evidence, "prior": args.prior}
     grid = [base | combo for combo in parse_sweep(args.sweep)] if args.sweep else [base]
     results = []
     for tokens in (int(t) for t in args.tokens.split(",")):
@@ -344,7 +348,8 @@ def main() -> int:
         for combo in grid:
             config = AdaptiveConfig(interval=combo["interval"], swaps_per_layer=combo["swaps"],
                                     decay=combo["decay"], margin=combo["margin"],
-                                    evidence=combo["evidence"], prior_weight=combo["prior"])
+                                    evidence=combo["evidence"], counts_evidence=combo["counts_evidence"],
+                                    prior_weight=combo["prior"])
             r = simulate(traffic, cold, config, args.window, series=args.json is not None, priors=priors)
             results.append(r)
             print(summary_line(r), flush=True)

@@ -26,7 +26,7 @@ def _setup():
                                      layer_index=index, hot_alloc=device_allocator("cpu"),
                                      cold_alloc=host_allocator())
     counter = ExpertCounter((1, 4), EXPERTS)
-    policy = AdaptivePolicy(counter, layers, AdaptiveConfig(interval=2, swaps_per_layer=2, decay=0.5, margin=0.0, evidence=0.0))
+    policy = AdaptivePolicy(counter, layers, AdaptiveConfig(interval=2, swaps_per_layer=2, decay=0.5, margin=0.0, evidence=0.0, counts_evidence=0.0))
     return layers, counter, policy
 
 

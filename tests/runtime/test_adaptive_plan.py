@@ -136,6 +136,14 @@ def test_evidence_guard_by_hand():
     assert plan_swaps(small, mask, [0], swaps_per_layer=1, margin=0.5, evidence=1.0) == []
 
 
+def test_evidence_may_be_a_device_tensor():
+    # the policy picks the guard on the device (profile or counts); same result as the float
+    scores, mask = _scores([[1, 20, 30, 9]]), _mask([[0, 1, 2]], 4)
+    for guard, want in ((2.0, [Swap(0, 3, 0)]), (3.0, [])):
+        assert plan_swaps(scores, mask, [0], swaps_per_layer=1, margin=0.5,
+                          evidence=torch.tensor(guard, dtype=torch.float64)) == want
+
+
 def test_choose_prior_by_hand():
     # one layer, two experts; A = (0.5, 0.5), B = (0.9, 0.1).
     # window (3, 1): log L_A = 4 ln 0.5 = -2.773; log L_B = 3 ln 0.9 + ln 0.1 = -0.316 - 2.303 = -2.619 -> B
@@ -161,6 +169,7 @@ def test_plan_rejects_mismatched_shapes():
                                            ({"decay": 1.0}, "decay"), ({"decay": -0.1}, "decay"),
                                            ({"margin": -0.5}, "margin"), ({"margin": float("inf")}, "margin"),
                                            ({"evidence": -1.0}, "evidence"), ({"prior_weight": -2.0}, "prior_weight"),
+                                           ({"counts_evidence": float("nan")}, "counts_evidence"),
                                            ({"interval": 2.5}, "interval")])
 def test_config_rejects_bad_values(kwargs, field):
     with pytest.raises(ValueError, match=field):

@@ -87,7 +87,7 @@ def hot_mass(layers, probs: torch.Tensor) -> float:
 
 
 def test_split_equals_unsplit_through_swap_rounds_under_shifting_traffic():
-    engine = Engine(AdaptiveConfig(interval=3, swaps_per_layer=2, decay=0.5, margin=0.25, evidence=0.0))
+    engine = Engine(AdaptiveConfig(interval=3, swaps_per_layer=2, decay=0.5, margin=0.25, evidence=0.0, counts_evidence=0.0))
     g = torch.Generator().manual_seed(7)
     shape_hash = current_rowmap(engine.split).shape_hash()
     hashes = [engine.policy.initial_content_hash]
@@ -120,7 +120,7 @@ def test_split_equals_unsplit_through_swap_rounds_under_shifting_traffic():
 
 
 def test_window_figures_and_bytes_by_hand():
-    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0, evidence=0.0))
+    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0, evidence=0.0, counts_evidence=0.0))
     layer = engine.split[3]
     cold, hot = list(layer.cold_ids), list(layer.hot_ids)  # copies: the swap updates the live lists
     # one forward, 2 tokens: layer 3 gets 3 cold picks + 5 hot picks, layer 5 all-hot picks of its map
@@ -143,8 +143,24 @@ def test_window_figures_and_bytes_by_hand():
     assert engine.full_check()
 
 
+@pytest.mark.parametrize("counts_evidence, swapped", [(1.5, True), (2.5, False)])
+def test_counts_alone_use_the_counts_evidence_guard(counts_evidence, swapped):
+    # 3 tokens each pick cold[0] and three hot experts: cold[0] scores 3 against an unpicked hot
+    # expert's 0. Lead 3 vs guard * sqrt(3 + 0): 1.5 * 1.732 = 2.60 passes, 2.5 * 1.732 = 4.33 does
+    # not. `evidence` (the guard with a profile in the ranking) is 0 here and must not apply.
+    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0, evidence=0.0,
+                                   counts_evidence=counts_evidence, prior_weight=0.0))
+    cold, hot = list(engine.split[3].cold_ids), list(engine.split[3].hot_ids)
+    ids = torch.tensor([[cold[0], hot[0], hot[1], hot[2]]] * 3, dtype=torch.int32)
+    engine.counter.count(3, ids)
+    report = engine.policy.barrier()
+    assert bool(report.swaps) is swapped
+    if swapped:
+        assert report.swaps[0].promote == cold[0]
+
+
 def test_decayed_scores_follow_the_counter_and_survive_a_reset():
-    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=0, decay=0.5, margin=0.0, evidence=0.0))
+    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=0, decay=0.5, margin=0.0, evidence=0.0, counts_evidence=0.0))
     e = engine.split[3].cold_ids[0]
     ids = torch.tensor([[e, (e + 1) % EXPERTS, (e + 2) % EXPERTS, (e + 3) % EXPERTS]], dtype=torch.int32)
     for _ in range(3):  # counts of e per window: 1, 1, 1 -> scores 1, 1.5, 1.75
@@ -162,7 +178,7 @@ def test_decayed_scores_follow_the_counter_and_survive_a_reset():
 
 def _primed_engine():
     """An engine whose next barrier swaps at least one pair in layer 3."""
-    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0, evidence=0.0))
+    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0, evidence=0.0, counts_evidence=0.0))
     cold = engine.split[3].cold_ids
     engine.counter.count(3, torch.tensor([[cold[0], cold[1], cold[2], cold[3]]], dtype=torch.int32))
     return engine
@@ -238,7 +254,7 @@ def test_class_priors_pick_the_class_and_lead_the_ranking():
     """With the class profiles as priors the window's class is named in the report and its map is
     approached faster than counts alone allow under the same evidence guard."""
     profiles = {name: class_probs(name) for name in ("agent", "prose", "math")}
-    config = dict(interval=2, swaps_per_layer=2, decay=0.5, margin=0.25, evidence=1.0)
+    config = dict(interval=2, swaps_per_layer=2, decay=0.5, margin=0.25, evidence=1.0, counts_evidence=1.0)
     with_prior = Engine(AdaptiveConfig(**config, prior_weight=8.0), priors=profiles)
     counts_only = Engine(AdaptiveConfig(**config, prior_weight=0.0), priors=profiles)
     chosen = _run_prose([with_prior, counts_only], steps=8)
@@ -258,7 +274,7 @@ def test_traffic_no_profile_explains_falls_back_to_the_counts():
     the window better than any profile (or their mixture) and the ranking follows them."""
     profiles = {name: class_probs(name) for name in ("agent", "math")}
     engine = Engine(AdaptiveConfig(interval=2, swaps_per_layer=2, decay=0.5, margin=0.25, evidence=1.0,
-                                   prior_weight=8.0), priors=profiles)
+                                   counts_evidence=1.0, prior_weight=8.0), priors=profiles)
     chosen = _run_prose([engine], steps=12)[id(engine)]
     # even before any counts, the uniform start of the observed candidate beats a wrong profile
     assert chosen == ["observed"] * 6

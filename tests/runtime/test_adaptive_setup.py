@@ -28,16 +28,19 @@ def test_off_by_default(text):
 
 def test_on_means_defaults_and_a_spec_sets_fields():
     assert parse_adaptive_spec("on") == AdaptiveConfig()
-    config = parse_adaptive_spec(" interval=8 , swaps_per_layer=4,decay=0.8,margin=1,evidence=2,prior_weight=0 ")
+    config = parse_adaptive_spec(" interval=8 , swaps_per_layer=4,decay=0.8,margin=1,evidence=2,"
+                                 "counts_evidence=3,prior_weight=0 ")
     assert config == AdaptiveConfig(interval=8, swaps_per_layer=4, decay=0.8, margin=1.0, evidence=2.0,
-                                    prior_weight=0.0)
+                                    counts_evidence=3.0, prior_weight=0.0)
     assert adaptive_from_env({ENV_ADAPTIVE: "interval=32"}) == AdaptiveConfig(interval=32)
 
 
 def test_spec_round_trips():
-    config = AdaptiveConfig(interval=24, swaps_per_layer=3, decay=0.75, margin=0.3, evidence=1.25, prior_weight=4.0)
+    config = AdaptiveConfig(interval=24, swaps_per_layer=3, decay=0.75, margin=0.3, evidence=1.25,
+                            counts_evidence=2.0, prior_weight=4.0)
     text = format_adaptive_spec(config)
-    assert text == "interval=24,swaps_per_layer=3,decay=0.75,margin=0.3,evidence=1.25,prior_weight=4.0"
+    assert text == ("interval=24,swaps_per_layer=3,decay=0.75,margin=0.3,evidence=1.25,counts_evidence=2.0,"
+                    "prior_weight=4.0")
     assert parse_adaptive_spec(text) == config
     assert format_adaptive_spec(None) == "off" and parse_adaptive_spec("off") is None
 

@@ -16,7 +16,8 @@ is in flight, reached every ``interval`` forwards — and runs in this order:
 4. **rank** (``rank_swaps``, device ops): per layer the ``S`` strongest cold experts against the
    ``S`` weakest hot ones, paired strongest-with-weakest; pair ``i`` is accepted only when
    ``cold > (1 + margin) * hot`` (hysteresis), ``cold - hot > evidence * sqrt(cold + hot)``
-   (noise guard) and every pair before it was accepted;
+   (noise guard; ``counts_evidence`` when the ranking rests on counts alone) and every pair
+   before it was accepted;
 5. **read back** the plan (one small device-to-host copy; the barrier is drained anyway);
 6. **apply**: each accepted pair goes through ``core.swap`` (staging copies, then the map flip),
    layer by layer; nothing is allocated per swap (one staging buffer per distinct row layout).
@@ -86,7 +87,7 @@ def blend_prior(scores: torch.Tensor, prior: torch.Tensor, weight: float | torch
 
 
 def rank_swaps(scores: torch.Tensor, hot_mask: torch.Tensor, swaps_per_layer: int,
-               margin: float, evidence: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               margin: float, evidence: float | torch.Tensor = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Device-side ranking: ``(promote [L, S], demote [L, S], accept [L, S] bool)``.
 
     ``scores [L, E]`` float, ``hot_mask [L, E]`` bool. Column ``i`` pairs a layer's ``i``-th
@@ -104,17 +105,18 @@ def rank_swaps(scores: torch.Tensor, hot_mask: torch.Tensor, swaps_per_layer: in
     hot_sorted, hot_idx = torch.sort(hot_key, dim=1, descending=False, stable=True)
     cold_top, hot_low = cold_sorted[:, :width], hot_sorted[:, :width]
     accept = (cold_top > hot_low * (1.0 + float(margin))) & torch.isfinite(cold_top) & torch.isfinite(hot_low)
-    if evidence:
+    if isinstance(evidence, torch.Tensor) or evidence:  # a device tensor is never read back here
         zero = torch.zeros_like(cold_top)  # refused columns hold +-inf: keep them out of the sqrt
         lead = torch.where(accept, cold_top - hot_low, zero)
         spread = torch.where(accept, cold_top + hot_low, zero)
-        accept = accept & (lead > float(evidence) * torch.sqrt(spread))
+        guard = evidence if isinstance(evidence, torch.Tensor) else float(evidence)
+        accept = accept & (lead > guard * torch.sqrt(spread))
     accept = torch.cumprod(accept.to(torch.int32), dim=1).bool()
     return cold_idx[:, :width], hot_idx[:, :width], accept
 
 
 def plan_swaps(scores: torch.Tensor, hot_mask: torch.Tensor, layer_indices: Sequence[int], *,
-               swaps_per_layer: int, margin: float, evidence: float = 0.0) -> list[Swap]:
+               swaps_per_layer: int, margin: float, evidence: float | torch.Tensor = 0.0) -> list[Swap]:
     """The accepted swaps, layer order then strongest pair first (reads the plan back: a sync)."""
     if scores.shape != hot_mask.shape or scores.dim() != 2 or scores.shape[0] != len(layer_indices):
         raise ValueError(f"scores {tuple(scores.shape)} / hot mask {tuple(hot_mask.shape)} do not match "
@@ -264,6 +266,7 @@ class AdaptivePolicy:
             hot = self.hot_mask()
             ranked = self.scores
             choice = torch.tensor(-1, device=counts.device)
+            guard: float | torch.Tensor = self.config.counts_evidence
             if use_priors:
                 total = window.sum()
                 fresh = choose_prior(window, torch.cat([self._log_priors, observed_log.unsqueeze(0)]))
@@ -271,13 +274,15 @@ class AdaptivePolicy:
                 previous = fresh if self._prior_choice is None else self._prior_choice
                 self._prior_choice = choice = torch.where(total > 0, fresh, previous)
                 classes = self._priors.shape[0]
-                weight = torch.where(choice < classes, self.config.prior_weight, 0.0)
+                profile = choice < classes
+                weight = torch.where(profile, self.config.prior_weight, 0.0)
+                guard = torch.where(profile, self.config.evidence, self.config.counts_evidence)
                 ranked = blend_prior(self.scores, self._priors[choice.clamp(max=classes - 1)], weight)
             picks = torch.stack([window.sum(), (window * (~hot).to(window.dtype)).sum(),
                                  choice.to(window.dtype)])
             swaps = plan_swaps(ranked, hot, self._order,
                                swaps_per_layer=self.config.swaps_per_layer, margin=self.config.margin,
-                               evidence=self.config.evidence)
+                               evidence=guard)
             picks_host = picks.to("cpu").tolist()  # already drained by plan_swaps' read-back
             moved = self.apply(swaps, run=run)
         self.barriers += 1

@@ -31,10 +31,16 @@ class AdaptiveConfig:
     ``(1 + margin)`` times that hot expert's score."""
 
     evidence: float = 1.5
-    """Noise guard: the cold expert's lead must also exceed ``evidence`` standard deviations of a
-    Poisson count, ``cold - hot > evidence * sqrt(cold + hot)``. The relative margin alone lets a
-    cold expert seen twice displace a hot one seen once; at one stream per step most experts near
-    the hot/cold boundary are seen a handful of times per window."""
+    """Noise guard while a class profile is in the ranking: the cold expert's lead must also exceed
+    ``evidence`` standard deviations of a Poisson count, ``cold - hot > evidence * sqrt(cold + hot)``
+    (on the blended scores). The relative margin alone lets a cold expert seen twice displace a hot
+    one seen once; at one stream per step most experts near the hot/cold boundary are seen a
+    handful of times per window."""
+
+    counts_evidence: float = 2.5
+    """The same guard when the ranking rests on counts alone (no profiles, ``prior_weight`` 0, or
+    the counts fit the window better than every profile): counts carry more noise than a profile,
+    and at 1.5 an in-domain lane kept undoing its own swaps in the simulation."""
 
     prior_weight: float = 16.0
     """Weight of the best-fitting class profile (``AdaptivePolicy.priors``) in the ranking:
@@ -48,7 +54,7 @@ class AdaptiveConfig:
             raise ValueError(f"adaptive swaps_per_layer must be an integer >= 0, got {self.swaps_per_layer!r}")
         if not 0.0 <= float(self.decay) < 1.0:
             raise ValueError(f"adaptive decay must be in [0, 1), got {self.decay!r}")
-        for name in ("margin", "evidence", "prior_weight"):
+        for name in ("margin", "evidence", "counts_evidence", "prior_weight"):
             value = float(getattr(self, name))
             if not 0.0 <= value < float("inf"):
                 raise ValueError(f"adaptive {name} must be a finite number >= 0, got {getattr(self, name)!r}")

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from recipegen.ledger.figures import Figure
+from recipegen.ledger.pinning import pinned_per_layer, rehoming_host_peak
 from recipegen.ledger.placement import experts_only, positional_walk, rehoming_peaks
 from recipegen.ledger.result import USAGE_AWARE, PlacementLedger, Violation
 from recipegen.schema import Lane, Machine, Model
@@ -32,8 +33,15 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
                "the runtime's order (expert_residency.core.plan), new banks allocated before the old "
                "tensors are freed")
     else:
+        final_host = init_host
         peaks = rehoming_peaks(init_hbm, init_host, init_hbm, init_host)
         how = "positional lane: the load placement is the final placement"
+    # vLLM pins each offloaded parameter at PyTorch's power-of-two size (recipegen.ledger.pinning).
+    pinned = pinned_per_layer(model, init_host)
+    pinned_peak = rehoming_host_peak(pinned, final_host, peaks.order)
+    how += ("; vLLM's pinned parameters counted as PyTorch's caching host allocator reserves them "
+            "(next power of two each: vllm/model_executor/offloader/uva.py:114-116, "
+            "ATen/core/CachingHostAllocator.h:300-309), released layer by layer as re-homed")
     if model.dense_bytes is not None:
         weights_at_load = declared_weights - dense_offloaded / tp
         weights_note = "dense (+ drafter) weights as declared" + (
@@ -46,6 +54,11 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
                {"load_cpu_offload_bytes": budget, "offloaded_bytes": walk.offloaded_bytes, "tp": tp}))
     add(Figure("load.host_experts_initial", "experts pinned after load", peaks.host_initial, "bytes",
                "positional walk(load_cpu_offload)", {"load_cpu_offload_bytes": budget}))
+    add(Figure("load.host_pinned_initial", "host memory vLLM pins for them", sum(pinned), "bytes",
+               "Σ offloaded parameters, each rounded up to a power of two",
+               {"offloaded_bytes": peaks.host_initial, "offloaded_layers": sum(1 for p in pinned if p)},
+               "PyTorch's caching host allocator behind Tensor.pin_memory() (vllm/model_executor/offloader/"
+               "uva.py:114-116); measured on one NVIDIA H200, PyTorch 2.11: a 4.5 GiB tensor pinned 8 GiB"))
     hbm_peak = add(Figure("load.hbm_peak", "HBM peak during load (per GPU)",
                           weights_at_load + peaks.hbm_peak / tp, "bytes",
                           "weights_at_load + peak expert bytes in HBM / tp",
@@ -53,16 +66,18 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
                            "tp": tp}, f"{how}; {weights_note}; KV is allocated after")).value
     if dense_offloaded:
         host_peak = add(Figure("load.host_peak", "host peak during load",
-                               tables + host_reserve + dense_offloaded + peaks.host_peak, "bytes",
+                               tables + host_reserve + dense_offloaded + pinned_peak, "bytes",
                                "host_tables + host_reserve + dense_offloaded + peak pinned expert bytes",
                                {"host_tables_bytes": tables, "host_reserve_bytes": host_reserve,
-                                "dense_offloaded_bytes": dense_offloaded, "peak_pinned_bytes": peaks.host_peak},
+                                "dense_offloaded_bytes": dense_offloaded, "peak_pinned_bytes": pinned_peak,
+                                "peak_expert_bytes_unrounded": peaks.host_peak},
                                how)).value
     else:
-        host_peak = add(Figure("load.host_peak", "host peak during load", tables + host_reserve + peaks.host_peak,
+        host_peak = add(Figure("load.host_peak", "host peak during load", tables + host_reserve + pinned_peak,
                                "bytes", "host_tables + host_reserve + peak pinned expert bytes",
                                {"host_tables_bytes": tables, "host_reserve_bytes": host_reserve,
-                                "peak_pinned_bytes": peaks.host_peak}, how)).value
+                                "peak_pinned_bytes": pinned_peak,
+                                "peak_expert_bytes_unrounded": peaks.host_peak}, how)).value
     capacity = machine.gpus.hbm
     if hbm_peak > capacity and not skip_hbm:
         need = hbm_peak - capacity

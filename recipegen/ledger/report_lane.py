@@ -84,8 +84,11 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
                f"{_g(fig['host.cold_experts'].value)} = {_g(fig['host.before_reserve'].value)} before page "
                f"cache; + reserve {_g(fig['host.reserve'].value)}{dense_host} = {_g(fig['host.total'].value)} of "
                f"{_g(fig['host.memory'].value)} (headroom {_g(fig['host.headroom'].value)})")
+    pinned = fig.get("load.host_pinned_initial")
+    rounded = (f" (vLLM pins {_g(pinned.value)} for them: PyTorch rounds each pinned parameter up to a power of two)"
+               if pinned is not None and pinned.value > fig["load.host_experts_initial"].value else "")
     out.append(f"  Load: experts after load HBM {_g(fig['load.hbm_experts_initial'].value)} / host "
-               f"{_g(fig['load.host_experts_initial'].value)}; peak HBM {_g(fig['load.hbm_peak'].value)} "
+               f"{_g(fig['load.host_experts_initial'].value)}{rounded}; peak HBM {_g(fig['load.hbm_peak'].value)} "
                f"of {_g(fig['hbm.capacity'].value)}, peak host {_g(fig['load.host_peak'].value)} of "
                f"{_g(fig['host.memory'].value)}")
     for note in lane.notes:

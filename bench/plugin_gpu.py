@@ -152,6 +152,8 @@ def main() -> int:
             row["plugin+counter"]["per_layer_us_mean"]
             / row["kernel+counter"]["per_layer_us_mean"])
         row["hook_us_per_step_median"] = statistics.median(hook) * 1e6
+        row["hook_pct_of_step"] = 100 * row["hook_us_per_step_median"] / (
+            row["plugin+counter"]["per_layer_us_mean"] * args.layers)
         results["per_t"][tokens] = row
         print(f"T={tokens:3d}: kernel {row['kernel']['per_layer_us_mean']:8.1f} µs/layer, plugin "
               f"{row['plugin']['per_layer_us_mean']:8.1f} ({row['plugin_over_kernel']:.3f}x); "
@@ -177,7 +179,7 @@ def main() -> int:
 
 def markdown(r: dict) -> str:
     lines = ["| T | kernel µs/layer | plugin µs/layer | plugin ÷ kernel | kernel + counter | "
-             "plugin + counter | ÷ | mask refresh µs/step (eager) |",
+             "plugin + counter | ÷ | mask refresh µs/step, eager (% of the step) |",
              "|---|---|---|---|---|---|---|---|"]
     for t, row in r["per_t"].items():
         lines.append(
@@ -186,7 +188,7 @@ def markdown(r: dict) -> str:
             f"{row['kernel+counter']['per_layer_us_mean']:.1f} | "
             f"{row['plugin+counter']['per_layer_us_mean']:.1f} | "
             f"{row['plugin_counter_over_kernel_counter']:.3f} | "
-            f"{row['hook_us_per_step_median']:.1f} |")
+            f"{row['hook_us_per_step_median']:.1f} ({row['hook_pct_of_step']:.1f}%) |")
     return "\n".join(lines)
 
 

@@ -3,6 +3,7 @@ it cannot split is named."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,32 @@ def test_qwen3_235b_tp8_replicates_kv_heads() -> None:
         "reserves": {"hbm": {"value": "10 GiB", "source": "test"}}})
     got = compute_lane(model, machine, lane)
     assert got.fig("kv.tokens").value == pytest.approx(100 * GiB / 48_128)   # 2.23M, not 4.46M
+
+
+def _variant(tmp_path: Path, name: str, old: str, new: str) -> Path:
+    text = (REPO / "recipes" / f"{name}.yaml").read_text()
+    assert old in text
+    for folder in ("maps", "profiles"):  # the recipe's row maps, at the same relative paths
+        shutil.copytree(REPO / "recipes" / folder, tmp_path / folder)
+    path = tmp_path / "variant.yaml"
+    path.write_text(text.replace(old, new).replace(f"name: {name}", "name: variant"))
+    return path
+
+
+def test_qwen3_235b_fp8_on_the_125_gib_h200_box_is_red_at_load(tmp_path: Path) -> None:
+    # On h200-pcie (125.87 GiB host) the 107 GiB --cpu-offload-gb the HBM needs pins every offloaded
+    # parameter at the next power of two: per layer w13 = 128 x 3072 x 4096 B = 1.5 GiB -> 2 GiB,
+    # w2 0.75 GiB -> 1 GiB (+ small scales), so the load needs far more host than the box has.
+    path = _variant(tmp_path, "qwen3-235b-a22b-fp8-h200", "catalog: h200-sxm-x8", "catalog: h200-pcie")
+    path.write_text(path.read_text().replace("load_cpu_offload: 116 GiB", "load_cpu_offload: 107 GiB")
+                    .replace("value: 64 GiB", "value: 12 GiB"))
+    ledger = compute_ledger(load_recipe(path))
+    kinds = {v.kind for v in ledger.violations}
+    assert "load-host" in kinds
+    assert ledger.lanes[0].fig("load.host_peak").value > 47 * 3 * GiB   # >= 47 whole layers at 3 GiB pinned
+
+
+def test_qwen3_30b_on_a_64_gib_desktop_is_red_at_load(tmp_path: Path) -> None:
+    path = _variant(tmp_path, "qwen3-30b-a3b-rtx4090", "value: 96 GiB", "value: 64 GiB")
+    ledger = compute_ledger(load_recipe(path))
+    assert [v.kind for v in ledger.violations] == ["load-host"]

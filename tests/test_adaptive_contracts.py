@@ -123,7 +123,8 @@ def test_forwards_run_on_the_current_stream():
     before the next: the runners compute there and only copy outputs on a side stream."""
     src = _source("v1/worker/gpu_model_runner.py")
     assert "async_output_copy_stream.wait_stream(default_stream)" in src
-    v2 = _text("v1/worker/gpu/model_runner.py", _method("v1/worker/gpu/model_runner.py", "GPUModelRunner", "main_stream"))
+    v2 = _text("v1/worker/gpu/model_runner.py",
+               _method("v1/worker/gpu/model_runner.py", "GPUModelRunner", "main_stream"))
     assert "return torch.cuda.current_stream(self.device)" in v2
     assert "compute_stream = torch.cuda.current_stream()" in _source("v1/worker/gpu_ubatch_wrapper.py")
 

@@ -7,12 +7,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from expert_residency.core import ExpertCounter, device_allocator, host_allocator, rehome_layer, residency_forward  # noqa: E402
+from expert_residency.core import (ExpertCounter, device_allocator, host_allocator, rehome_layer,  # noqa: E402
+                                   residency_forward)
 from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy  # noqa: E402
 from expert_residency.core.reference import swiglu_per_pick  # noqa: E402
 
 from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
-from test_core_fixtures import EXPERTS, clone_tensors, float_layer, hidden_states, random_partition, routing  # noqa: E402
+from test_core_fixtures import (EXPERTS, clone_tensors, float_layer, hidden_states,  # noqa: E402
+                                random_partition, routing)
 from test_core_graphsafe import FORBIDDEN, OpRecorder  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -26,7 +28,8 @@ def _setup():
                                      layer_index=index, hot_alloc=device_allocator("cpu"),
                                      cold_alloc=host_allocator())
     counter = ExpertCounter((1, 4), EXPERTS)
-    policy = AdaptivePolicy(counter, layers, AdaptiveConfig(interval=2, swaps_per_layer=2, decay=0.5, margin=0.0, evidence=0.0, counts_evidence=0.0))
+    config = AdaptiveConfig(interval=2, swaps_per_layer=2, decay=0.5, margin=0.0, evidence=0.0, counts_evidence=0.0)
+    policy = AdaptivePolicy(counter, layers, config)
     return layers, counter, policy
 
 

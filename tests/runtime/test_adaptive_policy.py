@@ -87,7 +87,8 @@ def hot_mass(layers, probs: torch.Tensor) -> float:
 
 
 def test_split_equals_unsplit_through_swap_rounds_under_shifting_traffic():
-    engine = Engine(AdaptiveConfig(interval=3, swaps_per_layer=2, decay=0.5, margin=0.25, evidence=0.0, counts_evidence=0.0))
+    engine = Engine(AdaptiveConfig(interval=3, swaps_per_layer=2, decay=0.5, margin=0.25, evidence=0.0,
+                                   counts_evidence=0.0))
     g = torch.Generator().manual_seed(7)
     shape_hash = current_rowmap(engine.split).shape_hash()
     hashes = [engine.policy.initial_content_hash]
@@ -120,7 +121,8 @@ def test_split_equals_unsplit_through_swap_rounds_under_shifting_traffic():
 
 
 def test_window_figures_and_bytes_by_hand():
-    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0, evidence=0.0, counts_evidence=0.0))
+    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0, evidence=0.0,
+                                   counts_evidence=0.0))
     layer = engine.split[3]
     cold, hot = list(layer.cold_ids), list(layer.hot_ids)  # copies: the swap updates the live lists
     # one forward, 2 tokens: layer 3 gets 3 cold picks + 5 hot picks, layer 5 all-hot picks of its map
@@ -160,7 +162,8 @@ def test_counts_alone_use_the_counts_evidence_guard(counts_evidence, swapped):
 
 
 def test_decayed_scores_follow_the_counter_and_survive_a_reset():
-    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=0, decay=0.5, margin=0.0, evidence=0.0, counts_evidence=0.0))
+    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=0, decay=0.5, margin=0.0, evidence=0.0,
+                                   counts_evidence=0.0))
     e = engine.split[3].cold_ids[0]
     ids = torch.tensor([[e, (e + 1) % EXPERTS, (e + 2) % EXPERTS, (e + 3) % EXPERTS]], dtype=torch.int32)
     for _ in range(3):  # counts of e per window: 1, 1, 1 -> scores 1, 1.5, 1.75
@@ -178,7 +181,8 @@ def test_decayed_scores_follow_the_counter_and_survive_a_reset():
 
 def _primed_engine():
     """An engine whose next barrier swaps at least one pair in layer 3."""
-    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0, evidence=0.0, counts_evidence=0.0))
+    engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0, evidence=0.0,
+                                   counts_evidence=0.0))
     cold = engine.split[3].cold_ids
     engine.counter.count(3, torch.tensor([[cold[0], cold[1], cold[2], cold[3]]], dtype=torch.int32))
     return engine

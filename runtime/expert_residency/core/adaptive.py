@@ -86,8 +86,8 @@ def blend_prior(scores: torch.Tensor, prior: torch.Tensor, weight: float | torch
     return scores + weight * scores.sum(dim=1, keepdim=True) * prior.to(scores.dtype)
 
 
-def rank_swaps(scores: torch.Tensor, hot_mask: torch.Tensor, swaps_per_layer: int,
-               margin: float, evidence: float | torch.Tensor = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rank_swaps(scores: torch.Tensor, hot_mask: torch.Tensor, swaps_per_layer: int, margin: float,
+               evidence: float | torch.Tensor = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Device-side ranking: ``(promote [L, S], demote [L, S], accept [L, S] bool)``.
 
     ``scores [L, E]`` float, ``hot_mask [L, E]`` bool. Column ``i`` pairs a layer's ``i``-th

@@ -58,7 +58,8 @@ CONFIGS = {
     "dot_scaled": KernelConfig(dequant=1),
     "prmt-dequant": KernelConfig(dequant=2),
     "prmt-bn32-bk256": KernelConfig(dequant=2, block_n1=32, block_k1=256, block_k2=256),
-    "mma-order": KernelConfig(),   # the default (dequant=3)
+    "mma-order": KernelConfig(),   # the default (dequant=3, w2 128-row tiles, 4 stages)
+    "mma-order-bn64-3stages": KernelConfig(block_n2=64, num_stages=3),
     "mma-order-bn128-bk64": KernelConfig(block_n1=128, block_k1=64, block_n2=128, block_k2=64),
 }
 

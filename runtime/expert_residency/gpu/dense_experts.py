@@ -1,0 +1,212 @@
+"""The split MoE layer on the GPU for BF16 and FP8-block experts (``gpu.kernels_dense``).
+
+``TritonDenseExperts`` has the public API of ``gpu.experts.TritonMxfp4Experts`` — ``forward``
+(group, w13+activation, w2, finalize; both banks in one pass, optional in-kernel counting; fixed
+shapes, no host sync, CUDA-graph capturable), ``pick_outputs``, ``finalize`` and ``per_pick_fn``
+(the core's ``PerPickExpertFn`` contract) — and reuses its workspace, grouping and finalize. The
+banks hold vLLM's layout as loaded (``to_kernel_layout`` is a no-op): a ``core.banks.ResidentLayer``
+whose hot bank is on the device and whose cold bank is a device view of pinned host memory.
+
+Formats (``expert_format``):
+
+* ``"bf16"`` — ``w13_weight [E, 2I, H]``, ``w2_weight [E, H, I]`` bf16 (``UnquantizedFusedMoEMethod``);
+* ``"fp8-block"`` — the same shapes in ``float8_e4m3fn`` plus fp32 128x128 block scales
+  ``w13_weight_scale_inv [E, 2I/128, H/128]``, ``w2_weight_scale_inv [E, H/128, I/128]``
+  (``Fp8MoEMethod`` with ``weight_block_size = [128, 128]``); W8A8 with the layer input and the
+  activation quantized per token per 128 values in the kernels, as ``core.formats_ref``.
+
+Optional ``w13_bias [E, 2I]``/``w2_bias [E, H]`` (any float dtype) split with the weights.
+Activations: ``"silu"`` (gate rows first; ``swiglu_limit`` clamp) or ``"swigluoai"`` (gpt-oss:
+interleaved gate/up, alpha 1.702, limit 7.0 unless given).
+Torch references with the same arithmetic: ``core.formats_ref.float_per_pick`` /
+``fp8_block_per_pick`` with the same activation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ..core.banks import ExpertBank
+from ..core.formats_ref import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT, SILU, SWIGLUOAI
+from ..core.reference import check_swiglu_limit
+from ..fp8 import BLOCK as FP8_BLOCK
+from ..fp8 import FP8_DTYPE
+from . import kernels, kernels_dense
+from .experts import MAX_FUSED_PICKS, ExpertShape, TritonMxfp4Experts, Workspace
+
+W13, W2 = "w13_weight", "w2_weight"
+B13, B2 = "w13_bias", "w2_bias"
+FP8_SCALE_SUFFIX = "_scale_inv"
+FORMATS = ("bf16", "fp8-block")
+
+
+@dataclass(frozen=True)
+class DenseKernelConfig:
+    """Tile shapes, the same for every bank and bank size (what keeps split == unsplit bitwise).
+    FP8 needs ``block_k1 == block_k2 == 128`` (one activation scale group per reduction step)."""
+
+    block_m: int = 16
+    block_n1: int = 64
+    block_k1: int = 128
+    block_n2: int = 64
+    block_k2: int = 128
+    num_warps: int = 4
+    num_stages: int = 3
+    finalize_block: int = 1024
+
+    def describe(self) -> str:
+        return (f"dense BM{self.block_m} w13:BN{self.block_n1}xBK{self.block_k1} "
+                f"w2:BN{self.block_n2}xBK{self.block_k2} warps{self.num_warps} stages{self.num_stages}")
+
+
+def dense_bytes_per_expert(shape: ExpertShape, expert_format: str, bias_bytes: int = 0) -> int:
+    """Weight (+ block scale) bytes of one expert: bf16 ``2 * 3HI``; fp8-block ``3HI`` plus 4 bytes
+    per 128x128 block of w13 and w2; plus ``bias_bytes`` per bias value (``2I + H`` values)."""
+    h, i = shape.hidden, shape.intermediate
+    if expert_format == "bf16":
+        weights = 2 * 3 * h * i
+    elif expert_format == "fp8-block":
+        blocks = -(-2 * i // FP8_BLOCK) * -(-h // FP8_BLOCK) + -(-h // FP8_BLOCK) * -(-i // FP8_BLOCK)
+        weights = 3 * h * i + 4 * blocks
+    else:
+        raise ValueError(f"expert_format {expert_format!r} is not one of {FORMATS}")
+    return weights + bias_bytes * (2 * i + h)
+
+
+class TritonDenseExperts(TritonMxfp4Experts):
+    """Launches the dense residency kernels for layers of one geometry and format."""
+
+    def __init__(self, shape: ExpertShape, num_experts: int, top_k: int, max_tokens: int,
+                 device: torch.device | str, config: DenseKernelConfig = DenseKernelConfig(), *,
+                 expert_format: str = "bf16", activation: str = SILU,
+                 swiglu_limit: float | None = None, swiglu_alpha: float | None = None) -> None:
+        if expert_format not in FORMATS:
+            raise ValueError(f"expert_format {expert_format!r} is not one of {FORMATS}")
+        if shape.hidden % config.block_k1 or shape.intermediate % config.block_k2:
+            raise ValueError(f"block_k must divide the reduction dims ({shape}, {config})")
+        if shape.intermediate % config.block_n1 or shape.hidden % config.block_n2:
+            raise ValueError(f"block_n must divide the output dims ({shape}, {config})")
+        if expert_format == "fp8-block" and (config.block_k1 != FP8_BLOCK or config.block_k2 != FP8_BLOCK):
+            raise ValueError(f"fp8-block needs block_k1 == block_k2 == {FP8_BLOCK} (one activation "
+                             f"scale group per step), got {config}")
+        if activation == SWIGLUOAI:
+            self.limit = GPTOSS_SWIGLU_LIMIT if swiglu_limit is None else check_swiglu_limit(swiglu_limit)
+            self.alpha = GPTOSS_SWIGLU_ALPHA if swiglu_alpha is None else float(swiglu_alpha)
+        elif activation == SILU:
+            if swiglu_alpha is not None:
+                raise ValueError("activation 'silu' takes no swiglu_alpha (that is swigluoai)")
+            limit = check_swiglu_limit(swiglu_limit)
+            self.limit, self.alpha = (0.0 if limit is None else limit), 1.0
+        else:
+            raise ValueError(f"activation {activation!r} is not one of ('silu', 'swigluoai')")
+        self.expert_format, self.activation = expert_format, activation
+        self.shape, self.num_experts, self.top_k = shape, num_experts, top_k
+        self.config = config
+        self.swiglu_limit = None if not self.limit else self.limit
+        self.device = torch.device(device)
+        self.workspace = Workspace(max_tokens, top_k, shape, self.device)
+        self._identity_codes: torch.Tensor | None = None
+        self._dummy_f32 = torch.zeros(1, dtype=torch.float32, device=self.device)
+
+    def to_kernel_layout(self, tensors: "dict[str, torch.Tensor]") -> None:
+        """No-op: the dense kernels read vLLM's layout as loaded (kept for the shared API)."""
+
+    def check_bank(self, bank: ExpertBank) -> bool:
+        """Validate one bank's tensors for this geometry/format; True when it holds biases."""
+        h, i = self.shape.hidden, self.shape.intermediate
+        fp8 = self.expert_format == "fp8-block"
+        want = {W13: (2 * i, h), W2: (h, i)}
+        if fp8:
+            want[W13 + FP8_SCALE_SUFFIX] = (-(-2 * i // FP8_BLOCK), -(-h // FP8_BLOCK))
+            want[W2 + FP8_SCALE_SUFFIX] = (-(-h // FP8_BLOCK), -(-i // FP8_BLOCK))
+        for name, dims in want.items():
+            if name not in bank.tensors:
+                raise ValueError(f"bank has no {name!r} tensor (has {sorted(bank.tensors)})")
+            t = bank.tensors[name]
+            if tuple(t.shape[1:]) != dims or not t.is_contiguous():
+                raise ValueError(f"{name}: expected contiguous [rows, {dims[0]}, {dims[1]}], got {tuple(t.shape)}")
+        dtype = FP8_DTYPE if fp8 else torch.bfloat16
+        for name in (W13, W2):
+            if bank[name].dtype != dtype:
+                raise TypeError(f"{name}: {self.expert_format} experts need {dtype}, got {bank[name].dtype}")
+        if fp8:
+            for name in (W13 + FP8_SCALE_SUFFIX, W2 + FP8_SCALE_SUFFIX):
+                if bank[name].dtype != torch.float32:
+                    raise TypeError(f"{name}: block scales must be float32, got {bank[name].dtype}")
+        has = [n in bank.tensors for n in (B13, B2)]
+        if has[0] != has[1]:
+            raise ValueError("w13_bias and w2_bias come together (one is missing)")
+        if has[0]:
+            for name, n in ((B13, 2 * i), (B2, h)):
+                t = bank.tensors[name]
+                if tuple(t.shape[1:]) != (n,) or not t.is_contiguous():
+                    raise ValueError(f"{name}: expected contiguous [rows, {n}], got {tuple(t.shape)}")
+        return has[0]
+
+    def _run(self, x: torch.Tensor, ids: torch.Tensor, codes: torch.Tensor, hot: ExpertBank,
+             cold: ExpertBank, *, token_mask: torch.Tensor | None, counts: torch.Tensor | None,
+             tokens: torch.Tensor | None) -> None:
+        cfg, ws, shape = self.config, self.workspace, self.shape
+        t, k = ids.shape
+        if k != self.top_k or t > ws.max_tokens:
+            raise ValueError(f"routing {tuple(ids.shape)} exceeds the workspace ({ws.max_tokens} x {self.top_k})")
+        if x.dtype != torch.bfloat16 or x.shape != (t, shape.hidden) or x.stride(1) != 1:
+            raise ValueError(f"x must be bf16 [T={t}, H={shape.hidden}] with unit column stride, "
+                             f"got {x.dtype} {tuple(x.shape)}")
+        biased = {self.check_bank(bank) for bank in (hot, cold)}
+        if len(biased) != 1:
+            raise ValueError("hot and cold banks disagree on expert biases")
+        has_bias = biased.pop()
+        picks = t * k
+        ids = ids.reshape(-1)
+        if not ids.is_contiguous():
+            ids = ids.contiguous()
+        if picks <= MAX_FUSED_PICKS:
+            pb = triton.next_power_of_2(max(picks, 2))
+            kernels.group_picks_kernel[(1,)](
+                ids, token_mask if token_mask is not None else ws.scratch,
+                ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.scratch, ws.n_tokens,
+                picks, t, self.num_experts,
+                TOP_K=k, PB=pb, HAS_TOKEN_MASK=token_mask is not None, num_warps=4)
+            count_in_kernel = counts is not None
+        else:
+            self._group_torch(ids, t, k, token_mask, counts, tokens)
+            count_in_kernel = False
+        fp8 = self.expert_format == "fp8-block"
+
+        def weights(bank: ExpertBank, name: str) -> torch.Tensor:
+            w = bank[name]
+            return w.view(torch.uint8) if fp8 else w   # E4M3 bytes; decoded in the kernel
+
+        def scales(bank: ExpertBank, name: str) -> torch.Tensor:
+            return bank[name + FP8_SCALE_SUFFIX] if fp8 else self._dummy_f32
+
+        def bias(bank: ExpertBank, name: str) -> torch.Tensor:
+            return bank[name] if has_bias else self._dummy_f32
+
+        def stride(tensor: torch.Tensor) -> int:
+            return tensor.stride(0) if tensor.dim() > 1 else 0
+
+        max_slots = min(picks, self.num_experts)
+        w13, s13, b13 = weights(hot, W13), scales(hot, W13), bias(hot, B13)
+        kernels_dense.dense_w13_act_kernel[(shape.intermediate // cfg.block_n1, max_slots)](
+            x, codes, w13, weights(cold, W13), s13, scales(cold, W13), b13, bias(cold, B13),
+            ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.act,
+            counts if count_in_kernel else ws.dummy_i64, tokens if count_in_kernel else ws.dummy_i64,
+            ws.n_tokens, x.stride(0), w13.stride(0), stride(s13), stride(b13),
+            H=shape.hidden, INTER=shape.intermediate, TOP_K=k,
+            BM=cfg.block_m, BN=cfg.block_n1, BK=cfg.block_k1,
+            FP8=fp8, ACT=1 if self.activation == SWIGLUOAI else 0, HAS_BIAS=has_bias,
+            COUNT=count_in_kernel, LIMIT=float(self.limit), ALPHA=float(self.alpha),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        w2, s2, b2 = weights(hot, W2), scales(hot, W2), bias(hot, B2)
+        kernels_dense.dense_w2_kernel[(shape.hidden // cfg.block_n2, max_slots)](
+            ws.act, codes, w2, weights(cold, W2), s2, scales(cold, W2), b2, bias(cold, B2),
+            ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.pick_out,
+            w2.stride(0), stride(s2), stride(b2),
+            H=shape.hidden, INTER=shape.intermediate,
+            BM=cfg.block_m, BN=cfg.block_n2, BK=cfg.block_k2, FP8=fp8, HAS_BIAS=has_bias,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)

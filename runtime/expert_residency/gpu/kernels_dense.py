@@ -1,0 +1,220 @@
+"""Triton expert kernels for BF16 and FP8-block (E4M3, 128x128 fp32 scales) experts over a hot and a
+cold bank (launch logic in ``gpu.dense_experts``).
+
+Same four-launch structure as the MXFP4 path (``gpu.kernels``, whose grouping and finalize kernels
+are reused unchanged): group the step's picks by expert, ``dense_w13_act_kernel`` (gate/up
+products, bias, activation, bf16 activation rows, optional in-kernel usage counter),
+``dense_w2_kernel`` (one unreduced bf16 row per pick, bias), then the fp32-fma finalize.
+Each expert's rows come from whichever bank the row map ``codes[e]`` names (``>= 0`` hot row in
+HBM, ``< 0`` cold row ``~code`` in pinned host memory read in place); both banks go through the
+same loads and the same tiling, so a pick's bits do not depend on where its expert lives: the
+split layer is bit-identical to the unsplit one.
+
+Weights in vLLM's layout as loaded (no re-ordering): ``w13 [E, 2I, H]``, ``w2 [E, H, I]``,
+optional ``b13 [E, 2I]``, ``b2 [E, H]`` (any float dtype, added in fp32).
+
+* ``FP8 = False``: bf16 weights, ``acc += W . x`` in fp32.
+* ``FP8 = True``: E4M3 weights (passed as their ``uint8`` bytes) with fp32 block scales
+  ``[E, ceil(N/128), K/128]``; the GEMM input is quantized per token per 128 values in the kernel
+  exactly as ``fp8.per_token_group_quant_fp8`` (``s = max(amax, 1e-10) * (1/448)``,
+  ``q = E4M3(clamp(x / s, -448, 448))``, round to nearest even), and each 128-deep block adds
+  ``dot(Wq, xq) * s_x * s_w`` (vLLM's ``fused_moe/fused_moe.py:550`` order). E4M3 values are exact
+  in bf16, so the products run on bf16 tensor cores exactly (products exact, fp32 sums).
+
+Activation (``ACT``): ``0`` SiLU with gate rows first (optional clamp ``LIMIT`` > 0, vLLM's
+``swiglu_limit``); ``1`` SwiGLU-OAI (gpt-oss) with gate/up **interleaved** (rows ``2n``, ``2n+1``):
+``gate = min(g, L)``, ``up = clamp(u, -L, L)``, ``(up + 1) * gate * sigmoid(ALPHA * gate)``
+(vLLM 0.33 ``layers/activation.py:488-492``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+from .kernels import _expert_base  # noqa: F401  (used inside the jitted kernels)
+
+# Triton's CPU interpreter multiplies bf16 tiles wrongly (see gpu.kernels) and has no fp8 type:
+# under TRITON_INTERPRET=1 the tile products run on fp32 copies of the same exact values and the
+# E4M3 bytes are decoded with integer ops. Compiled kernels use the tensor cores and the hardware
+# E4M3 -> bf16 conversion (both exact, so the two agree value for value).
+_INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+FP8_MAX: tl.constexpr = tl.constexpr(448.0)
+GROUP_EPS: tl.constexpr = tl.constexpr(1e-10)
+
+
+@triton.jit
+def _e4m3_bytes_to_bf16(b):
+    """E4M3 (fn) bytes (uint8 tile) -> exact bf16 values."""
+    if _INTERPRETED:
+        v = b.to(tl.int32)
+        sign = (v >> 7) & 1
+        ex = (v >> 3) & 15
+        man = v & 7
+        normal = ((sign << 15) | ((ex + 120) << 7) | (man << 4)).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        sub = man.to(tl.float32) * 0.001953125                      # m * 2^-9
+        sub = tl.where(sign != 0, -sub, sub).to(tl.bfloat16)
+        return tl.where(ex == 0, sub, normal)
+    return b.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+
+
+@triton.jit
+def _round_e4m3(v):
+    """fp32 ``v`` with ``|v| <= 448`` -> the nearest E4M3 value (ties to even), as fp32: the
+    quantum is ``2^(e-3)`` for exponent ``e`` (``e >= -6``: subnormals below), and ``r + 1.5*2^23``
+    rounds ``r = v / quantum`` (< 16, exact) to an integer with fp32's own round-to-nearest-even."""
+    bits = v.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127
+    e = tl.maximum(e, -6)
+    quantum = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    r = v / quantum
+    r = (r + 12582912.0) - 12582912.0
+    return r * quantum
+
+
+@triton.jit
+def _quant_group(x_t, BK: tl.constexpr):
+    """One 128-value group per column of ``x_t [BK, BM]`` (fp32): (bf16 E4M3 values, fp32 scale [BM])."""
+    amax = tl.maximum(tl.max(tl.abs(x_t), axis=0), GROUP_EPS)
+    scale = amax * (1.0 / FP8_MAX)
+    q = tl.math.div_rn(x_t, tl.broadcast_to(scale[None, :], x_t.shape))
+    q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
+    return _round_e4m3(q).to(tl.bfloat16), scale
+
+
+@triton.jit
+def _dot(w, x_t, acc):
+    if _INTERPRETED:
+        return tl.dot(w.to(tl.float32), x_t.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(w, x_t, acc)
+
+
+@triton.jit
+def _rows_dot(acc, w_base, s_base, rows, x_t, x_scale, k0, K: tl.constexpr, BK: tl.constexpr,
+              FP8: tl.constexpr):
+    """``acc[BN, BM] += W[rows, k0:k0+BK] @ x_t`` (FP8: the block's dot scaled by ``x_scale [BM]``
+    and the rows' block scales, then added)."""
+    kk = k0 + tl.arange(0, BK)
+    w_ptr = w_base + rows.to(tl.int64)[:, None] * K + kk[None, :]
+    w = tl.load(w_ptr)
+    if FP8:
+        wv = _e4m3_bytes_to_bf16(w)
+        dot = _dot(wv, x_t, tl.zeros(acc.shape, dtype=tl.float32))
+        KB: tl.constexpr = K // 128
+        w_s = tl.load(s_base + (rows // 128).to(tl.int64) * KB + k0 // 128)
+        return acc + dot * x_scale[None, :] * w_s[:, None]
+    return _dot(w, x_t, acc)
+
+
+@triton.jit
+def dense_w13_act_kernel(x_ptr, codes_ptr, hot_w_ptr, cold_w_ptr, hot_s_ptr, cold_s_ptr,
+                         hot_b_ptr, cold_b_ptr,
+                         sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, act_ptr,
+                         counts_ptr, tokens_ptr, n_tokens_ptr,
+                         stride_x, w_expert_stride, s_expert_stride, b_expert_stride,
+                         H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
+                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                         FP8: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         COUNT: tl.constexpr, LIMIT: tl.constexpr = 0.0, ALPHA: tl.constexpr = 1.0):
+    """``act[p, n] = bf16(act(gate_n . x + b, up_n . x + b))`` for every pick ``p`` of the slot."""
+    pid_n = tl.program_id(0)
+    slot = tl.program_id(1)
+    if COUNT:
+        if (pid_n == 0) & (slot == 0):
+            tl.atomic_add(tokens_ptr, tl.load(n_tokens_ptr).to(tl.int64))
+    if slot >= tl.load(num_slots_ptr):
+        return
+    start = tl.load(slot_start_ptr + slot)
+    end = tl.load(slot_start_ptr + slot + 1)
+    expert = tl.load(slot_expert_ptr + slot)
+    if COUNT:
+        if pid_n == 0:
+            tl.atomic_add(counts_ptr + expert, (end - start).to(tl.int64))
+    w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride)
+    s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride)
+    b_base = _expert_base(codes_ptr, expert, hot_b_ptr, cold_b_ptr, b_expert_stride)
+    out_rows = pid_n * BN + tl.arange(0, BN)
+    if ACT == 1:
+        gate_rows = 2 * out_rows
+        up_rows = 2 * out_rows + 1
+    else:
+        gate_rows = out_rows
+        up_rows = out_rows + INTER
+    m0 = start
+    while m0 < end:
+        mm = m0 + tl.arange(0, BM)
+        m_ok = mm < end
+        picks = tl.load(sorted_pick_ptr + mm, mask=m_ok, other=0)
+        tok = (picks // TOP_K).to(tl.int64)
+        acc_g = tl.zeros((BN, BM), dtype=tl.float32)
+        acc_u = tl.zeros((BN, BM), dtype=tl.float32)
+        for k0 in range(0, H, BK):
+            kk = k0 + tl.arange(0, BK)
+            x_t = tl.load(x_ptr + tok[None, :] * stride_x + kk[:, None], mask=m_ok[None, :], other=0.0)
+            if FP8:
+                xq, xs = _quant_group(x_t.to(tl.float32), BK)
+            else:
+                xq = x_t
+                xs = tl.zeros((BM,), dtype=tl.float32)
+            acc_g = _rows_dot(acc_g, w_base, s_base, gate_rows, xq, xs, k0, H, BK, FP8)
+            acc_u = _rows_dot(acc_u, w_base, s_base, up_rows, xq, xs, k0, H, BK, FP8)
+        if HAS_BIAS:
+            acc_g += tl.load(b_base + gate_rows).to(tl.float32)[:, None]
+            acc_u += tl.load(b_base + up_rows).to(tl.float32)[:, None]
+        if ACT == 1:
+            gate = tl.minimum(acc_g, LIMIT)
+            up = tl.minimum(tl.maximum(acc_u, -LIMIT), LIMIT)
+            act = (up + 1.0) * (gate / (1.0 + tl.exp(-(gate * ALPHA))))
+        else:
+            if LIMIT > 0:
+                acc_g = tl.minimum(acc_g, LIMIT)
+                acc_u = tl.minimum(tl.maximum(acc_u, -LIMIT), LIMIT)
+            act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+        dest = act_ptr + picks[None, :].to(tl.int64) * INTER + out_rows[:, None]
+        tl.store(dest, act.to(tl.bfloat16), mask=m_ok[None, :])
+        m0 += BM
+
+
+@triton.jit
+def dense_w2_kernel(act_ptr, codes_ptr, hot_w_ptr, cold_w_ptr, hot_s_ptr, cold_s_ptr,
+                    hot_b_ptr, cold_b_ptr,
+                    sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, y_ptr,
+                    w_expert_stride, s_expert_stride, b_expert_stride,
+                    H: tl.constexpr, INTER: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    FP8: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """``y[p, n] = bf16(w2_n . act_p + b2_n)``: one unreduced output row per pick."""
+    pid_n = tl.program_id(0)
+    slot = tl.program_id(1)
+    if slot >= tl.load(num_slots_ptr):
+        return
+    start = tl.load(slot_start_ptr + slot)
+    end = tl.load(slot_start_ptr + slot + 1)
+    expert = tl.load(slot_expert_ptr + slot)
+    w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride)
+    s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride)
+    b_base = _expert_base(codes_ptr, expert, hot_b_ptr, cold_b_ptr, b_expert_stride)
+    rows = pid_n * BN + tl.arange(0, BN)
+    m0 = start
+    while m0 < end:
+        mm = m0 + tl.arange(0, BM)
+        m_ok = mm < end
+        picks = tl.load(sorted_pick_ptr + mm, mask=m_ok, other=0).to(tl.int64)
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+        for k0 in range(0, INTER, BK):
+            kk = k0 + tl.arange(0, BK)
+            a_t = tl.load(act_ptr + picks[None, :] * INTER + kk[:, None], mask=m_ok[None, :], other=0.0)
+            if FP8:
+                aq, a_s = _quant_group(a_t.to(tl.float32), BK)
+            else:
+                aq = a_t
+                a_s = tl.zeros((BM,), dtype=tl.float32)
+            acc = _rows_dot(acc, w_base, s_base, rows, aq, a_s, k0, INTER, BK, FP8)
+        if HAS_BIAS:
+            acc += tl.load(b_base + rows).to(tl.float32)[:, None]
+        dest = y_ptr + picks[None, :] * H + rows[:, None]
+        tl.store(dest, acc.to(tl.bfloat16), mask=m_ok[None, :])
+        m0 += BM

@@ -245,7 +245,9 @@ def fetch_summary(loaded: Any, lane_name: str, *, streams: Sequence[int] | None 
             name, active, share, fetch_points(loaded, lane, share, points, unique),
             under_active=other_share,
             under_active_points=fetch_points(loaded, lane, other_share, points, unique) if other_share else ()))
-    notes = ["fetch = MoE layers × unique experts per layer (calibrated model) × cold share × bytes per "
+    notes = ["C<n> k=<k>: n concurrent streams, k speculative (draft) tokens per step, k=0 without "
+             "speculation (docs/design.md, 'Shorthand in the output')",
+             "fetch = MoE layers × unique experts per layer (calibrated model) × cold share × bytes per "
              "expert ÷ link bandwidth; no overlap with compute (an upper bound); share of step only where "
              "a step time was measured (docs/costmodel.md)"]
     if unique.diversity != 1.0 and max(points) > 1:

@@ -68,6 +68,8 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
     reserve = fig["hbm.reserve"]
     reserve_kind = ("back-solved" if "back-solved" in reserve.note
                     else "assumed" if "input: assumed" in reserve.note else "measured")
+    if reserve_kind == "back-solved":  # say what that means once, where it is printed
+        reserve_kind += " from a measured boot's KV pool: docs/design.md 'The HBM reserve'"
     out.append(f"  HBM / GPU: {cap_text} = reserve {_g(reserve.value)} ({reserve_kind}) + hot experts "
                f"{_g(fig['hbm.hot_experts'].value)} + KV {_g(fig['hbm.kv_pool'].value)}")
     if "hbm.reserve.dense" in fig:

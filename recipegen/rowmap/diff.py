@@ -57,7 +57,8 @@ class DiffReport:
         if self.same_shape:
             return ("same shape_hash, different content_hash: a swap without kernel re-tuning "
                     "(hash-hit reboot)")
-        return "different shape_hash: the new bank shapes need kernel tuning"
+        return ("different shape_hash: the new bank shapes (hot/cold counts per layer) need kernel "
+                "tuning")
 
     def to_json(self) -> dict[str, Any]:
         return {"a": self.name_a, "b": self.name_b, "same_shape": self.same_shape,

@@ -131,8 +131,8 @@ def show_lines(rowmap: RowMap, name: str, bytes_per_expert: int | None,
              f"({format_index_ranges(rowmap.moe_layer_indices)}) × {rowmap.num_experts} experts",
              f"  hot per layer:  {summarize_counts(hot)}  (total {sum(hot):,})",
              f"  cold per layer: {summarize_counts(cold)}  (total {sum(cold):,})",
-             f"  bank shapes: {len(rowmap.distinct_shapes())} "
-             f"({', '.join(f'{h}/{c}' for h, c in rowmap.distinct_shapes())})",
+             f"  bank shapes (hot/cold experts per layer; what shape_hash hashes): "
+             f"{len(rowmap.distinct_shapes())} ({', '.join(f'{h}/{c}' for h, c in rowmap.distinct_shapes())})",
              f"  content_hash {rowmap.content_hash()}",
              f"  shape_hash   {rowmap.shape_hash()}"]
     if bytes_per_expert:

@@ -121,6 +121,8 @@ def test_safetensors_index_and_shard_headers_split_experts_from_dense(tmp_path: 
     assert m.total_bytes == 17408
     doc = yaml.safe_load(text)
     assert "shard header" in doc["dense_bytes"]["source"]
+    # Geometry: 2 experts x (w13 64x64 + w2 64x32) bf16 = 24,576 B; the headers hold 8,192 (w1 only).
+    assert "8,192 B of routed experts, the geometry 24,576 B" in doc["dense_bytes"]["source"]
 
 
 def test_catalog_models_are_the_import_of_their_fixture() -> None:

@@ -111,9 +111,13 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
         doc["activation"] = sourced({"kind": "silu"}, "config.json `hidden_act` silu")
     dense = dense_bytes(cfg, fmt, moe, layers)
     if facts is not None and facts.exact_dense_bytes is not None:
+        geometry = len(moe) * routed * int(_expert_bytes(tensors))
+        check = ("the routed experts' bytes in the headers match the geometry" if facts.exact_expert_bytes == geometry
+                 else f"the headers hold {facts.exact_expert_bytes:,} B of routed experts, the geometry "
+                      f"{geometry:,} B: the expert tensors above may not match the checkpoint's format")
         doc["dense_bytes"] = sourced(f"{facts.exact_dense_bytes} B",
                                      f"{INDEX_NAME} + {facts.shards_read} shard header(s): every tensor not "
-                                     "under `.experts.` in decoder layers < num_hidden_layers")
+                                     f"under `.experts.` in decoder layers < num_hidden_layers; {check}")
     elif facts is not None and facts.total_size is not None:
         expert_bytes = int(_expert_bytes(tensors))
         mtp_moe = [lay for lay in facts.mtp_layers

@@ -273,11 +273,15 @@ def drift(recipe: str, lane: str, tolerance: float, wait_s: float | None, window
 def doctor(recipe: str | None, as_json: bool) -> None:
     """Check this host: Docker daemon, Compose v2, NVIDIA runtime, memlock limit, free host
     memory (against RECIPE's host ledger when given) and GPUs. Exit 1 if any check fails."""
-    from recipegen.ops.doctor import evaluate, gather_facts
+    from dataclasses import replace
+
+    from recipegen.ops.doctor import evaluate, gather_facts, redact
     from recipegen.ops.ledger_view import host_requirement
 
     need = host_requirement(recipe) if recipe else None
     checks = evaluate(gather_facts(need=need), need)
+    # interpolated paths and engine errors may carry the shell's secrets
+    checks = [replace(c, detail=redact(c.detail), fix=redact(c.fix)) for c in checks]
     if as_json:
         click.echo(json.dumps([c.__dict__ for c in checks], indent=2))
     else:

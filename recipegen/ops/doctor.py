@@ -213,6 +213,26 @@ def _own_memlock() -> int:
     return UNLIMITED if soft == resource.RLIM_INFINITY else int(soft)
 
 
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|CREDENTIAL|AUTH", re.I)
+# Shapes of credentials that end up in paths or URLs: Hugging Face / GitHub / OpenAI-style
+# tokens, and the user:password part of a URL.
+_SECRET_SHAPES = (re.compile(r"\b(?:hf|ghp|gho|ghs|github_pat|sk|xox[abp])[_-][A-Za-z0-9_-]{8,}"),
+                  re.compile(r"(?<=://)[^/@\s:]+:[^/@\s]+(?=@)"))
+
+
+def redact(text: str, env: Mapping[str, str] | None = None) -> str:
+    """`text` with secrets masked: the value of every environment variable whose name says it
+    is one (HF_TOKEN, *_API_KEY, ...), and token- or password-shaped substrings. Doctor prints
+    host paths as Compose interpolated them, and those may carry whatever the shell held."""
+    env = dict(os.environ if env is None else env)
+    for name, value in sorted(env.items(), key=lambda item: -len(item[1])):
+        if _SECRET_NAME.search(name) and len(value) >= 4 and value in text:
+            text = text.replace(value, f"<{name}>")
+    for shape in _SECRET_SHAPES:
+        text = shape.sub("<redacted>", text)
+    return text
+
+
 def _local_dockerd_pid(env: Mapping[str, str]) -> int | None:
     """PID of the local dockerd serving DOCKER_HOST's unix socket, via its pidfile when known."""
     host = env.get("DOCKER_HOST", "unix:///var/run/docker.sock")

@@ -80,5 +80,6 @@ def _rendered_needs(loaded: Any) -> tuple[list[str], list[str]]:
                 images.add(str(svc["image"]))
             for vol in svc.get("volumes") or []:
                 if vol.get("type") == "bind" and not (vol.get("bind") or {}).get("create_host_path"):
-                    paths.add(str(vol["source"]))
+                    # `config` prints a literal `$` as `$$` (recipegen escapes recipe values)
+                    paths.add(str(vol["source"]).replace("$$", "$"))
     return sorted(images), sorted(paths)

@@ -5,11 +5,30 @@ Each returns every problem it finds as (field path, message), so one run lists t
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from recipegen.schema.recipe import Recipe
 
 Problem = tuple[tuple[str | int, ...], str]
+
+
+def project_root_of(base_dir: Path) -> Path:
+    """The project a recipe folder belongs to: the parent of the nearest `recipes/` above (or
+    at) it; for a recipe kept elsewhere, the folder above the recipe's own (its maps may sit
+    beside it, `../maps/`). Lexical (abspath): a link does not move the project."""
+    folder = Path(os.path.abspath(base_dir))
+    for candidate in (folder, *folder.parents):
+        if candidate.name == "recipes":
+            return candidate.parent
+    return folder.parent
+
+
+def inside_project(base_dir: Path, relative: str) -> bool:
+    """True when `base_dir / relative` stays inside the recipe's project (no `../` out of it)."""
+    root = project_root_of(base_dir)
+    target = Path(os.path.normpath(os.path.join(os.path.abspath(base_dir), relative)))
+    return target == root or root in target.parents
 
 # Methods that draft with a drafter shipped inside the target checkpoint.
 BUNDLED_DRAFTER_METHODS = ("dspark", "mtp", "deepseek_mtp")
@@ -101,6 +120,9 @@ def _class_problems(recipe: Recipe, i: int, base_dir: Path) -> list[Problem]:
             path = (base_dir / rel)
             if Path(rel).is_absolute():
                 problems.append(((*cpath, field), f"{rel!r} must be relative to the recipe file"))
+            elif not inside_project(base_dir, rel):
+                problems.append(((*cpath, field), f"{rel!r} leaves the project (the folder "
+                                 "holding recipes/): keep maps and histograms inside it"))
             elif not path.is_file():
                 problems.append(((*cpath, field), f"file not found: {rel} (resolved to {path})"))
     return problems

@@ -250,3 +250,15 @@ def test_moe_backend_flag_chooses_the_padding() -> None:
     n = 2 * 2944 * 2944 + 2944 * 2944
     assert compute_lane(model, machine(compute_capability="9.0"), cutlass).fig(
         "experts.bytes_per_expert").value == n // 2 + n // 32 + (2 * 2944 + 2944) * 2
+
+
+def test_fp8_kv_cache_halves_kv_per_token() -> None:
+    model = qwen3_235b()
+    fp8 = lane(tp=2).model_copy(update={"extra_args": ["--kv-cache-dtype", "fp8"]})
+    # 2 KV heads per GPU at TP=2, 1 byte per element: 2 * 2 * 128 * 1 * 94 B per token.
+    got = compute_lane(model, machine(), fp8)
+    assert got.fig("kv.tokens").value == pytest.approx(100 * GiB / (94 * 2 * 2 * 128 * 1))
+    odd = lane(tp=2).model_copy(update={"extra_args": ["--kv-cache-dtype=turboquant_4bit_nc"]})
+    got = compute_lane(model, machine(), odd)
+    assert got.fig("kv.tokens").value == pytest.approx(100 * GiB / (94 * 2 * 2 * 128 * 2))
+    assert any("not modelled" in n for n in got.notes)

@@ -265,7 +265,14 @@ def _kv_rate_by_layer_kind(model: Model, lane: Lane, out: _Figures) -> float:
     tp, seq = lane.tensor_parallel_size, lane.max_model_len
     per_seq = 0
     operands: dict[str, object] = {"tp": tp, "max_model_len": seq}
+    cache_dtype = _flag_value(list(lane.extra_args), "--kv-cache-dtype")
+    kv_dtype = KV_CACHE_DTYPES.get(cache_dtype) if cache_dtype else None
+    if cache_dtype and cache_dtype != "auto" and kv_dtype is None:
+        out.notes.append(f"--kv-cache-dtype {cache_dtype} is not modelled: KV counted at the model's dtype "
+                         "(an upper bound)")
     for i, group in enumerate(model.attention):
+        if kv_dtype is not None:
+            group = group.model_copy(update={"kv_dtype": kv_dtype})
         rate = group.bytes_per_token_per_layer(tp)
         held = min(seq, group.window) if group.kind == "sliding" and group.window else seq
         layer_bytes = len(group.layers) * rate * held
@@ -293,6 +300,21 @@ def _kv_rate_by_layer_kind(model: Model, lane: Lane, out: _Figures) -> float:
                    lane_rate, "count", "bytes_per_sequence / max_model_len × tp",
                    {"bytes_per_sequence": per_seq, "max_model_len": seq, "tp": tp}))
     return lane_rate
+
+
+# vLLM 0.33 `--kv-cache-dtype` values (vllm/config/cache.py:44-67) whose element size is plain.
+KV_CACHE_DTYPES: dict[str, str] = {"float16": "fp16", "bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8",
+                                   "fp8_e5m2": "fp8"}
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """`--flag VALUE` or `--flag=VALUE` in a lane's extra_args."""
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def _placement_summary(model: Model, lane: Lane, active: PlacementLedger, out: _Figures) -> None:

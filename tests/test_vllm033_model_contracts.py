@@ -41,6 +41,7 @@ def lines(path: str, first: int, last: int) -> str:
     ("model_executor/layers/quantization/mxfp4.py", 428, 430, ["gemm1_alpha=1.702", "swiglu_limit=7.0"]),
     ("model_executor/models/gpt_oss.py", 399, 400, ["has_bias=True", 'activation="swigluoai"']),
     ("model_executor/layers/fused_moe/oracle/unquantized.py", 385, 397, ["FLASHINFER_TRTLLM", "round_up(intermediate_size, 128)"]),
+    ("config/cache.py", 44, 67, ['"fp8_e4m3",', '"fp8_e5m2",', '"bfloat16",']),
 ])
 def test_cited_lines(path: str, first: int, last: int, needles: list[str]) -> None:
     text = lines(path, first, last)

@@ -28,7 +28,7 @@ Weights are vLLM's MXFP4 tensors (``expert_residency.mxfp4``): ``w13 [E, 2I, H/2
 that the tensor-core tile's large side is the weight rows and a decode step's few tokens sit in
 the small side.
 
-Three dequantizers (``DEQUANT``), all exact: ``0`` builds each bf16 weight from its E2M1 code and
+Four dequantizers (``DEQUANT``), all exact: ``0`` builds each bf16 weight from its E2M1 code and
 ue8m0 scale with integer ops (also runs under ``TRITON_INTERPRET=1``: the CPU check of the
 indexing); ``1`` hands the packed values and scales to ``tl.dot_scaled`` (Triton's own MXFP4
 upcast); ``2`` looks the codes up with byte permutes in inline PTX and multiplies by the scale in

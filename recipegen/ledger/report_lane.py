@@ -78,8 +78,10 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
             parts.append(f"drafter {_g(fig['hbm.reserve.drafter'].value)}")
         parts.append(f"activations/CUDA graphs/rest {_g(fig['hbm.reserve.runtime'].value)}")
         out.append(f"    reserve = {' + '.join(parts)}")
+    per_seq = (f" of {_g(fig['kv.bytes_per_sequence'].value)} each (per GPU, by layer kind)"
+               if "kv.bytes_per_sequence" in fig else "")
     out.append(f"  KV: {fig['kv.tokens'].display()} for max_model_len {int(fig['kv.max_model_len'].value):,} "
-               f"→ {int(fig['kv.full_sequences'].value)} full-length sequence(s)")
+               f"→ {int(fig['kv.full_sequences'].value)} full-length sequence(s){per_seq}")
     dense_host = (f" + non-routed weights offloaded {_g(fig['host.dense_offloaded'].value)}"
                   if "host.dense_offloaded" in fig else "")
     out.append(f"  Host: tables {_g(fig['host.tables'].value)} + pinned experts "

@@ -288,3 +288,55 @@ def test_priors_of_the_wrong_shape_are_refused():
     engine = Engine(AdaptiveConfig())
     with pytest.raises(ValueError, match="prior 'agent' has shape"):
         AdaptivePolicy(engine.counter, engine.split, AdaptiveConfig(), priors={"agent": torch.ones(3, EXPERTS)})
+
+
+def test_live_rowmap_and_status():
+    engine = _primed_engine()
+    before = engine.policy.status()
+    assert before == {"live_content_hash": engine.policy.initial_content_hash,
+                      "boot_content_hash": engine.policy.initial_content_hash,
+                      "shape_hash": engine.policy.shape_hash, "forwards": 0, "barriers": 0, "swaps": 0,
+                      "window_cold_share": None, "prior": None}
+    report = engine.policy.barrier()
+    after = engine.policy.status()
+    # the primed window: 4 picks of layer 3, all cold (before the swap), none in layer 5
+    assert after["window_cold_share"] == 1.0 and after["barriers"] == 1 and after["swaps"] == len(report.swaps) == 1
+    assert after["live_content_hash"] == report.content_hash != after["boot_content_hash"]
+    live = engine.policy.live_rowmap(provenance={"class": "prose"})
+    live.validate()
+    assert live.content_hash() == report.content_hash and live.shape_hash() == engine.policy.shape_hash
+    assert live.provenance == {"builder": "adaptive", "barriers": 1, "swaps": 1,
+                               "boot_content_hash": engine.policy.initial_content_hash, "class": "prose"}
+    hot, cold = decode_row_codes(engine.split[3].row_codes)
+    assert live.hot[0] == hot and live.cold[0] == cold
+
+
+def test_live_rowmap_waits_for_a_barrier_in_progress():
+    """A reader on another thread (the dump writer, a status request) asking for the live map
+    while a barrier is between a swap's copies and its flip waits for the barrier to finish, then
+    sees the map after it — never the half-swapped host mirror."""
+    import threading
+
+    engine = _primed_engine()
+    asked, got = threading.Event(), []
+
+    def reader():
+        asked.set()
+        got.append(engine.policy.live_rowmap())
+
+    thread = threading.Thread(target=reader)
+    blocked = []
+
+    def copies_then_wait_then_flip(steps):
+        for step in steps[:-1]:
+            step.run()
+        thread.start()
+        asked.wait()
+        thread.join(timeout=0.5)
+        blocked.append(thread.is_alive())  # still waiting on the map lock
+        steps[-1].run()
+
+    report = engine.policy.barrier(run=copies_then_wait_then_flip)
+    thread.join()
+    assert report.swaps and blocked == [True]
+    assert got[0].content_hash() == report.content_hash

@@ -37,6 +37,7 @@ the only call on the step path: host arithmetic on a Python int, no device op.
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, NamedTuple, Sequence
 
@@ -209,6 +210,9 @@ class AdaptivePolicy:
         self.initial_content_hash = live.content_hash()
         self.shape_hash = live.shape_hash()
         self._in_barrier = False
+        # held while the banks and host mirrors change, so another thread (the dump writer, a
+        # status request) never reads a map half-way through a swap
+        self._map_lock = threading.Lock()
         self._prior_names: list[str] = []
         self._priors = self._log_priors = None
         if self.priors:
@@ -284,9 +288,10 @@ class AdaptivePolicy:
                                swaps_per_layer=self.config.swaps_per_layer, margin=self.config.margin,
                                evidence=guard)
             picks_host = picks.to("cpu").tolist()  # already drained by plan_swaps' read-back
-            moved = self.apply(swaps, run=run)
+            with self._map_lock:
+                moved = self.apply(swaps, run=run)
+                live = current_rowmap(self.layers)
         self.barriers += 1
-        live = current_rowmap(self.layers)
         if live.shape_hash() != self.shape_hash:  # swaps exchange rows: shapes cannot change
             raise RuntimeError("adaptive residency: bank shapes changed during a barrier")
         chosen = int(picks_host[2])
@@ -296,6 +301,25 @@ class AdaptivePolicy:
         self.reports.append(report)
         del self.reports[:-self.keep_reports]
         return report
+
+    def live_rowmap(self, *, provenance: dict | None = None):
+        """The map the banks hold now (an ``expert_residency.formats.RowMap``), consistent even
+        while a barrier runs on another thread; provenance records that the policy built it."""
+        base = {"builder": "adaptive", "barriers": self.barriers, "swaps": self.swaps_done,
+                "boot_content_hash": self.initial_content_hash}
+        with self._map_lock:
+            return current_rowmap(self.layers, provenance=base | dict(provenance or {}))
+
+    def status(self) -> dict:
+        """JSON-ready figures for status/drift: live and boot hashes, barriers, swaps, the last
+        window's cold share and chosen profile (None before the first barrier)."""
+        last = self.reports[-1] if self.reports else None
+        live = self.live_rowmap()
+        return {"live_content_hash": live.content_hash(), "boot_content_hash": self.initial_content_hash,
+                "shape_hash": self.shape_hash, "forwards": self.forwards, "barriers": self.barriers,
+                "swaps": self.swaps_done,
+                "window_cold_share": None if last is None else last.window_cold_share,
+                "prior": None if last is None else last.prior}
 
     def apply(self, swaps: Sequence[Swap], *, run: StepRunner = run_in_order) -> int:
         """Run ``swaps`` through ``core.swap`` (copies before each map flip); bytes over the host link."""

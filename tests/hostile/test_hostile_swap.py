@@ -247,11 +247,32 @@ def test_temp_recipes_are_never_read_as_recipes(project: Path) -> None:
 
 
 def test_merge_key_active_class_is_a_clean_error(project: Path) -> None:
-    recipe = project / RECIPE
-    text = recipe.read_text()
-    text = text.replace("  - name: agent ", "  - &lane\n    name: agent ", 1)
-    assert "&lane" in text
-    recipe.write_text(text)
-    before = recipe.read_bytes()
-    refused("render", REFERENCE, "--class", "agent=agent\nx")
-    assert recipe.read_bytes() == before
+    """A lane whose active_class comes from a YAML merge key: writing it would change every lane
+    sharing the anchor (or raise deep inside the YAML writer); refused, nothing written."""
+    from hostile_support import reference_plain, write_recipe
+
+    doc = reference_plain()
+    doc["extra"] = "last"  # a top-level key after lanes, removed below
+    path = write_recipe(project, "merged", doc)
+    text = path.read_text()
+    assert text.endswith("extra: last\n")
+    # lane 1 inherits everything (active_class included) from lane 0 through `<<: *first`
+    text = text.replace("lanes:\n- name: agent\n", "lanes:\n- &first\n  name: agent\n", 1)
+    text = text[:-len("extra: last\n")] + "- <<: *first\n  name: batch\n  port: 30007\n"
+    path.write_text(text)
+    from recipegen.recipe_io import load_recipe
+
+    lanes = load_recipe(path, read_maps=False).recipe.lanes
+    assert [l.name for l in lanes] == ["agent", "batch"] and lanes[1].active_class == "agent"
+    before = path.read_bytes()
+    refused("render", "merged", "--class", "batch=prose", expect="merge key")
+    assert path.read_bytes() == before
+    assert not _temps(project)
+
+
+@pytest.mark.parametrize("value", ["agent=prose\n", "agent=pro se", "agent=prose=x", "agent=",
+                                   "=prose", "agent=../x", "agent=PROSE", "agent=pro\u2028se"])
+def test_class_arguments_are_strict(project: Path, value: str) -> None:
+    before = (project / RECIPE).read_bytes()
+    refused("render", REFERENCE, "--class", value)
+    assert (project / RECIPE).read_bytes() == before

@@ -373,3 +373,21 @@ def test_held_back_drafter_layers_are_converted_when_excluded() -> None:
     assert method.converted == [drafter.layer_name]
     assert drafter._er_excluded and not drafter._er_mxfp4
     assert runtime.excluded_layers == [drafter.layer_name]
+
+
+def test_layers_on_a_gpu_the_capability_table_rejects_are_refused_at_install(monkeypatch) -> None:
+    """The plugin asks the runtime's capability table (as `check budgets` does) about the layer's
+    format on the worker's GPU: MXFP4 on a 7.0 device (the table needs 8.0) is refused by name."""
+    from types import SimpleNamespace
+
+    from expert_residency.vllm_plugin import worker_runtime
+
+    fake = {"w13_weight": SimpleNamespace(dtype=torch.uint8, device=torch.device("cuda", 0))}
+    monkeypatch.setattr(worker_runtime, "_expert_tensors", lambda module: fake)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    layer = SimpleNamespace(layer_name="model.layers.3.ffn.experts")
+    reason = worker_runtime._capability_reason(layer, True)
+    assert reason is not None and reason.startswith("model.layers.3.ffn.experts: ")
+    assert "compute capability 7.0" in reason and "8.0" in reason
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert worker_runtime._capability_reason(layer, True) is None

@@ -12,10 +12,12 @@ skips that conversion for MXFP4 layers (``routed_experts``) and keeps the **chec
 
 and this module turns those into banks and a per-pick expert function:
 
-* on CUDA: the runtime's Triton MXFP4 kernels (``expert_residency.gpu``): tensors re-ordered
-  tile-major for them (``TritonMxfp4Experts.to_kernel_layout``), the cold bank in exact-size pinned
-  host memory read in place (``gpu.pinned.pinned_view_allocator``), per-pick rows from the same
-  kernels whichever bank holds the expert;
+* on CUDA: the bank kernel ``blackwell.plugin.cuda_bank_experts`` selects by compute capability
+  (the runtime's Triton MXFP4 kernels, ``expert_residency.gpu``, off the SM100 family): tensors
+  re-ordered into its layout (``to_kernel_layout``), the cold bank in exact-size pinned host
+  memory read in place (``gpu.pinned.pinned_view_allocator``); the worker runtime calls its
+  ``forward`` — the fused split layer, both banks in one pass — (``Mxfp4Residency.fused``), the
+  per-pick function stays for the core's contract;
 * on CPU: the core's torch reference (``core.reference.mxfp4_swiglu_per_pick``) over the
   checkpoint layout (no vLLM MXFP4 kernel runs on CPU).
 

@@ -197,6 +197,9 @@ class WorkerRuntime:
         if mxfp4 and len(mxfp4) != len(self.target_layers):
             refuse("the model mixes MXFP4 and other expert layers; the runtime splits one kind of "
                    "expert layer per model")
+        reason = _capability_reason(next(iter(self.target_layers.values())), bool(mxfp4))
+        if reason is not None:
+            refuse(reason)
         for index, module in self.target_layers.items():
             if index in mxfp4:
                 per_pick[index] = mxfp4[index].per_pick_fn()
@@ -436,6 +439,23 @@ def _expert_tensors(module: Any) -> dict[str, torch.Tensor]:
     experts = int(module.local_num_experts)
     return {name: p for name, p in module.named_parameters(recurse=False)
             if name not in _NON_EXPERT and p.dim() > 0 and p.shape[0] == experts}
+
+
+def _capability_reason(module: Any, mxfp4: bool) -> str | None:
+    """The runtime capability table's verdict (``expert_residency.capabilities``, which
+    ``recipegen check budgets`` reads too) on this layer's format and GPU; MXFP4 layers' activation
+    and clamp were checked when their conversion was held back."""
+    from ..capabilities import unsupported_reason
+
+    w13 = _expert_tensors(module).get("w13_weight")
+    if w13 is None:
+        return None
+    fmt = "mxfp4" if mxfp4 else {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(w13.dtype)
+    if fmt is None:
+        return None  # no table row to ask: the per-pick lookup refuses it by backend
+    cc = torch.cuda.get_device_capability(w13.device) if w13.device.type == "cuda" else None
+    reason = unsupported_reason(expert_format=fmt, compute_capability=cc)
+    return None if reason is None else f"{module.layer_name}: {reason}"
 
 
 def _on_device(t: torch.Tensor) -> bool:

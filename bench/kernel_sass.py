@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Compile the MXFP4 expert kernels for sm_90 on a machine without a GPU and count the SASS of their
+innermost K loop (instructions per weight: the number that decides whether the kernel keeps up
+with HBM at small batch).
+
+    PYTHONPATH=runtime python3 bench/kernel_sass.py [--dequant 3] [--block-n1 64] [--block-k1 128]
+        [--block-n2 128] [--block-k2 128] [--num-stages 4] [--dump DIR]
+
+Uses whatever Triton is importable (the H200 image has 3.6.0; install the same version into a
+scratch directory, e.g. ``pip install --target /tmp/t36 triton==3.6.0`` and put it first on
+PYTHONPATH, for counts that match the GPU's binaries) and the ``cuobjdump`` shipped in Triton's
+wheel. Integer arguments are compiled as 16-divisible, as Triton specialises them at run time for
+the real geometries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from expert_residency.gpu import kernels  # noqa: E402
+
+W13_ARGS = [("x_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("hot_s_ptr", "*u8"),
+            ("cold_w_ptr", "*u8"), ("cold_s_ptr", "*u8"), ("sorted_pick_ptr", "*i32"), ("slot_start_ptr", "*i32"),
+            ("slot_expert_ptr", "*i32"), ("num_slots_ptr", "*i32"), ("act_ptr", "*bf16"), ("counts_ptr", "*i64"),
+            ("tokens_ptr", "*i64"), ("n_tokens_ptr", "*i32"), ("stride_x", "i32"), ("w_expert_stride", "i64"),
+            ("s_expert_stride", "i64")]
+W2_ARGS = [("act_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("hot_s_ptr", "*u8"),
+           ("cold_w_ptr", "*u8"), ("cold_s_ptr", "*u8"), ("sorted_pick_ptr", "*i32"), ("slot_start_ptr", "*i32"),
+           ("slot_expert_ptr", "*i32"), ("num_slots_ptr", "*i32"), ("y_ptr", "*bf16"), ("w_expert_stride", "i64"),
+           ("s_expert_stride", "i64")]
+_ADDR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(\S.*)")
+
+
+def compile_kernel(fn, args, constexprs, num_warps: int, num_stages: int):
+    sig = dict(args)
+    sig.update({k: "constexpr" for k in constexprs})
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(args))}
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def cuobjdump(kernel, flag: str) -> str:
+    tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    try:
+        return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+
+
+def innermost_loop(sass: str) -> list[str]:
+    """Instructions of the shortest backward branch's body (the K loop)."""
+    lines = [(int(m.group(1), 16), m.group(2)) for m in map(_ADDR.search, sass.splitlines()) if m]
+    best: list[str] | None = None
+    for addr, text in lines:
+        target = re.search(r"BRA\s+0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addr:
+            body = [t for a, t in lines if int(target.group(1), 16) <= a <= addr]
+            if best is None or len(body) < len(best):
+                best = body
+    return best or []
+
+
+def report(name: str, kernel, weights_per_iter: int, dump: Path | None) -> dict:
+    sass = cuobjdump(kernel, "-sass")
+    res = cuobjdump(kernel, "-res-usage")
+    regs = re.search(r"REG:(\d+)", res)
+    body = innermost_loop(sass)
+    ops = collections.Counter(re.match(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", t).group(1) for t in body)
+    if dump:
+        dump.mkdir(parents=True, exist_ok=True)
+        (dump / f"{name}.sass").write_text(sass)
+        (dump / f"{name}.ttgir").write_text(kernel.asm["ttgir"])
+    out = {"kernel": name, "regs": int(regs.group(1)) if regs else None, "loop_instructions": len(body),
+           "weights_per_thread_per_iteration": weights_per_iter,
+           "instructions_per_weight": len(body) / weights_per_iter,
+           "no_layout_conversion_on_weights": "convert_layout %packed" not in kernel.asm["ttgir"],
+           "mix": dict(ops.most_common(12))}
+    print(f"{name}: {out['regs']} registers, K loop {len(body)} instructions for {weights_per_iter} weights per "
+          f"thread = {out['instructions_per_weight']:.2f} per weight; {out['mix']}")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--hidden", type=int, default=5120)
+    ap.add_argument("--intermediate", type=int, default=2304)
+    ap.add_argument("--dequant", type=int, default=3)
+    ap.add_argument("--block-m", type=int, default=16)
+    ap.add_argument("--block-n1", type=int, default=64)
+    ap.add_argument("--block-k1", type=int, default=128)
+    ap.add_argument("--block-n2", type=int, default=128)
+    ap.add_argument("--block-k2", type=int, default=128)
+    ap.add_argument("--num-warps", type=int, default=4)
+    ap.add_argument("--num-stages", type=int, default=4)
+    ap.add_argument("--dump", type=Path, default=None, help="write SASS and TTGIR here")
+    a = ap.parse_args()
+    print(f"triton {triton.__version__}, sm_90")
+    threads = 32 * a.num_warps
+    w13 = compile_kernel(kernels.w13_swiglu_kernel, W13_ARGS,
+                         dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BM=a.block_m, BN=a.block_n1, BK=a.block_k1,
+                              DEQUANT=a.dequant, TILE_MAJOR=True, COUNT=False, SWIGLU_LIMIT=0.0),
+                         a.num_warps, a.num_stages)
+    report("w13", w13, 2 * a.block_n1 * a.block_k1 // threads, a.dump)  # gate + up tiles
+    w2 = compile_kernel(kernels.w2_kernel, W2_ARGS,
+                        dict(H=a.hidden, INTER=a.intermediate, BM=a.block_m, BN=a.block_n2, BK=a.block_k2,
+                             DEQUANT=a.dequant, TILE_MAJOR=True), a.num_warps, a.num_stages)
+    report("w2", w2, a.block_n2 * a.block_k2 // threads, a.dump)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

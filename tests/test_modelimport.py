@@ -201,3 +201,14 @@ def test_compressed_tensors_int4_groups(tmp_path: Path) -> None:
     # w13 4096x7168: 4096*7168/2 B + 4096*(7168/32) bf16 scales; w2 7168x2048: 7168*2048/2 + 7168*64*2.
     assert m.expert_bytes == 4096 * 7168 // 2 + 4096 * 224 * 2 + 7168 * 2048 // 2 + 7168 * 64 * 2 == 24_772_608
     assert m.expert_format == "int4"
+
+
+def test_qwen2_moe_style_shared_expert(tmp_path: Path) -> None:
+    cfg = json.loads((FIX / "qwen3-30b-a3b" / "config.json").read_text())
+    cfg["shared_expert_intermediate_size"] = 512
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with_shared, _ = import_model(tmp_path)
+    without, _ = import_model(FIX / "qwen3-30b-a3b")
+    assert with_shared.shared_experts == 1 and without.shared_experts == 0
+    # One shared expert per MoE layer: 3 * 2048 * 512 bf16 + its 2048-wide gate, 48 layers.
+    assert with_shared.dense_bytes - without.dense_bytes == 48 * (3 * 2048 * 512 * 2 + 2048 * 2)

@@ -96,9 +96,13 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
     doc["moe_layers"] = sourced(_ranges(moe), moe_rule)
     doc["routed_experts"] = sourced(routed, f"config.json `{routed_field}`")
     doc["top_k"] = sourced(top_k, f"config.json `{top_k_field}`")
-    shared = cfg.get("n_shared_experts")
-    doc["shared_experts"] = sourced(shared or 0, "config.json `n_shared_experts`" if cfg.has("n_shared_experts")
-                                    else "no n_shared_experts / shared_expert_intermediate_size in config.json")
+    if cfg.has("n_shared_experts"):
+        doc["shared_experts"] = sourced(cfg.get("n_shared_experts") or 0, "config.json `n_shared_experts`")
+    elif cfg.get("shared_expert_intermediate_size"):
+        doc["shared_experts"] = sourced(1, "config.json `shared_expert_intermediate_size` "
+                                        f"{cfg.get('shared_expert_intermediate_size')} (one shared expert)")
+    else:
+        doc["shared_experts"] = sourced(0, "no n_shared_experts / shared_expert_intermediate_size in config.json")
     doc["hidden_size"] = sourced(hidden, "config.json `hidden_size`")
     doc["moe_intermediate_size"] = sourced(inter, inter_src)
     doc["expert_tensors"] = sourced(tensors, shape_src)

@@ -88,6 +88,10 @@ def dense_bytes(cfg: Config, fmt: Format, moe_layers: list[int], layers: int) ->
     if shared:
         inter = cfg.need("moe_intermediate_size") * shared
         shared_bytes = 2 * _linear(inter, h, fmt) + _linear(h, inter, fmt)
+    elif cfg.get("shared_expert_intermediate_size"):  # Qwen2-MoE style: one shared expert + its gate
+        inter = cfg.need("shared_expert_intermediate_size")
+        shared_bytes = 2 * _linear(inter, h, fmt) + _linear(h, inter, fmt) + h * 2
+    if shared_bytes:
         out.add("shared_experts", shared_bytes * n_moe)
     out.moe_layer = per_layer_attn + norms + router + shared_bytes
     dense_layers = layers - n_moe

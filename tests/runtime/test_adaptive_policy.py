@@ -290,7 +290,7 @@ def test_priors_of_the_wrong_shape_are_refused():
         AdaptivePolicy(engine.counter, engine.split, AdaptiveConfig(), priors={"agent": torch.ones(3, EXPERTS)})
 
 
-def test_live_rowmap_and_status():
+def test_live_rowmap_and_status(tmp_path):
     engine = _primed_engine()
     before = engine.policy.status()
     assert before == {"live_content_hash": engine.policy.initial_content_hash,
@@ -309,6 +309,11 @@ def test_live_rowmap_and_status():
                                "boot_content_hash": engine.policy.initial_content_hash, "class": "prose"}
     hot, cold = decode_row_codes(engine.split[3].row_codes)
     assert live.hot[0] == hot and live.cold[0] == cold
+    # it saves and loads as an ordinary row map with the same hash (a class map for the next boot)
+    from expert_residency.formats import load_rowmap, save_rowmap
+    save_rowmap(live, tmp_path / "prose-live.rowmap")
+    again = load_rowmap(tmp_path / "prose-live.rowmap")
+    assert again.content_hash() == report.content_hash and again.provenance["builder"] == "adaptive"
 
 
 def test_live_rowmap_waits_for_a_barrier_in_progress():

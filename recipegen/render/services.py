@@ -296,8 +296,9 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
                                ("lanes", index, "extra_args"))
     argv += list(lane.extra_args)
     if profile:
-        # Exact counts: the runtime's counting hook runs only outside CUDA graphs, and a prefix-cache
-        # hit would skip routing for the cached tokens; the shutdown timeout lets the worker write
+        # Exact counts: eager keeps the count on the path verified inside an engine (the counting
+        # is graph-safe, docs/render.md says why eager stays), and a prefix-cache hit would skip
+        # routing for the cached tokens; the shutdown timeout lets the worker write
         # its final snapshot (vLLM kills workers at once otherwise). Last, so that the lane's
         # extra_args (e.g. --enable-prefix-caching) cannot undo them: argparse keeps the last.
         for flag in PROFILE_BOOT_FLAGS:

@@ -262,3 +262,12 @@ def test_fp8_kv_cache_halves_kv_per_token() -> None:
     got = compute_lane(model, machine(), odd)
     assert got.fig("kv.tokens").value == pytest.approx(100 * GiB / (94 * 2 * 2 * 128 * 2))
     assert any("not modelled" in n for n in got.notes)
+
+
+def test_expert_parallel_lane_is_refused_by_the_runtime() -> None:
+    model = qwen3_235b()
+    ep = lane(hot_experts_per_layer=64).model_copy(update={"extra_args": ["--enable-expert-parallel"]})
+    got = compute_lane(model, machine(), ep)
+    assert [v for v in got.violations if v.kind == "runtime" and "expert parallelism" in v.message]
+    eplb = lane(hot_experts_per_layer=64).model_copy(update={"extra_args": ["--enable-eplb"]})
+    assert [v for v in compute_lane(model, machine(), eplb).violations if "EPLB" in v.message]

@@ -24,7 +24,9 @@ def runtime_violations(model: Model, machine: Machine, lane: Lane) -> list[Viola
         swiglu_limit=act.limit if act else None,
         swiglu_alpha=act.alpha if act else None,
         biases=model.expert_biases,
-        compute_capability=machine.gpus.compute_capability)
+        compute_capability=machine.gpus.compute_capability,
+        expert_parallel=_flag_on(lane.extra_args, "--enable-expert-parallel", "-ep"),
+        eplb=_flag_on(lane.extra_args, "--enable-eplb"))
     if reason is None:
         return _backend_violations(model, machine, lane)
     return [Violation(
@@ -60,3 +62,9 @@ def runtime_caveat(model: Model, machine: Machine, lane: Lane) -> str | None:
     where = sorted({line.split(":")[0] for line in (row.verified_on if row else ())})
     return (f"the runtime's {model.expert_format} split is not verified on compute capability "
             f"{machine.gpus.compute_capability} (verified on: {'; '.join(where)})")
+
+
+def _flag_on(args: list[str], *names: str) -> bool:
+    """A boolean vLLM flag set in extra_args (`--x`, not `--no-x`)."""
+    return any(a in names or any(a.startswith(n + "=") and a.split("=", 1)[1].lower() in ("1", "true")
+                                 for n in names) for a in args)

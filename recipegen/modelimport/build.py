@@ -16,7 +16,7 @@ from recipegen.modelimport.config import Config
 from recipegen.modelimport.dense import dense_bytes
 from recipegen.modelimport.geometry import (GPT_OSS_ALPHA, GPT_OSS_BIAS_SOURCE, GPT_OSS_SOURCE, MOE_INTER_FIELDS,
                                             ROUTED_FIELDS, TOP_K_FIELDS, attention_groups, expert_format,
-                                            moe_layer_indices, sourced)
+                                            index_ranges, moe_layer_indices, sourced)
 from recipegen.modelimport.safetensors import IndexFacts, is_routed_expert, layer_of, read_index
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -93,7 +93,7 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
                                     + (f" (MTP layers excluded: `num_nextn_predict_layers` "
                                        f"{cfg.get('num_nextn_predict_layers')})"
                                        if cfg.get("num_nextn_predict_layers") else ""))
-    doc["moe_layers"] = sourced(_ranges(moe), moe_rule)
+    doc["moe_layers"] = sourced(index_ranges(moe), moe_rule)
     doc["routed_experts"] = sourced(routed, f"config.json `{routed_field}`")
     doc["top_k"] = sourced(top_k, f"config.json `{top_k_field}`")
     if cfg.has("n_shared_experts"):
@@ -186,9 +186,3 @@ def _kv_terms(groups: list[dict[str, Any]]) -> str:
         else:
             out.append(f"{len(group.layers)} {group.kind} × 2 × {group.kv_heads} × {group.head_dim} × 2 B")
     return " + ".join(out)
-
-
-def _ranges(idx: list[int]) -> str | list[int]:
-    if idx == list(range(idx[0], idx[-1] + 1)):
-        return f"{idx[0]}-{idx[-1]}"
-    return idx

@@ -140,7 +140,7 @@ def attention_groups(cfg: Config, layers: int, kv_dtype: str) -> list[dict[str, 
         idx = [i for i, k in enumerate(kinds) if k == kind]
         if not idx:
             continue
-        group: dict[str, Any] = {"kind": kind, "layers": sourced(_ranges(idx), rule), **base}
+        group: dict[str, Any] = {"kind": kind, "layers": sourced(index_ranges(idx), rule), **base}
         if kind == "sliding":
             if not isinstance(window, int):
                 raise InputError("sliding layers need an integer window", file=cfg.file, field="sliding_window")
@@ -149,7 +149,8 @@ def attention_groups(cfg: Config, layers: int, kv_dtype: str) -> list[dict[str, 
     return out
 
 
-def _ranges(idx: list[int]) -> str | list[int]:
+def index_ranges(idx: list[int]) -> str | list[int]:
+    """[3, 4, 5] -> "3-5" (the schema reads ranges); a non-contiguous list stays a list."""
     if idx == list(range(idx[0], idx[-1] + 1)):
         return f"{idx[0]}-{idx[-1]}"
     return idx

@@ -69,6 +69,7 @@ CASES = {  # name: (format, activation, biases, w13 scale: gpt-oss cases drive t
     "bf16-gptoss": ("bf16", "swigluoai", True, 8.0),
     "fp8-silu": ("fp8-block", "silu", False, 1.0),
     "fp8-swigluoai-bias": ("fp8-block", "swigluoai", True, 8.0),
+    "bf16-gptoss-uninterleaved": ("bf16", "swigluoai_uninterleave", True, 8.0),
 }
 
 

@@ -23,8 +23,9 @@ torch = pytest.importorskip("torch")
 
 from expert_residency.core import (build_unsplit_layer, device_allocator, host_allocator,  # noqa: E402
                                    rehome_layer, residency_forward, swap_experts)
-from expert_residency.core.formats_ref import (float_per_pick, fp8_block_per_pick,  # noqa: E402
-                                               gptoss_mxfp4_per_pick, make_activation,
+from expert_residency.core.formats_ref import (deinterleave_gate_up, float_per_pick,  # noqa: E402
+                                               fp8_block_per_pick, gptoss_mxfp4_per_pick,
+                                               make_activation,
                                                mxfp4_per_pick, swigluoai)
 from expert_residency.fp8 import (FP8_DTYPE, dequantize_fp8_block, per_token_group_quant_fp8,  # noqa: E402
                                   quantize_fp8_block)
@@ -57,6 +58,8 @@ def test_swigluoai_by_hand():
     # Overrides (a model with other constants), and the gate-first SILU for contrast.
     assert torch.allclose(make_activation("swigluoai", alpha=1.0, swiglu_limit=100.0)(g)[0, 1],
                           torch.tensor((-9.0 + 1) * 10.0 * _sig(10.0)), rtol=1e-6)
+    # Gate rows first (after deinterleave_gate_up): the same numbers.
+    assert torch.equal(make_activation("swigluoai_uninterleave")(g[:, [0, 2, 4, 1, 3, 5]]), got)
     silu = make_activation("silu")(torch.tensor([[2.0, 10.0, 0.5, -9.0]]))
     assert torch.allclose(silu[0], torch.tensor([2.0 * _sig(2.0) * 0.5, 10.0 * _sig(10.0) * -9.0]), rtol=1e-6)
 
@@ -180,6 +183,22 @@ def test_bf16_reference_equals_plain_matmul(activation, bias):
     want = _direct(tensors["w13_weight"], tensors["w2_weight"], tensors.get("w13_bias"),
                    tensors.get("w2_bias"), x, ids, weights, activation)
     assert _rel(got, want) < 1e-2
+
+
+def test_deinterleaved_gptoss_layer_is_the_same_layer():
+    """``deinterleave_gate_up`` (what a gate-first kernel reads) + ``swigluoai_uninterleave`` ==
+    the interleaved layer with ``swigluoai``, bit for bit; rows moved by hand."""
+    tensors = gptoss_layer(5)
+    moved = clone_tensors(tensors)
+    deinterleave_gate_up(moved)
+    assert torch.equal(moved["w13_weight"][2, I + 3], tensors["w13_weight"][2, 7])    # up row 3
+    assert torch.equal(moved["w13_weight_scale"][2, 3], tensors["w13_weight_scale"][2, 6])
+    assert float(moved["w13_bias"][1, I]) == float(tensors["w13_bias"][1, 1])
+    assert torch.equal(moved["w2_weight"], tensors["w2_weight"])
+    x = hidden_states(5, 6, torch.bfloat16, hidden=H)
+    ids, weights = routing(5, 6, experts=E, top_k=K)
+    assert torch.equal(_forward(moved, mxfp4_per_pick("swigluoai_uninterleave"), x, ids, weights),
+                       _forward(tensors, gptoss_mxfp4_per_pick(), x, ids, weights))
 
 
 def test_round_gate_up_is_the_unfused_rounding():

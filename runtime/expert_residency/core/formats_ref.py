@@ -59,7 +59,8 @@ from .split import PerPickExpertFn, dense_per_pick
 
 SILU = "silu"
 SWIGLUOAI = "swigluoai"
-ACTIVATIONS = (SILU, SWIGLUOAI)
+SWIGLUOAI_UNINTERLEAVE = "swigluoai_uninterleave"   # same math, gate rows first
+ACTIVATIONS = (SILU, SWIGLUOAI, SWIGLUOAI_UNINTERLEAVE)
 # vLLM 0.33 activation.py:481 (SwigluOAIAndMul defaults), gpt_oss_triton_kernels_moe.py:714-715.
 GPTOSS_SWIGLU_ALPHA = 1.702
 GPTOSS_SWIGLU_LIMIT = 7.0
@@ -68,9 +69,13 @@ Activation = Callable[[torch.Tensor], torch.Tensor]
 
 
 def swigluoai(g: torch.Tensor, alpha: float = GPTOSS_SWIGLU_ALPHA,
-              limit: float = GPTOSS_SWIGLU_LIMIT) -> torch.Tensor:
-    """``[..., 2I]`` interleaved gate/up (fp32) -> ``[..., I]``: vLLM's ``forward_native`` order."""
-    gate, up = g[..., ::2], g[..., 1::2]
+              limit: float = GPTOSS_SWIGLU_LIMIT, *, interleaved: bool = True) -> torch.Tensor:
+    """``[..., 2I]`` interleaved gate/up (fp32) -> ``[..., I]``: vLLM's ``forward_native`` order
+    (``interleaved=False``: gate rows first, the ``swigluoai_uninterleave`` layout)."""
+    if interleaved:
+        gate, up = g[..., ::2], g[..., 1::2]
+    else:
+        gate, up = g[..., :g.shape[-1] // 2], g[..., g.shape[-1] // 2:]
     gate = gate.clamp(min=None, max=limit)
     up = up.clamp(min=-limit, max=limit)
     glu = gate * torch.sigmoid(gate * alpha)
@@ -91,10 +96,11 @@ def make_activation(activation: str = SILU, *, swiglu_limit: float | None = None
                     alpha: float | None = None) -> Activation:
     """The activation by vLLM's ``MoEActivation`` value. ``swigluoai`` defaults to gpt-oss's
     alpha 1.702 and limit 7.0 (``swiglu_limit``/``alpha`` override them); ``silu`` takes no alpha."""
-    if activation == SWIGLUOAI:
+    if activation in (SWIGLUOAI, SWIGLUOAI_UNINTERLEAVE):
         lim = GPTOSS_SWIGLU_LIMIT if swiglu_limit is None else check_swiglu_limit(swiglu_limit)
         a = GPTOSS_SWIGLU_ALPHA if alpha is None else float(alpha)
-        return lambda g: swigluoai(g, a, lim)
+        inter = activation == SWIGLUOAI
+        return lambda g: swigluoai(g, a, lim, interleaved=inter)
     if activation == SILU:
         if alpha is not None:
             raise ValueError("activation 'silu' takes no alpha (that is swigluoai)")
@@ -182,6 +188,25 @@ def mxfp4_per_pick(activation: str = SILU, *, swiglu_limit: float | None = None,
                      make_activation(activation, swiglu_limit=swiglu_limit, alpha=alpha),
                      w13_name=w13_name, w2_name=w2_name, w13_bias=w13_bias, w2_bias=w2_bias,
                      round_gate_up=round_gate_up)
+
+
+GATE_UP_TENSORS = ("w13_weight", "w13_weight_scale", "w13_bias")
+
+
+def deinterleave_gate_up(tensors: dict[str, torch.Tensor],
+                         names: tuple[str, ...] = GATE_UP_TENSORS) -> None:
+    """gpt-oss's interleaved w13 rows (gate ``2n``, up ``2n+1``) -> gate rows first, in place, for
+    every present tensor of ``names`` (packed values, their scales, the bias): row ``n`` <- ``2n``,
+    row ``I + n`` <- ``2n + 1``. The same permutation of every expert's rows (bytes per expert
+    unchanged), so re-homing, swaps and row maps are untouched; then SwiGLU-OAI reads gate rows
+    first (vLLM's ``SWIGLUOAI_UNINTERLEAVE`` layout, ``fused_moe/activation.py:30-36``)."""
+    for name in names:
+        if name not in tensors:
+            continue
+        t = tensors[name]
+        if t.shape[1] % 2:
+            raise ValueError(f"{name}: {t.shape[1]} gate/up rows is not even")
+        t.copy_(torch.cat([t[:, 0::2], t[:, 1::2]], dim=1))
 
 
 def gptoss_mxfp4_per_pick(**kw) -> PerPickExpertFn:

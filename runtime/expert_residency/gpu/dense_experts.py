@@ -16,8 +16,9 @@ Formats (``expert_format``):
   activation quantized per token per 128 values in the kernels, as ``core.formats_ref``.
 
 Optional ``w13_bias [E, 2I]``/``w2_bias [E, H]`` (any float dtype) split with the weights.
-Activations: ``"silu"`` (gate rows first; ``swiglu_limit`` clamp) or ``"swigluoai"`` (gpt-oss:
-interleaved gate/up, alpha 1.702, limit 7.0 unless given).
+Activations: ``"silu"`` (gate rows first; ``swiglu_limit`` clamp), ``"swigluoai"`` (gpt-oss:
+interleaved gate/up, alpha 1.702, limit 7.0 unless given) or ``"swigluoai_uninterleave"`` (the
+same, gate rows first).
 Torch references with the same arithmetic: ``core.formats_ref.float_per_pick`` /
 ``fp8_block_per_pick`` with the same activation.
 """
@@ -30,7 +31,8 @@ import torch
 import triton
 
 from ..core.banks import ExpertBank
-from ..core.formats_ref import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT, SILU, SWIGLUOAI
+from ..core.formats_ref import (GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT, SILU, SWIGLUOAI,
+                                SWIGLUOAI_UNINTERLEAVE)
 from ..core.reference import check_swiglu_limit
 from ..fp8 import BLOCK as FP8_BLOCK
 from ..fp8 import FP8_DTYPE
@@ -41,6 +43,7 @@ W13, W2 = "w13_weight", "w2_weight"
 B13, B2 = "w13_bias", "w2_bias"
 FP8_SCALE_SUFFIX = "_scale_inv"
 FORMATS = ("bf16", "fp8-block")
+ACT_CODES = {SILU: 0, SWIGLUOAI: 1, SWIGLUOAI_UNINTERLEAVE: 2}   # the kernels' ACT
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ class TritonDenseExperts(TritonMxfp4Experts):
         if expert_format == "fp8-block" and (config.block_k1 != FP8_BLOCK or config.block_k2 != FP8_BLOCK):
             raise ValueError(f"fp8-block needs block_k1 == block_k2 == {FP8_BLOCK} (one activation "
                              f"scale group per step), got {config}")
-        if activation == SWIGLUOAI:
+        if activation in (SWIGLUOAI, SWIGLUOAI_UNINTERLEAVE):
             self.limit = GPTOSS_SWIGLU_LIMIT if swiglu_limit is None else check_swiglu_limit(swiglu_limit)
             self.alpha = GPTOSS_SWIGLU_ALPHA if swiglu_alpha is None else float(swiglu_alpha)
         elif activation == SILU:
@@ -101,7 +104,7 @@ class TritonDenseExperts(TritonMxfp4Experts):
             limit = check_swiglu_limit(swiglu_limit)
             self.limit, self.alpha = (0.0 if limit is None else limit), 1.0
         else:
-            raise ValueError(f"activation {activation!r} is not one of ('silu', 'swigluoai')")
+            raise ValueError(f"activation {activation!r} is not one of {ACT_CODES}")
         self.expert_format, self.activation = expert_format, activation
         self.shape, self.num_experts, self.top_k = shape, num_experts, top_k
         self.config = config
@@ -199,7 +202,7 @@ class TritonDenseExperts(TritonMxfp4Experts):
             ws.n_tokens, x.stride(0), w13.stride(0), stride(s13), stride(b13),
             H=shape.hidden, INTER=shape.intermediate, TOP_K=k,
             BM=cfg.block_m, BN=cfg.block_n1, BK=cfg.block_k1,
-            FP8=fp8, ACT=1 if self.activation == SWIGLUOAI else 0, HAS_BIAS=has_bias,
+            FP8=fp8, ACT=ACT_CODES[self.activation], HAS_BIAS=has_bias,
             COUNT=count_in_kernel, LIMIT=float(self.limit), ALPHA=float(self.alpha),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         w2, s2, b2 = weights(hot, W2), scales(hot, W2), bias(hot, B2)

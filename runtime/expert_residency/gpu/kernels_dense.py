@@ -24,7 +24,8 @@ optional ``b13 [E, 2I]``, ``b2 [E, H]`` (any float dtype, added in fp32).
 Activation (``ACT``): ``0`` SiLU with gate rows first (optional clamp ``LIMIT`` > 0, vLLM's
 ``swiglu_limit``); ``1`` SwiGLU-OAI (gpt-oss) with gate/up **interleaved** (rows ``2n``, ``2n+1``):
 ``gate = min(g, L)``, ``up = clamp(u, -L, L)``, ``(up + 1) * gate * sigmoid(ALPHA * gate)``
-(vLLM 0.33 ``layers/activation.py:488-492``).
+(vLLM 0.33 ``layers/activation.py:488-492``); ``2`` the same SwiGLU-OAI with gate rows first
+(vLLM's ``swigluoai_uninterleave``; gpt-oss weights after ``core.formats_ref.deinterleave_gate_up``).
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ def dense_w13_act_kernel(x_ptr, codes_ptr, hot_w_ptr, cold_w_ptr, hot_s_ptr, col
         if HAS_BIAS:
             acc_g += tl.load(b_base + gate_rows).to(tl.float32)[:, None]
             acc_u += tl.load(b_base + up_rows).to(tl.float32)[:, None]
-        if ACT == 1:
+        if ACT >= 1:
             gate = tl.minimum(acc_g, LIMIT)
             up = tl.minimum(tl.maximum(acc_u, -LIMIT), LIMIT)
             act = (up + 1.0) * (gate / (1.0 + tl.exp(-(gate * ALPHA))))

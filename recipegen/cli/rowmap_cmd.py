@@ -55,8 +55,10 @@ def _geometry(recipe: str | None, experts: int | None, layers: str | None,
         return geo
     if experts is None:
         return Geometry((), 0, bpe, source="command line") if bpe else None
-    if experts <= 0:
-        raise InputError("must be positive", field="--experts")
+    from expert_residency.formats._io import MAX_EXPERTS
+
+    if not 0 < experts <= MAX_EXPERTS:
+        raise InputError(f"must be positive and at most {MAX_EXPERTS}", field="--experts")
     if layers:
         moe_layers = parse_layers(layers)
     elif captures:

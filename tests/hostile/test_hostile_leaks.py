@@ -132,3 +132,14 @@ def test_binary_and_odd_inputs_to_rowmap_commands_are_clean_errors(project: Path
     refused("rowmap", "reduce", str(empty), "--experts", "4", "--layers", "0", "-o",
             str(project / "out.hist"), expect="no routed_experts")
     assert not (project / "out.hist").exists()
+
+
+def test_geometry_options_are_bounded_before_allocating(project: Path) -> None:
+    """`--experts 99999999999` asked numpy for 745 GiB of counts before it was bounded."""
+    capture = project / "c.jsonl"
+    capture.write_text('{"choices": []}\n')
+    refused("rowmap", "reduce", str(capture), "--experts", "99999999999", "--layers", "0",
+            "-o", str(project / "o.hist"), expect="--experts")
+    refused("rowmap", "reduce", str(capture), "--experts", "4", "--layers", "0-999999999999",
+            "-o", str(project / "o.hist"), expect="--layers")
+

@@ -71,6 +71,12 @@ class HistogramAccumulator:
     """Adds `(tokens, layers, top_k)` id arrays into `[moe layers, experts]` counts."""
 
     def __init__(self, moe_layer_indices: Sequence[int], num_experts: int) -> None:
+        from ._io import MAX_EXPERTS, MAX_LAYERS
+
+        if not 0 < int(num_experts) <= MAX_EXPERTS or not 0 < len(moe_layer_indices) <= MAX_LAYERS:
+            raise FormatError(f"geometry out of bounds: {len(moe_layer_indices)} layers x "
+                              f"{num_experts} experts (at most {MAX_LAYERS} x {MAX_EXPERTS})",
+                              field="num_experts")
         self.moe_layer_indices = tuple(int(i) for i in moe_layer_indices)
         self.num_experts = int(num_experts)
         self.counts = np.zeros((len(self.moe_layer_indices), self.num_experts), dtype=np.int64)

@@ -31,7 +31,9 @@ factor ``1 + margin`` of each other and nothing moves (``tests/runtime/test_adap
 
 ``plan_swaps`` is pure (scores + hot mask in, ``Swap`` list out) so the policy is unit-testable
 without banks; ``AdaptivePolicy`` binds it to a counter and the resident layers. ``tick()`` is
-the only call on the step path: host arithmetic on a Python int, no device op.
+the only call on the step path: host arithmetic on a Python int, no device op. ``live_rowmap()``
+and ``status()`` serve other threads (dumps, status requests) under the policy's map lock, which
+a barrier holds while it swaps. docs/adaptive.md has the parameters, figures and the vLLM hook.
 """
 
 from __future__ import annotations

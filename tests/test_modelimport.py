@@ -212,3 +212,22 @@ def test_qwen2_moe_style_shared_expert(tmp_path: Path) -> None:
     assert with_shared.shared_experts == 1 and without.shared_experts == 0
     # One shared expert per MoE layer: 3 * 2048 * 512 bf16 + its 2048-wide gate, 48 layers.
     assert with_shared.dense_bytes - without.dense_bytes == 48 * (3 * 2048 * 512 * 2 + 2048 * 2)
+
+
+def test_max_model_len_beyond_the_checkpoint_is_an_error(tmp_path: Path) -> None:
+    # Qwen3-30B-A3B's config.json: max_position_embeddings 40960.
+    (tmp_path / "models").mkdir()
+    _, text = import_model(FIX / "qwen3-30b-a3b", name="q30")
+    (tmp_path / "models" / "q30.yaml").write_text(text)
+    recipe = tmp_path / "r.yaml"
+    body = ("version: 1\nname: r\nmodel: {file: models/q30.yaml}\nmachines:\n  box: {catalog: rtx-4090}\n"
+            "lanes:\n  - name: a\n    machine: box\n    gpus: [0]\n    port: 8000\n"
+            "    image: vllm/vllm-openai:v0.33.0\n    gpu_memory_utilization: 0.9\n    max_model_len: 65536\n"
+            "    concurrency: {max: 1}\n    offload: {placement: positional, load_cpu_offload: 40 GiB}\n"
+            "    reserves: {hbm: {value: 3 GiB, source: test}}\n")
+    recipe.write_text(body)
+    with pytest.raises(InputError) as err:
+        load_recipe(recipe)
+    assert "max_model_len" in str(err.value) and "40,960" in str(err.value) and ":13:" in str(err.value)
+    recipe.write_text(body + "    env: {VLLM_ALLOW_LONG_MAX_MODEL_LEN: '1'}\n")
+    assert load_recipe(recipe).recipe.lanes[0].max_model_len == 65536

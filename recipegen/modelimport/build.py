@@ -106,6 +106,9 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
     doc["hidden_size"] = sourced(hidden, "config.json `hidden_size`")
     doc["moe_intermediate_size"] = sourced(inter, inter_src)
     doc["expert_tensors"] = sourced(tensors, shape_src)
+    if cfg.get("max_position_embeddings"):
+        doc["max_position_embeddings"] = sourced(cfg.need("max_position_embeddings"),
+                                                 "config.json `max_position_embeddings`")
     if arch == "GptOssForCausalLM":
         limit = cfg.need("swiglu_limit", kind=(int, float))
         doc["activation"] = sourced({"kind": "swigluoai", "alpha": GPT_OSS_ALPHA, "limit": float(limit)},

@@ -263,6 +263,9 @@ class Model(StrictModel):
     """Routed expert intermediate width (config.json `moe_intermediate_size` or `intermediate_size`)."""
     activation: Activation | None = None
     """The routed experts' activation; omitted: SwiGLU (silu), unclamped."""
+    max_position_embeddings: PositiveInt | None = None
+    """Longest context the checkpoint declares (config.json `max_position_embeddings`); vLLM refuses a
+    longer `max_model_len` unless `VLLM_ALLOW_LONG_MAX_MODEL_LEN=1`."""
     expert_tensors: list[ExpertTensor] | None = None
     """Per-expert tensors (logical shapes + dtype); bytes per expert is derived from them."""
     bytes_per_expert: PositiveBytes | None = None

@@ -94,6 +94,19 @@ class Recipe(StrictModel):
             return _model_file(value, info)
         return _resolve("models", value)
 
+    @model_validator(mode="after")
+    def _context_fits_the_model(self) -> "Recipe":
+        from recipegen.schema.base import PathError
+        limit = self.model.max_position_embeddings
+        for i, lane in enumerate(self.lanes):
+            if limit is None or lane.max_model_len <= limit or lane.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1":
+                continue
+            raise PathError(f"max_model_len {lane.max_model_len:,} exceeds the model's max_position_embeddings "
+                            f"{limit:,}: vLLM refuses it (lower it, override the model's max_position_embeddings "
+                            "for a rope-scaled context, or set env VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)",
+                            ("lanes", i, "max_model_len"))
+        return self
+
     def lane(self, name: str) -> Lane:
         for lane in self.lanes:
             if lane.name == name:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compile the MXFP4 expert kernels for sm_90 on a machine without a GPU and count the SASS of their
+"""Compile the MXFP4 expert kernels for sm_90 (or ``--arch``) on a machine without a GPU and count the SASS of their
 innermost K loop (instructions per weight: the number that decides whether the kernel keeps up
 with HBM at small batch).
 
@@ -44,12 +44,15 @@ W2_ARGS = [("act_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("
 _ADDR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(\S.*)")
 
 
+ARCH = 90
+
+
 def compile_kernel(fn, args, constexprs, num_warps: int, num_stages: int):
     sig = dict(args)
     sig.update({k: "constexpr" for k in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(args))}
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+    return triton.compile(src, target=GPUTarget("cuda", ARCH, 32),
                           options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
@@ -108,9 +111,21 @@ def main() -> int:
     ap.add_argument("--block-k2", type=int, default=128)
     ap.add_argument("--num-warps", type=int, default=4)
     ap.add_argument("--num-stages", type=int, default=4)
+    ap.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200, 80: A100)")
     ap.add_argument("--dump", type=Path, default=None, help="write SASS and TTGIR here")
     a = ap.parse_args()
-    print(f"triton {triton.__version__}, sm_90")
+    global ARCH
+    ARCH = a.arch
+    # The kernels pick their PTX by the compile target's capability (cuda_capability_geq), which
+    # Triton reads from the active driver: make it the target compiled for (no GPU here).
+    import triton.language.target_info as target_info
+
+    def compile_target():
+        return GPUTarget("cuda", ARCH, 32)
+
+    compile_target.__triton_builtin__ = True  # as Triton marks its own current_target
+    target_info.current_target = compile_target
+    print(f"triton {triton.__version__}, sm_{ARCH}")
     threads = 32 * a.num_warps
     w13 = compile_kernel(kernels.w13_swiglu_kernel, W13_ARGS,
                          dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BM=a.block_m, BN=a.block_n1, BK=a.block_k1,

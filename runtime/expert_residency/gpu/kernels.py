@@ -46,6 +46,7 @@ import os
 
 import triton
 import triton.language as tl
+from triton.language.target_info import cuda_capability_geq
 
 # Triton's CPU interpreter multiplies bf16 tiles wrongly (it treats their storage as integers), so
 # under TRITON_INTERPRET=1 the tile products run on fp32 copies of the same bf16 values (exact
@@ -184,6 +185,16 @@ mul.rn.bf16x2 $3, t, $7;
 }
 """)
 
+# Before sm_90 there is no mul.bf16x2: the same exact product as fma with a -0.0 addend
+# (x + -0 == x for every x, signed zeros included).
+_MMA_WORD_TO_BF16_PTX_SM80 = tl.constexpr(
+    _MMA_WORD_TO_BF16_PTX.value
+    .replace(".reg .b32 t, u;", ".reg .b32 t, u, nz;\nmov.b32 nz, 0x80008000;")
+    .replace("mul.rn.bf16x2 $0, $0, $5;", "fma.rn.bf16x2 $0, $0, $5, nz;")
+    .replace("mul.rn.bf16x2 $1, $1, $7;", "fma.rn.bf16x2 $1, $1, $7, nz;")
+    .replace("mul.rn.bf16x2 $2, $2, $5;", "fma.rn.bf16x2 $2, $2, $5, nz;")
+    .replace("mul.rn.bf16x2 $3, t, $7;", "fma.rn.bf16x2 $3, t, $7, nz;"))
+
 # The PTX masks as signed int32 (the interpreter refuses int32 literals above 2^31).
 _MASK_SIMPLE: tl.constexpr = tl.constexpr(0x81C081C0 - (1 << 32))
 _MASK_SIGNS: tl.constexpr = tl.constexpr(0x80008000 - (1 << 32))
@@ -244,8 +255,13 @@ def _load_mma_tile(w_tile, s_tile, BN: tl.constexpr, BK: tl.constexpr):
         mult = sc * 0x00800080 + 0x3F003F00  # bf16x2 of 2^(s-1): exponent field s + 126, both lanes
         mult = tl.reshape(mult, (ROWS, 2, 1, 2, 1))  # (b0, c, h, e)
         mult = tl.reshape(tl.broadcast_to(mult, (ROWS, 2, 2, 2, 2)), (ROWS, 16))
-        r0, r1 = tl.inline_asm_elementwise(_MMA_WORD_TO_BF16_PTX, "=r,=r,=r,=r,r,r,r,r,r", [packed, mult],
-                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        if cuda_capability_geq(9):
+            r0, r1 = tl.inline_asm_elementwise(_MMA_WORD_TO_BF16_PTX, "=r,=r,=r,=r,r,r,r,r,r", [packed, mult],
+                                               dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        else:
+            r0, r1 = tl.inline_asm_elementwise(_MMA_WORD_TO_BF16_PTX_SM80, "=r,=r,=r,=r,r,r,r,r,r",
+                                               [packed, mult], dtype=(tl.bfloat16, tl.bfloat16),
+                                               is_pure=True, pack=4)
     # [rm, bh, w, g, q, b0, c, h, e, d] -> rows (rm, w, h, g) x values (bh, b0, c, d, q, e)
     w = tl.reshape(tl.join(r0, r1), (R, BH, 4, 8, 4, 2, 2, 2, 2, 2))
     w = tl.permute(w, (0, 2, 7, 3, 1, 5, 6, 9, 4, 8))

@@ -189,3 +189,11 @@ def test_the_runtime_loader_is_bounded_too(tmp_path) -> None:
     path.write_text(ROWMAP.replace("moe_layers: 0,2", "moe_layers: 0-299999999"))
     with pytest.raises(FormatError, match="moe_layers|larger|more than"):
         load_rowmap(path, expected_content_hash="0" * 64)
+
+
+def test_errors_do_not_echo_file_content() -> None:
+    secret = "hf_SuperSecretToken0123456789"
+    for text in (ROWMAP.replace("num_experts: 4", f"num_experts: 4\nHF_TOKEN={secret}"),
+                 f"HF_TOKEN={secret}\n", f"format: {secret}\n"):
+        assert secret not in str(_rowmap_error(text))
+    assert secret not in str(_hist_error(HIST.replace("tokens: 6", f"tokens: 6\nX={secret}")))

@@ -151,9 +151,11 @@ def check_format_line(header: Mapping[str, tuple[str, int]], path: str | os.Path
     fmt, fmt_line = header["format"]
     name, _, found_version = fmt.partition("/")
     if name != format_name:
-        raise FormatError(f"not a {noun}: format {fmt!r}", path=path, line=fmt_line,
+        shown = repr(fmt) if re.fullmatch(r"[a-z0-9-]{1,40}/[0-9]{1,4}", fmt) else "(not a format name)"
+        raise FormatError(f"not a {noun}: format {shown}", path=path, line=fmt_line,
                           field="format")
     if found_version != str(version):
+        found_version = found_version if re.fullmatch(r"[0-9]{1,4}", found_version) else "?"
         raise FormatError(f"unknown {adjective} format version {found_version!r} (this runtime "
                           f"reads version {version})", path=path, line=fmt_line,
                           field="format")

@@ -205,7 +205,8 @@ def parse_rowmap(text: str, path: str | os.PathLike[str] = "<row map>") -> RowMa
             raise malformed_layer_line(line, path, lineno, "layer <L> hot|cold <n>: <ids>")
         key, sep, value = line.partition(":")
         if not sep:
-            raise FormatError(f"unrecognised line {line[:60]!r}", path=path, line=lineno)
+            raise FormatError("unrecognised line (neither `key: value` nor a layer line)",
+                              path=path, line=lineno)
         if key != key.strip() or not value.startswith(" ") or value != " " + value.strip(" "):
             raise FormatError("write 'key: value' (one space after the colon, none elsewhere)",
                               path=path, line=lineno, field=key.strip()[:40])

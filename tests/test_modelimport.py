@@ -231,3 +231,13 @@ def test_max_model_len_beyond_the_checkpoint_is_an_error(tmp_path: Path) -> None
     assert "max_model_len" in str(err.value) and "40,960" in str(err.value) and ":13:" in str(err.value)
     recipe.write_text(body + "    env: {VLLM_ALLOW_LONG_MAX_MODEL_LEN: '1'}\n")
     assert load_recipe(recipe).recipe.lanes[0].max_model_len == 65536
+
+
+def test_context_length_follows_vllms_rope_rule(tmp_path: Path) -> None:
+    # gpt-oss: YaRN, max_position_embeddings is already the scaled 131,072 (not x 32).
+    assert import_model(FIX / "gpt-oss-120b")[0].max_position_embeddings == 131072
+    # A linear / dynamic factor multiplies it (vLLM's _get_and_verify_max_len).
+    cfg = json.loads((FIX / "qwen3-30b-a3b" / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "dynamic", "factor": 2.0}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert import_model(tmp_path)[0].max_position_embeddings == 40960 * 2

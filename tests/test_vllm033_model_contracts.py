@@ -42,6 +42,10 @@ def lines(path: str, first: int, last: int) -> str:
     ("model_executor/models/gpt_oss.py", 399, 400, ["has_bias=True", 'activation="swigluoai"']),
     ("model_executor/layers/fused_moe/oracle/unquantized.py", 385, 397, ["FLASHINFER_TRTLLM", "round_up(intermediate_size, 128)"]),
     ("config/cache.py", 44, 67, ['"fp8_e4m3",', '"fp8_e5m2",', '"bfloat16",']),
+    # max_model_len: x rope factor except pre-scaled (YaRN-style) types; a longer one is refused.
+    ("config/model.py", 2599, 2634, ['"yarn",', '"longrope",', "derived_max_model_len *= scaling_factor"]),
+    ("config/model.py", 2657, 2684, ["elif max_model_len > derived_max_model_len:", "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
+                                     "model_max_length"]),
 ])
 def test_cited_lines(path: str, first: int, last: int, needles: list[str]) -> None:
     text = lines(path, first, last)

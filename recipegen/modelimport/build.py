@@ -107,8 +107,7 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
     doc["moe_intermediate_size"] = sourced(inter, inter_src)
     doc["expert_tensors"] = sourced(tensors, shape_src)
     if cfg.get("max_position_embeddings"):
-        doc["max_position_embeddings"] = sourced(cfg.need("max_position_embeddings"),
-                                                 "config.json `max_position_embeddings`")
+        doc["max_position_embeddings"] = sourced(*_context_length(cfg))
     if arch == "GptOssForCausalLM":
         limit = cfg.need("swiglu_limit", kind=(int, float))
         doc["activation"] = sourced({"kind": "swigluoai", "alpha": GPT_OSS_ALPHA, "limit": float(limit)},
@@ -159,6 +158,30 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
                                         "rank, bf16 (" + _kv_terms(groups) + "); sliding layers counted uncapped "
                                         "here, the ledger caps them at their window per sequence")
     return doc
+
+
+# RoPE types whose max_position_embeddings is already the scaled length (vLLM does not multiply).
+_PRESCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def _context_length(cfg: Config) -> tuple[int, str]:
+    """The longest max_model_len vLLM 0.33 accepts, as `_get_and_verify_max_len` derives it
+    (vllm/config/model.py:2599-2634: × rope_scaling.factor except for YaRN-style types that are
+    pre-scaled; :2657-2684: a larger `model_max_length` in config.json also allows it)."""
+    length = cfg.need("max_position_embeddings")
+    src = "config.json `max_position_embeddings`"
+    rope = cfg.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type") or rope.get("type") if isinstance(rope, dict) else None
+    factor = rope.get("factor") if isinstance(rope, dict) else None
+    if factor and rope_type not in _PRESCALED_ROPE and rope_type != "default":
+        length = int(length * float(factor))
+        src += f" × `rope_scaling.factor` {factor} ({rope_type}; vllm/config/model.py:2599-2634)"
+    elif factor:
+        src += f" (rope_scaling {rope_type}: already the scaled length, vllm/config/model.py:2610-2612)"
+    extra = cfg.get("model_max_length")
+    if isinstance(extra, int) and extra > length:
+        length, src = extra, "config.json `model_max_length` (vllm/config/model.py:2657-2684)"
+    return length, src
 
 
 def _expert_bytes(tensors: list[dict[str, Any]]) -> float:

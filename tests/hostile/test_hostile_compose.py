@@ -114,6 +114,8 @@ def _set(doc: dict, path: tuple, value: Any) -> None:
 
 def _baseline(payload: str = "x") -> dict[str, Any]:
     doc = reference_plain()
+    # an inline model override, so the checkpoint path and revision are fields too
+    doc["model"] = {"catalog": doc["model"], "checkpoint": "/data/ckpt", "revision": "abc123"}
     lane = doc["lanes"][0]
     lane["env"] = {"RG_PAYLOAD": payload}
     lane["extra_args"] = ["--chat-template", payload]
@@ -156,8 +158,11 @@ def test_no_recipe_value_changes_the_keys_compose_sees(project: Path, index: int
     base_keys = _keys(_compose_config(base_file))
 
     doc = _baseline(payload)
-    for path in _accepting_leaves(doc, payload, project):
+    accepted = _accepting_leaves(doc, payload, project)
+    for path in accepted:
         _set(doc, path, payload)
+    if "\n" not in payload and "/" not in payload and "\x00" not in payload:
+        assert ("model", "checkpoint") in accepted or ("model", "revision") in accepted, accepted
     code, out, hostile_file = _render(project, "hostile", doc)
     if code != 0:  # refused with a clean error (e.g. a value vLLM's flag check cannot take)
         assert code == 2 and "error:" in out, out
@@ -183,7 +188,9 @@ def test_no_recipe_value_changes_the_keys_compose_sees(project: Path, index: int
 @needs_compose
 def test_interpolations_recipegen_emits_on_purpose_still_work(project: Path) -> None:
     """The models folder is Compose's to fill in (from `.env` or the shell): documented."""
-    code, out, compose_file = _render(project, "base", _baseline("$HOME and ${HOME}"))
+    doc = _baseline("$HOME and ${HOME}")
+    doc["model"] = doc["model"]["catalog"]  # no checkpoint: the models folder default
+    code, out, compose_file = _render(project, "base", doc)
     assert code == 0, out
     config = _compose_config(compose_file)
     service = config["services"]["lane-agent"]
@@ -197,10 +204,13 @@ def test_interpolations_recipegen_emits_on_purpose_still_work(project: Path) -> 
 
 @needs_compose
 def test_password_with_dollars_arrives_as_written(project: Path) -> None:
-    code, out, compose_file = _render(project, "base", _baseline("pa$$word$"))
+    doc = _baseline("pa$$word$")
+    doc["model"]["checkpoint"] = "/data/$USER/${HOME}/ckpt"
+    code, out, compose_file = _render(project, "base", doc)
     assert code == 0, out
-    assert _compose_config(compose_file)["services"]["lane-agent"]["environment"][
-        "RG_PAYLOAD"] == "pa$$word$"
+    service = _compose_config(compose_file)["services"]["lane-agent"]
+    assert service["environment"]["RG_PAYLOAD"] == "pa$$word$"
+    assert "/data/$USER/${HOME}/ckpt" in [v["source"] for v in service["volumes"]]
 
 
 @pytest.mark.parametrize("key", [

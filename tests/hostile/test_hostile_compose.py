@@ -275,3 +275,34 @@ def test_yaml_scalar_round_trips_through_a_yaml_parser() -> None:
         assert pyyaml.safe_load(f"k: {yaml_scalar(payload)}\n") == {"k": payload.replace("$", "$$")}
         assert "\n" not in yaml_scalar(payload) and "\u2028" not in yaml_scalar(payload)
     assert yaml_scalar(Interpolated("${A:-b}")) == '"${A:-b}"'
+
+
+@needs_compose
+@pytest.mark.parametrize("payload", ["10.0.0.1\nprivileged: true", "${HF_TOKEN}", "a\u2028pid: host",
+                                     "10.0.0.1\" , \"x"])
+def test_multi_node_addresses_cannot_add_keys(project: Path, payload: str) -> None:
+    """Machine addresses reach `--master-addr` and `VLLM_HOST_IP` of every node."""
+    import shutil
+
+    import yaml as pyyaml
+
+    from hostile_support import REPO
+
+    shutil.copy(REPO / "recipes" / "dsv41-flash-gb300x2-pp2.yaml", project / "recipes")
+    doc = pyyaml.safe_load((project / "recipes" / "dsv41-flash-gb300x2-pp2.yaml").read_text())
+    code, out, _ = _render(project, "pp-base", doc)
+    assert code == 0, out
+    machines = sorted(doc["machines"])
+    base = {m: _keys(_compose_config(project / "compose" / "pp-base" / m / "compose.yaml"))
+            for m in machines}
+    doc["machines"][machines[0]]["address"] = payload
+    code, out, _ = _render(project, "pp-hostile", doc)
+    if code != 0:
+        assert code == 2 and "error:" in out, out
+        return
+    for m in machines:
+        config = _compose_config(project / "compose" / "pp-hostile" / m / "compose.yaml")
+        assert _keys(config) == base[m]
+        flat = json.dumps(config)
+        assert "privileged" not in flat.replace("\\nprivileged", "")
+

@@ -33,9 +33,12 @@ def _machine(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _deployment(recipe: str, overrides: tuple[Path, ...], machine: str | None = None) -> Any:
+    from recipegen.cli import _recover_interrupted_swaps
     from recipegen.ops.deployment import Deployment
     from recipegen.ops.rendering import Rendering
+    from recipegen.recipe_io import resolve_recipe_path
 
+    _recover_interrupted_swaps([resolve_recipe_path(recipe).parent])  # a recipe named by path
     return Deployment(Rendering.load(recipe, machine), overrides=list(overrides))
 
 

@@ -67,6 +67,9 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
         raise InputError("--class needs exactly one RECIPE and cannot be combined with --check "
                          "or --diff", field="--class")
     paths = [resolve_recipe_path(r) for r in recipes] if recipes else list_recipes()
+    from recipegen.cli import _recover_interrupted_swaps
+
+    _recover_interrupted_swaps(sorted({p.parent for p in paths}))  # recipes named by path
     if not paths:
         raise RecipegenError("no recipes found (looked for recipes/*.yaml)")
 

@@ -276,3 +276,28 @@ def test_class_arguments_are_strict(project: Path, value: str) -> None:
     before = (project / RECIPE).read_bytes()
     refused("render", REFERENCE, "--class", value)
     assert (project / RECIPE).read_bytes() == before
+
+
+def test_a_recipe_named_by_path_is_recovered_from_any_folder(project: Path, tmp_path: Path) -> None:
+    """The journal sits beside the recipe: a command naming the recipe by path, run from another
+    folder, rolls the interrupted swap back too."""
+    assert cli("render", REFERENCE)[0] == 0
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "runtime")])}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    recipe = project / RECIPE
+    journal = project / "recipes" / f".{REFERENCE}.yaml.recipegen-swap.json"
+    for step in range(1, 60):
+        subprocess.run([sys.executable, "-c", KILLER, "render", str(recipe), "--class",
+                        "agent=prose"], cwd=elsewhere, env={**env, "KILL_AT": str(step)},
+                       capture_output=True, text=True, timeout=120)
+        if journal.exists() and _active(project) == "prose":
+            break  # killed with the recipe on the new class and the journal not yet removed
+        cli("render", str(recipe), "--class", "agent=agent")
+    else:
+        pytest.fail("no step left the journal behind")
+    os.chdir(elsewhere)
+    code, out = cli("render", "--check", str(recipe))
+    assert code == 0, out
+    assert "rolled back" in out
+    assert not journal.exists() and _active(project) == _served(project) == "agent"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from recipegen.ledger.adaptive import adaptive_figures
 from recipegen.ledger.budget import declared_split
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.load import load_figures
@@ -54,6 +55,7 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     _expert_figures(model, out)
     hbm = _hbm_figures(model, machine, lane, out)
     bank = _prefetch_bank(model, lane, out)
+    adaptive_figures(model, machine, lane, out.add, out.notes)
     kv_token_bytes = _kv_rate(model, lane, out)
     ua, pos, active = _placements(model, machine, lane, hbm, bank, kv_token_bytes, rowmap_hot, rowmap_label, out)
     _placement_summary(model, lane, active, out)

@@ -359,6 +359,11 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
         env.update({"EXPERT_RESIDENCY_ROWMAP": target,
                     "EXPERT_RESIDENCY_CONTENT_HASH": rowmap.content_hash(),
                     "EXPERT_RESIDENCY_CLASS": cls})
+        if lane.offload.adaptive is not None:
+            adaptive_env, adaptive_mounts, adaptive_files = _adaptive(loaded, index, lane)
+            env.update(adaptive_env)
+            mounts.extend(adaptive_mounts)
+            files.update(adaptive_files)
     for key in lane.env:
         if key in _MANAGED_ENV_KEYS or key.startswith(_MANAGED_ENV_PREFIXES) or key in env:
             raise loaded.error(f"{key} is set by recipegen render; remove it from env",
@@ -400,6 +405,50 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
         mounted_files=dict(files),
     )
     return spec, files
+
+
+def prior_file_name(lane: str, cls: str) -> str:
+    return f"priors/{lane}/{cls}.hist"
+
+
+def _adaptive(loaded: LoadedRecipe, index: int, lane: Lane
+              ) -> tuple[dict[str, str], list[Mount], dict[str, bytes]]:
+    """A residency engine's adaptive settings (`core.adaptive_setup`'s environment) and its
+    class histograms, mounted read-only as the policy's priors beside the row map."""
+    from expert_residency.core.adaptive_setup import ENV_ADAPTIVE, ENV_PRIORS, format_adaptive_spec
+    from expert_residency.formats import FormatError, parse_histogram
+
+    from recipegen.schema.adaptive import prior_classes
+
+    adaptive = lane.offload.adaptive
+    assert adaptive is not None
+    env = {ENV_ADAPTIVE: format_adaptive_spec(adaptive.runtime_config())}
+    mounts: list[Mount] = []
+    files: dict[str, bytes] = {}
+    targets: list[str] = []
+    for cls in prior_classes(lane):
+        rel = lane.classes[cls].histogram
+        assert rel is not None  # schema checks: a prior class declares a histogram
+        where = ("lanes", index, "classes", cls, "histogram")
+        data = loaded.resolve(rel).read_bytes()
+        try:  # the worker would refuse it at boot (core.adaptive_setup): say so now, at its line
+            hist = parse_histogram(data.decode("utf-8"), rel)
+        except (FormatError, UnicodeDecodeError, ValueError) as exc:
+            raise loaded.error(f"{rel} is not a readable histogram: {exc}", where) from None
+        if hist.num_experts != loaded.recipe.model.routed_experts:
+            raise loaded.error(f"{rel} counts {hist.num_experts} experts per layer, the model has "
+                               f"{loaded.recipe.model.routed_experts}", where)
+        missing = sorted(set(loaded.recipe.model.moe_layers) - set(hist.moe_layer_indices))
+        if missing:
+            raise loaded.error(f"{rel} has no counts for MoE layer(s) {missing[:5]}", where)
+        source = prior_file_name(lane.name, cls)
+        target = f"{ROWMAP_TARGET_DIR}/{lane.name}-{cls}.hist"
+        files[source] = data
+        mounts.append(Mount("bind", source, target, True))
+        targets.append(target)
+    if targets:
+        env[ENV_PRIORS] = ",".join(targets)
+    return env, mounts, files
 
 
 def canonical_flag(token: str, table: FlagTable) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from recipegen.schema.adaptive import adaptive_problems
 from recipegen.schema.recipe import Recipe
 
 Problem = tuple[tuple[str | int, ...], str]
@@ -83,6 +84,7 @@ def cross_reference_problems(recipe: Recipe, base_dir: Path) -> list[Problem]:
                              f"model {recipe.model.name} declares none (add model.drafter or "
                              "speculative.model)"))
         problems.extend(_class_problems(recipe, i, base_dir))
+        problems.extend(adaptive_problems(lane, ("lanes", i)))
         if lane.parallel is not None:
             from recipegen.multinode.checks import parallel_problems
             problems.extend(parallel_problems(recipe, i))

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, StringConstraints, model_validator
 
+from recipegen.schema.adaptive import Adaptive
 from recipegen.schema.base import Bytes, PathError, PositiveBytes, StrictModel, TokenCount
 from recipegen.schema.parallel import Parallel
 
@@ -63,6 +64,9 @@ class Offload(StrictModel):
     the KV pool (3 slots per layer cost 43% of the v15 pool in the field report "Should a GB300
     Prefetch Its Cold Experts? Mostly No, and What to Build Instead", 2026-10-23); the residency
     runtime has no prefetch mode yet, so this is for what-if budgets."""
+    adaptive: Adaptive | None = None
+    """Adaptive residency (usage-aware only): the map follows the traffic inside the running
+    engine by bounded swaps at step boundaries. Absent: off (the boot map stays)."""
 
     @model_validator(mode="after")
     def _check(self) -> "Offload":

@@ -1,0 +1,93 @@
+"""`offload.adaptive`: the row map follows the traffic inside a running engine (docs/adaptive.md).
+
+The field names, defaults and ranges are the runtime's own `AdaptiveConfig`
+(`expert_residency.core.adaptive_config`, torch-free): the recipe is validated against the same
+class the worker parses from `EXPERT_RESIDENCY_ADAPTIVE`, so a recipe that validates boots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from expert_residency.core.adaptive_config import AdaptiveConfig
+from pydantic import Field, NonNegativeInt, PositiveInt
+
+from recipegen.schema.base import StrictModel
+
+if TYPE_CHECKING:
+    from recipegen.schema.lane import Lane
+
+_D = AdaptiveConfig()  # the runtime's defaults: one source
+
+
+class Adaptive(StrictModel):
+    """Adaptive residency: every `interval` forwards, at a step boundary with no forward in
+    flight, at most `swaps_per_layer` hot/cold swaps per MoE layer move the experts the traffic
+    now uses into HBM (copies through a staging row, the map flip last; bank shapes and CUDA
+    graphs stay valid). Absent: off, the boot map stays (the default). `adaptive: {}` turns it
+    on with every default. Usage-aware lanes only.
+    """
+
+    interval: PositiveInt = _D.interval
+    """Forwards between barriers. Each barrier costs one device-to-host copy of the plan plus the
+    swaps it accepts; a longer interval gives each decision more picks."""
+    swaps_per_layer: NonNegativeInt = _D.swaps_per_layer
+    """Most swaps (one hot expert out, one cold expert in) per MoE layer per barrier: bounds a
+    barrier's host-link traffic, 2 × bytes per expert × swaps_per_layer × MoE layers (the ledger
+    shows it), and so its length. 0 counts and ranks but never swaps."""
+    decay: float = Field(default=_D.decay, ge=0, lt=1)
+    """Factor on every score at each barrier before the new window is added
+    (`score = decay × score + window`): the memory is about 1 / (1 − decay) windows."""
+    margin: float = Field(default=_D.margin, ge=0)
+    """Hysteresis: a cold expert replaces the weakest hot one only when its score exceeds
+    (1 + margin) × that hot expert's score, so alternating traffic does not thrash the map."""
+    evidence: float = Field(default=_D.evidence, ge=0)
+    """Noise guard while a class profile is in the ranking: the cold expert's lead must exceed
+    `evidence` × √(cold + hot) (Poisson standard deviations)."""
+    counts_evidence: float = Field(default=_D.counts_evidence, ge=0)
+    """The same guard when the ranking rests on counts alone (no priors, `prior_weight` 0, or
+    traffic no class profile explains)."""
+    prior_weight: float = Field(default=_D.prior_weight, ge=0)
+    """Weight of the best-fitting class profile in the ranking (0: counts only)."""
+    priors: list[str] | None = None
+    """Classes whose histograms are mounted as priors (the policy recognises the traffic's class
+    from one window and ranks by its profile). Absent: every class of the lane that declares a
+    histogram; `[]`: none (counts only)."""
+
+    def runtime_config(self) -> AdaptiveConfig:
+        """The runtime's `AdaptiveConfig` for these settings (what `render` writes)."""
+        return AdaptiveConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AdaptiveConfig)})
+
+
+def prior_classes(lane: Lane) -> list[str]:
+    """The classes whose histograms the lane's adaptive policy reads as priors, in declared order."""
+    adaptive = lane.offload.adaptive
+    if adaptive is None:
+        return []
+    if adaptive.priors is None:
+        return [name for name, cls in lane.classes.items() if cls.histogram]
+    return list(adaptive.priors)
+
+
+def adaptive_problems(lane: Lane, where: tuple[str | int, ...]) -> list[tuple[tuple[str | int, ...], str]]:
+    """Cross-field problems of `offload.adaptive`: placement, and priors naming classes with histograms."""
+    adaptive = lane.offload.adaptive
+    if adaptive is None:
+        return []
+    path = (*where, "offload", "adaptive")
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+    if lane.offload.placement != "usage-aware":
+        problems.append((path, "adaptive residency swaps rows of the usage-aware banks; positional "
+                         "offload has none (set offload.placement: usage-aware or drop adaptive)"))
+    for j, name in enumerate(adaptive.priors or []):
+        if name not in lane.classes:
+            declared = ", ".join(lane.classes) or "none"
+            problems.append(((*path, "priors", j), f"class {name!r} is not declared in this lane's "
+                             f"classes (declared: {declared})"))
+        elif not lane.classes[name].histogram:
+            problems.append(((*path, "priors", j), f"class {name!r} declares no histogram to use as "
+                             "a prior"))
+        elif name in adaptive.priors[:j]:  # type: ignore[index]
+            problems.append(((*path, "priors", j), f"class {name!r} is listed twice"))
+    return problems

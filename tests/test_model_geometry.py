@@ -271,3 +271,11 @@ def test_expert_parallel_lane_is_refused_by_the_runtime() -> None:
     assert [v for v in got.violations if v.kind == "runtime" and "expert parallelism" in v.message]
     eplb = lane(hot_experts_per_layer=64).model_copy(update={"extra_args": ["--enable-eplb"]})
     assert [v for v in compute_lane(model, machine(), eplb).violations if "EPLB" in v.message]
+
+
+def test_cpu_offload_params_beyond_experts_is_said_not_modelled() -> None:
+    model = _dense_model(decoder_layer_bytes={"moe_layer": "30 B", "dense_layer": "70 B"})
+    base = lane(placement="positional", load_cpu_offload="350 B", kv="1 GiB")
+    got = compute_lane(model, machine(), base.model_copy(update={"extra_args": ["--cpu-offload-params", "self_attn"]}))
+    assert any("not modelled exactly" in n for n in got.notes)
+    assert got.fig("host.dense_offloaded").value == 100   # walked as if unselective

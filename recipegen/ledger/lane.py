@@ -14,7 +14,7 @@ from recipegen.ledger.adaptive import adaptive_figures
 from recipegen.ledger.budget import declared_split
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.load import load_figures
-from recipegen.ledger.placement import experts_only, positional_walk
+from recipegen.ledger.placement import experts_only, offload_param_filter, positional_walk
 from recipegen.ledger.placements import placement_figures, positional_placement, usage_aware_placement
 from recipegen.ledger.reserves import hbm_reserve, host_reserve
 from recipegen.ledger.result import POSITIONAL, USAGE_AWARE, LaneLedger, PlacementLedger, Violation, src_note
@@ -124,6 +124,10 @@ def _placements(model: Model, machine: Machine, lane: Lane, hbm: _Hbm, bank: flo
         out.notes.append("load_cpu_offload 0 GiB: vLLM loads every routed expert into HBM (no "
                          "--cpu-offload-gb)" + (", then the runtime re-homes the cold ones to the host"
                                                 if lane.offload.placement == USAGE_AWARE else ""))
+    segments = offload_param_filter(list(lane.extra_args))
+    if segments and not experts_only(lane):
+        out.notes.append(f"--cpu-offload-params {','.join(sorted(segments))} is not modelled exactly: the ledger "
+                         "walks every parameter as if unselective (routed-expert segments only are modelled)")
     # Non-routed bytes the load's --cpu-offload-gb walk moves to host (stay there after re-homing).
     dense_off = (positional_walk(model, lane.offload.load_cpu_offload, experts_only=experts_only(lane)).dense_offloaded
                  if lane.offload.load_cpu_offload else 0)

@@ -7,8 +7,9 @@ every step and whose addresses never do:
 
 * ``valid [max_tokens] bool`` — True for the step's real tokens (not padding);
 * ``decode_count [1] int64`` — the step's decode tokens: requests scheduled with exactly one new
-  token (a verify window of speculative decoding has several, a prefill chunk many, a padded
-  request none), each contributing one token. The first counted MoE layer adds it to the counter
+  token on a real row (a verify window of speculative decoding has several, a prefill chunk
+  many, a padded request none; capture dummies' one-token requests sit on padded rows), each
+  contributing one token. The first counted MoE layer adds it to the counter
   inside the captured region (a drafter's forward context overwrites it, but no target layer
   runs in that forward).
 
@@ -42,7 +43,10 @@ class StepMasks:
     def __init__(self, max_tokens: int, device: torch.device | str) -> None:
         self.max_tokens = int(max_tokens)
         self.device = torch.device(device)
-        self.valid = torch.zeros(self.max_tokens, dtype=torch.bool, device=self.device)
+        # One slot past the last row, always False: a trailing zero-length (padded) request
+        # starts there when the step is full.
+        self._valid = torch.zeros(self.max_tokens + 1, dtype=torch.bool, device=self.device)
+        self.valid = self._valid[:self.max_tokens]
         self.decode_count = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._rows = torch.arange(self.max_tokens, dtype=torch.int32, device=self.device)
         # False once a step's metadata had no query_start_loc: decode tokens are then unknown.
@@ -50,12 +54,13 @@ class StepMasks:
 
     @staticmethod
     def bytes_for(max_tokens: int) -> int:
-        """Device bytes of the buffers: a bool and an int32 row of ``max_tokens``, one int64."""
-        return int(max_tokens) * (1 + 4) + 8
+        """Device bytes of the buffers: a bool row of ``max_tokens + 1``, an int32 row of
+        ``max_tokens``, one int64."""
+        return int(max_tokens) * (1 + 4) + 1 + 8
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.valid, self.decode_count,
+        return sum(t.numel() * t.element_size() for t in (self._valid, self.decode_count,
                                                           self._rows))
 
     def for_tokens(self, num_tokens: int) -> torch.Tensor:
@@ -76,7 +81,7 @@ class StepMasks:
         """Masks for a step of ``num_rows`` rows (padded). Real rows: ``~is_padding`` when given,
         else the first ``num_actual_tokens``, else all ``num_rows``. Decode tokens: the requests
         of ``query_start_loc`` with exactly one new token (padded requests have none); unknown
-        without it. Five device ops at most, none reading back to the host."""
+        without it. A handful of device ops, none reading back to the host."""
         n = min(int(num_rows), self.max_tokens)
         valid = self.valid[:n]
         if is_padding is not None:
@@ -92,7 +97,12 @@ class StepMasks:
             self.decode_count.zero_()
             return
         starts = query_start_loc
-        torch.sum((starts[1:] - starts[:-1]) == 1, dim=0, keepdim=True, out=self.decode_count)
+        # A decode request: one new token, on a real row. Capture and warm-up dummies carry
+        # metadata of one-token requests on rows marked padding; they count nothing. (Rows past
+        # the step are False: the tail was zeroed above.)
+        first_row = self._valid[starts[:-1]]
+        torch.sum(((starts[1:] - starts[:-1]) == 1) & first_row, dim=0, keepdim=True,
+                  out=self.decode_count)
 
     def update_from_context(self, context: Any) -> None:
         """Fill the masks from a vLLM ``ForwardContext`` (called as it is created)."""

@@ -15,6 +15,13 @@ Counts are **cumulative** since the engine started (a later file supersedes earl
 drift window is the difference of two files). Each file's ``meta`` carries lane, class, mode,
 reason (``interval`` | ``signal`` | ``shutdown`` | ``manual``), seq, pid, and the start time.
 
+With adaptive residency on (``live_map=`` the ``AdaptivePolicy``), each snapshot also carries the
+map the banks hold at that moment: ``meta.live_map`` (``LiveMap``: its ``content_hash``, the boot
+map's, ``shape_hash``, barriers, swaps, the last window's cold share and chosen profile, and
+``file``) and the map itself as a row-map file beside the histogram, same stem, ``.rowmap``
+(``live_map_file_name``), written first so that a histogram naming it always finds it. Dumps
+without ``meta.live_map`` (a static lane, an older runtime) read as before.
+
 Standard library only at import time: ``dump_file_name``/``parse_dump_name``/``DumpConfig`` are the
 one definition of the dump file names, and readers without torch (``recipegen profile``/``drift``)
 import them from here.
@@ -45,10 +52,11 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 if TYPE_CHECKING:  # the name and config helpers stay importable without torch (recipegen reads dumps)
     from .counter import ExpertCounter
+    from ..formats.rowmap import RowMap
 
 ENV_DIR = "EXPERT_RESIDENCY_DUMP_DIR"
 ENV_INTERVAL = "EXPERT_RESIDENCY_DUMP_INTERVAL_S"
@@ -142,13 +150,83 @@ def parse_dump_name(name: str) -> DumpName | None:
     return DumpName(m.group("lane"), m.group("cls"), m.group("mode"), when, int(m.group("seq")))
 
 
+LIVE_MAP_META = "live_map"
+
+
+def live_map_file_name(histogram_name: str) -> str:
+    """The live map's file beside a dump: the histogram's name with ``.rowmap`` for ``.hist``."""
+    stem = histogram_name[:-len(".hist")] if histogram_name.endswith(".hist") else histogram_name
+    return stem + ".rowmap"
+
+
+class LiveMapSource(Protocol):
+    """What the dumper reads the live map from (``core.adaptive.AdaptivePolicy``)."""
+
+    def live_rowmap(self) -> RowMap: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class LiveMap:
+    """``meta.live_map`` of a dump: the map an adaptive lane's banks held when it was written."""
+
+    content_hash: str
+    boot_content_hash: str
+    shape_hash: str
+    barriers: int
+    swaps: int
+    file: str
+    window_cold_share: float | None = None
+    prior: str | None = None
+
+    def to_meta(self) -> dict[str, Any]:
+        return {"content_hash": self.content_hash, "boot_content_hash": self.boot_content_hash,
+                "shape_hash": self.shape_hash, "barriers": self.barriers, "swaps": self.swaps,
+                "file": self.file, "window_cold_share": self.window_cold_share, "prior": self.prior}
+
+    @classmethod
+    def from_meta(cls, meta: Mapping[str, Any]) -> "LiveMap | None":
+        """The live map a dump's ``meta`` describes; None when it has none (static lanes, older
+        runtimes). ValueError naming the field when it is there but malformed."""
+        value = meta.get(LIVE_MAP_META)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ValueError(f"meta.{LIVE_MAP_META} is not an object")
+        try:
+            live = cls(**{k: value[k] for k in ("content_hash", "boot_content_hash", "shape_hash",
+                                                 "barriers", "swaps", "file")},
+                       window_cold_share=value.get("window_cold_share"), prior=value.get("prior"))
+        except KeyError as exc:
+            raise ValueError(f"meta.{LIVE_MAP_META} lacks {exc.args[0]!r}") from None
+        except TypeError as exc:
+            raise ValueError(f"meta.{LIVE_MAP_META}: {exc}") from None
+        for name in ("content_hash", "boot_content_hash", "shape_hash", "file"):
+            if not isinstance(getattr(live, name), str):
+                raise ValueError(f"meta.{LIVE_MAP_META}.{name} is not a string")
+        for name in ("barriers", "swaps"):
+            number = getattr(live, name)
+            if not isinstance(number, int) or isinstance(number, bool) or number < 0:
+                raise ValueError(f"meta.{LIVE_MAP_META}.{name} is not a count")
+        share = live.window_cold_share
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
+                                  or not 0.0 <= share <= 1.0):
+            raise ValueError(f"meta.{LIVE_MAP_META}.window_cold_share is not a share in [0, 1]")
+        if not (live.file.endswith(".rowmap") and parse_dump_name(live.file[:-len(".rowmap")] + ".hist")):
+            raise ValueError(f"meta.{LIVE_MAP_META}.file {live.file[:60]!r} is not a dump's live-map name")
+        return live
+
+
 class HistogramDumper:
     """Writes ``counter`` snapshots into ``config.folder`` (see the module docstring)."""
 
     def __init__(self, counter: ExpertCounter, config: DumpConfig, *, source: str = "",
-                 model_revision: str = "", clock: Callable[[], datetime] | None = None) -> None:
+                 model_revision: str = "", clock: Callable[[], datetime] | None = None,
+                 live_map: LiveMapSource | None = None) -> None:
         config.check()
         self.counter = counter
+        self.live_map = live_map
         self.config = config
         self.source = source or f"count dump of lane {config.lane} ({config.mode})"
         self.model_revision = model_revision
@@ -183,13 +261,31 @@ class HistogramDumper:
                     "mode": self.config.mode, "reason": reason, "seq": self._seq, "pid": os.getpid(),
                     "started_at": self._started_at.strftime(_TIME_FORMAT),
                     "written_at": when.astimezone(timezone.utc).strftime(_TIME_FORMAT)}
-            histogram = self.counter.to_histogram(source=self.source, model_revision=self.model_revision,
-                                                  meta=meta)
             path = self.config.folder / dump_file_name(self.config.lane, self.config.traffic_class,
                                                        self.config.mode, when, self._seq)
+            if self.live_map is not None:
+                meta[LIVE_MAP_META] = self._save_live_map(path).to_meta()
+            histogram = self.counter.to_histogram(source=self.source, model_revision=self.model_revision,
+                                                  meta=meta)
             save_histogram(histogram, path)
             self.written.append(path)
             return path
+
+    def _save_live_map(self, histogram_path: Path) -> LiveMap:
+        """Write the live map beside the histogram (before it) and describe it for ``meta``."""
+        from ..formats.rowmap import save_rowmap
+
+        assert self.live_map is not None
+        rowmap = self.live_map.live_rowmap()   # one consistent read, under the policy's map lock
+        window = self.live_map.status()        # the last barrier's window figures
+        name = live_map_file_name(histogram_path.name)
+        save_rowmap(rowmap, histogram_path.parent / name)
+        prov = rowmap.provenance
+        return LiveMap(content_hash=rowmap.content_hash(),
+                       boot_content_hash=str(prov.get("boot_content_hash", "")),
+                       shape_hash=rowmap.shape_hash(), barriers=int(prov.get("barriers", 0)),
+                       swaps=int(prov.get("swaps", 0)), file=name,
+                       window_cold_share=window.get("window_cold_share"), prior=window.get("prior"))
 
     def stop(self) -> None:
         """Write the shutdown snapshot once and stop the thread (idempotent)."""

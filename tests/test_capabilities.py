@@ -20,7 +20,7 @@ def test_gpt_oss_experts_are_refused_on_the_first_missing_capability() -> None:
 
 
 def test_formats_without_a_kernel_and_old_devices_are_refused() -> None:
-    for fmt in ("fp8-block", "fp8", "int4", "nvfp4"):
+    for fmt in ("fp8", "int4", "nvfp4"):
         assert not FORMATS[fmt].supported and unsupported_reason(expert_format=fmt) == FORMATS[fmt].why_not
     assert "not in the runtime's capability table" in (unsupported_reason(expert_format="q4_k") or "")
     assert "8.0 or newer" in (unsupported_reason(expert_format="mxfp4", compute_capability=(7, 5)) or "")

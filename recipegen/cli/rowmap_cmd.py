@@ -96,6 +96,7 @@ def rowmap() -> None:
     show     MAP [--recipe R]       geometry, provenance, hashes, bank bytes
     reduce   CAPTURE... -o HIST     vLLM routed-experts / raw .npy captures → histogram
     synth    -o DIR                 seeded SYNTHETIC example histograms
+    save-live RECIPE LANE --class C the map an adaptive lane's banks hold now → C's map
 
     HIST arguments accept histogram files and capture files (vLLM
     --enable-return-routed-experts responses, raw [tokens, layers, top_k] .npy).
@@ -404,3 +405,39 @@ def synth(output_dir: str, classes: tuple[str, ...], seed: int, tokens: int, cor
             f"regenerate: recipegen rowmap synth --class {name} --seed {seed} --tokens {tokens} "
             f"--correlation {correlation} {geometry_args} -o {output_dir}"]), path)
         click.echo(f"wrote {path} (SYNTHETIC, {hist.selections:,} selections)")
+
+
+@rowmap.command(name="save-live")
+@click.argument("recipe")
+@click.argument("lane")
+@click.option("--class", "cls", required=True, help="Class whose row-map file receives the live map.")
+@click.option("--dump-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The lane's dump folder (default: the rendering's dumps/<lane>).")
+@click.option("--machine", envvar="RECIPEGEN_MACHINE", default=None,
+              help="Machine whose rendering holds the dump folder (multi-machine recipes).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Write the map here instead of the class's row-map file.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def save_live(recipe: str, lane: str, cls: str, dump_dir: Path | None, machine: str | None,
+              output: str | None, as_json: bool) -> None:
+    """Keep the live map of an adaptive LANE (its newest histogram snapshot's) as class CLS's map."""
+    from recipegen.ops.dumps import read_host_dir
+    from recipegen.ops.livemap import save_live as run
+    from recipegen.recipe_io import load_recipe
+
+    loaded = load_recipe(recipe)
+    if dump_dir is None:
+        from recipegen.ops.rendering import Rendering
+
+        dump_dir = Rendering.load(recipe, machine).out_dir / "dumps" / lane
+    target, view = run(loaded, lane, cls, read_host_dir(dump_dir), where=str(dump_dir), output=output)
+    figures = view.against(None)
+    if as_json:
+        _emit_json({"written": str(target), "class": cls, **figures})
+        return
+    click.echo(f"wrote {target}: the live map {view.live.content_hash[:12]} of lane {lane} "
+               f"({view.live.swaps} swap(s) in {view.live.barriers} barrier(s) since boot map "
+               f"{view.live.boot_content_hash[:12]}; from {view.snapshot.name})")
+    if output is None:
+        click.echo(f"next: `recipegen swap {recipe} {lane} --class {cls}` (or `recipegen up`) boots "
+                   "the lane on it; the class's histogram is unchanged")

@@ -27,6 +27,7 @@ class DriftVerdict:
     by_class: dict[str, float]         # live share under each class's map
     best_class: str
     tolerance: float
+    live_map: dict | None = None       # an adaptive lane's live map (`ops.livemap`), else None
 
     @property
     def drifted(self) -> bool:

@@ -198,6 +198,7 @@ class LaneStatus:
     container: str
     rendering: str        # current / stale / not rendered / unknown recipe
     detail: str
+    live_map: dict | None = None   # an adaptive lane's live map from its newest dump (`ops.livemap`)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -236,8 +237,32 @@ def status(client: Any, *, recipe: str | None,
     filters = [labels.RECIPE] if recipe is None else [f"{labels.RECIPE}={recipe}"]
     containers = find_containers(client, filters)
     views = _recipe_views({(c.labels[labels.RECIPE], c.project) for c in containers}, load)
-    return [_lane_status(c, views.get((c.labels[labels.RECIPE], c.project), _RecipeView(None, {})))
+    return [_with_live_map(client, c, _lane_status(c, views.get((c.labels[labels.RECIPE], c.project),
+                                                                _RecipeView(None, {}))))
             for c in containers]
+
+
+def _with_live_map(client: Any, c: ContainerInfo, lane: LaneStatus) -> LaneStatus:
+    """A running adaptive lane: its newest dump's live map against the map it booted with (the
+    recipe's, by the content-hash label). Read from the dump folder as it is (no new snapshot
+    asked for); a folder that cannot be read is said in the figures, not raised."""
+    from dataclasses import replace
+
+    from recipegen.ops.dumps import env_dump_dir
+    from recipegen.ops.engine import list_dir
+    from recipegen.ops.livemap import adaptive_on, latest_live_map
+
+    folder = env_dump_dir(c.env)
+    if c.state != "running" or not folder or not adaptive_on(c.env):
+        return lane
+    where = f"{c.service}:{folder}"
+    try:
+        view = latest_live_map(list_dir(client, c.id, folder), where=where, lane=lane.lane or None)
+    except RecipegenError as exc:
+        return replace(lane, live_map={"error": str(exc)})
+    if view is None:
+        return replace(lane, live_map={"error": f"no snapshot in {where} carries a live map yet"})
+    return replace(lane, live_map=view.against(c.labels.get(labels.CONTENT_HASH)))
 
 
 def _lane_status(c: ContainerInfo, view: _RecipeView) -> LaneStatus:

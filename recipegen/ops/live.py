@@ -143,7 +143,24 @@ def drift_lane(dep: Deployment, lane_name: str, *, wait_s: float | None,
     if label_hash and label_hash != maps[active].content_hash():
         echo(f"note: {info.service} runs a different {active} map (content {label_hash[:12]}) than "
              f"the file now holds ({maps[active].content_hash()[:12]}); judging against the file")
-    return judge(live, active, maps, built_share=built, built_source=source, tolerance=tolerance)
+    verdict = judge(live, active, maps, built_share=built, built_source=source, tolerance=tolerance)
+    return _with_live_map(verdict, read(), snap, live, maps[active], where=f"{info.service}:{folder}")
+
+
+def _with_live_map(verdict: DriftVerdict, files: dict[str, bytes], snap: Snapshot, counts: Any,
+                   recipe_map: Any, *, where: str) -> DriftVerdict:
+    """An adaptive lane's snapshot carries the map its banks hold: its hash against the recipe's,
+    swaps, the runtime's cold share now, and the judged counts' cold share under it."""
+    from dataclasses import replace
+
+    from recipegen.ops.livemap import cold_share_under, live_map_of
+
+    view = live_map_of(files, snap, where=where)
+    if view is None:
+        return verdict
+    figures = view.against(recipe_map.content_hash())
+    figures["cold_share_live_map"] = cold_share_under(view, counts)
+    return replace(verdict, live_map=figures)
 
 
 def _window(files: dict[str, bytes], latest: Snapshot, window_s: float, *, where: str,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -35,12 +36,17 @@ from vllm_support.tiny_recipe import write_tiny_recipe
 pytestmark = pytest.mark.vllm
 
 REPO = Path(__file__).resolve().parents[2]
+# Split vs stock logprob tolerance on agreeing tokens: bf16 rounding of each pick row (a relative
+# 2**-8 of an expert output) through two MoE layers of the tiny model; the largest difference
+# measured was 0.062 on a 2-core AVX2 x86-64 box and 0.054 on an AMX one (docs/plugin.md).
+LOGPROB_TOLERANCE = 0.125
 
 
 @dataclass
 class Run:
     tokens: list[list[int]]
     logprobs: list[list[float]]
+    top2: list[list[list[float]]]   # per prompt and position: the two best logprobs, best first
     reports: list[StartupReport]
     status: list[Any]
     log: str
@@ -59,14 +65,23 @@ def _serve_and_run(start_server: Callable[..., VllmServer], name: str,
                    env: dict[str, str]) -> Run:
     server = start_server(name, env)
     try:
-        responses = [server.complete(p, MAX_TOKENS, logprobs=1) for p in PROMPTS]
+        # Two alternatives per position: stock's top-1 margin (the chosen token's logprob is the
+        # same whatever the count asked for).
+        responses = [server.complete(p, MAX_TOKENS, logprobs=2) for p in PROMPTS]
         status = server.collective_rpc("expert_residency_status") if env else []
     finally:
         server.stop()
     log = server.log_text()
     return Run([completion_token_ids(r) for r in responses],
-               [completion_logprobs(r) for r in responses], find_report_lines(log), status, log,
+               [completion_logprobs(r) for r in responses], [_top2(r) for r in responses],
+               find_report_lines(log), status, log,
                [int(r["usage"]["prompt_tokens"]) for r in responses])
+
+
+def _top2(response: dict[str, Any]) -> list[list[float]]:
+    """Per position the two largest logprobs the server listed (one when two tokens print alike)."""
+    tops = response["choices"][0]["logprobs"]["top_logprobs"]
+    return [sorted((float(v) for v in top.values()), reverse=True)[:2] for top in tops]
 
 
 def _residency_env(rowmap_path: Path, interval_s: str = "0") -> dict[str, str]:
@@ -177,26 +192,42 @@ def test_stock_vllm_agreement(runs, count_profile, tmp_path_factory) -> None:
 
     Count-only mode runs vLLM's own kernel, so it must agree exactly with stock. The split path
     rounds each pick row to bf16 before the fp32 fma finalize, while vLLM's CPU kernel
-    accumulates the weighted picks inside the kernel, so split vs stock is reported as measured
-    (written to stock_agreement.json next to the test's temp files and printed).
+    accumulates the weighted picks inside the kernel, so split vs stock logprobs differ by
+    rounding. What must hold, and fails when the split path is wrong:
+
+    * the chosen tokens' logprobs agree within ``LOGPROB_TOLERANCE`` wherever the tokens agree;
+    * with every logprob moved by at most d (the largest difference seen), greedy can pick another
+      token only where stock's top-1 margin (best − second-best logprob) is below 2·d; so at every
+      position up to each prompt's first disagreement, a margin above 2·d means identical tokens.
+
+    The figures are written to stock_agreement.json next to the test's temp files and printed.
     """
-    stock = runs["stock"]
+    stock, split = runs["stock"], runs["hot5"]
     assert not stock.reports, "the plugin must be inert without EXPERT_RESIDENCY_MODE"
     assert count_profile.token_ids == stock.tokens
-    same = sum(a == b for a, b in zip(runs["hot5"].tokens, stock.tokens))
-    total_tokens = sum(len(t) for t in stock.tokens)
-    same_tokens = sum(x == y for a, b in zip(runs["hot5"].tokens, stock.tokens)
-                      for x, y in zip(a, b))
-    max_logprob_diff = max(abs(x - y) for a, b in zip(runs["hot5"].logprobs, stock.logprobs)
-                           for x, y in zip(a, b))
-    measured = {"prompts_identical": same, "prompts": len(PROMPTS),
-                "tokens_identical": same_tokens, "tokens": total_tokens,
-                "max_abs_logprob_diff": max_logprob_diff,
-                "logprobs_bit_identical": runs["hot5"].logprobs == stock.logprobs}
+    diffs, compared = [], []   # logprob differences on agreeing tokens; (margin, same) per position
+    for s_tok, r_tok, s_lp, r_lp, top2 in zip(stock.tokens, split.tokens, stock.logprobs,
+                                              split.logprobs, stock.top2):
+        for i, (a, b) in enumerate(zip(s_tok, r_tok)):
+            margin = top2[i][0] - top2[i][1] if len(top2[i]) == 2 else 0.0
+            compared.append((margin, a == b))
+            if a != b:
+                break          # the contexts differ from here on: nothing more to compare
+            diffs.append(abs(s_lp[i] - r_lp[i]))
+    d = max(diffs)
+    measured = {"prompts_identical": sum(a == b for a, b in zip(split.tokens, stock.tokens)),
+                "prompts": len(PROMPTS),
+                "tokens_identical": sum(same for _, same in compared),
+                "tokens": sum(len(t) for t in stock.tokens),
+                "max_abs_logprob_diff": d,
+                "smallest_stock_margin": min(m for m, _ in compared),
+                "logprobs_bit_identical": split.logprobs == stock.logprobs}
     out = tmp_path_factory.mktemp("agreement") / "stock_agreement.json"
     out.write_text(json.dumps(measured, indent=1))
     print("residency vs stock vLLM:", json.dumps(measured))
-    assert 0 <= same <= len(PROMPTS)
+    assert d <= LOGPROB_TOLERANCE, measured
+    flipped = [(m, same) for m, same in compared if m > 2 * d and not same]
+    assert not flipped, f"tokens differ where stock's margin exceeds 2 x {d:.4f}: {flipped}; {measured}"
 
 
 def test_modular_kernel_path_is_bit_identical_too(runs) -> None:
@@ -204,7 +235,11 @@ def test_modular_kernel_path_is_bit_identical_too(runs) -> None:
     CPU experts directly: split vs unsplit identical, and identical to the direct path."""
     for key in ("unsplit-modular", "hot5-modular"):
         assert "via FusedMoEKernel.apply" in runs[key].reports[0].extra["per_pick"]
-    assert runs["unsplit"].reports[0].extra["per_pick"] == "CPUUnquantizedExperts"
+    # The per-pick function is the CPU experts class vLLM itself chose on this CPU (it logs
+    # "Using <class> MoE backend"; CPUUnquantizedExperts or, on some x86 CPUs,
+    # X86CPUUnquantizedExperts), not a fixed name.
+    chosen = re.findall(r"Using (\w+) MoE backend", runs["stock"].log)
+    assert chosen and runs["unsplit"].reports[0].extra["per_pick"] == chosen[-1]
     assert runs["hot5-modular"].tokens == runs["unsplit-modular"].tokens == runs["unsplit"].tokens
     assert runs["hot5-modular"].logprobs == runs["unsplit-modular"].logprobs
     assert runs["unsplit-modular"].logprobs == runs["unsplit"].logprobs

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from expert_residency.formats import atomic_write_text
 from pydantic import ValidationError
 
 from recipegen.errors import InputError
@@ -441,9 +440,46 @@ def _own_key(node: Any, key: str) -> bool:
 
 
 def _atomic_write_validated(target: Path, text: str) -> None:
-    # never replace a good recipe with a broken one: validate the temp file before the rename
-    atomic_write_text(target, text, suffix=".yaml",
-                      check=lambda tmp: load_recipe(tmp, read_maps=False))
+    # never replace a good recipe with a broken one: validate the text before the rename
+    load_recipe(target, read_maps=False, text=text)
+    write_recipe_atomically(target, text.encode("utf-8"))
+
+
+# The one temp name a recipe write uses: a dot file (never listed as a recipe) with a fixed
+# name, so the next run knows what an interrupted write left (recipegen.render.swap removes it).
+RECIPE_TEMP_SUFFIX = ".recipegen-swap.tmp"
+
+
+def recipe_temp_path(recipe_path: Path, kind: str = "") -> Path:
+    return recipe_path.parent / f".{recipe_path.name}{RECIPE_TEMP_SUFFIX}{kind}"
+
+
+def write_recipe_atomically(target: Path, data: bytes, temp: Path | None = None) -> None:
+    """`data` into `target` through a fixed-name temp, fsynced, renamed, the folder entry
+    flushed. Keeps `target`'s mode."""
+    temp = temp or recipe_temp_path(target)
+    try:
+        mode = os.stat(target).st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temp, mode)
+        os.replace(temp, target)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    folder = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def _model_file_loader(recipe_path: Path) -> Any:

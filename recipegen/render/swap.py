@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recipegen.errors import InputError, RecipegenError
+from recipegen.recipe_io import RECIPE_TEMP_SUFFIX, recipe_temp_path, write_recipe_atomically
 from recipegen.render.compose import TEMPLATES_DIR
 
 JOURNAL_SUFFIX = ".recipegen-swap.json"
-RECIPE_TEMP_SUFFIX = ".recipegen-swap.tmp"
 JOURNAL_VERSION = 1
 
 Echo = Callable[[str], None]
@@ -43,39 +43,12 @@ def journal_path(recipe_path: Path) -> Path:
     return recipe_path.parent / f".{recipe_path.name}{JOURNAL_SUFFIX}"
 
 
-def recipe_temp_path(recipe_path: Path) -> Path:
-    return recipe_path.parent / f".{recipe_path.name}{RECIPE_TEMP_SUFFIX}"
-
-
 def _journal_temp_path(recipe_path: Path) -> Path:
-    return recipe_path.parent / f".{recipe_path.name}{RECIPE_TEMP_SUFFIX}-journal"
+    return recipe_temp_path(recipe_path, "-journal")
 
 
 def _write_atomically(target: Path, data: bytes, temp: Path) -> None:
-    """`data` into `target` through the fixed-name `temp` (so a crash leaves a name the next
-    run knows to remove), fsynced, renamed, the folder entry flushed. Keeps `target`'s mode."""
-    try:
-        mode = os.stat(target).st_mode & 0o777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, mode)
-        os.replace(temp, target)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    folder = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+    write_recipe_atomically(target, data, temp)
 
 
 @dataclass

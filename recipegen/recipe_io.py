@@ -484,4 +484,12 @@ def write_recipe_atomically(target: Path, data: bytes, temp: Path | None = None)
 
 def _model_file_loader(recipe_path: Path) -> Any:
     from recipegen.model_files import load_model_file
-    return lambda relative: load_model_file(relative, base=recipe_path.parent)
+    from recipegen.schema.checks import inside_project
+
+    def load(relative: str) -> Any:
+        # like row maps and histograms: relative to the recipe, and inside its project
+        if Path(relative).is_absolute() or not inside_project(recipe_path.parent, relative):
+            raise ValueError(f"{relative!r} must be relative to the recipe and stay inside the "
+                             "project (the folder holding recipes/)")
+        return load_model_file(relative, base=recipe_path.parent)
+    return load

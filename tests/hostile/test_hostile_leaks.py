@@ -143,3 +143,11 @@ def test_geometry_options_are_bounded_before_allocating(project: Path) -> None:
     refused("rowmap", "reduce", str(capture), "--experts", "4", "--layers", "0-999999999999",
             "-o", str(project / "o.hist"), expect="--layers")
 
+
+
+@pytest.mark.parametrize("path", ["../../../etc/passwd", "/etc/passwd", "models/../../../x.yaml"])
+def test_model_files_out_of_the_project_are_refused(project: Path, path: str) -> None:
+    doc = reference_plain()
+    doc["model"] = {"file": path}
+    write_recipe(project, "hostile", doc)
+    refused("check", "recipe", "hostile", expect="project")

@@ -73,6 +73,15 @@ class LazyGroup(click.Group):
         except RecursionError:
             click.echo("error: input nested too deeply", err=True)
             sys.exit(2)
+        except ValueError as exc:
+            # a row map / histogram / capture problem (file, line, field in its message) that
+            # reached the boundary without a command-specific wrapper
+            from expert_residency.formats.errors import FormatError
+
+            if not isinstance(exc, FormatError):
+                raise
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
 
 
 def _recover_interrupted_swaps(folders: list | None = None) -> None:

@@ -28,6 +28,7 @@ Modules (each documents its contract):
 * ``adaptive``  — ``AdaptivePolicy``: decayed counts ranked at a barrier, bounded swaps with
                   hysteresis (``plan_swaps`` is the pure plan step).
 * ``adaptive_config`` — ``AdaptiveConfig`` and the bytes it allows (no torch: ledgers read it).
+* ``adaptive_step`` — ``StepBarrier``: the barrier and tick driven from forward starts (no vLLM).
 * ``adaptive_setup`` — the policy's environment variables (parameters, class priors).
 
 Typical use inside an engine (the vLLM plugin does this from ``RoutedExperts``)::

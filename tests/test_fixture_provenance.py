@@ -5,6 +5,10 @@ these tests check what the importer derives from them against independently publ
 
 - keras-team/keras-hub `keras_hub/src/models/qwen3_moe/qwen3_moe_presets.py` (commit 79c5664):
   Qwen3-30B-A3B has 30,532,122,624 parameters, Qwen3-235B-A22B 235,093,634,560.
+- keras-team/keras-hub `keras_hub/src/models/mixtral/mixtral_presets.py` (commit d11ecb3):
+  Mixtral-8x7B-v0.1 has 46,702,792,704 parameters.
+- the GGUF metadata `general.parameter_count` of gpt-oss-120b / gpt-oss-20b as `ollama show` prints
+  it: 116,829,156,672 and 20,914,757,184.
 - a public tensor listing of moonshotai/Kimi-K2-Instruct's safetensors (shape and dtype of every
   tensor; 1,026,470,731,056 elements in all): the bytes below are that listing's shapes × dtype
   sizes, summed by hand.
@@ -28,6 +32,18 @@ def _bf16_parameters(name: str) -> int:
 def test_qwen3_parameter_counts_match_the_published_ones() -> None:
     assert _bf16_parameters("qwen3-30b-a3b") == 30_532_122_624
     assert _bf16_parameters("qwen3-235b-a22b") == 235_093_634_560
+    assert _bf16_parameters("mixtral-8x7b-v0.1") == 46_702_792_704
+
+
+def test_gpt_oss_parameter_counts_match_the_published_ones() -> None:
+    # Dense parts are bf16; an expert is w13 [5760, 2880] + w2 [2880, 2880] values (MXFP4 in the
+    # checkpoint, counted here as parameters) plus its bf16 biases 5760 + 2880.
+    expert = 5760 * 2880 + 2880 * 2880 + 5760 + 2880
+    for name, layers, experts, published in (("gpt-oss-120b", 36, 128, 116_829_156_672),
+                                             ("gpt-oss-20b", 24, 32, 20_914_757_184)):
+        m, _ = import_model(FIX / name)
+        assert (m.num_moe_layers, m.routed_experts) == (layers, experts)
+        assert m.dense_bytes // 2 + layers * experts * expert == published
 
 
 def test_kimi_k2_bytes_match_the_public_tensor_listing() -> None:

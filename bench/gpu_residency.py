@@ -2,7 +2,7 @@
 """Residency runtime on one GPU: all-HBM vs positional vs usage-aware (± counter), per-layer step
 times against the bytes-over-bandwidth floor, plus the limits they are judged by.
 
-Runs on the H200 through the device tool (see BENCHMARKS.md for the exact command); needs torch
+Runs on one NVIDIA H200 (see BENCHMARKS.md for the exact command); needs torch
 with CUDA and triton, and ``runtime/`` on PYTHONPATH. Nothing else: routing is generated here.
 
 Model: DSv4.1-Flash routed experts (MXFP4 w13 4608x5120 + w2 5120x2304, 18,800,640 bytes each),

@@ -58,6 +58,9 @@ def register() -> None:
     set_runtime(WorkerRuntime(settings, rowmap))
     if op_registry_oot.get(RoutedExperts.__name__) is not ResidencyRoutedExperts:
         RoutedExperts.register_oot(ResidencyRoutedExperts)
+    from .gptoss_routed_experts import register_model_routed_experts  # gpt-oss's own subclass
+
+    register_model_routed_experts()
     install_loader_hook()
     _registered_pid = os.getpid()
 

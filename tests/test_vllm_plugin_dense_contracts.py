@@ -162,3 +162,16 @@ def test_method_classes_the_hook_recognises(root: Path) -> None:
     assert _class(root, UNQUANT, "UnquantizedFusedMoEMethod") is not None
     assert _class(root, FP8, "Fp8MoEMethod") is not None
     assert "def is_weights_pre_processed" in _source(root, "model_executor/utils.py")
+
+
+@tree
+def test_pluggable_layers_are_swapped_by_class_name(root: Path) -> None:
+    """Why ``gptoss_routed_experts`` registers under ``GptOssRoutedExperts``: ``__new__`` looks up
+    the instantiated class's own name, and gpt-oss instantiates its subclass."""
+    new = _flat(_function(root, "model_executor/custom_op.py", "__new__", "PluggableLayer"))
+    assert "layer_class_name = cls.__name__" in new
+    assert "layer_cls_to_instantiate = op_registry_oot[layer_class_name]" in new
+    gpt_oss = "model_executor/models/gpt_oss.py"
+    assert "routed_experts_cls=GptOssRoutedExperts" in " ".join(_source(root, gpt_oss).split())
+    bases = [ast.unparse(b) for b in _class(root, gpt_oss, "GptOssRoutedExperts").bases]
+    assert bases == ["RoutedExperts"]

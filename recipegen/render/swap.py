@@ -174,6 +174,9 @@ def swap_classes(recipe_path: Path, swaps: list[tuple[str, str]], *,
 
     for line in recover_interrupted(recipe_path.parent):
         echo(line)
+    if journal_path(recipe_path).exists():  # left by a live process: its swap is under way
+        raise RecipegenError(f"{recipe_path}: another class swap of this recipe is in progress "
+                             f"({journal_path(recipe_path).name} exists); wait for it to finish")
     before = load_recipe(recipe_path, read_maps=False)
     previous = {lane.name: lane.active_class for lane in before.recipe.lanes}
     for lane, _ in swaps:

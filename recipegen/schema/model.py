@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 from typing import Annotated, Any, Literal
 
@@ -424,6 +425,10 @@ def _ranges(values: list[int]) -> str:
     return ", ".join(out)
 
 
+MAX_LAYER_INDICES = 65_536
+_ASCII_INT = re.compile(r"[0-9]{1,9}")  # ASCII digits (str.isdigit() takes any script's digits)
+
+
 def expand_index_ranges(value: Any) -> Any:
     """`"0-39"`, `[0, "3-5"]` -> list of ints; other shapes pass through for pydantic to reject."""
     items = value if isinstance(value, list) else [value] if isinstance(value, str) else None
@@ -436,10 +441,14 @@ def expand_index_ranges(value: Any) -> Any:
                 part = part.strip()
                 if "-" in part[1:]:
                     lo, hi = part.split("-", 1)
-                    if not (lo.strip().isdigit() and hi.strip().isdigit()) or int(hi) < int(lo):
+                    if not (_ASCII_INT.fullmatch(lo.strip()) and _ASCII_INT.fullmatch(hi.strip())) \
+                            or int(hi) < int(lo):
                         raise ValueError(f"cannot read layer range {part!r} (e.g. '0-39')")
+                    if len(out) + int(hi) - int(lo) + 1 > MAX_LAYER_INDICES:
+                        # bounded before expanding: '0-300000000' would allocate gigabytes
+                        raise ValueError(f"more than {MAX_LAYER_INDICES} layers")
                     out.extend(range(int(lo), int(hi) + 1))
-                elif part.isdigit():
+                elif _ASCII_INT.fullmatch(part):
                     out.append(int(part))
                 else:
                     raise ValueError(f"cannot read layer index {part!r}")

@@ -151,3 +151,11 @@ def test_model_files_out_of_the_project_are_refused(project: Path, path: str) ->
     doc["model"] = {"file": path}
     write_recipe(project, "hostile", doc)
     refused("check", "recipe", "hostile", expect="project")
+
+
+@pytest.mark.parametrize("layers", ["0-300000000", "0-99999999999999999999", "\u0660-\u0663"])
+def test_model_layer_ranges_are_bounded_and_ascii(project: Path, layers: str) -> None:
+    doc = reference_plain()
+    doc["model"] = {"catalog": doc["model"], "moe_layers": layers, "decoder_layers": 400000000}
+    write_recipe(project, "hostile", doc)
+    refused("check", "recipe", "hostile", expect="moe_layers")

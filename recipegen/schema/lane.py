@@ -11,6 +11,11 @@ from recipegen.schema.base import Bytes, PathError, PositiveBytes, StrictModel, 
 from recipegen.schema.parallel import Parallel
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
+# Bounds far above any lane (the reference serves up to 16 streams, k=5), below what a per-batch-
+# size table may expand to: checks walk every batch size up to concurrency.max.
+MAX_STREAMS = 65_536
+MAX_SPECULATIVE_K = 64
+_Streams = Annotated[PositiveInt, Field(le=MAX_STREAMS)]
 # What Compose and the container see as a variable name / an image reference; nothing that
 # could start YAML structure or a Compose interpolation.
 ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -30,9 +35,9 @@ SEPARATE_DRAFTER_METHODS = ("draft_model", "eagle", "eagle3", "dflash")
 class Concurrency(StrictModel):
     """The range of concurrent requests the lane is expected to serve."""
 
-    min: PositiveInt = 1
+    min: PositiveInt = Field(default=1, le=MAX_STREAMS)
     """Fewest concurrent streams expected (usually 1)."""
-    max: PositiveInt
+    max: PositiveInt = Field(le=MAX_STREAMS)
     """Most concurrent streams expected; renders as `--max-num-seqs` unless overridden."""
 
     @model_validator(mode="after")
@@ -90,10 +95,11 @@ class Speculative(StrictModel):
 
     method: Literal[SPECULATIVE_METHODS]  # type: ignore[valid-type]
     """vLLM speculative method (`dspark`, `mtp`, `eagle3`, …)."""
-    k: NonNegativeInt | None = None
+    k: NonNegativeInt | None = Field(default=None, le=MAX_SPECULATIVE_K)
     """Speculative tokens per step (`num_speculative_tokens`); with a schedule, the maximum (sizes
     buffers and draft KV). Defaults to the schedule's largest k."""
-    schedule: list[Annotated[tuple[PositiveInt, PositiveInt, NonNegativeInt], Field(strict=False)]] | None = None
+    schedule: list[Annotated[tuple[_Streams, _Streams, Annotated[NonNegativeInt, Field(le=MAX_SPECULATIVE_K)]],
+                             Field(strict=False)]] | None = Field(default=None, max_length=MAX_STREAMS)
     """vLLM 0.33 `num_speculative_tokens_per_batch_size`: `[start, end, k]` inclusive batch-size
     ranges, sorted, non-overlapping, the first starting at 1."""
     model: str | None = None

@@ -159,3 +159,20 @@ def test_model_layer_ranges_are_bounded_and_ascii(project: Path, layers: str) ->
     doc["model"] = {"catalog": doc["model"], "moe_layers": layers, "decoder_layers": 400000000}
     write_recipe(project, "hostile", doc)
     refused("check", "recipe", "hostile", expect="moe_layers")
+
+
+@pytest.mark.parametrize("where,value", [
+    (("lanes", 0, "concurrency", "max"), 10**9),
+    (("lanes", 0, "speculative", "schedule"), [[1, 10**9, 5]]),
+    (("lanes", 0, "speculative", "k"), 10**6),
+])
+def test_stream_counts_are_bounded_before_per_batch_size_tables(project: Path, where, value) -> None:
+    """`concurrency.max: 1000000000` made check budgets build a per-batch-size table until
+    memory ran out."""
+    doc = reference_plain()
+    node = doc
+    for step in where[:-1]:
+        node = node[step]
+    node[where[-1]] = value
+    write_recipe(project, "hostile", doc)
+    refused("check", "budgets", "hostile", expect="less than or equal")

@@ -175,3 +175,14 @@ def test_pluggable_layers_are_swapped_by_class_name(root: Path) -> None:
     assert "routed_experts_cls=GptOssRoutedExperts" in " ".join(_source(root, gpt_oss).split())
     bases = [ast.unparse(b) for b in _class(root, gpt_oss, "GptOssRoutedExperts").bases]
     assert bases == ["RoutedExperts"]
+
+
+@tree
+def test_runner_builds_a_missing_quant_config_from_the_layer(root: Path) -> None:
+    """Why ``dense_layers.hold_back`` sets ``moe_quant_config`` before re-homing: the runner's
+    forward builds it from the layer's parameters when it is still None."""
+    ensure = _flat(_function(root, f"{FUSED_MOE}/routed_experts.py", "_ensure_moe_quant_config_init",
+                             "RoutedExperts"))
+    assert "if self.quant_method.moe_quant_config is None:" in ensure
+    assert "self.quant_method.get_fused_moe_quant_config(self)" in ensure
+    assert "self.routed_experts._ensure_moe_quant_config_init()" in _source(root, f"{FUSED_MOE}/runner/moe_runner.py")

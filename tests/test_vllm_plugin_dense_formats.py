@@ -109,12 +109,17 @@ def test_fp8_method_refusals() -> None:
 
 def test_held_back_conversion_marks_refuses_and_serves_a_drafter() -> None:
     calls = []
-    method = SimpleNamespace(process_weights_after_loading=lambda m: calls.append(m.layer_name))
+    method = SimpleNamespace(process_weights_after_loading=lambda m: calls.append(m.layer_name),
+                             moe_quant_config=None,
+                             get_fused_moe_quant_config=lambda m: ("config of", m.layer_name))
     runtime = SimpleNamespace(target_layers={})
     dl.hold_back(method, lambda: runtime, lambda: False, unquantized_unsupported_reason, "bf16")
     target = layer("swigluoai", bias=True)
     method.process_weights_after_loading(target)
     assert target._er_dense == "bf16" and calls == []            # vLLM's conversion held back
+    # The quant config vLLM's runner would otherwise build on the first forward, from parameters
+    # re-homing has removed by then, exists already.
+    assert method.moe_quant_config == ("config of", "model.layers.3.mlp.experts")
     with pytest.raises(ResidencyRefused, match="'gelu'"):
         method.process_weights_after_loading(layer("gelu"))
     runtime.target_layers = {3: target}                          # a second model: the drafter

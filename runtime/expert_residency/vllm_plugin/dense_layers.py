@@ -253,6 +253,11 @@ def hold_back(method: Any, get_runtime: Any, is_weights_pre_processed: Any, reas
         if reason is not None:
             refuse(reason)
         module._er_dense = expert_format
+        # vLLM's runner builds the method's quant config on the first forward if none exists
+        # (``RoutedExperts._ensure_moe_quant_config_init``), reading the layer's weight/bias
+        # parameters — which re-homing has removed by then. Build it now, as vLLM's own
+        # conversion would have (``_init_moe_kernel``); the runtime's forward never reads it.
+        method.moe_quant_config = method.get_fused_moe_quant_config(module)
 
     method.process_weights_after_loading = process_weights_after_loading
     method._er_wrapped = True

@@ -139,3 +139,32 @@ def test_read_only_output_folder_is_a_clean_error(project: Path) -> None:
 def test_output_path_blocked_by_a_file_is_a_clean_error(project: Path) -> None:
     (project / "compose").write_text("a file where the folder goes")
     refused("render", REFERENCE)
+
+
+@pytest.mark.parametrize("errno_, words", [(30, "Read-only file system"),
+                                           (28, "No space left on device"),
+                                           (13, "Permission denied")])
+def test_unwritable_output_is_a_clean_error_and_keeps_the_previous_output(
+        project: Path, monkeypatch, errno_: int, words: str) -> None:
+    """As root a chmod does not stop a write, so the file system's refusal is simulated where
+    the render opens its temp files."""
+    import builtins
+
+    from recipegen.render import output
+
+    out = _rendered(project)
+    before = snapshot(out)
+    recipe = project / "recipes" / f"{REFERENCE}.yaml"
+    recipe.write_text(recipe.read_text().replace("port: 30006", "port: 30007"))
+    real_open = builtins.open
+
+    def refusing_open(file, mode="r", *args, **kwargs):
+        if "w" in mode and ".recipegen-" in str(file):
+            raise OSError(errno_, words, str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(output, "open", refusing_open, raising=False)
+    out_text = refused("render", REFERENCE, expect=words)
+    assert "compose.yaml" in out_text or ".gitignore" in out_text
+    assert snapshot(out) == before
+    assert not list(out.rglob("*.recipegen-*.new"))

@@ -36,8 +36,9 @@ def manifest_bytes(files: RenderedFiles) -> bytes:
 # what it names is deleted on a re-render, so nothing else may pass.
 _MANIFEST_LINE = re.compile(r"([0-9a-f]{64})  ([A-Za-z0-9_.@+-]+(?:/[A-Za-z0-9_.@+-]+)*)")
 MAX_MANIFEST_BYTES = 1 << 20
-# Temp files of an interrupted write: `<name>.recipegen-<pid>.new` / `.old`.
-_TEMP_NAME = re.compile(r".+\.recipegen-[0-9]+\.(?:new|old)")
+# Temp files of an interrupted write: `<name>.recipegen-<pid>.new` / `.old`, and the compose
+# file `recipegen doctor` stages beside the rendering (`.doctor-<random>.yaml`).
+_TEMP_NAME = re.compile(r".+\.recipegen-[0-9]+\.(?:new|old)|\.doctor-[A-Za-z0-9_]+\.yaml")
 
 
 def read_manifest(out_dir: Path) -> dict[str, str] | None:

@@ -117,10 +117,11 @@ def test_leftover_temp_files_are_stale_and_removed(project: Path) -> None:
     out = _rendered(project)
     (out / "compose.yaml.recipegen-99999.new").write_text("half")
     (out / "maps" / "agent" / "agent.rowmap.recipegen-99999.old").write_text("old")
+    (out / ".doctor-ab12_cd.yaml").write_text("a killed doctor's staged compose file")
     code, output = cli("render", "--check", REFERENCE)
     assert code == 1 and "recipegen-99999" in output, output
     assert cli("render", REFERENCE)[0] == 0
-    assert not list(out.rglob("*recipegen-99999*"))
+    assert not list(out.rglob("*recipegen-99999*")) and not list(out.glob(".doctor-*"))
     assert cli("render", "--check", REFERENCE)[0] == 0
 
 

@@ -246,6 +246,8 @@ def main() -> int:
     ap.add_argument("--steps", default="1:200,6:100,16:60,96:24", help="steps per token count")
     ap.add_argument("--config", default="", help="KernelConfig fields, e.g. dequant=1,block_n1=64")
     ap.add_argument("--sweep", default="", help="';'-separated configs to time on one layer first")
+    ap.add_argument("--sweep-tokens", default="1,16,96", help="token counts of the sweep")
+    ap.add_argument("--sweep-cold", type=int, default=1, help="0: skip the sweep's cold-only probe")
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     ap.add_argument("--limit-reps", type=int, default=10)
@@ -289,7 +291,8 @@ def main() -> int:
     print(f"limits: HBM read {hbm_bw / GB:.0f} GB/s, pinned in-place read {pin_bw / GB:.1f} GB/s", flush=True)
 
     if args.sweep:
-        results["sweep"] = run_sweep(args.sweep, cases, p, k, experts)
+        results["sweep"] = run_sweep(args.sweep, cases, p, k, experts,
+                                     [int(t) for t in args.sweep_tokens.split(",")], bool(args.sweep_cold))
 
     ex_max_tokens = max(token_counts)
     ex = TritonMxfp4Experts(DSV41, experts, k, max_tokens=ex_max_tokens, device=DEV, config=config)
@@ -402,17 +405,17 @@ def cold_only(ex, cases, p, k, per_expert, pin_bw, seed, tokens=96, steps=6):
             "ms_mean": statistics.fmean(times) * 1e3, "GBps": bw / GB, "pct_of_pinned_limit": 100 * bw / pin_bw}
 
 
-def run_sweep(spec: str, cases, p, k, experts) -> list[dict]:
-    """Time candidate configs on one all-HBM layer at T=1, 16, 96 (graph replays), plus the T=1
-    L2 probe and the cold-only read rate."""
+def run_sweep(spec: str, cases, p, k, experts, token_counts=(1, 16, 96), cold=True) -> list[dict]:
+    """Time candidate configs on one all-HBM layer at ``token_counts`` (graph replays), plus the
+    T=1 L2 probe and (``cold``) the cold-only read rate."""
     rows = []
     layer = cases["all_hbm"][0]
     for text in spec.split(";"):
         cfg = parse_config(text)
-        row = {"config": text, "describe": cfg.describe()}
+        row = {"config": text, "describe": cfg.describe(), "tokens": list(token_counts)}
         try:
-            ex = TritonMxfp4Experts(DSV41, experts, k, max_tokens=96, device=DEV, config=cfg)
-            for tokens in (1, 16, 96):
+            ex = TritonMxfp4Experts(DSV41, experts, k, max_tokens=max(token_counts), device=DEV, config=cfg)
+            for tokens in token_counts:
                 ids, weights = sample_routing(p[:1], 8, tokens, k, 5 + tokens)
                 x = torch.randn(1, tokens, DSV41.hidden, device=DEV).to(torch.bfloat16)
                 g = CapturedStep(make_step(ex, [layer], tokens), x, weights[0], ids[0])
@@ -425,7 +428,8 @@ def run_sweep(spec: str, cases, p, k, experts) -> list[dict]:
                 row[f"T{tokens}_GBps"] = statistics.fmean(nb) / statistics.median(ts) / GB
                 if tokens == 1:
                     row.update(l2_probe(g, ids[0], experts))
-            row.update(cold_probe(ex, cases, p, k))
+            if cold:
+                row.update(cold_probe(ex, cases, p, k))
         except Exception as exc:  # a config that does not compile is reported, not fatal
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         print("sweep", json.dumps(row), flush=True)
@@ -503,14 +507,17 @@ def markdown(r: dict) -> str:
                   f"**{co['GBps']:.1f} GB/s = {co['pct_of_pinned_limit']:.0f}% of the in-place read limit**."]
     lines += ["", "Targets (✔ met / ✘ missed):", ""] + [f"- {t}" for t in targets(r)]
     if r.get("sweep"):
+        sweep_t = r["sweep"][0].get("tokens", [1, 16, 96])
         lines += ["", "Config sweep (one all-HBM layer, median of 8 graph replays):", "",
-                  "| config | T=1 µs (GB/s) | T=16 µs (GB/s) | T=96 µs (GB/s) | T=1, 2 experts: from HBM / from L2 (µs) | cold-only T=96 GB/s |", "|---|---|---|---|---|---|"]
+                  "| config | " + " | ".join(f"T={t} µs (GB/s)" for t in sweep_t)
+                  + " | T=1, 2 experts: from HBM / from L2 (µs) | cold-only T=96 GB/s |",
+                  "|---|" + "---|" * (len(sweep_t) + 2)]
         for row in r["sweep"]:
             if "error" in row:
-                lines.append(f"| {row['describe']} | error: {row['error'][:80]} | | | | |")
+                lines.append(f"| {row['describe']} | error: {row['error'][:80]} |" + " |" * (len(sweep_t) + 1))
             else:
                 lines.append(f"| {row['describe']} | " + " | ".join(
-                    f"{row[f'T{t}_us']:.0f} ({row[f'T{t}_GBps']:.0f})" for t in (1, 16, 96))
+                    f"{row[f'T{t}_us']:.0f} ({row[f'T{t}_GBps']:.0f})" for t in sweep_t)
                     + f" | {row['T1_two_experts_hbm_us']:.1f} / {row['T1_two_experts_l2_us']:.1f}"
                     + f" | {row.get('T96_cold_GBps', float('nan')):.1f} |")
     return "\n".join(lines) + "\n"

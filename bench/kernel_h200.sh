@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The kernel's tests and benchmarks on one H200, in one call (see BENCHMARKS.md):
 #   bash bench/kernel_h200.sh [tests|residency|peer|offload ...]   (default: all four)
+# TESTS_K: a pytest -k expression for the tests part; *_S: each part's time limit.
 # Needs the unpacked vLLM 0.33.0 wheel at .cache/vllm-0.33.0 (its triton_kernels and two glue files).
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/runtime
@@ -9,9 +10,9 @@ parts=${*:-tests residency peer offload}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 for part in $parts; do
   case $part in
-    tests) timeout ${TESTS_S:-240} python3 -m pytest tests/gpu/test_gpu_residency.py -q -rA -s --timeout 200 \
+    tests) timeout ${TESTS_S:-240} python3 -m pytest tests/gpu/test_gpu_residency.py -q -rA -s --timeout 200 ${TESTS_K:+-k "$TESTS_K"} \
              -p no:cacheprovider > "$OUT/tests.log" 2>&1
-           grep -E "^(FAILED|ERROR)|passed|failed|vs int-dequant|Triton vs" "$OUT/tests.log" | cut -c1-160 ;;
+           grep -E "^(FAILED|ERROR)|passed|failed|vs int-dequant|Triton vs|small-step" "$OUT/tests.log" | cut -c1-160 ;;
     residency) timeout ${RES_S:-240} python3 bench/gpu_residency.py --out "$OUT" ${RES_ARGS:-} 2>&1 \
              | tee "$OUT/residency.log" | grep -v "^sweep" | tail -${RES_TAIL:-45} ;;
     peer) timeout ${PEER_S:-240} python3 bench/peer_moe.py --out "$OUT" ${PEER_ARGS:-} 2>&1 \

@@ -61,6 +61,12 @@ CONFIGS = {
     "mma-order": KernelConfig(),   # the default (dequant=3, w2 128-row tiles, 4 stages)
     "mma-order-bn64-3stages": KernelConfig(block_n2=64, num_stages=3),
     "mma-order-bn128-bk64": KernelConfig(block_n1=128, block_k1=64, block_n2=128, block_k2=64),
+    # the small-step schedule off: every T grouped, unsplit K, one pipeline depth (the kernel
+    # before the split-K schedule)
+    "mma-order-no-small-schedule": KernelConfig(split_k1=1, split_k2=1, one_token=False,
+                                                num_stages_large=None),
+    # split-K of small steps (off by default; w13 K in 4 splits, w2 in 2)
+    "mma-order-splitk": KernelConfig(split_k1=4, split_k2=2),
 }
 
 
@@ -334,7 +340,7 @@ def _graph_fixture(tokens: int, layers: int = 2):
     return gen, experts, k, built, ex
 
 
-@pytest.mark.parametrize("tokens", [1, 16])
+@pytest.mark.parametrize("tokens", [1, 4, 16])
 def test_graph_replay_equals_eager_with_new_routing(tokens: int) -> None:
     gen, experts, k, built, ex = _graph_fixture(tokens)
     counter = ExpertCounter(list(range(len(built))), experts, device=DEV)
@@ -364,6 +370,45 @@ def test_graph_replay_equals_eager_with_new_routing(tokens: int) -> None:
         assert torch.equal(replayed, eager)
     assert torch.equal(counter.counts, recount)      # the in-graph atomics counted every pick once
     assert counter.tokens.tolist() == [4 * tokens] * len(built)
+
+
+@pytest.mark.parametrize("tokens", [1, 6])
+def test_small_step_schedule_matches_unsplit_schedule_and_reference(tokens: int) -> None:
+    """The split-K + ungrouped schedule of small steps (DSv4.1 geometry: w13 K in 4 splits of 10
+    steps, w2 in 2 of 9) against the whole-K grouped schedule and the torch reference: the same
+    numbers to fp32 summation order (bit equality is not claimed: the partial sums round
+    differently), split == unsplit banks bit for bit, tickets back at zero after every launch,
+    and the counter exact with a padded token (T=1: the ungrouped path reads the mask itself)."""
+    gen = torch.Generator(device=DEV).manual_seed(40 + tokens)
+    experts, k = 12, 6
+    small_cfg = CONFIGS["mma-order-splitk"]
+    plain_cfg = CONFIGS["mma-order-no-small-schedule"]
+    unsplit, split, hot_ids, cold_ids, reference = make_layers(DSV41, experts, 6, gen, small_cfg)
+    ex = TritonMxfp4Experts(DSV41, experts, k, max_tokens=16, device=DEV, config=small_cfg)
+    plain = TritonMxfp4Experts(DSV41, experts, k, max_tokens=16, device=DEV, config=plain_cfg)
+    ids, weights = random_routing(tokens, experts, k, gen, hot_ids, cold_ids)
+    if tokens == 1:
+        ids[0] = torch.tensor(hot_ids[:3] + cold_ids[:3], device=DEV)  # straddling
+    x = activations(tokens, DSV41.hidden, gen)
+    out = ex.forward(split, x, weights, ids).clone()
+    assert torch.equal(out, ex.forward(unsplit, x, weights, ids))
+    core_out = residency_forward(split, x, weights, ids, ex.per_pick_fn(), pick_dtype=torch.bfloat16)
+    assert torch.equal(core_out, out)
+    assert int(ex.split_scratch.tickets13.abs().sum()) == 0 and int(ex.split_scratch.tickets2.abs().sum()) == 0
+    whole = plain.forward(unsplit, x, weights, ids)
+    ref = residency_forward(reference, x, weights, ids, mxfp4_swiglu_per_pick(), pick_dtype=torch.bfloat16)
+    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
+    print(f"\nT={tokens}: small-step schedule vs whole-K schedule rel L2 {rel(out, whole):.2e} "
+          f"(bit-identical {torch.equal(out, whole)}), vs torch reference {rel(out, ref):.2e}")
+    assert rel(out, whole) <= REL_TOL and rel(out, ref) <= REL_TOL
+    counter = ExpertCounter([0], experts, device=DEV)
+    mask = torch.ones(tokens, dtype=torch.bool, device=DEV)
+    mask[-1] = False
+    masked = ex.forward(split, x, weights, ids, counter=counter, token_mask=mask)
+    assert torch.equal(counter.counts[0], torch.bincount(ids[mask].flatten(), minlength=experts))
+    assert int(counter.tokens[0]) == tokens - 1
+    if tokens > 1:
+        assert torch.equal(masked[mask], out[mask])
 
 
 def test_counter_exact_with_padded_tokens() -> None:

@@ -6,7 +6,7 @@ ue8m0 tensors in a hot bank on the device and a cold bank that is a device view 
 memory, and the device row map ``row_codes``). Two entry points:
 
 * ``forward(layer, x, topk_weights, topk_ids)`` — the whole routed-expert output ``[T, H]`` in four
-  launches (group, w13+SwiGLU, w2, finalize), both banks in one pass, optional in-kernel counting
+  launches (group, w13+SwiGLU, w2, finalize; three at T=1, which needs no grouping), both banks in one pass, optional in-kernel counting
   into a ``core.counter.ExpertCounter``. Fixed shapes, no host sync: capture it in a CUDA graph
   (``gpu.graphs``) and replay it with new routing, or after a swap (the map is read at run time).
 * ``per_pick_fn()`` — the same kernels behind the core's ``PerPickExpertFn`` contract, so
@@ -66,13 +66,40 @@ class KernelConfig:
     # which the host link needs. False: vLLM's row-major layout as loaded.
     tile_major: bool = True
     finalize_block: int = 1024
+    # Small steps (T <= min(small_tokens, block_m), chosen by T when a launch is traced, so each
+    # captured graph keeps one schedule): the K reduction of w13 (hidden dim) and of w2
+    # (intermediate dim) can be split over split_k1 / split_k2 programs (grid axis 2; fp32
+    # partials added in split order by each tile's last split). Off by default: on the H200 it
+    # did not shorten T=1 (59 vs 60 µs, the layer is issue-bound, not short of programs) and it
+    # slowed T=6 (327 vs 228 µs); BENCHMARKS.md. With a split, a token's bits depend on whether
+    # its step was small (fp32 summation order); split == unsplit banks holds at every T.
+    small_tokens: int = 6
+    split_k1: int = 1
+    split_k2: int = 1
+    # T = 1: no grouping launch (each pick its own slot): three launches instead of four
+    # (one all-HBM layer 67 -> 60 µs on the H200).
+    one_token: bool = True
+    # Pipeline stages above small_tokens (None: num_stages): 3 stages measured faster at T >= 16
+    # (460 vs 471 µs at T=16), 4 faster at T=1.
+    num_stages_large: int | None = 3
 
     def describe(self) -> str:
         kind = {0: "int-dequant", 1: "dot_scaled", 2: "prmt-dequant", 3: "mma-order"}.get(
             self.dequant, f"dequant{self.dequant}")
         kind += " tile-major" if self.tile_major else " row-major"
-        return (f"{kind} BM{self.block_m} w13:BN{self.block_n1}xBK{self.block_k1} "
+        text = (f"{kind} BM{self.block_m} w13:BN{self.block_n1}xBK{self.block_k1} "
                 f"w2:BN{self.block_n2}xBK{self.block_k2} warps{self.num_warps} stages{self.num_stages}")
+        if self.num_stages_large is not None and self.num_stages_large != self.num_stages:
+            text += f"/{self.num_stages_large}"
+        if self.split_k1 > 1 or self.split_k2 > 1:
+            text += f" splitK{self.split_k1}/{self.split_k2}@T<={self.small_tokens}"
+        if self.one_token:
+            text += " T1-ungrouped"
+        return text
+
+    def small_step_limit(self) -> int:
+        """Largest T that runs the small-step schedule (a slot then fits one BM tile)."""
+        return min(self.small_tokens, self.block_m)
 
 
 @dataclass(frozen=True)
@@ -148,6 +175,47 @@ class Workspace:
                    if isinstance(t, torch.Tensor))
 
 
+class SplitScratch:
+    """Split-K scratch of the small-step schedule (``KernelConfig.small_tokens``): fp32 partials
+    ``[split, picks, 2I]`` (w13) and ``[split, picks, H]`` (w2) for the picks of the largest small
+    step, and one int32 ticket per (slot, row tile) and kernel (zero between launches: the last
+    split of a tile resets it)."""
+
+    def __init__(self, max_tokens: int, top_k: int, shape: ExpertShape, config: KernelConfig,
+                 device: torch.device | str) -> None:
+        dev = torch.device(device)
+        tokens = min(max_tokens, config.small_step_limit())
+        self.picks = picks = max(tokens * top_k, 1)
+        s1, s2 = effective_splits(shape, config)
+        self.part13 = torch.empty(s1 if s1 > 1 else 0, picks, 2 * shape.intermediate, dtype=torch.float32,
+                                  device=dev)
+        self.part2 = torch.empty(s2 if s2 > 1 else 0, picks, shape.hidden, dtype=torch.float32, device=dev)
+        self.tickets13 = torch.zeros(picks * (shape.intermediate // config.block_n1), dtype=torch.int32,
+                                     device=dev)
+        self.tickets2 = torch.zeros(picks * (shape.hidden // config.block_n2), dtype=torch.int32, device=dev)
+
+    @staticmethod
+    def bytes_for(max_tokens: int, top_k: int, shape: ExpertShape, config: KernelConfig) -> int:
+        """With p = min(max_tokens, small-step limit) * top_k picks and the effective splits s1, s2
+        (0 where 1): fp32 ``p*(s1*2I + s2*H)`` plus int32 tickets ``p*(I/block_n1 + H/block_n2)``."""
+        p = max(min(int(max_tokens), config.small_step_limit()) * int(top_k), 1)
+        s1, s2 = effective_splits(shape, config)
+        s1, s2 = (s1 if s1 > 1 else 0), (s2 if s2 > 1 else 0)
+        tickets = p * (shape.intermediate // config.block_n1 + shape.hidden // config.block_n2)
+        return 4 * p * (s1 * 2 * shape.intermediate + s2 * shape.hidden) + 4 * tickets
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in vars(self).values()
+                   if isinstance(t, torch.Tensor))
+
+
+def effective_splits(shape: ExpertShape, config: KernelConfig) -> tuple[int, int]:
+    """(w13, w2) K splits of a small step: the config's, at most one K step per split."""
+    return (max(1, min(config.split_k1, shape.hidden // config.block_k1)),
+            max(1, min(config.split_k2, shape.intermediate // config.block_k2)))
+
+
 class TritonMxfp4Experts:
     """Launches the residency kernels for layers of one geometry (see the module docstring)."""
 
@@ -168,6 +236,7 @@ class TritonMxfp4Experts:
         self.swiglu_limit = check_swiglu_limit(swiglu_limit)
         self.device = torch.device(device)
         self.workspace = Workspace(max_tokens, top_k, shape, self.device)
+        self.split_scratch = SplitScratch(max_tokens, top_k, shape, config, self.device)
         self._identity_codes: torch.Tensor | None = None
 
     def to_kernel_layout(self, tensors: "dict[str, torch.Tensor]") -> None:
@@ -262,38 +331,52 @@ class TritonMxfp4Experts:
         ids = ids.reshape(-1)
         if not ids.is_contiguous():
             ids = ids.contiguous()
-        if picks <= MAX_FUSED_PICKS:
+        small = t <= cfg.small_step_limit() and picks <= MAX_FUSED_PICKS
+        one_token = small and t == 1 and cfg.one_token
+        s1, s2 = effective_splits(shape, cfg) if small else (1, 1)
+        stages = cfg.num_stages if small or cfg.num_stages_large is None else cfg.num_stages_large
+        count_in_kernel = counts is not None
+        if one_token:
+            max_slots = picks
+        elif picks <= MAX_FUSED_PICKS:
             pb = triton.next_power_of_2(max(picks, 2))
             kernels.group_picks_kernel[(1,)](
                 ids, token_mask if token_mask is not None else ws.scratch,
                 ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.scratch, ws.n_tokens,
                 picks, t, self.num_experts,
                 TOP_K=k, PB=pb, HAS_TOKEN_MASK=token_mask is not None, num_warps=4)
-            count_in_kernel = counts is not None
+            max_slots = min(picks, self.num_experts)
         else:
             self._group_torch(ids, t, k, token_mask, counts, tokens)
             count_in_kernel = False
-        max_slots = min(picks, self.num_experts)
+            max_slots = min(picks, self.num_experts)
+        sc = self.split_scratch
+        mask_arg = token_mask if token_mask is not None else ws.scratch
+        # Constexprs that only the small schedule reads stay fixed otherwise (no extra variants).
+        small_args = dict(ONE_TOKEN=one_token, HAS_TOKEN_MASK=one_token and token_mask is not None,
+                          PART_PICKS=sc.picks if s1 > 1 or s2 > 1 else 1)
         w13, s13 = hot[W13], hot[W13 + SCALE_SUFFIX]
-        w2, s2 = hot[W2], hot[W2 + SCALE_SUFFIX]
-        kernels.w13_swiglu_kernel[(shape.intermediate // cfg.block_n1, max_slots)](
+        w2, s2w = hot[W2], hot[W2 + SCALE_SUFFIX]
+        kernels.w13_swiglu_kernel[(shape.intermediate // cfg.block_n1, max_slots, s1)](
             x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX],
             ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.act,
             counts if count_in_kernel else ws.dummy_i64, tokens if count_in_kernel else ws.dummy_i64,
             ws.n_tokens, x.stride(0), w13.stride(0), s13.stride(0),
+            ids, mask_arg, sc.part13 if s1 > 1 else ws.dummy_i64, sc.tickets13, self.num_experts,
             H=shape.hidden, INTER=shape.intermediate, TOP_K=k,
             BM=cfg.block_m, BN=cfg.block_n1, BK=cfg.block_k1, DEQUANT=cfg.dequant,
             TILE_MAJOR=cfg.tile_major, COUNT=count_in_kernel,
             SWIGLU_LIMIT=0.0 if self.swiglu_limit is None else self.swiglu_limit,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        kernels.w2_kernel[(shape.hidden // cfg.block_n2, max_slots)](
-            ws.act, codes, w2, s2, cold[W2], cold[W2 + SCALE_SUFFIX],
+            SPLIT=s1, **small_args, num_warps=cfg.num_warps, num_stages=stages)
+        kernels.w2_kernel[(shape.hidden // cfg.block_n2, max_slots, s2)](
+            ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX],
             ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.pick_out,
-            w2.stride(0), s2.stride(0),
+            w2.stride(0), s2w.stride(0),
+            ids, mask_arg, sc.part2 if s2 > 1 else ws.dummy_i64, sc.tickets2, self.num_experts,
             H=shape.hidden, INTER=shape.intermediate,
             BM=cfg.block_m, BN=cfg.block_n2, BK=cfg.block_k2, DEQUANT=cfg.dequant,
-            TILE_MAJOR=cfg.tile_major,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            TILE_MAJOR=cfg.tile_major, TOP_K=k, SPLIT=s2, **small_args,
+            num_warps=cfg.num_warps, num_stages=stages)
 
     def _group_torch(self, ids: torch.Tensor, t: int, k: int, token_mask: torch.Tensor | None,
                      counts: torch.Tensor | None, tokens: torch.Tensor | None) -> None:

@@ -1,7 +1,7 @@
 """Triton kernels of the GPU residency path (launch logic lives in ``gpu.experts``).
 
-One MoE layer's routed experts run as four launches, all fixed-shape and sync-free so the layer
-captures into a CUDA graph:
+One MoE layer's routed experts run as four launches (three at T=1: each pick is its own slot, no
+grouping), all fixed-shape and sync-free so the layer captures into a CUDA graph:
 
 1. ``group_picks_kernel`` (one program): sort the step's ``T*K`` picks by (expert, pick index) and
    cut them into *slots*, one per distinct expert.
@@ -12,6 +12,8 @@ captures into a CUDA graph:
    With the usage counter on, each slot's first program adds the slot's pick count to the
    counter with one integer atomic (count-only/drift mode; exact).
 3. ``w2_kernel``: the down projection of every slot, one **unreduced** bf16 row per pick.
+   Optional split-K for small steps (``SPLIT``, both expert kernels; off by default, see
+   ``gpu.experts.KernelConfig``): fp32 partials added in split order by each tile's last split.
 4. ``finalize_kernel``: per token, ``acc = fma(w_k, y_k, acc)`` in fp32 in the router's top-k order,
    cast once (bit-identical to ``core.finalize``, which computes a correctly rounded fmaf).
 
@@ -319,13 +321,52 @@ def _mx_tile_dot(acc, w_base, s_base, row0, k0, x_t, K: tl.constexpr,
 
 
 @triton.jit
+def _swiglu(acc_g, acc_u, SWIGLU_LIMIT: tl.constexpr):
+    """fp32 SwiGLU of the gate and up products (vLLM's clamp when ``SWIGLU_LIMIT`` > 0)."""
+    if SWIGLU_LIMIT > 0:
+        acc_g = tl.minimum(acc_g, SWIGLU_LIMIT)
+        acc_u = tl.minimum(tl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT)
+    return acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+
+
+@triton.jit
+def _k_range(K: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr):
+    """This program's share ``[k_lo, k_hi)`` of the reduction: split ``sk = program_id(2)`` of
+    ``SPLIT`` takes K steps ``[sk*NK//SPLIT, (sk+1)*NK//SPLIT)`` (``SPLIT <= NK``, uneven shares
+    allowed). ``SPLIT == 1`` compiles the whole range with constant bounds, as before."""
+    if SPLIT > 1:
+        NK: tl.constexpr = K // BK
+        sk = tl.program_id(2)
+        return (sk * NK // SPLIT) * BK, ((sk + 1) * NK // SPLIT) * BK
+    else:
+        return 0, K
+
+
+@triton.jit
+def _last_of_split(ticket_ptr, SPLIT: tl.constexpr):
+    """Split-K hand-off: every program of a tile has stored its fp32 partial; the one that takes
+    the last ticket reduces. The barrier orders all of this program's partial stores before the
+    acq_rel ticket; the last program's acquire orders its partial loads after everyone's stores.
+    It resets the ticket for the next launch (graph replays). No program waits on another."""
+    tl.debug_barrier()
+    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
+    last = ticket == SPLIT - 1
+    if last:
+        tl.atomic_xchg(ticket_ptr, 0)
+    return last
+
+
+@triton.jit
 def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
                       sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, act_ptr,
                       counts_ptr, tokens_ptr, n_tokens_ptr,
                       stride_x, w_expert_stride, s_expert_stride,
+                      ids_ptr, token_mask_ptr, part_ptr, ticket_ptr, E,
                       H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr,
-                      TILE_MAJOR: tl.constexpr, COUNT: tl.constexpr, SWIGLU_LIMIT: tl.constexpr = 0.0):
+                      TILE_MAJOR: tl.constexpr, COUNT: tl.constexpr, SWIGLU_LIMIT: tl.constexpr = 0.0,
+                      SPLIT: tl.constexpr = 1, ONE_TOKEN: tl.constexpr = False,
+                      HAS_TOKEN_MASK: tl.constexpr = False, PART_PICKS: tl.constexpr = 1):
     """``act[p, n] = bf16(silu(gate_n . x_t) * (up_n . x_t))`` for every pick ``p`` of the slot.
 
     ``SWIGLU_LIMIT`` > 0: vLLM 0.33's clamped SwiGLU for SILU experts (``swiglu_limit``),
@@ -335,43 +376,88 @@ def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s
     ``COUNT``: the usage counter — the first program of each slot adds the slot's pick count to
     ``counts[expert]`` (exact integer atomics, off the step's serial path), program (0, 0) adds the
     step's valid tokens.
+
+    Small steps (``gpu.experts`` chooses by T when it traces the launch):
+    ``ONE_TOKEN`` (T = 1): no grouping launch — slot ``p`` is pick ``p``, its expert read from
+    ``ids`` (a token's picks are its slots; a pick's arithmetic does not depend on its slot).
+    ``SPLIT`` > 1: grid axis 2 splits the hidden (reduction) dimension; each split stores its
+    fp32 gate/up partials in ``part [SPLIT, PART_PICKS, 2*INTER]`` and the last of a tile's splits
+    (``_last_of_split``) adds them **in split order 0, 1, ...**, then applies SwiGLU: the sum
+    depends on T's schedule only, never on a bank, on timing or on which split finished last.
     """
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
+    if SPLIT > 1:
+        first_split = tl.program_id(2) == 0
+    else:
+        first_split = True
+    if ONE_TOKEN:
+        expert = tl.load(ids_ptr + slot).to(tl.int32)
+        ok = (expert >= 0) & (expert < E)
+        if HAS_TOKEN_MASK:
+            ok = ok & (tl.load(token_mask_ptr + slot // TOP_K) != 0)
+        if COUNT:
+            if (pid_n == 0) & (slot == 0) & first_split:
+                if HAS_TOKEN_MASK:
+                    tl.atomic_add(tokens_ptr, (tl.load(token_mask_ptr) != 0).to(tl.int64))
+                else:
+                    tl.atomic_add(tokens_ptr, 1)
+        if ok == 0:
+            return
+        start = slot
+        end = slot + 1
+    else:
+        if COUNT:
+            if (pid_n == 0) & (slot == 0) & first_split:
+                tl.atomic_add(tokens_ptr, tl.load(n_tokens_ptr).to(tl.int64))
+        if slot >= tl.load(num_slots_ptr):
+            return
+        start = tl.load(slot_start_ptr + slot)
+        end = tl.load(slot_start_ptr + slot + 1)
+        expert = tl.load(slot_expert_ptr + slot)
     if COUNT:
-        if (pid_n == 0) & (slot == 0):
-            tl.atomic_add(tokens_ptr, tl.load(n_tokens_ptr).to(tl.int64))
-    if slot >= tl.load(num_slots_ptr):
-        return
-    start = tl.load(slot_start_ptr + slot)
-    end = tl.load(slot_start_ptr + slot + 1)
-    expert = tl.load(slot_expert_ptr + slot)
-    if COUNT:
-        if pid_n == 0:
+        if (pid_n == 0) & first_split:
             tl.atomic_add(counts_ptr + expert, (end - start).to(tl.int64))
     w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride)
     s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride)
     gate_rows = pid_n * BN + tl.arange(0, BN)
+    k_lo, k_hi = _k_range(H, BK, SPLIT)
     m0 = start
     while m0 < end:  # a while loop: run-time bounds (a slot holds 1..T picks)
         mm = m0 + tl.arange(0, BM)
         m_ok = mm < end
-        picks = tl.load(sorted_pick_ptr + mm, mask=m_ok, other=0)
+        if ONE_TOKEN:
+            picks = mm
+        else:
+            picks = tl.load(sorted_pick_ptr + mm, mask=m_ok, other=0)
         tok = (picks // TOP_K).to(tl.int64)
         acc_g = tl.zeros((BN, BM), dtype=tl.float32)
         acc_u = tl.zeros((BN, BM), dtype=tl.float32)
-        for k0 in range(0, H, BK):
+        for k0 in range(k_lo, k_hi, BK):
             kk = k0 + tl.arange(0, BK)
             x_t = tl.load(x_ptr + tok[None, :] * stride_x + kk[:, None], mask=m_ok[None, :], other=0.0)
             acc_g = _mx_tile_dot(acc_g, w_base, s_base, pid_n * BN, k0, x_t, H, BN, BK, DEQUANT, TILE_MAJOR)
             acc_u = _mx_tile_dot(acc_u, w_base, s_base, pid_n * BN + INTER, k0, x_t, H, BN, BK, DEQUANT,
                                  TILE_MAJOR)
-        if SWIGLU_LIMIT > 0:
-            acc_g = tl.minimum(acc_g, SWIGLU_LIMIT)
-            acc_u = tl.minimum(tl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT)
-        act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
         dest = act_ptr + picks[None, :].to(tl.int64) * INTER + gate_rows[:, None]
-        tl.store(dest, act.to(tl.bfloat16), mask=m_ok[None, :])
+        if SPLIT > 1:  # a slot of a small step has <= T <= BM picks: this loop runs once
+            part = part_ptr + picks[None, :].to(tl.int64) * (2 * INTER) + gate_rows[:, None]
+            split_stride = PART_PICKS * 2 * INTER
+            tl.store(part + tl.program_id(2) * split_stride, acc_g, mask=m_ok[None, :])
+            tl.store(part + tl.program_id(2) * split_stride + INTER, acc_u, mask=m_ok[None, :])
+            if _last_of_split(ticket_ptr + slot * (INTER // BN) + pid_n, SPLIT):
+                acc_g = tl.load(part, mask=m_ok[None, :], other=0.0, cache_modifier=".cg")
+                acc_u = tl.load(part + INTER, mask=m_ok[None, :], other=0.0, cache_modifier=".cg")
+                for s in tl.static_range(1, SPLIT):
+                    acc_g += tl.load(part + s * split_stride, mask=m_ok[None, :], other=0.0,
+                                     cache_modifier=".cg")
+                    acc_u += tl.load(part + s * split_stride + INTER, mask=m_ok[None, :], other=0.0,
+                                     cache_modifier=".cg")
+                act = _swiglu(acc_g, acc_u, SWIGLU_LIMIT)
+                tl.store(dest, act.to(tl.bfloat16), mask=m_ok[None, :])
+        else:
+            act = _swiglu(acc_g, acc_u, SWIGLU_LIMIT)
+            tl.store(dest, act.to(tl.bfloat16), mask=m_ok[None, :])
         m0 += BM
 
 
@@ -379,32 +465,62 @@ def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s
 def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
               sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, y_ptr,
               w_expert_stride, s_expert_stride,
+              ids_ptr, token_mask_ptr, part_ptr, ticket_ptr, E,
               H: tl.constexpr, INTER: tl.constexpr,
               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr,
-              TILE_MAJOR: tl.constexpr):
-    """``y[p, n] = bf16(w2_n . act_p)``: one unreduced output row per pick."""
+              TILE_MAJOR: tl.constexpr, TOP_K: tl.constexpr = 1, SPLIT: tl.constexpr = 1,
+              ONE_TOKEN: tl.constexpr = False, HAS_TOKEN_MASK: tl.constexpr = False,
+              PART_PICKS: tl.constexpr = 1):
+    """``y[p, n] = bf16(w2_n . act_p)``: one unreduced output row per pick. ``ONE_TOKEN`` and
+    ``SPLIT`` (over the intermediate dimension; fp32 partials ``[SPLIT, PART_PICKS, H]`` added in
+    split order by the tile's last split) as in ``w13_swiglu_kernel``."""
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
-    if slot >= tl.load(num_slots_ptr):
-        return
-    start = tl.load(slot_start_ptr + slot)
-    end = tl.load(slot_start_ptr + slot + 1)
-    expert = tl.load(slot_expert_ptr + slot)
+    if ONE_TOKEN:
+        expert = tl.load(ids_ptr + slot).to(tl.int32)
+        ok = (expert >= 0) & (expert < E)
+        if HAS_TOKEN_MASK:
+            ok = ok & (tl.load(token_mask_ptr + slot // TOP_K) != 0)
+        if ok == 0:
+            return
+        start = slot
+        end = slot + 1
+    else:
+        if slot >= tl.load(num_slots_ptr):
+            return
+        start = tl.load(slot_start_ptr + slot)
+        end = tl.load(slot_start_ptr + slot + 1)
+        expert = tl.load(slot_expert_ptr + slot)
     w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride)
     s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride)
     rows = pid_n * BN + tl.arange(0, BN)
+    k_lo, k_hi = _k_range(INTER, BK, SPLIT)
     m0 = start
     while m0 < end:
         mm = m0 + tl.arange(0, BM)
         m_ok = mm < end
-        picks = tl.load(sorted_pick_ptr + mm, mask=m_ok, other=0).to(tl.int64)
+        if ONE_TOKEN:
+            picks = mm.to(tl.int64)
+        else:
+            picks = tl.load(sorted_pick_ptr + mm, mask=m_ok, other=0).to(tl.int64)
         acc = tl.zeros((BN, BM), dtype=tl.float32)
-        for k0 in range(0, INTER, BK):
+        for k0 in range(k_lo, k_hi, BK):
             kk = k0 + tl.arange(0, BK)
             a_t = tl.load(act_ptr + picks[None, :] * INTER + kk[:, None], mask=m_ok[None, :], other=0.0)
             acc = _mx_tile_dot(acc, w_base, s_base, pid_n * BN, k0, a_t, INTER, BN, BK, DEQUANT, TILE_MAJOR)
         dest = y_ptr + picks[None, :] * H + rows[:, None]
-        tl.store(dest, acc.to(tl.bfloat16), mask=m_ok[None, :])
+        if SPLIT > 1:
+            part = part_ptr + picks[None, :] * H + rows[:, None]
+            split_stride = PART_PICKS * H
+            tl.store(part + tl.program_id(2) * split_stride, acc, mask=m_ok[None, :])
+            if _last_of_split(ticket_ptr + slot * (H // BN) + pid_n, SPLIT):
+                acc = tl.load(part, mask=m_ok[None, :], other=0.0, cache_modifier=".cg")
+                for s in tl.static_range(1, SPLIT):
+                    acc += tl.load(part + s * split_stride, mask=m_ok[None, :], other=0.0,
+                                   cache_modifier=".cg")
+                tl.store(dest, acc.to(tl.bfloat16), mask=m_ok[None, :])
+        else:
+            tl.store(dest, acc.to(tl.bfloat16), mask=m_ok[None, :])
         m0 += BM
 
 

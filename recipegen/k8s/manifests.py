@@ -55,6 +55,14 @@ def _host_path(source: str) -> str:
     return resolved
 
 
+def k8s_literal(value: str) -> str:
+    """A recipe value as Kubernetes must be given it to pass it on unchanged: Kubernetes expands
+    `$(VAR)` in container args and env values and reads `$$` as a literal `$`, so every `$` is
+    doubled. Only the references recipegen adds itself (`LEADER_ADDRESS`, `WORKER_INDEX`) are
+    written unescaped, after this."""
+    return value.replace("$", "$$")
+
+
 def _replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
     out = list(argv)
     i = out.index(flag)
@@ -64,7 +72,7 @@ def _replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
 
 def _container(spec: Any, *, recipe: str, lane: str, rank: int, leader: bool,
                map_volume: str | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    argv = list(spec.command)
+    argv = [k8s_literal(arg) for arg in spec.command]
     argv = _replace_flag(argv, "--master-addr", LEADER_ADDRESS)
     if not leader:
         argv = _replace_flag(argv, "--node-rank", WORKER_INDEX)
@@ -73,7 +81,7 @@ def _container(spec: Any, *, recipe: str, lane: str, rank: int, leader: bool,
         if key == "VLLM_HOST_IP":
             env.append({"name": key, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
         else:
-            env.append({"name": key, "value": value})
+            env.append({"name": key, "value": k8s_literal(value)})
     mounts: list[dict[str, Any]] = []
     volumes: list[dict[str, Any]] = []
     for i, m in enumerate(spec.mounts):

@@ -38,12 +38,14 @@ W13_ARGS = [("x_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("h
             ("slot_expert_ptr", "*i32"), ("num_slots_ptr", "*i32"), ("act_ptr", "*bf16"), ("counts_ptr", "*i64"),
             ("tokens_ptr", "*i64"), ("n_tokens_ptr", "*i32"), ("stride_x", "i32"), ("w_expert_stride", "i64"),
             ("s_expert_stride", "i64"), ("ids_ptr", "*i64"), ("token_mask_ptr", "*i32"), ("part_ptr", "*fp32"),
-            ("ticket_ptr", "*i32"), ("E", "i32")]
+            ("ticket_ptr", "*i32"), ("E", "i32"), ("hot_b_ptr", "*fp32"), ("cold_b_ptr", "*fp32"),
+            ("b_expert_stride", "i64")]
 W2_ARGS = [("act_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("hot_s_ptr", "*u8"),
            ("cold_w_ptr", "*u8"), ("cold_s_ptr", "*u8"), ("sorted_pick_ptr", "*i32"), ("slot_start_ptr", "*i32"),
            ("slot_expert_ptr", "*i32"), ("num_slots_ptr", "*i32"), ("y_ptr", "*bf16"), ("w_expert_stride", "i64"),
            ("s_expert_stride", "i64"), ("ids_ptr", "*i64"), ("token_mask_ptr", "*i32"), ("part_ptr", "*fp32"),
-           ("ticket_ptr", "*i32"), ("E", "i32")]
+           ("ticket_ptr", "*i32"), ("E", "i32"), ("hot_b_ptr", "*fp32"), ("cold_b_ptr", "*fp32"),
+            ("b_expert_stride", "i64")]
 _ADDR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(\S.*)")
 
 

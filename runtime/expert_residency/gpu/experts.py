@@ -363,6 +363,7 @@ class TritonMxfp4Experts:
             counts if count_in_kernel else ws.dummy_i64, tokens if count_in_kernel else ws.dummy_i64,
             ws.n_tokens, x.stride(0), w13.stride(0), s13.stride(0),
             ids, mask_arg, sc.part13 if s1 > 1 else ws.dummy_i64, sc.tickets13, self.num_experts,
+            ws.dummy_i64, ws.dummy_i64, 0,  # expert biases: none (HAS_BIAS=False)
             H=shape.hidden, INTER=shape.intermediate, TOP_K=k,
             BM=cfg.block_m, BN=cfg.block_n1, BK=cfg.block_k1, DEQUANT=cfg.dequant,
             TILE_MAJOR=cfg.tile_major, COUNT=count_in_kernel,
@@ -373,6 +374,7 @@ class TritonMxfp4Experts:
             ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.pick_out,
             w2.stride(0), s2w.stride(0),
             ids, mask_arg, sc.part2 if s2 > 1 else ws.dummy_i64, sc.tickets2, self.num_experts,
+            ws.dummy_i64, ws.dummy_i64, 0,
             H=shape.hidden, INTER=shape.intermediate,
             BM=cfg.block_m, BN=cfg.block_n2, BK=cfg.block_k2, DEQUANT=cfg.dequant,
             TILE_MAJOR=cfg.tile_major, TOP_K=k, SPLIT=s2, **small_args,

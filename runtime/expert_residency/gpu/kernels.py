@@ -321,12 +321,26 @@ def _mx_tile_dot(acc, w_base, s_base, row0, k0, x_t, K: tl.constexpr,
 
 
 @triton.jit
-def _swiglu(acc_g, acc_u, SWIGLU_LIMIT: tl.constexpr):
-    """fp32 SwiGLU of the gate and up products (vLLM's clamp when ``SWIGLU_LIMIT`` > 0)."""
-    if SWIGLU_LIMIT > 0:
-        acc_g = tl.minimum(acc_g, SWIGLU_LIMIT)
-        acc_u = tl.minimum(tl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT)
-    return acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+def _swiglu(acc_g, acc_u, b_ptr, rows, INTER: tl.constexpr, SWIGLU_LIMIT: tl.constexpr,
+            HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0, ALPHA: tl.constexpr = 1.0):
+    """The activation on the fully reduced fp32 gate and up products of ``rows``.
+
+    ``HAS_BIAS``: add the expert's fp32 bias (``b_ptr``: its ``[2I]`` row, gate first) before any
+    clamp. ``ACT == 0``: SiLU-GLU, vLLM's clamp when ``SWIGLU_LIMIT`` > 0; ``ACT == 1``: SwiGLU-OAI
+    (gpt-oss), ``(clamp(up, -L, L) + 1) * gate * sigmoid(ALPHA * gate)`` with ``gate = min(g, L)``.
+    """
+    if HAS_BIAS:
+        acc_g += tl.load(b_ptr + rows).to(tl.float32)[:, None]
+        acc_u += tl.load(b_ptr + INTER + rows).to(tl.float32)[:, None]
+    if ACT == 1:
+        gate = tl.minimum(acc_g, SWIGLU_LIMIT)
+        up = tl.minimum(tl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT)
+        return (up + 1.0) * (gate / (1.0 + tl.exp(-(gate * ALPHA))))
+    else:
+        if SWIGLU_LIMIT > 0:
+            acc_g = tl.minimum(acc_g, SWIGLU_LIMIT)
+            acc_u = tl.minimum(tl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT)
+        return acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
 
 
 @triton.jit
@@ -362,16 +376,20 @@ def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s
                       counts_ptr, tokens_ptr, n_tokens_ptr,
                       stride_x, w_expert_stride, s_expert_stride,
                       ids_ptr, token_mask_ptr, part_ptr, ticket_ptr, E,
+                      hot_b_ptr, cold_b_ptr, b_expert_stride,
                       H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr,
                       TILE_MAJOR: tl.constexpr, COUNT: tl.constexpr, SWIGLU_LIMIT: tl.constexpr = 0.0,
                       SPLIT: tl.constexpr = 1, ONE_TOKEN: tl.constexpr = False,
-                      HAS_TOKEN_MASK: tl.constexpr = False, PART_PICKS: tl.constexpr = 1):
+                      HAS_TOKEN_MASK: tl.constexpr = False, PART_PICKS: tl.constexpr = 1,
+                      HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0, ALPHA: tl.constexpr = 1.0):
     """``act[p, n] = bf16(silu(gate_n . x_t) * (up_n . x_t))`` for every pick ``p`` of the slot.
 
     ``SWIGLU_LIMIT`` > 0: vLLM 0.33's clamped SwiGLU for SILU experts (``swiglu_limit``),
     ``silu(min(gate, L)) * clamp(up, -L, L)`` on the fp32 products; 0.0 (the default) compiles
-    exactly the unclamped kernel (the branch is resolved at compile time).
+    exactly the unclamped kernel (the branch is resolved at compile time). ``HAS_BIAS``/``ACT``/
+    ``ALPHA``: gpt-oss's biases and SwiGLU-OAI (``_swiglu``; the bias row comes from the same bank
+    as the weights, through the row map, after the whole K reduction).
 
     ``COUNT``: the usage counter — the first program of each slot adds the slot's pick count to
     ``counts[expert]`` (exact integer atomics, off the step's serial path), program (0, 0) adds the
@@ -420,6 +438,10 @@ def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s
             tl.atomic_add(counts_ptr + expert, (end - start).to(tl.int64))
     w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride)
     s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride)
+    if HAS_BIAS:
+        b_base = _expert_base(codes_ptr, expert, hot_b_ptr, cold_b_ptr, b_expert_stride)
+    else:
+        b_base = hot_b_ptr
     gate_rows = pid_n * BN + tl.arange(0, BN)
     k_lo, k_hi = _k_range(H, BK, SPLIT)
     m0 = start
@@ -453,10 +475,10 @@ def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s
                                      cache_modifier=".cg")
                     acc_u += tl.load(part + s * split_stride + INTER, mask=m_ok[None, :], other=0.0,
                                      cache_modifier=".cg")
-                act = _swiglu(acc_g, acc_u, SWIGLU_LIMIT)
+                act = _swiglu(acc_g, acc_u, b_base, gate_rows, INTER, SWIGLU_LIMIT, HAS_BIAS, ACT, ALPHA)
                 tl.store(dest, act.to(tl.bfloat16), mask=m_ok[None, :])
         else:
-            act = _swiglu(acc_g, acc_u, SWIGLU_LIMIT)
+            act = _swiglu(acc_g, acc_u, b_base, gate_rows, INTER, SWIGLU_LIMIT, HAS_BIAS, ACT, ALPHA)
             tl.store(dest, act.to(tl.bfloat16), mask=m_ok[None, :])
         m0 += BM
 
@@ -466,14 +488,16 @@ def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
               sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, y_ptr,
               w_expert_stride, s_expert_stride,
               ids_ptr, token_mask_ptr, part_ptr, ticket_ptr, E,
+              hot_b_ptr, cold_b_ptr, b_expert_stride,
               H: tl.constexpr, INTER: tl.constexpr,
               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr,
               TILE_MAJOR: tl.constexpr, TOP_K: tl.constexpr = 1, SPLIT: tl.constexpr = 1,
               ONE_TOKEN: tl.constexpr = False, HAS_TOKEN_MASK: tl.constexpr = False,
-              PART_PICKS: tl.constexpr = 1):
-    """``y[p, n] = bf16(w2_n . act_p)``: one unreduced output row per pick. ``ONE_TOKEN`` and
-    ``SPLIT`` (over the intermediate dimension; fp32 partials ``[SPLIT, PART_PICKS, H]`` added in
-    split order by the tile's last split) as in ``w13_swiglu_kernel``."""
+              PART_PICKS: tl.constexpr = 1, HAS_BIAS: tl.constexpr = False):
+    """``y[p, n] = bf16(w2_n . act_p (+ b2_n))``: one unreduced output row per pick. ``ONE_TOKEN``
+    and ``SPLIT`` (over the intermediate dimension; fp32 partials ``[SPLIT, PART_PICKS, H]`` added
+    in split order by the tile's last split) as in ``w13_swiglu_kernel``; ``HAS_BIAS``: the
+    expert's fp32 ``[H]`` bias added to the reduced sum before the cast."""
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
     if ONE_TOKEN:
@@ -494,6 +518,9 @@ def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
     w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride)
     s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride)
     rows = pid_n * BN + tl.arange(0, BN)
+    if HAS_BIAS:
+        b_row = tl.load(_expert_base(codes_ptr, expert, hot_b_ptr, cold_b_ptr, b_expert_stride) + rows)
+        bias = b_row.to(tl.float32)[:, None]
     k_lo, k_hi = _k_range(INTER, BK, SPLIT)
     m0 = start
     while m0 < end:
@@ -518,8 +545,12 @@ def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
                 for s in tl.static_range(1, SPLIT):
                     acc += tl.load(part + s * split_stride, mask=m_ok[None, :], other=0.0,
                                    cache_modifier=".cg")
+                if HAS_BIAS:
+                    acc += bias
                 tl.store(dest, acc.to(tl.bfloat16), mask=m_ok[None, :])
         else:
+            if HAS_BIAS:
+                acc += bias
             tl.store(dest, acc.to(tl.bfloat16), mask=m_ok[None, :])
         m0 += BM
 

@@ -12,6 +12,9 @@ Claims and how each can fail:
 * Triton vs the core's torch MXFP4 reference within a stated tolerance (relative L2 <= 1e-2: the
   reference rounds the SwiGLU activation and pick rows to bf16 like the kernel, so the gap is fp32
   summation order plus the occasional bf16 rounding flip; measured ~1e-3);
+* the small-step schedule (T=1 ungrouped, optional split-K) against the whole-K grouped one and
+  the torch reference within tolerance (bit equality not claimed: fp32 partial sums), split-K
+  tickets back at zero after each launch;
 * the Triton finalize == the core's correctly rounded fma finalize, bit for bit;
 * graph replay == eager, with new routing on every replay;
 * the in-kernel counter == a bincount recount (with and without padded tokens, under replay);

@@ -101,13 +101,17 @@ def _rows_dot(acc, w_base, s_base, rows, x_t, x_scale, k0, K: tl.constexpr, BK: 
     kk = k0 + tl.arange(0, BK)
     w_ptr = w_base + rows.to(tl.int64)[:, None] * K + kk[None, :]
     w = tl.load(w_ptr)
+    # One return after a constexpr if/else: Triton's code generator also compiles statements that
+    # follow a return inside a constexpr branch (the bf16 dot on FP8 bytes then fails to compile).
     if FP8:
         wv = _e4m3_bytes_to_bf16(w)
         dot = _dot(wv, x_t, tl.zeros(acc.shape, dtype=tl.float32))
         KB: tl.constexpr = K // 128
         w_s = tl.load(s_base + (rows // 128).to(tl.int64) * KB + k0 // 128)
-        return acc + dot * x_scale[None, :] * w_s[:, None]
-    return _dot(w, x_t, acc)
+        out = acc + dot * x_scale[None, :] * w_s[:, None]
+    else:
+        out = _dot(w, x_t, acc)
+    return out
 
 
 @triton.jit

@@ -32,6 +32,15 @@ from .worker_runtime import get_runtime
 class ResidencyForward:
     _er_resident: Any = None
 
+    def _ensure_moe_quant_config_init(self) -> None:
+        """vLLM's ``MoERunner`` calls this before every forward and, while the quant method has no
+        quant config, builds one from the layer's weight-scale (and bias) parameters. The runtime
+        never reads it for a layer it computes itself, and re-homing removed those parameters, so
+        building it there would fail (MXFP4: ``w13_weight_scale`` is gone) or hold the originals."""
+        if self._er_resident is not None:
+            return
+        super()._ensure_moe_quant_config_init()  # type: ignore[misc]
+
     def forward_modular(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                         shared_experts: Any = None, shared_experts_input: torch.Tensor | None = None,
                         ) -> Any:

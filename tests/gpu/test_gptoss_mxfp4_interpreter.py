@@ -45,7 +45,7 @@ def _kernel_has_gptoss() -> bool:
 pending = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None or not _kernel_has_gptoss(),
     reason="needs Triton and the gpt-oss variant of the MXFP4 kernel (TritonMxfp4Experts(activation="
-           "'swigluoai')), specified in the kernel note and not yet in gpu/kernels.py")
+           "'swigluoai')), which gpu/kernels.py supports but gpu/experts.py does not pass on yet")
 
 
 def _rerun_interpreted(test_id: str) -> bool:

@@ -234,24 +234,9 @@ def hold_back(method: Any, get_runtime: Any, is_weights_pre_processed: Any, reas
     checkpoint layout (no conversion, no vLLM kernel) and are marked ``_er_dense``; layers the
     runtime cannot compute exactly refuse here, at load. vLLM's method stays on the layer
     (``_er_vllm_process_weights``) for a drafter's layers, as ``mxfp4_experts.hold_back_conversion``."""
-    if getattr(method, "_er_wrapped", False):
-        return
-    vllm_process = method.process_weights_after_loading
+    from .hold_back import hold_back_checkpoint_layout
 
-    def process_weights_after_loading(module: Any) -> None:
-        from .refusal import refuse
-
-        module._er_vllm_process_weights = vllm_process
-        runtime = get_runtime()
-        if runtime is None or runtime.target_layers:
-            vllm_process(module)
-            return
-        if is_weights_pre_processed():
-            refuse(f"{module.layer_name}: pre-processed (kernel-format) {expert_format} weights "
-                   "cannot be split; load the checkpoint layout with residency")
-        reason = reason_fn(module)
-        if reason is not None:
-            refuse(reason)
+    def mark(module: Any) -> None:
         module._er_dense = expert_format
         # vLLM's runner builds the method's quant config on the first forward if none exists
         # (``RoutedExperts._ensure_moe_quant_config_init``), reading the layer's weight/bias
@@ -259,8 +244,8 @@ def hold_back(method: Any, get_runtime: Any, is_weights_pre_processed: Any, reas
         # conversion would have (``_init_moe_kernel``); the runtime's forward never reads it.
         method.moe_quant_config = method.get_fused_moe_quant_config(module)
 
-    method.process_weights_after_loading = process_weights_after_loading
-    method._er_wrapped = True
+    hold_back_checkpoint_layout(method, get_runtime, is_weights_pre_processed, reason_fn,
+                                expert_format, mark)
 
 
 def keep_dense_checkpoint_layout(layer: Any, get_runtime: Any) -> None:

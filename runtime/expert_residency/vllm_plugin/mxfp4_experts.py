@@ -93,28 +93,13 @@ def hold_back_conversion(method: Any, get_runtime: Callable[[], Any],
     exactly refuse here, at load, before any conversion. vLLM's own method is kept on the layer
     (``_er_vllm_process_weights``) and still runs for a second model's layers (a drafter, loaded
     after the target's banks exist), which vLLM's kernel serves."""
-    if getattr(method, "_er_wrapped", False):
-        return
-    vllm_process = method.process_weights_after_loading
+    from .hold_back import hold_back_checkpoint_layout
 
-    def process_weights_after_loading(module: Any) -> None:
-        from .refusal import refuse
-
-        module._er_vllm_process_weights = vllm_process
-        runtime = get_runtime()
-        if runtime is None or runtime.target_layers:
-            vllm_process(module)
-            return
-        if is_weights_pre_processed():
-            refuse(f"{module.layer_name}: pre-processed (kernel-format) MXFP4 weights cannot be "
-                   "split; load the checkpoint layout with residency")
-        reason = mxfp4_unsupported_reason(module)
-        if reason is not None:
-            refuse(reason)
+    def mark(module: Any) -> None:
         module._er_mxfp4 = True
 
-    method.process_weights_after_loading = process_weights_after_loading
-    method._er_wrapped = True
+    hold_back_checkpoint_layout(method, get_runtime, is_weights_pre_processed,
+                                mxfp4_unsupported_reason, "MXFP4", mark)
 
 
 def checkpoint_geometry(tensors: dict[str, torch.Tensor], layer_name: str = "MoE layer"

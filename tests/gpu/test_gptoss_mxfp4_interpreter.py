@@ -2,9 +2,8 @@
 on the MXFP4 Triton split layer (``gpu.experts.TritonMxfp4Experts(activation="swigluoai")``).
 
 The kernel variant is specified in the team's kernel note (gate/up de-interleaved once by
-``to_kernel_layout`` via ``core.formats_ref.deinterleave_gate_up``, fp32 biases added to the
-products before the clamps and after the down projection, ``ACT=1`` in the w13 kernel). Until
-``TritonMxfp4Experts`` takes ``activation=``, these tests skip saying so.
+``to_kernel_layout`` via ``core.formats_ref.deinterleave_gate_up``, biases read as fp32 and added to the
+products before the clamps and after the down projection, ``ACT=1`` in the w13 kernel).
 
 Under ``TRITON_INTERPRET=1`` (fresh process, as ``test_layout_and_interpreter.py``), for the
 integer and the MMA-order dequantizers: split == unsplit bit for bit, after swaps too; the
@@ -45,7 +44,7 @@ def _kernel_has_gptoss() -> bool:
 pending = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None or not _kernel_has_gptoss(),
     reason="needs Triton and the gpt-oss variant of the MXFP4 kernel (TritonMxfp4Experts(activation="
-           "'swigluoai')), which gpu/kernels.py supports but gpu/experts.py does not pass on yet")
+           "'swigluoai'))")
 
 
 def _rerun_interpreted(test_id: str) -> bool:
@@ -61,24 +60,47 @@ def _rerun_interpreted(test_id: str) -> bool:
     return True
 
 
-def gptoss_tensors(device: str = "cpu") -> dict:
+def gptoss_tensors(device: str = "cpu", h: int = H) -> dict:
     from expert_residency.mxfp4 import quantize_mxfp4
 
     g = torch.Generator().manual_seed(11)
-    w13 = torch.randn(E, 2 * I, H, generator=g) * (8.0 / H ** 0.5)   # products ~N(0, 8^2): 7.0 clamps
-    w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
+    w13 = torch.randn(E, 2 * I, h, generator=g) * (8.0 / h ** 0.5)   # products ~N(0, 8^2): 7.0 clamps
+    w2 = torch.randn(E, h, I, generator=g) / I ** 0.5
     p13, s13 = quantize_mxfp4(w13)
     p2, s2 = quantize_mxfp4(w2)
     out = {"w13_weight": p13, "w13_weight_scale": s13, "w2_weight": p2, "w2_weight_scale": s2,
-           "w13_bias": torch.randn(E, 2 * I, generator=g) * 0.5, "w2_bias": torch.randn(E, H, generator=g) * 0.2}
+           "w13_bias": torch.randn(E, 2 * I, generator=g) * 0.5, "w2_bias": torch.randn(E, h, generator=g) * 0.2}
     return {n: v.to(device) for n, v in out.items()}
 
 
 @pending
-@pytest.mark.parametrize("dequant", [0, 3])
-def test_gptoss_mxfp4_kernel(dequant: int) -> None:
+def test_config_for_shape_fits_gptoss_geometry() -> None:
+    """gpt-oss-120b: hidden = intermediate = 2,880 = 45 x 64, not a multiple of 128, so the
+    default 128-wide tiles halve to 64 (the MMA-order floor); 64-wide ones stay; 2,848 = 89 x 32
+    has no MMA-order tile (refused), but the integer dequantizer's floor 32 takes it."""
+    if _rerun_interpreted("test_config_for_shape_fits_gptoss_geometry"):
+        return
+    from expert_residency.gpu.experts import ExpertShape, KernelConfig, config_for_shape
+
+    c = config_for_shape(ExpertShape(2880, 2880))
+    assert (c.block_n1, c.block_k1, c.block_n2, c.block_k2) == (64, 64, 64, 64)
+    assert c.block_m == KernelConfig().block_m and c.dequant == 3
+    c = config_for_shape(ExpertShape(7168, 2048))   # DeepSeek-class: every default tile divides
+    assert c == KernelConfig()
+    with pytest.raises(ValueError, match="block_k1"):
+        config_for_shape(ExpertShape(2848, 2048))
+    c = config_for_shape(ExpertShape(2848, 2048), KernelConfig(dequant=0, tile_major=True))
+    assert (c.block_k1, c.block_n2) == (32, 32)
+
+
+@pending
+@pytest.mark.parametrize("dequant", [0, 3, "fitted"])
+def test_gptoss_mxfp4_kernel(dequant) -> None:
+    """``fitted``: hidden 192 = 3 x 64 with ``config_for_shape`` (w13 K and w2 N tiles 64, as
+    gpt-oss-120b's 2,880 needs), MMA-order dequantizer."""
     if _rerun_interpreted(f"test_gptoss_mxfp4_kernel[{dequant}]"):
         return
+    h = 192 if dequant == "fitted" else H
     cuda = torch.cuda.is_available()
     if not cuda:
         os.environ["TRITON_INTERPRET"] = "1"
@@ -90,18 +112,23 @@ def test_gptoss_mxfp4_kernel(dequant: int) -> None:
     from expert_residency.core.swap import swap_experts
     from expert_residency.gpu import experts as gx
 
-    original = gptoss_tensors(dev)
+    original = gptoss_tensors(dev, h)
     torch.manual_seed(1)
-    x = torch.randn(T, H).bfloat16().to(dev)
+    x = torch.randn(T, h).bfloat16().to(dev)
     weights, ids = torch.topk(torch.softmax(torch.randn(T, E), -1), K)
     ids[0] = torch.tensor([2, 4])   # entirely cold
     ids[1] = torch.tensor([5, 2])   # straddling
     weights, ids = weights.to(dev), ids.to(dev)
     reference_layer = build_unsplit_layer(original, layer_index=0)
     ref = residency_forward(reference_layer, x, weights, ids, gptoss_mxfp4_per_pick(), pick_dtype=torch.bfloat16)
-    cfg = (gx.KernelConfig(dequant=0, block_m=4, block_n1=32, block_k1=64, block_n2=32, block_k2=64)
-           if dequant == 0 else gx.KernelConfig(block_m=4, block_n1=64, block_k1=128, block_n2=64, block_k2=64))
-    ex = gx.TritonMxfp4Experts(gx.ExpertShape(H, I), E, K, max_tokens=8, device=dev, config=cfg,
+    if dequant == 0:
+        cfg = gx.KernelConfig(dequant=0, block_m=4, block_n1=32, block_k1=64, block_n2=32, block_k2=64)
+    elif dequant == 3:
+        cfg = gx.KernelConfig(block_m=4, block_n1=64, block_k1=128, block_n2=64, block_k2=64)
+    else:
+        cfg = gx.config_for_shape(gx.ExpertShape(h, I), gx.KernelConfig(block_m=4))
+        assert (cfg.block_k1, cfg.block_n2, cfg.block_n1, cfg.block_k2) == (64, 64, 64, 128)
+    ex = gx.TritonMxfp4Experts(gx.ExpertShape(h, I), E, K, max_tokens=8, device=dev, config=cfg,
                                activation="swigluoai")
     full = {n: v.clone() for n, v in original.items()}
     ex.to_kernel_layout(full)           # de-interleaves gate/up, then the kernel layout
@@ -133,7 +160,7 @@ def test_gptoss_mxfp4_kernel(dequant: int) -> None:
     if cuda:
         from expert_residency.gpu.graphs import CapturedStep
 
-        out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+        out = torch.empty(T, h, dtype=torch.bfloat16, device=dev)
         graph = CapturedStep(lambda xx, ww, ii: ex.forward(split, xx, ww, ii, out=out), x, weights, ids)
         ids2 = torch.roll(ids, 1, dims=0)
         assert torch.equal(graph.replay(x, weights, ids2).clone(), ex.forward(unsplit, x, weights, ids2))

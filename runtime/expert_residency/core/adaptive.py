@@ -242,6 +242,12 @@ class AdaptivePolicy:
         self.forwards += 1
         return self.forwards % self.config.interval == 0
 
+    @property
+    def in_barrier(self) -> bool:
+        """True from a barrier's first device op to its last map flip: an engine's forward entry
+        checks it (host-side proof that no forward runs between a swap's copies and its flip)."""
+        return self._in_barrier
+
     # -- the barrier ---------------------------------------------------------------------------
     def staging_bytes(self) -> int:
         """Bytes of the staging buffers (one per distinct row layout among the layers)."""

@@ -15,6 +15,14 @@ from .worker_runtime import get_runtime
 
 
 class ResidencyWorkerExtension:
+    def init_worker_extension(self) -> None:
+        """vLLM 0.33 calls this with the worker instance right after ``init_device``
+        (``worker_base.py:366-368``; older releases never do): adaptive residency's barrier then
+        runs at each scheduler step's start (``worker_runtime.install_step_entry``)."""
+        from .worker_runtime import install_step_entry
+
+        install_step_entry(self)
+
     def expert_residency_dump(self, folder: str | None = None) -> str:
         """Write the counts so far as a histogram file; return its path."""
         return _runtime().dump(folder or None)

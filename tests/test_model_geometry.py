@@ -127,11 +127,12 @@ def test_attention_groups_cover_every_layer_once() -> None:
 
 
 def test_runtime_refusal_fails_a_usage_aware_lane_and_names_why() -> None:
-    # gpt-oss: MXFP4 experts with biases and the swigluoai activation (alpha 1.702, limit 7).
+    # FP16 experts with biases and the swigluoai activation (alpha 1.702, limit 7): the runtime's
+    # fp16 row computes SILU only (gpt-oss's own MXFP4 and BF16 experts are supported).
     model = Model.model_validate({
         "name": "g", "decoder_layers": 2, "moe_layers": "0-1", "routed_experts": 4, "top_k": 1,
-        "expert_tensors": [{"name": "w13", "shape": [64, 32], "dtype": "mxfp4"},
-                           {"name": "w2", "shape": [32, 32], "dtype": "mxfp4"},
+        "expert_tensors": [{"name": "w13", "shape": [64, 32], "dtype": "fp16"},
+                           {"name": "w2", "shape": [32, 32], "dtype": "fp16"},
                            {"name": "w13_bias", "shape": [64], "dtype": "bf16", "kind": "bias"}],
         "activation": {"kind": "swigluoai", "alpha": 1.702, "limit": 7.0}, "kv_bytes_per_token": "64 B"})
     got = compute_lane(model, machine(), lane(hot_experts_per_layer=2))

@@ -31,7 +31,9 @@ def test_gpt_oss_window_layers_make_room_on_48_gb() -> None:
     assert lane.fig("kv.full_sequences").value == 2
 
 
-def test_gpt_oss_usage_aware_is_refused_naming_why() -> None:
+def test_gpt_oss_usage_aware_passes_the_runtime_check_with_a_caveat_off_hopper() -> None:
+    # gpt-oss's MXFP4 experts (biases, SwiGLU-OAI) are in the runtime's capability table; on an
+    # L40S (compute capability 8.9) the split was not verified, which the lane says as a note.
     from recipegen.ledger import compute_lane
     from recipegen.schema.lane import Offload
     loaded = load_recipe(REPO / "recipes" / "gpt-oss-120b-l40s.yaml")
@@ -39,8 +41,8 @@ def test_gpt_oss_usage_aware_is_refused_naming_why() -> None:
     lane = recipe.lanes[0].model_copy(update={"offload": Offload(
         placement="usage-aware", hot_experts_per_layer=50, load_cpu_offload="38 GiB")})
     got = compute_lane(recipe.model, recipe.machines["box"], lane)
-    refusal = [v for v in got.violations if v.kind == "runtime"]
-    assert refusal and "swigluoai" in refusal[0].message and "placement: positional" in refusal[0].suggestion
+    assert not [v for v in got.violations if v.kind == "runtime"]
+    assert any("mxfp4 split is not verified on compute capability 8.9" in str(n) for n in got.notes)
 
 
 def test_qwen3_235b_tp8_replicates_kv_heads() -> None:

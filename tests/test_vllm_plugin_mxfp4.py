@@ -47,6 +47,7 @@ LAYERS = (0, 1)
 class MoEActivation(Enum):  # the values of vLLM 0.33's enum the check reads
     SILU = "silu"
     SWIGLUOAI = "swigluoai"
+    GELU = "gelu"
 
 
 class FakeMxfp4Experts(torch.nn.Module):
@@ -250,6 +251,14 @@ def test_supported_layer_has_no_reason() -> None:
     assert mxfp4_unsupported_reason(_layer()) is None
     assert mxfp4_unsupported_reason(_layer(swiglu_limit=0.0)) is None  # vLLM: limit <= 0 is off
     assert mxfp4_unsupported_reason(_layer(swiglu_limit=10.0)) is None  # computed (clamped)
+    # gpt-oss: biases + SwiGLU-OAI with the method's own constants (no limit or alpha on the layer)
+    gptoss = dict(activation=MoEActivation.SWIGLUOAI, w13_bias=torch.zeros(EXPERTS, 2 * INTER),
+                  w2_bias=torch.zeros(EXPERTS, HIDDEN))
+    assert mxfp4_unsupported_reason(_layer(**gptoss)) is None
+    assert mxfp4_unsupported_reason(_layer(**gptoss, swiglu_limit=7.0,
+                                           **{"moe_config.swiglu_alpha": 1.702})) is None
+    assert mxfp4_unsupported_reason(_layer(w13_bias=torch.zeros(EXPERTS, 2 * INTER),
+                                           w2_bias=torch.zeros(EXPERTS, HIDDEN))) is None  # SILU + biases
 
 
 def test_layer_swiglu_limit_is_the_clamp_vllm_applies() -> None:
@@ -263,10 +272,10 @@ def test_layer_swiglu_limit_is_the_clamp_vllm_applies() -> None:
 
 
 @pytest.mark.parametrize("changes, words", [
-    ({"w13_bias": torch.zeros(EXPERTS, 2 * INTER)}, ["w13_bias", "biases"]),
-    ({"w2_bias": torch.zeros(EXPERTS, HIDDEN), "swiglu_limit": 10.0}, ["w2_bias", "biases"]),
-    ({"activation": MoEActivation.SWIGLUOAI}, ["'swigluoai'", "silu only"]),
-    ({"moe_config.swiglu_alpha": 1.702}, ["alpha/beta"]),
+    ({"activation": MoEActivation.GELU}, ["'gelu'", "silu / swigluoai only"]),
+    ({"activation": MoEActivation.SWIGLUOAI, "swiglu_limit": 10.0}, ["limit 10.0", "gpt-oss's constants"]),
+    ({"activation": MoEActivation.SWIGLUOAI, "moe_config.swiglu_alpha": 1.5}, ["alpha 1.5", "1.702"]),
+    ({"moe_config.swiglu_alpha": 1.702}, ["SILU with alpha 1.702", "silu(gate) * up only"]),
 ])
 def test_unsupported_layers_are_refused_by_name(changes: dict, words: list[str]) -> None:
     reason = mxfp4_unsupported_reason(_layer(**changes))
@@ -349,8 +358,8 @@ def test_layers_of_a_second_model_get_vllms_conversion() -> None:
 def test_unsupported_or_preprocessed_layers_refuse_before_any_conversion() -> None:
     runtime = WorkerRuntime(PluginSettings(mode="unsplit"), None)
     method = _hold(runtime)
-    with pytest.raises(ResidencyRefused, match="w13_bias"):
-        method.process_weights_after_loading(_layer(swiglu_limit=10.0,
+    with pytest.raises(ResidencyRefused, match="'gelu'"):
+        method.process_weights_after_loading(_layer(activation=MoEActivation.GELU,
                                                     w13_bias=torch.zeros(EXPERTS, 2 * INTER)))
     clamped = _layer(swiglu_limit=10.0)  # a clamp alone is computed, not refused
     clamped._er_mxfp4 = False

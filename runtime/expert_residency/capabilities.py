@@ -40,8 +40,8 @@ class FormatSupport:
     clamp_limit: bool = False
     """A SwiGLU clamp limit (`swiglu_limit` > 0) is computed (gate <= L, -L <= up <= L)."""
     alpha_beta: bool = False
-    """swigluoai's alpha/beta (alpha != 1 or beta != 0) are computed (for bf16/fp8-block: gpt-oss's
-    alpha 1.702, limit 7.0 — the plugin refuses other swigluoai constants by name)."""
+    """swigluoai's alpha/beta (alpha != 1 or beta != 0) are computed (for mxfp4/bf16/fp8-block:
+    gpt-oss's alpha 1.702, limit 7.0 — the plugin refuses other swigluoai constants by name)."""
     biases: bool = False
     """Per-expert bias vectors (`w13_bias`, `w2_bias`) are computed."""
     min_compute_capability: tuple[int, int] | None = None
@@ -54,10 +54,14 @@ class FormatSupport:
 
 FORMATS: dict[str, FormatSupport] = {f.format: f for f in (
     FormatSupport(
-        "mxfp4", True, frozenset({SILU}), clamp_limit=True, alpha_beta=False, biases=False,
+        "mxfp4", True, frozenset({SILU, SWIGLUOAI}), clamp_limit=True, alpha_beta=True, biases=True,
         min_compute_capability=(8, 0),
         verified_on=("NVIDIA H200 (9.0): Triton MXFP4 kernels, split == unsplit bit for bit",
                      "CPU: the torch reference (core.reference)",
+                     "CPU: gpt-oss's biases and SwiGLU-OAI (alpha 1.702, limit 7.0, the method's own "
+                     "constants: the plugin refuses others by name) in the Triton MXFP4 kernels under "
+                     "TRITON_INTERPRET=1 and the torch reference (core.formats_ref); the FlashInfer "
+                     "TRT-LLM bank path (SM100) is not wired for it",
                      "CPU: the SM100 bank kernel (FlashInfer TRT-LLM per bank, docs/blackwell.md) "
                      "against a torch model of its unfinalized output; not run on SM100")),
     FormatSupport(

@@ -30,15 +30,22 @@ FLASHINFER_MIN_TUNE_TOKENS = 8192  # vLLM's fi_moe_largest_bucket floor
 def cuda_bank_experts(hidden: int, intermediate: int, num_experts: int, top_k: int,
                       max_tokens: int, device: torch.device | str, *,
                       kernel_config: Any | None = None, swiglu_limit: float | None = None,
-                      capability: tuple[int, int] | None = None,
+                      activation: str = "silu", capability: tuple[int, int] | None = None,
                       environ: Mapping[str, str] | None = None
                       ) -> tuple[Any | None, str, BankKernelChoice]:
     """(experts object or None, its name, the choice) for one MXFP4 geometry on a CUDA ``device``.
-    ``capability`` defaults to the device's; ValueError when the lane's override cannot run here."""
+    ``capability`` defaults to the device's; ValueError when the lane's override cannot run here.
+    ``activation="swigluoai"`` (gpt-oss, with biases): the runtime's Triton kernels or the torch
+    reference; the TRT-LLM bank path is not wired for it (ValueError naming the override)."""
     dev = torch.device(device)
     cap = capability if capability is not None else torch.cuda.get_device_capability(dev)
     choice = bank_kernel_from_env(cap, environ)
     clamp = "" if swiglu_limit is None else f", swiglu_limit={swiglu_limit:g}"
+    if activation == "swigluoai":
+        clamp = ", swigluoai alpha 1.702 limit 7 + biases"
+        if choice.kernel == FLASHINFER_TRTLLM:
+            raise ValueError("gpt-oss MXFP4 (swigluoai, biases): the FlashInfer TRT-LLM bank kernel "
+                             "is not wired for it; set EXPERT_RESIDENCY_BANK_KERNEL=triton")
     if choice.kernel == FLASHINFER_TRTLLM:
         from .trtllm import TrtllmMxfp4Banks
 
@@ -49,11 +56,13 @@ def cuda_bank_experts(hidden: int, intermediate: int, num_experts: int, top_k: i
         return experts, experts.name, choice
     if choice.kernel == TORCH_REFERENCE:
         return None, f"expert_residency torch MXFP4 reference (core.reference{clamp})", choice
-    from ..gpu.experts import ExpertShape, KernelConfig, TritonMxfp4Experts
+    from ..gpu.experts import ExpertShape, KernelConfig, TritonMxfp4Experts, config_for_shape
 
-    config = kernel_config if kernel_config is not None else KernelConfig()
+    shape = ExpertShape(hidden, intermediate)
+    # Default tiles shrink to the geometry (gpt-oss's 2,880 = 45 x 64); a given config is kept.
+    config = kernel_config if kernel_config is not None else config_for_shape(shape, KernelConfig())
     if choice.kernel == TRITON_DOT_SCALED:
         config = dataclasses.replace(config, dequant=1)
-    experts = TritonMxfp4Experts(ExpertShape(hidden, intermediate), num_experts, top_k,
-                                 max_tokens, dev, config, swiglu_limit=swiglu_limit)
+    experts = TritonMxfp4Experts(shape, num_experts, top_k, max_tokens, dev, config,
+                                 swiglu_limit=swiglu_limit, activation=activation)
     return experts, f"expert_residency Triton MXFP4 ({config.describe()}{clamp})", choice

@@ -1,4 +1,5 @@
-"""MXFP4 expert layers (vLLM 0.33 ``Mxfp4MoEMethod``) under residency: the runtime owns the layout.
+"""MXFP4 expert layers (vLLM 0.33 ``Mxfp4MoEMethod``; gpt-oss's ``GptOssMxfp4MoEMethod``) under
+residency: the runtime owns the layout.
 
 vLLM's MXFP4 backends convert the checkpoint tensors into a backend-specific format in
 ``process_weights_after_loading`` and keep the block scales in a quant config built once for the
@@ -6,9 +7,12 @@ whole layer, so a bank split cannot reuse their kernels. In the split modes the 
 skips that conversion for MXFP4 layers (``routed_experts``) and keeps the **checkpoint layout**::
 
     w13_weight        uint8 [E, 2I, H/2]   E2M1 pairs, low nibble first; gate rows 0..I-1, up I..2I-1
+                                           (gpt-oss, swigluoai: interleaved, gate 2n, up 2n+1)
     w13_weight_scale  uint8 [E, 2I, H/32]  ue8m0
     w2_weight         uint8 [E, H, I/2]
     w2_weight_scale   uint8 [E, H, I/32]
+    w13_bias [E, 2I], w2_bias [E, H]       bf16 (gpt-oss: ``GptOssMxfp4MoEMethod.create_weights``
+                                           with ``moe.has_bias``; interleaved like w13)
 
 and this module turns those into banks and a per-pick expert function:
 
@@ -22,12 +26,15 @@ and this module turns those into banks and a per-pick expert function:
   checkpoint layout (no vLLM MXFP4 kernel runs on CPU).
 
 The expert these compute is ``y = W2 · bf16(silu(W1·x) * (W3·x))`` with bf16 activations, fp32
-accumulation, no bias; with the layer's ``swiglu_limit`` L > 0 (DeepSeek-V4/V4.1 pass their
+accumulation; with the layer's ``swiglu_limit`` L > 0 (DeepSeek-V4/V4.1 pass their
 config's) ``silu(min(W1·x, L)) * clamp(W3·x, -L, L)``, as vLLM 0.33 computes SILU experts with a
 clamp (``fused_moe/activation.py`` ``silu_and_mul_with_clamp``, ``fused_moe/utils.py``
-``swiglu_limit_func``; docs/plugin.md cites the lines). Anything else a layer asks for (expert
-biases, another activation, alpha/beta) is refused by ``mxfp4_unsupported_reason`` rather than
-computed differently.
+``swiglu_limit_func``; docs/plugin.md cites the lines). gpt-oss (``activation == "swigluoai"``):
+the biased SwiGLU-OAI of ``core.formats_ref.gptoss_mxfp4_per_pick`` with the constants
+``GptOssMxfp4MoEMethod.get_fused_moe_quant_config`` passes (``quantization/mxfp4.py:428-430``:
+alpha 1.702, beta 1.0 = the ``+ 1`` on up, limit 7.0). Anything else a layer asks for (another
+activation, other swigluoai constants, alpha/beta on SILU) is refused by
+``mxfp4_unsupported_reason`` rather than computed differently.
 
 No vLLM import here (the GPU test runs it where vLLM is absent); the caller hands in the layer.
 """
@@ -43,6 +50,7 @@ from ..core.banks import BankAllocator, device_allocator, host_allocator
 from ..core.split import PerPickExpertFn
 
 CHECKPOINT_NAMES = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale")
+SILU, SWIGLUOAI = "silu", "swigluoai"
 BIAS_NAMES = ("w13_bias", "w2_bias")
 MX_BLOCK = 32
 
@@ -57,6 +65,12 @@ def layer_swiglu_limit(layer: Any) -> float | None:
     return float(limit)
 
 
+def layer_activation(layer: Any) -> str:
+    """vLLM's ``MoEActivation`` value of ``layer`` (``silu``, ``swigluoai``, ...), lower case."""
+    activation = getattr(layer, "activation", None)
+    return str(getattr(activation, "value", activation)).lower()
+
+
 def mxfp4_unsupported_reason(layer: Any) -> str | None:
     """None if the runtime computes exactly what this MXFP4 layer asks for, else why not.
 
@@ -66,17 +80,25 @@ def mxfp4_unsupported_reason(layer: Any) -> str | None:
     ``recipegen check budgets`` reads too); this adds the layer and parameter names.
     """
     from ..capabilities import unsupported_reason
+    from .dense_layers import swigluoai_constants_reason
 
     name = getattr(layer, "layer_name", "MoE layer")
     biases = [b for b in BIAS_NAMES if getattr(layer, b, None) is not None]
-    activation = getattr(layer, "activation", None)
-    act_name = str(getattr(activation, "value", activation)).lower()
+    act_name = layer_activation(layer)
     moe_config = getattr(layer, "moe_config", None)
     alpha = getattr(moe_config, "swiglu_alpha", None)
     beta = getattr(moe_config, "swiglu_beta", None)
+    # swigluoai: gpt-oss's constants (alpha 1.702, limit 7.0, the method's own) or refused by
+    # name; SILU: no alpha/beta. The table's alpha_beta flag cannot say which constants.
+    reason = swigluoai_constants_reason(layer)
+    if reason is not None:
+        return (f"{name}: {reason}; set EXPERT_RESIDENCY_MODE=off/count for this model "
+                "(vLLM's own kernel then serves it)")
+    if act_name == SWIGLUOAI:
+        alpha = beta = None
     reason = unsupported_reason(expert_format="mxfp4", activation=act_name,
-                                swiglu_limit=layer_swiglu_limit(layer), swiglu_alpha=alpha,
-                                swiglu_beta=beta, biases=bool(biases))
+                                swiglu_limit=None if act_name == SWIGLUOAI else layer_swiglu_limit(layer),
+                                swiglu_alpha=alpha, swiglu_beta=beta, biases=bool(biases))
     if reason is None:
         return None
     detail = f" ({', '.join(biases)})" if biases and "bias" in reason else ""
@@ -130,6 +152,13 @@ def checkpoint_geometry(tensors: dict[str, torch.Tensor], layer_name: str = "MoE
     if two_i % 2 or hidden % MX_BLOCK or inter % MX_BLOCK:
         raise ValueError(f"{layer_name}: hidden {hidden} / intermediate {inter} are not whole "
                          f"MX blocks of {MX_BLOCK}")
+    has = [n in tensors for n in BIAS_NAMES]
+    if has[0] != has[1]:
+        raise ValueError(f"{layer_name}: w13_bias and w2_bias come together (one is missing)")
+    for name, shape in (("w13_bias", (experts, 2 * inter)), ("w2_bias", (experts, hidden))):
+        t = tensors.get(name)
+        if t is not None and (tuple(t.shape) != shape or not t.is_floating_point()):
+            raise ValueError(f"{layer_name}: {name} is {t.dtype} {tuple(t.shape)}, expected a float {shape}")
     return experts, hidden, inter
 
 
@@ -149,10 +178,18 @@ class Mxfp4Residency:
     """
 
     def __init__(self, geometry: Mxfp4Geometry, device: torch.device | str, max_tokens: int,
-                 *, kernel_config: Any | None = None, swiglu_limit: float | None = None) -> None:
+                 *, kernel_config: Any | None = None, swiglu_limit: float | None = None,
+                 activation: str = SILU) -> None:
+        if activation not in (SILU, SWIGLUOAI):
+            raise ValueError(f"MXFP4 residency computes silu or swigluoai, not {activation!r}")
+        if activation == SWIGLUOAI and swiglu_limit is not None:
+            raise ValueError("swigluoai's limit is gpt-oss's 7.0 (no swiglu_limit)")
         self.geometry = geometry
         self.swiglu_limit = swiglu_limit
+        self.activation = activation
         clamp = "" if swiglu_limit is None else f", swiglu_limit={swiglu_limit:g}"
+        if activation == SWIGLUOAI:
+            clamp = ", swigluoai alpha 1.702 limit 7 + biases"
         self.device = torch.device(device)
         self.max_tokens = int(max_tokens)
         self._experts: Any | None = None
@@ -166,9 +203,10 @@ class Mxfp4Residency:
             self._experts, self.name, self.choice = cuda_bank_experts(
                 geometry.hidden, geometry.intermediate, geometry.num_experts, geometry.top_k,
                 self.max_tokens, self.device, kernel_config=kernel_config,
-                swiglu_limit=swiglu_limit)
+                swiglu_limit=swiglu_limit, activation=activation)
         elif self.device.type == "cpu":
-            self.name = f"expert_residency torch MXFP4 reference (core.reference{clamp})"
+            ref = "core.formats_ref" if activation == SWIGLUOAI else "core.reference"
+            self.name = f"expert_residency torch MXFP4 reference ({ref}{clamp})"
         else:
             raise ValueError(f"MXFP4 residency runs on CUDA or CPU, not {self.device}")
 
@@ -203,6 +241,10 @@ class Mxfp4Residency:
     def per_pick_fn(self) -> PerPickExpertFn:
         if self._experts is not None:
             return self._experts.per_pick_fn()
+        if self.activation == SWIGLUOAI:   # vLLM's interleaved layout, biases from the banks
+            from ..core.formats_ref import gptoss_mxfp4_per_pick
+
+            return gptoss_mxfp4_per_pick()
         from ..core.reference import mxfp4_swiglu_per_pick
 
         return mxfp4_swiglu_per_pick(swiglu_limit=self.swiglu_limit)
@@ -210,13 +252,16 @@ class Mxfp4Residency:
 
 def residency_for(tensors: dict[str, torch.Tensor], top_k: int, max_tokens: int,
                   cache: dict[tuple, Mxfp4Residency], layer_name: str = "MoE layer",
-                  swiglu_limit: float | None = None) -> Mxfp4Residency:
-    """The (shared) ``Mxfp4Residency`` for a layer's checkpoint tensors and SwiGLU clamp
-    (``layer_swiglu_limit``); ValueError on a layout or geometry the kernels cannot take."""
+                  swiglu_limit: float | None = None, activation: str = SILU) -> Mxfp4Residency:
+    """The (shared) ``Mxfp4Residency`` for a layer's checkpoint tensors, SwiGLU clamp
+    (``layer_swiglu_limit``) and activation (``layer_activation``: ``swigluoai`` for gpt-oss);
+    ValueError on a layout or geometry the kernels cannot take."""
     experts, hidden, inter = checkpoint_geometry(tensors, layer_name)
     device = tensors["w13_weight"].device
-    key = (hidden, inter, experts, int(top_k), str(device), swiglu_limit)
+    if activation == SWIGLUOAI:
+        swiglu_limit = None   # gpt-oss's 7.0 is the activation's own
+    key = (hidden, inter, experts, int(top_k), str(device), swiglu_limit, activation)
     if key not in cache:
         cache[key] = Mxfp4Residency(Mxfp4Geometry(hidden, inter, experts, int(top_k)), device,
-                                    max_tokens, swiglu_limit=swiglu_limit)
+                                    max_tokens, swiglu_limit=swiglu_limit, activation=activation)
     return cache[key]

@@ -38,13 +38,17 @@ class ResidencyRoutedExperts(ResidencyForward, RoutedExperts):
 
 def _keep_mxfp4_checkpoint_layout(layer: RoutedExperts) -> None:
     """Split modes own an MXFP4 layer's layout: hold back vLLM's conversion on the layer's
-    ``Mxfp4MoEMethod`` (``mxfp4_experts.hold_back_conversion``)."""
+    ``Mxfp4MoEMethod`` or gpt-oss's ``GptOssMxfp4MoEMethod`` (a sibling class, not a subclass:
+    ``quantization/mxfp4.py:152``; same checkpoint parameters plus bf16 biases)
+    (``mxfp4_experts.hold_back_conversion``)."""
     try:
-        from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4MoEMethod
+        from vllm.model_executor.layers.quantization import mxfp4 as vllm_mxfp4
         from vllm.model_executor.utils import is_weights_pre_processed
     except ImportError:  # a build without MXFP4 support has no such layers
         return
-    if isinstance(layer.quant_method, Mxfp4MoEMethod):
+    methods = tuple(getattr(vllm_mxfp4, n) for n in ("Mxfp4MoEMethod", "GptOssMxfp4MoEMethod")
+                    if hasattr(vllm_mxfp4, n))
+    if methods and isinstance(layer.quant_method, methods):
         from .mxfp4_experts import hold_back_conversion
 
         hold_back_conversion(layer.quant_method, get_runtime, is_weights_pre_processed)

@@ -38,8 +38,9 @@ def test_json_reproduces_the_reference_numbers() -> None:
     assert figs["kv.tokens"]["value"] / 1e6 == pytest.approx(2.54, abs=0.01)
     assert lane["usage_aware"]["hot_per_layer"] == 295 and lane["usage_aware"]["cold_per_layer"] == 89
     assert lane["positional"]["figures"]["positional.measured"]["gib"] == pytest.approx(61.17, abs=0.01)
-    assert figs["hbm.kv_pool"]["formula"] == "hbm_cap − reserve − hot_experts"
-    assert set(figs["hbm.kv_pool"]["operands"]) == {"hbm_cap_bytes", "reserve_bytes", "hot_experts_bytes"}
+    assert figs["hbm.kv_pool"]["formula"] == "hbm_cap − reserve − hot_experts − runtime_workspace"
+    assert set(figs["hbm.kv_pool"]["operands"]) == {"hbm_cap_bytes", "reserve_bytes", "hot_experts_bytes",
+                                                    "runtime_workspace_bytes"}
 
 
 def test_human_table_shows_the_numbers() -> None:

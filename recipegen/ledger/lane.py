@@ -21,6 +21,7 @@ from recipegen.ledger.result import POSITIONAL, USAGE_AWARE, LaneLedger, Placeme
 from recipegen.ledger.runtime_check import runtime_caveat, runtime_violations
 from recipegen.ledger.verdict import budget_violations
 from recipegen.ledger.vllm_layout import as_vllm_lays_out
+from recipegen.ledger.workspace import workspace_figures
 from recipegen.schema import Lane, Machine, Model
 from recipegen.units import GiB, format_bytes, format_tokens
 
@@ -55,9 +56,11 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     _expert_figures(model, out)
     hbm = _hbm_figures(model, machine, lane, out)
     bank = _prefetch_bank(model, lane, out)
+    workspace = workspace_figures(model, machine, lane, out.add)
     adaptive_figures(model, machine, lane, out.add, out.notes)
     kv_token_bytes = _kv_rate(model, lane, out)
-    ua, pos, active = _placements(model, machine, lane, hbm, bank, kv_token_bytes, rowmap_hot, rowmap_label, out)
+    ua, pos, active = _placements(model, machine, lane, hbm, bank, kv_token_bytes, rowmap_hot, rowmap_label, out,
+                                  workspace)
     _placement_summary(model, lane, active, out)
     kv_pool, kv_tokens = out.figs["hbm.kv_pool"].value, out.figs["kv.tokens"].value
     _concurrency_warning(lane, out)
@@ -66,7 +69,7 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     # --- verdict
     if lane.kv_cache_bytes is not None:
         # A fixed pool: the "room" is what the cap leaves after reserve and hot experts.
-        room = hbm.cap - hbm.reserve - active.hot_bytes / tp - bank
+        room = hbm.cap - hbm.reserve - active.hot_bytes / tp - bank - workspace
         kv_for_checks = room if room < kv_pool else kv_pool
     else:
         kv_for_checks = kv_pool
@@ -74,7 +77,7 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
                                             hbm.reserve - active.dense_host_bytes / tp, kv_for_checks,
                                             kv_tokens, host_total, tables, reserve_host, tp,
                                             fixed_kv=lane.kv_cache_bytes, bank=bank,
-                                            kv_token_bytes=kv_token_bytes))
+                                            kv_token_bytes=kv_token_bytes, workspace=workspace))
     _runtime_check(model, machine, lane, out)
 
     # --- load time (after the verdict: a side already over budget at the end is not re-reported)
@@ -114,8 +117,10 @@ def _tp_note(model: Model, tp: int, out: _Figures) -> None:
 
 def _placements(model: Model, machine: Machine, lane: Lane, hbm: _Hbm, bank: float, kv_token_bytes: float,
                 rowmap_hot: Sequence[int] | None, rowmap_label: str | None,
-                out: _Figures) -> tuple[PlacementLedger, PlacementLedger | None, PlacementLedger]:
-    """Both placements with their HBM/KV figures, and the lane's own (active) one."""
+                out: _Figures, workspace: float = 0.0
+                ) -> tuple[PlacementLedger, PlacementLedger | None, PlacementLedger]:
+    """Both placements with their HBM/KV figures, and the lane's own (active) one.
+    `workspace`: the runtime's start-up HBM (`workspace`), taken by the usage-aware lane only."""
     tp = lane.tensor_parallel_size
     ua = usage_aware_placement(model, lane, rowmap_hot, rowmap_label)
     pos = (positional_placement(model, lane)
@@ -136,7 +141,8 @@ def _placements(model: Model, machine: Machine, lane: Lane, hbm: _Hbm, bank: flo
             own = placement is pos or lane.offload.placement == USAGE_AWARE
             placement.dense_host_bytes = dense_off if own else 0
             placement_figures(placement, model, lane, hbm.cap, hbm.reserve, kv_token_bytes, tp, bank,
-                              dense_offloaded=placement.dense_host_bytes)
+                              dense_offloaded=placement.dense_host_bytes,
+                              workspace=workspace if placement is ua else 0.0)
     active = pos if lane.offload.placement == POSITIONAL else ua
     assert active is not None
     if active.dense_host_bytes:

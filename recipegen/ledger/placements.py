@@ -85,9 +85,11 @@ def positional_placement(model: Model, lane: Lane) -> PlacementLedger:
 
 
 def placement_figures(p: PlacementLedger, model: Model, lane: Lane, cap: float, reserve: float,
-                       kv_token_bytes: float, tp: int, bank: float = 0.0, dense_offloaded: float = 0.0) -> None:
+                       kv_token_bytes: float, tp: int, bank: float = 0.0, dense_offloaded: float = 0.0,
+                       workspace: float = 0.0) -> None:
     """HBM and KV figures of one placement. `dense_offloaded`: non-routed bytes vLLM's
-    --cpu-offload-gb walk moved to the host at load (they leave HBM for good)."""
+    --cpu-offload-gb walk moved to the host at load (they leave HBM for good). `workspace`: the
+    runtime's start-up HBM per GPU (`workspace`), allocated before vLLM sizes the KV pool."""
     e = model.expert_bytes
     hot_total = sum(p.hot_per_layer)
     hot_gpu = p.hot_bytes / tp
@@ -110,19 +112,23 @@ def placement_figures(p: PlacementLedger, model: Model, lane: Lane, cap: float, 
         kv_pool = float(lane.kv_cache_bytes)
         f["hbm.kv_pool"] = Figure("hbm.kv_pool", "KV pool (per GPU, fixed)", kv_pool, "bytes",
                                   "kv_cache_bytes", {"kv_cache_bytes": lane.kv_cache_bytes})
-        f["hbm.used"] = Figure("hbm.used", "HBM in use (per GPU)", reserve + hot_gpu + bank + kv_pool,
-                               "bytes", "reserve + hot_experts + prefetch_bank + kv_pool",
+        f["hbm.used"] = Figure("hbm.used", "HBM in use (per GPU)", reserve + hot_gpu + bank + workspace + kv_pool,
+                               "bytes", "reserve + hot_experts + prefetch_bank + runtime_workspace + kv_pool",
                                {"reserve_bytes": reserve, "hot_experts_bytes": hot_gpu,
-                                "prefetch_bank_bytes": bank, "kv_pool_bytes": kv_pool})
+                                "prefetch_bank_bytes": bank, "runtime_workspace_bytes": workspace,
+                                "kv_pool_bytes": kv_pool})
     else:
-        kv_pool = cap - reserve - hot_gpu - bank + dense_offloaded / tp
+        kv_pool = cap - reserve - hot_gpu - bank - workspace + dense_offloaded / tp
         operands = {"hbm_cap_bytes": cap, "reserve_bytes": reserve, "hot_experts_bytes": hot_gpu}
         if bank:
             operands["prefetch_bank_bytes"] = bank
+        if workspace:
+            operands["runtime_workspace_bytes"] = workspace
         if dense_offloaded:
             operands.update(dense_offloaded_bytes=dense_offloaded, tp=tp)
         f["hbm.kv_pool"] = Figure("hbm.kv_pool", "KV pool (per GPU)", kv_pool, "bytes",
                                   "hbm_cap − reserve − hot_experts" + (" − prefetch_bank" if bank else "")
+                                  + (" − runtime_workspace" if workspace else "")
                                   + (" + dense_offloaded / tp" if dense_offloaded else ""), operands)
     if dense_offloaded:
         f["host.dense_offloaded"] = Figure(

@@ -70,8 +70,12 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
                     else "assumed" if "input: assumed" in reserve.note else "measured")
     if reserve_kind == "back-solved":  # say what that means once, where it is printed
         reserve_kind += " from a measured boot's KV pool: docs/design.md 'The HBM reserve'"
+    workspace = fig.get("hbm.runtime_workspace")
+    ws_text = f" + runtime workspace {_g(workspace.value)}" if workspace is not None else ""
     out.append(f"  HBM / GPU: {cap_text} = reserve {_g(reserve.value)} ({reserve_kind}) + hot experts "
-               f"{_g(fig['hbm.hot_experts'].value)} + KV {_g(fig['hbm.kv_pool'].value)}")
+               f"{_g(fig['hbm.hot_experts'].value)}{ws_text} + KV {_g(fig['hbm.kv_pool'].value)}")
+    if workspace is not None:
+        out.append("    " + workspace_line(fig))
     if "hbm.reserve.dense" in fig:
         parts = [f"dense {_g(fig['hbm.reserve.dense'].value)}"]
         if "hbm.reserve.drafter" in fig:
@@ -112,6 +116,27 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
                            for i, line in enumerate(f.explain().splitlines()))
     out += verdict_lines(lane.ok, lane.violations, holds="every budget holds")
     return "\n".join(out)
+
+
+def workspace_line(fig: dict) -> str:
+    """The runtime workspace's parts and why it is taken before the KV pool."""
+    kernels, counter = fig.get("hbm.runtime_workspace.kernels"), fig["hbm.runtime_workspace.counter"]
+    tokens = counter.operands["max_num_batched_tokens"]
+    if workspace_on_host(fig):
+        return "runtime workspace = 0 B on the device: " + counter.note
+    if kernels is None:
+        kernel_text = "no split-layer kernel workspace for this format"
+    elif kernels.value:
+        kernel_text = (f"kernels {_g(kernels.value)} (max_num_batched_tokens {tokens:,} × top-k "
+                       f"{kernels.operands['top_k']} picks of bf16 activation + output rows)")
+    else:
+        kernel_text = "kernels 0 B (FlashInfer TRT-LLM banks allocate per call)"
+    return (f"runtime workspace = {kernel_text} + counter and step masks {_g(counter.value)}: allocated by "
+            "the runtime before vLLM sizes the KV cache, so taken from the KV pool (docs/ledger.md)")
+
+
+def workspace_on_host(fig: dict) -> bool:
+    return fig["hbm.runtime_workspace"].note.startswith("CPU device")
 
 
 def verdict_lines(ok: bool, violations: list[Violation], *, holds: str) -> list[str]:

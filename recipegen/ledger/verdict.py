@@ -13,7 +13,7 @@ from recipegen.units import GiB, format_bytes, format_tokens, largest_count_with
 def budget_violations(model: Model, machine: Machine, lane: Lane, cap: float, reserve: float,
                        kv_pool: float, kv_tokens: float, host_total: float, tables: float,
                        host_reserve: float, tp: int, fixed_kv: int | None = None, bank: float = 0.0,
-                       kv_token_bytes: float | None = None) -> list[Violation]:
+                       kv_token_bytes: float | None = None, workspace: float = 0.0) -> list[Violation]:
     """HBM (cap, KV for one max_model_len) and host budgets of one lane, with what to change.
 
     `kv_pool`: for a utilisation lane the pool that is left; for a fixed-pool lane the room the
@@ -26,7 +26,7 @@ def budget_violations(model: Model, machine: Machine, lane: Lane, cap: float, re
     need_kv = lane.max_model_len * kv_token_bytes / tp
     positional = lane.offload.placement == POSITIONAL
     # Largest hot count per layer that leaves room for one max_model_len sequence.
-    room = cap - reserve - bank - need_kv
+    room = cap - reserve - bank - workspace - need_kv  # workspace: the runtime's start-up HBM
     hot_max = min(experts, math.floor(room / per_hot)) if room >= 0 else -1
     if fixed_kv is not None and kv_pool < fixed_kv:
         over = fixed_kv - kv_pool

@@ -26,8 +26,12 @@ def lane_expectation(loaded: Any, lane_name: str, cls_name: str, rowmap: Any) ->
                           rowmap_label=f"row map of class {cls_name}")
     placement = ledger.usage_aware
     kv = ledger.figures.get("kv.tokens")
+    kernels = ledger.figures.get("hbm.runtime_workspace.kernels")
+    counter = ledger.figures.get("hbm.runtime_workspace.counter")
     return Expected(hot_bytes=int(placement.hot_bytes), cold_bytes=int(placement.cold_bytes),
                     kv_tokens=int(round(kv.value)) if kv is not None else None,
+                    workspace_bytes=int(kernels.value) if kernels is not None else None,
+                    counter_bytes=int(counter.value) if counter is not None else None,
                     hot_counts=list(rowmap.hot_counts()), cold_counts=list(rowmap.cold_counts()),
                     content_hash=rowmap.content_hash(), shape_hash=rowmap.shape_hash(),
                     traffic_class=cls_name)

@@ -34,6 +34,10 @@ class Expected:
     content_hash: str
     shape_hash: str
     traffic_class: str
+    workspace_bytes: int | None = None
+    """Per GPU: the runtime's split-layer kernel workspace (`ledger.workspace`); None: not predicted."""
+    counter_bytes: int | None = None
+    """Per GPU: the runtime's usage counter and step masks (`ledger.workspace`)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ def compare(expected: Expected, reports: Sequence[StartupReport], kv_tokens: int
         rel = _rel(got, want)
         rows.append(Row(name, _gib(want), _gib(got), rel <= bytes_tolerance,
                         f"off by {rel:.2%} (tolerance {bytes_tolerance:.1%})"))
+    rows.extend(_workspace_rows(expected, workers))
     if expected.kv_tokens is None:
         rows.append(Row("KV cache tokens", "not predicted", f"{kv_tokens:,}" if kv_tokens else "unknown",
                         True, "the ledger has no KV figure for this lane"))
@@ -100,6 +105,24 @@ def compare(expected: Expected, reports: Sequence[StartupReport], kv_tokens: int
         rows.append(Row("KV cache tokens", f"{expected.kv_tokens:,}", f"{kv_tokens:,}",
                         rel <= kv_tolerance,
                         f"off by {rel:.2%} (tolerance {kv_tolerance:.1%}); {kv_source}".rstrip("; ")))
+    return rows
+
+
+def _workspace_rows(expected: Expected, workers: Sequence[StartupReport]) -> list[Row]:
+    """The runtime's start-up HBM besides the banks, per worker (each GPU allocates its own),
+    exactly: the ledger took these bytes from the KV pool."""
+    rows: list[Row] = []
+    for key, label, want in (("workspace_bytes", "runtime kernel workspace / GPU", expected.workspace_bytes),
+                             ("counter_bytes", "runtime counter + step masks / GPU", expected.counter_bytes)):
+        if want is None:
+            continue
+        seen = sorted({w.extra.get(key) for w in workers}, key=str)
+        if seen == [None]:
+            rows.append(Row(label, f"{want:,} B", "not reported", True,
+                            "this runtime's start-up report has no such field"))
+            continue
+        rows.append(Row(label, f"{want:,} B", ", ".join(f"{v:,} B" if isinstance(v, int) else str(v) for v in seen),
+                        seen == [want], "exact: the ledger takes these bytes from the KV pool"))
     return rows
 
 

@@ -1,0 +1,187 @@
+"""HBM the expert residency runtime allocates once per GPU at start-up besides the banks.
+
+The plugin allocates these in vLLM's `load_model` (vllm_plugin/worker_runtime.py), before the
+worker measures memory for the KV cache, so vLLM sizes the KV pool without them; the ledger
+subtracts them before it back-solves the pool (`placements.placement_figures`):
+
+* the kernels' shared workspace, one per expert geometry (`gpu.experts.Workspace`, used by the
+  Triton MXFP4 and the Triton BF16/FP8-block split layers): with P = max_num_batched_tokens ×
+  top_k picks and PB the next power of two ≥ max(P, 2), int32 `2·PB + (P + 1) + max(P, 1) + 2`,
+  one int64 and bf16 `P·(I + H)` (activation rows and per-pick output rows, which dominate);
+  none with FlashInfer's TRT-LLM banks (SM100 family), whose scratch is allocated inside each
+  call and so is part of vLLM's profiled activation peak (blackwell/trtllm.py `CallScratch`);
+* the usage counter (`core.ExpertCounter`: int64 counts `[layers, experts]`, tokens and decode
+  tokens `[layers]`) and the step masks (`vllm_plugin.step_masks.StepMasks`: bool
+  `[max_num_batched_tokens + 1]`, int32 `[max_num_batched_tokens]`, one int64) — every rendered
+  runtime lane counts (drift), so every one has them.
+
+This module owns those formulas for recipegen; tests/test_ledger_workspace.py checks them
+against hand arithmetic and against the runtime's own tensors (`nbytes`) on CPU. vLLM's
+`max_num_batched_tokens` default is read from vLLM 0.33.0's `engine/arg_utils.py`
+(`get_batch_defaults`, lines 2946-3039, and `_set_default_max_num_seqs_and_batched_tokens_args`,
+lines 3151-3200).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from expert_residency.blackwell.select import FLASHINFER_TRTLLM, TRITON, TRITON_DOT_SCALED, select_bank_kernel
+
+from recipegen.ledger.figures import Figure
+from recipegen.ledger.result import USAGE_AWARE
+from recipegen.schema import Lane, Machine, Model
+from recipegen.units import GiB
+
+# Expert formats whose split layer on CUDA runs a kernel with the shared workspace
+# (vllm_plugin/mxfp4_experts.py; vllm_plugin/dense_layers.py, which refuses fp16 on CUDA).
+WORKSPACE_FORMATS = ("mxfp4", "bf16", "fp8-block")
+BANK_KERNEL_ENV = "EXPERT_RESIDENCY_BANK_KERNEL"
+ACT_BYTES = 2  # bf16 activation and pick-output rows
+
+# vLLM 0.33 `vllm serve` (UsageContext.OPENAI_API_SERVER) defaults by GPU memory
+# (engine/arg_utils.py:2973-3006): >= 160 GiB 16384; >= 70 GiB and not A100 / GB10 (12.1) 8192;
+# else 2048.
+SERVE_DEFAULT_TOKENS = ((160 * GiB, 16384), (70 * GiB, 8192))
+SERVE_SMALL_TOKENS = 2048
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (n >= 1): triton.next_power_of_2."""
+    return 1 << (int(n) - 1).bit_length()
+
+
+def kernel_workspace_bytes(max_tokens: int, top_k: int, hidden: int, intermediate: int) -> int:
+    """Bytes of one `gpu.experts.Workspace` (see the module docstring)."""
+    picks = int(max_tokens) * int(top_k)
+    pb = next_pow2(max(picks, 2))
+    ints = 2 * pb + (picks + 1) + max(picks, 1) + 2
+    return 4 * ints + 8 + ACT_BYTES * picks * (int(intermediate) + int(hidden))
+
+
+def counter_bytes(moe_layers: int, experts: int, max_tokens: int) -> int:
+    """Counter (8·L·E + 16·L) plus step masks (5·max_num_batched_tokens + 9)."""
+    return 8 * moe_layers * experts + 16 * moe_layers + 5 * int(max_tokens) + 9
+
+
+@dataclass(frozen=True)
+class BatchedTokens:
+    """The lane's `max_num_batched_tokens` as vLLM 0.33 sets it, and why."""
+
+    value: int
+    reason: str
+
+
+def max_num_batched_tokens(machine: Machine, lane: Lane) -> BatchedTokens:
+    """`--max-num-batched-tokens` from extra_args, else vLLM 0.33's `vllm serve` default for the
+    GPU (doubled by `--performance-mode throughput`, at least max_model_len with
+    `--no-enable-chunked-prefill`)."""
+    args = list(lane.extra_args)
+    given = _flag_value(args, "--max-num-batched-tokens")
+    if given is not None and given.strip().isdigit():
+        return BatchedTokens(int(given), "--max-num-batched-tokens in extra_args")
+    hbm, kind = machine.gpus.hbm, machine.gpus.kind.lower()
+    value, why = SERVE_SMALL_TOKENS, "vLLM 0.33's `vllm serve` default below 70 GiB"
+    for floor, tokens in SERVE_DEFAULT_TOKENS:
+        small_tier = floor < 160 * GiB and ("a100" in kind or machine.gpus.compute_capability == "12.1")
+        if hbm >= floor and not small_tier:
+            value, why = tokens, f"vLLM 0.33's `vllm serve` default for a GPU of ≥ {floor // GiB} GiB"
+            break
+    why += " (engine/arg_utils.py:2973-3006)"
+    if _flag_value(args, "--performance-mode") == "throughput":
+        value, why = 2 * value, why + ", doubled by --performance-mode throughput (:3184-3186)"
+    if "--no-enable-chunked-prefill" in args and lane.max_model_len > value:
+        value, why = lane.max_model_len, "max_model_len: chunked prefill off (engine/arg_utils.py:3190-3198)"
+    return BatchedTokens(value, why)
+
+
+def runtime_mounted(model: Model, lane: Lane) -> bool:
+    """The lane runs the runtime's split (render: usage-aware with experts left to re-home)."""
+    return lane.offload.placement == USAGE_AWARE and lane.offload.hot_experts_per_layer != model.routed_experts
+
+
+def bank_kernel(model: Model, machine: Machine, lane: Lane) -> str | None:
+    """The split layer's kernel on the lane's GPU (`blackwell.select`), None for formats the
+    runtime does not run on CUDA with a workspace."""
+    fmt = model.expert_format
+    if fmt not in WORKSPACE_FORMATS:
+        return None
+    if fmt != "mxfp4":
+        return TRITON
+    cc_text = machine.gpus.compute_capability
+    if cc_text is None:
+        return TRITON  # unknown GPU: counted as the Triton kernels (the bytes an SM100 lane lacks)
+    major, minor = (int(p) for p in cc_text.split("."))
+    requested = lane.env.get(BANK_KERNEL_ENV, "").strip().lower() or "auto"
+    try:
+        return select_bank_kernel((major, minor), requested).kernel
+    except ValueError:
+        return select_bank_kernel((major, minor)).kernel  # render / the runtime refuse it by name
+
+
+def expert_geometry(model: Model) -> tuple[int, int] | None:
+    """(hidden, intermediate) of one routed expert: config values, else the w2 tensor [H, I]."""
+    hidden, inter = model.hidden_size, model.moe_intermediate_size
+    if hidden is None or inter is None:
+        w2 = [t for t in model.expert_tensors or [] if t.kind == "weight" and t.name.startswith("w2")]
+        if not w2 or len(w2[0].shape) != 2:
+            return None
+        hidden, inter = hidden or w2[0].shape[0], inter or w2[0].shape[1]
+    return hidden, inter
+
+
+def workspace_figures(model: Model, machine: Machine, lane: Lane,
+                      add: Callable[[Figure], Figure]) -> float:
+    """`hbm.runtime_workspace` (per GPU) and its parts; 0 (and no figure) without the runtime."""
+    if not runtime_mounted(model, lane):
+        return 0.0
+    if machine.gpus.kind.strip().lower() == "cpu":
+        # vLLM's CPU build: the runtime's buffers are host memory, and it reports 0 device bytes.
+        note = "CPU device: the runtime's workspace and counter are host memory (reported as 0)"
+        for key, label in (("hbm.runtime_workspace.kernels", "  of which split-layer kernel workspace"),
+                           ("hbm.runtime_workspace.counter", "  of which usage counter and step masks"),
+                           ("hbm.runtime_workspace", "runtime workspace (per GPU)")):
+            add(Figure(key, label, 0, "bytes", "", {"max_num_batched_tokens": 0}, note))
+        return 0.0
+    tp = lane.tensor_parallel_size
+    tokens = max_num_batched_tokens(machine, lane)
+    kernel = bank_kernel(model, machine, lane)
+    geometry = expert_geometry(model)
+    kernel_bytes = 0
+    if kernel in (TRITON, TRITON_DOT_SCALED) and geometry is not None:
+        hidden, inter = geometry
+        inter_rank = inter // tp  # tensor parallel shards the intermediate dim; H stays whole
+        kernel_bytes = kernel_workspace_bytes(tokens.value, model.top_k, hidden, inter_rank)
+        add(Figure("hbm.runtime_workspace.kernels", "  of which split-layer kernel workspace", kernel_bytes,
+                   "bytes", "4·(2·PB + P + 1 + max(P,1) + 2) + 8 + 2·P·(I/tp + H), P = max_num_batched_tokens"
+                   " × top_k, PB = next_pow2(max(P,2))",
+                   {"max_num_batched_tokens": tokens.value, "top_k": model.top_k, "P": tokens.value * model.top_k,
+                    "PB": next_pow2(max(tokens.value * model.top_k, 2)), "hidden": hidden,
+                    "intermediate": inter, "tp": tp},
+                   f"runtime's {kernel} kernels (gpu.experts.Workspace); max_num_batched_tokens: {tokens.reason}"))
+    elif kernel == FLASHINFER_TRTLLM:
+        add(Figure("hbm.runtime_workspace.kernels", "  of which split-layer kernel workspace", 0, "bytes", "", {},
+                   "FlashInfer TRT-LLM banks allocate their scratch inside each call (in vLLM's profiled peak)"))
+    counter = counter_bytes(model.num_moe_layers, model.routed_experts, tokens.value)
+    add(Figure("hbm.runtime_workspace.counter", "  of which usage counter and step masks", counter, "bytes",
+               "8·moe_layers·routed_experts + 16·moe_layers + 5·max_num_batched_tokens + 9",
+               {"moe_layers": model.num_moe_layers, "routed_experts": model.routed_experts,
+                "max_num_batched_tokens": tokens.value},
+               "core.ExpertCounter + vllm_plugin.step_masks.StepMasks (rendered lanes always count: drift)"))
+    total = kernel_bytes + counter
+    add(Figure("hbm.runtime_workspace", "runtime workspace (per GPU)", total, "bytes",
+               "kernel workspace + counter and step masks",
+               {"kernel_workspace_bytes": kernel_bytes, "counter_bytes": counter},
+               "allocated by the runtime in load_model, before vLLM sizes the KV cache, so not in a "
+               "reserve back-solved from a boot without it"))
+    return float(total)
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None

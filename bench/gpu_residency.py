@@ -251,6 +251,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     ap.add_argument("--limit-reps", type=int, default=10)
+    ap.add_argument("--compare", default="", help="';'-separated label=config pairs ('label:k=v,k=v') whose "
+                    "all-HBM and usage-aware steps are timed beside the default's")
     args = ap.parse_args()
 
     out_dir = Path(args.out)
@@ -298,10 +300,16 @@ def main() -> int:
     ex = TritonMxfp4Experts(DSV41, experts, k, max_tokens=ex_max_tokens, device=DEV, config=config)
     results["config"] = asdict(config)
     counter = ExpertCounter(list(range(layers)), experts, device=DEV, top_k=k)
+    compare = {}
+    for item in filter(None, (c.strip() for c in args.compare.split(";"))):
+        label, text = item.split(":", 1)
+        compare[label] = TritonMxfp4Experts(DSV41, experts, k, max_tokens=ex_max_tokens, device=DEV,
+                                            config=parse_config(text))
+    results["compare"] = {label: c.config.describe() for label, c in compare.items()}
     results["per_T"] = {}
     for tokens in token_counts:
         results["per_T"][tokens] = run_tokens(tokens, steps_for.get(tokens, 20), ex, cases, cold_sets, p, k,
-                                              per_expert, hbm_bw, pin_bw, counter, args.seed)
+                                              per_expert, hbm_bw, pin_bw, counter, args.seed, compare)
         print(json.dumps({"T": tokens, **{c: round(v["per_layer_us_mean"], 1) for c, v in
                                           results["per_T"][tokens]["cases"].items()}}), flush=True)
 
@@ -334,7 +342,13 @@ def make_step(ex: TritonMxfp4Experts, layers: list[ResidentLayer], tokens: int, 
     return step
 
 
-def run_tokens(tokens, steps, ex, cases, cold_sets, p, k, per_expert, hbm_bw, pin_bw, counter, seed):
+COMPARED_CASES = ("all_hbm", "usage_aware")
+
+
+def run_tokens(tokens, steps, ex, cases, cold_sets, p, k, per_expert, hbm_bw, pin_bw, counter, seed,
+               compare=None):
+    """``compare``: {label: experts of another config}; their all-HBM and usage-aware steps are
+    timed in the same interleaved loop (cases ``all_hbm@label``, ``usage_aware@label``)."""
     layers = len(cases["all_hbm"])
     ids, weights = sample_routing(p, steps, tokens, k, seed + tokens)
     gen = torch.Generator(device=DEV).manual_seed(seed + 7 * tokens)
@@ -343,6 +357,9 @@ def run_tokens(tokens, steps, ex, cases, cold_sets, p, k, per_expert, hbm_bw, pi
     for case, resident in cases.items():
         step = make_step(ex, resident, tokens, counter if case == "usage_counter" else None)
         graphs[case] = CapturedStep(step, x, weights[0], ids[0])
+    for label, ex_c in (compare or {}).items():
+        for case in COMPARED_CASES:
+            graphs[f"{case}@{label}"] = CapturedStep(make_step(ex_c, cases[case], tokens), x, weights[0], ids[0])
     # Finalize alone: the same K-row fp32 fma for every layer of the step.
     picks = torch.randn(layers, tokens, k, DSV41.hidden, device=DEV).to(torch.bfloat16)
     fin_out = torch.empty(layers, tokens, DSV41.hidden, dtype=torch.bfloat16, device=DEV)
@@ -364,8 +381,8 @@ def run_tokens(tokens, steps, ex, cases, cold_sets, p, k, per_expert, hbm_bw, pi
             times[case].append(event_seconds(g.graph.replay))
     ids_np = ids.cpu().numpy()
     out = {"steps": steps, "cases": {}}
-    for case in cases:
-        b = bytes_per_step(ids_np, cold_sets[case], per_expert, hbm_bw, pin_bw)
+    for case in [c for c in graphs if c != "finalize_only"]:
+        b = bytes_per_step(ids_np, cold_sets[case.split("@")[0]], per_expert, hbm_bw, pin_bw)
         mean, med = statistics.fmean(times[case]), statistics.median(times[case])
         out["cases"][case] = {
             "step_ms_mean": mean * 1e3, "step_ms_median": med * 1e3,
@@ -487,6 +504,8 @@ def markdown(r: dict) -> str:
              "| T | case | per-layer step (µs, mean) | median | cold picks | bytes/step (hot + cold) | floor µs/layer (overlap / serial) | × floor (overlap / serial) | achieved GB/s |",
              "|---|---|---|---|---|---|---|---|---|"]
     layers = r["args"]["layers"]
+    for label, text in r.get("compare", {}).items():
+        lines.insert(1, f"Cases `…@{label}`: the same banks and routing with {text}")
     for tokens, res in r["per_T"].items():
         for case, c in res["cases"].items():
             lines.append(f"| {tokens} | {case} | {c['per_layer_us_mean']:.1f} | {c['per_layer_us_median']:.1f} | "

@@ -5,7 +5,7 @@ with HBM at small batch).
 
     PYTHONPATH=runtime python3 bench/kernel_sass.py [--dequant 3] [--block-n1 64] [--block-k1 128]
         [--block-n2 128] [--block-k2 128] [--num-stages 4] [--split-k1 N] [--split-k2 N] [--one-token]
-        [--dump DIR]
+        [--fuse-finalize] [--pdl] [--dump DIR]
 
 Uses whatever Triton is importable (the H200 image has 3.6.0; install the same version into a
 scratch directory, e.g. ``pip install --target /tmp/t36 triton==3.6.0`` and put it first on
@@ -45,7 +45,7 @@ W2_ARGS = [("act_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("
            ("slot_expert_ptr", "*i32"), ("num_slots_ptr", "*i32"), ("y_ptr", "*bf16"), ("w_expert_stride", "i64"),
            ("s_expert_stride", "i64"), ("ids_ptr", "*i64"), ("token_mask_ptr", "*i32"), ("part_ptr", "*fp32"),
            ("ticket_ptr", "*i32"), ("E", "i32"), ("hot_b_ptr", "*fp32"), ("cold_b_ptr", "*fp32"),
-            ("b_expert_stride", "i64")]
+           ("b_expert_stride", "i64"), ("weights_ptr", "*fp32"), ("out_ptr", "*bf16"), ("fin_ticket_ptr", "*i32")]
 _ADDR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(\S.*)")
 
 
@@ -119,6 +119,8 @@ def main() -> int:
     ap.add_argument("--split-k1", type=int, default=1, help="w13 K splits (the small-step schedule)")
     ap.add_argument("--split-k2", type=int, default=1, help="w2 K splits (the small-step schedule)")
     ap.add_argument("--one-token", action="store_true", help="the T=1 kernels (no grouping launch)")
+    ap.add_argument("--fuse-finalize", action="store_true", help="T=1 w2 with the finalize folded in")
+    ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch (griddepcontrol)")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200, 80: A100)")
     ap.add_argument("--dump", type=Path, default=None, help="write SASS and TTGIR here")
     a = ap.parse_args()
@@ -138,13 +140,14 @@ def main() -> int:
     w13 = compile_kernel(kernels.w13_swiglu_kernel, W13_ARGS,
                          dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BM=a.block_m, BN=a.block_n1, BK=a.block_k1,
                               DEQUANT=a.dequant, TILE_MAJOR=True, COUNT=False, SWIGLU_LIMIT=0.0, SPLIT=a.split_k1,
-                              ONE_TOKEN=a.one_token, HAS_TOKEN_MASK=False, PART_PICKS=96),
+                              ONE_TOKEN=a.one_token, HAS_TOKEN_MASK=False, PART_PICKS=96, PDL=a.pdl),
                          a.num_warps, a.num_stages)
     report("w13", w13, 2 * a.block_n1 * a.block_k1 // threads, a.dump)  # gate + up tiles
     w2 = compile_kernel(kernels.w2_kernel, W2_ARGS,
                         dict(H=a.hidden, INTER=a.intermediate, BM=a.block_m, BN=a.block_n2, BK=a.block_k2,
                              DEQUANT=a.dequant, TILE_MAJOR=True, TOP_K=6, SPLIT=a.split_k2, ONE_TOKEN=a.one_token,
-                             HAS_TOKEN_MASK=False, PART_PICKS=96), a.num_warps, a.num_stages)
+                             HAS_TOKEN_MASK=False, PART_PICKS=96, PDL=a.pdl,
+                             FUSE_FINALIZE=a.fuse_finalize and a.one_token), a.num_warps, a.num_stages)
     report("w2", w2, a.block_n2 * a.block_k2 // threads, a.dump)
     return 0
 

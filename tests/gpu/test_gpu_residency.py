@@ -15,7 +15,9 @@ Claims and how each can fail:
 * the small-step schedule (T=1 ungrouped, optional split-K) against the whole-K grouped one and
   the torch reference within tolerance (bit equality not claimed: fp32 partial sums), split-K
   tickets back at zero after each launch;
-* the Triton finalize == the core's correctly rounded fma finalize, bit for bit;
+* the Triton finalize == the core's correctly rounded fma finalize, bit for bit; the T=1 finalize
+  folded into the w2 launch and programmatic dependent launches == separate plain launches, bit
+  for bit (eager and in a CUDA graph);
 * graph replay == eager, with new routing on every replay;
 * the in-kernel counter == a bincount recount (with and without padded tokens, under replay);
 * swaps: replay after ``core.swap.swap_experts`` == the unsplit reference; a map flip without its
@@ -373,6 +375,58 @@ def test_graph_replay_equals_eager_with_new_routing(tokens: int) -> None:
         assert torch.equal(replayed, eager)
     assert torch.equal(counter.counts, recount)      # the in-graph atomics counted every pick once
     assert counter.tokens.tolist() == [4 * tokens] * len(built)
+
+
+def test_fused_finalize_and_pdl_same_bits_as_separate_launches() -> None:
+    """The default T=1 launch (finalize folded into w2, programmatic dependent launch) against
+    the same kernels with a separate finalize launch and plain launches, at DSv4.1 geometry:
+    bit for bit on hot, cold, straddling tokens and a skipped pick (id -1), == the core's torch
+    fma finalize over the Triton pick rows, split == unsplit, the finalize tickets back at zero;
+    and a 3-layer CUDA graph of the default at T = 1 and T = 16 replayed with new routing ==
+    the plain launches eagerly (PDL edges inside the graph keep every layer's order)."""
+    gen = torch.Generator(device=DEV).manual_seed(77)
+    experts, k = 12, 6
+    fused_cfg = KernelConfig()
+    plain_cfg = KernelConfig(fuse_finalize=False, pdl=False)
+    assert fused_cfg.fuse_finalize and fused_cfg.pdl
+    built = [make_layers(DSV41, experts, 6, gen, fused_cfg) for _ in range(3)]
+    unsplit, split, hot_ids, cold_ids, _ = built[0]
+    fused = TritonMxfp4Experts(DSV41, experts, k, max_tokens=16, device=DEV, config=fused_cfg)
+    plain = TritonMxfp4Experts(DSV41, experts, k, max_tokens=16, device=DEV, config=plain_cfg)
+    assert fused._pdl and not plain._pdl and fused._fuses_finalize(1)
+    for row in (hot_ids[:6], cold_ids[:6], hot_ids[:3] + cold_ids[:3], hot_ids[:2] + [-1] + cold_ids[:3]):
+        ids = torch.tensor([row], device=DEV)
+        weights = torch.softmax(torch.randn(1, k, generator=gen, device=DEV), dim=1)
+        x = activations(1, DSV41.hidden, gen)
+        out = fused.forward(split, x, weights, ids).clone()
+        assert int(fused.split_scratch.tickets2.abs().sum()) == 0
+        assert torch.equal(out, fused.forward(unsplit, x, weights, ids))
+        rows = fused.workspace.pick_out[:k].view(1, k, DSV41.hidden)
+        assert torch.equal(out, plain.finalize(rows, weights))  # a skipped pick's row is stale: same rows
+        if -1 not in row:
+            assert torch.equal(out, plain.forward(split, x, weights, ids))
+            core_out = residency_forward(split, x, weights, ids, plain.per_pick_fn(), pick_dtype=torch.bfloat16)
+            assert torch.equal(out, core_out)
+    for tokens in (1, 16):
+        outs = [torch.empty(tokens, DSV41.hidden, dtype=torch.bfloat16, device=DEV) for _ in built]
+
+        def step(x, w, ids):
+            for i, layers in enumerate(built):
+                fused.forward(layers.split, x[i], w[i], ids[i], out=outs[i])
+            return torch.stack(outs)
+
+        def routing():
+            pairs = [random_routing(tokens, experts, k, gen) for _ in built]
+            return (torch.stack([activations(tokens, DSV41.hidden, gen) for _ in built]),
+                    torch.stack([w for _, w in pairs]), torch.stack([i for i, _ in pairs]))
+
+        graph = CapturedStep(step, *routing())
+        for _ in range(3):
+            x, w, ids = routing()
+            replayed = graph.replay(x, w, ids).clone()
+            eager = torch.stack([plain.forward(layers.unsplit, x[i], w[i], ids[i])
+                                 for i, layers in enumerate(built)])
+            assert torch.equal(replayed, eager)
 
 
 @pytest.mark.parametrize("tokens", [1, 6])

@@ -270,3 +270,67 @@ def test_mma_order_kernels_under_triton_interpreter() -> None:
     assert torch.equal(counter.counts[0], torch.bincount(ids.flatten(), minlength=e))
     rel = ((out_split.float() - ref.float()).norm() / ref.float().norm()).item()
     assert rel < 2e-2  # bf16 truncation in the interpreter; ~1e-3 on the GPU
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="needs Triton for TRITON_INTERPRET=1 (the H200 runs "
+                           "tests/gpu/test_gpu_residency.py on the real kernels)")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: tests/gpu/test_gpu_residency.py "
+                    "checks the compiled kernels instead")
+def test_one_token_fused_finalize_under_triton_interpreter() -> None:
+    """T=1: the finalize folded into the w2 launch (each row tile's last program adds the K rows in
+    router order) gives the very bits of the separate finalize launch and of the core's torch
+    finalize over the same pick rows, split == unsplit, the tickets back at zero, the counter
+    exact; a skipped pick (id -1) and a padded token still take their tickets (the next step is
+    right again)."""
+    if _rerun_interpreted("test_one_token_fused_finalize_under_triton_interpreter"):
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    from expert_residency.core.banks import build_unsplit_layer, device_allocator, host_allocator, rehome_layer
+    from expert_residency.core.counter import ExpertCounter
+    from expert_residency.core.fma_finalize import finalize as core_finalize
+    from expert_residency.gpu import experts as gx
+    from expert_residency.mxfp4 import quantize_mxfp4
+
+    torch.manual_seed(3)
+    e, k, h, i = 6, 3, 256, 128
+    p13, s13 = quantize_mxfp4(torch.randn(e, 2 * i, h) * 0.05)
+    p2, s2 = quantize_mxfp4(torch.randn(e, h, i) * 0.05)
+    original = {"w13_weight": p13, "w13_weight_scale": s13, "w2_weight": p2, "w2_weight_scale": s2}
+    fused_cfg = gx.KernelConfig(block_m=4, block_n1=64, block_k1=128, block_n2=64, block_k2=64)
+    assert fused_cfg.fuse_finalize and fused_cfg.one_token  # the defaults
+    plain_cfg = gx.KernelConfig(block_m=4, block_n1=64, block_k1=128, block_n2=64, block_k2=64,
+                                fuse_finalize=False)
+    full = {n: v.clone() for n, v in original.items()}
+    to_kernel_layout(full, fused_cfg)
+    unsplit = build_unsplit_layer(full, layer_index=0)
+    split = rehome_layer(dict(full), [5, 1, 0, 3], [2, 4], layer_index=0,
+                         hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator())
+    fused = gx.TritonMxfp4Experts(gx.ExpertShape(h, i), e, k, max_tokens=4, device="cpu", config=fused_cfg)
+    plain = gx.TritonMxfp4Experts(gx.ExpertShape(h, i), e, k, max_tokens=4, device="cpu", config=plain_cfg)
+    assert fused._fuses_finalize(1) and not fused._fuses_finalize(2) and not plain._fuses_finalize(1)
+    counter = ExpertCounter([0], e)
+    tickets = fused.split_scratch.tickets2
+    for step, ids_row in enumerate(([2, 0, 4], [1, -1, 3], [4, 2, 5])):  # straddling; a skipped pick
+        x = torch.randn(1, h).bfloat16()
+        weights = torch.softmax(torch.randn(1, k), -1)
+        ids = torch.tensor([ids_row])
+        out = fused.forward(split, x, weights, ids, counter=counter).clone()
+        rows = fused.workspace.pick_out[:k].view(1, k, h).clone()  # the fused launch's pick rows
+        assert int(tickets.abs().sum()) == 0
+        assert torch.equal(out, fused.forward(unsplit, x, weights, ids))
+        # Same bits as the finalize the core does on the same rows (the interpreter's fma is a
+        # plain multiply-add, and both the fused and the separate kernel use it; on the GPU both
+        # are the correctly rounded fmaf of core.finalize, tested there).
+        assert torch.equal(out, plain.finalize(rows, weights))
+        if -1 not in ids_row:
+            assert torch.equal(out, plain.forward(split, x, weights, ids))
+            assert torch.allclose(out.float(), core_finalize(rows, weights, torch.bfloat16).float(),
+                                  rtol=2e-2, atol=1e-3)
+    valid = torch.tensor([2, 0, 4, 1, 3, 4, 2, 5])
+    assert torch.equal(counter.counts[0], torch.bincount(valid, minlength=e))
+    # A padded token: nothing computed or counted, every ticket still taken and reset.
+    before = counter.counts[0].clone()
+    fused.forward(split, torch.randn(1, h).bfloat16(), weights, torch.tensor([[0, 1, 2]]), counter=counter,
+                  token_mask=torch.tensor([False]))
+    assert torch.equal(counter.counts[0], before) and int(tickets.abs().sum()) == 0

@@ -6,7 +6,8 @@ ue8m0 tensors in a hot bank on the device and a cold bank that is a device view 
 memory, and the device row map ``row_codes``). Two entry points:
 
 * ``forward(layer, x, topk_weights, topk_ids)`` — the whole routed-expert output ``[T, H]`` in four
-  launches (group, w13+SwiGLU, w2, finalize; three at T=1, which needs no grouping), both banks in one pass, optional in-kernel counting
+  launches (group, w13+SwiGLU, w2, finalize; two at T=1, which needs no grouping and
+  finalizes inside the w2 launch; programmatic dependent launches on sm_90+), both banks in one pass, optional in-kernel counting
   into a ``core.counter.ExpertCounter``. Fixed shapes, no host sync: capture it in a CUDA graph
   (``gpu.graphs``) and replay it with new routing, or after a swap (the map is read at run time).
 * ``per_pick_fn()`` — the same kernels behind the core's ``PerPickExpertFn`` contract, so
@@ -84,6 +85,12 @@ class KernelConfig:
     # Pipeline stages above small_tokens (None: num_stages): 3 stages measured faster at T >= 16
     # (460 vs 471 µs at T=16), 4 faster at T=1.
     num_stages_large: int | None = 3
+    # T = 1 (with one_token and no w2 split): the finalize runs inside the w2 launch (the last
+    # program of each row tile adds the token's K rows in router order; same bits): two launches.
+    fuse_finalize: bool = True
+    # Programmatic dependent launch (sm_90+ on CUDA; ignored elsewhere): each kernel's programs
+    # start while the previous kernel drains and wait for it before touching memory.
+    pdl: bool = True
 
     def describe(self) -> str:
         kind = {0: "int-dequant", 1: "dot_scaled", 2: "prmt-dequant", 3: "mma-order"}.get(
@@ -97,6 +104,10 @@ class KernelConfig:
             text += f" splitK{self.split_k1}/{self.split_k2}@T<={self.small_tokens}"
         if self.one_token:
             text += " T1-ungrouped"
+            if self.fuse_finalize:
+                text += "+fused-finalize"
+        if self.pdl:
+            text += " pdl"
         return text
 
     def small_step_limit(self) -> int:
@@ -277,6 +288,8 @@ class TritonMxfp4Experts:
         self.workspace = Workspace(max_tokens, top_k, shape, self.device)
         self.split_scratch = SplitScratch(max_tokens, top_k, shape, config, self.device)
         self._identity_codes: torch.Tensor | None = None
+        self._pdl = bool(config.pdl and self.device.type == "cuda" and torch.cuda.is_available()
+                         and torch.cuda.get_device_capability(self.device)[0] >= 9)
 
     def to_kernel_layout(self, tensors: "dict[str, torch.Tensor]") -> None:
         """Re-order a layer's full expert tensors for these kernels (in place; ``gpu.layout``).
@@ -296,16 +309,33 @@ class TritonMxfp4Experts:
         ``token_mask [T]`` (nonzero = real token): masked tokens are neither computed nor counted;
         their output rows are unspecified (finite). ``decode_mask [T]`` (bool, real decode tokens
         only) adds the step's decode tokens to ``counter`` (one reduction, fixed shape)."""
+        if self._fuses_finalize(topk_ids.shape[0]):
+            if topk_weights.shape != topk_ids.shape:
+                raise ValueError(f"topk_weights {tuple(topk_weights.shape)} do not match picks "
+                                 f"{tuple(topk_ids.shape)}")
+            if out is None:
+                out = torch.empty(1, self.shape.hidden, dtype=x.dtype, device=x.device)
+            self.pick_outputs(layer, x, topk_ids, counter=counter, token_mask=token_mask,
+                              decode_mask=decode_mask, _finalize=(topk_weights.contiguous(), out))
+            return out
         pick_out = self.pick_outputs(layer, x, topk_ids, counter=counter, token_mask=token_mask,
                                      decode_mask=decode_mask)
         return self.finalize(pick_out, topk_weights, out=out, out_dtype=x.dtype)
 
+    def _fuses_finalize(self, tokens: int) -> bool:
+        """T = 1 with the ungrouped schedule and an unsplit w2: finalize inside the w2 launch."""
+        cfg = self.config
+        return (tokens == 1 and cfg.fuse_finalize and cfg.one_token and cfg.small_step_limit() >= 1
+                and self.top_k <= MAX_FUSED_PICKS and effective_splits(self.shape, cfg)[1] == 1)
+
     def pick_outputs(self, layer: ResidentLayer, x: torch.Tensor, topk_ids: torch.Tensor, *,
                      counter: "ExpertCounter | None" = None,
                      token_mask: torch.Tensor | None = None,
-                     decode_mask: torch.Tensor | None = None) -> torch.Tensor:
+                     decode_mask: torch.Tensor | None = None,
+                     _finalize: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> torch.Tensor:
         """Unreduced per-pick rows ``[T, K, H]`` bf16 (a view of the workspace: consume before the
-        next call)."""
+        next call). ``_finalize`` (``forward`` at T=1): ``(topk_weights, out)`` for the fused
+        finalize."""
         hot = layer.hot
         cold = layer.cold if layer.cold.num_rows else layer.hot
         counts = tokens = None
@@ -317,7 +347,7 @@ class TritonMxfp4Experts:
             else:
                 counter.decode_tokens[row:row + 1].add_(decode_mask.sum())
         self._run(x, topk_ids, layer.row_codes, hot, cold, token_mask=token_mask,
-                  counts=counts, tokens=tokens)
+                  counts=counts, tokens=tokens, fin=_finalize)
         t, k = topk_ids.shape
         return self.workspace.pick_out[:t * k].view(t, k, self.shape.hidden)
 
@@ -331,7 +361,8 @@ class TritonMxfp4Experts:
             out = torch.empty(t, h, dtype=out_dtype, device=pick_out.device)
         bh = min(self.config.finalize_block, triton.next_power_of_2(h))
         kernels.finalize_kernel[(t, triton.cdiv(h, bh))](
-            pick_out, topk_weights.contiguous(), out, H=h, TOP_K=k, BH=bh, num_warps=4)
+            pick_out, topk_weights.contiguous(), out, H=h, TOP_K=k, BH=bh, num_warps=4,
+            **self._pdl_args())
         return out
 
     # -- the core's per-pick contract -----------------------------------------------------
@@ -356,9 +387,13 @@ class TritonMxfp4Experts:
         return self._identity_codes
 
     # -- launches ----------------------------------------------------------------------------
+    def _pdl_args(self) -> dict:
+        return dict(PDL=True, launch_pdl=True) if self._pdl else {}
+
     def _run(self, x: torch.Tensor, ids: torch.Tensor, codes: torch.Tensor, hot: ExpertBank,
              cold: ExpertBank, *, token_mask: torch.Tensor | None, counts: torch.Tensor | None,
-             tokens: torch.Tensor | None) -> None:
+             tokens: torch.Tensor | None,
+             fin: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> None:
         cfg, ws, shape = self.config, self.workspace, self.shape
         t, k = ids.shape
         if k != self.top_k or t > ws.max_tokens:
@@ -378,6 +413,8 @@ class TritonMxfp4Experts:
         s1, s2 = effective_splits(shape, cfg) if small else (1, 1)
         stages = cfg.num_stages if small or cfg.num_stages_large is None else cfg.num_stages_large
         count_in_kernel = counts is not None
+        if fin is not None and not (one_token and s2 == 1):
+            raise RuntimeError("the fused finalize needs the T=1 ungrouped schedule with an unsplit w2")
         if one_token:
             max_slots = picks
         elif picks <= MAX_FUSED_PICKS:
@@ -386,7 +423,7 @@ class TritonMxfp4Experts:
                 ids, token_mask if token_mask is not None else ws.scratch,
                 ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.scratch, ws.n_tokens,
                 picks, t, self.num_experts,
-                TOP_K=k, PB=pb, HAS_TOKEN_MASK=token_mask is not None, num_warps=4)
+                TOP_K=k, PB=pb, HAS_TOKEN_MASK=token_mask is not None, num_warps=4, **self._pdl_args())
             max_slots = min(picks, self.num_experts)
         else:
             self._group_torch(ids, t, k, token_mask, counts, tokens)
@@ -416,7 +453,8 @@ class TritonMxfp4Experts:
             TILE_MAJOR=cfg.tile_major, COUNT=count_in_kernel,
             SWIGLU_LIMIT=0.0 if self.swiglu_limit is None else self.swiglu_limit,
             SPLIT=s1, **small_args, HAS_BIAS=has_bias, ACT=1 if self.activation == SWIGLUOAI else 0,
-            ALPHA=float(self.swiglu_alpha), num_warps=cfg.num_warps, num_stages=stages)
+            ALPHA=float(self.swiglu_alpha), num_warps=cfg.num_warps, num_stages=stages,
+            **self._pdl_args())
         kernels.w2_kernel[(shape.hidden // cfg.block_n2, max_slots, s2)](
             ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX],
             ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.pick_out,
@@ -426,7 +464,20 @@ class TritonMxfp4Experts:
             H=shape.hidden, INTER=shape.intermediate,
             BM=cfg.block_m, BN=cfg.block_n2, BK=cfg.block_k2, DEQUANT=cfg.dequant,
             TILE_MAJOR=cfg.tile_major, TOP_K=k, SPLIT=s2, **small_args, HAS_BIAS=has_bias,
-            num_warps=cfg.num_warps, num_stages=stages)
+            num_warps=cfg.num_warps, num_stages=stages, **self._pdl_args(),
+            # T=1 fused finalize: the token's weights, the output row, one ticket per row tile
+            # (the w2 split tickets, unused when w2 is unsplit; every launch leaves them at zero)
+            **self._fused_finalize_args(fin, ws))
+
+    def _fused_finalize_args(self, fin: "tuple[torch.Tensor, torch.Tensor] | None", ws: Workspace) -> dict:
+        if fin is None:
+            return dict(weights_ptr=ws.dummy_i64, out_ptr=ws.dummy_i64, fin_ticket_ptr=ws.dummy_i64)
+        weights, out = fin
+        if out.shape != (1, self.shape.hidden) or out.stride(1) != 1:
+            raise ValueError(f"out must be [1, {self.shape.hidden}] with unit column stride, got "
+                             f"{tuple(out.shape)}")
+        return dict(weights_ptr=weights, out_ptr=out, fin_ticket_ptr=self.split_scratch.tickets2,
+                    FUSE_FINALIZE=True)
 
     def _group_torch(self, ids: torch.Tensor, t: int, k: int, token_mask: torch.Tensor | None,
                      counts: torch.Tensor | None, tokens: torch.Tensor | None) -> None:

@@ -1,7 +1,10 @@
 """Triton kernels of the GPU residency path (launch logic lives in ``gpu.experts``).
 
-One MoE layer's routed experts run as four launches (three at T=1: each pick is its own slot, no
-grouping), all fixed-shape and sync-free so the layer captures into a CUDA graph:
+One MoE layer's routed experts run as four launches (two at T=1: each pick is its own slot, no
+grouping, and the finalize runs inside the w2 launch), all fixed-shape and sync-free so the layer
+captures into a CUDA graph. On sm_90+ every launch is a programmatic dependent launch (``PDL``):
+its programs are placed while the previous kernel drains and wait (``griddepcontrol.wait``)
+before touching memory, so only the launch gap overlaps:
 
 1. ``group_picks_kernel`` (one program): sort the step's ``T*K`` picks by (expert, pick index) and
    cut them into *slots*, one per distinct expert.
@@ -15,7 +18,10 @@ grouping), all fixed-shape and sync-free so the layer captures into a CUDA graph
    Optional split-K for small steps (``SPLIT``, both expert kernels; off by default, see
    ``gpu.experts.KernelConfig``): fp32 partials added in split order by each tile's last split.
 4. ``finalize_kernel``: per token, ``acc = fma(w_k, y_k, acc)`` in fp32 in the router's top-k order,
-   cast once (bit-identical to ``core.finalize``, which computes a correctly rounded fmaf).
+   cast once (bit-identical to ``core.finalize``, which computes a correctly rounded fmaf). At T=1
+   the same operations run at the end of ``w2_kernel`` (``FUSE_FINALIZE``), in the last program of
+   each row tile (a ticket, as the split-K hand-off): the order of the sum is fixed, not the
+   order in which programs finish.
 
 Banks: each expert kernel reads the device row map ``codes[e]`` (``core.devmap``: ``>= 0`` hot row,
 ``< 0`` cold row ``~code``) and takes that expert's weights from the hot bank (HBM) or from the
@@ -48,6 +54,7 @@ import os
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.language.target_info import cuda_capability_geq
 
 # Triton's CPU interpreter multiplies bf16 tiles wrongly (it treats their storage as integers), so
@@ -57,16 +64,30 @@ _INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0"
 
 
 @triton.jit
+def _pdl_enter(PDL: tl.constexpr):
+    """Programmatic dependent launch (sm_90+; ``gpu.experts`` launches with ``launch_pdl``): wait
+    until the previous kernel in the stream has finished and its writes are visible, *before*
+    this program reads or writes anything, then let the next kernel's programs start their own
+    launch (they wait the same way). What overlaps is only the launch and the programs' start
+    with the previous kernel's tail, so no ordering the kernels rely on changes."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@triton.jit
 def group_picks_kernel(ids_ptr, token_mask_ptr, sorted_pick_ptr, slot_start_ptr, slot_expert_ptr,
                        num_slots_ptr, scratch_ptr, n_tokens_ptr,
                        P, T, E,
-                       TOP_K: tl.constexpr, PB: tl.constexpr, HAS_TOKEN_MASK: tl.constexpr):
+                       TOP_K: tl.constexpr, PB: tl.constexpr, HAS_TOKEN_MASK: tl.constexpr,
+                       PDL: tl.constexpr = False):
     """Group ``P = T*TOP_K`` picks by expert. ``PB`` is the next power of two >= P.
 
     Outputs: ``sorted_pick[0:P]`` pick indices ordered by (expert, pick), skipped picks last;
     ``slot_start[0:num_slots+1]`` (the last entry is the number of valid picks); ``slot_expert``;
     ``n_tokens`` (valid tokens of the step, for the counter).
     """
+    _pdl_enter(PDL)
     offs = tl.arange(0, PB)
     in_range = offs < P
     ids = tl.load(ids_ptr + offs, mask=in_range, other=-1).to(tl.int32)
@@ -382,7 +403,8 @@ def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s
                       TILE_MAJOR: tl.constexpr, COUNT: tl.constexpr, SWIGLU_LIMIT: tl.constexpr = 0.0,
                       SPLIT: tl.constexpr = 1, ONE_TOKEN: tl.constexpr = False,
                       HAS_TOKEN_MASK: tl.constexpr = False, PART_PICKS: tl.constexpr = 1,
-                      HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0, ALPHA: tl.constexpr = 1.0):
+                      HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0, ALPHA: tl.constexpr = 1.0,
+                      PDL: tl.constexpr = False):
     """``act[p, n] = bf16(silu(gate_n . x_t) * (up_n . x_t))`` for every pick ``p`` of the slot.
 
     ``SWIGLU_LIMIT`` > 0: vLLM 0.33's clamped SwiGLU for SILU experts (``swiglu_limit``),
@@ -402,7 +424,9 @@ def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s
     fp32 gate/up partials in ``part [SPLIT, PART_PICKS, 2*INTER]`` and the last of a tile's splits
     (``_last_of_split``) adds them **in split order 0, 1, ...**, then applies SwiGLU: the sum
     depends on T's schedule only, never on a bank, on timing or on which split finished last.
+    ``PDL``: ``_pdl_enter``.
     """
+    _pdl_enter(PDL)
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
     if SPLIT > 1:
@@ -489,15 +513,25 @@ def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
               w_expert_stride, s_expert_stride,
               ids_ptr, token_mask_ptr, part_ptr, ticket_ptr, E,
               hot_b_ptr, cold_b_ptr, b_expert_stride,
+              weights_ptr, out_ptr, fin_ticket_ptr,
               H: tl.constexpr, INTER: tl.constexpr,
               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr,
               TILE_MAJOR: tl.constexpr, TOP_K: tl.constexpr = 1, SPLIT: tl.constexpr = 1,
               ONE_TOKEN: tl.constexpr = False, HAS_TOKEN_MASK: tl.constexpr = False,
-              PART_PICKS: tl.constexpr = 1, HAS_BIAS: tl.constexpr = False):
+              PART_PICKS: tl.constexpr = 1, HAS_BIAS: tl.constexpr = False,
+              FUSE_FINALIZE: tl.constexpr = False, PDL: tl.constexpr = False):
     """``y[p, n] = bf16(w2_n . act_p (+ b2_n))``: one unreduced output row per pick. ``ONE_TOKEN``
     and ``SPLIT`` (over the intermediate dimension; fp32 partials ``[SPLIT, PART_PICKS, H]`` added
     in split order by the tile's last split) as in ``w13_swiglu_kernel``; ``HAS_BIAS``: the
-    expert's fp32 ``[H]`` bias added to the reduced sum before the cast."""
+    expert's fp32 ``[H]`` bias added to the reduced sum before the cast.
+
+    ``FUSE_FINALIZE`` (``ONE_TOKEN`` with ``SPLIT == 1`` only): the finalize of the step's one
+    token in this launch. Every program of a row tile (one per pick, skipped picks included)
+    takes a ticket on ``fin_ticket[pid_n]`` after its store; the last reads the tile's ``TOP_K``
+    stored bf16 rows and computes ``out = cast(fma(w_K-1, y_K-1, ... fma(w_0, y_0, 0)))`` in fp32
+    in router order, exactly ``finalize_kernel``'s operations: same bits whichever program is last.
+    """
+    _pdl_enter(PDL)
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
     if ONE_TOKEN:
@@ -505,10 +539,14 @@ def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
         ok = (expert >= 0) & (expert < E)
         if HAS_TOKEN_MASK:
             ok = ok & (tl.load(token_mask_ptr + slot // TOP_K) != 0)
-        if ok == 0:
-            return
         start = slot
-        end = slot + 1
+        if FUSE_FINALIZE:  # a skipped pick computes nothing but still takes its ticket
+            expert = tl.where(ok, expert, 0)
+            end = tl.where(ok, slot + 1, slot)
+        else:
+            if ok == 0:
+                return
+            end = slot + 1
     else:
         if slot >= tl.load(num_slots_ptr):
             return
@@ -553,11 +591,21 @@ def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
                 acc += bias
             tl.store(dest, acc.to(tl.bfloat16), mask=m_ok[None, :])
         m0 += BM
+    if FUSE_FINALIZE:
+        if _last_of_split(fin_ticket_ptr + pid_n, TOP_K):
+            out = tl.zeros((BN,), dtype=tl.float32)
+            for kk in tl.static_range(TOP_K):
+                w = tl.load(weights_ptr + kk).to(tl.float32)
+                y = tl.load(y_ptr + kk * H + rows, cache_modifier=".cg").to(tl.float32)
+                out = tl.fma(tl.full((BN,), 0.0, tl.float32) + w, y, out)
+            tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
-def finalize_kernel(y_ptr, weights_ptr, out_ptr, H: tl.constexpr, TOP_K: tl.constexpr, BH: tl.constexpr):
+def finalize_kernel(y_ptr, weights_ptr, out_ptr, H: tl.constexpr, TOP_K: tl.constexpr, BH: tl.constexpr,
+                    PDL: tl.constexpr = False):
     """``out[t] = cast(fma(w[t,K-1], y[t,K-1], ... fma(w[t,0], y[t,0], 0)))`` in fp32, router order."""
+    _pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BH + tl.arange(0, BH)
     col_ok = cols < H

@@ -27,6 +27,11 @@ what vLLM 0.32/0.33 keep on the device for the step:
 A forward context without attention metadata (vLLM's memory-profiling run, warm-ups and capture
 dummies) marks every row invalid: nothing is counted. All updates are device ops with fixed
 output shapes: no host synchronisation, no host-to-device copy of step data.
+
+On CUDA both buffers are refreshed by one Triton launch (``step_masks_kernel``) instead of the
+torch path's seven small ops, whose host launch time was the refresh's whole cost; without a GPU
+(or Triton, or with inputs the kernel does not take: not 1-D contiguous, another device) the
+torch path runs. Both give the same buffers bit for bit (tests/test_step_masks_kernel.py).
 """
 
 from __future__ import annotations
@@ -40,9 +45,12 @@ class StepMasks:
     """The step's token mask and decode count (see the module docstring) for up to
     ``max_tokens`` rows."""
 
-    def __init__(self, max_tokens: int, device: torch.device | str) -> None:
+    def __init__(self, max_tokens: int, device: torch.device | str, *, kernel: bool | None = None) -> None:
+        """``kernel``: refresh with the one-launch Triton kernel (None: on CUDA when Triton imports;
+        True also runs it on CPU tensors under ``TRITON_INTERPRET=1``, for tests)."""
         self.max_tokens = int(max_tokens)
         self.device = torch.device(device)
+        self._refresh = _kernel_refresh(self.device, kernel)
         # One slot past the last row, always False: a trailing zero-length (padded) request
         # starts there when the step is full.
         self._valid = torch.zeros(self.max_tokens + 1, dtype=torch.bool, device=self.device)
@@ -72,6 +80,10 @@ class StepMasks:
 
     def clear(self) -> None:
         """No real token in this step (profiling run, warm-up, capture dummy)."""
+        if self._refresh is not None:
+            self._refresh(self._valid, self.decode_count, 0, is_padding=None, num_actual_tokens=None,
+                          query_start_loc=None)
+            return
         self.valid.zero_()
         self.decode_count.zero_()
 
@@ -81,8 +93,21 @@ class StepMasks:
         """Masks for a step of ``num_rows`` rows (padded). Real rows: ``~is_padding`` when given,
         else the first ``num_actual_tokens``, else all ``num_rows``. Decode tokens: the requests
         of ``query_start_loc`` with exactly one new token (padded requests have none); unknown
-        without it. A handful of device ops, none reading back to the host."""
+        without it. One Triton launch on CUDA (else a handful of torch ops), none reading back to
+        the host."""
         n = min(int(num_rows), self.max_tokens)
+        if query_start_loc is None:
+            self.decode_known = False
+        if self._refresh is not None and _kernel_takes(self.device, is_padding, query_start_loc):
+            self._refresh(self._valid, self.decode_count, n, is_padding=is_padding,
+                          num_actual_tokens=None if num_actual_tokens is None else int(num_actual_tokens),
+                          query_start_loc=query_start_loc)
+            return
+        self._update_torch(n, is_padding, num_actual_tokens, query_start_loc)
+
+    def _update_torch(self, n: int, is_padding: torch.Tensor | None, num_actual_tokens: int | None,
+                      query_start_loc: torch.Tensor | None) -> None:
+        """The torch path (CPU, and the kernel's reference): seven small device ops."""
         valid = self.valid[:n]
         if is_padding is not None:
             torch.logical_not(is_padding[:n], out=valid)
@@ -93,7 +118,6 @@ class StepMasks:
         if n < self.max_tokens:
             self.valid[n:].zero_()
         if query_start_loc is None:
-            self.decode_known = False
             self.decode_count.zero_()
             return
         starts = query_start_loc
@@ -127,6 +151,24 @@ class StepMasks:
         self.update(rows, is_padding=is_padding,
                     num_actual_tokens=actual if isinstance(actual, int) else None,
                     query_start_loc=_first_tensor(metadata, "query_start_loc"))
+
+
+def _kernel_refresh(device: torch.device, kernel: bool | None) -> Any | None:
+    """``step_masks_kernel.refresh`` where it is to run, else None (the torch path)."""
+    if kernel is False or (kernel is None and device.type != "cuda"):
+        return None
+    try:
+        from .step_masks_kernel import refresh
+    except ImportError:
+        if kernel:
+            raise
+        return None
+    return refresh
+
+
+def _kernel_takes(device: torch.device, *tensors: torch.Tensor | None) -> bool:
+    """The kernel reads flat buffers on the masks' device; anything else takes the torch path."""
+    return all(t is None or (t.device == device and t.dim() == 1 and t.is_contiguous()) for t in tensors)
 
 
 def _first_tensor(metadata: Any, name: str) -> torch.Tensor | None:

@@ -1,0 +1,104 @@
+"""The step masks' one-launch Triton refresh (vllm_plugin/step_masks_kernel.py) == the torch path,
+bit for bit, on CPU under ``TRITON_INTERPRET=1``: the whole ``valid`` buffer (trailing slot
+included) and the decode count, for real rows from ``is_padding``, from ``num_actual_tokens`` and
+all rows; steps shorter than, equal to and longer than the buffers; zero-length and trailing padded
+requests; more rows and more requests than one kernel block; no ``query_start_loc``; ``clear``.
+Both instances start from the same garbage so every slot the kernel must write is checked.
+The GPU runs the compiled kernel against the same reference (tests/gpu/test_step_masks_gpu.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.torch, pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="needs Triton for TRITON_INTERPRET=1")]
+
+
+def _rerun_interpreted(test_id: str) -> bool:
+    """Run ``test_id`` in a fresh interpreter with ``TRITON_INTERPRET=1`` when Triton was already
+    imported in this process without it (its kernels would then be compiled-mode functions)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or "triton" not in sys.modules:
+        return False
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           f"{__file__}::{test_id}"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    return True
+
+
+def _requests(gen: torch.Generator, lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32)
+
+
+def cases(max_tokens: int, gen: torch.Generator):
+    """(num_rows, is_padding, num_actual_tokens, query_start_loc) of a step."""
+    for rows in sorted({1, 5, max(max_tokens - 1, 1), max_tokens, max_tokens + 7}):
+        real = int(torch.randint(0, rows + 1, (1,), generator=gen))
+        pad = torch.ones(rows, dtype=torch.bool)
+        pad[:real] = False
+        pad[torch.randint(0, rows, (max(rows // 9, 1),), generator=gen)] ^= True  # holes too
+        lengths, left = [], min(rows, max_tokens)
+        while left > 0:
+            n = min(left, int(torch.randint(1, 4, (1,), generator=gen)) if len(lengths) % 3 else 1)
+            lengths.append(n)
+            left -= n
+            if len(lengths) == 4:
+                lengths.append(0)  # a zero-length request between real ones
+        lengths += [0, 0]  # trailing padded (zero-length) requests start at the last row + 1
+        qsl = _requests(gen, lengths)
+        yield rows, pad, None, qsl
+        yield rows, None, real, qsl
+        yield rows, None, None, qsl
+        yield rows, pad, None, None
+        yield rows, None, real, None
+
+
+def test_kernel_refresh_equals_the_torch_path() -> None:
+    if _rerun_interpreted("test_kernel_refresh_equals_the_torch_path"):
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    from expert_residency.vllm_plugin.step_masks import StepMasks
+
+    gen = torch.Generator().manual_seed(0)
+    checked = 0
+    for max_tokens in (1, 16, 2500):  # 2500 rows: three kernel blocks of 1024
+        ref = StepMasks(max_tokens, "cpu", kernel=False)
+        new = StepMasks(max_tokens, "cpu", kernel=True)
+        assert ref._refresh is None and new._refresh is not None
+        for rows, pad, actual, qsl in cases(max_tokens, gen):
+            garbage = torch.rand(max_tokens, generator=gen) < 0.5
+            for m in (ref, new):
+                m.valid.copy_(garbage)
+                m.decode_count.fill_(12345)
+                m.update(rows, is_padding=pad, num_actual_tokens=actual, query_start_loc=qsl)
+            assert torch.equal(new._valid, ref._valid), (max_tokens, rows, actual)
+            assert torch.equal(new.decode_count, ref.decode_count), (max_tokens, rows, actual)
+            assert new.decode_known == ref.decode_known
+            checked += 1
+        for m in (ref, new):
+            m.valid.fill_(True)
+            m.decode_count.fill_(3)
+            m.clear()
+        assert not new._valid.any() and int(new.decode_count) == 0 and torch.equal(new._valid, ref._valid)
+    assert checked == 5 * (3 + 5 + 5)  # five input kinds × distinct step sizes per buffer size
+    # Decode counting still means something: 1,500 one-token requests on real rows (two blocks of
+    # requests), then the same on padded rows.
+    m = StepMasks(2500, "cpu", kernel=True)
+    qsl = torch.arange(1501, dtype=torch.int32)
+    m.update(1500, is_padding=torch.zeros(1500, dtype=torch.bool), query_start_loc=qsl)
+    assert int(m.decode_count) == 1500 and int(m.valid.sum()) == 1500
+    m.update(1500, is_padding=torch.ones(1500, dtype=torch.bool), query_start_loc=qsl)
+    assert int(m.decode_count) == 0 and not m.valid.any()
+
+
+def test_cpu_masks_default_to_the_torch_path() -> None:
+    from expert_residency.vllm_plugin.step_masks import StepMasks
+
+    assert StepMasks(8, "cpu")._refresh is None

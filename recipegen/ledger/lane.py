@@ -14,6 +14,7 @@ from recipegen.ledger.adaptive import adaptive_figures
 from recipegen.ledger.budget import declared_split
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.load import load_figures
+from recipegen.ledger.parallel import dense_per_rank, parallel_figures
 from recipegen.ledger.placement import experts_only, offload_param_filter, positional_walk
 from recipegen.ledger.placements import placement_figures, positional_placement, usage_aware_placement
 from recipegen.ledger.reserves import hbm_reserve, host_reserve
@@ -65,6 +66,7 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     kv_pool, kv_tokens = out.figs["hbm.kv_pool"].value, out.figs["kv.tokens"].value
     _concurrency_warning(lane, out)
     tables, reserve_host, host_total = _host_figures(model, machine, lane, active, out)
+    parallel_figures(model, lane, active, out.figs, out.add, out.notes, out.violations)
 
     # --- verdict
     if lane.kv_cache_bytes is not None:
@@ -107,9 +109,10 @@ def _as_loaded(model: Model, machine: Machine, lane: Lane, out: _Figures) -> Mod
 
 def _tp_note(model: Model, tp: int, out: _Figures) -> None:
     if tp > 1 and model.attention:
-        out.notes.append(f"tensor parallel over {tp} GPUs: experts and dense weights are taken as split "
-                         "evenly across them; KV per GPU follows vLLM (KV heads max(1, heads // TP), "
-                         "replicated when TP exceeds them; an MLA latent on every GPU)")
+        out.notes.append(f"tensor parallel over {tp} GPUs: figures are per GPU as vLLM lays the model out "
+                         "(each routed expert's 1/TP shard; dense weights split or replicated by layer; KV "
+                         "heads max(1, heads // TP), replicated when TP exceeds them; an MLA latent on every "
+                         "GPU; docs/parallel.md)")
     elif tp > 1:
         out.notes.append(f"tensor parallel over {tp} GPUs: experts, dense weights and KV are taken as "
                          "split evenly across them (per-GPU figures are lane totals / TP)")
@@ -212,12 +215,13 @@ def _hbm_figures(model: Model, machine: Machine, lane: Lane, out: _Figures) -> _
                        "hbm_capacity (kv_cache_bytes fixes the KV pool; utilisation is ignored by vLLM)",
                        {"hbm_capacity_bytes": hbm_capacity}))
     reserve = hbm_reserve(model, machine, lane, out.add)
-    dense = (model.dense_bytes or 0) / tp
+    dense_rank = dense_per_rank(model, tp)
+    dense = dense_rank.value
     drafter = ((model.drafter.weights if model.drafter else None) or 0) / tp
     if model.dense_bytes is not None or drafter:
         out.add(Figure("hbm.reserve.dense", "  of which dense weights", dense, "bytes",
-                       "dense_bytes / tp", {"dense_bytes": model.dense_bytes or 0, "tp": tp},
-                       src_note(model.sources, "dense_bytes")))
+                       dense_rank.formula, dense_rank.operands,
+                       "; ".join(n for n in (src_note(model.sources, "dense_bytes"), dense_rank.note) if n)))
         if drafter:
             out.add(Figure("hbm.reserve.drafter", "  of which drafter weights", drafter, "bytes",
                            "drafter.weights / tp", {"drafter_bytes": drafter * tp, "tp": tp}))

@@ -141,6 +141,16 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
     else:
         doc["dense_bytes"] = sourced(f"{dense.total} B", "derived from config.json geometry: " + dense.summary()
                                      + (" (FP8 linear layers with fp32 block scales)" if fmt.dense_fp8_block else ""))
+    tp_parts: dict[str, Any] = {"replicated": f"{dense.replicated} B"}
+    if dense.kv_projections:
+        tp_parts.update(kv_projections=f"{dense.kv_projections} B", kv_heads=dense.kv_heads)
+    declared_dense = int(str(doc["dense_bytes"]["value"]).split()[0])
+    if dense.replicated + dense.kv_projections <= declared_dense:   # else the geometry is not this checkpoint's
+        doc["dense_tensor_parallel"] = sourced(
+                tp_parts, "derived from config.json geometry as vLLM 0.33 builds the layers: replicated = norms, "
+            "routers (GateLinear is a ReplicatedLinear), MLA q_a/kv_a projections and norms (disable_tp), "
+            "row-parallel biases; kv_projections = GQA k/v projections (max(1, kv_heads // tp) heads per rank); "
+            "the rest of dense_bytes is split over the ranks")
     layer_bytes: dict[str, Any] = {"moe_layer": f"{dense.moe_layer} B"}
     if dense.dense_layer:
         layer_bytes["dense_layer"] = f"{dense.dense_layer} B"

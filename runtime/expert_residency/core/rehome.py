@@ -4,7 +4,8 @@
 ``plan_rehome_order`` for an order that keeps device and host within one layer of
 ``max(initial, final)``, re-homes the layers in that order and returns the resident layers, the
 bytes placed per layer and in total (the start-up report's figures) and the plan with its
-predicted peaks.
+predicted peaks. Once every layer is re-homed it returns the pinned host blocks the freed
+originals leave in PyTorch's caching host allocator (``release_host_cache``).
 """
 
 from __future__ import annotations
@@ -75,7 +76,25 @@ def rehome_model(layer_tensors: Mapping[int, MutableMapping[str, torch.Tensor]],
         state.total = state.total + state.bytes_per_layer[index]
         if after_layer is not None:
             after_layer(layer)
+    release_host_cache()
     return state
+
+
+def release_host_cache() -> bool:
+    """Hand the caching host allocator's free pinned blocks back to the OS; True when it ran.
+
+    Originals vLLM's ``--cpu-offload-gb`` placed in pinned host memory (``pin_memory=True``, each
+    rounded up to a power of two) stay pinned in PyTorch's host cache after re-homing frees them;
+    vLLM 0.33 empties that cache only at shutdown (``distributed/parallel_state.py:2586-2591``,
+    ``torch.accelerator.empty_host_cache()``, PyTorch >= 2.9). Blocks in use (the banks) are not
+    touched. Without the function or an accelerator (CPU builds raise there) nothing is called.
+    """
+    accel = getattr(torch, "accelerator", None)
+    empty = getattr(accel, "empty_host_cache", None)
+    if empty is None or not accel.is_available():
+        return False
+    empty()
+    return True
 
 
 def rowmap_banks(rowmap: Any) -> tuple[dict[int, list[int]], dict[int, list[int]]]:

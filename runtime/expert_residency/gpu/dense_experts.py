@@ -113,6 +113,7 @@ class TritonDenseExperts(TritonMxfp4Experts):
         self.workspace = Workspace(max_tokens, top_k, shape, self.device)
         self._identity_codes: torch.Tensor | None = None
         self._dummy_f32 = torch.zeros(1, dtype=torch.float32, device=self.device)
+        self._pdl = False   # the shared finalize launch without programmatic dependent launch
 
     def to_kernel_layout(self, tensors: "dict[str, torch.Tensor]") -> None:
         """No-op: the dense kernels read vLLM's layout as loaded (kept for the shared API)."""
@@ -149,9 +150,16 @@ class TritonDenseExperts(TritonMxfp4Experts):
                     raise ValueError(f"{name}: expected contiguous [rows, {n}], got {tuple(t.shape)}")
         return has[0]
 
+    def _fuses_finalize(self, tokens: int) -> bool:
+        """The dense kernels keep a separate finalize launch at every T (the MXFP4 w2 kernel's
+        fused T=1 finalize has no dense twin)."""
+        return False
+
     def _run(self, x: torch.Tensor, ids: torch.Tensor, codes: torch.Tensor, hot: ExpertBank,
              cold: ExpertBank, *, token_mask: torch.Tensor | None, counts: torch.Tensor | None,
-             tokens: torch.Tensor | None) -> None:
+             tokens: torch.Tensor | None, fin: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> None:
+        if fin is not None:
+            raise ValueError("the dense kernels have no fused finalize (forward finalizes separately)")
         cfg, ws, shape = self.config, self.workspace, self.shape
         t, k = ids.shape
         if k != self.top_k or t > ws.max_tokens:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The kernel's tests and benchmarks on one H200, in one call (see BENCHMARKS.md):
-#   bash bench/kernel_h200.sh [tests|residency|peer|offload ...]   (default: all four)
+#   bash bench/kernel_h200.sh [tests|residency|peer|offload|ncu ...]   (default: the first four)
 # TESTS_K: a pytest -k expression for the tests part; *_S: each part's time limit.
 # Needs the unpacked vLLM 0.33.0 wheel at .cache/vllm-0.33.0 (its triton_kernels and two glue files).
 set -o pipefail
@@ -17,6 +17,12 @@ for part in $parts; do
              | tee "$OUT/residency.log" | grep -v "^sweep" | tail -${RES_TAIL:-45} ;;
     peer) timeout ${PEER_S:-240} python3 bench/peer_moe.py --out "$OUT" ${PEER_ARGS:-} 2>&1 \
              | tee "$OUT/peer.log" | tail -${PEER_TAIL:-25} ;;
+    ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+         timeout ${NCU_S:-90} "$NCU" --clock-control none -k regex:'w13|w2' --launch-skip 4 --launch-count 2 \
+             --section SpeedOfLight --section SchedulerStats --section WarpStateStats \
+             --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats \
+             python3 bench/kernel_ncu_t1.py > "$OUT/ncu_t1.txt" 2>&1
+         grep -E "w13|w2_kernel|Duration|Throughput|Issue|Eligible|Active Warps|Issued Warp|Stall|Pipe|Occupancy|Registers|Warp Cycles|No Eligible|One or More" "$OUT/ncu_t1.txt" | cut -c1-150 | head -${NCU_TAIL:-90} ;;
     offload) timeout ${OFF_S:-300} python3 bench/peer_moe.py --out "$OUT/offload" --tokens 1 --steps 1:3 --layers 1 \
              --offload 2>&1 | tee "$OUT/offload.log" | grep -E "offload|Offload|ratio|\| 1 |\| 16 " | tail -12 ;;
   esac

@@ -4,7 +4,7 @@
   intermediate rows of w13's gate and up halves and columns of w2, scales with them
   (docs/parallel.md), so a rank holds `bytes_per_expert / tp` of each hot expert. Under expert
   parallelism (`--enable-expert-parallel`) a rank holds whole experts: `E // ep` of them, one more
-  on the first `E % ep` ranks (`fused_moe/expert_map_manager.py:66-86`); the fullest rank counts.
+  on the first `E % ep` ranks (`fused_moe/expert_map_manager.py:67-86`); the fullest rank counts.
 - Dense parameters: split where vLLM's layers are column/row/vocab parallel, whole on every rank
   where they are replicated (norms, routers, MLA's q_a/kv_a projections), GQA k/v projections at
   max(1, kv_heads // tp) heads per rank (the model's `dense_tensor_parallel`). Without that field
@@ -92,7 +92,7 @@ def parallel_figures(model: Model, lane: Lane, active: PlacementLedger, figs: di
         local = local_experts_max(model.routed_experts, tp)
         add(Figure("parallel.local_experts", "routed experts per layer on the fullest rank", local, "count",
                    "⌈routed_experts / ep⌉ (vLLM: E // ep, one more on the first E % ep ranks)",
-                   {"routed_experts": model.routed_experts, "ep": tp}, "fused_moe/expert_map_manager.py:66-79"))
+                   {"routed_experts": model.routed_experts, "ep": tp}, "fused_moe/expert_map_manager.py:67-79"))
         hot = active.hot_bytes * local / model.routed_experts
         add(Figure("parallel.hot_experts_per_gpu", "routed experts in HBM, fullest rank", hot, "bytes",
                    "hot_experts × local_experts / routed_experts (all of a rank's experts are whole)",

@@ -126,6 +126,11 @@ def plan_swaps(scores: torch.Tensor, hot_mask: torch.Tensor, layer_indices: Sequ
                          f"{len(layer_indices)} layers")
     promote, demote, accept = rank_swaps(scores, hot_mask, swaps_per_layer, margin, evidence)
     packed = torch.stack([promote, demote, accept.to(promote.dtype)]).to("cpu").tolist()
+    return _accepted(packed, layer_indices)
+
+
+def _accepted(packed: list, layer_indices: Sequence[int]) -> list[Swap]:
+    """The ``Swap`` list from a read-back plan ``[promote, demote, accept]`` (each ``[L][S]``)."""
     swaps = []
     for row, layer in enumerate(layer_indices):
         for p, d, ok in zip(packed[0][row], packed[1][row], packed[2][row]):
@@ -210,6 +215,8 @@ class AdaptivePolicy:
         self._expert_bytes = {i: _expert_bytes(self.layers[i]) for i in order}
         live = current_rowmap(self.layers)
         self.initial_content_hash = live.content_hash()
+        self._live_content_hash = self.initial_content_hash
+        self._live_dirty = False   # swaps applied since the hash was computed
         self.shape_hash = live.shape_hash()
         self._in_barrier = False
         # held while the banks and host mirrors change, so another thread (the dump writer, a
@@ -292,20 +299,30 @@ class AdaptivePolicy:
                 ranked = blend_prior(self.scores, self._priors[choice.clamp(max=classes - 1)], weight)
             picks = torch.stack([window.sum(), (window * (~hot).to(window.dtype)).sum(),
                                  choice.to(window.dtype)])
-            swaps = plan_swaps(ranked, hot, self._order,
-                               swaps_per_layer=self.config.swaps_per_layer, margin=self.config.margin,
-                               evidence=guard)
-            picks_host = picks.to("cpu").tolist()  # already drained by plan_swaps' read-back
+            promote, demote, accept = rank_swaps(ranked, hot, self.config.swaps_per_layer,
+                                                 self.config.margin, guard)
+            # the barrier's one read-back: the plan and the window's figures in one copy
+            plan = torch.stack([promote, demote, accept.to(promote.dtype)])
+            packed = torch.cat([plan.reshape(-1), picks.to(plan.dtype)]).to("cpu").tolist()
+            width = promote.shape[1]
+            rows = [[packed[(k * len(self._order) + r) * width:(k * len(self._order) + r + 1) * width]
+                     for r in range(len(self._order))] for k in range(3)]
+            swaps = _accepted(rows, self._order)
+            picks_host = packed[plan.numel():]
             with self._map_lock:
                 moved = self.apply(swaps, run=run)
-                live = current_rowmap(self.layers)
+                if self._live_dirty:
+                    # host-side hashing of the whole map costs milliseconds: only when it changed
+                    self._live_dirty = False
+                    live = current_rowmap(self.layers)
+                    if live.shape_hash() != self.shape_hash:  # swaps exchange rows: shapes cannot change
+                        raise RuntimeError("adaptive residency: bank shapes changed during a barrier")
+                    self._live_content_hash = live.content_hash()
         self.barriers += 1
-        if live.shape_hash() != self.shape_hash:  # swaps exchange rows: shapes cannot change
-            raise RuntimeError("adaptive residency: bank shapes changed during a barrier")
         chosen = int(picks_host[2])
         prior = None if chosen < 0 else (self._prior_names + ["observed"])[chosen]
         report = BarrierReport(self.barriers, self.forwards, swaps, int(picks_host[0]), int(picks_host[1]),
-                               moved, live.content_hash(), self.shape_hash, prior)
+                               moved, self._live_content_hash, self.shape_hash, prior)
         self.reports.append(report)
         del self.reports[:-self.keep_reports]
         return report
@@ -337,6 +354,7 @@ class AdaptivePolicy:
             run(swap_steps(layer, swap.demote, swap.promote, self._staging_for(layer)))
             moved += 2 * self._expert_bytes[swap.layer]
             self.swaps_done += 1
+            self._live_dirty = True
         return moved
 
     @contextlib.contextmanager

@@ -73,6 +73,7 @@ def main() -> int:
     old = StepMasks(args.max_tokens, DEV, kernel=False)
     new = StepMasks(args.max_tokens, DEV)
     assert old._refresh is None and new._refresh is not None
+    new._update_torch = None  # the kernel instance must never fall back to the torch path
     out = {"machine": torch.cuda.get_device_name(), "torch": torch.__version__,
            "max_tokens": args.max_tokens, "reps": args.reps, "step_us": step_us, "step_from": step_from,
            "per_t": {}}

@@ -34,7 +34,12 @@ DEV = torch.device("cuda")
 def _both(max_tokens: int):
     ref, new = StepMasks(max_tokens, DEV, kernel=False), StepMasks(max_tokens, DEV)
     assert ref._refresh is None and new._refresh is not None, "CUDA defaults to the kernel"
+    new._update_torch = _forbidden  # every refresh below must take the kernel
     return ref, new
+
+
+def _forbidden(*args, **kwargs):
+    raise AssertionError("the torch path ran where the kernel should have")
 
 
 def test_compiled_refresh_equals_the_torch_path() -> None:

@@ -55,6 +55,7 @@ class StepMasks:
         # starts there when the step is full.
         self._valid = torch.zeros(self.max_tokens + 1, dtype=torch.bool, device=self.device)
         self.valid = self._valid[:self.max_tokens]
+        self.device = self._valid.device  # "cuda" -> "cuda:0": the kernel's inputs must compare equal
         self.decode_count = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._rows = torch.arange(self.max_tokens, dtype=torch.int32, device=self.device)
         # False once a step's metadata had no query_start_loc: decode tokens are then unknown.

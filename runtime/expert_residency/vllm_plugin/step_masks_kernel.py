@@ -70,7 +70,24 @@ def refresh(valid_full: torch.Tensor, decode_count: torch.Tensor, n_rows: int, *
     else:
         mode, pad, actual = ALL_ROWS, valid_full, 0
     qsl = query_start_loc if query_start_loc is not None else decode_count
-    n_req = query_start_loc.numel() - 1 if query_start_loc is not None else 0
-    _refresh_kernel[(1,)](valid_full, decode_count, pad, qsl, int(n_rows), actual, max(n_req, 0),
-                          TOTAL=valid_full.numel(), MODE=mode, HAS_QSL=query_start_loc is not None,
-                          BLOCK=BLOCK, num_warps=4)
+    n_req = max(query_start_loc.numel() - 1, 0) if query_start_loc is not None else 0
+    has_qsl = query_start_loc is not None
+    total = valid_full.numel()
+    # Triton's JIT launch re-binds and re-specialises every argument on each call, which costs as
+    # much host time as the seven torch ops did. After the first launch of a variant, launch its
+    # compiled kernel directly; the key holds everything the JIT specialised on (constexprs, device,
+    # each pointer's 16-byte alignment; the ints are not specialised).
+    key = (valid_full.device.index, total, mode, has_qsl,
+           *(t.data_ptr() % 16 == 0 for t in (valid_full, decode_count, pad, qsl)))
+    compiled = _COMPILED.get(key)
+    if compiled is not None:
+        compiled[(1, 1, 1)](valid_full, decode_count, pad, qsl, int(n_rows), actual, n_req,
+                            total, mode, has_qsl, BLOCK)
+        return
+    kernel = _refresh_kernel[(1,)](valid_full, decode_count, pad, qsl, int(n_rows), actual, n_req,
+                                   TOTAL=total, MODE=mode, HAS_QSL=has_qsl, BLOCK=BLOCK, num_warps=4)
+    if kernel is not None and hasattr(kernel, "run") and hasattr(kernel, "__getitem__"):
+        _COMPILED[key] = kernel  # None under TRITON_INTERPRET=1: the JIT path every time
+
+
+_COMPILED: dict[tuple, object] = {}

@@ -6,7 +6,7 @@ and load-time peaks; every figure in bytes with its formula and operands; violat
 change. See docs/ledger.md.
 
 Modules, imports one way: `result` (the returned data) ← `reserves`, `placements`, `verdict`,
-`load` (one part of a lane's figures each) ← `lane` (`compute_lane`) ← `multinode` (a lane over
+`load`, `workspace` (the runtime's start-up HBM) (one part of a lane's figures each) ← `lane` (`compute_lane`) ← `multinode` (a lane over
 several machines: `compute_lane` per stage) ← `recipe` (`compute_ledger`, shared budgets). The
 human text: `report_lane` ← `multinode_report` ← `report`.
 """

@@ -114,6 +114,23 @@ class TritonDenseExperts(TritonMxfp4Experts):
         self._identity_codes: torch.Tensor | None = None
         self._dummy_f32 = torch.zeros(1, dtype=torch.float32, device=self.device)
         self._pdl = False   # the shared finalize launch without programmatic dependent launch
+        if expert_format == "fp8-block":
+            # The GEMM inputs quantized once per step (x, then the activation rows), not once per
+            # output tile: DeepSeek-V3's w2 repeated each pick's quantization in 112 programs.
+            p = max_tokens * top_k
+            h, i = shape.hidden, shape.intermediate
+            f32 = dict(dtype=torch.float32, device=self.device)
+            self._xq = torch.zeros(max_tokens, h, dtype=torch.bfloat16, device=self.device)
+            self._xs = torch.zeros(max_tokens, h // FP8_BLOCK, **f32)
+            self._aq = torch.zeros(p, i, dtype=torch.bfloat16, device=self.device)
+            self._as = torch.zeros(p, i // FP8_BLOCK, **f32)
+
+    @property
+    def fp8_scratch_bytes(self) -> int:
+        """Device bytes of the FP8 input scratch (0 for bf16): bf16 ``T*H + P*I`` values and fp32
+        ``(T*H + P*I) / 128`` scales for T = max_tokens, P = T*top_k."""
+        return sum(t.numel() * t.element_size() for t in (getattr(self, n, None) for n in
+                                                           ("_xq", "_xs", "_aq", "_as")) if t is not None)
 
     def to_kernel_layout(self, tensors: "dict[str, torch.Tensor]") -> None:
         """No-op: the dense kernels read vLLM's layout as loaded (kept for the shared API)."""
@@ -203,19 +220,29 @@ class TritonDenseExperts(TritonMxfp4Experts):
 
         max_slots = min(picks, self.num_experts)
         w13, s13, b13 = weights(hot, W13), scales(hot, W13), bias(hot, B13)
+        x_in, x_s, x_stride = x, self._dummy_f32, x.stride(0)
+        if fp8:
+            kernels_dense.quant_groups_kernel[(t, shape.hidden // FP8_BLOCK)](
+                x, self._xq, self._xs, x.stride(0), K=shape.hidden, num_warps=1)
+            x_in, x_s, x_stride = self._xq, self._xs, shape.hidden
         kernels_dense.dense_w13_act_kernel[(shape.intermediate // cfg.block_n1, max_slots)](
-            x, codes, w13, weights(cold, W13), s13, scales(cold, W13), b13, bias(cold, B13),
+            x_in, x_s, codes, w13, weights(cold, W13), s13, scales(cold, W13), b13, bias(cold, B13),
             ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.act,
             counts if count_in_kernel else ws.dummy_i64, tokens if count_in_kernel else ws.dummy_i64,
-            ws.n_tokens, x.stride(0), w13.stride(0), stride(s13), stride(b13),
+            ws.n_tokens, x_stride, w13.stride(0), stride(s13), stride(b13),
             H=shape.hidden, INTER=shape.intermediate, TOP_K=k,
             BM=cfg.block_m, BN=cfg.block_n1, BK=cfg.block_k1,
             FP8=fp8, ACT=ACT_CODES[self.activation], HAS_BIAS=has_bias,
             COUNT=count_in_kernel, LIMIT=float(self.limit), ALPHA=float(self.alpha),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         w2, s2, b2 = weights(hot, W2), scales(hot, W2), bias(hot, B2)
+        a_in, a_s = ws.act, self._dummy_f32
+        if fp8:
+            kernels_dense.quant_groups_kernel[(picks, shape.intermediate // FP8_BLOCK)](
+                ws.act, self._aq, self._as, shape.intermediate, K=shape.intermediate, num_warps=1)
+            a_in, a_s = self._aq, self._as
         kernels_dense.dense_w2_kernel[(shape.hidden // cfg.block_n2, max_slots)](
-            ws.act, codes, w2, weights(cold, W2), s2, scales(cold, W2), b2, bias(cold, B2),
+            a_in, a_s, codes, w2, weights(cold, W2), s2, scales(cold, W2), b2, bias(cold, B2),
             ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.pick_out,
             w2.stride(0), stride(s2), stride(b2),
             H=shape.hidden, INTER=shape.intermediate,

@@ -87,6 +87,21 @@ def _quant_group(x_t, BK: tl.constexpr):
 
 
 @triton.jit
+def quant_groups_kernel(src_ptr, q_ptr, s_ptr, src_stride, K: tl.constexpr):
+    """FP8 GEMM input, once per step: one 128-value group of one row per program (grid ``(rows,
+    K/128)``) -> ``q [rows, K]`` (E4M3 values held as bf16) and ``s [rows, K/128]`` fp32, by
+    ``_quant_group``, the same operations the expert kernels used to repeat in every output tile
+    (so the same bits)."""
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    kk = g * 128 + tl.arange(0, 128)
+    v = tl.load(src_ptr + row * src_stride + kk).to(tl.float32)[:, None]
+    q, scale = _quant_group(v, 128)
+    tl.store(q_ptr + row * K + kk[:, None], q)
+    tl.store(s_ptr + row * (K // 128) + g + tl.arange(0, 1), scale)
+
+
+@triton.jit
 def _dot(w, x_t, acc):
     if _INTERPRETED:
         return tl.dot(w.to(tl.float32), x_t.to(tl.float32), acc, input_precision="ieee")
@@ -115,7 +130,7 @@ def _rows_dot(acc, w_base, s_base, rows, x_t, x_scale, k0, K: tl.constexpr, BK: 
 
 
 @triton.jit
-def dense_w13_act_kernel(x_ptr, codes_ptr, hot_w_ptr, cold_w_ptr, hot_s_ptr, cold_s_ptr,
+def dense_w13_act_kernel(x_ptr, xs_ptr, codes_ptr, hot_w_ptr, cold_w_ptr, hot_s_ptr, cold_s_ptr,
                          hot_b_ptr, cold_b_ptr,
                          sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, act_ptr,
                          counts_ptr, tokens_ptr, n_tokens_ptr,
@@ -124,7 +139,9 @@ def dense_w13_act_kernel(x_ptr, codes_ptr, hot_w_ptr, cold_w_ptr, hot_s_ptr, col
                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                          FP8: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
                          COUNT: tl.constexpr, LIMIT: tl.constexpr = 0.0, ALPHA: tl.constexpr = 1.0):
-    """``act[p, n] = bf16(act(gate_n . x + b, up_n . x + b))`` for every pick ``p`` of the slot."""
+    """``act[p, n] = bf16(act(gate_n . x + b, up_n . x + b))`` for every pick ``p`` of the slot.
+    FP8: ``x_ptr`` holds the step's quantized input (``quant_groups_kernel``) and ``xs_ptr`` its
+    group scales."""
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
     if COUNT:
@@ -159,8 +176,9 @@ def dense_w13_act_kernel(x_ptr, codes_ptr, hot_w_ptr, cold_w_ptr, hot_s_ptr, col
         for k0 in range(0, H, BK):
             kk = k0 + tl.arange(0, BK)
             x_t = tl.load(x_ptr + tok[None, :] * stride_x + kk[:, None], mask=m_ok[None, :], other=0.0)
-            if FP8:
-                xq, xs = _quant_group(x_t.to(tl.float32), BK)
+            if FP8:   # quantized once per step; a masked pick reads 0 (its dot is 0 either way)
+                xq = x_t
+                xs = tl.load(xs_ptr + tok * (H // 128) + k0 // 128, mask=m_ok, other=0.0)
             else:
                 xq = x_t
                 xs = tl.zeros((BM,), dtype=tl.float32)
@@ -184,14 +202,15 @@ def dense_w13_act_kernel(x_ptr, codes_ptr, hot_w_ptr, cold_w_ptr, hot_s_ptr, col
 
 
 @triton.jit
-def dense_w2_kernel(act_ptr, codes_ptr, hot_w_ptr, cold_w_ptr, hot_s_ptr, cold_s_ptr,
+def dense_w2_kernel(act_ptr, act_s_ptr, codes_ptr, hot_w_ptr, cold_w_ptr, hot_s_ptr, cold_s_ptr,
                     hot_b_ptr, cold_b_ptr,
                     sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, y_ptr,
                     w_expert_stride, s_expert_stride, b_expert_stride,
                     H: tl.constexpr, INTER: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                     FP8: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """``y[p, n] = bf16(w2_n . act_p + b2_n)``: one unreduced output row per pick."""
+    """``y[p, n] = bf16(w2_n . act_p + b2_n)``: one unreduced output row per pick (FP8: ``act_ptr``
+    quantized, ``act_s_ptr`` its group scales)."""
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
     if slot >= tl.load(num_slots_ptr):
@@ -213,7 +232,8 @@ def dense_w2_kernel(act_ptr, codes_ptr, hot_w_ptr, cold_w_ptr, hot_s_ptr, cold_s
             kk = k0 + tl.arange(0, BK)
             a_t = tl.load(act_ptr + picks[None, :] * INTER + kk[:, None], mask=m_ok[None, :], other=0.0)
             if FP8:
-                aq, a_s = _quant_group(a_t.to(tl.float32), BK)
+                aq = a_t
+                a_s = tl.load(act_s_ptr + picks * (INTER // 128) + k0 // 128, mask=m_ok, other=0.0)
             else:
                 aq = a_t
                 a_s = tl.zeros((BM,), dtype=tl.float32)

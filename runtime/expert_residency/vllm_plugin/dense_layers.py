@@ -203,7 +203,10 @@ class DenseResidency:
 
     @property
     def workspace_bytes(self) -> int:
-        return self._experts.workspace.nbytes if self._experts is not None else 0
+        """Device scratch of the kernels: the shared workspace, plus (FP8) the step's quantized inputs."""
+        if self._experts is None:
+            return 0
+        return self._experts.workspace.nbytes + self._experts.fp8_scratch_bytes
 
     def per_pick_fn(self) -> PerPickExpertFn:
         if self._experts is not None:

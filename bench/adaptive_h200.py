@@ -335,6 +335,7 @@ def main() -> int:
         sync(dev)
         policy.barrier = original_barrier
         row = {"phases": per_phase, "barriers": len(barrier_log), "swaps": policy.swaps_done,
+               "graph_state": policy.graph_state,
                "barrier_ms": summary([b["s"] * 1e3 for b in barrier_log]),
                "barrier_ms_with_swaps": summary([b["s"] * 1e3 for b in barrier_log if b["swaps"]]),
                "barrier_ms_no_swaps": summary([b["s"] * 1e3 for b in barrier_log if not b["swaps"]]),
@@ -482,16 +483,24 @@ def rank_40(logp, cold, priors, experts, config, dev, seed) -> dict:
     full_logp, full_cold, full_priors = load_profiles(MODEL_LAYERS, seed)
     if experts < full_logp["agent"].shape[1]:
         return {"skipped": "smoke run"}
-    layers = {}
-    for i in range(MODEL_LAYERS):
-        hot = [int(e) for e in np.flatnonzero(~full_cold["agent"][i])]
-        cold_ids = [int(e) for e in np.flatnonzero(full_cold["agent"][i])]
-        layers[i] = rehome_layer({"w": torch.zeros(experts, 1, dtype=torch.uint8, device=dev)}, hot, cold_ids,
-                                 layer_index=i, hot_alloc=device_allocator(dev), cold_alloc=device_allocator(dev))
+    def one_byte_layers():
+        out = {}
+        for i in range(MODEL_LAYERS):
+            hot = [int(e) for e in np.flatnonzero(~full_cold["agent"][i])]
+            cold_ids = [int(e) for e in np.flatnonzero(full_cold["agent"][i])]
+            out[i] = rehome_layer({"w": torch.zeros(experts, 1, dtype=torch.uint8, device=dev)}, hot, cold_ids,
+                                  layer_index=i, hot_alloc=device_allocator(dev), cold_alloc=device_allocator(dev))
+        return out
+
+    layers, twin_layers = one_byte_layers(), one_byte_layers()
+    prior_t = {k: torch.from_numpy(v) for k, v in full_priors.items()}
     out = {}
     for tokens in (1, 16):
         counter = ExpertCounter(tuple(range(MODEL_LAYERS)), experts, device=dev, top_k=TOP_K)
-        policy = AdaptivePolicy(counter, layers, config, priors={k: torch.from_numpy(v) for k, v in full_priors.items()})
+        policy = AdaptivePolicy(counter, layers, config, priors=prior_t)
+        # the same decisions without the captured graph: every report must agree
+        twin_counter = ExpertCounter(tuple(range(MODEL_LAYERS)), experts, device=dev, top_k=TOP_K)
+        twin = AdaptivePolicy(twin_counter, twin_layers, config, priors=prior_t, graph_decide=False)
         logits = torch.from_numpy(full_logp["agent"]).to(dev)          # [L, E]
         gen = torch.Generator(device=dev).manual_seed(seed + 99 + tokens)
         offset = torch.arange(MODEL_LAYERS, device=dev).view(1, -1, 1) * experts
@@ -508,10 +517,16 @@ def rank_40(logp, cold, priors, experts, config, dev, seed) -> dict:
             sync(dev)
             times.append((time.perf_counter() - t) * 1e3)
             swaps.append(len(report.swaps))
+            twin_counter.counts.copy_(counter.counts)
+            other = twin.barrier()
+            assert (report.swaps, report.prior, report.window_picks, report.window_cold_picks) == \
+                (other.swaps, other.prior, other.window_picks, other.window_cold_picks), f"barrier {b}: graph != eager"
         # undo this run's swaps so the next T starts from the boot map
-        policy.apply([Swap(s.layer, s.demote, s.promote) for r in reversed(policy.reports) for s in reversed(r.swaps)])
+        for pol in (policy, twin):
+            pol.apply([Swap(s.layer, s.demote, s.promote) for r in reversed(pol.reports) for s in reversed(r.swaps)])
         out[tokens] = {"barrier_ms": summary(times[4:]), "swaps_per_barrier": statistics.fmean(swaps[4:]),
-                       "swaps_first_4": swaps[:4]}
+                       "swaps_first_4": swaps[:4], "graph_state": policy.graph_state,
+                       "eager_twin_agreed_barriers": len(times)}
     return out
 
 

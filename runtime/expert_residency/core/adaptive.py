@@ -101,9 +101,9 @@ def rank_swaps(scores: torch.Tensor, hot_mask: torch.Tensor, swaps_per_layer: in
     """
     layers, experts = scores.shape
     width = min(int(swaps_per_layer), experts)
-    inf = torch.tensor(float("inf"), dtype=scores.dtype, device=scores.device)
-    cold_key = torch.where(hot_mask, -inf, scores)
-    hot_key = torch.where(hot_mask, scores, inf)
+    # masked_fill with a Python scalar: no host-made tensor, so the ranking can be graph-captured
+    cold_key = scores.masked_fill(hot_mask, float("-inf"))
+    hot_key = scores.masked_fill(~hot_mask, float("inf"))
     cold_sorted, cold_idx = torch.sort(cold_key, dim=1, descending=True, stable=True)
     hot_sorted, hot_idx = torch.sort(hot_key, dim=1, descending=False, stable=True)
     cold_top, hot_low = cold_sorted[:, :width], hot_sorted[:, :width]
@@ -197,6 +197,10 @@ class AdaptivePolicy:
     """Per-class per-pick probabilities ``[L, E]`` (each layer's row sums to 1, layers in the
     counter's order), e.g. the lane's class histograms normalised. Used when
     ``config.prior_weight > 0``; their mean is added as one more candidate, ``"mixture"``."""
+    graph_decide: bool = True
+    """On a CUDA device, capture the barrier's device part (window, decay, prior choice, ranking:
+    ~55 small kernels, launch-bound) in a CUDA graph at the second barrier and replay it after;
+    the plan's read-back and the swaps stay eager. Falls back to eager calls if capture fails."""
 
     def __post_init__(self) -> None:
         order = self.counter.moe_layer_indices
@@ -239,6 +243,17 @@ class AdaptivePolicy:
             self._priors = torch.stack(stacked)
             self._log_priors = torch.log(self._priors.clamp_min(PROBABILITY_FLOOR))
         self._prior_choice: torch.Tensor | None = None
+        device = counts.device
+        # device scalars made once, outside any capture
+        self._no_choice = torch.full((), -1, dtype=torch.int64, device=device)
+        self._prior_weight = torch.tensor(float(self.config.prior_weight), dtype=torch.float64, device=device)
+        self._evidence = torch.tensor(float(self.config.evidence), dtype=torch.float64, device=device)
+        self._counts_evidence = torch.tensor(float(self.config.counts_evidence), dtype=torch.float64,
+                                             device=device)
+        self._zero = torch.zeros((), dtype=torch.float64, device=device)
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._graph_out: torch.Tensor | None = None
+        self.graph_state = "eager"   # "eager", "captured" or "eager (capture failed: ...)"
 
     # -- the step path -------------------------------------------------------------------------
     def tick(self) -> bool:
@@ -271,44 +286,12 @@ class AdaptivePolicy:
         """Decay, rank, swap. The caller guarantees no forward is in flight; ``run`` executes each
         swap's ordered steps (tests inject a mis-ordered runner to show the check catches it)."""
         with self._guard():
-            counts = self.counter.counts
-            # a counter reset since the last barrier restarts the window at zero
-            window = torch.where(counts >= self._seen, counts - self._seen, counts)
-            self._seen.copy_(counts)
-            use_priors = self._priors is not None and self.config.prior_weight > 0
-            if use_priors:
-                # the counts so far (before this window), smoothed: the candidate that wins when no
-                # class profile explains the traffic better than its own recent past
-                observed = self.scores + OBSERVED_PSEUDO_COUNT
-                observed_log = torch.log(observed / observed.sum(dim=1, keepdim=True))
-            decay_scores(self.scores, window, self.config.decay)
-            hot = self.hot_mask()
-            ranked = self.scores
-            choice = torch.tensor(-1, device=counts.device)
-            guard: float | torch.Tensor = self.config.counts_evidence
-            if use_priors:
-                total = window.sum()
-                fresh = choose_prior(window, torch.cat([self._log_priors, observed_log.unsqueeze(0)]))
-                # an empty window keeps the previous choice (nothing new to judge by)
-                previous = fresh if self._prior_choice is None else self._prior_choice
-                self._prior_choice = choice = torch.where(total > 0, fresh, previous)
-                classes = self._priors.shape[0]
-                profile = choice < classes
-                weight = torch.where(profile, self.config.prior_weight, 0.0)
-                guard = torch.where(profile, self.config.evidence, self.config.counts_evidence)
-                ranked = blend_prior(self.scores, self._priors[choice.clamp(max=classes - 1)], weight)
-            picks = torch.stack([window.sum(), (window * (~hot).to(window.dtype)).sum(),
-                                 choice.to(window.dtype)])
-            promote, demote, accept = rank_swaps(ranked, hot, self.config.swaps_per_layer,
-                                                 self.config.margin, guard)
-            # the barrier's one read-back: the plan and the window's figures in one copy
-            plan = torch.stack([promote, demote, accept.to(promote.dtype)])
-            packed = torch.cat([plan.reshape(-1), picks.to(plan.dtype)]).to("cpu").tolist()
-            width = promote.shape[1]
+            packed = self._plan_on_device().to("cpu").tolist()   # the barrier's one read-back
+            width = min(int(self.config.swaps_per_layer), self.counter.num_experts)
             rows = [[packed[(k * len(self._order) + r) * width:(k * len(self._order) + r + 1) * width]
                      for r in range(len(self._order))] for k in range(3)]
             swaps = _accepted(rows, self._order)
-            picks_host = packed[plan.numel():]
+            picks_host = packed[3 * len(self._order) * width:]
             with self._map_lock:
                 moved = self.apply(swaps, run=run)
                 if self._live_dirty:
@@ -326,6 +309,70 @@ class AdaptivePolicy:
         self.reports.append(report)
         del self.reports[:-self.keep_reports]
         return report
+
+    def _plan_on_device(self) -> torch.Tensor:
+        """The device part of a barrier, as one int64 vector ``[promote, demote, accept]`` (each
+        ``[L, S]``, flattened) + ``[window picks, window cold picks, prior choice]``: eager calls,
+        or from the second barrier on a CUDA device the replay of their captured graph (the first
+        barrier runs them eagerly: it settles the prior-choice buffer and warms the kernels)."""
+        if self._graph is not None:
+            self._graph.replay()
+            return self._graph_out
+        use_priors = self._priors is not None and self.config.prior_weight > 0
+        capture = (self.graph_decide and self.counter.counts.is_cuda and self.graph_state == "eager"
+                   and self.barriers >= 1 and (self._prior_choice is not None or not use_priors))
+        if capture:
+            try:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    out = self._decide()
+                self._graph, self._graph_out, self.graph_state = graph, out, "captured"
+                graph.replay()   # capture ran nothing: this barrier's decision
+                return out
+            except Exception as exc:  # keep serving: the eager calls compute the same plan
+                self.graph_state = f"eager (capture failed: {type(exc).__name__}: {exc})"[:200]
+                self._graph = self._graph_out = None
+        return self._decide()
+
+    def _decide(self) -> torch.Tensor:
+        """Window, decay, prior choice, ranking: device ops only (no host-made tensor, no
+        read-back), writing the policy's persistent buffers in place, so they can be captured."""
+        counts = self.counter.counts
+        # a counter reset since the last barrier restarts the window at zero
+        window = torch.where(counts >= self._seen, counts - self._seen, counts)
+        self._seen.copy_(counts)
+        use_priors = self._priors is not None and self.config.prior_weight > 0
+        if use_priors:
+            # the counts so far (before this window), smoothed: the candidate that wins when no
+            # class profile explains the traffic better than its own recent past
+            observed = self.scores + OBSERVED_PSEUDO_COUNT
+            observed_log = torch.log(observed / observed.sum(dim=1, keepdim=True))
+        decay_scores(self.scores, window, self.config.decay)
+        hot = self.hot_mask()
+        ranked = self.scores
+        choice = self._no_choice
+        guard: float | torch.Tensor = self.config.counts_evidence
+        if use_priors:
+            total = window.sum()
+            fresh = choose_prior(window, torch.cat([self._log_priors, observed_log.unsqueeze(0)]))
+            if self._prior_choice is None:   # the first barrier: nothing earlier to keep
+                self._prior_choice = fresh.clone()
+            else:   # an empty window keeps the previous choice (nothing new to judge by)
+                self._prior_choice.copy_(torch.where(total > 0, fresh, self._prior_choice))
+            choice = self._prior_choice
+            classes = self._priors.shape[0]
+            profile = choice < classes
+            weight = torch.where(profile, self._prior_weight, self._zero)
+            guard = torch.where(profile, self._evidence, self._counts_evidence)
+            # index_select, not tensor[choice]: a 0-dim index would be read back to the host
+            table = torch.index_select(self._priors, 0, choice.clamp(max=classes - 1).view(1))[0]
+            ranked = blend_prior(self.scores, table, weight)
+        picks = torch.stack([window.sum(), (window * (~hot).to(window.dtype)).sum(),
+                             choice.to(window.dtype)])
+        promote, demote, accept = rank_swaps(ranked, hot, self.config.swaps_per_layer,
+                                             self.config.margin, guard)
+        plan = torch.stack([promote, demote, accept.to(promote.dtype)])
+        return torch.cat([plan.reshape(-1), picks.to(plan.dtype)])
 
     def live_rowmap(self, *, provenance: dict | None = None):
         """The map the banks hold now (an ``expert_residency.formats.RowMap``), consistent even

@@ -189,3 +189,11 @@ def test_refusals_name_the_layer() -> None:
     wrong = StandInRoutedExperts(full, 2, 0)
     wrong.local_num_experts = 3
     assert "gives 4 local experts, the layer holds 3" in ep_reason(wrong)
+
+
+def test_adaptive_with_ep_refused() -> None:
+    from expert_residency.vllm_plugin.checks import expert_parallel_adaptive_reason
+
+    assert expert_parallel_adaptive_reason(False, "model.layers.3.mlp.experts") is None
+    reason = expert_parallel_adaptive_reason(True, "model.layers.3.mlp.experts")
+    assert reason.startswith("model.layers.3.mlp.experts: adaptive residency") and "global id" in reason

@@ -51,6 +51,16 @@ def expert_parallel_reason(local_num_experts: int, global_num_experts: int,
             "experts on this rank; the runtime supports one rank holding every expert (TP/PP, no EP)")
 
 
+def expert_parallel_adaptive_reason(adaptive: bool, layer_name: str) -> str | None:
+    """Adaptive swaps rank and move experts by global id over banks of every expert; under EP a
+    rank's banks hold only its local experts (``vllm_plugin.expert_parallel``)."""
+    if not adaptive:
+        return None
+    return (f"{layer_name}: adaptive residency (EXPERT_RESIDENCY_ADAPTIVE) with expert parallelism: "
+            "the policy swaps experts by global id, a rank's banks hold only its local experts; "
+            "unset EXPERT_RESIDENCY_ADAPTIVE or run without --enable-expert-parallel")
+
+
 def geometry_reason(map_layers: Sequence[int], map_experts: int, model_layers: Sequence[int],
                     model_experts: Sequence[int], rowmap_path: str) -> str | None:
     """The row map must cover exactly the model's MoE layers, with its routed-expert count."""

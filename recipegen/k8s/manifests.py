@@ -7,8 +7,8 @@ one spec per stage), so compose and Kubernetes never disagree on what vLLM runs.
 replaces: the head's address (`$(LWS_LEADER_ADDRESS)`), a worker's rank (`$(LWS_WORKER_INDEX)`, the
 LWS worker index = pipeline stage), each node's own address (`VLLM_HOST_IP` from `status.podIP`),
 host paths (compose's `${VAR:-default}` resolved to the default), the cache volume (a host path per
-lane, so kernel tuning survives restarts like the compose named volume), row-map slices (a
-ConfigMap), GPUs (`nvidia.com/gpu` = tensor-parallel size), and placement: pods land on nodes
+lane, so kernel tuning survives restarts like the compose named volume), row-map slices and an
+adaptive lane's prior histograms (one ConfigMap), GPUs (`nvidia.com/gpu` = tensor-parallel size), and placement: pods land on nodes
 labelled `recipegen.io/machine=<machine key>` (stage 0 on the head's machine, workers on theirs).
 """
 
@@ -31,6 +31,14 @@ WORKER_INDEX = "$(LWS_WORKER_INDEX)"
 # A first boot of a new kernel shape autotunes for a long time (compose: 180 min start period).
 STARTUP_PROBE_PERIOD_S = 30
 STARTUP_PROBE_FAILURES = 360
+PRIOR_SOURCE_PREFIX = "priors/"   # compose's prior-histogram mounts (render.services.prior_file_name)
+# "The data stored in a ConfigMap cannot exceed 1 MiB" (Kubernetes documentation, "ConfigMaps").
+CONFIGMAP_LIMIT_BYTES = 1 << 20
+
+
+def prior_key(source: str) -> str:
+    """The ConfigMap key of a prior histogram mounted from compose source `priors/<lane>/<cls>.hist`."""
+    return "prior-" + Path(source).name
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,11 @@ def _container(spec: Any, *, recipe: str, lane: str, rank: int, leader: bool,
         elif m.source.startswith("maps/"):
             assert map_volume is not None
             mounts.append({"name": map_volume, "mountPath": m.target, "subPath": f"stage-{rank}.rowmap",
+                           "readOnly": True})
+            continue
+        elif m.source.startswith(PRIOR_SOURCE_PREFIX):
+            assert map_volume is not None
+            mounts.append({"name": map_volume, "mountPath": m.target, "subPath": prior_key(m.source),
                            "readOnly": True})
             continue
         elif m.source.startswith("dumps/"):
@@ -159,15 +172,31 @@ def lane_manifests(loaded: Any, lane_index: int, specs: dict[int, Any],
                 f"lane {lane.name!r}: its workers differ in more than rank and address (e.g. row-map "
                 "slices), and a LeaderWorkerSet has one worker template; use compose, or give the "
                 "workers' stages the same placement", ("lanes", lane_index, "parallel", "pipeline"))
-    map_volume = "rowmaps" if slices else None
+    data = {f"stage-{r}.rowmap": blob.decode("utf-8") for r, blob in sorted(slices.items())}
+    # An adaptive lane's class histograms (the policy's priors): every residency stage mounts the
+    # same full-model files (each runtime keeps its own layers' rows).
+    for spec in specs.values():
+        for m in spec.mounts:
+            if m.source.startswith(PRIOR_SOURCE_PREFIX):
+                data[prior_key(m.source)] = spec.mounted_files[m.source].decode("utf-8")
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in data.items())
+    if size > CONFIGMAP_LIMIT_BYTES:
+        where: tuple[Any, ...] = ("lanes", lane_index, "offload", "adaptive", "priors")
+        if lane.offload.adaptive is None:
+            where = ("lanes", lane_index, "parallel", "pipeline")
+        raise loaded.error(
+            f"lane {lane.name!r}: its row-map slices and prior histograms take {size:,} B, more than a "
+            f"Kubernetes ConfigMap holds ({CONFIGMAP_LIMIT_BYTES:,} B); list fewer classes in "
+            "offload.adaptive.priors (or none: priors: []), or deploy with compose", where)
+    map_volume = "rowmaps" if data else None
     base_labels = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/managed-by": "recipegen",
                    "recipegen.io/recipe": _k8s_name(recipe.name), "recipegen.io/lane": _k8s_name(lane.name)}
     documents: list[dict[str, Any]] = []
-    if slices:
+    if data:
         documents.append({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": f"{name}-rowmaps", "labels": base_labels},
-            "data": {f"stage-{r}.rowmap": data.decode("utf-8") for r, data in sorted(slices.items())}})
+            "data": data})
     templates: dict[str, Any] = {}
     for role, rank in (("leader", 0), ("worker", 1)):
         spec = specs[rank]

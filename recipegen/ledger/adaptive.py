@@ -43,11 +43,12 @@ def adaptive_figures(model: Model, machine: Machine, lane: Lane, add: Callable[[
     stall = f"{seconds:.2f} s" if seconds >= 0.1 else f"{seconds * 1e3:.2f} ms"
     notes.append(
         f"adaptive residency: a barrier every {config.interval} forwards moves at most "
-        f"{_size(link.value)} per GPU over the host link (≈ {stall} at "
+        f"{size_text(link.value)} per GPU over the host link (≈ {stall} at "
         f"{machine.pinned_read_bandwidth / 1e9:g} GB/s pinned read, a stall of that step; "
         f"offload.adaptive.swaps_per_layer {config.swaps_per_layer} sets it) and stages through "
-        f"{_size(staging.value)} of HBM")
+        f"{size_text(staging.value)} of HBM")
 
 
-def _size(value: float) -> str:
+def size_text(value: float) -> str:
+    """MiB below an eighth of a GiB, else GiB (the adaptive notes and lines)."""
     return f"{value / MiB:,.2f} MiB" if value < GiB / 8 else f"{value / GiB:,.2f} GiB"

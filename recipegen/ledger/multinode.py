@@ -170,6 +170,7 @@ def compute_multinode_lane(recipe: Recipe, lane: Lane, *, rowmap_hot: Sequence[i
         "bytes", "Σ stages", {f"stage{s.rank}": s.ledger.fig("host.tables").value for s in stages},
         "in HBM instead (--engram-config cpu_offload false)" if parallel.host_tables_in_hbm else "")
 
+    figs.update(_adaptive_lane_figures(stages))
     violations = [v for s in stages for v in s.ledger.violations]
     notes = [f"pipeline parallel {len(stages)} × tensor parallel {parallel.tensor_parallel_size} on vLLM's "
              f"multi-node mode; layers per stage {[s.layers.num_layers for s in stages]} "
@@ -185,6 +186,28 @@ def compute_multinode_lane(recipe: Recipe, lane: Lane, *, rowmap_hot: Sequence[i
         positional=None, violations=violations, notes=notes + head.notes, stages=stages,
         layouts=layouts, recommendation=recommendation,
         pipeline_parallel_size=len(stages), tensor_parallel_size=parallel.tensor_parallel_size)
+
+
+def _adaptive_lane_figures(stages: Sequence[StageLedger]) -> dict[str, Figure]:
+    """`offload.adaptive` over the lane: the stages that run it (not those holding every expert in
+    HBM) each stage through their own GPUs' rows and swap their own layers over their own
+    machine's host link, so the lane's staging is the sum and its barrier link traffic per GPU is
+    the largest stage's."""
+    adaptive = [s for s in stages if "adaptive.staging_bytes" in s.ledger.figures]
+    if not adaptive:
+        return {}
+    staging = {f"stage{s.rank}": s.ledger.fig("adaptive.staging_bytes").value * len(s.gpus) for s in adaptive}
+    link = {f"stage{s.rank}": s.ledger.fig("adaptive.link_bytes_per_barrier").value for s in adaptive}
+    return {
+        "lane.adaptive.staging_bytes": Figure(
+            "lane.adaptive.staging_bytes", "adaptive: staging rows (all adaptive stages' GPUs)",
+            sum(staging.values()), "bytes", "Σ adaptive stages (× GPUs per stage)", staging,
+            "stages holding every expert in HBM run no residency runtime"),
+        "lane.adaptive.link_bytes_per_barrier": Figure(
+            "lane.adaptive.link_bytes_per_barrier", "adaptive: host-link traffic per barrier, at most "
+            "(per GPU, busiest stage)", max(link.values()), "bytes", "max over adaptive stages", link,
+            "each stage swaps only its own MoE layers, over its own machine's host link"),
+    }
 
 
 # ------------------------------------------------------------------------------------------
@@ -285,7 +308,9 @@ def _stage(recipe: Recipe, lane: Lane, whole: LaneLedger, rank: int, layers: Sta
     if experts_in_hbm:
         updates["offload"] = lane.offload.model_copy(update={
             "placement": "usage-aware", "hot_experts_per_layer": model.routed_experts,
-            "cold_experts_budget": None, "load_cpu_offload": None})
+            "cold_experts_budget": None, "load_cpu_offload": None,
+            # no cold bank, no residency runtime on this stage (render gives it none): nothing to swap
+            "adaptive": None})
         hot, label = None, None
     if not last:
         updates["speculative"] = None

@@ -377,6 +377,50 @@ def test_graph_replay_equals_eager_with_new_routing(tokens: int) -> None:
     assert counter.tokens.tolist() == [4 * tokens] * len(built)
 
 
+@pytest.mark.parametrize("tokens", [1, 3, 16, 96])
+def test_minus_one_picks_add_what_the_core_ep_path_adds(tokens: int) -> None:
+    """Picks with id -1 and non-zero router weights (vLLM's non-local experts under expert
+    parallelism), the workspace full of NaN: the layer == ``parallel.ep.ep_forward`` (the core's
+    torch path: zero weight, zero row, correctly rounded fma finalize) bit for bit, fused T=1 and
+    separate finalize alike, split == unsplit; the separate finalize alone == core.finalize over
+    the zeroed rows (and, without ids, it does read the stale NaN rows: the check is real)."""
+    from expert_residency.parallel.ep import ep_forward
+
+    gen = torch.Generator(device=DEV).manual_seed(91)
+    experts, k, e_global = 12, 6, 16
+    local_of = torch.full((e_global,), -1, dtype=torch.int32)
+    mine = torch.randperm(e_global, generator=torch.Generator().manual_seed(5))[:experts].sort().values
+    local_of[mine] = torch.arange(experts, dtype=torch.int32)
+    expert_map = local_of.to(DEV)
+    layers = make_layers(DSV41, experts, 6, gen)
+    for cfg in (KernelConfig(), KernelConfig(fuse_finalize=False, pdl=False)):
+        ex = TritonMxfp4Experts(DSV41, experts, k, max_tokens=96, device=DEV, config=cfg)
+        global_ids = torch.stack([torch.randperm(e_global, generator=gen, device=DEV)[:k]
+                                  for _ in range(tokens)])
+        global_ids[0] = torch.nonzero(local_of < 0).flatten().repeat(2)[:k].to(DEV)  # all elsewhere
+        weights = torch.softmax(torch.randn(tokens, k, generator=gen, device=DEV), dim=1)
+        local = expert_map[global_ids.long()]
+        x = activations(tokens, DSV41.hidden, gen)
+        outs = []
+        for layer in (layers.split, layers.unsplit):
+            ex.workspace.pick_out.fill_(float("nan"))
+            ex.workspace.act.fill_(float("nan"))
+            outs.append(ex.forward(layer, x, weights, local).clone())
+        assert torch.equal(outs[0], outs[1])
+        assert not torch.isnan(outs[0]).any()
+        assert torch.equal(outs[0][0].view(torch.int16), torch.zeros_like(outs[0][0].view(torch.int16)))
+        ref = ep_forward(layers.unsplit, x, weights, global_ids, expert_map, ex.per_pick_fn(),
+                         pick_dtype=torch.bfloat16)
+        assert torch.equal(outs[0], ref), cfg.describe()
+        picks = ex.workspace.pick_out[:tokens * k].view(tokens, k, DSV41.hidden).clone()
+        routed = local >= 0
+        expect = core_finalize(torch.where(routed.unsqueeze(-1), picks, torch.zeros_like(picks)),
+                               torch.where(routed, weights, torch.zeros_like(weights)), torch.bfloat16)
+        assert torch.equal(ex.finalize(picks, weights, topk_ids=local), expect)
+        if bool(torch.isnan(picks).any()):
+            assert torch.isnan(ex.finalize(picks, weights)).any()
+
+
 def test_fused_finalize_and_pdl_same_bits_as_separate_launches() -> None:
     """The default T=1 launch (finalize folded into w2, programmatic dependent launch) against
     the same kernels with a separate finalize launch and plain launches, at DSv4.1 geometry:
@@ -402,7 +446,7 @@ def test_fused_finalize_and_pdl_same_bits_as_separate_launches() -> None:
         assert int(fused.split_scratch.tickets2.abs().sum()) == 0
         assert torch.equal(out, fused.forward(unsplit, x, weights, ids))
         rows = fused.workspace.pick_out[:k].view(1, k, DSV41.hidden)
-        assert torch.equal(out, plain.finalize(rows, weights))  # a skipped pick's row is stale: same rows
+        assert torch.equal(out, plain.finalize(rows, weights, topk_ids=ids))  # the -1 pick adds fma(0, 0, acc)
         if -1 not in row:
             assert torch.equal(out, plain.forward(split, x, weights, ids))
             core_out = residency_forward(split, x, weights, ids, plain.per_pick_fn(), pick_dtype=torch.bfloat16)

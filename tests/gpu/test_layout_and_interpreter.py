@@ -322,7 +322,7 @@ def test_one_token_fused_finalize_under_triton_interpreter() -> None:
         # Same bits as the finalize the core does on the same rows (the interpreter's fma is a
         # plain multiply-add, and both the fused and the separate kernel use it; on the GPU both
         # are the correctly rounded fmaf of core.finalize, tested there).
-        assert torch.equal(out, plain.finalize(rows, weights))
+        assert torch.equal(out, plain.finalize(rows, weights, topk_ids=ids))  # -1: fma(0, 0, acc)
         if -1 not in ids_row:
             assert torch.equal(out, plain.forward(split, x, weights, ids))
             assert torch.allclose(out.float(), core_finalize(rows, weights, torch.bfloat16).float(),

@@ -320,7 +320,7 @@ class TritonMxfp4Experts:
             return out
         pick_out = self.pick_outputs(layer, x, topk_ids, counter=counter, token_mask=token_mask,
                                      decode_mask=decode_mask)
-        return self.finalize(pick_out, topk_weights, out=out, out_dtype=x.dtype)
+        return self.finalize(pick_out, topk_weights, out=out, out_dtype=x.dtype, topk_ids=topk_ids)
 
     def _fuses_finalize(self, tokens: int) -> bool:
         """T = 1 with the ungrouped schedule and an unsplit w2: finalize inside the w2 launch."""
@@ -352,17 +352,23 @@ class TritonMxfp4Experts:
         return self.workspace.pick_out[:t * k].view(t, k, self.shape.hidden)
 
     def finalize(self, pick_out: torch.Tensor, topk_weights: torch.Tensor, *,
-                 out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-        """fp32 fma over the K pick rows in router order, one cast (== ``core.finalize``)."""
+                 out: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+                 topk_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 fma over the K pick rows in router order, one cast (== ``core.finalize``).
+        ``topk_ids`` (``forward`` passes them): a pick whose id is outside ``0..E-1`` (-1 under
+        expert parallelism) adds ``fma(0, 0, acc)`` instead of its row, as ``parallel.ep``."""
         t, k, h = pick_out.shape
         if topk_weights.shape != (t, k):
             raise ValueError(f"topk_weights {tuple(topk_weights.shape)} do not match picks {(t, k)}")
+        if topk_ids is not None and topk_ids.shape != (t, k):
+            raise ValueError(f"topk_ids {tuple(topk_ids.shape)} do not match picks {(t, k)}")
         if out is None:
             out = torch.empty(t, h, dtype=out_dtype, device=pick_out.device)
         bh = min(self.config.finalize_block, triton.next_power_of_2(h))
+        ids = self.workspace.dummy_i64 if topk_ids is None else topk_ids.contiguous()
         kernels.finalize_kernel[(t, triton.cdiv(h, bh))](
-            pick_out, topk_weights.contiguous(), out, H=h, TOP_K=k, BH=bh, num_warps=4,
-            **self._pdl_args())
+            pick_out, topk_weights.contiguous(), out, ids, self.num_experts, H=h, TOP_K=k, BH=bh,
+            HAS_IDS=topk_ids is not None, num_warps=4, **self._pdl_args())
         return out
 
     # -- the core's per-pick contract -----------------------------------------------------

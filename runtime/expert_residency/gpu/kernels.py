@@ -18,7 +18,9 @@ before touching memory, so only the launch gap overlaps:
    Optional split-K for small steps (``SPLIT``, both expert kernels; off by default, see
    ``gpu.experts.KernelConfig``): fp32 partials added in split order by each tile's last split.
 4. ``finalize_kernel``: per token, ``acc = fma(w_k, y_k, acc)`` in fp32 in the router's top-k order,
-   cast once (bit-identical to ``core.finalize``, which computes a correctly rounded fmaf). At T=1
+   cast once (bit-identical to ``core.finalize``, which computes a correctly rounded fmaf); a pick
+   with an id outside ``0..E-1`` (expert parallelism's -1) adds ``fma(0, 0, acc)``, as the core's
+   expert-parallel path (``parallel.ep``) does, never its stale workspace row. At T=1
    the same operations run at the end of ``w2_kernel`` (``FUSE_FINALIZE``), in the last program of
    each row tile (a ticket, as the split-K hand-off): the order of the sum is fixed, not the
    order in which programs finish.
@@ -529,7 +531,8 @@ def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
     token in this launch. Every program of a row tile (one per pick, skipped picks included)
     takes a ticket on ``fin_ticket[pid_n]`` after its store; the last reads the tile's ``TOP_K``
     stored bf16 rows and computes ``out = cast(fma(w_K-1, y_K-1, ... fma(w_0, y_0, 0)))`` in fp32
-    in router order, exactly ``finalize_kernel``'s operations: same bits whichever program is last.
+    in router order, exactly ``finalize_kernel``'s operations with ids (a pick with an id outside
+    ``0..E-1`` adds ``fma(0, 0, acc)``): same bits whichever program is last.
     """
     _pdl_enter(PDL)
     pid_n = tl.program_id(0)
@@ -597,14 +600,29 @@ def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
             for kk in tl.static_range(TOP_K):
                 w = tl.load(weights_ptr + kk).to(tl.float32)
                 y = tl.load(y_ptr + kk * H + rows, cache_modifier=".cg").to(tl.float32)
+                w, y = _routed_pick(ids_ptr + kk, E, w, y)
                 out = tl.fma(tl.full((BN,), 0.0, tl.float32) + w, y, out)
             tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
-def finalize_kernel(y_ptr, weights_ptr, out_ptr, H: tl.constexpr, TOP_K: tl.constexpr, BH: tl.constexpr,
-                    PDL: tl.constexpr = False):
-    """``out[t] = cast(fma(w[t,K-1], y[t,K-1], ... fma(w[t,0], y[t,0], 0)))`` in fp32, router order."""
+def _routed_pick(id_ptr, E, w, y):
+    """A pick's (weight, row) as the finalize adds them: a pick whose id is outside ``0..E-1``
+    (vLLM's -1 for an expert of another rank under expert parallelism, or an unrouted pick) was
+    never computed, so its workspace row is stale; it contributes ``fma(0, 0, acc)``, exactly
+    what ``parallel.ep.ep_forward`` gives the core's torch finalize (zero weight, zero row),
+    whatever the router weight and the stale row hold (NaN included)."""
+    pick_id = tl.load(id_ptr)
+    routed = (pick_id >= 0) & (pick_id < E)
+    return tl.where(routed, w, 0.0), tl.where(routed, y, 0.0)
+
+
+@triton.jit
+def finalize_kernel(y_ptr, weights_ptr, out_ptr, ids_ptr, E, H: tl.constexpr, TOP_K: tl.constexpr,
+                    BH: tl.constexpr, HAS_IDS: tl.constexpr = False, PDL: tl.constexpr = False):
+    """``out[t] = cast(fma(w[t,K-1], y[t,K-1], ... fma(w[t,0], y[t,0], 0)))`` in fp32, router order.
+    ``HAS_IDS``: picks whose id (``ids [T, K]``) is outside ``0..E-1`` add ``fma(0, 0, acc)``
+    (``_routed_pick``); without ids every row is taken as it is (the core's contract)."""
     _pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BH + tl.arange(0, BH)
@@ -613,5 +631,7 @@ def finalize_kernel(y_ptr, weights_ptr, out_ptr, H: tl.constexpr, TOP_K: tl.cons
     for k in tl.static_range(TOP_K):
         w = tl.load(weights_ptr + t * TOP_K + k).to(tl.float32)
         y = tl.load(y_ptr + (t * TOP_K + k) * H + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if HAS_IDS:
+            w, y = _routed_pick(ids_ptr + t * TOP_K + k, E, w, y)
         acc = tl.fma(tl.full((BH,), 0.0, tl.float32) + w, y, acc)
     tl.store(out_ptr + t * H + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)

@@ -93,7 +93,9 @@ def test_expert_parallel_counts_whole_experts_on_the_fullest_rank() -> None:
     assert not [v for v in ep6.violations if v.kind == "parallel"]
     assert ep6.fig("parallel.local_experts").value == 43
     assert ep6.fig("parallel.hot_experts_per_gpu").value == 58 * 43 * DSV3_EXPERT   # all experts in HBM
-    assert any("do not divide evenly" in n for n in ep6.notes)
+    assert ep6.fig("hbm.hot_experts").value == 58 * 43 * DSV3_EXPERT                # the HBM line too
+    # 256 / 6 = 42.67 per rank evenly: the fullest rank holds 58 x (43 - 256/6) experts more
+    assert any("the fullest rank holds" in n for n in ep6.notes)
     # usage-aware residency under EP: the runtime's engine path refuses it
     ua = compute_lane(model, machine, _lane(8, placement="usage-aware", hot_experts_per_layer=192,
                                             extra=["--enable-expert-parallel"]))
@@ -143,3 +145,50 @@ def test_render_passes_compose_config(project: Path) -> None:
     devices = lane["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
     assert devices == [str(i) for i in range(8)]
     assert "--cpu-offload-gb" not in command            # load_cpu_offload 0 GiB
+
+
+def _hot_ids_cold_every_fourth() -> list[list[int]]:
+    """192 hot / 64 cold per layer: the cold experts are the ids divisible by 4."""
+    return [[g for g in range(256) if g % 4] for _ in range(58)]
+
+
+def test_ep_hbm_line_is_the_fullest_rank_as_vllm_places_experts() -> None:
+    model, machine = _catalog("models", "deepseek-v3"), _catalog("machines", "h200-sxm-x8")
+    ep = ["--enable-expert-parallel"]
+    # No row map: which 192 of 256 are hot is unknown; rank 0's 32 experts may all be hot.
+    bound = compute_lane(model, machine, _lane(8, placement="usage-aware", hot_experts_per_layer=192, extra=ep))
+    assert bound.fig("hbm.hot_experts").value == 58 * 32 * DSV3_EXPERT == 81_758_552_064
+    assert "upper bound" in bound.fig("hbm.hot_experts").note
+    # Row map, linear: rank r holds 32r .. 32r+31, 8 of them divisible by 4 -> 24 hot per layer on every rank.
+    hot = [192] * 58
+    linear = compute_lane(model, machine, _lane(8, placement="usage-aware", hot_experts_per_layer=192, extra=ep),
+                          rowmap_hot=hot, rowmap_hot_ids=_hot_ids_cold_every_fourth())
+    assert linear.fig("hbm.hot_experts").value == 58 * 24 * DSV3_EXPERT == 61_318_914_048   # = even split
+    # Same map, round_robin: rank r holds r, r+8, ... ; ranks 0 and 4 hold only ids divisible by 4 (all
+    # cold), ranks 1-3 and 5-7 only ids not divisible by 4 (all 32 hot): the fullest rank holds 32.
+    rr = compute_lane(model, machine, _lane(8, placement="usage-aware", hot_experts_per_layer=192,
+                                            extra=ep + ["--expert-placement-strategy", "round_robin"]),
+                      rowmap_hot=hot, rowmap_hot_ids=_hot_ids_cold_every_fourth())
+    assert rr.fig("hbm.hot_experts").value == 58 * 32 * DSV3_EXPERT
+    assert rr.fig("hbm.hot_experts").operands["rank"] == 1
+
+
+def test_ep_verdict_uses_the_fullest_rank() -> None:
+    from recipegen.units import GiB
+
+    model, machine = _catalog("models", "deepseek-v3"), _catalog("machines", "h200-sxm-x8")
+    # Per GPU: cap 141e9 - reserve 10 GiB - runtime workspace W leaves 141e9 - 10,737,418,240 - W for
+    # hot experts + a fixed 55 GiB (59,055,800,320 B) KV pool. TP / even split: 61,318,914,048 B hot fits;
+    # the fullest EP rank without a row map (81,758,552,064 B) does not.
+    def lane(extra):
+        return _lane(8, placement="usage-aware", hot_experts_per_layer=192, extra=extra).model_copy(
+            update={"kv_cache_bytes": 55 * GiB})
+    tp = compute_lane(model, machine, lane([]))
+    w = tp.fig("hbm.runtime_workspace").value
+    assert 141e9 - 10 * GiB - w - 61_318_914_048 >= 55 * GiB > 141e9 - 10 * GiB - w - 81_758_552_064
+    assert not [v for v in tp.violations if v.kind == "hbm"]
+    ep = compute_lane(model, machine, lane(["--enable-expert-parallel"]))
+    assert [v for v in ep.violations if v.kind == "hbm"]
+    balanced = compute_lane(model, machine, lane(["--enable-expert-parallel"]), rowmap_hot=[192] * 58,
+                            rowmap_hot_ids=_hot_ids_cold_every_fourth())
+    assert not [v for v in balanced.violations if v.kind == "hbm"]

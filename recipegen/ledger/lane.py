@@ -14,7 +14,7 @@ from recipegen.ledger.adaptive import adaptive_figures
 from recipegen.ledger.budget import declared_split
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.load import load_figures
-from recipegen.ledger.parallel import dense_per_rank, parallel_figures
+from recipegen.ledger.parallel import dense_per_rank, ep_fullest_hot, expert_parallel, parallel_figures
 from recipegen.ledger.placement import experts_only, offload_param_filter, positional_walk
 from recipegen.ledger.placements import placement_figures, positional_placement, usage_aware_placement
 from recipegen.ledger.reserves import hbm_reserve, host_reserve
@@ -48,8 +48,10 @@ class _Hbm:
 
 
 def compute_lane(model: Model, machine: Machine, lane: Lane, *,
-                 rowmap_hot: Sequence[int] | None = None, rowmap_label: str | None = None) -> LaneLedger:
-    """All figures of one lane. `rowmap_hot`: the active map's hot count per MoE layer, if read."""
+                 rowmap_hot: Sequence[int] | None = None, rowmap_label: str | None = None,
+                 rowmap_hot_ids: Sequence[Sequence[int]] | None = None) -> LaneLedger:
+    """All figures of one lane. `rowmap_hot`: the active map's hot count per MoE layer, if read;
+    `rowmap_hot_ids`: its hot ids per layer (an expert-parallel lane's fullest rank is counted from them)."""
     out = _Figures()
     tp = lane.tensor_parallel_size
     model = _as_loaded(model, machine, lane, out)
@@ -61,7 +63,7 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     adaptive_figures(model, machine, lane, out.add, out.notes)
     kv_token_bytes = _kv_rate(model, lane, out)
     ua, pos, active = _placements(model, machine, lane, hbm, bank, kv_token_bytes, rowmap_hot, rowmap_label, out,
-                                  workspace)
+                                  workspace, rowmap_hot_ids)
     _placement_summary(model, lane, active, out)
     kv_pool, kv_tokens = out.figs["hbm.kv_pool"].value, out.figs["kv.tokens"].value
     _concurrency_warning(lane, out)
@@ -71,7 +73,7 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     # --- verdict
     if lane.kv_cache_bytes is not None:
         # A fixed pool: the "room" is what the cap leaves after reserve and hot experts.
-        room = hbm.cap - hbm.reserve - active.hot_bytes / tp - bank - workspace
+        room = hbm.cap - hbm.reserve - active.figures["hbm.hot_experts"].value - bank - workspace
         kv_for_checks = room if room < kv_pool else kv_pool
     else:
         kv_for_checks = kv_pool
@@ -120,7 +122,8 @@ def _tp_note(model: Model, tp: int, out: _Figures) -> None:
 
 def _placements(model: Model, machine: Machine, lane: Lane, hbm: _Hbm, bank: float, kv_token_bytes: float,
                 rowmap_hot: Sequence[int] | None, rowmap_label: str | None,
-                out: _Figures, workspace: float = 0.0
+                out: _Figures, workspace: float = 0.0,
+                rowmap_hot_ids: Sequence[Sequence[int]] | None = None
                 ) -> tuple[PlacementLedger, PlacementLedger | None, PlacementLedger]:
     """Both placements with their HBM/KV figures, and the lane's own (active) one.
     `workspace`: the runtime's start-up HBM (`workspace`), taken by the usage-aware lane only."""
@@ -143,9 +146,15 @@ def _placements(model: Model, machine: Machine, lane: Lane, hbm: _Hbm, bank: flo
         if placement is not None:
             own = placement is pos or lane.offload.placement == USAGE_AWARE
             placement.dense_host_bytes = dense_off if own else 0
+            ep_hot = None
+            if tp > 1 and expert_parallel(lane):
+                # whole experts per rank: the fullest rank's hot bytes, not an even split
+                ids = ([list(i) for i in rowmap_hot_ids] if placement is ua and rowmap_hot_ids is not None
+                       and lane.offload.placement == USAGE_AWARE else None)
+                ep_hot = ep_fullest_hot(model, lane, placement.hot_per_layer, ids)
             placement_figures(placement, model, lane, hbm.cap, hbm.reserve, kv_token_bytes, tp, bank,
                               dense_offloaded=placement.dense_host_bytes,
-                              workspace=workspace if placement is ua else 0.0)
+                              workspace=workspace if placement is ua else 0.0, ep_hot=ep_hot)
     active = pos if lane.offload.placement == POSITIONAL else ua
     assert active is not None
     if active.dense_host_bytes:

@@ -55,6 +55,77 @@ def local_experts_max(routed_experts: int, ep: int) -> int:
     return base + (1 if remainder else 0)
 
 
+LINEAR, ROUND_ROBIN = "linear", "round_robin"
+
+
+def ep_placement_strategy(lane: Lane) -> str:
+    """`--expert-placement-strategy` among the lane's flags (vLLM's default: linear). vLLM keeps
+    round_robin only for models with expert groups and no EPLB (`fused_moe/expert_map_manager.py:116-149`)."""
+    args = list(lane.extra_args)
+    for i, a in enumerate(args):
+        if a == "--expert-placement-strategy" and i + 1 < len(args):
+            return args[i + 1].replace("-", "_")
+        if a.startswith("--expert-placement-strategy="):
+            return a.split("=", 1)[1].replace("-", "_")
+    return LINEAR
+
+
+def ep_local_experts(rank: int, routed_experts: int, ep: int, strategy: str = LINEAR) -> list[int]:
+    """Global ids of rank `rank`'s experts as vLLM 0.33's `determine_expert_map` places them
+    (`fused_moe/expert_map_manager.py:67-86`): `E // ep` each, one more on the first `E % ep` ranks;
+    linear = a contiguous run from `rank·base + min(rank, E % ep)`, round_robin = rank, rank+ep, …"""
+    base, remainder = divmod(routed_experts, ep)
+    if strategy == ROUND_ROBIN:
+        return list(range(rank, routed_experts, ep))
+    start = rank * base + min(rank, remainder)
+    return list(range(start, start + base + (1 if rank < remainder else 0)))
+
+
+@dataclass(frozen=True)
+class EpHot:
+    """Hot routed-expert bytes on the fullest EP rank (the per-GPU HBM line of an EP lane)."""
+
+    value: float
+    """Bytes of hot experts in that rank's HBM."""
+    rank: int
+    """The fullest rank (first of equals)."""
+    hot_per_layer: list[int]
+    """Hot experts of that rank per MoE layer."""
+    exact: bool
+    """True: counted from the row map's hot ids; False: the bound min(hot, local) per layer."""
+    formula: str
+    operands: dict[str, object]
+
+
+def ep_fullest_hot(model: Model, lane: Lane, hot_per_layer: list[int],
+                   hot_ids: list[list[int]] | None = None) -> EpHot:
+    """Whole experts per rank: with the row map's hot ids, each rank's hot experts are the ids it
+    holds (`ep_local_experts`), and the fullest rank is the one with the most hot bytes over all
+    layers; without them, which experts are hot is unknown and every rank may hold its experts all
+    hot, so a rank holds at most min(hot, local) per layer (the bound the verdict then uses)."""
+    e, ep, n = model.expert_bytes, lane.tensor_parallel_size, model.routed_experts
+    strategy = ep_placement_strategy(lane)
+    local = [ep_local_experts(r, n, ep, strategy) for r in range(ep)]
+    if hot_ids is not None and len(hot_ids) == len(hot_per_layer):
+        per_rank = []
+        for ids in local:
+            mine = set(ids)
+            per_rank.append([sum(1 for g in layer if g in mine) for layer in hot_ids])
+        totals = [sum(c) for c in per_rank]
+        rank = max(range(ep), key=lambda r: (totals[r], -r))
+        return EpHot(totals[rank] * e, rank, per_rank[rank], True,
+                     "max over ranks r of Σ_layers |hot ids ∩ experts of r| × bytes_per_expert",
+                     {"rank": rank, "hot_on_rank": totals[rank], "bytes_per_expert": e, "ep": ep,
+                      "placement": strategy})
+    fullest = len(local[0])
+    counts = [min(h, fullest) for h in hot_per_layer]
+    return EpHot(sum(counts) * e, 0, counts, False,
+                 "Σ_layers min(hot, local_experts) × bytes_per_expert (row map not read: a rank may hold "
+                 "all its experts hot)",
+                 {"local_experts": fullest, "hot_on_rank": sum(counts), "bytes_per_expert": e, "ep": ep,
+                  "placement": strategy})
+
+
 def dense_per_rank(model: Model, tp: int) -> DensePerRank:
     """Non-routed weight bytes on one of `tp` ranks."""
     dense = model.dense_bytes or 0
@@ -93,15 +164,18 @@ def parallel_figures(model: Model, lane: Lane, active: PlacementLedger, figs: di
         add(Figure("parallel.local_experts", "routed experts per layer on the fullest rank", local, "count",
                    "⌈routed_experts / ep⌉ (vLLM: E // ep, one more on the first E % ep ranks)",
                    {"routed_experts": model.routed_experts, "ep": tp}, "fused_moe/expert_map_manager.py:67-79"))
-        hot = active.hot_bytes * local / model.routed_experts
+        hot_fig = active.figures.get("hbm.hot_experts")
+        hot = hot_fig.value if hot_fig is not None else active.hot_bytes * local / model.routed_experts
         add(Figure("parallel.hot_experts_per_gpu", "routed experts in HBM, fullest rank", hot, "bytes",
+                   hot_fig.formula if hot_fig is not None else
                    "hot_experts × local_experts / routed_experts (all of a rank's experts are whole)",
+                   dict(hot_fig.operands) if hot_fig is not None else
                    {"hot_experts_bytes": active.hot_bytes, "local_experts": local,
                     "routed_experts": model.routed_experts}))
-        if model.routed_experts % tp:
-            notes.append(f"expert parallel over {tp} GPUs: {model.routed_experts} experts do not divide evenly; "
-                         f"the fullest rank holds {local} per layer, {format_bytes(hot - active.hot_bytes / tp)} "
-                         "more HBM than the even split the HBM line assumes")
+        if hot > active.hot_bytes / tp:
+            notes.append(f"expert parallel over {tp} GPUs: the fullest rank holds "
+                         f"{format_bytes(hot)} of hot experts, {format_bytes(hot - active.hot_bytes / tp)} more "
+                         "than an even split; the HBM line and the KV pool are that rank's")
     else:
         _shard_checks(model, lane, tp, notes, violations)
         add(Figure("parallel.expert_shard_bytes", "bytes of one routed expert on one rank (its TP shard)",

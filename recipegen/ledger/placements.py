@@ -4,7 +4,7 @@ for KV: hot/cold counts per layer, HBM in use, the KV pool in bytes, tokens and 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 from recipegen.ledger.budget import declared_split
 from recipegen.ledger.figures import Figure
@@ -86,15 +86,22 @@ def positional_placement(model: Model, lane: Lane) -> PlacementLedger:
 
 def placement_figures(p: PlacementLedger, model: Model, lane: Lane, cap: float, reserve: float,
                        kv_token_bytes: float, tp: int, bank: float = 0.0, dense_offloaded: float = 0.0,
-                       workspace: float = 0.0) -> None:
+                       workspace: float = 0.0, ep_hot: Any = None) -> None:
     """HBM and KV figures of one placement. `dense_offloaded`: non-routed bytes vLLM's
     --cpu-offload-gb walk moved to the host at load (they leave HBM for good). `workspace`: the
-    runtime's start-up HBM per GPU (`workspace`), allocated before vLLM sizes the KV pool."""
+    runtime's start-up HBM per GPU (`workspace`), allocated before vLLM sizes the KV pool.
+    `ep_hot`: an expert-parallel lane's fullest rank (`parallel.EpHot`), whose hot bytes are the
+    per-GPU line instead of an even split."""
     e = model.expert_bytes
     hot_total = sum(p.hot_per_layer)
     hot_gpu = p.hot_bytes / tp
     f = p.figures
-    if p.placement == POSITIONAL:
+    if ep_hot is not None:
+        hot_gpu = ep_hot.value
+        f["hbm.hot_experts"] = Figure(
+            "hbm.hot_experts", "hot routed experts in HBM (fullest EP rank)", hot_gpu, "bytes", ep_hot.formula,
+            dict(ep_hot.operands), p.basis + ("" if ep_hot.exact else "; upper bound: row map not read"))
+    elif p.placement == POSITIONAL:
         f["hbm.hot_experts"] = Figure(
             "hbm.hot_experts", "routed experts left in HBM (per GPU)", hot_gpu, "bytes",
             "(experts.total − offloaded) / tp", {"experts_total_bytes": n_total_bytes(model),

@@ -31,7 +31,8 @@ def compute_ledger(loaded: Any) -> RecipeLedger:
         lanes.append(compute_lane(recipe.model, recipe.machines[lane.machine], lane,
                                   rowmap_hot=rowmap.hot_counts() if rowmap is not None else None,
                                   rowmap_label=(f"row map {rowmap_file} (class {lane.active_class})"
-                                                if rowmap is not None else None)))
+                                                if rowmap is not None else None),
+                                  rowmap_hot_ids=rowmap.hot if rowmap is not None else None))
     return RecipeLedger(recipe.name, str(loaded.path), lanes, machine_checks(recipe, lanes))
 
 

@@ -120,15 +120,17 @@ class TritonDenseExperts(TritonMxfp4Experts):
             p = max_tokens * top_k
             h, i = shape.hidden, shape.intermediate
             f32 = dict(dtype=torch.float32, device=self.device)
-            self._xq = torch.zeros(max_tokens, h, dtype=torch.bfloat16, device=self.device)
+            # E4M3 for the FP8 tensor cores; bf16 under TRITON_INTERPRET=1 (no FP8 type there).
+            qdt = torch.bfloat16 if getattr(kernels_dense._INTERPRETED, "value", False) else FP8_DTYPE
+            self._xq = torch.zeros(max_tokens, h, dtype=qdt, device=self.device)
             self._xs = torch.zeros(max_tokens, h // FP8_BLOCK, **f32)
-            self._aq = torch.zeros(p, i, dtype=torch.bfloat16, device=self.device)
+            self._aq = torch.zeros(p, i, dtype=qdt, device=self.device)
             self._as = torch.zeros(p, i // FP8_BLOCK, **f32)
 
     @property
     def fp8_scratch_bytes(self) -> int:
-        """Device bytes of the FP8 input scratch (0 for bf16): bf16 ``T*H + P*I`` values and fp32
-        ``(T*H + P*I) / 128`` scales for T = max_tokens, P = T*top_k."""
+        """Device bytes of the FP8 input scratch (0 for bf16): E4M3 ``T*H + P*I`` values (bf16 when
+        interpreted) and fp32 ``(T*H + P*I) / 128`` scales for T = max_tokens, P = T*top_k."""
         return sum(t.numel() * t.element_size() for t in (getattr(self, n, None) for n in
                                                            ("_xq", "_xs", "_aq", "_as")) if t is not None)
 

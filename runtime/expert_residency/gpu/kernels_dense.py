@@ -89,7 +89,8 @@ def _quant_group(x_t, BK: tl.constexpr):
 @triton.jit
 def quant_groups_kernel(src_ptr, q_ptr, s_ptr, src_stride, K: tl.constexpr):
     """FP8 GEMM input, once per step: one 128-value group of one row per program (grid ``(rows,
-    K/128)``) -> ``q [rows, K]`` (E4M3 values held as bf16) and ``s [rows, K/128]`` fp32, by
+    K/128)``) -> ``q [rows, K]`` (E4M3; held as bf16 under the interpreter, which has no FP8
+    type) and ``s [rows, K/128]`` fp32, by
     ``_quant_group``, the same operations the expert kernels used to repeat in every output tile
     (so the same bits)."""
     row = tl.program_id(0).to(tl.int64)
@@ -97,7 +98,7 @@ def quant_groups_kernel(src_ptr, q_ptr, s_ptr, src_stride, K: tl.constexpr):
     kk = g * 128 + tl.arange(0, 128)
     v = tl.load(src_ptr + row * src_stride + kk).to(tl.float32)[:, None]
     q, scale = _quant_group(v, 128)
-    tl.store(q_ptr + row * K + kk[:, None], q)
+    tl.store(q_ptr + row * K + kk[:, None], q.to(q_ptr.dtype.element_ty))   # bf16 -> E4M3: exact
     tl.store(s_ptr + row * (K // 128) + g + tl.arange(0, 1), scale)
 
 
@@ -119,8 +120,10 @@ def _rows_dot(acc, w_base, s_base, rows, x_t, x_scale, k0, K: tl.constexpr, BK: 
     # One return after a constexpr if/else: Triton's code generator also compiles statements that
     # follow a return inside a constexpr branch (the bf16 dot on FP8 bytes then fails to compile).
     if FP8:
-        wv = _e4m3_bytes_to_bf16(w)
-        dot = _dot(wv, x_t, tl.zeros(acc.shape, dtype=tl.float32))
+        if _INTERPRETED:   # x_t: E4M3 values held as bf16; bytes decoded with integer ops
+            dot = _dot(_e4m3_bytes_to_bf16(w), x_t, tl.zeros(acc.shape, dtype=tl.float32))
+        else:              # x_t: E4M3; both operands straight into the FP8 tensor cores
+            dot = tl.dot(w.to(tl.float8e4nv, bitcast=True), x_t, tl.zeros(acc.shape, dtype=tl.float32))
         KB: tl.constexpr = K // 128
         w_s = tl.load(s_base + (rows // 128).to(tl.int64) * KB + k0 // 128)
         out = acc + dot * x_scale[None, :] * w_s[:, None]

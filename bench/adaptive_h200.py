@@ -80,14 +80,19 @@ def sync(dev: torch.device) -> None:
 
 
 def mxfp4_layer(experts: int, hidden: int, inter: int, gen: torch.Generator, dev) -> dict[str, torch.Tensor]:
-    """Random MXFP4 bytes in vLLM 0.33's checkpoint layout (scales 2^-10..2^-2, e8m0)."""
-    shapes = {"w13_weight": (experts, 2 * inter, hidden // 2), "w13_weight_scale": (experts, 2 * inter, hidden // 32),
-              "w2_weight": (experts, hidden, inter // 2), "w2_weight_scale": (experts, hidden, inter // 32)}
+    """One MoE layer's experts in vLLM 0.33's MXFP4 checkpoint layout: on the GPU at DSv4.1-Flash's
+    geometry, random bytes (bench/gpu_residency.py); for the CPU smoke run, small random weights
+    quantised by the runtime's own MXFP4 encoder."""
+    if dev.type == "cuda":
+        from gpu_residency import random_layer
+
+        return random_layer(experts, gen)
+    from expert_residency.mxfp4 import quantize_mxfp4
+
     out = {}
-    for name, shape in shapes.items():
-        t = torch.empty(shape, dtype=torch.uint8, device=dev)
-        t.random_(117, 126, generator=gen) if name.endswith("scale") else t.random_(0, 256, generator=gen)
-        out[name] = t
+    for name, shape in (("w13", (experts, 2 * inter, hidden)), ("w2", (experts, hidden, inter))):
+        q, scale = quantize_mxfp4(torch.randn(*shape, generator=gen) * 0.05)
+        out[f"{name}_weight"], out[f"{name}_weight_scale"] = q, scale
     return out
 
 
@@ -120,16 +125,14 @@ def capture(step, x, w, ids, dev):
 
 
 def event_seconds(fn, dev) -> float:
-    if dev.type != "cuda":
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
+    """CUDA events around ``fn`` (bench/gpu_residency.py); a host clock on the CPU smoke run."""
+    if dev.type == "cuda":
+        from gpu_residency import event_seconds as cuda_seconds
+
+        return cuda_seconds(fn)
+    t0 = time.perf_counter()
     fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / 1e3
+    return time.perf_counter() - t0
 
 
 def profiles(layer_rows: list[int], experts: int, hot: int, seed: int):

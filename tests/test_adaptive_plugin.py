@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "runtime"))
 
 import test_vllm_plugin_mxfp4 as mx  # noqa: E402
 from plugin_entry_support import plugin_runtime, step_context  # noqa: E402
+from test_vllm_plugin_graphsafe import _tensors  # noqa: E402  (stand-in MXFP4 layers)
 
-from expert_residency.mxfp4 import quantize_mxfp4  # noqa: E402
 from expert_residency.vllm_plugin.refusal import ResidencyRefused  # noqa: E402
 from expert_residency.vllm_plugin.worker_runtime import set_runtime  # noqa: E402
 
@@ -40,17 +40,6 @@ ROWS = 4
 HOT = [0, 3, 5, 6, 7]          # boot map: 5 of 8 hot; the traffic below uses 1, 2, 4 (cold)
 TRAFFIC = [1, 2, 4]
 SPEC = "interval=2,swaps_per_layer=1,margin=0.25,evidence=0,counts_evidence=0,prior_weight=0"
-
-
-def _tensors() -> dict[int, dict[str, torch.Tensor]]:
-    case = mx.build_case("cpu")
-    out = {}
-    for index, (w13, w2) in case.weights.items():
-        q13, s13 = quantize_mxfp4(w13)
-        q2, s2 = quantize_mxfp4(w2)
-        out[index] = {"w13_weight": q13, "w13_weight_scale": s13, "w2_weight": q2,
-                      "w2_weight_scale": s2}
-    return out
 
 
 @pytest.fixture(autouse=True)

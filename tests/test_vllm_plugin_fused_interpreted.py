@@ -62,11 +62,13 @@ def test_fused_branch_equals_unsplit_and_counts_exactly(monkeypatch) -> None:
         """The CUDA branch's objects on CPU tensors: Triton experts, host banks."""
 
         def __init__(self, geometry, device, max_tokens, *, kernel_config=None,
-                     swiglu_limit=None) -> None:
-            super().__init__(geometry, "cpu", max_tokens, swiglu_limit=swiglu_limit)
+                     swiglu_limit=None, activation="silu") -> None:
+            super().__init__(geometry, "cpu", max_tokens, swiglu_limit=swiglu_limit,
+                             activation=activation)
             self._experts = TritonMxfp4Experts(
                 ExpertShape(geometry.hidden, geometry.intermediate), geometry.num_experts,
-                geometry.top_k, max_tokens, "cpu", config, swiglu_limit=swiglu_limit)
+                geometry.top_k, max_tokens, "cpu", config, swiglu_limit=swiglu_limit,
+                activation=activation)
 
         def allocators(self):
             return device_allocator("cpu"), host_allocator(pin=False)

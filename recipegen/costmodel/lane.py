@@ -14,6 +14,7 @@ from typing import Any
 
 from recipegen.costmodel.fetch import FetchTax, fetch_tax
 from recipegen.costmodel.kschedule import KScheduleCheck, check_k_schedule
+from recipegen.costmodel.parallel import ONE_LINK_PER_GPU, fullest_rank, gpu_reads, lane_ep_shares
 from recipegen.costmodel.steps import measured_step
 from recipegen.costmodel.unique_experts import UniqueExpertsModel, calibrated_model
 from recipegen.errors import InputError
@@ -36,6 +37,8 @@ class ColdShare:
     per_layer: tuple[float, ...] | None
     basis: str
     synthetic: bool = False
+    per_rank: tuple[tuple[float, ...], ...] | None = None
+    """EP lanes: per rank, per layer, the share of picks on that rank's cold experts."""
 
 
 @dataclass(frozen=True)
@@ -101,9 +104,12 @@ class LaneFetchSummary:
     classes: list[ClassFetch]
     k_check: KScheduleCheck | None
     notes: list[str] = field(default_factory=list)
+    per_gpu: str = ""
+    """How a lane of several GPUs reads (`costmodel.parallel.GpuReads.header`); "" for one GPU."""
 
     def to_json(self) -> dict[str, Any]:
         return {"lane": self.lane, "placement": self.placement, "link_bandwidth_bytes_per_s": self.link_bandwidth,
+                "per_gpu": self.per_gpu or None,
                 "classes": [c.to_json() for c in self.classes],
                 "k_schedule": None if self.k_check is None else {
                     "ok": self.k_check.ok, "boundaries": self.k_check.boundaries,
@@ -115,6 +121,8 @@ class LaneFetchSummary:
         """Plain-text rows for `check budgets`."""
         out = [f"fetch tax (cold expert reads over the {self.link_bandwidth / 1e9:g} GB/s host link, "
                f"per decode step; {self.placement}):"]
+        if self.per_gpu:
+            out.append(f"  {self.per_gpu}; {ONE_LINK_PER_GPU}")
         for c in self.classes:
             tag = " (active)" if c.active else ""
             if c.missing:
@@ -174,8 +182,10 @@ def lane_cold_shares(loaded: Any, lane: Any, ledger_lane: Any, *, map_class: str
         per_layer = tuple(float(x) for x in cold_share_per_layer(rowmap, histogram))
         total = float(histogram.counts.sum())
         overall = float((histogram.counts.sum(axis=1) * per_layer).sum() / total) if total else 0.0
+        per_rank = lane_ep_shares(model, lane, rowmap, histogram)
         out[name] = ColdShare(overall, per_layer, f"row map {map_file} on histogram {cls.histogram}",
-                              bool(getattr(histogram, "meta", {}).get("synthetic")))
+                              bool(getattr(histogram, "meta", {}).get("synthetic")),
+                              None if per_rank is None else tuple(per_rank))
     return out
 
 
@@ -195,18 +205,32 @@ def fetch_points(loaded: Any, lane: Any, share: ColdShare, streams: Sequence[int
                  unique: UniqueExpertsModel) -> tuple[FetchPoint, ...]:
     model = loaded.recipe.model
     machine = loaded.recipe.machines[lane.machine]
+    reads = gpu_reads(model, lane)
+    cold: float | Sequence[float] = share.per_layer if share.per_layer is not None else share.overall
+    basis = share.basis
+    hbm: float | None = machine.gpus.hbm_bandwidth
+    if reads.mode == "tp":
+        basis += f"; per GPU: each rank's 1/{reads.gpus} shard of every cold pick"
+    elif reads.mode == "ep":
+        hbm = None  # a rank's hot reads depend on its own experts' picks: not projected
+        if share.per_rank is not None:
+            rank, cold = fullest_rank(share.per_rank)
+            basis += f"; per GPU: EP rank {rank}'s cold experts (the largest cold share of {reads.gpus} ranks)"
+        else:
+            cold = ([c / reads.gpus for c in share.per_layer] if share.per_layer is not None
+                    else share.overall / reads.gpus)
+            basis += f"; per GPU: assumed split evenly over {reads.gpus} EP ranks (no per-expert histogram)"
     points = []
     for s in streams:
         k = _k_at(lane, s)
         u = unique.unique(k, s)
         step = measured_step(model.name, machine.name, lane.offload.placement, s, k)
-        cold: float | Sequence[float] = share.per_layer if share.per_layer is not None else share.overall
         tax = fetch_tax(moe_layers=model.num_moe_layers, unique_per_layer=u, cold_share=cold,
-                        bytes_per_expert=model.expert_bytes, link_bandwidth=machine.pinned_read_bandwidth,
-                        step_time=step.seconds if step else None, cold_share_source=share.basis,
+                        bytes_per_expert=reads.bytes_per_expert, link_bandwidth=machine.pinned_read_bandwidth,
+                        step_time=step.seconds if step else None, cold_share_source=basis,
                         unique_source=f"unique-experts model at {s} stream(s), k={k}",
                         bandwidth_source=machine.sources.get("pinned_read_bandwidth", ""),
-                        step_source=step.source if step else "", hbm_bandwidth=machine.gpus.hbm_bandwidth)
+                        step_source=step.source if step else "", hbm_bandwidth=hbm)
         points.append(FetchPoint(s, k, u, tax, step.source if step else None))
     return tuple(points)
 
@@ -258,7 +282,8 @@ def fetch_summary(loaded: Any, lane_name: str, *, streams: Sequence[int] | None 
         notes.insert(0, "the lane declares no traffic class with a row map and histogram: cold share unknown, "
                         "no fetch projection")
     return LaneFetchSummary(lane.name, lane.offload.placement, machine.pinned_read_bandwidth, classes,
-                            lane_k_check(lane), notes)
+                            lane_k_check(lane), notes,
+                            gpu_reads(recipe.model, lane).header(machine.pinned_read_bandwidth / 1e9))
 
 
 def lane_k_check(lane: Any) -> KScheduleCheck | None:

@@ -96,10 +96,14 @@ def test_expert_parallel_counts_whole_experts_on_the_fullest_rank() -> None:
     assert ep6.fig("hbm.hot_experts").value == 58 * 43 * DSV3_EXPERT                # the HBM line too
     # 256 / 6 = 42.67 per rank evenly: the fullest rank holds 58 x (43 - 256/6) experts more
     assert any("the fullest rank holds" in n for n in ep6.notes)
-    # usage-aware residency under EP: the runtime's engine path refuses it
+    # usage-aware residency under EP: refused exactly while the runtime's capability table says so
+    # (until the plugin's EP hook is wired in)
+    from expert_residency.capabilities import PARALLEL
+
     ua = compute_lane(model, machine, _lane(8, placement="usage-aware", hot_experts_per_layer=192,
                                             extra=["--enable-expert-parallel"]))
-    assert any(v.kind == "runtime" and "expert parallelism" in v.message for v in ua.violations)
+    refused = any(v.kind == "runtime" and "expert parallelism" in v.message for v in ua.violations)
+    assert refused == (not PARALLEL.expert_parallel)
 
 
 def test_without_dense_tensor_parallel_the_split_is_even_and_said_so() -> None:
@@ -192,3 +196,17 @@ def test_ep_verdict_uses_the_fullest_rank() -> None:
     balanced = compute_lane(model, machine, lane(["--enable-expert-parallel"]), rowmap_hot=[192] * 58,
                             rowmap_hot_ids=_hot_ids_cold_every_fourth())
     assert not [v for v in balanced.violations if v.kind == "hbm"]
+
+
+def test_ep_with_data_parallel_is_refused_once_ep_is_supported(monkeypatch: pytest.MonkeyPatch) -> None:
+    import recipegen.ledger.runtime_check as rc
+
+    # As if the capability table allowed EP (after the plugin's EP hook): DP > 1 is still refused.
+    monkeypatch.setattr(rc, "unsupported_reason", lambda **kwargs: None)
+    model, machine = _catalog("models", "deepseek-v3"), _catalog("machines", "h200-sxm-x8")
+    for dp in (["--data-parallel-size", "2"], ["--data-parallel-size=2"], ["-dp", "2"]):
+        lane = _lane(8, placement="usage-aware", hot_experts_per_layer=192, extra=["--enable-expert-parallel", *dp])
+        assert any("--data-parallel-size > 1" in v.message for v in rc.runtime_violations(model, machine, lane)), dp
+    ok = _lane(8, placement="usage-aware", hot_experts_per_layer=192,
+               extra=["--enable-expert-parallel", "--data-parallel-size", "1"])
+    assert not any("--data-parallel-size" in v.message for v in rc.runtime_violations(model, machine, ok))

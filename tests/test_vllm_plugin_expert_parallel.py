@@ -29,7 +29,7 @@ from expert_residency.fp8 import quantize_fp8_block  # noqa: E402
 from expert_residency.mxfp4 import quantize_mxfp4  # noqa: E402
 from expert_residency.parallel import ep_forward  # noqa: E402
 from expert_residency.vllm_plugin.expert_parallel import (device_expert_map, ep_reason, layer_ep_facts,  # noqa: E402
-                                                          local_picks, rehome_ep_rank, sliced_banks,
+                                                          local_ids, local_picks, rehome_ep_rank, sliced_banks,
                                                           unsplit_ep_rank)
 
 from vllm033_source import vllm033_source  # noqa: E402
@@ -133,6 +133,8 @@ def test_local_picks_by_hand() -> None:
     local, weights = local_picks(emap, ids, w)
     assert local.tolist() == [[1, 0], [0, 3]] and local.dtype == torch.int32
     assert weights.tolist() == [[0.75, 0.0], [0.0, 0.5]]
+    # the fused Triton layer's form: -1 for other ranks' experts, weights untouched
+    assert local_ids(emap, ids).tolist() == [[1, -1], [-1, 3]] and local_ids(emap, ids).dtype == torch.int32
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "fp8"])

@@ -27,6 +27,12 @@ def runtime_violations(model: Model, machine: Machine, lane: Lane) -> list[Viola
         compute_capability=machine.gpus.compute_capability,
         expert_parallel=_flag_on(lane.extra_args, "--enable-expert-parallel", "-ep"),
         eplb=_flag_on(lane.extra_args, "--enable-eplb"))
+    if reason is None and _flag_on(lane.extra_args, "--enable-expert-parallel", "-ep") \
+            and _int_flag(lane.extra_args, "--data-parallel-size", "-dp") > 1:
+        # vllm_plugin.expert_parallel.ep_reason: the token dispatch runs inside the MoE kernel
+        # the runtime replaces (fused_moe/config.py:1034-1039, runner/moe_runner.py:801-804)
+        reason = ("expert parallelism with --data-parallel-size > 1: vLLM dispatches tokens between ranks "
+                  "inside the MoE kernel the runtime replaces; run EP with --data-parallel-size 1")
     if reason is None:
         return _backend_violations(model, machine, lane)
     return [Violation(
@@ -68,3 +74,19 @@ def _flag_on(args: list[str], *names: str) -> bool:
     """A boolean vLLM flag set in extra_args (`--x`, not `--no-x`)."""
     return any(a in names or any(a.startswith(n + "=") and a.split("=", 1)[1].lower() in ("1", "true")
                                  for n in names) for a in args)
+
+
+def _int_flag(args: list[str], *names: str, default: int = 1) -> int:
+    """An integer vLLM flag in extra_args (`--x N` or `--x=N`); `default` when absent or not a number."""
+    for i, a in enumerate(args):
+        value = None
+        if a in names and i + 1 < len(args):
+            value = args[i + 1]
+        elif any(a.startswith(n + "=") for n in names):
+            value = a.split("=", 1)[1]
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return default
+    return default

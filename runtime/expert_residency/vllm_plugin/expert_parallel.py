@@ -26,7 +26,8 @@ runtime replaces that kernel, so it refuses those lanes rather than drop the dis
 The plugin (``worker_runtime``, hook in docs/parallel.md) uses three functions:
 ``ep_reason(module)`` at registration, ``sliced_banks`` to re-home each layer's local tensors with
 the global row map sliced to its local experts (``parallel.ep.slice_rowmap``), and ``local_picks``
-in the split forward (global ids -> local slots, foreign picks on slot 0 with weight 0). Counting
+in the core's split forward (global ids -> local slots, foreign picks on slot 0 with weight 0), or
+``local_ids`` for the fused Triton layer (foreign picks -1, skipped by the kernel). Counting
 stays on the global ids: every rank sees every pick, so one rank's counter is the lane's.
 
 No vLLM import: the facts are read from attributes, so CPU tests use stand-in layers.
@@ -157,6 +158,13 @@ def local_picks(expert_map: torch.Tensor, topk_ids: torch.Tensor, topk_weights: 
     ids = torch.where(mine, local, torch.zeros_like(local)).to(topk_ids.dtype)
     weights = torch.where(mine, topk_weights, torch.zeros_like(topk_weights))
     return ids, weights
+
+
+def local_ids(expert_map: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    """Router picks in global ids -> local slots, -1 kept for other ranks' experts: for the fused
+    Triton layer (``gpu.experts``), which skips an id outside ``0..L-1`` (adds ``fma(0, 0, acc)``,
+    the same as ``parallel.ep.ep_forward``) instead of computing it on slot 0 with weight 0."""
+    return expert_map[topk_ids.long()].to(topk_ids.dtype)
 
 
 def rehome_ep_rank(full: Mapping[str, torch.Tensor], hot_ids: Sequence[int], cold_ids: Sequence[int],

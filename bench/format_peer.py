@@ -40,7 +40,9 @@ outputs equal all-HBM bit for bit (``torch.equal``); at T=6 ours and the peer ag
 reference of ``core.formats_ref`` (relative L2).
 
 CPU (``--device cpu``, tiny geometry, ``TRITON_INTERPRET=1`` set here): our side and the bf16/fp8
-peer run interpreted, timings meaningless; it checks the harness and the outputs.
+peer run interpreted, timings meaningless; it checks the harness and our outputs (the interpreter
+gets ``tl.dot`` on bf16 tiles wrong and has no FP8 type, so the peer's interpreted outputs are
+reported, not checked; in fp16 the same peer glue matched a torch layer within 5e-4).
 """
 
 from __future__ import annotations
@@ -738,7 +740,11 @@ def main() -> int:
             continue
         results["formats"][key] = r
         tol = 2e-2 if not cuda else (1e-2 if f.kind != "fp8-block" else 3e-2)
-        ok &= all(r["equal"].values()) and all(v < tol for k, v in r["check"].items())
+        # Interpreted, the peer's numbers are not its own: Triton's CPU interpreter multiplies
+        # bf16 tiles wrongly (a 16x16 tl.dot probe: error 2.8e11) and has no FP8 type, so only our
+        # side gates a CPU run; compiled, both sides do.
+        gating = {k: v for k, v in r["check"].items() if cuda or not k.startswith("peer")}
+        ok &= all(r["equal"].values()) and all(v < tol for v in gating.values())
         (out_dir / "format_peer.json").write_text(json.dumps(results, indent=1, default=str))
         (out_dir / "format_peer.md").write_text(markdown(results))
     print(markdown(results), flush=True)

@@ -127,6 +127,46 @@ def test_dense_kernels_under_triton_interpreter(case: str) -> None:
     assert int(masked.tokens[0]) == 4
 
 
+@needs_interpreter[0]
+@needs_interpreter[1]
+@pytest.mark.parametrize("fmt", ["bf16", "fp8-block"])
+def test_dense_above_the_fused_grouping_limit(fmt: str) -> None:
+    """T = 257 at top-4 = 1,028 picks, above ``MAX_FUSED_PICKS`` (1,024): the grouping runs as
+    torch ops and counts outside the kernel; split == unsplit bit for bit, the counter == a recount,
+    within 2e-2 of the torch reference (FP8: the step's inputs quantized once, 1,028 activation rows)."""
+    if _rerun_interpreted(f"test_dense_above_the_fused_grouping_limit[{fmt}]"):
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    from expert_residency.core.banks import build_unsplit_layer, device_allocator, host_allocator, rehome_layer
+    from expert_residency.core.counter import ExpertCounter
+    from expert_residency.core.formats_ref import float_per_pick, fp8_block_per_pick
+    from expert_residency.core.split import residency_forward
+    from expert_residency.gpu.dense_experts import DenseKernelConfig, TritonDenseExperts
+    from expert_residency.gpu.experts import MAX_FUSED_PICKS, ExpertShape
+
+    k, t = 4, 257
+    assert t * k > MAX_FUSED_PICKS
+    original = dense_tensors(fmt, True, seed=7)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(t, H, generator=g).bfloat16()
+    weights, ids = torch.topk(torch.softmax(torch.randn(t, E, generator=g), -1), k)
+    make_ref = float_per_pick if fmt == "bf16" else fp8_block_per_pick
+    ref = residency_forward(build_unsplit_layer(original, layer_index=0), x, weights, ids, make_ref("silu"),
+                            pick_dtype=torch.bfloat16)
+    cfg = DenseKernelConfig(block_m=16, block_n1=64, block_k1=128, block_n2=128, block_k2=128)
+    ex = TritonDenseExperts(ExpertShape(H, I), E, k, max_tokens=t, device="cpu", config=cfg, expert_format=fmt)
+    unsplit = build_unsplit_layer({n: v.clone() for n, v in original.items()}, layer_index=0)
+    split = rehome_layer({n: v.clone() for n, v in original.items()}, HOT, COLD, layer_index=0,
+                         hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator())
+    counter = ExpertCounter([0], E)
+    out_split = ex.forward(split, x, weights, ids, counter=counter).clone()
+    assert torch.equal(out_split, ex.forward(unsplit, x, weights, ids))
+    assert torch.equal(counter.counts[0], torch.bincount(ids.flatten(), minlength=E))
+    assert int(counter.tokens[0]) == t
+    rel = ((out_split.float() - ref.float()).norm() / ref.float().norm()).item()
+    assert rel < 2e-2, rel
+
+
 def test_bank_validation_and_config_refusals() -> None:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("gpu.dense_experts imports triton")

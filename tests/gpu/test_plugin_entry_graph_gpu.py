@@ -223,8 +223,9 @@ def test_report_names_the_fused_forward_and_its_workspace_bytes():
     extra = runtime.report.extra
     assert extra["forward"] == "fused"
     # One shared workspace (one geometry), by hand: P = 64*4 = 256 picks, PB = 256;
-    # int32 2*256 + 257 + 256 + 2 = 1027 -> 4108 B, int64 8 B, bf16 256*(256+512)*2 = 393,216 B.
-    assert extra["workspace_bytes"] == 4108 + 8 + 393216
+    # int32 2*256 + 257 + 256 + 2 = 1027 -> 4108 B, int64 8 B, bf16 256*(256+512)*2 = 393,216 B;
+    # split-K tickets: p = min(64, 6)*4 = 24 picks x (256/64 + 512/128) tiles x 4 B = 768 B.
+    assert extra["workspace_bytes"] == 4108 + 8 + 393216 + 768
     assert Workspace.bytes_for(MAX_TOKENS, TOP_K, ExpertShape(HIDDEN, INTER)) == 397332
     # Counter: 2 layers x 16 experts x 8 B + 2 x 2 x 8 B; masks 64 x (1 + 4) B + 1 B + 8 B.
     assert extra["counter_bytes"] == 2 * 16 * 8 + 2 * 2 * 8 + StepMasks.bytes_for(64) == 617

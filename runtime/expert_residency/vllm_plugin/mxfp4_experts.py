@@ -235,8 +235,13 @@ class Mxfp4Residency:
 
     @property
     def workspace_bytes(self) -> int:
-        """Device bytes allocated once for the kernels' shared workspace (0 on CPU)."""
-        return self._experts.workspace.nbytes if self._experts is not None else 0
+        """Device bytes allocated once for the kernels' shared workspace (0 on CPU), with the
+        Triton kernels' split-K tickets (``gpu.experts.SplitScratch``: zeroed at start-up, reset
+        by each launch's last program; the TRT-LLM banks have none)."""
+        if self._experts is None:
+            return 0
+        scratch = getattr(self._experts, "split_scratch", None)
+        return self._experts.workspace.nbytes + (scratch.nbytes if scratch is not None else 0)
 
     def per_pick_fn(self) -> PerPickExpertFn:
         if self._experts is not None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from recipegen.ledger import compute_lane
-from recipegen.ledger.workspace import (counter_bytes, kernel_workspace_bytes, max_num_batched_tokens,
-                                        next_pow2)
+from recipegen.ledger.workspace import (counter_bytes, fitted_tile, fp8_scratch_bytes, kernel_workspace_bytes,
+                                        max_num_batched_tokens, next_pow2, split_ticket_bytes)
 from recipegen.recipe_io import load_recipe
 from recipegen.units import GiB
 
@@ -157,3 +157,134 @@ def test_verify_compares_the_reported_bytes_exactly() -> None:
     old = rows(report())
     assert all(row.ok and row.observed == "not reported" for row in old.values())
     assert dataclasses.fields(Expected)[-1].name == "counter_bytes"
+
+
+# --- split-K tickets, FP8 inputs, the load peak and the same-budget column ------------------
+
+def test_dsv41_split_tickets_and_fp8_inputs_by_hand() -> None:
+    """DSv4.1 (H 5120, I 2304, top-6): the small step is min(T, 6) tokens, p = 6 × 6 = 36 picks;
+    w13 tiles 2304 / 64 = 36, w2 tiles 5120 / 128 = 40: 36 × 76 int32 = 10,944 B. gpt-oss
+    (2880 = 45 × 64): w2's 128 is halved to 64, so 45 + 45 tiles; one token of top-4: p = 4."""
+    assert split_ticket_bytes(8192, 6, 5120, 2304) == 36 * (36 + 40) * 4 == 10_944
+    assert split_ticket_bytes(3, 6, 5120, 2304) == 18 * 76 * 4
+    assert fitted_tile(128, 2880) == 64 and fitted_tile(64, 2880) == 64 and fitted_tile(128, 5120) == 128
+    assert split_ticket_bytes(1, 4, 2880, 2880) == 4 * 90 * 4 == 1_440
+    # FP8 inputs of Qwen3-235B (H 4096, I 1536, top-8) at 8,192 tokens: E4M3 8,192·4,096 +
+    # 65,536·1,536 = 134,217,728 B; fp32 scales 4·(8,192·32 + 65,536·12) = 4,194,304 B.
+    assert fp8_scratch_bytes(8192, 8, 4096, 1536) == 134_217_728 + 4_194_304 == 138_412_032
+
+
+@pytest.mark.parametrize("tokens,top_k,hidden,inter", [(1, 4, 256, 128), (5, 6, 512, 256), (40, 8, 2880, 2880)])
+def test_tickets_and_fp8_inputs_equal_the_runtime_tensors_on_cpu(tokens: int, top_k: int, hidden: int,
+                                                                 inter: int) -> None:
+    """The Triton MXFP4 object as blackwell/plugin.py builds it (default config fitted to the
+    geometry): its SplitScratch's nbytes are the ledger's tickets, and the plugin's reported
+    `workspace_bytes` is workspace + tickets; the FP8-block object's quantized inputs likewise."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from expert_residency.gpu.dense_experts import TritonDenseExperts
+    from expert_residency.gpu.experts import ExpertShape, KernelConfig, TritonMxfp4Experts, config_for_shape
+    from expert_residency.vllm_plugin.mxfp4_experts import Mxfp4Geometry, Mxfp4Residency
+
+    shape = ExpertShape(hidden=hidden, intermediate=inter)
+    mxfp4 = TritonMxfp4Experts(shape, 8, top_k, tokens, "cpu", config_for_shape(shape, KernelConfig()))
+    p = min(tokens, 6) * top_k
+    by_hand = 4 * p * (inter // 64 + hidden // (64 if hidden % 128 else 128))
+    assert split_ticket_bytes(tokens, top_k, hidden, inter) == by_hand == mxfp4.split_scratch.nbytes
+    residency = Mxfp4Residency(Mxfp4Geometry(hidden, inter, 8, top_k), "cpu", tokens)
+    assert residency.workspace_bytes == 0  # the CPU reference allocates nothing
+    residency._experts = mxfp4  # what CUDA holds (blackwell.plugin.cuda_bank_experts)
+    assert residency.workspace_bytes == kernel_workspace_bytes(tokens, top_k, hidden, inter) + by_hand
+    if hidden % 128 == 0 and inter % 128 == 0:
+        from expert_residency.gpu.dense_experts import DenseKernelConfig
+
+        cfg = DenseKernelConfig()
+        fp8 = TritonDenseExperts(shape, 8, top_k, tokens, "cpu", cfg, expert_format="fp8-block")
+        scales = 4 * (tokens * (hidden // 128) + tokens * top_k * (inter // 128))
+        assert fp8.fp8_scratch_bytes == fp8_scratch_bytes(tokens, top_k, hidden, inter)
+        assert fp8.fp8_scratch_bytes == tokens * hidden + tokens * top_k * inter + scales
+        assert fp8._xq.dtype == torch.float8_e4m3fn  # one byte per value on the device
+
+
+def _gptoss_l40s():
+    loaded = load_recipe(str(REPO / "recipes" / "gpt-oss-120b-l40s.yaml"))
+    lane = loaded.recipe.lane("chat")
+    return loaded, lane, loaded.recipe.machines[lane.machine]
+
+
+# gpt-oss-120b (H = I = 2880, top-4, 36 MoE layers of 128) on the 48 GB L40S: 2,048 batched
+# tokens (< 70 GiB), P = 8,192 = PB: int32 2·8,192 + 8,193 + 8,192 + 2 = 32,771 → 131,084 B; + 8;
+# bf16 2 × 8,192 × 5,760 = 94,371,840 B; tickets p = 6 × 4 = 24, 45 + 45 tiles: 8,640 B. Counter
+# 8·36·128 + 16·36 = 37,440; masks 5·2,048 + 9 = 10,249.
+GPTOSS_L40S_KERNELS = 131_084 + 8 + 94_371_840 + 8_640
+GPTOSS_L40S_WORKSPACE = GPTOSS_L40S_KERNELS + 37_440 + 10_249
+
+
+def test_positional_lanes_same_budget_column_takes_the_workspace() -> None:
+    """The positional gpt-oss lane's usage-aware column (78 cold per layer at the same budget)
+    would run the runtime: its KV pool is what the cap leaves after the reserve, its hot experts
+    and the runtime's workspace; the positional column itself runs plain vLLM and takes none."""
+    loaded, lane_spec, machine = _gptoss_l40s()
+    assert lane_spec.offload.placement == "positional"
+    lane = compute_lane(loaded.recipe.model, machine, lane_spec)
+    ua = lane.usage_aware.figures
+    assert GPTOSS_L40S_WORKSPACE == 94_559_261
+    assert ua["hbm.kv_pool"].operands["runtime_workspace_bytes"] == GPTOSS_L40S_WORKSPACE
+    want = machine.gpus.hbm * 0.95 - lane.figures["hbm.reserve"].value - ua["hbm.hot_experts"].value
+    assert ua["hbm.kv_pool"].value == pytest.approx(want - GPTOSS_L40S_WORKSPACE, abs=1)
+    assert "runtime_workspace_bytes" not in lane.positional.figures["hbm.kv_pool"].operands
+    assert "hbm.runtime_workspace" not in lane.figures
+    assert "runtime_workspace_bytes" not in lane.figures["load.hbm_peak"].operands
+    # No cold expert at that budget: the column keeps every expert in HBM and needs no runtime.
+    none_off = lane_spec.model_copy(update={"offload": lane_spec.offload.model_copy(update={"load_cpu_offload": 0})})
+    lane0 = compute_lane(loaded.recipe.model, machine, none_off)
+    assert "runtime_workspace_bytes" not in lane0.usage_aware.figures["hbm.kv_pool"].operands
+
+
+def test_usage_aware_mxfp4_lane_counts_the_tickets_and_the_load_peak_holds_the_workspace() -> None:
+    """The same lane run usage-aware (50 hot per layer): the kernels figure is the runtime's
+    reported `workspace_bytes` (workspace + tickets), and the load-time HBM peak adds the whole
+    runtime workspace, live from before the first layer is re-homed to the end."""
+    loaded, lane_spec, machine = _gptoss_l40s()
+    ua_spec = lane_spec.model_copy(update={"offload": lane_spec.offload.model_copy(
+        update={"placement": "usage-aware", "hot_experts_per_layer": 50})})
+    lane = compute_lane(loaded.recipe.model, machine, ua_spec, rowmap_hot=[50] * 36, rowmap_label="test")
+    fig = lane.figures
+    assert fig["hbm.runtime_workspace.kernels"].value == GPTOSS_L40S_KERNELS
+    assert fig["hbm.runtime_workspace.kernels"].operands["split_ticket_bytes"] == 8_640
+    assert fig["hbm.runtime_workspace"].value == GPTOSS_L40S_WORKSPACE
+    peak = fig["load.hbm_peak"]
+    assert peak.operands["runtime_workspace_bytes"] == GPTOSS_L40S_WORKSPACE
+    assert peak.value == pytest.approx(peak.operands["weights_at_load_bytes"] + peak.operands["peak_experts_bytes"]
+                                       + GPTOSS_L40S_WORKSPACE, abs=1)
+    # The same lane without the workspace would peak exactly that much lower.
+    from recipegen.ledger.load import load_figures
+    from recipegen.ledger.result import Violation
+
+    got: dict = {}
+    violations: list[Violation] = []
+    load_figures(loaded.recipe.model, machine, ua_spec, lane.usage_aware,
+                 lambda f: got.setdefault(f.key, f), peak.operands["weights_at_load_bytes"],
+                 peak.operands["weights_at_load_bytes"], 0.0, 0.0, violations, 1)
+    assert got["load.hbm_peak"].value == pytest.approx(peak.value - GPTOSS_L40S_WORKSPACE, abs=1)
+
+
+def test_load_peak_over_the_gpu_because_of_the_workspace_is_reported() -> None:
+    """Qwen3-30B-A3B on the RTX 4090 (workspace 92,597,021 B): a GPU just big enough for the
+    load without the workspace now reports a load-time HBM violation of the workspace's size."""
+    loaded, lane_spec, machine = _rtx4090()
+    lane = compute_lane(loaded.recipe.model, machine, lane_spec, rowmap_hot=[20] * 48, rowmap_label="test")
+    peak = lane.figures["load.hbm_peak"]
+    assert peak.operands["runtime_workspace_bytes"] == 92_597_021
+    without = peak.value - 92_597_021
+    tight = _gpu(machine, hbm=int(without) + 1)
+    from recipegen.ledger.load import load_figures
+    from recipegen.ledger.result import Violation
+
+    violations: list[Violation] = []
+    got: dict = {}
+    load_figures(loaded.recipe.model, tight, lane_spec, lane.usage_aware, lambda f: got.setdefault(f.key, f),
+                 peak.operands["weights_at_load_bytes"], peak.operands["weights_at_load_bytes"], 0.0, 0.0,
+                 violations, 1, workspace=92_597_021.0)
+    [v] = [v for v in violations if v.kind == "load-hbm"]
+    assert v.over_bytes == pytest.approx(92_597_021 - 1, abs=2)

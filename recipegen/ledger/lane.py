@@ -22,7 +22,7 @@ from recipegen.ledger.result import POSITIONAL, USAGE_AWARE, LaneLedger, Placeme
 from recipegen.ledger.runtime_check import runtime_caveat, runtime_violations
 from recipegen.ledger.verdict import budget_violations
 from recipegen.ledger.vllm_layout import as_vllm_lays_out
-from recipegen.ledger.workspace import workspace_figures
+from recipegen.ledger.workspace import same_budget_workspace, workspace_figures
 from recipegen.schema import Lane, Machine, Model
 from recipegen.units import GiB, format_bytes, format_tokens
 
@@ -88,7 +88,7 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     final_over = {v.kind for v in out.violations}
     load_figures(model, machine, lane, active, out.add, hbm.reserve, hbm.weights, tables, reserve_host,
                  out.violations, tp, skip_hbm="hbm" in final_over, skip_host="host" in final_over,
-                 dense_offloaded=active.dense_host_bytes)
+                 dense_offloaded=active.dense_host_bytes, workspace=workspace)
     return LaneLedger(lane.name, lane.machine, list(lane.gpus), lane.offload.placement, out.figs, ua, pos,
                       out.violations, out.notes)
 
@@ -126,7 +126,8 @@ def _placements(model: Model, machine: Machine, lane: Lane, hbm: _Hbm, bank: flo
                 rowmap_hot_ids: Sequence[Sequence[int]] | None = None
                 ) -> tuple[PlacementLedger, PlacementLedger | None, PlacementLedger]:
     """Both placements with their HBM/KV figures, and the lane's own (active) one.
-    `workspace`: the runtime's start-up HBM (`workspace`), taken by the usage-aware lane only."""
+    `workspace`: the runtime's start-up HBM (`workspace`), taken by the usage-aware column only
+    (on a positional lane, what the runtime would allocate at the same budget)."""
     tp = lane.tensor_parallel_size
     ua = usage_aware_placement(model, lane, rowmap_hot, rowmap_label)
     pos = (positional_placement(model, lane)
@@ -142,6 +143,9 @@ def _placements(model: Model, machine: Machine, lane: Lane, hbm: _Hbm, bank: flo
     # Non-routed bytes the load's --cpu-offload-gb walk moves to host (stay there after re-homing).
     dense_off = (positional_walk(model, lane.offload.load_cpu_offload, experts_only=experts_only(lane)).dense_offloaded
                  if lane.offload.load_cpu_offload else 0)
+    # A positional lane's usage-aware column: what the runtime would allocate splitting there.
+    ua_workspace = (workspace if lane.offload.placement == USAGE_AWARE
+                    else same_budget_workspace(model, machine, lane, ua.cold_bytes))
     for placement in (ua, pos):
         if placement is not None:
             own = placement is pos or lane.offload.placement == USAGE_AWARE
@@ -154,7 +158,7 @@ def _placements(model: Model, machine: Machine, lane: Lane, hbm: _Hbm, bank: flo
                 ep_hot = ep_fullest_hot(model, lane, placement.hot_per_layer, ids)
             placement_figures(placement, model, lane, hbm.cap, hbm.reserve, kv_token_bytes, tp, bank,
                               dense_offloaded=placement.dense_host_bytes,
-                              workspace=workspace if placement is ua else 0.0, ep_hot=ep_hot)
+                              workspace=ua_workspace if placement is ua else 0.0, ep_hot=ep_hot)
     active = pos if lane.offload.placement == POSITIONAL else ua
     assert active is not None
     if active.dense_host_bytes:

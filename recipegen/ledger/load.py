@@ -17,8 +17,11 @@ from recipegen.units import GiB, format_bytes
 def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLedger, add: Any,
                   reserve: float, declared_weights: float, tables: float, host_reserve: float,
                   violations: list[Violation], tp: int, *, skip_hbm: bool = False,
-                  skip_host: bool = False, dense_offloaded: float = 0.0) -> None:
-    """`dense_offloaded`: non-routed bytes the walk moved to host (out of HBM, into pinned host)."""
+                  skip_host: bool = False, dense_offloaded: float = 0.0, workspace: float = 0.0) -> None:
+    """`dense_offloaded`: non-routed bytes the walk moved to host (out of HBM, into pinned host).
+    `workspace`: the runtime's start-up HBM per GPU (`workspace`): the plugin allocates the counter,
+    step masks and kernel objects in `after_model_loaded` before `core.rehome_model` re-homes the
+    first layer, so it is live from the load placement to the end of re-homing."""
     e = model.expert_bytes
     budget = lane.offload.load_cpu_offload or 0
     walk = positional_walk(model, budget, experts_only=experts_only(lane))
@@ -59,11 +62,16 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
                {"offloaded_bytes": peaks.host_initial, "offloaded_layers": sum(1 for p in pinned if p)},
                "PyTorch's caching host allocator behind Tensor.pin_memory() (vllm/model_executor/offloader/"
                "uva.py:114-116); measured on one NVIDIA H200, PyTorch 2.11: a 4.5 GiB tensor pinned 8 GiB"))
+    operands = {"weights_at_load_bytes": weights_at_load, "peak_experts_bytes": peaks.hbm_peak, "tp": tp}
+    formula = "weights_at_load + peak expert bytes in HBM / tp"
+    if workspace:
+        operands["runtime_workspace_bytes"] = workspace
+        formula += " + runtime_workspace"
+        weights_note += ("; the runtime's workspace, counter and step masks, allocated before the "
+                         "first layer is re-homed (vllm_plugin/worker_runtime.py after_model_loaded)")
     hbm_peak = add(Figure("load.hbm_peak", "HBM peak during load (per GPU)",
-                          weights_at_load + peaks.hbm_peak / tp, "bytes",
-                          "weights_at_load + peak expert bytes in HBM / tp",
-                          {"weights_at_load_bytes": weights_at_load, "peak_experts_bytes": peaks.hbm_peak,
-                           "tp": tp}, f"{how}; {weights_note}; KV is allocated after")).value
+                          weights_at_load + peaks.hbm_peak / tp + workspace, "bytes", formula,
+                          operands, f"{how}; {weights_note}; KV is allocated after")).value
     if dense_offloaded:
         host_peak = add(Figure("load.host_peak", "host peak during load",
                                tables + host_reserve + dense_offloaded + pinned_peak, "bytes",

@@ -127,8 +127,11 @@ def workspace_line(fig: dict) -> str:
     if kernels is None:
         kernel_text = "no split-layer kernel workspace for this format"
     elif kernels.value:
+        extra = "".join(text for key, text in (("split_ticket_bytes", " + split-K tickets"),
+                                                ("fp8_scratch_bytes", " + FP8 quantized inputs"))
+                        if kernels.operands.get(key))
         kernel_text = (f"kernels {_g(kernels.value)} (max_num_batched_tokens {tokens:,} × top-k "
-                       f"{kernels.operands['top_k']} picks of bf16 activation + output rows)")
+                       f"{kernels.operands['top_k']} picks of bf16 activation + output rows{extra})")
     else:
         kernel_text = "kernels 0 B (FlashInfer TRT-LLM banks allocate per call)"
     return (f"runtime workspace = {kernel_text} + counter and step masks {_g(counter.value)}: allocated by "

@@ -10,10 +10,25 @@ subtracts them before it back-solves the pool (`placements.placement_figures`):
   one int64 and bf16 `P·(I + H)` (activation rows and per-pick output rows, which dominate);
   none with FlashInfer's TRT-LLM banks (SM100 family), whose scratch is allocated inside each
   call and so is part of vLLM's profiled activation peak (blackwell/trtllm.py `CallScratch`);
+* the Triton MXFP4 kernels' split-K tickets (`gpu.experts.SplitScratch`, allocated with the
+  workspace by `TritonMxfp4Experts`): the small-step schedule (T ≤ min(small_tokens 6, block_m
+  16)) and the T = 1 fused finalize hand each row tile's reduction to its last program through
+  one int32 ticket per (pick, row tile) and kernel, p = min(T, 6) × top_k picks: int32
+  `p·(I/block_n1 + H/block_n2)` with the default tiles (64, 128) fitted to the geometry
+  (`config_for_shape`); the default config splits no K and runs no stream-K, so its fp32
+  partials are empty (DSv4.1: 36 × (2304/64 + 5120/128) × 4 = 10,944 B);
+* the FP8-block dense kernels' quantized GEMM inputs (`gpu.dense_experts.TritonDenseExperts`):
+  E4M3 `T·H + P·I` bytes and fp32 scales `4·(T·(H/128) + P·(I/128))`, T = max_num_batched_tokens;
 * the usage counter (`core.ExpertCounter`: int64 counts `[layers, experts]`, tokens and decode
   tokens `[layers]`) and the step masks (`vllm_plugin.step_masks.StepMasks`: bool
   `[max_num_batched_tokens + 1]`, int32 `[max_num_batched_tokens]`, one int64) — every rendered
   runtime lane counts (drift), so every one has them.
+
+All of it is allocated in `after_model_loaded` *before* the first layer is re-homed (the counter
+in `_start_counter` — rendered lanes set EXPERT_RESIDENCY_DUMP_DIR — then the kernels' objects
+in `_mxfp4_layers`, then `core.rehome_model`), so it is live at the load-time HBM peak too
+(`load.load_figures`). A positional lane's usage-aware column at the same byte budget takes the
+workspace the runtime would allocate there (`same_budget_workspace`).
 
 This module owns those formulas for recipegen; tests/test_ledger_workspace.py checks them
 against hand arithmetic and against the runtime's own tensors (`nbytes`) on CPU. vLLM's
@@ -58,6 +73,44 @@ def kernel_workspace_bytes(max_tokens: int, top_k: int, hidden: int, intermediat
     pb = next_pow2(max(picks, 2))
     ints = 2 * pb + (picks + 1) + max(picks, 1) + 2
     return 4 * ints + 8 + ACT_BYTES * picks * (int(intermediate) + int(hidden))
+
+
+# gpu/experts.py `KernelConfig` defaults the Triton MXFP4 split layer starts from (blackwell/
+# plugin.py `cuda_bank_experts` fits them with `config_for_shape`): w13 / w2 rows per program,
+# the small-step limit min(small_tokens, block_m), the smallest tile of the MMA-order layout.
+MXFP4_BLOCK_N1, MXFP4_BLOCK_N2 = 64, 128
+MXFP4_SMALL_STEP = 6
+MXFP4_TILE_FLOOR = 64
+# T = 1 stream-K programs of w13 / w2 (KernelConfig.stream_k1 / stream_k2; 0: off, the default).
+MXFP4_STREAM_K1, MXFP4_STREAM_K2 = 0, 0
+FP8_BLOCK = 128  # gpu/kernels_dense.py: one activation scale per 128 values
+
+
+def fitted_tile(tile: int, dim: int, floor: int = MXFP4_TILE_FLOOR) -> int:
+    """`config_for_shape`: the tile halved until it divides `dim` (not below `floor`)."""
+    while dim % tile and tile > floor:
+        tile //= 2
+    return tile
+
+
+def split_ticket_bytes(max_tokens: int, top_k: int, hidden: int, intermediate: int) -> int:
+    """Bytes of `gpu.experts.SplitScratch` at the default config: int32 tickets
+    p·(I/block_n1 + H/block_n2), p = max(min(T, 6)·top_k, 1); no partials (no K split); with
+    T = 1 stream-K on, fp32 4·sk1·block_n1 + 2·sk2·block_n2 and int32 top_k·H/block_n2 (sk2 > 0)."""
+    picks = max(min(int(max_tokens), MXFP4_SMALL_STEP) * int(top_k), 1)
+    bn1 = fitted_tile(MXFP4_BLOCK_N1, int(intermediate))
+    bn2 = fitted_tile(MXFP4_BLOCK_N2, int(hidden))
+    stream = 4 * (4 * MXFP4_STREAM_K1 * bn1 + 2 * MXFP4_STREAM_K2 * bn2)
+    if MXFP4_STREAM_K2:
+        stream += 4 * int(top_k) * (int(hidden) // bn2)
+    return 4 * picks * (int(intermediate) // bn1 + int(hidden) // bn2) + stream
+
+
+def fp8_scratch_bytes(max_tokens: int, top_k: int, hidden: int, intermediate: int) -> int:
+    """The FP8-block kernels' quantized inputs: E4M3 T·H + P·I, fp32 scales per 128 values."""
+    t, h, i = int(max_tokens), int(hidden), int(intermediate)
+    p = t * int(top_k)
+    return t * h + p * i + 4 * (t * (h // FP8_BLOCK) + p * (i // FP8_BLOCK))
 
 
 def counter_bytes(moe_layers: int, experts: int, max_tokens: int) -> int:
@@ -131,6 +184,54 @@ def expert_geometry(model: Model) -> tuple[int, int] | None:
     return hidden, inter
 
 
+@dataclass(frozen=True)
+class KernelBytes:
+    """The split-layer kernels' start-up bytes per GPU and their parts (all 0 without them)."""
+
+    workspace: int = 0
+    tickets: int = 0
+    fp8_scratch: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.workspace + self.tickets + self.fp8_scratch
+
+
+def kernel_bytes(model: Model, machine: Machine, lane: Lane, tokens: int) -> KernelBytes:
+    """What the lane's split-layer kernel objects allocate at start-up (per GPU), as the runtime
+    reports it in `workspace_bytes`."""
+    kernel = bank_kernel(model, machine, lane)
+    geometry = expert_geometry(model)
+    if kernel not in (TRITON, TRITON_DOT_SCALED) or geometry is None:
+        return KernelBytes()
+    hidden, inter = geometry
+    inter = inter // lane.tensor_parallel_size  # tensor parallel shards the intermediate dim; H stays whole
+    work = kernel_workspace_bytes(tokens, model.top_k, hidden, inter)
+    if model.expert_format == "mxfp4":
+        return KernelBytes(work, tickets=split_ticket_bytes(tokens, model.top_k, hidden, inter))
+    if model.expert_format == "fp8-block":
+        return KernelBytes(work, fp8_scratch=fp8_scratch_bytes(tokens, model.top_k, hidden, inter))
+    return KernelBytes(work)
+
+
+def runtime_workspace_bytes(model: Model, machine: Machine, lane: Lane) -> int:
+    """`hbm.runtime_workspace` of a lane running the runtime's split (0 on a CPU device)."""
+    if machine.gpus.kind.strip().lower() == "cpu":
+        return 0
+    tokens = max_num_batched_tokens(machine, lane).value
+    return (kernel_bytes(model, machine, lane, tokens).total
+            + counter_bytes(model.num_moe_layers, model.routed_experts, tokens))
+
+
+def same_budget_workspace(model: Model, machine: Machine, lane: Lane, cold_bytes: float) -> float:
+    """The runtime's start-up HBM in a lane's usage-aware column: the lane's own figure on a
+    usage-aware lane; on a positional lane what the runtime would allocate if it split this
+    lane's experts at the same byte budget (none when that column keeps every expert hot)."""
+    if lane.offload.placement == USAGE_AWARE:
+        return runtime_workspace_bytes(model, machine, lane) if runtime_mounted(model, lane) else 0.0
+    return float(runtime_workspace_bytes(model, machine, lane)) if cold_bytes > 0 else 0.0
+
+
 def workspace_figures(model: Model, machine: Machine, lane: Lane,
                       add: Callable[[Figure], Figure]) -> float:
     """`hbm.runtime_workspace` (per GPU) and its parts; 0 (and no figure) without the runtime."""
@@ -148,18 +249,33 @@ def workspace_figures(model: Model, machine: Machine, lane: Lane,
     tokens = max_num_batched_tokens(machine, lane)
     kernel = bank_kernel(model, machine, lane)
     geometry = expert_geometry(model)
-    kernel_bytes = 0
-    if kernel in (TRITON, TRITON_DOT_SCALED) and geometry is not None:
+    parts = kernel_bytes(model, machine, lane, tokens.value)
+    if parts.total:
+        assert geometry is not None
         hidden, inter = geometry
-        inter_rank = inter // tp  # tensor parallel shards the intermediate dim; H stays whole
-        kernel_bytes = kernel_workspace_bytes(tokens.value, model.top_k, hidden, inter_rank)
-        add(Figure("hbm.runtime_workspace.kernels", "  of which split-layer kernel workspace", kernel_bytes,
-                   "bytes", "4·(2·PB + P + 1 + max(P,1) + 2) + 8 + 2·P·(I/tp + H), P = max_num_batched_tokens"
-                   " × top_k, PB = next_pow2(max(P,2))",
-                   {"max_num_batched_tokens": tokens.value, "top_k": model.top_k, "P": tokens.value * model.top_k,
-                    "PB": next_pow2(max(tokens.value * model.top_k, 2)), "hidden": hidden,
-                    "intermediate": inter, "tp": tp},
-                   f"runtime's {kernel} kernels (gpu.experts.Workspace); max_num_batched_tokens: {tokens.reason}"))
+        picks = tokens.value * model.top_k
+        formula = ("4·(2·PB + P + 1 + max(P,1) + 2) + 8 + 2·P·(I/tp + H), P = max_num_batched_tokens"
+                   " × top_k, PB = next_pow2(max(P,2))")
+        operands = {"max_num_batched_tokens": tokens.value, "top_k": model.top_k, "P": picks,
+                    "PB": next_pow2(max(picks, 2)), "hidden": hidden, "intermediate": inter, "tp": tp,
+                    "workspace_bytes": parts.workspace}
+        note = f"runtime's {kernel} kernels (gpu.experts.Workspace"
+        if parts.tickets:
+            i_rank = inter // tp
+            formula += (" + split-K tickets 4·p·(I/tp / block_n1 + H / block_n2), p = min(T, 6) × top_k")
+            operands.update(split_ticket_bytes=parts.tickets, p=max(min(tokens.value, MXFP4_SMALL_STEP)
+                                                                   * model.top_k, 1),
+                            block_n1=fitted_tile(MXFP4_BLOCK_N1, i_rank),
+                            block_n2=fitted_tile(MXFP4_BLOCK_N2, hidden))
+            note += (" + gpu.experts.SplitScratch: one int32 ticket per (pick, row tile) of the small-step "
+                     "split-K / fused T=1 finalize hand-off")
+        if parts.fp8_scratch:
+            formula += (" + FP8 inputs T·H + P·I/tp + 4·(T·H/128 + P·I/tp/128)")
+            operands["fp8_scratch_bytes"] = parts.fp8_scratch
+            note += " + gpu.dense_experts FP8-block quantized inputs (E4M3 values, fp32 scales)"
+        add(Figure("hbm.runtime_workspace.kernels", "  of which split-layer kernel workspace", parts.total,
+                   "bytes", formula, operands,
+                   f"{note}); max_num_batched_tokens: {tokens.reason}"))
     elif kernel == FLASHINFER_TRTLLM:
         add(Figure("hbm.runtime_workspace.kernels", "  of which split-layer kernel workspace", 0, "bytes", "", {},
                    "FlashInfer TRT-LLM banks allocate their scratch inside each call (in vLLM's profiled peak)"))
@@ -169,12 +285,13 @@ def workspace_figures(model: Model, machine: Machine, lane: Lane,
                {"moe_layers": model.num_moe_layers, "routed_experts": model.routed_experts,
                 "max_num_batched_tokens": tokens.value},
                "core.ExpertCounter + vllm_plugin.step_masks.StepMasks (rendered lanes always count: drift)"))
-    total = kernel_bytes + counter
+    total = parts.total + counter
     add(Figure("hbm.runtime_workspace", "runtime workspace (per GPU)", total, "bytes",
                "kernel workspace + counter and step masks",
-               {"kernel_workspace_bytes": kernel_bytes, "counter_bytes": counter},
+               {"kernel_workspace_bytes": parts.total, "counter_bytes": counter},
                "allocated by the runtime in load_model, before vLLM sizes the KV cache, so not in a "
-               "reserve back-solved from a boot without it"))
+               "reserve back-solved from a boot without it; allocated before re-homing, so also in "
+               "the load-time HBM peak"))
     return float(total)
 
 

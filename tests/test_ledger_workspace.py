@@ -109,6 +109,11 @@ def test_check_budgets_takes_the_workspace_before_the_kv_pool() -> None:
     tp2 = compute_lane(loaded.recipe.model, machine, lane_spec.model_copy(update={"gpus": [0, 1]}),
                        rowmap_hot=[20] * 48, rowmap_label="test")
     assert tp2.figures["hbm.runtime_workspace.kernels"].value == 262_156 + 8 + 2 * 16_384 * (384 + 2048)
+    # Expert parallel keeps whole experts on each rank: I = 768 again, the one-GPU figure.
+    ep2 = compute_lane(loaded.recipe.model, machine, lane_spec.model_copy(update={
+        "gpus": [0, 1], "extra_args": [*lane_spec.extra_args, "--enable-expert-parallel"]}),
+        rowmap_hot=[20] * 48, rowmap_label="test")
+    assert ep2.figures["hbm.runtime_workspace.kernels"].value == 92_536_852
 
 
 def test_no_workspace_where_the_runtime_is_not_mounted() -> None:

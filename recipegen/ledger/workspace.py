@@ -45,6 +45,7 @@ from typing import Callable
 from expert_residency.blackwell.select import FLASHINFER_TRTLLM, TRITON, TRITON_DOT_SCALED, select_bank_kernel
 
 from recipegen.ledger.figures import Figure
+from recipegen.ledger.parallel import expert_parallel
 from recipegen.ledger.result import USAGE_AWARE
 from recipegen.schema import Lane, Machine, Model
 from recipegen.units import GiB
@@ -205,7 +206,10 @@ def kernel_bytes(model: Model, machine: Machine, lane: Lane, tokens: int) -> Ker
     if kernel not in (TRITON, TRITON_DOT_SCALED) or geometry is None:
         return KernelBytes()
     hidden, inter = geometry
-    inter = inter // lane.tensor_parallel_size  # tensor parallel shards the intermediate dim; H stays whole
+    if not expert_parallel(lane):
+        # Tensor parallel shards the intermediate dim, H stays whole; expert parallel keeps
+        # whole experts on each rank (every pick of the step still has a row, -1 for others).
+        inter = inter // lane.tensor_parallel_size
     work = kernel_workspace_bytes(tokens, model.top_k, hidden, inter)
     if model.expert_format == "mxfp4":
         return KernelBytes(work, tickets=split_ticket_bytes(tokens, model.top_k, hidden, inter))
@@ -254,15 +258,17 @@ def workspace_figures(model: Model, machine: Machine, lane: Lane,
         assert geometry is not None
         hidden, inter = geometry
         picks = tokens.value * model.top_k
-        formula = ("4·(2·PB + P + 1 + max(P,1) + 2) + 8 + 2·P·(I/tp + H), P = max_num_batched_tokens"
+        ep = expert_parallel(lane)
+        i_txt = "I" if ep else "I/tp"  # expert parallel: whole experts per rank
+        formula = (f"4·(2·PB + P + 1 + max(P,1) + 2) + 8 + 2·P·({i_txt} + H), P = max_num_batched_tokens"
                    " × top_k, PB = next_pow2(max(P,2))")
         operands = {"max_num_batched_tokens": tokens.value, "top_k": model.top_k, "P": picks,
                     "PB": next_pow2(max(picks, 2)), "hidden": hidden, "intermediate": inter, "tp": tp,
                     "workspace_bytes": parts.workspace}
         note = f"runtime's {kernel} kernels (gpu.experts.Workspace"
         if parts.tickets:
-            i_rank = inter // tp
-            formula += (" + split-K tickets 4·p·(I/tp / block_n1 + H / block_n2), p = min(T, 6) × top_k")
+            i_rank = inter if ep else inter // tp
+            formula += f" + split-K tickets 4·p·({i_txt} / block_n1 + H / block_n2), p = min(T, 6) × top_k"
             operands.update(split_ticket_bytes=parts.tickets, p=max(min(tokens.value, MXFP4_SMALL_STEP)
                                                                    * model.top_k, 1),
                             block_n1=fitted_tile(MXFP4_BLOCK_N1, i_rank),
@@ -270,7 +276,7 @@ def workspace_figures(model: Model, machine: Machine, lane: Lane,
             note += (" + gpu.experts.SplitScratch: one int32 ticket per (pick, row tile) of the small-step "
                      "split-K / fused T=1 finalize hand-off")
         if parts.fp8_scratch:
-            formula += (" + FP8 inputs T·H + P·I/tp + 4·(T·H/128 + P·I/tp/128)")
+            formula += f" + FP8 inputs T·H + P·{i_txt} + 4·(T·H/128 + P·{i_txt}/128)"
             operands["fp8_scratch_bytes"] = parts.fp8_scratch
             note += " + gpu.dense_experts FP8-block quantized inputs (E4M3 values, fp32 scales)"
         add(Figure("hbm.runtime_workspace.kernels", "  of which split-layer kernel workspace", parts.total,

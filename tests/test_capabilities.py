@@ -31,4 +31,6 @@ def test_formats_without_a_kernel_and_old_devices_are_refused() -> None:
         assert not FORMATS[fmt].supported and unsupported_reason(expert_format=fmt) == FORMATS[fmt].why_not
     assert "not in the runtime's capability table" in (unsupported_reason(expert_format="q4_k") or "")
     assert "8.0 or newer" in (unsupported_reason(expert_format="mxfp4", compute_capability=(7, 5)) or "")
-    assert "expert parallelism" in (unsupported_reason(expert_format="bf16", expert_parallel=True) or "")
+    # expert parallelism is split per rank (vllm_plugin.expert_parallel); EPLB stays refused
+    assert unsupported_reason(expert_format="bf16", expert_parallel=True) is None
+    assert "EPLB" in (unsupported_reason(expert_format="bf16", eplb=True) or "")

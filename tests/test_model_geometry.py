@@ -269,7 +269,10 @@ def test_expert_parallel_lane_is_refused_by_the_runtime() -> None:
     model = qwen3_235b()
     ep = lane(hot_experts_per_layer=64).model_copy(update={"extra_args": ["--enable-expert-parallel"]})
     got = compute_lane(model, machine(), ep)
-    assert [v for v in got.violations if v.kind == "runtime" and "expert parallelism" in v.message]
+    assert not [v for v in got.violations if v.kind == "runtime" and "expert parallelism" in v.message]
+    dp = ep.model_copy(update={"extra_args": ["--enable-expert-parallel", "--data-parallel-size", "2"]})
+    assert [v for v in compute_lane(model, machine(), dp).violations
+            if v.kind == "runtime" and "--data-parallel-size > 1" in v.message]
     eplb = lane(hot_experts_per_layer=64).model_copy(update={"extra_args": ["--enable-eplb"]})
     assert [v for v in compute_lane(model, machine(), eplb).violations if "EPLB" in v.message]
 

@@ -98,8 +98,10 @@ class ParallelSupport:
     """Every TP rank holds its slice of every routed expert (no expert is split across banks)."""
     pipeline_parallel: bool = True
     """Each stage re-homes its own layers (its slice of the row map)."""
-    expert_parallel: bool = False
-    """Expert parallelism places a subset of experts per rank; the row map assumes all."""
+    expert_parallel: bool = True
+    """Expert parallelism with --data-parallel-size 1: each rank re-homes its local experts with the
+    row map sliced through vLLM's expert map (vllm_plugin.expert_parallel); the plugin refuses
+    EP with DP/PCP/SP, EPLB, fused shared experts and adaptive residency at boot."""
     eplb: bool = False
     """EPLB rearranges expert rows behind the runtime's back."""
     notes: tuple[str, ...] = field(default=(

@@ -65,9 +65,11 @@ def _attr(obj: Any, name: str, default: Any) -> Any:
 
 
 def layer_ep_facts(module: Any) -> LayerEpFacts | None:
-    """The layer's EP facts, or None where the layer has no expert parallelism (TP/PP)."""
-    pc = module.moe_config.moe_parallel_config
-    if not bool(_attr(pc, "use_ep", False)):
+    """The layer's EP facts, or None where the layer has no expert parallelism (TP/PP). A layer
+    without vLLM's parallel config counts as no EP; the caller's local-vs-global check then still
+    refuses a partial layer."""
+    pc = getattr(getattr(module, "moe_config", None), "moe_parallel_config", None)
+    if pc is None or not bool(_attr(pc, "use_ep", False)):
         return None
     manager = getattr(module, "expert_map_manager", None)
     raw_map = getattr(module, "_expert_map", None)

@@ -105,8 +105,15 @@ class WorkerRuntime:
         if reason is None:
             reason = checks.lora_reason(_lora_enabled(), self.settings.mode)
         if reason is None:
-            reason = checks.expert_parallel_reason(int(module.local_num_experts),
-                                                   int(module.global_num_experts), module.layer_name)
+            from .expert_parallel import ep_reason, layer_ep_facts
+
+            if layer_ep_facts(module) is None:
+                reason = checks.expert_parallel_reason(int(module.local_num_experts),
+                                                       int(module.global_num_experts), module.layer_name)
+            else:
+                # EP: whole experts per rank through vLLM's expert map (vllm_plugin.expert_parallel)
+                reason = ep_reason(module) or checks.expert_parallel_adaptive_reason(
+                    _adaptive_requested(), module.layer_name)
         if reason is not None:
             refuse(reason)
         module._er_layer_index = layer_index_of(module.layer_name)
@@ -276,6 +283,11 @@ class WorkerRuntime:
             per_pick[index] = fn
             self.per_pick_name = backend
         self.per_pick_fn = per_pick
+        from .expert_parallel import device_expert_map
+
+        for module in self.target_layers.values():
+            # None without EP; under EP the int32[E] global -> local slot map on the weights' device
+            module._er_expert_map = device_expert_map(module)
         if self.settings.mode == MODE_UNSPLIT:
             for index, module in self.target_layers.items():
                 if index in mxfp4:
@@ -284,6 +296,12 @@ class WorkerRuntime:
             return
         assert self.rowmap is not None
         hot_ids, cold_ids = rowmap_banks(self.rowmap)
+        from .expert_parallel import sliced_banks
+
+        try:  # EP: each layer's local experts only, in local slots, the global map's order kept
+            hot_ids, cold_ids = sliced_banks(hot_ids, cold_ids, self.target_layers)
+        except ValueError as exc:
+            refuse(f"expert parallel: {exc}")
         tensors: dict[int, dict[str, torch.Tensor]] = {}
         for index, module in self.target_layers.items():
             layer_tensors = _expert_tensors(module)
@@ -433,6 +451,20 @@ class WorkerRuntime:
             topk_weights = torch.ones_like(topk_weights)
         index = module._er_layer_index
         fused = self.fused.get(index)
+        expert_map = getattr(module, "_er_expert_map", None)
+        if expert_map is not None:
+            # EP: every rank sees every pick, counted in global ids; this rank's banks then see
+            # local slots (vLLM's runner all-reduces the ranks' shares). The fused Triton layer
+            # skips other ranks' picks given as -1; the core path computes them on slot 0 with
+            # weight 0 (vllm_plugin.expert_parallel).
+            from .expert_parallel import local_ids, local_picks
+
+            self.count(module, topk_ids)
+            if fused is not None:
+                return fused.forward(module._er_resident, x, topk_weights, local_ids(expert_map, topk_ids))
+            topk_ids, topk_weights = local_picks(expert_map, topk_ids, topk_weights)
+            return residency_forward(module._er_resident, x, topk_weights, topk_ids,
+                                     self.per_pick_fn[index], pick_dtype=x.dtype, out_dtype=x.dtype)
         if fused is not None:
             if self.counter is None or not module._er_counted:
                 return fused.forward(module._er_resident, x, topk_weights, topk_ids)
@@ -533,6 +565,16 @@ def _expert_tensors(module: Any) -> dict[str, torch.Tensor]:
     experts = int(module.local_num_experts)
     return {name: p for name, p in module.named_parameters(recurse=False)
             if name not in _NON_EXPERT and p.dim() > 0 and p.shape[0] == experts}
+
+
+def _adaptive_requested() -> bool:
+    """``EXPERT_RESIDENCY_ADAPTIVE`` is set (adaptive swaps work on global ids; not under EP yet)."""
+    from ..core.adaptive_setup import adaptive_from_env
+
+    try:
+        return adaptive_from_env() is not None
+    except ValueError:
+        return True  # a bad spec: asked for; its own refusal comes later
 
 
 def _capability_reason(module: Any, mxfp4: bool) -> str | None:

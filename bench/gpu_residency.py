@@ -297,7 +297,8 @@ def main() -> int:
                                      [int(t) for t in args.sweep_tokens.split(",")], bool(args.sweep_cold))
 
     ex_max_tokens = max(token_counts)
-    ex = TritonMxfp4Experts(DSV41, experts, k, max_tokens=ex_max_tokens, device=DEV, config=config)
+    # the cold-only probe runs T=96 on the default experts whatever --tokens says
+    ex = TritonMxfp4Experts(DSV41, experts, k, max_tokens=max(ex_max_tokens, 96), device=DEV, config=config)
     results["config"] = asdict(config)
     counter = ExpertCounter(list(range(layers)), experts, device=DEV, top_k=k)
     compare = {}

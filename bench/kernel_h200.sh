@@ -12,7 +12,7 @@ for part in $parts; do
   case $part in
     tests) timeout ${TESTS_S:-240} python3 -m pytest tests/gpu/test_gpu_residency.py -q -rA -s --timeout 200 ${TESTS_K:+-k "$TESTS_K"} \
              -p no:cacheprovider > "$OUT/tests.log" 2>&1
-           grep -E "^(FAILED|ERROR)|passed|failed|vs int-dequant|Triton vs|small-step" "$OUT/tests.log" | cut -c1-160 ;;
+           grep -E "^(FAILED|ERROR)|passed|failed|vs int-dequant|Triton vs|small-step|streamK" "$OUT/tests.log" | cut -c1-160 ;;
     residency) timeout ${RES_S:-240} python3 bench/gpu_residency.py --out "$OUT" ${RES_ARGS:-} 2>&1 \
              | tee "$OUT/residency.log" | grep -v "^sweep" | tail -${RES_TAIL:-45} ;;
     peer) timeout ${PEER_S:-240} python3 bench/peer_moe.py --out "$OUT" ${PEER_ARGS:-} 2>&1 \

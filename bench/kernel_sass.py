@@ -5,7 +5,7 @@ with HBM at small batch).
 
     PYTHONPATH=runtime python3 bench/kernel_sass.py [--dequant 3] [--block-n1 64] [--block-k1 128]
         [--block-n2 128] [--block-k2 128] [--num-stages 4] [--split-k1 N] [--split-k2 N] [--one-token]
-        [--fuse-finalize] [--pdl] [--dump DIR]
+        [--fuse-finalize] [--pdl] [--stream-k1 P] [--stream-k2 P] [--dump DIR]
 
 Uses whatever Triton is importable (the H200 image has 3.6.0; install the same version into a
 scratch directory, e.g. ``pip install --target /tmp/t36 triton==3.6.0`` and put it first on
@@ -46,6 +46,17 @@ W2_ARGS = [("act_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("
            ("s_expert_stride", "i64"), ("ids_ptr", "*i64"), ("token_mask_ptr", "*i32"), ("part_ptr", "*fp32"),
            ("ticket_ptr", "*i32"), ("E", "i32"), ("hot_b_ptr", "*fp32"), ("cold_b_ptr", "*fp32"),
            ("b_expert_stride", "i64"), ("weights_ptr", "*fp32"), ("out_ptr", "*bf16"), ("fin_ticket_ptr", "*i32")]
+W13_STREAM_ARGS = [("x_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("hot_s_ptr", "*u8"),
+                   ("cold_w_ptr", "*u8"), ("cold_s_ptr", "*u8"), ("act_ptr", "*bf16"), ("counts_ptr", "*i64"),
+                   ("tokens_ptr", "*i64"), ("w_expert_stride", "i64"), ("s_expert_stride", "i64"),
+                   ("ids_ptr", "*i64"), ("token_mask_ptr", "*i32"), ("part_ptr", "*fp32"), ("ticket_ptr", "*i32"),
+                   ("E", "i32"), ("hot_b_ptr", "*fp32"), ("cold_b_ptr", "*fp32"), ("b_expert_stride", "i64")]
+W2_STREAM_ARGS = [("act_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("hot_s_ptr", "*u8"),
+                  ("cold_w_ptr", "*u8"), ("cold_s_ptr", "*u8"), ("y_ptr", "*bf16"), ("w_expert_stride", "i64"),
+                  ("s_expert_stride", "i64"), ("ids_ptr", "*i64"), ("token_mask_ptr", "*i32"), ("part_ptr", "*fp32"),
+                  ("ticket_ptr", "*i32"), ("E", "i32"), ("hot_b_ptr", "*fp32"), ("cold_b_ptr", "*fp32"),
+                  ("b_expert_stride", "i64"), ("weights_ptr", "*fp32"), ("out_ptr", "*bf16"),
+                  ("fin_ticket_ptr", "*i32")]
 _ADDR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(\S.*)")
 
 
@@ -121,6 +132,8 @@ def main() -> int:
     ap.add_argument("--one-token", action="store_true", help="the T=1 kernels (no grouping launch)")
     ap.add_argument("--fuse-finalize", action="store_true", help="T=1 w2 with the finalize folded in")
     ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch (griddepcontrol)")
+    ap.add_argument("--stream-k1", type=int, default=0, help="T=1 stream-K w13 on this many programs")
+    ap.add_argument("--stream-k2", type=int, default=0, help="T=1 stream-K w2 on this many programs")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200, 80: A100)")
     ap.add_argument("--dump", type=Path, default=None, help="write SASS and TTGIR here")
     a = ap.parse_args()
@@ -137,6 +150,22 @@ def main() -> int:
     target_info.current_target = compile_target
     print(f"triton {triton.__version__}, sm_{ARCH}")
     threads = 32 * a.num_warps
+    if a.stream_k1:
+        w13 = compile_kernel(kernels.w13_stream_kernel, W13_STREAM_ARGS,
+                             dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BM=a.block_m, BN=a.block_n1,
+                                  BK=a.block_k1, DEQUANT=a.dequant, TILE_MAJOR=True, COUNT=True,
+                                  SWIGLU_LIMIT=0.0, PROGRAMS=a.stream_k1, HAS_TOKEN_MASK=True, PDL=a.pdl),
+                             a.num_warps, a.num_stages)
+        report("w13-streamK", w13, 2 * a.block_n1 * a.block_k1 // threads, a.dump)
+    if a.stream_k2:
+        w2 = compile_kernel(kernels.w2_stream_kernel, W2_STREAM_ARGS,
+                            dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BM=a.block_m, BN=a.block_n2,
+                                 BK=a.block_k2, DEQUANT=a.dequant, TILE_MAJOR=True, PROGRAMS=a.stream_k2,
+                                 HAS_TOKEN_MASK=True, FUSE_FINALIZE=a.fuse_finalize, PDL=a.pdl),
+                            a.num_warps, a.num_stages)
+        report("w2-streamK", w2, a.block_n2 * a.block_k2 // threads, a.dump)
+    if a.stream_k1 or a.stream_k2:
+        return 0
     w13 = compile_kernel(kernels.w13_swiglu_kernel, W13_ARGS,
                          dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BM=a.block_m, BN=a.block_n1, BK=a.block_k1,
                               DEQUANT=a.dequant, TILE_MAJOR=True, COUNT=False, SWIGLU_LIMIT=0.0, SPLIT=a.split_k1,

@@ -72,6 +72,9 @@ CONFIGS = {
                                                 num_stages_large=None),
     # split-K of small steps (off by default; w13 K in 4 splits, w2 in 2)
     "mma-order-splitk": KernelConfig(split_k1=4, split_k2=2),
+    # T=1 stream-K: both expert launches on 264 programs (2 per H200 SM), equal shares of the
+    # (pick, row tile, K step) list; tiles cut by a share boundary reduced in share order
+    "mma-order-streamk": KernelConfig(stream_k1=264, stream_k2=264),
 }
 
 
@@ -393,7 +396,7 @@ def test_minus_one_picks_add_what_the_core_ep_path_adds(tokens: int) -> None:
     local_of[mine] = torch.arange(experts, dtype=torch.int32)
     expert_map = local_of.to(DEV)
     layers = make_layers(DSV41, experts, 6, gen)
-    for cfg in (KernelConfig(), KernelConfig(fuse_finalize=False, pdl=False)):
+    for cfg in (KernelConfig(), KernelConfig(fuse_finalize=False, pdl=False), CONFIGS["mma-order-streamk"]):
         ex = TritonMxfp4Experts(DSV41, experts, k, max_tokens=96, device=DEV, config=cfg)
         global_ids = torch.stack([torch.randperm(e_global, generator=gen, device=DEV)[:k]
                                   for _ in range(tokens)])
@@ -510,6 +513,51 @@ def test_small_step_schedule_matches_unsplit_schedule_and_reference(tokens: int)
     assert int(counter.tokens[0]) == tokens - 1
     if tokens > 1:
         assert torch.equal(masked[mask], out[mask])
+
+
+@pytest.mark.parametrize("programs", [(264, 264), (396, 264)])
+def test_stream_k_t1_dsv41(programs: tuple[int, int]) -> None:
+    """T=1 stream-K at DSv4.1 geometry (w13: 6 x 36 tiles x 40 K steps = 8,640 units, w2: 6 x 40
+    x 18 = 4,320, on 132-396 programs, so most tiles are cut): split == unsplit bit for bit,
+    fused == separate finalize bit for bit, within tolerance of the one-program-per-tile schedule
+    and the torch reference, every ticket back at zero, the counter exact with a padded token;
+    eager == a CUDA graph replay with new routing."""
+    gen = torch.Generator(device=DEV).manual_seed(61)
+    experts, k = 12, 6
+    cfg = KernelConfig(stream_k1=programs[0], stream_k2=programs[1])
+    sep = KernelConfig(stream_k1=programs[0], stream_k2=programs[1], fuse_finalize=False)
+    unsplit, split, hot_ids, cold_ids, reference = make_layers(DSV41, experts, 6, gen, cfg)
+    ex = TritonMxfp4Experts(DSV41, experts, k, max_tokens=16, device=DEV, config=cfg)
+    ex_sep = TritonMxfp4Experts(DSV41, experts, k, max_tokens=16, device=DEV, config=sep)
+    base = TritonMxfp4Experts(DSV41, experts, k, max_tokens=16, device=DEV, config=KernelConfig())
+    sc = ex.split_scratch
+    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
+    for row in (hot_ids[:6], cold_ids[:6], hot_ids[:3] + cold_ids[:3]):
+        ids = torch.tensor([row], device=DEV)
+        weights = torch.softmax(torch.randn(1, k, generator=gen, device=DEV), dim=1)
+        x = activations(1, DSV41.hidden, gen)
+        out = ex.forward(split, x, weights, ids).clone()
+        for t in (sc.tickets13, sc.tickets2, sc.stream_tickets2):
+            assert int(t.abs().sum()) == 0
+        assert torch.equal(out, ex.forward(unsplit, x, weights, ids))
+        assert torch.equal(out, ex_sep.forward(split, x, weights, ids))
+        ref = residency_forward(reference, x, weights, ids, mxfp4_swiglu_per_pick(), pick_dtype=torch.bfloat16)
+        whole = base.forward(split, x, weights, ids)
+        print(f"\n[streamK {programs}] T=1 vs one-program-per-tile rel L2 {rel(out, whole):.2e} "
+              f"(bit-identical {torch.equal(out, whole)}), vs torch reference {rel(out, ref):.2e}")
+        assert rel(out, whole) <= REL_TOL and rel(out, ref) <= REL_TOL
+    counter = ExpertCounter([0], experts, device=DEV)
+    ex.forward(split, x, weights, ids, counter=counter)
+    ex.forward(split, x, weights, ids, counter=counter, token_mask=torch.zeros(1, dtype=torch.bool, device=DEV))
+    assert torch.equal(counter.counts[0], torch.bincount(ids.flatten(), minlength=experts))
+    assert int(counter.tokens[0]) == 1
+    out_buf = torch.empty(1, DSV41.hidden, dtype=torch.bfloat16, device=DEV)
+    graph = CapturedStep(lambda xx, w, i: ex.forward(split, xx, w, i, out=out_buf), x, weights, ids)
+    for _ in range(3):
+        ids, weights = random_routing(1, experts, k, gen)
+        x = activations(1, DSV41.hidden, gen)
+        replayed = graph.replay(x, weights, ids).clone()
+        assert torch.equal(replayed, ex.forward(unsplit, x, weights, ids))
 
 
 def test_counter_exact_with_padded_tokens() -> None:

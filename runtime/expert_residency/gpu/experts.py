@@ -91,6 +91,12 @@ class KernelConfig:
     # Programmatic dependent launch (sm_90+ on CUDA; ignored elsewhere): each kernel's programs
     # start while the previous kernel drains and wait for it before touching memory.
     pdl: bool = True
+    # T = 1 stream-K (with one_token): the w13 / w2 launch on this many programs, each an equal
+    # share of the (pick, row tile, K step) work list, partials of tiles cut by a share boundary
+    # added in share order (``kernels.w13_stream_kernel``); 0: one program per (pick, row tile).
+    # A multiple of the SM count (132 on the H200) balances the grid.
+    stream_k1: int = 0
+    stream_k2: int = 0
 
     def describe(self) -> str:
         kind = {0: "int-dequant", 1: "dot_scaled", 2: "prmt-dequant", 3: "mma-order"}.get(
@@ -106,6 +112,8 @@ class KernelConfig:
             text += " T1-ungrouped"
             if self.fuse_finalize:
                 text += "+fused-finalize"
+            if self.stream_k1 or self.stream_k2:
+                text += f" T1-streamK{self.stream_k1}/{self.stream_k2}"
         if self.pdl:
             text += " pdl"
         return text
@@ -208,16 +216,32 @@ class SplitScratch:
         self.tickets13 = torch.zeros(picks * (shape.intermediate // config.block_n1), dtype=torch.int32,
                                      device=dev)
         self.tickets2 = torch.zeros(picks * (shape.hidden // config.block_n2), dtype=torch.int32, device=dev)
+        # T = 1 stream-K: per program two (first/last piece) fp32 partials; w2's own tickets
+        # (tickets2 holds the fused finalize's); w13 uses tickets13.
+        k = top_k if config.one_token else 0
+        self.stream13 = torch.empty(config.stream_k1 * 4 * config.block_n1 if k else 0,
+                                    dtype=torch.float32, device=dev)
+        self.stream2 = torch.empty(config.stream_k2 * 2 * config.block_n2 if k else 0,
+                                   dtype=torch.float32, device=dev)
+        self.stream_tickets2 = torch.zeros(k * (shape.hidden // config.block_n2) if config.stream_k2 else 0,
+                                           dtype=torch.int32, device=dev)
 
     @staticmethod
     def bytes_for(max_tokens: int, top_k: int, shape: ExpertShape, config: KernelConfig) -> int:
         """With p = min(max_tokens, small-step limit) * top_k picks and the effective splits s1, s2
-        (0 where 1): fp32 ``p*(s1*2I + s2*H)`` plus int32 tickets ``p*(I/block_n1 + H/block_n2)``."""
+        (0 where 1): fp32 ``p*(s1*2I + s2*H)`` plus int32 tickets ``p*(I/block_n1 + H/block_n2)``;
+        with T=1 stream-K (``one_token``) also fp32 ``4*stream_k1*block_n1 + 2*stream_k2*block_n2``
+        and, when stream_k2 > 0, int32 ``top_k*H/block_n2``."""
         p = max(min(int(max_tokens), config.small_step_limit()) * int(top_k), 1)
         s1, s2 = effective_splits(shape, config)
         s1, s2 = (s1 if s1 > 1 else 0), (s2 if s2 > 1 else 0)
         tickets = p * (shape.intermediate // config.block_n1 + shape.hidden // config.block_n2)
-        return 4 * p * (s1 * 2 * shape.intermediate + s2 * shape.hidden) + 4 * tickets
+        stream = 0
+        if config.one_token:
+            stream = 4 * (4 * config.stream_k1 * config.block_n1 + 2 * config.stream_k2 * config.block_n2)
+            if config.stream_k2:
+                stream += 4 * int(top_k) * (shape.hidden // config.block_n2)
+        return 4 * p * (s1 * 2 * shape.intermediate + s2 * shape.hidden) + 4 * tickets + stream
 
     @property
     def nbytes(self) -> int:
@@ -447,33 +471,63 @@ class TritonMxfp4Experts:
         b2 = (hot["w2_bias"], cold["w2_bias"]) if has_bias else (self._dummy_f32,) * 2
         w13, s13 = hot[W13], hot[W13 + SCALE_SUFFIX]
         w2, s2w = hot[W2], hot[W2 + SCALE_SUFFIX]
-        kernels.w13_swiglu_kernel[(shape.intermediate // cfg.block_n1, max_slots, s1)](
-            x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX],
-            ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.act,
-            counts if count_in_kernel else ws.dummy_i64, tokens if count_in_kernel else ws.dummy_i64,
-            ws.n_tokens, x.stride(0), w13.stride(0), s13.stride(0),
-            ids, mask_arg, sc.part13 if s1 > 1 else ws.dummy_i64, sc.tickets13, self.num_experts,
-            b13[0], b13[1], b13[0].stride(0) if has_bias else 0,
-            H=shape.hidden, INTER=shape.intermediate, TOP_K=k,
-            BM=cfg.block_m, BN=cfg.block_n1, BK=cfg.block_k1, DEQUANT=cfg.dequant,
-            TILE_MAJOR=cfg.tile_major, COUNT=count_in_kernel,
-            SWIGLU_LIMIT=0.0 if self.swiglu_limit is None else self.swiglu_limit,
-            SPLIT=s1, **small_args, HAS_BIAS=has_bias, ACT=1 if self.activation == SWIGLUOAI else 0,
-            ALPHA=float(self.swiglu_alpha), num_warps=cfg.num_warps, num_stages=stages,
-            **self._pdl_args())
-        kernels.w2_kernel[(shape.hidden // cfg.block_n2, max_slots, s2)](
-            ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX],
-            ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.pick_out,
-            w2.stride(0), s2w.stride(0),
-            ids, mask_arg, sc.part2 if s2 > 1 else ws.dummy_i64, sc.tickets2, self.num_experts,
-            b2[0], b2[1], b2[0].stride(0) if has_bias else 0,
-            H=shape.hidden, INTER=shape.intermediate,
-            BM=cfg.block_m, BN=cfg.block_n2, BK=cfg.block_k2, DEQUANT=cfg.dequant,
-            TILE_MAJOR=cfg.tile_major, TOP_K=k, SPLIT=s2, **small_args, HAS_BIAS=has_bias,
-            num_warps=cfg.num_warps, num_stages=stages, **self._pdl_args(),
-            # T=1 fused finalize: the token's weights, the output row, one ticket per row tile
-            # (the w2 split tickets, unused when w2 is unsplit; every launch leaves them at zero)
-            **self._fused_finalize_args(fin, ws))
+        # at most one program per work unit (every share non-empty)
+        stream1 = min(cfg.stream_k1, k * shape.hidden // cfg.block_k1 * (shape.intermediate // cfg.block_n1)
+                      ) if one_token and s1 == 1 else 0
+        stream2 = min(cfg.stream_k2, k * shape.intermediate // cfg.block_k2 * (shape.hidden // cfg.block_n2)
+                      ) if one_token and s2 == 1 else 0
+        act_args = dict(SWIGLU_LIMIT=0.0 if self.swiglu_limit is None else self.swiglu_limit,
+                        HAS_BIAS=has_bias, ACT=1 if self.activation == SWIGLUOAI else 0,
+                        ALPHA=float(self.swiglu_alpha))
+        if stream1:
+            kernels.w13_stream_kernel[(stream1,)](
+                x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX], ws.act,
+                counts if count_in_kernel else ws.dummy_i64, tokens if count_in_kernel else ws.dummy_i64,
+                w13.stride(0), s13.stride(0), ids, mask_arg, sc.stream13, sc.tickets13, self.num_experts,
+                b13[0], b13[1], b13[0].stride(0) if has_bias else 0,
+                H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BM=cfg.block_m, BN=cfg.block_n1,
+                BK=cfg.block_k1, DEQUANT=cfg.dequant, TILE_MAJOR=cfg.tile_major, COUNT=count_in_kernel,
+                PROGRAMS=stream1, HAS_TOKEN_MASK=token_mask is not None, **act_args,
+                num_warps=cfg.num_warps, num_stages=stages, **self._pdl_args())
+        else:
+            kernels.w13_swiglu_kernel[(shape.intermediate // cfg.block_n1, max_slots, s1)](
+                x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX],
+                ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.act,
+                counts if count_in_kernel else ws.dummy_i64, tokens if count_in_kernel else ws.dummy_i64,
+                ws.n_tokens, x.stride(0), w13.stride(0), s13.stride(0),
+                ids, mask_arg, sc.part13 if s1 > 1 else ws.dummy_i64, sc.tickets13, self.num_experts,
+                b13[0], b13[1], b13[0].stride(0) if has_bias else 0,
+                H=shape.hidden, INTER=shape.intermediate, TOP_K=k,
+                BM=cfg.block_m, BN=cfg.block_n1, BK=cfg.block_k1, DEQUANT=cfg.dequant,
+                TILE_MAJOR=cfg.tile_major, COUNT=count_in_kernel,
+                SWIGLU_LIMIT=0.0 if self.swiglu_limit is None else self.swiglu_limit,
+                SPLIT=s1, **small_args, HAS_BIAS=has_bias, ACT=1 if self.activation == SWIGLUOAI else 0,
+                ALPHA=float(self.swiglu_alpha), num_warps=cfg.num_warps, num_stages=stages,
+                **self._pdl_args())
+        if stream2:
+            kernels.w2_stream_kernel[(stream2,)](
+                ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX], ws.pick_out,
+                w2.stride(0), s2w.stride(0), ids, mask_arg, sc.stream2, sc.stream_tickets2,
+                self.num_experts, b2[0], b2[1], b2[0].stride(0) if has_bias else 0,
+                **self._fused_finalize_args(fin, ws),
+                H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BM=cfg.block_m, BN=cfg.block_n2,
+                BK=cfg.block_k2, DEQUANT=cfg.dequant, TILE_MAJOR=cfg.tile_major, PROGRAMS=stream2,
+                HAS_TOKEN_MASK=token_mask is not None, HAS_BIAS=has_bias,
+                num_warps=cfg.num_warps, num_stages=stages, **self._pdl_args())
+        else:
+            kernels.w2_kernel[(shape.hidden // cfg.block_n2, max_slots, s2)](
+                ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX],
+                ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.pick_out,
+                w2.stride(0), s2w.stride(0),
+                ids, mask_arg, sc.part2 if s2 > 1 else ws.dummy_i64, sc.tickets2, self.num_experts,
+                b2[0], b2[1], b2[0].stride(0) if has_bias else 0,
+                H=shape.hidden, INTER=shape.intermediate,
+                BM=cfg.block_m, BN=cfg.block_n2, BK=cfg.block_k2, DEQUANT=cfg.dequant,
+                TILE_MAJOR=cfg.tile_major, TOP_K=k, SPLIT=s2, **small_args, HAS_BIAS=has_bias,
+                num_warps=cfg.num_warps, num_stages=stages, **self._pdl_args(),
+                # T=1 fused finalize: the token's weights, the output row, one ticket per row tile
+                # (the w2 split tickets, unused when w2 is unsplit; every launch leaves them at zero)
+                **self._fused_finalize_args(fin, ws))
 
     def _fused_finalize_args(self, fin: "tuple[torch.Tensor, torch.Tensor] | None", ws: Workspace) -> dict:
         if fin is None:

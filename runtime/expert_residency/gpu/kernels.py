@@ -635,3 +635,217 @@ def finalize_kernel(y_ptr, weights_ptr, out_ptr, ids_ptr, E, H: tl.constexpr, TO
             w, y = _routed_pick(ids_ptr + t * TOP_K + k, E, w, y)
         acc = tl.fma(tl.full((BH,), 0.0, tl.float32) + w, y, acc)
     tl.store(out_ptr + t * H + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+# -- T = 1 stream-K: a balanced grid ---------------------------------------------------------------
+# At T=1 the expert kernels have TOP_K * (rows / BN) tiles (DSv4.1: 216 for w13, 240 for w2) on
+# 132 SMs: some SMs hold two programs, others one, and those idle once done. The stream-K kernels
+# below flatten every (pick, row tile, K step) into one list of W work units and give each of
+# PROGRAMS programs (a multiple of the SM count) the equal share [j*W//P, (j+1)*W//P). A tile whose
+# K steps fall in one share is reduced and stored as before; a tile cut by share boundaries has
+# its pieces' fp32 partials stored per (share, first/last piece) and added by the tile's last
+# piece (a ticket) **in share order**: the sum depends on W and PROGRAMS only, never on a bank or
+# on timing, so split == unsplit still holds bit for bit.
+
+
+@triton.jit
+def _share_start(j, W: tl.constexpr, PROGRAMS: tl.constexpr):
+    """First work unit of share ``j``."""
+    return j * W // PROGRAMS
+
+
+@triton.jit
+def _share_at(w, W: tl.constexpr, PROGRAMS: tl.constexpr):
+    """The share holding work unit ``w``: the largest ``j`` with ``j*W//P <= w``."""
+    return ((w + 1) * PROGRAMS + W - 1) // W - 1
+
+
+@triton.jit
+def _last_of(ticket_ptr, count):
+    """``_last_of_split`` with a run-time number of participants."""
+    tl.debug_barrier()
+    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
+    last = ticket == count - 1
+    if last:
+        tl.atomic_xchg(ticket_ptr, 0)
+    return last
+
+
+@triton.jit
+def w13_stream_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, act_ptr,
+                      counts_ptr, tokens_ptr, w_expert_stride, s_expert_stride,
+                      ids_ptr, token_mask_ptr, part_ptr, ticket_ptr, E,
+                      hot_b_ptr, cold_b_ptr, b_expert_stride,
+                      H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr,
+                      TILE_MAJOR: tl.constexpr, COUNT: tl.constexpr, SWIGLU_LIMIT: tl.constexpr,
+                      PROGRAMS: tl.constexpr, HAS_TOKEN_MASK: tl.constexpr = False,
+                      HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0, ALPHA: tl.constexpr = 1.0,
+                      PDL: tl.constexpr = False):
+    """``w13_swiglu_kernel`` at T = 1 (ungrouped: slot = pick) on a balanced grid of ``PROGRAMS``
+    programs (stream-K, above). Partials: ``part [PROGRAMS, 2 (first/last piece), 2 (gate, up), BN]``
+    fp32; one ticket per (pick, row tile). Counter: the tile with row tile 0 and K step 0 counts
+    its pick, share 0 the token."""
+    _pdl_enter(PDL)
+    NT: tl.constexpr = INTER // BN
+    NK: tl.constexpr = H // BK
+    W: tl.constexpr = TOP_K * NT * NK
+    pid = tl.program_id(0)
+    if COUNT:
+        if pid == 0:
+            if HAS_TOKEN_MASK:
+                tl.atomic_add(tokens_ptr, (tl.load(token_mask_ptr) != 0).to(tl.int64))
+            else:
+                tl.atomic_add(tokens_ptr, 1)
+    w = _share_start(pid, W, PROGRAMS)
+    w_hi = _share_start(pid + 1, W, PROGRAMS)
+    rows_bn = tl.arange(0, BN)
+    cols = tl.arange(0, BM)
+    while w < w_hi:
+        tile = w // NK
+        k_first = w - tile * NK
+        seg_hi = tl.minimum(w_hi, (tile + 1) * NK)
+        k_last = seg_hi - tile * NK
+        slot = tile // NT
+        pid_n = tile - slot * NT
+        expert = tl.load(ids_ptr + slot).to(tl.int32)
+        ok = (expert >= 0) & (expert < E)
+        if HAS_TOKEN_MASK:
+            ok = ok & (tl.load(token_mask_ptr) != 0)
+        if ok:
+            if COUNT:
+                if (pid_n == 0) & (k_first == 0):
+                    tl.atomic_add(counts_ptr + expert, 1)
+            w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride)
+            s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride)
+            if HAS_BIAS:
+                b_base = _expert_base(codes_ptr, expert, hot_b_ptr, cold_b_ptr, b_expert_stride)
+            else:
+                b_base = hot_b_ptr
+            picks = slot + cols
+            m_ok = picks < slot + 1
+            tok = (picks // TOP_K).to(tl.int64)
+            gate_rows = pid_n * BN + rows_bn
+            acc_g = tl.zeros((BN, BM), dtype=tl.float32)
+            acc_u = tl.zeros((BN, BM), dtype=tl.float32)
+            for k0 in range(k_first * BK, k_last * BK, BK):
+                kk = k0 + tl.arange(0, BK)
+                x_t = tl.load(x_ptr + tok[None, :] * H + kk[:, None], mask=m_ok[None, :], other=0.0)
+                acc_g = _mx_tile_dot(acc_g, w_base, s_base, pid_n * BN, k0, x_t, H, BN, BK, DEQUANT,
+                                     TILE_MAJOR)
+                acc_u = _mx_tile_dot(acc_u, w_base, s_base, pid_n * BN + INTER, k0, x_t, H, BN, BK,
+                                     DEQUANT, TILE_MAJOR)
+            dest = act_ptr + picks[None, :].to(tl.int64) * INTER + gate_rows[:, None]
+            if (k_first == 0) & (k_last == NK):
+                act = _swiglu(acc_g, acc_u, b_base, gate_rows, INTER, SWIGLU_LIMIT, HAS_BIAS, ACT, ALPHA)
+                tl.store(dest, act.to(tl.bfloat16), mask=m_ok[None, :])
+            else:
+                piece = (_share_start(pid, W, PROGRAMS) < tile * NK).to(tl.int32)
+                col0 = (cols - 0)[None, :] * 0
+                part = part_ptr + (pid * 2 + piece) * (2 * BN) + rows_bn[:, None] + col0
+                tl.store(part, acc_g, mask=m_ok[None, :])
+                tl.store(part + BN, acc_u, mask=m_ok[None, :])
+                j_first = _share_at(tile * NK, W, PROGRAMS)
+                j_last = _share_at(tile * NK + NK - 1, W, PROGRAMS)
+                if _last_of(ticket_ptr + tile, j_last - j_first + 1):
+                    first_piece = (_share_start(j_first, W, PROGRAMS) < tile * NK).to(tl.int32)
+                    first = part_ptr + (j_first * 2 + first_piece) * (2 * BN) + rows_bn[:, None] + col0
+                    acc_g = tl.load(first, mask=m_ok[None, :], other=0.0, cache_modifier=".cg")
+                    acc_u = tl.load(first + BN, mask=m_ok[None, :], other=0.0, cache_modifier=".cg")
+                    for j in range(j_first + 1, j_last + 1):  # later shares start inside the tile
+                        p = part_ptr + (j * 2) * (2 * BN) + rows_bn[:, None] + col0
+                        acc_g += tl.load(p, mask=m_ok[None, :], other=0.0, cache_modifier=".cg")
+                        acc_u += tl.load(p + BN, mask=m_ok[None, :], other=0.0, cache_modifier=".cg")
+                    act = _swiglu(acc_g, acc_u, b_base, gate_rows, INTER, SWIGLU_LIMIT, HAS_BIAS, ACT,
+                                  ALPHA)
+                    tl.store(dest, act.to(tl.bfloat16), mask=m_ok[None, :])
+        w = seg_hi
+
+
+@triton.jit
+def w2_stream_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, y_ptr,
+                     w_expert_stride, s_expert_stride,
+                     ids_ptr, token_mask_ptr, part_ptr, ticket_ptr, E,
+                     hot_b_ptr, cold_b_ptr, b_expert_stride,
+                     weights_ptr, out_ptr, fin_ticket_ptr,
+                     H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr,
+                     TILE_MAJOR: tl.constexpr, PROGRAMS: tl.constexpr,
+                     HAS_TOKEN_MASK: tl.constexpr = False, HAS_BIAS: tl.constexpr = False,
+                     FUSE_FINALIZE: tl.constexpr = False, PDL: tl.constexpr = False):
+    """``w2_kernel`` at T = 1 on a balanced grid (stream-K, above); partials
+    ``part [PROGRAMS, 2, BN]`` fp32, one ticket per (pick, row tile) on ``ticket``.
+    ``FUSE_FINALIZE``: each finished (pick, row tile) — stored, or skipped (counted by its K-step-0
+    piece) — takes a ticket on ``fin_ticket[row tile]``; the last of the ``TOP_K`` runs
+    ``w2_kernel``'s fused finalize (the same operations, so the same bits)."""
+    _pdl_enter(PDL)
+    NT: tl.constexpr = H // BN
+    NK: tl.constexpr = INTER // BK
+    W: tl.constexpr = TOP_K * NT * NK
+    pid = tl.program_id(0)
+    w = _share_start(pid, W, PROGRAMS)
+    w_hi = _share_start(pid + 1, W, PROGRAMS)
+    rows_bn = tl.arange(0, BN)
+    cols = tl.arange(0, BM)
+    while w < w_hi:
+        tile = w // NK
+        k_first = w - tile * NK
+        seg_hi = tl.minimum(w_hi, (tile + 1) * NK)
+        k_last = seg_hi - tile * NK
+        slot = tile // NT
+        pid_n = tile - slot * NT
+        rows = pid_n * BN + rows_bn
+        expert = tl.load(ids_ptr + slot).to(tl.int32)
+        ok = (expert >= 0) & (expert < E)
+        if HAS_TOKEN_MASK:
+            ok = ok & (tl.load(token_mask_ptr) != 0)
+        done = ((k_first == 0) & (ok == 0)).to(tl.int32)  # a skipped tile: done by its first piece
+        if ok:
+            w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride)
+            s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride)
+            picks = (slot + cols).to(tl.int64)
+            m_ok = picks < slot + 1
+            acc = tl.zeros((BN, BM), dtype=tl.float32)
+            for k0 in range(k_first * BK, k_last * BK, BK):
+                kk = k0 + tl.arange(0, BK)
+                a_t = tl.load(act_ptr + picks[None, :] * INTER + kk[:, None], mask=m_ok[None, :], other=0.0)
+                acc = _mx_tile_dot(acc, w_base, s_base, pid_n * BN, k0, a_t, INTER, BN, BK, DEQUANT,
+                                   TILE_MAJOR)
+            dest = y_ptr + picks[None, :] * H + rows[:, None]
+            if (k_first == 0) & (k_last == NK):
+                if HAS_BIAS:
+                    b_row = tl.load(_expert_base(codes_ptr, expert, hot_b_ptr, cold_b_ptr, b_expert_stride) + rows)
+                    acc += b_row.to(tl.float32)[:, None]
+                tl.store(dest, acc.to(tl.bfloat16), mask=m_ok[None, :])
+                done = done * 0 + 1
+            else:
+                piece = (_share_start(pid, W, PROGRAMS) < tile * NK).to(tl.int32)
+                col0 = cols[None, :] * 0
+                part = part_ptr + (pid * 2 + piece) * BN + rows_bn[:, None] + col0
+                tl.store(part, acc, mask=m_ok[None, :])
+                j_first = _share_at(tile * NK, W, PROGRAMS)
+                j_last = _share_at(tile * NK + NK - 1, W, PROGRAMS)
+                if _last_of(ticket_ptr + tile, j_last - j_first + 1):
+                    first_piece = (_share_start(j_first, W, PROGRAMS) < tile * NK).to(tl.int32)
+                    acc = tl.load(part_ptr + (j_first * 2 + first_piece) * BN + rows_bn[:, None] + col0,
+                                  mask=m_ok[None, :], other=0.0, cache_modifier=".cg")
+                    for j in range(j_first + 1, j_last + 1):
+                        acc += tl.load(part_ptr + (j * 2) * BN + rows_bn[:, None] + col0,
+                                       mask=m_ok[None, :], other=0.0, cache_modifier=".cg")
+                    if HAS_BIAS:
+                        b_row = tl.load(_expert_base(codes_ptr, expert, hot_b_ptr, cold_b_ptr,
+                                                     b_expert_stride) + rows)
+                        acc += b_row.to(tl.float32)[:, None]
+                    tl.store(dest, acc.to(tl.bfloat16), mask=m_ok[None, :])
+                    done = done * 0 + 1
+        if FUSE_FINALIZE:
+            if done != 0:
+                if _last_of(fin_ticket_ptr + pid_n, TOP_K):
+                    out = tl.zeros((BN,), dtype=tl.float32)
+                    for kk in tl.static_range(TOP_K):
+                        wk = tl.load(weights_ptr + kk).to(tl.float32)
+                        y = tl.load(y_ptr + kk * H + rows, cache_modifier=".cg").to(tl.float32)
+                        wk, y = _routed_pick(ids_ptr + kk, E, wk, y)
+                        out = tl.fma(tl.full((BN,), 0.0, tl.float32) + wk, y, out)
+                    tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty))
+        w = seg_hi

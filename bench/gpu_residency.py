@@ -56,6 +56,7 @@ from expert_residency.core.devmap import encode_row_codes  # noqa: E402
 from expert_residency.gpu.experts import ExpertShape, KernelConfig, TritonMxfp4Experts  # noqa: E402
 from expert_residency.gpu.graphs import CapturedStep  # noqa: E402
 from expert_residency.gpu.pinned import PinnedRegion  # noqa: E402
+from expert_residency.gpu.tile_rules import check_compiled_block_m  # noqa: E402
 
 DSV41 = ExpertShape(hidden=5120, intermediate=2304)
 NAMES = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale")
@@ -329,7 +330,9 @@ def parse_config(text: str) -> KernelConfig:
     for kv in filter(None, (s.strip() for s in text.split(","))):
         key, value = kv.split("=")
         fields[key.strip()] = int(value)
-    return KernelConfig(**fields)
+    config = KernelConfig(**fields)
+    check_compiled_block_m(config, DEV)   # block_m < 16 is wrong compiled (gpu/tile_rules.py)
+    return config
 
 
 def make_step(ex: TritonMxfp4Experts, layers: list[ResidentLayer], tokens: int, counter=None):

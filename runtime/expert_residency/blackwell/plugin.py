@@ -57,12 +57,15 @@ def cuda_bank_experts(hidden: int, intermediate: int, num_experts: int, top_k: i
     if choice.kernel == TORCH_REFERENCE:
         return None, f"expert_residency torch MXFP4 reference (core.reference{clamp})", choice
     from ..gpu.experts import ExpertShape, KernelConfig, TritonMxfp4Experts, config_for_shape
+    from ..gpu.tile_rules import check_compiled_block_m
 
     shape = ExpertShape(hidden, intermediate)
     # Default tiles shrink to the geometry (gpt-oss's 2,880 = 45 x 64); a given config is kept.
     config = kernel_config if kernel_config is not None else config_for_shape(shape, KernelConfig())
     if choice.kernel == TRITON_DOT_SCALED:
         config = dataclasses.replace(config, dequant=1)
+    # Refused before any allocation: block_m < 16 computes wrong outputs compiled (gpu.tile_rules).
+    check_compiled_block_m(config, dev)
     experts = TritonMxfp4Experts(shape, num_experts, top_k, max_tokens, dev, config,
                                  swiglu_limit=swiglu_limit, activation=activation)
     return experts, f"expert_residency Triton MXFP4 ({config.describe()}{clamp})", choice

@@ -1,0 +1,44 @@
+"""Which tile shapes the compiled MXFP4 kernels may run with (standard library only).
+
+``KernelConfig.block_m`` (tokens per tile) below 16 is refused for compiled kernels: measured on
+one NVIDIA H200 (2026-12-01), the MMA-order decode (``dequant=3``, the default) compiled with
+``block_m=4`` gives wrong outputs (relative L2 1.9 against ``block_m=16`` on a 6-expert 256 x 128
+layer, plain SiLU), while ``TRITON_INTERPRET=1`` on CPU computes it right, so CPU tests cannot see
+it. The other decodes were never run on a GPU below 16 either. Under the interpreter (device
+``cpu``) small tiles stay allowed: the CPU tests use ``block_m=4`` to keep steps short.
+
+Every path that builds the compiled kernels checks here: ``TritonMxfp4Experts`` (its constructor),
+the plugin's ``blackwell.plugin.cuda_bank_experts`` (a given ``kernel_config``) and the benches'
+``--config`` / ``--sweep`` / ``--compare`` parser (``bench/gpu_residency.parse_config``, which
+``bench/peer_moe.py`` reuses).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The smallest block_m run and checked compiled on the H200 (the default KernelConfig's).
+MIN_COMPILED_BLOCK_M = 16
+
+
+def compiled_block_m_reason(block_m: int, dequant: int, device_type: str) -> str | None:
+    """None when ``block_m`` may run on ``device_type`` ("cuda": compiled; "cpu": interpreted),
+    else why not (the message names the field, its value and the smallest allowed)."""
+    if device_type != "cuda" or int(block_m) >= MIN_COMPILED_BLOCK_M:
+        return None
+    measured = ("the MMA-order decode (dequant=3) compiled with block_m=4 gave wrong outputs on "
+                "the H200 (relative L2 1.9 against block_m=16)" if int(dequant) == 3 else
+                f"dequant={int(dequant)} was never checked compiled below block_m="
+                f"{MIN_COMPILED_BLOCK_M}")
+    return (f"KernelConfig.block_m={int(block_m)} is below {MIN_COMPILED_BLOCK_M}, the smallest "
+            f"token tile the compiled MXFP4 kernels are checked at: {measured}; use block_m >= "
+            f"{MIN_COMPILED_BLOCK_M} (smaller tiles run only under TRITON_INTERPRET=1 on CPU)")
+
+
+def check_compiled_block_m(config: Any, device: Any) -> None:
+    """ValueError (``compiled_block_m_reason``) when ``config`` (a ``KernelConfig``) cannot run
+    compiled on ``device`` (a ``torch.device`` or its string)."""
+    device_type = getattr(device, "type", None) or str(device).split(":")[0]
+    reason = compiled_block_m_reason(config.block_m, config.dequant, device_type)
+    if reason is not None:
+        raise ValueError(reason)

@@ -20,7 +20,7 @@ from test_core_graphsafe import FORBIDDEN, OpRecorder  # noqa: E402
 pytestmark = pytest.mark.torch
 
 
-def _setup():
+def _setup(lookahead: bool | None = None):
     layers = {}
     for index in (1, 4):
         hot, cold = random_partition(index, EXPERTS, 9)
@@ -29,7 +29,7 @@ def _setup():
                                      cold_alloc=host_allocator())
     counter = ExpertCounter((1, 4), EXPERTS)
     config = AdaptiveConfig(interval=2, swaps_per_layer=2, decay=0.5, margin=0.0, evidence=0.0, counts_evidence=0.0)
-    policy = AdaptivePolicy(counter, layers, config)
+    policy = AdaptivePolicy(counter, layers, config, lookahead=lookahead)
     return layers, counter, policy
 
 
@@ -74,9 +74,10 @@ def test_tick_adds_no_op():
     assert rec.ops == []
 
 
-def test_barrier_keeps_every_address_a_captured_graph_reads():
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_barrier_keeps_every_address_a_captured_graph_reads(lookahead):
     """Swaps write into the existing bank rows and row map: no tensor a graph captured is replaced."""
-    layers, counter, policy = _setup()
+    layers, counter, policy = _setup(lookahead)
 
     def addresses():
         return {(index, name, bank): t.data_ptr() for index, layer in layers.items()
@@ -90,3 +91,28 @@ def test_barrier_keeps_every_address_a_captured_graph_reads():
         policy.barrier()
     assert policy.swaps_done > 0
     assert addresses() == before
+
+
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_barrier_device_part_is_capturable(lookahead):
+    """What a barrier captures in a CUDA graph (window, decay, ranking) records no host-sync or
+    data-dependent-shape op, the same ops and shapes at every barrier whatever the counts and the
+    map, and writes only the policy's own buffers (their addresses never change)."""
+    layers, counter, policy = _setup(lookahead)
+    buffers = lambda: (policy.scores.data_ptr(), policy._seen.data_ptr(), policy._served_hot.data_ptr())  # noqa: E731
+    before = buffers()
+    recorded = []
+    for seed in range(4):
+        _step(layers, counter, policy, seed)
+        _step(layers, counter, policy, seed + 10)
+        with OpRecorder() as rec:
+            out = policy._plan_on_device()
+        recorded.append(rec.ops)
+        names = {name for name, _ in rec.ops}
+        assert not names & FORBIDDEN, names & FORBIDDEN
+        assert tuple(out.shape) == (3 * 2 * 2 + 3,)
+        # keep the policy's state as a barrier would leave it (apply this plan now)
+        policy._apply(policy._parse(out.to("cpu"))[0], run=lambda steps: [st.run() for st in steps])
+    assert policy.swaps_done > 0
+    assert all(ops == recorded[0] for ops in recorded)
+    assert buffers() == before

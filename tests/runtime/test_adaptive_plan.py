@@ -174,3 +174,75 @@ def test_plan_rejects_mismatched_shapes():
 def test_config_rejects_bad_values(kwargs, field):
     with pytest.raises(ValueError, match=field):
         AdaptiveConfig(**kwargs)
+
+
+def _per_layer_plan(scores: torch.Tensor, hot: torch.Tensor, swaps: int, margin: float,
+                    evidence: float) -> list[Swap]:
+    """The plan's definition, one layer at a time in plain Python (no tensor op across layers):
+    cold experts strongest first, hot ones weakest first, ties to the lower id; pair i accepted
+    while every earlier pair was, cold > (1 + margin) * hot and, with a guard, the lead beats
+    evidence * sqrt(cold + hot)."""
+    out = []
+    for layer in range(scores.shape[0]):
+        row, mask = scores[layer].tolist(), hot[layer].tolist()
+        cold_ids = sorted((e for e in range(len(row)) if not mask[e]), key=lambda e: (-row[e], e))
+        hot_ids = sorted((e for e in range(len(row)) if mask[e]), key=lambda e: (row[e], e))
+        for c, h in list(zip(cold_ids, hot_ids))[:swaps]:
+            ok = row[c] > row[h] * (1.0 + margin)
+            if ok and evidence:
+                ok = row[c] - row[h] > evidence * (row[c] + row[h]) ** 0.5
+            if not ok:
+                break
+            out.append(Swap(layer, c, h))
+    return out
+
+
+def _adversarial_cases():
+    g = torch.Generator().manual_seed(5)
+    cases = []
+    for n in range(12):   # random counts, few distinct values (many ties), random hot masks
+        layers, experts = 1 + n % 5, 4 + 3 * n
+        scores = torch.randint(0, 4, (layers, experts), generator=g).to(torch.float64)
+        hot = torch.rand(layers, experts, generator=g) < 0.6
+        cases.append((scores, hot))
+    g2 = torch.Generator().manual_seed(9)
+    for n in range(6):    # continuous decayed scores (no ties)
+        scores = torch.rand(6, 40, generator=g2, dtype=torch.float64) * 50
+        cases.append((scores, torch.rand(6, 40, generator=g2) < 0.7))
+    experts = 8
+    cases += [
+        (torch.zeros(3, experts, dtype=torch.float64), torch.rand(3, experts, generator=g) < 0.5),  # all zero
+        (torch.full((2, experts), 3.0, dtype=torch.float64), _mask([[0, 1, 2], [5, 6, 7]], experts)),  # all tied
+        (_scores([[9, 9, 9, 1, 1, 1, 0, 0]]), _mask([[3, 4, 5, 6, 7]], experts)),  # tied on both sides
+        (_scores([[1] * experts, [2] * experts]), torch.tensor([[True] * experts, [False] * experts])),  # one-sided
+        (_scores([[0, 5, 0, 5, 0, 5, 0, 5]]), _mask([[1, 3, 5, 7]], experts)),  # hot strongest: nothing
+        (_scores([[5, 0, 5, 0, 5, 0, 5, 0]]), _mask([[1, 3, 5, 7]], experts)),  # every pair beats
+    ]
+    return cases
+
+
+@pytest.mark.parametrize("swaps, margin, evidence", [(1, 0.0, 0.0), (3, 0.5, 0.0), (16, 0.25, 1.5), (2, 0.0, 2.5)])
+def test_batched_ranking_equals_the_per_layer_plan(swaps, margin, evidence):
+    """The ranking is one set of [L, E] tensor ops for all layers (a fixed handful of kernels,
+    not a loop over layers); it must decide exactly what the per-layer definition decides,
+    tie-breaking included. Expected plans come from the Python reference above, not the code."""
+    for scores, hot in _adversarial_cases():
+        layers = list(range(scores.shape[0]))
+        got = plan_swaps(scores, hot, layers, swaps_per_layer=swaps, margin=margin, evidence=evidence)
+        assert got == _per_layer_plan(scores, hot, swaps, margin, evidence), (scores, hot)
+        # the guard given as a device scalar (how the policy passes it) decides the same
+        if evidence:
+            alt = plan_swaps(scores, hot, layers, swaps_per_layer=swaps, margin=margin,
+                             evidence=torch.tensor(evidence, dtype=torch.float64))
+            assert alt == got
+
+
+def test_per_layer_reference_by_hand():
+    # layer 0: hot {3,4,5,6,7} scores 1,1,1,0,0 -> weakest first 6,7,3,4,5; cold {0,1,2} all 9 -> 0,1,2.
+    # pairs (0,6): 9 > 0, (1,7): 9 > 0, (2,3): 9 > 1.5 -> all three at margin 0.5
+    scores, hot = _scores([[9, 9, 9, 1, 1, 1, 0, 0]]), _mask([[3, 4, 5, 6, 7]], 8)
+    assert _per_layer_plan(scores, hot, 4, 0.5, 0.0) == [Swap(0, 0, 6), Swap(0, 1, 7), Swap(0, 2, 3)]
+    # evidence 2.5: 9 - 0 = 9 > 2.5 * 3 = 7.5 (twice), 9 - 1 = 8 > 2.5 * sqrt(10) = 7.9 -> all three
+    assert len(_per_layer_plan(scores, hot, 4, 0.5, 2.5)) == 3
+    # evidence 3: 9 > 9 fails on the first pair -> nothing
+    assert _per_layer_plan(scores, hot, 4, 0.5, 3.0) == []

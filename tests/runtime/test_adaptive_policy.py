@@ -345,3 +345,81 @@ def test_live_rowmap_waits_for_a_barrier_in_progress():
     thread.join()
     assert report.swaps and blocked == [True]
     assert got[0].content_hash() == report.content_hash
+
+
+def _cold_by_hand(layers, ids: dict[int, torch.Tensor]) -> int:
+    """Picks of experts the live host mirrors list as cold, counted in Python."""
+    return sum(int(e) in set(layers[i].cold_ids) for i in LAYERS for e in ids[i].reshape(-1).tolist())
+
+
+def test_lookahead_applies_the_same_plans_one_barrier_later():
+    """With lookahead a barrier swaps by the plan the previous barrier computed. The plans must be
+    the ones a policy without lookahead computes on the same traffic (routing does not depend on
+    the map, and each plan ranks the map after its predecessor's swaps either way), each applied
+    one barrier later; the report's window is the applied plan's, its cold picks under the map
+    that served it (recounted by hand); split == unsplit throughout."""
+    config = AdaptiveConfig(interval=2, swaps_per_layer=2, decay=0.5, margin=0.25, evidence=0.0,
+                            counts_evidence=0.0)
+    plain, ahead = Engine(config), Engine(config)
+    assert plain.policy.lookahead_on is False          # CPU default: nothing to hide
+    ahead.policy = AdaptivePolicy(ahead.counter, ahead.split, config, lookahead=True)
+    assert ahead.policy.lookahead_on
+    g = torch.Generator().manual_seed(21)
+    windows, cold_now = [], 0   # the lookahead engine's hand-counted cold picks per window
+    step = 0
+    for phase in ("agent", "prose", "math"):
+        probs = class_probs(phase)
+        for _ in range(16):
+            ids = {index: sample_ids(probs[row], 8, g) for row, index in enumerate(LAYERS)}
+            cold_now += _cold_by_hand(ahead.split, ids)
+            for engine in (plain, ahead):
+                assert engine.forward(ids, seed=step), f"split != unsplit at step {step}"
+            step += 1
+            due = [engine.policy.tick() for engine in (plain, ahead)]
+            assert due[0] == due[1]
+            if due[0]:
+                windows.append(cold_now)
+                cold_now = 0
+                plain.policy.barrier()
+                ahead.policy.barrier()
+                assert ahead.full_check(), f"bit-exact check failed after barrier {ahead.policy.barriers}"
+    p, a = plain.policy.reports, ahead.policy.reports
+    assert len(p) == len(a) == 24
+    assert a[0].swaps == [] and a[0].window_picks == 0 and a[0].prior is None
+    assert sum(len(r.swaps) for r in p[:-1]) >= 4     # the comparison below is not vacuous
+    for k in range(1, len(a)):
+        assert a[k].swaps == p[k - 1].swaps, k
+        assert a[k].window_picks == p[k - 1].window_picks == 2 * 8 * TOP_K * len(LAYERS)
+        assert a[k].window_cold_picks == windows[k - 1], k
+    # the map lags by exactly the last plan: applying it brings the two maps level
+    ahead.policy.apply(p[-1].swaps)
+    assert current_rowmap(ahead.split).content_hash() == current_rowmap(plain.split).content_hash()
+
+
+def test_lookahead_drops_a_plan_made_stale_by_swaps_outside_a_barrier():
+    config = AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0, evidence=0.0,
+                            counts_evidence=0.0)
+    engine = Engine(config)
+    engine.policy = AdaptivePolicy(engine.counter, engine.split, config, lookahead=True)
+    layer = engine.split[3]
+    cold = layer.cold_ids[0]
+    # every forward: layer 3 picks `cold` twice (once per token) beside three hot experts, layer 5 hot only
+    ids = {3: torch.tensor([[cold] + layer.hot_ids[:3]] * 2, dtype=torch.int32),
+           5: torch.tensor([engine.split[5].hot_ids[:4]] * 2, dtype=torch.int32)}
+    assert engine.forward(ids, seed=1)
+    assert engine.policy.tick()
+    assert engine.policy.barrier().swaps == []        # plan started: promote `cold` in layer 3
+    # an operator swap changes the map before the plan applies
+    engine.policy.apply([Swap(3, layer.cold_ids[1], layer.hot_ids[5])])
+    assert engine.forward(ids, seed=2)
+    assert engine.policy.tick()
+    report = engine.policy.barrier()
+    assert report.swaps == [] and engine.policy.discarded_plans == 1 and report.window_picks == 0
+    assert engine.full_check()
+    # the next barrier applies the plan started after the drop
+    assert engine.forward(ids, seed=3)
+    assert engine.policy.tick()
+    report = engine.policy.barrier()
+    assert [(s.layer, s.promote) for s in report.swaps] == [(3, cold)]
+    # its window (forward 2) had 16 picks, `cold`'s 2 cold under the map after the operator's swap
+    assert (report.window_picks, report.window_cold_picks) == (16, 2) and engine.full_check()

@@ -18,9 +18,23 @@ is in flight, reached every ``interval`` forwards — and runs in this order:
    ``cold > (1 + margin) * hot`` (hysteresis), ``cold - hot > evidence * sqrt(cold + hot)``
    (noise guard; ``counts_evidence`` when the ranking rests on counts alone) and every pair
    before it was accepted;
-5. **read back** the plan (one small device-to-host copy; the barrier is drained anyway);
+5. **read back** the plan (one small device-to-host copy);
 6. **apply**: each accepted pair goes through ``core.swap`` (staging copies, then the map flip),
    layer by layer; nothing is allocated per swap (one staging buffer per distinct row layout).
+
+Every step is one batched tensor op over all layers (``[L, E]``), never a loop over layers: the
+device part is a fixed ~55 small kernels whatever the layer count (``tests/runtime/
+test_adaptive_plan.py`` checks the batched ranking against a per-layer reference, ties included).
+
+**Lookahead** (``AdaptivePolicy.lookahead``, on by default on a CUDA device): barrier ``k`` applies
+the plan barrier ``k - 1`` computed, then enqueues the device part for plan ``k`` and its copy into
+pinned host memory without waiting for it; the host never waits for the device at a barrier that
+has nothing to swap, so the barrier costs the step only the device part's stream time. The plans
+are the same as without lookahead — plan ``k`` ranks the same decayed counts against the same map
+(the one after plan ``k - 1``'s swaps), because routing does not depend on the map — each applied
+one interval later; a report carries the swaps it applied and the window of the plan that chose
+them (cold picks under the map that served that window). ``tests/runtime/test_adaptive_policy.py``
+checks both modes on the same traffic.
 
 Bank shapes never change, so ``shape_hash`` is constant (checked) and captured graphs stay valid;
 the live map's ``content_hash`` changes and is reported in every ``BarrierReport``.
@@ -43,6 +57,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, NamedTuple, Sequence
 
+import numpy as np
 import torch
 
 from .adaptive_config import AdaptiveConfig
@@ -158,9 +173,10 @@ class BarrierReport:
     """Forwards counted (``tick``) since the policy started."""
     swaps: list[Swap]
     window_picks: int
-    """Picks counted in the window this barrier ranked (all layers)."""
+    """Picks counted in the window this barrier ranked (all layers); with lookahead, the window
+    of the plan this barrier applied (0 at the first barrier: no plan yet)."""
     window_cold_picks: int
-    """Of those, picks of experts that were cold during the window (before this barrier's swaps)."""
+    """Of those, picks of experts that were cold during the window (the map that served it)."""
     host_link_bytes: int
     """Expert bytes this barrier's swaps moved over the host link (one row in, one row out each)."""
     content_hash: str
@@ -201,6 +217,11 @@ class AdaptivePolicy:
     """On a CUDA device, capture the barrier's device part (window, decay, prior choice, ranking:
     ~55 small kernels, launch-bound) in a CUDA graph at the second barrier and replay it after;
     the plan's read-back and the swaps stay eager. Falls back to eager calls if capture fails."""
+    lookahead: bool | None = None
+    """Apply at each barrier the plan the previous barrier computed, and compute the next one
+    without waiting for it (module docstring). ``None``: on when the counter is on a CUDA device
+    (where the host would otherwise wait for the stream at every barrier), off on the CPU, where
+    device ops run synchronously and there is nothing to hide."""
 
     def __post_init__(self) -> None:
         order = self.counter.moe_layer_indices
@@ -254,6 +275,18 @@ class AdaptivePolicy:
         self._graph: torch.cuda.CUDAGraph | None = None
         self._graph_out: torch.Tensor | None = None
         self.graph_state = "eager"   # "eager", "captured" or "eager (capture failed: ...)"
+        self._lookahead = bool(counts.is_cuda if self.lookahead is None else self.lookahead)
+        # lookahead: the map that served the current window (the map at the last plan's ranking)
+        self._served_hot = self.hot_mask().clone()
+        width = min(int(self.config.swaps_per_layer), self.counter.num_experts)
+        size = 3 * len(self._order) * width + 3
+        pinned = counts.is_cuda
+        self._host_plan = torch.zeros(size, dtype=torch.int64, pin_memory=pinned)
+        self._plan_ready = torch.cuda.Event() if pinned else None
+        self._pending = False          # a plan waits in _host_plan for the next barrier
+        self._map_changed = False      # apply() ran outside a barrier since the last plan
+        self.discarded_plans = 0
+        """Pending plans dropped because the map changed outside a barrier before they applied."""
 
     # -- the step path -------------------------------------------------------------------------
     def tick(self) -> bool:
@@ -282,18 +315,25 @@ class AdaptivePolicy:
         codes = torch.stack([self.layers[i].row_codes.to(self.scores.device) for i in self._order])
         return codes >= 0
 
+    @property
+    def lookahead_on(self) -> bool:
+        """Whether this policy applies each plan one barrier after computing it."""
+        return self._lookahead
+
     def barrier(self, *, run: StepRunner = run_in_order) -> BarrierReport:
         """Decay, rank, swap. The caller guarantees no forward is in flight; ``run`` executes each
-        swap's ordered steps (tests inject a mis-ordered runner to show the check catches it)."""
+        swap's ordered steps (tests inject a mis-ordered runner to show the check catches it).
+        With lookahead: swap by the previous barrier's plan, then start the next plan."""
         with self._guard():
-            packed = self._plan_on_device().to("cpu").tolist()   # the barrier's one read-back
-            width = min(int(self.config.swaps_per_layer), self.counter.num_experts)
-            rows = [[packed[(k * len(self._order) + r) * width:(k * len(self._order) + r + 1) * width]
-                     for r in range(len(self._order))] for k in range(3)]
-            swaps = _accepted(rows, self._order)
-            picks_host = packed[3 * len(self._order) * width:]
+            if self._lookahead:
+                swaps, picks_host = self._take_pending()
+            else:
+                packed = self._plan_on_device().to("cpu")   # the barrier's one read-back
+                swaps, picks_host = self._parse(packed)
             with self._map_lock:
-                moved = self.apply(swaps, run=run)
+                moved = self._apply(swaps, run)
+                if self._lookahead:
+                    self._start_plan()
                 if self._live_dirty:
                     # host-side hashing of the whole map costs milliseconds: only when it changed
                     self._live_dirty = False
@@ -309,6 +349,43 @@ class AdaptivePolicy:
         self.reports.append(report)
         del self.reports[:-self.keep_reports]
         return report
+
+    def _parse(self, packed: torch.Tensor) -> tuple[list[Swap], list[int]]:
+        """The accepted swaps and ``[window picks, window cold picks, prior choice]`` from a read-back
+        plan (host tensor): vectorised, no Python loop over layers and columns."""
+        width = min(int(self.config.swaps_per_layer), self.counter.num_experts)
+        n = len(self._order) * width
+        flat = packed.numpy()
+        promote, demote, accept = (flat[k * n:(k + 1) * n].reshape(len(self._order), width) for k in range(3))
+        rows, cols = np.nonzero(accept)                 # row-major: layer order, strongest pair first
+        layers = np.asarray(self._order, dtype=np.int64)[rows]
+        swaps = [Swap(int(l), int(p), int(d)) for l, p, d in
+                 zip(layers.tolist(), promote[rows, cols].tolist(), demote[rows, cols].tolist())]
+        return swaps, flat[3 * n:].tolist()
+
+    def _take_pending(self) -> tuple[list[Swap], list[int]]:
+        """Lookahead: the plan the previous barrier started (its copy finished long ago: a whole
+        interval of forwards ran after it on the same stream), or nothing at the first barrier or
+        after the map changed outside a barrier (the plan ranked a map that no longer holds)."""
+        if not self._pending or self._map_changed:
+            if self._pending:
+                self.discarded_plans += 1
+            if self._map_changed:
+                self._served_hot.copy_(self.hot_mask())
+            self._pending = self._map_changed = False
+            return [], [0, 0, -1]
+        if self._plan_ready is not None:
+            self._plan_ready.synchronize()
+        self._pending = False
+        return self._parse(self._host_plan)
+
+    def _start_plan(self) -> None:
+        """Lookahead: enqueue the device part and its copy into pinned host memory; no wait."""
+        out = self._plan_on_device()
+        self._host_plan.copy_(out, non_blocking=self._plan_ready is not None)
+        if self._plan_ready is not None:
+            self._plan_ready.record()
+        self._pending = True
 
     def _plan_on_device(self) -> torch.Tensor:
         """The device part of a barrier, as one int64 vector ``[promote, demote, accept]`` (each
@@ -367,8 +444,13 @@ class AdaptivePolicy:
             # index_select, not tensor[choice]: a 0-dim index would be read back to the host
             table = torch.index_select(self._priors, 0, choice.clamp(max=classes - 1).view(1))[0]
             ranked = blend_prior(self.scores, table, weight)
-        picks = torch.stack([window.sum(), (window * (~hot).to(window.dtype)).sum(),
+        # the map that served the window: the live one, or with lookahead the one the last plan
+        # ranked (this plan's predecessor was applied since, at this barrier)
+        served = self._served_hot if self._lookahead else hot
+        picks = torch.stack([window.sum(), (window * (~served).to(window.dtype)).sum(),
                              choice.to(window.dtype)])
+        if self._lookahead:
+            self._served_hot.copy_(hot)
         promote, demote, accept = rank_swaps(ranked, hot, self.config.swaps_per_layer,
                                              self.config.margin, guard)
         plan = torch.stack([promote, demote, accept.to(promote.dtype)])
@@ -394,7 +476,14 @@ class AdaptivePolicy:
                 "prior": None if last is None else last.prior}
 
     def apply(self, swaps: Sequence[Swap], *, run: StepRunner = run_in_order) -> int:
-        """Run ``swaps`` through ``core.swap`` (copies before each map flip); bytes over the host link."""
+        """Run ``swaps`` through ``core.swap`` (copies before each map flip); bytes over the host link.
+        Outside a barrier (an operator's swaps, a benchmark's reset) a pending lookahead plan is then
+        dropped at the next barrier: it ranked a map that no longer holds."""
+        if swaps:
+            self._map_changed = True
+        return self._apply(swaps, run)
+
+    def _apply(self, swaps: Sequence[Swap], run: StepRunner) -> int:
         moved = 0
         for swap in swaps:
             layer = self.layers[swap.layer]

@@ -83,6 +83,10 @@ def mxfp4_unsupported_reason(layer: Any) -> str | None:
     from .dense_layers import swigluoai_constants_reason
 
     name = getattr(layer, "layer_name", "MoE layer")
+    reason = padding_contract_reason(layer)
+    if reason is not None:
+        return (f"{name}: {reason}; set EXPERT_RESIDENCY_MODE=off/count for this model "
+                "(vLLM's own kernel then serves it)")
     biases = [b for b in BIAS_NAMES if getattr(layer, b, None) is not None]
     act_name = layer_activation(layer)
     moe_config = getattr(layer, "moe_config", None)
@@ -104,6 +108,36 @@ def mxfp4_unsupported_reason(layer: Any) -> str | None:
     detail = f" ({', '.join(biases)})" if biases and "bias" in reason else ""
     return (f"{name}: {reason}{detail}; set EXPERT_RESIDENCY_MODE=off/count for this model "
             "(vLLM's own kernel then serves it)")
+
+
+def padding_contract_reason(layer: Any) -> str | None:
+    """None when vLLM hands the runtime its padded activations and takes a padded output, else why
+    not. vLLM 0.33 rounds an MXFP4 layer's hidden / intermediate sizes up for its backend before
+    ``create_weights`` (``routed_experts.py:171-184``; ``fused_moe/oracle/mxfp4.py:837-917``:
+    Marlin and TRT-LLM to 256 / 128, so gpt-oss's 2,880 / 2,880 become 3,072 / 2,944; the Triton
+    backend keeps 2,880), zero-fills the pad (the parameters are ``torch.zeros`` and gpt-oss's
+    loader copies the checkpoint into ``[:, :dim1, :dim2]``, ``routed_experts.py:698-707``), pads
+    the activations with zeros to the rounded hidden size (``runner/moe_runner.py:546-557``) and
+    cuts the output back (``moe_runner.py:517``). Zero pad rows, columns, scales and biases add
+    exact zeros, so the runtime serves the padded layer as it is. Two TRT-LLM backends break that
+    contract (``quantization/mxfp4.py:169-181``): ``skip_forward_padding`` (the activations
+    arrive unpadded, narrower than the weights) and ``has_unpadded_output`` (the output must
+    already be cut); with a padded hidden size (``moe_config.hidden_dim`` above
+    ``hidden_dim_unpadded``, ``fused_moe/config.py:1293``) those are refused here. Unpadded
+    geometries (DeepSeek-V4.1's 5,120 / 2,304 on TRT-LLM) are not affected."""
+    method = getattr(layer, "quant_method", None)
+    flags = [f for f in ("skip_forward_padding", "has_unpadded_output")
+             if getattr(method, f, False) is True]
+    moe_config = getattr(layer, "moe_config", None)
+    hidden = getattr(moe_config, "hidden_dim", None)
+    unpadded = getattr(moe_config, "hidden_dim_unpadded", None)
+    if not flags or hidden is None or unpadded is None or int(hidden) == int(unpadded):
+        return None
+    backend = getattr(method, "mxfp4_backend", None)
+    backend = getattr(backend, "name", backend)
+    return (f"vLLM's MXFP4 backend {backend} sets {' and '.join(flags)} with the hidden size padded "
+            f"from {int(unpadded)} to {int(hidden)} (its kernel pads the activations or cuts the "
+            "output itself), which the runtime's split layer does not do")
 
 
 def hold_back_conversion(method: Any, get_runtime: Callable[[], Any],

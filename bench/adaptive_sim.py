@@ -44,6 +44,7 @@ Usage::
     .venv/bin/python bench/adaptive_sim.py --sweep "interval=8,16,32;swaps=4,8;decay=0.8,0.9;margin=0.25,0.5"
     .venv/bin/python bench/adaptive_sim.py --priors none       # counts only
     .venv/bin/python bench/adaptive_sim.py --json out.json     # per-step series too
+    .venv/bin/python bench/adaptive_sim.py --no-lookahead      # each plan applied where it is computed
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def cold_picks(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 
 def build_policy(cold_mask: np.ndarray, config: AdaptiveConfig,
-                 priors: dict[str, np.ndarray] | None = None) -> AdaptivePolicy:
+                 priors: dict[str, np.ndarray] | None = None, lookahead: bool = True) -> AdaptivePolicy:
     layers, experts = cold_mask.shape
     resident = {}
     for index in range(layers):
@@ -163,7 +164,8 @@ def build_policy(cold_mask: np.ndarray, config: AdaptiveConfig,
         resident[index] = rehome_layer(tensors, hot_ids, cold_ids, layer_index=index,
                                        hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator())
     return AdaptivePolicy(ExpertCounter(tuple(range(layers)), experts, top_k=TOP_K), resident, config,
-                          priors={k: torch.from_numpy(v) for k, v in (priors or {}).items()} or None)
+                          priors={k: torch.from_numpy(v) for k, v in (priors or {}).items()} or None,
+                          lookahead=lookahead)
 
 
 def live_cold_mask(policy: AdaptivePolicy, layers: int, experts: int) -> np.ndarray:
@@ -185,12 +187,13 @@ def trailing_share(picks: np.ndarray, per_step: int, window: int) -> np.ndarray:
 
 
 def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConfig,
-             window: int, series: bool = False, priors: dict[str, np.ndarray] | None = None) -> dict:
+             window: int, series: bool = False, priors: dict[str, np.ndarray] | None = None,
+             lookahead: bool = True) -> dict:
     layers, experts = cold["agent"].shape
-    policy = build_policy(cold["agent"], config, priors)
+    policy = build_policy(cold["agent"], config, priors, lookahead)
     per_step = traffic.tokens * layers * TOP_K
     step = 0
-    result: dict = {"config": vars(config) | {}, "tokens": traffic.tokens, "phases": {}}
+    result: dict = {"config": vars(config) | {}, "tokens": traffic.tokens, "phases": {}, "lookahead": lookahead}
     barrier_seconds = []
     for phase in PHASES:
         ids = traffic.ids[phase]
@@ -294,7 +297,7 @@ def summary_line(r: dict) -> str:
     head = f"T={r['tokens']:<2} interval={c['interval']:<3} swaps={c['swaps_per_layer']:<2} " \
            f"decay={c['decay']:<4} margin={c['margin']:<4} ev={c['evidence']} cev={c['counts_evidence']} " \
            f"prior={c['prior_weight']} " \
-           f"profiles={','.join(r['priors']) or 'none'}"
+           f"profiles={','.join(r['priors']) or 'none'} lookahead={'on' if r['lookahead'] else 'off'}"
     cells = []
     for phase, e in r["phases"].items():
         s = e["cold_share"]
@@ -327,6 +330,9 @@ def main() -> int:
     ap.add_argument("--priors", default=",".join(CLASSES),
                     help="class profiles the policy is given (comma-separated, or 'none'); a phase whose "
                          "class is left out is traffic the policy has no profile for")
+    ap.add_argument("--no-lookahead", action="store_true",
+                    help="apply each plan at the barrier that computes it (the CPU default); by default each "
+                         "plan applies one barrier later, as on a CUDA device (AdaptivePolicy.lookahead)")
     ap.add_argument("--sweep", default="", help='e.g. "interval=8,16;swaps=4,8;decay=0.8,0.9;margin=0.25,0.5"')
     ap.add_argument("--json", type=Path, help="write every result (with per-step series) here")
     args = ap.parse_args()
@@ -350,7 +356,8 @@ def main() -> int:
                                     decay=combo["decay"], margin=combo["margin"],
                                     evidence=combo["evidence"], counts_evidence=combo["counts_evidence"],
                                     prior_weight=combo["prior"])
-            r = simulate(traffic, cold, config, args.window, series=args.json is not None, priors=priors)
+            r = simulate(traffic, cold, config, args.window, series=args.json is not None, priors=priors,
+                         lookahead=not args.no_lookahead)
             results.append(r)
             print(summary_line(r), flush=True)
     if args.json:

@@ -110,7 +110,7 @@ def test_the_running_lane_gets_the_settings_and_the_priors(lane):
     assert len(found) == 1
     container = found[0]
     env = dict(item.split("=", 1) for item in container.attrs["Config"]["Env"])
-    assert env["EXPERT_RESIDENCY_ADAPTIVE"].startswith("interval=16,swaps_per_layer=4,")
+    assert env["EXPERT_RESIDENCY_ADAPTIVE"].startswith("interval=32,swaps_per_layer=4,")  # default interval
     priors = env["EXPERT_RESIDENCY_ADAPTIVE_PRIORS"].split(",")
     assert priors == ["/etc/expert-residency/agent-prose.hist", "/etc/expert-residency/agent-math.hist"]
     from recipegen.ops.engine import list_dir

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 class AdaptiveConfig:
     """Parameters of the policy (the future recipe field ``offload.adaptive``)."""
 
-    interval: int = 16
-    """Forwards between barriers. Each barrier costs one device-to-host copy of the plan plus the
-    swaps it accepts; a longer interval gives each decision more picks."""
+    interval: int = 32
+    """Forwards between barriers. Each barrier costs a fixed ranking (a few hundred microseconds
+    of device and host work, whatever the number of layers) plus the swaps it accepts; a longer
+    interval spreads the fixed part over more steps and gives each decision more picks, a shorter
+    one follows a shift sooner. 32 keeps the policy and the counter within 0.5% of a one-stream
+    decode step (docs/adaptive.md, "The policy's share of a step")."""
 
     swaps_per_layer: int = 16
     """Most swaps (one hot expert out, one cold expert in) per MoE layer per barrier: bounds the

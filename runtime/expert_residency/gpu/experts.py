@@ -35,6 +35,7 @@ from ..core.formats_ref import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT, SWIGLUO
 from ..core.reference import check_swiglu_limit
 from . import kernels
 from .layout import check_mma_tiles, is_mma_order, to_kernel_layout
+from .tile_rules import check_compiled_block_m
 
 if TYPE_CHECKING:
     from ..core.counter import ExpertCounter
@@ -295,6 +296,8 @@ class TritonMxfp4Experts:
         if is_mma_order(config):
             check_mma_tiles(config.block_n1, config.block_k1)
             check_mma_tiles(config.block_n2, config.block_k2)
+        # block_m < 16 gives wrong outputs compiled (measured on the H200; gpu/tile_rules.py).
+        check_compiled_block_m(config, device)
         self.shape, self.num_experts, self.top_k = shape, num_experts, top_k
         self.config = config
         if activation == SWIGLUOAI:   # gpt-oss: limit 7.0, alpha 1.702 unless given

@@ -135,3 +135,18 @@ def test_bench_config_parser_refuses_small_tiles() -> None:
     with pytest.raises(ValueError, match="block_m=4 is below 16"):
         gr.parse_config("block_m=4,block_n1=64")
     assert "gr.parse_config(args.config)" in (ROOT / "bench" / "peer_moe.py").read_text()
+
+
+@needs_triton
+def test_kernel_object_refuses_a_small_tile_for_cuda_before_allocating() -> None:
+    """The constructor itself checks (every caller is covered); it raises before touching the
+    device, so no GPU is needed to see it. On CPU the same tile is accepted."""
+    import torch
+
+    from expert_residency.gpu import experts as gx
+
+    shape = gx.ExpertShape(hidden=256, intermediate=128)
+    small = gx.KernelConfig(dequant=0, block_m=4, block_n1=32, block_k1=64, block_n2=32, block_k2=64)
+    with pytest.raises(ValueError, match="block_m=4 is below 16"):
+        gx.TritonMxfp4Experts(shape, 8, 2, 4, "cuda", small)
+    gx.TritonMxfp4Experts(shape, 8, 2, 4, torch.device("cpu"), small)

@@ -32,11 +32,16 @@ adaptive (live map) and oracle (the phase's own class map; mix: top-295 of the m
 decode steps until the trailing 32-step cold share is within 1.5x of the oracle's and until 80% of
 the gap (map at the shift → oracle) is closed; time per barrier (ranking + swaps, stream drained);
 per-layer step time of a static lane (counter off, adaptive off) and of an adaptive lane (counter
-on), CUDA events, alternating; the host hooks' time; a 40-layer policy's ranking time; one swap's
-time at this geometry; and from those the policy's share of a 40-layer-equivalent step at T = 1.
+on), CUDA events, alternating; the host hooks' time; a 40-layer policy's barrier (without
+lookahead: drained; with lookahead, the default on CUDA: the stream time of the work it enqueues
+and the host time of the call; its plans checked against a policy without lookahead, one barrier
+apart, and against an eager twin); one swap's time at this geometry; and from those the policy's
+share of a 40-layer-equivalent step at T = 1 (``share_t1``). With lookahead each barrier's report
+carries the previous window (the plan it applied); the window recount follows that.
 
     PYTHONPATH=runtime python3 bench/adaptive_h200.py --out $OUT
     .venv/bin/python bench/adaptive_h200.py --smoke        # CPU, tiny geometry: the logic only
+    .venv/bin/python bench/adaptive_h200.py --smoke --lookahead on   # the same with lookahead
 """
 
 from __future__ import annotations
@@ -192,6 +197,8 @@ def main() -> int:
     ap.add_argument("--timing-steps", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="CPU, 32 experts, hidden 256: checks the logic")
+    ap.add_argument("--lookahead", choices=("auto", "on", "off"), default="auto",
+                    help="the split-layer policy's lookahead (auto: the default, on for CUDA devices)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     dev = torch.device("cpu" if args.smoke else "cuda")
@@ -256,7 +263,8 @@ def main() -> int:
     checks["full_checks"] += 1
 
     for tokens in [int(t) for t in args.tokens.split(",")]:
-        policy = fresh_policy(runtime, policy0, boot_cold, order, experts, config)
+        policy = fresh_policy(runtime, policy0, boot_cold, order, experts, config,
+                              {"auto": None, "on": True, "off": False}[args.lookahead])
         # The counter is shared by the static and adaptive graphs below; the adaptive step counts.
         ctx = step_context(tokens, [1] * tokens, dev)
         runtime.on_forward_context(ctx)
@@ -287,8 +295,9 @@ def main() -> int:
             sync(dev)
             t = time.perf_counter()
             report = original_barrier(**kw)
+            host = time.perf_counter() - t
             sync(dev)
-            barrier_log.append({"s": time.perf_counter() - t, "swaps": len(report.swaps),
+            barrier_log.append({"s": time.perf_counter() - t, "host_s": host, "swaps": len(report.swaps),
                                 "window_picks": report.window_picks, "window_cold": report.window_cold_picks,
                                 "prior": report.prior})
             return report
@@ -296,7 +305,7 @@ def main() -> int:
         policy.barrier = timed_barrier  # what StepBarrier calls
         step_no = 0
         masks_at: list[tuple[int, np.ndarray]] = [(0, live_cold(policy, order, experts))]
-        last_barrier_step = 0
+        barrier_steps = [0]   # step_no of each barrier (0 first): the windows' bounds
         per_phase: dict = {}
         all_ids = []
         for phase in PHASES:
@@ -311,14 +320,21 @@ def main() -> int:
                 runtime.before_forward(ctx)            # the hook: a due barrier runs here
                 if policy.barriers != barriers:
                     rec = barrier_log[-1]
-                    # the window the barrier ranked: steps [last_barrier_step, step_no), all real tokens
-                    win = torch.cat(all_ids + [ids_p[:s]])[last_barrier_step:step_no]
-                    hand = hand_cold(masks_at[-1][1], win)
+                    barrier_steps.append(step_no)
+                    # the window of the plan this barrier applied: the one it ranked, or with
+                    # lookahead the previous barrier's (none at the first); all real tokens,
+                    # served by the map in effect from the window's first step
+                    b = len(barrier_steps) - 1
+                    if not policy.lookahead_on:
+                        lo, hi = barrier_steps[b - 1], barrier_steps[b]
+                    else:
+                        lo, hi = (barrier_steps[b - 2], barrier_steps[b - 1]) if b >= 2 else (0, 0)
+                    win = torch.cat(all_ids + [ids_p[:s]])[lo:hi]
+                    hand = hand_cold([m for at, m in masks_at if at <= lo][-1], win)
                     assert (rec["window_picks"], rec["window_cold"]) == (win.numel(), hand), \
                         f"T={tokens} barrier {policy.barriers}: counter {rec['window_picks']}/{rec['window_cold']} " \
                         f"!= recount {win.numel()}/{hand}"
                     checks["window_recounts"] += 1
-                    last_barrier_step = step_no
                     if rec["swaps"]:
                         ok = full_check()
                         assert ok, f"T={tokens} barrier {policy.barriers}: split != unsplit after swaps"
@@ -338,7 +354,8 @@ def main() -> int:
         sync(dev)
         policy.barrier = original_barrier
         row = {"phases": per_phase, "barriers": len(barrier_log), "swaps": policy.swaps_done,
-               "graph_state": policy.graph_state,
+               "graph_state": policy.graph_state, "lookahead": policy.lookahead_on,
+               "barrier_host_ms_no_swaps": summary([b["host_s"] * 1e3 for b in barrier_log if not b["swaps"]]),
                "barrier_ms": summary([b["s"] * 1e3 for b in barrier_log]),
                "barrier_ms_with_swaps": summary([b["s"] * 1e3 for b in barrier_log if b["swaps"]]),
                "barrier_ms_no_swaps": summary([b["s"] * 1e3 for b in barrier_log if not b["swaps"]]),
@@ -365,7 +382,7 @@ def main() -> int:
     return 0
 
 
-def fresh_policy(runtime, policy0, boot_cold, order, experts, config) -> AdaptivePolicy:
+def fresh_policy(runtime, policy0, boot_cold, order, experts, config, lookahead=None) -> AdaptivePolicy:
     """Back to the boot map (swaps through the policy's own ordered path) and a policy with no
     history, installed where the plugin's step barrier calls it."""
     old = runtime.policy
@@ -376,7 +393,7 @@ def fresh_policy(runtime, policy0, boot_cold, order, experts, config) -> Adaptiv
         demote = [e for e in layer.hot_ids if boot_cold[row, e]]
         back += [Swap(i, p, d) for p, d in zip(sorted(promote), sorted(demote))]
     old.apply(back)
-    policy = AdaptivePolicy(old.counter, old.layers, config, priors=policy0.priors)
+    policy = AdaptivePolicy(old.counter, old.layers, config, priors=policy0.priors, lookahead=lookahead)
     runtime.policy = policy
     runtime.step_barrier.policy = policy
     runtime.step_barrier.due = False
@@ -482,7 +499,13 @@ def step_timing(static_g, adaptive_g, runtime, ctx, policy, xs, w_all, ids, n, l
 def rank_40(logp, cold, priors, experts, config, dev, seed) -> dict:
     """The barrier of a 40-layer policy (DSv4.1-Flash's MoE layers) on one-byte banks: in-domain
     agent traffic (the boot class) at T = 1 and 16, windows of ``interval`` steps added to the
-    counter; times each barrier (stream drained before and after)."""
+    counters. Three policies see the same counts: the lane's own (on CUDA: captured ranking and
+    lookahead, the defaults), an eager twin with the same lookahead (every report must be equal:
+    the graph decides what the eager calls decide) and a policy without lookahead (its plan at
+    barrier b must be what the lane applies at barrier b + 1). Timed: the barrier without lookahead,
+    stream drained before and after (host clock: what the step waited before lookahead); with
+    lookahead the host time of the call and the stream time of the work it enqueued (CUDA events
+    behind a sleep kernel, so the host is ahead and the events time the device work alone)."""
     full_logp, full_cold, full_priors = load_profiles(MODEL_LAYERS, seed)
     if experts < full_logp["agent"].shape[1]:
         return {"skipped": "smoke run"}
@@ -495,41 +518,57 @@ def rank_40(logp, cold, priors, experts, config, dev, seed) -> dict:
                                   layer_index=i, hot_alloc=device_allocator(dev), cold_alloc=device_allocator(dev))
         return out
 
-    layers, twin_layers = one_byte_layers(), one_byte_layers()
+    banks = {name: one_byte_layers() for name in ("lane", "twin", "plain")}
     prior_t = {k: torch.from_numpy(v) for k, v in full_priors.items()}
     out = {}
     for tokens in (1, 16):
-        counter = ExpertCounter(tuple(range(MODEL_LAYERS)), experts, device=dev, top_k=TOP_K)
-        policy = AdaptivePolicy(counter, layers, config, priors=prior_t)
-        # the same decisions without the captured graph: every report must agree
-        twin_counter = ExpertCounter(tuple(range(MODEL_LAYERS)), experts, device=dev, top_k=TOP_K)
-        twin = AdaptivePolicy(twin_counter, twin_layers, config, priors=prior_t, graph_decide=False)
+        counters = {name: ExpertCounter(tuple(range(MODEL_LAYERS)), experts, device=dev, top_k=TOP_K)
+                    for name in banks}
+        policy = AdaptivePolicy(counters["lane"], banks["lane"], config, priors=prior_t)
+        twin = AdaptivePolicy(counters["twin"], banks["twin"], config, priors=prior_t, graph_decide=False,
+                              lookahead=policy.lookahead_on)
+        plain = AdaptivePolicy(counters["plain"], banks["plain"], config, priors=prior_t, lookahead=False)
         logits = torch.from_numpy(full_logp["agent"]).to(dev)          # [L, E]
         gen = torch.Generator(device=dev).manual_seed(seed + 99 + tokens)
         offset = torch.arange(MODEL_LAYERS, device=dev).view(1, -1, 1) * experts
-        times, swaps = [], []
+        drained, host, stream, swaps = [], [], [], []
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for b in range(24):
             # a window of decode steps, each token 6 distinct experts per layer (Gumbel top-k)
             u = torch.rand(config.interval * tokens, MODEL_LAYERS, experts, generator=gen, device=dev)
             picks = (logits - torch.log(-torch.log(u.clamp_min(1e-30)))).topk(TOP_K, dim=-1).indices
             counts = torch.bincount((picks + offset).reshape(-1), minlength=MODEL_LAYERS * experts)
-            counter.counts += counts.view(MODEL_LAYERS, experts).to(counter.counts.dtype)
+            for c in counters.values():
+                c.counts += counts.view(MODEL_LAYERS, experts).to(c.counts.dtype)
             sync(dev)
+            torch.cuda._sleep(3_000_000)      # ~1.5 ms of device work: the host runs ahead of it
+            start.record()
             t = time.perf_counter()
             report = policy.barrier()
+            host.append((time.perf_counter() - t) * 1e3)
+            stop.record()
             sync(dev)
-            times.append((time.perf_counter() - t) * 1e3)
+            stream.append(start.elapsed_time(stop))
             swaps.append(len(report.swaps))
-            twin_counter.counts.copy_(counter.counts)
             other = twin.barrier()
             assert (report.swaps, report.prior, report.window_picks, report.window_cold_picks) == \
                 (other.swaps, other.prior, other.window_picks, other.window_cold_picks), f"barrier {b}: graph != eager"
-        # undo this run's swaps so the next T starts from the boot map
-        for pol in (policy, twin):
+            sync(dev)
+            t = time.perf_counter()
+            plain.barrier()
+            sync(dev)
+            drained.append((time.perf_counter() - t) * 1e3)
+            if policy.lookahead_on:
+                assert report.swaps == (plain.reports[-2].swaps if b else []), f"barrier {b}: lookahead plan differs"
+            else:
+                assert report.swaps == plain.reports[-1].swaps, f"barrier {b}"
+        # undo this run's swaps so the next T starts from the boot map (a pending plan is dropped)
+        for pol in (policy, twin, plain):
             pol.apply([Swap(s.layer, s.demote, s.promote) for r in reversed(pol.reports) for s in reversed(r.swaps)])
-        out[tokens] = {"barrier_ms": summary(times[4:]), "swaps_per_barrier": statistics.fmean(swaps[4:]),
-                       "swaps_first_4": swaps[:4], "graph_state": policy.graph_state,
-                       "eager_twin_agreed_barriers": len(times)}
+        out[tokens] = {"barrier_ms": summary(drained[4:]), "lookahead": policy.lookahead_on,
+                       "lookahead_host_ms": summary(host[4:]), "lookahead_stream_ms": summary(stream[4:]),
+                       "swaps_per_barrier": statistics.fmean(swaps[4:]), "swaps_first_4": swaps[:4],
+                       "graph_state": policy.graph_state, "eager_twin_agreed_barriers": len(stream)}
     return out
 
 
@@ -579,9 +618,12 @@ def in_barrier_refused(policy, layers, order, experts, hidden, dev) -> bool:
 
 def share_40(r: dict) -> dict | None:
     """The policy's share of a 40-layer-equivalent step at T = 1: the counter's per-layer cost x 40
-    plus one steady-state barrier (40-layer ranking + its swaps at this geometry's swap time) per
-    ``interval`` steps, over 40 x the static lane's per-layer step; with the host hooks (mask
-    refresh + tick, which overlap the GPU's work when the host runs ahead) as a second figure."""
+    plus one steady-state barrier per ``interval`` steps, over 40 x the static lane's per-layer step
+    and over the field report's 11.1 ms whole-model step. The barrier: without lookahead the
+    drained barrier (the step waits for all of it); with lookahead the stream time of its device
+    work (the host part overlaps the step in flight), and as the conservative figure that plus the
+    host time of the call; both plus its swaps at this geometry's swap time. The host hooks (mask
+    refresh + tick) as a further figure."""
     t1 = r["per_t"].get(1)
     rank = r.get("rank40", {}).get(1) if isinstance(r.get("rank40"), dict) else None
     if t1 is None or not rank or "barrier_ms" not in rank:
@@ -589,14 +631,24 @@ def share_40(r: dict) -> dict | None:
     interval = r["config"]["interval"]
     step = MODEL_LAYERS * t1["static_us_per_layer"]
     counter = MODEL_LAYERS * max(t1["counter_us_per_layer"], 0.0)
-    barrier = rank["barrier_ms"]["median"] * 1e3 + rank["swaps_per_barrier"] * r["swap_ms"]["median"] * 1e3
-    policy = counter + barrier / interval
-    host = t1["mask_refresh_us"] + t1["tick_us"]
-    return {"step_us": step, "counter_us": counter, "barrier_us": barrier, "interval": interval,
-            "share": policy / step, "share_with_host_hooks": (policy + host) / step,
-            # the whole-model decode step at one stream, k = 0 (11.1 ms, GB300; docs/costmodel.md)
-            "share_of_11_1ms_step": policy / FIELD_STEP_US,
-            "share_of_11_1ms_step_with_host_hooks": (policy + host) / FIELD_STEP_US}
+    swaps_us = rank["swaps_per_barrier"] * r["swap_ms"]["median"] * 1e3
+    sync_barrier = rank["barrier_ms"]["median"] * 1e3 + swaps_us
+    out = {"step_us": step, "counter_us": counter, "interval": interval, "swaps_us": swaps_us,
+           "sync_barrier_us": sync_barrier,
+           "sync_share_of_11_1ms_step": (counter + sync_barrier / interval) / FIELD_STEP_US}
+    if rank.get("lookahead"):
+        stream_us = rank["lookahead_stream_ms"]["median"] * 1e3 + swaps_us
+        host_us = rank["lookahead_host_ms"]["median"] * 1e3
+        out |= {"barrier_us": stream_us, "barrier_host_us": host_us}
+        policy, conservative = counter + stream_us / interval, counter + (stream_us + host_us) / interval
+    else:
+        out["barrier_us"] = sync_barrier
+        policy = conservative = counter + sync_barrier / interval
+    hooks = t1["mask_refresh_us"] + t1["tick_us"]
+    return out | {"share": policy / step, "share_of_11_1ms_step": policy / FIELD_STEP_US,
+                  # the whole-model decode step at one stream, k = 0 (11.1 ms; docs/costmodel.md)
+                  "share_of_11_1ms_step_with_host_part": conservative / FIELD_STEP_US,
+                  "share_of_11_1ms_step_with_host_hooks": (conservative + hooks) / FIELD_STEP_US}
 
 
 def table_t(tokens: int, row: dict) -> str:

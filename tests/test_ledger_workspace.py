@@ -181,7 +181,7 @@ def test_dsv41_split_tickets_and_fp8_inputs_by_hand() -> None:
 
 @pytest.mark.parametrize("tokens,top_k,hidden,inter", [(1, 4, 256, 128), (5, 6, 512, 256), (40, 8, 2880, 2880)])
 def test_tickets_and_fp8_inputs_equal_the_runtime_tensors_on_cpu(tokens: int, top_k: int, hidden: int,
-                                                                 inter: int) -> None:
+                                                                 inter: int, monkeypatch) -> None:
     """The Triton MXFP4 object as blackwell/plugin.py builds it (default config fitted to the
     geometry): its SplitScratch's nbytes are the ledger's tickets, and the plugin's reported
     `workspace_bytes` is workspace + tickets; the FP8-block object's quantized inputs likewise."""
@@ -203,6 +203,13 @@ def test_tickets_and_fp8_inputs_equal_the_runtime_tensors_on_cpu(tokens: int, to
     if hidden % 128 == 0 and inter % 128 == 0:
         from expert_residency.gpu.dense_experts import DenseKernelConfig
 
+        import triton.language as tl
+
+        from expert_residency.gpu import kernels_dense
+
+        # The compiled kernels' scratch (E4M3); an earlier interpreter test in the same process
+        # would otherwise leave the module in its TRITON_INTERPRET=1 mode (bf16 stand-ins).
+        monkeypatch.setattr(kernels_dense, "_INTERPRETED", tl.constexpr(False))
         cfg = DenseKernelConfig()
         fp8 = TritonDenseExperts(shape, 8, top_k, tokens, "cpu", cfg, expert_format="fp8-block")
         scales = 4 * (tokens * (hidden // 128) + tokens * top_k * (inter // 128))

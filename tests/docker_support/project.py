@@ -87,7 +87,8 @@ def make_project(root: Path) -> TestProject:
     text = text.replace(
         "  station:\n    catalog: gb300-station\n",
         "  station:\n    catalog: gb300-station\n"
-        "    gpus: {kind: GB300, count: 2, hbm: 250.7 GiB, hbm_bandwidth: 4.2 TB/s}\n"
+        "    gpus: {kind: GB300, count: 2, compute_capability: \"10.3\", hbm: 250.7 GiB,"
+        " hbm_bandwidth: 4.2 TB/s}\n"
         "    host_memory: 1000 GiB\n")
     lane_start = text.index("  - name: agent")
     agent = text[lane_start:]

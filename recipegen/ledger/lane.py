@@ -13,6 +13,7 @@ from typing import Sequence
 from recipegen.ledger.adaptive import adaptive_figures
 from recipegen.ledger.budget import declared_split
 from recipegen.ledger.figures import Figure
+from recipegen.ledger.flags import flag_value
 from recipegen.ledger.load import load_figures
 from recipegen.ledger.parallel import dense_per_rank, ep_fullest_hot, expert_parallel, parallel_figures
 from recipegen.ledger.placement import experts_only, offload_param_filter, positional_walk
@@ -294,7 +295,7 @@ def _kv_rate_by_layer_kind(model: Model, lane: Lane, out: _Figures) -> float:
     tp, seq = lane.tensor_parallel_size, lane.max_model_len
     per_seq = 0
     operands: dict[str, object] = {"tp": tp, "max_model_len": seq}
-    cache_dtype = _flag_value(list(lane.extra_args), "--kv-cache-dtype")
+    cache_dtype = flag_value(list(lane.extra_args), "--kv-cache-dtype")
     kv_dtype = KV_CACHE_DTYPES.get(cache_dtype) if cache_dtype else None
     if cache_dtype and cache_dtype != "auto" and kv_dtype is None:
         out.notes.append(f"--kv-cache-dtype {cache_dtype} is not modelled: KV counted at the model's dtype "
@@ -335,15 +336,6 @@ def _kv_rate_by_layer_kind(model: Model, lane: Lane, out: _Figures) -> float:
 KV_CACHE_DTYPES: dict[str, str] = {"float16": "fp16", "bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8",
                                    "fp8_e5m2": "fp8"}
 
-
-def _flag_value(args: list[str], flag: str) -> str | None:
-    """`--flag VALUE` or `--flag=VALUE` in a lane's extra_args."""
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 def _placement_summary(model: Model, lane: Lane, active: PlacementLedger, out: _Figures) -> None:

@@ -45,6 +45,7 @@ from typing import Callable
 from expert_residency.blackwell.select import FLASHINFER_TRTLLM, TRITON, TRITON_DOT_SCALED, select_bank_kernel
 
 from recipegen.ledger.figures import Figure
+from recipegen.ledger.flags import flag_value
 from recipegen.ledger.parallel import expert_parallel
 from recipegen.ledger.result import USAGE_AWARE
 from recipegen.schema import Lane, Machine, Model
@@ -132,7 +133,7 @@ def max_num_batched_tokens(machine: Machine, lane: Lane) -> BatchedTokens:
     GPU (doubled by `--performance-mode throughput`, at least max_model_len with
     `--no-enable-chunked-prefill`)."""
     args = list(lane.extra_args)
-    given = _flag_value(args, "--max-num-batched-tokens")
+    given = flag_value(args, "--max-num-batched-tokens")
     if given is not None and given.strip().isdigit():
         return BatchedTokens(int(given), "--max-num-batched-tokens in extra_args")
     hbm, kind = machine.gpus.hbm, machine.gpus.kind.lower()
@@ -143,7 +144,7 @@ def max_num_batched_tokens(machine: Machine, lane: Lane) -> BatchedTokens:
             value, why = tokens, f"vLLM 0.33's `vllm serve` default for a GPU of ≥ {floor // GiB} GiB"
             break
     why += " (engine/arg_utils.py:2973-3006)"
-    if _flag_value(args, "--performance-mode") == "throughput":
+    if flag_value(args, "--performance-mode") == "throughput":
         value, why = 2 * value, why + ", doubled by --performance-mode throughput (:3184-3186)"
     if "--no-enable-chunked-prefill" in args and lane.max_model_len > value:
         value, why = lane.max_model_len, "max_model_len: chunked prefill off (engine/arg_utils.py:3190-3198)"
@@ -300,11 +301,3 @@ def workspace_figures(model: Model, machine: Machine, lane: Lane,
                "the load-time HBM peak"))
     return float(total)
 
-
-def _flag_value(args: list[str], flag: str) -> str | None:
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None

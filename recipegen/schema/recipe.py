@@ -26,6 +26,7 @@ def _resolve(kind: str, value: Any) -> Any:
             raise ValueError("catalog must be a catalog name")
         entry = dict(catalog_entry(kind, name))
         overrides = {k: v for k, v in value.items() if k != "catalog"}
+        overrides.update(_same_gpu_overrides(entry, overrides))
         # An overridden figure no longer carries the catalog's source.
         sources = {k: v for k, v in (entry.get("sources") or {}).items()
                    if k.split(".")[0].split("[")[0] not in overrides}
@@ -33,6 +34,19 @@ def _resolve(kind: str, value: Any) -> Any:
         entry["sources"] = {**sources, **(overrides.get("sources") or {})}
         return entry
     return value
+
+
+def _same_gpu_overrides(entry: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A `gpus` override of the catalog's own GPU kind (or naming none) changes only the fields it
+    names: the box's driver-reported `hbm` or its GPU count must not drop the catalog's compute
+    capability, which picks the MoE backend and the runtime's bank kernel. Another kind replaces
+    the whole block."""
+    base, given = entry.get("gpus"), overrides.get("gpus")
+    if not isinstance(base, dict) or not isinstance(given, dict):
+        return {}
+    if given.get("kind", base.get("kind")) != base.get("kind"):
+        return {}
+    return {"gpus": {**base, **given}}
 
 
 def _model_file(value: dict[str, Any], info: ValidationInfo) -> Any:

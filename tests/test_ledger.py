@@ -164,7 +164,7 @@ def test_positional_walk_and_measured_comparison(reference) -> None:
     pos = lane.positional
     assert pos is not None and pos.figures["positional.offloaded"].value == walk.offloaded_bytes
     measured = pos.figures["positional.measured"].value
-    assert gib(measured) == pytest.approx(61.17, abs=0.005)  # catalog input (seed 000)
+    assert gib(measured) == pytest.approx(61.17, abs=0.005)  # catalog input (the field report 'vLLM: Pin Hot Experts' (2026-09-17))
     assert pos.figures["positional.measured_delta"].value == measured - walk.offloaded_bytes
     # Positional leaves less KV than usage-aware at about the same host bytes.
     assert pos.figures["hbm.kv_pool"].value < lane.usage_aware.figures["hbm.kv_pool"].value
@@ -252,7 +252,7 @@ def _lane_with(hot: int, offload_updates: dict | None = None, model_updates: dic
 
 
 def test_prefetch_bank_is_priced_out_of_kv() -> None:
-    """Seed 001: a 3-slot-per-layer bank is 120 experts = 2.1 GiB, ~1.09M tokens, 43% of the pool."""
+    """The field report "Should a GB300 Prefetch Its Cold Experts?" (2026-10-23): a 3-slot-per-layer bank is 120 experts = 2.1 GiB, ~1.09M tokens, 43% of the pool."""
     base = _lane_with(295)
     banked = _lane_with(295, {"prefetch_slots_per_layer": 3})
     e = base.fig("experts.bytes_per_expert").value

@@ -159,7 +159,7 @@ def test_one_ledger_per_machine_with_the_stage_layers(ledger: Any) -> None:
 
 def test_stage_reserve_and_kv_recomputed_from_the_seeds(ledger: Any) -> None:
     cap = 250.7 * GiB * 0.97                                   # 243.18 GiB
-    whole_reserve = cap - 295 * 40 * E - 4.9 * GiB             # 31.67 GiB (DESIGN.md)
+    whole_reserve = cap - 295 * 40 * E - 4.9 * GiB             # 31.67 GiB (docs/design.md)
     rest = whole_reserve - 16.9 * GiB                          # activations, graphs, drafter
     stage_reserve = rest + 16.9 * GiB / 2
     for stage in ledger.stages:

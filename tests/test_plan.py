@@ -44,7 +44,7 @@ def test_prefetch_price_from_the_reference_lane(reference):
     assert printed_like(price.bank_gib, "2.1") == PREFETCH_PRINTED["bank_gib"]
     assert printed_like(price.kv_tokens_lost.value / 1e6, "1.09") == PREFETCH_PRINTED["kv_tokens_m"]
     assert printed_like(price.share_of_pool.value * 100, "43") == PREFETCH_PRINTED["share_pct"]
-    # the pool it is taken from is the ledger's: 4.9 GiB, ~2.54M tokens, leaving ~1.45M (seed 001, Figure 4)
+    # the pool it is taken from is the ledger's: 4.9 GiB, ~2.54M tokens, leaving ~1.45M (the field report 'Should a GB300 Prefetch Its Cold Experts? Mostly No, and What to Build Instead' (2026-10-23), Figure 4)
     assert printed_like(price.kv_pool_bytes / 2**30, "4.9") == PREFETCH_PRINTED["pool_gib"]
     assert printed_like(price.kv_tokens_before / 1e6, "2.54") == PREFETCH_PRINTED["pool_tokens_m"]
     assert printed_like(price.kv_tokens_after / 1e6, "1.45") == "1.45"

@@ -163,7 +163,7 @@ def test_show_and_build_with_the_reference_recipe(tmp_path: Path, repo_root: Pat
     code, _, err = run("rowmap", "build", str(tmp_path / "small.hist"), "--recipe",
                        "dsv41-flash-gb300", "--hot", "2", "-o", str(tmp_path / "m.rowmap"))
     assert code == 2 and "small.hist" in err and "2 MoE layers × 4 experts" in err
-    # the DESIGN.md budget example through the command: 62.33 GiB -> 88 cold per layer
+    # the docs/design.md budget example through the command: 62.33 GiB -> 88 cold per layer
     profiles = repo_root / "recipes" / "profiles" / "dsv41-flash"
     code, out, err = run("rowmap", "build", str(profiles / "agent.hist"), "--recipe",
                          "dsv41-flash-gb300", "--cold-budget", "62.33 GiB", "--uniform", "-o",

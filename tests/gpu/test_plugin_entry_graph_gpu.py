@@ -32,7 +32,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU: these tests run on the H200 through the device tool",
+    pytest.skip("needs a CUDA GPU: run them on a GPU machine (BENCHMARKS.md gives the H200 commands)",
                 allow_module_level=True)
 pytest.importorskip("triton", reason="needs Triton (the H200 image has triton 3.6)")
 

@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU (run on the H200 through the device tool)", allow_module_level=True)
+    pytest.skip("needs a CUDA GPU (run it on a GPU machine; BENCHMARKS.md gives the H200 commands)", allow_module_level=True)
 
 from expert_residency.core import (ExpertCounter, build_unsplit_layer, device_allocator,  # noqa: E402
                                    mapped_host_allocator, rehome_layer, residency_forward)

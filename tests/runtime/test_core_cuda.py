@@ -1,4 +1,4 @@
-"""The torch core on a CUDA GPU (the H200 through the device tool): same code as the CPU tests,
+"""The torch core on a CUDA GPU (run on one NVIDIA H200): same code as the CPU tests,
 cold bank in pinned host memory read in place, the step captured in a CUDA graph.
 
 Run there with ``PYTHONPATH=runtime:tests/runtime python3 -m pytest tests/runtime/test_core_cuda.py -q``.
@@ -20,7 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU (run on the H200 through the device tool)", allow_module_level=True)
+    pytest.skip("needs a CUDA GPU (run it on a GPU machine; BENCHMARKS.md gives the H200 commands)", allow_module_level=True)
 
 import numpy as np  # noqa: E402
 

@@ -20,10 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "runtime"))
 
 from expert_residency.core.banks import build_unsplit_layer, device_allocator, host_allocator, rehome_layer  # noqa: E402
-from expert_residency.core.formats_ref import float_per_pick, fp8_block_per_pick, mxfp4_per_pick  # noqa: E402
 from expert_residency.core.split import residency_forward, split_invoke  # noqa: E402
-from expert_residency.fp8 import quantize_fp8_block  # noqa: E402
-from expert_residency.mxfp4 import quantize_mxfp4  # noqa: E402
+from random_experts import random_experts  # noqa: E402
 from expert_residency.parallel import (ExpertPlacement, TensorShard, check_same_rowmap, ep_forward,  # noqa: E402
                                        expert_map_for, local_expert_rows, rehome_tp_rank, shard_expert_tensors,
                                        slice_rowmap, unsplit_tp_rank, unsupported_ep_reason)
@@ -90,21 +88,7 @@ def test_tp_shard_interleaved_padded_and_quantized_dims() -> None:
 
 # -- TP numerics -------------------------------------------------------------------------------
 def _experts(fmt: str, e: int, h: int, i: int) -> tuple[dict[str, torch.Tensor], object]:
-    g = torch.Generator().manual_seed(3)
-    w13 = torch.randn(e, 2 * i, h, generator=g) * 0.05
-    w2 = torch.randn(e, h, i, generator=g) * 0.05
-    if fmt == "bf16":
-        return {"w13_weight": w13.bfloat16(), "w2_weight": w2.bfloat16(),
-                "w13_bias": (torch.randn(e, 2 * i, generator=g) * 0.1).bfloat16(),
-                "w2_bias": (torch.randn(e, h, generator=g) * 0.1).bfloat16()}, float_per_pick()
-    if fmt == "mxfp4":
-        p13, s13 = quantize_mxfp4(w13)
-        p2, s2 = quantize_mxfp4(w2)
-        return {"w13_weight": p13, "w13_weight_scale": s13, "w2_weight": p2, "w2_weight_scale": s2}, mxfp4_per_pick()
-    q13, s13 = quantize_fp8_block(w13)
-    q2, s2 = quantize_fp8_block(w2)
-    return {"w13_weight": q13, "w13_weight_scale_inv": s13, "w2_weight": q2, "w2_weight_scale_inv": s2}, \
-        fp8_block_per_pick()
+    return random_experts(fmt, e, h, i, seed=3)
 
 
 def _routing(t: int, e: int, k: int, h: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 
 import pytest
+from interpreter_rerun import rerun_interpreted  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -22,15 +22,9 @@ pytestmark = [pytest.mark.torch, pytest.mark.skipif(
 
 
 def _rerun_interpreted(test_id: str) -> bool:
-    """Run ``test_id`` in a fresh interpreter with ``TRITON_INTERPRET=1`` when Triton was already
-    imported in this process without it (its kernels would then be compiled-mode functions)."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or "triton" not in sys.modules:
-        return False
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           f"{__file__}::{test_id}"], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    return True
+    """This file's test ``test_id`` in a fresh ``TRITON_INTERPRET=1`` process when needed
+    (``interpreter_rerun``)."""
+    return rerun_interpreted(__file__, test_id)
 
 
 def _requests(gen: torch.Generator, lengths: list[int]) -> torch.Tensor:

@@ -19,6 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime"))
+from interpreter_rerun import rerun_interpreted  # noqa: E402
 
 needs_interpreter = [
     pytest.mark.skipif(importlib.util.find_spec("triton") is None,
@@ -29,17 +30,9 @@ needs_interpreter = [
 
 
 def _rerun_interpreted(test_id: str) -> bool:
-    """Run ``test_id`` in a fresh interpreter with ``TRITON_INTERPRET=1`` when Triton was already
-    imported here without it (its ``tl`` helpers are then compiled-mode functions)."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or "triton" not in sys.modules:
-        return False
-    import subprocess
-
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           f"{__file__}::{test_id}"], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    return True
+    """This file's test ``test_id`` in a fresh ``TRITON_INTERPRET=1`` process when needed
+    (``interpreter_rerun``)."""
+    return rerun_interpreted(__file__, test_id)
 
 
 E, K, H, I, T = 6, 2, 256, 128, 5

@@ -25,6 +25,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime"))
+from interpreter_rerun import rerun_interpreted  # noqa: E402
 
 E, K, H, I, T = 6, 2, 256, 128, 5
 HOT, COLD = [5, 1, 0, 3], [2, 4]
@@ -48,16 +49,11 @@ pending = pytest.mark.skipif(
 
 
 def _rerun_interpreted(test_id: str) -> bool:
-    """Fresh process with ``TRITON_INTERPRET=1`` when Triton was imported here without it."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available():
+    """This file's test ``test_id`` in a fresh ``TRITON_INTERPRET=1`` process unless the variable
+    is set (``interpreter_rerun``)."""
+    if torch.cuda.is_available():
         return False
-    import subprocess
-
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           f"{__file__}::{test_id}"], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    return True
+    return rerun_interpreted(__file__, test_id, only_if_triton_imported=False)
 
 
 def gptoss_tensors(device: str = "cpu", h: int = H) -> dict:

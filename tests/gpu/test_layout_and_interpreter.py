@@ -21,6 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime"))
+from interpreter_rerun import rerun_interpreted  # noqa: E402
 
 from expert_residency.gpu.layout import from_kernel_layout, to_kernel_layout  # noqa: E402
 
@@ -114,19 +115,9 @@ def test_mma_order_round_trip_and_refusals() -> None:
 
 
 def _rerun_interpreted(test_id: str) -> bool:
-    """True (after running ``test_id`` in a fresh interpreter with ``TRITON_INTERPRET=1``) when
-    Triton was already imported in this process without it: ``triton.language``'s own helpers
-    (``tl.sort``, ``tl.cumsum``) are then compiled-mode functions the interpreter cannot call
-    (another suite run earlier in the session, e.g. a torch dispatch mode, imports Triton)."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or "triton" not in sys.modules:
-        return False
-    import subprocess
-
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           f"{__file__}::{test_id}"], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    return True
+    """This file's test ``test_id`` in a fresh ``TRITON_INTERPRET=1`` process when needed
+    (``interpreter_rerun``)."""
+    return rerun_interpreted(__file__, test_id)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,

@@ -22,6 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime"))
+from interpreter_rerun import rerun_interpreted  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("triton") is None,
@@ -33,17 +34,9 @@ pytestmark = [
 
 
 def _rerun_interpreted(test_id: str) -> bool:
-    """Run ``test_id`` in a fresh ``TRITON_INTERPRET=1`` process when Triton was already imported
-    here without it (as ``test_layout_and_interpreter._rerun_interpreted``)."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or "triton" not in sys.modules:
-        return False
-    import subprocess
-
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           f"{__file__}::{test_id}"], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    return True
+    """This file's test ``test_id`` in a fresh ``TRITON_INTERPRET=1`` process when needed
+    (``interpreter_rerun``)."""
+    return rerun_interpreted(__file__, test_id)
 
 
 def test_stream_k_one_token_under_triton_interpreter() -> None:

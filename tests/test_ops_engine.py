@@ -1,4 +1,4 @@
-"""up / status / swap / verify / drift / profile against a real Docker engine (issue 11).
+"""up / status / swap / verify / drift / profile against a real Docker engine.
 
 One private dockerd (tests/docker_support), the busybox stand-in tagged as the rendered image
 `vllm/vllm-openai:v0.33.0`, and a two-lane variant of the reference recipe rendered by the real

@@ -25,6 +25,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from .devmap import valid_ids
+
 
 class ExpertCounter:
     """Per-(layer, expert) pick counts for the MoE layers ``moe_layer_indices`` (model numbering)."""
@@ -54,16 +56,20 @@ class ExpertCounter:
 
     def count(self, layer_index: int, topk_ids: torch.Tensor, *, token_mask: torch.Tensor | None = None,
               decode_mask: torch.Tensor | None = None) -> None:
-        """Add this step's picks ``topk_ids [T, K]`` of MoE layer ``layer_index``."""
+        """Add this step's picks ``topk_ids [T, K]`` of MoE layer ``layer_index``.
+
+        Picks with an id outside ``0..num_experts-1`` (vLLM's -1, unrouted) count for no expert."""
         row = self.row_of(layer_index)
-        ids = topk_ids.reshape(-1).long()
+        ids = topk_ids.long()
+        routed = valid_ids(ids, self.num_experts)
         if token_mask is None:
-            weight = torch.ones(topk_ids.shape, dtype=torch.int64, device=topk_ids.device)
             valid = torch.ones(topk_ids.shape[0], dtype=torch.int64, device=topk_ids.device)
+            weight = routed.to(torch.int64)
         else:
             valid = token_mask.to(torch.int64)
-            weight = valid.unsqueeze(1).expand(topk_ids.shape)
-        self.counts[row].index_add_(0, ids, weight.reshape(-1))
+            weight = valid.unsqueeze(1) * routed.to(torch.int64)
+        ids = torch.where(routed, ids, torch.zeros_like(ids))
+        self.counts[row].index_add_(0, ids.reshape(-1), weight.reshape(-1))
         self.tokens[row] += valid.sum()
         if decode_mask is None:
             self._decode_known = False

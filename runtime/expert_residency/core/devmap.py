@@ -10,7 +10,10 @@ whatever it holds, so a swap only has to rewrite two of its elements (see ``core
 
 ``route_picks`` turns router output ``topk_ids [T, K]`` into per-bank row indices and masks with
 fixed shapes and no host synchronisation (every pick gets a row in both banks; the mask says which
-one is real; masked-out rows are clamped to 0 so they are always valid indices).
+one is real; masked-out rows are clamped to 0 so they are always valid indices). A pick whose id is
+outside ``0..num_experts-1`` (vLLM's -1: computed on another rank, or unrouted) is in neither mask —
+it is skipped, never looked up (``codes[-1]`` would wrap around to the last expert) — and the
+finalize adds ``fma(0, 0, acc)`` for it (``core.split``), as ``parallel.ep`` and the Triton kernels do.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ class PickRouting:
     """Per-bank view of one step's picks; every tensor is ``[T, K]`` on the device of ``topk_ids``.
 
     ``hot_rows``/``cold_rows`` are int64 row indices into the bank (0 where the pick belongs to the
-    other bank); ``hot_mask``/``cold_mask`` are bool and exactly complementary.
+    other bank or to none); ``hot_mask``/``cold_mask`` are bool and disjoint, complementary except
+    at skipped picks (ids outside ``0..E-1``), which are in neither.
     """
 
     hot_rows: torch.Tensor
@@ -62,15 +66,28 @@ class PickRouting:
     cold_rows: torch.Tensor
     cold_mask: torch.Tensor
 
+    @property
+    def valid(self) -> torch.Tensor:
+        """bool ``[T, K]``: the pick has an expert on this layer (in one of the two banks)."""
+        return self.hot_mask | self.cold_mask
+
+
+def valid_ids(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """bool ``[T, K]``: ``0 <= id < num_experts`` (device-only, no sync)."""
+    return (topk_ids >= 0) & (topk_ids < num_experts)
+
 
 def route_picks(codes: torch.Tensor, topk_ids: torch.Tensor) -> PickRouting:
     """Resolve ``topk_ids [T, K]`` (any integer dtype, global expert ids) through ``codes``.
 
+    Ids outside ``0..E-1`` are in neither mask (looked up as expert 0, never as ``codes[-1]``).
     Fixed shapes, device-only ops, no ``.item()``/``nonzero``: safe inside CUDA-graph capture.
     """
-    code = codes[topk_ids.long()]
-    hot_mask = code >= 0
-    cold_mask = ~hot_mask
+    ids = topk_ids.long()
+    valid = valid_ids(ids, codes.shape[0])
+    code = codes[torch.where(valid, ids, torch.zeros_like(ids))]
+    hot_mask = valid & (code >= 0)
+    cold_mask = valid & (code < 0)
     zero = torch.zeros_like(code)
     hot_rows = torch.where(hot_mask, code, zero).long()
     cold_rows = torch.where(cold_mask, torch.bitwise_not(code), zero).long()

@@ -27,6 +27,10 @@ shapes whatever the bank).
 ``dense_per_pick(compute)`` adapts a function that returns a full ``[T, K, H]`` result (values at
 masked-out positions arbitrary) to this contract with a masked write.
 
+A pick whose id is outside ``0..E-1`` (vLLM's -1) is in neither bank's mask: ``split_invoke``
+leaves its ``pick_out`` row 0 and ``residency_forward`` gives it weight 0, so the finalize adds
+``fma(0, 0, acc)`` for it — the bits of ``parallel.ep.ep_forward`` and the Triton kernels.
+
 Fixed shapes and no host synchronisation throughout; the only Python branch is on a bank being
 empty (a static property of the layer), so a split layer can be captured in one CUDA graph.
 """
@@ -73,8 +77,17 @@ def split_invoke(layer: ResidentLayer, hidden_states: torch.Tensor, topk_ids: to
 
     ``out_dtype`` (default: ``hidden_states.dtype``) is the pick rows' dtype (bf16 rows in the
     seeds' kernels). ``H`` is taken from ``hidden_states`` unless ``pick_out`` is given.
+    Rows of skipped picks (ids outside ``0..E-1``) are 0, also in a reused ``pick_out``.
     """
+    return _split_invoke(layer, hidden_states, topk_ids, per_pick_fn, out_dtype, pick_out)[0]
+
+
+def _split_invoke(layer: ResidentLayer, hidden_states: torch.Tensor, topk_ids: torch.Tensor,
+                  per_pick_fn: PerPickExpertFn, out_dtype: torch.dtype | None,
+                  pick_out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``split_invoke`` plus the routing's ``valid`` mask (bool ``[T, K]``) for the finalize."""
     tokens, k = topk_ids.shape
+    fresh = pick_out is None
     if pick_out is None:
         pick_out = torch.zeros(tokens, k, hidden_states.shape[-1],
                                dtype=out_dtype or hidden_states.dtype, device=hidden_states.device)
@@ -83,7 +96,10 @@ def split_invoke(layer: ResidentLayer, hidden_states: torch.Tensor, topk_ids: to
         per_pick_fn(hidden_states, layer.hot, routing.hot_rows, routing.hot_mask, pick_out)
     if layer.cold.num_rows:
         per_pick_fn(hidden_states, layer.cold, routing.cold_rows, routing.cold_mask, pick_out)
-    return pick_out
+    valid = routing.valid
+    if not fresh:   # a fresh buffer is already 0 where no bank wrote; a reused one may be stale
+        pick_out.copy_(torch.where(valid.unsqueeze(-1), pick_out, torch.zeros_like(pick_out)))
+    return pick_out, valid
 
 
 def residency_forward(layer: ResidentLayer, hidden_states: torch.Tensor, topk_weights: torch.Tensor,
@@ -101,6 +117,7 @@ def residency_forward(layer: ResidentLayer, hidden_states: torch.Tensor, topk_we
     """
     if counter is not None:
         counter.count(layer.layer_index, topk_ids, token_mask=token_mask, decode_mask=decode_mask)
-    pick_out = split_invoke(layer, hidden_states, topk_ids, per_pick_fn, out_dtype=pick_dtype)
-    return finalize(pick_out, topk_weights, out_dtype or hidden_states.dtype)
+    pick_out, valid = _split_invoke(layer, hidden_states, topk_ids, per_pick_fn, pick_dtype, None)
+    weights = torch.where(valid, topk_weights.float(), torch.zeros_like(topk_weights, dtype=torch.float32))
+    return finalize(pick_out, weights, out_dtype or hidden_states.dtype)
 

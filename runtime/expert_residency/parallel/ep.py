@@ -28,6 +28,7 @@ from typing import Sequence
 import torch
 
 from ..core.banks import ResidentLayer
+from ..core.devmap import valid_ids
 from ..core.fma_finalize import finalize
 from ..core.split import PerPickExpertFn, split_invoke
 
@@ -152,6 +153,16 @@ def local_expert_rows(full: torch.Tensor, expert_map: Sequence[int]) -> torch.Te
     return full[order].contiguous()
 
 
+def local_slots(expert_map: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    """Global ``topk_ids [T, K]`` -> local slots (``expert_map``'s dtype), -1 for other ranks' picks
+    and for ids outside ``0..E-1`` (looked up as id 0, so ``expert_map[-1]`` never wraps around to
+    the last expert). Fixed shapes, no sync."""
+    ids = topk_ids.long()
+    valid = valid_ids(ids, expert_map.shape[0])
+    local = expert_map[torch.where(valid, ids, torch.zeros_like(ids))]
+    return torch.where(valid, local, torch.full_like(local, -1))
+
+
 def ep_forward(layer: ResidentLayer, hidden_states: torch.Tensor, topk_weights: torch.Tensor,
                topk_ids: torch.Tensor, expert_map: torch.Tensor, per_pick_fn: PerPickExpertFn, *,
                pick_dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -160,8 +171,9 @@ def ep_forward(layer: ResidentLayer, hidden_states: torch.Tensor, topk_weights: 
     ``expert_map``: vLLM's ``int32[E]`` on the device of ``topk_ids`` (``RoutedExperts.expert_map``).
     Picks of other ranks compute on local slot 0 (fixed shapes, no sync) and are then zeroed, with a
     zero weight, so the fma chain adds exactly +0 for them (no counting here: every rank sees all
-    picks, so one rank's counter of global ids is the lane's)."""
-    local = expert_map[topk_ids.long()]
+    picks, so one rank's counter of global ids is the lane's). A global id outside ``0..E-1``
+    (vLLM's -1) is nobody's pick: the same +0, never ``expert_map[-1]``'s expert."""
+    local = local_slots(expert_map, topk_ids)
     mine = local >= 0
     ids = torch.where(mine, local, torch.zeros_like(local))
     pick_out = split_invoke(layer, hidden_states, ids, per_pick_fn, out_dtype=pick_dtype)

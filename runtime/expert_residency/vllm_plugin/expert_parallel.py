@@ -41,8 +41,8 @@ from typing import Any, Mapping, MutableMapping, Sequence
 import torch
 
 from ..core.banks import BankAllocator, ResidentLayer, build_unsplit_layer, rehome_layer
-from ..parallel.ep import (ExpertPlacement, check_expert_map, local_expert_rows, slice_rowmap,
-                           unsupported_ep_reason)
+from ..parallel.ep import (ExpertPlacement, check_expert_map, local_expert_rows, local_slots,
+                           slice_rowmap, unsupported_ep_reason)
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,9 @@ def local_picks(expert_map: torch.Tensor, topk_ids: torch.Tensor, topk_weights: 
 
     A pick of another rank's expert goes to local slot 0 with weight 0 (fixed shapes, no sync,
     graph-safe); its finite row times 0 adds +0 to the fma chain, so the rank's share equals
-    ``parallel.ep.ep_forward``'s (which also zeroes the row). Weights keep their dtype."""
-    local = expert_map[topk_ids.long()]
+    ``parallel.ep.ep_forward``'s (which also zeroes the row). A global id outside ``0..E-1``
+    (vLLM's -1) is treated the same, never as ``expert_map[-1]``. Weights keep their dtype."""
+    local = local_slots(expert_map, topk_ids)
     mine = local >= 0
     ids = torch.where(mine, local, torch.zeros_like(local)).to(topk_ids.dtype)
     weights = torch.where(mine, topk_weights, torch.zeros_like(topk_weights))
@@ -165,8 +166,9 @@ def local_picks(expert_map: torch.Tensor, topk_ids: torch.Tensor, topk_weights: 
 def local_ids(expert_map: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
     """Router picks in global ids -> local slots, -1 kept for other ranks' experts: for the fused
     Triton layer (``gpu.experts``), which skips an id outside ``0..L-1`` (adds ``fma(0, 0, acc)``,
-    the same as ``parallel.ep.ep_forward``) instead of computing it on slot 0 with weight 0."""
-    return expert_map[topk_ids.long()].to(topk_ids.dtype)
+    the same as ``parallel.ep.ep_forward``) instead of computing it on slot 0 with weight 0.
+    A global id outside ``0..E-1`` gives -1 too (``parallel.ep.local_slots``: no wrap-around)."""
+    return local_slots(expert_map, topk_ids).to(topk_ids.dtype)
 
 
 def rehome_ep_rank(full: Mapping[str, torch.Tensor], hot_ids: Sequence[int], cold_ids: Sequence[int],

@@ -325,3 +325,54 @@ def test_one_token_fused_finalize_under_triton_interpreter() -> None:
     fused.forward(split, torch.randn(1, h).bfloat16(), weights, torch.tensor([[0, 1, 2]]), counter=counter,
                   token_mask=torch.tensor([False]))
     assert torch.equal(counter.counts[0], before) and int(tickets.abs().sum()) == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="needs Triton for TRITON_INTERPRET=1 (the H200 runs "
+                           "tests/gpu/test_gpu_residency.py on the real kernels)")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: tests/gpu/test_gpu_residency.py "
+                    "checks the compiled kernels instead")
+@pytest.mark.parametrize("variant", ["wide", "prefetch", "wide-prefetch"])
+def test_wide_and_prefetch_programs_under_triton_interpreter(variant: str) -> None:
+    """The stacked w13 operand (gate and up tiles read as one, ``_mx_stacked_dot``) and the
+    register-prefetch K loops (``_w13_prefetch_loop``: 32-bit words one step ahead, the last step
+    re-reading its tile) address the very bytes the pipelined 4-warp loop does: == it bit for bit
+    at T = 1 (fused finalize) and T = 3, split == unsplit, the counter exact. (The interpreter has
+    no warps or pipeline; the H200 test compares the compiled programs.)"""
+    if _rerun_interpreted(f"test_wide_and_prefetch_programs_under_triton_interpreter[{variant}]"):
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    from expert_residency.core.banks import build_unsplit_layer, device_allocator, host_allocator, rehome_layer
+    from expert_residency.core.counter import ExpertCounter
+    from expert_residency.gpu import experts as gx
+    from expert_residency.mxfp4 import quantize_mxfp4
+
+    torch.manual_seed(5)
+    e, k, h, i = 6, 3, 256, 128
+    p13, s13 = quantize_mxfp4(torch.randn(e, 2 * i, h) * 0.05)
+    p2, s2 = quantize_mxfp4(torch.randn(e, h, i) * 0.05)
+    tiles = dict(block_m=4, block_n1=64, block_k1=128, block_n2=128, block_k2=64)
+    wide = 8 if "wide" in variant else 0
+    wide_cfg = gx.KernelConfig(**tiles, wide_tokens1=wide, wide_tokens2=wide,
+                               prefetch_tokens=8 if "prefetch" in variant else 0)
+    narrow_cfg = gx.KernelConfig(**tiles)
+    assert wide_cfg.warps_for(3) == ((8, 8, True) if wide else (4, 4, False))
+    assert narrow_cfg.warps_for(1) == (4, 4, False) and narrow_cfg.prefetch_tokens == 0
+    full = {"w13_weight": p13, "w13_weight_scale": s13, "w2_weight": p2, "w2_weight_scale": s2}
+    to_kernel_layout(full, wide_cfg)
+    unsplit = build_unsplit_layer({n: v.clone() for n, v in full.items()}, layer_index=0)
+    split = rehome_layer(dict(full), [5, 1, 0, 3], [2, 4], layer_index=0,
+                         hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator())
+    wide = gx.TritonMxfp4Experts(gx.ExpertShape(h, i), e, k, max_tokens=4, device="cpu", config=wide_cfg)
+    narrow = gx.TritonMxfp4Experts(gx.ExpertShape(h, i), e, k, max_tokens=4, device="cpu", config=narrow_cfg)
+    counter = ExpertCounter([0], e)
+    picked = []
+    for ids_rows in ([[2, 0, 4]], [[1, -1, 3]], [[4, 2, 5], [0, 1, 2], [3, 5, 4]]):
+        ids = torch.tensor(ids_rows)
+        x = torch.randn(len(ids_rows), h).bfloat16()
+        weights = torch.softmax(torch.randn(len(ids_rows), k), -1)
+        out = wide.forward(split, x, weights, ids, counter=counter).clone()
+        assert torch.equal(out, narrow.forward(split, x, weights, ids))
+        assert torch.equal(out, wide.forward(unsplit, x, weights, ids))
+        picked += [v for v in ids.flatten().tolist() if v >= 0]
+    assert torch.equal(counter.counts[0], torch.bincount(torch.tensor(picked), minlength=e))

@@ -132,11 +132,6 @@ def main() -> int:
     ap.add_argument("--one-token", action="store_true", help="the T=1 kernels (no grouping launch)")
     ap.add_argument("--fuse-finalize", action="store_true", help="T=1 w2 with the finalize folded in")
     ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch (griddepcontrol)")
-    ap.add_argument("--wide", action="store_true",
-                    help="the wide programs of small steps: w13's gate and up tiles stacked as one operand, "
-                         "one warpgroup per 64 weight rows in both kernels (overrides --num-warps)")
-    ap.add_argument("--prefetch", action="store_true",
-                    help="the register-prefetch K loops of small steps (compiled with num_stages=1)")
     ap.add_argument("--stream-k1", type=int, default=0, help="T=1 stream-K w13 on this many programs")
     ap.add_argument("--stream-k2", type=int, default=0, help="T=1 stream-K w2 on this many programs")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200, 80: A100)")
@@ -171,22 +166,18 @@ def main() -> int:
         report("w2-streamK", w2, a.block_n2 * a.block_k2 // threads, a.dump)
     if a.stream_k1 or a.stream_k2:
         return 0
-    warps13 = 8 * a.block_n1 // 64 if a.wide else a.num_warps
-    warps2 = 4 * a.block_n2 // 64 if a.wide else a.num_warps
     w13 = compile_kernel(kernels.w13_swiglu_kernel, W13_ARGS,
                          dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BM=a.block_m, BN=a.block_n1, BK=a.block_k1,
                               DEQUANT=a.dequant, TILE_MAJOR=True, COUNT=False, SWIGLU_LIMIT=0.0, SPLIT=a.split_k1,
-                              ONE_TOKEN=a.one_token, HAS_TOKEN_MASK=False, PART_PICKS=96, PDL=a.pdl,
-                              STACK=a.wide, PREFETCH=a.prefetch),
-                         warps13, 1 if a.prefetch else a.num_stages)
-    report("w13", w13, 2 * a.block_n1 * a.block_k1 // (32 * warps13), a.dump)  # gate + up tiles
+                              ONE_TOKEN=a.one_token, HAS_TOKEN_MASK=False, PART_PICKS=96, PDL=a.pdl),
+                         a.num_warps, a.num_stages)
+    report("w13", w13, 2 * a.block_n1 * a.block_k1 // threads, a.dump)  # gate + up tiles
     w2 = compile_kernel(kernels.w2_kernel, W2_ARGS,
                         dict(H=a.hidden, INTER=a.intermediate, BM=a.block_m, BN=a.block_n2, BK=a.block_k2,
                              DEQUANT=a.dequant, TILE_MAJOR=True, TOP_K=6, SPLIT=a.split_k2, ONE_TOKEN=a.one_token,
                              HAS_TOKEN_MASK=False, PART_PICKS=96, PDL=a.pdl,
-                             FUSE_FINALIZE=a.fuse_finalize and a.one_token, PREFETCH=a.prefetch), warps2,
-                        1 if a.prefetch else a.num_stages)
-    report("w2", w2, a.block_n2 * a.block_k2 // (32 * warps2), a.dump)
+                             FUSE_FINALIZE=a.fuse_finalize and a.one_token), a.num_warps, a.num_stages)
+    report("w2", w2, a.block_n2 * a.block_k2 // threads, a.dump)
     return 0
 
 

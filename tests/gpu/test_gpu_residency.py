@@ -75,9 +75,6 @@ CONFIGS = {
     # T=1 stream-K: both expert launches on 264 programs (2 per H200 SM), equal shares of the
     # (pick, row tile, K step) list; tiles cut by a share boundary reduced in share order
     "mma-order-streamk": KernelConfig(stream_k1=264, stream_k2=264),
-    # wide programs at every T (off by default): w13's gate and up tiles one
-    # stacked operand on 8 warps, w2's 128 rows on 8 warps
-    "mma-order-wide": KernelConfig(wide_tokens1=1 << 20, wide_tokens2=1 << 20),
 }
 
 
@@ -477,47 +474,6 @@ def test_fused_finalize_and_pdl_same_bits_as_separate_launches() -> None:
             eager = torch.stack([plain.forward(layers.unsplit, x[i], w[i], ids[i])
                                  for i, layers in enumerate(built)])
             assert torch.equal(replayed, eager)
-
-
-@pytest.mark.parametrize("variant", ["wide", "prefetch", "wide-prefetch"])
-@pytest.mark.parametrize("geometry", ["dsv41", "gptoss"])
-@pytest.mark.parametrize("tokens", [1, 3, 16, 96])
-def test_wide_and_prefetch_programs_same_bits_as_pipelined_programs(variant: str, geometry: str,
-                                                                    tokens: int) -> None:
-    """Wide programs (w13's gate and up tiles one stacked operand on two warpgroups, each 64-row
-    rep of w2's tile on its own warpgroup) and the register-prefetch K loops (num_stages=1, the
-    next step's 32-bit words loaded while this one is decoded) == the pipelined 4-warp programs
-    bit for bit — each output row is the same sequence of tensor-core products and sums — on hot,
-    cold and straddling tokens, the T=1 fused finalize and a skipped pick included; split ==
-    unsplit; the counter exact. At DSv4.1 geometry and at gpt-oss's (64 x 64 tiles: w2 keeps one
-    warpgroup, 45 K steps; biases, SwiGLU-OAI)."""
-    from expert_residency.gpu.experts import config_for_shape
-    gen = torch.Generator(device=DEV).manual_seed(91 + tokens)
-    experts, k = 12, (6 if geometry == "dsv41" else 4)
-    shape = DSV41 if geometry == "dsv41" else ExpertShape(hidden=2880, intermediate=2880)
-    kw = {} if geometry == "dsv41" else dict(activation="swigluoai")
-    wide = 1 << 20 if "wide" in variant else 0
-    wide_cfg = config_for_shape(shape, KernelConfig(wide_tokens1=wide, wide_tokens2=wide,
-                                                    prefetch_tokens=1 << 20 if "prefetch" in variant else 0))
-    narrow_cfg = config_for_shape(shape, KernelConfig())
-    assert wide_cfg.warps_for(tokens)[0] == (8 if wide else 4) and narrow_cfg.warps_for(tokens) == (4, 4, False)
-    original = random_experts(shape, experts, gen)
-    if geometry == "gptoss":
-        original["w13_bias"] = torch.randn(experts, 2 * shape.intermediate, generator=gen, device=DEV)
-        original["w2_bias"] = torch.randn(experts, shape.hidden, generator=gen, device=DEV)
-    layers = make_layers(shape, experts, k, gen, wide_cfg, original=original)
-    wide = TritonMxfp4Experts(shape, experts, k, max_tokens=96, device=DEV, config=wide_cfg, **kw)
-    narrow = TritonMxfp4Experts(shape, experts, k, max_tokens=96, device=DEV, config=narrow_cfg, **kw)
-    ids, weights = random_routing(tokens, experts, k, gen, layers.hot_ids, layers.cold_ids)
-    if tokens == 1:
-        ids[0] = torch.tensor(layers.hot_ids[:k // 2] + [-1] + layers.cold_ids[:k - k // 2 - 1], device=DEV)
-    x = activations(tokens, shape.hidden, gen)
-    counter = ExpertCounter([0], experts, device=DEV)
-    out = wide.forward(layers.split, x, weights, ids, counter=counter).clone()
-    assert torch.equal(out, narrow.forward(layers.split, x, weights, ids))
-    assert torch.equal(out, wide.forward(layers.unsplit, x, weights, ids))
-    valid = ids[ids >= 0].flatten()
-    assert torch.equal(counter.counts[0], torch.bincount(valid, minlength=experts).to(counter.counts.dtype))
 
 
 @pytest.mark.parametrize("tokens", [1, 6])

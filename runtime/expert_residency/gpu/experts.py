@@ -98,18 +98,6 @@ class KernelConfig:
     # A multiple of the SM count (132 on the H200) balances the grid.
     stream_k1: int = 0
     stream_k2: int = 0
-    # Steps of at most this many tokens run *wide* programs (MMA order only): one warpgroup of 4
-    # warps per 64 weight rows — w13 (``wide_tokens1``) multiplies its gate and up tiles as one
-    # stacked operand on 8 * block_n1 / 64 warps, w2 (``wide_tokens2``) gives each 64-row rep of
-    # its tile its own warpgroup (4 * block_n2 / 64 warps). Twice the warps in flight, each
-    # dequantizing half the rows; the same products and sums per output row as 4-warp programs.
-    # 0: off (the default: on the H200 wide T=1 programs were slower, BENCHMARKS.md).
-    wide_tokens1: int = 0
-    wide_tokens2: int = 0
-    # Steps of at most this many tokens (MMA order) load each K step's weight bytes straight into
-    # registers one step ahead (``kernels._w13_prefetch_loop``; a num_stages=1 launch) instead of
-    # staging them in shared memory through the cp.async pipeline. 0: off.
-    prefetch_tokens: int = 0
 
     def describe(self) -> str:
         kind = {0: "int-dequant", 1: "dot_scaled", 2: "prmt-dequant", 3: "mma-order"}.get(
@@ -127,21 +115,9 @@ class KernelConfig:
                 text += "+fused-finalize"
             if self.stream_k1 or self.stream_k2:
                 text += f" T1-streamK{self.stream_k1}/{self.stream_k2}"
-        if self.prefetch_tokens and self.dequant == 3:
-            text += f" reg-prefetch@T<={self.prefetch_tokens}"
-        if (self.wide_tokens1 or self.wide_tokens2) and self.dequant == 3:
-            text += f" wide@T<={self.wide_tokens1}/{self.wide_tokens2}"
         if self.pdl:
             text += " pdl"
         return text
-
-    def warps_for(self, tokens: int) -> tuple[int, int, bool]:
-        """(w13 warps, w2 warps, w13 stacks gate and up) for a step of ``tokens`` tokens."""
-        mma = self.dequant == 3
-        stack = mma and tokens <= self.wide_tokens1
-        warps13 = 8 * self.block_n1 // 64 if stack else self.num_warps
-        warps2 = 4 * self.block_n2 // 64 if mma and tokens <= self.wide_tokens2 else self.num_warps
-        return warps13, warps2, stack
 
     def small_step_limit(self) -> int:
         """Largest T that runs the small-step schedule (a slot then fits one BM tile)."""
@@ -470,10 +446,6 @@ class TritonMxfp4Experts:
         s1, s2 = effective_splits(shape, cfg) if small else (1, 1)
         stages = cfg.num_stages if small or cfg.num_stages_large is None else cfg.num_stages_large
         count_in_kernel = counts is not None
-        warps13, warps2, stack = cfg.warps_for(t)
-        prefetch = cfg.dequant == 3 and t <= cfg.prefetch_tokens
-        if prefetch:
-            stages = 1  # the kernels load one K step ahead into registers themselves
         if fin is not None and not (one_token and s2 == 1):
             raise RuntimeError("the fused finalize needs the T=1 ungrouped schedule with an unsplit w2")
         if one_token:
@@ -533,8 +505,7 @@ class TritonMxfp4Experts:
                 TILE_MAJOR=cfg.tile_major, COUNT=count_in_kernel,
                 SWIGLU_LIMIT=0.0 if self.swiglu_limit is None else self.swiglu_limit,
                 SPLIT=s1, **small_args, HAS_BIAS=has_bias, ACT=1 if self.activation == SWIGLUOAI else 0,
-                ALPHA=float(self.swiglu_alpha), STACK=stack, PREFETCH=prefetch, num_warps=warps13,
-                num_stages=stages,
+                ALPHA=float(self.swiglu_alpha), num_warps=cfg.num_warps, num_stages=stages,
                 **self._pdl_args())
         if stream2:
             kernels.w2_stream_kernel[(stream2,)](
@@ -556,7 +527,7 @@ class TritonMxfp4Experts:
                 H=shape.hidden, INTER=shape.intermediate,
                 BM=cfg.block_m, BN=cfg.block_n2, BK=cfg.block_k2, DEQUANT=cfg.dequant,
                 TILE_MAJOR=cfg.tile_major, TOP_K=k, SPLIT=s2, **small_args, HAS_BIAS=has_bias,
-                PREFETCH=prefetch, num_warps=warps2, num_stages=stages, **self._pdl_args(),
+                num_warps=cfg.num_warps, num_stages=stages, **self._pdl_args(),
                 # T=1 fused finalize: the token's weights, the output row, one ticket per row tile
                 # (the w2 split tickets, unused when w2 is unsplit; every launch leaves them at zero)
                 **self._fused_finalize_args(fin, ws))

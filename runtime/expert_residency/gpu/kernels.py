@@ -210,10 +210,6 @@ mul.rn.bf16x2 $3, t, $7;
 }
 """)
 
-# The same decode for one 32-bit word per instance (``pack=1``): $4 the word, $5 / $6 the
-# multipliers of its rows g / g+8; $0..$3 the four bf16x2 registers as 32-bit integers.
-_MMA_WORD_TO_BF16_PTX_W = tl.constexpr(_MMA_WORD_TO_BF16_PTX.value.replace("$7", "$6"))
-
 # Before sm_90 there is no mul.bf16x2: the same exact product as fma with a -0.0 addend
 # (x + -0 == x for every x, signed zeros included).
 _MMA_WORD_TO_BF16_PTX_SM80 = tl.constexpr(
@@ -247,13 +243,8 @@ def _mma_word_lanes(v, scale):
 
 
 @triton.jit
-def _load_mma_tile(w_tile, s_tile, BN: tl.constexpr, BK: tl.constexpr,
-                   SECOND_W: tl.constexpr = 0, SECOND_S: tl.constexpr = 0):
+def _load_mma_tile(w_tile, s_tile, BN: tl.constexpr, BK: tl.constexpr):
     """One ``BN x BK`` weight tile in the MMA-order layout -> exact bf16 ``[BN, BK]``.
-
-    ``SECOND_W`` > 0: the tile is two ``BN/2``-row tiles stacked, the second one ``SECOND_W``
-    bytes (its scales ``SECOND_S`` bytes) after the first — w13's gate and up tiles multiplied as
-    one operand (``w13_swiglu_kernel``'s ``STACK``); each half is read exactly as on its own.
 
     Tile bytes (``gpu.layout``): 16-byte rows indexed ``(rm, bh, w, g, q)`` — row-rep, pair of
     32-value scale blocks, warp, lane group, lane in group — each holding one thread's 4 words
@@ -262,100 +253,12 @@ def _load_mma_tile(w_tile, s_tile, BN: tl.constexpr, BK: tl.constexpr,
     fragment, in the fragment's own register order, so the loads are 16 bytes wide and the reshapes
     below are register renamings. Scales: bytes ``(rm, bh, w, g, b0, h)`` per tile.
     """
-    packed, sc = _fetch_mma_tile(w_tile, s_tile, BN, BK, True, SECOND_W, SECOND_S)
-    return _decode_mma_tile(packed, sc, BN, BK)
-
-
-@triton.jit
-def _fetch_mma_words(w_tile, s_tile, BN: tl.constexpr, BK: tl.constexpr, ok,
-                     SECOND_W: tl.constexpr = 0, SECOND_S: tl.constexpr = 0):
-    """``_fetch_mma_tile`` as 32-bit words: ``int32 [BN*BK/32, 4 (b0, c)]`` (little-endian, the
-    asm's input) and the scales ``int32 [BN*BK/32, 4 (b0, h)]``. Words stay one register each when
-    a loop carries them (bytes would be re-packed every step)."""
-    ROWS: tl.constexpr = BN * BK // 32
-    rows = tl.arange(0, ROWS)
-    if SECOND_W > 0:
-        HALF: tl.constexpr = ROWS // 2
-        w_rows = (rows // HALF) * (SECOND_W // 4) + (rows % HALF) * 4
-        s_rows = (rows // HALF) * SECOND_S + ((rows % HALF) // 4) * 4
-    else:
-        w_rows = rows * 4
-        s_rows = (rows // 4) * 4
-    words = tl.load(w_tile.to(tl.pointer_type(tl.int32)) + w_rows[:, None] + tl.arange(0, 4)[None, :],
-                    mask=ok, other=0)
-    sc = tl.load(s_tile + s_rows[:, None] + tl.arange(0, 4)[None, :], mask=ok, other=0).to(tl.int32)
-    return words, sc
-
-
-@triton.jit
-def _decode_mma_words(words, sc, BN: tl.constexpr, BK: tl.constexpr):
-    """``_fetch_mma_words``'s words -> exact bf16 ``[BN, BK]``, the same values in the same
-    register order as ``_decode_mma_tile``."""
     R: tl.constexpr = BN // 64
     BH: tl.constexpr = BK // 64
     ROWS: tl.constexpr = BN * BK // 32
-    if _INTERPRETED:
-        mult = (sc << 23).to(tl.float32, bitcast=True)
-        m_h0, m_h1 = tl.split(tl.reshape(mult, (ROWS, 2, 2)))
-        m_h0 = tl.reshape(tl.broadcast_to(tl.reshape(m_h0, (ROWS, 2, 1)), (ROWS, 2, 2)), (ROWS, 4))
-        m_h1 = tl.reshape(tl.broadcast_to(tl.reshape(m_h1, (ROWS, 2, 1)), (ROWS, 2, 2)), (ROWS, 4))
-        l00, l01 = _mma_word_lanes(words & _MASK_SIMPLE, m_h0)
-        l10, l11 = _mma_word_lanes((words << 3) & _MASK_SIMPLE, m_h1)
-        l20, l21 = _mma_word_lanes((words << 6) & _MASK_SIMPLE, m_h0)
-        v3 = ((words << 1) & _MASK_SIGNS) | ((words >> 3) & 0x01800180) | ((words >> 7) & 0x00400040)
-        l30, l31 = _mma_word_lanes(v3, m_h1)
-    else:
-        mult = sc * 0x00800080 + 0x3F003F00
-        m_h0, m_h1 = tl.split(tl.reshape(mult, (ROWS, 2, 2)))  # [ROWS, 2 (b0)] per row half
-        m_h0 = tl.reshape(tl.broadcast_to(tl.reshape(m_h0, (ROWS, 2, 1)), (ROWS, 2, 2)), (ROWS, 4))
-        m_h1 = tl.reshape(tl.broadcast_to(tl.reshape(m_h1, (ROWS, 2, 1)), (ROWS, 2, 2)), (ROWS, 4))
-        o0, o1, o2, o3 = tl.inline_asm_elementwise(_MMA_WORD_TO_BF16_PTX_W, "=r,=r,=r,=r,r,r,r",
-                                                   [words, m_h0, m_h1],
-                                                   dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
-                                                   is_pure=True, pack=1)
-        l00, l01 = _bf16_lanes(o0)
-        l10, l11 = _bf16_lanes(o1)
-        l20, l21 = _bf16_lanes(o2)
-        l30, l31 = _bf16_lanes(o3)
-    r0 = tl.reshape(tl.join(tl.join(l00, l10), tl.join(l01, l11)), (ROWS, 16))
-    r1 = tl.reshape(tl.join(tl.join(l20, l30), tl.join(l21, l31)), (ROWS, 16))
-    w = tl.reshape(tl.join(r0, r1), (R, BH, 4, 8, 4, 2, 2, 2, 2, 2))
-    w = tl.permute(w, (0, 2, 7, 3, 1, 5, 6, 9, 4, 8))
-    return tl.reshape(w, (BN, BK))
-
-
-@triton.jit
-def _bf16_lanes(v):
-    """A bf16x2 register held as int32 -> its (low, high) bf16 lanes."""
-    return ((v & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True),
-            (v >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True))
-
-
-@triton.jit
-def _fetch_mma_tile(w_tile, s_tile, BN: tl.constexpr, BK: tl.constexpr, ok,
-                    SECOND_W: tl.constexpr = 0, SECOND_S: tl.constexpr = 0):
-    """The raw bytes of ``_load_mma_tile``: ``packed uint8 [BN*BK/32, 16]`` and the scales as
-    ``int32 [BN*BK/32, 4]`` (``ok`` false: nothing is read, zeros)."""
-    ROWS: tl.constexpr = BN * BK // 32
     rows = tl.arange(0, ROWS)
-    if SECOND_W > 0:  # the row-reps are the outer index: the first half of the rows is tile one
-        HALF: tl.constexpr = ROWS // 2
-        w_rows = (rows // HALF) * SECOND_W + (rows % HALF) * 16
-        s_rows = (rows // HALF) * SECOND_S + ((rows % HALF) // 4) * 4
-    else:
-        w_rows = rows * 16
-        s_rows = (rows // 4) * 4
-    packed = tl.load(w_tile + w_rows[:, None] + tl.arange(0, 16)[None, :], mask=ok, other=0)
-    sc = tl.load(s_tile + s_rows[:, None] + tl.arange(0, 4)[None, :], mask=ok, other=0).to(tl.int32)  # (b0, h)
-    return packed, sc
-
-
-@triton.jit
-def _decode_mma_tile(packed, sc, BN: tl.constexpr, BK: tl.constexpr):
-    """``_fetch_mma_tile``'s bytes -> exact bf16 ``[BN, BK]`` (see ``_load_mma_tile``)."""
-    R: tl.constexpr = BN // 64
-    BH: tl.constexpr = BK // 64
-    ROWS: tl.constexpr = BN * BK // 32
+    packed = tl.load(w_tile + rows[:, None] * 16 + tl.arange(0, 16)[None, :])
+    sc = tl.load(s_tile + (rows // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]).to(tl.int32)  # (b0, h)
     if _INTERPRETED:
         even, odd = tl.split(tl.reshape(packed.to(tl.int32), (ROWS, 4, 2, 2)))  # bytes (0, 2), (1, 3)
         b0, b2 = tl.split(even)
@@ -412,7 +315,9 @@ def _mx_tile_dot(acc, w_base, s_base, row0, k0, x_t, K: tl.constexpr,
     if DEQUANT == 3:  # MMA-order layout (always tile-major)
         tile = ((row0 // BN) * (K // BK) + k0 // BK).to(tl.int64)
         w = _load_mma_tile(w_base + tile * (BN * BK // 2), s_base + tile * (BN * BK // 32), BN, BK)
-        return _mma_dot(w, x_t, acc)
+        if _INTERPRETED:
+            return tl.dot(w.to(tl.float32), x_t.to(tl.float32), acc, input_precision="ieee")
+        return tl.dot(w, x_t, acc)
     rr = tl.arange(0, BN)
     if TILE_MAJOR:
         tile = ((row0 // BN) * (K // BK) + k0 // BK).to(tl.int64)
@@ -435,103 +340,6 @@ def _mx_tile_dot(acc, w_base, s_base, row0, k0, x_t, K: tl.constexpr,
     else:
         w = _dequant_mxfp4_prmt(packed, scales, BN, BK)
         acc = tl.dot(w, x_t, acc)
-    return acc
-
-
-@triton.jit
-def _mx_stacked_dot(acc, w_base, s_base, row0, k0, x_t, K: tl.constexpr, INTER: tl.constexpr,
-                    BN: tl.constexpr, BK: tl.constexpr):
-    """``acc[2BN, BM] += [W[row0 : row0+BN]; W[INTER+row0 : INTER+row0+BN]] @ x_t`` (values
-    ``k0 : k0+BK``): the gate and the up tile of the MMA-order layout as one ``2BN``-row operand,
-    so that each 64-row rep of it goes to its own warpgroup (launched with ``8 * BN / 64`` warps).
-    Every output row is the same k16 sequence of tensor-core products as ``_mx_tile_dot`` gives it."""
-    UP_TILES: tl.constexpr = (INTER // BN) * (K // BK)  # tiles from a gate tile to its up tile
-    W_TILE: tl.constexpr = BN * BK // 2
-    S_TILE: tl.constexpr = BN * BK // 32
-    tile = ((row0 // BN) * (K // BK) + k0 // BK).to(tl.int64)
-    w = _load_mma_tile(w_base + tile * W_TILE, s_base + tile * S_TILE, 2 * BN, BK,
-                       UP_TILES * W_TILE, UP_TILES * S_TILE)
-    return _mma_dot(w, x_t, acc)
-
-
-@triton.jit
-def _mma_dot(w, x_t, acc):
-    """``acc + w @ x_t`` on the tensor cores (bf16 in, fp32 accumulate); interpreted, on fp32
-    copies of the same bf16 values (see ``_INTERPRETED``)."""
-    if _INTERPRETED:
-        return tl.dot(w.to(tl.float32), x_t.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(w, x_t, acc)
-
-
-@triton.jit
-def _w13_prefetch_loop(x_ptr, tok, stride_x, m_ok, w_base, s_base, row0, k_lo, k_hi,
-                       H: tl.constexpr, INTER: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, STACK: tl.constexpr):
-    """w13's K loop (MMA order) for a launch with ``num_stages=1``: the next K step's weight
-    words and activations are loaded straight into registers while this step is decoded and
-    multiplied — no shared-memory staging of the weights, no barrier or tensor-core wait per
-    step. The same tiles, products and sums as the pipelined loop. The last step re-reads its own
-    tile instead of a masked load (an L2 hit; no predication in the loop). Returns ``(acc_g, acc_u)``."""
-    W_TILE: tl.constexpr = BN * BK // 2
-    S_TILE: tl.constexpr = BN * BK // 32
-    NK: tl.constexpr = H // BK
-    UP: tl.constexpr = (INTER // BN) * NK  # tiles from a gate tile to its up tile
-    tile0 = ((row0 // BN) * NK + k_lo // BK).to(tl.int64)
-    tile = tile0
-    x_t = tl.load(x_ptr + tok[None, :] * stride_x + (k_lo + tl.arange(0, BK))[:, None], mask=m_ok[None, :], other=0.0)
-    if STACK:
-        acc = tl.zeros((2 * BN, BM), dtype=tl.float32)
-        pk, sc = _fetch_mma_words(w_base + tile * W_TILE, s_base + tile * S_TILE, 2 * BN, BK, True,
-                                  UP * W_TILE, UP * S_TILE)
-        for k0 in range(k_lo, k_hi, BK):
-            kn = tl.minimum(k0 + BK, k_hi - BK)
-            tile = tile0 + (kn - k_lo) // BK
-            n_pk, n_sc = _fetch_mma_words(w_base + tile * W_TILE, s_base + tile * S_TILE, 2 * BN, BK, True,
-                                          UP * W_TILE, UP * S_TILE)
-            n_x = tl.load(x_ptr + tok[None, :] * stride_x + (kn + tl.arange(0, BK))[:, None], mask=m_ok[None, :],
-                          other=0.0)
-            acc = _mma_dot(_decode_mma_words(pk, sc, 2 * BN, BK), x_t, acc)
-            pk, sc, x_t = n_pk, n_sc, n_x
-        acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, (2, BN, BM)), (1, 2, 0)))
-    else:
-        acc_g = tl.zeros((BN, BM), dtype=tl.float32)
-        acc_u = tl.zeros((BN, BM), dtype=tl.float32)
-        g_pk, g_sc = _fetch_mma_words(w_base + tile * W_TILE, s_base + tile * S_TILE, BN, BK, True)
-        u_pk, u_sc = _fetch_mma_words(w_base + (tile + UP) * W_TILE, s_base + (tile + UP) * S_TILE, BN, BK, True)
-        for k0 in range(k_lo, k_hi, BK):
-            kn = tl.minimum(k0 + BK, k_hi - BK)
-            tile = tile0 + (kn - k_lo) // BK
-            n_g_pk, n_g_sc = _fetch_mma_words(w_base + tile * W_TILE, s_base + tile * S_TILE, BN, BK, True)
-            n_u_pk, n_u_sc = _fetch_mma_words(w_base + (tile + UP) * W_TILE, s_base + (tile + UP) * S_TILE,
-                                              BN, BK, True)
-            n_x = tl.load(x_ptr + tok[None, :] * stride_x + (kn + tl.arange(0, BK))[:, None], mask=m_ok[None, :],
-                          other=0.0)
-            acc_g = _mma_dot(_decode_mma_words(g_pk, g_sc, BN, BK), x_t, acc_g)
-            acc_u = _mma_dot(_decode_mma_words(u_pk, u_sc, BN, BK), x_t, acc_u)
-            g_pk, g_sc, u_pk, u_sc, x_t = n_g_pk, n_g_sc, n_u_pk, n_u_sc, n_x
-    return acc_g, acc_u
-
-
-@triton.jit
-def _w2_prefetch_loop(act_ptr, picks, m_ok, w_base, s_base, row0, k_lo, k_hi,
-                      INTER: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """w2's K loop (MMA order) with ``_w13_prefetch_loop``'s register prefetch (``num_stages=1``)."""
-    W_TILE: tl.constexpr = BN * BK // 2
-    S_TILE: tl.constexpr = BN * BK // 32
-    tile0 = ((row0 // BN) * (INTER // BK) + k_lo // BK).to(tl.int64)
-    tile = tile0
-    a_t = tl.load(act_ptr + picks[None, :] * INTER + (k_lo + tl.arange(0, BK))[:, None], mask=m_ok[None, :],
-                  other=0.0)
-    pk, sc = _fetch_mma_words(w_base + tile * W_TILE, s_base + tile * S_TILE, BN, BK, True)
-    acc = tl.zeros((BN, BM), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BK):
-        kn = tl.minimum(k0 + BK, k_hi - BK)
-        tile = tile0 + (kn - k_lo) // BK
-        n_pk, n_sc = _fetch_mma_words(w_base + tile * W_TILE, s_base + tile * S_TILE, BN, BK, True)
-        n_a = tl.load(act_ptr + picks[None, :] * INTER + (kn + tl.arange(0, BK))[:, None], mask=m_ok[None, :],
-                      other=0.0)
-        acc = _mma_dot(_decode_mma_words(pk, sc, BN, BK), a_t, acc)
-        pk, sc, a_t = n_pk, n_sc, n_a
     return acc
 
 
@@ -598,7 +406,7 @@ def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s
                       SPLIT: tl.constexpr = 1, ONE_TOKEN: tl.constexpr = False,
                       HAS_TOKEN_MASK: tl.constexpr = False, PART_PICKS: tl.constexpr = 1,
                       HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0, ALPHA: tl.constexpr = 1.0,
-                      PDL: tl.constexpr = False, STACK: tl.constexpr = False, PREFETCH: tl.constexpr = False):
+                      PDL: tl.constexpr = False):
     """``act[p, n] = bf16(silu(gate_n . x_t) * (up_n . x_t))`` for every pick ``p`` of the slot.
 
     ``SWIGLU_LIMIT`` > 0: vLLM 0.33's clamped SwiGLU for SILU experts (``swiglu_limit``),
@@ -618,11 +426,7 @@ def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s
     fp32 gate/up partials in ``part [SPLIT, PART_PICKS, 2*INTER]`` and the last of a tile's splits
     (``_last_of_split``) adds them **in split order 0, 1, ...**, then applies SwiGLU: the sum
     depends on T's schedule only, never on a bank, on timing or on which split finished last.
-    ``PDL``: ``_pdl_enter``. ``STACK`` (MMA order only): the gate and up tiles are one ``2*BN``-row
-    operand (``_mx_stacked_dot``), so a program of ``8*BN/64`` warps gives each its own warpgroups
-    (twice the warps in flight at T=1, each with half the dequantizing); the same products and
-    sums per output row as two separate dots. ``PREFETCH`` (MMA order, a ``num_stages=1`` launch):
-    ``_w13_prefetch_loop``.
+    ``PDL``: ``_pdl_enter``.
     """
     _pdl_enter(PDL)
     pid_n = tl.program_id(0)
@@ -675,26 +479,14 @@ def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s
         else:
             picks = tl.load(sorted_pick_ptr + mm, mask=m_ok, other=0)
         tok = (picks // TOP_K).to(tl.int64)
-        if PREFETCH:
-            acc_g, acc_u = _w13_prefetch_loop(x_ptr, tok, stride_x, m_ok, w_base, s_base, pid_n * BN, k_lo, k_hi,
-                                              H, INTER, BM, BN, BK, STACK)
-        elif STACK:
-            acc = tl.zeros((2 * BN, BM), dtype=tl.float32)
-            for k0 in range(k_lo, k_hi, BK):
-                kk = k0 + tl.arange(0, BK)
-                x_t = tl.load(x_ptr + tok[None, :] * stride_x + kk[:, None], mask=m_ok[None, :], other=0.0)
-                acc = _mx_stacked_dot(acc, w_base, s_base, pid_n * BN, k0, x_t, H, INTER, BN, BK)
-            acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, (2, BN, BM)), (1, 2, 0)))
-        else:
-            acc_g = tl.zeros((BN, BM), dtype=tl.float32)
-            acc_u = tl.zeros((BN, BM), dtype=tl.float32)
-            for k0 in range(k_lo, k_hi, BK):
-                kk = k0 + tl.arange(0, BK)
-                x_t = tl.load(x_ptr + tok[None, :] * stride_x + kk[:, None], mask=m_ok[None, :], other=0.0)
-                acc_g = _mx_tile_dot(acc_g, w_base, s_base, pid_n * BN, k0, x_t, H, BN, BK, DEQUANT,
-                                     TILE_MAJOR)
-                acc_u = _mx_tile_dot(acc_u, w_base, s_base, pid_n * BN + INTER, k0, x_t, H, BN, BK, DEQUANT,
-                                     TILE_MAJOR)
+        acc_g = tl.zeros((BN, BM), dtype=tl.float32)
+        acc_u = tl.zeros((BN, BM), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            kk = k0 + tl.arange(0, BK)
+            x_t = tl.load(x_ptr + tok[None, :] * stride_x + kk[:, None], mask=m_ok[None, :], other=0.0)
+            acc_g = _mx_tile_dot(acc_g, w_base, s_base, pid_n * BN, k0, x_t, H, BN, BK, DEQUANT, TILE_MAJOR)
+            acc_u = _mx_tile_dot(acc_u, w_base, s_base, pid_n * BN + INTER, k0, x_t, H, BN, BK, DEQUANT,
+                                 TILE_MAJOR)
         dest = act_ptr + picks[None, :].to(tl.int64) * INTER + gate_rows[:, None]
         if SPLIT > 1:  # a slot of a small step has <= T <= BM picks: this loop runs once
             part = part_ptr + picks[None, :].to(tl.int64) * (2 * INTER) + gate_rows[:, None]
@@ -729,8 +521,7 @@ def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
               TILE_MAJOR: tl.constexpr, TOP_K: tl.constexpr = 1, SPLIT: tl.constexpr = 1,
               ONE_TOKEN: tl.constexpr = False, HAS_TOKEN_MASK: tl.constexpr = False,
               PART_PICKS: tl.constexpr = 1, HAS_BIAS: tl.constexpr = False,
-              FUSE_FINALIZE: tl.constexpr = False, PDL: tl.constexpr = False,
-              PREFETCH: tl.constexpr = False):
+              FUSE_FINALIZE: tl.constexpr = False, PDL: tl.constexpr = False):
     """``y[p, n] = bf16(w2_n . act_p (+ b2_n))``: one unreduced output row per pick. ``ONE_TOKEN``
     and ``SPLIT`` (over the intermediate dimension; fp32 partials ``[SPLIT, PART_PICKS, H]`` added
     in split order by the tile's last split) as in ``w13_swiglu_kernel``; ``HAS_BIAS``: the
@@ -780,14 +571,11 @@ def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
             picks = mm.to(tl.int64)
         else:
             picks = tl.load(sorted_pick_ptr + mm, mask=m_ok, other=0).to(tl.int64)
-        if PREFETCH:
-            acc = _w2_prefetch_loop(act_ptr, picks, m_ok, w_base, s_base, pid_n * BN, k_lo, k_hi, INTER, BM, BN, BK)
-        else:
-            acc = tl.zeros((BN, BM), dtype=tl.float32)
-            for k0 in range(k_lo, k_hi, BK):
-                kk = k0 + tl.arange(0, BK)
-                a_t = tl.load(act_ptr + picks[None, :] * INTER + kk[:, None], mask=m_ok[None, :], other=0.0)
-                acc = _mx_tile_dot(acc, w_base, s_base, pid_n * BN, k0, a_t, INTER, BN, BK, DEQUANT, TILE_MAJOR)
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            kk = k0 + tl.arange(0, BK)
+            a_t = tl.load(act_ptr + picks[None, :] * INTER + kk[:, None], mask=m_ok[None, :], other=0.0)
+            acc = _mx_tile_dot(acc, w_base, s_base, pid_n * BN, k0, a_t, INTER, BN, BK, DEQUANT, TILE_MAJOR)
         dest = y_ptr + picks[None, :] * H + rows[:, None]
         if SPLIT > 1:
             part = part_ptr + picks[None, :] * H + rows[:, None]

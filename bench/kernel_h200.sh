@@ -21,8 +21,9 @@ for part in $parts; do
          timeout ${NCU_S:-90} "$NCU" --clock-control none -k regex:'w13|w2' --launch-skip 4 --launch-count 2 \
              --section SpeedOfLight --section SchedulerStats --section WarpStateStats \
              --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats \
+             --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,regex:sm__pipe_.*_cycles_active.avg.pct_of_peak_sustained_active \
              python3 bench/kernel_ncu_t1.py > "$OUT/ncu_t1.txt" 2>&1
-         grep -E "w13|w2_kernel|Duration|Throughput|Issue|Eligible|Active Warps|Issued Warp|Stall|Pipe|Occupancy|Registers|Warp Cycles|No Eligible|One or More" "$OUT/ncu_t1.txt" | cut -c1-150 | head -${NCU_TAIL:-90} ;;
+         grep -E "w13|w2_kernel|Duration|Throughput|Issue|Eligible|Active Warps|Issued Warp|Stall|Pipe|Occupancy|Registers|Warp Cycles|No Eligible|One or More|issue_stalled|pipe_(alu|fma|shared|tensor)_cycles" "$OUT/ncu_t1.txt" | cut -c1-150 | head -${NCU_TAIL:-130} ;;
     offload) timeout ${OFF_S:-300} python3 bench/peer_moe.py --out "$OUT/offload" --tokens 1 --steps 1:3 --layers 1 \
              --offload 2>&1 | tee "$OUT/offload.log" | grep -E "offload|Offload|ratio|\| 1 |\| 16 " | tail -12 ;;
   esac

@@ -4,10 +4,13 @@ for Nsight Compute to read the hardware counters of its two kernels (w13+SwiGLU,
 
     ncu --clock-control none -k regex:'w13|w2' --launch-skip 4 --launch-count 2 \
         --section SpeedOfLight --section SchedulerStats --section WarpStateStats \
-        --section ComputeWorkloadAnalysis --section Occupancy python3 bench/kernel_ncu_t1.py
+        --section ComputeWorkloadAnalysis --section Occupancy \
+        --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,regex:sm__pipe_.*_cycles_active.avg.pct_of_peak_sustained_active \
+        python3 bench/kernel_ncu_t1.py
 
 (``bench/kernel_h200.sh ncu`` runs exactly that.) What it answers: whether the T=1 layer waits on
-HBM, on instruction issue, or on latency (issue slots idle with warps stalled)."""
+HBM, on instruction issue, or on latency (issue slots idle with warps stalled), and with the
+metrics: why the warps stall (cycles per issued instruction by reason) and how busy each pipe is."""
 
 from __future__ import annotations
 

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from ..core.banks import build_unsplit_layer, device_allocator, rehome_layer
+from ..core.devmap import valid_ids
 from ..core.split import residency_forward
 from .select import FLASHINFER_TRTLLM, bank_kernel_from_env
 from .trtllm import TrtllmMxfp4Banks
@@ -51,6 +52,15 @@ def random_checkpoint(experts: int, hidden: int, inter: int, device: torch.devic
             "w13_weight_scale": u8(experts, 2 * inter, hidden // 32, low=118, high=124),
             "w2_weight": u8(experts, hidden, inter // 2),
             "w2_weight_scale": u8(experts, hidden, inter // 32, low=118, high=124)}
+
+
+def cold_pick_count(row_codes: torch.Tensor, topk_ids: torch.Tensor) -> int:
+    """How many picks of ``topk_ids [T, K]`` the cold bank computes (a report field; syncs). Ids
+    outside ``0..E-1`` (vLLM's -1) are nobody's pick: never ``row_codes[-1]``, no IndexError."""
+    ids = topk_ids.long()
+    valid = valid_ids(ids, row_codes.shape[0])
+    code = row_codes[torch.where(valid, ids, torch.zeros_like(ids))]
+    return int((valid & (code < 0)).sum())
 
 
 def _routing(tokens: int, experts: int, top_k: int, hidden: int, device: torch.device,
@@ -182,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             "tokens": tokens,
             "split_equal": bool(torch.equal(y_split, y_unsplit)),
             "per_pick_equal": bool(torch.equal(y_core, y_unsplit)),
-            "cold_picks": int((split.row_codes[ids.long()] < 0).sum()),
+            "cold_picks": cold_pick_count(split.row_codes, ids),
         }
         if not emulate:
             stock = _stock(kernel, unsplit, x, weights, ids)

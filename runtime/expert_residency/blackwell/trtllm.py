@@ -19,6 +19,17 @@ that call already serves:
   path vLLM runs with ``local_expert_offset = ep_rank * local_num_experts``. No dummy row, no
   zero weight, no compaction (the kernel's ``top_k`` is fixed per call); docs/blackwell.md cites
   the lines.
+* **router ids outside ``0..E-1`` skipped.** A pick with no expert on this layer (vLLM's ``-1``:
+  computed on another rank, or unrouted; or an id ``>= E``; ``core.devmap.valid_ids``) is never
+  looked up (``codes[-1]`` would wrap around to the last expert) and never handed to FlashInfer as
+  is (its routing kernels index shared memory by id). ``launch_ids`` gives it a stand-in id that
+  cannot disturb a real pick — FlashInfer's block routing kernel keeps one ``k`` per (token, id),
+  so a duplicate id in a token would race with that token's real pick: in a split layer each
+  launch gets an id of the *other* bank (not local: computed nowhere), in a one-bank layer an id
+  the token does not use (computed, then discarded). ``pick_outputs`` reads no row for it (its
+  map entry taken as ``-1``) and zeroes it in a reused ``pick_out``; ``forward`` gives it weight
+  0, so the finalize adds ``fma(0, 0, acc)``: the bits of ``core.split.residency_forward``.
+  Fixed shapes, no sync.
 * **``do_finalize=False``.** The call returns ``[gemm2_output, expert_weights,
   expanded_idx_to_permuted_idx]``: the permuted, *unweighted* GEMM2 rows (bf16,
   ``[padded rows, hidden]``), the weights as passed, and the ``[T*K]`` int32 map from route
@@ -46,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from ..core.banks import ExpertBank, ResidentLayer
+from ..core.devmap import valid_ids
 from ..core.fma_finalize import finalize
 from ..core.reference import check_swiglu_limit
 from ..core.split import PerPickExpertFn
@@ -69,10 +81,46 @@ Quantize = Callable[[torch.Tensor], "tuple[torch.Tensor, torch.Tensor | None]"]
 
 def bank_slots(codes: torch.Tensor, topk_ids: torch.Tensor, hot_rows: int) -> torch.Tensor:
     """int32 ``[T, K]`` bank-numbered ids: hot row ``r`` -> ``r``, cold row ``r`` -> ``hot_rows + r``
-    (``codes``: ``core.devmap`` row codes). Fixed shapes, no sync."""
-    code = codes[topk_ids.long()]
+    (``codes``: ``core.devmap`` row codes). An id outside ``0..E-1`` gets slot 0 as a placeholder
+    (never ``codes[-1]``, no IndexError); ``launch_ids`` replaces it before a launch. Fixed shapes,
+    no sync."""
+    ids = topk_ids.long()
+    valid = valid_ids(ids, codes.shape[0])
+    code = codes[torch.where(valid, ids, torch.zeros_like(ids))]
     cold = torch.bitwise_not(code) + hot_rows
-    return torch.where(code >= 0, code, cold).to(torch.int32).contiguous()
+    slot = torch.where(code >= 0, code, cold)
+    return torch.where(valid, slot, torch.zeros_like(slot)).to(torch.int32).contiguous()
+
+
+def spare_slots(slots: torch.Tensor, valid: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """int64 ``[T, K]``: for the ``j``-th skipped pick (``~valid``) of a token, the ``j``-th slot in
+    ``0..num_slots-1`` that none of the token's valid picks uses (values at valid picks arbitrary).
+    Distinct within a token and never one of its real slots; ``K <= num_slots`` guarantees enough.
+    Fixed shapes (a ``[T, num_slots]`` scratch), no sync."""
+    t, k = slots.shape
+    used = torch.zeros(t, num_slots, dtype=torch.int32, device=slots.device)
+    used.scatter_add_(1, torch.where(valid, slots, torch.zeros_like(slots)).long(),
+                      valid.to(torch.int32))
+    free_first = torch.argsort((used > 0).to(torch.int32), dim=1, stable=True)
+    rank = (torch.cumsum((~valid).to(torch.int64), dim=1) - 1).clamp(min=0)
+    return free_first.gather(1, rank)
+
+
+def launch_ids(slots: torch.Tensor, valid: torch.Tensor, hot_rows: int, cold_rows: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hot launch ids, cold launch ids), int32 ``[T, K]`` contiguous: ``slots`` (``bank_slots``)
+    with each skipped pick (``~valid``) given a stand-in that no real pick of its token shares.
+    Both banks non-empty: the hot launch gets id ``hot_rows`` (a cold slot) and the cold launch id
+    0 (a hot slot) — in range, not local, so FlashInfer computes nothing and maps the route to -1
+    whatever else the token picked. One bank: ``spare_slots`` (local, computed, discarded by the
+    caller). Without skipped picks both are ``slots``. Fixed shapes, no sync."""
+    if hot_rows and cold_rows:
+        hot = torch.where(valid, slots, torch.full_like(slots, hot_rows))
+        cold = torch.where(valid, slots, torch.zeros_like(slots))
+        return hot.to(torch.int32).contiguous(), cold.to(torch.int32).contiguous()
+    spare = spare_slots(slots, valid, hot_rows + cold_rows)
+    ids = torch.where(valid, slots.long(), spare).to(torch.int32).contiguous()
+    return ids, ids
 
 
 def gather_pick_rows(gemm2_output: torch.Tensor, permuted_idx: torch.Tensor, out: torch.Tensor
@@ -228,26 +276,38 @@ class TrtllmMxfp4Banks:
     def pick_outputs(self, layer: ResidentLayer, x: torch.Tensor, topk_weights: torch.Tensor,
                      topk_ids: torch.Tensor, pick_out: torch.Tensor | None = None) -> torch.Tensor:
         """Unweighted per-pick rows ``[T, K, H]`` bf16 of both banks (one launch per non-empty
-        bank per chunk of ``max_tokens_per_launch`` tokens)."""
+        bank per chunk of ``max_tokens_per_launch`` tokens). Rows of skipped picks (ids outside
+        ``0..E-1``) are 0, also in a reused ``pick_out``."""
         t, k = topk_ids.shape
         if layer.num_experts != self.num_experts or k != self.top_k:
             raise ValueError(f"layer has {layer.num_experts} experts / top-{k}; this kernel was "
                              f"built for {self.num_experts} / top-{self.top_k}")
+        fresh = pick_out is None
         if pick_out is None:
             pick_out = torch.zeros(t, k, self.hidden, dtype=torch.bfloat16, device=x.device)
         x_quant, x_scale = self.prepare(x)
+        valid = valid_ids(topk_ids, self.num_experts)
         slots = bank_slots(layer.row_codes, topk_ids, layer.hot.num_rows)
-        weights = topk_weights.float().contiguous()
+        hot_ids, cold_ids = launch_ids(slots, valid, layer.hot.num_rows, layer.cold.num_rows)
+        # do_finalize=False returns the weights untouched; a skipped pick's is 0 all the same
+        weights = torch.where(valid, topk_weights.float(),
+                              torch.zeros_like(topk_weights, dtype=torch.float32)).contiguous()
         chunk = max_tokens_per_launch(k, self.num_experts)
-        banks = [(b, off) for b, off in ((layer.hot, 0), (layer.cold, layer.hot.num_rows))
+        banks = [(b, off, ids) for b, off, ids in ((layer.hot, 0, hot_ids),
+                                                   (layer.cold, layer.hot.num_rows, cold_ids))
                  if b.num_rows]
         for start in range(0, t, chunk):
             end = min(start + chunk, t)
             xs = None if x_scale is None else x_scale[start:end]
-            for bank, offset in banks:
-                gemm2, idx = self.bank_call(x_quant[start:end], xs, slots[start:end],
+            for bank, offset, ids in banks:
+                gemm2, idx = self.bank_call(x_quant[start:end], xs, ids[start:end],
                                             weights[start:end], bank, offset, self.num_experts)
+                # a skipped pick's row (one-bank layer: computed on a spare slot) is not read
+                idx = torch.where(valid[start:end].reshape(-1), idx.reshape(-1),
+                                  torch.full_like(idx.reshape(-1), -1))
                 gather_pick_rows(gemm2, idx, pick_out[start:end])
+        if not fresh:   # a fresh buffer is already 0 where no bank wrote; a reused one may be stale
+            pick_out.copy_(torch.where(valid.unsqueeze(-1), pick_out, torch.zeros_like(pick_out)))
         return pick_out
 
     def forward(self, layer: ResidentLayer, x: torch.Tensor, topk_weights: torch.Tensor,
@@ -257,12 +317,16 @@ class TrtllmMxfp4Banks:
                 ) -> torch.Tensor:
         """The layer's routed-expert output ``[T, H]``: both banks, then one finalize. The same
         signature as ``gpu.experts.TritonMxfp4Experts.forward`` (the plugin's fused path); the
-        picks are counted with ``counter.count`` (FlashInfer has no in-kernel counter)."""
+        picks are counted with ``counter.count`` (FlashInfer has no in-kernel counter). A pick
+        with an id outside ``0..E-1`` gets a zero row and weight 0: ``fma(0, 0, acc)``."""
         if counter is not None:
             counter.count(layer.layer_index, topk_ids, token_mask=token_mask,
                           decode_mask=decode_mask)
         pick_out = self.pick_outputs(layer, x, topk_weights, topk_ids)
-        return finalize(pick_out, topk_weights, out_dtype or x.dtype, out=out)
+        valid = valid_ids(topk_ids, self.num_experts)
+        weights = torch.where(valid, topk_weights.float(),
+                              torch.zeros_like(topk_weights, dtype=torch.float32))
+        return finalize(pick_out, weights, out_dtype or x.dtype, out=out)
 
     # -- the core's per-pick contract -----------------------------------------------------
     def per_pick_fn(self) -> PerPickExpertFn:

@@ -122,7 +122,7 @@ def test_gptoss_mxfp4_kernel(dequant) -> None:
     # assumes the tensor cores' 16-wide operand); interpreted, 4 keeps the test quick.
     bm = 16 if cuda else 4
     if dequant == 0:
-        cfg = gx.KernelConfig(dequant=0, block_m=4, block_n1=32, block_k1=64, block_n2=32, block_k2=64)
+        cfg = gx.KernelConfig(dequant=0, block_m=bm, block_n1=32, block_k1=64, block_n2=32, block_k2=64)
     elif dequant == 3:
         cfg = gx.KernelConfig(block_m=bm, block_n1=64, block_k1=128, block_n2=64, block_k2=64)
     else:

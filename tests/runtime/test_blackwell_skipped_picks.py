@@ -207,3 +207,22 @@ def test_spare_slots_are_distinct_and_unused() -> None:
         stand_ins = spare[t][~valid[t]].tolist()
         assert len(set(stand_ins)) == len(stand_ins) and not real & set(stand_ins)
         assert all(0 <= s < 5 for s in stand_ins)
+
+
+@pytest.mark.parametrize("num_slots", [6, 7, 384])
+def test_spare_slots_property_on_random_routing(num_slots: int) -> None:
+    """Every token, any number of skipped picks (0..K): the stand-ins are distinct, inside
+    ``0..num_slots-1`` and none of the token's real slots (router picks of a token are distinct)."""
+    from expert_residency.blackwell.trtllm import spare_slots
+
+    gen = torch.Generator().manual_seed(num_slots)
+    t, k = 500, 6
+    slots = torch.stack([torch.randperm(num_slots, generator=gen)[:k] for _ in range(t)]).to(torch.int32)
+    valid = torch.rand(t, k, generator=gen) < torch.rand(t, 1, generator=gen)  # 0..K skipped per token
+    spare = spare_slots(slots, valid, num_slots)
+    for row in range(t):
+        real = set(slots[row][valid[row]].tolist())
+        stand_ins = spare[row][~valid[row]].tolist()
+        assert len(set(stand_ins)) == len(stand_ins), (row, stand_ins)
+        assert not real & set(stand_ins), (row, real, stand_ins)
+        assert all(0 <= s < num_slots for s in stand_ins)

@@ -94,15 +94,18 @@ def bank_slots(codes: torch.Tensor, topk_ids: torch.Tensor, hot_rows: int) -> to
 
 def spare_slots(slots: torch.Tensor, valid: torch.Tensor, num_slots: int) -> torch.Tensor:
     """int64 ``[T, K]``: for the ``j``-th skipped pick (``~valid``) of a token, the ``j``-th slot in
-    ``0..num_slots-1`` that none of the token's valid picks uses (values at valid picks arbitrary).
-    Distinct within a token and never one of its real slots; ``K <= num_slots`` guarantees enough.
-    Fixed shapes (a ``[T, num_slots]`` scratch), no sync."""
+    ``0..min(K, num_slots)-1`` that none of the token's valid picks uses (values at valid picks
+    arbitrary). Distinct within a token and never one of its real slots: a token with ``s`` skipped
+    picks has at most ``K - s`` valid ones, so the first ``K`` slots leave at least ``s`` free
+    (``K <= num_slots``). Fixed shapes (a ``[T, K + 1]`` scratch), no sync."""
     t, k = slots.shape
-    used = torch.zeros(t, num_slots, dtype=torch.int32, device=slots.device)
-    used.scatter_add_(1, torch.where(valid, slots, torch.zeros_like(slots)).long(),
-                      valid.to(torch.int32))
-    free_first = torch.argsort((used > 0).to(torch.int32), dim=1, stable=True)
-    rank = (torch.cumsum((~valid).to(torch.int64), dim=1) - 1).clamp(min=0)
+    window = min(k, num_slots)
+    # valid slots inside the window are marked; the rest land in the extra column, dropped
+    marks = torch.where(valid & (slots < window), slots, torch.full_like(slots, window)).long()
+    used = torch.zeros(t, window + 1, dtype=torch.int32, device=slots.device)
+    used.scatter_add_(1, marks, torch.ones_like(marks, dtype=torch.int32))
+    free_first = torch.argsort((used[:, :window] > 0).to(torch.int32), dim=1, stable=True)
+    rank = (torch.cumsum((~valid).to(torch.int64), dim=1) - 1).clamp(min=0, max=window - 1)
     return free_first.gather(1, rank)
 
 

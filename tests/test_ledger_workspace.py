@@ -12,6 +12,7 @@ import pytest
 from recipegen.ledger import compute_lane
 from recipegen.ledger.workspace import (counter_bytes, fitted_tile, fp8_scratch_bytes, kernel_workspace_bytes,
                                         max_num_batched_tokens, next_pow2, split_ticket_bytes)
+from recipegen.ledger.vllm_layout import as_lane_lays_out
 from recipegen.recipe_io import load_recipe
 from recipegen.units import GiB
 
@@ -224,11 +225,14 @@ def _gptoss_l40s():
     return loaded, lane, loaded.recipe.machines[lane.machine]
 
 
-# gpt-oss-120b (H = I = 2880, top-4, 36 MoE layers of 128) on the 48 GB L40S: 2,048 batched
-# tokens (< 70 GiB), P = 8,192 = PB: int32 2·8,192 + 8,193 + 8,192 + 2 = 32,771 → 131,084 B; + 8;
-# bf16 2 × 8,192 × 5,760 = 94,371,840 B; tickets p = 6 × 4 = 24, 45 + 45 tiles: 8,640 B. Counter
-# 8·36·128 + 16·36 = 37,440; masks 5·2,048 + 9 = 10,249.
-GPTOSS_L40S_KERNELS = 131_084 + 8 + 94_371_840 + 8_640
+# gpt-oss-120b (H = I = 2880, top-4, 36 MoE layers of 128) on the 48 GB L40S: vLLM 0.33's Marlin
+# backend (the default on SM89, and the `--moe-backend marlin` render adds for the runtime) pads the
+# layer to H 3,072 / I 2,944 before its weights exist, and the runtime sizes its kernels from those
+# tensors (vllm_layout.lane_geometry). 2,048 batched tokens (< 70 GiB), P = 8,192 = PB: int32
+# 2·8,192 + 8,193 + 8,192 + 2 = 32,771 → 131,084 B; + 8; bf16 2 × 8,192 × (2,944 + 3,072) =
+# 98,566,144 B; tickets p = 6 × 4 = 24, 2,944/64 + 3,072/128 = 46 + 24 tiles: 6,720 B (unpadded it
+# was 94,371,840 B and 45 + 45 tiles, 8,640 B). Counter 8·36·128 + 16·36 = 37,440; masks 5·2,048 + 9 = 10,249.
+GPTOSS_L40S_KERNELS = 131_084 + 8 + 98_566_144 + 6_720
 GPTOSS_L40S_WORKSPACE = GPTOSS_L40S_KERNELS + 37_440 + 10_249
 
 
@@ -240,7 +244,7 @@ def test_positional_lanes_same_budget_column_takes_the_workspace() -> None:
     assert lane_spec.offload.placement == "positional"
     lane = compute_lane(loaded.recipe.model, machine, lane_spec)
     ua = lane.usage_aware.figures
-    assert GPTOSS_L40S_WORKSPACE == 94_559_261
+    assert GPTOSS_L40S_WORKSPACE == 98_751_645  # 94,559,261 at the unpadded 2,880 / 2,880
     assert ua["hbm.kv_pool"].operands["runtime_workspace_bytes"] == GPTOSS_L40S_WORKSPACE
     want = machine.gpus.hbm * 0.95 - lane.figures["hbm.reserve"].value - ua["hbm.hot_experts"].value
     assert ua["hbm.kv_pool"].value == pytest.approx(want - GPTOSS_L40S_WORKSPACE, abs=1)
@@ -263,7 +267,7 @@ def test_usage_aware_mxfp4_lane_counts_the_tickets_and_the_load_peak_holds_the_w
     lane = compute_lane(loaded.recipe.model, machine, ua_spec, rowmap_hot=[50] * 36, rowmap_label="test")
     fig = lane.figures
     assert fig["hbm.runtime_workspace.kernels"].value == GPTOSS_L40S_KERNELS
-    assert fig["hbm.runtime_workspace.kernels"].operands["split_ticket_bytes"] == 8_640
+    assert fig["hbm.runtime_workspace.kernels"].operands["split_ticket_bytes"] == 6_720
     assert fig["hbm.runtime_workspace"].value == GPTOSS_L40S_WORKSPACE
     peak = fig["load.hbm_peak"]
     assert peak.operands["runtime_workspace_bytes"] == GPTOSS_L40S_WORKSPACE
@@ -275,7 +279,8 @@ def test_usage_aware_mxfp4_lane_counts_the_tickets_and_the_load_peak_holds_the_w
 
     got: dict = {}
     violations: list[Violation] = []
-    load_figures(loaded.recipe.model, machine, ua_spec, lane.usage_aware,
+    held, _ = as_lane_lays_out(loaded.recipe.model, machine, ua_spec)  # the padded experts the banks hold
+    load_figures(held, machine, ua_spec, lane.usage_aware,
                  lambda f: got.setdefault(f.key, f), peak.operands["weights_at_load_bytes"],
                  peak.operands["weights_at_load_bytes"], 0.0, 0.0, violations, 1)
     assert got["load.hbm_peak"].value == pytest.approx(peak.value - GPTOSS_L40S_WORKSPACE, abs=1)

@@ -22,7 +22,7 @@ from recipegen.ledger.reserves import hbm_reserve, host_reserve
 from recipegen.ledger.result import POSITIONAL, USAGE_AWARE, LaneLedger, PlacementLedger, Violation, src_note
 from recipegen.ledger.runtime_check import runtime_caveat, runtime_violations
 from recipegen.ledger.verdict import budget_violations
-from recipegen.ledger.vllm_layout import as_vllm_lays_out
+from recipegen.ledger.vllm_layout import as_lane_lays_out
 from recipegen.ledger.workspace import same_budget_workspace, workspace_figures
 from recipegen.schema import Lane, Machine, Model
 from recipegen.units import GiB, format_bytes, format_tokens
@@ -95,16 +95,17 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
 
 
 def _as_loaded(model: Model, machine: Machine, lane: Lane, out: _Figures) -> Model:
-    """The model as the lane's engine holds it: a plain-vLLM (positional) lane keeps vLLM's own,
-    possibly padded, expert layout (`vllm_layout`); a usage-aware lane the checkpoint's."""
-    if lane.offload.placement != POSITIONAL:
-        return model
+    """The model as the lane's engine holds it (`vllm_layout`): vLLM's own, possibly padded,
+    expert layout; on a usage-aware lane the runtime's banks hold those same padded tensors."""
     checkpoint_bytes = model.expert_bytes
-    loaded, layout = as_vllm_lays_out(model, machine, lane.tensor_parallel_size, lane.extra_args)
+    loaded, layout = as_lane_lays_out(model, machine, lane)
     if layout is not None:
+        held = ("" if lane.offload.placement == POSITIONAL else
+                "; the runtime's hot and cold banks hold these padded tensors "
+                "(vllm_plugin/mxfp4_experts.py padding_contract_reason)")
         out.notes.append(f"vLLM 0.33 lays these experts out padded for {layout.backend}: "
                          f"{layout.bytes_per_expert:,} B per expert in memory vs {checkpoint_bytes:,} B "
-                         "in the checkpoint (experts.bytes_per_expert is the in-memory size)")
+                         f"in the checkpoint (experts.bytes_per_expert is the in-memory size){held}")
         out.add(Figure("experts.checkpoint_bytes_per_expert", "bytes per routed expert in the checkpoint",
                        checkpoint_bytes, "bytes", "", {}, "before vLLM's padding"))
     return loaded

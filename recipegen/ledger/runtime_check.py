@@ -34,7 +34,7 @@ def runtime_violations(model: Model, machine: Machine, lane: Lane) -> list[Viola
         reason = ("expert parallelism with --data-parallel-size > 1: vLLM dispatches tokens between ranks "
                   "inside the MoE kernel the runtime replaces; run EP with --data-parallel-size 1")
     if reason is None:
-        return _backend_violations(model, machine, lane)
+        return _backend_violations(model, machine, lane) or _padding_violations(model, machine, lane)
     return [Violation(
         "runtime", f"the expert residency runtime would refuse this lane at boot: {reason}",
         "use placement: positional (vLLM's own --cpu-offload-gb, no runtime split), or a checkpoint "
@@ -52,6 +52,24 @@ def _backend_violations(model: Model, machine: Machine, lane: Lane) -> list[Viol
         message, _, fix = str(exc).partition(". What would work: ")
         return [Violation("runtime", message, fix or "placement: positional", lane=lane.name)]
     return []
+
+
+def _padding_violations(model: Model, machine: Machine, lane: Lane) -> list[Violation]:
+    """vLLM's TRT-LLM MXFP4 backends skip the activation padding or return an unpadded output
+    (vLLM 0.33 quantization/mxfp4.py:169-181, :595-607); with a padded hidden size the runtime
+    refuses the layer at load (vllm_plugin/mxfp4_experts.py `padding_contract_reason`)."""
+    from recipegen.ledger.vllm_layout import lane_layout
+
+    layout = lane_layout(model, machine, lane, runtime=True)
+    if layout is None or not layout.backend.startswith("FLASHINFER_TRTLLM") or layout.hidden == model.hidden_size:
+        return []
+    return [Violation(
+        "runtime", f"the expert residency runtime would refuse this lane at load: vLLM's MXFP4 backend "
+        f"{layout.backend} pads the hidden size {model.hidden_size} -> {layout.hidden} but leaves the "
+        "activations unpadded or cuts the output itself, which the runtime's split layer does not do "
+        "(vllm_plugin/mxfp4_experts.py padding_contract_reason)",
+        "use placement: positional (plain vLLM), or a GPU whose backend pads the activations "
+        "(Marlin, Triton)", lane=lane.name)]
 
 
 def runtime_caveat(model: Model, machine: Machine, lane: Lane) -> str | None:

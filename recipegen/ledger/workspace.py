@@ -24,6 +24,11 @@ subtracts them before it back-solves the pool (`placements.placement_figures`):
   `[max_num_batched_tokens + 1]`, int32 `[max_num_batched_tokens]`, one int64) — every rendered
   runtime lane counts (drift), so every one has them.
 
+H and I are the sizes of the tensors the runtime's banks hold: where vLLM 0.33 pads an MXFP4
+layer for the lane's backend (gpt-oss on Marlin / TRT-LLM: 2,880 / 2,880 -> 3,072 / 2,944) the
+runtime reads its geometry off the padded tensors (`mxfp4_experts.checkpoint_geometry`) and sizes
+its kernels from it, so the padded sizes apply (`vllm_layout.lane_geometry`).
+
 All of it is allocated in `after_model_loaded` *before* the first layer is re-homed (the counter
 in `_start_counter` — rendered lanes set EXPERT_RESIDENCY_DUMP_DIR — then the kernels' objects
 in `_mxfp4_layers`, then `core.rehome_model`), so it is live at the load-time HBM peak too
@@ -48,6 +53,7 @@ from recipegen.ledger.figures import Figure
 from recipegen.ledger.flags import flag_value
 from recipegen.ledger.parallel import expert_parallel
 from recipegen.ledger.result import USAGE_AWARE
+from recipegen.ledger.vllm_layout import lane_geometry
 from recipegen.schema import Lane, Machine, Model
 from recipegen.units import GiB
 
@@ -175,8 +181,15 @@ def bank_kernel(model: Model, machine: Machine, lane: Lane) -> str | None:
         return select_bank_kernel((major, minor)).kernel  # render / the runtime refuse it by name
 
 
-def expert_geometry(model: Model) -> tuple[int, int] | None:
-    """(hidden, intermediate) of one routed expert: config values, else the w2 tensor [H, I]."""
+def expert_geometry(model: Model, machine: Machine | None = None, lane: Lane | None = None
+                    ) -> tuple[int, int] | None:
+    """(hidden, intermediate) of one routed expert as the runtime's banks hold it: with a machine
+    and lane, vLLM's padded sizes where it pads them (`vllm_layout.lane_geometry`: the runtime reads
+    its geometry off those tensors); else config values, else the w2 tensor [H, I]."""
+    if machine is not None and lane is not None:
+        padded = lane_geometry(model, machine, lane)
+        if padded is not None:
+            return padded
     hidden, inter = model.hidden_size, model.moe_intermediate_size
     if hidden is None or inter is None:
         w2 = [t for t in model.expert_tensors or [] if t.kind == "weight" and t.name.startswith("w2")]
@@ -203,7 +216,7 @@ def kernel_bytes(model: Model, machine: Machine, lane: Lane, tokens: int) -> Ker
     """What the lane's split-layer kernel objects allocate at start-up (per GPU), as the runtime
     reports it in `workspace_bytes`."""
     kernel = bank_kernel(model, machine, lane)
-    geometry = expert_geometry(model)
+    geometry = expert_geometry(model, machine, lane)
     if kernel not in (TRITON, TRITON_DOT_SCALED) or geometry is None:
         return KernelBytes()
     hidden, inter = geometry
@@ -253,7 +266,7 @@ def workspace_figures(model: Model, machine: Machine, lane: Lane,
     tp = lane.tensor_parallel_size
     tokens = max_num_batched_tokens(machine, lane)
     kernel = bank_kernel(model, machine, lane)
-    geometry = expert_geometry(model)
+    geometry = expert_geometry(model, machine, lane)
     parts = kernel_bytes(model, machine, lane, tokens.value)
     if parts.total:
         assert geometry is not None

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ..core.banks import build_unsplit_layer, device_allocator, rehome_layer
-from ..core.devmap import valid_ids
+from ..core.devmap import lookup_routed
 from ..core.split import residency_forward
 from .select import FLASHINFER_TRTLLM, bank_kernel_from_env
 from .trtllm import TrtllmMxfp4Banks
@@ -57,9 +57,7 @@ def random_checkpoint(experts: int, hidden: int, inter: int, device: torch.devic
 def cold_pick_count(row_codes: torch.Tensor, topk_ids: torch.Tensor) -> int:
     """How many picks of ``topk_ids [T, K]`` the cold bank computes (a report field; syncs). Ids
     outside ``0..E-1`` (vLLM's -1) are nobody's pick: never ``row_codes[-1]``, no IndexError."""
-    ids = topk_ids.long()
-    valid = valid_ids(ids, row_codes.shape[0])
-    code = row_codes[torch.where(valid, ids, torch.zeros_like(ids))]
+    code, valid = lookup_routed(row_codes, topk_ids)
     return int((valid & (code < 0)).sum())
 
 

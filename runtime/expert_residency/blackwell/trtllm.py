@@ -57,10 +57,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from ..core.banks import ExpertBank, ResidentLayer
-from ..core.devmap import valid_ids
+from ..core.devmap import lookup_routed, valid_ids
 from ..core.fma_finalize import finalize
 from ..core.reference import check_swiglu_limit
-from ..core.split import PerPickExpertFn
+from ..core.split import PerPickExpertFn, routed_weights, zero_skipped_rows
 from .layout import check_bank_separable
 
 if TYPE_CHECKING:
@@ -84,9 +84,7 @@ def bank_slots(codes: torch.Tensor, topk_ids: torch.Tensor, hot_rows: int) -> to
     (``codes``: ``core.devmap`` row codes). An id outside ``0..E-1`` gets slot 0 as a placeholder
     (never ``codes[-1]``, no IndexError); ``launch_ids`` replaces it before a launch. Fixed shapes,
     no sync."""
-    ids = topk_ids.long()
-    valid = valid_ids(ids, codes.shape[0])
-    code = codes[torch.where(valid, ids, torch.zeros_like(ids))]
+    code, valid = lookup_routed(codes, topk_ids)
     cold = torch.bitwise_not(code) + hot_rows
     slot = torch.where(code >= 0, code, cold)
     return torch.where(valid, slot, torch.zeros_like(slot)).to(torch.int32).contiguous()
@@ -293,8 +291,7 @@ class TrtllmMxfp4Banks:
         slots = bank_slots(layer.row_codes, topk_ids, layer.hot.num_rows)
         hot_ids, cold_ids = launch_ids(slots, valid, layer.hot.num_rows, layer.cold.num_rows)
         # do_finalize=False returns the weights untouched; a skipped pick's is 0 all the same
-        weights = torch.where(valid, topk_weights.float(),
-                              torch.zeros_like(topk_weights, dtype=torch.float32)).contiguous()
+        weights = routed_weights(topk_weights, valid).contiguous()
         chunk = max_tokens_per_launch(k, self.num_experts)
         banks = [(b, off, ids) for b, off, ids in ((layer.hot, 0, hot_ids),
                                                    (layer.cold, layer.hot.num_rows, cold_ids))
@@ -310,7 +307,7 @@ class TrtllmMxfp4Banks:
                                   torch.full_like(idx.reshape(-1), -1))
                 gather_pick_rows(gemm2, idx, pick_out[start:end])
         if not fresh:   # a fresh buffer is already 0 where no bank wrote; a reused one may be stale
-            pick_out.copy_(torch.where(valid.unsqueeze(-1), pick_out, torch.zeros_like(pick_out)))
+            zero_skipped_rows(pick_out, valid)
         return pick_out
 
     def forward(self, layer: ResidentLayer, x: torch.Tensor, topk_weights: torch.Tensor,
@@ -326,9 +323,7 @@ class TrtllmMxfp4Banks:
             counter.count(layer.layer_index, topk_ids, token_mask=token_mask,
                           decode_mask=decode_mask)
         pick_out = self.pick_outputs(layer, x, topk_weights, topk_ids)
-        valid = valid_ids(topk_ids, self.num_experts)
-        weights = torch.where(valid, topk_weights.float(),
-                              torch.zeros_like(topk_weights, dtype=torch.float32))
+        weights = routed_weights(topk_weights, valid_ids(topk_ids, self.num_experts))
         return finalize(pick_out, weights, out_dtype or x.dtype, out=out)
 
     # -- the core's per-pick contract -----------------------------------------------------

@@ -77,15 +77,22 @@ def valid_ids(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
     return (topk_ids >= 0) & (topk_ids < num_experts)
 
 
+def lookup_routed(table: torch.Tensor, topk_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(table[id], valid)`` for router ids ``[T, K]`` into a per-expert table (row codes, an EP
+    expert map): an id outside ``0..len(table)-1`` is looked up as id 0 — never ``table[-1]``'s
+    wrap-around, no IndexError — and is False in ``valid`` (``valid_ids``). Fixed shapes, no sync."""
+    ids = topk_ids.long()
+    valid = valid_ids(ids, table.shape[0])
+    return table[torch.where(valid, ids, torch.zeros_like(ids))], valid
+
+
 def route_picks(codes: torch.Tensor, topk_ids: torch.Tensor) -> PickRouting:
     """Resolve ``topk_ids [T, K]`` (any integer dtype, global expert ids) through ``codes``.
 
     Ids outside ``0..E-1`` are in neither mask (looked up as expert 0, never as ``codes[-1]``).
     Fixed shapes, device-only ops, no ``.item()``/``nonzero``: safe inside CUDA-graph capture.
     """
-    ids = topk_ids.long()
-    valid = valid_ids(ids, codes.shape[0])
-    code = codes[torch.where(valid, ids, torch.zeros_like(ids))]
+    code, valid = lookup_routed(codes, topk_ids)
     hot_mask = valid & (code >= 0)
     cold_mask = valid & (code < 0)
     zero = torch.zeros_like(code)

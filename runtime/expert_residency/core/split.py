@@ -98,8 +98,21 @@ def _split_invoke(layer: ResidentLayer, hidden_states: torch.Tensor, topk_ids: t
         per_pick_fn(hidden_states, layer.cold, routing.cold_rows, routing.cold_mask, pick_out)
     valid = routing.valid
     if not fresh:   # a fresh buffer is already 0 where no bank wrote; a reused one may be stale
-        pick_out.copy_(torch.where(valid.unsqueeze(-1), pick_out, torch.zeros_like(pick_out)))
+        zero_skipped_rows(pick_out, valid)
     return pick_out, valid
+
+
+def zero_skipped_rows(pick_out: torch.Tensor, valid: torch.Tensor) -> None:
+    """Zero the ``[T, K, H]`` rows of skipped picks (``~valid``), in place: a reused buffer's stale
+    rows never reach the finalize. Fixed shapes, no sync."""
+    pick_out.copy_(torch.where(valid.unsqueeze(-1), pick_out, torch.zeros_like(pick_out)))
+
+
+def routed_weights(topk_weights: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """fp32 router weights with 0 at skipped picks (``~valid``): with their zero rows the finalize
+    adds ``fma(0, 0, acc)`` for them."""
+    weights = topk_weights.float()
+    return torch.where(valid, weights, torch.zeros_like(weights))
 
 
 def residency_forward(layer: ResidentLayer, hidden_states: torch.Tensor, topk_weights: torch.Tensor,
@@ -118,6 +131,5 @@ def residency_forward(layer: ResidentLayer, hidden_states: torch.Tensor, topk_we
     if counter is not None:
         counter.count(layer.layer_index, topk_ids, token_mask=token_mask, decode_mask=decode_mask)
     pick_out, valid = _split_invoke(layer, hidden_states, topk_ids, per_pick_fn, pick_dtype, None)
-    weights = torch.where(valid, topk_weights.float(), torch.zeros_like(topk_weights, dtype=torch.float32))
-    return finalize(pick_out, weights, out_dtype or hidden_states.dtype)
+    return finalize(pick_out, routed_weights(topk_weights, valid), out_dtype or hidden_states.dtype)
 

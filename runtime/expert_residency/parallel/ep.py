@@ -28,7 +28,7 @@ from typing import Sequence
 import torch
 
 from ..core.banks import ResidentLayer
-from ..core.devmap import valid_ids
+from ..core.devmap import lookup_routed
 from ..core.fma_finalize import finalize
 from ..core.split import PerPickExpertFn, split_invoke
 
@@ -157,9 +157,7 @@ def local_slots(expert_map: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tenso
     """Global ``topk_ids [T, K]`` -> local slots (``expert_map``'s dtype), -1 for other ranks' picks
     and for ids outside ``0..E-1`` (looked up as id 0, so ``expert_map[-1]`` never wraps around to
     the last expert). Fixed shapes, no sync."""
-    ids = topk_ids.long()
-    valid = valid_ids(ids, expert_map.shape[0])
-    local = expert_map[torch.where(valid, ids, torch.zeros_like(ids))]
+    local, valid = lookup_routed(expert_map, topk_ids)
     return torch.where(valid, local, torch.full_like(local, -1))
 
 

@@ -12,6 +12,9 @@ collide with a real pick."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -26,7 +29,9 @@ from expert_residency.core.counter import ExpertCounter  # noqa: E402
 from expert_residency.core.fma_finalize import finalize  # noqa: E402
 from expert_residency.core.reference import mxfp4_swiglu_per_pick  # noqa: E402
 from expert_residency.core.split import residency_forward  # noqa: E402
-from expert_residency.mxfp4 import quantize_mxfp4  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from random_experts import random_experts  # noqa: E402
 
 from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
 
@@ -51,12 +56,7 @@ assert torch.equal(SKIPPED, MINUS_ONE_IDS < 0)
 
 
 def checkpoint(seed: int = 1) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    w13 = torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=g) * 0.1
-    w2 = torch.randn(EXPERTS, HIDDEN, INTER, generator=g) * 0.1
-    q13, s13 = quantize_mxfp4(w13)
-    q2, s2 = quantize_mxfp4(w2)
-    return {"w13_weight": q13, "w13_weight_scale": s13, "w2_weight": q2, "w2_weight_scale": s2}
+    return random_experts("mxfp4", EXPERTS, HIDDEN, INTER, seed)[0]
 
 
 def hidden_states(seed: int = 2) -> torch.Tensor:

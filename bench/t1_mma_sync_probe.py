@@ -84,17 +84,46 @@ def _split_mults(sbytes, N: tl.constexpr):
 
 
 @triton.jit
-def _fetch(xs_ptr, w_base, s_base, kstep, tile, bh, x_off, w_off, s_off, NK: tl.constexpr, BH: tl.constexpr,
-           W_TILE: tl.constexpr, S_TILE: tl.constexpr, UP: tl.constexpr):
-    """One 64-value half's operands, all ``int32 [threads, 4]``: B pairs (b0, b1), gate and up
-    scale bytes, gate and up words."""
-    xb0 = tl.load(xs_ptr + (kstep * BH + bh) * 128 + x_off)
-    xb1 = tl.load(xs_ptr + (NK * BH + kstep * BH + bh) * 128 + x_off)
-    gs = tl.load(s_base + tile * S_TILE + bh * 128 + s_off).to(tl.int32)
-    us = tl.load(s_base + (tile + UP) * S_TILE + bh * 128 + s_off).to(tl.int32)
-    gw = tl.load(w_base + tile * (W_TILE // 4) + bh * 512 + w_off)
-    uw = tl.load(w_base + (tile + UP) * (W_TILE // 4) + bh * 512 + w_off)
-    return xb0, xb1, gs, us, gw, uw
+def _coords(KSPLIT: tl.constexpr):
+    """Per-thread coordinates of a ``[128 * KSPLIT, 4]`` tensor (row r in thread r): word ``j``,
+    warpgroup ``grp``, and the thread's offsets — its 16-byte weight row (int32 words) and its
+    rows' 4 scale bytes ``(b0, h)`` inside a 64-value half of a tile, its lane ``(g, q)`` of the
+    B fragments."""
+    tid = tl.arange(0, 128 * KSPLIT)[:, None]
+    j = tl.arange(0, 4)[None, :]
+    t = tid % 128
+    warp, g = t // 32, (t % 32) // 4
+    return j, tid // 128, t * 4 + j, (8 * warp + g) * 4 + j, (t % 32) * 4 + j
+
+
+@triton.jit
+def _fetch_x(xs_ptr, kstep, bh, x_off, NK: tl.constexpr, BH: tl.constexpr):
+    """The B pairs (b0, b1 registers) of K step ``kstep``, 64-value half ``bh``."""
+    return (tl.load(xs_ptr + (kstep * BH + bh) * 128 + x_off),
+            tl.load(xs_ptr + (NK * BH + kstep * BH + bh) * 128 + x_off))
+
+
+@triton.jit
+def _fetch_w(w_base, s_base, tile, part, w_off, s_off, W_TILE: tl.constexpr, S_TILE: tl.constexpr):
+    """(scale bytes, words) of 16-byte-row block ``part = rm * BH + bh`` of weight tile ``tile``."""
+    return (tl.load(s_base + tile * S_TILE + part * 128 + s_off).to(tl.int32),
+            tl.load(w_base + tile * (W_TILE // 4) + part * 512 + w_off))
+
+
+@triton.jit
+def _mma_part(acc, words, sbytes, xb0, xb1, N: tl.constexpr):
+    m0, m1 = _split_mults(sbytes, N)
+    return _row_mma(words, m0, m1, xb0, xb1, acc)
+
+
+@triton.jit
+def _store_token(ptr, acc, KSPLIT: tl.constexpr, row0, j):
+    """Add the warpgroups' partial sums (group order) and store the token's column (q == 0, even
+    accumulator elements: ``D[g + 8*(j // 2)][0]``) of one 64-row rep at rows ``row0 + ...``."""
+    acc = tl.sum(tl.reshape(acc, (KSPLIT, 128, 4)), axis=0)
+    t = tl.arange(0, 128)[:, None]
+    rows = row0 + 16 * (t // 32) + (t % 32) // 4 + 8 * (j // 2)
+    tl.store(ptr + rows, acc.to(tl.bfloat16), mask=(t % 4 == 0) & (j % 2 == 0))
 
 
 @triton.jit
@@ -112,10 +141,7 @@ def w13_mma_sync_kernel(xs_ptr, ids_ptr, w_ptr, s_ptr, act_ptr, w_expert_stride,
     slot = tl.program_id(1)
     expert = tl.load(ids_ptr + slot).to(tl.int64)
     THREADS: tl.constexpr = 128 * KSPLIT
-    tid = tl.arange(0, THREADS)[:, None]
-    j = tl.arange(0, 4)[None, :]
-    grp, t = tid // 128, tid % 128
-    warp, g = t // 32, (t % 32) // 4
+    j, grp, w_off, s_off, x_off = _coords(KSPLIT)
     NK: tl.constexpr = H // BK
     BH: tl.constexpr = BK // 64
     W_TILE: tl.constexpr = BN * BK // 2
@@ -123,64 +149,45 @@ def w13_mma_sync_kernel(xs_ptr, ids_ptr, w_ptr, s_ptr, act_ptr, w_expert_stride,
     UP: tl.constexpr = (INTER // BN) * NK
     w_base = (w_ptr + expert * w_expert_stride).to(tl.pointer_type(tl.int32))
     s_base = s_ptr + expert * s_expert_stride
-    w_off = t * 4 + j                       # this thread's 16-byte row, per 64-value half
-    s_off = (8 * warp + g) * 4 + j          # its rows' 4 scale bytes (b0, h), per half
-    x_off = (t % 32) * 4 + j                # lane (g, q) of the B fragments
     acc_g = tl.zeros((THREADS, 4), dtype=tl.float32)
     acc_u = tl.zeros((THREADS, 4), dtype=tl.float32)
-    if PREFETCH:
+    if PREFETCH:  # the two halves of one K step in flight while the previous step computes
         tile = pid_n * NK + grp
-        a0, a1, a2, a3, a4, a5 = _fetch(xs_ptr, w_base, s_base, grp, tile, 0, x_off, w_off, s_off,
-                                        NK, BH, W_TILE, S_TILE, UP)
-        c0, c1, c2, c3, c4, c5 = _fetch(xs_ptr, w_base, s_base, grp, tile, 1, x_off, w_off, s_off,
-                                        NK, BH, W_TILE, S_TILE, UP)
+        x0, x1 = _fetch_x(xs_ptr, grp, 0, x_off, NK, BH)
+        gs, gw = _fetch_w(w_base, s_base, tile, 0, w_off, s_off, W_TILE, S_TILE)
+        us, uw = _fetch_w(w_base, s_base, tile + UP, 0, w_off, s_off, W_TILE, S_TILE)
+        y0, y1 = _fetch_x(xs_ptr, grp, 1, x_off, NK, BH)
+        hs, hw = _fetch_w(w_base, s_base, tile, 1, w_off, s_off, W_TILE, S_TILE)
+        vs, vw = _fetch_w(w_base, s_base, tile + UP, 1, w_off, s_off, W_TILE, S_TILE)
         for kt in range(0, NK // KSPLIT):
             nstep = tl.minimum(kt + 1, NK // KSPLIT - 1) * KSPLIT + grp
             ntile = pid_n * NK + nstep
-            n0, n1, n2, n3, n4, n5 = _fetch(xs_ptr, w_base, s_base, nstep, ntile, 0, x_off, w_off, s_off,
-                                            NK, BH, W_TILE, S_TILE, UP)
-            gm0, gm1 = _split_mults(a2, THREADS)
-            um0, um1 = _split_mults(a3, THREADS)
-            acc_g = _row_mma(a4, gm0, gm1, a0, a1, acc_g)
-            acc_u = _row_mma(a5, um0, um1, a0, a1, acc_u)
-            m0, m1, m2, m3, m4, m5 = _fetch(xs_ptr, w_base, s_base, nstep, ntile, 1, x_off, w_off, s_off,
-                                            NK, BH, W_TILE, S_TILE, UP)
-            gm0, gm1 = _split_mults(c2, THREADS)
-            um0, um1 = _split_mults(c3, THREADS)
-            acc_g = _row_mma(c4, gm0, gm1, c0, c1, acc_g)
-            acc_u = _row_mma(c5, um0, um1, c0, c1, acc_u)
-            a0, a1, a2, a3, a4, a5 = n0, n1, n2, n3, n4, n5
-            c0, c1, c2, c3, c4, c5 = m0, m1, m2, m3, m4, m5
+            nx0, nx1 = _fetch_x(xs_ptr, nstep, 0, x_off, NK, BH)
+            ngs, ngw = _fetch_w(w_base, s_base, ntile, 0, w_off, s_off, W_TILE, S_TILE)
+            nus, nuw = _fetch_w(w_base, s_base, ntile + UP, 0, w_off, s_off, W_TILE, S_TILE)
+            acc_g = _mma_part(acc_g, gw, gs, x0, x1, THREADS)
+            acc_u = _mma_part(acc_u, uw, us, x0, x1, THREADS)
+            ny0, ny1 = _fetch_x(xs_ptr, nstep, 1, x_off, NK, BH)
+            nhs, nhw = _fetch_w(w_base, s_base, ntile, 1, w_off, s_off, W_TILE, S_TILE)
+            nvs, nvw = _fetch_w(w_base, s_base, ntile + UP, 1, w_off, s_off, W_TILE, S_TILE)
+            acc_g = _mma_part(acc_g, hw, hs, y0, y1, THREADS)
+            acc_u = _mma_part(acc_u, vw, vs, y0, y1, THREADS)
+            x0, x1, gs, gw, us, uw = nx0, nx1, ngs, ngw, nus, nuw
+            y0, y1, hs, hw, vs, vw = ny0, ny1, nhs, nhw, nvs, nvw
     else:
         for kt in range(0, NK // KSPLIT):
             kstep = kt * KSPLIT + grp
             tile = pid_n * NK + kstep
             for bh in tl.static_range(BH):
-                xb0, xb1, gs, us, gw, uw = _fetch(xs_ptr, w_base, s_base, kstep, tile, bh, x_off, w_off, s_off,
-                                                  NK, BH, W_TILE, S_TILE, UP)
-                gm0, gm1 = _split_mults(gs, THREADS)
-                um0, um1 = _split_mults(us, THREADS)
-                acc_g = _row_mma(gw, gm0, gm1, xb0, xb1, acc_g)
-                acc_u = _row_mma(uw, um0, um1, xb0, xb1, acc_u)
+                xb0, xb1 = _fetch_x(xs_ptr, kstep, bh, x_off, NK, BH)
+                gs, gw = _fetch_w(w_base, s_base, tile, bh, w_off, s_off, W_TILE, S_TILE)
+                us, uw = _fetch_w(w_base, s_base, tile + UP, bh, w_off, s_off, W_TILE, S_TILE)
+                acc_g = _mma_part(acc_g, gw, gs, xb0, xb1, THREADS)
+                acc_u = _mma_part(acc_u, uw, us, xb0, xb1, THREADS)
+    # SwiGLU on the partial-sum totals (elementwise on any layout, so after the group sum)
     acc_g = tl.sum(tl.reshape(acc_g, (KSPLIT, 128, 4)), axis=0)
     acc_u = tl.sum(tl.reshape(acc_u, (KSPLIT, 128, 4)), axis=0)
-    act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
-    # accumulator element j: D[g + 8*(j // 2)][2q + j % 2]; the token is column 0 (q == 0, even j)
-    t1 = tl.arange(0, 128)[:, None]
-    w1, g1, q1 = t1 // 32, (t1 % 32) // 4, t1 % 4
-    rows = pid_n * BN + 16 * w1 + g1 + 8 * (j // 2)
-    tl.store(act_ptr + slot * INTER + rows, act.to(tl.bfloat16), mask=(q1 == 0) & (j % 2 == 0))
-
-
-@triton.jit
-def _fetch2(as_ptr, w_base, s_base, kstep, tile, rm, bh, x_off, w_off, s_off, NK: tl.constexpr,
-            BH: tl.constexpr, W_TILE: tl.constexpr, S_TILE: tl.constexpr):
-    """w2: one row-rep's 64-value half: B pairs (b0, b1), scale bytes, words (int32 [threads, 4])."""
-    xb0 = tl.load(as_ptr + (kstep * BH + bh) * 128 + x_off)
-    xb1 = tl.load(as_ptr + (NK * BH + kstep * BH + bh) * 128 + x_off)
-    sc = tl.load(s_base + tile * S_TILE + (rm * BH + bh) * 128 + s_off).to(tl.int32)
-    wd = tl.load(w_base + tile * (W_TILE // 4) + (rm * BH + bh) * 512 + w_off)
-    return xb0, xb1, sc, wd
+    _store_token(act_ptr + slot * INTER, acc_g / (1.0 + tl.exp(-acc_g)) * acc_u, 1, pid_n * BN, j)
 
 
 @triton.jit
@@ -194,10 +201,7 @@ def w2_mma_sync_kernel(as_ptr, ids_ptr, w_ptr, s_ptr, y_ptr, w_expert_stride, s_
     slot = tl.program_id(1)
     expert = tl.load(ids_ptr + slot).to(tl.int64)
     THREADS: tl.constexpr = 128 * KSPLIT
-    tid = tl.arange(0, THREADS)[:, None]
-    j = tl.arange(0, 4)[None, :]
-    grp, t = tid // 128, tid % 128
-    warp, g = t // 32, (t % 32) // 4
+    j, grp, w_off, s_off, x_off = _coords(KSPLIT)
     NK: tl.constexpr = INTER // BK
     BH: tl.constexpr = BK // 64
     W_TILE: tl.constexpr = BN * BK // 2
@@ -205,31 +209,19 @@ def w2_mma_sync_kernel(as_ptr, ids_ptr, w_ptr, s_ptr, y_ptr, w_expert_stride, s_
     w_base = (w_ptr + expert * w_expert_stride).to(tl.pointer_type(tl.int32))
     s_base = s_ptr + expert * s_expert_stride
     a_base = as_ptr + slot * (2 * NK * BH * 128)
-    w_off = t * 4 + j
-    s_off = (8 * warp + g) * 4 + j
-    x_off = (t % 32) * 4 + j
     acc0 = tl.zeros((THREADS, 4), dtype=tl.float32)
     acc1 = tl.zeros((THREADS, 4), dtype=tl.float32)
     for kt in range(0, NK // KSPLIT):
         kstep = kt * KSPLIT + grp
         tile = pid_n * NK + kstep
         for bh in tl.static_range(BH):
-            xb0, xb1, s0, w0 = _fetch2(a_base, w_base, s_base, kstep, tile, 0, bh, x_off, w_off, s_off,
-                                       NK, BH, W_TILE, S_TILE)
-            _, _, s1, w1 = _fetch2(a_base, w_base, s_base, kstep, tile, 1, bh, x_off, w_off, s_off,
-                                   NK, BH, W_TILE, S_TILE)
-            m00, m01 = _split_mults(s0, THREADS)
-            m10, m11 = _split_mults(s1, THREADS)
-            acc0 = _row_mma(w0, m00, m01, xb0, xb1, acc0)
-            acc1 = _row_mma(w1, m10, m11, xb0, xb1, acc1)
-    acc0 = tl.sum(tl.reshape(acc0, (KSPLIT, 128, 4)), axis=0)
-    acc1 = tl.sum(tl.reshape(acc1, (KSPLIT, 128, 4)), axis=0)
-    t1 = tl.arange(0, 128)[:, None]
-    w1_, g1, q1 = t1 // 32, (t1 % 32) // 4, t1 % 4
-    rows = pid_n * BN + 16 * w1_ + g1 + 8 * (j // 2)
-    keep = (q1 == 0) & (j % 2 == 0)
-    tl.store(y_ptr + slot * H + rows, acc0.to(tl.bfloat16), mask=keep)
-    tl.store(y_ptr + slot * H + 64 + rows, acc1.to(tl.bfloat16), mask=keep)
+            xb0, xb1 = _fetch_x(a_base, kstep, bh, x_off, NK, BH)
+            s0, w0 = _fetch_w(w_base, s_base, tile, bh, w_off, s_off, W_TILE, S_TILE)
+            s1, w1 = _fetch_w(w_base, s_base, tile, BH + bh, w_off, s_off, W_TILE, S_TILE)
+            acc0 = _mma_part(acc0, w0, s0, xb0, xb1, THREADS)
+            acc1 = _mma_part(acc1, w1, s1, xb0, xb1, THREADS)
+    _store_token(y_ptr + slot * H, acc0, KSPLIT, pid_n * BN, j)
+    _store_token(y_ptr + slot * H, acc1, KSPLIT, pid_n * BN + 64, j)
 
 
 def x_fragments(x, bk: int = 128):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recipegen.ledger.flags import flag_value
 from recipegen.ledger.result import USAGE_AWARE
 from recipegen.schema import Lane, Machine, Model
 
@@ -68,16 +69,6 @@ _BY_NAME: dict[str, tuple[str, int, int]] = {
     "humming": ("HUMMING", 64, 1),
     "deep_gemm": ("DEEPGEMM_MXFP4", 128, 128),
 }
-
-
-def requested_backend(extra_args: list[str]) -> str | None:
-    """The lane's `--moe-backend NAME` (or `--moe-backend=NAME`), if it sets one."""
-    for i, arg in enumerate(extra_args):
-        if arg == "--moe-backend" and i + 1 < len(extra_args):
-            return extra_args[i + 1]
-        if arg.startswith("--moe-backend="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 def mxfp4_backend(model: Model, compute_capability: str | None,
@@ -138,7 +129,7 @@ def lane_moe_backend(model: Model, machine: Machine, lane: Lane, *, runtime: boo
     """The `--moe-backend` vLLM 0.33 boots the lane with: the lane's own (`extra_args`); else, where
     the runtime runs (`runtime`, default `runtime_mounted`), the one render adds for it
     (`recipegen.moe_backend.choose`, recipegen/render/services.py); else None (vLLM's auto pick)."""
-    own = requested_backend(list(lane.extra_args))
+    own = flag_value(list(lane.extra_args), "--moe-backend")
     if own is not None:
         return own
     if not (runtime_mounted(model, lane) if runtime is None else runtime):
@@ -162,15 +153,6 @@ def lane_geometry(model: Model, machine: Machine, lane: Lane) -> tuple[int, int]
     lane, where vLLM pads them; None where it does not (the checkpoint's sizes apply)."""
     layout = lane_layout(model, machine, lane, runtime=True)
     return None if layout is None else (layout.hidden, layout.intermediate)
-
-
-def as_vllm_lays_out(model: Model, machine: Machine, tp: int,
-                     extra_args: list[str] | None = None, *,
-                     requested: str | None = None) -> tuple[Model, Layout | None]:
-    """The model with its routed experts at vLLM's in-memory size (unchanged when not padded);
-    `requested`: the `--moe-backend` when not read from `extra_args`."""
-    layout = vllm_mxfp4_layout(model, machine, tp, requested or requested_backend(list(extra_args or [])))
-    return _padded(model, layout), layout
 
 
 def as_lane_lays_out(model: Model, machine: Machine, lane: Lane) -> tuple[Model, Layout | None]:

@@ -1,7 +1,8 @@
 """Triton kernels of the GPU residency path (launch logic lives in ``gpu.experts``).
 
 One MoE layer's routed experts run as four launches (two at T=1: each pick is its own slot, no
-grouping, and the finalize runs inside the w2 launch), all fixed-shape and sync-free so the layer
+grouping, and the finalize runs inside the w2 launch; compiled on CUDA sm_80+ those two are the
+warp-MMA kernels of ``gpu.kernels_t1``, which reuse the helpers below), all fixed-shape and sync-free so the layer
 captures into a CUDA graph. On sm_90+ every launch is a programmatic dependent launch (``PDL``):
 its programs are placed while the previous kernel drains and wait (``griddepcontrol.wait``)
 before touching memory, so only the launch gap overlaps:
@@ -187,38 +188,34 @@ def _dequant_mxfp4_prmt(packed, scales, ROWS: tl.constexpr, BK: tl.constexpr):
 # 2^(s-127) gives the exact scaled weight (mul.bf16x2 is exact on subnormal inputs). $5..$8: the
 # multipliers of the word's 4 byte-elements (rows g, g, g+8, g+8). Outputs $0..$3: the fragment
 # registers (row g, k 2q..), (row g+8, k 2q..), (row g, k 2q+8..), (row g+8, k 2q+8..).
-_MMA_WORD_TO_BF16_PTX = tl.constexpr("""
-{
-.reg .b32 t, u;
-and.b32 $0, $4, 0x81C081C0;
-mul.rn.bf16x2 $0, $0, $5;
-shl.b32 t, $4, 3;
-and.b32 $1, t, 0x81C081C0;
-mul.rn.bf16x2 $1, $1, $7;
-shl.b32 t, $4, 6;
-and.b32 $2, t, 0x81C081C0;
-mul.rn.bf16x2 $2, $2, $5;
-shl.b32 t, $4, 1;
-and.b32 t, t, 0x80008000;
-shr.u32 u, $4, 3;
-and.b32 u, u, 0x01800180;
-or.b32 t, t, u;
-shr.u32 u, $4, 7;
-and.b32 u, u, 0x00400040;
-or.b32 t, t, u;
-mul.rn.bf16x2 $3, t, $7;
-}
-""")
+def word_decode_ptx(word: str, m_lo: str, m_hi: str, outs: "tuple[str, str, str, str]",
+                    sm90: bool = True) -> str:
+    """PTX of the decode above for one MMA-order word: ``word`` (a register) -> the four bf16x2
+    fragment registers ``outs``, scaled by ``m_lo`` (rows g) and ``m_hi`` (rows g+8). Uses the
+    scratch registers ``t`` and ``u`` (and ``nz`` = -0.0 before sm_90, which has no mul.bf16x2:
+    the same exact product as an fma with a -0.0 addend, x + -0 == x for every x)."""
+    def scaled(dst: str, src: str, mult: str) -> str:
+        return (f"mul.rn.bf16x2 {dst}, {src}, {mult};" if sm90
+                else f"fma.rn.bf16x2 {dst}, {src}, {mult}, nz;")
+    a0, a1, a2, a3 = outs
+    return "\n".join([
+        f"and.b32 {a0}, {word}, 0x81C081C0;", scaled(a0, a0, m_lo),
+        f"shl.b32 t, {word}, 3;", f"and.b32 {a1}, t, 0x81C081C0;", scaled(a1, a1, m_hi),
+        f"shl.b32 t, {word}, 6;", f"and.b32 {a2}, t, 0x81C081C0;", scaled(a2, a2, m_lo),
+        f"shl.b32 t, {word}, 1;", "and.b32 t, t, 0x80008000;",
+        f"shr.u32 u, {word}, 3;", "and.b32 u, u, 0x01800180;", "or.b32 t, t, u;",
+        f"shr.u32 u, {word}, 7;", "and.b32 u, u, 0x00400040;", "or.b32 t, t, u;",
+        scaled(a3, "t", m_hi)])
 
-# Before sm_90 there is no mul.bf16x2: the same exact product as fma with a -0.0 addend
-# (x + -0 == x for every x, signed zeros included).
-_MMA_WORD_TO_BF16_PTX_SM80 = tl.constexpr(
-    _MMA_WORD_TO_BF16_PTX.value
-    .replace(".reg .b32 t, u;", ".reg .b32 t, u, nz;\nmov.b32 nz, 0x80008000;")
-    .replace("mul.rn.bf16x2 $0, $0, $5;", "fma.rn.bf16x2 $0, $0, $5, nz;")
-    .replace("mul.rn.bf16x2 $1, $1, $7;", "fma.rn.bf16x2 $1, $1, $7, nz;")
-    .replace("mul.rn.bf16x2 $2, $2, $5;", "fma.rn.bf16x2 $2, $2, $5, nz;")
-    .replace("mul.rn.bf16x2 $3, t, $7;", "fma.rn.bf16x2 $3, t, $7, nz;"))
+
+def _word_to_bf16_asm(sm90: bool) -> str:
+    regs = ".reg .b32 t, u;" if sm90 else ".reg .b32 t, u, nz;\nmov.b32 nz, 0x80008000;"
+    return ("\n{\n" + regs + "\n" + word_decode_ptx("$4", "$5", "$7", ("$0", "$1", "$2", "$3"), sm90)
+            + "\n}\n")
+
+
+_MMA_WORD_TO_BF16_PTX = tl.constexpr(_word_to_bf16_asm(sm90=True))
+_MMA_WORD_TO_BF16_PTX_SM80 = tl.constexpr(_word_to_bf16_asm(sm90=False))
 
 # The PTX masks as signed int32 (the interpreter refuses int32 literals above 2^31).
 _MASK_SIMPLE: tl.constexpr = tl.constexpr(0x81C081C0 - (1 << 32))
@@ -355,6 +352,12 @@ def _swiglu(acc_g, acc_u, b_ptr, rows, INTER: tl.constexpr, SWIGLU_LIMIT: tl.con
     if HAS_BIAS:
         acc_g += tl.load(b_ptr + rows).to(tl.float32)[:, None]
         acc_u += tl.load(b_ptr + INTER + rows).to(tl.float32)[:, None]
+    return _glu(acc_g, acc_u, SWIGLU_LIMIT, ACT, ALPHA)
+
+
+@triton.jit
+def _glu(acc_g, acc_u, SWIGLU_LIMIT: tl.constexpr, ACT: tl.constexpr, ALPHA: tl.constexpr):
+    """``_swiglu``'s activation, elementwise on fp32 gate and up sums of any shape."""
     if ACT == 1:
         gate = tl.minimum(acc_g, SWIGLU_LIMIT)
         up = tl.minimum(tl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT)
@@ -436,16 +439,8 @@ def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s
     else:
         first_split = True
     if ONE_TOKEN:
-        expert = tl.load(ids_ptr + slot).to(tl.int32)
-        ok = (expert >= 0) & (expert < E)
-        if HAS_TOKEN_MASK:
-            ok = ok & (tl.load(token_mask_ptr + slot // TOP_K) != 0)
-        if COUNT:
-            if (pid_n == 0) & (slot == 0) & first_split:
-                if HAS_TOKEN_MASK:
-                    tl.atomic_add(tokens_ptr, (tl.load(token_mask_ptr) != 0).to(tl.int64))
-                else:
-                    tl.atomic_add(tokens_ptr, 1)
+        expert, ok = _one_token_pick(ids_ptr, token_mask_ptr, tokens_ptr, slot, E,
+                                     (pid_n == 0) & (slot == 0) & first_split, TOP_K, HAS_TOKEN_MASK, COUNT)
         if ok == 0:
             return
         start = slot
@@ -538,10 +533,8 @@ def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
     if ONE_TOKEN:
-        expert = tl.load(ids_ptr + slot).to(tl.int32)
-        ok = (expert >= 0) & (expert < E)
-        if HAS_TOKEN_MASK:
-            ok = ok & (tl.load(token_mask_ptr + slot // TOP_K) != 0)
+        expert, ok = _one_token_pick(ids_ptr, token_mask_ptr, ids_ptr, slot, E, False, TOP_K,
+                                     HAS_TOKEN_MASK, False)
         start = slot
         if FUSE_FINALIZE:  # a skipped pick computes nothing but still takes its ticket
             expert = tl.where(ok, expert, 0)
@@ -596,13 +589,42 @@ def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
         m0 += BM
     if FUSE_FINALIZE:
         if _last_of_split(fin_ticket_ptr + pid_n, TOP_K):
-            out = tl.zeros((BN,), dtype=tl.float32)
-            for kk in tl.static_range(TOP_K):
-                w = tl.load(weights_ptr + kk).to(tl.float32)
-                y = tl.load(y_ptr + kk * H + rows, cache_modifier=".cg").to(tl.float32)
-                w, y = _routed_pick(ids_ptr + kk, E, w, y)
-                out = tl.fma(tl.full((BN,), 0.0, tl.float32) + w, y, out)
-            tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty))
+            _finalize_rows(y_ptr, weights_ptr, ids_ptr, out_ptr, rows, E, H, TOP_K, BN)
+
+
+@triton.jit
+def _one_token_pick(ids_ptr, token_mask_ptr, tokens_ptr, slot, E, count_token, TOP_K: tl.constexpr,
+                    HAS_TOKEN_MASK: tl.constexpr, COUNT: tl.constexpr):
+    """T = 1, slot = pick: ``(expert, ok)`` — the pick's id and whether it is computed (an id in
+    ``0..E-1`` and, with ``HAS_TOKEN_MASK``, a real token). ``COUNT`` and ``count_token`` (one
+    program of the launch): add the step's token to the counter's ``tokens``, masked or not as
+    the grouping kernel counts it."""
+    expert = tl.load(ids_ptr + slot).to(tl.int32)
+    ok = (expert >= 0) & (expert < E)
+    if HAS_TOKEN_MASK:
+        ok = ok & (tl.load(token_mask_ptr + slot // TOP_K) != 0)
+    if COUNT:
+        if count_token:
+            if HAS_TOKEN_MASK:
+                tl.atomic_add(tokens_ptr, (tl.load(token_mask_ptr) != 0).to(tl.int64))
+            else:
+                tl.atomic_add(tokens_ptr, 1)
+    return expert, ok
+
+
+@triton.jit
+def _finalize_rows(y_ptr, weights_ptr, ids_ptr, out_ptr, rows, E, H: tl.constexpr, TOP_K: tl.constexpr,
+                   BN: tl.constexpr):
+    """The fused T=1 finalize of output ``rows`` (``BN`` of them): ``finalize_kernel``'s fp32
+    fma over the token's ``TOP_K`` stored bf16 rows in router order (L2 reads: other programs
+    wrote them), one cast."""
+    out = tl.zeros((BN,), dtype=tl.float32)
+    for kk in tl.static_range(TOP_K):
+        w = tl.load(weights_ptr + kk).to(tl.float32)
+        y = tl.load(y_ptr + kk * H + rows, cache_modifier=".cg").to(tl.float32)
+        w, y = _routed_pick(ids_ptr + kk, E, w, y)
+        out = tl.fma(tl.full((BN,), 0.0, tl.float32) + w, y, out)
+    tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -841,11 +863,5 @@ def w2_stream_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_
         if FUSE_FINALIZE:
             if done != 0:
                 if _last_of(fin_ticket_ptr + pid_n, TOP_K):
-                    out = tl.zeros((BN,), dtype=tl.float32)
-                    for kk in tl.static_range(TOP_K):
-                        wk = tl.load(weights_ptr + kk).to(tl.float32)
-                        y = tl.load(y_ptr + kk * H + rows, cache_modifier=".cg").to(tl.float32)
-                        wk, y = _routed_pick(ids_ptr + kk, E, wk, y)
-                        out = tl.fma(tl.full((BN,), 0.0, tl.float32) + wk, y, out)
-                    tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty))
+                    _finalize_rows(y_ptr, weights_ptr, ids_ptr, out_ptr, rows, E, H, TOP_K, BN)
         w = seg_hi

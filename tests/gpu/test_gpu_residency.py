@@ -75,6 +75,8 @@ CONFIGS = {
     # T=1 stream-K: both expert launches on 264 programs (2 per H200 SM), equal shares of the
     # (pick, row tile, K step) list; tiles cut by a share boundary reduced in share order
     "mma-order-streamk": KernelConfig(stream_k1=264, stream_k2=264),
+    # T=1 through tl.dot (the default takes the warp-MMA kernels of gpu.kernels_t1 there)
+    "mma-order-t1-dot": KernelConfig(t1_warp_mma=False),
 }
 
 

@@ -10,7 +10,7 @@ nothing from recipegen. Import the submodules directly:
   core's split invoke), ``KernelConfig``, ``ExpertShape``;
 * ``gpu.layout``  — ``to_kernel_layout`` (tile-major expert bytes; convert each layer once, before
   re-homing it, with the config the kernels will use);
-* ``gpu.kernels`` — the Triton kernels;
+* ``gpu.kernels`` — the Triton kernels; ``gpu.kernels_t1`` — the T=1 pair on warp-level MMA;
 * ``gpu.graphs``  — ``CapturedStep``.
 
 Typical use (one MoE layer; ``tensors`` are its vLLM MXFP4 expert tensors on the device)::

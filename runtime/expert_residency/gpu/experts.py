@@ -1,6 +1,7 @@
 """The split MoE layer on the GPU: Triton MXFP4 experts over a hot and a cold bank, plus finalize.
 
-``TritonMxfp4Experts`` drives ``gpu.kernels`` for layers built by the runtime core
+``TritonMxfp4Experts`` drives ``gpu.kernels`` (and at T=1 on CUDA sm_80+ the warp-MMA kernels of
+``gpu.kernels_t1``, ``KernelConfig.t1_warp_mma``) for layers built by the runtime core
 (``core.banks.ResidentLayer``: ``w13_weight``/``w2_weight`` packed E2M1 and their ``*_scale``
 ue8m0 tensors in a hot bank on the device and a cold bank that is a device view of pinned host
 memory, and the device row map ``row_codes``). Two entry points:
@@ -24,6 +25,7 @@ one stream share it. ``pick_outputs`` returns a view of it: consume it before th
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,7 +35,7 @@ import triton
 from ..core.banks import ExpertBank, ResidentLayer
 from ..core.formats_ref import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT, SWIGLUOAI, deinterleave_gate_up
 from ..core.reference import check_swiglu_limit
-from . import kernels
+from . import kernels, kernels_t1
 from .layout import check_mma_tiles, is_mma_order, to_kernel_layout
 from .tile_rules import check_compiled_block_m
 
@@ -98,6 +100,19 @@ class KernelConfig:
     # A multiple of the SM count (132 on the H200) balances the grid.
     stream_k1: int = 0
     stream_k2: int = 0
+    # T = 1 (with one_token, no split and no stream-K; the MMA-order layout with 64-row w13 tiles
+    # and 64- or 128-row w2 tiles; compiled on CUDA sm_80+): the two expert launches multiply with
+    # warp-level tensor-core MMA (``gpu.kernels_t1``) instead of ``tl.dot``; t1_warpgroups*
+    # warpgroups per program share each tile's K (the largest power of two up to this that divides
+    # the tile's 64-value half-steps; 0: that launch through tl.dot); each warp accumulates in
+    # t1_chains* independent MMA chains (1, 2 or 4; 4 needs 128+ registers, which leaves w2 one
+    # program per SM). Under TRITON_INTERPRET=1 the tl.dot schedule runs. H200, 13-layer T=1
+    # step, all experts in HBM: 45.2 us per layer against 51.4 through tl.dot (BENCHMARKS.md).
+    t1_warp_mma: bool = True
+    t1_warpgroups1: int = 2
+    t1_warpgroups2: int = 2
+    t1_chains1: int = 2
+    t1_chains2: int = 2
 
     def describe(self) -> str:
         kind = {0: "int-dequant", 1: "dot_scaled", 2: "prmt-dequant", 3: "mma-order"}.get(
@@ -115,6 +130,9 @@ class KernelConfig:
                 text += "+fused-finalize"
             if self.stream_k1 or self.stream_k2:
                 text += f" T1-streamK{self.stream_k1}/{self.stream_k2}"
+            elif self.t1_warp_mma:
+                text += (f" T1-warp-mma{self.t1_warpgroups1}/{self.t1_warpgroups2}"
+                         f"x{self.t1_chains1}/{self.t1_chains2}")
         if self.pdl:
             text += " pdl"
         return text
@@ -256,6 +274,34 @@ def effective_splits(shape: ExpertShape, config: KernelConfig) -> tuple[int, int
             max(1, min(config.split_k2, shape.intermediate // config.block_k2)))
 
 
+def t1_warpgroups(shape: ExpertShape, config: KernelConfig) -> "tuple[int, int] | None":
+    """Warpgroups per program of the T = 1 warp-MMA kernels (``gpu.kernels_t1``) for w13 and w2
+    (0: that launch through tl.dot), or None where the config does not take them: off, a split or
+    stream-K T = 1 schedule, not the MMA-order layout with 64-row w13 and 64/128-row w2 tiles.
+    Each count is the largest power of two up to the configured one (at most 8) that divides the
+    reduction's 64-value half-steps (gpt-oss's 2,880 = 45 x 64 takes one)."""
+    for name in ("t1_chains1", "t1_chains2"):
+        if getattr(config, name) not in (1, 2, 4):
+            raise ValueError(f"{name} {getattr(config, name)} is not 1, 2 or 4")
+    if not (config.t1_warp_mma and config.one_token and is_mma_order(config)
+            and config.block_n1 == 64 and config.block_n2 in (64, 128)
+            and not (config.stream_k1 or config.stream_k2) and effective_splits(shape, config) == (1, 1)):
+        return None
+
+    def groups(halves: int, most: int) -> int:   # a power of two (the kernel's thread ranges)
+        return max((g for g in (1, 2, 4, 8) if g <= most and halves % g == 0), default=0)
+
+    return (groups(shape.hidden // 64, config.t1_warpgroups1),
+            groups(shape.intermediate // 64, config.t1_warpgroups2))
+
+
+def runs_warp_mma(device: torch.device) -> bool:
+    """Whether the T = 1 warp-MMA kernels can run on ``device``: compiled (inline PTX does not run
+    under TRITON_INTERPRET=1) CUDA of compute capability 8.0+ (``mma.sync`` bf16)."""
+    return (os.environ.get("TRITON_INTERPRET", "0") != "1" and device.type == "cuda"
+            and torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 8)
+
+
 def config_for_shape(shape: ExpertShape, config: KernelConfig = KernelConfig()) -> KernelConfig:
     """``config`` with each tile dim halved until it divides its matrix dim (down to 64 for the
     MMA-order layout, 32 otherwise): gpt-oss's 2,880 = 45 x 64 takes 64-wide tiles where the
@@ -317,6 +363,8 @@ class TritonMxfp4Experts:
         self._identity_codes: torch.Tensor | None = None
         self._pdl = bool(config.pdl and self.device.type == "cuda" and torch.cuda.is_available()
                          and torch.cuda.get_device_capability(self.device)[0] >= 9)
+        groups = t1_warpgroups(shape, config)
+        self._t1_groups = groups if groups is not None and runs_warp_mma(self.device) else None
 
     def to_kernel_layout(self, tensors: "dict[str, torch.Tensor]") -> None:
         """Re-order a layer's full expert tensors for these kernels (in place; ``gpu.layout``).
@@ -482,7 +530,20 @@ class TritonMxfp4Experts:
         act_args = dict(SWIGLU_LIMIT=0.0 if self.swiglu_limit is None else self.swiglu_limit,
                         HAS_BIAS=has_bias, ACT=1 if self.activation == SWIGLUOAI else 0,
                         ALPHA=float(self.swiglu_alpha))
-        if stream1:
+        g1 = g2 = 0
+        if one_token and self._t1_groups is not None and x.data_ptr() % 4 == 0:
+            g1, g2 = self._t1_groups
+        if g1:
+            kernels_t1.w13_t1_kernel[(shape.intermediate // 64, k)](
+                x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX], ws.act,
+                counts if count_in_kernel else ws.dummy_i64, tokens if count_in_kernel else ws.dummy_i64,
+                w13.stride(0), s13.stride(0), ids, mask_arg, self.num_experts,
+                b13[0], b13[1], b13[0].stride(0) if has_bias else 0,
+                H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BK=cfg.block_k1, KSPLIT=g1,
+                COUNT=count_in_kernel, CHAINS=cfg.t1_chains1,
+                HAS_TOKEN_MASK=token_mask is not None,
+                **act_args, num_warps=4 * g1, num_stages=1, **self._pdl_args())
+        elif stream1:
             kernels.w13_stream_kernel[(stream1,)](
                 x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX], ws.act,
                 counts if count_in_kernel else ws.dummy_i64, tokens if count_in_kernel else ws.dummy_i64,
@@ -507,7 +568,16 @@ class TritonMxfp4Experts:
                 SPLIT=s1, **small_args, HAS_BIAS=has_bias, ACT=1 if self.activation == SWIGLUOAI else 0,
                 ALPHA=float(self.swiglu_alpha), num_warps=cfg.num_warps, num_stages=stages,
                 **self._pdl_args())
-        if stream2:
+        if g2:
+            kernels_t1.w2_t1_kernel[(shape.hidden // cfg.block_n2, k)](
+                ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX], ws.pick_out,
+                w2.stride(0), s2w.stride(0), ids, mask_arg, self.num_experts,
+                b2[0], b2[1], b2[0].stride(0) if has_bias else 0, **self._fused_finalize_args(fin, ws),
+                H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BN=cfg.block_n2, BK=cfg.block_k2,
+                KSPLIT=g2, CHAINS=cfg.t1_chains2, HAS_TOKEN_MASK=token_mask is not None,
+                HAS_BIAS=has_bias,
+                num_warps=4 * g2, num_stages=1, **self._pdl_args())
+        elif stream2:
             kernels.w2_stream_kernel[(stream2,)](
                 ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX], ws.pick_out,
                 w2.stride(0), s2w.stride(0), ids, mask_arg, sc.stream2, sc.stream_tickets2,

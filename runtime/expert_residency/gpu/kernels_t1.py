@@ -1,0 +1,358 @@
+"""The T = 1 expert kernels: warp-level tensor-core MMA on the MMA-order layout (launch logic in
+``gpu.experts``; the other kernels and the layout in ``gpu.kernels`` and ``gpu.layout``).
+
+At T = 1 every weight is used once, so what decides the layer's time is how many instructions
+and how much waiting each weight costs, not the tensor cores' throughput. ``tl.dot`` lowers to
+wgmma on sm_90: a shared-memory B operand, a descriptor, a fence and a wait around every
+instruction, and every warp of a program synchronised at each K step. These kernels issue
+``mma.sync.m16n8k16`` (sm_80+) from inline PTX instead, one per 32-bit word of the layout: the
+word's four decoded bf16x2 registers *are* that instruction's A fragment (rows g and g + 8,
+values 2q.. and 2q + 8..), so every operand is a register of the thread that loaded it — 16
+contiguous bytes of weights per thread and K half-step, no shared memory, no barrier, and each
+warp runs on its own. The token is the B fragment: every lane loads its four bf16 pairs of each
+half-step from the input row (L1-resident; the same in all eight columns, of which the epilogue
+keeps one), so no launch prepares it.
+
+A program owns one row tile of one pick (the grid of ``w13_swiglu_kernel`` / ``w2_kernel`` at
+T = 1) on ``4 * KSPLIT`` warps: warpgroup ``G`` takes the tile's 64-value K half-steps ``G,
+G + KSPLIT, ...`` with the weights of its next four half-steps in flight in registers; each warp
+accumulates in ``CHAINS`` independent MMA chains (so an MMA rarely waits for the one before),
+added at the end in a fixed order, then the ``KSPLIT`` partial sums in group order. The w2 launch
+issues its first weight loads before it waits for w13 (programmatic dependent launch): the
+weights, the routing and the row map are not what w13 writes. The arithmetic of a pick depends
+on the geometry, ``KSPLIT`` and ``CHAINS`` only — never on the bank its expert lives in (both
+banks go through the same loads), on the other picks or on timing — so the split layer stays
+bit-identical to the unsplit one. The counter, the token mask, skipped picks (ids outside ``0..E-1`` add
+``fma(0, 0, acc)``), expert biases, both activations and the fused finalize behave exactly as in
+``gpu.kernels``' T = 1 schedule, through the same helpers.
+
+GPU only: Triton's interpreter cannot run inline PTX, so under ``TRITON_INTERPRET=1`` the launch
+logic takes ``gpu.kernels``' T = 1 schedule (``gpu.experts``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language.target_info import cuda_capability_geq
+
+from .kernels import (_expert_base, _finalize_rows, _glu, _last_of_split, _one_token_pick, _pdl_enter,
+                      word_decode_ptx)
+
+# Words (16 bytes) per thread and K half-step, threads per warpgroup, and the layout's blocks:
+# one (row-rep, half-step) block is 128 threads x 16 bytes of words = 512 int32, and 128 scale
+# bytes = 32 int32 (``gpu.kernels._load_mma_tile``).
+_BLOCK_WORDS: tl.constexpr = tl.constexpr(512)
+_BLOCK_SCALE_WORDS: tl.constexpr = tl.constexpr(32)
+
+
+def _row_mma_asm(sm90: bool, chains: int) -> str:
+    """Decode the thread's four words and issue their four m16n8k16 MMAs, word ``i`` accumulating
+    into chain ``i % chains`` (independent chains: an MMA need not wait for the previous one's
+    result). Operands (pack = 4, one register per element), with ``C = chains``: ``$0 ..
+    $(4C-1)`` the chains' accumulators out; then the words, the multipliers of rows g and of rows
+    g + 8 for each word, the B registers b0 and b1 for each word (four each), and the chains'
+    accumulators in."""
+    c = chains
+    words, m_lo, m_hi, b0, b1, acc_in = (4 * c + 4 * n for n in range(6))
+    regs = ".reg .b32 a0, a1, a2, a3, t, u;\n.reg .b32 " + ", ".join(f"c{r}" for r in range(4 * c)) + ";"
+    if not sm90:
+        regs += "\n.reg .b32 nz;\nmov.b32 nz, 0x80008000;"
+    body = [f"mov.b32 c{r}, ${acc_in + r};" for r in range(4 * c)]
+    for i in range(4):
+        d = ", ".join(f"c{4 * (i % c) + e}" for e in range(4))
+        body.append(word_decode_ptx(f"${words + i}", f"${m_lo + i}", f"${m_hi + i}", ("a0", "a1", "a2", "a3"),
+                                    sm90))
+        body.append(f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{d}}}, {{a0, a1, a2, a3}}, "
+                    f"{{${b0 + i}, ${b1 + i}}}, {{{d}}};")
+    body += [f"mov.b32 ${r}, c{r};" for r in range(4 * c)]
+    return "{\n" + regs + "\n" + "\n".join(body) + "\n}"
+
+
+def _constraints(chains: int) -> str:
+    return ",".join(["=r"] * 4 * chains + ["r"] * 4 * (5 + chains))
+
+
+_ROW_MMA_SM90: tl.constexpr = tl.constexpr(_row_mma_asm(True, 1))
+_ROW_MMA_SM80: tl.constexpr = tl.constexpr(_row_mma_asm(False, 1))
+_ROW_MMA2_SM90: tl.constexpr = tl.constexpr(_row_mma_asm(True, 2))
+_ROW_MMA2_SM80: tl.constexpr = tl.constexpr(_row_mma_asm(False, 2))
+_ROW_MMA4_SM90: tl.constexpr = tl.constexpr(_row_mma_asm(True, 4))
+_ROW_MMA4_SM80: tl.constexpr = tl.constexpr(_row_mma_asm(False, 4))
+_ROW_MMA_CONSTRAINTS: tl.constexpr = tl.constexpr(_constraints(1))
+_ROW_MMA2_CONSTRAINTS: tl.constexpr = tl.constexpr(_constraints(2))
+_ROW_MMA4_CONSTRAINTS: tl.constexpr = tl.constexpr(_constraints(4))
+
+
+@triton.jit
+def _row_mma(words, m_lo, m_hi, b0, b1, c0, c1, c2, c3, CHAINS: tl.constexpr):
+    """``_row_mma_asm`` on the accumulator chains ``c0 ..`` (the first ``CHAINS`` are used)."""
+    if CHAINS == 1:
+        if cuda_capability_geq(9):
+            c0 = tl.inline_asm_elementwise(_ROW_MMA_SM90, _ROW_MMA_CONSTRAINTS, [words, m_lo, m_hi, b0, b1, c0],
+                                           dtype=tl.float32, is_pure=True, pack=4)
+        else:
+            c0 = tl.inline_asm_elementwise(_ROW_MMA_SM80, _ROW_MMA_CONSTRAINTS, [words, m_lo, m_hi, b0, b1, c0],
+                                           dtype=tl.float32, is_pure=True, pack=4)
+    elif CHAINS == 2:
+        if cuda_capability_geq(9):
+            c0, c1 = tl.inline_asm_elementwise(_ROW_MMA2_SM90, _ROW_MMA2_CONSTRAINTS,
+                                               [words, m_lo, m_hi, b0, b1, c0, c1],
+                                               dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
+        else:
+            c0, c1 = tl.inline_asm_elementwise(_ROW_MMA2_SM80, _ROW_MMA2_CONSTRAINTS,
+                                               [words, m_lo, m_hi, b0, b1, c0, c1],
+                                               dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
+    else:
+        if cuda_capability_geq(9):
+            c0, c1, c2, c3 = tl.inline_asm_elementwise(_ROW_MMA4_SM90, _ROW_MMA4_CONSTRAINTS,
+                                                       [words, m_lo, m_hi, b0, b1, c0, c1, c2, c3],
+                                                       dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+                                                       is_pure=True, pack=4)
+        else:
+            c0, c1, c2, c3 = tl.inline_asm_elementwise(_ROW_MMA4_SM80, _ROW_MMA4_CONSTRAINTS,
+                                                       [words, m_lo, m_hi, b0, b1, c0, c1, c2, c3],
+                                                       dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+                                                       is_pure=True, pack=4)
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _mma_half(c0, c1, c2, c3, words, scale_word, b0, b1, j, CHAINS: tl.constexpr):
+    """One K half-step of one 64-row rep: ``scale_word [N, 1]`` holds the thread's four ue8m0
+    bytes ``(b0, h)``; word ``j = (b0, c)`` takes byte ``(b0, 0)`` for rows g and ``(b0, 1)`` for
+    rows g + 8, as bf16x2 ``2^(s-1)`` (``gpu.kernels``: the E2M1 bias folded into the scale)."""
+    shift = (j // 2) * 16
+    m_lo = ((scale_word >> shift) & 0xFF) * 0x00800080 + 0x3F003F00
+    m_hi = ((scale_word >> (shift + 8)) & 0xFF) * 0x00800080 + 0x3F003F00
+    return _row_mma(words, m_lo, m_hi, b0, b1, c0, c1, c2, c3, CHAINS)
+
+
+@triton.jit
+def _fetch(w_base, s_base, h, a_w, b_w, a_s, b_s, w_off, s_off, BH: tl.constexpr, STEP_W: tl.constexpr,
+           STEP_S: tl.constexpr, TWO: tl.constexpr):
+    """Weights of half-step ``h`` (K step ``h // BH``, half ``h % BH``; per thread): stream A's
+    (and with ``TWO`` stream B's) words and scale word. ``a_*`` / ``b_*``: the streams' first
+    block, in int32 units."""
+    w_at = (h // BH) * STEP_W + (h % BH) * _BLOCK_WORDS + w_off
+    s_at = (h // BH) * STEP_S + (h % BH) * _BLOCK_SCALE_WORDS + s_off
+    wa = tl.load(w_base + a_w + w_at)
+    sa = tl.load(s_base + a_s + s_at)
+    if TWO:
+        wb = tl.load(w_base + b_w + w_at)
+        sb = tl.load(s_base + b_s + s_at)
+    else:
+        wb = wa
+        sb = sa
+    return wa, sa, wb, sb
+
+
+@triton.jit
+def _step(a0, a1, a2, a3, b0, b1, b2, b3, wa, sa, wb, sb, x_pairs, h, x_off, j, BH: tl.constexpr,
+          TWO: tl.constexpr, CHAINS: tl.constexpr):
+    """Half-step ``h`` of both streams: the input row's B registers b0 / b1 (its bf16 pairs; L1
+    reads, the row is small and every warp reads it), then the MMAs. (Loading them a half-step
+    ahead measured the same on the H200: 45.0 vs 45.3 us per layer.)"""
+    xb = x_pairs + (h // BH) * (32 * BH) + (h % BH) * 32
+    x0 = tl.load(xb + x_off)
+    x1 = tl.load(xb + x_off + 4)
+    a0, a1, a2, a3 = _mma_half(a0, a1, a2, a3, wa, sa, x0, x1, j, CHAINS)
+    if TWO:
+        b0, b1, b2, b3 = _mma_half(b0, b1, b2, b3, wb, sb, x0, x1, j, CHAINS)
+    return a0, a1, a2, a3, b0, b1, b2, b3
+
+
+@triton.jit
+def _warp_mma_rows(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES: tl.constexpr, BH: tl.constexpr,
+                   STEP_W: tl.constexpr, STEP_S: tl.constexpr, KSPLIT: tl.constexpr, TWO: tl.constexpr,
+                   CHAINS: tl.constexpr, PDL_AFTER_PROLOGUE: tl.constexpr = False):
+    """fp32 fragments ``[128, 4]`` (thread ``t`` of the tile's warpgroup, accumulator element
+    ``j``: row ``16 * (t // 32) + (t % 32) // 4 + 8 * (j // 2)`` of the rep, the token in every
+    column) of stream A (and B) times the input row over ``HALVES`` K half-steps, the
+    warpgroups' partial sums added in group order. ``PDL_AFTER_PROLOGUE``: ``_pdl_enter`` after
+    the first four half-steps' weight loads are issued (they then overlap the previous kernel's
+    tail; only for weights that no in-flight kernel writes) and before the input row is read."""
+    N: tl.constexpr = 128 * KSPLIT
+    tid = tl.arange(0, N)[:, None]
+    j = tl.arange(0, 4)[None, :]
+    t = tid % 128
+    grp = tid // 128
+    lane = t % 32
+    w_off = t * 4 + j                          # the thread's 16 bytes of a block
+    s_off = (t // 32) * 8 + lane // 4          # its rows' 4 scale bytes (b0, h)
+    x_off = 8 * j + lane % 4                   # pair 2q.. of word j's k16 chunk (b1: +4 pairs)
+    ITERS: tl.constexpr = HALVES // KSPLIT     # this warpgroup's half-steps: i * KSPLIT + grp
+    LAST: tl.constexpr = ITERS - 1
+    a0 = tl.zeros((N, 4), dtype=tl.float32)
+    a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
+    # Four half-steps of weights in flight (sets 0..3, a ring): each set is refilled right after
+    # its MMAs with the half-step four ahead, so the loop (unrolled by four) moves no registers.
+    # Past the end the last half-step is fetched again (in bounds, unused).
+    w0a, s0a, w0b, s0b = _fetch(w_base, s_base, grp, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W, STEP_S, TWO)
+    w1a, s1a, w1b, s1b = _fetch(w_base, s_base, tl.minimum(1, LAST) * KSPLIT + grp, a_w, b_w, a_s, b_s, w_off,
+                                s_off, BH, STEP_W, STEP_S, TWO)
+    w2a, s2a, w2b, s2b = _fetch(w_base, s_base, tl.minimum(2, LAST) * KSPLIT + grp, a_w, b_w, a_s, b_s, w_off,
+                                s_off, BH, STEP_W, STEP_S, TWO)
+    w3a, s3a, w3b, s3b = _fetch(w_base, s_base, tl.minimum(3, LAST) * KSPLIT + grp, a_w, b_w, a_s, b_s, w_off,
+                                s_off, BH, STEP_W, STEP_S, TWO)
+    _pdl_enter(PDL_AFTER_PROLOGUE)
+    for i in range(0, ITERS - 3, 4):
+        h = i * KSPLIT + grp
+        a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w0a, s0a, w0b, s0b, x_pairs,
+            h, x_off, j, BH, TWO, CHAINS)
+        w0a, s0a, w0b, s0b = _fetch(w_base, s_base, tl.minimum(i + 4, LAST) * KSPLIT + grp, a_w, b_w, a_s, b_s,
+                                    w_off, s_off, BH, STEP_W, STEP_S, TWO)
+        a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w1a, s1a, w1b, s1b, x_pairs,
+            h + KSPLIT, x_off, j, BH, TWO, CHAINS)
+        w1a, s1a, w1b, s1b = _fetch(w_base, s_base, tl.minimum(i + 5, LAST) * KSPLIT + grp, a_w, b_w, a_s, b_s,
+                                    w_off, s_off, BH, STEP_W, STEP_S, TWO)
+        a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w2a, s2a, w2b, s2b, x_pairs,
+            h + 2 * KSPLIT, x_off, j, BH, TWO, CHAINS)
+        w2a, s2a, w2b, s2b = _fetch(w_base, s_base, tl.minimum(i + 6, LAST) * KSPLIT + grp, a_w, b_w, a_s, b_s,
+                                    w_off, s_off, BH, STEP_W, STEP_S, TWO)
+        a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w3a, s3a, w3b, s3b, x_pairs,
+            h + 3 * KSPLIT, x_off, j, BH, TWO, CHAINS)
+        w3a, s3a, w3b, s3b = _fetch(w_base, s_base, tl.minimum(i + 7, LAST) * KSPLIT + grp, a_w, b_w, a_s, b_s,
+                                    w_off, s_off, BH, STEP_W, STEP_S, TWO)
+    REST: tl.constexpr = ITERS % 4             # the last 1-3 half-steps sit in sets 0.. already
+    h = (ITERS - REST) * KSPLIT + grp
+    if REST >= 1:
+        a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w0a, s0a, w0b, s0b, x_pairs,
+            h, x_off, j, BH, TWO, CHAINS)
+    if REST >= 2:
+        a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w1a, s1a, w1b, s1b, x_pairs,
+            h + KSPLIT, x_off, j, BH, TWO, CHAINS)
+    if REST >= 3:
+        a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w2a, s2a, w2b, s2b, x_pairs,
+            h + 2 * KSPLIT, x_off, j, BH, TWO, CHAINS)
+    return _finish(a0, a1, a2, a3, b0, b1, b2, b3, KSPLIT, CHAINS)
+
+
+@triton.jit
+def _finish(a0, a1, a2, a3, b0, b1, b2, b3, KSPLIT: tl.constexpr, CHAINS: tl.constexpr):
+    """Both streams' chains summed (``_chain_sum``), then the warpgroups' partials in group order."""
+    acc_a = _chain_sum(a0, a1, a2, a3, CHAINS)
+    acc_b = _chain_sum(b0, b1, b2, b3, CHAINS)
+    if KSPLIT > 1:
+        acc_a = tl.sum(tl.reshape(acc_a, (KSPLIT, 128, 4)), axis=0)
+        acc_b = tl.sum(tl.reshape(acc_b, (KSPLIT, 128, 4)), axis=0)
+    return acc_a, acc_b
+
+
+@triton.jit
+def _chain_sum(c0, c1, c2, c3, CHAINS: tl.constexpr):
+    """The chains' fp32 sum in a fixed order: ``c0``; ``c0 + c1``; ``(c0 + c1) + (c2 + c3)``."""
+    if CHAINS == 1:
+        return c0
+    elif CHAINS == 2:
+        return c0 + c1
+    else:
+        return (c0 + c1) + (c2 + c3)
+
+
+@triton.jit
+def _fragment_rows():
+    """Row within a 64-row rep of each ``[128, 4]`` fragment element, and the elements stored
+    (lane q = 0, even j: each row once)."""
+    t = tl.arange(0, 128)[:, None]
+    j = tl.arange(0, 4)[None, :]
+    rows = 16 * (t // 32) + (t % 32) // 4 + 8 * (j // 2)
+    return rows, ((t % 4) == 0) & ((j % 2) == 0)
+
+
+@triton.jit
+def w13_t1_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, act_ptr,
+                  counts_ptr, tokens_ptr, w_expert_stride, s_expert_stride, ids_ptr, token_mask_ptr, E,
+                  hot_b_ptr, cold_b_ptr, b_expert_stride,
+                  H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, BK: tl.constexpr,
+                  KSPLIT: tl.constexpr, COUNT: tl.constexpr, CHAINS: tl.constexpr = 1,
+                  HAS_TOKEN_MASK: tl.constexpr = False,
+                  SWIGLU_LIMIT: tl.constexpr = 0.0, HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0,
+                  ALPHA: tl.constexpr = 1.0, PDL: tl.constexpr = False):
+    """``act[p, rows] = bf16(glu(gate . x, up . x))`` for 64 rows ``64 * program_id(0) + ...`` of
+    pick ``p = program_id(1)`` (``w13_swiglu_kernel`` with ``ONE_TOKEN``, BN = 64, same
+    counter/mask/bias/activation semantics)."""
+    _pdl_enter(PDL)
+    pid_n = tl.program_id(0)
+    slot = tl.program_id(1)
+    expert, ok = _one_token_pick(ids_ptr, token_mask_ptr, tokens_ptr, slot, E, (pid_n == 0) & (slot == 0),
+                                 TOP_K, HAS_TOKEN_MASK, COUNT)
+    if ok == 0:
+        return
+    if COUNT:
+        if pid_n == 0:
+            tl.atomic_add(counts_ptr + expert, 1)
+    i32 = tl.pointer_type(tl.int32)
+    w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride).to(i32)
+    s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride).to(i32)
+    NK: tl.constexpr = H // BK
+    STEP_W: tl.constexpr = 64 * BK // 8        # int32 per 64 x BK tile (BN * BK / 2 bytes)
+    STEP_S: tl.constexpr = 64 * BK // 128
+    up = INTER // 64 + pid_n                   # the up rows' tile row, after all gate tiles
+    acc_g, acc_u = _warp_mma_rows(x_ptr.to(i32), w_base, s_base, pid_n * NK * STEP_W, up * NK * STEP_W,
+                                  pid_n * NK * STEP_S, up * NK * STEP_S, NK * (BK // 64), BK // 64,
+                                  STEP_W, STEP_S, KSPLIT, True, CHAINS)
+    rows, keep = _fragment_rows()
+    rows += pid_n * 64
+    if HAS_BIAS:
+        b_base = _expert_base(codes_ptr, expert, hot_b_ptr, cold_b_ptr, b_expert_stride)
+        acc_g += tl.load(b_base + rows).to(tl.float32)
+        acc_u += tl.load(b_base + INTER + rows).to(tl.float32)
+    act = _glu(acc_g, acc_u, SWIGLU_LIMIT, ACT, ALPHA)
+    tl.store(act_ptr + slot * INTER + rows, act.to(tl.bfloat16), mask=keep)
+
+
+@triton.jit
+def w2_t1_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, y_ptr,
+                 w_expert_stride, s_expert_stride, ids_ptr, token_mask_ptr, E,
+                 hot_b_ptr, cold_b_ptr, b_expert_stride, weights_ptr, out_ptr, fin_ticket_ptr,
+                 H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, BN: tl.constexpr,
+                 BK: tl.constexpr, KSPLIT: tl.constexpr, CHAINS: tl.constexpr = 1,
+                 HAS_TOKEN_MASK: tl.constexpr = False,
+                 HAS_BIAS: tl.constexpr = False, FUSE_FINALIZE: tl.constexpr = False,
+                 PDL: tl.constexpr = False):
+    """``y[p, rows] = bf16(w2_rows . act_p (+ b2))`` for the ``BN`` (64 or 128) rows of row tile
+    ``program_id(0)`` of pick ``p = program_id(1)``; ``FUSE_FINALIZE``: as ``w2_kernel``'s — every
+    program of a row tile (skipped picks included) takes a ticket after its store, the last adds
+    the token's rows in router order (``_finalize_rows``).
+
+    ``PDL``: the routing, the row map and the weights are not written by the w13 launch this one
+    follows (ids and mask were complete before w13 passed its own wait, which precedes the launch
+    of this one), so a computed pick issues its first weight loads before it waits (``_pdl_enter``)
+    for w13's activation rows; a skipped one waits first."""
+    pid_n = tl.program_id(0)
+    slot = tl.program_id(1)
+    expert, ok = _one_token_pick(ids_ptr, token_mask_ptr, ids_ptr, slot, E, False, TOP_K, HAS_TOKEN_MASK,
+                                 False)
+    if ok == 0:
+        _pdl_enter(PDL)
+    if not FUSE_FINALIZE:
+        if ok == 0:
+            return
+    if ok:
+        i32 = tl.pointer_type(tl.int32)
+        w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride).to(i32)
+        s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride).to(i32)
+        NK: tl.constexpr = INTER // BK
+        BH: tl.constexpr = BK // 64
+        STEP_W: tl.constexpr = BN * BK // 8
+        STEP_S: tl.constexpr = BN * BK // 128
+        a_w = pid_n * NK * STEP_W
+        a_s = pid_n * NK * STEP_S
+        # rep 1 of a 128-row tile: the blocks after rep 0's BH blocks of each K step
+        acc0, acc1 = _warp_mma_rows(act_ptr.to(i32) + slot * (INTER // 2), w_base, s_base, a_w,
+                                    a_w + BH * _BLOCK_WORDS, a_s, a_s + BH * _BLOCK_SCALE_WORDS, NK * BH, BH,
+                                    STEP_W, STEP_S, KSPLIT, BN == 128, CHAINS, PDL)
+        rows, keep = _fragment_rows()
+        rows += pid_n * BN
+        if HAS_BIAS:
+            b_base = _expert_base(codes_ptr, expert, hot_b_ptr, cold_b_ptr, b_expert_stride)
+            acc0 += tl.load(b_base + rows).to(tl.float32)
+            if BN == 128:
+                acc1 += tl.load(b_base + rows + 64).to(tl.float32)
+        tl.store(y_ptr + slot * H + rows, acc0.to(tl.bfloat16), mask=keep)
+        if BN == 128:
+            tl.store(y_ptr + slot * H + rows + 64, acc1.to(tl.bfloat16), mask=keep)
+    if FUSE_FINALIZE:
+        if _last_of_split(fin_ticket_ptr + pid_n, TOP_K):
+            _finalize_rows(y_ptr, weights_ptr, ids_ptr, out_ptr, pid_n * BN + tl.arange(0, BN), E, H, TOP_K, BN)

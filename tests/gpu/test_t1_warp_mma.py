@@ -1,0 +1,229 @@
+"""The T = 1 warp-MMA expert kernels (``gpu.kernels_t1``) on a CUDA GPU (the H200 device).
+
+Run there with ``PYTHONPATH=runtime python3 -m pytest tests/gpu/test_t1_warp_mma.py -q``. Skips on
+machines without CUDA, saying why (Triton's interpreter cannot run their inline PTX; on CPU the
+launch logic takes the ``tl.dot`` schedule, which ``test_layout_and_interpreter.py`` covers).
+
+Claims and how each can fail:
+* the default config launches exactly these two kernels at T = 1 and none at T = 2 or with
+  ``t1_warp_mma=False`` (a launch counter, so a silent fallback fails);
+* at DSv4.1 geometry (5,120 / 2,304: 128-wide K steps, 128-row w2 tiles), gpt-oss geometry
+  (2,880 / 2,880: 64-wide tiles, biases, SwiGLU-OAI, 45 half-steps so one warpgroup) and a small
+  one: split == unsplit bit for bit (``torch.equal``) on an all-hot, an all-cold and a straddling
+  token, for several warpgroup and chain counts and with either launch through tl.dot; within
+  1e-2 relative L2 of the core's torch reference and of the ``tl.dot`` T = 1 kernels (a wrong
+  fragment mapping gives O(1));
+* the counter counts exactly the computed picks (masked token: nothing; ids -1 and >= E: not
+  counted, and they add ``fma(0, 0, acc)``: the output == the core's fma finalize over the
+  computed rows with the skipped ones zeroed, bit for bit, though their workspace rows are NaN);
+* a CUDA graph of three layers at T = 1 replayed with new routing == eager, counter == recount.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (inline PTX does not run under TRITON_INTERPRET=1): run it on a "
+                "GPU machine (BENCHMARKS.md gives the H200 commands)", allow_module_level=True)
+pytest.importorskip("triton", reason="needs Triton (the H200 image has triton 3.6)")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime"))
+
+from expert_residency.core.banks import build_unsplit_layer, device_allocator, rehome_layer  # noqa: E402
+from expert_residency.core.counter import ExpertCounter  # noqa: E402
+from expert_residency.core.fma_finalize import finalize as core_finalize  # noqa: E402
+from expert_residency.core.formats_ref import gptoss_mxfp4_per_pick  # noqa: E402
+from expert_residency.core.reference import mxfp4_swiglu_per_pick  # noqa: E402
+from expert_residency.core.split import residency_forward  # noqa: E402
+from expert_residency.gpu import kernels_t1  # noqa: E402
+from expert_residency.gpu.experts import (ExpertShape, KernelConfig, TritonMxfp4Experts,  # noqa: E402
+                                          config_for_shape)
+from expert_residency.gpu.graphs import CapturedStep  # noqa: E402
+from expert_residency.gpu.pinned import pinned_view_allocator  # noqa: E402
+from expert_residency.mxfp4 import quantize_mxfp4  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+DEV = torch.device("cuda")
+REL_TOL = 1e-2
+E, COLD = 12, 6
+# name: (geometry, activation, top-k, biases)
+GEOMETRIES = {"dsv41": (ExpertShape(5120, 2304), "silu", 6, False),
+              "gptoss": (ExpertShape(2880, 2880), "swigluoai", 4, True),
+              "small": (ExpertShape(512, 256), "silu", 6, False)}
+
+
+def _experts(shape: ExpertShape, biases: bool, seed: int) -> dict[str, torch.Tensor]:
+    """Checkpoint-like MXFP4 experts (products ~N(0, 4^2), so gpt-oss's 7.0 clamp bites)."""
+    g = torch.Generator().manual_seed(seed)
+    h, i = shape.hidden, shape.intermediate
+    p13, s13 = quantize_mxfp4(torch.randn(E, 2 * i, h, generator=g) * (4.0 / h ** 0.5))
+    p2, s2 = quantize_mxfp4(torch.randn(E, h, i, generator=g) / i ** 0.5)
+    out = {"w13_weight": p13, "w13_weight_scale": s13, "w2_weight": p2, "w2_weight_scale": s2}
+    if biases:
+        out["w13_bias"] = torch.randn(E, 2 * i, generator=g) * 0.5
+        out["w2_bias"] = torch.randn(E, h, generator=g) * 0.2
+    return {n: t.to(DEV) for n, t in out.items()}
+
+
+def _layers(name: str, config: KernelConfig, seed: int = 3):
+    shape, act, k, biases = GEOMETRIES[name]
+    original = _experts(shape, biases, seed)
+    ex = TritonMxfp4Experts(shape, E, k, max_tokens=4, device=DEV, config=config, activation=act)
+    full = {n: t.clone() for n, t in original.items()}
+    ex.to_kernel_layout(full)
+    perm = torch.randperm(E, generator=torch.Generator().manual_seed(7)).tolist()
+    cold, hot = sorted(perm[:COLD]), perm[COLD:]
+    unsplit = build_unsplit_layer({n: t.clone() for n, t in full.items()}, layer_index=0)
+    split = rehome_layer(dict(full), hot, cold, layer_index=0, hot_alloc=device_allocator(DEV),
+                         cold_alloc=pinned_view_allocator(DEV))
+    return ex, split, unsplit, build_unsplit_layer(original, layer_index=0), hot, cold
+
+
+def _config(name: str, **fields) -> KernelConfig:
+    return config_for_shape(GEOMETRIES[name][0], KernelConfig(**fields))
+
+
+class _LaunchCount:
+    """Counts the grid launches of one Triton kernel (and launches it)."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.calls = kernel, 0
+
+    def __getitem__(self, grid):
+        self.calls += 1
+        return self.kernel[grid]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _rows(hot: list[int], cold: list[int], k: int) -> list[list[int]]:
+    return [hot[:k], cold[:k], hot[:k // 2] + cold[:k - k // 2]]
+
+
+@pytest.mark.parametrize("name", list(GEOMETRIES))
+def test_default_t1_launches_the_warp_mma_kernels(name: str, monkeypatch) -> None:
+    w13 = _LaunchCount(kernels_t1.w13_t1_kernel)
+    w2 = _LaunchCount(kernels_t1.w2_t1_kernel)
+    monkeypatch.setattr(kernels_t1, "w13_t1_kernel", w13)
+    monkeypatch.setattr(kernels_t1, "w2_t1_kernel", w2)
+    ex, split, _, _, hot, cold = _layers(name, _config(name))
+    k = ex.top_k
+    assert ex._t1_groups is not None and "T1-warp-mma" in ex.config.describe()
+    x = torch.randn(2, ex.shape.hidden, device=DEV).bfloat16()
+    w = torch.softmax(torch.randn(2, k, device=DEV), -1)
+    ids = torch.tensor([hot[:k], cold[:k]], device=DEV)
+    ex.forward(split, x[:1], w[:1], ids[:1])
+    assert (w13.calls, w2.calls) == (1, 1)
+    ex.forward(split, x, w, ids)                       # T = 2: the tl.dot small-step schedule
+    assert (w13.calls, w2.calls) == (1, 1)
+    off, split_off, _, _, _, _ = _layers(name, _config(name, t1_warp_mma=False))
+    assert off._t1_groups is None
+    off.forward(split_off, x[:1], w[:1], ids[:1])
+    assert (w13.calls, w2.calls) == (1, 1)
+
+
+# (w13 warpgroups, w2 warpgroups, chains): 0 warpgroups = that launch through tl.dot
+SCHEDULES = [(1, 1, 1), (2, 2, 2), (4, 2, 4), (2, 0, 2), (0, 2, 1)]
+
+
+@pytest.mark.parametrize("groups", SCHEDULES, ids=lambda g: "g{}-{}c{}".format(*g))
+@pytest.mark.parametrize("name", list(GEOMETRIES))
+def test_split_equals_unsplit_and_matches_reference(name: str, groups: tuple[int, int, int]) -> None:
+    cfg = _config(name, t1_warpgroups1=groups[0], t1_warpgroups2=groups[1], t1_chains1=groups[2],
+                  t1_chains2=groups[2])
+    ex, split, unsplit, reference, hot, cold = _layers(name, cfg)
+    dot = TritonMxfp4Experts(ex.shape, E, ex.top_k, max_tokens=4, device=DEV,
+                             config=_config(name, t1_warp_mma=False), activation=ex.activation)
+    assert ex._t1_groups is not None and dot._t1_groups is None
+    per_pick = gptoss_mxfp4_per_pick() if ex.activation == "swigluoai" else mxfp4_swiglu_per_pick()
+    gen = torch.Generator(device=DEV).manual_seed(17)
+    k = ex.top_k
+    for row in _rows(hot, cold, k):
+        ids = torch.tensor([row], device=DEV)
+        w = torch.softmax(torch.randn(1, k, generator=gen, device=DEV), -1)
+        x = torch.randn(1, ex.shape.hidden, generator=gen, device=DEV).bfloat16()
+        out = ex.forward(split, x, w, ids).clone()
+        picks = ex.workspace.pick_out[:k].clone()
+        assert torch.equal(out, ex.forward(unsplit, x, w, ids))
+        assert torch.equal(picks, ex.workspace.pick_out[:k])
+        ref = residency_forward(reference, x, w, ids, per_pick, pick_dtype=torch.bfloat16)
+        via_dot = dot.forward(split, x, w, ids)
+        rel, rel_dot = _rel(out, ref), _rel(out, via_dot)
+        print(f"\n[{name} {groups}] row {row}: warp-MMA vs torch reference {rel:.2e}, vs tl.dot T=1 {rel_dot:.2e}")
+        assert torch.isfinite(out.float()).all()
+        assert rel <= REL_TOL and rel_dot <= REL_TOL
+
+
+@pytest.mark.parametrize("name", ["dsv41", "gptoss"])
+def test_counter_mask_and_skipped_picks(name: str) -> None:
+    ex, split, unsplit, _, hot, cold = _layers(name, _config(name))
+    dot = TritonMxfp4Experts(ex.shape, E, ex.top_k, max_tokens=4, device=DEV,
+                             config=_config(name, t1_warp_mma=False, fuse_finalize=False),
+                             activation=ex.activation)
+    k = ex.top_k
+    counter = ExpertCounter([0], E, device=DEV)
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    x = torch.randn(1, ex.shape.hidden, generator=gen, device=DEV).bfloat16()
+    w = torch.softmax(torch.randn(1, k, generator=gen, device=DEV), -1)
+    row = hot[:k - 2] + [-1, E]                      # two skipped picks (another rank's, out of range)
+    ids = torch.tensor([row], device=DEV)
+    ex.workspace.pick_out.fill_(float("nan"))
+    out = ex.forward(split, x, w, ids, counter=counter).clone()
+    expect = torch.zeros(E, dtype=torch.int64, device=DEV)
+    expect[torch.tensor(hot[:k - 2], device=DEV)] += 1
+    assert torch.equal(counter.counts[0], expect) and int(counter.tokens[0]) == 1
+    assert torch.equal(out, ex.forward(unsplit, x, w, ids))
+    # skipped picks add fma(0, 0, acc): the core's fma finalize over the computed rows with the
+    # skipped ones (NaN in the workspace) and their weights zeroed, bit for bit
+    rows = ex.workspace.pick_out[:k].view(1, k, ex.shape.hidden).clone()
+    routed = (ids >= 0) & (ids < E)
+    expect_out = core_finalize(torch.where(routed.unsqueeze(-1), rows, torch.zeros_like(rows)),
+                               torch.where(routed, w, torch.zeros_like(w)), torch.bfloat16)
+    assert torch.equal(out, expect_out)
+    # the computed rows are right: the tl.dot T=1 kernels and the separate finalize with ids
+    assert _rel(out, dot.finalize(dot.pick_outputs(split, x, ids), w, topk_ids=ids)) <= REL_TOL
+    assert not torch.isnan(out).any()
+    masked = ex.forward(split, x, w, torch.tensor([cold[:k]], device=DEV), counter=counter,
+                        token_mask=torch.zeros(1, dtype=torch.int32, device=DEV))
+    assert torch.equal(counter.counts[0], expect) and int(counter.tokens[0]) == 1   # nothing counted
+    assert torch.isfinite(masked.float()).all()
+
+
+def test_graph_replay_equals_eager_with_counter() -> None:
+    name = "dsv41"
+    built = [_layers(name, _config(name), seed=s) for s in (1, 2, 3)]
+    ex = built[0][0]
+    k, h = ex.top_k, ex.shape.hidden
+    counter = ExpertCounter([0, 1, 2], E, device=DEV)
+    outs = [torch.empty(1, h, dtype=torch.bfloat16, device=DEV) for _ in built]
+    gen = torch.Generator(device=DEV).manual_seed(9)
+
+    def step(x, w, ids):
+        for i, layer in enumerate(built):
+            ex.forward(layer[1], x[i], w[i], ids[i], counter=counter, out=outs[i])
+        return torch.stack(outs)
+
+    def routing():
+        ids = torch.stack([torch.randperm(E, generator=gen, device=DEV)[:k].view(1, k) for _ in built])
+        w = torch.softmax(torch.randn(len(built), 1, k, generator=gen, device=DEV), -1)
+        return torch.randn(len(built), 1, h, generator=gen, device=DEV).bfloat16(), w, ids
+
+    graph = CapturedStep(step, *routing())
+    counter.reset()
+    recount = torch.zeros(len(built), E, dtype=torch.int64, device=DEV)
+    for _ in range(3):
+        x, w, ids = routing()
+        replayed = graph.replay(x, w, ids).clone()
+        eager = torch.stack([ex.forward(layer[2], x[i], w[i], ids[i]) for i, layer in enumerate(built)])
+        assert torch.equal(replayed, eager)
+        for i in range(len(built)):
+            recount[i] += torch.bincount(ids[i].flatten(), minlength=E)
+    assert torch.equal(counter.counts, recount)
+    assert counter.tokens.tolist() == [3] * len(built)

@@ -5,7 +5,7 @@ with HBM at small batch).
 
     PYTHONPATH=runtime python3 bench/kernel_sass.py [--dequant 3] [--block-n1 64] [--block-k1 128]
         [--block-n2 128] [--block-k2 128] [--num-stages 4] [--split-k1 N] [--split-k2 N] [--one-token]
-        [--fuse-finalize] [--pdl] [--stream-k1 P] [--stream-k2 P] [--dump DIR]
+        [--fuse-finalize] [--pdl] [--stream-k1 P] [--stream-k2 P] [--warp-mma G1/G2 --chains C] [--dump DIR]
 
 Uses whatever Triton is importable (the H200 image has 3.6.0; install the same version into a
 scratch directory, e.g. ``pip install --target /tmp/t36 triton==3.6.0`` and put it first on
@@ -31,7 +31,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from expert_residency.gpu import kernels  # noqa: E402
+from expert_residency.gpu import kernels, kernels_t1  # noqa: E402
 
 W13_ARGS = [("x_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("hot_s_ptr", "*u8"),
             ("cold_w_ptr", "*u8"), ("cold_s_ptr", "*u8"), ("sorted_pick_ptr", "*i32"), ("slot_start_ptr", "*i32"),
@@ -57,6 +57,16 @@ W2_STREAM_ARGS = [("act_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u
                   ("ticket_ptr", "*i32"), ("E", "i32"), ("hot_b_ptr", "*fp32"), ("cold_b_ptr", "*fp32"),
                   ("b_expert_stride", "i64"), ("weights_ptr", "*fp32"), ("out_ptr", "*bf16"),
                   ("fin_ticket_ptr", "*i32")]
+W13_T1_ARGS = [("x_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("hot_s_ptr", "*u8"),
+               ("cold_w_ptr", "*u8"), ("cold_s_ptr", "*u8"), ("act_ptr", "*bf16"), ("counts_ptr", "*i64"),
+               ("tokens_ptr", "*i64"), ("w_expert_stride", "i64"), ("s_expert_stride", "i64"),
+               ("ids_ptr", "*i64"), ("token_mask_ptr", "*i32"), ("E", "i32"), ("hot_b_ptr", "*fp32"),
+               ("cold_b_ptr", "*fp32"), ("b_expert_stride", "i64")]
+W2_T1_ARGS = [("act_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("hot_s_ptr", "*u8"),
+              ("cold_w_ptr", "*u8"), ("cold_s_ptr", "*u8"), ("y_ptr", "*bf16"), ("w_expert_stride", "i64"),
+              ("s_expert_stride", "i64"), ("ids_ptr", "*i64"), ("token_mask_ptr", "*i32"), ("E", "i32"),
+              ("hot_b_ptr", "*fp32"), ("cold_b_ptr", "*fp32"), ("b_expert_stride", "i64"),
+              ("weights_ptr", "*fp32"), ("out_ptr", "*bf16"), ("fin_ticket_ptr", "*i32")]
 _ADDR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(\S.*)")
 
 
@@ -134,6 +144,9 @@ def main() -> int:
     ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch (griddepcontrol)")
     ap.add_argument("--stream-k1", type=int, default=0, help="T=1 stream-K w13 on this many programs")
     ap.add_argument("--stream-k2", type=int, default=0, help="T=1 stream-K w2 on this many programs")
+    ap.add_argument("--warp-mma", type=str, default=None, metavar="G1/G2",
+                    help="the T=1 warp-MMA kernels (gpu.kernels_t1) with G1 / G2 warpgroups per program")
+    ap.add_argument("--chains", type=int, default=1, help="with --warp-mma: accumulator chains per warp")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200, 80: A100)")
     ap.add_argument("--dump", type=Path, default=None, help="write SASS and TTGIR here")
     a = ap.parse_args()
@@ -165,6 +178,19 @@ def main() -> int:
                             a.num_warps, a.num_stages)
         report("w2-streamK", w2, a.block_n2 * a.block_k2 // threads, a.dump)
     if a.stream_k1 or a.stream_k2:
+        return 0
+    if a.warp_mma:
+        g1, g2 = (int(v) for v in a.warp_mma.split("/"))
+        w13 = compile_kernel(kernels_t1.w13_t1_kernel, W13_T1_ARGS,
+                             dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BK=a.block_k1, KSPLIT=g1,
+                                  CHAINS=a.chains, COUNT=True, SWIGLU_LIMIT=0.0, HAS_BIAS=False, ACT=0, ALPHA=1.0,
+                                  HAS_TOKEN_MASK=False, PDL=a.pdl), 4 * g1, 1)
+        report("w13-warp-mma", w13, 4 * 2 * 32, a.dump)  # per loop iteration: four half-steps of gate and up
+        w2 = compile_kernel(kernels_t1.w2_t1_kernel, W2_T1_ARGS,
+                            dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BN=a.block_n2, BK=a.block_k2, KSPLIT=g2,
+                                 CHAINS=a.chains, HAS_TOKEN_MASK=False, HAS_BIAS=False,
+                                 FUSE_FINALIZE=a.fuse_finalize, PDL=a.pdl), 4 * g2, 1)
+        report("w2-warp-mma", w2, 4 * (a.block_n2 // 64) * 32, a.dump)  # four half-steps of each rep
         return 0
     w13 = compile_kernel(kernels.w13_swiglu_kernel, W13_ARGS,
                          dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BM=a.block_m, BN=a.block_n1, BK=a.block_k1,

@@ -223,6 +223,14 @@ _MASK_SIGNS: tl.constexpr = tl.constexpr(0x80008000 - (1 << 32))
 
 
 @triton.jit
+def _bf16x2_scale(s):
+    """ue8m0 scale byte(s) ``s`` (int32) -> bf16x2 of ``2^(s-1)`` in both lanes (exponent field
+    ``s + 126``): the decode's multiplier, the E2M1 exponent bias folded in (``gpu.layout`` refuses
+    scales above 128, whose multiplier would overflow)."""
+    return s * 0x00800080 + 0x3F003F00
+
+
+@triton.jit
 def _mma_lane_value(p, scale):
     """The value the PTX's bf16 lane ``p`` (sign bit 15, exponent bits 8..7, mantissa bit 6) has
     after the multiply, from its bit fields (the interpreter flushes bf16 subnormals)."""
@@ -274,7 +282,7 @@ def _load_mma_tile(w_tile, s_tile, BN: tl.constexpr, BK: tl.constexpr):
         r0 = tl.reshape(tl.join(tl.join(l00, l10), tl.join(l01, l11)), (ROWS, 16))
         r1 = tl.reshape(tl.join(tl.join(l20, l30), tl.join(l21, l31)), (ROWS, 16))
     else:
-        mult = sc * 0x00800080 + 0x3F003F00  # bf16x2 of 2^(s-1): exponent field s + 126, both lanes
+        mult = _bf16x2_scale(sc)
         mult = tl.reshape(mult, (ROWS, 2, 1, 2, 1))  # (b0, c, h, e)
         mult = tl.reshape(tl.broadcast_to(mult, (ROWS, 2, 2, 2, 2)), (ROWS, 16))
         if cuda_capability_geq(9):

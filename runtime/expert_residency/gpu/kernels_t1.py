@@ -36,8 +36,8 @@ import triton
 import triton.language as tl
 from triton.language.target_info import cuda_capability_geq
 
-from .kernels import (_expert_base, _finalize_rows, _glu, _last_of_split, _one_token_pick, _pdl_enter,
-                      word_decode_ptx)
+from .kernels import (_bf16x2_scale, _expert_base, _finalize_rows, _glu, _last_of_split, _one_token_pick,
+                      _pdl_enter, word_decode_ptx)
 
 # Words (16 bytes) per thread and K half-step, threads per warpgroup, and the layout's blocks:
 # one (row-rep, half-step) block is 128 threads x 16 bytes of words = 512 int32, and 128 scale
@@ -123,8 +123,8 @@ def _mma_half(c0, c1, c2, c3, words, scale_word, b0, b1, j, CHAINS: tl.constexpr
     bytes ``(b0, h)``; word ``j = (b0, c)`` takes byte ``(b0, 0)`` for rows g and ``(b0, 1)`` for
     rows g + 8, as bf16x2 ``2^(s-1)`` (``gpu.kernels``: the E2M1 bias folded into the scale)."""
     shift = (j // 2) * 16
-    m_lo = ((scale_word >> shift) & 0xFF) * 0x00800080 + 0x3F003F00
-    m_hi = ((scale_word >> (shift + 8)) & 0xFF) * 0x00800080 + 0x3F003F00
+    m_lo = _bf16x2_scale((scale_word >> shift) & 0xFF)
+    m_hi = _bf16x2_scale((scale_word >> (shift + 8)) & 0xFF)
     return _row_mma(words, m_lo, m_hi, b0, b1, c0, c1, c2, c3, CHAINS)
 
 

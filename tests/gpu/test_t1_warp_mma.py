@@ -16,7 +16,10 @@ Claims and how each can fail:
 * the counter counts exactly the computed picks (masked token: nothing; ids -1 and >= E: not
   counted, and they add ``fma(0, 0, acc)``: the output == the core's fma finalize over the
   computed rows with the skipped ones zeroed, bit for bit, though their workspace rows are NaN);
-* a CUDA graph of three layers at T = 1 replayed with new routing == eager, counter == recount.
+* a CUDA graph of three layers at T = 1 replayed with new routing == eager, counter == recount;
+* the L2 prefetch and loop knobs (``t1_l2_ahead*``, ``t1_w2_to_l2``, ``t1_unroll*``) change no bit: the same outputs and
+  per-pick rows as the default config (``torch.equal``), split == unsplit, at every geometry, and
+  the launches really take them (the kernels' ``AHEAD`` / ``W2_TO_L2`` / ``UNROLL`` arguments).
 """
 
 from __future__ import annotations
@@ -230,3 +233,52 @@ def test_graph_replay_equals_eager_with_counter() -> None:
             recount[i] += torch.bincount(ids[i].flatten(), minlength=E)
     assert torch.equal(counter.counts, recount)
     assert counter.tokens.tolist() == [3] * len(built)
+
+
+PREFETCH = [dict(t1_l2_ahead1=8, t1_l2_ahead2=8), dict(t1_w2_to_l2=1),
+            dict(t1_w2_to_l2=2, t1_l2_ahead1=6, t1_l2_ahead2=12), dict(t1_unroll1=4, t1_unroll2=4),
+            dict(t1_unroll1=16, t1_unroll2=12, t1_w2_to_l2=1), dict(t1_act_mma_order=True),
+            dict(t1_act_mma_order=True, t1_unroll1=4, t1_unroll2=4)]
+
+
+class _LaunchArgs(_LaunchCount):
+    """Records the keyword arguments of each launch (and launches it)."""
+
+    def __getitem__(self, grid):
+        launch = super().__getitem__(grid)
+
+        def run(*args, **kwargs):
+            self.kwargs = kwargs
+            return launch(*args, **kwargs)
+        return run
+
+
+@pytest.mark.parametrize("fields", PREFETCH, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
+@pytest.mark.parametrize("name", list(GEOMETRIES))
+def test_prefetch_and_unroll_change_no_bit(name: str, fields: dict, monkeypatch) -> None:
+    base, split0, _, _, hot, cold = _layers(name, _config(name))
+    ex, split, unsplit, _, _, _ = _layers(name, _config(name, **fields))
+    w13 = _LaunchArgs(kernels_t1.w13_t1_kernel)
+    w2 = _LaunchArgs(kernels_t1.w2_t1_kernel)
+    monkeypatch.setattr(kernels_t1, "w13_t1_kernel", w13)
+    monkeypatch.setattr(kernels_t1, "w2_t1_kernel", w2)
+    gen = torch.Generator(device=DEV).manual_seed(23)
+    k = ex.top_k
+    for row in _rows(hot, cold, k):
+        ids = torch.tensor([row], device=DEV)
+        w = torch.softmax(torch.randn(1, k, generator=gen, device=DEV), -1)
+        x = torch.randn(1, ex.shape.hidden, generator=gen, device=DEV).bfloat16()
+        expect = base.forward(split0, x, w, ids).clone()
+        expect_picks = base.workspace.pick_out[:k].clone()
+        out = ex.forward(split, x, w, ids).clone()
+        assert w13.kwargs["AHEAD"] == fields.get("t1_l2_ahead1", 0)
+        assert w13.kwargs.get("W2_TO_L2", 0) == fields.get("t1_w2_to_l2", 0)
+        assert w2.kwargs["AHEAD"] == fields.get("t1_l2_ahead2", 0)
+        assert (w13.kwargs["UNROLL"], w2.kwargs["UNROLL"]) == (fields.get("t1_unroll1", KernelConfig.t1_unroll1),
+                                                               fields.get("t1_unroll2", KernelConfig.t1_unroll2))
+        order = fields.get("t1_act_mma_order", False)
+        assert (w13.kwargs["ACT_MMA_ORDER"], w2.kwargs["X_MMA_ORDER"]) == (order, order)
+        assert w2.kwargs["EVICT_FIRST"] == bool(fields.get("t1_w2_to_l2", 0))
+        assert torch.equal(out, expect)
+        assert torch.equal(ex.workspace.pick_out[:k], expect_picks)
+        assert torch.equal(out, ex.forward(unsplit, x, w, ids))

@@ -5,9 +5,8 @@ with HBM at small batch).
 
     PYTHONPATH=runtime python3 bench/kernel_sass.py [--dequant 3] [--block-n1 64] [--block-k1 128]
         [--block-n2 128] [--block-k2 128] [--num-stages 4] [--split-k1 N] [--split-k2 N] [--one-token]
-        [--fuse-finalize] [--pdl] [--stream-k1 P] [--stream-k2 P] [--warp-mma G1/G2 --chains C [--unroll U1/U2] [--act-order] [--l2-ahead A1/A2]
-        [--w2-to-l2 M]]
-        [--dump DIR]
+        [--fuse-finalize] [--pdl] [--stream-k1 P] [--stream-k2 P]
+        [--warp-mma G1/G2 --chains C [--unroll U1/U2]] [--dump DIR]
 
 Uses whatever Triton is importable (the H200 image has 3.6.0; install the same version into a
 scratch directory, e.g. ``pip install --target /tmp/t36 triton==3.6.0`` and put it first on
@@ -64,8 +63,6 @@ W13_T1_ARGS = [("x_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), 
                ("tokens_ptr", "*i64"), ("w_expert_stride", "i64"), ("s_expert_stride", "i64"),
                ("ids_ptr", "*i64"), ("token_mask_ptr", "*i32"), ("E", "i32"), ("hot_b_ptr", "*fp32"),
                ("cold_b_ptr", "*fp32"), ("b_expert_stride", "i64")]
-W13_T1_W2_ARGS = [("hot_w2_ptr", "*u8"), ("hot_s2_ptr", "*u8"), ("cold_w2_ptr", "*u8"), ("cold_s2_ptr", "*u8"),
-                  ("w2_expert_stride", "i64"), ("s2_expert_stride", "i64")]
 W2_T1_ARGS = [("act_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("hot_s_ptr", "*u8"),
               ("cold_w_ptr", "*u8"), ("cold_s_ptr", "*u8"), ("y_ptr", "*bf16"), ("w_expert_stride", "i64"),
               ("s_expert_stride", "i64"), ("ids_ptr", "*i64"), ("token_mask_ptr", "*i32"), ("E", "i32"),
@@ -151,14 +148,8 @@ def main() -> int:
     ap.add_argument("--warp-mma", type=str, default=None, metavar="G1/G2",
                     help="the T=1 warp-MMA kernels (gpu.kernels_t1) with G1 / G2 warpgroups per program")
     ap.add_argument("--chains", type=int, default=1, help="with --warp-mma: accumulator chains per warp")
-    ap.add_argument("--l2-ahead", type=str, default="0/0", metavar="A1/A2",
-                    help="with --warp-mma: L2 prefetch distance of w13 / w2 (half-steps of a warpgroup)")
-    ap.add_argument("--unroll", type=str, default="4/4", metavar="U1/U2",
+    ap.add_argument("--unroll", type=str, default="8/8", metavar="U1/U2",
                     help="with --warp-mma: K half-steps per loop trip of w13 / w2")
-    ap.add_argument("--act-order", action="store_true",
-                    help="with --warp-mma: w13 stores, w2 loads the activation in fragment order")
-    ap.add_argument("--w2-to-l2", type=int, default=0,
-                    help="with --warp-mma: w13 prefetches the pick's w2 into L2 (1; 2: evict_last)")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200, 80: A100)")
     ap.add_argument("--dump", type=Path, default=None, help="write SASS and TTGIR here")
     a = ap.parse_args()
@@ -193,20 +184,16 @@ def main() -> int:
         return 0
     if a.warp_mma:
         g1, g2 = (int(v) for v in a.warp_mma.split("/"))
-        ahead1, ahead2 = (int(v) for v in a.l2_ahead.split("/"))
         unroll1, unroll2 = (int(v) for v in a.unroll.split("/"))
-        w13 = compile_kernel(kernels_t1.w13_t1_kernel, W13_T1_ARGS + (W13_T1_W2_ARGS if a.w2_to_l2 else []),
+        w13 = compile_kernel(kernels_t1.w13_t1_kernel, W13_T1_ARGS,
                              dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BK=a.block_k1, KSPLIT=g1,
                                   CHAINS=a.chains, COUNT=True, SWIGLU_LIMIT=0.0, HAS_BIAS=False, ACT=0, ALPHA=1.0,
-                                  HAS_TOKEN_MASK=False, PDL=a.pdl, AHEAD=ahead1, W2_TO_L2=a.w2_to_l2,
-                                  UNROLL=unroll1, ACT_MMA_ORDER=a.act_order), 4 * g1, 1)
+                                  HAS_TOKEN_MASK=False, PDL=a.pdl, UNROLL=unroll1), 4 * g1, 1)
         report("w13-warp-mma", w13, unroll1 * 2 * 32, a.dump)  # per loop trip: its half-steps of gate and up
         w2 = compile_kernel(kernels_t1.w2_t1_kernel, W2_T1_ARGS,
                             dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BN=a.block_n2, BK=a.block_k2, KSPLIT=g2,
                                  CHAINS=a.chains, HAS_TOKEN_MASK=False, HAS_BIAS=False,
-                                 FUSE_FINALIZE=a.fuse_finalize, PDL=a.pdl, AHEAD=ahead2,
-                                 EVICT_FIRST=bool(a.w2_to_l2), UNROLL=unroll2, X_MMA_ORDER=a.act_order),
-                            4 * g2, 1)
+                                 FUSE_FINALIZE=a.fuse_finalize, PDL=a.pdl, UNROLL=unroll2), 4 * g2, 1)
         report("w2-warp-mma", w2, unroll2 * (a.block_n2 // 64) * 32, a.dump)  # the trip's half-steps of each rep
         return 0
     w13 = compile_kernel(kernels.w13_swiglu_kernel, W13_ARGS,

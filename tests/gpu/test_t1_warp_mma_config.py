@@ -12,9 +12,7 @@ Claims and how each can fail:
 * the generated PTX has, per 32-bit word, the layout's decode (``kernels.word_decode_ptx``, the
   same text the tl.dot path uses) and one ``mma.sync.m16n8k16`` accumulating into chain ``word %
   chains``; its operand numbers match the constraint string (PTX: A 4, B 2, C/D 4 registers);
-* the L2 prefetch knobs are checked by name, and the prefetch PTX is one predicated
-  ``prefetch.global.L2`` of the first pointer of a pack (four 64-bit pointers, four flags) with
-  the eviction priority asked for.
+* the loop trip length (``t1_unroll*``) is checked by name and shown by ``describe``.
 """
 
 from __future__ import annotations
@@ -58,27 +56,15 @@ def test_chains_are_checked() -> None:
         t1_warpgroups(DSV41, KernelConfig(t1_chains2=3))
 
 
-@pytest.mark.parametrize("fields, message", [(dict(t1_l2_ahead1=-1), "t1_l2_ahead1 -1"),
-                                             (dict(t1_l2_ahead2=65), "t1_l2_ahead2 65"),
-                                             (dict(t1_w2_to_l2=3), "t1_w2_to_l2 3")])
-def test_prefetch_knobs_are_checked(fields: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        t1_warpgroups(DSV41, KernelConfig(**fields))
+@pytest.mark.parametrize("name, value", [("t1_unroll1", 6), ("t1_unroll2", 0), ("t1_unroll1", 24)])
+def test_loop_trip_length_is_checked(name: str, value: int) -> None:
+    with pytest.raises(ValueError, match=f"{name} {value} is not 4, 8, 12, 16 or 20"):
+        t1_warpgroups(DSV41, KernelConfig(**{name: value}))
 
 
-def test_prefetch_knobs_are_described() -> None:
-    assert "L2-ahead" not in KernelConfig().describe() and "w2-to-L2" not in KernelConfig().describe()
-    text = KernelConfig(t1_l2_ahead1=8, t1_l2_ahead2=4, t1_w2_to_l2=2).describe()
-    assert "L2-ahead8/4" in text and "w2-to-L2-evict-last" in text
-
-
-@pytest.mark.parametrize("policy", ["", "::evict_last"])
-def test_prefetch_ptx_is_one_predicated_l2_prefetch(policy: str) -> None:
-    asm = kernels_t1._prefetch_asm(policy)
-    assert kernels_t1._PREFETCH_CONSTRAINTS.value == ",".join(["=r"] * 4 + ["l"] * 4 + ["r"] * 4)
-    assert re.findall(r"prefetch\S*", asm) == [f"prefetch.global.L2{policy}"]
-    assert "setp.ne.b32 p, $8, 0;" in asm and f"@p prefetch.global.L2{policy} [$4];" in asm
-    assert sorted(re.findall(r"mov\.b32 (\$\d)", asm)) == ["$0", "$1", "$2", "$3"]   # outputs only
+def test_loop_trip_length_is_described() -> None:
+    assert "unroll8/8" in KernelConfig().describe()
+    assert "unroll4/12" in KernelConfig(t1_unroll1=4, t1_unroll2=12).describe()
 
 
 def test_not_on_cpu_or_under_the_interpreter(monkeypatch) -> None:

@@ -107,29 +107,18 @@ class KernelConfig:
     # the tile's 64-value half-steps; 0: that launch through tl.dot); each warp accumulates in
     # t1_chains* independent MMA chains (1, 2 or 4; 4 needs 128+ registers, which leaves w2 one
     # program per SM). Under TRITON_INTERPRET=1 the tl.dot schedule runs. H200, 13-layer T=1
-    # step, all experts in HBM: 45.2 us per layer against 51.4 through tl.dot (BENCHMARKS.md).
+    # step, all experts in HBM: 42.9 us per layer against 51.7 through tl.dot (BENCHMARKS.md).
     t1_warp_mma: bool = True
     t1_warpgroups1: int = 2
     t1_warpgroups2: int = 2
     t1_chains1: int = 2
     t1_chains2: int = 2
-    # T = 1 warp-MMA L2 prefetch (changes no value, only when bytes arrive): each warpgroup of the
-    # w13 / w2 launch prefetches its weights this many K half-steps ahead, beyond the four held in
-    # registers (0: off); t1_w2_to_l2 = 1 (2: at evict_last priority): each w13 program also
-    # prefetches its share of its pick's w2 weights and scales into L2, and both launches read
-    # their own weights evict_first (each line is read once).
     # T = 1 warp-MMA: K half-steps per loop trip of the w13 / w2 launch (a multiple of 4). Each
     # trip waits once for the weights the previous one loaded last (ptxas issues those after the
-    # trip's last MMA), so longer trips wait less often, for longer code.
+    # trip's last MMA), so longer trips wait less often, for longer code: on the H200 8 beats 4
+    # (42.9 vs 45.1 us per all-HBM T=1 layer), 12 and 16 are slower (47.4, 55.8; BENCHMARKS.md).
     t1_unroll1: int = 8
     t1_unroll2: int = 8
-    # T = 1 with both launches warp-MMA: w13 stores the activation rows in the MMA fragment order
-    # of w2's input (``kernels_t1._fragment_order``), so w2 loads each half-step's input with two
-    # 128-bit loads per thread instead of eight 32-bit ones.
-    t1_act_mma_order: bool = False
-    t1_l2_ahead1: int = 0
-    t1_l2_ahead2: int = 0
-    t1_w2_to_l2: int = 0
 
     def describe(self) -> str:
         kind = {0: "int-dequant", 1: "dot_scaled", 2: "prmt-dequant", 3: "mma-order"}.get(
@@ -151,12 +140,6 @@ class KernelConfig:
                 text += (f" T1-warp-mma{self.t1_warpgroups1}/{self.t1_warpgroups2}"
                          f"x{self.t1_chains1}/{self.t1_chains2}")
                 text += f" unroll{self.t1_unroll1}/{self.t1_unroll2}"
-                if self.t1_act_mma_order:
-                    text += " act-fragment-order"
-                if self.t1_l2_ahead1 or self.t1_l2_ahead2:
-                    text += f" L2-ahead{self.t1_l2_ahead1}/{self.t1_l2_ahead2}"
-                if self.t1_w2_to_l2:
-                    text += " w2-to-L2" + ("-evict-last" if self.t1_w2_to_l2 == 2 else "")
         if self.pdl:
             text += " pdl"
         return text
@@ -310,11 +293,6 @@ def t1_warpgroups(shape: ExpertShape, config: KernelConfig) -> "tuple[int, int] 
     for name in ("t1_unroll1", "t1_unroll2"):
         if getattr(config, name) not in (4, 8, 12, 16, 20):
             raise ValueError(f"{name} {getattr(config, name)} is not 4, 8, 12, 16 or 20 half-steps per trip")
-    for name in ("t1_l2_ahead1", "t1_l2_ahead2"):
-        if not 0 <= getattr(config, name) <= 64:
-            raise ValueError(f"{name} {getattr(config, name)} is not a half-step distance in 0..64")
-    if config.t1_w2_to_l2 not in (0, 1, 2):
-        raise ValueError(f"t1_w2_to_l2 {config.t1_w2_to_l2} is not 0 (off), 1 or 2 (evict_last)")
     if not (config.t1_warp_mma and config.one_token and is_mma_order(config)
             and config.block_n1 == 64 and config.block_n2 in (64, 128)
             and not (config.stream_k1 or config.stream_k2) and effective_splits(shape, config) == (1, 1)):
@@ -503,17 +481,6 @@ class TritonMxfp4Experts:
     def _pdl_args(self) -> dict:
         return dict(PDL=True, launch_pdl=True) if self._pdl else {}
 
-    @staticmethod
-    def _w2_to_l2_args(cfg: KernelConfig, hot: ExpertBank, cold: ExpertBank) -> dict:
-        """The T = 1 w13 launch's w2 prefetch (``KernelConfig.t1_w2_to_l2``): both banks' w2
-        weights and scales, which it addresses through the row map as the w2 launch will."""
-        if not cfg.t1_w2_to_l2:
-            return {}
-        w2, s2 = hot[W2], hot[W2 + SCALE_SUFFIX]
-        return dict(W2_TO_L2=cfg.t1_w2_to_l2, hot_w2_ptr=w2, hot_s2_ptr=s2, cold_w2_ptr=cold[W2],
-                    cold_s2_ptr=cold[W2 + SCALE_SUFFIX], w2_expert_stride=w2.stride(0),
-                    s2_expert_stride=s2.stride(0))
-
     def _run(self, x: torch.Tensor, ids: torch.Tensor, codes: torch.Tensor, hot: ExpertBank,
              cold: ExpertBank, *, token_mask: torch.Tensor | None, counts: torch.Tensor | None,
              tokens: torch.Tensor | None,
@@ -584,9 +551,7 @@ class TritonMxfp4Experts:
                 b13[0], b13[1], b13[0].stride(0) if has_bias else 0,
                 H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BK=cfg.block_k1, KSPLIT=g1,
                 COUNT=count_in_kernel, CHAINS=cfg.t1_chains1,
-                HAS_TOKEN_MASK=token_mask is not None, AHEAD=cfg.t1_l2_ahead1, UNROLL=cfg.t1_unroll1,
-                ACT_MMA_ORDER=bool(g2 and cfg.t1_act_mma_order),
-                **self._w2_to_l2_args(cfg, hot, cold),
+                HAS_TOKEN_MASK=token_mask is not None, UNROLL=cfg.t1_unroll1,
                 **act_args, num_warps=4 * g1, num_stages=1, **self._pdl_args())
         elif stream1:
             kernels.w13_stream_kernel[(stream1,)](
@@ -620,8 +585,7 @@ class TritonMxfp4Experts:
                 b2[0], b2[1], b2[0].stride(0) if has_bias else 0, **self._fused_finalize_args(fin, ws),
                 H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BN=cfg.block_n2, BK=cfg.block_k2,
                 KSPLIT=g2, CHAINS=cfg.t1_chains2, HAS_TOKEN_MASK=token_mask is not None,
-                HAS_BIAS=has_bias, AHEAD=cfg.t1_l2_ahead2, EVICT_FIRST=bool(g1 and cfg.t1_w2_to_l2),
-                UNROLL=cfg.t1_unroll2, X_MMA_ORDER=bool(g1 and cfg.t1_act_mma_order),
+                HAS_BIAS=has_bias, UNROLL=cfg.t1_unroll2,
                 num_warps=4 * g2, num_stages=1, **self._pdl_args())
         elif stream2:
             kernels.w2_stream_kernel[(stream2,)](

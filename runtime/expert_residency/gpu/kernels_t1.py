@@ -84,32 +84,6 @@ _ROW_MMA2_CONSTRAINTS: tl.constexpr = tl.constexpr(_constraints(2))
 _ROW_MMA4_CONSTRAINTS: tl.constexpr = tl.constexpr(_constraints(4))
 
 
-def _prefetch_asm(policy: str) -> str:
-    """``prefetch.global.L2`` of the line holding the first of the thread's four pointers, where
-    the first of its four flags is non-zero (``pack = 4``; the outputs are unused). No register
-    waits for it: the bytes are in flight without holding a register (``policy``: an L2 eviction
-    priority qualifier, e.g. ``::evict_last``)."""
-    return ("{\n.reg .pred p;\nsetp.ne.b32 p, $8, 0;\n"
-            f"@p prefetch.global.L2{policy} [$4];\n"
-            "mov.b32 $0, 0;\nmov.b32 $1, 0;\nmov.b32 $2, 0;\nmov.b32 $3, 0;\n}")
-
-
-_PREFETCH: tl.constexpr = tl.constexpr(_prefetch_asm(""))
-_PREFETCH_LAST: tl.constexpr = tl.constexpr(_prefetch_asm("::evict_last"))
-_PREFETCH_CONSTRAINTS: tl.constexpr = tl.constexpr("=r,=r,=r,=r,l,l,l,l,r,r,r,r")
-
-
-@triton.jit
-def _prefetch_l2(ptrs, flags, EVICT_LAST: tl.constexpr = False):
-    """``_prefetch_asm`` over ``[N, 4]`` pointers (one per thread: its first) and int32 flags."""
-    if EVICT_LAST:
-        tl.inline_asm_elementwise(_PREFETCH_LAST, _PREFETCH_CONSTRAINTS, [ptrs, flags], dtype=tl.int32,
-                                  is_pure=False, pack=4)
-    else:
-        tl.inline_asm_elementwise(_PREFETCH, _PREFETCH_CONSTRAINTS, [ptrs, flags], dtype=tl.int32,
-                                  is_pure=False, pack=4)
-
-
 @triton.jit
 def _row_mma(words, m_lo, m_hi, b0, b1, c0, c1, c2, c3, CHAINS: tl.constexpr):
     """``_row_mma_asm`` on the accumulator chains ``c0 ..`` (the first ``CHAINS`` are used)."""
@@ -156,59 +130,21 @@ def _mma_half(c0, c1, c2, c3, words, scale_word, b0, b1, j, CHAINS: tl.constexpr
 
 @triton.jit
 def _fetch(w_base, s_base, h, a_w, b_w, a_s, b_s, w_off, s_off, BH: tl.constexpr, STEP_W: tl.constexpr,
-           STEP_S: tl.constexpr, TWO: tl.constexpr, EVICT_FIRST: tl.constexpr = False):
+           STEP_S: tl.constexpr, TWO: tl.constexpr):
     """Weights of half-step ``h`` (K step ``h // BH``, half ``h % BH``; per thread): stream A's
     (and with ``TWO`` stream B's) words and scale word. ``a_*`` / ``b_*``: the streams' first
-    block, in int32 units. ``EVICT_FIRST``: the lines leave L2 first (each is read once), so
-    what a prefetch put there for later stays."""
+    block, in int32 units."""
     w_at = (h // BH) * STEP_W + (h % BH) * _BLOCK_WORDS + w_off
     s_at = (h // BH) * STEP_S + (h % BH) * _BLOCK_SCALE_WORDS + s_off
-    if EVICT_FIRST:
-        wa = tl.load(w_base + a_w + w_at, eviction_policy="evict_first")
-        sa = tl.load(s_base + a_s + s_at, eviction_policy="evict_first")
-    else:
-        wa = tl.load(w_base + a_w + w_at)
-        sa = tl.load(s_base + a_s + s_at)
+    wa = tl.load(w_base + a_w + w_at)
+    sa = tl.load(s_base + a_s + s_at)
     if TWO:
-        if EVICT_FIRST:
-            wb = tl.load(w_base + b_w + w_at, eviction_policy="evict_first")
-            sb = tl.load(s_base + b_s + s_at, eviction_policy="evict_first")
-        else:
-            wb = tl.load(w_base + b_w + w_at)
-            sb = tl.load(s_base + b_s + s_at)
+        wb = tl.load(w_base + b_w + w_at)
+        sb = tl.load(s_base + b_s + s_at)
     else:
         wb = wa
         sb = sa
     return wa, sa, wb, sb
-
-
-@triton.jit
-def _prefetch_step(i, w_base, s_base, a_w, b_w, a_s, b_s, w_off, s_off, w_flag, s_flag, row, side_w, side_s,
-                   side_nw, side_ns, BH: tl.constexpr, STEP_W: tl.constexpr, STEP_S: tl.constexpr,
-                   KSPLIT: tl.constexpr, TWO: tl.constexpr, LAST: tl.constexpr, AHEAD: tl.constexpr,
-                   SIDE_LINES: tl.constexpr, SIDE_PER_ITER: tl.constexpr, SIDE_EVICT_LAST: tl.constexpr):
-    """L2 prefetches at iteration ``i`` of a warpgroup (``row``: the thread's row of the ``[N, 4]``
-    tensors): with ``AHEAD``, the lines of its own half-step ``i + AHEAD`` (one lane per 128-byte
-    line: ``w_flag`` / ``s_flag``) beyond the four half-steps in registers; with ``SIDE_LINES``,
-    ``SIDE_PER_ITER`` lines (one per thread) of the side region: line ``l`` of ``side_nw`` at
-    ``side_w``, then of ``side_ns`` at ``side_s``. A prefetch changes no value, only when bytes
-    arrive."""
-    if AHEAD > 0:
-        h = (i + AHEAD) * KSPLIT + (row // 128)
-        on = (i + AHEAD <= LAST).to(tl.int32)
-        w_at = (h // BH) * STEP_W + (h % BH) * _BLOCK_WORDS + w_off
-        s_at = (h // BH) * STEP_S + (h % BH) * _BLOCK_SCALE_WORDS + s_off
-        _prefetch_l2(w_base + a_w + w_at, w_flag * on)
-        _prefetch_l2(s_base + a_s + s_at, s_flag * on)
-        if TWO:
-            _prefetch_l2(w_base + b_w + w_at, w_flag * on)
-            _prefetch_l2(s_base + b_s + s_at, s_flag * on)
-    if SIDE_LINES > 0:
-        line = i * SIDE_PER_ITER + row
-        first = (row < SIDE_PER_ITER) & (tl.arange(0, 4)[None, :] == 0)
-        _prefetch_l2(side_w + line * 32, (first & (line < side_nw)).to(tl.int32), SIDE_EVICT_LAST)
-        _prefetch_l2(side_s + (line - side_nw) * 32,
-                     (first & (line >= side_nw) & (line < side_nw + side_ns)).to(tl.int32), SIDE_EVICT_LAST)
 
 
 @triton.jit
@@ -229,19 +165,14 @@ def _step(a0, a1, a2, a3, b0, b1, b2, b3, wa, sa, wb, sb, x_pairs, h, x_off, j, 
 @triton.jit
 def _warp_mma_rows(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES: tl.constexpr, BH: tl.constexpr,
                    STEP_W: tl.constexpr, STEP_S: tl.constexpr, KSPLIT: tl.constexpr, TWO: tl.constexpr,
-                   CHAINS: tl.constexpr, PDL_AFTER_PROLOGUE: tl.constexpr = False, EVICT_FIRST: tl.constexpr = False,
-                   AHEAD: tl.constexpr = 0, side_w=None, side_s=None, side_nw=0, side_ns=0,
-                   SIDE_LINES: tl.constexpr = 0, SIDE_EVICT_LAST: tl.constexpr = False,
-                   UNROLL: tl.constexpr = 4, X_MMA_ORDER: tl.constexpr = False):
+                   CHAINS: tl.constexpr, PDL_AFTER_PROLOGUE: tl.constexpr = False, UNROLL: tl.constexpr = 8):
     """fp32 fragments ``[128, 4]`` (thread ``t`` of the tile's warpgroup, accumulator element
     ``j``: row ``16 * (t // 32) + (t % 32) // 4 + 8 * (j // 2)`` of the rep, the token in every
     column) of stream A (and B) times the input row over ``HALVES`` K half-steps, the
     warpgroups' partial sums added in group order. ``PDL_AFTER_PROLOGUE``: ``_pdl_enter`` after
     the first four half-steps' weight loads are issued (they then overlap the previous kernel's
     tail; only for weights that no in-flight kernel writes) and before the input row is read.
-    L2 prefetches (``_prefetch_step``; they change no value): ``AHEAD`` half-steps of the
-    warpgroup beyond the register ring; ``SIDE_LINES`` (at most): the 128-byte lines of a side
-    region, ``side_nw`` from ``side_w`` then ``side_ns`` from ``side_s``, spread over the loop."""
+    ``UNROLL``: half-steps per loop trip (a multiple of 4)."""
     N: tl.constexpr = 128 * KSPLIT
     tid = tl.arange(0, N)[:, None]
     j = tl.arange(0, 4)[None, :]
@@ -250,35 +181,27 @@ def _warp_mma_rows(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES: tl.const
     lane = t % 32
     w_off = t * 4 + j                          # the thread's 16 bytes of a block
     s_off = (t // 32) * 8 + lane // 4          # its rows' 4 scale bytes (b0, h)
-    if X_MMA_ORDER:                            # the input in fragment order (``_fragment_order``)
-        x_off = 8 * (lane % 4) + j             # b0 of words 0..3: 16 contiguous bytes (b1: +4 pairs)
-    else:
-        x_off = 8 * j + lane % 4               # pair 2q.. of word j's k16 chunk (b1: +4 pairs)
+    x_off = 8 * j + lane % 4                   # pair 2q.. of word j's k16 chunk (b1: +4 pairs)
     ITERS: tl.constexpr = HALVES // KSPLIT     # this warpgroup's half-steps: i * KSPLIT + grp
     LAST: tl.constexpr = ITERS - 1
     a0 = tl.zeros((N, 4), dtype=tl.float32)
     a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
-    w_flag = ((lane % 8) == 0) & (j == 0)      # one lane per 128-byte line of a warp's 512 bytes
-    s_flag = (t == 0) & (j == 0)               # a warpgroup's 128 scale bytes: one line
-    w_flag = w_flag.to(tl.int32)
-    s_flag = s_flag.to(tl.int32)
-    PF_ITERS: tl.constexpr = max(ITERS - ITERS % UNROLL, 1)   # the loop's half-steps (prefetch runs there)
-    SIDE_PER_ITER: tl.constexpr = (SIDE_LINES + PF_ITERS - 1) // PF_ITERS
     # Four half-steps of weights in flight (sets 0..3, a ring): each set is refilled right after
-    # its MMAs with the half-step four ahead, so the loop (unrolled by four) moves no registers.
+    # its MMAs with the half-step four ahead, so the loop (unrolled by a multiple of four) moves no
+    # registers.
     # Past the end the last half-step is fetched again (in bounds, unused).
-    w0a, s0a, w0b, s0b = _fetch(w_base, s_base, grp, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W, STEP_S, TWO, EVICT_FIRST)
+    w0a, s0a, w0b, s0b = _fetch(w_base, s_base, grp, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W, STEP_S, TWO)
     w1a, s1a, w1b, s1b = _fetch(w_base, s_base, tl.minimum(1, LAST) * KSPLIT + grp, a_w, b_w, a_s, b_s, w_off,
-                                s_off, BH, STEP_W, STEP_S, TWO, EVICT_FIRST)
+                                s_off, BH, STEP_W, STEP_S, TWO)
     w2a, s2a, w2b, s2b = _fetch(w_base, s_base, tl.minimum(2, LAST) * KSPLIT + grp, a_w, b_w, a_s, b_s, w_off,
-                                s_off, BH, STEP_W, STEP_S, TWO, EVICT_FIRST)
+                                s_off, BH, STEP_W, STEP_S, TWO)
     w3a, s3a, w3b, s3b = _fetch(w_base, s_base, tl.minimum(3, LAST) * KSPLIT + grp, a_w, b_w, a_s, b_s, w_off,
-                                s_off, BH, STEP_W, STEP_S, TWO, EVICT_FIRST)
+                                s_off, BH, STEP_W, STEP_S, TWO)
     _pdl_enter(PDL_AFTER_PROLOGUE)
-    # The loop runs UNROLL half-steps per trip. ptxas schedules a trip's refills that the next
-    # trip consumes (loop-carried) after the trip's last MMA, so each trip starts by waiting for
-    # them; the refills consumed later in the same trip it issues early. A longer trip makes that
-    # wait rarer. Set s % 4 holds half-step s; after its MMAs it is refilled with half-step s + 4.
+    # UNROLL half-steps per loop trip. ptxas issues the refills that the next trip consumes
+    # (loop-carried) after the trip's last MMA, so each trip starts by waiting for them; the
+    # refills consumed later in the same trip it issues early. Longer trips make that wait rarer.
+    # Set s % 4 holds half-step s; after its MMAs it is refilled with half-step s + 4.
     for i in range(0, ITERS - (UNROLL - 1), UNROLL):
         for s in tl.static_range(UNROLL):
             h = (i + s) * KSPLIT + grp
@@ -287,54 +210,51 @@ def _warp_mma_rows(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES: tl.const
                 a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w0a, s0a, w0b, s0b,
                                                        x_pairs, h, x_off, j, BH, TWO, CHAINS)
                 w0a, s0a, w0b, s0b = _fetch(w_base, s_base, nxt, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W,
-                                            STEP_S, TWO, EVICT_FIRST)
+                                            STEP_S, TWO)
             elif s % 4 == 1:
                 a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w1a, s1a, w1b, s1b,
                                                        x_pairs, h, x_off, j, BH, TWO, CHAINS)
                 w1a, s1a, w1b, s1b = _fetch(w_base, s_base, nxt, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W,
-                                            STEP_S, TWO, EVICT_FIRST)
+                                            STEP_S, TWO)
             elif s % 4 == 2:
                 a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w2a, s2a, w2b, s2b,
                                                        x_pairs, h, x_off, j, BH, TWO, CHAINS)
                 w2a, s2a, w2b, s2b = _fetch(w_base, s_base, nxt, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W,
-                                            STEP_S, TWO, EVICT_FIRST)
+                                            STEP_S, TWO)
             else:
                 a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w3a, s3a, w3b, s3b,
                                                        x_pairs, h, x_off, j, BH, TWO, CHAINS)
                 w3a, s3a, w3b, s3b = _fetch(w_base, s_base, nxt, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W,
-                                            STEP_S, TWO, EVICT_FIRST)
-            _prefetch_step(i + s, w_base, s_base, a_w, b_w, a_s, b_s, w_off, s_off, w_flag, s_flag, tid, side_w,
-                           side_s, side_nw, side_ns, BH, STEP_W, STEP_S, KSPLIT, TWO, LAST, AHEAD, SIDE_LINES,
-                           SIDE_PER_ITER, SIDE_EVICT_LAST)
-    # The last ITERS % UNROLL half-steps, straight-line: the first four sit in the sets already.
+                                            STEP_S, TWO)
+    # The last ITERS % UNROLL half-steps, straight-line; the first four sit in the sets already.
     REST: tl.constexpr = ITERS % UNROLL
     for s in tl.static_range(REST):
         h = (ITERS - REST + s) * KSPLIT + grp
         nxt = (ITERS - REST + s + 4) * KSPLIT + grp
         if s % 4 == 0:
-            a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w0a, s0a, w0b, s0b, x_pairs,
-                                                   h, x_off, j, BH, TWO, CHAINS)
+            a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w0a, s0a, w0b, s0b,
+                                                   x_pairs, h, x_off, j, BH, TWO, CHAINS)
             if s + 4 < REST:
                 w0a, s0a, w0b, s0b = _fetch(w_base, s_base, nxt, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W,
-                                            STEP_S, TWO, EVICT_FIRST)
+                                            STEP_S, TWO)
         elif s % 4 == 1:
-            a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w1a, s1a, w1b, s1b, x_pairs,
-                                                   h, x_off, j, BH, TWO, CHAINS)
+            a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w1a, s1a, w1b, s1b,
+                                                   x_pairs, h, x_off, j, BH, TWO, CHAINS)
             if s + 4 < REST:
                 w1a, s1a, w1b, s1b = _fetch(w_base, s_base, nxt, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W,
-                                            STEP_S, TWO, EVICT_FIRST)
+                                            STEP_S, TWO)
         elif s % 4 == 2:
-            a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w2a, s2a, w2b, s2b, x_pairs,
-                                                   h, x_off, j, BH, TWO, CHAINS)
+            a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w2a, s2a, w2b, s2b,
+                                                   x_pairs, h, x_off, j, BH, TWO, CHAINS)
             if s + 4 < REST:
                 w2a, s2a, w2b, s2b = _fetch(w_base, s_base, nxt, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W,
-                                            STEP_S, TWO, EVICT_FIRST)
+                                            STEP_S, TWO)
         else:
-            a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w3a, s3a, w3b, s3b, x_pairs,
-                                                   h, x_off, j, BH, TWO, CHAINS)
+            a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w3a, s3a, w3b, s3b,
+                                                   x_pairs, h, x_off, j, BH, TWO, CHAINS)
             if s + 4 < REST:
                 w3a, s3a, w3b, s3b = _fetch(w_base, s_base, nxt, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W,
-                                            STEP_S, TWO, EVICT_FIRST)
+                                            STEP_S, TWO)
     return _finish(a0, a1, a2, a3, b0, b1, b2, b3, KSPLIT, CHAINS)
 
 
@@ -361,17 +281,6 @@ def _chain_sum(c0, c1, c2, c3, CHAINS: tl.constexpr):
 
 
 @triton.jit
-def _fragment_order(r):
-    """Where element ``r`` of a reduction-length bf16 vector goes in fragment order: within each
-    64-value half-step, bf16 pair ``o = 8 j + 4 t + q`` (word ``j``'s B register ``t`` of quad lane
-    ``q``) moves to pair ``8 q + 4 t + j``, so that each lane's B registers of a half-step are two
-    runs of 16 contiguous bytes (two 128-bit loads instead of eight 32-bit ones)."""
-    pair = r // 2
-    o = pair % 32
-    return (pair - o + (o % 4) * 8 + ((o // 4) % 2) * 4 + o // 8) * 2 + r % 2
-
-
-@triton.jit
 def _fragment_rows():
     """Row within a 64-row rep of each ``[128, 4]`` fragment element, and the elements stored
     (lane q = 0, even j: each row once)."""
@@ -389,21 +298,10 @@ def w13_t1_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr
                   KSPLIT: tl.constexpr, COUNT: tl.constexpr, CHAINS: tl.constexpr = 1,
                   HAS_TOKEN_MASK: tl.constexpr = False,
                   SWIGLU_LIMIT: tl.constexpr = 0.0, HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0,
-                  ALPHA: tl.constexpr = 1.0, PDL: tl.constexpr = False, AHEAD: tl.constexpr = 0,
-                  W2_TO_L2: tl.constexpr = 0, UNROLL: tl.constexpr = 4, ACT_MMA_ORDER: tl.constexpr = False,
-                  hot_w2_ptr=None, hot_s2_ptr=None, cold_w2_ptr=None, cold_s2_ptr=None, w2_expert_stride=0,
-                  s2_expert_stride=0):
+                  ALPHA: tl.constexpr = 1.0, PDL: tl.constexpr = False, UNROLL: tl.constexpr = 8):
     """``act[p, rows] = bf16(glu(gate . x, up . x))`` for 64 rows ``64 * program_id(0) + ...`` of
     pick ``p = program_id(1)`` (``w13_swiglu_kernel`` with ``ONE_TOKEN``, BN = 64, same
-    counter/mask/bias/activation semantics).
-
-    ``AHEAD``: L2 prefetch of the program's own weights that many half-steps of a warpgroup ahead.
-    ``W2_TO_L2`` (1; 2: at ``evict_last`` priority): the program also prefetches into L2 its
-    share (1 / ``INTER // 64``) of the pick's w2 weights and scales (``*2_ptr``), which the next
-    launch reads, and reads its own lines ``evict_first``: the w2 bytes arrive while this launch
-    waits on its own, and only the order bytes arrive in changes. ``ACT_MMA_ORDER``: the
-    activation row is stored in fragment order (``_fragment_order``), for the warp-MMA w2
-    launch."""
+    counter/mask/bias/activation semantics)."""
     _pdl_enter(PDL)
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
@@ -421,26 +319,9 @@ def w13_t1_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr
     STEP_W: tl.constexpr = 64 * BK // 8        # int32 per 64 x BK tile (BN * BK / 2 bytes)
     STEP_S: tl.constexpr = 64 * BK // 128
     up = INTER // 64 + pid_n                   # the up rows' tile row, after all gate tiles
-    if W2_TO_L2:
-        # this program's share of the pick's w2: 128-byte lines of weights, then of scales
-        W2_LINES: tl.constexpr = H * INTER // 256
-        S2_LINES: tl.constexpr = (H * INTER // 32 + 127) // 128
-        SHARE_W: tl.constexpr = (W2_LINES + INTER // 64 - 1) // (INTER // 64)
-        SHARE_S: tl.constexpr = (S2_LINES + INTER // 64 - 1) // (INTER // 64)
-        side_w = _expert_base(codes_ptr, expert, hot_w2_ptr, cold_w2_ptr, w2_expert_stride).to(i32)
-        side_s = _expert_base(codes_ptr, expert, hot_s2_ptr, cold_s2_ptr, s2_expert_stride).to(i32)
-        side_w += pid_n * SHARE_W * 32
-        side_s += pid_n * SHARE_S * 32
-        side_nw = tl.minimum(SHARE_W, W2_LINES - pid_n * SHARE_W)
-        side_ns = tl.minimum(SHARE_S, S2_LINES - pid_n * SHARE_S)
-        acc_g, acc_u = _warp_mma_rows(x_ptr.to(i32), w_base, s_base, pid_n * NK * STEP_W, up * NK * STEP_W,
-                                      pid_n * NK * STEP_S, up * NK * STEP_S, NK * (BK // 64), BK // 64,
-                                      STEP_W, STEP_S, KSPLIT, True, CHAINS, False, True, AHEAD, side_w, side_s,
-                                      side_nw, side_ns, SHARE_W + SHARE_S, W2_TO_L2 == 2, UNROLL)
-    else:
-        acc_g, acc_u = _warp_mma_rows(x_ptr.to(i32), w_base, s_base, pid_n * NK * STEP_W, up * NK * STEP_W,
-                                      pid_n * NK * STEP_S, up * NK * STEP_S, NK * (BK // 64), BK // 64,
-                                      STEP_W, STEP_S, KSPLIT, True, CHAINS, False, False, AHEAD, UNROLL=UNROLL)
+    acc_g, acc_u = _warp_mma_rows(x_ptr.to(i32), w_base, s_base, pid_n * NK * STEP_W, up * NK * STEP_W,
+                                  pid_n * NK * STEP_S, up * NK * STEP_S, NK * (BK // 64), BK // 64,
+                                  STEP_W, STEP_S, KSPLIT, True, CHAINS, UNROLL=UNROLL)
     rows, keep = _fragment_rows()
     rows += pid_n * 64
     if HAS_BIAS:
@@ -448,8 +329,6 @@ def w13_t1_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr
         acc_g += tl.load(b_base + rows).to(tl.float32)
         acc_u += tl.load(b_base + INTER + rows).to(tl.float32)
     act = _glu(acc_g, acc_u, SWIGLU_LIMIT, ACT, ALPHA)
-    if ACT_MMA_ORDER:
-        rows = _fragment_order(rows)
     tl.store(act_ptr + slot * INTER + rows, act.to(tl.bfloat16), mask=keep)
 
 
@@ -461,8 +340,7 @@ def w2_t1_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_pt
                  BK: tl.constexpr, KSPLIT: tl.constexpr, CHAINS: tl.constexpr = 1,
                  HAS_TOKEN_MASK: tl.constexpr = False,
                  HAS_BIAS: tl.constexpr = False, FUSE_FINALIZE: tl.constexpr = False,
-                 PDL: tl.constexpr = False, AHEAD: tl.constexpr = 0, EVICT_FIRST: tl.constexpr = False,
-                 UNROLL: tl.constexpr = 4, X_MMA_ORDER: tl.constexpr = False):
+                 PDL: tl.constexpr = False, UNROLL: tl.constexpr = 8):
     """``y[p, rows] = bf16(w2_rows . act_p (+ b2))`` for the ``BN`` (64 or 128) rows of row tile
     ``program_id(0)`` of pick ``p = program_id(1)``; ``FUSE_FINALIZE``: as ``w2_kernel``'s — every
     program of a row tile (skipped picks included) takes a ticket after its store, the last adds
@@ -471,10 +349,7 @@ def w2_t1_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_pt
     ``PDL``: the routing, the row map and the weights are not written by the w13 launch this one
     follows (ids and mask were complete before w13 passed its own wait, which precedes the launch
     of this one), so a computed pick issues its first weight loads before it waits (``_pdl_enter``)
-    for w13's activation rows; a skipped one waits first. ``AHEAD``: L2 prefetch of the
-    program's weights that many half-steps of a warpgroup ahead; ``EVICT_FIRST``: its weight
-    lines leave L2 first (each is read once; set when w13 prefetched them). ``X_MMA_ORDER``: the
-    activation rows are in fragment order (w13's ``ACT_MMA_ORDER``)."""
+    for w13's activation rows; a skipped one waits first."""
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
     expert, ok = _one_token_pick(ids_ptr, token_mask_ptr, ids_ptr, slot, E, False, TOP_K, HAS_TOKEN_MASK,
@@ -497,8 +372,7 @@ def w2_t1_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_pt
         # rep 1 of a 128-row tile: the blocks after rep 0's BH blocks of each K step
         acc0, acc1 = _warp_mma_rows(act_ptr.to(i32) + slot * (INTER // 2), w_base, s_base, a_w,
                                     a_w + BH * _BLOCK_WORDS, a_s, a_s + BH * _BLOCK_SCALE_WORDS, NK * BH, BH,
-                                    STEP_W, STEP_S, KSPLIT, BN == 128, CHAINS, PDL, EVICT_FIRST, AHEAD,
-                                    UNROLL=UNROLL, X_MMA_ORDER=X_MMA_ORDER)
+                                    STEP_W, STEP_S, KSPLIT, BN == 128, CHAINS, PDL, UNROLL)
         rows, keep = _fragment_rows()
         rows += pid_n * BN
         if HAS_BIAS:

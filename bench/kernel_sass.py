@@ -123,6 +123,16 @@ def report(name: str, kernel, weights_per_iter: int, dump: Path | None) -> dict:
            "mix": dict(ops.most_common(12))}
     print(f"{name}: {out['regs']} registers, K loop {len(body)} instructions for {weights_per_iter} weights per "
           f"thread = {out['instructions_per_weight']:.2f} per weight; {out['mix']}")
+    wide = [i for i, t in enumerate(body) if re.search(r"\bLDG\S*\.128\b", t)]
+    mma = [i for i, t in enumerate(body) if re.search(r"\bHMMA\b", t)]
+    if mma and wide:
+        # The warp-MMA loops load into registers, so where ptxas puts a load decides how much work
+        # hides its latency: one issued behind all but a few of the trip's MMAs feeds the next
+        # trip, which starts by waiting for it.
+        after = sorted(sum(m > i for m in mma) for i in wide)
+        out["mmas_after_each_wide_load"] = after
+        print(f"  the loop's {len(mma)} MMAs: how many follow each of its {len(wide)} 128-bit loads: {after} "
+              "(few: the next trip starts by waiting for that load)")
     return out
 
 

@@ -111,6 +111,15 @@ def _rows(hot: list[int], cold: list[int], k: int) -> list[list[int]]:
     return [hot[:k], cold[:k], hot[:k // 2] + cold[:k - k // 2]]
 
 
+def _tokens(hot: list[int], cold: list[int], ex: TritonMxfp4Experts, seed: int):
+    """(ids, router weights, x) of one token per row of ``_rows``: all hot, all cold, straddling."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    for row in _rows(hot, cold, ex.top_k):
+        w = torch.softmax(torch.randn(1, ex.top_k, generator=gen, device=DEV), -1)
+        yield torch.tensor([row], device=DEV), w, torch.randn(1, ex.shape.hidden, generator=gen,
+                                                               device=DEV).bfloat16()
+
+
 @pytest.mark.parametrize("name", list(GEOMETRIES))
 def test_default_t1_launches_the_warp_mma_kernels(name: str, monkeypatch) -> None:
     w13 = _LaunchCount(kernels_t1.w13_t1_kernel)
@@ -147,12 +156,8 @@ def test_split_equals_unsplit_and_matches_reference(name: str, groups: tuple[int
                              config=_config(name, t1_warp_mma=False), activation=ex.activation)
     assert ex._t1_groups is not None and dot._t1_groups is None
     per_pick = gptoss_mxfp4_per_pick() if ex.activation == "swigluoai" else mxfp4_swiglu_per_pick()
-    gen = torch.Generator(device=DEV).manual_seed(17)
     k = ex.top_k
-    for row in _rows(hot, cold, k):
-        ids = torch.tensor([row], device=DEV)
-        w = torch.softmax(torch.randn(1, k, generator=gen, device=DEV), -1)
-        x = torch.randn(1, ex.shape.hidden, generator=gen, device=DEV).bfloat16()
+    for ids, w, x in _tokens(hot, cold, ex, 17):
         out = ex.forward(split, x, w, ids).clone()
         picks = ex.workspace.pick_out[:k].clone()
         assert torch.equal(out, ex.forward(unsplit, x, w, ids))
@@ -160,7 +165,8 @@ def test_split_equals_unsplit_and_matches_reference(name: str, groups: tuple[int
         ref = residency_forward(reference, x, w, ids, per_pick, pick_dtype=torch.bfloat16)
         via_dot = dot.forward(split, x, w, ids)
         rel, rel_dot = _rel(out, ref), _rel(out, via_dot)
-        print(f"\n[{name} {groups}] row {row}: warp-MMA vs torch reference {rel:.2e}, vs tl.dot T=1 {rel_dot:.2e}")
+        print(f"\n[{name} {groups}] row {ids.tolist()[0]}: warp-MMA vs torch reference {rel:.2e}, "
+              f"vs tl.dot T=1 {rel_dot:.2e}")
         assert torch.isfinite(out.float()).all()
         assert rel <= REL_TOL and rel_dot <= REL_TOL
 
@@ -263,12 +269,8 @@ def test_loop_trip_length_changes_no_bit(name: str, unroll: tuple[int, int], mon
     w2 = _LaunchArgs(kernels_t1.w2_t1_kernel)
     monkeypatch.setattr(kernels_t1, "w13_t1_kernel", w13)
     monkeypatch.setattr(kernels_t1, "w2_t1_kernel", w2)
-    gen = torch.Generator(device=DEV).manual_seed(23)
     k = ex.top_k
-    for row in _rows(hot, cold, k):
-        ids = torch.tensor([row], device=DEV)
-        w = torch.softmax(torch.randn(1, k, generator=gen, device=DEV), -1)
-        x = torch.randn(1, ex.shape.hidden, generator=gen, device=DEV).bfloat16()
+    for ids, w, x in _tokens(hot, cold, ex, 23):
         expect = base.forward(split0, x, w, ids).clone()
         assert (w13.kwargs["UNROLL"], w2.kwargs["UNROLL"]) == (KernelConfig.t1_unroll1, KernelConfig.t1_unroll2)
         expect_picks = base.workspace.pick_out[:k].clone()

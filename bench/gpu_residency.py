@@ -403,6 +403,7 @@ def run_tokens(tokens, steps, ex, cases, cold_sets, p, k, per_expert, hbm_bw, pi
     out["counter_added_us_per_step_sem"] = (statistics.stdev(paired) / math.sqrt(len(paired)) * 1e6
                                             if len(paired) > 1 else float("nan"))
     out["counter_pct_of_step"] = 100 * statistics.median(paired) / statistics.median(times["usage_aware"])
+    out["finalize_fused"] = ex._fuses_finalize(tokens)   # then the separate kernel is not on the path
     out["finalize_us_per_layer"] = statistics.median(times["finalize_only"]) / layers * 1e6
     out["finalize_pct_of_layer"] = 100 * statistics.median(times["finalize_only"]) / statistics.median(
         times["usage_aware"])
@@ -573,8 +574,12 @@ def targets(r: dict) -> list[str]:
     for tokens, res in per_t.items():
         out.append(f"{mark(res['counter_pct_of_step'] <= 0.5)} counter ≤ 0.5% of the step at T={tokens}: "
                    f"{res['counter_pct_of_step']:.2f}%")
-        out.append(f"{mark(res['finalize_pct_of_layer'] <= 3)} finalize ≤ 3% of the layer at T={tokens}: "
-                   f"{res['finalize_pct_of_layer']:.2f}%")
+        if res.get("finalize_fused"):
+            out.append(f"– finalize at T={tokens}: inside the w2 launch (the separate kernel, not launched "
+                       f"here, would be {res['finalize_pct_of_layer']:.2f}% of the layer)")
+        else:
+            out.append(f"{mark(res['finalize_pct_of_layer'] <= 3)} finalize ≤ 3% of the layer at T={tokens}: "
+                       f"{res['finalize_pct_of_layer']:.2f}%")
     return out
 
 

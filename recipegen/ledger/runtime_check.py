@@ -34,7 +34,8 @@ def runtime_violations(model: Model, machine: Machine, lane: Lane) -> list[Viola
         reason = ("expert parallelism with --data-parallel-size > 1: vLLM dispatches tokens between ranks "
                   "inside the MoE kernel the runtime replaces; run EP with --data-parallel-size 1")
     if reason is None:
-        return _backend_violations(model, machine, lane) or _padding_violations(model, machine, lane)
+        return _backend_violations(model, machine, lane) or (
+            _bank_kernel_violations(model, machine, lane) + _padding_violations(model, machine, lane))
     return [Violation(
         "runtime", f"the expert residency runtime would refuse this lane at boot: {reason}",
         "use placement: positional (vLLM's own --cpu-offload-gb, no runtime split), or a checkpoint "
@@ -52,6 +53,26 @@ def _backend_violations(model: Model, machine: Machine, lane: Lane) -> list[Viol
         message, _, fix = str(exc).partition(". What would work: ")
         return [Violation("runtime", message, fix or "placement: positional", lane=lane.name)]
     return []
+
+
+def _bank_kernel_violations(model: Model, machine: Machine, lane: Lane) -> list[Violation]:
+    """The bank kernel the runtime picks on this GPU (`expert_residency.blackwell.select`: by
+    compute capability, or the lane's EXPERT_RESIDENCY_BANK_KERNEL) cannot compute the experts'
+    activation: the plugin refuses the layer at load with the same words."""
+    from expert_residency.blackwell.select import activation_refusal
+
+    from recipegen.ledger.workspace import bank_kernel
+
+    kernel = bank_kernel(model, machine, lane)
+    act = model.activation.kind if model.activation else "silu"
+    reason = activation_refusal(kernel, act) if kernel else None
+    if reason is None:
+        return []
+    return [Violation(
+        "runtime", f"the expert residency runtime would refuse this lane at load: {reason} "
+        f"(compute capability {machine.gpus.compute_capability} picks {kernel})",
+        "set env EXPERT_RESIDENCY_BANK_KERNEL: triton on the lane (the runtime's Triton kernels), or "
+        "placement: positional (plain vLLM)", lane=lane.name)]
 
 
 def _padding_violations(model: Model, machine: Machine, lane: Lane) -> list[Violation]:

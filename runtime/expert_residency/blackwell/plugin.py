@@ -20,6 +20,7 @@ from .select import (
     TORCH_REFERENCE,
     TRITON_DOT_SCALED,
     BankKernelChoice,
+    activation_refusal,
     bank_kernel_from_env,
 )
 
@@ -43,9 +44,9 @@ def cuda_bank_experts(hidden: int, intermediate: int, num_experts: int, top_k: i
     clamp = "" if swiglu_limit is None else f", swiglu_limit={swiglu_limit:g}"
     if activation == "swigluoai":
         clamp = ", swigluoai alpha 1.702 limit 7 + biases"
-        if choice.kernel == FLASHINFER_TRTLLM:
-            raise ValueError("gpt-oss MXFP4 (swigluoai, biases): the FlashInfer TRT-LLM bank kernel "
-                             "is not wired for it; set EXPERT_RESIDENCY_BANK_KERNEL=triton")
+    refusal = activation_refusal(choice.kernel, activation)
+    if refusal is not None:
+        raise ValueError(refusal)
     if choice.kernel == FLASHINFER_TRTLLM:
         from .trtllm import TrtllmMxfp4Banks
 

@@ -103,6 +103,16 @@ def select_bank_kernel(capability: tuple[int, int] | None, requested: str = AUTO
     return BankKernelChoice(requested, cap, requested, f"requested by {ENV_VAR}")
 
 
+def activation_refusal(kernel: str, activation: str) -> str | None:
+    """Why the bank ``kernel`` cannot run MXFP4 experts with ``activation``, None when it can.
+    FlashInfer's TRT-LLM path is wired for SiLU (with its clamp) only, not for gpt-oss's
+    SwiGLU-OAI with biases, which the Triton kernels and the torch reference compute."""
+    if kernel == FLASHINFER_TRTLLM and activation == "swigluoai":
+        return (f"gpt-oss MXFP4 (swigluoai, biases): the FlashInfer TRT-LLM bank kernel is not wired "
+                f"for it; set {ENV_VAR}={TRITON}")
+    return None
+
+
 def bank_kernel_from_env(capability: tuple[int, int] | None,
                          environ: Mapping[str, str] | None = None) -> BankKernelChoice:
     """``select_bank_kernel(capability, requested_kernel(environ))``: what the runtime calls."""

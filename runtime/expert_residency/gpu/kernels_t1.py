@@ -163,6 +163,19 @@ def _step(a0, a1, a2, a3, b0, b1, b2, b3, wa, sa, wb, sb, x_pairs, h, x_off, j, 
 
 
 @triton.jit
+def _ring_step(a0, a1, a2, a3, b0, b1, b2, b3, wa, sa, wb, sb, x_pairs, h, x_off, j, nxt,
+               w_base, s_base, a_w, b_w, a_s, b_s, w_off, s_off, BH: tl.constexpr, STEP_W: tl.constexpr,
+               STEP_S: tl.constexpr, TWO: tl.constexpr, CHAINS: tl.constexpr, REFILL: tl.constexpr):
+    """One set of the ring: half-step ``h``'s MMAs on its weights (``_step``), then, with
+    ``REFILL``, the set refilled with half-step ``nxt``."""
+    a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, wa, sa, wb, sb, x_pairs, h, x_off, j,
+                                           BH, TWO, CHAINS)
+    if REFILL:
+        wa, sa, wb, sb = _fetch(w_base, s_base, nxt, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W, STEP_S, TWO)
+    return a0, a1, a2, a3, b0, b1, b2, b3, wa, sa, wb, sb
+
+
+@triton.jit
 def _warp_mma_rows(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES: tl.constexpr, BH: tl.constexpr,
                    STEP_W: tl.constexpr, STEP_S: tl.constexpr, KSPLIT: tl.constexpr, TWO: tl.constexpr,
                    CHAINS: tl.constexpr, PDL_AFTER_PROLOGUE: tl.constexpr = False, UNROLL: tl.constexpr = 8):
@@ -207,54 +220,42 @@ def _warp_mma_rows(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES: tl.const
             h = (i + s) * KSPLIT + grp
             nxt = tl.minimum(i + s + 4, LAST) * KSPLIT + grp
             if s % 4 == 0:
-                a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w0a, s0a, w0b, s0b,
-                                                       x_pairs, h, x_off, j, BH, TWO, CHAINS)
-                w0a, s0a, w0b, s0b = _fetch(w_base, s_base, nxt, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W,
-                                            STEP_S, TWO)
+                a0, a1, a2, a3, b0, b1, b2, b3, w0a, s0a, w0b, s0b = _ring_step(
+                    a0, a1, a2, a3, b0, b1, b2, b3, w0a, s0a, w0b, s0b, x_pairs, h, x_off, j, nxt,
+                    w_base, s_base, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W, STEP_S, TWO, CHAINS, True)
             elif s % 4 == 1:
-                a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w1a, s1a, w1b, s1b,
-                                                       x_pairs, h, x_off, j, BH, TWO, CHAINS)
-                w1a, s1a, w1b, s1b = _fetch(w_base, s_base, nxt, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W,
-                                            STEP_S, TWO)
+                a0, a1, a2, a3, b0, b1, b2, b3, w1a, s1a, w1b, s1b = _ring_step(
+                    a0, a1, a2, a3, b0, b1, b2, b3, w1a, s1a, w1b, s1b, x_pairs, h, x_off, j, nxt,
+                    w_base, s_base, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W, STEP_S, TWO, CHAINS, True)
             elif s % 4 == 2:
-                a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w2a, s2a, w2b, s2b,
-                                                       x_pairs, h, x_off, j, BH, TWO, CHAINS)
-                w2a, s2a, w2b, s2b = _fetch(w_base, s_base, nxt, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W,
-                                            STEP_S, TWO)
+                a0, a1, a2, a3, b0, b1, b2, b3, w2a, s2a, w2b, s2b = _ring_step(
+                    a0, a1, a2, a3, b0, b1, b2, b3, w2a, s2a, w2b, s2b, x_pairs, h, x_off, j, nxt,
+                    w_base, s_base, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W, STEP_S, TWO, CHAINS, True)
             else:
-                a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w3a, s3a, w3b, s3b,
-                                                       x_pairs, h, x_off, j, BH, TWO, CHAINS)
-                w3a, s3a, w3b, s3b = _fetch(w_base, s_base, nxt, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W,
-                                            STEP_S, TWO)
+                a0, a1, a2, a3, b0, b1, b2, b3, w3a, s3a, w3b, s3b = _ring_step(
+                    a0, a1, a2, a3, b0, b1, b2, b3, w3a, s3a, w3b, s3b, x_pairs, h, x_off, j, nxt,
+                    w_base, s_base, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W, STEP_S, TWO, CHAINS, True)
     # The last ITERS % UNROLL half-steps, straight-line; the first four sit in the sets already.
     REST: tl.constexpr = ITERS % UNROLL
     for s in tl.static_range(REST):
         h = (ITERS - REST + s) * KSPLIT + grp
         nxt = (ITERS - REST + s + 4) * KSPLIT + grp
         if s % 4 == 0:
-            a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w0a, s0a, w0b, s0b,
-                                                   x_pairs, h, x_off, j, BH, TWO, CHAINS)
-            if s + 4 < REST:
-                w0a, s0a, w0b, s0b = _fetch(w_base, s_base, nxt, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W,
-                                            STEP_S, TWO)
+            a0, a1, a2, a3, b0, b1, b2, b3, w0a, s0a, w0b, s0b = _ring_step(
+                a0, a1, a2, a3, b0, b1, b2, b3, w0a, s0a, w0b, s0b, x_pairs, h, x_off, j, nxt,
+                w_base, s_base, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W, STEP_S, TWO, CHAINS, s + 4 < REST)
         elif s % 4 == 1:
-            a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w1a, s1a, w1b, s1b,
-                                                   x_pairs, h, x_off, j, BH, TWO, CHAINS)
-            if s + 4 < REST:
-                w1a, s1a, w1b, s1b = _fetch(w_base, s_base, nxt, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W,
-                                            STEP_S, TWO)
+            a0, a1, a2, a3, b0, b1, b2, b3, w1a, s1a, w1b, s1b = _ring_step(
+                a0, a1, a2, a3, b0, b1, b2, b3, w1a, s1a, w1b, s1b, x_pairs, h, x_off, j, nxt,
+                w_base, s_base, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W, STEP_S, TWO, CHAINS, s + 4 < REST)
         elif s % 4 == 2:
-            a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w2a, s2a, w2b, s2b,
-                                                   x_pairs, h, x_off, j, BH, TWO, CHAINS)
-            if s + 4 < REST:
-                w2a, s2a, w2b, s2b = _fetch(w_base, s_base, nxt, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W,
-                                            STEP_S, TWO)
+            a0, a1, a2, a3, b0, b1, b2, b3, w2a, s2a, w2b, s2b = _ring_step(
+                a0, a1, a2, a3, b0, b1, b2, b3, w2a, s2a, w2b, s2b, x_pairs, h, x_off, j, nxt,
+                w_base, s_base, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W, STEP_S, TWO, CHAINS, s + 4 < REST)
         else:
-            a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, w3a, s3a, w3b, s3b,
-                                                   x_pairs, h, x_off, j, BH, TWO, CHAINS)
-            if s + 4 < REST:
-                w3a, s3a, w3b, s3b = _fetch(w_base, s_base, nxt, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W,
-                                            STEP_S, TWO)
+            a0, a1, a2, a3, b0, b1, b2, b3, w3a, s3a, w3b, s3b = _ring_step(
+                a0, a1, a2, a3, b0, b1, b2, b3, w3a, s3a, w3b, s3b, x_pairs, h, x_off, j, nxt,
+                w_base, s_base, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W, STEP_S, TWO, CHAINS, s + 4 < REST)
     return _finish(a0, a1, a2, a3, b0, b1, b2, b3, KSPLIT, CHAINS)
 
 

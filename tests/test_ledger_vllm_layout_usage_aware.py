@@ -48,8 +48,10 @@ def test_hand_figures_match_the_recipe_comment_and_the_catalog() -> None:
     assert "14,431,744 B" in (REPO / "recipes" / "gpt-oss-120b-l40s.yaml").read_text()
 
 
-def _lane(tmp_path: Path, catalog: str, extra_args: tuple[str, ...] = (), hot: int = HOT):
-    """gpt-oss-120b on one GPU of `catalog`, usage-aware with `hot` hot experts per layer."""
+def _lane(tmp_path: Path, catalog: str, extra_args: tuple[str, ...] = (), hot: int = HOT,
+          env: dict[str, str] | None = None):
+    """gpt-oss-120b on one GPU of `catalog`, usage-aware with `hot` hot experts per layer (and the
+    lane's `env` added)."""
     text = (REPO / "recipes" / "gpt-oss-120b-l40s.yaml").read_text()
     text = text.replace("catalog: l40s", f"catalog: {catalog}")
     recipe = tmp_path / f"gpt-oss-{catalog}.yaml"
@@ -57,7 +59,7 @@ def _lane(tmp_path: Path, catalog: str, extra_args: tuple[str, ...] = (), hot: i
     loaded = load_recipe(str(recipe))
     spec = loaded.recipe.lane("chat")
     spec = spec.model_copy(update={
-        "extra_args": [*spec.extra_args, *extra_args],
+        "extra_args": [*spec.extra_args, *extra_args], "env": {**spec.env, **(env or {})},
         "offload": spec.offload.model_copy(update={"placement": "usage-aware", "hot_experts_per_layer": hot})})
     machine = loaded.recipe.machines[spec.machine]
     return compute_lane(loaded.recipe.model, machine, spec, rowmap_hot=[hot] * LAYERS, rowmap_label="test"), machine
@@ -123,28 +125,15 @@ def test_usage_aware_gptoss_on_sm100_is_refused_like_the_runtime_refuses_it(tmp_
     assert any("FLASHINFER_TRTLLM_MXFP4_BF16" in m and "2880 -> 3072" in m for m in msgs), msgs
 
 
-def _with_env(lane_spec_tmp: Path, env: dict[str, str]):
-    """gpt-oss usage-aware on one GB200 with --moe-backend triton (no padding) and the lane `env`."""
-    text = (REPO / "recipes" / "gpt-oss-120b-l40s.yaml").read_text().replace("catalog: l40s", "catalog: gb200")
-    recipe = lane_spec_tmp / "gpt-oss-gb200.yaml"
-    recipe.write_text(text)
-    loaded = load_recipe(str(recipe))
-    spec = loaded.recipe.lane("chat")
-    spec = spec.model_copy(update={
-        "extra_args": [*spec.extra_args, "--moe-backend", "triton"], "env": {**spec.env, **env},
-        "offload": spec.offload.model_copy(update={"placement": "usage-aware", "hot_experts_per_layer": HOT})})
-    return compute_lane(loaded.recipe.model, loaded.recipe.machines[spec.machine], spec,
-                        rowmap_hot=[HOT] * LAYERS, rowmap_label="test")
-
-
 def test_usage_aware_gptoss_on_sm100_needs_the_triton_bank_kernel(tmp_path: Path) -> None:
     """Unpadded (--moe-backend triton), the SM100 family still picks FlashInfer's TRT-LLM bank
     kernel for the split (blackwell.select), which the plugin refuses for gpt-oss's SwiGLU-OAI at
     load (blackwell.plugin.cuda_bank_experts): check fails with the same words and the fix; with
     the lane's EXPERT_RESIDENCY_BANK_KERNEL=triton the runtime's Triton kernels run it."""
-    refused = [v for v in _with_env(tmp_path, {}).violations if v.kind == "runtime"]
+    triton = ("--moe-backend", "triton")   # no padding: only the bank kernel is in the way
+    refused = [v for v in _lane(tmp_path, "gb200", triton)[0].violations if v.kind == "runtime"]
     assert len(refused) == 1, refused
     assert "not wired" in refused[0].message and "flashinfer-trtllm" in refused[0].message
     assert "EXPERT_RESIDENCY_BANK_KERNEL: triton" in refused[0].suggestion
-    fixed = _with_env(tmp_path, {"EXPERT_RESIDENCY_BANK_KERNEL": "triton"})
+    fixed, _ = _lane(tmp_path, "gb200", triton, env={"EXPERT_RESIDENCY_BANK_KERNEL": "triton"})
     assert not [v for v in fixed.violations if v.kind == "runtime"]

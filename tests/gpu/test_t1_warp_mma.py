@@ -71,7 +71,7 @@ def _experts(shape: ExpertShape, biases: bool, seed: int) -> dict[str, torch.Ten
     if biases:
         out["w13_bias"] = torch.randn(E, 2 * i, generator=g, device=DEV) * 0.5
         out["w2_bias"] = torch.randn(E, h, generator=g, device=DEV) * 0.2
-    return {n: t.to(DEV) for n, t in out.items()}
+    return out
 
 
 def _layers(name: str, config: KernelConfig, seed: int = 3, layer_index: int = 0):
@@ -240,7 +240,6 @@ def test_graph_replay_equals_eager_with_counter() -> None:
             recount[i] += torch.bincount(ids[i].flatten(), minlength=E)
     assert torch.equal(counter.counts, recount)
     assert counter.tokens.tolist() == [3] * len(built)
-
 
 
 # loop trips of 4, 8 (the default), 12 and 16 half-steps: gpt-oss's 45 half-steps leave a rest of

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from recipegen.ledger import compute_lane
 from recipegen.recipe_io import load_recipe
 

@@ -170,13 +170,21 @@ class VllmServer:
         if logprobs is not None:
             body["logprobs"] = logprobs
         r = httpx.post(self.base_url + "/v1/completions", json=body, timeout=120.0)
-        r.raise_for_status()
+        self._raise_with_log(r)
         return r.json()
+
+    def _raise_with_log(self, response: httpx.Response) -> None:
+        """A failed request says what the server said and logged: a bare 500 tells nothing."""
+        if response.is_success:
+            return
+        raise AssertionError(f"{response.request.method} {response.request.url} answered "
+                             f"{response.status_code}: {response.text[:2000]}\nserver log tail:\n"
+                             + self.log_text()[-6000:])
 
     def collective_rpc(self, method: str, **kwargs: str) -> list[Any]:
         body: dict[str, Any] = {"method": method, "kwargs": kwargs}
         r = httpx.post(self.base_url + "/collective_rpc", json=body, timeout=120.0)
-        r.raise_for_status()
+        self._raise_with_log(r)
         return list(r.json()["results"])
 
 

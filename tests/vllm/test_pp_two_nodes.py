@@ -13,7 +13,10 @@ split puts layer 0 on stage 0 and layer 1 on stage 1.
   bit-identical to `single` (tokens and logprobs): PP only moves bf16 hidden states between nodes.
 - `mixed`: two nodes as the reference recipe renders a mixed lane: stage 0 keeps every expert in
   HBM (runtime off, vLLM's own expert kernel), stage 1 runs the residency runtime on its slice.
-  Its greedy tokens must equal the single-node run's.
+  Layer 0 then runs on a kernel that rounds differently from the runtime's, so it must agree with
+  the single-node run as `vllm_support.agreement` states (logprobs within `LOGPROB_TOLERANCE` on
+  agreeing tokens; a token differs only where the single-node run's top two are within twice the
+  largest difference) — exact greedy equality would depend on the machine's L2 size and cores.
 
 (A stage without any MoE layer is not possible with Qwen3-MoE in vLLM: its constructor raises
 "No Qwen3MoE layer found in the model.layers." on such a rank.)
@@ -37,10 +40,16 @@ from typing import Any
 
 import pytest
 
+from vllm_support.agreement import assert_greedy_agreement, greedy_agreement, top1_margins
 from vllm_support.prompts import MAX_TOKENS, PROMPTS
 from vllm_support.server import (VllmServer, base_env, completion_logprobs, completion_token_ids,
                                  engine_pythonpath, free_port, serve_args)
 from vllm_support.tiny_moe import TINY
+
+# Mixed lane vs single node on agreeing tokens: layer 0 on vLLM's CPU kernel vs the runtime's bf16
+# pick rows and fp32 finalize, the same rounding as residency vs stock in test_residency_parity
+# (the same model and bound).
+LOGPROB_TOLERANCE = 0.125
 
 pytestmark = pytest.mark.vllm
 
@@ -55,6 +64,7 @@ WORKER_START_TIMEOUT_S = 420.0
 class Run:
     tokens: list[list[int]]
     logprobs: list[list[float]]
+    margins: list[list[float]]      # per prompt and position: best − second-best logprob
     logs: dict[str, str] = field(default_factory=dict)
 
 
@@ -65,12 +75,13 @@ def _runtime_env(rowmap_path: Path, content_hash: str) -> dict[str, str]:
 
 
 def _complete_all(server: VllmServer) -> Run:
-    tokens, logprobs = [], []
+    tokens, logprobs, margins = [], [], []
     for prompt in PROMPTS:
-        response = server.complete(prompt, MAX_TOKENS, logprobs=1)
+        response = server.complete(prompt, MAX_TOKENS, logprobs=2)
         tokens.append(completion_token_ids(response))
         logprobs.append(completion_logprobs(response))
-    return Run(tokens, logprobs)
+        margins.append(top1_margins(response))
+    return Run(tokens, logprobs, margins)
 
 
 @pytest.fixture(scope="module")
@@ -186,12 +197,13 @@ def test_two_nodes_bit_identical_to_single_node(runs: dict[str, Run]) -> None:
     assert runs["pp2"].logprobs == runs["single"].logprobs
 
 
-def test_mixed_lane_greedy_output_identical_to_single_node(runs: dict[str, Run]) -> None:
+def test_mixed_lane_agrees_with_single_node_within_rounding(runs: dict[str, Run]) -> None:
     """Stage 0 on vLLM's own kernel (every expert in HBM), stage 1 split by the runtime."""
-    assert runs["mixed"].tokens == runs["single"].tokens
-    worst = max(abs(a - b) for ra, rb in zip(runs["mixed"].logprobs, runs["single"].logprobs)
-                for a, b in zip(ra, rb))
-    print(f"mixed vs single: max |logprob difference| = {worst:.3g} (layer 0 on vLLM's kernel)")
+    single, mixed = runs["single"], runs["mixed"]
+    agreement = greedy_agreement(single.tokens, single.logprobs, single.margins, mixed.tokens,
+                                 mixed.logprobs)
+    print("mixed vs single (layer 0 on vLLM's kernel):", agreement.as_dict())
+    assert_greedy_agreement(agreement, LOGPROB_TOLERANCE)
 
 
 def test_each_node_has_its_rank_stage_and_core(runs: dict[str, Run]) -> None:

@@ -28,6 +28,7 @@ from expert_residency.formats import (StartupReport, find_report_lines, load_his
 from recipegen.ops.ledger_view import lane_expectation
 from recipegen.ops.verify import compare
 from recipegen.recipe_io import load_recipe
+from vllm_support.agreement import assert_greedy_agreement, greedy_agreement, top1_margins
 from vllm_support.server import VllmServer, completion_logprobs, completion_token_ids
 from vllm_support.prompts import MAX_TOKENS, PROMPTS
 from vllm_support.tiny_moe import TINY
@@ -46,7 +47,7 @@ LOGPROB_TOLERANCE = 0.125
 class Run:
     tokens: list[list[int]]
     logprobs: list[list[float]]
-    top2: list[list[list[float]]]   # per prompt and position: the two best logprobs, best first
+    margins: list[list[float]]      # per prompt and position: best − second-best logprob
     reports: list[StartupReport]
     status: list[Any]
     log: str
@@ -73,15 +74,9 @@ def _serve_and_run(start_server: Callable[..., VllmServer], name: str,
         server.stop()
     log = server.log_text()
     return Run([completion_token_ids(r) for r in responses],
-               [completion_logprobs(r) for r in responses], [_top2(r) for r in responses],
+               [completion_logprobs(r) for r in responses], [top1_margins(r) for r in responses],
                find_report_lines(log), status, log,
                [int(r["usage"]["prompt_tokens"]) for r in responses])
-
-
-def _top2(response: dict[str, Any]) -> list[list[float]]:
-    """Per position the two largest logprobs the server listed (one when two tokens print alike)."""
-    tops = response["choices"][0]["logprobs"]["top_logprobs"]
-    return [sorted((float(v) for v in top.values()), reverse=True)[:2] for top in tops]
 
 
 def _residency_env(rowmap_path: Path, interval_s: str = "0") -> dict[str, str]:
@@ -200,41 +195,20 @@ def test_stock_vllm_agreement(runs, count_profile, tmp_path_factory) -> None:
     Count-only mode runs vLLM's own kernel, so it must agree exactly with stock. The split path
     rounds each pick row to bf16 before the fp32 fma finalize, while vLLM's CPU kernel
     accumulates the weighted picks inside the kernel, so split vs stock logprobs differ by
-    rounding. What must hold, and fails when the split path is wrong:
-
-    * the chosen tokens' logprobs agree within ``LOGPROB_TOLERANCE`` wherever the tokens agree;
-    * with every logprob moved by at most d (the largest difference seen), greedy can pick another
-      token only where stock's top-1 margin (best − second-best logprob) is below 2·d; so at every
-      position up to each prompt's first disagreement, a margin above 2·d means identical tokens.
-
-    The figures are written to stock_agreement.json next to the test's temp files and printed.
+    rounding: what must hold is `vllm_support.agreement` (logprobs within ``LOGPROB_TOLERANCE``
+    on agreeing tokens; a token differs only where stock's top-1 margin is below twice the
+    largest difference). The figures are written to stock_agreement.json and printed.
     """
     stock, split = runs["stock"], runs["hot5"]
     assert not stock.reports, "the plugin must be inert without EXPERT_RESIDENCY_MODE"
     assert count_profile.token_ids == stock.tokens
-    diffs, compared = [], []   # logprob differences on agreeing tokens; (margin, same) per position
-    for s_tok, r_tok, s_lp, r_lp, top2 in zip(stock.tokens, split.tokens, stock.logprobs,
-                                              split.logprobs, stock.top2):
-        for i, (a, b) in enumerate(zip(s_tok, r_tok)):
-            margin = top2[i][0] - top2[i][1] if len(top2[i]) == 2 else 0.0
-            compared.append((margin, a == b))
-            if a != b:
-                break          # the contexts differ from here on: nothing more to compare
-            diffs.append(abs(s_lp[i] - r_lp[i]))
-    d = max(diffs)
-    measured = {"prompts_identical": sum(a == b for a, b in zip(split.tokens, stock.tokens)),
-                "prompts": len(PROMPTS),
-                "tokens_identical": sum(same for _, same in compared),
-                "tokens": sum(len(t) for t in stock.tokens),
-                "max_abs_logprob_diff": d,
-                "smallest_stock_margin": min(m for m, _ in compared),
-                "logprobs_bit_identical": split.logprobs == stock.logprobs}
+    agreement = greedy_agreement(stock.tokens, stock.logprobs, stock.margins, split.tokens,
+                                 split.logprobs)
+    measured = {**agreement.as_dict(), "logprobs_bit_identical": split.logprobs == stock.logprobs}
     out = tmp_path_factory.mktemp("agreement") / "stock_agreement.json"
     out.write_text(json.dumps(measured, indent=1))
     print("residency vs stock vLLM:", json.dumps(measured))
-    assert d <= LOGPROB_TOLERANCE, measured
-    flipped = [(m, same) for m, same in compared if m > 2 * d and not same]
-    assert not flipped, f"tokens differ where stock's margin exceeds 2 x {d:.4f}: {flipped}; {measured}"
+    assert_greedy_agreement(agreement, LOGPROB_TOLERANCE)
 
 
 def test_modular_kernel_path_is_bit_identical_too(runs, modular_runs) -> None:

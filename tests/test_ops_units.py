@@ -217,3 +217,63 @@ def test_snapshot_wait_follows_the_dump_interval():
         assert snapshot_wait_s(unusable) == 90.0
     assert env_dump_dir({"EXPERT_RESIDENCY_DUMP_DIR": "/dumps"}) == "/dumps"
     assert env_dump_dir({"EXPERT_RESIDENCY_DUMP_DIR": ""}) is None and env_dump_dir({}) is None
+
+
+def _dump(seq: int, counts, tokens, pid: int = 7) -> tuple[str, bytes]:
+    hist = _hist(counts, tokens)
+    hist.meta = {"pid": pid, "started_at": "20261129T105400.000000Z", "seq": seq}
+    name = f"main__chat__count-only__20261129T1054{40 + seq:02d}.000000Z__{seq:06d}.hist"
+    return name, format_histogram(hist).encode()
+
+
+def test_a_complete_window_skips_the_snapshot_that_may_have_been_in_flight():
+    """The first new file may hold counters read before the trigger; the one after it cannot."""
+    old, in_flight, later = (_dump(1, [[1, 0, 0, 0], [0, 1, 0, 0]], 1),
+                             _dump(2, [[2, 0, 0, 0], [0, 2, 0, 0]], 2),
+                             _dump(3, [[3, 0, 0, 0], [0, 3, 0, 0]], 3))
+    state = dict([old])
+    seen = set(state)
+    state.update([in_flight])
+    reads = []
+
+    def read():  # the timer's next snapshot lands on the third look
+        reads.append(1)
+        if len(reads) == 3:
+            state.update([later])
+        return dict(state)
+
+    snap = wait_for_snapshot(read, where="d", lane=None, traffic_class=None, seen=seen,
+                             timeout_s=5, poll_s=0.01, complete=True)
+    assert snap.name == later[0] and snap.histogram.tokens == 3 and len(reads) == 3
+    # without the rule the in-flight one is taken
+    assert wait_for_snapshot(lambda: {**dict([old]), in_flight[0]: in_flight[1]}, where="d",
+                             lane=None, traffic_class=None, seen=seen, timeout_s=1,
+                             poll_s=0.01).name == in_flight[0]
+
+
+def test_a_complete_window_asks_for_the_next_snapshot_at_once():
+    old, first = _dump(1, [[1, 0, 0, 0], [0, 1, 0, 0]], 1), _dump(2, [[2, 0, 0, 0], [0, 2, 0, 0]], 2)
+    state = dict([old])
+    seen = set(state)
+    state.update([first])
+    calls = []
+
+    def nudge():
+        calls.append(len(state))
+        name, data = _dump(len(state) + 1, [[4, 0, 0, 0], [0, 4, 0, 0]], 4)
+        state[name] = data
+
+    snap = wait_for_snapshot(lambda: dict(state), where="d", lane=None, traffic_class=None,
+                             seen=seen, timeout_s=5, poll_s=0.01, nudge=nudge, nudge_every_s=60,
+                             complete=True)
+    assert calls == [2] and snap.seq == 3 and snap.histogram.tokens == 4
+
+
+def test_snapshots_of_another_process_do_not_vouch_for_each_other():
+    """A restarted engine numbers its snapshots from 1 again: order holds within one process."""
+    old = _dump(5, [[1, 0, 0, 0], [0, 1, 0, 0]], 1, pid=7)
+    a, b = _dump(6, [[2, 0, 0, 0], [0, 2, 0, 0]], 2, pid=7), _dump(1, [[1, 0, 0, 0], [0, 0, 0, 0]], 1, pid=9)
+    files = dict([old, a, b])
+    with pytest.raises(RecipegenError, match="only one new histogram snapshot"):
+        wait_for_snapshot(lambda: files, where="d", lane=None, traffic_class=None,
+                          seen={old[0]}, timeout_s=0.05, poll_s=0.01, complete=True)

@@ -86,28 +86,64 @@ def read_host_dir(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
 
 
+def _process(snapshot: Snapshot) -> tuple[str, str]:
+    """Which engine process wrote a snapshot (its pid and start time, from the file's meta)."""
+    meta = snapshot.histogram.meta
+    return str(meta.get("pid", "")), str(meta.get("started_at", ""))
+
+
+def begun_after_trigger(fresh: list[Snapshot]) -> list[Snapshot]:
+    """The fresh snapshots whose counter read provably began after `seen` was read.
+
+    The first fresh file of a process may have been in flight then: its counters read before the
+    trigger (e.g. before the last reply of a prompt fixture left the engine), its file renamed
+    after, so it can miss the last step. One process writes its snapshots one at a time, so every
+    later snapshot of that process began after the first fresh one was renamed: after the trigger.
+    """
+    first: dict[tuple[str, str], int] = {}
+    for s in fresh:
+        first[_process(s)] = min(first.get(_process(s), s.seq), s.seq)
+    return [s for s in fresh if s.seq > first[_process(s)]]
+
+
 def wait_for_snapshot(read: Callable[[], dict[str, bytes]], *, where: str, lane: str | None,
                       traffic_class: str | None, seen: set[str], timeout_s: float,
                       poll_s: float = 1.0, nudge: Callable[[], None] | None = None,
-                      nudge_every_s: float = 10.0) -> Snapshot:
+                      nudge_every_s: float = 10.0, complete: bool = False) -> Snapshot:
     """The newest snapshot whose file was not in `seen` (names present before the trigger);
-    polls until `timeout_s`. Names, not clocks: the engine's clock may differ from ours."""
+    polls until `timeout_s`. Names, not clocks: the engine's clock may differ from ours.
+
+    `complete=True`: only a snapshot that holds every step finished before the trigger
+    (`begun_after_trigger`); when the first fresh one appears, `nudge` asks for the next at once,
+    and without a nudge the wait is up to two of the runtime's intervals."""
     deadline = time.monotonic() + timeout_s
     next_nudge = time.monotonic() + nudge_every_s
+    nudged_for: set[str] = set()
     while True:
         if nudge is not None and time.monotonic() >= next_nudge:
             nudge()  # a signal can be lost (or arrive before the handler is installed): ask again
             next_nudge = time.monotonic() + nudge_every_s
         files = read()
-        fresh = [s for s in snapshots({n: d for n, d in files.items() if n not in seen},
-                                      where=where, lane=lane, traffic_class=traffic_class)]
-        if fresh:
-            return fresh[-1]
+        fresh = snapshots({n: d for n, d in files.items() if n not in seen},
+                          where=where, lane=lane, traffic_class=traffic_class)
+        usable = begun_after_trigger(fresh) if complete else fresh
+        if usable:
+            return usable[-1]
+        if fresh and nudge is not None and fresh[-1].name not in nudged_for:
+            nudged_for.add(fresh[-1].name)  # the next snapshot is the complete one: ask for it now
+            nudge()
+            next_nudge = time.monotonic() + nudge_every_s
+            continue
         if time.monotonic() >= deadline:
+            if fresh:
+                raise RecipegenError(
+                    f"only one new histogram snapshot appeared in {where} within {timeout_s:.0f} s; "
+                    "it may have been taken during the last step, so the window needs the next one "
+                    "(is EXPERT_RESIDENCY_DUMP_INTERVAL_S under half the wait?)")
             raise RecipegenError(
-                f"no new histogram snapshot appeared in {where} "
-                f"within {timeout_s:.0f} s (is the runtime counting, is its dump folder "
-                f"{where}, and is EXPERT_RESIDENCY_DUMP_INTERVAL_S shorter than the wait?)")
+                f"no new histogram snapshot appeared in {where} within {timeout_s:.0f} s (is the "
+                f"runtime counting, is its dump folder {where}, and is "
+                "EXPERT_RESIDENCY_DUMP_INTERVAL_S shorter than the wait?)")
         time.sleep(poll_s)
 
 

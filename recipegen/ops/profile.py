@@ -7,8 +7,9 @@ folder, restart the lane, save the histogram as the class's profile and build th
 map with the lane's hot count.
 
 Endpoint (`--endpoint URL --dump-dir DIR`): a lane started outside Docker. The window is the
-difference of two cumulative snapshots: before and after the prompts; snapshots come from the
-runtime's timer, or on request through vLLM's development `/collective_rpc` endpoint (`--rpc`).
+difference of two cumulative snapshots: before the prompts, and one whose counter read began after
+the last reply (`dumps.begun_after_trigger`); snapshots come from the runtime's timer, SIGUSR1
+(`--signal-pid`), or vLLM's development `/collective_rpc` endpoint (`--rpc`).
 """
 
 from __future__ import annotations
@@ -166,9 +167,10 @@ def profile_in_docker(dep: Deployment, lane_name: str, traffic_class: str | None
         read = lambda: list_dir(client, info.id, folder)  # noqa: E731
         nudge = lambda: request_snapshot(client, info.id)  # noqa: E731
         snapshot_wait = snapshot_wait_s(info.env)
-        echo(f"{prof_svc}: {_asked(nudge())} (at most {snapshot_wait:.0f} s)")
+        echo(f"{prof_svc}: {_asked(nudge())} (at most {2 * snapshot_wait:.0f} s)")
         snap = wait_for_snapshot(read, where=where, lane=None, traffic_class=None, seen=seen,
-                                 timeout_s=snapshot_wait, nudge=nudge, nudge_every_s=5.0)
+                                 timeout_s=2 * snapshot_wait, nudge=nudge, nudge_every_s=5.0,
+                                 complete=True)
         echo(f"{prof_svc}: stopping (the runtime writes its final snapshot)")
         dep.project().stop([prof_svc], profiles=service_profiles(config, prof_svc))
         final = snapshots({n: d for n, d in read().items() if n not in seen}, where=where)
@@ -233,9 +235,10 @@ def profile_endpoint(loaded: Any, lane_name: str, traffic_class: str | None, *, 
     if request is not None:
         request()
     else:
-        echo(f"waiting for the runtime's next snapshot in {where} (at most {wait_s:.0f} s)")
+        echo(f"waiting for the runtime's next two snapshots in {where} (the first may have been "
+             f"taken during the last step; at most {wait_s:.0f} s)")
     after = wait_for_snapshot(read, where=where, lane=None, traffic_class=None, seen=seen,
-                              timeout_s=wait_s)
+                              timeout_s=wait_s, nudge=request, complete=True)
     source = (f"recipegen profile {loaded.name} {lane_name} --endpoint {endpoint}: window "
               f"{before.name if before else 'engine start'} .. {after.name}, prompts {prompts.name}")
     window = difference(after.histogram, before.histogram if before else None, source=source)

@@ -167,8 +167,9 @@ def profile_in_docker(dep: Deployment, lane_name: str, traffic_class: str | None
         read = lambda: list_dir(client, info.id, folder)  # noqa: E731
         nudge = lambda: request_snapshot(client, info.id)  # noqa: E731
         snapshot_wait = snapshot_wait_s(info.env)
+        before_ask = set(read())  # snapshots of the traffic so far do not count as the answer
         echo(f"{prof_svc}: {_asked(nudge())} (at most {2 * snapshot_wait:.0f} s)")
-        snap = wait_for_snapshot(read, where=where, lane=None, traffic_class=None, seen=seen,
+        snap = wait_for_snapshot(read, where=where, lane=None, traffic_class=None, seen=before_ask,
                                  timeout_s=2 * snapshot_wait, nudge=nudge, nudge_every_s=5.0,
                                  complete=True)
         echo(f"{prof_svc}: stopping (the runtime writes its final snapshot)")

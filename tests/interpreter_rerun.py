@@ -9,11 +9,15 @@ import os
 import subprocess
 import sys
 
+from tiers import require_tier_marker
+
 
 def rerun_interpreted(test_file: str, test_id: str, *, only_if_triton_imported: bool = True) -> bool:
     """True after running ``test_file::test_id`` in a fresh ``TRITON_INTERPRET=1`` pytest process
     (asserting it passed); False when this process can run it itself: the variable is already
-    set, or (``only_if_triton_imported``) Triton is not imported yet."""
+    set, or (``only_if_triton_imported``) Triton is not imported yet. Only in a test marked
+    ``interpreter`` (tests/conftest.py gives it to every test that calls this)."""
+    require_tier_marker("interpreter", "the Triton interpreter")
     if os.environ.get("TRITON_INTERPRET") == "1":
         return False
     if only_if_triton_imported and "triton" not in sys.modules:

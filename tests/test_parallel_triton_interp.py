@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from interpreter_rerun import rerun_interpreted
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
@@ -22,14 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton for TRITON_INTERPRET=1")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: bench/tp_h200.py runs the compiled kernels")
 def test_tp2_triton_split_layer_under_interpreter() -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1" and "triton" in sys.modules:
-        # Triton imported without the interpreter earlier in this process: run in a fresh one.
-        env = dict(os.environ, TRITON_INTERPRET="1")
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               f"{__file__}::test_tp2_triton_split_layer_under_interpreter"],
-                              env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-        return
+    if rerun_interpreted(__file__, "test_tp2_triton_split_layer_under_interpreter"):
+        return   # Triton was imported without the interpreter earlier: ran in a fresh process
     os.environ["TRITON_INTERPRET"] = "1"
     from expert_residency.core.banks import build_unsplit_layer, device_allocator, host_allocator
     from expert_residency.gpu import experts as gx

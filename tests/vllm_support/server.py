@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from tiers import require_tier_marker
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VLLM_VENV = REPO_ROOT / ".venv-vllm"
 VLLM_BIN = VLLM_VENV / "bin" / "vllm"
@@ -106,6 +108,7 @@ class VllmServer:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def start(self) -> "VllmServer":
+        require_tier_marker("vllm", "vllm serve")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
         env = base_env(self.workdir)

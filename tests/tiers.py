@@ -1,0 +1,63 @@
+"""The test tiers: which marker a test gets from what it uses (applied in tests/conftest.py), and
+the guard the heavy helpers call. See tests/conftest.py for the rule in words."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+# The tier markers (each registered in pyproject.toml); the fast tier is none of them.
+TIER_MARKERS = ("vllm", "docker", "interpreter", "gpu")
+FAST_TIER = "not (" + " or ".join(TIER_MARKERS) + ")"
+# The markers of the running test, comma-separated, for the guards in the helpers (and for any
+# subprocess a test starts).
+TEST_MARKS_ENV = "RECIPEGEN_TEST_MARKS"
+
+ENGINE_FIXTURES = frozenset({"vllm_required", "start_server", "count_profile"})
+DOCKER_FIXTURES = frozenset({"docker_engine"})
+INTERPRETER_CALLS = frozenset({"rerun_interpreted", "_rerun_interpreted"})
+ENGINE_MODULES = ("vllm_support.server",)
+
+
+def _imports_engine_helper(module: object) -> bool:
+    """The module holds vllm_support.server itself or a name defined there."""
+    for value in vars(module).values():
+        name = getattr(value, "__name__", None) if isinstance(value, type(os)) else \
+            getattr(value, "__module__", None)
+        if isinstance(name, str) and name in ENGINE_MODULES:
+            return True
+    return False
+
+
+def tier_markers(item: pytest.Item) -> set[str]:
+    """The tier markers the rule gives ``item`` (markers written in the file come on top)."""
+    found: set[str] = set()
+    path = Path(str(item.fspath)).resolve()
+    fixtures = set(getattr(item, "fixturenames", ()))
+    module = getattr(item, "module", None)
+    function = getattr(item, "function", None)
+    if (TESTS_DIR / "vllm") in path.parents or fixtures & ENGINE_FIXTURES or \
+            (module is not None and _imports_engine_helper(module)):
+        found.add("vllm")
+    if fixtures & DOCKER_FIXTURES:
+        found.add("docker")
+    code = getattr(function, "__code__", None)
+    if code is not None and set(code.co_names) & INTERPRETER_CALLS:
+        found.add("interpreter")
+    return found
+
+
+
+def require_tier_marker(marker: str, what: str) -> None:
+    """For helpers that start something heavy: refuse inside a test that lacks ``marker`` (so it
+    cannot run in the fast tier unnoticed). Outside pytest (no ``TEST_MARKS_ENV``) it allows."""
+    marks = os.environ.get(TEST_MARKS_ENV)
+    if marks is not None and marker not in marks.split(","):
+        raise AssertionError(f"{what} in a test without the {marker!r} marker "
+                             f"({os.environ.get('PYTEST_CURRENT_TEST', '?')}): the rule in "
+                             "tests/conftest.py does not see it; use the fixtures it names, or "
+                             f"mark the test @pytest.mark.{marker}")

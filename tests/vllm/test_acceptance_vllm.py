@@ -3,6 +3,8 @@
 One boot at a time (each ~3 GiB, ~60 s on two cores), recorded with `parity --record` and
 compared across boots, as the seeds compared v14 and v15:
   unsplit (reference) · residency with map 1 · residency with map 2 · unsplit with other weights.
+The first three are the shared boots of tests/vllm (``vllm_support.shared``; the maps are the
+count-only profile's hot-6 and hot-5 maps); the engine with other weights is this module's own.
 Residency is bit-exact, so a map changes speed, never tokens: both maps must pass against the
 unsplit reference and each other; the engine with other weights must fail.
 """
@@ -10,34 +12,34 @@ unsplit reference and each other; the engine with other weights must fail.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from expert_residency.formats import RowMap, save_rowmap
+from expert_residency.formats import load_rowmap
 from recipegen.cli import main
 from vllm_support.prompts import PROMPTS
 from vllm_support.server import VllmServer
-from vllm_support.tiny_moe import TINY, write_tiny_moe
+from vllm_support.shared import SharedContext, shared_job
+from vllm_support.tiny_moe import write_tiny_moe
 
 pytestmark = pytest.mark.vllm
 
 CATEGORIES = ["prose", "math", "agent", "prose", "math", "prose"]
 MAX_TOKENS = "24"
-
-
-def _rowmap(hot: list[int]) -> RowMap:
-    cold = [e for e in range(TINY.num_experts) if e not in hot]
-    layers = TINY.moe_layer_indices
-    return RowMap(layers, TINY.num_experts, [sorted(hot) for _ in layers], [sorted(cold) for _ in layers],
-                  {"builder": "acceptance test"})
+# The residency maps: the count-only profile's hot-6 and hot-5 maps of class `mixed` (the shared
+# boots' maps, vllm_support.shared).
+MAPS = {"map1": ("residency-hot6", "hot6"), "map2": ("residency-hot5", "hot5")}
 
 
 def parity(*args: object):
     return CliRunner().invoke(main, ["parity", *map(str, args)], catch_exceptions=False)
+
+
+def _common(fixture: Path) -> list[object]:
+    return ["--fixture", fixture, "--max-tokens", MAX_TOKENS, "--runs", "2"]
 
 
 @dataclass
@@ -50,52 +52,61 @@ class Boots:
     knee: dict
     knee_output: str
     map_hashes: dict[str, str]
+    map1_json: Path
+
+
+@shared_job("unsplit", "acceptance")
+def _unsplit_reference(server: VllmServer, ctx: SharedContext) -> dict:
+    """Parity of the unsplit server against itself, and its recording: the reference."""
+    fixture = ctx.work / "fixture.jsonl"
+    fixture.write_text("".join(json.dumps({"id": f"p{i}", "category": c, "prompt": p}) + "\n"
+                               for i, (p, c) in enumerate(zip(PROMPTS, CATEGORIES))))
+    record = ctx.work / "unsplit.json"
+    self_parity = parity(server.base_url, server.base_url, *_common(fixture))
+    made = parity(server.base_url, "--record", record, *_common(fixture))
+    assert made.exit_code == 0, made.output
+    return {"fixture": fixture, "record": record, "self_parity": self_parity}
+
+
+def _map_job(name: str):
+    def run(server: VllmServer, ctx: SharedContext) -> dict:
+        """A residency map against the unsplit recording, its own recording (map1: the knee too)."""
+        reference = ctx.earlier["unsplit"].result("acceptance")
+        common = _common(reference["fixture"])
+        record = ctx.work / f"{name}.json"
+        result = parity(server.base_url, reference["record"], *common, "--lane-log", server.log_path,
+                        "--json", ctx.work / f"{name}-vs-unsplit.json")
+        made = parity(server.base_url, "--record", record, *common, "--lane-log", server.log_path)
+        assert made.exit_code == 0, made.output
+        out = {"vs_unsplit": result, "record": record,
+               "vs_unsplit_json": ctx.work / f"{name}-vs-unsplit.json"}
+        if name == "map1":
+            knee = CliRunner().invoke(main, [
+                "knee", server.base_url, "--concurrency", "1,2,4", "--duration", "6s", "--warmup", "3s",
+                "--repetitions", "2", "--max-tokens", "32", "--fixture", str(reference["fixture"]),
+                "--lane-log", str(server.log_path), "--json", str(ctx.work / "knee.json"),
+                "--plot", str(ctx.work / "knee.png")], catch_exceptions=False)
+            assert knee.exit_code == 0, knee.output
+            out.update(knee=json.loads((ctx.work / "knee.json").read_text()), knee_output=knee.output)
+        return out
+    return run
+
+
+for _name, (_boot, _map) in MAPS.items():
+    shared_job(_boot, "acceptance", needs=("unsplit",))(_map_job(_name))
 
 
 @pytest.fixture(scope="module")
-def boots(start_server: Callable[..., VllmServer], tmp_path_factory: pytest.TempPathFactory) -> Boots:
+def boots(shared_unsplit, shared_hot5, shared_hot6, tiny_maps,
+          tmp_path_factory: pytest.TempPathFactory) -> Boots:
+    """The shared boots' parity runs (unsplit · map1 · map2), then an engine with other weights."""
     work = tmp_path_factory.mktemp("acceptance")
-    fixture = work / "fixture.jsonl"
-    fixture.write_text("".join(json.dumps({"id": f"p{i}", "category": c, "prompt": p}) + "\n"
-                               for i, (p, c) in enumerate(zip(PROMPTS, CATEGORIES))))
-    maps = {"map1": _rowmap([0, 1, 2, 3, 4, 5]), "map2": _rowmap([1, 3, 5, 7, 0])}
-    for name, rowmap in maps.items():
-        save_rowmap(rowmap, work / f"{name}.rowmap")
-    common = ["--fixture", fixture, "--max-tokens", MAX_TOKENS, "--runs", "2"]
-    records = {name: work / f"{name}.json" for name in ("unsplit", "map1", "map2")}
-
-    server = start_server("acc-unsplit", {"EXPERT_RESIDENCY_MODE": "unsplit"})
-    try:
-        self_parity = parity(server.base_url, server.base_url, *common)
-        made = parity(server.base_url, "--record", records["unsplit"], *common)
-        assert made.exit_code == 0, made.output
-    finally:
-        server.stop()
-
-    map_results: dict[str, object] = {}
-    knee: dict = {}
-    knee_output = ""
-    for name in ("map1", "map2"):
-        env = {"EXPERT_RESIDENCY_MODE": "residency", "EXPERT_RESIDENCY_ROWMAP": str(work / f"{name}.rowmap"),
-               "EXPERT_RESIDENCY_CONTENT_HASH": maps[name].content_hash(), "EXPERT_RESIDENCY_LANE": "tiny",
-               "EXPERT_RESIDENCY_CLASS": name}
-        server = start_server(f"acc-{name}", env)
-        try:
-            map_results[f"{name}-vs-unsplit"] = parity(server.base_url, records["unsplit"], *common,
-                                                       "--lane-log", server.log_path,
-                                                       "--json", work / f"{name}-vs-unsplit.json")
-            made = parity(server.base_url, "--record", records[name], *common, "--lane-log", server.log_path)
-            assert made.exit_code == 0, made.output
-            if name == "map1":
-                result = CliRunner().invoke(main, [
-                    "knee", server.base_url, "--concurrency", "1,2,4", "--duration", "6s", "--warmup", "3s",
-                    "--repetitions", "2", "--max-tokens", "32", "--fixture", str(fixture),
-                    "--lane-log", str(server.log_path), "--json", str(work / "knee.json"),
-                    "--plot", str(work / "knee.png")], catch_exceptions=False)
-                assert result.exit_code == 0, result.output
-                knee, knee_output = json.loads((work / "knee.json").read_text()), result.output
-        finally:
-            server.stop()
+    reference = shared_unsplit.result("acceptance")
+    common = _common(reference["fixture"])
+    shared = {"residency-hot5": shared_hot5, "residency-hot6": shared_hot6}
+    runs = {name: shared[boot].result("acceptance") for name, (boot, _) in MAPS.items()}
+    records = {"unsplit": reference["record"], **{name: run["record"] for name, run in runs.items()}}
+    map_results = {f"{name}-vs-unsplit": run["vs_unsplit"] for name, run in runs.items()}
     map_results["map2-vs-map1"] = parity(records["map2"], records["map1"], *common)
 
     other_weights = write_tiny_moe(work / "other-weights", seed=1)
@@ -106,8 +117,10 @@ def boots(start_server: Callable[..., VllmServer], tmp_path_factory: pytest.Temp
         perturbed = parity(server.base_url, records["unsplit"], *common)
     finally:
         server.stop()
-    return Boots(fixture, records, self_parity, map_results, perturbed, knee, knee_output,
-                 {name: m.content_hash() for name, m in maps.items()})
+    return Boots(reference["fixture"], records, reference["self_parity"], map_results, perturbed,
+                 runs["map1"]["knee"], runs["map1"]["knee_output"],
+                 {name: load_rowmap(tiny_maps[m]).content_hash() for name, (_, m) in MAPS.items()},
+                 runs["map1"]["vs_unsplit_json"])
 
 
 def test_parity_of_a_server_against_itself_passes(boots: Boots) -> None:
@@ -124,10 +137,10 @@ def test_residency_maps_change_no_token(boots: Boots, pair: str) -> None:
 
 
 def test_parity_records_the_lanes_map_hashes(boots: Boots) -> None:
-    data = json.loads((boots.records["unsplit"].parent / "map1-vs-unsplit.json").read_text())
+    data = json.loads(boots.map1_json.read_text())
     a = data["endpoints"]["A"]
     assert a["content_hashes"] == [boots.map_hashes["map1"]]
-    assert a["residency_mode"] == ["residency"] and a["traffic_class"] == "map1"
+    assert a["residency_mode"] == ["residency"] and a["traffic_class"] == "mixed"
     assert data["endpoints"]["B"]["recording"].endswith("unsplit.json")
 
 

@@ -7,7 +7,8 @@ experts 4-7 ("agent" phase) and words they send to experts 0-3 ("prose" phase); 
 seeded draws from each set. The boot map is built (``recipegen rowmap build --hot 5``) from the
 agent phase's counts; the prose phase then lands mostly on experts the boot map holds cold.
 
-Servers: ``unsplit`` (every expert in one bank, the counter on) and ``residency`` with
+Servers: ``unsplit`` (every expert in one bank, the counter on: the shared boot of tests/vllm,
+``vllm_support.shared``, these phases first on it) and ``residency`` with
 ``EXPERT_RESIDENCY_ADAPTIVE`` (a barrier every 2 forwards, at most 2 swaps per layer, guards low
 so that the small tiny-model windows move the map) and a test worker extension tracing the
 barrier (``vllm_support.adaptive_trace_ext``). Prompts one by one, greedy, ``logprobs=2``.
@@ -40,6 +41,7 @@ import pytest
 
 from expert_residency.formats import load_histogram, load_rowmap
 from vllm_support.server import completion_logprobs, completion_token_ids
+from vllm_support.shared import shared_job
 from vllm_support.tiny_moe import TINY, vocabulary
 
 pytestmark = pytest.mark.vllm
@@ -96,23 +98,29 @@ def _hand_cold_share(hot: list[list[int]], counts: np.ndarray) -> float:
     return cold / int(counts.sum())
 
 
-@pytest.fixture(scope="module")
-def shift(start_server, tiny_model_dir, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("adaptive")
-    high, low = _phase_words(tiny_model_dir)
+def _phase_prompts(model_dir: Path) -> tuple[list[str], list[str]]:
+    high, low = _phase_words(model_dir)
     assert len(high) >= 8 and len(low) >= 8, (len(high), len(low))
-    agent, prose = _prompts(high, 1), _prompts(low, 2)
-    server = start_server("adaptive-unsplit", {
-        "EXPERT_RESIDENCY_MODE": "unsplit", "EXPERT_RESIDENCY_DUMP_DIR": str(folder / "unsplit"),
-        "EXPERT_RESIDENCY_DUMP_INTERVAL_S": "0", "EXPERT_RESIDENCY_LANE": "tiny",
-        "EXPERT_RESIDENCY_CLASS": "mixed"})
-    try:
-        u_agent = _run(server, agent)
-        u_after_agent = _dump(server)
-        u_prose = _run(server, prose)
-        u_after_prose = _dump(server)
-    finally:
-        server.stop()
+    return _prompts(high, 1), _prompts(low, 2)
+
+
+@shared_job("unsplit", "adaptive", first=True)
+def _unsplit_phases(server, ctx):
+    """Both phases through the shared unsplit server (vllm_support.shared), a dump after each:
+    first on it, so its counts are these phases' alone (the adaptive server's start at zero)."""
+    assert server.collective_rpc("expert_residency_status")[0]["tokens"] == 0
+    agent, prose = _phase_prompts(ctx.model_dir)
+    u_agent = _run(server, agent)
+    u_after_agent = _dump(server)
+    u_prose = _run(server, prose)
+    return u_agent, u_after_agent, u_prose, _dump(server)
+
+
+@pytest.fixture(scope="module")
+def shift(start_server, shared_unsplit, tiny_model_dir, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("adaptive")
+    agent, prose = _phase_prompts(tiny_model_dir)
+    u_agent, u_after_agent, u_prose, u_after_prose = shared_unsplit.result("adaptive")
     boot = folder / "boot.rowmap"
     proc = subprocess.run([sys.executable, "-m", "recipegen", "rowmap", "build", str(u_after_agent),
                            "--hot", str(HOT), "-o", str(boot)], capture_output=True, text=True, cwd=REPO)

@@ -8,7 +8,8 @@ launch module (the one compose and Kubernetes rendering use) and each node's row
 slice recipegen renders. Model: the tiny Qwen3-MoE (2 layers, both MoE, 8 experts, top-2); vLLM's
 split puts layer 0 on stage 0 and layer 1 on stage 1.
 
-- `single`: one node, residency runtime on both layers (the whole row map, 5 hot / 3 cold each).
+- `single`: one node, residency runtime on both layers (the whole row map, 5 hot / 3 cold each:
+  the count-only profile's hot-5 map; the shared boot of tests/vllm, ``vllm_support.shared``).
 - `pp2`: two nodes, each runs the residency runtime on its own slice of the same map — must be
   bit-identical to `single` (tokens and logprobs): PP only moves bf16 hidden states between nodes.
 - `mixed`: two nodes as the reference recipe renders a mixed lane: stage 0 keeps every expert in
@@ -45,6 +46,7 @@ from vllm_support.agreement import (TINY_MOE_LOGPROB_TOLERANCE, assert_greedy_ag
 from vllm_support.prompts import MAX_TOKENS, PROMPTS
 from vllm_support.server import (VllmServer, base_env, completion_logprobs, completion_token_ids,
                                  engine_pythonpath, free_port, serve_args)
+from vllm_support.shared import shared_job
 from vllm_support.tiny_moe import TINY
 
 # Mixed lane vs single node: layer 0 on vLLM's CPU kernel vs the runtime's split path, the same
@@ -56,7 +58,6 @@ pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]
 FIX_DIR = Path(__file__).resolve().parents[1] / "vllm_support" / "pp_eager_fix"
 HEAD_ADDRESS, WORKER_ADDRESS = "127.0.0.1", "127.0.0.2"
-HOT_IDS = [[0, 2, 4, 5, 7], [1, 2, 3, 6, 7]]      # per MoE layer 0, 1; the rest cold
 WORKER_START_TIMEOUT_S = 420.0
 
 
@@ -85,28 +86,23 @@ def _complete_all(server: VllmServer) -> Run:
 
 
 @pytest.fixture(scope="module")
-def pp_setup(vllm_required: None, tiny_model_dir: Path,
+def pp_setup(vllm_required: None, tiny_model_dir: Path, tiny_maps: dict[str, Path],
              tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from expert_residency.formats import RowMap, save_rowmap
+    from expert_residency.formats import load_rowmap
 
     from recipegen.multinode.partition import stage_layers
     from recipegen.multinode.slices import slice_text
 
     base = tmp_path_factory.mktemp("pp")
-    experts, layers = TINY.num_experts, TINY.moe_layer_indices
-    rowmap = RowMap(moe_layer_indices=layers, num_experts=experts, hot=[list(h) for h in HOT_IDS],
-                    cold=[[e for e in range(experts) if e not in h] for h in HOT_IDS],
-                    provenance={"note": "two-node PP test map"})
-    full_map = base / "full.rowmap"
-    save_rowmap(rowmap, full_map)
-    stages = stage_layers(TINY.num_layers, layers, 2)          # vLLM's rule: [1, 1]
+    rowmap = load_rowmap(tiny_maps["hot5"])
+    stages = stage_layers(TINY.num_layers, TINY.moe_layer_indices, 2)   # vLLM's rule: [1, 1]
     slices = []
     for stage in stages:
-        sliced, data = slice_text(rowmap, stage.moe_layers, stage=stage.rank, source="full.rowmap")
+        sliced, data = slice_text(rowmap, stage.moe_layers, stage=stage.rank, source=tiny_maps["hot5"].name)
         path = base / f"stage-{stage.rank}.rowmap"
         path.write_bytes(data)
         slices.append((sliced, path))
-    return {"base": base, "model": tiny_model_dir, "rowmap": rowmap, "full_map": full_map,
+    return {"base": base, "model": tiny_model_dir, "rowmap": rowmap, "full_map": tiny_maps["hot5"],
             "stages": stages, "slices": slices}
 
 
@@ -174,16 +170,17 @@ def _two_node_run(setup: dict[str, Any], name: str, *, fix: bool, head_env: dict
     return run
 
 
+@shared_job("residency-hot5", "pp-single")
+def _single_node(server: VllmServer, ctx: Any) -> Run:
+    """One node, the residency runtime on both layers with the whole map: the shared hot-5 boot
+    (vllm_support.shared)."""
+    return _complete_all(server)
+
+
 @pytest.fixture(scope="module")
-def runs(pp_setup: dict[str, Any]) -> Iterator[dict[str, Run]]:
-    single = VllmServer(pp_setup["model"], pp_setup["base"] / "single",
-                        runtime_env=_runtime_env(pp_setup["full_map"], pp_setup["rowmap"].content_hash()))
-    try:
-        single.start().wait_ready()
-        one = _complete_all(single)
-    finally:
-        single.stop()
-    one.logs = {"head": single.log_text()}
+def runs(pp_setup: dict[str, Any], shared_hot5) -> Iterator[dict[str, Run]]:
+    one = shared_hot5.result("pp-single")
+    one.logs = {"head": shared_hot5.log}
     both = _two_node_run(pp_setup, "pp2", fix=True, head_env=_stage_env(pp_setup, 0),
                          worker_env=_stage_env(pp_setup, 1))
     mixed = _two_node_run(pp_setup, "mixed", fix=True, head_env={}, worker_env=_stage_env(pp_setup, 1))

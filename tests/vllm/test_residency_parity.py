@@ -7,6 +7,10 @@
 * the start-up report's bank bytes match the ledger for the tiny model (recipegen's verify
   comparison: map counts × bytes per expert);
 * a second map for the same class with a different ``shape_hash`` swaps by restart.
+
+The unsplit and the two residency servers are shared boots (``vllm_support.shared``): other
+modules send their own requests to the same servers, after this module's prompts where the
+counts must be those prompts' alone.
 """
 
 from __future__ import annotations
@@ -14,8 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,13 +33,13 @@ from recipegen.recipe_io import load_recipe
 from vllm_support.agreement import (TINY_MOE_LOGPROB_TOLERANCE, assert_greedy_agreement,
                                     greedy_agreement, top1_margins)
 from vllm_support.server import VllmServer, completion_logprobs, completion_token_ids
+from vllm_support.shared import SharedContext, residency_env, shared_job
 from vllm_support.prompts import MAX_TOKENS, PROMPTS
 from vllm_support.tiny_moe import TINY
 from vllm_support.tiny_recipe import write_tiny_recipe
 
 pytestmark = pytest.mark.vllm
 
-REPO = Path(__file__).resolve().parents[2]
 LOGPROB_TOLERANCE = TINY_MOE_LOGPROB_TOLERANCE
 
 
@@ -52,62 +54,57 @@ class Run:
     prompt_tokens: list[int]
 
 
-def _build_map(histogram: Path, hot: int, out: Path) -> Path:
-    proc = subprocess.run([sys.executable, "-m", "recipegen", "rowmap", "build", str(histogram),
-                           "--hot", str(hot), "-o", str(out)], capture_output=True, text=True,
-                          cwd=REPO)
-    assert proc.returncode == 0, proc.stderr
-    return out
+def _complete(server: VllmServer) -> list[dict[str, Any]]:
+    # Two alternatives per position: stock's top-1 margin (the chosen token's logprob is the
+    # same whatever the count asked for).
+    return [server.complete(p, MAX_TOKENS, logprobs=2) for p in PROMPTS]
 
 
-def _serve_and_run(start_server: Callable[..., VllmServer], name: str,
-                   env: dict[str, str]) -> Run:
-    server = start_server(name, env)
-    try:
-        # Two alternatives per position: stock's top-1 margin (the chosen token's logprob is the
-        # same whatever the count asked for).
-        responses = [server.complete(p, MAX_TOKENS, logprobs=2) for p in PROMPTS]
-        status = server.collective_rpc("expert_residency_status") if env else []
-    finally:
-        server.stop()
-    log = server.log_text()
+def _run(responses: list[dict[str, Any]], status: list[Any], log: str) -> Run:
     return Run([completion_token_ids(r) for r in responses],
                [completion_logprobs(r) for r in responses], [top1_margins(r) for r in responses],
                find_report_lines(log), status, log,
                [int(r["usage"]["prompt_tokens"]) for r in responses])
 
 
-def _residency_env(rowmap_path: Path, interval_s: str = "0") -> dict[str, str]:
-    # A dump folder turns on the counter alongside residency (drift on a live lane).
-    return {"EXPERT_RESIDENCY_MODE": "residency", "EXPERT_RESIDENCY_ROWMAP": str(rowmap_path),
-            "EXPERT_RESIDENCY_CONTENT_HASH": load_rowmap(rowmap_path).content_hash(),
-            "EXPERT_RESIDENCY_LANE": "tiny", "EXPERT_RESIDENCY_CLASS": "mixed",
-            "EXPERT_RESIDENCY_DUMP_DIR": str(rowmap_path.parent / ("dumps-" + rowmap_path.stem)),
-            "EXPERT_RESIDENCY_DUMP_INTERVAL_S": interval_s}
+def _serve_and_run(start_server: Callable[..., VllmServer], name: str,
+                   env: dict[str, str]) -> Run:
+    server = start_server(name, env)
+    try:
+        responses = _complete(server)
+        status = server.collective_rpc("expert_residency_status") if env else []
+    finally:
+        server.stop()
+    return _run(responses, status, server.log_text())
+
+
+def _prompts_then_status(server: VllmServer, ctx: SharedContext) -> tuple[list, list]:
+    """The prompts, then the runtime's status (its counts: these prompts' picks only)."""
+    return _complete(server), server.collective_rpc("expert_residency_status")
+
+
+# On the shared boots (vllm_support.shared): the unsplit reference, and residency with the count
+# profile's hot-5 map (first: its counts must be these prompts' alone) and hot-6 map.
+shared_job("unsplit", "parity")(_prompts_then_status)
+shared_job("residency-hot5", "parity", first=True)(_prompts_then_status)
+shared_job("residency-hot6", "parity")(_prompts_then_status)
 
 
 @pytest.fixture(scope="module")
-def maps(count_profile, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("maps")
-    hist = count_profile.shutdown_dumps[0]
-    return {"hot5": _build_map(hist, 5, folder / "mixed-hot5.rowmap"),
-            "hot6": _build_map(hist, 6, folder / "mixed-hot6.rowmap")}
+def maps(tiny_maps) -> dict[str, Path]:
+    return tiny_maps
 
 
 @pytest.fixture(scope="module")
-def runs(start_server, maps) -> dict[str, Run]:
-    """One server at a time: unsplit, residency (hot 5), residency (hot 6) and stock vLLM."""
-    return {
-        "unsplit": _serve_and_run(start_server, "unsplit", {"EXPERT_RESIDENCY_MODE": "unsplit"}),
-        "hot5": _serve_and_run(start_server, "residency-hot5", _residency_env(maps["hot5"])),
-        # This one also snapshots its counts every second (drift on a live lane).
-        "hot6": _serve_and_run(start_server, "residency-hot6", _residency_env(maps["hot6"], "1")),
-        "stock": _serve_and_run(start_server, "stock", {}),
-    }
+def runs(start_server, shared_unsplit, shared_hot5, shared_hot6) -> dict[str, Run]:
+    """Unsplit, residency (hot 5), residency (hot 6): shared boots; stock vLLM: its own."""
+    shared = {"unsplit": shared_unsplit, "hot5": shared_hot5, "hot6": shared_hot6}
+    return {**{key: _run(*boot.result("parity"), boot.log) for key, boot in shared.items()},
+            "stock": _serve_and_run(start_server, "stock", {})}
 
 
 @pytest.fixture(scope="module")
-def modular_runs(start_server, maps) -> dict[str, Run]:
+def modular_runs(start_server, maps, tmp_path_factory) -> dict[str, Run]:
     """Unsplit and residency through vLLM's modular kernel per bank (the generic path GPU
     backends would use). Its own fixture: a failure here fails the one test that reads it, not
     every test of the module."""
@@ -115,7 +112,10 @@ def modular_runs(start_server, maps) -> dict[str, Run]:
         "unsplit-modular": _serve_and_run(start_server, "unsplit-modular", {
             "EXPERT_RESIDENCY_MODE": "unsplit", "EXPERT_RESIDENCY_PER_PICK": "modular"}),
         "hot5-modular": _serve_and_run(start_server, "residency-hot5-modular", {
-            **_residency_env(maps["hot5"]), "EXPERT_RESIDENCY_PER_PICK": "modular"}),
+            **residency_env(maps["hot5"]), "EXPERT_RESIDENCY_LANE": "tiny",
+            "EXPERT_RESIDENCY_CLASS": "mixed", "EXPERT_RESIDENCY_PER_PICK": "modular",
+            "EXPERT_RESIDENCY_DUMP_DIR": str(tmp_path_factory.mktemp("hot5-modular-dumps")),
+            "EXPERT_RESIDENCY_DUMP_INTERVAL_S": "0"}),
     }
 
 
@@ -170,9 +170,8 @@ def test_other_shape_same_class_swaps_by_restart(runs, maps) -> None:
     assert runs["hot6"].logprobs == runs["unsplit"].logprobs
 
 
-def test_interval_snapshots_alongside_residency(runs, maps) -> None:
-    folder = maps["hot6"].parent / ("dumps-" + maps["hot6"].stem)
-    dumps = sorted(folder.glob("tiny__mixed__residency__*.hist"))
+def test_interval_snapshots_alongside_residency(runs, shared_hot6) -> None:
+    dumps = sorted(shared_hot6.dump_dir.glob("tiny__mixed__residency__*.hist"))
     reasons = [load_histogram(p).meta["reason"] for p in dumps]
     assert "interval" in reasons, reasons
     # Counts only grow; the last file (written at or before shutdown) holds every routed token.

@@ -34,6 +34,11 @@ AMX_PERMISSION_DIR = Path(__file__).resolve().parent / "cpu_amx_permission"
 SERVED_NAME = "tiny-moe"
 WORKER_EXTENSION = "expert_residency.vllm_plugin.worker_ext.ResidencyWorkerExtension"
 STARTUP_TIMEOUT_S = 300.0
+# The KV pool of a test server: 64 MiB holds ~130,000 tokens of the tiny models (2 layers x 2 KV
+# heads x 32 dims x K and V x 2 bytes = 512 B per token), far above 8 sequences x 256 tokens.
+# vLLM's CPU build allocates and fills the pool at start-up: the 1 GiB of VLLM_CPU_KVCACHE_SPACE=1
+# (its smallest setting) was a third of each server's memory and seconds of its boot.
+KV_CACHE_BYTES = 64 * 2**20
 
 
 def vllm_available() -> bool:
@@ -45,10 +50,51 @@ def skip_reason() -> str:
             "scripts/setup-vllm-cpu.sh)")
 
 
+# Ports of this process's servers that have not stopped: two servers booting side by side must
+# not be handed the same free port (the kernel may give a just-closed one out again).
+_LIVE_PORTS: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _LIVE_PORTS:
+            return port
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``, from /proc."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def stop_group(process: subprocess.Popen[bytes], timeout: float = 60.0) -> int:
+    """SIGTERM the serve process (it stops its engine and workers) and wait until no process of
+    its group is left (SIGKILL after ``timeout``): the next server starts only once this one's
+    memory, ports and files are released, and a worker's shutdown dump is on disk."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    try:
+        returncode = process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        returncode = process.wait(timeout=30)
+    while group_members(process.pid):
+        if time.monotonic() > deadline:
+            os.killpg(process.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+        time.sleep(0.2)
+    return returncode
 
 
 def engine_pythonpath(*extra: Path) -> str:
@@ -64,7 +110,6 @@ def base_env(workdir: Path) -> dict[str, str]:
     (workdir / "tmp").mkdir(parents=True, exist_ok=True)
     env.update({
         "PYTHONPATH": engine_pythonpath(),
-        "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CACHE_ROOT": str(workdir / "cache"),
         "TMPDIR": str(workdir / "tmp"),
         "HF_HUB_OFFLINE": "1",
@@ -80,6 +125,7 @@ def serve_args(model_dir: Path, port: int, extra: list[str] | None = None) -> li
     return [str(VLLM_BIN), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
             "--dtype", "bfloat16", "--max-model-len", "256", "--seed", "0", "--enforce-eager",
             "--served-model-name", SERVED_NAME, "--max-num-seqs", "8",
+            "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
             # Every prompt is prefilled in full, so routed picks = tokens x layers x top-k exactly.
             "--no-enable-prefix-caching",
             *([] if "--worker-extension-cls" in (extra or []) else
@@ -111,6 +157,7 @@ class VllmServer:
         require_tier_marker("vllm", "vllm serve")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
+        _LIVE_PORTS.add(self.port)
         env = base_env(self.workdir)
         env.update(self.runtime_env)
         log = open(self.log_path, "wb")
@@ -140,27 +187,41 @@ class VllmServer:
                 raise AssertionError(f"vllm serve exited with {self.returncode} before it was "
                                      f"ready; log tail:\n{self.log_text()[-4000:]}")
             try:
-                if httpx.get(self.base_url + "/health", timeout=2.0).status_code == 200:
-                    return self
+                healthy = httpx.get(self.base_url + "/health", timeout=2.0).status_code == 200
             except httpx.HTTPError:
-                pass
+                healthy = False
+            if healthy:
+                self._assert_answering_is_ours()
+                return self
             time.sleep(1.0)
         self.stop()
         raise AssertionError(f"vllm serve not ready after {timeout:.0f} s; log tail:\n"
                              + self.log_text()[-4000:])
 
+    def _assert_answering_is_ours(self) -> None:
+        """/health answered: it must be this server (its own log says its API process started
+        and finished starting up), not another process that took the port first."""
+        assert self.process is not None
+        mine = (f"Started server process [{self.process.pid}]", "Application startup complete.")
+        deadline = time.monotonic() + 10.0     # the log line may trail the first answer a little
+        while True:
+            log = self.log_text()
+            if all(line in log for line in mine):
+                return
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        self.stop()
+        raise AssertionError(f"{self.base_url}/health answered, but not from this server "
+                             f"(pid {self.process.pid}): another process holds the port; "
+                             f"log tail:\n{log[-3000:]}")
+
     def stop(self, timeout: float = 60.0) -> int | None:
-        """SIGTERM the serve process (it stops its engine and workers); SIGKILL the group if stuck."""
-        if self.process is None or self.process.poll() is not None:
-            if self.process is not None:
-                self.returncode = self.process.returncode
+        """SIGTERM the serve process and wait for its whole process group (``stop_group``)."""
+        if self.process is None:
             return self.returncode
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.returncode = self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.returncode = self.process.wait(timeout=30)
+        self.returncode = stop_group(self.process, timeout)
+        _LIVE_PORTS.discard(self.port)
         return self.returncode
 
     # -- requests ---------------------------------------------------------------------------------

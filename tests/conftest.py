@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+import tiers
 from tiers import FAST_TIER, TEST_MARKS_ENV, TIER_MARKERS, tier_markers
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +59,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         for name in sorted(tier_markers(item)):
             item.add_marker(name)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    tiers.SELECTED_INTERPRETER_TESTS[:] = [item.nodeid for item in session.items
+                                           if item.get_closest_marker("interpreter")]
 
 
 @pytest.hookimpl(wrapper=True)

@@ -21,6 +21,9 @@ ENGINE_FIXTURES = frozenset({"vllm_required", "start_server", "count_profile"})
 DOCKER_FIXTURES = frozenset({"docker_engine"})
 INTERPRETER_CALLS = frozenset({"rerun_interpreted", "_rerun_interpreted"})
 ENGINE_MODULES = ("vllm_support.server",)
+# The session's selected interpreter tests (tests/conftest.py, after collection): run together in
+# one TRITON_INTERPRET=1 process by interpreter_rerun.
+SELECTED_INTERPRETER_TESTS: list[str] = []
 
 
 def _imports_engine_helper(module: object) -> bool:

@@ -31,7 +31,8 @@ from recipegen.ops.verify import compare
 from recipegen.recipe_io import load_recipe
 from vllm_support.agreement import (TINY_MOE_LOGPROB_TOLERANCE, assert_greedy_agreement,
                                     greedy_agreement, top1_margins)
-from vllm_support.server import VllmServer, completion_logprobs, completion_token_ids
+from vllm_support.server import (WARM_KERNELS, VllmServer, compiled_kernels, completion_logprobs,
+                                 completion_token_ids)
 from vllm_support.shared import (Boot, SharedBoot, SharedContext, register_boot, residency_env,
                                  shared_job)
 from vllm_support.prompts import MAX_TOKENS, PROMPTS
@@ -224,3 +225,14 @@ def test_modular_kernel_path_is_bit_identical_too(runs, modular_runs) -> None:
     assert runs["hot5-modular"].tokens == runs["unsplit-modular"].tokens == runs["unsplit"].tokens
     assert runs["hot5-modular"].logprobs == runs["unsplit-modular"].logprobs
     assert runs["unsplit-modular"].logprobs == runs["unsplit"].logprobs
+
+
+def test_no_server_compiled_in_its_request_path(runs, modular_runs, engine_plan) -> None:
+    """vLLM's logprobs helper was compiled once, before any server (``warm_compile_cache``): no
+    server of the plan compiled a kernel of its own (the cache holds only the warm-up's) or built
+    inductor's precompiled header in its TMPDIR, as each did at its first completion before —
+    where, under memory pressure, the compiler's peak got the worker OOM-killed and that
+    completion answered 500."""
+    assert compiled_kernels() == WARM_KERNELS != set()
+    for name, boot in engine_plan.items():
+        assert not list((boot.log_path.parent / "tmp").glob("torchinductor_*")), name

@@ -39,6 +39,22 @@ STARTUP_TIMEOUT_S = 300.0
 # vLLM's CPU build allocates and fills the pool at start-up: the 1 GiB of VLLM_CPU_KVCACHE_SPACE=1
 # (its smallest setting) was a third of each server's memory and seconds of its boot.
 KV_CACHE_BYTES = 64 * 2**20
+# vLLM ranks the sampled tokens' logprobs with a torch.compile'd helper
+# (vllm/v1/sample/ops/logprobs.py, batched_count_greater_than): on the CPU build, inductor turns
+# it into C++ at the first request that asks for logprobs, probing the CPU with g++, building a
+# 149 MB precompiled header of torch's headers and compiling the kernel (~30 s and a few hundred
+# MB beside the serving worker). With each server's TMPDIR as inductor's cache every server did
+# that inside its first completion; under memory pressure the kernel's OOM killer then takes
+# the worker and that completion answers 500 ("EngineCore encountered an issue"). One cache for
+# every test server (kept in .cache, git-ignored), filled before the first one starts
+# (``warm_compile_cache``), takes the compiler out of the request path.
+INDUCTOR_CACHE_DIR = REPO_ROOT / ".cache" / "torchinductor-test-engines"
+# Inductor keeps its precompiled headers in its *default* folder (under TMPDIR, i.e. per server),
+# not in TORCHINDUCTOR_CACHE_DIR, and builds the 149 MB header at a process's first kernel load
+# even when the kernel itself is cached: without precompiled headers a cached kernel is only
+# loaded (the kernel code is the same; the warm-up compiles it once without one).
+INDUCTOR_ENV = {"TORCHINDUCTOR_CACHE_DIR": str(INDUCTOR_CACHE_DIR),
+                "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
 
 
 def vllm_available() -> bool:
@@ -53,6 +69,54 @@ def skip_reason() -> str:
 # Ports of this process's servers that have not stopped: two servers booting side by side must
 # not be handed the same free port (the kernel may give a just-closed one out again).
 _LIVE_PORTS: set[int] = set()
+
+
+_WARM_CODE = r"""
+import torch
+from vllm.v1.sample.ops.logprobs import batched_count_greater_than
+# The worker's setting (vllm/v1/worker/gpu_worker.py, which CPUWorker extends): part of the key.
+torch.set_float32_matmul_precision("highest")
+# As the sampler calls it (vllm/v1/sample/sampler.py, gather_logprobs): fp32 logprobs over the
+# tiny models' 512-word vocabulary, the chosen tokens' logprobs gathered, the batch dimension
+# unbacked (one graph for every batch size); in inference mode, as the worker runs its steps.
+with torch.inference_mode():
+    logprobs = torch.log_softmax(torch.randn(3, 512), dim=-1)
+    chosen = logprobs.gather(-1, logprobs.argmax(-1).unsqueeze(-1))
+    torch._dynamo.decorators.mark_unbacked(logprobs, 0)
+    torch._dynamo.decorators.mark_unbacked(chosen, 0)
+    assert batched_count_greater_than(logprobs, chosen).tolist() == [1, 1, 1]   # top token: rank 1
+print("compile cache warm")
+"""
+_warmed = False
+WARM_KERNELS: set[str] = set()   # the compiled kernels in the cache after the warm-up
+
+
+def compiled_kernels() -> set[str]:
+    return {p.name for p in INDUCTOR_CACHE_DIR.glob("*/*.so")}
+
+
+def warm_compile_cache() -> None:
+    """Compile vLLM's logprobs helper once into ``INDUCTOR_CACHE_DIR`` (CPU probes, precompiled
+    header, kernels), in a process of its own, before any test server needs it; a compile
+    failure fails here, naming itself. Seconds when the cache is already filled."""
+    global _warmed
+    if _warmed:
+        return
+    INDUCTOR_CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHON"))}
+    # What vLLM's CPU platform sets for its processes (vllm/platforms/cpu.py), so that the
+    # compiled graph is the one the worker asks the cache for.
+    env.update(INDUCTOR_ENV, TORCHINDUCTOR_COMPILE_THREADS="1",
+               TORCHINDUCTOR_CPP_DYNAMIC_THREADS="1")
+    # The interpreter `vllm serve` runs under (its script's #! line): the compiler's include
+    # paths, part of each kernel's key, come from its prefix.
+    python = VLLM_BIN.read_text(errors="replace").splitlines()[0].removeprefix("#!").strip()
+    done = subprocess.run([python, "-c", _WARM_CODE], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0 and "compile cache warm" in done.stdout, \
+        "compiling vLLM's logprobs helper failed:\n" + done.stderr[-4000:]
+    WARM_KERNELS.update(compiled_kernels())
+    _warmed = True
 
 
 def free_port() -> int:
@@ -117,6 +181,7 @@ def base_env(workdir: Path) -> dict[str, str]:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "VLLM_SERVER_DEV_MODE": "1",  # exposes POST /collective_rpc for the tests
+        **INDUCTOR_ENV,
     })
     return env
 
@@ -155,6 +220,7 @@ class VllmServer:
 
     def start(self) -> "VllmServer":
         require_tier_marker("vllm", "vllm serve")
+        warm_compile_cache()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
         _LIVE_PORTS.add(self.port)

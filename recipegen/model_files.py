@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 
 def load_model_file(relative: str, *, base: Path) -> dict[str, Any]:

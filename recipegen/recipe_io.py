@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 from pydantic import ValidationError
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 from recipegen.schema import Recipe
 from recipegen.schema.base import PathError, reachable_models
 from recipegen.schema.checks import Problem, cross_reference_problems

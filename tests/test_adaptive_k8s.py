@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from expert_residency.core.adaptive_setup import ENV_ADAPTIVE, ENV_PRIORS, format_adaptive_spec
 from expert_residency.core.adaptive_config import AdaptiveConfig
 from recipegen.cli import main
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 from recipegen.k8s import manifests
 from recipegen.k8s.render import render_k8s
 from recipegen.k8s.validate import validate_manifest

@@ -12,7 +12,7 @@ import pytest
 
 from recipegen.ledger import compute_lane
 from recipegen.schema import Lane, Machine, Model
-from recipegen.units import GiB
+from recipegen.common.units import GiB
 
 MACHINE = {"name": "box", "gpus": {"kind": "H200", "count": 8, "compute_capability": "9.0",
                                    "hbm": "141 GB", "hbm_bandwidth": "4.8 TB/s"},

@@ -152,7 +152,7 @@ def test_three_stages_one_worker_template(tmp_path: Path) -> None:
 
 
 def test_workers_with_different_slices_are_refused(tmp_path: Path) -> None:
-    from recipegen.errors import InputError
+    from recipegen.common.errors import InputError
 
     loaded = load_recipe(_three_stations(tmp_path, offload=True))
     with pytest.raises(InputError, match="one worker template"):

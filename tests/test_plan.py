@@ -14,7 +14,7 @@ from recipegen.costmodel.prefetch import lane_prefetch_price
 from recipegen.costmodel.seed_tables import FIGURE3_ROWS, PREFETCH_PRINTED, printed_like
 from recipegen.costmodel.steps import measured_step
 from recipegen.costmodel.sweep import parse_sweep, sweep_hot
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 from recipegen.recipe_io import load_recipe
 
 REFERENCE = "dsv41-flash-gb300"

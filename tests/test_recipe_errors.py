@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from recipegen.cli import main
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 from recipegen.recipe_io import load_recipe
 
 CORPUS = Path(__file__).parent / "bad_recipes"

@@ -10,7 +10,7 @@ import pytest
 
 from recipegen.ledger import compute_ledger
 from recipegen.recipe_io import load_recipe
-from recipegen.units import GiB
+from recipegen.common.units import GiB
 
 REPO = Path(__file__).resolve().parent.parent
 

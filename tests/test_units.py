@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipegen.units import (GB, GiB, MiB, TB, UnitError, format_bytes, format_tokens,
+from recipegen.common.units import (GB, GiB, MiB, TB, UnitError, format_bytes, format_tokens,
                              largest_count_within, parse_bandwidth, parse_bytes, parse_count,
                              parse_scaled_number)
 

@@ -12,7 +12,7 @@ import sys
 import click
 
 from recipegen import __version__
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 # command name -> "module:attribute"; each module owns its command(s).
 COMMANDS: dict[str, str] = {

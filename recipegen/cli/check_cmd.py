@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 EXIT_OK, EXIT_OVER_BUDGET, EXIT_INVALID = 0, 1, 2
 

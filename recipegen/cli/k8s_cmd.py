@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 
 def _targets(recipes: tuple[str, ...]) -> list[str]:

@@ -100,7 +100,7 @@ def _age(seconds: float | None) -> str:
 def status(recipe: str | None, as_json: bool) -> None:
     """Every container with recipegen labels (of RECIPE, or all): lane, class, hashes, health,
     uptime, and whether it is current against the rendering."""
-    from recipegen.errors import RecipegenError
+    from recipegen.common.errors import RecipegenError
     from recipegen.ops.deployment import Deployment
     from recipegen.ops.engine import connect
     from recipegen.ops.lanes import status as run_status
@@ -207,7 +207,7 @@ def profile(recipe: str, lane: str, cls: str | None, prompts: Path | None, serve
             endpoint: str | None, dump_dir: Path | None, rpc: bool, signal_pid: int | None,
             overrides: tuple[Path, ...], machine: str | None, wait_timeout: int) -> None:
     """Count-only profile boot → the class's histogram → its row map, as one command."""
-    from recipegen.errors import InputError
+    from recipegen.common.errors import InputError
     from recipegen.ops.profile import profile_endpoint, profile_in_docker
     from recipegen.ops.rendering import Rendering
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from recipegen.errors import InputError
-from recipegen.units import GiB
+from recipegen.common.errors import InputError
+from recipegen.common.units import GiB
 
 
 def _streams(text: str | None) -> list[int] | None:

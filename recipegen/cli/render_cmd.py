@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from recipegen.errors import InputError, RecipegenError
+from recipegen.common.errors import InputError, RecipegenError
 from recipegen.render.compose import TEMPLATES_DIR, service_hashes  # noqa: F401 (re-export)
 
 _CLASS_ARG = re.compile(r"([a-z0-9][a-z0-9-]*)=([a-z0-9][a-z0-9-]*)")

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 GEOMETRY_HELP = ("Model geometry for capture files: --recipe R, or --experts E "
                  "[--layers 0-39] [--top-k K].")
@@ -32,7 +32,7 @@ def _decode_only_option(func: Any) -> Any:
 
 
 def _parse_size(text: str, field: str) -> int:
-    from recipegen.units import UnitError, parse_bytes
+    from recipegen.common.units import UnitError, parse_bytes
     stripped = text.strip().replace("_", "").replace(",", "")
     if stripped.isdigit():
         return int(stripped)

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from expert_residency.formats import atomic_write_text
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 
 @click.command()

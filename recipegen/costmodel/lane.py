@@ -17,8 +17,8 @@ from recipegen.costmodel.kschedule import KScheduleCheck, check_k_schedule
 from recipegen.costmodel.parallel import ONE_LINK_PER_GPU, fullest_rank, gpu_reads, lane_ep_shares
 from recipegen.costmodel.steps import measured_step
 from recipegen.costmodel.unique_experts import UniqueExpertsModel, calibrated_model
-from recipegen.errors import InputError
-from recipegen.units import GiB
+from recipegen.common.errors import InputError
+from recipegen.common.units import GiB
 
 
 def unique_model_for(model: Any) -> UniqueExpertsModel:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recipegen.costmodel.figures import Figure, Operand
-from recipegen.units import GiB
+from recipegen.common.units import GiB
 
 
 @dataclass(frozen=True)

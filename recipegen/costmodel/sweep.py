@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from recipegen.costmodel.lane import ColdShare, FetchPoint, _load_histogram, fetch_points, unique_model_for
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 _SWEEP_RE = re.compile(r"^\s*hot\s*=\s*(\d+)\s*\.\.\s*(\d+)\s*(?::\s*(\d+))?\s*$")
 

@@ -9,7 +9,7 @@ from expert_residency.core.adaptive_config import barrier_link_bytes, staging_by
 
 from recipegen.ledger.figures import Figure
 from recipegen.schema import Lane, Machine, Model
-from recipegen.units import GiB, MiB
+from recipegen.common.units import GiB, MiB
 
 
 def adaptive_figures(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], Figure],

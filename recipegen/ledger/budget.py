@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from recipegen.schema import Model, Offload
-from recipegen.units import largest_count_within
+from recipegen.common.units import largest_count_within
 
 
 @dataclass(frozen=True)

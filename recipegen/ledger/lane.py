@@ -25,7 +25,7 @@ from recipegen.ledger.verdict import budget_violations
 from recipegen.ledger.vllm_layout import as_lane_lays_out
 from recipegen.ledger.workspace import same_budget_workspace, workspace_figures
 from recipegen.schema import Lane, Machine, Model
-from recipegen.units import GiB, format_bytes, format_tokens
+from recipegen.common.units import GiB, format_bytes, format_tokens
 
 
 @dataclass

@@ -29,7 +29,7 @@ from recipegen.ledger.result import LaneLedger, PlacementLedger
 from recipegen.ledger.figures import Figure
 from recipegen.multinode.partition import StageLayers, stage_layers
 from recipegen.schema import HbmReserve, HostReserve, HostTable, Lane, Model, Recipe
-from recipegen.units import format_bytes, format_tokens
+from recipegen.common.units import format_bytes, format_tokens
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import Callable
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.result import USAGE_AWARE, PlacementLedger, Violation
 from recipegen.schema import Lane, Model
-from recipegen.units import format_bytes
+from recipegen.common.units import format_bytes
 
 # Block granularity of each expert format along the intermediate dim (one scale per this many values).
 SHARD_BLOCK = {"fp8-block": 128, "mxfp4": 32}

@@ -11,7 +11,7 @@ from recipegen.ledger.figures import Figure
 from recipegen.ledger.placement import experts_only, layer_param_bytes, positional_walk
 from recipegen.ledger.result import POSITIONAL, USAGE_AWARE, PlacementLedger, n_total_bytes, rounded, src_note
 from recipegen.schema import Lane, Model
-from recipegen.units import GiB, format_bytes, largest_count_within
+from recipegen.common.units import GiB, format_bytes, largest_count_within
 
 
 def usage_aware_placement(model: Model, lane: Lane, rowmap_hot: Sequence[int] | None,

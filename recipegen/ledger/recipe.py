@@ -9,7 +9,7 @@ from recipegen.ledger.lane import compute_lane
 from recipegen.ledger.multinode import MultiNodeLaneLedger, compute_multinode_lane, stage_engines
 from recipegen.ledger.result import LaneLedger, RecipeLedger, Violation
 from recipegen.schema import Lane, Recipe
-from recipegen.units import format_bytes
+from recipegen.common.units import format_bytes
 
 
 def compute_ledger(loaded: Any) -> RecipeLedger:

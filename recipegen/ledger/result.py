@@ -11,7 +11,7 @@ from typing import Any
 
 from recipegen.ledger.figures import Figure
 from recipegen.schema import Model
-from recipegen.units import GiB
+from recipegen.common.units import GiB
 
 USAGE_AWARE, POSITIONAL = "usage-aware", "positional"
 

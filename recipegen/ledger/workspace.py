@@ -55,7 +55,7 @@ from recipegen.ledger.parallel import expert_parallel
 from recipegen.ledger.result import USAGE_AWARE
 from recipegen.ledger.vllm_layout import lane_geometry
 from recipegen.schema import Lane, Machine, Model
-from recipegen.units import GiB
+from recipegen.common.units import GiB
 
 # Expert formats whose split layer on CUDA runs a kernel with the shared workspace
 # (vllm_plugin/mxfp4_experts.py; vllm_plugin/dense_layers.py, which refuses fp16 on CUDA).

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 from recipegen.modelimport.config import Config
 from recipegen.modelimport.dense import dense_bytes
 from recipegen.modelimport.geometry import (GPT_OSS_ALPHA, GPT_OSS_BIAS_SOURCE, GPT_OSS_SOURCE, MOE_INTER_FIELDS,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 from recipegen.modelimport.config import Config
 
 # gpt-oss's swigluoai constants are set by vLLM, not the config:

@@ -19,7 +19,7 @@ import numpy as np
 
 from expert_residency.core.dump import DEFAULT_INTERVAL_S, ENV_DIR, ENV_INTERVAL, parse_dump_name
 from expert_residency.formats import FormatError, Histogram, parse_histogram
-from recipegen.errors import InputError, RecipegenError
+from recipegen.common.errors import InputError, RecipegenError
 
 # How long past one dump interval a snapshot may take to appear in the folder.
 SNAPSHOT_MARGIN_S = 30.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 from recipegen.ops.doctor import HostRequirement
 from recipegen.ops.verify import Expected
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from expert_residency.core.dump import ENV_DIR
 from expert_residency.formats import FormatError, find_report_lines, load_histogram, load_rowmap
-from recipegen.errors import InputError, RecipegenError
+from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.deployment import Deployment
 from recipegen.ops.drift import DEFAULT_TOLERANCE, DriftVerdict, judge

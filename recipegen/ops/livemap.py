@@ -16,7 +16,7 @@ from expert_residency.core.adaptive_setup import ENV_ADAPTIVE, parse_adaptive_sp
 from expert_residency.core.dump import LiveMap
 from expert_residency.formats import FormatError, Histogram, RowMap, parse_rowmap
 
-from recipegen.errors import InputError, RecipegenError
+from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops.dumps import Snapshot, snapshots
 
 

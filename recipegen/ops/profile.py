@@ -22,7 +22,7 @@ from typing import Any
 
 from expert_residency.core.dump import ENV_DIR
 from expert_residency.formats import Histogram, RowMap, save_histogram, save_rowmap
-from recipegen.errors import InputError, RecipegenError
+from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.deployment import Deployment, service_profiles
 from recipegen.ops.dumps import (Snapshot, difference, env_dump_dir, read_host_dir, snapshot_wait_s,

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import jinja2
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent.parent / "templates"
 CONFIG_HASH_LABEL = "io.recipegen.config-hash"

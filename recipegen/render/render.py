@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 from recipegen.recipe_io import display_path
 from recipegen.render.compose import TEMPLATES_DIR, make_environment, render_compose
 from recipegen.render.compose_validate import validate_compose_file

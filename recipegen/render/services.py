@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from recipegen.errors import InputError
-from recipegen.moe_backend import (START_PERIOD_AUTOTUNED, BackendChoice, NoBackend, choose,
+from recipegen.common.errors import InputError
+from recipegen.vllm_flags.moe_backend import (START_PERIOD_AUTOTUNED, BackendChoice, NoBackend, choose,
                                    start_period)
 from recipegen.render.compose import HealthCheck, Interpolated, Mount, ServiceSpec
 from recipegen.vllm_flags import FlagTable, argv_problems
@@ -44,7 +44,7 @@ DUMP_INTERVAL_LANE_S = 600
 
 # --- container defaults ------------------------------------------------------------------------
 SHM_SIZE = "16gb"
-# Health start period: by the lane's MoE backend (recipegen.moe_backend.start_period).
+# Health start period: by the lane's MoE backend (recipegen.vllm_flags.moe_backend.start_period).
 SECRETS_ENV_FILE = "secrets.env"
 PROFILE_COMPOSE_PROFILE = "profile"
 PROFILE_BOOT_FLAGS: tuple[tuple[str, ...], ...] = (
@@ -99,7 +99,7 @@ def format_gib(num_bytes: int) -> str:
 
 def _moe_backend(loaded: LoadedRecipe, index: int, recipe: Recipe, stage: Stage, mode: str
                  ) -> BackendChoice:
-    """`--moe-backend` by the stage's GPU and the expert format (recipegen.moe_backend); a
+    """`--moe-backend` by the stage's GPU and the expert format (recipegen.vllm_flags.moe_backend); a
     residency lane no backend admits is refused (check budgets says the same)."""
     machine = recipe.machines[stage.machine]
     try:

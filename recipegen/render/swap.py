@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recipegen.errors import InputError, RecipegenError
+from recipegen.common.errors import InputError, RecipegenError
 from recipegen.recipe_io import RECIPE_TEMP_SUFFIX, recipe_temp_path, write_recipe_atomically
 from recipegen.render.compose import TEMPLATES_DIR
 

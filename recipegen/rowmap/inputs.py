@@ -17,7 +17,7 @@ from expert_residency.formats import (FormatError, Histogram, RowMap, histogram_
                                       load_histogram, load_rowmap)
 from expert_residency.formats.capture import capture_kind
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 
 def input_error(exc: FormatError) -> InputError:

@@ -13,7 +13,7 @@ from recipegen.rowmap.compare import CompareReport
 from recipegen.rowmap.diff import DiffReport
 from recipegen.rowmap.evaluate import EvalReport, HistogramEval
 from recipegen.rowmap.skew import TOP_FRACTIONS, top_count
-from recipegen.units import GiB as GIB
+from recipegen.common.units import GiB as GIB
 
 
 def pct(x: float) -> str:

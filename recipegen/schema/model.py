@@ -10,7 +10,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 
 from recipegen.schema.base import Bytes, PositiveBytes, ScaledNumber, StrictModel
 from recipegen.schema.sourced import lift_sources
-from recipegen.units import GiB
+from recipegen.common.units import GiB
 
 # Storage per logical element: (bits per value, values per scale block, bytes per scale).
 # The block here is the format's own (over the flattened tensor); a tensor with an explicit

@@ -132,7 +132,7 @@ def _render(project: Path, name: str, doc: dict[str, Any]) -> tuple[int, str, Pa
 def _accepting_leaves(doc: dict[str, Any], payload: str, tmp: Path) -> list[tuple]:
     """String fields of the reference recipe that validate with `payload` in them."""
     from recipegen.recipe_io import load_recipe
-    from recipegen.errors import InputError
+    from recipegen.common.errors import InputError
 
     accepted = []
     for path in _string_leaves(doc):

@@ -179,7 +179,7 @@ def test_pluggable_layers_are_swapped_by_class_name(root: Path) -> None:
 
 @tree
 def test_runner_builds_a_missing_quant_config_from_the_layer(root: Path) -> None:
-    """Why ``dense_layers.hold_back`` sets ``moe_quant_config`` before re-homing: the runner's
+    """Why ``dense_hold_back.hold_back`` sets ``moe_quant_config`` before re-homing: the runner's
     forward builds it from the layer's parameters when it is still None."""
     ensure = _flat(_function(root, f"{FUSED_MOE}/routed_experts.py", "_ensure_moe_quant_config_init",
                              "RoutedExperts"))

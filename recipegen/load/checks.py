@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from recipegen.load.document import Problem
+from recipegen.multinode.checks import parallel_problems
 from recipegen.schema.adaptive import adaptive_problems
 from recipegen.schema.recipe import Recipe
-
-Problem = tuple[tuple[str | int, ...], str]
 
 
 def project_root_of(base_dir: Path) -> Path:
@@ -86,7 +86,6 @@ def cross_reference_problems(recipe: Recipe, base_dir: Path) -> list[Problem]:
         problems.extend(_class_problems(recipe, i, base_dir))
         problems.extend(adaptive_problems(lane, ("lanes", i)))
         if lane.parallel is not None:
-            from recipegen.multinode.checks import parallel_problems
             problems.extend(parallel_problems(recipe, i))
     return problems
 

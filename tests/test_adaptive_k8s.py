@@ -18,7 +18,7 @@ from recipegen.common.errors import InputError
 from recipegen.k8s import manifests
 from recipegen.k8s.render import render_k8s
 from recipegen.k8s.validate import validate_manifest
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 from test_multinode import _mixed_recipe
 
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from recipegen.cli import main
 from recipegen.ledger import compute_ledger
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 from test_adaptive_k8s import _adaptive_recipe
 
 E = 18_800_640   # DSv4.1-Flash MXFP4 bytes per expert (the catalog's figure)

@@ -10,7 +10,7 @@ import pytest
 
 from expert_residency.formats import RowMap, save_rowmap
 from recipegen.ledger import compute_lane, compute_ledger, declared_split, positional_walk, rehoming_peaks
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 from recipegen.common.units import GiB, parse_bytes
 
 REPO = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ import pytest
 
 from recipegen.ledger.pinning import (caching_host_allocation, pinned_per_layer, rehoming_host_peak,
                                       vllm_parameters)
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 from recipegen.common.units import GiB
 
 from test_ledger import REFERENCE

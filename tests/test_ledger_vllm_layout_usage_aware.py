@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from recipegen.ledger import compute_lane
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS, EXPERTS, HOT = 36, 128, 50

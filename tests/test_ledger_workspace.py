@@ -13,7 +13,7 @@ from recipegen.ledger import compute_lane
 from recipegen.ledger.workspace import (counter_bytes, fitted_tile, fp8_scratch_bytes, kernel_workspace_bytes,
                                         max_num_batched_tokens, next_pow2, split_ticket_bytes)
 from recipegen.ledger.vllm_layout import as_lane_lays_out
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 from recipegen.common.units import GiB
 
 REPO = Path(__file__).resolve().parents[1]

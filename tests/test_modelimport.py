@@ -17,7 +17,7 @@ import yaml
 from recipegen.catalog import catalog_entry
 from recipegen.common.errors import InputError
 from recipegen.modelimport import import_model
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 from recipegen.schema import Model
 
 REPO = Path(__file__).resolve().parent.parent

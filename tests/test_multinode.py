@@ -19,7 +19,7 @@ from recipegen.common.errors import InputError
 from recipegen.ledger import compute_ledger
 from recipegen.multinode.launch import lane_launches, node_args, node_env
 from recipegen.multinode.partition import PartitionError, stage_layers, vllm_partition
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 from recipegen.common.units import GiB
 from vllm033_source import vllm033_source
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from recipegen.cli.k8s_cmd import k8s
 from recipegen.k8s.render import render_k8s
 from recipegen.k8s.validate import lws_schema_source, validate_manifest
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = "dsv41-flash-gb300x2-pp2"

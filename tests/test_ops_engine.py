@@ -64,7 +64,7 @@ def _write_standin_data(project: TestProject) -> None:
     report per class from that class's row map (as the runtime would), vLLM's KV capacity per
     lane (AGENT_KV_TOKENS, worked out by hand; the prose lane wrong on purpose), and live
     counters."""
-    from recipegen.recipe_io import load_recipe
+    from recipegen.load.recipe import load_recipe
 
     loaded = load_recipe(project.recipe)
     data = project.standin_dir

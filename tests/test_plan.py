@@ -15,7 +15,7 @@ from recipegen.costmodel.seed_tables import FIGURE3_ROWS, PREFETCH_PRINTED, prin
 from recipegen.costmodel.steps import measured_step
 from recipegen.costmodel.sweep import parse_sweep, sweep_hot
 from recipegen.common.errors import InputError
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 
 REFERENCE = "dsv41-flash-gb300"
 

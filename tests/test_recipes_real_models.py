@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from recipegen.ledger import compute_ledger
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 from recipegen.common.units import GiB
 
 REPO = Path(__file__).resolve().parent.parent

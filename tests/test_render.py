@@ -544,7 +544,7 @@ lanes:
 @needs_compose
 def test_lanes_sharing_a_gpu_get_the_ledgers_kv_bytes_and_start_in_order(project: Path) -> None:
     from recipegen.ledger import compute_ledger
-    from recipegen.recipe_io import load_recipe
+    from recipegen.load.recipe import load_recipe
 
     recipe_file = project / "recipes" / "shared.yaml"
     recipe_file.write_text(SHARED_RECIPE)

@@ -36,7 +36,7 @@ def _deployment(recipe: str, overrides: tuple[Path, ...], machine: str | None = 
     from recipegen.cli import _recover_interrupted_swaps
     from recipegen.ops.deployment import Deployment
     from recipegen.ops.rendering import Rendering
-    from recipegen.recipe_io import resolve_recipe_path
+    from recipegen.load.recipe import resolve_recipe_path
 
     _recover_interrupted_swaps([resolve_recipe_path(recipe).parent])  # a recipe named by path
     return Deployment(Rendering.load(recipe, machine), overrides=list(overrides))
@@ -113,7 +113,7 @@ def status(recipe: str | None, as_json: bool) -> None:
             rendering = Rendering.load(name, None)
         except RecipegenError:
             try:
-                from recipegen.recipe_io import load_recipe
+                from recipegen.load.recipe import load_recipe
 
                 machines = Rendering(name, load_recipe(name)).machines()
                 machine = next(m for m in machines if project == f"{name}-{m}".lower())
@@ -124,7 +124,7 @@ def status(recipe: str | None, as_json: bool) -> None:
 
     name = None
     if recipe is not None:
-        from recipegen.recipe_io import load_recipe
+        from recipegen.load.recipe import load_recipe
 
         name = load_recipe(recipe).name
     lanes = run_status(connect(), recipe=name, load=load)
@@ -215,7 +215,7 @@ def profile(recipe: str, lane: str, cls: str | None, prompts: Path | None, serve
         if dump_dir is None:
             raise InputError("--endpoint needs --dump-dir (where its runtime writes snapshots)",
                              field="--dump-dir")
-        from recipegen.recipe_io import load_recipe
+        from recipegen.load.recipe import load_recipe
 
         profile_endpoint(load_recipe(recipe), lane, cls, endpoint=endpoint,
                          dump_dir=dump_dir, prompts=prompts, rpc=rpc, signal_pid=signal_pid,

@@ -46,7 +46,7 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
     from recipegen.costmodel.prefetch import lane_prefetch_price
     from recipegen.costmodel.sweep import parse_sweep, sweep_hot, table_rows
     from recipegen.ledger import compute_ledger
-    from recipegen.recipe_io import load_recipe
+    from recipegen.load.recipe import load_recipe
 
     loaded = load_recipe(recipe)
     names = [l.name for l in loaded.recipe.lanes]

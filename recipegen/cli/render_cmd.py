@@ -56,7 +56,8 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
 
     A bare name resolves under recipes/. With no RECIPE, every recipe under recipes/.
     """
-    from recipegen.recipe_io import display_path, list_recipes, load_recipe, resolve_recipe_path
+    from recipegen.load.document import display_path
+    from recipegen.load.recipe import list_recipes, load_recipe, resolve_recipe_path
     from recipegen.render.output import read_manifest
     from recipegen.render.render import (check_rendering, orphan_outputs, project_root_for,
                                          render_recipe, validate_rendering, write_rendering)
@@ -116,7 +117,7 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
 def _echo_diff(target: Path, new: bytes) -> None:
     import difflib
 
-    from recipegen.recipe_io import display_path
+    from recipegen.load.document import display_path
 
     old = target.read_bytes() if target.is_file() else b""
     if old == new:
@@ -145,7 +146,7 @@ def _write(rendering, validate: bool) -> None:
 
 
 def _report(written: list[Path], old: dict[Path, dict[str, str]]) -> None:
-    from recipegen.recipe_io import display_path
+    from recipegen.load.document import display_path
 
     for compose_file in written:
         new = service_hashes(compose_file.read_text(encoding="utf-8"))

@@ -423,7 +423,7 @@ def save_live(recipe: str, lane: str, cls: str, dump_dir: Path | None, machine: 
     """Keep the live map of an adaptive LANE (its newest histogram snapshot's) as class CLS's map."""
     from recipegen.ops.dumps import read_host_dir
     from recipegen.ops.livemap import save_live as run
-    from recipegen.recipe_io import load_recipe
+    from recipegen.load.recipe import load_recipe
 
     loaded = load_recipe(recipe)
     if dump_dir is None:

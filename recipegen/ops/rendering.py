@@ -23,14 +23,14 @@ class Rendering:
 
     @classmethod
     def load(cls, recipe: str, machine: str | None = None) -> "Rendering":
-        from recipegen.recipe_io import load_recipe
+        from recipegen.load.recipe import load_recipe
 
         rendering = cls(recipe, load_recipe(recipe), machine)
         rendering._check_machine()
         return rendering
 
     def reload(self) -> None:
-        from recipegen.recipe_io import load_recipe
+        from recipegen.load.recipe import load_recipe
 
         self.loaded = load_recipe(self.loaded.path)
 

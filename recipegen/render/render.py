@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from recipegen.common.errors import RecipegenError
-from recipegen.recipe_io import display_path
+from recipegen.load.document import display_path
 from recipegen.render.compose import TEMPLATES_DIR, make_environment, render_compose
 from recipegen.render.compose_validate import validate_compose_file
 from recipegen.render.output import (RenderedFiles, Staleness, compare_output_dir, read_manifest,
@@ -27,7 +27,7 @@ from recipegen.vllm_flags import TARGET_VLLM_VERSION, load_flag_table
 
 if TYPE_CHECKING:
     from recipegen.ledger import RecipeLedger
-    from recipegen.recipe_io import LoadedRecipe
+    from recipegen.load.recipe import LoadedRecipe
 
 COMPOSE_DIRNAME = "compose"
 COMPOSE_FILE = "compose.yaml"

@@ -23,7 +23,7 @@ from recipegen.vllm_flags import FlagTable, argv_problems
 if TYPE_CHECKING:
     from expert_residency.formats import RowMap
 
-    from recipegen.recipe_io import LoadedRecipe
+    from recipegen.load.recipe import LoadedRecipe
     from recipegen.schema import Recipe
     from recipegen.schema.lane import Lane, Speculative
 
@@ -418,7 +418,7 @@ def _adaptive(loaded: LoadedRecipe, index: int, lane: Lane
     from expert_residency.core.adaptive_setup import ENV_ADAPTIVE, ENV_PRIORS, format_adaptive_spec
     from expert_residency.formats import FormatError, parse_histogram
 
-    from recipegen.schema.adaptive import prior_classes
+    from recipegen.schema.lane import prior_classes
 
     adaptive = lane.offload.adaptive
     assert adaptive is not None

@@ -18,6 +18,7 @@ from expert_residency.formats import (FormatError, Histogram, RowMap, histogram_
 from expert_residency.formats.capture import capture_kind
 
 from recipegen.common.errors import InputError
+from recipegen.load.recipe import load_recipe
 
 
 def input_error(exc: FormatError) -> InputError:
@@ -38,12 +39,6 @@ class Geometry:
 
 def geometry_from_recipe(recipe: str) -> Geometry:
     """Model geometry of a recipe (name under recipes/ or a path)."""
-    try:
-        from recipegen.recipe_io import load_recipe
-    except ImportError:  # the recipe loader is another engineer's module
-        raise InputError("--recipe needs recipegen.recipe_io, which this build lacks; "
-                         "give --experts/--layers/--bytes-per-expert instead",
-                         field="--recipe") from None
     loaded = load_recipe(recipe)
     model = loaded.recipe.model
     return Geometry(tuple(model.moe_layers), int(model.routed_experts),

@@ -291,3 +291,13 @@ class Lane(StrictModel):
     @property
     def tensor_parallel_size(self) -> int:
         return len(self.gpus)
+
+
+def prior_classes(lane: Lane) -> list[str]:
+    """The classes whose histograms the lane's adaptive policy reads as priors, in declared order."""
+    adaptive = lane.offload.adaptive
+    if adaptive is None:
+        return []
+    if adaptive.priors is None:
+        return [name for name, cls in lane.classes.items() if cls.histogram]
+    return list(adaptive.priors)

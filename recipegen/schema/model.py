@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from recipegen.schema.base import Bytes, PositiveBytes, ScaledNumber, StrictModel
+from recipegen.schema.base import Bytes, PathError, PositiveBytes, ScaledNumber, StrictModel
 from recipegen.schema.sourced import lift_sources
 from recipegen.common.units import GiB
 
@@ -71,7 +71,6 @@ class ExpertTensor(StrictModel):
 
     @model_validator(mode="after")
     def _check_scale(self) -> "ExpertTensor":
-        from recipegen.schema.base import PathError
         if self.dtype == "int4" and self.scale is None:
             raise PathError("int4 values need their scale layout (e.g. {dtype: bf16, block: [32]})",
                             ("scale",))
@@ -136,7 +135,6 @@ class AttentionLayers(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> "AttentionLayers":
-        from recipegen.schema.base import PathError
         need = {"full": ("kv_heads", "head_dim"), "sliding": ("kv_heads", "head_dim", "window"),
                 "mla": ("kv_lora_rank", "rope_head_dim")}[self.kind]
         for name in need:
@@ -338,7 +336,6 @@ class Model(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> "Model":
-        from recipegen.schema.base import PathError
         if self.moe_layers != sorted(set(self.moe_layers)):
             raise PathError("MoE layer indices must be unique and ascending", ("moe_layers",))
         if self.moe_layers[-1] >= self.decoder_layers:
@@ -367,7 +364,6 @@ class Model(StrictModel):
         return self
 
     def _check_dense_tp(self) -> None:
-        from recipegen.schema.base import PathError
         part = self.dense_tensor_parallel
         assert part is not None
         if self.dense_bytes is None:
@@ -380,7 +376,6 @@ class Model(StrictModel):
             raise PathError("give kv_heads exactly when kv_projections > 0", ("dense_tensor_parallel", "kv_heads"))
 
     def _check_attention(self) -> None:
-        from recipegen.schema.base import PathError
         seen: dict[int, int] = {}
         for i, group in enumerate(self.attention):
             for layer in group.layers:

@@ -131,7 +131,7 @@ def _render(project: Path, name: str, doc: dict[str, Any]) -> tuple[int, str, Pa
 
 def _accepting_leaves(doc: dict[str, Any], payload: str, tmp: Path) -> list[tuple]:
     """String fields of the reference recipe that validate with `payload` in them."""
-    from recipegen.recipe_io import load_recipe
+    from recipegen.load.recipe import load_recipe
     from recipegen.common.errors import InputError
 
     accepted = []
@@ -174,7 +174,7 @@ def test_no_recipe_value_changes_the_keys_compose_sees(project: Path, index: int
     service = config["services"]["lane-agent"]
     # Exactly as the recipe loader read it (YAML itself folds e.g. U+0085 in the recipe file):
     # no interpolation, no escape left over, nothing cut at a line break.
-    from recipegen.recipe_io import load_recipe
+    from recipegen.load.recipe import load_recipe
 
     lane = load_recipe(project / "recipes" / "hostile.yaml", read_maps=False).recipe.lanes[0]
     assert service["environment"]["RG_PAYLOAD"] == lane.env["RG_PAYLOAD"]

@@ -27,7 +27,7 @@ from expert_residency.formats import (StartupReport, find_report_lines, load_his
                                       load_rowmap)
 from recipegen.ops.ledger_view import lane_expectation
 from recipegen.ops.verify import compare
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 from vllm_support.agreement import (TINY_MOE_LOGPROB_TOLERANCE, assert_greedy_agreement,
                                     greedy_agreement, top1_margins)
 from vllm_support.server import VllmServer, completion_logprobs, completion_token_ids

@@ -68,7 +68,9 @@ from plugin_entry_support import plugin_runtime, step_context  # noqa: E402
 
 from expert_residency.core import ExpertCounter, device_allocator, rehome_layer  # noqa: E402
 from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy, Swap  # noqa: E402
-from expert_residency.core.adaptive_setup import ENV_ADAPTIVE, ENV_PRIORS, format_adaptive_spec  # noqa: E402
+from expert_residency.contract.env import ADAPTIVE as ENV_ADAPTIVE  # noqa: E402
+from expert_residency.contract.env import ADAPTIVE_PRIORS as ENV_PRIORS  # noqa: E402
+from expert_residency.core.adaptive_setup import format_adaptive_spec  # noqa: E402
 from expert_residency.core.swap import swap_steps  # noqa: E402
 from expert_residency.formats import Histogram, save_histogram  # noqa: E402
 from expert_residency.vllm_plugin.worker_runtime import set_runtime  # noqa: E402

@@ -11,7 +11,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from expert_residency.core.adaptive_setup import ENV_ADAPTIVE, ENV_PRIORS, format_adaptive_spec
+from expert_residency.contract.env import ADAPTIVE as ENV_ADAPTIVE
+from expert_residency.contract.env import ADAPTIVE_PRIORS as ENV_PRIORS
+from expert_residency.core.adaptive_setup import format_adaptive_spec
 from expert_residency.core.adaptive_config import AdaptiveConfig
 from recipegen.cli import main
 from recipegen.common.errors import InputError

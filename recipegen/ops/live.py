@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from expert_residency.core.dump import ENV_DIR
+from expert_residency.contract import env as runtime_env
 from expert_residency.formats import FormatError, find_report_lines, load_histogram, load_rowmap
 from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops import labels
@@ -119,7 +119,7 @@ def drift_lane(dep: Deployment, lane_name: str, *, wait_s: float | None,
     active = info.labels.get(labels.CLASS) or lane.active_class or ""
     folder = env_dump_dir(info.env)
     if not folder:
-        raise RecipegenError(f"{info.service} has no {ENV_DIR}: the runtime is not "
+        raise RecipegenError(f"{info.service} has no {runtime_env.DUMP_DIR}: the runtime is not "
                              "counting; re-render and recreate the lane")
     client = dep.client()
     read = lambda: list_dir(client, info.id, folder)  # noqa: E731

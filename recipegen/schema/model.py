@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Iterable, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
@@ -163,6 +163,12 @@ class AttentionLayers(StrictModel):
             return (self.kv_lora_rank + self.rope_head_dim) * size
         assert self.head_dim is not None
         return 2 * self.kv_heads_per_rank(tp) * self.head_dim * size
+
+
+def kv_bytes_per_token(groups: Iterable[AttentionLayers], tp: int = 1) -> int:
+    """Σ over the groups' layers of the KV bytes one layer caches per token on one rank (sliding
+    layers uncapped): the one sum of the model entry, the importer and a pipeline stage."""
+    return sum(len(g.layers) * g.bytes_per_token_per_layer(tp) for g in groups)
 
 
 class DecoderLayerBytes(StrictModel):
@@ -401,7 +407,7 @@ class Model(StrictModel):
 
     def kv_bytes_per_token_derived(self, tp: int) -> int:
         """Σ over decoder layers of KV bytes per token on one rank (sliding layers uncapped)."""
-        return sum(len(g.layers) * g.bytes_per_token_per_layer(tp) for g in self.attention)
+        return kv_bytes_per_token(self.attention, tp)
 
     # --- derived figures (the ledger cites these by name) ---
     @property

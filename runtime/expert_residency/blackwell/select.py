@@ -29,7 +29,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-ENV_VAR = "EXPERT_RESIDENCY_BANK_KERNEL"
+from ..contract.env import BANK_KERNEL as ENV_VAR
 
 FLASHINFER_TRTLLM = "flashinfer-trtllm"
 TRITON = "triton"

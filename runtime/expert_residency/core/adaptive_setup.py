@@ -23,10 +23,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..contract.env import ADAPTIVE as ENV_ADAPTIVE
+from ..contract.env import ADAPTIVE_PRIORS as ENV_PRIORS
 from .adaptive_config import AdaptiveConfig
 
-ENV_ADAPTIVE = "EXPERT_RESIDENCY_ADAPTIVE"
-ENV_PRIORS = "EXPERT_RESIDENCY_ADAPTIVE_PRIORS"
 _OFF = ("", "off", "0", "false", "no")
 _ON = ("on", "1", "true", "yes")
 

@@ -28,13 +28,9 @@ import them from here.
 
 Configuration from the environment (``DumpConfig.from_env``), set by the rendered compose service:
 
-================================  ==========================================================
-``EXPERT_RESIDENCY_DUMP_DIR``      dump folder (required to dump; mounted from the host)
-``EXPERT_RESIDENCY_DUMP_INTERVAL_S`` seconds between snapshots (default 60; 0 = none)
-``EXPERT_RESIDENCY_LANE``          lane name (default ``lane``)
-``EXPERT_RESIDENCY_CLASS``         traffic class (default ``none``)
-``EXPERT_RESIDENCY_MODE``          ``count`` (or ``count-only``) | ``residency`` | ``unsplit``
-================================  ==========================================================
+``EXPERT_RESIDENCY_DUMP_DIR`` (required to dump), ``_DUMP_INTERVAL_S`` (default 60; 0 = none),
+``_LANE`` (default ``lane``), ``_CLASS`` (default ``none``), ``_MODE`` (``count`` or ``count-only``
+| ``residency`` | ``unsplit``); the names and their meanings are defined in ``contract.env``.
 
 Inside vLLM the plugin's settings module parses these variables (same names) and builds the
 ``DumpConfig`` itself; ``from_env`` is the same reading for standalone use. In file names and
@@ -54,15 +50,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
+from ..contract import env
+
 if TYPE_CHECKING:  # the name and config helpers stay importable without torch (recipegen reads dumps)
     from .counter import ExpertCounter
     from ..formats.rowmap import RowMap
 
-ENV_DIR = "EXPERT_RESIDENCY_DUMP_DIR"
-ENV_INTERVAL = "EXPERT_RESIDENCY_DUMP_INTERVAL_S"
-ENV_LANE = "EXPERT_RESIDENCY_LANE"
-ENV_CLASS = "EXPERT_RESIDENCY_CLASS"
-ENV_MODE = "EXPERT_RESIDENCY_MODE"
+ENV_DIR, ENV_INTERVAL, ENV_LANE, ENV_CLASS, ENV_MODE = (
+    env.DUMP_DIR, env.DUMP_INTERVAL_S, env.LANE, env.CLASS, env.MODE)
 MODES = ("count-only", "residency", "unsplit")
 _MODE_ALIASES = {"count": "count-only"}
 DEFAULT_INTERVAL_S = 60.0

@@ -31,8 +31,8 @@ import torch
 import triton
 
 from ..core.banks import ExpertBank
-from ..core.formats_ref import (GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT, SILU, SWIGLUOAI,
-                                SWIGLUOAI_UNINTERLEAVE)
+from ..contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT
+from ..core.formats_ref import SILU, SWIGLUOAI, SWIGLUOAI_UNINTERLEAVE
 from ..core.reference import check_swiglu_limit
 from ..fp8 import BLOCK as FP8_BLOCK
 from ..fp8 import FP8_DTYPE

@@ -32,8 +32,9 @@ from typing import Any
 
 import torch
 
+from ..contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT
 from ..core.banks import BankAllocator, device_allocator, host_allocator
-from ..core.formats_ref import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT, SILU, SWIGLUOAI
+from ..core.formats_ref import SILU, SWIGLUOAI
 from ..core.split import PerPickExpertFn
 
 BF16, FP16, FP8_BLOCK = "bf16", "fp16", "fp8-block"

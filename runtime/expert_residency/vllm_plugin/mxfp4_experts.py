@@ -46,6 +46,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT
 from ..core.banks import BankAllocator, device_allocator, host_allocator
 from ..core.split import PerPickExpertFn
 
@@ -223,7 +224,7 @@ class Mxfp4Residency:
         self.activation = activation
         clamp = "" if swiglu_limit is None else f", swiglu_limit={swiglu_limit:g}"
         if activation == SWIGLUOAI:
-            clamp = ", swigluoai alpha 1.702 limit 7 + biases"
+            clamp = f", swigluoai alpha {GPTOSS_SWIGLU_ALPHA:g} limit {GPTOSS_SWIGLU_LIMIT:g} + biases"
         self.device = torch.device(device)
         self.max_tokens = int(max_tokens)
         self._experts: Any | None = None

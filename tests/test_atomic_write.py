@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from expert_residency.formats import RowMap, atomic_write_text, load_rowmap, save_rowmap
+
 from recipegen.load.recipe import load_recipe, set_active_class
 
 

@@ -8,14 +8,13 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-
 from expert_residency.contract.sizing import fitted_tile, fp8_scratch_bytes, next_pow2, workspace_bytes
 
-from recipegen.ledger import compute_lane
-from recipegen.ledger.workspace import counter_and_mask_bytes, max_num_batched_tokens, split_ticket_bytes
-from recipegen.ledger.vllm_layout import as_lane_lays_out
-from recipegen.load.recipe import load_recipe
 from recipegen.common.units import GiB
+from recipegen.ledger import compute_lane
+from recipegen.ledger.vllm_layout import as_lane_lays_out
+from recipegen.ledger.workspace import counter_and_mask_bytes, max_num_batched_tokens, split_ticket_bytes
+from recipegen.load.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -143,6 +142,7 @@ def test_cli_prints_the_workspace_line() -> None:
 
 def test_verify_compares_the_reported_bytes_exactly() -> None:
     from expert_residency.formats import StartupReport
+
     from recipegen.ops.verify import Expected, compare
 
     expected = Expected(hot_bytes=100, cold_bytes=50, kv_tokens=None, hot_counts=[1], cold_counts=[1],
@@ -203,11 +203,9 @@ def test_tickets_and_fp8_inputs_equal_the_runtime_tensors_on_cpu(tokens: int, to
     residency._experts = mxfp4  # what CUDA holds (blackwell.plugin.cuda_bank_experts)
     assert residency.workspace_bytes == workspace_bytes(tokens, top_k, hidden, inter) + by_hand
     if hidden % 128 == 0 and inter % 128 == 0:
-        from expert_residency.gpu.dense_experts import DenseKernelConfig
-
         import triton.language as tl
-
         from expert_residency.gpu import kernels_dense
+        from expert_residency.gpu.dense_experts import DenseKernelConfig
 
         # The compiled kernels' scratch (E4M3); an earlier interpreter test in the same process
         # would otherwise leave the module in its TRITON_INTERPRET=1 mode (bf16 stand-ins).

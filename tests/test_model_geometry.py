@@ -10,9 +10,9 @@ import math
 
 import pytest
 
+from recipegen.common.units import GiB
 from recipegen.ledger import compute_lane
 from recipegen.schema import Lane, Machine, Model
-from recipegen.common.units import GiB
 
 MACHINE = {"name": "box", "gpus": {"kind": "H200", "count": 8, "compute_capability": "9.0",
                                    "hbm": "141 GB", "hbm_bandwidth": "4.8 TB/s"},

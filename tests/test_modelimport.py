@@ -16,8 +16,8 @@ import yaml
 
 from recipegen.catalog import catalog_entry
 from recipegen.common.errors import InputError
-from recipegen.modelimport import import_model
 from recipegen.load.recipe import load_recipe
+from recipegen.modelimport import import_model
 from recipegen.schema import Model
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,8 +13,13 @@ import pytest
 from click.testing import CliRunner
 
 from recipegen.cli import main
-from recipegen.vllm_flags.moe_backend import (START_PERIOD_AUTOTUNED, START_PERIOD_DEFAULT, NoBackend, choose,
-                                   start_period)
+from recipegen.vllm_flags.moe_backend import (
+    START_PERIOD_AUTOTUNED,
+    START_PERIOD_DEFAULT,
+    NoBackend,
+    choose,
+    start_period,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -19,12 +19,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from docker_support.fixtures import docker_engine  # noqa: F401
 from docker_support.project import TestProject, make_project
 from docker_support.standin import build_standin_image
-from expert_residency.formats import (Histogram, format_report_line, load_histogram,
-                                      load_rowmap, report_for_rowmap, save_histogram)
+from expert_residency.formats import (
+    Histogram,
+    format_report_line,
+    load_histogram,
+    load_rowmap,
+    report_for_rowmap,
+    save_histogram,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from expert_residency.formats import Histogram, RowMap, StartupReport
 from expert_residency.formats.report import summarize_counts
+
 from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops.drift import judge, live_cold_share
 from recipegen.ops.kvcapacity import kv_from_log, kv_from_metrics

@@ -8,8 +8,7 @@ import pytest
 
 from recipegen.common.errors import RecipegenError
 from recipegen.render import output
-from recipegen.render.output import (MANIFEST_NAME, compare_output_dir, read_manifest,
-                                     write_output_dir)
+from recipegen.render.output import MANIFEST_NAME, compare_output_dir, read_manifest, write_output_dir
 
 
 def _leftovers(folder: Path) -> list[str]:

@@ -12,11 +12,10 @@ import ast
 from pathlib import Path
 
 import pytest
-from test_vllm033_contracts import FUSED_MOE, _class, _function, _self_attrs, _source, _trees, _v033_root
-
 from expert_residency.contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT
 from expert_residency.fp8 import FP8_MAX, GROUP_EPS
 from expert_residency.vllm_plugin.dense_layers import BIAS_NAMES, FP8_SCALE_NAMES, WEIGHT_NAMES
+from test_vllm033_contracts import FUSED_MOE, _class, _function, _self_attrs, _source, _trees, _v033_root
 
 FP8 = "model_executor/layers/quantization/fp8.py"
 UNQUANT = f"{FUSED_MOE}/unquantized_fused_moe_method.py"

@@ -19,8 +19,7 @@ from expert_residency.vllm_plugin import dense_hold_back  # noqa: E402
 from expert_residency.vllm_plugin import dense_layers as dl  # noqa: E402
 from expert_residency.vllm_plugin.fp8_experts import fp8_method_reason, fp8_unsupported_reason  # noqa: E402
 from expert_residency.vllm_plugin.refusal import ResidencyRefused  # noqa: E402
-from expert_residency.vllm_plugin.unquantized_experts import (unquantized_unsupported_reason,  # noqa: E402
-                                                              wants_runtime_kernel)
+from expert_residency.vllm_plugin.unquantized_experts import unquantized_unsupported_reason, wants_runtime_kernel  # noqa: E402
 
 E, H, I = 6, 256, 128
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from expert_residency.formats import FormatError, find_report_lines
 
 from recipegen.acceptance.client import EndpointClient, EndpointError

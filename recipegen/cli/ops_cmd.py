@@ -34,9 +34,9 @@ def _machine(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def _deployment(recipe: str, overrides: tuple[Path, ...], machine: str | None = None) -> Any:
     from recipegen.cli import _recover_interrupted_swaps
+    from recipegen.load.recipe import resolve_recipe_path
     from recipegen.ops.deployment import Deployment
     from recipegen.ops.rendering import Rendering
-    from recipegen.load.recipe import resolve_recipe_path
 
     _recover_interrupted_swaps([resolve_recipe_path(recipe).parent])  # a recipe named by path
     return Deployment(Rendering.load(recipe, machine), overrides=list(overrides))
@@ -76,9 +76,9 @@ def swap(recipe: str, lane: str, cls: str, overrides: tuple[Path, ...], machine:
     """Swap LANE to class CLASS: write active_class, re-render, recreate exactly that service,
     wait for health and report the downtime. If it does not become healthy, restore the previous
     class (recipe and rendering) and service (exit 1)."""
-    from recipegen.ops.lanes import swap as run_swap
-
     from dataclasses import asdict
+
+    from recipegen.ops.lanes import swap as run_swap
 
     result = run_swap(_deployment(recipe, overrides, machine), lane, cls, wait_s=wait_timeout,
                       echo=(lambda s: click.echo(s, err=True)) if as_json else click.echo)
@@ -209,7 +209,6 @@ def profile(recipe: str, lane: str, cls: str | None, prompts: Path | None, serve
     """Count-only profile boot → the class's histogram → its row map, as one command."""
     from recipegen.common.errors import InputError
     from recipegen.ops.profile import profile_endpoint, profile_in_docker
-    from recipegen.ops.rendering import Rendering
 
     if endpoint:
         if dump_dir is None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import click
@@ -44,7 +43,7 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
     """Projected fetch tax, KV trade-off and k checks for one LANE of RECIPE."""
     from recipegen.costmodel.lane import fetch_summary
     from recipegen.costmodel.prefetch import lane_prefetch_price
-    from recipegen.costmodel.sweep import parse_sweep, sweep_hot, table_rows
+    from recipegen.costmodel.sweep import parse_sweep, sweep_hot
     from recipegen.ledger import compute_ledger
     from recipegen.load.recipe import load_recipe
 

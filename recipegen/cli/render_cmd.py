@@ -59,8 +59,12 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
     from recipegen.load.document import display_path
     from recipegen.load.recipe import list_recipes, load_recipe, resolve_recipe_path
     from recipegen.render.output import read_manifest
-    from recipegen.render.render import (check_rendering, orphan_outputs, project_root_for,
-                                         render_recipe, validate_rendering, write_rendering)
+    from recipegen.render.render import (
+        check_rendering,
+        orphan_outputs,
+        project_root_for,
+        render_recipe,
+    )
 
     templates = templates_dir or TEMPLATES_DIR
     swaps = _parse_class_args(classes)

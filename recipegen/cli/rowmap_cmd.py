@@ -421,9 +421,9 @@ def synth(output_dir: str, classes: tuple[str, ...], seed: int, tokens: int, cor
 def save_live(recipe: str, lane: str, cls: str, dump_dir: Path | None, machine: str | None,
               output: str | None, as_json: bool) -> None:
     """Keep the live map of an adaptive LANE (its newest histogram snapshot's) as class CLS's map."""
+    from recipegen.load.recipe import load_recipe
     from recipegen.ops.dumps import read_host_dir
     from recipegen.ops.livemap import save_live as run
-    from recipegen.load.recipe import load_recipe
 
     loaded = load_recipe(recipe)
     if dump_dir is None:

@@ -21,16 +21,17 @@ for its layers), so the lane's KV tokens are the minimum over stages.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
+from recipegen.common.units import format_bytes, format_tokens
+from recipegen.ledger.figures import Figure
 from recipegen.ledger.lane import compute_lane
 from recipegen.ledger.result import LaneLedger, PlacementLedger
-from recipegen.ledger.figures import Figure
 from recipegen.multinode.partition import StageLayers, stage_layers
 from recipegen.schema import HbmReserve, HostReserve, HostTable, Lane, Model, Recipe
 from recipegen.schema.model import kv_bytes_per_token
-from recipegen.common.units import format_bytes, format_tokens
 
 
 @dataclass

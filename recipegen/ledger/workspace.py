@@ -46,22 +46,31 @@ lines 3151-3200).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from expert_residency.blackwell.select import FLASHINFER_TRTLLM, TRITON, TRITON_DOT_SCALED, select_bank_kernel
 from expert_residency.contract import env as runtime_env
-from expert_residency.contract.sizing import (BLOCK_N1, BLOCK_N2, counter_bytes, fitted_tile, fp8_scratch_bytes,
-                                              next_pow2, small_step_limit, split_scratch_bytes, step_mask_bytes,
-                                              workspace_bytes)
+from expert_residency.contract.sizing import (
+    BLOCK_N1,
+    BLOCK_N2,
+    counter_bytes,
+    fitted_tile,
+    fp8_scratch_bytes,
+    next_pow2,
+    small_step_limit,
+    split_scratch_bytes,
+    step_mask_bytes,
+    workspace_bytes,
+)
 
+from recipegen.common.units import GiB
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.flags import flag_value
 from recipegen.ledger.parallel import expert_parallel
 from recipegen.ledger.result import USAGE_AWARE
 from recipegen.ledger.vllm_layout import lane_geometry
 from recipegen.schema import Lane, Machine, Model
-from recipegen.common.units import GiB
 
 # Expert formats whose split layer on CUDA runs a kernel with the shared workspace
 # (vllm_plugin/mxfp4_experts.py; vllm_plugin/dense_layers.py, which refuses fp16 on CUDA).

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from recipegen.common.errors import InputError
 from recipegen.schema import Recipe

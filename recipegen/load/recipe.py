@@ -18,8 +18,18 @@ from pydantic import ValidationError
 from recipegen.catalog import catalog_entry
 from recipegen.common.errors import InputError
 from recipegen.load.checks import cross_reference_problems, inside_project
-from recipegen.load.document import (Loc, Problem, describe_error, display_path, format_loc, line_of,
-                                     parse_yaml, problems_error, round_trip_yaml, to_plain)
+from recipegen.load.document import (
+    Loc,
+    Problem,
+    describe_error,
+    display_path,
+    format_loc,
+    line_of,
+    parse_yaml,
+    problems_error,
+    round_trip_yaml,
+    to_plain,
+)
 from recipegen.load.model_file import load_model_file
 from recipegen.load.rowmaps import read_lane_rowmaps
 from recipegen.schema import Recipe

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from recipegen.ledger.budget import declared_split
-from recipegen.schema import Recipe
 from recipegen.load.document import Problem
+from recipegen.schema import Recipe
 
 
 def read_lane_rowmaps(recipe: Recipe, lane_index: int, base_dir: Path) -> tuple[dict[str, Any], list[Problem]]:

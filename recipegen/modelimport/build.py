@@ -16,9 +16,17 @@ from expert_residency.contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS
 from recipegen.common.errors import InputError
 from recipegen.modelimport.config import Config
 from recipegen.modelimport.dense import dense_bytes
-from recipegen.modelimport.geometry import (GPT_OSS_BIAS_SOURCE, MOE_INTER_FIELDS,
-                                            ROUTED_FIELDS, TOP_K_FIELDS, attention_groups, expert_format,
-                                            index_ranges, moe_layer_indices, sourced)
+from recipegen.modelimport.geometry import (
+    GPT_OSS_BIAS_SOURCE,
+    MOE_INTER_FIELDS,
+    ROUTED_FIELDS,
+    TOP_K_FIELDS,
+    attention_groups,
+    expert_format,
+    index_ranges,
+    moe_layer_indices,
+    sourced,
+)
 from recipegen.modelimport.safetensors import IndexFacts, is_routed_expert, layer_of, read_index
 from recipegen.schema.model import AttentionLayers, ExpertTensor, kv_bytes_per_token
 

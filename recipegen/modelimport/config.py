@@ -25,7 +25,7 @@ class Config:
     file: str
 
     @classmethod
-    def read(cls, path: Path) -> "Config":
+    def read(cls, path: Path) -> Config:
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:

@@ -16,10 +16,10 @@ from datetime import datetime
 from pathlib import Path
 
 import numpy as np
-
 from expert_residency.contract import env as runtime_env
 from expert_residency.core.dump import DEFAULT_INTERVAL_S, parse_dump_name
 from expert_residency.formats import FormatError, Histogram, parse_histogram
+
 from recipegen.common.errors import InputError, RecipegenError
 
 # How long past one dump interval a snapshot may take to appear in the folder.

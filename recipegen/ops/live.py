@@ -9,14 +9,13 @@ from typing import Any
 
 from expert_residency.contract import env as runtime_env
 from expert_residency.formats import FormatError, find_report_lines, load_histogram, load_rowmap
+
 from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.deployment import Deployment
 from recipegen.ops.drift import DEFAULT_TOLERANCE, DriftVerdict, judge
-from recipegen.ops.dumps import (Snapshot, difference, env_dump_dir, snapshot_wait_s,
-                                 snapshots, wait_for_snapshot)
-from recipegen.ops.engine import (ContainerInfo, container_logs, list_dir, request_snapshot,
-                                  service_container)
+from recipegen.ops.dumps import Snapshot, difference, env_dump_dir, snapshot_wait_s, snapshots, wait_for_snapshot
+from recipegen.ops.engine import ContainerInfo, container_logs, list_dir, request_snapshot, service_container
 from recipegen.ops.kvcapacity import KvCapacity, kv_from_log, kv_from_metrics
 from recipegen.ops.verify import Expected, Row, compare
 

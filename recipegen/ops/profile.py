@@ -22,11 +22,19 @@ from typing import Any
 
 from expert_residency.contract import env as runtime_env
 from expert_residency.formats import Histogram, RowMap, save_histogram, save_rowmap
+
 from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.deployment import Deployment, service_profiles
-from recipegen.ops.dumps import (Snapshot, difference, env_dump_dir, read_host_dir, snapshot_wait_s,
-                                 snapshots, wait_for_snapshot)
+from recipegen.ops.dumps import (
+    Snapshot,
+    difference,
+    env_dump_dir,
+    read_host_dir,
+    snapshot_wait_s,
+    snapshots,
+    wait_for_snapshot,
+)
 from recipegen.ops.engine import list_dir, request_snapshot, service_container
 from recipegen.ops.live import _asked
 from recipegen.ops.prompts import drive, load_prompts

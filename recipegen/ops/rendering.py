@@ -22,7 +22,7 @@ class Rendering:
     machine: str | None = None
 
     @classmethod
-    def load(cls, recipe: str, machine: str | None = None) -> "Rendering":
+    def load(cls, recipe: str, machine: str | None = None) -> Rendering:
         from recipegen.load.recipe import load_recipe
 
         rendering = cls(recipe, load_recipe(recipe), machine)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from expert_residency.formats import StartupReport
+
 from recipegen.common.units import GiB as GIB
 
 BYTES_TOLERANCE = 0.005

@@ -136,11 +136,11 @@ def _render(env: jinja2.Environment, name: str, **context: Any) -> str:
     try:
         return env.get_template(name).render(**context)
     except jinja2.TemplateNotFound as exc:
-        raise RecipegenError(f"template {exc.name} not found under {env.loader.searchpath}")  # type: ignore[union-attr]
+        raise RecipegenError(f"template {exc.name} not found under {env.loader.searchpath}") from None  # type: ignore[union-attr]
     except jinja2.TemplateSyntaxError as exc:
-        raise RecipegenError(f"template {exc.filename or exc.name}:{exc.lineno}: {exc.message}")
+        raise RecipegenError(f"template {exc.filename or exc.name}:{exc.lineno}: {exc.message}") from None
     except jinja2.UndefinedError as exc:
-        raise RecipegenError(f"template {name}: {exc.message}")
+        raise RecipegenError(f"template {name}: {exc.message}") from None
 
 
 def config_hash(block_without_hash: str, mounted_files: dict[str, bytes]) -> str:

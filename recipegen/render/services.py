@@ -16,11 +16,9 @@ from typing import TYPE_CHECKING
 
 from expert_residency.contract import env as runtime_env
 
-from recipegen.common.errors import InputError
-from recipegen.vllm_flags.moe_backend import (START_PERIOD_AUTOTUNED, BackendChoice, NoBackend, choose,
-                                   start_period)
 from recipegen.render.compose import HealthCheck, Interpolated, Mount, ServiceSpec
 from recipegen.vllm_flags import FlagTable, argv_problems
+from recipegen.vllm_flags.moe_backend import START_PERIOD_AUTOTUNED, BackendChoice, NoBackend, choose, start_period
 
 if TYPE_CHECKING:
     from expert_residency.formats import RowMap

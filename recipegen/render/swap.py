@@ -169,8 +169,7 @@ def swap_classes(recipe_path: Path, swaps: list[tuple[str, str]], *,
     re-raised after the rollback. Returns what changed (nothing when every class was active).
     """
     from recipegen.load.recipe import active_class_text, load_recipe
-    from recipegen.render.render import (check_rendering, render_recipe, validate_rendering,
-                                         write_rendering)
+    from recipegen.render.render import check_rendering, render_recipe, validate_rendering, write_rendering
 
     for line in recover_interrupted(recipe_path.parent):
         echo(line)

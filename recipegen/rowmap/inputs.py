@@ -13,8 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from expert_residency.formats import (FormatError, Histogram, RowMap, histogram_from_captures,
-                                      load_histogram, load_rowmap)
+from expert_residency.formats import (
+    FormatError,
+    Histogram,
+    RowMap,
+    histogram_from_captures,
+    load_histogram,
+    load_rowmap,
+)
 from expert_residency.formats.capture import capture_kind
 
 from recipegen.common.errors import InputError
@@ -76,8 +82,7 @@ def progress_bar(description: str, enabled: bool | None = None
     """A rich progress bar on stderr fed as `update(done, total)`: shown on a terminal by
     default; `enabled=True` forces it (also into a file or pipe), `False` hides it."""
     from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                               TimeRemainingColumn, TransferSpeedColumn)
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
     console = Console(stderr=True, force_terminal=True if enabled else None)
     show = console.is_terminal if enabled is None else enabled
@@ -146,7 +151,6 @@ def parse_layers(text: str) -> tuple[int, ...]:
 def capture_layer_count(path: str) -> int:
     """Layer-axis length of a capture (to default --layers to 0..n-1)."""
     import numpy as np
-
     from expert_residency.formats.capture import iter_vllm_capture
     try:
         if capture_kind(path) == "npy":

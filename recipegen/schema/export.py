@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import Any, Callable, get_args, get_origin
+from collections.abc import Callable
+from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel
 

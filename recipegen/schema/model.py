@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from fractions import Fraction
-from typing import Annotated, Any, Iterable, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
+from recipegen.common.units import GiB
 from recipegen.schema.base import Bytes, PathError, PositiveBytes, ScaledNumber, StrictModel
 from recipegen.schema.sourced import lift_sources
-from recipegen.common.units import GiB
 
 # Storage per logical element: (bits per value, values per scale block, bytes per scale).
 # The block here is the format's own (over the flattened tensor); a tensor with an explicit
@@ -70,7 +71,7 @@ class ExpertTensor(StrictModel):
     """`bias` for a per-expert bias vector (gpt-oss: `gate_up_proj_bias`, `down_proj_bias`)."""
 
     @model_validator(mode="after")
-    def _check_scale(self) -> "ExpertTensor":
+    def _check_scale(self) -> ExpertTensor:
         if self.dtype == "int4" and self.scale is None:
             raise PathError("int4 values need their scale layout (e.g. {dtype: bf16, block: [32]})",
                             ("scale",))
@@ -134,7 +135,7 @@ class AttentionLayers(StrictModel):
         return expand_index_ranges(value)
 
     @model_validator(mode="after")
-    def _check(self) -> "AttentionLayers":
+    def _check(self) -> AttentionLayers:
         need = {"full": ("kv_heads", "head_dim"), "sliding": ("kv_heads", "head_dim", "window"),
                 "mla": ("kv_lora_rank", "rope_head_dim")}[self.kind]
         for name in need:
@@ -341,7 +342,7 @@ class Model(StrictModel):
         return expand_index_ranges(value)
 
     @model_validator(mode="after")
-    def _check(self) -> "Model":
+    def _check(self) -> Model:
         if self.moe_layers != sorted(set(self.moe_layers)):
             raise PathError("MoE layer indices must be unique and ascending", ("moe_layers",))
         if self.moe_layers[-1] >= self.decoder_layers:

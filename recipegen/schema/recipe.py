@@ -116,7 +116,7 @@ class Recipe(StrictModel):
         return _resolve("models", value, info)
 
     @model_validator(mode="after")
-    def _context_fits_the_model(self) -> "Recipe":
+    def _context_fits_the_model(self) -> Recipe:
         limit = self.model.max_position_embeddings
         for i, lane in enumerate(self.lanes):
             if limit is None or lane.max_model_len <= limit or lane.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1":

@@ -11,7 +11,8 @@ split layer) and ``workspace.nbytes``. ``None`` means the core's torch reference
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

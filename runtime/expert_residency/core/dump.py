@@ -45,16 +45,17 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..contract import env
 
 if TYPE_CHECKING:  # the name and config helpers stay importable without torch (recipegen reads dumps)
-    from .counter import ExpertCounter
     from ..formats.rowmap import RowMap
+    from .counter import ExpertCounter
 
 ENV_DIR, ENV_INTERVAL, ENV_LANE, ENV_CLASS, ENV_MODE = (
     env.DUMP_DIR, env.DUMP_INTERVAL_S, env.LANE, env.CLASS, env.MODE)
@@ -94,7 +95,7 @@ class DumpConfig:
     mode: str
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "DumpConfig | None":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DumpConfig | None:
         """The dump configuration, or None when ``EXPERT_RESIDENCY_DUMP_DIR`` is unset/empty.
 
         Raises ValueError naming the variable on a bad value.
@@ -181,7 +182,7 @@ class LiveMap:
                 "file": self.file, "window_cold_share": self.window_cold_share, "prior": self.prior}
 
     @classmethod
-    def from_meta(cls, meta: Mapping[str, Any]) -> "LiveMap | None":
+    def from_meta(cls, meta: Mapping[str, Any]) -> LiveMap | None:
         """The live map a dump's ``meta`` describes; None when it has none (static lanes, older
         runtimes). ValueError naming the field when it is there but malformed."""
         value = meta.get(LIVE_MAP_META)
@@ -236,7 +237,7 @@ class HistogramDumper:
         self._previous_handler: Any = None
         self.written: list[Path] = []
 
-    def start(self, *, install_signal_handler: bool = True) -> "HistogramDumper":
+    def start(self, *, install_signal_handler: bool = True) -> HistogramDumper:
         self.config.folder.mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(target=self._run, name="expert-residency-dump", daemon=True)
         self._thread.start()

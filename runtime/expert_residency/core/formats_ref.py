@@ -46,7 +46,7 @@ path on a GPU.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

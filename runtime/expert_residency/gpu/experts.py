@@ -271,7 +271,7 @@ def effective_splits(shape: ExpertShape, config: KernelConfig) -> tuple[int, int
             max(1, min(config.split_k2, shape.intermediate // config.block_k2)))
 
 
-def t1_warpgroups(shape: ExpertShape, config: KernelConfig) -> "tuple[int, int] | None":
+def t1_warpgroups(shape: ExpertShape, config: KernelConfig) -> tuple[int, int] | None:
     """Warpgroups per program of the T = 1 warp-MMA kernels (``gpu.kernels_t1``) for w13 and w2
     (0: that launch through tl.dot), or None where the config does not take them: off, a split or
     stream-K T = 1 schedule, not the MMA-order layout with 64-row w13 and 64/128-row w2 tiles.
@@ -364,7 +364,7 @@ class TritonMxfp4Experts:
         groups = t1_warpgroups(shape, config)
         self._t1_groups = groups if groups is not None and runs_warp_mma(self.device) else None
 
-    def to_kernel_layout(self, tensors: "dict[str, torch.Tensor]") -> None:
+    def to_kernel_layout(self, tensors: dict[str, torch.Tensor]) -> None:
         """Re-order a layer's full expert tensors for these kernels (in place; ``gpu.layout``).
         Call once per layer before re-homing it into banks. SwiGLU-OAI layers' interleaved gate/up
         rows (and their scales and bias) are put gate-first first."""
@@ -374,7 +374,7 @@ class TritonMxfp4Experts:
 
     # -- the fused split layer -------------------------------------------------------------
     def forward(self, layer: ResidentLayer, x: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor, *, counter: "ExpertCounter | None" = None,
+                topk_ids: torch.Tensor, *, counter: ExpertCounter | None = None,
                 token_mask: torch.Tensor | None = None, decode_mask: torch.Tensor | None = None,
                 out: torch.Tensor | None = None) -> torch.Tensor:
         """Routed-expert output ``[T, H]`` (dtype of ``x``) of ``layer`` for ``x [T, H]`` bf16.
@@ -402,10 +402,10 @@ class TritonMxfp4Experts:
                 and self.top_k <= MAX_FUSED_PICKS and effective_splits(self.shape, cfg)[1] == 1)
 
     def pick_outputs(self, layer: ResidentLayer, x: torch.Tensor, topk_ids: torch.Tensor, *,
-                     counter: "ExpertCounter | None" = None,
+                     counter: ExpertCounter | None = None,
                      token_mask: torch.Tensor | None = None,
                      decode_mask: torch.Tensor | None = None,
-                     _finalize: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> torch.Tensor:
+                     _finalize: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Unreduced per-pick rows ``[T, K, H]`` bf16 (a view of the workspace: consume before the
         next call). ``_finalize`` (``forward`` at T=1): ``(topk_weights, out)`` for the fused
         finalize."""
@@ -472,7 +472,7 @@ class TritonMxfp4Experts:
     def _run(self, x: torch.Tensor, ids: torch.Tensor, codes: torch.Tensor, hot: ExpertBank,
              cold: ExpertBank, *, token_mask: torch.Tensor | None, counts: torch.Tensor | None,
              tokens: torch.Tensor | None,
-             fin: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> None:
+             fin: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         cfg, ws, shape = self.config, self.workspace, self.shape
         t, k = ids.shape
         if k != self.top_k or t > ws.max_tokens:
@@ -600,7 +600,7 @@ class TritonMxfp4Experts:
                 # (the w2 split tickets, unused when w2 is unsplit; every launch leaves them at zero)
                 **self._fused_finalize_args(fin, ws))
 
-    def _fused_finalize_args(self, fin: "tuple[torch.Tensor, torch.Tensor] | None", ws: Workspace) -> dict:
+    def _fused_finalize_args(self, fin: tuple[torch.Tensor, torch.Tensor] | None, ws: Workspace) -> dict:
         if fin is None:
             return dict(weights_ptr=ws.dummy_i64, out_ptr=ws.dummy_i64, fin_ticket_ptr=ws.dummy_i64)
         weights, out = fin

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def hold_back_checkpoint_layout(method: Any, get_runtime: Callable[[], Any],

@@ -41,8 +41,9 @@ No vLLM import here (the GPU test runs it where vLLM is absent); the caller hand
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from expert_residency.contract.env import CLASS as ENV_CLASS
 from expert_residency.contract.env import CONTENT_HASH as ENV_CONTENT_HASH

@@ -40,6 +40,8 @@ from typing import Any
 
 import torch
 
+from ..contract import sizing
+
 
 class StepMasks:
     """The step's token mask and decode count (see the module docstring) for up to
@@ -65,7 +67,7 @@ class StepMasks:
     def bytes_for(max_tokens: int) -> int:
         """Device bytes of the buffers: a bool row of ``max_tokens + 1``, an int32 row of
         ``max_tokens``, one int64."""
-        return int(max_tokens) * (1 + 4) + 1 + 8
+        return sizing.step_mask_bytes(max_tokens)
 
     @property
     def nbytes(self) -> int:

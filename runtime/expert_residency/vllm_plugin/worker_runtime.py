@@ -216,8 +216,7 @@ class WorkerRuntime:
         started it), its barrier at every forward context's creation, dumps carrying the live map.
         A bad spec or prior refuses the boot like a bad row map (the message names the variable
         and the field)."""
-        from ..core.adaptive_setup import (ENV_ADAPTIVE, adaptive_from_env, format_adaptive_spec,
-                                           priors_from_env)
+        from ..core.adaptive_setup import ENV_ADAPTIVE, adaptive_from_env, format_adaptive_spec, priors_from_env
 
         try:
             config = adaptive_from_env()

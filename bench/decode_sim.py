@@ -60,12 +60,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "runtime"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import format_peer as fp  # noqa: E402  (random layers, routing, pinned banks, graph timing)
 from expert_residency.core.banks import ExpertBank, ResidentLayer, build_unsplit_layer  # noqa: E402
 from expert_residency.gpu.dense_experts import DenseKernelConfig, TritonDenseExperts  # noqa: E402
-from expert_residency.gpu.experts import (  # noqa: E402
-    ExpertShape, KernelConfig, TritonMxfp4Experts, config_for_shape)
-
-import format_peer as fp  # noqa: E402  (random layers, routing, pinned banks, graph timing)
+from expert_residency.gpu.experts import ExpertShape, KernelConfig, TritonMxfp4Experts, config_for_shape  # noqa: E402
 
 GB = 1e9
 
@@ -221,7 +219,7 @@ class Model:
             cfg = DenseKernelConfig() if cuda else DenseKernelConfig(block_m=4, block_n1=32, block_n2=64)
             self.ex = TritonDenseExperts(shape, g.experts, g.top_k, max_tokens, dev, cfg, expert_format=g.fmt)
         self.expert_tensors = []
-        for layer in range(g.layers):
+        for _ in range(g.layers):
             t = fp.random_layer(f, gen, dev)
             self.ex.to_kernel_layout(t)
             self.expert_tensors.append(t)
@@ -373,7 +371,7 @@ def components(dev: torch.device, args) -> dict:
             a = torch.randn(t, n, device=dev).to(torch.bfloat16)
             o = torch.empty(t, n, device=dev, dtype=torch.bfloat16)
 
-            def mms():
+            def mms(ws=ws, a=a, o=o):
                 for w_ in ws:
                     torch.mm(a, w_.t(), out=o)
             gs = fp.Step(mms, cuda)
@@ -390,7 +388,7 @@ def components(dev: torch.device, args) -> dict:
             ks = [torch.randn(t, 8, length, 128, device=dev).to(torch.bfloat16) for _ in range(2 * count)]
             q = torch.randn(t, 8, 8, 128, device=dev).to(torch.bfloat16)
 
-            def att():
+            def att(ks=ks, q=q, count=count):
                 for j in range(count):
                     if cuda:
                         from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -124,3 +124,10 @@ def test_sliding_layers_read_at_most_their_window():
     model = dataclasses.replace(tiny_model(MoeLayer((0.25,) * 4)), attention=(AttentionGroup(1, 1000.0, window=10),))
     terms = step_terms(model, OperatingPoint(3, 0, context=100))
     assert terms.kv_bytes == 3 * 10 * 1000
+
+
+def test_the_drafter_streams_its_weights_once_per_step():
+    model = dataclasses.replace(tiny_model(MoeLayer((0.25,) * 4)), drafter_bytes=1e6)
+    terms = step_terms(model, OperatingPoint(1, 2, context=100, acceptance=0.5))
+    assert terms.drafter == pytest.approx(1e6 / 1e12)          # 1 MB at 1e12 B/s x GEMM efficiency 1.0
+    assert terms.total == pytest.approx(terms.experts + terms.dense + terms.attention + terms.small_kernels + 1e-6)

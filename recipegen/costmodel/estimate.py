@@ -50,8 +50,8 @@ SMALL_KERNELS_PER_STEP = 4
 
 # Hot and cold reads of one usage-aware layer through the fused split launch (both banks in one
 # launch, BENCHMARKS.md run F / AA): the longer stream plus this share of the shorter. 1/2 puts
-# the usage-aware rows of run F within +2% (T=6) to +9% (T=96) of measured; 0 (pure overlap) is
-# 7-13% fast, 1 (serial) 22-28% slow at T >= 16.
+# the usage-aware rows of run F within -3% (T=1) to +9% (T=96) of measured (by hand, from the
+# rows' hot and cold bytes); 0 (pure overlap) is 7-13% fast, 1 (serial) 22-28% slow at T >= 16.
 FUSED_SHORTER_SHARE = 0.5
 
 # The field reports' one-stream unique experts per MoE layer by k (DeepSeek-V4.1-Flash, 384
@@ -237,9 +237,11 @@ def step_terms(model: StepModel, point: OperatingPoint) -> StepTerms:
         cold_n += n
         hot_bytes += h * hot_rate
         cold_bytes += c * model.pinned_read
-    dense_bytes = model.decoder_layers * model.dense_bytes_per_layer + model.head_bytes + model.drafter_bytes
+    dense_bytes = model.decoder_layers * model.dense_bytes_per_layer + model.head_bytes
     gemms = model.decoder_layers * (GEMMS_PER_LAYER + model.shared_expert_gemms) + 1
-    dense = gemms * model.gemm.fixed(t_tokens) + dense_bytes / (model.hbm_read * model.gemm.efficiency(t_tokens))
+    gemm_rate = model.hbm_read * model.gemm.efficiency(t_tokens)
+    dense = gemms * model.gemm.fixed(t_tokens) + dense_bytes / gemm_rate
+    drafter = model.drafter_bytes / gemm_rate   # one drafter pass streams its weights once
     kv_bytes = 0.0
     attention = 0.0
     for group in model.attention:
@@ -249,7 +251,7 @@ def step_terms(model: StepModel, point: OperatingPoint) -> StepTerms:
         attention += group.layers * model.attention_cost.seconds(per_layer, t_tokens, model.hbm_read)
     small = (model.decoder_layers * SMALL_KERNELS_PER_LAYER + SMALL_KERNELS_PER_STEP) * model.small_kernel_s
     return StepTerms(hot_experts=hot, cold_experts=cold, experts=experts, dense=dense, attention=attention,
-                     small_kernels=small, drafter=0.0, unique_per_layer=unique / max(len(model.moe), 1),
+                     small_kernels=small, drafter=drafter, unique_per_layer=unique / max(len(model.moe), 1),
                      cold_per_step=cold_n, hot_bytes=hot_bytes, cold_bytes=cold_bytes, kv_bytes=kv_bytes,
                      dense_bytes=dense_bytes)
 

@@ -99,11 +99,11 @@ def _norm(name: str, width: int, layer: int | None, *, bias: bool = False, klass
 
 def _linear(name: str, out: int, inp: int, layer: int | None, part: str, *, bias: bool = False,
             klass: str = "linear", kv: bool = False, replicated: bool = False, row_bias: bool = False,
-            encoder: bool = False) -> list[Tensor]:
+            encoder: bool = False, unquantized_for: tuple[str, ...] = ()) -> list[Tensor]:
     """A linear layer: weight [out, inp] (+ bias [out]). A row-parallel layer's bias is whole on every
     rank (`row_bias`); a column-parallel one's is split like its weight."""
     t = [Tensor(f"{name}.weight", (out, inp), klass, part, layer, kv_proj=kv, replicated=replicated,
-                encoder=encoder)]
+                encoder=encoder, unquantized_for=unquantized_for)]
     if bias:
         t.append(Tensor(f"{name}.bias", (out,), "param", part, layer, kv_proj=kv,
                         replicated=replicated or row_bias, encoder=encoder))
@@ -667,6 +667,11 @@ def _llama4_text(cfg: Config, arch: str, prefix: str, head: str) -> Built:
     heads, kv, hd, kv_src, hd_src = _heads(cfg)
     step = cfg.need("interleave_moe_layer_step")
     moe = [i for i in range(layers) if (i + 1) % step == 0]
+    listed = cfg.get("moe_layers")
+    if listed is not None and sorted(listed) != moe:
+        raise cfg.error("moe_layers", f"{cfg.name('moe_layers')} lists {index_ranges(sorted(listed))}, but vLLM builds "
+                        f"MoE layers by {cfg.name('interleave_moe_layer_step')} {step} ({index_ranges(moe)}; "
+                        f"{LLAMA4}:340-343 does not read moe_layers)")
     nope = cfg.get("no_rope_layers")
     if nope:
         if len(nope) != layers:
@@ -783,7 +788,8 @@ def _moonvit(vc: Config, text_h: int) -> list[Tensor]:
     n, patch = vc.need("vt_num_hidden_layers"), vc.need("patch_size")
     ph, pw = vc.need("init_pos_emb_height"), vc.need("init_pos_emb_width")
     mh, mw = vc.need("merge_kernel_size")
-    e = dict(encoder=True)
+    # kimi_k25.py:387-390: with a compressed-tensors checkpoint the tower and projector are built unquantized.
+    e: dict[str, Any] = dict(encoder=True, unquantized_for=("int4",))
     t = [Tensor("vision_tower.patch_embed.proj.weight", (hv, 3, patch, patch), "param", "encoder", encoder=True),
          Tensor("vision_tower.patch_embed.proj.bias", (hv,), "param", "encoder", encoder=True),
          Tensor("vision_tower.patch_embed.pos_emb.weight", (ph, pw, hv), "param", "encoder", encoder=True)]
@@ -848,7 +854,8 @@ def build_kimi_k25(cfg: Config, arch: str) -> Built:
     text = cfg.section("text_config")
     b = _deepseek(text, "DeepseekV3ForCausalLM", prefix="language_model.model.", head="language_model.lm_head.weight")
     b.tensors += _moonvit(cfg.section("vision_config"), b.hidden)
-    b.encoder_src = (f"vision tower MoonViT + projector ({KIMI_VIT}:709-760, :891-945; "
+    b.encoder_src = (f"vision tower MoonViT + projector ({KIMI_VIT}:709-760, :891-945; unquantized with a compressed-tensors "
+                     f"checkpoint, {V}model_executor/models/kimi_k25.py:387-390; "
                      f"{V}model_executor/models/kimi_k25.py:349-370), loaded unless the vision_chunk limit is 0")
     return b
 
@@ -936,9 +943,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
          "time_step_floor", "time_step_max", "time_step_min", "use_mamba_kernels", "time_step_limit"},
         build_nemotron_h, "model_executor/models/nemotron_h.py"),
     _fam("llama-4", ("Llama4ForConditionalGeneration", "Llama4ForCausalLM"), ("llama4", "llama4_text"),
-         _GQA | _MOE | {"interleave_moe_layer_step", "intermediate_size", "intermediate_size_mlp",
+         _GQA | _MOE | {"interleave_moe_layer_step", "moe_layers", "intermediate_size", "intermediate_size_mlp",
                         "attention_chunk_size", "no_rope_layers", "use_qk_norm", "text_config", "vision_config"},
-         {"moe_layers", "boi_token_index", "eoi_token_index", "image_token_index", "attn_temperature_tuning", "attn_scale",
+         {"boi_token_index", "eoi_token_index", "image_token_index", "attn_temperature_tuning", "attn_scale",
           "floor_scale", "for_llm_compressor", "cache_implementation", "router_jitter_noise"}, build_llama4,
          "model_executor/models/mllama4.py, llama4.py", text_config=True,
          vision_reads=frozenset({"hidden_size", "intermediate_size", "num_hidden_layers", "patch_size",

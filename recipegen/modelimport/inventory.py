@@ -42,6 +42,7 @@ class Tensor:
     kv_proj: bool = False           # a GQA k/v projection (max(1, kv_heads // tp) heads per rank)
     encoder: bool = False           # the vision tower / projector
     mtp: bool = False               # a next-token-prediction layer vLLM loads only for speculative decoding
+    unquantized_for: tuple[str, ...] = ()   # dense formats for which vLLM builds this linear unquantized
 
     @property
     def numel(self) -> int:
@@ -82,7 +83,7 @@ class DenseFormat:
 def tensor_bytes(t: Tensor, fmt: DenseFormat) -> int:
     if t.klass == "fp32":
         return t.numel * 4
-    if t.klass in ("param", "linear_bf16") or fmt.kind in ("bf16", "fp16", "fp32"):
+    if t.klass in ("param", "linear_bf16") or fmt.kind in ("bf16", "fp16", "fp32") or fmt.kind in t.unquantized_for:
         return t.numel * fmt.param_bytes
     module = t.name.rsplit(".", 1)[0]
     if fmt.is_excluded(module):

@@ -154,5 +154,12 @@ def state_pool_figures(pool: StatePool, model: Model, lane: Lane) -> list[Figure
                "count", "2 with prefix caching (+1 for GDN prefill checkpoints), else 1",
                {"prefix_caching": pool.prefix_caching, "gdn_checkpoints": pool.checkpoints},
                "vLLM 0.33 v1/kv_cache_interface.py:1135-1141; prefix caching is on by default (config/cache.py:257; "
-               "--no-enable-prefix-caching turns it off)"),
+               "--no-enable-prefix-caching turns it off)" + _checkpoint_note(pool, model)),
     ]
+
+
+def _checkpoint_note(pool: StatePool, model: Model) -> str:
+    if not pool.checkpoints:
+        return ""
+    return ("; GDN checkpoints: FlashInfer's GDN prefill (gdn/qwen_gdn_linear_attn.py:243-268), certain on compute "
+            "capability 9.0, on 10.x / 12.x only with a CUDA 13 runtime in the image — without it one block fewer")

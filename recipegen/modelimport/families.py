@@ -837,7 +837,7 @@ def build_qwen3_5_moe(cfg: Config, arch: str) -> Built:
     if cfg.get("tie_word_embeddings", default=False) and not b.text.has("tie_word_embeddings"):
         b.tensors = [x for x in b.tensors if x.part != "lm_head"]
     b.tensors += _qwen3_vision(cfg.section("vision_config"))
-    b.encoder_src = (f"vision tower Qwen3_VisionTransformer ({V}model_executor/models/qwen3_5.py:737-744), loaded "
+    b.encoder_src = (f"vision tower Qwen3_VisionTransformer ({V}model_executor/models/qwen3_5.py:736-743), loaded "
                      "unless every modality limit is 0 (--language-model-only)")
     return b
 

@@ -231,3 +231,43 @@ def test_shard_that_is_a_fifo_is_refused(tmp_path: Path) -> None:
     worker.start()
     worker.join(20)
     assert result, "model import blocked on a FIFO shard"
+
+
+# --- the model file a recipe names (35.8): regular files only, size-bounded, before reading
+
+_RECIPE = ("version: 1\nname: r\nmodel: {file: models/m.yaml}\nmachines:\n  box: {catalog: rtx-4090}\n"
+           "lanes:\n  - name: a\n    machine: box\n    gpus: [0]\n    port: 8000\n"
+           "    image: vllm/vllm-openai:v0.33.0\n    gpu_memory_utilization: 0.9\n    max_model_len: 8192\n"
+           "    concurrency: {max: 1}\n    offload: {placement: positional, load_cpu_offload: 40 GiB}\n"
+           "    reserves: {hbm: {value: 3 GiB, source: test}}\n")
+
+
+def _recipe_with_model(tmp_path: Path) -> tuple[Path, Path]:
+    (tmp_path / "models").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(_RECIPE)
+    return recipe, tmp_path / "models" / "m.yaml"
+
+
+def test_model_file_linked_to_dev_zero_is_refused(tmp_path: Path) -> None:
+    recipe, model = _recipe_with_model(tmp_path)
+    model.symlink_to("/dev/zero")
+    refused("check", "budgets", str(recipe), expect="must be a regular file; this is a device")
+
+
+def test_model_file_fifo_does_not_hang(tmp_path: Path) -> None:
+    recipe, model = _recipe_with_model(tmp_path)
+    os.mkfifo(model)
+    result: list[str] = []
+    worker = threading.Thread(target=lambda: result.append(
+        refused("check", "budgets", str(recipe), expect="pipe (FIFO)")), daemon=True)
+    worker.start()
+    worker.join(20)
+    assert result, "check budgets blocked on a FIFO model file"
+
+
+def test_oversized_model_file_is_refused_before_reading(tmp_path: Path) -> None:
+    recipe, model = _recipe_with_model(tmp_path)
+    with open(model, "wb") as f:
+        f.truncate(200 * 2**20)
+    refused("check", "budgets", str(recipe), expect="more than the")

@@ -220,9 +220,9 @@ class Config:
                 self._check(key, value)
             elif key not in ignored and key not in COMMON_IGNORED:
                 known = ", ".join(sorted(reads - {"architectures", "model_type"})) or "none"
-                raise self.error(key, f"field {self.name(key)!r} is not one the importer reads for {arch}: it may "
-                                 "change the layer layout or the sizes, and an import that ignored it could be "
-                                 f"wrong (fields read for {arch}: {known})")
+                raise self.error(key, f"not a field the importer reads for {arch}: it may change the layer layout "
+                                 "or the sizes, and an import that ignored it could be wrong (fields read for "
+                                 f"{arch}: {known})")
         for group in ALIASES:
             given = [(n, self.data[n]) for n in group if n in self.data and self.data[n] is not None]
             if len({repr(v) for _, v in given}) > 1:

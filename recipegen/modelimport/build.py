@@ -72,6 +72,11 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
     if not moe:
         raise InputError("no MoE layer: every layer is dense by the config's layer rule", file=cfg.file)
     rows = 2 * inter if b.gated else inter
+    unit = {"mxfp4": 32, "nvfp4": 16, "int4": (fmt.scale or {}).get("block", [2])[0], "fp8": 1}.get(fmt.dtype, 1)
+    for width, field_ in ((hidden, "hidden_size"), (inter, b.inter_src.split("`")[1].rsplit(".", 1)[-1])):
+        if width % max(unit, 2 if fmt.dtype in ("mxfp4", "nvfp4", "int4") else 1):
+            raise text.error(field_, f"{width} does not split into the {fmt.dtype} scale groups of {unit} (vLLM packs "
+                             "and scales the experts in whole groups)")
     shape_src = (f"{b.inter_src} {inter}" + (" (gate + up)" if b.gated else " (up only: no gate)")
                  + f" × config.json `{text.name('hidden_size')}` {hidden}; {fmt.source}")
     w1 = "w13" if b.gated else "w1"

@@ -7,7 +7,7 @@ linear layers' format and the KV cache dtype `--kv-cache-dtype auto` resolves to
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,11 @@ def expert_format(cfg: Config, text: Config, folder: Path, *, gated: bool = True
     owner = cfg if cfg.has("quantization_config") else text if text.has("quantization_config") else None
     if owner is not None:
         q = owner.section("quantization_config")
-        return _from_quantization_config(q, gated)
+        fmt = _from_quantization_config(q, gated)
+        if (folder / HF_QUANT).exists():  # vLLM reads config.json's first and never opens the file
+            fmt = replace(fmt, source=fmt.source + f"; {HF_QUANT} beside it is not read: config.json has a "
+                          f"quantization_config ({V}transformers_utils/config.py:951-964)")
+        return fmt
     if (folder / HF_QUANT).exists():
         doc = load_json(folder / HF_QUANT, limit=MAX_QUANT_BYTES, what=HF_QUANT)
         return _modelopt(doc, ("quantization",), gated, f"{HF_QUANT} `quantization`")

@@ -271,3 +271,15 @@ def test_oversized_model_file_is_refused_before_reading(tmp_path: Path) -> None:
     with open(model, "wb") as f:
         f.truncate(200 * 2**20)
     refused("check", "budgets", str(recipe), expect="more than the")
+
+
+def test_widths_that_do_not_split_into_scale_groups_name_the_config_field(tmp_path: Path) -> None:
+    folder = tmp_path / "nv"
+    folder.mkdir()
+    for f in (FIX / "qwen3-235b-a22b-nvfp4").iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["moe_intermediate_size"] = 1544                       # not a multiple of NVFP4's 16-value groups
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    out = _import(folder, "scale groups of 16")
+    assert "moe_intermediate_size" in out and "config.json:" in out

@@ -123,8 +123,8 @@ def _with_state(model: Model, machine: Machine, lane: Lane, rates: set[int], add
                                         lane=lane.name))
             return None
     if len(rates) != 1:
-        notes.append("attention layers of different page sizes beside state layers: not modelled, the KV pool "
-                     "is counted per token without vLLM's page alignment")
+        notes.append("state layers beside attention layers of several page sizes, or none: vLLM's shared page "
+                     "layout is not modelled here — the state is left out, so the KV figures are optimistic")
         return None
     if lane.speculative is not None:
         notes.append("speculative decoding on a model with state layers: vLLM keeps extra state per draft token, "

@@ -75,10 +75,14 @@ pip_lists() {
 # listed VERSION: the last probe listed exactly VERSION.
 listed() { sed -n 's/^Available versions: //p' "$probe_log" | tr -d ' ' | tr ',' '\n' | grep -qxF "$1"; }
 
-# pip_sources: where the last probe looked (index pages, find-links folders).
+# pip_sources: where the last probe looked (index pages; find-links folders), each index it could
+# not read with pip's reason.
 pip_sources() {
-  local s
-  s=$(sed -n 's/^\* \(.*\)$/\1/p' "$probe_log" | paste -sd' ')
+  local s url why
+  s=$(sed -n 's/^\* \(.*\)$/\1/p' "$probe_log" | while read -r url; do
+    why=$(unreachable "$url")
+    echo "$url${why:+ (unreachable: $why)}"
+  done | paste -sd',' | sed 's/,/, /g')
   grep -q '^Local files found' "$probe_log" && s="$s, find-links folders"
   echo "${s:-none listed}"
 }
@@ -90,9 +94,10 @@ found_at() {
 
 # unreachable URL: why the last probe could not read URL (empty when it could).
 unreachable() {
-  sed -n "s|^Could not fetch URL $1[^ ]*: \(.*\) - skipping\$|\1|p" "$probe_log" | head -n1 |
-    sed -e "s/.*\(Failed to establish a new connection: \)/\1/" -e "s/.*\(timed out\)/connection \1/" \
-      -e "s/'))*\$//" | cut -c1-160
+  sed -n "s|^Could not fetch URL $1[^ ]*: \(.*\) - skipping\$|\1|p" "$probe_log" | head -n1 | sed \
+    -e 's/.*read timeout=\([0-9.]*\).*/no answer within \1 s/' \
+    -e 's/.*connect timeout=\([0-9.]*\).*/no connection within \1 s/' \
+    -e 's/.*Failed to establish a new connection: //' -e "s/[\"')]*\$//" | cut -c1-160
 }
 
 py_target() { "$1" -c 'import sys, sysconfig; print(f"Python {sys.version_info[0]}.{sys.version_info[1]} on {sysconfig.get_platform()}")'; }

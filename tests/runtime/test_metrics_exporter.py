@@ -254,3 +254,16 @@ def test_settings_from_the_environment(tmp_path: Path):
     for environ, named in bad:
         with pytest.raises(ValueError, match=named):
             metrics_from_env(environ)
+
+
+def test_the_plugin_refuses_bad_metrics_settings_naming_the_variable(tmp_path: Path):
+    """`load_settings` runs in vLLM's API server at register(): a refusal there stops `vllm serve`
+    before any engine process starts (docs/plugin.md)."""
+    from expert_residency.vllm_plugin.settings import SettingsError, load_settings
+
+    base = {env.MODE: "count", env.METRICS: "on"}
+    with pytest.raises(SettingsError, match=m.MULTIPROC_DIR_ENV):
+        load_settings(base)
+    settings = load_settings({**base, m.MULTIPROC_DIR_ENV: str(tmp_path)})
+    assert settings.metrics is not None and settings.metrics.multiproc_dir == str(tmp_path)
+    assert load_settings({env.MODE: "count"}).metrics is None

@@ -186,8 +186,15 @@ def test_promtool_and_a_real_prometheus_accept_the_rendered_files(project: Path,
 
 def test_committed_dashboard_is_what_the_typed_builder_writes() -> None:
     pytest.importorskip("grafana_foundation_sdk")
-    assert dash.DASHBOARD_FILE.read_text() == dash.dashboard_json(), (
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    text = dash.DASHBOARD_FILE.read_text()
+    assert text == dash.dashboard_json(), (
         "recipegen/data/grafana/expert-residency.json is stale: python -m recipegen.render.dashboard")
+    # and it reads back through the builder's typed model unchanged
+    model = Dashboard.from_json(json.loads(text))
+    assert json.dumps(model, cls=JSONEncoder, indent=2, sort_keys=True) + "\n" == text
 
 
 def test_dashboard_panels_and_queries() -> None:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # Images, pinned: Prometheus of the 2.53 long-term-support line (the configuration is checked by
 # the tests with Debian's promtool 2.42, whose format 2.53 reads unchanged) and the Grafana release
 # whose dashboard schema grafana-foundation-sdk's 11.6 builder writes.
-PROMETHEUS_IMAGE = "prom/prometheus:v2.53.4"
+PROMETHEUS_IMAGE = "prom/prometheus:v2.53.3"
 GRAFANA_IMAGE = "grafana/grafana:11.6.0"
 MONITORING_PROFILE = "monitoring"
 PROMETHEUS_SERVICE = "prometheus"

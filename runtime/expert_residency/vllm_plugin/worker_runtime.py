@@ -94,6 +94,7 @@ class WorkerRuntime:
         self.fused: dict[int, Any] = {}       # layer index -> TritonMxfp4Experts (CUDA MXFP4)
         self.policy: Any | None = None        # core.adaptive.AdaptivePolicy (adaptive residency)
         self.step_barrier: Any | None = None  # core.adaptive_step.StepBarrier driving it
+        self.metrics: Any | None = None       # metrics.exporter.MetricsExporter (metrics_hook)
         self._mxfp4_cache: dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
@@ -173,6 +174,9 @@ class WorkerRuntime:
         if self.settings.splits_experts:
             self._install_banks()
         self._start_adaptive()
+        from .metrics_hook import start_metrics
+
+        self.metrics = start_metrics(self)  # off the step path: a thread reads the counter
         self._emit_report()
 
     def _start_counter(self) -> None:

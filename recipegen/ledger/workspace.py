@@ -19,6 +19,8 @@ subtracts them before it back-solves the pool (`placements.placement_figures`):
   partials are empty (DSv4.1: 36 × (2304/64 + 5120/128) × 4 = 10,944 B);
 * the FP8-block dense kernels' quantized GEMM inputs (`gpu.dense_experts.TritonDenseExperts`):
   E4M3 `T·H + P·I` bytes and fp32 scales `4·(T·(H/128) + P·(I/128))`, T = max_num_batched_tokens;
+* the BF16 / FP8-block dense kernels' T = 1 fused-finalize tickets (`TritonDenseExperts`): one
+  int32 per 16 output rows, `4·ceil(H/16)` bytes, whatever the tile config (DeepSeek-V3: 1,792 B);
 * the usage counter (`core.ExpertCounter`: int64 counts `[layers, experts]`, tokens and decode
   tokens `[layers]`) and the step masks (`vllm_plugin.step_masks.StepMasks`: bool
   `[max_num_batched_tokens + 1]`, int32 `[max_num_batched_tokens]`, one int64) — every rendered
@@ -92,6 +94,7 @@ MXFP4_TILE_FLOOR = 64
 # T = 1 stream-K programs of w13 / w2 (KernelConfig.stream_k1 / stream_k2; 0: off, the default).
 MXFP4_STREAM_K1, MXFP4_STREAM_K2 = 0, 0
 FP8_BLOCK = 128  # gpu/kernels_dense.py: one activation scale per 128 values
+DENSE_FIN_TICKET_ROWS = 16  # gpu/dense_experts.py FIN_TICKET_ROWS: one ticket per 16 w2 rows
 
 
 def fitted_tile(tile: int, dim: int, floor: int = MXFP4_TILE_FLOOR) -> int:
@@ -119,6 +122,11 @@ def fp8_scratch_bytes(max_tokens: int, top_k: int, hidden: int, intermediate: in
     t, h, i = int(max_tokens), int(hidden), int(intermediate)
     p = t * int(top_k)
     return t * h + p * i + 4 * (t * (h // FP8_BLOCK) + p * (i // FP8_BLOCK))
+
+
+def dense_ticket_bytes(hidden: int) -> int:
+    """The dense kernels' T = 1 fused-finalize tickets: int32 `ceil(H / 16)`."""
+    return 4 * -(-int(hidden) // DENSE_FIN_TICKET_ROWS)
 
 
 def counter_bytes(moe_layers: int, experts: int, max_tokens: int) -> int:
@@ -228,8 +236,9 @@ def kernel_bytes(model: Model, machine: Machine, lane: Lane, tokens: int) -> Ker
     if model.expert_format == "mxfp4":
         return KernelBytes(work, tickets=split_ticket_bytes(tokens, model.top_k, hidden, inter))
     if model.expert_format == "fp8-block":
-        return KernelBytes(work, fp8_scratch=fp8_scratch_bytes(tokens, model.top_k, hidden, inter))
-    return KernelBytes(work)
+        return KernelBytes(work, tickets=dense_ticket_bytes(hidden),
+                           fp8_scratch=fp8_scratch_bytes(tokens, model.top_k, hidden, inter))
+    return KernelBytes(work, tickets=dense_ticket_bytes(hidden))
 
 
 def runtime_workspace_bytes(model: Model, machine: Machine, lane: Lane) -> int:
@@ -280,7 +289,12 @@ def workspace_figures(model: Model, machine: Machine, lane: Lane,
                     "PB": next_pow2(max(picks, 2)), "hidden": hidden, "intermediate": inter, "tp": tp,
                     "workspace_bytes": parts.workspace}
         note = f"runtime's {kernel} kernels (gpu.experts.Workspace"
-        if parts.tickets:
+        if parts.tickets and model.expert_format != "mxfp4":
+            formula += " + T=1 finalize tickets 4·ceil(H / 16)"
+            operands["dense_ticket_bytes"] = parts.tickets
+            note += (" + gpu.dense_experts: one int32 ticket per 16 output rows of the fused T=1 "
+                     "finalize hand-off")
+        elif parts.tickets:
             i_rank = inter if ep else inter // tp
             formula += f" + split-K tickets 4·p·({i_txt} / block_n1 + H / block_n2), p = min(T, 6) × top_k"
             operands.update(split_ticket_bytes=parts.tickets, p=max(min(tokens.value, MXFP4_SMALL_STEP)

@@ -203,10 +203,11 @@ class DenseResidency:
 
     @property
     def workspace_bytes(self) -> int:
-        """Device scratch of the kernels: the shared workspace, plus (FP8) the step's quantized inputs."""
+        """Device scratch of the kernels: the shared workspace, the T = 1 fused-finalize tickets,
+        plus (FP8) the step's quantized inputs."""
         if self._experts is None:
             return 0
-        return self._experts.workspace.nbytes + self._experts.fp8_scratch_bytes
+        return self._experts.workspace.nbytes + self._experts.ticket_bytes + self._experts.fp8_scratch_bytes
 
     def per_pick_fn(self) -> PerPickExpertFn:
         if self._experts is not None:

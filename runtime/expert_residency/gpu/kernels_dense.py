@@ -1,10 +1,15 @@
 """Triton expert kernels for BF16 and FP8-block (E4M3, 128x128 fp32 scales) experts over a hot and a
 cold bank (launch logic in ``gpu.dense_experts``).
 
-Same four-launch structure as the MXFP4 path (``gpu.kernels``, whose grouping and finalize kernels
-are reused unchanged): group the step's picks by expert, ``dense_w13_act_kernel`` (gate/up
-products, bias, activation, bf16 activation rows, optional in-kernel usage counter),
-``dense_w2_kernel`` (one unreduced bf16 row per pick, bias), then the fp32-fma finalize.
+The launch structure of the MXFP4 path (``gpu.kernels``, whose grouping and finalize kernels and
+T=1 helpers are reused unchanged): group the step's picks by expert, ``dense_w13_act_kernel``
+(gate/up products, bias, activation, bf16 activation rows, optional in-kernel usage counter),
+``dense_w2_kernel`` (one unreduced bf16 row per pick, bias), then the fp32-fma finalize. At T=1
+(``ONE_TOKEN``) there is no grouping launch and the finalize runs at the end of the w2 launch
+(``FUSE_FINALIZE``: the last program of each row tile, by ticket); FP8 quantizes the layer input
+once per step (``quant_groups_kernel``) and the activation rows either in the w13 epilogue
+(``QUANT_ACT``, 128-row tiles) or in a second ``quant_groups_kernel`` launch — the same bits. On
+sm_90+ every launch is a programmatic dependent launch (``PDL``).
 Each expert's rows come from whichever bank the row map ``codes[e]`` names (``>= 0`` hot row in
 HBM, ``< 0`` cold row ``~code`` in pinned host memory read in place); both banks go through the
 same loads and the same tiling, so a pick's bits do not depend on where its expert lives: the

@@ -28,7 +28,7 @@ if [ -n "${PROBE:-}" ] && [ -f "$PROBE/fi_probe.tar.xz" ]; then
   probe_pid=$!
 fi
 timeout "${TEST_LIMIT:-80}" python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_dense_gpu.py \
-  -k "t1_schedule or act_quant or graph_replay or (split_equals and silu)" 2>&1 | tee "$OUT/tests.log"
+  -k "${TEST_K:-t1_schedule or act_quant or graph_replay}" 2>&1 | tee "$OUT/tests.log"
 timeout "${BENCH_LIMIT:-200}" python3 bench/dense_peer.py --vllm-src "$VLLM_SRC" --peer-configs "$CONFIGS" \
   --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
 if [ -n "$probe_pid" ]; then wait "$probe_pid"; cat "$OUT/probe.log"; fi

@@ -1,9 +1,11 @@
 """The split MoE layer on the GPU for BF16 and FP8-block experts (``gpu.kernels_dense``).
 
 ``TritonDenseExperts`` has the public API of ``gpu.experts.TritonMxfp4Experts`` — ``forward``
-(group, w13+activation, w2, finalize; both banks in one pass, optional in-kernel counting; fixed
-shapes, no host sync, CUDA-graph capturable), ``pick_outputs``, ``finalize`` and ``per_pick_fn``
-(the core's ``PerPickExpertFn`` contract) — and reuses its workspace, grouping and finalize. The
+(group, w13+activation, w2, finalize; with ``DenseKernelConfig.one_token`` at T = 1 only w13 and
+w2, which finalizes; both banks in one pass, optional in-kernel counting; fixed shapes, no host
+sync, CUDA-graph capturable), ``pick_outputs``, ``finalize`` and ``per_pick_fn`` (the core's
+``PerPickExpertFn`` contract) — and reuses its workspace, grouping and finalize. The tile config
+and schedule default per format to what measured fastest (``default_config``). The
 banks hold vLLM's layout as loaded (``to_kernel_layout`` is a no-op): a ``core.banks.ResidentLayer``
 whose hot bank is on the device and whose cold bank is a device view of pinned host memory.
 
@@ -108,6 +110,24 @@ class DenseKernelConfig:
         return text
 
 
+def default_config(expert_format: str) -> DenseKernelConfig:
+    """The measured default per format (one NVIDIA H200, 2026-12-03, ``bench/dense_peer.py``;
+    BENCHMARKS.md "BF16 and FP8-block layers against the kernel vLLM 0.33 selects"):
+
+    * ``bf16``: the T = 1 schedule (29.7 against 31.9 us per Qwen3-30B-A3B layer), programmatic
+      dependent launches (no slower at T = 6, 16, 96), 32-token tiles from T = 64 (249.5 against
+      265.7 us at T = 96; slower at T = 16, 146.6 against 136.3);
+    * ``fp8-block``: the four-launch schedule with 64-row tiles (DeepSeek-V3: 105.7 / 424.1 / 794.9 /
+      1,724.6 us at T = 1 / 6 / 16 / 96). 128-row w13 tiles with the activation quantized in their
+      epilogue were slower at every T (107.8 / 432.9 / 817.6 / 1,757.6), 32-token tiles slower at
+      T = 16 and 96; the T = 1 schedule with 64-row tiles is not measured on FP8 yet."""
+    if expert_format == "bf16":
+        return DenseKernelConfig(block_m_large=32, large_tokens=64)
+    if expert_format == "fp8-block":
+        return DenseKernelConfig(one_token=False, fuse_finalize=False, pdl=False)
+    raise ValueError(f"expert_format {expert_format!r} is not one of {FORMATS}")
+
+
 def dense_bytes_per_expert(shape: ExpertShape, expert_format: str, bias_bytes: int = 0) -> int:
     """Weight (+ block scale) bytes of one expert: bf16 ``2 * 3HI``; fp8-block ``3HI`` plus 4 bytes
     per 128x128 block of w13 and w2; plus ``bias_bytes`` per bias value (``2I + H`` values)."""
@@ -126,11 +146,14 @@ class TritonDenseExperts(TritonMxfp4Experts):
     """Launches the dense residency kernels for layers of one geometry and format."""
 
     def __init__(self, shape: ExpertShape, num_experts: int, top_k: int, max_tokens: int,
-                 device: torch.device | str, config: DenseKernelConfig = DenseKernelConfig(), *,
+                 device: torch.device | str, config: DenseKernelConfig | None = None, *,
                  expert_format: str = "bf16", activation: str = SILU,
                  swiglu_limit: float | None = None, swiglu_alpha: float | None = None) -> None:
+        """``config`` None: ``default_config(expert_format)``."""
         if expert_format not in FORMATS:
             raise ValueError(f"expert_format {expert_format!r} is not one of {FORMATS}")
+        if config is None:
+            config = default_config(expert_format)
         if shape.hidden % config.block_k1 or shape.intermediate % config.block_k2:
             raise ValueError(f"block_k must divide the reduction dims ({shape}, {config})")
         for tokens in (1, 2, max(config.large_tokens, 2)):

@@ -172,12 +172,12 @@ class DenseResidency:
         if self.device.type == "cuda":
             if geometry.expert_format == FP16:
                 raise ValueError("fp16 experts on CUDA: the runtime's dense kernels read bf16 or fp8")
-            from ..gpu.dense_experts import DenseKernelConfig, TritonDenseExperts
+            from ..gpu.dense_experts import TritonDenseExperts
             from ..gpu.experts import ExpertShape
 
             self._experts = TritonDenseExperts(
                 ExpertShape(geometry.hidden, geometry.intermediate), geometry.num_experts, int(top_k),
-                self.max_tokens, self.device, kernel_config or DenseKernelConfig(),
+                self.max_tokens, self.device, kernel_config,   # None: the format's measured default
                 expert_format="fp8-block" if geometry.expert_format == FP8_BLOCK else "bf16",
                 activation=facts.activation, swiglu_limit=facts.swiglu_limit,
                 swiglu_alpha=facts.swiglu_alpha)

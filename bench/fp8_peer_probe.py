@@ -14,8 +14,9 @@
   projection ``TUs x mean seconds / cores`` is what one cold build costs.
 
 Inputs are files of the published wheels unpacked by the caller (``--deep-gemm`` folder holding
-the ``deep_gemm`` package, ``--fi-root`` holding ``flashinfer/data`` and the generated folder):
-nothing of them is in this repository. Writes ``probe.json`` to ``--out``.
+the ``deep_gemm`` package, ``--fi-root`` holding ``flashinfer/data`` and the generated folder;
+``--pack`` builds both archives from the two wheels on a machine with nvcc): nothing of them is in
+this repository. Writes ``probe.json`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -118,6 +119,66 @@ def probe_flashinfer(root: Path, tus: int, cores: int, limit: int) -> dict:
     return out
 
 
+def pack(fi_wheel: Path, vllm_wheel: Path, dest: Path) -> None:
+    """Build the two archives this probe reads from the published wheels (here, with an nvcc):
+    ``fi_probe.tar.xz`` — FlashInfer's generated SM90 kernels (its own ``generate_gemm_operations``,
+    ``"90;90-real"``, as ``gen_cutlass_fused_moe_module`` calls it), one generated grouped-GEMM file
+    and every FlashInfer header the two probed units include (``nvcc -M``; CUDA's own headers
+    excluded, empty stand-ins for the CUDA library headers this machine may lack);
+    ``dg_vendored.tar.xz`` — the vLLM wheel's ``vllm/third_party/deep_gemm`` as ``deep_gemm``."""
+    import importlib
+    import shutil
+    import tarfile
+    import tempfile
+    import types
+    import zipfile
+
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        with zipfile.ZipFile(fi_wheel) as zf:
+            zf.extractall(tmp / "fi", [n for n in zf.namelist() if n.startswith("flashinfer/")])
+        root = tmp / "fi" / "flashinfer"
+        for name, path in (("flashinfer", root), ("flashinfer.jit", root / "jit"),
+                           ("flashinfer.jit.gemm", root / "jit/gemm"),
+                           ("flashinfer.jit.gemm.cutlass", root / "jit/gemm/cutlass")):
+            mod = types.ModuleType(name)   # the generator alone, without FlashInfer's package init
+            mod.__path__ = [str(path)]
+            sys.modules[name] = mod
+        gen_mod = importlib.import_module("flashinfer.jit.gemm.cutlass.generate_kernels")
+        gen = tmp / "generated"
+        gen_mod.generate_gemm_operations(gen, "90;90-real")
+        print("generated units", len(list(gen.rglob("*.generated.cu"))), flush=True)
+        data = root / "data"
+        fake = tmp / "fake"
+        fake.mkdir()
+        for h in ("cublasLt.h", "cublas_v2.h", "curand_kernel.h", "curand.h", "nvrtc.h"):
+            if not glob.glob(f"/usr/local/cuda*/include/{h}"):
+                (fake / h).touch()
+        grouped = sorted(gen.glob("gemm_grouped/90/*M128_group0.generated.cu"))[0]
+        units = [data / "csrc/nv_internal/tensorrt_llm/kernels/cutlass_kernels/fp8_blockscale_gemm/"
+                        "fp8_blockscale_gemm.cu", grouped]
+        files: set[Path] = set()
+        for unit in units:
+            dep = tmp / "dep.d"
+            subprocess.run(["nvcc", *FI_FLAGS, *fi_includes(data, gen), f"-I{fake}", "-M", str(unit),
+                            "-o", str(dep)], check=True)
+            for word in dep.read_text().replace("\\\n", " ").split():
+                path = Path(word).resolve() if not word.endswith(":") else None
+                if path and path.is_file() and str(path).startswith(str(data.resolve())):
+                    files.add(path)
+        with tarfile.open(dest / "fi_probe.tar.xz", "w:xz") as tar:
+            for f in sorted(files):
+                tar.add(f, arcname=str(Path("flashinfer/data") / f.relative_to(data.resolve())))
+            tar.add(grouped, arcname=str(Path("generated") / grouped.relative_to(gen)))
+        print("fi_probe.tar.xz", len(files), "files", flush=True)
+        with zipfile.ZipFile(vllm_wheel) as zf:
+            zf.extractall(tmp / "v", [n for n in zf.namelist() if n.startswith("vllm/third_party/deep_gemm/")])
+        shutil.move(str(tmp / "v/vllm/third_party/deep_gemm"), str(tmp / "deep_gemm"))
+        with tarfile.open(dest / "dg_vendored.tar.xz", "w:xz") as tar:
+            tar.add(tmp / "deep_gemm", arcname="deep_gemm")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--deep-gemm", type=Path, help="folder holding the wheel's deep_gemm package")
@@ -125,7 +186,12 @@ def main() -> int:
     ap.add_argument("--fi-tus", type=int, default=0, help="translation units of the SM90 module")
     ap.add_argument("--limit", type=int, default=240, help="seconds for the nvcc probes")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--pack", nargs=2, type=Path, metavar=("FLASHINFER_WHEEL", "VLLM_WHEEL"),
+                    help="build fi_probe.tar.xz and dg_vendored.tar.xz into --out from the two wheels")
     args = ap.parse_args()
+    if args.pack:
+        pack(args.pack[0], args.pack[1], Path(args.out))
+        return 0
     res = {"cores": os.cpu_count()}
     if args.deep_gemm:
         res["deep_gemm"] = probe_deep_gemm(args.deep_gemm)

@@ -50,11 +50,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "runtime"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import format_peer as fp  # noqa: E402
-from expert_residency.core.banks import ExpertBank, ResidentLayer, build_unsplit_layer  # noqa: E402
-from expert_residency.core.split import residency_forward  # noqa: E402
-from expert_residency.gpu.dense_experts import DenseKernelConfig, TritonDenseExperts  # noqa: E402
-from expert_residency.gpu.experts import ExpertShape  # noqa: E402
+import format_peer as fp
+from expert_residency.core.banks import ExpertBank, ResidentLayer, build_unsplit_layer
+from expert_residency.core.split import residency_forward
+from expert_residency.gpu.dense_experts import DenseKernelConfig, TritonDenseExperts
+from expert_residency.gpu.experts import ExpertShape
 
 GB = 1e9
 MAIN = DenseKernelConfig(one_token=False, fuse_finalize=False, pdl=False, fuse_act_quant=False)
@@ -85,7 +85,7 @@ CPU_VARIANTS = {  # tiny geometry: tiles that divide it (the interpreter wants s
 def usage_aware_cases(kernel_tensors: list[dict], p: np.ndarray, cold_fraction: float, dev):
     """(all-HBM layers, usage-aware layers with each layer's least-used ``cold_fraction`` of
     experts in pinned host memory, their cold sets, pinned owners)."""
-    layers, experts = p.shape
+    experts = p.shape[1]
     cold_n = int(experts * cold_fraction)
     all_hbm, usage, cold_sets, owners = [], [], [], []
     for layer, tensors in enumerate(kernel_tensors):
@@ -122,6 +122,85 @@ def check_outputs(f, exs, peer, layer_all, layer_usage, ckpt, dev, seed) -> dict
     return out
 
 
+def measure_tokens(f, tokens, steps, p, seed, dev, exs, peers, layers_of, cold_sets, per_expert,
+                   hbm_gbps, pinned_gbps) -> dict:
+    """One step size: every case captured in a CUDA graph (eager on CPU), ``steps`` steps of fresh
+    routing, medians per layer; the row of ``res["per_T"]``."""
+    cuda = dev.type == "cuda"
+    names = list(exs)
+    ids_all, w_all = fp.sample_routing(p, steps, tokens, f.top_k, seed + tokens, dev)
+    xg = torch.Generator(device=dev).manual_seed(seed + 3 * tokens)
+    xs = torch.randn(f.layers, tokens, f.hidden, generator=xg, device=dev).to(torch.bfloat16)
+    ids_buf, w_buf = ids_all[0].clone(), w_all[0].clone()
+    outs = {(v, c): torch.empty(f.layers, tokens, f.hidden, dtype=torch.bfloat16, device=dev)
+            for v in names for c in layers_of}
+
+    def ours(v, c):
+        def step():
+            for l in range(f.layers):
+                exs[v].forward(layers_of[c][l], xs[l], w_buf[l], ids_buf[l], out=outs[(v, c)][l])
+        return step
+
+    runs = {f"{c}@{v}": fp.Step(ours(v, c), cuda) for v in names for c in layers_of}
+    prep_step = None
+    if peers[0] is not None:
+        out_peer = torch.empty(f.layers, tokens, f.hidden, dtype=torch.bfloat16, device=dev)
+
+        def peer_layer():
+            for l in range(f.layers):
+                peers[l].layer(xs[l], w_buf[l], ids_buf[l], out_peer[l])
+        runs["peer"] = fp.Step(peer_layer, cuda)
+        assign, quant = {}, {}
+
+        def prep():
+            for l in range(f.layers):
+                assign[l] = peers[l].assignment(ids_buf[l], tokens)
+                quant[l] = peers[l].quant(xs[l]) if peers[l].fp8 else (xs[l], None)
+        prep_step = fp.Step(prep, cuda)
+        prep_step()
+
+        def peer_gemms():
+            for l in range(f.layers):
+                peers[l].gemms(xs[l], quant[l][0], quant[l][1], w_buf[l], assign[l], tokens)
+        runs["peer_gemms"] = fp.Step(peer_gemms, cuda)
+    times = {c: [] for c in runs}
+    hot_cold = {"all_hbm": [], "usage_aware": []}
+    equal = True
+    order = list(runs.items())
+    for s in range(steps):
+        ids_buf.copy_(ids_all[s])
+        w_buf.copy_(w_all[s])
+        if prep_step is not None:
+            prep_step()
+        for case, fn in (order if s % 2 == 0 else order[::-1]):
+            times[case].append(fp.seconds(fn, cuda))
+        equal &= all(torch.equal(outs[(v, "usage_aware")], outs[(v, "all_hbm")]) for v in names)
+        hot = cold = 0
+        for l in range(f.layers):
+            u = set(torch.unique(ids_all[s, l]).tolist())
+            nc = len(u & cold_sets[l])
+            cold += nc * per_expert
+            hot += (len(u) - nc) * per_expert
+        hot_cold["all_hbm"].append((hot + cold, 0))
+        hot_cold["usage_aware"].append((hot, cold))
+    if cuda:
+        torch.cuda.synchronize()
+    row = {"steps": steps, "split_equals_all_hbm": bool(equal)}
+    for case, ts in times.items():
+        med = statistics.median(ts)
+        kind = "usage_aware" if case.startswith("usage_aware") else "all_hbm"
+        hot = statistics.fmean(h for h, _ in hot_cold[kind])
+        cold = statistics.fmean(c for _, c in hot_cold[kind])
+        entry = {"us_per_layer": med / f.layers * 1e6, "bytes_per_layer": (hot + cold) / f.layers,
+                 "spread_us": (max(ts) - min(ts)) / f.layers * 1e6}
+        if cuda:
+            floor = hot / (hbm_gbps * GB) + cold / (pinned_gbps * GB)
+            entry["floor_us"] = floor / f.layers * 1e6
+            entry["x_floor"] = med / floor
+        row[case] = entry
+    return row
+
+
 def run_format(f, args, dev, glue, dump=lambda res: None) -> dict:
     cuda = dev.type == "cuda"
     shape = ExpertShape(f.hidden, f.inter)
@@ -133,16 +212,17 @@ def run_format(f, args, dev, glue, dump=lambda res: None) -> dict:
     gen = torch.Generator(device=dev).manual_seed(args.seed)
     t0 = time.perf_counter()
     ckpts, peers = [], []
-    for layer in range(f.layers):
+    for _ in range(f.layers):
         ckpt = fp.random_layer(f, gen, dev)
         peers.append(fp.FusedMoePeer(glue, f, ckpt, max_tokens, args.peer_configs) if glue else None)
         ckpts.append(ckpt)   # the dense kernels read vLLM's layout: shared with the peer
     p = fp.popularity(f.experts, f.layers, args.seed)
     cold_fraction = 0.25
-    all_hbm, usage, cold_sets, owners = usage_aware_cases(ckpts, p, cold_fraction, dev)
+    # _pinned holds the pinned host memory the cold banks are views of, until this returns
+    all_hbm, usage, cold_sets, _pinned = usage_aware_cases(ckpts, p, cold_fraction, dev)
     per_expert = fp.bytes_per_expert(f)
-    res = {"format": f.title, "geometry": dict(hidden=f.hidden, intermediate=f.inter, experts=f.experts,
-                                                 top_k=f.top_k, layers=f.layers),
+    res = {"format": f.title, "geometry": {"hidden": f.hidden, "intermediate": f.inter, "experts": f.experts,
+                                           "top_k": f.top_k, "layers": f.layers},
            "bytes_per_expert": per_expert, "variants": {v: table[v].describe() for v in names},
            "peer": f.source, "cold_fraction": cold_fraction, "build_s": time.perf_counter() - t0,
            "per_T": {}, "equal": {}}
@@ -151,90 +231,19 @@ def run_format(f, args, dev, glue, dump=lambda res: None) -> dict:
     res["check"] = check_outputs(f, exs, peers[0], all_hbm[0], usage[0], ckpts[0], dev, args.seed)
     print(f.key, "check", json.dumps(res["check"]), flush=True)
     steps_for = dict(args.steps)
+    layers_of = {"all_hbm": all_hbm, "usage_aware": usage}
     for tokens in args.tokens:
         steps = steps_for.get(tokens, 8) if cuda else 1
-        ids_all, w_all = fp.sample_routing(p, steps, tokens, f.top_k, args.seed + tokens, dev)
-        xg = torch.Generator(device=dev).manual_seed(args.seed + 3 * tokens)
-        xs = torch.randn(f.layers, tokens, f.hidden, generator=xg, device=dev).to(torch.bfloat16)
-        ids_buf, w_buf = ids_all[0].clone(), w_all[0].clone()
-        layers_of = {"all_hbm": all_hbm, "usage_aware": usage}
-        outs = {(v, c): torch.empty(f.layers, tokens, f.hidden, dtype=torch.bfloat16, device=dev)
-                for v in names for c in layers_of}
-
-        def ours(v, c):
-            def step():
-                for l in range(f.layers):
-                    exs[v].forward(layers_of[c][l], xs[l], w_buf[l], ids_buf[l], out=outs[(v, c)][l])
-            return step
-
-        runs = {f"{c}@{v}": fp.Step(ours(v, c), cuda) for v in names for c in layers_of}
-        prep_step = None
-        if peers[0] is not None:
-            out_peer = torch.empty(f.layers, tokens, f.hidden, dtype=torch.bfloat16, device=dev)
-
-            def peer_layer():
-                for l in range(f.layers):
-                    peers[l].layer(xs[l], w_buf[l], ids_buf[l], out_peer[l])
-            runs["peer"] = fp.Step(peer_layer, cuda)
-            assign, quant = {}, {}
-
-            def prep():
-                for l in range(f.layers):
-                    assign[l] = peers[l].assignment(ids_buf[l], tokens)
-                    quant[l] = peers[l].quant(xs[l]) if peers[l].fp8 else (xs[l], None)
-            prep_step = fp.Step(prep, cuda)
-            prep_step()
-
-            def peer_gemms():
-                for l in range(f.layers):
-                    peers[l].gemms(xs[l], quant[l][0], quant[l][1], w_buf[l], assign[l], tokens)
-            runs["peer_gemms"] = fp.Step(peer_gemms, cuda)
-        times = {c: [] for c in runs}
-        hot_cold = {"all_hbm": [], "usage_aware": []}
-        equal = True
-        order = list(runs.items())
-        for s in range(steps):
-            ids_buf.copy_(ids_all[s])
-            w_buf.copy_(w_all[s])
-            if prep_step is not None:
-                prep_step()
-            for case, fn in (order if s % 2 == 0 else order[::-1]):
-                times[case].append(fp.seconds(fn, cuda))
-            equal &= all(torch.equal(outs[(v, "usage_aware")], outs[(v, "all_hbm")]) for v in names)
-            hot = cold = 0
-            for l in range(f.layers):
-                u = set(torch.unique(ids_all[s, l]).tolist())
-                nc = len(u & cold_sets[l])
-                cold += nc * per_expert
-                hot += (len(u) - nc) * per_expert
-            hot_cold["all_hbm"].append((hot + cold, 0))
-            hot_cold["usage_aware"].append((hot, cold))
-        if cuda:
-            torch.cuda.synchronize()
-        row = {"steps": steps, "split_equals_all_hbm": bool(equal)}
-        for case, ts in times.items():
-            med = statistics.median(ts)
-            kind = "usage_aware" if case.startswith("usage_aware") else "all_hbm"
-            hot = statistics.fmean(h for h, _ in hot_cold[kind])
-            cold = statistics.fmean(c for _, c in hot_cold[kind])
-            entry = {"us_per_layer": med / f.layers * 1e6, "bytes_per_layer": (hot + cold) / f.layers,
-                     "spread_us": (max(ts) - min(ts)) / f.layers * 1e6}
-            if cuda:
-                floor = hot / (res["hbm_GBps"] * GB) + cold / (res["pinned_GBps"] * GB)
-                entry["floor_us"] = floor / f.layers * 1e6
-                entry["x_floor"] = med / floor
-            row[case] = entry
+        row = measure_tokens(f, tokens, steps, p, args.seed, dev, exs, peers, layers_of, cold_sets,
+                             per_expert, res["hbm_GBps"], res["pinned_GBps"])
         res["per_T"][tokens] = row
-        res["equal"][tokens] = bool(equal)
+        res["equal"][tokens] = row["split_equals_all_hbm"]
         dump(res)
-        print(f.key, json.dumps({"T": tokens, "equal": equal,
+        print(f.key, json.dumps({"T": tokens, "equal": row["split_equals_all_hbm"],
                                  **{c: round(v["us_per_layer"], 1) for c, v in row.items() if isinstance(v, dict)}}),
               flush=True)
-        del runs
-    del all_hbm, usage, owners, peers, exs, ckpts
     if cuda:
         torch.cuda.synchronize()
-        torch.cuda.empty_cache()
     return res
 
 
@@ -246,10 +255,10 @@ def markdown(results: dict) -> str:
     for key, r in results["formats"].items():
         g = r["geometry"]
         names = list(r["variants"])
-        lines += [f"### {r['format']} — H {g['hidden']}, I {g['intermediate']}, {g['experts']} experts, "
-                  f"top-{g['top_k']}, {g['layers']} layers per graph, {r['bytes_per_expert']:,} B per expert", "",
-                  f"HBM read {r['hbm_GBps']:.0f} GB/s, pinned read {r['pinned_GBps']:.1f} GB/s (same run); "
-                  "variants: " + "; ".join(f"`{v}` {d}" for v, d in r["variants"].items()), "",
+        lines += [(f"### {r['format']} — H {g['hidden']}, I {g['intermediate']}, {g['experts']} experts, "
+                   f"top-{g['top_k']}, {g['layers']} layers per graph, {r['bytes_per_expert']:,} B per expert"), "",
+                  (f"HBM read {r['hbm_GBps']:.0f} GB/s, pinned read {r['pinned_GBps']:.1f} GB/s (same run); "
+                   "variants: ") + "; ".join(f"`{v}` {d}" for v, d in r["variants"].items()), "",
                   "outputs: " + ", ".join(f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}"
                                           for k, v in r["check"].items()), ""]
         head = ["T", "MB/layer", "HBM floor µs", "peer layer µs", "peer GEMMs µs"]

@@ -33,8 +33,13 @@ import torch
 import triton
 
 from ..core.banks import ExpertBank
-from ..core.formats_ref import (GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT, SILU, SWIGLUOAI,
-                                SWIGLUOAI_UNINTERLEAVE)
+from ..core.formats_ref import (
+    GPTOSS_SWIGLU_ALPHA,
+    GPTOSS_SWIGLU_LIMIT,
+    SILU,
+    SWIGLUOAI,
+    SWIGLUOAI_UNINTERLEAVE,
+)
 from ..core.reference import check_swiglu_limit
 from ..fp8 import BLOCK as FP8_BLOCK
 from ..fp8 import FP8_DTYPE
@@ -82,12 +87,12 @@ class DenseKernelConfig:
     block_m_large: int | None = None
     large_tokens: int = 32
 
-    def tiles(self, tokens: int) -> "tuple[int, int, int, int]":
+    def tiles(self, tokens: int) -> tuple[int, int, int, int]:
         """``(block_m, block_n1, block_n2, num_stages)`` of a step of ``tokens`` tokens."""
         bm = self.block_m_large if self.block_m_large is not None and tokens >= self.large_tokens \
             else self.block_m
         if tokens == 1:
-            pick = lambda v, d: d if v is None else v   # noqa: E731
+            pick = lambda v, d: d if v is None else v
             return (bm, pick(self.block_n1_t1, self.block_n1), pick(self.block_n2_t1, self.block_n2),
                     pick(self.num_stages_t1, self.num_stages))
         return bm, self.block_n1, self.block_n2, self.num_stages
@@ -214,7 +219,7 @@ class TritonDenseExperts(TritonMxfp4Experts):
         """Device bytes of the T = 1 fused-finalize tickets: int32 ``ceil(H / 16)``."""
         return self._fin_tickets.numel() * self._fin_tickets.element_size()
 
-    def to_kernel_layout(self, tensors: "dict[str, torch.Tensor]") -> None:
+    def to_kernel_layout(self, tensors: dict[str, torch.Tensor]) -> None:
         """No-op: the dense kernels read vLLM's layout as loaded (kept for the shared API)."""
 
     def check_bank(self, bank: ExpertBank) -> bool:
@@ -256,7 +261,7 @@ class TritonDenseExperts(TritonMxfp4Experts):
 
     def _run(self, x: torch.Tensor, ids: torch.Tensor, codes: torch.Tensor, hot: ExpertBank,
              cold: ExpertBank, *, token_mask: torch.Tensor | None, counts: torch.Tensor | None,
-             tokens: torch.Tensor | None, fin: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> None:
+             tokens: torch.Tensor | None, fin: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         cfg, ws, shape = self.config, self.workspace, self.shape
         t, k = ids.shape
         if k != self.top_k or t > ws.max_tokens:
@@ -295,7 +300,7 @@ class TritonDenseExperts(TritonMxfp4Experts):
         fp8 = self.expert_format == "fp8-block"
         quant_act = fp8 and cfg.fuse_act_quant and bn1 == FP8_BLOCK
         mask_arg = token_mask if token_mask is not None else ws.scratch
-        small = dict(ONE_TOKEN=one_token, HAS_TOKEN_MASK=one_token and token_mask is not None)
+        small = {"ONE_TOKEN": one_token, "HAS_TOKEN_MASK": one_token and token_mask is not None}
 
         def weights(bank: ExpertBank, name: str) -> torch.Tensor:
             w = bank[name]
@@ -341,10 +346,10 @@ class TritonDenseExperts(TritonMxfp4Experts):
             if fin_out.shape != (1, shape.hidden) or fin_out.stride(1) != 1:
                 raise ValueError(f"out must be [1, {shape.hidden}] with unit column stride, got "
                                  f"{tuple(fin_out.shape)}")
-            fin_args = dict(weights_ptr=fin_w, out_ptr=fin_out, fin_ticket_ptr=self._fin_tickets,
-                            FUSE_FINALIZE=True)
+            fin_args = {"weights_ptr": fin_w, "out_ptr": fin_out, "fin_ticket_ptr": self._fin_tickets,
+                        "FUSE_FINALIZE": True}
         else:
-            fin_args = dict(weights_ptr=ws.dummy_i64, out_ptr=ws.dummy_i64, fin_ticket_ptr=ws.dummy_i64)
+            fin_args = {"weights_ptr": ws.dummy_i64, "out_ptr": ws.dummy_i64, "fin_ticket_ptr": ws.dummy_i64}
         kernels_dense.dense_w2_kernel[(shape.hidden // bn2, max_slots)](
             a_in, a_s, codes, w2, weights(cold, W2), s2, scales(cold, W2), b2, bias(cold, B2),
             ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.pick_out,

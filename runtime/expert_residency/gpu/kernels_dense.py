@@ -45,8 +45,13 @@ import triton.language as tl
 
 # Shared with the MXFP4 kernels (used inside the jitted kernels): the row map, programmatic
 # dependent launch, the T=1 pick of a slot, the last-program ticket and the fused T=1 finalize.
-from .kernels import (_expert_base, _finalize_rows, _last_of_split, _one_token_pick,  # noqa: F401
-                      _pdl_enter)
+from .kernels import (
+    _expert_base,
+    _finalize_rows,
+    _last_of_split,
+    _one_token_pick,
+    _pdl_enter,
+)
 
 # Triton's CPU interpreter multiplies bf16 tiles wrongly (see gpu.kernels) and has no fp8 type:
 # under TRITON_INTERPRET=1 the tile products run on fp32 copies of the same exact values and the

@@ -19,6 +19,8 @@ subtracts them before it back-solves the pool (`placements.placement_figures`):
   partials are empty (DSv4.1: 36 × (2304/64 + 5120/128) × 4 = 10,944 B);
 * the FP8-block dense kernels' quantized GEMM inputs (`gpu.dense_experts.TritonDenseExperts`):
   E4M3 `T·H + P·I` bytes and fp32 scales `4·(T·(H/128) + P·(I/128))`, T = max_num_batched_tokens;
+* the BF16 / FP8-block dense kernels' T = 1 fused-finalize tickets (`TritonDenseExperts`): one
+  int32 per 16 output rows, `4·ceil(H/16)` bytes, whatever the tile config (DeepSeek-V3: 1,792 B);
 * the usage counter (`core.ExpertCounter`: int64 counts `[layers, experts]`, tokens and decode
   tokens `[layers]`) and the step masks (`vllm_plugin.step_masks.StepMasks`: bool
   `[max_num_batched_tokens + 1]`, int32 `[max_num_batched_tokens]`, one int64) — every rendered
@@ -55,6 +57,7 @@ from expert_residency.contract.sizing import (
     BLOCK_N1,
     BLOCK_N2,
     counter_bytes,
+    dense_ticket_bytes,
     fitted_tile,
     fp8_scratch_bytes,
     next_pow2,
@@ -198,8 +201,9 @@ def kernel_bytes(model: Model, machine: Machine, lane: Lane, tokens: int) -> Ker
     if model.expert_format == "mxfp4":
         return KernelBytes(work, tickets=split_ticket_bytes(tokens, model.top_k, hidden, inter))
     if model.expert_format == "fp8-block":
-        return KernelBytes(work, fp8_scratch=fp8_scratch_bytes(tokens, model.top_k, hidden, inter))
-    return KernelBytes(work)
+        return KernelBytes(work, tickets=dense_ticket_bytes(hidden),
+                           fp8_scratch=fp8_scratch_bytes(tokens, model.top_k, hidden, inter))
+    return KernelBytes(work, tickets=dense_ticket_bytes(hidden))
 
 
 def runtime_workspace_bytes(model: Model, machine: Machine, lane: Lane) -> int:
@@ -250,7 +254,12 @@ def workspace_figures(model: Model, machine: Machine, lane: Lane,
                     "PB": next_pow2(max(picks, 2)), "hidden": hidden, "intermediate": inter, "tp": tp,
                     "workspace_bytes": parts.workspace}
         note = f"runtime's {kernel} kernels (gpu.experts.Workspace"
-        if parts.tickets:
+        if parts.tickets and model.expert_format != "mxfp4":
+            formula += " + T=1 finalize tickets 4·ceil(H / 16)"
+            operands["dense_ticket_bytes"] = parts.tickets
+            note += (" + gpu.dense_experts: one int32 ticket per 16 output rows of the fused T=1 "
+                     "finalize hand-off")
+        elif parts.tickets:
             i_rank = inter if ep else inter // tp
             formula += f" + split-K tickets 4·p·({i_txt} / block_n1 + H / block_n2), p = min(T, 6) × top_k"
             operands.update(split_ticket_bytes=parts.tickets, p=max(min(tokens.value, small_step_limit())

@@ -258,8 +258,9 @@ class HummingPeer:
         """``shapes_m``: the ``T * top_k`` values the run will use. vLLM hands Humming the whole
         tuning list (one interval of ``T * top_k`` per kernel config) and Humming compiles every
         interval's kernel at the first call; given ``shapes_m`` only the intervals holding them
-        are passed, with their bounds and configs unchanged, so the same kernel runs for each of
-        those T and the others (about 20 NVRTC compiles) are not built."""
+        (and the one holding 1, which the launcher reads first) are passed, with their bounds and
+        configs unchanged, so the same kernel runs for each of those T and the others (about 20
+        NVRTC compiles) are not built."""
         from humming.config import GemmType
         from humming.schema import BaseWeightSchema
         from humming.tune import get_heuristics_config
@@ -284,8 +285,8 @@ class HummingPeer:
         self.tuning2 = get_heuristics_config(layer_config=self.config2, use_f16_accum=False,
                                              use_batch_invariant=False, gemm_type=GemmType.INDEXED)
         self.intervals = {"w13": len(self.tuning13), "w2": len(self.tuning2)}
-        if shapes_m:
-            keep = lambda tuning: [iv for iv in tuning if any(iv[0] < m <= iv[1] for m in shapes_m)]
+        if shapes_m:   # and the interval holding 1: Humming's launcher looks it up first (launcher.cpp)
+            keep = lambda tuning: [iv for iv in tuning if any(iv[0] < m <= iv[1] for m in [1, *shapes_m])]
             self.tuning13, self.tuning2 = keep(self.tuning13), keep(self.tuning2)
         self.tuning13_str, self.tuning2_str = json.dumps(self.tuning13), json.dumps(self.tuning2)
         # MoEActivation.SILU with the model's clamp (ApplyMoEActivationConfig.from_configs)

@@ -99,10 +99,10 @@ def test_minus_one_never_reads_the_last_expert(case: str) -> None:
     want = residency_forward(unsplit, x, zero_w, substitute, fn)
     assert torch.isfinite(want.float()).all()
     assert torch.equal(want[3], torch.zeros_like(want[3]))        # no pick of its own: exactly +0
-    for layer in (unsplit, split):
-        got = residency_forward(layer, x, WEIGHTS, IDS, fn)
-        assert torch.equal(got, want), f"{case}: residency_forward on the {layer.cold.num_rows and 'split' or 'unsplit'} layer"
-        assert torch.equal(ep_forward(layer, x, WEIGHTS, IDS, identity, fn), want)
+    for name, layer in (("unsplit", unsplit), ("split", split)):
+        assert torch.equal(residency_forward(layer, x, WEIGHTS, IDS, fn), want), f"{case}: {name} layer"
+        assert torch.equal(ep_forward(layer, x, WEIGHTS, IDS, identity, fn), want), f"{case}: {name} layer, EP path"
+
     # the poison is live: routing the last expert for real gives NaN, and so would the wrap-around
     real = IDS.clone()
     real[2, 1] = LAST

@@ -286,7 +286,8 @@ class HummingPeer:
                                              use_batch_invariant=False, gemm_type=GemmType.INDEXED)
         self.intervals = {"w13": len(self.tuning13), "w2": len(self.tuning2)}
         if shapes_m:   # and the interval holding 1: Humming's launcher looks it up first (launcher.cpp)
-            keep = lambda tuning: [iv for iv in tuning if any(iv[0] < m <= iv[1] for m in [1, *shapes_m])]
+            def keep(tuning: list) -> list:
+                return [iv for iv in tuning if any(iv[0] < m <= iv[1] for m in [1, *shapes_m])]
             self.tuning13, self.tuning2 = keep(self.tuning13), keep(self.tuning2)
         self.tuning13_str, self.tuning2_str = json.dumps(self.tuning13), json.dumps(self.tuning2)
         # MoEActivation.SILU with the model's clamp (ApplyMoEActivationConfig.from_configs)

@@ -21,16 +21,19 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from expert_residency.core import (build_unsplit_layer, device_allocator, host_allocator,  # noqa: E402
-                                   rehome_layer, residency_forward)
-from expert_residency.core.formats_ref import (float_per_pick, fp8_block_per_pick,  # noqa: E402
-                                               gptoss_mxfp4_per_pick, mxfp4_per_pick)
+from expert_residency.core import build_unsplit_layer, device_allocator, host_allocator, rehome_layer, residency_forward  # noqa: E402
+from expert_residency.core.formats_ref import float_per_pick, fp8_block_per_pick, gptoss_mxfp4_per_pick, mxfp4_per_pick  # noqa: E402
 from expert_residency.core.reference import mxfp4_swiglu_per_pick, swiglu_per_pick  # noqa: E402
 from expert_residency.fp8 import quantize_fp8_block  # noqa: E402
 from expert_residency.parallel.ep import ep_forward  # noqa: E402
-
-from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
-from test_core_fixtures import EXPERTS, clone_tensors, float_layer, hidden_states, mxfp4_layer  # noqa: E402
+from test_core_fixtures import (  # noqa: E402
+    EXPERTS,
+    clone_tensors,
+    float_layer,
+    hidden_states,
+    mxfp4_layer,
+    single_torch_thread,  # noqa: E402,F401  (autouse)
+)
 
 pytestmark = pytest.mark.torch
 NAN = float("nan")
@@ -56,7 +59,7 @@ def _poison_last(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The last expert's float tensors (weights, biases, FP8 block scales) all NaN. MXFP4 codes
     have no NaN, so MXFP4 layers get NaN biases (the per-pick functions add them after each GEMM)."""
     out = clone_tensors(tensors)
-    for name, t in out.items():
+    for t in out.values():
         if t.dtype.is_floating_point:
             t[LAST] = NAN
     if "w13_bias" not in out:   # packed MXFP4 without biases: add them, finite except the last expert

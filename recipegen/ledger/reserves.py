@@ -71,11 +71,11 @@ def hbm_reserve(model: Model, machine: Machine, lane: Lane, add: Any) -> float:
     m = spec.back_solved_from
     assert m is not None
     hot_at_measure = m.hot_experts_per_layer * model.num_moe_layers * model.expert_bytes / tp
-    value = machine.gpus.hbm * m.gpu_memory_utilization - hot_at_measure - m.kv_pool
+    value = machine.gpus.usable * m.gpu_memory_utilization - hot_at_measure - m.kv_pool
     return add(Figure(
         "hbm.reserve", "HBM reserve (dense, drafter, activations, CUDA graphs)", value, "bytes",
         "hbm_capacity × measured_utilization − measured_hot × moe_layers × bytes_per_expert / tp − measured_kv_pool",
-        {"hbm_capacity_bytes": machine.gpus.hbm, "measured_utilization": m.gpu_memory_utilization,
+        {"hbm_capacity_bytes": machine.gpus.usable, "measured_utilization": m.gpu_memory_utilization,
          "measured_hot": m.hot_experts_per_layer, "moe_layers": model.num_moe_layers,
          "bytes_per_expert": model.expert_bytes, "tp": tp, "measured_kv_pool_bytes": m.kv_pool},
         f"back-solved from a measured boot: {spec.source}")).value

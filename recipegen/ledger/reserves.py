@@ -115,7 +115,7 @@ def estimated_hbm_reserve(model: Model, machine: Machine, lane: Lane, add: Any) 
         "(max(I/tp, H) + max(2·I/tp, H)) × 2 B) + allowance for CUDA graphs and activations",
         {"dense_bytes": dense.value, "drafter_bytes": drafter, "fused_moe_workspace_bytes": moe,
          "max_num_batched_tokens": batched.value, "allowance_bytes": ESTIMATE_HBM_ALLOWANCE, "tp": tp},
-        f"{note} (max_num_batched_tokens: {batched.source}; allowance: recipegen.ledger.reserves)")).value
+        f"{note} (max_num_batched_tokens: {batched.reason}; allowance: recipegen.ledger.reserves)")).value
 
 
 def host_reserve(model: Model, lane: Lane, add: Any, notes: list[str]) -> float:

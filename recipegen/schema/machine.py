@@ -70,6 +70,9 @@ class Machine(StrictModel):
     """Local NVMe, where known."""
     address: str | None = None
     """Host name or IP the machine is reached at (Docker host, multi-node peers)."""
+    detected: str | None = None
+    """Where and when `recipegen machine detect` read this entry (host, date, driver); absent for
+    catalog and hand-written machines."""
     sources: dict[str, str] = {}
     """Where each figure comes from, by field path."""
 

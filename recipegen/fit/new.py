@@ -136,13 +136,25 @@ def new_recipe(model_arg: str, machine_arg: str, *, lane: str = "chat", max_mode
         return fit_recipe(path, lane, options, dry_run=True, text=text)
 
     outcome = NewOutcome(path, source, machine_label, None, model_file)
-    written_model = False
-    if model_file is not None and not model_file.exists():
-        model_file.parent.mkdir(parents=True, exist_ok=True)
-        from expert_residency.formats import atomic_write_text
+    from expert_residency.formats import atomic_write_bytes
 
-        atomic_write_text(model_file, source.model_text or "")
-        written_model = True
+    previous_model: bytes | None = None
+    written_model = False
+    if model_file is not None and source.model_text is not None:
+        previous_model = model_file.read_bytes() if model_file.is_file() else None
+        if previous_model != source.model_text.encode("utf-8"):
+            model_file.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(model_file, source.model_text.encode("utf-8"))
+            written_model = True
+
+    def restore_model() -> None:
+        if not written_model or model_file is None:
+            return
+        if previous_model is None:
+            model_file.unlink(missing_ok=True)
+        else:
+            atomic_write_bytes(model_file, previous_model)
+
     try:
         # `--cpu-offload-params experts` on every new lane: an offload at load moves routed experts
         # only (the walk would otherwise move attention weights too, read over the link every step);
@@ -150,9 +162,8 @@ def new_recipe(model_arg: str, machine_arg: str, *, lane: str = "chat", max_mode
         fitted = attempt(True)
         outcome.fit = fitted
         if not fitted.fitted:
-            if written_model:
-                model_file.unlink(missing_ok=True)  # type: ignore[union-attr]
-                outcome.model_file = None
+            restore_model()
+            outcome.model_file = None
             return outcome
         path.parent.mkdir(parents=True, exist_ok=True)
         with recipe_lock(path):
@@ -160,8 +171,7 @@ def new_recipe(model_arg: str, machine_arg: str, *, lane: str = "chat", max_mode
         fitted.dry_run = False
         outcome.written = True
     except BaseException:
-        if written_model and model_file is not None:
-            model_file.unlink(missing_ok=True)
+        restore_model()
         raise
     return outcome
 

@@ -418,7 +418,12 @@ def _fit_auto_context(inputs: Inputs, lane: Lane, options: FitOptions, limit: in
 def _smallest_change(inputs: Inputs, lane: Lane, options: FitOptions, length: int, *,
                      context_tried: bool = False) -> str:
     """Nothing fits: the one change that would make something fit, tried in this order — a
-    shorter context, fewer sequences, more host memory; else how far HBM is from one sequence."""
+    reserve that cannot hold the model's dense weights, a shorter context, fewer sequences, more
+    host memory; else how far HBM is from one sequence."""
+    reserve = _Judge(inputs, lane, options.min_sequences).evaluate(POSITIONAL, None, 0)
+    if "reserve" in reserve.kinds():
+        return ("re-measure the HBM reserve (reserves.hbm): it is smaller than the dense weights it holds — or "
+                "let the ledger estimate it (reserves: {hbm: {estimated: true}})")
     if not context_tried and length > CONTEXT_STEP:
         steps = (length - 1) // CONTEXT_STEP
         best = _last_true(1, steps, lambda n: _search_at(

@@ -100,11 +100,17 @@ def check_budgets(recipes: tuple[str, ...], explain: bool, as_json: bool, lanes:
         if not ledger.ok:
             worst = max(worst, EXIT_OVER_BUDGET)
         fetch = _fetch_summaries(loaded, ledger)
+        speed = _speed(loaded, ledger)
         if as_json:
             recipe_json = ledger.to_json()
             for lane_json in recipe_json["lanes"]:
                 if lane_json["lane"] in fetch:
                     lane_json["fetch"] = fetch[lane_json["lane"]].to_json()
+                if lane_json["lane"] in speed:
+                    estimate, others, warnings = speed[lane_json["lane"]]
+                    lane_json["estimate"] = {"tokens_per_s": {str(s): v for s, v in estimate.tokens_per_s.items()},
+                                             "alternatives": [a.to_json() for a in others],
+                                             "warnings": warnings}
             results.append(recipe_json)
         else:
             from recipegen.ledger.report import render_ledger
@@ -113,10 +119,35 @@ def check_budgets(recipes: tuple[str, ...], explain: bool, as_json: bool, lanes:
             for lane_name, summary in fetch.items():
                 click.echo(f"projected fetch tax · lane {lane_name} (recipegen plan for operands)")
                 click.echo("\n".join(f"  {line}" for line in summary.lines()))
+            for lane_name, (estimate, _others, warnings) in speed.items():
+                per = ", ".join(f"C{p.streams} {p.tokens_per_s:,.1f} ({p.tokens_per_s_band[0]:,.0f}–"
+                                f"{p.tokens_per_s_band[1]:,.0f})" for p in (estimate.points[0], estimate.points[-1]))
+                click.echo(f"decode speed estimate · lane {lane_name}: {per} tok/s, {estimate.placement} "
+                           "(recipegen plan for the terms)")
+                for warning in warnings:
+                    click.echo(f"  warning: {warning} (the memory verdict above is unchanged)")
     if as_json:
         click.echo(json.dumps({"ok": worst == EXIT_OK, "recipes": results}, indent=2))
     if worst:
         sys.exit(worst)
+
+
+def _speed(loaded: Any, ledger: Any) -> dict[str, Any]:
+    """Per single-machine lane: (decode estimate, alternatives, warnings where one is far faster)."""
+    from recipegen.costmodel.lane_estimate import alternatives, estimate_lane, speed_warnings
+
+    out = {}
+    for lane in ledger.lanes:
+        if hasattr(lane, "stages"):
+            continue
+        try:
+            estimate = estimate_lane(loaded, lane.lane, ledger=ledger)
+            others = alternatives(loaded, lane.lane, ledger=ledger)
+        except RecipegenError as exc:   # the memory check stands without it
+            click.echo(f"decode speed estimate · lane {lane.lane}: not computed ({exc})", err=True)
+            continue
+        out[lane.lane] = (estimate, others, speed_warnings(estimate, others))
+    return out
 
 
 def _fetch_summaries(loaded: Any, ledger: Any) -> dict[str, Any]:

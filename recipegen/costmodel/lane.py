@@ -7,6 +7,7 @@ pure fetch, unique-experts and prefetch functions.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,11 +22,13 @@ from recipegen.costmodel.unique_experts import UniqueExpertsModel, calibrated_mo
 
 
 def unique_model_for(model: Any) -> UniqueExpertsModel:
-    """The unique-experts model from the catalog model's measured points (else the field reports')."""
+    """The unique-experts model from the catalog model's measured points; for a model that declares
+    none, the field reports' one-stream effective tokens and independent streams (D = 1): their
+    cross-stream diversity was calibrated on the 384-expert reference and says nothing of another router."""
     points = [(u.streams, u.k, u.experts_per_layer) for u in getattr(model, "unique_experts", [])]
     if any(s == 1 and (k or 0) > 0 for s, k, _ in points):
         return calibrated_model(model.routed_experts, model.top_k, points)
-    return calibrated_model(model.routed_experts, model.top_k)
+    return dataclasses.replace(calibrated_model(model.routed_experts, model.top_k), diversity=1.0)
 
 
 @dataclass(frozen=True)
@@ -277,6 +280,9 @@ def fetch_summary(loaded: Any, lane_name: str, *, streams: Sequence[int] | None 
         notes.append(f"unique experts at >1 stream use the cross-stream diversity D={unique.diversity:.2f} "
                      "calibrated to ~300 of 384 at sixteen streams, which overstates bytes under skewed "
                      "routing (see the calibration table)")
+    elif max(points) > 1:
+        notes.append("unique experts at >1 stream: streams taken as independent (no concurrent routing was "
+                     f"measured for {recipe.model.name}; recipegen plan's decode estimate counts them under the histogram)")
     if not classes:
         notes.insert(0, "the lane declares no traffic class with a row map and histogram: cold share unknown, "
                         "no fetch projection")

@@ -243,6 +243,10 @@ def stage_model(model: Model, layers: StageLayers, *, last: bool, tables_in_hbm:
                   for g in model.attention]
         update["attention"] = [g for g in groups if g.layers]
         update["kv_bytes_per_token"] = kv_bytes_per_token(update["attention"])
+        if model.state:  # hybrids: the stage's own state layers (vLLM sizes each stage's pool alone)
+            states = [g.model_copy(update={"layers": [n for n in g.layers if layers.holds(n)]}) for g in model.state]
+            update["state"] = [g for g in states if g.layers]
+            update["cacheless_layers"] = [n for n in model.cacheless_layers if layers.holds(n)]
         figs["stage.kv_bytes_per_token"] = Figure(
             "stage.kv_bytes_per_token", "KV bytes per token for this stage's layers (one rank)",
             update["kv_bytes_per_token"], "count", "Σ this stage's attention layers × bytes per token per layer",

@@ -39,11 +39,11 @@ class Row:
             placement, hot = "all in HBM", "all"
         return [self.key, gpus, host, "yes", placement, hot, fig["kv.tokens"].display().replace(" tokens", ""),
                 str(int(fig["kv.full_sequences"].value)), f"{fig['host.cold_experts'].value / GiB:,.1f} GiB",
-                c.projection.text.split(" per decode step")[0]]
+                c.projection.text]
 
 
 HEADERS = ["machine", "GPUs", "host", "fits", "placement", "hot/cold per layer", "KV tokens", "sequences",
-           "host pinned", "speed (link reads per step)"]
+           "host pinned", "speed"]
 
 
 def compare(recipe: str | Path, lane: str | None, machines: list[tuple[str, Machine]], options: FitOptions) -> list[Row]:
@@ -68,8 +68,10 @@ def table_lines(rows: list[Row], recipe: str, lane: str, max_model_len: int) -> 
     if fastest:
         best = max(fastest, key=lambda r: (r.outcome.result.chosen.projection.score,  # type: ignore[union-attr]
                                            r.outcome.result.chosen.kv_tokens))  # type: ignore[union-attr]
-        out.append(f"  fastest by the speed figure: {best.key} (speed: projected link reads per decode step at the "
-                   "lane's fewest streams, docs/costmodel.md; `recipegen fit` ranks placements the same way)")
+        what = ("the decode estimate at the lane's fewest expected streams, with the band its validation "
+                "justifies (docs/costmodel.md 'Decode speed')" if best.outcome.result.chosen.projection.kind == "estimate"  # type: ignore[union-attr]
+                else "projected link reads per decode step (docs/costmodel.md)")
+        out.append(f"  fastest: {best.key} (speed: {what}; `recipegen fit` ranks placements by the same figure)")
     out.append("  every figure from the same ledger as `check budgets`; `recipegen fit RECIPE` on a copy "
                "whose machine is the chosen one writes it")
     return out

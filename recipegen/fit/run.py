@@ -10,6 +10,7 @@ from typing import Any
 
 from recipegen.common.errors import InputError
 from recipegen.common.units import GiB, format_bytes
+from recipegen.fit.objective import Context
 from recipegen.fit.rowmaps import ClassHistogram, FileWrite, lane_histograms, map_writes, search_histogram
 from recipegen.fit.search import USAGE_AWARE, FitOptions, FitResult, Inputs, fit_lane
 from recipegen.fit.writeback import apply_fit, commit, dump, recipe_lock
@@ -161,7 +162,8 @@ def fit_recipe(recipe: str | Path, lane_name: str | None, options: FitOptions, *
     hists = lane_histograms(loaded.recipe.name, path.parent, model, lane)
     chosen_hist = search_histogram(hists, lane)
     label = ("the SYNTHETIC default histogram" if chosen_hist.created else chosen_hist.histogram_path)
-    result = fit_lane(Inputs(model, search_machine, lane, chosen_hist.histogram, label), options)
+    speed_context = Context(loaded.recipe, path, histogram_written=not chosen_hist.created)
+    result = fit_lane(Inputs(model, search_machine, lane, chosen_hist.histogram, label, speed_context), options)
     outcome = FitOutcome(loaded.recipe.name, path, lane.name, target.name, result, options, hists,
                          dry_run=dry_run, text=source, host_note=host_note)
     chosen = result.chosen

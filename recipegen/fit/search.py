@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from recipegen.common.units import GiB, format_bytes
-from recipegen.fit.objective import Projection, project
+from recipegen.fit.objective import Context, Projection, link_reads, speed
 from recipegen.ledger import compute_lane
 from recipegen.ledger.parallel import expert_parallel
 from recipegen.ledger.placement import experts_only
@@ -136,6 +136,7 @@ class Inputs:
     lane: Lane
     histogram: object | None        # expert_residency.formats.Histogram of the lane's class
     histogram_label: str = ""
+    speed_context: Context = field(default_factory=lambda: Context(None, None))
 
 
 # ------------------------------------------------------------------ evaluation
@@ -195,6 +196,11 @@ class _Judge:
         self._seen[key] = result
         return result
 
+    def speed(self, ev: Evaluation, placement: str, hot: int | None, shares: Sequence[float],
+              basis: str) -> Projection:
+        return speed(self.inputs.speed_context, self.model, self.machine, ev.lane, ev.ledger, placement, hot,
+                     shares, basis)
+
     def cold_share(self, hot: int) -> tuple[list[float], str]:
         """Per MoE layer, the share of the histogram's picks outside its `hot` most-picked experts."""
         assert self._order is not None and self.inputs.histogram is not None
@@ -248,10 +254,11 @@ def _all_in_hbm(judge: _Judge) -> Candidate | Refusal:
     if not ev.ok:
         return Refusal(ALL_HBM, _problems_text(ev))
     kv = ev.ledger.fig("kv.full_sequences").value
+    zero = [0.0] * judge.model.num_moe_layers
     return Candidate(ALL_HBM, ev, None, 0, "every routed expert fits in HBM with the KV asked for: plain vLLM, "
                      "no --cpu-offload-gb, nothing read over the host link",
                      f"the KV pool holds {int(kv)} full-length sequence(s) ({ev.ledger.fig('kv.tokens').display()})",
-                     Projection(0.0, "no link reads (every routed expert in HBM)", "nothing offloaded"))
+                     judge.speed(ev, ALL_HBM, None, zero, "nothing offloaded"))
 
 
 def _load_offload(judge: _Judge, placement: str, hot: int | None) -> int | None:
@@ -304,7 +311,7 @@ def _usage_aware(judge: _Judge) -> Candidate | Refusal:
                    f"({format_bytes(ev.ledger.fig('load.hbm_peak').value)} of "
                    f"{format_bytes(ev.ledger.fig('hbm.capacity').value)}), re-homed to the map after load")
             return Candidate(USAGE_AWARE, ev, hot, offload, why, _ua_boundary(judge, hot),
-                             project(model, machine, ev.lane, shares, basis))
+                             judge.speed(ev, USAGE_AWARE, hot, shares, basis))
         if ev.kinds() - {"load-host", "load-hbm"}:
             break  # a budget a lower hot count does not relieve
     reason = _problems_text(last) if last is not None else "no --cpu-offload-gb keeps the load-time HBM peak in HBM"
@@ -343,8 +350,8 @@ def _positional(judge: _Judge) -> Candidate | Refusal:
            f"sequence(s) of KV (vLLM offloads whole layers in module order: {ev.ledger.active.basis})")
     return Candidate(POSITIONAL, ev, None, offload, why,
                      f"one GiB less (--cpu-offload-gb {offload - 1}) breaks {_problems_text(prev)}",
-                     project(judge.model, judge.machine, ev.lane, shares,
-                             "positional: whole layers offloaded, usage-blind (cold experts per layer ÷ experts)"))
+                     judge.speed(ev, POSITIONAL, None, shares,
+                                 "positional: whole layers offloaded, usage-blind (cold experts per layer ÷ experts)"))
 
 
 def _search_at(inputs: Inputs, lane: Lane, min_sequences: int) -> tuple[Candidate | None, list[Candidate],
@@ -365,6 +372,12 @@ def _search_at(inputs: Inputs, lane: Lane, min_sequences: int) -> tuple[Candidat
         (candidates if isinstance(found, Candidate) else refusals).append(found)  # type: ignore[arg-type]
     if not candidates:
         return None, [], refusals
+    if len({c.projection.kind for c in candidates}) > 1:  # one figure for all, or the ranking mixes units
+        for c in candidates:
+            shares = ([0.0] * judge.model.num_moe_layers if c.placement == ALL_HBM else
+                      judge.cold_share(c.hot_per_layer)[0] if c.placement == USAGE_AWARE else
+                      [x / judge.experts() for x in c.evaluation.ledger.active.cold_per_layer])
+            c.projection = link_reads(judge.model, judge.machine, c.lane, shares, c.projection.basis)
     best = max(candidates, key=lambda c: (c.projection.score, c.kv_tokens))
     return best, candidates, refusals
 
@@ -433,7 +446,7 @@ def _smallest_change(inputs: Inputs, lane: Lane, options: FitOptions, length: in
     if options.min_sequences > 1 and _search_at(inputs, lane, 1)[0] is not None:
         return "ask for fewer full-length sequences (--min-sequences 1 fits)"
     roomy = inputs.machine.model_copy(update={"host_memory": 1 << 60})
-    wide = Inputs(inputs.model, roomy, lane, inputs.histogram, inputs.histogram_label)
+    wide = Inputs(inputs.model, roomy, lane, inputs.histogram, inputs.histogram_label, inputs.speed_context)
     found = _search_at(wide, lane, options.min_sequences)[0]
     if found is not None:
         need = max(found.evaluation.ledger.fig("host.total").value, found.evaluation.ledger.fig("load.host_peak").value)

@@ -72,8 +72,8 @@ def table_lines(rows: list[Row], recipe: str, lane: str, max_model_len: int) -> 
                 "justifies (docs/costmodel.md 'Decode speed')" if best.outcome.result.chosen.projection.kind == "estimate"  # type: ignore[union-attr]
                 else "projected link reads per decode step (docs/costmodel.md)")
         out.append(f"  fastest: {best.key} (speed: {what}; `recipegen fit` ranks placements by the same figure)")
-    out.append("  every figure from the same ledger as `check budgets`; `recipegen fit RECIPE` on a copy "
-               "whose machine is the chosen one writes it")
+    out.append("  every figure from the ledger `check budgets` prints; nothing written — `recipegen new MODEL "
+               "--machine NAME` writes the recipe for the machine you choose")
     return out
 
 

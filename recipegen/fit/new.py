@@ -113,7 +113,8 @@ def new_recipe(model_arg: str, machine_arg: str, *, lane: str = "chat", max_mode
     source = resolve_model(model_arg)
     machine_entry, machine, machine_label = resolve_machine(machine_arg)
     machine_key = model_name_of(machine.name).replace(".", "-").replace("_", "-")
-    recipe_name = name or model_name_of(f"{source.name}-{machine.name}")
+    recipe_name = name or (model_name_of(output.stem) if output is not None else
+                           model_name_of(f"{source.name}-{machine.name}"))
     path = output or Path("recipes") / f"{recipe_name}.yaml"
     if path.exists() and not force:
         raise InputError("exists; pass --force to overwrite (or -o another file)", file=str(path))

@@ -93,7 +93,8 @@ def _estimate(ctx: Context, machine: Machine, lane: Lane, ledger: LaneLedger, pl
     lo, hi = point.tokens_per_s_band
     terms = point.terms
     cold = f", cold experts {terms.cold_experts * 1e3:.2f} ms" if terms.cold_experts else ""
-    return Projection(point.tokens_per_s, f"{point.tokens_per_s:,.1f} tok/s at C{streams} ({lo:,.0f}–{hi:,.0f})",
+    return Projection(point.tokens_per_s, f"{point.tokens_per_s:,.1f} tok/s at {streams} stream(s) (validation "
+                      f"band {lo:,.0f}–{hi:,.0f})",
                       f"decode estimate (docs/costmodel.md 'Decode speed'): step {terms.total * 1e3:.2f} ms{cold}, "
                       f"{est.context:,} tokens of KV per sequence", ESTIMATE, point.tokens_per_s, (lo, hi))
 
@@ -112,6 +113,7 @@ def link_reads(model: Model, machine: Machine, lane: Lane, cold_share_per_layer:
                     cold_share=list(cold_share_per_layer), bytes_per_expert=reads.bytes_per_expert,
                     link_bandwidth=machine.pinned_read_bandwidth)
     ms = tax.fetch_ms if reads.mode != "ep" else tax.fetch_ms / reads.gpus
-    return Projection(-ms, f"{ms:,.2f} ms of link reads per decode step (C{streams} k={k})",
+    spec = f", {k} speculative tokens" if k else ""
+    return Projection(-ms, f"{ms:,.2f} ms of link reads per decode step ({streams} stream(s){spec})",
                       f"{share_basis}; {unique:.1f} unique experts per layer per step; "
                       f"{machine.pinned_read_bandwidth / 1e9:g} GB/s link (docs/costmodel.md)", LINK_READS)

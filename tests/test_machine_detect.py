@@ -91,6 +91,10 @@ def test_mixed_gpus_and_missing_figures() -> None:
                        for d in data["devices"]]
     found = detect(RecordedNvml(data), MEMINFO, host="x")      # the catalog's H200 bandwidth stands in
     assert "not from NVML" in found.entry["gpus"]["hbm_bandwidth"]["source"]
+    data["devices"] = [dict(d, nvmlDeviceGetMaxPcieLinkGeneration=None) for d in data["devices"]]
+    found = detect(RecordedNvml(data), MEMINFO, host="x")      # no PCIe figures: the catalog's H200 link
+    assert found.entry["pinned_read_bandwidth"]["value"] == "51 GB/s"
+    assert "no PCIe generation / width from NVML" in found.entry["pinned_read_bandwidth"]["source"]
     data["devices"] = [dict(d, nvmlDeviceGetName="NVIDIA X9000") for d in data["devices"]]
     with pytest.raises(RecipegenError, match="write its HBM bandwidth"):
         detect(RecordedNvml(data), MEMINFO, host="x")

@@ -145,7 +145,8 @@ def _size(n: int) -> str:
 
 
 def machine_entry(name: str, host: str, date: str, driver: str, gpus: list[GpuReading], mem_total: int,
-                  *, fallback_bandwidth: Callable[[str], tuple[str, str] | None] | None = None
+                  *, fallback_bandwidth: Callable[[str], tuple[str, str] | None] | None = None,
+                  fallback_link: Callable[[str], tuple[str, str] | None] | None = None
                   ) -> tuple[dict[str, Any], list[str]]:
     """The catalog-style entry (every figure `{value, source}`) for GPUs of the first GPU's kind."""
     if not gpus:
@@ -184,7 +185,7 @@ def machine_entry(name: str, host: str, date: str, driver: str, gpus: list[GpuRe
         "gpus": gpu,
         "host_memory": {"value": _size(mem_total), "source": f"{where}, /proc/meminfo MemTotal "
                                                               f"({mem_total // 1024} kB = {mem_total / GiB:.1f} GiB)"},
-        "pinned_read_bandwidth": _link(first, nv),
+        "pinned_read_bandwidth": _link(first, nv, fallback_link),
     }
     return entry, notes
 
@@ -209,12 +210,15 @@ def _hbm_bandwidth(g: GpuReading) -> tuple[str, str] | None:
             "(nvmlDeviceGetMemoryBusWidth, nvmlDeviceGetMaxClockInfo NVML_CLOCK_MEM)")
 
 
-def _link(g: GpuReading, nv: str) -> dict[str, Any]:
+def _link(g: GpuReading, nv: str, fallback: Callable[[str], tuple[str, str] | None] | None = None) -> dict[str, Any]:
     if g.c2c:
         return {"value": f"{C2C_BYTES_PER_S / 1e9:.0f} GB/s",
                 "source": f"{nv}: nvmlDeviceGetC2cModeInfoV: NVLink-C2C enabled; {C2C_SOURCE}, 450 GB/s each way; "
                           "reads in place achieve less"}
     if not g.pcie_generation or not g.pcie_width or g.pcie_generation not in PCIE_GTS:
+        known = fallback(g.name) if fallback is not None else None
+        if known is not None:
+            return {"value": known[0], "source": f"{nv}: no PCIe generation / width from NVML; {known[1]}"}
         raise RecipegenError(f"NVML gives no PCIe link generation / width for {g.name}: write the host link's "
                              "read bandwidth into the entry by hand (pinned_read_bandwidth)")
     lane = pcie_lane_bytes_per_s(g.pcie_generation)
@@ -227,18 +231,29 @@ def _link(g: GpuReading, nv: str) -> dict[str, Any]:
                       "over PCIe Gen5 x16, 2026-11-29, `python3 bench/gpu_residency.py`)"}
 
 
-def catalog_bandwidth(kind: str) -> tuple[str, str] | None:
-    """A catalog machine's HBM bandwidth for a GPU of this name, when NVML gives none."""
+def _catalog_figure(kind: str, pick: Callable[[dict[str, Any]], Any]) -> tuple[str, str] | None:
+    """A figure of the first catalog machine whose GPU kind names this GPU."""
     from recipegen.catalog import load_catalog
 
     wanted = kind.lower().replace("nvidia", "").replace("geforce", "").strip()
     for entry in load_catalog("machines").values():
-        gpu = entry.get("gpus") or {}
-        their = str(gpu.get("kind", "")).lower()
+        their = str((entry.get("gpus") or {}).get("kind", "")).lower()
         if their and (their in wanted or wanted in their):
-            bw = gpu.get("hbm_bandwidth") or {}
-            return str(bw.get("value")), f"not from NVML: the catalog's {their} figure ({bw.get('source')})"
+            figure = pick(entry) or {}
+            return (str(figure.get("value")),
+                    f"not from NVML: the catalog's {entry['name']} figure ({figure.get('source')})")
     return None
+
+
+def catalog_bandwidth(kind: str) -> tuple[str, str] | None:
+    """A catalog machine's HBM bandwidth for a GPU of this name, when NVML gives none."""
+    return _catalog_figure(kind, lambda e: (e.get("gpus") or {}).get("hbm_bandwidth"))
+
+
+def catalog_link(kind: str) -> tuple[str, str] | None:
+    """A catalog machine's host-link read bandwidth for a GPU of this name, when NVML gives no
+    PCIe generation or width (a virtualised driver may not answer)."""
+    return _catalog_figure(kind, lambda e: e.get("pinned_read_bandwidth"))
 
 
 def entry_name(host: str) -> str:
@@ -254,7 +269,7 @@ def detect(nvml: Any, meminfo: str, *, host: str | None = None, date: str | None
     driver, gpus = read_gpus(nvml)
     mem_total = read_mem_total(meminfo)
     entry, notes = machine_entry(name or entry_name(host), host, date, driver, gpus, mem_total,
-                                 fallback_bandwidth=catalog_bandwidth)
+                                 fallback_bandwidth=catalog_bandwidth, fallback_link=catalog_link)
     validate_entry(entry, "the detected entry")
     return Detection(host, date, driver, gpus, mem_total, entry, notes)
 

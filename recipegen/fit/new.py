@@ -83,7 +83,6 @@ def recipe_text(name: str, model_ref: Any, machine_key: str, machine_entry: Any,
             "name": lane, "machine": machine_key, "gpus": list(range(machine.gpus.count)), "port": DEFAULT_PORT,
             "image": VLLM_IMAGE, "gpu_memory_utilization": VLLM_GPU_MEMORY_UTILIZATION,
             "max_model_len": max_model_len, "concurrency": {"min": 1, "max": concurrency},
-            "offload": {"placement": "positional", "load_cpu_offload": "0 GiB"},
             **({"extra_args": list(OFFLOAD_PARAMS)} if offload_params else {}),
             "reserves": {"hbm": {"estimated": True}, "host": {"estimated": True}},
         }],
@@ -92,11 +91,15 @@ def recipe_text(name: str, model_ref: Any, machine_key: str, machine_entry: Any,
             "# context fitted by `recipegen fit` at the boundary where every budget holds (`recipegen fit\n"
             "# RECIPE --dry-run` says why). The reserves are estimated from the model and the machine\n"
             "# (docs/ledger.md 'Estimated reserves'): replace them with a measured boot (`recipegen verify`).\n")
-    return head + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=110, allow_unicode=True)
+    return head + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=4096, allow_unicode=True)
 
 
 class _Dumper(yaml.SafeDumper):
-    """Block mappings, flow lists of scalars (`gpus: [0]`): the layout of the shipped recipes."""
+    """Block mappings, flow lists of scalars (`gpus: [0]`), lists indented under their key: the
+    layout of the shipped recipes."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
 
 
 def _flow_scalar_lists(dumper: yaml.SafeDumper, data: list[Any]) -> Any:

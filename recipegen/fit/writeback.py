@@ -107,9 +107,17 @@ def apply_fit(document: Any, lane_index: int, recipe_name: str, candidate: Candi
             changed.append(f"concurrency.max {concurrency}")
         if "min" in conc and int(conc["min"]) > concurrency and _set(conc, "min", concurrency):
             changed.append(f"concurrency.min {concurrency}")
-    offload = lane_node["offload"]
     placement = "usage-aware" if candidate.placement == USAGE_AWARE else "positional"
     offload_bytes = candidate.load_offload_gib * GiB
+    if "offload" not in lane_node:
+        if candidate.placement == ALL_HBM:  # an absent offload section says just that
+            return changed + _classes(lane_node, recipe_name, candidate, hists)
+        from ruamel.yaml.comments import CommentedMap
+
+        keys = list(lane_node.keys())
+        lane_node.insert(keys.index("concurrency") + 1 if "concurrency" in keys else len(keys), "offload",
+                         CommentedMap())
+    offload = lane_node["offload"]
     if _set(offload, "placement", placement, after=None):
         changed.append(f"placement {placement}")
     if candidate.placement == USAGE_AWARE:

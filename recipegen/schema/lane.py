@@ -285,8 +285,9 @@ class Lane(StrictModel):
     """vLLM `--max-model-len` (1M = 1048576, as vLLM reads it)."""
     concurrency: Concurrency
     """Expected concurrent streams."""
-    offload: Offload
-    """Expert budget and placement."""
+    offload: Offload = Field(default_factory=lambda: Offload(placement="positional", load_cpu_offload="0 GiB"))
+    """Expert budget and placement. Omitted: every routed expert in HBM (plain vLLM, no
+    `--cpu-offload-gb`), as `{placement: positional, load_cpu_offload: 0 GiB}`."""
     speculative: Speculative | None = None
     """Speculative decoding, if any."""
     reserves: Reserves

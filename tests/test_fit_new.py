@@ -179,3 +179,20 @@ def test_a_reserve_needs_a_source_unless_estimated(tmp_path: Path) -> None:
     path.write_text(RESERVE_RECIPE.format(hbm="{estimated: true, value: 5 GiB}", host="{estimated: true}"))
     code, _, err = run("check", "recipe", str(path))
     assert code == 2 and "exactly one of value, back_solved_from and estimated" in err
+
+
+def test_a_machine_file_name_cannot_add_to_the_recipe(here: Path) -> None:
+    """A machine file whose name holds a newline and YAML: the recipe's header comment stays one
+    comment, and the recipe holds exactly the keys `new` writes."""
+    from recipegen.catalog import catalog_entry
+
+    name = "box\nversion: 2\nevil: true.yaml"
+    entry = catalog_entry("machines", "h200-pcie")
+    entry["name"] = "box"
+    (here / name).write_text(yaml.safe_dump(entry))
+    code, out, err = run("new", "qwen3-30b-a3b", "--machine", name, "--name", "n")
+    assert code == 0, out + err
+    text = (here / "recipes" / "n.yaml").read_text()
+    doc = yaml.safe_load(text)
+    assert set(doc) == {"version", "name", "description", "model", "machines", "lanes"} and doc["version"] == 1
+    assert all(line.startswith("#") for line in text.split("version: 1")[0].splitlines() if line.strip())

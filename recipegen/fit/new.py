@@ -9,6 +9,7 @@ reserves (recipegen.ledger.reserves: labelled so until a measured boot replaces 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,8 @@ def recipe_text(name: str, model_ref: Any, machine_key: str, machine_entry: Any,
             "reserves": {"hbm": {"estimated": True}, "host": {"estimated": True}},
         }],
     }
+    # a name from the command line never reaches the comment raw: a newline would end it
+    command = json.dumps(command, ensure_ascii=False)[1:-1]
     head = (f"# Written by `{command}`; placement, hot experts per layer, load-time offload and\n"
             "# context fitted by `recipegen fit` at the boundary where every budget holds (`recipegen fit\n"
             "# RECIPE --dry-run` says why). The reserves are estimated from the model and the machine\n"

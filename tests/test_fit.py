@@ -295,3 +295,10 @@ def test_concurrency_is_written_as_the_lanes_max(tmp_path: Path) -> None:
     assert code == 0, err
     lane = yaml.safe_load(recipe.read_text())["lanes"][0]
     assert lane["concurrency"] == {"min": 1, "max": 8}
+
+
+def test_a_recipe_broken_elsewhere_is_reported_not_fitted(tmp_path: Path) -> None:
+    """The lane names a machine the recipe does not have: exit 2 with the line and field."""
+    recipe = project(tmp_path, "qwen3-30b-a3b-rtx4090", edit=lambda t: t.replace("machine: desk", "machine: desk2"))
+    code, _, err = run("fit", str(recipe))
+    assert code == 2 and "lanes[0].machine" in err and "unknown machine 'desk2'" in err and "Traceback" not in err

@@ -143,6 +143,7 @@ def fit_recipe(recipe: str | Path, lane_name: str | None, options: FitOptions, *
     `recipe`. `machine`: fit the lane onto this machine instead of its own (`compare`)."""
     loaded = load_recipe_model(recipe, text=text)
     path = loaded.path
+    _cross_checks(loaded)
     source = text if text is not None else path.read_text(encoding="utf-8")
     index, lane = _lane(loaded, lane_name)
     if lane.parallel is not None:
@@ -185,6 +186,23 @@ def fit_recipe(recipe: str | Path, lane_name: str | None, options: FitOptions, *
     with recipe_lock(path):
         commit(path, new_text, outcome.writes)
     return outcome
+
+
+# What the fit itself provides (a class, its map, the active class): not problems before it runs.
+_FIT_PROVIDES = ("file not found", "a usage-aware lane needs at least one traffic class",
+                 "missing: a usage-aware lane's class needs a row map", "missing: name one of the declared classes")
+
+
+def _cross_checks(loaded: LoadedRecipe) -> None:
+    """The recipe's cross-field checks (machines, GPUs, ports, classes), less what the fit is
+    about to write: a map or histogram not there yet, a class or active class to add."""
+    from recipegen.load.checks import cross_reference_problems
+    from recipegen.load.document import problems_error
+
+    problems = [(loc, message) for loc, message in cross_reference_problems(loaded.recipe, loaded.path.parent)
+                if not message.startswith(_FIT_PROVIDES)]
+    if problems:
+        raise problems_error(loaded.path, loaded.document, problems)
 
 
 def _lane(loaded: LoadedRecipe, name: str | None) -> tuple[int, Any]:

@@ -122,6 +122,21 @@ def new_recipe(model_arg: str, machine_arg: str, *, lane: str = "chat", max_mode
     recipe_name = name or (model_name_of(output.stem) if output is not None else
                            model_name_of(f"{source.name}-{machine.name}"))
     path = output or Path("recipes") / f"{recipe_name}.yaml"
+    made = not path.parent.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with recipe_lock(path):  # from the exists check to the write: two `new` to one file, one writes
+            outcome = _new(source, machine_entry, machine, machine_label, machine_key, recipe_name, path, lane,
+                           max_model_len, concurrency, min_sequences, force, command)
+    finally:
+        if made and not any(path.parent.iterdir()):
+            path.parent.rmdir()  # nothing written: no folder left behind either
+    return outcome
+
+
+def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_label: str, machine_key: str,
+         recipe_name: str, path: Path, lane: str, max_model_len: int | None, concurrency: int | None,
+         min_sequences: int, force: bool, command: str) -> NewOutcome:
     if path.exists() and not force:
         raise InputError("exists; pass --force to overwrite (or -o another file)", file=str(path))
     model_file = None
@@ -172,9 +187,7 @@ def new_recipe(model_arg: str, machine_arg: str, *, lane: str = "chat", max_mode
             restore_model()
             outcome.model_file = None
             return outcome
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with recipe_lock(path):
-            commit(path, fitted.text, fitted.writes)  # the maps, then the recipe; loaded again after
+        commit(path, fitted.text, fitted.writes)  # the maps, then the recipe; loaded again after
         fitted.dry_run = False
         outcome.written = True
     except BaseException:

@@ -15,7 +15,7 @@ from recipegen.fit.rowmaps import ClassHistogram, FileWrite, lane_histograms, ma
 from recipegen.fit.search import USAGE_AWARE, FitOptions, FitResult, Inputs, fit_lane
 from recipegen.fit.writeback import apply_fit, commit, dump, recipe_lock
 from recipegen.load.document import display_path
-from recipegen.load.recipe import LoadedRecipe, load_recipe_model
+from recipegen.load.recipe import LoadedRecipe, load_recipe_model, resolve_recipe_path
 from recipegen.schema import Machine, Recipe
 
 EXIT_FITTED, EXIT_NOTHING_FITS = 0, 1
@@ -139,8 +139,19 @@ def candidate_json(c: Any) -> dict[str, Any]:
 def fit_recipe(recipe: str | Path, lane_name: str | None, options: FitOptions, *, dry_run: bool = False,
                text: str | None = None, machine: Machine | None = None) -> FitOutcome:
     """Fit one lane of `recipe` (a path or a name under recipes/) and write it back unless
-    `dry_run`. `text`: the recipe's content when it is not written yet (`recipegen new`), at path
-    `recipe`. `machine`: fit the lane onto this machine instead of its own (`compare`)."""
+    `dry_run`. `text`: the recipe's content when it is not written yet (`recipegen new`, which
+    holds the lock and writes), at path `recipe`. `machine`: fit the lane onto this machine
+    instead of its own (`compare`). A fit that writes holds the recipe's lock from its read to
+    its write."""
+    writes = not dry_run and text is None and machine is None
+    if not writes:
+        return _fit(recipe, lane_name, options, dry_run=dry_run, text=text, machine=machine)
+    with recipe_lock(resolve_recipe_path(recipe)):
+        return _fit(recipe, lane_name, options, dry_run=False, text=None, machine=None)
+
+
+def _fit(recipe: str | Path, lane_name: str | None, options: FitOptions, *, dry_run: bool, text: str | None,
+         machine: Machine | None) -> FitOutcome:
     loaded = load_recipe_model(recipe, text=text)
     path = loaded.path
     _cross_checks(loaded)
@@ -181,10 +192,9 @@ def fit_recipe(recipe: str | Path, lane_name: str | None, options: FitOptions, *
     if text is not None and new_text == source:
         new_text = source
     outcome.text = new_text
-    if dry_run or (new_text == source and not outcome.writes and text is None):
+    if dry_run or (new_text == source and not outcome.writes):
         return outcome
-    with recipe_lock(path):
-        commit(path, new_text, outcome.writes)
+    commit(path, new_text, outcome.writes)   # under the recipe's lock (fit_recipe)
     return outcome
 
 

@@ -186,10 +186,12 @@ def _classes(lane_node: Any, recipe_name: str, candidate: Candidate, hists: list
 
 @contextlib.contextmanager
 def recipe_lock(recipe_path: Path) -> Iterator[None]:
-    """The one place a fit's read-modify-write of a recipe (and the maps beside it) takes the
-    recipe's write lock. recipegen has no lock between processes yet (`render --class` and `swap`
-    use a journal against crashes, not a lock against a concurrent writer): until it has, this
-    guards nothing, and a concurrent writer can interleave with a fit."""
+    """The one place `fit` and `new` take the recipe's lock, held from the read of the recipe to
+    the write of it and its maps (`fit.run.fit_recipe`, `fit.new.new_recipe`). recipegen has no
+    lock between processes on this branch yet (`render --class` and `swap` use a journal against
+    crashes, not a lock against a concurrent writer): until it has, this guards nothing, and a
+    concurrent writer can interleave with a fit. The lock API being built takes its place here
+    (`recipegen.common.lock.recipe_lock(recipe_path)`, same call)."""
     yield
 
 

@@ -224,9 +224,18 @@ def _expert_figures(model: Model, out: _Figures) -> None:
 def _hbm_figures(model: Model, machine: Machine, lane: Lane, out: _Figures) -> _Hbm:
     """HBM per GPU: capacity, the cap vLLM may use, the reserve and its declared parts."""
     tp = lane.tensor_parallel_size
-    hbm_capacity = machine.gpus.hbm
-    out.add(Figure("hbm.capacity", "HBM per GPU", hbm_capacity, "bytes", "", {},
-                   src_note(machine.sources, "gpus.hbm") or f"machine {machine.name}"))
+    gpus = machine.gpus
+    hbm_capacity = gpus.usable
+    if gpus.driver_reserved:
+        out.add(Figure("hbm.capacity", "HBM per GPU (as CUDA sees it)", hbm_capacity, "bytes",
+                       "driver total − driver reserved", {"driver_total_bytes": gpus.hbm,
+                                                           "driver_reserved_bytes": gpus.driver_reserved},
+                       "; ".join(n for n in (src_note(machine.sources, "gpus.hbm"),
+                                             src_note(machine.sources, "gpus.driver_reserved")) if n)
+                       or f"machine {machine.name}"))
+    else:
+        out.add(Figure("hbm.capacity", "HBM per GPU", hbm_capacity, "bytes", "", {},
+                       src_note(machine.sources, "gpus.hbm") or f"machine {machine.name}"))
     util = lane.gpu_memory_utilization
     if util is not None:
         cap = out.add(Figure("hbm.cap", "HBM cap (vLLM budget)", hbm_capacity * util, "bytes",

@@ -28,6 +28,7 @@ from typing import Any
 from recipegen.common.units import format_bytes, format_tokens
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.lane import compute_lane
+from recipegen.ledger.reserves import derived_basis, reserve_basis
 from recipegen.ledger.result import LaneLedger, PlacementLedger
 from recipegen.multinode.partition import StageLayers, stage_layers
 from recipegen.schema import HbmReserve, HostReserve, HostTable, Lane, Model, Recipe
@@ -300,13 +301,13 @@ def _stage(recipe: Recipe, lane: Lane, whole: LaneLedger, rank: int, layers: Sta
     updates: dict[str, Any] = {
         "machine": spec.machine, "gpus": list(spec.gpus), "parallel": None,
         "reserves": lane.reserves.model_copy(update={
-            "hbm": HbmReserve(value=f"{round(reserve)} B", source=(
-                f"stage {rank}'s share of the lane's back-solved reserve (stage.hbm_reserve)")),
+            "hbm": HbmReserve(value=f"{round(reserve)} B", basis=derived_basis(lane.reserves.hbm), source=(
+                f"stage {rank}'s share of the lane's {reserve_basis(lane.reserves.hbm)} reserve (stage.hbm_reserve)")),
             # The host reserve (page cache, processes) is the lane's, back-solved against the
             # whole model's tables; every machine is charged all of it.
             "host": None if lane.reserves.host is None else HostReserve(
-                value=f"{round(whole.fig('host.reserve').value)} B",
-                source=f"the lane's host reserve, per machine ({lane.reserves.host.source})")})}
+                value=f"{round(whole.fig('host.reserve').value)} B", basis=derived_basis(lane.reserves.host),
+                source=f"the lane's host reserve, per machine ({lane.reserves.host.source or 'estimated'})")})}
     hot = list(rowmap_hot[model.moe_layers.index(layers.moe_layers[0]):
                          model.moe_layers.index(layers.moe_layers[-1]) + 1]) if rowmap_hot is not None else None
     label = rowmap_label

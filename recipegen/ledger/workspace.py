@@ -115,7 +115,7 @@ def max_num_batched_tokens(machine: Machine, lane: Lane) -> BatchedTokens:
     given = flag_value(args, "--max-num-batched-tokens")
     if given is not None and given.strip().isdigit():
         return BatchedTokens(int(given), "--max-num-batched-tokens in extra_args")
-    hbm, kind = machine.gpus.hbm, machine.gpus.kind.lower()
+    hbm, kind = machine.gpus.usable, machine.gpus.kind.lower()
     value, why = SERVE_SMALL_TOKENS, "vLLM 0.33's `vllm serve` default below 70 GiB"
     for floor, tokens in SERVE_DEFAULT_TOKENS:
         small_tier = floor < 160 * GiB and ("a100" in kind or machine.gpus.compute_capability == "12.1")

@@ -55,6 +55,9 @@ def test_compiled_refresh_equals_the_torch_path() -> None:
             new.valid.copy_(garbage)
             ref.decode_count.fill_(12345)
             new.decode_count.fill_(12345)
+            for m in (ref, new):
+                m._decode_rows.copy_(torch.cat([garbage, garbage[:1]]))
+                m.decode_step.fill_(7)
             ref.update(rows, is_padding=pad, num_actual_tokens=actual, query_start_loc=qsl)
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")
@@ -64,6 +67,8 @@ def test_compiled_refresh_equals_the_torch_path() -> None:
                 torch.cuda.set_sync_debug_mode("default")
             assert torch.equal(new._valid, ref._valid), (max_tokens, rows, actual)
             assert torch.equal(new.decode_count, ref.decode_count), (max_tokens, rows, actual)
+            assert torch.equal(new._decode_rows, ref._decode_rows), (max_tokens, rows, actual)
+            assert torch.equal(new.decode_step, ref.decode_step), (max_tokens, rows, actual)
             checked += 1
     assert checked == 5 * (3 + 5 + 5 + 5)
 
@@ -83,5 +88,8 @@ def test_compiled_refresh_from_forward_contexts() -> None:
         assert torch.equal(new._valid, ref._valid)
         assert int(new.decode_count) == int(ref.decode_count) == sum(1 for n in lengths if n == 1)
         assert int(new.valid.sum()) == sum(lengths)
+        assert torch.equal(new._decode_rows, ref._decode_rows)
+        assert int(new.decode_rows.sum()) == int(new.decode_count)
+        assert int(new.decode_step) == int(bool(lengths) and all(n == 1 for n in lengths))
     new.update_from_context(type("Ctx", (), {"attn_metadata": None})())
     assert not new._valid.any() and int(new.decode_count) == 0

@@ -321,9 +321,17 @@ class WorkerRuntime:
         def install(layer: Any) -> None:
             self.target_layers[layer.layer_index]._er_resident = layer
 
+        spare = _adaptive_spare_rows()
         self.state = rehome_model(tensors, hot_ids, cold_ids, hot_alloc=hot_alloc,
-                                  cold_alloc=cold_alloc, on_device=_on_device, after_layer=install)
+                                  cold_alloc=cold_alloc, on_device=_on_device, after_layer=install,
+                                  **spare)
         del tensors
+        if spare:
+            # adaptive residency: every layer's map a row of one [L, E] table, so a barrier's flips
+            # are one write; done here, before vLLM captures any CUDA graph (graphs keep addresses)
+            from ..core.slots import share_row_codes
+
+            share_row_codes(self.state.layers, order=list(self.target_layers))
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -367,8 +375,8 @@ class WorkerRuntime:
         for module in self.target_layers.values():
             resident = module._er_resident
             if resident is not None:
-                hot_counts.append(resident.hot.num_rows)
-                cold_counts.append(resident.cold.num_rows)
+                hot_counts.append(len(resident.hot_experts))   # spare rows serve no expert
+                cold_counts.append(len(resident.cold_experts))
                 b = resident.bank_bytes()
                 hot_bytes += b.hot
                 cold_bytes += b.cold
@@ -383,6 +391,13 @@ class WorkerRuntime:
                                  "excluded_layers": len(self.excluded_layers),
                                  "forward": "fused" if self.fused else "per-pick",
                                  **self.workspace_bytes()}
+        if self.state is not None and _adaptive_spare_rows():
+            # the spare rows' bytes are in hot_bytes / cold_bytes (they are HBM and host memory
+            # the lane holds); named here so the report and the ledger can be compared
+            per_layer = [(len(r.hot_ids) - len(r.hot_experts), len(r.cold_ids) - len(r.cold_experts),
+                          r.bank_bytes().hot // max(len(r.hot_ids), 1)) for r in self.state.layers.values()]
+            extra["adaptive_spare_hbm_bytes"] = sum(h * b for h, _, b in per_layer)
+            extra["adaptive_spare_host_bytes"] = sum(c * b for _, c, b in per_layer)
         for residency in self._mxfp4_cache.values():
             if getattr(residency, "choice", None) is not None:
                 extra.update(residency.choice.report_fields())  # bank kernel and why
@@ -423,8 +438,10 @@ class WorkerRuntime:
         picks on the device."""
         if self.counter is None or not module._er_counted:
             return
-        self.counter.count(module._er_layer_index, topk_ids,
-                           token_mask=self.masks.for_tokens(topk_ids.shape[0]))
+        tokens = topk_ids.shape[0]
+        decode_rows = self.masks.decode_rows_for(tokens) if self.counter.decode_counts is not None else None
+        self.counter.count(module._er_layer_index, topk_ids, token_mask=self.masks.for_tokens(tokens),
+                           decode_rows=decode_rows)
         self._count_decode(module)
 
     def _count_decode(self, module: Any) -> None:
@@ -468,10 +485,17 @@ class WorkerRuntime:
         if fused is not None:
             if self.counter is None or not module._er_counted:
                 return fused.forward(module._er_resident, x, topk_weights, topk_ids)
+            # decode-only ranking on the fused layer: the step's picks, when every real row is a
+            # decode row, from the counts before the first counted layer and after the last
+            per_step = self.counter.decode_counts is not None
+            if per_step and index == self.counter.moe_layer_indices[0]:
+                self.counter.open_step()
             out = fused.forward(module._er_resident, x, topk_weights, topk_ids,
                                 counter=self.counter,
                                 token_mask=self.masks.for_tokens(topk_ids.shape[0]))
             self._count_decode(module)
+            if per_step and index == self.counter.moe_layer_indices[-1]:
+                self.counter.close_step(self.masks.decode_step)
             return out
         self.count(module, topk_ids)
         return residency_forward(module._er_resident, x, topk_weights, topk_ids,
@@ -565,6 +589,23 @@ def _expert_tensors(module: Any) -> dict[str, torch.Tensor]:
     experts = int(module.local_num_experts)
     return {name: p for name, p in module.named_parameters(recurse=False)
             if name not in _NON_EXPERT and p.dim() > 0 and p.shape[0] == experts}
+
+
+def _adaptive_spare_rows() -> dict[str, Any]:
+    """``rehome_model``'s spare-row arguments for the adaptive policy ``EXPERT_RESIDENCY_ADAPTIVE``
+    asks for (``{}`` when off, or when the spec is bad: ``_start_adaptive`` refuses it by name)."""
+    from ..core.adaptive import spare_rows_needed
+    from ..core.adaptive_setup import adaptive_from_env
+
+    try:
+        config = adaptive_from_env()
+    except ValueError:
+        return {}
+    if config is None or config.swaps_per_layer == 0:
+        return {}
+    hot_spare, host_spare = spare_rows_needed(config, 0)
+    keep = config.host_copies == "all"
+    return {"hot_spare": hot_spare, "cold_spare": 0 if keep else host_spare, "host_copies": keep}
 
 
 def _adaptive_requested() -> bool:

@@ -69,6 +69,7 @@ from plugin_entry_support import plugin_runtime, step_context  # noqa: E402
 from expert_residency.core import ExpertCounter, device_allocator, rehome_layer  # noqa: E402
 from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy, Swap  # noqa: E402
 from expert_residency.core.adaptive_setup import ENV_ADAPTIVE, ENV_PRIORS, format_adaptive_spec  # noqa: E402
+from expert_residency.core.slots import share_row_codes  # noqa: E402
 from expert_residency.formats import Histogram, save_histogram  # noqa: E402
 from expert_residency.vllm_plugin.worker_runtime import set_runtime  # noqa: E402
 
@@ -522,6 +523,8 @@ def rank_40(logp, cold, priors, experts, config, dev, seed) -> dict:
         return out
 
     banks = {name: one_byte_layers() for name in ("lane", "twin", "plain")}
+    for lane in banks.values():   # as the plugin does for an adaptive lane: one map table
+        share_row_codes(lane, order=list(range(MODEL_LAYERS)))
     prior_t = {k: torch.from_numpy(v) for k, v in full_priors.items()}
     out = {}
     for tokens in (1, 16):

@@ -22,7 +22,9 @@ class, then the shift phases) goes through two lanes on the same banks, one afte
 
 Step time = the interval between the starts of consecutive steps on the GPU's step stream (a CUDA
 event recorded before each step's work): the barrier's work, the replay, and any gap where the
-device waited for the host all land in it, as they would in the time between two tokens. Every
+device waited for the host all land in it, as they would in the time between two tokens. The host
+issues step ``s`` only once the device has begun step ``s - 1`` (vLLM reads each step's tokens
+back: its host runs about one step ahead, not arbitrarily far). Every
 step's output is kept; afterwards the static lane's equal the adaptive lane's bit for bit, and
 every layer's are recomputed by an unsplit layer over the same bytes (generated again from the
 layer's seed) and compared with ``torch.equal`` — every step, every layer, both T.
@@ -92,6 +94,11 @@ class StepClock:
     def __init__(self, dev: torch.device, n: int) -> None:
         self.cuda = dev.type == "cuda"
         self.marks = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if self.cuda else [0.0] * (n + 1)
+
+    def wait(self, k: int) -> None:
+        """The host waits until the device has begun step ``k`` (nothing on the CPU)."""
+        if self.cuda and k >= 0:
+            self.marks[k].synchronize()
 
     def mark(self, k: int) -> None:
         if self.cuda:
@@ -213,6 +220,9 @@ def main() -> int:
             policy.pump = counting_pump   # what the step barrier calls
             sync(dev)
             for s in range(n):
+                # vLLM reads each step's sampled tokens back before it schedules much further: the
+                # host stays about one step ahead of the device (async scheduling), not hundreds
+                clock.wait(s - 1)
                 clock.mark(s)
                 if lane == "adaptive":
                     t = time.perf_counter()

@@ -238,7 +238,8 @@ class WorkerRuntime:
 
         try:
             self.policy = AdaptivePolicy(self.counter, dict(self.state.layers), config,
-                                         priors=priors or None)
+                                         priors=priors or None,
+                                         reduce_fit=_pipeline_fit_reduce() if priors else None)
         except ValueError as exc:
             refuse(str(exc))
         capturing = (torch.cuda.is_current_stream_capturing if torch.cuda.is_available()
@@ -589,6 +590,28 @@ def _expert_tensors(module: Any) -> dict[str, torch.Tensor]:
     experts = int(module.local_num_experts)
     return {name: p for name, p in module.named_parameters(recurse=False)
             if name not in _NON_EXPERT and p.dim() > 0 and p.shape[0] == experts}
+
+
+def _pipeline_fit_reduce() -> Any | None:
+    """Pipeline parallel: a sum over vLLM's pipeline group (its device group, enqueued on the step
+    stream: no host wait) for the policy's class fits, so every stage chooses the profile the
+    whole model's window fits (``AdaptivePolicy.reduce_fit``); None for one stage or without vLLM.
+    Every stage runs the same scheduler steps, so every stage reaches each barrier, in order."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group
+
+        group = get_pp_group()
+    except (ImportError, AssertionError):
+        return None
+    if int(getattr(group, "world_size", 1)) <= 1:
+        return None
+    device_group = group.device_group
+
+    def reduce(t: torch.Tensor) -> torch.Tensor:
+        torch.distributed.all_reduce(t, group=device_group)
+        return t
+
+    return reduce
 
 
 def _adaptive_spare_rows() -> dict[str, Any]:

@@ -62,16 +62,16 @@ ROOT = Path(__file__).resolve().parents[1]
 for sub in ("runtime", "tests", "bench"):
     sys.path.insert(0, str(ROOT / sub))
 
-from adaptive_sim import (CLASSES, PHASES, TOP_K, cold_picks, first_step, load_profiles,  # noqa: E402
-                          make_traffic, trailing_share)
-from plugin_entry_support import plugin_runtime, step_context  # noqa: E402
-
+from adaptive_sim import CLASSES, PHASES, TOP_K, first_step, load_profiles, make_traffic, trailing_share  # noqa: E402
+from expert_residency.contract.env import ADAPTIVE as ENV_ADAPTIVE  # noqa: E402
+from expert_residency.contract.env import ADAPTIVE_PRIORS as ENV_PRIORS  # noqa: E402
 from expert_residency.core import ExpertCounter, device_allocator, rehome_layer  # noqa: E402
 from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy, Swap  # noqa: E402
-from expert_residency.core.adaptive_setup import ENV_ADAPTIVE, ENV_PRIORS, format_adaptive_spec  # noqa: E402
+from expert_residency.core.adaptive_setup import format_adaptive_spec  # noqa: E402
 from expert_residency.core.slots import share_row_codes  # noqa: E402
 from expert_residency.formats import Histogram, save_histogram  # noqa: E402
 from expert_residency.vllm_plugin.worker_runtime import set_runtime  # noqa: E402
+from plugin_entry_support import plugin_runtime, step_context  # noqa: E402
 
 WINDOW = 32
 TARGET_RATIO, CLOSE = 1.5, 0.8

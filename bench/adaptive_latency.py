@@ -58,16 +58,26 @@ ROOT = Path(__file__).resolve().parents[1]
 for sub in ("runtime", "tests", "bench"):
     sys.path.insert(0, str(ROOT / sub))
 
-from adaptive_h200 import (FIELD_STEP_US, MODEL_LAYERS, capture, fresh_policy, in_barrier_refused,  # noqa: E402
-                           live_cold, per_step_cold, phase_figures, profiles, rank_40, sync, write_priors)
+from adaptive_h200 import (  # noqa: E402
+    FIELD_STEP_US,
+    MODEL_LAYERS,
+    capture,
+    fresh_policy,
+    in_barrier_refused,
+    live_cold,
+    phase_figures,
+    profiles,
+    rank_40,
+    sync,
+    write_priors,
+)
 from adaptive_sim import TOP_K, make_traffic  # noqa: E402
-from plugin_entry_support import plugin_runtime, step_context  # noqa: E402
-
 from expert_residency.core.adaptive import AdaptiveConfig, Swap  # noqa: E402
 from expert_residency.core.adaptive_setup import ENV_ADAPTIVE, ENV_PRIORS, format_adaptive_spec  # noqa: E402
 from expert_residency.core.copies import ThreadedCopies  # noqa: E402
 from expert_residency.core.slots import CHUNKS_PER_ROW  # noqa: E402
 from expert_residency.vllm_plugin.worker_runtime import set_runtime  # noqa: E402
+from plugin_entry_support import plugin_runtime, step_context  # noqa: E402
 
 DEFAULT_ROWS = "0,3,6,9,12,16,19,22,25,28,32,35,39"
 

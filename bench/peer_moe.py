@@ -56,15 +56,15 @@ sys.path.insert(0, str(ROOT / "runtime"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import gpu_residency as gr  # noqa: E402  (limits, routing, pinned copies: one method for both benches)
-from expert_residency.core.banks import ExpertBank, ResidentLayer, build_unsplit_layer  # noqa: E402
+from expert_residency.contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT  # noqa: E402
+from expert_residency.core.banks import build_unsplit_layer  # noqa: E402
 from expert_residency.gpu.experts import KernelConfig, TritonMxfp4Experts  # noqa: E402
-from expert_residency.gpu.graphs import CapturedStep  # noqa: E402
 from expert_residency.mxfp4 import dequantize_mxfp4  # noqa: E402
 
 DEV = gr.DEV
 DSV41 = gr.DSV41
 GB = gr.GB
-ALPHA, LIMIT = 1.702, 7.0  # vLLM's triton_kernel_fused_experts defaults (SwiGLU-OAI)
+ALPHA, LIMIT = GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT  # vLLM's triton_kernel_fused_experts defaults
 
 
 # -- vLLM's glue, loaded from the unpacked wheel ------------------------------------------------------

@@ -28,8 +28,7 @@ for path in (HERE, HERE / "runtime", HERE.parent / "runtime"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from expert_residency.core import (ExpertCounter, device_allocator, host_allocator,  # noqa: E402
-                                   residency_forward)
+from expert_residency.core import ExpertCounter, device_allocator, host_allocator, residency_forward  # noqa: E402
 from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy  # noqa: E402
 from expert_residency.core.adaptive_step import StepBarrier  # noqa: E402
 from expert_residency.core.copies import ThreadedCopies  # noqa: E402

@@ -14,12 +14,11 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parent / "runtime"))
 
 import test_vllm_plugin_mxfp4 as mx  # noqa: E402
-from plugin_entry_support import plugin_runtime, step_context  # noqa: E402
-from test_vllm_plugin_graphsafe import _tensors  # noqa: E402
-
 from expert_residency.core import ExpertCounter  # noqa: E402
 from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy  # noqa: E402
 from expert_residency.vllm_plugin.worker_runtime import set_runtime  # noqa: E402
+from plugin_entry_support import plugin_runtime, step_context  # noqa: E402
+from test_vllm_plugin_graphsafe import _tensors  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

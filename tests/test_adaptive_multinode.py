@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from click.testing import CliRunner
+from test_adaptive_k8s import _adaptive_recipe
 
 from recipegen.cli import main
 from recipegen.ledger import compute_ledger
-from recipegen.recipe_io import load_recipe
-from test_adaptive_k8s import _adaptive_recipe
+from recipegen.load.recipe import load_recipe
 
 E = 18_800_640   # DSv4.1-Flash MXFP4 bytes per expert (the catalog's figure)
 

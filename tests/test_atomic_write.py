@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from expert_residency.formats import RowMap, atomic_write_text, load_rowmap, save_rowmap
-from recipegen.recipe_io import load_recipe, set_active_class
+
+from recipegen.load.recipe import load_recipe, set_active_class
 
 
 @pytest.fixture()

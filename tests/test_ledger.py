@@ -7,11 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from expert_residency.formats import RowMap, save_rowmap
+
+from recipegen.common.units import GiB, parse_bytes
 from recipegen.ledger import compute_lane, compute_ledger, declared_split, positional_walk, rehoming_peaks
-from recipegen.recipe_io import load_recipe
-from recipegen.units import GiB, parse_bytes
+from recipegen.load.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE = REPO / "recipes" / "dsv41-flash-gb300.yaml"

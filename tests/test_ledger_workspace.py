@@ -8,13 +8,13 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from expert_residency.contract.sizing import fitted_tile, fp8_scratch_bytes, next_pow2, workspace_bytes
 
+from recipegen.common.units import GiB
 from recipegen.ledger import compute_lane
-from recipegen.ledger.workspace import (counter_bytes, fitted_tile, fp8_scratch_bytes, kernel_workspace_bytes,
-                                        max_num_batched_tokens, next_pow2, split_ticket_bytes)
 from recipegen.ledger.vllm_layout import as_lane_lays_out
-from recipegen.recipe_io import load_recipe
-from recipegen.units import GiB
+from recipegen.ledger.workspace import counter_and_mask_bytes, max_num_batched_tokens, split_ticket_bytes
+from recipegen.load.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,13 +24,13 @@ def test_dsv41_workspace_by_hand() -> None:
     int32 2·65,536 + 49,153 + 49,152 + 2 = 229,379 → 917,516 B; one int64 8 B; bf16 rows
     2 × 49,152 × (2304 + 5120) = 729,808,896 B. Total 730,726,420 B ≈ 0.68 GiB."""
     assert next_pow2(49_152) == 65_536 and next_pow2(2) == 2 and next_pow2(3) == 4
-    assert kernel_workspace_bytes(8192, 6, 5120, 2304) == 917_516 + 8 + 729_808_896 == 730_726_420
+    assert workspace_bytes(8192, 6, 5120, 2304) == 917_516 + 8 + 729_808_896 == 730_726_420
     assert round(730_726_420 / GiB, 2) == 0.68
     # One token of top-1: P = 1, PB = next_pow2(2) = 2: int32 4 + 2 + 1 + 2 = 9 → 36 B + 8 + 2·(I + H).
-    assert kernel_workspace_bytes(1, 1, 64, 32) == 36 + 8 + 2 * 96
+    assert workspace_bytes(1, 1, 64, 32) == 36 + 8 + 2 * 96
     # Counter of 40 layers × 384 experts: int64 15,360 + 2 × 40 → 123,520 B; masks at 16,384
     # tokens: bool 16,385 + int32 65,536 + int64 8 = 81,929 B.
-    assert counter_bytes(40, 384, 16_384) == 123_520 + 81_929 == 205_449
+    assert counter_and_mask_bytes(40, 384, 16_384) == 123_520 + 81_929 == 205_449
 
 
 @pytest.mark.parametrize("tokens,top_k,hidden,inter", [(1, 1, 256, 128), (7, 6, 256, 128), (100, 8, 512, 256)])
@@ -50,14 +50,14 @@ def test_formula_equals_the_runtime_allocation_on_cpu(tokens: int, top_k: int, h
     shape = ExpertShape(hidden=hidden, intermediate=inter)
     mxfp4 = TritonMxfp4Experts(shape, 8, top_k, tokens, "cpu")
     dense = TritonDenseExperts(shape, 8, top_k, tokens, "cpu")
-    assert kernel_workspace_bytes(tokens, top_k, hidden, inter) == by_hand
+    assert workspace_bytes(tokens, top_k, hidden, inter) == by_hand
     assert mxfp4.workspace.nbytes == dense.workspace.nbytes == by_hand
     assert Workspace.bytes_for(tokens, top_k, shape) == by_hand
     layers = [1, 3, 4]
     counter = ExpertCounter(layers, 8, device="cpu", top_k=top_k)
     masks = StepMasks(tokens, "cpu")
     held = sum(t.numel() * t.element_size() for t in (counter.counts, counter.tokens, counter.decode_tokens))
-    assert held + masks.nbytes == counter_bytes(len(layers), 8, tokens) == 8 * 3 * 8 + 16 * 3 + 5 * tokens + 9
+    assert held + masks.nbytes == counter_and_mask_bytes(len(layers), 8, tokens) == 8 * 3 * 8 + 16 * 3 + 5 * tokens + 9
     assert masks.nbytes == StepMasks.bytes_for(tokens)
     assert torch.device("cpu") == masks.device
 
@@ -142,6 +142,7 @@ def test_cli_prints_the_workspace_line() -> None:
 
 def test_verify_compares_the_reported_bytes_exactly() -> None:
     from expert_residency.formats import StartupReport
+
     from recipegen.ops.verify import Expected, compare
 
     expected = Expected(hot_bytes=100, cold_bytes=50, kv_tokens=None, hot_counts=[1], cold_counts=[1],
@@ -200,13 +201,11 @@ def test_tickets_and_fp8_inputs_equal_the_runtime_tensors_on_cpu(tokens: int, to
     residency = Mxfp4Residency(Mxfp4Geometry(hidden, inter, 8, top_k), "cpu", tokens)
     assert residency.workspace_bytes == 0  # the CPU reference allocates nothing
     residency._experts = mxfp4  # what CUDA holds (blackwell.plugin.cuda_bank_experts)
-    assert residency.workspace_bytes == kernel_workspace_bytes(tokens, top_k, hidden, inter) + by_hand
+    assert residency.workspace_bytes == workspace_bytes(tokens, top_k, hidden, inter) + by_hand
     if hidden % 128 == 0 and inter % 128 == 0:
-        from expert_residency.gpu.dense_experts import DenseKernelConfig
-
         import triton.language as tl
-
         from expert_residency.gpu import kernels_dense
+        from expert_residency.gpu.dense_experts import DenseKernelConfig
 
         # The compiled kernels' scratch (E4M3); an earlier interpreter test in the same process
         # would otherwise leave the module in its TRITON_INTERPRET=1 mode (bf16 stand-ins).

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from recipegen.catalog import catalog_entry
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
+from recipegen.load.recipe import load_recipe
 from recipegen.modelimport import import_model
-from recipegen.recipe_io import load_recipe
 from recipegen.schema import Model
 
 REPO = Path(__file__).resolve().parent.parent

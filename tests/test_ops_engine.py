@@ -19,12 +19,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from docker_support.fixtures import docker_engine  # noqa: F401
 from docker_support.project import TestProject, make_project
 from docker_support.standin import build_standin_image
-from expert_residency.formats import (Histogram, format_report_line, load_histogram,
-                                      load_rowmap, report_for_rowmap, save_histogram)
+from expert_residency.formats import (
+    Histogram,
+    format_report_line,
+    load_histogram,
+    load_rowmap,
+    report_for_rowmap,
+    save_histogram,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -64,7 +69,7 @@ def _write_standin_data(project: TestProject) -> None:
     report per class from that class's row map (as the runtime would), vLLM's KV capacity per
     lane (AGENT_KV_TOKENS, worked out by hand; the prose lane wrong on purpose), and live
     counters."""
-    from recipegen.recipe_io import load_recipe
+    from recipegen.load.recipe import load_recipe
 
     loaded = load_recipe(project.recipe)
     data = project.standin_dir

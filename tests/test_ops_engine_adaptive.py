@@ -12,10 +12,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
 from docker_support.fixtures import docker_engine  # noqa: F401
 from docker_support.project import make_project
 from docker_support.standin import build_standin_image

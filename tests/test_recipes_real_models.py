@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from recipegen.common.units import GiB
 from recipegen.ledger import compute_ledger
-from recipegen.recipe_io import load_recipe
-from recipegen.units import GiB
+from recipegen.load.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -238,7 +238,7 @@ def test_k_schedule_renders_as_vllm_per_batch_size_list(project: Path) -> None:
 
 def test_committed_reference_rendering_is_current() -> None:
     """The repository's compose/ matches its recipes (what `render --check` guards in CI)."""
-    result = subprocess.run([str(REPO / ".venv" / "bin" / "recipegen"), "render", "--check"],
+    result = subprocess.run([sys.executable, "-m", "recipegen", "render", "--check"],
                             cwd=REPO, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -544,7 +544,7 @@ lanes:
 @needs_compose
 def test_lanes_sharing_a_gpu_get_the_ledgers_kv_bytes_and_start_in_order(project: Path) -> None:
     from recipegen.ledger import compute_ledger
-    from recipegen.recipe_io import load_recipe
+    from recipegen.load.recipe import load_recipe
 
     recipe_file = project / "recipes" / "shared.yaml"
     recipe_file.write_text(SHARED_RECIPE)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from expert_residency.formats import Histogram, RowMap
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
+from recipegen.common.units import parse_bytes
 from recipegen.rowmap import cold_share, cold_share_per_layer, hot_count_for_cold_budget
 from recipegen.rowmap.build import build_budget_global, build_top_n
 from recipegen.rowmap.coldshare import layer_positional_cold_share, positional_baseline
@@ -16,7 +17,6 @@ from recipegen.rowmap.compare import compare
 from recipegen.rowmap.diff import diff
 from recipegen.rowmap.evaluate import evaluate, leave_one_out
 from recipegen.rowmap.skew import gini_per_layer, spearman, top_overlap_per_layer, top_share
-from recipegen.units import parse_bytes
 
 
 def H(counts: list[list[int]], layers: tuple[int, ...] | None = None, **kw: object) -> Histogram:

@@ -4,7 +4,6 @@ still say what the ledger assumes (read from the unpacked 0.33.0 source, never i
 from __future__ import annotations
 
 import pytest
-
 from vllm033_source import vllm033_source
 
 SRC = vllm033_source("model_executor/layers/fused_moe/oracle/mxfp4.py")

@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 DEFAULT_FIXTURE_NAME = "parity-default.jsonl"
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -17,7 +17,7 @@ NON_FIGURE_KEYS = frozenset({"name", "description", "kind", "architecture", "che
                              "revision", "address", "streams", "k", "dtype", "kv_dtype"})
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_catalog(kind: str) -> dict[str, dict[str, Any]]:
     """The raw catalog (`{value, source}` figures intact), by entry name."""
     if kind not in KINDS:

@@ -12,7 +12,7 @@ import sys
 import click
 
 from recipegen import __version__
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 # command name -> "module:attribute"; each module owns its command(s).
 COMMANDS: dict[str, str] = {
@@ -88,7 +88,7 @@ def _recover_interrupted_swaps(folders: list | None = None) -> None:
     """Roll back a class swap a killed process left half done (recipegen.render.swap), before
     any command reads the recipes (of `recipes/`, or of `folders`). Costs one directory listing
     when there is none."""
-    from recipegen.recipe_io import recipe_search_dirs
+    from recipegen.load.recipe import recipe_search_dirs
 
     for folder in folders if folders is not None else recipe_search_dirs():
         if folder.is_dir() and any(p.name.startswith(".") and ".recipegen-swap." in p.name

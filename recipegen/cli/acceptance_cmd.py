@@ -11,7 +11,7 @@ from typing import Any
 import click
 from expert_residency.formats import atomic_write_text
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 
 def _write_json(path: Path, data: Any) -> None:

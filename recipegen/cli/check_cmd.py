@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 EXIT_OK, EXIT_OVER_BUDGET, EXIT_INVALID = 0, 1, 2
 
@@ -24,7 +24,7 @@ def check() -> None:
 def _targets(recipes: tuple[str, ...]) -> list[str]:
     if recipes:
         return list(recipes)
-    from recipegen.recipe_io import list_recipes, recipe_search_dirs
+    from recipegen.load.recipe import list_recipes, recipe_search_dirs
 
     found = [str(p) for p in list_recipes()]
     if not found:
@@ -39,7 +39,8 @@ def check_recipe(recipes: tuple[str, ...]) -> None:
 
     Every problem is reported with file, line and field; exit 2 if any recipe is invalid.
     """
-    from recipegen.recipe_io import display_path, load_recipe
+    from recipegen.load.document import display_path
+    from recipegen.load.recipe import load_recipe
 
     failed = 0
     for target in _targets(recipes):
@@ -72,7 +73,8 @@ def check_budgets(recipes: tuple[str, ...], explain: bool, as_json: bool, lanes:
     what to change), 2 for an invalid recipe.
     """
     from recipegen.ledger import compute_ledger
-    from recipegen.recipe_io import display_path, load_recipe
+    from recipegen.load.document import display_path
+    from recipegen.load.recipe import load_recipe
 
     worst = EXIT_OK
     results: list[dict[str, Any]] = []

@@ -7,13 +7,13 @@ import sys
 
 import click
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 
 def _targets(recipes: tuple[str, ...]) -> list[str]:
     if recipes:
         return list(recipes)
-    from recipegen.recipe_io import list_recipes
+    from recipegen.load.recipe import list_recipes
 
     return [str(p) for p in list_recipes()]
 
@@ -27,7 +27,8 @@ def k8s(recipes: tuple[str, ...], check: bool) -> None:
     recipes/). Every manifest is validated (kubernetes-validate for core kinds, the vendored
     LeaderWorkerSet CRD schema for the LWS) before anything is written."""
     from recipegen.k8s.render import render_k8s, stale_files, write_files
-    from recipegen.recipe_io import display_path, load_recipe
+    from recipegen.load.document import display_path
+    from recipegen.load.recipe import load_recipe
     from recipegen.render.render import project_root_for
 
     stale_total = 0

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 
 @click.group()

@@ -34,9 +34,9 @@ def _machine(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def _deployment(recipe: str, overrides: tuple[Path, ...], machine: str | None = None) -> Any:
     from recipegen.cli import _recover_interrupted_swaps
+    from recipegen.load.recipe import resolve_recipe_path
     from recipegen.ops.deployment import Deployment
     from recipegen.ops.rendering import Rendering
-    from recipegen.recipe_io import resolve_recipe_path
 
     _recover_interrupted_swaps([resolve_recipe_path(recipe).parent])  # a recipe named by path
     return Deployment(Rendering.load(recipe, machine), overrides=list(overrides))
@@ -76,9 +76,9 @@ def swap(recipe: str, lane: str, cls: str, overrides: tuple[Path, ...], machine:
     """Swap LANE to class CLASS: write active_class, re-render, recreate exactly that service,
     wait for health and report the downtime. If it does not become healthy, restore the previous
     class (recipe and rendering) and service (exit 1)."""
-    from recipegen.ops.lanes import swap as run_swap
-
     from dataclasses import asdict
+
+    from recipegen.ops.lanes import swap as run_swap
 
     result = run_swap(_deployment(recipe, overrides, machine), lane, cls, wait_s=wait_timeout,
                       echo=(lambda s: click.echo(s, err=True)) if as_json else click.echo)
@@ -100,7 +100,7 @@ def _age(seconds: float | None) -> str:
 def status(recipe: str | None, as_json: bool) -> None:
     """Every container with recipegen labels (of RECIPE, or all): lane, class, hashes, health,
     uptime, and whether it is current against the rendering."""
-    from recipegen.errors import RecipegenError
+    from recipegen.common.errors import RecipegenError
     from recipegen.ops.deployment import Deployment
     from recipegen.ops.engine import connect
     from recipegen.ops.lanes import status as run_status
@@ -113,7 +113,7 @@ def status(recipe: str | None, as_json: bool) -> None:
             rendering = Rendering.load(name, None)
         except RecipegenError:
             try:
-                from recipegen.recipe_io import load_recipe
+                from recipegen.load.recipe import load_recipe
 
                 machines = Rendering(name, load_recipe(name)).machines()
                 machine = next(m for m in machines if project == f"{name}-{m}".lower())
@@ -124,7 +124,7 @@ def status(recipe: str | None, as_json: bool) -> None:
 
     name = None
     if recipe is not None:
-        from recipegen.recipe_io import load_recipe
+        from recipegen.load.recipe import load_recipe
 
         name = load_recipe(recipe).name
     lanes = run_status(connect(), recipe=name, load=load)
@@ -207,15 +207,14 @@ def profile(recipe: str, lane: str, cls: str | None, prompts: Path | None, serve
             endpoint: str | None, dump_dir: Path | None, rpc: bool, signal_pid: int | None,
             overrides: tuple[Path, ...], machine: str | None, wait_timeout: int) -> None:
     """Count-only profile boot → the class's histogram → its row map, as one command."""
-    from recipegen.errors import InputError
+    from recipegen.common.errors import InputError
     from recipegen.ops.profile import profile_endpoint, profile_in_docker
-    from recipegen.ops.rendering import Rendering
 
     if endpoint:
         if dump_dir is None:
             raise InputError("--endpoint needs --dump-dir (where its runtime writes snapshots)",
                              field="--dump-dir")
-        from recipegen.recipe_io import load_recipe
+        from recipegen.load.recipe import load_recipe
 
         profile_endpoint(load_recipe(recipe), lane, cls, endpoint=endpoint,
                          dump_dir=dump_dir, prompts=prompts, rpc=rpc, signal_pid=signal_pid,

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import click
 
-from recipegen.errors import InputError
-from recipegen.units import GiB
+from recipegen.common.errors import InputError
+from recipegen.common.units import GiB
 
 
 def _streams(text: str | None) -> list[int] | None:
@@ -44,9 +43,9 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
     """Projected fetch tax, KV trade-off and k checks for one LANE of RECIPE."""
     from recipegen.costmodel.lane import fetch_summary
     from recipegen.costmodel.prefetch import lane_prefetch_price
-    from recipegen.costmodel.sweep import parse_sweep, sweep_hot, table_rows
+    from recipegen.costmodel.sweep import parse_sweep, sweep_hot
     from recipegen.ledger import compute_ledger
-    from recipegen.recipe_io import load_recipe
+    from recipegen.load.recipe import load_recipe
 
     loaded = load_recipe(recipe)
     names = [l.name for l in loaded.recipe.lanes]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from recipegen.errors import InputError, RecipegenError
+from recipegen.common.errors import InputError, RecipegenError
 from recipegen.render.compose import TEMPLATES_DIR, service_hashes  # noqa: F401 (re-export)
 
 _CLASS_ARG = re.compile(r"([a-z0-9][a-z0-9-]*)=([a-z0-9][a-z0-9-]*)")
@@ -56,10 +56,15 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
 
     A bare name resolves under recipes/. With no RECIPE, every recipe under recipes/.
     """
-    from recipegen.recipe_io import display_path, list_recipes, load_recipe, resolve_recipe_path
+    from recipegen.load.document import display_path
+    from recipegen.load.recipe import list_recipes, load_recipe, resolve_recipe_path
     from recipegen.render.output import read_manifest
-    from recipegen.render.render import (check_rendering, orphan_outputs, project_root_for,
-                                         render_recipe, validate_rendering, write_rendering)
+    from recipegen.render.render import (
+        check_rendering,
+        orphan_outputs,
+        project_root_for,
+        render_recipe,
+    )
 
     templates = templates_dir or TEMPLATES_DIR
     swaps = _parse_class_args(classes)
@@ -116,7 +121,7 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
 def _echo_diff(target: Path, new: bytes) -> None:
     import difflib
 
-    from recipegen.recipe_io import display_path
+    from recipegen.load.document import display_path
 
     old = target.read_bytes() if target.is_file() else b""
     if old == new:
@@ -145,7 +150,7 @@ def _write(rendering, validate: bool) -> None:
 
 
 def _report(written: list[Path], old: dict[Path, dict[str, str]]) -> None:
-    from recipegen.recipe_io import display_path
+    from recipegen.load.document import display_path
 
     for compose_file in written:
         new = service_hashes(compose_file.read_text(encoding="utf-8"))

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 GEOMETRY_HELP = ("Model geometry for capture files: --recipe R, or --experts E "
                  "[--layers 0-39] [--top-k K].")
@@ -32,7 +32,7 @@ def _decode_only_option(func: Any) -> Any:
 
 
 def _parse_size(text: str, field: str) -> int:
-    from recipegen.units import UnitError, parse_bytes
+    from recipegen.common.units import UnitError, parse_bytes
     stripped = text.strip().replace("_", "").replace(",", "")
     if stripped.isdigit():
         return int(stripped)
@@ -421,9 +421,9 @@ def synth(output_dir: str, classes: tuple[str, ...], seed: int, tokens: int, cor
 def save_live(recipe: str, lane: str, cls: str, dump_dir: Path | None, machine: str | None,
               output: str | None, as_json: bool) -> None:
     """Keep the live map of an adaptive LANE (its newest histogram snapshot's) as class CLS's map."""
+    from recipegen.load.recipe import load_recipe
     from recipegen.ops.dumps import read_host_dir
     from recipegen.ops.livemap import save_live as run
-    from recipegen.recipe_io import load_recipe
 
     loaded = load_recipe(recipe)
     if dump_dir is None:

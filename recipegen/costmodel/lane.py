@@ -12,13 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recipegen.common.errors import InputError
 from recipegen.costmodel.fetch import FetchTax, fetch_tax
 from recipegen.costmodel.kschedule import KScheduleCheck, check_k_schedule
 from recipegen.costmodel.parallel import ONE_LINK_PER_GPU, fullest_rank, gpu_reads, lane_ep_shares
 from recipegen.costmodel.steps import measured_step
 from recipegen.costmodel.unique_experts import UniqueExpertsModel, calibrated_model
-from recipegen.errors import InputError
-from recipegen.units import GiB
 
 
 def unique_model_for(model: Any) -> UniqueExpertsModel:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 MACHINE_LABEL = "recipegen.io/machine"
 ANNOTATION_PREFIX = "recipegen.io/"

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from expert_residency.formats import atomic_write_bytes
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 from recipegen.k8s.manifests import lane_manifests, manifest_path
 from recipegen.k8s.validate import lws_schema_source, validate_manifests
 

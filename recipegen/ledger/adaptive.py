@@ -3,13 +3,13 @@ barrier, from the runtime's own formulas (`expert_residency.core.adaptive_config
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from expert_residency.core.adaptive_config import barrier_link_bytes, staging_bytes
 
+from recipegen.common.units import GiB, MiB
 from recipegen.ledger.figures import Figure
 from recipegen.schema import Lane, Machine, Model
-from recipegen.units import GiB, MiB
 
 
 def adaptive_figures(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], Figure],

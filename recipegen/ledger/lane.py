@@ -7,9 +7,10 @@ load-time peaks (`load`). Every figure is in bytes with its formula and operands
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
+from recipegen.common.units import GiB, format_bytes, format_tokens
 from recipegen.ledger.adaptive import adaptive_figures
 from recipegen.ledger.budget import declared_split
 from recipegen.ledger.figures import Figure
@@ -25,7 +26,6 @@ from recipegen.ledger.verdict import budget_violations
 from recipegen.ledger.vllm_layout import as_lane_lays_out
 from recipegen.ledger.workspace import same_budget_workspace, workspace_figures
 from recipegen.schema import Lane, Machine, Model
-from recipegen.units import GiB, format_bytes, format_tokens
 
 
 @dataclass

@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from recipegen.common.units import GiB, format_bytes
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.pinning import pinned_per_layer, rehoming_host_peak
 from recipegen.ledger.placement import experts_only, positional_walk, rehoming_peaks
 from recipegen.ledger.result import USAGE_AWARE, PlacementLedger, Violation
 from recipegen.schema import Lane, Machine, Model
-from recipegen.units import GiB, format_bytes
 
 
 def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLedger, add: Any,

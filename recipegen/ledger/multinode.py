@@ -21,15 +21,17 @@ for its layers), so the lane's KV tokens are the minimum over stages.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
+from recipegen.common.units import format_bytes, format_tokens
+from recipegen.ledger.figures import Figure
 from recipegen.ledger.lane import compute_lane
 from recipegen.ledger.result import LaneLedger, PlacementLedger
-from recipegen.ledger.figures import Figure
 from recipegen.multinode.partition import StageLayers, stage_layers
 from recipegen.schema import HbmReserve, HostReserve, HostTable, Lane, Model, Recipe
-from recipegen.units import format_bytes, format_tokens
+from recipegen.schema.model import kv_bytes_per_token
 
 
 @dataclass
@@ -239,8 +241,7 @@ def stage_model(model: Model, layers: StageLayers, *, last: bool, tables_in_hbm:
         groups = [g.model_copy(update={"layers": [n for n in g.layers if layers.holds(n)]})
                   for g in model.attention]
         update["attention"] = [g for g in groups if g.layers]
-        update["kv_bytes_per_token"] = sum(len(g.layers) * g.bytes_per_token_per_layer(1)
-                                           for g in update["attention"])
+        update["kv_bytes_per_token"] = kv_bytes_per_token(update["attention"])
         figs["stage.kv_bytes_per_token"] = Figure(
             "stage.kv_bytes_per_token", "KV bytes per token for this stage's layers (one rank)",
             update["kv_bytes_per_token"], "count", "Σ this stage's attention layers × bytes per token per layer",

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from recipegen.common.units import format_bytes, format_tokens
 from recipegen.ledger.adaptive import size_text
 from recipegen.ledger.multinode import MultiNodeLaneLedger
 from recipegen.ledger.report_lane import render_lane, verdict_lines
-from recipegen.units import format_bytes, format_tokens
 
 
 def render_multinode_lane(lane: MultiNodeLaneLedger, *, explain: bool = False) -> str:

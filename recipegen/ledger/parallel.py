@@ -19,13 +19,13 @@ and `parallel_figures` for the per-GPU section.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
+from recipegen.common.units import format_bytes
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.result import USAGE_AWARE, PlacementLedger, Violation
 from recipegen.schema import Lane, Model
-from recipegen.units import format_bytes
 
 # Block granularity of each expert format along the intermediate dim (one scale per this many values).
 SHARD_BLOCK = {"fp8-block": 128, "mxfp4": 32}
@@ -155,7 +155,7 @@ def parallel_figures(model: Model, lane: Lane, active: PlacementLedger, figs: di
     tp = lane.tensor_parallel_size
     if tp == 1:
         return
-    e, n_layers = model.expert_bytes, model.num_moe_layers
+    e = model.expert_bytes
     ep = expert_parallel(lane)
     add(Figure("parallel.ranks", "GPUs (vLLM ranks) of the lane on this machine", tp, "count", "len(gpus)",
                {"gpus": list(lane.gpus)}, "expert parallel (--enable-expert-parallel)" if ep else "tensor parallel"))

@@ -4,14 +4,15 @@ for KV: hot/cold counts per layer, HBM in use, the KV pool in bytes, tokens and 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
+from recipegen.common.units import GiB, format_bytes, largest_count_within
 from recipegen.ledger.budget import declared_split
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.placement import experts_only, layer_param_bytes, positional_walk
 from recipegen.ledger.result import POSITIONAL, USAGE_AWARE, PlacementLedger, n_total_bytes, rounded, src_note
 from recipegen.schema import Lane, Model
-from recipegen.units import GiB, format_bytes, largest_count_within
 
 
 def usage_aware_placement(model: Model, lane: Lane, rowmap_hot: Sequence[int] | None,

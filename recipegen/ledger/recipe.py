@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from recipegen.common.units import format_bytes
 from recipegen.ledger.lane import compute_lane
 from recipegen.ledger.multinode import MultiNodeLaneLedger, compute_multinode_lane, stage_engines
 from recipegen.ledger.result import LaneLedger, RecipeLedger, Violation
 from recipegen.schema import Lane, Recipe
-from recipegen.units import format_bytes
 
 
 def compute_ledger(loaded: Any) -> RecipeLedger:

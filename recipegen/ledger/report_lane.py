@@ -3,8 +3,8 @@ every formula, and the verdict lines."""
 
 from __future__ import annotations
 
+from recipegen.common.units import GiB, MiB
 from recipegen.ledger.result import POSITIONAL, LaneLedger, PlacementLedger, Violation
-from recipegen.units import GiB, MiB
 
 
 def _g(value: float) -> str:

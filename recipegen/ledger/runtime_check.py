@@ -44,8 +44,8 @@ def runtime_violations(model: Model, machine: Machine, lane: Lane) -> list[Viola
 
 def _backend_violations(model: Model, machine: Machine, lane: Lane) -> list[Violation]:
     """No vLLM 0.33 MoE backend runs the format as a modular kernel on the GPU
-    (recipegen.moe_backend): the runtime's boot would fail there too."""
-    from recipegen.moe_backend import NoBackend, choose
+    (recipegen.vllm_flags.moe_backend): the runtime's boot would fail there too."""
+    from recipegen.vllm_flags.moe_backend import NoBackend, choose
 
     try:
         choose(model.expert_format, machine.gpus.compute_capability, machine.gpus.kind)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
+from recipegen.common.units import GiB, format_bytes, format_tokens, largest_count_within
 from recipegen.ledger.result import POSITIONAL, Violation
 from recipegen.schema import Lane, Machine, Model
-from recipegen.units import GiB, format_bytes, format_tokens, largest_count_within
 
 
 def budget_violations(model: Model, machine: Machine, lane: Lane, cap: float, reserve: float,

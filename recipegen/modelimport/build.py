@@ -11,13 +11,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipegen.errors import InputError
+from expert_residency.contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_SOURCE
+
+from recipegen.common.errors import InputError
 from recipegen.modelimport.config import Config
 from recipegen.modelimport.dense import dense_bytes
-from recipegen.modelimport.geometry import (GPT_OSS_ALPHA, GPT_OSS_BIAS_SOURCE, GPT_OSS_SOURCE, MOE_INTER_FIELDS,
-                                            ROUTED_FIELDS, TOP_K_FIELDS, attention_groups, expert_format,
-                                            index_ranges, moe_layer_indices, sourced)
+from recipegen.modelimport.geometry import (
+    GPT_OSS_BIAS_SOURCE,
+    MOE_INTER_FIELDS,
+    ROUTED_FIELDS,
+    TOP_K_FIELDS,
+    attention_groups,
+    expert_format,
+    index_ranges,
+    moe_layer_indices,
+    sourced,
+)
 from recipegen.modelimport.safetensors import IndexFacts, is_routed_expert, layer_of, read_index
+from recipegen.schema.model import AttentionLayers, ExpertTensor, kv_bytes_per_token
 
 INDEX_NAME = "model.safetensors.index.json"
 KV_DTYPE_SOURCE = "vLLM --kv-cache-dtype auto: the model's activation dtype (bf16)"
@@ -110,8 +121,8 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
         doc["max_position_embeddings"] = sourced(*_context_length(cfg))
     if arch == "GptOssForCausalLM":
         limit = cfg.need("swiglu_limit", kind=(int, float))
-        doc["activation"] = sourced({"kind": "swigluoai", "alpha": GPT_OSS_ALPHA, "limit": float(limit)},
-                                    f"{GPT_OSS_SOURCE}; config.json `swiglu_limit`; vLLM 0.33.0 "
+        doc["activation"] = sourced({"kind": "swigluoai", "alpha": GPTOSS_SWIGLU_ALPHA, "limit": float(limit)},
+                                    f"{GPTOSS_SWIGLU_SOURCE}; config.json `swiglu_limit`; vLLM 0.33.0 "
                                     "vllm/model_executor/models/gpt_oss.py:400 (activation swigluoai)")
     else:
         doc["activation"] = sourced({"kind": "silu"}, "config.json `hidden_act` silu")
@@ -195,7 +206,6 @@ def _context_length(cfg: Config) -> tuple[int, str]:
 
 
 def _expert_bytes(tensors: list[dict[str, Any]]) -> float:
-    from recipegen.schema.model import ExpertTensor
     return float(sum(ExpertTensor.model_validate(t).num_bytes() for t in tensors))
 
 
@@ -204,16 +214,11 @@ def _plain(v: Any) -> Any:
 
 
 def _kv_bytes_per_token(groups: list[dict[str, Any]]) -> int:
-    from recipegen.schema.model import AttentionLayers
-    total = 0
-    for g in groups:
-        group = AttentionLayers.model_validate({k: _plain(v) for k, v in g.items()})
-        total += len(group.layers) * group.bytes_per_token_per_layer(1)
-    return total
+    return kv_bytes_per_token(AttentionLayers.model_validate({k: _plain(v) for k, v in g.items()})
+                              for g in groups)
 
 
 def _kv_terms(groups: list[dict[str, Any]]) -> str:
-    from recipegen.schema.model import AttentionLayers
     out = []
     for g in groups:
         group = AttentionLayers.model_validate({k: _plain(v) for k, v in g.items()})

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 _MISSING = object()
 
@@ -25,7 +25,7 @@ class Config:
     file: str
 
     @classmethod
-    def read(cls, path: Path) -> "Config":
+    def read(cls, path: Path) -> Config:
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:

@@ -11,14 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 from recipegen.modelimport.config import Config
 
-# gpt-oss's swigluoai constants are set by vLLM, not the config:
-# vllm/model_executor/layers/quantization/mxfp4.py:428-430 (gemm1_alpha=1.702, gemm1_beta=1.0,
-# swiglu_limit=7.0); vllm/model_executor/models/gpt_oss.py:399-400 (has_bias=True, swigluoai).
-GPT_OSS_ALPHA = 1.702
-GPT_OSS_SOURCE = "vLLM 0.33.0 vllm/model_executor/layers/quantization/mxfp4.py:428 (gemm1_alpha=1.702)"
+# gpt-oss's swigluoai constants are set by vLLM, not the config (expert_residency.contract.expert_formats);
+# vllm/model_executor/models/gpt_oss.py:399-400 (has_bias=True, swigluoai).
 GPT_OSS_BIAS_SOURCE = "vLLM 0.33.0 vllm/model_executor/models/gpt_oss.py:399 (FusedMoE has_bias=True)"
 
 ROUTED_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")

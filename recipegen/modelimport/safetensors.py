@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 

@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 from recipegen.schema import Model
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recipegen.units import GiB as GIB
+from recipegen.common.units import GiB as GIB
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 UNLIMITED = -1

@@ -16,10 +16,11 @@ from datetime import datetime
 from pathlib import Path
 
 import numpy as np
-
-from expert_residency.core.dump import DEFAULT_INTERVAL_S, ENV_DIR, ENV_INTERVAL, parse_dump_name
+from expert_residency.contract import env as runtime_env
+from expert_residency.core.dump import DEFAULT_INTERVAL_S, parse_dump_name
 from expert_residency.formats import FormatError, Histogram, parse_histogram
-from recipegen.errors import InputError, RecipegenError
+
+from recipegen.common.errors import InputError, RecipegenError
 
 # How long past one dump interval a snapshot may take to appear in the folder.
 SNAPSHOT_MARGIN_S = 30.0
@@ -46,13 +47,13 @@ def parse_name(name: str) -> tuple[str, str, str, datetime, int] | None:
 
 def env_dump_dir(env: Mapping[str, str]) -> str | None:
     """The runtime's dump folder from a container's environment (None: it is not dumping)."""
-    return env.get(ENV_DIR) or None
+    return env.get(runtime_env.DUMP_DIR) or None
 
 
 def snapshot_wait_s(env: Mapping[str, str]) -> float:
     """How long to wait for the next snapshot if no process answers SIGUSR1: the container's
     dump interval (the runtime's default when unset, unreadable or not positive) + a margin."""
-    text = env.get(ENV_INTERVAL)
+    text = env.get(runtime_env.DUMP_INTERVAL_S)
     try:
         interval = float(text) if text else DEFAULT_INTERVAL_S
     except ValueError:

@@ -12,11 +12,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from recipegen.errors import InputError, RecipegenError
+from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.compose import ComposeError
-from recipegen.ops.deployment import (Deployment, dependency_order, lane_services, rendered_label,
-                                      service_profiles)
+from recipegen.ops.deployment import Deployment, dependency_order, lane_services, rendered_label, service_profiles
 from recipegen.ops.engine import ContainerInfo, find_containers, service_container
 
 Echo = Callable[[str], None]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 from recipegen.ops.doctor import HostRequirement
 from recipegen.ops.verify import Expected
 
@@ -42,7 +42,7 @@ def host_requirement(recipe: str) -> HostRequirement:
     (lanes with a compose profile count one at a time, the largest — as the ledger's machine
     check counts them), and the GPUs they use."""
     from recipegen.ledger import compute_ledger, concurrent_total
-    from recipegen.recipe_io import load_recipe
+    from recipegen.load.recipe import load_recipe
 
     loaded = load_recipe(recipe)
     ledger = compute_ledger(loaded)

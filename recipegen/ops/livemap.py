@@ -12,11 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from expert_residency.core.adaptive_setup import ENV_ADAPTIVE, parse_adaptive_spec
+from expert_residency.contract import env as runtime_env
+from expert_residency.core.adaptive_setup import parse_adaptive_spec
 from expert_residency.core.dump import LiveMap
 from expert_residency.formats import FormatError, Histogram, RowMap, parse_rowmap
 
-from recipegen.errors import InputError, RecipegenError
+from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops.dumps import Snapshot, snapshots
 
 
@@ -41,7 +42,7 @@ class LiveMapView:
 def adaptive_on(env: Mapping[str, str]) -> bool:
     """Whether a container's environment turns adaptive residency on (an unreadable value: no)."""
     try:
-        return parse_adaptive_spec(env.get(ENV_ADAPTIVE, "")) is not None
+        return parse_adaptive_spec(env.get(runtime_env.ADAPTIVE, "")) is not None
     except ValueError:
         return False
 

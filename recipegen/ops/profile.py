@@ -20,13 +20,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from expert_residency.core.dump import ENV_DIR
+from expert_residency.contract import env as runtime_env
 from expert_residency.formats import Histogram, RowMap, save_histogram, save_rowmap
-from recipegen.errors import InputError, RecipegenError
+
+from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.deployment import Deployment, service_profiles
-from recipegen.ops.dumps import (Snapshot, difference, env_dump_dir, read_host_dir, snapshot_wait_s,
-                                 snapshots, wait_for_snapshot)
+from recipegen.ops.dumps import (
+    Snapshot,
+    difference,
+    env_dump_dir,
+    read_host_dir,
+    snapshot_wait_s,
+    snapshots,
+    wait_for_snapshot,
+)
 from recipegen.ops.engine import list_dir, request_snapshot, service_container
 from recipegen.ops.live import _asked
 from recipegen.ops.prompts import drive, load_prompts
@@ -150,7 +158,7 @@ def profile_in_docker(dep: Deployment, lane_name: str, traffic_class: str | None
         assert info is not None
         folder = env_dump_dir(info.env)
         if not folder:
-            raise RecipegenError(f"{prof_svc} has no {ENV_DIR}: re-render")
+            raise RecipegenError(f"{prof_svc} has no {runtime_env.DUMP_DIR}: re-render")
         seen = set(list_dir(client, info.id, folder))
         lane = dep.lane(lane_name)
         address = dep.loaded.recipe.machines[lane.machine].address or "127.0.0.1"

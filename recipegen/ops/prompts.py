@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipegen.errors import InputError, RecipegenError
+from recipegen.common.errors import InputError, RecipegenError
 
 DEFAULT_MAX_TOKENS = 64
 # Request fields a fixture line may set (OpenAI API + vLLM's `ignore_eos` for fixed lengths).

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import jinja2
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent.parent / "templates"
 CONFIG_HASH_LABEL = "io.recipegen.config-hash"
@@ -136,11 +136,11 @@ def _render(env: jinja2.Environment, name: str, **context: Any) -> str:
     try:
         return env.get_template(name).render(**context)
     except jinja2.TemplateNotFound as exc:
-        raise RecipegenError(f"template {exc.name} not found under {env.loader.searchpath}")  # type: ignore[union-attr]
+        raise RecipegenError(f"template {exc.name} not found under {env.loader.searchpath}") from None  # type: ignore[union-attr]
     except jinja2.TemplateSyntaxError as exc:
-        raise RecipegenError(f"template {exc.filename or exc.name}:{exc.lineno}: {exc.message}")
+        raise RecipegenError(f"template {exc.filename or exc.name}:{exc.lineno}: {exc.message}") from None
     except jinja2.UndefinedError as exc:
-        raise RecipegenError(f"template {name}: {exc.message}")
+        raise RecipegenError(f"template {name}: {exc.message}") from None
 
 
 def config_hash(block_without_hash: str, mounted_files: dict[str, bytes]) -> str:

@@ -14,20 +14,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recipegen.errors import RecipegenError
-from recipegen.recipe_io import display_path
+from recipegen.common.errors import RecipegenError
+from recipegen.load.document import display_path
 from recipegen.render.compose import TEMPLATES_DIR, make_environment, render_compose
 from recipegen.render.compose_validate import validate_compose_file
-from recipegen.render.output import (RenderedFiles, Staleness, compare_output_dir, read_manifest,
-                                     refuse_symlinks, retire_output_dir, write_output_dir)
-from recipegen.render.services import (DEFAULT_PLUGIN_ENTRY_POINT, LaneMemory, RenderInputs,
-                                       build_services, lane_stages, recipe_machines,
-                                       relative_posix)
+from recipegen.render.output import (
+    RenderedFiles,
+    Staleness,
+    compare_output_dir,
+    read_manifest,
+    refuse_symlinks,
+    retire_output_dir,
+    write_output_dir,
+)
+from recipegen.render.services import (
+    DEFAULT_PLUGIN_ENTRY_POINT,
+    LaneMemory,
+    RenderInputs,
+    build_services,
+    lane_stages,
+    recipe_machines,
+    relative_posix,
+)
 from recipegen.vllm_flags import TARGET_VLLM_VERSION, load_flag_table
 
 if TYPE_CHECKING:
     from recipegen.ledger import RecipeLedger
-    from recipegen.recipe_io import LoadedRecipe
+    from recipegen.load.recipe import LoadedRecipe
 
 COMPOSE_DIRNAME = "compose"
 COMPOSE_FILE = "compose.yaml"

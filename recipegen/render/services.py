@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from recipegen.errors import InputError
-from recipegen.moe_backend import (START_PERIOD_AUTOTUNED, BackendChoice, NoBackend, choose,
-                                   start_period)
+from expert_residency.contract import env as runtime_env
+
 from recipegen.render.compose import HealthCheck, Interpolated, Mount, ServiceSpec
 from recipegen.vllm_flags import FlagTable, argv_problems
+from recipegen.vllm_flags.moe_backend import START_PERIOD_AUTOTUNED, BackendChoice, NoBackend, choose, start_period
 
 if TYPE_CHECKING:
     from expert_residency.formats import RowMap
 
-    from recipegen.recipe_io import LoadedRecipe
+    from recipegen.load.recipe import LoadedRecipe
     from recipegen.schema import Recipe
     from recipegen.schema.lane import Lane, Speculative
 
@@ -44,7 +44,7 @@ DUMP_INTERVAL_LANE_S = 600
 
 # --- container defaults ------------------------------------------------------------------------
 SHM_SIZE = "16gb"
-# Health start period: by the lane's MoE backend (recipegen.moe_backend.start_period).
+# Health start period: by the lane's MoE backend (recipegen.vllm_flags.moe_backend.start_period).
 SECRETS_ENV_FILE = "secrets.env"
 PROFILE_COMPOSE_PROFILE = "profile"
 PROFILE_BOOT_FLAGS: tuple[tuple[str, ...], ...] = (
@@ -54,7 +54,7 @@ PROFILE_STOP_GRACE_PERIOD = "20s"  # > --shutdown-timeout: compose waits for the
 LABEL_PREFIX = "io.recipegen."
 
 # Env keys recipegen sets itself; a lane's `env:` may not override them.
-_MANAGED_ENV_PREFIXES = ("EXPERT_RESIDENCY_",)
+_MANAGED_ENV_PREFIXES = (runtime_env.PREFIX,)
 _MANAGED_ENV_KEYS = {"PYTHONPATH", "VLLM_PLUGINS", "VLLM_CACHE_ROOT", "VLLM_ENABLE_STARTUP_PLAN",
                      "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "HF_HUB_OFFLINE"}
 
@@ -99,7 +99,7 @@ def format_gib(num_bytes: int) -> str:
 
 def _moe_backend(loaded: LoadedRecipe, index: int, recipe: Recipe, stage: Stage, mode: str
                  ) -> BackendChoice:
-    """`--moe-backend` by the stage's GPU and the expert format (recipegen.moe_backend); a
+    """`--moe-backend` by the stage's GPU and the expert format (recipegen.vllm_flags.moe_backend); a
     residency lane no backend admits is refused (check budgets says the same)."""
     machine = recipe.machines[stage.machine]
     try:
@@ -346,19 +346,18 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
         env.update({
             "PYTHONPATH": RUNTIME_TARGET,
             "VLLM_PLUGINS": inputs.plugin_entry_point,
-            "EXPERT_RESIDENCY_MODE": mode,
-            "EXPERT_RESIDENCY_LANE": lane.name,
-            "EXPERT_RESIDENCY_DUMP_DIR": DUMP_TARGET,
-            "EXPERT_RESIDENCY_DUMP_INTERVAL_S": str(DUMP_INTERVAL_PROFILE_S if profile
-                                                    else DUMP_INTERVAL_LANE_S),
+            runtime_env.MODE: mode,
+            runtime_env.LANE: lane.name,
+            runtime_env.DUMP_DIR: DUMP_TARGET,
+            runtime_env.DUMP_INTERVAL_S: str(DUMP_INTERVAL_PROFILE_S if profile else DUMP_INTERVAL_LANE_S),
         })
     if rowmap is not None and cls is not None and map_bytes is not None:
         files[map_file] = map_bytes
         target = f"{ROWMAP_TARGET_DIR}/{lane.name}-{cls}.rowmap"
         mounts.append(Mount("bind", map_file, target, True))
-        env.update({"EXPERT_RESIDENCY_ROWMAP": target,
-                    "EXPERT_RESIDENCY_CONTENT_HASH": rowmap.content_hash(),
-                    "EXPERT_RESIDENCY_CLASS": cls})
+        env.update({runtime_env.ROWMAP: target,
+                    runtime_env.CONTENT_HASH: rowmap.content_hash(),
+                    runtime_env.CLASS: cls})
         if lane.offload.adaptive is not None:
             adaptive_env, adaptive_mounts, adaptive_files = _adaptive(loaded, index, lane)
             env.update(adaptive_env)
@@ -415,14 +414,14 @@ def _adaptive(loaded: LoadedRecipe, index: int, lane: Lane
               ) -> tuple[dict[str, str], list[Mount], dict[str, bytes]]:
     """A residency engine's adaptive settings (`core.adaptive_setup`'s environment) and its
     class histograms, mounted read-only as the policy's priors beside the row map."""
-    from expert_residency.core.adaptive_setup import ENV_ADAPTIVE, ENV_PRIORS, format_adaptive_spec
+    from expert_residency.core.adaptive_setup import format_adaptive_spec
     from expert_residency.formats import FormatError, parse_histogram
 
-    from recipegen.schema.adaptive import prior_classes
+    from recipegen.schema.lane import prior_classes
 
     adaptive = lane.offload.adaptive
     assert adaptive is not None
-    env = {ENV_ADAPTIVE: format_adaptive_spec(adaptive.runtime_config())}
+    env = {runtime_env.ADAPTIVE: format_adaptive_spec(adaptive.runtime_config())}
     mounts: list[Mount] = []
     files: dict[str, bytes] = {}
     targets: list[str] = []
@@ -447,7 +446,7 @@ def _adaptive(loaded: LoadedRecipe, index: int, lane: Lane
         mounts.append(Mount("bind", source, target, True))
         targets.append(target)
     if targets:
-        env[ENV_PRIORS] = ",".join(targets)
+        env[runtime_env.ADAPTIVE_PRIORS] = ",".join(targets)
     return env, mounts, files
 
 

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recipegen.errors import InputError, RecipegenError
-from recipegen.recipe_io import RECIPE_TEMP_SUFFIX, recipe_temp_path, write_recipe_atomically
+from recipegen.common.errors import InputError, RecipegenError
+from recipegen.load.recipe import RECIPE_TEMP_SUFFIX, recipe_temp_path, write_recipe_atomically
 from recipegen.render.compose import TEMPLATES_DIR
 
 JOURNAL_SUFFIX = ".recipegen-swap.json"
@@ -168,9 +168,8 @@ def swap_classes(recipe_path: Path, swaps: list[tuple[str, str]], *,
     and `restore` runs (the ops swap brings the previous service back). The original error is
     re-raised after the rollback. Returns what changed (nothing when every class was active).
     """
-    from recipegen.recipe_io import active_class_text, load_recipe
-    from recipegen.render.render import (check_rendering, render_recipe, validate_rendering,
-                                         write_rendering)
+    from recipegen.load.recipe import active_class_text, load_recipe
+    from recipegen.render.render import check_rendering, render_recipe, validate_rendering, write_rendering
 
     for line in recover_interrupted(recipe_path.parent):
         echo(line)

@@ -7,7 +7,7 @@ from typing import Any
 
 from expert_residency.formats import RowMap
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 
 @dataclass(frozen=True)

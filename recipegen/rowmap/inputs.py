@@ -13,11 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from expert_residency.formats import (FormatError, Histogram, RowMap, histogram_from_captures,
-                                      load_histogram, load_rowmap)
+from expert_residency.formats import (
+    FormatError,
+    Histogram,
+    RowMap,
+    histogram_from_captures,
+    load_histogram,
+    load_rowmap,
+)
 from expert_residency.formats.capture import capture_kind
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
+from recipegen.load.recipe import load_recipe
 
 
 def input_error(exc: FormatError) -> InputError:
@@ -38,12 +45,6 @@ class Geometry:
 
 def geometry_from_recipe(recipe: str) -> Geometry:
     """Model geometry of a recipe (name under recipes/ or a path)."""
-    try:
-        from recipegen.recipe_io import load_recipe
-    except ImportError:  # the recipe loader is another engineer's module
-        raise InputError("--recipe needs recipegen.recipe_io, which this build lacks; "
-                         "give --experts/--layers/--bytes-per-expert instead",
-                         field="--recipe") from None
     loaded = load_recipe(recipe)
     model = loaded.recipe.model
     return Geometry(tuple(model.moe_layers), int(model.routed_experts),
@@ -81,8 +82,7 @@ def progress_bar(description: str, enabled: bool | None = None
     """A rich progress bar on stderr fed as `update(done, total)`: shown on a terminal by
     default; `enabled=True` forces it (also into a file or pipe), `False` hides it."""
     from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                               TimeRemainingColumn, TransferSpeedColumn)
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
     console = Console(stderr=True, force_terminal=True if enabled else None)
     show = console.is_terminal if enabled is None else enabled
@@ -151,7 +151,6 @@ def parse_layers(text: str) -> tuple[int, ...]:
 def capture_layer_count(path: str) -> int:
     """Layer-axis length of a capture (to default --layers to 0..n-1)."""
     import numpy as np
-
     from expert_residency.formats.capture import iter_vllm_capture
     try:
         if capture_kind(path) == "npy":

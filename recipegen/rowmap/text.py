@@ -8,12 +8,12 @@ from expert_residency.formats import RowMap
 from expert_residency.formats._io import format_index_ranges
 from expert_residency.formats.report import summarize_counts
 
+from recipegen.common.units import GiB as GIB
 from recipegen.rowmap.build import TUNING_MINUTES_PER_SHAPE, BudgetBuild
 from recipegen.rowmap.compare import CompareReport
 from recipegen.rowmap.diff import DiffReport
 from recipegen.rowmap.evaluate import EvalReport, HistogramEval
 from recipegen.rowmap.skew import TOP_FRACTIONS, top_count
-from recipegen.units import GiB as GIB
 
 
 def pct(x: float) -> str:

@@ -8,15 +8,11 @@ class the worker parses from `EXPERT_RESIDENCY_ADAPTIVE`, so a recipe that valid
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from expert_residency.core.adaptive_config import AdaptiveConfig
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from recipegen.schema.base import StrictModel
-
-if TYPE_CHECKING:
-    from recipegen.schema.lane import Lane
 
 _D = AdaptiveConfig()  # the runtime's defaults: one source
 
@@ -62,36 +58,3 @@ class Adaptive(StrictModel):
     def runtime_config(self) -> AdaptiveConfig:
         """The runtime's `AdaptiveConfig` for these settings (what `render` writes)."""
         return AdaptiveConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AdaptiveConfig)})
-
-
-def prior_classes(lane: Lane) -> list[str]:
-    """The classes whose histograms the lane's adaptive policy reads as priors, in declared order."""
-    adaptive = lane.offload.adaptive
-    if adaptive is None:
-        return []
-    if adaptive.priors is None:
-        return [name for name, cls in lane.classes.items() if cls.histogram]
-    return list(adaptive.priors)
-
-
-def adaptive_problems(lane: Lane, where: tuple[str | int, ...]) -> list[tuple[tuple[str | int, ...], str]]:
-    """Cross-field problems of `offload.adaptive`: placement, and priors naming classes with histograms."""
-    adaptive = lane.offload.adaptive
-    if adaptive is None:
-        return []
-    path = (*where, "offload", "adaptive")
-    problems: list[tuple[tuple[str | int, ...], str]] = []
-    if lane.offload.placement != "usage-aware":
-        problems.append((path, "adaptive residency swaps rows of the usage-aware banks; positional "
-                         "offload has none (set offload.placement: usage-aware or drop adaptive)"))
-    for j, name in enumerate(adaptive.priors or []):
-        if name not in lane.classes:
-            declared = ", ".join(lane.classes) or "none"
-            problems.append(((*path, "priors", j), f"class {name!r} is not declared in this lane's "
-                             f"classes (declared: {declared})"))
-        elif not lane.classes[name].histogram:
-            problems.append(((*path, "priors", j), f"class {name!r} declares no histogram to use as "
-                             "a prior"))
-        elif name in adaptive.priors[:j]:  # type: ignore[index]
-            problems.append(((*path, "priors", j), f"class {name!r} is listed twice"))
-    return problems

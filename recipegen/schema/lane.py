@@ -41,7 +41,7 @@ class Concurrency(StrictModel):
     """Most concurrent streams expected; renders as `--max-num-seqs` unless overridden."""
 
     @model_validator(mode="after")
-    def _check(self) -> "Concurrency":
+    def _check(self) -> Concurrency:
         if self.min > self.max:
             raise PathError(f"min {self.min} is above max {self.max}", ("min",))
         return self
@@ -74,7 +74,7 @@ class Offload(StrictModel):
     engine by bounded swaps at step boundaries. Absent: off (the boot map stays)."""
 
     @model_validator(mode="after")
-    def _check(self) -> "Offload":
+    def _check(self) -> Offload:
         if self.placement == "usage-aware":
             if (self.hot_experts_per_layer is None) == (self.cold_experts_budget is None):
                 raise PathError("usage-aware offload needs exactly one of hot_experts_per_layer and "
@@ -107,7 +107,7 @@ class Speculative(StrictModel):
     `eagle3`, `dflash`)."""
 
     @model_validator(mode="after")
-    def _check(self) -> "Speculative":
+    def _check(self) -> Speculative:
         if self.method in SEPARATE_DRAFTER_METHODS and not self.model:
             raise PathError(f"method {self.method!r} drafts with a separate checkpoint: give its id in "
                             "`model`", ("model",))
@@ -118,7 +118,7 @@ class Speculative(StrictModel):
         if not self.schedule:
             raise PathError("schedule must not be empty", ("schedule",))
         previous_end = 0
-        for i, (start, end, k) in enumerate(self.schedule):
+        for i, (start, end, _k) in enumerate(self.schedule):
             if start > end:
                 raise PathError(f"range [{start}, {end}] starts after it ends", ("schedule", i))
             if start <= previous_end:
@@ -176,7 +176,7 @@ class HbmReserve(StrictModel):
     """Where the figure was measured (seed file and section, or 'measured on …')."""
 
     @model_validator(mode="after")
-    def _check(self) -> "HbmReserve":
+    def _check(self) -> HbmReserve:
         if (self.value is None) == (self.back_solved_from is None):
             raise PathError("give exactly one of value and back_solved_from", ("value",))
         return self
@@ -206,7 +206,7 @@ class HostReserve(StrictModel):
     """Where the figure was measured."""
 
     @model_validator(mode="after")
-    def _check(self) -> "HostReserve":
+    def _check(self) -> HostReserve:
         if (self.value is None) == (self.back_solved_from is None):
             raise PathError("give exactly one of value and back_solved_from", ("value",))
         return self
@@ -274,7 +274,7 @@ class Lane(StrictModel):
     0, the head), their layer split and rendezvous port (see docs/multinode.md)."""
 
     @model_validator(mode="after")
-    def _check(self) -> "Lane":
+    def _check(self) -> Lane:
         if (self.gpu_memory_utilization is None) == (self.kv_cache_bytes is None):
             raise PathError("give exactly one of gpu_memory_utilization and kv_cache_bytes",
                             ("gpu_memory_utilization",))
@@ -291,3 +291,13 @@ class Lane(StrictModel):
     @property
     def tensor_parallel_size(self) -> int:
         return len(self.gpus)
+
+
+def prior_classes(lane: Lane) -> list[str]:
+    """The classes whose histograms the lane's adaptive policy reads as priors, in declared order."""
+    adaptive = lane.offload.adaptive
+    if adaptive is None:
+        return []
+    if adaptive.priors is None:
+        return [name for name, cls in lane.classes.items() if cls.histogram]
+    return list(adaptive.priors)

@@ -62,7 +62,7 @@ class Machine(StrictModel):
         return lift_sources(data)
 
     @model_validator(mode="after")
-    def _check(self) -> "Machine":
+    def _check(self) -> Machine:
         if self.nvme and self.nvme.read_bandwidth_max is not None \
                 and self.nvme.read_bandwidth_max < self.nvme.read_bandwidth:
             raise PathError("read_bandwidth_max is below read_bandwidth", ("nvme", "read_bandwidth_max"))

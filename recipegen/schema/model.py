@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from fractions import Fraction
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from recipegen.schema.base import Bytes, PositiveBytes, ScaledNumber, StrictModel
+from recipegen.common.units import GiB
+from recipegen.schema.base import Bytes, PathError, PositiveBytes, ScaledNumber, StrictModel
 from recipegen.schema.sourced import lift_sources
-from recipegen.units import GiB
 
 # Storage per logical element: (bits per value, values per scale block, bytes per scale).
 # The block here is the format's own (over the flattened tensor); a tensor with an explicit
@@ -70,8 +71,7 @@ class ExpertTensor(StrictModel):
     """`bias` for a per-expert bias vector (gpt-oss: `gate_up_proj_bias`, `down_proj_bias`)."""
 
     @model_validator(mode="after")
-    def _check_scale(self) -> "ExpertTensor":
-        from recipegen.schema.base import PathError
+    def _check_scale(self) -> ExpertTensor:
         if self.dtype == "int4" and self.scale is None:
             raise PathError("int4 values need their scale layout (e.g. {dtype: bf16, block: [32]})",
                             ("scale",))
@@ -135,8 +135,7 @@ class AttentionLayers(StrictModel):
         return expand_index_ranges(value)
 
     @model_validator(mode="after")
-    def _check(self) -> "AttentionLayers":
-        from recipegen.schema.base import PathError
+    def _check(self) -> AttentionLayers:
         need = {"full": ("kv_heads", "head_dim"), "sliding": ("kv_heads", "head_dim", "window"),
                 "mla": ("kv_lora_rank", "rope_head_dim")}[self.kind]
         for name in need:
@@ -165,6 +164,12 @@ class AttentionLayers(StrictModel):
             return (self.kv_lora_rank + self.rope_head_dim) * size
         assert self.head_dim is not None
         return 2 * self.kv_heads_per_rank(tp) * self.head_dim * size
+
+
+def kv_bytes_per_token(groups: Iterable[AttentionLayers], tp: int = 1) -> int:
+    """Σ over the groups' layers of the KV bytes one layer caches per token on one rank (sliding
+    layers uncapped): the one sum of the model entry, the importer and a pipeline stage."""
+    return sum(len(g.layers) * g.bytes_per_token_per_layer(tp) for g in groups)
 
 
 class DecoderLayerBytes(StrictModel):
@@ -337,8 +342,7 @@ class Model(StrictModel):
         return expand_index_ranges(value)
 
     @model_validator(mode="after")
-    def _check(self) -> "Model":
-        from recipegen.schema.base import PathError
+    def _check(self) -> Model:
         if self.moe_layers != sorted(set(self.moe_layers)):
             raise PathError("MoE layer indices must be unique and ascending", ("moe_layers",))
         if self.moe_layers[-1] >= self.decoder_layers:
@@ -367,7 +371,6 @@ class Model(StrictModel):
         return self
 
     def _check_dense_tp(self) -> None:
-        from recipegen.schema.base import PathError
         part = self.dense_tensor_parallel
         assert part is not None
         if self.dense_bytes is None:
@@ -380,7 +383,6 @@ class Model(StrictModel):
             raise PathError("give kv_heads exactly when kv_projections > 0", ("dense_tensor_parallel", "kv_heads"))
 
     def _check_attention(self) -> None:
-        from recipegen.schema.base import PathError
         seen: dict[int, int] = {}
         for i, group in enumerate(self.attention):
             for layer in group.layers:
@@ -406,7 +408,7 @@ class Model(StrictModel):
 
     def kv_bytes_per_token_derived(self, tp: int) -> int:
         """Σ over decoder layers of KV bytes per token on one rank (sliding layers uncapped)."""
-        return sum(len(g.layers) * g.bytes_per_token_per_layer(tp) for g in self.attention)
+        return kv_bytes_per_token(self.attention, tp)
 
     # --- derived figures (the ledger cites these by name) ---
     @property

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 
-from recipegen.schema.base import StrictModel
+from recipegen.schema.base import PathError, StrictModel
 from recipegen.schema.lane import Lane
 from recipegen.schema.machine import Machine
 from recipegen.schema.model import Model
@@ -14,10 +14,17 @@ from recipegen.schema.model import Model
 SCHEMA_VERSION = 1
 
 
-def _resolve(kind: str, value: Any) -> Any:
-    """A catalog name, or `{catalog: name, <overrides>}`, becomes the catalog entry (+ overrides)."""
-    from recipegen.catalog import catalog_entry
+def _resolve(kind: str, value: Any, info: ValidationInfo) -> Any:
+    """A catalog name, or `{catalog: name, <overrides>}`, becomes the catalog entry (+ overrides).
 
+    The catalog sits above the schema: the recipe reader passes its lookup in the validation
+    context (`catalog`: (kind, name) -> entry)."""
+    if not isinstance(value, str) and not (isinstance(value, dict) and "catalog" in value):
+        return value
+    catalog_entry = (info.context or {}).get("catalog")
+    if catalog_entry is None:
+        raise ValueError("a catalog name is looked up in recipegen.catalog: load the recipe with "
+                         "recipegen.load.recipe.load_recipe")
     if isinstance(value, str):
         return catalog_entry(kind, value)
     if isinstance(value, dict) and "catalog" in value:
@@ -58,7 +65,7 @@ def _model_file(value: dict[str, Any], info: ValidationInfo) -> Any:
     loader = (info.context or {}).get("model_file")
     if loader is None:
         raise ValueError("model.file is read relative to the recipe file: load the recipe with "
-                         "recipegen.recipe_io.load_recipe")
+                         "recipegen.load.recipe.load_recipe")
     entry = dict(loader(name))
     overrides = {k: v for k, v in value.items() if k != "file"}
     sources = {k: v for k, v in (entry.get("sources") or {}).items()
@@ -83,7 +90,7 @@ class Recipe(StrictModel):
     `{catalog: name, …overrides}`, `{file: models/<name>.yaml, …overrides}` (a model file written by
     `recipegen model import`, relative to the recipe), or an inline model."""
     machines: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]*$")],
-                   Annotated[Machine, BeforeValidator(lambda v: _resolve("machines", v))]] = Field(min_length=1)
+                   Annotated[Machine, BeforeValidator(lambda v, info: _resolve("machines", v, info))]] = Field(min_length=1)
     """Machines by key: each a catalog name, `{catalog: name, address: …}`, or inline."""
     lanes: list[Lane] = Field(min_length=1)
     """The lanes (one vLLM engine and one compose service each)."""
@@ -106,11 +113,10 @@ class Recipe(StrictModel):
     def _model_from_catalog(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, dict) and "file" in value:
             return _model_file(value, info)
-        return _resolve("models", value)
+        return _resolve("models", value, info)
 
     @model_validator(mode="after")
-    def _context_fits_the_model(self) -> "Recipe":
-        from recipegen.schema.base import PathError
+    def _context_fits_the_model(self) -> Recipe:
         limit = self.model.max_position_embeddings
         for i, lane in enumerate(self.lanes):
             if limit is None or lane.max_model_len <= limit or lane.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1":

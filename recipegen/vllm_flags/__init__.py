@@ -1,4 +1,5 @@
-"""The `vllm serve` flags a vLLM version accepts, and a checker for a rendered argv.
+"""The `vllm serve` flags a vLLM version accepts, and a checker for a rendered argv (the
+`--moe-backend` value a lane gets is chosen in `recipegen.vllm_flags.moe_backend`).
 
 The table is generated from vLLM's source by `recipegen.vllm_flags.generate` and committed
 under `recipegen/data/vllm_flags/vllm-<version>.json`; regenerate it with

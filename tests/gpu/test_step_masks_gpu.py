@@ -22,10 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "runtime"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from expert_residency.vllm_plugin.step_masks import StepMasks  # noqa: E402
 from plugin_entry_support import step_context  # noqa: E402
 from test_step_masks_kernel import cases  # noqa: E402
-
-from expert_residency.vllm_plugin.step_masks import StepMasks  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")

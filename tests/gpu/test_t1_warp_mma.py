@@ -44,8 +44,7 @@ from expert_residency.core.formats_ref import gptoss_mxfp4_per_pick  # noqa: E40
 from expert_residency.core.reference import mxfp4_swiglu_per_pick  # noqa: E402
 from expert_residency.core.split import residency_forward  # noqa: E402
 from expert_residency.gpu import kernels_t1  # noqa: E402
-from expert_residency.gpu.experts import (ExpertShape, KernelConfig, TritonMxfp4Experts,  # noqa: E402
-                                          config_for_shape)
+from expert_residency.gpu.experts import ExpertShape, KernelConfig, TritonMxfp4Experts, config_for_shape  # noqa: E402
 from expert_residency.gpu.graphs import CapturedStep  # noqa: E402
 from expert_residency.gpu.pinned import pinned_view_allocator  # noqa: E402
 from expert_residency.mxfp4 import quantize_mxfp4  # noqa: E402

@@ -260,7 +260,7 @@ def test_merge_key_active_class_is_a_clean_error(project: Path) -> None:
     text = text.replace("lanes:\n- name: agent\n", "lanes:\n- &first\n  name: agent\n", 1)
     text = text[:-len("extra: last\n")] + "- <<: *first\n  name: batch\n  port: 30007\n"
     path.write_text(text)
-    from recipegen.recipe_io import load_recipe
+    from recipegen.load.recipe import load_recipe
 
     lanes = load_recipe(path, read_maps=False).recipe.lanes
     assert [l.name for l in lanes] == ["agent", "batch"] and lanes[1].active_class == "agent"

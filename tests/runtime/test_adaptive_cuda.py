@@ -19,11 +19,16 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU (run it on a GPU machine; BENCHMARKS.md gives the H200 commands)", allow_module_level=True)
 
-from expert_residency.core import (ExpertCounter, build_unsplit_layer, device_allocator,  # noqa: E402
-                                   mapped_host_allocator, rehome_layer, residency_forward)
+from expert_residency.core import (  # noqa: E402
+    ExpertCounter,
+    build_unsplit_layer,
+    device_allocator,
+    mapped_host_allocator,
+    rehome_layer,
+    residency_forward,
+)
 from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy  # noqa: E402
 from expert_residency.core.reference import mxfp4_swiglu_per_pick  # noqa: E402
-
 from test_adaptive_policy import LAYERS, class_probs, sample_ids, top_hot  # noqa: E402
 from test_core_cuda import pinned_device_view  # noqa: E402
 from test_core_fixtures import EXPERTS, TOP_K, hidden_states, mxfp4_layer  # noqa: E402

@@ -12,7 +12,6 @@ from expert_residency.core.adaptive import AdaptiveConfig  # noqa: E402
 from expert_residency.core.dump import LiveMap, live_map_file_name, parse_dump_name  # noqa: E402
 from expert_residency.formats import load_histogram, load_rowmap  # noqa: E402
 from expert_residency.formats.hashes import content_hash  # noqa: E402
-
 from test_adaptive_policy import Engine, decode_live  # noqa: E402
 from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
 

@@ -7,14 +7,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from expert_residency.core import (ExpertCounter, device_allocator, host_allocator, rehome_layer,  # noqa: E402
-                                   residency_forward)
+from expert_residency.core import ExpertCounter, device_allocator, host_allocator, rehome_layer, residency_forward  # noqa: E402
 from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy  # noqa: E402
 from expert_residency.core.reference import swiglu_per_pick  # noqa: E402
-
-from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
-from test_core_fixtures import (EXPERTS, clone_tensors, float_layer, hidden_states,  # noqa: E402
-                                random_partition, routing)
+from test_core_fixtures import (  # noqa: E402
+    EXPERTS,
+    clone_tensors,
+    float_layer,
+    hidden_states,
+    random_partition,
+    routing,
+    single_torch_thread,  # noqa: E402,F401  (autouse)
+)
 from test_core_graphsafe import FORBIDDEN, OpRecorder  # noqa: E402
 
 pytestmark = pytest.mark.torch

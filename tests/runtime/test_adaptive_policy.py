@@ -9,16 +9,29 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from expert_residency.core import (ExpertCounter, build_unsplit_layer, current_rowmap,  # noqa: E402
-                                   device_allocator, host_allocator, rehome_layer,
-                                   residency_forward)
+from expert_residency.core import (  # noqa: E402
+    ExpertCounter,
+    build_unsplit_layer,
+    current_rowmap,
+    device_allocator,
+    host_allocator,
+    rehome_layer,
+    residency_forward,
+)
 from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy, Swap, run_in_order  # noqa: E402
 from expert_residency.core.reference import swiglu_per_pick  # noqa: E402
 from expert_residency.formats import load_histogram  # noqa: E402
 from expert_residency.formats.hashes import content_hash  # noqa: E402
-
-from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
-from test_core_fixtures import EXPERTS, HIDDEN, INTER, TOP_K, clone_tensors, float_layer, hidden_states  # noqa: E402
+from test_core_fixtures import (  # noqa: E402
+    EXPERTS,
+    HIDDEN,
+    INTER,
+    TOP_K,
+    clone_tensors,
+    float_layer,
+    hidden_states,
+    single_torch_thread,  # noqa: E402,F401  (autouse)
+)
 
 pytestmark = pytest.mark.torch
 

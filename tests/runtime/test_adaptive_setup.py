@@ -10,9 +10,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from expert_residency.core.adaptive import AdaptiveConfig  # noqa: E402
-from expert_residency.core.adaptive_setup import (ENV_ADAPTIVE, ENV_PRIORS, adaptive_from_env,  # noqa: E402
-                                                  format_adaptive_spec, parse_adaptive_spec,
-                                                  priors_from_env, priors_from_histograms)
+from expert_residency.core.adaptive_setup import (  # noqa: E402
+    ENV_ADAPTIVE,
+    ENV_PRIORS,
+    adaptive_from_env,
+    format_adaptive_spec,
+    parse_adaptive_spec,
+    priors_from_env,
+    priors_from_histograms,
+)
 from expert_residency.formats import Histogram, save_histogram  # noqa: E402
 
 pytestmark = pytest.mark.torch

@@ -16,7 +16,6 @@ from expert_residency.core.adaptive_step import StepBarrier  # noqa: E402
 from expert_residency.core.banks import SPARE  # noqa: E402
 from expert_residency.core.copies import ImmediateCopies, ThreadedCopies  # noqa: E402
 from expert_residency.core.slots import CHUNKS_PER_ROW, chunk_copies, share_row_codes  # noqa: E402
-
 from test_adaptive_policy import LAYERS, Engine, class_probs, decode_live, hot_mass, sample_ids  # noqa: E402
 from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
 
@@ -373,9 +372,8 @@ def test_chunks_cover_every_byte_once():
 
 
 def test_policy_refuses_layers_without_spare_rows():
-    from expert_residency.core import device_allocator, host_allocator, rehome_layer
+    from expert_residency.core import ExpertCounter, device_allocator, host_allocator, rehome_layer
     from test_core_fixtures import EXPERTS, clone_tensors, float_layer
-    from expert_residency.core import ExpertCounter
 
     layers = {i: rehome_layer(clone_tensors(float_layer(i, torch.bfloat16)), list(range(10)),
                               list(range(10, EXPERTS)), layer_index=i, hot_alloc=device_allocator("cpu"),

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from expert_residency.formats import RowMap, save_rowmap
-from recipegen.cli import main
 from vllm_support.prompts import PROMPTS
 from vllm_support.server import VllmServer
 from vllm_support.tiny_moe import TINY, write_tiny_moe
+
+from recipegen.cli import main
 
 pytestmark = pytest.mark.vllm
 

@@ -39,12 +39,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from vllm_support.agreement import (TINY_MOE_LOGPROB_TOLERANCE, assert_greedy_agreement,
-                                    greedy_agreement, top1_margins)
+from vllm_support.agreement import TINY_MOE_LOGPROB_TOLERANCE, assert_greedy_agreement, greedy_agreement, top1_margins
 from vllm_support.prompts import MAX_TOKENS, PROMPTS
-from vllm_support.server import (VllmServer, base_env, completion_logprobs, completion_token_ids,
-                                 engine_pythonpath, free_port, serve_args)
+from vllm_support.server import (
+    VllmServer,
+    base_env,
+    completion_logprobs,
+    completion_token_ids,
+    engine_pythonpath,
+    free_port,
+    serve_args,
+)
 from vllm_support.tiny_moe import TINY
 
 # Mixed lane vs single node: layer 0 on vLLM's CPU kernel vs the runtime's split path, the same

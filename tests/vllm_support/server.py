@@ -105,7 +105,7 @@ class VllmServer:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def start(self) -> "VllmServer":
+    def start(self) -> VllmServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
         env = base_env(self.workdir)
@@ -128,7 +128,7 @@ class VllmServer:
                                  + self.log_text()[-3000:]) from None
         return self.returncode
 
-    def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S) -> "VllmServer":
+    def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S) -> VllmServer:
         assert self.process is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -64,14 +64,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from .adaptive_config import AdaptiveConfig
-from .banks import SPARE, ResidentLayer
+from .banks import ResidentLayer
 from .copies import CopyEngine, ImmediateCopies, default_engine
 from .counter import ExpertCounter
 from .rehome import current_rowmap

@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..contract.env import ADAPTIVE as ENV_ADAPTIVE
+from ..contract.env import ADAPTIVE_PRIORS as ENV_PRIORS
 from .adaptive_config import AdaptiveConfig
 
-ENV_ADAPTIVE = "EXPERT_RESIDENCY_ADAPTIVE"
-ENV_PRIORS = "EXPERT_RESIDENCY_ADAPTIVE_PRIORS"
 _OFF = ("", "off", "0", "false", "no")
 _ON = ("on", "1", "true", "yes")
 

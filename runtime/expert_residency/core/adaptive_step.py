@@ -21,7 +21,8 @@ and graph replays alike) — see docs/adaptive.md, "The barrier inside vLLM".
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class StepBarrier:

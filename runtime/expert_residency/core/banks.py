@@ -22,8 +22,9 @@ is freed before the next tensor is split (peak = one tensor's transient, not a l
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, MutableMapping, Protocol, Sequence
+from typing import Protocol
 
 import torch
 
@@ -89,7 +90,7 @@ class BankBytes:
     hot: int = 0
     cold: int = 0
 
-    def __add__(self, other: "BankBytes") -> "BankBytes":
+    def __add__(self, other: BankBytes) -> BankBytes:
         return BankBytes(self.hot + other.hot, self.cold + other.cold)
 
     @property

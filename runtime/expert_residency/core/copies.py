@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 

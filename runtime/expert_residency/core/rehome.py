@@ -10,8 +10,9 @@ originals leave in PyTorch's caching host allocator (``release_host_cache``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, MutableMapping, Sequence
+from typing import Any
 
 import torch
 

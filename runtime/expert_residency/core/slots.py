@@ -32,8 +32,9 @@ same number of chunks) issue and flip the same transfers at the same steps.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import torch
 

@@ -11,11 +11,9 @@ import json
 import os
 import re
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
-from ._io import (MAX_EXPERTS, MAX_LAYER_INDEX, MAX_LAYERS, format_index_ranges, parse_decimal,
-                  parse_index_ranges)
+from ._io import MAX_EXPERTS, MAX_LAYER_INDEX, MAX_LAYERS, format_index_ranges, parse_decimal, parse_index_ranges
 from .errors import FormatError
 
 _JSON_KEY = re.compile(r"[A-Za-z0-9_.\-]+")

@@ -32,10 +32,20 @@ from typing import Any
 
 import numpy as np
 
-from ._io import atomic_write_text
-from ._io import MAX_LAYERS, parse_decimal
-from ._records import (RecordLines, check_format_line, end_text, format_header, format_json_fields,
-                       json_value, malformed_layer_line, parse_moe_layers, parse_num_experts, put_once, read_record_text)
+from ._io import MAX_LAYERS, atomic_write_text, parse_decimal
+from ._records import (
+    RecordLines,
+    check_format_line,
+    end_text,
+    format_header,
+    format_json_fields,
+    json_value,
+    malformed_layer_line,
+    parse_moe_layers,
+    parse_num_experts,
+    put_once,
+    read_record_text,
+)
 from .errors import FormatError
 
 HISTOGRAM_FORMAT = "expert-residency-histogram"

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from ..contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT
 from ..core.banks import ExpertBank
-from ..core.formats_ref import (GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT, SILU, SWIGLUOAI,
-                                SWIGLUOAI_UNINTERLEAVE)
+from ..core.formats_ref import SILU, SWIGLUOAI, SWIGLUOAI_UNINTERLEAVE
 from ..core.reference import check_swiglu_limit
 from ..fp8 import BLOCK as FP8_BLOCK
 from ..fp8 import FP8_DTYPE
@@ -134,7 +134,7 @@ class TritonDenseExperts(TritonMxfp4Experts):
         return sum(t.numel() * t.element_size() for t in (getattr(self, n, None) for n in
                                                            ("_xq", "_xs", "_aq", "_as")) if t is not None)
 
-    def to_kernel_layout(self, tensors: "dict[str, torch.Tensor]") -> None:
+    def to_kernel_layout(self, tensors: dict[str, torch.Tensor]) -> None:
         """No-op: the dense kernels read vLLM's layout as loaded (kept for the shared API)."""
 
     def check_bank(self, bank: ExpertBank) -> bool:
@@ -176,7 +176,7 @@ class TritonDenseExperts(TritonMxfp4Experts):
 
     def _run(self, x: torch.Tensor, ids: torch.Tensor, codes: torch.Tensor, hot: ExpertBank,
              cold: ExpertBank, *, token_mask: torch.Tensor | None, counts: torch.Tensor | None,
-             tokens: torch.Tensor | None, fin: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> None:
+             tokens: torch.Tensor | None, fin: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         if fin is not None:
             raise ValueError("the dense kernels have no fused finalize (forward finalizes separately)")
         cfg, ws, shape = self.config, self.workspace, self.shape

@@ -32,8 +32,10 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
+from ..contract import sizing
+from ..contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT
 from ..core.banks import ExpertBank, ResidentLayer
-from ..core.formats_ref import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT, SWIGLUOAI, deinterleave_gate_up
+from ..core.formats_ref import SWIGLUOAI, deinterleave_gate_up
 from ..core.reference import check_swiglu_limit
 from . import kernels, kernels_t1
 from .layout import check_mma_tiles, is_mma_order, to_kernel_layout
@@ -56,11 +58,12 @@ class KernelConfig:
     reduction depth per step (a multiple of 32, the MX block). The same config is used for every
     bank and every bank size; that is what keeps the split bit-identical to the unsplit layer."""
 
-    block_m: int = 16
-    block_n1: int = 64
-    block_k1: int = 128
-    block_n2: int = 128  # w2: 128-row tiles, 3.3 instead of 4.2 instructions per weight (SASS)
-    block_k2: int = 128
+    # The tile defaults live in contract.sizing (the ledger sizes the start-up bytes from them).
+    block_m: int = sizing.BLOCK_M
+    block_n1: int = sizing.BLOCK_N1
+    block_k1: int = sizing.BLOCK_K1
+    block_n2: int = sizing.BLOCK_N2  # w2: 128-row tiles, 3.3 instead of 4.2 instructions per weight (SASS)
+    block_k2: int = sizing.BLOCK_K2
     num_warps: int = 4
     num_stages: int = 4  # three weight tiles in flight (cp.async) per program
     # 0: integer dequant + tl.dot (also runs under TRITON_INTERPRET=1); 1: tl.dot_scaled;
@@ -79,9 +82,9 @@ class KernelConfig:
     # did not shorten T=1 (59 vs 60 µs, the layer is issue-bound, not short of programs) and it
     # slowed T=6 (327 vs 228 µs); BENCHMARKS.md. With a split, a token's bits depend on whether
     # its step was small (fp32 summation order); split == unsplit banks holds at every T.
-    small_tokens: int = 6
-    split_k1: int = 1
-    split_k2: int = 1
+    small_tokens: int = sizing.SMALL_TOKENS
+    split_k1: int = sizing.SPLIT_K1
+    split_k2: int = sizing.SPLIT_K2
     # T = 1: no grouping launch (each pick its own slot): three launches instead of four
     # (one all-HBM layer 67 -> 60 µs on the H200).
     one_token: bool = True
@@ -98,8 +101,8 @@ class KernelConfig:
     # share of the (pick, row tile, K step) work list, partials of tiles cut by a share boundary
     # added in share order (``kernels.w13_stream_kernel``); 0: one program per (pick, row tile).
     # A multiple of the SM count (132 on the H200) balances the grid.
-    stream_k1: int = 0
-    stream_k2: int = 0
+    stream_k1: int = sizing.STREAM_K1
+    stream_k2: int = sizing.STREAM_K2
     # T = 1 (with one_token, no split and no stream-K; the MMA-order layout with 64-row w13 tiles
     # and 64- or 128-row w2 tiles; compiled on CUDA sm_80+): the two expert launches multiply with
     # warp-level tensor-core MMA (``gpu.kernels_t1``) instead of ``tl.dot``; t1_warpgroups*
@@ -146,7 +149,7 @@ class KernelConfig:
 
     def small_step_limit(self) -> int:
         """Largest T that runs the small-step schedule (a slot then fits one BM tile)."""
-        return min(self.small_tokens, self.block_m)
+        return sizing.small_step_limit(self.small_tokens, self.block_m)
 
 
 @dataclass(frozen=True)
@@ -210,13 +213,8 @@ class Workspace:
 
     @staticmethod
     def bytes_for(max_tokens: int, top_k: int, shape: ExpertShape, act_bytes: int = 2) -> int:
-        """Device bytes of one workspace: with P = max_tokens*top_k and PB the next power of two
-        >= max(P, 2), int32 ``2*PB + (P+1) + max(P,1) + 2``, int64 1, and bf16 ``P*(I + H)``
-        (activation rows and per-pick output rows)."""
-        picks = int(max_tokens) * int(top_k)
-        pb = triton.next_power_of_2(max(picks, 2))
-        ints = 2 * pb + (picks + 1) + max(picks, 1) + 2
-        return 4 * ints + 8 + act_bytes * picks * (shape.intermediate + shape.hidden)
+        """Device bytes of one workspace (``contract.sizing.workspace_bytes``)."""
+        return sizing.workspace_bytes(max_tokens, top_k, shape.hidden, shape.intermediate, act_bytes)
 
     @property
     def nbytes(self) -> int:
@@ -254,20 +252,12 @@ class SplitScratch:
 
     @staticmethod
     def bytes_for(max_tokens: int, top_k: int, shape: ExpertShape, config: KernelConfig) -> int:
-        """With p = min(max_tokens, small-step limit) * top_k picks and the effective splits s1, s2
-        (0 where 1): fp32 ``p*(s1*2I + s2*H)`` plus int32 tickets ``p*(I/block_n1 + H/block_n2)``;
-        with T=1 stream-K (``one_token``) also fp32 ``4*stream_k1*block_n1 + 2*stream_k2*block_n2``
-        and, when stream_k2 > 0, int32 ``top_k*H/block_n2``."""
-        p = max(min(int(max_tokens), config.small_step_limit()) * int(top_k), 1)
-        s1, s2 = effective_splits(shape, config)
-        s1, s2 = (s1 if s1 > 1 else 0), (s2 if s2 > 1 else 0)
-        tickets = p * (shape.intermediate // config.block_n1 + shape.hidden // config.block_n2)
-        stream = 0
-        if config.one_token:
-            stream = 4 * (4 * config.stream_k1 * config.block_n1 + 2 * config.stream_k2 * config.block_n2)
-            if config.stream_k2:
-                stream += 4 * int(top_k) * (shape.hidden // config.block_n2)
-        return 4 * p * (s1 * 2 * shape.intermediate + s2 * shape.hidden) + 4 * tickets + stream
+        """Device bytes of one split scratch (``contract.sizing.split_scratch_bytes``)."""
+        return sizing.split_scratch_bytes(
+            max_tokens, top_k, shape.hidden, shape.intermediate, block_n1=config.block_n1,
+            block_n2=config.block_n2, small_tokens=config.small_tokens, block_m=config.block_m,
+            splits=effective_splits(shape, config), one_token=config.one_token,
+            stream_k1=config.stream_k1, stream_k2=config.stream_k2)
 
     @property
     def nbytes(self) -> int:
@@ -281,7 +271,7 @@ def effective_splits(shape: ExpertShape, config: KernelConfig) -> tuple[int, int
             max(1, min(config.split_k2, shape.intermediate // config.block_k2)))
 
 
-def t1_warpgroups(shape: ExpertShape, config: KernelConfig) -> "tuple[int, int] | None":
+def t1_warpgroups(shape: ExpertShape, config: KernelConfig) -> tuple[int, int] | None:
     """Warpgroups per program of the T = 1 warp-MMA kernels (``gpu.kernels_t1``) for w13 and w2
     (0: that launch through tl.dot), or None where the config does not take them: off, a split or
     stream-K T = 1 schedule, not the MMA-order layout with 64-row w13 and 64/128-row w2 tiles.
@@ -316,14 +306,12 @@ def config_for_shape(shape: ExpertShape, config: KernelConfig = KernelConfig()) 
     """``config`` with each tile dim halved until it divides its matrix dim (down to 64 for the
     MMA-order layout, 32 otherwise): gpt-oss's 2,880 = 45 x 64 takes 64-wide tiles where the
     defaults are 128. ValueError when no such tile exists."""
-    floor = 64 if is_mma_order(config) else 32
+    floor = sizing.MMA_ORDER_TILE_FLOOR if is_mma_order(config) else 32
     fields = {"block_n1": shape.intermediate, "block_k1": shape.hidden,
               "block_n2": shape.hidden, "block_k2": shape.intermediate}
     fitted = {}
     for name, dim in fields.items():
-        tile = getattr(config, name)
-        while dim % tile and tile > floor:
-            tile //= 2
+        tile = sizing.fitted_tile(getattr(config, name), dim, floor)
         if dim % tile:
             raise ValueError(f"{name}: no tile of >= {floor} divides {dim} ({shape})")
         fitted[name] = tile
@@ -376,7 +364,7 @@ class TritonMxfp4Experts:
         groups = t1_warpgroups(shape, config)
         self._t1_groups = groups if groups is not None and runs_warp_mma(self.device) else None
 
-    def to_kernel_layout(self, tensors: "dict[str, torch.Tensor]") -> None:
+    def to_kernel_layout(self, tensors: dict[str, torch.Tensor]) -> None:
         """Re-order a layer's full expert tensors for these kernels (in place; ``gpu.layout``).
         Call once per layer before re-homing it into banks. SwiGLU-OAI layers' interleaved gate/up
         rows (and their scales and bias) are put gate-first first."""
@@ -386,7 +374,7 @@ class TritonMxfp4Experts:
 
     # -- the fused split layer -------------------------------------------------------------
     def forward(self, layer: ResidentLayer, x: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor, *, counter: "ExpertCounter | None" = None,
+                topk_ids: torch.Tensor, *, counter: ExpertCounter | None = None,
                 token_mask: torch.Tensor | None = None, decode_mask: torch.Tensor | None = None,
                 out: torch.Tensor | None = None) -> torch.Tensor:
         """Routed-expert output ``[T, H]`` (dtype of ``x``) of ``layer`` for ``x [T, H]`` bf16.
@@ -414,10 +402,10 @@ class TritonMxfp4Experts:
                 and self.top_k <= MAX_FUSED_PICKS and effective_splits(self.shape, cfg)[1] == 1)
 
     def pick_outputs(self, layer: ResidentLayer, x: torch.Tensor, topk_ids: torch.Tensor, *,
-                     counter: "ExpertCounter | None" = None,
+                     counter: ExpertCounter | None = None,
                      token_mask: torch.Tensor | None = None,
                      decode_mask: torch.Tensor | None = None,
-                     _finalize: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> torch.Tensor:
+                     _finalize: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Unreduced per-pick rows ``[T, K, H]`` bf16 (a view of the workspace: consume before the
         next call). ``_finalize`` (``forward`` at T=1): ``(topk_weights, out)`` for the fused
         finalize."""
@@ -484,7 +472,7 @@ class TritonMxfp4Experts:
     def _run(self, x: torch.Tensor, ids: torch.Tensor, codes: torch.Tensor, hot: ExpertBank,
              cold: ExpertBank, *, token_mask: torch.Tensor | None, counts: torch.Tensor | None,
              tokens: torch.Tensor | None,
-             fin: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> None:
+             fin: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         cfg, ws, shape = self.config, self.workspace, self.shape
         t, k = ids.shape
         if k != self.top_k or t > ws.max_tokens:
@@ -612,7 +600,7 @@ class TritonMxfp4Experts:
                 # (the w2 split tickets, unused when w2 is unsplit; every launch leaves them at zero)
                 **self._fused_finalize_args(fin, ws))
 
-    def _fused_finalize_args(self, fin: "tuple[torch.Tensor, torch.Tensor] | None", ws: Workspace) -> dict:
+    def _fused_finalize_args(self, fin: tuple[torch.Tensor, torch.Tensor] | None, ws: Workspace) -> dict:
         if fin is None:
             return dict(weights_ptr=ws.dummy_i64, out_ptr=ws.dummy_i64, fin_ticket_ptr=ws.dummy_i64)
         weights, out = fin

@@ -36,8 +36,16 @@ import triton
 import triton.language as tl
 from triton.language.target_info import cuda_capability_geq
 
-from .kernels import (_bf16x2_scale, _expert_base, _finalize_rows, _glu, _last_of_split, _one_token_pick,
-                      _pdl_enter, word_decode_ptx)
+from .kernels import (
+    _bf16x2_scale,
+    _expert_base,
+    _finalize_rows,
+    _glu,
+    _last_of_split,
+    _one_token_pick,
+    _pdl_enter,
+    word_decode_ptx,
+)
 
 # Words (16 bytes) per thread and K half-step, threads per warpgroup, and the layout's blocks:
 # one (row-rep, half-step) block is 128 threads x 16 bytes of words = 512 int32, and 128 scale

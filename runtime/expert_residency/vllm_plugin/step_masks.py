@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from ..contract import sizing
+
 
 class StepMasks:
     """The step's token mask and decode count (see the module docstring) for up to
@@ -71,9 +73,9 @@ class StepMasks:
 
     @staticmethod
     def bytes_for(max_tokens: int) -> int:
-        """Device bytes of the buffers: two bool rows of ``max_tokens + 1``, an int32 row of
-        ``max_tokens``, two int64."""
-        return int(max_tokens) * (1 + 1 + 4) + 2 + 2 * 8
+        """Device bytes of the buffers (``contract.sizing.step_mask_bytes``): two bool rows of
+        ``max_tokens + 1``, an int32 row of ``max_tokens``, two int64."""
+        return sizing.step_mask_bytes(max_tokens)
 
     @property
     def nbytes(self) -> int:

@@ -216,8 +216,7 @@ class WorkerRuntime:
         started it), its barrier at every forward context's creation, dumps carrying the live map.
         A bad spec or prior refuses the boot like a bad row map (the message names the variable
         and the field)."""
-        from ..core.adaptive_setup import (ENV_ADAPTIVE, adaptive_from_env, format_adaptive_spec,
-                                           priors_from_env)
+        from ..core.adaptive_setup import ENV_ADAPTIVE, adaptive_from_env, format_adaptive_spec, priors_from_env
 
         try:
             config = adaptive_from_env()
@@ -538,6 +537,8 @@ class WorkerRuntime:
         if self.counter is not None and self.counter.device.type != "cpu":
             counter += sum(t.numel() * t.element_size() for t in
                            (self.counter.counts, self.counter.tokens, self.counter.decode_tokens))
+            if self.counter.decode_counts is not None:   # decode-only ranking's second count
+                counter += 2 * self.counter.decode_counts.numel() * self.counter.decode_counts.element_size()
         if self.masks is not None and self.masks.device.type != "cpu":
             counter += self.masks.nbytes
         return {"workspace_bytes": kernels, "counter_bytes": counter}

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from recipegen.ledger.budget import declared_split
+from recipegen.load.document import Problem
 from recipegen.schema import Recipe
-from recipegen.schema.checks import Problem
 
 
 def read_lane_rowmaps(recipe: Recipe, lane_index: int, base_dir: Path) -> tuple[dict[str, Any], list[Problem]]:
@@ -16,7 +16,7 @@ def read_lane_rowmaps(recipe: Recipe, lane_index: int, base_dir: Path) -> tuple[
     lane = recipe.lanes[lane_index]
     if lane.offload.placement != "usage-aware":
         return {}, []
-    from expert_residency.formats import FormatError, load_rowmap
+    from expert_residency.formats import FormatError, load_rowmap  # local: numpy, only for usage-aware lanes
 
     model = recipe.model
     split = declared_split(model, lane.offload)

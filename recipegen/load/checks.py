@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from recipegen.schema.adaptive import adaptive_problems
+from recipegen.load.document import Problem
+from recipegen.multinode.checks import parallel_problems
+from recipegen.schema.lane import Lane
 from recipegen.schema.recipe import Recipe
-
-Problem = tuple[tuple[str | int, ...], str]
 
 
 def project_root_of(base_dir: Path) -> Path:
@@ -86,7 +86,6 @@ def cross_reference_problems(recipe: Recipe, base_dir: Path) -> list[Problem]:
         problems.extend(_class_problems(recipe, i, base_dir))
         problems.extend(adaptive_problems(lane, ("lanes", i)))
         if lane.parallel is not None:
-            from recipegen.multinode.checks import parallel_problems
             problems.extend(parallel_problems(recipe, i))
     return problems
 
@@ -127,4 +126,27 @@ def _class_problems(recipe: Recipe, i: int, base_dir: Path) -> list[Problem]:
                                  "holding recipes/): keep maps and histograms inside it"))
             elif not path.is_file():
                 problems.append(((*cpath, field), f"file not found: {rel} (resolved to {path})"))
+    return problems
+
+
+def adaptive_problems(lane: Lane, where: tuple[str | int, ...]) -> list[Problem]:
+    """Cross-field problems of `offload.adaptive`: placement, and priors naming classes with histograms."""
+    adaptive = lane.offload.adaptive
+    if adaptive is None:
+        return []
+    path = (*where, "offload", "adaptive")
+    problems: list[Problem] = []
+    if lane.offload.placement != "usage-aware":
+        problems.append((path, "adaptive residency swaps rows of the usage-aware banks; positional "
+                         "offload has none (set offload.placement: usage-aware or drop adaptive)"))
+    for j, name in enumerate(adaptive.priors or []):
+        if name not in lane.classes:
+            declared = ", ".join(lane.classes) or "none"
+            problems.append(((*path, "priors", j), f"class {name!r} is not declared in this lane's "
+                             f"classes (declared: {declared})"))
+        elif not lane.classes[name].histogram:
+            problems.append(((*path, "priors", j), f"class {name!r} declares no histogram to use as "
+                             "a prior"))
+        elif name in adaptive.priors[:j]:  # type: ignore[index]
+            problems.append(((*path, "priors", j), f"class {name!r} is listed twice"))
     return problems

@@ -9,7 +9,7 @@ from typing import Any
 
 from expert_residency.formats import atomic_write_bytes
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 
 def pyplot() -> Any:

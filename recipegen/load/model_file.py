@@ -12,14 +12,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
+from recipegen.load.document import describe_error, display_path, parse_yaml, problems_error, to_plain
+from recipegen.schema import Model
 
 
 def load_model_file(relative: str, *, base: Path) -> dict[str, Any]:
     """The raw model document (sourced figures intact) of `base / relative`, validated once."""
-    from recipegen.recipe_io import _describe, display_path, parse_yaml, problems_error, to_plain
-    from recipegen.schema import Model
-
     path = (base / relative)
     file = display_path(path)
     try:
@@ -38,5 +37,5 @@ def load_model_file(relative: str, *, base: Path) -> dict[str, Any]:
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         errors.sort(key=lambda e: e["type"] != "extra_forbidden")
-        raise problems_error(path, document, [_describe(e) for e in errors]) from None
+        raise problems_error(path, document, [describe_error(e) for e in errors]) from None
     return plain

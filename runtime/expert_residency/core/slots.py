@@ -216,8 +216,10 @@ class MapFlipper:
     def __post_init__(self) -> None:
         self.table = shared_codes_table(self.layers)
         if self.table is not None and self.table.is_cuda:
-            self._host = torch.zeros(2, max(self.capacity, 1), dtype=torch.int64, pin_memory=True)
-            self._dev = torch.zeros_like(self._host, device=self.table.device)
+            # (flat index, code) pairs: two pinned rows uploaded as two contiguous copies
+            self._host = [torch.zeros(max(self.capacity, 1), dtype=torch.int64, pin_memory=True) for _ in range(2)]
+            self._dev = [torch.zeros(max(self.capacity, 1), dtype=torch.int64, device=self.table.device)
+                         for _ in range(2)]
 
     def flip(self, entries: Sequence[tuple[int, int, int]]) -> None:
         """``entries``: ``(layer position, expert, code)``, written in stream order."""
@@ -241,15 +243,15 @@ class MapFlipper:
                                             torch.tensor(values, dtype=self.table.dtype))
             return
         n = len(entries)
-        if n > self._host.shape[1]:
-            raise RuntimeError(f"adaptive residency: {n} map entries exceed the flip buffer ({self._host.shape[1]})")
+        if n > self._host[0].numel():
+            raise RuntimeError(f"adaptive residency: {n} map entries exceed the flip buffer ({self._host[0].numel()})")
         if self._done is not None:
             self._done.synchronize()   # the last barrier's upload (an interval ago) read the buffer
-        self._host[0, :n] = torch.tensor(flat, dtype=torch.int64)
-        self._host[1, :n] = torch.tensor(values, dtype=torch.int64)
-        self._dev[:, :n].copy_(self._host[:, :n], non_blocking=True)
+        for host, dev, data in zip(self._host, self._dev, (flat, values)):
+            host[:n].copy_(torch.tensor(data, dtype=torch.int64))
+            dev[:n].copy_(host[:n], non_blocking=True)
         self._done = torch.cuda.current_stream(self.table.device).record_event()
-        self.table.view(-1).index_copy_(0, self._dev[0, :n], self._dev[1, :n].to(self.table.dtype))
+        self.table.view(-1).index_copy_(0, self._dev[0][:n], self._dev[1][:n].to(self.table.dtype))
 
 
 def share_row_codes(layers: Mapping[int, ResidentLayer], order: Sequence[int] | None = None) -> torch.Tensor:

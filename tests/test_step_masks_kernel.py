@@ -64,6 +64,8 @@ def test_kernel_refresh_equals_the_torch_path() -> None:
     for max_tokens in (1, 16, 2500):  # 2500 rows: three kernel blocks of 1024
         ref = StepMasks(max_tokens, "cpu", kernel=False)
         new = StepMasks(max_tokens, "cpu", kernel=True)
+        for m in (ref, new):
+            m.enable_decode_rows()
         assert ref._refresh is None and new._refresh is not None
         new._update_torch = None  # calling it would fail: every refresh must take the kernel
         for rows, pad, actual, qsl in cases(max_tokens, gen):
@@ -95,6 +97,7 @@ def test_kernel_refresh_equals_the_torch_path() -> None:
     # Decode counting still means something: 1,500 one-token requests on real rows (two blocks of
     # requests), then the same on padded rows.
     m = StepMasks(2500, "cpu", kernel=True)
+    m.enable_decode_rows()
     qsl = torch.arange(1501, dtype=torch.int32)
     m.update(1500, is_padding=torch.zeros(1500, dtype=torch.bool), query_start_loc=qsl)
     assert int(m.decode_count) == 1500 and int(m.valid.sum()) == 1500
@@ -107,12 +110,21 @@ def test_kernel_refresh_equals_the_torch_path() -> None:
     pad = torch.tensor([False, False, False, False, True, False, True, True])
     for kernel in (True, False):
         m = StepMasks(16, "cpu", kernel=kernel)
+        m.enable_decode_rows()
         m.update(8, is_padding=pad, query_start_loc=qsl)
         assert torch.nonzero(m.decode_rows).flatten().tolist() == [3, 5]
         assert int(m.decode_count) == 2 and int(m.decode_step) == 0
         # the same decode requests alone: a decode-only step
         m.update(8, is_padding=torch.tensor([True] * 3 + [False, True, False, True, True]), query_start_loc=qsl)
         assert torch.nonzero(m.decode_rows).flatten().tolist() == [3, 5] and int(m.decode_step) == 1
+    # without decode rows (every lane but a decode-ranking adaptive one) the same valid rows and count
+    # from the kernel, and nothing else allocated
+    plain, rows = StepMasks(16, "cpu", kernel=True), StepMasks(16, "cpu", kernel=True)
+    rows.enable_decode_rows()
+    for m in (plain, rows):
+        m.update(8, is_padding=pad, query_start_loc=qsl)
+    assert torch.equal(plain._valid, rows._valid) and torch.equal(plain.decode_count, rows.decode_count)
+    assert plain.decode_rows is None and plain.nbytes == StepMasks.bytes_for(16) == rows.nbytes - (16 + 1 + 8)
 
 
 def test_cpu_masks_default_to_the_torch_path() -> None:

@@ -93,6 +93,11 @@ def decode_counter_bytes(moe_layers: int, experts: int) -> int:
 
 
 def step_mask_bytes(max_tokens: int) -> int:
-    """``vllm_plugin.step_masks.StepMasks``: two bool ``[max_tokens + 1]`` (real rows, decode rows),
-    int32 ``[max_tokens]``, two int64 (decode count, decode-only step)."""
-    return int(max_tokens) * (1 + 1 + 4) + 2 + 2 * 8
+    """``vllm_plugin.step_masks.StepMasks``: bool ``[max_tokens + 1]``, int32 ``[max_tokens]``, one int64."""
+    return int(max_tokens) * (1 + 4) + 1 + 8
+
+
+def decode_mask_bytes(max_tokens: int) -> int:
+    """``StepMasks.enable_decode_rows`` (adaptive ``rank_picks: decode``): the per-row decode mask,
+    bool ``[max_tokens + 1]``, and the decode-only-step flag, one int64."""
+    return int(max_tokens) + 1 + 8

@@ -12,10 +12,11 @@ every step and whose addresses never do:
   contributing one token. The first counted MoE layer adds it to the counter
   inside the captured region (a drafter's forward context overwrites it, but no target layer
   runs in that forward);
-* ``decode_rows [max_tokens] bool`` — which rows those decode tokens are (the row of each
-  one-token request): the per-row decode mask adaptive residency's decode-only ranking counts by;
-* ``decode_step [1] int64`` — 1 when the step has real rows and every one is a decode row (0 for
-  a step with any prefill row, and without ``query_start_loc``).
+* with ``enable_decode_rows()`` (adaptive residency's decode-only ranking; absent otherwise, so a
+  lane without it allocates and refreshes exactly what it did before):
+  ``decode_rows [max_tokens] bool`` — which rows those decode tokens are (the row of each
+  one-token request), and ``decode_step [1] int64`` — 1 when the step has real rows and every one
+  is a decode row (0 for a step with any prefill row, and without ``query_start_loc``).
 
 They are filled by ``update_from_context`` when vLLM creates the step's forward context
 (``forward_hook``: eager, before the model runs or a graph replays, on the step's stream), from
@@ -63,29 +64,40 @@ class StepMasks:
         self.valid = self._valid[:self.max_tokens]
         self.device = self._valid.device  # "cuda" -> "cuda:0": the kernel's inputs must compare equal
         self.decode_count = torch.zeros(1, dtype=torch.int64, device=self.device)
-        # one slot past the last row as for ``valid``: non-decode requests write there (discarded)
-        self._decode_rows = torch.zeros(self.max_tokens + 1, dtype=torch.bool, device=self.device)
-        self.decode_rows = self._decode_rows[:self.max_tokens]
-        self.decode_step = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self._decode_rows: torch.Tensor | None = None
+        self.decode_rows: torch.Tensor | None = None
+        self.decode_step: torch.Tensor | None = None
         self._rows = torch.arange(self.max_tokens, dtype=torch.int32, device=self.device)
         # False once a step's metadata had no query_start_loc: decode tokens are then unknown.
         self.decode_known = True
 
     @staticmethod
     def bytes_for(max_tokens: int) -> int:
-        """Device bytes of the buffers (``contract.sizing.step_mask_bytes``): two bool rows of
-        ``max_tokens + 1``, an int32 row of ``max_tokens``, two int64."""
+        """Device bytes of the buffers (``contract.sizing.step_mask_bytes``): a bool row of
+        ``max_tokens + 1``, an int32 row of ``max_tokens``, one int64 (and with the decode rows
+        ``sizing.decode_mask_bytes`` more)."""
         return sizing.step_mask_bytes(max_tokens)
+
+    def enable_decode_rows(self) -> None:
+        """Allocate (once) the per-row decode mask and the decode-only-step flag; call before any
+        CUDA graph reading them is captured. Refreshed with the other buffers from then on."""
+        if self._decode_rows is None:
+            # one slot past the last row as for ``valid``: non-decode requests write there (discarded)
+            self._decode_rows = torch.zeros(self.max_tokens + 1, dtype=torch.bool, device=self.device)
+            self.decode_rows = self._decode_rows[:self.max_tokens]
+            self.decode_step = torch.zeros(1, dtype=torch.int64, device=self.device)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self._valid, self.decode_count,
-                                                          self._decode_rows, self.decode_step,
-                                                          self._rows))
+        return sum(t.numel() * t.element_size() for t in (self._valid, self.decode_count, self._rows,
+                                                          self._decode_rows, self.decode_step)
+                   if t is not None)
 
     def decode_rows_for(self, num_tokens: int) -> torch.Tensor:
-        """``decode_rows[:T]`` for a forward of ``T`` rows (a fixed address)."""
+        """``decode_rows[:T]`` for a forward of ``T`` rows (a fixed address; ``enable_decode_rows`` first)."""
         self.for_tokens(num_tokens)
+        if self.decode_rows is None:
+            raise RuntimeError("the step masks keep no decode rows (enable_decode_rows was not called)")
         return self.decode_rows[:num_tokens]
 
     def for_tokens(self, num_tokens: int) -> torch.Tensor:
@@ -103,8 +115,9 @@ class StepMasks:
             return
         self.valid.zero_()
         self.decode_count.zero_()
-        self._decode_rows.zero_()
-        self.decode_step.zero_()
+        if self._decode_rows is not None:
+            self._decode_rows.zero_()
+            self.decode_step.zero_()
 
     def update(self, num_rows: int, *, is_padding: torch.Tensor | None = None,
                num_actual_tokens: int | None = None,
@@ -137,10 +150,13 @@ class StepMasks:
             valid.fill_(True)
         if n < self.max_tokens:
             self.valid[n:].zero_()
-        self._decode_rows.zero_()
+        rows = self._decode_rows is not None
+        if rows:
+            self._decode_rows.zero_()
         if query_start_loc is None:
             self.decode_count.zero_()
-            self.decode_step.zero_()
+            if rows:
+                self.decode_step.zero_()
             return
         starts = query_start_loc
         # A decode request: one new token, on a real row. Capture and warm-up dummies carry
@@ -149,6 +165,8 @@ class StepMasks:
         first_row = self._valid[starts[:-1]]
         one = ((starts[1:] - starts[:-1]) == 1) & first_row
         torch.sum(one, dim=0, keepdim=True, out=self.decode_count)
+        if not rows:
+            return
         # each decode request marks its row; every other request writes False into the spare slot
         # past the last row (one row never holds two one-token requests: no conflicting writes)
         trash = torch.full_like(starts[:-1], self.max_tokens)

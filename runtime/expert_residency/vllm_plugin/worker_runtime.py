@@ -235,6 +235,8 @@ class WorkerRuntime:
         from ..core.adaptive import AdaptivePolicy
         from ..core.adaptive_step import StepBarrier
 
+        if config.rank_picks == "decode":
+            self.masks.enable_decode_rows()   # before any capture: the counting reads them
         try:
             self.policy = AdaptivePolicy(self.counter, dict(self.state.layers), config,
                                          priors=priors or None,

@@ -292,6 +292,8 @@ def main() -> int:
         print(table_t(tokens, row), flush=True)
         del static_g, adaptive_g, lanes
 
+    results["decode_ranking_t1"] = decode_ranking_cost(runtime, layers, order, hidden, logp, args.seed, dev,
+                                                       forward_all)
     results["rank40"] = rank_40(logp, cold, priors, experts, config, dev, args.seed)
     results["guards"] = guards(runtime, layers, order, seeds, experts, hidden, inter, max_tokens, dev, forward_all)
     results["share_t1"] = share(results, config)
@@ -375,6 +377,35 @@ def counter_cost(static_g, adaptive_g, xs, w_all, ids, layers, dev, reps: int = 
     out = {f"{k}_us_per_layer": statistics.median(v) / layers for k, v in times.items()}
     out["counter_us_per_layer"] = out["adaptive_us_per_layer"] - out["static_us_per_layer"]
     return out
+
+
+def decode_ranking_cost(runtime, layers, order, hidden, logp, seed, dev, forward_all) -> dict:
+    """What decode-only ranking (``rank_picks: decode``) adds to a T = 1 step of the fused layer: the
+    adaptive graph (counter on) against the same graph captured after the decode count and the
+    decode rows are enabled (the counts before the first layer, the decode-only step's picks added
+    after the last), replays alternating on in-domain routing."""
+    ctx = step_context(1, [1], dev)
+    runtime.on_forward_context(ctx)
+    traffic = make_traffic(logp, 1, 64, seed + 99)
+    ids = torch.from_numpy(traffic.ids["agent"][:64].astype(np.int32)).to(dev).permute(0, 2, 1, 3).contiguous()
+    g = torch.Generator(device=dev).manual_seed(seed + 3)
+    xs = [torch.randn(len(order), 1, hidden, generator=g, device=dev).to(torch.bfloat16) for _ in range(4)]
+    w_all = torch.softmax(torch.randn(64, len(order), 1, TOP_K, generator=g, device=dev), -1)
+    for m in layers.values():
+        m._er_counted = True
+    step_fn = lambda x, w, i: torch.stack(forward_all(runtime, layers, x, w, i))  # noqa: E731
+    counted = capture(step_fn, xs[0], w_all[0], ids[0], dev)
+    runtime.masks.enable_decode_rows()
+    runtime.counter.enable_decode_counts()
+    runtime.on_forward_context(ctx)
+    decode = capture(step_fn, xs[0], w_all[0], ids[0], dev)
+    before = int(runtime.counter.decode_counts.sum())
+    out = counter_cost(counted, decode, xs, w_all, ids, len(order), dev)
+    added = int(runtime.counter.decode_counts.sum()) - before
+    sync(dev)
+    return {"counted_us_per_layer": out["static_us_per_layer"], "decode_us_per_layer": out["adaptive_us_per_layer"],
+            "decode_ranking_us_per_layer": out["counter_us_per_layer"],
+            "decode_picks_counted": added, "decode_picks_expected": 60 * len(order) * TOP_K}
 
 
 def guards(runtime, layers, order, seeds, experts, hidden, inter, max_tokens, dev, forward_all) -> dict:

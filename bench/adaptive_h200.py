@@ -208,7 +208,9 @@ def main() -> int:
     rows = [int(r) for r in args.layers.split(",")]
     order = list(range(len(rows)))           # the plugin's MoE layer indices
     logp, cold, priors = profiles(rows, experts, hot_n, args.seed)
-    config = AdaptiveConfig()
+    # flips at the barriers only (flip_interval = interval): each window served by one map, so the
+    # counter's window figures can be recounted by hand (bench/adaptive_latency.py runs the defaults)
+    config = AdaptiveConfig(flip_interval=AdaptiveConfig().interval)
     t0 = time.perf_counter()
     gen = torch.Generator(device=dev).manual_seed(args.seed)
     weights = {i: mxfp4_layer(experts, hidden, inter, gen, dev) for i in order}
@@ -499,7 +501,7 @@ def step_timing(static_g, adaptive_g, runtime, ctx, policy, xs, w_all, ids, n, l
     return out
 
 
-def rank_40(logp, cold, priors, experts, config, dev, seed) -> dict:
+def rank_40(logp, cold, priors, experts, config, dev, seed, tokens=(1, 16)) -> dict:
     """The barrier of a 40-layer policy (DSv4.1-Flash's MoE layers) on one-byte banks: in-domain
     agent traffic (the boot class) at T = 1 and 16, windows of ``interval`` steps added to the
     counters. Three policies see the same counts: the lane's own (on CUDA: captured ranking and
@@ -527,7 +529,8 @@ def rank_40(logp, cold, priors, experts, config, dev, seed) -> dict:
         share_row_codes(lane, order=list(range(MODEL_LAYERS)))
     prior_t = {k: torch.from_numpy(v) for k, v in full_priors.items()}
     out = {}
-    for tokens in (1, 16):
+    steps_per_t = tuple(tokens)
+    for tokens in steps_per_t:
         counters = {name: ExpertCounter(tuple(range(MODEL_LAYERS)), experts, device=dev, top_k=TOP_K)
                     for name in banks}
         policy = AdaptivePolicy(counters["lane"], banks["lane"], config, priors=prior_t)

@@ -270,7 +270,10 @@ def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConf
                     half_barriers += 1
                     half_swaps += policy.swaps_done - done
             due = policy.tick()
+            flipped = policy.swaps_done
             copy_rows[start] = policy.pump() / CHUNKS_PER_ROW
+            if policy.swaps_done != flipped:   # a flip-only step made copied swaps live
+                mask = live_cold_mask(policy, layers, experts)
             adaptive[start] = cold_picks(mask, ids[start:start + 1])[0]
             adaptive_rows[start] = cold_rows(mask, ids[start:start + 1])[0]
         window_start -= traffic.steps   # relative to the next phase (a window may straddle the shift)
@@ -331,7 +334,7 @@ def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConf
 
 def parse_sweep(text: str) -> list[dict]:
     keys = {"interval": int, "swaps": int, "decay": float, "margin": float, "evidence": float,
-            "counts_evidence": float, "prior": float, "copy": float}
+            "counts_evidence": float, "prior": float, "copy": float, "spare": int, "flip": int}
     axes = []
     for part in filter(None, (p.strip() for p in text.split(";"))):
         name, _, values = part.partition("=")
@@ -347,7 +350,7 @@ def _pct(x: float | None) -> str:
 
 def summary_line(r: dict) -> str:
     c = r["config"]
-    head = f"T={r['tokens']:<2} interval={c['interval']:<3} swaps={c['swaps_per_layer']:<2} copy/layer={c['copy_rows_per_layer']} " \
+    head = f"T={r['tokens']:<2} interval={c['interval']:<3} swaps={c['swaps_per_layer']:<2} copy/layer={c['copy_rows_per_layer']} spare={c['spare_rows']} flip={c['flip_interval']} " \
            f"decay={c['decay']:<4} margin={c['margin']:<4} ev={c['evidence']} cev={c['counts_evidence']} " \
            f"prior={c['prior_weight']} " \
            f"profiles={','.join(r['priors']) or 'none'} lookahead={'on' if r['lookahead'] else 'off'}"
@@ -390,6 +393,8 @@ def main() -> int:
     ap.add_argument("--copy-rows", type=float, default=defaults.copy_rows_per_layer,
                     help="copy_rows_per_layer: expert rows copied host -> HBM per step and MoE layer while adapting")
     ap.add_argument("--host-copies", choices=("spare", "all"), default=defaults.host_copies)
+    ap.add_argument("--spare-rows", type=int, default=defaults.spare_rows)
+    ap.add_argument("--flip-interval", type=int, default=defaults.flip_interval)
     ap.add_argument("--sweep", default="", help='e.g. "interval=8,16;swaps=4,8;decay=0.8,0.9;margin=0.25,0.5"')
     ap.add_argument("--json", type=Path, help="write every result (with per-step series) here")
     args = ap.parse_args()
@@ -401,7 +406,7 @@ def main() -> int:
     priors = {c: priors[c] for c in wanted}
     base = {"interval": args.interval, "swaps": args.swaps, "decay": args.decay, "margin": args.margin,
             "evidence": args.evidence, "counts_evidence": args.counts_evidence, "prior": args.prior,
-            "copy": args.copy_rows}
+            "copy": args.copy_rows, "spare": args.spare_rows, "flip": args.flip_interval}
     grid = [base | combo for combo in parse_sweep(args.sweep)] if args.sweep else [base]
     results = []
     for tokens in (int(t) for t in args.tokens.split(",")):
@@ -414,6 +419,7 @@ def main() -> int:
                                     decay=combo["decay"], margin=combo["margin"],
                                     evidence=combo["evidence"], counts_evidence=combo["counts_evidence"],
                                     prior_weight=combo["prior"], copy_rows_per_layer=combo["copy"],
+                                    spare_rows=combo["spare"], flip_interval=combo["flip"],
                                     host_copies=args.host_copies)
             r = simulate(traffic, cold, config, args.window, series=args.json is not None, priors=priors,
                          lookahead=not args.no_lookahead)

@@ -68,7 +68,7 @@ class Engine:
         for row, index in enumerate(LAYERS):
             tensors = float_layer(40 + row, torch.bfloat16)
             hot, cold = top_hot(probs[row])
-            spare = max(config.swaps_per_layer, 1)   # as the plugin re-homes an adaptive lane
+            spare = max(config.spare_rows, 1)   # as the plugin re-homes an adaptive lane
             keep = config.host_copies == "all"
             self.split[index] = rehome_layer(clone_tensors(tensors), hot, cold, layer_index=index,
                                              hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator(),
@@ -166,10 +166,10 @@ def test_window_figures_and_bytes_by_hand():
     assert report.swaps == [Swap(3, cold[0], unpicked_hot[0])]
     # bytes: one bf16 row each of w13 [2I, H] and w2 [H, I] = (2*32*64 + 64*32) * 2 = 12288 B per expert;
     # a swap moves one expert in and (the host held no copy of the demoted one) one out; each of the
-    # two layers has one spare HBM row and one spare host row
+    # two layers has 4 spare HBM rows and 4 spare host rows (spare_rows, default)
     assert (INTER, HIDDEN) == (32, 64)
     assert report.host_link_bytes == 2 * 12288 and report.copied_out == 1
-    assert engine.policy.spare_bytes() == {"hbm": 2 * 12288, "host": 2 * 12288}
+    assert engine.policy.spare_bytes() == {"hbm": 2 * 4 * 12288, "host": 2 * 4 * 12288}
     assert engine.full_check()
 
 
@@ -387,7 +387,8 @@ def test_lookahead_applies_the_same_plans_one_barrier_later():
     one barrier later; the report's window is the applied plan's, its cold picks under the map
     that served it (recounted by hand); split == unsplit throughout."""
     config = AdaptiveConfig(interval=2, swaps_per_layer=2, decay=0.5, margin=0.25, evidence=0.0,
-                            counts_evidence=0.0, copy_rows_per_layer=1e6)   # copies keep up
+                            counts_evidence=0.0, copy_rows_per_layer=1e6,   # copies keep up
+                            flip_interval=2)   # flips at the barriers only: one map per window
     plain, ahead = Engine(config), Engine(config)
     assert plain.policy.lookahead_on is False          # CPU default: nothing to hide
     ahead.policy = AdaptivePolicy(ahead.counter, ahead.split, config, lookahead=True)

@@ -184,19 +184,18 @@ def test_a_flip_before_the_copies_were_issued_is_refused():
 
 
 def test_a_copy_into_a_row_the_live_map_reads_is_refused():
-    config = AdaptiveConfig(**SMALL, copy_rows_per_layer=0.125)
+    config = AdaptiveConfig(**SMALL, copy_rows_per_layer=0.125)   # one chunk per step
     engine, policy = _primed(config, ManualCopies())
     policy.barrier()
-    policy.pump()
-    second = policy.in_flight[1]
-    assert second.issued == 0
-    layer = engine.split[3]
-    # corrupt the bookkeeping: pretend the second transfer's destination serves an expert
-    layer.hot_ids[second.hot_row] = layer.cold_experts[-1]
-    for _ in range(CHUNKS_PER_ROW - 1):
-        policy.pump()                      # the first transfer's remaining chunks
+    policy.forwards = 1                    # not a flip step (every flip_interval = 8 forwards)
+    for _ in range(CHUNKS_PER_ROW):
+        policy.pump()                      # the first transfer's chunks
+    assert [t.all_issued for t in policy.in_flight] == [True] and len(policy.waiting) == 1
+    layer, slots = engine.split[3], policy._slots[3]
+    # corrupt the bookkeeping: the next spare row now "serves" an expert the map names
+    layer.hot_ids[slots.free_hot[0]] = layer.cold_experts[-1]
     with pytest.raises(RuntimeError, match="would overwrite HBM row"):
-        policy.pump()
+        policy.pump()                      # the second transfer's first chunk
 
 
 def test_a_forward_inside_the_barrier_is_refused():
@@ -293,7 +292,7 @@ def test_host_copies_all_never_copies_out():
     assert policy.swaps_done >= 2
     assert policy.copied_bytes == {"in": policy.swaps_done * ROW_BYTES, "out": 0}
     assert all(r.copied_out == 0 for r in policy.reports)
-    assert policy.spare_bytes() == {"hbm": 2 * 2 * ROW_BYTES, "host": 2 * 10 * ROW_BYTES}
+    assert policy.spare_bytes() == {"hbm": 2 * 4 * ROW_BYTES, "host": 2 * 10 * ROW_BYTES}
 
 
 def test_one_shared_code_table_flips_in_one_write_with_the_same_result():

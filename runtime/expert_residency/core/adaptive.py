@@ -328,6 +328,8 @@ class AdaptivePolicy:
         self._window = [0, 0, -1]           # the last read plan's [picks, cold picks, prior choice]
         self._map_changed = False           # apply() ran outside a barrier since the last plan
         self._transfers: list[Transfer] = []   # reserved, copying or copied; not flipped yet
+        self._queue: list[tuple[Swap, float]] = []   # the last plan's swaps not started, by gain
+        self._flipped: list[Transfer] = []     # flipped by a flip-only step since the last report
         self._credit = 0.0
         self.discarded_plans = 0
         """Plans (or their transfers in flight) dropped because the map changed outside a barrier."""
@@ -343,39 +345,59 @@ class AdaptivePolicy:
         self.forwards += 1
         return self.forwards % self.config.interval == 0
 
-    def pump(self) -> int:
-        """Lookahead, once per step after ``tick``: read the pending plan when it is due and issue
-        this step's share of copies on the copy engine (``copy_rows_per_layer`` × layers expert rows,
-        in chunks of ``1 / CHUNKS_PER_ROW``). Never touches the step's stream or the live map. Returns
+    def pump(self, *, run: StepRunner = run_in_order) -> int:
+        """Lookahead, once per step after ``tick`` (before this step's forward is issued): every
+        ``flip_interval`` forwards flip the transfers whose copies were issued (a flip-only
+        barrier: the map entries and recycled rows, nothing else); read the pending plan when it is
+        due; issue this step's share of copies on the copy engine (``copy_rows_per_layer`` ×
+        layers expert rows, in chunks of ``1 / CHUNKS_PER_ROW``), starting transfers strongest gain
+        first as their layers have spare rows. Never issues copies on the step's stream. Returns
         the chunks issued."""
         if not self._lookahead:
             return 0
+        if self.forwards % self.config.flip_interval == 0 and any(t.all_issued for t in self._transfers):
+            with self._guard(), self._map_lock:
+                self._flipped.extend(self._flip_copied(run))
+                self._refresh_hash()
         if self._plan_at is not None and self.forwards >= self._plan_at:
             self._read_plan()
-        waiting = [t for t in self._transfers if not t.all_issued]
-        if not waiting:
+        if not self._queue and all(t.all_issued for t in self._transfers):
             self._credit = 0.0
             return 0
         self._credit += self.config.copy_rows_per_layer * len(self._order) * CHUNKS_PER_ROW
         issued = 0
-        for transfer in waiting:
-            while self._credit >= 1.0 and not transfer.all_issued:
-                if transfer.issued == 0:
-                    self._slots[transfer.swap.layer].check_destination(transfer)
-                self.copies.issue(transfer.chunks[transfer.issued])
-                transfer.issued += 1
-                issued += 1
-                self._credit -= 1.0
-            if transfer.all_issued and transfer.marker is None:
+        while self._credit >= 1.0:
+            transfer = next((t for t in self._transfers if not t.all_issued), None) or self._start_transfer()
+            if transfer is None:
+                break
+            if transfer.issued == 0:
+                self._slots[transfer.swap.layer].check_destination(transfer)
+            self.copies.issue(transfer.chunks[transfer.issued])
+            transfer.issued += 1
+            issued += 1
+            self._credit -= 1.0
+            if transfer.all_issued:
                 transfer.marker = self.copies.marker()
                 transfer.issued_at = self.forwards
                 self.copied_bytes["in"] += transfer.bytes_in
                 self.copied_bytes["out"] += transfer.bytes_out
-            if self._credit < 1.0:
-                break
-        if all(t.all_issued for t in self._transfers):
-            self._credit = 0.0
+        if not self._queue and all(t.all_issued for t in self._transfers):
+            self._credit = 0.0   # nothing waits: no credit banked for a later burst
         return issued
+
+    def _start_transfer(self) -> Transfer | None:
+        """Reserve rows for the strongest waiting swap whose layer has a spare row now (the others
+        keep their place until a flip recycles one); None when none can start."""
+        for k, (swap, gain) in enumerate(self._queue):
+            slots = self._slots[swap.layer]
+            if swap.promote in slots.busy or swap.demote in slots.busy:
+                continue
+            transfer = slots.reserve(swap, gain=gain)
+            if transfer is not None:
+                del self._queue[k]
+                self._transfers.append(transfer)
+                return transfer
+        return None
 
     @property
     def in_barrier(self) -> bool:
@@ -387,6 +409,11 @@ class AdaptivePolicy:
     def in_flight(self) -> list[Transfer]:
         """Transfers reserved and not flipped yet (lookahead)."""
         return list(self._transfers)
+
+    @property
+    def waiting(self) -> list[Swap]:
+        """The last plan's swaps not started yet, strongest gain first (lookahead)."""
+        return [swap for swap, _ in self._queue]
 
     # -- the barrier ---------------------------------------------------------------------------
     def spare_bytes(self) -> dict[str, int]:
@@ -422,7 +449,8 @@ class AdaptivePolicy:
                 if self._lookahead:
                     if self._plan_at is not None:   # a plan not read yet (an interval of one step)
                         self._read_plan()
-                    flipped = self._flip_copied(run)
+                    flipped = self._flipped + self._flip_copied(run)
+                    self._flipped = []
                     window = self._window
                     if self._map_changed:           # swaps outside a barrier: the window's map is gone
                         self._served_hot.copy_(self.hot_mask())
@@ -478,17 +506,14 @@ class AdaptivePolicy:
         swaps, self._window, gains = self._parse(self._host_plan)
         self._schedule(swaps, gains)
 
-    def _schedule(self, swaps: Sequence[Swap], gains: Sequence[float]) -> list[Transfer]:
-        """Reserve rows for ``swaps`` in order of gain (ties: layer order, then rank); a swap whose
-        layer has no spare row left, or whose experts are in flight already, waits for a later plan."""
+    def _schedule(self, swaps: Sequence[Swap], gains: Sequence[float]) -> None:
+        """The plan's swaps wait in order of gain (ties: layer order, then rank), replacing the
+        previous plan's swaps that had not started (this plan ranked the map they would have
+        changed); transfers already copying go on. A swap whose experts are in flight is left out."""
+        busy = {(t.swap.layer, e) for t in self._transfers for e in (t.swap.promote, t.swap.demote)}
         order = sorted(range(len(swaps)), key=lambda k: -gains[k])   # stable: ties keep plan order
-        made = []
-        for k in order:
-            transfer = self._slots[swaps[k].layer].reserve(swaps[k], gain=float(gains[k]))
-            if transfer is not None:
-                made.append(transfer)
-        self._transfers.extend(made)
-        return made
+        self._queue = [(swaps[k], float(gains[k])) for k in order
+                       if (swaps[k].layer, swaps[k].promote) not in busy and (swaps[k].layer, swaps[k].demote) not in busy]
 
     def _flip_copied(self, run: StepRunner) -> list[Transfer]:
         """Lookahead: flip every transfer whose copies were all issued (the step stream waits for
@@ -668,12 +693,13 @@ class AdaptivePolicy:
         """Drop every transfer not flipped yet and the plan not read yet (waits for issued copies:
         their rows may be reused at once). Returns the transfers dropped."""
         dropped = len(self._transfers)
-        if dropped or self._plan_at is not None:
+        if dropped or self._queue or self._plan_at is not None:
             self.discarded_plans += 1
         self.copies.drain()
         for t in reversed(self._transfers):
             self._slots[t.swap.layer].release(t)
         self._transfers = []
+        self._queue = []
         self._plan_at = None
         self._credit = 0.0
         return dropped
@@ -688,8 +714,10 @@ class AdaptivePolicy:
 
 
 def spare_rows_needed(config: AdaptiveConfig, hot: int) -> tuple[int, int]:
-    """(spare HBM rows, extra host rows) per layer for ``config`` with ``hot`` hot experts: one
-    spare HBM row per swap a barrier may start; on the host as many spare rows, or a copy of every
-    hot expert when ``config.host_copies`` is ``all``."""
-    spare = int(config.swaps_per_layer)
+    """(spare HBM rows, extra host rows) per layer for ``config`` with ``hot`` hot experts:
+    ``spare_rows`` of each, or on the host a copy of every hot expert when ``host_copies`` is
+    ``all``; none when the policy never swaps."""
+    if config.swaps_per_layer == 0:
+        return 0, 0
+    spare = int(config.spare_rows)
     return spare, (hot if config.host_copies == "all" else spare)

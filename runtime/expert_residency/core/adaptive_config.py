@@ -25,9 +25,20 @@ class AdaptiveConfig:
     decode step (docs/adaptive.md, "The policy's share of a step")."""
 
     swaps_per_layer: int = 16
-    """Most swaps (one hot expert out, one cold expert in) per MoE layer per plan. Each layer gets
-    this many spare HBM rows (the promoted experts are copied into them while steps run) and, unless
-    ``host_copies`` is ``all``, as many spare host rows (for demoted experts the host does not hold)."""
+    """Most swaps (one hot expert out, one cold expert in) per MoE layer per plan (a plan every
+    ``interval`` forwards). Its swaps wait, strongest first, for copy budget and spare rows."""
+
+    spare_rows: int = 4
+    """Spare HBM rows per MoE layer the promoted experts are copied into while steps run (and,
+    unless ``host_copies`` is ``all``, as many spare host rows for demoted experts the host no
+    longer holds): the swaps of one layer in flight between two flips. Each costs one expert row
+    of HBM per layer (taken from the KV pool)."""
+
+    flip_interval: int = 8
+    """Forwards between map flips: every ``flip_interval`` forwards the transfers whose copies were
+    issued become live (one batched write of map entries; no ranking) and their old rows spare
+    again, so ``spare_rows`` rows per layer carry ``interval / flip_interval`` times as many swaps
+    per plan."""
 
     copy_rows_per_layer: float = 0.4
     """Expert rows copied host → HBM per decode step, per MoE layer on the GPU (in quarters of a
@@ -79,6 +90,11 @@ class AdaptiveConfig:
             raise ValueError(f"adaptive interval must be an integer >= 1 forward, got {self.interval!r}")
         if not (isinstance(self.swaps_per_layer, int) and self.swaps_per_layer >= 0):
             raise ValueError(f"adaptive swaps_per_layer must be an integer >= 0, got {self.swaps_per_layer!r}")
+        if not (isinstance(self.spare_rows, int) and self.spare_rows >= (1 if self.swaps_per_layer else 0)):
+            raise ValueError(f"adaptive spare_rows must be an integer >= 1 (>= 0 when swaps_per_layer is 0), "
+                             f"got {self.spare_rows!r}")
+        if not (isinstance(self.flip_interval, int) and self.flip_interval >= 1):
+            raise ValueError(f"adaptive flip_interval must be an integer >= 1 forward, got {self.flip_interval!r}")
         if not (isinstance(self.copy_rows_per_layer, (int, float)) and 0.0 < float(self.copy_rows_per_layer) < float("inf")):
             raise ValueError(f"adaptive copy_rows_per_layer must be a finite number > 0, got {self.copy_rows_per_layer!r}")
         if self.host_copies not in HOST_COPIES:
@@ -102,14 +118,18 @@ def barrier_link_bytes(config: AdaptiveConfig, bytes_per_expert: int, moe_layers
 
 
 def spare_hbm_bytes(config: AdaptiveConfig, bytes_per_expert: int, moe_layers: int) -> int:
-    """Device bytes of the spare HBM rows: ``swaps_per_layer`` expert rows per MoE layer."""
-    return int(bytes_per_expert) * config.swaps_per_layer * int(moe_layers)
+    """Device bytes of the spare HBM rows: ``spare_rows`` expert rows per MoE layer (none when the
+    policy never swaps)."""
+    rows = config.spare_rows if config.swaps_per_layer else 0
+    return int(bytes_per_expert) * rows * int(moe_layers)
 
 
 def spare_host_bytes(config: AdaptiveConfig, bytes_per_expert: int, moe_layers: int, hot_per_layer: int) -> int:
-    """Host bytes beyond the cold bank's experts: ``swaps_per_layer`` spare rows per layer, or with
+    """Host bytes beyond the cold bank's experts: ``spare_rows`` spare rows per layer, or with
     ``host_copies: all`` a copy of every hot expert (``hot_per_layer`` rows per layer)."""
-    rows = int(hot_per_layer) if config.host_copies == "all" else config.swaps_per_layer
+    if not config.swaps_per_layer:
+        return 0
+    rows = int(hot_per_layer) if config.host_copies == "all" else config.spare_rows
     return int(bytes_per_expert) * rows * int(moe_layers)
 
 

@@ -629,7 +629,7 @@ def _adaptive_spare_rows() -> dict[str, Any]:
         return {}
     if config is None or config.swaps_per_layer == 0:
         return {}
-    hot_spare, host_spare = spare_rows_needed(config, 0)
+    hot_spare, host_spare = spare_rows_needed(config, 0)   # host_copies all: rehome copies every hot expert
     keep = config.host_copies == "all"
     return {"hot_spare": hot_spare, "cold_spare": 0 if keep else host_spare, "host_copies": keep}
 

@@ -100,12 +100,12 @@ def test_bad_values_name_the_value(project: Path) -> None:
 
 def test_ledger_prices_spare_rows_and_copy_traffic(project: Path) -> None:
     lane_off = compute_ledger(load_recipe(REFERENCE)).lane("agent")
-    with_adaptive(project, "      adaptive: {swaps_per_layer: 4}\n")
+    with_adaptive(project, "      adaptive: {swaps_per_layer: 4, spare_rows: 3}\n")
     lane = compute_ledger(load_recipe(REFERENCE)).lane("agent")
-    # 4 spare rows per layer, 40 MoE layers, one GPU: 4 × 18,800,640 × 40 = 3,008,102,400 B, in HBM
+    # 3 spare rows per layer, 40 MoE layers, one GPU: 3 × 18,800,640 × 40 = 2,256,076,800 B, in HBM
     # (out of the KV pool, with the runtime's start-up HBM) and as spare host rows (host_copies: spare)
-    spare = 4 * EXPERT * 40
-    assert spare == 3_008_102_400
+    spare = 3 * EXPERT * 40
+    assert spare == 2_256_076_800
     assert lane.fig("adaptive.spare_hbm_bytes").value == spare
     assert lane.fig("adaptive.spare_host_bytes").value == spare
     assert lane.fig("hbm.runtime_workspace").value - lane_off.fig("hbm.runtime_workspace").value == spare
@@ -150,14 +150,14 @@ def test_check_budgets_shows_the_figures(project: Path) -> None:
     with_adaptive(project, "      adaptive: {}\n")
     result = CliRunner().invoke(main, ["check", "budgets", REFERENCE, "--explain"])
     assert result.exit_code == 0, result.output
-    # defaults: 16 spare rows × 18,800,640 × 40 = 12,032,409,600 B = 11.21 GiB; one plan at most
+    # defaults: 4 spare rows × 18,800,640 × 40 = 3,008,102,400 B = 2.80 GiB; one plan at most
     # 2 × 18,800,640 × 16 × 40 = 24,064,819,200 B = 22.41 GiB
-    assert "spare HBM rows (per GPU) = 11.21 GiB" in result.output
+    assert "spare HBM rows (per GPU) = 2.80 GiB" in result.output
     assert "host-link traffic of one plan, at most (per GPU) = 22.41 GiB" in result.output
     assert "swaps_per_layer=16, moe_layers=40" in result.output
     result = CliRunner().invoke(main, ["check", "budgets", REFERENCE, "--json"])
     assert '"adaptive.link_bytes_per_plan"' in result.output and "24064819200" in result.output
-    assert '"adaptive.spare_hbm_bytes"' in result.output and "12032409600" in result.output
+    assert '"adaptive.spare_hbm_bytes"' in result.output and "3008102400" in result.output
 
 
 # ------------------------------------------------------------------ render

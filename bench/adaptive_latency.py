@@ -292,10 +292,12 @@ def main() -> int:
         save(results, args.out)   # after each T: a run cut short keeps what it measured
         del static_g, adaptive_g, lanes
 
+    results["guards"] = guards(runtime, layers, order, seeds, experts, hidden, inter, max_tokens, dev, forward_all)
+    save(results, args.out)
     results["decode_ranking_t1"] = decode_ranking_cost(runtime, layers, order, hidden, logp, args.seed, dev,
                                                        forward_all)
+    save(results, args.out)
     results["rank40"] = rank_40(logp, cold, priors, experts, config, dev, args.seed, tokens=(1,))
-    results["guards"] = guards(runtime, layers, order, seeds, experts, hidden, inter, max_tokens, dev, forward_all)
     results["share_t1"] = share(results, config)
     print(json.dumps({k: results[k] for k in ("row_copy_us", "guards", "share_t1")}, indent=1, default=str))
     save(results, args.out)

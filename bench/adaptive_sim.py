@@ -274,6 +274,8 @@ def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConf
             copy_rows[start] = policy.pump() / CHUNKS_PER_ROW
             if policy.swaps_done != flipped:   # a flip-only step made copied swaps live
                 mask = live_cold_mask(policy, layers, experts)
+                if start >= traffic.steps - traffic.steps // 3:
+                    half_swaps += policy.swaps_done - flipped
             adaptive[start] = cold_picks(mask, ids[start:start + 1])[0]
             adaptive_rows[start] = cold_rows(mask, ids[start:start + 1])[0]
         window_start -= traffic.steps   # relative to the next phase (a window may straddle the shift)

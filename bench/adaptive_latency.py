@@ -140,6 +140,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true",
                     help="CPU, 3 layers of 32 experts, hidden 128, T = 1 and 4, few steps: checks the logic")
+    ap.add_argument("--lean", action="store_true",
+                    help="skip decode-only ranking's cost and the 40-layer barrier (a short run)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     dev = torch.device("cpu" if args.smoke else "cuda")
@@ -294,10 +296,11 @@ def main() -> int:
 
     results["guards"] = guards(runtime, layers, order, seeds, experts, hidden, inter, max_tokens, dev, forward_all)
     save(results, args.out)
-    results["decode_ranking_t1"] = decode_ranking_cost(runtime, layers, order, hidden, logp, args.seed, dev,
-                                                       forward_all)
-    save(results, args.out)
-    results["rank40"] = rank_40(logp, cold, priors, experts, config, dev, args.seed, tokens=(1,))
+    if not args.lean:
+        results["decode_ranking_t1"] = decode_ranking_cost(runtime, layers, order, hidden, logp, args.seed, dev,
+                                                           forward_all)
+        save(results, args.out)
+        results["rank40"] = rank_40(logp, cold, priors, experts, config, dev, args.seed, tokens=(1,))
     results["share_t1"] = share(results, config)
     print(json.dumps({k: results[k] for k in ("row_copy_us", "guards", "share_t1")}, indent=1, default=str))
     save(results, args.out)

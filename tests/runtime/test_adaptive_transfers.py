@@ -26,26 +26,26 @@ ROW_BYTES = 12288   # one bf16 expert of the fixtures: (2*32*64 + 64*32) * 2
 
 class ManualCopies:
     """Copies that run only when the test (or a flip's wait) says so: every interleaving of copies
-    and forwards can be set up by hand. A marker is the number of chunks issued before it."""
+    and forwards can be set up by hand. A marker is the number of copies issued before it."""
 
     asynchronous = True
 
     def __init__(self) -> None:
-        self.chunks: list[list] = []
+        self.copies: list = []
         self.ran = 0
         self.waits: list[int] = []
 
     def issue(self, copies) -> None:
-        self.chunks.append(list(copies))
+        self.copies.extend(copies)
 
     def marker(self):
-        return len(self.chunks)
+        return len(self.copies)
 
     def run(self, upto: int | None = None) -> None:
-        upto = len(self.chunks) if upto is None else upto
+        upto = len(self.copies) if upto is None else upto
         while self.ran < upto:
-            for dst, src, _ in self.chunks[self.ran]:
-                dst.copy_(src)
+            dst, src, _ = self.copies[self.ran]
+            dst.copy_(src)
             self.ran += 1
 
     def compute_waits(self, markers) -> None:
@@ -138,7 +138,9 @@ def test_the_flip_waits_for_the_copies_and_a_flip_before_them_is_caught():
     engine, policy = _primed(config, copies)
     policy.barrier()
     policy.pump()                          # plan read, both transfers' chunks issued, none run
-    assert len(policy.in_flight) == 2 and copies.ran == 0 and len(copies.chunks) == 2 * CHUNKS_PER_ROW
+    pieces = sum(len(chunk) for t in policy.in_flight for chunk in t.chunks)
+    assert len(policy.in_flight) == 2 and copies.ran == 0 and len(copies.copies) == pieces
+    assert all(len(t.chunks) == CHUNKS_PER_ROW for t in policy.in_flight)
     assert engine.full_check()             # the live map is untouched: copies only wrote spare rows
     copies.run(3)                          # some chunks land while "steps" run
     assert engine.full_check()
@@ -166,7 +168,7 @@ def test_an_ordered_flip_waits_on_the_device_not_the_host():
     policy.tick()
     report = policy.barrier()
     # the flip's wait ran the copies up to the last transfer's marker, then the map changed
-    assert copies.waits == [2 * CHUNKS_PER_ROW] and copies.ran == 2 * CHUNKS_PER_ROW
+    assert copies.waits == [len(copies.copies)] and copies.ran == len(copies.copies)
     assert len(report.swaps) == 2 and report.copied_out == 2 and engine.full_check()
     assert report.host_link_bytes == 2 * 2 * ROW_BYTES
 

@@ -357,28 +357,34 @@ class AdaptivePolicy:
             return 0
         if self.forwards % self.config.flip_interval == 0 and any(t.all_issued for t in self._transfers):
             with self._guard(), self._map_lock:
+                # the live map's hash is recomputed at the next barrier (its report carries it) or
+                # when status() asks: hashing the whole map on the host costs milliseconds
                 self._flipped.extend(self._flip_copied(run))
-                self._refresh_hash()
         if self._plan_at is not None and self.forwards >= self._plan_at:
             self._read_plan()
         if not self._queue and all(t.all_issued for t in self._transfers):
             self._credit = 0.0
             return 0
         self._credit += self.config.copy_rows_per_layer * len(self._order) * CHUNKS_PER_ROW
-        issued = 0
+        batch, completed, issued = [], [], 0
         while self._credit >= 1.0:
             transfer = next((t for t in self._transfers if not t.all_issued), None) or self._start_transfer()
             if transfer is None:
                 break
             if transfer.issued == 0:
                 self._slots[transfer.swap.layer].check_destination(transfer)
-            self.copies.issue(transfer.chunks[transfer.issued])
+            batch.extend(transfer.chunks[transfer.issued])
             transfer.issued += 1
             issued += 1
             self._credit -= 1.0
             if transfer.all_issued:
-                transfer.marker = self.copies.marker()
-                transfer.issued_at = self.forwards
+                completed.append(transfer)
+        if batch:
+            self.copies.issue(batch)   # one call: the engine enters each side stream once a step
+        if completed:
+            marker = self.copies.marker()   # after the batch: covers each completed transfer's copies
+            for transfer in completed:
+                transfer.marker, transfer.issued_at = marker, self.forwards
                 self.copied_bytes["in"] += transfer.bytes_in
                 self.copied_bytes["out"] += transfer.bytes_out
         if not self._queue and all(t.all_issued for t in self._transfers):

@@ -87,9 +87,13 @@ class CudaCopies:
         self._used = {d: False for d in self.streams}
 
     def issue(self, copies: Sequence[Copy]) -> None:
-        for dst, src, direction in copies:
-            with torch.cuda.stream(self.streams[direction]):
-                dst.copy_(src, non_blocking=True)
+        for direction, stream in self.streams.items():   # each side stream entered once per call
+            mine = [(dst, src) for dst, src, d in copies if d == direction]
+            if not mine:
+                continue
+            with torch.cuda.stream(stream):
+                for dst, src in mine:
+                    dst.copy_(src, non_blocking=True)
             self._used[direction] = True
 
     def marker(self) -> Any:

@@ -148,3 +148,17 @@ def test_the_decode_count_exists_only_where_the_ranking_asks_for_it(monkeypatch)
     policy = AdaptivePolicy(runtime.counter, dict(runtime.state.layers),
                             AdaptiveConfig(interval=64, swaps_per_layer=1, rank_picks="decode"))
     assert runtime.counter.decode_counts is not None and policy._counts() is runtime.counter.decode_counts
+
+
+def test_start_up_report_counts_experts_and_names_the_spare_rows(monkeypatch):
+    """The report's hot / cold bytes and counts are the experts' (what the ledger's figures and
+    `recipegen verify` compare); the spare rows' bytes come apart, one row per spare row."""
+    runtime, _ = _runtime(monkeypatch, "interval=64,swaps_per_layer=1,spare_rows=2")
+    runtime._emit_report()
+    report = runtime.report
+    layer = next(iter(runtime.state.layers.values()))
+    row = layer.bank_bytes().hot // len(layer.hot_ids)
+    layers = len(runtime.state.layers)
+    assert report.hot_counts_list() == [5] * layers and report.cold_counts_list() == [3] * layers
+    assert report.hot_bytes == 5 * row * layers and report.cold_bytes == 3 * row * layers
+    assert report.extra["adaptive_spare_hbm_bytes"] == report.extra["adaptive_spare_host_bytes"] == 2 * row * layers

@@ -380,8 +380,10 @@ class WorkerRuntime:
                 hot_counts.append(len(resident.hot_experts))   # spare rows serve no expert
                 cold_counts.append(len(resident.cold_experts))
                 b = resident.bank_bytes()
-                hot_bytes += b.hot
-                cold_bytes += b.cold
+                # the experts' bytes (what the ledger's hot / cold figures count); an adaptive lane's
+                # spare rows are reported apart (adaptive_spare_*_bytes)
+                hot_bytes += b.hot * len(resident.hot_experts) // max(len(resident.hot_ids), 1)
+                cold_bytes += b.cold * len(resident.cold_experts) // max(len(resident.cold_ids), 1)
             else:
                 hot_counts.append(int(module.global_num_experts))
                 cold_counts.append(0)
@@ -394,8 +396,8 @@ class WorkerRuntime:
                                  "forward": "fused" if self.fused else "per-pick",
                                  **self.workspace_bytes()}
         if self.state is not None and _adaptive_spare_rows():
-            # the spare rows' bytes are in hot_bytes / cold_bytes (they are HBM and host memory
-            # the lane holds); named here so the report and the ledger can be compared
+            # the spare rows' bytes (HBM and host memory the lane holds besides the experts), as
+            # the ledger's adaptive.spare_hbm_bytes / adaptive.spare_host_bytes count them
             per_layer = [(len(r.hot_ids) - len(r.hot_experts), len(r.cold_ids) - len(r.cold_experts),
                           r.bank_bytes().hot // max(len(r.hot_ids), 1)) for r in self.state.layers.values()]
             extra["adaptive_spare_hbm_bytes"] = sum(h * b for h, _, b in per_layer)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from recipegen.common.units import GiB, format_bytes, format_tokens
-from recipegen.ledger.adaptive import adaptive_figures
+from recipegen.ledger.adaptive import adaptive_host_and_link
 from recipegen.ledger.budget import declared_split
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.kv import kv_rate, state_sequence_bound
@@ -61,8 +61,7 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     _expert_figures(model, out)
     hbm = _hbm_figures(model, machine, lane, out)
     bank = _prefetch_bank(model, lane, out)
-    workspace = workspace_figures(model, machine, lane, out.add)
-    adaptive_figures(model, machine, lane, out.add, out.notes)
+    workspace = workspace_figures(model, machine, lane, out.add)   # with adaptive residency's spare HBM rows
     kv_token_bytes, state = _kv_rate(model, machine, lane, out)
     ua, pos, active = _placements(model, machine, lane, hbm, bank, kv_token_bytes, rowmap_hot, rowmap_label, out,
                                   workspace, rowmap_hot_ids)
@@ -71,7 +70,9 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     _concurrency_warning(lane, out)
     if state is not None:
         state_sequence_bound(state, lane, kv_pool, out.add, out.notes)
-    tables, reserve_host, host_total = _host_figures(model, machine, lane, active, out)
+    adaptive_host = adaptive_host_and_link(model, machine, lane, active.figures["hbm.hot_experts"].value,
+                                           out.add, out.notes)
+    tables, reserve_host, host_total = _host_figures(model, machine, lane, active, out, adaptive_host)
     parallel_figures(model, lane, active, out.figs, out.add, out.notes, out.violations)
 
     # --- verdict
@@ -338,8 +339,9 @@ def _placement_summary(model: Model, lane: Lane, active: PlacementLedger, out: _
 
 
 def _host_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLedger,
-                  out: _Figures) -> tuple[float, float, float]:
-    """Host memory: tables + pinned cold experts + reserve. Returns (tables, reserve, total)."""
+                  out: _Figures, adaptive: float = 0.0) -> tuple[float, float, float]:
+    """Host memory: tables + pinned cold experts (+ adaptive residency's spare host rows) + reserve.
+    Returns (tables, reserve, total)."""
     add, e, cold_bytes = out.add, model.expert_bytes, active.cold_bytes
     host_memory = machine.host_memory
     add(Figure("host.memory", "host memory", host_memory, "bytes", "", {},
@@ -356,17 +358,15 @@ def _host_figures(model: Model, machine: Machine, lane: Lane, active: PlacementL
                "host_tables + cold_experts", {"host_tables_bytes": tables, "cold_experts_bytes": cold_bytes},
                "before page cache and processes"))
     dense = active.dense_host_bytes
+    terms = [("host_tables", tables), ("cold_experts", cold_bytes)]
     if dense:
         add(active.figures["host.dense_offloaded"])
-        total = add(Figure("host.total", "host in use", tables + cold_bytes + dense + reserve, "bytes",
-                           "host_tables + cold_experts + dense_offloaded + host_reserve",
-                           {"host_tables_bytes": tables, "cold_experts_bytes": cold_bytes,
-                            "dense_offloaded_bytes": dense, "host_reserve_bytes": reserve})).value
-    else:
-        total = add(Figure("host.total", "host in use", tables + cold_bytes + reserve, "bytes",
-                           "host_tables + cold_experts + host_reserve",
-                           {"host_tables_bytes": tables, "cold_experts_bytes": cold_bytes,
-                            "host_reserve_bytes": reserve})).value
+        terms.append(("dense_offloaded", dense))
+    if adaptive:
+        terms.append(("adaptive_spare_host", adaptive))
+    terms.append(("host_reserve", reserve))
+    total = add(Figure("host.total", "host in use", sum(v for _, v in terms), "bytes",
+                       " + ".join(name for name, _ in terms), {f"{name}_bytes": v for name, v in terms})).value
     add(Figure("host.headroom", "host headroom", host_memory - total, "bytes",
                "host_memory − host_in_use", {"host_memory_bytes": host_memory, "host_in_use_bytes": total}))
     return tables, reserve, total

@@ -193,23 +193,23 @@ def compute_multinode_lane(recipe: Recipe, lane: Lane, *, rowmap_hot: Sequence[i
 
 def _adaptive_lane_figures(stages: Sequence[StageLedger]) -> dict[str, Figure]:
     """`offload.adaptive` over the lane: the stages that run it (not those holding every expert in
-    HBM) each stage through their own GPUs' rows and swap their own layers over their own
-    machine's host link, so the lane's staging is the sum and its barrier link traffic per GPU is
-    the largest stage's."""
-    adaptive = [s for s in stages if "adaptive.staging_bytes" in s.ledger.figures]
+    HBM) each hold spare rows on their own GPUs and copy their own layers' swaps over their own
+    machine's host link, so the lane's spare rows are the sum and its copy traffic per step and GPU
+    is the largest stage's."""
+    adaptive = [s for s in stages if "adaptive.spare_hbm_bytes" in s.ledger.figures]
     if not adaptive:
         return {}
-    staging = {f"stage{s.rank}": s.ledger.fig("adaptive.staging_bytes").value * len(s.gpus) for s in adaptive}
-    link = {f"stage{s.rank}": s.ledger.fig("adaptive.link_bytes_per_barrier").value for s in adaptive}
+    spare = {f"stage{s.rank}": s.ledger.fig("adaptive.spare_hbm_bytes").value * len(s.gpus) for s in adaptive}
+    step = {f"stage{s.rank}": s.ledger.fig("adaptive.copy_bytes_per_step").value for s in adaptive}
     return {
-        "lane.adaptive.staging_bytes": Figure(
-            "lane.adaptive.staging_bytes", "adaptive: staging rows (all adaptive stages' GPUs)",
-            sum(staging.values()), "bytes", "Σ adaptive stages (× GPUs per stage)", staging,
+        "lane.adaptive.spare_hbm_bytes": Figure(
+            "lane.adaptive.spare_hbm_bytes", "adaptive: spare HBM rows (all adaptive stages' GPUs)",
+            sum(spare.values()), "bytes", "Σ adaptive stages (× GPUs per stage)", spare,
             "stages holding every expert in HBM run no residency runtime"),
-        "lane.adaptive.link_bytes_per_barrier": Figure(
-            "lane.adaptive.link_bytes_per_barrier", "adaptive: host-link traffic per barrier, at most "
-            "(per GPU, busiest stage)", max(link.values()), "bytes", "max over adaptive stages", link,
-            "each stage swaps only its own MoE layers, over its own machine's host link"),
+        "lane.adaptive.copy_bytes_per_step": Figure(
+            "lane.adaptive.copy_bytes_per_step", "adaptive: copies per decode step while adapting, at most "
+            "(per GPU, busiest stage)", max(step.values()), "bytes", "max over adaptive stages", step,
+            "each stage copies only its own MoE layers' swaps, over its own machine's host link"),
     }
 
 

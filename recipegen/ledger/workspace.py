@@ -57,6 +57,8 @@ from expert_residency.contract.sizing import (
     BLOCK_N1,
     BLOCK_N2,
     counter_bytes,
+    decode_counter_bytes,
+    decode_mask_bytes,
     dense_ticket_bytes,
     fitted_tile,
     fp8_scratch_bytes,
@@ -68,6 +70,7 @@ from expert_residency.contract.sizing import (
 )
 
 from recipegen.common.units import GiB
+from recipegen.ledger.adaptive import adaptive_hbm
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.flags import flag_value
 from recipegen.ledger.parallel import expert_parallel
@@ -279,15 +282,25 @@ def workspace_figures(model: Model, machine: Machine, lane: Lane,
         add(Figure("hbm.runtime_workspace.kernels", "  of which split-layer kernel workspace", 0, "bytes", "", {},
                    "FlashInfer TRT-LLM banks allocate their scratch inside each call (in vLLM's profiled peak)"))
     counter = counter_and_mask_bytes(model.num_moe_layers, model.routed_experts, tokens.value)
+    formula = "8·moe_layers·routed_experts + 16·moe_layers + 5·max_num_batched_tokens + 9"
+    note = "core.ExpertCounter + vllm_plugin.step_masks.StepMasks (rendered lanes always count: drift)"
+    adaptive = lane.offload.adaptive
+    if adaptive is not None and adaptive.rank_picks == "decode":
+        counter += (decode_counter_bytes(model.num_moe_layers, model.routed_experts)
+                    + decode_mask_bytes(tokens.value))
+        formula += " + 16·moe_layers·routed_experts + max_num_batched_tokens + 9"
+        note += "; offload.adaptive.rank_picks decode: the decode-picks count and the per-row decode mask"
     add(Figure("hbm.runtime_workspace.counter", "  of which usage counter and step masks", counter, "bytes",
-               "8·moe_layers·routed_experts + 16·moe_layers + 5·max_num_batched_tokens + 9",
-               {"moe_layers": model.num_moe_layers, "routed_experts": model.routed_experts,
-                "max_num_batched_tokens": tokens.value},
-               "core.ExpertCounter + vllm_plugin.step_masks.StepMasks (rendered lanes always count: drift)"))
-    total = parts.total + counter
+               formula, {"moe_layers": model.num_moe_layers, "routed_experts": model.routed_experts,
+                         "max_num_batched_tokens": tokens.value}, note))
+    spare = adaptive_hbm(model, lane, add)
+    total = parts.total + counter + spare
+    operands = {"kernel_workspace_bytes": parts.total, "counter_bytes": counter}
+    if spare:
+        operands["adaptive_spare_hbm_bytes"] = spare
     add(Figure("hbm.runtime_workspace", "runtime workspace (per GPU)", total, "bytes",
-               "kernel workspace + counter and step masks",
-               {"kernel_workspace_bytes": parts.total, "counter_bytes": counter},
+               "kernel workspace + counter and step masks" + (" + adaptive spare rows" if spare else ""),
+               operands,
                "allocated by the runtime in load_model, before vLLM sizes the KV cache, so not in a "
                "reserve back-solved from a boot without it; allocated before re-homing, so also in "
                "the load-time HBM peak"))

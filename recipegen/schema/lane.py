@@ -71,7 +71,8 @@ class Offload(StrictModel):
     runtime has no prefetch mode yet, so this is for what-if budgets."""
     adaptive: Adaptive | None = None
     """Adaptive residency (usage-aware only): the map follows the traffic inside the running
-    engine by bounded swaps at step boundaries. Absent: off (the boot map stays)."""
+    engine; swaps are copied into spare rows beside the decode steps and go live by map flips.
+    Absent: off (the boot map stays)."""
 
     @model_validator(mode="after")
     def _check(self) -> Offload:

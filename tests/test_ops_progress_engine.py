@@ -335,3 +335,42 @@ def test_profile_shows_the_profile_boot_and_the_lane_restart(ops, tmp_path):
     assert not any(t.startswith("re-homing") for _, _, t in boot)
     restart = _progress(run, "lane-agent")
     assert _index(restart, "re-homing experts") < _index(restart, "healthy")
+
+
+def test_a_followed_log_survives_silence_and_a_cut_stream_resumes_without_loss_or_repeat(docker_engine):  # noqa: F811
+    """vLLM can be silent for minutes: the engine client's 2 s socket timeout here must not end
+    the follow (the docker SDK lifts it for streams). A stream cut anyway (here: closed under the
+    reader) resumes after the newest entry read, nothing lost or read twice."""
+    import queue
+
+    import docker
+    from docker_support.standin import STANDIN_TAG
+
+    from recipegen.ops.startup import _Boot, _LogFollower
+
+    build_standin_image(docker.DockerClient(base_url=docker_engine.host), [])
+    client = docker.DockerClient(base_url=docker_engine.host, timeout=2)
+    script = "for i in 1 2 3; do echo line-$i; echo err-$i >&2; sleep 5; done; echo last"
+    container = client.containers.run(STANDIN_TAG, entrypoint=["/bin/sh", "-c", script], detach=True,
+                                      network_mode="none")
+    try:
+        state = client.api.inspect_container(container.id)["State"]
+        events: queue.Queue = queue.Queue()
+        follower = _LogFollower(client, _Boot(container.id, state["StartedAt"], None), events)
+        follower.start()
+        seen, deadline, cut = [], time.monotonic() + 120, False
+        while time.monotonic() < deadline:
+            kind, _, text = events.get(timeout=deadline - time.monotonic())
+            if kind == "log_end":
+                break
+            seen.append(text)
+            if not cut and {"line-2", "err-2"} <= set(seen):
+                follower._stream.close()     # the stream ends; the follower is not stopping
+                cut = True
+        assert cut
+        assert sorted(seen) == sorted([f"line-{i}" for i in (1, 2, 3)] + [f"err-{i}" for i in (1, 2, 3)]
+                                      + ["last"]), seen
+        assert seen[-1] == "last"
+    finally:
+        container.remove(force=True)
+        client.close()

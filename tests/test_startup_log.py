@@ -86,3 +86,14 @@ def test_heartbeat_setting():
     for bad in ("0", "-1", "soon", "7200"):
         with pytest.raises(InputError, match="RECIPEGEN_HEARTBEAT_S"):
             heartbeat_interval({"RECIPEGEN_HEARTBEAT_S": bad})
+
+
+def test_log_stream_entries_keep_their_engine_time():
+    from recipegen.ops.startup import _entries
+
+    chunk = b"2026-12-03T08:26:23.504548123Z Capturing 50%|x\r 60%|y\n"
+    assert _entries(chunk) == [((1796286383, 504548123), "Capturing 50%|x\r 60%|y\n")]
+    # a timestamp inside the text is text; text before the first one is a split entry's end
+    split = b"end of an entry\n2026-12-03T08:26:23.5Z saw 2026-12-03T08:26:23.5Z here\n"
+    assert _entries(split) == [(None, "end of an entry\n"),
+                               ((1796286383, 500000000), "saw 2026-12-03T08:26:23.5Z here\n")]

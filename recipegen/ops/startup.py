@@ -11,10 +11,11 @@ container's process exiting stops the wait within seconds: the log's last lines 
 `StartupFailed` is raised (a `ComposeError`, so callers that roll back on a Compose failure roll
 back on it too).
 
-Which log belongs to this start: the container Compose starts is told from the one that ran before
-by its id and start time; a new container's log is read from its beginning, a restarted one's from
-the end of its previous run. The Docker engine's own clock decides, so a remote engine's clock
-offset does not matter.
+Which log belongs to this start (`_Watch`): a container other than the one found before the wait
+is Compose's, and its log is read from its beginning; the one found before counts once Compose has
+said it starts it or waits for it (not "Recreate"), from the end of its previous run. Times come
+from the Docker engine's own clock, so a remote engine's clock offset does not matter. A container
+whose process exits and is started again by its restart policy has failed, whatever its log said.
 """
 
 from __future__ import annotations
@@ -33,10 +34,8 @@ from typing import Any
 
 from recipegen.common.errors import InputError
 from recipegen.ops.compose import ComposeError, ComposeProject
-from recipegen.ops.engine import (
-    COMPOSE_PROJECT,
-    COMPOSE_SERVICE,
-)
+from recipegen.ops.engine import COMPOSE_PROJECT, COMPOSE_SERVICE
+from recipegen.ops.engine import _parse_time as _engine_time
 from recipegen.ops.startup_log import classify, clean
 
 Say = Callable[[str], None]
@@ -46,9 +45,10 @@ DEFAULT_HEARTBEAT_S = 30.0
 FATAL_GRACE_S = 3.0       # after a fatal line, the traceback that follows still reaches the tail
 TAIL_LINES = 40
 POLL_S = 1.0              # how often the engine is asked which container runs the service
-_TS = re.compile(rb"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z) ")
+# the time the engine puts before each log entry (`timestamps=True`), at the start of a line
+_TS = re.compile(rb"(?m)^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z) ")
 # Compose's per-layer progress lines: `<layer> Downloading [==>   ] 1.2MB/3GB` (also Extracting)
-_LAYER_PROGRESS = re.compile(r"^\s*(\S+)\s+(Downloading|Extracting|Waiting)\b")
+_LAYER_PROGRESS = re.compile(r"^\s*(\S+)\s+(Downloading|Extracting)\b")
 _COMPOSE_PULLING = re.compile(r"\bPulling\s*$")
 _COMPOSE_PULLED = re.compile(r"\bPulled\s*$")
 
@@ -80,17 +80,6 @@ def duration(seconds: float) -> str:
     if s < 3600:
         return f"{s // 60} min {s % 60:02d} s"
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
-
-
-def _parse_time(text: str | None) -> datetime | None:
-    if not text or text.startswith("0001-"):
-        return None
-    head, _, frac = text.rstrip("Z").partition(".")
-    try:
-        base = datetime.fromisoformat(head).replace(tzinfo=timezone.utc)
-    except ValueError:
-        return None
-    return base.replace(microsecond=int((frac[:6] or "0").ljust(6, "0")))
 
 
 def _stamp(text: bytes) -> tuple[int, int]:
@@ -137,49 +126,50 @@ class _LogFollower(threading.Thread):
         return bool(state.get("Running")) and state.get("StartedAt") == self.boot.started_at
 
     def run(self) -> None:
-        last: tuple[int, int] | None = None
-        since = self.boot.since
+        newest: tuple[int, int] | None = None   # the newest entry's time seen so far
+        since, resumed_after = self.boot.since, None
         while not self.stopping.is_set():
             try:
                 kwargs: dict[str, Any] = {"stream": True, "follow": True, "timestamps": True}
                 if since is not None:
                     kwargs["since"] = since
                 self._stream = self.client.api.logs(self.boot.container, **kwargs)
-                pending = b""
-                for chunk in self._stream:
+                for chunk in self._stream:   # one log entry per chunk, as the engine sends them
                     if self.stopping.is_set():
                         return
-                    pending += chunk
-                    # one entry per timestamp; an entry is complete once the next one begins or
-                    # the chunk ended on a newline (the engine sends whole entries)
-                    starts = [m.start() for m in _TS.finditer(pending)]
-                    cut = len(pending) if pending.endswith(b"\n") else (starts[-1] if starts else 0)
-                    for i, begin in enumerate(starts):
-                        if begin >= cut:
-                            break
-                        end = starts[i + 1] if i + 1 < len(starts) and starts[i + 1] <= cut else cut
-                        entry = pending[begin:end]
-                        m = _TS.match(entry)
-                        assert m is not None
-                        stamp = _stamp(m.group(1))
-                        if last is not None and stamp <= last:
-                            continue   # already seen before a resume
-                        last = stamp
-                        text = entry[m.end():].decode("utf-8", errors="replace")
+                    for stamp, text in _entries(chunk):
+                        if stamp is not None:
+                            if resumed_after is not None and stamp <= resumed_after:
+                                continue   # sent before the stream was cut: already read
+                            newest = stamp if newest is None else max(newest, stamp)
                         for line in re.split(r"[\r\n]+", text):
                             if line.strip():
                                 self.out.put(("log", self.boot, line))
-                    pending = pending[cut:]
-            except Exception:
+            except Exception:  # a cut stream or a socket timeout: resume below, or end
                 pass
             if self.stopping.is_set():
                 return
             if not self._running():
                 self.out.put(("log_end", self.boot, None))
                 return
-            if last is not None:
-                since = last[0] + last[1] / 1e9
+            if newest is not None:
+                resumed_after = newest
+                since = newest[0] + newest[1] / 1e9
             time.sleep(0.5)
+
+
+def _entries(chunk: bytes) -> list[tuple[tuple[int, int] | None, str]]:
+    """The (time, text) entries of a piece of a `timestamps=True` log stream; text before the
+    first timestamp (a split entry) comes without a time."""
+    out: list[tuple[tuple[int, int] | None, str]] = []
+    starts = list(_TS.finditer(chunk))
+    if not starts or starts[0].start() > 0:
+        head = chunk[:starts[0].start()] if starts else chunk
+        out.append((None, head.decode("utf-8", errors="replace")))
+    for i, m in enumerate(starts):
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(chunk)
+        out.append((_stamp(m.group(1)), chunk[m.end():end].decode("utf-8", errors="replace")))
+    return out
 
 
 class _ComposeReader(threading.Thread):
@@ -201,7 +191,6 @@ class _ComposeReader(threading.Thread):
 class StartOutcome:
     service: str
     seconds: float
-    phases: tuple[str, ...]
 
 
 class _Display:
@@ -212,7 +201,6 @@ class _Display:
         self.t0 = time.monotonic()
         self.last_said = self.t0
         self.phase, self.phase_since, self.order = "asking Compose to start the service", self.t0, -1
-        self.phases: list[str] = []
         self.last_line = ""
         self.layer_said: dict[tuple[str, str], float] = {}
 
@@ -223,7 +211,6 @@ class _Display:
 
     def enter(self, phase: str, detail: str = "") -> None:
         self.phase, self.phase_since = phase, time.monotonic()
-        self.phases.append(phase)
         self.line(phase + (f" ({detail})" if detail else ""))
 
     def compose(self, text: str) -> None:
@@ -239,7 +226,6 @@ class _Display:
         self.line(f"Compose: {text}")
         if _COMPOSE_PULLING.search(text) and self.order < 0:
             self.phase, self.phase_since = "pulling the image", time.monotonic()
-            self.phases.append(self.phase)
         elif _COMPOSE_PULLED.search(text) and self.order < 0:
             self.phase, self.phase_since = "creating the container", time.monotonic()
 
@@ -358,7 +344,7 @@ def start_service(project: ComposeProject, client: Any, project_name: str, servi
             raise ComposeError(f"`docker compose up {service}` failed (exit {rc}) after "
                                f"{duration(time.monotonic() - display.t0)}: {words}")
         display.line("healthy" if watch.boot is not None else "already running (nothing to change)")
-        return StartOutcome(service, time.monotonic() - display.t0, tuple(display.phases))
+        return StartOutcome(service, time.monotonic() - display.t0)
     finally:
         watch.stop()
         stop_compose()
@@ -402,7 +388,7 @@ class _Watch:
             name = (entry.get("Names") or [""])[0].lstrip("/")
             found.append((entry["Id"], name, state))
         never = datetime.min.replace(tzinfo=timezone.utc)
-        return sorted(found, key=lambda c: _parse_time(str(c[2].get("StartedAt") or "")) or never)
+        return sorted(found, key=lambda c: _engine_time(str(c[2].get("StartedAt") or "")) or never)
 
     def _baseline(self) -> _Baseline | None:
         found = self._containers()
@@ -438,7 +424,7 @@ class _Watch:
             self.replaced = True      # Compose made a container of its own
         runs = [c for c in found if c[0] != base
                 or (self.decided and not self.replaced)]
-        runs = [c for c in runs if _parse_time(str(c[2].get("StartedAt") or "")) is not None]
+        runs = [c for c in runs if _engine_time(str(c[2].get("StartedAt") or "")) is not None]
         if not runs:
             return
         container, _, state = runs[-1]
@@ -535,7 +521,7 @@ class _Watch:
 
 def _since(finished_at: str, started_at: str) -> float | None:
     """Where a restarted container's new run begins in its log: the end of its previous run."""
-    finished, started = _parse_time(finished_at), _parse_time(started_at)
+    finished, started = _engine_time(finished_at), _engine_time(started_at)
     if finished is not None and started is not None and finished <= started:
         return finished.timestamp()
     return started.timestamp() if started is not None else None

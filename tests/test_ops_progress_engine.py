@@ -55,6 +55,9 @@ def _boot_script(report_line: str, *, silent_s: float) -> str:
         f"say {ENGINE}INFO 12-01 10:05:01 [default_loader.py:507] Loading weights took 301.22 seconds",
         "sleep 1",
         f"err {report_line}",
+        # the engine copies stdout and stderr separately: a second between the runtime's line
+        # (stderr) and vLLM's next (stdout) keeps their order in the log
+        "sleep 1",
         f"say {ENGINE}INFO 12-01 10:06:02 [gpu_model_runner.py:5089] Model loading took 210.4 GiB "
         "memory and 362.512312 seconds",
         f"say {ENGINE}INFO 12-01 10:06:40 [gpu_worker.py:773] Available KV cache memory: 4.9 GiB",

@@ -243,6 +243,7 @@ class _Display:
             return verdict.fatal, verdict.rank, clean(text)
         if verdict.key == "report":  # one per worker: each is worth a line
             self.line(verdict.detail)
+            self.last_line = verdict.detail
         if not verdict.phase or verdict.order <= self.order:
             return None
         self.order = verdict.order

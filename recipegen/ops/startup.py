@@ -344,7 +344,7 @@ def start_service(project: ComposeProject, client: Any, project_name: str, servi
             words = "\n  ".join(watch.compose_words) or "(no output)"
             raise ComposeError(f"`docker compose up {service}` failed (exit {rc}) after "
                                f"{duration(time.monotonic() - display.t0)}: {words}")
-        display.line("healthy" if watch.boot is not None else "already running (nothing to change)")
+        display.line(watch.outcome())
         return StartOutcome(service, time.monotonic() - display.t0)
     finally:
         watch.stop()
@@ -514,6 +514,15 @@ class _Watch:
         self.display.say(f"{service}: the last {len(self.tail)} lines of its log:")
         for line in self.tail:
             self.display.say(f"  | {line}")
+
+    def outcome(self) -> str:
+        """The last line of a start Compose reported done."""
+        if self.boot is None:
+            return "already running (nothing to change)"
+        state = self._state(self.boot.container) or {}
+        if not state.get("Health"):
+            return "running (the service has no health check)"
+        return str(state["Health"].get("Status") or "running")
 
     def stop(self) -> None:
         if self.follower is not None:

@@ -378,8 +378,8 @@ class _Watch:
         self.failed_at = 0.0
 
     def _containers(self) -> list[tuple[str, str, dict[str, Any]]]:
-        """(id, name, State) of the service's containers that have been started, newest start
-        last. Containers come and go while Compose works: one removed between the listing and
+        """(id, name, State) of the service's containers, the latest started last (never started:
+        first). Containers come and go while Compose works: one removed between the listing and
         its inspection is left out."""
         found = []
         for entry in self.client.api.containers(all=True, filters={"label": self.filters}):

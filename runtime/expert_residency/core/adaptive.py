@@ -519,7 +519,15 @@ class AdaptivePolicy:
         busy = {(t.swap.layer, e) for t in self._transfers for e in (t.swap.promote, t.swap.demote)}
         order = sorted(range(len(swaps)), key=lambda k: -gains[k])   # stable: ties keep plan order
         self._queue = [(swaps[k], float(gains[k])) for k in order
-                       if (swaps[k].layer, swaps[k].promote) not in busy and (swaps[k].layer, swaps[k].demote) not in busy]
+                       if (swaps[k].layer, swaps[k].promote) not in busy and (swaps[k].layer, swaps[k].demote) not in busy
+                       and self._applies(swaps[k])]
+
+    def _applies(self, swap: Swap) -> bool:
+        """Whether ``swap`` still fits the live map: a plan is ranked on the map of its barrier, and
+        a transfer flipped between that ranking and the plan's read (a flip-only step) may already
+        have moved one of its experts; such a swap is dropped, and the next plan ranks again."""
+        layer = self.layers[swap.layer]
+        return swap.promote in layer.cold_ids and swap.demote in layer.hot_ids
 
     def _flip_copied(self, run: StepRunner) -> list[Transfer]:
         """Lookahead: flip every transfer whose copies were all issued (the step stream waits for

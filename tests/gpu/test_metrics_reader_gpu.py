@@ -38,15 +38,20 @@ def test_a_read_does_not_wait_for_the_step_stream():
     done: dict[str, object] = {}
 
     def read() -> None:
-        done["read"] = reader.read()
-        done["step_busy_after_read"] = not step.query()
+        try:
+            done["read"] = reader.read()
+            done["step_busy_after_read"] = not step.query()
+        except BaseException as exc:   # noqa: BLE001 - reported by the assertion below
+            done["error"] = repr(exc)
 
+    assert not step.query()                   # the "step" is running
     worker = threading.Thread(target=read)
     worker.start()
     worker.join(timeout=60)
-    assert "read" in done, "the read blocked behind the step's stream"
-    assert done["step_busy_after_read"] is True   # returned while the step was still running
     torch.cuda.synchronize()
+    assert "error" not in done, done.get("error")
+    assert "read" in done, "the read blocked behind the step's stream"
+    assert done["step_busy_after_read"] is True, "the read returned only after the step's stream finished"
 
 
 def test_after_the_step_the_read_is_exact():

@@ -68,6 +68,9 @@ def test_nemotron_h_one_block_per_layer_and_mamba2_state():
     # (fp32, the config's mamba_ssm_cache_dtype) = 2,097,152 B: 2,134,016 B, 23 layers
     assert terms.state_bytes == 2 * 23 * 2_134_016
     assert any("23 Mamba-2 layers" in n for n in est.notes)
+    assert any("relu2 experts without a gate" in n for n in est.notes)
+    # an up [1856, 2688] + down [2688, 1856] bf16 expert: 2 x 1856 x 2688 x 2 B
+    assert model.expert_bytes == 19_955_712
 
 
 def test_deepseek_v32_sparse_attention_reads_top_k_latents():

@@ -301,6 +301,9 @@ def step_model(loaded: Any, lane: Any, *, placement: str, hot: Sequence[int], co
                      "(a lower bound on their time)")
     elif row.model != model.name:
         notes.append(f"expert efficiency: the {fmt} row measured on {row.model}'s geometry (nearest bytes per expert)")
+    if model.activation is not None and model.activation.kind == "relu2_no_mul":
+        notes.append("relu2 experts without a gate (up and down only): their bytes are their own, the efficiency "
+                     "was measured on gated experts (an assumption)")
     cc = str(getattr(machine.gpus, "compute_capability", "") or "")
     fused = not cc.startswith("10.")
     drafter = model.drafter.weights if model.drafter is not None and model.drafter.weights else 0.0

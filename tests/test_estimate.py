@@ -131,3 +131,73 @@ def test_the_drafter_streams_its_weights_once_per_step():
     terms = step_terms(model, OperatingPoint(1, 2, context=100, acceptance=0.5))
     assert terms.drafter == pytest.approx(1e6 / 1e12)          # 1 MB at 1e12 B/s x GEMM efficiency 1.0
     assert terms.total == pytest.approx(terms.experts + terms.dense + terms.attention + terms.small_kernels + 1e-6)
+
+
+def test_acceptance_from_a_mean_length_by_hand():
+    from recipegen.costmodel.estimate import acceptance_from_mean_length, tokens_per_step
+    # α = 0.5, k = 3: 1 + 0.5 + 0.25 + 0.125 = 1.875 tokens per step
+    assert tokens_per_step(0.5, 3) == pytest.approx(1.875)
+    assert acceptance_from_mean_length(1.875, 3) == pytest.approx(0.5, abs=1e-9)
+    # the reference lane's 2.13 tokens at k = 5 is the 0.5425 the estimate defaults to
+    assert acceptance_from_mean_length(2.13, 5) == pytest.approx(0.5425, abs=5e-5)
+    for bad in (1.0, 4.0, 4.5):
+        with pytest.raises(ValueError, match="outside"):
+            acceptance_from_mean_length(bad, 3)
+
+
+def test_state_layers_read_once_and_write_once_per_token():
+    from recipegen.costmodel.estimate import StateGroup
+    # two state layers, 1,000 B of convolution state and 10,000 B of recurrent state per sequence
+    model = dataclasses.replace(tiny_model(MoeLayer((0.25,) * 4)), state=(StateGroup("gdn", 2, 1000.0, 10000.0),))
+    plain = step_terms(tiny_model(MoeLayer((0.25,) * 4)), OperatingPoint(3, 0, context=100))
+    terms = step_terms(model, OperatingPoint(3, 0, context=100))
+    # k = 0: 2 layers x 3 sequences x (read + write) x 11,000 B = 132,000 B at 1e12 B/s
+    assert terms.state_bytes == 132_000
+    assert terms.state == pytest.approx(132_000 / 1e12)
+    assert terms.unmeasured == pytest.approx(terms.state)
+    assert terms.total == pytest.approx(plain.total + terms.state)
+    # k = 2: the recurrent state is written once per token of the verify window (3 writes + 1 read)
+    spec = step_terms(model, OperatingPoint(3, 2, context=100, acceptance=0.5))
+    assert spec.state_bytes == 2 * 3 * (2 * 1000 + 4 * 10000)
+
+
+def test_sparse_attention_reads_topk_latents_and_every_indexer_key():
+    # one layer, 100 B of latent KV and 10 B of indexer key per token, top-20 of 1,000 held tokens
+    model = dataclasses.replace(tiny_model(MoeLayer((0.25,) * 4)),
+                                attention=(AttentionGroup(1, 100.0, None, 20, 10.0),))
+    terms = step_terms(model, OperatingPoint(2, 1, context=1000, acceptance=0.5))
+    latent = 4 * 20 * 100            # 2 streams x 2 query tokens x 20 picked tokens x 100 B
+    index = 2 * 1000 * 10            # every held key, once per sequence
+    assert terms.kv_bytes == latent + index
+    assert terms.attention == pytest.approx(2e-6 + latent / (1e12 * 0.5) + index / 1e12)
+    assert terms.unmeasured == pytest.approx(index / 1e12)
+    # a context shorter than top-k reads every held token's latent
+    short = step_terms(model, OperatingPoint(1, 0, context=5))
+    assert short.kv_bytes == 5 * 100 + 5 * 10
+
+
+def test_weights_left_in_host_memory_cross_the_link_once_per_step():
+    model = dataclasses.replace(tiny_model(MoeLayer((0.25,) * 4)), host_dense_bytes=5e6)
+    terms = step_terms(model, OperatingPoint(1, 0, context=100))
+    assert terms.host_dense == pytest.approx(5e6 / 1e10)          # 5 MB over 10 GB/s: 0.5 ms
+    assert terms.total == pytest.approx(22.2e-6 + 5e-4)
+
+
+def test_independent_streams_what_if():
+    layer = MoeLayer(tuple(default_skew(64)))
+    model = dataclasses.replace(tiny_model(layer), top_k=4)
+    one = step_terms(model, OperatingPoint(1, 0, context=100))
+    four_as_one = step_terms(model, OperatingPoint(4, 0, context=100, independent_streams=1))
+    four = step_terms(model, OperatingPoint(4, 0, context=100))
+    assert four_as_one.unique_per_layer == pytest.approx(one.unique_per_layer)
+    assert four.unique_per_layer > 3 * one.unique_per_layer
+    assert four_as_one.attention == pytest.approx(four.attention)   # KV reads still per stream
+
+
+def test_explicit_launch_counts_replace_the_per_layer_rule():
+    base = tiny_model(MoeLayer((0.25,) * 4))
+    counted = dataclasses.replace(base, gemm_launches=10, small_launches=20)
+    t0 = step_terms(base, OperatingPoint(1, 0, context=100))
+    t1 = step_terms(counted, OperatingPoint(1, 0, context=100))
+    assert t1.dense - t0.dense == pytest.approx((10 - 3) * 1e-6)            # GEMM fixed time 1 us each
+    assert t1.small_kernels - t0.small_kernels == pytest.approx((20 - 7) * 1e-6)

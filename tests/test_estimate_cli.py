@@ -100,3 +100,14 @@ def test_fit_and_compare_api_what_ifs():
         estimate_lane(loaded, "chat", hot_per_layer=129)
     assert default_streams(16) == [1, 2, 4, 8, 16] and default_streams(6) == [1, 2, 4, 6]
     assert default_streams(1) == [1]
+
+
+def test_positional_fetch_line_reads_as_words():
+    result = CliRunner().invoke(main, ["check", "budgets", "qwen3-next-80b-a3b-rtx5090"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    # 128 GiB of 3 GiB layers: 42 whole layers, then the 43rd's 2 GiB w13 reaches the budget
+    assert ("the experts of 42 of 48 MoE layers (and part of 1 more) sit in host memory (vLLM's "
+            "--cpu-offload-gb walk takes whole layers in load order; the router's choices play no part), so "
+            f"all traffic reads {(42 + 2 / 3) / 48:.2%} of its routed picks over the link; C1 k=0:") in out
+    assert "(all traffic) (active)" not in out and "on the active map" not in out

@@ -39,8 +39,8 @@ def _streams(text: str | None) -> list[int] | None:
 @click.option("--context", type=click.IntRange(1), default=None,
               help="KV tokens each sequence holds in the decode estimate (default 4,096, at most max_model_len).")
 @click.option("--acceptance", type=click.FloatRange(0.0, 1.0, max_open=True), default=None,
-              help="Probability that a draft token is accepted, for the decode estimate (default: the "
-                   "reference lane's DSpark figure, 0.5425).")
+              help="Probability that a draft token is accepted, for the decode estimate (default: the lane's "
+                   "speculative.acceptance, else the reference lane's DSpark figure, 0.5425).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--explain", is_flag=True, help="Show the formula and operands of the lane's current fetch figures.")
 def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | None, concurrency_text: str | None,
@@ -115,7 +115,7 @@ def _estimate_lines(estimate, others) -> list[str]:  # type: ignore[no-untyped-d
         per = ", ".join(f"C{s} {v:,.1f}" for s, v in alt.estimate.tokens_per_s.items())
         lines.append(f"  instead, {alt.description}: {per} tok/s")
     if estimate.acceptance is not None:
-        lines.append(f"  acceptance {estimate.acceptance:g} per draft token ({estimate.acceptance_source})")
+        lines.append(f"  acceptance {estimate.acceptance:.4f} per draft token ({estimate.acceptance_source})")
     lines += [f"  note: {n}" for n in estimate.notes]
     return lines
 

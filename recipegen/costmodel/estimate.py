@@ -11,7 +11,16 @@ every decoder layer once:
   experts) and the LM head, streamed once per step: ``gemm.seconds(bytes, T, R)`` per launch
   (fixed time + bytes ÷ (R × efficiency), ``efficiency.GEMM_BF16``);
 * **attention**: every sequence reads its KV cache once per layer (a sliding layer at most its
-  window): ``attention.seconds(S × tokens held × KV bytes per token, T, R)``;
+  window): ``attention.seconds(S × tokens held × KV bytes per token, T, R)``; a sparse-attention
+  layer (DeepSeek-V3.2's indexer) reads every held token's indexer key once per sequence and, per
+  query token, the latent KV of at most ``topk`` tokens;
+* **state layers** (Gated DeltaNet, Mamba-2): every sequence's state is read once and written once
+  per token of the step (vLLM 0.33's recurrent decode kernels update it in place; with draft tokens
+  the kernel stores one state per token, third_party/flash_linear_attention/ops/fused_sigmoid_gating.py),
+  at the HBM read rate — those kernels were never measured here, so their time is a lower bound
+  (``StepTerms.unmeasured``);
+* **non-routed weights in host memory** (what ``--cpu-offload-gb``'s walk moved besides experts):
+  read over the host link once per step;
 * **small kernels**: norms, rotary + cache write, top-k, softmax — ``SMALL_KERNEL_S`` each;
 * **routed experts**, per MoE layer: the unique experts the step touches (``touched``), hot ones
   read from HBM at R × the runtime's measured efficiency for the format and T
@@ -47,6 +56,18 @@ SMALL_KERNELS_PER_LAYER = 7
 GEMMS_PER_LAYER = 3
 # The step's own small kernels: embedding gather, residual reset, final norm, argmax.
 SMALL_KERNELS_PER_STEP = 4
+
+# Launches by block kind, so that a layer of any family adds up from its parts (an attention + MoE
+# layer: 2 + 1 GEMMs and 2 + 1 + 4 small kernels, the counts above). Norms: one fused add + RMSNorm
+# per block. Attention: QKV and output projections; rotary + KV write. MoE: the router (+ two
+# GEMMs for shared experts); top-k (two launches), the weights' cast, softmax. Dense MLP:
+# gate/up and down; the activation. Gated DeltaNet (vLLM 0.33 qwen_gdn_linear_attn.py): the qkvz,
+# ba and output projections; conv update, recurrent update, gated RMSNorm. Mamba-2
+# (mamba_mixer2.py): in and out projections; conv update, SSM update, gated RMSNorm. DeepSeek
+# sparse-attention indexer (models/deepseek_v32/attention.py): wq_b and wk/weights projections;
+# key norm + fp8 quantise and cache write, the logits, the top-k selection.
+GEMMS = {"attention": 2, "moe": 1, "shared_experts": 2, "mlp": 2, "gdn": 3, "mamba2": 2, "indexer": 2}
+SMALL = {"norm": 1, "attention": 1, "moe": 4, "mlp": 1, "gdn": 3, "mamba2": 3, "indexer": 3}
 
 # Hot and cold reads of one usage-aware layer through the fused split launch (both banks in one
 # launch, BENCHMARKS.md run F / AA): the longer stream plus this share of the shorter. 1/2 puts
@@ -138,11 +159,28 @@ class MoeLayer:
 
 @dataclass(frozen=True)
 class AttentionGroup:
-    """Decoder layers of one attention kind: how many, KV bytes per token per layer, window."""
+    """Decoder layers of one attention kind: how many, KV bytes per token per layer, window.
+
+    Sparse attention (DeepSeek-V3.2, GLM-5): ``topk`` tokens each query token attends to, and the
+    indexer's key bytes per token per layer (``index_bytes_per_token``), read for every held token
+    once per sequence."""
 
     layers: int
     kv_bytes_per_token: float
     window: int | None = None
+    topk: int | None = None
+    index_bytes_per_token: float = 0.0
+
+
+@dataclass(frozen=True)
+class StateGroup:
+    """Decoder layers that keep a state per sequence (Gated DeltaNet, Mamba-2): how many, and per
+    sequence per layer the convolution state's and the recurrent (SSM) state's bytes."""
+
+    kind: str
+    layers: int
+    conv_bytes: float
+    ssm_bytes: float
 
 
 @dataclass(frozen=True)
@@ -165,6 +203,10 @@ class StepModel:
     gemm: LaunchCost = GEMM_BF16
     attention_cost: LaunchCost = ATTENTION_DECODE
     small_kernel_s: float = SMALL_KERNEL_S
+    state: tuple[StateGroup, ...] = ()
+    host_dense_bytes: float = 0.0       # non-routed weights in host memory, read over the link each step
+    gemm_launches: int | None = None    # GEMM launches of the decoder layers (None: GEMMS_PER_LAYER each)
+    small_launches: int | None = None   # small kernels of the decoder layers (None: SMALL_KERNELS_PER_LAYER each)
 
 
 @dataclass(frozen=True)
@@ -173,6 +215,10 @@ class OperatingPoint:
     k: int = 0                          # draft tokens per step
     context: int = 4096                 # KV tokens each sequence holds
     acceptance: float | None = None     # α: probability a draft token is accepted (k > 0)
+    # Streams whose routing is independent, for the unique experts a step touches (default: all of
+    # them). Fewer says the streams share experts beyond what their histogram implies (e.g. a
+    # benchmark sending alike prompts); the validation tables show the estimate as a function of it.
+    independent_streams: float | None = None
 
     @property
     def tokens(self) -> int:
@@ -182,10 +228,31 @@ class OperatingPoint:
     def tokens_per_step_per_stream(self) -> float:
         if self.k == 0:
             return 1.0
-        a = self.acceptance
-        if a is None:
+        if self.acceptance is None:
             raise ValueError("a speculative operating point needs the acceptance rate")
-        return float(self.k + 1) if a >= 1 else (1 - a ** (self.k + 1)) / (1 - a)
+        return tokens_per_step(self.acceptance, self.k)
+
+
+def tokens_per_step(acceptance: float, k: int) -> float:
+    """Output tokens per step of one stream verifying k draft tokens: 1 + α + … + α^k."""
+    if k == 0:
+        return 1.0
+    return float(k + 1) if acceptance >= 1 else (1 - acceptance ** (k + 1)) / (1 - acceptance)
+
+
+def acceptance_from_mean_length(mean_length: float, k: int) -> float:
+    """α such that ``tokens_per_step(α, k)`` equals a measured mean acceptance length (1 < L < k + 1;
+    the sum rises with α, so bisection)."""
+    if not 1 < mean_length < k + 1:
+        raise ValueError(f"mean acceptance length {mean_length:g} is outside (1, {k + 1}) at k={k}")
+    lo, hi = 0.0, 1.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if tokens_per_step(mid, k) < mean_length:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 @dataclass(frozen=True)
@@ -205,10 +272,16 @@ class StepTerms:
     cold_bytes: float
     kv_bytes: float
     dense_bytes: float
+    state: float = 0.0                  # state layers' reads and writes (a lower bound: never measured)
+    state_bytes: float = 0.0
+    host_dense: float = 0.0             # non-routed weights read over the host link
+    host_dense_bytes: float = 0.0
+    unmeasured: float = 0.0             # seconds from kernels no table measured (state layers, indexer)
 
     @property
     def total(self) -> float:
-        return self.experts + self.dense + self.attention + self.small_kernels + self.drafter
+        return (self.experts + self.dense + self.attention + self.small_kernels + self.drafter + self.state
+                + self.host_dense)
 
     def to_json(self) -> dict:
         return {"step_ms": self.total * 1e3, "experts_ms": self.experts * 1e3,
@@ -217,13 +290,16 @@ class StepTerms:
                 "small_kernels_ms": self.small_kernels * 1e3, "drafter_ms": self.drafter * 1e3,
                 "unique_experts_per_layer": self.unique_per_layer, "cold_experts_per_step": self.cold_per_step,
                 "hot_expert_bytes": self.hot_bytes, "cold_expert_bytes": self.cold_bytes,
-                "kv_bytes": self.kv_bytes, "dense_bytes": self.dense_bytes}
+                "kv_bytes": self.kv_bytes, "dense_bytes": self.dense_bytes, "state_ms": self.state * 1e3,
+                "state_bytes": self.state_bytes, "host_dense_ms": self.host_dense * 1e3,
+                "host_dense_bytes": self.host_dense_bytes, "unmeasured_ms": self.unmeasured * 1e3}
 
 
 def step_terms(model: StepModel, point: OperatingPoint) -> StepTerms:
     """The step's time by term at one operating point."""
     t_tokens = point.tokens
-    eff_tokens = point.streams * one_stream_tokens(point.k)
+    independent = point.streams if point.independent_streams is None else point.independent_streams
+    eff_tokens = independent * one_stream_tokens(point.k)
     hot = cold = experts = 0.0
     unique = cold_n = hot_bytes = cold_bytes = 0.0
     eff = model.expert_efficiency.at(t_tokens) if model.expert_efficiency else 1.0
@@ -238,22 +314,41 @@ def step_terms(model: StepModel, point: OperatingPoint) -> StepTerms:
         hot_bytes += h * hot_rate
         cold_bytes += c * model.pinned_read
     dense_bytes = model.decoder_layers * model.dense_bytes_per_layer + model.head_bytes
-    gemms = model.decoder_layers * (GEMMS_PER_LAYER + model.shared_expert_gemms) + 1
+    gemms = (model.decoder_layers * (GEMMS_PER_LAYER + model.shared_expert_gemms)
+             if model.gemm_launches is None else model.gemm_launches) + 1
     gemm_rate = model.hbm_read * model.gemm.efficiency(t_tokens)
     dense = gemms * model.gemm.fixed(t_tokens) + dense_bytes / gemm_rate
     drafter = model.drafter_bytes / gemm_rate   # one drafter pass streams its weights once
     kv_bytes = 0.0
     attention = 0.0
+    unmeasured = 0.0
     for group in model.attention:
         held = point.context if group.window is None else min(point.context, group.window)
-        per_layer = point.streams * held * group.kv_bytes_per_token
-        kv_bytes += group.layers * per_layer
+        if group.topk is None:
+            per_layer = point.streams * held * group.kv_bytes_per_token
+        else:   # each query token reads the latent KV of the tokens its indexer picked
+            per_layer = t_tokens * min(held, group.topk) * group.kv_bytes_per_token
+        index = point.streams * held * group.index_bytes_per_token   # the indexer scans every held key
+        kv_bytes += group.layers * (per_layer + index)
         attention += group.layers * model.attention_cost.seconds(per_layer, t_tokens, model.hbm_read)
-    small = (model.decoder_layers * SMALL_KERNELS_PER_LAYER + SMALL_KERNELS_PER_STEP) * model.small_kernel_s
+        if index:
+            seconds = group.layers * index / model.hbm_read
+            attention += seconds
+            unmeasured += seconds
+    # State layers: each sequence's state read once, then written once per token of its verify window.
+    state_bytes = sum(g.layers * point.streams * (2 * g.conv_bytes + (2 + point.k) * g.ssm_bytes)
+                      for g in model.state)
+    state = state_bytes / model.hbm_read
+    unmeasured += state
+    host_dense = model.host_dense_bytes / model.pinned_read
+    small_per_layers = (model.decoder_layers * SMALL_KERNELS_PER_LAYER if model.small_launches is None
+                        else model.small_launches)
+    small = (small_per_layers + SMALL_KERNELS_PER_STEP) * model.small_kernel_s
     return StepTerms(hot_experts=hot, cold_experts=cold, experts=experts, dense=dense, attention=attention,
                      small_kernels=small, drafter=drafter, unique_per_layer=unique / max(len(model.moe), 1),
                      cold_per_step=cold_n, hot_bytes=hot_bytes, cold_bytes=cold_bytes, kv_bytes=kv_bytes,
-                     dense_bytes=dense_bytes)
+                     dense_bytes=dense_bytes, state=state, state_bytes=state_bytes, host_dense=host_dense,
+                     host_dense_bytes=model.host_dense_bytes, unmeasured=unmeasured)
 
 
 def moe_layer_seconds(layer: MoeLayer, model: StepModel, eff_tokens: float, hot_rate: float

@@ -96,6 +96,21 @@ def _points_text(points: Sequence[FetchPoint]) -> str:
     return "; ".join(parts)
 
 
+def _positional_text(share: ColdShare, classes: Sequence[str]) -> str:
+    """A positional lane's cold share in words: which layers sit in host memory and what share of
+    every class's picks that makes (the same for every class: the router plays no part)."""
+    per = share.per_layer or ()
+    whole = sum(1 for x in per if x >= 1)
+    partial = sum(1 for x in per if 0 < x < 1)
+    where = (f"the experts of {whole} of {len(per)} MoE layers" if per else "experts")
+    if partial:
+        where += f" (and part of {partial} more)"
+    who = "every traffic class" if len(classes) > 1 or (classes and classes[0] != "(all traffic)") else "all traffic"
+    return (f"{where} sit in host memory (vLLM's --cpu-offload-gb walk takes whole layers in load order; "
+            f"the router's choices play no part), so {who} reads {share.overall:.2%} of its routed picks over "
+            "the link")
+
+
 @dataclass
 class LaneFetchSummary:
     """What `check budgets` shows per lane and class: projected fetch time and share of step."""
@@ -125,7 +140,10 @@ class LaneFetchSummary:
                f"per decode step; {self.placement}):"]
         if self.per_gpu:
             out.append(f"  {self.per_gpu}; {ONE_LINK_PER_GPU}")
-        for c in self.classes:
+        if self.placement == "positional" and self.classes and self.classes[0].cold_share is not None:
+            out.append("  " + _positional_text(self.classes[0].cold_share, [c.traffic_class for c in self.classes])
+                       + "; " + _points_text(self.classes[0].points))
+        for c in self.classes if self.placement != "positional" else ():
             tag = " (active)" if c.active else ""
             if c.missing:
                 out.append(f"  {c.traffic_class}{tag}: {c.missing}")

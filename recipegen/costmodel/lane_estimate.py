@@ -19,11 +19,15 @@ import numpy as np
 from recipegen.common.errors import InputError
 from recipegen.costmodel.efficiency import expert_efficiency
 from recipegen.costmodel.estimate import (
+    GEMMS,
+    SMALL,
     AttentionGroup,
     MoeLayer,
     OperatingPoint,
+    StateGroup,
     StepModel,
     StepTerms,
+    acceptance_from_mean_length,
     default_skew,
     step_terms,
 )
@@ -120,9 +124,12 @@ class LaneEstimate:
             lo, hi = p.tokens_per_s_band
             t = p.terms
             cold = f" + cold {t.cold_experts * 1e3:.2f}" if t.cold_experts else ""
+            extra = (f" + state layers {t.state * 1e3:.2f}" if t.state else "") + (
+                f" + weights in host memory {t.host_dense * 1e3:.2f}" if t.host_dense else "") + (
+                f" + drafter {t.drafter * 1e3:.2f}" if t.drafter else "")
             out.append(f"  C{p.streams} k={p.k}: {p.tokens_per_s:,.1f} tok/s ({lo:,.0f}–{hi:,.0f}); step "
                        f"{t.total * 1e3:.2f} ms = experts {t.experts * 1e3:.2f} (hot {t.hot_experts * 1e3:.2f}{cold}) "
-                       f"+ dense {t.dense * 1e3:.2f} + attention {t.attention * 1e3:.2f} + small kernels "
+                       f"+ dense {t.dense * 1e3:.2f} + attention {t.attention * 1e3:.2f}{extra} + small kernels "
                        f"{t.small_kernels * 1e3:.2f}; {t.unique_per_layer:.1f} unique experts per layer")
         return out
 
@@ -170,23 +177,100 @@ def _cold_masks(loaded: Any, lane: Any, shares: np.ndarray, hot: Sequence[int], 
 
 def _attention_groups(model: Any, tp: int) -> tuple[AttentionGroup, ...]:
     if model.attention:
-        return tuple(AttentionGroup(len(g.layers), float(g.bytes_per_token_per_layer(tp)),
-                                    g.window if g.kind == "sliding" else None) for g in model.attention)
+        out = []
+        for g in model.attention:
+            index = float(g.indexer_bytes_per_token())
+            topk = getattr(g, "index_topk", None) if index else None
+            out.append(AttentionGroup(len(g.layers), float(g.bytes_per_token_per_layer(tp)) - index,
+                                      g.window if g.kind == "sliding" else g.chunk if g.kind == "chunked" else None,
+                                      topk, index))
+        return tuple(out)
     return (AttentionGroup(model.decoder_layers, model.kv_token_bytes / model.decoder_layers / tp),)
+
+
+def _state_groups(model: Any, lane: Any, tp: int) -> tuple[StateGroup, ...]:
+    """Per state group, the state one sequence keeps per layer on one GPU (the lane's cache dtypes;
+    the convolution state holds k more columns with speculative decoding, as vLLM sizes it)."""
+    from recipegen.ledger.kv_state import lane_state_groups
+
+    spec = lane.speculative.k if lane.speculative is not None and lane.speculative.k else 0
+    out = []
+    for g in lane_state_groups(model, lane):
+        total = g.bytes_per_sequence_per_layer(tp, spec)
+        ssm = total - g.model_copy(update={"conv_kernel": 1}).bytes_per_sequence_per_layer(tp, 0)
+        out.append(StateGroup(g.kind, len(g.layers), float(total - ssm), float(ssm)))
+    return tuple(out)
+
+
+def _launches(model: Any) -> tuple[int, int, str]:
+    """(GEMM launches, small kernels, how) of the decoder layers, added up from each layer's blocks
+    (``estimate.GEMMS`` / ``estimate.SMALL``). A model with layers that have neither attention nor
+    state (Nemotron-H's pattern: vLLM 0.33 models/nemotron_h.py builds one block per layer — a
+    Mamba-2 mixer, an attention mixer, an MoE or an MLP) has one block per layer; every other model
+    has a mixer and an MLP (MoE or dense) per layer."""
+    moe = set(model.moe_layers)
+    attention = {i: g for g in model.attention for i in g.layers}
+    state = {i: g.kind for g in model.state for i in g.layers}
+    single = bool(model.cacheless_layers)
+    shared = GEMMS["shared_experts"] if model.shared_experts else 0
+    gemms = small = 0
+    for i in range(model.decoder_layers):
+        mixer = state.get(i) or ("attention" if i in attention or not model.attention else None)
+        blocks = [] if mixer is None else [mixer]
+        if i in attention and attention[i].index_head_dim is not None:
+            blocks.append("indexer")
+        if not (single and mixer is not None):
+            blocks.append("moe" if i in moe else "mlp")
+        gemms += sum(GEMMS[b] for b in blocks) + (shared if i in moe else 0)
+        small += sum(SMALL[b] for b in blocks) + SMALL["norm"] * (1 if single else 2)
+    how = ("one block per layer (" + ", ".join(f"{n} {k}" for k, n in _kinds(model, single).items()) + ")"
+           if single else "a mixer and an MLP per layer")
+    return gemms, small, how
+
+
+def _kinds(model: Any, single: bool) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for g in model.state:
+        out[g.kind] = out.get(g.kind, 0) + len(g.layers)
+    n_attn = sum(len(g.layers) for g in model.attention)
+    if n_attn:
+        out["attention"] = n_attn
+    if single:
+        out["MoE"] = len(model.moe_layers)
+        mlp = len(set(model.cacheless_layers) - set(model.moe_layers))
+        if mlp:
+            out["MLP"] = mlp
+    return out
 
 
 def _dense(model: Any, tp: int) -> tuple[float, float, str]:
     """(bytes streamed per decoder layer, bytes streamed once per step, how) on one GPU."""
     layers = model.decoder_layers
-    if model.decoder_layer_bytes is not None and model.dense_bytes is not None:
+    dlb = model.decoder_layer_bytes
+    if dlb is not None and model.dense_bytes is not None:
         moe_n = model.num_moe_layers
-        per = model.decoder_layer_bytes.moe_layer * moe_n + (model.decoder_layer_bytes.dense_layer or 0) * (layers - moe_n)
+        per = (sum(dlb.layers) if dlb.layers is not None
+               else dlb.moe_layer * moe_n + (dlb.dense_layer or 0) * (layers - moe_n))
         head = max(0.0, (model.dense_bytes - per) / 2)   # untied embeddings: the LM head is half the rest
         return per / layers / tp, head / tp, ("decoder layers' bytes + the LM head (half of the rest of "
                                               "dense_bytes: untied embeddings)")
     if model.dense_bytes is not None:
         return model.dense_bytes / layers / tp, 0.0, "all of dense_bytes streamed every step (an upper bound)"
     return 0.0, 0.0, "no dense_bytes in the catalog: dense weights not counted"
+
+
+def _host_dense(model: Any, lane: Any, placement: str) -> float:
+    """Non-routed bytes the lane's load-time ``--cpu-offload-gb`` walk leaves in host memory (all GPUs
+    of the lane), as the ledger counts them: the lane's own placement and its positional column
+    keep them; usage-aware residency offered to a positional lane loads without the walk."""
+    from recipegen.ledger.placement import experts_only, positional_walk
+
+    budget = lane.offload.load_cpu_offload
+    if not budget or placement == "all-in-hbm":
+        return 0.0
+    if placement == "usage-aware" and lane.offload.placement != "usage-aware":
+        return 0.0
+    return float(positional_walk(model, budget, experts_only=experts_only(lane)).dense_offloaded)
 
 
 def step_model(loaded: Any, lane: Any, *, placement: str, hot: Sequence[int], cold: Sequence[int],
@@ -217,34 +301,70 @@ def step_model(loaded: Any, lane: Any, *, placement: str, hot: Sequence[int], co
                      "(a lower bound on their time)")
     elif row.model != model.name:
         notes.append(f"expert efficiency: the {fmt} row measured on {row.model}'s geometry (nearest bytes per expert)")
+    if model.activation is not None and model.activation.kind == "relu2_no_mul":
+        notes.append("relu2 experts without a gate (up and down only): their bytes are their own, the efficiency "
+                     "was measured on gated experts (an assumption)")
     cc = str(getattr(machine.gpus, "compute_capability", "") or "")
     fused = not cc.startswith("10.")
     drafter = model.drafter.weights if model.drafter is not None and model.drafter.weights else 0.0
+    gemms, small, launches_how = _launches(model)
+    host_dense = _host_dense(model, lane, placement)
+    state = _state_groups(model, lane, tp)
+    attention = _attention_groups(model, tp)
     sm = StepModel(decoder_layers=model.decoder_layers, moe=tuple(layers), top_k=model.top_k,
                    bytes_per_expert=model.expert_bytes / tp, expert_efficiency=row,
-                   dense_bytes_per_layer=per_layer, head_bytes=head, attention=_attention_groups(model, tp),
+                   dense_bytes_per_layer=per_layer, head_bytes=head, attention=attention,
                    hbm_read=float(machine.gpus.hbm_bandwidth), pinned_read=float(machine.pinned_read_bandwidth),
                    fused_split=fused, shared_expert_gemms=2 if model.shared_experts else 0,
-                   drafter_bytes=float(drafter) / tp)
+                   drafter_bytes=float(drafter) / tp, state=state, host_dense_bytes=host_dense / tp,
+                   gemm_launches=gemms, small_launches=small)
+    if model.state or model.cacheless_layers:
+        notes.append(f"layers: {launches_how}")
+    for g in state:
+        notes.append(f"{g.layers} {_STATE_NAMES.get(g.kind, g.kind)} layers: each sequence's state "
+                     f"({(g.conv_bytes + g.ssm_bytes) / 2**20:.2f} MiB per layer) read once and written once per "
+                     "token of the step, at the HBM read rate — those kernels were never measured, so this "
+                     "time is a lower bound and the band's low end allows twice it")
+    for g in attention:
+        if g.index_bytes_per_token:
+            notes.append(f"sparse attention: {g.layers} layers read every held token's indexer key "
+                         f"({g.index_bytes_per_token:.0f} B) per sequence at the HBM read rate (never measured: a "
+                         "lower bound, the band's low end allows twice it) and, per query token, the latent KV of "
+                         + (f"at most {g.topk:,} tokens (index_topk)" if g.topk else
+                            "every held token (the model file names no index_topk: an upper bound)"))
+    if host_dense:
+        notes.append(f"non-routed weights in host memory: {host_dense / 2**30:.2f} GiB that the load's "
+                     "--cpu-offload-gb walk moved besides experts, read over the host link on every step")
     if lane.speculative is not None and not drafter:
         notes.append("the drafter's own forward pass is not counted (the catalog declares no drafter weights)")
     return sm, notes
 
 
-def _band(machine: Any, point: OperatingPoint) -> tuple[float, float]:
+_STATE_NAMES = {"gdn": "Gated DeltaNet", "mamba2": "Mamba-2"}
+
+
+def _band(machine: Any, point: OperatingPoint, terms: StepTerms | None = None) -> tuple[float, float]:
+    """The validated band; where part of the step comes from kernels no table measured (state
+    layers, the sparse-attention indexer: counted at the HBM read rate, a lower bound on their
+    time), the low end also allows those kernels twice their time."""
     kind = str(getattr(machine.gpus, "kind", ""))
     measured = any(k in kind for k in MEASURED_GPU_KINDS)
     if measured and point.tokens <= MEASURED_MAX_TOKENS:
-        return BAND_MEASURED_GPU
-    if point.streams == 1:
-        return BAND_ONE_STREAM
-    return BAND_OTHER_GPU_STREAMS
+        band = BAND_MEASURED_GPU
+    elif point.streams == 1:
+        band = BAND_ONE_STREAM
+    else:
+        band = BAND_OTHER_GPU_STREAMS
+    if terms is not None and terms.unmeasured > 0:
+        band = (band[0] / (1 + terms.unmeasured / terms.total), band[1])
+    return band
 
 
 def estimate_lane(loaded: Any, lane_name: str, *, ledger: Any = None, placement: str | None = None,
                   hot_per_layer: int | Sequence[int] | None = None, streams: Sequence[int] | None = None,
                   context: int | None = None, acceptance: float | None = None,
-                  traffic_class: str | None = None) -> LaneEstimate:
+                  traffic_class: str | None = None, k: int | None = None,
+                  independent_streams: float | None = None) -> LaneEstimate:
     """Estimated decode tokens/s of one lane of a loaded recipe.
 
     ``placement``: the lane's own (default), the other one ("usage-aware" / "positional", as the
@@ -252,7 +372,11 @@ def estimate_lane(loaded: Any, lane_name: str, *, ledger: Any = None, placement:
     usage-aware what-if (the least-used experts of the class's histogram go cold; the row map is
     ignored). ``streams``: concurrencies (default 1 .. the lane's max, powers of two and the max).
     ``context``: KV tokens per sequence (default ``DEFAULT_CONTEXT``, at most max_model_len).
-    ``acceptance``: α per draft token (default ``DEFAULT_ACCEPTANCE``).
+    ``acceptance``: α per draft token (default: the lane's ``speculative.acceptance``, else
+    ``DEFAULT_ACCEPTANCE``). ``k``: draft tokens per step at every concurrency instead of the lane's
+    k or schedule (a what-if; 0 turns speculation off). ``independent_streams``: how many of the
+    streams route independently, for the unique experts a step touches (default: all; at most the
+    streams of each point) — the what-if the validation shows its eight- and sixteen-stream gap with.
     """
     from recipegen.ledger import compute_ledger
 
@@ -287,13 +411,22 @@ def estimate_lane(loaded: Any, lane_name: str, *, ledger: Any = None, placement:
                            use_rowmap=use_rowmap)
     ctx = min(context or DEFAULT_CONTEXT, lane.max_model_len)
     points = sorted(set(streams)) if streams else default_streams(lane.concurrency.max)
-    alpha = acceptance if acceptance is not None else DEFAULT_ACCEPTANCE
+    alpha, alpha_source = lane_acceptance(lane, acceptance)
     out = []
+    if k is not None and k < 0:
+        raise InputError(f"k {k}: draft tokens per step cannot be negative", field="k")
+    speculative = lane.speculative is not None or bool(k)
     for s in points:
-        k = 0 if lane.speculative is None else lane.speculative.k_at(s)
-        op = OperatingPoint(s, k, ctx, alpha if k else None)
+        k_s = k if k is not None else 0 if lane.speculative is None else lane.speculative.k_at(s)
+        independent = None if independent_streams is None else min(float(independent_streams), s)
+        op = OperatingPoint(s, k_s, ctx, alpha if k_s else None, independent)
         terms = step_terms(sm, op)
-        out.append(EstimatePoint(s, k, s * op.tokens_per_step_per_stream, terms, _band(machine, op)))
+        out.append(EstimatePoint(s, k_s, s * op.tokens_per_step_per_stream, terms, _band(machine, op, terms)))
+    if k is not None:
+        notes.append(f"k={k} at every concurrency (a what-if, not the lane's k)")
+    if independent_streams is not None:
+        notes.append(f"unique experts counted as for {independent_streams:g} independent streams (a what-if: the "
+                     "other streams repeat their routing)")
     if lane.tensor_parallel_size > 1:
         notes.append(f"per GPU of {lane.tensor_parallel_size} (tensor parallel): bytes split evenly; the "
                      "all-reduces between ranks are not counted")
@@ -308,10 +441,23 @@ def estimate_lane(loaded: Any, lane_name: str, *, ledger: Any = None, placement:
                  "GPUs other than the H200 use the H200's measured kernel efficiencies (an assumption)")
     lo, hi = min(hots), max(hots)
     return LaneEstimate(lane.name, placement, str(lo) if lo == hi else f"{lo}–{hi}", ctx, out,
-                        alpha if lane.speculative is not None else None,
-                        (DEFAULT_ACCEPTANCE_SOURCE if acceptance is None else "given")
-                        if lane.speculative is not None else None,
+                        alpha if speculative else None, alpha_source if speculative else None,
                         sm.expert_efficiency.source if sm.expert_efficiency else "none measured", notes)
+
+
+def lane_acceptance(lane: Any, given: float | None = None) -> tuple[float, str]:
+    """(α, where it came from): the one given (``recipegen plan --acceptance``), else the lane's
+    ``speculative.acceptance`` (a rate, or a mean acceptance length at its k), else the default."""
+    if given is not None:
+        return given, "given on the command line (--acceptance)"
+    measured = lane.speculative.acceptance if lane.speculative is not None else None
+    if measured is None:
+        return DEFAULT_ACCEPTANCE, DEFAULT_ACCEPTANCE_SOURCE
+    if measured.rate is not None:
+        return measured.rate, f"the recipe's speculative.acceptance: {measured.source}"
+    alpha = acceptance_from_mean_length(measured.mean_length, measured.k)
+    return alpha, (f"the recipe's speculative.acceptance: mean length {measured.mean_length:g} at k={measured.k} "
+                   f"({measured.source})")
 
 
 def default_streams(max_streams: int) -> list[int]:

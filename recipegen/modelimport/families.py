@@ -408,6 +408,9 @@ def _deepseek(cfg: Config, arch: str, prefix: str = "model.", head: str = "lm_he
         group["index_head_dim"] = sourced(d, f"config.json `{cfg.name('index_head_dim')}`: the indexer caches "
                                              f"{d} fp8 values + {d // 128} fp32 scale(s) per token per layer "
                                              f"({V}models/deepseek_v32/attention.py:95-100)")
+        group["index_topk"] = sourced(cfg.need("index_topk"), f"config.json `{cfg.name('index_topk')}`: tokens the "
+                                                              "indexer selects per query token "
+                                                              f"({V}models/deepseek_v32/attention.py:65)")
     mtp, mtp_src = _mtp(cfg, "num_nextn_predict_layers")
     return Built(cfg, layers, layers_src + mtp_src, moe, rule, routed, routed_src, top_k, top_k_src, h, inter,
                  f"config.json `{cfg.name('moe_intermediate_size')}`", shared,

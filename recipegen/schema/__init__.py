@@ -2,6 +2,7 @@
 
 from recipegen.schema.base import Bandwidth, Bytes, PathError, PositiveBytes, StrictModel, TokenCount
 from recipegen.schema.lane import (
+    Acceptance,
     Concurrency,
     HbmReserve,
     HbmReserveMeasurement,
@@ -20,7 +21,7 @@ from recipegen.schema.recipe import SCHEMA_VERSION, Recipe
 __all__ = [
     "Bandwidth", "Bytes", "PathError", "PositiveBytes", "StrictModel", "TokenCount",
     "Concurrency", "HbmReserve", "HbmReserveMeasurement", "HostReserve", "HostReserveMeasurement",
-    "Lane", "Offload", "Reserves", "Speculative", "TrafficClass",
+    "Acceptance", "Lane", "Offload", "Reserves", "Speculative", "TrafficClass",
     "GpuSpec", "Machine", "Nvme",
     "Drafter", "ExpertTensor", "HostTable", "Model", "UniqueExperts",
     "SCHEMA_VERSION", "Recipe",

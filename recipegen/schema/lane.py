@@ -91,6 +91,42 @@ class Offload(StrictModel):
         return self
 
 
+class Acceptance(StrictModel):
+    """The drafter's measured acceptance on the lane's own traffic; the decode estimate turns it into
+    output tokens per step per stream, (1 − α^(k+1)) ÷ (1 − α) at the step's k.
+
+    Give `rate` (α: the probability that a draft token is accepted when every draft token before it
+    was), or `mean_length` with the `k` it was measured at — vLLM 0.33 logs it as "Mean acceptance
+    length" and exports it as 1 + rate(vllm:spec_decode_num_accepted_tokens_total) ÷
+    rate(vllm:spec_decode_num_drafts_total) (vllm/v1/spec_decode/metrics.py); α is solved from it.
+    vLLM's "Avg Draft acceptance rate" (accepted ÷ drafted tokens) is not α: it averages over
+    positions."""
+
+    rate: float | None = Field(default=None, gt=0, lt=1)
+    """α, the acceptance per draft token given the ones before it were accepted."""
+    mean_length: float | None = Field(default=None, gt=1)
+    """Output tokens per step per stream measured at `k` (accepted draft tokens + the bonus token)."""
+    k: PositiveInt | None = Field(default=None, le=MAX_SPECULATIVE_K)
+    """The k `mean_length` was measured at (required with it)."""
+    source: str = Field(min_length=1)
+    """Where it was measured: machine, date and command, or a public report by title and date."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Acceptance:
+        if (self.rate is None) == (self.mean_length is None):
+            raise PathError("give exactly one of rate and mean_length", ("rate",))
+        if self.mean_length is not None:
+            if self.k is None:
+                raise PathError("mean_length needs the k it was measured at", ("k",))
+            if self.mean_length >= self.k + 1:
+                raise PathError(f"mean_length {self.mean_length:g} at k={self.k}: at most k + 1 = {self.k + 1} "
+                                "tokens per step, and exactly k + 1 only if every draft is accepted",
+                                ("mean_length",))
+        elif self.k is not None:
+            raise PathError("k goes with mean_length (the k it was measured at); rate needs none", ("k",))
+        return self
+
+
 class Speculative(StrictModel):
     """Speculative decoding: a method and a constant k, or a k-per-batch-size schedule."""
 
@@ -106,6 +142,11 @@ class Speculative(StrictModel):
     model: str | None = None
     """Drafter checkpoint, for methods that need one apart from the target (`draft_model`, `eagle`,
     `eagle3`, `dflash`)."""
+    acceptance: Acceptance | None = None
+    """The drafter's measured acceptance on this lane's traffic, with its source; the decode
+    estimate (`recipegen plan`, `check budgets`, `fit`, `compare`) uses it. Absent: the estimate
+    uses the reference lane's DSpark figure and says so (`recipegen plan --acceptance` overrides
+    both)."""
 
     @model_validator(mode="after")
     def _check(self) -> Speculative:

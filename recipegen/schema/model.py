@@ -137,6 +137,10 @@ class AttentionLayers(StrictModel):
     """DeepSeek sparse attention's indexer key width (config.json `index_head_dim`); MLA layers. vLLM
     caches it as uint8: the fp8 values plus one fp32 scale per 128 (vLLM 0.33
     vllm/models/deepseek_v32/attention.py:95-100), whatever `--kv-cache-dtype` says."""
+    index_topk: PositiveInt | None = None
+    """DeepSeek sparse attention: tokens the indexer selects for each query token (config.json
+    `index_topk`; vLLM 0.33 vllm/models/deepseek_v32/attention.py:65); the decode estimate reads
+    the latent KV of at most this many tokens per query token. MLA layers with `index_head_dim`."""
     kv_dtype: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
     """KV cache element type (vLLM `--kv-cache-dtype`; `auto` is the model dtype, or FP8 where the
     checkpoint's ModelOpt config asks for it)."""
@@ -155,10 +159,12 @@ class AttentionLayers(StrictModel):
                 raise PathError(f"{self.kind} attention needs {name}", (name,))
         other = {"kv_heads", "head_dim", "window", "chunk", "kv_lora_rank", "rope_head_dim"} - set(need)
         if self.kind != "mla":
-            other.add("index_head_dim")
+            other.update({"index_head_dim", "index_topk"})
         for name in sorted(other):
             if getattr(self, name) is not None:
                 raise PathError(f"{name} does not apply to {self.kind} attention", (name,))
+        if self.index_topk is not None and self.index_head_dim is None:
+            raise PathError("index_topk needs index_head_dim (a sparse-attention indexer)", ("index_topk",))
         if self.index_head_dim is not None and self.index_head_dim % 128:
             raise PathError(f"index_head_dim {self.index_head_dim}: the indexer cache holds one scale per 128 values",
                             ("index_head_dim",))

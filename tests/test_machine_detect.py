@@ -160,3 +160,23 @@ def test_doctor_compares_the_box_with_the_recipes_machine() -> None:
     healthy = copy.copy(_facts(None))
     healthy.detect_error = ""
     assert "machine" not in {c.name for c in evaluate(healthy)}            # not attempted: no check
+
+
+H200_FIXTURE = Path(__file__).resolve().parent / "fixtures" / "nvml" / "h200-580.159.04.json"
+H200_MEMINFO = "MemTotal:       131961868 kB\nMemFree:        120000000 kB\n"
+
+
+def test_an_h200_reading_recorded_by_detect_itself() -> None:
+    """`recipegen machine detect --record` on one NVIDIA H200 (PCIe Gen5 x16, driver 580.159.04,
+    2026-12-03): the same machine's torch reported `torch.cuda.mem_get_info()` total 150,109,880,320 B,
+    and NVML v2 a reserved 644,939,776 B, beside the 143,771 MiB nvidia-smi shows."""
+    machine = Machine.model_validate(detect(RecordedNvml(json.loads(H200_FIXTURE.read_text())), H200_MEMINFO,
+                                            host="h200", date="2026-12-03").entry)
+    assert machine.gpus.kind == "NVIDIA H200" and machine.gpus.count == 1
+    assert machine.gpus.compute_capability == "9.0"
+    assert machine.gpus.hbm == 143771 * MiB == 150_754_820_096
+    assert machine.gpus.usable == 150_109_880_320                        # what torch saw on that machine
+    assert machine.gpus.driver_reserved == 150_754_820_096 - 150_109_880_320 == 629_824 * 1024
+    assert machine.pinned_read_bandwidth == pytest.approx(16 * 32e9 * 128 / 130 / 8, rel=1e-4)
+    assert machine.gpus.hbm_bandwidth == pytest.approx(6016 / 8 * 3201e6 * 2, rel=1e-3)   # 4.814 TB/s
+    assert machine.host_memory == 131961868 * 1024

@@ -148,6 +148,7 @@ def test_llama4_scout_on_one_h100() -> None:
     kinds = {g.kind: g for g in model.attention}
     assert kinds["full"].layers == [i for i in range(48) if (i + 1) % 4 == 0]
     assert len(kinds["chunked"].layers) == 36 and kinds["chunked"].chunk == 8192
+    assert model.kv_token_bytes == 48 * 2 * 8 * 128 * 2 == 196_608    # uncapped, one rank
     lane = _lane("llama-4-scout-17b-16e-h100")
     per_layer = 2 * 8 * 128 * 2                                       # 4,096 B per token per layer
     assert lane.fig("kv.layers[1].bytes_per_token").value == per_layer
@@ -187,6 +188,7 @@ def test_qwen3_vl_on_one_rtx5090_counts_the_vision_tower() -> None:
     assert lane.fig("hbm.reserve.dense").value == model.dense_bytes
     assert model.dense_bytes - vision * 2 == 3_082_186_752           # Qwen3-30B-A3B's own non-routed bytes
     # KV: 48 layers x 2 x 4 KV heads x 128 x 2 B = 98,304 B per token, 3 GiB per 32,768 tokens.
+    assert model.kv_token_bytes == 98_304
     assert lane.fig("kv.bytes_per_sequence").value == 48 * 2 * 4 * 128 * 2 * 32768 == 3 * GiB
     assert lane.fig("kv.full_sequences").value == 2
     assert lane.fig("hbm.hot_experts").value == 36 * 48 * expert
@@ -202,6 +204,8 @@ def test_qwen35_hybrid_pool_on_one_rtx5090() -> None:
     state = 3 * (2 * 16 * 128 + 32 * 128) * 2 + 32 * 128 * 128 * 4
     assert lane.fig("kv.state_bytes_per_sequence_per_layer").value == state == 2_146_304
     assert sum(len(g.layers) for g in model.state) == 30             # full_attention_interval 4: 10 attention
+    assert model.state_bytes_per_sequence == 30 * state == 64_389_120
+    assert model.kv_token_bytes == 10 * 2 * 2 * 256 * 2 == 20_480
     # Attention 2 x 2 KV heads x 256 x 2 B = 2,048 B per token per layer; GDN checkpoints: align 64;
     # block = 64 x ceil(2,146,304 / (64 x 2,048)) = 64 x 17 = 1,088 tokens, page 1,088 x 2,048.
     assert lane.fig("kv.block_tokens").value == 64 * math.ceil(state / (64 * 2048)) == 1088
@@ -229,6 +233,7 @@ def test_glm5_on_8x_h200_counts_the_indexer_and_offloads_per_gpu() -> None:
     lane = _lane("glm-5-h200x8")
     assert lane.fig("parallel.expert_shard_bytes").value == expert / 8
     # Every GPU caches the latent (512 + 64) x 2 B and the indexer key 128 + 4 B on all 78 layers.
+    assert model.kv_token_bytes == 78 * (576 * 2 + 128 + 4) == 100_152
     per_seq = 78 * (576 * 2 + 128 + 4) * 131072
     assert lane.fig("kv.bytes_per_sequence").value == per_seq
     pool = lane.fig("hbm.kv_pool").value
@@ -258,6 +263,7 @@ def test_nvfp4_qwen3_235b_on_one_b200() -> None:
     assert lane.fig("hbm.hot_experts").value == 94 * 128 * expert   # every expert in HBM
     assert lane.fig("host.cold_experts").value == 0
     # kv_cache_quant_algo FP8: 94 layers x 2 x 4 KV heads x 128 x 1 B, 40,960 tokens a sequence.
+    assert model.kv_token_bytes == 94 * 2 * 4 * 128 * 1 == 96_256       # half of bf16's
     per_seq = 94 * 2 * 4 * 128 * 40960
     assert lane.fig("kv.bytes_per_sequence").value == per_seq
     assert lane.fig("kv.full_sequences").value == lane.fig("hbm.kv_pool").value // per_seq == 9

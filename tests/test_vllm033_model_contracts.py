@@ -27,6 +27,8 @@ def lines(path: str, first: int, last: int) -> str:
                                                  "if self.cpu_offload_bytes >= self.cpu_offload_max_bytes:",
                                                  "self.cpu_offload_bytes += p.data.numel() * p.data.element_size()"]),
     ("model_executor/offloader/uva.py", 102, 113, ["if self.cpu_offload_params:", 'f".{param}." in f".{prefix}{name}."']),
+    # --cpu-offload-gb is per GPU: each worker's offloader counts its own (sharded) parameters.
+    ("config/offload.py", 23, 25, ["cpu_offload_gb: float", "The space in GiB to offload to CPU, per GPU."]),
     # MXFP4 backend order for gpt-oss and the padding per backend.
     ("model_executor/layers/fused_moe/oracle/mxfp4.py", 402, 431, ["FLASHINFER_TRTLLM_MXFP4_BF16", "Mxfp4MoeBackend.TRITON,",
                                                                   "Mxfp4MoeBackend.MARLIN,", "is_device_capability_family(120)"]),

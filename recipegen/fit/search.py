@@ -159,7 +159,8 @@ class _Judge:
         total = self.model.num_moe_layers * self.model.routed_experts * self.model.expert_bytes
         if not experts_only(self.lane):
             total += self.model.dense_bytes or 0
-        return math.ceil(total / GiB) + 1
+        # vLLM reads --cpu-offload-gb per GPU: each of the TP ranks offloads its 1/TP shards
+        return math.ceil(total / self.lane.tensor_parallel_size / GiB) + 1
 
     def lane_at(self, placement: str, hot: int | None, offload_gib: int) -> Lane:
         updates: dict[str, object] = {"load_cpu_offload": offload_gib * GiB}

@@ -152,7 +152,8 @@ def _placements(model: Model, machine: Machine, lane: Lane, hbm: _Hbm, bank: flo
         out.notes.append(f"--cpu-offload-params {','.join(sorted(segments))} is not modelled exactly: the ledger "
                          "walks every parameter as if unselective (routed-expert segments only are modelled)")
     # Non-routed bytes the load's --cpu-offload-gb walk moves to host (stay there after re-homing).
-    dense_off = (positional_walk(model, lane.offload.load_cpu_offload, experts_only=experts_only(lane)).dense_offloaded
+    dense_off = (positional_walk(model, lane.offload.load_cpu_offload, experts_only=experts_only(lane),
+                                 ranks=tp).dense_offloaded
                  if lane.offload.load_cpu_offload else 0)
     # A positional lane's usage-aware column: what the runtime would allocate splitting there.
     ua_workspace = (workspace if lane.offload.placement == USAGE_AWARE

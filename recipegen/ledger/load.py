@@ -24,7 +24,7 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
     first layer, so it is live from the load placement to the end of re-homing."""
     e = model.expert_bytes
     budget = lane.offload.load_cpu_offload or 0
-    walk = positional_walk(model, budget, experts_only=experts_only(lane))
+    walk = positional_walk(model, budget, experts_only=experts_only(lane), ranks=tp)
     layer_full = model.routed_experts * e
     init_host = walk.host_per_layer
     init_hbm = [layer_full - h for h in init_host]
@@ -92,12 +92,12 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
         violations.append(Violation(
             "load-hbm", f"HBM peaks at {format_bytes(hbm_peak)} while loading, {format_bytes(need)} over "
             f"the GPU's {format_bytes(capacity)}",
-            f"raise offload.load_cpu_offload to at least {math.ceil((budget + need * tp) / GiB)} GiB so "
+            f"raise offload.load_cpu_offload to at least {math.ceil((budget + need) / GiB)} GiB so "
             "fewer experts land in HBM at load", need, lane=lane.name))
     if host_peak > machine.host_memory and not skip_host:
         need = host_peak - machine.host_memory
         violations.append(Violation(
             "load-host", f"host memory peaks at {format_bytes(host_peak)} while loading, "
             f"{format_bytes(need)} over the machine's {format_bytes(machine.host_memory)}",
-            f"lower offload.load_cpu_offload to at most {max(0, math.floor((budget - need) / GiB))} GiB",
+            f"lower offload.load_cpu_offload to at most {max(0, math.floor((budget - need / tp) / GiB))} GiB",
             need, lane=lane.name))

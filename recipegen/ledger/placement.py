@@ -60,10 +60,19 @@ def experts_only(lane: Lane) -> bool:
     return bool(segments) and segments <= EXPERT_SEGMENTS
 
 
-def positional_walk(model: Model, budget_bytes: int, *, experts_only: bool = False) -> PositionalWalk:
+def positional_walk(model: Model, budget_bytes: int, *, experts_only: bool = False,
+                    ranks: int = 1) -> PositionalWalk:
     """vLLM 0.33 `UVAOffloader._maybe_offload_to_cpu` (vllm/model_executor/offloader/uva.py:74-125):
     walk parameters in module order and offload each while the running total is below the
     budget (so the last one overshoots).
+
+    `budget_bytes` is `--cpu-offload-gb` as vLLM reads it: per GPU (vllm/config/offload.py:23-32,
+    "The space in GiB to offload to CPU, per GPU"). Under tensor parallelism each of the `ranks`
+    workers walks its own parameters with the whole budget; a routed-expert parameter splits
+    evenly over them (its 1/TP intermediate slice, or E/TP whole experts under expert parallelism),
+    so the box-wide walk is the unsharded one at `ranks` × the budget, and the bytes returned are
+    the box's (per GPU: / ranks). Non-routed chunks are taken as split too (an approximation:
+    some of them are replicated).
 
     With the model's `decoder_layer_bytes`, every decoder layer is walked in order, its
     non-routed parameters (one chunk: attention, norms, router, shared experts; a dense layer's
@@ -91,9 +100,10 @@ def positional_walk(model: Model, budget_bytes: int, *, experts_only: bool = Fal
                 order.append((moe_pos[layer], params))
             else:
                 order.append((None, [layers.dense_layer or 0]))
+    limit = budget_bytes * ranks
     for position, sizes in order:
         for size in sizes:
-            if total + dense >= budget_bytes:
+            if total + dense >= limit:
                 break
             if position is None:
                 dense += size

@@ -62,8 +62,9 @@ class Offload(StrictModel):
     cold_experts_budget: Bytes | None = None
     """Bytes of routed experts allowed in pinned host memory (usage-aware only)."""
     load_cpu_offload: Bytes | None = None
-    """vLLM `--cpu-offload-gb` (GiB) the engine loads with. Usage-aware: the load-time placement the
-    runtime re-homes from. Positional: the offload itself (required)."""
+    """vLLM `--cpu-offload-gb` (GiB) the engine loads with, per GPU as vLLM reads it (with
+    tensor parallelism each GPU offloads this much of its own shards). Usage-aware: the load-time
+    placement the runtime re-homes from. Positional: the offload itself (required)."""
     prefetch_slots_per_layer: NonNegativeInt = 0
     """HBM slots per MoE layer reserved for a cold-expert prefetch bank. The ledger prices it out of
     the KV pool (3 slots per layer cost 43% of the v15 pool in the field report "Should a GB300

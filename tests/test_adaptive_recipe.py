@@ -106,10 +106,28 @@ def test_ledger_prices_staging_and_link_traffic(project: Path) -> None:
     link = lane.fig("adaptive.link_bytes_per_barrier")
     assert staging.value == EXPERT
     assert link.value == 2 * EXPERT * 4 * 40 == 6_016_204_800
-    assert link.operands == {"bytes_per_expert": EXPERT, "tp": 1, "swaps_per_layer": 4, "moe_layers": 40}
+    assert link.operands == {"bytes_per_expert": EXPERT, "tp": 1, "hot_per_layer": 295, "cold_per_layer": 89,
+                             "swaps_per_layer": 4, "moe_layers": 40}
     assert "swaps_per_layer" in link.formula
     # 6.0162048 GB at the station's 340 GB/s pinned read: 17.69 ms
     assert any("17.69 ms at 340 GB/s" in note for note in lane.notes)
+
+
+@pytest.mark.parametrize("swaps", [89, 90, 65_536])
+def test_a_barrier_swaps_at_most_the_smaller_bank(project: Path, swaps: int) -> None:
+    """295 hot and 89 cold per layer: a swap trades one of each, so no barrier moves more than
+    89 pairs per layer — 2 × 18,800,640 B × 89 × 40 = 133,860,556,800 B — however many it allows
+    (10^12 once priced a barrier of 140 years and passed)."""
+    with_adaptive(project, f"      adaptive: {{swaps_per_layer: {swaps}}}\n")
+    link = compute_ledger(load_recipe(REFERENCE)).lane("agent").fig("adaptive.link_bytes_per_barrier")
+    assert link.value == 2 * EXPERT * 89 * 40 == 133_860_556_800
+
+
+def test_swaps_per_layer_past_any_model_is_refused_at_its_line(project: Path) -> None:
+    with_adaptive(project, "      adaptive: {swaps_per_layer: 1000000000000}\n")
+    result = CliRunner().invoke(main, ["check", "budgets", REFERENCE])
+    assert result.exit_code == 2 and "offload.adaptive.swaps_per_layer" in result.output, result.output
+    assert "Traceback" not in result.output
 
 
 def test_ledger_has_no_adaptive_figure_when_off(project: Path) -> None:

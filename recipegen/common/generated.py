@@ -15,6 +15,7 @@ data like any other value and never pasted into the text:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,6 +35,21 @@ class _Dumper(yaml.SafeDumper):
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
+
+
+# Characters PyYAML would write raw in a plain or single-quoted scalar (with allow_unicode) that
+# a reader takes for a line break or drops: NEL, U+2028, U+2029, other controls, the BOM. A
+# string holding one is written double-quoted, where the emitter escapes them (\N, \L, \P, \x..).
+_RAW_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]")
+
+
+def _represent_str(dumper: yaml.SafeDumper, data: str) -> Any:
+    if _RAW_UNSAFE.search(data):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style='"')
+    return dumper.represent_str(data)
+
+
+_Dumper.add_representer(str, _represent_str)
 
 
 def _flow_scalars(dumper: yaml.SafeDumper, data: list[Any]) -> Any:

@@ -76,6 +76,18 @@ def read_record_text(path: str | os.PathLike[str]) -> str:
         raise FormatError(f"cannot read ({exc.strerror})", path=path) from None
 
 
+# Characters json.dumps(ensure_ascii=False) leaves raw that the line reader refuses (they break
+# or hide a line): C1 controls with DEL, U+2028/U+2029 and the BOM. Written as \uXXXX escapes,
+# so a file name or label holding one reads back as itself.
+_JSON_RAW_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff]")
+
+
+def json_text(value: Any) -> str:
+    """`value` as one line of JSON (sorted keys, non-ASCII kept, unsafe characters escaped)."""
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return _JSON_RAW_UNSAFE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text)
+
+
 def format_json_fields(prefix: str, fields: Mapping[str, Any]) -> list[str]:
     """`<prefix>.<key>: <JSON>` lines, sorted by key; keys must be `[A-Za-z0-9_.-]+`."""
     out: list[str] = []
@@ -83,8 +95,7 @@ def format_json_fields(prefix: str, fields: Mapping[str, Any]) -> list[str]:
         if not _JSON_KEY.fullmatch(key):
             raise FormatError(f"{prefix} key {key!r} must be [A-Za-z0-9_.-]+",
                               field=f"{prefix}.{key}")
-        out.append(f"{prefix}.{key}: "
-                   f"{json.dumps(fields[key], sort_keys=True, ensure_ascii=False)}")
+        out.append(f"{prefix}.{key}: {json_text(fields[key])}")
     return out
 
 

@@ -234,17 +234,19 @@ def write_atomically(target: Path, data: bytes, *, mode: int | None = None) -> N
                 keep = 0o666 & ~umask
             else:
                 keep = mode
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-                     | getattr(os, "O_CLOEXEC", 0), keep)
         try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_CLOEXEC", 0), keep)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.chmod(temp, keep)
             os.replace(temp, target)
-        except BaseException:
+        except BaseException as exc:
             temp.unlink(missing_ok=True)
+            if isinstance(exc, OSError):  # named by the file the user asked for, not our temp
+                raise OSError(exc.errno, exc.strerror, str(target)) from None
             raise
         folder = os.open(target.parent, os.O_RDONLY)
         try:

@@ -75,6 +75,10 @@ def parse_yaml(text: str, file: str) -> Any:
             else str(exc).splitlines()[0][:200]
         raise InputError(f"YAML error: {what}", file=file, line=line) from None
     except (ValueError, OverflowError) as exc:  # e.g. a timestamp or number ruamel cannot build
+        digits = re.search(r"[0-9_]{4000,}", text)  # past Python's 4,300-digit conversion limit
+        if digits is not None:
+            raise InputError(f"a number of {len(digits.group(0)):,} digits: not a value any field takes",
+                             file=file, line=text.count("\n", 0, digits.start()) + 1) from None
         raise InputError(f"YAML value error: {type(exc).__name__}", file=file) from None
     check_expansion(document, file)
     return document

@@ -302,16 +302,18 @@ def write_recipe_atomically(target: Path, data: bytes, temp: Path | None = None)
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), mode)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(temp, mode)
         os.replace(temp, target)
-    except BaseException:
+    except BaseException as exc:
         temp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # named by the recipe, not by our temp file
+            raise OSError(exc.errno, exc.strerror, str(target)) from None
         raise
     folder = os.open(target.parent, os.O_RDONLY)
     try:

@@ -175,13 +175,26 @@ def write_output_dir(out_dir: Path, files: RenderedFiles, *, adopted: bool = Fal
     created: list[Path] = []
     try:
         _write_output_dir(out_dir, files, adopted=adopted, command=command, created=created)
-    except BaseException:
+    except BaseException as exc:
         for folder in reversed(created):  # deepest first; only the empty ones we made
             try:
                 folder.rmdir()
             except OSError:
                 pass
+        if isinstance(exc, OSError) and not isinstance(exc, RecipegenError):
+            raise OSError(exc.errno, exc.strerror, user_facing_name(exc.filename)) from None
         raise
+
+
+_TEMP_SUFFIX = re.compile(r"\.recipegen-[0-9]+\.(?:new|old)$")
+
+
+def user_facing_name(path: object) -> object:
+    """The file a user knows for `path`: a temp of ours (`<file>.recipegen-<pid>.new|old`) names
+    its target; an error never sends anybody looking for a temp that no longer exists."""
+    if isinstance(path, (str, Path)):
+        return _TEMP_SUFFIX.sub("", str(path))
+    return path
 
 
 def _mkdirs(folder: Path, created: list[Path]) -> None:

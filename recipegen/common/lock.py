@@ -101,11 +101,15 @@ def _open_lock(path: Path, what: str) -> int:
 
 
 def _holder(fd: int) -> str:
+    """The holder's note, for people: its first line, escaped (a lock file is anybody's to
+    write, and what it says must not reach a terminal as control sequences)."""
+    from expert_residency.formats._io import comment_text
+
     try:
         text = os.pread(fd, 512, 0).decode("utf-8", errors="replace").strip()
     except OSError:
         return ""
-    return text.splitlines()[0][:300] if text else ""
+    return comment_text(text.split("\n")[0][:300]) if text else ""
 
 
 def _try_lock(fd: int) -> bool:

@@ -63,11 +63,3 @@ def project_path(root: Path, path: Path | str, *, what: str, field: str | None =
                          field=field)
     return absolute
 
-
-def check_project_path(root: Path, path: Path | str, *, what: str) -> str | None:
-    """`project_path`'s verdict as a message (None when fine), for checks that collect problems."""
-    try:
-        project_path(root, path, what=what)
-    except InputError as exc:
-        return str(exc)
-    return None

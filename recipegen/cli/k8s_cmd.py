@@ -35,7 +35,7 @@ def k8s(recipes: tuple[str, ...], check: bool) -> None:
     stale_total = 0
     claimed: dict[str, str] = {}  # LeaderWorkerSet name -> recipe, across this run
     for target in _targets(recipes):
-        with recipe_lock(resolve_recipe_path(target), echo=click.echo):
+        with recipe_lock(resolve_recipe_path(target), echo=click.echo, readers_only=True):
             loaded = load_recipe(target)
             root = project_root_for(loaded.path)
             files = render_k8s(loaded, root)

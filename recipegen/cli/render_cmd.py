@@ -123,7 +123,7 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
     for path in paths:
         # read and written under the recipe's lock: a `render --class` of another process
         # cannot change the recipe between this read and this write
-        with recipe_lock(path, echo=click.echo):
+        with recipe_lock(path, echo=click.echo, readers_only=True):
             loaded = load_recipe(path)
             rendering = render_recipe(loaded, templates_dir=templates)
             _write(rendering, validate)

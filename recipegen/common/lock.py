@@ -57,6 +57,10 @@ class LockBusy(RecipegenError):
     """Another process holds the lock and did not let go within the wait."""
 
 
+class LockUnavailable(RecipegenError):
+    """The lock file cannot be created: the folder is read-only to this process."""
+
+
 def lock_file_for(target: Path) -> Path:
     """The lock file guarding `target` (a file or a folder): a dot file beside it."""
     target = Path(os.path.abspath(target))
@@ -93,7 +97,8 @@ def _open_lock(path: Path, what: str) -> int:
         if exc.errno == errno.ELOOP:
             raise RecipegenError(f"{path} (the lock of {what}) is a symlink: refusing to follow it; "
                                  "delete the link") from None
-        raise RecipegenError(f"{path}: cannot open the lock of {what}: {exc.strerror}") from None
+        kind = LockUnavailable if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else RecipegenError
+        raise kind(f"{path}: cannot open the lock of {what}: {exc.strerror}") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise RecipegenError(f"{path} (the lock of {what}) is not a regular file; delete it")
@@ -128,12 +133,14 @@ def _try_lock(fd: int) -> bool:
 
 @contextmanager
 def locked(target: Path, *, what: str | None = None, wait_s: float | None = None,
-           echo: Callable[[str], None] | None = None) -> Iterator[Path]:
+           echo: Callable[[str], None] | None = None, readers_only: bool = False) -> Iterator[Path]:
     """Hold the lock of `target` (a recipe, an output folder, a written file) for the block.
 
     Waits up to `wait_s` (default: `wait_seconds()`) for another process to let go, telling
     `echo` (default: stderr) once who holds it; raises LockBusy after that. Yields the lock
-    file's path."""
+    file's path. `readers_only`: the block only reads `target` (a render reading its recipe);
+    when the folder is read-only to this process no writer can replace `target` either, so the
+    block runs without the lock instead of failing."""
     lock = lock_file_for(target)
     key = str(lock)
     what = what or str(target)
@@ -144,7 +151,13 @@ def locked(target: Path, *, what: str | None = None, wait_s: float | None = None
         finally:
             _HELD[key][1] -= 1
         return
-    fd = _acquire(lock, what, wait_s, echo)
+    try:
+        fd = _acquire(lock, what, wait_s, echo)
+    except LockUnavailable:
+        if not readers_only:
+            raise
+        yield lock
+        return
     try:
         note = (f"pid {os.getpid()}: {_command()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         try:
@@ -273,7 +286,7 @@ def sweep_locks(folder: Path) -> list[Path]:
         try:
             with locked(target, wait_s=0):
                 pass
-        except (LockBusy, RecipegenError):
+        except (LockBusy, RecipegenError, OSError):
             continue
         removed.append(lock)
     return removed
@@ -295,7 +308,7 @@ def sweep_temps(folder: Path) -> list[Path]:
         try:
             with locked(target, wait_s=0):
                 temp.unlink(missing_ok=True)
-        except LockBusy:
-            continue
+        except (LockBusy, RecipegenError, OSError):
+            continue  # held (a write in progress), or a folder this process cannot write
         removed.append(temp)
     return removed

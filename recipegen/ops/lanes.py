@@ -34,7 +34,7 @@ class Started:
 def _ensure_rendered(dep: Deployment, echo: Echo) -> None:
     from recipegen.common.lock import recipe_lock
 
-    with recipe_lock(dep.loaded.path, echo=echo):  # read and rendered as one: no swap in between
+    with recipe_lock(dep.loaded.path, echo=echo, readers_only=True):  # read and rendered as one
         dep.rendering.reload()
         first = not dep.rendering.compose_file.is_file()
         reasons = dep.rendering.stale_reasons()

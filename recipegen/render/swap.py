@@ -149,8 +149,8 @@ def recover_interrupted(folder: Path) -> list[str]:
             with recipe_lock(recipe, wait_s=0):
                 if not journal_path(recipe).exists():  # a journal's temps go with its rollback
                     temp.unlink(missing_ok=True)
-        except LockBusy:
-            continue  # a write of that recipe is in progress
+        except (LockBusy, RecipegenError, OSError):
+            continue  # a write of that recipe is in progress (or the folder is read-only)
     return lines
 
 

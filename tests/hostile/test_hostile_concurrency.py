@@ -294,3 +294,23 @@ def test_the_lock_api(tmp_path: Path) -> None:
         with locked(target, wait_s=0):
             pass
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_recipe_folder_this_process_cannot_write_still_renders(project: Path, monkeypatch) -> None:
+    """No writer can replace a recipe in a folder nobody may create files in: a render (which only
+    reads the recipe) goes on without the recipe's lock; a swap (which writes it) stops."""
+    import errno
+
+    from recipegen.common import lock
+
+    real = lock.os.open
+
+    def refusing(path, flags, *args):  # as a read-only recipes/ answers (root ignores chmod)
+        if str(path).endswith(".yaml.recipegen-lock"):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real(path, flags, *args)
+
+    monkeypatch.setattr(lock.os, "open", refusing)
+    code, out = cli("render", REFERENCE)
+    assert code == 0, out
+    refused("render", REFERENCE, "--class", "agent=prose", expect="Read-only file system")

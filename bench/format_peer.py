@@ -77,7 +77,12 @@ from expert_residency.core.formats_ref import (  # noqa: E402
     gptoss_mxfp4_per_pick,
 )
 from expert_residency.core.split import residency_forward  # noqa: E402
-from expert_residency.gpu.dense_experts import DenseKernelConfig, TritonDenseExperts, dense_bytes_per_expert  # noqa: E402
+from expert_residency.gpu.dense_experts import (  # noqa: E402
+    DenseKernelConfig,
+    TritonDenseExperts,
+    default_config,
+    dense_bytes_per_expert,
+)
 from expert_residency.gpu.experts import ExpertShape, KernelConfig, TritonMxfp4Experts, config_for_shape  # noqa: E402
 
 GB = 1e9
@@ -491,7 +496,7 @@ def run_format(f: Format, args, dev, fused_glue, mx_glue) -> dict:
         ex = TritonMxfp4Experts(shape, f.experts, f.top_k, max_tokens, dev, config_for_shape(shape, base),
                                 activation="swigluoai")
     else:
-        cfg = DenseKernelConfig() if cuda else DenseKernelConfig(block_m=4, block_n1=32, block_n2=64)
+        cfg = default_config(f.kind) if cuda else DenseKernelConfig(block_m=4, block_n1=32, block_n2=64)
         ex = TritonDenseExperts(shape, f.experts, f.top_k, max_tokens, dev, cfg, expert_format=f.kind)
     gen = torch.Generator(device=dev).manual_seed(args.seed)
     t0 = time.perf_counter()

@@ -23,7 +23,7 @@ RECIPEGEN = REPO / "recipegen"
 RUNTIME = REPO / "runtime"
 LAYERS_MD = RECIPEGEN / "LAYERS.md"
 
-HEAVY = ("torch", "triton", "flashinfer", "vllm")
+HEAVY = ("torch", "triton", "flashinfer", "vllm", "prometheus_client")
 TORCH_FREE = ("expert_residency.formats", "expert_residency.contract")
 # Outside vllm_plugin/, the runtime files that import vLLM, and why: both reproduce a vLLM 0.33
 # step byte for byte on the SM100 family by calling it (docs/plugin.md, "Blackwell").

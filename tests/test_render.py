@@ -659,7 +659,8 @@ def test_multi_node_lane_renders_a_head_and_headless_workers_per_machine(project
     root = project / "compose" / MULTI_NODE
     head = compose_config_json(root / "station-a" / "compose.yaml")["services"]
     worker = compose_config_json(root / "station-b" / "compose.yaml")["services"]
-    assert set(head) == {"lane-agent", "lane-agent-profile"}
+    # the recipe's `monitoring` puts Prometheus and Grafana beside the head (docs/metrics.md)
+    assert set(head) == {"lane-agent", "lane-agent-profile", "prometheus", "grafana"}
     assert set(worker) == {"lane-agent-worker-1", "lane-agent-worker-1-profile"}
 
     def flags(service: dict) -> list[str]:

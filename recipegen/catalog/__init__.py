@@ -14,7 +14,7 @@ from recipegen.schema.sourced import is_sourced
 KINDS = ("models", "machines")
 # Keys whose values are names or coordinates, not figures: they need no source.
 NON_FIGURE_KEYS = frozenset({"name", "description", "kind", "architecture", "checkpoint",
-                             "revision", "address", "streams", "k", "dtype", "kv_dtype"})
+                             "revision", "address", "streams", "k", "dtype", "kv_dtype", "detected"})
 
 
 @cache

@@ -32,6 +32,10 @@ COMMANDS: dict[str, str] = {
     "knee": "recipegen.cli.acceptance_cmd:knee",
     "k8s": "recipegen.cli.k8s_cmd:k8s",
     "model": "recipegen.cli.model_cmd:model",
+    "fit": "recipegen.cli.fit_cmd:fit",
+    "new": "recipegen.cli.fit_cmd:new",
+    "compare": "recipegen.cli.fit_cmd:compare",
+    "machine": "recipegen.cli.machine_cmd:machine",
 }
 
 

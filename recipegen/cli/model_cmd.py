@@ -49,4 +49,6 @@ def import_(path: Path, output: Path | None, name: str | None, checkpoint: str |
     experts = m.num_moe_layers * m.routed_experts * m.expert_bytes
     click.echo(f"wrote {target}: {m.decoder_layers} layers ({m.num_moe_layers} MoE) × {m.routed_experts} experts, "
                f"top-{m.top_k}, {m.expert_bytes:,} B per expert ({experts / 2**30:,.2f} GiB of routed experts), "
-               f"KV {m.kv_token_bytes:,.0f} B per token")
+               f"KV {m.kv_token_bytes:,.0f} B per token"
+               + (f", state {m.state_bytes_per_sequence:,} B per sequence ({sum(len(g.layers) for g in m.state)} "
+                  "state layers, one GPU)" if m.state_bytes_per_sequence else ""))

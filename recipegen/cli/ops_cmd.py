@@ -17,7 +17,15 @@ from typing import Any
 import click
 
 _STATUS_MARK = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}
-_WAIT_HELP = "Seconds to wait for a service's health check (default 3 h: a cold boot tunes kernels)."
+_WAIT_HELP = ("Seconds to wait for a service's health check (default 3 h: a cold boot tunes "
+              "kernels). The start-up phases and a line at least every 30 s "
+              "(RECIPEGEN_HEARTBEAT_S) go to stderr; a fatal log line stops the wait at once.")
+
+
+def _progress(line: str) -> None:
+    """Start-up progress (phases, heartbeats, Compose's lines): for the person, on stderr, so
+    --json output on stdout stays machine-readable."""
+    click.echo(line, err=True)
 
 
 def _overrides(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -58,7 +66,8 @@ def up(recipe: str, lanes: tuple[str, ...], overrides: tuple[Path, ...], machine
     from recipegen.ops.lanes import up as run_up
 
     started = run_up(_deployment(recipe, overrides, machine), list(lanes), wait_s=wait_timeout,
-                     echo=(lambda s: click.echo(s, err=True)) if as_json else click.echo)
+                     echo=(lambda s: click.echo(s, err=True)) if as_json else click.echo,
+                     progress=_progress)
     if as_json:
         click.echo(json.dumps([asdict(s) for s in started], indent=2))
 
@@ -81,7 +90,8 @@ def swap(recipe: str, lane: str, cls: str, overrides: tuple[Path, ...], machine:
     from recipegen.ops.lanes import swap as run_swap
 
     result = run_swap(_deployment(recipe, overrides, machine), lane, cls, wait_s=wait_timeout,
-                      echo=(lambda s: click.echo(s, err=True)) if as_json else click.echo)
+                      echo=(lambda s: click.echo(s, err=True)) if as_json else click.echo,
+                      progress=_progress)
     click.echo(json.dumps(asdict(result), indent=2) if as_json else result.message)
     if not result.ok:
         sys.exit(1)
@@ -224,7 +234,8 @@ def profile(recipe: str, lane: str, cls: str | None, prompts: Path | None, serve
             raise InputError("give --prompts FILE and/or --serve SECONDS: the profile boot counts "
                              "the traffic it gets", field="--prompts")
         profile_in_docker(_deployment(recipe, overrides, machine), lane, cls, prompts=prompts,
-                          serve_s=serve_s, wait_s=wait_timeout, echo=click.echo)
+                          serve_s=serve_s, wait_s=wait_timeout, echo=click.echo,
+                          progress=_progress)
     click.echo(f"next: `recipegen swap {recipe} {lane} --class {cls or '<class>'}` (or `recipegen up`) "
                "to serve the new map")
 

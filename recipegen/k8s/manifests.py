@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from recipegen.common.errors import RecipegenError
+from recipegen.render.monitoring import scrape_annotations
 
 MACHINE_LABEL = "recipegen.io/machine"
 ANNOTATION_PREFIX = "recipegen.io/"
@@ -152,6 +153,10 @@ def _container(spec: Any, *, recipe: str, lane: str, rank: int, leader: bool,
         else:
             volumes.append({"name": vname, "hostPath": {"path": _host_path(m.source), "type": "Directory"}})
         mounts.append({"name": vname, "mountPath": m.target, "readOnly": bool(m.read_only)})
+    for i, path in enumerate(spec.tmpfs):
+        # compose's tmpfs (prometheus_client's multiprocess folder): empty at every pod start
+        volumes.append({"name": f"t{i}", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": f"t{i}", "mountPath": path})
     mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory",
                                                  "sizeLimit": spec.shm_size.replace("gb", "Gi")}})
@@ -243,6 +248,10 @@ def lane_manifests(loaded: Any, lane_index: int, specs: dict[int, Any],
             volumes.append({"name": map_volume, "configMap": {"name": f"{name}-rowmaps"}})
         annotations = {ANNOTATION_PREFIX + k.removeprefix("io.recipegen."): v for k, v in spec.labels
                        if v and k != "io.recipegen.node-rank"}
+        if role == "leader" and recipe.monitoring is not None:
+            # The recipe's `monitoring`: the leader serves the lane's /metrics (vLLM's series and
+            # the runtime's), where Prometheus' Kubernetes pod discovery finds it.
+            annotations.update(scrape_annotations(lane.port))
         machines = ([lane.parallel.pipeline[0].machine] if role == "leader" else
                     sorted({s.machine for s in lane.parallel.pipeline[1:]}))
         templates[f"{role}Template"] = _pod_template(

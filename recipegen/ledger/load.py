@@ -86,7 +86,7 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
                                {"host_tables_bytes": tables, "host_reserve_bytes": host_reserve,
                                 "peak_pinned_bytes": pinned_peak,
                                 "peak_expert_bytes_unrounded": peaks.host_peak}, how)).value
-    capacity = machine.gpus.hbm
+    capacity = machine.gpus.usable
     if hbm_peak > capacity and not skip_hbm:
         need = hbm_peak - capacity
         violations.append(Violation(

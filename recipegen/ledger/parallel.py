@@ -10,7 +10,7 @@
   max(1, kv_heads // tp) heads per rank (the model's `dense_tensor_parallel`). Without that field
   the split is even (a lower bound per GPU), and said so.
 - KV per GPU: the ledger's KV figures are already per rank (heads max(1, kv_heads // tp), an MLA
-  latent whole on every rank; `lane._kv_rate_by_layer_kind`).
+  latent whole on every rank; `ledger.kv.kv_rate`).
 - Host memory: one box's, shared by all of its ranks (every rank's cold bank, the tables, one reserve).
 
 This module owns those formulas; `ledger.lane` calls `dense_per_rank` for the reserve's dense part

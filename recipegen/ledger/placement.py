@@ -75,7 +75,11 @@ def positional_walk(model: Model, budget_bytes: int, *, experts_only: bool = Fal
         moe_pos = {layer: i for i, layer in enumerate(model.moe_layers)}
         order = []
         for layer in range(model.decoder_layers):
-            if layer in moe_pos:
+            if layers.layers is not None:  # hybrids: each layer's own non-routed bytes
+                order.append((None, [layers.layers[layer]]))
+                if layer in moe_pos:
+                    order.append((moe_pos[layer], params))
+            elif layer in moe_pos:
                 order.append((None, [layers.moe_layer]))
                 order.append((moe_pos[layer], params))
             else:

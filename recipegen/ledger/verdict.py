@@ -44,7 +44,7 @@ def budget_violations(model: Model, machine: Machine, lane: Lane, cap: float, re
             fix = f"lower hot experts per layer to {hot_max} (room for one max_model_len sequence)"
         else:
             fix = "even 0 hot experts leave no room for KV: raise gpu_memory_utilization or use a bigger GPU"
-        util_needed = (reserve + (cap - reserve - kv_pool) + need_kv) / machine.gpus.hbm
+        util_needed = (reserve + (cap - reserve - kv_pool) + need_kv) / machine.gpus.usable
         if lane.gpu_memory_utilization is not None and util_needed <= 1:
             fix += f", or raise gpu_memory_utilization to {math.ceil(util_needed * 100) / 100:.2f}"
         out.append(Violation(

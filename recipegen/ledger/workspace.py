@@ -19,6 +19,8 @@ subtracts them before it back-solves the pool (`placements.placement_figures`):
   partials are empty (DSv4.1: 36 × (2304/64 + 5120/128) × 4 = 10,944 B);
 * the FP8-block dense kernels' quantized GEMM inputs (`gpu.dense_experts.TritonDenseExperts`):
   E4M3 `T·H + P·I` bytes and fp32 scales `4·(T·(H/128) + P·(I/128))`, T = max_num_batched_tokens;
+* the BF16 / FP8-block dense kernels' T = 1 fused-finalize tickets (`TritonDenseExperts`): one
+  int32 per 16 output rows, `4·ceil(H/16)` bytes, whatever the tile config (DeepSeek-V3: 1,792 B);
 * the usage counter (`core.ExpertCounter`: int64 counts `[layers, experts]`, tokens and decode
   tokens `[layers]`) and the step masks (`vllm_plugin.step_masks.StepMasks`: bool
   `[max_num_batched_tokens + 1]`, int32 `[max_num_batched_tokens]`, one int64) — every rendered
@@ -55,6 +57,9 @@ from expert_residency.contract.sizing import (
     BLOCK_N1,
     BLOCK_N2,
     counter_bytes,
+    decode_counter_bytes,
+    decode_mask_bytes,
+    dense_ticket_bytes,
     fitted_tile,
     fp8_scratch_bytes,
     next_pow2,
@@ -65,6 +70,7 @@ from expert_residency.contract.sizing import (
 )
 
 from recipegen.common.units import GiB
+from recipegen.ledger.adaptive import adaptive_hbm
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.flags import flag_value, parsed_args
 from recipegen.ledger.parallel import expert_parallel
@@ -112,7 +118,7 @@ def max_num_batched_tokens(machine: Machine, lane: Lane) -> BatchedTokens:
     given = flag_value(args, "--max-num-batched-tokens")
     if given is not None and given.strip().isdigit():
         return BatchedTokens(int(given), "--max-num-batched-tokens in extra_args")
-    hbm, kind = machine.gpus.hbm, machine.gpus.kind.lower()
+    hbm, kind = machine.gpus.usable, machine.gpus.kind.lower()
     value, why = SERVE_SMALL_TOKENS, "vLLM 0.33's `vllm serve` default below 70 GiB"
     for floor, tokens in SERVE_DEFAULT_TOKENS:
         small_tier = floor < 160 * GiB and ("a100" in kind or machine.gpus.compute_capability == "12.1")
@@ -199,8 +205,9 @@ def kernel_bytes(model: Model, machine: Machine, lane: Lane, tokens: int) -> Ker
     if model.expert_format == "mxfp4":
         return KernelBytes(work, tickets=split_ticket_bytes(tokens, model.top_k, hidden, inter))
     if model.expert_format == "fp8-block":
-        return KernelBytes(work, fp8_scratch=fp8_scratch_bytes(tokens, model.top_k, hidden, inter))
-    return KernelBytes(work)
+        return KernelBytes(work, tickets=dense_ticket_bytes(hidden),
+                           fp8_scratch=fp8_scratch_bytes(tokens, model.top_k, hidden, inter))
+    return KernelBytes(work, tickets=dense_ticket_bytes(hidden))
 
 
 def runtime_workspace_bytes(model: Model, machine: Machine, lane: Lane) -> int:
@@ -251,7 +258,12 @@ def workspace_figures(model: Model, machine: Machine, lane: Lane,
                     "PB": next_pow2(max(picks, 2)), "hidden": hidden, "intermediate": inter, "tp": tp,
                     "workspace_bytes": parts.workspace}
         note = f"runtime's {kernel} kernels (gpu.experts.Workspace"
-        if parts.tickets:
+        if parts.tickets and model.expert_format != "mxfp4":
+            formula += " + T=1 finalize tickets 4·ceil(H / 16)"
+            operands["dense_ticket_bytes"] = parts.tickets
+            note += (" + gpu.dense_experts: one int32 ticket per 16 output rows of the fused T=1 "
+                     "finalize hand-off")
+        elif parts.tickets:
             i_rank = inter if ep else inter // tp
             formula += f" + split-K tickets 4·p·({i_txt} / block_n1 + H / block_n2), p = min(T, 6) × top_k"
             operands.update(split_ticket_bytes=parts.tickets, p=max(min(tokens.value, small_step_limit())
@@ -271,15 +283,25 @@ def workspace_figures(model: Model, machine: Machine, lane: Lane,
         add(Figure("hbm.runtime_workspace.kernels", "  of which split-layer kernel workspace", 0, "bytes", "", {},
                    "FlashInfer TRT-LLM banks allocate their scratch inside each call (in vLLM's profiled peak)"))
     counter = counter_and_mask_bytes(model.num_moe_layers, model.routed_experts, tokens.value)
+    formula = "8·moe_layers·routed_experts + 16·moe_layers + 5·max_num_batched_tokens + 9"
+    note = "core.ExpertCounter + vllm_plugin.step_masks.StepMasks (rendered lanes always count: drift)"
+    adaptive = lane.offload.adaptive
+    if adaptive is not None and adaptive.rank_picks == "decode":
+        counter += (decode_counter_bytes(model.num_moe_layers, model.routed_experts)
+                    + decode_mask_bytes(tokens.value))
+        formula += " + 16·moe_layers·routed_experts + max_num_batched_tokens + 9"
+        note += "; offload.adaptive.rank_picks decode: the decode-picks count and the per-row decode mask"
     add(Figure("hbm.runtime_workspace.counter", "  of which usage counter and step masks", counter, "bytes",
-               "8·moe_layers·routed_experts + 16·moe_layers + 5·max_num_batched_tokens + 9",
-               {"moe_layers": model.num_moe_layers, "routed_experts": model.routed_experts,
-                "max_num_batched_tokens": tokens.value},
-               "core.ExpertCounter + vllm_plugin.step_masks.StepMasks (rendered lanes always count: drift)"))
-    total = parts.total + counter
+               formula, {"moe_layers": model.num_moe_layers, "routed_experts": model.routed_experts,
+                         "max_num_batched_tokens": tokens.value}, note))
+    spare = adaptive_hbm(model, lane, add)
+    total = parts.total + counter + spare
+    operands = {"kernel_workspace_bytes": parts.total, "counter_bytes": counter}
+    if spare:
+        operands["adaptive_spare_hbm_bytes"] = spare
     add(Figure("hbm.runtime_workspace", "runtime workspace (per GPU)", total, "bytes",
-               "kernel workspace + counter and step masks",
-               {"kernel_workspace_bytes": parts.total, "counter_bytes": counter},
+               "kernel workspace + counter and step masks" + (" + adaptive spare rows" if spare else ""),
+               operands,
                "allocated by the runtime in load_model, before vLLM sizes the KV cache, so not in a "
                "reserve back-solved from a boot without it; allocated before re-homing, so also in "
                "the load-time HBM peak"))

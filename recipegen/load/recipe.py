@@ -200,6 +200,17 @@ def load_recipe(path_or_name: str | os.PathLike[str], *, read_maps: bool = True,
     return loaded
 
 
+def load_recipe_model(path_or_name: str | os.PathLike[str], *, text: str | None = None) -> LoadedRecipe:
+    """A recipe validated field by field, without the checks that read other files (row maps and
+    histograms present and agreeing with the budget) or cross lanes: what a command needs that
+    only reads the model (`rowmap build --recipe R`) or rewrites the maps (`recipegen fit`), so a
+    recipe that is invalid only because of the very map being built does not block building it.
+    `text`: take this as the file's content (a recipe not yet written)."""
+    path = resolve_recipe_path(path_or_name) if text is None else Path(path_or_name)
+    recipe, document = _read_validated(path, text)
+    return LoadedRecipe(recipe=recipe, path=path, document=document)
+
+
 # ---------------------------------------------------------------- write-back
 
 _SCALAR_AT = re.compile(r"""("(?:[^"\\]|\\.)*"|'(?:[^']|'')*'|[^\s#]+)""")

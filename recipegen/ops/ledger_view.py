@@ -55,7 +55,8 @@ def host_requirement(recipe: str) -> HostRequirement:
     pinned = concurrent_total(lanes, "host.cold_experts")
     gpus = len({gpu for l, _ in lanes for gpu in l.gpus})
     images, paths = _rendered_needs(loaded)
-    return HostRequirement(loaded.name, int(host), int(pinned), gpus, images, paths)
+    return HostRequirement(loaded.name, int(host), int(pinned), gpus, images, paths,
+                           machine=loaded.recipe.machines[machines[0]])
 
 
 def _rendered_needs(loaded: Any) -> tuple[list[str], list[str]]:

@@ -142,9 +142,14 @@ def finish(loaded: Any, target: ProfileTarget, histogram: Histogram, source: str
 
 
 def profile_in_docker(dep: Deployment, lane_name: str, traffic_class: str | None, *,
-                      prompts: Path | None, serve_s: float, wait_s: int, echo: Echo) -> ProfileResult:
+                      prompts: Path | None, serve_s: float, wait_s: int, echo: Echo,
+                      progress: Echo | None = None) -> ProfileResult:
+    """`progress` (default: `echo`) gets the start-up phases of the profile boot and of the
+    lane's restart (`ops.startup`)."""
     from recipegen.ops.lanes import _ensure_rendered
+    from recipegen.ops.startup import start
 
+    progress = progress or echo
     target = profile_target(dep.loaded, lane_name, traffic_class)
     prompt_list = load_prompts(prompts) if prompts else []
     _ensure_rendered(dep, echo)
@@ -160,8 +165,16 @@ def profile_in_docker(dep: Deployment, lane_name: str, traffic_class: str | None
         dep.project().stop([lane_svc])
     try:
         echo(f"{prof_svc}: starting in count-only mode")
-        dep.project().up([prof_svc], wait_timeout_s=wait_s,
-                         profiles=service_profiles(config, prof_svc), force_recreate=True)
+        try:
+            start(dep, prof_svc, config, wait_s=wait_s, say=progress, force_recreate=True)
+        except RecipegenError:
+            # it must not keep the lane's GPUs (nor restart on its own) once the lane is back
+            echo(f"{prof_svc}: did not start; stopping and removing it")
+            try:
+                dep.project().rm([prof_svc], profiles=service_profiles(config, prof_svc))
+            except RecipegenError as exc:
+                echo(f"{prof_svc}: could not remove it ({exc}); stop it by hand")
+            raise
         info = service_container(client, project, prof_svc)
         assert info is not None
         folder = env_dump_dir(info.env)
@@ -197,8 +210,7 @@ def profile_in_docker(dep: Deployment, lane_name: str, traffic_class: str | None
     finally:
         if lane_was_up:
             echo(f"{lane_svc}: starting it again")
-            dep.project().up([lane_svc], wait_timeout_s=wait_s,
-                             profiles=service_profiles(config, lane_svc))
+            start(dep, lane_svc, config, wait_s=wait_s, say=progress)
     source = (f"recipegen profile {dep.recipe_name} {lane_name}: count-only boot {prof_svc}, "
               f"snapshot {snap.name}" + (f", prompts {prompts.name}" if prompts else ""))
     return finish(dep.loaded, target, snap.histogram, source, echo)

@@ -66,6 +66,9 @@ class ServiceSpec:
     env_files: tuple[str, ...] = ()
     # "host" for nodes of a multi-node lane (published ports do not apply then).
     network_mode: str | None = None
+    # Container paths mounted as a fresh tmpfs at every start (prometheus_client's multiprocess
+    # folder of a lane with metrics: render.monitoring).
+    tmpfs: tuple[str, ...] = ()
     # Output-folder files this service mounts (path → bytes), hashed into the config hash.
     mounted_files: dict[str, bytes] = field(default_factory=dict, compare=False)
 
@@ -164,8 +167,10 @@ def render_service(env: jinja2.Environment, spec: ServiceSpec, vllm_version: str
 
 def render_compose(env: jinja2.Environment, *, project_name: str, recipe_name: str,
                    recipe_file: str, vllm_version: str, services: list[ServiceSpec],
-                   volumes: list[str]) -> str:
-    blocks = [render_service(env, spec, vllm_version) for spec in services]
+                   volumes: list[str], extra_blocks: tuple[str, ...] = ()) -> str:
+    """The compose file: the engines' services, then `extra_blocks` (service blocks serialized
+    from data: the monitoring profile's, render.monitoring)."""
+    blocks = [render_service(env, spec, vllm_version) for spec in services] + list(extra_blocks)
     return _render(env, "compose.yaml.j2", project_name=project_name, recipe_name=recipe_name,
                    recipe_file=recipe_file, vllm_version=vllm_version, service_blocks=blocks,
                    first_service=services[0].name if services else "",

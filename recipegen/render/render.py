@@ -18,6 +18,7 @@ from recipegen.common.errors import RecipegenError
 from recipegen.load.document import display_path
 from recipegen.render.compose import TEMPLATES_DIR, make_environment, render_compose
 from recipegen.render.compose_validate import validate_compose_file
+from recipegen.render.monitoring import monitoring_project
 from recipegen.render.output import (
     RenderedFiles,
     Staleness,
@@ -167,12 +168,16 @@ def render_recipe(loaded: LoadedRecipe, *, project_root: Path | None = None,
                               runtime_version=runtime_version(runtime_dir),
                               memory=memory, flag_table=table)
         services, volumes, extra = build_services(loaded, machine, inputs)
+        # The `monitoring` profile (Prometheus, Grafana), serialized from data beside the engines.
+        blocks, monitoring_volumes, monitoring_files = monitoring_project(loaded, machine)
         project = recipe.name if len(machines) == 1 else f"{recipe.name}-{machine}"
         text = render_compose(env, project_name=_project_name(project), recipe_name=recipe.name,
                               recipe_file=relative_posix(loaded.path, out_dir),
-                              vllm_version=table.vllm_version, services=services, volumes=volumes)
+                              vllm_version=table.vllm_version, services=services,
+                              volumes=volumes + monitoring_volumes, extra_blocks=tuple(blocks))
         files: RenderedFiles = {COMPOSE_FILE: text.encode("utf-8"), ".gitignore": GITIGNORE}
         files.update(extra)
+        files.update(monitoring_files)
         folders[out_dir] = files
     return Rendering(recipe.name, loaded.path, folders, root)
 

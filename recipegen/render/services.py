@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from expert_residency.contract import env as runtime_env
+from expert_residency.contract.metrics import MULTIPROC_DIR_ENV
 
 from recipegen.render.compose import HealthCheck, Interpolated, Mount, ServiceSpec
 from recipegen.vllm_flags import FlagTable, argv_problems
@@ -66,7 +67,7 @@ def read_mounted(path: Path) -> bytes:
 # Env keys recipegen sets itself; a lane's `env:` may not override them.
 _MANAGED_ENV_PREFIXES = (runtime_env.PREFIX,)
 _MANAGED_ENV_KEYS = {"PYTHONPATH", "VLLM_PLUGINS", "VLLM_CACHE_ROOT", "VLLM_ENABLE_STARTUP_PLAN",
-                     "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "HF_HUB_OFFLINE"}
+                     "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "HF_HUB_OFFLINE", MULTIPROC_DIR_ENV}
 
 
 @dataclass(frozen=True)
@@ -375,6 +376,14 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
             env.update(adaptive_env)
             mounts.extend(adaptive_mounts)
             files.update(adaptive_files)
+    tmpfs: tuple[str, ...] = ()
+    if mode == "residency":
+        from recipegen.render.monitoring import lane_metrics
+
+        metrics = lane_metrics(loaded, lane)  # the recipe's `monitoring`: the lane's own /metrics
+        if metrics is not None:
+            env.update(metrics.environment)
+            tmpfs = metrics.tmpfs
     for key in lane.env:
         if key in _MANAGED_ENV_KEYS or key.startswith(_MANAGED_ENV_PREFIXES) or key in env:
             raise loaded.error(f"{key} is set by recipegen render; remove it from env",
@@ -413,6 +422,7 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
         # Nodes of a multi-node lane reach each other at the machines' own addresses (NCCL,
         # the rendezvous port): no bridge network and NAT between them.
         network_mode="host" if stage.multi_node else None,
+        tmpfs=tmpfs,
         mounted_files=dict(files),
     )
     return spec, files

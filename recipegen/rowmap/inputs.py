@@ -24,7 +24,7 @@ from expert_residency.formats import (
 from expert_residency.formats.capture import capture_kind
 
 from recipegen.common.errors import InputError
-from recipegen.load.recipe import load_recipe
+from recipegen.load.recipe import load_recipe_model
 
 
 def input_error(exc: FormatError) -> InputError:
@@ -44,8 +44,10 @@ class Geometry:
 
 
 def geometry_from_recipe(recipe: str) -> Geometry:
-    """Model geometry of a recipe (name under recipes/ or a path)."""
-    loaded = load_recipe(recipe)
+    """Model geometry of a recipe (name under recipes/ or a path). Only the model is read: a
+    recipe whose row map is missing or disagrees with its budget — the map about to be built —
+    still gives its geometry."""
+    loaded = load_recipe_model(recipe)
     model = loaded.recipe.model
     return Geometry(tuple(model.moe_layers), int(model.routed_experts),
                     int(model.expert_bytes), int(model.top_k), model.revision or "",

@@ -8,6 +8,7 @@ class the worker parses from `EXPERT_RESIDENCY_ADAPTIVE`, so a recipe that valid
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from expert_residency.core.adaptive_config import AdaptiveConfig
 from expert_residency.formats._io import MAX_EXPERTS
@@ -19,11 +20,11 @@ _D = AdaptiveConfig()  # the runtime's defaults: one source
 
 
 class Adaptive(StrictModel):
-    """Adaptive residency: every `interval` forwards, at a step boundary with no forward in
-    flight, at most `swaps_per_layer` hot/cold swaps per MoE layer move the experts the traffic
-    now uses into HBM (copies through a staging row, the map flip last; bank shapes and CUDA
-    graphs stay valid). Absent: off, the boot map stays (the default). `adaptive: {}` turns it
-    on with every default. Usage-aware lanes only.
+    """Adaptive residency: every `interval` forwards the policy ranks the experts the traffic now
+    uses; the promoted ones are copied host → HBM into spare rows on a side stream while decode
+    steps run (at most `copy_rows_per_layer` rows per layer and step), and the next barrier only
+    flips map entries (bank shapes and CUDA graphs stay valid). Absent: off, the boot map stays
+    (the default). `adaptive: {}` turns it on with every default. Usage-aware lanes only.
     """
 
     interval: PositiveInt = _D.interval
@@ -34,9 +35,29 @@ class Adaptive(StrictModel):
     policy simulation). The default keeps the counter and the policy within 0.5% of a one-stream
     decode step (docs/adaptive.md)."""
     swaps_per_layer: NonNegativeInt = Field(default=_D.swaps_per_layer, le=MAX_EXPERTS)
-    """Most swaps (one hot expert out, one cold expert in) per MoE layer per barrier: bounds a
-    barrier's host-link traffic, 2 × bytes per expert × swaps_per_layer × MoE layers (the ledger
-    shows it), and so its length. 0 counts and ranks but never swaps."""
+    """Most swaps (one hot expert out, one cold expert in) per MoE layer per plan; they wait,
+    strongest first, for copy budget and spare rows. 0 counts and ranks but never swaps."""
+    spare_rows: NonNegativeInt = _D.spare_rows
+    """Spare rows per MoE layer the promoted experts are copied into while steps run: that many
+    expert rows of HBM (taken from the KV pool) and, with `host_copies: spare`, of pinned host
+    memory (the ledger shows both). At least 1 unless `swaps_per_layer` is 0."""
+    flip_interval: PositiveInt = _D.flip_interval
+    """Forwards between map flips: the swaps copied so far become live (map entries only) and their
+    old rows spare again, so `spare_rows` rows carry `interval / flip_interval` times as many swaps
+    per plan."""
+    copy_rows_per_layer: float = Field(default=_D.copy_rows_per_layer, gt=0)
+    """Expert rows copied host → HBM per decode step and MoE layer while adapting (a 40-layer GPU
+    copies 40 × this per step), beside the step on a side stream. The copies share the host link
+    with the cold bank's reads: this bounds what adapting adds to a step and how fast a traffic
+    shift is followed (docs/adaptive.md, "Copies beside the steps")."""
+    host_copies: Literal["spare", "all"] = _D.host_copies  # type: ignore[assignment]
+    """`spare`: `swaps_per_layer` spare host rows per layer; a demoted expert the host no longer
+    holds is copied back into one (HBM → host). `all`: the host keeps a copy of every hot expert
+    too, so a demotion is only a map change — at the host memory of the hot experts again."""
+    rank_picks: Literal["all", "decode"] = _D.rank_picks  # type: ignore[assignment]
+    """`all`: the ranking counts every pick, prefill and decode. `decode`: decode picks only (a
+    long prompt then weighs nothing; the counter keeps a second count — per row on the torch path,
+    per decode-only step on the fused GPU layer, where a step with a prefill row adds none)."""
     decay: float = Field(default=_D.decay, ge=0, lt=1)
     """Factor on every score at each barrier before the new window is added
     (`score = decay × score + window`): the memory is about 1 / (1 − decay) windows."""

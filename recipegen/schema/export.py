@@ -28,6 +28,9 @@ def recipe_json_schema(catalog_names: Callable[[str], list[str]]) -> dict[str, A
             {"type": "object", "required": ["catalog"], "properties": {"catalog": {
                 "type": "string", "enum": catalog_names("models")}},
              "description": "catalog entry with overridden fields"},
+            {"type": "object", "required": ["file"], "properties": {"file": {"type": "string"}},
+             "description": "model file (what `recipegen model import` writes), relative to the recipe, with "
+                            "overridden fields"},
             {"$ref": model_ref} if isinstance(model_ref, str) else model_ref,
         ]}
     machines = props["machines"]

@@ -75,7 +75,8 @@ class Offload(StrictModel):
     runtime has no prefetch mode yet, so this is for what-if budgets."""
     adaptive: Adaptive | None = None
     """Adaptive residency (usage-aware only): the map follows the traffic inside the running
-    engine by bounded swaps at step boundaries. Absent: off (the boot map stays)."""
+    engine; swaps are copied into spare rows beside the decode steps and go live by map flips.
+    Absent: off (the boot map stays)."""
 
     @model_validator(mode="after")
     def _check(self) -> Offload:
@@ -168,22 +169,48 @@ class HbmReserveMeasurement(StrictModel):
 class HbmReserve(StrictModel):
     """HBM for everything but routed experts and KV: dense weights, drafter, activations, CUDA graphs.
 
-    Give `value`, or `back_solved_from` a measured boot (reserve = HBM × utilisation − hot experts −
-    KV pool, labelled back-solved). Declared dense and drafter bytes are parts of it, never extra.
+    Give `value` (with its `basis`), `back_solved_from` a measured boot (reserve = HBM ×
+    utilisation − hot experts − KV pool, labelled back-solved), or `estimated: true` (the ledger
+    estimates it from the model and machine, labelled estimated). Declared dense and drafter bytes
+    are parts of it, never extra.
     """
 
     value: Bytes | None = None
-    """The reserve, measured directly."""
+    """The reserve, as a figure (say how it was obtained in `basis`)."""
     back_solved_from: HbmReserveMeasurement | None = None
     """A measured boot to back-solve the reserve from."""
-    source: str = Field(min_length=1)
-    """Where the figure was measured (seed file and section, or 'measured on …')."""
+    estimated: bool = False
+    """Let the ledger estimate the reserve from the model and the machine (dense weights per GPU +
+    vLLM's fused-MoE workspace at the lane's batched tokens + an allowance for CUDA graphs and the
+    profile run's other activations; docs/ledger.md 'Estimated reserves'), for a lane that has not
+    booted yet. Printed as estimated; replace it with a measured boot (`recipegen verify`)."""
+    basis: Literal["measured", "assumed"] | None = None
+    """How `value` was obtained: `measured` (on the box: a boot's log, `recipegen verify`) or
+    `assumed`. Only a measured value is printed as measured."""
+    source: str | None = Field(default=None, min_length=1)
+    """Where the figure comes from (a field report and its section, 'measured on …', or why it is
+    assumed); not needed with `estimated`, whose source is its formula."""
 
     @model_validator(mode="after")
     def _check(self) -> HbmReserve:
-        if (self.value is None) == (self.back_solved_from is None):
-            raise PathError("give exactly one of value and back_solved_from", ("value",))
+        _check_reserve(self)
         return self
+
+
+def _check_reserve(spec: HbmReserve | HostReserve) -> None:
+    """Exactly one way of giving a reserve; a source for every way but the estimate; `basis`
+    belongs to `value`."""
+    given = [n for n in ("value", "back_solved_from") if getattr(spec, n) is not None]
+    if spec.estimated:
+        given.append("estimated")
+    if len(given) != 1:
+        raise PathError("give exactly one of value, back_solved_from and estimated: true"
+                        + (f" (got {', '.join(given)})" if given else ""), ("value",))
+    if spec.basis is not None and spec.value is None:
+        raise PathError("basis says how `value` was obtained: give it with value only", ("basis",))
+    if spec.source is None and not spec.estimated:
+        raise PathError("missing required field: where the figure comes from (an estimated reserve's source is "
+                        "its formula)", ("source",))
 
 
 class HostReserveMeasurement(StrictModel):
@@ -198,21 +225,27 @@ class HostReserveMeasurement(StrictModel):
 class HostReserve(StrictModel):
     """Host memory for everything but host tables and pinned experts: page cache, processes, OS.
 
-    Give `value`, or `back_solved_from` a measured boot (reserve = host used − pinned experts −
-    the model's host tables).
+    Give `value` (with its `basis`), `back_solved_from` a measured boot (reserve = host used −
+    pinned experts − the model's host tables), or `estimated: true` (the ledger's estimate of the
+    vLLM processes and the OS, labelled estimated).
     """
 
     value: Bytes | None = None
-    """The reserve, measured directly."""
+    """The reserve, as a figure (say how it was obtained in `basis`)."""
     back_solved_from: HostReserveMeasurement | None = None
     """A measured boot to back-solve the reserve from."""
-    source: str = Field(min_length=1)
-    """Where the figure was measured."""
+    estimated: bool = False
+    """Let the ledger estimate the reserve: the operating system and vLLM's API-server and engine
+    processes, plus one worker process per GPU (docs/ledger.md 'Estimated reserves'); page cache
+    is reclaimable and not counted. Printed as estimated."""
+    basis: Literal["measured", "assumed"] | None = None
+    """How `value` was obtained: `measured` (the box's host memory in use) or `assumed`."""
+    source: str | None = Field(default=None, min_length=1)
+    """Where the figure comes from; not needed with `estimated`."""
 
     @model_validator(mode="after")
     def _check(self) -> HostReserve:
-        if (self.value is None) == (self.back_solved_from is None):
-            raise PathError("give exactly one of value and back_solved_from", ("value",))
+        _check_reserve(self)
         return self
 
 
@@ -257,8 +290,9 @@ class Lane(StrictModel):
     """vLLM `--max-model-len` (1M = 1048576, as vLLM reads it)."""
     concurrency: Concurrency
     """Expected concurrent streams."""
-    offload: Offload
-    """Expert budget and placement."""
+    offload: Offload = Field(default_factory=lambda: Offload(placement="positional", load_cpu_offload="0 GiB"))
+    """Expert budget and placement. Omitted: every routed expert in HBM (plain vLLM, no
+    `--cpu-offload-gb`), as `{placement: positional, load_cpu_offload: 0 GiB}`."""
     speculative: Speculative | None = None
     """Speculative decoding, if any."""
     reserves: Reserves

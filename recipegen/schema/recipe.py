@@ -10,6 +10,7 @@ from recipegen.schema.base import PathError, StrictModel
 from recipegen.schema.lane import NAME_MAX_LENGTH, Lane
 from recipegen.schema.machine import Machine
 from recipegen.schema.model import Model
+from recipegen.schema.monitoring import Monitoring
 
 SCHEMA_VERSION = 1
 
@@ -94,6 +95,9 @@ class Recipe(StrictModel):
     """Machines by key: each a catalog name, `{catalog: name, address: …}`, or inline."""
     lanes: list[Lane] = Field(min_length=1)
     """The lanes (one vLLM engine and one compose service each)."""
+    monitoring: Monitoring | None = None
+    """Prometheus metrics of the residency runtime on each lane's `/metrics`, and the `monitoring`
+    compose profile (Prometheus, Grafana with the expert-residency dashboard). Absent: off."""
 
     @field_validator("version", mode="before")
     @classmethod
@@ -134,6 +138,25 @@ class Recipe(StrictModel):
                             f"{limit:,}: vLLM refuses it (lower it, override the model's max_position_embeddings "
                             "for a rope-scaled context, or set env VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)",
                             ("lanes", i, "max_model_len"))
+        return self
+
+    @model_validator(mode="after")
+    def _monitoring_fits(self) -> Recipe:
+        """The monitoring services' host ports are their own, and the window holds two scrapes."""
+        monitoring = self.monitoring
+        if monitoring is None:
+            return self
+        if monitoring.window_s < 2 * monitoring.scrape_interval_s:
+            raise PathError(f"window {monitoring.window} holds fewer than two scrapes of "
+                            f"{monitoring.scrape_interval}", ("monitoring", "window"))
+        if monitoring.prometheus_port == monitoring.grafana_port:
+            raise PathError(f"grafana_port {monitoring.grafana_port} is prometheus_port too",
+                            ("monitoring", "grafana_port"))
+        for field in ("prometheus_port", "grafana_port"):
+            port = getattr(monitoring, field)
+            for lane in self.lanes:
+                if lane.port == port:
+                    raise PathError(f"{field} {port} is lane {lane.name}'s port", ("monitoring", field))
         return self
 
     def lane(self, name: str) -> Lane:

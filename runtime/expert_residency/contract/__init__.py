@@ -6,6 +6,8 @@ numpy, torch, triton or vLLM, so recipegen's ledger and renderer read it where n
   objects size themselves with these functions and the ledger budgets with the same ones.
 - ``env``: the ``EXPERT_RESIDENCY_*`` environment variables the renderer writes and the runtime
   reads, one line each on what they mean.
+- ``metrics``: the Prometheus series the runtime exports (names, labels, help text, type), read by
+  the exporter in the worker, by the rendered dashboard and alert rule, and by docs/metrics.md.
 - ``expert_formats``: the expert-format constants both sides name (gpt-oss's SwiGLU-OAI alpha and
   limit, the FP8 block).
 

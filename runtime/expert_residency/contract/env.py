@@ -34,5 +34,21 @@ BANK_KERNEL = "EXPERT_RESIDENCY_BANK_KERNEL"
 """The MXFP4 bank kernel (``auto`` default, ``flashinfer-trtllm``, ``triton``, ``triton-dot-scaled``,
 ``torch-reference``): ``blackwell.select``."""
 
+METRICS = "EXPERT_RESIDENCY_METRICS"
+"""Prometheus metrics from the worker: unset / ``off`` = none, ``on`` = the ``expert_residency_*``
+series (``contract.metrics``) reach the lane's ``/metrics`` through prometheus_client's multiprocess
+folder, which ``PROMETHEUS_MULTIPROC_DIR`` must name (docs/metrics.md)."""
+METRICS_INTERVAL_S = "EXPERT_RESIDENCY_METRICS_INTERVAL_S"
+"""Seconds between two reads of the usage counter for the metrics (default 15; > 0): a background
+thread reads the device counts off the step path and updates the series."""
+METRICS_WINDOW_S = "EXPERT_RESIDENCY_METRICS_WINDOW_S"
+"""Seconds the window gauges (cold share, hot-hit ratio per layer) cover (default 300; >= the
+read interval)."""
+PREDICTED_COLD_SHARE = "EXPERT_RESIDENCY_PREDICTED_COLD_SHARE"
+"""The cold share the recipe's ledger projects for the active class (its row map on its
+histogram, as ``recipegen check budgets`` prints it), in [0, 1]: exported as
+``expert_residency_predicted_cold_share`` so that drift is one PromQL expression. Unset: not
+exported (the class declares no histogram)."""
+
 ALL = (MODE, ROWMAP, CONTENT_HASH, DUMP_DIR, DUMP_INTERVAL_S, LANE, CLASS, PER_PICK, ADAPTIVE,
-       ADAPTIVE_PRIORS, BANK_KERNEL)
+       ADAPTIVE_PRIORS, BANK_KERNEL, METRICS, METRICS_INTERVAL_S, METRICS_WINDOW_S, PREDICTED_COLD_SHARE)

@@ -86,6 +86,28 @@ def counter_bytes(moe_layers: int, experts: int) -> int:
     return 8 * int(moe_layers) * int(experts) + 16 * int(moe_layers)
 
 
+def decode_counter_bytes(moe_layers: int, experts: int) -> int:
+    """``core.ExpertCounter.enable_decode_counts`` (adaptive ``rank_picks: decode``): the decode-picks
+    count and the per-step start, int64 ``[layers, experts]`` each."""
+    return 2 * 8 * int(moe_layers) * int(experts)
+
+
 def step_mask_bytes(max_tokens: int) -> int:
     """``vllm_plugin.step_masks.StepMasks``: bool ``[max_tokens + 1]``, int32 ``[max_tokens]``, one int64."""
     return int(max_tokens) * (1 + 4) + 1 + 8
+
+
+# The dense (BF16 / FP8-block) kernels' T = 1 fused finalize hands off through one int32 ticket per
+# w2 row tile of at least this many rows (the narrowest tile tl.dot takes), sized for any tile.
+DENSE_FIN_TICKET_ROWS = 16
+
+
+def dense_ticket_bytes(hidden: int) -> int:
+    """``gpu.dense_experts``' T = 1 fused-finalize tickets: int32 ``ceil(H / 16)``."""
+    return 4 * -(-int(hidden) // DENSE_FIN_TICKET_ROWS)
+
+
+def decode_mask_bytes(max_tokens: int) -> int:
+    """``StepMasks.enable_decode_rows`` (adaptive ``rank_picks: decode``): the per-row decode mask,
+    bool ``[max_tokens + 1]``, and the decode-only-step flag, one int64."""
+    return int(max_tokens) + 1 + 8

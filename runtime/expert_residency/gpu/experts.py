@@ -122,6 +122,14 @@ class KernelConfig:
     # (42.9 vs 45.1 us per all-HBM T=1 layer), 12 and 16 are slower (47.4, 55.8; BENCHMARKS.md).
     t1_unroll1: int = 8
     t1_unroll2: int = 8
+    # Grouped steps of 2..gw_max_tokens tokens (0: off) with an unsplit reduction, where the T = 1
+    # warp-MMA kernels run: the two expert launches run their loops (``kernels_t1.w13_gw_kernel``
+    # / ``w2_gw_kernel``: the same warpgroups, chains and loop trips) on up to eight picks of one
+    # expert per program, one per column of the MMA's B operand, instead of ``tl.dot`` tiles (whose
+    # K loop is 3.5 / 3.3 SASS instructions per weight against the warp-MMA loop's 2.6 / 2.7).
+    # Each pick's row then has the bits the T = 1 kernels give its token alone. Off by default
+    # until its GPU tests have run at every geometry (BENCHMARKS.md).
+    gw_max_tokens: int = 0
 
     def describe(self) -> str:
         kind = {0: "int-dequant", 1: "dot_scaled", 2: "prmt-dequant", 3: "mma-order"}.get(
@@ -143,6 +151,8 @@ class KernelConfig:
                 text += (f" T1-warp-mma{self.t1_warpgroups1}/{self.t1_warpgroups2}"
                          f"x{self.t1_chains1}/{self.t1_chains2}")
                 text += f" unroll{self.t1_unroll1}/{self.t1_unroll2}"
+                if self.gw_max_tokens >= 2:
+                    text += f" warp-mma-grouped@2..{self.gw_max_tokens}"
         if self.pdl:
             text += " pdl"
         return text
@@ -528,9 +538,13 @@ class TritonMxfp4Experts:
         act_args = dict(SWIGLU_LIMIT=0.0 if self.swiglu_limit is None else self.swiglu_limit,
                         HAS_BIAS=has_bias, ACT=1 if self.activation == SWIGLUOAI else 0,
                         ALPHA=float(self.swiglu_alpha))
-        g1 = g2 = 0
+        g1 = g2 = gw1 = gw2 = 0
         if one_token and self._t1_groups is not None and x.data_ptr() % 4 == 0:
             g1, g2 = self._t1_groups
+        elif (not one_token and 2 <= t <= cfg.gw_max_tokens and s1 == 1 and s2 == 1 and self._t1_groups is not None
+              and x.data_ptr() % 4 == 0 and x.stride(0) % 2 == 0):
+            gw1, gw2 = self._t1_groups
+        passes = triton.cdiv(t, 8)   # a slot holds at most T picks (a token picks an expert once)
         if g1:
             kernels_t1.w13_t1_kernel[(shape.intermediate // 64, k)](
                 x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX], ws.act,
@@ -541,6 +555,16 @@ class TritonMxfp4Experts:
                 COUNT=count_in_kernel, CHAINS=cfg.t1_chains1,
                 HAS_TOKEN_MASK=token_mask is not None, UNROLL=cfg.t1_unroll1,
                 **act_args, num_warps=4 * g1, num_stages=1, **self._pdl_args())
+        elif gw1:
+            kernels_t1.w13_gw_kernel[(shape.intermediate // 64, max_slots, passes)](
+                x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX],
+                ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.act,
+                counts if count_in_kernel else ws.dummy_i64, tokens if count_in_kernel else ws.dummy_i64,
+                ws.n_tokens, x.stride(0), w13.stride(0), s13.stride(0),
+                b13[0], b13[1], b13[0].stride(0) if has_bias else 0,
+                H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BK=cfg.block_k1, KSPLIT=gw1,
+                COUNT=count_in_kernel, CHAINS=cfg.t1_chains1, UNROLL=cfg.t1_unroll1,
+                **act_args, num_warps=4 * gw1, num_stages=1, **self._pdl_args())
         elif stream1:
             kernels.w13_stream_kernel[(stream1,)](
                 x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX], ws.act,
@@ -575,6 +599,14 @@ class TritonMxfp4Experts:
                 KSPLIT=g2, CHAINS=cfg.t1_chains2, HAS_TOKEN_MASK=token_mask is not None,
                 HAS_BIAS=has_bias, UNROLL=cfg.t1_unroll2,
                 num_warps=4 * g2, num_stages=1, **self._pdl_args())
+        elif gw2:
+            kernels_t1.w2_gw_kernel[(shape.hidden // cfg.block_n2, max_slots, passes)](
+                ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX],
+                ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.pick_out,
+                w2.stride(0), s2w.stride(0), b2[0], b2[1], b2[0].stride(0) if has_bias else 0,
+                H=shape.hidden, INTER=shape.intermediate, BN=cfg.block_n2, BK=cfg.block_k2, KSPLIT=gw2,
+                CHAINS=cfg.t1_chains2, HAS_BIAS=has_bias, UNROLL=cfg.t1_unroll2,
+                num_warps=4 * gw2, num_stages=1, **self._pdl_args())
         elif stream2:
             kernels.w2_stream_kernel[(stream2,)](
                 ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX], ws.pick_out,

@@ -173,12 +173,12 @@ class DenseResidency:
         if self.device.type == "cuda":
             if geometry.expert_format == FP16:
                 raise ValueError("fp16 experts on CUDA: the runtime's dense kernels read bf16 or fp8")
-            from ..gpu.dense_experts import DenseKernelConfig, TritonDenseExperts
+            from ..gpu.dense_experts import TritonDenseExperts
             from ..gpu.experts import ExpertShape
 
             self._experts = TritonDenseExperts(
                 ExpertShape(geometry.hidden, geometry.intermediate), geometry.num_experts, int(top_k),
-                self.max_tokens, self.device, kernel_config or DenseKernelConfig(),
+                self.max_tokens, self.device, kernel_config,   # None: the format's measured default
                 expert_format="fp8-block" if geometry.expert_format == FP8_BLOCK else "bf16",
                 activation=facts.activation, swiglu_limit=facts.swiglu_limit,
                 swiglu_alpha=facts.swiglu_alpha)
@@ -204,10 +204,11 @@ class DenseResidency:
 
     @property
     def workspace_bytes(self) -> int:
-        """Device scratch of the kernels: the shared workspace, plus (FP8) the step's quantized inputs."""
+        """Device scratch of the kernels: the shared workspace, the T = 1 fused-finalize tickets,
+        plus (FP8) the step's quantized inputs."""
         if self._experts is None:
             return 0
-        return self._experts.workspace.nbytes + self._experts.fp8_scratch_bytes
+        return self._experts.workspace.nbytes + self._experts.ticket_bytes + self._experts.fp8_scratch_bytes
 
     def per_pick_fn(self) -> PerPickExpertFn:
         if self._experts is not None:

@@ -26,6 +26,7 @@ from expert_residency.contract.env import MODE as ENV_MODE
 from expert_residency.contract.env import PER_PICK as ENV_PER_PICK
 from expert_residency.contract.env import ROWMAP as ENV_ROWMAP
 from expert_residency.core.dump import DEFAULT_INTERVAL_S, ENV_INTERVAL, interval_from_env
+from expert_residency.metrics.config import MetricsConfig, metrics_from_env
 
 ENV_DUMP_INTERVAL_S = ENV_INTERVAL
 PER_PICK_CHOICES = ("auto", "cpu", "modular")
@@ -57,6 +58,7 @@ class PluginSettings:
     lane: str = "lane"
     traffic_class: str = "none"
     per_pick: str = "auto"
+    metrics: MetricsConfig | None = None   # EXPERT_RESIDENCY_METRICS (docs/metrics.md)
 
     @property
     def active(self) -> bool:
@@ -98,9 +100,14 @@ def load_settings(environ: Mapping[str, str] | None = None) -> PluginSettings:
     if per_pick not in PER_PICK_CHOICES:
         raise SettingsError(f"{ENV_PER_PICK}={per_pick!r}: expected one of "
                             f"{', '.join(PER_PICK_CHOICES)}")
+    try:
+        metrics = metrics_from_env(env)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     settings = PluginSettings(mode=mode, rowmap_path=rowmap, content_hash=content_hash, per_pick=per_pick,
                               dump_dir=env.get(ENV_DUMP_DIR, "").strip() or None,
-                              dump_interval_s=interval, lane=lane, traffic_class=traffic_class)
+                              dump_interval_s=interval, lane=lane, traffic_class=traffic_class,
+                              metrics=metrics)
     if mode == MODE_RESIDENCY:
         if rowmap is None:
             raise SettingsError(f"{ENV_MODE}=residency needs {ENV_ROWMAP} (the row map to pin)")

@@ -49,11 +49,15 @@ def test_the_resolver(tmp_path: Path) -> None:
     assert escaping_link(root, root / "recipes" / "loop") is None
 
 
+def _replace_by_link(path: Path, target: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)   # the project's own folder (recipes/models/ may hold model files)
+    path.symlink_to(target, target_is_directory=True)
+
+
 @pytest.mark.parametrize("link", ["recipes/models", "recipes"])
 def test_model_import_does_not_write_through_a_link_out(project: Path, outside: Path, link: str) -> None:
-    if link == "recipes":
-        shutil.rmtree(project / "recipes")
-    (project / link).symlink_to(outside, target_is_directory=True)
+    _replace_by_link(project / link, outside)
     before = snapshot(outside)
     out = refused("model", "import", str(CONFIG), "--name", "q", expect="leaves the project")
     assert str(project / link) in out
@@ -62,7 +66,7 @@ def test_model_import_does_not_write_through_a_link_out(project: Path, outside: 
 
 def test_model_import_into_a_linked_folder_inside_the_project_works(project: Path) -> None:
     (project / "store").mkdir()
-    (project / "recipes" / "models").symlink_to(project / "store", target_is_directory=True)
+    _replace_by_link(project / "recipes" / "models", project / "store")
     code, out = cli("model", "import", str(CONFIG), "--name", "q")
     assert code == 0, out
     assert (project / "store" / "q.yaml").is_file()
@@ -74,10 +78,11 @@ def test_a_model_file_linked_out_of_the_project_is_refused(project: Path, outsid
     assert code == 0, out   # an explicit -o outside the project is the user's choice
     models = project / "recipes" / "models"
     if how == "file":
-        models.mkdir()
+        models.mkdir(exist_ok=True)
+        (models / "q.yaml").unlink(missing_ok=True)
         (models / "q.yaml").symlink_to(outside / "q.yaml")
     else:
-        models.symlink_to(outside, target_is_directory=True)
+        _replace_by_link(models, outside)
     doc = reference_plain()
     doc["model"] = {"file": "models/q.yaml"}
     write_recipe(project, "linked", doc)

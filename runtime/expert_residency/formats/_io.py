@@ -115,7 +115,12 @@ def parse_index_ranges(text: str, *, max_index: int = MAX_LAYER_INDEX,
 
 class UnreadableFile(OSError):
     """A path that is not a regular file of bounded size (a FIFO, a device, a folder, a socket,
-    or more bytes than the reader takes): refused before any read blocks or runs away."""
+    or more bytes than the reader takes): refused before any read blocks or runs away. `kind`
+    says what it is instead (`file_kind`), or `size` how large it is, for callers that word
+    their own message."""
+
+    kind: str | None = None
+    size: int | None = None
 
 
 def file_kind(mode: int) -> str:
@@ -137,10 +142,14 @@ def open_regular_file(path: str | os.PathLike[str], *, limit: int | None = None)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise UnreadableFile(None, f"{file_kind(info.st_mode)}, not a regular file", os.fspath(path))
+            error = UnreadableFile(None, f"{file_kind(info.st_mode)}, not a regular file", os.fspath(path))
+            error.kind = file_kind(info.st_mode)
+            raise error
         if limit is not None and info.st_size > limit:
-            raise UnreadableFile(None, f"{info.st_size:,} bytes, more than the {limit:,} this file can be",
-                                 os.fspath(path))
+            error = UnreadableFile(None, f"{info.st_size:,} bytes, more than the {limit:,} this file can be",
+                                   os.fspath(path))
+            error.size = info.st_size
+            raise error
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -169,7 +178,9 @@ def read_regular_file(path: str | os.PathLike[str], *, limit: int) -> bytes:
     finally:
         os.close(fd)
     if total > limit:
-        raise UnreadableFile(None, f"grew past {limit:,} bytes while being read", os.fspath(path))
+        error = UnreadableFile(None, f"grew past {limit:,} bytes while being read", os.fspath(path))
+        error.size = total
+        raise error
     return b"".join(chunks)
 
 

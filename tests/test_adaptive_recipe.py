@@ -118,7 +118,8 @@ def test_ledger_prices_spare_rows_and_copy_traffic(project: Path) -> None:
     assert step.operands == {"copy_rows_per_layer": 0.4, "moe_layers": 40, "bytes_per_expert": EXPERT, "tp": 1}
     link = lane.fig("adaptive.link_bytes_per_plan")
     assert link.value == 2 * EXPERT * 4 * 40 == 6_016_204_800
-    assert link.operands == {"bytes_per_expert": EXPERT, "tp": 1, "swaps_per_layer": 4, "moe_layers": 40}
+    assert link.operands == {"bytes_per_expert": EXPERT, "tp": 1, "hot_per_layer": 295, "cold_per_layer": 89,
+                             "swaps_per_layer": 4, "moe_layers": 40}
     # 300,810,240 B at the station's 340 GB/s pinned read: 0.88 ms of the link per step
     assert any("0.88 ms of the 340 GB/s host link" in note for note in lane.notes)
 
@@ -138,6 +139,23 @@ def test_ledger_host_copies_all_and_decode_ranking(project: Path) -> None:
     tokens = lane.fig("hbm.runtime_workspace.counter").operands["max_num_batched_tokens"]
     extra = lane.fig("hbm.runtime_workspace.counter").value - lane_off.fig("hbm.runtime_workspace.counter").value
     assert extra == 16 * 40 * 384 + tokens + 1 + 8
+
+
+@pytest.mark.parametrize("swaps", [89, 90, 65_536])
+def test_a_barrier_swaps_at_most_the_smaller_bank(project: Path, swaps: int) -> None:
+    """295 hot and 89 cold per layer: a swap trades one of each, so no plan moves more than
+    89 pairs per layer — 2 × 18,800,640 B × 89 × 40 = 133,860,556,800 B — however many it allows
+    (10^12 once priced a barrier of 140 years and passed)."""
+    with_adaptive(project, f"      adaptive: {{swaps_per_layer: {swaps}, spare_rows: 1}}\n")
+    link = compute_ledger(load_recipe(REFERENCE)).lane("agent").fig("adaptive.link_bytes_per_plan")
+    assert link.value == 2 * EXPERT * 89 * 40 == 133_860_556_800
+
+
+def test_swaps_per_layer_past_any_model_is_refused_at_its_line(project: Path) -> None:
+    with_adaptive(project, "      adaptive: {swaps_per_layer: 1000000000000}\n")
+    result = CliRunner().invoke(main, ["check", "budgets", REFERENCE])
+    assert result.exit_code == 2 and "offload.adaptive.swaps_per_layer" in result.output, result.output
+    assert "Traceback" not in result.output
 
 
 def test_ledger_has_no_adaptive_figure_when_off(project: Path) -> None:

@@ -113,7 +113,7 @@ def test_the_running_lane_gets_the_settings_and_the_priors(lane):
     assert priors == ["/etc/expert-residency/agent-prose.hist", "/etc/expert-residency/agent-math.hist"]
     from recipegen.ops.engine import list_dir
 
-    mounted = list_dir(client, container.id, "/etc/expert-residency")
+    mounted = list_dir(client, container.id, "/etc/expert-residency", keep=None)
     profiles = project.root / "recipes" / "profiles" / "dsv41-flash"
     assert mounted["agent-prose.hist"] == (profiles / "prose.hist").read_bytes()
     assert mounted["agent-math.hist"] == (profiles / "math.hist").read_bytes()

@@ -95,12 +95,16 @@ def _recover_interrupted_swaps(folders: list | None = None) -> None:
     from recipegen.load.recipe import recipe_search_dirs
 
     for folder in folders if folders is not None else recipe_search_dirs():
-        if folder.is_dir() and any(p.name.startswith(".") and ".recipegen-swap." in p.name
+        if folder.is_dir() and any(p.name.startswith(".") and ".recipegen-" in p.name
                                    for p in folder.iterdir()):
+            from recipegen.common.lock import sweep_locks, sweep_temps
             from recipegen.render.swap import recover_interrupted
 
             for line in recover_interrupted(folder):
                 click.echo(line, err=True)
+            # what a process killed while writing here left: temps and lock files nobody holds
+            sweep_temps(folder)
+            sweep_locks(folder)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -94,9 +94,11 @@ def parity(url_a: str, url_b: str | None, fixture: Path | None, runs: int, max_t
         path = Path(source)
         if "://" in source or not path.is_file():
             return None
+        from expert_residency.formats._io import read_regular_file
+
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            data = json.loads(read_regular_file(path, limit=1 << 30).decode("utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise InputError(f"cannot read parity recording: {exc}", file=str(path)) from None
         return read_record(data, loaded, settings, file=str(path))
 

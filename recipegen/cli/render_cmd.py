@@ -27,12 +27,18 @@ def _parse_class_args(values: tuple[str, ...]) -> list[tuple[str, str]]:
 
 
 def _old_hashes(rendering) -> dict[Path, dict[str, str]]:
+    from recipegen.render.output import read_generated
+
     old = {}
     for out_dir in rendering.folders:
         compose_file = out_dir / "compose.yaml"
-        old[out_dir] = service_hashes(compose_file.read_text(encoding="utf-8")) \
-            if compose_file.is_file() else {}
+        old[out_dir] = service_hashes(read_generated(compose_file, limit=GENERATED_LIMIT).decode(
+            "utf-8", errors="replace")) if compose_file.is_file() and not compose_file.is_symlink() else {}
     return old
+
+
+# A rendered file is far below this; one larger in its place is refused, not read.
+GENERATED_LIMIT = 64 << 20
 
 
 @click.command()
@@ -112,18 +118,24 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
     if swaps:
         _render_with_swaps(paths[0], swaps, templates, validate)
         return
+    from recipegen.common.lock import recipe_lock
+
     for path in paths:
-        loaded = load_recipe(path)
-        rendering = render_recipe(loaded, templates_dir=templates)
-        _write(rendering, validate)
+        # read and written under the recipe's lock: a `render --class` of another process
+        # cannot change the recipe between this read and this write
+        with recipe_lock(path, echo=click.echo, readers_only=True):
+            loaded = load_recipe(path)
+            rendering = render_recipe(loaded, templates_dir=templates)
+            _write(rendering, validate)
 
 
 def _echo_diff(target: Path, new: bytes) -> None:
     import difflib
 
     from recipegen.load.document import display_path
+    from recipegen.render.output import read_generated
 
-    old = target.read_bytes() if target.is_file() else b""
+    old = read_generated(target, limit=GENERATED_LIMIT) if target.is_file() and not target.is_symlink() else b""
     if old == new:
         return
     name = display_path(target)

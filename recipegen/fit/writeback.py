@@ -187,12 +187,13 @@ def _classes(lane_node: Any, recipe_name: str, candidate: Candidate, hists: list
 @contextlib.contextmanager
 def recipe_lock(recipe_path: Path) -> Iterator[None]:
     """The one place `fit` and `new` take the recipe's lock, held from the read of the recipe to
-    the write of it and its maps (`fit.run.fit_recipe`, `fit.new.new_recipe`). recipegen has no
-    lock between processes on this branch yet (`render --class` and `swap` use a journal against
-    crashes, not a lock against a concurrent writer): until it has, this guards nothing, and a
-    concurrent writer can interleave with a fit. The lock API being built takes its place here
-    (`recipegen.common.lock.recipe_lock(recipe_path)`, same call)."""
-    yield
+    the write of it and its maps (`fit.run.fit_recipe`, `fit.new.new_recipe`): recipegen's lock
+    per recipe (`recipegen.common.lock.recipe_lock`, the flock `render --class`, `swap` and
+    `save-live` hold too), so a fit never interleaves with another writer of the recipe."""
+    from recipegen.common.lock import recipe_lock as lock
+
+    with lock(recipe_path):
+        yield
 
 
 def commit(recipe_path: Path, new_text: str, writes: list[FileWrite]) -> None:

@@ -5,6 +5,7 @@ flips map entries (docs/adaptive.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from expert_residency.core.adaptive_config import (
@@ -74,12 +75,16 @@ def adaptive_host_and_link(model: Model, machine: Machine, lane: Lane, hot_bytes
          "bytes_per_expert": model.expert_bytes, "tp": tp},
         "on a side stream beside the step; shares the host link with the cold bank's reads"))
     ways = "1" if config.host_copies == "all" else "2"
+    # A swap trades one hot expert for one cold one: no plan swaps more than the smaller bank of a
+    # layer, whatever swaps_per_layer allows (10^12 once priced a barrier of 140 years).
+    hot, cold = _split(model, lane)
+    capped = dataclasses.replace(config, swaps_per_layer=min(config.swaps_per_layer, hot, cold))
     plan = add(Figure(
         "adaptive.link_bytes_per_plan", "adaptive: host-link traffic of one plan, at most (per GPU)",
-        barrier_link_bytes(config, per_expert, layers), "bytes",
-        f"{ways} × bytes_per_expert / tp × swaps_per_layer × moe_layers",
-        {"bytes_per_expert": model.expert_bytes, "tp": tp, "swaps_per_layer": config.swaps_per_layer,
-         "moe_layers": layers},
+        barrier_link_bytes(capped, per_expert, layers), "bytes",
+        f"{ways} × bytes_per_expert / tp × min(swaps_per_layer, hot, cold per layer) × moe_layers",
+        {"bytes_per_expert": model.expert_bytes, "tp": tp, "hot_per_layer": hot, "cold_per_layer": cold,
+         "swaps_per_layer": config.swaps_per_layer, "moe_layers": layers},
         "every layer swapping its cap: one row in per swap" + ("" if ways == "1" else ", one row out at most")))
     bandwidth = machine.pinned_read_bandwidth
     notes.append(
@@ -95,6 +100,17 @@ def adaptive_host_and_link(model: Model, machine: Machine, lane: Lane, hot_bytes
 
 def _duration(seconds: float) -> str:
     return f"{seconds:.2f} s" if seconds >= 0.1 else f"{seconds * 1e3:.2f} ms"
+
+
+def _split(model: Model, lane: Lane) -> tuple[int, int]:
+    """Hot and cold experts per layer the lane declares (all hot / none cold without a budget)."""
+    from recipegen.ledger.budget import declared_split
+
+    offload = lane.offload
+    if offload.hot_experts_per_layer is None and offload.cold_experts_budget is None:
+        return model.routed_experts, 0
+    split = declared_split(model, offload)
+    return split.hot_per_layer, split.cold_per_layer
 
 
 def size_text(value: float) -> str:

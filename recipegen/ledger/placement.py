@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recipegen.ledger.flags import flag_values
 from recipegen.schema import Lane, Model
 
 
@@ -42,16 +43,8 @@ EXPERT_SEGMENTS = frozenset({"experts", "w13_weight", "w2_weight", "w13_weight_s
 def offload_param_filter(extra_args: list[str]) -> frozenset[str]:
     """The segments of a lane's `--cpu-offload-params` (vLLM 0.33: only matching parameters are
     offloaded, vllm/model_executor/offloader/uva.py:102-113), empty when not set."""
-    out: set[str] = set()
-    for i, arg in enumerate(extra_args):
-        if arg == "--cpu-offload-params":
-            for value in extra_args[i + 1:]:
-                if value.startswith("--"):
-                    break
-                out.update(v for v in value.split(",") if v)
-        elif arg.startswith("--cpu-offload-params="):
-            out.update(v for v in arg.split("=", 1)[1].split(",") if v)
-    return frozenset(out)
+    return frozenset(v for value in flag_values(list(extra_args), "--cpu-offload-params")
+                     for v in value.split(",") if v)
 
 
 def experts_only(lane: Lane) -> bool:

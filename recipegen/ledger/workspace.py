@@ -72,7 +72,7 @@ from expert_residency.contract.sizing import (
 from recipegen.common.units import GiB
 from recipegen.ledger.adaptive import adaptive_hbm
 from recipegen.ledger.figures import Figure
-from recipegen.ledger.flags import flag_value
+from recipegen.ledger.flags import flag_value, parsed_args
 from recipegen.ledger.parallel import expert_parallel
 from recipegen.ledger.result import USAGE_AWARE
 from recipegen.ledger.vllm_layout import lane_geometry
@@ -128,7 +128,8 @@ def max_num_batched_tokens(machine: Machine, lane: Lane) -> BatchedTokens:
     why += " (engine/arg_utils.py:2973-3006)"
     if flag_value(args, "--performance-mode") == "throughput":
         value, why = 2 * value, why + ", doubled by --performance-mode throughput (:3184-3186)"
-    if "--no-enable-chunked-prefill" in args and lane.max_model_len > value:
+    chunked = parsed_args(args).get("--enable-chunked-prefill")
+    if chunked is not None and not chunked.on and lane.max_model_len > value:
         value, why = lane.max_model_len, "max_model_len: chunked prefill off (engine/arg_utils.py:3190-3198)"
     return BatchedTokens(value, why)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from recipegen.common.paths import escaping_link
 from recipegen.load.document import Problem
 from recipegen.multinode.checks import parallel_problems
 from recipegen.schema.lane import Lane
@@ -83,6 +84,7 @@ def cross_reference_problems(recipe: Recipe, base_dir: Path) -> list[Problem]:
             problems.append(((*where, "speculative", "method"), f"method {spec.method!r} needs a drafter: "
                              f"model {recipe.model.name} declares none (add model.drafter or "
                              "speculative.model)"))
+        problems.extend(extra_args_problems(lane, where))
         problems.extend(_class_problems(recipe, i, base_dir))
         problems.extend(adaptive_problems(lane, ("lanes", i)))
         if lane.parallel is not None:
@@ -124,6 +126,9 @@ def _class_problems(recipe: Recipe, i: int, base_dir: Path) -> list[Problem]:
             elif not inside_project(base_dir, rel):
                 problems.append(((*cpath, field), f"{rel!r} leaves the project (the folder "
                                  "holding recipes/): keep maps and histograms inside it"))
+            elif (link := escaping_link(project_root_of(base_dir), path)) is not None:
+                problems.append(((*cpath, field), f"{rel!r} leaves the project through {link[0]}, a "
+                                 f"symlink to {link[1]}: keep maps and histograms inside it"))
             elif not path.is_file():
                 problems.append(((*cpath, field), f"file not found: {rel} (resolved to {path})"))
     return problems
@@ -149,4 +154,30 @@ def adaptive_problems(lane: Lane, where: tuple[str | int, ...]) -> list[Problem]
                              "a prior"))
         elif name in adaptive.priors[:j]:  # type: ignore[index]
             problems.append(((*path, "priors", j), f"class {name!r} is listed twice"))
+    return problems
+
+
+def extra_args_problems(lane: Lane, where: tuple[str | int, ...]) -> list[Problem]:
+    """`extra_args` as vLLM 0.33 reads them (`recipegen.vllm_flags.args`): a flag given twice,
+    a spelling vLLM reads differently (`-O3`, `--flag.key`), one it lacks, a value it refuses —
+    and a flag that changes what the ledger budgets without the ledger reading it
+    (`recipegen.ledger.flags.UNBUDGETED`) — each at its own item of the list."""
+    from recipegen.ledger.flags import SAME_BYTES_DTYPES, UNBUDGETED, parsed_args
+
+    parsed = parsed_args(list(lane.extra_args))
+    problems: list[Problem] = [((*where, "extra_args", index), message)
+                               for index, message in parsed.problems]
+    for canonical, (default, why) in UNBUDGETED.items():
+        given = parsed.get(canonical)
+        if given is None:
+            continue
+        value = given.value
+        if canonical == "--dtype" and value in SAME_BYTES_DTYPES:
+            continue
+        if default is not None and value is not None and value.strip() == default:
+            continue
+        shown = f"{given.spelled[:40]}" + (f" {value[:40]}" if value is not None and "=" not in given.spelled else "")
+        problems.append(((*where, "extra_args", given.index),
+                         f"{shown}: the ledger does not budget {canonical}" +
+                         (f" other than {default}" if default is not None else "") + f" ({why})"))
     return problems

@@ -53,7 +53,7 @@ def parse_yaml(text: str, file: str) -> Any:
         document = round_trip_yaml().load(text)
     except RecursionError:
         raise InputError(f"nested too deeply (at most {MAX_YAML_DEPTH} levels)",
-                         file=file) from None
+                         file=file, line=nesting_line(text)) from None
     except DuplicateKeyError as exc:
         mark = exc.problem_mark
         key = _duplicate_key_name(exc)
@@ -67,11 +67,47 @@ def parse_yaml(text: str, file: str) -> Any:
         raise InputError(f"YAML syntax error: {problem}", file=file,
                          line=mark.line + 1 if mark else None) from None
     except YAMLError as exc:
-        raise InputError(f"YAML error: {str(exc).splitlines()[0][:200]}", file=file) from None
+        position = getattr(exc, "position", None)  # a ReaderError: a character YAML forbids
+        line = text.count("\n", 0, position) + 1 if isinstance(position, int) else None
+        character = getattr(exc, "character", None)
+        what = (f"character U+{ord(character) if isinstance(character, str) else character:04X} is not "
+                "allowed in YAML (control characters, NUL)") if line is not None and character is not None \
+            else str(exc).splitlines()[0][:200]
+        raise InputError(f"YAML error: {what}", file=file, line=line) from None
     except (ValueError, OverflowError) as exc:  # e.g. a timestamp or number ruamel cannot build
+        digits = re.search(r"[0-9_]{4000,}", text)  # past Python's 4,300-digit conversion limit
+        if digits is not None:
+            raise InputError(f"a number of {len(digits.group(0)):,} digits: not a value any field takes",
+                             file=file, line=text.count("\n", 0, digits.start()) + 1) from None
         raise InputError(f"YAML value error: {type(exc).__name__}", file=file) from None
     check_expansion(document, file)
     return document
+
+
+def nesting_line(text: str) -> int | None:
+    """The line where `text` first nests deeper than `MAX_YAML_DEPTH` levels (flow brackets
+    outside quotes, plus block indentation in steps of two), for a parser that ran out of stack."""
+    depth = 0
+    quote = ""
+    for number, line in enumerate(text.split("\n"), start=1):
+        indent = (len(line) - len(line.lstrip(" "))) // 2
+        for char in line:
+            if quote:
+                if char == quote:
+                    quote = ""
+            elif char in "\"'":
+                quote = char
+            elif char == "#":
+                break
+            elif char in "[{":
+                depth += 1
+                if depth + indent > MAX_YAML_DEPTH:
+                    return number
+            elif char in "]}":
+                depth = max(0, depth - 1)
+        if indent > MAX_YAML_DEPTH:
+            return number
+    return None
 
 
 def check_expansion(document: Any, file: str) -> None:
@@ -195,15 +231,24 @@ def describe_error(error: dict[str, Any]) -> tuple[Loc, str]:
         loc = loc[:-1]
     if kind == "string_pattern_mismatch":
         what = "name" if is_key else "value"
-        return loc, (f"{what} {value!r} is not allowed: use lowercase letters, digits and '-' "
+        return loc, (f"{what} {_shown(value)} is not allowed: use lowercase letters, digits and '-' "
                      f"(pattern {ctx.get('pattern')})")
     message = str(error["msg"])
     for prefix in ("Value error, ", "Assertion failed, "):
         if message.startswith(prefix):
             message = message[len(prefix):]
     if kind not in ("value_error", "assertion_error") and isinstance(value, (str, int, float, bool)):
-        message += f" (got {value!r})"
+        message += f" (got {_shown(value)})"
     return loc, message
+
+
+def _shown(value: Any) -> str:
+    """A value for a message: short ones as they are, long ones cut (with their length)."""
+    text = repr(value)
+    if len(text) <= 80:
+        return text
+    size = f"{len(value):,} characters" if isinstance(value, str) else f"{len(str(value)):,} digits"
+    return f"{text[:60]}… ({size})"
 
 
 def problems_error(path: Path, document: Any, problems: list[Problem]) -> InputError:

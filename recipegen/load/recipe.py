@@ -17,8 +17,10 @@ from pydantic import ValidationError
 
 from recipegen.catalog import catalog_entry
 from recipegen.common.errors import InputError
-from recipegen.load.checks import cross_reference_problems, inside_project
+from recipegen.common.paths import escaping_link
+from recipegen.load.checks import cross_reference_problems, inside_project, project_root_of
 from recipegen.load.document import (
+    MAX_RECIPE_CHARS,
     Loc,
     Problem,
     describe_error,
@@ -116,19 +118,39 @@ def list_recipes(folder: Path | None = None) -> list[Path]:
 
 # ---------------------------------------------------------------- loading
 
+def read_recipe_bytes(path: Path) -> bytes:
+    """A recipe file's bytes: a regular file of bounded size only (a FIFO, a device or a huge
+    file is refused before reading, naming the file)."""
+    from expert_residency.formats._io import UnreadableFile, read_regular_file
+
+    file = display_path(path)
+    try:
+        return read_regular_file(path, limit=4 * MAX_RECIPE_CHARS)  # UTF-8: at most 4 bytes a character
+    except UnreadableFile as exc:
+        raise InputError(f"{exc.strerror}: not a recipe", file=file) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", file=file) from None
+
+
+def read_recipe_text(path: Path) -> str:
+    """`read_recipe_bytes` decoded; undecodable bytes are refused with the line they are on."""
+    data = read_recipe_bytes(path)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - data.rfind(b"\n", 0, exc.start)
+        raise InputError(f"not UTF-8 text (byte 0x{data[exc.start]:02x} at column {column})",
+                         file=display_path(path), line=line) from None
+
+
 def _read_validated(path: Path, text: str | None = None) -> tuple[Recipe, Any]:
     """YAML + schema validation (no cross-references): the Recipe and its round-trip document.
     `text`: validate this as the content of `path` (a write not yet made)."""
     file = display_path(path)
     if text is not None:
         return _validated_document(path, parse_yaml(text, file))
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise InputError("not UTF-8 text", file=file) from None
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", file=file) from None
-    document = parse_yaml(text, file)
+    document = parse_yaml(read_recipe_text(path), file)
     return _validated_document(path, document)
 
 
@@ -201,12 +223,15 @@ def set_active_class(path: str | os.PathLike[str], lane: str, cls: str) -> bool:
     added with ruamel's round-trip writer). The result is re-validated before an atomic rename.
     Returns False when the class was already active (file untouched).
     """
+    from recipegen.common.lock import recipe_lock
+
     target = resolve_recipe_path(path)
-    text = target.read_text(encoding="utf-8")
-    new_text = active_class_text(target, text, lane, cls)
-    if new_text == text:
-        return False
-    _atomic_write_validated(target, new_text)
+    with recipe_lock(target):  # read, change, write: one process at a time
+        text = read_recipe_text(target)
+        new_text = active_class_text(target, text, lane, cls)
+        if new_text == text:
+            return False
+        _atomic_write_validated(target, new_text)
     return True
 
 
@@ -288,16 +313,18 @@ def write_recipe_atomically(target: Path, data: bytes, temp: Path | None = None)
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), mode)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(temp, mode)
         os.replace(temp, target)
-    except BaseException:
+    except BaseException as exc:
         temp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # named by the recipe, not by our temp file
+            raise OSError(exc.errno, exc.strerror, str(target)) from None
         raise
     folder = os.open(target.parent, os.O_RDONLY)
     try:
@@ -311,5 +338,9 @@ def _model_file_loader(recipe_path: Path) -> Any:
         if Path(relative).is_absolute() or not inside_project(recipe_path.parent, relative):
             raise ValueError(f"{relative!r} must be relative to the recipe and stay inside the "
                              "project (the folder holding recipes/)")
+        link = escaping_link(project_root_of(recipe_path.parent), recipe_path.parent / relative)
+        if link is not None:
+            raise ValueError(f"{relative!r} leaves the project through {link[0]}, a symlink to "
+                             f"{link[1]}: keep model files inside the project")
         return load_model_file(relative, base=recipe_path.parent)
     return load

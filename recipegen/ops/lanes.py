@@ -33,13 +33,17 @@ class Started:
 
 
 def _ensure_rendered(dep: Deployment, echo: Echo) -> None:
-    first = not dep.rendering.compose_file.is_file()
-    reasons = dep.rendering.stale_reasons()
-    if reasons:
-        dep.rendering.render()
-        why = "first render" if first else (
-            f"it was stale: {reasons[0]}" + (f" and {len(reasons) - 1} more" if len(reasons) > 1 else ""))
-        echo(f"rendered {dep.rendering.out_dir} ({why})")
+    from recipegen.common.lock import recipe_lock
+
+    with recipe_lock(dep.loaded.path, echo=echo, readers_only=True):  # read and rendered as one
+        dep.rendering.reload()
+        first = not dep.rendering.compose_file.is_file()
+        reasons = dep.rendering.stale_reasons()
+        if reasons:
+            dep.rendering.render()
+            why = "first render" if first else (
+                f"it was stale: {reasons[0]}" + (f" and {len(reasons) - 1} more" if len(reasons) > 1 else ""))
+            echo(f"rendered {dep.rendering.out_dir} ({why})")
 
 
 def _start(dep: Deployment, service: str, config: dict[str, Any], wait_s: int,
@@ -112,9 +116,17 @@ def swap(dep: Deployment, lane_name: str, new_class: str, *, wait_s: int = DEFAU
          echo: Echo = print, progress: Echo | None = None) -> SwapResult:
     """Write active_class, re-render, recreate exactly that service, wait for health — one
     transaction with `render --class` (recipegen.render.swap): on any failure (render, Compose,
-    health) the recipe, the rendering and the service are restored."""
+    health) the recipe, the rendering and the service are restored. The recipe's lock is held
+    throughout, from reading the class it swaps from to the health verdict."""
+    from recipegen.common.lock import recipe_lock
 
-    progress = progress or echo
+    with recipe_lock(dep.loaded.path, echo=echo):
+        dep.rendering.reload()  # what the recipe says now that no other writer can change it
+        return _swap(dep, lane_name, new_class, wait_s=wait_s, echo=echo, progress=progress or echo)
+
+
+def _swap(dep: Deployment, lane_name: str, new_class: str, *, wait_s: int, echo: Echo,
+          progress: Echo) -> SwapResult:
     lane = dep.lane(lane_name)
     if new_class not in lane.classes:
         raise InputError(f"lane {lane_name} has no class {new_class!r} (classes: "

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from expert_residency.contract import env as runtime_env
-from expert_residency.formats import Histogram, RowMap, save_histogram, save_rowmap
+from expert_residency.formats import Histogram, RowMap
 
 from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops import labels
@@ -117,10 +117,18 @@ def finish(loaded: Any, target: ProfileTarget, histogram: Histogram, source: str
     rowmap: RowMap = build_top_n(histogram, target.hot_per_layer, provenance_for(
         [histogram], [str(target.histogram_path.name)], "top-n", profile=source))
     check_same_geometry(rowmap, histogram)
-    target.histogram_path.parent.mkdir(parents=True, exist_ok=True)
-    target.rowmap_path.parent.mkdir(parents=True, exist_ok=True)
-    save_histogram(histogram, target.histogram_path)
-    save_rowmap(rowmap, target.rowmap_path)
+    from expert_residency.formats import format_histogram, format_rowmap
+
+    from recipegen.common.lock import recipe_lock, sweep_temps, write_atomically
+
+    # the class's files are the recipe's: written under its lock, through fixed temps that a
+    # profile killed at its rename leaves for the next writer to remove
+    with recipe_lock(loaded.path, echo=echo):
+        for path, text in ((target.histogram_path, format_histogram(histogram)),
+                           (target.rowmap_path, format_rowmap(rowmap))):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            sweep_temps(path.parent)
+            write_atomically(path, text.encode("utf-8"))
     result = ProfileResult(target.histogram_path, target.rowmap_path, histogram.selections,
                            histogram.tokens, rowmap.content_hash(), rowmap.shape_hash(),
                            cold_share(rowmap, histogram), previous_shape)

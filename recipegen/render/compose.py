@@ -115,9 +115,11 @@ def yaml_key(value: Any) -> str:
 
 
 def yaml_comment(value: Any) -> str:
-    """Text for a `#` comment line: kept as is when it is plain, else one escaped scalar."""
-    text = str(value)
-    return text if re.fullmatch(r"[A-Za-z0-9_./@+-]*", text) else yaml_scalar(text)
+    """Text for a `#` comment line: every generated file's one comment escaper
+    (`expert_residency.formats._io.comment_text`: line breaks and controls as escapes)."""
+    from expert_residency.formats._io import comment_text
+
+    return comment_text(str(value))
 
 
 def make_environment(templates_dir: Path = TEMPLATES_DIR) -> jinja2.Environment:

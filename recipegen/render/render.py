@@ -212,9 +212,19 @@ def write_rendering(rendering: Rendering) -> list[Path]:
     machine below it (DESIGN "Multi-node lanes"), each swapped atomically; what an earlier render
     left in the other layout is removed.
     """
+    from recipegen.common.lock import output_lock, sweep_locks
+
     root = rendering.root
     for out_dir in [root, *rendering.folders]:
         refuse_symlinks(out_dir, root.parent.parent)  # compose/, compose/<recipe>, machines
+    with output_lock(root):  # one writer of compose/<recipe>/ at a time
+        written = _write_rendering_locked(rendering)
+    sweep_locks(root.parent)  # lock files of renders killed while holding them
+    return written
+
+
+def _write_rendering_locked(rendering: Rendering) -> list[Path]:
+    root = rendering.root
     single = list(rendering.folders) == [root]
     # A folder this recipe rendered before, in either layout, is ours even once retired.
     owned = read_manifest(root) is not None or bool(_machine_folders(root))

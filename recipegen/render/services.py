@@ -19,6 +19,7 @@ from expert_residency.contract.metrics import MULTIPROC_DIR_ENV
 
 from recipegen.render.compose import HealthCheck, Interpolated, Mount, ServiceSpec
 from recipegen.vllm_flags import FlagTable, argv_problems
+from recipegen.vllm_flags.args import parse_args
 from recipegen.vllm_flags.moe_backend import START_PERIOD_AUTOTUNED, BackendChoice, NoBackend, choose, start_period
 
 if TYPE_CHECKING:
@@ -53,6 +54,15 @@ PROFILE_BOOT_FLAGS: tuple[tuple[str, ...], ...] = (
 PROFILE_STOP_GRACE_PERIOD = "20s"  # > --shutdown-timeout: compose waits for the final snapshot
 
 LABEL_PREFIX = "io.recipegen."
+
+def read_mounted(path: Path) -> bytes:
+    """A row map or histogram the rendering mounts, read only as a regular file of bounded size
+    (a FIFO or device put in its place since the recipe was checked raises, never hangs)."""
+    from expert_residency.formats._io import read_regular_file
+    from expert_residency.formats._records import MAX_RECORD_BYTES
+
+    return read_regular_file(path, limit=MAX_RECORD_BYTES)
+
 
 # Env keys recipegen sets itself; a lane's `env:` may not override them.
 _MANAGED_ENV_PREFIXES = (runtime_env.PREFIX,)
@@ -244,7 +254,7 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
     map_bytes: bytes | None = None
     map_file = rowmap_file_name(lane.name, cls) if cls is not None else ""
     if rowmap is not None and cls is not None:
-        map_bytes = loaded.resolve(lane.classes[cls].rowmap).read_bytes()
+        map_bytes = read_mounted(loaded.resolve(lane.classes[cls].rowmap))
         if launch is not None:
             # Each pipeline stage builds only its own MoE layers, and the runtime refuses a map
             # that does not cover exactly those: mount the stage's slice (its own hashes).
@@ -269,7 +279,11 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
         argv += list(launch.args)
         if getattr(lane.parallel, "host_tables_in_hbm", False):
             argv += ["--engram-config", json.dumps({"cpu_offload": False})]
-    if not _sets_flag(lane.extra_args, "--max-num-seqs", inputs.flag_table):
+    extra = parse_args(list(lane.extra_args), inputs.flag_table)  # as vLLM reads them
+    if extra.problems:  # the recipe loader refuses these first; never render past one
+        at, message = extra.problems[0]
+        raise loaded.error(message, ("lanes", index, "extra_args", at))
+    if "--max-num-seqs" not in extra.given:
         argv += ["--max-num-seqs", str(lane.concurrency.max)]
     if memory.kv_cache_memory_bytes is not None:
         argv += ["--kv-cache-memory-bytes", str(memory.kv_cache_memory_bytes)]
@@ -279,22 +293,20 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
     if lane.offload.load_cpu_offload and not stage.all_experts_in_hbm:
         argv += ["--cpu-offload-gb", format_gib(lane.offload.load_cpu_offload)]
     backend = _moe_backend(loaded, index, recipe, stage, mode)
-    if runtime_on and backend.moe_backend and not _sets_flag(lane.extra_args, "--moe-backend",
-                                                             inputs.flag_table):
+    if runtime_on and backend.moe_backend and "--moe-backend" not in extra.given:
         argv += ["--moe-backend", backend.moe_backend]
     if lane.speculative is not None:
         argv += ["--speculative-config", speculative_json(lane.speculative)]
     if runtime_on:
         argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
     rendered = canonical_flags(argv, inputs.flag_table)
-    for extra in lane.extra_args:
-        flag = extra.partition("=")[0]
-        canonical = canonical_flag(flag, inputs.flag_table)
+    for canonical, given in extra.given.items():
         if canonical in rendered:
+            flag = given.spelled.partition("=")[0]
             alias = f" (vLLM reads it as {canonical})" if canonical != flag else ""
             raise loaded.error(f"{flag} is rendered from the recipe's own fields{alias}; change "
                                "those instead of repeating it in extra_args",
-                               ("lanes", index, "extra_args"))
+                               ("lanes", index, "extra_args", given.index))
     argv += list(lane.extra_args)
     if profile:
         # Exact counts: eager keeps the count on the path verified inside an engine (the counting
@@ -439,7 +451,7 @@ def _adaptive(loaded: LoadedRecipe, index: int, lane: Lane
         rel = lane.classes[cls].histogram
         assert rel is not None  # schema checks: a prior class declares a histogram
         where = ("lanes", index, "classes", cls, "histogram")
-        data = loaded.resolve(rel).read_bytes()
+        data = read_mounted(loaded.resolve(rel))
         try:  # the worker would refuse it at boot (core.adaptive_setup): say so now, at its line
             hist = parse_histogram(data.decode("utf-8"), rel)
         except (FormatError, UnicodeDecodeError, ValueError) as exc:
@@ -475,9 +487,3 @@ def canonical_flags(argv: list[str], table: FlagTable) -> set[str]:
     """Canonical names of every flag in `argv` (values and negative numbers skipped)."""
     return {canonical_flag(a, table) for a in argv
             if a.startswith("-") and len(a) > 1 and not re.fullmatch(r"-[0-9.]+", a)}
-
-
-def _sets_flag(args: list[str], flag: str, table: FlagTable | None = None) -> bool:
-    if table is not None:
-        return canonical_flag(flag, table) in canonical_flags(args, table)
-    return any(a == flag or a.startswith(flag + "=") for a in args)

@@ -63,11 +63,16 @@ def read_rowmap(path: str | os.PathLike[str]) -> RowMap:
 
 def is_histogram_file(path: str | os.PathLike[str]) -> bool:
     """True for our text histogram; False for `.npy` and vLLM capture files."""
+    from expert_residency.formats._io import UnreadableFile, open_regular_file
+
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(4096)
+        fd = open_regular_file(path)  # a FIFO or device is refused before any read blocks
     except FileNotFoundError:
         raise InputError("no such file", file=str(path)) from None
+    except UnreadableFile as exc:
+        raise InputError(f"{exc.strerror}: not a histogram or capture file", file=str(path)) from None
+    with os.fdopen(fd, "rb") as handle:
+        head = handle.read(4096)
     if head.startswith(b"\x93NUMPY"):
         return False
     for line in head.split(b"\n"):

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Literal
 
 from expert_residency.core.adaptive_config import AdaptiveConfig
+from expert_residency.formats._io import MAX_EXPERTS
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from recipegen.schema.base import StrictModel
@@ -33,7 +34,7 @@ class Adaptive(StrictModel):
     sooner (about 80-90 decode steps to the in-domain cold share at 16, 130-175 at 32, in the
     policy simulation). The default keeps the counter and the policy within 0.5% of a one-stream
     decode step (docs/adaptive.md)."""
-    swaps_per_layer: NonNegativeInt = _D.swaps_per_layer
+    swaps_per_layer: NonNegativeInt = Field(default=_D.swaps_per_layer, le=MAX_EXPERTS)
     """Most swaps (one hot expert out, one cold expert in) per MoE layer per plan; they wait,
     strongest first, for copy budget and spare rows. 0 counts and ranks but never swaps."""
     spare_rows: NonNegativeInt = _D.spare_rows

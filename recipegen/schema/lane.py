@@ -11,6 +11,10 @@ from recipegen.schema.base import Bytes, PathError, PositiveBytes, StrictModel, 
 from recipegen.schema.parallel import Parallel
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
+# Names of recipes, machines, lanes and classes become folder and file names (a dump file holds
+# a lane's and a class's name), Compose service names and Kubernetes labels (at most 63
+# characters): longer ones are refused at their line.
+NAME_MAX_LENGTH = 63
 # Bounds far above any lane (the reference serves up to 16 streams, k=5), below what a per-batch-
 # size table may expand to: checks walk every batch size up to concurrency.max.
 MAX_STREAMS = 65_536
@@ -310,7 +314,7 @@ class TrafficClass(StrictModel):
 class Lane(StrictModel):
     """One vLLM engine: fixed GPUs of one machine, one port, one image, one active traffic class."""
 
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)
     """Lane name; its compose service is `lane-<name>`."""
     machine: str
     """Key of the machine in the recipe's `machines` (multi-node lanes will add a placement list)."""
@@ -335,11 +339,12 @@ class Lane(StrictModel):
     """Speculative decoding, if any."""
     reserves: Reserves
     """Measured reserves with their sources."""
-    classes: dict[Annotated[str, StringConstraints(pattern=NAME_PATTERN)], TrafficClass] = {}
+    classes: dict[Annotated[str, StringConstraints(pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)],
+                  TrafficClass] = {}
     """Traffic classes by name (usage-aware lanes: each has a row map)."""
     active_class: str | None = None
     """The class whose row map the lane serves now (written back by `render --class`/`swap`)."""
-    profile: str | None = Field(default=None, pattern=NAME_PATTERN)
+    profile: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)
     """Compose profile for lanes that are not always on."""
     extra_args: list[str] = []
     """Further `vllm serve` arguments, passed through verbatim."""

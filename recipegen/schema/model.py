@@ -419,6 +419,9 @@ class Model(StrictModel):
     """Shared experts per MoE layer, where known (always in HBM; counted in the dense bytes)."""
     hidden_size: PositiveInt | None = None
     """Model width (config.json `hidden_size`), where known; vLLM's layout padding needs it."""
+    attention_heads: PositiveInt | None = None
+    """Query attention heads (config.json `num_attention_heads`), where known: vLLM 0.33 refuses a
+    tensor-parallel size that does not divide them (vllm/config/model.py:1559-1564)."""
     moe_intermediate_size: PositiveInt | None = None
     """Routed expert intermediate width (config.json `moe_intermediate_size` or `intermediate_size`)."""
     activation: Activation | None = None

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 
 from recipegen.schema.base import PathError, StrictModel
-from recipegen.schema.lane import Lane
+from recipegen.schema.lane import NAME_MAX_LENGTH, Lane
 from recipegen.schema.machine import Machine
 from recipegen.schema.model import Model
 from recipegen.schema.monitoring import Monitoring
@@ -82,7 +82,7 @@ class Recipe(StrictModel):
 
     version: Literal[1]
     """Schema version of this file (currently 1)."""
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", max_length=NAME_MAX_LENGTH)
     """Recipe name; rendered output goes to `compose/<name>/`."""
     description: str = ""
     """Free text."""
@@ -90,7 +90,7 @@ class Recipe(StrictModel):
     """A model catalog name (`recipegen/catalog/models.yaml`, `recipegen/catalog/models/`),
     `{catalog: name, …overrides}`, `{file: models/<name>.yaml, …overrides}` (a model file written by
     `recipegen model import`, relative to the recipe), or an inline model."""
-    machines: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]*$")],
+    machines: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=NAME_MAX_LENGTH)],
                    Annotated[Machine, BeforeValidator(lambda v, info: _resolve("machines", v, info))]] = Field(min_length=1)
     """Machines by key: each a catalog name, `{catalog: name, address: …}`, or inline."""
     lanes: list[Lane] = Field(min_length=1)
@@ -98,6 +98,15 @@ class Recipe(StrictModel):
     monitoring: Monitoring | None = None
     """Prometheus metrics of the residency runtime on each lane's `/metrics`, and the `monitoring`
     compose profile (Prometheus, Grafana with the expert-residency dashboard). Absent: off."""
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_is_an_integer(cls, value: Any) -> Any:
+        # YAML's `true` is Python's True, which equals 1: read as a version it would pass
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"the schema version is the integer 1 (got {str(value)[:20]!r}, a "
+                             f"{type(value).__name__})")
+        return value
 
     @model_validator(mode="before")
     @classmethod

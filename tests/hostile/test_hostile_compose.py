@@ -140,6 +140,9 @@ def _accepting_leaves(doc: dict[str, Any], payload: str, tmp: Path) -> list[tupl
                         "catalog", "machine", "active_class", "placement", "method"):
             continue  # files, names (strict patterns: tested below) and text that is never rendered
         trial = copy.deepcopy(doc)
+        # probe one leaf at a time: extra_args holding the payload (which vLLM may refuse, e.g.
+        # `--chat-template --`) must not make every other probe fail
+        trial["lanes"][0]["extra_args"] = ["--chat-template", "x"]
         _set(trial, path, payload)
         try:
             load_recipe(write_recipe(tmp, "probe", trial), read_maps=False)

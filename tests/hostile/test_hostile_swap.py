@@ -301,17 +301,3 @@ def test_a_recipe_named_by_path_is_recovered_from_any_folder(project: Path, tmp_
     assert code == 0, out
     assert "rolled back" in out
     assert not journal.exists() and _active(project) == _served(project) == "agent"
-
-
-def test_a_second_swap_while_one_is_under_way_is_refused(project: Path) -> None:
-    """A journal owned by a live process (here: pid 1) is a swap in progress: neither rolled
-    back under its feet nor overwritten by a second swap."""
-    import json
-
-    assert cli("render", REFERENCE)[0] == 0
-    before = _state(project)
-    journal = project / "recipes" / f".{REFERENCE}.yaml.recipegen-swap.json"
-    journal.write_text(json.dumps({"version": 1, "pid": 1, "recipe": f"{REFERENCE}.yaml",
-                                   "recipe_bytes": "", "swaps": [], "folders": {}}))
-    refused("render", REFERENCE, "--class", "agent=prose", expect="in progress")
-    assert _state(project) == before and journal.exists()

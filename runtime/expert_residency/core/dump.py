@@ -62,6 +62,11 @@ ENV_DIR, ENV_INTERVAL, ENV_LANE, ENV_CLASS, ENV_MODE = (
 MODES = ("count-only", "residency", "unsplit")
 _MODE_ALIASES = {"count": "count-only"}
 DEFAULT_INTERVAL_S = 60.0
+# Each snapshot synchronises with the device and writes a file: more often than ten a second
+# (`1e-300` asked for a busy loop) is refused, as is more than a week apart (a timer wait that
+# long overflows the thread's timeout) and anything not a finite number (`nan`, `inf`).
+MIN_INTERVAL_S = 0.1
+MAX_INTERVAL_S = 7 * 86_400.0
 
 _NAME_PART = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9.-])?$")
 _PART = r"[A-Za-z0-9](?:[A-Za-z0-9.-]|_(?!_))*"
@@ -80,10 +85,19 @@ def interval_from_env(env: Mapping[str, str]) -> float:
     try:
         interval = float(raw) if raw else DEFAULT_INTERVAL_S
     except ValueError:
-        raise ValueError(f"{ENV_INTERVAL}={raw!r}: not a number of seconds") from None
-    if interval < 0:
-        raise ValueError(f"{ENV_INTERVAL}={raw!r}: must be >= 0")
+        raise ValueError(f"{ENV_INTERVAL}={raw[:40]!r}: not a number of seconds") from None
+    check_interval(interval, f"{ENV_INTERVAL}={raw[:40]!r}")
     return interval
+
+
+def check_interval(interval: float, what: str) -> None:
+    """Refuse a snapshot interval other than 0 (off) or a finite number of seconds in
+    [MIN_INTERVAL_S, MAX_INTERVAL_S] (ValueError naming `what`)."""
+    if interval == 0:
+        return
+    if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:  # False for nan as well
+        raise ValueError(f"{what}: give 0 (no timer) or {MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g} seconds "
+                         "between snapshots")
 
 
 @dataclass(frozen=True)
@@ -112,6 +126,7 @@ class DumpConfig:
         return config
 
     def check(self) -> None:
+        check_interval(float(self.interval_s), f"{ENV_INTERVAL}={self.interval_s!r}")
         for variable, value in ((ENV_LANE, self.lane), (ENV_CLASS, self.traffic_class)):
             if not _NAME_PART.match(value) or "__" in value:
                 raise ValueError(f"{variable}={value!r}: use letters, digits, '.', '_' or '-' "

@@ -39,6 +39,7 @@ from ._records import (
     end_text,
     format_header,
     format_json_fields,
+    json_text,
     json_value,
     malformed_layer_line,
     parse_moe_layers,
@@ -190,8 +191,8 @@ def format_histogram(h: Histogram, *, comments: list[str] | None = None) -> str:
     out.append(f"tokens: {h.tokens}")
     for name in _OPTIONAL_INTS:
         out.append(f"{name}: {json.dumps(getattr(h, name))}")
-    out.append(f"source: {json.dumps(h.source, ensure_ascii=False)}")
-    out.append(f"model_revision: {json.dumps(h.model_revision, ensure_ascii=False)}")
+    out.append(f"source: {json_text(h.source)}")
+    out.append(f"model_revision: {json_text(h.model_revision)}")
     out += format_json_fields("meta", h.meta)
     for layer, row in zip(h.moe_layer_indices, h.counts):
         out.append(f"layer {layer}: " + " ".join(map(str, row.tolist())))

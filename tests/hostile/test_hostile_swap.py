@@ -139,14 +139,16 @@ def test_ops_swap_rolls_back_recipe_rendering_and_service_on_any_failure(project
             import yaml
             return yaml.safe_load((project / OUT / "compose.yaml").read_text())
 
-        def up(self, services, **kwargs):
-            ups.append(f"{services[0]}:{_served(project)}")
-            if _served(project) == "prose":
-                raise ComposeError("lane-agent did not become healthy")
+    def fake_start(dep, service, config, **kwargs):
+        """The start-and-wait step (ops.startup.start) on whatever rendering is on disk now."""
+        ups.append(f"{service}:{_served(project)}")
+        if _served(project) == "prose":
+            raise ComposeError("lane-agent did not become healthy")
 
     dep = Deployment(Rendering.load(str(project / RECIPE)))
     monkeypatch.setattr(Deployment, "project", lambda self: FakeProject())
     monkeypatch.setattr(Deployment, "client", lambda self: object())
+    monkeypatch.setattr(lanes, "start", fake_start)
     result = lanes.swap(dep, "agent", "prose", wait_s=5, echo=lambda s: None)
     assert not result.ok and result.rolled_back
     assert ups == ["lane-agent:prose", "lane-agent:agent"]

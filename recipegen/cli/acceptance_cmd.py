@@ -166,7 +166,8 @@ def parity(url_a: str, url_b: str | None, fixture: Path | None, runs: int, max_t
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the full result as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Draw tok/s and latency per concurrency to a PNG (needs matplotlib).")
+              help="Draw tok/s and latency per concurrency to a PNG (needs matplotlib: "
+                   "pip install 'recipegen[plot]').")
 def knee(url: str, concurrency_text: str, duration: str, warmup: str, repetitions: int, max_tokens: int,
          control_url: str | None, fixture: Path | None, ignore_eos: bool, model: str | None,
          lane_log: Path | None, lane_log_b: Path | None, json_path: Path | None, plot_path: Path | None) -> None:
@@ -177,6 +178,10 @@ def knee(url: str, concurrency_text: str, duration: str, warmup: str, repetition
     from recipegen.acceptance.knee import run_knee
     from recipegen.acceptance.report import knee_json, knee_text
 
+    if plot_path is not None:  # before minutes of measuring: a missing matplotlib fails now
+        from recipegen.common.plotting import pyplot
+
+        pyplot()
     levels = _concurrencies(concurrency_text)
     duration_s = _duration(duration, "--duration")
     if duration_s <= 0:

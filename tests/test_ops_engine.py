@@ -173,7 +173,7 @@ def test_status_reports_healthy_current_lanes_with_their_hashes(ops):
     assert row.split()[-1] == "current", row
     # the table's shorthand is explained under it
     assert "content / shape hash: sha256 of a row map's assignment" in text.stdout
-    assert "RENDERING: current when the container runs the compose file as rendered now" in text.stdout
+    assert "RENDERING: current when the container runs its service as rendered now" in text.stdout
 
 
 def test_verify_agrees_with_the_ledger(ops):

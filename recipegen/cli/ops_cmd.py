@@ -152,8 +152,9 @@ def status(recipe: str | None, as_json: bool) -> None:
 
                 say(f"{s.service}: " + (s.live_map["error"] if "error" in s.live_map
                                         else describe(s.live_map)))
-        say("UP: time since the container started; RENDERING: current when the container runs the "
-            "compose file as rendered now, stale when the recipe changed since (`recipegen up` applies it)")
+        say("UP: time since the container started; RENDERING: current when the container runs its service "
+            "as rendered now and the rendering matches the recipe, stale otherwise (render, then `recipegen up`), "
+            "unknown when the recipe is not found from here")
 
 
 @click.command()

@@ -137,7 +137,7 @@ def parity(url_a: str, url_b: str | None, fixture: Path | None, runs: int, max_t
                    f"to {record_path}")
         return
     report = compare(loaded, results["A"], results["B"])
-    click.echo(parity_text(report, identities, fixture_name=loaded.name))
+    _explained(parity_text(report, identities, fixture_name=loaded.name))
     if json_path is not None:
         _write_json(json_path, parity_json(report, identities, settings))
     if not report.passed:
@@ -207,10 +207,18 @@ def knee(url: str, concurrency_text: str, duration: str, warmup: str, repetition
                     await control.aclose()
 
     result = asyncio.run(main())
-    click.echo(knee_text(result))
+    _explained(knee_text(result))
     if json_path is not None:
         _write_json(json_path, knee_json(result))
     if plot_path is not None:
         from recipegen.acceptance.plot import plot_knee
         plot_knee(result, plot_path)
         click.echo(f"plot written to {plot_path}")
+
+
+def _explained(text: str) -> None:
+    """A report for people, its shorthand explained after it."""
+    from recipegen.cli.output import explained
+
+    with explained() as say:
+        say(text)

@@ -124,7 +124,7 @@ def check_budgets(recipes: tuple[str, ...], explain: bool, as_json: bool, lanes:
             for lane_name, (estimate, _others, warnings) in speed.items():
                 per = ", ".join(f"C{p.streams} {p.tokens_per_s:,.1f} tok/s (validation band "
                                 f"{p.tokens_per_s_band[0]:,.0f}–{p.tokens_per_s_band[1]:,.0f})"
-                                for p in (estimate.points[0], estimate.points[-1]))
+                                for p in estimate.points[:1] + estimate.points[1:][-1:])
                 say(f"decode speed estimate · lane {lane_name}: {per}, {estimate.placement} "
                     "(recipegen plan for the terms)")
                 for warning in warnings:

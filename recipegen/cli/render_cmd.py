@@ -173,18 +173,26 @@ def _write(rendering, validate: bool, say: Echo) -> None:
         for line in validate_rendering(rendering, prefer_docker_cli=True):
             click.echo(line)
     old = _old_hashes(rendering)
-    manifests = _manifests(rendering.root)
+    manifests = _manifests(list(rendering.folders))
     _report(write_rendering(rendering), old, manifests, rendering.recipe_path, say)
 
 
-def _manifests(root: Path) -> dict[Path, dict[str, str]]:
-    """Each output folder's manifest (generated file → sha256) under compose/<recipe>, read
-    before a write: what the report compares the new files with."""
+def _manifests(folders: list[Path]) -> dict[Path, dict[str, str]]:
+    """Each output folder's manifest (generated file → sha256), read before a write: what the
+    report compares the new files with (none for a folder never rendered)."""
     from recipegen.render.output import read_manifest
 
-    folders = [root] + ([c for c in sorted(root.iterdir()) if c.is_dir() and not c.is_symlink()]
-                        if root.is_dir() and not root.is_symlink() else [])
     return {folder: read_manifest(folder) or {} for folder in folders}
+
+
+def _output_folders(root: Path) -> list[Path]:
+    """compose/<recipe> and the machine folders an earlier render wrote below it."""
+    from recipegen.render.output import MANIFEST_NAME
+
+    if not root.is_dir() or root.is_symlink():
+        return [root]
+    return [root] + [c for c in sorted(root.iterdir())
+                     if c.is_dir() and not c.is_symlink() and (c / MANIFEST_NAME).is_file()]
 
 
 def _report(written: list[Path], old: dict[Path, dict[str, str]],
@@ -266,7 +274,7 @@ def _render_with_swaps(path: Path, swaps: list[tuple[str, str]], templates: Path
     from recipegen.render.swap import swap_classes
 
     loaded = load_recipe(path)
-    manifests = _manifests(output_root(project_root_for(loaded.path), loaded.recipe.name))
+    manifests = _manifests(_output_folders(output_root(project_root_for(loaded.path), loaded.recipe.name)))
     outcome = swap_classes(path, swaps, templates_dir=templates, validate=validate,
                            echo=click.echo)
     if verbose:

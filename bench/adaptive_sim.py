@@ -64,7 +64,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "runtime"))
 
 from expert_residency.core import ExpertCounter, device_allocator, host_allocator, rehome_layer  # noqa: E402
-from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy  # noqa: E402
+from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy, spare_rows_needed  # noqa: E402
+from expert_residency.core.slots import CHUNKS_PER_ROW  # noqa: E402
 from expert_residency.formats import load_histogram, load_rowmap  # noqa: E402
 
 PROFILES = ROOT / "recipes" / "profiles" / "dsv41-flash"
@@ -147,6 +148,21 @@ def count_bound_mask(ids: np.ndarray, frozen: np.ndarray, steps: int) -> np.ndar
     return mask
 
 
+def cold_rows(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Cold expert rows read per step of ``ids [n, T, L, K]`` under ``mask``: each (layer, cold expert)
+    picked in a step once, however many of the step's tokens picked it (the kernels group a step's
+    picks by expert and read each expert's rows once)."""
+    n, tokens, layers, k = ids.shape
+    flat = ids.astype(np.int64).transpose(0, 2, 1, 3).reshape(n, layers, tokens * k)
+    out = np.zeros(n, dtype=np.int64)
+    layer = np.arange(layers)[:, None]
+    for i in range(n):
+        seen = np.zeros(mask.shape, dtype=bool)
+        seen[layer, flat[i]] = True
+        out[i] = int((seen & mask).sum())
+    return out
+
+
 def cold_picks(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Cold picks per step of ``ids [n, T, L, K]`` under ``mask [L, E]``."""
     layer = np.arange(mask.shape[0])[None, None, :, None]
@@ -157,12 +173,16 @@ def build_policy(cold_mask: np.ndarray, config: AdaptiveConfig,
                  priors: dict[str, np.ndarray] | None = None, lookahead: bool = True) -> AdaptivePolicy:
     layers, experts = cold_mask.shape
     resident = {}
+    hot_spare, host_spare = spare_rows_needed(config, int((~cold_mask[0]).sum()))
     for index in range(layers):
         hot_ids = [int(e) for e in np.flatnonzero(~cold_mask[index])]
         cold_ids = [int(e) for e in np.flatnonzero(cold_mask[index])]
-        tensors = {"w": torch.zeros(experts, 1, dtype=torch.uint8)}
+        tensors = {"w": torch.zeros(experts, CHUNKS_PER_ROW, dtype=torch.uint8)}
+        keep = config.host_copies == "all"
         resident[index] = rehome_layer(tensors, hot_ids, cold_ids, layer_index=index,
-                                       hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator())
+                                       hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator(),
+                                       hot_spare=hot_spare, cold_spare=0 if keep else host_spare,
+                                       host_copies=keep)
     return AdaptivePolicy(ExpertCounter(tuple(range(layers)), experts, top_k=TOP_K), resident, config,
                           priors={k: torch.from_numpy(v) for k, v in (priors or {}).items()} or None,
                           lookahead=lookahead)
@@ -171,7 +191,7 @@ def build_policy(cold_mask: np.ndarray, config: AdaptiveConfig,
 def live_cold_mask(policy: AdaptivePolicy, layers: int, experts: int) -> np.ndarray:
     mask = np.zeros((layers, experts), dtype=bool)
     for index in range(layers):
-        mask[index, policy.layers[index].cold_ids] = True
+        mask[index, policy.layers[index].cold_experts] = True
     return mask
 
 
@@ -186,32 +206,46 @@ def trailing_share(picks: np.ndarray, per_step: int, window: int) -> np.ndarray:
     return (csum[window:] - csum[:-window]) / (per_step * window)
 
 
+ROW_US = BYTES_PER_EXPERT / 51e9 * 1e6
+"""One expert row over the H200's host link (≈ 51 GB/s pinned reads, BENCHMARKS.md): 369 µs."""
+HOT_US_PER_LAYER = {1: 82.0, 16: 1050.0}
+"""A layer's step time without its cold reads, from the H200 run of bench/adaptive_h200.py
+(107.5 µs/layer at T = 1 and 1,609 µs at T = 16 in-domain, less their cold rows at ``ROW_US``)."""
+
+
 def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConfig,
              window: int, series: bool = False, priors: dict[str, np.ndarray] | None = None,
-             lookahead: bool = True) -> dict:
+             lookahead: bool = True, latency_steps: int = 256, model: dict | None = None) -> dict:
+    """``model``: ``{"row_us": ..., "hot_us": {T: ...}}`` for the modeled step times (a step: the
+    layers' hot work plus every row it moves over the host link, cold reads and copies alike, at
+    ``row_us`` each — the link shared, nothing overlapped: a pessimistic model)."""
+    model = model or {"row_us": ROW_US, "hot_us": HOT_US_PER_LAYER}
     layers, experts = cold["agent"].shape
     policy = build_policy(cold["agent"], config, priors, lookahead)
     per_step = traffic.tokens * layers * TOP_K
-    step = 0
+    due = False
+    window_start = 0   # first step of the barrier window (relative to the phase; < 0: the last phase's tail)
     result: dict = {"config": vars(config) | {}, "tokens": traffic.tokens, "phases": {}, "lookahead": lookahead}
     barrier_seconds = []
     for phase in PHASES:
         ids = traffic.ids[phase]
         frozen = live_cold_mask(policy, layers, experts)
         adaptive = np.empty(traffic.steps, dtype=np.int64)
+        adaptive_rows = np.empty(traffic.steps, dtype=np.int64)
         swaps_before = policy.swaps_done
+        copied_before = dict(policy.copied_bytes)
         half_barriers, half_swaps = 0, 0
         swaps_at: list[tuple[int, int]] = []
         chosen: list[str | None] = []
         moved: dict[tuple[int, int], str] = {}  # (layer, expert) -> its last move this phase
         reversals = 0
         mask = frozen
+        copy_rows = np.zeros(traffic.steps)
         for start in range(0, traffic.steps):
-            adaptive[start] = cold_picks(mask, ids[start:start + 1])[0]
-            step += 1
-            if step % config.interval == 0:
-                lo = start + 1 - config.interval
-                block = ids[max(lo, 0):start + 1].astype(np.int64)
+            # an engine step: the due barrier, tick, this step's copies (pump), then the forward
+            if due:
+                lo = window_start
+                block = ids[max(lo, 0):start].astype(np.int64)
                 flat = (np.arange(layers)[None, None, :, None] * experts + block).ravel()
                 if lo < 0:  # the window straddles the shift: add the previous phase's tail too
                     prev = traffic.ids[PHASES[PHASES.index(phase) - 1]][lo:].astype(np.int64)
@@ -222,6 +256,7 @@ def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConf
                 t0 = time.perf_counter()
                 report = policy.barrier()
                 barrier_seconds.append(time.perf_counter() - t0)
+                window_start = start
                 if start >= traffic.steps - traffic.steps // 3:
                     chosen.append(report.prior)
                 for swap in report.swaps:  # a reversal undoes an earlier move of the same expert
@@ -230,10 +265,20 @@ def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConf
                     moved[(swap.layer, swap.promote)] = "in"
                     moved[(swap.layer, swap.demote)] = "out"
                 mask = live_cold_mask(policy, layers, experts)
-                swaps_at.append((start + 1, policy.swaps_done - done))
+                swaps_at.append((start, policy.swaps_done - done))
                 if start >= traffic.steps - traffic.steps // 3:
                     half_barriers += 1
                     half_swaps += policy.swaps_done - done
+            due = policy.tick()
+            flipped = policy.swaps_done
+            copy_rows[start] = policy.pump() / CHUNKS_PER_ROW
+            if policy.swaps_done != flipped:   # a flip-only step made copied swaps live
+                mask = live_cold_mask(policy, layers, experts)
+                if start >= traffic.steps - traffic.steps // 3:
+                    half_swaps += policy.swaps_done - flipped
+            adaptive[start] = cold_picks(mask, ids[start:start + 1])[0]
+            adaptive_rows[start] = cold_rows(mask, ids[start:start + 1])[0]
+        window_start -= traffic.steps   # relative to the next phase (a window may straddle the shift)
         static = cold_picks(cold["agent"], ids)
         oracle = cold_picks(cold[phase], ids)
         frozen_picks = cold_picks(frozen, ids)
@@ -253,6 +298,17 @@ def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConf
         swaps_to_target = None
         if steps_15 is not None:
             swaps_to_target = sum(n for at, n in swaps_at if at <= steps_15)
+        # the link model: a step reads each picked cold expert's row once and carries its copies
+        static_rows = cold_rows(cold["agent"], ids)
+        span = slice(0, min(latency_steps, traffic.steps))
+        hot_us = model["hot_us"].get(traffic.tokens, model["hot_us"][1]) * layers
+        step_us = {"static": hot_us + model["row_us"] * static_rows[span],
+                   "adaptive": hot_us + model["row_us"] * (adaptive_rows[span] + copy_rows[span])}
+        latency = {k: {"p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99)),
+                       "max": float(v.max())} for k, v in step_us.items()}
+        latency["p99_ratio"] = latency["adaptive"]["p99"] / latency["static"]["p99"]
+        latency["max_ratio"] = latency["adaptive"]["max"] / latency["static"]["max"]
+        copied = {k: policy.copied_bytes[k] - copied_before[k] for k in copied_before}
         entry = {
             "cold_share": share,
             "frozen_cold_share_whole_phase": frozen_all,
@@ -262,7 +318,9 @@ def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConf
             "reversals": reversals,
             "swaps_until_1.5x": swaps_to_target,
             "swaps_per_barrier_last_third": half_swaps / half_barriers if half_barriers else 0.0,
-            "host_link_bytes": 2 * BYTES_PER_EXPERT * (policy.swaps_done - swaps_before),
+            "host_link_bytes": copied["in"] + copied["out"],
+            "copy_rows_per_layer_mean_first_200": float(copy_rows[:BOUND_STEPS].mean()),
+            "modeled_step_us_first_steps": latency,
             "prior_last_third": max(set(chosen), key=chosen.count) if chosen else None,
         }
         if series:
@@ -278,7 +336,7 @@ def simulate(traffic: Traffic, cold: dict[str, np.ndarray], config: AdaptiveConf
 
 def parse_sweep(text: str) -> list[dict]:
     keys = {"interval": int, "swaps": int, "decay": float, "margin": float, "evidence": float,
-            "counts_evidence": float, "prior": float}
+            "counts_evidence": float, "prior": float, "copy": float, "spare": int, "flip": int}
     axes = []
     for part in filter(None, (p.strip() for p in text.split(";"))):
         name, _, values = part.partition("=")
@@ -294,15 +352,16 @@ def _pct(x: float | None) -> str:
 
 def summary_line(r: dict) -> str:
     c = r["config"]
-    head = f"T={r['tokens']:<2} interval={c['interval']:<3} swaps={c['swaps_per_layer']:<2} " \
+    head = f"T={r['tokens']:<2} interval={c['interval']:<3} swaps={c['swaps_per_layer']:<2} copy/layer={c['copy_rows_per_layer']} spare={c['spare_rows']} flip={c['flip_interval']} " \
            f"decay={c['decay']:<4} margin={c['margin']:<4} ev={c['evidence']} cev={c['counts_evidence']} " \
            f"prior={c['prior_weight']} " \
            f"profiles={','.join(r['priors']) or 'none'} lookahead={'on' if r['lookahead'] else 'off'}"
     cells = []
     for phase, e in r["phases"].items():
         s = e["cold_share"]
+        lat = e["modeled_step_us_first_steps"]
         cells.append(f"{phase}: st {s['static']:.2%} or {s['oracle']:.2%} ad {s['adaptive']:.2%} "
-                     f"bd {_pct(s['count_bound_200'])} "
+                     f"bd {_pct(s['count_bound_200'])} p99x {lat['p99_ratio']:.3f} maxx {lat['max_ratio']:.3f} "
                      f"1.5x@{e['steps_to_1.5x_oracle']} 80%@{e['steps_to_close_80pct']} "
                      f"sw {e['swaps']} rev {e['reversals']} thr {e['swaps_per_barrier_last_third']:.2f} "
                      f"pr {e['prior_last_third']}")
@@ -333,6 +392,11 @@ def main() -> int:
     ap.add_argument("--no-lookahead", action="store_true",
                     help="apply each plan at the barrier that computes it (the CPU default); by default each "
                          "plan applies one barrier later, as on a CUDA device (AdaptivePolicy.lookahead)")
+    ap.add_argument("--copy-rows", type=float, default=defaults.copy_rows_per_layer,
+                    help="copy_rows_per_layer: expert rows copied host -> HBM per step and MoE layer while adapting")
+    ap.add_argument("--host-copies", choices=("spare", "all"), default=defaults.host_copies)
+    ap.add_argument("--spare-rows", type=int, default=defaults.spare_rows)
+    ap.add_argument("--flip-interval", type=int, default=defaults.flip_interval)
     ap.add_argument("--sweep", default="", help='e.g. "interval=8,16;swaps=4,8;decay=0.8,0.9;margin=0.25,0.5"')
     ap.add_argument("--json", type=Path, help="write every result (with per-step series) here")
     args = ap.parse_args()
@@ -343,7 +407,8 @@ def main() -> int:
         raise SystemExit(f"--priors: unknown class(es) {sorted(set(wanted) - set(CLASSES))}")
     priors = {c: priors[c] for c in wanted}
     base = {"interval": args.interval, "swaps": args.swaps, "decay": args.decay, "margin": args.margin,
-            "evidence": args.evidence, "counts_evidence": args.counts_evidence, "prior": args.prior}
+            "evidence": args.evidence, "counts_evidence": args.counts_evidence, "prior": args.prior,
+            "copy": args.copy_rows, "spare": args.spare_rows, "flip": args.flip_interval}
     grid = [base | combo for combo in parse_sweep(args.sweep)] if args.sweep else [base]
     results = []
     for tokens in (int(t) for t in args.tokens.split(",")):
@@ -355,7 +420,9 @@ def main() -> int:
             config = AdaptiveConfig(interval=combo["interval"], swaps_per_layer=combo["swaps"],
                                     decay=combo["decay"], margin=combo["margin"],
                                     evidence=combo["evidence"], counts_evidence=combo["counts_evidence"],
-                                    prior_weight=combo["prior"])
+                                    prior_weight=combo["prior"], copy_rows_per_layer=combo["copy"],
+                                    spare_rows=combo["spare"], flip_interval=combo["flip"],
+                                    host_copies=args.host_copies)
             r = simulate(traffic, cold, config, args.window, series=args.json is not None, priors=priors,
                          lookahead=not args.no_lookahead)
             results.append(r)

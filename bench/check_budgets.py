@@ -31,7 +31,7 @@ def main() -> None:
 
     start = time.perf_counter()
     from recipegen.ledger import compute_ledger
-    from recipegen.recipe_io import load_recipe
+    from recipegen.load.recipe import load_recipe
     imports = time.perf_counter() - start
     loads, ledgers = [], []
     for _ in range(args.repeats):

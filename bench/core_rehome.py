@@ -33,8 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
-from expert_residency.core import (StagingBuffer, device_allocator, mapped_host_allocator,  # noqa: E402
-                                   rehome_model, swap_experts)
+from expert_residency.core import StagingBuffer, device_allocator, mapped_host_allocator, rehome_model, swap_experts  # noqa: E402
 
 EXPERTS = 384
 HOT = 295

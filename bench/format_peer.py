@@ -58,7 +58,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"   # before Triton is imported
@@ -72,12 +71,19 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from expert_residency.core.banks import ExpertBank, ResidentLayer, build_unsplit_layer  # noqa: E402
 from expert_residency.core.formats_ref import (  # noqa: E402
-    deinterleave_gate_up, float_per_pick, fp8_block_per_pick, gptoss_mxfp4_per_pick)
+    deinterleave_gate_up,
+    float_per_pick,
+    fp8_block_per_pick,
+    gptoss_mxfp4_per_pick,
+)
 from expert_residency.core.split import residency_forward  # noqa: E402
 from expert_residency.gpu.dense_experts import (  # noqa: E402
-    DenseKernelConfig, TritonDenseExperts, dense_bytes_per_expert)
-from expert_residency.gpu.experts import (  # noqa: E402
-    ExpertShape, KernelConfig, TritonMxfp4Experts, config_for_shape)
+    DenseKernelConfig,
+    TritonDenseExperts,
+    default_config,
+    dense_bytes_per_expert,
+)
+from expert_residency.gpu.experts import ExpertShape, KernelConfig, TritonMxfp4Experts, config_for_shape  # noqa: E402
 
 GB = 1e9
 
@@ -490,11 +496,11 @@ def run_format(f: Format, args, dev, fused_glue, mx_glue) -> dict:
         ex = TritonMxfp4Experts(shape, f.experts, f.top_k, max_tokens, dev, config_for_shape(shape, base),
                                 activation="swigluoai")
     else:
-        cfg = DenseKernelConfig() if cuda else DenseKernelConfig(block_m=4, block_n1=32, block_n2=64)
+        cfg = default_config(f.kind) if cuda else DenseKernelConfig(block_m=4, block_n1=32, block_n2=64)
         ex = TritonDenseExperts(shape, f.experts, f.top_k, max_tokens, dev, cfg, expert_format=f.kind)
     gen = torch.Generator(device=dev).manual_seed(args.seed)
     t0 = time.perf_counter()
-    ckpts, kernel, peers, peer_owners = [], [], [], []
+    ckpts, kernel, peers = [], [], []
     for layer in range(f.layers):
         ckpt = random_layer(f, gen, dev)
         if f.kind == "mxfp4":
@@ -655,7 +661,7 @@ def markdown(results: dict) -> str:
              + ", ".join(f"`{k}` {v}" for k, v in env.get("glue", {}).items()), ""]
     for key, err in results.get("errors", {}).items():
         lines += [f"**{key} failed**: {err}", ""]
-    for key, r in results["formats"].items():
+    for r in results["formats"].values():
         g = r["geometry"]
         lines += [f"### {r['format']} — H {g['hidden']}, I {g['intermediate']}, {g['experts']} experts, "
                   f"top-{g['top_k']}, {g['layers']} layers per graph, {r['bytes_per_expert']:,} B per expert", "",

@@ -84,7 +84,9 @@ def read_bandwidth(buf: torch.Tensor, reps: int) -> dict:
     block, iters = 4096, 16
     grid = triton.cdiv(words.numel(), block * iters)
     out = torch.empty(grid, dtype=torch.int32, device=DEV)
-    run = lambda: _read_kernel[(grid,)](words, out, words.numel(), BLOCK=block, ITERS=iters, num_warps=8)
+    def run():
+        return _read_kernel[(grid,)](words, out, words.numel(), BLOCK=block, ITERS=iters, num_warps=8)
+
     times = time_fn(run, reps, warmup=2)
     nbytes = words.numel() * 4
     return {"bytes": nbytes, "median_s": statistics.median(times), "GBps": nbytes / statistics.median(times) / GB,

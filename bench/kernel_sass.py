@@ -6,7 +6,7 @@ with HBM at small batch).
     PYTHONPATH=runtime python3 bench/kernel_sass.py [--dequant 3] [--block-n1 64] [--block-k1 128]
         [--block-n2 128] [--block-k2 128] [--num-stages 4] [--split-k1 N] [--split-k2 N] [--one-token]
         [--fuse-finalize] [--pdl] [--stream-k1 P] [--stream-k2 P]
-        [--warp-mma G1/G2 --chains C [--unroll U1/U2]] [--dump DIR]
+        [--warp-mma G1/G2 [--grouped] --chains C [--unroll U1/U2]] [--dump DIR]
 
 Uses whatever Triton is importable (the H200 image has 3.6.0; install the same version into a
 scratch directory, e.g. ``pip install --target /tmp/t36 triton==3.6.0`` and put it first on
@@ -29,10 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
 import triton  # noqa: E402
+from expert_residency.gpu import kernels, kernels_t1  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
-
-from expert_residency.gpu import kernels, kernels_t1  # noqa: E402
 
 W13_ARGS = [("x_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("hot_s_ptr", "*u8"),
             ("cold_w_ptr", "*u8"), ("cold_s_ptr", "*u8"), ("sorted_pick_ptr", "*i32"), ("slot_start_ptr", "*i32"),
@@ -68,6 +67,16 @@ W2_T1_ARGS = [("act_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"),
               ("s_expert_stride", "i64"), ("ids_ptr", "*i64"), ("token_mask_ptr", "*i32"), ("E", "i32"),
               ("hot_b_ptr", "*fp32"), ("cold_b_ptr", "*fp32"), ("b_expert_stride", "i64"),
               ("weights_ptr", "*fp32"), ("out_ptr", "*bf16"), ("fin_ticket_ptr", "*i32")]
+W13_GW_ARGS = [("x_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("hot_s_ptr", "*u8"),
+               ("cold_w_ptr", "*u8"), ("cold_s_ptr", "*u8"), ("sorted_pick_ptr", "*i32"), ("slot_start_ptr", "*i32"),
+               ("slot_expert_ptr", "*i32"), ("num_slots_ptr", "*i32"), ("act_ptr", "*bf16"), ("counts_ptr", "*i64"),
+               ("tokens_ptr", "*i64"), ("n_tokens_ptr", "*i32"), ("stride_x", "i32"), ("w_expert_stride", "i64"),
+               ("s_expert_stride", "i64"), ("hot_b_ptr", "*fp32"), ("cold_b_ptr", "*fp32"),
+               ("b_expert_stride", "i64")]
+W2_GW_ARGS = [("act_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("hot_s_ptr", "*u8"),
+              ("cold_w_ptr", "*u8"), ("cold_s_ptr", "*u8"), ("sorted_pick_ptr", "*i32"), ("slot_start_ptr", "*i32"),
+              ("slot_expert_ptr", "*i32"), ("num_slots_ptr", "*i32"), ("y_ptr", "*bf16"), ("w_expert_stride", "i64"),
+              ("s_expert_stride", "i64"), ("hot_b_ptr", "*fp32"), ("cold_b_ptr", "*fp32"), ("b_expert_stride", "i64")]
 _ADDR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(\S.*)")
 
 
@@ -157,6 +166,8 @@ def main() -> int:
     ap.add_argument("--stream-k2", type=int, default=0, help="T=1 stream-K w2 on this many programs")
     ap.add_argument("--warp-mma", type=str, default=None, metavar="G1/G2",
                     help="the T=1 warp-MMA kernels (gpu.kernels_t1) with G1 / G2 warpgroups per program")
+    ap.add_argument("--grouped", action="store_true",
+                    help="with --warp-mma: the grouped-step kernels (up to eight picks of an expert per pass)")
     ap.add_argument("--chains", type=int, default=1, help="with --warp-mma: accumulator chains per warp")
     ap.add_argument("--unroll", type=str, default="8/8", metavar="U1/U2",
                     help="with --warp-mma: K half-steps per loop trip of w13 / w2")
@@ -191,6 +202,19 @@ def main() -> int:
                             a.num_warps, a.num_stages)
         report("w2-streamK", w2, a.block_n2 * a.block_k2 // threads, a.dump)
     if a.stream_k1 or a.stream_k2:
+        return 0
+    if a.warp_mma and a.grouped:
+        g1, g2 = (int(v) for v in a.warp_mma.split("/"))
+        unroll1, unroll2 = (int(v) for v in a.unroll.split("/"))
+        w13 = compile_kernel(kernels_t1.w13_gw_kernel, W13_GW_ARGS,
+                             dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BK=a.block_k1, KSPLIT=g1,
+                                  CHAINS=a.chains, COUNT=True, SWIGLU_LIMIT=0.0, HAS_BIAS=False, ACT=0, ALPHA=1.0,
+                                  PDL=a.pdl, UNROLL=unroll1), 4 * g1, 1)
+        report("w13-grouped-warp-mma", w13, unroll1 * 2 * 32, a.dump)
+        w2 = compile_kernel(kernels_t1.w2_gw_kernel, W2_GW_ARGS,
+                            dict(H=a.hidden, INTER=a.intermediate, BN=a.block_n2, BK=a.block_k2, KSPLIT=g2,
+                                 CHAINS=a.chains, HAS_BIAS=False, PDL=a.pdl, UNROLL=unroll2), 4 * g2, 1)
+        report("w2-grouped-warp-mma", w2, unroll2 * (a.block_n2 // 64) * 32, a.dump)
         return 0
     if a.warp_mma:
         g1, g2 = (int(v) for v in a.warp_mma.split("/"))

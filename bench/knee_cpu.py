@@ -26,9 +26,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 from expert_residency.formats import RowMap, save_rowmap  # noqa: E402
-from recipegen.cli import main as cli  # noqa: E402
 from vllm_support.server import VllmServer, skip_reason, vllm_available  # noqa: E402
 from vllm_support.tiny_moe import TINY, write_tiny_moe  # noqa: E402
+
+from recipegen.cli import main as cli  # noqa: E402
 
 
 def main() -> int:

@@ -43,13 +43,11 @@ sys.path.insert(0, str(ROOT / "runtime"))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_residency import (DEV, DSV41, event_seconds, popularity, random_layer,  # noqa: E402
-                           sample_routing)
-from plugin_entry_support import plugin_runtime, step_context  # noqa: E402
-
 from expert_residency.core.counter import ExpertCounter  # noqa: E402
 from expert_residency.gpu.graphs import CapturedStep  # noqa: E402
 from expert_residency.vllm_plugin.worker_runtime import set_runtime  # noqa: E402
+from gpu_residency import DEV, DSV41, event_seconds, popularity, random_layer, sample_routing  # noqa: E402
+from plugin_entry_support import plugin_runtime, step_context  # noqa: E402
 
 EXPERTS, TOP_K = 384, 6
 

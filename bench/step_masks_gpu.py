@@ -29,9 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "runtime"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from plugin_entry_support import step_context  # noqa: E402
-
 from expert_residency.vllm_plugin.step_masks import StepMasks  # noqa: E402
+from plugin_entry_support import step_context  # noqa: E402
 
 DEV = torch.device("cuda")
 

@@ -32,12 +32,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
-from expert_residency.core.banks import build_unsplit_layer, device_allocator  # noqa: E402
+from expert_residency.core.banks import (  # noqa: E402
+    build_unsplit_layer,
+    device_allocator,
+    rehome_layer,  # noqa: E402
+)
 from expert_residency.gpu.experts import ExpertShape, KernelConfig, TritonMxfp4Experts  # noqa: E402
 from expert_residency.gpu.graphs import CapturedStep  # noqa: E402
 from expert_residency.gpu.pinned import pinned_view_allocator  # noqa: E402
 from expert_residency.parallel import TP_SUM_TOLERANCE, TensorShard, shard_expert_tensors  # noqa: E402
-from expert_residency.core.banks import rehome_layer  # noqa: E402
 
 H, I, E, K, HOT = 5120, 2304, 384, 6, 295
 DEV = torch.device("cuda")

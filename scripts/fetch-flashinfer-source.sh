@@ -7,13 +7,10 @@
 # Skipped when RECIPEGEN_FLASHINFER_SRC points at an unpacked tree already. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FLASHINFER_VERSION=0.7.2.post1
-if [ -n "${RECIPEGEN_FLASHINFER_SRC:-}" ] && [ -f "$RECIPEGEN_FLASHINFER_SRC/flashinfer/__init__.py" ]; then
-  exit 0
-fi
+. scripts/setup-lib.sh   # FLASHINFER_VERSION and the stamp (bumped there when the kept file list changes)
+flashinfer_src_ready && exit 0
 dest=.cache/flashinfer-python-$FLASHINFER_VERSION
-stamp=$dest/.complete-2   # bump when the kept file list changes
-[ -f "$stamp" ] && exit 0
+stamp=$flashinfer_stamp
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] && PY=.venv/bin/python
 tmp=$(mktemp -d)

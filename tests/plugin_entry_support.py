@@ -16,12 +16,12 @@ padded token), as vLLM 0.33's model runners do (tests/test_vllm_plugin_graphsafe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any
 
 import torch
-
 from expert_residency.formats import RowMap
 from expert_residency.vllm_plugin.forward import ResidencyForward
 from expert_residency.vllm_plugin.settings import PluginSettings

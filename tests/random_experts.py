@@ -5,7 +5,6 @@ scales, plus the core's per-pick function for that format."""
 from __future__ import annotations
 
 import torch
-
 from expert_residency.core.formats_ref import float_per_pick, fp8_block_per_pick, mxfp4_per_pick
 from expert_residency.fp8 import quantize_fp8_block
 from expert_residency.mxfp4 import quantize_mxfp4

@@ -13,11 +13,11 @@ import time
 import docker
 import httpx
 import pytest
-
 from docker_support.fixtures import docker_engine  # noqa: F401
 from docker_support.project import free_port
 from docker_support.standin import STANDIN_TAG, build_standin_image
 from expert_residency.formats import RowMap, format_report_line, report_for_rowmap
+
 from recipegen.acceptance.client import EndpointClient
 from recipegen.acceptance.identity import describe_endpoint
 

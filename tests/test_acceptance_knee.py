@@ -7,8 +7,8 @@ import json
 import pytest
 from acceptance_support import FakeModel, serve
 from click.testing import CliRunner
-
 from expert_residency.formats import StartupReport, format_report_line
+
 from recipegen.acceptance.client import StreamStats
 from recipegen.acceptance.knee import spread, window_stats
 from recipegen.cli import main

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from recipegen.acceptance.fixture import Prompt, load_fixture, parse_fixture
 from recipegen.acceptance.parity import Output, first_divergence, judge_prompt
 from recipegen.cli import main
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 P = Prompt(id="p", category="agent", prompt="x")
 

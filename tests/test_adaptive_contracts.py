@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import ast
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
-
 from vllm033_source import vllm033_source
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,7 +26,7 @@ pytestmark = pytest.mark.skipif(ROOT is None, reason="vllm 0.33.0 source absent:
                                 "scripts/fetch-vllm033-source.sh or set RECIPEGEN_VLLM033_SRC")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _source(rel: str) -> str:
     path = ROOT / rel
     if not path.is_file():

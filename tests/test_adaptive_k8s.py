@@ -10,16 +10,18 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-
-from expert_residency.core.adaptive_setup import ENV_ADAPTIVE, ENV_PRIORS, format_adaptive_spec
+from expert_residency.contract.env import ADAPTIVE as ENV_ADAPTIVE
+from expert_residency.contract.env import ADAPTIVE_PRIORS as ENV_PRIORS
 from expert_residency.core.adaptive_config import AdaptiveConfig
+from expert_residency.core.adaptive_setup import format_adaptive_spec
+from test_multinode import _mixed_recipe
+
 from recipegen.cli import main
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 from recipegen.k8s import manifests
 from recipegen.k8s.render import render_k8s
 from recipegen.k8s.validate import validate_manifest
-from recipegen.recipe_io import load_recipe
-from test_multinode import _mixed_recipe
+from recipegen.load.recipe import load_recipe
 
 
 def _adaptive_recipe(tmp_path: Path, spec: str = "adaptive: {}") -> Path:

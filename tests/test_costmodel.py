@@ -9,8 +9,12 @@ import pytest
 from recipegen.costmodel.calibration import DSV41_GB300, PAIRS, project, project_all, projected_slope_per_gib
 from recipegen.costmodel.fetch import fetch_tax
 from recipegen.costmodel.seed_tables import FIGURE3_ROWS, FIGURE3_STEP_S, printed_like
-from recipegen.costmodel.unique_experts import (ONE_STREAM_UNIQUE, calibrated_model, independent_draws_unique,
-                                                unique_calibration_points)
+from recipegen.costmodel.unique_experts import (
+    ONE_STREAM_UNIQUE,
+    calibrated_model,
+    independent_draws_unique,
+    unique_calibration_points,
+)
 
 GiB = 2**30
 G = DSV41_GB300

@@ -13,7 +13,7 @@ import pytest
 
 from recipegen.costmodel.lane import fetch_summary
 from recipegen.costmodel.parallel import ONE_LINK_PER_GPU, ep_rank_cold_shares, fullest_rank, gpu_reads
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "deepseek-v3-fp8-h200x8.yaml"

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from vllm_support.shared import Boot, Registry, run_plan
 
 
@@ -23,7 +22,7 @@ class Stand:
         alive.add(name)
         self.peak = len(alive)
 
-    def wait_ready(self) -> "Stand":
+    def wait_ready(self) -> Stand:
         if self.runtime_env.get("fail") == "boot":
             raise AssertionError(f"{self.name} exited before it was ready")
         self.events.append(f"ready {self.name}")

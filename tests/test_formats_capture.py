@@ -9,9 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from expert_residency.formats import (FormatError, HistogramAccumulator, decode_routed_experts,
-                                      histogram_from_captures)
+from expert_residency.formats import FormatError, HistogramAccumulator, decode_routed_experts, histogram_from_captures
 
 
 def _b64(array: np.ndarray) -> str:

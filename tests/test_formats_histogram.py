@@ -6,9 +6,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from expert_residency.formats import (FormatError, Histogram, format_histogram, load_histogram,
-                                      merge_histograms, parse_histogram, save_histogram)
+from expert_residency.formats import (
+    FormatError,
+    Histogram,
+    format_histogram,
+    load_histogram,
+    merge_histograms,
+    parse_histogram,
+    save_histogram,
+)
 
 
 def _h(**kw: object) -> Histogram:

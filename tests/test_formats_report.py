@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import pytest
-
-from expert_residency.formats import (FormatError, RowMap, StartupReport, expand_counts,
-                                      find_report_lines, format_report_line, parse_report_line,
-                                      report_for_rowmap, summarize_counts)
+from expert_residency.formats import (
+    FormatError,
+    RowMap,
+    StartupReport,
+    expand_counts,
+    find_report_lines,
+    format_report_line,
+    parse_report_line,
+    report_for_rowmap,
+    summarize_counts,
+)
 
 
 def test_counts_summary_round_trip() -> None:

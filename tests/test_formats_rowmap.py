@@ -5,9 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from expert_residency.formats import (FormatError, RowMap, format_rowmap, load_rowmap,
-                                      parse_rowmap, save_rowmap, verify_content_hash)
+from expert_residency.formats import (
+    FormatError,
+    RowMap,
+    format_rowmap,
+    load_rowmap,
+    parse_rowmap,
+    save_rowmap,
+    verify_content_hash,
+)
 
 
 def _tiny(**prov: object) -> RowMap:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-
 from vllm_support.agreement import assert_greedy_agreement, greedy_agreement, top1_margins
 
 

@@ -7,11 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from expert_residency.formats import RowMap, save_rowmap
+
+from recipegen.common.units import GiB, parse_bytes
 from recipegen.ledger import compute_lane, compute_ledger, declared_split, positional_walk, rehoming_peaks
-from recipegen.recipe_io import load_recipe
-from recipegen.units import GiB, parse_bytes
+from recipegen.load.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE = REPO / "recipes" / "dsv41-flash-gb300.yaml"
@@ -118,7 +118,7 @@ def test_reserve_is_fixed_when_the_budget_moves(tmp_path: Path) -> None:
 
 def _copy_with_maps(folder: Path, hot: int) -> None:
     (folder / "maps" / "x").mkdir(parents=True)
-    (folder / "profiles").symlink_to(REPO / "recipes" / "profiles")
+    shutil.copytree(REPO / "recipes" / "profiles", folder / "profiles")  # a link out would be refused
     for cls in ("agent", "prose", "math"):
         save_rowmap(RowMap.positional(range(40), 384, hot), folder / "maps" / "x" / f"{cls}.rowmap")
 
@@ -126,7 +126,7 @@ def _copy_with_maps(folder: Path, hot: int) -> None:
 def test_map_is_the_truth_for_a_byte_budget(tmp_path: Path) -> None:
     """A byte budget with a non-uniform map: the ledger uses the map's real per-layer counts."""
     (tmp_path / "maps" / "x").mkdir(parents=True)
-    (tmp_path / "profiles").symlink_to(REPO / "recipes" / "profiles")
+    shutil.copytree(REPO / "recipes" / "profiles", tmp_path / "profiles")
     hot = [296 if i % 2 else 294 for i in range(40)]  # 295 on average: same total
     rowmap = RowMap(tuple(range(40)), 384, [list(range(h)) for h in hot], [list(range(h, 384)) for h in hot])
     for cls in ("agent", "prose", "math"):

@@ -4,13 +4,11 @@ parameter up to a power of two (recipegen.ledger.pinning). Expected figures by h
 from __future__ import annotations
 
 import pytest
-
-from recipegen.ledger.pinning import (caching_host_allocation, pinned_per_layer, rehoming_host_peak,
-                                      vllm_parameters)
-from recipegen.recipe_io import load_recipe
-from recipegen.units import GiB
-
 from test_ledger import REFERENCE
+
+from recipegen.common.units import GiB
+from recipegen.ledger.pinning import caching_host_allocation, pinned_per_layer, rehoming_host_peak, vllm_parameters
+from recipegen.load.recipe import load_recipe
 
 
 def test_power_of_two_blocks() -> None:

@@ -7,7 +7,7 @@ vLLM rounds an MXFP4 layer's sizes up for its backend before ``create_weights``
 the rounded shape (quantization/mxfp4.py:200-292). The runtime holds back only the conversion, reads
 its geometry off those tensors and re-homes them into its banks, serving the padded layer as it is
 (runtime/expert_residency/vllm_plugin/mxfp4_experts.py ``padding_contract_reason``). The backend is
-the lane's ``--moe-backend``, else the one render adds for the runtime (``recipegen.moe_backend``:
+the lane's ``--moe-backend``, else the one render adds for the runtime (``recipegen.vllm_flags.moe_backend``:
 ``marlin`` off the SM100 family, H200 included; ``flashinfer_trtllm`` on it).
 
 Figures are derived here from the dims, not read back from the code under test.
@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from recipegen.ledger import compute_lane
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS, EXPERTS, HOT = 36, 128, 50
@@ -89,7 +89,7 @@ def test_usage_aware_gptoss_on_sm89_counts_marlins_padded_experts(tmp_path: Path
 
 
 def test_usage_aware_gptoss_on_h200_is_padded_at_the_rendered_marlin_backend(tmp_path: Path) -> None:
-    """Render adds --moe-backend marlin for a residency lane on SM90 (recipegen.moe_backend), so
+    """Render adds --moe-backend marlin for a residency lane on SM90 (recipegen.vllm_flags.moe_backend), so
     vLLM pads there too; vLLM's own default (OAI Triton) would not."""
     lane, machine = _lane(tmp_path, "h200-nvl")
     assert machine.gpus.compute_capability == "9.0"

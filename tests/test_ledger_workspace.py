@@ -8,13 +8,19 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from expert_residency.contract.sizing import (
+    dense_ticket_bytes,
+    fitted_tile,
+    fp8_scratch_bytes,
+    next_pow2,
+    workspace_bytes,
+)
 
+from recipegen.common.units import GiB
 from recipegen.ledger import compute_lane
-from recipegen.ledger.workspace import (counter_bytes, fitted_tile, fp8_scratch_bytes, kernel_workspace_bytes,
-                                        max_num_batched_tokens, next_pow2, split_ticket_bytes)
 from recipegen.ledger.vllm_layout import as_lane_lays_out
-from recipegen.recipe_io import load_recipe
-from recipegen.units import GiB
+from recipegen.ledger.workspace import counter_and_mask_bytes, max_num_batched_tokens, split_ticket_bytes
+from recipegen.load.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,13 +30,13 @@ def test_dsv41_workspace_by_hand() -> None:
     int32 2·65,536 + 49,153 + 49,152 + 2 = 229,379 → 917,516 B; one int64 8 B; bf16 rows
     2 × 49,152 × (2304 + 5120) = 729,808,896 B. Total 730,726,420 B ≈ 0.68 GiB."""
     assert next_pow2(49_152) == 65_536 and next_pow2(2) == 2 and next_pow2(3) == 4
-    assert kernel_workspace_bytes(8192, 6, 5120, 2304) == 917_516 + 8 + 729_808_896 == 730_726_420
+    assert workspace_bytes(8192, 6, 5120, 2304) == 917_516 + 8 + 729_808_896 == 730_726_420
     assert round(730_726_420 / GiB, 2) == 0.68
     # One token of top-1: P = 1, PB = next_pow2(2) = 2: int32 4 + 2 + 1 + 2 = 9 → 36 B + 8 + 2·(I + H).
-    assert kernel_workspace_bytes(1, 1, 64, 32) == 36 + 8 + 2 * 96
+    assert workspace_bytes(1, 1, 64, 32) == 36 + 8 + 2 * 96
     # Counter of 40 layers × 384 experts: int64 15,360 + 2 × 40 → 123,520 B; masks at 16,384
     # tokens: bool 16,385 + int32 65,536 + int64 8 = 81,929 B.
-    assert counter_bytes(40, 384, 16_384) == 123_520 + 81_929 == 205_449
+    assert counter_and_mask_bytes(40, 384, 16_384) == 123_520 + 81_929 == 205_449
 
 
 @pytest.mark.parametrize("tokens,top_k,hidden,inter", [(1, 1, 256, 128), (7, 6, 256, 128), (100, 8, 512, 256)])
@@ -50,14 +56,14 @@ def test_formula_equals_the_runtime_allocation_on_cpu(tokens: int, top_k: int, h
     shape = ExpertShape(hidden=hidden, intermediate=inter)
     mxfp4 = TritonMxfp4Experts(shape, 8, top_k, tokens, "cpu")
     dense = TritonDenseExperts(shape, 8, top_k, tokens, "cpu")
-    assert kernel_workspace_bytes(tokens, top_k, hidden, inter) == by_hand
+    assert workspace_bytes(tokens, top_k, hidden, inter) == by_hand
     assert mxfp4.workspace.nbytes == dense.workspace.nbytes == by_hand
     assert Workspace.bytes_for(tokens, top_k, shape) == by_hand
     layers = [1, 3, 4]
     counter = ExpertCounter(layers, 8, device="cpu", top_k=top_k)
     masks = StepMasks(tokens, "cpu")
     held = sum(t.numel() * t.element_size() for t in (counter.counts, counter.tokens, counter.decode_tokens))
-    assert held + masks.nbytes == counter_bytes(len(layers), 8, tokens) == 8 * 3 * 8 + 16 * 3 + 5 * tokens + 9
+    assert held + masks.nbytes == counter_and_mask_bytes(len(layers), 8, tokens) == 8 * 3 * 8 + 16 * 3 + 5 * tokens + 9
     assert masks.nbytes == StepMasks.bytes_for(tokens)
     assert torch.device("cpu") == masks.device
 
@@ -93,15 +99,17 @@ def test_max_num_batched_tokens_follows_vllm_033() -> None:
 def test_check_budgets_takes_the_workspace_before_the_kv_pool() -> None:
     """Qwen3-30B-A3B (bf16, H 2048, I 768, top-8, 48 MoE layers of 128 experts) on the RTX 4090
     (2,048 batched tokens): P = 16,384 = PB; int32 2·16,384 + 16,385 + 16,384 + 2 = 65,539 →
-    262,156 B; + 8; bf16 2 × 16,384 × (768 + 2048) = 92,274,688 B; kernels 92,536,852 B. Counter
-    8·48·128 + 16·48 = 49,920; masks 5·2048 + 9 = 10,249. Total 92,597,021 B."""
+    262,156 B; + 8; bf16 2 × 16,384 × (768 + 2048) = 92,274,688 B; the T = 1 fused-finalize
+    tickets, one int32 per 16 of H's 2,048 rows: 512 B; kernels 92,537,364 B. Counter
+    8·48·128 + 16·48 = 49,920; masks 5·2048 + 9 = 10,249. Total 92,597,533 B."""
     loaded, lane_spec, machine = _rtx4090()
     lane = compute_lane(loaded.recipe.model, machine, lane_spec, rowmap_hot=[20] * 48, rowmap_label="test")
     fig = lane.figures
-    assert fig["hbm.runtime_workspace.kernels"].value == 262_156 + 8 + 92_274_688 == 92_536_852
+    assert fig["hbm.runtime_workspace.kernels"].value == 262_156 + 8 + 92_274_688 + 512 == 92_537_364
+    assert fig["hbm.runtime_workspace.kernels"].operands["dense_ticket_bytes"] == 512
     assert fig["hbm.runtime_workspace.counter"].value == 49_920 + 10_249
-    assert fig["hbm.runtime_workspace"].value == 92_597_021
-    kv = fig["hbm.cap"].value - fig["hbm.reserve"].value - fig["hbm.hot_experts"].value - 92_597_021
+    assert fig["hbm.runtime_workspace"].value == 92_597_533
+    kv = fig["hbm.cap"].value - fig["hbm.reserve"].value - fig["hbm.hot_experts"].value - 92_597_533
     assert fig["hbm.kv_pool"].value == pytest.approx(kv, abs=1)
     # The positional column is plain vLLM: no runtime, nothing taken.
     pos = lane.positional.figures["hbm.kv_pool"]
@@ -109,12 +117,12 @@ def test_check_budgets_takes_the_workspace_before_the_kv_pool() -> None:
     # Tensor parallel shards the intermediate dim: per GPU I/2 = 384.
     tp2 = compute_lane(loaded.recipe.model, machine, lane_spec.model_copy(update={"gpus": [0, 1]}),
                        rowmap_hot=[20] * 48, rowmap_label="test")
-    assert tp2.figures["hbm.runtime_workspace.kernels"].value == 262_156 + 8 + 2 * 16_384 * (384 + 2048)
+    assert tp2.figures["hbm.runtime_workspace.kernels"].value == 262_156 + 8 + 2 * 16_384 * (384 + 2048) + 512
     # Expert parallel keeps whole experts on each rank: I = 768 again, the one-GPU figure.
     ep2 = compute_lane(loaded.recipe.model, machine, lane_spec.model_copy(update={
         "gpus": [0, 1], "extra_args": [*lane_spec.extra_args, "--enable-expert-parallel"]}),
         rowmap_hot=[20] * 48, rowmap_label="test")
-    assert ep2.figures["hbm.runtime_workspace.kernels"].value == 92_536_852
+    assert ep2.figures["hbm.runtime_workspace.kernels"].value == 92_537_364
 
 
 def test_no_workspace_where_the_runtime_is_not_mounted() -> None:
@@ -134,14 +142,15 @@ def test_cli_prints_the_workspace_line() -> None:
     result = CliRunner().invoke(main, ["check", "budgets", str(REPO / "recipes" / "qwen3-30b-a3b-rtx4090.yaml")])
     assert result.exit_code == 0, result.output
     [line] = [l for l in result.output.splitlines() if l.strip().startswith("runtime workspace =")]
-    assert "kernels 88.25 MiB" in line and "max_num_batched_tokens 2,048 × top-k 8" in line  # 92,536,852 B
+    assert "kernels 88.25 MiB" in line and "max_num_batched_tokens 2,048 × top-k 8" in line  # 92,537,364 B
     assert "before vLLM sizes the KV cache" in line
     hbm = [l for l in result.output.splitlines() if l.strip().startswith("HBM / GPU:")][0]
-    assert "+ runtime workspace 88.31 MiB +" in hbm  # 92,597,021 B / 2^20
+    assert "+ runtime workspace 88.31 MiB +" in hbm  # 92,597,533 B / 2^20
 
 
 def test_verify_compares_the_reported_bytes_exactly() -> None:
     from expert_residency.formats import StartupReport
+
     from recipegen.ops.verify import Expected, compare
 
     expected = Expected(hot_bytes=100, cold_bytes=50, kv_tokens=None, hot_counts=[1], cold_counts=[1],
@@ -178,6 +187,8 @@ def test_dsv41_split_tickets_and_fp8_inputs_by_hand() -> None:
     # FP8 inputs of Qwen3-235B (H 4096, I 1536, top-8) at 8,192 tokens: E4M3 8,192·4,096 +
     # 65,536·1,536 = 134,217,728 B; fp32 scales 4·(8,192·32 + 65,536·12) = 4,194,304 B.
     assert fp8_scratch_bytes(8192, 8, 4096, 1536) == 134_217_728 + 4_194_304 == 138_412_032
+    # The dense kernels' fused T = 1 finalize tickets: DeepSeek-V3's H 7,168 / 16 = 448 int32.
+    assert dense_ticket_bytes(7168) == 448 * 4 == 1_792 and dense_ticket_bytes(2880) == 180 * 4
 
 
 @pytest.mark.parametrize("tokens,top_k,hidden,inter", [(1, 4, 256, 128), (5, 6, 512, 256), (40, 8, 2880, 2880)])
@@ -200,13 +211,11 @@ def test_tickets_and_fp8_inputs_equal_the_runtime_tensors_on_cpu(tokens: int, to
     residency = Mxfp4Residency(Mxfp4Geometry(hidden, inter, 8, top_k), "cpu", tokens)
     assert residency.workspace_bytes == 0  # the CPU reference allocates nothing
     residency._experts = mxfp4  # what CUDA holds (blackwell.plugin.cuda_bank_experts)
-    assert residency.workspace_bytes == kernel_workspace_bytes(tokens, top_k, hidden, inter) + by_hand
+    assert residency.workspace_bytes == workspace_bytes(tokens, top_k, hidden, inter) + by_hand
     if hidden % 128 == 0 and inter % 128 == 0:
-        from expert_residency.gpu.dense_experts import DenseKernelConfig
-
         import triton.language as tl
-
         from expert_residency.gpu import kernels_dense
+        from expert_residency.gpu.dense_experts import DenseKernelConfig
 
         # The compiled kernels' scratch (E4M3); an earlier interpreter test in the same process
         # would otherwise leave the module in its TRITON_INTERPRET=1 mode (bf16 stand-ins).
@@ -217,6 +226,8 @@ def test_tickets_and_fp8_inputs_equal_the_runtime_tensors_on_cpu(tokens: int, to
         assert fp8.fp8_scratch_bytes == fp8_scratch_bytes(tokens, top_k, hidden, inter)
         assert fp8.fp8_scratch_bytes == tokens * hidden + tokens * top_k * inter + scales
         assert fp8._xq.dtype == torch.float8_e4m3fn  # one byte per value on the device
+        # The T = 1 fused-finalize tickets: one int32 per 16 output rows, by hand and by the ledger.
+        assert fp8.ticket_bytes == 4 * -(-hidden // 16) == dense_ticket_bytes(hidden)
 
 
 def _gptoss_l40s():
@@ -287,13 +298,13 @@ def test_usage_aware_mxfp4_lane_counts_the_tickets_and_the_load_peak_holds_the_w
 
 
 def test_load_peak_over_the_gpu_because_of_the_workspace_is_reported() -> None:
-    """Qwen3-30B-A3B on the RTX 4090 (workspace 92,597,021 B): a GPU just big enough for the
+    """Qwen3-30B-A3B on the RTX 4090 (workspace 92,597,533 B): a GPU just big enough for the
     load without the workspace now reports a load-time HBM violation of the workspace's size."""
     loaded, lane_spec, machine = _rtx4090()
     lane = compute_lane(loaded.recipe.model, machine, lane_spec, rowmap_hot=[20] * 48, rowmap_label="test")
     peak = lane.figures["load.hbm_peak"]
-    assert peak.operands["runtime_workspace_bytes"] == 92_597_021
-    without = peak.value - 92_597_021
+    assert peak.operands["runtime_workspace_bytes"] == 92_597_533
+    without = peak.value - 92_597_533
     tight = _gpu(machine, hbm=int(without) + 1)
     from recipegen.ledger.load import load_figures
     from recipegen.ledger.result import Violation
@@ -302,6 +313,6 @@ def test_load_peak_over_the_gpu_because_of_the_workspace_is_reported() -> None:
     got: dict = {}
     load_figures(loaded.recipe.model, tight, lane_spec, lane.usage_aware, lambda f: got.setdefault(f.key, f),
                  peak.operands["weights_at_load_bytes"], peak.operands["weights_at_load_bytes"], 0.0, 0.0,
-                 violations, 1, workspace=92_597_021.0)
+                 violations, 1, workspace=92_597_533.0)
     [v] = [v for v in violations if v.kind == "load-hbm"]
-    assert v.over_bytes == pytest.approx(92_597_021 - 1, abs=2)
+    assert v.over_bytes == pytest.approx(92_597_533 - 1, abs=2)

@@ -4,7 +4,17 @@ kernel); another kind replaces the block."""
 
 from __future__ import annotations
 
-from recipegen.schema.recipe import _resolve
+from types import SimpleNamespace
+
+from recipegen.catalog import catalog_entry
+from recipegen.schema.recipe import _resolve as _resolve_in
+
+# what the recipe loader passes in the validation context (recipegen.load.recipe)
+INFO = SimpleNamespace(context={"catalog": catalog_entry})
+
+
+def _resolve(kind, value):
+    return _resolve_in(kind, value, INFO)
 
 
 def test_same_kind_override_keeps_the_compute_capability() -> None:

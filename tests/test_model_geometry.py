@@ -10,9 +10,9 @@ import math
 
 import pytest
 
+from recipegen.common.units import GiB
 from recipegen.ledger import compute_lane
 from recipegen.schema import Lane, Machine, Model
-from recipegen.units import GiB
 
 MACHINE = {"name": "box", "gpus": {"kind": "H200", "count": 8, "compute_capability": "9.0",
                                    "hbm": "141 GB", "hbm_bandwidth": "4.8 TB/s"},
@@ -213,7 +213,7 @@ def test_pipeline_stage_caches_kv_for_its_own_layers(tmp_path) -> None:
     # gpt-oss-120b over two H200 boxes, PP=2: vLLM splits 36 layers 18 / 18; each stage holds 9
     # sliding (window 128) and 9 full layers: per 8,192-token sequence 9*2048*8192 + 9*2048*128 B.
     from recipegen.ledger import compute_ledger
-    from recipegen.recipe_io import load_recipe
+    from recipegen.load.recipe import load_recipe
     recipe = tmp_path / "pp.yaml"
     recipe.write_text(
         "version: 1\nname: pp\nmodel: gpt-oss-120b\nmachines:\n"

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from recipegen.catalog import catalog_entry
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
+from recipegen.load.recipe import load_recipe
 from recipegen.modelimport import import_model
-from recipegen.recipe_io import load_recipe
 from recipegen.schema import Model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,16 +75,20 @@ def test_other_fixtures(name: str, layers: int, experts: int, top_k: int, per_ex
         (layers, experts, top_k, per_expert, kv)
 
 
-def test_unknown_architecture_names_the_missing_field(tmp_path: Path) -> None:
+def test_unknown_architecture_is_refused_and_a_missing_field_is_named(tmp_path: Path) -> None:
     cfg = json.loads((FIX / "mixtral-8x7b-v0.1" / "config.json").read_text())
-    del cfg["num_local_experts"]
     cfg["architectures"] = ["SomethingNewForCausalLM"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(InputError) as err:
         import_model(tmp_path)
     text = str(err.value)
-    assert "config.json" in text and "num_local_experts" in text and "n_routed_experts" in text
-    assert "SomethingNewForCausalLM" in text
+    assert "config.json" in text and "SomethingNewForCausalLM" in text and "MixtralForCausalLM" in text
+    cfg["architectures"] = ["MixtralForCausalLM"]
+    del cfg["num_local_experts"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InputError) as err:
+        import_model(tmp_path)
+    assert "num_local_experts" in str(err.value) and "n_routed_experts" in str(err.value)
 
 
 def test_unknown_quantization_is_named(tmp_path: Path) -> None:
@@ -168,7 +172,7 @@ def test_cli_writes_the_model_file_and_refuses_to_overwrite(tmp_path: Path) -> N
     bad.mkdir()
     (bad / "config.json").write_text('{"architectures": ["X"], "num_hidden_layers": 2}')
     result = CliRunner().invoke(main, ["model", "import", str(bad), "-o", "-"])
-    assert result.exit_code == 2 and "num_local_experts" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 2 and "architecture 'X'" in result.output and "Traceback" not in result.output
 
 
 def test_index_without_shards_takes_dense_bytes_from_total_size(tmp_path: Path) -> None:
@@ -198,20 +202,21 @@ def test_compressed_tensors_int4_groups(tmp_path: Path) -> None:
             "num_bits": 4, "type": "int", "symmetric": True, "group_size": 32, "strategy": "group"}}}}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     m, _ = import_model(tmp_path)
-    # w13 4096x7168: 4096*7168/2 B + 4096*(7168/32) bf16 scales; w2 7168x2048: 7168*2048/2 + 7168*64*2.
-    assert m.expert_bytes == 4096 * 7168 // 2 + 4096 * 224 * 2 + 7168 * 2048 // 2 + 7168 * 64 * 2 == 24_772_608
+    # w13 4096x7168: 4096*7168/2 B + 4096*(7168/32) bf16 scales; w2 7168x2048: 7168*2048/2 + 7168*64*2;
+    # plus vLLM's w13_weight_shape and w2_weight_shape, [2] each in the model dtype (4 B each).
+    assert m.expert_bytes == 4096 * 7168 // 2 + 4096 * 224 * 2 + 7168 * 2048 // 2 + 7168 * 64 * 2 + 8 == 24_772_616
     assert m.expert_format == "int4"
 
 
-def test_qwen2_moe_style_shared_expert(tmp_path: Path) -> None:
+def test_a_shared_expert_field_qwen3_moe_does_not_read_is_refused(tmp_path: Path) -> None:
+    # vLLM 0.33's Qwen3-MoE has no shared expert (qwen3_moe.py): a config that declares one is not
+    # the model vLLM would build, so the importer refuses it instead of guessing either way.
     cfg = json.loads((FIX / "qwen3-30b-a3b" / "config.json").read_text())
     cfg["shared_expert_intermediate_size"] = 512
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with_shared, _ = import_model(tmp_path)
-    without, _ = import_model(FIX / "qwen3-30b-a3b")
-    assert with_shared.shared_experts == 1 and without.shared_experts == 0
-    # One shared expert per MoE layer: 3 * 2048 * 512 bf16 + its 2048-wide gate, 48 layers.
-    assert with_shared.dense_bytes - without.dense_bytes == 48 * (3 * 2048 * 512 * 2 + 2048 * 2)
+    with pytest.raises(InputError) as err:
+        import_model(tmp_path)
+    assert "shared_expert_intermediate_size" in str(err.value) and "Qwen3MoeForCausalLM" in str(err.value)
 
 
 def test_max_model_len_beyond_the_checkpoint_is_an_error(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""`--moe-backend` by the lane's GPU and expert format (recipegen/moe_backend.py) and what render
+"""`--moe-backend` by the lane's GPU and expert format (recipegen/vllm_flags/moe_backend.py) and what render
 and `check budgets` do with it. Expected values are read off vLLM 0.33's device gates by hand
 (pinned against the source in tests/test_moe_backend_contracts.py):
 TrtLlmMxfp4ExpertsModular needs the SM100 family, MarlinExperts 7.5+, TritonExperts any CUDA
@@ -13,8 +13,13 @@ import pytest
 from click.testing import CliRunner
 
 from recipegen.cli import main
-from recipegen.moe_backend import (START_PERIOD_AUTOTUNED, START_PERIOD_DEFAULT, NoBackend, choose,
-                                   start_period)
+from recipegen.vllm_flags.moe_backend import (
+    START_PERIOD_AUTOTUNED,
+    START_PERIOD_DEFAULT,
+    NoBackend,
+    choose,
+    start_period,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -97,7 +102,7 @@ def test_a_residency_lane_no_backend_admits_fails_check_and_render(
     would work, and render refuses to write."""
     import dataclasses
 
-    from recipegen import moe_backend
+    from recipegen.vllm_flags import moe_backend
 
     rows = tuple(dataclasses.replace(r, min_cc=(9, 0)) if r.expert_format == "bf16" else r
                  for r in moe_backend.TABLE)

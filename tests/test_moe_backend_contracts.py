@@ -1,4 +1,4 @@
-"""recipegen/moe_backend.py's table against vLLM 0.33.0's unpacked source (read with ``ast``,
+"""recipegen/vllm_flags/moe_backend.py's table against vLLM 0.33.0's unpacked source (read with ``ast``,
 never imported): for every row, the `--moe-backend` value maps to the backend the row names, that
 backend's experts classes include the row's class, the class is a *modular* experts class (what
 the runtime needs: `require_decomposed_backend` excludes monolithic ones), and its device gate
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_vllm033_contracts import _class, _function, _source, _v033_root
 
-from recipegen.moe_backend import TABLE, BackendRow
+from recipegen.vllm_flags.moe_backend import TABLE, BackendRow
 
 FUSED = "model_executor/layers/fused_moe"
 ORACLE = {"mxfp4": ("oracle/mxfp4.py", "map_mxfp4_backend", "Mxfp4MoeBackend"),

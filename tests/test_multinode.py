@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from vllm033_source import vllm033_source
 
 from recipegen.cli import main
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
+from recipegen.common.units import GiB
 from recipegen.ledger import compute_ledger
+from recipegen.load.recipe import load_recipe
 from recipegen.multinode.launch import lane_launches, node_args, node_env
 from recipegen.multinode.partition import PartitionError, stage_layers, vllm_partition
-from recipegen.recipe_io import load_recipe
-from recipegen.units import GiB
-from vllm033_source import vllm033_source
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = "dsv41-flash-gb300x2-pp2"
@@ -240,8 +240,8 @@ def test_offloading_stage_uses_its_map_slice_and_is_told_all_hbm_fits(tmp_path: 
     assert lane.fig("lane.host.cold_experts").value == 20 * 89 * E
     assert "set all_experts_in_hbm: true on stage(s) 1 (station-b)" in lane.recommendation
 
-    from recipegen.costmodel.stages import stage_fetch
     from recipegen.costmodel.lane import lane_cold_shares
+    from recipegen.costmodel.stages import stage_fetch
     fetch = {(f.rank, f.streams): f for f in stage_fetch(loaded, lane)}
     assert fetch[(0, 1)].cold_bytes_per_step == 0.0
     # Stage 1 reads its own layers' cold picks: unique experts × per-layer cold share × bytes.

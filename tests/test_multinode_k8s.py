@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from recipegen.cli.k8s_cmd import k8s
 from recipegen.k8s.render import render_k8s
 from recipegen.k8s.validate import lws_schema_source, validate_manifest
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = "dsv41-flash-gb300x2-pp2"
@@ -152,7 +152,7 @@ def test_three_stages_one_worker_template(tmp_path: Path) -> None:
 
 
 def test_workers_with_different_slices_are_refused(tmp_path: Path) -> None:
-    from recipegen.errors import InputError
+    from recipegen.common.errors import InputError
 
     loaded = load_recipe(_three_stations(tmp_path, offload=True))
     with pytest.raises(InputError, match="one worker template"):

@@ -9,10 +9,9 @@ import subprocess
 import sys
 
 import pytest
-
 from docker_support.fixtures import docker_engine  # noqa: F401
-from recipegen.ops.doctor import (FAIL, OK, UNLIMITED, Facts, HostRequirement, evaluate,
-                                  proc_memlock)
+
+from recipegen.ops.doctor import FAIL, OK, UNLIMITED, Facts, HostRequirement, evaluate, proc_memlock
 
 GIB = 2**30
 
@@ -88,7 +87,7 @@ def _run_doctor(env: dict[str, str], memlock: int) -> subprocess.CompletedProces
 
 
 @pytest.mark.docker
-def test_doctor_against_the_real_engine_reports_a_low_memlock_limit(docker_engine):
+def test_doctor_against_the_real_engine_reports_a_low_memlock_limit(docker_engine):  # noqa: F811
     result = _run_doctor(docker_engine.env(), 64 * 1024)
     assert result.returncode == 1, result.stderr
     checks = {c["name"]: c for c in json.loads(result.stdout)}

@@ -19,12 +19,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from docker_support.fixtures import docker_engine  # noqa: F401
 from docker_support.project import TestProject, make_project
 from docker_support.standin import build_standin_image
-from expert_residency.formats import (Histogram, format_report_line, load_histogram,
-                                      load_rowmap, report_for_rowmap, save_histogram)
+from expert_residency.formats import (
+    Histogram,
+    format_report_line,
+    load_histogram,
+    load_rowmap,
+    report_for_rowmap,
+    save_histogram,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
@@ -64,7 +69,7 @@ def _write_standin_data(project: TestProject) -> None:
     report per class from that class's row map (as the runtime would), vLLM's KV capacity per
     lane (AGENT_KV_TOKENS, worked out by hand; the prose lane wrong on purpose), and live
     counters."""
-    from recipegen.recipe_io import load_recipe
+    from recipegen.load.recipe import load_recipe
 
     loaded = load_recipe(project.recipe)
     data = project.standin_dir
@@ -164,7 +169,11 @@ def test_status_reports_healthy_current_lanes_with_their_hashes(ops):
         assert s["shape_hash"] == rowmap.shape_hash()
         assert s["uptime_s"] is not None and s["uptime_s"] >= 0
     text = ops("status")
-    assert "lane-agent" in text.stdout and "current" in text.stdout
+    row = next(line for line in text.stdout.splitlines() if line.startswith("lane-agent "))
+    assert row.split()[-1] == "current", row
+    # the table's shorthand is explained under it
+    assert "content / shape hash: sha256 of a row map's assignment" in text.stdout
+    assert "RENDERING: current when the container runs its service as rendered now" in text.stdout
 
 
 def test_verify_agrees_with_the_ledger(ops):
@@ -288,8 +297,8 @@ def test_profile_boot_produces_a_histogram_and_a_map(ops, tmp_path):
     for row, (hot, cold) in enumerate(zip(new_map.hot, new_map.cold)):
         assert counted.counts[row, hot].min() >= counted.counts[row, cold].max()
     assert new_map.content_hash() != old_map.content_hash()
-    assert new_map.shape_hash() == old_map.shape_hash()      # same shape: a hash-hit reboot
-    assert "hash-hit" in result.stdout
+    assert new_map.shape_hash() == old_map.shape_hash()      # same shape: kernels reused
+    assert "the previous map's bank shapes: the restart reuses the tuned kernels" in result.stdout
     # the lane is back, and its rendering is now stale: its class has a new map
     prose = _container(ops.env, "lane-prose")
     assert prose.id == prose_before and prose.attrs["State"]["Health"]["Status"] == "healthy"

@@ -12,10 +12,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
 from docker_support.fixtures import docker_engine  # noqa: F401
 from docker_support.project import make_project
 from docker_support.standin import build_standin_image
@@ -115,7 +113,7 @@ def test_the_running_lane_gets_the_settings_and_the_priors(lane):
     assert priors == ["/etc/expert-residency/agent-prose.hist", "/etc/expert-residency/agent-math.hist"]
     from recipegen.ops.engine import list_dir
 
-    mounted = list_dir(client, container.id, "/etc/expert-residency")
+    mounted = list_dir(client, container.id, "/etc/expert-residency", keep=None)
     profiles = project.root / "recipes" / "profiles" / "dsv41-flash"
     assert mounted["agent-prose.hist"] == (profiles / "prose.hist").read_bytes()
     assert mounted["agent-math.hist"] == (profiles / "math.hist").read_bytes()

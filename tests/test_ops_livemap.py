@@ -19,7 +19,7 @@ from expert_residency.core.dump import DumpConfig, HistogramDumper, LiveMap, liv
 from expert_residency.formats import Histogram, RowMap, load_histogram, load_rowmap
 
 from recipegen.cli import main
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.dumps import read_host_dir, snapshots
 from recipegen.ops.engine import ContainerInfo

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from expert_residency.formats import Histogram, RowMap, load_histogram, load_rowmap, save_histogram, save_rowmap
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from expert_residency.formats import Histogram, RowMap, StartupReport
 from expert_residency.formats.report import summarize_counts
-from recipegen.errors import InputError, RecipegenError
+
+from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops.drift import judge, live_cold_share
 from recipegen.ops.kvcapacity import kv_from_log, kv_from_metrics
 from recipegen.ops.verify import Expected, compare, latest_per_rank

@@ -9,9 +9,9 @@ from datetime import datetime, timezone
 
 import numpy as np
 import pytest
-
 from expert_residency.formats import Histogram, format_histogram
-from recipegen.errors import InputError, RecipegenError
+
+from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.deployment import dependency_order
 from recipegen.ops.dumps import difference, parse_name, snapshots, wait_for_snapshot

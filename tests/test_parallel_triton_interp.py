@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from interpreter_rerun import rerun_interpreted
 
 torch = pytest.importorskip("torch")

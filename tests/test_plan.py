@@ -8,14 +8,14 @@ import pytest
 from click.testing import CliRunner
 
 from recipegen.cli import main
+from recipegen.common.errors import InputError
 from recipegen.costmodel.fetch import fetch_tax
 from recipegen.costmodel.lane import fetch_summary, unique_model_for
 from recipegen.costmodel.prefetch import lane_prefetch_price
 from recipegen.costmodel.seed_tables import FIGURE3_ROWS, PREFETCH_PRINTED, printed_like
 from recipegen.costmodel.steps import measured_step
 from recipegen.costmodel.sweep import parse_sweep, sweep_hot
-from recipegen.errors import InputError
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 
 REFERENCE = "dsv41-flash-gb300"
 

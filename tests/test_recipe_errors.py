@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from recipegen.cli import main
-from recipegen.errors import InputError
-from recipegen.recipe_io import load_recipe
+from recipegen.common.errors import InputError
+from recipegen.load.recipe import load_recipe
 
 CORPUS = Path(__file__).parent / "bad_recipes"
 BAD = sorted(CORPUS.glob("*.yaml"))

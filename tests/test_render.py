@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -238,7 +238,7 @@ def test_k_schedule_renders_as_vllm_per_batch_size_list(project: Path) -> None:
 
 def test_committed_reference_rendering_is_current() -> None:
     """The repository's compose/ matches its recipes (what `render --check` guards in CI)."""
-    result = subprocess.run([str(REPO / ".venv" / "bin" / "recipegen"), "render", "--check"],
+    result = subprocess.run([sys.executable, "-m", "recipegen", "render", "--check"],
                             cwd=REPO, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -253,10 +253,24 @@ def test_swap_changes_only_that_service_and_keeps_the_recipe_layout(project: Pat
     before_text = (project / "compose" / REFERENCE / "compose.yaml").read_text()
 
     code, out = run("render", REFERENCE, "--diff")
-    assert (code, out) == (0, "")  # nothing to change
+    # nothing to change, said in words; 8 files: compose.yaml, .gitignore, the agent row map, and
+    # the monitoring profile's prometheus.yml, rules.yml and three Grafana files
+    assert (code, out) == (0, f"no change: compose/{REFERENCE}/ already holds what "
+                              f"recipes/{REFERENCE}.yaml renders (8 files)\n")
     code, out = run("render", REFERENCE, "--class", "agent=prose")
     assert code == 0, out
     assert "lane-agent: changed" in out and "lane-agent-profile: unchanged" in out
+    # what was written, one line per file and per service
+    lines = out.splitlines()
+    assert f"wrote compose/{REFERENCE}/ from recipes/{REFERENCE}.yaml: 8 files, 3 changed" in lines
+    for line in ("  file compose.yaml: changed", "  file maps/agent/prose.rowmap: new",
+                 "  file maps/agent/agent.rowmap: removed", "  file monitoring/prometheus.yml: unchanged"):
+        assert line in lines, (line, out)
+    assert any(line.startswith("  service lane-agent: changed — vLLM engine of lane agent: usage-aware "
+                               "residency, class prose, port 30006 (config hash ") for line in lines), out
+    assert any(line.startswith("  service prometheus: Prometheus") for line in lines), out
+    assert f"  apply: docker compose -f compose/{REFERENCE}/compose.yaml up -d lane-agent" in lines
+    assert "  config hash: sha256 of a service's rendered configuration" in out
     after_text = (project / "compose" / REFERENCE / "compose.yaml").read_text()
 
     # The recipe: exactly one line differs, comments intact.
@@ -544,7 +558,7 @@ lanes:
 @needs_compose
 def test_lanes_sharing_a_gpu_get_the_ledgers_kv_bytes_and_start_in_order(project: Path) -> None:
     from recipegen.ledger import compute_ledger
-    from recipegen.recipe_io import load_recipe
+    from recipegen.load.recipe import load_recipe
 
     recipe_file = project / "recipes" / "shared.yaml"
     recipe_file.write_text(SHARED_RECIPE)
@@ -659,7 +673,8 @@ def test_multi_node_lane_renders_a_head_and_headless_workers_per_machine(project
     root = project / "compose" / MULTI_NODE
     head = compose_config_json(root / "station-a" / "compose.yaml")["services"]
     worker = compose_config_json(root / "station-b" / "compose.yaml")["services"]
-    assert set(head) == {"lane-agent", "lane-agent-profile"}
+    # the recipe's `monitoring` puts Prometheus and Grafana beside the head (docs/metrics.md)
+    assert set(head) == {"lane-agent", "lane-agent-profile", "prometheus", "grafana"}
     assert set(worker) == {"lane-agent-worker-1", "lane-agent-worker-1-profile"}
 
     def flags(service: dict) -> list[str]:

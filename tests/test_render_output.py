@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 from recipegen.render import output
-from recipegen.render.output import (MANIFEST_NAME, compare_output_dir, read_manifest,
-                                     write_output_dir)
+from recipegen.render.output import MANIFEST_NAME, compare_output_dir, read_manifest, write_output_dir
 
 
 def _leftovers(folder: Path) -> list[str]:

@@ -221,3 +221,44 @@ def test_reduce_decode_only(tmp_path: Path) -> None:
     code, _, err = run("rowmap", "build", str(tmp_path / "a.npy"), "--experts", "4", "--layers",
                        "0-1", "--hot", "2", "--decode-only", "-o", str(tmp_path / "m.rowmap"))
     assert code == 2 and "no prompt/decode split" in err
+
+
+def _qwen_project(root: Path) -> Path:
+    """The Qwen3-30B-A3B RTX 4090 recipe with its histogram and map, in a project of its own."""
+    repo = Path(__file__).resolve().parent.parent / "recipes"
+    (root / "recipes" / "maps" / "qwen3-30b-a3b").mkdir(parents=True)
+    (root / "recipes" / "profiles" / "qwen3-30b-a3b").mkdir(parents=True)
+    for rel in ("maps/qwen3-30b-a3b/chat.rowmap", "profiles/qwen3-30b-a3b/chat.hist"):
+        (root / "recipes" / rel).write_bytes((repo / rel).read_bytes())
+    recipe = root / "recipes" / "q.yaml"
+    recipe.write_text((repo / "qwen3-30b-a3b-rtx4090.yaml").read_text()
+                      .replace("hot_experts_per_layer: 20 ", "hot_experts_per_layer: 24 "))
+    return recipe
+
+
+@pytest.mark.parametrize("map_state", ["stale", "missing"])
+def test_build_for_a_recipe_invalid_only_because_of_its_map(tmp_path: Path, map_state: str) -> None:
+    """The recipe asks for 24 hot per layer; its map holds 20 (or is not there yet). The recipe is
+    invalid until the map is built — and `rowmap build --recipe` must build it."""
+    recipe = _qwen_project(tmp_path)
+    rowmap = tmp_path / "recipes" / "maps" / "qwen3-30b-a3b" / "chat.rowmap"
+    if map_state == "missing":
+        rowmap.unlink()
+    code, _, err = run("check", "recipe", str(recipe))
+    assert code == 2 and ("disagrees with the budget" in err or "file not found" in err), err
+    hist = tmp_path / "recipes" / "profiles" / "qwen3-30b-a3b" / "chat.hist"
+    code, out, err = run("rowmap", "build", str(hist), "--hot", "24", "--recipe", str(recipe), "-o", str(rowmap))
+    assert code == 0, err
+    assert load_rowmap(rowmap).hot_counts() == [24] * 48
+    code, _, err = run("check", "budgets", str(recipe))
+    assert code == 0, err
+
+
+def test_build_with_a_recipe_still_reports_a_broken_recipe(tmp_path: Path) -> None:
+    """Only the map's own checks are skipped: a recipe that is broken elsewhere still fails, naming it."""
+    recipe = _qwen_project(tmp_path)
+    recipe.write_text(recipe.read_text().replace("max_model_len: 32768", "max_model_len: lots"))
+    hist = tmp_path / "recipes" / "profiles" / "qwen3-30b-a3b" / "chat.hist"
+    code, _, err = run("rowmap", "build", str(hist), "--hot", "24", "--recipe", str(recipe),
+                       "-o", str(tmp_path / "m.rowmap"))
+    assert code == 2 and "max_model_len" in err, err

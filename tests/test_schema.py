@@ -11,10 +11,11 @@ from click.testing import CliRunner
 
 from recipegen.catalog import catalog_entry, catalog_names, figures_without_source
 from recipegen.cli import main
-from recipegen.errors import InputError
-from recipegen.recipe_io import load_recipe, set_active_class, to_plain, parse_yaml
+from recipegen.common.errors import InputError
+from recipegen.common.units import GiB, MiB
+from recipegen.load.document import parse_yaml, to_plain
+from recipegen.load.recipe import load_recipe, set_active_class
 from recipegen.schema import Machine, Model, Speculative
-from recipegen.units import GiB, MiB
 
 
 def test_every_catalog_figure_has_a_source() -> None:
@@ -113,7 +114,7 @@ def test_inline_sourced_figures(tmp_path: Path) -> None:
 @pytest.fixture()
 def recipe_copy(tmp_path: Path, repo_root: Path) -> Path:
     for folder in ("maps", "profiles"):
-        (tmp_path / folder).symlink_to(repo_root / "recipes" / folder)
+        shutil.copytree(repo_root / "recipes" / folder, tmp_path / folder)  # links out are refused
     target = tmp_path / "dsv41-flash-gb300.yaml"
     shutil.copy(repo_root / "recipes" / "dsv41-flash-gb300.yaml", target)
     return target

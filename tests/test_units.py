@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from recipegen.units import (GB, GiB, MiB, TB, UnitError, format_bytes, format_tokens,
-                             largest_count_within, parse_bandwidth, parse_bytes, parse_count,
-                             parse_scaled_number)
+from recipegen.common.units import (
+    GB,
+    TB,
+    GiB,
+    MiB,
+    UnitError,
+    format_bytes,
+    format_tokens,
+    largest_count_within,
+    parse_bandwidth,
+    parse_bytes,
+    parse_count,
+    parse_scaled_number,
+)
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import ast
 import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
-
 from expert_residency.vllm_plugin.version import SUPPORTED_VLLM_VERSIONS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,7 +48,7 @@ def _trees() -> list:
     ]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _parse(path: Path) -> ast.Module:
     if not path.is_file():
         pytest.fail(f"{path} does not exist in this vLLM")

@@ -12,11 +12,10 @@ import ast
 from pathlib import Path
 
 import pytest
-from test_vllm033_contracts import FUSED_MOE, _class, _function, _self_attrs, _source, _trees, _v033_root
-
-from expert_residency.core.formats_ref import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT
+from expert_residency.contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT
 from expert_residency.fp8 import FP8_MAX, GROUP_EPS
 from expert_residency.vllm_plugin.dense_layers import BIAS_NAMES, FP8_SCALE_NAMES, WEIGHT_NAMES
+from test_vllm033_contracts import FUSED_MOE, _class, _function, _self_attrs, _source, _trees, _v033_root
 
 FP8 = "model_executor/layers/quantization/fp8.py"
 UNQUANT = f"{FUSED_MOE}/unquantized_fused_moe_method.py"
@@ -179,7 +178,7 @@ def test_pluggable_layers_are_swapped_by_class_name(root: Path) -> None:
 
 @tree
 def test_runner_builds_a_missing_quant_config_from_the_layer(root: Path) -> None:
-    """Why ``dense_layers.hold_back`` sets ``moe_quant_config`` before re-homing: the runner's
+    """Why ``dense_hold_back.hold_back`` sets ``moe_quant_config`` before re-homing: the runner's
     forward builds it from the layer's parameters when it is still None."""
     ensure = _flat(_function(root, f"{FUSED_MOE}/routed_experts.py", "_ensure_moe_quant_config_init",
                              "RoutedExperts"))

@@ -15,11 +15,11 @@ torch = pytest.importorskip("torch")
 
 from expert_residency.core import build_unsplit_layer, rehome_layer, residency_forward  # noqa: E402
 from expert_residency.fp8 import quantize_fp8_block  # noqa: E402
+from expert_residency.vllm_plugin import dense_hold_back  # noqa: E402
 from expert_residency.vllm_plugin import dense_layers as dl  # noqa: E402
 from expert_residency.vllm_plugin.fp8_experts import fp8_method_reason, fp8_unsupported_reason  # noqa: E402
 from expert_residency.vllm_plugin.refusal import ResidencyRefused  # noqa: E402
-from expert_residency.vllm_plugin.unquantized_experts import (unquantized_unsupported_reason,  # noqa: E402
-                                                              wants_runtime_kernel)
+from expert_residency.vllm_plugin.unquantized_experts import unquantized_unsupported_reason, wants_runtime_kernel  # noqa: E402
 
 E, H, I = 6, 256, 128
 
@@ -113,7 +113,7 @@ def test_held_back_conversion_marks_refuses_and_serves_a_drafter() -> None:
                              moe_quant_config=None,
                              get_fused_moe_quant_config=lambda m: ("config of", m.layer_name))
     runtime = SimpleNamespace(target_layers={})
-    dl.hold_back(method, lambda: runtime, lambda: False, unquantized_unsupported_reason, "bf16")
+    dense_hold_back.hold_back(method, lambda: runtime, lambda: False, unquantized_unsupported_reason, "bf16")
     target = layer("swigluoai", bias=True)
     method.process_weights_after_loading(target)
     assert target._er_dense == "bf16" and calls == []            # vLLM's conversion held back
@@ -126,7 +126,7 @@ def test_held_back_conversion_marks_refuses_and_serves_a_drafter() -> None:
     drafter = layer("silu")
     method.process_weights_after_loading(drafter)
     assert calls == ["model.layers.3.mlp.experts"] and not hasattr(drafter, "_er_dense")
-    dl.hold_back(method, lambda: runtime, lambda: False, unquantized_unsupported_reason, "bf16")
+    dense_hold_back.hold_back(method, lambda: runtime, lambda: False, unquantized_unsupported_reason, "bf16")
     assert method._er_wrapped                                    # idempotent: not wrapped twice
 
 

@@ -8,7 +8,6 @@ module must be re-read against the new source before EP lanes are allowed.
 from __future__ import annotations
 
 import pytest
-
 from vllm033_source import vllm033_source
 
 MOE = "model_executor/layers/fused_moe/"

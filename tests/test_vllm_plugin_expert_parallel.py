@@ -24,12 +24,18 @@ sys.path.insert(0, str(ROOT / "runtime"))
 
 from expert_residency.core.banks import build_unsplit_layer, device_allocator, host_allocator, rehome_layer  # noqa: E402
 from expert_residency.core.split import residency_forward  # noqa: E402
-from random_experts import random_experts  # noqa: E402
 from expert_residency.parallel import ep_forward  # noqa: E402
-from expert_residency.vllm_plugin.expert_parallel import (device_expert_map, ep_reason, layer_ep_facts,  # noqa: E402
-                                                          local_ids, local_picks, rehome_ep_rank, sliced_banks,
-                                                          unsplit_ep_rank)
-
+from expert_residency.vllm_plugin.expert_parallel import (  # noqa: E402
+    device_expert_map,
+    ep_reason,
+    layer_ep_facts,
+    local_ids,
+    local_picks,
+    rehome_ep_rank,
+    sliced_banks,
+    unsplit_ep_rank,
+)
+from random_experts import random_experts  # noqa: E402
 from vllm033_source import vllm033_source  # noqa: E402
 
 HOT, COLD = [5, 1, 7, 0, 3], [2, 6, 4]   # the lane's global row map for one layer of 8 experts

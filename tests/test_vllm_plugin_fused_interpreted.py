@@ -40,13 +40,12 @@ def test_fused_branch_equals_unsplit_and_counts_exactly(monkeypatch) -> None:
         return
     os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels module is first imported
     import test_vllm_plugin_mxfp4 as mx
-    from plugin_entry_support import plugin_runtime, recount, step_context
-
     from expert_residency.core.banks import device_allocator, host_allocator
     from expert_residency.gpu.experts import ExpertShape, KernelConfig, TritonMxfp4Experts
     from expert_residency.mxfp4 import quantize_mxfp4
     from expert_residency.vllm_plugin import mxfp4_experts
     from expert_residency.vllm_plugin.worker_runtime import set_runtime
+    from plugin_entry_support import plugin_runtime, recount, step_context
 
     config = KernelConfig(dequant=0, block_m=4, block_n1=32, block_k1=64, block_n2=32,
                           block_k2=64)

@@ -17,10 +17,9 @@ import ast
 from pathlib import Path
 
 import pytest
-from test_vllm033_contracts import _class, _function, _params, _trees
-
-from expert_residency.core.formats_ref import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT
+from expert_residency.contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT
 from expert_residency.vllm_plugin.mxfp4_experts import BIAS_NAMES, CHECKPOINT_NAMES
+from test_vllm033_contracts import _class, _function, _params, _trees
 
 MXFP4 = "model_executor/layers/quantization/mxfp4.py"
 METHOD = "GptOssMxfp4MoEMethod"

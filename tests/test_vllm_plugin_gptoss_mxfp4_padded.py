@@ -30,12 +30,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import test_vllm_plugin_mxfp4 as base  # noqa: E402
-from test_vllm033_contracts import _function, _source, _v033_root  # noqa: E402
-
 from expert_residency.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
 from expert_residency.vllm_plugin.mxfp4_experts import mxfp4_unsupported_reason  # noqa: E402
 from expert_residency.vllm_plugin.settings import PluginSettings  # noqa: E402
 from expert_residency.vllm_plugin.worker_runtime import WorkerRuntime  # noqa: E402
+from test_vllm033_contracts import _function, _source, _v033_root  # noqa: E402
 
 E, K, T = base.EXPERTS, base.TOP_K, base.TOKENS
 H, I = 224, 96            # unpadded (7 and 3 MX blocks)
@@ -199,7 +198,9 @@ def test_vllm_033_padding_lines() -> None:
     assert "hidden_states = F.pad( hidden_states, (0, self.moe_config.hidden_dim - transformed_hidden_dim)" in runner
     assert "return states[..., :trunc_size] if trunc_size is not None else states" in runner
     mx = "model_executor/layers/quantization/mxfp4.py"
-    flat = lambda fn: " ".join(__import__("ast").unparse(fn).split())
+    def flat(fn):
+        return " ".join(__import__("ast").unparse(fn).split())
+
     assert "mxfp4_round_up_hidden_size_and_intermediate_size(self.mxfp4_backend" in flat(
         _function(V033, mx, "maybe_roundup_sizes", "GptOssMxfp4MoEMethod"))
     assert "torch.zeros(" in flat(_function(V033, mx, "create_weights", "GptOssMxfp4MoEMethod"))

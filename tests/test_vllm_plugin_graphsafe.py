@@ -31,12 +31,11 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parent / "runtime"))
 
 import test_vllm_plugin_mxfp4 as mx  # noqa: E402
-from plugin_entry_support import plugin_runtime, recount, step_context  # noqa: E402
-from test_core_graphsafe import FORBIDDEN, OpRecorder  # noqa: E402
-
 from expert_residency.mxfp4 import quantize_mxfp4  # noqa: E402
 from expert_residency.vllm_plugin.step_masks import StepMasks  # noqa: E402
 from expert_residency.vllm_plugin.worker_runtime import set_runtime  # noqa: E402
+from plugin_entry_support import plugin_runtime, recount, step_context  # noqa: E402
+from test_core_graphsafe import FORBIDDEN, OpRecorder  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -23,8 +23,7 @@ import ast
 from pathlib import Path
 
 import pytest
-from test_vllm033_contracts import _class, _function, _params, _self_attrs, _source, _trees, \
-    _v033_root
+from test_vllm033_contracts import _class, _function, _params, _self_attrs, _source, _trees, _v033_root
 
 tree = pytest.mark.parametrize("root", _trees())
 V1_RUNNER = "v1/worker/gpu_model_runner.py"

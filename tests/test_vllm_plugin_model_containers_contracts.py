@@ -16,9 +16,8 @@ import ast
 from pathlib import Path
 
 import pytest
-from test_vllm033_contracts import _class, _function, _source, _trees
-
 from expert_residency.vllm_plugin.gptoss_routed_experts import MODEL_CONTAINERS
+from test_vllm033_contracts import _class, _function, _source, _trees
 
 tree = pytest.mark.parametrize("root", _trees())
 REGISTERED = {c for _, c in MODEL_CONTAINERS}

@@ -215,7 +215,7 @@ def test_rehome_frees_parameters_and_places_every_byte() -> None:
     case = build_case("cpu")
     checkpoint_bytes = sum(p.numel() for p in FakeMxfp4Experts(0, *case.weights[0]).parameters())
     runtime, layers = runtime_for(case, "residency", [0, 3, 5])
-    for index, module in layers.items():
+    for _index, module in layers.items():
         assert dict(module.named_parameters(recurse=False)) == {}, "originals must be freed"
         resident = module._er_resident
         assert (resident.hot.num_rows, resident.cold.num_rows) == (3, EXPERTS - 3)

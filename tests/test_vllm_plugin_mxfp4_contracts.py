@@ -11,10 +11,18 @@ import ast
 from pathlib import Path
 
 import pytest
-from test_vllm033_contracts import (FUSED_MOE, _class, _function, _module_names, _params,
-                                    _self_attrs, _source, _trees, _v033_root)
-
 from expert_residency.vllm_plugin.mxfp4_experts import BIAS_NAMES, CHECKPOINT_NAMES
+from test_vllm033_contracts import (
+    FUSED_MOE,
+    _class,
+    _function,
+    _module_names,
+    _params,
+    _self_attrs,
+    _source,
+    _trees,
+    _v033_root,
+)
 
 MXFP4 = "model_executor/layers/quantization/mxfp4.py"
 tree = pytest.mark.parametrize("root", _trees())

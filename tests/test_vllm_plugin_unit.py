@@ -8,10 +8,8 @@ attributes tests/test_vllm033_contracts.py pins in 0.33's source).
 from __future__ import annotations
 
 import pytest
-
 from expert_residency.vllm_plugin import checks
-from expert_residency.vllm_plugin.refusal import (REFUSAL_EXIT_CODE, REFUSAL_TAG, ResidencyRefused,
-                                                  refuse)
+from expert_residency.vllm_plugin.refusal import REFUSAL_EXIT_CODE, REFUSAL_TAG, ResidencyRefused, refuse
 from expert_residency.vllm_plugin.settings import SettingsError, load_settings
 from expert_residency.vllm_plugin.version import base_version, unsupported_version_reason
 

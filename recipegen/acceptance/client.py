@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 
 class EndpointError(RecipegenError):

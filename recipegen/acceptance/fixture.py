@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 DEFAULT_FIXTURE_NAME = "parity-default.jsonl"
 
@@ -47,13 +47,19 @@ def default_fixture_text() -> str:
     return resources.files("recipegen").joinpath("fixtures", DEFAULT_FIXTURE_NAME).read_text(encoding="utf-8")
 
 
+MAX_FIXTURE_BYTES = 256 << 20
+
+
 def load_fixture(path: str | Path | None = None) -> Fixture:
     """The fixture at `path`, or the packaged default."""
     if path is None:
         return parse_fixture(default_fixture_text(), f"<default fixture {DEFAULT_FIXTURE_NAME}>")
+    from expert_residency.formats._io import read_regular_file
+
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        # a regular file of bounded size only: a FIFO or device is refused, not waited on
+        text = read_regular_file(p, limit=MAX_FIXTURE_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise InputError("fixture file not found", file=str(p)) from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from expert_residency.formats import FormatError, find_report_lines
 
 from recipegen.acceptance.client import EndpointClient, EndpointError
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "0.0.0.0", "::1"}
 

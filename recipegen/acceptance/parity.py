@@ -237,7 +237,7 @@ def record_json(fixture: Fixture, runs: Sequence[Sequence[Output]], identity: di
 
 def read_record(data: object, fixture: Fixture, settings: dict, *, file: str) -> tuple[list[list[Output]], dict]:
     """Runs and endpoint identity from a recording; refuses one made with another fixture or settings."""
-    from recipegen.errors import InputError
+    from recipegen.common.errors import InputError
 
     if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT:
         raise InputError(f"not a parity recording (expected \"format\": \"{RECORD_FORMAT}\")", file=file,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from recipegen.acceptance.knee import KneeResult
-from recipegen.plotting import pyplot, save_png
+from recipegen.common.plotting import pyplot, save_png
 
 
 def plot_knee(result: KneeResult, path: Path) -> None:

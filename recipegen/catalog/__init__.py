@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -14,10 +14,10 @@ from recipegen.schema.sourced import is_sourced
 KINDS = ("models", "machines")
 # Keys whose values are names or coordinates, not figures: they need no source.
 NON_FIGURE_KEYS = frozenset({"name", "description", "kind", "architecture", "checkpoint",
-                             "revision", "address", "streams", "k", "dtype", "kv_dtype"})
+                             "revision", "address", "streams", "k", "dtype", "kv_dtype", "detected"})
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_catalog(kind: str) -> dict[str, dict[str, Any]]:
     """The raw catalog (`{value, source}` figures intact), by entry name."""
     if kind not in KINDS:

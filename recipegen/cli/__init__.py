@@ -12,7 +12,7 @@ import sys
 import click
 
 from recipegen import __version__
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 # command name -> "module:attribute"; each module owns its command(s).
 COMMANDS: dict[str, str] = {
@@ -32,6 +32,10 @@ COMMANDS: dict[str, str] = {
     "knee": "recipegen.cli.acceptance_cmd:knee",
     "k8s": "recipegen.cli.k8s_cmd:k8s",
     "model": "recipegen.cli.model_cmd:model",
+    "fit": "recipegen.cli.fit_cmd:fit",
+    "new": "recipegen.cli.fit_cmd:new",
+    "compare": "recipegen.cli.fit_cmd:compare",
+    "machine": "recipegen.cli.machine_cmd:machine",
 }
 
 
@@ -88,15 +92,19 @@ def _recover_interrupted_swaps(folders: list | None = None) -> None:
     """Roll back a class swap a killed process left half done (recipegen.render.swap), before
     any command reads the recipes (of `recipes/`, or of `folders`). Costs one directory listing
     when there is none."""
-    from recipegen.recipe_io import recipe_search_dirs
+    from recipegen.load.recipe import recipe_search_dirs
 
     for folder in folders if folders is not None else recipe_search_dirs():
-        if folder.is_dir() and any(p.name.startswith(".") and ".recipegen-swap." in p.name
+        if folder.is_dir() and any(p.name.startswith(".") and ".recipegen-" in p.name
                                    for p in folder.iterdir()):
+            from recipegen.common.lock import sweep_locks, sweep_temps
             from recipegen.render.swap import recover_interrupted
 
             for line in recover_interrupted(folder):
                 click.echo(line, err=True)
+            # what a process killed while writing here left: temps and lock files nobody holds
+            sweep_temps(folder)
+            sweep_locks(folder)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 EXIT_OK, EXIT_OVER_BUDGET, EXIT_INVALID = 0, 1, 2
 
@@ -24,7 +24,7 @@ def check() -> None:
 def _targets(recipes: tuple[str, ...]) -> list[str]:
     if recipes:
         return list(recipes)
-    from recipegen.recipe_io import list_recipes, recipe_search_dirs
+    from recipegen.load.recipe import list_recipes, recipe_search_dirs
 
     found = [str(p) for p in list_recipes()]
     if not found:
@@ -39,7 +39,8 @@ def check_recipe(recipes: tuple[str, ...]) -> None:
 
     Every problem is reported with file, line and field; exit 2 if any recipe is invalid.
     """
-    from recipegen.recipe_io import display_path, load_recipe
+    from recipegen.load.document import display_path
+    from recipegen.load.recipe import load_recipe
 
     failed = 0
     for target in _targets(recipes):
@@ -71,9 +72,12 @@ def check_budgets(recipes: tuple[str, ...], explain: bool, as_json: bool, lanes:
     Exit 0 when every budget holds, 1 when one is exceeded (the output says which, by how much and
     what to change), 2 for an invalid recipe.
     """
+    from recipegen.cli.output import ExplainedEcho
     from recipegen.ledger import compute_ledger
-    from recipegen.recipe_io import display_path, load_recipe
+    from recipegen.load.document import display_path
+    from recipegen.load.recipe import load_recipe
 
+    say = ExplainedEcho()  # the text report, its shorthand explained at the end
     worst = EXIT_OK
     results: list[dict[str, Any]] = []
     for target in _targets(recipes):
@@ -98,23 +102,57 @@ def check_budgets(recipes: tuple[str, ...], explain: bool, as_json: bool, lanes:
         if not ledger.ok:
             worst = max(worst, EXIT_OVER_BUDGET)
         fetch = _fetch_summaries(loaded, ledger)
+        speed = _speed(loaded, ledger)
         if as_json:
             recipe_json = ledger.to_json()
             for lane_json in recipe_json["lanes"]:
                 if lane_json["lane"] in fetch:
                     lane_json["fetch"] = fetch[lane_json["lane"]].to_json()
+                if lane_json["lane"] in speed:
+                    estimate, others, warnings = speed[lane_json["lane"]]
+                    lane_json["estimate"] = {"tokens_per_s": {str(s): v for s, v in estimate.tokens_per_s.items()},
+                                             "alternatives": [a.to_json() for a in others],
+                                             "warnings": warnings}
             results.append(recipe_json)
         else:
             from recipegen.ledger.report import render_ledger
 
-            click.echo(render_ledger(ledger, display_path(loaded.path), explain=explain))
+            say(render_ledger(ledger, display_path(loaded.path), explain=explain))
             for lane_name, summary in fetch.items():
-                click.echo(f"projected fetch tax · lane {lane_name} (recipegen plan for operands)")
-                click.echo("\n".join(f"  {line}" for line in summary.lines()))
+                say(f"projected fetch tax · lane {lane_name} (recipegen plan for operands)")
+                say("\n".join(f"  {line}" for line in summary.lines()))
+            for lane_name, (estimate, _others, warnings) in speed.items():
+                per = ", ".join(f"C{p.streams} {p.tokens_per_s:,.1f} tok/s (validation band "
+                                f"{p.tokens_per_s_band[0]:,.0f}–{p.tokens_per_s_band[1]:,.0f})"
+                                for p in estimate.points[:1] + estimate.points[1:][-1:])
+                say(f"decode speed estimate · lane {lane_name}: {per}, {estimate.placement} "
+                    "(recipegen plan for the terms)")
+                for warning in warnings:
+                    say(f"  warning: {warning} (the memory verdict above is unchanged)")
     if as_json:
         click.echo(json.dumps({"ok": worst == EXIT_OK, "recipes": results}, indent=2))
+    else:
+        say.finish()
     if worst:
         sys.exit(worst)
+
+
+def _speed(loaded: Any, ledger: Any) -> dict[str, Any]:
+    """Per single-machine lane: (decode estimate, alternatives, warnings where one is far faster)."""
+    from recipegen.costmodel.lane_estimate import alternatives, estimate_lane, speed_warnings
+
+    out = {}
+    for lane in ledger.lanes:
+        if hasattr(lane, "stages"):
+            continue
+        try:
+            estimate = estimate_lane(loaded, lane.lane, ledger=ledger)
+            others = alternatives(loaded, lane.lane, ledger=ledger)
+        except RecipegenError as exc:   # the memory check stands without it
+            click.echo(f"decode speed estimate · lane {lane.lane}: not computed ({exc})", err=True)
+            continue
+        out[lane.lane] = (estimate, others, speed_warnings(estimate, others))
+    return out
 
 
 def _fetch_summaries(loaded: Any, ledger: Any) -> dict[str, Any]:

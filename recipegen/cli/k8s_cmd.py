@@ -7,13 +7,13 @@ import sys
 
 import click
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 
 def _targets(recipes: tuple[str, ...]) -> list[str]:
     if recipes:
         return list(recipes)
-    from recipegen.recipe_io import list_recipes
+    from recipegen.load.recipe import list_recipes
 
     return [str(p) for p in list_recipes()]
 
@@ -26,26 +26,33 @@ def k8s(recipes: tuple[str, ...], check: bool) -> None:
     """Render the Kubernetes manifests of RECIPES' multi-node lanes (default: every recipe under
     recipes/). Every manifest is validated (kubernetes-validate for core kinds, the vendored
     LeaderWorkerSet CRD schema for the LWS) before anything is written."""
-    from recipegen.k8s.render import render_k8s, stale_files, write_files
-    from recipegen.recipe_io import display_path, load_recipe
+    from recipegen.common.lock import recipe_lock
+    from recipegen.k8s.render import name_collisions, render_k8s, stale_files, write_k8s
+    from recipegen.load.document import display_path
+    from recipegen.load.recipe import load_recipe, resolve_recipe_path
     from recipegen.render.render import project_root_for
 
     stale_total = 0
+    claimed: dict[str, str] = {}  # LeaderWorkerSet name -> recipe, across this run
     for target in _targets(recipes):
-        loaded = load_recipe(target)
-        files = render_k8s(loaded, project_root_for(loaded.path))
-        if not files:
-            if recipes:
+        with recipe_lock(resolve_recipe_path(target), echo=click.echo, readers_only=True):
+            loaded = load_recipe(target)
+            root = project_root_for(loaded.path)
+            files = render_k8s(loaded, root)
+            collisions = name_collisions(root, loaded.name, files, claimed)
+            if collisions:
+                raise RecipegenError("\n  ".join(collisions))
+            claimed.update({f"{loaded.name}-{p.stem}": loaded.name for p in files})
+            if check:
+                stale = stale_files(loaded, root, files)
+                stale_total += len(stale)
+                for line in stale:
+                    click.echo(f"stale: {line} (run recipegen k8s {loaded.name})")
+                continue
+            if not files and recipes:
                 click.echo(f"{loaded.name}: no lane spans machines; nothing to render")
-            continue
-        if check:
-            stale = stale_files(files)
-            stale_total += len(stale)
-            for path in stale:
-                click.echo(f"stale: {display_path(path)} (run recipegen k8s {loaded.name})")
-            continue
-        for path in write_files(files):
-            click.echo(f"wrote {display_path(path)}")
+            for path in write_k8s(loaded, root, files):
+                click.echo(f"wrote {display_path(path)}")
     if check and stale_total:
         sys.exit(1)
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 
 @click.group()
@@ -27,8 +28,8 @@ def import_(path: Path, output: Path | None, name: str | None, checkpoint: str |
     Every figure in the written file names the config field, tensor or vLLM source line it came
     from; a recipe references it as `model: {file: models/<name>.yaml}`.
     """
-    from expert_residency.formats import atomic_write_text
-
+    from recipegen.common.lock import locked, sweep_temps, write_atomically
+    from recipegen.common.paths import project_path
     from recipegen.modelimport import import_model
 
     m, text = import_model(path, name=name, checkpoint=checkpoint)
@@ -36,11 +37,18 @@ def import_(path: Path, output: Path | None, name: str | None, checkpoint: str |
         click.echo(text, nl=False)
         return
     target = output or Path("recipes") / "models" / f"{m.name}.yaml"
-    if target.exists() and not force:
-        raise InputError("exists; pass --force to overwrite", file=str(target))
+    if output is None or Path(os.path.abspath(output)).is_relative_to(Path.cwd()):
+        # a project path: no link on the way may lead out of the project (recipes/models -> /etc)
+        project_path(Path.cwd(), target, what="the model file")
     target.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(target, text)
+    with locked(target, what=f"model file {target}", echo=click.echo):  # one import per target at a time
+        if (target.exists() or target.is_symlink()) and not force:
+            raise InputError("exists; pass --force to overwrite", file=str(target))
+        sweep_temps(target.parent)  # what an import killed at its rename left
+        write_atomically(target, text.encode("utf-8"))
     experts = m.num_moe_layers * m.routed_experts * m.expert_bytes
     click.echo(f"wrote {target}: {m.decoder_layers} layers ({m.num_moe_layers} MoE) × {m.routed_experts} experts, "
                f"top-{m.top_k}, {m.expert_bytes:,} B per expert ({experts / 2**30:,.2f} GiB of routed experts), "
-               f"KV {m.kv_token_bytes:,.0f} B per token")
+               f"KV {m.kv_token_bytes:,.0f} B per token"
+               + (f", state {m.state_bytes_per_sequence:,} B per sequence ({sum(len(g.layers) for g in m.state)} "
+                  "state layers, one GPU)" if m.state_bytes_per_sequence else ""))

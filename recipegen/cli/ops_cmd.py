@@ -17,7 +17,15 @@ from typing import Any
 import click
 
 _STATUS_MARK = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}
-_WAIT_HELP = "Seconds to wait for a service's health check (default 3 h: a cold boot tunes kernels)."
+_WAIT_HELP = ("Seconds to wait for a service's health check (default 3 h: a cold boot tunes "
+              "kernels). The start-up phases and a line at least every 30 s "
+              "(RECIPEGEN_HEARTBEAT_S) go to stderr; a fatal log line stops the wait at once.")
+
+
+def _progress(line: str) -> None:
+    """Start-up progress (phases, heartbeats, Compose's lines): for the person, on stderr, so
+    --json output on stdout stays machine-readable."""
+    click.echo(line, err=True)
 
 
 def _overrides(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -34,9 +42,9 @@ def _machine(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def _deployment(recipe: str, overrides: tuple[Path, ...], machine: str | None = None) -> Any:
     from recipegen.cli import _recover_interrupted_swaps
+    from recipegen.load.recipe import resolve_recipe_path
     from recipegen.ops.deployment import Deployment
     from recipegen.ops.rendering import Rendering
-    from recipegen.recipe_io import resolve_recipe_path
 
     _recover_interrupted_swaps([resolve_recipe_path(recipe).parent])  # a recipe named by path
     return Deployment(Rendering.load(recipe, machine), overrides=list(overrides))
@@ -58,7 +66,8 @@ def up(recipe: str, lanes: tuple[str, ...], overrides: tuple[Path, ...], machine
     from recipegen.ops.lanes import up as run_up
 
     started = run_up(_deployment(recipe, overrides, machine), list(lanes), wait_s=wait_timeout,
-                     echo=(lambda s: click.echo(s, err=True)) if as_json else click.echo)
+                     echo=(lambda s: click.echo(s, err=True)) if as_json else click.echo,
+                     progress=_progress)
     if as_json:
         click.echo(json.dumps([asdict(s) for s in started], indent=2))
 
@@ -76,12 +85,13 @@ def swap(recipe: str, lane: str, cls: str, overrides: tuple[Path, ...], machine:
     """Swap LANE to class CLASS: write active_class, re-render, recreate exactly that service,
     wait for health and report the downtime. If it does not become healthy, restore the previous
     class (recipe and rendering) and service (exit 1)."""
-    from recipegen.ops.lanes import swap as run_swap
-
     from dataclasses import asdict
 
+    from recipegen.ops.lanes import swap as run_swap
+
     result = run_swap(_deployment(recipe, overrides, machine), lane, cls, wait_s=wait_timeout,
-                      echo=(lambda s: click.echo(s, err=True)) if as_json else click.echo)
+                      echo=(lambda s: click.echo(s, err=True)) if as_json else click.echo,
+                      progress=_progress)
     click.echo(json.dumps(asdict(result), indent=2) if as_json else result.message)
     if not result.ok:
         sys.exit(1)
@@ -100,7 +110,7 @@ def _age(seconds: float | None) -> str:
 def status(recipe: str | None, as_json: bool) -> None:
     """Every container with recipegen labels (of RECIPE, or all): lane, class, hashes, health,
     uptime, and whether it is current against the rendering."""
-    from recipegen.errors import RecipegenError
+    from recipegen.common.errors import RecipegenError
     from recipegen.ops.deployment import Deployment
     from recipegen.ops.engine import connect
     from recipegen.ops.lanes import status as run_status
@@ -113,7 +123,7 @@ def status(recipe: str | None, as_json: bool) -> None:
             rendering = Rendering.load(name, None)
         except RecipegenError:
             try:
-                from recipegen.recipe_io import load_recipe
+                from recipegen.load.recipe import load_recipe
 
                 machines = Rendering(name, load_recipe(name)).machines()
                 machine = next(m for m in machines if project == f"{name}-{m}".lower())
@@ -124,7 +134,7 @@ def status(recipe: str | None, as_json: bool) -> None:
 
     name = None
     if recipe is not None:
-        from recipegen.recipe_io import load_recipe
+        from recipegen.load.recipe import load_recipe
 
         name = load_recipe(recipe).name
     lanes = run_status(connect(), recipe=name, load=load)
@@ -134,21 +144,27 @@ def status(recipe: str | None, as_json: bool) -> None:
     if not lanes:
         click.echo("no recipegen containers" + (f" for {name}" if name else ""))
         return
+    from recipegen.cli.output import explained
+
     header = ("SERVICE", "RECIPE", "CLASS", "CONTENT", "SHAPE", "STATE", "HEALTH", "UP", "RENDERING")
     rows = [(s.service, s.recipe, s.traffic_class or "-", s.content_hash[:12] or "-",
              s.shape_hash[:12] or "-", s.state, s.health, _age(s.uptime_s), s.rendering)
             for s in lanes]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for r in [header, *rows]:
-        click.echo("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip())
-    for s in lanes:
-        if s.detail:
-            click.echo(f"{s.service}: {s.detail}")
-        if s.live_map is not None:
-            from recipegen.ops.livemap import describe
+    with explained() as say:
+        for r in [header, *rows]:
+            say("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip())
+        for s in lanes:
+            if s.detail:
+                say(f"{s.service}: {s.detail}")
+            if s.live_map is not None:
+                from recipegen.ops.livemap import describe
 
-            click.echo(f"{s.service}: " + (s.live_map["error"] if "error" in s.live_map
-                                           else describe(s.live_map)))
+                say(f"{s.service}: " + (s.live_map["error"] if "error" in s.live_map
+                                        else describe(s.live_map)))
+        say("UP: time since the container started; RENDERING: current when the container runs its service "
+            "as rendered now and the rendering matches the recipe, stale otherwise (render, then `recipegen up`), "
+            "unknown when the recipe is not found from here")
 
 
 @click.command()
@@ -173,13 +189,16 @@ def verify(recipe: str, lane: str, bytes_tolerance: float, kv_tolerance: float,
                                "ok": outcome.ok, "rows": [r.__dict__ for r in outcome.rows]},
                               indent=2))
     else:
-        click.echo(f"{outcome.service} (class {outcome.traffic_class}): "
-                   f"{'agrees with the ledger' if outcome.ok else 'DIFFERS from the ledger'}")
-        width = max(len(r.figure) for r in outcome.rows)
-        for r in outcome.rows:
-            mark = "ok  " if r.ok else "FAIL"
-            line = f"[{mark}] {r.figure.ljust(width)}  expected {r.expected}, observed {r.observed}"
-            click.echo(line + (f"  ({r.note})" if r.note and (not r.ok or "off by" in r.note) else ""))
+        from recipegen.cli.output import explained
+
+        with explained() as say:
+            say(f"{outcome.service} (class {outcome.traffic_class}): "
+                f"{'agrees with the ledger' if outcome.ok else 'DIFFERS from the ledger'}")
+            width = max(len(r.figure) for r in outcome.rows)
+            for r in outcome.rows:
+                mark = "ok  " if r.ok else "FAIL"
+                line = f"[{mark}] {r.figure.ljust(width)}  expected {r.expected}, observed {r.observed}"
+                say(line + (f"  ({r.note})" if r.note and (not r.ok or "off by" in r.note) else ""))
     if not outcome.ok:
         sys.exit(1)
 
@@ -207,15 +226,14 @@ def profile(recipe: str, lane: str, cls: str | None, prompts: Path | None, serve
             endpoint: str | None, dump_dir: Path | None, rpc: bool, signal_pid: int | None,
             overrides: tuple[Path, ...], machine: str | None, wait_timeout: int) -> None:
     """Count-only profile boot → the class's histogram → its row map, as one command."""
-    from recipegen.errors import InputError
+    from recipegen.common.errors import InputError
     from recipegen.ops.profile import profile_endpoint, profile_in_docker
-    from recipegen.ops.rendering import Rendering
 
     if endpoint:
         if dump_dir is None:
             raise InputError("--endpoint needs --dump-dir (where its runtime writes snapshots)",
                              field="--dump-dir")
-        from recipegen.recipe_io import load_recipe
+        from recipegen.load.recipe import load_recipe
 
         profile_endpoint(load_recipe(recipe), lane, cls, endpoint=endpoint,
                          dump_dir=dump_dir, prompts=prompts, rpc=rpc, signal_pid=signal_pid,
@@ -225,7 +243,8 @@ def profile(recipe: str, lane: str, cls: str | None, prompts: Path | None, serve
             raise InputError("give --prompts FILE and/or --serve SECONDS: the profile boot counts "
                              "the traffic it gets", field="--prompts")
         profile_in_docker(_deployment(recipe, overrides, machine), lane, cls, prompts=prompts,
-                          serve_s=serve_s, wait_s=wait_timeout, echo=click.echo)
+                          serve_s=serve_s, wait_s=wait_timeout, echo=click.echo,
+                          progress=_progress)
     click.echo(f"next: `recipegen swap {recipe} {lane} --class {cls or '<class>'}` (or `recipegen up`) "
                "to serve the new map")
 
@@ -259,25 +278,29 @@ def drift(recipe: str, lane: str, tolerance: float, wait_s: float | None, window
                                "better_class": v.better_class, "tolerance": v.tolerance,
                                "live_map": v.live_map}, indent=2))
     else:
+        from recipegen.cli.output import explained
+
         built = f"{v.built_share:.2%} ({v.built_source})" if v.built_share is not None else \
             f"unknown ({v.built_source})"
-        click.echo(f"class {v.active_class}: live cold share {v.live_share:.2%}, built for {built}")
-        for name, share in sorted(v.by_class.items(), key=lambda kv: kv[1]):
-            click.echo(f"  {name:>12}: {share:.2%}{'  (active)' if name == v.active_class else ''}")
-        if v.drifted:
-            click.echo(f"DRIFT: the traffic no longer matches the {v.active_class} map "
-                       f"(+{v.live_share - (v.built_share or 0):.2%} cold, tolerance {v.tolerance:.2%})")
-        else:
-            click.echo("no drift beyond the tolerance")
-        if v.better_class:
-            click.echo(f"the {v.better_class} map fits the live traffic better: "
-                       f"`recipegen swap {recipe} {lane} --class {v.better_class}`")
-        if v.live_map is not None:
-            from recipegen.ops.livemap import describe
+        with explained() as say:
+            say(f"class {v.active_class}: live cold share {v.live_share:.2%}, built for {built}")
+            say("  the live traffic's cold share under each class's map:")
+            for name, share in sorted(v.by_class.items(), key=lambda kv: kv[1]):
+                say(f"  {name:>12}: {share:.2%}{'  (active)' if name == v.active_class else ''}")
+            if v.drifted:
+                say(f"DRIFT: the traffic no longer matches the {v.active_class} map "
+                    f"(+{v.live_share - (v.built_share or 0):.2%} cold, tolerance {v.tolerance:.2%})")
+            else:
+                say("no drift beyond the tolerance")
+            if v.better_class:
+                say(f"the {v.better_class} map fits the live traffic better: "
+                    f"`recipegen swap {recipe} {lane} --class {v.better_class}`")
+            if v.live_map is not None:
+                from recipegen.ops.livemap import describe
 
-            click.echo(describe(v.live_map))
-            click.echo(f"  the same traffic under the live map: {v.live_map['cold_share_live_map']:.2%} cold"
-                       f" (keep it as a class's map: `recipegen rowmap save-live {recipe} {lane} --class NAME`)")
+                say(describe(v.live_map))
+                say(f"  the same traffic under the live map: {v.live_map['cold_share_live_map']:.2%} cold"
+                    f" (keep it as a class's map: `recipegen rowmap save-live {recipe} {lane} --class NAME`)")
     if v.drifted:
         sys.exit(1)
 

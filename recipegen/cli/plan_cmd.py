@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import click
 
-from recipegen.errors import InputError
-from recipegen.units import GiB
+from recipegen.common.errors import InputError
+from recipegen.common.units import GiB
 
 
 def _streams(text: str | None) -> list[int] | None:
@@ -37,17 +36,30 @@ def _streams(text: str | None) -> list[int] | None:
               help="Also price a prefetch bank of N spare expert slots per layer in KV tokens.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Draw the sweep to a PNG (needs matplotlib: pip install 'recipegen[plot]').")
+@click.option("--context", type=click.IntRange(1), default=None,
+              help="KV tokens each sequence holds in the decode estimate (default 4,096, at most max_model_len).")
+@click.option("--acceptance", type=click.FloatRange(0.0, 1.0, max_open=True), default=None,
+              help="Probability that a draft token is accepted, for the decode estimate (default: the lane's "
+                   "speculative.acceptance, else the reference lane's DSpark figure, 0.5425).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--explain", is_flag=True, help="Show the formula and operands of the lane's current fetch figures.")
 def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | None, concurrency_text: str | None,
-         prefetch_slots: int | None, plot_path: Path | None, as_json: bool, explain: bool) -> None:
-    """Projected fetch tax, KV trade-off and k checks for one LANE of RECIPE."""
+         prefetch_slots: int | None, plot_path: Path | None, context: int | None, acceptance: float | None,
+         as_json: bool, explain: bool) -> None:
+    """Decode speed estimate, projected fetch tax, KV trade-off and k checks for one LANE of RECIPE."""
     from recipegen.costmodel.lane import fetch_summary
+    from recipegen.costmodel.lane_estimate import alternatives, estimate_lane
     from recipegen.costmodel.prefetch import lane_prefetch_price
-    from recipegen.costmodel.sweep import parse_sweep, sweep_hot, table_rows
+    from recipegen.costmodel.sweep import parse_sweep, sweep_hot
     from recipegen.ledger import compute_ledger
-    from recipegen.recipe_io import load_recipe
+    from recipegen.load.recipe import load_recipe
 
+    if plot_path is not None:  # before any arithmetic: a missing matplotlib fails in a second
+        if sweep_text is None:
+            raise InputError("--plot draws a sweep: add --sweep hot=LOW..HIGH", field="--plot")
+        from recipegen.common.plotting import pyplot
+
+        pyplot()
     loaded = load_recipe(recipe)
     names = [l.name for l in loaded.recipe.lanes]
     if lane not in names:
@@ -60,39 +72,61 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
     if sweep_text is not None:
         hot_values, step = parse_sweep(sweep_text, loaded.recipe.model.routed_experts)
         sweep = sweep_hot(loaded, lane, hot_values, traffic_class=traffic_class, streams=streams)
-    elif plot_path is not None:
-        raise InputError("--plot draws a sweep: add --sweep hot=LOW..HIGH", field="--plot")
     price = lane_prefetch_price(loaded, lane, prefetch_slots) if prefetch_slots is not None else None
+    estimate = estimate_lane(loaded, lane, ledger=ledger, streams=streams, context=context, acceptance=acceptance)
+    others = alternatives(loaded, lane, ledger=ledger, streams=streams)
 
+    from recipegen.cli.output import ExplainedEcho
+
+    say = ExplainedEcho()  # the report for people, its shorthand explained at the end
     if as_json:
-        data = {"fetch": summary.to_json(), "sweep": sweep.to_json() if sweep else None,
+        data = {"estimate": {**estimate.to_json(), "alternatives": [a.to_json() for a in others]},
+                "fetch": summary.to_json(), "sweep": sweep.to_json() if sweep else None,
                 "prefetch": None if price is None else {
                     "slots_per_layer": prefetch_slots, "experts": price.experts, "bank_bytes": price.bank_bytes.value,
                     "kv_tokens_lost": price.kv_tokens_lost.value, "share_of_kv_pool": price.share_of_pool.value}}
         click.echo(json.dumps(data, indent=2))
     else:
-        click.echo("\n".join(summary.lines()))
+        say("\n".join(_estimate_lines(estimate, others)))
+        say("")
+        say("\n".join(summary.lines()))
         if explain:
             for c in summary.classes:
                 if c.active and c.points:
                     for p in c.points:
-                        click.echo(f"\n[{c.traffic_class}, C{p.streams}]")
+                        say(f"\n[{c.traffic_class}, C{p.streams}]")
                         for fig in (p.tax.cold_bytes, p.tax.fetch_time, p.tax.share_of_step, p.tax.hot_read_time):
                             if fig is not None:
-                                click.echo(fig.explain())
+                                say(fig.explain())
         if price is not None:
-            click.echo(f"\nprefetch bank of {prefetch_slots} slot(s) per layer: {price.experts} experts = "
-                       f"{price.bank_gib:.2f} GiB ≈ {price.kv_tokens_lost.value / 1e6:.2f}M KV tokens = "
-                       f"{price.share_of_pool.value:.0%} of the {price.kv_pool_bytes / GiB:.2f} GiB pool "
-                       f"({price.kv_tokens_before / 1e6:.2f}M → {price.kv_tokens_after / 1e6:.2f}M tokens)")
+            say(f"\nprefetch bank of {prefetch_slots} slot(s) per layer: {price.experts} experts = "
+                f"{price.bank_gib:.2f} GiB ≈ {price.kv_tokens_lost.value / 1e6:.2f}M KV tokens = "
+                f"{price.share_of_pool.value:.0%} of the {price.kv_pool_bytes / GiB:.2f} GiB pool "
+                f"({price.kv_tokens_before / 1e6:.2f}M → {price.kv_tokens_after / 1e6:.2f}M tokens)")
         if sweep is not None:
-            click.echo("")
-            click.echo(_sweep_table(sweep, step))
+            say("")
+            say(_sweep_table(sweep, step))
     if plot_path is not None and sweep is not None:
         from recipegen.costmodel.plot import plot_sweep
         plot_sweep(sweep, plot_path)
         if not as_json:
-            click.echo(f"plot written to {plot_path}")
+            say(f"plot written to {plot_path}")
+    if not as_json:
+        say.finish()
+
+
+def _estimate_lines(estimate, others) -> list[str]:  # type: ignore[no-untyped-def]
+    """The decode estimate for people: the lane, then each alternative in one line."""
+    lines = [f"decode speed estimate · lane {estimate.lane} (output tokens/s, in parentheses the band "
+             "the validation justifies: docs/costmodel.md, 'Decode speed'):"]
+    lines += ["  " + line for line in estimate.lines()]
+    for alt in others:
+        per = ", ".join(f"C{s} {v:,.1f}" for s, v in alt.estimate.tokens_per_s.items())
+        lines.append(f"  instead, {alt.description}: {per} tok/s")
+    if estimate.acceptance is not None:
+        lines.append(f"  acceptance {estimate.acceptance:.4f} per draft token ({estimate.acceptance_source})")
+    lines += [f"  note: {n}" for n in estimate.notes]
+    return lines
 
 
 def _sweep_table(sweep, step: int | None) -> str:  # type: ignore[no-untyped-def]

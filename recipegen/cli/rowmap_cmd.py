@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import click
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 GEOMETRY_HELP = ("Model geometry for capture files: --recipe R, or --experts E "
                  "[--layers 0-39] [--top-k K].")
@@ -32,7 +33,7 @@ def _decode_only_option(func: Any) -> Any:
 
 
 def _parse_size(text: str, field: str) -> int:
-    from recipegen.units import UnitError, parse_bytes
+    from recipegen.common.units import UnitError, parse_bytes
     stripped = text.strip().replace("_", "").replace(",", "")
     if stripped.isdigit():
         return int(stripped)
@@ -81,7 +82,11 @@ def _emit_json(payload: Any) -> None:
 
 
 def _echo(lines: list[str]) -> None:
-    click.echo("\n".join(lines))
+    """A report for people, its shorthand explained after it."""
+    from recipegen.cli.output import explained
+
+    with explained() as say:
+        say("\n".join(lines))
 
 
 @click.group()
@@ -421,23 +426,37 @@ def synth(output_dir: str, classes: tuple[str, ...], seed: int, tokens: int, cor
 def save_live(recipe: str, lane: str, cls: str, dump_dir: Path | None, machine: str | None,
               output: str | None, as_json: bool) -> None:
     """Keep the live map of an adaptive LANE (its newest histogram snapshot's) as class CLS's map."""
+    from recipegen.common.lock import recipe_lock
+    from recipegen.common.paths import project_path
+    from recipegen.load.checks import project_root_of
+    from recipegen.load.recipe import load_recipe, resolve_recipe_path
     from recipegen.ops.dumps import read_host_dir
     from recipegen.ops.livemap import save_live as run
-    from recipegen.recipe_io import load_recipe
 
-    loaded = load_recipe(recipe)
-    if dump_dir is None:
-        from recipegen.ops.rendering import Rendering
+    path = resolve_recipe_path(recipe)
+    with recipe_lock(path, echo=click.echo):  # the class's map is the recipe's: one writer at a time
+        loaded = load_recipe(path)
+        root = project_root_of(loaded.base_dir)
+        if dump_dir is None:
+            from recipegen.ops.rendering import Rendering
 
-        dump_dir = Rendering.load(recipe, machine).out_dir / "dumps" / lane
-    target, view = run(loaded, lane, cls, read_host_dir(dump_dir), where=str(dump_dir), output=output)
+            dump_dir = Rendering.load(str(path), machine).out_dir / "dumps" / lane
+        if Path(os.path.abspath(dump_dir)).is_relative_to(root):
+            # inside the project: no link on the way may lead out of it (dumps/<lane> -> /)
+            project_path(root, dump_dir, what="the dump folder", field="--dump-dir")
+        if output is None:
+            cls_entry = next((l.classes.get(cls) for l in loaded.recipe.lanes if l.name == lane), None)
+            if cls_entry is not None and cls_entry.rowmap:
+                project_path(root, loaded.resolve(cls_entry.rowmap), what=f"class {cls}'s row map")
+        target, view = run(loaded, lane, cls, read_host_dir(dump_dir), where=str(dump_dir), output=output)
     figures = view.against(None)
     if as_json:
         _emit_json({"written": str(target), "class": cls, **figures})
         return
     click.echo(f"wrote {target}: the live map {view.live.content_hash[:12]} of lane {lane} "
                f"({view.live.swaps} swap(s) in {view.live.barriers} barrier(s) since boot map "
-               f"{view.live.boot_content_hash[:12]}; from {view.snapshot.name})")
+               f"{view.live.boot_content_hash[:12]}, as the runtime counted them, cross-checked "
+               f"against the map file; hashes recomputed; from {view.snapshot.name})")
     if output is None:
         click.echo(f"next: `recipegen swap {recipe} {lane} --class {cls}` (or `recipegen up`) boots "
                    "the lane on it; the class's histogram is unchanged")

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from expert_residency.formats import atomic_write_text
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 
 @click.command()
@@ -19,9 +19,11 @@ from recipegen.errors import RecipegenError
               help="Exit 1 if --output differs from what would be written (keeps committed docs fresh).")
 def schema(markdown: bool, output: Path | None, check_only: bool) -> None:
     """Export the recipe JSON Schema (or, with --markdown, the field reference)."""
+    from recipegen.catalog import catalog_names
     from recipegen.schema.export import recipe_json_schema, recipe_reference_markdown
 
-    text = recipe_reference_markdown() if markdown else json.dumps(recipe_json_schema(), indent=2)
+    text = recipe_reference_markdown(catalog_names) if markdown else \
+        json.dumps(recipe_json_schema(catalog_names), indent=2)
     text = text.rstrip("\n") + "\n"
     if output is None:
         if check_only:

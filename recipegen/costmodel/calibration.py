@@ -17,16 +17,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recipegen.common.units import GiB
 from recipegen.costmodel.fetch import fetch_tax
 from recipegen.costmodel.reference import reference_machine, reference_model
-from recipegen.costmodel.steps import (STEP_C1_K0_ALL_HBM, STEP_C1_K0_POSITIONAL, STEP_C1_K5_POSITIONAL,
-                                      STEP_C1_K5_USAGE_AWARE)
-from recipegen.costmodel.unique_experts import UniqueExpertsModel, calibrated_model
-from recipegen.units import GiB
-
 from recipegen.costmodel.reports import OFFLOAD_REPORT as SEED_OFFLOAD
 from recipegen.costmodel.reports import PIN_REPORT as SEED_PIN
 from recipegen.costmodel.reports import PREFETCH_REPORT as SEED_PREFETCH
+from recipegen.costmodel.steps import (
+    STEP_C1_K0_ALL_HBM,
+    STEP_C1_K0_POSITIONAL,
+    STEP_C1_K5_POSITIONAL,
+    STEP_C1_K5_USAGE_AWARE,
+)
+from recipegen.costmodel.unique_experts import UniqueExpertsModel, calibrated_model
 
 
 @dataclass(frozen=True)

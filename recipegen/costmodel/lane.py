@@ -7,26 +7,28 @@ pure fetch, unique-experts and prefetch functions.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recipegen.common.errors import InputError
 from recipegen.costmodel.fetch import FetchTax, fetch_tax
 from recipegen.costmodel.kschedule import KScheduleCheck, check_k_schedule
 from recipegen.costmodel.parallel import ONE_LINK_PER_GPU, fullest_rank, gpu_reads, lane_ep_shares
 from recipegen.costmodel.steps import measured_step
 from recipegen.costmodel.unique_experts import UniqueExpertsModel, calibrated_model
-from recipegen.errors import InputError
-from recipegen.units import GiB
 
 
 def unique_model_for(model: Any) -> UniqueExpertsModel:
-    """The unique-experts model from the catalog model's measured points (else the field reports')."""
+    """The unique-experts model from the catalog model's measured points; for a model that declares
+    none, the field reports' one-stream effective tokens and independent streams (D = 1): their
+    cross-stream diversity was calibrated on the 384-expert reference and says nothing of another router."""
     points = [(u.streams, u.k, u.experts_per_layer) for u in getattr(model, "unique_experts", [])]
     if any(s == 1 and (k or 0) > 0 for s, k, _ in points):
         return calibrated_model(model.routed_experts, model.top_k, points)
-    return calibrated_model(model.routed_experts, model.top_k)
+    return dataclasses.replace(calibrated_model(model.routed_experts, model.top_k), diversity=1.0)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,21 @@ def _points_text(points: Sequence[FetchPoint]) -> str:
     return "; ".join(parts)
 
 
+def _positional_text(share: ColdShare, classes: Sequence[str]) -> str:
+    """A positional lane's cold share in words: which layers sit in host memory and what share of
+    every class's picks that makes (the same for every class: the router plays no part)."""
+    per = share.per_layer or ()
+    whole = sum(1 for x in per if x >= 1)
+    partial = sum(1 for x in per if 0 < x < 1)
+    where = (f"the experts of {whole} of {len(per)} MoE layers" if per else "experts")
+    if partial:
+        where += f" (and part of {partial} more)"
+    who = "every traffic class" if len(classes) > 1 or (classes and classes[0] != "(all traffic)") else "all traffic"
+    return (f"{where} sit in host memory (vLLM's --cpu-offload-gb walk takes whole layers in load order; "
+            f"the router's choices play no part), so {who} reads {share.overall:.2%} of its routed picks over "
+            "the link")
+
+
 @dataclass
 class LaneFetchSummary:
     """What `check budgets` shows per lane and class: projected fetch time and share of step."""
@@ -123,7 +140,10 @@ class LaneFetchSummary:
                f"per decode step; {self.placement}):"]
         if self.per_gpu:
             out.append(f"  {self.per_gpu}; {ONE_LINK_PER_GPU}")
-        for c in self.classes:
+        if self.placement == "positional" and self.classes and self.classes[0].cold_share is not None:
+            out.append("  " + _positional_text(self.classes[0].cold_share, [c.traffic_class for c in self.classes])
+                       + "; " + _points_text(self.classes[0].points))
+        for c in self.classes if self.placement != "positional" else ():
             tag = " (active)" if c.active else ""
             if c.missing:
                 out.append(f"  {c.traffic_class}{tag}: {c.missing}")
@@ -165,7 +185,8 @@ def lane_cold_shares(loaded: Any, lane: Any, ledger_lane: Any, *, map_class: str
         per_layer = tuple(c / model.routed_experts for c in cold)
         share = ColdShare(sum(per_layer) / len(per_layer), per_layer,
                           "positional: whole layers' experts offloaded, usage-blind (cold experts per layer ÷ "
-                          f"{model.routed_experts}); the field reports measured ~23% / 24% of picks on v14")
+                          f"{model.routed_experts}); the field reports measured ~23% / 24% of picks on the "
+                          "positional --cpu-offload-gb 60 lane")
         return {name: share for name in (lane.classes or {"(all traffic)": None})}
     for name, cls in lane.classes.items():
         map_name = map_class or name
@@ -277,7 +298,10 @@ def fetch_summary(loaded: Any, lane_name: str, *, streams: Sequence[int] | None 
     if unique.diversity != 1.0 and max(points) > 1:
         notes.append(f"unique experts at >1 stream use the cross-stream diversity D={unique.diversity:.2f} "
                      "calibrated to ~300 of 384 at sixteen streams, which overstates bytes under skewed "
-                     "routing (see the calibration table)")
+                     "routing (docs/costmodel.md, 'Unique experts per layer per step')")
+    elif max(points) > 1:
+        notes.append("unique experts at >1 stream: streams taken as independent (no concurrent routing was "
+                     f"measured for {recipe.model.name}; recipegen plan's decode estimate counts them under the histogram)")
     if not classes:
         notes.insert(0, "the lane declares no traffic class with a row map and histogram: cold share unknown, "
                         "no fetch projection")

@@ -17,8 +17,9 @@ their reads at the same time take up to twice as long.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from recipegen.ledger.parallel import ep_local_experts, ep_placement_strategy, expert_parallel
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from recipegen.common.plotting import pyplot, save_png
+from recipegen.common.units import GiB
 from recipegen.costmodel.sweep import Sweep
-from recipegen.plotting import pyplot, save_png
-from recipegen.units import GiB
 
 
 def plot_sweep(sweep: Sweep, path: Path) -> None:

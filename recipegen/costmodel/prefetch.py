@@ -17,8 +17,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from recipegen.common.units import GiB
 from recipegen.costmodel.figures import Figure, Operand
-from recipegen.units import GiB
 
 
 @dataclass(frozen=True)

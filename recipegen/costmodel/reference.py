@@ -7,7 +7,7 @@ from there instead of keeping its own copies.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 from recipegen.catalog import catalog_entry
 from recipegen.schema import Machine, Model
@@ -16,13 +16,13 @@ REFERENCE_MODEL = "dsv41-flash-mxfp4"
 REFERENCE_MACHINE = "gb300-station"
 
 
-@lru_cache(maxsize=None)
+@cache
 def reference_model() -> Model:
     """DeepSeek-V4.1-Flash (MXFP4) as the catalog declares it."""
     return Model.model_validate(catalog_entry("models", REFERENCE_MODEL))
 
 
-@lru_cache(maxsize=None)
+@cache
 def reference_machine() -> Machine:
     """The DGX Station GB300 as the catalog declares it."""
     return Machine.model_validate(catalog_entry("machines", REFERENCE_MACHINE))

@@ -9,8 +9,9 @@ A stage that keeps every expert in HBM reads nothing. Same formulas as the singl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from recipegen.costmodel.fetch import fetch_tax
 from recipegen.costmodel.lane import ColdShare, _k_at, lane_cold_shares, unique_model_for

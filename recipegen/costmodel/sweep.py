@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recipegen.common.errors import InputError
 from recipegen.costmodel.lane import ColdShare, FetchPoint, _load_histogram, fetch_points, unique_model_for
-from recipegen.errors import InputError
 
 _SWEEP_RE = re.compile(r"^\s*hot\s*=\s*(\d+)\s*\.\.\s*(\d+)\s*(?::\s*(\d+))?\s*$")
 

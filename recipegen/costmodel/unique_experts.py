@@ -32,7 +32,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from recipegen.costmodel.reference import reference_model
-
 from recipegen.costmodel.reports import PIN_REPORT as SEED_PIN_HOT
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
+from recipegen.render.monitoring import scrape_annotations
 
 MACHINE_LABEL = "recipegen.io/machine"
 ANNOTATION_PREFIX = "recipegen.io/"
@@ -47,10 +48,47 @@ class LaneManifests:
     documents: list[dict[str, Any]]
 
 
-def _k8s_name(text: str) -> str:
-    """A DNS-1123 label: lowercase alphanumerics and '-', at most 63 characters."""
-    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
-    return name[:63].rstrip("-")
+# The LeaderWorkerSet's name, `<recipe>-<lane>`, names every object of the lane: the Service
+# `<name>-leader` (a DNS-1035 label: a lowercase letter first, then lowercase letters, digits and
+# '-', an alphanumeric last, at most 63 characters), the ConfigMap `<name>-rowmaps`, the leader
+# StatefulSet `<name>` and the workers' `<name>-0` (LWS names a group's workers after its leader
+# pod). A StatefulSet of more than 52 characters cannot create pods: each pod's
+# `controller-revision-hash` label is the StatefulSet's name plus 11 characters, and a label
+# value holds 63 (Kubernetes issue 64023, "StatefulSet with long name can not create pods",
+# 2018-05-18). So the name is a DNS-1035 label of at most 50 characters, written as the recipe
+# spells it — never shortened or rewritten, which is how two lanes used to get one name.
+DNS_1035_LABEL = re.compile(r"[a-z](?:[-a-z0-9]*[a-z0-9])?")
+LWS_NAME_LIMIT = 50
+# A label value: at most 63 characters, alphanumerics first and last, '-', '_', '.' inside
+# (Kubernetes documentation, "Labels and Selectors", "Syntax and character set").
+LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
+
+def lws_name(loaded: Any, lane_index: int) -> str:
+    """`<recipe>-<lane>`, the lane's LeaderWorkerSet name; refused naming the recipe field at
+    fault unless it is a DNS-1035 label of at most `LWS_NAME_LIMIT` characters."""
+    recipe = loaded.recipe
+    lane = recipe.lanes[lane_index]
+    name = f"{recipe.name}-{lane.name}"
+    rule = ("Kubernetes object names of a lane are `<recipe>-<lane>`: a lowercase letter first, "
+            "lowercase letters, digits and '-' after it, a letter or digit last")
+    if not DNS_1035_LABEL.fullmatch(f"{recipe.name}-x"):
+        raise loaded.error(f"recipe name {recipe.name!r} cannot start a Kubernetes name ({rule}); "
+                           "rename the recipe to deploy it on Kubernetes", ("name",))
+    if not DNS_1035_LABEL.fullmatch(name):
+        raise loaded.error(f"lane name {lane.name!r} cannot end a Kubernetes name ({rule})",
+                           ("lanes", lane_index, "name"))
+    if len(name) > LWS_NAME_LIMIT:
+        raise loaded.error(
+            f"the lane's Kubernetes name {name[:60]!r}{'…' if len(name) > 60 else ''} has {len(name)} "
+            f"characters; at most {LWS_NAME_LIMIT} (its workers' StatefulSet `<name>-0` must stay within "
+            "52, Kubernetes issue 64023): shorten the recipe or lane name", ("lanes", lane_index, "name"))
+    for key in sorted({s.machine for s in lane.parallel.pipeline} if lane.parallel else ()):
+        if not LABEL_VALUE.fullmatch(key):
+            raise loaded.error(f"machine key {key!r} cannot be a Kubernetes label value (nodes are "
+                               f"selected by {MACHINE_LABEL}=<machine key>: at most 63 characters, "
+                               "a letter or digit first and last)", ("machines", key))
+    return name
 
 
 def _host_path(source: str) -> str:
@@ -115,6 +153,10 @@ def _container(spec: Any, *, recipe: str, lane: str, rank: int, leader: bool,
         else:
             volumes.append({"name": vname, "hostPath": {"path": _host_path(m.source), "type": "Directory"}})
         mounts.append({"name": vname, "mountPath": m.target, "readOnly": bool(m.read_only)})
+    for i, path in enumerate(spec.tmpfs):
+        # compose's tmpfs (prometheus_client's multiprocess folder): empty at every pod start
+        volumes.append({"name": f"t{i}", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": f"t{i}", "mountPath": path})
     mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory",
                                                  "sizeLimit": spec.shm_size.replace("gb", "Gi")}})
@@ -159,7 +201,7 @@ def lane_manifests(loaded: Any, lane_index: int, specs: dict[int, Any],
     lane = recipe.lanes[lane_index]
     assert lane.parallel is not None
     pp = lane.parallel.pipeline_parallel_size
-    name = _k8s_name(f"{recipe.name}-{lane.name}")
+    name = lws_name(loaded, lane_index)
     workers = [specs[r] for r in range(1, pp)]
     # One worker template serves every worker: they may differ only in rank and address.
     if len(workers) > 1:
@@ -190,7 +232,7 @@ def lane_manifests(loaded: Any, lane_index: int, specs: dict[int, Any],
             "offload.adaptive.priors (or none: priors: []), or deploy with compose", where)
     map_volume = "rowmaps" if data else None
     base_labels = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/managed-by": "recipegen",
-                   "recipegen.io/recipe": _k8s_name(recipe.name), "recipegen.io/lane": _k8s_name(lane.name)}
+                   "recipegen.io/recipe": recipe.name, "recipegen.io/lane": lane.name}
     documents: list[dict[str, Any]] = []
     if data:
         documents.append({
@@ -206,6 +248,10 @@ def lane_manifests(loaded: Any, lane_index: int, specs: dict[int, Any],
             volumes.append({"name": map_volume, "configMap": {"name": f"{name}-rowmaps"}})
         annotations = {ANNOTATION_PREFIX + k.removeprefix("io.recipegen."): v for k, v in spec.labels
                        if v and k != "io.recipegen.node-rank"}
+        if role == "leader" and recipe.monitoring is not None:
+            # The recipe's `monitoring`: the leader serves the lane's /metrics (vLLM's series and
+            # the runtime's), where Prometheus' Kubernetes pod discovery finds it.
+            annotations.update(scrape_annotations(lane.port))
         machines = ([lane.parallel.pipeline[0].machine] if role == "leader" else
                     sorted({s.machine for s in lane.parallel.pipeline[1:]}))
         templates[f"{role}Template"] = _pod_template(

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 LWS_SCHEMA_FILE = SCHEMA_DIR / "leaderworkerset-v1.json"

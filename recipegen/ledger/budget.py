@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recipegen.common.units import largest_count_within
 from recipegen.schema import Model, Offload
-from recipegen.units import largest_count_within
 
 
 @dataclass(frozen=True)

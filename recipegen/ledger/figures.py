@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from recipegen.units import GiB, MiB, format_tokens
+from recipegen.common.units import GiB, MiB, format_tokens
 
 Unit = Literal["bytes", "tokens", "count", "ratio", "sequences", "bytes/s"]
 

@@ -7,13 +7,15 @@ load-time peaks (`load`). Every figure is in bytes with its formula and operands
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
-from recipegen.ledger.adaptive import adaptive_figures
+from recipegen.common.units import GiB, format_bytes, format_tokens
+from recipegen.ledger.adaptive import adaptive_host_and_link
 from recipegen.ledger.budget import declared_split
 from recipegen.ledger.figures import Figure
-from recipegen.ledger.flags import flag_value
+from recipegen.ledger.kv import kv_rate, state_sequence_bound
+from recipegen.ledger.kv_state import StatePool
 from recipegen.ledger.load import load_figures
 from recipegen.ledger.parallel import dense_per_rank, ep_fullest_hot, expert_parallel, parallel_figures
 from recipegen.ledger.placement import experts_only, offload_param_filter, positional_walk
@@ -25,7 +27,6 @@ from recipegen.ledger.verdict import budget_violations
 from recipegen.ledger.vllm_layout import as_lane_lays_out
 from recipegen.ledger.workspace import same_budget_workspace, workspace_figures
 from recipegen.schema import Lane, Machine, Model
-from recipegen.units import GiB, format_bytes, format_tokens
 
 
 @dataclass
@@ -60,15 +61,18 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
     _expert_figures(model, out)
     hbm = _hbm_figures(model, machine, lane, out)
     bank = _prefetch_bank(model, lane, out)
-    workspace = workspace_figures(model, machine, lane, out.add)
-    adaptive_figures(model, machine, lane, out.add, out.notes)
-    kv_token_bytes = _kv_rate(model, lane, out)
+    workspace = workspace_figures(model, machine, lane, out.add)   # with adaptive residency's spare HBM rows
+    kv_token_bytes, state = _kv_rate(model, machine, lane, out)
     ua, pos, active = _placements(model, machine, lane, hbm, bank, kv_token_bytes, rowmap_hot, rowmap_label, out,
                                   workspace, rowmap_hot_ids)
     _placement_summary(model, lane, active, out)
     kv_pool, kv_tokens = out.figs["hbm.kv_pool"].value, out.figs["kv.tokens"].value
     _concurrency_warning(lane, out)
-    tables, reserve_host, host_total = _host_figures(model, machine, lane, active, out)
+    if state is not None:
+        state_sequence_bound(state, lane, kv_pool, out.add, out.notes)
+    adaptive_host = adaptive_host_and_link(model, machine, lane, active.figures["hbm.hot_experts"].value,
+                                           out.add, out.notes)
+    tables, reserve_host, host_total = _host_figures(model, machine, lane, active, out, adaptive_host)
     parallel_figures(model, lane, active, out.figs, out.add, out.notes, out.violations)
 
     # --- verdict
@@ -98,6 +102,11 @@ def _as_loaded(model: Model, machine: Machine, lane: Lane, out: _Figures) -> Mod
     """The model as the lane's engine holds it (`vllm_layout`): vLLM's own, possibly padded,
     expert layout; on a usage-aware lane the runtime's banks hold those same padded tensors."""
     checkpoint_bytes = model.expert_bytes
+    if model.encoder_bytes and model.dense_bytes is not None and "--language-model-only" in lane.extra_args:
+        out.notes.append(f"--language-model-only: vLLM 0.33 does not build the vision tower "
+                         f"({format_bytes(model.encoder_bytes)} of dense_bytes; model_executor/models/interfaces.py:"
+                         "347-367)")
+        model = model.model_copy(update={"dense_bytes": model.dense_bytes - model.encoder_bytes, "encoder_bytes": 0})
     loaded, layout = as_lane_lays_out(model, machine, lane)
     if layout is not None:
         held = ("" if lane.offload.placement == POSITIONAL else
@@ -136,14 +145,15 @@ def _placements(model: Model, machine: Machine, lane: Lane, hbm: _Hbm, bank: flo
            if lane.offload.load_cpu_offload or lane.offload.placement == POSITIONAL else None)
     if lane.offload.load_cpu_offload == 0 and lane.offload.load_cpu_offload is not None:
         out.notes.append("load_cpu_offload 0 GiB: vLLM loads every routed expert into HBM (no "
-                         "--cpu-offload-gb)" + (", then the runtime re-homes the cold ones to the host"
+                         "--cpu-offload-gb)" + (", then the runtime moves the cold ones into pinned host memory"
                                                 if lane.offload.placement == USAGE_AWARE else ""))
     segments = offload_param_filter(list(lane.extra_args))
     if segments and not experts_only(lane):
         out.notes.append(f"--cpu-offload-params {','.join(sorted(segments))} is not modelled exactly: the ledger "
                          "walks every parameter as if unselective (routed-expert segments only are modelled)")
     # Non-routed bytes the load's --cpu-offload-gb walk moves to host (stay there after re-homing).
-    dense_off = (positional_walk(model, lane.offload.load_cpu_offload, experts_only=experts_only(lane)).dense_offloaded
+    dense_off = (positional_walk(model, lane.offload.load_cpu_offload, experts_only=experts_only(lane),
+                                 ranks=tp).dense_offloaded
                  if lane.offload.load_cpu_offload else 0)
     # A positional lane's usage-aware column: what the runtime would allocate splitting there.
     ua_workspace = (workspace if lane.offload.placement == USAGE_AWARE
@@ -216,9 +226,18 @@ def _expert_figures(model: Model, out: _Figures) -> None:
 def _hbm_figures(model: Model, machine: Machine, lane: Lane, out: _Figures) -> _Hbm:
     """HBM per GPU: capacity, the cap vLLM may use, the reserve and its declared parts."""
     tp = lane.tensor_parallel_size
-    hbm_capacity = machine.gpus.hbm
-    out.add(Figure("hbm.capacity", "HBM per GPU", hbm_capacity, "bytes", "", {},
-                   src_note(machine.sources, "gpus.hbm") or f"machine {machine.name}"))
+    gpus = machine.gpus
+    hbm_capacity = gpus.usable
+    if gpus.driver_reserved:
+        out.add(Figure("hbm.capacity", "HBM per GPU (as CUDA sees it)", hbm_capacity, "bytes",
+                       "driver total − driver reserved", {"driver_total_bytes": gpus.hbm,
+                                                           "driver_reserved_bytes": gpus.driver_reserved},
+                       "; ".join(n for n in (src_note(machine.sources, "gpus.hbm"),
+                                             src_note(machine.sources, "gpus.driver_reserved")) if n)
+                       or f"machine {machine.name}"))
+    else:
+        out.add(Figure("hbm.capacity", "HBM per GPU", hbm_capacity, "bytes", "", {},
+                       src_note(machine.sources, "gpus.hbm") or f"machine {machine.name}"))
     util = lane.gpu_memory_utilization
     if util is not None:
         cap = out.add(Figure("hbm.cap", "HBM cap (vLLM budget)", hbm_capacity * util, "bytes",
@@ -265,11 +284,12 @@ def _prefetch_bank(model: Model, lane: Lane, out: _Figures) -> float:
     return bank
 
 
-def _kv_rate(model: Model, lane: Lane, out: _Figures) -> float:
+def _kv_rate(model: Model, machine: Machine, lane: Lane, out: _Figures) -> tuple[float, StatePool | None]:
     """KV bytes per token of the lane, summed over its tensor-parallel ranks: the target's, plus
     the drafter's when it runs. The ledger's KV formulas divide it by TP for one GPU."""
+    pool = None
     if model.attention:
-        target = _kv_rate_by_layer_kind(model, lane, out)
+        target, pool = kv_rate(model, machine, lane, out.add, out.notes, out.violations)
     else:
         target = model.kv_token_bytes
     drafter_kv = (model.drafter.kv_bytes_per_token or 0) if (model.drafter and lane.speculative) else 0
@@ -278,65 +298,7 @@ def _kv_rate(model: Model, lane: Lane, out: _Figures) -> float:
         out.add(Figure("kv.bytes_per_token", "KV bytes per token (target + drafter)", kv_token_bytes, "count",
                        "target_kv_bytes_per_token + drafter.kv_bytes_per_token",
                        {"target_kv_bytes_per_token": target, "drafter_kv_bytes_per_token": drafter_kv}))
-    return kv_token_bytes
-
-
-def _kv_rate_by_layer_kind(model: Model, lane: Lane, out: _Figures) -> float:
-    """KV per token from the model's attention layers, as vLLM 0.33 sizes it per rank.
-
-    Per rank and layer: full/sliding 2 × max(1, kv_heads // tp) × head_dim × dtype bytes (heads
-    replicated when TP exceeds them: vllm/config/model.py:1673-1683), MLA (kv_lora_rank +
-    rope_head_dim) × dtype bytes on every rank. A sequence of max_model_len tokens holds every
-    token in full and MLA layers and at most `window` tokens in a sliding layer (vLLM frees the
-    blocks behind the window: vllm/v1/kv_cache_interface.py:918-944, which also keeps the tokens
-    in flight during a prefill chunk — not counted here). The lane's rate is that sequence's
-    bytes ÷ max_model_len × tp, so tokens = pool ÷ (rate / tp) and sequences = pool ÷ bytes per
-    sequence per GPU.
-    """
-    tp, seq = lane.tensor_parallel_size, lane.max_model_len
-    per_seq = 0
-    operands: dict[str, object] = {"tp": tp, "max_model_len": seq}
-    cache_dtype = flag_value(list(lane.extra_args), "--kv-cache-dtype")
-    kv_dtype = KV_CACHE_DTYPES.get(cache_dtype) if cache_dtype else None
-    if cache_dtype and cache_dtype != "auto" and kv_dtype is None:
-        out.notes.append(f"--kv-cache-dtype {cache_dtype} is not modelled: KV counted at the model's dtype "
-                         "(an upper bound)")
-    for i, group in enumerate(model.attention):
-        if kv_dtype is not None:
-            group = group.model_copy(update={"kv_dtype": kv_dtype})
-        rate = group.bytes_per_token_per_layer(tp)
-        held = min(seq, group.window) if group.kind == "sliding" and group.window else seq
-        layer_bytes = len(group.layers) * rate * held
-        per_seq += layer_bytes
-        how = {"mla": "(kv_lora_rank + rope_head_dim) × dtype bytes (every rank)",
-               "full": "2 × max(1, kv_heads // tp) × head_dim × dtype bytes",
-               "sliding": "2 × max(1, kv_heads // tp) × head_dim × dtype bytes, min(window, max_model_len) tokens"}
-        ops: dict[str, object] = {"layers": len(group.layers), "tp": tp, "kv_dtype": group.kv_dtype}
-        if group.kind == "mla":
-            ops.update(kv_lora_rank=group.kv_lora_rank, rope_head_dim=group.rope_head_dim)
-        else:
-            ops.update(kv_heads=group.kv_heads, kv_heads_per_rank=group.kv_heads_per_rank(tp),
-                       head_dim=group.head_dim)
-        if group.kind == "sliding":
-            ops.update(window=group.window, tokens_held=held)
-        out.add(Figure(f"kv.layers[{i}].bytes_per_token", f"KV per token per layer, {group.kind} "
-                       f"attention ({len(group.layers)} layers, per GPU)", rate, "count",
-                       how[group.kind], ops, src_note(model.sources, f"attention[{i}].kv_heads")
-                       or src_note(model.sources, f"attention[{i}].kv_lora_rank")))
-        operands[f"group{i}_{group.kind}_bytes"] = layer_bytes
-    out.add(Figure("kv.bytes_per_sequence", "KV of one max_model_len sequence (per GPU)", per_seq, "bytes",
-                   "Σ layer kinds: layers × bytes per token per layer × tokens held", operands))
-    lane_rate = per_seq / seq * tp
-    out.add(Figure("kv.lane_bytes_per_token", "KV bytes per token at max_model_len (lane, all GPUs)",
-                   lane_rate, "count", "bytes_per_sequence / max_model_len × tp",
-                   {"bytes_per_sequence": per_seq, "max_model_len": seq, "tp": tp}))
-    return lane_rate
-
-
-# vLLM 0.33 `--kv-cache-dtype` values (vllm/config/cache.py:44-67) whose element size is plain.
-KV_CACHE_DTYPES: dict[str, str] = {"float16": "fp16", "bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8",
-                                   "fp8_e5m2": "fp8"}
-
+    return kv_token_bytes, pool
 
 
 def _placement_summary(model: Model, lane: Lane, active: PlacementLedger, out: _Figures) -> None:
@@ -378,8 +340,9 @@ def _placement_summary(model: Model, lane: Lane, active: PlacementLedger, out: _
 
 
 def _host_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLedger,
-                  out: _Figures) -> tuple[float, float, float]:
-    """Host memory: tables + pinned cold experts + reserve. Returns (tables, reserve, total)."""
+                  out: _Figures, adaptive: float = 0.0) -> tuple[float, float, float]:
+    """Host memory: tables + pinned cold experts (+ adaptive residency's spare host rows) + reserve.
+    Returns (tables, reserve, total)."""
     add, e, cold_bytes = out.add, model.expert_bytes, active.cold_bytes
     host_memory = machine.host_memory
     add(Figure("host.memory", "host memory", host_memory, "bytes", "", {},
@@ -396,17 +359,15 @@ def _host_figures(model: Model, machine: Machine, lane: Lane, active: PlacementL
                "host_tables + cold_experts", {"host_tables_bytes": tables, "cold_experts_bytes": cold_bytes},
                "before page cache and processes"))
     dense = active.dense_host_bytes
+    terms = [("host_tables", tables), ("cold_experts", cold_bytes)]
     if dense:
         add(active.figures["host.dense_offloaded"])
-        total = add(Figure("host.total", "host in use", tables + cold_bytes + dense + reserve, "bytes",
-                           "host_tables + cold_experts + dense_offloaded + host_reserve",
-                           {"host_tables_bytes": tables, "cold_experts_bytes": cold_bytes,
-                            "dense_offloaded_bytes": dense, "host_reserve_bytes": reserve})).value
-    else:
-        total = add(Figure("host.total", "host in use", tables + cold_bytes + reserve, "bytes",
-                           "host_tables + cold_experts + host_reserve",
-                           {"host_tables_bytes": tables, "cold_experts_bytes": cold_bytes,
-                            "host_reserve_bytes": reserve})).value
+        terms.append(("dense_offloaded", dense))
+    if adaptive:
+        terms.append(("adaptive_spare_host", adaptive))
+    terms.append(("host_reserve", reserve))
+    total = add(Figure("host.total", "host in use", sum(v for _, v in terms), "bytes",
+                       " + ".join(name for name, _ in terms), {f"{name}_bytes": v for name, v in terms})).value
     add(Figure("host.headroom", "host headroom", host_memory - total, "bytes",
                "host_memory − host_in_use", {"host_memory_bytes": host_memory, "host_in_use_bytes": total}))
     return tables, reserve, total

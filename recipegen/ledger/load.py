@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from recipegen.common.units import GiB, format_bytes
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.pinning import pinned_per_layer, rehoming_host_peak
 from recipegen.ledger.placement import experts_only, positional_walk, rehoming_peaks
 from recipegen.ledger.result import USAGE_AWARE, PlacementLedger, Violation
 from recipegen.schema import Lane, Machine, Model
-from recipegen.units import GiB, format_bytes
 
 
 def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLedger, add: Any,
@@ -24,7 +24,7 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
     first layer, so it is live from the load placement to the end of re-homing."""
     e = model.expert_bytes
     budget = lane.offload.load_cpu_offload or 0
-    walk = positional_walk(model, budget, experts_only=experts_only(lane))
+    walk = positional_walk(model, budget, experts_only=experts_only(lane), ranks=tp)
     layer_full = model.routed_experts * e
     init_host = walk.host_per_layer
     init_hbm = [layer_full - h for h in init_host]
@@ -32,9 +32,9 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
         final_hbm = [h * e for h in active.hot_per_layer]
         final_host = [c * e for c in active.cold_per_layer]
         peaks = rehoming_peaks(init_hbm, init_host, final_hbm, final_host)
-        how = ("re-homing layer by layer from the --cpu-offload-gb load placement to the row map in "
-               "the runtime's order (expert_residency.core.plan), new banks allocated before the old "
-               "tensors are freed")
+        how = ("the runtime moves experts layer by layer from where --cpu-offload-gb loaded them to "
+               "where the row map puts them, in its order (expert_residency.core.plan), new banks "
+               "allocated before the old tensors are freed")
     else:
         final_host = init_host
         peaks = rehoming_peaks(init_hbm, init_host, init_hbm, init_host)
@@ -44,7 +44,7 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
     pinned_peak = rehoming_host_peak(pinned, final_host, peaks.order)
     how += ("; vLLM's pinned parameters counted as PyTorch's caching host allocator reserves them "
             "(next power of two each: vllm/model_executor/offloader/uva.py:114-116, "
-            "ATen/core/CachingHostAllocator.h:300-309), released layer by layer as re-homed")
+            "ATen/core/CachingHostAllocator.h:300-309), released layer by layer as each is moved")
     if model.dense_bytes is not None:
         weights_at_load = declared_weights - dense_offloaded / tp
         weights_note = "dense (+ drafter) weights as declared" + (
@@ -68,7 +68,8 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
         operands["runtime_workspace_bytes"] = workspace
         formula += " + runtime_workspace"
         weights_note += ("; the runtime's workspace, counter and step masks, allocated before the "
-                         "first layer is re-homed (vllm_plugin/worker_runtime.py after_model_loaded)")
+                         "runtime moves the first layer's experts (vllm_plugin/worker_runtime.py "
+                         "after_model_loaded)")
     hbm_peak = add(Figure("load.hbm_peak", "HBM peak during load (per GPU)",
                           weights_at_load + peaks.hbm_peak / tp + workspace, "bytes", formula,
                           operands, f"{how}; {weights_note}; KV is allocated after")).value
@@ -86,18 +87,18 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
                                {"host_tables_bytes": tables, "host_reserve_bytes": host_reserve,
                                 "peak_pinned_bytes": pinned_peak,
                                 "peak_expert_bytes_unrounded": peaks.host_peak}, how)).value
-    capacity = machine.gpus.hbm
+    capacity = machine.gpus.usable
     if hbm_peak > capacity and not skip_hbm:
         need = hbm_peak - capacity
         violations.append(Violation(
             "load-hbm", f"HBM peaks at {format_bytes(hbm_peak)} while loading, {format_bytes(need)} over "
             f"the GPU's {format_bytes(capacity)}",
-            f"raise offload.load_cpu_offload to at least {math.ceil((budget + need * tp) / GiB)} GiB so "
+            f"raise offload.load_cpu_offload to at least {math.ceil((budget + need) / GiB)} GiB so "
             "fewer experts land in HBM at load", need, lane=lane.name))
     if host_peak > machine.host_memory and not skip_host:
         need = host_peak - machine.host_memory
         violations.append(Violation(
             "load-host", f"host memory peaks at {format_bytes(host_peak)} while loading, "
             f"{format_bytes(need)} over the machine's {format_bytes(machine.host_memory)}",
-            f"lower offload.load_cpu_offload to at most {max(0, math.floor((budget - need) / GiB))} GiB",
+            f"lower offload.load_cpu_offload to at most {max(0, math.floor((budget - need / tp) / GiB))} GiB",
             need, lane=lane.name))

@@ -21,15 +21,18 @@ for its layers), so the lane's KV tokens are the minimum over stages.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
-from recipegen.ledger.lane import compute_lane
-from recipegen.ledger.result import LaneLedger, PlacementLedger
+from recipegen.common.units import format_bytes, format_tokens
 from recipegen.ledger.figures import Figure
+from recipegen.ledger.lane import compute_lane
+from recipegen.ledger.reserves import derived_basis, reserve_basis
+from recipegen.ledger.result import LaneLedger, PlacementLedger
 from recipegen.multinode.partition import StageLayers, stage_layers
 from recipegen.schema import HbmReserve, HostReserve, HostTable, Lane, Model, Recipe
-from recipegen.units import format_bytes, format_tokens
+from recipegen.schema.model import kv_bytes_per_token
 
 
 @dataclass
@@ -190,23 +193,23 @@ def compute_multinode_lane(recipe: Recipe, lane: Lane, *, rowmap_hot: Sequence[i
 
 def _adaptive_lane_figures(stages: Sequence[StageLedger]) -> dict[str, Figure]:
     """`offload.adaptive` over the lane: the stages that run it (not those holding every expert in
-    HBM) each stage through their own GPUs' rows and swap their own layers over their own
-    machine's host link, so the lane's staging is the sum and its barrier link traffic per GPU is
-    the largest stage's."""
-    adaptive = [s for s in stages if "adaptive.staging_bytes" in s.ledger.figures]
+    HBM) each hold spare rows on their own GPUs and copy their own layers' swaps over their own
+    machine's host link, so the lane's spare rows are the sum and its copy traffic per step and GPU
+    is the largest stage's."""
+    adaptive = [s for s in stages if "adaptive.spare_hbm_bytes" in s.ledger.figures]
     if not adaptive:
         return {}
-    staging = {f"stage{s.rank}": s.ledger.fig("adaptive.staging_bytes").value * len(s.gpus) for s in adaptive}
-    link = {f"stage{s.rank}": s.ledger.fig("adaptive.link_bytes_per_barrier").value for s in adaptive}
+    spare = {f"stage{s.rank}": s.ledger.fig("adaptive.spare_hbm_bytes").value * len(s.gpus) for s in adaptive}
+    step = {f"stage{s.rank}": s.ledger.fig("adaptive.copy_bytes_per_step").value for s in adaptive}
     return {
-        "lane.adaptive.staging_bytes": Figure(
-            "lane.adaptive.staging_bytes", "adaptive: staging rows (all adaptive stages' GPUs)",
-            sum(staging.values()), "bytes", "Σ adaptive stages (× GPUs per stage)", staging,
+        "lane.adaptive.spare_hbm_bytes": Figure(
+            "lane.adaptive.spare_hbm_bytes", "adaptive: spare HBM rows (all adaptive stages' GPUs)",
+            sum(spare.values()), "bytes", "Σ adaptive stages (× GPUs per stage)", spare,
             "stages holding every expert in HBM run no residency runtime"),
-        "lane.adaptive.link_bytes_per_barrier": Figure(
-            "lane.adaptive.link_bytes_per_barrier", "adaptive: host-link traffic per barrier, at most "
-            "(per GPU, busiest stage)", max(link.values()), "bytes", "max over adaptive stages", link,
-            "each stage swaps only its own MoE layers, over its own machine's host link"),
+        "lane.adaptive.copy_bytes_per_step": Figure(
+            "lane.adaptive.copy_bytes_per_step", "adaptive: copies per decode step while adapting, at most "
+            "(per GPU, busiest stage)", max(step.values()), "bytes", "max over adaptive stages", step,
+            "each stage copies only its own MoE layers' swaps, over its own machine's host link"),
     }
 
 
@@ -239,8 +242,11 @@ def stage_model(model: Model, layers: StageLayers, *, last: bool, tables_in_hbm:
         groups = [g.model_copy(update={"layers": [n for n in g.layers if layers.holds(n)]})
                   for g in model.attention]
         update["attention"] = [g for g in groups if g.layers]
-        update["kv_bytes_per_token"] = sum(len(g.layers) * g.bytes_per_token_per_layer(1)
-                                           for g in update["attention"])
+        update["kv_bytes_per_token"] = kv_bytes_per_token(update["attention"])
+        if model.state:  # hybrids: the stage's own state layers (vLLM sizes each stage's pool alone)
+            states = [g.model_copy(update={"layers": [n for n in g.layers if layers.holds(n)]}) for g in model.state]
+            update["state"] = [g for g in states if g.layers]
+            update["cacheless_layers"] = [n for n in model.cacheless_layers if layers.holds(n)]
         figs["stage.kv_bytes_per_token"] = Figure(
             "stage.kv_bytes_per_token", "KV bytes per token for this stage's layers (one rank)",
             update["kv_bytes_per_token"], "count", "Σ this stage's attention layers × bytes per token per layer",
@@ -295,13 +301,13 @@ def _stage(recipe: Recipe, lane: Lane, whole: LaneLedger, rank: int, layers: Sta
     updates: dict[str, Any] = {
         "machine": spec.machine, "gpus": list(spec.gpus), "parallel": None,
         "reserves": lane.reserves.model_copy(update={
-            "hbm": HbmReserve(value=f"{round(reserve)} B", source=(
-                f"stage {rank}'s share of the lane's back-solved reserve (stage.hbm_reserve)")),
+            "hbm": HbmReserve(value=f"{round(reserve)} B", basis=derived_basis(lane.reserves.hbm), source=(
+                f"stage {rank}'s share of the lane's {reserve_basis(lane.reserves.hbm)} reserve (stage.hbm_reserve)")),
             # The host reserve (page cache, processes) is the lane's, back-solved against the
             # whole model's tables; every machine is charged all of it.
             "host": None if lane.reserves.host is None else HostReserve(
-                value=f"{round(whole.fig('host.reserve').value)} B",
-                source=f"the lane's host reserve, per machine ({lane.reserves.host.source})")})}
+                value=f"{round(whole.fig('host.reserve').value)} B", basis=derived_basis(lane.reserves.host),
+                source=f"the lane's host reserve, per machine ({lane.reserves.host.source or 'estimated'})")})}
     hot = list(rowmap_hot[model.moe_layers.index(layers.moe_layers[0]):
                          model.moe_layers.index(layers.moe_layers[-1]) + 1]) if rowmap_hot is not None else None
     label = rowmap_label

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from recipegen.common.units import format_bytes, format_tokens
 from recipegen.ledger.adaptive import size_text
 from recipegen.ledger.multinode import MultiNodeLaneLedger
 from recipegen.ledger.report_lane import render_lane, verdict_lines
-from recipegen.units import format_bytes, format_tokens
 
 
 def render_multinode_lane(lane: MultiNodeLaneLedger, *, explain: bool = False) -> str:
@@ -36,10 +36,10 @@ def render_multinode_lane(lane: MultiNodeLaneLedger, *, explain: bool = False) -
                f"{int(fig['kv.full_sequences'].value)} full max_model_len sequence(s); experts in HBM "
                f"{format_bytes(fig['lane.hbm.hot_experts'].value)}, pinned in host "
                f"{format_bytes(fig['lane.host.cold_experts'].value)}; host tables {format_bytes(fig['lane.host_tables'].value)}")
-    if "lane.adaptive.staging_bytes" in fig:
-        out.append(f"  adaptive residency: staging {size_text(fig['lane.adaptive.staging_bytes'].value)} "
-                   f"over the adaptive stages' GPUs; a barrier moves at most "
-                   f"{size_text(fig['lane.adaptive.link_bytes_per_barrier'].value)} per GPU over "
+    if "lane.adaptive.spare_hbm_bytes" in fig:
+        out.append(f"  adaptive residency: spare rows {size_text(fig['lane.adaptive.spare_hbm_bytes'].value)} "
+                   f"of HBM over the adaptive stages' GPUs; copies beside the steps at most "
+                   f"{size_text(fig['lane.adaptive.copy_bytes_per_step'].value)} per step and GPU over "
                    "the busiest stage's host link")
     if lane.layouts:
         # What-ifs beside the recipe's own layout: a layout that would not fit is information for

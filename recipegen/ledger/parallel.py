@@ -10,7 +10,7 @@
   max(1, kv_heads // tp) heads per rank (the model's `dense_tensor_parallel`). Without that field
   the split is even (a lower bound per GPU), and said so.
 - KV per GPU: the ledger's KV figures are already per rank (heads max(1, kv_heads // tp), an MLA
-  latent whole on every rank; `lane._kv_rate_by_layer_kind`).
+  latent whole on every rank; `ledger.kv.kv_rate`).
 - Host memory: one box's, shared by all of its ranks (every rank's cold bank, the tables, one reserve).
 
 This module owns those formulas; `ledger.lane` calls `dense_per_rank` for the reserve's dense part
@@ -19,13 +19,14 @@ and `parallel_figures` for the per-GPU section.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
+from recipegen.common.units import format_bytes
 from recipegen.ledger.figures import Figure
+from recipegen.ledger.flags import flag_on, flag_value
 from recipegen.ledger.result import USAGE_AWARE, PlacementLedger, Violation
 from recipegen.schema import Lane, Model
-from recipegen.units import format_bytes
 
 # Block granularity of each expert format along the intermediate dim (one scale per this many values).
 SHARD_BLOCK = {"fp8-block": 128, "mxfp4": 32}
@@ -43,10 +44,7 @@ class DensePerRank:
 
 def expert_parallel(lane: Lane) -> bool:
     """`--enable-expert-parallel` (or `-ep`) among the lane's vLLM flags."""
-    args = list(lane.extra_args)
-    return any(a in ("--enable-expert-parallel", "-ep") or
-               (a.startswith("--enable-expert-parallel=") and a.split("=", 1)[1].lower() in ("1", "true"))
-               for a in args)
+    return flag_on(list(lane.extra_args), "--enable-expert-parallel")
 
 
 def local_experts_max(routed_experts: int, ep: int) -> int:
@@ -61,13 +59,8 @@ LINEAR, ROUND_ROBIN = "linear", "round_robin"
 def ep_placement_strategy(lane: Lane) -> str:
     """`--expert-placement-strategy` among the lane's flags (vLLM's default: linear). vLLM keeps
     round_robin only for models with expert groups and no EPLB (`fused_moe/expert_map_manager.py:116-149`)."""
-    args = list(lane.extra_args)
-    for i, a in enumerate(args):
-        if a == "--expert-placement-strategy" and i + 1 < len(args):
-            return args[i + 1].replace("-", "_")
-        if a.startswith("--expert-placement-strategy="):
-            return a.split("=", 1)[1].replace("-", "_")
-    return LINEAR
+    given = flag_value(list(lane.extra_args), "--expert-placement-strategy")
+    return LINEAR if given is None else given.replace("-", "_")
 
 
 def ep_local_experts(rank: int, routed_experts: int, ep: int, strategy: str = LINEAR) -> list[int]:
@@ -155,8 +148,9 @@ def parallel_figures(model: Model, lane: Lane, active: PlacementLedger, figs: di
     tp = lane.tensor_parallel_size
     if tp == 1:
         return
-    e, n_layers = model.expert_bytes, model.num_moe_layers
+    e = model.expert_bytes
     ep = expert_parallel(lane)
+    violations.extend(head_violations(model, lane, tp))
     add(Figure("parallel.ranks", "GPUs (vLLM ranks) of the lane on this machine", tp, "count", "len(gpus)",
                {"gpus": list(lane.gpus)}, "expert parallel (--enable-expert-parallel)" if ep else "tensor parallel"))
     if ep:
@@ -207,6 +201,34 @@ def parallel_figures(model: Model, lane: Lane, active: PlacementLedger, figs: di
                  + (f" ({format_bytes(model.dense_tensor_parallel.replicated)} of them whole on every GPU)"
                     if model.dense_tensor_parallel is not None else " (split evenly: no dense_tensor_parallel)")
                  + f"{kv_text}; {cold_text}")
+
+
+def head_violations(model: Model, lane: Lane, tp: int) -> list[Violation]:
+    """The attention heads vLLM 0.33 splits over `tp` ranks, as it checks them at boot: the query
+    heads must divide evenly (`verify_with_parallel_config`, vllm/config/model.py:1559-1564), and
+    the KV heads either divide evenly over the ranks or, when fewer than the ranks, be replicated
+    evenly (`QKVParallelLinear`: `divide(tp, kv)` or `divide(kv, tp)`, an assertion,
+    vllm/model_executor/layers/linear.py:1064-1070). Each failure is a lane vLLM will not boot."""
+    out: list[Violation] = []
+    heads = model.attention_heads
+    if heads is not None and heads % tp:
+        out.append(Violation(
+            "parallel", f"{tp} GPUs do not divide the model's {heads} attention heads: vLLM 0.33 refuses "
+            f"to boot (\"Total number of attention heads ({heads}) must be divisible by tensor parallel "
+            f"size ({tp})\", vllm/config/model.py:1559-1564)",
+            "use a GPU count that divides the attention heads", lane=lane.name))
+    kv_heads = sorted({g.kv_heads for g in model.attention if g.kv_heads is not None}
+                      | ({model.dense_tensor_parallel.kv_heads} if model.dense_tensor_parallel is not None
+                         and model.dense_tensor_parallel.kv_heads is not None else set()))
+    for kv in kv_heads:
+        if (tp >= kv and tp % kv) or (tp < kv and kv % tp):
+            out.append(Violation(
+                "parallel", f"{tp} GPUs and {kv} KV heads: vLLM 0.33 splits KV heads evenly over the ranks, "
+                f"or replicates them evenly when there are fewer heads than ranks, and asserts one of the two "
+                f"(divide(), vllm/model_executor/layers/linear.py:1064-1070); {kv} and {tp} divide neither "
+                "way, so the engine fails at boot",
+                "use a GPU count that divides the KV heads or that they divide", lane=lane.name))
+    return out
 
 
 def _shard_checks(model: Model, lane: Lane, tp: int, notes: list[str], violations: list[Violation]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recipegen.ledger.flags import flag_values
 from recipegen.schema import Lane, Model
 
 
@@ -42,16 +43,8 @@ EXPERT_SEGMENTS = frozenset({"experts", "w13_weight", "w2_weight", "w13_weight_s
 def offload_param_filter(extra_args: list[str]) -> frozenset[str]:
     """The segments of a lane's `--cpu-offload-params` (vLLM 0.33: only matching parameters are
     offloaded, vllm/model_executor/offloader/uva.py:102-113), empty when not set."""
-    out: set[str] = set()
-    for i, arg in enumerate(extra_args):
-        if arg == "--cpu-offload-params":
-            for value in extra_args[i + 1:]:
-                if value.startswith("--"):
-                    break
-                out.update(v for v in value.split(",") if v)
-        elif arg.startswith("--cpu-offload-params="):
-            out.update(v for v in arg.split("=", 1)[1].split(",") if v)
-    return frozenset(out)
+    return frozenset(v for value in flag_values(list(extra_args), "--cpu-offload-params")
+                     for v in value.split(",") if v)
 
 
 def experts_only(lane: Lane) -> bool:
@@ -60,10 +53,19 @@ def experts_only(lane: Lane) -> bool:
     return bool(segments) and segments <= EXPERT_SEGMENTS
 
 
-def positional_walk(model: Model, budget_bytes: int, *, experts_only: bool = False) -> PositionalWalk:
+def positional_walk(model: Model, budget_bytes: int, *, experts_only: bool = False,
+                    ranks: int = 1) -> PositionalWalk:
     """vLLM 0.33 `UVAOffloader._maybe_offload_to_cpu` (vllm/model_executor/offloader/uva.py:74-125):
     walk parameters in module order and offload each while the running total is below the
     budget (so the last one overshoots).
+
+    `budget_bytes` is `--cpu-offload-gb` as vLLM reads it: per GPU (vllm/config/offload.py:23-32,
+    "The space in GiB to offload to CPU, per GPU"). Under tensor parallelism each of the `ranks`
+    workers walks its own parameters with the whole budget; a routed-expert parameter splits
+    evenly over them (its 1/TP intermediate slice, or E/TP whole experts under expert parallelism),
+    so the box-wide walk is the unsharded one at `ranks` × the budget, and the bytes returned are
+    the box's (per GPU: / ranks). Non-routed chunks are taken as split too (an approximation:
+    some of them are replicated).
 
     With the model's `decoder_layer_bytes`, every decoder layer is walked in order, its
     non-routed parameters (one chunk: attention, norms, router, shared experts; a dense layer's
@@ -82,14 +84,19 @@ def positional_walk(model: Model, budget_bytes: int, *, experts_only: bool = Fal
         moe_pos = {layer: i for i, layer in enumerate(model.moe_layers)}
         order = []
         for layer in range(model.decoder_layers):
-            if layer in moe_pos:
+            if layers.layers is not None:  # hybrids: each layer's own non-routed bytes
+                order.append((None, [layers.layers[layer]]))
+                if layer in moe_pos:
+                    order.append((moe_pos[layer], params))
+            elif layer in moe_pos:
                 order.append((None, [layers.moe_layer]))
                 order.append((moe_pos[layer], params))
             else:
                 order.append((None, [layers.dense_layer or 0]))
+    limit = budget_bytes * ranks
     for position, sizes in order:
         for size in sizes:
-            if total + dense >= budget_bytes:
+            if total + dense >= limit:
                 break
             if position is None:
                 dense += size

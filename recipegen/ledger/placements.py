@@ -4,14 +4,15 @@ for KV: hot/cold counts per layer, HBM in use, the KV pool in bytes, tokens and 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
+from recipegen.common.units import GiB, format_bytes, largest_count_within
 from recipegen.ledger.budget import declared_split
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.placement import experts_only, layer_param_bytes, positional_walk
 from recipegen.ledger.result import POSITIONAL, USAGE_AWARE, PlacementLedger, n_total_bytes, rounded, src_note
 from recipegen.schema import Lane, Model
-from recipegen.units import GiB, format_bytes, largest_count_within
 
 
 def usage_aware_placement(model: Model, lane: Lane, rowmap_hot: Sequence[int] | None,
@@ -31,12 +32,15 @@ def usage_aware_placement(model: Model, lane: Lane, rowmap_hot: Sequence[int] | 
             hot = [split.hot_per_layer] * n
             basis = f"declared budget ({basis}); row map not read"
     else:
-        # What usage-aware residency would hold at this lane's positional byte budget.
-        budget = lane.offload.load_cpu_offload or 0
+        # What usage-aware residency would hold at this lane's positional byte budget (vLLM reads
+        # --cpu-offload-gb per GPU: the box's host holds TP times it).
+        tp = lane.tensor_parallel_size
+        budget = (lane.offload.load_cpu_offload or 0) * tp
         cold = min(experts, largest_count_within(budget, n * model.expert_bytes))
         hot = [experts - cold] * n
-        basis = (f"same budget as --cpu-offload-gb ({format_bytes(budget)}): {cold} cold per layer "
-                 "(largest whole count that fits)")
+        basis = (f"same budget as --cpu-offload-gb ({format_bytes(budget)}"
+                 + (f": {format_bytes(budget // tp)} per GPU × {tp}" if tp > 1 else "")
+                 + f"): {cold} cold per layer (largest whole count that fits)")
     e = model.expert_bytes
     return PlacementLedger(USAGE_AWARE, hot, [experts - h for h in hot], basis,
                            sum(hot) * e, sum(experts - h for h in hot) * e)
@@ -44,7 +48,7 @@ def usage_aware_placement(model: Model, lane: Lane, rowmap_hot: Sequence[int] | 
 
 def positional_placement(model: Model, lane: Lane) -> PlacementLedger:
     budget = lane.offload.load_cpu_offload or 0
-    walk = positional_walk(model, budget, experts_only=experts_only(lane))
+    walk = positional_walk(model, budget, experts_only=experts_only(lane), ranks=lane.tensor_parallel_size)
     e = model.expert_bytes
     full = model.routed_experts * e
     # Express the walk in expert counts per layer (a partly offloaded layer has its w13 in host).
@@ -57,8 +61,10 @@ def positional_placement(model: Model, lane: Lane) -> PlacementLedger:
     placement.figures["positional.offloaded"] = Figure(
         "positional.offloaded", "experts offloaded by --cpu-offload-gb (approximation)",
         walk.offloaded_bytes, "bytes",
-        "walk expert parameters in module order, offloading each while the total < budget",
-        {"budget_bytes": budget, "layer_param_bytes": [rounded(b) for b in layer_param_bytes(model)],
+        "walk expert parameters in module order, offloading each while the total < budget × tp "
+        "(each GPU walks its 1/tp shards with the whole per-GPU budget)",
+        {"budget_bytes": budget, "tp": lane.tensor_parallel_size,
+         "layer_param_bytes": [rounded(b) for b in layer_param_bytes(model)],
          "layers_whole": walk.layers_whole, "layers_partial": walk.layers_partial,
          "layer_experts_bytes": full},
         "approximation of vllm/model_executor/offloader/uva.py:74-125: "

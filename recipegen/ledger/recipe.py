@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from recipegen.common.units import format_bytes
 from recipegen.ledger.lane import compute_lane
 from recipegen.ledger.multinode import MultiNodeLaneLedger, compute_multinode_lane, stage_engines
 from recipegen.ledger.result import LaneLedger, RecipeLedger, Violation
 from recipegen.schema import Lane, Recipe
-from recipegen.units import format_bytes
 
 
 def compute_ledger(loaded: Any) -> RecipeLedger:
@@ -73,7 +73,7 @@ def machine_checks(recipe: Recipe, lanes: list[LaneLedger]) -> list[Violation]:
         gpu_util: dict[int, list[tuple[str, float]]] = {}
         for lane, _ in always:
             share = lane.gpu_memory_utilization if lane.gpu_memory_utilization is not None else \
-                (lane.kv_cache_bytes or 0) / machine.gpus.hbm
+                (lane.kv_cache_bytes or 0) / machine.gpus.usable
             for gpu in lane.gpus:
                 gpu_util.setdefault(gpu, []).append((lane.name, share))
         for gpu, users in sorted(gpu_util.items()):

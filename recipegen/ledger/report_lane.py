@@ -3,8 +3,9 @@ every formula, and the verdict lines."""
 
 from __future__ import annotations
 
+from recipegen.common.units import GiB, MiB
+from recipegen.ledger.reserves import basis_of
 from recipegen.ledger.result import POSITIONAL, LaneLedger, PlacementLedger, Violation
-from recipegen.units import GiB, MiB
 
 
 def _g(value: float) -> str:
@@ -66,10 +67,13 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
     cap_text = (f"{_g(fig['hbm.capacity'].value)} × {util:g} = {_g(cap.value)} cap" if util is not None
                 else f"{_g(cap.value)} (fixed KV pool)")
     reserve = fig["hbm.reserve"]
-    reserve_kind = ("back-solved" if "back-solved" in reserve.note
-                    else "assumed" if "input: assumed" in reserve.note else "measured")
+    reserve_kind = basis_of(reserve)
     if reserve_kind == "back-solved":  # say what that means once, where it is printed
         reserve_kind += " from a measured boot's KV pool: docs/design.md 'The HBM reserve'"
+    elif reserve_kind == "estimated":
+        reserve_kind += " from the model and machine: docs/ledger.md 'Estimated reserves'"
+    elif reserve_kind == "declared":
+        reserve_kind += ", not marked measured"
     workspace = fig.get("hbm.runtime_workspace")
     ws_text = f" + runtime workspace {_g(workspace.value)}" if workspace is not None else ""
     out.append(f"  HBM / GPU: {cap_text} = reserve {_g(reserve.value)} ({reserve_kind}) + hot experts "
@@ -88,9 +92,10 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
                f"→ {int(fig['kv.full_sequences'].value)} full-length sequence(s){per_seq}")
     dense_host = (f" + non-routed weights offloaded {_g(fig['host.dense_offloaded'].value)}"
                   if "host.dense_offloaded" in fig else "")
-    out.append(f"  Host: tables {_g(fig['host.tables'].value)} + pinned experts "
+    tables = (f"host tables {_g(fig['host.tables'].value)} + " if fig["host.tables"].value else "")
+    out.append(f"  Host: {tables}pinned experts "
                f"{_g(fig['host.cold_experts'].value)} = {_g(fig['host.before_reserve'].value)} before page "
-               f"cache; + reserve {_g(fig['host.reserve'].value)}{dense_host} = {_g(fig['host.total'].value)} of "
+               f"cache; + reserve {_g(fig['host.reserve'].value)} ({_host_basis(fig['host.reserve'])}){dense_host} = {_g(fig['host.total'].value)} of "
                f"{_g(fig['host.memory'].value)} (headroom {_g(fig['host.headroom'].value)})")
     pinned = fig.get("load.host_pinned_initial")
     rounded = (f" (vLLM pins {_g(pinned.value)} for them: PyTorch rounds each pinned parameter up to a power of two)"
@@ -116,6 +121,11 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
                            for i, line in enumerate(f.explain().splitlines()))
     out += verdict_lines(lane.ok, lane.violations, holds="every budget holds")
     return "\n".join(out)
+
+
+def _host_basis(figure) -> str:
+    kind = basis_of(figure)
+    return kind + (", not marked measured" if kind == "declared" else "")
 
 
 def workspace_line(fig: dict) -> str:

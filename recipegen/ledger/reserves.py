@@ -1,30 +1,121 @@
-"""The measured reserves of a lane: HBM (non-expert, non-KV) and host (page cache, processes)."""
+"""The reserves of a lane: HBM (non-expert, non-KV) and host (page cache, processes).
+
+Each is a measured input (given, or back-solved from a measured boot) or, for a lane that has not
+booted yet, an estimate from the model and the machine; the label says which (`reserve_basis`),
+and only a reserve that carries a measurement is called measured.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from recipegen.common.units import GiB
 from recipegen.ledger.figures import Figure
+from recipegen.ledger.parallel import dense_per_rank
+from recipegen.ledger.result import USAGE_AWARE
 from recipegen.schema import Lane, Machine, Model
+from recipegen.schema.lane import HbmReserve, HostReserve
+
+# Estimated HBM reserve: what vLLM 0.33's profile run and CUDA-graph capture take besides the
+# dense weights and its fused-MoE workspace — the sampler's logits, attention and residual
+# activations of max_num_batched_tokens tokens, the captured graphs (vLLM logged "Estimated CUDA
+# graph memory: 0.73 GiB total" for a Qwen3.5-MoE model in vllm-project/vllm pull request "[Model]
+# Add GGUF support for Qwen 3.5 dense and MoE models", 2026-04-13). An allowance, not a
+# measurement: 2 GiB per GPU.
+ESTIMATE_HBM_ALLOWANCE = 2 * GiB
+# Estimated host reserve: the operating system with vLLM's API-server and engine-core processes,
+# plus one worker process per GPU (each has imported torch and the CUDA libraries). Assumed
+# figures (8 GiB, 4 GiB per GPU); the page cache of the checkpoint is reclaimable and not counted.
+ESTIMATE_HOST_BASE = 8 * GiB
+ESTIMATE_HOST_PER_GPU = 4 * GiB
+# vLLM's fused-MoE workspaces hold bf16 activations (the model's activation dtype).
+ACTIVATION_BYTES = 2
+
+ESTIMATED_NOTE = "estimated, not measured: replace with a measured boot (recipegen verify)"
+
+
+def reserve_basis(spec: HbmReserve | HostReserve | None) -> str:
+    """How a reserve was obtained, as printed: `back-solved`, `measured`, `estimated`, `assumed`,
+    or `declared` (a value whose recipe does not say it was measured)."""
+    if spec is None:
+        return "not declared"
+    if spec.back_solved_from is not None:
+        return "back-solved"
+    if spec.estimated:
+        return "estimated"
+    return spec.basis or "declared"
+
+
+def derived_basis(spec: HbmReserve | HostReserve) -> str | None:
+    """The `basis` of a reserve derived from `spec` (a pipeline stage's share of the lane's)."""
+    if spec.back_solved_from is not None:
+        return "measured"
+    return spec.basis if spec.value is not None else None
+
+
+def _value_note(spec: HbmReserve | HostReserve) -> str:
+    kind = reserve_basis(spec)
+    what = {"measured": "measured input", "assumed": "assumed input (not measured)"}.get(
+        kind, "declared input (not marked measured: set basis)")
+    return f"{what}: {spec.source}"
 
 
 def hbm_reserve(model: Model, machine: Machine, lane: Lane, add: Any) -> float:
     spec = lane.reserves.hbm
     tp = lane.tensor_parallel_size
+    if spec.estimated:
+        return estimated_hbm_reserve(model, machine, lane, add)
     if spec.value is not None:
         return add(Figure("hbm.reserve", "HBM reserve (non-expert, non-KV)", spec.value, "bytes", "", {},
-                          f"measured input: {spec.source}")).value
+                          _value_note(spec))).value
     m = spec.back_solved_from
     assert m is not None
     hot_at_measure = m.hot_experts_per_layer * model.num_moe_layers * model.expert_bytes / tp
-    value = machine.gpus.hbm * m.gpu_memory_utilization - hot_at_measure - m.kv_pool
+    value = machine.gpus.usable * m.gpu_memory_utilization - hot_at_measure - m.kv_pool
     return add(Figure(
         "hbm.reserve", "HBM reserve (dense, drafter, activations, CUDA graphs)", value, "bytes",
         "hbm_capacity × measured_utilization − measured_hot × moe_layers × bytes_per_expert / tp − measured_kv_pool",
-        {"hbm_capacity_bytes": machine.gpus.hbm, "measured_utilization": m.gpu_memory_utilization,
+        {"hbm_capacity_bytes": machine.gpus.usable, "measured_utilization": m.gpu_memory_utilization,
          "measured_hot": m.hot_experts_per_layer, "moe_layers": model.num_moe_layers,
          "bytes_per_expert": model.expert_bytes, "tp": tp, "measured_kv_pool_bytes": m.kv_pool},
         f"back-solved from a measured boot: {spec.source}")).value
+
+
+def fused_moe_workspace(model: Model, lane: Lane, tokens: int) -> float:
+    """vLLM 0.33's fused-MoE workspaces for `tokens` tokens on one GPU (Triton experts,
+    vllm/model_executor/layers/fused_moe/experts/triton_moe.py:240-255: workspace1 (M, top_k,
+    max(I, H)) and workspace2 (M, top_k, max(2I, H)), bf16, the output reusing workspace1 —
+    modular_kernel.py:1183-1205), I per rank. None on a lane whose experts the residency runtime
+    computes (its own workspace is `hbm.runtime_workspace`)."""
+    if model.moe_intermediate_size is None or model.hidden_size is None:
+        return 0.0
+    if lane.offload.placement == USAGE_AWARE and lane.offload.hot_experts_per_layer != model.routed_experts:
+        return 0.0
+    inter = model.moe_intermediate_size / lane.tensor_parallel_size
+    hidden = model.hidden_size
+    return tokens * model.top_k * (max(inter, hidden) + max(2 * inter, hidden)) * ACTIVATION_BYTES
+
+
+def estimated_hbm_reserve(model: Model, machine: Machine, lane: Lane, add: Any) -> float:
+    """dense weights per GPU + vLLM's fused-MoE workspace at max_num_batched_tokens + allowance."""
+    from recipegen.ledger.workspace import max_num_batched_tokens
+
+    tp = lane.tensor_parallel_size
+    dense = dense_per_rank(model, tp)
+    batched = max_num_batched_tokens(machine, lane)
+    moe = fused_moe_workspace(model, lane, batched.value)
+    drafter = ((model.drafter.weights if model.drafter else None) or 0) / tp
+    value = dense.value + drafter + moe + ESTIMATE_HBM_ALLOWANCE
+    note = ESTIMATED_NOTE
+    if model.dense_bytes is None:
+        note += "; the model declares no dense_bytes, so its dense weights are missing from the estimate"
+    return add(Figure(
+        "hbm.reserve", "HBM reserve (estimated: dense, drafter, activations, CUDA graphs)", value, "bytes",
+        "dense per GPU + drafter / tp + fused-MoE workspace (max_num_batched_tokens × top_k × "
+        "(max(I/tp, H) + max(2·I/tp, H)) × 2 B) + allowance for CUDA graphs and activations",
+        {"dense_bytes": dense.value, "drafter_bytes": drafter, "fused_moe_workspace_bytes": moe,
+         "max_num_batched_tokens": batched.value, "allowance_bytes": ESTIMATE_HBM_ALLOWANCE, "tp": tp},
+        f"{note} (max_num_batched_tokens: {batched.reason}; allowance: recipegen.ledger.reserves)")).value
 
 
 def host_reserve(model: Model, lane: Lane, add: Any, notes: list[str]) -> float:
@@ -33,9 +124,16 @@ def host_reserve(model: Model, lane: Lane, add: Any, notes: list[str]) -> float:
         notes.append("no host reserve declared: page cache and processes are not counted")
         return add(Figure("host.reserve", "host reserve (page cache, processes)", 0, "bytes", "", {},
                           "not declared (reserves.host)")).value
+    if spec.estimated:
+        gpus = lane.tensor_parallel_size
+        value = ESTIMATE_HOST_BASE + ESTIMATE_HOST_PER_GPU * gpus
+        return add(Figure("host.reserve", "host reserve (estimated: OS and vLLM processes)", value, "bytes",
+                          "OS, API server and engine core + one worker process per GPU",
+                          {"base_bytes": ESTIMATE_HOST_BASE, "per_gpu_bytes": ESTIMATE_HOST_PER_GPU, "gpus": gpus},
+                          ESTIMATED_NOTE + "; page cache is reclaimable and not counted")).value
     if spec.value is not None:
         return add(Figure("host.reserve", "host reserve (page cache, processes)", spec.value, "bytes",
-                          "", {}, f"measured input: {spec.source}")).value
+                          "", {}, _value_note(spec))).value
     m = spec.back_solved_from
     assert m is not None
     value = m.host_used - m.pinned_experts - model.host_table_bytes
@@ -45,3 +143,14 @@ def host_reserve(model: Model, lane: Lane, add: Any, notes: list[str]) -> float:
                        "measured_pinned_experts_bytes": m.pinned_experts,
                        "host_tables_bytes": model.host_table_bytes},
                       f"back-solved from a measured boot: {spec.source}")).value
+
+
+def basis_of(figure: Figure) -> str:
+    """The basis of a `hbm.reserve` / `host.reserve` figure, read from the note its function wrote."""
+    note = figure.note
+    for prefix, kind in (("back-solved", "back-solved"), ("estimated", "estimated"),
+                         ("measured input", "measured"), ("assumed input", "assumed"),
+                         ("declared input", "declared")):
+        if note.startswith(prefix):
+            return kind
+    return "not declared" if note.startswith("not declared") else "declared"

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from recipegen.common.units import GiB
 from recipegen.ledger.figures import Figure
 from recipegen.schema import Model
-from recipegen.units import GiB
 
 USAGE_AWARE, POSITIONAL = "usage-aware", "positional"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from expert_residency.capabilities import format_support, unsupported_reason, unverified_note
 
+from recipegen.ledger.flags import flag_int, flag_on
 from recipegen.ledger.result import USAGE_AWARE, Violation
 from recipegen.schema import Lane, Machine, Model
 
@@ -25,10 +26,10 @@ def runtime_violations(model: Model, machine: Machine, lane: Lane) -> list[Viola
         swiglu_alpha=act.alpha if act else None,
         biases=model.expert_biases,
         compute_capability=machine.gpus.compute_capability,
-        expert_parallel=_flag_on(lane.extra_args, "--enable-expert-parallel", "-ep"),
-        eplb=_flag_on(lane.extra_args, "--enable-eplb"))
-    if reason is None and _flag_on(lane.extra_args, "--enable-expert-parallel", "-ep") \
-            and _int_flag(lane.extra_args, "--data-parallel-size", "-dp") > 1:
+        expert_parallel=flag_on(list(lane.extra_args), "--enable-expert-parallel"),
+        eplb=flag_on(list(lane.extra_args), "--enable-eplb"))
+    if reason is None and flag_on(list(lane.extra_args), "--enable-expert-parallel") \
+            and flag_int(list(lane.extra_args), "--data-parallel-size") > 1:
         # vllm_plugin.expert_parallel.ep_reason: the token dispatch runs inside the MoE kernel
         # the runtime replaces (fused_moe/config.py:1034-1039, runner/moe_runner.py:801-804)
         reason = ("expert parallelism with --data-parallel-size > 1: vLLM dispatches tokens between ranks "
@@ -44,8 +45,8 @@ def runtime_violations(model: Model, machine: Machine, lane: Lane) -> list[Viola
 
 def _backend_violations(model: Model, machine: Machine, lane: Lane) -> list[Violation]:
     """No vLLM 0.33 MoE backend runs the format as a modular kernel on the GPU
-    (recipegen.moe_backend): the runtime's boot would fail there too."""
-    from recipegen.moe_backend import NoBackend, choose
+    (recipegen.vllm_flags.moe_backend): the runtime's boot would fail there too."""
+    from recipegen.vllm_flags.moe_backend import NoBackend, choose
 
     try:
         choose(model.expert_format, machine.gpus.compute_capability, machine.gpus.kind)
@@ -107,25 +108,3 @@ def runtime_caveat(model: Model, machine: Machine, lane: Lane) -> str | None:
     where = sorted({line.split(":")[0] for line in (row.verified_on if row else ())})
     return (f"the runtime's {model.expert_format} split is not verified on compute capability "
             f"{machine.gpus.compute_capability} (verified on: {'; '.join(where)})")
-
-
-def _flag_on(args: list[str], *names: str) -> bool:
-    """A boolean vLLM flag set in extra_args (`--x`, not `--no-x`)."""
-    return any(a in names or any(a.startswith(n + "=") and a.split("=", 1)[1].lower() in ("1", "true")
-                                 for n in names) for a in args)
-
-
-def _int_flag(args: list[str], *names: str, default: int = 1) -> int:
-    """An integer vLLM flag in extra_args (`--x N` or `--x=N`); `default` when absent or not a number."""
-    for i, a in enumerate(args):
-        value = None
-        if a in names and i + 1 < len(args):
-            value = args[i + 1]
-        elif any(a.startswith(n + "=") for n in names):
-            value = a.split("=", 1)[1]
-        if value is not None:
-            try:
-                return int(value)
-            except ValueError:
-                return default
-    return default

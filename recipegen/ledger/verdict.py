@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
+from recipegen.common.units import GiB, format_bytes, format_tokens, largest_count_within
 from recipegen.ledger.result import POSITIONAL, Violation
 from recipegen.schema import Lane, Machine, Model
-from recipegen.units import GiB, format_bytes, format_tokens, largest_count_within
 
 
 def budget_violations(model: Model, machine: Machine, lane: Lane, cap: float, reserve: float,
@@ -38,13 +38,14 @@ def budget_violations(model: Model, machine: Machine, lane: Lane, cap: float, re
     elif kv_pool <= 0:
         over = -kv_pool
         if positional:
-            fix = (f"raise offload.load_cpu_offload by at least {math.ceil((over + need_kv) * tp / GiB)} GiB "
+            # over and need_kv are per GPU, as vLLM reads --cpu-offload-gb
+            fix = (f"raise offload.load_cpu_offload by at least {math.ceil((over + need_kv) / GiB)} GiB "
                    "(whole layer tensors move, so check the result)")
         elif hot_max >= 0:
             fix = f"lower hot experts per layer to {hot_max} (room for one max_model_len sequence)"
         else:
             fix = "even 0 hot experts leave no room for KV: raise gpu_memory_utilization or use a bigger GPU"
-        util_needed = (reserve + (cap - reserve - kv_pool) + need_kv) / machine.gpus.hbm
+        util_needed = (reserve + (cap - reserve - kv_pool) + need_kv) / machine.gpus.usable
         if lane.gpu_memory_utilization is not None and util_needed <= 1:
             fix += f", or raise gpu_memory_utilization to {math.ceil(util_needed * 100) / 100:.2f}"
         out.append(Violation(
@@ -55,7 +56,7 @@ def budget_violations(model: Model, machine: Machine, lane: Lane, cap: float, re
         fixes = [f"lower max_model_len to at most {int(kv_tokens):,}"]
         if positional:
             fixes.append(f"raise offload.load_cpu_offload by about "
-                         f"{math.ceil(short * kv_token_bytes / GiB)} GiB")
+                         f"{math.ceil(short * kv_token_bytes / tp / GiB)} GiB")
         elif hot_max >= 0:
             fixes.append(f"lower hot experts per layer to {hot_max}")
         if bank:
@@ -73,7 +74,7 @@ def budget_violations(model: Model, machine: Machine, lane: Lane, cap: float, re
             cold_max = min(experts, largest_count_within(available, n * e))
             hot_min = experts - cold_max
             if positional:
-                fix = (f"lower offload.load_cpu_offload to at most {math.floor(available / GiB)} GiB "
+                fix = (f"lower offload.load_cpu_offload to at most {math.floor(available / tp / GiB)} GiB "
                        f"(or switch to usage-aware placement with {hot_min}+ hot per layer)")
             else:
                 fix = (f"raise hot experts per layer to at least {hot_min} ({cold_max} cold, "

@@ -28,7 +28,7 @@ layer's geometry off the allocated, padded tensors (`mxfp4_experts.checkpoint_ge
 re-homes those very tensors into its hot and cold banks (`worker_runtime.py`, `_expert_tensors`
 into `rehome_model`); it serves the padded layer as it is (`mxfp4_experts.padding_contract_reason`).
 Its backend is the one the lane boots with: the lane's own `--moe-backend`, else the one render
-adds for the runtime (`recipegen.moe_backend`: `marlin` off the SM100 family — H100/H200 too —,
+adds for the runtime (`recipegen.vllm_flags.moe_backend`: `marlin` off the SM100 family — H100/H200 too —,
 `flashinfer_trtllm` on it), so a gpt-oss residency lane is padded to 3,072 / 2,944 on every
 GPU unless it asks for `--moe-backend triton` (SM90 only). The runtime's start-up workspace is
 sized from the same padded geometry (`lane_geometry`, used by `workspace`).
@@ -128,13 +128,13 @@ def runtime_mounted(model: Model, lane: Lane) -> bool:
 def lane_moe_backend(model: Model, machine: Machine, lane: Lane, *, runtime: bool | None = None) -> str | None:
     """The `--moe-backend` vLLM 0.33 boots the lane with: the lane's own (`extra_args`); else, where
     the runtime runs (`runtime`, default `runtime_mounted`), the one render adds for it
-    (`recipegen.moe_backend.choose`, recipegen/render/services.py); else None (vLLM's auto pick)."""
+    (`recipegen.vllm_flags.moe_backend.choose`, recipegen/render/services.py); else None (vLLM's auto pick)."""
     own = flag_value(list(lane.extra_args), "--moe-backend")
     if own is not None:
         return own
     if not (runtime_mounted(model, lane) if runtime is None else runtime):
         return None
-    from recipegen.moe_backend import NoBackend, choose
+    from recipegen.vllm_flags.moe_backend import NoBackend, choose
 
     try:
         return choose(model.expert_format, machine.gpus.compute_capability, machine.gpus.kind).moe_backend

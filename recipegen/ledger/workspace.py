@@ -19,6 +19,8 @@ subtracts them before it back-solves the pool (`placements.placement_figures`):
   partials are empty (DSv4.1: 36 × (2304/64 + 5120/128) × 4 = 10,944 B);
 * the FP8-block dense kernels' quantized GEMM inputs (`gpu.dense_experts.TritonDenseExperts`):
   E4M3 `T·H + P·I` bytes and fp32 scales `4·(T·(H/128) + P·(I/128))`, T = max_num_batched_tokens;
+* the BF16 / FP8-block dense kernels' T = 1 fused-finalize tickets (`TritonDenseExperts`): one
+  int32 per 16 output rows, `4·ceil(H/16)` bytes, whatever the tile config (DeepSeek-V3: 1,792 B);
 * the usage counter (`core.ExpertCounter`: int64 counts `[layers, experts]`, tokens and decode
   tokens `[layers]`) and the step masks (`vllm_plugin.step_masks.StepMasks`: bool
   `[max_num_batched_tokens + 1]`, int32 `[max_num_batched_tokens]`, one int64) — every rendered
@@ -35,8 +37,10 @@ in `_mxfp4_layers`, then `core.rehome_model`), so it is live at the load-time HB
 (`load.load_figures`). A positional lane's usage-aware column at the same byte budget takes the
 workspace the runtime would allocate there (`same_budget_workspace`).
 
-This module owns those formulas for recipegen; tests/test_ledger_workspace.py checks them
-against hand arithmetic and against the runtime's own tensors (`nbytes`) on CPU. vLLM's
+The byte formulas and the kernels' tile defaults are the runtime's own, in the torch-free
+`expert_residency.contract.sizing` (the kernels' objects size themselves with the same functions);
+this module applies them to a lane. tests/test_ledger_workspace.py checks them against hand
+arithmetic and against the runtime's own tensors (`nbytes`) on CPU. vLLM's
 `max_num_batched_tokens` default is read from vLLM 0.33.0's `engine/arg_utils.py`
 (`get_batch_defaults`, lines 2946-3039, and `_set_default_max_num_seqs_and_batched_tokens_args`,
 lines 3151-3200).
@@ -44,24 +48,39 @@ lines 3151-3200).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from expert_residency.blackwell.select import FLASHINFER_TRTLLM, TRITON, TRITON_DOT_SCALED, select_bank_kernel
+from expert_residency.contract import env as runtime_env
+from expert_residency.contract.sizing import (
+    BLOCK_N1,
+    BLOCK_N2,
+    counter_bytes,
+    decode_counter_bytes,
+    decode_mask_bytes,
+    dense_ticket_bytes,
+    fitted_tile,
+    fp8_scratch_bytes,
+    next_pow2,
+    small_step_limit,
+    split_scratch_bytes,
+    step_mask_bytes,
+    workspace_bytes,
+)
 
+from recipegen.common.units import GiB
+from recipegen.ledger.adaptive import adaptive_hbm
 from recipegen.ledger.figures import Figure
-from recipegen.ledger.flags import flag_value
+from recipegen.ledger.flags import flag_value, parsed_args
 from recipegen.ledger.parallel import expert_parallel
 from recipegen.ledger.result import USAGE_AWARE
 from recipegen.ledger.vllm_layout import lane_geometry
 from recipegen.schema import Lane, Machine, Model
-from recipegen.units import GiB
 
 # Expert formats whose split layer on CUDA runs a kernel with the shared workspace
 # (vllm_plugin/mxfp4_experts.py; vllm_plugin/dense_layers.py, which refuses fp16 on CUDA).
 WORKSPACE_FORMATS = ("mxfp4", "bf16", "fp8-block")
-BANK_KERNEL_ENV = "EXPERT_RESIDENCY_BANK_KERNEL"
-ACT_BYTES = 2  # bf16 activation and pick-output rows
 
 # vLLM 0.33 `vllm serve` (UsageContext.OPENAI_API_SERVER) defaults by GPU memory
 # (engine/arg_utils.py:2973-3006): >= 160 GiB 16384; >= 70 GiB and not A100 / GB10 (12.1) 8192;
@@ -70,60 +89,17 @@ SERVE_DEFAULT_TOKENS = ((160 * GiB, 16384), (70 * GiB, 8192))
 SERVE_SMALL_TOKENS = 2048
 
 
-def next_pow2(n: int) -> int:
-    """Smallest power of two >= n (n >= 1): triton.next_power_of_2."""
-    return 1 << (int(n) - 1).bit_length()
-
-
-def kernel_workspace_bytes(max_tokens: int, top_k: int, hidden: int, intermediate: int) -> int:
-    """Bytes of one `gpu.experts.Workspace` (see the module docstring)."""
-    picks = int(max_tokens) * int(top_k)
-    pb = next_pow2(max(picks, 2))
-    ints = 2 * pb + (picks + 1) + max(picks, 1) + 2
-    return 4 * ints + 8 + ACT_BYTES * picks * (int(intermediate) + int(hidden))
-
-
-# gpu/experts.py `KernelConfig` defaults the Triton MXFP4 split layer starts from (blackwell/
-# plugin.py `cuda_bank_experts` fits them with `config_for_shape`): w13 / w2 rows per program,
-# the small-step limit min(small_tokens, block_m), the smallest tile of the MMA-order layout.
-MXFP4_BLOCK_N1, MXFP4_BLOCK_N2 = 64, 128
-MXFP4_SMALL_STEP = 6
-MXFP4_TILE_FLOOR = 64
-# T = 1 stream-K programs of w13 / w2 (KernelConfig.stream_k1 / stream_k2; 0: off, the default).
-MXFP4_STREAM_K1, MXFP4_STREAM_K2 = 0, 0
-FP8_BLOCK = 128  # gpu/kernels_dense.py: one activation scale per 128 values
-
-
-def fitted_tile(tile: int, dim: int, floor: int = MXFP4_TILE_FLOOR) -> int:
-    """`config_for_shape`: the tile halved until it divides `dim` (not below `floor`)."""
-    while dim % tile and tile > floor:
-        tile //= 2
-    return tile
+def counter_and_mask_bytes(moe_layers: int, experts: int, max_tokens: int) -> int:
+    """Counter (8·L·E + 16·L) plus step masks (5·max_num_batched_tokens + 9)."""
+    return counter_bytes(moe_layers, experts) + step_mask_bytes(max_tokens)
 
 
 def split_ticket_bytes(max_tokens: int, top_k: int, hidden: int, intermediate: int) -> int:
-    """Bytes of `gpu.experts.SplitScratch` at the default config: int32 tickets
-    p·(I/block_n1 + H/block_n2), p = max(min(T, 6)·top_k, 1); no partials (no K split); with
-    T = 1 stream-K on, fp32 4·sk1·block_n1 + 2·sk2·block_n2 and int32 top_k·H/block_n2 (sk2 > 0)."""
-    picks = max(min(int(max_tokens), MXFP4_SMALL_STEP) * int(top_k), 1)
-    bn1 = fitted_tile(MXFP4_BLOCK_N1, int(intermediate))
-    bn2 = fitted_tile(MXFP4_BLOCK_N2, int(hidden))
-    stream = 4 * (4 * MXFP4_STREAM_K1 * bn1 + 2 * MXFP4_STREAM_K2 * bn2)
-    if MXFP4_STREAM_K2:
-        stream += 4 * int(top_k) * (int(hidden) // bn2)
-    return 4 * picks * (int(intermediate) // bn1 + int(hidden) // bn2) + stream
-
-
-def fp8_scratch_bytes(max_tokens: int, top_k: int, hidden: int, intermediate: int) -> int:
-    """The FP8-block kernels' quantized inputs: E4M3 T·H + P·I, fp32 scales per 128 values."""
-    t, h, i = int(max_tokens), int(hidden), int(intermediate)
-    p = t * int(top_k)
-    return t * h + p * i + 4 * (t * (h // FP8_BLOCK) + p * (i // FP8_BLOCK))
-
-
-def counter_bytes(moe_layers: int, experts: int, max_tokens: int) -> int:
-    """Counter (8·L·E + 16·L) plus step masks (5·max_num_batched_tokens + 9)."""
-    return 8 * moe_layers * experts + 16 * moe_layers + 5 * int(max_tokens) + 9
+    """The split-K tickets of the Triton MXFP4 kernels at their default config fitted to the
+    geometry (`config_for_shape`), as blackwell/plugin.py builds them."""
+    return split_scratch_bytes(max_tokens, top_k, hidden, intermediate,
+                               block_n1=fitted_tile(BLOCK_N1, int(intermediate)),
+                               block_n2=fitted_tile(BLOCK_N2, int(hidden)))
 
 
 @dataclass(frozen=True)
@@ -142,7 +118,7 @@ def max_num_batched_tokens(machine: Machine, lane: Lane) -> BatchedTokens:
     given = flag_value(args, "--max-num-batched-tokens")
     if given is not None and given.strip().isdigit():
         return BatchedTokens(int(given), "--max-num-batched-tokens in extra_args")
-    hbm, kind = machine.gpus.hbm, machine.gpus.kind.lower()
+    hbm, kind = machine.gpus.usable, machine.gpus.kind.lower()
     value, why = SERVE_SMALL_TOKENS, "vLLM 0.33's `vllm serve` default below 70 GiB"
     for floor, tokens in SERVE_DEFAULT_TOKENS:
         small_tier = floor < 160 * GiB and ("a100" in kind or machine.gpus.compute_capability == "12.1")
@@ -152,7 +128,8 @@ def max_num_batched_tokens(machine: Machine, lane: Lane) -> BatchedTokens:
     why += " (engine/arg_utils.py:2973-3006)"
     if flag_value(args, "--performance-mode") == "throughput":
         value, why = 2 * value, why + ", doubled by --performance-mode throughput (:3184-3186)"
-    if "--no-enable-chunked-prefill" in args and lane.max_model_len > value:
+    chunked = parsed_args(args).get("--enable-chunked-prefill")
+    if chunked is not None and not chunked.on and lane.max_model_len > value:
         value, why = lane.max_model_len, "max_model_len: chunked prefill off (engine/arg_utils.py:3190-3198)"
     return BatchedTokens(value, why)
 
@@ -174,7 +151,7 @@ def bank_kernel(model: Model, machine: Machine, lane: Lane) -> str | None:
     if cc_text is None:
         return TRITON  # unknown GPU: counted as the Triton kernels (the bytes an SM100 lane lacks)
     major, minor = (int(p) for p in cc_text.split("."))
-    requested = lane.env.get(BANK_KERNEL_ENV, "").strip().lower() or "auto"
+    requested = lane.env.get(runtime_env.BANK_KERNEL, "").strip().lower() or "auto"
     try:
         return select_bank_kernel((major, minor), requested).kernel
     except ValueError:
@@ -224,12 +201,13 @@ def kernel_bytes(model: Model, machine: Machine, lane: Lane, tokens: int) -> Ker
         # Tensor parallel shards the intermediate dim, H stays whole; expert parallel keeps
         # whole experts on each rank (every pick of the step still has a row, -1 for others).
         inter = inter // lane.tensor_parallel_size
-    work = kernel_workspace_bytes(tokens, model.top_k, hidden, inter)
+    work = workspace_bytes(tokens, model.top_k, hidden, inter)
     if model.expert_format == "mxfp4":
         return KernelBytes(work, tickets=split_ticket_bytes(tokens, model.top_k, hidden, inter))
     if model.expert_format == "fp8-block":
-        return KernelBytes(work, fp8_scratch=fp8_scratch_bytes(tokens, model.top_k, hidden, inter))
-    return KernelBytes(work)
+        return KernelBytes(work, tickets=dense_ticket_bytes(hidden),
+                           fp8_scratch=fp8_scratch_bytes(tokens, model.top_k, hidden, inter))
+    return KernelBytes(work, tickets=dense_ticket_bytes(hidden))
 
 
 def runtime_workspace_bytes(model: Model, machine: Machine, lane: Lane) -> int:
@@ -238,7 +216,7 @@ def runtime_workspace_bytes(model: Model, machine: Machine, lane: Lane) -> int:
         return 0
     tokens = max_num_batched_tokens(machine, lane).value
     return (kernel_bytes(model, machine, lane, tokens).total
-            + counter_bytes(model.num_moe_layers, model.routed_experts, tokens))
+            + counter_and_mask_bytes(model.num_moe_layers, model.routed_experts, tokens))
 
 
 def same_budget_workspace(model: Model, machine: Machine, lane: Lane, cold_bytes: float) -> float:
@@ -280,13 +258,18 @@ def workspace_figures(model: Model, machine: Machine, lane: Lane,
                     "PB": next_pow2(max(picks, 2)), "hidden": hidden, "intermediate": inter, "tp": tp,
                     "workspace_bytes": parts.workspace}
         note = f"runtime's {kernel} kernels (gpu.experts.Workspace"
-        if parts.tickets:
+        if parts.tickets and model.expert_format != "mxfp4":
+            formula += " + T=1 finalize tickets 4·ceil(H / 16)"
+            operands["dense_ticket_bytes"] = parts.tickets
+            note += (" + gpu.dense_experts: one int32 ticket per 16 output rows of the fused T=1 "
+                     "finalize hand-off")
+        elif parts.tickets:
             i_rank = inter if ep else inter // tp
             formula += f" + split-K tickets 4·p·({i_txt} / block_n1 + H / block_n2), p = min(T, 6) × top_k"
-            operands.update(split_ticket_bytes=parts.tickets, p=max(min(tokens.value, MXFP4_SMALL_STEP)
+            operands.update(split_ticket_bytes=parts.tickets, p=max(min(tokens.value, small_step_limit())
                                                                    * model.top_k, 1),
-                            block_n1=fitted_tile(MXFP4_BLOCK_N1, i_rank),
-                            block_n2=fitted_tile(MXFP4_BLOCK_N2, hidden))
+                            block_n1=fitted_tile(BLOCK_N1, i_rank),
+                            block_n2=fitted_tile(BLOCK_N2, hidden))
             note += (" + gpu.experts.SplitScratch: one int32 ticket per (pick, row tile) of the small-step "
                      "split-K / fused T=1 finalize hand-off")
         if parts.fp8_scratch:
@@ -299,18 +282,28 @@ def workspace_figures(model: Model, machine: Machine, lane: Lane,
     elif kernel == FLASHINFER_TRTLLM:
         add(Figure("hbm.runtime_workspace.kernels", "  of which split-layer kernel workspace", 0, "bytes", "", {},
                    "FlashInfer TRT-LLM banks allocate their scratch inside each call (in vLLM's profiled peak)"))
-    counter = counter_bytes(model.num_moe_layers, model.routed_experts, tokens.value)
+    counter = counter_and_mask_bytes(model.num_moe_layers, model.routed_experts, tokens.value)
+    formula = "8·moe_layers·routed_experts + 16·moe_layers + 5·max_num_batched_tokens + 9"
+    note = "core.ExpertCounter + vllm_plugin.step_masks.StepMasks (rendered lanes always count: drift)"
+    adaptive = lane.offload.adaptive
+    if adaptive is not None and adaptive.rank_picks == "decode":
+        counter += (decode_counter_bytes(model.num_moe_layers, model.routed_experts)
+                    + decode_mask_bytes(tokens.value))
+        formula += " + 16·moe_layers·routed_experts + max_num_batched_tokens + 9"
+        note += "; offload.adaptive.rank_picks decode: the decode-picks count and the per-row decode mask"
     add(Figure("hbm.runtime_workspace.counter", "  of which usage counter and step masks", counter, "bytes",
-               "8·moe_layers·routed_experts + 16·moe_layers + 5·max_num_batched_tokens + 9",
-               {"moe_layers": model.num_moe_layers, "routed_experts": model.routed_experts,
-                "max_num_batched_tokens": tokens.value},
-               "core.ExpertCounter + vllm_plugin.step_masks.StepMasks (rendered lanes always count: drift)"))
-    total = parts.total + counter
+               formula, {"moe_layers": model.num_moe_layers, "routed_experts": model.routed_experts,
+                         "max_num_batched_tokens": tokens.value}, note))
+    spare = adaptive_hbm(model, lane, add)
+    total = parts.total + counter + spare
+    operands = {"kernel_workspace_bytes": parts.total, "counter_bytes": counter}
+    if spare:
+        operands["adaptive_spare_hbm_bytes"] = spare
     add(Figure("hbm.runtime_workspace", "runtime workspace (per GPU)", total, "bytes",
-               "kernel workspace + counter and step masks",
-               {"kernel_workspace_bytes": parts.total, "counter_bytes": counter},
+               "kernel workspace + counter and step masks" + (" + adaptive spare rows" if spare else ""),
+               operands,
                "allocated by the runtime in load_model, before vLLM sizes the KV cache, so not in a "
-               "reserve back-solved from a boot without it; allocated before re-homing, so also in "
-               "the load-time HBM peak"))
+               "reserve back-solved from a boot without it; allocated before the runtime moves the "
+               "first experts, so also in the load-time HBM peak"))
     return float(total)
 

@@ -2,7 +2,8 @@
 
 The document is what `recipegen model import` writes (`recipes/models/<name>.yaml`) and what the
 catalog ships (`recipegen/catalog/models/<name>.yaml`): a `Model` with `{value, source}` figures,
-validated by the schema before anything is written.
+validated by the schema before anything is written. The architecture picks the family
+(`families.FAMILIES`); the config is checked field by field against it before any arithmetic.
 """
 
 from __future__ import annotations
@@ -11,16 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 from recipegen.modelimport.config import Config
-from recipegen.modelimport.dense import dense_bytes
-from recipegen.modelimport.geometry import (GPT_OSS_ALPHA, GPT_OSS_BIAS_SOURCE, GPT_OSS_SOURCE, MOE_INTER_FIELDS,
-                                            ROUTED_FIELDS, TOP_K_FIELDS, attention_groups, expert_format,
-                                            index_ranges, moe_layer_indices, sourced)
-from recipegen.modelimport.safetensors import IndexFacts, is_routed_expert, layer_of, read_index
+from recipegen.modelimport.families import Built, family_of, index_ranges, sourced
+from recipegen.modelimport.formats import Format, expert_format
+from recipegen.modelimport.inventory import DenseParts, dense_parts
+from recipegen.modelimport.safetensors import INDEX_NAME, IndexFacts, is_routed_expert, layer_of, read_index
+from recipegen.schema.model import AttentionLayers, ExpertTensor, StateLayers, kv_bytes_per_token
 
-INDEX_NAME = "model.safetensors.index.json"
-KV_DTYPE_SOURCE = "vLLM --kv-cache-dtype auto: the model's activation dtype (bf16)"
+_PART_ORDER = ("embeddings", "lm_head", "norms", "attention", "indexer", "linear_attention", "mamba", "routers",
+               "shared_experts", "dense_mlp", "encoder")
 
 
 @dataclass(frozen=True)
@@ -33,141 +34,178 @@ def locate(path: Path) -> ImportInput:
     """A config.json, or a folder with config.json (and model.safetensors.index.json if present)."""
     if path.is_dir():
         config = path / "config.json"
-        if not config.is_file():
+        if not config.exists():
             raise InputError("no config.json in this folder", file=str(path))
         index = path / INDEX_NAME
-        return ImportInput(config, index if index.is_file() else None)
-    if not path.is_file():
+        return ImportInput(config, index if index.exists() else None)
+    if not path.exists():
         raise InputError("no such file or folder", file=str(path))
     index = path.parent / INDEX_NAME
-    return ImportInput(path, index if index.is_file() else None)
+    return ImportInput(path, index if index.exists() else None)
+
+
+def read_config(path: Path) -> tuple[Config, Built, str]:
+    """The config checked against its family, and the family's build of it."""
+    cfg = Config.read(path)
+    fam, arch = family_of(cfg)
+    cfg.check_fields(set(fam.reads), set(fam.ignored), arch)
+    mtype = cfg.get("model_type")
+    if mtype is not None and mtype not in fam.model_types:
+        raise cfg.error("model_type", f"model_type {mtype!r} with architecture {arch!r}: vLLM reads that architecture "
+                        f"for model_type {', '.join(fam.model_types)}")
+    if fam.text_config and arch.endswith("ForConditionalGeneration"):
+        if not cfg.has("text_config"):
+            raise cfg.error("text_config", f"{arch} keeps the language model under `text_config`; it is missing")
+        cfg.section("text_config").check_fields(set(fam.reads), set(fam.ignored), arch)
+        if cfg.has("vision_config"):
+            cfg.section("vision_config").check_fields(set(fam.vision_reads) | {"model_type"},
+                                                      set(fam.vision_ignored), f"{arch} vision_config")
+    return cfg, fam.build(cfg, arch), arch
 
 
 def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> dict[str, Any]:
     """The model document (plain data, YAML-ready) for `inp`."""
-    cfg = Config.read(inp.config)
-    arch_list = cfg.need("architectures", kind=list)
-    arch = str(arch_list[0])
-    layers = cfg.need("num_hidden_layers")
-    routed_field = cfg.field(*ROUTED_FIELDS)
-    routed = cfg.need(*ROUTED_FIELDS, what="routed experts per MoE layer (is this a MoE model?)")
-    top_k_field = cfg.field(*TOP_K_FIELDS)
-    top_k = cfg.need(*TOP_K_FIELDS)
-    hidden = cfg.need("hidden_size")
-    inter_fields = MOE_INTER_FIELDS if cfg.get("moe_intermediate_size") else ("intermediate_size",)
-    inter = cfg.need(*inter_fields, what="the routed experts' intermediate width")
-    inter_src = f"config.json `{inter_fields[0]}`"
-    moe, moe_rule = moe_layer_indices(cfg, layers)
+    cfg, b, arch = read_config(inp.config)
+    text = b.text
+    fmt = expert_format(cfg, text, inp.config.parent, gated=b.gated)
+    layers, moe, routed, hidden, inter = b.layers, b.moe, b.routed, b.hidden, b.inter
     if not moe:
-        raise InputError("no MoE layer: every layer is dense by the config's layer rule", file=cfg.file,
-                         field="first_k_dense_replace")
-    fmt = expert_format(cfg)
-    act = cfg.get("hidden_act", default="silu")
-    if act != "silu":
-        raise InputError(f"expert activation {act!r}: the importer reads SwiGLU (silu) experts", file=cfg.file,
-                         field="hidden_act")
-
-    shape_src = f"{inter_src} {inter} (gate + up) × config.json `hidden_size` {hidden}; {fmt.source}"
-    tensors: list[dict[str, Any]] = [
-        {"name": "w13", "shape": [2 * inter, hidden], "dtype": fmt.dtype},
-        {"name": "w2", "shape": [hidden, inter], "dtype": fmt.dtype}]
+        raise InputError("no MoE layer: every layer is dense by the config's layer rule", file=cfg.file)
+    rows = 2 * inter if b.gated else inter
+    unit = {"mxfp4": 32, "nvfp4": 16, "int4": (fmt.scale or {}).get("block", [2])[0], "fp8": 1}.get(fmt.dtype, 1)
+    for width, field_ in ((hidden, "hidden_size"), (inter, b.inter_src.split("`")[1].rsplit(".", 1)[-1])):
+        if width % max(unit, 2 if fmt.dtype in ("mxfp4", "nvfp4", "int4") else 1):
+            raise text.error(field_, f"{width} does not split into the {fmt.dtype} scale groups of {unit} (vLLM packs "
+                             "and scales the experts in whole groups)")
+    shape_src = (f"{b.inter_src} {inter}" + (" (gate + up)" if b.gated else " (up only: no gate)")
+                 + f" × config.json `{text.name('hidden_size')}` {hidden}; {fmt.source}")
+    w1 = "w13" if b.gated else "w1"
+    tensors: list[dict[str, Any]] = [{"name": w1, "shape": [rows, hidden], "dtype": fmt.dtype},
+                                     {"name": "w2", "shape": [hidden, inter], "dtype": fmt.dtype}]
     if fmt.scale is not None:
         for t in tensors:
             t["scale"] = dict(fmt.scale)
-    biases = arch == "GptOssForCausalLM"
-    bias_src = GPT_OSS_BIAS_SOURCE
+    for sname, count in fmt.scalars:
+        tensors.append({"name": sname, "shape": [count], "dtype": "fp32", "kind": "scale"})
+    tensors += [dict(x) for x in fmt.extra]
     facts: IndexFacts | None = read_index(inp.index, layers) if inp.index else None
+    biases, bias_src = b.expert_biases, b.bias_src
     if facts is not None and facts.expert_bias_names:
         biases, bias_src = True, f"{INDEX_NAME}: {facts.expert_bias_names[0]}"
     if biases:
-        tensors += [{"name": "w13_bias", "shape": [2 * inter], "dtype": "bf16", "kind": "bias"},
+        tensors += [{"name": f"{w1}_bias", "shape": [rows], "dtype": "bf16", "kind": "bias"},
                     {"name": "w2_bias", "shape": [hidden], "dtype": "bf16", "kind": "bias"}]
         shape_src += f"; bf16 biases per expert ({bias_src})"
+    expert_bytes = sum(int(ExpertTensor.model_validate(t).num_bytes()) for t in tensors)
 
     doc: dict[str, Any] = {"name": name, "description": f"{checkpoint or name} ({arch}), imported from its config.json"
                            + (" and safetensors index" if inp.index else "")}
     doc["architecture"] = arch
     if checkpoint:
         doc["checkpoint"] = checkpoint
-    doc["decoder_layers"] = sourced(layers, "config.json `num_hidden_layers`"
-                                    + (f" (MTP layers excluded: `num_nextn_predict_layers` "
-                                       f"{cfg.get('num_nextn_predict_layers')})"
-                                       if cfg.get("num_nextn_predict_layers") else ""))
-    doc["moe_layers"] = sourced(index_ranges(moe), moe_rule)
-    doc["routed_experts"] = sourced(routed, f"config.json `{routed_field}`")
-    doc["top_k"] = sourced(top_k, f"config.json `{top_k_field}`")
-    if cfg.has("n_shared_experts"):
-        doc["shared_experts"] = sourced(cfg.get("n_shared_experts") or 0, "config.json `n_shared_experts`")
-    elif cfg.get("shared_expert_intermediate_size"):
-        doc["shared_experts"] = sourced(1, "config.json `shared_expert_intermediate_size` "
-                                        f"{cfg.get('shared_expert_intermediate_size')} (one shared expert)")
-    else:
-        doc["shared_experts"] = sourced(0, "no n_shared_experts / shared_expert_intermediate_size in config.json")
-    doc["hidden_size"] = sourced(hidden, "config.json `hidden_size`")
-    doc["moe_intermediate_size"] = sourced(inter, inter_src)
+    doc["decoder_layers"] = sourced(layers, b.layers_src)
+    doc["moe_layers"] = sourced(index_ranges(moe), b.moe_rule)
+    doc["routed_experts"] = sourced(routed, b.routed_src)
+    doc["top_k"] = sourced(b.top_k, b.top_k_src)
+    doc["shared_experts"] = sourced(b.shared, b.shared_src)
+    doc["hidden_size"] = sourced(hidden, f"config.json `{text.name('hidden_size')}`")
+    doc["moe_intermediate_size"] = sourced(inter, b.inter_src)
     doc["expert_tensors"] = sourced(tensors, shape_src)
-    if cfg.get("max_position_embeddings"):
-        doc["max_position_embeddings"] = sourced(*_context_length(cfg))
-    if arch == "GptOssForCausalLM":
-        limit = cfg.need("swiglu_limit", kind=(int, float))
-        doc["activation"] = sourced({"kind": "swigluoai", "alpha": GPT_OSS_ALPHA, "limit": float(limit)},
-                                    f"{GPT_OSS_SOURCE}; config.json `swiglu_limit`; vLLM 0.33.0 "
-                                    "vllm/model_executor/models/gpt_oss.py:400 (activation swigluoai)")
-    else:
-        doc["activation"] = sourced({"kind": "silu"}, "config.json `hidden_act` silu")
-    dense = dense_bytes(cfg, fmt, moe, layers)
+    if text.has("max_position_embeddings"):
+        doc["max_position_embeddings"] = sourced(*_context_length(text))
+    doc["activation"] = sourced(b.activation, b.activation_src)
+    parts = dense_parts(b.tensors, fmt.dense)
+    _dense(doc, facts, parts, fmt, b, expert_bytes, inp)
+    for g in b.attention:
+        g["kv_dtype"] = fmt.kv_dtype
+    doc["attention"] = b.attention
+    if b.state:
+        doc["state"] = b.state
+    if b.cacheless:
+        doc["cacheless_layers"] = sourced(index_ranges(b.cacheless), b.cacheless_src)
+    groups = [AttentionLayers.model_validate(_plain(g)) for g in b.attention]
+    per_token = kv_bytes_per_token(groups)
+    doc["kv_bytes_per_token"] = sourced(f"{per_token} B", f"Σ attention layers × bytes per token per layer at one "
+                                        f"rank, {fmt.kv_dtype} ({_kv_terms(groups)}; {fmt.kv_source}); sliding and "
+                                        "chunked layers counted uncapped here, the ledger caps them per sequence")
+    if b.state:
+        states = [StateLayers.model_validate(_plain(g)) for g in b.state]
+        total = sum(len(s.layers) * s.bytes_per_sequence_per_layer(1) for s in states)
+        doc["state_bytes_per_sequence"] = sourced(f"{total} B", "Σ state layers × (conv + recurrent state) at one "
+                                                  "rank, before vLLM pads it to an attention page (" +
+                                                  " + ".join(f"{len(s.layers)} {s.kind} × "
+                                                             f"{s.bytes_per_sequence_per_layer(1):,} B"
+                                                             for s in states) + ")")
+    return doc
+
+
+def _dense(doc: dict[str, Any], facts: IndexFacts | None, parts: DenseParts, fmt: Format, b: Built,
+           expert_bytes: int, inp: ImportInput) -> None:
+    moe, routed = b.moe, b.routed
     if facts is not None and facts.exact_dense_bytes is not None:
-        geometry = len(moe) * routed * int(_expert_bytes(tensors))
+        geometry = len(moe) * routed * expert_bytes
         check = ("the routed experts' bytes in the headers match the geometry" if facts.exact_expert_bytes == geometry
                  else f"the headers hold {facts.exact_expert_bytes:,} B of routed experts, the geometry "
                       f"{geometry:,} B: the expert tensors above may not match the checkpoint's format")
         doc["dense_bytes"] = sourced(f"{facts.exact_dense_bytes} B",
-                                     f"{INDEX_NAME} + {facts.shards_read} shard header(s): every tensor not "
-                                     f"under `.experts.` in decoder layers < num_hidden_layers; {check}")
+                                     f"{INDEX_NAME} + {facts.shards_read} shard header(s): every tensor not under "
+                                     f"`.experts.` in decoder layers < the {b.layers} decoder layers; {check}")
     elif facts is not None and facts.total_size is not None:
-        expert_bytes = int(_expert_bytes(tensors))
         mtp_moe = [lay for lay in facts.mtp_layers
                    if any(layer_of(n) == lay and is_routed_expert(n) for n in facts.names)]
         n_moe = len(moe) + len(mtp_moe)
         rest = facts.total_size - n_moe * routed * expert_bytes
         if rest <= 0:
-            raise InputError(f"metadata.total_size {facts.total_size:,} B is smaller than the routed experts "
-                             f"the config implies ({n_moe * routed * expert_bytes:,} B): wrong index for this "
-                             "config?", file=str(inp.index), field="metadata.total_size")
+            raise InputError(f"metadata.total_size {facts.total_size:,} B is smaller than the routed experts the "
+                             f"config implies ({n_moe * routed * expert_bytes:,} B): wrong index for this config?",
+                             file=str(inp.index), field="metadata.total_size")
         doc["dense_bytes"] = sourced(f"{rest} B", f"{INDEX_NAME} `metadata.total_size` − {n_moe} MoE layers × "
                                      f"{routed} routed experts × {expert_bytes:,} B"
                                      + (f" (includes the non-expert tensors of MTP layers {facts.mtp_layers})"
                                         if facts.mtp_layers else ""))
     else:
-        doc["dense_bytes"] = sourced(f"{dense.total} B", "derived from config.json geometry: " + dense.summary()
-                                     + (" (FP8 linear layers with fp32 block scales)" if fmt.dense_fp8_block else ""))
-    tp_parts: dict[str, Any] = {"replicated": f"{dense.replicated} B"}
-    if dense.kv_projections:
-        tp_parts.update(kv_projections=f"{dense.kv_projections} B", kv_heads=dense.kv_heads)
-    declared_dense = int(str(doc["dense_bytes"]["value"]).split()[0])
-    if dense.replicated + dense.kv_projections <= declared_dense:   # else the geometry is not this checkpoint's
+        summary = ", ".join(f"{k} {parts.parts[k]:,}" for k in _PART_ORDER if k in parts.parts)
+        doc["dense_bytes"] = sourced(f"{parts.total} B", "derived from config.json geometry as vLLM 0.33 builds the "
+                                     f"layers: {summary}" + _format_note(fmt))
+    declared = int(str(doc["dense_bytes"]["value"]).split()[0])
+    if parts.encoder:
+        doc["encoder_bytes"] = sourced(f"{parts.encoder} B", f"of dense_bytes: {b.encoder_src}")
+    if parts.replicated + parts.kv_projections <= declared:   # else the geometry is not this checkpoint's
+        tp: dict[str, Any] = {"replicated": f"{parts.replicated} B"}
+        kv_heads = next((g["kv_heads"]["value"] for g in b.attention if "kv_heads" in g), None)
+        if parts.kv_projections and kv_heads:
+            tp.update(kv_projections=f"{parts.kv_projections} B", kv_heads=kv_heads)
         doc["dense_tensor_parallel"] = sourced(
-                tp_parts, "derived from config.json geometry as vLLM 0.33 builds the layers: replicated = norms, "
-            "routers (GateLinear is a ReplicatedLinear), MLA q_a/kv_a projections and norms (disable_tp), "
-            "row-parallel biases; kv_projections = GQA k/v projections (max(1, kv_heads // tp) heads per rank); "
-            "the rest of dense_bytes is split over the ranks")
-    layer_bytes: dict[str, Any] = {"moe_layer": f"{dense.moe_layer} B"}
-    if dense.dense_layer:
-        layer_bytes["dense_layer"] = f"{dense.dense_layer} B"
-    doc["decoder_layer_bytes"] = sourced(layer_bytes, "derived from config.json geometry: one MoE decoder layer's "
-                                         "attention + norms + router + shared experts; one dense layer's attention "
-                                         "+ norms + MLP (what vLLM's --cpu-offload-gb walk meets per layer)")
+            tp, "derived from config.json geometry as vLLM 0.33 builds the layers: replicated = norms, routers "
+            "(GateLinear is a ReplicatedLinear), MLA q_a/kv_a projections and norms (disable_tp), the sparse-attention "
+            "indexer (ReplicatedLinear), row-parallel biases, replicated projectors; kv_projections = GQA k/v "
+            "projections (max(1, kv_heads // tp) heads per rank); the rest of dense_bytes is split over the ranks")
+    doc["decoder_layer_bytes"] = sourced(_layer_bytes(parts, b), "derived from config.json geometry: each decoder "
+                                         "layer's non-routed tensors (attention or state mixer, norms, router, shared "
+                                         "experts, a dense layer's MLP): what vLLM's --cpu-offload-gb walk meets per "
+                                         "layer")
     if facts is not None and facts.total_size is not None:
         doc["total_bytes"] = sourced(f"{facts.total_size} B", f"{INDEX_NAME} `metadata.total_size`"
                                      + (f" (includes MTP layers {facts.mtp_layers})" if facts.mtp_layers else ""))
-    kv_dtype = "bf16"
-    groups = attention_groups(cfg, layers, kv_dtype)
-    doc["attention"] = groups
-    per_token = _kv_bytes_per_token(groups)
-    doc["kv_bytes_per_token"] = sourced(f"{per_token} B", "Σ attention layers × bytes per token per layer at one "
-                                        "rank, bf16 (" + _kv_terms(groups) + "); sliding layers counted uncapped "
-                                        "here, the ledger caps them at their window per sequence")
-    return doc
+
+
+def _format_note(fmt: Format) -> str:
+    return {"fp8_block": " (FP8 linear layers with fp32 128×128 block scales)",
+            "nvfp4": " (NVFP4 linear layers outside exclude_modules: e2m1 + e4m3 per 16 + two fp32 scalars)",
+            "int4": " (int4 linear layers outside `ignore`)"}.get(fmt.dense.kind, "")
+
+
+def _layer_bytes(parts: DenseParts, b: Built) -> dict[str, Any]:
+    moe = set(b.moe)
+    per = [parts.per_layer.get(i, 0) for i in range(b.layers)]
+    moe_sizes = {per[i] for i in moe}
+    dense_sizes = {per[i] for i in range(b.layers) if i not in moe}
+    out: dict[str, Any] = {"moe_layer": f"{per[b.moe[0]]} B"}
+    if dense_sizes:
+        out["dense_layer"] = f"{per[next(i for i in range(b.layers) if i not in moe)]} B"
+    if len(moe_sizes) > 1 or len(dense_sizes) > 1:
+        out["layers"] = [f"{n} B" for n in per]
+    return out
 
 
 # RoPE types whose max_position_embeddings is already the scaled length (vLLM does not multiply).
@@ -179,10 +217,13 @@ def _context_length(cfg: Config) -> tuple[int, str]:
     (vllm/config/model.py:2599-2634: × rope_scaling.factor except for YaRN-style types that are
     pre-scaled; :2657-2684: a larger `model_max_length` in config.json also allows it)."""
     length = cfg.need("max_position_embeddings")
-    src = "config.json `max_position_embeddings`"
+    src = f"config.json `{cfg.name('max_position_embeddings')}`"
     rope = cfg.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type") or rope.get("type") if isinstance(rope, dict) else None
+    rope_type = (rope.get("rope_type") or rope.get("type")) if isinstance(rope, dict) else None
     factor = rope.get("factor") if isinstance(rope, dict) else None
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                               or not 0 < factor <= 1024):
+        raise cfg.error("rope_scaling", f"rope_scaling.factor {factor!r} is not a positive number up to 1024")
     if factor and rope_type not in _PRESCALED_ROPE and rope_type != "default":
         length = int(length * float(factor))
         src += f" × `rope_scaling.factor` {factor} ({rope_type}; vllm/config/model.py:2599-2634)"
@@ -190,35 +231,26 @@ def _context_length(cfg: Config) -> tuple[int, str]:
         src += f" (rope_scaling {rope_type}: already the scaled length, vllm/config/model.py:2610-2612)"
     extra = cfg.get("model_max_length")
     if isinstance(extra, int) and extra > length:
-        length, src = extra, "config.json `model_max_length` (vllm/config/model.py:2657-2684)"
+        length, src = extra, f"config.json `{cfg.name('model_max_length')}` (vllm/config/model.py:2657-2684)"
     return length, src
 
 
-def _expert_bytes(tensors: list[dict[str, Any]]) -> float:
-    from recipegen.schema.model import ExpertTensor
-    return float(sum(ExpertTensor.model_validate(t).num_bytes() for t in tensors))
-
-
 def _plain(v: Any) -> Any:
-    return v["value"] if isinstance(v, dict) and set(v) == {"value", "source"} else v
+    if isinstance(v, dict):
+        if set(v) == {"value", "source"}:
+            return v["value"]
+        return {k: _plain(x) for k, x in v.items()}
+    return v
 
 
-def _kv_bytes_per_token(groups: list[dict[str, Any]]) -> int:
-    from recipegen.schema.model import AttentionLayers
-    total = 0
-    for g in groups:
-        group = AttentionLayers.model_validate({k: _plain(v) for k, v in g.items()})
-        total += len(group.layers) * group.bytes_per_token_per_layer(1)
-    return total
-
-
-def _kv_terms(groups: list[dict[str, Any]]) -> str:
-    from recipegen.schema.model import AttentionLayers
+def _kv_terms(groups: list[AttentionLayers]) -> str:
     out = []
     for g in groups:
-        group = AttentionLayers.model_validate({k: _plain(v) for k, v in g.items()})
-        if group.kind == "mla":
-            out.append(f"{len(group.layers)} MLA × ({group.kv_lora_rank} + {group.rope_head_dim}) × 2 B")
+        if g.kind == "mla":
+            term = f"{len(g.layers)} MLA × ({g.kv_lora_rank} + {g.rope_head_dim}) × dtype"
+            if g.index_head_dim:
+                term += f" + indexer {g.index_head_dim} + {g.index_head_dim // 128} × 4 B"
+            out.append(term)
         else:
-            out.append(f"{len(group.layers)} {group.kind} × 2 × {group.kv_heads} × {group.head_dim} × 2 B")
+            out.append(f"{len(g.layers)} {g.kind} × 2 × {g.kv_heads} × {g.head_dim} × dtype")
     return " + ".join(out)

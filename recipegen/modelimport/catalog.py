@@ -43,6 +43,7 @@ def render_all() -> dict[Path, str]:
 
 def main(argv: list[str]) -> int:
     import os
+
     from expert_residency.formats import atomic_write_text
     os.chdir(REPO)  # the generated header cites the fixture path relative to the repository
     stale = []

@@ -4,21 +4,41 @@ headers) says about its bytes: total size, and routed-expert vs other bytes by t
 The index names every tensor and the file holding it, and gives the total size; each shard
 starts with an 8-byte little-endian header length and a JSON header with every tensor's dtype,
 shape and byte range, so the split is exact when the shards are there (only their headers are
-read). A tensor is a routed expert when its name has an `.experts.` component (not
-`shared_experts`); decoder layers at or past `num_hidden_layers` are MTP layers.
+read). Nothing in them is trusted: a shard is named by a plain file name beside the index
+(no folder, no `..`, no absolute path), is a regular file, and its header must describe the
+file exactly — every byte range inside the data, in order, without overlap or hole, of the
+length its dtype and shape imply, the last one ending where the file ends — and name exactly
+the tensors the index places in it. A tensor is a routed expert when its name has an
+`.experts.` component (not `shared_experts`); decoder layers at or past `num_hidden_layers`
+are MTP layers.
 """
 
 from __future__ import annotations
 
-import json
+import os
 import re
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
+from recipegen.modelimport.jsondoc import JsonDoc, load_json, parse_json
 
+INDEX_NAME = "model.safetensors.index.json"
+MAX_INDEX_BYTES = 64 * 2**20       # DeepSeek-V3's index is 8.9 MB
+MAX_HEADER_BYTES = 100 * 2**20     # the safetensors library's own bound on a header
+MAX_TENSORS = 2_000_000
+MAX_SHARDS = 100_000
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
+_SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+
+# Bits per element of each safetensors dtype (the format's own list; F4 packs two per byte).
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16,
+    "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "F64": 64, "I64": 64, "U64": 64,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
 
 
 def is_routed_expert(name: str) -> bool:
@@ -46,27 +66,45 @@ class IndexFacts:
 
 
 def read_index(path: Path, num_layers: int) -> IndexFacts:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", file=str(path)) from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not JSON: {exc.msg}", file=str(path), line=exc.lineno) from None
-    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    doc = load_json(path, limit=MAX_INDEX_BYTES, what=INDEX_NAME)
+    data = doc.data
+    if not isinstance(data, dict):
+        raise InputError("expected a JSON object with `weight_map`", file=doc.file, line=1)
+    weight_map = data.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
-        raise InputError("missing `weight_map` (tensor name -> shard file)", file=str(path), field="weight_map")
-    total = (data.get("metadata") or {}).get("total_size")
+        raise doc.error("missing `weight_map` (tensor name -> shard file)", ("weight_map",))
+    if len(weight_map) > MAX_TENSORS:
+        raise doc.error(f"{len(weight_map):,} tensors (at most {MAX_TENSORS:,})", ("weight_map",))
+    for name, shard in weight_map.items():
+        _check_shard_name(doc, name, shard)
+    metadata = data.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise doc.error("expected an object", ("metadata",))
+    total = (metadata or {}).get("total_size")
     if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total <= 0):
-        raise InputError(f"expected a positive integer, got {total!r}", file=str(path), field="metadata.total_size")
+        raise doc.error(f"expected a positive integer, got {total!r}", ("metadata", "total_size"))
     names = sorted(weight_map)
     facts = IndexFacts(str(path), total, names)
     facts.expert_bias_names = [n for n in names if is_routed_expert(n) and n.endswith("bias")]
     facts.mtp_layers = sorted({lay for n in names if (lay := layer_of(n)) is not None and lay >= num_layers})
-    shards = sorted(set(weight_map.values()))
-    if shards and all((path.parent / s).is_file() for s in shards):
+    by_shard: dict[str, set[str]] = {}
+    for name, shard in weight_map.items():
+        by_shard.setdefault(shard, set()).add(name)
+    if len(by_shard) > MAX_SHARDS:
+        raise doc.error(f"{len(by_shard):,} shard files (at most {MAX_SHARDS:,})", ("weight_map",))
+    present = [s for s in by_shard if _entry(path.parent / s) is not None]
+    if present and len(present) != len(by_shard):
+        missing = sorted(set(by_shard) - set(present))
+        raise InputError(f"{len(missing)} of the {len(by_shard)} shards the index names are not beside it "
+                         f"(first: {missing[0]}); give all of them or none (then the index's total_size is used)",
+                         file=doc.file, line=doc.line(("weight_map", sorted(by_shard[missing[0]])[0])),
+                         field="weight_map")
+    if present:
         experts = dense = mtp = 0
-        for shard in shards:
-            for name, nbytes in _header_sizes(path.parent / shard).items():
+        for shard in sorted(by_shard):
+            header = read_shard_header(path.parent / shard)
+            _check_same_tensors(doc, shard, by_shard[shard], header)
+            for name, nbytes in header.items():
                 lay = layer_of(name)
                 if lay is not None and lay >= num_layers:
                     mtp += nbytes
@@ -74,33 +112,125 @@ def read_index(path: Path, num_layers: int) -> IndexFacts:
                     experts += nbytes
                 else:
                     dense += nbytes
+        if total is not None and experts + dense + mtp != total:
+            raise doc.error(f"metadata.total_size is {total:,} B, the shard headers describe "
+                            f"{experts + dense + mtp:,} B of tensors", ("metadata", "total_size"))
         facts.exact_expert_bytes, facts.exact_dense_bytes, facts.exact_mtp_bytes = experts, dense, mtp
-        facts.shards_read = len(shards)
+        facts.shards_read = len(by_shard)
     return facts
 
 
-def _header_sizes(path: Path) -> dict[str, int]:
-    """Tensor name -> bytes, from a safetensors shard's header only."""
+def _check_shard_name(doc: JsonDoc, name: str, shard: object) -> None:
+    """A shard is a file beside the index: a plain name, never a path."""
+    where = ("weight_map", name)
+    if not isinstance(shard, str):
+        raise doc.error(f"expected a shard file name, got {shard!r}", where)
+    if not _SHARD_NAME.fullmatch(shard) or shard in (".", "..") or ".." in shard.split("."):
+        raise doc.error(f"shard {shard!r} is not a plain file name beside the index (no folder, no '..', "
+                        "no absolute path)", where)
+
+
+def _entry(path: Path) -> os.stat_result | None:
     try:
-        with path.open("rb") as f:
-            head = f.read(8)
-            if len(head) != 8:
-                raise InputError("too short for a safetensors header", file=str(path))
-            (length,) = struct.unpack("<Q", head)
-            if length > 100 * 2**20:
-                raise InputError(f"header length {length} is not plausible", file=str(path))
-            header = json.loads(f.read(length))
+        return os.stat(path)
+    except OSError:
+        return None
+
+
+def _check_same_tensors(doc: JsonDoc, shard: str, indexed: set[str], header: dict[str, int]) -> None:
+    missing = sorted(indexed - set(header))
+    if missing:
+        raise doc.error(f"the index places {missing[0]!r} in {shard}, whose header does not have it "
+                        f"({len(missing)} such tensor(s))", ("weight_map", missing[0]))
+    extra = sorted(set(header) - indexed)
+    if extra:
+        raise InputError(f"tensor {extra[0]!r} is in the header but not in {INDEX_NAME} "
+                         f"({len(extra)} such tensor(s)): the index does not describe this shard",
+                         file=shard, field=extra[0])
+
+
+def read_shard_header(path: Path) -> dict[str, int]:
+    """Tensor name -> bytes, from a safetensors shard's header, checked against the file."""
+    file = str(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", file=str(path)) from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"header is not JSON: {exc.msg}", file=str(path)) from None
+        raise InputError(f"cannot read the shard: {exc.strerror}", file=file) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError("a safetensors shard must be a regular file", file=file)
+        size = info.st_size
+        if size < 8:
+            raise InputError(f"{size} bytes: too short for a safetensors header (8-byte length first)", file=file)
+        (length,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+        if length > MAX_HEADER_BYTES:
+            raise InputError(f"header length {length:,} exceeds {MAX_HEADER_BYTES:,} bytes", file=file)
+        if 8 + length > size:
+            raise InputError(f"header length {length:,} runs past the end of the {size:,}-byte file (truncated?)",
+                             file=file)
+        raw = os.pread(fd, length, 8)
+    except OSError as exc:
+        raise InputError(f"cannot read the shard: {exc.strerror}", file=file) from None
+    finally:
+        os.close(fd)
+    if len(raw) != length:
+        raise InputError("the file shrank while its header was read", file=file)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError("the header is not UTF-8 JSON", file=file) from None
+    header = parse_json(text.rstrip(" "), f"{file} (header)", what="safetensors header").data
+    if not isinstance(header, dict):
+        raise InputError("the header is not a JSON object", file=file)
+    return _check_header(header, file, size - 8 - length)
+
+
+def _check_header(header: dict, file: str, data_bytes: int) -> dict[str, int]:
     out: dict[str, int] = {}
+    ranges: list[tuple[int, int, str]] = []
     for name, info in header.items():
         if name == "__metadata__":
+            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+                raise InputError("__metadata__ must map names to strings", file=file, field="__metadata__")
             continue
-        try:
-            start, end = info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise InputError(f"tensor {name!r} has no data_offsets", file=str(path)) from None
-        out[name] = int(end) - int(start)
+        if not isinstance(info, dict):
+            raise InputError("expected {dtype, shape, data_offsets}", file=file, field=name)
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if dtype not in DTYPE_BITS:
+            raise InputError(f"unknown dtype {dtype!r}", file=file, field=name)
+        if not isinstance(shape, list) or len(shape) > 8 or \
+                not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in shape):
+            raise InputError(f"shape {shape!r} is not a list of non-negative integers", file=file, field=name)
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+            raise InputError(f"data_offsets {offsets!r} is not [begin, end]", file=file, field=name)
+        begin, end = offsets
+        if not 0 <= begin <= end:
+            raise InputError(f"data_offsets [{begin}, {end}] are reversed or negative", file=file, field=name)
+        if end > data_bytes:
+            raise InputError(f"data_offsets end {end:,} lies past the {data_bytes:,} bytes of data the file holds "
+                             "(truncated shard?)", file=file, field=name)
+        numel = 1
+        for d in shape:
+            numel *= d
+        bits = numel * DTYPE_BITS[dtype]
+        if bits % 8 or bits // 8 != end - begin:
+            raise InputError(f"{dtype} {shape} is {bits / 8:,g} bytes, its byte range holds {end - begin:,}",
+                             file=file, field=name)
+        out[name] = end - begin
+        ranges.append((begin, end, name))
+    ranges.sort()
+    at = 0
+    for begin, end, name in ranges:
+        if begin < at:
+            raise InputError(f"byte range [{begin:,}, {end:,}) overlaps the previous tensor's (ends at {at:,})",
+                             file=file, field=name)
+        if begin > at:
+            raise InputError(f"{begin - at:,} bytes before this tensor belong to no tensor (a hole at {at:,})",
+                             file=file, field=name)
+        at = end
+    if at != data_bytes:
+        raise InputError(f"the header's tensors cover {at:,} of the {data_bytes:,} data bytes the file holds",
+                         file=file)
     return out

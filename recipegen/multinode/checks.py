@@ -1,6 +1,6 @@
 """Cross-field checks of a multi-node lane: its stages' machines, GPUs, addresses, ports, layers.
 
-Returns (field path, message) problems like `recipegen.schema.checks`, which calls this per lane.
+Returns (field path, message) problems like `recipegen.load.checks`, which calls this per lane.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ The tests check this against the installed vLLM's function.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 class PartitionError(ValueError):

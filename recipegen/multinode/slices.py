@@ -8,7 +8,8 @@ provenance kept, plus where it was cut from. Its own content and shape hashes fo
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def slice_rowmap(rowmap: Any, moe_layers: Sequence[int], *, stage: int, source: str = "") -> Any:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 COMPOSE_ENV = "RECIPEGEN_COMPOSE"
 
@@ -95,16 +95,36 @@ class ComposeProject:
     def project_name(self) -> str:
         return str(self.config().get("name") or self.project_dir.name)
 
-    def up(self, services: Sequence[str], *, wait_timeout_s: int, profiles: Sequence[str] = (),
-           force_recreate: bool = False) -> subprocess.CompletedProcess[str]:
+    def up_args(self, services: Sequence[str], *, wait_timeout_s: int,
+                force_recreate: bool = False) -> list[str]:
         """`up -d --wait` exactly these services (no dependencies started or recreated)."""
         # pull policy as plain `docker compose up`: a missing image is pulled, a present one kept
         args = ["up", "-d", "--wait", "--wait-timeout", str(int(wait_timeout_s)), "--no-deps"]
         if force_recreate:
             args.append("--force-recreate")
+        return [*args, *services]
+
+    def up(self, services: Sequence[str], *, wait_timeout_s: int, profiles: Sequence[str] = (),
+           force_recreate: bool = False) -> subprocess.CompletedProcess[str]:
+        """`up_args` with the output captured (the ops commands use `ops.startup`, which streams)."""
         # the compose process itself gets a margin beyond its own wait
-        return self.run([*args, *services], profiles=profiles, timeout_s=wait_timeout_s + 120,
-                        check=True)
+        return self.run(self.up_args(services, wait_timeout_s=wait_timeout_s,
+                                     force_recreate=force_recreate),
+                        profiles=profiles, timeout_s=wait_timeout_s + 120, check=True)
+
+    def spawn(self, args: Sequence[str], *, profiles: Sequence[str] = ()) -> subprocess.Popen[str]:
+        """Start Compose with its output (stdout and stderr together) readable line by line as it
+        comes: not a terminal, so Compose prints plain progress lines, no redrawn screen."""
+        cmd = self._base()
+        for p in profiles:
+            cmd += ["--profile", p]
+        cmd += list(args)
+        try:
+            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, text=True, errors="replace",
+                                    bufsize=1, env=self.env, cwd=self.project_dir)
+        except OSError as exc:
+            raise ComposeError(f"could not run `{_show(cmd)}`: {exc}") from None
 
     def stop(self, services: Sequence[str], *, profiles: Sequence[str] = (),
              timeout_s: int = 60) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recipegen.errors import InputError, RecipegenError
+from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.compose import ComposeProject
 from recipegen.ops.rendering import Rendering

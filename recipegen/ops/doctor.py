@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recipegen.units import GiB as GIB
+from recipegen.common.units import GiB as GIB
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 UNLIMITED = -1
@@ -41,6 +41,7 @@ class HostRequirement:
     images: list[str] = field(default_factory=list)          # images its services run
     required_paths: list[str] = field(default_factory=list)  # host paths its services bind
                                                               # without creating them (model dirs)
+    machine: Any = None           # the recipe's machine entry (recipegen.schema.Machine) for this host
 
 
 @dataclass
@@ -59,6 +60,9 @@ class Facts:
     gpu_error: str = ""
     local_images: set[str] | None = None            # None: not asked (no daemon)
     existing_paths: set[str] = field(default_factory=set)
+    detected: Any = None                            # this box as `recipegen machine detect` reads it
+    detected_summary: str = ""
+    detect_error: str = ""                          # why it could not be read
 
 
 def _fmt_limit(value: int | None) -> str:
@@ -98,6 +102,8 @@ def evaluate(facts: Facts, need: HostRequirement | None = None) -> list[Check]:
     checks.append(_memlock_check(facts, need))
     checks.append(_memory_check(facts, need))
     checks.append(_gpu_check(facts, need))
+    if facts.detected is not None or facts.detect_error:
+        checks.append(_machine_check(facts, need))
     if need is not None:
         checks.append(_images_check(facts, need))
         checks.append(_paths_check(facts, need))
@@ -162,8 +168,8 @@ def _memory_check(facts: Facts, need: HostRequirement | None) -> Check:
     return Check("host memory", FAIL,
                  f"{have}; {need.recipe}'s host ledger plans {need.host_bytes / GIB:.2f} GiB",
                  "stop other lanes or processes holding memory (`recipegen status`), drop the "
-                 "page cache if it is only cache, or lower the recipe's cold bank / Engram budget "
-                 "(`recipegen check budgets`)")
+                 "page cache if it is only cache, or keep fewer experts in host memory (a higher "
+                 "hot_experts_per_layer; `recipegen check budgets` shows the host ledger)")
 
 
 def _gpu_check(facts: Facts, need: HostRequirement | None) -> Check:
@@ -178,6 +184,57 @@ def _gpu_check(facts: Facts, need: HostRequirement | None) -> Check:
         return Check("gpus", FAIL, f"{detail}; {need.recipe} needs {need.gpus}",
                      "run the recipe on its machine or change the lanes' GPUs")
     return Check("gpus", OK, detail)
+
+
+def _gpu_models(kind: str) -> set[str]:
+    """The model words of a GPU name (`NVIDIA H100 80GB HBM3` -> {h100}; `RTX 4090` -> {4090}):
+    words with a digit, less memory sizes and memory kinds."""
+    words = kind.lower().replace("-", " ").split()
+    return {w for w in words if any(c.isdigit() for c in w) and not re.fullmatch(r"\d+gb|hbm\d*e?|gddr\d+x?", w)}
+
+
+def _machine_check(facts: Facts, need: HostRequirement | None) -> Check:
+    """This box as the driver reports it (`recipegen machine detect`) against the machine the
+    recipe's ledger was computed for."""
+    if facts.detected is None:
+        return Check("machine", WARN, f"could not read this box's GPUs through NVML: {facts.detect_error}",
+                     "pip install 'recipegen[nvml]' (nvidia-ml-py) to compare it with the recipe's machine")
+    box = facts.detected
+    if need is None or need.machine is None:
+        return Check("machine", OK, f"detected {facts.detected_summary} (`recipegen machine detect -o FILE` "
+                                     "writes it as a machine entry)")
+    want = need.machine
+    fail: list[str] = []
+    warn: list[str] = []
+    if not _gpu_models(want.gpus.kind) & _gpu_models(box.gpus.kind):
+        fail.append(f"the recipe's machine {want.name} has {want.gpus.kind} GPUs, this box {box.gpus.kind}")
+    if want.gpus.compute_capability and box.gpus.compute_capability and \
+            want.gpus.compute_capability != box.gpus.compute_capability:
+        fail.append(f"compute capability {want.gpus.compute_capability} in the recipe, "
+                    f"{box.gpus.compute_capability} here (it picks the MoE backend and the runtime's kernels)")
+    if want.gpus.usable > box.gpus.usable:
+        fail.append(f"the recipe counts {want.gpus.usable / GIB:.2f} GiB per GPU, CUDA sees "
+                    f"{box.gpus.usable / GIB:.2f} GiB here: every KV figure is {(want.gpus.usable - box.gpus.usable) / GIB:.2f} GiB "
+                    "× utilisation too high")
+    elif want.gpus.usable < box.gpus.usable * 0.99:
+        warn.append(f"the recipe counts {want.gpus.usable / GIB:.2f} GiB per GPU, CUDA sees {box.gpus.usable / GIB:.2f} "
+                    "GiB here: the ledger leaves the rest unused")
+    if want.host_memory > box.host_memory:
+        fail.append(f"the recipe's host memory {want.host_memory / GIB:.1f} GiB is more than this box's "
+                    f"{box.host_memory / GIB:.1f} GiB (MemTotal)")
+    elif want.host_memory < box.host_memory * 0.9:
+        warn.append(f"the recipe plans with {want.host_memory / GIB:.1f} GiB of host memory, this box has "
+                    f"{box.host_memory / GIB:.1f} GiB")
+    if want.pinned_read_bandwidth > box.pinned_read_bandwidth * 1.05:
+        warn.append(f"the recipe's host link reads {want.pinned_read_bandwidth / 1e9:.1f} GB/s, this box's link "
+                    f"carries {box.pinned_read_bandwidth / 1e9:.1f} GB/s: fetch projections are optimistic")
+    fix = (f"`recipegen machine detect -o machine.yaml` and put the entry under the recipe's `machines:` (or "
+           f"`recipegen new MODEL --machine machine.yaml`), then `recipegen fit {need.recipe}`")
+    if fail:
+        return Check("machine", FAIL, "; ".join(fail + warn), fix)
+    if warn:
+        return Check("machine", WARN, "; ".join(warn), fix)
+    return Check("machine", OK, f"{facts.detected_summary}: matches {need.recipe}'s machine {want.name}")
 
 
 # -- gathering (I/O) ---------------------------------------------------------------------------
@@ -282,6 +339,7 @@ def gather_facts(env: Mapping[str, str] | None = None, need: HostRequirement | N
     if pid is not None:
         facts.daemon_memlock = proc_memlock(pid)
     facts.mem_available, facts.mem_total = _read_meminfo()
+    _detect_machine(facts)
     smi = shutil.which("nvidia-smi")
     if smi:
         facts.nvidia_smi = True
@@ -297,3 +355,21 @@ def gather_facts(env: Mapping[str, str] | None = None, need: HostRequirement | N
         except (OSError, subprocess.TimeoutExpired) as exc:
             facts.gpu_error = str(exc)
     return facts
+
+
+def _detect_machine(facts: Facts) -> None:
+    """This box through NVML (`recipegen.catalog.detect`), when nvidia-ml-py and a driver are here."""
+    from recipegen.catalog.detect import PynvmlTable, detect
+    from recipegen.common.errors import RecipegenError
+    from recipegen.schema import Machine
+
+    try:
+        found = detect(PynvmlTable(), Path("/proc/meminfo").read_text())
+    except RecipegenError as exc:
+        facts.detect_error = str(exc)
+        return
+    except Exception as exc:  # the driver's own errors (NVMLError_LibraryNotFound, ...)
+        facts.detect_error = f"{type(exc).__name__}: {exc}"
+        return
+    facts.detected = Machine.model_validate(found.entry)
+    facts.detected_summary = found.summary()

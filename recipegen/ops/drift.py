@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from expert_residency.formats import Histogram, RowMap
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 DEFAULT_TOLERANCE = 0.02   # absolute increase of the cold share before we call it drift
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 COMPOSE_PROJECT = "com.docker.compose.project"
 COMPOSE_SERVICE = "com.docker.compose.service"
@@ -155,21 +155,64 @@ def send_signal(client: Any, container_id: str, signal_name: str) -> None:
                           f"{_short(exc)}") from None
 
 
-def list_dir(client: Any, container_id: str, path: str) -> dict[str, bytes]:
-    """Regular files directly inside `path` in the container (read through the engine, so it
-    works for bind mounts, volumes and remote daemons alike): name → bytes."""
+DUMP_NAMES: Any = object()  # list_dir's default: the dump folder's file names
+
+
+def list_dir(client: Any, container_id: str, path: str, *,
+             keep: Callable[[str], bool] | None = DUMP_NAMES) -> dict[str, bytes]:
+    """Files directly inside `path` in the container (read through the engine, so it works for
+    bind mounts, volumes and remote daemons alike): name → bytes.
+
+    By default only what the runtime writes into its dump folder is kept
+    (`ops.dumps.is_dump_file_name`: histograms and their live maps; `keep=None`: every name).
+    Only regular files, each at most `ops.dumps.DUMP_FILE_LIMIT` bytes; the archive is read as a
+    stream, so an unrelated large file in the folder is skipped, never held in memory."""
+    from recipegen.ops.dumps import DUMP_FILE_LIMIT, is_dump_file_name
+
+    if keep is DUMP_NAMES:
+        keep = is_dump_file_name
     try:
         stream, _ = client.containers.get(container_id).get_archive(path)
     except Exception as exc:
         raise EngineError(f"could not read {path} from container {container_id[:12]}: "
                           f"{_short(exc)}") from None
-    buf = io.BytesIO(b"".join(stream))
     files: dict[str, bytes] = {}
-    with tarfile.open(fileobj=buf) as tar:
-        for member in tar.getmembers():
-            parts = member.name.split("/")
-            if member.isfile() and len(parts) == 2:  # "<dir>/<file>", not deeper
+    try:
+        with tarfile.open(fileobj=_ChunkReader(stream), mode="r|") as tar:
+            for member in tar:
+                parts = member.name.split("/")
+                if not (member.isfile() and len(parts) == 2 and (keep is None or keep(parts[1]))):
+                    continue  # "<dir>/<file>" only: not deeper, not links, only the names asked for
+                if member.size > DUMP_FILE_LIMIT:
+                    raise EngineError(f"{path}/{parts[1]} in container {container_id[:12]} is "
+                                      f"{member.size:,} bytes, more than a dump file can be "
+                                      f"({DUMP_FILE_LIMIT:,})")
                 extracted = tar.extractfile(member)
                 if extracted is not None:
-                    files[parts[1]] = extracted.read()
+                    files[parts[1]] = extracted.read(DUMP_FILE_LIMIT + 1)
+    except tarfile.TarError as exc:
+        raise EngineError(f"could not read {path} from container {container_id[:12]}: "
+                          f"unreadable archive ({exc})") from None
     return files
+
+
+class _ChunkReader(io.RawIOBase):
+    """A read-only file over the engine's archive chunks, so tarfile can stream it."""
+
+    def __init__(self, chunks: Any) -> None:
+        self._chunks = iter(chunks)
+        self._buffer = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target: Any) -> int:
+        while not self._buffer:
+            try:
+                self._buffer = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(target), len(self._buffer))
+        target[:n] = self._buffer[:n]
+        self._buffer = self._buffer[n:]
+        return n

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from recipegen.errors import InputError, RecipegenError
+from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.compose import ComposeError
-from recipegen.ops.deployment import (Deployment, dependency_order, lane_services, rendered_label,
-                                      service_profiles)
+from recipegen.ops.deployment import Deployment, dependency_order, lane_services, rendered_label, service_profiles
 from recipegen.ops.engine import ContainerInfo, find_containers, service_container
+from recipegen.ops.startup import StartupFailed, start
 
 Echo = Callable[[str], None]
 DEFAULT_WAIT_S = 3 * 3600  # a cold boot with kernel tuning takes over an hour (field reports: ~75 min)
@@ -33,18 +33,23 @@ class Started:
 
 
 def _ensure_rendered(dep: Deployment, echo: Echo) -> None:
-    first = not dep.rendering.compose_file.is_file()
-    reasons = dep.rendering.stale_reasons()
-    if reasons:
-        dep.rendering.render()
-        why = "first render" if first else (
-            f"it was stale: {reasons[0]}" + (f" and {len(reasons) - 1} more" if len(reasons) > 1 else ""))
-        echo(f"rendered {dep.rendering.out_dir} ({why})")
+    from recipegen.common.lock import recipe_lock
+
+    with recipe_lock(dep.loaded.path, echo=echo, readers_only=True):  # read and rendered as one
+        dep.rendering.reload()
+        first = not dep.rendering.compose_file.is_file()
+        reasons = dep.rendering.stale_reasons()
+        if reasons:
+            dep.rendering.render()
+            why = "first render" if first else (
+                f"it was stale: {reasons[0]}" + (f" and {len(reasons) - 1} more" if len(reasons) > 1 else ""))
+            echo(f"rendered {dep.rendering.out_dir} ({why})")
 
 
-def _start(dep: Deployment, service: str, config: dict[str, Any], wait_s: int) -> Started:
+def _start(dep: Deployment, service: str, config: dict[str, Any], wait_s: int,
+           progress: Echo) -> Started:
     t0 = time.monotonic()
-    dep.project().up([service], wait_timeout_s=wait_s, profiles=service_profiles(config, service))
+    start(dep, service, config, wait_s=wait_s, say=progress)
     seconds = time.monotonic() - t0
     info = service_container(dep.client(), config.get("name") or dep.rendering.out_dir.name, service)
     if info is None:
@@ -53,8 +58,11 @@ def _start(dep: Deployment, service: str, config: dict[str, Any], wait_s: int) -
 
 
 def up(dep: Deployment, lanes: list[str], *, wait_s: int = DEFAULT_WAIT_S,
-       echo: Echo = print) -> list[Started]:
-    """Render if stale, then `up -d --wait` each lane's service in dependency order."""
+       echo: Echo = print, progress: Echo | None = None) -> list[Started]:
+    """Render if stale, then `up -d --wait` each lane's service in dependency order. `progress`
+    (default: `echo`) gets the start-up phases, heartbeats and Compose's own lines
+    (`ops.startup`)."""
+    progress = progress or echo
     for name in lanes:
         dep.lane(name)
     dep.client()  # a clear error now if the engine is not reachable, before rendering
@@ -78,12 +86,15 @@ def up(dep: Deployment, lanes: list[str], *, wait_s: int = DEFAULT_WAIT_S,
     for service in dependency_order(config, services):
         echo(f"{service}: starting (waits for its health check, at most {wait_s} s)")
         try:
-            result = _start(dep, service, config, wait_s)
+            result = _start(dep, service, config, wait_s, progress)
         except ComposeError as exc:
             done = ", ".join(s.service for s in started) or "none"
-            raise RecipegenError(f"{service} did not become healthy: {exc}\n"
-                                 f"lanes already up: {done}; logs: `docker compose -f "
-                                 f"{dep.rendering.compose_file} logs {service}`") from None
+            compose = f"docker compose -f {dep.rendering.compose_file}"
+            head = str(exc) if isinstance(exc, StartupFailed) else \
+                f"{service} did not become healthy: {exc}"
+            raise RecipegenError(f"{head}\nlanes already up: {done}; the container is left as "
+                                 f"it is: its whole log: `{compose} logs {service}`; stop its "
+                                 f"restarts: `{compose} stop {service}`") from None
         echo(f"{service}: {result.health} after {result.seconds:.1f} s "
              f"(class {result.traffic_class or '-'}, container {result.container})")
         started.append(result)
@@ -102,11 +113,20 @@ class SwapResult:
 
 
 def swap(dep: Deployment, lane_name: str, new_class: str, *, wait_s: int = DEFAULT_WAIT_S,
-         echo: Echo = print) -> SwapResult:
+         echo: Echo = print, progress: Echo | None = None) -> SwapResult:
     """Write active_class, re-render, recreate exactly that service, wait for health — one
     transaction with `render --class` (recipegen.render.swap): on any failure (render, Compose,
-    health) the recipe, the rendering and the service are restored."""
+    health) the recipe, the rendering and the service are restored. The recipe's lock is held
+    throughout, from reading the class it swaps from to the health verdict."""
+    from recipegen.common.lock import recipe_lock
 
+    with recipe_lock(dep.loaded.path, echo=echo):
+        dep.rendering.reload()  # what the recipe says now that no other writer can change it
+        return _swap(dep, lane_name, new_class, wait_s=wait_s, echo=echo, progress=progress or echo)
+
+
+def _swap(dep: Deployment, lane_name: str, new_class: str, *, wait_s: int, echo: Echo,
+          progress: Echo) -> SwapResult:
     lane = dep.lane(lane_name)
     if new_class not in lane.classes:
         raise InputError(f"lane {lane_name} has no class {new_class!r} (classes: "
@@ -137,8 +157,7 @@ def swap(dep: Deployment, lane_name: str, new_class: str, *, wait_s: int = DEFAU
         echo(f"{service}: active_class {previous} -> {new_class}; recreating {service} only")
         clock["t0"] = time.monotonic()
         try:
-            dep.project().up([service], wait_timeout_s=wait_s,
-                             profiles=service_profiles(config, service))
+            start(dep, service, config, wait_s=wait_s, say=progress)
             info = service_container(dep.client(), config.get("name") or project_name, service)
             if info is None or info.health not in ("healthy", "none") or info.state != "running":
                 raise ComposeError(f"{service} is {info.state if info else 'missing'}"
@@ -157,8 +176,7 @@ def swap(dep: Deployment, lane_name: str, new_class: str, *, wait_s: int = DEFAU
         clock["t1"] = time.monotonic()
         config = dep.project().config()
         try:
-            dep.project().up([service], wait_timeout_s=wait_s,
-                             profiles=service_profiles(config, service))
+            start(dep, service, config, wait_s=wait_s, say=progress)
         except ComposeError as exc2:
             raise RecipegenError(
                 f"swap of {service} to {new_class} failed and the rollback to {previous} failed "

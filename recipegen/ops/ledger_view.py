@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 from recipegen.ops.doctor import HostRequirement
 from recipegen.ops.verify import Expected
 
@@ -42,7 +42,7 @@ def host_requirement(recipe: str) -> HostRequirement:
     (lanes with a compose profile count one at a time, the largest — as the ledger's machine
     check counts them), and the GPUs they use."""
     from recipegen.ledger import compute_ledger, concurrent_total
-    from recipegen.recipe_io import load_recipe
+    from recipegen.load.recipe import load_recipe
 
     loaded = load_recipe(recipe)
     ledger = compute_ledger(loaded)
@@ -55,7 +55,8 @@ def host_requirement(recipe: str) -> HostRequirement:
     pinned = concurrent_total(lanes, "host.cold_experts")
     gpus = len({gpu for l, _ in lanes for gpu in l.gpus})
     images, paths = _rendered_needs(loaded)
-    return HostRequirement(loaded.name, int(host), int(pinned), gpus, images, paths)
+    return HostRequirement(loaded.name, int(host), int(pinned), gpus, images, paths,
+                           machine=loaded.recipe.machines[machines[0]])
 
 
 def _rendered_needs(loaded: Any) -> tuple[list[str], list[str]]:

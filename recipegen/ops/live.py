@@ -7,16 +7,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from expert_residency.core.dump import ENV_DIR
+from expert_residency.contract import env as runtime_env
 from expert_residency.formats import FormatError, find_report_lines, load_histogram, load_rowmap
-from recipegen.errors import InputError, RecipegenError
+
+from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.deployment import Deployment
 from recipegen.ops.drift import DEFAULT_TOLERANCE, DriftVerdict, judge
-from recipegen.ops.dumps import (Snapshot, difference, env_dump_dir, snapshot_wait_s,
-                                 snapshots, wait_for_snapshot)
-from recipegen.ops.engine import (ContainerInfo, container_logs, list_dir, request_snapshot,
-                                  service_container)
+from recipegen.ops.dumps import Snapshot, difference, env_dump_dir, snapshot_wait_s, snapshots, wait_for_snapshot
+from recipegen.ops.engine import ContainerInfo, container_logs, list_dir, request_snapshot, service_container
 from recipegen.ops.kvcapacity import KvCapacity, kv_from_log, kv_from_metrics
 from recipegen.ops.verify import Expected, Row, compare
 
@@ -119,7 +118,7 @@ def drift_lane(dep: Deployment, lane_name: str, *, wait_s: float | None,
     active = info.labels.get(labels.CLASS) or lane.active_class or ""
     folder = env_dump_dir(info.env)
     if not folder:
-        raise RecipegenError(f"{info.service} has no {ENV_DIR}: the runtime is not "
+        raise RecipegenError(f"{info.service} has no {runtime_env.DUMP_DIR}: the runtime is not "
                              "counting; re-render and recreate the lane")
     client = dep.client()
     read = lambda: list_dir(client, info.id, folder)  # noqa: E731

@@ -8,15 +8,17 @@ or from the lane's host folder).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from expert_residency.core.adaptive_setup import ENV_ADAPTIVE, parse_adaptive_spec
+from expert_residency.contract import env as runtime_env
+from expert_residency.core.adaptive_setup import parse_adaptive_spec
 from expert_residency.core.dump import LiveMap
 from expert_residency.formats import FormatError, Histogram, RowMap, parse_rowmap
 
-from recipegen.errors import InputError, RecipegenError
+from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops.dumps import Snapshot, snapshots
 
 
@@ -29,19 +31,33 @@ class LiveMapView:
     rowmap: RowMap
 
     def against(self, recipe_hash: str | None) -> dict[str, Any]:
-        """JSON-ready figures, the live hash set against the recipe's map for the class."""
+        """JSON-ready figures, the live hash set against the recipe's map for the class.
+
+        `verified` names the figures recomputed or cross-checked here (`live_map_of`);
+        `reported` those taken on the runtime's word (nothing here can recompute a window's cold
+        share or which profile the policy chose) — printed as the runtime's report."""
         return {"snapshot": self.snapshot.name, "content_hash": self.live.content_hash,
                 "recipe_content_hash": recipe_hash or None,
                 "matches_recipe": None if not recipe_hash else recipe_hash == self.live.content_hash,
                 "boot_content_hash": self.live.boot_content_hash, "shape_hash": self.live.shape_hash,
                 "barriers": self.live.barriers, "swaps": self.live.swaps,
-                "cold_share_now": self.live.window_cold_share, "prior": self.live.prior}
+                "cold_share_now": self.live.window_cold_share, "prior": self.live.prior,
+                "verified": list(VERIFIED), "reported": list(REPORTED)}
+
+
+# What `live_map_of` checks of a dump's live map, and what it can only pass on as reported.
+VERIFIED = ("content_hash: recomputed from the map file",
+            "shape_hash: recomputed from the map file",
+            "file: the snapshot's own live-map name",
+            "boot_content_hash, barriers, swaps: equal in the histogram's meta and the map file's "
+            "provenance, swaps within barriers × MoE layers × experts")
+REPORTED = ("cold_share_now", "prior")
 
 
 def adaptive_on(env: Mapping[str, str]) -> bool:
     """Whether a container's environment turns adaptive residency on (an unreadable value: no)."""
     try:
-        return parse_adaptive_spec(env.get(ENV_ADAPTIVE, "")) is not None
+        return parse_adaptive_spec(env.get(runtime_env.ADAPTIVE, "")) is not None
     except ValueError:
         return False
 
@@ -66,7 +82,43 @@ def live_map_of(files: Mapping[str, bytes], snap: Snapshot, *, where: str) -> Li
     if rowmap.content_hash() != live.content_hash:
         raise RecipegenError(f"{where}/{live.file} holds map {rowmap.content_hash()[:12]}, but its dump "
                              f"{snap.name} says the banks held {live.content_hash[:12]}: not the same write")
+    problems = _live_map_problems(snap, live, rowmap)
+    if problems:
+        raise InputError("the dump's live map contradicts itself: " + "; ".join(problems) +
+                         " (edited, or not written by the runtime); nothing of it is reported",
+                         file=f"{where}/{snap.name}")
     return LiveMapView(snap, live, rowmap)
+
+
+def _live_map_problems(snap: Snapshot, live: LiveMap, rowmap: RowMap) -> list[str]:
+    """Every figure of `meta.live_map` that can be checked, checked: the map's shape hash
+    (recomputed), its file name (the snapshot's own), and the counters the runtime writes twice
+    (the histogram's meta and the map's provenance, `expert_residency.core.dump._save_live_map`)."""
+    from expert_residency.core.dump import live_map_file_name
+
+    problems = []
+    if rowmap.shape_hash() != live.shape_hash:
+        problems.append(f"meta.live_map.shape_hash {live.shape_hash[:12]} but the map's is "
+                        f"{rowmap.shape_hash()[:12]}")
+    if live.file != live_map_file_name(snap.name):
+        problems.append(f"meta.live_map.file {live.file[:60]!r} is not this snapshot's live map "
+                        f"({live_map_file_name(snap.name)})")
+    prov = rowmap.provenance
+    for key in ("boot_content_hash", "barriers", "swaps"):
+        if key in prov and prov[key] != getattr(live, key):
+            problems.append(f"meta.live_map.{key} {str(getattr(live, key))[:16]} but the map file's "
+                            f"provenance says {str(prov[key])[:16]}")
+    ceiling = live.barriers * len(rowmap.moe_layer_indices) * rowmap.num_experts
+    if live.swaps > ceiling:
+        problems.append(f"{live.swaps} swaps in {live.barriers} barrier(s) over "
+                        f"{len(rowmap.moe_layer_indices)} layers of {rowmap.num_experts} experts: more "
+                        f"than the {ceiling} possible")
+    if live.prior is not None and (not isinstance(live.prior, str) or not _NAME.fullmatch(live.prior)):
+        problems.append("meta.live_map.prior is not a profile name")
+    return problems
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a class, a histogram stem, "mixture"
 
 
 def latest_live_map(files: Mapping[str, bytes], *, where: str, lane: str | None = None
@@ -92,7 +144,7 @@ def describe(view: dict[str, Any]) -> str:
     same = ("" if not recipe else " = the recipe's map" if view["matches_recipe"]
             else f" ≠ the recipe's {recipe[:12]}")
     share = view.get("cold_share_now")
-    now = f"cold share now {share:.2%} (last barrier's window" + (
+    now = f"cold share now {share:.2%} (the runtime's report of its last barrier's window" + (
         f", profile {view['prior']})" if view.get("prior") else ")") if share is not None else \
         "no barrier yet"
     return (f"live map {view['content_hash'][:12]}{same}; {view['swaps']} swap(s) in "
@@ -106,7 +158,9 @@ def save_live(loaded: Any, lane_name: str, cls_name: str, files: Mapping[str, by
     MoE layers and experts, and the lane's budget (the shape of the map it runs)."""
     from pathlib import Path
 
-    from expert_residency.formats import save_rowmap
+    from expert_residency.formats import format_rowmap
+
+    from recipegen.common.lock import sweep_temps, write_atomically
 
     recipe = loaded.recipe
     lane = next((l for l in recipe.lanes if l.name == lane_name), None)
@@ -136,6 +190,15 @@ def save_live(loaded: Any, lane_name: str, cls_name: str, files: Mapping[str, by
                              f"{live.num_experts} experts; {model.name} has {len(model.moe_layers)} MoE "
                              f"layers of {model.routed_experts} (a pipeline stage's dump holds its own "
                              "layers only)")
+    adaptive = lane.offload.adaptive
+    if adaptive is not None:
+        cap = view.live.barriers * len(live.moe_layer_indices) * adaptive.swaps_per_layer
+        if view.live.swaps > cap:
+            raise RecipegenError(f"{view.snapshot.name} reports {view.live.swaps} swaps in "
+                                 f"{view.live.barriers} barrier(s), more than the lane's "
+                                 f"offload.adaptive.swaps_per_layer {adaptive.swaps_per_layer} allows "
+                                 f"over {len(live.moe_layer_indices)} MoE layers ({cap}): not this "
+                                 "lane's runtime, or edited; not saved")
     running = loaded.rowmaps.get((lane_name, lane.active_class))
     if running is not None and live.shape_hash() != running.shape_hash():
         raise RecipegenError(f"the live map's hot/cold counts (shape {live.shape_hash()[:12]}) are not "
@@ -145,7 +208,9 @@ def save_live(loaded: Any, lane_name: str, cls_name: str, files: Mapping[str, by
                   {**live.provenance, "saved_from": view.snapshot.name, "lane": lane_name,
                    "class": cls_name})
     try:
-        save_rowmap(kept, target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        sweep_temps(target.parent)  # what a save-live killed at its rename left
+        write_atomically(target, format_rowmap(kept).encode("utf-8"))
     except OSError as exc:
         raise InputError(f"cannot write ({exc.strerror or exc})", file=str(target)) from None
     return target, view

@@ -20,13 +20,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from expert_residency.core.dump import ENV_DIR
-from expert_residency.formats import Histogram, RowMap, save_histogram, save_rowmap
-from recipegen.errors import InputError, RecipegenError
+from expert_residency.contract import env as runtime_env
+from expert_residency.formats import Histogram, RowMap
+
+from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.deployment import Deployment, service_profiles
-from recipegen.ops.dumps import (Snapshot, difference, env_dump_dir, read_host_dir, snapshot_wait_s,
-                                 snapshots, wait_for_snapshot)
+from recipegen.ops.dumps import (
+    Snapshot,
+    difference,
+    env_dump_dir,
+    read_host_dir,
+    snapshot_wait_s,
+    snapshots,
+    wait_for_snapshot,
+)
 from recipegen.ops.engine import list_dir, request_snapshot, service_container
 from recipegen.ops.live import _asked
 from recipegen.ops.prompts import drive, load_prompts
@@ -109,10 +117,18 @@ def finish(loaded: Any, target: ProfileTarget, histogram: Histogram, source: str
     rowmap: RowMap = build_top_n(histogram, target.hot_per_layer, provenance_for(
         [histogram], [str(target.histogram_path.name)], "top-n", profile=source))
     check_same_geometry(rowmap, histogram)
-    target.histogram_path.parent.mkdir(parents=True, exist_ok=True)
-    target.rowmap_path.parent.mkdir(parents=True, exist_ok=True)
-    save_histogram(histogram, target.histogram_path)
-    save_rowmap(rowmap, target.rowmap_path)
+    from expert_residency.formats import format_histogram, format_rowmap
+
+    from recipegen.common.lock import recipe_lock, sweep_temps, write_atomically
+
+    # the class's files are the recipe's: written under its lock, through fixed temps that a
+    # profile killed at its rename leaves for the next writer to remove
+    with recipe_lock(loaded.path, echo=echo):
+        for path, text in ((target.histogram_path, format_histogram(histogram)),
+                           (target.rowmap_path, format_rowmap(rowmap))):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            sweep_temps(path.parent)
+            write_atomically(path, text.encode("utf-8"))
     result = ProfileResult(target.histogram_path, target.rowmap_path, histogram.selections,
                            histogram.tokens, rowmap.content_hash(), rowmap.shape_hash(),
                            cold_share(rowmap, histogram), previous_shape)
@@ -121,14 +137,20 @@ def finish(loaded: Any, target: ProfileTarget, histogram: Histogram, source: str
     echo(f"row map:   {result.rowmap_path} ({target.hot_per_layer} hot per layer, cold share "
          f"{result.cold_share:.2%} on this histogram, content {result.content_hash[:12]}, shape "
          f"{result.shape_hash[:12]}"
-         + (", same shape: hash-hit reboot)" if previous_shape == result.shape_hash else ")"))
+         + (", the previous map's bank shapes: the restart reuses the tuned kernels)"
+            if previous_shape == result.shape_hash else ")"))
     return result
 
 
 def profile_in_docker(dep: Deployment, lane_name: str, traffic_class: str | None, *,
-                      prompts: Path | None, serve_s: float, wait_s: int, echo: Echo) -> ProfileResult:
+                      prompts: Path | None, serve_s: float, wait_s: int, echo: Echo,
+                      progress: Echo | None = None) -> ProfileResult:
+    """`progress` (default: `echo`) gets the start-up phases of the profile boot and of the
+    lane's restart (`ops.startup`)."""
     from recipegen.ops.lanes import _ensure_rendered
+    from recipegen.ops.startup import start
 
+    progress = progress or echo
     target = profile_target(dep.loaded, lane_name, traffic_class)
     prompt_list = load_prompts(prompts) if prompts else []
     _ensure_rendered(dep, echo)
@@ -144,13 +166,21 @@ def profile_in_docker(dep: Deployment, lane_name: str, traffic_class: str | None
         dep.project().stop([lane_svc])
     try:
         echo(f"{prof_svc}: starting in count-only mode")
-        dep.project().up([prof_svc], wait_timeout_s=wait_s,
-                         profiles=service_profiles(config, prof_svc), force_recreate=True)
+        try:
+            start(dep, prof_svc, config, wait_s=wait_s, say=progress, force_recreate=True)
+        except RecipegenError:
+            # it must not keep the lane's GPUs (nor restart on its own) once the lane is back
+            echo(f"{prof_svc}: did not start; stopping and removing it")
+            try:
+                dep.project().rm([prof_svc], profiles=service_profiles(config, prof_svc))
+            except RecipegenError as exc:
+                echo(f"{prof_svc}: could not remove it ({exc}); stop it by hand")
+            raise
         info = service_container(client, project, prof_svc)
         assert info is not None
         folder = env_dump_dir(info.env)
         if not folder:
-            raise RecipegenError(f"{prof_svc} has no {ENV_DIR}: re-render")
+            raise RecipegenError(f"{prof_svc} has no {runtime_env.DUMP_DIR}: re-render")
         seen = set(list_dir(client, info.id, folder))
         lane = dep.lane(lane_name)
         address = dep.loaded.recipe.machines[lane.machine].address or "127.0.0.1"
@@ -181,8 +211,7 @@ def profile_in_docker(dep: Deployment, lane_name: str, traffic_class: str | None
     finally:
         if lane_was_up:
             echo(f"{lane_svc}: starting it again")
-            dep.project().up([lane_svc], wait_timeout_s=wait_s,
-                             profiles=service_profiles(config, lane_svc))
+            start(dep, lane_svc, config, wait_s=wait_s, say=progress)
     source = (f"recipegen profile {dep.recipe_name} {lane_name}: count-only boot {prof_svc}, "
               f"snapshot {snap.name}" + (f", prompts {prompts.name}" if prompts else ""))
     return finish(dep.loaded, target, snap.histogram, source, echo)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipegen.errors import InputError, RecipegenError
+from recipegen.common.errors import InputError, RecipegenError
 
 DEFAULT_MAX_TOKENS = 64
 # Request fields a fixture line may set (OpenAI API + vLLM's `ignore_eos` for fixed lengths).
@@ -25,12 +25,31 @@ class Prompt:
     chat: bool
 
 
+# A prompt fixture is a few hundred KB; one past this is not a fixture and is not read.
+MAX_PROMPTS_BYTES = 256 << 20
+
+
+def _read_text(path: Path) -> str:
+    """The fixture's text, read only as a regular file of bounded size (a FIFO or device named
+    as the fixture is refused, never waited on)."""
+    from expert_residency.formats._io import UnreadableFile, read_regular_file
+
+    try:
+        data = read_regular_file(path, limit=MAX_PROMPTS_BYTES)
+    except UnreadableFile as exc:
+        raise InputError(f"{exc.strerror}: not a prompt fixture", file=str(path)) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError("not UTF-8 text", file=str(path), line=data.count(b"\n", 0, exc.start) + 1) from None
+
+
 def load_prompts(path: Path) -> list[Prompt]:
     if not path.is_file():
         raise InputError("prompt fixture not found", file=str(path))
     prompts: list[Prompt] = []
     jsonl = path.suffix in (".jsonl", ".json")
-    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, raw in enumerate(_read_text(path).splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue

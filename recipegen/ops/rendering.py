@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 
 @dataclass
@@ -22,15 +22,15 @@ class Rendering:
     machine: str | None = None
 
     @classmethod
-    def load(cls, recipe: str, machine: str | None = None) -> "Rendering":
-        from recipegen.recipe_io import load_recipe
+    def load(cls, recipe: str, machine: str | None = None) -> Rendering:
+        from recipegen.load.recipe import load_recipe
 
         rendering = cls(recipe, load_recipe(recipe), machine)
         rendering._check_machine()
         return rendering
 
     def reload(self) -> None:
-        from recipegen.recipe_io import load_recipe
+        from recipegen.load.recipe import load_recipe
 
         self.loaded = load_recipe(self.loaded.path)
 

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from expert_residency.formats import StartupReport
-from recipegen.units import GiB as GIB
+
+from recipegen.common.units import GiB as GIB
 
 BYTES_TOLERANCE = 0.005
 KV_TOLERANCE = 0.02

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import jinja2
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent.parent / "templates"
 CONFIG_HASH_LABEL = "io.recipegen.config-hash"
@@ -66,6 +66,9 @@ class ServiceSpec:
     env_files: tuple[str, ...] = ()
     # "host" for nodes of a multi-node lane (published ports do not apply then).
     network_mode: str | None = None
+    # Container paths mounted as a fresh tmpfs at every start (prometheus_client's multiprocess
+    # folder of a lane with metrics: render.monitoring).
+    tmpfs: tuple[str, ...] = ()
     # Output-folder files this service mounts (path → bytes), hashed into the config hash.
     mounted_files: dict[str, bytes] = field(default_factory=dict, compare=False)
 
@@ -112,9 +115,11 @@ def yaml_key(value: Any) -> str:
 
 
 def yaml_comment(value: Any) -> str:
-    """Text for a `#` comment line: kept as is when it is plain, else one escaped scalar."""
-    text = str(value)
-    return text if re.fullmatch(r"[A-Za-z0-9_./@+-]*", text) else yaml_scalar(text)
+    """Text for a `#` comment line: every generated file's one comment escaper
+    (`expert_residency.formats._io.comment_text`: line breaks and controls as escapes)."""
+    from expert_residency.formats._io import comment_text
+
+    return comment_text(str(value))
 
 
 def make_environment(templates_dir: Path = TEMPLATES_DIR) -> jinja2.Environment:
@@ -136,11 +141,11 @@ def _render(env: jinja2.Environment, name: str, **context: Any) -> str:
     try:
         return env.get_template(name).render(**context)
     except jinja2.TemplateNotFound as exc:
-        raise RecipegenError(f"template {exc.name} not found under {env.loader.searchpath}")  # type: ignore[union-attr]
+        raise RecipegenError(f"template {exc.name} not found under {env.loader.searchpath}") from None  # type: ignore[union-attr]
     except jinja2.TemplateSyntaxError as exc:
-        raise RecipegenError(f"template {exc.filename or exc.name}:{exc.lineno}: {exc.message}")
+        raise RecipegenError(f"template {exc.filename or exc.name}:{exc.lineno}: {exc.message}") from None
     except jinja2.UndefinedError as exc:
-        raise RecipegenError(f"template {name}: {exc.message}")
+        raise RecipegenError(f"template {name}: {exc.message}") from None
 
 
 def config_hash(block_without_hash: str, mounted_files: dict[str, bytes]) -> str:
@@ -162,8 +167,10 @@ def render_service(env: jinja2.Environment, spec: ServiceSpec, vllm_version: str
 
 def render_compose(env: jinja2.Environment, *, project_name: str, recipe_name: str,
                    recipe_file: str, vllm_version: str, services: list[ServiceSpec],
-                   volumes: list[str]) -> str:
-    blocks = [render_service(env, spec, vllm_version) for spec in services]
+                   volumes: list[str], extra_blocks: tuple[str, ...] = ()) -> str:
+    """The compose file: the engines' services, then `extra_blocks` (service blocks serialized
+    from data: the monitoring profile's, render.monitoring)."""
+    blocks = [render_service(env, spec, vllm_version) for spec in services] + list(extra_blocks)
     return _render(env, "compose.yaml.j2", project_name=project_name, recipe_name=recipe_name,
                    recipe_file=recipe_file, vllm_version=vllm_version, service_blocks=blocks,
                    first_service=services[0].name if services else "",

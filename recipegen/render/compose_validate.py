@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from recipegen.errors import RecipegenError
+from recipegen.common.errors import RecipegenError
 
 _TIMEOUT_S = 60
 

@@ -14,20 +14,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recipegen.errors import RecipegenError
-from recipegen.recipe_io import display_path
+from recipegen.common.errors import RecipegenError
+from recipegen.load.document import display_path
 from recipegen.render.compose import TEMPLATES_DIR, make_environment, render_compose
 from recipegen.render.compose_validate import validate_compose_file
-from recipegen.render.output import (RenderedFiles, Staleness, compare_output_dir, read_manifest,
-                                     refuse_symlinks, retire_output_dir, write_output_dir)
-from recipegen.render.services import (DEFAULT_PLUGIN_ENTRY_POINT, LaneMemory, RenderInputs,
-                                       build_services, lane_stages, recipe_machines,
-                                       relative_posix)
+from recipegen.render.monitoring import monitoring_project
+from recipegen.render.output import (
+    RenderedFiles,
+    Staleness,
+    compare_output_dir,
+    read_manifest,
+    refuse_symlinks,
+    retire_output_dir,
+    write_output_dir,
+)
+from recipegen.render.services import (
+    DEFAULT_PLUGIN_ENTRY_POINT,
+    LaneMemory,
+    RenderInputs,
+    build_services,
+    lane_stages,
+    recipe_machines,
+    relative_posix,
+)
 from recipegen.vllm_flags import TARGET_VLLM_VERSION, load_flag_table
 
 if TYPE_CHECKING:
     from recipegen.ledger import RecipeLedger
-    from recipegen.recipe_io import LoadedRecipe
+    from recipegen.load.recipe import LoadedRecipe
 
 COMPOSE_DIRNAME = "compose"
 COMPOSE_FILE = "compose.yaml"
@@ -154,12 +168,16 @@ def render_recipe(loaded: LoadedRecipe, *, project_root: Path | None = None,
                               runtime_version=runtime_version(runtime_dir),
                               memory=memory, flag_table=table)
         services, volumes, extra = build_services(loaded, machine, inputs)
+        # The `monitoring` profile (Prometheus, Grafana), serialized from data beside the engines.
+        blocks, monitoring_volumes, monitoring_files = monitoring_project(loaded, machine)
         project = recipe.name if len(machines) == 1 else f"{recipe.name}-{machine}"
         text = render_compose(env, project_name=_project_name(project), recipe_name=recipe.name,
                               recipe_file=relative_posix(loaded.path, out_dir),
-                              vllm_version=table.vllm_version, services=services, volumes=volumes)
+                              vllm_version=table.vllm_version, services=services,
+                              volumes=volumes + monitoring_volumes, extra_blocks=tuple(blocks))
         files: RenderedFiles = {COMPOSE_FILE: text.encode("utf-8"), ".gitignore": GITIGNORE}
         files.update(extra)
+        files.update(monitoring_files)
         folders[out_dir] = files
     return Rendering(recipe.name, loaded.path, folders, root)
 
@@ -194,9 +212,19 @@ def write_rendering(rendering: Rendering) -> list[Path]:
     machine below it (DESIGN "Multi-node lanes"), each swapped atomically; what an earlier render
     left in the other layout is removed.
     """
+    from recipegen.common.lock import output_lock, sweep_locks
+
     root = rendering.root
     for out_dir in [root, *rendering.folders]:
         refuse_symlinks(out_dir, root.parent.parent)  # compose/, compose/<recipe>, machines
+    with output_lock(root):  # one writer of compose/<recipe>/ at a time
+        written = _write_rendering_locked(rendering)
+    sweep_locks(root.parent)  # lock files of renders killed while holding them
+    return written
+
+
+def _write_rendering_locked(rendering: Rendering) -> list[Path]:
+    root = rendering.root
     single = list(rendering.folders) == [root]
     # A folder this recipe rendered before, in either layout, is ours even once retired.
     owned = read_manifest(root) is not None or bool(_machine_folders(root))

@@ -14,16 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from recipegen.errors import InputError
-from recipegen.moe_backend import (START_PERIOD_AUTOTUNED, BackendChoice, NoBackend, choose,
-                                   start_period)
+from expert_residency.contract import env as runtime_env
+from expert_residency.contract.metrics import MULTIPROC_DIR_ENV
+
 from recipegen.render.compose import HealthCheck, Interpolated, Mount, ServiceSpec
 from recipegen.vllm_flags import FlagTable, argv_problems
+from recipegen.vllm_flags.args import parse_args
+from recipegen.vllm_flags.moe_backend import START_PERIOD_AUTOTUNED, BackendChoice, NoBackend, choose, start_period
 
 if TYPE_CHECKING:
     from expert_residency.formats import RowMap
 
-    from recipegen.recipe_io import LoadedRecipe
+    from recipegen.load.recipe import LoadedRecipe
     from recipegen.schema import Recipe
     from recipegen.schema.lane import Lane, Speculative
 
@@ -44,7 +46,7 @@ DUMP_INTERVAL_LANE_S = 600
 
 # --- container defaults ------------------------------------------------------------------------
 SHM_SIZE = "16gb"
-# Health start period: by the lane's MoE backend (recipegen.moe_backend.start_period).
+# Health start period: by the lane's MoE backend (recipegen.vllm_flags.moe_backend.start_period).
 SECRETS_ENV_FILE = "secrets.env"
 PROFILE_COMPOSE_PROFILE = "profile"
 PROFILE_BOOT_FLAGS: tuple[tuple[str, ...], ...] = (
@@ -53,10 +55,19 @@ PROFILE_STOP_GRACE_PERIOD = "20s"  # > --shutdown-timeout: compose waits for the
 
 LABEL_PREFIX = "io.recipegen."
 
+def read_mounted(path: Path) -> bytes:
+    """A row map or histogram the rendering mounts, read only as a regular file of bounded size
+    (a FIFO or device put in its place since the recipe was checked raises, never hangs)."""
+    from expert_residency.formats._io import read_regular_file
+    from expert_residency.formats._records import MAX_RECORD_BYTES
+
+    return read_regular_file(path, limit=MAX_RECORD_BYTES)
+
+
 # Env keys recipegen sets itself; a lane's `env:` may not override them.
-_MANAGED_ENV_PREFIXES = ("EXPERT_RESIDENCY_",)
+_MANAGED_ENV_PREFIXES = (runtime_env.PREFIX,)
 _MANAGED_ENV_KEYS = {"PYTHONPATH", "VLLM_PLUGINS", "VLLM_CACHE_ROOT", "VLLM_ENABLE_STARTUP_PLAN",
-                     "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "HF_HUB_OFFLINE"}
+                     "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "HF_HUB_OFFLINE", MULTIPROC_DIR_ENV}
 
 
 @dataclass(frozen=True)
@@ -99,7 +110,7 @@ def format_gib(num_bytes: int) -> str:
 
 def _moe_backend(loaded: LoadedRecipe, index: int, recipe: Recipe, stage: Stage, mode: str
                  ) -> BackendChoice:
-    """`--moe-backend` by the stage's GPU and the expert format (recipegen.moe_backend); a
+    """`--moe-backend` by the stage's GPU and the expert format (recipegen.vllm_flags.moe_backend); a
     residency lane no backend admits is refused (check budgets says the same)."""
     machine = recipe.machines[stage.machine]
     try:
@@ -243,7 +254,7 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
     map_bytes: bytes | None = None
     map_file = rowmap_file_name(lane.name, cls) if cls is not None else ""
     if rowmap is not None and cls is not None:
-        map_bytes = loaded.resolve(lane.classes[cls].rowmap).read_bytes()
+        map_bytes = read_mounted(loaded.resolve(lane.classes[cls].rowmap))
         if launch is not None:
             # Each pipeline stage builds only its own MoE layers, and the runtime refuses a map
             # that does not cover exactly those: mount the stage's slice (its own hashes).
@@ -268,7 +279,11 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
         argv += list(launch.args)
         if getattr(lane.parallel, "host_tables_in_hbm", False):
             argv += ["--engram-config", json.dumps({"cpu_offload": False})]
-    if not _sets_flag(lane.extra_args, "--max-num-seqs", inputs.flag_table):
+    extra = parse_args(list(lane.extra_args), inputs.flag_table)  # as vLLM reads them
+    if extra.problems:  # the recipe loader refuses these first; never render past one
+        at, message = extra.problems[0]
+        raise loaded.error(message, ("lanes", index, "extra_args", at))
+    if "--max-num-seqs" not in extra.given:
         argv += ["--max-num-seqs", str(lane.concurrency.max)]
     if memory.kv_cache_memory_bytes is not None:
         argv += ["--kv-cache-memory-bytes", str(memory.kv_cache_memory_bytes)]
@@ -278,22 +293,20 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
     if lane.offload.load_cpu_offload and not stage.all_experts_in_hbm:
         argv += ["--cpu-offload-gb", format_gib(lane.offload.load_cpu_offload)]
     backend = _moe_backend(loaded, index, recipe, stage, mode)
-    if runtime_on and backend.moe_backend and not _sets_flag(lane.extra_args, "--moe-backend",
-                                                             inputs.flag_table):
+    if runtime_on and backend.moe_backend and "--moe-backend" not in extra.given:
         argv += ["--moe-backend", backend.moe_backend]
     if lane.speculative is not None:
         argv += ["--speculative-config", speculative_json(lane.speculative)]
     if runtime_on:
         argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
     rendered = canonical_flags(argv, inputs.flag_table)
-    for extra in lane.extra_args:
-        flag = extra.partition("=")[0]
-        canonical = canonical_flag(flag, inputs.flag_table)
+    for canonical, given in extra.given.items():
         if canonical in rendered:
+            flag = given.spelled.partition("=")[0]
             alias = f" (vLLM reads it as {canonical})" if canonical != flag else ""
             raise loaded.error(f"{flag} is rendered from the recipe's own fields{alias}; change "
                                "those instead of repeating it in extra_args",
-                               ("lanes", index, "extra_args"))
+                               ("lanes", index, "extra_args", given.index))
     argv += list(lane.extra_args)
     if profile:
         # Exact counts: eager keeps the count on the path verified inside an engine (the counting
@@ -346,24 +359,31 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
         env.update({
             "PYTHONPATH": RUNTIME_TARGET,
             "VLLM_PLUGINS": inputs.plugin_entry_point,
-            "EXPERT_RESIDENCY_MODE": mode,
-            "EXPERT_RESIDENCY_LANE": lane.name,
-            "EXPERT_RESIDENCY_DUMP_DIR": DUMP_TARGET,
-            "EXPERT_RESIDENCY_DUMP_INTERVAL_S": str(DUMP_INTERVAL_PROFILE_S if profile
-                                                    else DUMP_INTERVAL_LANE_S),
+            runtime_env.MODE: mode,
+            runtime_env.LANE: lane.name,
+            runtime_env.DUMP_DIR: DUMP_TARGET,
+            runtime_env.DUMP_INTERVAL_S: str(DUMP_INTERVAL_PROFILE_S if profile else DUMP_INTERVAL_LANE_S),
         })
     if rowmap is not None and cls is not None and map_bytes is not None:
         files[map_file] = map_bytes
         target = f"{ROWMAP_TARGET_DIR}/{lane.name}-{cls}.rowmap"
         mounts.append(Mount("bind", map_file, target, True))
-        env.update({"EXPERT_RESIDENCY_ROWMAP": target,
-                    "EXPERT_RESIDENCY_CONTENT_HASH": rowmap.content_hash(),
-                    "EXPERT_RESIDENCY_CLASS": cls})
+        env.update({runtime_env.ROWMAP: target,
+                    runtime_env.CONTENT_HASH: rowmap.content_hash(),
+                    runtime_env.CLASS: cls})
         if lane.offload.adaptive is not None:
             adaptive_env, adaptive_mounts, adaptive_files = _adaptive(loaded, index, lane)
             env.update(adaptive_env)
             mounts.extend(adaptive_mounts)
             files.update(adaptive_files)
+    tmpfs: tuple[str, ...] = ()
+    if mode == "residency":
+        from recipegen.render.monitoring import lane_metrics
+
+        metrics = lane_metrics(loaded, lane)  # the recipe's `monitoring`: the lane's own /metrics
+        if metrics is not None:
+            env.update(metrics.environment)
+            tmpfs = metrics.tmpfs
     for key in lane.env:
         if key in _MANAGED_ENV_KEYS or key.startswith(_MANAGED_ENV_PREFIXES) or key in env:
             raise loaded.error(f"{key} is set by recipegen render; remove it from env",
@@ -402,6 +422,7 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
         # Nodes of a multi-node lane reach each other at the machines' own addresses (NCCL,
         # the rendezvous port): no bridge network and NAT between them.
         network_mode="host" if stage.multi_node else None,
+        tmpfs=tmpfs,
         mounted_files=dict(files),
     )
     return spec, files
@@ -415,14 +436,14 @@ def _adaptive(loaded: LoadedRecipe, index: int, lane: Lane
               ) -> tuple[dict[str, str], list[Mount], dict[str, bytes]]:
     """A residency engine's adaptive settings (`core.adaptive_setup`'s environment) and its
     class histograms, mounted read-only as the policy's priors beside the row map."""
-    from expert_residency.core.adaptive_setup import ENV_ADAPTIVE, ENV_PRIORS, format_adaptive_spec
+    from expert_residency.core.adaptive_setup import format_adaptive_spec
     from expert_residency.formats import FormatError, parse_histogram
 
-    from recipegen.schema.adaptive import prior_classes
+    from recipegen.schema.lane import prior_classes
 
     adaptive = lane.offload.adaptive
     assert adaptive is not None
-    env = {ENV_ADAPTIVE: format_adaptive_spec(adaptive.runtime_config())}
+    env = {runtime_env.ADAPTIVE: format_adaptive_spec(adaptive.runtime_config())}
     mounts: list[Mount] = []
     files: dict[str, bytes] = {}
     targets: list[str] = []
@@ -430,7 +451,7 @@ def _adaptive(loaded: LoadedRecipe, index: int, lane: Lane
         rel = lane.classes[cls].histogram
         assert rel is not None  # schema checks: a prior class declares a histogram
         where = ("lanes", index, "classes", cls, "histogram")
-        data = loaded.resolve(rel).read_bytes()
+        data = read_mounted(loaded.resolve(rel))
         try:  # the worker would refuse it at boot (core.adaptive_setup): say so now, at its line
             hist = parse_histogram(data.decode("utf-8"), rel)
         except (FormatError, UnicodeDecodeError, ValueError) as exc:
@@ -447,7 +468,7 @@ def _adaptive(loaded: LoadedRecipe, index: int, lane: Lane
         mounts.append(Mount("bind", source, target, True))
         targets.append(target)
     if targets:
-        env[ENV_PRIORS] = ",".join(targets)
+        env[runtime_env.ADAPTIVE_PRIORS] = ",".join(targets)
     return env, mounts, files
 
 
@@ -466,9 +487,3 @@ def canonical_flags(argv: list[str], table: FlagTable) -> set[str]:
     """Canonical names of every flag in `argv` (values and negative numbers skipped)."""
     return {canonical_flag(a, table) for a in argv
             if a.startswith("-") and len(a) > 1 and not re.fullmatch(r"-[0-9.]+", a)}
-
-
-def _sets_flag(args: list[str], flag: str, table: FlagTable | None = None) -> bool:
-    if table is not None:
-        return canonical_flag(flag, table) in canonical_flags(args, table)
-    return any(a == flag or a.startswith(flag + "=") for a in args)

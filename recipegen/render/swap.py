@@ -18,6 +18,12 @@ A failure in 2-4 restores the recipe and the rendering from the journal, then ca
 behind; the next recipegen command that looks at the recipe folder (`recover_interrupted`)
 rolls back to the previous state from it and removes every temp file, so recipe and rendering
 never disagree and no temp file is ever read as a recipe or left for `render --check`.
+
+The whole transaction runs under the recipe's lock (`recipegen.common.lock.recipe_lock`, an
+flock the kernel drops when the process ends) and the output folder's: a second swap or render
+of the recipe waits for it, or fails cleanly. Whether a journal belongs to a swap in progress is
+the lock's answer, not a guess from a process id: a journal whose recipe lock can be taken was
+left by a process that is gone, and is rolled back.
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recipegen.errors import InputError, RecipegenError
-from recipegen.recipe_io import RECIPE_TEMP_SUFFIX, recipe_temp_path, write_recipe_atomically
+from recipegen.common.errors import InputError, RecipegenError
+from recipegen.common.lock import LockBusy, output_lock, recipe_lock
+from recipegen.load.recipe import RECIPE_TEMP_SUFFIX, read_recipe_bytes, recipe_temp_path, write_recipe_atomically
 from recipegen.render.compose import TEMPLATES_DIR
 
 JOURNAL_SUFFIX = ".recipegen-swap.json"
@@ -63,7 +70,9 @@ class SwapOutcome:
 
 def _folder_files(out_dir: Path) -> dict[str, bytes] | None:
     """The generated files of a rendered folder (per its manifest), None when it has none."""
-    from recipegen.render.output import MANIFEST_NAME, read_manifest
+    from expert_residency.formats._records import MAX_RECORD_BYTES
+
+    from recipegen.render.output import MANIFEST_NAME, read_generated, read_manifest
 
     manifest = read_manifest(out_dir)
     if manifest is None:
@@ -71,19 +80,20 @@ def _folder_files(out_dir: Path) -> dict[str, bytes] | None:
     files = {}
     for relative in manifest:
         path = out_dir / relative
-        if path.is_file() and relative != MANIFEST_NAME:
-            files[relative] = path.read_bytes()
+        if path.is_file() and not path.is_symlink() and relative != MANIFEST_NAME:
+            files[relative] = read_generated(path, limit=MAX_RECORD_BYTES)
     return files
 
 
 def _journal_bytes(recipe_path: Path, old_text: bytes, folders: dict[Path, dict[str, bytes] | None],
-                   swaps: list[tuple[str, str | None, str]]) -> bytes:
+                   swaps: list[tuple[str, str | None, str]], output_root: Path) -> bytes:
     def enc(data: bytes) -> str:
         return base64.b64encode(data).decode("ascii")
 
     doc = {
         "version": JOURNAL_VERSION,
-        "pid": os.getpid(),
+        "pid": os.getpid(),  # for people reading the file; the recipe's lock says who is alive
+        "output_root": str(output_root),
         "recipe": recipe_path.name,
         "recipe_bytes": enc(old_text),
         "swaps": [list(s) for s in swaps],
@@ -93,64 +103,80 @@ def _journal_bytes(recipe_path: Path, old_text: bytes, folders: dict[Path, dict[
     return json.dumps(doc, indent=1, sort_keys=True).encode("utf-8")
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _restore(recipe_path: Path, journal: dict) -> None:
     """Put the recipe and every rendered folder back as the journal recorded them."""
     from recipegen.render.output import retire_output_dir, write_output_dir
 
     _write_atomically(recipe_path, base64.b64decode(journal["recipe_bytes"]),
                       recipe_temp_path(recipe_path))
-    for folder, files in journal["folders"].items():
-        out_dir = Path(folder)
-        if files is None:
-            retire_output_dir(out_dir)
-        else:
-            write_output_dir(out_dir, {p: base64.b64decode(d) for p, d in files.items()},
-                             adopted=True)
+    # the rendering's root (compose/<recipe>); a journal without one names its folders only
+    root = Path(journal.get("output_root") or min(journal["folders"], default=str(recipe_path)))
+    with output_lock(root):
+        for folder, files in journal["folders"].items():
+            out_dir = Path(folder)
+            if files is None:
+                retire_output_dir(out_dir)
+            else:
+                write_output_dir(out_dir, {p: base64.b64decode(d) for p, d in files.items()},
+                                 adopted=True)
     recipe_temp_path(recipe_path).unlink(missing_ok=True)
 
 
 def recover_interrupted(folder: Path) -> list[str]:
     """Roll back every class swap in `folder` (a recipes folder) whose process died before it
-    committed; remove their temp files. Returns one line per recovered swap."""
+    committed; remove their temp files. Returns one line per recovered swap.
+
+    A journal is interrupted exactly when its recipe's lock can be taken (the swap holds it
+    from before the journal is written until after it is removed); one whose lock is held
+    belongs to a swap in progress and is left alone."""
     lines: list[str] = []
     if not folder.is_dir():
         return lines
     for journal_file in sorted(folder.glob(f".*{JOURNAL_SUFFIX}")):
         recipe_path = folder / journal_file.name[1:-len(JOURNAL_SUFFIX)]
+        if journal_file in _ACTIVE:
+            continue  # this process's own swap, under way
         try:
-            journal = json.loads(journal_file.read_text(encoding="utf-8"))
-            pid = int(journal["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
-            # written atomically, so a journal that does not parse was never committed
-            journal_file.unlink(missing_ok=True)
-            recipe_temp_path(recipe_path).unlink(missing_ok=True)
-            continue
-        if _pid_alive(pid) and pid != os.getpid():
-            continue  # a swap in progress in another process
-        if pid == os.getpid() and journal_file in _ACTIVE:
-            continue  # our own swap in progress
-        _restore(recipe_path, journal)
-        journal_file.unlink(missing_ok=True)
-        swaps = ", ".join(f"lane {lane} back on {old}" for lane, old, _ in journal["swaps"])
-        lines.append(f"{recipe_path}: an interrupted class swap was rolled back ({swaps}); "
-                     "recipe and rendering are as before it")
+            with recipe_lock(recipe_path, wait_s=0):
+                line = _roll_back(recipe_path, journal_file)
+        except LockBusy:
+            continue  # a live swap holds the recipe
+        if line:
+            lines.append(line)
     for temp in folder.glob(f".*{RECIPE_TEMP_SUFFIX}*"):
-        recipe = temp.name[1:temp.name.index(RECIPE_TEMP_SUFFIX)]
-        if not journal_path(folder / recipe).exists():  # a journal of a live swap keeps them
-            temp.unlink(missing_ok=True)
+        recipe = folder / temp.name[1:temp.name.index(RECIPE_TEMP_SUFFIX)]
+        try:
+            with recipe_lock(recipe, wait_s=0):
+                if not journal_path(recipe).exists():  # a journal's temps go with its rollback
+                    temp.unlink(missing_ok=True)
+        except (LockBusy, RecipegenError, OSError):
+            continue  # a write of that recipe is in progress (or the folder is read-only)
     return lines
+
+
+def _roll_back(recipe_path: Path, journal_file: Path) -> str | None:
+    """Under the recipe's lock: restore from an interrupted swap's journal, then remove it."""
+    if not journal_file.exists():
+        return None  # committed or rolled back meanwhile
+    try:
+        from recipegen.render.output import read_generated
+
+        journal = json.loads(read_generated(journal_file, limit=JOURNAL_LIMIT).decode("utf-8"))
+        journal["recipe_bytes"], journal["folders"], journal["swaps"]  # noqa: B018
+    except (OSError, RecipegenError, ValueError, KeyError, TypeError):
+        # written atomically, so a journal that does not parse was never committed
+        journal_file.unlink(missing_ok=True)
+        recipe_temp_path(recipe_path).unlink(missing_ok=True)
+        return None
+    _restore(recipe_path, journal)
+    journal_file.unlink(missing_ok=True)
+    swaps = ", ".join(f"lane {lane} back on {old}" for lane, old, _ in journal["swaps"])
+    return (f"{recipe_path}: an interrupted class swap was rolled back ({swaps}); "
+            "recipe and rendering are as before it")
+
+
+# A journal holds the recipe and the previous rendering's files, base64: far below this.
+JOURNAL_LIMIT = 256 << 20
 
 
 _ACTIVE: set[Path] = set()
@@ -168,22 +194,31 @@ def swap_classes(recipe_path: Path, swaps: list[tuple[str, str]], *,
     and `restore` runs (the ops swap brings the previous service back). The original error is
     re-raised after the rollback. Returns what changed (nothing when every class was active).
     """
-    from recipegen.recipe_io import active_class_text, load_recipe
-    from recipegen.render.render import (check_rendering, render_recipe, validate_rendering,
-                                         write_rendering)
+    with recipe_lock(recipe_path, echo=echo):
+        if journal_path(recipe_path) in _ACTIVE:
+            raise RecipegenError(f"{recipe_path}: a class swap of this recipe is already under way "
+                                 "in this process")
+        # holding the lock: a journal here was left by a process that died mid-swap
+        line = _roll_back(recipe_path, journal_path(recipe_path))
+        if line:
+            echo(line)
+        return _swap_locked(recipe_path, swaps, templates_dir=templates_dir, validate=validate,
+                            apply=apply, restore=restore, echo=echo)
 
-    for line in recover_interrupted(recipe_path.parent):
-        echo(line)
-    if journal_path(recipe_path).exists():  # left by a live process: its swap is under way
-        raise RecipegenError(f"{recipe_path}: another class swap of this recipe is in progress "
-                             f"({journal_path(recipe_path).name} exists); wait for it to finish")
+
+def _swap_locked(recipe_path: Path, swaps: list[tuple[str, str]], *, templates_dir: Path,
+                 validate: bool, apply: Callable[[], None] | None,
+                 restore: Callable[[], None] | None, echo: Echo) -> SwapOutcome:
+    from recipegen.load.recipe import active_class_text, load_recipe
+    from recipegen.render.render import check_rendering, render_recipe, validate_rendering, write_rendering
+
     before = load_recipe(recipe_path, read_maps=False)
     previous = {lane.name: lane.active_class for lane in before.recipe.lanes}
     for lane, _ in swaps:
         if lane not in previous:
             raise InputError(f"no lane {lane!r} (lanes: {', '.join(previous)})",
                              file=str(recipe_path), field="--class")
-    old_bytes = recipe_path.read_bytes()
+    old_bytes = read_recipe_bytes(recipe_path)
     try:
         text = old_bytes.decode("utf-8")
     except UnicodeDecodeError:
@@ -214,7 +249,8 @@ def swap_classes(recipe_path: Path, swaps: list[tuple[str, str]], *,
     journal = journal_path(recipe_path)
     _ACTIVE.add(journal)
     try:
-        _write_atomically(journal, _journal_bytes(recipe_path, old_bytes, folders, changed),
+        _write_atomically(journal, _journal_bytes(recipe_path, old_bytes, folders, changed,
+                                                  rendering.root),
                           _journal_temp_path(recipe_path))
         try:
             if new_text != text:

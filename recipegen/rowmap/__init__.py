@@ -14,10 +14,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from recipegen.rowmap.build import (build_budget_global, build_top_n,
-                                    hot_count_for_cold_budget)
-from recipegen.rowmap.coldshare import (check_same_geometry, cold_share, cold_share_per_layer,
-                                        positional_baseline)
+from recipegen.rowmap.build import build_budget_global, build_top_n, hot_count_for_cold_budget
+from recipegen.rowmap.coldshare import check_same_geometry, cold_share, cold_share_per_layer, positional_baseline
 
 
 @dataclass(frozen=True)

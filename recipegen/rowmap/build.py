@@ -24,7 +24,7 @@ import numpy as np
 from expert_residency.formats import Histogram, RowMap
 
 from recipegen import __version__
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 # Seeds 000 ("two FlashInfer autotune runs, ~75 minutes each on first boot"): every distinct
 # bank size is another kernel tuning.

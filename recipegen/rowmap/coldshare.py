@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from expert_residency.formats import Histogram, RowMap
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 
 
 def check_same_geometry(rowmap: RowMap, histogram: Histogram, *, map_name: str = "row map",

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from expert_residency.formats import Histogram, RowMap, merge_histograms
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
 from recipegen.rowmap.build import build_top_n
 from recipegen.rowmap.coldshare import cold_share, positional_baseline
 from recipegen.rowmap.skew import spearman_per_layer, top_overlap_per_layer

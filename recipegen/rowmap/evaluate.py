@@ -10,8 +10,13 @@ import numpy as np
 from expert_residency.formats import Histogram, RowMap, merge_histograms
 
 from recipegen.rowmap.build import build_top_n
-from recipegen.rowmap.coldshare import (check_same_geometry, cold_share, cold_share_per_layer,
-                                        layer_positional_cold_share, positional_baseline)
+from recipegen.rowmap.coldshare import (
+    check_same_geometry,
+    cold_share,
+    cold_share_per_layer,
+    layer_positional_cold_share,
+    positional_baseline,
+)
 from recipegen.rowmap.skew import TOP_FRACTIONS, gini_per_layer, top_share
 
 

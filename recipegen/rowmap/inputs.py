@@ -13,11 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from expert_residency.formats import (FormatError, Histogram, RowMap, histogram_from_captures,
-                                      load_histogram, load_rowmap)
+from expert_residency.formats import (
+    FormatError,
+    Histogram,
+    RowMap,
+    histogram_from_captures,
+    load_histogram,
+    load_rowmap,
+)
 from expert_residency.formats.capture import capture_kind
 
-from recipegen.errors import InputError
+from recipegen.common.errors import InputError
+from recipegen.load.recipe import load_recipe_model
 
 
 def input_error(exc: FormatError) -> InputError:
@@ -37,14 +44,10 @@ class Geometry:
 
 
 def geometry_from_recipe(recipe: str) -> Geometry:
-    """Model geometry of a recipe (name under recipes/ or a path)."""
-    try:
-        from recipegen.recipe_io import load_recipe
-    except ImportError:  # the recipe loader is another engineer's module
-        raise InputError("--recipe needs recipegen.recipe_io, which this build lacks; "
-                         "give --experts/--layers/--bytes-per-expert instead",
-                         field="--recipe") from None
-    loaded = load_recipe(recipe)
+    """Model geometry of a recipe (name under recipes/ or a path). Only the model is read: a
+    recipe whose row map is missing or disagrees with its budget — the map about to be built —
+    still gives its geometry."""
+    loaded = load_recipe_model(recipe)
     model = loaded.recipe.model
     return Geometry(tuple(model.moe_layers), int(model.routed_experts),
                     int(model.expert_bytes), int(model.top_k), model.revision or "",
@@ -60,11 +63,16 @@ def read_rowmap(path: str | os.PathLike[str]) -> RowMap:
 
 def is_histogram_file(path: str | os.PathLike[str]) -> bool:
     """True for our text histogram; False for `.npy` and vLLM capture files."""
+    from expert_residency.formats._io import UnreadableFile, open_regular_file
+
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(4096)
+        fd = open_regular_file(path)  # a FIFO or device is refused before any read blocks
     except FileNotFoundError:
         raise InputError("no such file", file=str(path)) from None
+    except UnreadableFile as exc:
+        raise InputError(f"{exc.strerror}: not a histogram or capture file", file=str(path)) from None
+    with os.fdopen(fd, "rb") as handle:
+        head = handle.read(4096)
     if head.startswith(b"\x93NUMPY"):
         return False
     for line in head.split(b"\n"):
@@ -81,8 +89,7 @@ def progress_bar(description: str, enabled: bool | None = None
     """A rich progress bar on stderr fed as `update(done, total)`: shown on a terminal by
     default; `enabled=True` forces it (also into a file or pipe), `False` hides it."""
     from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                               TimeRemainingColumn, TransferSpeedColumn)
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
     console = Console(stderr=True, force_terminal=True if enabled else None)
     show = console.is_terminal if enabled is None else enabled
@@ -151,7 +158,6 @@ def parse_layers(text: str) -> tuple[int, ...]:
 def capture_layer_count(path: str) -> int:
     """Layer-axis length of a capture (to default --layers to 0..n-1)."""
     import numpy as np
-
     from expert_residency.formats.capture import iter_vllm_capture
     try:
         if capture_kind(path) == "npy":

@@ -8,12 +8,12 @@ from expert_residency.formats import RowMap
 from expert_residency.formats._io import format_index_ranges
 from expert_residency.formats.report import summarize_counts
 
+from recipegen.common.units import GiB as GIB
 from recipegen.rowmap.build import TUNING_MINUTES_PER_SHAPE, BudgetBuild
 from recipegen.rowmap.compare import CompareReport
 from recipegen.rowmap.diff import DiffReport
 from recipegen.rowmap.evaluate import EvalReport, HistogramEval
 from recipegen.rowmap.skew import TOP_FRACTIONS, top_count
-from recipegen.units import GiB as GIB
 
 
 def pct(x: float) -> str:
@@ -67,6 +67,9 @@ def eval_lines(report: EvalReport, *, per_layer: bool = False) -> list[str]:
         lines.append(f"  {'range':<40} {pct(min(values))} – {pct(max(values))}")
     for note in report.notes:
         lines.append(f"  note: {note}")
+    lines.append("  note: cold = share of selections on the map's cold experts; positional = the same cold "
+                 "count per layer taken as the highest expert ids; vLLM layer-offload = the same cold bytes "
+                 "as whole layers in load order, as --cpu-offload-gb takes them")
     return lines
 
 

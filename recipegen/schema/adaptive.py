@@ -8,25 +8,23 @@ class the worker parses from `EXPERT_RESIDENCY_ADAPTIVE`, so a recipe that valid
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Literal
 
 from expert_residency.core.adaptive_config import AdaptiveConfig
+from expert_residency.formats._io import MAX_EXPERTS
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from recipegen.schema.base import StrictModel
-
-if TYPE_CHECKING:
-    from recipegen.schema.lane import Lane
 
 _D = AdaptiveConfig()  # the runtime's defaults: one source
 
 
 class Adaptive(StrictModel):
-    """Adaptive residency: every `interval` forwards, at a step boundary with no forward in
-    flight, at most `swaps_per_layer` hot/cold swaps per MoE layer move the experts the traffic
-    now uses into HBM (copies through a staging row, the map flip last; bank shapes and CUDA
-    graphs stay valid). Absent: off, the boot map stays (the default). `adaptive: {}` turns it
-    on with every default. Usage-aware lanes only.
+    """Adaptive residency: every `interval` forwards the policy ranks the experts the traffic now
+    uses; the promoted ones are copied host → HBM into spare rows on a side stream while decode
+    steps run (at most `copy_rows_per_layer` rows per layer and step), and the next barrier only
+    flips map entries (bank shapes and CUDA graphs stay valid). Absent: off, the boot map stays
+    (the default). `adaptive: {}` turns it on with every default. Usage-aware lanes only.
     """
 
     interval: PositiveInt = _D.interval
@@ -36,10 +34,30 @@ class Adaptive(StrictModel):
     sooner (about 80-90 decode steps to the in-domain cold share at 16, 130-175 at 32, in the
     policy simulation). The default keeps the counter and the policy within 0.5% of a one-stream
     decode step (docs/adaptive.md)."""
-    swaps_per_layer: NonNegativeInt = _D.swaps_per_layer
-    """Most swaps (one hot expert out, one cold expert in) per MoE layer per barrier: bounds a
-    barrier's host-link traffic, 2 × bytes per expert × swaps_per_layer × MoE layers (the ledger
-    shows it), and so its length. 0 counts and ranks but never swaps."""
+    swaps_per_layer: NonNegativeInt = Field(default=_D.swaps_per_layer, le=MAX_EXPERTS)
+    """Most swaps (one hot expert out, one cold expert in) per MoE layer per plan; they wait,
+    strongest first, for copy budget and spare rows. 0 counts and ranks but never swaps."""
+    spare_rows: NonNegativeInt = _D.spare_rows
+    """Spare rows per MoE layer the promoted experts are copied into while steps run: that many
+    expert rows of HBM (taken from the KV pool) and, with `host_copies: spare`, of pinned host
+    memory (the ledger shows both). At least 1 unless `swaps_per_layer` is 0."""
+    flip_interval: PositiveInt = _D.flip_interval
+    """Forwards between map flips: the swaps copied so far become live (map entries only) and their
+    old rows spare again, so `spare_rows` rows carry `interval / flip_interval` times as many swaps
+    per plan."""
+    copy_rows_per_layer: float = Field(default=_D.copy_rows_per_layer, gt=0)
+    """Expert rows copied host → HBM per decode step and MoE layer while adapting (a 40-layer GPU
+    copies 40 × this per step), beside the step on a side stream. The copies share the host link
+    with the cold bank's reads: this bounds what adapting adds to a step and how fast a traffic
+    shift is followed (docs/adaptive.md, "Copies beside the steps")."""
+    host_copies: Literal["spare", "all"] = _D.host_copies  # type: ignore[assignment]
+    """`spare`: `swaps_per_layer` spare host rows per layer; a demoted expert the host no longer
+    holds is copied back into one (HBM → host). `all`: the host keeps a copy of every hot expert
+    too, so a demotion is only a map change — at the host memory of the hot experts again."""
+    rank_picks: Literal["all", "decode"] = _D.rank_picks  # type: ignore[assignment]
+    """`all`: the ranking counts every pick, prefill and decode. `decode`: decode picks only (a
+    long prompt then weighs nothing; the counter keeps a second count — per row on the torch path,
+    per decode-only step on the fused GPU layer, where a step with a prefill row adds none)."""
     decay: float = Field(default=_D.decay, ge=0, lt=1)
     """Factor on every score at each barrier before the new window is added
     (`score = decay × score + window`): the memory is about 1 / (1 − decay) windows."""
@@ -62,36 +80,3 @@ class Adaptive(StrictModel):
     def runtime_config(self) -> AdaptiveConfig:
         """The runtime's `AdaptiveConfig` for these settings (what `render` writes)."""
         return AdaptiveConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AdaptiveConfig)})
-
-
-def prior_classes(lane: Lane) -> list[str]:
-    """The classes whose histograms the lane's adaptive policy reads as priors, in declared order."""
-    adaptive = lane.offload.adaptive
-    if adaptive is None:
-        return []
-    if adaptive.priors is None:
-        return [name for name, cls in lane.classes.items() if cls.histogram]
-    return list(adaptive.priors)
-
-
-def adaptive_problems(lane: Lane, where: tuple[str | int, ...]) -> list[tuple[tuple[str | int, ...], str]]:
-    """Cross-field problems of `offload.adaptive`: placement, and priors naming classes with histograms."""
-    adaptive = lane.offload.adaptive
-    if adaptive is None:
-        return []
-    path = (*where, "offload", "adaptive")
-    problems: list[tuple[tuple[str | int, ...], str]] = []
-    if lane.offload.placement != "usage-aware":
-        problems.append((path, "adaptive residency swaps rows of the usage-aware banks; positional "
-                         "offload has none (set offload.placement: usage-aware or drop adaptive)"))
-    for j, name in enumerate(adaptive.priors or []):
-        if name not in lane.classes:
-            declared = ", ".join(lane.classes) or "none"
-            problems.append(((*path, "priors", j), f"class {name!r} is not declared in this lane's "
-                             f"classes (declared: {declared})"))
-        elif not lane.classes[name].histogram:
-            problems.append(((*path, "priors", j), f"class {name!r} declares no histogram to use as "
-                             "a prior"))
-        elif name in adaptive.priors[:j]:  # type: ignore[index]
-            problems.append(((*path, "priors", j), f"class {name!r} is listed twice"))
-    return problems

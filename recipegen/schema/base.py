@@ -6,7 +6,7 @@ from typing import Annotated, Any, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, WithJsonSchema
 
-from recipegen.units import UnitError, parse_bandwidth, parse_bytes, parse_count, parse_scaled_number
+from recipegen.common.units import UnitError, parse_bandwidth, parse_bytes, parse_count, parse_scaled_number
 
 
 class StrictModel(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel
@@ -12,10 +13,9 @@ from recipegen.schema.base import reachable_models
 from recipegen.schema.recipe import SCHEMA_VERSION, Recipe
 
 
-def recipe_json_schema() -> dict[str, Any]:
-    """JSON Schema (draft 2020-12) of a recipe file, including catalog-name shorthands."""
-    from recipegen.catalog import catalog_names
-
+def recipe_json_schema(catalog_names: Callable[[str], list[str]]) -> dict[str, Any]:
+    """JSON Schema (draft 2020-12) of a recipe file, including catalog-name shorthands
+    (`catalog_names(kind)`: the names of the catalog's "models" or "machines")."""
     schema = Recipe.model_json_schema(mode="validation")
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = f"https://recipegen.invalid/schema/recipe-v{SCHEMA_VERSION}.json"
@@ -28,6 +28,9 @@ def recipe_json_schema() -> dict[str, Any]:
             {"type": "object", "required": ["catalog"], "properties": {"catalog": {
                 "type": "string", "enum": catalog_names("models")}},
              "description": "catalog entry with overridden fields"},
+            {"type": "object", "required": ["file"], "properties": {"file": {"type": "string"}},
+             "description": "model file (what `recipegen model import` writes), relative to the recipe, with "
+                            "overridden fields"},
             {"$ref": model_ref} if isinstance(model_ref, str) else model_ref,
         ]}
     machines = props["machines"]
@@ -86,10 +89,9 @@ _UNIT_TYPES = {
 
 
 
-def recipe_reference_markdown() -> str:
-    """docs/recipe-reference.md: every object and field of the recipe language, from docstrings."""
-    from recipegen.catalog import catalog_names
-
+def recipe_reference_markdown(catalog_names: Callable[[str], list[str]]) -> str:
+    """docs/recipe-reference.md: every object and field of the recipe language, from docstrings
+    (`catalog_names(kind)` as for `recipe_json_schema`)."""
     lines = [
         "# Recipe reference",
         "",

@@ -11,6 +11,10 @@ from recipegen.schema.base import Bytes, PathError, PositiveBytes, StrictModel, 
 from recipegen.schema.parallel import Parallel
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
+# Names of recipes, machines, lanes and classes become folder and file names (a dump file holds
+# a lane's and a class's name), Compose service names and Kubernetes labels (at most 63
+# characters): longer ones are refused at their line.
+NAME_MAX_LENGTH = 63
 # Bounds far above any lane (the reference serves up to 16 streams, k=5), below what a per-batch-
 # size table may expand to: checks walk every batch size up to concurrency.max.
 MAX_STREAMS = 65_536
@@ -41,7 +45,7 @@ class Concurrency(StrictModel):
     """Most concurrent streams expected; renders as `--max-num-seqs` unless overridden."""
 
     @model_validator(mode="after")
-    def _check(self) -> "Concurrency":
+    def _check(self) -> Concurrency:
         if self.min > self.max:
             raise PathError(f"min {self.min} is above max {self.max}", ("min",))
         return self
@@ -62,8 +66,9 @@ class Offload(StrictModel):
     cold_experts_budget: Bytes | None = None
     """Bytes of routed experts allowed in pinned host memory (usage-aware only)."""
     load_cpu_offload: Bytes | None = None
-    """vLLM `--cpu-offload-gb` (GiB) the engine loads with. Usage-aware: the load-time placement the
-    runtime re-homes from. Positional: the offload itself (required)."""
+    """vLLM `--cpu-offload-gb` (GiB) the engine loads with, per GPU as vLLM reads it (with
+    tensor parallelism each GPU offloads this much of its own shards). Usage-aware: the load-time
+    placement the runtime re-homes from. Positional: the offload itself (required)."""
     prefetch_slots_per_layer: NonNegativeInt = 0
     """HBM slots per MoE layer reserved for a cold-expert prefetch bank. The ledger prices it out of
     the KV pool (3 slots per layer cost 43% of the v15 pool in the field report "Should a GB300
@@ -71,10 +76,11 @@ class Offload(StrictModel):
     runtime has no prefetch mode yet, so this is for what-if budgets."""
     adaptive: Adaptive | None = None
     """Adaptive residency (usage-aware only): the map follows the traffic inside the running
-    engine by bounded swaps at step boundaries. Absent: off (the boot map stays)."""
+    engine; swaps are copied into spare rows beside the decode steps and go live by map flips.
+    Absent: off (the boot map stays)."""
 
     @model_validator(mode="after")
-    def _check(self) -> "Offload":
+    def _check(self) -> Offload:
         if self.placement == "usage-aware":
             if (self.hot_experts_per_layer is None) == (self.cold_experts_budget is None):
                 raise PathError("usage-aware offload needs exactly one of hot_experts_per_layer and "
@@ -87,6 +93,42 @@ class Offload(StrictModel):
             if self.load_cpu_offload is None:
                 raise PathError("positional offload needs load_cpu_offload (vLLM --cpu-offload-gb; "
                                 "0 GiB keeps every expert in HBM)", ("load_cpu_offload",))
+        return self
+
+
+class Acceptance(StrictModel):
+    """The drafter's measured acceptance on the lane's own traffic; the decode estimate turns it into
+    output tokens per step per stream, (1 − α^(k+1)) ÷ (1 − α) at the step's k.
+
+    Give `rate` (α: the probability that a draft token is accepted when every draft token before it
+    was), or `mean_length` with the `k` it was measured at — vLLM 0.33 logs it as "Mean acceptance
+    length" and exports it as 1 + rate(vllm:spec_decode_num_accepted_tokens_total) ÷
+    rate(vllm:spec_decode_num_drafts_total) (vllm/v1/spec_decode/metrics.py); α is solved from it.
+    vLLM's "Avg Draft acceptance rate" (accepted ÷ drafted tokens) is not α: it averages over
+    positions."""
+
+    rate: float | None = Field(default=None, gt=0, lt=1)
+    """α, the acceptance per draft token given the ones before it were accepted."""
+    mean_length: float | None = Field(default=None, gt=1)
+    """Output tokens per step per stream measured at `k` (accepted draft tokens + the bonus token)."""
+    k: PositiveInt | None = Field(default=None, le=MAX_SPECULATIVE_K)
+    """The k `mean_length` was measured at (required with it)."""
+    source: str = Field(min_length=1)
+    """Where it was measured: machine, date and command, or a public report by title and date."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Acceptance:
+        if (self.rate is None) == (self.mean_length is None):
+            raise PathError("give exactly one of rate and mean_length", ("rate",))
+        if self.mean_length is not None:
+            if self.k is None:
+                raise PathError("mean_length needs the k it was measured at", ("k",))
+            if self.mean_length >= self.k + 1:
+                raise PathError(f"mean_length {self.mean_length:g} at k={self.k}: at most k + 1 = {self.k + 1} "
+                                "tokens per step, and exactly k + 1 only if every draft is accepted",
+                                ("mean_length",))
+        elif self.k is not None:
+            raise PathError("k goes with mean_length (the k it was measured at); rate needs none", ("k",))
         return self
 
 
@@ -105,9 +147,14 @@ class Speculative(StrictModel):
     model: str | None = None
     """Drafter checkpoint, for methods that need one apart from the target (`draft_model`, `eagle`,
     `eagle3`, `dflash`)."""
+    acceptance: Acceptance | None = None
+    """The drafter's measured acceptance on this lane's traffic, with its source; the decode
+    estimate (`recipegen plan`, `check budgets`, `fit`, `compare`) uses it. Absent: the estimate
+    uses the reference lane's DSpark figure and says so (`recipegen plan --acceptance` overrides
+    both)."""
 
     @model_validator(mode="after")
-    def _check(self) -> "Speculative":
+    def _check(self) -> Speculative:
         if self.method in SEPARATE_DRAFTER_METHODS and not self.model:
             raise PathError(f"method {self.method!r} drafts with a separate checkpoint: give its id in "
                             "`model`", ("model",))
@@ -118,7 +165,7 @@ class Speculative(StrictModel):
         if not self.schedule:
             raise PathError("schedule must not be empty", ("schedule",))
         previous_end = 0
-        for i, (start, end, k) in enumerate(self.schedule):
+        for i, (start, end, _k) in enumerate(self.schedule):
             if start > end:
                 raise PathError(f"range [{start}, {end}] starts after it ends", ("schedule", i))
             if start <= previous_end:
@@ -164,22 +211,48 @@ class HbmReserveMeasurement(StrictModel):
 class HbmReserve(StrictModel):
     """HBM for everything but routed experts and KV: dense weights, drafter, activations, CUDA graphs.
 
-    Give `value`, or `back_solved_from` a measured boot (reserve = HBM × utilisation − hot experts −
-    KV pool, labelled back-solved). Declared dense and drafter bytes are parts of it, never extra.
+    Give `value` (with its `basis`), `back_solved_from` a measured boot (reserve = HBM ×
+    utilisation − hot experts − KV pool, labelled back-solved), or `estimated: true` (the ledger
+    estimates it from the model and machine, labelled estimated). Declared dense and drafter bytes
+    are parts of it, never extra.
     """
 
     value: Bytes | None = None
-    """The reserve, measured directly."""
+    """The reserve, as a figure (say how it was obtained in `basis`)."""
     back_solved_from: HbmReserveMeasurement | None = None
     """A measured boot to back-solve the reserve from."""
-    source: str = Field(min_length=1)
-    """Where the figure was measured (seed file and section, or 'measured on …')."""
+    estimated: bool = False
+    """Let the ledger estimate the reserve from the model and the machine (dense weights per GPU +
+    vLLM's fused-MoE workspace at the lane's batched tokens + an allowance for CUDA graphs and the
+    profile run's other activations; docs/ledger.md 'Estimated reserves'), for a lane that has not
+    booted yet. Printed as estimated; replace it with a measured boot (`recipegen verify`)."""
+    basis: Literal["measured", "assumed"] | None = None
+    """How `value` was obtained: `measured` (on the box: a boot's log, `recipegen verify`) or
+    `assumed`. Only a measured value is printed as measured."""
+    source: str | None = Field(default=None, min_length=1)
+    """Where the figure comes from (a field report and its section, 'measured on …', or why it is
+    assumed); not needed with `estimated`, whose source is its formula."""
 
     @model_validator(mode="after")
-    def _check(self) -> "HbmReserve":
-        if (self.value is None) == (self.back_solved_from is None):
-            raise PathError("give exactly one of value and back_solved_from", ("value",))
+    def _check(self) -> HbmReserve:
+        _check_reserve(self)
         return self
+
+
+def _check_reserve(spec: HbmReserve | HostReserve) -> None:
+    """Exactly one way of giving a reserve; a source for every way but the estimate; `basis`
+    belongs to `value`."""
+    given = [n for n in ("value", "back_solved_from") if getattr(spec, n) is not None]
+    if spec.estimated:
+        given.append("estimated")
+    if len(given) != 1:
+        raise PathError("give exactly one of value, back_solved_from and estimated: true"
+                        + (f" (got {', '.join(given)})" if given else ""), ("value",))
+    if spec.basis is not None and spec.value is None:
+        raise PathError("basis says how `value` was obtained: give it with value only", ("basis",))
+    if spec.source is None and not spec.estimated:
+        raise PathError("missing required field: where the figure comes from (an estimated reserve's source is "
+                        "its formula)", ("source",))
 
 
 class HostReserveMeasurement(StrictModel):
@@ -194,21 +267,27 @@ class HostReserveMeasurement(StrictModel):
 class HostReserve(StrictModel):
     """Host memory for everything but host tables and pinned experts: page cache, processes, OS.
 
-    Give `value`, or `back_solved_from` a measured boot (reserve = host used − pinned experts −
-    the model's host tables).
+    Give `value` (with its `basis`), `back_solved_from` a measured boot (reserve = host used −
+    pinned experts − the model's host tables), or `estimated: true` (the ledger's estimate of the
+    vLLM processes and the OS, labelled estimated).
     """
 
     value: Bytes | None = None
-    """The reserve, measured directly."""
+    """The reserve, as a figure (say how it was obtained in `basis`)."""
     back_solved_from: HostReserveMeasurement | None = None
     """A measured boot to back-solve the reserve from."""
-    source: str = Field(min_length=1)
-    """Where the figure was measured."""
+    estimated: bool = False
+    """Let the ledger estimate the reserve: the operating system and vLLM's API-server and engine
+    processes, plus one worker process per GPU (docs/ledger.md 'Estimated reserves'); page cache
+    is reclaimable and not counted. Printed as estimated."""
+    basis: Literal["measured", "assumed"] | None = None
+    """How `value` was obtained: `measured` (the box's host memory in use) or `assumed`."""
+    source: str | None = Field(default=None, min_length=1)
+    """Where the figure comes from; not needed with `estimated`."""
 
     @model_validator(mode="after")
-    def _check(self) -> "HostReserve":
-        if (self.value is None) == (self.back_solved_from is None):
-            raise PathError("give exactly one of value and back_solved_from", ("value",))
+    def _check(self) -> HostReserve:
+        _check_reserve(self)
         return self
 
 
@@ -235,7 +314,7 @@ class TrafficClass(StrictModel):
 class Lane(StrictModel):
     """One vLLM engine: fixed GPUs of one machine, one port, one image, one active traffic class."""
 
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)
     """Lane name; its compose service is `lane-<name>`."""
     machine: str
     """Key of the machine in the recipe's `machines` (multi-node lanes will add a placement list)."""
@@ -253,17 +332,19 @@ class Lane(StrictModel):
     """vLLM `--max-model-len` (1M = 1048576, as vLLM reads it)."""
     concurrency: Concurrency
     """Expected concurrent streams."""
-    offload: Offload
-    """Expert budget and placement."""
+    offload: Offload = Field(default_factory=lambda: Offload(placement="positional", load_cpu_offload="0 GiB"))
+    """Expert budget and placement. Omitted: every routed expert in HBM (plain vLLM, no
+    `--cpu-offload-gb`), as `{placement: positional, load_cpu_offload: 0 GiB}`."""
     speculative: Speculative | None = None
     """Speculative decoding, if any."""
     reserves: Reserves
     """Measured reserves with their sources."""
-    classes: dict[Annotated[str, StringConstraints(pattern=NAME_PATTERN)], TrafficClass] = {}
+    classes: dict[Annotated[str, StringConstraints(pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)],
+                  TrafficClass] = {}
     """Traffic classes by name (usage-aware lanes: each has a row map)."""
     active_class: str | None = None
     """The class whose row map the lane serves now (written back by `render --class`/`swap`)."""
-    profile: str | None = Field(default=None, pattern=NAME_PATTERN)
+    profile: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)
     """Compose profile for lanes that are not always on."""
     extra_args: list[str] = []
     """Further `vllm serve` arguments, passed through verbatim."""
@@ -274,7 +355,7 @@ class Lane(StrictModel):
     0, the head), their layer split and rendezvous port (see docs/multinode.md)."""
 
     @model_validator(mode="after")
-    def _check(self) -> "Lane":
+    def _check(self) -> Lane:
         if (self.gpu_memory_utilization is None) == (self.kv_cache_bytes is None):
             raise PathError("give exactly one of gpu_memory_utilization and kv_cache_bytes",
                             ("gpu_memory_utilization",))
@@ -291,3 +372,13 @@ class Lane(StrictModel):
     @property
     def tensor_parallel_size(self) -> int:
         return len(self.gpus)
+
+
+def prior_classes(lane: Lane) -> list[str]:
+    """The classes whose histograms the lane's adaptive policy reads as priors, in declared order."""
+    adaptive = lane.offload.adaptive
+    if adaptive is None:
+        return []
+    if adaptive.priors is None:
+        return [name for name, cls in lane.classes.items() if cls.histogram]
+    return list(adaptive.priors)

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field, PositiveInt, model_validator
 
-from recipegen.schema.base import Bandwidth, PathError, PositiveBytes, StrictModel
+from recipegen.schema.base import Bandwidth, Bytes, PathError, PositiveBytes, StrictModel
 from recipegen.schema.sourced import lift_sources
 
 
@@ -20,9 +20,26 @@ class GpuSpec(StrictModel):
     compute_capability: str | None = Field(default=None, pattern=r"^\d+\.\d+$")
     """CUDA compute capability, e.g. `10.3`."""
     hbm: PositiveBytes
-    """Usable HBM per GPU as the driver reports it (what `gpu_memory_utilization` multiplies)."""
+    """GPU memory per GPU as the driver reports it (`nvidia-smi --query-gpu=memory.total`, NVML's
+    total)."""
+    driver_reserved: Bytes = Field(default=0, validate_default=False)
+    """Of `hbm`, what the driver reserves for itself (NVML's `reserved`, `nvidia-smi -q`'s "FB Memory
+    Usage: Reserved"), where known: CUDA sees `hbm` less this, and it is CUDA's total that vLLM's
+    `--gpu-memory-utilization` multiplies (`recipegen machine detect` reads both)."""
     hbm_bandwidth: Bandwidth
     """HBM read bandwidth per GPU."""
+
+    @model_validator(mode="after")
+    def _check_reserved(self) -> GpuSpec:
+        if self.driver_reserved >= self.hbm:
+            raise PathError(f"driver_reserved ({self.driver_reserved:,} B) is not below hbm ({self.hbm:,} B)",
+                            ("driver_reserved",))
+        return self
+
+    @property
+    def usable(self) -> int:
+        """What CUDA reports as the GPU's total memory: `hbm` less the driver's reserved part."""
+        return self.hbm - self.driver_reserved
 
 
 class Nvme(StrictModel):
@@ -53,6 +70,9 @@ class Machine(StrictModel):
     """Local NVMe, where known."""
     address: str | None = None
     """Host name or IP the machine is reached at (Docker host, multi-node peers)."""
+    detected: str | None = None
+    """Where and when `recipegen machine detect` read this entry (host, date, driver); absent for
+    catalog and hand-written machines."""
     sources: dict[str, str] = {}
     """Where each figure comes from, by field path."""
 
@@ -62,7 +82,7 @@ class Machine(StrictModel):
         return lift_sources(data)
 
     @model_validator(mode="after")
-    def _check(self) -> "Machine":
+    def _check(self) -> Machine:
         if self.nvme and self.nvme.read_bandwidth_max is not None \
                 and self.nvme.read_bandwidth_max < self.nvme.read_bandwidth:
             raise PathError("read_bandwidth_max is below read_bandwidth", ("nvme", "read_bandwidth_max"))

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from fractions import Fraction
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from recipegen.schema.base import Bytes, PositiveBytes, ScaledNumber, StrictModel
+from recipegen.common.units import GiB
+from recipegen.schema.base import Bytes, PathError, PositiveBytes, ScaledNumber, StrictModel
 from recipegen.schema.sourced import lift_sources
-from recipegen.units import GiB
 
 # Storage per logical element: (bits per value, values per scale block, bytes per scale).
 # The block here is the format's own (over the flattened tensor); a tensor with an explicit
@@ -66,12 +67,13 @@ class ExpertTensor(StrictModel):
     scale: ScaleLayout | None = None
     """Explicit scale layout (FP8 with 128×128 fp32 block scales, int4 with group scales); replaces
     the format's own block (mxfp4/nvfp4). Omitted for fp8: a per-tensor scale, not counted."""
-    kind: Literal["weight", "bias"] = "weight"
-    """`bias` for a per-expert bias vector (gpt-oss: `gate_up_proj_bias`, `down_proj_bias`)."""
+    kind: Literal["weight", "bias", "scale"] = "weight"
+    """`bias` for a per-expert bias vector (gpt-oss: `gate_up_proj_bias`, `down_proj_bias`); `scale`
+    for per-expert scalars vLLM allocates beside the weights (ModelOpt NVFP4's fp32 global and
+    input scales; compressed-tensors int4's `weight_shape`)."""
 
     @model_validator(mode="after")
-    def _check_scale(self) -> "ExpertTensor":
-        from recipegen.schema.base import PathError
+    def _check_scale(self) -> ExpertTensor:
         if self.dtype == "int4" and self.scale is None:
             raise PathError("int4 values need their scale layout (e.g. {dtype: bf16, block: [32]})",
                             ("scale",))
@@ -108,26 +110,40 @@ class AttentionLayers(StrictModel):
 
     `full`: grouped-query (or multi-head) attention over the whole sequence — K and V of
     `kv_heads` heads of `head_dim`. `sliding`: the same, but each sequence keeps only the last
-    `window` tokens. `mla`: multi-head latent attention (DeepSeek-V3 style) — one compressed
-    latent of `kv_lora_rank` + `rope_head_dim` per token, the same on every tensor-parallel rank.
+    `window` tokens. `chunked`: Llama-4's chunked local attention — each sequence keeps the
+    current `chunk` of tokens (plus those in flight). `mla`: multi-head latent attention
+    (DeepSeek-V3 style) — one compressed latent of `kv_lora_rank` + `rope_head_dim` per token, the
+    same on every tensor-parallel rank; with `index_head_dim` (DeepSeek sparse attention) each
+    layer also caches the indexer's key: `index_head_dim` fp8 values and one fp32 scale per 128.
     """
 
-    kind: Literal["full", "sliding", "mla"]
+    kind: Literal["full", "sliding", "chunked", "mla"]
     """Attention kind of these layers."""
     layers: list[NonNegativeInt] = Field(min_length=1)
     """Decoder layer indices (`"0-35"` ranges accepted)."""
     kv_heads: PositiveInt | None = None
-    """KV heads (config.json `num_key_value_heads`); full and sliding layers."""
+    """KV heads (config.json `num_key_value_heads`); full, sliding and chunked layers."""
     head_dim: PositiveInt | None = None
-    """Per-head dimension of K and V (config.json `head_dim`); full and sliding layers."""
+    """Per-head dimension of K and V (config.json `head_dim`); full, sliding and chunked layers."""
     window: PositiveInt | None = None
     """Sliding window in tokens (config.json `sliding_window`); sliding layers."""
+    chunk: PositiveInt | None = None
+    """Attention chunk in tokens (config.json `attention_chunk_size`); chunked layers."""
     kv_lora_rank: PositiveInt | None = None
     """MLA latent width (config.json `kv_lora_rank`)."""
     rope_head_dim: PositiveInt | None = None
     """MLA decoupled RoPE key width cached beside the latent (config.json `qk_rope_head_dim`)."""
+    index_head_dim: PositiveInt | None = None
+    """DeepSeek sparse attention's indexer key width (config.json `index_head_dim`); MLA layers. vLLM
+    caches it as uint8: the fp8 values plus one fp32 scale per 128 (vLLM 0.33
+    vllm/models/deepseek_v32/attention.py:95-100), whatever `--kv-cache-dtype` says."""
+    index_topk: PositiveInt | None = None
+    """DeepSeek sparse attention: tokens the indexer selects for each query token (config.json
+    `index_topk`; vLLM 0.33 vllm/models/deepseek_v32/attention.py:65); the decode estimate reads
+    the latent KV of at most this many tokens per query token. MLA layers with `index_head_dim`."""
     kv_dtype: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
-    """KV cache element type (vLLM `--kv-cache-dtype`; the model dtype by default)."""
+    """KV cache element type (vLLM `--kv-cache-dtype`; `auto` is the model dtype, or FP8 where the
+    checkpoint's ModelOpt config asks for it)."""
 
     @field_validator("layers", mode="before")
     @classmethod
@@ -135,17 +151,23 @@ class AttentionLayers(StrictModel):
         return expand_index_ranges(value)
 
     @model_validator(mode="after")
-    def _check(self) -> "AttentionLayers":
-        from recipegen.schema.base import PathError
+    def _check(self) -> AttentionLayers:
         need = {"full": ("kv_heads", "head_dim"), "sliding": ("kv_heads", "head_dim", "window"),
-                "mla": ("kv_lora_rank", "rope_head_dim")}[self.kind]
+                "chunked": ("kv_heads", "head_dim", "chunk"), "mla": ("kv_lora_rank", "rope_head_dim")}[self.kind]
         for name in need:
             if getattr(self, name) is None:
                 raise PathError(f"{self.kind} attention needs {name}", (name,))
-        other = {"kv_heads", "head_dim", "window", "kv_lora_rank", "rope_head_dim"} - set(need)
+        other = {"kv_heads", "head_dim", "window", "chunk", "kv_lora_rank", "rope_head_dim"} - set(need)
+        if self.kind != "mla":
+            other.update({"index_head_dim", "index_topk"})
         for name in sorted(other):
             if getattr(self, name) is not None:
                 raise PathError(f"{name} does not apply to {self.kind} attention", (name,))
+        if self.index_topk is not None and self.index_head_dim is None:
+            raise PathError("index_topk needs index_head_dim (a sparse-attention indexer)", ("index_topk",))
+        if self.index_head_dim is not None and self.index_head_dim % 128:
+            raise PathError(f"index_head_dim {self.index_head_dim}: the indexer cache holds one scale per 128 values",
+                            ("index_head_dim",))
         return self
 
     def kv_heads_per_rank(self, tp: int) -> int:
@@ -157,14 +179,125 @@ class AttentionLayers(StrictModel):
         assert self.kv_heads is not None
         return max(1, self.kv_heads // tp)
 
+    def indexer_bytes_per_token(self) -> int:
+        """The sparse-attention indexer's cache per token per layer (every rank): d + d / 128 × 4."""
+        return 0 if self.index_head_dim is None else self.index_head_dim + self.index_head_dim // 128 * 4
+
     def bytes_per_token_per_layer(self, tp: int = 1) -> int:
         """KV bytes one layer caches per token on one tensor-parallel rank."""
         size = KV_DTYPE_BYTES[self.kv_dtype]
         if self.kind == "mla":
             assert self.kv_lora_rank is not None and self.rope_head_dim is not None
-            return (self.kv_lora_rank + self.rope_head_dim) * size
+            return (self.kv_lora_rank + self.rope_head_dim) * size + self.indexer_bytes_per_token()
         assert self.head_dim is not None
         return 2 * self.kv_heads_per_rank(tp) * self.head_dim * size
+
+
+def kv_bytes_per_token(groups: Iterable[AttentionLayers], tp: int = 1) -> int:
+    """Σ over the groups' layers of the KV bytes one layer caches per token on one rank (sliding
+    layers uncapped): the one sum of the model entry, the importer and a pipeline stage."""
+    return sum(len(g.layers) * g.bytes_per_token_per_layer(tp) for g in groups)
+
+
+STATE_DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+class StateLayers(StrictModel):
+    """Decoder layers that keep a fixed state per sequence instead of KV per token.
+
+    `gdn`: Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5): a convolution state of
+    (conv_kernel − 1) × (2 · num_k_heads · head_k_dim + num_v_heads · head_v_dim) and a recurrent
+    state of num_v_heads × head_v_dim × head_k_dim. `mamba2`: Mamba-2 (Nemotron-H): a convolution
+    state of (conv_kernel − 1) × (num_heads · head_dim + 2 · n_groups · state_size) and an SSM state
+    of num_heads × head_dim × state_size. Shapes and their split over tensor-parallel ranks are
+    vLLM 0.33's `MambaStateShapeCalculator` (vllm/model_executor/layers/mamba/mamba_utils.py:186-212,
+    :261-294); every rank holds 1/tp of the heads and channels.
+    """
+
+    kind: Literal["gdn", "mamba2"]
+    """State kind of these layers."""
+    layers: list[NonNegativeInt] = Field(min_length=1)
+    """Decoder layer indices (`"0-35"` ranges accepted)."""
+    conv_kernel: PositiveInt
+    """Convolution width (config.json `linear_conv_kernel_dim` / `conv_kernel`)."""
+    num_k_heads: PositiveInt | None = None
+    """Gated DeltaNet key heads (config.json `linear_num_key_heads`)."""
+    num_v_heads: PositiveInt | None = None
+    """Gated DeltaNet value heads (config.json `linear_num_value_heads`)."""
+    head_k_dim: PositiveInt | None = None
+    """Gated DeltaNet key head width (config.json `linear_key_head_dim`)."""
+    head_v_dim: PositiveInt | None = None
+    """Gated DeltaNet value head width (config.json `linear_value_head_dim`)."""
+    num_heads: PositiveInt | None = None
+    """Mamba-2 heads (config.json `mamba_num_heads`)."""
+    head_dim: PositiveInt | None = None
+    """Mamba-2 head width (config.json `mamba_head_dim`)."""
+    n_groups: PositiveInt | None = None
+    """Mamba-2 B/C groups (config.json `n_groups`)."""
+    state_size: PositiveInt | None = None
+    """Mamba-2 state width (config.json `ssm_state_size`)."""
+    conv_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    """Convolution state dtype (vLLM `--mamba-cache-dtype`; the model dtype by default)."""
+    ssm_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    """Recurrent / SSM state dtype (vLLM `--mamba-ssm-cache-dtype`; by default the conv dtype, or what
+    the model's config asks: Qwen3.5 `mamba_ssm_dtype`, Nemotron-H `mamba_ssm_cache_dtype` / fp32)."""
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _expand_ranges(cls, value: Any) -> Any:
+        return expand_index_ranges(value)
+
+    @model_validator(mode="after")
+    def _check(self) -> StateLayers:
+        need = {"gdn": ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"),
+                "mamba2": ("num_heads", "head_dim", "n_groups", "state_size")}[self.kind]
+        for name in need:
+            if getattr(self, name) is None:
+                raise PathError(f"{self.kind} state needs {name}", (name,))
+        other = {"num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "num_heads", "head_dim", "n_groups",
+                 "state_size"} - set(need)
+        for name in sorted(other):
+            if getattr(self, name) is not None:
+                raise PathError(f"{name} does not apply to {self.kind} state", (name,))
+        return self
+
+    def split_reason(self, tp: int) -> str | None:
+        """Why vLLM cannot split this state over `tp` ranks (its `divide` asserts), or None."""
+        conv, heads = self.conv_channels(1), self.state_heads()
+        if heads % tp:
+            return f"{heads} state heads do not split over tensor-parallel size {tp}"
+        if self.kind == "mamba2":
+            assert self.n_groups is not None and self.head_dim is not None and self.state_size is not None
+            groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)
+            conv = self.num_heads * self.head_dim + 2 * groups * self.state_size  # type: ignore[operator]
+        if conv % tp:
+            return f"{conv} convolution channels do not split over tensor-parallel size {tp}"
+        return None
+
+    def state_heads(self) -> int:
+        return (self.num_v_heads if self.kind == "gdn" else self.num_heads) or 0
+
+    def conv_channels(self, tp: int) -> int:
+        """Convolution channels on one rank (Mamba-2 widens n_groups to a multiple of tp first,
+        `extra_groups_for_head_shards`, mamba_utils.py:261-270)."""
+        if self.kind == "gdn":
+            assert self.num_k_heads and self.head_k_dim and self.num_v_heads and self.head_v_dim
+            return (2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim) // tp
+        assert self.num_heads and self.head_dim and self.n_groups and self.state_size
+        groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)
+        return (self.num_heads * self.head_dim + 2 * groups * self.state_size) // tp
+
+    def bytes_per_sequence_per_layer(self, tp: int = 1, spec_tokens: int = 0) -> int:
+        """State bytes one layer holds per sequence on one rank: conv (kernel − 1 + spec) × channels
+        plus heads × the recurrent matrix (vLLM's `MambaSpec.page_size_bytes` before padding)."""
+        conv = (self.conv_kernel - 1 + spec_tokens) * self.conv_channels(tp) * STATE_DTYPE_BYTES[self.conv_dtype]
+        if self.kind == "gdn":
+            assert self.num_v_heads and self.head_v_dim and self.head_k_dim
+            ssm = self.num_v_heads // tp * self.head_v_dim * self.head_k_dim
+        else:
+            assert self.num_heads and self.head_dim and self.state_size
+            ssm = self.num_heads // tp * self.head_dim * self.state_size
+        return conv + ssm * STATE_DTYPE_BYTES[self.ssm_dtype]
 
 
 class DecoderLayerBytes(StrictModel):
@@ -177,6 +310,10 @@ class DecoderLayerBytes(StrictModel):
     routed experts: an approximation of the parameter order inside the layer)."""
     dense_layer: Bytes | None = None
     """One dense (non-MoE) decoder layer: attention, norms and its MLP."""
+    layers: list[Bytes] | None = None
+    """Every decoder layer's non-routed bytes in order, where layers differ (hybrid models: a Mamba-2
+    layer, an attention layer and an MoE layer each hold different tensors); the walk uses it
+    instead of `moe_layer` / `dense_layer`."""
 
 
 class DenseTensorParallel(StrictModel):
@@ -202,9 +339,11 @@ class DenseTensorParallel(StrictModel):
 class Activation(StrictModel):
     """The routed experts' activation (vLLM `MoEActivation`)."""
 
-    kind: Literal["silu", "swigluoai"] = "silu"
+    kind: Literal["silu", "swigluoai", "relu2_no_mul"] = "silu"
     """`silu`: SwiGLU, silu(gate) × up. `swigluoai`: gpt-oss's variant, gate × σ(alpha × gate) ×
-    (up + 1) with gate/up clamped (gate/up interleaved in w13)."""
+    (up + 1) with gate/up clamped (gate/up interleaved in w13). `relu2_no_mul`: relu(x)² of the up
+    projection alone, no gate (Nemotron-H; vLLM 0.33 `MoEActivation.RELU2_NO_MUL`,
+    vllm/model_executor/layers/fused_moe/activation.py:45): the first expert tensor is `w1` [I, H]."""
     alpha: float | None = None
     """swigluoai alpha (gpt-oss: 1.702, set by vLLM, vllm/model_executor/layers/quantization/mxfp4.py:428)."""
     limit: float | None = None
@@ -280,6 +419,9 @@ class Model(StrictModel):
     """Shared experts per MoE layer, where known (always in HBM; counted in the dense bytes)."""
     hidden_size: PositiveInt | None = None
     """Model width (config.json `hidden_size`), where known; vLLM's layout padding needs it."""
+    attention_heads: PositiveInt | None = None
+    """Query attention heads (config.json `num_attention_heads`), where known: vLLM 0.33 refuses a
+    tensor-parallel size that does not divide them (vllm/config/model.py:1559-1564)."""
     moe_intermediate_size: PositiveInt | None = None
     """Routed expert intermediate width (config.json `moe_intermediate_size` or `intermediate_size`)."""
     activation: Activation | None = None
@@ -305,10 +447,23 @@ class Model(StrictModel):
     host_tables: list[HostTable] = []
     """Tables that always live in host memory (e.g. two Engram tables)."""
     attention: list[AttentionLayers] = []
-    """Attention kind per decoder layer (full, sliding window, MLA) with what each caches per
-    token; the ledger derives KV bytes per token per tensor-parallel rank from it (heads
-    replicated when TP exceeds them, MLA latents on every rank, sliding layers capped at their
-    window per sequence). When given, the groups cover every decoder layer once."""
+    """Attention kind per decoder layer (full, sliding window, chunked, MLA) with what each caches
+    per token; the ledger derives KV bytes per token per tensor-parallel rank from it (heads
+    replicated when TP exceeds them, MLA latents on every rank, sliding and chunked layers capped
+    per sequence). When given, the groups (with `state` and `cacheless_layers`) cover every
+    decoder layer once."""
+    state: list[StateLayers] = []
+    """Layers that keep a fixed state per sequence instead of KV per token (Gated DeltaNet, Mamba-2);
+    the ledger sizes the KV pool in sequences and tokens as vLLM shares it between them and the
+    attention layers."""
+    cacheless_layers: list[NonNegativeInt] = []
+    """Decoder layers with neither attention nor state (Nemotron-H's MoE and MLP layers)."""
+    encoder_bytes: Bytes | None = None
+    """Of `dense_bytes`: the vision tower and projector, which vLLM does not load when every
+    modality limit is 0 (`--language-model-only`)."""
+    state_bytes_per_sequence: Bytes | None = None
+    """State bytes per sequence, all state layers, one rank, before vLLM pads it to an attention
+    page (derived from `state`; if given, must agree)."""
     kv_bytes_per_token: PositiveBytes | None = None
     """KV cache bytes per token, all layers, one rank (give this, `kv_tokens_per_gib`, or
     `attention`; with `attention` it is derived and, if given, must agree)."""
@@ -337,8 +492,7 @@ class Model(StrictModel):
         return expand_index_ranges(value)
 
     @model_validator(mode="after")
-    def _check(self) -> "Model":
-        from recipegen.schema.base import PathError
+    def _check(self) -> Model:
         if self.moe_layers != sorted(set(self.moe_layers)):
             raise PathError("MoE layer indices must be unique and ascending", ("moe_layers",))
         if self.moe_layers[-1] >= self.decoder_layers:
@@ -359,6 +513,16 @@ class Model(StrictModel):
             self.bytes_per_expert = int(derived)
         if self.dense_tensor_parallel is not None:
             self._check_dense_tp()
+        if (self.state or self.cacheless_layers) and not self.attention:
+            raise PathError("state / cacheless_layers describe the layers beside attention: give attention too",
+                            ("attention",))
+        if self.encoder_bytes is not None and (self.dense_bytes is None or self.encoder_bytes > self.dense_bytes):
+            raise PathError("encoder_bytes is part of dense_bytes: give dense_bytes at least as large",
+                            ("encoder_bytes",))
+        if self.decoder_layer_bytes is not None and self.decoder_layer_bytes.layers is not None \
+                and len(self.decoder_layer_bytes.layers) != self.decoder_layers:
+            raise PathError(f"{len(self.decoder_layer_bytes.layers)} entries for {self.decoder_layers} decoder layers",
+                            ("decoder_layer_bytes", "layers"))
         if self.attention:
             self._check_attention()
         elif (self.kv_bytes_per_token is None) == (self.kv_tokens_per_gib is None):
@@ -367,7 +531,6 @@ class Model(StrictModel):
         return self
 
     def _check_dense_tp(self) -> None:
-        from recipegen.schema.base import PathError
         part = self.dense_tensor_parallel
         assert part is not None
         if self.dense_bytes is None:
@@ -380,21 +543,31 @@ class Model(StrictModel):
             raise PathError("give kv_heads exactly when kv_projections > 0", ("dense_tensor_parallel", "kv_heads"))
 
     def _check_attention(self) -> None:
-        from recipegen.schema.base import PathError
-        seen: dict[int, int] = {}
-        for i, group in enumerate(self.attention):
-            for layer in group.layers:
+        seen: dict[int, str] = {}
+        owners: list[tuple[str, int, list[int]]] = [("attention", i, g.layers) for i, g in enumerate(self.attention)]
+        owners += [("state", i, g.layers) for i, g in enumerate(self.state)]
+        owners += [("cacheless_layers", -1, self.cacheless_layers)] if self.cacheless_layers else []
+        for field_name, i, layers in owners:
+            where: tuple[Any, ...] = (field_name,) if i < 0 else (field_name, i, "layers")
+            name = field_name if i < 0 else f"{field_name}[{i}]"
+            for layer in layers:
                 if layer >= self.decoder_layers:
                     raise PathError(f"layer {layer} is outside the model's {self.decoder_layers} decoder "
-                                    "layers", ("attention", i, "layers"))
+                                    "layers", where)
                 if layer in seen:
-                    raise PathError(f"layer {layer} is in attention groups {seen[layer]} and {i}",
-                                    ("attention", i, "layers"))
-                seen[layer] = i
+                    raise PathError(f"layer {layer} is in {seen[layer]} and {name}", where)
+                seen[layer] = name
         missing = [n for n in range(self.decoder_layers) if n not in seen]
         if missing:
-            raise PathError(f"attention groups leave decoder layers {_ranges(missing)} out",
+            raise PathError(f"attention groups leave decoder layers {_ranges(missing)} out"
+                            + (" (state layers and cacheless_layers count too)" if self.state else ""),
                             ("attention",))
+        if self.state:
+            derived_state = sum(len(g.layers) * g.bytes_per_sequence_per_layer(1) for g in self.state)
+            if self.state_bytes_per_sequence is not None and self.state_bytes_per_sequence != derived_state:
+                raise PathError(f"state_bytes_per_sequence {self.state_bytes_per_sequence} disagrees with the "
+                                f"{derived_state} bytes derived from state (one rank)", ("state_bytes_per_sequence",))
+            self.state_bytes_per_sequence = derived_state
         if self.kv_tokens_per_gib is not None:
             raise PathError("kv_tokens_per_gib is measured; with attention the rate is derived — give one",
                             ("kv_tokens_per_gib",))
@@ -406,7 +579,7 @@ class Model(StrictModel):
 
     def kv_bytes_per_token_derived(self, tp: int) -> int:
         """Σ over decoder layers of KV bytes per token on one rank (sliding layers uncapped)."""
-        return sum(len(g.layers) * g.bytes_per_token_per_layer(tp) for g in self.attention)
+        return kv_bytes_per_token(self.attention, tp)
 
     # --- derived figures (the ledger cites these by name) ---
     @property

@@ -29,7 +29,7 @@ class PipelineStage(StrictModel):
     on it. Otherwise the lane's `offload` (and active class's row map) applies to its layers."""
 
     @model_validator(mode="after")
-    def _check(self) -> "PipelineStage":
+    def _check(self) -> PipelineStage:
         if len(set(self.gpus)) != len(self.gpus):
             raise PathError(f"GPU ids repeat: {self.gpus}", ("gpus",))
         return self
@@ -51,7 +51,7 @@ class Parallel(StrictModel):
     host memory: vLLM `--engram-config '{"cpu_offload": false}'` (its default keeps them in host)."""
 
     @model_validator(mode="after")
-    def _check(self) -> "Parallel":
+    def _check(self) -> Parallel:
         if self.layer_partition is not None and len(self.layer_partition) != len(self.pipeline):
             raise PathError(f"{len(self.layer_partition)} entries for {len(self.pipeline)} pipeline "
                             "stages (one layer count per stage)", ("layer_partition",))

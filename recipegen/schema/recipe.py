@@ -6,18 +6,26 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 
-from recipegen.schema.base import StrictModel
-from recipegen.schema.lane import Lane
+from recipegen.schema.base import PathError, StrictModel
+from recipegen.schema.lane import NAME_MAX_LENGTH, Lane
 from recipegen.schema.machine import Machine
 from recipegen.schema.model import Model
+from recipegen.schema.monitoring import Monitoring
 
 SCHEMA_VERSION = 1
 
 
-def _resolve(kind: str, value: Any) -> Any:
-    """A catalog name, or `{catalog: name, <overrides>}`, becomes the catalog entry (+ overrides)."""
-    from recipegen.catalog import catalog_entry
+def _resolve(kind: str, value: Any, info: ValidationInfo) -> Any:
+    """A catalog name, or `{catalog: name, <overrides>}`, becomes the catalog entry (+ overrides).
 
+    The catalog sits above the schema: the recipe reader passes its lookup in the validation
+    context (`catalog`: (kind, name) -> entry)."""
+    if not isinstance(value, str) and not (isinstance(value, dict) and "catalog" in value):
+        return value
+    catalog_entry = (info.context or {}).get("catalog")
+    if catalog_entry is None:
+        raise ValueError("a catalog name is looked up in recipegen.catalog: load the recipe with "
+                         "recipegen.load.recipe.load_recipe")
     if isinstance(value, str):
         return catalog_entry(kind, value)
     if isinstance(value, dict) and "catalog" in value:
@@ -58,7 +66,7 @@ def _model_file(value: dict[str, Any], info: ValidationInfo) -> Any:
     loader = (info.context or {}).get("model_file")
     if loader is None:
         raise ValueError("model.file is read relative to the recipe file: load the recipe with "
-                         "recipegen.recipe_io.load_recipe")
+                         "recipegen.load.recipe.load_recipe")
     entry = dict(loader(name))
     overrides = {k: v for k, v in value.items() if k != "file"}
     sources = {k: v for k, v in (entry.get("sources") or {}).items()
@@ -74,7 +82,7 @@ class Recipe(StrictModel):
 
     version: Literal[1]
     """Schema version of this file (currently 1)."""
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", max_length=NAME_MAX_LENGTH)
     """Recipe name; rendered output goes to `compose/<name>/`."""
     description: str = ""
     """Free text."""
@@ -82,11 +90,23 @@ class Recipe(StrictModel):
     """A model catalog name (`recipegen/catalog/models.yaml`, `recipegen/catalog/models/`),
     `{catalog: name, …overrides}`, `{file: models/<name>.yaml, …overrides}` (a model file written by
     `recipegen model import`, relative to the recipe), or an inline model."""
-    machines: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]*$")],
-                   Annotated[Machine, BeforeValidator(lambda v: _resolve("machines", v))]] = Field(min_length=1)
+    machines: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=NAME_MAX_LENGTH)],
+                   Annotated[Machine, BeforeValidator(lambda v, info: _resolve("machines", v, info))]] = Field(min_length=1)
     """Machines by key: each a catalog name, `{catalog: name, address: …}`, or inline."""
     lanes: list[Lane] = Field(min_length=1)
     """The lanes (one vLLM engine and one compose service each)."""
+    monitoring: Monitoring | None = None
+    """Prometheus metrics of the residency runtime on each lane's `/metrics`, and the `monitoring`
+    compose profile (Prometheus, Grafana with the expert-residency dashboard). Absent: off."""
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_is_an_integer(cls, value: Any) -> Any:
+        # YAML's `true` is Python's True, which equals 1: read as a version it would pass
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"the schema version is the integer 1 (got {str(value)[:20]!r}, a "
+                             f"{type(value).__name__})")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -106,11 +126,10 @@ class Recipe(StrictModel):
     def _model_from_catalog(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, dict) and "file" in value:
             return _model_file(value, info)
-        return _resolve("models", value)
+        return _resolve("models", value, info)
 
     @model_validator(mode="after")
-    def _context_fits_the_model(self) -> "Recipe":
-        from recipegen.schema.base import PathError
+    def _context_fits_the_model(self) -> Recipe:
         limit = self.model.max_position_embeddings
         for i, lane in enumerate(self.lanes):
             if limit is None or lane.max_model_len <= limit or lane.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1":
@@ -119,6 +138,25 @@ class Recipe(StrictModel):
                             f"{limit:,}: vLLM refuses it (lower it, override the model's max_position_embeddings "
                             "for a rope-scaled context, or set env VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)",
                             ("lanes", i, "max_model_len"))
+        return self
+
+    @model_validator(mode="after")
+    def _monitoring_fits(self) -> Recipe:
+        """The monitoring services' host ports are their own, and the window holds two scrapes."""
+        monitoring = self.monitoring
+        if monitoring is None:
+            return self
+        if monitoring.window_s < 2 * monitoring.scrape_interval_s:
+            raise PathError(f"window {monitoring.window} holds fewer than two scrapes of "
+                            f"{monitoring.scrape_interval}", ("monitoring", "window"))
+        if monitoring.prometheus_port == monitoring.grafana_port:
+            raise PathError(f"grafana_port {monitoring.grafana_port} is prometheus_port too",
+                            ("monitoring", "grafana_port"))
+        for field in ("prometheus_port", "grafana_port"):
+            port = getattr(monitoring, field)
+            for lane in self.lanes:
+                if lane.port == port:
+                    raise PathError(f"{field} {port} is lane {lane.name}'s port", ("monitoring", field))
         return self
 
     def lane(self, name: str) -> Lane:

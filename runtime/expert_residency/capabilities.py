@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 # `MoEActivation`): "silu" is SwiGLU silu(gate) * up; "swigluoai" is gpt-oss's variant.
 SILU = "silu"
 SWIGLUOAI = "swigluoai"
+# Non-gated experts (an up projection, no gate: `_no_mul`), e.g. Nemotron-H's relu²: w1 [I, H] and
+# no gate rows. No format's split computes them; a model with them runs positional offload.
+RELU2_NO_MUL = "relu2_no_mul"
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,9 @@ def unsupported_reason(*, expert_format: str, activation: str = SILU, swiglu_lim
                 f"(known: {', '.join(sorted(FORMATS))})")
     if not row.supported:
         return row.why_not
+    if activation.endswith("_no_mul"):
+        return (f"expert activation {activation!r}: experts without a gate (an up projection only, e.g. "
+                "Nemotron-H's relu2); the runtime's split computes gated experts only (w13 = gate + up rows)")
     if activation not in row.activations:
         return (f"expert activation {activation!r}: the runtime's {expert_format} experts compute "
                 + " / ".join(sorted(row.activations)) + " only (silu(gate) * up, gate rows first)")

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import torch
 
+from .contract.expert_formats import FP8_BLOCK
+
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
-BLOCK = 128
+BLOCK = FP8_BLOCK  # contract.expert_formats
 # vLLM's eps in per_token_group_quant_fp8 (fp8_utils.py:635).
 GROUP_EPS = 1e-10
 

@@ -2,7 +2,7 @@
 bank and a cold bank in pinned host memory read in place.
 
 Run there with ``PYTHONPATH=runtime python3 -m pytest tests/gpu/test_dense_gpu.py -q``. Skips
-without CUDA or Triton, saying why. Written before any GPU run of these kernels: not yet run.
+without CUDA or Triton, saying why. The runs on the H200 are listed in BENCHMARKS.md.
 
 Claims and how each can fail:
 * split == unsplit bit for bit (``torch.equal``) — tokens entirely hot, entirely cold and
@@ -10,8 +10,12 @@ Claims and how each can fail:
 * Triton vs the core's torch reference of the same format within relative L2 <= 1e-2 (both round
   activation and pick rows to bf16; FP8 inputs are quantized identically up to division rounding);
 * the Triton finalize == the core's correctly rounded fma finalize, bit for bit;
-* graph replay == eager with new routing on every replay; the in-graph counter == a recount;
-* swaps under a captured graph == the unsplit reference; a map flip without its copies diverges.
+* graph replay == eager with new routing on every replay; the in-graph counter == a recount
+  (T = 1 and T = 16);
+* swaps under a captured graph == the unsplit reference; a map flip without its copies diverges;
+* the T = 1 schedule (no grouping launch, finalize inside w2, programmatic dependent launches)
+  == the four-launch schedule bit for bit, a -1 pick included; FP8's activation quantization in
+  the w13 epilogue == the separate launch bit for bit.
 """
 
 from __future__ import annotations
@@ -137,9 +141,10 @@ def test_finalize_matches_core_fma_bitwise() -> None:
 
 
 @pytest.mark.parametrize("case", ["bf16-gptoss", "fp8-silu"])
-def test_graph_replay_counter_and_swaps(case: str) -> None:
+@pytest.mark.parametrize("tokens", [1, 16])
+def test_graph_replay_counter_and_swaps(case: str, tokens: int) -> None:
     gen = torch.Generator(device=DEV).manual_seed(5)
-    experts, k, tokens = 16, 6, 16
+    experts, k = 16, 6
     _, unsplit, split, hot, cold, ex, _ = make(case, SMALL, experts, 6, k, tokens, gen)
     counter = ExpertCounter([0], experts, device=DEV)
     out = torch.empty(tokens, SMALL.hidden, dtype=torch.bfloat16, device=DEV)
@@ -150,6 +155,7 @@ def test_graph_replay_counter_and_swaps(case: str) -> None:
     ids, w = routing(tokens, experts, k, gen, hot, cold)
     x = x_for(tokens, SMALL.hidden, gen)
     graph = CapturedStep(step, x, w, ids)
+    assert ex._fuses_finalize(tokens) == (tokens == 1)
     counter.reset()
     recount = torch.zeros(experts, dtype=torch.int64, device=DEV)
     for _ in range(3):
@@ -173,6 +179,45 @@ def test_graph_replay_counter_and_swaps(case: str) -> None:
         if s.kind == "map":
             s.run()
     assert not torch.equal(graph.replay(x, w, ids), reference2)
+
+
+FOUR_LAUNCHES = DenseKernelConfig(one_token=False, fuse_finalize=False, pdl=False, fuse_act_quant=False)
+
+
+@pytest.mark.parametrize("case", ["bf16-silu", "fp8-silu", "bf16-gptoss"])
+def test_t1_schedule_equals_four_launches(case: str) -> None:
+    gen = torch.Generator(device=DEV).manual_seed(6)
+    experts, k = 16, 6
+    _, unsplit, split, hot, cold, ex, _ = make(case, SMALL, experts, 6, k, 8, gen)
+    grouped = TritonDenseExperts(SMALL, experts, k, max_tokens=8, device=DEV, config=FOUR_LAUNCHES,
+                                 expert_format=ex.expert_format, activation=ex.activation)
+    picks = [hot[:k], cold[:k], hot[:k // 2] + cold[:k - k // 2], hot[:k - 1] + [-1]]
+    for row in picks:
+        ids = torch.tensor([row], device=DEV)
+        w = torch.softmax(torch.randn(1, k, generator=gen, device=DEV), dim=1)
+        x = x_for(1, SMALL.hidden, gen)
+        counter = ExpertCounter([0], experts, device=DEV)
+        got = ex.forward(split, x, w, ids, counter=counter)
+        assert torch.equal(got, ex.forward(unsplit, x, w, ids))
+        assert torch.equal(got, grouped.forward(unsplit, x, w, ids)), row
+        assert torch.equal(counter.counts[0], torch.bincount(ids[ids >= 0], minlength=experts))
+        assert int(counter.tokens[0]) == 1
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 96])
+def test_fp8_act_quant_in_w13_keeps_the_bits(tokens: int) -> None:
+    gen = torch.Generator(device=DEV).manual_seed(8)
+    experts, k = 16, 6
+    fused_cfg = DenseKernelConfig(block_n1=128)
+    _, unsplit, split, hot, cold, fused, _ = make("fp8-silu", SMALL, experts, 6, k, 96, gen, fused_cfg)
+    separate = TritonDenseExperts(SMALL, experts, k, max_tokens=96, device=DEV,
+                                  config=DenseKernelConfig(block_n1=128, fuse_act_quant=False),
+                                  expert_format="fp8-block")
+    ids, w = routing(tokens, experts, k, gen, hot, cold)
+    x = x_for(tokens, SMALL.hidden, gen)
+    got = fused.forward(split, x, w, ids)
+    assert torch.equal(got, separate.forward(split, x, w, ids))
+    assert torch.equal(got, fused.forward(unsplit, x, w, ids))
 
 
 if __name__ == "__main__":

@@ -160,6 +160,69 @@ def test_dense_above_the_fused_grouping_limit(fmt: str) -> None:
     assert rel < 2e-2, rel
 
 
+@needs_interpreter[0]
+@needs_interpreter[1]
+@pytest.mark.parametrize("fmt", ["bf16", "fp8-block"])
+def test_dense_t1_schedule_and_fused_act_quant_keep_the_bits(fmt: str) -> None:
+    """The T = 1 schedule (no grouping launch, the finalize inside the w2 launch) gives the same
+    bits as the four-launch schedule, with a -1 pick (weight-zero contribution) and the counter
+    counting only real picks; split == unsplit there too. FP8 with 128-row w13 tiles: quantizing
+    the activation rows in the w13 epilogue gives the same bits as the separate launch, at T = 1
+    and T = 5."""
+    if _rerun_interpreted(f"test_dense_t1_schedule_and_fused_act_quant_keep_the_bits[{fmt}]"):
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    from dataclasses import replace
+
+    from expert_residency.core.banks import build_unsplit_layer, device_allocator, host_allocator, rehome_layer
+    from expert_residency.core.counter import ExpertCounter
+    from expert_residency.core.formats_ref import float_per_pick, fp8_block_per_pick
+    from expert_residency.core.split import residency_forward
+    from expert_residency.gpu.dense_experts import DenseKernelConfig, TritonDenseExperts
+    from expert_residency.gpu.experts import ExpertShape
+
+    original = dense_tensors(fmt, False, seed=5)
+    unsplit = build_unsplit_layer({n: v.clone() for n, v in original.items()}, layer_index=0)
+    split = rehome_layer({n: v.clone() for n, v in original.items()}, HOT, COLD, layer_index=0,
+                         hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator())
+    base = DenseKernelConfig(block_m=4, block_n1=32, block_k1=128, block_n2=64, block_k2=128)
+    four = replace(base, one_token=False, fuse_finalize=False, pdl=False, fuse_act_quant=False)
+
+    def experts(cfg):
+        return TritonDenseExperts(ExpertShape(H, I), E, K, max_tokens=8, device="cpu", config=cfg,
+                                  expert_format=fmt)
+
+    t1, grouped = experts(base), experts(four)
+    assert t1._fuses_finalize(1) and not grouped._fuses_finalize(1)
+    g = torch.Generator().manual_seed(4)
+    make_ref = float_per_pick if fmt == "bf16" else fp8_block_per_pick
+    for pair in ([5, 2], [2, 4], [3, -1]):   # straddling, entirely cold, one pick of another rank
+        x = torch.randn(1, H, generator=g).bfloat16()
+        ids = torch.tensor([pair])
+        w = torch.softmax(torch.randn(1, K, generator=g), -1)
+        counter = ExpertCounter([0], E)
+        got = t1.forward(split, x, w, ids, counter=counter).clone()
+        assert torch.equal(got, t1.forward(unsplit, x, w, ids))
+        assert torch.equal(got, grouped.forward(unsplit, x, w, ids))
+        real = ids[ids >= 0]
+        assert torch.equal(counter.counts[0], torch.bincount(real, minlength=E))
+        assert int(counter.tokens[0]) == 1
+        ref_ids = ids.clamp(min=0)
+        ref_w = torch.where(ids >= 0, w, torch.zeros_like(w))   # -1: weight zero
+        ref = residency_forward(unsplit, x, ref_w, ref_ids, make_ref("silu"), pick_dtype=torch.bfloat16)
+        rel = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+        assert rel < 2e-2, (pair, rel)
+    if fmt == "fp8-block":
+        fused, separate = experts(replace(base, block_n1=128)), experts(replace(base, block_n1=128,
+                                                                              fuse_act_quant=False))
+        for t in (1, 5):
+            x = torch.randn(t, H, generator=g).bfloat16()
+            w, ids = torch.topk(torch.softmax(torch.randn(t, E, generator=g), -1), K)
+            got = fused.forward(split, x, w, ids).clone()
+            assert torch.equal(got, separate.forward(split, x, w, ids))
+            assert torch.equal(got, fused.forward(unsplit, x, w, ids))
+
+
 def test_bank_validation_and_config_refusals() -> None:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("gpu.dense_experts imports triton")

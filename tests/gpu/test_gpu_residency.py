@@ -40,15 +40,13 @@ pytest.importorskip("triton", reason="needs Triton (the H200 image has triton 3.
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime"))
 
-from expert_residency.core.banks import (build_unsplit_layer, device_allocator,  # noqa: E402
-                                         rehome_layer)
+from expert_residency.core.banks import build_unsplit_layer, device_allocator, rehome_layer  # noqa: E402
 from expert_residency.core.counter import ExpertCounter  # noqa: E402
 from expert_residency.core.fma_finalize import finalize as core_finalize  # noqa: E402
 from expert_residency.core.reference import mxfp4_swiglu_per_pick  # noqa: E402
 from expert_residency.core.split import residency_forward  # noqa: E402
-from expert_residency.core.swap import swap_experts, swap_steps, StagingBuffer  # noqa: E402
-from expert_residency.gpu.experts import (ExpertShape, KernelConfig,  # noqa: E402
-                                          TritonMxfp4Experts, MAX_FUSED_PICKS)
+from expert_residency.core.swap import StagingBuffer, swap_experts, swap_steps  # noqa: E402
+from expert_residency.gpu.experts import MAX_FUSED_PICKS, ExpertShape, KernelConfig, TritonMxfp4Experts  # noqa: E402
 from expert_residency.gpu.graphs import CapturedStep  # noqa: E402
 from expert_residency.gpu.layout import to_kernel_layout  # noqa: E402
 from expert_residency.gpu.pinned import PinnedRegion, device_view, pinned_view_allocator  # noqa: E402
@@ -568,7 +566,7 @@ def test_counter_exact_with_padded_tokens() -> None:
     counter = ExpertCounter([0], experts, device=DEV)
     expected = torch.zeros(experts, dtype=torch.int64, device=DEV)
     tokens_seen = 0
-    for step in range(5):
+    for _step in range(5):
         ids, w = random_routing(32, experts, k, gen)
         mask = torch.rand(32, generator=gen, device=DEV) > 0.3
         ex.forward(split, activations(32, SMALL.hidden, gen), w, ids, counter=counter, token_mask=mask)

@@ -21,9 +21,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime"))
-from interpreter_rerun import rerun_interpreted  # noqa: E402
-
 from expert_residency.gpu.layout import from_kernel_layout, to_kernel_layout  # noqa: E402
+from interpreter_rerun import rerun_interpreted  # noqa: E402
 
 
 def _config(**kw):
@@ -302,7 +301,7 @@ def test_one_token_fused_finalize_under_triton_interpreter() -> None:
     assert fused._fuses_finalize(1) and not fused._fuses_finalize(2) and not plain._fuses_finalize(1)
     counter = ExpertCounter([0], e)
     tickets = fused.split_scratch.tickets2
-    for step, ids_row in enumerate(([2, 0, 4], [1, -1, 3], [4, 2, 5])):  # straddling; a skipped pick
+    for _step, ids_row in enumerate(([2, 0, 4], [1, -1, 3], [4, 2, 5])):  # straddling; a skipped pick
         x = torch.randn(1, h).bfloat16()
         weights = torch.softmax(torch.randn(1, k), -1)
         ids = torch.tensor([ids_row])

@@ -40,12 +40,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "runtime"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from plugin_entry_support import plugin_runtime, recount, step_context  # noqa: E402
-
 from expert_residency.gpu.experts import ExpertShape, Workspace  # noqa: E402
 from expert_residency.gpu.pinned import PinnedRegion  # noqa: E402
 from expert_residency.vllm_plugin.step_masks import StepMasks  # noqa: E402
 from expert_residency.vllm_plugin.worker_runtime import set_runtime  # noqa: E402
+from plugin_entry_support import plugin_runtime, recount, step_context  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -158,7 +157,7 @@ def test_entry_captured_replays_new_routing_equal_to_eager_and_unsplit_and_count
         runtime.counter.reset()
     got_res, got_ref = [], []
     torch.cuda.set_sync_debug_mode("error")
-    for lengths, ctx, x, w, ids in steps:
+    for _, ctx, x, w, ids in steps:
         got_res.append(g_res.replay(ctx, x, w, ids))
         got_ref.append(g_ref.replay(ctx, x, w, ids))
     torch.cuda.set_sync_debug_mode(0)
@@ -173,7 +172,7 @@ def test_entry_captured_replays_new_routing_equal_to_eager_and_unsplit_and_count
     torch.cuda.synchronize()
     want = {i: [0] * EXPERTS for i in LAYERS}
     want_tokens = want_decode = 0
-    for s, (lengths, _, x, w, ids) in enumerate(steps):
+    for s, (lengths, _, _x, _w, ids) in enumerate(steps):
         n = sum(lengths)
         for layer in range(len(LAYERS)):
             a, b = got_res[s][layer][:n], got_ref[s][layer][:n]

@@ -22,10 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "runtime"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from expert_residency.vllm_plugin.step_masks import StepMasks  # noqa: E402
 from plugin_entry_support import step_context  # noqa: E402
 from test_step_masks_kernel import cases  # noqa: E402
-
-from expert_residency.vllm_plugin.step_masks import StepMasks  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -45,8 +44,11 @@ def _forbidden(*args, **kwargs):
 def test_compiled_refresh_equals_the_torch_path() -> None:
     gen = torch.Generator().manual_seed(1)
     checked = 0
-    for max_tokens in (1, 16, 2500, 8192):
+    for max_tokens, with_rows in ((m, w) for m in (1, 16, 2500, 8192) for w in (False, True)):
         ref, new = _both(max_tokens)
+        if with_rows:   # adaptive residency's decode-only ranking: the decode rows too
+            for m in (ref, new):
+                m.enable_decode_rows()
         for rows, pad, actual, qsl in cases(max_tokens, gen):
             pad = pad.to(DEV) if pad is not None else None
             qsl = qsl.to(DEV) if qsl is not None else None
@@ -55,6 +57,10 @@ def test_compiled_refresh_equals_the_torch_path() -> None:
             new.valid.copy_(garbage)
             ref.decode_count.fill_(12345)
             new.decode_count.fill_(12345)
+            for m in (ref, new):
+                if with_rows:
+                    m._decode_rows.copy_(torch.cat([garbage, garbage[:1]]))
+                    m.decode_step.fill_(7)
             ref.update(rows, is_padding=pad, num_actual_tokens=actual, query_start_loc=qsl)
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")
@@ -64,12 +70,17 @@ def test_compiled_refresh_equals_the_torch_path() -> None:
                 torch.cuda.set_sync_debug_mode("default")
             assert torch.equal(new._valid, ref._valid), (max_tokens, rows, actual)
             assert torch.equal(new.decode_count, ref.decode_count), (max_tokens, rows, actual)
+            if with_rows:
+                assert torch.equal(new._decode_rows, ref._decode_rows), (max_tokens, rows, actual)
+                assert torch.equal(new.decode_step, ref.decode_step), (max_tokens, rows, actual)
             checked += 1
-    assert checked == 5 * (3 + 5 + 5 + 5)
+    assert checked == 2 * 5 * (3 + 5 + 5 + 5)
 
 
 def test_compiled_refresh_from_forward_contexts() -> None:
     ref, new = _both(64)
+    for m in (ref, new):
+        m.enable_decode_rows()
     for rows, lengths in ((16, [1, 1, 1]), (16, [4, 1, 1, 6]), (16, [1] * 9), (64, [1, 7, 1, 1, 1, 1]),
                           (8, [])):
         ctx = step_context(rows, lengths, DEV)
@@ -83,5 +94,8 @@ def test_compiled_refresh_from_forward_contexts() -> None:
         assert torch.equal(new._valid, ref._valid)
         assert int(new.decode_count) == int(ref.decode_count) == sum(1 for n in lengths if n == 1)
         assert int(new.valid.sum()) == sum(lengths)
+        assert torch.equal(new._decode_rows, ref._decode_rows)
+        assert int(new.decode_rows.sum()) == int(new.decode_count)
+        assert int(new.decode_step) == int(bool(lengths) and all(n == 1 for n in lengths))
     new.update_from_context(type("Ctx", (), {"attn_metadata": None})())
     assert not new._valid.any() and int(new.decode_count) == 0

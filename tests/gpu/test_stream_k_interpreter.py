@@ -69,7 +69,9 @@ def test_stream_k_one_token_under_triton_interpreter() -> None:
     unsplit = build_unsplit_layer(full, layer_index=0)
     split = rehome_layer(dict(full), [5, 1, 0, 3], [2, 4], layer_index=0,
                          hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator())
-    make = lambda cfg: gx.TritonMxfp4Experts(gx.ExpertShape(h, i), e, k, max_tokens=4, device="cpu", config=cfg)
+    def make(cfg):
+        return gx.TritonMxfp4Experts(gx.ExpertShape(h, i), e, k, max_tokens=4, device="cpu", config=cfg)
+
     ex_base, ex, ex_sep = make(base), make(stream), make(stream_sep)
     assert "streamK5/7" in stream.describe()
     # W (w13) = 3 picks x 2 row tiles x 2 K steps = 12; W (w2) = 3 x 4 x 2 = 24.

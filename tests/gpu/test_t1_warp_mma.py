@@ -19,7 +19,14 @@ Claims and how each can fail:
 * a CUDA graph of three layers at T = 1 replayed with new routing == eager, counter == recount;
 * the loop trip length (``t1_unroll*``: 4, 12, 16 against the default 8) changes no bit: the same
   outputs and per-pick rows as the default (``torch.equal``), split == unsplit, at every
-  geometry, and the launches really take it (the kernels' ``UNROLL`` argument).
+  geometry, and the launches really take it (the kernels' ``UNROLL`` argument);
+* grouped steps (``gw_max_tokens=16``, off by default: T = 2..16 on ``w13_gw_kernel`` /
+  ``w2_gw_kernel``, up to eight picks of an expert per program): each launched once per layer
+  (none with the knob off; within 1e-2 of the ``tl.dot`` grouped kernels then),
+  every token's output and per-pick rows bit for bit what the T = 1 kernels give that token
+  alone (a column that read another column's token, or a wrong pick store, breaks it), slots of
+  up to twelve picks (two passes), -1 and >= E picks, split == unsplit, the counter == recount,
+  and a CUDA graph of the grouped step replayed with new routing == eager.
 """
 
 from __future__ import annotations
@@ -44,8 +51,7 @@ from expert_residency.core.formats_ref import gptoss_mxfp4_per_pick  # noqa: E40
 from expert_residency.core.reference import mxfp4_swiglu_per_pick  # noqa: E402
 from expert_residency.core.split import residency_forward  # noqa: E402
 from expert_residency.gpu import kernels_t1  # noqa: E402
-from expert_residency.gpu.experts import (ExpertShape, KernelConfig, TritonMxfp4Experts,  # noqa: E402
-                                          config_for_shape)
+from expert_residency.gpu.experts import ExpertShape, KernelConfig, TritonMxfp4Experts, config_for_shape  # noqa: E402
 from expert_residency.gpu.graphs import CapturedStep  # noqa: E402
 from expert_residency.gpu.pinned import pinned_view_allocator  # noqa: E402
 from expert_residency.mxfp4 import quantize_mxfp4  # noqa: E402
@@ -74,10 +80,10 @@ def _experts(shape: ExpertShape, biases: bool, seed: int) -> dict[str, torch.Ten
     return out
 
 
-def _layers(name: str, config: KernelConfig, seed: int = 3, layer_index: int = 0):
+def _layers(name: str, config: KernelConfig, seed: int = 3, layer_index: int = 0, max_tokens: int = 4):
     shape, act, k, biases = GEOMETRIES[name]
     original = _experts(shape, biases, seed)
-    ex = TritonMxfp4Experts(shape, E, k, max_tokens=4, device=DEV, config=config, activation=act)
+    ex = TritonMxfp4Experts(shape, E, k, max_tokens=max_tokens, device=DEV, config=config, activation=act)
     full = {n: t.clone() for n, t in original.items()}
     ex.to_kernel_layout(full)
     perm = torch.randperm(E, generator=torch.Generator().manual_seed(7)).tolist()
@@ -134,7 +140,7 @@ def test_default_t1_launches_the_warp_mma_kernels(name: str, monkeypatch) -> Non
     ids = torch.tensor([hot[:k], cold[:k]], device=DEV)
     ex.forward(split, x[:1], w[:1], ids[:1])
     assert (w13.calls, w2.calls) == (1, 1)
-    ex.forward(split, x, w, ids)                       # T = 2: the tl.dot small-step schedule
+    ex.forward(split, x, w, ids)                       # T = 2: a grouped step, not these kernels
     assert (w13.calls, w2.calls) == (1, 1)
     off, split_off, _, _, _, _ = _layers(name, _config(name, t1_warp_mma=False))
     assert off._t1_groups is None
@@ -278,3 +284,78 @@ def test_loop_trip_length_changes_no_bit(name: str, unroll: tuple[int, int], mon
         assert torch.equal(out, expect)
         assert torch.equal(ex.workspace.pick_out[:k], expect_picks)
         assert torch.equal(out, ex.forward(unsplit, x, w, ids))
+
+
+def _grouped_routing(hot: list[int], cold: list[int], k: int, t: int, gen: torch.Generator) -> torch.Tensor:
+    """``[t, k]`` ids: every token picks from the same few experts (slots of up to ``t`` picks),
+    hot, cold and straddling rows, the last token with a -1 and an out-of-range id."""
+    pool = hot[:k // 2 + 1] + cold[:k - k // 2 + 1]
+    rows = []
+    for i in range(t):
+        order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(int(gen.initial_seed()) + i))
+        rows.append([pool[j] for j in order[:k].tolist()])
+    rows[-1][0], rows[-1][-1] = -1, E
+    return torch.tensor(rows, device=DEV)
+
+
+@pytest.mark.parametrize("tokens", [2, 5, 12])
+@pytest.mark.parametrize("name", list(GEOMETRIES))
+def test_grouped_steps_give_each_token_its_t1_bits(name: str, tokens: int, monkeypatch) -> None:
+    w13 = _LaunchCount(kernels_t1.w13_gw_kernel)
+    w2 = _LaunchCount(kernels_t1.w2_gw_kernel)
+    monkeypatch.setattr(kernels_t1, "w13_gw_kernel", w13)
+    monkeypatch.setattr(kernels_t1, "w2_gw_kernel", w2)
+    ex, split, unsplit, reference, hot, cold = _layers(name, _config(name, gw_max_tokens=16), max_tokens=16)
+    k, h = ex.top_k, ex.shape.hidden
+    gen = torch.Generator(device=DEV).manual_seed(31 + tokens)
+    ids = _grouped_routing(hot, cold, k, tokens, torch.Generator().manual_seed(tokens))
+    w = torch.softmax(torch.randn(tokens, k, generator=gen, device=DEV), -1)
+    x = torch.randn(tokens, h, generator=gen, device=DEV).bfloat16()
+    counter = ExpertCounter([0], E, device=DEV)
+    ex.workspace.pick_out.fill_(float("nan"))
+    out = ex.forward(split, x, w, ids, counter=counter).clone()
+    picks = ex.workspace.pick_out[:tokens * k].clone().view(tokens, k, h)
+    assert (w13.calls, w2.calls) == (1, 1)
+    assert torch.equal(out, ex.forward(unsplit, x, w, ids))
+    assert (w13.calls, w2.calls) == (2, 2)
+    routed = (ids >= 0) & (ids < E)
+    recount = torch.bincount(ids[routed].flatten(), minlength=E)
+    assert torch.equal(counter.counts[0], recount) and int(counter.tokens[0]) == tokens
+    for i in range(tokens):
+        alone = ex.forward(split, x[i:i + 1], w[i:i + 1], ids[i:i + 1]).clone()   # the T = 1 kernels
+        assert torch.equal(out[i:i + 1], alone), f"token {i}"
+        alone_rows = ex.workspace.pick_out[:k]
+        assert torch.equal(picks[i][routed[i]], alone_rows[routed[i]]), f"token {i} rows"
+    assert (w13.calls, w2.calls) == (2, 2)
+    assert torch.isfinite(out.float()).all()
+    per_pick = gptoss_mxfp4_per_pick() if ex.activation == "swigluoai" else mxfp4_swiglu_per_pick()
+    ref = residency_forward(reference, x, w, ids, per_pick, pick_dtype=torch.bfloat16)
+    assert _rel(out, ref) <= REL_TOL
+    off, split_off, _, _, _, _ = _layers(name, _config(name), max_tokens=16)
+    assert off.config.gw_max_tokens == 0
+    off.forward(split_off, x, w, ids)                  # the default: the tl.dot grouped kernels
+    assert (w13.calls, w2.calls) == (2, 2)
+    assert _rel(out, off.forward(split_off, x, w, ids)) <= REL_TOL
+
+
+def test_grouped_step_graph_replay_equals_eager() -> None:
+    name, t = "dsv41", 6
+    ex, split, unsplit, _, hot, cold = _layers(name, _config(name, gw_max_tokens=16), max_tokens=t)
+    k, h = ex.top_k, ex.shape.hidden
+    counter = ExpertCounter([0], E, device=DEV)
+    gen = torch.Generator(device=DEV).manual_seed(13)
+
+    def routing():
+        ids = torch.stack([torch.randperm(E, generator=gen, device=DEV)[:k] for _ in range(t)])
+        w = torch.softmax(torch.randn(t, k, generator=gen, device=DEV), -1)
+        return torch.randn(t, h, generator=gen, device=DEV).bfloat16(), w, ids
+
+    graph = CapturedStep(lambda x, w, ids: ex.forward(split, x, w, ids, counter=counter), *routing())
+    counter.reset()
+    recount = torch.zeros(E, dtype=torch.int64, device=DEV)
+    for _ in range(3):
+        x, w, ids = routing()
+        replayed = graph.replay(x, w, ids).clone()
+        assert torch.equal(replayed, ex.forward(unsplit, x, w, ids))
+        recount += torch.bincount(ids.flatten(), minlength=E)
+    assert torch.equal(counter.counts[0], recount) and int(counter.tokens[0]) == 3 * t

@@ -28,8 +28,7 @@ pytest.importorskip("triton", reason="the kernels are Triton")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime"))
 
 from expert_residency.gpu import kernels, kernels_t1  # noqa: E402
-from expert_residency.gpu.experts import (ExpertShape, KernelConfig, config_for_shape,  # noqa: E402
-                                          runs_warp_mma, t1_warpgroups)
+from expert_residency.gpu.experts import ExpertShape, KernelConfig, config_for_shape, runs_warp_mma, t1_warpgroups  # noqa: E402
 
 DSV41 = ExpertShape(5120, 2304)
 GPTOSS = ExpertShape(2880, 2880)

@@ -60,7 +60,7 @@ def test_minus_one_picks_match_the_core_ep_path_under_triton_interpreter(monkeyp
 
     torch.manual_seed(4)
     gen = torch.Generator().manual_seed(5)
-    e, k, h, i, e_global = 6, 3, 256, 128, 9
+    e, k, h, i = 6, 3, 256, 128
     p13, s13 = quantize_mxfp4(torch.randn(e, 2 * i, h) * 0.05)
     p2, s2 = quantize_mxfp4(torch.randn(e, h, i) * 0.05)
     full = {"w13_weight": p13, "w13_weight_scale": s13, "w2_weight": p2, "w2_weight_scale": s2}

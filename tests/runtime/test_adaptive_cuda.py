@@ -1,8 +1,9 @@
 """The adaptive policy on a CUDA GPU (the H200): the step of two MXFP4 layers captured once in a CUDA
 graph, the cold banks in pinned host memory read in place, routing shifting agent → prose → math;
-a barrier every few replays swaps rows outside the graph and every replay stays bit-identical to
-eager unsplit, and after every barrier a check routing every expert through every top-k slot does
-too. Skips without CUDA.
+the swaps' copies run on side streams between and beside the replays (0.4 expert rows per layer and
+step), a barrier every few replays flips the map outside the graph, and every replay stays
+bit-identical to eager unsplit, and after every barrier a check routing every expert through every
+top-k slot does too. Skips without CUDA.
 
 Run there with ``PYTHONPATH=runtime:tests/runtime python3 -m pytest tests/runtime/test_adaptive_cuda.py -q -s``
 (``-s`` prints the median barrier time, a figure for the record, not an assertion).
@@ -19,11 +20,17 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU (run it on a GPU machine; BENCHMARKS.md gives the H200 commands)", allow_module_level=True)
 
-from expert_residency.core import (ExpertCounter, build_unsplit_layer, device_allocator,  # noqa: E402
-                                   mapped_host_allocator, rehome_layer, residency_forward)
+from expert_residency.core import (  # noqa: E402
+    ExpertCounter,
+    build_unsplit_layer,
+    device_allocator,
+    mapped_host_allocator,
+    rehome_layer,
+    residency_forward,
+)
 from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy  # noqa: E402
 from expert_residency.core.reference import mxfp4_swiglu_per_pick  # noqa: E402
-
+from expert_residency.core.slots import share_row_codes  # noqa: E402
 from test_adaptive_policy import LAYERS, class_probs, sample_ids, top_hot  # noqa: E402
 from test_core_cuda import pinned_device_view  # noqa: E402
 from test_core_fixtures import EXPERTS, TOP_K, hidden_states, mxfp4_layer  # noqa: E402
@@ -42,8 +49,10 @@ def test_graph_replays_stay_exact_through_adaptive_swap_rounds():
         hot, cold = top_hot(agent[row])
         split[index] = rehome_layer({n: t.clone() for n, t in tensors.items()}, hot, cold, layer_index=index,
                                     hot_alloc=device_allocator(DEV),
-                                    cold_alloc=mapped_host_allocator(pinned_device_view))
+                                    cold_alloc=mapped_host_allocator(pinned_device_view), hot_spare=2,
+                                    cold_spare=2)
         ref[index] = build_unsplit_layer(tensors, layer_index=index)
+    share_row_codes(split, order=LAYERS)   # as the plugin does, before the capture
     counter = ExpertCounter(LAYERS, EXPERTS, device=DEV, top_k=TOP_K)
     policy = AdaptivePolicy(counter, split, AdaptiveConfig(interval=3, swaps_per_layer=2, decay=0.5,
                                                            margin=0.25, evidence=0.0, counts_evidence=0.0))
@@ -101,6 +110,8 @@ def test_graph_replays_stay_exact_through_adaptive_swap_rounds():
                 torch.cuda.synchronize()
                 barrier_s.append(time.perf_counter() - t0)
                 assert full_check(), f"bit-exact check failed after barrier {report.barrier}"
+            policy.pump()   # this step's copies, on the side streams, beside the next replay
+    assert policy.lookahead_on and policy.copied_bytes["in"] > 0
     assert policy.swaps_done >= 4
     assert {i: (split[i].row_codes.data_ptr(), tuple(t.data_ptr() for t in split[i].hot.tensors.values()))
             for i in LAYERS} == addresses

@@ -7,14 +7,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from expert_residency.core import (DumpConfig, HistogramDumper, current_rowmap,  # noqa: E402
-                                   decode_row_codes)
+from expert_residency.core import DumpConfig, HistogramDumper, current_rowmap  # noqa: E402
 from expert_residency.core.adaptive import AdaptiveConfig  # noqa: E402
 from expert_residency.core.dump import LiveMap, live_map_file_name, parse_dump_name  # noqa: E402
 from expert_residency.formats import load_histogram, load_rowmap  # noqa: E402
 from expert_residency.formats.hashes import content_hash  # noqa: E402
-
-from test_adaptive_policy import Engine  # noqa: E402
+from test_adaptive_policy import Engine, decode_live  # noqa: E402
 from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
 
 pytestmark = pytest.mark.torch
@@ -28,7 +26,7 @@ def test_dump_carries_the_live_map_after_swaps(tmp_path):
     engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0, evidence=0.0,
                                    counts_evidence=0.0))
     boot = engine.policy.initial_content_hash
-    cold = list(engine.split[3].cold_ids)
+    cold = engine.split[3].cold_experts
     engine.counter.count(3, torch.tensor([[cold[0], cold[1], cold[2], cold[3]]] * 2, dtype=torch.int32))
     report = engine.policy.barrier()
     assert len(report.swaps) == 1  # one pair in layer 3 (cap 1), none in layer 5 (no counts)
@@ -41,7 +39,7 @@ def test_dump_carries_the_live_map_after_swaps(tmp_path):
     assert live.file == path.name[:-len(".hist")] + ".rowmap" == live_map_file_name(path.name)
     saved = load_rowmap(path.parent / live.file)
     # what the device map holds, decoded independently of the policy
-    hot, cold_ids = zip(*(decode_row_codes(engine.split[i].row_codes) for i in (3, 5)))
+    hot, cold_ids = zip(*(decode_live(engine.split[i].row_codes) for i in (3, 5)))
     assert saved.content_hash() == content_hash((3, 5), 16, hot, cold_ids) == live.content_hash
     assert live.content_hash != boot and live.boot_content_hash == boot
     assert live.shape_hash == current_rowmap(engine.split).shape_hash()

@@ -7,14 +7,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from expert_residency.core import (ExpertCounter, device_allocator, host_allocator, rehome_layer,  # noqa: E402
-                                   residency_forward)
+from expert_residency.core import ExpertCounter, device_allocator, host_allocator, rehome_layer, residency_forward  # noqa: E402
 from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy  # noqa: E402
 from expert_residency.core.reference import swiglu_per_pick  # noqa: E402
-
-from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
-from test_core_fixtures import (EXPERTS, clone_tensors, float_layer, hidden_states,  # noqa: E402
-                                random_partition, routing)
+from test_core_fixtures import (  # noqa: E402
+    EXPERTS,
+    clone_tensors,
+    float_layer,
+    hidden_states,
+    random_partition,
+    routing,
+    single_torch_thread,  # noqa: E402,F401  (autouse)
+)
 from test_core_graphsafe import FORBIDDEN, OpRecorder  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -26,9 +30,10 @@ def _setup(lookahead: bool | None = None):
         hot, cold = random_partition(index, EXPERTS, 9)
         layers[index] = rehome_layer(clone_tensors(float_layer(index, torch.bfloat16)), hot, cold,
                                      layer_index=index, hot_alloc=device_allocator("cpu"),
-                                     cold_alloc=host_allocator())
+                                     cold_alloc=host_allocator(), hot_spare=2, cold_spare=2)
     counter = ExpertCounter((1, 4), EXPERTS)
-    config = AdaptiveConfig(interval=2, swaps_per_layer=2, decay=0.5, margin=0.0, evidence=0.0, counts_evidence=0.0)
+    config = AdaptiveConfig(interval=2, swaps_per_layer=2, decay=0.5, margin=0.0, evidence=0.0, counts_evidence=0.0,
+                            copy_rows_per_layer=1e6)
     policy = AdaptivePolicy(counter, layers, config, lookahead=lookahead)
     return layers, counter, policy
 
@@ -39,7 +44,7 @@ def _step(layers, counter, policy, seed):
     fn = swiglu_per_pick()
     inputs = {}
     for index, layer in layers.items():
-        ids, weights = routing(seed, 12, hot_ids=layer.hot_ids, cold_ids=layer.cold_ids)
+        ids, weights = routing(seed, 12, hot_ids=layer.hot_experts, cold_ids=layer.cold_experts)
         inputs[index] = (hidden_states(seed, 12, torch.bfloat16), weights, ids, torch.arange(12) < 10)
     with OpRecorder() as rec:
         for index, layer in layers.items():
@@ -58,9 +63,9 @@ def test_step_path_with_adaptive_counting_has_no_sync_and_fixed_shapes():
     assert due is False
     second, due = _step(layers, counter, policy, 1)
     assert due is True
-    before = [list(layer.hot_ids) for layer in layers.values()]
+    before = [layer.hot_experts for layer in layers.values()]
     policy.barrier()  # the barrier may read back; it is outside the recorded step
-    assert [list(layer.hot_ids) for layer in layers.values()] != before  # the next step runs on a new map
+    assert [layer.hot_experts for layer in layers.values()] != before  # the next step runs on a new map
     third, _ = _step(layers, counter, policy, 2)
     # the same op sequence and shapes whatever the routing and the live map
     assert second == first and third == first
@@ -89,6 +94,7 @@ def test_barrier_keeps_every_address_a_captured_graph_reads(lookahead):
     for seed in range(4):
         _step(layers, counter, policy, seed)
         policy.barrier()
+        policy.pump()
     assert policy.swaps_done > 0
     assert addresses() == before
 
@@ -110,9 +116,9 @@ def test_barrier_device_part_is_capturable(lookahead):
         recorded.append(rec.ops)
         names = {name for name, _ in rec.ops}
         assert not names & FORBIDDEN, names & FORBIDDEN
-        assert tuple(out.shape) == (3 * 2 * 2 + 3,)
+        assert tuple(out.shape) == (4 * 2 * 2 + 3,)   # promote, demote, accept, gain per (layer, column)
         # keep the policy's state as a barrier would leave it (apply this plan now)
-        policy._apply(policy._parse(out.to("cpu"))[0], run=lambda steps: [st.run() for st in steps])
+        policy._swap_now(policy._parse(out.to("cpu"))[0], run=lambda steps: [st.run() for st in steps])
     assert policy.swaps_done > 0
     assert all(ops == recorded[0] for ops in recorded)
     assert buffers() == before

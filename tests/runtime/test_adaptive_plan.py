@@ -10,8 +10,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from expert_residency.core.adaptive import (AdaptiveConfig, Swap, blend_prior, choose_prior,  # noqa: E402
-                                            decay_scores, plan_swaps, rank_swaps)
+from expert_residency.core.adaptive import (  # noqa: E402
+    AdaptiveConfig,
+    Swap,
+    blend_prior,
+    choose_prior,
+    decay_scores,
+    plan_swaps,
+    rank_swaps,
+)
 
 pytestmark = pytest.mark.torch
 
@@ -206,7 +213,7 @@ def _adversarial_cases():
         hot = torch.rand(layers, experts, generator=g) < 0.6
         cases.append((scores, hot))
     g2 = torch.Generator().manual_seed(9)
-    for n in range(6):    # continuous decayed scores (no ties)
+    for _ in range(6):    # continuous decayed scores (no ties)
         scores = torch.rand(6, 40, generator=g2, dtype=torch.float64) * 50
         cases.append((scores, torch.rand(6, 40, generator=g2) < 0.7))
     experts = 8

@@ -9,16 +9,29 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from expert_residency.core import (ExpertCounter, build_unsplit_layer, current_rowmap,  # noqa: E402
-                                   decode_row_codes, device_allocator, host_allocator, rehome_layer,
-                                   residency_forward)
+from expert_residency.core import (  # noqa: E402
+    ExpertCounter,
+    build_unsplit_layer,
+    current_rowmap,
+    device_allocator,
+    host_allocator,
+    rehome_layer,
+    residency_forward,
+)
 from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy, Swap, run_in_order  # noqa: E402
 from expert_residency.core.reference import swiglu_per_pick  # noqa: E402
 from expert_residency.formats import load_histogram  # noqa: E402
 from expert_residency.formats.hashes import content_hash  # noqa: E402
-
-from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
-from test_core_fixtures import EXPERTS, HIDDEN, INTER, TOP_K, clone_tensors, float_layer, hidden_states  # noqa: E402
+from test_core_fixtures import (  # noqa: E402
+    EXPERTS,
+    HIDDEN,
+    INTER,
+    TOP_K,
+    clone_tensors,
+    float_layer,
+    hidden_states,
+    single_torch_thread,  # noqa: E402,F401  (autouse)
+)
 
 pytestmark = pytest.mark.torch
 
@@ -55,8 +68,12 @@ class Engine:
         for row, index in enumerate(LAYERS):
             tensors = float_layer(40 + row, torch.bfloat16)
             hot, cold = top_hot(probs[row])
+            spare = max(config.spare_rows, 1)   # as the plugin re-homes an adaptive lane
+            keep = config.host_copies == "all"
             self.split[index] = rehome_layer(clone_tensors(tensors), hot, cold, layer_index=index,
-                                             hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator())
+                                             hot_alloc=device_allocator("cpu"), cold_alloc=host_allocator(),
+                                             hot_spare=spare, cold_spare=0 if keep else spare,
+                                             host_copies=keep)
             self.ref[index] = build_unsplit_layer(tensors, layer_index=index)
         self.counter = ExpertCounter(LAYERS, EXPERTS, top_k=TOP_K)
         self.policy = AdaptivePolicy(self.counter, self.split, config, priors=priors)
@@ -81,9 +98,19 @@ class Engine:
         return self.forward({index: ids for index in LAYERS}, seed=999, count=False)
 
 
+def decode_live(codes: torch.Tensor) -> tuple[list[int], list[int]]:
+    """The device map read on its own (no host mirror): hot experts by HBM row, cold experts by
+    host row; spare rows are simply rows no code names. Fails if two experts share a row."""
+    values = codes.tolist()
+    hot = sorted((v, e) for e, v in enumerate(values) if v >= 0)
+    cold = sorted((-v - 1, e) for e, v in enumerate(values) if v < 0)
+    assert len({r for r, _ in hot}) == len(hot) and len({r for r, _ in cold}) == len(cold)
+    return [e for _, e in hot], [e for _, e in cold]
+
+
 def hot_mass(layers, probs: torch.Tensor) -> float:
     """Share of a class's picks (by its profile) that the live maps serve from the hot bank."""
-    return sum(float(probs[row, layers[index].hot_ids].sum()) for row, index in enumerate(LAYERS)) / len(LAYERS)
+    return sum(float(probs[row, layers[index].hot_experts].sum()) for row, index in enumerate(LAYERS)) / len(LAYERS)
 
 
 def test_split_equals_unsplit_through_swap_rounds_under_shifting_traffic():
@@ -105,7 +132,7 @@ def test_split_equals_unsplit_through_swap_rounds_under_shifting_traffic():
                 assert engine.full_check(), f"bit-exact check failed after barrier {report.barrier}"
                 assert report.shape_hash == shape_hash
                 # the reported hash is the hash of what the device map holds (decoded independently)
-                hot, cold = zip(*(decode_row_codes(engine.split[i].row_codes) for i in LAYERS))
+                hot, cold = zip(*(decode_live(engine.split[i].row_codes) for i in LAYERS))
                 assert report.content_hash == content_hash(LAYERS, EXPERTS, hot, cold)
         after = hot_mass(engine.split, probs)
         hashes.append(engine.policy.reports[-1].content_hash)
@@ -124,10 +151,10 @@ def test_window_figures_and_bytes_by_hand():
     engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0, evidence=0.0,
                                    counts_evidence=0.0))
     layer = engine.split[3]
-    cold, hot = list(layer.cold_ids), list(layer.hot_ids)  # copies: the swap updates the live lists
+    cold, hot = list(layer.cold_experts), list(layer.hot_experts)  # copies: the swap updates the live lists
     # one forward, 2 tokens: layer 3 gets 3 cold picks + 5 hot picks, layer 5 all-hot picks of its map
     ids3 = torch.tensor([[cold[0], cold[1], hot[0], hot[1]], [cold[0], hot[2], hot[3], hot[4]]], dtype=torch.int32)
-    h5 = list(engine.split[5].hot_ids)
+    h5 = list(engine.split[5].hot_experts)
     ids5 = torch.tensor([h5[:4], h5[4:8]], dtype=torch.int32)
     assert engine.forward({3: ids3, 5: ids5}, seed=1)
     assert engine.policy.tick()
@@ -138,10 +165,11 @@ def test_window_figures_and_bytes_by_hand():
     unpicked_hot = sorted(set(hot) - {hot[0], hot[1], hot[2], hot[3], hot[4]})
     assert report.swaps == [Swap(3, cold[0], unpicked_hot[0])]
     # bytes: one bf16 row each of w13 [2I, H] and w2 [H, I] = (2*32*64 + 64*32) * 2 = 12288 B per expert;
-    # a swap moves one expert in and one out over the host link; both layers share one staging row set
+    # a swap moves one expert in and (the host held no copy of the demoted one) one out; each of the
+    # two layers has 4 spare HBM rows and 4 spare host rows (spare_rows, default)
     assert (INTER, HIDDEN) == (32, 64)
-    assert report.host_link_bytes == 2 * 12288
-    assert engine.policy.staging_bytes() == 12288
+    assert report.host_link_bytes == 2 * 12288 and report.copied_out == 1
+    assert engine.policy.spare_bytes() == {"hbm": 2 * 4 * 12288, "host": 2 * 4 * 12288}
     assert engine.full_check()
 
 
@@ -152,7 +180,7 @@ def test_counts_alone_use_the_counts_evidence_guard(counts_evidence, swapped):
     # not. `evidence` (the guard with a profile in the ranking) is 0 here and must not apply.
     engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0, evidence=0.0,
                                    counts_evidence=counts_evidence, prior_weight=0.0))
-    cold, hot = list(engine.split[3].cold_ids), list(engine.split[3].hot_ids)
+    cold, hot = list(engine.split[3].cold_experts), list(engine.split[3].hot_experts)
     ids = torch.tensor([[cold[0], hot[0], hot[1], hot[2]]] * 3, dtype=torch.int32)
     engine.counter.count(3, ids)
     report = engine.policy.barrier()
@@ -164,7 +192,7 @@ def test_counts_alone_use_the_counts_evidence_guard(counts_evidence, swapped):
 def test_decayed_scores_follow_the_counter_and_survive_a_reset():
     engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=0, decay=0.5, margin=0.0, evidence=0.0,
                                    counts_evidence=0.0))
-    e = engine.split[3].cold_ids[0]
+    e = engine.split[3].cold_experts[0]
     ids = torch.tensor([[e, (e + 1) % EXPERTS, (e + 2) % EXPERTS, (e + 3) % EXPERTS]], dtype=torch.int32)
     for _ in range(3):  # counts of e per window: 1, 1, 1 -> scores 1, 1.5, 1.75
         engine.counter.count(3, ids)
@@ -183,7 +211,7 @@ def _primed_engine():
     """An engine whose next barrier swaps at least one pair in layer 3."""
     engine = Engine(AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0, evidence=0.0,
                                    counts_evidence=0.0))
-    cold = engine.split[3].cold_ids
+    cold = engine.split[3].cold_experts
     engine.counter.count(3, torch.tensor([[cold[0], cold[1], cold[2], cold[3]]], dtype=torch.int32))
     return engine
 
@@ -307,7 +335,7 @@ def test_live_rowmap_and_status(tmp_path):
     assert live.content_hash() == report.content_hash and live.shape_hash() == engine.policy.shape_hash
     assert live.provenance == {"builder": "adaptive", "barriers": 1, "swaps": 1,
                                "boot_content_hash": engine.policy.initial_content_hash, "class": "prose"}
-    hot, cold = decode_row_codes(engine.split[3].row_codes)
+    hot, cold = decode_live(engine.split[3].row_codes)
     assert live.hot[0] == hot and live.cold[0] == cold
     # it saves and loads as an ordinary row map with the same hash (a class map for the next boot)
     from expert_residency.formats import load_rowmap, save_rowmap
@@ -349,7 +377,7 @@ def test_live_rowmap_waits_for_a_barrier_in_progress():
 
 def _cold_by_hand(layers, ids: dict[int, torch.Tensor]) -> int:
     """Picks of experts the live host mirrors list as cold, counted in Python."""
-    return sum(int(e) in set(layers[i].cold_ids) for i in LAYERS for e in ids[i].reshape(-1).tolist())
+    return sum(int(e) in set(layers[i].cold_experts) for i in LAYERS for e in ids[i].reshape(-1).tolist())
 
 
 def test_lookahead_applies_the_same_plans_one_barrier_later():
@@ -359,7 +387,8 @@ def test_lookahead_applies_the_same_plans_one_barrier_later():
     one barrier later; the report's window is the applied plan's, its cold picks under the map
     that served it (recounted by hand); split == unsplit throughout."""
     config = AdaptiveConfig(interval=2, swaps_per_layer=2, decay=0.5, margin=0.25, evidence=0.0,
-                            counts_evidence=0.0)
+                            counts_evidence=0.0, copy_rows_per_layer=1e6,   # copies keep up
+                            flip_interval=2)   # flips at the barriers only: one map per window
     plain, ahead = Engine(config), Engine(config)
     assert plain.policy.lookahead_on is False          # CPU default: nothing to hide
     ahead.policy = AdaptivePolicy(ahead.counter, ahead.split, config, lookahead=True)
@@ -383,12 +412,14 @@ def test_lookahead_applies_the_same_plans_one_barrier_later():
                 plain.policy.barrier()
                 ahead.policy.barrier()
                 assert ahead.full_check(), f"bit-exact check failed after barrier {ahead.policy.barriers}"
+            ahead.policy.pump()   # the step's copies (the engine calls it after every tick)
     p, a = plain.policy.reports, ahead.policy.reports
     assert len(p) == len(a) == 24
     assert a[0].swaps == [] and a[0].window_picks == 0 and a[0].prior is None
     assert sum(len(r.swaps) for r in p[:-1]) >= 4     # the comparison below is not vacuous
     for k in range(1, len(a)):
-        assert a[k].swaps == p[k - 1].swaps, k
+        # the same swaps; with lookahead they are copied (and listed) strongest gain first
+        assert sorted(a[k].swaps) == sorted(p[k - 1].swaps), k
         assert a[k].window_picks == p[k - 1].window_picks == 2 * 8 * TOP_K * len(LAYERS)
         assert a[k].window_cold_picks == windows[k - 1], k
     # the map lags by exactly the last plan: applying it brings the two maps level
@@ -398,24 +429,28 @@ def test_lookahead_applies_the_same_plans_one_barrier_later():
 
 def test_lookahead_drops_a_plan_made_stale_by_swaps_outside_a_barrier():
     config = AdaptiveConfig(interval=1, swaps_per_layer=1, decay=0.5, margin=0.0, evidence=0.0,
-                            counts_evidence=0.0)
+                            counts_evidence=0.0, copy_rows_per_layer=1e6)
     engine = Engine(config)
     engine.policy = AdaptivePolicy(engine.counter, engine.split, config, lookahead=True)
     layer = engine.split[3]
-    cold = layer.cold_ids[0]
+    cold = layer.cold_experts[0]
     # every forward: layer 3 picks `cold` twice (once per token) beside three hot experts, layer 5 hot only
-    ids = {3: torch.tensor([[cold] + layer.hot_ids[:3]] * 2, dtype=torch.int32),
-           5: torch.tensor([engine.split[5].hot_ids[:4]] * 2, dtype=torch.int32)}
+    ids = {3: torch.tensor([[cold] + layer.hot_experts[:3]] * 2, dtype=torch.int32),
+           5: torch.tensor([engine.split[5].hot_experts[:4]] * 2, dtype=torch.int32)}
     assert engine.forward(ids, seed=1)
     assert engine.policy.tick()
     assert engine.policy.barrier().swaps == []        # plan started: promote `cold` in layer 3
-    # an operator swap changes the map before the plan applies
-    engine.policy.apply([Swap(3, layer.cold_ids[1], layer.hot_ids[5])])
+    engine.policy.pump()                              # ... read, its copies issued
+    assert [t.swap.promote for t in engine.policy.in_flight] == [cold]
+    # an operator swap changes the map before the plan applies: the transfer in flight is dropped
+    engine.policy.apply([Swap(3, layer.cold_experts[1], layer.hot_experts[5])])
+    assert engine.policy.in_flight == [] and engine.policy.discarded_plans == 1
     assert engine.forward(ids, seed=2)
     assert engine.policy.tick()
     report = engine.policy.barrier()
     assert report.swaps == [] and engine.policy.discarded_plans == 1 and report.window_picks == 0
     assert engine.full_check()
+    engine.policy.pump()
     # the next barrier applies the plan started after the drop
     assert engine.forward(ids, seed=3)
     assert engine.policy.tick()

@@ -10,9 +10,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from expert_residency.core.adaptive import AdaptiveConfig  # noqa: E402
-from expert_residency.core.adaptive_setup import (ENV_ADAPTIVE, ENV_PRIORS, adaptive_from_env,  # noqa: E402
-                                                  format_adaptive_spec, parse_adaptive_spec,
-                                                  priors_from_env, priors_from_histograms)
+from expert_residency.core.adaptive_setup import (  # noqa: E402
+    ENV_ADAPTIVE,
+    ENV_PRIORS,
+    adaptive_from_env,
+    format_adaptive_spec,
+    parse_adaptive_spec,
+    priors_from_env,
+    priors_from_histograms,
+)
 from expert_residency.formats import Histogram, save_histogram  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -36,10 +42,12 @@ def test_on_means_defaults_and_a_spec_sets_fields():
 
 
 def test_spec_round_trips():
-    config = AdaptiveConfig(interval=24, swaps_per_layer=3, decay=0.75, margin=0.3, evidence=1.25,
+    config = AdaptiveConfig(interval=24, swaps_per_layer=3, spare_rows=2, flip_interval=6, copy_rows_per_layer=0.75,
+                            host_copies="all", rank_picks="decode", decay=0.75, margin=0.3, evidence=1.25,
                             counts_evidence=2.0, prior_weight=4.0)
     text = format_adaptive_spec(config)
-    assert text == ("interval=24,swaps_per_layer=3,decay=0.75,margin=0.3,evidence=1.25,counts_evidence=2.0,"
+    assert text == ("interval=24,swaps_per_layer=3,spare_rows=2,flip_interval=6,copy_rows_per_layer=0.75,"
+                    "host_copies=all,rank_picks=decode,decay=0.75,margin=0.3,evidence=1.25,counts_evidence=2.0,"
                     "prior_weight=4.0")
     assert parse_adaptive_spec(text) == config
     assert format_adaptive_spec(None) == "off" and parse_adaptive_spec("off") is None
@@ -54,6 +62,12 @@ def test_spec_round_trips():
     ("decay=fast", "'decay' = 'fast' is not a number"),
     ("decay=1.0", "decay must be in [0, 1)"),
     ("swaps_per_layer=-1", "swaps_per_layer must be an integer >= 0"),
+    ("copy_rows_per_layer=0", "copy_rows_per_layer must be a finite number > 0"),
+    ("copy_rows_per_layer=inf", "copy_rows_per_layer must be a finite number > 0"),
+    ("host_copies=some", "host_copies must be one of spare, all"),
+    ("rank_picks=prefill", "rank_picks must be one of all, decode"),
+    ("spare_rows=0", "spare_rows must be an integer >= 1"),
+    ("flip_interval=0", "flip_interval must be an integer >= 1"),
 ])
 def test_bad_specs_name_the_variable_and_the_field(text, message):
     with pytest.raises(ValueError) as err:

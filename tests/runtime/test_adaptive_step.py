@@ -9,7 +9,6 @@ torch = pytest.importorskip("torch")
 
 from expert_residency.core.adaptive import AdaptiveConfig  # noqa: E402
 from expert_residency.core.adaptive_step import StepBarrier  # noqa: E402
-
 from test_adaptive_policy import LAYERS, Engine, class_probs, hot_mass, sample_ids  # noqa: E402
 from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
 

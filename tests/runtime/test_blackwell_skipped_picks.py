@@ -23,8 +23,7 @@ from expert_residency.blackwell import layout as L  # noqa: E402
 from expert_residency.blackwell.emulation import emulated_routed_moe  # noqa: E402
 from expert_residency.blackwell.selfcheck import cold_pick_count  # noqa: E402
 from expert_residency.blackwell.trtllm import TrtllmMxfp4Banks, bank_slots  # noqa: E402
-from expert_residency.core.banks import (build_unsplit_layer, device_allocator,  # noqa: E402
-                                         host_allocator, rehome_layer)
+from expert_residency.core.banks import build_unsplit_layer, device_allocator, host_allocator, rehome_layer  # noqa: E402
 from expert_residency.core.counter import ExpertCounter  # noqa: E402
 from expert_residency.core.fma_finalize import finalize  # noqa: E402
 from expert_residency.core.reference import mxfp4_swiglu_per_pick  # noqa: E402
@@ -32,7 +31,6 @@ from expert_residency.core.split import residency_forward  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from random_experts import random_experts  # noqa: E402
-
 from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
 
 pytestmark = pytest.mark.torch

@@ -13,14 +13,29 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from expert_residency.core import (DumpConfig, ExpertCounter, HistogramDumper,  # noqa: E402
-                                   build_unsplit_layer, device_allocator, dump_file_name,
-                                   host_allocator, parse_dump_name, rehome_layer, residency_forward)
+from expert_residency.core import (  # noqa: E402
+    DumpConfig,
+    ExpertCounter,
+    HistogramDumper,
+    build_unsplit_layer,
+    device_allocator,
+    dump_file_name,
+    host_allocator,
+    parse_dump_name,
+    rehome_layer,
+    residency_forward,
+)
 from expert_residency.core.reference import swiglu_per_pick  # noqa: E402
 from expert_residency.formats import load_histogram  # noqa: E402
-
-from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
-from test_core_fixtures import EXPERTS, clone_tensors, float_layer, hidden_states, random_partition, routing  # noqa: E402
+from test_core_fixtures import (  # noqa: E402
+    EXPERTS,
+    clone_tensors,
+    float_layer,
+    hidden_states,
+    random_partition,
+    routing,
+    single_torch_thread,  # noqa: E402,F401  (autouse)
+)
 
 pytestmark = pytest.mark.torch
 

@@ -23,15 +23,21 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU (run it on a GPU machine; BENCHMARKS.md gives the H200 commands)", allow_module_level=True)
 
 import numpy as np  # noqa: E402
-
-from expert_residency.core import (ExpertCounter, StagingBuffer, build_unsplit_layer,  # noqa: E402
-                                   device_allocator, finalize, fma_f32, mapped_host_allocator,
-                                   rehome_layer, rehome_model,
-                                   residency_forward, swap_experts)
+from expert_residency.core import (  # noqa: E402
+    ExpertCounter,
+    StagingBuffer,
+    build_unsplit_layer,
+    device_allocator,
+    finalize,
+    fma_f32,
+    mapped_host_allocator,
+    rehome_layer,
+    rehome_model,
+    residency_forward,
+    swap_experts,
+)
 from expert_residency.core.reference import mxfp4_swiglu_per_pick, swiglu_per_pick  # noqa: E402
-
-from test_core_fixtures import (EXPERTS, float_layer, hidden_states, mxfp4_layer,  # noqa: E402
-                                random_partition, routing)
+from test_core_fixtures import EXPERTS, float_layer, hidden_states, mxfp4_layer, random_partition, routing  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch]
 DEV = torch.device("cuda")
@@ -40,12 +46,12 @@ DEV = torch.device("cuda")
 class _CudaArray:
     """``__cuda_array_interface__`` over a pinned host buffer: torch.as_tensor aliases it (UVA)."""
 
-    def __init__(self, host: "torch.Tensor") -> None:
+    def __init__(self, host: torch.Tensor) -> None:
         self.__cuda_array_interface__ = {"shape": (host.numel() * host.element_size(),), "typestr": "|u1",
                                          "data": (host.data_ptr(), False), "strides": None, "version": 3}
 
 
-def pinned_device_view(host: "torch.Tensor") -> "torch.Tensor":
+def pinned_device_view(host: torch.Tensor) -> torch.Tensor:
     """A CUDA tensor over the same pinned host bytes (what vLLM's get_accelerator_view_from_cpu_tensor
     returns); kept local so the core's GPU check depends on nothing but torch."""
     raw = torch.as_tensor(_CudaArray(host), device=DEV)

@@ -11,7 +11,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from expert_residency.core import finalize, fma_f32  # noqa: E402
-
 from test_core_fixtures import single_torch_thread  # noqa: E402,F401
 
 pytestmark = pytest.mark.torch
@@ -44,7 +43,7 @@ def exact_fma(a: float, b: float, c: float) -> float:
     return round_to_f32(Fraction(a) * Fraction(b) + Fraction(c))
 
 
-def f32(values) -> "torch.Tensor":
+def f32(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32)
 
 
@@ -95,7 +94,7 @@ def test_fma_matches_exact_rounding_on_random_values():
     assert got == want
 
 
-def _scalar_finalize(picks: "torch.Tensor", weights: "torch.Tensor", order) -> list[list[float]]:
+def _scalar_finalize(picks: torch.Tensor, weights: torch.Tensor, order) -> list[list[float]]:
     rows = []
     for t in range(picks.shape[0]):
         row = []

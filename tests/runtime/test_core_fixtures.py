@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 from expert_residency.mxfp4 import quantize_mxfp4  # noqa: E402
 
+
 @pytest.fixture(autouse=True)
 def single_torch_thread():
     """The tests' tensors are tiny: intra-op threads only add contention (50x slower measured on a
@@ -28,8 +29,8 @@ EXPERTS = 16
 TOP_K = 4
 
 
-def float_layer(seed: int, dtype: "torch.dtype", *, experts: int = EXPERTS, hidden: int = HIDDEN,
-                inter: int = INTER, bias: bool = False) -> dict[str, "torch.Tensor"]:
+def float_layer(seed: int, dtype: torch.dtype, *, experts: int = EXPERTS, hidden: int = HIDDEN,
+                inter: int = INTER, bias: bool = False) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     tensors = {
         "w13_weight": (torch.randn(experts, 2 * inter, hidden, generator=g) / hidden ** 0.5).to(dtype),
@@ -42,7 +43,7 @@ def float_layer(seed: int, dtype: "torch.dtype", *, experts: int = EXPERTS, hidd
 
 
 def mxfp4_layer(seed: int, *, experts: int = EXPERTS, hidden: int = HIDDEN,
-                inter: int = INTER) -> dict[str, "torch.Tensor"]:
+                inter: int = INTER) -> dict[str, torch.Tensor]:
     """vLLM Mxfp4MoEMethod layout: packed uint8 weights + uint8 ue8m0 block scales."""
     g = torch.Generator().manual_seed(seed)
     w13 = torch.randn(experts, 2 * inter, hidden, generator=g) / hidden ** 0.5
@@ -53,7 +54,7 @@ def mxfp4_layer(seed: int, *, experts: int = EXPERTS, hidden: int = HIDDEN,
             "w2_weight": w2_packed, "w2_weight_scale": w2_scale}
 
 
-def clone_tensors(tensors: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
+def clone_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: t.clone() for name, t in tensors.items()}
 
 
@@ -66,7 +67,7 @@ def random_partition(seed: int, experts: int, hot: int) -> tuple[list[int], list
 
 def routing(seed: int, tokens: int, *, experts: int = EXPERTS, top_k: int = TOP_K,
             hot_ids: list[int] | None = None, cold_ids: list[int] | None = None
-            ) -> tuple["torch.Tensor", "torch.Tensor"]:
+            ) -> tuple[torch.Tensor, torch.Tensor]:
     """(topk_ids int32 [T, K], topk_weights fp32 [T, K]): distinct ids per token.
 
     With ``hot_ids``/``cold_ids`` the batch is built to contain, in this order, a quarter of tokens
@@ -99,6 +100,6 @@ def routing(seed: int, tokens: int, *, experts: int = EXPERTS, top_k: int = TOP_
     return ids, weights
 
 
-def hidden_states(seed: int, tokens: int, dtype: "torch.dtype", hidden: int = HIDDEN) -> "torch.Tensor":
+def hidden_states(seed: int, tokens: int, dtype: torch.dtype, hidden: int = HIDDEN) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(tokens, hidden, generator=g).to(dtype)

@@ -21,18 +21,32 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from expert_residency.core import (build_unsplit_layer, device_allocator, host_allocator,  # noqa: E402
-                                   rehome_layer, residency_forward, swap_experts)
-from expert_residency.core.formats_ref import (deinterleave_gate_up, float_per_pick,  # noqa: E402
-                                               fp8_block_per_pick, gptoss_mxfp4_per_pick,
-                                               make_activation,
-                                               mxfp4_per_pick, swigluoai)
-from expert_residency.fp8 import (FP8_DTYPE, dequantize_fp8_block, per_token_group_quant_fp8,  # noqa: E402
-                                  quantize_fp8_block)
+from expert_residency.core import (  # noqa: E402
+    build_unsplit_layer,
+    device_allocator,
+    host_allocator,
+    rehome_layer,
+    residency_forward,
+    swap_experts,
+)
+from expert_residency.core.formats_ref import (  # noqa: E402
+    deinterleave_gate_up,
+    float_per_pick,
+    fp8_block_per_pick,
+    gptoss_mxfp4_per_pick,
+    make_activation,
+    mxfp4_per_pick,
+    swigluoai,
+)
+from expert_residency.fp8 import FP8_DTYPE, dequantize_fp8_block, per_token_group_quant_fp8, quantize_fp8_block  # noqa: E402
 from expert_residency.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
-
-from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
-from test_core_fixtures import clone_tensors, hidden_states, random_partition, routing  # noqa: E402
+from test_core_fixtures import (  # noqa: E402
+    clone_tensors,
+    hidden_states,
+    random_partition,
+    routing,
+    single_torch_thread,  # noqa: E402,F401  (autouse)
+)
 
 pytestmark = pytest.mark.torch
 

@@ -8,15 +8,26 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
-from expert_residency.core import (ExpertCounter, build_unsplit_layer, device_allocator,  # noqa: E402
-                                   host_allocator, rehome_layer, residency_forward)
+from expert_residency.core import (  # noqa: E402
+    ExpertCounter,
+    build_unsplit_layer,
+    device_allocator,
+    host_allocator,
+    rehome_layer,
+    residency_forward,
+)
 from expert_residency.core.reference import mxfp4_swiglu_per_pick, swiglu_per_pick  # noqa: E402
-
-from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
-from test_core_fixtures import (EXPERTS, clone_tensors, float_layer, hidden_states, mxfp4_layer,  # noqa: E402
-                                random_partition, routing)
+from test_core_fixtures import (  # noqa: E402
+    EXPERTS,
+    clone_tensors,
+    float_layer,
+    hidden_states,
+    mxfp4_layer,
+    random_partition,
+    routing,
+    single_torch_thread,  # noqa: E402,F401  (autouse)
+)
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -6,9 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from expert_residency.mxfp4 import (decode_e2m1, dequantize_mxfp4, e2m1_table, e8m0_to_float,  # noqa: E402
-                                    quantize_mxfp4, unpack_fp4)
-
+from expert_residency.mxfp4 import decode_e2m1, dequantize_mxfp4, e2m1_table, e8m0_to_float, quantize_mxfp4, unpack_fp4  # noqa: E402
 from test_core_fixtures import single_torch_thread  # noqa: E402,F401
 
 pytestmark = pytest.mark.torch

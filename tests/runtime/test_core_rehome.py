@@ -12,13 +12,23 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from expert_residency.core import (AllocatedTensor, LayerPlacement, current_rowmap,  # noqa: E402
-                                   plan_rehome_order, rehome_layer, rehome_model, rowmap_banks)
+from expert_residency.core import (  # noqa: E402
+    AllocatedTensor,
+    LayerPlacement,
+    current_rowmap,
+    plan_rehome_order,
+    rehome_layer,
+    rehome_model,
+    rowmap_banks,
+)
 from expert_residency.core.plan import step_peaks  # noqa: E402
 from expert_residency.formats import RowMap  # noqa: E402
-
-from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
-from test_core_fixtures import float_layer, mxfp4_layer, random_partition  # noqa: E402
+from test_core_fixtures import (  # noqa: E402
+    float_layer,
+    mxfp4_layer,
+    random_partition,
+    single_torch_thread,  # noqa: E402,F401  (autouse)
+)
 
 pytestmark = pytest.mark.torch
 
@@ -36,7 +46,7 @@ class MemoryTracker:
         self.peak = {"device": 0, "host": 0}
         self.pool_of: dict[int, str] = {}
 
-    def track(self, tensor: "torch.Tensor", pool: str) -> "torch.Tensor":
+    def track(self, tensor: torch.Tensor, pool: str) -> torch.Tensor:
         size = tensor.numel() * tensor.element_size()
         self.live[pool] += size
         self.peak[pool] = max(self.peak[pool], self.live[pool])
@@ -53,7 +63,7 @@ class MemoryTracker:
             return AllocatedTensor(self.track(torch.empty(shape, dtype=dtype), pool))
         return allocate
 
-    def on_device(self, tensor: "torch.Tensor") -> bool:
+    def on_device(self, tensor: torch.Tensor) -> bool:
         return self.pool_of[id(tensor)] == "device"
 
 

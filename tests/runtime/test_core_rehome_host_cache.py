@@ -13,7 +13,6 @@ torch = pytest.importorskip("torch")
 from expert_residency.core import rehome_model  # noqa: E402
 from expert_residency.core.banks import device_allocator, host_allocator  # noqa: E402
 from expert_residency.core.rehome import release_host_cache  # noqa: E402
-
 from test_core_fixtures import float_layer  # noqa: E402
 
 pytestmark = pytest.mark.torch

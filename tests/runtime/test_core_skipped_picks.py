@@ -8,16 +8,29 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from expert_residency.core import (ExpertCounter, build_unsplit_layer, device_allocator,  # noqa: E402
-                                   finalize, host_allocator, rehome_layer, residency_forward,
-                                   route_picks, split_invoke)
+from expert_residency.core import (  # noqa: E402
+    ExpertCounter,
+    build_unsplit_layer,
+    device_allocator,
+    finalize,
+    host_allocator,
+    rehome_layer,
+    residency_forward,
+    route_picks,
+    split_invoke,
+)
 from expert_residency.core.reference import mxfp4_swiglu_per_pick, swiglu_per_pick  # noqa: E402
 from expert_residency.parallel.ep import ep_forward  # noqa: E402
 from expert_residency.vllm_plugin.expert_parallel import local_ids, local_picks  # noqa: E402
-
-from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
-from test_core_fixtures import (EXPERTS, clone_tensors, float_layer, hidden_states,  # noqa: E402
-                                mxfp4_layer, random_partition)
+from test_core_fixtures import (  # noqa: E402
+    EXPERTS,
+    clone_tensors,
+    float_layer,
+    hidden_states,
+    mxfp4_layer,
+    random_partition,
+    single_torch_thread,  # noqa: E402,F401  (autouse)
+)
 
 pytestmark = pytest.mark.torch
 

@@ -6,15 +6,31 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from expert_residency.core import (ExpertBank, build_unsplit_layer, dense_per_pick,  # noqa: E402
-                                   device_allocator, finalize, host_allocator, rehome_layer,
-                                   residency_forward, route_picks, split_invoke)
+from expert_residency.core import (  # noqa: E402
+    ExpertBank,
+    build_unsplit_layer,
+    dense_per_pick,
+    device_allocator,
+    finalize,
+    host_allocator,
+    rehome_layer,
+    residency_forward,
+    route_picks,
+    split_invoke,
+)
 from expert_residency.core.reference import mxfp4_swiglu_per_pick, swiglu_per_pick  # noqa: E402
 from expert_residency.mxfp4 import dequantize_mxfp4  # noqa: E402
-
-from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
-from test_core_fixtures import (EXPERTS, TOP_K, clone_tensors, float_layer, hidden_states,  # noqa: E402
-                                mxfp4_layer, random_partition, routing)
+from test_core_fixtures import (  # noqa: E402
+    EXPERTS,
+    TOP_K,
+    clone_tensors,
+    float_layer,
+    hidden_states,
+    mxfp4_layer,
+    random_partition,
+    routing,
+    single_torch_thread,  # noqa: E402,F401  (autouse)
+)
 
 pytestmark = pytest.mark.torch
 
@@ -176,7 +192,7 @@ def test_dense_per_pick_adapter_masks_writes():
 
 
 def test_route_picks_resolves_banks_and_rows():
-    from expert_residency.core import encode_row_codes, decode_row_codes
+    from expert_residency.core import decode_row_codes, encode_row_codes
     codes = encode_row_codes([5, 0, 3], [1, 4, 2], 6)
     assert codes.dtype == torch.int32 and codes.tolist() == [1, -1, -3, 2, -2, 0]
     assert decode_row_codes(codes) == ([5, 0, 3], [1, 4, 2])

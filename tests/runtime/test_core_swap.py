@@ -6,14 +6,28 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from expert_residency.core import (StagingBuffer, build_unsplit_layer, current_rowmap,  # noqa: E402
-                                   decode_row_codes, device_allocator, host_allocator, rehome_layer,
-                                   residency_forward, swap_experts, swap_steps)
+from expert_residency.core import (  # noqa: E402
+    StagingBuffer,
+    build_unsplit_layer,
+    current_rowmap,
+    decode_row_codes,
+    device_allocator,
+    host_allocator,
+    rehome_layer,
+    residency_forward,
+    swap_experts,
+    swap_steps,
+)
 from expert_residency.core.reference import mxfp4_swiglu_per_pick, swiglu_per_pick  # noqa: E402
-
-from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
-from test_core_fixtures import (EXPERTS, clone_tensors, float_layer, hidden_states, mxfp4_layer,  # noqa: E402
-                                random_partition)
+from test_core_fixtures import (  # noqa: E402
+    EXPERTS,
+    clone_tensors,
+    float_layer,
+    hidden_states,
+    mxfp4_layer,
+    random_partition,
+    single_torch_thread,  # noqa: E402,F401  (autouse)
+)
 
 pytestmark = pytest.mark.torch
 

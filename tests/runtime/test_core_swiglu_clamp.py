@@ -16,15 +16,21 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from expert_residency.core import (build_unsplit_layer, device_allocator, host_allocator,  # noqa: E402
-                                   rehome_layer, residency_forward)
-from expert_residency.core.reference import (check_swiglu_limit, mxfp4_swiglu_per_pick,  # noqa: E402
-                                             swiglu_per_pick)
+from expert_residency.core import build_unsplit_layer, device_allocator, host_allocator, rehome_layer, residency_forward  # noqa: E402
+from expert_residency.core.reference import check_swiglu_limit, mxfp4_swiglu_per_pick, swiglu_per_pick  # noqa: E402
 from expert_residency.mxfp4 import dequantize_mxfp4  # noqa: E402
-
-from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
-from test_core_fixtures import (EXPERTS, INTER, TOP_K, clone_tensors, float_layer,  # noqa: E402
-                                hidden_states, mxfp4_layer, random_partition, routing)
+from test_core_fixtures import (  # noqa: E402
+    EXPERTS,
+    INTER,
+    TOP_K,
+    clone_tensors,
+    float_layer,
+    hidden_states,
+    mxfp4_layer,
+    random_partition,
+    routing,
+    single_torch_thread,  # noqa: E402,F401  (autouse)
+)
 
 pytestmark = pytest.mark.torch
 

@@ -21,10 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from vllm_support.prompts import MAX_TOKENS, PROMPTS
-from vllm_support.server import (VllmServer, completion_token_ids, engine_pythonpath, skip_reason,
-                                 vllm_available)
+from vllm_support.server import VllmServer, completion_token_ids, engine_pythonpath, skip_reason, vllm_available
 from vllm_support.shared import REGISTRY, SharedBoot, build_map, run_plan
 from vllm_support.tiny_moe import write_tiny_moe
 

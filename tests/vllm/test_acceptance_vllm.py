@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from expert_residency.formats import load_rowmap
-from recipegen.cli import main
 from vllm_support.prompts import PROMPTS
 from vllm_support.server import VllmServer
 from vllm_support.shared import Boot, SharedContext, register_boot, shared_job
 from vllm_support.tiny_moe import write_tiny_moe
+
+from recipegen.cli import main
 
 pytestmark = pytest.mark.vllm
 

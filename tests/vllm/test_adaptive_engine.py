@@ -38,7 +38,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from expert_residency.formats import load_histogram, load_rowmap
 from vllm_support.server import completion_logprobs, completion_token_ids
 from vllm_support.shared import Boot, register_boot, shared_job

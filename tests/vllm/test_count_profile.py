@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from expert_residency.formats import find_report_lines, load_histogram, load_rowmap
 from vllm_support.tiny_moe import TINY
 

@@ -23,13 +23,11 @@ import json
 from pathlib import Path
 
 import pytest
-
 from expert_residency.formats import find_report_lines, load_rowmap
 from vllm_support.agreement import assert_greedy_agreement, greedy_agreement, top1_margins
 from vllm_support.prompts import MAX_TOKENS, PROMPTS
 from vllm_support.server import VllmServer, completion_logprobs, completion_token_ids
-from vllm_support.shared import (Boot, SharedBoot, SharedContext, build_map, register_boot,
-                                 residency_env, shared_job)
+from vllm_support.shared import Boot, SharedBoot, SharedContext, build_map, register_boot, residency_env, shared_job
 from vllm_support.tiny_gptoss import TINY_GPTOSS, write_tiny_gptoss
 
 pytestmark = pytest.mark.vllm

@@ -38,12 +38,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from vllm_support.agreement import (TINY_MOE_LOGPROB_TOLERANCE, assert_greedy_agreement,
-                                    greedy_agreement, top1_margins)
+from vllm_support.agreement import TINY_MOE_LOGPROB_TOLERANCE, assert_greedy_agreement, greedy_agreement, top1_margins
 from vllm_support.prompts import MAX_TOKENS, PROMPTS
-from vllm_support.server import (VllmServer, base_env, completion_logprobs, completion_token_ids,
-                                 engine_pythonpath, free_port, serve_args, stop_group)
+from vllm_support.server import (
+    VllmServer,
+    base_env,
+    completion_logprobs,
+    completion_token_ids,
+    engine_pythonpath,
+    free_port,
+    serve_args,
+    stop_group,
+)
 from vllm_support.shared import shared_job
 from vllm_support.tiny_moe import TINY
 

@@ -16,7 +16,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from expert_residency.formats import RowMap, load_rowmap, save_rowmap
 from expert_residency.vllm_plugin.refusal import REFUSAL_EXIT_CODE, REFUSAL_TAG
 from vllm_support.server import RUNTIME_DIR, VLLM_PYTHON, base_env

@@ -23,21 +23,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from expert_residency.formats import (StartupReport, find_report_lines, load_histogram,
-                                      load_rowmap)
-from recipegen.ops.ledger_view import lane_expectation
-from recipegen.ops.verify import compare
-from recipegen.recipe_io import load_recipe
-from vllm_support.agreement import (TINY_MOE_LOGPROB_TOLERANCE, assert_greedy_agreement,
-                                    greedy_agreement, top1_margins)
-from vllm_support.server import (WARM_KERNELS, VllmServer, compiled_kernels, completion_logprobs,
-                                 completion_token_ids)
-from vllm_support.shared import (Boot, SharedBoot, SharedContext, register_boot, residency_env,
-                                 shared_job)
+from expert_residency.formats import StartupReport, find_report_lines, load_histogram, load_rowmap
+from vllm_support.agreement import TINY_MOE_LOGPROB_TOLERANCE, assert_greedy_agreement, greedy_agreement, top1_margins
 from vllm_support.prompts import MAX_TOKENS, PROMPTS
+from vllm_support.server import WARM_KERNELS, VllmServer, compiled_kernels, completion_logprobs, completion_token_ids
+from vllm_support.shared import Boot, SharedBoot, SharedContext, register_boot, residency_env, shared_job
 from vllm_support.tiny_moe import TINY
 from vllm_support.tiny_recipe import write_tiny_recipe
+
+from recipegen.load.recipe import load_recipe
+from recipegen.ops.ledger_view import lane_expectation
+from recipegen.ops.verify import compare
 
 pytestmark = pytest.mark.vllm
 

@@ -21,7 +21,7 @@ class RecountWorkerExtension(ResidencyWorkerExtension):
         self._recount: dict[int, list[int]] = {}
         model = self.model_runner.get_model()
         hooked = 0
-        for name, module in model.named_modules():
+        for _name, module in model.named_modules():
             router = getattr(module, "router", None)
             routed = getattr(module, "routed_experts", None)
             if router is None or routed is None or not hasattr(router, "set_capture_fn"):

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from tiers import require_tier_marker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -218,7 +217,7 @@ class VllmServer:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def start(self) -> "VllmServer":
+    def start(self) -> VllmServer:
         require_tier_marker("vllm", "vllm serve")
         warm_compile_cache()
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -244,7 +243,7 @@ class VllmServer:
                                  + self.log_text()[-3000:]) from None
         return self.returncode
 
-    def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S) -> "VllmServer":
+    def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S) -> VllmServer:
         assert self.process is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

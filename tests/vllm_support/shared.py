@@ -47,7 +47,7 @@ class SharedContext:
     work: Path
     model_dir: Path
     maps: Callable[[], dict[str, Path]]
-    earlier: dict[str, "SharedBoot"]
+    earlier: dict[str, SharedBoot]
     dump_dir: Path
     scratch: Path
 

@@ -32,7 +32,7 @@ function (``convert_with_vllm``) so the bytes are the ones a stock lane runs.
 
 from __future__ import annotations
 
-from typing import MutableMapping
+from collections.abc import MutableMapping
 
 import torch
 

@@ -11,10 +11,12 @@ split layer) and ``workspace.nbytes``. ``None`` means the core's torch reference
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
+from ..contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT
 from .select import (
     FLASHINFER_TRTLLM,
     TORCH_REFERENCE,
@@ -43,7 +45,7 @@ def cuda_bank_experts(hidden: int, intermediate: int, num_experts: int, top_k: i
     choice = bank_kernel_from_env(cap, environ)
     clamp = "" if swiglu_limit is None else f", swiglu_limit={swiglu_limit:g}"
     if activation == "swigluoai":
-        clamp = ", swigluoai alpha 1.702 limit 7 + biases"
+        clamp = f", swigluoai alpha {GPTOSS_SWIGLU_ALPHA:g} limit {GPTOSS_SWIGLU_LIMIT:g} + biases"
     refusal = activation_refusal(choice.kernel, activation)
     if refusal is not None:
         raise ValueError(refusal)

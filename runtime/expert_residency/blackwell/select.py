@@ -26,10 +26,10 @@ No torch import here: recipegen's renderer and the start-up report read the same
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
-ENV_VAR = "EXPERT_RESIDENCY_BANK_KERNEL"
+from ..contract.env import BANK_KERNEL as ENV_VAR
 
 FLASHINFER_TRTLLM = "flashinfer-trtllm"
 TRITON = "triton"

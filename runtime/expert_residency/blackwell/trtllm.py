@@ -51,8 +51,9 @@ injected (``blackwell.emulation`` does on CPU).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -311,7 +312,7 @@ class TrtllmMxfp4Banks:
         return pick_out
 
     def forward(self, layer: ResidentLayer, x: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor, *, counter: "ExpertCounter | None" = None,
+                topk_ids: torch.Tensor, *, counter: ExpertCounter | None = None,
                 token_mask: torch.Tensor | None = None, decode_mask: torch.Tensor | None = None,
                 out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None
                 ) -> torch.Tensor:

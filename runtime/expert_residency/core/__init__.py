@@ -25,8 +25,11 @@ Modules (each documents its contract):
 * ``counter``   — ``ExpertCounter`` (count-only mode and drift alongside residency).
 * ``dump``      — ``HistogramDumper``: the dump folder writer (interval, SIGUSR1, shutdown).
 * ``swap``      — ``swap_experts`` through a staging buffer, copies before the map flip.
+* ``slots``     — adaptive swaps as transfers into spare rows (``Transfer``, ``LayerSlots``), the
+                  batched map flip (``MapFlipper``, ``share_row_codes``).
+* ``copies``    — where those copies run: side streams (``CudaCopies``), at once, or a thread.
 * ``adaptive``  — ``AdaptivePolicy``: decayed counts ranked at a barrier, bounded swaps with
-                  hysteresis (``plan_swaps`` is the pure plan step).
+                  hysteresis, copied beside the steps (``plan_swaps`` is the pure plan step).
 * ``adaptive_config`` — ``AdaptiveConfig`` and the bytes it allows (no torch: ledgers read it).
 * ``adaptive_step`` — ``StepBarrier``: the barrier and tick driven from forward starts (no vLLM).
 * ``adaptive_setup`` — the policy's environment variables (parameters, class priors).
@@ -66,7 +69,10 @@ _EXPORTS = {
     "float_per_pick": "formats_ref", "mxfp4_per_pick": "formats_ref",
     "gptoss_mxfp4_per_pick": "formats_ref", "fp8_block_per_pick": "formats_ref",
     "AdaptiveConfig": "adaptive_config", "AdaptivePolicy": "adaptive", "BarrierReport": "adaptive",
-    "Swap": "adaptive", "plan_swaps": "adaptive", "rank_swaps": "adaptive",
+    "Swap": "slots", "Transfer": "slots", "LayerSlots": "slots", "MapFlipper": "slots",
+    "share_row_codes": "slots", "add_spare_rows": "slots", "SPARE": "banks",
+    "CudaCopies": "copies", "ImmediateCopies": "copies", "ThreadedCopies": "copies",
+    "plan_swaps": "adaptive", "rank_swaps": "adaptive",
     "blend_prior": "adaptive", "choose_prior": "adaptive",
 }
 

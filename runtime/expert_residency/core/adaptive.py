@@ -19,22 +19,31 @@ is in flight, reached every ``interval`` forwards — and runs in this order:
    (noise guard; ``counts_evidence`` when the ranking rests on counts alone) and every pair
    before it was accepted;
 5. **read back** the plan (one small device-to-host copy);
-6. **apply**: each accepted pair goes through ``core.swap`` (staging copies, then the map flip),
-   layer by layer; nothing is allocated per swap (one staging buffer per distinct row layout).
+6. **transfer**: each accepted pair becomes a ``core.slots.Transfer`` — the promoted expert copied
+   into a spare HBM row, the demoted one into a spare host row unless the host still holds it — and
+   a barrier flips the map entries of the transfers whose copies were issued, then recycles their
+   old rows. Nothing is allocated per swap.
 
 Every step is one batched tensor op over all layers (``[L, E]``), never a loop over layers: the
 device part is a fixed ~55 small kernels whatever the layer count (``tests/runtime/
 test_adaptive_plan.py`` checks the batched ranking against a per-layer reference, ties included).
 
-**Lookahead** (``AdaptivePolicy.lookahead``, on by default on a CUDA device): barrier ``k`` applies
-the plan barrier ``k - 1`` computed, then enqueues the device part for plan ``k`` and its copy into
-pinned host memory without waiting for it; the host never waits for the device at a barrier that
-has nothing to swap, so the barrier costs the step only the device part's stream time. The plans
-are the same as without lookahead — plan ``k`` ranks the same decayed counts against the same map
-(the one after plan ``k - 1``'s swaps), because routing does not depend on the map — each applied
-one interval later; a report carries the swaps it applied and the window of the plan that chose
-them (cold picks under the map that served that window). ``tests/runtime/test_adaptive_policy.py``
-checks both modes on the same traffic.
+**Lookahead** (``AdaptivePolicy.lookahead``, on by default on a CUDA device): the copies run beside
+the steps. Barrier ``k`` flips the transfers whose copies were all issued (the step stream waits on
+the device for the last of them; the host does not wait), then enqueues the device part for plan
+``k`` and its copy into pinned host memory. One step later (``pump``, called after every ``tick``)
+the host reads that plan, reserves spare rows for its swaps (strongest gain first, across layers)
+and from then on issues ``copy_rows_per_layer`` × layers expert rows of copies per step on side streams
+(``core.copies``); barrier ``k + 1`` flips what was issued by then and carries the rest over. The
+plans are the same as without lookahead while the copies keep up — plan ``k`` ranks the same decayed
+counts against the same map (the one after plan ``k - 1``'s swaps), because routing does not depend
+on the map — each applied one interval later; a report carries the swaps it flipped and the window
+of the last plan read (cold picks under the map that served that window).
+``tests/runtime/test_adaptive_policy.py`` checks both modes on the same traffic, and the copies
+against forwards running at the same time (``tests/runtime/test_adaptive_transfers.py``).
+
+Without lookahead (the CPU default) a barrier reads its plan back at once and runs each transfer's
+copies and flip before returning: the synchronous barrier of the simulation and the CPU engine.
 
 Bank shapes never change, so ``shape_hash`` is constant (checked) and captured graphs stay valid;
 the live map's ``content_hash`` changes and is reported in every ``BarrierReport``.
@@ -45,7 +54,8 @@ factor ``1 + margin`` of each other and nothing moves (``tests/runtime/test_adap
 
 ``plan_swaps`` is pure (scores + hot mask in, ``Swap`` list out) so the policy is unit-testable
 without banks; ``AdaptivePolicy`` binds it to a counter and the resident layers. ``tick()`` is
-the only call on the step path: host arithmetic on a Python int, no device op. ``live_rowmap()``
+host arithmetic on a Python int, no device op; ``pump()`` issues the step's copies on the side
+streams (never on the step's own stream, never inside a captured graph). ``live_rowmap()``
 and ``status()`` serve other threads (dumps, status requests) under the policy's map lock, which
 a barrier holds while it swaps. docs/adaptive.md has the parameters, figures and the vLLM hook.
 """
@@ -54,25 +64,19 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 from .adaptive_config import AdaptiveConfig
 from .banks import ResidentLayer
+from .copies import CopyEngine, ImmediateCopies, default_engine
 from .counter import ExpertCounter
 from .rehome import current_rowmap
-from .swap import StagingBuffer, SwapStep, swap_steps
-
-
-class Swap(NamedTuple):
-    """One accepted exchange: ``promote`` (cold now) becomes hot, ``demote`` (hot now) goes cold."""
-
-    layer: int
-    promote: int
-    demote: int
+from .slots import CHUNKS_PER_ROW, LayerSlots, MapFlipper, Swap, Transfer, row_bytes
+from .swap import SwapStep
 
 
 def decay_scores(scores: torch.Tensor, window: torch.Tensor, decay: float) -> torch.Tensor:
@@ -158,7 +162,7 @@ StepRunner = Callable[[Sequence[SwapStep]], None]
 
 
 def run_in_order(steps: Sequence[SwapStep]) -> None:
-    """The one correct order: ``swap_steps`` lists the copies first and the map flip last."""
+    """The one correct order: a transfer's copies (or the wait for them) first, the map flip last."""
     for step in steps:
         step.run()
 
@@ -172,13 +176,15 @@ class BarrierReport:
     forwards: int
     """Forwards counted (``tick``) since the policy started."""
     swaps: list[Swap]
+    """The swaps whose map entries this barrier flipped."""
     window_picks: int
     """Picks counted in the window this barrier ranked (all layers); with lookahead, the window
-    of the plan this barrier applied (0 at the first barrier: no plan yet)."""
+    of the last plan read since the previous barrier (0 at the first barrier: no plan yet)."""
     window_cold_picks: int
     """Of those, picks of experts that were cold during the window (the map that served it)."""
     host_link_bytes: int
-    """Expert bytes this barrier's swaps moved over the host link (one row in, one row out each)."""
+    """Expert bytes the flipped swaps moved over the host link (one row in each, one row out where
+    the host did not hold the demoted expert already)."""
     content_hash: str
     """The live map's ``content_hash`` after the swaps."""
     shape_hash: str
@@ -186,6 +192,10 @@ class BarrierReport:
     """The class profile (or ``"mixture"``) the window fitted best, when priors are in use;
     ``"observed"`` when the counts so far fitted it better than every profile (traffic of a class
     without a profile: the ranking then uses the counts alone)."""
+    copied_out: int = 0
+    """Of ``swaps``, those whose demoted expert was copied back to the host (the rest: a map change)."""
+    in_flight: int = 0
+    """Transfers still copying (or waiting for copy budget) after this barrier."""
 
     @property
     def window_cold_share(self) -> float | None:
@@ -196,9 +206,10 @@ class BarrierReport:
 class AdaptivePolicy:
     """The policy bound to a counter and the resident layers it may swap.
 
-    ``layers`` must hold exactly the counter's MoE layers. Construct after re-homing; call
-    ``tick()`` after every forward and ``barrier()`` when it returns True, with no forward in flight
-    (on a GPU: after the step's outputs were consumed; the plan's read-back then drains the stream).
+    ``layers`` must hold exactly the counter's MoE layers, each re-homed with spare rows
+    (``rehome_layer(..., hot_spare=, cold_spare=)`` or ``slots.add_spare_rows``) when
+    ``swaps_per_layer`` > 0. Construct after re-homing; call ``tick()`` then ``pump()`` after every
+    forward is issued and ``barrier()`` when ``tick()`` returned True, before the next forward.
     """
 
     counter: ExpertCounter
@@ -216,12 +227,27 @@ class AdaptivePolicy:
     graph_decide: bool = True
     """On a CUDA device, capture the barrier's device part (window, decay, prior choice, ranking:
     ~55 small kernels, launch-bound) in a CUDA graph at the second barrier and replay it after;
-    the plan's read-back and the swaps stay eager. Falls back to eager calls if capture fails."""
+    the plan's read-back and the flips stay eager. Falls back to eager calls if capture fails."""
     lookahead: bool | None = None
-    """Apply at each barrier the plan the previous barrier computed, and compute the next one
-    without waiting for it (module docstring). ``None``: on when the counter is on a CUDA device
-    (where the host would otherwise wait for the stream at every barrier), off on the CPU, where
-    device ops run synchronously and there is nothing to hide."""
+    """Copies beside the steps: each plan read one step after the barrier that computed it, its
+    copies issued over the following steps, flipped at the next barrier (module docstring).
+    ``None``: on when the counter is on a CUDA device, off on the CPU, where device ops run
+    synchronously and a barrier applies its own plan at once."""
+    copies: CopyEngine | None = None
+    """Where the copies run (``core.copies``); None: side streams on a CUDA device with lookahead,
+    else at once on the current stream."""
+    reduce_fit: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """Pipeline parallel: sums a device vector over the lane's stages (e.g. an all-reduce over the
+    pipeline group), applied to each window's fit of every class profile (and its picks) before
+    the choice, so every stage ranks its own layers under the class the whole model's window
+    fits best — the choice one process holding every layer would make. Its ranking then runs
+    eagerly (no captured graph around a collective)."""
+    plan_delay: int | None = None
+    """Lookahead: the plan a barrier started is read by the first ``pump`` at least this many
+    ``tick`` s later. None: 2 on a CUDA device — an engine's step runs barrier, tick, pump, so the
+    plan is read one step later, when its ~0.2 ms of device work has finished behind the forward
+    enqueued after it (reading it at once would make the host wait for the previous step) — and 0
+    elsewhere (read by the first pump after the barrier)."""
 
     def __post_init__(self) -> None:
         order = self.counter.moe_layer_indices
@@ -233,11 +259,19 @@ class AdaptivePolicy:
             raise ValueError(f"adaptive policy: layers have {sorted(experts)} experts, the counter "
                              f"{self.counter.num_experts}")
         self._order = tuple(order)
-        counts = self.counter.counts
+        self._slots = {i: LayerSlots(self.layers[i]) for i in order}
+        if self.config.swaps_per_layer > 0:
+            short = [i for i in order if not self._slots[i].free_hot
+                     or not (self._slots[i].free_host or self.layers[i].host_copies)]
+            if short:
+                raise ValueError(f"adaptive policy: layer(s) {short[:4]} have no spare HBM row or no spare host "
+                                 "row: re-home them with spare rows (rehome_layer(..., hot_spare=, cold_spare=))")
+        if self.config.rank_picks == "decode":
+            self.counter.enable_decode_counts()
+        counts = self._counts()
         self._seen = counts.detach().clone()
         self.scores = torch.zeros(counts.shape, dtype=torch.float64, device=counts.device)
-        self._staging: dict[tuple, StagingBuffer] = {}
-        self._expert_bytes = {i: _expert_bytes(self.layers[i]) for i in order}
+        self._expert_bytes = {i: row_bytes(self.layers[i]) for i in order}
         live = current_rowmap(self.layers)
         self.initial_content_hash = live.content_hash()
         self._live_content_hash = self.initial_content_hash
@@ -276,17 +310,31 @@ class AdaptivePolicy:
         self._graph_out: torch.Tensor | None = None
         self.graph_state = "eager"   # "eager", "captured" or "eager (capture failed: ...)"
         self._lookahead = bool(counts.is_cuda if self.lookahead is None else self.lookahead)
+        spare = sum(s.spare_hot for s in self._slots.values())
+        self._flipper = MapFlipper([self.layers[i] for i in order], capacity=2 * max(spare, 1))
+        if self.copies is None:
+            self.copies = default_engine(counts.device, self._lookahead)
+        self._now = ImmediateCopies()   # synchronous swaps: without lookahead, and apply()
+        if self.plan_delay is None:
+            self.plan_delay = 2 if counts.is_cuda else 0
         # lookahead: the map that served the current window (the map at the last plan's ranking)
         self._served_hot = self.hot_mask().clone()
         width = min(int(self.config.swaps_per_layer), self.counter.num_experts)
-        size = 3 * len(self._order) * width + 3
+        size = 4 * len(self._order) * width + 3
         pinned = counts.is_cuda
         self._host_plan = torch.zeros(size, dtype=torch.int64, pin_memory=pinned)
         self._plan_ready = torch.cuda.Event() if pinned else None
-        self._pending = False          # a plan waits in _host_plan for the next barrier
-        self._map_changed = False      # apply() ran outside a barrier since the last plan
+        self._plan_at: int | None = None    # lookahead: forwards at which the pending plan is read
+        self._window = [0, 0, -1]           # the last read plan's [picks, cold picks, prior choice]
+        self._map_changed = False           # apply() ran outside a barrier since the last plan
+        self._transfers: list[Transfer] = []   # reserved, copying or copied; not flipped yet
+        self._queue: list[tuple[Swap, float]] = []   # the last plan's swaps not started, by gain
+        self._flipped: list[Transfer] = []     # flipped by a flip-only step since the last report
+        self._credit = 0.0
         self.discarded_plans = 0
-        """Pending plans dropped because the map changed outside a barrier before they applied."""
+        """Plans (or their transfers in flight) dropped because the map changed outside a barrier."""
+        self.copied_bytes = {"in": 0, "out": 0}
+        """Bytes of copies issued so far, per direction (host → HBM, HBM → host)."""
 
     # -- the step path -------------------------------------------------------------------------
     def tick(self) -> bool:
@@ -297,21 +345,97 @@ class AdaptivePolicy:
         self.forwards += 1
         return self.forwards % self.config.interval == 0
 
+    def pump(self, *, run: StepRunner = run_in_order) -> int:
+        """Lookahead, once per step after ``tick`` (before this step's forward is issued): every
+        ``flip_interval`` forwards flip the transfers whose copies were issued (a flip-only
+        barrier: the map entries and recycled rows, nothing else); read the pending plan when it is
+        due; issue this step's share of copies on the copy engine (``copy_rows_per_layer`` ×
+        layers expert rows, in chunks of ``1 / CHUNKS_PER_ROW``), starting transfers strongest gain
+        first as their layers have spare rows. Never issues copies on the step's stream. Returns
+        the chunks issued."""
+        if not self._lookahead:
+            return 0
+        if self.forwards % self.config.flip_interval == 0 and any(t.all_issued for t in self._transfers):
+            with self._guard(), self._map_lock:
+                # the live map's hash is recomputed at the next barrier (its report carries it) or
+                # when status() asks: hashing the whole map on the host costs milliseconds
+                self._flipped.extend(self._flip_copied(run))
+        if self._plan_at is not None and self.forwards >= self._plan_at:
+            self._read_plan()
+        if not self._queue and all(t.all_issued for t in self._transfers):
+            self._credit = 0.0
+            return 0
+        self._credit += self.config.copy_rows_per_layer * len(self._order) * CHUNKS_PER_ROW
+        batch, completed, issued = [], [], 0
+        while self._credit >= 1.0:
+            transfer = next((t for t in self._transfers if not t.all_issued), None) or self._start_transfer()
+            if transfer is None:
+                break
+            if transfer.issued == 0:
+                self._slots[transfer.swap.layer].check_destination(transfer)
+            batch.extend(transfer.chunks[transfer.issued])
+            transfer.issued += 1
+            issued += 1
+            self._credit -= 1.0
+            if transfer.all_issued:
+                completed.append(transfer)
+        if batch:
+            self.copies.issue(batch)   # one call: the engine enters each side stream once a step
+        if completed:
+            marker = self.copies.marker()   # after the batch: covers each completed transfer's copies
+            for transfer in completed:
+                transfer.marker, transfer.issued_at = marker, self.forwards
+                self.copied_bytes["in"] += transfer.bytes_in
+                self.copied_bytes["out"] += transfer.bytes_out
+        if not self._queue and all(t.all_issued for t in self._transfers):
+            self._credit = 0.0   # nothing waits: no credit banked for a later burst
+        return issued
+
+    def _start_transfer(self) -> Transfer | None:
+        """Reserve rows for the strongest waiting swap whose layer has a spare row now (the others
+        keep their place until a flip recycles one); None when none can start."""
+        for k, (swap, gain) in enumerate(self._queue):
+            slots = self._slots[swap.layer]
+            if swap.promote in slots.busy or swap.demote in slots.busy:
+                continue
+            transfer = slots.reserve(swap, gain=gain)
+            if transfer is not None:
+                del self._queue[k]
+                self._transfers.append(transfer)
+                return transfer
+        return None
+
     @property
     def in_barrier(self) -> bool:
         """True from a barrier's first device op to its last map flip: an engine's forward entry
         checks it (host-side proof that no forward runs between a swap's copies and its flip)."""
         return self._in_barrier
 
+    @property
+    def in_flight(self) -> list[Transfer]:
+        """Transfers reserved and not flipped yet (lookahead)."""
+        return list(self._transfers)
+
+    @property
+    def waiting(self) -> list[Swap]:
+        """The last plan's swaps not started yet, strongest gain first (lookahead)."""
+        return [swap for swap, _ in self._queue]
+
     # -- the barrier ---------------------------------------------------------------------------
-    def staging_bytes(self) -> int:
-        """Bytes of the staging buffers (one per distinct row layout among the layers)."""
-        for index in self._order:
-            self._staging_for(self.layers[index])
-        return sum(t.numel() * t.element_size() for s in self._staging.values() for t in s.rows.values())
+    def spare_bytes(self) -> dict[str, int]:
+        """Bytes of the spare rows: ``hbm`` (spare hot rows) and ``host`` (host rows beyond the
+        cold bank's experts: spare rows and host copies of hot experts)."""
+        hbm = host = 0
+        for i in self._order:
+            layer, per = self.layers[i], self._expert_bytes[i]
+            hbm += per * (len(layer.hot_ids) - len(layer.hot_experts))
+            host += per * (len(layer.cold_ids) - len(layer.cold_experts))
+        return {"hbm": hbm, "host": host}
 
     def hot_mask(self) -> torch.Tensor:
         """``bool [L, E]`` from the device row maps (no host mirror, no sync)."""
+        if self._flipper.table is not None:
+            return self._flipper.table.to(self.scores.device) >= 0
         codes = torch.stack([self.layers[i].row_codes.to(self.scores.device) for i in self._order])
         return codes >= 0
 
@@ -321,63 +445,139 @@ class AdaptivePolicy:
         return self._lookahead
 
     def barrier(self, *, run: StepRunner = run_in_order) -> BarrierReport:
-        """Decay, rank, swap. The caller guarantees no forward is in flight; ``run`` executes each
-        swap's ordered steps (tests inject a mis-ordered runner to show the check catches it).
-        With lookahead: swap by the previous barrier's plan, then start the next plan."""
+        """Rank and swap. The caller guarantees no forward is in flight between this call and the
+        last issued one on the host side (on a GPU the step stream orders the rest). ``run``
+        executes each flip's ordered steps (the wait for the copies, then the map flip; without
+        lookahead each transfer's copies, then its flip); tests inject a mis-ordered runner to show
+        the bit-exact check catches it. With lookahead: flip what was copied, start the next plan."""
         with self._guard():
-            if self._lookahead:
-                swaps, picks_host = self._take_pending()
-            else:
-                packed = self._plan_on_device().to("cpu")   # the barrier's one read-back
-                swaps, picks_host = self._parse(packed)
             with self._map_lock:
-                moved = self._apply(swaps, run)
                 if self._lookahead:
+                    if self._plan_at is not None:   # a plan not read yet (an interval of one step)
+                        self._read_plan()
+                    flipped = self._flipped + self._flip_copied(run)
+                    self._flipped = []
+                    window = self._window
+                    if self._map_changed:           # swaps outside a barrier: the window's map is gone
+                        self._served_hot.copy_(self.hot_mask())
+                        self._map_changed = False
+                        window = [0, 0, -1]
+                    self._window = [0, 0, -1]
                     self._start_plan()
-                if self._live_dirty:
-                    # host-side hashing of the whole map costs milliseconds: only when it changed
-                    self._live_dirty = False
-                    live = current_rowmap(self.layers)
-                    if live.shape_hash() != self.shape_hash:  # swaps exchange rows: shapes cannot change
-                        raise RuntimeError("adaptive residency: bank shapes changed during a barrier")
-                    self._live_content_hash = live.content_hash()
+                else:
+                    packed = self._plan_on_device().to("cpu")   # the barrier's one read-back
+                    swaps, window, gains = self._parse(packed)
+                    flipped = self._swap_now(swaps, run, gains)
+                self._refresh_hash()
         self.barriers += 1
-        chosen = int(picks_host[2])
+        chosen = int(window[2])
         prior = None if chosen < 0 else (self._prior_names + ["observed"])[chosen]
-        report = BarrierReport(self.barriers, self.forwards, swaps, int(picks_host[0]), int(picks_host[1]),
-                               moved, self._live_content_hash, self.shape_hash, prior)
+        report = BarrierReport(self.barriers, self.forwards, [t.swap for t in flipped], int(window[0]),
+                               int(window[1]), sum(t.bytes_in + t.bytes_out for t in flipped),
+                               self._live_content_hash, self.shape_hash, prior,
+                               copied_out=sum(t.copy_back for t in flipped), in_flight=len(self._transfers))
         self.reports.append(report)
         del self.reports[:-self.keep_reports]
         return report
 
-    def _parse(self, packed: torch.Tensor) -> tuple[list[Swap], list[int]]:
-        """The accepted swaps and ``[window picks, window cold picks, prior choice]`` from a read-back
-        plan (host tensor): vectorised, no Python loop over layers and columns."""
+    def _refresh_hash(self) -> None:
+        if self._live_dirty:
+            # host-side hashing of the whole map costs milliseconds: only when it changed
+            self._live_dirty = False
+            live = current_rowmap(self.layers)
+            if live.shape_hash() != self.shape_hash:  # swaps exchange rows: shapes cannot change
+                raise RuntimeError("adaptive residency: bank shapes changed during a barrier")
+            self._live_content_hash = live.content_hash()
+
+    def _parse(self, packed: torch.Tensor) -> tuple[list[Swap], list[int], list[float]]:
+        """The accepted swaps, ``[window picks, window cold picks, prior choice]`` and each swap's
+        gain from a read-back plan (host tensor): vectorised, no Python loop over layers."""
         width = min(int(self.config.swaps_per_layer), self.counter.num_experts)
         n = len(self._order) * width
         flat = packed.numpy()
         promote, demote, accept = (flat[k * n:(k + 1) * n].reshape(len(self._order), width) for k in range(3))
+        gain = flat[3 * n:4 * n].view(np.float64).reshape(len(self._order), width)
         rows, cols = np.nonzero(accept)                 # row-major: layer order, strongest pair first
         layers = np.asarray(self._order, dtype=np.int64)[rows]
         swaps = [Swap(int(l), int(p), int(d)) for l, p, d in
                  zip(layers.tolist(), promote[rows, cols].tolist(), demote[rows, cols].tolist())]
-        return swaps, flat[3 * n:].tolist()
+        return swaps, flat[4 * n:].tolist(), gain[rows, cols].tolist()
 
-    def _take_pending(self) -> tuple[list[Swap], list[int]]:
-        """Lookahead: the plan the previous barrier started (its copy finished long ago: a whole
-        interval of forwards ran after it on the same stream), or nothing at the first barrier or
-        after the map changed outside a barrier (the plan ranked a map that no longer holds)."""
-        if not self._pending or self._map_changed:
-            if self._pending:
-                self.discarded_plans += 1
-            if self._map_changed:
-                self._served_hot.copy_(self.hot_mask())
-            self._pending = self._map_changed = False
-            return [], [0, 0, -1]
+    def _read_plan(self) -> None:
+        """Lookahead: the plan the last barrier started (normally finished a step ago: the host
+        waits only if it is not), its swaps reserved as transfers, strongest gain first."""
+        self._plan_at = None
         if self._plan_ready is not None:
             self._plan_ready.synchronize()
-        self._pending = False
-        return self._parse(self._host_plan)
+        swaps, self._window, gains = self._parse(self._host_plan)
+        self._schedule(swaps, gains)
+
+    def _schedule(self, swaps: Sequence[Swap], gains: Sequence[float]) -> None:
+        """The plan's swaps wait in order of gain (ties: layer order, then rank), replacing the
+        previous plan's swaps that had not started (this plan ranked the map they would have
+        changed); transfers already copying go on. A swap whose experts are in flight is left out."""
+        busy = {(t.swap.layer, e) for t in self._transfers for e in (t.swap.promote, t.swap.demote)}
+        order = sorted(range(len(swaps)), key=lambda k: -gains[k])   # stable: ties keep plan order
+        self._queue = [(swaps[k], float(gains[k])) for k in order
+                       if (swaps[k].layer, swaps[k].promote) not in busy and (swaps[k].layer, swaps[k].demote) not in busy
+                       and self._applies(swaps[k])]
+
+    def _applies(self, swap: Swap) -> bool:
+        """Whether ``swap`` still fits the live map: a plan is ranked on the map of its barrier, and
+        a transfer flipped between that ranking and the plan's read (a flip-only step) may already
+        have moved one of its experts; such a swap is dropped, and the next plan ranks again."""
+        layer = self.layers[swap.layer]
+        return swap.promote in layer.cold_ids and swap.demote in layer.hot_ids
+
+    def _flip_copied(self, run: StepRunner) -> list[Transfer]:
+        """Lookahead: flip every transfer whose copies were all issued (the step stream waits for
+        them on the device), then let later copies into the retired rows wait for the flip."""
+        ready = [t for t in self._transfers if t.all_issued]
+        if not ready:
+            return []
+        steps = [SwapStep("copy", f"step stream waits for {len(ready)} transfer(s)' copies",
+                          lambda: self.copies.compute_waits([t.marker for t in ready])),
+                 SwapStep("map", f"flip {2 * len(ready)} map entries", lambda: self._flip(ready))]
+        run(steps)
+        self.copies.copies_wait_compute()
+        flipped = set(map(id, ready))
+        self._transfers = [t for t in self._transfers if id(t) not in flipped]
+        return ready
+
+    def _flip(self, transfers: Sequence[Transfer]) -> None:
+        """Write the transfers' map entries (one batched write) and update the host mirrors."""
+        position = {index: pos for pos, index in enumerate(self._order)}
+        for t in transfers:
+            if not t.all_issued:
+                raise RuntimeError(f"adaptive residency: layer {t.swap.layer}: map flip for expert "
+                                   f"{t.swap.promote} before its copies were issued")
+        self._flipper.flip([(position[t.swap.layer], e, code) for t in transfers for e, code in t.codes()])
+        for t in transfers:
+            self._slots[t.swap.layer].retire(t)
+        self.swaps_done += len(transfers)
+        self._live_dirty = self._live_dirty or bool(transfers)
+
+    def _swap_now(self, swaps: Sequence[Swap], run: StepRunner, gains: Sequence[float] | None = None) -> list[Transfer]:
+        """Synchronous swaps (no lookahead, and ``apply``): each one's copies on the current
+        stream, then its flip, before the next; a spare row retired by one is used by the next."""
+        done = []
+        for k, swap in enumerate(swaps):
+            transfer = self._slots[swap.layer].reserve(swap, gain=0.0 if gains is None else float(gains[k]))
+            if transfer is None:
+                raise RuntimeError(f"adaptive residency: layer {swap.layer} has no spare row for a swap")
+            self._slots[swap.layer].check_destination(transfer)
+            transfer.issued = len(transfer.chunks)
+            steps = [SwapStep("copy", f"layer {swap.layer}: chunk {j} of expert {swap.promote} in"
+                                      + (f", {swap.demote} out" if transfer.copy_back else ""),
+                              (lambda c=chunk: self._now.issue(c))) for j, chunk in enumerate(transfer.chunks)]
+            steps.append(SwapStep("map", f"codes[{swap.promote}] = hot {transfer.hot_row}, "
+                                         f"codes[{swap.demote}] = cold {transfer.host_row}",
+                                  lambda t=transfer: self._flip([t])))
+            run(steps)
+            self.copied_bytes["in"] += transfer.bytes_in
+            self.copied_bytes["out"] += transfer.bytes_out
+            done.append(transfer)
+        return done
 
     def _start_plan(self) -> None:
         """Lookahead: enqueue the device part and its copy into pinned host memory; no wait."""
@@ -385,18 +585,20 @@ class AdaptivePolicy:
         self._host_plan.copy_(out, non_blocking=self._plan_ready is not None)
         if self._plan_ready is not None:
             self._plan_ready.record()
-        self._pending = True
+        self._plan_at = self.forwards + int(self.plan_delay)
 
     def _plan_on_device(self) -> torch.Tensor:
-        """The device part of a barrier, as one int64 vector ``[promote, demote, accept]`` (each
-        ``[L, S]``, flattened) + ``[window picks, window cold picks, prior choice]``: eager calls,
-        or from the second barrier on a CUDA device the replay of their captured graph (the first
-        barrier runs them eagerly: it settles the prior-choice buffer and warms the kernels)."""
+        """The device part of a barrier, as one int64 vector ``[promote, demote, accept, gain]``
+        (each ``[L, S]``, flattened; the gains' float64 bits) + ``[window picks, window cold
+        picks, prior choice]``: eager calls, or from the second barrier on a CUDA device the replay
+        of their captured graph (the first barrier runs them eagerly: it settles the prior-choice
+        buffer and warms the kernels)."""
         if self._graph is not None:
             self._graph.replay()
             return self._graph_out
         use_priors = self._priors is not None and self.config.prior_weight > 0
         capture = (self.graph_decide and self.counter.counts.is_cuda and self.graph_state == "eager"
+                   and self.reduce_fit is None
                    and self.barriers >= 1 and (self._prior_choice is not None or not use_priors))
         if capture:
             try:
@@ -411,10 +613,14 @@ class AdaptivePolicy:
                 self._graph = self._graph_out = None
         return self._decide()
 
+    def _counts(self) -> torch.Tensor:
+        """What the ranking counts: every pick, or decode picks only (``config.rank_picks``)."""
+        return self.counter.decode_counts if self.config.rank_picks == "decode" else self.counter.counts
+
     def _decide(self) -> torch.Tensor:
         """Window, decay, prior choice, ranking: device ops only (no host-made tensor, no
         read-back), writing the policy's persistent buffers in place, so they can be captured."""
-        counts = self.counter.counts
+        counts = self._counts()
         # a counter reset since the last barrier restarts the window at zero
         window = torch.where(counts >= self._seen, counts - self._seen, counts)
         self._seen.copy_(counts)
@@ -430,8 +636,14 @@ class AdaptivePolicy:
         choice = self._no_choice
         guard: float | torch.Tensor = self.config.counts_evidence
         if use_priors:
-            total = window.sum()
-            fresh = choose_prior(window, torch.cat([self._log_priors, observed_log.unsqueeze(0)]))
+            candidates = torch.cat([self._log_priors, observed_log.unsqueeze(0)])
+            if self.reduce_fit is None:
+                total = window.sum()
+                fresh = choose_prior(window, candidates)
+            else:   # the fit and the picks of every stage's layers (one collective)
+                fit = (window.to(candidates.dtype).unsqueeze(0) * candidates).sum(dim=(1, 2))
+                fit = self.reduce_fit(torch.cat([fit, window.sum().to(fit.dtype).view(1)]))
+                total, fresh = fit[-1], torch.argmax(fit[:-1])
             if self._prior_choice is None:   # the first barrier: nothing earlier to keep
                 self._prior_choice = fresh.clone()
             else:   # an empty window keeps the previous choice (nothing new to judge by)
@@ -445,7 +657,7 @@ class AdaptivePolicy:
             table = torch.index_select(self._priors, 0, choice.clamp(max=classes - 1).view(1))[0]
             ranked = blend_prior(self.scores, table, weight)
         # the map that served the window: the live one, or with lookahead the one the last plan
-        # ranked (this plan's predecessor was applied since, at this barrier)
+        # ranked (the flips since were made at this barrier, before this plan)
         served = self._served_hot if self._lookahead else hot
         picks = torch.stack([window.sum(), (window * (~served).to(window.dtype)).sum(),
                              choice.to(window.dtype)])
@@ -453,8 +665,12 @@ class AdaptivePolicy:
             self._served_hot.copy_(hot)
         promote, demote, accept = rank_swaps(ranked, hot, self.config.swaps_per_layer,
                                              self.config.margin, guard)
+        # each pair's lead on the ranked scores orders the copies across layers (refused columns
+        # may hold inf - inf: never read)
+        gain = (torch.gather(ranked, 1, promote) - torch.gather(ranked, 1, demote)).to(torch.float64)
         plan = torch.stack([promote, demote, accept.to(promote.dtype)])
-        return torch.cat([plan.reshape(-1), picks.to(plan.dtype)])
+        return torch.cat([plan.reshape(-1), gain.contiguous().view(torch.int64).reshape(-1),
+                          picks.to(plan.dtype)])
 
     def live_rowmap(self, *, provenance: dict | None = None):
         """The map the banks hold now (an ``expert_residency.formats.RowMap``), consistent even
@@ -476,22 +692,31 @@ class AdaptivePolicy:
                 "prior": None if last is None else last.prior}
 
     def apply(self, swaps: Sequence[Swap], *, run: StepRunner = run_in_order) -> int:
-        """Run ``swaps`` through ``core.swap`` (copies before each map flip); bytes over the host link.
-        Outside a barrier (an operator's swaps, a benchmark's reset) a pending lookahead plan is then
-        dropped at the next barrier: it ranked a map that no longer holds."""
-        if swaps:
-            self._map_changed = True
-        return self._apply(swaps, run)
+        """Swap now, synchronously (an operator's swaps, a benchmark's reset): transfers in flight
+        are dropped first (their copies waited for; their rows returned) and a plan not read yet is
+        dropped, since both ranked a map that no longer holds. Returns the bytes over the host link."""
+        with self._map_lock:
+            if swaps:
+                self._map_changed = True
+                self.cancel_transfers()
+            done = self._swap_now(swaps, run)
+            self._refresh_hash()
+        return sum(t.bytes_in + t.bytes_out for t in done)
 
-    def _apply(self, swaps: Sequence[Swap], run: StepRunner) -> int:
-        moved = 0
-        for swap in swaps:
-            layer = self.layers[swap.layer]
-            run(swap_steps(layer, swap.demote, swap.promote, self._staging_for(layer)))
-            moved += 2 * self._expert_bytes[swap.layer]
-            self.swaps_done += 1
-            self._live_dirty = True
-        return moved
+    def cancel_transfers(self) -> int:
+        """Drop every transfer not flipped yet and the plan not read yet (waits for issued copies:
+        their rows may be reused at once). Returns the transfers dropped."""
+        dropped = len(self._transfers)
+        if dropped or self._queue or self._plan_at is not None:
+            self.discarded_plans += 1
+        self.copies.drain()
+        for t in reversed(self._transfers):
+            self._slots[t.swap.layer].release(t)
+        self._transfers = []
+        self._queue = []
+        self._plan_at = None
+        self._credit = 0.0
+        return dropped
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
@@ -501,14 +726,12 @@ class AdaptivePolicy:
         finally:
             self._in_barrier = False
 
-    def _staging_for(self, layer: ResidentLayer) -> StagingBuffer:
-        key = tuple((name, tuple(t.shape[1:]), t.dtype, str(t.device)) for name, t in layer.hot.tensors.items())
-        staging = self._staging.get(key)
-        if staging is None:
-            staging = self._staging[key] = StagingBuffer.for_layer(layer)
-        return staging
 
-
-def _expert_bytes(layer: ResidentLayer) -> int:
-    bank = layer.hot if layer.hot.num_rows else layer.cold
-    return sum(t[0].numel() * t.element_size() for t in bank.tensors.values()) if bank.num_rows else 0
+def spare_rows_needed(config: AdaptiveConfig, hot: int) -> tuple[int, int]:
+    """(spare HBM rows, extra host rows) per layer for ``config`` with ``hot`` hot experts:
+    ``spare_rows`` of each, or on the host a copy of every hot expert when ``host_copies`` is
+    ``all``; none when the policy never swaps."""
+    if config.swaps_per_layer == 0:
+        return 0, 0
+    spare = int(config.spare_rows)
+    return spare, (hot if config.host_copies == "all" else spare)

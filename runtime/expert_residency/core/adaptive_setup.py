@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..contract.env import ADAPTIVE as ENV_ADAPTIVE
+from ..contract.env import ADAPTIVE_PRIORS as ENV_PRIORS
 from .adaptive_config import AdaptiveConfig
 
-ENV_ADAPTIVE = "EXPERT_RESIDENCY_ADAPTIVE"
-ENV_PRIORS = "EXPERT_RESIDENCY_ADAPTIVE_PRIORS"
 _OFF = ("", "off", "0", "false", "no")
 _ON = ("on", "1", "true", "yes")
 
@@ -49,11 +49,11 @@ def parse_adaptive_spec(text: str, *, source: str = ENV_ADAPTIVE) -> AdaptiveCon
             raise ValueError(f"{source}: unknown field {name!r} (fields: {', '.join(fields)})")
         if name in values:
             raise ValueError(f"{source}: field {name!r} given twice")
-        kind = int if fields[name] in (int, "int") else float
+        kind = {int: int, "int": int, str: str, "str": str}.get(fields[name], float)
         try:
             values[name] = kind(value)
         except ValueError:
-            want = "an integer" if kind is int else "a number"
+            want = "an integer" if kind is int else "a number"  # str never fails here
             raise ValueError(f"{source}: field {name!r} = {value!r} is not {want}") from None
     try:
         return AdaptiveConfig(**values)  # type: ignore[arg-type]
@@ -65,7 +65,10 @@ def format_adaptive_spec(config: AdaptiveConfig | None) -> str:
     """The spec text for ``config`` (``off`` for None); ``parse_adaptive_spec`` reads it back."""
     if config is None:
         return "off"
-    return ",".join(f"{f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(AdaptiveConfig))
+    def text(value: object) -> str:
+        return value if isinstance(value, str) else repr(value)
+
+    return ",".join(f"{f.name}={text(getattr(config, f.name))}" for f in dataclasses.fields(AdaptiveConfig))
 
 
 def adaptive_from_env(env: Mapping[str, str] | None = None) -> AdaptiveConfig | None:

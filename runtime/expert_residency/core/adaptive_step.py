@@ -2,11 +2,11 @@
 
 ``StepBarrier(policy)`` turns "a forward is about to start" into the policy's calls:
 ``before_forward(real=...)`` runs ``policy.barrier()`` when the previous forwards made one due,
-then counts this forward with ``policy.tick()``. Call it on the host, after the previous forward
-was issued and before this one's kernels (or graph replay) are: the swaps' copies and map flips are
-then enqueued on the stream between the two forwards, and the barrier's plan read-back waits for
-the previous forward to finish (stream order), so no forward runs between a swap's first copy and
-its map flip.
+counts this forward with ``policy.tick()``, then lets the policy issue this step's copies
+(``policy.pump()``: side streams on a GPU, beside the forward about to be issued). Call it on the
+host, after the previous forward was issued and before this one's kernels (or graph replay) are:
+the barrier's map flips are then enqueued on the step stream between the two forwards (after the
+copies they flip have landed), so every forward sees one whole map.
 
 ``real=False`` marks forwards that serve no traffic (memory profiling, warm-up and CUDA-graph
 capture dummies, data-parallel idle ranks): they neither tick nor run a barrier — in particular no
@@ -21,7 +21,8 @@ and graph replays alike) — see docs/adaptive.md, "The barrier inside vLLM".
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class StepBarrier:
@@ -49,4 +50,7 @@ class StepBarrier:
             if self.on_report is not None:
                 self.on_report(report)
         self.due = bool(self.policy.tick())
+        pump = getattr(self.policy, "pump", None)
+        if pump is not None:
+            pump()
         return report

@@ -22,12 +22,18 @@ is freed before the next tensor is split (peak = one tensor's transient, not a l
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, MutableMapping, Protocol, Sequence
+from typing import Protocol
 
 import torch
 
 from .devmap import check_partition, encode_row_codes
+
+SPARE = -1
+"""``ResidentLayer.hot_ids`` / ``cold_ids`` entry of a row that holds no expert of the live map: a
+spare row (adaptive residency copies a promoted expert into a spare hot row while steps run, and a
+demoted one into a spare host row; ``core.slots``). No row code ever points at it."""
 
 
 @dataclass
@@ -84,7 +90,7 @@ class BankBytes:
     hot: int = 0
     cold: int = 0
 
-    def __add__(self, other: "BankBytes") -> "BankBytes":
+    def __add__(self, other: BankBytes) -> BankBytes:
         return BankBytes(self.hot + other.hot, self.cold + other.cold)
 
     @property
@@ -112,7 +118,10 @@ class ResidentLayer:
     """One MoE layer after re-homing.
 
     ``hot_ids[r]``/``cold_ids[r]``: expert held in row ``r`` of each bank (host mirror of ``row_codes``,
-    updated by swaps). ``row_codes``: the device ``int32[num_experts]`` map (``core.devmap``).
+    updated by swaps), ``SPARE`` for a row no code points at (adaptive lanes re-home with spare rows:
+    ``rehome_layer(..., hot_spare=, cold_spare=)``). ``row_codes``: the device ``int32[num_experts]``
+    map (``core.devmap``). ``host_copies``: hot experts whose bytes also sit in a host row that no
+    code points at (expert -> cold-bank row): demoting one of them is a map change, no copy.
     An *unsplit* layer (the bit-identity reference) has every expert in the hot bank in id order and
     an empty cold bank.
     """
@@ -124,10 +133,21 @@ class ResidentLayer:
     hot_ids: list[int]
     cold_ids: list[int]
     row_codes: torch.Tensor
+    host_copies: dict[int, int] = field(default_factory=dict)
 
     @property
     def unsplit(self) -> bool:
         return self.cold.num_rows == 0
+
+    @property
+    def hot_experts(self) -> list[int]:
+        """The experts the hot bank serves, in row order (spare rows left out)."""
+        return [e for e in self.hot_ids if e != SPARE]
+
+    @property
+    def cold_experts(self) -> list[int]:
+        """The experts the cold bank serves, in row order (spare rows and host copies left out)."""
+        return [e for e in self.cold_ids if e != SPARE]
 
     def bank_bytes(self) -> BankBytes:
         return BankBytes(self.hot.nbytes(), self.cold.nbytes())
@@ -146,13 +166,17 @@ def tensor_nbytes(t: torch.Tensor) -> int:
 def rehome_layer(tensors: MutableMapping[str, torch.Tensor], hot_ids: Sequence[int],
                  cold_ids: Sequence[int], *, layer_index: int, hot_alloc: BankAllocator,
                  cold_alloc: BankAllocator,
-                 codes_device: torch.device | str | None = None) -> ResidentLayer:
+                 codes_device: torch.device | str | None = None, hot_spare: int = 0,
+                 cold_spare: int = 0, host_copies: bool = False) -> ResidentLayer:
     """Split one layer's full expert tensors into a hot and a cold bank; pop (free) the originals.
 
     ``tensors``: name → tensor with dim 0 = ``num_experts`` (all must agree). Each is popped from the
     mapping once its rows are copied. ``hot_ids``/``cold_ids``: experts in physical row order of each
     bank. ``codes_device``: where the ``int32`` row map lives (default: the hot bank's device).
-    Returns the ``ResidentLayer``; ``layer.bank_bytes()`` gives the bytes placed.
+    ``hot_spare``/``cold_spare``: extra rows after each bank's experts (zeroed, ``SPARE`` in the
+    host mirrors) for adaptive residency's copies; ``host_copies``: the cold bank also keeps a copy
+    of every hot expert (rows after the cold experts, before the spare ones), so a demotion never
+    copies back. Returns the ``ResidentLayer``; ``layer.bank_bytes()`` gives the bytes placed.
     """
     names = list(tensors.keys())
     if not names:
@@ -164,14 +188,21 @@ def rehome_layer(tensors: MutableMapping[str, torch.Tensor], hot_ids: Sequence[i
         check_partition(hot, cold, num_experts)
     except ValueError as exc:
         raise ValueError(f"layer {layer_index}: {exc}") from None
-    hot_bank = ExpertBank({}, len(hot))
-    cold_bank = ExpertBank({}, len(cold))
+    if hot_spare < 0 or cold_spare < 0:
+        raise ValueError(f"layer {layer_index}: spare rows must be >= 0, got {hot_spare}/{cold_spare}")
+    # the cold bank's experts, then (host_copies) a copy of every hot expert, then the spare rows
+    host_rows = cold + (hot if host_copies else [])
+    hot_bank = ExpertBank({}, len(hot) + hot_spare)
+    cold_bank = ExpertBank({}, len(host_rows) + cold_spare)
     hot_device = None
     for name in names:
         source = tensors[name]
-        for bank, ids, alloc in ((hot_bank, hot, hot_alloc), (cold_bank, cold, cold_alloc)):
-            allocated = alloc((len(ids), *source.shape[1:]), source.dtype)
+        for bank, ids, alloc, spare in ((hot_bank, hot, hot_alloc, hot_spare),
+                                        (cold_bank, host_rows, cold_alloc, cold_spare)):
+            allocated = alloc((len(ids) + spare, *source.shape[1:]), source.dtype)
             copy_expert_rows(allocated.tensor, source, ids)
+            if spare:
+                allocated.tensor[len(ids):].zero_()   # deterministic bytes in rows nothing reads
             bank.tensors[name] = allocated.tensor
             if allocated.owner is not None:
                 bank.owners.append(allocated.owner)
@@ -185,7 +216,10 @@ def rehome_layer(tensors: MutableMapping[str, torch.Tensor], hot_ids: Sequence[i
         tensors.pop(name)
     codes = encode_row_codes(hot, cold, num_experts,
                              device=codes_device if codes_device is not None else hot_device)
-    return ResidentLayer(layer_index, num_experts, hot_bank, cold_bank, hot, cold, codes)
+    copies = {e: len(cold) + r for r, e in enumerate(hot)} if host_copies else {}
+    return ResidentLayer(layer_index, num_experts, hot_bank, cold_bank,
+                         hot + [SPARE] * hot_spare, cold + [SPARE] * (len(copies) + cold_spare), codes,
+                         copies)
 
 
 def build_unsplit_layer(tensors: Mapping[str, torch.Tensor], *, layer_index: int,

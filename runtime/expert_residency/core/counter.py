@@ -10,6 +10,14 @@ Used two ways:
 
 ``token_mask [T]`` (bool) excludes padded tokens (CUDA-graph padding routes garbage);
 ``decode_mask [T]`` (bool) marks decode tokens so the histogram can carry ``decode_tokens``.
+
+**Decode picks** (``enable_decode_counts``; adaptive residency's decode-only ranking): a second
+``[L, E]`` count of the picks of decode tokens only, two ways — per row, ``count(...,
+decode_rows=)`` with the step masks' per-row decode mask (the torch per-pick path: one more
+``index_add_``); or per step around a forward whose kernels count in place (the fused GPU layer):
+``open_step()`` before its first counted layer, ``close_step(decode_step)`` after its last, adding
+the step's picks when every real row of it is a decode row (a step that mixes prefill rows in adds
+none of its picks: three small device ops per step, none per layer).
 Counts are exact integers (integer atomics on the GPU), so a recount from the same ids matches.
 Reading (``snapshot``) copies to the host and therefore synchronises: call it from the dump
 thread or at a barrier, never on the step path. On a GPU the dump thread's copy runs on its own
@@ -20,7 +28,8 @@ has them).
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,8 +53,29 @@ class ExpertCounter:
         self.counts = torch.zeros(layers, self.num_experts, dtype=torch.int64, device=self.device)
         self.tokens = torch.zeros(layers, dtype=torch.int64, device=self.device)
         self.decode_tokens = torch.zeros(layers, dtype=torch.int64, device=self.device)
+        self.decode_counts: torch.Tensor | None = None
+        self._step_start: torch.Tensor | None = None
         self._decode_known = True
         self._lock = threading.Lock()
+
+    def enable_decode_counts(self) -> torch.Tensor:
+        """Allocate (once) the decode-picks count ``[L, E]`` (module docstring); call before any
+        CUDA graph that counts is captured."""
+        if self.decode_counts is None:
+            self.decode_counts = torch.zeros_like(self.counts)
+            self._step_start = torch.zeros_like(self.counts)
+        return self.decode_counts
+
+    def open_step(self) -> None:
+        """Per-step decode counting: remember the counts before this step's layers count."""
+        if self._step_start is not None:
+            self._step_start.copy_(self.counts)
+
+    def close_step(self, decode_step: torch.Tensor) -> None:
+        """Per-step decode counting: add this step's picks when ``decode_step`` (int64 ``[1]``,
+        ``StepMasks.decode_step``) is 1."""
+        if self.decode_counts is not None:
+            self.decode_counts.add_((self.counts - self._step_start) * decode_step)
 
     def row_of(self, layer_index: int) -> int:
         try:
@@ -55,10 +85,12 @@ class ExpertCounter:
                              f"(counter has {self.moe_layer_indices[:3]}...)") from None
 
     def count(self, layer_index: int, topk_ids: torch.Tensor, *, token_mask: torch.Tensor | None = None,
-              decode_mask: torch.Tensor | None = None) -> None:
+              decode_mask: torch.Tensor | None = None, decode_rows: torch.Tensor | None = None) -> None:
         """Add this step's picks ``topk_ids [T, K]`` of MoE layer ``layer_index``.
 
-        Picks with an id outside ``0..num_experts-1`` (vLLM's -1, unrouted) count for no expert."""
+        Picks with an id outside ``0..num_experts-1`` (vLLM's -1, unrouted) count for no expert.
+        ``decode_rows [T]`` (bool): with decode counts enabled, the decode tokens' picks are also
+        added to ``decode_counts``."""
         row = self.row_of(layer_index)
         ids = topk_ids.long()
         routed = valid_ids(ids, self.num_experts)
@@ -70,6 +102,9 @@ class ExpertCounter:
             weight = valid.unsqueeze(1) * routed.to(torch.int64)
         ids = torch.where(routed, ids, torch.zeros_like(ids))
         self.counts[row].index_add_(0, ids.reshape(-1), weight.reshape(-1))
+        if self.decode_counts is not None and decode_rows is not None:
+            decode = weight * decode_rows.to(torch.int64).unsqueeze(1)
+            self.decode_counts[row].index_add_(0, ids.reshape(-1), decode.reshape(-1))
         self.tokens[row] += valid.sum()
         if decode_mask is None:
             self._decode_known = False
@@ -80,6 +115,8 @@ class ExpertCounter:
         self.counts.zero_()
         self.tokens.zero_()
         self.decode_tokens.zero_()
+        if self.decode_counts is not None:
+            self.decode_counts.zero_()
         self._decode_known = True
 
     def snapshot(self) -> tuple[np.ndarray, int, int | None]:

@@ -18,8 +18,8 @@ finalize adds ``fma(0, 0, acc)`` for it (``core.split``), as ``parallel.ep`` and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

@@ -28,13 +28,9 @@ import them from here.
 
 Configuration from the environment (``DumpConfig.from_env``), set by the rendered compose service:
 
-================================  ==========================================================
-``EXPERT_RESIDENCY_DUMP_DIR``      dump folder (required to dump; mounted from the host)
-``EXPERT_RESIDENCY_DUMP_INTERVAL_S`` seconds between snapshots (default 60; 0 = none)
-``EXPERT_RESIDENCY_LANE``          lane name (default ``lane``)
-``EXPERT_RESIDENCY_CLASS``         traffic class (default ``none``)
-``EXPERT_RESIDENCY_MODE``          ``count`` (or ``count-only``) | ``residency`` | ``unsplit``
-================================  ==========================================================
+``EXPERT_RESIDENCY_DUMP_DIR`` (required to dump), ``_DUMP_INTERVAL_S`` (default 60; 0 = none),
+``_LANE`` (default ``lane``), ``_CLASS`` (default ``none``), ``_MODE`` (``count`` or ``count-only``
+| ``residency`` | ``unsplit``); the names and their meanings are defined in ``contract.env``.
 
 Inside vLLM the plugin's settings module parses these variables (same names) and builds the
 ``DumpConfig`` itself; ``from_env`` is the same reading for standalone use. In file names and
@@ -49,23 +45,28 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..contract import env
 
 if TYPE_CHECKING:  # the name and config helpers stay importable without torch (recipegen reads dumps)
-    from .counter import ExpertCounter
     from ..formats.rowmap import RowMap
+    from .counter import ExpertCounter
 
-ENV_DIR = "EXPERT_RESIDENCY_DUMP_DIR"
-ENV_INTERVAL = "EXPERT_RESIDENCY_DUMP_INTERVAL_S"
-ENV_LANE = "EXPERT_RESIDENCY_LANE"
-ENV_CLASS = "EXPERT_RESIDENCY_CLASS"
-ENV_MODE = "EXPERT_RESIDENCY_MODE"
+ENV_DIR, ENV_INTERVAL, ENV_LANE, ENV_CLASS, ENV_MODE = (
+    env.DUMP_DIR, env.DUMP_INTERVAL_S, env.LANE, env.CLASS, env.MODE)
 MODES = ("count-only", "residency", "unsplit")
 _MODE_ALIASES = {"count": "count-only"}
 DEFAULT_INTERVAL_S = 60.0
+# Each snapshot synchronises with the device and writes a file: more often than ten a second
+# (`1e-300` asked for a busy loop) is refused, as is more than a week apart (a timer wait that
+# long overflows the thread's timeout) and anything not a finite number (`nan`, `inf`).
+MIN_INTERVAL_S = 0.1
+MAX_INTERVAL_S = 7 * 86_400.0
 
 _NAME_PART = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9.-])?$")
 _PART = r"[A-Za-z0-9](?:[A-Za-z0-9.-]|_(?!_))*"
@@ -84,10 +85,19 @@ def interval_from_env(env: Mapping[str, str]) -> float:
     try:
         interval = float(raw) if raw else DEFAULT_INTERVAL_S
     except ValueError:
-        raise ValueError(f"{ENV_INTERVAL}={raw!r}: not a number of seconds") from None
-    if interval < 0:
-        raise ValueError(f"{ENV_INTERVAL}={raw!r}: must be >= 0")
+        raise ValueError(f"{ENV_INTERVAL}={raw[:40]!r}: not a number of seconds") from None
+    check_interval(interval, f"{ENV_INTERVAL}={raw[:40]!r}")
     return interval
+
+
+def check_interval(interval: float, what: str) -> None:
+    """Refuse a snapshot interval other than 0 (off) or a finite number of seconds in
+    [MIN_INTERVAL_S, MAX_INTERVAL_S] (ValueError naming `what`)."""
+    if interval == 0:
+        return
+    if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:  # False for nan as well
+        raise ValueError(f"{what}: give 0 (no timer) or {MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g} seconds "
+                         "between snapshots")
 
 
 @dataclass(frozen=True)
@@ -99,7 +109,7 @@ class DumpConfig:
     mode: str
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "DumpConfig | None":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DumpConfig | None:
         """The dump configuration, or None when ``EXPERT_RESIDENCY_DUMP_DIR`` is unset/empty.
 
         Raises ValueError naming the variable on a bad value.
@@ -116,6 +126,7 @@ class DumpConfig:
         return config
 
     def check(self) -> None:
+        check_interval(float(self.interval_s), f"{ENV_INTERVAL}={self.interval_s!r}")
         for variable, value in ((ENV_LANE, self.lane), (ENV_CLASS, self.traffic_class)):
             if not _NAME_PART.match(value) or "__" in value:
                 raise ValueError(f"{variable}={value!r}: use letters, digits, '.', '_' or '-' "
@@ -186,7 +197,7 @@ class LiveMap:
                 "file": self.file, "window_cold_share": self.window_cold_share, "prior": self.prior}
 
     @classmethod
-    def from_meta(cls, meta: Mapping[str, Any]) -> "LiveMap | None":
+    def from_meta(cls, meta: Mapping[str, Any]) -> LiveMap | None:
         """The live map a dump's ``meta`` describes; None when it has none (static lanes, older
         runtimes). ValueError naming the field when it is there but malformed."""
         value = meta.get(LIVE_MAP_META)
@@ -241,7 +252,7 @@ class HistogramDumper:
         self._previous_handler: Any = None
         self.written: list[Path] = []
 
-    def start(self, *, install_signal_handler: bool = True) -> "HistogramDumper":
+    def start(self, *, install_signal_handler: bool = True) -> HistogramDumper:
         self.config.folder.mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(target=self._run, name="expert-residency-dump", daemon=True)
         self._thread.start()

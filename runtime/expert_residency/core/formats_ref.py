@@ -46,10 +46,11 @@ path on a GPU.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
+from ..contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT
 from ..fp8 import BLOCK as FP8_BLOCK
 from ..fp8 import FP8_DTYPE, per_token_group_quant_fp8
 from ..mxfp4 import dequantize_mxfp4
@@ -61,9 +62,8 @@ SILU = "silu"
 SWIGLUOAI = "swigluoai"
 SWIGLUOAI_UNINTERLEAVE = "swigluoai_uninterleave"   # same math, gate rows first
 ACTIVATIONS = (SILU, SWIGLUOAI, SWIGLUOAI_UNINTERLEAVE)
-# vLLM 0.33 activation.py:481 (SwigluOAIAndMul defaults), gpt_oss_triton_kernels_moe.py:714-715.
-GPTOSS_SWIGLU_ALPHA = 1.702
-GPTOSS_SWIGLU_LIMIT = 7.0
+# GPTOSS_SWIGLU_ALPHA / _LIMIT: vLLM 0.33's SwigluOAIAndMul defaults, which gpt-oss runs with
+# (contract.expert_formats).
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 

@@ -28,8 +28,8 @@ greedily, and the plan says so (``within_bound``). The plan carries its predicte
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 SEARCH_BUDGET = 200_000
 

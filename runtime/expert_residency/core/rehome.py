@@ -10,8 +10,9 @@ originals leave in PyTorch's caching host allocator (``release_host_cache``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, MutableMapping, Sequence
+from typing import Any
 
 import torch
 
@@ -35,7 +36,8 @@ def rehome_model(layer_tensors: Mapping[int, MutableMapping[str, torch.Tensor]],
                  hot_alloc: BankAllocator, cold_alloc: BankAllocator,
                  on_device: Callable[[torch.Tensor], bool],
                  codes_device: torch.device | str | None = None,
-                 after_layer: Callable[[ResidentLayer], Any] | None = None) -> ResidencyState:
+                 after_layer: Callable[[ResidentLayer], Any] | None = None,
+                 hot_spare: int = 0, cold_spare: int = 0, host_copies: bool = False) -> ResidencyState:
     """Re-home every layer of ``layer_tensors`` (MoE layer index → its mutable tensor mapping).
 
     ``hot_ids``/``cold_ids``: per MoE layer index, experts in row order (``RowMap.hot[i]`` for
@@ -43,7 +45,8 @@ def rehome_model(layer_tensors: Mapping[int, MutableMapping[str, torch.Tensor]],
     sits in device memory, asked per tensor (a layer the loader split between device and host is
     planned with its device share). ``after_layer``: called with each finished layer (the plugin
     installs it on the module and drops its own references there, so the originals are actually
-    freed before the next layer starts).
+    freed before the next layer starts). ``hot_spare``/``cold_spare``/``host_copies``: every layer's
+    extra rows for adaptive residency (``rehome_layer``), planned with the banks they grow.
     """
     missing = sorted(set(layer_tensors) - (set(hot_ids) & set(cold_ids)))
     if missing:
@@ -63,14 +66,17 @@ def rehome_model(layer_tensors: Mapping[int, MutableMapping[str, torch.Tensor]],
         device_bytes = sum(tensor_nbytes(t) for t in tensors.values() if on_device(t))
         total = per_expert * experts
         # vLLM's offloader moves whole parameters: a layer may be split between device and host.
-        placements.append(LayerPlacement(index, device_bytes == total, per_expert * len(hot_ids[index]),
-                                         per_expert * len(cold_ids[index]),
+        host_rows = len(cold_ids[index]) + cold_spare + (len(hot_ids[index]) if host_copies else 0)
+        placements.append(LayerPlacement(index, device_bytes == total,
+                                         per_expert * (len(hot_ids[index]) + hot_spare),
+                                         per_expert * host_rows,
                                          device_bytes=device_bytes if 0 < device_bytes < total else None))
     plan = plan_rehome_order(placements)
     state = ResidencyState({}, {}, plan)
     for index in plan.order:
         layer = rehome_layer(layer_tensors[index], hot_ids[index], cold_ids[index], layer_index=index,
-                             hot_alloc=hot_alloc, cold_alloc=cold_alloc, codes_device=codes_device)
+                             hot_alloc=hot_alloc, cold_alloc=cold_alloc, codes_device=codes_device,
+                             hot_spare=hot_spare, cold_spare=cold_spare, host_copies=host_copies)
         state.layers[index] = layer
         state.bytes_per_layer[index] = layer.bank_bytes()
         state.total = state.total + state.bytes_per_layer[index]
@@ -105,7 +111,8 @@ def rowmap_banks(rowmap: Any) -> tuple[dict[int, list[int]], dict[int, list[int]
 
 
 def current_rowmap(layers: Mapping[int, ResidentLayer], *, provenance: dict[str, Any] | None = None) -> Any:
-    """The assignment the banks hold now (after any swaps) as an ``expert_residency.formats.RowMap``."""
+    """The assignment the banks hold now (after any swaps) as an ``expert_residency.formats.RowMap``
+    (spare rows and host copies left out: each bank's experts in row order)."""
     from ..formats.rowmap import RowMap
 
     indices = sorted(layers)
@@ -114,5 +121,5 @@ def current_rowmap(layers: Mapping[int, ResidentLayer], *, provenance: dict[str,
     experts = {layers[i].num_experts for i in indices}
     if len(experts) != 1:
         raise ValueError(f"resident layers disagree on the number of experts: {sorted(experts)}")
-    return RowMap(tuple(indices), experts.pop(), [list(layers[i].hot_ids) for i in indices],
-                  [list(layers[i].cold_ids) for i in indices], dict(provenance or {}))
+    return RowMap(tuple(indices), experts.pop(), [layers[i].hot_experts for i in indices],
+                  [layers[i].cold_experts for i in indices], dict(provenance or {}))

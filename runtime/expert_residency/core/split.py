@@ -37,7 +37,8 @@ empty (a static property of the layer), so a split layer can be captured in one 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -119,7 +120,7 @@ def residency_forward(layer: ResidentLayer, hidden_states: torch.Tensor, topk_we
                       topk_ids: torch.Tensor, per_pick_fn: PerPickExpertFn, *,
                       pick_dtype: torch.dtype | None = None,
                       out_dtype: torch.dtype | None = None,
-                      counter: "ExpertCounter | None" = None,
+                      counter: ExpertCounter | None = None,
                       token_mask: torch.Tensor | None = None,
                       decode_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Split invoke + finalize (+ optional count): the MoE layer's routed-expert output ``[T, H]``.

@@ -21,8 +21,8 @@ so ``shape_hash`` is unchanged and kernels tuned per shape stay valid; ``content
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 
@@ -36,7 +36,7 @@ class StagingBuffer:
     rows: dict[str, torch.Tensor]
 
     @classmethod
-    def for_layer(cls, layer: ResidentLayer) -> "StagingBuffer":
+    def for_layer(cls, layer: ResidentLayer) -> StagingBuffer:
         return cls({name: torch.empty(t.shape[1:], dtype=t.dtype, device=t.device)
                     for name, t in layer.hot.tensors.items()})
 

@@ -13,17 +13,37 @@
 docs/formats.md documents every field and both hash encodings.
 """
 
-from .capture import (HistogramAccumulator, decode_routed_experts, histogram_from_captures,
-                      iter_npy_chunks, iter_vllm_capture)
 from ._io import atomic_write_bytes, atomic_write_text
+from .capture import (
+    HistogramAccumulator,
+    decode_routed_experts,
+    histogram_from_captures,
+    iter_npy_chunks,
+    iter_vllm_capture,
+)
 from .errors import FormatError
-from .histogram import (HISTOGRAM_VERSION, Histogram, format_histogram, load_histogram,
-                        merge_histograms, parse_histogram, save_histogram)
-from .report import (MODES, REPORT_TAG, REPORT_VERSION, StartupReport, expand_counts,
-                     find_report_lines, format_report_line, parse_report_line,
-                     report_for_rowmap, summarize_counts)
-from .rowmap import (ROWMAP_VERSION, RowMap, format_rowmap, load_rowmap, parse_rowmap,
-                     save_rowmap, verify_content_hash)
+from .histogram import (
+    HISTOGRAM_VERSION,
+    Histogram,
+    format_histogram,
+    load_histogram,
+    merge_histograms,
+    parse_histogram,
+    save_histogram,
+)
+from .report import (
+    MODES,
+    REPORT_TAG,
+    REPORT_VERSION,
+    StartupReport,
+    expand_counts,
+    find_report_lines,
+    format_report_line,
+    parse_report_line,
+    report_for_rowmap,
+    summarize_counts,
+)
+from .rowmap import ROWMAP_VERSION, RowMap, format_rowmap, load_rowmap, parse_rowmap, save_rowmap, verify_content_hash
 
 __all__ = [
     "atomic_write_bytes", "atomic_write_text",

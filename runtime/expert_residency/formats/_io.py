@@ -1,9 +1,11 @@
-"""Small shared I/O helpers: atomic writes and layer-list notation."""
+"""Small shared I/O helpers: atomic writes, bounded reads of regular files, comment text and
+layer-list notation."""
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -109,3 +111,89 @@ def parse_index_ranges(text: str, *, max_index: int = MAX_LAYER_INDEX,
             if len(out) > max_count:
                 raise ValueError(f"more than {max_count} indices")
     return tuple(out)
+
+
+class UnreadableFile(OSError):
+    """A path that is not a regular file of bounded size (a FIFO, a device, a folder, a socket,
+    or more bytes than the reader takes): refused before any read blocks or runs away. `kind`
+    says what it is instead (`file_kind`), or `size` how large it is, for callers that word
+    their own message."""
+
+    kind: str | None = None
+    size: int | None = None
+
+
+def file_kind(mode: int) -> str:
+    """Words for a file type that is not a regular file."""
+    return ("a folder" if stat.S_ISDIR(mode) else "a pipe (FIFO)" if stat.S_ISFIFO(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+
+
+def open_regular_file(path: str | os.PathLike[str], *, limit: int | None = None) -> int:
+    """An open, read-only descriptor of `path` once it is known to be a regular file of at
+    most `limit` bytes (None: any size); UnreadableFile otherwise.
+
+    Opened non-blocking, so a FIFO opens at once and is then refused instead of waiting for a
+    writer; the type and size are checked on the open descriptor (what is read is what was
+    checked, whatever a link or a rename does meanwhile). The caller closes the descriptor.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            error = UnreadableFile(None, f"{file_kind(info.st_mode)}, not a regular file", os.fspath(path))
+            error.kind = file_kind(info.st_mode)
+            raise error
+        if limit is not None and info.st_size > limit:
+            error = UnreadableFile(None, f"{info.st_size:,} bytes, more than the {limit:,} this file can be",
+                                   os.fspath(path))
+            error.size = info.st_size
+            raise error
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular_file(path: str | os.PathLike[str], *, limit: int) -> bytes:
+    """The bytes of `path` when it is a regular file of at most `limit` bytes.
+
+    The one bounded reader of the files recipegen and the runtime read from a folder a user or
+    a container controls (row maps, histograms, dumps, priors, recipes, manifests): a FIFO, a
+    device (`/dev/zero`), a folder or an oversized file raises UnreadableFile (an OSError, with
+    `filename` set) before anything is read; the read stops at `limit + 1` bytes, so a file that
+    grows meanwhile is refused too. Other OSErrors (missing, permission) pass through.
+    """
+    fd = open_regular_file(path, limit=limit)
+    try:
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    if total > limit:
+        error = UnreadableFile(None, f"grew past {limit:,} bytes while being read", os.fspath(path))
+        error.size = total
+        raise error
+    return b"".join(chunks)
+
+
+# Characters that must never reach a generated file's comment raw: every C0/C1 control (line
+# feed, carriage return, tab, NUL, ESC, NEL), DEL, the Unicode line/paragraph separators YAML
+# and Compose break lines on, the BOM, lone surrogates and non-characters.
+_COMMENT_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff\ud800-\udfff\\\\]")
+_COMMENT_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def comment_text(text: str) -> str:
+    """`text` as one line of a `#` comment in any file recipegen or the runtime writes: every
+    line-breaking, control or non-character escaped (`\\n`, `\\u2028`, a backslash doubled),
+    so a name with a newline in it stays inside its comment and can never start a key."""
+    return _COMMENT_UNSAFE.sub(
+        lambda m: _COMMENT_ESCAPES.get(m.group(0), f"\\u{ord(m.group(0)):04x}"), str(text))

@@ -11,11 +11,19 @@ import json
 import os
 import re
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
-from ._io import (MAX_EXPERTS, MAX_LAYER_INDEX, MAX_LAYERS, format_index_ranges, parse_decimal,
-                  parse_index_ranges)
+from ._io import (
+    MAX_EXPERTS,
+    MAX_LAYER_INDEX,
+    MAX_LAYERS,
+    UnreadableFile,
+    comment_text,
+    format_index_ranges,
+    parse_decimal,
+    parse_index_ranges,
+    read_regular_file,
+)
 from .errors import FormatError
 
 _JSON_KEY = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -50,11 +58,9 @@ def json_value(value: str, path: str | os.PathLike[str], lineno: int, key: str) 
 def read_record_text(path: str | os.PathLike[str]) -> str:
     """The file's text; FormatError (naming the path) when it is missing or not UTF-8."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_RECORD_BYTES + 1)
-        if len(data) > MAX_RECORD_BYTES:
-            raise FormatError(f"larger than {MAX_RECORD_BYTES >> 20} MiB: not a row map or "
-                              "histogram", path=path)
+        # a regular file, bounded before reading: a FIFO would block the reader (the runtime's
+        # priors at boot), /dev/zero would never end
+        data = read_regular_file(path, limit=MAX_RECORD_BYTES)
         if not data.strip():
             raise FormatError("empty file", path=path)
         return data.decode("utf-8")
@@ -64,8 +70,22 @@ def read_record_text(path: str | os.PathLike[str]) -> str:
         raise FormatError("not UTF-8 text (corrupted file?)", path=path) from None
     except IsADirectoryError:
         raise FormatError("a folder, not a file", path=path) from None
+    except UnreadableFile as exc:
+        raise FormatError(f"{exc.strerror}: not a row map or histogram", path=path) from None
     except OSError as exc:
         raise FormatError(f"cannot read ({exc.strerror})", path=path) from None
+
+
+# Characters json.dumps(ensure_ascii=False) leaves raw that the line reader refuses (they break
+# or hide a line): C1 controls with DEL, U+2028/U+2029 and the BOM. Written as \uXXXX escapes,
+# so a file name or label holding one reads back as itself.
+_JSON_RAW_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff]")
+
+
+def json_text(value: Any) -> str:
+    """`value` as one line of JSON (sorted keys, non-ASCII kept, unsafe characters escaped)."""
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return _JSON_RAW_UNSAFE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text)
 
 
 def format_json_fields(prefix: str, fields: Mapping[str, Any]) -> list[str]:
@@ -75,15 +95,15 @@ def format_json_fields(prefix: str, fields: Mapping[str, Any]) -> list[str]:
         if not _JSON_KEY.fullmatch(key):
             raise FormatError(f"{prefix} key {key!r} must be [A-Za-z0-9_.-]+",
                               field=f"{prefix}.{key}")
-        out.append(f"{prefix}.{key}: "
-                   f"{json.dumps(fields[key], sort_keys=True, ensure_ascii=False)}")
+        out.append(f"{prefix}.{key}: {json_text(fields[key])}")
     return out
 
 
 def format_header(comments: list[str] | None, format_line: str, num_experts: int,
                   moe_layer_indices: tuple[int, ...]) -> list[str]:
     """The opening lines both formats share: `# comments`, format, num_experts, moe_layers."""
-    out = [f"# {c}" if c else "#" for c in (comments or [])]
+    # comments carry names (files, lanes, classes): escaped so none can break its line
+    out = [f"# {comment_text(c)}" if c else "#" for c in (comments or [])]
     out += [f"format: {format_line}",
             f"num_experts: {num_experts}",
             f"moe_layers: {format_index_ranges(moe_layer_indices)}"]

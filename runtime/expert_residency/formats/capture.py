@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ._io import UnreadableFile, open_regular_file
 from .errors import FormatError
 from .histogram import Histogram
 
@@ -147,6 +148,7 @@ def iter_npy_chunks(path: str | os.PathLike[str], chunk_tokens: int = DEFAULT_CH
                     ) -> Iterator[tuple[np.ndarray, int, int]]:
     """(chunk, tokens done, tokens total) over a raw `[tokens, layers, top_k]` `.npy`."""
     try:
+        _check_regular(path)
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
         raise FormatError("no such file", path=path) from None
@@ -174,8 +176,9 @@ def _iter_vllm_capture(path: str | os.PathLike[str]
                        ) -> Iterator[tuple[np.ndarray, int | None, int | None, int, int]]:
     p = Path(path)
     try:
-        total = p.stat().st_size
-        handle = p.open("r", encoding="utf-8")
+        fd = open_regular_file(p)  # a FIFO or device is refused, not waited on
+        total = os.fstat(fd).st_size
+        handle = os.fdopen(fd, "r", encoding="utf-8")
     except FileNotFoundError:
         raise FormatError("no such file", path=path) from None
     except OSError as exc:
@@ -186,13 +189,7 @@ def _iter_vllm_capture(path: str | os.PathLike[str]
             first = handle.read(1)
         handle.seek(0)
         if first == "[" or (first == "{" and p.suffix == ".json"):
-            try:
-                doc = json.load(handle)
-            except json.JSONDecodeError as exc:
-                raise FormatError(f"not valid JSON ({exc.msg})", path=path,
-                                  line=exc.lineno) from None
-            except RecursionError:
-                raise FormatError("JSON nested too deeply", path=path) from None
+            doc = _json(handle.read(), path, None)
             docs = doc if isinstance(doc, list) else [doc]
             for doc_item in docs:
                 for b64, prompt, output in _routed_experts_entries(doc_item, path, None):
@@ -206,19 +203,48 @@ def _iter_vllm_capture(path: str | os.PathLike[str]
             if not stripped:
                 continue
             if stripped.startswith("{"):
-                try:
-                    doc = json.loads(stripped)
-                except json.JSONDecodeError as exc:
-                    raise FormatError(f"not valid JSON ({exc.msg})", path=path,
-                                      line=lineno) from None
-                except RecursionError:
-                    raise FormatError("JSON nested too deeply", path=path) from None
+                doc = _json(stripped, path, lineno)
                 for b64, prompt, output in _routed_experts_entries(doc, path, lineno):
                     ids = decode_routed_experts(b64, path=path, line=lineno)
                     yield ids, _prefill_rows(len(ids), prompt, output), lineno, done, total
             else:
                 ids = decode_routed_experts(stripped, path=path, line=lineno)
                 yield ids, None, lineno, done, total
+
+
+# A JSON integer in a response is a token count or an id: 19 digits hold any int64. Longer ones
+# are refused before Python converts them (past 4,300 digits the conversion itself raises).
+_MAX_INT_DIGITS = 19
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits")
+    return int(text)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _json(text: str, path: Any, line: int | None) -> Any:
+    """One strict JSON document (bounded integers, no NaN/Infinity) or FormatError with its line."""
+    try:
+        return json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"not valid JSON ({exc.msg})", path=path,
+                          line=line if line is not None else exc.lineno) from None
+    except RecursionError:
+        raise FormatError("JSON nested too deeply", path=path, line=line) from None
+    except ValueError as exc:  # from parse_int / parse_constant
+        raise FormatError(f"not a capture value ({exc})", path=path, line=line) from None
+
+
+def _check_regular(path: str | os.PathLike[str]) -> None:
+    try:
+        os.close(open_regular_file(path))
+    except UnreadableFile as exc:
+        raise FormatError(f"{exc.strerror}: not a capture file", path=path) from None
 
 
 def _prefill_rows(rows: int, prompt_tokens: int | None, output_tokens: int | None) -> int | None:
@@ -250,7 +276,11 @@ def _routed_experts_entries(doc: Any, path: Any, line: int | None
     if not isinstance(doc, dict):
         raise FormatError("expected a response object", path=path, line=line)
     usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
-    choices = [c for c in (doc.get("choices") or []) if isinstance(c, dict)]
+    raw_choices = doc.get("choices")
+    if raw_choices is not None and not isinstance(raw_choices, list):
+        raise FormatError(f"'choices' is a {type(raw_choices).__name__}, not a list of choices",
+                          path=path, line=line, field="choices")
+    choices = [c for c in (raw_choices or []) if isinstance(c, dict)]
     doc_prompt = (len(doc["prompt_token_ids"]) if isinstance(doc.get("prompt_token_ids"), list)
                   else _int_or_none(usage.get("prompt_tokens")))
     found: list[tuple[str, int | None, int | None]] = []
@@ -279,6 +309,7 @@ def _routed_experts_entries(doc: Any, path: Any, line: int | None
 
 def capture_kind(path: str | os.PathLike[str]) -> str:
     """'npy' for raw arrays, 'vllm' for response files / base64 lines."""
+    _check_regular(path)
     with open(path, "rb") as handle:
         magic = handle.read(6)
     return "npy" if magic == b"\x93NUMPY" else "vllm"

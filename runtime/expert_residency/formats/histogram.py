@@ -32,10 +32,21 @@ from typing import Any
 
 import numpy as np
 
-from ._io import atomic_write_text
-from ._io import MAX_LAYERS, parse_decimal
-from ._records import (RecordLines, check_format_line, end_text, format_header, format_json_fields,
-                       json_value, malformed_layer_line, parse_moe_layers, parse_num_experts, put_once, read_record_text)
+from ._io import MAX_LAYERS, atomic_write_text, parse_decimal
+from ._records import (
+    RecordLines,
+    check_format_line,
+    end_text,
+    format_header,
+    format_json_fields,
+    json_text,
+    json_value,
+    malformed_layer_line,
+    parse_moe_layers,
+    parse_num_experts,
+    put_once,
+    read_record_text,
+)
 from .errors import FormatError
 
 HISTOGRAM_FORMAT = "expert-residency-histogram"
@@ -180,8 +191,8 @@ def format_histogram(h: Histogram, *, comments: list[str] | None = None) -> str:
     out.append(f"tokens: {h.tokens}")
     for name in _OPTIONAL_INTS:
         out.append(f"{name}: {json.dumps(getattr(h, name))}")
-    out.append(f"source: {json.dumps(h.source, ensure_ascii=False)}")
-    out.append(f"model_revision: {json.dumps(h.model_revision, ensure_ascii=False)}")
+    out.append(f"source: {json_text(h.source)}")
+    out.append(f"model_revision: {json_text(h.model_revision)}")
     out += format_json_fields("meta", h.meta)
     for layer, row in zip(h.moe_layer_indices, h.counts):
         out.append(f"layer {layer}: " + " ".join(map(str, row.tolist())))

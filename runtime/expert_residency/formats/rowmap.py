@@ -29,10 +29,20 @@ from typing import Any
 import numpy as np
 
 from . import hashes
-from ._io import atomic_write_text
-from ._io import MAX_EXPERTS, MAX_LAYERS
-from ._records import (RecordLines, check_format_line, end_text, format_header, format_json_fields,
-                       json_value, malformed_layer_line, parse_moe_layers, parse_num_experts, put_once, read_record_text)
+from ._io import MAX_EXPERTS, MAX_LAYERS, atomic_write_text
+from ._records import (
+    RecordLines,
+    check_format_line,
+    end_text,
+    format_header,
+    format_json_fields,
+    json_value,
+    malformed_layer_line,
+    parse_moe_layers,
+    parse_num_experts,
+    put_once,
+    read_record_text,
+)
 from .errors import FormatError
 
 ROWMAP_FORMAT = "expert-residency-rowmap"

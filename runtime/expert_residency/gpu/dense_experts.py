@@ -1,9 +1,11 @@
 """The split MoE layer on the GPU for BF16 and FP8-block experts (``gpu.kernels_dense``).
 
 ``TritonDenseExperts`` has the public API of ``gpu.experts.TritonMxfp4Experts`` — ``forward``
-(group, w13+activation, w2, finalize; both banks in one pass, optional in-kernel counting; fixed
-shapes, no host sync, CUDA-graph capturable), ``pick_outputs``, ``finalize`` and ``per_pick_fn``
-(the core's ``PerPickExpertFn`` contract) — and reuses its workspace, grouping and finalize. The
+(group, w13+activation, w2, finalize; with ``DenseKernelConfig.one_token`` at T = 1 only w13 and
+w2, which finalizes; both banks in one pass, optional in-kernel counting; fixed shapes, no host
+sync, CUDA-graph capturable), ``pick_outputs``, ``finalize`` and ``per_pick_fn`` (the core's
+``PerPickExpertFn`` contract) — and reuses its workspace, grouping and finalize. The tile config
+and schedule default per format to what measured fastest (``default_config``). The
 banks hold vLLM's layout as loaded (``to_kernel_layout`` is a no-op): a ``core.banks.ResidentLayer``
 whose hot bank is on the device and whose cold bank is a device view of pinned host memory.
 
@@ -30,9 +32,10 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from ..contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT
+from ..contract.sizing import DENSE_FIN_TICKET_ROWS as FIN_TICKET_ROWS
 from ..core.banks import ExpertBank
-from ..core.formats_ref import (GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT, SILU, SWIGLUOAI,
-                                SWIGLUOAI_UNINTERLEAVE)
+from ..core.formats_ref import SILU, SWIGLUOAI, SWIGLUOAI_UNINTERLEAVE
 from ..core.reference import check_swiglu_limit
 from ..fp8 import BLOCK as FP8_BLOCK
 from ..fp8 import FP8_DTYPE
@@ -48,8 +51,9 @@ ACT_CODES = {SILU: 0, SWIGLUOAI: 1, SWIGLUOAI_UNINTERLEAVE: 2}   # the kernels' 
 
 @dataclass(frozen=True)
 class DenseKernelConfig:
-    """Tile shapes, the same for every bank and bank size (what keeps split == unsplit bitwise).
-    FP8 needs ``block_k1 == block_k2 == 128`` (one activation scale group per reduction step)."""
+    """Tile shapes and launch schedule, the same for every bank and bank size (what keeps split ==
+    unsplit bitwise; a step's schedule depends on its T only). FP8 needs ``block_k1 == block_k2 ==
+    128`` (one activation scale group per reduction step)."""
 
     block_m: int = 16
     block_n1: int = 64
@@ -59,10 +63,70 @@ class DenseKernelConfig:
     num_warps: int = 4
     num_stages: int = 3
     finalize_block: int = 1024
+    # T = 1: no grouping launch (each pick its own slot, as the MXFP4 kernels do).
+    one_token: bool = True
+    # T = 1 (with one_token): the finalize runs inside the w2 launch (the last program of each row
+    # tile adds the token's K rows in router order; the finalize kernel's bits).
+    fuse_finalize: bool = True
+    # Programmatic dependent launch (sm_90+ on CUDA; ignored elsewhere): each launch's programs
+    # start while the previous kernel drains and wait for it before touching memory.
+    pdl: bool = True
+    # FP8 with a 128-row w13 tile: the activation rows are quantized in the w13 launch's epilogue
+    # (same bits as the separate quantization launch, which it replaces).
+    fuse_act_quant: bool = True
+    # T = 1 tile overrides (None: block_n1 / block_n2 / num_stages).
+    block_n1_t1: int | None = None
+    block_n2_t1: int | None = None
+    num_stages_t1: int | None = None
+    # T >= large_tokens: block_m override (None: block_m).
+    block_m_large: int | None = None
+    large_tokens: int = 32
+
+    def tiles(self, tokens: int) -> tuple[int, int, int, int]:
+        """``(block_m, block_n1, block_n2, num_stages)`` of a step of ``tokens`` tokens."""
+        bm = self.block_m_large if self.block_m_large is not None and tokens >= self.large_tokens \
+            else self.block_m
+        if tokens == 1:
+            def pick(value: int | None, default: int) -> int:
+                return default if value is None else value
+            return (bm, pick(self.block_n1_t1, self.block_n1), pick(self.block_n2_t1, self.block_n2),
+                    pick(self.num_stages_t1, self.num_stages))
+        return bm, self.block_n1, self.block_n2, self.num_stages
 
     def describe(self) -> str:
-        return (f"dense BM{self.block_m} w13:BN{self.block_n1}xBK{self.block_k1} "
+        text = (f"dense BM{self.block_m} w13:BN{self.block_n1}xBK{self.block_k1} "
                 f"w2:BN{self.block_n2}xBK{self.block_k2} warps{self.num_warps} stages{self.num_stages}")
+        t1 = [f"{n}{v}" for n, v in (("w13:BN", self.block_n1_t1), ("w2:BN", self.block_n2_t1),
+                                    ("stages", self.num_stages_t1)) if v is not None]
+        if t1:
+            text += " T1:" + ",".join(t1)
+        if self.block_m_large is not None:
+            text += f" BM{self.block_m_large}@T>={self.large_tokens}"
+        if self.one_token:
+            text += " T1-ungrouped" + ("+fused-finalize" if self.fuse_finalize else "")
+        if self.fuse_act_quant:
+            text += " fp8-act-quant-in-w13@BN128"
+        if self.pdl:
+            text += " pdl"
+        return text
+
+
+def default_config(expert_format: str) -> DenseKernelConfig:
+    """The measured default per format (one NVIDIA H200, 2026-12-03, ``bench/dense_peer.py``;
+    BENCHMARKS.md "BF16 and FP8-block layers against the kernel vLLM 0.33 selects"):
+
+    * ``bf16``: the T = 1 schedule (29.7 against 31.9 us per Qwen3-30B-A3B layer), programmatic
+      dependent launches (no slower at T = 6, 16, 96), 32-token tiles from T = 64 (249.5 against
+      265.7 us at T = 96; slower at T = 16, 146.6 against 136.3);
+    * ``fp8-block``: the four-launch schedule with 64-row tiles (DeepSeek-V3: 105.7 / 424.1 / 794.9 /
+      1,724.6 us at T = 1 / 6 / 16 / 96). 128-row w13 tiles with the activation quantized in their
+      epilogue were slower at every T (107.8 / 432.9 / 817.6 / 1,757.6), 32-token tiles slower at
+      T = 16 and 96; the T = 1 schedule with 64-row tiles is not measured on FP8 yet."""
+    if expert_format == "bf16":
+        return DenseKernelConfig(block_m_large=32, large_tokens=64)
+    if expert_format == "fp8-block":
+        return DenseKernelConfig(one_token=False, fuse_finalize=False, pdl=False)
+    raise ValueError(f"expert_format {expert_format!r} is not one of {FORMATS}")
 
 
 def dense_bytes_per_expert(shape: ExpertShape, expert_format: str, bias_bytes: int = 0) -> int:
@@ -83,15 +147,22 @@ class TritonDenseExperts(TritonMxfp4Experts):
     """Launches the dense residency kernels for layers of one geometry and format."""
 
     def __init__(self, shape: ExpertShape, num_experts: int, top_k: int, max_tokens: int,
-                 device: torch.device | str, config: DenseKernelConfig = DenseKernelConfig(), *,
+                 device: torch.device | str, config: DenseKernelConfig | None = None, *,
                  expert_format: str = "bf16", activation: str = SILU,
                  swiglu_limit: float | None = None, swiglu_alpha: float | None = None) -> None:
+        """``config`` None: ``default_config(expert_format)``."""
         if expert_format not in FORMATS:
             raise ValueError(f"expert_format {expert_format!r} is not one of {FORMATS}")
+        if config is None:
+            config = default_config(expert_format)
         if shape.hidden % config.block_k1 or shape.intermediate % config.block_k2:
             raise ValueError(f"block_k must divide the reduction dims ({shape}, {config})")
-        if shape.intermediate % config.block_n1 or shape.hidden % config.block_n2:
-            raise ValueError(f"block_n must divide the output dims ({shape}, {config})")
+        for tokens in (1, 2, max(config.large_tokens, 2)):
+            _, bn1, bn2, _ = config.tiles(tokens)
+            if shape.intermediate % bn1 or shape.hidden % bn2:
+                raise ValueError(f"block_n must divide the output dims ({shape}, {config})")
+            if bn2 < FIN_TICKET_ROWS:
+                raise ValueError(f"w2 tiles need >= {FIN_TICKET_ROWS} rows, got {config}")
         if expert_format == "fp8-block" and (config.block_k1 != FP8_BLOCK or config.block_k2 != FP8_BLOCK):
             raise ValueError(f"fp8-block needs block_k1 == block_k2 == {FP8_BLOCK} (one activation "
                              f"scale group per step), got {config}")
@@ -113,7 +184,12 @@ class TritonDenseExperts(TritonMxfp4Experts):
         self.workspace = Workspace(max_tokens, top_k, shape, self.device)
         self._identity_codes: torch.Tensor | None = None
         self._dummy_f32 = torch.zeros(1, dtype=torch.float32, device=self.device)
-        self._pdl = False   # the shared finalize launch without programmatic dependent launch
+        self._pdl = bool(config.pdl and self.device.type == "cuda" and torch.cuda.is_available()
+                         and torch.cuda.get_device_capability(self.device)[0] >= 9)
+        # T = 1 fused finalize: one ticket per w2 row tile of at least FIN_TICKET_ROWS rows (every
+        # launch leaves them at zero); sized for any tile, so the ledger needs no config.
+        self._fin_tickets = torch.zeros(-(-shape.hidden // FIN_TICKET_ROWS), dtype=torch.int32,
+                                        device=self.device)
         if expert_format == "fp8-block":
             # The GEMM inputs quantized once per step (x, then the activation rows), not once per
             # output tile: DeepSeek-V3's w2 repeated each pick's quantization in 112 programs.
@@ -134,7 +210,12 @@ class TritonDenseExperts(TritonMxfp4Experts):
         return sum(t.numel() * t.element_size() for t in (getattr(self, n, None) for n in
                                                            ("_xq", "_xs", "_aq", "_as")) if t is not None)
 
-    def to_kernel_layout(self, tensors: "dict[str, torch.Tensor]") -> None:
+    @property
+    def ticket_bytes(self) -> int:
+        """Device bytes of the T = 1 fused-finalize tickets: int32 ``ceil(H / 16)``."""
+        return self._fin_tickets.numel() * self._fin_tickets.element_size()
+
+    def to_kernel_layout(self, tensors: dict[str, torch.Tensor]) -> None:
         """No-op: the dense kernels read vLLM's layout as loaded (kept for the shared API)."""
 
     def check_bank(self, bank: ExpertBank) -> bool:
@@ -170,15 +251,13 @@ class TritonDenseExperts(TritonMxfp4Experts):
         return has[0]
 
     def _fuses_finalize(self, tokens: int) -> bool:
-        """The dense kernels keep a separate finalize launch at every T (the MXFP4 w2 kernel's
-        fused T=1 finalize has no dense twin)."""
-        return False
+        """T = 1 with the ungrouped schedule: finalize inside the w2 launch."""
+        cfg = self.config
+        return tokens == 1 and cfg.one_token and cfg.fuse_finalize and self.top_k <= MAX_FUSED_PICKS
 
     def _run(self, x: torch.Tensor, ids: torch.Tensor, codes: torch.Tensor, hot: ExpertBank,
              cold: ExpertBank, *, token_mask: torch.Tensor | None, counts: torch.Tensor | None,
-             tokens: torch.Tensor | None, fin: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> None:
-        if fin is not None:
-            raise ValueError("the dense kernels have no fused finalize (forward finalizes separately)")
+             tokens: torch.Tensor | None, fin: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         cfg, ws, shape = self.config, self.workspace, self.shape
         t, k = ids.shape
         if k != self.top_k or t > ws.max_tokens:
@@ -194,18 +273,30 @@ class TritonDenseExperts(TritonMxfp4Experts):
         ids = ids.reshape(-1)
         if not ids.is_contiguous():
             ids = ids.contiguous()
-        if picks <= MAX_FUSED_PICKS:
+        one_token = t == 1 and cfg.one_token and picks <= MAX_FUSED_PICKS
+        if fin is not None and not one_token:
+            raise RuntimeError("the fused finalize needs the T=1 ungrouped schedule")
+        bm, bn1, bn2, stages = cfg.tiles(t)
+        pdl = self._pdl_args()
+        count_in_kernel = counts is not None
+        if one_token:
+            max_slots = picks
+        elif picks <= MAX_FUSED_PICKS:
             pb = triton.next_power_of_2(max(picks, 2))
             kernels.group_picks_kernel[(1,)](
                 ids, token_mask if token_mask is not None else ws.scratch,
                 ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.scratch, ws.n_tokens,
                 picks, t, self.num_experts,
-                TOP_K=k, PB=pb, HAS_TOKEN_MASK=token_mask is not None, num_warps=4)
-            count_in_kernel = counts is not None
+                TOP_K=k, PB=pb, HAS_TOKEN_MASK=token_mask is not None, num_warps=4, **pdl)
+            max_slots = min(picks, self.num_experts)
         else:
             self._group_torch(ids, t, k, token_mask, counts, tokens)
             count_in_kernel = False
+            max_slots = min(picks, self.num_experts)
         fp8 = self.expert_format == "fp8-block"
+        quant_act = fp8 and cfg.fuse_act_quant and bn1 == FP8_BLOCK
+        mask_arg = token_mask if token_mask is not None else ws.scratch
+        small = {"ONE_TOKEN": one_token, "HAS_TOKEN_MASK": one_token and token_mask is not None}
 
         def weights(bank: ExpertBank, name: str) -> torch.Tensor:
             w = bank[name]
@@ -220,33 +311,46 @@ class TritonDenseExperts(TritonMxfp4Experts):
         def stride(tensor: torch.Tensor) -> int:
             return tensor.stride(0) if tensor.dim() > 1 else 0
 
-        max_slots = min(picks, self.num_experts)
         w13, s13, b13 = weights(hot, W13), scales(hot, W13), bias(hot, B13)
         x_in, x_s, x_stride = x, self._dummy_f32, x.stride(0)
         if fp8:
             kernels_dense.quant_groups_kernel[(t, shape.hidden // FP8_BLOCK)](
-                x, self._xq, self._xs, x.stride(0), K=shape.hidden, num_warps=1)
+                x, self._xq, self._xs, x.stride(0), K=shape.hidden, num_warps=1, **pdl)
             x_in, x_s, x_stride = self._xq, self._xs, shape.hidden
-        kernels_dense.dense_w13_act_kernel[(shape.intermediate // cfg.block_n1, max_slots)](
+        aq, a_s = (self._aq, self._as) if fp8 else (self._dummy_f32, self._dummy_f32)
+        kernels_dense.dense_w13_act_kernel[(shape.intermediate // bn1, max_slots)](
             x_in, x_s, codes, w13, weights(cold, W13), s13, scales(cold, W13), b13, bias(cold, B13),
             ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.act,
             counts if count_in_kernel else ws.dummy_i64, tokens if count_in_kernel else ws.dummy_i64,
             ws.n_tokens, x_stride, w13.stride(0), stride(s13), stride(b13),
+            ids, mask_arg, self.num_experts, aq, a_s,
             H=shape.hidden, INTER=shape.intermediate, TOP_K=k,
-            BM=cfg.block_m, BN=cfg.block_n1, BK=cfg.block_k1,
+            BM=bm, BN=bn1, BK=cfg.block_k1,
             FP8=fp8, ACT=ACT_CODES[self.activation], HAS_BIAS=has_bias,
             COUNT=count_in_kernel, LIMIT=float(self.limit), ALPHA=float(self.alpha),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            QUANT_ACT=quant_act, **small, num_warps=cfg.num_warps, num_stages=stages, **pdl)
         w2, s2, b2 = weights(hot, W2), scales(hot, W2), bias(hot, B2)
         a_in, a_s = ws.act, self._dummy_f32
         if fp8:
-            kernels_dense.quant_groups_kernel[(picks, shape.intermediate // FP8_BLOCK)](
-                ws.act, self._aq, self._as, shape.intermediate, K=shape.intermediate, num_warps=1)
+            if not quant_act:
+                kernels_dense.quant_groups_kernel[(picks, shape.intermediate // FP8_BLOCK)](
+                    ws.act, self._aq, self._as, shape.intermediate, K=shape.intermediate, num_warps=1,
+                    **pdl)
             a_in, a_s = self._aq, self._as
-        kernels_dense.dense_w2_kernel[(shape.hidden // cfg.block_n2, max_slots)](
+        if fin is not None:
+            fin_w, fin_out = fin
+            if fin_out.shape != (1, shape.hidden) or fin_out.stride(1) != 1:
+                raise ValueError(f"out must be [1, {shape.hidden}] with unit column stride, got "
+                                 f"{tuple(fin_out.shape)}")
+            fin_args = {"weights_ptr": fin_w, "out_ptr": fin_out, "fin_ticket_ptr": self._fin_tickets,
+                        "FUSE_FINALIZE": True}
+        else:
+            fin_args = {"weights_ptr": ws.dummy_i64, "out_ptr": ws.dummy_i64, "fin_ticket_ptr": ws.dummy_i64}
+        kernels_dense.dense_w2_kernel[(shape.hidden // bn2, max_slots)](
             a_in, a_s, codes, w2, weights(cold, W2), s2, scales(cold, W2), b2, bias(cold, B2),
             ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.pick_out,
             w2.stride(0), stride(s2), stride(b2),
+            ids, mask_arg, self.num_experts, **fin_args,
             H=shape.hidden, INTER=shape.intermediate,
-            BM=cfg.block_m, BN=cfg.block_n2, BK=cfg.block_k2, FP8=fp8, HAS_BIAS=has_bias,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            BM=bm, BN=bn2, BK=cfg.block_k2, FP8=fp8, HAS_BIAS=has_bias, TOP_K=k, **small,
+            num_warps=cfg.num_warps, num_stages=stages, **pdl)

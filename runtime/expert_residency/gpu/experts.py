@@ -32,8 +32,10 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
+from ..contract import sizing
+from ..contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT
 from ..core.banks import ExpertBank, ResidentLayer
-from ..core.formats_ref import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT, SWIGLUOAI, deinterleave_gate_up
+from ..core.formats_ref import SWIGLUOAI, deinterleave_gate_up
 from ..core.reference import check_swiglu_limit
 from . import kernels, kernels_t1
 from .layout import check_mma_tiles, is_mma_order, to_kernel_layout
@@ -56,11 +58,12 @@ class KernelConfig:
     reduction depth per step (a multiple of 32, the MX block). The same config is used for every
     bank and every bank size; that is what keeps the split bit-identical to the unsplit layer."""
 
-    block_m: int = 16
-    block_n1: int = 64
-    block_k1: int = 128
-    block_n2: int = 128  # w2: 128-row tiles, 3.3 instead of 4.2 instructions per weight (SASS)
-    block_k2: int = 128
+    # The tile defaults live in contract.sizing (the ledger sizes the start-up bytes from them).
+    block_m: int = sizing.BLOCK_M
+    block_n1: int = sizing.BLOCK_N1
+    block_k1: int = sizing.BLOCK_K1
+    block_n2: int = sizing.BLOCK_N2  # w2: 128-row tiles, 3.3 instead of 4.2 instructions per weight (SASS)
+    block_k2: int = sizing.BLOCK_K2
     num_warps: int = 4
     num_stages: int = 4  # three weight tiles in flight (cp.async) per program
     # 0: integer dequant + tl.dot (also runs under TRITON_INTERPRET=1); 1: tl.dot_scaled;
@@ -79,9 +82,9 @@ class KernelConfig:
     # did not shorten T=1 (59 vs 60 µs, the layer is issue-bound, not short of programs) and it
     # slowed T=6 (327 vs 228 µs); BENCHMARKS.md. With a split, a token's bits depend on whether
     # its step was small (fp32 summation order); split == unsplit banks holds at every T.
-    small_tokens: int = 6
-    split_k1: int = 1
-    split_k2: int = 1
+    small_tokens: int = sizing.SMALL_TOKENS
+    split_k1: int = sizing.SPLIT_K1
+    split_k2: int = sizing.SPLIT_K2
     # T = 1: no grouping launch (each pick its own slot): three launches instead of four
     # (one all-HBM layer 67 -> 60 µs on the H200).
     one_token: bool = True
@@ -98,8 +101,8 @@ class KernelConfig:
     # share of the (pick, row tile, K step) work list, partials of tiles cut by a share boundary
     # added in share order (``kernels.w13_stream_kernel``); 0: one program per (pick, row tile).
     # A multiple of the SM count (132 on the H200) balances the grid.
-    stream_k1: int = 0
-    stream_k2: int = 0
+    stream_k1: int = sizing.STREAM_K1
+    stream_k2: int = sizing.STREAM_K2
     # T = 1 (with one_token, no split and no stream-K; the MMA-order layout with 64-row w13 tiles
     # and 64- or 128-row w2 tiles; compiled on CUDA sm_80+): the two expert launches multiply with
     # warp-level tensor-core MMA (``gpu.kernels_t1``) instead of ``tl.dot``; t1_warpgroups*
@@ -119,6 +122,14 @@ class KernelConfig:
     # (42.9 vs 45.1 us per all-HBM T=1 layer), 12 and 16 are slower (47.4, 55.8; BENCHMARKS.md).
     t1_unroll1: int = 8
     t1_unroll2: int = 8
+    # Grouped steps of 2..gw_max_tokens tokens (0: off) with an unsplit reduction, where the T = 1
+    # warp-MMA kernels run: the two expert launches run their loops (``kernels_t1.w13_gw_kernel``
+    # / ``w2_gw_kernel``: the same warpgroups, chains and loop trips) on up to eight picks of one
+    # expert per program, one per column of the MMA's B operand, instead of ``tl.dot`` tiles (whose
+    # K loop is 3.5 / 3.3 SASS instructions per weight against the warp-MMA loop's 2.6 / 2.7).
+    # Each pick's row then has the bits the T = 1 kernels give its token alone. Off by default
+    # until its GPU tests have run at every geometry (BENCHMARKS.md).
+    gw_max_tokens: int = 0
 
     def describe(self) -> str:
         kind = {0: "int-dequant", 1: "dot_scaled", 2: "prmt-dequant", 3: "mma-order"}.get(
@@ -140,13 +151,15 @@ class KernelConfig:
                 text += (f" T1-warp-mma{self.t1_warpgroups1}/{self.t1_warpgroups2}"
                          f"x{self.t1_chains1}/{self.t1_chains2}")
                 text += f" unroll{self.t1_unroll1}/{self.t1_unroll2}"
+                if self.gw_max_tokens >= 2:
+                    text += f" warp-mma-grouped@2..{self.gw_max_tokens}"
         if self.pdl:
             text += " pdl"
         return text
 
     def small_step_limit(self) -> int:
         """Largest T that runs the small-step schedule (a slot then fits one BM tile)."""
-        return min(self.small_tokens, self.block_m)
+        return sizing.small_step_limit(self.small_tokens, self.block_m)
 
 
 @dataclass(frozen=True)
@@ -210,13 +223,8 @@ class Workspace:
 
     @staticmethod
     def bytes_for(max_tokens: int, top_k: int, shape: ExpertShape, act_bytes: int = 2) -> int:
-        """Device bytes of one workspace: with P = max_tokens*top_k and PB the next power of two
-        >= max(P, 2), int32 ``2*PB + (P+1) + max(P,1) + 2``, int64 1, and bf16 ``P*(I + H)``
-        (activation rows and per-pick output rows)."""
-        picks = int(max_tokens) * int(top_k)
-        pb = triton.next_power_of_2(max(picks, 2))
-        ints = 2 * pb + (picks + 1) + max(picks, 1) + 2
-        return 4 * ints + 8 + act_bytes * picks * (shape.intermediate + shape.hidden)
+        """Device bytes of one workspace (``contract.sizing.workspace_bytes``)."""
+        return sizing.workspace_bytes(max_tokens, top_k, shape.hidden, shape.intermediate, act_bytes)
 
     @property
     def nbytes(self) -> int:
@@ -254,20 +262,12 @@ class SplitScratch:
 
     @staticmethod
     def bytes_for(max_tokens: int, top_k: int, shape: ExpertShape, config: KernelConfig) -> int:
-        """With p = min(max_tokens, small-step limit) * top_k picks and the effective splits s1, s2
-        (0 where 1): fp32 ``p*(s1*2I + s2*H)`` plus int32 tickets ``p*(I/block_n1 + H/block_n2)``;
-        with T=1 stream-K (``one_token``) also fp32 ``4*stream_k1*block_n1 + 2*stream_k2*block_n2``
-        and, when stream_k2 > 0, int32 ``top_k*H/block_n2``."""
-        p = max(min(int(max_tokens), config.small_step_limit()) * int(top_k), 1)
-        s1, s2 = effective_splits(shape, config)
-        s1, s2 = (s1 if s1 > 1 else 0), (s2 if s2 > 1 else 0)
-        tickets = p * (shape.intermediate // config.block_n1 + shape.hidden // config.block_n2)
-        stream = 0
-        if config.one_token:
-            stream = 4 * (4 * config.stream_k1 * config.block_n1 + 2 * config.stream_k2 * config.block_n2)
-            if config.stream_k2:
-                stream += 4 * int(top_k) * (shape.hidden // config.block_n2)
-        return 4 * p * (s1 * 2 * shape.intermediate + s2 * shape.hidden) + 4 * tickets + stream
+        """Device bytes of one split scratch (``contract.sizing.split_scratch_bytes``)."""
+        return sizing.split_scratch_bytes(
+            max_tokens, top_k, shape.hidden, shape.intermediate, block_n1=config.block_n1,
+            block_n2=config.block_n2, small_tokens=config.small_tokens, block_m=config.block_m,
+            splits=effective_splits(shape, config), one_token=config.one_token,
+            stream_k1=config.stream_k1, stream_k2=config.stream_k2)
 
     @property
     def nbytes(self) -> int:
@@ -281,7 +281,7 @@ def effective_splits(shape: ExpertShape, config: KernelConfig) -> tuple[int, int
             max(1, min(config.split_k2, shape.intermediate // config.block_k2)))
 
 
-def t1_warpgroups(shape: ExpertShape, config: KernelConfig) -> "tuple[int, int] | None":
+def t1_warpgroups(shape: ExpertShape, config: KernelConfig) -> tuple[int, int] | None:
     """Warpgroups per program of the T = 1 warp-MMA kernels (``gpu.kernels_t1``) for w13 and w2
     (0: that launch through tl.dot), or None where the config does not take them: off, a split or
     stream-K T = 1 schedule, not the MMA-order layout with 64-row w13 and 64/128-row w2 tiles.
@@ -316,14 +316,12 @@ def config_for_shape(shape: ExpertShape, config: KernelConfig = KernelConfig()) 
     """``config`` with each tile dim halved until it divides its matrix dim (down to 64 for the
     MMA-order layout, 32 otherwise): gpt-oss's 2,880 = 45 x 64 takes 64-wide tiles where the
     defaults are 128. ValueError when no such tile exists."""
-    floor = 64 if is_mma_order(config) else 32
+    floor = sizing.MMA_ORDER_TILE_FLOOR if is_mma_order(config) else 32
     fields = {"block_n1": shape.intermediate, "block_k1": shape.hidden,
               "block_n2": shape.hidden, "block_k2": shape.intermediate}
     fitted = {}
     for name, dim in fields.items():
-        tile = getattr(config, name)
-        while dim % tile and tile > floor:
-            tile //= 2
+        tile = sizing.fitted_tile(getattr(config, name), dim, floor)
         if dim % tile:
             raise ValueError(f"{name}: no tile of >= {floor} divides {dim} ({shape})")
         fitted[name] = tile
@@ -376,7 +374,7 @@ class TritonMxfp4Experts:
         groups = t1_warpgroups(shape, config)
         self._t1_groups = groups if groups is not None and runs_warp_mma(self.device) else None
 
-    def to_kernel_layout(self, tensors: "dict[str, torch.Tensor]") -> None:
+    def to_kernel_layout(self, tensors: dict[str, torch.Tensor]) -> None:
         """Re-order a layer's full expert tensors for these kernels (in place; ``gpu.layout``).
         Call once per layer before re-homing it into banks. SwiGLU-OAI layers' interleaved gate/up
         rows (and their scales and bias) are put gate-first first."""
@@ -386,7 +384,7 @@ class TritonMxfp4Experts:
 
     # -- the fused split layer -------------------------------------------------------------
     def forward(self, layer: ResidentLayer, x: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor, *, counter: "ExpertCounter | None" = None,
+                topk_ids: torch.Tensor, *, counter: ExpertCounter | None = None,
                 token_mask: torch.Tensor | None = None, decode_mask: torch.Tensor | None = None,
                 out: torch.Tensor | None = None) -> torch.Tensor:
         """Routed-expert output ``[T, H]`` (dtype of ``x``) of ``layer`` for ``x [T, H]`` bf16.
@@ -414,10 +412,10 @@ class TritonMxfp4Experts:
                 and self.top_k <= MAX_FUSED_PICKS and effective_splits(self.shape, cfg)[1] == 1)
 
     def pick_outputs(self, layer: ResidentLayer, x: torch.Tensor, topk_ids: torch.Tensor, *,
-                     counter: "ExpertCounter | None" = None,
+                     counter: ExpertCounter | None = None,
                      token_mask: torch.Tensor | None = None,
                      decode_mask: torch.Tensor | None = None,
-                     _finalize: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> torch.Tensor:
+                     _finalize: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Unreduced per-pick rows ``[T, K, H]`` bf16 (a view of the workspace: consume before the
         next call). ``_finalize`` (``forward`` at T=1): ``(topk_weights, out)`` for the fused
         finalize."""
@@ -484,7 +482,7 @@ class TritonMxfp4Experts:
     def _run(self, x: torch.Tensor, ids: torch.Tensor, codes: torch.Tensor, hot: ExpertBank,
              cold: ExpertBank, *, token_mask: torch.Tensor | None, counts: torch.Tensor | None,
              tokens: torch.Tensor | None,
-             fin: "tuple[torch.Tensor, torch.Tensor] | None" = None) -> None:
+             fin: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         cfg, ws, shape = self.config, self.workspace, self.shape
         t, k = ids.shape
         if k != self.top_k or t > ws.max_tokens:
@@ -540,9 +538,13 @@ class TritonMxfp4Experts:
         act_args = dict(SWIGLU_LIMIT=0.0 if self.swiglu_limit is None else self.swiglu_limit,
                         HAS_BIAS=has_bias, ACT=1 if self.activation == SWIGLUOAI else 0,
                         ALPHA=float(self.swiglu_alpha))
-        g1 = g2 = 0
+        g1 = g2 = gw1 = gw2 = 0
         if one_token and self._t1_groups is not None and x.data_ptr() % 4 == 0:
             g1, g2 = self._t1_groups
+        elif (not one_token and 2 <= t <= cfg.gw_max_tokens and s1 == 1 and s2 == 1 and self._t1_groups is not None
+              and x.data_ptr() % 4 == 0 and x.stride(0) % 2 == 0):
+            gw1, gw2 = self._t1_groups
+        passes = triton.cdiv(t, 8)   # a slot holds at most T picks (a token picks an expert once)
         if g1:
             kernels_t1.w13_t1_kernel[(shape.intermediate // 64, k)](
                 x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX], ws.act,
@@ -553,6 +555,16 @@ class TritonMxfp4Experts:
                 COUNT=count_in_kernel, CHAINS=cfg.t1_chains1,
                 HAS_TOKEN_MASK=token_mask is not None, UNROLL=cfg.t1_unroll1,
                 **act_args, num_warps=4 * g1, num_stages=1, **self._pdl_args())
+        elif gw1:
+            kernels_t1.w13_gw_kernel[(shape.intermediate // 64, max_slots, passes)](
+                x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX],
+                ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.act,
+                counts if count_in_kernel else ws.dummy_i64, tokens if count_in_kernel else ws.dummy_i64,
+                ws.n_tokens, x.stride(0), w13.stride(0), s13.stride(0),
+                b13[0], b13[1], b13[0].stride(0) if has_bias else 0,
+                H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BK=cfg.block_k1, KSPLIT=gw1,
+                COUNT=count_in_kernel, CHAINS=cfg.t1_chains1, UNROLL=cfg.t1_unroll1,
+                **act_args, num_warps=4 * gw1, num_stages=1, **self._pdl_args())
         elif stream1:
             kernels.w13_stream_kernel[(stream1,)](
                 x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX], ws.act,
@@ -587,6 +599,14 @@ class TritonMxfp4Experts:
                 KSPLIT=g2, CHAINS=cfg.t1_chains2, HAS_TOKEN_MASK=token_mask is not None,
                 HAS_BIAS=has_bias, UNROLL=cfg.t1_unroll2,
                 num_warps=4 * g2, num_stages=1, **self._pdl_args())
+        elif gw2:
+            kernels_t1.w2_gw_kernel[(shape.hidden // cfg.block_n2, max_slots, passes)](
+                ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX],
+                ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.pick_out,
+                w2.stride(0), s2w.stride(0), b2[0], b2[1], b2[0].stride(0) if has_bias else 0,
+                H=shape.hidden, INTER=shape.intermediate, BN=cfg.block_n2, BK=cfg.block_k2, KSPLIT=gw2,
+                CHAINS=cfg.t1_chains2, HAS_BIAS=has_bias, UNROLL=cfg.t1_unroll2,
+                num_warps=4 * gw2, num_stages=1, **self._pdl_args())
         elif stream2:
             kernels.w2_stream_kernel[(stream2,)](
                 ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX], ws.pick_out,
@@ -612,7 +632,7 @@ class TritonMxfp4Experts:
                 # (the w2 split tickets, unused when w2 is unsplit; every launch leaves them at zero)
                 **self._fused_finalize_args(fin, ws))
 
-    def _fused_finalize_args(self, fin: "tuple[torch.Tensor, torch.Tensor] | None", ws: Workspace) -> dict:
+    def _fused_finalize_args(self, fin: tuple[torch.Tensor, torch.Tensor] | None, ws: Workspace) -> dict:
         if fin is None:
             return dict(weights_ptr=ws.dummy_i64, out_ptr=ws.dummy_i64, fin_ticket_ptr=ws.dummy_i64)
         weights, out = fin

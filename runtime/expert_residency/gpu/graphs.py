@@ -11,7 +11,7 @@ graph is a captured constant except tensor addresses and shapes.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

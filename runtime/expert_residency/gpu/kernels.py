@@ -188,7 +188,7 @@ def _dequant_mxfp4_prmt(packed, scales, ROWS: tl.constexpr, BK: tl.constexpr):
 # 2^(s-127) gives the exact scaled weight (mul.bf16x2 is exact on subnormal inputs). $5..$8: the
 # multipliers of the word's 4 byte-elements (rows g, g, g+8, g+8). Outputs $0..$3: the fragment
 # registers (row g, k 2q..), (row g+8, k 2q..), (row g, k 2q+8..), (row g+8, k 2q+8..).
-def word_decode_ptx(word: str, m_lo: str, m_hi: str, outs: "tuple[str, str, str, str]",
+def word_decode_ptx(word: str, m_lo: str, m_hi: str, outs: tuple[str, str, str, str],
                     sm90: bool = True) -> str:
     """PTX of the decode above for one MMA-order word: ``word`` (a register) -> the four bf16x2
     fragment registers ``outs``, scaled by ``m_lo`` (rows g) and ``m_hi`` (rows g+8). Uses the

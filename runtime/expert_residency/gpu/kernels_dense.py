@@ -1,10 +1,15 @@
 """Triton expert kernels for BF16 and FP8-block (E4M3, 128x128 fp32 scales) experts over a hot and a
 cold bank (launch logic in ``gpu.dense_experts``).
 
-Same four-launch structure as the MXFP4 path (``gpu.kernels``, whose grouping and finalize kernels
-are reused unchanged): group the step's picks by expert, ``dense_w13_act_kernel`` (gate/up
-products, bias, activation, bf16 activation rows, optional in-kernel usage counter),
-``dense_w2_kernel`` (one unreduced bf16 row per pick, bias), then the fp32-fma finalize.
+The launch structure of the MXFP4 path (``gpu.kernels``, whose grouping and finalize kernels and
+T=1 helpers are reused unchanged): group the step's picks by expert, ``dense_w13_act_kernel``
+(gate/up products, bias, activation, bf16 activation rows, optional in-kernel usage counter),
+``dense_w2_kernel`` (one unreduced bf16 row per pick, bias), then the fp32-fma finalize. At T=1
+(``ONE_TOKEN``) there is no grouping launch and the finalize runs at the end of the w2 launch
+(``FUSE_FINALIZE``: the last program of each row tile, by ticket); FP8 quantizes the layer input
+once per step (``quant_groups_kernel``) and the activation rows either in the w13 epilogue
+(``QUANT_ACT``, 128-row tiles) or in a second ``quant_groups_kernel`` launch — the same bits. On
+sm_90+ every launch is a programmatic dependent launch (``PDL``).
 Each expert's rows come from whichever bank the row map ``codes[e]`` names (``>= 0`` hot row in
 HBM, ``< 0`` cold row ``~code`` in pinned host memory read in place); both banks go through the
 same loads and the same tiling, so a pick's bits do not depend on where its expert lives: the
@@ -38,7 +43,15 @@ import os
 import triton
 import triton.language as tl
 
-from .kernels import _expert_base  # noqa: F401  (used inside the jitted kernels)
+# Shared with the MXFP4 kernels (used inside the jitted kernels): the row map, programmatic
+# dependent launch, the T=1 pick of a slot, the last-program ticket and the fused T=1 finalize.
+from .kernels import (
+    _expert_base,
+    _finalize_rows,
+    _last_of_split,
+    _one_token_pick,
+    _pdl_enter,
+)
 
 # Triton's CPU interpreter multiplies bf16 tiles wrongly (see gpu.kernels) and has no fp8 type:
 # under TRITON_INTERPRET=1 the tile products run on fp32 copies of the same exact values and the
@@ -90,12 +103,13 @@ def _quant_group(x_t, BK: tl.constexpr):
 
 
 @triton.jit
-def quant_groups_kernel(src_ptr, q_ptr, s_ptr, src_stride, K: tl.constexpr):
+def quant_groups_kernel(src_ptr, q_ptr, s_ptr, src_stride, K: tl.constexpr, PDL: tl.constexpr = False):
     """FP8 GEMM input, once per step: one 128-value group of one row per program (grid ``(rows,
     K/128)``) -> ``q [rows, K]`` (E4M3; held as bf16 under the interpreter, which has no FP8
     type) and ``s [rows, K/128]`` fp32, by
     ``_quant_group``, the same operations the expert kernels used to repeat in every output tile
-    (so the same bits)."""
+    (so the same bits). ``PDL``: ``kernels._pdl_enter``."""
+    _pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     kk = g * 128 + tl.arange(0, 128)
@@ -141,23 +155,44 @@ def dense_w13_act_kernel(x_ptr, xs_ptr, codes_ptr, hot_w_ptr, cold_w_ptr, hot_s_
                          sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, act_ptr,
                          counts_ptr, tokens_ptr, n_tokens_ptr,
                          stride_x, w_expert_stride, s_expert_stride, b_expert_stride,
+                         ids_ptr, token_mask_ptr, E, aq_ptr, as_ptr,
                          H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                          FP8: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                         COUNT: tl.constexpr, LIMIT: tl.constexpr = 0.0, ALPHA: tl.constexpr = 1.0):
+                         COUNT: tl.constexpr, LIMIT: tl.constexpr = 0.0, ALPHA: tl.constexpr = 1.0,
+                         ONE_TOKEN: tl.constexpr = False, HAS_TOKEN_MASK: tl.constexpr = False,
+                         QUANT_ACT: tl.constexpr = False, PDL: tl.constexpr = False):
     """``act[p, n] = bf16(act(gate_n . x + b, up_n . x + b))`` for every pick ``p`` of the slot.
     FP8: ``x_ptr`` holds the step's quantized input (``quant_groups_kernel``) and ``xs_ptr`` its
-    group scales."""
+    group scales.
+
+    ``ONE_TOKEN`` (T = 1): no grouping launch — slot ``p`` is pick ``p``, its expert read from
+    ``ids`` (``kernels._one_token_pick``: an id outside ``0..E-1`` or a masked token computes
+    nothing); the counter counts the pick and, in program (0, 0), the token.
+    ``QUANT_ACT`` (FP8 with ``BN == 128``: each tile's rows are whole 128-value groups of the
+    second GEMM's input): the bf16 activation rows are quantized here, by ``_quant_group`` on the
+    same bf16 values ``quant_groups_kernel`` would read, into ``aq [P, INTER]`` (E4M3) and
+    ``as [P, INTER/128]`` — the same bits without the extra launch (nothing is stored to ``act``).
+    ``PDL``: ``kernels._pdl_enter``."""
+    _pdl_enter(PDL)
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
-    if COUNT:
-        if (pid_n == 0) & (slot == 0):
-            tl.atomic_add(tokens_ptr, tl.load(n_tokens_ptr).to(tl.int64))
-    if slot >= tl.load(num_slots_ptr):
-        return
-    start = tl.load(slot_start_ptr + slot)
-    end = tl.load(slot_start_ptr + slot + 1)
-    expert = tl.load(slot_expert_ptr + slot)
+    if ONE_TOKEN:
+        expert, ok = _one_token_pick(ids_ptr, token_mask_ptr, tokens_ptr, slot, E,
+                                     (pid_n == 0) & (slot == 0), TOP_K, HAS_TOKEN_MASK, COUNT)
+        if ok == 0:
+            return
+        start = slot
+        end = slot + 1
+    else:
+        if COUNT:
+            if (pid_n == 0) & (slot == 0):
+                tl.atomic_add(tokens_ptr, tl.load(n_tokens_ptr).to(tl.int64))
+        if slot >= tl.load(num_slots_ptr):
+            return
+        start = tl.load(slot_start_ptr + slot)
+        end = tl.load(slot_start_ptr + slot + 1)
+        expert = tl.load(slot_expert_ptr + slot)
     if COUNT:
         if pid_n == 0:
             tl.atomic_add(counts_ptr + expert, (end - start).to(tl.int64))
@@ -175,7 +210,10 @@ def dense_w13_act_kernel(x_ptr, xs_ptr, codes_ptr, hot_w_ptr, cold_w_ptr, hot_s_
     while m0 < end:
         mm = m0 + tl.arange(0, BM)
         m_ok = mm < end
-        picks = tl.load(sorted_pick_ptr + mm, mask=m_ok, other=0)
+        if ONE_TOKEN:
+            picks = mm
+        else:
+            picks = tl.load(sorted_pick_ptr + mm, mask=m_ok, other=0)
         tok = (picks // TOP_K).to(tl.int64)
         acc_g = tl.zeros((BN, BM), dtype=tl.float32)
         acc_u = tl.zeros((BN, BM), dtype=tl.float32)
@@ -202,8 +240,13 @@ def dense_w13_act_kernel(x_ptr, xs_ptr, codes_ptr, hot_w_ptr, cold_w_ptr, hot_s_
                 acc_g = tl.minimum(acc_g, LIMIT)
                 acc_u = tl.minimum(tl.maximum(acc_u, -LIMIT), LIMIT)
             act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
-        dest = act_ptr + picks[None, :].to(tl.int64) * INTER + out_rows[:, None]
-        tl.store(dest, act.to(tl.bfloat16), mask=m_ok[None, :])
+        row_of_pick = picks[None, :].to(tl.int64) * INTER + out_rows[:, None]
+        if QUANT_ACT:   # BN == 128: one whole quantization group per pick column
+            q, scale = _quant_group(act.to(tl.bfloat16).to(tl.float32), BN)
+            tl.store(aq_ptr + row_of_pick, q.to(aq_ptr.dtype.element_ty), mask=m_ok[None, :])
+            tl.store(as_ptr + picks.to(tl.int64) * (INTER // 128) + pid_n, scale, mask=m_ok)
+        else:
+            tl.store(act_ptr + row_of_pick, act.to(tl.bfloat16), mask=m_ok[None, :])
         m0 += BM
 
 
@@ -212,18 +255,42 @@ def dense_w2_kernel(act_ptr, act_s_ptr, codes_ptr, hot_w_ptr, cold_w_ptr, hot_s_
                     hot_b_ptr, cold_b_ptr,
                     sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, y_ptr,
                     w_expert_stride, s_expert_stride, b_expert_stride,
+                    ids_ptr, token_mask_ptr, E, weights_ptr, out_ptr, fin_ticket_ptr,
                     H: tl.constexpr, INTER: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                    FP8: tl.constexpr, HAS_BIAS: tl.constexpr):
+                    FP8: tl.constexpr, HAS_BIAS: tl.constexpr, TOP_K: tl.constexpr = 1,
+                    ONE_TOKEN: tl.constexpr = False, HAS_TOKEN_MASK: tl.constexpr = False,
+                    FUSE_FINALIZE: tl.constexpr = False, PDL: tl.constexpr = False):
     """``y[p, n] = bf16(w2_n . act_p + b2_n)``: one unreduced output row per pick (FP8: ``act_ptr``
-    quantized, ``act_s_ptr`` its group scales)."""
+    quantized, ``act_s_ptr`` its group scales).
+
+    ``ONE_TOKEN`` as in ``dense_w13_act_kernel``. ``FUSE_FINALIZE`` (with ``ONE_TOKEN``): the
+    step's one token is finalized in this launch exactly as ``kernels.w2_kernel`` does it — every
+    program of a row tile (one per pick, skipped picks included) takes a ticket on
+    ``fin_ticket[pid_n]`` after its store, and the last adds the tile's ``TOP_K`` stored bf16 rows
+    with ``finalize_kernel``'s fp32 fma in router order (``kernels._finalize_rows``; a pick whose
+    id is outside ``0..E-1`` adds ``fma(0, 0, acc)``): the same bits whichever program is last.
+    ``PDL``: ``kernels._pdl_enter``."""
+    _pdl_enter(PDL)
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
-    if slot >= tl.load(num_slots_ptr):
-        return
-    start = tl.load(slot_start_ptr + slot)
-    end = tl.load(slot_start_ptr + slot + 1)
-    expert = tl.load(slot_expert_ptr + slot)
+    if ONE_TOKEN:
+        expert, ok = _one_token_pick(ids_ptr, token_mask_ptr, ids_ptr, slot, E, False, TOP_K,
+                                     HAS_TOKEN_MASK, False)
+        start = slot
+        if FUSE_FINALIZE:   # a skipped pick computes nothing but still takes its ticket
+            expert = tl.where(ok, expert, 0)
+            end = tl.where(ok, slot + 1, slot)
+        else:
+            if ok == 0:
+                return
+            end = slot + 1
+    else:
+        if slot >= tl.load(num_slots_ptr):
+            return
+        start = tl.load(slot_start_ptr + slot)
+        end = tl.load(slot_start_ptr + slot + 1)
+        expert = tl.load(slot_expert_ptr + slot)
     w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride)
     s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride)
     b_base = _expert_base(codes_ptr, expert, hot_b_ptr, cold_b_ptr, b_expert_stride)
@@ -232,7 +299,10 @@ def dense_w2_kernel(act_ptr, act_s_ptr, codes_ptr, hot_w_ptr, cold_w_ptr, hot_s_
     while m0 < end:
         mm = m0 + tl.arange(0, BM)
         m_ok = mm < end
-        picks = tl.load(sorted_pick_ptr + mm, mask=m_ok, other=0).to(tl.int64)
+        if ONE_TOKEN:
+            picks = mm.to(tl.int64)
+        else:
+            picks = tl.load(sorted_pick_ptr + mm, mask=m_ok, other=0).to(tl.int64)
         acc = tl.zeros((BN, BM), dtype=tl.float32)
         for k0 in range(0, INTER, BK):
             kk = k0 + tl.arange(0, BK)
@@ -249,3 +319,6 @@ def dense_w2_kernel(act_ptr, act_s_ptr, codes_ptr, hot_w_ptr, cold_w_ptr, hot_s_
         dest = y_ptr + picks[None, :] * H + rows[:, None]
         tl.store(dest, acc.to(tl.bfloat16), mask=m_ok[None, :])
         m0 += BM
+    if FUSE_FINALIZE:
+        if _last_of_split(fin_ticket_ptr + pid_n, TOP_K):
+            _finalize_rows(y_ptr, weights_ptr, ids_ptr, out_ptr, rows, E, H, TOP_K, BN)

@@ -36,8 +36,16 @@ import triton
 import triton.language as tl
 from triton.language.target_info import cuda_capability_geq
 
-from .kernels import (_bf16x2_scale, _expert_base, _finalize_rows, _glu, _last_of_split, _one_token_pick,
-                      _pdl_enter, word_decode_ptx)
+from .kernels import (
+    _bf16x2_scale,
+    _expert_base,
+    _finalize_rows,
+    _glu,
+    _last_of_split,
+    _one_token_pick,
+    _pdl_enter,
+    word_decode_ptx,
+)
 
 # Words (16 bytes) per thread and K half-step, threads per warpgroup, and the layout's blocks:
 # one (row-rep, half-step) block is 128 threads x 16 bytes of words = 512 int32, and 128 scale
@@ -178,14 +186,17 @@ def _ring_step(a0, a1, a2, a3, b0, b1, b2, b3, wa, sa, wb, sb, x_pairs, h, x_off
 @triton.jit
 def _warp_mma_rows(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES: tl.constexpr, BH: tl.constexpr,
                    STEP_W: tl.constexpr, STEP_S: tl.constexpr, KSPLIT: tl.constexpr, TWO: tl.constexpr,
-                   CHAINS: tl.constexpr, PDL_AFTER_PROLOGUE: tl.constexpr = False, UNROLL: tl.constexpr = 8):
+                   CHAINS: tl.constexpr, PDL_AFTER_PROLOGUE: tl.constexpr = False, UNROLL: tl.constexpr = 8,
+                   x_row=0):
     """fp32 fragments ``[128, 4]`` (thread ``t`` of the tile's warpgroup, accumulator element
     ``j``: row ``16 * (t // 32) + (t % 32) // 4 + 8 * (j // 2)`` of the rep, the token in every
     column) of stream A (and B) times the input row over ``HALVES`` K half-steps, the
     warpgroups' partial sums added in group order. ``PDL_AFTER_PROLOGUE``: ``_pdl_enter`` after
     the first four half-steps' weight loads are issued (they then overlap the previous kernel's
     tail; only for weights that no in-flight kernel writes) and before the input row is read.
-    ``UNROLL``: half-steps per loop trip (a multiple of 4)."""
+    ``UNROLL``: half-steps per loop trip (a multiple of 4). ``x_row``: 0 (every lane reads the row
+    at ``x_pairs``), or int32 ``[128 * KSPLIT, 1]`` per-thread offsets (in bf16 pairs) of the row
+    its B column reads (``_gw_b_rows``: up to eight tokens, one per column)."""
     N: tl.constexpr = 128 * KSPLIT
     tid = tl.arange(0, N)[:, None]
     j = tl.arange(0, 4)[None, :]
@@ -194,7 +205,7 @@ def _warp_mma_rows(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES: tl.const
     lane = t % 32
     w_off = t * 4 + j                          # the thread's 16 bytes of a block
     s_off = (t // 32) * 8 + lane // 4          # its rows' 4 scale bytes (b0, h)
-    x_off = 8 * j + lane % 4                   # pair 2q.. of word j's k16 chunk (b1: +4 pairs)
+    x_off = 8 * j + lane % 4 + x_row           # pair 2q.. of word j's k16 chunk (b1: +4 pairs)
     ITERS: tl.constexpr = HALVES // KSPLIT     # this warpgroup's half-steps: i * KSPLIT + grp
     LAST: tl.constexpr = ITERS - 1
     a0 = tl.zeros((N, 4), dtype=tl.float32)
@@ -387,3 +398,144 @@ def w2_t1_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_pt
     if FUSE_FINALIZE:
         if _last_of_split(fin_ticket_ptr + pid_n, TOP_K):
             _finalize_rows(y_ptr, weights_ptr, ids_ptr, out_ptr, pid_n * BN + tl.arange(0, BN), E, H, TOP_K, BN)
+
+
+# -- grouped steps (T >= 2): the same loops on up to eight picks of one expert per pass --------------
+#
+# The m16n8k16 MMA's B operand has eight columns; the T = 1 kernels fill all eight with the one
+# token and keep column 0. Here each column carries a pick of the slot's expert (B column
+# ``lane // 4`` of each thread), so one pass over a row tile's weights serves up to eight picks
+# for the same loads, decodes and MMAs. A column's results depend on its own B column only, and
+# every column runs the T = 1 kernels' arithmetic (same K order, warpgroups, chains), so each
+# pick's row is bit for bit the row the T = 1 kernels give that token alone: the step's bits do
+# not depend on which other picks share the slot, the bank or the schedule.
+
+@triton.jit
+def _gw_b_rows(sorted_pick_ptr, m0, end, row_pairs, TOKEN_ROWS: tl.constexpr, TOP_K: tl.constexpr,
+               KSPLIT: tl.constexpr):
+    """Per thread (``[128 * KSPLIT, 1]``): the bf16-pair offset of the input row its B column
+    (``lane // 4``: pick ``m0 + lane // 4`` of the slot's sorted picks) reads — the pick's token
+    row of ``x`` (``TOKEN_ROWS``) or the pick's own activation row. Columns past the slot's last
+    pick read the pass's first pick (their results are not stored)."""
+    N: tl.constexpr = 128 * KSPLIT
+    idx = m0 + (tl.arange(0, N)[:, None] % 32) // 4
+    pick = tl.load(sorted_pick_ptr + tl.where(idx < end, idx, m0))
+    if TOKEN_ROWS:
+        pick = pick // TOP_K
+    return pick * row_pairs
+
+
+@triton.jit
+def _gw_fragment_cols():
+    """B column (the pass's pick ``0..7``) of each ``[128, 4]`` accumulator element: ``2 * (lane
+    % 4) + j % 2`` (m16n8k16's C fragment; rows as ``_fragment_rows``)."""
+    t = tl.arange(0, 128)[:, None]
+    j = tl.arange(0, 4)[None, :]
+    return 2 * (t % 4) + (j % 2)
+
+
+@triton.jit
+def _gw_slot(slot_start_ptr, slot_expert_ptr, num_slots_ptr, slot, pass_):
+    """Slot ``slot``'s expert, its sorted-pick range end, and this pass's first pick ``m0`` (the
+    slot's picks ``8 * pass_ ..``); ``m0 >= end`` where the slot or the pass is empty."""
+    n_slots = tl.load(num_slots_ptr)
+    live = slot < n_slots
+    safe = tl.where(live, slot, 0)
+    start = tl.load(slot_start_ptr + safe)
+    end = tl.where(live, tl.load(slot_start_ptr + safe + 1), start)
+    return tl.load(slot_expert_ptr + safe), start, start + 8 * pass_, end
+
+
+@triton.jit
+def w13_gw_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
+                  sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, act_ptr,
+                  counts_ptr, tokens_ptr, n_tokens_ptr, stride_x, w_expert_stride, s_expert_stride,
+                  hot_b_ptr, cold_b_ptr, b_expert_stride,
+                  H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, BK: tl.constexpr,
+                  KSPLIT: tl.constexpr, COUNT: tl.constexpr, CHAINS: tl.constexpr = 1,
+                  SWIGLU_LIMIT: tl.constexpr = 0.0, HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0,
+                  ALPHA: tl.constexpr = 1.0, PDL: tl.constexpr = False, UNROLL: tl.constexpr = 8):
+    """``act[p, rows] = bf16(glu(gate . x_t, up . x_t))`` for the 64 rows of row tile
+    ``program_id(0)`` and picks ``p`` (token ``t``) ``8 * program_id(2) ..`` (up to eight) of slot
+    ``program_id(1)`` (the grouping kernel's slots; a program whose pass is empty returns);
+    ``w13_swiglu_kernel``'s counter (the first program of a slot adds its pick count, program
+    (0, 0, 0) the step's tokens), bias and activations."""
+    _pdl_enter(PDL)
+    pid_n = tl.program_id(0)
+    slot = tl.program_id(1)
+    pass_ = tl.program_id(2)
+    if COUNT:
+        if (pid_n == 0) & (slot == 0) & (pass_ == 0):
+            tl.atomic_add(tokens_ptr, tl.load(n_tokens_ptr).to(tl.int64))
+    expert, start, m0, end = _gw_slot(slot_start_ptr, slot_expert_ptr, num_slots_ptr, slot, pass_)
+    if m0 >= end:
+        return
+    if COUNT:
+        if (pid_n == 0) & (pass_ == 0):
+            tl.atomic_add(counts_ptr + expert, (end - start).to(tl.int64))
+    i32 = tl.pointer_type(tl.int32)
+    w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride).to(i32)
+    s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride).to(i32)
+    NK: tl.constexpr = H // BK
+    STEP_W: tl.constexpr = 64 * BK // 8
+    STEP_S: tl.constexpr = 64 * BK // 128
+    up = INTER // 64 + pid_n
+    x_row = _gw_b_rows(sorted_pick_ptr, m0, end, stride_x // 2, True, TOP_K, KSPLIT)
+    acc_g, acc_u = _warp_mma_rows(x_ptr.to(i32), w_base, s_base, pid_n * NK * STEP_W, up * NK * STEP_W,
+                                  pid_n * NK * STEP_S, up * NK * STEP_S, NK * (BK // 64), BK // 64,
+                                  STEP_W, STEP_S, KSPLIT, True, CHAINS, UNROLL=UNROLL, x_row=x_row)
+    rows, _ = _fragment_rows()
+    rows += pid_n * 64
+    if HAS_BIAS:
+        b_base = _expert_base(codes_ptr, expert, hot_b_ptr, cold_b_ptr, b_expert_stride)
+        acc_g += tl.load(b_base + rows).to(tl.float32)
+        acc_u += tl.load(b_base + INTER + rows).to(tl.float32)
+    act = _glu(acc_g, acc_u, SWIGLU_LIMIT, ACT, ALPHA)
+    cols = m0 + _gw_fragment_cols()
+    c_ok = cols < end
+    pick = tl.load(sorted_pick_ptr + cols, mask=c_ok, other=0).to(tl.int64)
+    tl.store(act_ptr + pick * INTER + rows, act.to(tl.bfloat16), mask=c_ok)
+
+
+@triton.jit
+def w2_gw_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
+                 sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, y_ptr,
+                 w_expert_stride, s_expert_stride, hot_b_ptr, cold_b_ptr, b_expert_stride,
+                 H: tl.constexpr, INTER: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                 KSPLIT: tl.constexpr, CHAINS: tl.constexpr = 1, HAS_BIAS: tl.constexpr = False,
+                 PDL: tl.constexpr = False, UNROLL: tl.constexpr = 8):
+    """``y[p, rows] = bf16(w2_rows . act_p (+ b2))`` for the ``BN`` (64 or 128) rows of row tile
+    ``program_id(0)`` and picks ``8 * program_id(2) ..`` of slot ``program_id(1)`` (the finalize
+    is its own launch at T >= 2)."""
+    _pdl_enter(PDL)
+    pid_n = tl.program_id(0)
+    slot = tl.program_id(1)
+    expert, start, m0, end = _gw_slot(slot_start_ptr, slot_expert_ptr, num_slots_ptr, slot, tl.program_id(2))
+    if m0 >= end:
+        return
+    i32 = tl.pointer_type(tl.int32)
+    w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride).to(i32)
+    s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride).to(i32)
+    NK: tl.constexpr = INTER // BK
+    BH: tl.constexpr = BK // 64
+    STEP_W: tl.constexpr = BN * BK // 8
+    STEP_S: tl.constexpr = BN * BK // 128
+    a_w = pid_n * NK * STEP_W
+    a_s = pid_n * NK * STEP_S
+    x_row = _gw_b_rows(sorted_pick_ptr, m0, end, INTER // 2, False, 1, KSPLIT)
+    acc0, acc1 = _warp_mma_rows(act_ptr.to(i32), w_base, s_base, a_w, a_w + BH * _BLOCK_WORDS, a_s,
+                                a_s + BH * _BLOCK_SCALE_WORDS, NK * BH, BH, STEP_W, STEP_S, KSPLIT, BN == 128,
+                                CHAINS, False, UNROLL, x_row)
+    rows, _ = _fragment_rows()
+    rows += pid_n * BN
+    if HAS_BIAS:
+        b_base = _expert_base(codes_ptr, expert, hot_b_ptr, cold_b_ptr, b_expert_stride)
+        acc0 += tl.load(b_base + rows).to(tl.float32)
+        if BN == 128:
+            acc1 += tl.load(b_base + rows + 64).to(tl.float32)
+    cols = m0 + _gw_fragment_cols()
+    c_ok = cols < end
+    pick = tl.load(sorted_pick_ptr + cols, mask=c_ok, other=0).to(tl.int64)
+    tl.store(y_ptr + pick * H + rows, acc0.to(tl.bfloat16), mask=c_ok)
+    if BN == 128:
+        tl.store(y_ptr + pick * H + rows + 64, acc1.to(tl.bfloat16), mask=c_ok)

@@ -34,7 +34,7 @@ run for the host link. The decode multiplies by ``2^(s-1)`` in bf16, so scales m
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

@@ -4,12 +4,27 @@ rank's local experts through vLLM's expert map, refusals where unsupported, ``pa
 
 Torch only; imports nothing from recipegen or vLLM (docs/parallel.md has the vLLM lines)."""
 
-from .ep import (EP_SUM_TOLERANCE, ExpertPlacement, check_expert_map, ep_forward, expert_map_for,
-                 local_expert_rows, slice_rowmap, unsupported_ep_reason)
-from .tp import (TP_SUM_TOLERANCE, TensorShard, check_same_rowmap, rehome_tp_rank,
-                 shard_expert_tensor, shard_expert_tensors, unsplit_tp_rank)
+from .ep import (
+    EP_SUM_TOLERANCE,
+    ExpertPlacement,
+    check_expert_map,
+    ep_forward,
+    expert_map_for,
+    local_expert_rows,
+    slice_rowmap,
+    unsupported_ep_reason,
+)
+from .tp import (
+    TP_SUM_TOLERANCE,
+    TensorShard,
+    check_same_rowmap,
+    rehome_tp_rank,
+    shard_expert_tensor,
+    shard_expert_tensors,
+    unsplit_tp_rank,
+)
 
 __all__ = ["EP_SUM_TOLERANCE", "ExpertPlacement", "TP_SUM_TOLERANCE", "TensorShard",
            "check_expert_map", "check_same_rowmap", "ep_forward", "expert_map_for",
            "local_expert_rows", "rehome_tp_rank", "shard_expert_tensor", "shard_expert_tensors",
-           "slice_rowmap", "unsplit_tp_rank"]
+           "slice_rowmap", "unsplit_tp_rank", "unsupported_ep_reason"]

@@ -22,8 +22,8 @@ every expert within ``EP_SUM_TOLERANCE``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

@@ -26,8 +26,8 @@ finalize to the pick/output dtype before the all-reduce adds them (``TP_SUM_TOLE
 
 from __future__ import annotations
 
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, MutableMapping, Sequence
 
 import torch
 
@@ -150,7 +150,7 @@ def shard_expert_tensor(name: str, full: torch.Tensor, shard: TensorShard) -> to
 def shard_expert_tensors(full: Mapping[str, torch.Tensor], shard: TensorShard) -> dict[str, torch.Tensor]:
     """Every tensor of one layer sharded for one rank (fresh tensors; ``full`` is untouched)."""
     if shard.padded_intermediate not in (None, shard.per_rank):
-        for name, t in full.items():
+        for name, _t in full.items():
             if "scale_inv" in name:
                 raise ValueError(f"{name}: padding an FP8 block-scaled shard (vLLM fills pad scales with 1, "
                                  "fused_moe/routed_experts.py:384-414) is not reproduced by the runtime")

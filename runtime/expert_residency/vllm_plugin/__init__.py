@@ -1,4 +1,5 @@
-"""vLLM plugin of the expert residency runtime (the only part of ``runtime/`` that imports vllm).
+"""vLLM plugin of the expert residency runtime (the part of ``runtime/`` that imports vllm; outside it
+only ``blackwell.layout.convert_with_vllm`` and ``blackwell.trtllm.vllm_mxfp8_quantize`` do).
 
 Entry point ``vllm.general_plugins: expert_residency = expert_residency.vllm_plugin:register``,
 declared in ``runtime/expert_residency-0.1.0.dist-info/entry_points.txt`` so that

@@ -7,7 +7,7 @@ trigger (EPLB needs expert parallelism on GPUs; monolithic backends are GPU-only
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def eplb_reason(enable_eplb: bool) -> str | None:

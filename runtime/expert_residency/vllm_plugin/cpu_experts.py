@@ -10,7 +10,8 @@ on the token and the expert's rows, never on the bank — which is what the bit-
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

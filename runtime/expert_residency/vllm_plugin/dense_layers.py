@@ -32,8 +32,9 @@ from typing import Any
 
 import torch
 
+from ..contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT
 from ..core.banks import BankAllocator, device_allocator, host_allocator
-from ..core.formats_ref import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT, SILU, SWIGLUOAI
+from ..core.formats_ref import SILU, SWIGLUOAI
 from ..core.split import PerPickExpertFn
 
 BF16, FP16, FP8_BLOCK = "bf16", "fp16", "fp8-block"
@@ -172,12 +173,12 @@ class DenseResidency:
         if self.device.type == "cuda":
             if geometry.expert_format == FP16:
                 raise ValueError("fp16 experts on CUDA: the runtime's dense kernels read bf16 or fp8")
-            from ..gpu.dense_experts import DenseKernelConfig, TritonDenseExperts
+            from ..gpu.dense_experts import TritonDenseExperts
             from ..gpu.experts import ExpertShape
 
             self._experts = TritonDenseExperts(
                 ExpertShape(geometry.hidden, geometry.intermediate), geometry.num_experts, int(top_k),
-                self.max_tokens, self.device, kernel_config or DenseKernelConfig(),
+                self.max_tokens, self.device, kernel_config,   # None: the format's measured default
                 expert_format="fp8-block" if geometry.expert_format == FP8_BLOCK else "bf16",
                 activation=facts.activation, swiglu_limit=facts.swiglu_limit,
                 swiglu_alpha=facts.swiglu_alpha)
@@ -203,10 +204,11 @@ class DenseResidency:
 
     @property
     def workspace_bytes(self) -> int:
-        """Device scratch of the kernels: the shared workspace, plus (FP8) the step's quantized inputs."""
+        """Device scratch of the kernels: the shared workspace, the T = 1 fused-finalize tickets,
+        plus (FP8) the step's quantized inputs."""
         if self._experts is None:
             return 0
-        return self._experts.workspace.nbytes + self._experts.fp8_scratch_bytes
+        return self._experts.workspace.nbytes + self._experts.ticket_bytes + self._experts.fp8_scratch_bytes
 
     def per_pick_fn(self) -> PerPickExpertFn:
         if self._experts is not None:
@@ -229,43 +231,3 @@ def dense_residency_for(tensors: dict[str, torch.Tensor], layer: Any, top_k: int
     if key not in cache:
         cache[key] = DenseResidency(geometry, facts, int(top_k), device, max_tokens)
     return cache[key]
-
-
-def hold_back(method: Any, get_runtime: Any, is_weights_pre_processed: Any, reason_fn: Any,
-              expert_format: str) -> None:
-    """Replace ``method.process_weights_after_loading`` so the target model's layers keep the
-    checkpoint layout (no conversion, no vLLM kernel) and are marked ``_er_dense``; layers the
-    runtime cannot compute exactly refuse here, at load. vLLM's method stays on the layer
-    (``_er_vllm_process_weights``) for a drafter's layers, as ``mxfp4_experts.hold_back_conversion``."""
-    from .hold_back import hold_back_checkpoint_layout
-
-    def mark(module: Any) -> None:
-        module._er_dense = expert_format
-        # vLLM's runner builds the method's quant config on the first forward if none exists
-        # (``RoutedExperts._ensure_moe_quant_config_init``), reading the layer's weight/bias
-        # parameters — which re-homing has removed by then. Build it now, as vLLM's own
-        # conversion would have (``_init_moe_kernel``); the runtime's forward never reads it.
-        method.moe_quant_config = method.get_fused_moe_quant_config(module)
-
-    hold_back_checkpoint_layout(method, get_runtime, is_weights_pre_processed, reason_fn,
-                                expert_format, mark)
-
-
-def keep_dense_checkpoint_layout(layer: Any, get_runtime: Any) -> None:
-    """Split modes' hook (``routed_experts``): hold back vLLM's conversion on the layer's
-    unquantized or FP8-block method where the runtime computes the layer itself (see
-    ``unquantized_experts.wants_runtime_kernel`` and ``fp8_experts``)."""
-    try:
-        from vllm.model_executor.utils import is_weights_pre_processed
-    except ImportError:
-        return
-    from . import fp8_experts, unquantized_experts
-
-    method = getattr(layer, "quant_method", None)
-    if unquantized_experts.is_unquantized_method(method):
-        if unquantized_experts.wants_runtime_kernel(layer):
-            hold_back(method, get_runtime, is_weights_pre_processed,
-                      unquantized_experts.unquantized_unsupported_reason, "bf16")
-    elif fp8_experts.is_fp8_method(method):
-        hold_back(method, get_runtime, is_weights_pre_processed,
-                  fp8_experts.fp8_unsupported_reason, FP8_BLOCK)

@@ -35,14 +35,21 @@ No vLLM import: the facts are read from attributes, so CPU tests use stand-in la
 
 from __future__ import annotations
 
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, MutableMapping, Sequence
+from typing import Any
 
 import torch
 
 from ..core.banks import BankAllocator, ResidentLayer, build_unsplit_layer, rehome_layer
-from ..parallel.ep import (ExpertPlacement, check_expert_map, local_expert_rows, local_slots,
-                           slice_rowmap, unsupported_ep_reason)
+from ..parallel.ep import (
+    ExpertPlacement,
+    check_expert_map,
+    local_expert_rows,
+    local_slots,
+    slice_rowmap,
+    unsupported_ep_reason,
+)
 
 
 @dataclass(frozen=True)

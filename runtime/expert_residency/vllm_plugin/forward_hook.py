@@ -11,7 +11,8 @@ the call in 0.33's source.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _CALLBACKS: list[Callable[[Any], None]] = []
 

@@ -8,7 +8,7 @@ residency.
 (lines 713-767) converts them to the backend's format (``convert_to_fp8_moe_kernel_format``) and
 builds a kernel whose quant config holds the **whole layer's** scales (``get_fused_moe_quant_config``)
 — which a bank split cannot reuse. The split modes therefore hold that conversion back
-(``dense_layers.hold_back``) and serve the checkpoint layout with the runtime's FP8-block kernels
+(``dense_hold_back.hold_back``) and serve the checkpoint layout with the runtime's FP8-block kernels
 (``dense_layers.DenseResidency``; W8A8 with per-token-group-128 activation quantization, as
 ``core.formats_ref.fp8_block_per_pick``).
 

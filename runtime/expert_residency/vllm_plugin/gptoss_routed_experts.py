@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 # (module, class) of the models' own RoutedExperts subclasses the runtime takes over.
 MODEL_CONTAINERS = (
     ("vllm.model_executor.models.gpt_oss", "GptOssRoutedExperts"),

@@ -1,9 +1,10 @@
 """The one wrapper that holds back vLLM's kernel-format conversion for layers the runtime computes
-(MXFP4: ``mxfp4_experts.hold_back_conversion``; BF16 / FP8-block: ``dense_layers.hold_back``)."""
+(MXFP4: ``mxfp4_experts.hold_back_conversion``; BF16 / FP8-block: ``dense_hold_back.hold_back``)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def hold_back_checkpoint_layout(method: Any, get_runtime: Callable[[], Any],

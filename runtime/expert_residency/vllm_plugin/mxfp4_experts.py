@@ -41,11 +41,13 @@ No vLLM import here (the GPU test runs it where vLLM is absent); the caller hand
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from ..contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT
 from ..core.banks import BankAllocator, device_allocator, host_allocator
 from ..core.split import PerPickExpertFn
 
@@ -223,7 +225,7 @@ class Mxfp4Residency:
         self.activation = activation
         clamp = "" if swiglu_limit is None else f", swiglu_limit={swiglu_limit:g}"
         if activation == SWIGLUOAI:
-            clamp = ", swigluoai alpha 1.702 limit 7 + biases"
+            clamp = f", swigluoai alpha {GPTOSS_SWIGLU_ALPHA:g} limit {GPTOSS_SWIGLU_LIMIT:g} + biases"
         self.device = torch.device(device)
         self.max_tokens = int(max_tokens)
         self._experts: Any | None = None

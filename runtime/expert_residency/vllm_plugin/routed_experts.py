@@ -32,7 +32,7 @@ class ResidencyRoutedExperts(ResidencyForward, RoutedExperts):
             runtime.register_layer(self)
             if runtime.settings.splits_experts:
                 _keep_mxfp4_checkpoint_layout(self)
-                from .dense_layers import keep_dense_checkpoint_layout  # BF16 / FP8-block layers
+                from .dense_hold_back import keep_dense_checkpoint_layout  # BF16 / FP8-block layers
                 keep_dense_checkpoint_layout(self, get_runtime)
 
 

@@ -1,15 +1,6 @@
-"""The runtime's environment contract, parsed once per process (standard library only).
-
-==================================  =============================================================
-``EXPERT_RESIDENCY_MODE``           ``off`` (default) | ``count`` | ``residency`` | ``unsplit``
-``EXPERT_RESIDENCY_ROWMAP``         row-map file (residency; optional for count/unsplit)
-``EXPERT_RESIDENCY_CONTENT_HASH``   expected ``content_hash`` of that file (residency: required)
-``EXPERT_RESIDENCY_DUMP_DIR``       histogram dump folder (count mode; optional otherwise)
-``EXPERT_RESIDENCY_DUMP_INTERVAL_S`` seconds between snapshots (default 60; 0 = only on
-                                    request and at shutdown)
-``EXPERT_RESIDENCY_LANE``           lane name (report line, dump file names)
-``EXPERT_RESIDENCY_CLASS``          traffic class (report line, dump file names)
-==================================  =============================================================
+"""The runtime's environment, parsed once per process (standard library only). The variables'
+names and meanings are defined in ``contract.env``: ``EXPERT_RESIDENCY_MODE``, ``_ROWMAP``,
+``_CONTENT_HASH``, ``_DUMP_DIR``, ``_DUMP_INTERVAL_S``, ``_LANE``, ``_CLASS``, ``_PER_PICK``.
 
 Modes:
 
@@ -24,19 +15,20 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
+from expert_residency.contract.env import CLASS as ENV_CLASS
+from expert_residency.contract.env import CONTENT_HASH as ENV_CONTENT_HASH
+from expert_residency.contract.env import DUMP_DIR as ENV_DUMP_DIR
+from expert_residency.contract.env import LANE as ENV_LANE
+from expert_residency.contract.env import MODE as ENV_MODE
+from expert_residency.contract.env import PER_PICK as ENV_PER_PICK
+from expert_residency.contract.env import ROWMAP as ENV_ROWMAP
 from expert_residency.core.dump import DEFAULT_INTERVAL_S, ENV_INTERVAL, interval_from_env
+from expert_residency.metrics.config import MetricsConfig, metrics_from_env
 
-ENV_MODE = "EXPERT_RESIDENCY_MODE"
-ENV_ROWMAP = "EXPERT_RESIDENCY_ROWMAP"
-ENV_CONTENT_HASH = "EXPERT_RESIDENCY_CONTENT_HASH"
-ENV_DUMP_DIR = "EXPERT_RESIDENCY_DUMP_DIR"
 ENV_DUMP_INTERVAL_S = ENV_INTERVAL
-ENV_LANE = "EXPERT_RESIDENCY_LANE"
-ENV_CLASS = "EXPERT_RESIDENCY_CLASS"
-ENV_PER_PICK = "EXPERT_RESIDENCY_PER_PICK"
 PER_PICK_CHOICES = ("auto", "cpu", "modular")
 
 MODE_OFF = "off"
@@ -66,6 +58,7 @@ class PluginSettings:
     lane: str = "lane"
     traffic_class: str = "none"
     per_pick: str = "auto"
+    metrics: MetricsConfig | None = None   # EXPERT_RESIDENCY_METRICS (docs/metrics.md)
 
     @property
     def active(self) -> bool:
@@ -107,9 +100,14 @@ def load_settings(environ: Mapping[str, str] | None = None) -> PluginSettings:
     if per_pick not in PER_PICK_CHOICES:
         raise SettingsError(f"{ENV_PER_PICK}={per_pick!r}: expected one of "
                             f"{', '.join(PER_PICK_CHOICES)}")
+    try:
+        metrics = metrics_from_env(env)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     settings = PluginSettings(mode=mode, rowmap_path=rowmap, content_hash=content_hash, per_pick=per_pick,
                               dump_dir=env.get(ENV_DUMP_DIR, "").strip() or None,
-                              dump_interval_s=interval, lane=lane, traffic_class=traffic_class)
+                              dump_interval_s=interval, lane=lane, traffic_class=traffic_class,
+                              metrics=metrics)
     if mode == MODE_RESIDENCY:
         if rowmap is None:
             raise SettingsError(f"{ENV_MODE}=residency needs {ENV_ROWMAP} (the row map to pin)")

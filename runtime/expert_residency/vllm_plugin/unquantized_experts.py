@@ -7,7 +7,7 @@
 kernel with the biases in its quant config (``biased_moe_quant_config``, line 262).
 
 Where the runtime computes such a layer itself (``wants_runtime_kernel``) the split modes hold
-that conversion back (``dense_layers.hold_back``) and serve the checkpoint layout with
+that conversion back (``dense_hold_back.hold_back``) and serve the checkpoint layout with
 ``dense_layers.DenseResidency``:
 
 * on CUDA always — the runtime's Triton dense kernels use one tiling for every bank size, which

@@ -94,6 +94,7 @@ class WorkerRuntime:
         self.fused: dict[int, Any] = {}       # layer index -> TritonMxfp4Experts (CUDA MXFP4)
         self.policy: Any | None = None        # core.adaptive.AdaptivePolicy (adaptive residency)
         self.step_barrier: Any | None = None  # core.adaptive_step.StepBarrier driving it
+        self.metrics: Any | None = None       # metrics.exporter.MetricsExporter (metrics_hook)
         self._mxfp4_cache: dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
@@ -173,6 +174,9 @@ class WorkerRuntime:
         if self.settings.splits_experts:
             self._install_banks()
         self._start_adaptive()
+        from .metrics_hook import start_metrics
+
+        self.metrics = start_metrics(self)  # off the step path: a thread reads the counter
         self._emit_report()
 
     def _start_counter(self) -> None:
@@ -216,8 +220,7 @@ class WorkerRuntime:
         started it), its barrier at every forward context's creation, dumps carrying the live map.
         A bad spec or prior refuses the boot like a bad row map (the message names the variable
         and the field)."""
-        from ..core.adaptive_setup import (ENV_ADAPTIVE, adaptive_from_env, format_adaptive_spec,
-                                           priors_from_env)
+        from ..core.adaptive_setup import ENV_ADAPTIVE, adaptive_from_env, format_adaptive_spec, priors_from_env
 
         try:
             config = adaptive_from_env()
@@ -236,9 +239,12 @@ class WorkerRuntime:
         from ..core.adaptive import AdaptivePolicy
         from ..core.adaptive_step import StepBarrier
 
+        if config.rank_picks == "decode":
+            self.masks.enable_decode_rows()   # before any capture: the counting reads them
         try:
             self.policy = AdaptivePolicy(self.counter, dict(self.state.layers), config,
-                                         priors=priors or None)
+                                         priors=priors or None,
+                                         reduce_fit=_pipeline_fit_reduce() if priors else None)
         except ValueError as exc:
             refuse(str(exc))
         capturing = (torch.cuda.is_current_stream_capturing if torch.cuda.is_available()
@@ -321,9 +327,17 @@ class WorkerRuntime:
         def install(layer: Any) -> None:
             self.target_layers[layer.layer_index]._er_resident = layer
 
+        spare = _adaptive_spare_rows()
         self.state = rehome_model(tensors, hot_ids, cold_ids, hot_alloc=hot_alloc,
-                                  cold_alloc=cold_alloc, on_device=_on_device, after_layer=install)
+                                  cold_alloc=cold_alloc, on_device=_on_device, after_layer=install,
+                                  **spare)
         del tensors
+        if spare:
+            # adaptive residency: every layer's map a row of one [L, E] table, so a barrier's flips
+            # are one write; done here, before vLLM captures any CUDA graph (graphs keep addresses)
+            from ..core.slots import share_row_codes
+
+            share_row_codes(self.state.layers, order=list(self.target_layers))
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -367,11 +381,13 @@ class WorkerRuntime:
         for module in self.target_layers.values():
             resident = module._er_resident
             if resident is not None:
-                hot_counts.append(resident.hot.num_rows)
-                cold_counts.append(resident.cold.num_rows)
+                hot_counts.append(len(resident.hot_experts))   # spare rows serve no expert
+                cold_counts.append(len(resident.cold_experts))
                 b = resident.bank_bytes()
-                hot_bytes += b.hot
-                cold_bytes += b.cold
+                # the experts' bytes (what the ledger's hot / cold figures count); an adaptive lane's
+                # spare rows are reported apart (adaptive_spare_*_bytes)
+                hot_bytes += b.hot * len(resident.hot_experts) // max(len(resident.hot_ids), 1)
+                cold_bytes += b.cold * len(resident.cold_experts) // max(len(resident.cold_ids), 1)
             else:
                 hot_counts.append(int(module.global_num_experts))
                 cold_counts.append(0)
@@ -383,6 +399,13 @@ class WorkerRuntime:
                                  "excluded_layers": len(self.excluded_layers),
                                  "forward": "fused" if self.fused else "per-pick",
                                  **self.workspace_bytes()}
+        if self.state is not None and _adaptive_spare_rows():
+            # the spare rows' bytes (HBM and host memory the lane holds besides the experts), as
+            # the ledger's adaptive.spare_hbm_bytes / adaptive.spare_host_bytes count them
+            per_layer = [(len(r.hot_ids) - len(r.hot_experts), len(r.cold_ids) - len(r.cold_experts),
+                          r.bank_bytes().hot // max(len(r.hot_ids), 1)) for r in self.state.layers.values()]
+            extra["adaptive_spare_hbm_bytes"] = sum(h * b for h, _, b in per_layer)
+            extra["adaptive_spare_host_bytes"] = sum(c * b for _, c, b in per_layer)
         for residency in self._mxfp4_cache.values():
             if getattr(residency, "choice", None) is not None:
                 extra.update(residency.choice.report_fields())  # bank kernel and why
@@ -423,8 +446,10 @@ class WorkerRuntime:
         picks on the device."""
         if self.counter is None or not module._er_counted:
             return
-        self.counter.count(module._er_layer_index, topk_ids,
-                           token_mask=self.masks.for_tokens(topk_ids.shape[0]))
+        tokens = topk_ids.shape[0]
+        decode_rows = self.masks.decode_rows_for(tokens) if self.counter.decode_counts is not None else None
+        self.counter.count(module._er_layer_index, topk_ids, token_mask=self.masks.for_tokens(tokens),
+                           decode_rows=decode_rows)
         self._count_decode(module)
 
     def _count_decode(self, module: Any) -> None:
@@ -468,10 +493,17 @@ class WorkerRuntime:
         if fused is not None:
             if self.counter is None or not module._er_counted:
                 return fused.forward(module._er_resident, x, topk_weights, topk_ids)
+            # decode-only ranking on the fused layer: the step's picks, when every real row is a
+            # decode row, from the counts before the first counted layer and after the last
+            per_step = self.counter.decode_counts is not None
+            if per_step and index == self.counter.moe_layer_indices[0]:
+                self.counter.open_step()
             out = fused.forward(module._er_resident, x, topk_weights, topk_ids,
                                 counter=self.counter,
                                 token_mask=self.masks.for_tokens(topk_ids.shape[0]))
             self._count_decode(module)
+            if per_step and index == self.counter.moe_layer_indices[-1]:
+                self.counter.close_step(self.masks.decode_step)
             return out
         self.count(module, topk_ids)
         return residency_forward(module._er_resident, x, topk_weights, topk_ids,
@@ -513,6 +545,8 @@ class WorkerRuntime:
         if self.counter is not None and self.counter.device.type != "cpu":
             counter += sum(t.numel() * t.element_size() for t in
                            (self.counter.counts, self.counter.tokens, self.counter.decode_tokens))
+            if self.counter.decode_counts is not None:   # decode-only ranking's second count
+                counter += 2 * self.counter.decode_counts.numel() * self.counter.decode_counts.element_size()
         if self.masks is not None and self.masks.device.type != "cpu":
             counter += self.masks.nbytes
         return {"workspace_bytes": kernels, "counter_bytes": counter}
@@ -565,6 +599,45 @@ def _expert_tensors(module: Any) -> dict[str, torch.Tensor]:
     experts = int(module.local_num_experts)
     return {name: p for name, p in module.named_parameters(recurse=False)
             if name not in _NON_EXPERT and p.dim() > 0 and p.shape[0] == experts}
+
+
+def _pipeline_fit_reduce() -> Any | None:
+    """Pipeline parallel: a sum over vLLM's pipeline group (its device group, enqueued on the step
+    stream: no host wait) for the policy's class fits, so every stage chooses the profile the
+    whole model's window fits (``AdaptivePolicy.reduce_fit``); None for one stage or without vLLM.
+    Every stage runs the same scheduler steps, so every stage reaches each barrier, in order."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group
+
+        group = get_pp_group()
+    except (ImportError, AssertionError):
+        return None
+    if int(getattr(group, "world_size", 1)) <= 1:
+        return None
+    device_group = group.device_group
+
+    def reduce(t: torch.Tensor) -> torch.Tensor:
+        torch.distributed.all_reduce(t, group=device_group)
+        return t
+
+    return reduce
+
+
+def _adaptive_spare_rows() -> dict[str, Any]:
+    """``rehome_model``'s spare-row arguments for the adaptive policy ``EXPERT_RESIDENCY_ADAPTIVE``
+    asks for (``{}`` when off, or when the spec is bad: ``_start_adaptive`` refuses it by name)."""
+    from ..core.adaptive import spare_rows_needed
+    from ..core.adaptive_setup import adaptive_from_env
+
+    try:
+        config = adaptive_from_env()
+    except ValueError:
+        return {}
+    if config is None or config.swaps_per_layer == 0:
+        return {}
+    hot_spare, host_spare = spare_rows_needed(config, 0)   # host_copies all: rehome copies every hot expert
+    keep = config.host_copies == "all"
+    return {"hot_spare": hot_spare, "cold_spare": 0 if keep else host_spare, "host_copies": keep}
 
 
 def _adaptive_requested() -> bool:

@@ -1,0 +1,160 @@
+"""`recipegen fit RECIPE [LANE]`: fit a lane to its machine and write it back (thin layer over
+`recipegen.fit`). Exit 0 fitted, 1 nothing fits (the reason and the smallest change that would),
+2 bad input."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from recipegen.common.errors import InputError
+
+
+def parse_context(value: str | None) -> tuple[int | None, bool]:
+    """`--max-model-len`: a token count (vLLM's k/K/m/M suffixes) or `auto`."""
+    if value is None:
+        return None, False
+    if value.strip().lower() == "auto":
+        return None, True
+    from recipegen.common.units import UnitError, parse_count
+
+    try:
+        n = parse_count(value)
+    except UnitError as exc:
+        raise InputError(f"{exc} (a token count such as 32768 or 32k, or auto)", field="--max-model-len") from None
+    if n <= 0:
+        raise InputError("must be positive", field="--max-model-len")
+    return n, False
+
+
+def fit_options(min_sequences: int, max_model_len: str | None, concurrency: int | None):
+    from recipegen.fit.search import FitOptions
+
+    if min_sequences < 1:
+        raise InputError("must be at least 1", field="--min-sequences")
+    if concurrency is not None and not 1 <= concurrency <= 65_536:
+        raise InputError("must be between 1 and 65,536", field="--concurrency")
+    length, auto = parse_context(max_model_len)
+    return FitOptions(min_sequences=min_sequences, max_model_len=length, auto_context=auto, concurrency=concurrency)
+
+
+def context_options(func):
+    func = click.option("--concurrency", type=int,
+                        help="Most concurrent streams expected (written as the lane's concurrency.max).")(func)
+    func = click.option("--max-model-len", "max_model_len",
+                        help="Context in tokens (32768, 32k), or `auto`: the model's full context if some "
+                             "placement fits it, else the longest multiple of 1,024 that does.")(func)
+    return func
+
+
+@click.command()
+@click.argument("recipe")
+@click.argument("lane", required=False)
+@click.option("--min-sequences", default=1, show_default=True, type=int,
+              help="Full-length (max_model_len) sequences the KV pool must hold.")
+@context_options
+@click.option("--dry-run", is_flag=True, help="Print the fit; write nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+def fit(recipe: str, lane: str | None, min_sequences: int, max_model_len: str | None, concurrency: int | None,
+        dry_run: bool, as_json: bool) -> None:
+    """Fit LANE of RECIPE to its machine: the placement (all in HBM, usage-aware, positional), hot
+    experts per layer, the load-time --cpu-offload-gb and (with --max-model-len auto) the context,
+    at the boundary where every budget holds; build the class row maps at that count; write back.
+
+    Exit 0 fitted (a second fit changes nothing), 1 nothing fits, 2 bad input.
+    """
+    from recipegen.fit.run import fit_recipe
+
+    outcome = fit_recipe(recipe, lane, fit_options(min_sequences, max_model_len, concurrency), dry_run=dry_run)
+    if as_json:
+        click.echo(json.dumps(outcome.to_json(), indent=2))
+    else:
+        _explained("\n".join(outcome.lines()))
+    sys.exit(outcome.exit_code)
+
+
+@click.command()
+@click.argument("model_arg", metavar="MODEL")
+@click.option("--machine", "machine_arg", required=True,
+              help="A catalog machine (recipegen/catalog/machines.yaml) or a machine file written by "
+                   "`recipegen machine detect -o FILE`.")
+@click.option("--lane", default="chat", show_default=True, help="The lane's name.")
+@context_options
+@click.option("--min-sequences", default=1, show_default=True, type=int,
+              help="Full-length (max_model_len) sequences the KV pool must hold.")
+@click.option("--name", help="Recipe name (default: <model>-<machine>).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Recipe file to write (default: recipes/<name>.yaml).")
+@click.option("--force", is_flag=True, help="Overwrite an existing recipe (and model file).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+def new(model_arg: str, machine_arg: str, lane: str, max_model_len: str | None, concurrency: int | None,
+        min_sequences: int, name: str | None, output, force: bool, as_json: bool) -> None:
+    """A one-lane recipe for MODEL on a machine, fitted like `recipegen fit` (default context: the
+    model's full context if it fits, else the longest that does) and written only when every
+    budget holds.
+
+    MODEL is a catalog model (qwen3-30b-a3b), a local config.json or checkpoint folder, or a
+    Hugging Face id (Qwen/Qwen3-30B-A3B[@revision]: config.json, hf_quant_config.json, the
+    safetensors index and shard headers, no weights; HF_TOKEN, HF_HUB_OFFLINE and the hub cache
+    honoured; pip install 'recipegen[hf]'). Exit 0 written, 1 nothing fits, 2 bad input.
+    """
+    import shlex
+
+    from recipegen.fit.new import new_recipe
+
+    options = fit_options(min_sequences, max_model_len, concurrency)
+    options_len = None if options.auto_context else options.max_model_len
+    command = f"recipegen new {shlex.quote(model_arg)} --machine {shlex.quote(machine_arg)}"
+    outcome = new_recipe(model_arg, machine_arg, lane=lane, max_model_len=options_len, concurrency=concurrency,
+                         min_sequences=min_sequences, output=output, name=name, force=force, command=command)
+    if as_json:
+        payload = outcome.fit.to_json() if outcome.fit is not None else {}
+        payload.update(recipe_path=str(outcome.recipe_path), written=outcome.written,
+                       model=outcome.model.label, model_notes=outcome.model.notes,
+                       model_file=str(outcome.model_file) if outcome.model_file else None)
+        click.echo(json.dumps(payload, indent=2))
+    else:
+        _explained("\n".join(outcome.lines()))
+    sys.exit(0 if outcome.written else 1)
+
+
+@click.command()
+@click.argument("recipe")
+@click.argument("lane", required=False)
+@click.option("--machines", required=True,
+              help="Comma-separated catalog machines and/or machine files (recipegen machine detect -o FILE).")
+@click.option("--min-sequences", default=1, show_default=True, type=int,
+              help="Full-length (max_model_len) sequences the KV pool must hold.")
+@context_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable table.")
+def compare(recipe: str, lane: str | None, machines: str, min_sequences: int, max_model_len: str | None,
+            concurrency: int | None, as_json: bool) -> None:
+    """Fit RECIPE's lane onto each machine (all of its GPUs) and tabulate: fits, placement, hot
+    experts per layer, KV tokens and full-length sequences, pinned host memory, speed figure.
+    Writes nothing. Exit 0 when the lane fits some machine, 1 when it fits none."""
+    from recipegen.fit.compare import compare as run_compare
+    from recipegen.fit.compare import rows_json, table_lines
+    from recipegen.fit.new import resolve_machine
+
+    names = [m.strip() for m in machines.split(",") if m.strip()]
+    if not names:
+        raise InputError("name at least one machine", field="--machines")
+    resolved = [(n, resolve_machine(n)[1]) for n in names]
+    rows = run_compare(recipe, lane, resolved, fit_options(min_sequences, max_model_len, concurrency))
+    first = rows[0].outcome
+    if as_json:
+        click.echo(json.dumps({"recipe": first.recipe, "lane": first.lane, "machines": rows_json(rows)}, indent=2))
+    else:
+        _explained("\n".join(table_lines(rows, first.recipe, first.lane, first.result.max_model_len)))
+    sys.exit(0 if any(r.outcome.fitted for r in rows) else 1)
+
+
+def _explained(text: str) -> None:
+    """A report for people, its shorthand explained after it."""
+    from recipegen.cli.output import explained
+
+    with explained() as say:
+        say(text)

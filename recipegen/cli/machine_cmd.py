@@ -1,0 +1,63 @@
+"""`recipegen machine detect`: this box as a machine entry (thin layer over
+`recipegen.catalog.detect`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from recipegen.common.errors import InputError
+
+
+@click.group()
+def machine() -> None:
+    """Machines: read this box's GPUs and host memory into a machine entry."""
+
+
+@machine.command()
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Machine file to write (default: print it).")
+@click.option("--name", help="Entry name (default: the host name).")
+@click.option("--record", "record_to", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the raw NVML reading (every call's values) as JSON, e.g. for a test fixture.")
+@click.option("--force", is_flag=True, help="Overwrite an existing machine file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the entry and the readings as JSON.")
+def detect(output: Path | None, name: str | None, record_to: Path | None, force: bool, as_json: bool) -> None:
+    """GPUs from NVML (name, memory as the driver reports it and the part CUDA does not see, compute
+    capability, PCIe generation × width -> host-link bandwidth, HBM bandwidth), host memory from
+    /proc/meminfo: a machine entry marked detected, ready for `recipegen new MODEL --machine FILE`
+    or a recipe's `machines:`. Needs nvidia-ml-py (pip install 'recipegen[nvml]')."""
+    from dataclasses import asdict
+
+    from expert_residency.formats import atomic_write_text
+
+    from recipegen.catalog.detect import PynvmlTable, record, to_yaml
+    from recipegen.catalog.detect import detect as run_detect
+
+    table = PynvmlTable()
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", file="/proc/meminfo") from None
+    if record_to is not None:
+        atomic_write_text(record_to, json.dumps(record(table), indent=2) + "\n")
+    found = run_detect(table, meminfo, name=name)
+    text = to_yaml(found.entry)
+    if output is not None:
+        if output.exists() and not force:
+            raise InputError("exists; pass --force to overwrite", file=str(output))
+        output.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(output, text)
+    if as_json:
+        click.echo(json.dumps({"entry": found.entry, "gpus": [asdict(g) for g in found.gpus],
+                               "driver": found.driver, "mem_total_bytes": found.mem_total, "notes": found.notes},
+                              indent=2))
+        return
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        click.echo(f"wrote {output}: {found.summary()}")
+    for note in found.notes:
+        click.echo(f"note: {note}", err=True)

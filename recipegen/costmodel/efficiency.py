@@ -1,0 +1,111 @@
+"""Measured kernel costs the step-time estimate reads (data tables; each row names its run).
+
+Every figure was measured on one NVIDIA H200 (PCIe Gen5; torch 2.11.0+cu130, triton 3.6.0) and is
+recorded in BENCHMARKS.md with the command that produced it. On another GPU the estimate scales the
+byte terms by that GPU's own HBM read rate and keeps these efficiencies and fixed times: an
+assumption, printed with every estimate (no other GPU was measured here).
+
+* ``EXPERT_EFFICIENCY``: the residency runtime's routed-expert layer, all experts in HBM — the
+  unique experts' bytes per layer ÷ the layer's time ÷ the HBM read limit measured in the same run,
+  by expert format, measured geometry and tokens per step T.
+* ``GEMM_BF16`` / ``ATTENTION_DECODE``: per-launch fixed time and streaming efficiency by T
+  (``t = fixed + bytes ÷ (HBM read × efficiency)``, a least-squares line through the sizes
+  measured), for the dense weights and the KV cache.
+* ``SMALL_KERNEL_S``: one small kernel (a norm, rotary, top-k) inside a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+_FORMATS_RUN = ("BENCHMARKS.md, 'Expert formats side by side with vLLM's own kernel, on the H200', run 1 "
+                "(2026-12-01): `PYTHONPATH=runtime python3 bench/format_peer.py --out $OUT`")
+_FP8_RUN = ("BENCHMARKS.md, 'Expert formats side by side', run 3 (2026-12-01): `PYTHONPATH=runtime python3 "
+            "bench/format_peer.py --formats dsv3-fp8 --steps 1:16,6:12,16:10,96:6 --out $OUT`")
+_DSV41_RUN = ("BENCHMARKS.md, 'T=1: eight half-steps per loop trip', run AA (2026-12-01): `python3 "
+              "bench/gpu_residency.py --tokens 1,6,16,96 --steps 1:200,6:80,16:50,96:12 --compare ...` "
+              "(all-HBM residency step, 13 layers)")
+
+
+@dataclass(frozen=True)
+class ExpertEfficiency:
+    """The routed-expert layer's share of the HBM read limit, by tokens per step."""
+
+    expert_format: str        # mxfp4 | bf16 | fp8-block (the catalog's expert dtype)
+    model: str                # catalog model whose geometry was measured
+    bytes_per_expert: int
+    by_tokens: Mapping[int, float]
+    source: str
+
+    def at(self, tokens: float) -> float:
+        return log_interpolate(self.by_tokens, tokens)
+
+
+EXPERT_EFFICIENCY: tuple[ExpertEfficiency, ...] = (
+    ExpertEfficiency("mxfp4", "dsv41-flash-mxfp4", 18_800_640, {1: 0.62, 6: 0.66, 16: 0.74, 96: 0.77}, _DSV41_RUN),
+    ExpertEfficiency("mxfp4", "gpt-oss-120b", 13_236_480, {1: 0.34, 6: 0.61, 16: 0.68, 96: 0.70}, _FORMATS_RUN),
+    ExpertEfficiency("bf16", "qwen3-30b-a3b", 9_437_184, {1: 0.61, 6: 0.91, 16: 0.98, 96: 0.88}, _FORMATS_RUN),
+    ExpertEfficiency("fp8-block", "deepseek-v3", 44_050_944, {1: 0.74, 6: 0.89, 16: 0.96, 96: 0.94}, _FP8_RUN),
+)
+
+
+def expert_efficiency(expert_format: str, model: str, bytes_per_expert: float) -> ExpertEfficiency | None:
+    """The row measured on this catalog model, else the same format's row nearest in bytes per
+    expert (log distance), else None (a format never measured)."""
+    rows = [r for r in EXPERT_EFFICIENCY if r.expert_format == expert_format]
+    for row in rows:
+        if row.model == model:
+            return row
+    if not rows:
+        return None
+    return min(rows, key=lambda r: abs(math.log(r.bytes_per_expert / bytes_per_expert)))
+
+
+@dataclass(frozen=True)
+class LaunchCost:
+    """``t = fixed + bytes ÷ (HBM read × efficiency)`` per launch, by tokens per step."""
+
+    what: str
+    by_tokens: Mapping[int, tuple[float, float]]   # T -> (fixed seconds, efficiency)
+    source: str
+
+    def fixed(self, tokens: float) -> float:
+        return log_interpolate({t: f for t, (f, _) in self.by_tokens.items()}, tokens)
+
+    def efficiency(self, tokens: float) -> float:
+        return log_interpolate({t: e for t, (_, e) in self.by_tokens.items()}, tokens)
+
+    def seconds(self, nbytes: float, tokens: float, hbm_read: float) -> float:
+        return self.fixed(tokens) + nbytes / (hbm_read * self.efficiency(tokens))
+
+
+def log_interpolate(table: Mapping[int, float], x: float) -> float:
+    """Linear in log(x) between measured points; the end values outside them."""
+    keys = sorted(table)
+    if x <= keys[0]:
+        return table[keys[0]]
+    if x >= keys[-1]:
+        return table[keys[-1]]
+    for lo, hi in zip(keys, keys[1:]):
+        if lo <= x <= hi:
+            share = math.log(x / lo) / math.log(hi / lo)
+            return table[lo] + (table[hi] - table[lo]) * share
+    raise AssertionError("unreachable")
+
+
+_DECODE_SIM_RUN = ("BENCHMARKS.md, 'Decode step: full-depth simulation against the estimate', run EA (2026-12-03): "
+                   "`PYTHONPATH=runtime python3 bench/decode_sim.py --out $OUT` (components)")
+
+# cuBLAS bf16 GEMM [T, n] x [n, n]^T, n = 2,048 / 4,096 / 8,192, 16 distinct weights per graph;
+# least-squares line through the three sizes (the HBM read limit of that run: 4,110 GB/s).
+GEMM_BF16 = LaunchCost("bf16 GEMM (dense weights)", {
+    1: (5.137e-6, 1.109), 8: (5.165e-6, 1.127), 32: (5.387e-6, 1.111)}, _DECODE_SIM_RUN)
+# torch SDPA (flash backend) decode: T sequences x 8 KV heads x 8 query heads, head dim 128, KV
+# cache of 1,024 and 8,192 tokens; the line through the two.
+ATTENTION_DECODE = LaunchCost("SDPA flash decode (KV cache)", {
+    1: (8.836e-6, 0.512), 8: (10.340e-6, 1.058), 32: (8.211e-6, 0.685)}, _DECODE_SIM_RUN)
+# 400 launches of a one-row add + RMSNorm Triton kernel in one CUDA graph.
+SMALL_KERNEL_S = 1.675e-6
+SMALL_KERNEL_SOURCE = _DECODE_SIM_RUN

@@ -1,0 +1,90 @@
+"""`recipegen compare RECIPE --machines A,B,C`: the recipe's lane fitted onto each machine (every
+GPU of it, the same model, context and traffic), one row per machine — what fits, the hot count,
+KV tokens and full-length sequences, pinned host memory, and the speed figure the fit ranks by
+(`recipegen.fit.objective`). Nothing is written."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recipegen.common.units import GiB
+from recipegen.fit.run import FitOutcome, candidate_json, fit_recipe
+from recipegen.fit.search import USAGE_AWARE, FitOptions
+from recipegen.schema import Machine
+
+
+@dataclass
+class Row:
+    key: str                  # what the user named (catalog name or file)
+    machine: Machine
+    outcome: FitOutcome
+
+    def cells(self) -> list[str]:
+        m, c = self.machine, self.outcome.result.chosen
+        gpus = f"{m.gpus.count} × {m.gpus.kind} {m.gpus.usable / GiB:,.1f} GiB"
+        host = f"{m.host_memory / GiB:,.0f} GiB"
+        if c is None:
+            return [self.key, gpus, host, "no", "—", "—", "—", "—", "—", "—"]
+        fig = c.evaluation.ledger.figures
+        if c.placement == USAGE_AWARE:
+            placement = f"usage-aware (load {c.load_offload_gib} GiB)"
+            hot = f"{c.hot_per_layer} / {self.outcome.result_cold()}"
+        elif c.load_offload_gib:
+            placement = f"positional {c.load_offload_gib} GiB"
+            cold = c.evaluation.ledger.active.cold_per_layer
+            hot = f"{sum(1 for x in cold if x == 0)} layers whole"
+        else:
+            placement, hot = "all in HBM", "all"
+        return [self.key, gpus, host, "yes", placement, hot, fig["kv.tokens"].display().replace(" tokens", ""),
+                str(int(fig["kv.full_sequences"].value)), f"{fig['host.cold_experts'].value / GiB:,.1f} GiB",
+                c.projection.text]
+
+
+HEADERS = ["machine", "GPUs", "host", "fits", "placement", "hot/cold per layer", "KV tokens", "sequences",
+           "host pinned", "speed"]
+
+
+def compare(recipe: str | Path, lane: str | None, machines: list[tuple[str, Machine]], options: FitOptions) -> list[Row]:
+    return [Row(key, machine, fit_recipe(recipe, lane, options, dry_run=True, machine=machine))
+            for key, machine in machines]
+
+
+def table_lines(rows: list[Row], recipe: str, lane: str, max_model_len: int) -> list[str]:
+    cells = [HEADERS] + [r.cells() for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(HEADERS))]
+    out = [f"compare {recipe} · lane {lane} · max_model_len {max_model_len:,}"]
+    for row in cells:
+        out.append("  " + "  ".join(text.ljust(w) for text, w in zip(row, widths)).rstrip())
+    for r in rows:
+        res = r.outcome.result
+        if res.chosen is None:
+            out.append(f"  {r.key}: nothing fits — " + "; ".join(f"{x.placement}: {x.reason}" for x in res.refusals[-1:])
+                       + (f"; smallest change: {res.suggestion}" if res.suggestion else ""))
+        else:
+            out.append(f"  {r.key}: {res.chosen.boundary}")
+    fastest = [r for r in rows if r.outcome.result.chosen is not None]
+    if fastest:
+        best = max(fastest, key=lambda r: (r.outcome.result.chosen.projection.score,  # type: ignore[union-attr]
+                                           r.outcome.result.chosen.kv_tokens))  # type: ignore[union-attr]
+        what = ("the decode estimate at the lane's fewest expected streams, with the band its validation "
+                "justifies (docs/costmodel.md 'Decode speed')" if best.outcome.result.chosen.projection.kind == "estimate"  # type: ignore[union-attr]
+                else "projected link reads per decode step (docs/costmodel.md)")
+        out.append(f"  fastest: {best.key} (speed: {what}; `recipegen fit` ranks placements by the same figure)")
+    out.append("  every figure from the ledger `check budgets` prints; nothing written — `recipegen new MODEL "
+               "--machine NAME` writes the recipe for the machine you choose")
+    return out
+
+
+def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
+    out = []
+    for r in rows:
+        c = r.outcome.result.chosen
+        out.append({"machine": r.key, "name": r.machine.name, "gpus": r.machine.gpus.count,
+                    "gpu": r.machine.gpus.kind, "fits": c is not None,
+                    "max_model_len": r.outcome.result.max_model_len,
+                    "chosen": candidate_json(c) if c is not None else None,
+                    "refusals": [{"placement": x.placement, "reason": x.reason} for x in r.outcome.result.refusals],
+                    "suggestion": r.outcome.result.suggestion or None})
+    return out

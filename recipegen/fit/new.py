@@ -1,0 +1,197 @@
+"""`recipegen new MODEL --machine NAME`: a one-lane recipe for a model on a machine, fitted by the
+same function as `recipegen fit` and written only when it fits (and passes `check budgets`).
+
+The lane starts from vLLM 0.33's own defaults (`--gpu-memory-utilization` 0.92, vllm/config/
+cache.py:215), every GPU of the machine (tensor parallel), one stream unless `--concurrency`
+says otherwise, the model's full context unless `--max-model-len` says otherwise, and *estimated*
+reserves (recipegen.ledger.reserves: labelled so until a measured boot replaces them).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from recipegen.catalog import catalog_names, load_catalog
+from recipegen.common.errors import InputError
+from recipegen.fit.run import FitOutcome, fit_recipe
+from recipegen.fit.search import FitOptions
+from recipegen.fit.source import ModelSource, model_name_of, resolve_model
+from recipegen.fit.writeback import commit, recipe_lock
+from recipegen.schema import Machine
+
+VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"
+VLLM_GPU_MEMORY_UTILIZATION = 0.92   # vLLM 0.33 CacheConfig.gpu_memory_utilization default
+DEFAULT_PORT = 8000
+OFFLOAD_PARAMS = ("--cpu-offload-params", "experts")
+
+
+@dataclass
+class NewOutcome:
+    recipe_path: Path
+    model: ModelSource
+    machine_label: str
+    fit: FitOutcome | None
+    model_file: Path | None = None
+    written: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"new recipe {self.recipe_path}: {self.model.label} on {self.machine_label}"]
+        out += [f"  note: {n}" for n in self.model.notes + self.notes]
+        if self.fit is not None:  # a new recipe: what changed from the template is all of it
+            out += [line for line in self.fit.lines() if not line.startswith(("  changed:", "  unchanged:",
+                                                                               "  would change:"))]
+        if self.written:
+            if self.model_file is not None:
+                out.append(f"wrote {self.model_file} (the model file the recipe reads)")
+            out.append(f"wrote {self.recipe_path}: `recipegen check budgets {self.recipe_path}` passes; "
+                       f"next `recipegen render {self.recipe_path}`")
+        elif self.fit is not None and not self.fit.fitted:
+            out.append("nothing written: nothing fits")
+        return out
+
+
+def resolve_machine(arg: str) -> tuple[str | dict[str, Any], Machine, str]:
+    """A catalog machine name, or a machine file (`recipegen machine detect -o FILE`): what the
+    recipe's `machines` entry holds, the validated machine, and a label."""
+    if arg in load_catalog("machines"):
+        from recipegen.catalog import catalog_entry
+
+        return arg, Machine.model_validate(catalog_entry("machines", arg)), f"catalog machine {arg}"
+    path = Path(arg).expanduser()
+    if not path.is_file():
+        raise InputError("not a catalog machine nor a machine file (`recipegen machine detect -o FILE`); catalog "
+                         f"machines: {', '.join(catalog_names('machines'))}", field="--machine")
+    from recipegen.catalog.detect import read_machine_file
+
+    entry, machine = read_machine_file(path)
+    return entry, machine, f"machine {machine.name} ({path})"
+
+
+def recipe_text(name: str, model_ref: Any, machine_key: str, machine_entry: Any, machine: Machine, lane: str,
+                max_model_len: int, concurrency: int, offload_params: bool, command: str) -> str:
+    doc: dict[str, Any] = {
+        "version": 1, "name": name,
+        "description": f"{name}: written by `{command}`, fitted by `recipegen fit`",
+        "model": model_ref,
+        "machines": {machine_key: machine_entry},
+        "lanes": [{
+            "name": lane, "machine": machine_key, "gpus": list(range(machine.gpus.count)), "port": DEFAULT_PORT,
+            "image": VLLM_IMAGE, "gpu_memory_utilization": VLLM_GPU_MEMORY_UTILIZATION,
+            "max_model_len": max_model_len, "concurrency": {"min": 1, "max": concurrency},
+            **({"extra_args": list(OFFLOAD_PARAMS)} if offload_params else {}),
+            "reserves": {"hbm": {"estimated": True}, "host": {"estimated": True}},
+        }],
+    }
+    # a name from the command line never reaches the comment raw: a newline would end it
+    command = json.dumps(command, ensure_ascii=False)[1:-1]
+    head = (f"# Written by `{command}`; placement, hot experts per layer, load-time offload and\n"
+            "# context fitted by `recipegen fit` at the boundary where every budget holds (`recipegen fit\n"
+            "# RECIPE --dry-run` says why). The reserves are estimated from the model and the machine\n"
+            "# (docs/ledger.md 'Estimated reserves'): replace them with a measured boot (`recipegen verify`).\n")
+    return head + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=4096, allow_unicode=True)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block mappings, flow lists of scalars (`gpus: [0]`), lists indented under their key: the
+    layout of the shipped recipes."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
+def _flow_scalar_lists(dumper: yaml.SafeDumper, data: list[Any]) -> Any:
+    flow = all(not isinstance(x, (dict, list)) for x in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_Dumper.add_representer(list, _flow_scalar_lists)
+
+
+def new_recipe(model_arg: str, machine_arg: str, *, lane: str = "chat", max_model_len: int | None = None,
+               concurrency: int | None = None, min_sequences: int = 1, output: Path | None = None,
+               name: str | None = None, force: bool = False, command: str = "recipegen new") -> NewOutcome:
+    source = resolve_model(model_arg)
+    machine_entry, machine, machine_label = resolve_machine(machine_arg)
+    machine_key = model_name_of(machine.name).replace(".", "-").replace("_", "-")
+    recipe_name = name or (model_name_of(output.stem) if output is not None else
+                           model_name_of(f"{source.name}-{machine.name}"))
+    path = output or Path("recipes") / f"{recipe_name}.yaml"
+    made = not path.parent.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with recipe_lock(path):  # from the exists check to the write: two `new` to one file, one writes
+            outcome = _new(source, machine_entry, machine, machine_label, machine_key, recipe_name, path, lane,
+                           max_model_len, concurrency, min_sequences, force, command)
+    finally:
+        if made and not any(path.parent.iterdir()):
+            path.parent.rmdir()  # nothing written: no folder left behind either
+    return outcome
+
+
+def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_label: str, machine_key: str,
+         recipe_name: str, path: Path, lane: str, max_model_len: int | None, concurrency: int | None,
+         min_sequences: int, force: bool, command: str) -> NewOutcome:
+    if path.exists() and not force:
+        raise InputError("exists; pass --force to overwrite (or -o another file)", file=str(path))
+    model_file = None
+    model_ref: Any = source.name
+    if source.model_text is not None:
+        model_file = path.parent / "models" / f"{source.name}.yaml"
+        if model_file.exists() and model_file.read_text(encoding="utf-8") != source.model_text and not force:
+            raise InputError("exists with other content; pass --force to overwrite", file=str(model_file))
+        model_ref = {"file": f"models/{source.name}.yaml"}
+    limit = source.model.max_position_embeddings
+    auto = max_model_len is None
+    start = max_model_len or limit or 32768
+    options = FitOptions(min_sequences=min_sequences, max_model_len=None if auto else max_model_len,
+                         auto_context=auto, concurrency=concurrency)
+
+    def attempt(offload_params: bool) -> FitOutcome:
+        text = recipe_text(recipe_name, model_ref, machine_key, machine_entry, machine, lane, start,
+                           concurrency or 1, offload_params, command)
+        return fit_recipe(path, lane, options, dry_run=True, text=text)
+
+    outcome = NewOutcome(path, source, machine_label, None, model_file)
+    from expert_residency.formats import atomic_write_bytes
+
+    previous_model: bytes | None = None
+    written_model = False
+    if model_file is not None and source.model_text is not None:
+        previous_model = model_file.read_bytes() if model_file.is_file() else None
+        if previous_model != source.model_text.encode("utf-8"):
+            model_file.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(model_file, source.model_text.encode("utf-8"))
+            written_model = True
+
+    def restore_model() -> None:
+        if not written_model or model_file is None:
+            return
+        if previous_model is None:
+            model_file.unlink(missing_ok=True)
+        else:
+            atomic_write_bytes(model_file, previous_model)
+
+    try:
+        # `--cpu-offload-params experts` on every new lane: an offload at load moves routed experts
+        # only (the walk would otherwise move attention weights too, read over the link every step);
+        # with no offload it changes nothing, and a later fit onto a smaller machine keeps it
+        fitted = attempt(True)
+        outcome.fit = fitted
+        if not fitted.fitted:
+            restore_model()
+            outcome.model_file = None
+            return outcome
+        commit(path, fitted.text, fitted.writes)  # the maps, then the recipe; loaded again after
+        fitted.dry_run = False
+        outcome.written = True
+    except BaseException:
+        restore_model()
+        raise
+    return outcome
+

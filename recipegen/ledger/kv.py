@@ -1,0 +1,161 @@
+"""KV cache per sequence and per token, from the model's attention (and state) layers, as vLLM 0.33
+sizes it on one tensor-parallel rank.
+
+Attention, per rank and layer: full / sliding / chunked 2 × max(1, kv_heads // tp) × head_dim ×
+dtype bytes per token (heads replicated when TP exceeds them: vllm/config/model.py:1673-1683),
+MLA (kv_lora_rank + rope_head_dim) × dtype bytes on every rank, plus DeepSeek sparse attention's
+indexer key. A max_model_len sequence holds every token in full and MLA layers, at most `window`
+tokens in a sliding layer (vLLM frees the blocks behind the window:
+vllm/v1/kv_cache_interface.py:918-944, which also keeps the tokens in flight during a prefill
+chunk — not counted here) and at most `chunk` + the tokens in flight in a chunked layer
+(`ChunkedLocalAttentionSpec`, :861-888: min(chunk + max_num_batched_tokens, max_model_len)).
+
+State layers (Gated DeltaNet, Mamba-2) hold a fixed state per sequence; vLLM then lays the
+attention and state layers out in one pool of equal pages (`kv_state`), and a sequence costs
+what that layout gives. The lane's rate is the sequence's bytes ÷ max_model_len × tp, so the
+pool in tokens is pool ÷ (rate / tp) and in sequences pool ÷ bytes per sequence per GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from recipegen.ledger.figures import Figure
+from recipegen.ledger.flags import flag_value
+from recipegen.ledger.kv_state import StatePool, state_pool, state_pool_figures
+from recipegen.ledger.result import Violation, src_note
+from recipegen.ledger.workspace import max_num_batched_tokens
+from recipegen.schema import Lane, Machine, Model
+
+# vLLM 0.33 `--kv-cache-dtype` values (vllm/config/cache.py:44-67) whose element size is plain.
+KV_CACHE_DTYPES: dict[str, str] = {"float16": "fp16", "bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8",
+                                   "fp8_e5m2": "fp8"}
+
+_HOW = {"mla": "(kv_lora_rank + rope_head_dim) × dtype bytes (every rank)",
+        "full": "2 × max(1, kv_heads // tp) × head_dim × dtype bytes",
+        "sliding": "2 × max(1, kv_heads // tp) × head_dim × dtype bytes, min(window, max_model_len) tokens",
+        "chunked": "2 × max(1, kv_heads // tp) × head_dim × dtype bytes, min(chunk + max_num_batched_tokens, "
+                   "max_model_len) tokens"}
+
+
+def kv_dtype(model: Model, machine: Machine, lane: Lane, notes: list[str]) -> str | None:
+    """The lane's KV dtype where it is not the model's own: `--kv-cache-dtype`, else vLLM's per-model
+    default (GLM-5 on the SM100 family: fp8_e4m3, vllm/model_executor/models/config.py:89-101)."""
+    cache_dtype = flag_value(list(lane.extra_args), "--kv-cache-dtype")
+    if cache_dtype and cache_dtype != "auto":
+        dtype = KV_CACHE_DTYPES.get(cache_dtype)
+        if dtype is None:
+            notes.append(f"--kv-cache-dtype {cache_dtype} is not modelled: KV counted at the model's dtype "
+                         "(an upper bound)")
+        return dtype
+    cc = machine.gpus.compute_capability or ""
+    if model.architecture == "GlmMoeDsaForCausalLM" and cc.split(".")[0] == "10":
+        notes.append("GLM-5 on the SM100 family: vLLM 0.33 turns --kv-cache-dtype auto into fp8_e4m3 "
+                     "(model_executor/models/config.py:89-101); counted at 1 byte per element")
+        return "fp8"
+    return None
+
+
+def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], Figure], notes: list[str],
+            violations: list[Violation]) -> tuple[float, StatePool | None]:
+    """KV bytes per token of a max_model_len sequence, summed over the lane's ranks (figures added),
+    and the state layout where the model has state layers."""
+    tp, seq = lane.tensor_parallel_size, lane.max_model_len
+    dtype = kv_dtype(model, machine, lane, notes)
+    per_seq = 0
+    operands: dict[str, object] = {"tp": tp, "max_model_len": seq}
+    in_flight = max_num_batched_tokens(machine, lane) if any(g.kind == "chunked" for g in model.attention) else None
+    rates = set()
+    for i, group in enumerate(model.attention):
+        if dtype is not None:
+            group = group.model_copy(update={"kv_dtype": dtype})
+        rate = group.bytes_per_token_per_layer(tp)
+        rates.add(rate)
+        held = seq
+        if group.kind == "sliding" and group.window:
+            held = min(seq, group.window)
+        elif group.kind == "chunked" and group.chunk and in_flight is not None:
+            held = min(seq, group.chunk + in_flight.value)
+        layer_bytes = len(group.layers) * rate * held
+        per_seq += layer_bytes
+        ops: dict[str, object] = {"layers": len(group.layers), "tp": tp, "kv_dtype": group.kv_dtype}
+        if group.kind == "mla":
+            ops.update(kv_lora_rank=group.kv_lora_rank, rope_head_dim=group.rope_head_dim)
+            if group.index_head_dim:
+                ops.update(indexer_bytes=group.indexer_bytes_per_token())
+        else:
+            ops.update(kv_heads=group.kv_heads, kv_heads_per_rank=group.kv_heads_per_rank(tp),
+                       head_dim=group.head_dim)
+        if group.kind == "sliding":
+            ops.update(window=group.window, tokens_held=held)
+        if group.kind == "chunked":
+            assert in_flight is not None
+            ops.update(chunk=group.chunk, max_num_batched_tokens=in_flight.value, tokens_held=held)
+        how = _HOW[group.kind] + (" + indexer key (index_head_dim + 4 per 128)" if group.index_head_dim else "")
+        add(Figure(f"kv.layers[{i}].bytes_per_token", f"KV per token per layer, {group.kind} attention "
+                   f"({len(group.layers)} layers, per GPU)", rate, "count", how, ops,
+                   src_note(model.sources, f"attention[{i}].kv_heads")
+                   or src_note(model.sources, f"attention[{i}].kv_lora_rank")
+                   + (f"; chunk held: {in_flight.reason}" if group.kind == "chunked" and in_flight else "")))
+        operands[f"group{i}_{group.kind}_bytes"] = layer_bytes
+    pool = _with_state(model, machine, lane, rates, add, notes, violations, operands) if model.state else None
+    if pool is not None:
+        per_seq = pool.bytes_per_sequence
+    else:
+        add(Figure("kv.bytes_per_sequence", "KV of one max_model_len sequence (per GPU)", per_seq, "bytes",
+                   "Σ layer kinds: layers × bytes per token per layer × tokens held", operands))
+    lane_rate = per_seq / seq * tp
+    add(Figure("kv.lane_bytes_per_token", "KV bytes per token at max_model_len (lane, all GPUs)",
+               lane_rate, "count", "bytes_per_sequence / max_model_len × tp",
+               {"bytes_per_sequence": per_seq, "max_model_len": seq, "tp": tp}))
+    return lane_rate, pool
+
+
+def _with_state(model: Model, machine: Machine, lane: Lane, rates: set[int], add: Callable[[Figure], Figure],
+                notes: list[str], violations: list[Violation], operands: dict[str, object]) -> StatePool | None:
+    tp = lane.tensor_parallel_size
+    for i, group in enumerate(model.state):
+        reason = group.split_reason(tp)
+        if reason:
+            violations.append(Violation("parallel", f"state[{i}] ({group.kind}): {reason}; vLLM 0.33 refuses such "
+                                        "a layout at boot (mamba_utils.py `divide`)",
+                                        "pick a tensor-parallel size that divides the state's heads and channels",
+                                        lane=lane.name))
+            return None
+    if len(rates) != 1:
+        notes.append("state layers beside attention layers of several page sizes, or none: vLLM's shared page "
+                     "layout is not modelled here — the state is left out, so the KV figures are optimistic")
+        return None
+    if lane.speculative is not None:
+        notes.append("speculative decoding on a model with state layers: vLLM keeps extra state per draft token, "
+                     "not counted here (a lower bound on the state)")
+    pool = state_pool(model, machine, lane, rates.pop())
+    for f in state_pool_figures(pool, model, lane):
+        add(f)
+    operands.update(blocks_per_sequence=pool.blocks_per_sequence, bytes_per_block=pool.bytes_per_block)
+    add(Figure("kv.bytes_per_sequence", "KV + state of one max_model_len sequence (per GPU)",
+               pool.bytes_per_sequence, "bytes",
+               "(attention groups × ⌈max_model_len / block⌉ + state groups × state blocks) × layers per group × page",
+               {"attention_groups": pool.attention_groups, "attention_blocks": pool.attention_blocks,
+                "state_groups": pool.state_groups, "state_blocks": pool.state_blocks,
+                "layers_per_group": pool.group_size, "page_bytes": pool.page},
+               "vLLM 0.33 v1/core/kv_cache_utils.py:1061-1093 (its concurrency: pool blocks ÷ blocks per request)"))
+    return pool
+
+
+def state_sequence_bound(pool: StatePool, lane: Lane, kv_pool: float, add: Callable[[Figure], Figure],
+                         notes: list[str]) -> None:
+    """With state layers every sequence, however short, holds a block per attention group and its
+    state blocks: the pool holds at most that many sequences at once, whatever their length."""
+    blocks = int(max(0.0, kv_pool) // pool.bytes_per_block)
+    bound = blocks // pool.min_blocks_per_sequence
+    add(Figure("kv.max_sequences", "sequences of any length the pool holds at once (per GPU)", bound, "sequences",
+               "⌊⌊kv_pool / bytes_per_block⌋ / (attention groups + state groups × state blocks)⌋",
+               {"kv_pool_bytes": kv_pool, "bytes_per_block": pool.bytes_per_block,
+                "blocks_per_short_sequence": pool.min_blocks_per_sequence},
+               "each sequence keeps its state; vLLM 0.33 v1/core/kv_cache_utils.py:1061-1093"))
+    if lane.concurrency.max > bound:
+        notes.append(f"warning: concurrency up to {lane.concurrency.max} streams, but the KV pool holds the state of "
+                     f"at most {bound} sequences at once (each holds {pool.min_blocks_per_sequence} blocks of "
+                     f"{pool.bytes_per_block:,} B even when short): vLLM queues the rest. Lower concurrency.max or "
+                     "give the KV pool more HBM")

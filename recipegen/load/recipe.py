@@ -1,0 +1,346 @@
+"""Locate, read and validate recipe files; write `active_class` back without touching the layout.
+
+Every problem becomes one `InputError` naming file, line and field path (all problems of a file are
+listed in its message), never a traceback: YAML syntax, duplicate keys, unknown fields, wrong
+types, missing units, unknown catalog names, cross-references, missing or mismatched row maps.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from recipegen.catalog import catalog_entry
+from recipegen.common.errors import InputError
+from recipegen.common.paths import escaping_link
+from recipegen.load.checks import cross_reference_problems, inside_project, project_root_of
+from recipegen.load.document import (
+    MAX_RECIPE_CHARS,
+    Loc,
+    Problem,
+    describe_error,
+    display_path,
+    format_loc,
+    line_of,
+    parse_yaml,
+    problems_error,
+    round_trip_yaml,
+    to_plain,
+)
+from recipegen.load.model_file import load_model_file
+from recipegen.load.rowmaps import read_lane_rowmaps
+from recipegen.schema import Recipe
+
+RECIPES_DIRNAME = "recipes"
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+
+
+@dataclass
+class LoadedRecipe:
+    """A validated recipe and where it came from."""
+
+    recipe: Recipe
+    path: Path
+    document: Any = field(repr=False, default=None)  # ruamel round-trip tree, for line numbers
+    rowmaps: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False)
+    """(lane, class) -> expert_residency.formats.RowMap, for every class whose map was read."""
+
+    @property
+    def name(self) -> str:
+        return self.recipe.name
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+    def resolve(self, relative: str) -> Path:
+        """A path written in the recipe (relative to the recipe file)."""
+        return self.base_dir / relative
+
+    def line_of(self, loc: Loc) -> int | None:
+        return line_of(self.document, loc)
+
+    def error(self, message: str, loc: Loc) -> InputError:
+        """An InputError at a field of this recipe."""
+        return InputError(message, file=display_path(self.path), line=self.line_of(loc),
+                          field=format_loc(loc))
+
+
+# ---------------------------------------------------------------- locating
+
+def recipe_search_dirs() -> list[Path]:
+    dirs = [Path.cwd() / RECIPES_DIRNAME, PACKAGE_ROOT / RECIPES_DIRNAME]
+    unique: list[Path] = []
+    for d in dirs:
+        if d not in unique:
+            unique.append(d)
+    return unique
+
+
+def resolve_recipe_path(name_or_path: str | os.PathLike[str]) -> Path:
+    """A path to a file, or a bare recipe name resolved as `recipes/<name>.yaml`."""
+    text = os.fspath(name_or_path)
+    candidate = Path(text)
+    if candidate.is_file():
+        return candidate
+    if not candidate.suffix and candidate.with_suffix(".yaml").is_file():
+        return candidate.with_suffix(".yaml")
+    bare = os.sep not in text and "/" not in text
+    if bare:
+        stem = text[:-5] if text.endswith(".yaml") else text
+        for folder in recipe_search_dirs():
+            path = folder / f"{stem}.yaml"
+            if path.is_file():
+                return path
+    if candidate.exists():
+        raise InputError("not a file", file=text)
+    known = sorted({p.stem for d in recipe_search_dirs() if d.is_dir() for p in d.glob("*.yaml")
+                    if not p.name.startswith(".")})
+    hint = f"; recipes under {RECIPES_DIRNAME}/: {', '.join(known)}" if bare and known else ""
+    raise InputError(f"recipe not found{hint}", file=text)
+
+
+def list_recipes(folder: Path | None = None) -> list[Path]:
+    """Every recipe under `recipes/` (the first search folder that exists)."""
+    folders = [folder] if folder is not None else recipe_search_dirs()
+    for d in folders:
+        if d.is_dir():
+            # dot files are temp files of a write in progress (or of one a crash cut short)
+            return sorted(p for p in d.glob("*.yaml") if not p.name.startswith("."))
+    return []
+
+
+# ---------------------------------------------------------------- loading
+
+def read_recipe_bytes(path: Path) -> bytes:
+    """A recipe file's bytes: a regular file of bounded size only (a FIFO, a device or a huge
+    file is refused before reading, naming the file)."""
+    from expert_residency.formats._io import UnreadableFile, read_regular_file
+
+    file = display_path(path)
+    try:
+        return read_regular_file(path, limit=4 * MAX_RECIPE_CHARS)  # UTF-8: at most 4 bytes a character
+    except UnreadableFile as exc:
+        raise InputError(f"{exc.strerror}: not a recipe", file=file) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", file=file) from None
+
+
+def read_recipe_text(path: Path) -> str:
+    """`read_recipe_bytes` decoded; undecodable bytes are refused with the line they are on."""
+    data = read_recipe_bytes(path)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - data.rfind(b"\n", 0, exc.start)
+        raise InputError(f"not UTF-8 text (byte 0x{data[exc.start]:02x} at column {column})",
+                         file=display_path(path), line=line) from None
+
+
+def _read_validated(path: Path, text: str | None = None) -> tuple[Recipe, Any]:
+    """YAML + schema validation (no cross-references): the Recipe and its round-trip document.
+    `text`: validate this as the content of `path` (a write not yet made)."""
+    file = display_path(path)
+    if text is not None:
+        return _validated_document(path, parse_yaml(text, file))
+    document = parse_yaml(read_recipe_text(path), file)
+    return _validated_document(path, document)
+
+
+def _validated_document(path: Path, document: Any) -> tuple[Recipe, Any]:
+    file = display_path(path)
+    if not isinstance(document, dict):
+        # never echo the value: a mistyped path may name a secrets file
+        kind = "empty" if document is None else "a list" if isinstance(document, list) \
+            else f"a single {type(document).__name__} value"
+        raise InputError(f"a recipe is a YAML mapping (version, name, model, machines, lanes); "
+                         f"this file is {kind}", file=file,
+                         line=document.lc.line + 1 if hasattr(document, "lc") else 1)
+    try:
+        # catalog names are looked up in recipegen.catalog; model: {file: ...} is read relative
+        # to this recipe (recipegen.load.model_file)
+        context = {"catalog": catalog_entry, "model_file": _model_file_loader(path)}
+        recipe = Recipe.model_validate(to_plain(document), context=context)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        # Unknown fields first: a misspelt key also shows up as a missing required one.
+        errors.sort(key=lambda e: e["type"] != "extra_forbidden")
+        problems = [describe_error(e) for e in errors]
+        raise problems_error(path, document, problems) from None
+    return recipe, document
+
+
+def load_recipe(path_or_name: str | os.PathLike[str], *, read_maps: bool = True,
+                text: str | None = None) -> LoadedRecipe:
+    """Read, validate and cross-check a recipe. Raises InputError on any problem.
+
+    `text`: take this as the file's content (to check a write before making it)."""
+    path = resolve_recipe_path(path_or_name) if text is None else Path(path_or_name)
+    recipe, document = _read_validated(path, text)
+    cross = cross_reference_problems(recipe, path.parent)
+    if cross:
+        raise problems_error(path, document, cross)
+    loaded = LoadedRecipe(recipe=recipe, path=path, document=document)
+    if read_maps:
+        problems: list[Problem] = []
+        for i, lane in enumerate(recipe.lanes):
+            maps, lane_problems = read_lane_rowmaps(recipe, i, path.parent)
+            problems.extend(lane_problems)
+            for cls, rowmap in maps.items():
+                loaded.rowmaps[(lane.name, cls)] = rowmap
+        if problems:
+            raise problems_error(path, document, problems)
+    return loaded
+
+
+def load_recipe_model(path_or_name: str | os.PathLike[str], *, text: str | None = None) -> LoadedRecipe:
+    """A recipe validated field by field, without the checks that read other files (row maps and
+    histograms present and agreeing with the budget) or cross lanes: what a command needs that
+    only reads the model (`rowmap build --recipe R`) or rewrites the maps (`recipegen fit`), so a
+    recipe that is invalid only because of the very map being built does not block building it.
+    `text`: take this as the file's content (a recipe not yet written)."""
+    path = resolve_recipe_path(path_or_name) if text is None else Path(path_or_name)
+    recipe, document = _read_validated(path, text)
+    return LoadedRecipe(recipe=recipe, path=path, document=document)
+
+
+# ---------------------------------------------------------------- write-back
+
+_SCALAR_AT = re.compile(r"""("(?:[^"\\]|\\.)*"|'(?:[^']|'')*'|[^\s#]+)""")
+
+
+def set_active_class(path: str | os.PathLike[str], lane: str, cls: str) -> bool:
+    """Write `active_class: <cls>` for `lane` into the recipe, changing nothing else.
+
+    Comments, quoting and layout are preserved (only the value token is replaced; a missing key is
+    added with ruamel's round-trip writer). The result is re-validated before an atomic rename.
+    Returns False when the class was already active (file untouched).
+    """
+    from recipegen.common.lock import recipe_lock
+
+    target = resolve_recipe_path(path)
+    with recipe_lock(target):  # read, change, write: one process at a time
+        text = read_recipe_text(target)
+        new_text = active_class_text(target, text, lane, cls)
+        if new_text == text:
+            return False
+        _atomic_write_validated(target, new_text)
+    return True
+
+
+def active_class_text(target: Path, text: str, lane: str, cls: str) -> str:
+    """The recipe text `text` (of file `target`) with `active_class: <cls>` for `lane`; the
+    text unchanged when the class is already active. Pure: writes nothing."""
+    file = display_path(target)
+    document = parse_yaml(text, file)
+    recipe, document = _validated_document(target, document)
+    loaded = LoadedRecipe(recipe=recipe, path=target, document=document)
+    index = next((i for i, item in enumerate(recipe.lanes) if item.name == lane), None)
+    if index is None:
+        raise InputError(f"no lane {lane!r} (lanes: {', '.join(l.name for l in recipe.lanes)})",
+                         file=file, field="lanes")
+    lane_model = recipe.lanes[index]
+    if cls not in lane_model.classes:
+        raise loaded.error(f"class {cls!r} is not declared in lane {lane!r} (declared: "
+                           f"{', '.join(lane_model.classes) or 'none'})", ("lanes", index, "classes"))
+    if lane_model.active_class == cls:
+        return text
+    lane_node = document["lanes"][index]
+    if "active_class" in lane_node and _own_key(lane_node, "active_class"):
+        line, col = lane_node.lc.value("active_class")
+        lines = text.splitlines(keepends=True)
+        match = _SCALAR_AT.match(lines[line], col) if line < len(lines) else None
+        if match is None or match.group(0).startswith(("*", "&", "!", "[", "{", "|", ">")):
+            raise loaded.error("cannot find the active_class value to replace (write it as "
+                               "a plain `active_class: <class>` line)",
+                               ("lanes", index, "active_class"))
+        lines[line] = lines[line][:match.start()] + cls + lines[line][match.end():]
+        return "".join(lines)
+    if "active_class" in lane_node:
+        # inherited through a YAML merge key (`<<: *defaults`): writing it would change every
+        # lane that shares the anchor
+        raise loaded.error("active_class comes from a YAML merge key (`<<:`); write it in the "
+                           "lane itself to swap classes", ("lanes", index, "active_class"))
+    import io
+
+    lane_node["active_class"] = cls
+    yaml = round_trip_yaml()
+    yaml.width = 4096
+    yaml.indent(mapping=2, sequence=4, offset=2)
+    buffer = io.StringIO()
+    yaml.dump(document, buffer)
+    return buffer.getvalue()
+
+
+def _own_key(node: Any, key: str) -> bool:
+    """True when `key` is written in `node` itself (not inherited through a merge key)."""
+    merged = getattr(node, "merge", None) or []
+    own = getattr(node, "_ok", None)
+    if own is not None:
+        return key in own
+    return not any(key in m[1] for m in merged)
+
+
+def _atomic_write_validated(target: Path, text: str) -> None:
+    # never replace a good recipe with a broken one: validate the text before the rename
+    load_recipe(target, read_maps=False, text=text)
+    write_recipe_atomically(target, text.encode("utf-8"))
+
+
+# The one temp name a recipe write uses: a dot file (never listed as a recipe) with a fixed
+# name, so the next run knows what an interrupted write left (recipegen.render.swap removes it).
+RECIPE_TEMP_SUFFIX = ".recipegen-swap.tmp"
+
+
+def recipe_temp_path(recipe_path: Path, kind: str = "") -> Path:
+    return recipe_path.parent / f".{recipe_path.name}{RECIPE_TEMP_SUFFIX}{kind}"
+
+
+def write_recipe_atomically(target: Path, data: bytes, temp: Path | None = None) -> None:
+    """`data` into `target` through a fixed-name temp, fsynced, renamed, the folder entry
+    flushed. Keeps `target`'s mode."""
+    temp = temp or recipe_temp_path(target)
+    try:
+        mode = os.stat(target).st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), mode)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temp, mode)
+        os.replace(temp, target)
+    except BaseException as exc:
+        temp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # named by the recipe, not by our temp file
+            raise OSError(exc.errno, exc.strerror, str(target)) from None
+        raise
+    folder = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+def _model_file_loader(recipe_path: Path) -> Any:
+    def load(relative: str) -> Any:
+        # like row maps and histograms: relative to the recipe, and inside its project
+        if Path(relative).is_absolute() or not inside_project(recipe_path.parent, relative):
+            raise ValueError(f"{relative!r} must be relative to the recipe and stay inside the "
+                             "project (the folder holding recipes/)")
+        link = escaping_link(project_root_of(recipe_path.parent), recipe_path.parent / relative)
+        if link is not None:
+            raise ValueError(f"{relative!r} leaves the project through {link[0]}, a symlink to "
+                             f"{link[1]}: keep model files inside the project")
+        return load_model_file(relative, base=recipe_path.parent)
+    return load

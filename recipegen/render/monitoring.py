@@ -1,0 +1,257 @@
+"""The recipe's `monitoring` (docs/metrics.md): the lanes' metrics settings and the monitoring
+profile's services and files, every file built as data and serialized (YAML, JSON).
+
+- `lane_metrics`: what a residency engine needs to export the `expert_residency_*` series on its
+  own `/metrics` (environment and the tmpfs for prometheus_client's multiprocess folder);
+- `monitoring_project`: the `prometheus` and `grafana` services (compose profile `monitoring`),
+  Prometheus' scrape configuration and drift alert, Grafana's provisioned data source and the
+  dashboard (`recipegen.render.dashboard`, committed as `recipegen/data/grafana/`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from expert_residency.contract import env as runtime_env
+from expert_residency.contract import metrics as m
+
+from recipegen.common.errors import RecipegenError
+from recipegen.render.compose import CONFIG_HASH_LABEL, config_hash, yaml_key
+
+if TYPE_CHECKING:
+    from recipegen.load.recipe import LoadedRecipe
+    from recipegen.schema.lane import Lane
+
+# Images, pinned: Prometheus of the 2.53 long-term-support line (the configuration is checked by
+# the tests with Debian's promtool 2.42, whose format 2.53 reads unchanged) and the Grafana release
+# whose dashboard schema grafana-foundation-sdk's 11.6 builder writes.
+PROMETHEUS_IMAGE = "prom/prometheus:v2.53.3"
+GRAFANA_IMAGE = "grafana/grafana:11.6.0"
+MONITORING_PROFILE = "monitoring"
+PROMETHEUS_SERVICE = "prometheus"
+GRAFANA_SERVICE = "grafana"
+PROMETHEUS_VOLUME = "prometheus-data"
+LANES_JOB = "recipegen-lanes"
+DATASOURCE_UID = "recipegen-prometheus"
+DRIFT_ALERT = "ExpertResidencyColdShareDrift"
+# Inside the lane's container: prometheus_client's multiprocess folder, a tmpfs (empty at every
+# start, as prometheus_client requires; a restarted container must not read the last run's files).
+MULTIPROC_TARGET = "/run/expert-residency-metrics"
+FOLDER = "monitoring"
+PROMETHEUS_CONFIG = f"{FOLDER}/prometheus.yml"
+PROMETHEUS_RULES = f"{FOLDER}/rules.yml"
+GRAFANA_DATASOURCES = f"{FOLDER}/grafana/datasources.yml"
+GRAFANA_DASHBOARDS = f"{FOLDER}/grafana/dashboards.yml"
+DASHBOARD_NAME = "expert-residency.json"
+GRAFANA_DASHBOARD = f"{FOLDER}/grafana/dashboards/{DASHBOARD_NAME}"
+DASHBOARD_SOURCE = Path(__file__).resolve().parent.parent / "data" / "grafana" / DASHBOARD_NAME
+# Kubernetes: the annotations Prometheus' common pod discovery reads.
+SCRAPE_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path")
+
+
+@dataclass(frozen=True)
+class LaneMetrics:
+    environment: dict[str, str]
+    tmpfs: tuple[str, ...]
+
+
+def predicted_cold_share(loaded: LoadedRecipe, lane: Lane) -> float | None:
+    """What `recipegen check budgets` projects for the lane's active class (its row map on its
+    histogram, `costmodel.lane.lane_cold_shares`), or None when the class declares no histogram."""
+    from recipegen.costmodel.lane import lane_cold_shares
+
+    share = lane_cold_shares(loaded, lane, None).get(lane.active_class)
+    return None if share is None or isinstance(share, str) else float(share.overall)
+
+
+def lane_metrics(loaded: LoadedRecipe, lane: Lane) -> LaneMetrics | None:
+    """The environment and tmpfs of a residency engine when the recipe turns monitoring on."""
+    monitoring = loaded.recipe.monitoring
+    if monitoring is None:
+        return None
+    environment = {runtime_env.METRICS: "on",
+                   runtime_env.METRICS_INTERVAL_S: str(monitoring.scrape_interval_s),
+                   runtime_env.METRICS_WINDOW_S: str(monitoring.window_s),
+                   m.MULTIPROC_DIR_ENV: MULTIPROC_TARGET}
+    predicted = predicted_cold_share(loaded, lane)
+    if predicted is not None:
+        environment[runtime_env.PREDICTED_COLD_SHARE] = repr(predicted)
+    return LaneMetrics(environment, (MULTIPROC_TARGET,))
+
+
+# -- the monitoring profile ------------------------------------------------------------------------
+
+def scrape_targets(loaded: LoadedRecipe, machine: str) -> list[tuple[str, str]]:
+    """(lane, host:port) of every lane whose API-serving engine (a single-node lane, or stage 0 of
+    a pipeline) runs on `machine`: the compose service `lane-<lane>` by name on the project's
+    network, a multi-node head (host network) at its machine's address."""
+    targets = []
+    for lane in loaded.recipe.lanes:
+        pipeline = lane.parallel.pipeline if lane.parallel is not None else None
+        head_machine = pipeline[0].machine if pipeline else lane.machine
+        if head_machine != machine:
+            continue
+        if pipeline and len(pipeline) > 1:
+            targets.append((lane.name, f"{loaded.recipe.machines[machine].address}:{lane.port}"))
+        else:
+            targets.append((lane.name, f"lane-{lane.name}:{lane.port}"))
+    return targets
+
+
+def prometheus_config(loaded: LoadedRecipe, machine: str) -> dict[str, Any]:
+    monitoring = loaded.recipe.monitoring
+    assert monitoring is not None
+    return {
+        "global": {"scrape_interval": monitoring.scrape_interval,
+                   "evaluation_interval": monitoring.scrape_interval,
+                   "external_labels": {"recipe": loaded.recipe.name, "machine": machine}},
+        "rule_files": ["/etc/prometheus/rules.yml"],
+        "scrape_configs": [{
+            "job_name": LANES_JOB,
+            "metrics_path": "/metrics",
+            # The runtime's series carry their lane already (the same name): keep them as sent.
+            "honor_labels": True,
+            "static_configs": [{"targets": [target], "labels": {"lane": lane}}
+                               for lane, target in scrape_targets(loaded, machine)],
+        }],
+    }
+
+
+def prometheus_rules(loaded: LoadedRecipe) -> dict[str, Any]:
+    monitoring = loaded.recipe.monitoring
+    assert monitoring is not None
+    return {"groups": [{"name": "expert-residency", "rules": [{
+        "alert": DRIFT_ALERT,
+        "expr": m.drift_expr(monitoring.window),
+        "for": monitoring.drift_for,
+        "labels": {"severity": "warning"},
+        "annotations": {
+            "summary": "Cold share of lane {{ $labels.lane }} above the ledger's prediction",
+            "description": (
+                "Over the last " + monitoring.window + ", {{ $value | humanizePercentage }} more of "
+                "lane {{ $labels.lane }}'s routed picks landed on experts in host memory than "
+                "`recipegen check budgets` projected for class {{ $labels.class }}. Run `recipegen "
+                "drift` on the lane: it names a class whose map fits the traffic better."),
+        },
+    }]}]}
+
+
+def grafana_datasources(loaded: LoadedRecipe) -> dict[str, Any]:
+    monitoring = loaded.recipe.monitoring
+    assert monitoring is not None
+    return {"apiVersion": 1, "datasources": [{
+        "name": "Prometheus", "uid": DATASOURCE_UID, "type": "prometheus", "access": "proxy",
+        "url": f"http://{PROMETHEUS_SERVICE}:9090", "isDefault": True, "editable": False,
+        "jsonData": {"timeInterval": monitoring.scrape_interval}}]}
+
+
+def grafana_dashboards() -> dict[str, Any]:
+    return {"apiVersion": 1, "providers": [{
+        "name": "recipegen", "folder": "recipegen", "type": "file", "disableDeletion": True,
+        "allowUiUpdates": False, "options": {"path": "/var/lib/grafana/dashboards"}}]}
+
+
+def dashboard_bytes() -> bytes:
+    if not DASHBOARD_SOURCE.is_file():
+        raise RecipegenError(f"{DASHBOARD_SOURCE} is missing (regenerate it: python -m "
+                             "recipegen.render.dashboard, with recipegen[monitoring] installed)")
+    return DASHBOARD_SOURCE.read_bytes()
+
+
+def yaml_bytes(data: Any) -> bytes:
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True,
+                          width=4096).encode("utf-8")
+
+
+def _literal(value: Any) -> Any:
+    """Every string as Compose must be given it to pass it on unchanged (`$` → `$$`)."""
+    if isinstance(value, str):
+        return value.replace("$", "$$")
+    if isinstance(value, dict):
+        return {k: _literal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_literal(v) for v in value]
+    return value
+
+
+def service_block(name: str, body: dict[str, Any], mounted: dict[str, bytes]) -> str:
+    """A compose service as the YAML block `compose.yaml.j2` lays out, serialized from data, its
+    config-hash label over the block and the files it mounts (so `up -d` recreates it when they
+    change, as for the lanes)."""
+    def text(labels: dict[str, str]) -> str:
+        dumped = yaml.safe_dump({yaml_key(name): _literal({**body, "labels": labels})},
+                                sort_keys=False, default_flow_style=False, allow_unicode=True, width=4096)
+        return "\n".join("  " + line for line in dumped.splitlines())
+
+    labels = dict(body.get("labels", {}))
+    digest = config_hash(text({**labels, CONFIG_HASH_LABEL: ""}), mounted)
+    return text({**labels, CONFIG_HASH_LABEL: digest})
+
+
+def _bind(source: str, target: str) -> dict[str, Any]:
+    return {"type": "bind", "source": source, "target": target, "read_only": True,
+            "bind": {"create_host_path": False}}
+
+
+def monitoring_project(loaded: LoadedRecipe, machine: str) -> tuple[list[str], list[str], dict[str, bytes]]:
+    """The profile's service blocks, named volumes and files for the output folder of `machine`
+    (nothing when the recipe has no `monitoring`, or no lane serves its API there)."""
+    monitoring = loaded.recipe.monitoring
+    if monitoring is None or not scrape_targets(loaded, machine):
+        return [], [], {}
+    files = {PROMETHEUS_CONFIG: yaml_bytes(prometheus_config(loaded, machine)),
+             PROMETHEUS_RULES: yaml_bytes(prometheus_rules(loaded)),
+             GRAFANA_DATASOURCES: yaml_bytes(grafana_datasources(loaded)),
+             GRAFANA_DASHBOARDS: yaml_bytes(grafana_dashboards()),
+             GRAFANA_DASHBOARD: dashboard_bytes()}
+    # Not `io.recipegen.recipe`: `recipegen status` lists the containers carrying that one as lanes.
+    labels = {"io.recipegen.monitoring": loaded.recipe.name}
+    bind = monitoring.bind_address
+    prometheus = {
+        "profiles": [MONITORING_PROFILE],
+        "image": PROMETHEUS_IMAGE,
+        "command": ["--config.file=/etc/prometheus/prometheus.yml",
+                    "--storage.tsdb.path=/prometheus",
+                    f"--storage.tsdb.retention.time={monitoring.retention}",
+                    "--web.listen-address=0.0.0.0:9090"],
+        "volumes": [_bind(PROMETHEUS_CONFIG, "/etc/prometheus/prometheus.yml"),
+                    _bind(PROMETHEUS_RULES, "/etc/prometheus/rules.yml"),
+                    {"type": "volume", "source": PROMETHEUS_VOLUME, "target": "/prometheus",
+                     "read_only": False}],
+        "ports": [f"{bind}:{monitoring.prometheus_port}:9090"],
+        "restart": "unless-stopped",
+        "labels": labels,
+    }
+    grafana = {
+        "profiles": [MONITORING_PROFILE],
+        "image": GRAFANA_IMAGE,
+        "environment": {
+            # Viewing needs no login; changing anything needs the admin password (secrets.env:
+            # GF_SECURITY_ADMIN_PASSWORD).
+            "GF_AUTH_ANONYMOUS_ENABLED": "true",
+            "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer",
+            "GF_USERS_ALLOW_SIGN_UP": "false",
+            "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH": f"/var/lib/grafana/dashboards/{DASHBOARD_NAME}",
+        },
+        "env_file": [{"path": "secrets.env", "required": False}],
+        "volumes": [_bind(GRAFANA_DATASOURCES, "/etc/grafana/provisioning/datasources/recipegen.yml"),
+                    _bind(GRAFANA_DASHBOARDS, "/etc/grafana/provisioning/dashboards/recipegen.yml"),
+                    _bind(GRAFANA_DASHBOARD, f"/var/lib/grafana/dashboards/{DASHBOARD_NAME}")],
+        "ports": [f"{bind}:{monitoring.grafana_port}:3000"],
+        "depends_on": {PROMETHEUS_SERVICE: {"condition": "service_started", "required": True}},
+        "restart": "unless-stopped",
+        "labels": labels,
+    }
+    blocks = [service_block(PROMETHEUS_SERVICE, prometheus,
+                            {k: files[k] for k in (PROMETHEUS_CONFIG, PROMETHEUS_RULES)}),
+              service_block(GRAFANA_SERVICE, grafana,
+                            {k: files[k] for k in (GRAFANA_DATASOURCES, GRAFANA_DASHBOARDS, GRAFANA_DASHBOARD)})]
+    return blocks, [PROMETHEUS_VOLUME], files
+
+
+def scrape_annotations(port: int) -> dict[str, str]:
+    """The pod annotations that point Prometheus' Kubernetes pod discovery at a lane's `/metrics`."""
+    return dict(zip(SCRAPE_ANNOTATIONS, ("true", str(port), "/metrics")))

@@ -1,0 +1,48 @@
+"""`monitoring`: the lanes' Prometheus metrics and the `monitoring` compose profile (docs/metrics.md)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from recipegen.schema.base import StrictModel
+
+
+class Monitoring(StrictModel):
+    """Residency metrics and a monitoring stack. Present (`monitoring: {}` takes every default):
+    every lane that runs the residency runtime exports the `expert_residency_*` series on its own
+    `/metrics` beside vLLM's (a background thread reads the usage counter every `scrape_interval`),
+    and the rendering gains two services behind the compose profile `monitoring` — Prometheus
+    scraping each lane, with the cold-share drift alert, and Grafana with the expert-residency
+    dashboard — started only when asked (`docker compose --profile monitoring up -d`). Absent: no
+    metrics thread, no monitoring services (the default)."""
+
+    scrape_interval: str = Field(default="15s", pattern=r"^[1-9][0-9]{0,3}s$")
+    """How often Prometheus scrapes each lane and the runtime reads its counter, in seconds with
+    the unit (`15s`)."""
+    window: str = Field(default="5m", pattern=r"^[1-9][0-9]{0,2}m$")
+    """The window of the runtime's window gauges (cold share, hot-hit ratio per layer) and of the
+    drift alert's rates, in minutes with the unit (`5m`); at least two scrapes long."""
+    drift_for: str = Field(default="15m", pattern=r"^[1-9][0-9]{0,2}m$")
+    """How long the live cold share must exceed the ledger's prediction by more than 2 points
+    before the `ExpertResidencyColdShareDrift` alert fires, in minutes with the unit."""
+    retention: str = Field(default="15d", pattern=r"^[1-9][0-9]{0,3}[hdw]$")
+    """How long Prometheus keeps samples (`--storage.tsdb.retention.time`), with its unit
+    (`h`, `d` or `w`)."""
+    bind_address: str = Field(default="127.0.0.1",
+                              pattern=r"^(?:(?:25[0-5]|2[0-4][0-9]|1?[0-9]{1,2})\.){3}"
+                                      r"(?:25[0-5]|2[0-4][0-9]|1?[0-9]{1,2})$")
+    """The host address Prometheus' and Grafana's ports are published on (IPv4). The default
+    keeps them on the machine itself (reach them over SSH); `0.0.0.0` publishes them to every
+    network the machine is on (Grafana lets anonymous visitors view the dashboard)."""
+    prometheus_port: int = Field(default=9090, ge=1, le=65535)
+    """Host port of Prometheus' web interface and API."""
+    grafana_port: int = Field(default=3000, ge=1, le=65535)
+    """Host port of Grafana."""
+
+    @property
+    def scrape_interval_s(self) -> int:
+        return int(self.scrape_interval[:-1])
+
+    @property
+    def window_s(self) -> int:
+        return 60 * int(self.window[:-1])

@@ -1,0 +1,185 @@
+"""Where adaptive residency's copies run: beside the steps (side streams on a GPU) or at once.
+
+A ``CopyEngine`` executes the chunks of ``core.slots.Transfer`` s — each a list of
+``(destination, source, direction)`` row slices, direction ``"in"`` (host bank → HBM) or ``"out"``
+(HBM → host bank) — and gives the policy three orderings, all without the host waiting:
+
+* ``marker()`` after a transfer's last chunk: everything issued so far;
+* ``compute_waits(markers)`` before a map flip: the step stream (the one the forwards run on) does
+  not pass this point until those copies have landed (on a GPU ``cudaStreamWaitEvent``: the device
+  waits, the host does not);
+* ``copies_wait_compute()`` after a flip: copies issued from now on start only once the step stream
+  has passed the flip, so a row the flip retired (the demoted expert's old HBM row, read by forwards
+  issued before the flip) is overwritten only after the last of those forwards.
+
+Implementations:
+
+* ``ImmediateCopies`` — each copy runs when issued, on the current stream (the CPU build, where
+  device ops run synchronously, and every synchronous swap): the orderings hold trivially;
+* ``CudaCopies`` — two side streams, one per direction (a PCIe link is full duplex: a copy out does
+  not slow the cold bank's reads, which come in), CUDA events for the markers;
+* ``ThreadedCopies`` — a worker thread on the CPU: copies overlap the forwards of the calling
+  thread for real (the tests' concurrent steps; torch releases the GIL inside a copy).
+
+Nothing here decides what to copy or when (``core.slots`` and ``core.adaptive`` do, on the host,
+from tick counts alone, so every tensor-parallel rank issues the same chunks at the same steps).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+
+Copy = tuple[torch.Tensor, torch.Tensor, str]
+"""``(destination, source, direction)``: ``destination.copy_(source)``; direction ``"in"`` or ``"out"``."""
+
+
+class CopyEngine(Protocol):
+    """See the module docstring."""
+
+    def issue(self, copies: Sequence[Copy]) -> None: ...
+
+    def marker(self) -> Any: ...
+
+    def compute_waits(self, markers: Sequence[Any]) -> None: ...
+
+    def copies_wait_compute(self) -> None: ...
+
+    def drain(self) -> None: ...
+
+
+class ImmediateCopies:
+    """Copies run when issued, on the current stream; markers are ``None``."""
+
+    asynchronous = False
+
+    def issue(self, copies: Sequence[Copy]) -> None:
+        for dst, src, _ in copies:
+            dst.copy_(src)
+
+    def marker(self) -> Any:
+        return None
+
+    def compute_waits(self, markers: Sequence[Any]) -> None:
+        return None
+
+    def copies_wait_compute(self) -> None:
+        return None
+
+    def drain(self) -> None:
+        return None
+
+
+class CudaCopies:
+    """Two side streams (``"in"``, ``"out"``) on ``device``; a marker is one event per stream."""
+
+    asynchronous = True
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        # lowest priority (the larger number): the step's own kernels are scheduled first
+        low, _ = torch.cuda.Stream.priority_range()
+        self.streams = {d: torch.cuda.Stream(device=self.device, priority=low) for d in ("in", "out")}
+        self._used = {d: False for d in self.streams}
+
+    def issue(self, copies: Sequence[Copy]) -> None:
+        for direction, stream in self.streams.items():   # each side stream entered once per call
+            mine = [(dst, src) for dst, src, d in copies if d == direction]
+            if not mine:
+                continue
+            with torch.cuda.stream(stream):
+                for dst, src in mine:
+                    dst.copy_(src, non_blocking=True)
+            self._used[direction] = True
+
+    def marker(self) -> Any:
+        return tuple(s.record_event() for d, s in self.streams.items() if self._used[d])
+
+    def compute_waits(self, markers: Sequence[Any]) -> None:
+        step = torch.cuda.current_stream(self.device)
+        for marker in markers:
+            for event in marker or ():
+                step.wait_event(event)
+
+    def copies_wait_compute(self) -> None:
+        event = torch.cuda.current_stream(self.device).record_event()
+        for stream in self.streams.values():
+            stream.wait_event(event)
+
+    def drain(self) -> None:
+        for stream in self.streams.values():
+            stream.synchronize()
+
+
+class ThreadedCopies:
+    """A worker thread runs the copies in issue order while the caller's thread runs forwards.
+    A marker is a ``threading.Event`` set once every copy issued before it ran; the caller's
+    forwards are synchronous (CPU), so ``copies_wait_compute`` has nothing to wait for."""
+
+    asynchronous = True
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, name="adaptive-copies", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                if isinstance(item, threading.Event):
+                    item.set()
+                elif callable(item):   # a test's hook between copies (a delay, a counter)
+                    item()
+                else:
+                    dst, src, _ = item
+                    dst.copy_(src)
+            except BaseException as exc:  # surfaced to the caller at its next wait
+                self._error = exc
+            finally:
+                self._queue.task_done()
+
+    def issue(self, copies: Sequence[Copy]) -> None:
+        for copy in copies:
+            self._queue.put(copy)
+
+    def marker(self) -> Any:
+        event = threading.Event()
+        self._queue.put(event)
+        return event
+
+    def compute_waits(self, markers: Sequence[Any]) -> None:
+        for marker in markers:
+            if marker is not None:
+                marker.wait()
+        self._raise()
+
+    def copies_wait_compute(self) -> None:
+        return None
+
+    def drain(self) -> None:
+        self._queue.join()
+        self._raise()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"adaptive residency: a copy failed: {self._error}") from self._error
+
+
+def default_engine(device: torch.device, asynchronous: bool) -> CopyEngine:
+    """Side streams on a CUDA device when the policy runs its copies beside the steps; otherwise
+    copies at once (the CPU build, synchronous barriers)."""
+    if asynchronous and device.type == "cuda":
+        return CudaCopies(device)
+    return ImmediateCopies()

@@ -1,0 +1,113 @@
+"""Where users see the decode estimate: `recipegen plan` and `recipegen check budgets`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from recipegen.cli import main
+from recipegen.common.errors import InputError
+from recipegen.costmodel.lane_estimate import FAR_BELOW, all_hbm_context, alternatives, default_streams, estimate_lane
+from recipegen.ledger import compute_ledger
+from recipegen.load.recipe import load_recipe
+
+
+def test_plan_json_carries_tokens_per_s_per_concurrency_with_its_band():
+    result = CliRunner().invoke(main, ["plan", "dsv41-flash-gb300", "agent", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)["estimate"]
+    assert set(data["tokens_per_s"]) == {"1", "2", "4", "8", "16"}
+    for streams, value in data["tokens_per_s"].items():
+        lo, hi = data["tokens_per_s_band"][streams]
+        assert lo < value < hi
+    # one stream: 2.13 tokens per step (k=5, the reference DSpark acceptance) over the step's terms
+    c1 = data["points"][0]
+    assert c1["tokens_per_s"] == pytest.approx(c1["tokens_per_step"] / (c1["terms"]["step_ms"] / 1e3))
+    assert c1["tokens_per_step"] == pytest.approx(2.13, abs=0.005)
+    assert [a["name"] for a in data["alternatives"]] == ["positional"]
+
+
+def test_plan_prints_the_estimate_and_the_other_placement():
+    result = CliRunner().invoke(main, ["plan", "gpt-oss-120b-l40s", "chat", "--context", "1024"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "decode speed estimate · lane chat" in out and "1,024 tokens of KV per sequence" in out
+    assert "C1 k=0:" in out and "C2 k=0:" in out
+    assert "instead, usage-aware residency at the same host budget" in out
+
+
+def test_plan_options_change_the_estimate():
+    runner = CliRunner()
+    def c1(*args):
+        out = runner.invoke(main, ["plan", "dsv41-flash-gb300", "agent", "--json", "--concurrency", "1", *args])
+        assert out.exit_code == 0, out.output
+        return json.loads(out.output)["estimate"]["points"][0]
+    base, longer, sure = c1(), c1("--context", "262144"), c1("--acceptance", "0.9")
+    assert longer["terms"]["attention_ms"] > base["terms"]["attention_ms"]
+    # α = 0.9, k = 5: (1 - 0.9^6) / 0.1 tokens per step
+    assert sure["tokens_per_step"] == pytest.approx((1 - 0.9 ** 6) / 0.1)
+    bad = runner.invoke(main, ["plan", "dsv41-flash-gb300", "agent", "--acceptance", "1.5"])
+    assert bad.exit_code == 2
+
+
+def test_check_budgets_warns_about_a_far_faster_placement_but_keeps_its_verdict():
+    runner = CliRunner()
+    plain = runner.invoke(main, ["check", "budgets", "gpt-oss-120b-l40s"])
+    assert "decode speed estimate · lane chat" in plain.output
+    assert "warning: estimated" in plain.output and "below usage-aware residency at the same host budget" in plain.output
+    data = json.loads(runner.invoke(main, ["check", "budgets", "gpt-oss-120b-l40s", "--json"]).output)
+    lane = data["recipes"][0]["lanes"][0]
+    assert lane["ok"] == data["ok"]                     # the verdict is the ledger's alone
+    assert lane["estimate"]["warnings"] and lane["estimate"]["tokens_per_s"]["1"] > 0
+    # no warning where nothing computable is faster by FAR_BELOW
+    quiet = runner.invoke(main, ["check", "budgets", "dsv41-flash-gb300"])
+    assert "decode speed estimate · lane agent" in quiet.output and "warning: estimated" not in quiet.output
+
+
+def test_a_warning_means_the_alternative_is_that_much_faster():
+    loaded = load_recipe("gpt-oss-120b-l40s")
+    base = estimate_lane(loaded, "chat")
+    (usage,) = [a for a in alternatives(loaded, "chat") if a.name == "usage-aware"]
+    assert usage.estimate.tokens_per_s[1] >= FAR_BELOW * base.tokens_per_s[1]
+    # the same bytes moved: positional reads whole layers over PCIe, usage-aware only the cold tail
+    assert usage.estimate.point(1).terms.cold_bytes < base.point(1).terms.cold_bytes
+
+
+def test_all_in_hbm_alternative_at_a_shorter_context():
+    loaded = load_recipe("deepseek-v3-fp8-h200x8")
+    lane = loaded.recipe.lanes[0]
+    # every expert fits beside the KV of one 65,536-token sequence on 8 x H200 (the lane offloads
+    # some anyway): the alternative keeps the lane's context
+    assert all_hbm_context(loaded, lane.name) == lane.max_model_len == 65_536
+    names = {a.name: a for a in alternatives(loaded, lane.name, ledger=compute_ledger(loaded))}
+    assert "max_model_len 65,536" in names["all-in-hbm"].description
+    assert names["all-in-hbm"].estimate.point(1).terms.cold_experts == 0
+    # at 1M tokens it does not fit: the longest context that does is offered, halved from 1M
+    loaded.recipe.lanes[0] = lane.model_copy(update={"max_model_len": 1_048_576})
+    shorter = all_hbm_context(loaded, lane.name)
+    assert shorter is not None and 65_536 <= shorter < 1_048_576 and 1_048_576 % shorter == 0
+
+
+def test_fit_and_compare_api_what_ifs():
+    loaded = load_recipe("qwen3-30b-a3b-rtx4090")
+    more_hot = estimate_lane(loaded, "chat", hot_per_layer=60, streams=[1])
+    now = estimate_lane(loaded, "chat", streams=[1])
+    assert more_hot.tokens_per_s[1] > now.tokens_per_s[1]
+    assert more_hot.hot_per_layer == "60" and now.hot_per_layer == "20"
+    with pytest.raises(InputError, match="hot experts per layer"):
+        estimate_lane(loaded, "chat", hot_per_layer=129)
+    assert default_streams(16) == [1, 2, 4, 8, 16] and default_streams(6) == [1, 2, 4, 6]
+    assert default_streams(1) == [1]
+
+
+def test_positional_fetch_line_reads_as_words():
+    result = CliRunner().invoke(main, ["check", "budgets", "qwen3-next-80b-a3b-rtx5090"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    # 128 GiB of 3 GiB layers: 42 whole layers, then the 43rd's 2 GiB w13 reaches the budget
+    assert ("the experts of 42 of 48 MoE layers (and part of 1 more) sit in host memory (vLLM's "
+            "--cpu-offload-gb walk takes whole layers in load order; the router's choices play no part), so "
+            f"all traffic reads {(42 + 2 / 3) / 48:.2%} of its routed picks over the link; C1 k=0:") in out
+    assert "(all traffic) (active)" not in out and "on the active map" not in out

@@ -1,0 +1,236 @@
+"""The decode estimate against measurements, with nothing fitted to them.
+
+1. The field reports' GB300 throughput (DeepSeek-V4.1-Flash, k = 5): positional (v14) and
+   usage-aware (v15) at one, eight and sixteen streams — "vLLM: Pin Hot Experts" (2026-09-17),
+   "Confirmed: second pair"; "Should a GB300 Prefetch Its Cold Experts?" (2026-10-23), section 3.
+2. The full-depth decode simulation on one H200: bench/results/decode_sim_h200.json, written by
+   `PYTHONPATH=runtime python3 bench/decode_sim.py --out $OUT` (run EA, 2026-12-03, BENCHMARKS.md,
+   'Decode step: full-depth simulation against the estimate'); the estimate reads that run's measured
+   HBM and pinned read limits and the committed efficiency tables (the routed-expert rows come from
+   earlier runs, not this one).
+
+The bands the estimate prints (`lane_estimate.BAND_*`) are checked to cover, and not to exceed by
+more than 0.02, the ratios found here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recipegen.costmodel.efficiency import expert_efficiency
+from recipegen.costmodel.estimate import MoeLayer, OperatingPoint, StepModel, step_terms
+from recipegen.costmodel.lane_estimate import (
+    BAND_MEASURED_GPU,
+    BAND_ONE_STREAM,
+    BAND_OTHER_GPU_STREAMS,
+    _attention_groups,
+    _dense,
+    estimate_lane,
+)
+from recipegen.load.recipe import load_recipe
+
+RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results" / "decode_sim_h200.json"
+SIM_RECIPES = {"gpt-oss-120b": "gpt-oss-120b-l40s", "qwen3-30b-a3b": "qwen3-30b-a3b-rtx4090"}
+
+# measured tok/s (the field reports)
+GB300 = {("usage-aware", 1): (153.28,), ("positional", 1): (88.74,),
+         ("usage-aware", 8): (704.0,), ("positional", 8): (305.0,),
+         ("usage-aware", 16): (955.0,), ("positional", 16): (386.0, 417.0)}
+
+
+@pytest.fixture(scope="module")
+def gb300():
+    loaded = load_recipe("dsv41-flash-gb300")
+    return {placement: estimate_lane(loaded, "agent", placement=placement, streams=[1, 8, 16])
+            for placement in ("usage-aware", "positional")}
+
+
+def test_the_positional_estimate_is_the_v14_lane():
+    # the usage-aware recipe's positional column is the off60 twin's own placement (same 60 GiB walk)
+    ledger_ua = __import__("recipegen.ledger", fromlist=["compute_ledger"]).compute_ledger
+    a = ledger_ua(load_recipe("dsv41-flash-gb300")).lane("agent").positional
+    b = ledger_ua(load_recipe("dsv41-flash-gb300-off60")).lane("agent").positional
+    assert a.cold_per_layer == b.cold_per_layer and sum(a.cold_per_layer) > 0
+
+
+def test_gb300_one_stream_within_15_percent(gb300):
+    for placement in ("usage-aware", "positional"):
+        estimate = gb300[placement].point(1)
+        (measured,) = GB300[(placement, 1)]
+        assert estimate.k == 5
+        assert abs(estimate.tokens_per_s / measured - 1) <= 0.15, (placement, estimate.tokens_per_s, measured)
+        lo, hi = estimate.band
+        assert lo <= measured / estimate.tokens_per_s <= hi
+
+
+def test_gb300_several_streams_the_estimate_is_low_and_the_band_covers_it(gb300):
+    # Known miss: at eight and sixteen streams the estimate reads more expert bytes than those runs
+    # did (independent streams under the synthetic histogram; the k the lane ran there is not
+    # published), so it lies 29-38% low; the band printed above one stream says so.
+    for (placement, streams), measured in GB300.items():
+        if streams == 1:
+            continue
+        estimate = gb300[placement].point(streams)
+        for m in measured:
+            ratio = m / estimate.tokens_per_s
+            assert 1.0 < ratio <= BAND_OTHER_GPU_STREAMS[1], (placement, streams, ratio)
+        assert estimate.band == BAND_OTHER_GPU_STREAMS
+
+
+KS = range(8)
+
+
+@pytest.fixture(scope="module")
+def gb300_by_k():
+    loaded = load_recipe("dsv41-flash-gb300")
+    return {(placement, k): estimate_lane(loaded, "agent", placement=placement, streams=[8, 16], k=k)
+            for placement in ("usage-aware", "positional") for k in KS}
+
+
+def test_gb300_no_k_brings_eight_and_sixteen_streams_within_15_percent(gb300_by_k):
+    # The k the lane's DSpark schedule ran at eight and sixteen streams is not published; at every k
+    # from 0 to 7 (a schedule, or vLLM's adaptive verification, picks one of them) the estimate stays
+    # more than 15% below every measured figure, for both placements (docs/costmodel.md).
+    for (placement, streams), measured in GB300.items():
+        if streams == 1:
+            continue
+        best = max(gb300_by_k[(placement, k)].point(streams).tokens_per_s for k in KS)
+        for m in measured:
+            assert best / m < 0.85, (placement, streams, best, m)
+    # k = 1 or 2 is the estimate's own best at sixteen streams; k = 5 is not
+    for placement in ("usage-aware", "positional"):
+        by_k = [gb300_by_k[(placement, k)].point(16).tokens_per_s for k in KS]
+        assert by_k.index(max(by_k)) in (1, 2) and by_k[5] < max(by_k)
+
+
+def test_the_docs_k_table_is_the_estimate(gb300_by_k):
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "costmodel.md").read_text()
+    head = "| k | tokens per step per stream | positional C8 (305) | usage-aware C8 (704) |"
+    rows = doc[doc.index(head):].splitlines()[2:2 + len(KS)]
+    columns = [("positional", 8), ("usage-aware", 8), ("positional", 16), ("usage-aware", 16)]
+    for k, row in zip(KS, rows):
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert int(cells[0]) == k
+        for (placement, streams), cell in zip(columns, cells[2:6]):
+            printed = float(cell.split()[0])
+            assert printed == pytest.approx(gb300_by_k[(placement, k)].point(streams).tokens_per_s, abs=0.06), (k, cell)
+
+
+def implied_independent_streams(loaded, placement: str, streams: int, k: int, measured: float) -> float:
+    """The independent-stream count at which the estimate equals a measured tok/s (bisection)."""
+    lo, hi = 0.05, float(streams)
+
+    def gap(x: float) -> float:
+        return estimate_lane(loaded, "agent", placement=placement, streams=[streams], k=k,
+                             independent_streams=x).point(streams).tokens_per_s - measured
+
+    assert gap(lo) > 0 > gap(hi)
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if gap(mid) > 0 else (lo, mid)
+    return (lo + hi) / 2
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_gb300_both_placements_imply_the_same_routing_overlap(k):
+    # The positional step is mostly link reads, the usage-aware one mostly HBM reads; yet at a given
+    # k each placement's measured tok/s implies about the same count of streams routing
+    # independently — about half the streams. What the model lacks is the number of experts a step
+    # touches (k, stream overlap), not a rate. A diagnostic: nothing here enters the estimate.
+    loaded = load_recipe("dsv41-flash-gb300")
+    for streams in (8, 16):
+        positional = implied_independent_streams(loaded, "positional", streams, k,
+                                                 sum(GB300[("positional", streams)]) / len(GB300[("positional", streams)]))
+        usage_aware = implied_independent_streams(loaded, "usage-aware", streams, k, GB300[("usage-aware", streams)][0])
+        assert abs(positional / usage_aware - 1) < 0.25, (streams, k, positional, usage_aware)   # found: 1.11-1.20
+        assert 0.4 * streams < usage_aware < 0.75 * streams, (streams, k, usage_aware)
+
+
+def gb300_ratios(gb300) -> list[float]:
+    return [m / gb300[p].point(s).tokens_per_s for (p, s), ms in GB300.items() for m in ms]
+
+
+def _sim_model(name: str, run: dict, case: str, components: dict) -> StepModel:
+    model = load_recipe(SIM_RECIPES[name]).recipe.model
+    g = run["geometry"]
+    assert (model.decoder_layers, model.routed_experts, model.top_k) == (g["layers"], g["experts"], g["top_k"])
+    # bench/format_peer.popularity: exp(-4.94 (r/E)^1.01) over a seeded permutation per layer
+    rng = np.random.default_rng(run["popularity_seed"])
+    base = np.exp(-4.94 * (np.arange(g["experts"]) / g["experts"]) ** 1.01)
+    base /= base.sum()
+    layers = []
+    for i in range(g["layers"]):
+        shares = np.empty(g["experts"])
+        shares[rng.permutation(g["experts"])] = base
+        if case == "usage_aware":
+            cold = set(run["cold_ids"]["usage_aware"][i])
+            layers.append(MoeLayer(tuple(shares), tuple(e in cold for e in range(g["experts"]))))
+        elif case == "positional":
+            layers.append(MoeLayer(tuple(shares), None, 1.0 if i < run["cold_layers"] else 0.0))
+        else:
+            layers.append(MoeLayer(tuple(shares)))
+    per_layer, head, _ = _dense(model, 1)
+    return StepModel(decoder_layers=model.decoder_layers, moe=tuple(layers), top_k=model.top_k,
+                     bytes_per_expert=run["bytes_per_expert"],
+                     expert_efficiency=expert_efficiency(model.expert_format, model.name, model.expert_bytes),
+                     dense_bytes_per_layer=per_layer, head_bytes=head, attention=_attention_groups(model, 1),
+                     hbm_read=components["hbm_read_GBps"] * 1e9, pinned_read=components["pinned_read_GBps"] * 1e9)
+
+
+def sim_points() -> list[dict]:
+    data = json.loads(RESULTS.read_text())
+    assert data["env"]["gpu"] == "NVIDIA H200"
+    out = []
+    for name, run in data["models"].items():
+        for case in ("all_hbm", "usage_aware", "positional"):
+            if case not in run["per_T"]["1"]:
+                continue
+            model = _sim_model(name, run, case, data["components"])
+            for t, row in run["per_T"].items():
+                assert row["split_equals_all_hbm"]
+                terms = step_terms(model, OperatingPoint(int(t), 0, run["context"]))
+                out.append({"model": name, "case": case, "T": int(t), "estimate_ms": terms.total * 1e3,
+                            "measured_ms": row[case]["step_ms"], "unique": terms.unique_per_layer,
+                            "unique_measured": row["unique_per_layer_mean"], "cold": terms.cold_per_step,
+                            "cold_measured": row[case]["cold_experts_per_step_mean"]})
+    return out
+
+
+def test_h200_simulation_covers_the_cases_asked_for():
+    points = sim_points()
+    assert {(p["model"], p["case"]) for p in points} == {
+        ("gpt-oss-120b", "all_hbm"), ("qwen3-30b-a3b", "all_hbm"), ("qwen3-30b-a3b", "usage_aware"),
+        ("qwen3-30b-a3b", "positional")}
+    assert {p["T"] for p in points} == {1, 8, 32}
+
+
+def test_h200_unique_and_cold_experts_match_the_routing_drawn():
+    for p in sim_points():
+        assert p["unique"] == pytest.approx(p["unique_measured"], rel=0.02), p
+        if p["cold_measured"]:
+            assert p["cold"] == pytest.approx(p["cold_measured"], rel=0.06), p
+
+
+def test_h200_step_time_against_the_simulation():
+    points = sim_points()
+    ratios = [p["estimate_ms"] / p["measured_ms"] for p in points]   # = measured tok/s / estimated tok/s
+    for p, r in zip(points, ratios):
+        assert BAND_MEASURED_GPU[0] <= r <= BAND_MEASURED_GPU[1], (p, r)
+    within = [p for p, r in zip(points, ratios) if abs(r - 1) <= 0.15]
+    # 10 of 12 within ±15%; gpt-oss-120b at T = 1 and 8 are 18-19% slow (docs/costmodel.md)
+    assert len(within) == 10
+    assert all(p["model"] == "qwen3-30b-a3b" or p["T"] == 32 for p in within)
+
+
+def test_bands_are_what_the_validation_found(gb300):
+    sim = [p["estimate_ms"] / p["measured_ms"] for p in sim_points()]
+    assert BAND_MEASURED_GPU[0] <= min(sim) <= BAND_MEASURED_GPU[0] + 0.02
+    assert BAND_MEASURED_GPU[1] - 0.02 <= max(sim) <= BAND_MEASURED_GPU[1]
+    one = [m / gb300[p].point(1).tokens_per_s for (p, s), ms in GB300.items() if s == 1 for m in ms] + sim
+    assert BAND_ONE_STREAM[0] <= min(one) and max(one) <= BAND_ONE_STREAM[1]
+    several = [m / gb300[p].point(s).tokens_per_s for (p, s), ms in GB300.items() if s > 1 for m in ms]
+    assert BAND_OTHER_GPU_STREAMS[1] - 0.02 <= max(several) <= BAND_OTHER_GPU_STREAMS[1]

@@ -1,0 +1,304 @@
+"""`recipegen fit`: the search's boundary against hand arithmetic, the write-back (comments kept, maps
+beside it, a second fit writing nothing), the placements, nothing-fits and bad input, through the
+real CLI root on copies of the shipped recipes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from expert_residency.formats import load_histogram, load_rowmap, save_histogram
+
+from recipegen.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+GiB, MiB = 2**30, 2**20
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def project(tmp_path: Path, recipe: str, *, edit=None) -> Path:
+    """A copy of a shipped recipe (and every map and profile) in a project of its own."""
+    root = tmp_path / "recipes"
+    for sub in ("maps", "profiles"):
+        for src in (REPO / "recipes" / sub).rglob("*"):
+            if src.is_file():
+                dst = root / sub / src.relative_to(REPO / "recipes" / sub)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_bytes(src.read_bytes())
+    text = (REPO / "recipes" / f"{recipe}.yaml").read_text()
+    if edit is not None:
+        text = edit(text)
+    path = root / f"{recipe}.yaml"
+    path.write_text(text)
+    return path
+
+
+# ------------------------------------------------------------------ the boundary, by hand
+
+def test_usage_aware_boundary_is_hand_arithmetic(tmp_path: Path) -> None:
+    """Qwen3-30B-A3B on the RTX 4090 recipe (24,564 MiB as the driver reports it, utilisation 0.92,
+    assumed reserve 5.5 GiB): the largest hot count per layer that leaves one 32,768-token
+    sequence of KV, by hand."""
+    recipe = project(tmp_path, "qwen3-30b-a3b-rtx4090")
+    code, out, err = run("fit", str(recipe), "--dry-run", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    cap = 24564 * MiB * 0.92
+    reserve = 5.5 * GiB
+    # the runtime's start-up workspace (docs/ledger.md): P = 2,048 batched tokens × top-8 = 16,384 picks,
+    # PB = 16,384; 4·(2·PB + P + 1 + P + 2) + 8 + 2·P·(I 768 + H 2,048), plus the counter and step masks
+    # 8·48·128 + 16·48 + 5·2,048 + 9
+    picks = 2048 * 8
+    workspace = 4 * (2 * picks + picks + 1 + picks + 2) + 8 + 2 * picks * (768 + 2048) + 8 * 48 * 128 + 16 * 48 + 5 * 2048 + 9
+    one_sequence = 32768 * 98304                  # 48 layers × 2 × 4 KV heads × 128 × 2 B per token = 3 GiB
+    per_hot = 48 * 9_437_184                      # one more hot expert in every MoE layer
+    hot = math.floor((cap - reserve - workspace - one_sequence) / per_hot)
+    assert hot == 31
+    chosen = result["chosen"]
+    assert chosen["placement"] == "usage-aware" and chosen["hot_experts_per_layer"] == hot
+    assert chosen["boundary"].startswith(f"one more hot expert per layer ({hot + 1}) breaks [kv]")
+    assert chosen["kv_full_sequences"] == 1
+    # the load offload: the smallest whole GiB whose load-time HBM peak fits — one GiB less does not
+    offload = chosen["load_cpu_offload_gib"]
+    for gib, want_ok in ((offload, True), (offload - 1, False)):
+        text = recipe.read_text().replace("hot_experts_per_layer: 20 ", f"hot_experts_per_layer: {hot} ") \
+            .replace("load_cpu_offload: 37 GiB", f"load_cpu_offload: {gib} GiB")
+        trial = recipe.with_name(f"trial-{gib}.yaml")
+        trial.write_text(text.replace("maps/qwen3-30b-a3b/chat.rowmap", "maps/trial.rowmap"))
+        code, _, err = run("rowmap", "build", str(tmp_path / "recipes/profiles/qwen3-30b-a3b/chat.hist"),
+                           "--hot", str(hot), "-o", str(tmp_path / "recipes/maps/trial.rowmap"))
+        assert code == 0, err
+        code, out, _ = run("check", "budgets", str(trial))
+        assert (code == 0) == want_ok, out
+        if not want_ok:
+            assert "OVER BUDGET [load-hbm]" in out
+
+
+def test_min_sequences_moves_the_boundary(tmp_path: Path) -> None:
+    recipe = project(tmp_path, "qwen3-30b-a3b-rtx4090")
+    code, out, err = run("fit", str(recipe), "--min-sequences", "4", "--dry-run", "--json")
+    assert code == 0, err
+    chosen = json.loads(out)["chosen"]
+    cap, reserve = 24564 * MiB * 0.92, 5.5 * GiB
+    picks = 2048 * 8
+    workspace = 4 * (4 * picks + 3) + 8 + 2 * picks * (768 + 2048) + 8 * 48 * 128 + 16 * 48 + 5 * 2048 + 9
+    hot = math.floor((cap - reserve - workspace - 4 * 32768 * 98304) / (48 * 9_437_184))
+    assert chosen["hot_experts_per_layer"] == hot == 10
+    assert chosen["kv_full_sequences"] >= 4
+    assert f"({hot + 1}) breaks [sequences]" in chosen["boundary"]
+
+
+# ------------------------------------------------------------------ write-back
+
+def test_fit_writes_back_keeps_comments_and_a_second_fit_changes_nothing(tmp_path: Path) -> None:
+    recipe = project(tmp_path, "qwen3-30b-a3b-rtx4090")
+    before = recipe.read_text()
+    code, out, err = run("fit", str(recipe))
+    assert code == 0, err
+    after = recipe.read_text()
+    comments = [line.strip() for line in before.splitlines() if line.strip().startswith("#")]
+    assert comments and all(c in after for c in comments)       # every full-line comment kept
+    assert "hot_experts_per_layer: 31         # fitted: 97 cold per layer" in after
+    changed = [(a, b) for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
+    assert [a.split(":")[0].strip() for a, _ in changed] == ["hot_experts_per_layer", "load_cpu_offload"]
+    rowmap = load_rowmap(tmp_path / "recipes/maps/qwen3-30b-a3b/chat.rowmap")
+    assert rowmap.hot_counts() == [31] * 48 and rowmap.provenance.get("synthetic") is True
+    code, out, err = run("check", "budgets", str(recipe))
+    assert code == 0, out
+    files = [recipe, tmp_path / "recipes/maps/qwen3-30b-a3b/chat.rowmap"]
+    snapshot = [(f.read_bytes(), f.stat().st_mtime_ns) for f in files]
+    code, out, err = run("fit", str(recipe))
+    assert code == 0, err
+    assert "unchanged: the recipe already holds this fit" in out
+    assert [(f.read_bytes(), f.stat().st_mtime_ns) for f in files] == snapshot
+
+
+def test_dry_run_writes_nothing(tmp_path: Path) -> None:
+    recipe = project(tmp_path, "qwen3-30b-a3b-rtx4090")
+    before = recipe.read_bytes()
+    code, out, _ = run("fit", str(recipe), "--dry-run")
+    assert code == 0 and "dry run: nothing written" in out and "would write:" in out
+    assert recipe.read_bytes() == before
+
+
+def test_a_lane_without_a_profile_gets_the_synthetic_default_and_profile_replaces_it(tmp_path: Path) -> None:
+    """gpt-oss-120b on the L40S is positional and has no class: fit finds usage-aware faster, writes the
+    synthetic default histogram and the map built from it, both labelled; a measured histogram put in
+    its place (what `recipegen profile` writes) is what the next fit builds from."""
+    recipe = project(tmp_path, "gpt-oss-120b-l40s")
+    code, out, err = run("fit", str(recipe))
+    assert code == 0, err
+    doc = yaml.safe_load(recipe.read_text())
+    lane = doc["lanes"][0]
+    assert lane["offload"]["placement"] == "usage-aware" and lane["active_class"] == "chat"
+    cls = lane["classes"]["chat"]
+    assert cls["histogram"] == "profiles/gpt-oss-120b-l40s/chat.hist"
+    assert "SYNTHETIC default histogram" in cls["description"] and "recipegen profile" in cls["description"]
+    hist_path = recipe.parent / cls["histogram"]
+    hist = load_histogram(hist_path)
+    assert hist.meta.get("synthetic") is True and hist.num_experts == 128 and hist.top_k == 4
+    assert "SYNTHETIC default histogram" in out
+    hot = lane["offload"]["hot_experts_per_layer"]
+    # a profile: every layer's picks on experts 0..hot-1 (what a count-only boot would have counted)
+    hist.counts[:] = 0
+    hist.counts[:, :hot] = 1000
+    hist.meta = {"class": "chat"}
+    hist.source = "count-only profile boot (test)"
+    save_histogram(hist, hist_path)
+    code, out, err = run("fit", str(recipe))
+    assert code == 0, err
+    rowmap = load_rowmap(recipe.parent / cls["rowmap"])
+    assert all(ids == list(range(hot)) for ids in rowmap.hot)
+    assert not rowmap.provenance.get("synthetic")
+    assert "SYNTHETIC" not in out.split("row map:")[1]
+
+
+def test_every_expert_in_hbm_is_plain_vllm(tmp_path: Path) -> None:
+    """Qwen3-30B-A3B's 54 GiB of experts on the 140.4 GiB H200: all in HBM, written as positional
+    with no --cpu-offload-gb; the class keeps its histogram, loses the row-map reference."""
+    recipe = project(tmp_path, "qwen3-30b-a3b-rtx4090",
+                     edit=lambda t: t.replace("catalog: rtx-4090", "catalog: h200-pcie"))
+    code, out, err = run("fit", str(recipe))
+    assert code == 0, err
+    assert "chose: all in HBM (no --cpu-offload-gb)" in out
+    doc = yaml.safe_load(recipe.read_text())
+    offload = doc["lanes"][0]["offload"]
+    assert offload == {"placement": "positional", "load_cpu_offload": "0 GiB"}
+    assert "rowmap" not in doc["lanes"][0]["classes"]["chat"]
+    assert run("check", "budgets", str(recipe))[0] == 0
+
+
+def test_a_gpu_the_runtime_cannot_split_on_gets_positional(tmp_path: Path) -> None:
+    """Compute capability 7.5: the runtime's bf16 kernel needs 8.0, so usage-aware is refused (and
+    says why) and the smallest whole-GiB positional offload is chosen."""
+    recipe = project(tmp_path, "qwen3-30b-a3b-rtx4090", edit=lambda t: t.replace(
+        "    catalog: rtx-4090\n", "    catalog: rtx-4090\n    gpus: {compute_capability: '7.5'}\n"))
+    code, out, err = run("fit", str(recipe), "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["chosen"]["placement"] == "positional"
+    refusal = next(r for r in result["refusals"] if r["placement"] == "usage-aware")
+    assert "compute capability 7.5" in refusal["reason"]
+    offload = result["chosen"]["load_cpu_offload_gib"]
+    assert result["chosen"]["boundary"].startswith(f"one GiB less (--cpu-offload-gb {offload - 1}) breaks")
+    assert run("check", "budgets", str(recipe))[0] == 0
+
+
+# ------------------------------------------------------------------ context
+
+def test_auto_context_takes_the_models_limit_when_it_fits(tmp_path: Path) -> None:
+    recipe = project(tmp_path, "qwen3-30b-a3b-rtx4090")
+    code, out, err = run("fit", str(recipe), "--max-model-len", "auto")
+    assert code == 0, err
+    assert yaml.safe_load(recipe.read_text())["lanes"][0]["max_model_len"] == 40960   # max_position_embeddings
+    assert "the model's max_position_embeddings, which fits" in out
+
+
+def test_auto_context_below_the_limit_is_the_longest_multiple_of_1024_that_fits(tmp_path: Path) -> None:
+    """gpt-oss-120b (131,072 tokens) with the KV of 8 full-length sequences asked for on the L40S:
+    the full context does not fit; the chosen one does, 1,024 tokens more does not."""
+    recipe = project(tmp_path, "gpt-oss-120b-l40s")
+    code, out, err = run("fit", str(recipe), "--max-model-len", "auto", "--min-sequences", "8", "--dry-run", "--json")
+    assert code == 0, err
+    length = json.loads(out)["max_model_len"]
+    assert length % 1024 == 0 and length < 131072
+    code, _, _ = run("fit", str(recipe), "--max-model-len", str(length), "--min-sequences", "8", "--dry-run")
+    assert code == 0
+    code, out, _ = run("fit", str(recipe), "--max-model-len", str(length + 1024), "--min-sequences", "8", "--dry-run")
+    assert code == 1 and "smallest change that would: lower max_model_len to" in out
+
+
+# ------------------------------------------------------------------ nothing fits, bad input
+
+INLINE = """version: 1
+name: {name}
+model: {model}
+machines:
+  box: {machine}
+lanes:
+  - name: chat
+    machine: box
+    gpus: [0]
+    port: 8000
+    image: vllm/vllm-openai:v0.33.0
+    gpu_memory_utilization: 0.92
+    max_model_len: {length}
+    concurrency: {{max: 1}}
+    offload: {{placement: positional, load_cpu_offload: 0 GiB}}
+    extra_args: [--cpu-offload-params, experts]
+    reserves:
+      hbm: {hbm}
+      host: {{estimated: true}}
+"""
+
+
+def inline(tmp_path: Path, *, model: str, machine: str, length: int, hbm: str = "{estimated: true}") -> Path:
+    path = tmp_path / "recipes" / "r.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(INLINE.format(name="r", model=model, machine=machine, length=length, hbm=hbm))
+    return path
+
+
+def test_nothing_fits_exits_1_with_the_smallest_change_and_writes_nothing(tmp_path: Path) -> None:
+    """Qwen3-235B-A22B (423 GiB of bf16 experts) on one L40S with 256 GiB of host memory: HBM takes
+    a share, the host cannot take the rest — the smallest change is a bigger host, by how much."""
+    recipe = inline(tmp_path, model="qwen3-235b-a22b", machine="l40s", length=32768)
+    before = recipe.read_bytes()
+    code, out, err = run("fit", str(recipe), "--json")
+    assert code == 1, out + err
+    result = json.loads(out)
+    assert result["fitted"] is False and result["suggestion"].startswith("a host with at least")
+    need = int(result["suggestion"].split("at least ")[1].split(" GiB")[0])
+    assert need > 256
+    assert recipe.read_bytes() == before
+    # the machine with that much host memory: it fits
+    bigger = recipe.read_text().replace("box: l40s", f"box: {{catalog: l40s, host_memory: {need} GiB}}")
+    recipe.write_text(bigger)
+    code, out, err = run("fit", str(recipe))
+    assert code == 0, out + err
+
+
+def test_a_reserve_smaller_than_the_dense_weights_is_named(tmp_path: Path) -> None:
+    recipe = inline(tmp_path, model="qwen3-235b-a22b", machine="l40s", length=32768,
+                    hbm="{value: 7 GiB, basis: assumed, source: a guess}")
+    code, out, _ = run("fit", str(recipe))
+    assert code == 1 and "[reserve]" in out
+    assert "smallest change that would: re-measure the HBM reserve" in out
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--max-model-len", "lots"], "--max-model-len"),
+    (["--max-model-len", "2000000"], "--max-model-len"),
+    (["--min-sequences", "0"], "--min-sequences"),
+    (["--concurrency", "0"], "--concurrency"),
+    (["nolane"], "lanes"),
+])
+def test_bad_input_exits_2_naming_the_field(tmp_path: Path, args: list[str], field: str) -> None:
+    recipe = project(tmp_path, "qwen3-30b-a3b-rtx4090")
+    before = recipe.read_bytes()
+    code, out, err = run("fit", str(recipe), *args)
+    assert code == 2 and f"field '{field}'" in err and "Traceback" not in err, err
+    assert recipe.read_bytes() == before
+
+
+def test_concurrency_is_written_as_the_lanes_max(tmp_path: Path) -> None:
+    recipe = project(tmp_path, "qwen3-30b-a3b-rtx4090")
+    code, _, err = run("fit", str(recipe), "--concurrency", "8", "--min-sequences", "2")
+    assert code == 0, err
+    lane = yaml.safe_load(recipe.read_text())["lanes"][0]
+    assert lane["concurrency"] == {"min": 1, "max": 8}
+
+
+def test_a_recipe_broken_elsewhere_is_reported_not_fitted(tmp_path: Path) -> None:
+    """The lane names a machine the recipe does not have: exit 2 with the line and field."""
+    recipe = project(tmp_path, "qwen3-30b-a3b-rtx4090", edit=lambda t: t.replace("machine: desk", "machine: desk2"))
+    code, _, err = run("fit", str(recipe))
+    assert code == 2 and "lanes[0].machine" in err and "unknown machine 'desk2'" in err and "Traceback" not in err

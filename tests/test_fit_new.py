@@ -1,0 +1,198 @@
+"""`recipegen new`, `recipegen compare`, and the estimated / declared reserves they print."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from recipegen.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+FIX = REPO / "tests" / "fixtures" / "hf_configs"
+GiB, MiB = 2**30, 2**20
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_new_from_the_catalog_writes_a_fitted_recipe_check_passes(here: Path) -> None:
+    code, out, err = run("new", "qwen3-30b-a3b", "--machine", "rtx-5090")
+    assert code == 0, out + err
+    path = here / "recipes" / "qwen3-30b-a3b-rtx-5090.yaml"
+    doc = yaml.safe_load(path.read_text())
+    lane = doc["lanes"][0]
+    assert doc["model"] == "qwen3-30b-a3b" and doc["machines"] == {"rtx-5090": "rtx-5090"}
+    assert lane["max_model_len"] == 40960                     # the model's full context fits
+    assert lane["gpu_memory_utilization"] == 0.92             # vLLM 0.33's default
+    assert lane["reserves"] == {"hbm": {"estimated": True}, "host": {"estimated": True}}
+    assert lane["offload"]["placement"] == "usage-aware" and lane["active_class"] == "chat"
+    assert "hot_experts_per_layer" in lane["offload"]
+    assert (here / "recipes" / lane["classes"]["chat"]["rowmap"]).is_file()
+    code, out, _ = run("check", "budgets", str(path))
+    assert code == 0 and "(estimated from the model and machine" in out
+    code, out, _ = run("fit", str(path))                      # new called the same function
+    assert code == 0 and "unchanged: the recipe already holds this fit" in out
+    code, _, err = run("new", "qwen3-30b-a3b", "--machine", "rtx-5090")
+    assert code == 2 and "--force" in err
+
+
+def test_new_from_a_local_checkpoint_writes_its_model_file(here: Path) -> None:
+    code, out, err = run("new", str(FIX / "qwen3-30b-a3b"), "--machine", "h200-pcie", "--max-model-len", "32K")
+    assert code == 0, out + err
+    doc = yaml.safe_load((here / "recipes" / "qwen3-30b-a3b-h200-pcie.yaml").read_text())
+    assert doc["model"] == {"file": "models/qwen3-30b-a3b.yaml"}
+    assert doc["lanes"][0]["max_model_len"] == 32768
+    assert "offload" not in doc["lanes"][0]          # all in HBM: the section that would say nothing is left out
+    model = yaml.safe_load((here / "recipes" / "models" / "qwen3-30b-a3b.yaml").read_text())
+    assert model["routed_experts"]["value"] == 128
+
+
+def test_new_writes_nothing_when_nothing_fits(here: Path) -> None:
+    code, out, err = run("new", "kimi-k2-instruct", "--machine", "rtx-4090")
+    assert code == 1, out + err
+    assert "nothing fits" in out and not (here / "recipes").exists()
+
+
+def test_new_refuses_what_it_cannot_read(here: Path) -> None:
+    code, _, err = run("new", "not a model", "--machine", "rtx-4090")
+    assert code == 2 and "field 'MODEL'" in err and "catalog models:" in err
+    code, _, err = run("new", "qwen3-30b-a3b", "--machine", "no-such-box")
+    assert code == 2 and "field '--machine'" in err
+
+
+def test_a_hub_id_of_a_catalog_checkpoint_is_the_catalog_entry(here: Path) -> None:
+    code, out, err = run("new", "Qwen/Qwen3-30B-A3B", "--machine", "rtx-5090", "--name", "q")
+    assert code == 0, out + err
+    assert "is the catalog's qwen3-30b-a3b" in out
+    assert yaml.safe_load((here / "recipes" / "q.yaml").read_text())["model"] == "qwen3-30b-a3b"
+
+
+def test_compare_tabulates_each_machine(here: Path) -> None:
+    code, _, err = run("new", "deepseek-v3", "--machine", "h200-sxm-x8", "--name", "dsv3")
+    assert code == 0, err
+    before = {p: p.read_bytes() for p in (here / "recipes").rglob("*") if p.is_file()}
+    code, out, err = run("compare", "dsv3", "--machines", "h200-sxm-x8,h100-sxm-x8,rtx-4090", "--json")
+    assert code == 0, err
+    rows = {r["machine"]: r for r in json.loads(out)["machines"]}
+    assert rows["h200-sxm-x8"]["chosen"]["placement"] == "all in HBM"
+    assert rows["h100-sxm-x8"]["chosen"]["placement"] == "usage-aware"
+    assert rows["rtx-4090"]["fits"] is False and rows["rtx-4090"]["suggestion"]
+    code, out, _ = run("compare", "dsv3", "--machines", "h200-sxm-x8,h100-sxm-x8,rtx-4090")
+    lines = out.splitlines()
+    assert lines[1].split()[:4] == ["machine", "GPUs", "host", "fits"]
+    assert any(line.strip().startswith("rtx-4090") and " no " in line for line in lines)
+    assert {p: p.read_bytes() for p in (here / "recipes").rglob("*") if p.is_file()} == before  # writes nothing
+
+
+# ------------------------------------------------------------------ reserves as printed
+
+RESERVE_RECIPE = """version: 1
+name: r
+model: qwen3-30b-a3b
+machines:
+  box: rtx-5090
+lanes:
+  - name: chat
+    machine: box
+    gpus: [0]
+    port: 8000
+    image: vllm/vllm-openai:v0.33.0
+    gpu_memory_utilization: 0.92
+    max_model_len: 2048
+    concurrency: {{max: 1}}
+    offload: {{placement: positional, load_cpu_offload: 30 GiB}}
+    extra_args: [--cpu-offload-params, experts]
+    reserves:
+      hbm: {hbm}
+      host: {host}
+"""
+
+
+@pytest.mark.parametrize("hbm, label", [
+    ("{value: 5 GiB, source: guess}", "(declared, not marked measured)"),
+    ("{value: 5 GiB, basis: assumed, source: guess}", "(assumed)"),
+    ("{value: 5 GiB, basis: measured, source: 'measured on the box, recipegen verify'}", "(measured)"),
+])
+def test_measured_only_where_the_reserve_says_so(tmp_path: Path, hbm: str, label: str) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(RESERVE_RECIPE.format(hbm=hbm, host="{value: 8 GiB, source: guess}"))
+    code, out, _ = run("check", "budgets", str(path))
+    assert code == 0, out
+    line = next(x for x in out.splitlines() if "HBM / GPU:" in x)
+    assert f"reserve 5.00 GiB {label}" in line
+    assert "reserve 8.00 GiB (declared, not marked measured)" in out
+    if "guess" in hbm and "measured" not in label:
+        assert "(measured)" not in out
+
+
+def test_estimated_reserves_by_hand(tmp_path: Path) -> None:
+    """Qwen3-30B-A3B on the RTX 5090, plain vLLM: dense 3,082,186,752 B (catalog) + vLLM's fused-MoE
+    workspace at 2,048 batched tokens (the default below 70 GiB): 2,048 × top-8 × (max(768, 2,048) +
+    max(1,536, 2,048)) × 2 B + a 2 GiB allowance; host: 8 GiB + 4 GiB for the one GPU."""
+    path = tmp_path / "r.yaml"
+    path.write_text(RESERVE_RECIPE.format(hbm="{estimated: true}", host="{estimated: true}"))
+    code, out, err = run("check", "budgets", str(path), "--json")
+    assert code == 0, out + err
+    fig = json.loads(out)["recipes"][0]["lanes"][0]["figures"]
+    moe = 2048 * 8 * (2048 + 2048) * 2
+    assert fig["hbm.reserve"]["value"] == 3_082_186_752 + moe + 2 * GiB
+    assert fig["hbm.reserve"]["note"].startswith("estimated")
+    assert fig["host.reserve"]["value"] == 8 * GiB + 4 * GiB
+    code, out, _ = run("check", "budgets", str(path))
+    assert "(estimated from the model and machine" in out and "+ reserve 12.00 GiB (estimated)" in out
+    # usage-aware: the runtime computes the experts, so vLLM's fused-MoE workspace is not there
+    ua = RESERVE_RECIPE.format(hbm="{estimated: true}", host="{estimated: true}").replace(
+        "{placement: positional, load_cpu_offload: 30 GiB}",
+        "{placement: usage-aware, hot_experts_per_layer: 128, load_cpu_offload: 0 GiB}")
+    path.write_text(ua)
+    code, out, err = run("check", "budgets", str(path), "--json")
+    fig = json.loads(out)["recipes"][0]["lanes"][0]["figures"]
+    assert fig["hbm.reserve"]["value"] == 3_082_186_752 + moe + 2 * GiB   # every expert hot: plain vLLM
+    path.write_text(ua.replace("hot_experts_per_layer: 128, load_cpu_offload: 0 GiB",
+                               "hot_experts_per_layer: 100, load_cpu_offload: 30 GiB"))
+    (tmp_path / "r.yaml").write_text(path.read_text())
+    from recipegen.ledger import compute_lane
+    from recipegen.load.recipe import load_recipe_model
+
+    recipe = load_recipe_model(path).recipe
+    lane = compute_lane(recipe.model, recipe.machines["box"], recipe.lanes[0])
+    assert lane.fig("hbm.reserve").value == 3_082_186_752 + 2 * GiB
+
+
+def test_a_reserve_needs_a_source_unless_estimated(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(RESERVE_RECIPE.format(hbm="{value: 5 GiB}", host="{estimated: true}"))
+    code, _, err = run("check", "recipe", str(path))
+    assert code == 2 and "reserves.hbm.source" in err
+    path.write_text(RESERVE_RECIPE.format(hbm="{estimated: true, value: 5 GiB}", host="{estimated: true}"))
+    code, _, err = run("check", "recipe", str(path))
+    assert code == 2 and "exactly one of value, back_solved_from and estimated" in err
+
+
+def test_a_machine_file_name_cannot_add_to_the_recipe(here: Path) -> None:
+    """A machine file whose name holds a newline and YAML: the recipe's header comment stays one
+    comment, and the recipe holds exactly the keys `new` writes."""
+    from recipegen.catalog import catalog_entry
+
+    name = "box\nversion: 2\nevil: true.yaml"
+    entry = catalog_entry("machines", "h200-pcie")
+    entry["name"] = "box"
+    (here / name).write_text(yaml.safe_dump(entry))
+    code, out, err = run("new", "qwen3-30b-a3b", "--machine", name, "--name", "n")
+    assert code == 0, out + err
+    text = (here / "recipes" / "n.yaml").read_text()
+    doc = yaml.safe_load(text)
+    assert set(doc) == {"version", "name", "description", "model", "machines", "lanes"} and doc["version"] == 1
+    assert all(line.startswith("#") for line in text.split("version: 1")[0].splitlines() if line.strip())

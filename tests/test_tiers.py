@@ -5,6 +5,7 @@ guards refuse an engine boot or the Triton interpreter inside a test the rule di
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -12,8 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tiers import FAST_TIER, TEST_MARKS_ENV, require_tier_marker
+from tiers import FAST_TIER, GPU_FILE_SUFFIXES, GPU_SKIP_REASON, TEST_MARKS_ENV, require_tier_marker
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,6 +33,9 @@ KNOWN = {
     "tests/gpu/test_layout_and_interpreter.py::test_kernels_under_triton_interpreter[True]": {"interpreter"},
     "tests/test_parallel_triton_interp.py::test_tp2_triton_split_layer_under_interpreter": {"interpreter"},
     "tests/test_step_masks_kernel.py::test_kernel_refresh_equals_the_torch_path": {"interpreter"},
+    # skipped for want of a CUDA GPU (its neighbours run on the CPU)
+    "tests/runtime/test_core_skipped_picks.py::test_skipped_picks_in_a_cuda_graph": {"gpu"},
+    "tests/runtime/test_core_skipped_picks.py::test_stale_pick_out_rows_are_not_read": set(),
     # pure: the fast tier
     "tests/gpu/test_layout_and_interpreter.py::test_tile_major_round_trip_and_contiguous_tiles": set(),
     "tests/test_step_masks_kernel.py::test_cpu_masks_default_to_the_torch_path": set(),
@@ -111,3 +114,25 @@ def test_an_engine_boot_in_an_unmarked_test_is_refused_before_it_starts(tmp_path
     with pytest.raises(AssertionError, match="without the 'vllm' marker"):
         server.start()
     assert server.process is None and not (tmp_path / "work").exists()
+
+
+def _skips_itself_without_cuda(path: Path) -> bool:
+    """A module-level ``pytest.skip`` whose message says "CUDA GPU" (under an ``if``)."""
+    for node in ast.parse(path.read_text()).body:
+        if not isinstance(node, ast.If):
+            continue
+        for call in ast.walk(node):
+            if isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "skip" and any(
+                    isinstance(a, ast.Constant) and GPU_SKIP_REASON in str(a.value) for a in call.args):
+                return True
+    return False
+
+
+def test_files_that_skip_without_a_gpu_are_in_the_gpu_tier() -> None:
+    """They collect nothing on a CPU machine, so the rule never sees their tests here: each is
+    named for the tier or carries the marker, for the GPU machine's run."""
+    files = [p for p in sorted((REPO / "tests").rglob("test_*.py")) if _skips_itself_without_cuda(p)]
+    assert len(files) >= 8, files                # tests/gpu and tests/runtime hold at least these
+    unmarked = [str(p.relative_to(REPO)) for p in files
+                if not p.name.endswith(GPU_FILE_SUFFIXES) and "pytest.mark.gpu" not in p.read_text()]
+    assert not unmarked, unmarked

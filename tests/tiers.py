@@ -21,6 +21,10 @@ ENGINE_FIXTURES = frozenset({"vllm_required", "start_server", "count_profile"})
 DOCKER_FIXTURES = frozenset({"docker_engine"})
 INTERPRETER_CALLS = frozenset({"rerun_interpreted", "_rerun_interpreted"})
 ENGINE_MODULES = ("vllm_support.server",)
+# A file named for the GPU (``*_gpu.py``, ``*_cuda.py``) holds GPU tests only; a test skipped for
+# want of CUDA (its skipif reason says "CUDA GPU", as every such skip here does) is one too.
+GPU_FILE_SUFFIXES = ("_gpu.py", "_cuda.py")
+GPU_SKIP_REASON = "CUDA GPU"
 # The session's selected interpreter tests (tests/conftest.py, after collection): run together in
 # one TRITON_INTERPRET=1 process by interpreter_rerun.
 SELECTED_INTERPRETER_TESTS: list[str] = []
@@ -51,6 +55,9 @@ def tier_markers(item: pytest.Item) -> set[str]:
     code = getattr(function, "__code__", None)
     if code is not None and set(code.co_names) & INTERPRETER_CALLS:
         found.add("interpreter")
+    if path.name.endswith(GPU_FILE_SUFFIXES) or any(
+            GPU_SKIP_REASON in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif")):
+        found.add("gpu")
     return found
 
 

@@ -12,7 +12,7 @@ forgotten):
 * ``docker``: the test uses the ``docker_engine`` fixture (tests/docker_support).
 * ``interpreter``: the test function calls ``rerun_interpreted`` / ``_rerun_interpreted``
   (tests/interpreter_rerun.py), the one way a test runs Triton kernels under
-  ``TRITON_INTERPRET=1``.
+  ``TRITON_INTERPRET=1``, directly or through a function of its own module (two calls deep).
 * ``gpu``: the file is named ``*_gpu.py`` or ``*_cuda.py``, or the test is skipped for want of a
   CUDA GPU (a ``skipif`` whose reason says "CUDA GPU"); by hand elsewhere. A file that skips
   itself without CUDA collects nothing on a CPU machine, so tests/test_tiers.py checks each such

@@ -40,6 +40,21 @@ def _imports_engine_helper(module: object) -> bool:
     return False
 
 
+def _calls_interpreter(function: object, module: object, depth: int = 2) -> bool:
+    """``function`` calls one of ``INTERPRETER_CALLS``, or a function of its module that does
+    (a file's own wrapper around it), up to ``depth`` calls deep."""
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return False
+    names = set(code.co_names)
+    if names & INTERPRETER_CALLS:
+        return True
+    return depth > 0 and module is not None and any(
+        _calls_interpreter(vars(module)[name], module, depth - 1)
+        for name in names if callable(vars(module).get(name)) and
+        getattr(vars(module)[name], "__module__", None) == getattr(module, "__name__", None))
+
+
 def tier_markers(item: pytest.Item) -> set[str]:
     """The tier markers the rule gives ``item`` (markers written in the file come on top)."""
     found: set[str] = set()
@@ -52,8 +67,7 @@ def tier_markers(item: pytest.Item) -> set[str]:
         found.add("vllm")
     if fixtures & DOCKER_FIXTURES:
         found.add("docker")
-    code = getattr(function, "__code__", None)
-    if code is not None and set(code.co_names) & INTERPRETER_CALLS:
+    if function is not None and _calls_interpreter(function, module):
         found.add("interpreter")
     if path.name.endswith(GPU_FILE_SUFFIXES) or any(
             GPU_SKIP_REASON in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif")):

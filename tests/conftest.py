@@ -1,7 +1,7 @@
 """Shared test configuration, and the test tiers.
 
 Every test that needs something heavy carries a marker (registered in pyproject.toml, which runs
-pytest with ``--strict-markers``), so ``-m "not (vllm or docker or interpreter or gpu)"`` (the
+pytest with ``--strict-markers``), so ``-m "not (vllm or docker or interpreter or gpu or slow)"`` (the
 ``--fast`` option below; ``./scripts/test --fast``) leaves exactly the pure tier. The markers are
 given here, from what a test uses, instead of by hand in each file (a hand-written marker can be
 forgotten):
@@ -17,6 +17,8 @@ forgotten):
   CUDA GPU (a ``skipif`` whose reason says "CUDA GPU"); by hand elsewhere. A file that skips
   itself without CUDA collects nothing on a CPU machine, so tests/test_tiers.py checks each such
   file is named or marked for the tier.
+* ``slow``: a pure test listed in ``tiers.SLOW_TESTS`` (the slowest of a measured fast-tier run,
+  each with its seconds); the full suite runs it, ``--fast`` leaves it out.
 
 Markers written by hand in a file are kept. Two guards catch a test the rule missed, at run time:
 ``VllmServer.start`` and ``rerun_interpreted`` refuse to run inside a test that lacks the marker

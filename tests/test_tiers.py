@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiers import FAST_TIER, GPU_FILE_SUFFIXES, GPU_SKIP_REASON, TEST_MARKS_ENV, require_tier_marker
+from tiers import FAST_TIER, GPU_FILE_SUFFIXES, GPU_SKIP_REASON, SLOW_TESTS, TEST_MARKS_ENV, require_tier_marker
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -46,7 +46,7 @@ KNOWN = {
     "tests/test_units.py::test_parse_bandwidth": set(),
     "tests/test_ops_doctor.py::test_low_memlock_fails_and_says_how_to_fix": set(),
 }
-TIERS = {"vllm", "docker", "interpreter", "gpu"}
+TIERS = {"vllm", "docker", "interpreter", "gpu", "slow"}
 
 _COLLECT = r"""
 import json, sys, pytest
@@ -68,7 +68,7 @@ print("TIERS " + json.dumps([plugin.selected, plugin.deselected]))
 def collected() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """(the fast selection, the rest), each test id -> its markers: one collection of the known
     tests' files with the fast tier's `-m`."""
-    files = sorted({nodeid.split("::")[0] for nodeid in KNOWN})
+    files = sorted({nodeid.split("::")[0] for nodeid in [*KNOWN, *SLOW_TESTS]})
     env = {k: v for k, v in os.environ.items() if k != TEST_MARKS_ENV}
     done = subprocess.run([sys.executable, "-c", _COLLECT, "-m", FAST_TIER, *files], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=300)
@@ -87,6 +87,14 @@ def test_known_tests_land_in_their_tier(collected) -> None:
     wrong = {nodeid: sorted(every[nodeid] & TIERS) for nodeid, want in KNOWN.items()
              if every[nodeid] & TIERS != want}
     assert not wrong, wrong
+
+
+def test_every_listed_slow_test_exists_and_leaves_the_fast_tier(collected) -> None:
+    """A renamed test would drop out of the list unseen (back into the fast tier)."""
+    fast, rest = collected
+    assert not set(SLOW_TESTS) & set(fast)
+    missing = sorted(nodeid for nodeid in SLOW_TESTS if "slow" not in rest.get(nodeid, set()))
+    assert not missing, missing
 
 
 def test_the_fast_selection_is_every_test_without_a_tier_marker(collected) -> None:

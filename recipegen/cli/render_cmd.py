@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from recipegen.common.errors import InputError, RecipegenError
-from recipegen.render.compose import TEMPLATES_DIR, service_hashes  # noqa: F401 (re-export)
+from recipegen.render.compose import service_hashes  # noqa: F401 (re-export)
 
 _CLASS_ARG = re.compile(r"([a-z0-9][a-z0-9-]*)=([a-z0-9][a-z0-9-]*)")
 def _parse_class_args(values: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -54,10 +54,8 @@ GENERATED_LIMIT = 64 << 20
                    "binary) before writing; a rejected file leaves the previous output untouched.")
 @click.option("--diff", "show_diff", is_flag=True,
               help="Write nothing; print a unified diff of what a render would change.")
-@click.option("--templates", "templates_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=None, help=f"Template folder (default: {TEMPLATES_DIR.name}/ of recipegen).")
 def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, validate: bool,
-           show_diff: bool, templates_dir: Path | None) -> None:
+           show_diff: bool) -> None:
     """Render RECIPE(s) into compose/<recipe>/ (compose.yaml + the files its services mount).
 
     A bare name resolves under recipes/. With no RECIPE, every recipe under recipes/.
@@ -72,7 +70,6 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
         render_recipe,
     )
 
-    templates = templates_dir or TEMPLATES_DIR
     swaps = _parse_class_args(classes)
     if swaps and (check or show_diff or len(recipes) != 1):
         raise InputError("--class needs exactly one RECIPE and cannot be combined with --check "
@@ -92,7 +89,7 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
             loaded = load_recipe(path)
             names.add(loaded.name)
             roots.add(project_root_for(loaded.path))
-            for result in check_rendering(render_recipe(loaded, templates_dir=templates)):
+            for result in check_rendering(render_recipe(loaded)):
                 stale_lines += result.describe()
         if not recipes:
             for root in sorted(roots):
@@ -108,7 +105,7 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
 
     if show_diff:
         for path in paths:
-            rendering = render_recipe(load_recipe(path), templates_dir=templates)
+            rendering = render_recipe(load_recipe(path))
             for out_dir, files in sorted(rendering.folders.items()):
                 for name, data in sorted(files.items()):
                     _echo_diff(out_dir / name, data)
@@ -116,7 +113,7 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
                     click.echo(f"removed: {display_path(out_dir / gone)}")
         return
     if swaps:
-        _render_with_swaps(paths[0], swaps, templates, validate)
+        _render_with_swaps(paths[0], swaps, validate)
         return
     from recipegen.common.lock import recipe_lock
 
@@ -125,7 +122,7 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
         # cannot change the recipe between this read and this write
         with recipe_lock(path, echo=click.echo, readers_only=True):
             loaded = load_recipe(path)
-            rendering = render_recipe(loaded, templates_dir=templates)
+            rendering = render_recipe(loaded)
             _write(rendering, validate)
 
 
@@ -178,13 +175,12 @@ def _report(written: list[Path], old: dict[Path, dict[str, str]]) -> None:
                        f"{' '.join(lanes)}")
 
 
-def _render_with_swaps(path: Path, swaps: list[tuple[str, str]], templates: Path,
-                       validate: bool) -> None:
+def _render_with_swaps(path: Path, swaps: list[tuple[str, str]], validate: bool) -> None:
     """Write active_class for each swap and re-render, as one transaction (recipegen.render.swap,
     the same one `recipegen swap` uses): on any failure the recipe and rendering are restored."""
     from recipegen.render.swap import swap_classes
 
-    outcome = swap_classes(path, swaps, templates_dir=templates, validate=validate,
+    outcome = swap_classes(path, swaps, validate=validate,
                            echo=click.echo)
     if not outcome.written:
         click.echo(f"{path}: nothing to change (class already active, rendering current)")

@@ -1,8 +1,8 @@
 """Build the compose services of a recipe: one `lane-<lane>` per lane plus its profile boot.
 
 Reads the validated recipe (and the ledger's figures passed in), decides every flag, env var,
-mount and label, and returns `ServiceSpec`s; the templates only lay them out. Paths in the
-specs are relative to the output folder.
+mount and label, and returns `ServiceSpec`s (`render.compose.lane_service` lays them out as
+data). Paths in the specs are relative to the output folder.
 """
 
 from __future__ import annotations

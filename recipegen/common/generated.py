@@ -127,9 +127,10 @@ class Comment:
     text: str
 
 
-# Keys written bare: letters, digits, `_`, `.`, `-`, starting with a letter or `_` (so never a
-# number, an anchor, a tag, a flow or block indicator).
-KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+# Keys: letters, digits, `_`, `.`, `-` (so never an anchor, a tag, a flow or block indicator).
+# Written bare when they start with a letter or `_` (never a number then), else double-quoted.
+KEY_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_BARE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _PLAIN_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_]*|[0-9]+(?:ms|s|m|h)")
 # Words a YAML 1.1 reader (PyYAML; older Compose parsers) resolves to a boolean or null: a key or
 # bare word spelled so is written quoted (an `env:` name `ON` stays the string "ON").
@@ -152,8 +153,9 @@ def double_quoted(text: str) -> str:
 def _key(key: Any) -> str:
     if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
         raise RecipegenError(f"{str(key)[:60]!r} cannot be a compose key: use letters, digits, "
-                             "'_', '.' and '-', starting with a letter or '_'")
-    return double_quoted(key) if key.lower() in _YAML11_WORDS else key
+                             "'_', '.' and '-'")
+    bare = _BARE_KEY.fullmatch(key) and key.lower() not in _YAML11_WORDS
+    return key if bare else double_quoted(key)
 
 
 def _scalar(value: Any) -> str:

@@ -253,10 +253,24 @@ def test_swap_changes_only_that_service_and_keeps_the_recipe_layout(project: Pat
     before_text = (project / "compose" / REFERENCE / "compose.yaml").read_text()
 
     code, out = run("render", REFERENCE, "--diff")
-    assert (code, out) == (0, "")  # nothing to change
+    # nothing to change, said in words; 8 files: compose.yaml, .gitignore, the agent row map, and
+    # the monitoring profile's prometheus.yml, rules.yml and three Grafana files
+    assert (code, out) == (0, f"no change: compose/{REFERENCE}/ already holds what "
+                              f"recipes/{REFERENCE}.yaml renders (8 files)\n")
     code, out = run("render", REFERENCE, "--class", "agent=prose")
     assert code == 0, out
     assert "lane-agent: changed" in out and "lane-agent-profile: unchanged" in out
+    # what was written, one line per file and per service
+    lines = out.splitlines()
+    assert f"wrote compose/{REFERENCE}/ from recipes/{REFERENCE}.yaml: 8 files, 3 changed" in lines
+    for line in ("  file compose.yaml: changed", "  file maps/agent/prose.rowmap: new",
+                 "  file maps/agent/agent.rowmap: removed", "  file monitoring/prometheus.yml: unchanged"):
+        assert line in lines, (line, out)
+    assert any(line.startswith("  service lane-agent: changed — vLLM engine of lane agent: usage-aware "
+                               "residency, class prose, port 30006 (config hash ") for line in lines), out
+    assert any(line.startswith("  service prometheus: Prometheus") for line in lines), out
+    assert f"  apply: docker compose -f compose/{REFERENCE}/compose.yaml up -d lane-agent" in lines
+    assert "  config hash: sha256 of a service's rendered configuration" in out
     after_text = (project / "compose" / REFERENCE / "compose.yaml").read_text()
 
     # The recipe: exactly one line differs, comments intact.

@@ -139,7 +139,7 @@ def parity(url_a: str, url_b: str | None, fixture: Path | None, runs: int, max_t
                    f"to {record_path}")
         return
     report = compare(loaded, results["A"], results["B"])
-    click.echo(parity_text(report, identities, fixture_name=loaded.name))
+    _explained(parity_text(report, identities, fixture_name=loaded.name))
     if json_path is not None:
         _write_json(json_path, parity_json(report, identities, settings))
     if not report.passed:
@@ -168,7 +168,8 @@ def parity(url_a: str, url_b: str | None, fixture: Path | None, runs: int, max_t
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the full result as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Draw tok/s and latency per concurrency to a PNG (needs matplotlib).")
+              help="Draw tok/s and latency per concurrency to a PNG (needs matplotlib: "
+                   "pip install 'recipegen[plot]').")
 def knee(url: str, concurrency_text: str, duration: str, warmup: str, repetitions: int, max_tokens: int,
          control_url: str | None, fixture: Path | None, ignore_eos: bool, model: str | None,
          lane_log: Path | None, lane_log_b: Path | None, json_path: Path | None, plot_path: Path | None) -> None:
@@ -179,6 +180,10 @@ def knee(url: str, concurrency_text: str, duration: str, warmup: str, repetition
     from recipegen.acceptance.knee import run_knee
     from recipegen.acceptance.report import knee_json, knee_text
 
+    if plot_path is not None:  # before minutes of measuring: a missing matplotlib fails now
+        from recipegen.common.plotting import pyplot
+
+        pyplot()
     levels = _concurrencies(concurrency_text)
     duration_s = _duration(duration, "--duration")
     if duration_s <= 0:
@@ -204,10 +209,18 @@ def knee(url: str, concurrency_text: str, duration: str, warmup: str, repetition
                     await control.aclose()
 
     result = asyncio.run(main())
-    click.echo(knee_text(result))
+    _explained(knee_text(result))
     if json_path is not None:
         _write_json(json_path, knee_json(result))
     if plot_path is not None:
         from recipegen.acceptance.plot import plot_knee
         plot_knee(result, plot_path)
         click.echo(f"plot written to {plot_path}")
+
+
+def _explained(text: str) -> None:
+    """A report for people, its shorthand explained after it."""
+    from recipegen.cli.output import explained
+
+    with explained() as say:
+        say(text)

@@ -72,10 +72,12 @@ def check_budgets(recipes: tuple[str, ...], explain: bool, as_json: bool, lanes:
     Exit 0 when every budget holds, 1 when one is exceeded (the output says which, by how much and
     what to change), 2 for an invalid recipe.
     """
+    from recipegen.cli.output import ExplainedEcho
     from recipegen.ledger import compute_ledger
     from recipegen.load.document import display_path
     from recipegen.load.recipe import load_recipe
 
+    say = ExplainedEcho()  # the text report, its shorthand explained at the end
     worst = EXIT_OK
     results: list[dict[str, Any]] = []
     for target in _targets(recipes):
@@ -115,19 +117,22 @@ def check_budgets(recipes: tuple[str, ...], explain: bool, as_json: bool, lanes:
         else:
             from recipegen.ledger.report import render_ledger
 
-            click.echo(render_ledger(ledger, display_path(loaded.path), explain=explain))
+            say(render_ledger(ledger, display_path(loaded.path), explain=explain))
             for lane_name, summary in fetch.items():
-                click.echo(f"projected fetch tax · lane {lane_name} (recipegen plan for operands)")
-                click.echo("\n".join(f"  {line}" for line in summary.lines()))
+                say(f"projected fetch tax · lane {lane_name} (recipegen plan for operands)")
+                say("\n".join(f"  {line}" for line in summary.lines()))
             for lane_name, (estimate, _others, warnings) in speed.items():
-                per = ", ".join(f"C{p.streams} {p.tokens_per_s:,.1f} ({p.tokens_per_s_band[0]:,.0f}–"
-                                f"{p.tokens_per_s_band[1]:,.0f})" for p in (estimate.points[0], estimate.points[-1]))
-                click.echo(f"decode speed estimate · lane {lane_name}: {per} tok/s, {estimate.placement} "
-                           "(recipegen plan for the terms)")
+                per = ", ".join(f"C{p.streams} {p.tokens_per_s:,.1f} tok/s (validation band "
+                                f"{p.tokens_per_s_band[0]:,.0f}–{p.tokens_per_s_band[1]:,.0f})"
+                                for p in estimate.points[:1] + estimate.points[1:][-1:])
+                say(f"decode speed estimate · lane {lane_name}: {per}, {estimate.placement} "
+                    "(recipegen plan for the terms)")
                 for warning in warnings:
-                    click.echo(f"  warning: {warning} (the memory verdict above is unchanged)")
+                    say(f"  warning: {warning} (the memory verdict above is unchanged)")
     if as_json:
         click.echo(json.dumps({"ok": worst == EXIT_OK, "recipes": results}, indent=2))
+    else:
+        say.finish()
     if worst:
         sys.exit(worst)
 

@@ -72,7 +72,7 @@ def fit(recipe: str, lane: str | None, min_sequences: int, max_model_len: str | 
     if as_json:
         click.echo(json.dumps(outcome.to_json(), indent=2))
     else:
-        click.echo("\n".join(outcome.lines()))
+        _explained("\n".join(outcome.lines()))
     sys.exit(outcome.exit_code)
 
 
@@ -117,7 +117,7 @@ def new(model_arg: str, machine_arg: str, lane: str, max_model_len: str | None, 
                        model_file=str(outcome.model_file) if outcome.model_file else None)
         click.echo(json.dumps(payload, indent=2))
     else:
-        click.echo("\n".join(outcome.lines()))
+        _explained("\n".join(outcome.lines()))
     sys.exit(0 if outcome.written else 1)
 
 
@@ -148,5 +148,13 @@ def compare(recipe: str, lane: str | None, machines: str, min_sequences: int, ma
     if as_json:
         click.echo(json.dumps({"recipe": first.recipe, "lane": first.lane, "machines": rows_json(rows)}, indent=2))
     else:
-        click.echo("\n".join(table_lines(rows, first.recipe, first.lane, first.result.max_model_len)))
+        _explained("\n".join(table_lines(rows, first.recipe, first.lane, first.result.max_model_len)))
     sys.exit(0 if any(r.outcome.fitted for r in rows) else 1)
+
+
+def _explained(text: str) -> None:
+    """A report for people, its shorthand explained after it."""
+    from recipegen.cli.output import explained
+
+    with explained() as say:
+        say(text)

@@ -144,21 +144,27 @@ def status(recipe: str | None, as_json: bool) -> None:
     if not lanes:
         click.echo("no recipegen containers" + (f" for {name}" if name else ""))
         return
+    from recipegen.cli.output import explained
+
     header = ("SERVICE", "RECIPE", "CLASS", "CONTENT", "SHAPE", "STATE", "HEALTH", "UP", "RENDERING")
     rows = [(s.service, s.recipe, s.traffic_class or "-", s.content_hash[:12] or "-",
              s.shape_hash[:12] or "-", s.state, s.health, _age(s.uptime_s), s.rendering)
             for s in lanes]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for r in [header, *rows]:
-        click.echo("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip())
-    for s in lanes:
-        if s.detail:
-            click.echo(f"{s.service}: {s.detail}")
-        if s.live_map is not None:
-            from recipegen.ops.livemap import describe
+    with explained() as say:
+        for r in [header, *rows]:
+            say("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip())
+        for s in lanes:
+            if s.detail:
+                say(f"{s.service}: {s.detail}")
+            if s.live_map is not None:
+                from recipegen.ops.livemap import describe
 
-            click.echo(f"{s.service}: " + (s.live_map["error"] if "error" in s.live_map
-                                           else describe(s.live_map)))
+                say(f"{s.service}: " + (s.live_map["error"] if "error" in s.live_map
+                                        else describe(s.live_map)))
+        say("UP: time since the container started; RENDERING: current when the container runs its service "
+            "as rendered now and the rendering matches the recipe, stale otherwise (render, then `recipegen up`), "
+            "unknown when the recipe is not found from here")
 
 
 @click.command()
@@ -183,13 +189,16 @@ def verify(recipe: str, lane: str, bytes_tolerance: float, kv_tolerance: float,
                                "ok": outcome.ok, "rows": [r.__dict__ for r in outcome.rows]},
                               indent=2))
     else:
-        click.echo(f"{outcome.service} (class {outcome.traffic_class}): "
-                   f"{'agrees with the ledger' if outcome.ok else 'DIFFERS from the ledger'}")
-        width = max(len(r.figure) for r in outcome.rows)
-        for r in outcome.rows:
-            mark = "ok  " if r.ok else "FAIL"
-            line = f"[{mark}] {r.figure.ljust(width)}  expected {r.expected}, observed {r.observed}"
-            click.echo(line + (f"  ({r.note})" if r.note and (not r.ok or "off by" in r.note) else ""))
+        from recipegen.cli.output import explained
+
+        with explained() as say:
+            say(f"{outcome.service} (class {outcome.traffic_class}): "
+                f"{'agrees with the ledger' if outcome.ok else 'DIFFERS from the ledger'}")
+            width = max(len(r.figure) for r in outcome.rows)
+            for r in outcome.rows:
+                mark = "ok  " if r.ok else "FAIL"
+                line = f"[{mark}] {r.figure.ljust(width)}  expected {r.expected}, observed {r.observed}"
+                say(line + (f"  ({r.note})" if r.note and (not r.ok or "off by" in r.note) else ""))
     if not outcome.ok:
         sys.exit(1)
 
@@ -269,25 +278,29 @@ def drift(recipe: str, lane: str, tolerance: float, wait_s: float | None, window
                                "better_class": v.better_class, "tolerance": v.tolerance,
                                "live_map": v.live_map}, indent=2))
     else:
+        from recipegen.cli.output import explained
+
         built = f"{v.built_share:.2%} ({v.built_source})" if v.built_share is not None else \
             f"unknown ({v.built_source})"
-        click.echo(f"class {v.active_class}: live cold share {v.live_share:.2%}, built for {built}")
-        for name, share in sorted(v.by_class.items(), key=lambda kv: kv[1]):
-            click.echo(f"  {name:>12}: {share:.2%}{'  (active)' if name == v.active_class else ''}")
-        if v.drifted:
-            click.echo(f"DRIFT: the traffic no longer matches the {v.active_class} map "
-                       f"(+{v.live_share - (v.built_share or 0):.2%} cold, tolerance {v.tolerance:.2%})")
-        else:
-            click.echo("no drift beyond the tolerance")
-        if v.better_class:
-            click.echo(f"the {v.better_class} map fits the live traffic better: "
-                       f"`recipegen swap {recipe} {lane} --class {v.better_class}`")
-        if v.live_map is not None:
-            from recipegen.ops.livemap import describe
+        with explained() as say:
+            say(f"class {v.active_class}: live cold share {v.live_share:.2%}, built for {built}")
+            say("  the live traffic's cold share under each class's map:")
+            for name, share in sorted(v.by_class.items(), key=lambda kv: kv[1]):
+                say(f"  {name:>12}: {share:.2%}{'  (active)' if name == v.active_class else ''}")
+            if v.drifted:
+                say(f"DRIFT: the traffic no longer matches the {v.active_class} map "
+                    f"(+{v.live_share - (v.built_share or 0):.2%} cold, tolerance {v.tolerance:.2%})")
+            else:
+                say("no drift beyond the tolerance")
+            if v.better_class:
+                say(f"the {v.better_class} map fits the live traffic better: "
+                    f"`recipegen swap {recipe} {lane} --class {v.better_class}`")
+            if v.live_map is not None:
+                from recipegen.ops.livemap import describe
 
-            click.echo(describe(v.live_map))
-            click.echo(f"  the same traffic under the live map: {v.live_map['cold_share_live_map']:.2%} cold"
-                       f" (keep it as a class's map: `recipegen rowmap save-live {recipe} {lane} --class NAME`)")
+                say(describe(v.live_map))
+                say(f"  the same traffic under the live map: {v.live_map['cold_share_live_map']:.2%} cold"
+                    f" (keep it as a class's map: `recipegen rowmap save-live {recipe} {lane} --class NAME`)")
     if v.drifted:
         sys.exit(1)
 

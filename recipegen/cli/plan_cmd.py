@@ -54,6 +54,12 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
     from recipegen.ledger import compute_ledger
     from recipegen.load.recipe import load_recipe
 
+    if plot_path is not None:  # before any arithmetic: a missing matplotlib fails in a second
+        if sweep_text is None:
+            raise InputError("--plot draws a sweep: add --sweep hot=LOW..HIGH", field="--plot")
+        from recipegen.common.plotting import pyplot
+
+        pyplot()
     loaded = load_recipe(recipe)
     names = [l.name for l in loaded.recipe.lanes]
     if lane not in names:
@@ -66,12 +72,13 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
     if sweep_text is not None:
         hot_values, step = parse_sweep(sweep_text, loaded.recipe.model.routed_experts)
         sweep = sweep_hot(loaded, lane, hot_values, traffic_class=traffic_class, streams=streams)
-    elif plot_path is not None:
-        raise InputError("--plot draws a sweep: add --sweep hot=LOW..HIGH", field="--plot")
     price = lane_prefetch_price(loaded, lane, prefetch_slots) if prefetch_slots is not None else None
     estimate = estimate_lane(loaded, lane, ledger=ledger, streams=streams, context=context, acceptance=acceptance)
     others = alternatives(loaded, lane, ledger=ledger, streams=streams)
 
+    from recipegen.cli.output import ExplainedEcho
+
+    say = ExplainedEcho()  # the report for people, its shorthand explained at the end
     if as_json:
         data = {"estimate": {**estimate.to_json(), "alternatives": [a.to_json() for a in others]},
                 "fetch": summary.to_json(), "sweep": sweep.to_json() if sweep else None,
@@ -80,30 +87,32 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
                     "kv_tokens_lost": price.kv_tokens_lost.value, "share_of_kv_pool": price.share_of_pool.value}}
         click.echo(json.dumps(data, indent=2))
     else:
-        click.echo("\n".join(_estimate_lines(estimate, others)))
-        click.echo("")
-        click.echo("\n".join(summary.lines()))
+        say("\n".join(_estimate_lines(estimate, others)))
+        say("")
+        say("\n".join(summary.lines()))
         if explain:
             for c in summary.classes:
                 if c.active and c.points:
                     for p in c.points:
-                        click.echo(f"\n[{c.traffic_class}, C{p.streams}]")
+                        say(f"\n[{c.traffic_class}, C{p.streams}]")
                         for fig in (p.tax.cold_bytes, p.tax.fetch_time, p.tax.share_of_step, p.tax.hot_read_time):
                             if fig is not None:
-                                click.echo(fig.explain())
+                                say(fig.explain())
         if price is not None:
-            click.echo(f"\nprefetch bank of {prefetch_slots} slot(s) per layer: {price.experts} experts = "
-                       f"{price.bank_gib:.2f} GiB ≈ {price.kv_tokens_lost.value / 1e6:.2f}M KV tokens = "
-                       f"{price.share_of_pool.value:.0%} of the {price.kv_pool_bytes / GiB:.2f} GiB pool "
-                       f"({price.kv_tokens_before / 1e6:.2f}M → {price.kv_tokens_after / 1e6:.2f}M tokens)")
+            say(f"\nprefetch bank of {prefetch_slots} slot(s) per layer: {price.experts} experts = "
+                f"{price.bank_gib:.2f} GiB ≈ {price.kv_tokens_lost.value / 1e6:.2f}M KV tokens = "
+                f"{price.share_of_pool.value:.0%} of the {price.kv_pool_bytes / GiB:.2f} GiB pool "
+                f"({price.kv_tokens_before / 1e6:.2f}M → {price.kv_tokens_after / 1e6:.2f}M tokens)")
         if sweep is not None:
-            click.echo("")
-            click.echo(_sweep_table(sweep, step))
+            say("")
+            say(_sweep_table(sweep, step))
     if plot_path is not None and sweep is not None:
         from recipegen.costmodel.plot import plot_sweep
         plot_sweep(sweep, plot_path)
         if not as_json:
-            click.echo(f"plot written to {plot_path}")
+            say(f"plot written to {plot_path}")
+    if not as_json:
+        say.finish()
 
 
 def _estimate_lines(estimate, others) -> list[str]:  # type: ignore[no-untyped-def]

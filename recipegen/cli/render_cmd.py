@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -11,6 +12,7 @@ import click
 from recipegen.common.errors import InputError, RecipegenError
 from recipegen.render.compose import service_hashes  # noqa: F401 (re-export)
 
+Echo = Callable[..., None]
 _CLASS_ARG = re.compile(r"([a-z0-9][a-z0-9-]*)=([a-z0-9][a-z0-9-]*)")
 def _parse_class_args(values: tuple[str, ...]) -> list[tuple[str, str]]:
     swaps = []
@@ -54,8 +56,11 @@ GENERATED_LIMIT = 64 << 20
                    "binary) before writing; a rejected file leaves the previous output untouched.")
 @click.option("--diff", "show_diff", is_flag=True,
               help="Write nothing; print a unified diff of what a render would change.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Also print each recipe's budget ledger (as `recipegen check budgets` does) before "
+                   "what was written.")
 def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, validate: bool,
-           show_diff: bool) -> None:
+           show_diff: bool, verbose: bool) -> None:
     """Render RECIPE(s) into compose/<recipe>/ (compose.yaml + the files its services mount).
 
     A bare name resolves under recipes/. With no RECIPE, every recipe under recipes/.
@@ -106,27 +111,38 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
     if show_diff:
         for path in paths:
             rendering = render_recipe(load_recipe(path))
+            changes = 0
             for out_dir, files in sorted(rendering.folders.items()):
                 for name, data in sorted(files.items()):
-                    _echo_diff(out_dir / name, data)
+                    changes += _echo_diff(out_dir / name, data)
                 for gone in sorted(set(read_manifest(out_dir) or {}) - set(files)):
                     click.echo(f"removed: {display_path(out_dir / gone)}")
+                    changes += 1
+            if not changes:
+                count = sum(len(files) for files in rendering.folders.values())
+                click.echo(f"no change: {display_path(rendering.root)}/ already holds what "
+                           f"{display_path(rendering.recipe_path)} renders ({count} files)")
         return
-    if swaps:
-        _render_with_swaps(paths[0], swaps, validate)
-        return
+    from recipegen.cli.output import explained
     from recipegen.common.lock import recipe_lock
 
-    for path in paths:
-        # read and written under the recipe's lock: a `render --class` of another process
-        # cannot change the recipe between this read and this write
-        with recipe_lock(path, echo=click.echo, readers_only=True):
-            loaded = load_recipe(path)
-            rendering = render_recipe(loaded)
-            _write(rendering, validate)
+    with explained() as say:  # what was written, its shorthand explained at the end
+        if swaps:
+            _render_with_swaps(paths[0], swaps, validate, verbose, say)
+            return
+        for path in paths:
+            # read and written under the recipe's lock: a `render --class` of another process
+            # cannot change the recipe between this read and this write
+            with recipe_lock(path, echo=click.echo, readers_only=True):
+                loaded = load_recipe(path)
+                rendering = render_recipe(loaded)
+                if verbose:
+                    _echo_ledger(loaded, say)
+                _write(rendering, validate, say)
 
 
-def _echo_diff(target: Path, new: bytes) -> None:
+def _echo_diff(target: Path, new: bytes) -> bool:
+    """Print what a render would change in `target`; False when it would change nothing."""
     import difflib
 
     from recipegen.load.document import display_path
@@ -134,11 +150,11 @@ def _echo_diff(target: Path, new: bytes) -> None:
 
     old = read_generated(target, limit=GENERATED_LIMIT) if target.is_file() and not target.is_symlink() else b""
     if old == new:
-        return
+        return False
     name = display_path(target)
     if target.name != "compose.yaml":  # mounted data (row maps): say so, don't print it
         click.echo(f"{'changed' if old else 'new file'}: {name}")
-        return
+        return True
     try:
         lines = difflib.unified_diff(old.decode("utf-8").splitlines(keepends=True),
                                      new.decode("utf-8").splitlines(keepends=True),
@@ -146,42 +162,131 @@ def _echo_diff(target: Path, new: bytes) -> None:
         click.echo("".join(lines), nl=False)
     except UnicodeDecodeError:
         click.echo(f"Binary file {name} differs")
+    return True
 
 
-def _write(rendering, validate: bool) -> None:
+def _echo_ledger(loaded, say: Echo) -> None:
+    """The recipe's budget ledger, as `recipegen check budgets` prints it (render's --verbose)."""
+    from recipegen.ledger import compute_ledger
+    from recipegen.ledger.report import render_ledger
+    from recipegen.load.document import display_path
+
+    say(render_ledger(compute_ledger(loaded), display_path(loaded.path)))
+
+
+def _write(rendering, validate: bool, say: Echo) -> None:
     from recipegen.render.render import validate_rendering, write_rendering
 
     if validate:
         for line in validate_rendering(rendering, prefer_docker_cli=True):
             click.echo(line)
     old = _old_hashes(rendering)
-    _report(write_rendering(rendering), old)
+    manifests = _manifests(list(rendering.folders))
+    _report(write_rendering(rendering), old, manifests, rendering.recipe_path, say)
 
 
-def _report(written: list[Path], old: dict[Path, dict[str, str]]) -> None:
+def _manifests(folders: list[Path]) -> dict[Path, dict[str, str]]:
+    """Each output folder's manifest (generated file → sha256), read before a write: what the
+    report compares the new files with (none for a folder never rendered)."""
+    from recipegen.render.output import read_manifest
+
+    return {folder: read_manifest(folder) or {} for folder in folders}
+
+
+def _output_folders(root: Path) -> list[Path]:
+    """compose/<recipe> and the machine folders an earlier render wrote below it."""
+    from recipegen.render.output import MANIFEST_NAME
+
+    if not root.is_dir() or root.is_symlink():
+        return [root]
+    return [root] + [c for c in sorted(root.iterdir())
+                     if c.is_dir() and not c.is_symlink() and (c / MANIFEST_NAME).is_file()]
+
+
+def _report(written: list[Path], old: dict[Path, dict[str, str]],
+            manifests: dict[Path, dict[str, str]], recipe_path: Path | None, say: Echo) -> None:
+    """One line per folder, per generated file and per service: what the render wrote."""
     from recipegen.load.document import display_path
+    from recipegen.render.output import read_manifest
 
     for compose_file in written:
-        new = service_hashes(compose_file.read_text(encoding="utf-8"))
-        before = old.get(compose_file.parent, {})
-        changed = [s for s in new if before.get(s) != new[s]]
-        click.echo(f"wrote {display_path(compose_file)}")
-        for service in new:
-            mark = "changed" if service in changed else "unchanged"
-            click.echo(f"  {service}: {mark} (config {new[service][:12]})")
+        folder = compose_file.parent
+        before, after = manifests.get(folder, {}), read_manifest(folder) or {}
+        files = {name: ("new" if name not in before else
+                        "changed" if before[name] != digest else "unchanged")
+                 for name, digest in after.items()}
+        files.update({name: "removed" for name in before if name not in after})
+        touched = sum(1 for mark in files.values() if mark != "unchanged")
+        source = f" from {display_path(recipe_path)}" if recipe_path is not None else ""
+        say(f"wrote {display_path(folder)}/{source}: {len(after)} files, "
+            + (f"{touched} changed" if touched else "none changed"))
+        for name in sorted(files, key=lambda n: (n != "compose.yaml", n)):
+            say(f"  file {name}: {files[name]}")
+        text = compose_file.read_text(encoding="utf-8")
+        new = service_hashes(text)
+        hashes = old.get(folder, {})
+        changed = [s for s in new if hashes.get(s) != new[s]]
+        for service, role in _services(text).items():
+            if service in new:
+                mark = "changed" if service in changed else "unchanged"
+                say(f"  service {service}: {mark} — {role} (config hash {new[service][:12]})")
+            else:
+                say(f"  service {service}: {role}")
         lanes = [s for s in changed if not s.endswith("-profile")]
-        if before and lanes:
-            click.echo(f"  apply: docker compose -f {display_path(compose_file)} up -d "
-                       f"{' '.join(lanes)}")
+        if hashes and lanes:
+            say(f"  apply: docker compose -f {display_path(compose_file)} up -d "
+                f"{' '.join(lanes)}")
 
 
-def _render_with_swaps(path: Path, swaps: list[tuple[str, str]], validate: bool) -> None:
+def _services(compose_text: str) -> dict[str, str]:
+    """service → what it is, in words, from the labels and flags the renderer wrote."""
+    import yaml
+
+    services = (yaml.safe_load(compose_text) or {}).get("services") or {}
+    return {name: _role(name, block or {}) for name, block in services.items()}
+
+
+def _role(name: str, block: dict) -> str:
+    labels = block.get("labels") or {}
+    profiles = block.get("profiles") or []
+    started = f' (compose profile "{profiles[0]}")' if profiles else ""
+    if "io.recipegen.monitoring" in labels:
+        what = {"prometheus": "Prometheus, scraping the lanes' /metrics with the drift alert",
+                "grafana": "Grafana with the residency dashboard"}.get(name, "monitoring")
+        return what + started
+    lane = labels.get("io.recipegen.lane")
+    if lane is None:
+        return "a service of this rendering" + started
+    rank = labels.get("io.recipegen.node-rank")
+    node = f" on pipeline node {rank}" if rank not in (None, "", "0") else ""
+    if labels.get("io.recipegen.mode") == "count":
+        return (f"count-only profiling boot of lane {lane}{node}, started by `recipegen profile`, never "
+                f"beside the lane" + started)
+    command = [str(arg) for arg in block.get("command") or []]
+    port = command[command.index("--port") + 1] if "--port" in command[:-1] else None
+    offload = command[command.index("--cpu-offload-gb") + 1] if "--cpu-offload-gb" in command[:-1] else None
+    plain = (f"vLLM's positional offload (--cpu-offload-gb {offload}), without the runtime" if offload
+             else "every expert in HBM, vLLM without the runtime")
+    how = {"residency": f"usage-aware residency, class {labels.get('io.recipegen.class') or '-'}",
+           "unsplit": "the runtime without a split", "off": plain}.get(labels.get("io.recipegen.mode", ""), "vLLM")
+    return (f"vLLM {'worker' if node else 'engine'} of lane {lane}{node}: {how}"
+            + (f", port {port}" if port and not node else "") + started)
+
+
+def _render_with_swaps(path: Path, swaps: list[tuple[str, str]], validate: bool, verbose: bool,
+                       say: Echo) -> None:
     """Write active_class for each swap and re-render, as one transaction (recipegen.render.swap,
     the same one `recipegen swap` uses): on any failure the recipe and rendering are restored."""
+    from recipegen.load.recipe import load_recipe
+    from recipegen.render.render import output_root, project_root_for
     from recipegen.render.swap import swap_classes
 
+    loaded = load_recipe(path)
+    manifests = _manifests(_output_folders(output_root(project_root_for(loaded.path), loaded.recipe.name)))
     outcome = swap_classes(path, swaps, validate=validate,
                            echo=click.echo)
+    if verbose:
+        _echo_ledger(load_recipe(path), say)
     if not outcome.written:
-        click.echo(f"{path}: nothing to change (class already active, rendering current)")
-    _report(outcome.written, outcome.old_hashes)
+        say(f"{path}: nothing to change (class already active, rendering current)")
+    _report(outcome.written, outcome.old_hashes, manifests, loaded.path, say)

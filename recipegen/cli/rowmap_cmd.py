@@ -82,7 +82,11 @@ def _emit_json(payload: Any) -> None:
 
 
 def _echo(lines: list[str]) -> None:
-    click.echo("\n".join(lines))
+    """A report for people, its shorthand explained after it."""
+    from recipegen.cli.output import explained
+
+    with explained() as say:
+        say("\n".join(lines))
 
 
 @click.group()

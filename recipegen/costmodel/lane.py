@@ -185,7 +185,8 @@ def lane_cold_shares(loaded: Any, lane: Any, ledger_lane: Any, *, map_class: str
         per_layer = tuple(c / model.routed_experts for c in cold)
         share = ColdShare(sum(per_layer) / len(per_layer), per_layer,
                           "positional: whole layers' experts offloaded, usage-blind (cold experts per layer ÷ "
-                          f"{model.routed_experts}); the field reports measured ~23% / 24% of picks on v14")
+                          f"{model.routed_experts}); the field reports measured ~23% / 24% of picks on the "
+                          "positional --cpu-offload-gb 60 lane")
         return {name: share for name in (lane.classes or {"(all traffic)": None})}
     for name, cls in lane.classes.items():
         map_name = map_class or name
@@ -297,7 +298,7 @@ def fetch_summary(loaded: Any, lane_name: str, *, streams: Sequence[int] | None 
     if unique.diversity != 1.0 and max(points) > 1:
         notes.append(f"unique experts at >1 stream use the cross-stream diversity D={unique.diversity:.2f} "
                      "calibrated to ~300 of 384 at sixteen streams, which overstates bytes under skewed "
-                     "routing (see the calibration table)")
+                     "routing (docs/costmodel.md, 'Unique experts per layer per step')")
     elif max(points) > 1:
         notes.append("unique experts at >1 stream: streams taken as independent (no concurrent routing was "
                      f"measured for {recipe.model.name}; recipegen plan's decode estimate counts them under the histogram)")

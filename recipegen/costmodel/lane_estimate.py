@@ -42,7 +42,8 @@ DEFAULT_CONTEXT = 4096
 # field report "vLLM: Pin Hot Experts", 2026-09-17): (1 − α⁶)/(1 − α) = 2.13 gives α = 0.5425.
 DEFAULT_ACCEPTANCE = 0.5425
 DEFAULT_ACCEPTANCE_SOURCE = (f"the reference lane's DSpark acceptance: 88.74 tok/s x ~24 ms = 2.13 tokens per "
-                             f"step at k=5, one stream (v14; {PIN_REPORT}); pass --acceptance for your drafter")
+                             f"step at k=5, one stream, on the positional --cpu-offload-gb 60 lane of {PIN_REPORT}); pass "
+                             "--acceptance for your drafter")
 
 # What the validation found (docs/costmodel.md, "Decode speed: validation"): measured tok/s ÷
 # estimated tok/s over every compared point. On the H200, whose kernels the estimate's

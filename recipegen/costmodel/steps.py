@@ -27,13 +27,16 @@ class StepTime:
 
 STEP_C1_K5_USAGE_AWARE = StepTime(
     "dsv41-flash-mxfp4", "gb300-station", "usage-aware", 1, 5, 0.0146,
-    f"{SEED_PREFETCH}, Figures 1 and 3: 'one decode step for one user ≈ 14.6 ms' (v15)")
+    f"{SEED_PREFETCH}, Figures 1 and 3: 'one decode step for one user ≈ 14.6 ms' (the usage-aware "
+    "295 hot / 89 cold lane)")
 STEP_C1_K5_POSITIONAL = StepTime(
     "dsv41-flash-mxfp4", "gb300-station", "positional", 1, 5, 0.024,
-    f"{SEED_PIN}, 'Update, September 17 afternoon': '~24 ms k=5 step' (v14)")
+    f"{SEED_PIN}, 'Update, September 17 afternoon': '~24 ms k=5 step' (the positional "
+    "--cpu-offload-gb 60 lane)")
 STEP_C1_K0_POSITIONAL = StepTime(
     "dsv41-flash-mxfp4", "gb300-station", "positional", 1, 0, 0.0111,
-    f"{SEED_PIN}, 'Where the experts live today': 'our k=0 step (11.1 ms, 89.7 tok/s)' (v12)")
+    f"{SEED_PIN}, 'Where the experts live today': 'our k=0 step (11.1 ms, 89.7 tok/s)' "
+    "(the positional --cpu-offload-gb 60 lane, no speculation)")
 # Another box (two GB300 Stations, pipeline parallel 2, every expert in HBM) and revision: a
 # calibration point only, never matched to a lane.
 STEP_C1_K0_ALL_HBM = StepTime(

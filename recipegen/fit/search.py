@@ -310,7 +310,8 @@ def _usage_aware(judge: _Judge) -> Candidate | Refusal:
                    f"sequence(s) of KV{' and whose load and host budgets hold' if hot < h_hbm else ''}; "
                    f"--cpu-offload-gb {offload}: the smallest whole GiB whose load-time HBM peak fits "
                    f"({format_bytes(ev.ledger.fig('load.hbm_peak').value)} of "
-                   f"{format_bytes(ev.ledger.fig('hbm.capacity').value)}), re-homed to the map after load")
+                   f"{format_bytes(ev.ledger.fig('hbm.capacity').value)}); the runtime then moves the "
+                   "experts to where the row map puts them")
             return Candidate(USAGE_AWARE, ev, hot, offload, why, _ua_boundary(judge, hot),
                              judge.speed(ev, USAGE_AWARE, hot, shares, basis))
         if ev.kinds() - {"load-host", "load-hbm"}:

@@ -132,7 +132,7 @@ def apply_fit(document: Any, lane_index: int, recipe_name: str, candidate: Candi
         if _drop(offload, "cold_experts_budget"):
             changed.append("cold_experts_budget dropped (hot_experts_per_layer says it)")
         pinned = ledger.fig("load.host_pinned_initial").value
-        note = (f"fitted: vLLM --cpu-offload-gb at load (pins {format_bytes(pinned)}), re-homed to the row map after"
+        note = (f"fitted: vLLM --cpu-offload-gb at load (pins {format_bytes(pinned)}), then moved where the row map says"
                 if offload_bytes else "fitted: no --cpu-offload-gb at load")
         if _set(offload, "load_cpu_offload", _gib(offload_bytes), note, after="hot_experts_per_layer"):
             changed.append(f"load_cpu_offload {_gib(offload_bytes)}")

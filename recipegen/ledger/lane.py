@@ -145,7 +145,7 @@ def _placements(model: Model, machine: Machine, lane: Lane, hbm: _Hbm, bank: flo
            if lane.offload.load_cpu_offload or lane.offload.placement == POSITIONAL else None)
     if lane.offload.load_cpu_offload == 0 and lane.offload.load_cpu_offload is not None:
         out.notes.append("load_cpu_offload 0 GiB: vLLM loads every routed expert into HBM (no "
-                         "--cpu-offload-gb)" + (", then the runtime re-homes the cold ones to the host"
+                         "--cpu-offload-gb)" + (", then the runtime moves the cold ones into pinned host memory"
                                                 if lane.offload.placement == USAGE_AWARE else ""))
     segments = offload_param_filter(list(lane.extra_args))
     if segments and not experts_only(lane):

@@ -32,9 +32,9 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
         final_hbm = [h * e for h in active.hot_per_layer]
         final_host = [c * e for c in active.cold_per_layer]
         peaks = rehoming_peaks(init_hbm, init_host, final_hbm, final_host)
-        how = ("re-homing layer by layer from the --cpu-offload-gb load placement to the row map in "
-               "the runtime's order (expert_residency.core.plan), new banks allocated before the old "
-               "tensors are freed")
+        how = ("the runtime moves experts layer by layer from where --cpu-offload-gb loaded them to "
+               "where the row map puts them, in its order (expert_residency.core.plan), new banks "
+               "allocated before the old tensors are freed")
     else:
         final_host = init_host
         peaks = rehoming_peaks(init_hbm, init_host, init_hbm, init_host)
@@ -44,7 +44,7 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
     pinned_peak = rehoming_host_peak(pinned, final_host, peaks.order)
     how += ("; vLLM's pinned parameters counted as PyTorch's caching host allocator reserves them "
             "(next power of two each: vllm/model_executor/offloader/uva.py:114-116, "
-            "ATen/core/CachingHostAllocator.h:300-309), released layer by layer as re-homed")
+            "ATen/core/CachingHostAllocator.h:300-309), released layer by layer as each is moved")
     if model.dense_bytes is not None:
         weights_at_load = declared_weights - dense_offloaded / tp
         weights_note = "dense (+ drafter) weights as declared" + (
@@ -68,7 +68,8 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
         operands["runtime_workspace_bytes"] = workspace
         formula += " + runtime_workspace"
         weights_note += ("; the runtime's workspace, counter and step masks, allocated before the "
-                         "first layer is re-homed (vllm_plugin/worker_runtime.py after_model_loaded)")
+                         "runtime moves the first layer's experts (vllm_plugin/worker_runtime.py "
+                         "after_model_loaded)")
     hbm_peak = add(Figure("load.hbm_peak", "HBM peak during load (per GPU)",
                           weights_at_load + peaks.hbm_peak / tp + workspace, "bytes", formula,
                           operands, f"{how}; {weights_note}; KV is allocated after")).value

@@ -92,7 +92,8 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
                f"→ {int(fig['kv.full_sequences'].value)} full-length sequence(s){per_seq}")
     dense_host = (f" + non-routed weights offloaded {_g(fig['host.dense_offloaded'].value)}"
                   if "host.dense_offloaded" in fig else "")
-    out.append(f"  Host: tables {_g(fig['host.tables'].value)} + pinned experts "
+    tables = (f"host tables {_g(fig['host.tables'].value)} + " if fig["host.tables"].value else "")
+    out.append(f"  Host: {tables}pinned experts "
                f"{_g(fig['host.cold_experts'].value)} = {_g(fig['host.before_reserve'].value)} before page "
                f"cache; + reserve {_g(fig['host.reserve'].value)} ({_host_basis(fig['host.reserve'])}){dense_host} = {_g(fig['host.total'].value)} of "
                f"{_g(fig['host.memory'].value)} (headroom {_g(fig['host.headroom'].value)})")

@@ -303,7 +303,7 @@ def workspace_figures(model: Model, machine: Machine, lane: Lane,
                "kernel workspace + counter and step masks" + (" + adaptive spare rows" if spare else ""),
                operands,
                "allocated by the runtime in load_model, before vLLM sizes the KV cache, so not in a "
-               "reserve back-solved from a boot without it; allocated before re-homing, so also in "
-               "the load-time HBM peak"))
+               "reserve back-solved from a boot without it; allocated before the runtime moves the "
+               "first experts, so also in the load-time HBM peak"))
     return float(total)
 

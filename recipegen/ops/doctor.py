@@ -168,8 +168,8 @@ def _memory_check(facts: Facts, need: HostRequirement | None) -> Check:
     return Check("host memory", FAIL,
                  f"{have}; {need.recipe}'s host ledger plans {need.host_bytes / GIB:.2f} GiB",
                  "stop other lanes or processes holding memory (`recipegen status`), drop the "
-                 "page cache if it is only cache, or lower the recipe's cold bank / Engram budget "
-                 "(`recipegen check budgets`)")
+                 "page cache if it is only cache, or keep fewer experts in host memory (a higher "
+                 "hot_experts_per_layer; `recipegen check budgets` shows the host ledger)")
 
 
 def _gpu_check(facts: Facts, need: HostRequirement | None) -> Check:

@@ -137,7 +137,8 @@ def finish(loaded: Any, target: ProfileTarget, histogram: Histogram, source: str
     echo(f"row map:   {result.rowmap_path} ({target.hot_per_layer} hot per layer, cold share "
          f"{result.cold_share:.2%} on this histogram, content {result.content_hash[:12]}, shape "
          f"{result.shape_hash[:12]}"
-         + (", same shape: hash-hit reboot)" if previous_shape == result.shape_hash else ")"))
+         + (", the previous map's bank shapes: the restart reuses the tuned kernels)"
+            if previous_shape == result.shape_hash else ")"))
     return result
 
 

@@ -55,8 +55,8 @@ class DiffReport:
         if self.same_content:
             return "identical assignment (same content_hash)"
         if self.same_shape:
-            return ("same shape_hash, different content_hash: a swap without kernel re-tuning "
-                    "(hash-hit reboot)")
+            return ("same shape_hash, different content_hash: the lane restarts on the new map and "
+                    "reuses its tuned kernels (same bank shapes)")
         return ("different shape_hash: the new bank shapes (hot/cold counts per layer) need kernel "
                 "tuning")
 

@@ -67,6 +67,9 @@ def eval_lines(report: EvalReport, *, per_layer: bool = False) -> list[str]:
         lines.append(f"  {'range':<40} {pct(min(values))} – {pct(max(values))}")
     for note in report.notes:
         lines.append(f"  note: {note}")
+    lines.append("  note: cold = share of selections on the map's cold experts; positional = the same cold "
+                 "count per layer taken as the highest expert ids; vLLM layer-offload = the same cold bytes "
+                 "as whole layers in load order, as --cpu-offload-gb takes them")
     return lines
 
 

@@ -1,0 +1,125 @@
+"""The shorthand recipegen prints, and what each means in plain words.
+
+One home for these explanations: the commands that print reports for people (`check budgets`,
+`plan`, `render --verbose`, `rowmap`, `status`, `drift`, `verify`, `new` / `fit` / `compare`)
+end their output with one line for each term below that the output used and did not already
+explain in place (`footnotes`). docs/design.md, 'Shorthand in the output', lists the same terms
+(tests/test_output_plain.py keeps the two in step).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+HEADING = "shorthand above (docs/design.md, 'Shorthand in the output'):"
+
+
+@dataclass(frozen=True)
+class Term:
+    """One piece of shorthand: how it is printed, the pattern that finds it, its meaning."""
+
+    name: str
+    pattern: str
+    meaning: str
+    # Output that matches this already explains the term in place (no footnote then).
+    explained_by: str | None = None
+
+    def used_in(self, text: str) -> bool:
+        return re.search(self.pattern, text) is not None
+
+    def explained_in(self, text: str) -> bool:
+        return self.explained_by is not None and re.search(self.explained_by, text) is not None
+
+
+# The note the fetch projection prints beside its figures (recipegen.costmodel.lane).
+_CK_NOTE = r"C<n> k=<k>: n concurrent streams"
+
+TERMS: tuple[Term, ...] = (
+    Term("positional / usage-aware", r"\bpositional\b|\busage-aware\b",
+         "experts offloaded by their place in the model (vLLM's --cpu-offload-gb takes whole layers in "
+         "load order) / cold experts chosen per layer by a row map from measured routing",
+         explained_by=r"positional = the same cold count"),
+    Term("hot / cold", r"\bhot\b|\bcold\b",
+         "experts kept in GPU memory (HBM) / in pinned host memory, which the GPU reads in place over the "
+         "host link"),
+    Term("295x40", r"\b\d+x\d+\b", "counts per MoE layer, each value times the layers in a row that have it "
+         "(295x40: 295 in each of 40 layers; 295x2,290x1: 295, 295, 290)"),
+    Term("C<n>", r"\bC\d{1,4}\b", "n concurrent request streams (C1: one stream)", explained_by=_CK_NOTE),
+    Term("k=<n>", r"\bk=\d", "speculative decoding proposes n draft tokens per step (k=0: no speculation)",
+         explained_by=_CK_NOTE),
+    Term("back-solved", r"back-solved",
+         "computed backwards from a measured boot (reserve = HBM cap − hot experts − the KV pool that boot "
+         "reported), not derived from the model's geometry", explained_by=r"back-solved from a measured boot"),
+    Term("fetch tax", r"fetch tax",
+         "time per decode step spent reading cold experts over the host link",
+         explained_by=r"fetch tax \(cold expert reads over"),
+    Term("v11–v15", r"\bv1[1-5]\b",
+         "revisions of the reference GB300 lane that the field reports measured: v11 before 12.7 GiB of "
+         "experts moved into HBM, v12 and v14 positional (--cpu-offload-gb 60; v14 with speculative decoding), "
+         "v15 the usage-aware 295 hot / 89 cold row map"),
+    Term("off60", r"\boff60\b", "positional offload with --cpu-offload-gb 60 (60 GiB of experts in host memory)"),
+    Term("TP", r"\bTP\b",
+         "tensor parallel: every GPU of the lane holds a 1/TP slice of each weight (vLLM --tensor-parallel-size)",
+         explained_by=r"tensor parallel"),
+    Term("EP", r"\bEP\b",
+         "expert parallel: each GPU holds whole experts, its share of them (vLLM --enable-expert-parallel)"),
+    Term("PP", r"\bPP\b",
+         "pipeline parallel: each machine of the lane holds a run of the model's layers "
+         "(vLLM --pipeline-parallel-size)"),
+    Term("DP", r"\bDP\b", "data parallel: copies of the model that serve requests side by side "
+         "(vLLM --data-parallel-size)"),
+    Term("MLA", r"\bMLA\b",
+         "multi-head latent attention (DeepSeek): each layer caches one compressed latent per token instead "
+         "of keys and values per head"),
+    Term("GDN", r"\bGDN\b",
+         "Gated DeltaNet, a linear-attention layer that keeps a fixed-size state per sequence instead of KV "
+         "per token"),
+    Term("host tables", r"\bhost tables\b",
+         "tables a model keeps in pinned host memory for the whole run, declared in its model file "
+         "(DeepSeek-V4.1: its two Engram embedding tables; none for most models)"),
+    Term("Engram tables", r"\bEngram\b",
+         "DeepSeek-V4.1's Engram embedding tables (two of 94.6 GiB), which vLLM keeps in pinned host memory "
+         "by default (--engram-config cpu_offload)"),
+    Term("UVA", r"\bUVA\b",
+         "unified virtual addressing: the GPU reads pinned host memory in place, without copying it first "
+         "(how vLLM's --cpu-offload-gb serves offloaded weights)"),
+    Term("C2C", r"\bC2C\b",
+         "NVLink-C2C, the link between a Grace CPU's memory and its GPU (~340 GB/s measured for pinned "
+         "memory on a GB300)"),
+    Term("DSpark", r"\bDSpark\b", "the speculative-decoding drafter of the reference lane "
+         "(vLLM --speculative-config method dspark)"),
+    Term("MTP", r"\bMTP\b",
+         "multi-token prediction layers shipped in the checkpoint, which vLLM can use as a drafter"),
+    Term("NVML", r"\bNVML\b", "NVIDIA's management library, what nvidia-smi reads GPU memory and "
+         "properties through"),
+    Term("NCCL", r"\bNCCL\b", "NVIDIA's library for communication between GPUs (its buffers take HBM)"),
+    Term("MARLIN", r"\bMARLIN\b|\bMarlin\b", "vLLM's Marlin MoE kernel, which lays quantized experts out "
+         "padded"),
+    Term("content / shape hash", r"content_hash|shape_hash|\bCONTENT\b|\bSHAPE\b",
+         "sha256 of a row map's assignment (which experts are hot) / of its bank shapes only (how many per "
+         "layer); a new map with the same shape hash reuses the tuned kernels"),
+    Term("config hash", r"\bconfig hash\b",
+         "sha256 of a service's rendered configuration, also written into its container's labels: "
+         "`recipegen status` calls a running container stale when the two differ"),
+    Term("barrier", r"\bbarrier", "on an adaptive lane, the point between two decode steps where the runtime "
+         "reads the recent counts and chooses its next swaps"),
+    Term("Gini", r"\bGini\b", "how unevenly a layer's picks fall on its experts: 0 when even, near 1 when a "
+         "few experts take them all"),
+    Term("synthetic", r"(?i)\bsynthetic\b",
+         "an example histogram made by `recipegen rowmap synth` or `new`, not measured traffic "
+         "(`recipegen profile` replaces it)"),
+)
+
+
+def used_terms(text: str) -> list[Term]:
+    """The terms `text` uses and does not explain in place, in the table's order."""
+    return [t for t in TERMS if t.used_in(text) and not t.explained_in(text)]
+
+
+def footnotes(text: str) -> list[str]:
+    """The lines that explain the shorthand of `text` (none when it uses none)."""
+    terms = used_terms(text)
+    if not terms:
+        return []
+    return [HEADING, *(f"  {t.name}: {t.meaning}" for t in terms)]

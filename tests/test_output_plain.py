@@ -1,0 +1,203 @@
+"""Output a person reads: what `render` wrote, `--diff` with nothing to change, `--plot` without
+matplotlib failing before any arithmetic, and the shorthand every report prints explained in it.
+
+The explanations asserted here are written out in this file (the words a reader needs), not read
+from recipegen.common.glossary, so a term that loses its explanation, or one printed bare in a new
+line, fails here.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from recipegen.cli import main
+from recipegen.common import glossary
+
+REPO = Path(__file__).resolve().parent.parent
+REFERENCE = "dsv41-flash-gb300"
+MAPS = REPO / "recipes" / "maps" / "dsv41-flash"
+PROFILES = REPO / "recipes" / "profiles" / "dsv41-flash"
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout
+
+
+@pytest.fixture()
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    shutil.copytree(REPO / "recipes", tmp_path / "recipes")
+    (tmp_path / "runtime").symlink_to(REPO / "runtime", target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+# ------------------------------------------------------------------ render says what it wrote
+
+
+def test_render_names_every_file_and_service_it_wrote_and_no_ledger(project: Path) -> None:
+    code, out = run("render", "dsv41-flash-gb300-off60")
+    assert code == 0, out
+    lines = out.splitlines()
+    # a first render: both generated files are new (the positional lane mounts no row map and the
+    # recipe has no monitoring block)
+    assert lines[:3] == ["wrote compose/dsv41-flash-gb300-off60/ from recipes/dsv41-flash-gb300-off60.yaml: "
+                         "2 files, 2 changed",
+                         "  file compose.yaml: new",
+                         "  file .gitignore: new"]
+    assert lines[3].startswith("  service lane-agent: changed — vLLM engine of lane agent: vLLM's positional "
+                               "offload (--cpu-offload-gb 60), without the runtime, port 30006 (config hash ")
+    assert lines[4].startswith("  service lane-agent-profile: changed — count-only profiling boot of lane "
+                               "agent, started by `recipegen profile`")
+    assert "HBM / GPU:" not in out and "verdict" not in out     # the ledger only with --verbose
+    # a second render: nothing changed, and it says so file by file
+    code, out = run("render", "dsv41-flash-gb300-off60")
+    assert "2 files, none changed" in out.splitlines()[0]
+    assert "  file compose.yaml: unchanged" in out.splitlines()
+    assert "apply:" not in out
+
+
+def test_render_verbose_prints_the_ledger_first(project: Path) -> None:
+    code, out = run("render", REFERENCE, "--verbose")
+    assert code == 0, out
+    ledger_at = out.index("HBM / GPU: 250.70 GiB × 0.97 = 243.18 GiB cap")
+    assert ledger_at < out.index(f"wrote compose/{REFERENCE}/")
+    assert "verdict: OK" in out
+
+
+def test_render_diff_with_nothing_to_change_says_so(project: Path) -> None:
+    assert run("render", REFERENCE)[0] == 0
+    code, out = run("render", REFERENCE, "--diff")
+    assert code == 0
+    assert out.startswith(f"no change: compose/{REFERENCE}/ already holds what recipes/{REFERENCE}.yaml renders")
+    # and with a change it prints the change, not that line
+    recipe = project / "recipes" / f"{REFERENCE}.yaml"
+    recipe.write_text(recipe.read_text().replace("active_class: agent", "active_class: prose", 1))
+    code, out = run("render", REFERENCE, "--diff")
+    assert "no change" not in out and '+      io.recipegen.class: "prose"' in out
+
+
+# ------------------------------------------------------------------ --plot without matplotlib
+
+
+def _no_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(sys.modules):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # `import matplotlib` raises ImportError
+
+
+def test_plan_plot_without_matplotlib_fails_before_computing(monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
+    _no_matplotlib(monkeypatch)
+    import recipegen.load.recipe as recipe_module
+
+    def must_not_load(*_args, **_kwargs):
+        raise AssertionError("plan read the recipe before finding matplotlib missing")
+
+    monkeypatch.setattr(recipe_module, "load_recipe", must_not_load)
+    result = CliRunner().invoke(main, ["plan", REFERENCE, "agent", "--sweep", "hot=250..384",
+                                       "--plot", str(tmp_path / "s.png")])
+    assert result.exit_code == 2, result.output
+    assert "--plot needs matplotlib: pip install 'recipegen[plot]'" in result.output
+    assert not (tmp_path / "s.png").exists()
+
+
+def test_knee_plot_without_matplotlib_fails_before_measuring(monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
+    _no_matplotlib(monkeypatch)
+    # port 9 (discard) on loopback: had knee tried to measure, the error would be a connection's
+    result = CliRunner().invoke(main, ["knee", "http://127.0.0.1:9", "--plot", str(tmp_path / "k.png")])
+    assert result.exit_code == 2, result.output
+    assert "--plot needs matplotlib: pip install 'recipegen[plot]'" in result.output
+
+
+def test_the_readme_names_the_plot_extra() -> None:
+    assert "pip install 'recipegen[plot]'" in (REPO / "README.md").read_text(encoding="utf-8")
+
+
+# ------------------------------------------------------------------ shorthand, explained where printed
+
+# Shorthand a reader of these reports meets, and words that must then appear in the same output.
+EXPLAINED = {
+    r"\bC\d+\b": "concurrent",                        # C1, C16
+    r"\bk=\d": "tokens per step",                     # k=5
+    r"\bTP\b": "tensor parallel",
+    r"\bEP\b": "expert parallel",
+    r"\bPP\b": "pipeline parallel",
+    r"\bMLA\b": "latent attention",
+    r"\bUVA\b": "unified virtual addressing",
+    r"\bEngram\b": "Engram embedding tables",
+    r"\bhost tables\b": "tables a model keeps in pinned host memory",
+    r"\bv1[1-5]\b": "revisions of the reference GB300 lane",
+    r"\boff60\b": "--cpu-offload-gb 60",
+    r"back-solved": "from a measured boot",
+    r"\bDSpark\b": "drafter",
+    r"\bGini\b": "how unevenly",
+    r"\b\d+x\d+\b": "295 in each of 40 layers",
+    r"content_hash|shape_hash": "bank shapes",
+    r"\bconfig hash\b": "rendered configuration",
+    r"\bNVML\b": "management library",
+    r"\bNCCL\b": "communication between GPUs",
+}
+# Field-report jargon replaced by plain words in every output.
+NEVER = ("hash-hit", "re-hom", "see the calibration table")
+
+
+def _reports(root: Path) -> dict[str, str]:
+    out = {}
+    recipes = sorted(p.stem for p in (root / "recipes").glob("*.yaml"))
+    for name in recipes:
+        out[f"check budgets {name}"] = run("check", "budgets", name)[1]
+        out[f"check budgets {name} --explain"] = run("check", "budgets", name, "--explain")[1]
+    out["plan"] = run("plan", REFERENCE, "agent", "--explain", "--sweep", "hot=280..300:10")[1]
+    out["rowmap show"] = run("rowmap", "show", str(MAPS / "agent.rowmap"), "--recipe", REFERENCE)[1]
+    out["rowmap eval"] = run("rowmap", "eval", str(MAPS / "agent.rowmap"), str(PROFILES / "agent.hist"),
+                             str(PROFILES / "prose.hist"))[1]
+    out["rowmap diff"] = run("rowmap", "diff", "--summary", str(MAPS / "agent.rowmap"),
+                             str(MAPS / "prose.rowmap"))[1]
+    out["rowmap compare"] = run("rowmap", "compare", str(PROFILES / "agent.hist"),
+                                str(PROFILES / "prose.hist"))[1]
+    out["render --verbose"] = run("render", "dsv41-flash-gb300x2-pp2", "--verbose")[1]
+    out["new"] = run("new", "qwen3-30b-a3b", "--machine", "rtx-5090")[1]
+    return out
+
+
+def test_every_report_explains_its_shorthand(project: Path) -> None:
+    reports = _reports(project)
+    seen: set[str] = set()
+    for what, text in reports.items():
+        assert text.strip(), what
+        for pattern, words in EXPLAINED.items():
+            if re.search(pattern, text):
+                seen.add(pattern)
+                assert words in text, f"`recipegen {what}` prints {pattern} without explaining it ({words!r})"
+        for jargon in NEVER:
+            assert jargon not in text, f"`recipegen {what}` still prints {jargon!r}"
+    # the reports above do meet most of these (the test would be empty otherwise)
+    assert len(seen) >= 15, sorted(set(EXPLAINED) - seen)
+
+
+def test_an_explained_term_gets_no_footnote_and_json_gets_none() -> None:
+    text = ("fetch tax (cold expert reads over the link): C1 k=5: 1 ms\n"
+            "note: C<n> k=<k>: n concurrent streams, k speculative (draft) tokens per step")
+    names = [t.name for t in glossary.used_terms(text)]
+    assert "C<n>" not in names and "k=<n>" not in names and "fetch tax" not in names
+    assert "hot / cold" in names                            # "cold" is used and not explained
+    assert glossary.footnotes("nothing to explain here") == []
+    code, out = run("check", "budgets", REFERENCE, "--json")
+    assert glossary.HEADING not in out
+
+
+def test_the_docs_list_every_term_the_output_explains() -> None:
+    design = (REPO / "docs" / "design.md").read_text(encoding="utf-8")
+    table = design.split("## Shorthand in the output")[1].split("\n## ")[0]
+    rows = {line.split("|")[1].strip().strip("`") for line in table.splitlines() if line.startswith("| ")}
+    missing = [t.name for t in glossary.TERMS if t.name not in rows]
+    assert not missing, f"docs/design.md 'Shorthand in the output' lacks {missing}"

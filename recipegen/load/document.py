@@ -188,9 +188,10 @@ def line_of(document: Any, loc: Loc) -> int | None:
     return line
 
 
-# A key printed bare in a field path; any other key (a recipe's own, e.g. a class named with a
-# newline or a quote) is printed as `["…"]` with JSON's escapes, so the path stays one line.
-_BARE_STEP = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+# A key holding a line break, a control character, a quote or a backslash (a recipe's own, e.g.
+# a class named with a newline) is printed as `["…"]` with JSON's escapes, so the path stays one
+# line and reads unambiguously; any other key is printed bare (`machines.Box 1`).
+_QUOTED_STEP = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\"'\\\\]")
 
 
 def format_loc(loc: Iterable[str | int]) -> str:
@@ -198,7 +199,7 @@ def format_loc(loc: Iterable[str | int]) -> str:
     for step in loc:
         if isinstance(step, int):
             out += f"[{step}]"
-        elif not _BARE_STEP.fullmatch(str(step)):
+        elif _QUOTED_STEP.search(str(step)):
             out += f"[{json.dumps(str(step))}]"
         else:
             out += f".{step}" if out else str(step)

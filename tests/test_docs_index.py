@@ -22,8 +22,21 @@ def test_the_index_lists_every_page_of_docs() -> None:
         assert (REPO / top).resolve() in linked, top
 
 
+# The pages a newcomer reads first; every repository path they name in backticks must exist.
+GUIDES = ("index.md", "setup.md", "verification.md", "runtime.md", "hostile-input.md")
+
+
+def test_links_in_the_readme_and_every_docs_page_resolve() -> None:
+    """README.md sends each area to a docs page; a page renamed or removed fails here."""
+    for doc in (REPO / "README.md", REPO / "DEVELOPMENT.md", *sorted(DOCS.glob("*.md"))):
+        text = doc.read_text(encoding="utf-8")
+        for target in LINK.findall(text):
+            if "://" not in target:
+                assert (doc.parent / target).exists(), f"{doc.name}: link to {target} resolves to nothing"
+
+
 def test_links_and_paths_in_the_guides_exist() -> None:
-    for doc in (DOCS / "index.md", REPO / "DEVELOPMENT.md"):
+    for doc in (REPO / "README.md", REPO / "DEVELOPMENT.md", *(DOCS / name for name in GUIDES)):
         text = doc.read_text(encoding="utf-8")
         for target in LINK.findall(text):
             if "://" not in target:

@@ -3,6 +3,7 @@ estimate, overridden by `recipegen plan --acceptance`, refused with its field wh
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ def _write(tmp_path: Path, source: str, old: str, new: str) -> Path:
     out = tmp_path / f"{source}.yaml"
     out.write_text(text.replace(old, new, 1))
     for sub in ("maps", "profiles", "models"):
-        (tmp_path / sub).symlink_to(Path("recipes", sub).resolve())
+        shutil.copytree(Path("recipes", sub), tmp_path / sub)   # a link out of the project is refused
     return out
 
 

@@ -4,7 +4,7 @@ live map its dumps carry.
 
 Same private dockerd and busybox stand-in as tests/test_ops_engine.py; the stand-in dumps a
 histogram written by the runtime's own dump writer (`HistogramDumper` with a live-map source)
-and the live map beside it, as the runtime does.
+and the live map beside it, as the runtime does, each under its own snapshot's name.
 """
 
 from __future__ import annotations
@@ -77,9 +77,8 @@ def lane(docker_engine, tmp_path_factory):  # noqa: F811
                            live_map=_Policy(live)).dump_now()
     data = project.standin_dir
     (data / "live-agent.hist").write_bytes(path.read_bytes())
-    map_name = path.name[:-len(".hist")] + ".rowmap"
-    (data / "livemap-agent.rowmap").write_bytes((written / map_name).read_bytes())
-    (data / "livemap-agent.name").write_text(map_name)
+    # the stand-in writes both under its own snapshot's name, with that snapshot's meta
+    (data / "livemap-agent.rowmap").write_bytes((written / (path.name[:-len(".hist")] + ".rowmap")).read_bytes())
     (data / "kv_tokens-lane-agent").write_text("2538240")
 
     client = docker.DockerClient(base_url=docker_engine.host)
@@ -122,6 +121,7 @@ def test_the_running_lane_gets_the_settings_and_the_priors(lane):
 def test_drift_shows_the_live_map(lane):
     project, ops, _client, agent, live = lane
     result = ops("drift", "opstest", "agent", "--wait", "30", "--json")
+    assert result.returncode == 1, result.stdout + result.stderr   # prose traffic on the agent map: drift
     doc = json.loads(result.stdout)
     figures = doc["live_map"]
     assert figures["content_hash"] == live.content_hash()

@@ -420,34 +420,47 @@ def test_port_collision_is_refused(project: Path) -> None:
     assert not (project / "compose" / REFERENCE).exists()
 
 
-def test_template_error_names_the_template_and_keeps_output(project: Path) -> None:
-    assert run("render", REFERENCE)[0] == 0
-    state = _rendered_state(project)
-    broken = project / "broken-templates"
-    shutil.copytree(REPO / "templates", broken)
-    service = broken / "service.yaml.j2"
-    service.write_text(service.read_text().replace("{{ s.image | q }}", "{{ s.imag | q }}"))
-    code, out = run("render", REFERENCE, "--templates", str(broken))
-    assert code == 2
-    assert "service.yaml.j2" in out and "imag" in out
-    assert _rendered_state(project) == state
+def test_a_compose_text_that_does_not_read_back_is_never_written(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serializer's read-back: a fault that lets a value change the structure (here a
+    double-quoting that forgets line breaks, and a value carrying one) stops the render with an
+    internal error before anything is written."""
+    import recipegen.common.generated as generated
 
-    service.write_text((REPO / "templates" / "service.yaml.j2").read_text()
-                       .replace("{%- for arg in s.command %}", "{%- for arg in s.command %"))
-    code, out = run("render", REFERENCE, "--templates", str(broken))
-    assert code == 2 and "service.yaml.j2:" in out
+    recipe_file = project / "recipes" / f"{REFERENCE}.yaml"
+    text = recipe_file.read_text()
+    recipe_file.write_text(text.replace("    active_class: agent",
+                                        '    env: {RG_NOTE: "a\\n    privileged: true"}\n'
+                                        "    active_class: agent", 1))
+    assert run("render", REFERENCE)[0] == 0  # escaped: renders, and reads back
+    state = _rendered_state(project)
+    real = generated.double_quoted
+    monkeypatch.setattr(generated, "double_quoted", lambda value: real(value).replace("\\n", "\n"))
+    result = CliRunner().invoke(main, ["render", REFERENCE])
+    assert result.exit_code == 2, result.output
+    assert "internal error" in result.output and "compose.yaml" in result.output
     assert _rendered_state(project) == state
 
 
 @needs_compose
-def test_compose_rejection_with_validate_keeps_previous_output(project: Path) -> None:
+def test_compose_rejection_with_validate_keeps_previous_output(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file Compose refuses (here a service whose GPU capabilities are not a list) is never
+    written with --validate."""
+    import recipegen.render.render as render_module
+    from recipegen.common.generated import Plain
+
     assert run("render", REFERENCE)[0] == 0
     state = _rendered_state(project)
-    broken = project / "broken-templates"
-    shutil.copytree(REPO / "templates", broken)
-    service = broken / "service.yaml.j2"
-    service.write_text(service.read_text().replace("capabilities: [gpu]", "capabilities: gpu"))
-    code, out = run("render", REFERENCE, "--validate", "--templates", str(broken))
+    real = render_module.lane_service
+
+    def broken(spec, vllm_version):
+        service = real(spec, vllm_version)
+        service.body["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] = Plain("gpu")
+        return service
+
+    monkeypatch.setattr(render_module, "lane_service", broken)
+    code, out = run("render", REFERENCE, "--validate")
     assert code == 2
     assert "capabilities must be a array" in out
     assert _rendered_state(project) == state

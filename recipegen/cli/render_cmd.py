@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from recipegen.common.errors import InputError, RecipegenError
-from recipegen.render.compose import TEMPLATES_DIR, service_hashes  # noqa: F401 (re-export)
+from recipegen.render.compose import service_hashes  # noqa: F401 (re-export)
 
 Echo = Callable[..., None]
 _CLASS_ARG = re.compile(r"([a-z0-9][a-z0-9-]*)=([a-z0-9][a-z0-9-]*)")
@@ -56,13 +56,11 @@ GENERATED_LIMIT = 64 << 20
                    "binary) before writing; a rejected file leaves the previous output untouched.")
 @click.option("--diff", "show_diff", is_flag=True,
               help="Write nothing; print a unified diff of what a render would change.")
-@click.option("--templates", "templates_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=None, help=f"Template folder (default: {TEMPLATES_DIR.name}/ of recipegen).")
 @click.option("-v", "--verbose", is_flag=True,
               help="Also print each recipe's budget ledger (as `recipegen check budgets` does) before "
                    "what was written.")
 def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, validate: bool,
-           show_diff: bool, templates_dir: Path | None, verbose: bool) -> None:
+           show_diff: bool, verbose: bool) -> None:
     """Render RECIPE(s) into compose/<recipe>/ (compose.yaml + the files its services mount).
 
     A bare name resolves under recipes/. With no RECIPE, every recipe under recipes/.
@@ -77,7 +75,6 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
         render_recipe,
     )
 
-    templates = templates_dir or TEMPLATES_DIR
     swaps = _parse_class_args(classes)
     if swaps and (check or show_diff or len(recipes) != 1):
         raise InputError("--class needs exactly one RECIPE and cannot be combined with --check "
@@ -97,7 +94,7 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
             loaded = load_recipe(path)
             names.add(loaded.name)
             roots.add(project_root_for(loaded.path))
-            for result in check_rendering(render_recipe(loaded, templates_dir=templates)):
+            for result in check_rendering(render_recipe(loaded)):
                 stale_lines += result.describe()
         if not recipes:
             for root in sorted(roots):
@@ -113,7 +110,7 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
 
     if show_diff:
         for path in paths:
-            rendering = render_recipe(load_recipe(path), templates_dir=templates)
+            rendering = render_recipe(load_recipe(path))
             changes = 0
             for out_dir, files in sorted(rendering.folders.items()):
                 for name, data in sorted(files.items()):
@@ -131,14 +128,14 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
 
     with explained() as say:  # what was written, its shorthand explained at the end
         if swaps:
-            _render_with_swaps(paths[0], swaps, templates, validate, verbose, say)
+            _render_with_swaps(paths[0], swaps, validate, verbose, say)
             return
         for path in paths:
             # read and written under the recipe's lock: a `render --class` of another process
             # cannot change the recipe between this read and this write
             with recipe_lock(path, echo=click.echo, readers_only=True):
                 loaded = load_recipe(path)
-                rendering = render_recipe(loaded, templates_dir=templates)
+                rendering = render_recipe(loaded)
                 if verbose:
                     _echo_ledger(loaded, say)
                 _write(rendering, validate, say)
@@ -276,8 +273,8 @@ def _role(name: str, block: dict) -> str:
             + (f", port {port}" if port and not node else "") + started)
 
 
-def _render_with_swaps(path: Path, swaps: list[tuple[str, str]], templates: Path,
-                       validate: bool, verbose: bool, say: Echo) -> None:
+def _render_with_swaps(path: Path, swaps: list[tuple[str, str]], validate: bool, verbose: bool,
+                       say: Echo) -> None:
     """Write active_class for each swap and re-render, as one transaction (recipegen.render.swap,
     the same one `recipegen swap` uses): on any failure the recipe and rendering are restored."""
     from recipegen.load.recipe import load_recipe
@@ -286,7 +283,7 @@ def _render_with_swaps(path: Path, swaps: list[tuple[str, str]], templates: Path
 
     loaded = load_recipe(path)
     manifests = _manifests(_output_folders(output_root(project_root_for(loaded.path), loaded.recipe.name)))
-    outcome = swap_classes(path, swaps, templates_dir=templates, validate=validate,
+    outcome = swap_classes(path, swaps, validate=validate,
                            echo=click.echo)
     if verbose:
         _echo_ledger(load_recipe(path), say)

@@ -69,10 +69,21 @@ def _geometry(recipe: str | None, experts: int | None, layers: str | None,
     return Geometry(moe_layers, experts, bpe, source="command line")
 
 
-def _write(save: Any, path: str | Path) -> None:
-    """Run an atomic save; a folder that cannot be written is an input error, not a traceback."""
+def _write(path: str | Path, text: str) -> None:
+    """Write a row map or histogram file through the one locked writer
+    (`recipegen.common.lock.write_atomically`: a fixed temp name beside the file, renamed): a run
+    killed at its rename leaves a temp that this next write (or any later run's sweep of the
+    folder) removes, never a stray file. A folder that cannot be written is an input error, not
+    a traceback."""
+    from recipegen.common.lock import LockUnavailable, sweep_temps, write_atomically
+
+    target = Path(path)
     try:
-        save()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        sweep_temps(target.parent)  # what a build, reduce or synth killed at its rename left
+        write_atomically(target, text.encode("utf-8"))
+    except LockUnavailable:
+        raise InputError("cannot write (the folder is read-only to this process)", file=str(path)) from None
     except OSError as exc:
         raise InputError(f"cannot write ({exc.strerror or exc})", file=str(path)) from None
 
@@ -129,7 +140,7 @@ def build(inputs: tuple[str, ...], hot: int | None, cold_budget: str | None, uni
     Top-N per layer: count descending, ties to the lower expert id; rows in each bank in
     ascending id order.
     """
-    from expert_residency.formats import FormatError, merge_histograms, save_rowmap
+    from expert_residency.formats import FormatError, format_rowmap, merge_histograms
 
     from recipegen.rowmap.build import build_budget_global, build_top_n, provenance_for
     from recipegen.rowmap.evaluate import evaluate_on
@@ -193,7 +204,7 @@ def build(inputs: tuple[str, ...], hot: int | None, cold_budget: str | None, uni
                         "cold_share_global": global_eval.cold_share,
                         "cold_share_uniform": uniform_eval.cold_share,
                         "cold_share_global_same_total": same_eval.cold_share})
-    _write(lambda: save_rowmap(rowmap, output, comments=comments), output)
+    _write(output, format_rowmap(rowmap, comments=comments))
     in_sample = evaluate_on(rowmap, pooled, "input")
     summary.update({"content_hash": rowmap.content_hash(), "shape_hash": rowmap.shape_hash(),
                     "hot_counts": rowmap.hot_counts(), "cold_share_in_sample":
@@ -336,7 +347,7 @@ def reduce(captures: tuple[str, ...], output: str, source: str | None, recipe: s
     """Reduce captures (vLLM routed_experts responses, raw .npy) into one histogram file."""
     import time
 
-    from expert_residency.formats import save_histogram
+    from expert_residency.formats import format_histogram
 
     from recipegen.rowmap.inputs import is_histogram_file, read_histograms
 
@@ -351,7 +362,7 @@ def reduce(captures: tuple[str, ...], output: str, source: str | None, recipe: s
     elapsed = time.perf_counter() - start
     if source:
         hist.source = source
-    _write(lambda: save_histogram(hist, output), output)
+    _write(output, format_histogram(hist))
     split = (f" ({hist.prefill_tokens:,} prefill + {hist.decode_tokens:,} decode)"
              if hist.decode_tokens is not None and not decode_only else
              " (decode only)" if decode_only else "")
@@ -376,7 +387,7 @@ def synth(output_dir: str, classes: tuple[str, ...], seed: int, tokens: int, cor
           top_k: int | None, recipe: str | None, experts: int | None, layers: str | None,
           bytes_per_expert: str | None) -> None:
     """Write seeded SYNTHETIC example histograms, one per class (marked synthetic inside)."""
-    from expert_residency.formats import save_histogram
+    from expert_residency.formats import format_histogram
 
     from recipegen.rowmap.synthetic import synthetic_histogram
 
@@ -405,10 +416,10 @@ def synth(output_dir: str, classes: tuple[str, ...], seed: int, tokens: int, cor
                                    num_experts=geo.num_experts, top_k=k, tokens=tokens,
                                    correlation=correlation, model_revision=geo.model_revision)
         path = Path(output_dir) / f"{name}.hist"
-        _write(lambda: save_histogram(hist, path, comments=[
+        _write(path, format_histogram(hist, comments=[
             f"SYNTHETIC example histogram for traffic class '{name}' — generated, not measured",
             f"regenerate: recipegen rowmap synth --class {name} --seed {seed} --tokens {tokens} "
-            f"--correlation {correlation} {geometry_args} -o {output_dir}"]), path)
+            f"--correlation {correlation} {geometry_args} -o {output_dir}"]))
         click.echo(f"wrote {path} (SYNTHETIC, {hist.selections:,} selections)")
 
 

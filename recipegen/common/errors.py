@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
+_BREAKING = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _one_line(text: str) -> str:
+    """`text` with line breaks and control characters as `\\uXXXX` escapes (backslashes kept)."""
+    return _BREAKING.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text)
+
 
 class RecipegenError(Exception):
     """A user-facing error. The CLI prints it and exits with `exit_code`."""
@@ -19,10 +28,15 @@ class InputError(RecipegenError):
 
     def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
                  field: str | None = None) -> None:
+        from expert_residency.formats._io import comment_text
+
+        # the file's name is printed escaped, the field path (already escaped by format_loc, or a
+        # name typed on the command line) with its line breaks and controls escaped: a newline in
+        # either cannot start a second line that reads as another message
         where = ""
         if file:
-            where = f"{file}:{line}" if line else f"{file}"
-        parts = [p for p in (where, f"field '{field}'" if field else "") if p]
+            where = f"{comment_text(file)}:{line}" if line else comment_text(file)
+        parts = [p for p in (where, f"field '{_one_line(field)}'" if field else "") if p]
         prefix = ": ".join(parts)
         super().__init__(f"{prefix}: {message}" if prefix else message, exit_code=2)
         self.file, self.line, self.field = file, line, field

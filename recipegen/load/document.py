@@ -4,6 +4,7 @@ limits, plain conversion, and every problem as one `InputError` naming file, lin
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -187,11 +188,19 @@ def line_of(document: Any, loc: Loc) -> int | None:
     return line
 
 
+# A key holding a line break, a control character, a quote or a backslash (a recipe's own, e.g.
+# a class named with a newline) is printed as `["…"]` with JSON's escapes, so the path stays one
+# line and reads unambiguously; any other key is printed bare (`machines.Box 1`).
+_QUOTED_STEP = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\"'\\\\]")
+
+
 def format_loc(loc: Iterable[str | int]) -> str:
     out = ""
     for step in loc:
         if isinstance(step, int):
             out += f"[{step}]"
+        elif _QUOTED_STEP.search(str(step)):
+            out += f"[{json.dumps(str(step))}]"
         else:
             out += f".{step}" if out else str(step)
     return out or "(top level)"
@@ -257,7 +266,9 @@ def problems_error(path: Path, document: Any, problems: list[Problem]) -> InputE
     (loc0, msg0), rest = problems[0], problems[1:]
     message = msg0
     if rest:
-        lines = [f"  {file}:{line_of(document, loc) or '?'}: field '{format_loc(loc)}': {msg}"
+        from expert_residency.formats._io import comment_text
+
+        lines = [f"  {comment_text(file)}:{line_of(document, loc) or '?'}: field '{format_loc(loc)}': {msg}"
                  for loc, msg in rest]
         message += f"\n  ({len(problems)} problems in this file; the others:)\n" + "\n".join(lines)
     return InputError(message, file=file, line=line_of(document, loc0), field=format_loc(loc0))

@@ -1,4 +1,4 @@
-"""Labels `recipegen render` puts on every lane service (templates/service.yaml.j2), read back by
+"""Labels `recipegen render` puts on every lane service (render.services, render.compose), read back by
 status/swap/verify, and the compose service names of docs/design.md "Lanes, classes and services"."""
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-"""Turn service specs into compose.yaml text with the jinja2 templates under `templates/`.
+"""compose.yaml as data: every service — the lanes' (from `ServiceSpec`) and the monitoring
+profile's (render.monitoring) — is a mapping serialized here, and nowhere else, by
+`recipegen.common.generated.block_yaml`, which reads the text back and compares it with the data
+before it is returned. No value, name or file name is ever pasted into text.
 
-Pure text in, text out: no recipe, no ledger, no I/O besides reading templates. The config
-hash of a service is the sha256 of its own rendered block (with the hash left empty) plus the
-bytes of every generated file it mounts, so any change to what defines the service — a flag,
-an env var, the mounted row map, the template itself — changes the label, and
+The config hash of a service is the sha256 of its own serialized block (with the hash left empty)
+plus the bytes of every generated file it mounts, so any change to what defines the service — a
+flag, an env var, the mounted row map, the layout itself — changes the label, and
 `docker compose up -d` recreates exactly that service.
 """
 
@@ -12,14 +14,11 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-import jinja2
-
 from recipegen.common.errors import RecipegenError
+from recipegen.common.generated import Comment, Flow, Plain, block_lines, block_yaml
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent.parent / "templates"
 CONFIG_HASH_LABEL = "io.recipegen.config-hash"
 
 
@@ -45,7 +44,7 @@ class HealthCheck:
 
 @dataclass(frozen=True)
 class ServiceSpec:
-    """Everything one compose service carries; the template only lays it out."""
+    """Everything one lane's compose service carries (`lane_service` lays it out)."""
 
     name: str
     image: str
@@ -78,74 +77,87 @@ class Interpolated(str):
     the only strings whose `$` reaches Compose unescaped (docs/render.md lists them)."""
 
 
-# Characters a YAML double-quoted scalar must not carry raw: C0/C1 controls, DEL, the Unicode
-# line/paragraph separators (Compose's YAML parser breaks lines on them), BOM and non-characters.
-_YAML_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff\"\\\\]")
-_YAML_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-# Names recipegen writes as YAML keys (services, env keys, labels, volumes): never quoted, so
-# they must not be able to end the key or start a new one.
-YAML_KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+@dataclass(frozen=True)
+class Service:
+    """One compose service as data: its body in Compose's terms and key order (a `Comment` key
+    is a comment line there), and the output-folder files it mounts (path -> bytes), which the
+    config hash covers too."""
+
+    name: str
+    body: dict[Any, Any]
+    mounted_files: dict[str, bytes] = field(default_factory=dict, compare=False)
 
 
-def yaml_scalar(value: Any) -> str:
-    """The one escaping function for every value that reaches compose.yaml: a YAML
-    double-quoted scalar that Compose reads back as exactly `str(value)`.
-
-    Quotes, backslashes and every line-breaking or control character are escaped, so a value
-    can never end its scalar and add keys; `$` becomes `$$` (Compose's literal dollar) so a
-    recipe value arrives in the container as written, except an `Interpolated` value.
-    """
-    text = str(value)
-    if any(0xD800 <= ord(c) <= 0xDFFF for c in text):
-        raise RecipegenError(f"value {text[:40]!r}… is not valid Unicode text (lone surrogate)")
-    if not isinstance(value, Interpolated):
-        text = text.replace("$", "$$")
-    escaped = _YAML_UNSAFE.sub(lambda m: _YAML_ESCAPES.get(m.group(0), f"\\u{ord(m.group(0)):04x}"),
-                               text)
-    return f'"{escaped}"'
-
-
-def yaml_key(value: Any) -> str:
-    """A name written as a plain YAML key; refused unless it matches `YAML_KEY_PATTERN`."""
-    text = str(value)
-    if not YAML_KEY_PATTERN.fullmatch(text):
-        raise RecipegenError(f"{text[:60]!r} cannot be a compose key: use letters, digits, "
-                             "'_', '.' and '-', starting with a letter or '_'")
-    return text
-
-
-def yaml_comment(value: Any) -> str:
-    """Text for a `#` comment line: every generated file's one comment escaper
-    (`expert_residency.formats._io.comment_text`: line breaks and controls as escapes)."""
-    from expert_residency.formats._io import comment_text
-
-    return comment_text(str(value))
-
-
-def make_environment(templates_dir: Path = TEMPLATES_DIR) -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir)),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=True,
-        trim_blocks=False,
-        lstrip_blocks=False,
-    )
-    env.filters["q"] = yaml_scalar
-    env.filters["k"] = yaml_key
-    env.filters["c"] = yaml_comment
-    return env
+def lane_service(spec: ServiceSpec, vllm_version: str) -> Service:
+    """The compose service of a lane engine (or its profile boot), in the layout of every
+    rendering: recipe values as double-quoted strings, recipegen's own words bare."""
+    body: dict[Any, Any] = {}
+    if spec.profiles:
+        body["profiles"] = Flow(spec.profiles)
+    body["image"] = spec.image
+    body[Comment("The image's entrypoint is `vllm serve`; every flag below exists in vLLM "
+                 f"{vllm_version}.")] = None
+    body["command"] = list(spec.command)
+    body["environment"] = dict(_unique(spec.environment, "environment variable", spec.name))
+    if spec.env_files:
+        body["env_file"] = [{"path": path, "required": False} for path in spec.env_files]
+    body["volumes"] = [_mount(m) for m in spec.mounts]
+    if spec.tmpfs:
+        body["tmpfs"] = list(spec.tmpfs)
+    if spec.network_mode:
+        body["network_mode"] = spec.network_mode
+    else:
+        body["ports"] = [f"{spec.port}:{spec.port}"]
+    body["ipc"] = Plain("host")
+    body["ulimits"] = {"memlock": {"soft": -1, "hard": -1}}
+    body["deploy"] = {"resources": {"reservations": {"devices": [{
+        "driver": Plain("nvidia"), "device_ids": Flow(spec.device_ids),
+        "capabilities": Flow((Plain("gpu"),))}]}}}
+    if spec.healthcheck is not None:
+        check = spec.healthcheck
+        body["healthcheck"] = {"test": Flow(check.test), "interval": Plain(check.interval),
+                               "timeout": Plain(check.timeout), "retries": check.retries,
+                               "start_period": Plain(check.start_period)}
+    body["restart"] = spec.restart
+    body["stop_grace_period"] = Plain(spec.stop_grace_period)
+    if spec.depends_on:
+        body["depends_on"] = {dep: {"condition": Plain("service_healthy"), "required": required,
+                                    "restart": False} for dep, required in spec.depends_on}
+    body["labels"] = dict(_unique(spec.labels, "label", spec.name))
+    return Service(spec.name, body, spec.mounted_files)
 
 
-def _render(env: jinja2.Environment, name: str, **context: Any) -> str:
-    try:
-        return env.get_template(name).render(**context)
-    except jinja2.TemplateNotFound as exc:
-        raise RecipegenError(f"template {exc.name} not found under {env.loader.searchpath}") from None  # type: ignore[union-attr]
-    except jinja2.TemplateSyntaxError as exc:
-        raise RecipegenError(f"template {exc.filename or exc.name}:{exc.lineno}: {exc.message}") from None
-    except jinja2.UndefinedError as exc:
-        raise RecipegenError(f"template {name}: {exc.message}") from None
+def _unique(pairs: tuple[tuple[str, str], ...], what: str, service: str) -> tuple[tuple[str, str], ...]:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise RecipegenError(f"internal error: service {service} sets a {what} twice")
+    return pairs
+
+
+def _mount(mount: Mount) -> dict[str, Any]:
+    entry: dict[str, Any] = {"type": Plain(mount.type), "source": mount.source,
+                             "target": mount.target, "read_only": mount.read_only}
+    if mount.type == "bind":
+        entry["bind"] = {"create_host_path": mount.create_host_path}
+    return entry
+
+
+def compose_literal(node: Any) -> Any:
+    """Every string as Compose must be given it to pass it on unchanged: `$` written `$$`
+    (Compose's literal dollar), but for an `Interpolated` value. Keys and markers keep theirs."""
+    if isinstance(node, Interpolated):
+        return str(node)
+    if isinstance(node, (Plain, Comment)):
+        return node
+    if isinstance(node, str):
+        return node.replace("$", "$$")
+    if isinstance(node, dict):
+        return {k: compose_literal(v) for k, v in node.items()}
+    if isinstance(node, Flow):
+        return Flow(compose_literal(v) for v in node)
+    if isinstance(node, (list, tuple)):
+        return [compose_literal(v) for v in node]
+    return node
 
 
 def config_hash(block_without_hash: str, mounted_files: dict[str, bytes]) -> str:
@@ -157,38 +169,69 @@ def config_hash(block_without_hash: str, mounted_files: dict[str, bytes]) -> str
     return digest.hexdigest()
 
 
-def render_service(env: jinja2.Environment, spec: ServiceSpec, vllm_version: str) -> str:
-    """The service's YAML block, its config hash label filled in."""
-    unhashed = _render(env, "service.yaml.j2", s=spec, config_hash="", vllm_version=vllm_version)
-    digest = config_hash(unhashed.strip("\n"), spec.mounted_files)
-    block = _render(env, "service.yaml.j2", s=spec, config_hash=digest, vllm_version=vllm_version)
-    return block.strip("\n")
+def _with_labels(service: Service, digest: str) -> dict[Any, Any]:
+    labels = {**service.body.get("labels", {}), CONFIG_HASH_LABEL: digest}
+    return {service.name: compose_literal({**service.body, "labels": labels})}
 
 
-def render_compose(env: jinja2.Environment, *, project_name: str, recipe_name: str,
-                   recipe_file: str, vllm_version: str, services: list[ServiceSpec],
-                   volumes: list[str], extra_blocks: tuple[str, ...] = ()) -> str:
-    """The compose file: the engines' services, then `extra_blocks` (service blocks serialized
-    from data: the monitoring profile's, render.monitoring)."""
-    blocks = [render_service(env, spec, vllm_version) for spec in services] + list(extra_blocks)
-    return _render(env, "compose.yaml.j2", project_name=project_name, recipe_name=recipe_name,
-                   recipe_file=recipe_file, vllm_version=vllm_version, service_blocks=blocks,
-                   first_service=services[0].name if services else "",
-                   volumes=sorted(volumes))
+def service_text(entry: dict[Any, Any]) -> str:
+    """A service's block as it stands under `services:` (what its config hash covers)."""
+    return "\n".join(block_lines(entry, 2))
 
 
-_SERVICE_LINE = re.compile(r"^  (lane-[a-z0-9-]+):\s*$")
+def hashed_service(service: Service) -> dict[Any, Any]:
+    """`{name: body}` of a service, Compose-literal, its config-hash label filled in: the hash
+    of its block with the label empty, and of the files it mounts."""
+    digest = config_hash(service_text(_with_labels(service, "")), service.mounted_files)
+    return _with_labels(service, digest)
+
+
+def render_compose(*, project_name: str, recipe_name: str, recipe_file: str, vllm_version: str,
+                   services: list[Service], volumes: list[str]) -> str:
+    """The compose file: the services in order, then the named volumes. Built as data and
+    serialized by `block_yaml`; each service's block in the text is exactly the one its config
+    hash was computed over."""
+    names = [s.name for s in services]
+    if len(set(names)) != len(names):
+        raise RecipegenError("internal error: two compose services named "
+                             f"{next(n for n in names if names.count(n) > 1)}")
+    first = services[0].name if services else ""
+    header = [f"Generated by `recipegen render {recipe_name}` from {recipe_file} — do not edit.",
+              "Change the recipe and re-render; `recipegen render --check` fails while this file "
+              "is stale.",
+              f"Start a lane: `docker compose up -d {first}` (from this folder).",
+              "Profile boot (count-only, never together with its lane): `docker compose --profile "
+              "profile up -d lane-<lane>-profile`."]
+    entries = [hashed_service(s) for s in services]  # Compose-literal already
+    document = {**compose_literal({"name": project_name,
+                                   "x-recipegen": {"recipe": recipe_name, "recipe_file": recipe_file,
+                                                   "vllm_version": vllm_version}}),
+                "services": {k: v for entry in entries for k, v in entry.items()},
+                "volumes": {volume: {} for volume in sorted(set(volumes))}}
+    text = block_yaml(header, document, what="compose.yaml")
+    lines = text.split("\n")
+    for entry in entries:
+        block = service_text(entry).split("\n")
+        at = lines.index(block[0]) if block[0] in lines else -1
+        if at < 0 or lines[at:at + len(block)] != block:
+            raise RecipegenError("internal error: a service's block in compose.yaml is not the "
+                                 "text its config hash covers; nothing written")
+    return text
+
+
+_SERVICE_LINE = re.compile(r"^  ([A-Za-z0-9_.-]+):\s*$")
 _HASH_LINE = re.compile(r'^\s+' + re.escape(CONFIG_HASH_LABEL) + r': "([0-9a-f]*)"\s*$')
 
 
 def service_hashes(compose_text: str) -> dict[str, str]:
-    """service name → config hash, read from a rendered compose file."""
+    """lane service name → config hash, read from a rendered compose file (the lanes' services
+    only: `recipegen render` reports and `up -d` recreates those by their hash)."""
     hashes: dict[str, str] = {}
     current = None
     for line in compose_text.splitlines():
         service = _SERVICE_LINE.match(line)
         if service:
-            current = service.group(1)
+            current = service.group(1) if service.group(1).startswith("lane-") else None
             continue
         digest = _HASH_LINE.match(line)
         if digest and current:

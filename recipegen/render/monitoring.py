@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 from expert_residency.contract import env as runtime_env
 from expert_residency.contract import metrics as m
 
 from recipegen.common.errors import RecipegenError
-from recipegen.render.compose import CONFIG_HASH_LABEL, config_hash, yaml_key
+from recipegen.common.generated import Flow, Plain, yaml_file
+from recipegen.render.compose import Service
 
 if TYPE_CHECKING:
     from recipegen.load.recipe import LoadedRecipe
@@ -161,57 +161,35 @@ def dashboard_bytes() -> bytes:
     return DASHBOARD_SOURCE.read_bytes()
 
 
-def yaml_bytes(data: Any) -> bytes:
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True,
-                          width=4096).encode("utf-8")
-
-
-def _literal(value: Any) -> Any:
-    """Every string as Compose must be given it to pass it on unchanged (`$` → `$$`)."""
-    if isinstance(value, str):
-        return value.replace("$", "$$")
-    if isinstance(value, dict):
-        return {k: _literal(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_literal(v) for v in value]
-    return value
-
-
-def service_block(name: str, body: dict[str, Any], mounted: dict[str, bytes]) -> str:
-    """A compose service as the YAML block `compose.yaml.j2` lays out, serialized from data, its
-    config-hash label over the block and the files it mounts (so `up -d` recreates it when they
-    change, as for the lanes)."""
-    def text(labels: dict[str, str]) -> str:
-        dumped = yaml.safe_dump({yaml_key(name): _literal({**body, "labels": labels})},
-                                sort_keys=False, default_flow_style=False, allow_unicode=True, width=4096)
-        return "\n".join("  " + line for line in dumped.splitlines())
-
-    labels = dict(body.get("labels", {}))
-    digest = config_hash(text({**labels, CONFIG_HASH_LABEL: ""}), mounted)
-    return text({**labels, CONFIG_HASH_LABEL: digest})
+def yaml_bytes(data: Any, what: str) -> bytes:
+    """A monitoring file: serialized by PyYAML's safe dumper and read back before it is used
+    (`recipegen.common.generated.yaml_file`)."""
+    return yaml_file([], data, what=what, width=4096).encode("utf-8")
 
 
 def _bind(source: str, target: str) -> dict[str, Any]:
-    return {"type": "bind", "source": source, "target": target, "read_only": True,
+    return {"type": Plain("bind"), "source": source, "target": target, "read_only": True,
             "bind": {"create_host_path": False}}
 
 
-def monitoring_project(loaded: LoadedRecipe, machine: str) -> tuple[list[str], list[str], dict[str, bytes]]:
-    """The profile's service blocks, named volumes and files for the output folder of `machine`
-    (nothing when the recipe has no `monitoring`, or no lane serves its API there)."""
+def monitoring_project(loaded: LoadedRecipe, machine: str
+                       ) -> tuple[list[Service], list[str], dict[str, bytes]]:
+    """The profile's services (as data: render.compose serializes them beside the lanes'), named
+    volumes and files for the output folder of `machine` (nothing when the recipe has no
+    `monitoring`, or no lane serves its API there)."""
     monitoring = loaded.recipe.monitoring
     if monitoring is None or not scrape_targets(loaded, machine):
         return [], [], {}
-    files = {PROMETHEUS_CONFIG: yaml_bytes(prometheus_config(loaded, machine)),
-             PROMETHEUS_RULES: yaml_bytes(prometheus_rules(loaded)),
-             GRAFANA_DATASOURCES: yaml_bytes(grafana_datasources(loaded)),
-             GRAFANA_DASHBOARDS: yaml_bytes(grafana_dashboards()),
+    files = {PROMETHEUS_CONFIG: yaml_bytes(prometheus_config(loaded, machine), PROMETHEUS_CONFIG),
+             PROMETHEUS_RULES: yaml_bytes(prometheus_rules(loaded), PROMETHEUS_RULES),
+             GRAFANA_DATASOURCES: yaml_bytes(grafana_datasources(loaded), GRAFANA_DATASOURCES),
+             GRAFANA_DASHBOARDS: yaml_bytes(grafana_dashboards(), GRAFANA_DASHBOARDS),
              GRAFANA_DASHBOARD: dashboard_bytes()}
     # Not `io.recipegen.recipe`: `recipegen status` lists the containers carrying that one as lanes.
     labels = {"io.recipegen.monitoring": loaded.recipe.name}
     bind = monitoring.bind_address
     prometheus = {
-        "profiles": [MONITORING_PROFILE],
+        "profiles": Flow((MONITORING_PROFILE,)),
         "image": PROMETHEUS_IMAGE,
         "command": ["--config.file=/etc/prometheus/prometheus.yml",
                     "--storage.tsdb.path=/prometheus",
@@ -219,14 +197,14 @@ def monitoring_project(loaded: LoadedRecipe, machine: str) -> tuple[list[str], l
                     "--web.listen-address=0.0.0.0:9090"],
         "volumes": [_bind(PROMETHEUS_CONFIG, "/etc/prometheus/prometheus.yml"),
                     _bind(PROMETHEUS_RULES, "/etc/prometheus/rules.yml"),
-                    {"type": "volume", "source": PROMETHEUS_VOLUME, "target": "/prometheus",
+                    {"type": Plain("volume"), "source": PROMETHEUS_VOLUME, "target": "/prometheus",
                      "read_only": False}],
         "ports": [f"{bind}:{monitoring.prometheus_port}:9090"],
         "restart": "unless-stopped",
         "labels": labels,
     }
     grafana = {
-        "profiles": [MONITORING_PROFILE],
+        "profiles": Flow((MONITORING_PROFILE,)),
         "image": GRAFANA_IMAGE,
         "environment": {
             # Viewing needs no login; changing anything needs the admin password (secrets.env:
@@ -241,15 +219,15 @@ def monitoring_project(loaded: LoadedRecipe, machine: str) -> tuple[list[str], l
                     _bind(GRAFANA_DASHBOARDS, "/etc/grafana/provisioning/dashboards/recipegen.yml"),
                     _bind(GRAFANA_DASHBOARD, f"/var/lib/grafana/dashboards/{DASHBOARD_NAME}")],
         "ports": [f"{bind}:{monitoring.grafana_port}:3000"],
-        "depends_on": {PROMETHEUS_SERVICE: {"condition": "service_started", "required": True}},
+        "depends_on": {PROMETHEUS_SERVICE: {"condition": Plain("service_started"), "required": True}},
         "restart": "unless-stopped",
         "labels": labels,
     }
-    blocks = [service_block(PROMETHEUS_SERVICE, prometheus,
-                            {k: files[k] for k in (PROMETHEUS_CONFIG, PROMETHEUS_RULES)}),
-              service_block(GRAFANA_SERVICE, grafana,
-                            {k: files[k] for k in (GRAFANA_DATASOURCES, GRAFANA_DASHBOARDS, GRAFANA_DASHBOARD)})]
-    return blocks, [PROMETHEUS_VOLUME], files
+    services = [Service(PROMETHEUS_SERVICE, prometheus,
+                        {k: files[k] for k in (PROMETHEUS_CONFIG, PROMETHEUS_RULES)}),
+                Service(GRAFANA_SERVICE, grafana,
+                        {k: files[k] for k in (GRAFANA_DATASOURCES, GRAFANA_DASHBOARDS, GRAFANA_DASHBOARD)})]
+    return services, [PROMETHEUS_VOLUME], files
 
 
 def scrape_annotations(port: int) -> dict[str, str]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from recipegen.common.errors import RecipegenError
 from recipegen.load.document import display_path
-from recipegen.render.compose import TEMPLATES_DIR, make_environment, render_compose
+from recipegen.render.compose import lane_service, render_compose
 from recipegen.render.compose_validate import validate_compose_file
 from recipegen.render.monitoring import monitoring_project
 from recipegen.render.output import (
@@ -148,8 +148,7 @@ def output_root(project_root: Path, recipe_name: str) -> Path:
     return project_root / COMPOSE_DIRNAME / recipe_name
 
 
-def render_recipe(loaded: LoadedRecipe, *, project_root: Path | None = None,
-                  templates_dir: Path = TEMPLATES_DIR) -> Rendering:
+def render_recipe(loaded: LoadedRecipe, *, project_root: Path | None = None) -> Rendering:
     """Render every output file of a loaded recipe, in memory. Raises on any problem."""
     recipe = loaded.recipe
     root_dir = project_root or project_root_for(loaded.path)
@@ -157,7 +156,6 @@ def render_recipe(loaded: LoadedRecipe, *, project_root: Path | None = None,
     table = load_flag_table(TARGET_VLLM_VERSION)
     runtime_dir = runtime_dir_for(root_dir)
     memory = lane_memory(loaded, ledger)
-    env = make_environment(templates_dir)
     root = output_root(root_dir, recipe.name)
     machines = recipe_machines(recipe)
     folders: dict[Path, RenderedFiles] = {}
@@ -167,14 +165,15 @@ def render_recipe(loaded: LoadedRecipe, *, project_root: Path | None = None,
                               plugin_entry_point=plugin_entry_point(runtime_dir),
                               runtime_version=runtime_version(runtime_dir),
                               memory=memory, flag_table=table)
-        services, volumes, extra = build_services(loaded, machine, inputs)
-        # The `monitoring` profile (Prometheus, Grafana), serialized from data beside the engines.
-        blocks, monitoring_volumes, monitoring_files = monitoring_project(loaded, machine)
+        specs, volumes, extra = build_services(loaded, machine, inputs)
+        # The `monitoring` profile (Prometheus, Grafana): services as data beside the engines'.
+        monitoring, monitoring_volumes, monitoring_files = monitoring_project(loaded, machine)
         project = recipe.name if len(machines) == 1 else f"{recipe.name}-{machine}"
-        text = render_compose(env, project_name=_project_name(project), recipe_name=recipe.name,
+        services = [lane_service(spec, table.vllm_version) for spec in specs] + monitoring
+        text = render_compose(project_name=_project_name(project), recipe_name=recipe.name,
                               recipe_file=relative_posix(loaded.path, out_dir),
                               vllm_version=table.vllm_version, services=services,
-                              volumes=volumes + monitoring_volumes, extra_blocks=tuple(blocks))
+                              volumes=volumes + monitoring_volumes)
         files: RenderedFiles = {COMPOSE_FILE: text.encode("utf-8"), ".gitignore": GITIGNORE}
         files.update(extra)
         files.update(monitoring_files)

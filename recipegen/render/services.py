@@ -1,8 +1,8 @@
 """Build the compose services of a recipe: one `lane-<lane>` per lane plus its profile boot.
 
 Reads the validated recipe (and the ledger's figures passed in), decides every flag, env var,
-mount and label, and returns `ServiceSpec`s; the templates only lay them out. Paths in the
-specs are relative to the output folder.
+mount and label, and returns `ServiceSpec`s (`render.compose.lane_service` lays them out as
+data). Paths in the specs are relative to the output folder.
 """
 
 from __future__ import annotations
@@ -203,6 +203,7 @@ def build_services(loaded: LoadedRecipe, machine: str,
     """Services of `machine` (its lanes' engines in recipe order, each followed by its profile
     boot), named volumes, and the extra files to write into the output folder (row maps)."""
     recipe = loaded.recipe
+    refuse_service_collisions(loaded)
     engines = [(i, lane, stage) for i, lane in enumerate(recipe.lanes)
                for stage in lane_stages(lane) if stage.machine == machine]
     services: list[ServiceSpec] = []
@@ -225,6 +226,21 @@ def build_services(loaded: LoadedRecipe, machine: str,
         services += [spec, profile_spec]
         files.update(lane_files)
     return services, volumes, files
+
+
+def refuse_service_collisions(loaded: LoadedRecipe) -> None:
+    """Refuse, at the later lane's name, two lanes whose compose services would share a name:
+    lane `a`'s profile boot is `lane-a-profile`, which is also lane `a-profile`'s engine (a
+    compose file holds each service once; the second would silently replace the first)."""
+    owners: dict[str, str] = {}
+    for index, lane in enumerate(loaded.recipe.lanes):
+        for stage in lane_stages(lane):
+            for name in (stage.service_name(lane.name), stage.service_name(lane.name) + "-profile"):
+                other = owners.setdefault(name, lane.name)
+                if other != lane.name:
+                    raise loaded.error(f"lane {lane.name!r} would render a compose service named "
+                                       f"{name}, which lane {other!r} renders already; rename one "
+                                       "of the two lanes", ("lanes", index, "name"))
 
 
 def _multi_node_launch(loaded: LoadedRecipe, lane: Lane, stage: Stage):  # -> NodeLaunch

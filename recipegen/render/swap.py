@@ -38,7 +38,6 @@ from pathlib import Path
 from recipegen.common.errors import InputError, RecipegenError
 from recipegen.common.lock import LockBusy, output_lock, recipe_lock
 from recipegen.load.recipe import RECIPE_TEMP_SUFFIX, read_recipe_bytes, recipe_temp_path, write_recipe_atomically
-from recipegen.render.compose import TEMPLATES_DIR
 
 JOURNAL_SUFFIX = ".recipegen-swap.json"
 JOURNAL_VERSION = 1
@@ -183,7 +182,7 @@ _ACTIVE: set[Path] = set()
 
 
 def swap_classes(recipe_path: Path, swaps: list[tuple[str, str]], *,
-                 templates_dir: Path = TEMPLATES_DIR, validate: bool = False,
+                 validate: bool = False,
                  apply: Callable[[], None] | None = None,
                  restore: Callable[[], None] | None = None,
                  echo: Echo = print) -> SwapOutcome:
@@ -202,12 +201,12 @@ def swap_classes(recipe_path: Path, swaps: list[tuple[str, str]], *,
         line = _roll_back(recipe_path, journal_path(recipe_path))
         if line:
             echo(line)
-        return _swap_locked(recipe_path, swaps, templates_dir=templates_dir, validate=validate,
+        return _swap_locked(recipe_path, swaps, validate=validate,
                             apply=apply, restore=restore, echo=echo)
 
 
-def _swap_locked(recipe_path: Path, swaps: list[tuple[str, str]], *, templates_dir: Path,
-                 validate: bool, apply: Callable[[], None] | None,
+def _swap_locked(recipe_path: Path, swaps: list[tuple[str, str]], *, validate: bool,
+                 apply: Callable[[], None] | None,
                  restore: Callable[[], None] | None, echo: Echo) -> SwapOutcome:
     from recipegen.load.recipe import active_class_text, load_recipe
     from recipegen.render.render import check_rendering, render_recipe, validate_rendering, write_rendering
@@ -235,7 +234,7 @@ def _swap_locked(recipe_path: Path, swaps: list[tuple[str, str]], *, templates_d
     # Everything is checked before anything is written: the new recipe with its row maps,
     # its rendering, and (when asked) Compose's verdict on it.
     loaded = load_recipe(recipe_path, text=new_text)
-    rendering = render_recipe(loaded, templates_dir=templates_dir)
+    rendering = render_recipe(loaded)
     if validate:
         for line in validate_rendering(rendering, prefer_docker_cli=True):
             echo(line)

@@ -51,7 +51,7 @@ def argv_problems(argv: list[str], table: FlagTable) -> list[str]:
     values outside a flag's choices, values given to on/off flags. Empty when fine.
 
     Only the canonical spellings count (no `--flag_name` or `--flag.key` forms): the renderer
-    writes canonical flags, and a stricter check catches typos in templates. The same reader as
+    writes canonical flags, and a stricter check catches a typo in the renderer. The same reader as
     a lane's `extra_args` (`recipegen.vllm_flags.args.parse_args`); a flag may repeat here (the
     profile boot's flags come last on purpose: the last one counts, as in vLLM).
     """

@@ -15,7 +15,7 @@ import docker
 
 HERE = Path(__file__).resolve().parent / "standin"
 APPLETS = ("sh", "timeout", "cat", "cp", "mv", "rm", "mkdir", "sleep", "echo", "printf", "date", "wget", "nc",
-           "grep", "head", "tr", "wc", "env", "ls", "kill", "id", "true", "false", "test", "[")
+           "grep", "sed", "head", "tr", "wc", "env", "ls", "kill", "id", "true", "false", "test", "[")
 STANDIN_TAG = "recipegen-standin/vllm:local"
 
 

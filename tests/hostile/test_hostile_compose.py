@@ -268,16 +268,19 @@ def test_recipe_file_name_cannot_add_top_level_keys(project: Path) -> None:
                    compose_file.read_text(encoding="utf-8").splitlines())
 
 
-def test_yaml_scalar_round_trips_through_a_yaml_parser() -> None:
-    """The one escaping function: every payload reads back as itself (`$` doubled)."""
+def test_double_quoted_scalars_round_trip_through_a_yaml_parser() -> None:
+    """The one quoting of compose.yaml's strings: every payload reads back as itself, on one
+    line; Compose's `$` rule is applied to the data before (an `Interpolated` value excepted)."""
     import yaml as pyyaml
 
-    from recipegen.render.compose import Interpolated, yaml_scalar
+    from recipegen.common.generated import double_quoted
+    from recipegen.render.compose import Interpolated, compose_literal
 
     for payload in PAYLOADS + ["\x00", "\x7f", "\x9f", "\ufffe"]:
-        assert pyyaml.safe_load(f"k: {yaml_scalar(payload)}\n") == {"k": payload.replace("$", "$$")}
-        assert "\n" not in yaml_scalar(payload) and "\u2028" not in yaml_scalar(payload)
-    assert yaml_scalar(Interpolated("${A:-b}")) == '"${A:-b}"'
+        assert pyyaml.safe_load(f"k: {double_quoted(payload)}\n") == {"k": payload}
+        assert "\n" not in double_quoted(payload) and "\u2028" not in double_quoted(payload)
+        assert compose_literal({"k": [payload]}) == {"k": [payload.replace("$", "$$")]}
+    assert compose_literal(Interpolated("${A:-b}")) == "${A:-b}"
 
 
 @needs_compose

@@ -13,13 +13,17 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import sys
 import tarfile
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import pytest
-from expert_residency.core.dump import DumpConfig, HistogramDumper
+import yaml
+from expert_residency.contract import env as runtime_env
+from expert_residency.core.dump import DumpConfig, HistogramDumper, dump_file_name
 from expert_residency.formats import FormatError, Histogram, load_histogram, load_rowmap
 from hostile_support import cli, refused
 
@@ -30,6 +34,7 @@ from recipegen.ops.livemap import REPORTED, describe, latest_live_map
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_ops_livemap import FixedCounter, FixedPolicy, write_dumps  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[2]
 REFERENCE = "dsv41-flash-gb300"
 NAME = "agent__agent__residency__20261201T100000.000000Z__000001.hist"
 
@@ -75,6 +80,58 @@ def test_meta_that_contradicts_the_file_name_is_refused(project: Path, dumps: Pa
     _edit_meta(_newest(dumps), key, value)
     out = _save_live(expect="contradicts itself")
     assert f"meta.{key}" in out and _newest(dumps).name in out
+
+
+def _profile_boot_config(folder: Path) -> DumpConfig:
+    """The dump settings of the reference's profile boot as rendered (count mode, no class set),
+    read by the runtime's own reader of that environment."""
+    compose = yaml.safe_load((REPO / "compose" / REFERENCE / "compose.yaml").read_text())
+    environment = {k: str(v) for k, v in compose["services"]["lane-agent-profile"]["environment"].items()}
+    environment[runtime_env.DUMP_DIR] = str(folder)
+    config = DumpConfig.from_env(environment)
+    assert config is not None
+    return config
+
+
+def test_a_profile_boots_own_count_only_dumps_pass(project: Path, tmp_path: Path) -> None:
+    """A count-only boot runs no class: the runtime names its dumps class 'none' and writes the same
+    in their meta, whatever traffic it counted (here the math histogram, whose meta says 'math')."""
+    folder = tmp_path / "profile"
+    config = _profile_boot_config(folder)
+    assert (config.lane, config.traffic_class, config.mode) == ("agent", "none", "count-only")
+    math = load_histogram(project / "recipes/profiles/dsv41-flash/math.hist")
+    assert math.meta["class"] == "math"
+    dumper = HistogramDumper(FixedCounter(math), config)
+    written = [dumper.dump_now("signal"), dumper.dump_now("shutdown")]
+    found = snapshots(read_host_dir(folder), where="profile")
+    assert [s.name for s in found] == [p.name for p in written]
+    assert [(s.lane, s.traffic_class, s.mode, s.seq) for s in found] == [("agent", "none", "count-only", 1),
+                                                                        ("agent", "none", "count-only", 2)]
+    assert [(s.histogram.meta["class"], s.histogram.meta["mode"]) for s in found] == [("none", "count-only")] * 2
+
+
+@pytest.mark.parametrize("key,value", [("class", "math"), ("lane", "prose"), ("mode", "residency"), ("seq", 2)])
+def test_a_count_only_dump_whose_meta_contradicts_its_name_is_refused(project: Path, tmp_path: Path, key: str,
+                                                                      value: object) -> None:
+    folder = tmp_path / "profile"
+    math = load_histogram(project / "recipes/profiles/dsv41-flash/math.hist")
+    path = HistogramDumper(FixedCounter(math), _profile_boot_config(folder)).dump_now("signal")
+    _edit_meta(path, key, value)
+    with pytest.raises(InputError, match="contradicts itself") as err:
+        snapshots(read_host_dir(folder), where="profile")
+    assert f"meta.{key}" in str(err.value) and path.name in str(err.value)
+
+
+def test_a_class_histogram_copied_under_a_profile_boots_name_is_refused(project: Path, tmp_path: Path) -> None:
+    """Not written by the runtime: a committed class histogram (meta.class 'math') put in the dump
+    folder under the name a count-only boot gives its snapshots."""
+    folder = tmp_path / "profile"
+    folder.mkdir()
+    name = dump_file_name("agent", "none", "count-only", datetime(2026, 12, 3, 10, 20, 45, tzinfo=timezone.utc), 1)
+    shutil.copy(project / "recipes/profiles/dsv41-flash/math.hist", folder / name)
+    with pytest.raises(InputError, match="meta.class 'math' but the file name says 'none'") as err:
+        snapshots(read_host_dir(folder), where="profile")
+    assert name in str(err.value)
 
 
 def test_more_selections_than_tokens_times_top_k_is_refused(project: Path, dumps: Path) -> None:

@@ -20,7 +20,7 @@ prometheus_client = pytest.importorskip("prometheus_client")
 from expert_residency.contract import env  # noqa: E402
 from expert_residency.contract import metrics as m  # noqa: E402
 from expert_residency.core import ExpertCounter, device_allocator, host_allocator, rehome_layer  # noqa: E402
-from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy, Swap  # noqa: E402
+from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy, Swap, spare_rows_needed  # noqa: E402
 from expert_residency.formats import RowMap  # noqa: E402
 from expert_residency.metrics.config import metrics_from_env  # noqa: E402
 from expert_residency.metrics.exporter import LaneFacts, MetricsExporter  # noqa: E402
@@ -147,13 +147,18 @@ def test_an_empty_window_is_nan_and_a_counter_reset_keeps_the_series_growing():
 
 
 def test_adaptive_swaps_live_map_and_moved_experts():
+    # An adaptive lane's layers carry spare rows (the plugin re-homes them with spare_rows_needed's
+    # figures); the swaps land in them, so the spare rows must not show in the live map's figures.
+    config = AdaptiveConfig(interval=1000)
+    hot_spare, cold_spare = spare_rows_needed(config, 0)
+    assert hot_spare > 0 and cold_spare > 0
     layers = {}
     for row, index in enumerate(LAYERS):
         layers[index] = rehome_layer(float_layer(20 + row, torch.bfloat16, experts=EXPERTS), HOT[row], COLD[row],
                                      layer_index=index, hot_alloc=device_allocator("cpu"),
-                                     cold_alloc=host_allocator())
+                                     cold_alloc=host_allocator(), hot_spare=hot_spare, cold_spare=cold_spare)
     counter = ExpertCounter(LAYERS, EXPERTS, top_k=2)
-    policy = AdaptivePolicy(counter, layers, AdaptiveConfig(interval=1000))
+    policy = AdaptivePolicy(counter, layers, config)
     boot = rowmap()
     assert policy.initial_content_hash == boot.content_hash()
     clock = Clock()

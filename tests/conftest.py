@@ -17,7 +17,7 @@ forgotten):
   CUDA GPU (a ``skipif`` whose reason says "CUDA GPU"); by hand elsewhere. A file that skips
   itself without CUDA collects nothing on a CPU machine, so tests/test_tiers.py checks each such
   file is named or marked for the tier.
-* ``slow``: a pure test listed in ``tiers.SLOW_TESTS`` (the slowest of a measured fast-tier run,
+* ``slow``: a pure test listed in ``tiers.SLOW_TESTS`` or in a file of ``tiers.SLOW_FILES`` (the slowest of a measured fast-tier run,
   each with its seconds); the full suite runs it, ``--fast`` leaves it out.
 
 Markers written by hand in a file are kept. Two guards catch a test the rule missed, at run time:

@@ -13,7 +13,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiers import FAST_TIER, GPU_FILE_SUFFIXES, GPU_SKIP_REASON, SLOW_TESTS, TEST_MARKS_ENV, require_tier_marker
+from tiers import (
+    FAST_TIER,
+    GPU_FILE_SUFFIXES,
+    GPU_SKIP_REASON,
+    SLOW_FILES,
+    SLOW_TESTS,
+    TEST_MARKS_ENV,
+    require_tier_marker,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -95,6 +103,7 @@ def test_every_listed_slow_test_exists_and_leaves_the_fast_tier(collected) -> No
     assert not set(SLOW_TESTS) & set(fast)
     missing = sorted(nodeid for nodeid in SLOW_TESTS if "slow" not in rest.get(nodeid, set()))
     assert not missing, missing
+    assert all((REPO / path).is_file() for path in SLOW_FILES), SLOW_FILES
 
 
 def test_the_fast_selection_is_every_test_without_a_tier_marker(collected) -> None:

@@ -59,6 +59,11 @@ SLOW_TESTS = {
     "tests/test_render.py::test_every_committed_recipe_renders_and_passes_compose_v2": 14.5,
     "tests/test_check_cli.py::test_default_checks_every_shipped_recipe": 14.0,
 }
+# Whole files of quick but many tests, with their seconds alone on one core (`pytest FILE`):
+# the 704 payloads of the compose-data file were a quarter of the fast tier's time.
+SLOW_FILES = {
+    "tests/hostile/test_hostile_compose_data.py": 108.8,
+}
 # A file named for the GPU (``*_gpu.py``, ``*_cuda.py``) holds GPU tests only; a test skipped for
 # want of CUDA (its skipif reason says "CUDA GPU", as every such skip here does) is one too.
 GPU_FILE_SUFFIXES = ("_gpu.py", "_cuda.py")
@@ -107,7 +112,7 @@ def tier_markers(item: pytest.Item) -> set[str]:
         found.add("docker")
     if function is not None and _calls_interpreter(function, module):
         found.add("interpreter")
-    if item.nodeid in SLOW_TESTS:
+    if item.nodeid in SLOW_TESTS or item.nodeid.split("::")[0] in SLOW_FILES:
         found.add("slow")
     if path.name.endswith(GPU_FILE_SUFFIXES) or any(
             GPU_SKIP_REASON in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif")):

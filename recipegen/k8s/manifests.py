@@ -54,8 +54,9 @@ class LaneManifests:
 # StatefulSet `<name>` and the workers' `<name>-0` (LWS names a group's workers after its leader
 # pod). A StatefulSet of more than 52 characters cannot create pods: each pod's
 # `controller-revision-hash` label is the StatefulSet's name plus 11 characters, and a label
-# value holds 63 (Kubernetes issue 64023, "StatefulSet with long name can not create pods",
-# 2018-05-18). So the name is a DNS-1035 label of at most 50 characters, written as the recipe
+# value holds 63 ("StatefulSet with long name can not create pods", 2018-05-18,
+# https://github.com/kubernetes/kubernetes/issues/64023). So the name is a DNS-1035 label of
+# at most 50 characters, written as the recipe
 # spells it — never shortened or rewritten, which is how two lanes used to get one name.
 DNS_1035_LABEL = re.compile(r"[a-z](?:[-a-z0-9]*[a-z0-9])?")
 LWS_NAME_LIMIT = 50
@@ -82,7 +83,8 @@ def lws_name(loaded: Any, lane_index: int) -> str:
         raise loaded.error(
             f"the lane's Kubernetes name {name[:60]!r}{'…' if len(name) > 60 else ''} has {len(name)} "
             f"characters; at most {LWS_NAME_LIMIT} (its workers' StatefulSet `<name>-0` must stay within "
-            "52, Kubernetes issue 64023): shorten the recipe or lane name", ("lanes", lane_index, "name"))
+            "52: a pod label holds 63 characters, https://github.com/kubernetes/kubernetes/issues/64023): "
+            "shorten the recipe or lane name", ("lanes", lane_index, "name"))
     for key in sorted({s.machine for s in lane.parallel.pipeline} if lane.parallel else ()):
         if not LABEL_VALUE.fullmatch(key):
             raise loaded.error(f"machine key {key!r} cannot be a Kubernetes label value (nodes are "

@@ -335,8 +335,6 @@ def _attention_groups(kinds: list[str], rule: str, window: int | None, kv: int, 
     return out
 
 
-
-
 def _gpt_oss(cfg: Config, arch: str) -> Built:
     layers, layers_src = _layers(cfg)
     routed, routed_src, top_k, top_k_src = _experts(cfg)
@@ -845,14 +843,6 @@ def build_qwen3_5_moe(cfg: Config, arch: str) -> Built:
     return b
 
 
-def build_nemotron_h(cfg: Config, arch: str) -> Built:
-    return _nemotron_h(cfg, arch)
-
-
-def build_deepseek(cfg: Config, arch: str) -> Built:
-    return _deepseek(cfg, arch)
-
-
 def build_kimi_k25(cfg: Config, arch: str) -> Built:
     text = cfg.section("text_config")
     b = _deepseek(text, "DeepseekV3ForCausalLM", prefix="language_model.model.", head="language_model.lm_head.weight")
@@ -861,18 +851,6 @@ def build_kimi_k25(cfg: Config, arch: str) -> Built:
                      f"checkpoint, {V}model_executor/models/kimi_k25.py:387-390; "
                      f"{V}model_executor/models/kimi_k25.py:349-370), loaded unless the vision_chunk limit is 0")
     return b
-
-
-def build_glm4_moe(cfg: Config, arch: str) -> Built:
-    return _glm4_moe(cfg, arch)
-
-
-def build_mixtral(cfg: Config, arch: str) -> Built:
-    return _mixtral(cfg, arch)
-
-
-def build_gpt_oss(cfg: Config, arch: str) -> Built:
-    return _gpt_oss(cfg, arch)
 
 
 def build_llama4(cfg: Config, arch: str) -> Built:
@@ -911,22 +889,22 @@ def _fam(name: str, archs: tuple[str, ...], types: tuple[str, ...], reads: set[s
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     _fam("gpt-oss", ("GptOssForCausalLM",), ("gpt_oss",), _GQA | _MOE | {
         "intermediate_size", "sliding_window", "layer_types", "swiglu_limit"},
-        {"experts_per_token", "initial_context_length"}, build_gpt_oss, "model_executor/models/gpt_oss.py"),
+        {"experts_per_token", "initial_context_length"}, _gpt_oss, "model_executor/models/gpt_oss.py"),
     _fam("qwen3-moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), _GQA | _MOE | {
         "moe_intermediate_size", "intermediate_size", "decoder_sparse_step", "mlp_only_layers",
         "sliding_window", "use_sliding_window", "max_window_layers"}, set(), build_qwen3_moe,
         "model_executor/models/qwen3_moe.py"),
     _fam("deepseek-v3", ("DeepseekV3ForCausalLM",), ("deepseek_v3", "kimi_k2"), _GQA | _MOE | _MLA, set(),
-         build_deepseek, "model_executor/models/deepseek_v2.py"),
+         _deepseek, "model_executor/models/deepseek_v2.py"),
     _fam("deepseek-v3.2", ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"), ("deepseek_v32", "glm_moe_dsa"),
          _GQA | _MOE | _MLA | {"index_n_heads", "index_head_dim", "index_topk", "qk_head_dim"},
-         {"indexer_rope_interleave", "rope_interleave"}, build_deepseek, "models/deepseek_v32/"),
+         {"indexer_rope_interleave", "rope_interleave"}, _deepseek, "models/deepseek_v32/"),
     _fam("glm-4.5", ("Glm4MoeForCausalLM",), ("glm4_moe",), _GQA | _MOE | {
         "moe_intermediate_size", "intermediate_size", "first_k_dense_replace", "moe_layer_freq", "n_shared_experts",
-        "num_nextn_predict_layers", "use_qk_norm", "topk_method"}, set(), build_glm4_moe,
+        "num_nextn_predict_layers", "use_qk_norm", "topk_method"}, set(), _glm4_moe,
         "model_executor/models/glm4_moe.py"),
     _fam("mixtral", ("MixtralForCausalLM",), ("mixtral",), _GQA | _MOE | {
-        "intermediate_size", "sliding_window"}, set(), build_mixtral, "model_executor/models/mixtral.py"),
+        "intermediate_size", "sliding_window"}, set(), _mixtral, "model_executor/models/mixtral.py"),
     _fam("qwen3-next", ("Qwen3NextForCausalLM",), ("qwen3_next",), _GQA | _MOE | _GDN | {
         "decoder_sparse_step", "mlp_only_layers", "use_sliding_window", "sliding_window"}, set(), build_qwen3_next,
         "model_executor/models/qwen3_next.py"),
@@ -944,7 +922,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
         "intermediate_size", "sliding_window"},
         {"chunk_size", "expand", "mamba_hidden_act", "rescale_prenorm_residual", "residual_in_fp32",
          "time_step_floor", "time_step_max", "time_step_min", "use_mamba_kernels", "time_step_limit"},
-        build_nemotron_h, "model_executor/models/nemotron_h.py"),
+        _nemotron_h, "model_executor/models/nemotron_h.py"),
     _fam("llama-4", ("Llama4ForConditionalGeneration", "Llama4ForCausalLM"), ("llama4", "llama4_text"),
          _GQA | _MOE | {"interleave_moe_layer_step", "moe_layers", "intermediate_size", "intermediate_size_mlp",
                         "attention_chunk_size", "no_rope_layers", "use_qk_norm", "text_config", "vision_config"},

@@ -43,6 +43,7 @@ before a transfer's copies were issued is refused, a forward inside a barrier is
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -74,7 +75,7 @@ from adaptive_h200 import (  # noqa: E402
 from adaptive_sim import TOP_K, make_traffic  # noqa: E402
 from expert_residency.core.adaptive import AdaptiveConfig, Swap  # noqa: E402
 from expert_residency.core.adaptive_setup import ENV_ADAPTIVE, ENV_PRIORS, format_adaptive_spec  # noqa: E402
-from expert_residency.core.copies import ThreadedCopies  # noqa: E402
+from expert_residency.core.copies import CudaCopies, ThreadedCopies  # noqa: E402
 from expert_residency.core.slots import CHUNKS_PER_ROW  # noqa: E402
 from expert_residency.vllm_plugin.worker_runtime import set_runtime  # noqa: E402
 from plugin_entry_support import plugin_runtime, step_context  # noqa: E402
@@ -142,6 +143,9 @@ def main() -> int:
                     help="CPU, 3 layers of 32 experts, hidden 128, T = 1 and 4, few steps: checks the logic")
     ap.add_argument("--lean", action="store_true",
                     help="skip decode-only ranking's cost and the 40-layer barrier (a short run)")
+    ap.add_argument("--copy-path", choices=("runtime", "copy_"), default="runtime",
+                    help="how the side streams copy: cudaMemcpyAsync of the loaded CUDA runtime (the "
+                         "default, as a lane runs) or Tensor.copy_ (the earlier path, for comparison)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     dev = torch.device("cpu" if args.smoke else "cuda")
@@ -182,13 +186,19 @@ def main() -> int:
           f"spare HBM {spare['hbm'] / 2**30:.2f} GiB, spare host {spare['host'] / 2**30:.2f} GiB, "
           f"adaptive {format_adaptive_spec(config)}", flush=True)
     results["row_copy_us"] = row_copy_us(policy0, order, dev)
+    # as vLLM's engine core does once its start-up is done (vllm/v1/engine/core.py, freeze_gc_heap):
+    # the start-up heap leaves the collector's scans, so a full collection no longer pauses a step
+    gc.collect()
+    gc.freeze()
+    results["gc_frozen"] = gc.get_freeze_count()
 
     def forward_all(rt, mods, x, w, ids):
         set_runtime(rt)
         return [mods[i].forward_modular(x[n], w[n], ids[n]) for n, i in enumerate(order)]
 
     for tokens in sorted(shifts):
-        copies = ThreadedCopies() if args.smoke else None
+        copies = ThreadedCopies() if args.smoke else CudaCopies(dev, runtime_memcpy=args.copy_path == "runtime")
+        results["copy_path"] = getattr(getattr(copies, "memcpy", None), "path", None) or type(copies).__name__ + " / copy_"
         policy = fresh_policy(runtime, policy0, boot_cold, order, experts, config,
                               lookahead=True if args.smoke else None, copies=copies)
         ctx = step_context(tokens, [1] * tokens, dev)
@@ -245,7 +255,8 @@ def main() -> int:
                     host_us[s] = (time.perf_counter() - t) * 1e6
                     rows_issued[s] = issued["rows"]
                     if policy.swaps_done != swaps:   # the map this step's forward reads changed
-                        masks_at.append((s, live_cold(policy, order, experts)))
+                        # one device op (read after the run): the host mirrors' masks cost ~0.5 ms here
+                        masks_at.append((s, policy.hot_mask()))
                         flips.append({"step": s, "swaps": policy.swaps_done - swaps,
                                       "in_flight": len(policy.in_flight), "waiting": len(policy.waiting)})
                 graph.load(x=xs[s % 4], topk_weights=w_all[s], topk_ids=ids[s])
@@ -253,6 +264,7 @@ def main() -> int:
                 outs[s].copy_(graph.out)
             clock.mark(n)
             periods = clock.periods_ms()
+            masks_at = [(at, m if isinstance(m, np.ndarray) else ~m.cpu().numpy()) for at, m in masks_at]
             del policy.pump
             lanes[lane] = {"outs": outs, "periods": periods, "masks_at": masks_at, "rows": rows_issued,
                            "flips": flips, "host_us": host_us}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -29,17 +30,32 @@ def _counter() -> ExpertCounter:
     return ExpertCounter(LAYERS, EXPERTS, device="cuda")
 
 
+def _cycles_for(seconds: float) -> int:
+    """Sleep-kernel cycles that keep the current stream busy about ``seconds`` (measured here)."""
+    probe = 50_000_000
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    torch.cuda._sleep(probe)
+    torch.cuda.synchronize()
+    return int(probe * seconds / max(time.perf_counter() - t0, 1e-6))
+
+
 def test_a_read_does_not_wait_for_the_step_stream():
     counter = _counter()
     reader = CountReader(counter)
+    reader.read()                              # first use of the thread's CUDA state and the copy path
     step = torch.cuda.current_stream()
-    torch.cuda._sleep(4_000_000_000)          # a long "step" on the step's stream (seconds of cycles)
+    cycles = _cycles_for(3.0)
+    t0 = time.perf_counter()
+    torch.cuda._sleep(cycles)                  # a long "step" on the step's stream (~3 s)
     counter.counts.add_(1)                     # queued behind it
     done: dict[str, object] = {}
 
     def read() -> None:
         try:
+            start = time.perf_counter()
             done["read"] = reader.read()
+            done["read_s"] = time.perf_counter() - start
             done["step_busy_after_read"] = not step.query()
         except BaseException as exc:   # noqa: BLE001 - reported by the assertion below
             done["error"] = repr(exc)
@@ -49,9 +65,13 @@ def test_a_read_does_not_wait_for_the_step_stream():
     worker.start()
     worker.join(timeout=60)
     torch.cuda.synchronize()
+    step_s = time.perf_counter() - t0
+    facts = f"read {done.get('read_s')} s, step {step_s:.2f} s ({cycles} cycles), stream {step}"
     assert "error" not in done, done.get("error")
-    assert "read" in done, "the read blocked behind the step's stream"
-    assert done["step_busy_after_read"] is True, "the read returned only after the step's stream finished"
+    assert "read" in done, f"the read blocked behind the step's stream: {facts}"
+    assert done["step_busy_after_read"] is True, f"the read returned only after the step's stream finished: {facts}"
+    assert (done["read"].counts == 0).all(), facts   # the add queued behind the step is not in it yet
+    assert done["read_s"] < step_s / 4, facts
 
 
 def test_after_the_step_the_read_is_exact():

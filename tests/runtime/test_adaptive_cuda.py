@@ -112,8 +112,33 @@ def test_graph_replays_stay_exact_through_adaptive_swap_rounds():
                 assert full_check(), f"bit-exact check failed after barrier {report.barrier}"
             policy.pump()   # this step's copies, on the side streams, beside the next replay
     assert policy.lookahead_on and policy.copied_bytes["in"] > 0
+    assert policy.copies.memcpy is not None   # the copies went through the CUDA runtime's memcpy
     assert policy.swaps_done >= 4
     assert {i: (split[i].row_codes.data_ptr(), tuple(t.data_ptr() for t in split[i].hot.tensors.values()))
             for i in LAYERS} == addresses
     print(f"\nadaptive barrier on {torch.cuda.get_device_name()}: median {statistics.median(barrier_s) * 1e3:.2f} ms "
           f"over {len(barrier_s)} barriers, {policy.swaps_done} swaps (2 layers x 16 experts, MXFP4 test geometry)")
+
+
+def test_the_side_streams_copy_through_the_cuda_runtime_both_ways_exactly():
+    """The pump's pieces go through ``cudaMemcpyAsync`` of the runtime PyTorch loaded (not
+    ``Tensor.copy_``): host row → HBM row through the mapped view the cold bank uses, HBM row → a
+    pinned host row, each a byte range inside a row; a size mismatch is refused."""
+    from expert_residency.core.copies import CudaCopies
+
+    engine = CudaCopies(DEV)
+    assert engine.memcpy is not None, "no libcudart mapped into this process: the copies fell back to copy_"
+    g = torch.Generator().manual_seed(3)
+    host = torch.randint(0, 256, (3, 4096), dtype=torch.uint8, generator=g).pin_memory()
+    mapped = pinned_device_view(host)
+    hbm = torch.randint(0, 256, (3, 4096), dtype=torch.uint8, generator=g).to(DEV)
+    back = torch.zeros(3, 4096, dtype=torch.uint8).pin_memory()
+    expect_hbm, expect_back = hbm.clone(), back.clone()
+    expect_hbm[1, 100:3000] = host[2, 100:3000].to(DEV)
+    expect_back[0, 7:4000] = hbm[0, 7:4000].cpu()
+    engine.issue([(hbm[1, 100:3000], mapped[2, 100:3000], "in"), (back[0, 7:4000], hbm[0, 7:4000], "out")])
+    engine.compute_waits([engine.marker()])
+    torch.cuda.current_stream().synchronize()
+    assert torch.equal(hbm, expect_hbm) and torch.equal(back, expect_back)
+    with pytest.raises(ValueError, match="a copy of 10 B into 9 B"):
+        engine.issue([(hbm[2, :9], mapped[0, :10], "in")])

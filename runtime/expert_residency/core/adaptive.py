@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -74,6 +75,7 @@ from .adaptive_config import AdaptiveConfig
 from .banks import ResidentLayer
 from .copies import CopyEngine, ImmediateCopies, default_engine
 from .counter import ExpertCounter
+from .livehash import LiveMapHash
 from .rehome import current_rowmap
 from .slots import CHUNKS_PER_ROW, LayerSlots, MapFlipper, Swap, Transfer, row_bytes
 from .swap import SwapStep
@@ -274,8 +276,8 @@ class AdaptivePolicy:
         self._expert_bytes = {i: row_bytes(self.layers[i]) for i in order}
         live = current_rowmap(self.layers)
         self.initial_content_hash = live.content_hash()
+        self._live_hash = LiveMapHash(self.layers)   # re-encodes only the layers a flip changed
         self._live_content_hash = self.initial_content_hash
-        self._live_dirty = False   # swaps applied since the hash was computed
         self.shape_hash = live.shape_hash()
         self._in_barrier = False
         # held while the banks and host mirrors change, so another thread (the dump writer, a
@@ -328,6 +330,7 @@ class AdaptivePolicy:
         self._window = [0, 0, -1]           # the last read plan's [picks, cold picks, prior choice]
         self._map_changed = False           # apply() ran outside a barrier since the last plan
         self._transfers: list[Transfer] = []   # reserved, copying or copied; not flipped yet
+        self._issuing: deque[Transfer] = deque()   # of those, the ones with chunks not issued yet
         self._queue: list[tuple[Swap, float]] = []   # the last plan's swaps not started, by gain
         self._flipped: list[Transfer] = []     # flipped by a flip-only step since the last report
         self._credit = 0.0
@@ -362,13 +365,15 @@ class AdaptivePolicy:
                 self._flipped.extend(self._flip_copied(run))
         if self._plan_at is not None and self.forwards >= self._plan_at:
             self._read_plan()
-        if not self._queue and all(t.all_issued for t in self._transfers):
+        if not self._queue and not any(not t.all_issued for t in self._issuing):
             self._credit = 0.0
             return 0
         self._credit += self.config.copy_rows_per_layer * len(self._order) * CHUNKS_PER_ROW
         batch, completed, issued = [], [], 0
         while self._credit >= 1.0:
-            transfer = next((t for t in self._transfers if not t.all_issued), None) or self._start_transfer()
+            while self._issuing and self._issuing[0].all_issued:   # issued by hand (a bench's guard)
+                self._issuing.popleft()
+            transfer = self._issuing[0] if self._issuing else self._start_transfer()
             if transfer is None:
                 break
             if transfer.issued == 0:
@@ -379,6 +384,7 @@ class AdaptivePolicy:
             self._credit -= 1.0
             if transfer.all_issued:
                 completed.append(transfer)
+                self._issuing.popleft()
         if batch:
             self.copies.issue(batch)   # one call: the engine enters each side stream once a step
         if completed:
@@ -387,7 +393,7 @@ class AdaptivePolicy:
                 transfer.marker, transfer.issued_at = marker, self.forwards
                 self.copied_bytes["in"] += transfer.bytes_in
                 self.copied_bytes["out"] += transfer.bytes_out
-        if not self._queue and all(t.all_issued for t in self._transfers):
+        if not self._queue and not self._issuing:
             self._credit = 0.0   # nothing waits: no credit banked for a later burst
         return issued
 
@@ -396,12 +402,13 @@ class AdaptivePolicy:
         keep their place until a flip recycles one); None when none can start."""
         for k, (swap, gain) in enumerate(self._queue):
             slots = self._slots[swap.layer]
-            if swap.promote in slots.busy or swap.demote in slots.busy:
-                continue
+            if not slots.free_hot or swap.promote in slots.busy or swap.demote in slots.busy:
+                continue   # (a cheap test first: most waiting swaps wait for a row)
             transfer = slots.reserve(swap, gain=gain)
             if transfer is not None:
                 del self._queue[k]
                 self._transfers.append(transfer)
+                self._issuing.append(transfer)
                 return transfer
         return None
 
@@ -481,13 +488,8 @@ class AdaptivePolicy:
         return report
 
     def _refresh_hash(self) -> None:
-        if self._live_dirty:
-            # host-side hashing of the whole map costs milliseconds: only when it changed
-            self._live_dirty = False
-            live = current_rowmap(self.layers)
-            if live.shape_hash() != self.shape_hash:  # swaps exchange rows: shapes cannot change
-                raise RuntimeError("adaptive residency: bank shapes changed during a barrier")
-            self._live_content_hash = live.content_hash()
+        # only the layers flipped since the last report are encoded again (core.livehash)
+        self._live_content_hash = self._live_hash.digest()
 
     def _parse(self, packed: torch.Tensor) -> tuple[list[Swap], list[int], list[float]]:
         """The accepted swaps, ``[window picks, window cold picks, prior choice]`` and each swap's
@@ -555,7 +557,7 @@ class AdaptivePolicy:
         for t in transfers:
             self._slots[t.swap.layer].retire(t)
         self.swaps_done += len(transfers)
-        self._live_dirty = self._live_dirty or bool(transfers)
+        self._live_hash.mark(t.swap.layer for t in transfers)
 
     def _swap_now(self, swaps: Sequence[Swap], run: StepRunner, gains: Sequence[float] | None = None) -> list[Transfer]:
         """Synchronous swaps (no lookahead, and ``apply``): each one's copies on the current
@@ -713,6 +715,7 @@ class AdaptivePolicy:
         for t in reversed(self._transfers):
             self._slots[t.swap.layer].release(t)
         self._transfers = []
+        self._issuing.clear()
         self._queue = []
         self._plan_at = None
         self._credit = 0.0

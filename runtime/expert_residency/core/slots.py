@@ -31,6 +31,7 @@ same number of chunks) issue and flip the same transfers at the same steps.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -99,27 +100,50 @@ def row_bytes(layer: ResidentLayer) -> int:
     return sum(t[0].numel() * t.element_size() for t in layer.hot.tensors.values()) if layer.hot.num_rows else 0
 
 
-def _byte_rows(bank: ExpertBank, row: int) -> list[torch.Tensor]:
-    return [t[row].reshape(-1).view(torch.uint8) for t in bank.tensors.values()]
+def bank_byte_views(bank: ExpertBank) -> list[torch.Tensor]:
+    """Per tensor of the bank, a ``uint8 [rows, bytes per row]`` view over the same memory: made
+    once, so a copy piece is one slice of it (``view[row, lo:hi]``) instead of a reshape per row
+    on the step path. A bank tensor that is not contiguous is refused (a copy into a reshaped
+    copy would write nowhere)."""
+    views = []
+    for name, t in bank.tensors.items():
+        if not t.is_contiguous():
+            raise ValueError(f"adaptive residency: bank tensor {name!r} is not contiguous; its rows "
+                             "cannot be copied as byte ranges")
+        views.append(t.view(t.shape[0], math.prod(t.shape[1:])).view(torch.uint8))
+    return views
+
+
+def chunk_bounds(sizes: Sequence[int], chunks: int = CHUNKS_PER_ROW) -> list[list[tuple[int, int, int]]]:
+    """``chunks`` equal byte ranges of tensors of ``sizes`` bytes laid end to end, as
+    ``(tensor, lo, hi)`` pieces per chunk (a range may span two tensors: one piece each)."""
+    total = sum(sizes)
+    out: list[list[tuple[int, int, int]]] = []
+    for j in range(chunks):
+        lo, hi = j * total // chunks, (j + 1) * total // chunks
+        pieces, start = [], 0
+        for k, size in enumerate(sizes):
+            a, b = max(lo, start), min(hi, start + size)
+            if b > a:
+                pieces.append((k, a - start, b - start))
+            start += size
+        out.append(pieces)
+    return out
 
 
 def chunk_copies(dst: list[torch.Tensor], src: list[torch.Tensor], direction: str,
                  chunks: int = CHUNKS_PER_ROW) -> list[list[Copy]]:
     """The copies of one row (one byte view per tensor) as ``chunks`` equal byte ranges of the
-    tensors' concatenated bytes (a range may span two tensors: one copy per piece)."""
-    sizes = [d.numel() for d in dst]
-    total = sum(sizes)
-    out: list[list[Copy]] = []
-    for j in range(chunks):
-        lo, hi = j * total // chunks, (j + 1) * total // chunks
-        pieces, start = [], 0
-        for d, s, size in zip(dst, src, sizes):
-            a, b = max(lo, start), min(hi, start + size)
-            if b > a:
-                pieces.append((d[a - start:b - start], s[a - start:b - start], direction))
-            start += size
-        out.append(pieces)
-    return out
+    tensors' concatenated bytes (``chunk_bounds``)."""
+    return [[(dst[k][a:b], src[k][a:b], direction) for k, a, b in pieces]
+            for pieces in chunk_bounds([d.numel() for d in dst], chunks)]
+
+
+def _row_chunks(dst: list[torch.Tensor], dst_row: int, src: list[torch.Tensor], src_row: int, direction: str,
+                bounds: list[list[tuple[int, int, int]]]) -> list[list[Copy]]:
+    """``chunk_copies`` of one row from the banks' byte views (``bank_byte_views``): one slice per
+    piece and side, nothing else made on the step path."""
+    return [[(dst[k][dst_row, a:b], src[k][src_row, a:b], direction) for k, a, b in pieces] for pieces in bounds]
 
 
 class LayerSlots:
@@ -132,6 +156,8 @@ class LayerSlots:
         self.free_host = deque(r for r, e in enumerate(layer.cold_ids) if e == SPARE and r not in copy_rows)
         self.busy: set[int] = set()
         self._row_bytes = row_bytes(layer)
+        self._hot_views, self._cold_views = bank_byte_views(layer.hot), bank_byte_views(layer.cold)
+        self._bounds: dict[int, list[list[tuple[int, int, int]]]] = {}   # per chunk count
 
     @property
     def spare_hot(self) -> int:
@@ -158,9 +184,12 @@ class LayerSlots:
         hot_row = self.free_hot.popleft()
         host_row = self.free_host.popleft() if copy_back else layer.host_copies.pop(demote)
         from_hot, from_host = layer.hot_ids.index(demote), layer.cold_ids.index(promote)
-        plan = chunk_copies(_byte_rows(layer.hot, hot_row), _byte_rows(layer.cold, from_host), "in", chunks)
+        bounds = self._bounds.get(chunks)
+        if bounds is None:
+            bounds = self._bounds[chunks] = chunk_bounds([v.shape[1] for v in self._hot_views], chunks)
+        plan = _row_chunks(self._hot_views, hot_row, self._cold_views, from_host, "in", bounds)
         if copy_back:
-            out = chunk_copies(_byte_rows(layer.cold, host_row), _byte_rows(layer.hot, from_hot), "out", chunks)
+            out = _row_chunks(self._cold_views, host_row, self._hot_views, from_hot, "out", bounds)
             plan = [a + b for a, b in zip(plan, out)]
         self.busy |= {promote, demote}
         return Transfer(swap, hot_row, host_row, copy_back, from_hot, from_host, plan, self._row_bytes, gain)

@@ -240,6 +240,7 @@ def main() -> int:
                 return k
 
             policy.pump = counting_pump   # what the step barrier calls
+            parts = HostParts(policy, runtime, n) if lane == "adaptive" else None
             sync(dev)
             for s in range(n):
                 # vLLM reads each step's sampled tokens back before it schedules much further: the
@@ -251,6 +252,7 @@ def main() -> int:
                     swaps = policy.swaps_done
                     issued["rows"] = 0.0
                     runtime.on_forward_context(ctx)
+                    parts.step = s
                     runtime.before_forward(ctx)   # a due barrier, tick, pump (a flip-only step too)
                     host_us[s] = (time.perf_counter() - t) * 1e6
                     rows_issued[s] = issued["rows"]
@@ -266,8 +268,10 @@ def main() -> int:
             periods = clock.periods_ms()
             masks_at = [(at, m if isinstance(m, np.ndarray) else ~m.cpu().numpy()) for at, m in masks_at]
             del policy.pump
+            if parts is not None:
+                parts.remove()
             lanes[lane] = {"outs": outs, "periods": periods, "masks_at": masks_at, "rows": rows_issued,
-                           "flips": flips, "host_us": host_us}
+                           "flips": flips, "host_us": host_us, "parts": parts.series() if parts else None}
             print(f"T={tokens} {lane}: {n} steps, step ms {stats(periods)}", flush=True)
         policy.copies.drain()
         same = all(torch.equal(lanes["static"]["outs"][s], lanes["adaptive"]["outs"][s]) for s in range(n))
@@ -298,6 +302,8 @@ def main() -> int:
             row["phases"][phase] = fig
             start += lengths[phase]
         row["series_ms"] = {k: v["periods"].round(4).tolist() for k, v in lanes.items()}
+        row["host_us_series"] = lanes["adaptive"]["host_us"].round(1).tolist()
+        row["host_parts_us"] = lanes["adaptive"]["parts"]
         row["copy_rows_series"] = lanes["adaptive"]["rows"].tolist()
         if tokens == 1:
             row["counter"] = counter_cost(static_g, adaptive_g, xs, w_all, ids[:args.boot_steps], len(order), dev)
@@ -319,6 +325,51 @@ def main() -> int:
     if copies_close := getattr(runtime.policy.copies, "close", None):
         copies_close()
     return 0
+
+
+class HostParts:
+    """Host time per step of each part of the adaptive step path (µs), by wrapping the policy's
+    methods on the instance: where a slow step's host time went."""
+
+    NAMES = ("barrier", "_flip_copied", "_read_plan", "_start_plan", "_start_transfer", "_refresh_hash")
+
+    def __init__(self, policy, runtime, steps: int) -> None:
+        self.policy, self.step = policy, 0
+        self.us = {name: np.zeros(steps) for name in self.NAMES + ("copies.issue", "masks")}
+        for name in self.NAMES:
+            setattr(policy, name, self._timed(name, getattr(policy, name)))
+        self._issue = policy.copies.issue
+        policy.copies.issue = self._timed("copies.issue", self._issue)
+        self._masks_owner = runtime
+        runtime.on_forward_context = self._timed("masks", runtime.on_forward_context)
+        self.us["gc"] = np.zeros(steps)   # the collector's pauses (any generation) during the step path
+        self._gc_start = 0.0
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.us["gc"][self.step] += (time.perf_counter() - self._gc_start) * 1e6
+
+    def _timed(self, name, fn):
+        def run(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.us[name][self.step] += (time.perf_counter() - t) * 1e6
+        return run
+
+    def remove(self) -> None:
+        for name in self.NAMES:
+            delattr(self.policy, name)
+        del self.policy.copies.issue
+        del self._masks_owner.on_forward_context
+        gc.callbacks.remove(self._gc)
+
+    def series(self) -> dict:
+        return {k: v.round(1).tolist() for k, v in self.us.items()}
 
 
 def save(results: dict, out: Path | None) -> None:

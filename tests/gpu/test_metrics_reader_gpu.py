@@ -30,14 +30,24 @@ def _counter() -> ExpertCounter:
     return ExpertCounter(LAYERS, EXPERTS, device="cuda")
 
 
-def _cycles_for(seconds: float) -> int:
-    """Sleep-kernel cycles that keep the current stream busy about ``seconds`` (measured here)."""
-    probe = 50_000_000
+SLEEP_CYCLES = 500_000_000
+"""Cycles per sleep kernel. One ``torch.cuda._sleep`` of 4e9 cycles left the stream idle at once
+on the H200 (torch 2.11; an earlier form of this test failed on it), 1e9 slept 0.5 s: a long busy
+step is several launches of this size."""
+
+
+def _busy_for(seconds: float) -> int:
+    """Queue sleep kernels that keep the current stream busy about ``seconds`` (their rate measured
+    here, after a first launch that loads the kernel); returns the launches queued."""
+    torch.cuda._sleep(1000)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    torch.cuda._sleep(probe)
+    torch.cuda._sleep(SLEEP_CYCLES)
     torch.cuda.synchronize()
-    return int(probe * seconds / max(time.perf_counter() - t0, 1e-6))
+    launches = max(1, round(seconds / max(time.perf_counter() - t0, 1e-6)))
+    for _ in range(launches):
+        torch.cuda._sleep(SLEEP_CYCLES)
+    return launches
 
 
 def test_a_read_does_not_wait_for_the_step_stream():
@@ -45,9 +55,8 @@ def test_a_read_does_not_wait_for_the_step_stream():
     reader = CountReader(counter)
     reader.read()                              # first use of the thread's CUDA state and the copy path
     step = torch.cuda.current_stream()
-    cycles = _cycles_for(3.0)
     t0 = time.perf_counter()
-    torch.cuda._sleep(cycles)                  # a long "step" on the step's stream (~3 s)
+    launches = _busy_for(3.0)                  # a long "step" on the step's stream (~3 s)
     counter.counts.add_(1)                     # queued behind it
     done: dict[str, object] = {}
 
@@ -66,7 +75,7 @@ def test_a_read_does_not_wait_for_the_step_stream():
     worker.join(timeout=60)
     torch.cuda.synchronize()
     step_s = time.perf_counter() - t0
-    facts = f"read {done.get('read_s')} s, step {step_s:.2f} s ({cycles} cycles), stream {step}"
+    facts = f"read {done.get('read_s')} s, step {step_s:.2f} s ({launches} sleeps of {SLEEP_CYCLES} cycles), stream {step}"
     assert "error" not in done, done.get("error")
     assert "read" in done, f"the read blocked behind the step's stream: {facts}"
     assert done["step_busy_after_read"] is True, f"the read returned only after the step's stream finished: {facts}"

@@ -56,6 +56,7 @@ def test_graph_replays_stay_exact_through_adaptive_swap_rounds():
     counter = ExpertCounter(LAYERS, EXPERTS, device=DEV, top_k=TOP_K)
     policy = AdaptivePolicy(counter, split, AdaptiveConfig(interval=3, swaps_per_layer=2, decay=0.5,
                                                            margin=0.25, evidence=0.0, counts_evidence=0.0))
+    assert policy.graph_state == "captured"   # at start-up: no capture (and its device sync) on a step
     static = {i: {"x": hidden_states(0, TOKENS, torch.bfloat16).to(DEV),
                   "ids": torch.zeros(TOKENS, TOP_K, dtype=torch.int32, device=DEV),
                   "w": torch.full((TOKENS, TOP_K), 1.0 / TOP_K, device=DEV)} for i in LAYERS}

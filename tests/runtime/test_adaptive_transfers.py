@@ -249,6 +249,36 @@ def test_the_budget_issues_chunks_by_hand_and_carries_transfers_over():
     assert report.swaps == [second.swap] and report.in_flight == 0 and engine.full_check()
 
 
+class LandingCopies(ManualCopies):
+    """ManualCopies that report, as a GPU's events do, whether the copies before a marker ran."""
+
+    def landed(self, marker) -> bool:
+        return self.ran >= marker
+
+
+def test_a_flip_takes_only_transfers_whose_copies_landed():
+    """A transfer whose chunks were all issued but whose copies have not run yet is not flipped
+    (its flip would make the step stream wait for the link); it flips at the first flip after they
+    ran, and every forward in between reads the old map exactly."""
+    config = AdaptiveConfig(**SMALL, copy_rows_per_layer=1e6, flip_interval=1)
+    copies = LandingCopies()
+    engine, policy = _primed(config, copies)
+    policy.barrier()                       # plan started
+    policy.pump()                          # read; every chunk of its transfers issued at once
+    moving = policy.in_flight
+    assert moving and all(t.all_issued for t in moving) and copies.ran == 0
+    policy.tick()
+    policy.pump()                          # a flip step: nothing landed, nothing flipped
+    assert policy.in_flight == moving and policy.swaps_done == 0 and copies.waits == []
+    assert engine.full_check()
+    copies.run()                           # the link delivered
+    policy.tick()
+    policy.pump()                          # the next flip step takes them
+    assert policy.in_flight == [] and policy.swaps_done == len(moving)
+    assert all(t.swap.promote in engine.split[t.swap.layer].hot_experts for t in moving)
+    assert engine.full_check()
+
+
 def test_transfers_run_strongest_gain_first_across_layers():
     config = AdaptiveConfig(**SMALL, copy_rows_per_layer=1e6)
     engine, policy = _primed(config, ManualCopies())

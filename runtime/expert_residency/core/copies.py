@@ -4,7 +4,9 @@ A ``CopyEngine`` executes the chunks of ``core.slots.Transfer`` s — each a lis
 ``(destination, source, direction)`` row slices, direction ``"in"`` (host bank → HBM) or ``"out"``
 (HBM → host bank) — and gives the policy three orderings, all without the host waiting:
 
-* ``marker()`` after a transfer's last chunk: everything issued so far;
+* ``marker()`` after a transfer's last chunk: everything issued so far; ``landed(marker)`` says,
+  without waiting, whether those copies finished (a flip takes only transfers that landed, so the
+  step stream's wait for them costs nothing);
 * ``compute_waits(markers)`` before a map flip: the step stream (the one the forwards run on) does
   not pass this point until those copies have landed (on a GPU ``cudaStreamWaitEvent``: the device
   waits, the host does not);
@@ -39,8 +41,59 @@ from typing import Any, Protocol
 
 import torch
 
-Copy = tuple[torch.Tensor, torch.Tensor, str]
-"""``(destination, source, direction)``: ``destination.copy_(source)``; direction ``"in"`` or ``"out"``."""
+
+class RowPiece:
+    """One contiguous byte range ``[lo, hi)`` of one tensor's row, from row ``src_row`` of a bank's
+    byte view (``uint8 [rows, bytes per row]``) to row ``dst_row`` of another's. Unpacks as a
+    ``(destination, source, direction)`` copy (the views are made then); ``pointers()`` gives the
+    addresses without making any view, which is what the side streams use on the step path."""
+
+    __slots__ = ("dst_view", "dst_row", "src_view", "src_row", "lo", "hi", "direction")
+
+    def __init__(self, dst_view: torch.Tensor, dst_row: int, src_view: torch.Tensor, src_row: int,
+                 lo: int, hi: int, direction: str) -> None:
+        self.dst_view, self.dst_row, self.src_view, self.src_row = dst_view, dst_row, src_view, src_row
+        self.lo, self.hi, self.direction = lo, hi, direction
+
+    @property
+    def dst(self) -> torch.Tensor:
+        return self.dst_view[self.dst_row, self.lo:self.hi]
+
+    @property
+    def src(self) -> torch.Tensor:
+        return self.src_view[self.src_row, self.lo:self.hi]
+
+    def __iter__(self):
+        return iter((self.dst, self.src, self.direction))
+
+    def pointers(self) -> tuple[int, int, int]:
+        """``(destination address, source address, bytes)``."""
+        d, s = self.dst_view, self.src_view
+        return (d.data_ptr() + self.dst_row * d.stride(0) + self.lo,
+                s.data_ptr() + self.src_row * s.stride(0) + self.lo, self.hi - self.lo)
+
+
+Copy = "tuple[torch.Tensor, torch.Tensor, str] | RowPiece"
+"""``(destination, source, direction)`` — ``destination.copy_(source)``, direction ``"in"`` or
+``"out"`` — or a ``RowPiece``, which unpacks as one."""
+
+
+def _direction(copy: Copy) -> str:
+    return copy.direction if isinstance(copy, RowPiece) else copy[2]
+
+
+def _pointers(copy: Copy) -> tuple[int, int, int]:
+    """``(destination address, source address, bytes)`` of a copy; its two sides must be the same
+    size and contiguous."""
+    if isinstance(copy, RowPiece):
+        return copy.pointers()
+    dst, src, _ = copy
+    nbytes = dst.numel() * dst.element_size()
+    if nbytes != src.numel() * src.element_size():
+        raise ValueError(f"adaptive residency: a copy of {src.numel() * src.element_size()} B into {nbytes} B")
+    if not (dst.is_contiguous() and src.is_contiguous()):
+        raise ValueError("adaptive residency: a copy between tensors that are not contiguous")
+    return dst.data_ptr(), src.data_ptr(), nbytes
 
 
 class CopyEngine(Protocol):
@@ -51,6 +104,8 @@ class CopyEngine(Protocol):
     def marker(self) -> Any: ...
 
     def compute_waits(self, markers: Sequence[Any]) -> None: ...
+
+    def landed(self, marker: Any) -> bool: ...
 
     def copies_wait_compute(self) -> None: ...
 
@@ -68,6 +123,9 @@ class ImmediateCopies:
 
     def marker(self) -> Any:
         return None
+
+    def landed(self, marker: Any) -> bool:
+        return True
 
     def compute_waits(self, markers: Sequence[Any]) -> None:
         return None
@@ -112,11 +170,9 @@ class RuntimeMemcpy:
                 continue
         return None
 
-    def __call__(self, dst: torch.Tensor, src: torch.Tensor, stream: int) -> None:
-        nbytes = dst.numel() * dst.element_size()
-        if nbytes != src.numel() * src.element_size():
-            raise ValueError(f"adaptive residency: a copy of {src.numel() * src.element_size()} B into {nbytes} B")
-        status = self._memcpy(dst.data_ptr(), src.data_ptr(), nbytes, CUDA_MEMCPY_DEFAULT, stream)
+    def __call__(self, copy: Copy, stream: int) -> None:
+        dst, src, nbytes = _pointers(copy)
+        status = self._memcpy(dst, src, nbytes, CUDA_MEMCPY_DEFAULT, stream)
         if status:
             raise RuntimeError(f"adaptive residency: cudaMemcpyAsync failed: {self._error(status).decode()}")
 
@@ -138,22 +194,26 @@ class CudaCopies:
 
     def issue(self, copies: Sequence[Copy]) -> None:
         for direction, stream in self.streams.items():   # each side stream entered once per call
-            mine = [(dst, src) for dst, src, d in copies if d == direction]
+            mine = [c for c in copies if _direction(c) == direction]
             if not mine:
                 continue
             if self.memcpy is not None:
                 with torch.cuda.device(self.device):   # the runtime copies on the current device
                     handle = stream.cuda_stream
-                    for dst, src in mine:
-                        self.memcpy(dst, src, handle)
+                    for copy in mine:
+                        self.memcpy(copy, handle)
             else:
                 with torch.cuda.stream(stream):
-                    for dst, src in mine:
+                    for dst, src, _ in mine:
                         dst.copy_(src, non_blocking=True)
             self._used[direction] = True
 
     def marker(self) -> Any:
         return tuple(s.record_event() for d, s in self.streams.items() if self._used[d])
+
+    def landed(self, marker: Any) -> bool:
+        """Whether the copies before ``marker`` finished (``cudaEventQuery``: the host does not wait)."""
+        return all(event.query() for event in marker or ())
 
     def compute_waits(self, markers: Sequence[Any]) -> None:
         step = torch.cuda.current_stream(self.device)
@@ -210,6 +270,9 @@ class ThreadedCopies:
         event = threading.Event()
         self._queue.put(event)
         return event
+
+    def landed(self, marker: Any) -> bool:
+        return marker is None or marker.is_set()
 
     def compute_waits(self, markers: Sequence[Any]) -> None:
         for marker in markers:

@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .banks import SPARE, ExpertBank, ResidentLayer
-from .copies import Copy
+from .copies import Copy, RowPiece
 
 CHUNKS_PER_ROW = 4
 """Byte-range chunks per expert row: the copy budget's unit is a quarter of an expert."""
@@ -141,9 +141,9 @@ def chunk_copies(dst: list[torch.Tensor], src: list[torch.Tensor], direction: st
 
 def _row_chunks(dst: list[torch.Tensor], dst_row: int, src: list[torch.Tensor], src_row: int, direction: str,
                 bounds: list[list[tuple[int, int, int]]]) -> list[list[Copy]]:
-    """``chunk_copies`` of one row from the banks' byte views (``bank_byte_views``): one slice per
-    piece and side, nothing else made on the step path."""
-    return [[(dst[k][dst_row, a:b], src[k][src_row, a:b], direction) for k, a, b in pieces] for pieces in bounds]
+    """``chunk_copies`` of one row from the banks' byte views (``bank_byte_views``) as
+    ``RowPiece`` s: no tensor view is made on the step path unless a copy engine asks for one."""
+    return [[RowPiece(dst[k], dst_row, src[k], src_row, a, b, direction) for k, a, b in pieces] for pieces in bounds]
 
 
 class LayerSlots:
@@ -249,6 +249,14 @@ class MapFlipper:
             self._host = [torch.zeros(max(self.capacity, 1), dtype=torch.int64, pin_memory=True) for _ in range(2)]
             self._dev = [torch.zeros(max(self.capacity, 1), dtype=torch.int64, device=self.table.device)
                          for _ in range(2)]
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Flip one entry to its own value at start-up, so the flip's kernels (a cast and an
+        ``index_copy_``) are loaded now: CUDA loads a kernel's module at its first launch, which
+        took ~15 ms of host time on the H200 at the first flip after a class shift."""
+        self.flip([(0, 0, int(self.table.view(-1)[0]))])
+        self._done.synchronize()
 
     def flip(self, entries: Sequence[tuple[int, int, int]]) -> None:
         """``entries``: ``(layer position, expert, code)``, written in stream order."""

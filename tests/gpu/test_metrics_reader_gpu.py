@@ -31,9 +31,7 @@ def _counter() -> ExpertCounter:
 
 
 SLEEP_CYCLES = 500_000_000
-"""Cycles per sleep kernel. One ``torch.cuda._sleep`` of 4e9 cycles left the stream idle at once
-on the H200 (torch 2.11; an earlier form of this test failed on it), 1e9 slept 0.5 s: a long busy
-step is several launches of this size."""
+"""Cycles per sleep kernel (~0.25 s on the H200): a long busy step is several launches."""
 
 
 def _busy_for(seconds: float) -> int:
@@ -50,14 +48,20 @@ def _busy_for(seconds: float) -> int:
     return launches
 
 
-def test_a_read_does_not_wait_for_the_step_stream():
+@pytest.mark.parametrize("step_stream", ["default", "side"])
+def test_a_read_does_not_wait_for_the_step_stream(step_stream):
+    """The step's work on the thread's default stream (legacy) or on a stream of its own."""
     counter = _counter()
     reader = CountReader(counter)
     reader.read()                              # first use of the thread's CUDA state and the copy path
-    step = torch.cuda.current_stream()
+    torch.cuda.synchronize()
+    step = torch.cuda.current_stream() if step_stream == "default" else torch.cuda.Stream()
     t0 = time.perf_counter()
-    launches = _busy_for(3.0)                  # a long "step" on the step's stream (~3 s)
-    counter.counts.add_(1)                     # queued behind it
+    with torch.cuda.stream(step):
+        launches = _busy_for(3.0)              # a long "step" on the step's stream (~3 s)
+        busy_after_sleep = not step.query()
+        counter.counts.add_(1)                 # queued behind it
+    busy_after_add = not step.query()
     done: dict[str, object] = {}
 
     def read() -> None:
@@ -69,13 +73,14 @@ def test_a_read_does_not_wait_for_the_step_stream():
         except BaseException as exc:   # noqa: BLE001 - reported by the assertion below
             done["error"] = repr(exc)
 
-    assert not step.query()                   # the "step" is running
     worker = threading.Thread(target=read)
     worker.start()
     worker.join(timeout=60)
     torch.cuda.synchronize()
     step_s = time.perf_counter() - t0
-    facts = f"read {done.get('read_s')} s, step {step_s:.2f} s ({launches} sleeps of {SLEEP_CYCLES} cycles), stream {step}"
+    facts = (f"read {done.get('read_s')} s, step {step_s:.2f} s ({launches} sleeps of {SLEEP_CYCLES} cycles), "
+             f"{step}, busy after the sleeps {busy_after_sleep}, after the add {busy_after_add}")
+    assert busy_after_sleep and busy_after_add, f"the step's stream was idle at once: {facts}"
     assert "error" not in done, done.get("error")
     assert "read" in done, f"the read blocked behind the step's stream: {facts}"
     assert done["step_busy_after_read"] is True, f"the read returned only after the step's stream finished: {facts}"

@@ -256,27 +256,55 @@ class LandingCopies(ManualCopies):
         return self.ran >= marker
 
 
-def test_a_flip_takes_only_transfers_whose_copies_landed():
-    """A transfer whose chunks were all issued but whose copies have not run yet is not flipped
-    (its flip would make the step stream wait for the link); it flips at the first flip after they
-    ran, and every forward in between reads the old map exactly."""
-    config = AdaptiveConfig(**SMALL, copy_rows_per_layer=1e6, flip_interval=1)
+def test_a_flip_takes_only_transfers_whose_copies_landed_and_a_late_one_flips_when_they_land():
+    """A transfer whose chunks were all issued but whose copies have not run yet is not flipped at
+    a flip step (its flip would make the step stream wait for the link); it flips at the first
+    later step after they ran, not a whole flip interval later, and every forward in between reads
+    the old map exactly."""
+    config = AdaptiveConfig(**SMALL, copy_rows_per_layer=1e6, flip_interval=4)
     copies = LandingCopies()
     engine, policy = _primed(config, copies)
     policy.barrier()                       # plan started
     policy.pump()                          # read; every chunk of its transfers issued at once
     moving = policy.in_flight
     assert moving and all(t.all_issued for t in moving) and copies.ran == 0
+    while policy.forwards % 4 != 3:
+        policy.tick()
+        policy.pump()
     policy.tick()
     policy.pump()                          # a flip step: nothing landed, nothing flipped
+    assert policy.forwards % 4 == 0
     assert policy.in_flight == moving and policy.swaps_done == 0 and copies.waits == []
     assert engine.full_check()
+    policy.tick()
+    policy.pump()                          # not a flip step, still nothing landed
+    assert policy.swaps_done == 0
     copies.run()                           # the link delivered
     policy.tick()
-    policy.pump()                          # the next flip step takes them
+    policy.pump()                          # the next step takes them (forwards % 4 == 2)
     assert policy.in_flight == [] and policy.swaps_done == len(moving)
     assert all(t.swap.promote in engine.split[t.swap.layer].hot_experts for t in moving)
     assert engine.full_check()
+
+
+def test_budget_is_not_banked_while_every_waiting_swap_lacks_a_spare_row():
+    """Steps spent waiting for spare rows (copies issued, not landed) bank no copy budget: when
+    rows come free, one step issues at most its own share, not a burst."""
+    config = AdaptiveConfig(**SMALL, copy_rows_per_layer=0.25, spare_rows=1)
+    copies = LandingCopies()
+    engine, policy = _primed(config, copies)
+    per_step = config.copy_rows_per_layer * len(policy.counter.moe_layer_indices) * CHUNKS_PER_ROW
+    policy.barrier()
+    issued = []
+    for _ in range(12):                    # layer 3's one spare row: one transfer, then waiting
+        issued.append(policy.pump())
+        policy.tick()
+    assert policy.waiting and len(policy.in_flight) == 1
+    assert policy._credit <= 1.0 + per_step
+    copies.run()
+    policy.pump()                          # flip (late or due) frees the row ...
+    later = [policy.pump() for _ in range(1)]
+    assert max(issued + later) <= per_step + 1
 
 
 def test_transfers_run_strongest_gain_first_across_layers():

@@ -327,6 +327,7 @@ class AdaptivePolicy:
         pinned = counts.is_cuda
         self._host_plan = torch.zeros(size, dtype=torch.int64, pin_memory=pinned)
         self._plan_ready = torch.cuda.Event() if pinned else None
+        self._plan_stream = torch.cuda.Stream(device=counts.device) if pinned else None
         self._plan_at: int | None = None    # lookahead: forwards at which the pending plan is read
         self._window = [0, 0, -1]           # the last read plan's [picks, cold picks, prior choice]
         self._map_changed = False           # apply() ran outside a barrier since the last plan
@@ -334,6 +335,7 @@ class AdaptivePolicy:
         self._issuing: deque[Transfer] = deque()   # of those, the ones with chunks not issued yet
         self._queue: list[tuple[Swap, float]] = []   # the last plan's swaps not started, by gain
         self._flipped: list[Transfer] = []     # flipped by a flip-only step since the last report
+        self._late = False   # a flip step left transfers whose copies had not landed
         self._credit = 0.0
         self.discarded_plans = 0
         """Plans (or their transfers in flight) dropped because the map changed outside a barrier."""
@@ -378,11 +380,15 @@ class AdaptivePolicy:
         the chunks issued."""
         if not self._lookahead:
             return 0
-        if self.forwards % self.config.flip_interval == 0 and len(self._issuing) < len(self._transfers):
+        due = self.forwards % self.config.flip_interval == 0
+        if (due or self._late) and len(self._issuing) < len(self._transfers):
             with self._guard(), self._map_lock:
                 # the live map's hash is recomputed at the next barrier (its report carries it) or
                 # when status() asks: hashing the whole map on the host costs milliseconds
                 self._flipped.extend(self._flip_copied(run))
+            # copies still on the link at a flip step flip at the first later step they landed
+            # (small flips) instead of holding their spare rows for another flip interval
+            self._late = len(self._issuing) < len(self._transfers)
         if self._plan_at is not None and self.forwards >= self._plan_at:
             self._read_plan()
         if not self._queue and not any(not t.all_issued for t in self._issuing):
@@ -395,6 +401,10 @@ class AdaptivePolicy:
                 self._issuing.popleft()
             transfer = self._issuing[0] if self._issuing else self._start_transfer()
             if transfer is None:
+                # every waiting swap's layer is out of spare rows: the budget of the steps spent
+                # waiting is not banked (measured on the H200: banked credit came out as a burst
+                # of 52 rows in one step, 18 ms of the link, behind which later steps waited)
+                self._credit = min(self._credit, 1.0)
                 break
             if transfer.issued == 0:
                 self._slots[transfer.swap.layer].check_destination(transfer)
@@ -607,11 +617,18 @@ class AdaptivePolicy:
         return done
 
     def _start_plan(self) -> None:
-        """Lookahead: enqueue the device part and its copy into pinned host memory; no wait."""
+        """Lookahead: enqueue the device part and its copy into pinned host memory; no wait. On a
+        GPU the copy runs on a stream of its own behind the device part, so the step stream never
+        queues behind the copy engines (the swaps' copies out use them too)."""
         out = self._plan_on_device()
-        self._host_plan.copy_(out, non_blocking=self._plan_ready is not None)
-        if self._plan_ready is not None:
-            self._plan_ready.record()
+        if self._plan_ready is None:
+            self._host_plan.copy_(out)
+        else:
+            self._plan_stream.wait_stream(torch.cuda.current_stream(out.device))
+            with torch.cuda.stream(self._plan_stream):
+                self._host_plan.copy_(out, non_blocking=True)
+                self._plan_ready.record()
+            out.record_stream(self._plan_stream)   # an eager plan's buffer outlives its copy
         self._plan_at = self.forwards + int(self.plan_delay)
 
     def _plan_on_device(self) -> torch.Tensor:

@@ -45,6 +45,10 @@ from .copies import Copy, RowPiece
 CHUNKS_PER_ROW = 4
 """Byte-range chunks per expert row: the copy budget's unit is a quarter of an expert."""
 
+FLIP_BUFFERS = 4
+"""Pinned upload buffers a ``MapFlipper`` cycles through (a flip waits for the upload of the flip
+that used its buffer this many flips ago, normally long done)."""
+
 
 class Swap(NamedTuple):
     """One accepted exchange: ``promote`` (cold now) becomes hot, ``demote`` (hot now) goes cold."""
@@ -238,17 +242,23 @@ class MapFlipper:
     layers: Sequence[ResidentLayer]
     capacity: int
     table: torch.Tensor | None = None
-    _host: torch.Tensor | None = field(default=None, repr=False)
-    _dev: torch.Tensor | None = field(default=None, repr=False)
-    _done: Any = field(default=None, repr=False)
+    _host: list[list[torch.Tensor]] | None = field(default=None, repr=False)
+    _dev: list[list[torch.Tensor]] | None = field(default=None, repr=False)
+    _done: list[Any] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.table = shared_codes_table(self.layers)
+        self._slot = 0
         if self.table is not None and self.table.is_cuda:
-            # (flat index, code) pairs: two pinned rows uploaded as two contiguous copies
-            self._host = [torch.zeros(max(self.capacity, 1), dtype=torch.int64, pin_memory=True) for _ in range(2)]
-            self._dev = [torch.zeros(max(self.capacity, 1), dtype=torch.int64, device=self.table.device)
-                         for _ in range(2)]
+            # (flat index, code) pairs: two pinned rows uploaded as two contiguous copies, in a
+            # ring of FLIP_BUFFERS so a flip reuses a buffer only once the flip that used it
+            # FLIP_BUFFERS flips ago was uploaded (flips may come on consecutive steps)
+            size = max(self.capacity, 1)
+            self._host = [[torch.zeros(size, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+                          for _ in range(FLIP_BUFFERS)]
+            self._dev = [[torch.zeros(size, dtype=torch.int64, device=self.table.device) for _ in range(2)]
+                         for _ in range(FLIP_BUFFERS)]
+            self._done = [None] * FLIP_BUFFERS
             self._warm_up()
 
     def _warm_up(self) -> None:
@@ -256,7 +266,7 @@ class MapFlipper:
         ``index_copy_``) are loaded now: CUDA loads a kernel's module at its first launch, which
         took ~15 ms of host time on the H200 at the first flip after a class shift."""
         self.flip([(0, 0, int(self.table.view(-1)[0]))])
-        self._done.synchronize()
+        torch.cuda.current_stream(self.table.device).synchronize()
 
     def flip(self, entries: Sequence[tuple[int, int, int]]) -> None:
         """``entries``: ``(layer position, expert, code)``, written in stream order."""
@@ -280,15 +290,18 @@ class MapFlipper:
                                             torch.tensor(values, dtype=self.table.dtype))
             return
         n = len(entries)
-        if n > self._host[0].numel():
-            raise RuntimeError(f"adaptive residency: {n} map entries exceed the flip buffer ({self._host[0].numel()})")
-        if self._done is not None:
-            self._done.synchronize()   # the last barrier's upload (an interval ago) read the buffer
-        for host, dev, data in zip(self._host, self._dev, (flat, values)):
-            host[:n].copy_(torch.tensor(data, dtype=torch.int64))
-            dev[:n].copy_(host[:n], non_blocking=True)
-        self._done = torch.cuda.current_stream(self.table.device).record_event()
-        self.table.view(-1).index_copy_(0, self._dev[0][:n], self._dev[1][:n].to(self.table.dtype))
+        slot = self._slot
+        self._slot = (slot + 1) % FLIP_BUFFERS
+        host, dev = self._host[slot], self._dev[slot]
+        if n > host[0].numel():
+            raise RuntimeError(f"adaptive residency: {n} map entries exceed the flip buffer ({host[0].numel()})")
+        if self._done[slot] is not None:
+            self._done[slot].synchronize()   # this buffer's last upload, FLIP_BUFFERS flips ago
+        for h, d, data in zip(host, dev, (flat, values)):
+            h[:n].copy_(torch.tensor(data, dtype=torch.int64))
+            d[:n].copy_(h[:n], non_blocking=True)
+        self._done[slot] = torch.cuda.current_stream(self.table.device).record_event()
+        self.table.view(-1).index_copy_(0, dev[0][:n], dev[1][:n].to(self.table.dtype))
 
 
 def share_row_codes(layers: Mapping[int, ResidentLayer], order: Sequence[int] | None = None) -> torch.Tensor:

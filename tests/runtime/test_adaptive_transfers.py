@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from expert_residency.core import current_rowmap  # noqa: E402
-from expert_residency.core.adaptive import AdaptiveConfig, AdaptivePolicy, Swap  # noqa: E402
+from expert_residency.core.adaptive import COPY_LAND_STEPS, AdaptiveConfig, AdaptivePolicy, Swap  # noqa: E402
 from expert_residency.core.adaptive_step import StepBarrier  # noqa: E402
 from expert_residency.core.banks import SPARE  # noqa: E402
 from expert_residency.core.copies import ImmediateCopies, ThreadedCopies  # noqa: E402
@@ -249,50 +249,40 @@ def test_the_budget_issues_chunks_by_hand_and_carries_transfers_over():
     assert report.swaps == [second.swap] and report.in_flight == 0 and engine.full_check()
 
 
-class LandingCopies(ManualCopies):
-    """ManualCopies that report, as a GPU's events do, whether the copies before a marker ran."""
-
-    def landed(self, marker) -> bool:
-        return self.ran >= marker
-
-
-def test_a_flip_takes_only_transfers_whose_copies_landed_and_a_late_one_flips_when_they_land():
-    """A transfer whose chunks were all issued but whose copies have not run yet is not flipped at
-    a flip step (its flip would make the step stream wait for the link); it flips at the first
-    later step after they ran, not a whole flip interval later, and every forward in between reads
-    the old map exactly."""
+def test_a_flip_takes_transfers_issued_two_forwards_before_and_a_late_one_flips_then():
+    """A transfer whose last chunk was issued fewer than COPY_LAND_STEPS forwards ago is not
+    flipped at a flip step (its copies may still be on the link: the step stream would wait for
+    them); it flips at the first later step it may, not a whole flip interval later, and every
+    forward in between reads the old map exactly."""
     config = AdaptiveConfig(**SMALL, copy_rows_per_layer=1e6, flip_interval=4)
-    copies = LandingCopies()
-    engine, policy = _primed(config, copies)
-    policy.barrier()                       # plan started
+    engine, policy = _primed(config, ManualCopies())
+    policy.land_steps = COPY_LAND_STEPS    # what a CUDA device gets (0 on the CPU)
+    while policy.forwards % 4 != 3:        # the plan is read and issued one forward before a flip step
+        policy.tick()
+    policy.barrier()
     policy.pump()                          # read; every chunk of its transfers issued at once
     moving = policy.in_flight
-    assert moving and all(t.all_issued for t in moving) and copies.ran == 0
-    while policy.forwards % 4 != 3:
-        policy.tick()
-        policy.pump()
+    assert moving and all(t.all_issued and t.issued_at == policy.forwards for t in moving)
+    issued_at = policy.forwards
     policy.tick()
-    policy.pump()                          # a flip step: nothing landed, nothing flipped
-    assert policy.forwards % 4 == 0
-    assert policy.in_flight == moving and policy.swaps_done == 0 and copies.waits == []
+    policy.pump()                          # a flip step, one forward later: not yet
+    assert policy.forwards % 4 == 0 and policy.forwards - issued_at == 1
+    assert policy.in_flight == moving and policy.swaps_done == 0
     assert engine.full_check()
     policy.tick()
-    policy.pump()                          # not a flip step, still nothing landed
-    assert policy.swaps_done == 0
-    copies.run()                           # the link delivered
-    policy.tick()
-    policy.pump()                          # the next step takes them (forwards % 4 == 2)
+    policy.pump()                          # two forwards later, not a flip step: flipped
+    assert policy.forwards - issued_at == COPY_LAND_STEPS == 2
     assert policy.in_flight == [] and policy.swaps_done == len(moving)
     assert all(t.swap.promote in engine.split[t.swap.layer].hot_experts for t in moving)
     assert engine.full_check()
 
 
 def test_budget_is_not_banked_while_every_waiting_swap_lacks_a_spare_row():
-    """Steps spent waiting for spare rows (copies issued, not landed) bank no copy budget: when
-    rows come free, one step issues at most its own share, not a burst."""
-    config = AdaptiveConfig(**SMALL, copy_rows_per_layer=0.25, spare_rows=1)
-    copies = LandingCopies()
-    engine, policy = _primed(config, copies)
+    """Steps spent waiting for spare rows bank no copy budget: when a row comes free, one step
+    issues at most its own share, not a burst."""
+    config = AdaptiveConfig(**SMALL, copy_rows_per_layer=0.25, spare_rows=1, flip_interval=64)
+    engine, policy = _primed(config, ManualCopies())
+    policy.land_steps = COPY_LAND_STEPS
     per_step = config.copy_rows_per_layer * len(policy.counter.moe_layer_indices) * CHUNKS_PER_ROW
     policy.barrier()
     issued = []
@@ -301,10 +291,10 @@ def test_budget_is_not_banked_while_every_waiting_swap_lacks_a_spare_row():
         policy.tick()
     assert policy.waiting and len(policy.in_flight) == 1
     assert policy._credit <= 1.0 + per_step
-    copies.run()
-    policy.pump()                          # flip (late or due) frees the row ...
-    later = [policy.pump() for _ in range(1)]
-    assert max(issued + later) <= per_step + 1
+    policy.barrier()                       # flips the first transfer: its rows come free
+    assert len(policy.in_flight) == 0 or policy.in_flight[0].issued == 0
+    issued.append(policy.pump())
+    assert policy.in_flight and max(issued) <= per_step + 1
 
 
 def test_transfers_run_strongest_gain_first_across_layers():

@@ -86,6 +86,11 @@ def decay_scores(scores: torch.Tensor, window: torch.Tensor, decay: float) -> to
     return scores.mul_(float(decay)).add_(window.to(scores.dtype))
 
 
+COPY_LAND_STEPS = 2
+"""``AdaptivePolicy.land_steps`` on a CUDA device: issued before forward ``f``'s replay, a
+transfer's copies had that step on the link by the host's pump of ``f + 2`` (the host runs about
+one step ahead); the copy budget is a fraction of a step's link time at the defaults."""
+
 OBSERVED_PSEUDO_COUNT = 0.5
 """Pseudo-count per (layer, expert) smoothing the observed-counts candidate of the prior choice."""
 
@@ -245,6 +250,10 @@ class AdaptivePolicy:
     the choice, so every stage ranks its own layers under the class the whole model's window
     fits best — the choice one process holding every layer would make. Its ranking then runs
     eagerly (no captured graph around a collective)."""
+    land_steps: int | None = None
+    """Lookahead: forwards between a transfer's last copy issued and the first flip that may take
+    it (``_flip_copied``). None: ``COPY_LAND_STEPS`` (2) on a CUDA device, 0 elsewhere (the CPU
+    build's copies have run, or a flip's wait runs them, before the flip)."""
     plan_delay: int | None = None
     """Lookahead: the plan a barrier started is read by the first ``pump`` at least this many
     ``tick`` s later. None: 2 on a CUDA device — an engine's step runs barrier, tick, pump, so the
@@ -320,6 +329,8 @@ class AdaptivePolicy:
         self._now = ImmediateCopies()   # synchronous swaps: without lookahead, and apply()
         if self.plan_delay is None:
             self.plan_delay = 2 if counts.is_cuda else 0
+        if self.land_steps is None:
+            self.land_steps = COPY_LAND_STEPS if counts.is_cuda else 0
         # lookahead: the map that served the current window (the map at the last plan's ranking)
         self._served_hot = self.hot_mask().clone()
         width = min(int(self.config.swaps_per_layer), self.counter.num_experts)
@@ -335,7 +346,7 @@ class AdaptivePolicy:
         self._issuing: deque[Transfer] = deque()   # of those, the ones with chunks not issued yet
         self._queue: list[tuple[Swap, float]] = []   # the last plan's swaps not started, by gain
         self._flipped: list[Transfer] = []     # flipped by a flip-only step since the last report
-        self._late = False   # a flip step left transfers whose copies had not landed
+        self._late = False   # a flip step left transfers issued too recently to flip
         self._credit = 0.0
         self.discarded_plans = 0
         """Plans (or their transfers in flight) dropped because the map changed outside a barrier."""
@@ -386,7 +397,7 @@ class AdaptivePolicy:
                 # the live map's hash is recomputed at the next barrier (its report carries it) or
                 # when status() asks: hashing the whole map on the host costs milliseconds
                 self._flipped.extend(self._flip_copied(run))
-            # copies still on the link at a flip step flip at the first later step they landed
+            # transfers issued too recently at a flip step flip at the first later step they may
             # (small flips) instead of holding their spare rows for another flip interval
             self._late = len(self._issuing) < len(self._transfers)
         if self._plan_at is not None and self.forwards >= self._plan_at:
@@ -562,14 +573,14 @@ class AdaptivePolicy:
         return swap.promote in layer.cold_ids and swap.demote in layer.hot_ids
 
     def _flip_copied(self, run: StepRunner) -> list[Transfer]:
-        """Lookahead: flip every transfer whose copies were all issued and have landed (asked of
-        the copy engine without waiting: a flip that made the step stream wait for copies still on
-        the link would stall that step — measured on the H200 at 13 layers, T = 1: flip steps took
-        ~10 ms against ~4.5 ms static), then let later copies into the retired rows wait for the
-        flip. The step stream still waits on each flipped transfer's marker (free once landed): the
-        order holds whatever the engine reports."""
-        landed = getattr(self.copies, "landed", None)
-        ready = [t for t in self._transfers if t.all_issued and (landed is None or landed(t.marker))]
+        """Lookahead: flip every transfer whose copies were all issued at least ``land_steps``
+        forwards ago, then let later copies into the retired rows wait for the flip. The step
+        stream waits (on the device) for each flipped transfer's copies; by then they have had a
+        whole step on the link and the wait is normally free — flipping copies issued just before
+        made flip steps take ~10 ms against ~4.5 ms static on the H200 (13 layers, T = 1). A tick
+        count, not a query of the copies, so every tensor- and pipeline-parallel rank flips the
+        same transfers at the same step and ranks its next plan against the same map."""
+        ready = [t for t in self._transfers if t.all_issued and t.issued_at <= self.forwards - self.land_steps]
         if not ready:
             return []
         steps = [SwapStep("copy", f"step stream waits for {len(ready)} transfer(s)' copies",

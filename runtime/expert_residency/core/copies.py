@@ -4,9 +4,7 @@ A ``CopyEngine`` executes the chunks of ``core.slots.Transfer`` s — each a lis
 ``(destination, source, direction)`` row slices, direction ``"in"`` (host bank → HBM) or ``"out"``
 (HBM → host bank) — and gives the policy three orderings, all without the host waiting:
 
-* ``marker()`` after a transfer's last chunk: everything issued so far; ``landed(marker)`` says,
-  without waiting, whether those copies finished (a flip takes only transfers that landed, so the
-  step stream's wait for them costs nothing);
+* ``marker()`` after a transfer's last chunk: everything issued so far;
 * ``compute_waits(markers)`` before a map flip: the step stream (the one the forwards run on) does
   not pass this point until those copies have landed (on a GPU ``cudaStreamWaitEvent``: the device
   waits, the host does not);
@@ -105,8 +103,6 @@ class CopyEngine(Protocol):
 
     def compute_waits(self, markers: Sequence[Any]) -> None: ...
 
-    def landed(self, marker: Any) -> bool: ...
-
     def copies_wait_compute(self) -> None: ...
 
     def drain(self) -> None: ...
@@ -123,9 +119,6 @@ class ImmediateCopies:
 
     def marker(self) -> Any:
         return None
-
-    def landed(self, marker: Any) -> bool:
-        return True
 
     def compute_waits(self, markers: Sequence[Any]) -> None:
         return None
@@ -211,10 +204,6 @@ class CudaCopies:
     def marker(self) -> Any:
         return tuple(s.record_event() for d, s in self.streams.items() if self._used[d])
 
-    def landed(self, marker: Any) -> bool:
-        """Whether the copies before ``marker`` finished (``cudaEventQuery``: the host does not wait)."""
-        return all(event.query() for event in marker or ())
-
     def compute_waits(self, markers: Sequence[Any]) -> None:
         step = torch.cuda.current_stream(self.device)
         for marker in markers:
@@ -270,9 +259,6 @@ class ThreadedCopies:
         event = threading.Event()
         self._queue.put(event)
         return event
-
-    def landed(self, marker: Any) -> bool:
-        return marker is None or marker.is_set()
 
     def compute_waits(self, markers: Sequence[Any]) -> None:
         for marker in markers:

@@ -241,6 +241,11 @@ def main() -> int:
 
             policy.pump = counting_pump   # what the step barrier calls
             parts = HostParts(policy, runtime, n) if lane == "adaptive" else None
+            # each lane starts from a frozen heap (as a vLLM engine after its start-up): a full
+            # collection during the lane scans only what the lane itself left alive
+            gc.collect()
+            gc.freeze()
+            gc_before = [g["collections"] for g in gc.get_stats()]
             sync(dev)
             for s in range(n):
                 # vLLM reads each step's sampled tokens back before it schedules much further: the
@@ -266,12 +271,14 @@ def main() -> int:
                 outs[s].copy_(graph.out)
             clock.mark(n)
             periods = clock.periods_ms()
+            gc_runs = [g["collections"] - b for g, b in zip(gc.get_stats(), gc_before)]
             masks_at = [(at, m if isinstance(m, np.ndarray) else ~m.cpu().numpy()) for at, m in masks_at]
             del policy.pump
             if parts is not None:
                 parts.remove()
             lanes[lane] = {"outs": outs, "periods": periods, "masks_at": masks_at, "rows": rows_issued,
-                           "flips": flips, "host_us": host_us, "parts": parts.series() if parts else None}
+                           "flips": flips, "host_us": host_us, "parts": parts.series() if parts else None,
+                           "gc_collections": gc_runs}
             print(f"T={tokens} {lane}: {n} steps, step ms {stats(periods)}", flush=True)
         policy.copies.drain()
         same = all(torch.equal(lanes["static"]["outs"][s], lanes["adaptive"]["outs"][s]) for s in range(n))
@@ -304,6 +311,7 @@ def main() -> int:
         row["series_ms"] = {k: v["periods"].round(4).tolist() for k, v in lanes.items()}
         row["host_us_series"] = lanes["adaptive"]["host_us"].round(1).tolist()
         row["host_parts_us"] = lanes["adaptive"]["parts"]
+        row["gc_collections"] = {k: v["gc_collections"] for k, v in lanes.items()}
         row["copy_rows_series"] = lanes["adaptive"]["rows"].tolist()
         if tokens == 1:
             row["counter"] = counter_cost(static_g, adaptive_g, xs, w_all, ids[:args.boot_steps], len(order), dev)

@@ -54,7 +54,8 @@ def test_a_read_does_not_wait_for_the_step_stream(step_stream):
     counter = _counter()
     reader = CountReader(counter)
     reader.read()                              # first use of the thread's CUDA state and the copy path
-    torch.cuda.synchronize()
+    counter.counts.add_(0)                     # the add kernel's first launch loads its module,
+    torch.cuda.synchronize()                   # which waited for the busy device (seen on the H200)
     step = torch.cuda.current_stream() if step_stream == "default" else torch.cuda.Stream()
     t0 = time.perf_counter()
     with torch.cuda.stream(step):

@@ -430,3 +430,15 @@ def test_policy_refuses_layers_without_spare_rows():
     with pytest.raises(ValueError, match="no spare HBM row"):
         AdaptivePolicy(ExpertCounter(LAYERS, EXPERTS), layers, AdaptiveConfig())
     AdaptivePolicy(ExpertCounter(LAYERS, EXPERTS), layers, AdaptiveConfig(swaps_per_layer=0))  # nothing to swap
+
+
+def test_the_cuda_runtime_of_torchs_major_version_is_tried_first():
+    from expert_residency.core.copies import runtime_candidates
+
+    mapped = ["/opt/cupy/lib/libcudart.so.12", "/venv/nvidia/cu13/lib/libcudart.so.13",
+              "/venv/nvidia/cu13/lib/libcudart.so.13", "/x/libcudart.so.12.8.90"]
+    assert runtime_candidates(mapped, "13.0") == ["/venv/nvidia/cu13/lib/libcudart.so.13",
+                                                  "/opt/cupy/lib/libcudart.so.12", "/x/libcudart.so.12.8.90"]
+    assert runtime_candidates(mapped, "12.8")[:2] == ["/opt/cupy/lib/libcudart.so.12", "/x/libcudart.so.12.8.90"]
+    assert runtime_candidates(mapped, None) == sorted(set(mapped))
+    assert runtime_candidates([], "13.0") == []

@@ -134,6 +134,17 @@ CUDA_MEMCPY_DEFAULT = 4
 """``cudaMemcpyDefault``: the direction inferred from the pointers (unified virtual addressing)."""
 
 
+def runtime_candidates(mapped: Sequence[str], cuda_version: str | None) -> list[str]:
+    """The CUDA runtime libraries mapped into the process (paths from ``/proc/self/maps``), the
+    ones of PyTorch's CUDA major version first (``libcudart.so.13`` for a ``13.0`` build): another
+    package may have mapped a runtime of another version beside it."""
+    paths = sorted(set(mapped))
+    major = (cuda_version or "").split(".")[0]
+    if not major:
+        return paths
+    return sorted(paths, key=lambda p: not p.rsplit("/", 1)[-1].startswith(f"libcudart.so.{major}"))
+
+
 class RuntimeMemcpy:
     """``cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream)`` from the CUDA runtime library
     already mapped into this process (PyTorch's), called through ctypes. ``load()`` returns None
@@ -153,10 +164,10 @@ class RuntimeMemcpy:
     def load(cls) -> RuntimeMemcpy | None:
         try:
             with open("/proc/self/maps") as maps:
-                paths = sorted({line.split()[-1] for line in maps if "/libcudart.so" in line})
+                mapped = [line.split()[-1] for line in maps if "/libcudart.so" in line]
         except OSError:
             return None
-        for path in paths:
+        for path in runtime_candidates(mapped, torch.version.cuda):
             try:
                 return cls(path)
             except (OSError, AttributeError):

@@ -18,43 +18,12 @@ from docker_support.fixtures import docker_engine  # noqa: F401
 from docker_support.project import make_project
 from docker_support.standin import build_standin_image
 from expert_residency.core.dump import DumpConfig, HistogramDumper
-from expert_residency.formats import Histogram, RowMap, load_histogram, load_rowmap
+from expert_residency.formats import load_histogram, load_rowmap
+from live_map_support import FixedCounter, FixedLivePolicy, exchanged_map
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
 
 IMAGE = "vllm/vllm-openai:v0.33.0"
-
-
-class _Counter:
-    def __init__(self, hist: Histogram) -> None:
-        self.hist = hist
-
-    def to_histogram(self, *, source: str, model_revision: str, meta: dict) -> Histogram:
-        h = self.hist
-        return Histogram(h.moe_layer_indices, h.num_experts, h.counts, h.tokens, top_k=h.top_k,
-                         source=source, model_revision=model_revision, meta=meta)
-
-
-class _Policy:
-    def __init__(self, rowmap: RowMap) -> None:
-        self.rowmap = rowmap
-
-    def live_rowmap(self) -> RowMap:
-        return self.rowmap
-
-    def status(self) -> dict:
-        return {"window_cold_share": 0.0234, "prior": "prose"}
-
-
-def _live_map(agent: RowMap, pairs: int) -> RowMap:
-    hot = [list(ids) for ids in agent.hot]
-    cold = [list(ids) for ids in agent.cold]
-    for layer in range(3):
-        for i in range(pairs):
-            hot[layer][i], cold[layer][i] = cold[layer][i], hot[layer][i]
-    return RowMap(agent.moe_layer_indices, agent.num_experts, hot, cold,
-                  {"builder": "adaptive", "barriers": 4, "swaps": 3 * pairs,
-                   "boot_content_hash": agent.content_hash()})
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +39,11 @@ def lane(docker_engine, tmp_path_factory):  # noqa: F811
                               + text[first:])
     profiles = project.root / "recipes" / "profiles" / "dsv41-flash"
     agent = load_rowmap(project.root / "recipes" / "maps" / "dsv41-flash" / "agent.rowmap")
-    live = _live_map(agent, 2)
+    live = exchanged_map(agent, layers=3, pairs=2, barriers=4)
     written = tmp_path_factory.mktemp("dump")
-    path = HistogramDumper(_Counter(load_histogram(profiles / "prose.hist")),
+    path = HistogramDumper(FixedCounter(load_histogram(profiles / "prose.hist")),
                            DumpConfig(written, 0.0, "agent", "agent", "residency"),
-                           live_map=_Policy(live)).dump_now()
+                           live_map=FixedLivePolicy(live, window_cold_share=0.0234, prior="prose")).dump_now()
     data = project.standin_dir
     (data / "live-agent.hist").write_bytes(path.read_bytes())
     # the stand-in writes both under its own snapshot's name, with that snapshot's meta

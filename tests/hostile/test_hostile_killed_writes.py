@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 from expert_residency.core.dump import DumpConfig, HistogramDumper
-from expert_residency.formats import Histogram, RowMap, load_histogram, load_rowmap
+from expert_residency.formats import RowMap, load_histogram, load_rowmap
 from hostile_support import REFERENCE, REPO, cli
+from live_map_support import FixedCounter, FixedLivePolicy, exchanged_map
 
 from recipegen.common.lock import TEMP_SUFFIX, lock_file_for, temp_file_for
 
@@ -115,35 +116,12 @@ def _live_dumps(project: Path) -> RowMap:
     """Lane agent's dump folder, written by the runtime's own dump writer, with a live map that
     differs from the boot map by 3 hot/cold exchanges in its first layer."""
 
-    class Counter:
-        def __init__(self, hist: Histogram) -> None:
-            self.hist = hist
-
-        def to_histogram(self, *, source: str, model_revision: str, meta: dict) -> Histogram:
-            h = self.hist
-            return Histogram(h.moe_layer_indices, h.num_experts, h.counts, h.tokens, top_k=h.top_k,
-                             source=source, model_revision=model_revision, meta=meta)
-
-    class Policy:
-        def __init__(self, rowmap: RowMap) -> None:
-            self.rowmap = rowmap
-
-        def live_rowmap(self) -> RowMap:
-            return self.rowmap
-
-        def status(self) -> dict:
-            return {"window_cold_share": 0.02, "prior": "agent"}
-
     boot = load_rowmap(project / "recipes/maps/dsv41-flash/agent.rowmap")
-    hot, cold = [list(ids) for ids in boot.hot], [list(ids) for ids in boot.cold]
-    for i in range(3):
-        hot[0][i], cold[0][i] = cold[0][i], hot[0][i]
-    live = RowMap(boot.moe_layer_indices, boot.num_experts, hot, cold,
-                  {"builder": "adaptive", "barriers": 1, "swaps": 3, "boot_content_hash": boot.content_hash()})
+    live = exchanged_map(boot, layers=1, pairs=3, barriers=1)
     traffic = load_histogram(project / "recipes/profiles/dsv41-flash/prose.hist")
     folder = project / "compose" / REFERENCE / "dumps" / "agent"
-    HistogramDumper(Counter(traffic), DumpConfig(folder, 0.0, "agent", "agent", "residency"),
-                    live_map=Policy(live)).dump_now("interval")
+    HistogramDumper(FixedCounter(traffic), DumpConfig(folder, 0.0, "agent", "agent", "residency"),
+                    live_map=FixedLivePolicy(live, window_cold_share=0.02, prior="agent")).dump_now("interval")
     return live
 
 

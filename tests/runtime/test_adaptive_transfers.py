@@ -15,7 +15,7 @@ from expert_residency.core.adaptive import COPY_LAND_STEPS, AdaptiveConfig, Adap
 from expert_residency.core.adaptive_step import StepBarrier  # noqa: E402
 from expert_residency.core.banks import SPARE  # noqa: E402
 from expert_residency.core.copies import ImmediateCopies, ThreadedCopies  # noqa: E402
-from expert_residency.core.slots import CHUNKS_PER_ROW, chunk_copies, share_row_codes  # noqa: E402
+from expert_residency.core.slots import CHUNKS_PER_ROW, _row_chunks, chunk_bounds, share_row_codes  # noqa: E402
 from test_adaptive_policy import LAYERS, Engine, class_probs, decode_live, hot_mass, sample_ids  # noqa: E402
 from test_core_fixtures import single_torch_thread  # noqa: E402,F401  (autouse)
 
@@ -406,18 +406,24 @@ def test_apply_drops_transfers_in_flight_and_returns_their_rows():
 
 
 def test_chunks_cover_every_byte_once():
-    a = torch.arange(10, dtype=torch.uint8)
-    b = torch.arange(7, dtype=torch.uint8) + 100
-    dst = [torch.zeros(10, dtype=torch.uint8), torch.zeros(7, dtype=torch.uint8)]
-    chunks = chunk_copies(dst, [a, b], "in", 4)
+    a = torch.arange(10, dtype=torch.uint8).view(1, 10)
+    b = (torch.arange(7, dtype=torch.uint8) + 100).view(1, 7)
+    dst = [torch.zeros(2, 10, dtype=torch.uint8), torch.zeros(2, 7, dtype=torch.uint8)]
+    bounds = chunk_bounds([10, 7], 4)
+    chunks = _row_chunks(dst, 1, [a, b], 0, "in", bounds)
     assert len(chunks) == 4
-    sizes = [sum(d.numel() for d, _, _ in c) for c in chunks]
+    sizes = [sum(p.hi - p.lo for p in c) for c in chunks]
     assert sizes == [4, 4, 4, 5]          # 17 bytes: 0-4, 4-8, 8-12, 12-17 (one spans both tensors)
-    assert len(chunks[2]) == 2
+    assert len(chunks[2]) == 2 and [(p.lo, p.hi) for p in chunks[2]] == [(8, 10), (0, 2)]
     for c in chunks:
-        for d, s, _ in c:
+        for d, s, direction in c:         # a piece unpacks as a copy
+            assert direction == "in"
             d.copy_(s)
-    assert torch.equal(dst[0], a) and torch.equal(dst[1], b)
+    assert torch.equal(dst[0][1], a[0]) and torch.equal(dst[1][1], b[0])
+    assert not dst[0][0].any() and not dst[1][0].any()   # the other row untouched
+    piece = chunks[3][0]
+    d_ptr, s_ptr, n = piece.pointers()
+    assert (d_ptr, s_ptr, n) == (dst[1].data_ptr() + 7 + 2, b.data_ptr() + 2, 5)
 
 
 def test_policy_refuses_layers_without_spare_rows():

@@ -135,18 +135,11 @@ def chunk_bounds(sizes: Sequence[int], chunks: int = CHUNKS_PER_ROW) -> list[lis
     return out
 
 
-def chunk_copies(dst: list[torch.Tensor], src: list[torch.Tensor], direction: str,
-                 chunks: int = CHUNKS_PER_ROW) -> list[list[Copy]]:
-    """The copies of one row (one byte view per tensor) as ``chunks`` equal byte ranges of the
-    tensors' concatenated bytes (``chunk_bounds``)."""
-    return [[(dst[k][a:b], src[k][a:b], direction) for k, a, b in pieces]
-            for pieces in chunk_bounds([d.numel() for d in dst], chunks)]
-
-
 def _row_chunks(dst: list[torch.Tensor], dst_row: int, src: list[torch.Tensor], src_row: int, direction: str,
                 bounds: list[list[tuple[int, int, int]]]) -> list[list[Copy]]:
-    """``chunk_copies`` of one row from the banks' byte views (``bank_byte_views``) as
-    ``RowPiece`` s: no tensor view is made on the step path unless a copy engine asks for one."""
+    """The copies of one row, from row ``src_row`` of the byte views ``src`` (``bank_byte_views``)
+    to row ``dst_row`` of ``dst``, chunked by ``bounds`` (``chunk_bounds``), as ``RowPiece`` s: no
+    tensor view is made on the step path unless a copy engine asks for one."""
     return [[RowPiece(dst[k], dst_row, src[k], src_row, a, b, direction) for k, a, b in pieces] for pieces in bounds]
 
 

@@ -405,7 +405,7 @@ class AdaptivePolicy:
             self._late = len(self._issuing) < len(self._transfers)
         if self._plan_at is not None and self.forwards >= self._plan_at:
             self._read_plan()
-        if not self._queue and not any(not t.all_issued for t in self._issuing):
+        if not self._copies_waiting():
             self._credit = 0.0
             return 0
         self._credit += self.config.copy_rows_per_layer * len(self._order) * CHUNKS_PER_ROW
@@ -437,9 +437,13 @@ class AdaptivePolicy:
                 transfer.marker, transfer.issued_at = marker, self.forwards
                 self.copied_bytes["in"] += transfer.bytes_in
                 self.copied_bytes["out"] += transfer.bytes_out
-        if not self._queue and not self._issuing:
+        if not self._copies_waiting():
             self._credit = 0.0   # nothing waits: no credit banked for a later burst
         return issued
+
+    def _copies_waiting(self) -> bool:
+        """Swaps not started, or transfers with chunks not issued yet."""
+        return bool(self._queue) or any(not t.all_issued for t in self._issuing)
 
     def _start_transfer(self) -> Transfer | None:
         """Reserve rows for the strongest waiting swap whose layer has a spare row now (the others

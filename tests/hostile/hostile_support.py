@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,33 @@ from recipegen.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = "dsv41-flash-gb300"
+
+SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "runtime")])}
+"""The environment a CLI run in a child process gets: this checkout's packages first."""
+
+# The CLI, SIGKILLed at its KILL_AT-th os.replace (after the temp is written and fsynced).
+KILLER = """
+import os, signal, sys
+limit = int(os.environ["KILL_AT"]); count = [0]
+real = os.replace
+def hit(*a, **k):
+    count[0] += 1
+    if count[0] == limit:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(*a, **k)
+os.replace = hit
+from recipegen.cli import main
+sys.argv = ["recipegen", *sys.argv[1:]]
+main()
+"""
+
+
+def killed_at_rename(project: Path, *args: str, at: int = 1) -> subprocess.CompletedProcess:
+    """``recipegen ARGS`` in a child process in ``project``, SIGKILLed at its ``at``-th rename
+    (return code -9 when it got that far)."""
+    return subprocess.run([sys.executable, "-c", KILLER, *args], cwd=project,
+                          env={**SUBPROCESS_ENV, "KILL_AT": str(at)}, capture_output=True, text=True,
+                          timeout=300)
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:

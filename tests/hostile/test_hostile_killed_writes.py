@@ -10,36 +10,15 @@ lock file survives, whatever its name.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 from expert_residency.core.dump import DumpConfig, HistogramDumper
 from expert_residency.formats import RowMap, load_histogram, load_rowmap
-from hostile_support import REFERENCE, REPO, cli
+from hostile_support import REFERENCE, cli, killed_at_rename
 from live_map_support import FixedCounter, FixedLivePolicy, exchanged_map
 
 from recipegen.common.lock import TEMP_SUFFIX, lock_file_for, temp_file_for
-
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "runtime")])}
-
-# The CLI, SIGKILLed at its KILL_AT-th os.replace (after the temp is written and fsynced).
-KILLER = """
-import os, signal, sys
-limit = int(os.environ["KILL_AT"]); count = [0]
-real = os.replace
-def hit(*a, **k):
-    count[0] += 1
-    if count[0] == limit:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return real(*a, **k)
-os.replace = hit
-from recipegen.cli import main
-sys.argv = ["recipegen", *sys.argv[1:]]
-main()
-"""
 
 # routed-expert ids of 4 tokens, 2 MoE layers, top-2 of 4 experts (a raw capture)
 IDS = np.array([[[0, 1], [3, 2]], [[0, 2], [3, 1]], [[0, 1], [2, 3]], [[1, 0], [3, 2]]])
@@ -47,8 +26,7 @@ GEOMETRY = ["--experts", "4", "--layers", "0-1"]
 
 
 def _killed(project: Path, *args: str, at: int = 1) -> None:
-    run = subprocess.run([sys.executable, "-c", KILLER, *args], cwd=project,
-                         env={**ENV, "KILL_AT": str(at)}, capture_output=True, text=True, timeout=300)
+    run = killed_at_rename(project, *args, at=at)
     assert run.returncode == -9, f"exit {run.returncode}: {run.stdout}{run.stderr}"
 
 

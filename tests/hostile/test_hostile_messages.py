@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hostile_support import REFERENCE, REPO, cli, reference_plain, refused, snapshot, write_recipe
-
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "runtime")])}
+from hostile_support import REFERENCE, cli, killed_at_rename, reference_plain, refused, snapshot, write_recipe
 
 
 def _reference_text(project: Path) -> str:
@@ -192,20 +189,6 @@ def test_hostile_capture_files_are_clean_errors(project: Path, name: str) -> Non
     assert not (project / "out.hist").exists()
 
 
-KILLER = """
-import os, signal, sys
-limit = int(os.environ["KILL_AT"]); count = [0]
-real = os.replace
-def hit(*a, **k):
-    count[0] += 1
-    if count[0] == limit:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return real(*a, **k)
-os.replace = hit
-from recipegen.cli import main
-sys.argv = ["recipegen", *sys.argv[1:]]
-main()
-"""
 
 
 def test_save_live_killed_at_its_rename_leaves_nothing_the_next_run_keeps(project: Path) -> None:
@@ -221,8 +204,7 @@ def test_save_live_killed_at_its_rename_leaves_nothing_the_next_run_keeps(projec
     target = project / "recipes" / "maps" / "dsv41-flash" / "prose.rowmap"
     before = target.read_bytes()
     args = ["rowmap", "save-live", REFERENCE, "agent", "--class", "prose"]
-    run = subprocess.run([sys.executable, "-c", KILLER, *args], cwd=project,
-                         env={**ENV, "KILL_AT": "1"}, capture_output=True, text=True, timeout=300)
+    run = killed_at_rename(project, *args)
     assert run.returncode == -9, run.stdout + run.stderr
     assert target.read_bytes() == before          # killed before its rename: nothing half-written
     leftovers = [p.name for p in target.parent.iterdir() if ".recipegen-" in p.name]

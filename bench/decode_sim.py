@@ -593,7 +593,12 @@ def profile_step(run: fp.Step, cuda: bool, replays: int, eager_check: bool) -> d
 
 def run_model(g: Geometry, args, dev: torch.device, results: dict, out_dir: Path) -> None:
     cuda = dev.type == "cuda"
-    gemms = model_gemms(g, dev, args.tokens)
+    try:
+        gemms = model_gemms(g, dev, args.tokens)
+    except Exception as exc:  # noqa: BLE001 - a diagnostic: the step is still timed
+        gemms = {"error": f"{type(exc).__name__}: {exc}"}
+        if cuda:
+            torch.cuda.empty_cache()
     t0 = time.perf_counter()
     m = Model(g, dev, args.context, max(args.tokens), args.seed)
     if args.cold_per_layer and g.name.startswith(tuple(args.cold_models)):

@@ -133,7 +133,8 @@ def case_row(name: str, case: str, t: int, run: dict, row: dict, model: StepMode
         return None if groups is None else sum(groups[n]["us"] for n in names) / layers
 
     step, alone = measured["step_ms"] * 1e-3, measured["experts_ms"] * 1e-3
-    out = {"model": name, "case": case, "T": t, "layers": layers, "profile_source": prof.get("source"),
+    out = {"model": name, "case": case, "T": t, "layers": layers,
+           "profile_source": prof.get("source") or prof.get("error"),
            "device_times": prof.get("device_times"),
            "step_ms": {"measured": measured["step_ms"], "estimate": terms.total * 1e3},
            "per_layer_us": {

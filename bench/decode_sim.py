@@ -27,10 +27,30 @@ Also measured in the same run, as the estimate's generic inputs (none of them th
 the HBM and pinned-host read limits (a streaming Triton read), the time of one small kernel in a
 CUDA graph, bf16 GEMM time at three square sizes per T, and SDPA decode attention at two cache
 lengths per T. Diagnostics per case and T: the routed experts alone (same graph without the rest),
-the unique and cold experts actually touched, and the kernels one step launches (profiler).
+the unique and cold experts actually touched, and the bytes the experts read per step.
+
+What settles where the estimate's time goes (docs/costmodel.md, "Where the time goes missing"), all
+from this one run:
+
+* per model (``models.<m>.gemms``): each of the model's own weight GEMMs (``weight_gemms``: fused
+  QKV, output projection, router, LM head, with the step's shapes, dtype and biases) timed alone at
+  every T, with enough distinct weight copies per graph that together they are four times the L2 —
+  rows, cols, bytes, copies, launches per step, µs per launch;
+* per case and T (``per_T.<T>.<case>``): ``expert_bytes_per_step_mean`` (unique experts touched per
+  layer, summed over the layers, × bytes per expert; mean over the timed steps) and
+  ``cold_expert_bytes_per_step_mean``, beside ``experts_ms`` and ``components.hbm_read_GBps``;
+* per case and T (``.kernels``, ``--profile`` N replays): the step's CUDA graph replayed under the
+  torch profiler: per kernel name its launches and summed device µs per step, the same grouped into
+  the estimate's components (``kernel_component``), the kernels' summed time (``busy_us``) and the
+  first start to last end (``span_us``). CUPTI reports a graph's kernel nodes one by one (vLLM 0.33's
+  ``vllm bench forward --profile-dir`` reads graph replays the same way); all-HBM also profiles the
+  eager step and records ``graph_replay_shows_every_kernel``; had the replay shown no kernels, the
+  eager step's are recorded and ``source`` says so. On the CPU: the CPU profiler's self time per
+  op, not device time (``device_times`` false).
 
 Writes ``decode_sim.json`` (and the log, with ``tee``) under ``--out``. The estimate is compared
-offline against these results by ``tests/test_estimate_h200.py`` (recipegen.costmodel.estimate).
+offline against these results by ``tests/test_estimate_validation.py`` (recipegen.costmodel.estimate)
+and, component by component, by ``bench/estimate_gap.py``.
 
 CPU (``--device cpu``: tiny geometry, ``TRITON_INTERPRET=1``, timings meaningless) checks the
 harness end to end.
@@ -50,6 +70,10 @@ from pathlib import Path
 
 if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"   # before Triton is imported
+else:
+    # One profiler session per case and T: CUPTI torn down and set up again between sessions can crash
+    # a process that holds CUDA graphs; torch's profiler keeps it up itself only for torch.compile's graphs.
+    os.environ.setdefault("TEARDOWN_CUPTI", "0")
 
 import numpy as np
 import torch
@@ -111,6 +135,31 @@ def tiny(g: Geometry) -> Geometry:
 def expert_bytes(g: Geometry) -> int:
     f = fp.Format(g.name, g.name, g.hidden, g.inter, g.experts, g.top_k, g.fmt, 1, "")
     return fp.bytes_per_expert(f)
+
+
+@dataclass(frozen=True)
+class WeightGemm:
+    """One bf16 weight GEMM of the step: ``[T, cols] x [rows, cols]^T`` (+ bias), ``launches`` per step."""
+
+    name: str
+    rows: int
+    cols: int
+    bias: bool
+    launches: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.cols * 2
+
+
+def weight_gemms(g: Geometry) -> tuple[WeightGemm, ...]:
+    """The step's weight GEMMs as ``Model`` builds them: per decoder layer the fused QKV, the output
+    projection and the router; once per step the LM head. (Neither geometry has a dense MLP or
+    shared experts; one that had them would add their GEMMs here and in ``Model.step_fn``.)"""
+    return (WeightGemm("qkv", (g.q_heads + 2 * g.kv_heads) * g.head_dim, g.hidden, g.bias, g.layers),
+            WeightGemm("o_proj", g.hidden, g.q_heads * g.head_dim, g.bias, g.layers),
+            WeightGemm("router", g.experts, g.hidden, g.bias, g.layers),
+            WeightGemm("lm_head", g.vocab, g.hidden, False, 1))
 
 
 # -- the non-expert kernels (one launch each, as vLLM's fused ops) ------------------------------------
@@ -188,9 +237,10 @@ class Model:
         def w(rows, cols, scale=None):
             return (torch.randn(rows, cols, generator=gen, device=dev) * (scale or cols ** -0.5)).to(torch.bfloat16)
 
-        qkv_rows = (g.q_heads + 2 * g.kv_heads) * g.head_dim
+        shapes = {m.name: (m.rows, m.cols) for m in weight_gemms(g)}
+        qkv_rows = shapes["qkv"][0]
         self.embed = w(g.vocab, g.hidden, 1.0)
-        self.lm_head = w(g.vocab, g.hidden)
+        self.lm_head = w(*shapes["lm_head"])
         self.final_norm = torch.ones(g.hidden, **bf)
         self.layers = []
         for layer in range(g.layers):
@@ -198,9 +248,9 @@ class Model:
             cache_len = g.window if sliding else context
             self.layers.append(dict(
                 ln1=torch.ones(g.hidden, **bf), ln2=torch.ones(g.hidden, **bf),
-                qkv=w(qkv_rows, g.hidden), qkv_b=torch.zeros(qkv_rows, **bf) if g.bias else None,
-                o=w(g.hidden, g.q_heads * g.head_dim), o_b=torch.zeros(g.hidden, **bf) if g.bias else None,
-                router=w(g.experts, g.hidden), router_b=torch.zeros(g.experts, **bf) if g.bias else None,
+                qkv=w(*shapes["qkv"]), qkv_b=torch.zeros(qkv_rows, **bf) if g.bias else None,
+                o=w(*shapes["o_proj"]), o_b=torch.zeros(g.hidden, **bf) if g.bias else None,
+                router=w(*shapes["router"]), router_b=torch.zeros(g.experts, **bf) if g.bias else None,
                 qn=torch.ones(g.head_dim, **bf), kn=torch.ones(g.head_dim, **bf),
                 cache_len=cache_len,
                 k_cache=torch.randn(max_tokens, g.kv_heads, cache_len, g.head_dim, generator=gen,
@@ -408,27 +458,147 @@ def components(dev: torch.device, args) -> dict:
     return out
 
 
-# -- the run ---------------------------------------------------------------------------------------
+# -- the model's own weight GEMMs, alone -------------------------------------------------------------
 
-def kernel_census(step, cuda: bool) -> dict:
-    """Kernels one eager step launches, by name (torch profiler)."""
-    if not cuda:
-        return {}
+def model_gemms(g: Geometry, dev: torch.device, tokens: list[int]) -> dict:
+    """Each of the step's weight GEMMs (``weight_gemms``) timed alone at each T: bf16 weights of the
+    step's own shape and bias, enough distinct copies per CUDA graph that together they are four times
+    the L2 (as the step streams them: other layers' weights pass between two uses of one)."""
+    cuda = dev.type == "cuda"
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size if cuda else 0
+    out: dict = {"l2_bytes": l2, "by_T": {}}
+    for m in weight_gemms(g):
+        copies = min(512, max(2, math.ceil(4 * l2 / m.nbytes))) if cuda else 2
+        ws = [(torch.randn(m.rows, m.cols, device=dev) * m.cols ** -0.5).to(torch.bfloat16) for _ in range(copies)]
+        bias = torch.zeros(m.rows, device=dev, dtype=torch.bfloat16) if m.bias else None
+        for t in tokens:
+            a = torch.randn(t, m.cols, device=dev).to(torch.bfloat16)
+            o = torch.empty(t, m.rows, device=dev, dtype=torch.bfloat16)
+
+            def mms(ws=ws, a=a, o=o, bias=bias):
+                for w_ in ws:
+                    torch.addmm(bias, a, w_.t(), out=o) if bias is not None else torch.mm(a, w_.t(), out=o)
+            gs = fp.Step(mms, cuda)
+            ts = [fp.seconds(gs, cuda) for _ in range(8 if cuda else 1)]
+            out["by_T"].setdefault(str(t), []).append(
+                {"name": m.name, "rows": m.rows, "cols": m.cols, "bias": m.bias, "bytes": m.nbytes,
+                 "launches_per_step": m.launches, "copies": copies, "us": statistics.median(ts) / copies * 1e6})
+            del gs
+        del ws
+    if cuda:
+        torch.cuda.empty_cache()
+    return out
+
+
+# -- kernels of one step, by the estimate's components ------------------------------------------------
+
+COMPONENTS = ("routed_experts", "dense_gemm", "attention", "norm_rope_elementwise", "router_topk_softmax", "other")
+# The residency runtime's split-layer kernels: every public Triton kernel of its GPU kernel modules.
+RUNTIME_KERNELS = frozenset(
+    name for mod in ("kernels", "kernels_dense", "kernels_t1")
+    for name, v in vars(__import__(f"expert_residency.gpu.{mod}", fromlist=["_"])).items()
+    if name.endswith("_kernel") and type(v).__name__ in ("JITFunction", "InterpretedFunction"))
+_CPU_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::matmul", "aten::linear", "aten::bmm")
+_CPU_ELEMENTWISE_OPS = ("aten::copy_", "aten::fill_", "aten::zero_", "aten::_to_copy", "aten::add_", "aten::mul")
+
+
+def kernel_component(name: str) -> str:
+    """The estimate's component a kernel (a CUDA kernel name, or a CPU op on the CPU harness) belongs to:
+    routed experts (the runtime's split layer), dense GEMMs (cuBLAS / CUTLASS, split-K reductions
+    included), attention (flash / SDPA), norms + rotary + elementwise (casts, copies, fills), the
+    router's top-k and softmax, or other (embedding gather, argmax, copies the profiler names)."""
+    low = name.lower()
+    words = name.split("(")[0].split("<")[0].split()
+    base = words[-1].split("::")[-1] if words else name
+    if base in RUNTIME_KERNELS:
+        return "routed_experts"
+    if any(k in low for k in ("flash", "fmha", "attention", "sdpa")):
+        return "attention"
+    if low.startswith("nvjet") or any(k in low for k in ("gemm", "cutlass", "cublas", "xmma")) or name in _CPU_GEMM_OPS:
+        return "dense_gemm"
+    if any(k in low for k in ("topk", "softmax", "sort")):
+        return "router_topk_softmax"
+    if any(k in low for k in ("rmsnorm", "layer_norm", "_rope", "rotary", "elementwise")) or name in _CPU_ELEMENTWISE_OPS:
+        return "norm_rope_elementwise"
+    return "other"
+
+
+def _profiled(fn, replays: int, cuda: bool) -> list[tuple[str, float, float]]:
+    """(name, start µs, µs) of what ``replays`` calls of ``fn`` run under the torch profiler: each
+    device kernel (CUPTI) on CUDA; each CPU op's self time on the CPU."""
     from torch.profiler import ProfilerActivity, profile
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
+    fn()
+    if cuda:
         torch.cuda.synchronize()
-    names: dict[str, int] = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and "Memcpy" not in e.name and "Memset" not in e.name:
-            names[e.name[:80]] = names.get(e.name[:80], 0) + 1
-    return {"kernels": sum(names.values()), "by_name": dict(sorted(names.items(), key=lambda kv: -kv[1])[:40])}
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(replays):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+    want = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    return [(e.name, e.time_range.start, e.time_range.elapsed_us() if cuda else e.self_cpu_time_total)
+            for e in prof.events() if e.device_type == want]
 
+
+def kernel_table(events: list[tuple[str, float, float]], replays: int, cuda: bool) -> dict:
+    """Per step: kernels by name (count, summed µs, component), by component, busy time (the sum) and,
+    on CUDA, the span from the first kernel's start to the last one's end (median over replays)."""
+    by_name: dict[str, dict] = {}
+    by_comp = {c: {"count": 0, "us": 0.0} for c in COMPONENTS}
+    for name, _, us in events:
+        comp = kernel_component(name)
+        row = by_name.setdefault(name[:120], {"component": comp, "count": 0, "us": 0.0})
+        for r in (row, by_comp[comp]):
+            r["count"] += 1
+            r["us"] += us
+    for r in (*by_name.values(), *by_comp.values()):
+        r["count"] /= replays
+        r["us"] /= replays
+    out = {"kernels_per_step": len(events) / replays, "busy_us": sum(e[2] for e in events) / replays,
+           "by_component": by_comp,
+           "by_name": dict(sorted(by_name.items(), key=lambda kv: -kv[1]["us"]))}
+    if cuda and events and len(events) % replays == 0:
+        ordered = sorted(events, key=lambda e: e[1])
+        n = len(events) // replays
+        chunks = [ordered[r * n:(r + 1) * n] for r in range(replays)]
+        out["span_us"] = statistics.median(max(s + d for _, s, d in c) - c[0][1] for c in chunks)
+    return out
+
+
+def profile_step(run: fp.Step, cuda: bool, replays: int, eager_check: bool) -> dict:
+    """Kernels of one step by name and component. On CUDA the step's CUDA graph is replayed under the
+    profiler (CUPTI reports a graph's kernel nodes one by one, as vLLM 0.33's ``vllm bench forward
+    --profile-dir`` reads them); ``eager_check`` also profiles the same step launched eagerly and
+    records its kernel count, so the JSON says whether the replay showed every kernel. If the replay
+    showed none, the eager step's kernels are recorded instead and ``source`` says so. On the CPU:
+    the CPU profiler's self time per op, not device time (``device_times`` false)."""
+    if not cuda:
+        return {"source": "CPU ops of the eager step (CPU profiler self time, not device time)",
+                "device_times": False, "replays": replays,
+                **kernel_table(_profiled(run, replays, cuda), replays, cuda)}
+    out = {"source": "CUDA graph replay (CUPTI kernel records)", "device_times": True, "replays": replays}
+    events = _profiled(run, replays, cuda)
+    out["graph_replay_kernels_per_step"] = len(events) / replays
+    if eager_check or not events:
+        eager = _profiled(run.fn, replays, cuda)
+        out["eager_kernels_per_step"] = len(eager) / replays
+        out["graph_replay_shows_every_kernel"] = len(events) == len(eager)
+        if not events:
+            out["source"] = "eager step: the CUDA graph replay showed no kernels under the profiler"
+            events = eager
+    return {**out, **kernel_table(events, replays, cuda)}
+
+
+# -- the run ---------------------------------------------------------------------------------------
 
 def run_model(g: Geometry, args, dev: torch.device, results: dict, out_dir: Path) -> None:
     cuda = dev.type == "cuda"
+    try:
+        gemms = model_gemms(g, dev, args.tokens)
+    except Exception as exc:  # noqa: BLE001 - a diagnostic: the step is still timed
+        gemms = {"error": f"{type(exc).__name__}: {exc}"}
+        if cuda:
+            torch.cuda.empty_cache()
     t0 = time.perf_counter()
     m = Model(g, dev, args.context, max(args.tokens), args.seed)
     if args.cold_per_layer and g.name.startswith(tuple(args.cold_models)):
@@ -442,7 +612,7 @@ def run_model(g: Geometry, args, dev: torch.device, results: dict, out_dir: Path
            "cold_per_layer": args.cold_per_layer if "usage_aware" in m.cases else 0,
            "cold_layers": args.cold_layers if "positional" in m.cases else 0,
            "cold_ids": {c: [sorted(s) for s in sets] for c, sets in m.cold_sets.items() if c == "usage_aware"},
-           "per_T": {}}
+           "gemms": gemms, "per_T": {}}
     results["models"][g.name] = res
     print(g.name, "built in", round(build_s, 1), "s; cases", list(m.cases), flush=True)
     steps_for = dict(args.steps)
@@ -477,18 +647,25 @@ def run_model(g: Geometry, args, dev: torch.device, results: dict, out_dir: Path
         touched = [[len(np.unique(ids_np[s, layer])) for layer in range(g.layers)] for s in range(steps)]
         row = {"steps": steps, "split_equals_all_hbm": bool(equal),
                "unique_per_layer_mean": float(np.mean(touched))}
+        bpe = m.bytes_per_expert
         for case in m.cases:
             cold = [[len(set(np.unique(ids_np[s, layer]).tolist()) & m.cold_sets[case][layer])
                      for layer in range(g.layers)] for s in range(steps)]
             row[case] = {"step_ms": statistics.median(times[case]) * 1e3,
                          "step_ms_all": [round(x * 1e3, 4) for x in times[case]],
                          "experts_ms": statistics.median(times[case + "/experts"]) * 1e3,
-                         "cold_experts_per_step_mean": float(np.mean([sum(c) for c in cold]))}
-        if cuda and args.census and t == args.census:
-            try:
-                row["census"] = kernel_census(m.step_fn("all_hbm", t, bufs["all_hbm"]), cuda)
-            except Exception as exc:  # noqa: BLE001 - a diagnostic only
-                row["census"] = {"error": f"{type(exc).__name__}: {exc}"}
+                         "cold_experts_per_step_mean": float(np.mean([sum(c) for c in cold])),
+                         # bytes the routed experts read per step: unique experts x bytes per expert
+                         "expert_bytes_per_step_mean": float(np.mean([sum(u) for u in touched])) * bpe,
+                         "cold_expert_bytes_per_step_mean": float(np.mean([sum(c) for c in cold])) * bpe}
+            if args.profile:
+                # the buffers hold the last timed step's routing
+                try:
+                    row[case]["kernels"] = {**profile_step(runs[case], cuda, args.profile, case == "all_hbm"),
+                                            "routing": "the last timed step's",
+                                            "expert_bytes": sum(touched[-1]) * bpe}
+                except Exception as exc:  # noqa: BLE001 - a diagnostic only
+                    row[case]["kernels"] = {"error": f"{type(exc).__name__}: {exc}"}
         if cuda:
             row["max_memory_allocated_GiB"] = torch.cuda.max_memory_allocated() / 2**30
         res["per_T"][str(t)] = row
@@ -514,7 +691,8 @@ def main() -> int:
     ap.add_argument("--cold-per-layer", type=int, default=16)
     ap.add_argument("--cold-layers", type=int, default=2)
     ap.add_argument("--no-components", action="store_true")
-    ap.add_argument("--census", type=int, default=8, help="count one step's kernels at this T (0: off)")
+    ap.add_argument("--profile", type=int, default=3,
+                    help="profile this many replays of each case's step at every T, per-kernel times (0: off)")
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     args = ap.parse_args()
@@ -525,6 +703,7 @@ def main() -> int:
     cuda = dev.type == "cuda"
     if not cuda:
         args.context = 64
+        args.profile = min(args.profile, 1)   # the interpreted step under the CPU profiler is slow
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = {"env": {"torch": torch.__version__, "triton": triton.__version__,

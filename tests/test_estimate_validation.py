@@ -16,25 +16,25 @@ more than 0.02, the ratios found here.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from recipegen.costmodel.efficiency import expert_efficiency
-from recipegen.costmodel.estimate import MoeLayer, OperatingPoint, StepModel, step_terms
+from recipegen.costmodel.estimate import OperatingPoint, step_terms
 from recipegen.costmodel.lane_estimate import (
     BAND_MEASURED_GPU,
     BAND_ONE_STREAM,
     BAND_OTHER_GPU_STREAMS,
-    _attention_groups,
-    _dense,
     estimate_lane,
 )
 from recipegen.load.recipe import load_recipe
 
-RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results" / "decode_sim_h200.json"
-SIM_RECIPES = {"gpt-oss-120b": "gpt-oss-120b-l40s", "qwen3-30b-a3b": "qwen3-30b-a3b-rtx4090"}
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from estimate_gap import sim_model  # noqa: E402  (the simulated placements as the estimate models them)
+
+RESULTS = ROOT / "bench" / "results" / "decode_sim_h200.json"
 
 # measured tok/s (the field reports)
 GB300 = {("usage-aware", 1): (153.28,), ("positional", 1): (88.74,),
@@ -154,33 +154,6 @@ def gb300_ratios(gb300) -> list[float]:
     return [m / gb300[p].point(s).tokens_per_s for (p, s), ms in GB300.items() for m in ms]
 
 
-def _sim_model(name: str, run: dict, case: str, components: dict) -> StepModel:
-    model = load_recipe(SIM_RECIPES[name]).recipe.model
-    g = run["geometry"]
-    assert (model.decoder_layers, model.routed_experts, model.top_k) == (g["layers"], g["experts"], g["top_k"])
-    # bench/format_peer.popularity: exp(-4.94 (r/E)^1.01) over a seeded permutation per layer
-    rng = np.random.default_rng(run["popularity_seed"])
-    base = np.exp(-4.94 * (np.arange(g["experts"]) / g["experts"]) ** 1.01)
-    base /= base.sum()
-    layers = []
-    for i in range(g["layers"]):
-        shares = np.empty(g["experts"])
-        shares[rng.permutation(g["experts"])] = base
-        if case == "usage_aware":
-            cold = set(run["cold_ids"]["usage_aware"][i])
-            layers.append(MoeLayer(tuple(shares), tuple(e in cold for e in range(g["experts"]))))
-        elif case == "positional":
-            layers.append(MoeLayer(tuple(shares), None, 1.0 if i < run["cold_layers"] else 0.0))
-        else:
-            layers.append(MoeLayer(tuple(shares)))
-    per_layer, head, _ = _dense(model, 1)
-    return StepModel(decoder_layers=model.decoder_layers, moe=tuple(layers), top_k=model.top_k,
-                     bytes_per_expert=run["bytes_per_expert"],
-                     expert_efficiency=expert_efficiency(model.expert_format, model.name, model.expert_bytes),
-                     dense_bytes_per_layer=per_layer, head_bytes=head, attention=_attention_groups(model, 1),
-                     hbm_read=components["hbm_read_GBps"] * 1e9, pinned_read=components["pinned_read_GBps"] * 1e9)
-
-
 def sim_points() -> list[dict]:
     data = json.loads(RESULTS.read_text())
     assert data["env"]["gpu"] == "NVIDIA H200"
@@ -189,7 +162,8 @@ def sim_points() -> list[dict]:
         for case in ("all_hbm", "usage_aware", "positional"):
             if case not in run["per_T"]["1"]:
                 continue
-            model = _sim_model(name, run, case, data["components"])
+            model = sim_model(name, run, case, data["components"]["hbm_read_GBps"],
+                              data["components"]["pinned_read_GBps"])
             for t, row in run["per_T"].items():
                 assert row["split_equals_all_hbm"]
                 terms = step_terms(model, OperatingPoint(int(t), 0, run["context"]))

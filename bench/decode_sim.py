@@ -59,6 +59,7 @@ harness end to end.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -496,7 +497,7 @@ COMPONENTS = ("routed_experts", "dense_gemm", "attention", "norm_rope_elementwis
 # The residency runtime's split-layer kernels: every public Triton kernel of its GPU kernel modules.
 RUNTIME_KERNELS = frozenset(
     name for mod in ("kernels", "kernels_dense", "kernels_t1")
-    for name, v in vars(__import__(f"expert_residency.gpu.{mod}", fromlist=["_"])).items()
+    for name, v in vars(importlib.import_module(f"expert_residency.gpu.{mod}")).items()
     if name.endswith("_kernel") and type(v).__name__ in ("JITFunction", "InterpretedFunction"))
 _CPU_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::matmul", "aten::linear", "aten::bmm")
 _CPU_ELEMENTWISE_OPS = ("aten::copy_", "aten::fill_", "aten::zero_", "aten::_to_copy", "aten::add_", "aten::mul")

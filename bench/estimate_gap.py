@@ -46,7 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from recipegen.costmodel.efficiency import expert_efficiency  # noqa: E402
-from recipegen.costmodel.estimate import AttentionGroup, MoeLayer, OperatingPoint, StepModel, step_terms  # noqa: E402
+from recipegen.costmodel.estimate import AttentionGroup, MoeLayer, OperatingPoint, StepModel, default_skew, step_terms  # noqa: E402
 from recipegen.costmodel.lane_estimate import _attention_groups, _dense  # noqa: E402
 from recipegen.load.recipe import load_recipe  # noqa: E402
 
@@ -97,8 +97,7 @@ def sim_model(name: str, run: dict, case: str, hbm_read_GBps: float, pinned_read
     g = run["geometry"]
     inputs = inputs or _inputs(name, run)
     rng = np.random.default_rng(run["popularity_seed"])
-    base = np.exp(-4.94 * (np.arange(g["experts"]) / g["experts"]) ** 1.01)
-    base /= base.sum()
+    base = default_skew(g["experts"])    # the same arithmetic as bench/format_peer.popularity's base
     layers = []
     for i in range(g["layers"]):
         shares = np.empty(g["experts"])

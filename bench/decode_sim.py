@@ -5,8 +5,9 @@ Every decoder layer of the model, with random weights, the way a vLLM decode ste
 fused residual-add + RMSNorm, the fused QKV projection (a real GEMM), rotary embedding that also
 writes the step's K/V into a KV cache, attention of every sequence over its cache (torch SDPA, the
 flash backend on CUDA, grouped-query heads folded into the query length), the output projection,
-residual-add + RMSNorm, the router GEMM, top-k and softmax, and the routed experts through the
-residency runtime's own split layer (``expert_residency.gpu``: ``TritonMxfp4Experts`` for MXFP4,
+residual-add + RMSNorm, the router GEMM, softmax + top-k + renormalization in one launch (as vLLM's
+``topk_softmax`` op; torch's topk and softmax took three launches, ~10 µs per layer on the H200),
+and the routed experts through the residency runtime's own split layer (``expert_residency.gpu``: ``TritonMxfp4Experts`` for MXFP4,
 ``TritonDenseExperts`` for BF16); then the final norm, the LM head GEMM and argmax. The whole step
 is one CUDA graph per batch size T (T sequences, one new token each, every sequence holding
 ``--context`` tokens of KV cache; sliding-window layers hold their window).
@@ -185,6 +186,33 @@ def add_rmsnorm(x: torch.Tensor, res: torch.Tensor, w: torch.Tensor, out: torch.
 
 
 @triton.jit
+def _router_topk_softmax_kernel(logits_ptr, w_ptr, ids_ptr, E, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """One token's routing in one launch, as vLLM 0.33 runs it (``fused_topk`` -> ``ops.topk_softmax``,
+    a single CUDA kernel; ``model_executor/layers/fused_moe/router/fused_topk_router.py``): softmax
+    over all experts in fp32, the top ``TOP_K``, renormalized to sum to one."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    logit = tl.load(logits_ptr + row * E + offs, mask=offs < E, other=float("-inf")).to(tl.float32)
+    p = tl.exp(logit - tl.max(logit, axis=0))
+    p = p / tl.sum(p, axis=0)
+    picked = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        best = tl.argmax(tl.where(picked > 0, -1.0, p), axis=0)
+        tl.store(ids_ptr + row * TOP_K + j, best.to(tl.int32))
+        picked = tl.where(offs == best, 1.0, picked)
+    total = tl.sum(tl.where(picked > 0, p, 0.0), axis=0)
+    for j in tl.static_range(TOP_K):
+        e = tl.load(ids_ptr + row * TOP_K + j)
+        tl.store(w_ptr + row * TOP_K + j, tl.sum(tl.where(offs == e, p, 0.0), axis=0) / total)
+
+
+def router_topk_softmax(logits: torch.Tensor, top_k: int, w: torch.Tensor, ids: torch.Tensor) -> None:
+    t, e = logits.shape
+    _router_topk_softmax_kernel[(t,)](logits, w, ids, e, TOP_K=top_k, BLOCK=triton.next_power_of_2(e),
+                                      num_warps=1)
+
+
+@triton.jit
 def _rope_cache_kernel(qkv_ptr, q_ptr, k_cache_ptr, v_cache_ptr, qn_ptr, kn_ptr, pos, slot, cache_len,
                        log_theta, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                        QK_NORM: tl.constexpr):
@@ -329,6 +357,8 @@ class Model:
                     qkv=torch.empty(t, qkv_cols, **bf), q=torch.empty(t, g.q_heads, g.head_dim, **bf),
                     logits=torch.empty(t, g.vocab, **bf),
                     ids=torch.zeros(g.layers, t, g.top_k, dtype=torch.int64, device=dev),
+                    router_w=torch.empty(t, g.top_k, dtype=torch.float32, device=dev),
+                    router_ids=torch.empty(t, g.top_k, dtype=torch.int32, device=dev),
                     out=torch.empty(t, g.hidden, **bf), next_token=torch.empty(t, dtype=torch.int64, device=dev))
 
     def _attention(self, b: dict, lay: dict, t: int) -> None:
@@ -374,10 +404,9 @@ class Model:
                 add_rmsnorm(b["x"], b["res"], lay["ln2"], b["h"])
                 logits = (torch.addmm(lay["router_b"], b["h"], lay["router"].t()) if lay["router_b"] is not None
                           else torch.mm(b["h"], lay["router"].t()))
-                top = torch.topk(logits, g.top_k, dim=-1)
-                w = torch.softmax(top.values.float(), dim=-1)
+                router_topk_softmax(logits, g.top_k, b["router_w"], b["router_ids"])
                 # ids: the pre-drawn skewed routing (the router's own ids would be near-uniform on random weights)
-                ex.forward(layers[i], b["h"], w, b["ids"][i], out=b["x"])
+                ex.forward(layers[i], b["h"], b["router_w"], b["ids"][i], out=b["x"])
             add_rmsnorm(b["x"], b["res"], self.final_norm, b["h"])
             torch.mm(b["h"], self.lm_head.t(), out=b["logits"])
             torch.argmax(b["logits"], dim=-1, out=b["next_token"])

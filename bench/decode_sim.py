@@ -423,9 +423,7 @@ def components(dev: torch.device, args) -> dict:
     out: dict = {}
     if cuda:
         import gpu_residency as gr
-        buf = torch.empty(int(4e9) // 4, dtype=torch.int32, device=dev)
-        out["hbm_read_GBps"] = gr.read_bandwidth(buf, 10)["GBps"]
-        del buf
+        out["hbm_read_GBps"] = gr.hbm_read_limit()["GBps"]
         pin = fp.pinned_tensor(torch.zeros(int(2e9) // 4, dtype=torch.int32, device=dev))
         out["pinned_read_GBps"] = gr.read_bandwidth(pin[0], 6)["GBps"]
         del pin

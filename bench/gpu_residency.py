@@ -93,6 +93,24 @@ def read_bandwidth(buf: torch.Tensor, reps: int) -> dict:
             "best_GBps": nbytes / min(times) / GB}
 
 
+HBM_LIMIT_BYTES = int(4e9)  # below ~2 GB the streaming read measured low on the H200 (3.7-3.9 TB/s on 0.8-1.1 GB)
+
+
+def hbm_read_limit(reps: int = 10) -> dict:
+    """The HBM read limit every benchmark divides by: ``read_bandwidth`` over a fresh 4 GB buffer.
+
+    One size for every run, so a share of "the HBM read limit" means the same in each table: a
+    buffer of one small model's expert tensor (0.8-1.1 GB) read 12-16% low on the H200 (3,706 and
+    3,872 GB/s against 4,331-4,412 GB/s over 4-4.5 GB in the same session), which inflated the
+    shares computed from it (a BF16 layer at "107%" of the limit)."""
+    buf = torch.empty(HBM_LIMIT_BYTES // 4, dtype=torch.int32, device=DEV)
+    try:
+        return read_bandwidth(buf, reps)
+    finally:
+        del buf
+        torch.cuda.empty_cache()
+
+
 def event_seconds(fn) -> float:
     """Seconds `fn`'s GPU work takes on the current stream (CUDA events around it)."""
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

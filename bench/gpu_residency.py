@@ -96,18 +96,19 @@ def read_bandwidth(buf: torch.Tensor, reps: int, warmup: int = 2) -> dict:
 HBM_LIMIT_BYTES = int(4e9)
 
 
-def hbm_read_limit(reps: int = 10) -> dict:
+def hbm_read_limit(reps: int = 10, warmup: int = 400) -> dict:
     """The HBM read limit every benchmark divides by: the fastest of ``reps`` streaming reads
-    (``read_bandwidth``, two warm-up reads first) of a fresh 4 GB buffer; ``GBps`` is that best.
+    (``read_bandwidth``) of a fresh 4 GB buffer, after ``warmup`` reads (~0.4 s) that bring the
+    clocks up from idle; ``GBps`` is that best read.
 
-    A limit, so the best read, not the median: on the H200 (2026-12-03, one process) the median of
-    ten reads swung by 13% between calls (3,781 to 4,338 GB/s over 4 GB; 3,385 to 3,911 over 0.8-1.1
-    GB) while the best stayed within 1% (4,338-4,349 over 4 GB). Smaller buffers read lower (best
-    3,406-3,986 GB/s over 0.8-1.1 GB): one small model's expert tensor, which format_peer used to
-    read, put a BF16 layer at "107%" of its limit."""
+    Why so (one H200, 2026-12-03): after two warm-up reads, the median of ten 4 GB reads swung from
+    3,781 to 4,338 GB/s between calls in one process, and the best from 4,141 to 4,349 between runs
+    (the SM clock idles at 345 MHz); the best of long runs of reads stays at 4,34x-4,39x. Smaller
+    buffers read lower (best 3,406-3,986 GB/s over 0.8-1.1 GB): one small model's expert tensor, which
+    format_peer used to read, put a BF16 layer at "107%" of its limit."""
     buf = torch.empty(HBM_LIMIT_BYTES // 4, dtype=torch.int32, device=DEV)
     try:
-        r = read_bandwidth(buf, reps, warmup=2)
+        r = read_bandwidth(buf, reps, warmup=warmup)
         return dict(r, median_GBps=r["GBps"], GBps=r["best_GBps"])
     finally:
         del buf

@@ -533,6 +533,10 @@ def build_humming(vllm_src: Path, args):
         return None, None, f"unavailable: {type(exc).__name__}: {str(exc)[:200]}"
 
 
+# KernelConfig fields that decide the banks' byte layout (gpu.layout): a variant changing one needs its own layers.
+LAYOUT_FIELDS = ("block_n1", "block_k1", "block_n2", "block_k2", "dequant", "tile_major")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--vllm-src", default=str(ROOT / ".cache/vllm-0.33.0/vllm"))
@@ -555,6 +559,17 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     args = ap.parse_args()
+    config = gr.parse_config(args.config)
+    variant_configs = {}
+    for item in filter(None, (c.strip() for c in args.compare.split(";"))):
+        label, fields = item.split(":", 1)
+        vcfg = gr.parse_config(",".join(filter(None, [args.config, fields])))
+        changed = [f for f in LAYOUT_FIELDS if getattr(vcfg, f) != getattr(config, f)]
+        if changed:  # the variants share the default's layers: another layout would read them wrongly
+            ap.error(f"--compare {label}: {', '.join(changed)} change how the banks are laid out; the variants "
+                     f"time the default's layers, so only fields that keep the layout can be compared here "
+                     f"(time another layout with --config)")
+        variant_configs[label] = vcfg
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -571,7 +586,6 @@ def main() -> int:
            "vllm_humming_glue": getattr(hglue, "CITED", None)}
     print("env", json.dumps(env), flush=True)
     k, experts = args.top_k, args.experts
-    config = gr.parse_config(args.config)
     gen = torch.Generator(device=DEV).manual_seed(args.seed)
     p = gr.popularity(experts, args.layers, args.seed)
     token_counts = [int(t) for t in args.tokens.split(",")]
@@ -579,9 +593,7 @@ def main() -> int:
     ex = TritonMxfp4Experts(DSV41, experts, k, max_tokens=max_tokens, device=DEV, config=config,
                             swiglu_limit=limit)
     variants = {}
-    for item in filter(None, (c.strip() for c in args.compare.split(";"))):
-        label, fields = item.split(":", 1)
-        vcfg = gr.parse_config(",".join(filter(None, [args.config, fields])))
+    for label, vcfg in variant_configs.items():
         variants[label] = TritonMxfp4Experts(DSV41, experts, k, max_tokens=max_tokens, device=DEV, config=vcfg,
                                              swiglu_limit=limit)
     peers, ours, ckpt0, humming_info = {n: [] for n in names}, [], None, None

@@ -45,3 +45,17 @@ def test_glue_functions_come_from_the_wheel_with_their_decorators() -> None:
 
     assert not hasattr(tkt, "SparseMatrix")
     assert torch is not None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
+                    reason="bench/peer_moe.py imports torch and Triton (the test extra)")
+def test_compare_refuses_a_variant_with_another_layout():
+    """A --compare variant times the default's layers, so one that changes the banks' layout (tile
+    shapes, dequant, tile_major) is refused before anything is built, naming the field; this once let
+    block_n1=128 variants be timed on 64-row tiles (their outputs 1.40 relative L2 off, H200 2026-12-03)."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, str(root / "bench" / "peer_moe.py"), "--compare", "ok:num_stages_large=4;n128:block_n1=128"],
+                         capture_output=True, text=True, timeout=300, cwd=root)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "--compare n128: block_n1 change how the banks are laid out" in run.stderr

@@ -335,16 +335,23 @@ def _pair(cell: str) -> tuple[float, float]:
     return a, b
 
 
-def test_comparison_of_the_h200_run_is_the_docs_table():
-    result = estimate_gap.compare(json.loads(H200.read_text()), 4110.287287363219, 51.25791042634007)
+def _docs_rows_with_results(result: dict, head: str | None = None) -> list[tuple[list[str], dict]]:
+    """Each row of a docs gap table (six: two models x three T) with the comparison's all-HBM row
+    for the same model and T (the model named on its first row only)."""
     rows = {(name, r["T"]): r for name, res in result["models"].items() for r in res["rows"] if r["case"] == "all_hbm"}
-    table = _docs_gap_table()
+    table = _docs_gap_table(head) if head else _docs_gap_table()
     assert len(table) == 6
-    model = None
+    model, out = None, []
     for cells in table:
         model = {"Qwen3-30B-A3B BF16": "qwen3-30b-a3b", "gpt-oss-120b MXFP4": "gpt-oss-120b"}.get(cells[0], model)
-        r = rows[(model, int(cells[1]))]
-        pl = r["per_layer_us"]
+        out.append((cells, rows[(model, int(cells[1]))]))
+    return out
+
+
+def test_comparison_of_the_h200_run_is_the_docs_table():
+    result = estimate_gap.compare(json.loads(H200.read_text()), 4110.287287363219, 51.25791042634007)
+    for cells, r in _docs_rows_with_results(result):
+        model, pl = cells[0], r["per_layer_us"]
         # the measured side (the estimate side was computed with the expert rows of that time,
         # before run 5 measured gpt-oss's and Qwen3's again: docs/costmodel.md says so)
         for cell, key in ((cells[2], "step"), (cells[3], "experts_alone"), (cells[4], "rest")):
@@ -362,14 +369,8 @@ def test_comparison_of_the_profiled_h200_run_is_the_docs_table():
     with the run's own read limits, every measured column from the profile."""
     data = json.loads(H200_EB.read_text())
     result = estimate_gap.compare(data, data["components"]["hbm_read_GBps"], data["components"]["pinned_read_GBps"])
-    rows = {(name, r["T"]): r for name, res in result["models"].items() for r in res["rows"] if r["case"] == "all_hbm"}
-    table = _docs_gap_table("| model | T | step, measured / estimate | experts alone | rest | dense GEMMs |")
-    assert len(table) == 6
-    model = None
-    for cells in table:
-        model = {"Qwen3-30B-A3B BF16": "qwen3-30b-a3b", "gpt-oss-120b MXFP4": "gpt-oss-120b"}.get(cells[0], model)
-        r = rows[(model, int(cells[1]))]
-        pl = r["per_layer_us"]
+    for cells, r in _docs_rows_with_results(result, "| model | T | step, measured / estimate | experts alone | rest |"):
+        model, pl = cells[0], r["per_layer_us"]
         for cell, key in zip(cells[2:8], ("step", "experts_alone", "rest", "dense_gemm", "attention", "small_kernels")):
             measured, estimate = _pair(cell)
             assert pl[key]["measured"] == pytest.approx(measured, abs=0.051), (model, cells[1], key)

@@ -91,10 +91,6 @@ class KernelConfig:
     # Pipeline stages above small_tokens (None: num_stages): 3 stages measured faster at T >= 16
     # (460 vs 471 µs at T=16), 4 faster at T=1.
     num_stages_large: int | None = 3
-    # Registers per thread the T > small_tokens tl.dot launches may use (ptxas ``.maxnreg``; 0: the
-    # compiler's choice, 152-156 on the H200, which leaves three 4-warp programs per SM). Same
-    # instructions, so the same bits; only how many programs share an SM.
-    max_registers_large: int = 0
     # T = 1 (with one_token and no w2 split): the finalize runs inside the w2 launch (the last
     # program of each row tile adds the token's K rows in router order; same bits): two launches.
     fuse_finalize: bool = True
@@ -143,8 +139,6 @@ class KernelConfig:
                 f"w2:BN{self.block_n2}xBK{self.block_k2} warps{self.num_warps} stages{self.num_stages}")
         if self.num_stages_large is not None and self.num_stages_large != self.num_stages:
             text += f"/{self.num_stages_large}"
-        if self.max_registers_large:
-            text += f" maxnreg{self.max_registers_large}@large"
         if self.split_k1 > 1 or self.split_k2 > 1:
             text += f" splitK{self.split_k1}/{self.split_k2}@T<={self.small_tokens}"
         if self.one_token:
@@ -507,7 +501,6 @@ class TritonMxfp4Experts:
         one_token = small and t == 1 and cfg.one_token
         s1, s2 = effective_splits(shape, cfg) if small else (1, 1)
         stages = cfg.num_stages if small or cfg.num_stages_large is None else cfg.num_stages_large
-        regs = {} if small or not cfg.max_registers_large else {"maxnreg": cfg.max_registers_large}
         count_in_kernel = counts is not None
         if fin is not None and not (one_token and s2 == 1):
             raise RuntimeError("the fused finalize needs the T=1 ungrouped schedule with an unsplit w2")
@@ -596,7 +589,7 @@ class TritonMxfp4Experts:
                 SWIGLU_LIMIT=0.0 if self.swiglu_limit is None else self.swiglu_limit,
                 SPLIT=s1, **small_args, HAS_BIAS=has_bias, ACT=1 if self.activation == SWIGLUOAI else 0,
                 ALPHA=float(self.swiglu_alpha), num_warps=cfg.num_warps, num_stages=stages,
-                **regs, **self._pdl_args())
+                **self._pdl_args())
         if g2:
             kernels_t1.w2_t1_kernel[(shape.hidden // cfg.block_n2, k)](
                 ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX], ws.pick_out,
@@ -634,7 +627,7 @@ class TritonMxfp4Experts:
                 H=shape.hidden, INTER=shape.intermediate,
                 BM=cfg.block_m, BN=cfg.block_n2, BK=cfg.block_k2, DEQUANT=cfg.dequant,
                 TILE_MAJOR=cfg.tile_major, TOP_K=k, SPLIT=s2, **small_args, HAS_BIAS=has_bias,
-                num_warps=cfg.num_warps, num_stages=stages, **regs, **self._pdl_args(),
+                num_warps=cfg.num_warps, num_stages=stages, **self._pdl_args(),
                 # T=1 fused finalize: the token's weights, the output row, one ticket per row tile
                 # (the w2 split tickets, unused when w2 is unsplit; every launch leaves them at zero)
                 **self._fused_finalize_args(fin, ws))

@@ -97,7 +97,9 @@ HBM_LIMIT_BYTES = int(4e9)
 
 
 def hbm_read_limit(reps: int = 10, warmup: int = 400) -> dict:
-    """The HBM read limit every benchmark divides by: the fastest of ``reps`` streaming reads
+    """The HBM read limit bench/format_peer.py and bench/decode_sim.py divide by (this script and
+    bench/peer_moe.py read their own 4.5 GB weight tensors, 4,366-4,382 GB/s on the H200 on
+    2026-12-03): the fastest of ``reps`` streaming reads
     (``read_bandwidth``) of a fresh 4 GB buffer, after ``warmup`` reads (~0.4 s) that bring the
     clocks up from idle; ``GBps`` is that best read.
 

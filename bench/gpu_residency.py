@@ -105,7 +105,8 @@ def hbm_read_limit(reps: int = 10, warmup: int = 400) -> dict:
 
     Why so (one H200, 2026-12-03): after two warm-up reads, the median of ten 4 GB reads swung from
     3,781 to 4,338 GB/s between calls in one process, and the best from 4,141 to 4,349 between runs
-    (the SM clock idles at 345 MHz); the best of long runs of reads stays at 4,34x-4,39x. Smaller
+    (the SM clock idles at 345 MHz); with the warm-up, three calls in one process read 4,332 / 4,334 /
+    4,348 GB/s (once 4,145, in format_peer's process right after it built gpt-oss's layers). Smaller
     buffers read lower (best 3,406-3,986 GB/s over 0.8-1.1 GB): one small model's expert tensor, which
     format_peer used to read, put a BF16 layer at "107%" of its limit."""
     buf = torch.empty(HBM_LIMIT_BYTES // 4, dtype=torch.int32, device=DEV)

@@ -196,3 +196,36 @@ def test_a_machine_file_name_cannot_add_to_the_recipe(here: Path) -> None:
     doc = yaml.safe_load(text)
     assert set(doc) == {"version", "name", "description", "model", "machines", "lanes"} and doc["version"] == 1
     assert all(line.startswith("#") for line in text.split("version: 1")[0].splitlines() if line.strip())
+
+
+def test_when_only_a_shorter_context_and_a_bigger_host_together_fit_both_are_named(here: Path) -> None:
+    """Llama-4-Scout (10,485,760 tokens of context, ~200 GiB of bf16 experts) on one H200 with
+    126 GiB of host memory: no context fits this host, and no host makes the full context fit (its
+    KV alone exceeds HBM). The suggestion names both changes; each alone still fails, both together fit."""
+    from recipegen.catalog import catalog_entry
+
+    model = str(FIX / "llama-4-scout-17b-16e-instruct")
+    code, out, err = run("new", model, "--machine", "h200-pcie", "--json")
+    assert code == 1, out + err
+    suggestion = json.loads(out)["suggestion"]
+    assert suggestion.startswith("both a shorter context and a bigger host"), suggestion
+    length = int(suggestion.split("--max-model-len ")[1].split(")")[0])
+    need = int(suggestion.split("at least ")[1].split(" GiB")[0])
+    assert length % 1024 == 0 and length < 10_485_760 and need > 126
+
+    entry = catalog_entry("machines", "h200-pcie")
+    entry["name"] = "roomy"
+    entry["host_memory"] = {"value": f"{need} GiB", "source": "the suggestion's figure"}
+    (here / "roomy.yaml").write_text(yaml.safe_dump(entry))
+    small = dict(entry, name="small", host_memory={"value": f"{need - 1} GiB", "source": "one GiB less"})
+    (here / "small.yaml").write_text(yaml.safe_dump(small))
+    tried = {
+        "shorter context alone": ("h200-pcie", str(length)),
+        "bigger host alone": ("roomy.yaml", "10485760"),
+        "both, one GiB of host short": ("small.yaml", str(length)),
+        "both": ("roomy.yaml", str(length)),
+    }
+    codes = {what: run("new", model, "--machine", machine, "--max-model-len", context, "--force", "--json")[0]
+             for what, (machine, context) in tried.items()}
+    assert codes == {"shorter context alone": 1, "bigger host alone": 1, "both, one GiB of host short": 1,
+                     "both": 0}

@@ -434,7 +434,7 @@ def _smallest_change(inputs: Inputs, lane: Lane, options: FitOptions, length: in
                      context_tried: bool = False) -> str:
     """Nothing fits: the one change that would make something fit, tried in this order — a
     reserve that cannot hold the model's dense weights, a shorter context, fewer sequences, more
-    host memory; else how far HBM is from one sequence."""
+    host memory, more host memory with a shorter context; else more GPU memory."""
     reserve = _Judge(inputs, lane, options.min_sequences).evaluate(POSITIONAL, None, 0)
     if "reserve" in reserve.kinds():
         return ("re-measure the HBM reserve (reserves.hbm): it is smaller than the dense weights it holds — or "
@@ -451,11 +451,28 @@ def _smallest_change(inputs: Inputs, lane: Lane, options: FitOptions, length: in
     wide = Inputs(inputs.model, roomy, lane, inputs.histogram, inputs.histogram_label, inputs.speed_context)
     found = _search_at(wide, lane, options.min_sequences)[0]
     if found is not None:
-        need = max(found.evaluation.ledger.fig("host.total").value, found.evaluation.ledger.fig("load.host_peak").value)
-        return (f"a host with at least {math.ceil(need / GiB)} GiB of memory ({found.placement}: "
-                f"{format_bytes(need)} at its load-time peak; this machine has {format_bytes(inputs.machine.host_memory)})")
-    return ("more GPU memory: even with every routed expert offloaded, HBM holds no full-length sequence "
-            "(a GPU with more memory, more GPUs for tensor parallelism, or a shorter max_model_len)")
+        return _host_needed(inputs, found)
+    # A bigger host is not enough at this context, nor a shorter context on this host (tried above):
+    # both together may be.
+    steps = (length - 1) // CONTEXT_STEP
+    best = _last_true(1, steps, lambda n: _search_at(
+        wide, lane.model_copy(update={"max_model_len": n * CONTEXT_STEP}), options.min_sequences)[0] is not None)
+    if best is not None:
+        shorter = best * CONTEXT_STEP
+        found = _search_at(wide, lane.model_copy(update={"max_model_len": shorter}), options.min_sequences)[0]
+        assert found is not None
+        return (f"both a shorter context and a bigger host (neither is enough alone): max_model_len "
+                f"{shorter:,} tokens (--max-model-len {shorter}) and " + _host_needed(inputs, found))
+    return (f"more GPU memory: even with every routed expert offloaded, HBM holds no full-length sequence, "
+            f"down to {min(length, CONTEXT_STEP):,} tokens of context (a GPU with more memory, or more GPUs for tensor "
+            "parallelism)")
+
+
+def _host_needed(inputs: Inputs, found: Candidate) -> str:
+    """The host memory the candidate (fitted on an unbounded host) needs, against this machine's."""
+    need = max(found.evaluation.ledger.fig("host.total").value, found.evaluation.ledger.fig("load.host_peak").value)
+    return (f"a host with at least {math.ceil(need / GiB)} GiB of memory ({found.placement}: "
+            f"{format_bytes(need)} at its load-time peak; this machine has {format_bytes(inputs.machine.host_memory)})")
 
 
 def cold_shares_for(inputs: Inputs, hot: int) -> Sequence[float]:

@@ -9,7 +9,8 @@ from click.testing import CliRunner
 
 from recipegen.cli import main
 from recipegen.common.errors import InputError
-from recipegen.costmodel.lane_estimate import FAR_BELOW, all_hbm_context, alternatives, default_streams, estimate_lane
+from recipegen.costmodel.lane_estimate import (FAR_BELOW, all_hbm_context, alternatives, band_text, default_streams,
+                                              estimate_lane)
 from recipegen.ledger import compute_ledger
 from recipegen.load.recipe import load_recipe
 
@@ -27,6 +28,18 @@ def test_plan_json_carries_tokens_per_s_per_concurrency_with_its_band():
     assert c1["tokens_per_s"] == pytest.approx(c1["tokens_per_step"] / (c1["terms"]["step_ms"] / 1e3))
     assert c1["tokens_per_step"] == pytest.approx(2.13, abs=0.005)
     assert [a["name"] for a in data["alternatives"]] == ["positional"]
+
+
+@pytest.mark.parametrize("lo, hi, text", [
+    (22.4992, 29.4817, "22.4–29.5"),     # one decimal below 100 tok/s, each end rounded outwards
+    (61.0, 80.0, "61.0–80.0"),           # an exact end stays put
+    (152.3, 199.6, "152–200"),           # whole tok/s from 100 up
+    (1499.2, 2000.4, "1,499–2,001"),
+])
+def test_a_printed_band_holds_the_computed_one(lo: float, hi: float, text: str) -> None:
+    assert band_text(lo, hi) == text
+    low, high = (float(x.replace(",", "")) for x in text.split("–"))
+    assert low <= lo and high >= hi
 
 
 def test_plan_prints_the_estimate_and_the_other_placement():

@@ -121,9 +121,11 @@ def check_budgets(recipes: tuple[str, ...], explain: bool, as_json: bool, lanes:
             for lane_name, summary in fetch.items():
                 say(f"projected fetch tax · lane {lane_name} (recipegen plan for operands)")
                 say("\n".join(f"  {line}" for line in summary.lines()))
+            from recipegen.costmodel.lane_estimate import band_text
+
             for lane_name, (estimate, _others, warnings) in speed.items():
                 per = ", ".join(f"C{p.streams} {p.tokens_per_s:,.1f} tok/s (validation band "
-                                f"{p.tokens_per_s_band[0]:,.0f}–{p.tokens_per_s_band[1]:,.0f})"
+                                f"{band_text(*p.tokens_per_s_band)})"
                                 for p in estimate.points[:1] + estimate.points[1:][-1:])
                 say(f"decode speed estimate · lane {lane_name}: {per}, {estimate.placement} "
                     "(recipegen plan for the terms)")

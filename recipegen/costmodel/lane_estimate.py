@@ -9,6 +9,7 @@ catalogs, and hands them to the pure formula in ``recipegen.costmodel.estimate``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,14 @@ BAND_ONE_STREAM = (0.87, 1.14)
 BAND_OTHER_GPU_STREAMS = (0.87, 1.61)
 MEASURED_GPU_KINDS = ("H200",)        # GPU kinds the efficiency tables were measured on
 MEASURED_MAX_TOKENS = 32              # largest tokens per step the H200 validation covered
+
+
+def band_text(lo: float, hi: float) -> str:
+    """A tokens/s band for people, rounded outwards (down at the low end, up at the high end) so the
+    printed band always holds the computed one; one decimal below 100 tok/s."""
+    step = 0.1 if hi < 100 else 1.0
+    low, high = math.floor(lo / step + 1e-9) * step, math.ceil(hi / step - 1e-9) * step
+    return f"{low:,.1f}–{high:,.1f}" if step < 1 else f"{low:,.0f}–{high:,.0f}"
 
 
 @dataclass(frozen=True)
@@ -128,7 +137,7 @@ class LaneEstimate:
             extra = (f" + state layers {t.state * 1e3:.2f}" if t.state else "") + (
                 f" + weights in host memory {t.host_dense * 1e3:.2f}" if t.host_dense else "") + (
                 f" + drafter {t.drafter * 1e3:.2f}" if t.drafter else "")
-            out.append(f"  C{p.streams} k={p.k}: {p.tokens_per_s:,.1f} tok/s ({lo:,.0f}–{hi:,.0f}); step "
+            out.append(f"  C{p.streams} k={p.k}: {p.tokens_per_s:,.1f} tok/s ({band_text(lo, hi)}); step "
                        f"{t.total * 1e3:.2f} ms = experts {t.experts * 1e3:.2f} (hot {t.hot_experts * 1e3:.2f}{cold}) "
                        f"+ dense {t.dense * 1e3:.2f} + attention {t.attention * 1e3:.2f}{extra} + small kernels "
                        f"{t.small_kernels * 1e3:.2f}; {t.unique_per_layer:.1f} unique experts per layer")

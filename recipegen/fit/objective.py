@@ -74,7 +74,7 @@ def speed(ctx: Context, model: Model, machine: Machine, lane: Lane, ledger: Lane
 
 def _estimate(ctx: Context, machine: Machine, lane: Lane, ledger: LaneLedger, placement: str,
               hot: int | None) -> Projection:
-    from recipegen.costmodel.lane_estimate import estimate_lane
+    from recipegen.costmodel.lane_estimate import band_text, estimate_lane
 
     assert ctx.recipe is not None and ctx.path is not None
     if not ctx.histogram_written:  # the synthetic default follows the estimate's default skew
@@ -94,7 +94,7 @@ def _estimate(ctx: Context, machine: Machine, lane: Lane, ledger: LaneLedger, pl
     terms = point.terms
     cold = f", cold experts {terms.cold_experts * 1e3:.2f} ms" if terms.cold_experts else ""
     return Projection(point.tokens_per_s, f"{point.tokens_per_s:,.1f} tok/s at {streams} stream(s) (validation "
-                      f"band {lo:,.0f}–{hi:,.0f})",
+                      f"band {band_text(lo, hi)})",
                       f"decode estimate (docs/costmodel.md 'Decode speed'): step {terms.total * 1e3:.2f} ms{cold}, "
                       f"{est.context:,} tokens of KV per sequence", ESTIMATE, point.tokens_per_s, (lo, hi))
 

@@ -46,7 +46,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from recipegen.costmodel.efficiency import expert_efficiency  # noqa: E402
-from recipegen.costmodel.estimate import AttentionGroup, MoeLayer, OperatingPoint, StepModel, default_skew, step_terms  # noqa: E402
+from recipegen.costmodel.estimate import (AttentionGroup, MoeLayer, OperatingPoint, StepModel, default_skew,  # noqa: E402
+                                          step_terms, successive_inclusion)
 from recipegen.costmodel.lane_estimate import _attention_groups, _dense  # noqa: E402
 from recipegen.load.recipe import load_recipe  # noqa: E402
 
@@ -92,12 +93,14 @@ def _inputs(name: str, run: dict) -> dict:
 def sim_model(name: str, run: dict, case: str, hbm_read_GBps: float, pinned_read_GBps: float,
               inputs: dict | None = None) -> StepModel:
     """The estimate's model of one simulated placement: the run's seeded routing
-    (bench/format_peer.popularity: exp(-4.94 (r/E)^1.01) over a seeded permutation per layer), its
-    cold experts or cold layers, and the catalog's (or the geometry's) dense and attention inputs."""
+    (bench/format_peer.popularity: exp(-4.94 (r/E)^1.01) over a seeded permutation per layer, the
+    weights of top_k draws without replacement: the pick shares those draws leave), its cold
+    experts or cold layers, and the catalog's (or the geometry's) dense and attention inputs."""
     g = run["geometry"]
     inputs = inputs or _inputs(name, run)
     rng = np.random.default_rng(run["popularity_seed"])
-    base = default_skew(g["experts"])    # the same arithmetic as bench/format_peer.popularity's base
+    # the same arithmetic as bench/format_peer.popularity's base, drawn as bench/format_peer.sample_routing does
+    base = successive_inclusion(default_skew(g["experts"]), g["top_k"]) / g["top_k"]
     layers = []
     for i in range(g["layers"]):
         shares = np.empty(g["experts"])

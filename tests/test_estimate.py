@@ -26,6 +26,7 @@ from recipegen.costmodel.estimate import (
     one_stream_tokens,
     poisson_binomial,
     step_terms,
+    successive_inclusion,
 )
 
 FLAT = ExpertEfficiency("bf16", "test", 1_000_000, {1: 0.5, 96: 0.5}, "test")
@@ -46,6 +47,34 @@ def test_inclusion_of_uniform_picks_is_top_k_over_experts():
     skew = inclusion(default_skew(128), 8)
     assert skew.sum() == pytest.approx(8.0)
     assert (np.diff(skew) <= 0).all()             # more popular, more often picked
+
+
+def test_a_histograms_inclusion_is_its_picks_per_token():
+    """Tokens that each pick top_k distinct experts (here: weighted draws without replacement):
+    the chance that a token picked expert e is its count ÷ tokens, whatever drew the picks."""
+    rng = np.random.default_rng(7)
+    experts, top_k, tokens = 64, 6, 20000
+    weights = default_skew(experts)
+    counts = np.zeros(experts)
+    for _ in range(tokens):
+        counts[rng.choice(experts, size=top_k, replace=False, p=weights)] += 1
+    q = inclusion(counts / counts.sum(), top_k)
+    assert q == pytest.approx(counts / tokens, rel=1e-12)
+    # such draws leave shares flatter than their weights: taking the weights for shares is far off,
+    # successive_inclusion (what the H200 simulation's validation uses) much nearer
+    off_by_weights = abs(top_k * weights - counts / tokens).max()
+    off_by_model = abs(successive_inclusion(weights, top_k) - counts / tokens).max()
+    assert off_by_weights > 0.04 and off_by_model < 0.015 and off_by_model < off_by_weights / 4
+
+
+def test_shares_no_histogram_can_have_are_capped():
+    # the default skew at 16 experts, top-4: 4 × the top share is 1.06, more than every token
+    q = inclusion(default_skew(16), 4)
+    p = default_skew(16)
+    assert 4 * p[0] > 1
+    assert q[0] == 1.0 and (q <= 1.0).all() and q.sum() == pytest.approx(4.0)
+    free = q < 1.0
+    assert q[free] / p[free] == pytest.approx(np.full(free.sum(), 3.0 / p[free].sum()))
 
 
 def test_unique_experts_of_independent_uniform_tokens():

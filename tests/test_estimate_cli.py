@@ -124,3 +124,22 @@ def test_positional_fetch_line_reads_as_words():
             "--cpu-offload-gb walk takes whole layers in load order; the router's choices play no part), so "
             f"all traffic reads {(42 + 2 / 3) / 48:.2%} of its routed picks over the link; C1 k=0:") in out
     assert "(all traffic) (active)" not in out and "on the active map" not in out
+
+
+@pytest.mark.parametrize("recipe", ["qwen3-30b-a3b-rtx4090", "qwen3-vl-30b-a3b-rtx5090", "llama-4-scout-17b-16e-h100",
+                                    "gpt-oss-120b-l40s"])
+def test_one_token_cold_reads_agree_with_the_fetch_arithmetic(recipe):
+    """At one stream and k = 0 two modules count a step's cold experts their own way — the fetch
+    tax as the field reports do (top_k picks × the layer's cold share), the decode estimate from
+    each cold expert's chance to be touched — and must agree: for one token both are exact."""
+    from recipegen.costmodel.lane import fetch_summary
+
+    loaded = load_recipe(recipe)
+    lane = loaded.recipe.lanes[0]
+    estimate = estimate_lane(loaded, lane.name, streams=[1], k=0)
+    fetch = fetch_summary(loaded, lane.name, streams=[1])
+    (active,) = [c for c in fetch.classes if c.active]
+    assert active.points[0].k == 0
+    fetch_bytes = active.points[0].tax.cold_bytes.value
+    assert fetch_bytes > 0
+    assert estimate.point(1).terms.cold_bytes == pytest.approx(fetch_bytes, rel=1e-6)

@@ -30,7 +30,8 @@ every decoder layer once:
 
 Unique experts. Expert e of a layer takes a share p_e of the layer's routed picks (the traffic
 class's histogram; without one, the default skew ``DEFAULT_SKEW``). One token picks top_k distinct
-experts; e is among them with probability q_e = 1 − (1 − p_e)^m', m' solving Σ q_e = top_k. A step
+experts, so a histogram counts e once per token that picked it: e is among a token's picks with
+probability q_e = top_k · p_e (``inclusion``). A step
 of t effective independent tokens touches expert e with probability 1 − (1 − q_e)^t. One stream's
 verify window of k + 1 tokens counts as t₁(k) effective tokens (consecutive tokens share experts):
 t₁ is read back from the field reports' one-stream measurements (``ONE_STREAM_UNIQUE``) under the
@@ -91,21 +92,44 @@ def default_skew(num_experts: int) -> np.ndarray:
 
 
 def inclusion(p: np.ndarray, top_k: int) -> np.ndarray:
-    """q_e: probability that expert e is among one token's top_k distinct picks, for pick shares p."""
+    """q_e: probability that expert e is among one token's top_k distinct picks, for pick shares p
+    (a histogram's counts ÷ all its picks). A token's picks are distinct, so a histogram counts an
+    expert once per token that picked it: q_e = top_k · p_e exactly. Shares that no histogram of
+    distinct picks can have (top_k · p_e > 1: the default skew at 16 experts, top-4) are capped at 1,
+    the rest scaled in proportion so that Σ q_e = top_k."""
     p = np.asarray(p, dtype=float)
     p = p / p.sum()
     if top_k >= np.count_nonzero(p):
         return (p > 0).astype(float)
+    q = top_k * p
+    capped = np.zeros(len(p), dtype=bool)
+    while (over := (q > 1) & ~capped).any():
+        capped |= over
+        free = ~capped
+        q[capped] = 1.0
+        q[free] = p[free] / p[free].sum() * (top_k - capped.sum())
+    return q
+
+
+def successive_inclusion(weights: np.ndarray, top_k: int) -> np.ndarray:
+    """q_e for tokens that draw top_k distinct experts one after another, each draw ∝ ``weights``
+    among those not yet drawn (``torch.multinomial(..., replacement=False)``, as the H200 decode
+    simulation routes): q_e = 1 − (1 − w_e)^m′ with m′ such that Σ q_e = top_k. The pick shares
+    such tokens leave are q / top_k, flatter than the weights."""
+    w = np.asarray(weights, dtype=float)
+    w = w / w.sum()
+    if top_k >= np.count_nonzero(w):
+        return (w > 0).astype(float)
     lo, hi = float(top_k), float(top_k)
-    while (1 - (1 - p) ** hi).sum() < top_k:
+    while (1 - (1 - w) ** hi).sum() < top_k:
         hi *= 2
     for _ in range(80):
         mid = (lo + hi) / 2
-        if (1 - (1 - p) ** mid).sum() < top_k:
+        if (1 - (1 - w) ** mid).sum() < top_k:
             lo = mid
         else:
             hi = mid
-    return 1 - (1 - p) ** ((lo + hi) / 2)
+    return 1 - (1 - w) ** ((lo + hi) / 2)
 
 
 def expected_unique(q: np.ndarray, tokens: float) -> float:

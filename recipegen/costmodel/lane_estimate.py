@@ -49,8 +49,8 @@ DEFAULT_ACCEPTANCE_SOURCE = (f"the reference lane's DSpark acceptance: 88.74 tok
 # What the validation found (docs/costmodel.md, "Decode speed: validation"): measured tok/s ÷
 # estimated tok/s over every compared point. On the H200, whose kernels the estimate's
 # efficiencies were measured on (bench/decode_sim.py, run EB, T = 1, 8, 32): 0.888 to 1.136.
-# On the GB300 (another GPU and kernel; the field reports): 0.875 / 0.891 at one stream, and 1.41
-# to 1.60 at eight and sixteen streams (the estimate reads more expert bytes than those runs did).
+# On the GB300 (another GPU and kernel; the field reports): 0.875 / 0.887 at one stream, and 1.35
+# to 1.59 at eight and sixteen streams (the estimate reads more expert bytes than those runs did).
 BAND_MEASURED_GPU = (0.88, 1.14)
 BAND_ONE_STREAM = (0.87, 1.14)
 BAND_OTHER_GPU_STREAMS = (0.87, 1.61)

@@ -127,8 +127,10 @@ class KernelConfig:
     # / ``w2_gw_kernel``: the same warpgroups, chains and loop trips) on up to eight picks of one
     # expert per program, one per column of the MMA's B operand, instead of ``tl.dot`` tiles (whose
     # K loop is 3.5 / 3.3 SASS instructions per weight against the warp-MMA loop's 2.6 / 2.7).
-    # Each pick's row then has the bits the T = 1 kernels give its token alone. Off by default
-    # until its GPU tests have run at every geometry (BENCHMARKS.md).
+    # Each pick's row then has the bits the T = 1 kernels give its token alone. Off by default:
+    # its GPU tests pass at every geometry, and on the H200 it shortens all-HBM steps of 2..16
+    # tokens by 2-8%, but lengthens the usage-aware step by 1-1.5% from 8 tokens on (BENCHMARKS.md,
+    # run GW).
     gw_max_tokens: int = 0
 
     def describe(self) -> str:

@@ -30,7 +30,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from ..contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT
 from ..contract.sizing import DENSE_FIN_TICKET_ROWS as FIN_TICKET_ROWS
@@ -39,7 +38,7 @@ from ..core.formats_ref import SILU, SWIGLUOAI, SWIGLUOAI_UNINTERLEAVE
 from ..core.reference import check_swiglu_limit
 from ..fp8 import BLOCK as FP8_BLOCK
 from ..fp8 import FP8_DTYPE
-from . import kernels, kernels_dense
+from . import kernels_dense
 from .experts import MAX_FUSED_PICKS, ExpertShape, TritonMxfp4Experts, Workspace
 
 W13, W2 = "w13_weight", "w2_weight"
@@ -71,6 +70,8 @@ class DenseKernelConfig:
     # Programmatic dependent launch (sm_90+ on CUDA; ignored elsewhere): each launch's programs
     # start while the previous kernel drains and wait for it before touching memory.
     pdl: bool = True
+    # Grouped steps of a split layer: the cold experts' slots first (``KernelConfig.cold_first``).
+    cold_first: bool = True
     # FP8 with a 128-row w13 tile: the activation rows are quantized in the w13 launch's epilogue
     # (same bits as the separate quantization launch, which it replaces).
     fuse_act_quant: bool = True
@@ -281,18 +282,9 @@ class TritonDenseExperts(TritonMxfp4Experts):
         count_in_kernel = counts is not None
         if one_token:
             max_slots = picks
-        elif picks <= MAX_FUSED_PICKS:
-            pb = triton.next_power_of_2(max(picks, 2))
-            kernels.group_picks_kernel[(1,)](
-                ids, token_mask if token_mask is not None else ws.scratch,
-                ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.scratch, ws.n_tokens,
-                picks, t, self.num_experts,
-                TOP_K=k, PB=pb, HAS_TOKEN_MASK=token_mask is not None, num_warps=4, **pdl)
-            max_slots = min(picks, self.num_experts)
         else:
-            self._group_torch(ids, t, k, token_mask, counts, tokens)
-            count_in_kernel = False
-            max_slots = min(picks, self.num_experts)
+            count_in_kernel, max_slots = self._group(ids, t, k, token_mask, counts, tokens, codes,
+                                                     split=cold is not hot)
         fp8 = self.expert_format == "fp8-block"
         quant_act = fp8 and cfg.fuse_act_quant and bn1 == FP8_BLOCK
         mask_arg = token_mask if token_mask is not None else ws.scratch

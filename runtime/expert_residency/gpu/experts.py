@@ -97,6 +97,11 @@ class KernelConfig:
     # Programmatic dependent launch (sm_90+ on CUDA; ignored elsewhere): each kernel's programs
     # start while the previous kernel drains and wait for it before touching memory.
     pdl: bool = True
+    # Grouped steps (T > 1) of a split layer: the cold experts' slots first in both expert
+    # launches, so their reads over the host link, the layer's longest, start with the launch
+    # rather than wherever the cold ids fall among the hot ones (a slot computes the same bits
+    # wherever it runs: split == unsplit holds). False: slots in expert-id order.
+    cold_first: bool = True
     # T = 1 stream-K (with one_token): the w13 / w2 launch on this many programs, each an equal
     # share of the (pick, row tile, K step) work list, partials of tiles cut by a share boundary
     # added in share order (``kernels.w13_stream_kernel``); 0: one program per (pick, row tile).
@@ -508,18 +513,9 @@ class TritonMxfp4Experts:
             raise RuntimeError("the fused finalize needs the T=1 ungrouped schedule with an unsplit w2")
         if one_token:
             max_slots = picks
-        elif picks <= MAX_FUSED_PICKS:
-            pb = triton.next_power_of_2(max(picks, 2))
-            kernels.group_picks_kernel[(1,)](
-                ids, token_mask if token_mask is not None else ws.scratch,
-                ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.scratch, ws.n_tokens,
-                picks, t, self.num_experts,
-                TOP_K=k, PB=pb, HAS_TOKEN_MASK=token_mask is not None, num_warps=4, **self._pdl_args())
-            max_slots = min(picks, self.num_experts)
         else:
-            self._group_torch(ids, t, k, token_mask, counts, tokens)
-            count_in_kernel = False
-            max_slots = min(picks, self.num_experts)
+            count_in_kernel, max_slots = self._group(ids, t, k, token_mask, counts, tokens, codes,
+                                                     split=cold is not hot)
         sc = self.split_scratch
         mask_arg = token_mask if token_mask is not None else ws.scratch
         # Constexprs that only the small schedule reads stay fixed otherwise (no extra variants).
@@ -644,9 +640,29 @@ class TritonMxfp4Experts:
         return dict(weights_ptr=weights, out_ptr=out, fin_ticket_ptr=self.split_scratch.tickets2,
                     FUSE_FINALIZE=True)
 
+    def _group(self, ids: torch.Tensor, t: int, k: int, token_mask: torch.Tensor | None,
+               counts: torch.Tensor | None, tokens: torch.Tensor | None, codes: torch.Tensor, *,
+               split: bool) -> tuple[bool, int]:
+        """Cut a grouped step's picks into slots, one per expert (``group_picks_kernel``, or torch
+        ops above ``MAX_FUSED_PICKS``); a split layer's cold experts first (``cold_first``).
+        Returns (the expert kernel counts, the slots to launch)."""
+        ws, picks = self.workspace, t * k
+        cold_first = split and self.config.cold_first
+        if picks <= MAX_FUSED_PICKS:
+            kernels.group_picks_kernel[(1,)](
+                ids, token_mask if token_mask is not None else ws.scratch,
+                ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.scratch, ws.n_tokens, codes,
+                picks, t, self.num_experts, TOP_K=k, PB=triton.next_power_of_2(max(picks, 2)),
+                HAS_TOKEN_MASK=token_mask is not None, COLD_FIRST=cold_first, num_warps=4, **self._pdl_args())
+            return counts is not None, min(picks, self.num_experts)
+        self._group_torch(ids, t, k, token_mask, counts, tokens, codes if cold_first else None)
+        return False, min(picks, self.num_experts)
+
     def _group_torch(self, ids: torch.Tensor, t: int, k: int, token_mask: torch.Tensor | None,
-                     counts: torch.Tensor | None, tokens: torch.Tensor | None) -> None:
-        """The grouping kernel's exact result with torch ops (large steps; fixed shapes, no sync)."""
+                     counts: torch.Tensor | None, tokens: torch.Tensor | None,
+                     codes: torch.Tensor | None = None) -> None:
+        """The grouping kernel's exact result with torch ops (large steps; fixed shapes, no sync);
+        ``codes``: cold experts (negative codes) first, as ``COLD_FIRST``."""
         ws, e = self.workspace, self.num_experts
         picks = t * k
         ids = ids.to(torch.int64)
@@ -654,9 +670,14 @@ class TritonMxfp4Experts:
         if token_mask is not None:
             valid &= token_mask.bool().repeat_interleave(k)
         order = torch.arange(picks, device=ids.device)
-        key = torch.where(valid, ids, torch.full_like(ids, e)) * picks + order
-        key, _ = torch.sort(key)
-        expert, pick = key // picks, key % picks
+        if codes is None:
+            rank = torch.where(valid, ids, torch.full_like(ids, e))
+        else:
+            code = codes.to(torch.int64)[torch.where(valid, ids, torch.zeros_like(ids))]
+            rank = torch.where(valid, torch.where(code < 0, ids, ids + e), torch.full_like(ids, 2 * e))
+        key, _ = torch.sort(rank * picks + order)
+        rank, pick = key // picks, key % picks
+        expert = rank if codes is None else torch.where(rank >= 2 * e, e, torch.where(rank >= e, rank - e, rank))
         ws.sorted_pick[:picks].copy_(pick)
         prev = torch.cat([expert.new_full((1,), -1), expert[:-1]])
         first = (expert != prev) & (expert < e)

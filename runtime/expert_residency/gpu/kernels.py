@@ -8,7 +8,8 @@ its programs are placed while the previous kernel drains and wait (``griddepcont
 before touching memory, so only the launch gap overlaps:
 
 1. ``group_picks_kernel`` (one program): sort the step's ``T*K`` picks by (expert, pick index) and
-   cut them into *slots*, one per distinct expert.
+   cut them into *slots*, one per distinct expert; on a split layer the cold experts' slots first
+   (their reads over the host link are the layer's longest; launched last, they would start late).
 2. ``w13_swiglu_kernel``: for every slot and every tile of intermediate rows, dequantize the
    expert's MXFP4 gate and up rows in registers, multiply by the slot's tokens, apply SwiGLU
    (optionally vLLM's ``swiglu_limit`` clamp) in fp32 and store the activation rows as bf16
@@ -80,15 +81,17 @@ def _pdl_enter(PDL: tl.constexpr):
 
 @triton.jit
 def group_picks_kernel(ids_ptr, token_mask_ptr, sorted_pick_ptr, slot_start_ptr, slot_expert_ptr,
-                       num_slots_ptr, scratch_ptr, n_tokens_ptr,
+                       num_slots_ptr, scratch_ptr, n_tokens_ptr, codes_ptr,
                        P, T, E,
                        TOP_K: tl.constexpr, PB: tl.constexpr, HAS_TOKEN_MASK: tl.constexpr,
-                       PDL: tl.constexpr = False):
+                       COLD_FIRST: tl.constexpr = False, PDL: tl.constexpr = False):
     """Group ``P = T*TOP_K`` picks by expert. ``PB`` is the next power of two >= P.
 
     Outputs: ``sorted_pick[0:P]`` pick indices ordered by (expert, pick), skipped picks last;
     ``slot_start[0:num_slots+1]`` (the last entry is the number of valid picks); ``slot_expert``;
-    ``n_tokens`` (valid tokens of the step, for the counter).
+    ``n_tokens`` (valid tokens of the step, for the counter). ``COLD_FIRST`` (a split layer): the
+    experts whose row code is negative (the cold bank's) come first, then the hot ones, each in id
+    order, so the expert launches start the cold experts' slow reads with their first programs.
     """
     _pdl_enter(PDL)
     offs = tl.arange(0, PB)
@@ -102,11 +105,19 @@ def group_picks_kernel(ids_ptr, token_mask_ptr, sorted_pick_ptr, slot_start_ptr,
         n_tok = tl.sum((tok_valid != 0).to(tl.int32), axis=0)
     else:
         n_tok = tl.sum((offs < T).to(tl.int32), axis=0)  # T may be specialised to a constant
-    # Unique keys: expert-major, pick index minor; skipped picks sort after every real expert.
-    key = tl.where(valid, ids, E) * PB + offs
+    # Unique keys: rank-major, pick index minor; skipped picks sort after every real expert.
+    if COLD_FIRST:
+        code = tl.load(codes_ptr + ids, mask=valid, other=0)
+        key = tl.where(valid, tl.where(code < 0, ids, ids + E), 2 * E) * PB + offs
+    else:
+        key = tl.where(valid, ids, E) * PB + offs
     key = tl.sort(key)
-    expert = key // PB
+    rank = key // PB
     pick = key % PB
+    if COLD_FIRST:  # back from rank to expert id; E marks the skipped picks
+        expert = tl.where(rank >= 2 * E, E, tl.where(rank >= E, rank - E, rank))
+    else:
+        expert = rank
     tl.store(sorted_pick_ptr + offs, pick, mask=in_range)
     tl.store(scratch_ptr + offs, expert)
     tl.debug_barrier()

@@ -5,6 +5,9 @@
 # (the tests start a private one, see tests/docker_support/). Needs root for apt-get.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Debian installs dockerd in /usr/sbin, which a clean environment's PATH (`env -i`) leaves out;
+# tests/docker_support/engine.py looks there too.
+PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 missing=()
 command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)

@@ -11,6 +11,17 @@ import time
 from pathlib import Path
 
 START_TIMEOUT_S = 30.0
+# Debian installs dockerd (and runc, docker-proxy) in /usr/sbin, which a clean environment's PATH
+# (`env -i`: /usr/local/bin:/usr/bin:/bin) leaves out.
+SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
+
+
+def daemon_path(path: str | None = None) -> str:
+    """The PATH to find dockerd in and to start it with (it finds containerd, runc, docker-init
+    and docker-proxy there): ``path`` (default: this process's PATH), then the ``SBIN_DIRS`` it
+    lacks."""
+    dirs = [d for d in (os.environ.get("PATH", os.defpath) if path is None else path).split(os.pathsep) if d]
+    return os.pathsep.join(dirs + [d for d in SBIN_DIRS if d not in dirs])
 
 
 class EngineUnavailable(RuntimeError):
@@ -38,7 +49,8 @@ class PrivateDockerd:
         return env
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        dockerd = shutil.which("dockerd")
+        path = daemon_path()
+        dockerd = shutil.which("dockerd", path=path)
         if dockerd is None:
             raise EngineUnavailable("dockerd not installed (run scripts/setup-docker.sh as root)")
         if os.geteuid() != 0:
@@ -54,7 +66,8 @@ class PrivateDockerd:
         ]
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         env=dict(os.environ, PATH=path))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

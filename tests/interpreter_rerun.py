@@ -55,6 +55,25 @@ def rerun_interpreted(test_file: str, test_id: str, *, only_if_triton_imported: 
     return True
 
 
+def interpreter_only_marks(*gpu_tests: str) -> list:
+    """The ``pytestmark`` of a file of interpreter tests: skip without Triton, and where a GPU is
+    present, since ``gpu_tests`` (named in both reasons) check the compiled kernels there. Call
+    after ``pytest.importorskip("torch")``."""
+    import importlib.util
+
+    import pytest
+    import torch
+
+    named = " and ".join(gpu_tests)
+    checks = "checks" if len(gpu_tests) == 1 else "check"
+    return [
+        pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                           reason=f"needs Triton for TRITON_INTERPRET=1 (the H200 runs {named} on the real kernels)"),
+        pytest.mark.skipif(torch.cuda.is_available(),
+                           reason=f"a GPU is present: {named} {checks} the compiled kernels instead"),
+    ]
+
+
 def _run_batch(nodeids: list[str]) -> dict[str, dict]:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "outcomes.jsonl"

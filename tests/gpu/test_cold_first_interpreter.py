@@ -7,7 +7,6 @@ order and as the unsplit layer's, for MXFP4 and the BF16 layer; an unsplit layer
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -16,15 +15,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime"))
-from interpreter_rerun import rerun_interpreted  # noqa: E402
+from interpreter_rerun import interpreter_only_marks, rerun_interpreted  # noqa: E402
 
-pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                       reason="needs Triton for TRITON_INTERPRET=1 (the H200 runs "
-                              "tests/gpu/test_gpu_residency.py on the real kernels)"),
-    pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: tests/gpu/test_gpu_residency.py "
-                       "checks the compiled kernels instead"),
-]
+pytestmark = interpreter_only_marks("tests/gpu/test_gpu_residency.py")
 
 E, K, H, I = 8, 2, 256, 128
 COLD = [6, 1, 4]            # the cold bank's experts (rows 0, 1, 2)

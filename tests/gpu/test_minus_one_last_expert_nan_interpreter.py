@@ -18,7 +18,6 @@ The compiled kernels get the same checks on the H200 (``tests/gpu/test_gpu_resid
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -27,20 +26,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime"))
-from interpreter_rerun import rerun_interpreted  # noqa: E402
+from interpreter_rerun import interpreter_only_marks, rerun_interpreted  # noqa: E402
 
 NAN = float("nan")
 E, H, I = 6, 256, 128
 LAST = E - 1
 HOT, COLD = [0, 3, 1, 4], [5, 2]            # the last expert lives in the cold bank
 
-pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                       reason="needs Triton for TRITON_INTERPRET=1 (the H200 runs the compiled kernels: "
-                              "tests/gpu/test_gpu_residency.py, test_t1_warp_mma.py)"),
-    pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: tests/gpu/test_gpu_residency.py "
-                       "checks the compiled kernels instead"),
-]
+pytestmark = interpreter_only_marks("tests/gpu/test_gpu_residency.py", "tests/gpu/test_t1_warp_mma.py")
 
 # top-3 routing per T: -1 in every position somewhere, a token whose every pick is -1
 STEPS = {

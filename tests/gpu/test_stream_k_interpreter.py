@@ -13,7 +13,6 @@ w2), so the partial hand-off runs; the H200 run checks the compiled kernels
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -22,15 +21,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime"))
-from interpreter_rerun import rerun_interpreted  # noqa: E402
+from interpreter_rerun import interpreter_only_marks, rerun_interpreted  # noqa: E402
 
-pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                       reason="needs Triton for TRITON_INTERPRET=1 (the H200 runs "
-                              "tests/gpu/test_gpu_residency.py on the real kernels)"),
-    pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: tests/gpu/test_gpu_residency.py "
-                       "checks the compiled kernels instead"),
-]
+pytestmark = interpreter_only_marks("tests/gpu/test_gpu_residency.py")
 
 
 def _rerun_interpreted(test_id: str) -> bool:

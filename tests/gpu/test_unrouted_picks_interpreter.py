@@ -14,7 +14,6 @@ and the results are compared in fp32 (the interpreter casts fp32 -> bf16 by trun
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -23,17 +22,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime"))
-from interpreter_rerun import rerun_interpreted  # noqa: E402
+from interpreter_rerun import interpreter_only_marks, rerun_interpreted  # noqa: E402
 
 NAN = float("nan")
 
-pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                       reason="needs Triton for TRITON_INTERPRET=1 (the H200 runs "
-                              "tests/gpu/test_gpu_residency.py on the real kernels)"),
-    pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: tests/gpu/test_gpu_residency.py "
-                       "checks the compiled kernels instead"),
-]
+pytestmark = interpreter_only_marks("tests/gpu/test_gpu_residency.py")
 
 
 def _rerun_interpreted(test_id: str) -> bool:

@@ -115,3 +115,15 @@ def test_bf16_layer_cold_slots_first_same_bits_under_triton_interpreter() -> Non
     assert orders[(False, "split")] == orders[(True, "unsplit")] == present
     for key, out in outs.items():
         assert torch.equal(out, outs[(False, "unsplit")]), key
+
+
+def test_describe_names_slots_in_id_order() -> None:
+    """``describe()`` (the kernel config benches and the plugin print) names ``cold_first=False``
+    and says nothing of the default, whose text stays as it was."""
+    from expert_residency.gpu.dense_experts import DenseKernelConfig
+    from expert_residency.gpu.experts import KernelConfig
+
+    for config in (KernelConfig, DenseKernelConfig):
+        default, off = config().describe(), config(cold_first=False).describe()
+        assert "id-order-slots" not in default
+        assert "id-order-slots" in off.split() and off.replace(" id-order-slots", "") == default

@@ -107,6 +107,8 @@ class DenseKernelConfig:
             text += " T1-ungrouped" + ("+fused-finalize" if self.fuse_finalize else "")
         if self.fuse_act_quant:
             text += " fp8-act-quant-in-w13@BN128"
+        if not self.cold_first:    # the default (cold experts' slots first) goes unsaid
+            text += " id-order-slots"
         if self.pdl:
             text += " pdl"
         return text

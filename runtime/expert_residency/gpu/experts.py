@@ -160,6 +160,8 @@ class KernelConfig:
                 text += f" unroll{self.t1_unroll1}/{self.t1_unroll2}"
                 if self.gw_max_tokens >= 2:
                     text += f" warp-mma-grouped@2..{self.gw_max_tokens}"
+        if not self.cold_first:    # the default (cold experts' slots first) goes unsaid
+            text += " id-order-slots"
         if self.pdl:
             text += " pdl"
         return text

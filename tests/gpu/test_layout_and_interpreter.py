@@ -77,21 +77,25 @@ def _mma_config():
     return SimpleNamespace(dequant=3, block_n1=64, block_k1=128, block_n2=64, block_k2=64, tile_major=True)
 
 
-def test_mma_order_layout_places_one_code_where_the_decode_reads_it() -> None:
-    """Hand-placed: w13 of expert 1, row 9, value 42, code 0b1011 (-1.5). Row 9 = warp 0, h 1, g 1;
-    value 42 = block b 1 (bh 0, b0 1), c 0, d 1, q 1, e 0. Thread (w 0, g 1, q 1) owns 16-byte row
-    4g+q = 5 (byte 80) of tile 0; word c + 2*b0 = 2 (bytes 88..91); code (h 1, d 1, e 0) is output
-    j = 2d + h = 3, lane 0: sign bit 14, e1 e0 = 01 at bits 11..10, m = 1 at bit 13 -> 0x6400.
+@pytest.mark.parametrize("code, word_bytes", [(0x0B, [0x03, 0x02, 0x00, 0x00]), (0x0D, [0x01, 0x02, 0x00, 0x04])])
+def test_mma_order_layout_places_one_code_where_the_decode_reads_it(code: int, word_bytes: list[int]) -> None:
+    """Hand-placed: w13 of expert 1, row 9, value 42. Row 9 = warp 0, h 1, g 1; value 42 = block
+    b 1 (bh 0, b0 1), c 0, d 1, q 1, e 0. Thread (w 0, g 1, q 1) owns 16-byte row 4g+q = 5 (byte 80)
+    of tile 0; word c + 2*b0 = 2 (bytes 88..91); code (h 1, d 1, e 0) is output j = 2d + h = 3,
+    lane 0, which the decode builds from the word rotated left by 6 (sign to bit 15, e0 to 7, m to
+    6) and by 14 (e1 to bit 8): so the sign sits at word bit 9, e0 at 1, m at 0 and e1 at
+    (8 - 14) mod 32 = 26. Code 0b1011 (-1.5: sign, e0, m) -> bits 9, 1, 0 = bytes 03 02 00 00;
+    code 0b1101 (-3: sign, e1, m) -> bits 9, 26, 0 = bytes 01 02 00 04 (e1 wraps around the word).
     Its scale (row 9, block 1) goes to byte ((w*8 + g)*4) + h + 2*b0 = 4 + 3 = 7 of the tile."""
     t = _mma_tensors()
     for n in t:
         t[n].zero_()
-    t["w13_weight"][1, 9, 21] = 0x0B          # value 42 = low nibble of byte 21
+    t["w13_weight"][1, 9, 21] = code          # value 42 = low nibble of byte 21
     t["w13_weight_scale"][1, 9, 1] = 121
     to_kernel_layout(t, _mma_config())
     flat = t["w13_weight"][1].reshape(-1)
-    assert flat[88:92].tolist() == [0x00, 0x64, 0x00, 0x00]
-    assert int(torch.count_nonzero(flat)) == 1
+    assert flat[88:92].tolist() == word_bytes
+    assert int(torch.count_nonzero(flat)) == sum(1 for b in word_bytes if b)
     sflat = t["w13_weight_scale"][1].reshape(-1)
     assert int(sflat[7]) == 121 and int(torch.count_nonzero(sflat)) == 1
     assert int(torch.count_nonzero(t["w13_weight"][0])) == 0  # other experts untouched

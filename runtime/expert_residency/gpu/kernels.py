@@ -194,28 +194,42 @@ def _dequant_mxfp4_prmt(packed, scales, ROWS: tl.constexpr, BK: tl.constexpr):
 
 # MMA-order word -> 4 bf16x2 registers, scaled. $4: one 32-bit word = the 8 E2M1 codes of one
 # thread's tensor-core A fragment for one k16 step (rows g, g+8; values 2q+e and 2q+8+e), bit-placed
-# by ``gpu.layout`` so that each output lane needs the sign at bit 15 and (e1 e0 m) at bits 8..6:
-# bf16 then holds the code's value times 2^-126, and the multiply by bf16x2(2^(s-1)) = 2^126 *
+# by ``gpu.layout`` so that output j is the word rotated left by 0, 4, 10 (j = 0, 1, 2), or for j = 3
+# by 6 (sign, e0, m) and 14 (e1), masked to the sign at bit 15 and (e1 e0 m) at bits 8..6 of each
+# lane: bf16 then holds the code's value times 2^-126, and the multiply by bf16x2(2^(s-1)) = 2^126 *
 # 2^(s-127) gives the exact scaled weight (mul.bf16x2 is exact on subnormal inputs). $5..$8: the
 # multipliers of the word's 4 byte-elements (rows g, g, g+8, g+8). Outputs $0..$3: the fragment
 # registers (row g, k 2q..), (row g+8, k 2q..), (row g, k 2q+8..), (row g+8, k 2q+8..).
+MMA_LANE_MASK = 0x81C081C0   # sign at 15, (e1 e0 m) at 8..6, in both lanes
+MMA_J3_FIRST_MASK = 0x80C080C0   # output 3's bits taken from the rotation by 6 (sign, e0, m)
+MMA_J3_SECOND_MASK = 0x01000100  # ... and from the rotation by 14 (e1)
+
+
 def word_decode_ptx(word: str, m_lo: str, m_hi: str, outs: tuple[str, str, str, str],
                     sm90: bool = True) -> str:
     """PTX of the decode above for one MMA-order word: ``word`` (a register) -> the four bf16x2
     fragment registers ``outs``, scaled by ``m_lo`` (rows g) and ``m_hi`` (rows g+8). Uses the
     scratch registers ``t`` and ``u`` (and ``nz`` = -0.0 before sm_90, which has no mul.bf16x2:
-    the same exact product as an fma with a -0.0 addend, x + -0 == x for every x)."""
+    the same exact product as an fma with a -0.0 addend, x + -0 == x for every x). Nine integer
+    operations (four rotations, five masks) and four multiplies per word."""
     def scaled(dst: str, src: str, mult: str) -> str:
         return (f"mul.rn.bf16x2 {dst}, {src}, {mult};" if sm90
                 else f"fma.rn.bf16x2 {dst}, {src}, {mult}, nz;")
+
+    # The rotations by 4 and 6 wrap no bit their masks keep, so they are plain left shifts, which
+    # ptxas may issue on the multiply-add pipe (IMAD.SHL) beside the logic pipe's rotations and masks.
+    def rotated(dst: str, r: int) -> str:
+        return f"shf.l.wrap.b32 {dst}, {word}, {word}, {r};"
+
+    def shifted(dst: str, r: int) -> str:
+        return f"shl.b32 {dst}, {word}, {r};"
     a0, a1, a2, a3 = outs
     return "\n".join([
-        f"and.b32 {a0}, {word}, 0x81C081C0;", scaled(a0, a0, m_lo),
-        f"shl.b32 t, {word}, 3;", f"and.b32 {a1}, t, 0x81C081C0;", scaled(a1, a1, m_hi),
-        f"shl.b32 t, {word}, 6;", f"and.b32 {a2}, t, 0x81C081C0;", scaled(a2, a2, m_lo),
-        f"shl.b32 t, {word}, 1;", "and.b32 t, t, 0x80008000;",
-        f"shr.u32 u, {word}, 3;", "and.b32 u, u, 0x01800180;", "or.b32 t, t, u;",
-        f"shr.u32 u, {word}, 7;", "and.b32 u, u, 0x00400040;", "or.b32 t, t, u;",
+        f"and.b32 {a0}, {word}, 0x{MMA_LANE_MASK:08X};", scaled(a0, a0, m_lo),
+        shifted("t", 4), f"and.b32 {a1}, t, 0x{MMA_LANE_MASK:08X};", scaled(a1, a1, m_hi),
+        rotated("t", 10), f"and.b32 {a2}, t, 0x{MMA_LANE_MASK:08X};", scaled(a2, a2, m_lo),
+        shifted("t", 6), rotated("u", 14), f"and.b32 t, t, 0x{MMA_J3_FIRST_MASK:08X};",
+        f"and.b32 u, u, 0x{MMA_J3_SECOND_MASK:08X};", "or.b32 t, t, u;",
         scaled(a3, "t", m_hi)])
 
 
@@ -229,8 +243,15 @@ _MMA_WORD_TO_BF16_PTX = tl.constexpr(_word_to_bf16_asm(sm90=True))
 _MMA_WORD_TO_BF16_PTX_SM80 = tl.constexpr(_word_to_bf16_asm(sm90=False))
 
 # The PTX masks as signed int32 (the interpreter refuses int32 literals above 2^31).
-_MASK_SIMPLE: tl.constexpr = tl.constexpr(0x81C081C0 - (1 << 32))
-_MASK_SIGNS: tl.constexpr = tl.constexpr(0x80008000 - (1 << 32))
+_MASK_LANES: tl.constexpr = tl.constexpr(MMA_LANE_MASK - (1 << 32))
+_MASK_J3_FIRST: tl.constexpr = tl.constexpr(MMA_J3_FIRST_MASK - (1 << 32))
+_MASK_J3_SECOND: tl.constexpr = tl.constexpr(MMA_J3_SECOND_MASK)
+
+
+@triton.jit
+def _rotl(word, R: tl.constexpr):
+    """Interpreter twin of ``shf.l.wrap``: int32 ``word`` rotated left by ``R`` (0 < R < 32)."""
+    return (word << R) | ((word >> (32 - R)) & ((1 << R) - 1))
 
 
 @triton.jit
@@ -284,10 +305,10 @@ def _load_mma_tile(w_tile, s_tile, BN: tl.constexpr, BK: tl.constexpr):
         m_h0, m_h1 = tl.split(tl.reshape(mult, (ROWS, 2, 2)))  # [ROWS, 2 (b0)] per row half
         m_h0 = tl.reshape(tl.broadcast_to(tl.reshape(m_h0, (ROWS, 2, 1)), (ROWS, 2, 2)), (ROWS, 4))
         m_h1 = tl.reshape(tl.broadcast_to(tl.reshape(m_h1, (ROWS, 2, 1)), (ROWS, 2, 2)), (ROWS, 4))
-        l00, l01 = _mma_word_lanes(word & _MASK_SIMPLE, m_h0)
-        l10, l11 = _mma_word_lanes((word << 3) & _MASK_SIMPLE, m_h1)
-        l20, l21 = _mma_word_lanes((word << 6) & _MASK_SIMPLE, m_h0)
-        v3 = ((word << 1) & _MASK_SIGNS) | ((word >> 3) & 0x01800180) | ((word >> 7) & 0x00400040)
+        l00, l01 = _mma_word_lanes(word & _MASK_LANES, m_h0)
+        l10, l11 = _mma_word_lanes((word << 4) & _MASK_LANES, m_h1)
+        l20, l21 = _mma_word_lanes(_rotl(word, 10) & _MASK_LANES, m_h0)
+        v3 = ((word << 6) & _MASK_J3_FIRST) | (_rotl(word, 14) & _MASK_J3_SECOND)
         l30, l31 = _mma_word_lanes(v3, m_h1)
         # r0[.., h, e] = output h's lane e (the asm's byte order); r1 = outputs 2, 3
         r0 = tl.reshape(tl.join(tl.join(l00, l10), tl.join(l01, l11)), (ROWS, 16))

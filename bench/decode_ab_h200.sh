@@ -4,7 +4,11 @@
 # previous commit's tree (a copy of its bench/ and runtime/ under .cache/oldtree, whose scripts put
 # their own runtime first on sys.path), alternating, so both meet the same machine state.
 #
-#   bash bench/decode_ab_h200.sh tests|humming|residency
+#   bash bench/decode_ab_h200.sh tests|humming|residency|refresh|sim
+#
+# refresh: the new tree alone, the runs the decode-step estimate's measured tables and its validation
+# come from (gpt-oss geometry beside matmul_ogs, the 13-layer residency step, the full-depth
+# simulation), again after the change.
 #
 # Carries (ignored paths, copied onto the machine): .cache/whl (humming-kernels 0.1.19 and
 # nvidia-cuda-cccl 13.0.85 wheels from PyPI), .cache/vllm-0.33.0 (the files bench/peer_moe.py names,
@@ -47,5 +51,21 @@ residency)
             > "$OUT/residency_${tree}_$n.log" 2>&1
         echo "residency $tree rc=$?"; grep "limits\|^{\"T\"" "$OUT/residency_${tree}_$n.log"
     done
+    ;;
+refresh)
+    timeout 200 python3 bench/format_peer.py --formats gptoss-mxfp4 --vllm-src "$VLLM_SRC" --out "$OUT/format" \
+        > "$OUT/format.log" 2>&1
+    echo "format rc=$?"; grep -v "^env" "$OUT/format.log" | tail -25
+    timeout 170 python3 bench/gpu_residency.py --tokens 1,6,16,96 --steps 1:200,6:80,16:50,96:12 \
+        --out "$OUT/residency13" > "$OUT/residency13.log" 2>&1
+    echo "residency13 rc=$?"; grep "^| [0-9]* | \(all_hbm\|usage_aware\) |\|HBM read limit at\|Limits" "$OUT/residency13.log"
+    timeout 200 python3 bench/decode_sim.py --models qwen3-30b-a3b,gpt-oss-120b --tokens 1,8,32 \
+        --steps 1:30,8:20,32:14 --profile 3 --out "$OUT/sim" > "$OUT/sim.log" 2>&1
+    echo "sim rc=$?"; tail -30 "$OUT/sim.log"
+    ;;
+sim)
+    timeout 200 python3 bench/decode_sim.py --models qwen3-30b-a3b,gpt-oss-120b --tokens 1,8,32 \
+        --steps 1:30,8:20,32:14 --profile 3 --out "$OUT" > "$OUT/sim.log" 2>&1
+    echo "sim rc=$?"; tail -3 "$OUT/sim.log"
     ;;
 esac

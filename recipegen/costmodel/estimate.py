@@ -75,7 +75,9 @@ SMALL = {"norm": 1, "attention": 1, "moe": 4, "mlp": 1, "gdn": 3, "mamba2": 3, "
 # the usage-aware rows of run F within -3% (T=1) to +9% (T=96) of measured (by hand, from the
 # rows' hot and cold bytes); 0 (pure overlap) is 7-13% fast, 1 (serial) 22-28% slow at T >= 16.
 # Run F predates the cold-first launch order (run CF: the usage-aware step 7% shorter at T=6, 2% at
-# T=16); not re-derived since (docs/costmodel.md).
+# T=16); not re-derived since (docs/costmodel.md): in the H200 simulation after it (run EC) the
+# usage-aware Qwen3-30B step at T=32 is 1.21x faster than estimated, and no single share fits T=8
+# and T=32 together.
 FUSED_SHORTER_SHARE = 0.5
 
 # The field reports' one-stream unique experts per MoE layer by k (DeepSeek-V4.1-Flash, 384

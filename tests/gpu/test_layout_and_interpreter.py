@@ -77,6 +77,25 @@ def _mma_config():
     return SimpleNamespace(dequant=3, block_n1=64, block_k1=128, block_n2=64, block_k2=64, tile_major=True)
 
 
+def test_every_code_bit_has_its_own_word_bit_and_its_piece_keeps_it() -> None:
+    """The 32 code bits of a word (4 outputs x 2 lanes x sign, e1, e0, m) land on 32 distinct word
+    bits, and rotating the word by the piece that serves each one brings it back under that piece's
+    mask at the lane position the bf16 decode reads (sign 15, e1 8, e0 7, m 6; + 16 in lane 1)."""
+    from expert_residency.gpu.word_bits import DECODE_PIECES, word_bit
+    seen = set()
+    for j, pieces in enumerate(DECODE_PIECES):
+        for lane in range(2):
+            for code_bit, lane_bit in ((3, 15), (2, 8), (1, 7), (0, 6)):
+                src = word_bit(j, lane, code_bit)
+                seen.add(src)
+                word = 1 << src
+                out = 0
+                for mask, r in pieces:
+                    out |= ((word << r | word >> (32 - r)) & 0xFFFFFFFF) & mask
+                assert out == 1 << (lane_bit + 16 * lane), (j, lane, code_bit)
+    assert seen == set(range(32))
+
+
 @pytest.mark.parametrize("code, word_bytes", [(0x0B, [0x03, 0x02, 0x00, 0x00]), (0x0D, [0x01, 0x02, 0x00, 0x04])])
 def test_mma_order_layout_places_one_code_where_the_decode_reads_it(code: int, word_bytes: list[int]) -> None:
     """Hand-placed: w13 of expert 1, row 9, value 42. Row 9 = warp 0, h 1, g 1; value 42 = block

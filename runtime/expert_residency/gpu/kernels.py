@@ -61,6 +61,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.language.target_info import cuda_capability_geq
 
+from .word_bits import DECODE_PIECES, wraps
+
 # Triton's CPU interpreter multiplies bf16 tiles wrongly (it treats their storage as integers), so
 # under TRITON_INTERPRET=1 the tile products run on fp32 copies of the same bf16 values (exact
 # products, fp32 sums). Compiled kernels always multiply bf16 tiles on the tensor cores.
@@ -200,37 +202,39 @@ def _dequant_mxfp4_prmt(packed, scales, ROWS: tl.constexpr, BK: tl.constexpr):
 # 2^(s-127) gives the exact scaled weight (mul.bf16x2 is exact on subnormal inputs). $5..$8: the
 # multipliers of the word's 4 byte-elements (rows g, g, g+8, g+8). Outputs $0..$3: the fragment
 # registers (row g, k 2q..), (row g+8, k 2q..), (row g, k 2q+8..), (row g+8, k 2q+8..).
-MMA_LANE_MASK = 0x81C081C0   # sign at 15, (e1 e0 m) at 8..6, in both lanes
-MMA_J3_FIRST_MASK = 0x80C080C0   # output 3's bits taken from the rotation by 6 (sign, e0, m)
-MMA_J3_SECOND_MASK = 0x01000100  # ... and from the rotation by 14 (e1)
-
-
 def word_decode_ptx(word: str, m_lo: str, m_hi: str, outs: tuple[str, str, str, str],
                     sm90: bool = True) -> str:
     """PTX of the decode above for one MMA-order word: ``word`` (a register) -> the four bf16x2
-    fragment registers ``outs``, scaled by ``m_lo`` (rows g) and ``m_hi`` (rows g+8). Uses the
-    scratch registers ``t`` and ``u`` (and ``nz`` = -0.0 before sm_90, which has no mul.bf16x2:
-    the same exact product as an fma with a -0.0 addend, x + -0 == x for every x). Nine integer
-    operations (four rotations, five masks) and four multiplies per word."""
+    fragment registers ``outs``, scaled by ``m_lo`` (rows g) and ``m_hi`` (rows g+8): each output
+    the OR of its ``word_bits.DECODE_PIECES`` (the word rotated left, masked). Uses the scratch
+    registers ``t`` and ``u`` (and ``nz`` = -0.0 before sm_90, which has no mul.bf16x2: the same
+    exact product as an fma with a -0.0 addend, x + -0 == x for every x). Nine integer operations
+    and four multiplies per word."""
     def scaled(dst: str, src: str, mult: str) -> str:
         return (f"mul.rn.bf16x2 {dst}, {src}, {mult};" if sm90
                 else f"fma.rn.bf16x2 {dst}, {src}, {mult}, nz;")
 
-    # The rotations by 4 and 6 wrap no bit their masks keep, so they are plain left shifts, which
-    # ptxas may issue on the multiply-add pipe (IMAD.SHL) beside the logic pipe's rotations and masks.
-    def rotated(dst: str, r: int) -> str:
-        return f"shf.l.wrap.b32 {dst}, {word}, {word}, {r};"
-
-    def shifted(dst: str, r: int) -> str:
+    def moved(dst: str, mask: int, r: int) -> str:
+        # A rotation that wraps no kept bit is a plain left shift, which ptxas may issue on the
+        # multiply-add pipe (IMAD.SHL) beside the logic pipe's rotations and masks.
+        if wraps(mask, r):
+            return f"shf.l.wrap.b32 {dst}, {word}, {word}, {r};"
         return f"shl.b32 {dst}, {word}, {r};"
-    a0, a1, a2, a3 = outs
-    return "\n".join([
-        f"and.b32 {a0}, {word}, 0x{MMA_LANE_MASK:08X};", scaled(a0, a0, m_lo),
-        shifted("t", 4), f"and.b32 {a1}, t, 0x{MMA_LANE_MASK:08X};", scaled(a1, a1, m_hi),
-        rotated("t", 10), f"and.b32 {a2}, t, 0x{MMA_LANE_MASK:08X};", scaled(a2, a2, m_lo),
-        shifted("t", 6), rotated("u", 14), f"and.b32 t, t, 0x{MMA_J3_FIRST_MASK:08X};",
-        f"and.b32 u, u, 0x{MMA_J3_SECOND_MASK:08X};", "or.b32 t, t, u;",
-        scaled(a3, "t", m_hi)])
+    lines = []
+    for j, (out, mult) in enumerate(zip(outs, (m_lo, m_hi, m_lo, m_hi))):
+        pieces = DECODE_PIECES[j]
+        if len(pieces) == 1:
+            (mask, r), = pieces
+            src = word
+            if r:
+                lines.append(moved("t", mask, r))
+                src = "t"
+            lines += [f"and.b32 {out}, {src}, 0x{mask:08X};", scaled(out, out, mult)]
+        else:
+            (mask_t, r_t), (mask_u, r_u) = pieces
+            lines += [moved("t", mask_t, r_t), moved("u", mask_u, r_u), f"and.b32 t, t, 0x{mask_t:08X};",
+                      f"and.b32 u, u, 0x{mask_u:08X};", "or.b32 t, t, u;", scaled(out, "t", mult)]
+    return "\n".join(lines)
 
 
 def _word_to_bf16_asm(sm90: bool) -> str:
@@ -243,15 +247,30 @@ _MMA_WORD_TO_BF16_PTX = tl.constexpr(_word_to_bf16_asm(sm90=True))
 _MMA_WORD_TO_BF16_PTX_SM80 = tl.constexpr(_word_to_bf16_asm(sm90=False))
 
 # The PTX masks as signed int32 (the interpreter refuses int32 literals above 2^31).
-_MASK_LANES: tl.constexpr = tl.constexpr(MMA_LANE_MASK - (1 << 32))
-_MASK_J3_FIRST: tl.constexpr = tl.constexpr(MMA_J3_FIRST_MASK - (1 << 32))
-_MASK_J3_SECOND: tl.constexpr = tl.constexpr(MMA_J3_SECOND_MASK)
+# The decode's pieces as constexprs for the interpreter twin (masks as signed int32: the interpreter
+# refuses int32 literals above 2^31).
+def _signed(mask: int) -> int:
+    return mask - (1 << 32) if mask >= 1 << 31 else mask
+
+
+# The twin is written for this shape of the table: one unrotated piece, two single pieces, one pair.
+assert [len(p) for p in DECODE_PIECES] == [1, 1, 1, 2] and DECODE_PIECES[0][0][1] == 0
+_J0_MASK: tl.constexpr = tl.constexpr(_signed(DECODE_PIECES[0][0][0]))
+_J1_MASK: tl.constexpr = tl.constexpr(_signed(DECODE_PIECES[1][0][0]))
+_J1_R: tl.constexpr = tl.constexpr(DECODE_PIECES[1][0][1])
+_J2_MASK: tl.constexpr = tl.constexpr(_signed(DECODE_PIECES[2][0][0]))
+_J2_R: tl.constexpr = tl.constexpr(DECODE_PIECES[2][0][1])
+_J3_MASK_A: tl.constexpr = tl.constexpr(_signed(DECODE_PIECES[3][0][0]))
+_J3_R_A: tl.constexpr = tl.constexpr(DECODE_PIECES[3][0][1])
+_J3_MASK_B: tl.constexpr = tl.constexpr(_signed(DECODE_PIECES[3][1][0]))
+_J3_R_B: tl.constexpr = tl.constexpr(DECODE_PIECES[3][1][1])
 
 
 @triton.jit
 def _rotl(word, R: tl.constexpr):
     """Interpreter twin of ``shf.l.wrap``: int32 ``word`` rotated left by ``R`` (0 < R < 32)."""
-    return (word << R) | ((word >> (32 - R)) & ((1 << R) - 1))
+    u = word.to(tl.uint32, bitcast=True)
+    return ((u << R) | (u >> (32 - R))).to(tl.int32, bitcast=True)
 
 
 @triton.jit
@@ -305,10 +324,10 @@ def _load_mma_tile(w_tile, s_tile, BN: tl.constexpr, BK: tl.constexpr):
         m_h0, m_h1 = tl.split(tl.reshape(mult, (ROWS, 2, 2)))  # [ROWS, 2 (b0)] per row half
         m_h0 = tl.reshape(tl.broadcast_to(tl.reshape(m_h0, (ROWS, 2, 1)), (ROWS, 2, 2)), (ROWS, 4))
         m_h1 = tl.reshape(tl.broadcast_to(tl.reshape(m_h1, (ROWS, 2, 1)), (ROWS, 2, 2)), (ROWS, 4))
-        l00, l01 = _mma_word_lanes(word & _MASK_LANES, m_h0)
-        l10, l11 = _mma_word_lanes((word << 4) & _MASK_LANES, m_h1)
-        l20, l21 = _mma_word_lanes(_rotl(word, 10) & _MASK_LANES, m_h0)
-        v3 = ((word << 6) & _MASK_J3_FIRST) | (_rotl(word, 14) & _MASK_J3_SECOND)
+        l00, l01 = _mma_word_lanes(word & _J0_MASK, m_h0)
+        l10, l11 = _mma_word_lanes(_rotl(word, _J1_R) & _J1_MASK, m_h1)
+        l20, l21 = _mma_word_lanes(_rotl(word, _J2_R) & _J2_MASK, m_h0)
+        v3 = (_rotl(word, _J3_R_A) & _J3_MASK_A) | (_rotl(word, _J3_R_B) & _J3_MASK_B)
         l30, l31 = _mma_word_lanes(v3, m_h1)
         # r0[.., h, e] = output h's lane e (the asm's byte order); r1 = outputs 2, 3
         r0 = tl.reshape(tl.join(tl.join(l00, l10), tl.join(l01, l11)), (ROWS, 16))

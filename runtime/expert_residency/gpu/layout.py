@@ -42,6 +42,8 @@ from collections.abc import Mapping
 
 import torch
 
+from .word_bits import word_bit
+
 # tensor name -> (which tile rows, which tile values) in KernelConfig field names
 TILE_FIELDS = {
     "w13_weight": ("block_n1", "block_k1", 2),
@@ -110,18 +112,7 @@ def _convert(tensors: Mapping[str, torch.Tensor], config: object, *, inverse: bo
 
 # -- the MMA-order layout (dequant=3) --------------------------------------------------------------
 
-# Where code bit b (3 = sign, 2 = e1, 1 = e0, 0 = m) of output j lane e sits in its word: the bit the
-# decode needs it at (sign 15, e1 8, e0 7, m 6, plus 16 for lane 1) minus the left rotation that
-# output's decode applies to that bit (one rotation per output; output 3 takes e1 from a second).
-_OUT_BITS = {3: 15, 2: 8, 1: 7, 0: 6}
-_ROTATIONS = ({3: 0, 2: 0, 1: 0, 0: 0}, {3: 4, 2: 4, 1: 4, 0: 4}, {3: 10, 2: 10, 1: 10, 0: 10},
-              {3: 6, 2: 14, 1: 6, 0: 6})
-
-
-def _word_bit(j: int, e: int, bit: int) -> int:
-    return (_OUT_BITS[bit] + 16 * e - _ROTATIONS[j][bit]) % 32
-
-
+_word_bit = word_bit   # (output j, lane e, code bit) -> its bit in the word (``gpu.word_bits``)
 _MMA_CHUNK_BYTES = 16 << 20  # smaller steps: the encode holds int32 per code
 
 

@@ -246,7 +246,6 @@ def _word_to_bf16_asm(sm90: bool) -> str:
 _MMA_WORD_TO_BF16_PTX = tl.constexpr(_word_to_bf16_asm(sm90=True))
 _MMA_WORD_TO_BF16_PTX_SM80 = tl.constexpr(_word_to_bf16_asm(sm90=False))
 
-# The PTX masks as signed int32 (the interpreter refuses int32 literals above 2^31).
 # The decode's pieces as constexprs for the interpreter twin (masks as signed int32: the interpreter
 # refuses int32 literals above 2^31).
 def _signed(mask: int) -> int:

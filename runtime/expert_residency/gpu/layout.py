@@ -112,7 +112,6 @@ def _convert(tensors: Mapping[str, torch.Tensor], config: object, *, inverse: bo
 
 # -- the MMA-order layout (dequant=3) --------------------------------------------------------------
 
-_word_bit = word_bit   # (output j, lane e, code bit) -> its bit in the word (``gpu.word_bits``)
 _MMA_CHUNK_BYTES = 16 << 20  # smaller steps: the encode holds int32 per code
 
 
@@ -141,7 +140,7 @@ def _encode_words(codes: torch.Tensor) -> torch.Tensor:
             d, h = divmod(j, 2)
             code = codes[..., h, d, e].long()
             for bit in range(4):
-                word |= ((code >> bit) & 1) << _word_bit(j, e, bit)
+                word |= ((code >> bit) & 1) << word_bit(j, e, bit)
     return torch.where(word >= 2 ** 31, word - 2 ** 32, word).to(torch.int32)
 
 
@@ -154,7 +153,7 @@ def _decode_words(word: torch.Tensor) -> torch.Tensor:
             d, h = divmod(j, 2)
             code = torch.zeros_like(w)
             for bit in range(4):
-                code |= ((w >> _word_bit(j, e, bit)) & 1) << bit
+                code |= ((w >> word_bit(j, e, bit)) & 1) << bit
             out[..., h, d, e] = code.to(torch.uint8)
     return out
 

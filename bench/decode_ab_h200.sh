@@ -21,6 +21,13 @@ export PYTHONPATH=$PWD:$PWD/runtime:/tmp/site
 VLLM_SRC=$PWD/.cache/vllm-0.33.0/vllm
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/gpu.txt"
 
+# The full-depth decode simulation, as BENCHMARKS.md run EB ran it, into folder $1.
+run_sim() {
+    timeout 200 python3 bench/decode_sim.py --models qwen3-30b-a3b,gpt-oss-120b --tokens 1,8,32 \
+        --steps 1:30,8:20,32:14 --profile 3 --out "$1" > "$1/sim.log" 2>&1
+    echo "sim rc=$?"; tail -30 "$1/sim.log"
+}
+
 case "${1:-tests}" in
 tests)
     timeout 200 python3 -m pytest -q tests/gpu/test_gpu_residency.py tests/gpu/test_plugin_mxfp4_gpu.py \
@@ -43,7 +50,7 @@ humming)
 residency)
     for tree in new old new old; do
         script=bench/gpu_residency.py
-        extra=(--compare "gw:gw_max_tokens=16")   # the grouped warp-MMA kernels, off by default, beside
+        extra=(--compare "gw:gw_max_tokens=16")   # the new tree also times the grouped warp-MMA kernels
         [ "$tree" = old ] && script=.cache/oldtree/bench/gpu_residency.py && extra=()
         n=$(ls "$OUT" | grep -c "^residency_${tree}_.*log")
         timeout 150 python3 "$script" --layers 8 --cold-layers 2 --tokens 1,6,16,96 \
@@ -59,13 +66,9 @@ refresh)
     timeout 170 python3 bench/gpu_residency.py --tokens 1,6,16,96 --steps 1:200,6:80,16:50,96:12 \
         --out "$OUT/residency13" > "$OUT/residency13.log" 2>&1
     echo "residency13 rc=$?"; grep "^| [0-9]* | \(all_hbm\|usage_aware\) |\|HBM read limit at\|Limits" "$OUT/residency13.log"
-    timeout 200 python3 bench/decode_sim.py --models qwen3-30b-a3b,gpt-oss-120b --tokens 1,8,32 \
-        --steps 1:30,8:20,32:14 --profile 3 --out "$OUT/sim" > "$OUT/sim.log" 2>&1
-    echo "sim rc=$?"; tail -30 "$OUT/sim.log"
+    mkdir -p "$OUT/sim" && run_sim "$OUT/sim"
     ;;
 sim)
-    timeout 200 python3 bench/decode_sim.py --models qwen3-30b-a3b,gpt-oss-120b --tokens 1,8,32 \
-        --steps 1:30,8:20,32:14 --profile 3 --out "$OUT" > "$OUT/sim.log" 2>&1
-    echo "sim rc=$?"; tail -3 "$OUT/sim.log"
+    run_sim "$OUT"
     ;;
 esac

@@ -73,8 +73,21 @@ VARIANTS = {
     # runs the same kernels, so that T reads as a repeat (the run's noise).
     "t1-n32-bm32": DenseKernelConfig(block_n1_t1=32, block_n2_t1=32, block_m_large=32, large_tokens=16),
     "t1-n128t1-bm32": DenseKernelConfig(block_n1_t1=128, block_m_large=32, large_tokens=16),
+    # T = 1 pipeline depth, tile height and warps (the T = 1 schedule on 64-row tiles had not been
+    # measured on FP8; more weight tiles in flight per program is what a read-bound T = 1 needs)
+    "t1-s4": DenseKernelConfig(num_stages_t1=4),
+    "t1-s5": DenseKernelConfig(num_stages_t1=5),
+    "t1-n32-s4": DenseKernelConfig(block_n1_t1=32, block_n2_t1=32, num_stages_t1=4),
+    "t1-n32-s5": DenseKernelConfig(block_n1_t1=32, block_n2_t1=32, num_stages_t1=5),
+    "t1-w8": DenseKernelConfig(num_warps=8),
+    # 32-row tiles at every T: FP8 then multiplies on the warp-level MMA (Triton takes wgmma only
+    # for tiles of 64+ rows), whose FP8 products add in fp32 (test_dense_gpu.py)
+    "n32": DenseKernelConfig(block_n1=32, block_n2=32),
+    "n32-s4": DenseKernelConfig(block_n1=32, block_n2=32, num_stages=4),
+    # BF16's default since 2026-12-04 (gpu.dense_experts.default_config)
+    "t1-s4-bm32@64": DenseKernelConfig(num_stages_t1=4, block_m_large=32, large_tokens=64),
 }
-DEFAULT_VARIANTS = {"qwen3-bf16": "main,t1,t1-n32-bm32", "dsv3-fp8": "main,t1-n128,t1-n128t1-bm32"}
+DEFAULT_VARIANTS = {"qwen3-bf16": "main,t1,t1-s4-bm32@64", "dsv3-fp8": "main,t1,n32"}
 CPU_VARIANTS = {  # tiny geometry: tiles that divide it (the interpreter wants small tiles)
     "main": dataclasses.replace(MAIN, block_m=4, block_n1=32, block_n2=64),
     "t1": DenseKernelConfig(block_m=4, block_n1=32, block_n2=64),

@@ -15,7 +15,9 @@ Claims and how each can fail:
 * swaps under a captured graph == the unsplit reference; a map flip without its copies diverges;
 * the T = 1 schedule (no grouping launch, finalize inside w2, programmatic dependent launches)
   == the four-launch schedule bit for bit, a -1 pick included; FP8's activation quantization in
-  the w13 epilogue == the separate launch bit for bit.
+  the w13 epilogue == the separate launch bit for bit;
+* FP8 on 32-row tiles (the warp-level MMA, fp32 accumulation) within 1e-4 of the reference, the
+  default 64-row tiles (Hopper's warpgroup MMA, reduced-precision FP8 accumulation) above 1e-3.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ DEV = torch.device("cuda")
 SMALL = ExpertShape(hidden=512, intermediate=256)
 QWEN3_30B = ExpertShape(hidden=2048, intermediate=768)    # BF16 experts, 128 per layer, top-8
 REL_TOL = 1e-2
+# FP8 on the warp-level MMA against the reference of the same quantized operands: what remains is
+# fp32 summation order and the bf16 roundings it can flip (a bf16 ulp is 2^-8 of a value; a few
+# flipped elements of thousands move the relative L2 by ~1e-5).
+FP8_ACC_TOL = 1e-4
 CASES = {  # name: (format, activation, biases, w13 scale)
     "bf16-silu": ("bf16", "silu", False, 1.0),
     "bf16-gptoss": ("bf16", "swigluoai", True, 8.0),
@@ -219,6 +225,29 @@ def test_fp8_act_quant_in_w13_keeps_the_bits(tokens: int) -> None:
     assert torch.equal(got, separate.forward(split, x, w, ids))
     assert torch.equal(got, fused.forward(unsplit, x, w, ids))
 
+
+@pytest.mark.parametrize("tokens", [1, 16])
+def test_fp8_warp_mma_tiles_meet_the_reference(tokens: int) -> None:
+    # The torch reference multiplies the same quantized operands in fp32 (core.formats_ref), so
+    # what separates a kernel from it is how the tensor cores add the products. 32-row tiles run
+    # the warp-level MMA, whose FP8 products add in fp32: fp32 summation noise (FP8_ACC_TOL). The
+    # default 64-row tiles run Hopper's warpgroup MMA, whose FP8 accumulation keeps fewer bits
+    # (each 128-value block's dot is added in fp32 afterwards, as DeepGEMM and vLLM's Triton
+    # fused MoE do): far above it. Split == unsplit holds either way.
+    gen = torch.Generator(device=DEV).manual_seed(12 + tokens)
+    experts, k = 16, 6
+    _, unsplit, split, hot, cold, warp_mma, ref_fn = make(
+        "fp8-silu", SMALL, experts, 6, k, 16, gen, DenseKernelConfig(block_n1=32, block_n2=32))
+    wgmma = TritonDenseExperts(SMALL, experts, k, max_tokens=16, device=DEV, config=DenseKernelConfig(),
+                               expert_format="fp8-block")
+    ids, w = routing(tokens, experts, k, gen, hot, cold)
+    x = x_for(tokens, SMALL.hidden, gen)
+    got = warp_mma.forward(split, x, w, ids)
+    assert torch.equal(got, warp_mma.forward(unsplit, x, w, ids))
+    ref = residency_forward(unsplit, x, w, ids, ref_fn, pick_dtype=torch.bfloat16)
+    wgmma_err = rel(wgmma.forward(split, x, w, ids), ref)
+    assert rel(got, ref) <= FP8_ACC_TOL, (rel(got, ref), wgmma_err)
+    assert wgmma_err > 10 * FP8_ACC_TOL, wgmma_err
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-rs", "-s"] + sys.argv[1:]))

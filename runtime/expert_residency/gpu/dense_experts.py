@@ -115,20 +115,22 @@ class DenseKernelConfig:
 
 
 def default_config(expert_format: str) -> DenseKernelConfig:
-    """The measured default per format (one NVIDIA H200, 2026-12-03, ``bench/dense_peer.py``;
-    BENCHMARKS.md "BF16 and FP8-block layers against the kernel vLLM 0.33 selects"):
+    """The measured default per format (one NVIDIA H200, ``bench/dense_peer.py``; BENCHMARKS.md "BF16
+    and FP8-block layers against the kernel vLLM 0.33 selects"):
 
-    * ``bf16``: the T = 1 schedule (29.7 against 31.9 us per Qwen3-30B-A3B layer), programmatic
-      dependent launches (no slower at T = 6, 16, 96), 32-token tiles from T = 64 (249.5 against
-      265.7 us at T = 96; slower at T = 16, 146.6 against 136.3);
-    * ``fp8-block``: the four-launch schedule with 64-row tiles (DeepSeek-V3: 105.7 / 424.1 / 794.9 /
-      1,724.6 us at T = 1 / 6 / 16 / 96). 128-row w13 tiles with the activation quantized in their
-      epilogue were slower at every T (107.8 / 432.9 / 817.6 / 1,757.6), 32-token tiles slower at
-      T = 16 and 96; the T = 1 schedule with 64-row tiles is not measured on FP8 yet."""
+    * ``bf16``: the T = 1 schedule with four pipeline stages at T = 1 (Qwen3-30B-A3B: 25.8 / 26.1
+      against 29.8 / 29.3 us per layer with three, two runs of 2026-12-04), programmatic dependent
+      launches (no slower at T = 6, 16, 96), 32-token tiles from T = 64 (249.5 against 265.7 us at
+      T = 96; slower at T = 16, 146.6 against 136.3);
+    * ``fp8-block``: the T = 1 schedule with 64-row tiles and programmatic dependent launches
+      (DeepSeek-V3, 2026-12-04: 97.6 / 99.3 against 103.9 / 105.2 us per layer at T = 1 with the
+      four-launch schedule, two runs; within 1% of it at T = 6, 16, 96). 128-row w13 tiles with the
+      activation quantized in their epilogue were slower at every T (2026-12-03), 32-token tiles
+      slower at T = 16 and 96, four or five stages at T = 1 no faster."""
     if expert_format == "bf16":
-        return DenseKernelConfig(block_m_large=32, large_tokens=64)
+        return DenseKernelConfig(block_m_large=32, large_tokens=64, num_stages_t1=4)
     if expert_format == "fp8-block":
-        return DenseKernelConfig(one_token=False, fuse_finalize=False, pdl=False)
+        return DenseKernelConfig()
     raise ValueError(f"expert_format {expert_format!r} is not one of {FORMATS}")
 
 

@@ -6,8 +6,9 @@
 2. The full-depth decode simulation on one H200, two runs of the same command
    (`PYTHONPATH=runtime python3 bench/decode_sim.py ... --out $OUT`, BENCHMARKS.md, 'Decode step:
    full-depth simulation against the estimate'): run EB (2026-12-03,
-   bench/results/decode_sim_h200.json) and run EC (2026-12-04, after the cold-first launch order and
-   the nine-operation MXFP4 decode, bench/results/decode_sim_h200_run_ec.json); the estimate reads
+   bench/results/decode_sim_h200.json), run EC (2026-12-04, after the cold-first launch order and
+   the nine-operation MXFP4 decode, bench/results/decode_sim_h200_run_ec.json) and run ED (the same
+   day, after the dense layers' new T = 1 defaults, bench/results/decode_sim_h200_run_ed.json); the estimate reads
    each run's measured HBM and pinned read limits and the committed efficiency tables (the
    routed-expert rows come from earlier runs, not these).
 
@@ -38,7 +39,9 @@ from estimate_gap import sim_model  # noqa: E402  (the simulated placements as t
 
 RUN_EB = ROOT / "bench" / "results" / "decode_sim_h200.json"
 RUN_EC = ROOT / "bench" / "results" / "decode_sim_h200_run_ec.json"
-RUNS = (RUN_EB, RUN_EC)
+RUN_ED = ROOT / "bench" / "results" / "decode_sim_h200_run_ed.json"
+RUNS = (RUN_EB, RUN_EC, RUN_ED)
+RUN_IDS = ["EB", "EC", "ED"]
 
 # measured tok/s (the field reports)
 GB300 = {("usage-aware", 1): (153.28,), ("positional", 1): (88.74,),
@@ -178,7 +181,7 @@ def sim_points(results: Path) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("results", RUNS, ids=["EB", "EC"])
+@pytest.mark.parametrize("results", RUNS, ids=RUN_IDS)
 def test_h200_simulation_covers_the_cases_asked_for(results):
     points = sim_points(results)
     assert {(p["model"], p["case"]) for p in points} == {
@@ -187,7 +190,7 @@ def test_h200_simulation_covers_the_cases_asked_for(results):
     assert {p["T"] for p in points} == {1, 8, 32}
 
 
-@pytest.mark.parametrize("results", RUNS, ids=["EB", "EC"])
+@pytest.mark.parametrize("results", RUNS, ids=RUN_IDS)
 def test_h200_unique_and_cold_experts_match_the_routing_drawn(results):
     for p in sim_points(results):
         assert p["unique"] == pytest.approx(p["unique_measured"], rel=0.02), p
@@ -200,7 +203,7 @@ def _ratios(results: Path) -> dict[tuple[str, str, int], float]:
     return {(p["model"], p["case"], p["T"]): p["estimate_ms"] / p["measured_ms"] for p in sim_points(results)}
 
 
-@pytest.mark.parametrize("results", RUNS, ids=["EB", "EC"])
+@pytest.mark.parametrize("results", RUNS, ids=RUN_IDS)
 def test_h200_step_time_against_the_simulation(results):
     ratios = _ratios(results)
     for key, r in ratios.items():
@@ -209,9 +212,9 @@ def test_h200_step_time_against_the_simulation(results):
     if results == RUN_EB:   # every point within ±15% (docs/costmodel.md)
         assert outside == {}
     else:
-        # Run EC: the one point outside ±15% is the usage-aware Qwen3-30B step at T = 32, where the
-        # estimate is slow (cold-first overlaps more of the hot reads with the cold stream than the
-        # estimate's "longer stream + FUSED_SHORTER_SHARE x the shorter" assumes; not re-fitted).
+        # Runs EC and ED: the one point outside ±15% is the usage-aware Qwen3-30B step at T = 32,
+        # where the estimate is slow (cold-first overlaps more of the hot reads with the cold stream
+        # than the estimate's "longer stream + FUSED_SHORTER_SHARE x the shorter" assumes; not re-fitted).
         assert list(outside) == [("qwen3-30b-a3b", "usage_aware", 32)] and outside[("qwen3-30b-a3b", "usage_aware", 32)] > 1.15
 
 

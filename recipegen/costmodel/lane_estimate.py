@@ -48,11 +48,11 @@ DEFAULT_ACCEPTANCE_SOURCE = (f"the reference lane's DSpark acceptance: 88.74 tok
 
 # What the validation found (docs/costmodel.md, "Decode speed: validation"): measured tok/s ÷
 # estimated tok/s over every compared point. On the H200, whose kernels the estimate's
-# efficiencies were measured on (bench/decode_sim.py at T = 1, 8, 32, two runs): 0.888 to 1.136 in
-# run EB, 0.916 to 1.208 in run EC (the same command after two kernel changes shortened the steps;
-# its 1.208 is the usage-aware Qwen3-30B step at T = 32, whose hot and cold reads now overlap more
-# than FUSED_SHORTER_SHARE assumes). The band holds both runs: the kernels a lane runs may be
-# either release's. On the GB300 (another GPU and kernel; the field reports): 0.875 / 0.887 at one
+# efficiencies were measured on (bench/decode_sim.py at T = 1, 8, 32, three runs): 0.888 to 1.136
+# in run EB, 0.916 to 1.208 in run EC (the same command after two kernel changes shortened the
+# steps; its 1.208 is the usage-aware Qwen3-30B step at T = 32, whose hot and cold reads now overlap
+# more than FUSED_SHORTER_SHARE assumes), 0.884 to 1.189 in run ED (the same kernels but the dense
+# layers' T = 1 defaults, hours later: the spread between runs is ~3%). The band holds all three. On the GB300 (another GPU and kernel; the field reports): 0.875 / 0.887 at one
 # stream, and 1.35 to 1.59 at eight and sixteen streams (the estimate reads more expert bytes than
 # those runs did).
 BAND_MEASURED_GPU = (0.88, 1.21)

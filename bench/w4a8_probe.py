@@ -4,9 +4,10 @@ activations and FP8 tensor-core products (what vLLM 0.33's Humming backend does 
 the HBM read limit measured in the same process?
 
 Our layers keep bf16 activations and decode E2M1 to bf16 (BENCHMARKS.md: the layer at 75-78% of the
-HBM read at T = 16 / 96, Humming's GEMMs 90-94%). This probe times one w13-shaped grouped GEMM of DeepSeek-V4.1
-geometry (2I = 4,608 rows, K = H = 5,120, 384 experts, top-6) in which each E2M1 code becomes an
-E4M3 byte with its block's scale folded into the exponent, by two byte permutes on an 8-entry
+HBM read at T = 16 / 96, Humming's GEMMs 90-94%). This probe times DeepSeek-V4.1's two expert
+GEMMs as grouped GEMMs (w13: 2I = 4,608 rows x H = 5,120; w2: H rows x I = 2,304; 384 experts,
+top-6, random routing; no SwiGLU, no activation quantization between them) in which each E2M1 code
+becomes an E4M3 byte with its block's scale folded into the exponent, by two byte permutes on an 8-entry
 table per word (the trick Humming 0.1.19 uses, written here for this probe's own bit placement):
 
 * a 32-bit word holds 8 codes of one row in one 32-value block: code m = 2d + c is value
@@ -28,7 +29,7 @@ bf16 (``gpu.layout``), so no byte moves between the decode and the tensor cores;
 its outputs against a hand decode of the same bytes and reports each launch's read rate beside the
 HBM read limit measured in the same process (``gpu_residency.hbm_read_limit``).
 
-    python3 bench/w4a8_probe.py --tokens 16,96 --out $OUT      # a CUDA GPU (sm_90)
+    python3 bench/w4a8_probe.py --tokens 6,16,96 --out $OUT      # a CUDA GPU (sm_90)
 """
 
 from __future__ import annotations
@@ -180,64 +181,72 @@ def route(tokens: int, experts: int, top_k: int, gen: torch.Generator, dev):
             [(int(e), sorted_tok[start[i]:start[i + 1]].tolist()) for i, e in enumerate(uniq)])
 
 
+def time_gemm(gr, t: int, n: int, k: int, bn: int, bm: int, weights, draws, xq, xs, reps: int,
+              limit: float) -> dict:
+    """One GEMM's launches over the draws: median µs, read rate, and (first draw, first 4 slots) the
+    largest relative L2 against the hand decode."""
+    packed, offs, r = weights
+    out = torch.empty(draws[0][2].numel(), n, dtype=torch.float32, device=packed.device)
+
+    def launch(d):
+        return lambda: w4a8_mma_kernel[(n // bn, d[0].numel())](
+            xq, xs, packed, offs, r, d[0], d[1], d[2], out, N=n, K=k, BN=bn, BM=bm, BK=128,
+            num_warps=4, num_stages=3)
+
+    launch(draws[0])()
+    torch.cuda.synchronize()
+    errs = []
+    for (expert, toks), s0 in list(zip(draws[0][3], draws[0][1].tolist()))[:4]:
+        ref = reference(weights_mma(packed, offs, expert, bn, 128), r, xq, xs, expert, toks)
+        errs.append(((out[s0:s0 + len(toks)] - ref).norm() / ref.norm()).item())
+    secs = []
+    for d in draws:
+        secs += gr.time_fn(launch(d), reps, warmup=2)
+    uniq = sum(d[0].numel() for d in draws) / len(draws)
+    nbytes = uniq * n * (k // 2 + k // 32)
+    med = sorted(secs)[len(secs) // 2]
+    return {"us": med * 1e6, "bytes": nbytes, "GBps": nbytes / med / 1e9,
+            "pct_hbm": 100 * nbytes / med / 1e9 / limit, "rel_l2_max": max(errs), "unique_experts": uniq}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tokens", default="16,96")
+    ap.add_argument("--tokens", default="6,16,96")
     ap.add_argument("--experts", type=int, default=384)
     ap.add_argument("--top-k", type=int, default=6)
-    ap.add_argument("--rows", type=int, default=4608, help="w13 rows (2I)")
     ap.add_argument("--hidden", type=int, default=5120)
+    ap.add_argument("--intermediate", type=int, default=2304)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--tiles", default="64x16;128x16", help="';'-separated BNxBM")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     args = ap.parse_args()
     import gpu_residency as gr
     dev = torch.device("cuda")
-    n, k, e = args.rows, args.hidden, args.experts
+    e, h, i = args.experts, args.hidden, args.intermediate
     gen = torch.Generator().manual_seed(2027)
-    packed = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device=dev)
-    offs = torch.randint(1, 13, (e, n, k // 32), dtype=torch.uint8, device=dev)
-    r = torch.exp2(torch.randint(-14, -10, (e, n), device=dev).float())
+    gemms = {"w13": (2 * i, h), "w2": (h, i)}       # (rows N, reduction K)
+    weights = {name: (torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device=dev),
+                      torch.randint(1, 13, (e, n, k // 32), dtype=torch.uint8, device=dev),
+                      torch.exp2(torch.randint(-14, -10, (e, n), device=dev).float()))
+               for name, (n, k) in gemms.items()}
     limit = gr.hbm_read_limit()["GBps"]
     print(f"HBM read limit {limit:.0f} GB/s; {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
           f"triton {triton.__version__}", flush=True)
-    results = {"hbm_read_GBps": limit, "geometry": {"rows": n, "hidden": k, "experts": e, "top_k": args.top_k},
-               "rows": []}
+    results = {"hbm_read_GBps": limit, "geometry": {"hidden": h, "intermediate": i, "experts": e,
+                                                    "top_k": args.top_k}, "rows": []}
     for t in (int(v) for v in args.tokens.split(",")):
-        x = torch.randn(t, k, device=dev)
-        amax = x.reshape(t, k // 128, 128).abs().amax(-1).clamp_min(1e-10)
-        xs = (amax / 448.0).float()
-        xq = (x.reshape(t, k // 128, 128) / xs[..., None]).reshape(t, k).to(torch.float8_e4m3fn)
         draws = [route(t, e, args.top_k, gen, dev) for _ in range(4)]
         for tile in args.tiles.split(";"):
             bn, bm = (int(v) for v in tile.split("x"))
-            out = torch.empty(t * args.top_k, n, dtype=torch.float32, device=dev)
-
-            def launch(kernel, d, *tensors):
-                return lambda: kernel[(n // bn, d[0].numel())](
-                    *tensors, d[0], d[1], d[2], out, N=n, K=k, BN=bn, BM=bm, BK=128, num_warps=4, num_stages=3)
-
-            variants = {"fp8_mma_order": (w4a8_mma_kernel, (xq, xs, packed, offs, r),
-                                          lambda ex: weights_mma(packed, offs, ex, bn, 128))}
             row = {"T": t, "tile": tile}
-            for name, (kernel, tensors, decode) in variants.items():
-                if decode is not None:   # the first 4 slots of one draw against the hand decode
-                    launch(kernel, draws[0], *tensors)()
-                    torch.cuda.synchronize()
-                    errs = []
-                    for (expert, toks), s0 in list(zip(draws[0][3], draws[0][1].tolist()))[:4]:
-                        ref = reference(decode(expert), r, xq, xs, expert, toks)
-                        errs.append(((out[s0:s0 + len(toks)] - ref).norm() / ref.norm()).item())
-                    row[f"{name}_rel_l2_max"] = max(errs)
-                secs = []
-                for d in draws:
-                    secs += gr.time_fn(launch(kernel, d, *tensors), args.reps, warmup=2)
-                uniq = sum(d[0].numel() for d in draws) / len(draws)
-                nbytes = uniq * n * (k // 2 + k // 32)
-                med = sorted(secs)[len(secs) // 2]
-                row[name] = {"us": med * 1e6, "GBps": nbytes / med / 1e9,
-                             "pct_hbm": 100 * nbytes / med / 1e9 / limit}
-            row["unique_experts"] = uniq
+            for name, (n, k) in gemms.items():
+                x = torch.randn(t, k, device=dev)
+                xs = (x.reshape(t, k // 128, 128).abs().amax(-1).clamp_min(1e-10) / 448.0).float()
+                xq = (x.reshape(t, k // 128, 128) / xs[..., None]).reshape(t, k).to(torch.float8_e4m3fn)
+                row[name] = time_gemm(gr, t, n, k, bn, bm, weights[name], draws, xq, xs, args.reps, limit)
+            both_us = row["w13"]["us"] + row["w2"]["us"]
+            both_bytes = row["w13"]["bytes"] + row["w2"]["bytes"]
+            row["both"] = {"us": both_us, "pct_hbm": 100 * both_bytes / (both_us * 1e-6) / 1e9 / limit}
             print(json.dumps(row), flush=True)
             results["rows"].append(row)
     Path(args.out).mkdir(parents=True, exist_ok=True)

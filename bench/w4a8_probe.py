@@ -181,8 +181,8 @@ def route(tokens: int, experts: int, top_k: int, gen: torch.Generator, dev):
             [(int(e), sorted_tok[start[i]:start[i + 1]].tolist()) for i, e in enumerate(uniq)])
 
 
-def time_gemm(gr, t: int, n: int, k: int, bn: int, bm: int, weights, draws, xq, xs, reps: int,
-              limit: float) -> dict:
+def time_gemm(gr, t: int, n: int, k: int, bn: int, bm: int, stages: int, weights, draws, xq, xs,
+              reps: int, limit: float) -> dict:
     """One GEMM's launches over the draws: median µs, read rate, and (first draw, first 4 slots) the
     largest relative L2 against the hand decode."""
     packed, offs, r = weights
@@ -191,7 +191,7 @@ def time_gemm(gr, t: int, n: int, k: int, bn: int, bm: int, weights, draws, xq, 
     def launch(d):
         return lambda: w4a8_mma_kernel[(n // bn, d[0].numel())](
             xq, xs, packed, offs, r, d[0], d[1], d[2], out, N=n, K=k, BN=bn, BM=bm, BK=128,
-            num_warps=4, num_stages=3)
+            num_warps=4, num_stages=stages)
 
     launch(draws[0])()
     torch.cuda.synchronize()
@@ -217,7 +217,7 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=5120)
     ap.add_argument("--intermediate", type=int, default=2304)
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--tiles", default="64x16;128x16", help="';'-separated BNxBM")
+    ap.add_argument("--tiles", default="64x16;128x16", help="';'-separated BNxBM[xSTAGES] (3 stages unless given)")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     args = ap.parse_args()
     import gpu_residency as gr
@@ -237,13 +237,14 @@ def main() -> int:
     for t in (int(v) for v in args.tokens.split(",")):
         draws = [route(t, e, args.top_k, gen, dev) for _ in range(4)]
         for tile in args.tiles.split(";"):
-            bn, bm = (int(v) for v in tile.split("x"))
+            bn, bm, stages = ([int(v) for v in tile.split("x")] + [3])[:3]
             row = {"T": t, "tile": tile}
             for name, (n, k) in gemms.items():
                 x = torch.randn(t, k, device=dev)
                 xs = (x.reshape(t, k // 128, 128).abs().amax(-1).clamp_min(1e-10) / 448.0).float()
                 xq = (x.reshape(t, k // 128, 128) / xs[..., None]).reshape(t, k).to(torch.float8_e4m3fn)
-                row[name] = time_gemm(gr, t, n, k, bn, bm, weights[name], draws, xq, xs, args.reps, limit)
+                row[name] = time_gemm(gr, t, n, k, bn, bm, stages, weights[name], draws, xq, xs, args.reps,
+                                      limit)
             both_us = row["w13"]["us"] + row["w2"]["us"]
             both_bytes = row["w13"]["bytes"] + row["w2"]["bytes"]
             row["both"] = {"us": both_us, "pct_hbm": 100 * both_bytes / (both_us * 1e-6) / 1e9 / limit}

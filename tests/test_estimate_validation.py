@@ -3,14 +3,14 @@
 1. The field reports' GB300 throughput (DeepSeek-V4.1-Flash, k = 5): positional (v14) and
    usage-aware (v15) at one, eight and sixteen streams — "vLLM: Pin Hot Experts" (2026-09-17),
    "Confirmed: second pair"; "Should a GB300 Prefetch Its Cold Experts?" (2026-10-23), section 3.
-2. The full-depth decode simulation on one H200, two runs of the same command
+2. The full-depth decode simulation on one H200, three runs of the same command
    (`PYTHONPATH=runtime python3 bench/decode_sim.py ... --out $OUT`, BENCHMARKS.md, 'Decode step:
    full-depth simulation against the estimate'): run EB (2026-12-03,
    bench/results/decode_sim_h200.json), run EC (2026-12-04, after the cold-first launch order and
-   the nine-operation MXFP4 decode, bench/results/decode_sim_h200_run_ec.json) and run ED (the same
-   day, after the dense layers' new T = 1 defaults, bench/results/decode_sim_h200_run_ed.json); the estimate reads
-   each run's measured HBM and pinned read limits and the committed efficiency tables (the
-   routed-expert rows come from earlier runs, not these).
+   the nine-operation MXFP4 decode, bench/results/decode_sim_h200_run_ec.json) and run ED (the
+   same day, after the dense layers' new T = 1 defaults, bench/results/decode_sim_h200_run_ed.json);
+   the estimate reads each run's measured HBM and pinned read limits and the committed efficiency
+   tables (the routed-expert rows come from earlier runs, not these).
 
 The bands the estimate prints (`lane_estimate.BAND_*`) are checked to cover, and not to exceed by
 more than 0.02, the ratios found here.
@@ -214,8 +214,10 @@ def test_h200_step_time_against_the_simulation(results):
     else:
         # Runs EC and ED: the one point outside ±15% is the usage-aware Qwen3-30B step at T = 32,
         # where the estimate is slow (cold-first overlaps more of the hot reads with the cold stream
-        # than the estimate's "longer stream + FUSED_SHORTER_SHARE x the shorter" assumes; not re-fitted).
-        assert list(outside) == [("qwen3-30b-a3b", "usage_aware", 32)] and outside[("qwen3-30b-a3b", "usage_aware", 32)] > 1.15
+        # than the estimate's "longer stream + FUSED_SHORTER_SHARE x the shorter" assumes; not
+        # re-fitted).
+        point = ("qwen3-30b-a3b", "usage_aware", 32)
+        assert list(outside) == [point] and outside[point] > 1.15, outside
 
 
 def test_bands_are_what_the_validation_found(gb300):

@@ -52,9 +52,9 @@ DEFAULT_ACCEPTANCE_SOURCE = (f"the reference lane's DSpark acceptance: 88.74 tok
 # in run EB, 0.916 to 1.208 in run EC (the same command after two kernel changes shortened the
 # steps; its 1.208 is the usage-aware Qwen3-30B step at T = 32, whose hot and cold reads now overlap
 # more than FUSED_SHORTER_SHARE assumes), 0.884 to 1.189 in run ED (the same kernels but the dense
-# layers' T = 1 defaults, hours later: the spread between runs is ~3%). The band holds all three. On the GB300 (another GPU and kernel; the field reports): 0.875 / 0.887 at one
-# stream, and 1.35 to 1.59 at eight and sixteen streams (the estimate reads more expert bytes than
-# those runs did).
+# layers' T = 1 defaults, hours later: the spread between runs is ~3%). The band holds all three.
+# On the GB300 (another GPU and kernel; the field reports): 0.875 / 0.887 at one stream, and 1.35
+# to 1.59 at eight and sixteen streams (the estimate reads more expert bytes than those runs did).
 BAND_MEASURED_GPU = (0.88, 1.21)
 BAND_ONE_STREAM = (0.87, 1.21)
 BAND_OTHER_GPU_STREAMS = (0.87, 1.61)

@@ -249,5 +249,6 @@ def test_fp8_warp_mma_tiles_meet_the_reference(tokens: int) -> None:
     assert rel(got, ref) <= FP8_ACC_TOL, (rel(got, ref), wgmma_err)
     assert wgmma_err > 10 * FP8_ACC_TOL, wgmma_err
 
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-rs", "-s"] + sys.argv[1:]))

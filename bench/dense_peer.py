@@ -78,7 +78,6 @@ VARIANTS = {
     "t1-s4": DenseKernelConfig(num_stages_t1=4),
     "t1-s5": DenseKernelConfig(num_stages_t1=5),
     "t1-n32-s4": DenseKernelConfig(block_n1_t1=32, block_n2_t1=32, num_stages_t1=4),
-    "t1-n32-s5": DenseKernelConfig(block_n1_t1=32, block_n2_t1=32, num_stages_t1=5),
     "t1-w8": DenseKernelConfig(num_warps=8),
     # 32-row tiles at every T: FP8 then multiplies on the warp-level MMA (Triton takes wgmma only
     # for tiles of 64+ rows), whose FP8 products add in fp32 (test_dense_gpu.py)

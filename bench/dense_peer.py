@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import format_peer as fp  # noqa: E402
 from expert_residency.core.banks import ExpertBank, ResidentLayer, build_unsplit_layer  # noqa: E402
 from expert_residency.core.split import residency_forward  # noqa: E402
-from expert_residency.gpu.dense_experts import DenseKernelConfig, TritonDenseExperts  # noqa: E402
+from expert_residency.gpu.dense_experts import DenseKernelConfig, TritonDenseExperts, default_config  # noqa: E402
 from expert_residency.gpu.experts import ExpertShape  # noqa: E402
 
 GB = 1e9
@@ -83,8 +83,8 @@ VARIANTS = {
     # for tiles of 64+ rows), whose FP8 products add in fp32 (test_dense_gpu.py)
     "n32": DenseKernelConfig(block_n1=32, block_n2=32),
     "n32-s4": DenseKernelConfig(block_n1=32, block_n2=32, num_stages=4),
-    # BF16's default since 2026-12-04 (gpu.dense_experts.default_config)
-    "t1-s4-bm32@64": DenseKernelConfig(num_stages_t1=4, block_m_large=32, large_tokens=64),
+    # BF16's default since 2026-12-04: four stages at T = 1, 32-token tiles from T = 64
+    "t1-s4-bm32@64": default_config("bf16"),
 }
 DEFAULT_VARIANTS = {"qwen3-bf16": "main,t1,t1-s4-bm32@64", "dsv3-fp8": "main,t1,n32"}
 CPU_VARIANTS = {  # tiny geometry: tiles that divide it (the interpreter wants small tiles)

@@ -80,11 +80,13 @@ import gpu_residency as gr  # noqa: E402  (limits, routing, pinned copies: one m
 from expert_residency.contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT  # noqa: E402
 from expert_residency.core.banks import build_unsplit_layer  # noqa: E402
 from expert_residency.gpu.experts import KernelConfig, TritonMxfp4Experts  # noqa: E402
+from expert_residency.gpu.experts_w4a8 import TritonW4a8Experts  # noqa: E402
 from expert_residency.mxfp4 import dequantize_mxfp4  # noqa: E402
 
 DEV = gr.DEV
 DSV41 = gr.DSV41
 GB = gr.GB
+W4A8_LABEL = "w4a8"   # --w4a8: ours with FP8 activations
 ALPHA, LIMIT = GPTOSS_SWIGLU_ALPHA, GPTOSS_SWIGLU_LIMIT  # vLLM's triton_kernel_fused_experts defaults
 
 
@@ -330,7 +332,8 @@ def unique_bytes(ids: torch.Tensor) -> int:
 
 def run_tokens(tokens, steps, ours, ex, peers, p, k, seed, hbm_bw, variants=None):
     """``peers``: name -> one peer object per layer (``route(ids, w)``, ``run(x, routing, w, ids, out)``);
-    ``variants``: label -> another ``TritonMxfp4Experts`` on the same layers (case ``ours@label``)."""
+    ``variants``: label -> (another ``TritonMxfp4Experts``, its layers: ``ours`` or its own layout's)
+    (case ``ours@label``)."""
     layers = len(ours)
     ids_all, w_all = gr.sample_routing(p[:layers], steps, tokens, k, seed + tokens)
     gen = torch.Generator(device=DEV).manual_seed(seed + 3 * tokens)
@@ -365,12 +368,12 @@ def run_tokens(tokens, steps, ours, ex, peers, p, k, seed, hbm_bw, variants=None
         return out_ours
 
     cases["ours"] = Graph(ours_all, name="ours").replay
-    for label, vex in (variants or {}).items():
+    for label, (vex, vlayers) in (variants or {}).items():
         out_v = torch.empty_like(out_ours)
 
-        def variant_all(vex=vex, out_v=out_v):
+        def variant_all(vex=vex, vlayers=vlayers, out_v=out_v):
             for l in range(layers):
-                vex.forward(ours[l], x[l], w_buf[l], ids_buf[l], out=out_v[l])
+                vex.forward(vlayers[l], x[l], w_buf[l], ids_buf[l], out=out_v[l])
             return out_v
 
         cases[f"ours@{label}"] = Graph(variant_all, name=f"ours@{label}").replay
@@ -406,8 +409,12 @@ def check_outputs(ours, ex, peers, ckpt0, k, seed, swiglu_limit, errors, variant
     out_ours = ex.forward(ours[0], x, weights, ids)
     res = {"ours_vs_fp32_ref_rel_l2": rel_l2(out_ours, ref_silu)}
     out_ours = out_ours.clone()
-    for label, vex in (variants or {}).items():
-        res[f"ours@{label}_vs_fp32_ref_rel_l2"] = rel_l2(vex.forward(ours[0], x, weights, ids), ref_silu)
+    for label, (vex, vlayers) in (variants or {}).items():
+        out_v = vex.forward(vlayers[0], x, weights, ids)
+        res[f"ours@{label}_vs_fp32_ref_rel_l2"] = rel_l2(out_v, ref_silu)
+        if isinstance(vex, TritonW4a8Experts):   # FP8 activations, as Humming's: also that reference
+            res[f"ours@{label}_vs_fp32_ref_with_fp8_activations_rel_l2"] = rel_l2(
+                out_v, reference(ckpt0, x, ids, weights, "silu", swiglu_limit, fp8_acts=True))
     for name, per_layer in list(peers.items()):
         out = torch.zeros(t, DSV41.hidden, dtype=torch.bfloat16, device=DEV)
         try:
@@ -552,6 +559,9 @@ def main() -> int:
     ap.add_argument("--config", default="", help="KernelConfig fields for ours, e.g. block_n2=128")
     ap.add_argument("--compare", default="", help="';'-separated 'label:k=v,k=v' configs of ours timed beside "
                     "the default (case ours@label; same layers, same routing)")
+    ap.add_argument("--w4a8", nargs="?", const=W4A8_LABEL + ":", default="",
+                    help="also time ours with FP8 activations (gpu.experts_w4a8, opt-in; its own layout): "
+                         "';'-separated 'label:k=v,...' KernelConfig fields (tokens per tile, warps, stages)")
     ap.add_argument("--offload", action="store_true", help="also the 13-layer offload headline (matmul_ogs)")
     ap.add_argument("--offload-layers", type=int, default=13)
     ap.add_argument("--offload-cold-layers", type=int, default=3)
@@ -593,10 +603,15 @@ def main() -> int:
     ex = TritonMxfp4Experts(DSV41, experts, k, max_tokens=max_tokens, device=DEV, config=config,
                             swiglu_limit=limit)
     variants = {}
-    for label, vcfg in variant_configs.items():
-        variants[label] = TritonMxfp4Experts(DSV41, experts, k, max_tokens=max_tokens, device=DEV, config=vcfg,
-                                             swiglu_limit=limit)
     peers, ours, ckpt0, humming_info = {n: [] for n in names}, [], None, None
+    for label, vcfg in variant_configs.items():
+        variants[label] = (TritonMxfp4Experts(DSV41, experts, k, max_tokens=max_tokens, device=DEV, config=vcfg,
+                                              swiglu_limit=limit), ours)
+    w4a8_layers: list = []   # one FP8-activation layout, shared by its variants (same tiles)
+    for item in filter(None, (c.strip() for c in args.w4a8.split(";"))):
+        label, fields = item.split(":", 1)
+        variants[label] = (TritonW4a8Experts(DSV41, experts, k, max_tokens=max_tokens, device=DEV,
+                                             config=gr.parse_config(fields), swiglu_limit=limit), w4a8_layers)
     results_errors: list[str] = []
     t0 = time.perf_counter()
     for layer in range(args.layers):
@@ -615,6 +630,11 @@ def main() -> int:
                 del peers["humming"]
         if "matmul_ogs" in peers:
             peers["matmul_ogs"].append(Peer(glue, ckpt))
+        w4a8 = [v for v, vlayers in variants.values() if vlayers is w4a8_layers]
+        if w4a8:
+            copy = {n: t.clone() for n, t in ckpt.items()}
+            w4a8[0].to_kernel_layout(copy)
+            w4a8_layers.append(build_unsplit_layer(copy, layer_index=layer))
         ex.to_kernel_layout(ckpt)  # in place: the checkpoint tensor becomes ours
         ours.append(build_unsplit_layer(ckpt, layer_index=layer))
         torch.cuda.synchronize()
@@ -626,7 +646,8 @@ def main() -> int:
     hbm_bw = limits["hbm_read"]["GBps"] * GB
     results = {"env": env, "args": vars(args), "config": config.describe(), "limits": limits,
                "humming": humming_info, "errors": results_errors, "per_T": {}}
-    results["variants"] = {label: v.config.describe() for label, v in variants.items()}
+    results["variants"] = {label: (("FP8 activations (gpu.experts_w4a8) " if isinstance(v, TritonW4a8Experts) else "")
+                                   + v.config.describe()) for label, (v, _) in variants.items()}
     results["check"] = check_outputs(ours, ex, peers, ckpt0, k, args.seed, limit, results_errors, variants)
     print("check", json.dumps(results["check"]), flush=True)
     del ckpt0
@@ -692,11 +713,14 @@ def markdown(r: dict) -> str:
     if labels:
         lines += ["", "Ours, other configs in the same loop (" + "; ".join(
             f"{c}: {r.get('variants', {}).get(c[5:], '')}" for c in labels) + "):", "",
-            "| T | ours µs (% HBM) | " + " | ".join(f"{c} µs (% HBM, ÷ ours)" for c in labels) + " |",
+            "| T | ours µs (% HBM) | " + " | ".join(f"{c} µs (% HBM, ÷ ours{', ÷ ' + names[0] + ' layer' if names else ''})"
+                                                     for c in labels) + " |",
             "|---|---|" + "---|" * len(labels)]
         for tokens, x in r["per_T"].items():
             o = x["ours"]
-            cells = [f"{x[c]['us_per_layer']:.1f} ({x[c]['pct_hbm']:.0f}%, {x[c]['us_per_layer'] / o['us_per_layer']:.3f})"
+            peer = x.get(f"{names[0]}_layer") if names else None
+            cells = [f"{x[c]['us_per_layer']:.1f} ({x[c]['pct_hbm']:.0f}%, {x[c]['us_per_layer'] / o['us_per_layer']:.3f}"
+                     + (f", {x[c]['us_per_layer'] / peer['us_per_layer']:.2f}" if peer else "") + ")"
                      for c in labels if c in x]
             lines.append(f"| {tokens} | {o['us_per_layer']:.1f} ({o['pct_hbm']:.0f}%) | " + " | ".join(cells) + " |")
     if "offload" in r:

@@ -3,31 +3,17 @@
 activations and FP8 tensor-core products (what vLLM 0.33's Humming backend does there), against
 the HBM read limit measured in the same process?
 
-Our layers keep bf16 activations and decode E2M1 to bf16 (BENCHMARKS.md: the layer at 75-78% of the
-HBM read at T = 16 / 96, Humming's GEMMs 90-94%). This probe times DeepSeek-V4.1's two expert
-GEMMs as grouped GEMMs (w13: 2I = 4,608 rows x H = 5,120; w2: H rows x I = 2,304; 384 experts,
-top-6, random routing; no SwiGLU, no activation quantization between them) in which each E2M1 code
-becomes an E4M3 byte with its block's scale folded into the exponent, by two byte permutes on an 8-entry
-table per word (the trick Humming 0.1.19 uses, written here for this probe's own bit placement):
-
-* a 32-bit word holds 8 codes of one row in one 32-value block: code m = 2d + c is value
-  16c + 4q + d of the block (q: the thread's lane in its group of four, d: a byte of an FP8 A
-  register). Code 2i: magnitude (3 bits) at nibble i, sign at bit 8i+7; code 2i+1: magnitude at
-  nibble 4+i, sign at bit 8i+3. Then
-  ``prmt(table, mag & 0x7777)`` gives the even codes' E4M3 magnitudes, ``prmt(table, mag >> 16)``
-  the odd ones', and the signs drop into bit 7 of each byte with one mask (and one shift);
-* the table for a 32-value block with exponent offset ``off`` (1..12) holds E4M3 bytes of
-  ``v * 2^(off-6)`` for the 8 magnitudes v = 0, .5, 1, 1.5, 2, 3, 4, 6 (entry 0 stays zero, 0.5
-  becomes the normal 2^(off-7)), so a block with ue8m0 scale s takes ``off = s - base + 1`` and the
-  row's ``2^(base-122)`` multiplies its fp32 sum once: exact while a row's block scales span at
-  most 11 powers of two (the range Humming also allows; it re-rounds blocks below it);
-* activations quantized per token and 128 values to E4M3 (fp32 scales), each 128-value block's
-  FP8 dot scaled and added in fp32 (vLLM's block-FP8 scheme).
-
-Tiles are stored in the A operand's register order, as the runtime's bf16 MMA-order layout is for
-bf16 (``gpu.layout``), so no byte moves between the decode and the tensor cores; the probe checks
-its outputs against a hand decode of the same bytes and reports each launch's read rate beside the
-HBM read limit measured in the same process (``gpu_residency.hbm_read_limit``).
+This probe times DeepSeek-V4.1's two expert GEMMs alone as grouped GEMMs (w13: 2I = 4,608 rows x
+H = 5,120; w2: H rows x I = 2,304; 384 experts, top-6, random routing; no SwiGLU, no activation
+quantization between them) on the runtime's FP8-activation tiles (``gpu.layout_w4a8``: each E2M1
+code becomes an E4M3 byte with its block's scale folded into the exponent, two byte permutes per
+word, words in the wgmma A operand's register order; decoded by ``gpu.kernels_w4a8._w4a8_tile``),
+activations quantized per token and 128 values to E4M3 with fp32 scales (vLLM's block-FP8 scheme).
+The weights are random bytes of that layout (offsets 1..12, a random power-of-two multiplier per
+row). The whole layer on these tiles is ``gpu.experts_w4a8`` (``bench/peer_moe.py --w4a8`` times
+it beside Humming); this probe isolates the GEMMs, checks them against a hand decode of the same
+bytes and reports each launch's read rate beside the HBM read limit measured in the same process
+(``gpu_residency.hbm_read_limit``).
 
     python3 bench/w4a8_probe.py --tokens 6,16,96 --out $OUT      # a CUDA GPU (sm_90)
 """
@@ -49,40 +35,18 @@ sys.path.insert(0, str(ROOT / "runtime"))
 sys.path.insert(0, str(ROOT / "bench"))   # gpu_residency: the HBM read limit
 
 from expert_residency.fp8 import per_token_group_quant_fp8  # noqa: E402
-
-# One asm instance: $2 = 4 bytes (one word, 8 codes), $3 = the word's block offset in all 4 bytes;
-# $0 / $1 = the even / odd codes as 4 E4M3 bytes each.
-_W4A8_WORD_PTX = tl.constexpr("""
-{
-.reg .b32 m, t, lo, hi, r;
-and.b32 m, $2, 0x77777777;
-shl.b32 t, $3, 3;
-add.u32 hi, t, 0x1C181410;
-and.b32 t, t, 0xFFFFFF00;
-add.u32 lo, t, 0x0C080000;
-prmt.b32 r, lo, hi, m;
-and.b32 t, $2, 0x80808080;
-or.b32 $0, t, r;
-shr.u32 m, m, 16;
-prmt.b32 r, lo, hi, m;
-shl.b32 t, $2, 4;
-and.b32 t, t, 0x80808080;
-or.b32 $1, t, r;
-}
-""")
+from expert_residency.gpu.kernels_w4a8 import _tile_offsets, _w4a8_tile, w4a8_decode_tile  # noqa: E402
+from expert_residency.gpu.layout_w4a8 import decode_words, w4a8_tile_index  # noqa: E402
+from expert_residency.mxfp4 import e2m1_table  # noqa: E402
 
 
 @triton.jit
 def w4a8_mma_kernel(xq_ptr, xs_ptr, w_ptr, o_ptr, r_ptr, slot_expert_ptr, slot_start_ptr, sorted_tok_ptr,
                     out_ptr, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
                     BK: tl.constexpr):
-    """``out[p, rows] = 2^(base_row-122) * sum_b (W8[rows, b] . xq[tok_p, b]) * xs[tok_p, b]`` on tiles
-    stored in the FP8 A operand's register order (``mma_tile_index``): each thread loads its own
-    words 16 bytes at a time, and each word's two outputs are two of the wgmma A fragment's
-    registers (row g or g+8; k 4q..4q+3 and 16+4q..16+4q+3 of one 32-value block), so the reshapes
-    below only rename registers (no layout conversion in the compiled kernel)."""
-    R: tl.constexpr = BN // 64
-    ROWS: tl.constexpr = BN * BK // 32
+    """``out[p, rows] = r_row * sum_b (W8[rows, b] . xq[tok_p, b]) * xs[tok_p, b]`` on the runtime's
+    FP8-activation tiles (``gpu.kernels_w4a8._w4a8_tile``: words in the wgmma A operand's register
+    order), with each row's multiplier ``r`` given apart (the runtime keeps it in the offsets)."""
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
     e = tl.load(slot_expert_ptr + slot).to(tl.int64)
@@ -92,18 +56,10 @@ def w4a8_mma_kernel(xq_ptr, xs_ptr, w_ptr, o_ptr, r_ptr, slot_expert_ptr, slot_s
     mm = start + tl.arange(0, BM)
     m_ok = mm < end
     tok = tl.load(sorted_tok_ptr + mm, mask=m_ok, other=0).to(tl.int64)
-    rows = tl.arange(0, ROWS)
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     for k0 in range(0, K, BK):
         tile = e * (N // BN) * (K // BK) + pid_n * (K // BK) + k0 // BK
-        packed = tl.load(w_ptr + tile * (BN * BK // 2) + rows[:, None] * 16 + tl.arange(0, 16)[None, :])
-        offs = tl.load(o_ptr + tile * (BN * BK // 32) + (rows // 4)[:, None] * 4 + tl.arange(0, 4)[None, :])
-        offs = tl.reshape(tl.broadcast_to(offs[:, :, None], (ROWS, 4, 4)), (ROWS, 16))
-        even, odd = tl.inline_asm_elementwise(_W4A8_WORD_PTX, "=r,=r,r,r", [packed, offs],
-                                              dtype=(tl.float8e4nv, tl.float8e4nv), is_pure=True, pack=4)
-        # [rm, kk_hi, w, g, q | kk_lo, h, d | c] -> rows (rm, w, h, g) x k (kk_hi, kk_lo, c, q, d)
-        w = tl.reshape(tl.join(even, odd), (R, 2, 4, 8, 4, 2, 2, 4, 2))
-        w = tl.reshape(tl.permute(w, (0, 2, 6, 3, 1, 5, 8, 4, 7)), (BN, BK))
+        w = _w4a8_tile(w_ptr, o_ptr, tile, BN, BK)
         x = tl.load(xq_ptr + tok[None, :] * K + (k0 + tl.arange(0, BK))[:, None], mask=m_ok[None, :])
         xs = tl.load(xs_ptr + tok * (K // 128) + k0 // 128, mask=m_ok, other=0.0)
         acc += tl.dot(w, x) * xs[None, :]
@@ -111,53 +67,46 @@ def w4a8_mma_kernel(xq_ptr, xs_ptr, w_ptr, o_ptr, r_ptr, slot_expert_ptr, slot_s
     tl.store(out_ptr + mm[None, :].to(tl.int64) * N + out_rows[:, None], acc * r[:, None], mask=m_ok[None, :])
 
 
-def mma_tile_index(bn: int, bk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where ``w4a8_mma_kernel`` finds each code of a ``bn x bk`` tile: (row, k) of byte-slot
-    ``(word index, code m)`` as two int64 tensors ``[bn*bk/8, 8]``; words in storage order
-    ``(rm, kk_hi, w, g, q, kk_lo, h)``, code m = 2d + c of the word at row 64rm + 16w + 8h + g,
-    k = 32(2kk_hi + kk_lo) + 16c + 4q + d. And the offsets' storage order is ``(rm, kk_hi, w, g, kk_lo,
-    h)``: the same words without q."""
-    idx = torch.arange(bn * bk // 8)
-    h, idx = idx % 2, idx // 2
-    kk_lo, idx = idx % 2, idx // 2
-    q, idx = idx % 4, idx // 4
-    g, idx = idx % 8, idx // 8
-    w, idx = idx % 4, idx // 4
-    kk_hi, rm = idx % 2, idx // 2
-    m = torch.arange(8)
-    d, c = m // 2, m % 2
-    row = (64 * rm + 16 * w + 8 * h + g)[:, None].expand(-1, 8)
-    k = (32 * (2 * kk_hi + kk_lo) + 4 * q)[:, None] + (16 * c + d)[None, :]
-    return row, k
-
-
-E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-
-
-def word_codes(words: torch.Tensor) -> torch.Tensor:
-    """int64 words [..., W] in this probe's bit placement -> signed E2M1 values [..., 8W] in k order."""
-    mags = torch.tensor(E2M1, dtype=torch.float32, device=words.device)
-    out = []
-    for m in range(8):
-        i = m // 2
-        if m % 2 == 0:
-            mag, sign = (words >> (4 * i)) & 7, (words >> (8 * i + 7)) & 1
-        else:
-            mag, sign = (words >> (16 + 4 * i)) & 7, (words >> (8 * i + 3)) & 1
-        out.append(torch.where(sign == 1, -mags[mag], mags[mag]))
-    return torch.stack(out, dim=-1).reshape(*words.shape[:-1], -1)
+@triton.jit
+def w4a8_tma_kernel(xq_ptr, xs_ptr, w_desc, o_ptr, r_ptr, slot_expert_ptr, slot_start_ptr, sorted_tok_ptr,
+                    out_ptr, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
+                    BK: tl.constexpr):
+    """``w4a8_mma_kernel`` with each weight tile brought in by the Tensor Memory Accelerator (one
+    bulk copy of the tile's ``BN*BK/2`` bytes, ``w_desc`` over the weights as 16-byte rows) instead
+    of per-thread asynchronous copies."""
+    ROWS: tl.constexpr = BN * BK // 32
+    pid_n = tl.program_id(0)
+    slot = tl.program_id(1)
+    e = tl.load(slot_expert_ptr + slot)
+    start = tl.load(slot_start_ptr + slot)
+    end = tl.load(slot_start_ptr + slot + 1)
+    out_rows = pid_n * BN + tl.arange(0, BN)
+    mm = start + tl.arange(0, BM)
+    m_ok = mm < end
+    tok = tl.load(sorted_tok_ptr + mm, mask=m_ok, other=0).to(tl.int64)
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        tile = e * (N // BN) * (K // BK) + pid_n * (K // BK) + k0 // BK
+        packed = tl.reshape(w_desc.load([tile * (ROWS // 4), 0]), (ROWS, 16))   # 64-byte rows: TMA boxes <= 256
+        w = w4a8_decode_tile(packed, _tile_offsets(o_ptr, tile.to(tl.int64), BN, BK), BN, BK)
+        x = tl.load(xq_ptr + tok[None, :] * K + (k0 + tl.arange(0, BK))[:, None], mask=m_ok[None, :])
+        xs = tl.load(xs_ptr + tok * (K // 128) + k0 // 128, mask=m_ok, other=0.0)
+        acc += tl.dot(w, x) * xs[None, :]
+    r = tl.load(r_ptr + e.to(tl.int64) * N + out_rows)
+    tl.store(out_ptr + mm[None, :].to(tl.int64) * N + out_rows[:, None], acc * r[:, None], mask=m_ok[None, :])
 
 
 def weights_mma(packed: torch.Tensor, offs: torch.Tensor, expert: int, bn: int, bk: int) -> torch.Tensor:
-    """fp32 ``[N, K]`` E4M3 weight values of one expert in ``w4a8_mma_kernel``'s tile-major,
-    register-order storage (``mma_tile_index``), decoded by hand (no Triton)."""
+    """fp32 ``[N, K]`` E4M3 weight values of one expert (before the row multiplier), decoded by
+    hand (``gpu.layout_w4a8``'s word and tile order; no Triton)."""
     n, k = packed.shape[1], packed.shape[2] * 2
     tiles = packed[expert].reshape(n // bn, k // bk, bn * bk // 2).to(torch.int64)
     words = tiles[..., 0::4] | (tiles[..., 1::4] << 8) | (tiles[..., 2::4] << 16) | (tiles[..., 3::4] << 24)
     widx = torch.arange(words.shape[-1], device=packed.device)
     off = offs[expert].reshape(n // bn, k // bk, bn * bk // 32)[..., (widx // 16) * 4 + widx % 4]
-    vals = word_codes(words).reshape(*words.shape, 8) * torch.exp2(off.float() - 6)[..., None]  # [tn, tk, words, 8]
-    row, col = (t.to(packed.device) for t in mma_tile_index(bn, bk))
+    codes = decode_words(words)
+    vals = e2m1_table(packed.device)[codes] * torch.exp2(off.float() - 6)[..., None]  # [tn, tk, words, 8]
+    row, col = (t.to(packed.device) for t in w4a8_tile_index(bn, bk))
     w = torch.empty(n, k, device=packed.device)
     tn = torch.arange(n // bn, device=packed.device)[:, None, None, None]
     tk = torch.arange(k // bk, device=packed.device)[None, :, None, None]
@@ -186,13 +135,20 @@ def route(tokens: int, experts: int, top_k: int, gen: torch.Generator, dev):
 
 
 def time_gemm(gr, n: int, k: int, bn: int, bm: int, stages: int, weights, draws, xq, xs,
-              reps: int, limit: float) -> dict:
+              reps: int, limit: float, tma: bool = False) -> dict:
     """One GEMM's launches over the draws: median µs, read rate, and (first draw, first 4 slots) the
-    largest relative L2 against the hand decode."""
+    largest relative L2 against the hand decode. ``tma``: ``w4a8_tma_kernel``."""
     packed, offs, r = weights
     out = torch.empty(draws[0][2].numel(), n, dtype=torch.float32, device=packed.device)
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        desc = TensorDescriptor.from_tensor(packed.view(-1, 64), [bn * 128 // 128, 64])
 
     def launch(d):
+        if tma:
+            return lambda: w4a8_tma_kernel[(n // bn, d[0].numel())](
+                xq, xs, desc, offs, r, d[0], d[1], d[2], out, N=n, K=k, BN=bn, BM=bm, BK=128,
+                num_warps=4, num_stages=stages)
         return lambda: w4a8_mma_kernel[(n // bn, d[0].numel())](
             xq, xs, packed, offs, r, d[0], d[1], d[2], out, N=n, K=k, BN=bn, BM=bm, BK=128,
             num_warps=4, num_stages=stages)
@@ -221,7 +177,8 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=5120)
     ap.add_argument("--intermediate", type=int, default=2304)
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--tiles", default="64x16;128x16", help="';'-separated BNxBM[xSTAGES] (3 stages unless given)")
+    ap.add_argument("--tiles", default="64x16;128x16", help="';'-separated BNxBM[xSTAGES][t] (3 stages unless "
+                                                               "given; t: weight tiles by TMA)")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     args = ap.parse_args()
     import gpu_residency as gr
@@ -244,11 +201,12 @@ def main() -> int:
         inputs = {name: per_token_group_quant_fp8(torch.randn(t, k, device=dev), 128)
                   for name, (_, k) in gemms.items()}
         for tile in args.tiles.split(";"):
-            bn, bm, stages = ([int(v) for v in tile.split("x")] + [3])[:3]
+            tma = tile.endswith("t")
+            bn, bm, stages = ([int(v) for v in tile.rstrip("t").split("x")] + [3])[:3]
             row = {"T": t, "tile": tile}
             for name, (n, k) in gemms.items():
                 xq, xs = inputs[name]
-                row[name] = time_gemm(gr, n, k, bn, bm, stages, weights[name], draws, xq, xs, args.reps, limit)
+                row[name] = time_gemm(gr, n, k, bn, bm, stages, weights[name], draws, xq, xs, args.reps, limit, tma)
             both_us = row["w13"]["us"] + row["w2"]["us"]
             both_bytes = row["w13"]["bytes"] + row["w2"]["bytes"]
             row["both"] = {"us": both_us, "pct_hbm": 100 * both_bytes / (both_us * 1e-6) / 1e9 / limit}

@@ -52,6 +52,8 @@ def main() -> int:
     ap.add_argument("--tokens", default="6,16,96")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--bf16", default="bf16:", help="';'-separated 'label:k=v,...' KernelConfig fields of "
+                                                     "bf16-activation layers (each its own layout)")
     ap.add_argument("--w4a8", default="w4a8:", help="';'-separated 'label:k=v,...' KernelConfig fields of "
                                                      "FP8-activation layers (tokens per tile, warps, stages)")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
@@ -59,8 +61,12 @@ def main() -> int:
     dev, shape, experts, k = gr.DEV, gr.DSV41, 384, 6
     tokens = [int(t) for t in args.tokens.split(",")]
     gen = torch.Generator(device=dev).manual_seed(7)
-    ex = TritonMxfp4Experts(shape, experts, k, max_tokens=max(tokens), device=dev, swiglu_limit=10.0)
-    runs, layers, w4a8_layers = {"bf16": ex}, {"bf16": []}, []
+    runs, layers, w4a8_layers = {}, {}, []
+    for item in filter(None, (c.strip() for c in args.bf16.split(";"))):
+        label, fields = item.split(":", 1)
+        runs[label] = TritonMxfp4Experts(shape, experts, k, max_tokens=max(tokens), device=dev,
+                                         config=gr.parse_config(fields), swiglu_limit=10.0)
+        layers[label] = []
     for item in filter(None, (c.strip() for c in args.w4a8.split(";"))):
         label, fields = item.split(":", 1)
         runs[label] = TritonW4a8Experts(shape, experts, k, max_tokens=max(tokens), device=dev,
@@ -73,8 +79,12 @@ def main() -> int:
             copy = {n: t.clone() for n, t in ckpt.items()}
             fp8[0].to_kernel_layout(copy)
             w4a8_layers.append(build_unsplit_layer(copy, layer_index=i))
-        ex.to_kernel_layout(ckpt)
-        layers["bf16"].append(build_unsplit_layer(ckpt, layer_index=i))
+        for label, kx in runs.items():
+            if not isinstance(kx, TritonW4a8Experts):
+                copy = {n: t.clone() for n, t in ckpt.items()}
+                kx.to_kernel_layout(copy)
+                layers[label].append(build_unsplit_layer(copy, layer_index=i))
+        del ckpt
     limit = gr.hbm_read_limit()["GBps"]
     print(f"HBM read limit {limit:.0f} GB/s; {torch.cuda.get_device_name(0)}", flush=True)
     result = {"hbm_read_GBps": limit, "rows": []}

@@ -64,6 +64,7 @@ CONFIGS = {
     "mma-order": KernelConfig(),   # the default (dequant=3, w2 128-row tiles, 4 stages)
     "mma-order-bn64-3stages": KernelConfig(block_n2=64, num_stages=3),
     "mma-order-bn128-bk64": KernelConfig(block_n1=128, block_k1=64, block_n2=128, block_k2=64),
+    "mma-order-w13-128-rows": KernelConfig(block_n1=128),
     # the small-step schedule off: every T grouped, unsplit K, one pipeline depth (the kernel
     # before the split-K schedule)
     "mma-order-no-small-schedule": KernelConfig(split_k1=1, split_k2=1, one_token=False,

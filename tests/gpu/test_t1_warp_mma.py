@@ -177,6 +177,19 @@ def test_split_equals_unsplit_and_matches_reference(name: str, groups: tuple[int
         assert rel <= REL_TOL and rel_dot <= REL_TOL
 
 
+@pytest.mark.parametrize("name", ["dsv41", "small"])
+def test_128_row_w13_tiles_give_the_64_row_tiles_bits(name: str) -> None:
+    """The T = 1 w13 kernel on a layout of 128-row w13 tiles reads each 64-row rep where it lies
+    and computes what it computes on 64-row tiles, bit for bit (split and unsplit)."""
+    ex64, split64, _, _, hot, cold = _layers(name, _config(name, block_n1=64))
+    ex128, split128, unsplit128, _, _, _ = _layers(name, _config(name, block_n1=128))
+    assert ex128.config.block_n1 == 128 and ex128._t1_groups is not None
+    for ids, w, x in _tokens(hot, cold, ex64, 23):
+        want = ex64.forward(split64, x, w, ids).clone()
+        assert torch.equal(ex128.forward(split128, x, w, ids), want)
+        assert torch.equal(ex128.forward(unsplit128, x, w, ids), want)
+
+
 @pytest.mark.parametrize("name", ["dsv41", "gptoss"])
 def test_counter_mask_and_skipped_picks(name: str) -> None:
     ex, split, unsplit, _, hot, cold = _layers(name, _config(name))

@@ -43,7 +43,7 @@ def test_warpgroups_divide_the_half_steps() -> None:
 
 
 @pytest.mark.parametrize("fields", [dict(t1_warp_mma=False), dict(split_k1=2), dict(split_k2=2),
-                                    dict(stream_k1=264), dict(one_token=False), dict(block_n1=128),
+                                    dict(stream_k1=264), dict(one_token=False), dict(block_n1=256),
                                     dict(block_n2=256), dict(dequant=0, block_n1=32)],
                          ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
 def test_other_schedules_keep_tl_dot(fields: dict) -> None:

@@ -293,7 +293,7 @@ def effective_splits(shape: ExpertShape, config: KernelConfig) -> tuple[int, int
 def t1_warpgroups(shape: ExpertShape, config: KernelConfig) -> tuple[int, int] | None:
     """Warpgroups per program of the T = 1 warp-MMA kernels (``gpu.kernels_t1``) for w13 and w2
     (0: that launch through tl.dot), or None where the config does not take them: off, a split or
-    stream-K T = 1 schedule, not the MMA-order layout with 64-row w13 and 64/128-row w2 tiles.
+    stream-K T = 1 schedule, not the MMA-order layout with 64/128-row w13 and w2 tiles.
     Each count is the largest power of two up to the configured one (at most 8) that divides the
     reduction's 64-value half-steps (gpt-oss's 2,880 = 45 x 64 takes one)."""
     for name in ("t1_chains1", "t1_chains2"):
@@ -303,7 +303,7 @@ def t1_warpgroups(shape: ExpertShape, config: KernelConfig) -> tuple[int, int] |
         if getattr(config, name) not in (4, 8, 12, 16, 20):
             raise ValueError(f"{name} {getattr(config, name)} is not 4, 8, 12, 16 or 20 half-steps per trip")
     if not (config.t1_warp_mma and config.one_token and is_mma_order(config)
-            and config.block_n1 == 64 and config.block_n2 in (64, 128)
+            and config.block_n1 in (64, 128) and config.block_n2 in (64, 128)
             and not (config.stream_k1 or config.stream_k2) and effective_splits(shape, config) == (1, 1)):
         return None
 
@@ -542,7 +542,7 @@ class TritonMxfp4Experts:
         if one_token and self._t1_groups is not None and x.data_ptr() % 4 == 0:
             g1, g2 = self._t1_groups
         elif (not one_token and 2 <= t <= cfg.gw_max_tokens and s1 == 1 and s2 == 1 and self._t1_groups is not None
-              and x.data_ptr() % 4 == 0 and x.stride(0) % 2 == 0):
+              and cfg.block_n1 == 64 and x.data_ptr() % 4 == 0 and x.stride(0) % 2 == 0):
             gw1, gw2 = self._t1_groups
         passes = triton.cdiv(t, 8)   # a slot holds at most T picks (a token picks an expert once)
         if g1:
@@ -553,7 +553,7 @@ class TritonMxfp4Experts:
                 b13[0], b13[1], b13[0].stride(0) if has_bias else 0,
                 H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BK=cfg.block_k1, KSPLIT=g1,
                 COUNT=count_in_kernel, CHAINS=cfg.t1_chains1,
-                HAS_TOKEN_MASK=token_mask is not None, UNROLL=cfg.t1_unroll1,
+                HAS_TOKEN_MASK=token_mask is not None, UNROLL=cfg.t1_unroll1, BN1=cfg.block_n1,
                 **act_args, num_warps=4 * g1, num_stages=1, **self._pdl_args())
         elif gw1:
             kernels_t1.w13_gw_kernel[(shape.intermediate // 64, max_slots, passes)](

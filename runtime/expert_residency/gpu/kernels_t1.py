@@ -310,10 +310,12 @@ def w13_t1_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr
                   KSPLIT: tl.constexpr, COUNT: tl.constexpr, CHAINS: tl.constexpr = 1,
                   HAS_TOKEN_MASK: tl.constexpr = False,
                   SWIGLU_LIMIT: tl.constexpr = 0.0, HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0,
-                  ALPHA: tl.constexpr = 1.0, PDL: tl.constexpr = False, UNROLL: tl.constexpr = 8):
+                  ALPHA: tl.constexpr = 1.0, PDL: tl.constexpr = False, UNROLL: tl.constexpr = 8,
+                  BN1: tl.constexpr = 64):
     """``act[p, rows] = bf16(glu(gate . x, up . x))`` for 64 rows ``64 * program_id(0) + ...`` of
-    pick ``p = program_id(1)`` (``w13_swiglu_kernel`` with ``ONE_TOKEN``, BN = 64, same
-    counter/mask/bias/activation semantics)."""
+    pick ``p = program_id(1)`` (``w13_swiglu_kernel`` with ``ONE_TOKEN``, same counter/mask/bias/
+    activation semantics). ``BN1``: the layout's w13 tile rows (64 or 128); a 64-row program of a
+    128-row tile reads rep ``program_id(0) % 2`` of it (the blocks after rep 0's in each K step)."""
     _pdl_enter(PDL)
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
@@ -328,11 +330,17 @@ def w13_t1_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr
     w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride).to(i32)
     s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride).to(i32)
     NK: tl.constexpr = H // BK
-    STEP_W: tl.constexpr = 64 * BK // 8        # int32 per 64 x BK tile (BN * BK / 2 bytes)
-    STEP_S: tl.constexpr = 64 * BK // 128
-    up = INTER // 64 + pid_n                   # the up rows' tile row, after all gate tiles
-    acc_g, acc_u = _warp_mma_rows(x_ptr.to(i32), w_base, s_base, pid_n * NK * STEP_W, up * NK * STEP_W,
-                                  pid_n * NK * STEP_S, up * NK * STEP_S, NK * (BK // 64), BK // 64,
+    STEP_W: tl.constexpr = BN1 * BK // 8       # int32 per BN1 x BK tile (BN1 * BK / 2 bytes)
+    STEP_S: tl.constexpr = BN1 * BK // 128
+    BH: tl.constexpr = BK // 64
+    REPS: tl.constexpr = BN1 // 64
+    gate = pid_n // REPS                       # the gate rows' tile row
+    up = (INTER // 64 + pid_n) // REPS         # the up rows' tile row, after all gate tiles
+    r = pid_n % REPS                           # the 64-row rep inside both
+    acc_g, acc_u = _warp_mma_rows(x_ptr.to(i32), w_base, s_base, gate * NK * STEP_W + r * BH * _BLOCK_WORDS,
+                                  up * NK * STEP_W + r * BH * _BLOCK_WORDS,
+                                  gate * NK * STEP_S + r * BH * _BLOCK_SCALE_WORDS,
+                                  up * NK * STEP_S + r * BH * _BLOCK_SCALE_WORDS, NK * BH, BH,
                                   STEP_W, STEP_S, KSPLIT, True, CHAINS, UNROLL=UNROLL)
     rows, keep = _fragment_rows()
     rows += pid_n * 64

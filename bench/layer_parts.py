@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Where an MXFP4 layer's time goes, launch by launch: the default bf16-activation layer
-(``gpu.experts``) and the FP8-activation one (``gpu.experts_w4a8``) on the same DeepSeek-V4.1
-layers (384 experts, top-6, all in HBM, random routing), each kernel's mean duration from the CUDA
-profiler (eager steps: kernel times only, launch gaps excluded), and each expert launch's read rate
-against the HBM read limit measured in the same process.
+"""Where an MXFP4 layer's time goes, launch by launch: bf16-activation layers (``gpu.experts``;
+``--bf16``: configs, each on its own layout) and FP8-activation ones (``gpu.experts_w4a8``;
+``--w4a8``: configs sharing one layout) built from the same DeepSeek-V4.1 layers (384 experts,
+top-6, all in HBM, uniform random routing), each kernel's mean duration from the CUDA profiler
+(eager steps: kernel times only, launch gaps excluded; under programmatic dependent launch a
+kernel's time includes its wait for the one before, so pass ``pdl=0`` for clean per-kernel
+figures), and each expert launch's read rate against the HBM read limit measured in the same
+process.
 
     python3 bench/layer_parts.py --tokens 6,16,96 --out $OUT      # a CUDA GPU (sm_90)
 """

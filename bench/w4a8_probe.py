@@ -41,39 +41,14 @@ from expert_residency.mxfp4 import e2m1_table  # noqa: E402
 
 
 @triton.jit
-def w4a8_mma_kernel(xq_ptr, xs_ptr, w_ptr, o_ptr, r_ptr, slot_expert_ptr, slot_start_ptr, sorted_tok_ptr,
+def w4a8_mma_kernel(xq_ptr, xs_ptr, w_src, o_ptr, r_ptr, slot_expert_ptr, slot_start_ptr, sorted_tok_ptr,
                     out_ptr, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-                    BK: tl.constexpr):
+                    BK: tl.constexpr, TMA: tl.constexpr = False):
     """``out[p, rows] = r_row * sum_b (W8[rows, b] . xq[tok_p, b]) * xs[tok_p, b]`` on the runtime's
-    FP8-activation tiles (``gpu.kernels_w4a8._w4a8_tile``: words in the wgmma A operand's register
-    order), with each row's multiplier ``r`` given apart (the runtime keeps it in the offsets)."""
-    pid_n = tl.program_id(0)
-    slot = tl.program_id(1)
-    e = tl.load(slot_expert_ptr + slot).to(tl.int64)
-    start = tl.load(slot_start_ptr + slot)
-    end = tl.load(slot_start_ptr + slot + 1)
-    out_rows = pid_n * BN + tl.arange(0, BN)
-    mm = start + tl.arange(0, BM)
-    m_ok = mm < end
-    tok = tl.load(sorted_tok_ptr + mm, mask=m_ok, other=0).to(tl.int64)
-    acc = tl.zeros((BN, BM), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        tile = e * (N // BN) * (K // BK) + pid_n * (K // BK) + k0 // BK
-        w = _w4a8_tile(w_ptr, o_ptr, tile, BN, BK)
-        x = tl.load(xq_ptr + tok[None, :] * K + (k0 + tl.arange(0, BK))[:, None], mask=m_ok[None, :])
-        xs = tl.load(xs_ptr + tok * (K // 128) + k0 // 128, mask=m_ok, other=0.0)
-        acc += tl.dot(w, x) * xs[None, :]
-    r = tl.load(r_ptr + e * N + out_rows)
-    tl.store(out_ptr + mm[None, :].to(tl.int64) * N + out_rows[:, None], acc * r[:, None], mask=m_ok[None, :])
-
-
-@triton.jit
-def w4a8_tma_kernel(xq_ptr, xs_ptr, w_desc, o_ptr, r_ptr, slot_expert_ptr, slot_start_ptr, sorted_tok_ptr,
-                    out_ptr, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr,
-                    BK: tl.constexpr):
-    """``w4a8_mma_kernel`` with each weight tile brought in by the Tensor Memory Accelerator (one
-    bulk copy of the tile's ``BN*BK/2`` bytes, ``w_desc`` over the weights as 16-byte rows) instead
-    of per-thread asynchronous copies."""
+    FP8-activation tiles (``gpu.kernels_w4a8``: words in the wgmma A operand's register order), with
+    each row's multiplier ``r`` given apart (the runtime keeps it in the offsets). ``w_src``: the
+    weights' pointer, or with ``TMA`` a tensor descriptor over them as 64-byte rows (each tile one
+    bulk copy by the Tensor Memory Accelerator; boxes hold at most 256 rows)."""
     ROWS: tl.constexpr = BN * BK // 32
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
@@ -87,8 +62,11 @@ def w4a8_tma_kernel(xq_ptr, xs_ptr, w_desc, o_ptr, r_ptr, slot_expert_ptr, slot_
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     for k0 in range(0, K, BK):
         tile = e * (N // BN) * (K // BK) + pid_n * (K // BK) + k0 // BK
-        packed = tl.reshape(w_desc.load([tile * (ROWS // 4), 0]), (ROWS, 16))   # 64-byte rows: TMA boxes <= 256
-        w = w4a8_decode_tile(packed, _tile_offsets(o_ptr, tile.to(tl.int64), BN, BK), BN, BK)
+        if TMA:
+            packed = tl.reshape(w_src.load([tile * (ROWS // 4), 0]), (ROWS, 16))
+            w = w4a8_decode_tile(packed, _tile_offsets(o_ptr, tile.to(tl.int64), BN, BK), BN, BK)
+        else:
+            w = _w4a8_tile(w_src, o_ptr, tile.to(tl.int64), BN, BK)
         x = tl.load(xq_ptr + tok[None, :] * K + (k0 + tl.arange(0, BK))[:, None], mask=m_ok[None, :])
         xs = tl.load(xs_ptr + tok * (K // 128) + k0 // 128, mask=m_ok, other=0.0)
         acc += tl.dot(w, x) * xs[None, :]
@@ -137,7 +115,7 @@ def route(tokens: int, experts: int, top_k: int, gen: torch.Generator, dev):
 def time_gemm(gr, n: int, k: int, bn: int, bm: int, stages: int, weights, draws, xq, xs,
               reps: int, limit: float, tma: bool = False) -> dict:
     """One GEMM's launches over the draws: median µs, read rate, and (first draw, first 4 slots) the
-    largest relative L2 against the hand decode. ``tma``: ``w4a8_tma_kernel``."""
+    largest relative L2 against the hand decode. ``tma``: weight tiles by TMA."""
     packed, offs, r = weights
     out = torch.empty(draws[0][2].numel(), n, dtype=torch.float32, device=packed.device)
     if tma:
@@ -145,13 +123,9 @@ def time_gemm(gr, n: int, k: int, bn: int, bm: int, stages: int, weights, draws,
         desc = TensorDescriptor.from_tensor(packed.view(-1, 64), [bn * 128 // 128, 64])
 
     def launch(d):
-        if tma:
-            return lambda: w4a8_tma_kernel[(n // bn, d[0].numel())](
-                xq, xs, desc, offs, r, d[0], d[1], d[2], out, N=n, K=k, BN=bn, BM=bm, BK=128,
-                num_warps=4, num_stages=stages)
         return lambda: w4a8_mma_kernel[(n // bn, d[0].numel())](
-            xq, xs, packed, offs, r, d[0], d[1], d[2], out, N=n, K=k, BN=bn, BM=bm, BK=128,
-            num_warps=4, num_stages=stages)
+            xq, xs, desc if tma else packed, offs, r, d[0], d[1], d[2], out, N=n, K=k, BN=bn, BM=bm, BK=128,
+            TMA=tma, num_warps=4, num_stages=stages)
 
     launch(draws[0])()
     torch.cuda.synchronize()

@@ -494,14 +494,7 @@ class TritonMxfp4Experts:
              fin: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         cfg, ws, shape = self.config, self.workspace, self.shape
         t, k = ids.shape
-        if k != self.top_k or t > ws.max_tokens:
-            raise ValueError(f"routing {tuple(ids.shape)} exceeds the workspace ({ws.max_tokens} x {self.top_k})")
-        if x.dtype != torch.bfloat16 or x.shape != (t, shape.hidden) or x.stride(1) != 1:
-            raise ValueError(f"x must be bf16 [T={t}, H={shape.hidden}] with unit column stride, "
-                             f"got {x.dtype} {tuple(x.shape)}")
-        for bank in (hot, cold):
-            if expert_shape_of(bank) != shape:
-                raise ValueError(f"bank geometry {expert_shape_of(bank)} != {shape}")
+        self._check_step(x, ids, hot, cold)
         picks = t * k
         ids = ids.reshape(-1)
         if not ids.is_contiguous():
@@ -631,6 +624,20 @@ class TritonMxfp4Experts:
                 # T=1 fused finalize: the token's weights, the output row, one ticket per row tile
                 # (the w2 split tickets, unused when w2 is unsplit; every launch leaves them at zero)
                 **self._fused_finalize_args(fin, ws))
+
+    def _check_step(self, x: torch.Tensor, ids: torch.Tensor, hot: ExpertBank, cold: ExpertBank) -> None:
+        """ValueError unless ``ids [T, top_k]`` fits the workspace, ``x`` is bf16 ``[T, H]`` with unit
+        column stride and both banks hold this geometry."""
+        t, k = ids.shape
+        if k != self.top_k or t > self.workspace.max_tokens:
+            raise ValueError(f"routing {tuple(ids.shape)} exceeds the workspace "
+                             f"({self.workspace.max_tokens} x {self.top_k})")
+        if x.dtype != torch.bfloat16 or x.shape != (t, self.shape.hidden) or x.stride(1) != 1:
+            raise ValueError(f"x must be bf16 [T={t}, H={self.shape.hidden}] with unit column stride, "
+                             f"got {x.dtype} {tuple(x.shape)}")
+        for bank in (hot, cold):
+            if expert_shape_of(bank) != self.shape:
+                raise ValueError(f"bank geometry {expert_shape_of(bank)} != {self.shape}")
 
     def _fused_finalize_args(self, fin: tuple[torch.Tensor, torch.Tensor] | None, ws: Workspace) -> dict:
         if fin is None:

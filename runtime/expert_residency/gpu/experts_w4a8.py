@@ -22,7 +22,7 @@ import torch
 
 from ..core.banks import ExpertBank
 from . import kernels_w4a8
-from .experts import SCALE_SUFFIX, W2, W13, ExpertShape, KernelConfig, TritonMxfp4Experts, expert_shape_of
+from .experts import SCALE_SUFFIX, W2, W13, ExpertShape, KernelConfig, TritonMxfp4Experts
 from .layout_w4a8 import BLOCK_K, to_w4a8_layout
 
 # w13 gate/up and w2 row tiles; the w13 tile's width is the w2 input's quantization group (one
@@ -82,16 +82,9 @@ class TritonW4a8Experts(TritonMxfp4Experts):
         t, k = ids.shape
         if fin is not None:
             raise RuntimeError("the FP8-activation layer finalizes in its own launch")
-        if k != self.top_k or t > ws.max_tokens:
-            raise ValueError(f"routing {tuple(ids.shape)} exceeds the workspace ({ws.max_tokens} x {self.top_k})")
-        if x.dtype != torch.bfloat16 or x.shape != (t, shape.hidden) or x.stride(1) != 1:
-            raise ValueError(f"x must be bf16 [T={t}, H={shape.hidden}] with unit column stride, "
-                             f"got {x.dtype} {tuple(x.shape)}")
-        for bank in (hot, cold):
-            if expert_shape_of(bank) != shape:
-                raise ValueError(f"bank geometry {expert_shape_of(bank)} != {shape}")
-            if "w13_bias" in bank.tensors:
-                raise ValueError("the FP8-activation kernels take no expert biases")
+        self._check_step(x, ids, hot, cold)
+        if "w13_bias" in hot.tensors or "w13_bias" in cold.tensors:
+            raise ValueError("the FP8-activation kernels take no expert biases")
         ids = ids.reshape(-1)
         if not ids.is_contiguous():
             ids = ids.contiguous()

@@ -78,14 +78,11 @@ def w4a8_tile_index(bn: int, bk: int = BLOCK_K) -> tuple[torch.Tensor, torch.Ten
 
 def offset_index(bn: int, bk: int = BLOCK_K) -> tuple[torch.Tensor, torch.Tensor]:
     """(row, 32-value block) inside a tile of each offset byte, in storage order
-    ``(rm, kk_hi, w, g, kk_lo, h)``: two int64 ``[bn*bk/32]`` tensors."""
-    idx = torch.arange(bn * bk // 32)
-    h, idx = idx % 2, idx // 2
-    kk_lo, idx = idx % 2, idx // 2
-    g, idx = idx % 8, idx // 8
-    w, idx = idx % 4, idx // 4
-    kk_hi, rm = idx % 2, idx // 2
-    return 64 * rm + 16 * w + 8 * h + g, 2 * kk_hi + kk_lo
+    ``(rm, kk_hi, w, g, kk_lo, h)``: two int64 ``[bn*bk/32]`` tensors (the words' order without
+    ``q``: every word of a thread's 16 bytes shares its row and block with the other lanes' ``q``)."""
+    row, k = w4a8_tile_index(bn, bk)
+    first_lane = row.reshape(-1, 4, 4, 8)[:, 0].reshape(-1, 8), k.reshape(-1, 4, 4, 8)[:, 0].reshape(-1, 8)
+    return first_lane[0][:, 0], first_lane[1][:, 0] // 32
 
 
 def _mag_shift(m: int) -> int:

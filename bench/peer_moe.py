@@ -560,7 +560,8 @@ def main() -> int:
     ap.add_argument("--compare", default="", help="';'-separated 'label:k=v,k=v' configs of ours timed beside "
                     "the default (case ours@label; same layers, same routing)")
     ap.add_argument("--w4a8", nargs="?", const=W4A8_LABEL + ":", default="",
-                    help="also time ours with FP8 activations (gpu.experts_w4a8, opt-in; its own layout): "
+                    help="also time ours with FP8 activations (gpu.experts_w4a8, which no user setting selects; its "
+                         "own layout): "
                          "';'-separated 'label:k=v,...' KernelConfig fields (tokens per tile, warps, stages)")
     ap.add_argument("--offload", action="store_true", help="also the 13-layer offload headline (matmul_ogs)")
     ap.add_argument("--offload-layers", type=int, default=13)

@@ -131,7 +131,8 @@ class KernelConfig:
     # warp-MMA kernels run: the two expert launches run their loops (``kernels_t1.w13_gw_kernel``
     # / ``w2_gw_kernel``: the same warpgroups, chains and loop trips) on up to eight picks of one
     # expert per program, one per column of the MMA's B operand, instead of ``tl.dot`` tiles (whose
-    # K loop is 3.5 / 3.3 SASS instructions per weight against the warp-MMA loop's 2.6 / 2.7).
+    # K loop is 3.5 / 3.3 SASS instructions per weight against the warp-MMA loop's 2.6 / 2.7; they read
+    # 64-row w13 tiles only, so block_n1=128 keeps tl.dot there).
     # Each pick's row then has the bits the T = 1 kernels give its token alone. Off by default:
     # its GPU tests pass at every geometry, and on the H200 it shortens all-HBM steps of 2..16
     # tokens by 2-8%, but lengthens the usage-aware step by 1-1.5% from 8 tokens on (BENCHMARKS.md,

@@ -8,10 +8,12 @@ hold exactly), and the SwiGLU output quantized again for w2. Every step runs the
 (group, quantize, w13 + SwiGLU, w2, finalize). A slot's arithmetic does not depend on the bank
 holding its expert: a split layer is bit-identical to the unsplit one.
 
-Opt-in: its outputs differ from the bf16-activation kernels' by the activation quantization
-(BENCHMARKS.md states both against an fp32 reference). Needs compiled CUDA of compute capability
-9.0+ (FP8 wgmma) and 128-divisible hidden and intermediate sizes; no expert biases (gpt-oss keeps
-the default kernels).
+Not offered to users: on the H200 it took 1.03-1.10x the default layer's time at T = 6..96 (and
+1.84x at T = 1, which has no schedule of its own here), so no plugin or recipe setting selects it;
+``bench/peer_moe.py --w4a8`` times it (BENCHMARKS.md, run W8). Its outputs differ from the
+bf16-activation kernels' by the activation quantization (both stated there against an fp32
+reference). Needs compiled CUDA of compute capability 9.0+ (FP8 wgmma) and 128-divisible hidden
+and intermediate sizes; no expert biases (gpt-oss keeps the default kernels).
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
 from expert_residency.core.banks import build_unsplit_layer  # noqa: E402
-from expert_residency.gpu.experts import ExpertShape, KernelConfig, TritonMxfp4Experts  # noqa: E402
+from expert_residency.gpu.experts import ExpertShape, TritonMxfp4Experts  # noqa: E402
+from gpu_residency import parse_config  # noqa: E402  (the benches' one --config parser)
 
 DSV41 = ExpertShape(hidden=5120, intermediate=2304)
 
@@ -34,6 +35,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=1, help="tokens in the step (1: the T=1 schedule)")
     ap.add_argument("--experts", type=int, default=8, help="experts in the layer (T=1 picks experts 0..5)")
+    ap.add_argument("--config", default="", help="KernelConfig fields, e.g. max_registers_large=0")
     args = ap.parse_args()
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(1)
@@ -44,7 +46,8 @@ def main() -> int:
 
     full = {"w13_weight": u8(e, 2 * i, h // 2), "w13_weight_scale": u8(e, 2 * i, h // 32, lo=117, hi=126),
             "w2_weight": u8(e, h, i // 2), "w2_weight_scale": u8(e, h, i // 32, lo=117, hi=126)}
-    ex = TritonMxfp4Experts(DSV41, e, k, max_tokens=t, device=dev, config=KernelConfig())
+    config = parse_config(args.config)
+    ex = TritonMxfp4Experts(DSV41, e, k, max_tokens=t, device=dev, config=config)
     ex.to_kernel_layout(full)
     layer = build_unsplit_layer(full, layer_index=0)
     x = torch.randn(t, h, generator=gen, device=dev).to(torch.bfloat16)
@@ -56,7 +59,7 @@ def main() -> int:
     for _ in range(4):
         out = ex.forward(layer, x, w, ids)
     torch.cuda.synchronize()
-    print("config", KernelConfig().describe(), "tokens", t, "unique experts", int(ids.unique().numel()),
+    print("config", config.describe(), "tokens", t, "unique experts", int(ids.unique().numel()),
           "out finite", bool(torch.isfinite(out.float()).all()), flush=True)
     return 0
 

@@ -6,7 +6,7 @@ with HBM at small batch).
     PYTHONPATH=runtime python3 bench/kernel_sass.py [--dequant 3] [--block-n1 64] [--block-k1 128]
         [--block-n2 128] [--block-k2 128] [--num-stages 4] [--split-k1 N] [--split-k2 N] [--one-token]
         [--fuse-finalize] [--pdl] [--stream-k1 P] [--stream-k2 P]
-        [--warp-mma G1/G2 [--grouped] --chains C [--unroll U1/U2]] [--dump DIR]
+        [--warp-mma G1/G2 [--grouped] --chains C [--unroll U1/U2]] [--max-registers R] [--dump DIR]
 
 Uses whatever Triton is importable (the H200 image has 3.6.0; install the same version into a
 scratch directory, e.g. ``pip install --target /tmp/t36 triton==3.6.0`` and put it first on
@@ -83,13 +83,14 @@ _ADDR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(\S.*)")
 ARCH = 90
 
 
-def compile_kernel(fn, args, constexprs, num_warps: int, num_stages: int):
+def compile_kernel(fn, args, constexprs, num_warps: int, num_stages: int, maxnreg: int | None = None):
     sig = dict(args)
     sig.update({k: "constexpr" for k in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(args))}
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", ARCH, 32),
-                          options=dict(num_warps=num_warps, num_stages=num_stages))
+                          options=dict(num_warps=num_warps, num_stages=num_stages,
+                                       **({"maxnreg": maxnreg} if maxnreg else {})))
 
 
 def cuobjdump(kernel, flag: str) -> str:
@@ -121,6 +122,8 @@ def report(name: str, kernel, weights_per_iter: int, dump: Path | None) -> dict:
     regs = re.search(r"REG:(\d+)", res)
     body = innermost_loop(sass)
     ops = collections.Counter(re.match(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", t).group(1) for t in body)
+    spills = sum(1 for line in sass.splitlines() if re.search(r"\b(LDL|STL)\b", line))
+    loop_spills = ops["LDL"] + ops["STL"]
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
         (dump / f"{name}.sass").write_text(sass)
@@ -129,9 +132,13 @@ def report(name: str, kernel, weights_per_iter: int, dump: Path | None) -> dict:
            "weights_per_thread_per_iteration": weights_per_iter,
            "instructions_per_weight": len(body) / weights_per_iter,
            "no_layout_conversion_on_weights": "convert_layout %packed" not in kernel.asm["ttgir"],
+           "local_memory_instructions": spills, "local_memory_instructions_in_k_loop": loop_spills,
+           "shared_bytes": kernel.metadata.shared,
            "mix": dict(ops.most_common(12))}
     print(f"{name}: {out['regs']} registers, K loop {len(body)} instructions for {weights_per_iter} weights per "
           f"thread = {out['instructions_per_weight']:.2f} per weight; {out['mix']}")
+    print(f"  spill instructions (LDL/STL) {spills}, in the K loop {loop_spills}; shared memory "
+          f"{kernel.metadata.shared} bytes")
     wide = [i for i, t in enumerate(body) if re.search(r"\bLDG\S*\.128\b", t)]
     mma = [i for i, t in enumerate(body) if re.search(r"\bHMMA\b", t)]
     if mma and wide:
@@ -172,6 +179,8 @@ def main() -> int:
     ap.add_argument("--unroll", type=str, default="8/8", metavar="U1/U2",
                     help="with --warp-mma: K half-steps per loop trip of w13 / w2")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200, 80: A100)")
+    ap.add_argument("--max-registers", type=int, default=0,
+                    help="register cap (Triton's maxnreg) of the tl.dot kernels; 0: the compiler's choice")
     ap.add_argument("--dump", type=Path, default=None, help="write SASS and TTGIR here")
     a = ap.parse_args()
     global ARCH
@@ -234,13 +243,13 @@ def main() -> int:
                          dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BM=a.block_m, BN=a.block_n1, BK=a.block_k1,
                               DEQUANT=a.dequant, TILE_MAJOR=True, COUNT=False, SWIGLU_LIMIT=0.0, SPLIT=a.split_k1,
                               ONE_TOKEN=a.one_token, HAS_TOKEN_MASK=False, PART_PICKS=96, PDL=a.pdl),
-                         a.num_warps, a.num_stages)
+                         a.num_warps, a.num_stages, a.max_registers or None)
     report("w13", w13, 2 * a.block_n1 * a.block_k1 // threads, a.dump)  # gate + up tiles
     w2 = compile_kernel(kernels.w2_kernel, W2_ARGS,
                         dict(H=a.hidden, INTER=a.intermediate, BM=a.block_m, BN=a.block_n2, BK=a.block_k2,
                              DEQUANT=a.dequant, TILE_MAJOR=True, TOP_K=6, SPLIT=a.split_k2, ONE_TOKEN=a.one_token,
                              HAS_TOKEN_MASK=False, PART_PICKS=96, PDL=a.pdl,
-                             FUSE_FINALIZE=a.fuse_finalize and a.one_token), a.num_warps, a.num_stages)
+                             FUSE_FINALIZE=a.fuse_finalize and a.one_token), a.num_warps, a.num_stages, a.max_registers or None)
     report("w2", w2, a.block_n2 * a.block_k2 // threads, a.dump)
     return 0
 

@@ -76,6 +76,8 @@ CONFIGS = {
     "mma-order-streamk": KernelConfig(stream_k1=264, stream_k2=264),
     # T=1 through tl.dot (the default takes the warp-MMA kernels of gpu.kernels_t1 there)
     "mma-order-t1-dot": KernelConfig(t1_warp_mma=False),
+    # the tl.dot launches capped at 128 registers per thread at every step size (4 programs per SM)
+    "mma-order-regs128": KernelConfig(max_registers=128, max_registers_large=128),
 }
 
 
@@ -475,6 +477,29 @@ def test_fused_finalize_and_pdl_same_bits_as_separate_launches() -> None:
             eager = torch.stack([plain.forward(layers.unsplit, x[i], w[i], ids[i])
                                  for i, layers in enumerate(built)])
             assert torch.equal(replayed, eager)
+
+
+@pytest.mark.parametrize("tokens", [6, 16, 96])
+def test_register_cap_gives_the_same_bits(tokens: int) -> None:
+    """A register cap on the tl.dot launches (``max_registers*``) changes where values live, not
+    what is computed: at DeepSeek-V4.1 geometry, small (T = 6) and large steps, the default caps'
+    and a 128-register cap's pick rows and outputs are the uncapped layer's bit for bit, split
+    and unsplit."""
+    gen = torch.Generator(device=DEV).manual_seed(300 + tokens)
+    experts, k = 12, 6
+    unsplit, split, hot_ids, cold_ids, _ = make_layers(DSV41, experts, 6, gen)
+    uncapped = TritonMxfp4Experts(DSV41, experts, k, max_tokens=96, device=DEV,
+                                  config=KernelConfig(max_registers=0, max_registers_large=0))
+    ids, weights = random_routing(tokens, experts, k, gen, hot_ids, cold_ids)
+    x = activations(tokens, DSV41.hidden, gen)
+    reference = uncapped.forward(unsplit, x, weights, ids).clone()
+    reference_rows = uncapped.pick_outputs(unsplit, x, ids).clone()
+    for config in (KernelConfig(), KernelConfig(max_registers=128, max_registers_large=128)):
+        assert config.max_registers and config.max_registers_large
+        capped = TritonMxfp4Experts(DSV41, experts, k, max_tokens=96, device=DEV, config=config)
+        for layer in (split, unsplit):
+            assert torch.equal(capped.forward(layer, x, weights, ids), reference)
+            assert torch.equal(capped.pick_outputs(layer, x, ids), reference_rows)
 
 
 @pytest.mark.parametrize("tokens", [1, 6])

@@ -91,6 +91,16 @@ class KernelConfig:
     # Pipeline stages above small_tokens (None: num_stages): 3 stages measured faster at T >= 16
     # (460 vs 471 µs at T=16), 4 faster at T=1.
     num_stages_large: int | None = 3
+    # Register cap per thread (Triton's ``maxnreg``; 0: the compiler's choice) of the tl.dot
+    # expert launches at small steps / above small_tokens. Registers decide how many programs an
+    # SM holds (65,536 per SM over 32 * num_warps threads), and so how many weight tiles are in
+    # flight per SM. Uncapped, the small schedule's w2 takes 189 (2 programs per SM) and the
+    # large schedule's 153 / 156 (3); 168 and 128 give 3 and 4, with no spill inside the K loop
+    # (SASS, triton 3.6). H200, DeepSeek-V4.1 all-HBM layer, four calls: 0.974-1.002 / 0.986-0.997
+    # / 0.966-0.989 of the uncapped layer at T = 6 / 16 / 96; the usage-aware step within 0.8%
+    # (BENCHMARKS.md, run RC). A cap changes no arithmetic: same bits.
+    max_registers: int = 168
+    max_registers_large: int = 128
     # T = 1 (with one_token and no w2 split): the finalize runs inside the w2 launch (the last
     # program of each row tile adds the token's K rows in router order; same bits): two launches.
     fuse_finalize: bool = True
@@ -139,6 +149,12 @@ class KernelConfig:
     # run GW).
     gw_max_tokens: int = 0
 
+    def __post_init__(self) -> None:
+        for name in ("max_registers", "max_registers_large"):
+            cap = getattr(self, name)
+            if cap and not 32 <= cap <= 255:   # ptxas' range for .maxnreg
+                raise ValueError(f"{name} {cap} is not 0 (the compiler's choice) or 32..255 registers")
+
     def describe(self) -> str:
         kind = {0: "int-dequant", 1: "dot_scaled", 2: "prmt-dequant", 3: "mma-order"}.get(
             self.dequant, f"dequant{self.dequant}")
@@ -147,6 +163,8 @@ class KernelConfig:
                 f"w2:BN{self.block_n2}xBK{self.block_k2} warps{self.num_warps} stages{self.num_stages}")
         if self.num_stages_large is not None and self.num_stages_large != self.num_stages:
             text += f"/{self.num_stages_large}"
+        if self.max_registers or self.max_registers_large:
+            text += f" maxregs{self.max_registers or '-'}/{self.max_registers_large or '-'}"
         if self.split_k1 > 1 or self.split_k2 > 1:
             text += f" splitK{self.split_k1}/{self.split_k2}@T<={self.small_tokens}"
         if self.one_token:
@@ -170,6 +188,16 @@ class KernelConfig:
     def small_step_limit(self) -> int:
         """Largest T that runs the small-step schedule (a slot then fits one BM tile)."""
         return sizing.small_step_limit(self.small_tokens, self.block_m)
+
+    def tl_dot_launch(self, small: bool) -> dict:
+        """Launch options of the tl.dot expert kernels for a small (``T <= small_step_limit()``) or
+        a large step: warps, pipeline stages and the register cap."""
+        stages = self.num_stages if small or self.num_stages_large is None else self.num_stages_large
+        cap = self.max_registers if small else self.max_registers_large
+        options = dict(num_warps=self.num_warps, num_stages=stages)
+        if cap:
+            options["maxnreg"] = cap
+        return options
 
 
 @dataclass(frozen=True)
@@ -503,7 +531,7 @@ class TritonMxfp4Experts:
         small = t <= cfg.small_step_limit() and picks <= MAX_FUSED_PICKS
         one_token = small and t == 1 and cfg.one_token
         s1, s2 = effective_splits(shape, cfg) if small else (1, 1)
-        stages = cfg.num_stages if small or cfg.num_stages_large is None else cfg.num_stages_large
+        launch = cfg.tl_dot_launch(small)
         count_in_kernel = counts is not None
         if fin is not None and not (one_token and s2 == 1):
             raise RuntimeError("the fused finalize needs the T=1 ungrouped schedule with an unsplit w2")
@@ -568,7 +596,7 @@ class TritonMxfp4Experts:
                 H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BM=cfg.block_m, BN=cfg.block_n1,
                 BK=cfg.block_k1, DEQUANT=cfg.dequant, TILE_MAJOR=cfg.tile_major, COUNT=count_in_kernel,
                 PROGRAMS=stream1, HAS_TOKEN_MASK=token_mask is not None, **act_args,
-                num_warps=cfg.num_warps, num_stages=stages, **self._pdl_args())
+                **launch, **self._pdl_args())
         else:
             kernels.w13_swiglu_kernel[(shape.intermediate // cfg.block_n1, max_slots, s1)](
                 x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX],
@@ -582,7 +610,7 @@ class TritonMxfp4Experts:
                 TILE_MAJOR=cfg.tile_major, COUNT=count_in_kernel,
                 SWIGLU_LIMIT=0.0 if self.swiglu_limit is None else self.swiglu_limit,
                 SPLIT=s1, **small_args, HAS_BIAS=has_bias, ACT=1 if self.activation == SWIGLUOAI else 0,
-                ALPHA=float(self.swiglu_alpha), num_warps=cfg.num_warps, num_stages=stages,
+                ALPHA=float(self.swiglu_alpha), **launch,
                 **self._pdl_args())
         if g2:
             kernels_t1.w2_t1_kernel[(shape.hidden // cfg.block_n2, k)](
@@ -610,7 +638,7 @@ class TritonMxfp4Experts:
                 H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BM=cfg.block_m, BN=cfg.block_n2,
                 BK=cfg.block_k2, DEQUANT=cfg.dequant, TILE_MAJOR=cfg.tile_major, PROGRAMS=stream2,
                 HAS_TOKEN_MASK=token_mask is not None, HAS_BIAS=has_bias,
-                num_warps=cfg.num_warps, num_stages=stages, **self._pdl_args())
+                **launch, **self._pdl_args())
         else:
             kernels.w2_kernel[(shape.hidden // cfg.block_n2, max_slots, s2)](
                 ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX],
@@ -621,7 +649,7 @@ class TritonMxfp4Experts:
                 H=shape.hidden, INTER=shape.intermediate,
                 BM=cfg.block_m, BN=cfg.block_n2, BK=cfg.block_k2, DEQUANT=cfg.dequant,
                 TILE_MAJOR=cfg.tile_major, TOP_K=k, SPLIT=s2, **small_args, HAS_BIAS=has_bias,
-                num_warps=cfg.num_warps, num_stages=stages, **self._pdl_args(),
+                **launch, **self._pdl_args(),
                 # T=1 fused finalize: the token's weights, the output row, one ticket per row tile
                 # (the w2 split tickets, unused when w2 is unsplit; every launch leaves them at zero)
                 **self._fused_finalize_args(fin, ws))

@@ -96,7 +96,7 @@ class TritonW4a8Experts(TritonMxfp4Experts):
         kernels_w4a8.quant_rows_kernel[(t, shape.hidden // BLOCK_K)](
             x, x.stride(0), sc.xq, sc.xs, K=shape.hidden, G=BLOCK_K, num_warps=1, **pdl)
         small = t <= cfg.small_step_limit()
-        stages = cfg.num_stages if small or cfg.num_stages_large is None else cfg.num_stages_large
+        launch = cfg.tl_dot_launch(small)
         w13, o13, w2, o2 = hot[W13], hot[W13 + SCALE_SUFFIX], hot[W2], hot[W2 + SCALE_SUFFIX]
         kernels_w4a8.w13_w4a8_kernel[(shape.intermediate // cfg.block_n1, max_slots)](
             sc.xq, sc.xs, codes, w13, o13, cold[W13], cold[W13 + SCALE_SUFFIX],
@@ -105,12 +105,12 @@ class TritonW4a8Experts(TritonMxfp4Experts):
             ws.n_tokens, w13.stride(0), o13.stride(0),
             H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BM=cfg.block_m, BN=cfg.block_n1, BK=BLOCK_K,
             COUNT=count_in_kernel, SWIGLU_LIMIT=0.0 if self.swiglu_limit is None else self.swiglu_limit,
-            num_warps=cfg.num_warps, num_stages=stages, **pdl)
+            **launch, **pdl)
         kernels_w4a8.w2_w4a8_kernel[(shape.hidden // cfg.block_n2, max_slots)](
             sc.aq, sc.as_, codes, w2, o2, cold[W2], cold[W2 + SCALE_SUFFIX],
             ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.pick_out,
             w2.stride(0), o2.stride(0), H=shape.hidden, INTER=shape.intermediate,
-            BM=cfg.block_m, BN=cfg.block_n2, BK=BLOCK_K, num_warps=cfg.num_warps, num_stages=stages, **pdl)
+            BM=cfg.block_m, BN=cfg.block_n2, BK=BLOCK_K, **launch, **pdl)
 
 
 class _Fp8Scratch:

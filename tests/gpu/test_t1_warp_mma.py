@@ -20,9 +20,11 @@ Claims and how each can fail:
 * the loop trip length (``t1_unroll*``: 4, 12, 16 against the default 8) changes no bit: the same
   outputs and per-pick rows as the default (``torch.equal``), split == unsplit, at every
   geometry, and the launches really take it (the kernels' ``UNROLL`` argument);
-* grouped steps (``gw_max_tokens=16``, off by default: T = 2..16 on ``w13_gw_kernel`` /
-  ``w2_gw_kernel``, up to eight picks of an expert per program): each launched once per layer
-  (none with the knob off; within 1e-2 of the ``tl.dot`` grouped kernels then),
+* grouped steps (``gw_max_tokens=16``, the default: T = 2..16 on ``w13_gw_kernel`` /
+  ``w2_gw_kernel``, up to eight picks of an expert per program; each program runs its slot's
+  passes in turn, or with ``gw_pass_loop=False`` one program per pass): each launched once per
+  layer with a grid of one pass (ceil(T / 8) passes for the pass grid; none with the knob at 0,
+  within 1e-2 of the ``tl.dot`` grouped kernels then),
   every token's output and per-pick rows bit for bit what the T = 1 kernels give that token
   alone (a column that read another column's token, or a wrong pick store, breaks it), slots of
   up to twelve picks (two passes), -1 and >= E picks, split == unsplit, the counter == recount,
@@ -106,6 +108,7 @@ class _LaunchCount:
 
     def __getitem__(self, grid):
         self.calls += 1
+        self.grid = grid
         return self.kernel[grid]
 
 
@@ -311,17 +314,23 @@ def _grouped_routing(hot: list[int], cold: list[int], k: int, t: int, gen: torch
     return torch.tensor(rows, device=DEV)
 
 
+@pytest.mark.parametrize("pass_loop", [True, False], ids=["pass-loop", "pass-grid"])
 @pytest.mark.parametrize("tokens", [2, 5, 12])
 @pytest.mark.parametrize("name", list(GEOMETRIES))
-def test_grouped_steps_give_each_token_its_t1_bits(name: str, tokens: int, monkeypatch) -> None:
+def test_grouped_steps_give_each_token_its_t1_bits(name: str, tokens: int, pass_loop: bool, monkeypatch) -> None:
+    """(At T = 12 the routing puts up to twelve picks in a slot: two passes of eight, run by one
+    program in turn (the default pass loop) or by two programs (the pass grid).)"""
     w13 = _LaunchCount(kernels_t1.w13_gw_kernel)
     w2 = _LaunchCount(kernels_t1.w2_gw_kernel)
     monkeypatch.setattr(kernels_t1, "w13_gw_kernel", w13)
     monkeypatch.setattr(kernels_t1, "w2_gw_kernel", w2)
-    ex, split, unsplit, reference, hot, cold = _layers(name, _config(name, gw_max_tokens=16), max_tokens=16)
+    config = _config(name, gw_max_tokens=16, gw_pass_loop=pass_loop, gw_max_registers=128 if pass_loop else 0)
+    ex, split, unsplit, reference, hot, cold = _layers(name, config, max_tokens=16)
     k, h = ex.top_k, ex.shape.hidden
     gen = torch.Generator(device=DEV).manual_seed(31 + tokens)
     ids = _grouped_routing(hot, cold, k, tokens, torch.Generator().manual_seed(tokens))
+    routed_ids = ids[(ids >= 0) & (ids < E)]
+    assert (int(torch.bincount(routed_ids).max()) > 8) == (tokens == 12)   # two passes in a slot at T = 12
     w = torch.softmax(torch.randn(tokens, k, generator=gen, device=DEV), -1)
     x = torch.randn(tokens, h, generator=gen, device=DEV).bfloat16()
     counter = ExpertCounter([0], E, device=DEV)
@@ -329,6 +338,7 @@ def test_grouped_steps_give_each_token_its_t1_bits(name: str, tokens: int, monke
     out = ex.forward(split, x, w, ids, counter=counter).clone()
     picks = ex.workspace.pick_out[:tokens * k].clone().view(tokens, k, h)
     assert (w13.calls, w2.calls) == (1, 1)
+    assert w13.grid[2] == w2.grid[2] == (1 if pass_loop else -(-tokens // 8))
     assert torch.equal(out, ex.forward(unsplit, x, w, ids))
     assert (w13.calls, w2.calls) == (2, 2)
     routed = (ids >= 0) & (ids < E)
@@ -344,9 +354,9 @@ def test_grouped_steps_give_each_token_its_t1_bits(name: str, tokens: int, monke
     per_pick = gptoss_mxfp4_per_pick() if ex.activation == "swigluoai" else mxfp4_swiglu_per_pick()
     ref = residency_forward(reference, x, w, ids, per_pick, pick_dtype=torch.bfloat16)
     assert _rel(out, ref) <= REL_TOL
-    off, split_off, _, _, _, _ = _layers(name, _config(name), max_tokens=16)
-    assert off.config.gw_max_tokens == 0
-    off.forward(split_off, x, w, ids)                  # the default: the tl.dot grouped kernels
+    assert KernelConfig().gw_max_tokens == 16 and KernelConfig().gw_pass_loop   # the default takes them
+    off, split_off, _, _, _, _ = _layers(name, _config(name, gw_max_tokens=0), max_tokens=16)
+    off.forward(split_off, x, w, ids)                  # switched off: the tl.dot grouped kernels
     assert (w13.calls, w2.calls) == (2, 2)
     assert _rel(out, off.forward(split_off, x, w, ids)) <= REL_TOL
 

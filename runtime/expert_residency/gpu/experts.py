@@ -143,14 +143,23 @@ class KernelConfig:
     # expert per program, one per column of the MMA's B operand, instead of ``tl.dot`` tiles (whose
     # K loop is 3.5 / 3.3 SASS instructions per weight against the warp-MMA loop's 2.6 / 2.7; they read
     # 64-row w13 tiles only, so block_n1=128 keeps tl.dot there).
-    # Each pick's row then has the bits the T = 1 kernels give its token alone. Off by default:
-    # its GPU tests pass at every geometry, and on the H200 it shortens all-HBM steps of 2..16
-    # tokens by 2-8%, but lengthens the usage-aware step by 1-1.5% from 8 tokens on (BENCHMARKS.md,
-    # run GW).
-    gw_max_tokens: int = 0
+    # Each pick's row then has the bits the T = 1 kernels give its token alone. On by default up
+    # to 16 tokens since each program runs its slot's passes itself (gw_pass_loop): on the H200,
+    # DeepSeek-V4.1 geometry, 0.94-0.95 / 0.96-0.97 of the tl.dot grouped step all-HBM at T = 6 /
+    # 16 and 0.99 / 1.00 of the usage-aware step; at T = 96 1.01-1.02, so not above 16 (BENCHMARKS.md,
+    # run GL; with a launch per possible pass, run GW, it had lengthened the usage-aware step).
+    gw_max_tokens: int = 16
+    # With gw_max_tokens: each program runs its slot's passes of eight picks in turn (a grid of
+    # one pass) instead of one program per possible pass (a grid of ceil(T / 8) passes, most of
+    # whose programs find their pass empty and return: 11 of 12 at T = 96). The loop keeps 178
+    # registers live in w13 (one 256-thread program per SM); gw_max_registers (Triton's maxnreg,
+    # 0: the compiler's choice) caps both launches, 128 leaving two per SM as without the loop
+    # (SASS, triton 3.6: two spill instructions, outside the K loop).
+    gw_pass_loop: bool = True
+    gw_max_registers: int = 128
 
     def __post_init__(self) -> None:
-        for name in ("max_registers", "max_registers_large"):
+        for name in ("max_registers", "max_registers_large", "gw_max_registers"):
             cap = getattr(self, name)
             if cap and not 32 <= cap <= 255:   # ptxas' range for .maxnreg
                 raise ValueError(f"{name} {cap} is not 0 (the compiler's choice) or 32..255 registers")
@@ -179,6 +188,10 @@ class KernelConfig:
                 text += f" unroll{self.t1_unroll1}/{self.t1_unroll2}"
                 if self.gw_max_tokens >= 2:
                     text += f" warp-mma-grouped@2..{self.gw_max_tokens}"
+                    if not self.gw_pass_loop:
+                        text += "(pass-grid)"
+                    if self.gw_max_registers:
+                        text += f"(regs<={self.gw_max_registers})"
         if not self.cold_first:    # the default (cold experts' slots first) goes unsaid
             text += " id-order-slots"
         if self.pdl:
@@ -566,7 +579,9 @@ class TritonMxfp4Experts:
         elif (not one_token and 2 <= t <= cfg.gw_max_tokens and s1 == 1 and s2 == 1 and self._t1_groups is not None
               and cfg.block_n1 == 64 and x.data_ptr() % 4 == 0 and x.stride(0) % 2 == 0):
             gw1, gw2 = self._t1_groups
-        passes = triton.cdiv(t, 8)   # a slot holds at most T picks (a token picks an expert once)
+        # a slot holds at most T picks (a token picks an expert once)
+        passes = 1 if cfg.gw_pass_loop else triton.cdiv(t, 8)
+        gw_cap = dict(maxnreg=cfg.gw_max_registers) if cfg.gw_max_registers else {}
         if g1:
             kernels_t1.w13_t1_kernel[(shape.intermediate // 64, k)](
                 x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX], ws.act,
@@ -586,7 +601,8 @@ class TritonMxfp4Experts:
                 b13[0], b13[1], b13[0].stride(0) if has_bias else 0,
                 H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BK=cfg.block_k1, KSPLIT=gw1,
                 COUNT=count_in_kernel, CHAINS=cfg.t1_chains1, UNROLL=cfg.t1_unroll1,
-                **act_args, num_warps=4 * gw1, num_stages=1, **self._pdl_args())
+                **act_args, PASS_LOOP=cfg.gw_pass_loop, num_warps=4 * gw1, num_stages=1, **gw_cap,
+                **self._pdl_args())
         elif stream1:
             kernels.w13_stream_kernel[(stream1,)](
                 x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX], ws.act,
@@ -627,8 +643,8 @@ class TritonMxfp4Experts:
                 ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.pick_out,
                 w2.stride(0), s2w.stride(0), b2[0], b2[1], b2[0].stride(0) if has_bias else 0,
                 H=shape.hidden, INTER=shape.intermediate, BN=cfg.block_n2, BK=cfg.block_k2, KSPLIT=gw2,
-                CHAINS=cfg.t1_chains2, HAS_BIAS=has_bias, UNROLL=cfg.t1_unroll2,
-                num_warps=4 * gw2, num_stages=1, **self._pdl_args())
+                CHAINS=cfg.t1_chains2, HAS_BIAS=has_bias, UNROLL=cfg.t1_unroll2, PASS_LOOP=cfg.gw_pass_loop,
+                num_warps=4 * gw2, num_stages=1, **gw_cap, **self._pdl_args())
         elif stream2:
             kernels.w2_stream_kernel[(stream2,)](
                 ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX], ws.pick_out,

@@ -462,12 +462,15 @@ def w13_gw_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr
                   H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, BK: tl.constexpr,
                   KSPLIT: tl.constexpr, COUNT: tl.constexpr, CHAINS: tl.constexpr = 1,
                   SWIGLU_LIMIT: tl.constexpr = 0.0, HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0,
-                  ALPHA: tl.constexpr = 1.0, PDL: tl.constexpr = False, UNROLL: tl.constexpr = 8):
+                  ALPHA: tl.constexpr = 1.0, PDL: tl.constexpr = False, UNROLL: tl.constexpr = 8,
+                  PASS_LOOP: tl.constexpr = False):
     """``act[p, rows] = bf16(glu(gate . x_t, up . x_t))`` for the 64 rows of row tile
     ``program_id(0)`` and picks ``p`` (token ``t``) ``8 * program_id(2) ..`` (up to eight) of slot
     ``program_id(1)`` (the grouping kernel's slots; a program whose pass is empty returns);
     ``w13_swiglu_kernel``'s counter (the first program of a slot adds its pick count, program
-    (0, 0, 0) the step's tokens), bias and activations."""
+    (0, 0, 0) the step's tokens), bias and activations. ``PASS_LOOP`` (a grid of one pass): the
+    program runs every pass of its slot in turn, eight picks each, so no program is launched for
+    an empty pass."""
     _pdl_enter(PDL)
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
@@ -488,12 +491,32 @@ def w13_gw_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr
     STEP_W: tl.constexpr = 64 * BK // 8
     STEP_S: tl.constexpr = 64 * BK // 128
     up = INTER // 64 + pid_n
+    rows, _ = _fragment_rows()
+    rows += pid_n * 64
+    if PASS_LOOP:
+        while m0 < end:
+            _w13_gw_pass(x_ptr, codes_ptr, expert, w_base, s_base, hot_b_ptr, cold_b_ptr, b_expert_stride,
+                         sorted_pick_ptr, act_ptr, m0, end, stride_x, pid_n, up, rows, INTER, TOP_K, BK, NK,
+                         STEP_W, STEP_S, KSPLIT, CHAINS, SWIGLU_LIMIT, HAS_BIAS, ACT, ALPHA, UNROLL)
+            m0 += 8
+    else:
+        _w13_gw_pass(x_ptr, codes_ptr, expert, w_base, s_base, hot_b_ptr, cold_b_ptr, b_expert_stride,
+                     sorted_pick_ptr, act_ptr, m0, end, stride_x, pid_n, up, rows, INTER, TOP_K, BK, NK,
+                     STEP_W, STEP_S, KSPLIT, CHAINS, SWIGLU_LIMIT, HAS_BIAS, ACT, ALPHA, UNROLL)
+
+
+@triton.jit
+def _w13_gw_pass(x_ptr, codes_ptr, expert, w_base, s_base, hot_b_ptr, cold_b_ptr, b_expert_stride,
+                 sorted_pick_ptr, act_ptr, m0, end, stride_x, pid_n, up, rows, INTER: tl.constexpr,
+                 TOP_K: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, STEP_W: tl.constexpr,
+                 STEP_S: tl.constexpr, KSPLIT: tl.constexpr, CHAINS: tl.constexpr, SWIGLU_LIMIT: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ALPHA: tl.constexpr, UNROLL: tl.constexpr):
+    """One pass of ``w13_gw_kernel``: picks ``m0 .. min(m0 + 8, end)`` of the slot."""
+    i32 = tl.pointer_type(tl.int32)
     x_row = _gw_b_rows(sorted_pick_ptr, m0, end, stride_x // 2, True, TOP_K, KSPLIT)
     acc_g, acc_u = _warp_mma_rows(x_ptr.to(i32), w_base, s_base, pid_n * NK * STEP_W, up * NK * STEP_W,
                                   pid_n * NK * STEP_S, up * NK * STEP_S, NK * (BK // 64), BK // 64,
                                   STEP_W, STEP_S, KSPLIT, True, CHAINS, UNROLL=UNROLL, x_row=x_row)
-    rows, _ = _fragment_rows()
-    rows += pid_n * 64
     if HAS_BIAS:
         b_base = _expert_base(codes_ptr, expert, hot_b_ptr, cold_b_ptr, b_expert_stride)
         acc_g += tl.load(b_base + rows).to(tl.float32)
@@ -511,10 +534,10 @@ def w2_gw_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_pt
                  w_expert_stride, s_expert_stride, hot_b_ptr, cold_b_ptr, b_expert_stride,
                  H: tl.constexpr, INTER: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                  KSPLIT: tl.constexpr, CHAINS: tl.constexpr = 1, HAS_BIAS: tl.constexpr = False,
-                 PDL: tl.constexpr = False, UNROLL: tl.constexpr = 8):
+                 PDL: tl.constexpr = False, UNROLL: tl.constexpr = 8, PASS_LOOP: tl.constexpr = False):
     """``y[p, rows] = bf16(w2_rows . act_p (+ b2))`` for the ``BN`` (64 or 128) rows of row tile
     ``program_id(0)`` and picks ``8 * program_id(2) ..`` of slot ``program_id(1)`` (the finalize
-    is its own launch at T >= 2)."""
+    is its own launch at T >= 2); ``PASS_LOOP`` as in ``w13_gw_kernel``."""
     _pdl_enter(PDL)
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
@@ -530,12 +553,31 @@ def w2_gw_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_pt
     STEP_S: tl.constexpr = BN * BK // 128
     a_w = pid_n * NK * STEP_W
     a_s = pid_n * NK * STEP_S
+    rows, _ = _fragment_rows()
+    rows += pid_n * BN
+    if PASS_LOOP:
+        while m0 < end:
+            _w2_gw_pass(act_ptr, codes_ptr, expert, w_base, s_base, hot_b_ptr, cold_b_ptr, b_expert_stride,
+                        sorted_pick_ptr, y_ptr, m0, end, a_w, a_s, rows, H, INTER, BN, NK, BH, STEP_W, STEP_S,
+                        KSPLIT, CHAINS, HAS_BIAS, UNROLL)
+            m0 += 8
+    else:
+        _w2_gw_pass(act_ptr, codes_ptr, expert, w_base, s_base, hot_b_ptr, cold_b_ptr, b_expert_stride,
+                    sorted_pick_ptr, y_ptr, m0, end, a_w, a_s, rows, H, INTER, BN, NK, BH, STEP_W, STEP_S,
+                    KSPLIT, CHAINS, HAS_BIAS, UNROLL)
+
+
+@triton.jit
+def _w2_gw_pass(act_ptr, codes_ptr, expert, w_base, s_base, hot_b_ptr, cold_b_ptr, b_expert_stride,
+                sorted_pick_ptr, y_ptr, m0, end, a_w, a_s, rows, H: tl.constexpr, INTER: tl.constexpr,
+                BN: tl.constexpr, NK: tl.constexpr, BH: tl.constexpr, STEP_W: tl.constexpr, STEP_S: tl.constexpr,
+                KSPLIT: tl.constexpr, CHAINS: tl.constexpr, HAS_BIAS: tl.constexpr, UNROLL: tl.constexpr):
+    """One pass of ``w2_gw_kernel``: picks ``m0 .. min(m0 + 8, end)`` of the slot."""
+    i32 = tl.pointer_type(tl.int32)
     x_row = _gw_b_rows(sorted_pick_ptr, m0, end, INTER // 2, False, 1, KSPLIT)
     acc0, acc1 = _warp_mma_rows(act_ptr.to(i32), w_base, s_base, a_w, a_w + BH * _BLOCK_WORDS, a_s,
                                 a_s + BH * _BLOCK_SCALE_WORDS, NK * BH, BH, STEP_W, STEP_S, KSPLIT, BN == 128,
                                 CHAINS, False, UNROLL, x_row)
-    rows, _ = _fragment_rows()
-    rows += pid_n * BN
     if HAS_BIAS:
         b_base = _expert_base(codes_ptr, expert, hot_b_ptr, cold_b_ptr, b_expert_stride)
         acc0 += tl.load(b_base + rows).to(tl.float32)

@@ -46,8 +46,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from recipegen.costmodel.efficiency import expert_efficiency  # noqa: E402
-from recipegen.costmodel.estimate import (AttentionGroup, MoeLayer, OperatingPoint, StepModel, default_skew,  # noqa: E402
-                                          step_terms, successive_inclusion)
+from recipegen.costmodel.estimate import (  # noqa: E402
+    AttentionGroup,
+    MoeLayer,
+    OperatingPoint,
+    StepModel,
+    default_skew,
+    step_terms,
+    successive_inclusion,
+)
 from recipegen.costmodel.lane_estimate import _attention_groups, _dense  # noqa: E402
 from recipegen.load.recipe import load_recipe  # noqa: E402
 

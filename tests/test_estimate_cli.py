@@ -9,8 +9,14 @@ from click.testing import CliRunner
 
 from recipegen.cli import main
 from recipegen.common.errors import InputError
-from recipegen.costmodel.lane_estimate import (FAR_BELOW, all_hbm_context, alternatives, band_text, default_streams,
-                                              estimate_lane)
+from recipegen.costmodel.lane_estimate import (
+    FAR_BELOW,
+    all_hbm_context,
+    alternatives,
+    band_text,
+    default_streams,
+    estimate_lane,
+)
 from recipegen.ledger import compute_ledger
 from recipegen.load.recipe import load_recipe
 

@@ -6,7 +6,8 @@ with HBM at small batch).
     PYTHONPATH=runtime python3 bench/kernel_sass.py [--dequant 3] [--block-n1 64] [--block-k1 128]
         [--block-n2 128] [--block-k2 128] [--num-stages 4] [--split-k1 N] [--split-k2 N] [--one-token]
         [--fuse-finalize] [--pdl] [--stream-k1 P] [--stream-k2 P]
-        [--warp-mma G1/G2 [--grouped] --chains C [--unroll U1/U2]] [--max-registers R] [--dump DIR]
+        [--warp-mma G1/G2 [--grouped] --chains C [--unroll U1/U2] [--smem-stages S]] [--max-registers R]
+        [--dump DIR]
 
 Uses whatever Triton is importable (the H200 image has 3.6.0; install the same version into a
 scratch directory, e.g. ``pip install --target /tmp/t36 triton==3.6.0`` and put it first on
@@ -81,6 +82,23 @@ _ADDR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(\S.*)")
 
 
 ARCH = 90
+
+
+def use_target(arch: int):
+    """Compile for compute capability ``arch`` (x10). The kernels pick their PTX by the compile
+    target's capability (cuda_capability_geq), which Triton reads from the active driver: make it
+    the target compiled for (no GPU here). Returns what it replaced."""
+    global ARCH
+    ARCH = arch
+    import triton.language.target_info as target_info
+
+    def compile_target():
+        return GPUTarget("cuda", ARCH, 32)
+
+    compile_target.__triton_builtin__ = True  # as Triton marks its own current_target
+    replaced = target_info.current_target
+    target_info.current_target = compile_target
+    return replaced
 
 
 def compile_kernel(fn, args, constexprs, num_warps: int, num_stages: int, maxnreg: int | None = None):
@@ -179,21 +197,16 @@ def main() -> int:
     ap.add_argument("--unroll", type=str, default="8/8", metavar="U1/U2",
                     help="with --warp-mma: K half-steps per loop trip of w13 / w2")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200, 80: A100)")
+    ap.add_argument("--smem-stages", type=int, default=0,
+                    help="with --warp-mma: weights through Triton's shared-memory pipeline of this many stages "
+                         "(KernelConfig.t1_smem_stages; 0: the register ring)")
+    ap.add_argument("--gw-max-registers", type=int, default=128,
+                    help="with --grouped: the register cap of the grouped launches (KernelConfig.gw_max_registers)")
     ap.add_argument("--max-registers", type=int, default=0,
                     help="register cap (Triton's maxnreg) of the tl.dot kernels; 0: the compiler's choice")
     ap.add_argument("--dump", type=Path, default=None, help="write SASS and TTGIR here")
     a = ap.parse_args()
-    global ARCH
-    ARCH = a.arch
-    # The kernels pick their PTX by the compile target's capability (cuda_capability_geq), which
-    # Triton reads from the active driver: make it the target compiled for (no GPU here).
-    import triton.language.target_info as target_info
-
-    def compile_target():
-        return GPUTarget("cuda", ARCH, 32)
-
-    compile_target.__triton_builtin__ = True  # as Triton marks its own current_target
-    target_info.current_target = compile_target
+    use_target(a.arch)
     print(f"triton {triton.__version__}, sm_{ARCH}")
     threads = 32 * a.num_warps
     if a.stream_k1:
@@ -218,11 +231,13 @@ def main() -> int:
         w13 = compile_kernel(kernels_t1.w13_gw_kernel, W13_GW_ARGS,
                              dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BK=a.block_k1, KSPLIT=g1,
                                   CHAINS=a.chains, COUNT=True, SWIGLU_LIMIT=0.0, HAS_BIAS=False, ACT=0, ALPHA=1.0,
-                                  PDL=a.pdl, UNROLL=unroll1), 4 * g1, 1)
+                                  PDL=a.pdl, UNROLL=unroll1, PASS_LOOP=True, SMEM_STAGES=a.smem_stages),
+                             4 * g1, 1, a.gw_max_registers or None)
         report("w13-grouped-warp-mma", w13, unroll1 * 2 * 32, a.dump)
         w2 = compile_kernel(kernels_t1.w2_gw_kernel, W2_GW_ARGS,
                             dict(H=a.hidden, INTER=a.intermediate, BN=a.block_n2, BK=a.block_k2, KSPLIT=g2,
-                                 CHAINS=a.chains, HAS_BIAS=False, PDL=a.pdl, UNROLL=unroll2), 4 * g2, 1)
+                                 CHAINS=a.chains, HAS_BIAS=False, PDL=a.pdl, UNROLL=unroll2, PASS_LOOP=True,
+                                 SMEM_STAGES=a.smem_stages), 4 * g2, 1, a.gw_max_registers or None)
         report("w2-grouped-warp-mma", w2, unroll2 * (a.block_n2 // 64) * 32, a.dump)
         return 0
     if a.warp_mma:
@@ -231,12 +246,14 @@ def main() -> int:
         w13 = compile_kernel(kernels_t1.w13_t1_kernel, W13_T1_ARGS,
                              dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BK=a.block_k1, KSPLIT=g1,
                                   CHAINS=a.chains, COUNT=True, SWIGLU_LIMIT=0.0, HAS_BIAS=False, ACT=0, ALPHA=1.0,
-                                  HAS_TOKEN_MASK=False, PDL=a.pdl, UNROLL=unroll1), 4 * g1, 1)
+                                  HAS_TOKEN_MASK=False, PDL=a.pdl, UNROLL=unroll1, BN1=a.block_n1,
+                                  SMEM_STAGES=a.smem_stages), 4 * g1, 1)
         report("w13-warp-mma", w13, unroll1 * 2 * 32, a.dump)  # per loop trip: its half-steps of gate and up
         w2 = compile_kernel(kernels_t1.w2_t1_kernel, W2_T1_ARGS,
                             dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BN=a.block_n2, BK=a.block_k2, KSPLIT=g2,
                                  CHAINS=a.chains, HAS_TOKEN_MASK=False, HAS_BIAS=False,
-                                 FUSE_FINALIZE=a.fuse_finalize, PDL=a.pdl, UNROLL=unroll2), 4 * g2, 1)
+                                 FUSE_FINALIZE=a.fuse_finalize, PDL=a.pdl, UNROLL=unroll2,
+                                 SMEM_STAGES=a.smem_stages), 4 * g2, 1)
         report("w2-warp-mma", w2, unroll2 * (a.block_n2 // 64) * 32, a.dump)  # the trip's half-steps of each rep
         return 0
     w13 = compile_kernel(kernels.w13_swiglu_kernel, W13_ARGS,

@@ -20,6 +20,9 @@ Claims and how each can fail:
 * the loop trip length (``t1_unroll*``: 4, 12, 16 against the default 8) changes no bit: the same
   outputs and per-pick rows as the default (``torch.equal``), split == unsplit, at every
   geometry, and the launches really take it (the kernels' ``UNROLL`` argument);
+* the shared-memory pipeline (``t1_smem_stages``: 2 stages of 8 half-steps, 3 of 4) changes no
+  bit against the register ring with the same trips, at T = 1 and in grouped steps of 5 and 12
+  tokens, split == unsplit, and the launches take it (``SMEM_STAGES``);
 * grouped steps (``gw_max_tokens=16``, the default: T = 2..16 on ``w13_gw_kernel`` /
   ``w2_gw_kernel``, up to eight picks of an expert per program; each program runs its slot's
   passes in turn, or with ``gw_pass_loop=False`` one program per pass): each launched once per
@@ -382,3 +385,40 @@ def test_grouped_step_graph_replay_equals_eager() -> None:
         assert torch.equal(replayed, ex.forward(unsplit, x, w, ids))
         recount += torch.bincount(ids.flatten(), minlength=E)
     assert torch.equal(counter.counts[0], recount) and int(counter.tokens[0]) == 3 * t
+
+
+@pytest.mark.parametrize("smem", [(2, 8), (3, 4)], ids=lambda s: "stages{}-unroll{}".format(*s))
+@pytest.mark.parametrize("name", list(GEOMETRIES))
+def test_shared_memory_pipeline_changes_no_bit(name: str, smem: tuple[int, int], monkeypatch) -> None:
+    """``t1_smem_stages``: the weights reach the same MMAs, in the same order, through Triton's
+    shared-memory pipeline instead of the register ring: at T = 1 (hot, cold and straddling
+    tokens) and in grouped steps of 5 and 12 tokens, outputs and per-pick rows equal the ring's
+    with the same loop trips bit for bit, split == unsplit, and the launches take it."""
+    stages, unroll = smem
+    base, split0, _, _, hot, cold = _layers(name, _config(name, t1_unroll1=unroll, t1_unroll2=unroll), max_tokens=16)
+    ex, split, unsplit, _, _, _ = _layers(name, _config(name, t1_unroll1=unroll, t1_unroll2=unroll,
+                                                        t1_smem_stages=stages), max_tokens=16)
+    launches = {n: _LaunchArgs(getattr(kernels_t1, n))
+                for n in ("w13_t1_kernel", "w2_t1_kernel", "w13_gw_kernel", "w2_gw_kernel")}
+    for n, launch in launches.items():
+        monkeypatch.setattr(kernels_t1, n, launch)
+    k = ex.top_k
+    steps = list(_tokens(hot, cold, ex, 41))
+    for tokens in (5, 12):
+        gen = torch.Generator(device=DEV).manual_seed(43 + tokens)
+        ids = _grouped_routing(hot, cold, k, tokens, torch.Generator().manual_seed(tokens))
+        steps.append((ids, torch.softmax(torch.randn(tokens, k, generator=gen, device=DEV), -1),
+                       torch.randn(tokens, ex.shape.hidden, generator=gen, device=DEV).bfloat16()))
+    for ids, w, x in steps:
+        t = ids.shape[0]
+        w13, w2 = (launches["w13_t1_kernel"], launches["w2_t1_kernel"]) if t == 1 else \
+            (launches["w13_gw_kernel"], launches["w2_gw_kernel"])
+        expect = base.forward(split0, x, w, ids).clone()
+        assert w13.kwargs["SMEM_STAGES"] == w2.kwargs["SMEM_STAGES"] == 0
+        routed = ((ids >= 0) & (ids < E)).view(-1)     # skipped picks' workspace rows are not written
+        expect_picks = base.workspace.pick_out[:t * k][routed].clone()
+        out = ex.forward(split, x, w, ids).clone()
+        assert w13.kwargs["SMEM_STAGES"] == w2.kwargs["SMEM_STAGES"] == stages
+        assert torch.equal(out, expect)
+        assert torch.equal(ex.workspace.pick_out[:t * k][routed], expect_picks)
+        assert torch.equal(out, ex.forward(unsplit, x, w, ids))

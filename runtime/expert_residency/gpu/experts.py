@@ -137,6 +137,13 @@ class KernelConfig:
     # (42.9 vs 45.1 us per all-HBM T=1 layer), 12 and 16 are slower (47.4, 55.8; BENCHMARKS.md).
     t1_unroll1: int = 8
     t1_unroll2: int = 8
+    # Warp-MMA launches (T = 1 and grouped): 0 keeps four half-steps of weights in flight per
+    # thread in registers (a ring); 2..4 hands the weight loads to Triton's software pipeline
+    # instead, which copies them asynchronously into t1_smem_stages - 1 shared-memory stages of
+    # t1_unroll* half-steps ahead of the MMAs (SASS, triton 3.6: LDGSTS, 2.4-2.5 instructions per
+    # weight against the ring's 2.3; more bytes in flight per SM). The same MMAs in the same order:
+    # the same bits. Not measured on a GPU yet, so off.
+    t1_smem_stages: int = 0
     # Grouped steps of 2..gw_max_tokens tokens (0: off) with an unsplit reduction, where the T = 1
     # warp-MMA kernels run: the two expert launches run their loops (``kernels_t1.w13_gw_kernel``
     # / ``w2_gw_kernel``: the same warpgroups, chains and loop trips) on up to eight picks of one
@@ -186,6 +193,8 @@ class KernelConfig:
                 text += (f" T1-warp-mma{self.t1_warpgroups1}/{self.t1_warpgroups2}"
                          f"x{self.t1_chains1}/{self.t1_chains2}")
                 text += f" unroll{self.t1_unroll1}/{self.t1_unroll2}"
+                if self.t1_smem_stages:
+                    text += f" smem-stages{self.t1_smem_stages}"
                 if self.gw_max_tokens >= 2:
                     text += f" warp-mma-grouped@2..{self.gw_max_tokens}"
                     if not self.gw_pass_loop:
@@ -344,6 +353,8 @@ def t1_warpgroups(shape: ExpertShape, config: KernelConfig) -> tuple[int, int] |
     for name in ("t1_unroll1", "t1_unroll2"):
         if getattr(config, name) not in (4, 8, 12, 16, 20):
             raise ValueError(f"{name} {getattr(config, name)} is not 4, 8, 12, 16 or 20 half-steps per trip")
+    if config.t1_smem_stages not in (0, 2, 3, 4):
+        raise ValueError(f"t1_smem_stages {config.t1_smem_stages} is not 0 (registers), 2, 3 or 4 stages")
     if not (config.t1_warp_mma and config.one_token and is_mma_order(config)
             and config.block_n1 in (64, 128) and config.block_n2 in (64, 128)
             and not (config.stream_k1 or config.stream_k2) and effective_splits(shape, config) == (1, 1)):
@@ -352,8 +363,27 @@ def t1_warpgroups(shape: ExpertShape, config: KernelConfig) -> tuple[int, int] |
     def groups(halves: int, most: int) -> int:   # a power of two (the kernel's thread ranges)
         return max((g for g in (1, 2, 4, 8) if g <= most and halves % g == 0), default=0)
 
-    return (groups(shape.hidden // 64, config.t1_warpgroups1),
-            groups(shape.intermediate // 64, config.t1_warpgroups2))
+    g1, g2 = groups(shape.hidden // 64, config.t1_warpgroups1), groups(shape.intermediate // 64, config.t1_warpgroups2)
+    for name, g, unroll, streams in (("w13", g1, config.t1_unroll1, 2), ("w2", g2, config.t1_unroll2,
+                                                                           config.block_n2 // 64)):
+        need = warp_mma_shared_bytes(config.t1_smem_stages, unroll, g, streams)
+        if need > MAX_SHARED_BYTES:
+            raise ValueError(f"t1_smem_stages {config.t1_smem_stages} with t1_unroll {unroll} needs {need:,} bytes "
+                             f"of shared memory per {name} program ({g} warpgroups); an SM90 program may use "
+                             f"{MAX_SHARED_BYTES:,}")
+    return g1, g2
+
+
+# Shared memory one program may use on the SM90 family (227 KiB).
+MAX_SHARED_BYTES = 227 * 1024
+
+
+def warp_mma_shared_bytes(stages: int, unroll: int, warpgroups: int, streams: int) -> int:
+    """Shared memory of a warp-MMA launch with ``t1_smem_stages`` (0: none): Triton keeps
+    ``stages - 1`` buffers of ``unroll`` half-steps, each half-step 16 weight bytes and a 4-byte
+    scale word per thread and stream (SASS of triton 3.6: 40,960 / 61,440 bytes at 3 / 4 stages of
+    4 half-steps, one warpgroup, two streams)."""
+    return max(stages - 1, 0) * unroll * 128 * warpgroups * 20 * streams
 
 
 def runs_warp_mma(device: torch.device) -> bool:
@@ -591,7 +621,7 @@ class TritonMxfp4Experts:
                 H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BK=cfg.block_k1, KSPLIT=g1,
                 COUNT=count_in_kernel, CHAINS=cfg.t1_chains1,
                 HAS_TOKEN_MASK=token_mask is not None, UNROLL=cfg.t1_unroll1, BN1=cfg.block_n1,
-                **act_args, num_warps=4 * g1, num_stages=1, **self._pdl_args())
+                SMEM_STAGES=cfg.t1_smem_stages, **act_args, num_warps=4 * g1, num_stages=1, **self._pdl_args())
         elif gw1:
             kernels_t1.w13_gw_kernel[(shape.intermediate // 64, max_slots, passes)](
                 x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX],
@@ -601,7 +631,7 @@ class TritonMxfp4Experts:
                 b13[0], b13[1], b13[0].stride(0) if has_bias else 0,
                 H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BK=cfg.block_k1, KSPLIT=gw1,
                 COUNT=count_in_kernel, CHAINS=cfg.t1_chains1, UNROLL=cfg.t1_unroll1,
-                **act_args, PASS_LOOP=cfg.gw_pass_loop, num_warps=4 * gw1, num_stages=1, **gw_cap,
+                **act_args, PASS_LOOP=cfg.gw_pass_loop, SMEM_STAGES=cfg.t1_smem_stages, num_warps=4 * gw1, num_stages=1, **gw_cap,
                 **self._pdl_args())
         elif stream1:
             kernels.w13_stream_kernel[(stream1,)](
@@ -635,7 +665,7 @@ class TritonMxfp4Experts:
                 b2[0], b2[1], b2[0].stride(0) if has_bias else 0, **self._fused_finalize_args(fin, ws),
                 H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BN=cfg.block_n2, BK=cfg.block_k2,
                 KSPLIT=g2, CHAINS=cfg.t1_chains2, HAS_TOKEN_MASK=token_mask is not None,
-                HAS_BIAS=has_bias, UNROLL=cfg.t1_unroll2,
+                HAS_BIAS=has_bias, UNROLL=cfg.t1_unroll2, SMEM_STAGES=cfg.t1_smem_stages,
                 num_warps=4 * g2, num_stages=1, **self._pdl_args())
         elif gw2:
             kernels_t1.w2_gw_kernel[(shape.hidden // cfg.block_n2, max_slots, passes)](
@@ -644,7 +674,7 @@ class TritonMxfp4Experts:
                 w2.stride(0), s2w.stride(0), b2[0], b2[1], b2[0].stride(0) if has_bias else 0,
                 H=shape.hidden, INTER=shape.intermediate, BN=cfg.block_n2, BK=cfg.block_k2, KSPLIT=gw2,
                 CHAINS=cfg.t1_chains2, HAS_BIAS=has_bias, UNROLL=cfg.t1_unroll2, PASS_LOOP=cfg.gw_pass_loop,
-                num_warps=4 * gw2, num_stages=1, **gw_cap, **self._pdl_args())
+                SMEM_STAGES=cfg.t1_smem_stages, num_warps=4 * gw2, num_stages=1, **gw_cap, **self._pdl_args())
         elif stream2:
             kernels.w2_stream_kernel[(stream2,)](
                 ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX], ws.pick_out,

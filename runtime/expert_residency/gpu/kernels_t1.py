@@ -156,14 +156,26 @@ def _fetch(w_base, s_base, h, a_w, b_w, a_s, b_s, w_off, s_off, BH: tl.constexpr
 
 
 @triton.jit
+def _load_x(ptr, ASM: tl.constexpr):
+    """The input row's bf16 pairs at ``ptr``: ``tl.load``, or with ``ASM`` a plain global load in
+    inline PTX, which Triton's software pipeliner leaves alone (so the row stays an L1 read
+    instead of taking a shared-memory stage beside the weights)."""
+    if ASM:
+        return tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.load(ptr)
+
+
+@triton.jit
 def _step(a0, a1, a2, a3, b0, b1, b2, b3, wa, sa, wb, sb, x_pairs, h, x_off, j, BH: tl.constexpr,
-          TWO: tl.constexpr, CHAINS: tl.constexpr):
+          TWO: tl.constexpr, CHAINS: tl.constexpr, ASM_X: tl.constexpr = False):
     """Half-step ``h`` of both streams: the input row's B registers b0 / b1 (its bf16 pairs; L1
     reads, the row is small and every warp reads it), then the MMAs. (Loading them a half-step
     ahead measured the same on the H200: 45.0 vs 45.3 us per layer.)"""
     xb = x_pairs + (h // BH) * (32 * BH) + (h % BH) * 32
-    x0 = tl.load(xb + x_off)
-    x1 = tl.load(xb + x_off + 4)
+    x0 = _load_x(xb + x_off, ASM_X)
+    x1 = _load_x(xb + x_off + 4, ASM_X)
     a0, a1, a2, a3 = _mma_half(a0, a1, a2, a3, wa, sa, x0, x1, j, CHAINS)
     if TWO:
         b0, b1, b2, b3 = _mma_half(b0, b1, b2, b3, wb, sb, x0, x1, j, CHAINS)
@@ -187,7 +199,7 @@ def _ring_step(a0, a1, a2, a3, b0, b1, b2, b3, wa, sa, wb, sb, x_pairs, h, x_off
 def _warp_mma_rows(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES: tl.constexpr, BH: tl.constexpr,
                    STEP_W: tl.constexpr, STEP_S: tl.constexpr, KSPLIT: tl.constexpr, TWO: tl.constexpr,
                    CHAINS: tl.constexpr, PDL_AFTER_PROLOGUE: tl.constexpr = False, UNROLL: tl.constexpr = 8,
-                   x_row=0):
+                   x_row=0, SMEM_STAGES: tl.constexpr = 0):
     """fp32 fragments ``[128, 4]`` (thread ``t`` of the tile's warpgroup, accumulator element
     ``j``: row ``16 * (t // 32) + (t % 32) // 4 + 8 * (j // 2)`` of the rep, the token in every
     column) of stream A (and B) times the input row over ``HALVES`` K half-steps, the
@@ -196,7 +208,14 @@ def _warp_mma_rows(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES: tl.const
     tail; only for weights that no in-flight kernel writes) and before the input row is read.
     ``UNROLL``: half-steps per loop trip (a multiple of 4). ``x_row``: 0 (every lane reads the row
     at ``x_pairs``), or int32 ``[128 * KSPLIT, 1]`` per-thread offsets (in bf16 pairs) of the row
-    its B column reads (``_gw_b_rows``: up to eight tokens, one per column)."""
+    its B column reads (``_gw_b_rows``: up to eight tokens, one per column). ``SMEM_STAGES``
+    (0: the register ring below): the weights instead reach the MMAs through Triton's software
+    pipeline, ``SMEM_STAGES`` shared-memory stages of ``UNROLL`` half-steps each (asynchronous
+    copies, ``SMEM_STAGES - 1`` loop trips ahead), the input row through plain loads; the same
+    MMAs in the same order, so the same bits."""
+    if SMEM_STAGES > 0:
+        return _warp_mma_rows_pipelined(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES, BH, STEP_W, STEP_S,
+                                        KSPLIT, TWO, CHAINS, PDL_AFTER_PROLOGUE, UNROLL, x_row, SMEM_STAGES)
     N: tl.constexpr = 128 * KSPLIT
     tid = tl.arange(0, N)[:, None]
     j = tl.arange(0, 4)[None, :]
@@ -271,6 +290,46 @@ def _warp_mma_rows(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES: tl.const
 
 
 @triton.jit
+def _warp_mma_rows_pipelined(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES: tl.constexpr, BH: tl.constexpr,
+                             STEP_W: tl.constexpr, STEP_S: tl.constexpr, KSPLIT: tl.constexpr, TWO: tl.constexpr,
+                             CHAINS: tl.constexpr, PDL_AFTER_PROLOGUE: tl.constexpr, UNROLL: tl.constexpr,
+                             x_row, SMEM_STAGES: tl.constexpr):
+    """``_warp_mma_rows`` with ``SMEM_STAGES``: a loop of ``UNROLL`` half-steps per trip whose
+    weight and scale loads Triton turns into asynchronous copies into a ring of shared-memory
+    stages (the register ring keeps four half-steps in flight per thread; this keeps
+    ``(SMEM_STAGES - 1) * UNROLL``, in shared memory, at the price of a shared-memory read per
+    load and the copies' bookkeeping). The last ``ITERS % UNROLL`` half-steps run straight-line."""
+    N: tl.constexpr = 128 * KSPLIT
+    tid = tl.arange(0, N)[:, None]
+    j = tl.arange(0, 4)[None, :]
+    t = tid % 128
+    grp = tid // 128
+    lane = t % 32
+    w_off = t * 4 + j
+    s_off = (t // 32) * 8 + lane // 4
+    x_off = 8 * j + lane % 4 + x_row
+    ITERS: tl.constexpr = HALVES // KSPLIT
+    a0 = tl.zeros((N, 4), dtype=tl.float32)
+    a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
+    # The weights no in-flight kernel writes may be read before the previous kernel ends, the
+    # input row not: the pipeline's first copies are issued inside the loop, so wait here.
+    _pdl_enter(PDL_AFTER_PROLOGUE)
+    for i in tl.range(0, ITERS - (UNROLL - 1), UNROLL, num_stages=SMEM_STAGES):
+        for s in tl.static_range(UNROLL):
+            h = (i + s) * KSPLIT + grp
+            wa, sa, wb, sb = _fetch(w_base, s_base, h, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W, STEP_S, TWO)
+            a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, wa, sa, wb, sb, x_pairs, h,
+                                                   x_off, j, BH, TWO, CHAINS, True)
+    REST: tl.constexpr = ITERS % UNROLL
+    for s in tl.static_range(REST):
+        h = (ITERS - REST + s) * KSPLIT + grp
+        wa, sa, wb, sb = _fetch(w_base, s_base, h, a_w, b_w, a_s, b_s, w_off, s_off, BH, STEP_W, STEP_S, TWO)
+        a0, a1, a2, a3, b0, b1, b2, b3 = _step(a0, a1, a2, a3, b0, b1, b2, b3, wa, sa, wb, sb, x_pairs, h,
+                                               x_off, j, BH, TWO, CHAINS, True)
+    return _finish(a0, a1, a2, a3, b0, b1, b2, b3, KSPLIT, CHAINS)
+
+
+@triton.jit
 def _finish(a0, a1, a2, a3, b0, b1, b2, b3, KSPLIT: tl.constexpr, CHAINS: tl.constexpr):
     """Both streams' chains summed (``_chain_sum``), then the warpgroups' partials in group order."""
     acc_a = _chain_sum(a0, a1, a2, a3, CHAINS)
@@ -311,7 +370,7 @@ def w13_t1_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr
                   HAS_TOKEN_MASK: tl.constexpr = False,
                   SWIGLU_LIMIT: tl.constexpr = 0.0, HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0,
                   ALPHA: tl.constexpr = 1.0, PDL: tl.constexpr = False, UNROLL: tl.constexpr = 8,
-                  BN1: tl.constexpr = 64):
+                  BN1: tl.constexpr = 64, SMEM_STAGES: tl.constexpr = 0):
     """``act[p, rows] = bf16(glu(gate . x, up . x))`` for 64 rows ``64 * program_id(0) + ...`` of
     pick ``p = program_id(1)`` (``w13_swiglu_kernel`` with ``ONE_TOKEN``, same counter/mask/bias/
     activation semantics). ``BN1``: the layout's w13 tile rows (64 or 128); a 64-row program of a
@@ -341,7 +400,7 @@ def w13_t1_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr
                                   up * NK * STEP_W + r * BH * _BLOCK_WORDS,
                                   gate * NK * STEP_S + r * BH * _BLOCK_SCALE_WORDS,
                                   up * NK * STEP_S + r * BH * _BLOCK_SCALE_WORDS, NK * BH, BH,
-                                  STEP_W, STEP_S, KSPLIT, True, CHAINS, UNROLL=UNROLL)
+                                  STEP_W, STEP_S, KSPLIT, True, CHAINS, UNROLL=UNROLL, SMEM_STAGES=SMEM_STAGES)
     rows, keep = _fragment_rows()
     rows += pid_n * 64
     if HAS_BIAS:
@@ -360,7 +419,7 @@ def w2_t1_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_pt
                  BK: tl.constexpr, KSPLIT: tl.constexpr, CHAINS: tl.constexpr = 1,
                  HAS_TOKEN_MASK: tl.constexpr = False,
                  HAS_BIAS: tl.constexpr = False, FUSE_FINALIZE: tl.constexpr = False,
-                 PDL: tl.constexpr = False, UNROLL: tl.constexpr = 8):
+                 PDL: tl.constexpr = False, UNROLL: tl.constexpr = 8, SMEM_STAGES: tl.constexpr = 0):
     """``y[p, rows] = bf16(w2_rows . act_p (+ b2))`` for the ``BN`` (64 or 128) rows of row tile
     ``program_id(0)`` of pick ``p = program_id(1)``; ``FUSE_FINALIZE``: as ``w2_kernel``'s — every
     program of a row tile (skipped picks included) takes a ticket after its store, the last adds
@@ -392,7 +451,8 @@ def w2_t1_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_pt
         # rep 1 of a 128-row tile: the blocks after rep 0's BH blocks of each K step
         acc0, acc1 = _warp_mma_rows(act_ptr.to(i32) + slot * (INTER // 2), w_base, s_base, a_w,
                                     a_w + BH * _BLOCK_WORDS, a_s, a_s + BH * _BLOCK_SCALE_WORDS, NK * BH, BH,
-                                    STEP_W, STEP_S, KSPLIT, BN == 128, CHAINS, PDL, UNROLL)
+                                    STEP_W, STEP_S, KSPLIT, BN == 128, CHAINS, PDL, UNROLL,
+                                    SMEM_STAGES=SMEM_STAGES)
         rows, keep = _fragment_rows()
         rows += pid_n * BN
         if HAS_BIAS:
@@ -463,7 +523,7 @@ def w13_gw_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr
                   KSPLIT: tl.constexpr, COUNT: tl.constexpr, CHAINS: tl.constexpr = 1,
                   SWIGLU_LIMIT: tl.constexpr = 0.0, HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0,
                   ALPHA: tl.constexpr = 1.0, PDL: tl.constexpr = False, UNROLL: tl.constexpr = 8,
-                  PASS_LOOP: tl.constexpr = False):
+                  PASS_LOOP: tl.constexpr = False, SMEM_STAGES: tl.constexpr = 0):
     """``act[p, rows] = bf16(glu(gate . x_t, up . x_t))`` for the 64 rows of row tile
     ``program_id(0)`` and picks ``p`` (token ``t``) ``8 * program_id(2) ..`` (up to eight) of slot
     ``program_id(1)`` (the grouping kernel's slots; a program whose pass is empty returns);
@@ -497,12 +557,12 @@ def w13_gw_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr
         while m0 < end:
             _w13_gw_pass(x_ptr, codes_ptr, expert, w_base, s_base, hot_b_ptr, cold_b_ptr, b_expert_stride,
                          sorted_pick_ptr, act_ptr, m0, end, stride_x, pid_n, up, rows, INTER, TOP_K, BK, NK,
-                         STEP_W, STEP_S, KSPLIT, CHAINS, SWIGLU_LIMIT, HAS_BIAS, ACT, ALPHA, UNROLL)
+                         STEP_W, STEP_S, KSPLIT, CHAINS, SWIGLU_LIMIT, HAS_BIAS, ACT, ALPHA, UNROLL, SMEM_STAGES)
             m0 += 8
     else:
         _w13_gw_pass(x_ptr, codes_ptr, expert, w_base, s_base, hot_b_ptr, cold_b_ptr, b_expert_stride,
                      sorted_pick_ptr, act_ptr, m0, end, stride_x, pid_n, up, rows, INTER, TOP_K, BK, NK,
-                     STEP_W, STEP_S, KSPLIT, CHAINS, SWIGLU_LIMIT, HAS_BIAS, ACT, ALPHA, UNROLL)
+                     STEP_W, STEP_S, KSPLIT, CHAINS, SWIGLU_LIMIT, HAS_BIAS, ACT, ALPHA, UNROLL, SMEM_STAGES)
 
 
 @triton.jit
@@ -510,13 +570,15 @@ def _w13_gw_pass(x_ptr, codes_ptr, expert, w_base, s_base, hot_b_ptr, cold_b_ptr
                  sorted_pick_ptr, act_ptr, m0, end, stride_x, pid_n, up, rows, INTER: tl.constexpr,
                  TOP_K: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, STEP_W: tl.constexpr,
                  STEP_S: tl.constexpr, KSPLIT: tl.constexpr, CHAINS: tl.constexpr, SWIGLU_LIMIT: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ALPHA: tl.constexpr, UNROLL: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ALPHA: tl.constexpr, UNROLL: tl.constexpr,
+                 SMEM_STAGES: tl.constexpr):
     """One pass of ``w13_gw_kernel``: picks ``m0 .. min(m0 + 8, end)`` of the slot."""
     i32 = tl.pointer_type(tl.int32)
     x_row = _gw_b_rows(sorted_pick_ptr, m0, end, stride_x // 2, True, TOP_K, KSPLIT)
     acc_g, acc_u = _warp_mma_rows(x_ptr.to(i32), w_base, s_base, pid_n * NK * STEP_W, up * NK * STEP_W,
                                   pid_n * NK * STEP_S, up * NK * STEP_S, NK * (BK // 64), BK // 64,
-                                  STEP_W, STEP_S, KSPLIT, True, CHAINS, UNROLL=UNROLL, x_row=x_row)
+                                  STEP_W, STEP_S, KSPLIT, True, CHAINS, UNROLL=UNROLL, x_row=x_row,
+                                  SMEM_STAGES=SMEM_STAGES)
     if HAS_BIAS:
         b_base = _expert_base(codes_ptr, expert, hot_b_ptr, cold_b_ptr, b_expert_stride)
         acc_g += tl.load(b_base + rows).to(tl.float32)
@@ -534,7 +596,8 @@ def w2_gw_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_pt
                  w_expert_stride, s_expert_stride, hot_b_ptr, cold_b_ptr, b_expert_stride,
                  H: tl.constexpr, INTER: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                  KSPLIT: tl.constexpr, CHAINS: tl.constexpr = 1, HAS_BIAS: tl.constexpr = False,
-                 PDL: tl.constexpr = False, UNROLL: tl.constexpr = 8, PASS_LOOP: tl.constexpr = False):
+                 PDL: tl.constexpr = False, UNROLL: tl.constexpr = 8, PASS_LOOP: tl.constexpr = False,
+                 SMEM_STAGES: tl.constexpr = 0):
     """``y[p, rows] = bf16(w2_rows . act_p (+ b2))`` for the ``BN`` (64 or 128) rows of row tile
     ``program_id(0)`` and picks ``8 * program_id(2) ..`` of slot ``program_id(1)`` (the finalize
     is its own launch at T >= 2); ``PASS_LOOP`` as in ``w13_gw_kernel``."""
@@ -559,25 +622,26 @@ def w2_gw_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_pt
         while m0 < end:
             _w2_gw_pass(act_ptr, codes_ptr, expert, w_base, s_base, hot_b_ptr, cold_b_ptr, b_expert_stride,
                         sorted_pick_ptr, y_ptr, m0, end, a_w, a_s, rows, H, INTER, BN, NK, BH, STEP_W, STEP_S,
-                        KSPLIT, CHAINS, HAS_BIAS, UNROLL)
+                        KSPLIT, CHAINS, HAS_BIAS, UNROLL, SMEM_STAGES)
             m0 += 8
     else:
         _w2_gw_pass(act_ptr, codes_ptr, expert, w_base, s_base, hot_b_ptr, cold_b_ptr, b_expert_stride,
                     sorted_pick_ptr, y_ptr, m0, end, a_w, a_s, rows, H, INTER, BN, NK, BH, STEP_W, STEP_S,
-                    KSPLIT, CHAINS, HAS_BIAS, UNROLL)
+                    KSPLIT, CHAINS, HAS_BIAS, UNROLL, SMEM_STAGES)
 
 
 @triton.jit
 def _w2_gw_pass(act_ptr, codes_ptr, expert, w_base, s_base, hot_b_ptr, cold_b_ptr, b_expert_stride,
                 sorted_pick_ptr, y_ptr, m0, end, a_w, a_s, rows, H: tl.constexpr, INTER: tl.constexpr,
                 BN: tl.constexpr, NK: tl.constexpr, BH: tl.constexpr, STEP_W: tl.constexpr, STEP_S: tl.constexpr,
-                KSPLIT: tl.constexpr, CHAINS: tl.constexpr, HAS_BIAS: tl.constexpr, UNROLL: tl.constexpr):
+                KSPLIT: tl.constexpr, CHAINS: tl.constexpr, HAS_BIAS: tl.constexpr, UNROLL: tl.constexpr,
+                SMEM_STAGES: tl.constexpr):
     """One pass of ``w2_gw_kernel``: picks ``m0 .. min(m0 + 8, end)`` of the slot."""
     i32 = tl.pointer_type(tl.int32)
     x_row = _gw_b_rows(sorted_pick_ptr, m0, end, INTER // 2, False, 1, KSPLIT)
     acc0, acc1 = _warp_mma_rows(act_ptr.to(i32), w_base, s_base, a_w, a_w + BH * _BLOCK_WORDS, a_s,
                                 a_s + BH * _BLOCK_SCALE_WORDS, NK * BH, BH, STEP_W, STEP_S, KSPLIT, BN == 128,
-                                CHAINS, False, UNROLL, x_row)
+                                CHAINS, False, UNROLL, x_row, SMEM_STAGES)
     if HAS_BIAS:
         b_base = _expert_base(codes_ptr, expert, hot_b_ptr, cold_b_ptr, b_expert_stride)
         acc0 += tl.load(b_base + rows).to(tl.float32)

@@ -157,11 +157,13 @@ def _fetch(w_base, s_base, h, a_w, b_w, a_s, b_s, w_off, s_off, BH: tl.constexpr
 
 @triton.jit
 def _load_x(ptr, ASM: tl.constexpr):
-    """The input row's bf16 pairs at ``ptr``: ``tl.load``, or with ``ASM`` a plain global load in
-    inline PTX, which Triton's software pipeliner leaves alone (so the row stays an L1 read
-    instead of taking a shared-memory stage beside the weights)."""
+    """The input row's bf16 pairs at ``ptr``: ``tl.load``, or with ``ASM`` the same global load
+    (``ld.global.b32``, as ``tl.load`` emits it; no ``.nc``, the row may be the previous launch's
+    output under programmatic dependent launch) in inline PTX, which Triton's software pipeliner
+    leaves alone, so the row stays an L1 read instead of taking a shared-memory stage beside the
+    weights."""
     if ASM:
-        return tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+        return tl.inline_asm_elementwise("ld.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
                                          is_pure=True, pack=1)
     else:
         return tl.load(ptr)

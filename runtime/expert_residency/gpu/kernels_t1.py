@@ -198,6 +198,21 @@ def _ring_step(a0, a1, a2, a3, b0, b1, b2, b3, wa, sa, wb, sb, x_pairs, h, x_off
 
 
 @triton.jit
+def _thread_offsets(KSPLIT: tl.constexpr, x_row):
+    """Per thread of ``128 * KSPLIT`` (``[N, 1]``) and accumulator element ``j`` (``[1, 4]``): its
+    warpgroup, and its offsets (int32 units) into a half-step's weight block, scale words and
+    input row."""
+    tid = tl.arange(0, 128 * KSPLIT)[:, None]
+    j = tl.arange(0, 4)[None, :]
+    t = tid % 128
+    lane = t % 32
+    w_off = t * 4 + j                          # the thread's 16 bytes of a block
+    s_off = (t // 32) * 8 + lane // 4          # its rows' 4 scale bytes (b0, h)
+    x_off = 8 * j + lane % 4 + x_row           # pair 2q.. of word j's k16 chunk (b1: +4 pairs)
+    return j, tid // 128, w_off, s_off, x_off
+
+
+@triton.jit
 def _warp_mma_rows(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES: tl.constexpr, BH: tl.constexpr,
                    STEP_W: tl.constexpr, STEP_S: tl.constexpr, KSPLIT: tl.constexpr, TWO: tl.constexpr,
                    CHAINS: tl.constexpr, PDL_AFTER_PROLOGUE: tl.constexpr = False, UNROLL: tl.constexpr = 8,
@@ -218,18 +233,10 @@ def _warp_mma_rows(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES: tl.const
     if SMEM_STAGES > 0:
         return _warp_mma_rows_pipelined(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES, BH, STEP_W, STEP_S,
                                         KSPLIT, TWO, CHAINS, PDL_AFTER_PROLOGUE, UNROLL, x_row, SMEM_STAGES)
-    N: tl.constexpr = 128 * KSPLIT
-    tid = tl.arange(0, N)[:, None]
-    j = tl.arange(0, 4)[None, :]
-    t = tid % 128
-    grp = tid // 128
-    lane = t % 32
-    w_off = t * 4 + j                          # the thread's 16 bytes of a block
-    s_off = (t // 32) * 8 + lane // 4          # its rows' 4 scale bytes (b0, h)
-    x_off = 8 * j + lane % 4 + x_row           # pair 2q.. of word j's k16 chunk (b1: +4 pairs)
+    j, grp, w_off, s_off, x_off = _thread_offsets(KSPLIT, x_row)
     ITERS: tl.constexpr = HALVES // KSPLIT     # this warpgroup's half-steps: i * KSPLIT + grp
     LAST: tl.constexpr = ITERS - 1
-    a0 = tl.zeros((N, 4), dtype=tl.float32)
+    a0 = tl.zeros((128 * KSPLIT, 4), dtype=tl.float32)
     a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
     # Four half-steps of weights in flight (sets 0..3, a ring): each set is refilled right after
     # its MMAs with the half-step four ahead, so the loop (unrolled by a multiple of four) moves no
@@ -301,17 +308,9 @@ def _warp_mma_rows_pipelined(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES
     stages (the register ring keeps four half-steps in flight per thread; this keeps
     ``(SMEM_STAGES - 1) * UNROLL``, in shared memory, at the price of a shared-memory read per
     load and the copies' bookkeeping). The last ``ITERS % UNROLL`` half-steps run straight-line."""
-    N: tl.constexpr = 128 * KSPLIT
-    tid = tl.arange(0, N)[:, None]
-    j = tl.arange(0, 4)[None, :]
-    t = tid % 128
-    grp = tid // 128
-    lane = t % 32
-    w_off = t * 4 + j
-    s_off = (t // 32) * 8 + lane // 4
-    x_off = 8 * j + lane % 4 + x_row
+    j, grp, w_off, s_off, x_off = _thread_offsets(KSPLIT, x_row)
     ITERS: tl.constexpr = HALVES // KSPLIT
-    a0 = tl.zeros((N, 4), dtype=tl.float32)
+    a0 = tl.zeros((128 * KSPLIT, 4), dtype=tl.float32)
     a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
     # The weights no in-flight kernel writes may be read before the previous kernel ends, the
     # input row not: the pipeline's first copies are issued inside the loop, so wait here.

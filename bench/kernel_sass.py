@@ -6,8 +6,8 @@ with HBM at small batch).
     PYTHONPATH=runtime python3 bench/kernel_sass.py [--dequant 3] [--block-n1 64] [--block-k1 128]
         [--block-n2 128] [--block-k2 128] [--num-stages 4] [--split-k1 N] [--split-k2 N] [--one-token]
         [--fuse-finalize] [--pdl] [--stream-k1 P] [--stream-k2 P]
-        [--warp-mma G1/G2 [--grouped] --chains C [--unroll U1/U2] [--smem-stages S]] [--max-registers R]
-        [--dump DIR]
+        [--warp-mma G1/G2 [--grouped [--gw-max-registers R]] --chains C [--unroll U1/U2] [--smem-stages S]]
+        [--max-registers R] [--dump DIR]
 
 Uses whatever Triton is importable (the H200 image has 3.6.0; install the same version into a
 scratch directory, e.g. ``pip install --target /tmp/t36 triton==3.6.0`` and put it first on
@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
 import triton  # noqa: E402
 from expert_residency.gpu import kernels, kernels_t1  # noqa: E402
+from expert_residency.gpu.experts import KernelConfig  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
@@ -200,8 +201,9 @@ def main() -> int:
     ap.add_argument("--smem-stages", type=int, default=0,
                     help="with --warp-mma: weights through Triton's shared-memory pipeline of this many stages "
                          "(KernelConfig.t1_smem_stages; 0: the register ring)")
-    ap.add_argument("--gw-max-registers", type=int, default=128,
-                    help="with --grouped: the register cap of the grouped launches (KernelConfig.gw_max_registers)")
+    ap.add_argument("--gw-max-registers", type=int, default=KernelConfig.gw_max_registers,
+                    help="with --grouped: the register cap of the grouped launches (KernelConfig.gw_max_registers, "
+                         "its default; 0: the compiler's choice)")
     ap.add_argument("--max-registers", type=int, default=0,
                     help="register cap (Triton's maxnreg) of the tl.dot kernels; 0: the compiler's choice")
     ap.add_argument("--dump", type=Path, default=None, help="write SASS and TTGIR here")
@@ -266,7 +268,8 @@ def main() -> int:
                         dict(H=a.hidden, INTER=a.intermediate, BM=a.block_m, BN=a.block_n2, BK=a.block_k2,
                              DEQUANT=a.dequant, TILE_MAJOR=True, TOP_K=6, SPLIT=a.split_k2, ONE_TOKEN=a.one_token,
                              HAS_TOKEN_MASK=False, PART_PICKS=96, PDL=a.pdl,
-                             FUSE_FINALIZE=a.fuse_finalize and a.one_token), a.num_warps, a.num_stages, a.max_registers or None)
+                             FUSE_FINALIZE=a.fuse_finalize and a.one_token),
+                        a.num_warps, a.num_stages, a.max_registers or None)
     report("w2", w2, a.block_n2 * a.block_k2 // threads, a.dump)
     return 0
 

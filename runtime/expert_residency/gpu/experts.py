@@ -631,8 +631,8 @@ class TritonMxfp4Experts:
                 b13[0], b13[1], b13[0].stride(0) if has_bias else 0,
                 H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BK=cfg.block_k1, KSPLIT=gw1,
                 COUNT=count_in_kernel, CHAINS=cfg.t1_chains1, UNROLL=cfg.t1_unroll1,
-                **act_args, PASS_LOOP=cfg.gw_pass_loop, SMEM_STAGES=cfg.t1_smem_stages, num_warps=4 * gw1, num_stages=1, **gw_cap,
-                **self._pdl_args())
+                **act_args, PASS_LOOP=cfg.gw_pass_loop, SMEM_STAGES=cfg.t1_smem_stages,
+                num_warps=4 * gw1, num_stages=1, **gw_cap, **self._pdl_args())
         elif stream1:
             kernels.w13_stream_kernel[(stream1,)](
                 x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX], ws.act,

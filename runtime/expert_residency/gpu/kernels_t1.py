@@ -312,8 +312,9 @@ def _warp_mma_rows_pipelined(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES
     ITERS: tl.constexpr = HALVES // KSPLIT
     a0 = tl.zeros((128 * KSPLIT, 4), dtype=tl.float32)
     a1, a2, a3, b0, b1, b2, b3 = a0, a0, a0, a0, a0, a0, a0
-    # The weights no in-flight kernel writes may be read before the previous kernel ends, the
-    # input row not: the pipeline's first copies are issued inside the loop, so wait here.
+    # Triton issues the pipeline's first copies where the loop starts, after this point, so the
+    # wait for the previous kernel (whose output may be the input row) comes before any weight
+    # read; the register ring issues its first four half-steps of weights before it.
     _pdl_enter(PDL_AFTER_PROLOGUE)
     for i in tl.range(0, ITERS - (UNROLL - 1), UNROLL, num_stages=SMEM_STAGES):
         for s in tl.static_range(UNROLL):

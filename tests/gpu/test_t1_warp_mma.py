@@ -30,7 +30,8 @@ Claims and how each can fail:
   within 1e-2 of the ``tl.dot`` grouped kernels then),
   every token's output and per-pick rows bit for bit what the T = 1 kernels give that token
   alone (a column that read another column's token, or a wrong pick store, breaks it), slots of
-  up to twelve picks (two passes), -1 and >= E picks, split == unsplit, the counter == recount,
+  up to twelve picks (two passes) and, with the knob raised to 48, of 30-35 at T = 40 (four or
+  five passes), -1 and >= E picks, split == unsplit, the counter == recount,
   and a CUDA graph of the grouped step replayed with new routing == eager.
 """
 
@@ -318,22 +319,24 @@ def _grouped_routing(hot: list[int], cold: list[int], k: int, t: int, gen: torch
 
 
 @pytest.mark.parametrize("pass_loop", [True, False], ids=["pass-loop", "pass-grid"])
-@pytest.mark.parametrize("tokens", [2, 5, 12])
+@pytest.mark.parametrize("tokens", [2, 5, 12, 40])
 @pytest.mark.parametrize("name", list(GEOMETRIES))
 def test_grouped_steps_give_each_token_its_t1_bits(name: str, tokens: int, pass_loop: bool, monkeypatch) -> None:
     """(At T = 12 the routing puts up to twelve picks in a slot: two passes of eight, run by one
-    program in turn (the default pass loop) or by two programs (the pass grid).)"""
+    program in turn (the default pass loop) or by two programs (the pass grid); at T = 40 more
+    than 24: four passes or more.)"""
     w13 = _LaunchCount(kernels_t1.w13_gw_kernel)
     w2 = _LaunchCount(kernels_t1.w2_gw_kernel)
     monkeypatch.setattr(kernels_t1, "w13_gw_kernel", w13)
     monkeypatch.setattr(kernels_t1, "w2_gw_kernel", w2)
-    config = _config(name, gw_max_tokens=16, gw_pass_loop=pass_loop, gw_max_registers=128 if pass_loop else 0)
-    ex, split, unsplit, reference, hot, cold = _layers(name, config, max_tokens=16)
+    config = _config(name, gw_max_tokens=48, gw_pass_loop=pass_loop, gw_max_registers=128 if pass_loop else 0)
+    ex, split, unsplit, reference, hot, cold = _layers(name, config, max_tokens=max(16, tokens))
     k, h = ex.top_k, ex.shape.hidden
     gen = torch.Generator(device=DEV).manual_seed(31 + tokens)
     ids = _grouped_routing(hot, cold, k, tokens, torch.Generator().manual_seed(tokens))
     routed_ids = ids[(ids >= 0) & (ids < E)]
-    assert (int(torch.bincount(routed_ids).max()) > 8) == (tokens == 12)   # two passes in a slot at T = 12
+    most = int(torch.bincount(routed_ids).max())
+    assert (most > 8) == (tokens >= 12) and (most > 24) == (tokens == 40)   # passes of eight picks
     w = torch.softmax(torch.randn(tokens, k, generator=gen, device=DEV), -1)
     x = torch.randn(tokens, h, generator=gen, device=DEV).bfloat16()
     counter = ExpertCounter([0], E, device=DEV)
@@ -357,8 +360,9 @@ def test_grouped_steps_give_each_token_its_t1_bits(name: str, tokens: int, pass_
     per_pick = gptoss_mxfp4_per_pick() if ex.activation == "swigluoai" else mxfp4_swiglu_per_pick()
     ref = residency_forward(reference, x, w, ids, per_pick, pick_dtype=torch.bfloat16)
     assert _rel(out, ref) <= REL_TOL
-    assert KernelConfig().gw_max_tokens == 16 and KernelConfig().gw_pass_loop   # the default takes them
-    off, split_off, _, _, _, _ = _layers(name, _config(name, gw_max_tokens=0), max_tokens=16)
+    # the default takes T = 2 / 5 / 12; T = 40 runs here with the knob raised to 48
+    assert (tokens <= KernelConfig().gw_max_tokens) == (tokens < 40) and KernelConfig().gw_pass_loop
+    off, split_off, _, _, _, _ = _layers(name, _config(name, gw_max_tokens=0), max_tokens=max(16, tokens))
     off.forward(split_off, x, w, ids)                  # switched off: the tl.dot grouped kernels
     assert (w13.calls, w2.calls) == (2, 2)
     assert _rel(out, off.forward(split_off, x, w, ids)) <= REL_TOL

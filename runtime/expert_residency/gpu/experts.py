@@ -142,7 +142,8 @@ class KernelConfig:
     # instead, which copies them asynchronously into t1_smem_stages - 1 shared-memory stages of
     # t1_unroll* half-steps ahead of the MMAs (SASS, triton 3.6: LDGSTS, 2.4-2.5 instructions per
     # weight against the ring's 2.3; more bytes in flight per SM). The same MMAs in the same order:
-    # the same bits. Not measured on a GPU yet, so off.
+    # the same bits (GPU test). On the H200 it is slower: 1.20-1.47x the ring's layer at T = 1 / 6 /
+    # 16 (DeepSeek-V4.1; BENCHMARKS.md, run SP), so off.
     t1_smem_stages: int = 0
     # Grouped steps of 2..gw_max_tokens tokens (0: off) with an unsplit reduction, where the T = 1
     # warp-MMA kernels run: the two expert launches run their loops (``kernels_t1.w13_gw_kernel``
@@ -154,7 +155,9 @@ class KernelConfig:
     # to 16 tokens since each program runs its slot's passes itself (gw_pass_loop): on the H200,
     # DeepSeek-V4.1 geometry, 0.94-0.95 / 0.96-0.97 of the tl.dot grouped step all-HBM at T = 6 /
     # 16 and 0.99 / 1.00 of the usage-aware step; at T = 96 1.01-1.02, so not above 16 (BENCHMARKS.md,
-    # run GL; with a launch per possible pass, run GW, it had lengthened the usage-aware step).
+    # run GL; with a launch per possible pass, run GW, it had lengthened the usage-aware step). From 24
+    # to 48 tokens 0.97-0.98 of tl.dot all-HBM but 1.02 on the usage-aware step (a pass of eight picks
+    # reads a cold expert over the host link once per pass; run GT), so 16 stays.
     gw_max_tokens: int = 16
     # With gw_max_tokens: each program runs its slot's passes of eight picks in turn (a grid of
     # one pass) instead of one program per possible pass (a grid of ceil(T / 8) passes, most of

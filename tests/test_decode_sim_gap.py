@@ -32,6 +32,7 @@ import estimate_gap  # noqa: E402
 
 H200 = ROOT / "bench" / "results" / "decode_sim_h200_run_ea.json"     # run EA: census, no profile
 H200_EB = ROOT / "bench" / "results" / "decode_sim_h200.json"          # run EB: profiled, GEMMs alone
+H200_EE = ROOT / "bench" / "results" / "decode_sim_h200_run_ee.json"   # run EE: the same on today's kernels
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
                                   reason="needs torch and Triton (the test extra)")
 
@@ -364,20 +365,40 @@ def test_comparison_of_the_h200_run_is_the_docs_table():
     assert all(g is None for res in result["models"].values() for g in res["gemms"].values())
 
 
-def test_comparison_of_the_profiled_h200_run_is_the_docs_table():
-    """Run EB (profiled, the router in one launch): docs/costmodel.md's "Where the time goes, run EB",
-    with the run's own read limits, every measured column from the profile."""
-    data = json.loads(H200_EB.read_text())
-    result = estimate_gap.compare(data, data["components"]["hbm_read_GBps"], data["components"]["pinned_read_GBps"])
-    for cells, r in _docs_rows_with_results(result, "| model | T | step, measured / estimate | experts alone | rest |"):
-        model, pl = cells[0], r["per_layer_us"]
+def _check_gap_table(result: dict, head: str, estimates_of: set[str]) -> None:
+    """Every measured cell of a docs gap table, and the estimate's cells for the models named."""
+    model = None
+    for cells, r in _docs_rows_with_results(result, head):
+        model, pl = cells[0] or model, r["per_layer_us"]
         for cell, key in zip(cells[2:8], ("step", "experts_alone", "rest", "dense_gemm", "attention", "small_kernels")):
             measured, estimate = _pair(cell)
             assert pl[key]["measured"] == pytest.approx(measured, abs=0.051), (model, cells[1], key)
-            assert pl[key]["estimate"] == pytest.approx(estimate, abs=0.051), (model, cells[1], key)
+            if model in estimates_of:
+                assert pl[key]["estimate"] == pytest.approx(estimate, abs=0.051), (model, cells[1], key)
         share, table_share = _pair(cells[8])
         assert 100 * r["experts"]["efficiency_alone"] == pytest.approx(share, abs=0.51), (model, cells[1])
-        assert 100 * r["experts"]["efficiency_table"] == pytest.approx(table_share, abs=0.51), (model, cells[1])
+        if model in estimates_of:
+            assert 100 * r["experts"]["efficiency_table"] == pytest.approx(table_share, abs=0.51), (model, cells[1])
+
+
+def test_comparison_of_the_profiled_h200_run_is_the_docs_table():
+    """Run EB (profiled, the router in one launch): docs/costmodel.md's "Where the time goes, run EB",
+    with the run's own read limits, every measured column from the profile. Its gpt-oss estimate
+    column was computed with the MXFP4 rows of that time (before run ER measured today's kernels:
+    the docs say so), so only Qwen3's estimate side is today's."""
+    data = json.loads(H200_EB.read_text())
+    result = estimate_gap.compare(data, data["components"]["hbm_read_GBps"], data["components"]["pinned_read_GBps"])
+    _check_gap_table(result, "| model | T | step, measured / estimate | experts alone | rest |",
+                     {"Qwen3-30B-A3B BF16"})
+
+
+def test_comparison_of_run_ee_is_the_docs_table():
+    """Run EE (the same command on today's kernels): docs/costmodel.md's "Where the time goes, run EE",
+    every column, the estimate with the committed tables."""
+    data = json.loads(H200_EE.read_text())
+    result = estimate_gap.compare(data, data["components"]["hbm_read_GBps"], data["components"]["pinned_read_GBps"])
+    _check_gap_table(result, "| model | T | step, measured / estimate | experts alone | rest (run EE) |",
+                     {"Qwen3-30B-A3B BF16", "gpt-oss-120b MXFP4"})
 
 
 def test_profiled_h200_run_routes_in_one_launch_per_layer():

@@ -500,7 +500,11 @@ def run_format(f: Format, args, dev, fused_glue, mx_glue) -> dict:
     shape = ExpertShape(f.hidden, f.inter)
     max_tokens = max(6, max(args.tokens))
     if f.kind == "mxfp4":
-        base = KernelConfig() if cuda else KernelConfig(block_m=4)
+        if cuda:
+            import gpu_residency as gr  # as hbm_read_gbps: its config parser checks the compiled tiles
+            base = gr.parse_config(args.mxfp4_config)
+        else:
+            base = KernelConfig(block_m=4)
         ex = TritonMxfp4Experts(shape, f.experts, f.top_k, max_tokens, dev, config_for_shape(shape, base),
                                 activation="swigluoai")
     else:
@@ -710,6 +714,8 @@ def main() -> int:
     ap.add_argument("--peer-configs", default=str(ROOT / ".cache/fused_moe_configs"),
                     help="folder with vLLM's tuned fused_moe JSON files (optional)")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--mxfp4-config", default="",
+                    help="KernelConfig fields for our MXFP4 layers, e.g. gw_max_tokens=48 (CUDA; the geometry's tiles still apply)")
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     args = ap.parse_args()

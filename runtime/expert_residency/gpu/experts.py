@@ -167,6 +167,12 @@ class KernelConfig:
     # (SASS, triton 3.6: two spill instructions, outside the K loop).
     gw_pass_loop: bool = True
     gw_max_registers: int = 128
+    # Geometries whose K tiles config_for_shape halves below 128 values (gpt-oss-120b: 2,880 = 45 x
+    # 64): there the tl.dot grouped kernels' 64-value tiles read 60-63% of the HBM limit, the
+    # grouped warp-MMA loop 73-77%, so config_for_shape raises gw_max_tokens to this (0: leaves it).
+    # H200, gpt-oss-120b layer at T = 17 / 24 / 32 / 48: all-HBM 0.79 / 0.78 / 0.80 / 0.85 of the
+    # tl.dot layer, usage-aware 0.94-1.00, positional 1.01-1.06 (BENCHMARKS.md, run GT).
+    gw_max_tokens_small_tiles: int = 48
 
     def __post_init__(self) -> None:
         for name in ("max_registers", "max_registers_large", "gw_max_registers"):
@@ -399,7 +405,8 @@ def runs_warp_mma(device: torch.device) -> bool:
 def config_for_shape(shape: ExpertShape, config: KernelConfig = KernelConfig()) -> KernelConfig:
     """``config`` with each tile dim halved until it divides its matrix dim (down to 64 for the
     MMA-order layout, 32 otherwise): gpt-oss's 2,880 = 45 x 64 takes 64-wide tiles where the
-    defaults are 128. ValueError when no such tile exists."""
+    defaults are 128, and with halved K tiles the grouped warp-MMA loop runs up to
+    ``gw_max_tokens_small_tiles`` tokens. ValueError when no such tile exists."""
     floor = sizing.MMA_ORDER_TILE_FLOOR if is_mma_order(config) else 32
     fields = {"block_n1": shape.intermediate, "block_k1": shape.hidden,
               "block_n2": shape.hidden, "block_k2": shape.intermediate}
@@ -409,6 +416,8 @@ def config_for_shape(shape: ExpertShape, config: KernelConfig = KernelConfig()) 
         if dim % tile:
             raise ValueError(f"{name}: no tile of >= {floor} divides {dim} ({shape})")
         fitted[name] = tile
+    if fitted["block_k1"] < config.block_k1 and config.gw_max_tokens >= 2:
+        fitted["gw_max_tokens"] = max(config.gw_max_tokens, config.gw_max_tokens_small_tiles)
     return dataclasses.replace(config, **fitted)
 
 

@@ -9,9 +9,12 @@ routed-expert layer's share of the HBM read limit measured in the same run, all 
 * gpt-oss-120b: ``bench/format_peer.py --formats gptoss-mxfp4``, the all-HBM ``pct_hbm`` (its
   MB per layer ÷ µs ÷ the same run's read limit).
 
-Several calls of the same kernels measured the same T (run ER, one H200, 2026-12-04,
-``bench/results/expert_rows_h200/``); a row takes the median over the calls that measured each T,
-because single calls differ by up to ~10% at T = 1 (a 37-40 µs layer). The spread is printed.
+Several calls measured the same T (run ER, one H200, 2026-12-04, ``bench/results/expert_rows_h200/``).
+A call's figure at T counts where it ran the kernels today's defaults run at T: the grouped
+warp-MMA loop up to the geometry's ``gw_max_tokens`` (16 for DeepSeek-V4.1; 48 for gpt-oss, whose
+K tiles are halved), the ``tl.dot`` kernels above. Each call's limit is read from the kernel
+configuration it printed. A row takes the median over the calls that count at each T, because
+single calls differ by up to ~10% at T = 1 (a 37-40 µs layer). The spread is printed.
 
     python3 bench/expert_rows.py            # the rows, with every call's figure beside them
 """
@@ -19,55 +22,69 @@ because single calls differ by up to ~10% at T = 1 (a 37-40 µs layer). The spre
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results" / "expert_rows_h200"
-# Calls whose kernels are the default the rows describe (call 6 ran gw_max_tokens=48, not the default).
-CALLS = (3, 5, 7, 8)
+# Today's grouped-loop limit per geometry (config_for_shape of the default KernelConfig; a test checks).
+TODAY_GW_MAX_TOKENS = {"dsv41-flash-mxfp4": 16, "gpt-oss-120b": 48}
 
 
-def _dsv41_shares(path: Path) -> dict[int, float]:
+def _gw_limit(described: str) -> int:
+    """The grouped loop's token limit in a printed kernel configuration (0: the loop off)."""
+    found = re.search(r"warp-mma-grouped@2\.\.(\d+)", described)
+    return int(found.group(1)) if found else 0
+
+
+def _dsv41_shares(path: Path) -> tuple[int, dict[int, float]]:
     run = json.loads(path.read_text())
     limit = run["limits"]["hbm_read"]["GBps"]
-    return {int(t): row["cases"]["all_hbm"]["achieved_GBps"] / limit for t, row in run["per_T"].items()}
+    shares = {int(t): row["cases"]["all_hbm"]["achieved_GBps"] / limit for t, row in run["per_T"].items()}
+    return run["config"]["gw_max_tokens"], shares
 
 
-def _gptoss_shares(path: Path) -> dict[int, float]:
+def _gptoss_shares(path: Path) -> tuple[int, dict[int, float]]:
     run = json.loads(path.read_text())["formats"]["gptoss-mxfp4"]
-    return {int(t): row["all_hbm"]["pct_hbm"] / 100 for t, row in run["per_T"].items()}
+    return _gw_limit(run["ours"]), {int(t): row["all_hbm"]["pct_hbm"] / 100 for t, row in run["per_T"].items()}
 
 
 SOURCES = {
-    "dsv41-flash-mxfp4": ("call{}_residency13.json", _dsv41_shares),
-    "gpt-oss-120b": ("call{}_format_peer_gptoss.json", _gptoss_shares),
+    "dsv41-flash-mxfp4": ("call*_residency13*.json", _dsv41_shares),
+    "gpt-oss-120b": ("call*_format_peer_gptoss*.json", _gptoss_shares),
 }
 
 
-def measured_shares(model: str, results: Path = RESULTS) -> dict[int, list[float]]:
-    """T -> the share each call measured (calls in order)."""
+def _call_number(path: Path) -> int:
+    return int(re.match(r"call(\d+)_", path.name).group(1))
+
+
+def measured_shares(model: str, results: Path = RESULTS) -> dict[int, list[tuple[str, float]]]:
+    """T -> (file, share) of each call that ran today's kernels at T, in call order."""
     pattern, read = SOURCES[model]
-    by_t: dict[int, list[float]] = {}
-    for call in CALLS:
-        path = results / pattern.format(call)
-        if path.exists():
-            for t, share in read(path).items():
-                by_t.setdefault(t, []).append(share)
+    today = TODAY_GW_MAX_TOKENS[model]
+    by_t: dict[int, list[tuple[str, float]]] = {}
+    for path in sorted(results.glob(pattern), key=lambda p: (_call_number(p), p.name)):
+        limit, shares = read(path)
+        for t, share in shares.items():
+            if (t <= limit) == (t <= today):     # the same kernels as today's at this T
+                by_t.setdefault(t, []).append((path.name, share))
     return dict(sorted(by_t.items()))
 
 
 def derived_row(model: str, results: Path = RESULTS) -> dict[int, float]:
     """T -> the median share over the calls, rounded to the table's two decimals."""
-    return {t: round(statistics.median(shares), 2) for t, shares in measured_shares(model, results).items()}
+    return {t: round(statistics.median(s for _, s in calls), 2) for t, calls in measured_shares(model, results).items()}
 
 
 def main() -> None:
     for model in SOURCES:
-        print(model)
-        for t, shares in measured_shares(model).items():
-            calls = ", ".join(f"{s:.3f}" for s in shares)
-            print(f"  T = {t:>2}: median {statistics.median(shares):.3f} -> {round(statistics.median(shares), 2):.2f}"
-                  f"  (calls: {calls}; spread {max(shares) - min(shares):.3f})")
+        print(f"{model} (grouped warp-MMA loop up to {TODAY_GW_MAX_TOKENS[model]} tokens)")
+        for t, calls in measured_shares(model).items():
+            shares = [s for _, s in calls]
+            median = statistics.median(shares)
+            each = ", ".join(f"{name.split('_')[0]} {s:.3f}" for name, s in calls)
+            print(f"  T = {t:>2}: median {median:.3f} -> {round(median, 2):.2f}  ({each}; spread {max(shares) - min(shares):.3f})")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 ``bench/expert_rows.py`` reads run ER's result files (bench/results/expert_rows_h200/: the all-HBM
 step of ``bench/gpu_residency.py`` for DeepSeek-V4.1-Flash, ``bench/format_peer.py`` for
 gpt-oss-120b) and takes, for each T, the median share of the HBM read limit over the calls that
-measured it. The table in ``recipegen.costmodel.efficiency`` must be exactly those figures, at
+ran today's kernels at that T (the grouped warp-MMA loop up to the geometry's limit, tl.dot above). The table in ``recipegen.costmodel.efficiency`` must be exactly those figures, at
 exactly those T: a row edited by hand, or a result file replaced, fails here.
 """
 

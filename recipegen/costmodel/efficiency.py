@@ -27,10 +27,10 @@ _FORMATS_RUN = ("BENCHMARKS.md, 'Expert formats side by side with vLLM's own ker
 # DeepSeek-V4.1, up to 48 for gpt-oss, whose K tiles are halved; tl.dot above, hence DeepSeek-V4.1's
 # step between T = 16 and 17), each T the median over the calls that ran those kernels there
 # (`bench/expert_rows.py` derives them from the committed results; a test checks).
-_MXFP4_RUN = ("BENCHMARKS.md, 'The routed-expert rows re-measured', run ER (one H200, 2026-12-04, four calls): "
+_MXFP4_RUN = ("BENCHMARKS.md, 'The routed-expert rows re-measured', run ER (one H200, 2026-12-04, six calls): "
               "`python3 bench/gpu_residency.py --tokens ...` (all-HBM step, 13 layers) and `python3 "
               "bench/format_peer.py --formats gptoss-mxfp4 --tokens ...`, each T the median of the calls "
-              "that measured it (bench/expert_rows.py)")
+              "that ran today's kernels there (bench/expert_rows.py)")
 _FP8_RUN = ("BENCHMARKS.md, 'Expert formats side by side', run 3 (2026-12-01): `PYTHONPATH=runtime python3 "
             "bench/format_peer.py --formats dsv3-fp8 --steps 1:16,6:12,16:10,96:6 --out $OUT`")
 

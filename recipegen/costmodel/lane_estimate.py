@@ -49,11 +49,11 @@ DEFAULT_ACCEPTANCE_SOURCE = (f"the reference lane's DSpark acceptance: 88.74 tok
 # What the validation found (docs/costmodel.md, "Decode speed: validation"): measured tok/s ÷
 # estimated tok/s over every compared point, with today's tables (the MXFP4 rows of run ER). On the
 # H200, whose kernels the estimate's efficiencies were measured on (bench/decode_sim.py at T = 1,
-# 8, 32, four runs): 0.904 to 1.136 in run EB, 0.935 to 1.208 in run EC (its 1.208 is the
+# 8, 32, four runs): 0.908 to 1.136 in run EB, 0.937 to 1.208 in run EC (its 1.208 is the
 # usage-aware Qwen3-30B step at T = 32, whose hot and cold reads overlap more than
 # FUSED_SHORTER_SHARE assumes), 0.905 to 1.189 in run ED, 0.880 to 1.188 in run EE (the grouped
-# warp-MMA MXFP4 kernels; its 0.880 is gpt-oss-120b at T = 1); runs EB-ED's gpt-oss step of 8
-# tokens ran kernels no longer the default and is left out. On the GB300 (another GPU and kernel;
+# warp-MMA MXFP4 kernels; its 0.880 is gpt-oss-120b at T = 1); gpt-oss's steps of 8 tokens in runs
+# EB-ED and of 32 in all four ran kernels no longer the default there and are left out. On the GB300 (another GPU and kernel;
 # the field reports), whose estimate borrows the H200's efficiencies: 0.839 / 0.870 at one stream
 # (usage-aware / positional; 0.875 / 0.887 with the MXFP4 rows before run ER, which the GB300's own
 # kernel has no reason to follow), and 1.34 to 1.57 at eight and sixteen streams (the estimate reads

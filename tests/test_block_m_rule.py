@@ -17,11 +17,9 @@ from expert_residency.gpu.tile_rules import (
     check_compiled_block_m,
     compiled_block_m_reason,
 )
+from tiers import needs_gpu_experts
 
 ROOT = Path(__file__).resolve().parents[1]
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None
-                                  or importlib.util.find_spec("torch") is None,
-                                  reason="gpu.experts needs torch and triton")
 
 
 def test_rule_refuses_small_tiles_compiled_only() -> None:
@@ -52,7 +50,7 @@ def test_check_reads_the_device_type() -> None:
 GEOMETRIES = [(5120, 2304), (2880, 2880), (3072, 2944)]
 
 
-@needs_triton
+@needs_gpu_experts
 @pytest.mark.parametrize("hidden,inter", GEOMETRIES)
 @pytest.mark.parametrize("dequant", [3, 1, 0])
 def test_config_for_shape_keeps_the_token_tile(hidden: int, inter: int, dequant: int) -> None:
@@ -73,7 +71,7 @@ class _Recorder:
         self.config = config
 
 
-@needs_triton
+@needs_gpu_experts
 @pytest.mark.parametrize("environ", [{}, {"EXPERT_RESIDENCY_BANK_KERNEL": "triton"},
                                      {"EXPERT_RESIDENCY_BANK_KERNEL": "triton-dot-scaled"}])
 @pytest.mark.parametrize("activation", ["silu", "swigluoai"])
@@ -89,7 +87,7 @@ def test_plugin_bank_kernel_entry_picks_block_m_16(monkeypatch, environ, activat
     assert [c.block_m for c in _Recorder.configs] == [16, 16, 16]
 
 
-@needs_triton
+@needs_gpu_experts
 def test_plugin_refuses_a_given_small_tile_before_building(monkeypatch) -> None:
     import expert_residency.gpu.experts as gx
     from expert_residency.blackwell.plugin import cuda_bank_experts
@@ -102,7 +100,7 @@ def test_plugin_refuses_a_given_small_tile_before_building(monkeypatch) -> None:
     assert _Recorder.configs == []
 
 
-@needs_triton
+@needs_gpu_experts
 def test_plugin_layer_object_passes_no_tile_override(monkeypatch) -> None:
     """The worker runtime builds ``Mxfp4Residency`` without a kernel config: the default tiles."""
     import expert_residency.gpu.experts as gx
@@ -119,7 +117,7 @@ def test_plugin_layer_object_passes_no_tile_override(monkeypatch) -> None:
     assert "kernel_config" not in inspect.getsource(residency_for)   # no override on this path
 
 
-@needs_triton
+@needs_gpu_experts
 def test_bench_config_parser_refuses_small_tiles() -> None:
     """``bench/gpu_residency.py --config/--sweep/--compare`` (and ``bench/peer_moe.py --config``,
     which calls the same parser) run on CUDA: block_m=4 is refused with the rule's message."""
@@ -135,7 +133,7 @@ def test_bench_config_parser_refuses_small_tiles() -> None:
     assert "gr.parse_config(args.config)" in (ROOT / "bench" / "peer_moe.py").read_text()
 
 
-@needs_triton
+@needs_gpu_experts
 def test_kernel_object_refuses_a_small_tile_for_cuda_before_allocating() -> None:
     """The constructor itself checks (every caller is covered); it raises before touching the
     device, so no GPU is needed to see it. On CPU the same tile is accepted."""

@@ -9,12 +9,12 @@ exactly those T: a row edited by hand, or a result file replaced, fails here.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from tiers import needs_gpu_experts
 
 from recipegen.costmodel.efficiency import EXPERT_EFFICIENCY
 
@@ -54,8 +54,7 @@ def test_only_calls_that_ran_todays_kernels_count():
     assert 48 not in dsv41
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
-                    reason="gpu.experts needs torch and triton")
+@needs_gpu_experts
 def test_todays_grouped_loop_limits_are_the_runtimes():
     from expert_residency.gpu.experts import ExpertShape, config_for_shape
     shapes = {"dsv41-flash-mxfp4": ExpertShape(5120, 2304), "gpt-oss-120b": ExpertShape(2880, 2880)}

@@ -6,12 +6,10 @@ K tiles keep ``gw_max_tokens``; the loop switched off stays off; a larger settin
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
+from tiers import needs_gpu_experts
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None,
-                                reason="gpu.experts needs torch and triton")
+pytestmark = needs_gpu_experts
 
 GPTOSS = (2880, 2880)          # hidden, intermediate: 45 x 64
 DSV41 = (5120, 2304)           # 40 x 128 and 18 x 128

@@ -6,13 +6,10 @@ test ``tests/gpu/test_gpu_residency.py::test_register_cap_gives_the_same_bits``.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
+from tiers import needs_gpu_experts
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None
-                                or importlib.util.find_spec("torch") is None,
-                                reason="gpu.experts needs torch and triton")
+pytestmark = needs_gpu_experts
 
 
 @pytest.mark.parametrize("field", ["max_registers", "max_registers_large"])

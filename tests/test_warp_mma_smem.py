@@ -17,10 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiers import needs_gpu_experts
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None
-                                or importlib.util.find_spec("torch") is None,
-                                reason="gpu.experts needs torch and triton")
+pytestmark = needs_gpu_experts
 
 ROOT = Path(__file__).resolve().parent.parent
 DSV41 = (5120, 2304)

@@ -3,12 +3,19 @@ the guard the heavy helpers call. See tests/conftest.py for the rule in words.""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 
 TESTS_DIR = Path(__file__).resolve().parent
+
+# CPU tests of the runtime's GPU kernel module (its configuration, its compiled SASS) import
+# torch and Triton, which the test extra brings; where either is absent they skip.
+needs_gpu_experts = pytest.mark.skipif(importlib.util.find_spec("triton") is None
+                                       or importlib.util.find_spec("torch") is None,
+                                       reason="gpu.experts needs torch and triton")
 
 # The tier markers (each registered in pyproject.toml); the fast tier is none of them.
 TIER_MARKERS = ("vllm", "docker", "interpreter", "gpu", "slow")

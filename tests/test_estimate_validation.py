@@ -146,6 +146,33 @@ def test_the_docs_k_table_is_the_estimate(gb300_by_k):
             assert printed == pytest.approx(gb300_by_k[(placement, k)].point(streams).tokens_per_s, abs=0.06), (k, cell)
 
 
+HBM_SCALES = {"4.2 TB/s (catalog)": 1.0, "1.5 ×": 1.5, "2 ×": 2.0}
+
+
+def test_the_docs_hbm_rate_table_is_the_estimate():
+    # docs/costmodel.md: how far each GB300 figure moves if the machine's HBM read rate were faster
+    # than the catalog's 4.2 TB/s (estimate ÷ measured − 1; sixteen positional streams against the
+    # 386 / 417 midpoint). Recomputed from the catalog's rate, scaled, so the table cannot go stale.
+    doc = (ROOT / "docs" / "costmodel.md").read_text()
+    head = "| HBM read rate | positional C1 | C8 | C16 | usage-aware C1 | C8 | C16 |"
+    rows = doc[doc.index(head):].splitlines()[2:2 + len(HBM_SCALES)]
+    columns = [(p, s) for p in ("positional", "usage-aware") for s in (1, 8, 16)]
+    for (label, scale), row in zip(HBM_SCALES.items(), rows):
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[0] == label
+        loaded = load_recipe("dsv41-flash-gb300")
+        for name, machine in loaded.recipe.machines.items():
+            assert machine.gpus.hbm_bandwidth == 4.2e12          # the catalog's rate the first row names
+            gpus = machine.gpus.model_copy(update={"hbm_bandwidth": machine.gpus.hbm_bandwidth * scale})
+            loaded.recipe.machines[name] = machine.model_copy(update={"gpus": gpus})
+        estimates = {p: estimate_lane(loaded, "agent", placement=p, streams=[1, 8, 16])
+                     for p in ("positional", "usage-aware")}
+        for (placement, streams), cell in zip(columns, cells[1:]):
+            measured = GB300[(placement, streams)]
+            off = estimates[placement].point(streams).tokens_per_s / (sum(measured) / len(measured)) - 1
+            assert float(cell.rstrip("%").replace("−", "-")) == pytest.approx(100 * off, abs=0.06), (label, cell)
+
+
 def implied_independent_streams(loaded, placement: str, streams: int, k: int, measured: float) -> float:
     """The independent-stream count at which the estimate equals a measured tok/s (bisection)."""
     lo, hi = 0.05, float(streams)

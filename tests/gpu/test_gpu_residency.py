@@ -50,6 +50,7 @@ from expert_residency.gpu.experts import MAX_FUSED_PICKS, ExpertShape, KernelCon
 from expert_residency.gpu.graphs import CapturedStep  # noqa: E402
 from expert_residency.gpu.layout import to_kernel_layout  # noqa: E402
 from expert_residency.gpu.pinned import PinnedRegion, device_view, pinned_view_allocator  # noqa: E402
+from routing_draws import random_routing  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -94,18 +95,6 @@ def random_experts(shape: ExpertShape, experts: int, gen: torch.Generator) -> di
         "w2_weight": u8(experts, h, i // 2),
         "w2_weight_scale": u8(experts, h, i // 32, lo=117, hi=126),
     }
-
-
-def random_routing(tokens: int, experts: int, k: int, gen: torch.Generator,
-                   hot: list[int] | None = None, cold: list[int] | None = None):
-    scores = torch.rand(tokens, experts, generator=gen, device=DEV)
-    ids = torch.topk(scores, k, dim=1).indices
-    if hot is not None and cold is not None and tokens >= 3:
-        ids[0] = torch.tensor(hot[:k], device=DEV)            # entirely hot
-        ids[1] = torch.tensor(cold[:k], device=DEV)           # entirely cold
-        ids[2] = torch.tensor((hot[:k // 2] + cold[:k - k // 2]), device=DEV)  # straddling
-    weights = torch.softmax(torch.randn(tokens, k, generator=gen, device=DEV), dim=1)
-    return ids, weights
 
 
 class Layers(NamedTuple):

@@ -37,6 +37,7 @@ from expert_residency.gpu.experts_w4a8 import TritonW4a8Experts  # noqa: E402
 from expert_residency.gpu.graphs import CapturedStep  # noqa: E402
 from expert_residency.gpu.pinned import pinned_view_allocator  # noqa: E402
 from expert_residency.mxfp4 import dequantize_mxfp4  # noqa: E402
+from routing_draws import random_routing  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -66,15 +67,6 @@ def build(shape: ExpertShape, experts: int, cold: int, gen: torch.Generator, ex:
     split = rehome_layer(dict(full), hot_ids, cold_ids, layer_index=0, hot_alloc=device_allocator(DEV),
                          cold_alloc=pinned_view_allocator(DEV))
     return original, unsplit, split, hot_ids, cold_ids
-
-
-def routing(tokens: int, experts: int, k: int, gen: torch.Generator, hot=None, cold=None):
-    ids = torch.topk(torch.rand(tokens, experts, generator=gen, device=DEV), k, dim=1).indices
-    if hot is not None and tokens >= 3:
-        ids[0] = torch.tensor(hot[:k], device=DEV)
-        ids[1] = torch.tensor(cold[:k], device=DEV)
-        ids[2] = torch.tensor(hot[:k // 2] + cold[:k - k // 2], device=DEV)
-    return ids, torch.softmax(torch.randn(tokens, k, generator=gen, device=DEV), dim=1)
 
 
 def activations(tokens: int, hidden: int, gen: torch.Generator) -> torch.Tensor:
@@ -127,7 +119,7 @@ def test_split_equals_unsplit_and_matches_the_reference(tokens: int) -> None:
     experts, k = 16, 6
     ex = TritonW4a8Experts(SMALL, experts, k, max_tokens=128, device=DEV, swiglu_limit=10.0)
     original, unsplit, split, hot_ids, cold_ids = build(SMALL, experts, 6, gen, ex)
-    ids, weights = routing(tokens, experts, k, gen, hot_ids, cold_ids)
+    ids, weights = random_routing(tokens, experts, k, gen, hot_ids, cold_ids)
     x = activations(tokens, SMALL.hidden, gen)
     out_split = ex.forward(split, x, weights, ids).clone()
     out_unsplit = ex.forward(unsplit, x, weights, ids).clone()
@@ -143,7 +135,7 @@ def test_dsv41_geometry_split_equals_unsplit_and_matches_the_reference() -> None
     experts, k, tokens = 12, 6, 6
     ex = TritonW4a8Experts(DSV41, experts, k, max_tokens=16, device=DEV, swiglu_limit=10.0)
     original, unsplit, split, hot_ids, cold_ids = build(DSV41, experts, 6, gen, ex)
-    ids, weights = routing(tokens, experts, k, gen, hot_ids, cold_ids)
+    ids, weights = random_routing(tokens, experts, k, gen, hot_ids, cold_ids)
     x = activations(tokens, DSV41.hidden, gen)
     out_split = ex.forward(split, x, weights, ids).clone()
     assert torch.equal(out_split, ex.forward(unsplit, x, weights, ids))
@@ -160,14 +152,14 @@ def test_graph_replay_with_counter_and_padded_tokens() -> None:
     counter = ExpertCounter([0], experts, device=DEV)
     out = torch.empty(tokens, SMALL.hidden, dtype=torch.bfloat16, device=DEV)
     mask = torch.ones(tokens, dtype=torch.bool, device=DEV)
-    ids0, w0 = routing(tokens, experts, k, gen)
+    ids0, w0 = random_routing(tokens, experts, k, gen)
     x0 = activations(tokens, SMALL.hidden, gen)
     graph = CapturedStep(lambda xx, ww, ii: ex.forward(split, xx, ww, ii, counter=counter, token_mask=mask,
                                                        out=out), x0, w0, ids0)
     counter.reset()
     expected, seen = torch.zeros(experts, dtype=torch.int64, device=DEV), 0
     for _ in range(4):
-        ids, w = routing(tokens, experts, k, gen)
+        ids, w = random_routing(tokens, experts, k, gen)
         x = activations(tokens, SMALL.hidden, gen)
         m = torch.rand(tokens, generator=gen, device=DEV) > 0.25
         mask.copy_(m)
@@ -185,7 +177,7 @@ def test_minus_one_picks_add_nothing() -> None:
     experts, k, tokens = 16, 6, 16
     ex = TritonW4a8Experts(SMALL, experts, k, max_tokens=tokens, device=DEV)
     _, unsplit, _, _, _ = build(SMALL, experts, 0, gen, ex)
-    ids, w = routing(tokens, experts - 1, k, gen)     # the last expert is never picked
+    ids, w = random_routing(tokens, experts - 1, k, gen)     # the last expert is never picked
     ids[::2, 0] = -1
     x = activations(tokens, SMALL.hidden, gen)
     before = ex.forward(unsplit, x, w, ids).clone()

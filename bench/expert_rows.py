@@ -16,6 +16,10 @@ K tiles are halved), the ``tl.dot`` kernels above. Each call's limit is read fro
 configuration it printed. A row takes the median over the calls that count at each T, because
 single calls differ by up to ~10% at T = 1 (a 37-40 µs layer). The spread is printed.
 
+At the first T above the loop's limit the row changes kernels. Where no call measured that T, the
+calls that ran the ``tl.dot`` kernels at the limit itself stand for it (gpt-oss: T = 49 from the
+calls that ran them at 48), so the row steps down there instead of interpolating across the change.
+
     python3 bench/expert_rows.py            # the rows, with every call's figure beside them
 """
 
@@ -64,11 +68,18 @@ def measured_shares(model: str, results: Path = RESULTS) -> dict[int, list[tuple
     pattern, read = SOURCES[model]
     today = TODAY_GW_MAX_TOKENS[model]
     by_t: dict[int, list[tuple[str, float]]] = {}
+    below_the_loop: list[tuple[str, float]] = []     # tl.dot at T = today, where a call ran it there
     for path in sorted(results.glob(pattern), key=lambda p: (_call_number(p), p.name)):
         limit, shares = read(path)
         for t, share in shares.items():
             if (t <= limit) == (t <= today):     # the same kernels as today's at this T
                 by_t.setdefault(t, []).append((path.name, share))
+        if limit < today and today in shares:
+            below_the_loop.append((f"{path.name} at T = {today}", shares[today]))
+    # Where no call measured the first T above the loop's limit, the tl.dot kernels measured at the
+    # limit stand for it: without the point the row would interpolate across the kernel change.
+    if today + 1 not in by_t and below_the_loop:
+        by_t[today + 1] = below_the_loop
     return dict(sorted(by_t.items()))
 
 
@@ -77,13 +88,19 @@ def derived_row(model: str, results: Path = RESULTS) -> dict[int, float]:
     return {t: round(statistics.median(s for _, s in calls), 2) for t, calls in measured_shares(model, results).items()}
 
 
+def _label(name: str) -> str:
+    """'call9' for a call's own T; 'call9 at T = 48' where it stands in for the T above."""
+    call, _, stand_in = name.partition(" at T = ")
+    return call.split("_")[0] + (f" at T = {stand_in}" if stand_in else "")
+
+
 def main() -> None:
     for model in SOURCES:
         print(f"{model} (grouped warp-MMA loop up to {TODAY_GW_MAX_TOKENS[model]} tokens)")
         for t, calls in measured_shares(model).items():
             shares = [s for _, s in calls]
             median = statistics.median(shares)
-            each = ", ".join(f"{name.split('_')[0]} {s:.3f}" for name, s in calls)
+            each = ", ".join(f"{_label(name)} {s:.3f}" for name, s in calls)
             print(f"  T = {t:>2}: median {median:.3f} -> {round(median, 2):.2f}  ({each}; spread {max(shares) - min(shares):.3f})")
 
 

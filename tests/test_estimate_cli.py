@@ -71,6 +71,62 @@ def test_plan_options_change_the_estimate():
     assert bad.exit_code == 2
 
 
+def test_plan_class_estimates_that_class_and_refuses_an_unknown_one():
+    runner = CliRunner()
+    bad = runner.invoke(main, ["plan", "dsv41-flash-gb300", "agent", "--class", "nope"])
+    assert bad.exit_code == 2 and "--class" in bad.output and "agent, prose, math" in bad.output
+    assert "Traceback" not in bad.output
+    out = runner.invoke(main, ["plan", "dsv41-flash-gb300", "agent", "--class", "prose"])
+    assert out.exit_code == 0, out.output
+    assert "class prose on its own histogram and row map" in out.output
+    assert "histogram profiles/dsv41-flash/prose.hist" in out.output and "agent.hist" not in out.output.split("fetch tax")[0]
+    # the alternatives are estimated for the same class
+    loaded = load_recipe("dsv41-flash-gb300")
+    (positional,) = [a for a in alternatives(loaded, "agent", traffic_class="prose") if a.name == "positional"]
+    assert any("prose.hist" in n for n in positional.estimate.notes)
+
+
+def test_the_alternatives_share_the_lanes_context_and_acceptance():
+    loaded = load_recipe("dsv41-flash-gb300")
+    (long,) = [a for a in alternatives(loaded, "agent", streams=[1, 16], context=262_144, acceptance=0.7)
+               if a.name == "positional"]
+    direct = estimate_lane(loaded, "agent", placement="positional", streams=[1, 16], context=262_144, acceptance=0.7)
+    (short,) = [a for a in alternatives(loaded, "agent", streams=[1, 16]) if a.name == "positional"]
+    assert long.estimate.tokens_per_s == direct.tokens_per_s
+    assert long.estimate.context == 262_144 and long.estimate.tokens_per_s[16] != short.estimate.tokens_per_s[16]
+    assert "--cpu-offload-gb 60 alone" in long.description      # the flag it is, not 'the same budget'
+
+
+def test_streams_whose_kv_exceeds_the_pool_are_named():
+    loaded = load_recipe("dsv41-flash-gb300")
+    pool = compute_ledger(loaded).lane("agent").usage_aware.figures["kv.tokens"].value
+    context = 1_048_576
+    assert 2 * context <= pool < 3 * context        # two full sequences fit, three do not
+    est = estimate_lane(loaded, "agent", streams=[1, 2, 3], context=context)
+    (warning,) = [n for n in est.notes if "exceeds the KV pool" in n]
+    assert warning.startswith("warning: at C3 the streams' KV")
+    assert not any("exceeds the KV pool" in n for n in estimate_lane(loaded, "agent", streams=[1, 2],
+                                                                      context=context).notes)
+
+
+def test_a_placement_that_leaves_no_kv_is_not_offered():
+    # the reference lane with a 2 GiB load-time offload: vLLM's flag alone would keep ~266 GiB of
+    # experts in HBM, more than the 243 GiB cap, so the positional column has no KV pool
+    loaded = load_recipe("dsv41-flash-gb300")
+    lane = loaded.recipe.lanes[0]
+    loaded.recipe.lanes[0] = lane.model_copy(update={"offload": lane.offload.model_copy(
+        update={"load_cpu_offload": 2 * 1024 ** 3})})
+    ledger = compute_ledger(loaded)
+    positional = ledger.lane("agent").positional
+    assert positional is not None and positional.figures["hbm.kv_pool"].value < 0
+    assert "positional" not in [a.name for a in alternatives(loaded, "agent", ledger=ledger)]
+    from recipegen.ledger.report_lane import render_lane
+    text = render_lane(ledger.lane("agent"))
+    assert "positional (--cpu-offload-gb 2): does not fit" in text and "shown for comparison only" in text
+    # the reference itself (60 GiB) fits both ways and says nothing of the kind
+    assert "does not fit" not in render_lane(compute_ledger(load_recipe("dsv41-flash-gb300")).lane("agent"))
+
+
 def test_check_budgets_warns_about_a_far_faster_placement_but_keeps_its_verdict():
     runner = CliRunner()
     plain = runner.invoke(main, ["check", "budgets", "gpt-oss-120b-l40s"])

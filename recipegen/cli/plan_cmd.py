@@ -28,8 +28,9 @@ def _streams(text: str | None) -> list[int] | None:
 @click.argument("lane")
 @click.option("--sweep", "sweep_text", default=None, metavar="hot=LOW..HIGH[:STEP]",
               help="Tabulate hot experts per layer against HBM, KV tokens, host and projected fetch tax.")
-@click.option("--class", "traffic_class", default=None, help="Class whose histogram gives the cold share "
-              "(default: the lane's active class).")
+@click.option("--class", "traffic_class", default=None, help="Class whose traffic to estimate, on its own "
+              "histogram and row map as after `recipegen swap` (default: the lane's active class); the fetch "
+              "tax lists every class either way.")
 @click.option("--concurrency", "concurrency_text", default=None,
               help="Concurrencies to project (default: the lane's expected min and max).")
 @click.option("--prefetch-slots", type=click.IntRange(0), default=None,
@@ -64,6 +65,10 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
     names = [l.name for l in loaded.recipe.lanes]
     if lane not in names:
         raise InputError(f"no lane {lane!r} (lanes: {', '.join(names)})", file=str(loaded.path), field="lanes")
+    classes = loaded.recipe.lane(lane).classes or {}
+    if traffic_class is not None and traffic_class not in classes:
+        raise InputError(f"lane {lane} has no class {traffic_class!r} (classes: {', '.join(classes) or 'none'})",
+                         file=str(loaded.path), field="--class")
     streams = _streams(concurrency_text)
     ledger = compute_ledger(loaded)
     summary = fetch_summary(loaded, lane, streams=streams, ledger=ledger)
@@ -73,8 +78,9 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
         hot_values, step = parse_sweep(sweep_text, loaded.recipe.model.routed_experts)
         sweep = sweep_hot(loaded, lane, hot_values, traffic_class=traffic_class, streams=streams)
     price = lane_prefetch_price(loaded, lane, prefetch_slots) if prefetch_slots is not None else None
-    estimate = estimate_lane(loaded, lane, ledger=ledger, streams=streams, context=context, acceptance=acceptance)
-    others = alternatives(loaded, lane, ledger=ledger, streams=streams)
+    same = {"streams": streams, "traffic_class": traffic_class, "context": context, "acceptance": acceptance}
+    estimate = estimate_lane(loaded, lane, ledger=ledger, **same)
+    others = alternatives(loaded, lane, ledger=ledger, **same)
 
     from recipegen.cli.output import ExplainedEcho
 
@@ -87,7 +93,7 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
                     "kv_tokens_lost": price.kv_tokens_lost.value, "share_of_kv_pool": price.share_of_pool.value}}
         click.echo(json.dumps(data, indent=2))
     else:
-        say("\n".join(_estimate_lines(estimate, others)))
+        say("\n".join(_estimate_lines(estimate, others, traffic_class)))
         say("")
         say("\n".join(summary.lines()))
         if explain:
@@ -115,9 +121,11 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
         say.finish()
 
 
-def _estimate_lines(estimate, others) -> list[str]:  # type: ignore[no-untyped-def]
+def _estimate_lines(estimate, others, traffic_class: str | None = None) -> list[str]:  # type: ignore[no-untyped-def]
     """The decode estimate for people: the lane, then each alternative in one line."""
-    lines = [f"decode speed estimate · lane {estimate.lane} (output tokens/s, in parentheses the band "
+    which = (f", class {traffic_class} on its own histogram and row map (as after `recipegen swap`)"
+             if traffic_class else "")
+    lines = [f"decode speed estimate · lane {estimate.lane}{which} (output tokens/s, in parentheses the band "
              "the validation justifies: docs/costmodel.md, 'Decode speed'):"]
     lines += ["  " + line for line in estimate.lines()]
     for alt in others:

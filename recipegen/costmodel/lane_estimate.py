@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from recipegen.common.errors import InputError
+from recipegen.common.units import GiB, format_tokens
 from recipegen.costmodel.efficiency import expert_efficiency
 from recipegen.costmodel.estimate import (
     GEMMS,
@@ -404,7 +405,11 @@ def estimate_lane(loaded: Any, lane_name: str, *, ledger: Any = None, placement:
         raise InputError(f"no lane {lane_name!r} (lanes: {', '.join(l.name for l in recipe.lanes)})",
                          file=str(loaded.path), field="lanes") from None
     model, machine = recipe.model, recipe.machines[lane.machine]
+    if traffic_class is not None and traffic_class not in (lane.classes or {}):
+        raise InputError(f"lane {lane_name} has no class {traffic_class!r} (classes: "
+                         f"{', '.join(lane.classes or {}) or 'none'})", file=str(loaded.path), field="--class")
     n = model.routed_experts
+    kv_pool_tokens: float | None = None    # the placement's KV pool, where the ledger sizes it
     placement = placement or lane.offload.placement
     use_rowmap = hot_per_layer is None and placement == lane.offload.placement
     if hot_per_layer is not None:
@@ -424,6 +429,7 @@ def estimate_lane(loaded: Any, lane_name: str, *, ledger: Any = None, placement:
         if chosen is None:
             raise InputError(f"the ledger has no {placement} placement for lane {lane_name}", field="placement")
         hots, colds = list(chosen.hot_per_layer), list(chosen.cold_per_layer)
+        kv_pool_tokens = chosen.figures["kv.tokens"].value if "kv.tokens" in chosen.figures else None
     sm, notes = step_model(loaded, lane, placement=placement, hot=hots, cold=colds, traffic_class=traffic_class,
                            use_rowmap=use_rowmap)
     ctx = min(context or DEFAULT_CONTEXT, lane.max_model_len)
@@ -439,6 +445,11 @@ def estimate_lane(loaded: Any, lane_name: str, *, ledger: Any = None, placement:
         op = OperatingPoint(s, k_s, ctx, alpha if k_s else None, independent)
         terms = step_terms(sm, op)
         out.append(EstimatePoint(s, k_s, s * op.tokens_per_step_per_stream, terms, _band(machine, op, terms)))
+    over = [p.streams for p in out if kv_pool_tokens is not None and p.streams * ctx > kv_pool_tokens]
+    if over:
+        notes.append(f"warning: at C{', C'.join(map(str, over))} the streams' KV ({ctx:,} tokens each) exceeds the "
+                     f"KV pool of {format_tokens(kv_pool_tokens)} tokens: vLLM would queue or preempt some of "
+                     "them; the estimate assumes all of them decode")
     if k is not None:
         notes.append(f"k={k} at every concurrency (a what-if, not the lane's k)")
     if independent_streams is not None:
@@ -529,29 +540,43 @@ def all_hbm_context(loaded: Any, lane_name: str) -> int | None:
     return None
 
 
-def alternatives(loaded: Any, lane_name: str, *, ledger: Any = None, streams: Sequence[int] | None = None
+def alternatives(loaded: Any, lane_name: str, *, ledger: Any = None, streams: Sequence[int] | None = None,
+                 traffic_class: str | None = None, context: int | None = None, acceptance: float | None = None
                  ) -> list[Alternative]:
-    """The other placement at the lane's byte budget, and every expert in HBM at the longest
-    context that fits (when shorter than the lane's, or the lane offloads)."""
+    """The other placement as the ledger lays it out (a positional lane's byte budget for the
+    usage-aware one; a usage-aware lane's load-time ``--cpu-offload-gb`` for the positional one),
+    where its KV pool holds one max_model_len sequence, and every expert in HBM at the longest
+    context that fits (when shorter than the lane's, or the lane offloads). Estimated for the same
+    class, context and acceptance as the lane."""
     from recipegen.ledger import compute_ledger
 
     ledger = ledger or compute_ledger(loaded)
     lane = loaded.recipe.lane(lane_name)
     out: list[Alternative] = []
+    same = {"streams": streams, "traffic_class": traffic_class, "context": context, "acceptance": acceptance}
     other = "usage-aware" if lane.offload.placement == "positional" else "positional"
     lane_ledger = ledger.lane(lane_name)
-    if (other == "usage-aware" or lane_ledger.positional is not None) and \
-            sum(lane_ledger.active.cold_per_layer) > 0 and _runtime_serves(loaded, lane, other, lane_ledger):
-        est = estimate_lane(loaded, lane_name, ledger=ledger, placement=other, streams=streams)
+    laid_out = lane_ledger.usage_aware if other == "usage-aware" else lane_ledger.positional
+    if laid_out is not None and sum(lane_ledger.active.cold_per_layer) > 0 and _holds_a_sequence(laid_out) \
+            and _runtime_serves(loaded, lane, other, lane_ledger):
+        est = estimate_lane(loaded, lane_name, ledger=ledger, placement=other, **same)
+        budget = (lane.offload.load_cpu_offload or 0) / GiB
         what = ("usage-aware residency at the same host budget" if other == "usage-aware"
-                else "positional --cpu-offload-gb at the same budget")
+                else f"positional, vLLM's --cpu-offload-gb {budget:g} alone (the lane's load_cpu_offload, "
+                     "no row map)")
         out.append(Alternative(other, what, est))
     if sum(lane_ledger.active.cold_per_layer) > 0:
         length = all_hbm_context(loaded, lane_name)
         if length is not None:
-            est = estimate_lane(loaded, lane_name, ledger=ledger, placement="all-in-hbm", streams=streams)
+            est = estimate_lane(loaded, lane_name, ledger=ledger, placement="all-in-hbm", **same)
             out.append(Alternative("all-in-hbm", f"every expert in HBM with max_model_len {length:,}", est))
     return out
+
+
+def _holds_a_sequence(placement: Any) -> bool:
+    """Whether a placement's KV pool holds one max_model_len sequence (else it does not fit)."""
+    seqs = placement.figures.get("kv.full_sequences")
+    return seqs is None or seqs.value >= 1
 
 
 def _runtime_serves(loaded: Any, lane: Any, placement: str, lane_ledger: Any) -> bool:

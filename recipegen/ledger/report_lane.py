@@ -51,6 +51,11 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
     out.append(f"  {'':<{w0}}{head_own:<{w1}}{head_other}")
     for r, a, b in zip(rows, col_own, col_other):
         out.append(f"  {r:<{w0}}{a:<{w1}}{b}")
+    compared = lane.positional if own != POSITIONAL else lane.usage_aware
+    if compared is not None and compared.figures["kv.full_sequences"].value < 1:
+        # the comparison column is what that placement would leave, not a setting that fits
+        out.append(f"  {head_other}: does not fit — its KV pool ({_g(compared.figures['hbm.kv_pool'].value)}) holds "
+                   "no max_model_len sequence; shown for comparison only")
     if "budget.hot_per_layer" in fig:
         hot_budget = int(fig["budget.hot_per_layer"].value)
         if "budget.cold_per_layer" in fig:

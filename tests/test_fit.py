@@ -302,3 +302,17 @@ def test_a_recipe_broken_elsewhere_is_reported_not_fitted(tmp_path: Path) -> Non
     recipe = project(tmp_path, "qwen3-30b-a3b-rtx4090", edit=lambda t: t.replace("machine: desk", "machine: desk2"))
     code, _, err = run("fit", str(recipe))
     assert code == 2 and "lanes[0].machine" in err and "unknown machine 'desk2'" in err and "Traceback" not in err
+
+
+def test_max_model_len_suffixes_read_as_the_help_says():
+    # vLLM's reading of --max-model-len: upper case binary, lower case decimal; the help's examples
+    from recipegen.cli.fit_cmd import context_options, parse_context
+
+    examples = {"32768": 32_768, "32K": 32 * 1024, "32k": 32_000, "1M": 1024 ** 2, "1m": 1_000_000}
+    assert {text: parse_context(text)[0] for text in examples} == examples
+
+    @context_options
+    def probe(**_: object) -> None: ...
+    (option,) = [p for p in probe.__click_params__ if p.name == "max_model_len"]
+    for text, tokens in examples.items():
+        assert text in option.help and (text == "32768" or f"{text} (= {tokens:,})" in option.help)

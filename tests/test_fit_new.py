@@ -65,6 +65,20 @@ def test_new_writes_nothing_when_nothing_fits(here: Path) -> None:
     assert "nothing fits" in out and not (here / "recipes").exists()
 
 
+def test_new_from_a_local_checkpoint_leaves_no_folder_when_nothing_fits(here: Path) -> None:
+    code, out, err = run("new", str(FIX / "kimi-k2-instruct"), "--machine", "rtx-4090")
+    assert code == 1, out + err
+    assert "nothing fits" in out and not (here / "recipes").exists()
+
+
+def test_a_context_the_model_refuses_names_the_option_not_an_unwritten_file(here: Path) -> None:
+    # Qwen3-30B-A3B's max_position_embeddings is 40,960; 128K = 131,072 tokens
+    code, _, err = run("new", "qwen3-30b-a3b", "--machine", "rtx-5090", "--max-model-len", "128K",
+                       "-o", str(here / "fresh.yaml"))
+    assert code == 2 and err.startswith("error: field '--max-model-len': max_model_len 131,072 exceeds"), err
+    assert "fresh.yaml" not in err and not (here / "fresh.yaml").exists()
+
+
 def test_new_refuses_what_it_cannot_read(here: Path) -> None:
     code, _, err = run("new", "not a model", "--machine", "rtx-4090")
     assert code == 2 and "field 'MODEL'" in err and "catalog models:" in err

@@ -24,7 +24,7 @@ def parse_context(value: str | None) -> tuple[int | None, bool]:
     try:
         n = parse_count(value)
     except UnitError as exc:
-        raise InputError(f"{exc} (a token count such as 32768 or 32k, or auto)", field="--max-model-len") from None
+        raise InputError(f"{exc} (a token count such as 32768 or 32K, or auto)", field="--max-model-len") from None
     if n <= 0:
         raise InputError("must be positive", field="--max-model-len")
     return n, False
@@ -45,8 +45,9 @@ def context_options(func):
     func = click.option("--concurrency", type=int,
                         help="Most concurrent streams expected (written as the lane's concurrency.max).")(func)
     func = click.option("--max-model-len", "max_model_len",
-                        help="Context in tokens (32768, 32k), or `auto`: the model's full context if some "
-                             "placement fits it, else the longest multiple of 1,024 that does.")(func)
+                        help="Context in tokens, read as vLLM reads --max-model-len: 32768, 32K (= 32,768), "
+                             "32k (= 32,000), 1M (= 1,048,576), 1m (= 1,000,000); or `auto`: the model's full "
+                             "context if some placement fits it, else the longest multiple of 1,024 that does.")(func)
     return func
 
 

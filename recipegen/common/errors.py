@@ -39,4 +39,4 @@ class InputError(RecipegenError):
         parts = [p for p in (where, f"field '{_one_line(field)}'" if field else "") if p]
         prefix = ": ".join(parts)
         super().__init__(f"{prefix}: {message}" if prefix else message, exit_code=2)
-        self.file, self.line, self.field = file, line, field
+        self.file, self.line, self.field, self.message = file, line, field, message

@@ -161,10 +161,11 @@ def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_labe
     from expert_residency.formats import atomic_write_bytes
 
     previous_model: bytes | None = None
-    written_model = False
+    written_model = made_models_dir = False
     if model_file is not None and source.model_text is not None:
         previous_model = model_file.read_bytes() if model_file.is_file() else None
         if previous_model != source.model_text.encode("utf-8"):
+            made_models_dir = not model_file.parent.exists()
             model_file.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(model_file, source.model_text.encode("utf-8"))
             written_model = True
@@ -174,6 +175,8 @@ def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_labe
             return
         if previous_model is None:
             model_file.unlink(missing_ok=True)
+            if made_models_dir and not any(model_file.parent.iterdir()):
+                model_file.parent.rmdir()   # nothing written: no empty models/ left behind
         else:
             atomic_write_bytes(model_file, previous_model)
 
@@ -181,7 +184,16 @@ def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_labe
         # `--cpu-offload-params experts` on every new lane: an offload at load moves routed experts
         # only (the walk would otherwise move attention weights too, read over the link every step);
         # with no offload it changes nothing, and a later fit onto a smaller machine keeps it
-        fitted = attempt(True)
+        try:
+            fitted = attempt(True)
+        except InputError as exc:
+            if exc.file is None or Path(exc.file).name != path.name or path.exists():
+                raise
+            # the recipe `new` drafted is not on disk: name the option that made it invalid
+            if exc.field and exc.field.endswith("max_model_len"):
+                raise InputError(exc.message, field="--max-model-len") from None
+            raise InputError(f"the recipe `new` drafted (not written) is invalid: {exc.message}",
+                             field=exc.field) from None
         outcome.fit = fitted
         if not fitted.fitted:
             restore_model()

@@ -52,8 +52,10 @@ def _duration(text: str, option: str) -> float:
               help="JSON Lines fixture (default: the packaged 50-prompt fixture).")
 @click.option("--runs", type=click.IntRange(1, 20), default=2, show_default=True,
               help="Passes per live endpoint; 2+ separates serving nondeterminism from A≠B.")
-@click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True)
-@click.option("--seed", type=int, default=42, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True,
+              help="Greedy tokens generated per prompt (compared token by token).")
+@click.option("--seed", type=int, default=42, show_default=True,
+              help="Sampling seed sent with every request (greedy decoding does not use it; kept equal on A and B).")
 @click.option("--concurrency", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Requests in flight per endpoint (1 keeps batches identical between runs).")
 @click.option("--record", "record_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -154,7 +156,8 @@ def parity(url_a: str, url_b: str | None, fixture: Path | None, runs: int, max_t
 @click.option("--warmup", default="15s", show_default=True, help="Excluded warm-up before the windows.")
 @click.option("--repetitions", type=click.IntRange(1, 100), default=3, show_default=True,
               help="Measurement windows per level (their spread is reported).")
-@click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True,
+              help="Output tokens per request (with --ignore-eos, exactly this many).")
 @click.option("--compare", "control_url", default=None,
               help="Control endpoint: runs candidate, control, candidate (A B A) per level.")
 @click.option("--fixture", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -162,7 +165,8 @@ def parity(url_a: str, url_b: str | None, fixture: Path | None, runs: int, max_t
 @click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
               help="Ask vLLM for exactly max_tokens per request.")
 @click.option("--model", default=None, help="Model name (default: the endpoint's first model).")
-@click.option("--lane-log", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None)
+@click.option("--lane-log", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="Log of the lane to read its start-up report from (else found via Docker for local lanes).")
 @click.option("--lane-log-b", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Log of lane B (the control) to read its start-up report from.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,

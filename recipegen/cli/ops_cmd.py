@@ -175,7 +175,7 @@ def status(recipe: str | None, as_json: bool) -> None:
 @click.option("--kv-tolerance", default=0.02, show_default=True, type=float,
               help="Relative tolerance for KV cache tokens.")
 @_machine
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 def verify(recipe: str, lane: str, bytes_tolerance: float, kv_tolerance: float,
            machine: str | None, as_json: bool) -> None:
     """Compare the running LANE's start-up report and vLLM's KV capacity with the ledger.
@@ -261,7 +261,7 @@ def profile(recipe: str, lane: str, cls: str | None, prompts: Path | None, serve
               help="Judge only the last SECONDS of traffic (difference of two snapshots); "
                    "default: everything since the lane started.")
 @_machine
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict and its figures as JSON.")
 def drift(recipe: str, lane: str, tolerance: float, wait_s: float | None, window_s: float | None,
           machine: str | None, as_json: bool) -> None:
     """Live cold share of LANE (from the runtime's counter) against the share its map was built

@@ -376,7 +376,7 @@ def reduce(captures: tuple[str, ...], output: str, source: str | None, recipe: s
               help="Folder for <class>.hist files.")
 @click.option("--class", "classes", multiple=True, default=("agent", "prose", "math"),
               show_default=True, help="Traffic class (repeat).")
-@click.option("--seed", type=int, default=41, show_default=True)
+@click.option("--seed", type=int, default=41, show_default=True, help="Random seed of the synthetic routing.")
 @click.option("--tokens", type=int, default=47_778, show_default=True,
               help="Tokens per class (47,778 × 40 layers × 6 = 11.5M selections).")
 @click.option("--correlation", type=float, default=0.15, show_default=True,

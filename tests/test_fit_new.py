@@ -55,6 +55,8 @@ def test_new_from_a_local_checkpoint_writes_its_model_file(here: Path) -> None:
     assert doc["model"] == {"file": "models/qwen3-30b-a3b.yaml"}
     assert doc["lanes"][0]["max_model_len"] == 32768
     assert "offload" not in doc["lanes"][0]          # all in HBM: the section that would say nothing is left out
+    code, out, _ = run("check", "budgets", str(here / "recipes" / "qwen3-30b-a3b-h200-pcie.yaml"))
+    assert code == 0 and "GPU 0 · all in HBM\n" in out and "all in HBM (this lane)" in out   # as `new` said
     model = yaml.safe_load((here / "recipes" / "models" / "qwen3-30b-a3b.yaml").read_text())
     assert model["routed_experts"]["value"] == 128
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from recipegen.ledger.multinode import MultiNodeLaneLedger
 from recipegen.ledger.multinode_report import render_multinode_lane
-from recipegen.ledger.report_lane import render_lane
+from recipegen.ledger.report_lane import placement_label, render_lane
 from recipegen.ledger.result import RecipeLedger
 
 
@@ -18,7 +18,7 @@ def render_ledger(ledger: RecipeLedger, path: str, *, explain: bool = False) -> 
             out.append(render_multinode_lane(lane, explain=explain))
             continue
         out.append(f"lane {lane.lane} · machine {lane.machine} GPU {','.join(map(str, lane.gpus))} · "
-                   f"{lane.placement}")
+                   f"{placement_label(lane)}")
         out.append(render_lane(lane, explain=explain))
     for v in ledger.machine_violations:
         out.append(f"OVER BUDGET [{v.kind}] machine {v.machine}: {v.message}")

@@ -32,6 +32,12 @@ def _placement_column(p: PlacementLedger | None) -> list[str]:
             f"{f['kv.tokens'].display()} ({seqs} × max_model_len)"]
 
 
+def placement_label(lane: LaneLedger) -> str:
+    """The lane's placement as a user reads it: "all in HBM" where nothing is cold (a lane with no
+    offload is positional at 0 GiB to vLLM, which says nothing useful)."""
+    return "all in HBM" if not any(lane.active.cold_per_layer) else lane.placement
+
+
 def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
     fig = lane.figures
     out: list[str] = []
@@ -40,7 +46,7 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
     pos_budget = ""
     if lane.positional is not None:
         pos_budget = f" (--cpu-offload-gb {fig['load.host_experts_initial'].operands['load_cpu_offload_bytes'] / GiB:g})"
-    head_own = f"{own} (this lane)"
+    head_own = f"{placement_label(lane)} (this lane)"
     head_other = f"{other}{pos_budget if other == 'positional' else ' (same budget)'}"
     rows = ["hot / cold per layer", "routed experts in HBM / GPU", "routed experts pinned in host",
             "KV pool / GPU", "KV tokens"]

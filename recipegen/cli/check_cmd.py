@@ -41,11 +41,13 @@ def check_recipe(recipes: tuple[str, ...]) -> None:
     """
     from recipegen.load.document import display_path
     from recipegen.load.recipe import load_recipe
+    from recipegen.render.render import refuse_shared_name
 
     failed = 0
     for target in _targets(recipes):
         try:
             loaded = load_recipe(target)
+            refuse_shared_name(loaded)   # two recipes of one name would render into one folder
         except RecipegenError as exc:
             click.echo(f"error: {exc}", err=True)
             failed += 1

@@ -72,6 +72,7 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
         check_rendering,
         orphan_outputs,
         project_root_for,
+        refuse_shared_names,
         render_recipe,
     )
 
@@ -130,6 +131,7 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
         if swaps:
             _render_with_swaps(paths[0], swaps, validate, verbose, say)
             return
+        refuse_shared_names(paths)   # before any recipe is written
         for path in paths:
             # read and written under the recipe's lock: a `render --class` of another process
             # cannot change the recipe between this read and this write

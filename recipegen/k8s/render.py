@@ -82,6 +82,9 @@ def _inputs(**known: Any) -> dict[str, Any]:
 def render_k8s(loaded: Any, project_root: Path) -> dict[Path, bytes]:
     """Every manifest file of the recipe (empty when no lane spans machines). Raises on a problem,
     including a manifest that fails validation or a name Kubernetes would refuse."""
+    from recipegen.render.render import refuse_shared_name
+
+    refuse_shared_name(loaded)   # two recipes of one name would write one k8s/<name>/ folder
     recipe = loaded.recipe
     out: dict[Path, bytes] = {}
     source = lws_schema_source()

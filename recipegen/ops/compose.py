@@ -81,7 +81,7 @@ class ComposeProject:
         except subprocess.TimeoutExpired:
             raise ComposeError(f"`{_show(cmd)}` did not finish within {timeout_s:.0f} s") from None
         except OSError as exc:
-            raise ComposeError(f"could not run `{_show(cmd)}`: {exc}") from None
+            raise ComposeError(f"could not run `{_show(cmd)}`: {_os_error(exc)}") from None
         if check and result.returncode != 0:
             words = (result.stderr or result.stdout).strip()
             raise ComposeError(f"`{_show(cmd)}` failed (exit {result.returncode}): {_tail(words)}")
@@ -124,7 +124,7 @@ class ComposeProject:
                                     stdin=subprocess.DEVNULL, text=True, errors="replace",
                                     bufsize=1, env=self.env, cwd=self.project_dir)
         except OSError as exc:
-            raise ComposeError(f"could not run `{_show(cmd)}`: {exc}") from None
+            raise ComposeError(f"could not run `{_show(cmd)}`: {_os_error(exc)}") from None
 
     def stop(self, services: Sequence[str], *, profiles: Sequence[str] = (),
              timeout_s: int = 60) -> None:
@@ -141,6 +141,14 @@ class ComposeProject:
 
 def _show(cmd: Sequence[str]) -> str:
     return " ".join(shlex.quote(c) for c in cmd)
+
+
+def _os_error(exc: OSError) -> str:
+    """An OSError in words: `str(exc)` shows a Path filename as `PosixPath('...')`; the failing
+    name is the program or, when the program exists, the working folder."""
+    if exc.strerror is None:
+        return str(exc)
+    return f"{exc.strerror}: {os.fsdecode(exc.filename)}" if exc.filename is not None else exc.strerror
 
 
 def _tail(text: str, lines: int = 15) -> str:

@@ -6,6 +6,7 @@ engine environment."""
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,24 @@ class Deployment:
         return files
 
     def project(self) -> ComposeProject:
+        self._require_rendered()
         return ComposeProject(self.rendering.out_dir, self.compose_files(), env=self.env)
+
+    def _require_rendered(self) -> None:
+        """Refuse before running Compose in a folder that is not there (its OS error names only
+        the folder, not what to do)."""
+        from recipegen.load.document import display_path
+
+        out_dir, compose_file = self.rendering.out_dir, self.rendering.compose_file
+        render = f"`recipegen render {shlex.quote(self.rendering.recipe_arg)}`"
+        if out_dir.exists() and not out_dir.is_dir():
+            raise RecipegenError(f"output folder {display_path(out_dir)} exists and is not a "
+                                 f"folder: move that file away or delete it, then run {render}")
+        if not compose_file.is_file():
+            what = "has not been rendered yet" if not out_dir.exists() else \
+                f"has no {compose_file.name} (not rendered, or the file was removed)"
+            raise RecipegenError(f"the compose project {display_path(out_dir)}/ of recipe "
+                                 f"{self.recipe_name} {what}: run {render} first")
 
     def client(self) -> Any:
         if self._client is None:

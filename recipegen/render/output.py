@@ -121,12 +121,15 @@ def _check_relative(path: str) -> None:
 
 def refuse_symlinks(out_dir: Path, stop: Path) -> None:
     """Refuse to write when `out_dir` or a folder between it and `stop` is a symlink: a render
-    would otherwise write (and delete) in another tree."""
+    would otherwise write (and delete) in another tree. A file where one of these folders goes
+    is refused too, before anything is written (else the write fails deep inside, naming a
+    file below it that does not exist)."""
     folder = out_dir
     while True:
         if folder.is_symlink():
             raise RecipegenError(f"{folder} is a symlink: recipegen writes only into real "
                                  "folders of the project (replace the link by a folder)")
+        _refuse_non_folder(folder)
         if folder == stop or folder == folder.parent:
             return
         folder = folder.parent
@@ -197,11 +200,22 @@ def user_facing_name(path: object) -> object:
     return path
 
 
+def _refuse_non_folder(folder: Path) -> None:
+    """Refuse a file (or FIFO, device...) standing where an output folder goes."""
+    if folder.exists() and not folder.is_dir():
+        from recipegen.load.document import display_path
+
+        raise RecipegenError(f"output folder {display_path(folder)} exists and is not a folder; "
+                             "nothing was written: move that file away or delete it, then "
+                             "render again")
+
+
 def _mkdirs(folder: Path, created: list[Path]) -> None:
     missing = []
     while not folder.exists():
         missing.append(folder)
         folder = folder.parent
+    _refuse_non_folder(folder)  # the nearest existing one: mkdir below a file fails unreadably
     for path in reversed(missing):
         path.mkdir()
         created.append(path)

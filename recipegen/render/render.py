@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recipegen.common.errors import RecipegenError
+from recipegen.common.errors import InputError, RecipegenError
 from recipegen.load.document import display_path
 from recipegen.render.compose import lane_service, render_compose
 from recipegen.render.compose_validate import validate_compose_file
@@ -148,10 +148,68 @@ def output_root(project_root: Path, recipe_name: str) -> Path:
     return project_root / COMPOSE_DIRNAME / recipe_name
 
 
+def _declared_name(path: Path, containing: str | None = None) -> tuple[str, int | None] | None:
+    """A recipe file's top-level `name` and its line, read without loading the recipe (None where
+    the file cannot be read or parsed, or, given `containing`, does not hold that text at all: a
+    render must not parse every recipe beside it)."""
+    from recipegen.load.document import line_of, parse_yaml
+    from recipegen.load.recipe import read_recipe_bytes
+
+    try:
+        data = read_recipe_bytes(path)
+        if containing is not None and containing.encode("utf-8") not in data:
+            return None
+        document = parse_yaml(data.decode("utf-8"), display_path(path))
+    except (InputError, UnicodeDecodeError):
+        return None  # unreadable: its own load says why
+    if not isinstance(document, dict) or not isinstance(document.get("name"), str):
+        return None
+    return document["name"], line_of(document, ("name",))
+
+
+def _shared_name_error(name: str, path: Path, line: int | None, other: Path, other_line: int | None) -> InputError:
+    folder = f"{COMPOSE_DIRNAME}/{name}/"
+    return InputError(
+        f"{display_path(other)}{f':{other_line}' if other_line else ''} has the same name {name}: both "
+        f"would render into {folder}, each overwriting the other; give each recipe its own "
+        f"name ({folder} was not written)", file=display_path(path), line=line, field="name")
+
+
+def refuse_shared_name(loaded: LoadedRecipe) -> None:
+    """Refuse a recipe whose `name` another recipe beside it also has: both would render into
+    compose/<name>/, each overwriting the other, and `render --check` could never pass."""
+    from recipegen.load.recipe import list_recipes
+
+    here = Path(os.path.abspath(loaded.path))
+    for other in list_recipes(here.parent):
+        if Path(os.path.abspath(other)) == here:
+            continue
+        found = _declared_name(other, containing=loaded.name)
+        if found is not None and found[0] == loaded.name:
+            raise _shared_name_error(loaded.name, loaded.path, loaded.line_of(("name",)), other, found[1])
+
+
+def refuse_shared_names(paths: list[Path]) -> None:
+    """Before rendering several recipes: refuse when two of one folder have the same `name` (else
+    the ones before the clash would be written and the clash found only then)."""
+    seen: dict[tuple[str, str], tuple[Path, int | None]] = {}
+    for path in paths:
+        found = _declared_name(path)
+        if found is None:
+            continue
+        name, line = found
+        key = (os.path.abspath(path.parent), name)   # one folder of recipes renders into one compose/
+        if key in seen:
+            first, first_line = seen[key]
+            raise _shared_name_error(name, path, line, first, first_line)
+        seen[key] = (path, line)
+
+
 def render_recipe(loaded: LoadedRecipe, *, project_root: Path | None = None) -> Rendering:
     """Render every output file of a loaded recipe, in memory. Raises on any problem."""
     recipe = loaded.recipe
     root_dir = project_root or project_root_for(loaded.path)
+    refuse_shared_name(loaded)
     ledger = checked_ledger(loaded)
     table = load_flag_table(TARGET_VLLM_VERSION)
     runtime_dir = runtime_dir_for(root_dir)

@@ -1,0 +1,214 @@
+"""Bad surroundings of a render and of the ops commands: each gets one `error:` line naming what
+is wrong and what to do, never a traceback or a Python repr, and nothing half-written.
+
+- a file where the output folder (or a folder inside it) goes;
+- `verify` / `drift` before the recipe was ever rendered (Compose would fail on the folder);
+- two recipes with the same `name` (both would render into compose/<name>/).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from recipegen.cli import main
+from recipegen.ops.compose import ComposeError, ComposeProject
+
+REPO = Path(__file__).resolve().parent.parent
+SINGLE = "qwen3-30b-a3b-rtx4090"          # one machine: compose/<recipe>/ is the output folder
+MULTI = "dsv41-flash-gb300x2-pp2"         # two machines: compose/<recipe>/<machine>/
+WITH_MAPS = "dsv41-flash-gb300"           # writes maps/agent/agent.rowmap
+
+
+@pytest.fixture()
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A scratch project: a copy of recipes/ (with maps and profiles), runtime/ linked in."""
+    shutil.copytree(REPO / "recipes", tmp_path / "recipes")
+    (tmp_path / "runtime").symlink_to(REPO / "runtime", target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), \
+        result.exception
+    return result.exit_code, result.output
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def assert_clean(out: str) -> None:
+    assert out.startswith("error: "), out
+    for leak in ("Traceback", "PosixPath", "Errno", "Not a directory"):
+        assert leak not in out, out
+
+
+# ------------------------------------------------------------------ a file where a folder goes
+
+
+def test_output_folder_that_is_a_file_is_named_and_nothing_is_written(project: Path) -> None:
+    (project / "compose").mkdir()
+    (project / "compose" / SINGLE).write_text("hi\n")
+    code, out = run("render", SINGLE)
+    assert code == 2, out
+    assert_clean(out)
+    assert f"output folder compose/{SINGLE} exists and is not a folder" in out
+    assert ".gitignore" not in out  # not a path below the file, which cannot exist
+    assert (project / "compose" / SINGLE).read_text() == "hi\n"
+    assert sorted(p.name for p in (project / "compose").iterdir()) == [SINGLE]  # no lock left
+
+
+@pytest.mark.parametrize("blocked", [MULTI, f"{MULTI}/station-b"])
+def test_multi_machine_output_folder_that_is_a_file_refuses_before_any_machine_is_written(
+        project: Path, blocked: str) -> None:
+    target = project / "compose" / blocked
+    target.parent.mkdir(parents=True)
+    target.write_text("hi\n")
+    code, out = run("render", MULTI)
+    assert code == 2, out
+    assert_clean(out)
+    assert f"output folder compose/{blocked} exists and is not a folder" in out
+    # station-a sorts first: it must not have been written before station-b was refused
+    assert sorted(p.relative_to(project / "compose").as_posix()
+                  for p in (project / "compose").rglob("*")) == sorted(
+        {MULTI, blocked} if blocked != MULTI else {MULTI})
+
+
+def test_a_file_where_a_generated_subfolder_goes_keeps_the_previous_output(project: Path) -> None:
+    code, out = run("render", WITH_MAPS)
+    assert code == 0, out
+    out_dir = project / "compose" / WITH_MAPS
+    shutil.rmtree(out_dir / "maps")
+    (out_dir / "maps").write_text("mine\n")
+    before = snapshot(out_dir)
+    code, out = run("render", WITH_MAPS)
+    assert code == 2, out
+    assert_clean(out)
+    assert f"compose/{WITH_MAPS}/maps exists and is not a folder" in out
+    assert snapshot(out_dir) == before  # no temp, no half-swapped file
+
+
+# ------------------------------------------------------------------ ops before a render
+
+
+@pytest.mark.parametrize("command", ["verify", "drift"])
+def test_ops_before_any_render_say_to_render_first(project: Path, command: str) -> None:
+    code, out = run(command, SINGLE, "chat")
+    assert code == 2, out
+    assert_clean(out)
+    assert f"compose/{SINGLE}/ of recipe {SINGLE} has not been rendered yet" in out
+    assert f"run `recipegen render {SINGLE}` first" in out
+    assert not (project / "compose").exists()
+
+
+def test_ops_on_an_output_folder_that_is_a_file_name_it(project: Path) -> None:
+    (project / "compose").mkdir()
+    (project / "compose" / SINGLE).write_text("hi\n")
+    code, out = run("verify", SINGLE, "chat")
+    assert code == 2, out
+    assert_clean(out)
+    assert f"output folder compose/{SINGLE} exists and is not a folder" in out
+
+
+def test_compose_that_cannot_start_is_reported_without_a_python_repr(tmp_path: Path) -> None:
+    missing = tmp_path / "compose" / "gone"
+    project = ComposeProject(missing, [missing / "compose.yaml"], argv=[sys.executable])
+    with pytest.raises(ComposeError) as caught:
+        project.config()
+    message = str(caught.value)
+    assert "PosixPath" not in message and "[Errno" not in message, message
+    assert message.endswith(f": No such file or directory: {missing}"), message
+
+    tmp_path.joinpath("here").mkdir()
+    no_binary = tmp_path / "no-such-compose"
+    project = ComposeProject(tmp_path / "here", [], argv=[str(no_binary)])
+    with pytest.raises(ComposeError) as caught:
+        project.config()
+    assert str(caught.value).endswith(f": No such file or directory: {no_binary}"), caught.value
+
+
+# ------------------------------------------------------------------ two recipes, one name
+
+
+def _name_line(path: Path) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), start=1)
+                if line.startswith("name:"))
+
+
+@pytest.fixture()
+def duplicate(project: Path) -> Path:
+    """recipes/dup.yaml: a copy of SINGLE on another port that keeps its `name`."""
+    text = (project / "recipes" / f"{SINGLE}.yaml").read_text()
+    assert "port: 8000" in text
+    dup = project / "recipes" / "dup.yaml"
+    dup.write_text(text.replace("port: 8000", "port: 8001"))
+    return dup
+
+
+def test_rendering_all_recipes_refuses_two_with_one_name(project: Path, duplicate: Path) -> None:
+    code, out = run("render")
+    assert code == 2, out
+    error = out.splitlines()[-1]
+    assert_clean(error)
+    assert "Traceback" not in out
+    line = _name_line(duplicate)
+    # refused before any recipe renders: dup.yaml sorts first, so the second file with its name
+    # is the one named, beside the first, with both lines
+    assert error.startswith(f"error: recipes/{SINGLE}.yaml:{line}: field 'name': "
+                            f"recipes/dup.yaml:{line} has the same name {SINGLE}"), out
+    assert f"both would render into compose/{SINGLE}/" in error
+    assert not (project / "compose" / SINGLE).exists()
+
+
+def test_rendering_all_recipes_with_one_name_twice_writes_nothing(project: Path,
+                                                                   duplicate: Path) -> None:
+    code, out = run("render")
+    assert code == 2, out
+    assert not (project / "compose").exists(), out
+
+
+@pytest.mark.parametrize("args", [("render", SINGLE), ("render", "dup"), ("render", "--check")])
+def test_each_of_two_recipes_with_one_name_is_refused(project: Path, duplicate: Path,
+                                                      args: tuple[str, ...]) -> None:
+    code, out = run(*args)
+    assert code == 2, out  # --check: not "stale" (1) forever, but the cause
+    assert_clean(out)
+    assert "field 'name'" in out and "has the same name" in out
+    assert "recipes/dup.yaml" in out and f"recipes/{SINGLE}.yaml" in out
+    assert not (project / "compose" / SINGLE).exists()
+
+
+def test_a_recipe_that_only_mentions_another_name_renders(project: Path) -> None:
+    text = (project / "recipes" / f"{SINGLE}.yaml").read_text()
+    other = text.replace(f"name: {SINGLE}", "name: qwen3-other", 1).replace("port: 8000", "port: 8001")
+    (project / "recipes" / "other.yaml").write_text(f"# a variant of {SINGLE}\n" + other)
+    code, out = run("render", SINGLE)
+    assert code == 0, out
+    assert (project / "compose" / SINGLE / "compose.yaml").is_file()
+    code, out = run("render", "other")
+    assert code == 0, out
+    assert (project / "compose" / "qwen3-other" / "compose.yaml").is_file()
+
+
+def test_check_recipe_refuses_both_recipes_of_one_name(project: Path, duplicate: Path) -> None:
+    code, out = run("check", "recipe")
+    assert code == 2, out
+    errors = [l for l in out.splitlines() if l.startswith("error:")]
+    assert len(errors) == 2 and all(f"has the same name {SINGLE}" in e for e in errors), out
+    assert {e.split(":")[1].strip() for e in errors} == {"recipes/dup.yaml", f"recipes/{SINGLE}.yaml"}
+
+
+def test_k8s_refuses_a_multinode_recipe_whose_name_another_has(project: Path) -> None:
+    source = project / "recipes" / "dsv41-flash-gb300x2-pp2.yaml"
+    (project / "recipes" / "twin.yaml").write_text(source.read_text())
+    code, out = run("k8s", "dsv41-flash-gb300x2-pp2")
+    assert code == 2 and "has the same name dsv41-flash-gb300x2-pp2" in out, out
+    assert not (project / "k8s").exists()

@@ -19,8 +19,8 @@ def _geometry_options(func: Any) -> Any:
     func = click.option("--recipe", help="Recipe (name under recipes/ or path): model geometry "
                         "and bytes per expert.")(func)
     func = click.option("--experts", type=int, help="Routed experts per MoE layer.")(func)
-    func = click.option("--layers", help="MoE layer indices, e.g. 0-39 (default: the "
-                        "capture's layer axis).")(func)
+    func = click.option("--layers", help="MoE layer indices, e.g. 0-39, with --experts (default from "
+                        "capture files: their layer axis; without them required).")(func)
     func = click.option("--bytes-per-expert", "bytes_per_expert",
                         help="Bytes of one routed expert, e.g. 18800640 or '17.93 MiB'.")(func)
     return func
@@ -65,7 +65,7 @@ def _geometry(recipe: str | None, experts: int | None, layers: str | None,
     elif captures:
         moe_layers = tuple(range(capture_layer_count(captures[0])))
     else:
-        raise InputError("give --layers with --experts", field="--layers")
+        raise InputError("give --layers with --experts (e.g. --layers 0-39), or --recipe", field="--layers")
     return Geometry(moe_layers, experts, bpe, source="command line")
 
 

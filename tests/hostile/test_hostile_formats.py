@@ -203,3 +203,14 @@ def test_errors_do_not_echo_file_content() -> None:
                  f"HF_TOKEN={secret}\n", f"format: {secret}\n"):
         assert secret not in str(_rowmap_error(text))
     assert secret not in str(_hist_error(HIST.replace("tokens: 6", f"tokens: 6\nX={secret}")))
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ("layer 0 hot 2: 3 1 ", "a space at the end of the line"),
+    ("layer 0 hot 2: 3  1", "two spaces in a row"),
+    ("layer 0 hot 2: 3  1 ", "two spaces in a row"),        # the first fault is named
+    ("layer 0 hot 2: 3 -1", "negative number -1"),
+])
+def test_a_malformed_layer_line_says_what_is_wrong(bad: str, reason: str) -> None:
+    error = _rowmap_error(ROWMAP.replace("layer 0 hot 2: 3 1", bad, 1))
+    assert str(error).count(reason) == 1, str(error)

@@ -192,6 +192,8 @@ def malformed_layer_line(line: str, path: str | os.PathLike[str], lineno: int,
         else None
     if bad is not None and bad.startswith("-") and bad[1:].isdigit():
         reason = f"negative number {bad}"
+    elif bad == "" and "" not in tokens[:-1]:      # the only empty token is after the last space
+        reason = "a space at the end of the line"
     elif bad == "":
         reason = "two spaces in a row"
     elif bad is not None:

@@ -23,7 +23,6 @@ import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -288,21 +287,6 @@ def to_yaml(entry: dict[str, Any]) -> str:
     return head + yaml.safe_dump(entry, sort_keys=False, allow_unicode=True, width=110)
 
 
-def read_machine_file(path: Path) -> tuple[dict[str, Any], Machine]:
-    """A machine file (the output of `machine detect`, or one written by hand): the raw entry and
-    the validated machine."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read: {exc}", file=str(path)) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise InputError("YAML syntax error", file=str(path), line=mark.line + 1 if mark else None) from None
-    if not isinstance(data, dict):
-        raise InputError("a machine file is one mapping (name, gpus, host_memory, …)", file=str(path))
-    return data, validate_entry(data, str(path))
-
-
 def plain_figures(entry: dict[str, Any]) -> dict[str, Any]:
     """The entry with `{value, source}` figures as their values."""
     return split_sources(entry)[0]
@@ -453,4 +437,4 @@ def gib(n: float) -> str:
 
 
 __all__ = ["Detection", "GpuReading", "PynvmlTable", "RecordedNvml", "detect", "machine_entry",
-           "pcie_lane_bytes_per_s", "read_machine_file", "record", "to_yaml"]
+           "pcie_lane_bytes_per_s", "record", "to_yaml"]

@@ -67,9 +67,9 @@ def resolve_machine(arg: str) -> tuple[str | dict[str, Any], Machine, str]:
     if not path.is_file():
         raise InputError("not a catalog machine nor a machine file (`recipegen machine detect -o FILE`); catalog "
                          f"machines: {', '.join(catalog_names('machines'))}", field="--machine")
-    from recipegen.catalog.detect import read_machine_file
+    from recipegen.load.machine_file import load_machine_file
 
-    entry, machine = read_machine_file(path)
+    entry, machine = load_machine_file(path)
     return entry, machine, f"machine {machine.name} ({path})"
 
 

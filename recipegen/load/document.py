@@ -10,7 +10,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from recipegen.common.errors import InputError
+from recipegen.common.files import read_regular_file
 from recipegen.schema import Recipe
 from recipegen.schema.base import PathError, reachable_models
 
@@ -32,6 +35,18 @@ def display_path(path: Path) -> str:
 
 
 # ---------------------------------------------------------------- YAML
+
+def read_yaml_file(path: Path, *, limit: int, what: str) -> Any:
+    """The round-trip document of the file at `path` (`what`: "model file", "machine file"): a
+    regular file of at most `limit` bytes, UTF-8, parsed by `parse_yaml`."""
+    file = display_path(path)
+    raw = read_regular_file(path, limit=limit, what=what, display=file)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError("not UTF-8 text", file=file, line=raw[:exc.start].count(b"\n") + 1) from None
+    return parse_yaml(text, file)
+
 
 def round_trip_yaml() -> Any:
     from ruamel.yaml import YAML
@@ -57,11 +72,14 @@ def parse_yaml(text: str, file: str) -> Any:
                          file=file, line=nesting_line(text)) from None
     except DuplicateKeyError as exc:
         mark = exc.problem_mark
-        key = _duplicate_key_name(exc)
-        raise InputError(f"duplicate key {key!r} (first defined on line "
-                         f"{exc.context_mark.line + 1})" if exc.context_mark else
-                         f"duplicate key {key!r}", file=file,
-                         line=mark.line + 1 if mark else None, field=key) from None
+        found = duplicate_key_at(text, mark) if mark else None
+        if found is None:
+            key = _duplicate_key_name(exc)
+            raise InputError(f"duplicate key {key!r}", file=file,
+                             line=mark.line + 1 if mark else None, field=key) from None
+        loc, first_line = found
+        raise InputError(f"duplicate key {str(loc[-1])!r} (first defined on line {first_line})",
+                         file=file, line=mark.line + 1, field=format_loc(loc)) from None
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = " ".join(p for p in (exc.context, exc.problem) if p) or "invalid YAML"
@@ -136,6 +154,57 @@ def check_expansion(document: Any, file: str) -> None:
                 stack.append((value, depth + 1, here))
         elif isinstance(node, list):
             stack.extend((item, depth + 1, here) for item in node)
+
+
+def duplicate_key_at(text: str, mark: Any) -> tuple[Loc, int] | None:
+    """For the duplicate key ruamel reports at `mark`: its field path and the line of the first
+    definition of the same key in the same mapping. ruamel's own marks give only the mapping's
+    start, so the text is composed again (nodes; only keys are constructed, to compare them) and
+    searched for the key's own mark."""
+    from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
+
+    yaml = round_trip_yaml()
+    try:
+        root = yaml.compose(text)
+    except Exception:  # it composed once already; any surprise keeps the plain message
+        return None
+
+    def key_of(node: Any) -> Any:
+        # the constructed key, as ruamel compares them (`1` and `0x1` are the same key)
+        if isinstance(node, ScalarNode) and str(node.tag).endswith(":merge"):
+            return "<<"  # constructs to an object equal to nothing else
+        if isinstance(node, ScalarNode):
+            try:
+                return yaml.constructor.construct_object(node, deep=True)
+            except Exception:
+                return node.value
+        return id(node)
+
+    # in document order, each node once: an alias shares its anchor's node, which is reached
+    # first, so the path is where the key is written
+    seen: set[int] = set()
+    stack: list[tuple[Any, Loc]] = [(root, ())]
+    while stack:
+        node, loc = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        children: list[tuple[Any, Loc]] = []
+        if isinstance(node, SequenceNode):
+            children = [(item, (*loc, i)) for i, item in enumerate(node.value)]
+        elif isinstance(node, MappingNode):
+            for index, (key_node, value_node) in enumerate(node.value):
+                start = key_node.start_mark
+                if (start.line, start.column) == (mark.line, mark.column):
+                    key = key_of(key_node)
+                    step = str(key_node.value) if isinstance(key_node, ScalarNode) else str(key)
+                    first = next((k.start_mark.line + 1 for k, _ in node.value[:index]
+                                  if key_of(k) == key), None)
+                    return ((*loc, step), first) if first is not None else None
+                if isinstance(key_node, ScalarNode):
+                    children.append((value_node, (*loc, str(key_node.value))))
+        stack.extend(reversed(children))
+    return None
 
 
 def _duplicate_key_name(exc: Exception) -> str:
@@ -228,7 +297,8 @@ def describe_error(error: dict[str, Any]) -> tuple[Loc, str]:
     value = error.get("input")
     if kind == "extra_forbidden":
         name = str(loc[-1]) if loc else "?"
-        close = difflib.get_close_matches(name, sorted(_all_field_names()), n=1, cutoff=0.6)
+        # never the name itself as the hint: `source` is a reserve's field, not a machine's
+        close = difflib.get_close_matches(name, sorted(_all_field_names() - {name}), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return loc, f"unknown field {name!r}{hint}"
     if kind == "missing":
@@ -258,6 +328,14 @@ def _shown(value: Any) -> str:
         return text
     size = f"{len(value):,} characters" if isinstance(value, str) else f"{len(str(value)):,} digits"
     return f"{text[:60]}… ({size})"
+
+
+def validation_error(path: Path, document: Any, exc: ValidationError) -> InputError:
+    """pydantic's errors for the file at `path` as one InputError, each at its line and field."""
+    errors = exc.errors(include_url=False)
+    # Unknown fields first: a misspelt key also shows up as a missing required one.
+    errors.sort(key=lambda e: e["type"] != "extra_forbidden")
+    return problems_error(path, document, [describe_error(e) for e in errors])
 
 
 def problems_error(path: Path, document: Any, problems: list[Problem]) -> InputError:

@@ -13,8 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from recipegen.common.errors import InputError
-from recipegen.common.files import read_regular_file
-from recipegen.load.document import describe_error, display_path, parse_yaml, problems_error, to_plain
+from recipegen.load.document import display_path, read_yaml_file, to_plain, validation_error
 from recipegen.schema import Model
 
 # A model file is a few KB (the largest catalog entry is 6 KB); anything near this is not one.
@@ -29,19 +28,12 @@ def load_model_file(relative: str, *, base: Path) -> dict[str, Any]:
     if not path.exists() and not path.is_symlink():
         raise InputError("model file: cannot read: No such file or directory (paths are relative to the recipe)",
                          file=file)
-    raw = read_regular_file(path, limit=MAX_MODEL_FILE_BYTES, what="model file", display=file)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError("not UTF-8 text", file=file, line=raw[:exc.start].count(b"\n") + 1) from None
-    document = parse_yaml(text, file)
+    document = read_yaml_file(path, limit=MAX_MODEL_FILE_BYTES, what="model file")
     if not isinstance(document, dict):
         raise InputError("a model file is one YAML mapping (name, decoder_layers, moe_layers, ...)", file=file)
     plain = to_plain(document)
     try:
         Model.model_validate(plain)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        errors.sort(key=lambda e: e["type"] != "extra_forbidden")
-        raise problems_error(path, document, [describe_error(e) for e in errors]) from None
+        raise validation_error(path, document, exc) from None
     return plain

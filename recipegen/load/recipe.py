@@ -23,7 +23,6 @@ from recipegen.load.document import (
     MAX_RECIPE_CHARS,
     Loc,
     Problem,
-    describe_error,
     display_path,
     format_loc,
     line_of,
@@ -31,6 +30,7 @@ from recipegen.load.document import (
     problems_error,
     round_trip_yaml,
     to_plain,
+    validation_error,
 )
 from recipegen.load.model_file import load_model_file
 from recipegen.load.rowmaps import read_lane_rowmaps
@@ -169,11 +169,7 @@ def _validated_document(path: Path, document: Any) -> tuple[Recipe, Any]:
         context = {"catalog": catalog_entry, "model_file": _model_file_loader(path)}
         recipe = Recipe.model_validate(to_plain(document), context=context)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        # Unknown fields first: a misspelt key also shows up as a missing required one.
-        errors.sort(key=lambda e: e["type"] != "extra_forbidden")
-        problems = [describe_error(e) for e in errors]
-        raise problems_error(path, document, problems) from None
+        raise validation_error(path, document, exc) from None
     return recipe, document
 
 

@@ -90,7 +90,7 @@ def test_offline_from_the_hub_cache(tmp_path: Path) -> None:
     out = recipegen(tmp_path, env, "new", "acme/tiny-moe@" + COMMIT, "--machine", "rtx-4090",
                     "--max-model-len", "4096", "--name", "again", "--force")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "shard headers not read: HF_HUB_OFFLINE=1" in out.stdout
+    assert "shard headers not read: offline and" in out.stdout
     doc = yaml.safe_load((tmp_path / "recipes" / "models" / "tiny-moe.yaml").read_text())
     assert doc["dense_bytes"]["value"] in (9216, "9216 B") and "metadata.total_size" in doc["dense_bytes"]["source"]
 
@@ -100,6 +100,23 @@ def test_offline_without_the_files_says_so(tmp_path: Path) -> None:
     out = recipegen(tmp_path, env, "new", "acme/absent-moe", "--machine", "rtx-4090")
     assert out.returncode == 2 and "HF_HUB_OFFLINE=1 and config.json is not in the hub cache" in out.stderr
     assert "Traceback" not in out.stderr and not (tmp_path / "recipes").exists()
+
+
+def test_a_hub_host_that_does_not_resolve_reads_the_cache_at_once(tmp_path: Path) -> None:
+    # RFC 6761: names under .invalid never resolve; without HF_HUB_OFFLINE the client would retry
+    # the lookup five times before giving up
+    endpoint = {"HF_ENDPOINT": "https://hub.example.invalid"}
+    out = recipegen(tmp_path, {**endpoint, "HF_HUB_CACHE": str(tmp_path / "empty")},
+                    "new", "acme/absent-moe", "--machine", "rtx-4090")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "cannot reach https://hub.example.invalid (its host name hub.example.invalid does not resolve" in out.stderr
+    assert "config.json is not in the hub cache" in out.stderr and "Retrying" not in out.stderr
+    cache = hub_cache(tmp_path / "hub", "acme/tiny-moe", tiny_checkpoint())
+    out = recipegen(tmp_path, {**endpoint, "HF_HUB_CACHE": str(cache)},
+                    "new", "acme/tiny-moe", "--machine", "rtx-4090", "--max-model-len", "4096")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "read from the hub cache only: its host name hub.example.invalid does not resolve" in out.stdout
+    assert "Retrying" not in out.stderr
 
 
 class FakeHub(BaseHTTPRequestHandler):

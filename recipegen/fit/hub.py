@@ -85,8 +85,12 @@ def staged_checkpoint(repo_id: str, revision: str | None) -> Iterator[HubCheckpo
 
     where = f"{repo_id}" + (f"@{revision}" if revision else "")
     offline = bool(constants.HF_HUB_OFFLINE)
+    unresolved = None if offline else _unresolved_host(constants.ENDPOINT)
+    # a host that does not resolve will not answer: read the cache only, at once (the hub client
+    # would retry for about 25 s first)
+    cache_only = offline or unresolved is not None
     try:
-        config = Path(hub.hf_hub_download(repo_id, CONFIG, revision=revision))
+        config = Path(hub.hf_hub_download(repo_id, CONFIG, revision=revision, local_files_only=cache_only))
     except GatedRepoError:
         raise InputError("a gated model: accept its terms on the hub and set HF_TOKEN", file=where) from None
     except RepositoryNotFoundError:
@@ -95,7 +99,8 @@ def staged_checkpoint(repo_id: str, revision: str | None) -> Iterator[HubCheckpo
         raise InputError(f"no revision {revision!r} of this model on the hub", file=where) from None
     except LocalEntryNotFoundError:
         how = ("HF_HUB_OFFLINE=1 and config.json is not in the hub cache" if offline else
-               f"cannot reach {constants.ENDPOINT} and config.json is not in the hub cache")
+               f"cannot reach {constants.ENDPOINT}{f' ({unresolved})' if unresolved else ''} and config.json "
+               "is not in the hub cache")
         raise InputError(f"{how} ({constants.HF_HUB_CACHE}): run once online, or give a local checkpoint "
                          "folder", file=where) from None
     except EntryNotFoundError:
@@ -110,22 +115,39 @@ def staged_checkpoint(repo_id: str, revision: str | None) -> Iterator[HubCheckpo
         shutil.copyfile(config, folder / CONFIG)
         staged.files.append(CONFIG)
         for name in (QUANT, INDEX):
-            found = _optional(hub, repo_id, name, commit, offline, staged)
+            found = _optional(hub, repo_id, name, commit, cache_only, staged)
             if found is not None:
                 shutil.copyfile(found, folder / name)
                 staged.files.append(name)
+        if unresolved is not None:
+            staged.notes.append(f"read from the hub cache only: {unresolved}")
         if INDEX in staged.files:
-            _stage_shard_headers(hub, staged, offline)
+            _stage_shard_headers(hub, staged, cache_only)
         yield staged
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _unresolved_host(endpoint: str) -> str | None:
+    """Why the endpoint's host name does not resolve (None: it does, or there is none to check)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    host = urlsplit(endpoint).hostname
+    if not host:
+        return None
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError) as exc:
+        return f"its host name {host} does not resolve: {getattr(exc, 'strerror', None) or exc}"
+    return None
 
 
 def _optional(hub, repo_id: str, name: str, commit: str, offline: bool, staged: HubCheckpoint) -> Path | None:
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     try:
-        return Path(hub.hf_hub_download(repo_id, name, revision=commit))
+        return Path(hub.hf_hub_download(repo_id, name, revision=commit, local_files_only=offline))
     except LocalEntryNotFoundError:
         from huggingface_hub.file_download import _CACHED_NO_EXIST  # the cache's "known absent" marker
 
@@ -153,7 +175,7 @@ def _stage_shard_headers(hub, staged: HubCheckpoint, offline: bool) -> None:
         elif not offline:
             headers[shard] = _header_over_http(hub, staged, shard)
         else:
-            staged.notes.append(f"shard headers not read: HF_HUB_OFFLINE=1 and {shard} is not in the hub cache; "
+            staged.notes.append(f"shard headers not read: offline and {shard} is not in the hub cache; "
                                 "dense bytes come from the index's total_size")
             return
     for shard, header in headers.items():

@@ -294,7 +294,9 @@ def fetch_summary(loaded: Any, lane_name: str, *, streams: Sequence[int] | None 
              "speculation (docs/design.md, 'Shorthand in the output')",
              "fetch = MoE layers × unique experts per layer (calibrated model) × cold share × bytes per "
              "expert ÷ link bandwidth; no overlap with compute (an upper bound); share of step only where "
-             "a step time was measured (docs/costmodel.md)"]
+             "a step time was measured (docs/costmodel.md); hot experts from HBM at the full HBM read rate "
+             "(a floor: the decode estimate's hot and cold terms use the kernels' measured efficiency and "
+             "its own unique-expert count, so they differ)"]
     if unique.diversity != 1.0 and max(points) > 1:
         notes.append(f"unique experts at >1 stream use the cross-stream diversity D={unique.diversity:.2f} "
                      "calibrated to ~300 of 384 at sixteen streams, which overstates bytes under skewed "

@@ -66,6 +66,15 @@ def test_output_folder_that_is_a_file_is_named_and_nothing_is_written(project: P
     assert sorted(p.name for p in (project / "compose").iterdir()) == [SINGLE]  # no lock left
 
 
+@pytest.mark.parametrize("flag", ["--check", "--diff"])
+def test_check_and_diff_name_an_output_folder_that_is_a_file(project: Path, flag: str) -> None:
+    (project / "compose").mkdir()
+    (project / "compose" / SINGLE).write_text("hi\n")
+    code, out = run("render", SINGLE, flag)
+    assert code == 2, out                   # not 'stale' or 'new file': the folder cannot be compared
+    assert f"output folder compose/{SINGLE} exists and is not a folder" in out
+
+
 @pytest.mark.parametrize("blocked", [MULTI, f"{MULTI}/station-b"])
 def test_multi_machine_output_folder_that_is_a_file_refuses_before_any_machine_is_written(
         project: Path, blocked: str) -> None:

@@ -73,6 +73,7 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
         orphan_outputs,
         project_root_for,
         refuse_shared_names,
+        refuse_unusable_folders,
         render_recipe,
     )
 
@@ -112,6 +113,7 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
     if show_diff:
         for path in paths:
             rendering = render_recipe(load_recipe(path))
+            refuse_unusable_folders(rendering)
             changes = 0
             for out_dir, files in sorted(rendering.folders.items()):
                 for name, data in sorted(files.items()):

@@ -272,8 +272,7 @@ def write_rendering(rendering: Rendering) -> list[Path]:
     from recipegen.common.lock import output_lock, sweep_locks
 
     root = rendering.root
-    for out_dir in [root, *rendering.folders]:
-        refuse_symlinks(out_dir, root.parent.parent)  # compose/, compose/<recipe>, machines
+    refuse_unusable_folders(rendering)
     with output_lock(root):  # one writer of compose/<recipe>/ at a time
         written = _write_rendering_locked(rendering)
     sweep_locks(root.parent)  # lock files of renders killed while holding them
@@ -310,8 +309,17 @@ def _machine_folders(root: Path) -> list[Path]:
             if c.is_dir() and not c.name.startswith(".") and read_manifest(c) is not None]
 
 
+def refuse_unusable_folders(rendering: Rendering) -> None:
+    """Refuse output folders that are symlinks or files (compose/, compose/<recipe>, machines):
+    before a write, and before --check or --diff compares against them."""
+    root = rendering.root
+    for out_dir in [root, *rendering.folders]:
+        refuse_symlinks(out_dir, root.parent.parent)
+
+
 def check_rendering(rendering: Rendering) -> list[Staleness]:
     """Byte-for-byte comparison of every output folder, plus folders a render would not write."""
+    refuse_unusable_folders(rendering)
     results = [compare_output_dir(out_dir, files)
                for out_dir, files in sorted(rendering.folders.items())]
     root = rendering.root

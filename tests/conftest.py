@@ -30,6 +30,7 @@ the rule against known test ids.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,16 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+@pytest.fixture()
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A scratch project, the current folder: a copy of recipes/ (with maps and profiles),
+    runtime/ linked in (a test file may define its own `project` instead)."""
+    shutil.copytree(REPO_ROOT / "recipes", tmp_path / "recipes")
+    (tmp_path / "runtime").symlink_to(REPO_ROOT / "runtime", target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -30,15 +30,6 @@ REFERENCE = "dsv41-flash-gb300"
 EXPERT = 18_800_640  # 4608 × 5120 + 5120 × 2304 FP4 values / 2 + one ue8m0 scale per 32
 
 
-
-@pytest.fixture()
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    shutil.copytree(REPO / "recipes", tmp_path / "recipes")
-    (tmp_path / "runtime").symlink_to(REPO / "runtime", target_is_directory=True)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def with_adaptive(project: Path, block: str) -> Path:
     """The reference recipe with `block` (YAML lines under `offload:`) added to lane agent."""
     path = project / "recipes" / f"{REFERENCE}.yaml"

@@ -6,7 +6,6 @@ device (7.0 here) and FP8 schemes 8.9+."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -72,14 +71,6 @@ def test_start_period_follows_autotuning() -> None:
 def _run(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(main, list(args), catch_exceptions=False)
     return result.exit_code, result.output
-
-
-@pytest.fixture()
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    shutil.copytree(REPO / "recipes", tmp_path / "recipes")
-    (tmp_path / "runtime").symlink_to(REPO / "runtime", target_is_directory=True)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def test_rendered_lanes_get_their_gpus_backend(project: Path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -34,14 +33,6 @@ REFERENCE = "dsv41-flash-gb300"
 PP2 = "dsv41-flash-gb300x2-pp2"
 VLLM033 = REPO / ".cache" / "vllm-0.33.0" / "vllm"
 needs_prometheus = pytest.mark.skipif(not prometheus_available(), reason=SKIP_REASON)
-
-
-@pytest.fixture()
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    shutil.copytree(REPO / "recipes", tmp_path / "recipes")
-    (tmp_path / "runtime").symlink_to(REPO / "runtime", target_is_directory=True)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def run(*args: str) -> tuple[int, str]:

@@ -8,7 +8,6 @@ patched); tests/test_ops_engine.py drives the same readers through a real Docker
 from __future__ import annotations
 
 import json
-import shutil
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -27,14 +26,6 @@ from recipegen.ops.livemap import latest_live_map, live_map_of
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE = "dsv41-flash-gb300"
-
-
-@pytest.fixture()
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    shutil.copytree(REPO / "recipes", tmp_path / "recipes")
-    (tmp_path / "runtime").symlink_to(REPO / "runtime", target_is_directory=True)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 class FixedCounter:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,16 +23,6 @@ from recipegen.vllm_flags import argv_problems, load_flag_table
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE = "dsv41-flash-gb300"
-
-
-
-@pytest.fixture()
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A scratch project: a copy of recipes/ (with maps and profiles), runtime/ linked in."""
-    shutil.copytree(REPO / "recipes", tmp_path / "recipes")
-    (tmp_path / "runtime").symlink_to(REPO / "runtime", target_is_directory=True)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def run(*args: str) -> tuple[int, str]:

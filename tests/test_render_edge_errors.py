@@ -24,15 +24,6 @@ MULTI = "dsv41-flash-gb300x2-pp2"         # two machines: compose/<recipe>/<mach
 WITH_MAPS = "dsv41-flash-gb300"           # writes maps/agent/agent.rowmap
 
 
-@pytest.fixture()
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A scratch project: a copy of recipes/ (with maps and profiles), runtime/ linked in."""
-    shutil.copytree(REPO / "recipes", tmp_path / "recipes")
-    (tmp_path / "runtime").symlink_to(REPO / "runtime", target_is_directory=True)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def run(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(main, list(args))
     assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), \

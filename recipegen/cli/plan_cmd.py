@@ -49,7 +49,7 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
          as_json: bool, explain: bool) -> None:
     """Decode speed estimate, projected fetch tax, KV trade-off and k checks for one LANE of RECIPE."""
     from recipegen.costmodel.lane import fetch_summary
-    from recipegen.costmodel.lane_estimate import alternatives, estimate_lane
+    from recipegen.costmodel.lane_estimate import alternatives, estimate_lane, require_class
     from recipegen.costmodel.prefetch import lane_prefetch_price
     from recipegen.costmodel.sweep import parse_sweep, sweep_hot
     from recipegen.ledger import compute_ledger
@@ -65,10 +65,7 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
     names = [l.name for l in loaded.recipe.lanes]
     if lane not in names:
         raise InputError(f"no lane {lane!r} (lanes: {', '.join(names)})", file=str(loaded.path), field="lanes")
-    classes = loaded.recipe.lane(lane).classes or {}
-    if traffic_class is not None and traffic_class not in classes:
-        raise InputError(f"lane {lane} has no class {traffic_class!r} (classes: {', '.join(classes) or 'none'})",
-                         file=str(loaded.path), field="--class")
+    require_class(loaded, loaded.recipe.lane(lane), traffic_class)   # before any arithmetic
     streams = _streams(concurrency_text)
     ledger = compute_ledger(loaded)
     summary = fetch_summary(loaded, lane, streams=streams, ledger=ledger)

@@ -405,9 +405,7 @@ def estimate_lane(loaded: Any, lane_name: str, *, ledger: Any = None, placement:
         raise InputError(f"no lane {lane_name!r} (lanes: {', '.join(l.name for l in recipe.lanes)})",
                          file=str(loaded.path), field="lanes") from None
     model, machine = recipe.model, recipe.machines[lane.machine]
-    if traffic_class is not None and traffic_class not in (lane.classes or {}):
-        raise InputError(f"lane {lane_name} has no class {traffic_class!r} (classes: "
-                         f"{', '.join(lane.classes or {}) or 'none'})", file=str(loaded.path), field="--class")
+    require_class(loaded, lane, traffic_class)
     n = model.routed_experts
     kv_pool_tokens: float | None = None    # the placement's KV pool, where the ledger sizes it
     placement = placement or lane.offload.placement
@@ -471,6 +469,14 @@ def estimate_lane(loaded: Any, lane_name: str, *, ledger: Any = None, placement:
     return LaneEstimate(lane.name, placement, str(lo) if lo == hi else f"{lo}–{hi}", ctx, out,
                         alpha if speculative else None, alpha_source if speculative else None,
                         sm.expert_efficiency.source if sm.expert_efficiency else "none measured", notes)
+
+
+def require_class(loaded: Any, lane: Any, traffic_class: str | None) -> None:
+    """Refuse a traffic class the lane does not have (``recipegen plan --class``)."""
+    classes = lane.classes or {}
+    if traffic_class is not None and traffic_class not in classes:
+        raise InputError(f"lane {lane.name} has no class {traffic_class!r} (classes: {', '.join(classes) or 'none'})",
+                         file=str(loaded.path), field="--class")
 
 
 def lane_acceptance(lane: Any, given: float | None = None) -> tuple[float, str]:

@@ -51,13 +51,13 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
     rows = ["hot / cold per layer", "routed experts in HBM / GPU", "routed experts pinned in host",
             "KV pool / GPU", "KV tokens"]
     col_own = _placement_column(lane.active)
-    col_other = _placement_column(lane.positional if own != POSITIONAL else lane.usage_aware)
+    compared = lane.positional if own != POSITIONAL else lane.usage_aware
+    col_other = _placement_column(compared)
     w0 = max(len(r) for r in rows) + 2
     w1 = max(len(head_own), *(len(c) for c in col_own)) + 3
     out.append(f"  {'':<{w0}}{head_own:<{w1}}{head_other}")
     for r, a, b in zip(rows, col_own, col_other):
         out.append(f"  {r:<{w0}}{a:<{w1}}{b}")
-    compared = lane.positional if own != POSITIONAL else lane.usage_aware
     if compared is not None and compared.figures["kv.full_sequences"].value < 1:
         # the comparison column is what that placement would leave, not a setting that fits
         out.append(f"  {head_other}: does not fit — its KV pool ({_g(compared.figures['hbm.kv_pool'].value)}) holds "

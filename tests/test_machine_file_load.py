@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
+from test_yaml_duplicate_keys import TINY, recipe_error
 
 from recipegen.catalog.detect import RecordedNvml, detect, to_yaml
 from recipegen.common.errors import InputError
 from recipegen.load.machine_file import load_machine_file
-from recipegen.load.recipe import load_recipe
 from recipegen.schema import Machine
 
 MiB = 2**20
@@ -38,7 +38,6 @@ pinned_read_bandwidth:
   value: 64 GB/s
   source: "spec"
 """
-TINY = Path(__file__).parent / "bad_recipes" / "valid" / "tiny.yaml"
 NVML = Path(__file__).parent / "fixtures" / "nvml" / "dgx-h100-565.57.01.json"
 
 
@@ -143,11 +142,7 @@ def test_a_detected_file_reads_back(tmp_path: Path) -> None:
 def _tiny_error(tmp_path: Path, line: int, text: str) -> InputError:
     lines = TINY.read_text().splitlines()
     lines[line - 1] = text
-    path = tmp_path / "r.yaml"
-    path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(InputError) as info:
-        load_recipe(path, read_maps=False)
-    return info.value
+    return recipe_error(tmp_path, lines)
 
 
 def test_half_a_figure_inline_in_a_recipe(tmp_path: Path) -> None:

@@ -28,7 +28,8 @@ def _tiny_lines() -> list[str]:
     return lines
 
 
-def _duplicate_error(tmp_path: Path, lines: list[str]) -> InputError:
+def recipe_error(tmp_path: Path, lines: list[str]) -> InputError:
+    """The error loading a recipe of these lines (also used by tests/test_machine_file_load.py)."""
     path = tmp_path / "dup.yaml"
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(InputError) as info:
@@ -39,7 +40,7 @@ def _duplicate_error(tmp_path: Path, lines: list[str]) -> InputError:
 def test_a_lane_key_twice_names_its_first_line_and_full_path(tmp_path: Path) -> None:
     lines = _tiny_lines()
     lines.insert(23, "    port: 8001")  # line 24; the first port is line 23, the lane starts on 20
-    err = _duplicate_error(tmp_path, lines)
+    err = recipe_error(tmp_path, lines)
     assert (err.line, err.field) == (24, "lanes[0].port")
     assert str(err).endswith("dup.yaml:24: field 'lanes[0].port': duplicate key 'port' (first defined on line 23)")
 
@@ -48,7 +49,7 @@ def test_a_nested_key_twice(tmp_path: Path) -> None:
     lines = _tiny_lines()
     # lines 27-30; the mapping starts with `min:` on line 28, the first `max:` is line 29
     lines[26:27] = ["    concurrency:", "      min: 1", "      max: 4", "      max: 8"]
-    err = _duplicate_error(tmp_path, lines)
+    err = recipe_error(tmp_path, lines)
     assert (err.line, err.field) == (30, "lanes[0].concurrency.max")
     assert "duplicate key 'max' (first defined on line 29)" in str(err)
 
@@ -56,7 +57,7 @@ def test_a_nested_key_twice(tmp_path: Path) -> None:
 def test_a_machine_key_twice(tmp_path: Path) -> None:
     lines = _tiny_lines()
     lines.insert(18, "    host_memory: 128 GiB")  # line 19; the first is line 17, the machine's `name:` 15
-    err = _duplicate_error(tmp_path, lines)
+    err = recipe_error(tmp_path, lines)
     assert (err.line, err.field) == (19, "machines.box.host_memory")
     assert "(first defined on line 17)" in str(err)
 
@@ -64,7 +65,7 @@ def test_a_machine_key_twice(tmp_path: Path) -> None:
 def test_a_key_twice_in_one_flow_mapping(tmp_path: Path) -> None:
     lines = _tiny_lines()
     lines[15] = "    gpus: {kind: test-gpu, count: 1, hbm: 16 GiB, hbm_bandwidth: 1 TB/s, count: 2}"
-    err = _duplicate_error(tmp_path, lines)
+    err = recipe_error(tmp_path, lines)
     assert (err.line, err.field) == (16, "machines.box.gpus.count")
     assert "(first defined on line 16)" in str(err)
 

@@ -1,0 +1,42 @@
+#!/bin/bash
+# The H200 measurements the current tree still waits for, in two calls of one machine session:
+#
+#   bash bench/pending_h200.sh tests        # call 1: every GPU test file on today's defaults
+#   bash bench/pending_h200.sh rows sim     # call 2: gpt-oss's MXFP4 row above the grouped loop's
+#                                           #         limit, and the full-depth decode simulation
+#
+# tests: tests/gpu/* and the adaptive CUDA test have not run together since the grouped loop went up
+#        to 48 tokens for gpt-oss-120b's geometry and the GPU tests began sharing one routing helper.
+# rows:  gpt-oss at T = 49 and 64 (the Triton tl.dot kernels, which run from 49 tokens per step up),
+#        the measurement that replaces the T = 49 stand-in in bench/expert_rows.py's table.
+# sim:   the decode simulation as run EE ran it, now with gpt-oss's 32-token step on the grouped loop,
+#        for tests/test_estimate_validation.py's runs.
+#
+# Carries (ignored paths, copied onto the machine): .cache/whl (humming-kernels 0.1.19 and
+# nvidia-cuda-cccl 13.0.85 wheels from PyPI) and .cache/vsub/vllm (the unpacked vllm 0.33.0 wheel's
+# fused_moe/, quantization/utils/, third_party/triton_kernels and utils/humming.py). At most eight
+# files come back from a call, so each part writes one log and one JSON at most.
+set -u
+OUT=${OUT:-bench_out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .cache/whl/*.whl >/dev/null 2>&1
+export PYTHONPATH=$PWD:$PWD/runtime:/tmp/site PYTHONUNBUFFERED=1
+VLLM_SRC=$PWD/.cache/vsub/vllm
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/gpu.txt"
+
+for part in "$@"; do
+  case $part in
+    tests) timeout ${TESTS_S:-560} python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu \
+               tests/runtime/test_adaptive_cuda.py > "$OUT/tests.log" 2>&1
+           echo "tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -20 ;;
+    rows)  mkdir -p "$OUT/rows"
+           timeout ${ROWS_S:-240} python3 bench/format_peer.py --formats gptoss-mxfp4 --tokens 48,49,64 \
+               --steps 48:8,49:8,64:8 --vllm-src "$VLLM_SRC" --out "$OUT/rows" > "$OUT/rows.log" 2>&1
+           echo "rows rc=$?"; tail -25 "$OUT/rows.log" ;;
+    sim)   mkdir -p "$OUT/sim"
+           timeout ${SIM_S:-300} python3 bench/decode_sim.py --models qwen3-30b-a3b,gpt-oss-120b \
+               --tokens 1,8,32 --steps 1:30,8:20,32:14 --profile 3 --out "$OUT/sim" > "$OUT/sim.log" 2>&1
+           echo "sim rc=$?"; tail -30 "$OUT/sim.log" ;;
+    *)     echo "unknown part: $part (tests, rows, sim)"; exit 2 ;;
+  esac
+done

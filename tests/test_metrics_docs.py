@@ -60,7 +60,7 @@ def test_every_variable_in_the_table_is_the_runtimes() -> None:
 
 def test_the_documented_drift_expression_is_the_rendered_one() -> None:
     normalised = {re.sub(r"\s+", " ", e) for e in promql_expressions(DOC.read_text())}
-    assert re.sub(r"\s+", " ", m.drift_expr("5m")).replace("( ", "(").replace(" )", ")") in {
+    assert re.sub(r"\s+", " ", m.drift_expr("5m", hold="15m")).replace("( ", "(").replace(" )", ")") in {
         e.replace("( ", "(").replace(" )", ")") for e in normalised}
 
 
@@ -74,3 +74,30 @@ def test_every_promql_expression_in_the_doc_parses(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(rules))
     check = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.skipif(not prometheus_available(), reason=SKIP_REASON)
+@pytest.mark.parametrize("boot, maps, shown", [
+    # An adaptive lane after swaps: the boot map's series (0 now) and two later live maps, one of
+    # them live: the query shows the live one.
+    ("b00t", [("b00t", 0), ("aaaa", 0), ("cccc", 1)], ["cccc"]),
+    # Swapped back to the boot map: nothing is shown.
+    ("b00t", [("aaaa", 0), ("b00t", 1)], []),
+    # A static lane: one series, the boot map: nothing.
+    ("b00t", [("b00t", 1)], []),
+])
+def test_the_documented_live_map_query_shows_a_map_other_than_the_boot_one(
+        tmp_path: Path, boot: str, maps: list[tuple[str, int]], shown: list[str]) -> None:
+    (expr,) = [e for e in promql_expressions(DOC.read_text()) if "unless" in e and m.LIVE_MAP_INFO.name in e]
+    rules = tmp_path / "doc.yml"
+    rules.write_text(yaml.safe_dump({"groups": [{"name": "doc", "rules": [{"record": "doc:changed", "expr": expr}]}]}))
+    series = [{"series": f'{m.LIVE_MAP_INFO.name}{{lane="agent",class="agent",content_hash="{h}",'
+                         f'boot_content_hash="{boot}",shape_hash="s"}}', "values": f"{v}x5"} for h, v in maps]
+    exp = [{"labels": f'doc:changed{{lane="agent",class="agent",content_hash="{h}",boot_content_hash="{boot}",'
+                      f'shape_hash="s"}}', "value": 1} for h in shown]
+    tests = tmp_path / "test.yml"
+    tests.write_text(yaml.safe_dump({"rule_files": [str(rules)], "tests": [{
+        "interval": "1m", "input_series": series,
+        "promql_expr_test": [{"expr": "doc:changed", "eval_time": "2m", "exp_samples": exp}]}]}))
+    result = subprocess.run([PROMTOOL, "test", "rules", str(tests)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -169,9 +169,68 @@ def test_promtool_and_a_real_prometheus_accept_the_rendered_files(project: Path,
             time.sleep(0.5)
         (rule,) = server.rules()
         assert rule["name"] == mon.DRIFT_ALERT and rule["health"] == "ok"
-        assert rule["query"] == m.drift_expr("5m") and rule["duration"] == 15 * 60
+        assert rule["query"] == m.drift_expr("5m", hold="15m") and rule["duration"] == 15 * 60
     finally:
         server.stop()
+
+
+def _minute_counters(pattern: list[tuple[int, float]]) -> tuple[str, str]:
+    """promtool input values, one sample a minute from t = 0: (picks, cold picks) counters of one
+    layer, given (minutes, cold share) stretches; a share None is a pause (no picks)."""
+    picks, cold, total, total_cold = [], [], 0, 0
+    for minutes, share in pattern:
+        for _ in range(minutes):
+            picks.append(total)
+            cold.append(total_cold)
+            if share is not None:
+                total, total_cold = total + 1000, total_cold + round(1000 * share)
+    return " ".join(map(str, picks)), " ".join(map(str, cold))
+
+
+@needs_prometheus
+@pytest.mark.parametrize("case, pattern, firing, silent", [
+    # 10% cold against the 1.5% the ledger predicted (8.5 points over): a share exists from the
+    # second sample (t = 1m), so the alert is pending from 1m and fires after `drift_for` (15m).
+    ("steady drift", [(60, 0.10)], [17, 30], [15]),
+    # The same traffic in bursts of 5 minutes with 10-minute pauses: each pause leaves windows with
+    # no picks; the last share with traffic carries through them, so it fires as steady traffic does.
+    ("bursts with pauses", [(5, 0.10), (10, None)] * 4, [17, 40], [15]),
+    # 3% cold: 1.5 points over the prediction, inside the 2-point tolerance: never.
+    ("inside the tolerance", [(60, 0.03)], [], [17, 40]),
+    # Drift for 20 minutes, then a pause longer than `drift_for`: the last share with traffic
+    # (its window ends at 24m, the last one holding an increase) is kept for 15m, to 39m.
+    ("a long pause ends it", [(21, 0.10), (39, None)], [20, 30, 38], [41, 55]),
+])
+def test_the_rendered_drift_alert_fires_as_documented(project: Path, tmp_path: Path, case: str,
+                                                      pattern: list[tuple[int, float]],
+                                                      firing: list[int], silent: list[int]) -> None:
+    code, out = run("render", REFERENCE)
+    assert code == 0, out
+    rules_file = project / "compose" / REFERENCE / "monitoring" / "rules.yml"
+    (rule,) = yaml.safe_load(rules_file.read_text())["groups"][0]["rules"]
+    picks, cold = _minute_counters(pattern)
+    labels = 'lane="agent",class="agent",layer="3"'
+    predicted = 0.015
+    minutes = sum(n for n, _ in pattern)
+    # The alert's text with the lane, the class and the drift (10% - 1.5% = 8.5%) filled in.
+    annotations = {k: v.replace("{{ $labels.lane }}", "agent").replace("{{ $labels.class }}", "agent")
+                   .replace("{{ $value | humanizePercentage }}", "8.5%") for k, v in rule["annotations"].items()}
+    expected = [{"exp_labels": {"severity": "warning", "lane": "agent", "class": "agent"},
+                 "exp_annotations": annotations}]
+    tests = {"rule_files": [str(rules_file)], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            {"series": f"{m.PICKS.name}{{{labels}}}", "values": picks},
+            {"series": f"{m.COLD_PICKS.name}{{{labels}}}", "values": cold},
+            {"series": f'{m.PREDICTED_COLD_SHARE.name}{{lane="agent",class="agent"}}',
+             "values": f"{predicted}x{minutes}"}],
+        "alert_rule_test": [{"eval_time": f"{t}m", "alertname": rule["alert"],
+                             "exp_alerts": expected if t in firing else []}
+                            for t in sorted(firing + silent)]}]}
+    path = tmp_path / "alert_test.yml"
+    path.write_text(yaml.safe_dump(tests, sort_keys=False))
+    result = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, f"{case}:\n{result.stdout}{result.stderr}"
 
 
 # ------------------------------------------------------------------ the dashboard

@@ -125,13 +125,14 @@ def prometheus_rules(loaded: LoadedRecipe) -> dict[str, Any]:
     assert monitoring is not None
     return {"groups": [{"name": "expert-residency", "rules": [{
         "alert": DRIFT_ALERT,
-        "expr": m.drift_expr(monitoring.window),
+        "expr": m.drift_expr(monitoring.window, hold=monitoring.drift_for),
         "for": monitoring.drift_for,
         "labels": {"severity": "warning"},
         "annotations": {
             "summary": "Cold share of lane {{ $labels.lane }} above the ledger's prediction",
             "description": (
-                "Over the last " + monitoring.window + ", {{ $value | humanizePercentage }} more of "
+                "Over the lane's last " + monitoring.window + " with traffic (a pause of up to "
+                + monitoring.drift_for + " keeps it), {{ $value | humanizePercentage }} more of "
                 "lane {{ $labels.lane }}'s routed picks landed on experts in host memory than "
                 "`recipegen check budgets` projected for class {{ $labels.class }}. Run `recipegen "
                 "drift` on the lane: it names a class whose map fits the traffic better."),

@@ -24,7 +24,9 @@ class Monitoring(StrictModel):
     drift alert's rates, in minutes with the unit (`5m`); at least two scrapes long."""
     drift_for: str = Field(default="15m", pattern=r"^[1-9][0-9]{0,2}m$")
     """How long the live cold share must exceed the ledger's prediction by more than 2 points
-    before the `ExpertResidencyColdShareDrift` alert fires, in minutes with the unit."""
+    before the `ExpertResidencyColdShareDrift` alert fires, in minutes with the unit. Through a
+    pause in traffic no longer than this the alert keeps the lane's last share with traffic, so a
+    lane that idles between bursts still alerts."""
     retention: str = Field(default="15d", pattern=r"^[1-9][0-9]{0,3}[hdw]$")
     """How long Prometheus keeps samples (`--storage.tsdb.retention.time`), with its unit
     (`h`, `d` or `w`)."""

@@ -93,7 +93,7 @@ def scraped(start_server, tmp_path_factory):
         # The rendered alert's expression and every query of the rendered dashboard, on this data
         # ($lane: every lane; $__rate_interval: a window over the whole run).
         lane_share = prometheus.query(m.lane_cold_share_expr("10m"))
-        drift = prometheus.query(m.drift_expr("10m"))
+        drift = prometheus.query(m.drift_expr("10m", hold="10m"))
         dashboard = {(title, expr): prometheus.query(expr.replace("$lane", ".+").replace("$__rate_interval", "10m"))
                      for title, queries in panel_queries().items() for expr, _ in queries}
     finally:

@@ -117,13 +117,17 @@ DRIFT_TOLERANCE = 0.02
 
 
 def lane_cold_share_expr(window: str) -> str:
-    """PromQL: the lane's cold share over ``window`` (e.g. ``"5m"``), per lane and class."""
+    """PromQL: the lane's cold share over ``window`` (e.g. ``"5m"``), per lane and class; no sample
+    where the window saw no routed pick (not NaN: an idle lane has no share)."""
     return (f"sum by (lane, class) (rate({COLD_PICKS.name}[{window}])) / "
-            f"sum by (lane, class) (rate({PICKS.name}[{window}]))")
+            f"(sum by (lane, class) (rate({PICKS.name}[{window}])) > 0)")
 
 
-def drift_expr(window: str, tolerance: float = DRIFT_TOLERANCE) -> str:
+def drift_expr(window: str, hold: str, tolerance: float = DRIFT_TOLERANCE) -> str:
     """PromQL: the lanes whose cold share over ``window`` exceeds the ledger's prediction by more
-    than ``tolerance`` (the rendered alert's expression)."""
-    return (f"({lane_cold_share_expr(window)}) - on (lane, class) "
-            f"{PREDICTED_COLD_SHARE.name} > {tolerance!r}")
+    than ``tolerance`` (the rendered alert's expression). Each lane keeps its last share with
+    traffic for up to ``hold`` while it is idle: an agent lane that pauses for minutes between
+    bursts would otherwise have no sample in each pause and restart the alert's ``for:`` clock
+    every time, so that it never fired however far its share drifted."""
+    drift = f"({lane_cold_share_expr(window)}) - on (lane, class) {PREDICTED_COLD_SHARE.name}"
+    return f"last_over_time(({drift})[{hold}:]) > {tolerance!r}"

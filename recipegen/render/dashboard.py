@@ -47,8 +47,9 @@ def _rate(series: m.Series | str, by: str) -> str:
 def panel_queries() -> dict[str, list[tuple[str, str]]]:
     """Panel title → [(PromQL, legend)]: the dashboard's every query, in one table (the tests run
     each against a real Prometheus)."""
-    cold_share = f"{_rate(m.COLD_PICKS, 'lane, class')} / {_rate(m.PICKS, 'lane, class')}"
-    hot_hit = f"1 - ({_rate(m.COLD_PICKS, 'layer')} / {_rate(m.PICKS, 'layer')})"
+    # "> 0" on the picks: a window without traffic has no share (not 0 / 0 = NaN).
+    cold_share = f"{_rate(m.COLD_PICKS, 'lane, class')} / ({_rate(m.PICKS, 'lane, class')} > 0)"
+    hot_hit = f"1 - ({_rate(m.COLD_PICKS, 'layer')} / ({_rate(m.PICKS, 'layer')} > 0))"
     quantile = "histogram_quantile({q}, sum by (le, lane) (rate({name}_bucket{{{lane}}}[{rate}])))"
     return {
         "Cold share: live against the ledger's prediction": [
@@ -84,14 +85,17 @@ def build_dashboard() -> Any:
     """The dashboard object (grafana_foundation_sdk's typed model)."""
     from grafana_foundation_sdk.builders import dashboard, heatmap, prometheus, stat, table, timeseries
     from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefresh, VariableSort
+    from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
     source = DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
     queries = panel_queries()
 
-    def targets(title: str, *, instant: bool = False) -> list[Any]:
+    def targets(title: str, *, instant: bool = False, as_table: bool = False) -> list[Any]:
         out = []
         for n, (expr, legend) in enumerate(queries[title]):
             q = prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(chr(ord("A") + n))
+            # A table panel shows a series' labels as columns only from a query in table format.
+            q = q.format(PromQueryFormat.TABLE) if as_table else q
             out.append(q.instant() if instant else q.range())
         return out
 
@@ -139,7 +143,7 @@ def build_dashboard() -> Any:
     board = board.with_panel(
         table.Panel().id(next(ids)).title(title).description(
             "The row map the banks hold (content and shape hash; on adaptive lanes the boot map's "
-            "hash beside it).").datasource(source).targets(targets(title, instant=True))
+            "hash beside it).").datasource(source).targets(targets(title, instant=True, as_table=True))
         .height(6).span(24))
     board = board.with_row(dashboard.Row("vLLM").id(next(ids)))
     board = board.with_panel(series_panel("Tokens per second (vLLM)", "short",

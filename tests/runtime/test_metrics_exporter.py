@@ -272,3 +272,26 @@ def test_the_plugin_refuses_bad_metrics_settings_naming_the_variable(tmp_path: P
     settings = load_settings({**base, m.MULTIPROC_DIR_ENV: str(tmp_path)})
     assert settings.metrics is not None and settings.metrics.multiproc_dir == str(tmp_path)
     assert load_settings({env.MODE: "count"}).metrics is None
+
+
+def test_host_bytes_per_cold_pick_come_from_the_row_shape_on_every_rank() -> None:
+    """Each layer's bytes per cold pick: one expert row (every tensor's row, summed by hand from
+    the shapes), × TP for a tensor-parallel lane, × 1 under expert parallelism (one rank reads the
+    whole row) — also for a layer whose cold bank holds no expert on this rank (under expert
+    parallelism its cold experts may sit on other ranks), and 0 for a layer not re-homed."""
+    from types import SimpleNamespace
+
+    from expert_residency.vllm_plugin.metrics_hook import row_bytes
+
+    tensors = float_layer(0, torch.bfloat16)
+    by_hand = sum(math.prod(t.shape[1:]) * t.element_size() for t in tensors.values())
+    everything = list(range(next(iter(tensors.values())).shape[0]))
+
+    def module(cold: list[int], expert_parallel: bool) -> SimpleNamespace:
+        hot = [e for e in everything if e not in cold]
+        resident = rehome_layer({n: t.clone() for n, t in tensors.items()}, hot, cold, layer_index=0,
+                                hot_alloc=host_allocator(), cold_alloc=host_allocator())
+        return SimpleNamespace(_er_resident=resident, _er_expert_map=[0] if expert_parallel else None)
+
+    layers = {0: module([5, 6], False), 1: module([], True), 2: module([7], True), 3: SimpleNamespace()}
+    assert row_bytes(layers, tp=4) == [4 * by_hand, by_hand, by_hand, 0]

@@ -22,6 +22,7 @@ is freed before the next tensor is split (peak = one tensor's transient, not a l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -108,6 +109,11 @@ class ExpertBank:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def row_nbytes(self) -> int:
+        """Bytes of one row over every tensor, from the tensors' shapes (so also of a bank with no
+        rows: its tensors keep the row shape)."""
+        return sum(math.prod(t.shape[1:]) * t.element_size() for t in self.tensors.values())
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.tensors[name]

@@ -29,14 +29,17 @@ def _tensor_parallel() -> tuple[int, int]:
 
 
 def row_bytes(layers: dict[int, Any], tp: int) -> list[int]:
-    """Per layer (in ``layers`` order): bytes over every rank for one cold pick (0 without a cold bank)."""
+    """Per layer (in ``layers`` order): bytes over every rank for one cold pick (0 for a layer the
+    runtime did not re-home). The row's size comes from the cold bank's tensor shapes, not from its
+    rows: under expert parallelism this rank's cold bank may hold no expert of a layer whose cold
+    experts sit on other ranks, and their picks still read a whole row each."""
     out = []
     for module in layers.values():
         resident = getattr(module, "_er_resident", None)
-        if resident is None or resident.cold.num_rows == 0:
+        if resident is None:
             out.append(0)
             continue
-        per_row = resident.bank_bytes().cold // resident.cold.num_rows
+        per_row = resident.cold.row_nbytes()
         expert_parallel = getattr(module, "_er_expert_map", None) is not None
         out.append(per_row * (1 if expert_parallel else tp))
     return out

@@ -57,7 +57,8 @@ def panel_queries() -> dict[str, list[tuple[str, str]]]:
             (f"{m.PREDICTED_COLD_SHARE.name}{{{LANE}}}", "{{lane}} {{class}}: predicted (ledger)")],
         "Hot-hit rate by MoE layer": [(hot_hit, "{{layer}}")],
         "Host-link bytes per second (cold expert reads)": [
-            (_rate(m.HOST_READ_BYTES, "lane"), "{{lane}}")],
+            (_rate(m.HOST_READ_BYTES, "lane"), "{{lane}}: cold reads"),
+            (_rate(m.SWAP_COPY_BYTES, "lane, direction"), "{{lane}}: swap copies {{direction}}")],
         "Swaps per second (adaptive residency)": [
             (_rate(m.SWAPS, "lane"), "{{lane}}: swaps"),
             (f"sum by (lane) ({m.LIVE_MAP_MOVED.name}{{{LANE}}})", "{{lane}}: experts moved off the boot map")],
@@ -127,7 +128,8 @@ def build_dashboard() -> Any:
     board = board.with_panel(series_panel(
         "Host-link bytes per second (cold expert reads)", "Bps",
         "Cold-bank expert bytes read from host memory per second, counted per cold pick over all "
-        "ranks: above one token per step an upper bound of the link's traffic (docs/metrics.md).",
+        "ranks: above one token per step an upper bound of the link's traffic (docs/metrics.md). "
+        "On adaptive lanes also the swaps' copies: in = host to HBM, out = HBM to host.",
         width=8).id(next(ids)))
     board = board.with_panel(series_panel(
         "Swaps per second (adaptive residency)", "short",

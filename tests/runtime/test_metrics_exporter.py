@@ -68,6 +68,10 @@ def lane_key(name: str) -> tuple[str, tuple]:
     return (name, (("class", "mixed"), ("lane", "tiny")))
 
 
+def copy_key(direction: str) -> tuple[str, tuple]:
+    return (m.SWAP_COPY_BYTES.name, (("class", "mixed"), ("direction", direction), ("lane", "tiny")))
+
+
 def exporter_for(counter, clock, *, row_bytes=(100, 300), window_s=60.0, predicted=None, **kw):
     facts = LaneFacts("tiny", "mixed", LAYERS, EXPERTS, row_bytes, predicted)
     return MetricsExporter(facts, CountReader(counter, clock=clock).read, interval_s=1.0,
@@ -163,9 +167,10 @@ def test_adaptive_swaps_live_map_and_moved_experts():
     assert policy.initial_content_hash == boot.content_hash()
     clock = Clock()
     ex = exporter_for(counter, clock, live_map=policy.live_rowmap, boot_map=boot,
-                      swaps=lambda: policy.swaps_done)
+                      swaps=lambda: policy.swaps_done, swap_copy_bytes=lambda: dict(policy.copied_bytes))
     counter.count(3, torch.tensor([[7, 0]]))
     ex.update()
+    assert samples(ex.registry)[copy_key("in")] == 0 and samples(ex.registry)[copy_key("out")] == 0
     # Two swaps in layer 7: cold 0 and 1 in, hot 5 and 6 out.
     policy.apply([Swap(7, 0, 5), Swap(7, 1, 6)])
     live = policy.live_rowmap()
@@ -175,6 +180,11 @@ def test_adaptive_swaps_live_map_and_moved_experts():
     ex.update()
     got = samples(ex.registry)
     assert got[lane_key(m.SWAPS.name)] == 2
+    # Each swap copies the promoted expert's row in and, with no host copy of the hot experts, the
+    # demoted one's row out: one row = every expert tensor's row, summed here from the shapes.
+    row = sum(math.prod(t.shape[1:]) * t.element_size()
+              for t in float_layer(0, torch.bfloat16, experts=EXPERTS).values())
+    assert got[copy_key("in")] == 2 * row and got[copy_key("out")] == 2 * row
     assert got[layer_key(m.LIVE_MAP_MOVED.name, 7)] == 2 and got[layer_key(m.LIVE_MAP_MOVED.name, 3)] == 0
     assert got[layer_key(m.COLD_PICKS.name, 7)] == 2     # 5 and 6, classed by the live map
     infos = {dict(k[1])["content_hash"]: v for k, v in got.items() if k[0] == m.LIVE_MAP_INFO.name}

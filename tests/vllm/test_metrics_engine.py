@@ -183,6 +183,7 @@ def test_predicted_share_map_hashes_and_snapshot_time(scraped):
     assert info["metric"]["shape_hash"] == rowmap.shape_hash()
     assert set(_by_layer(series[m.LIVE_MAP_MOVED.name]).values()) == {0}
     assert series[m.SWAPS.name] == []   # a static lane has no swaps series
+    assert series[m.SWAP_COPY_BYTES.name] == []   # nor copies for them
     snapshot = parse_dump_name(scraped["dump"].name).time.timestamp()
     assert _lane_value(series[m.SNAPSHOT_TIME.name]) == snapshot
     assert not math.isnan(_lane_value(series[m.COUNTS_READ_TIME.name]))
@@ -209,9 +210,10 @@ def test_the_drift_alerts_expression_on_the_scraped_series(scraped):
 
 def test_every_dashboard_query_runs_on_the_scraped_series(scraped):
     """Each panel's PromQL is accepted by Prometheus and finds data, except the swaps of a static
-    lane (no swaps series) — the residency panels and vLLM's own alike."""
+    lane and their copies (no such series) — the residency panels and vLLM's own alike."""
+    adaptive_only = (m.SWAPS.name, m.SWAP_COPY_BYTES.name)
     empty = sorted(title for (title, expr), result in scraped["dashboard"].items() if not result
-                   and not expr.startswith(f"sum by (lane) (rate({m.SWAPS.name}"))
+                   and not any(f"(rate({name}{{" in expr for name in adaptive_only))
     assert empty == [], empty
     hot_hit = [r for (title, _), r in scraped["dashboard"].items() if title == "Hot-hit rate by MoE layer"][0]
     assert sorted(int(s["metric"]["layer"]) for s in hot_hit) == [0, 1]

@@ -69,6 +69,12 @@ SWAPS = Series(
     "expert_residency_swaps_total", "counter", LANE_LABELS,
     "Hot/cold swaps adaptive residency applied (one expert in, one out each); absent on static "
     "lanes.")
+SWAP_COPY_BYTES = Series(
+    "expert_residency_swap_copy_bytes_total", "counter", (*LANE_LABELS, "direction"),
+    "Bytes of the copies adaptive residency issued to apply its swaps, by direction: `in` host "
+    "memory to HBM (an expert promoted), `out` HBM to host memory (a demoted expert copied back; "
+    "none where the host keeps a copy of every hot expert). They share the host link with the cold "
+    "reads; absent on static lanes.")
 WINDOW_COLD_SHARE = Series(
     "expert_residency_window_cold_share", "gauge", LAYER_LABELS,
     "Cold picks / picks of this MoE layer over the last window (expert_residency_window_seconds); "
@@ -106,7 +112,7 @@ SNAPSHOT_TIME = Series(
     "status` and `drift` read); absent before the first.")
 
 ALL: tuple[Series, ...] = (PICKS, COLD_PICKS, HOST_READ_BYTES, TOKENS, DECODE_TOKENS, SWAPS,
-                           WINDOW_COLD_SHARE, WINDOW_HOT_HIT_RATIO, LANE_WINDOW_COLD_SHARE,
+                           SWAP_COPY_BYTES, WINDOW_COLD_SHARE, WINDOW_HOT_HIT_RATIO, LANE_WINDOW_COLD_SHARE,
                            WINDOW_SECONDS, PREDICTED_COLD_SHARE, LIVE_MAP_INFO, LIVE_MAP_MOVED,
                            COUNTS_READ_TIME, SNAPSHOT_TIME)
 BY_NAME = {s.name: s for s in ALL}

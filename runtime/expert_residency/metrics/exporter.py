@@ -47,6 +47,7 @@ class MetricsExporter:
     def __init__(self, facts: LaneFacts, read: Callable[[], Any], *, interval_s: float, window_s: float,
                  live_map: Callable[[], Any] | None = None, boot_map: Any | None = None,
                  swaps: Callable[[], int] | None = None,
+                 swap_copy_bytes: Callable[[], dict[str, int]] | None = None,
                  snapshot_time: Callable[[], float | None] | None = None,
                  registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time) -> None:
         self.facts = facts
@@ -54,6 +55,7 @@ class MetricsExporter:
         self.interval_s = float(interval_s)
         self._live_map = live_map
         self._swaps = swaps
+        self._swap_copy_bytes = swap_copy_bytes
         self._snapshot_time = snapshot_time
         self.registry = registry if registry is not None else CollectorRegistry()
         layers = len(facts.layer_indices)
@@ -69,6 +71,7 @@ class MetricsExporter:
         self._sent = {name: np.zeros(layers, dtype=np.int64)
                       for name in (m.PICKS.name, m.COLD_PICKS.name, m.HOST_READ_BYTES.name)}
         self._sent_tokens = self._sent_decode = self._sent_swaps = 0
+        self._sent_copy_bytes = {"in": 0, "out": 0}
         self._info_labels: tuple[str, ...] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -118,6 +121,12 @@ class MetricsExporter:
                 swaps = int(self._swaps())
                 self._metrics[m.SWAPS.name].labels(*lane).inc(float(max(0, swaps - self._sent_swaps)))
                 self._sent_swaps = max(swaps, self._sent_swaps)
+            if self._swap_copy_bytes is not None:
+                copied = self._swap_copy_bytes()
+                for direction, sent in self._sent_copy_bytes.items():
+                    total = int(copied[direction])
+                    self._metrics[m.SWAP_COPY_BYTES.name].labels(*lane, direction).inc(float(max(0, total - sent)))
+                    self._sent_copy_bytes[direction] = max(total, sent)
             window = tally.window()
             for row, labels in enumerate(self._layer_labels):
                 self._gauge(m.WINDOW_COLD_SHARE).labels(*labels).set(float(window.cold_share[row]))

@@ -82,6 +82,7 @@ def start_metrics(runtime: Any) -> Any | None:
         facts, CountReader(counter).read, interval_s=config.interval_s, window_s=config.window_s,
         live_map=live, boot_map=boot,
         swaps=(lambda: policy.swaps_done) if policy is not None else None,
+        swap_copy_bytes=(lambda: dict(policy.copied_bytes)) if policy is not None else None,
         snapshot_time=(lambda: snapshot_time(runtime.dumper)) if dumper is not None else None)
     exporter.start()
     print(f"expert_residency: metrics every {config.interval_s:g} s (window {config.window_s:g} s) "

@@ -203,6 +203,12 @@ class Config:
         return self.doc.file
 
     def section(self, name: str) -> Config:
+        """The object under `name`; a refusal naming it (never a KeyError) when it is missing or not an object."""
+        if not isinstance(self.data.get(name), dict):
+            got = "missing" if self.data.get(name) is None else f"not an object, got {_short(self.data[name])}"
+            raise InputError(f"`{self.name(name)}` is {got}", file=self.file,
+                             line=self.doc.line(self.base + (name,)) if name in self.data else None,
+                             field=self.name(name))
         return Config(self.doc, self.base + (name,))
 
     def name(self, field: str) -> str:

@@ -813,6 +813,20 @@ def _moonvit(vc: Config, text_h: int) -> list[Tensor]:
 
 # --- the table's build functions (config -> Built)
 
+def _vision_section(cfg: Config, arch: str, builds: str) -> Config:
+    """`vision_config`, or a refusal naming it: vLLM builds the tower from `config.vision_config` whatever the
+    checkpoint (`builds`), and a config.json without one leaves transformers to fill its own defaults, which need
+    not be this checkpoint's tower — so the encoder bytes could not be stated from the file."""
+    value = cfg.data.get("vision_config")
+    if not isinstance(value, dict):
+        got = "missing" if value is None else f"not an object ({type(value).__name__})"
+        raise InputError(f"`vision_config` is {got}: {arch} builds its vision tower from it ({builds}), and without "
+                         "it the tower's size (encoder bytes, part of dense bytes) cannot be read from this file; "
+                         "use the checkpoint's own config.json, which carries vision_config",
+                         file=cfg.file, field=cfg.name("vision_config"))
+    return cfg.section("vision_config")
+
+
 def build_qwen3_moe(cfg: Config, arch: str) -> Built:
     return _qwen3_moe(cfg, arch)
 
@@ -820,7 +834,7 @@ def build_qwen3_moe(cfg: Config, arch: str) -> Built:
 def build_qwen3_vl_moe(cfg: Config, arch: str) -> Built:
     text = cfg.section("text_config")
     b = _qwen3_moe(text, arch, prefix="model.language_model.")
-    b.tensors += _qwen3_vision(cfg.section("vision_config"))
+    b.tensors += _qwen3_vision(_vision_section(cfg, arch, f"{V}model_executor/models/qwen3_vl_moe.py:256-262"))
     b.encoder_src = (f"vision tower Qwen3_VisionTransformer ({QWEN3_VL}:561-665), loaded unless every modality "
                      f"limit is 0 (--language-model-only; {V}model_executor/models/interfaces.py:347-367)")
     return b
@@ -837,7 +851,7 @@ def build_qwen3_5_moe(cfg: Config, arch: str) -> Built:
                      every_layer_moe=True)
     if cfg.get("tie_word_embeddings", default=False) and not b.text.has("tie_word_embeddings"):
         b.tensors = [x for x in b.tensors if x.part != "lm_head"]
-    b.tensors += _qwen3_vision(cfg.section("vision_config"))
+    b.tensors += _qwen3_vision(_vision_section(cfg, arch, f"{V}model_executor/models/qwen3_5.py:736-743"))
     b.encoder_src = (f"vision tower Qwen3_VisionTransformer ({V}model_executor/models/qwen3_5.py:736-743), loaded "
                      "unless every modality limit is 0 (--language-model-only)")
     return b
@@ -846,7 +860,7 @@ def build_qwen3_5_moe(cfg: Config, arch: str) -> Built:
 def build_kimi_k25(cfg: Config, arch: str) -> Built:
     text = cfg.section("text_config")
     b = _deepseek(text, "DeepseekV3ForCausalLM", prefix="language_model.model.", head="language_model.lm_head.weight")
-    b.tensors += _moonvit(cfg.section("vision_config"), b.hidden)
+    b.tensors += _moonvit(_vision_section(cfg, arch, f"{V}model_executor/models/kimi_k25.py:349-370"), b.hidden)
     b.encoder_src = (f"vision tower MoonViT + projector ({KIMI_VIT}:709-760, :891-945; unquantized with a compressed-tensors "
                      f"checkpoint, {V}model_executor/models/kimi_k25.py:387-390; "
                      f"{V}model_executor/models/kimi_k25.py:349-370), loaded unless the vision_chunk limit is 0")
@@ -857,7 +871,7 @@ def build_llama4(cfg: Config, arch: str) -> Built:
     if arch == "Llama4ForCausalLM":
         return _llama4_text(cfg, arch, "model.", "lm_head.weight")
     b = _llama4_text(cfg.section("text_config"), arch, "language_model.model.", "language_model.lm_head.weight")
-    b.tensors += _llama4_vision(cfg.section("vision_config"), b.hidden)
+    b.tensors += _llama4_vision(_vision_section(cfg, arch, f"{V}model_executor/models/mllama4.py:765-777"), b.hidden)
     b.encoder_src = (f"vision model + projector ({V}model_executor/models/mllama4.py:123-500), loaded unless "
                      "every modality limit is 0 (--language-model-only)")
     return b

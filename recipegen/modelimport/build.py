@@ -15,9 +15,9 @@ from typing import Any
 from recipegen.common.errors import InputError
 from recipegen.modelimport.config import Config
 from recipegen.modelimport.families import Built, family_of, index_ranges, sourced
-from recipegen.modelimport.formats import Format, expert_format
-from recipegen.modelimport.inventory import DenseParts, dense_parts
-from recipegen.modelimport.safetensors import INDEX_NAME, IndexFacts, is_routed_expert, layer_of, read_index
+from recipegen.modelimport.formats import HF_QUANT, Format, V, expert_format
+from recipegen.modelimport.inventory import DenseParts, dense_parts, exclusion_note
+from recipegen.modelimport.safetensors import INDEX_NAME, IndexFacts, is_routed_expert, mtp_layer_of, read_index
 from recipegen.schema.model import AttentionLayers, ExpertTensor, StateLayers, kv_bytes_per_token
 
 _PART_ORDER = ("embeddings", "lm_head", "norms", "attention", "indexer", "linear_attention", "mamba", "routers",
@@ -116,6 +116,17 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
     doc["activation"] = sourced(b.activation, b.activation_src)
     parts = dense_parts(b.tensors, fmt.dense)
     _dense(doc, facts, parts, fmt, b, expert_bytes, inp)
+    doc["dense_bytes"]["source"] += exclusion_note(fmt.dense, b.tensors, b.layers) + fmt.inert
+    if fmt.kv_dtype == "fp8" and any(g.get("index_head_dim") for g in b.attention):
+        raise InputError(
+            f"{arch} with an FP8 KV cache ({fmt.kv_source}): vLLM 0.33 sizes a sparse-MLA FP8 cache by the attention "
+            "backend the GPU picks — FLASHMLA_SPARSE (SM90, or SM120's FLASHINFER_MLA_SPARSE_SM120) stores "
+            "fp8_ds_mla, 656 B per token per layer (512 fp8 + 4 fp32 scales + 64 bf16 RoPE; "
+            f"{V}model_executor/layers/attention/mla_attention.py:359-376, :1386; v1/attention/backends/mla/"
+            "flashmla_sparse.py:79-87), SM100's preferred FLASHINFER_MLA_SPARSE stores plain fp8, 576 B "
+            f"({V}platforms/cuda.py:96-106) — so no machine-independent KV figure is right; not imported",
+            file=str(inp.config.parent / HF_QUANT) if fmt.kv_source.startswith(HF_QUANT) else cfg.file,
+            field=_kv_field(fmt))
     for g in b.attention:
         g["kv_dtype"] = fmt.kv_dtype
     doc["attention"] = b.attention
@@ -152,7 +163,7 @@ def _dense(doc: dict[str, Any], facts: IndexFacts | None, parts: DenseParts, fmt
                                      f"`.experts.` in decoder layers < the {b.layers} decoder layers; {check}")
     elif facts is not None and facts.total_size is not None:
         mtp_moe = [lay for lay in facts.mtp_layers
-                   if any(layer_of(n) == lay and is_routed_expert(n) for n in facts.names)]
+                   if any(mtp_layer_of(n, b.layers) == lay and is_routed_expert(n) for n in facts.names)]
         n_moe = len(moe) + len(mtp_moe)
         rest = facts.total_size - n_moe * routed * expert_bytes
         if rest <= 0:
@@ -187,6 +198,13 @@ def _dense(doc: dict[str, Any], facts: IndexFacts | None, parts: DenseParts, fmt
     if facts is not None and facts.total_size is not None:
         doc["total_bytes"] = sourced(f"{facts.total_size} B", f"{INDEX_NAME} `metadata.total_size`"
                                      + (f" (includes MTP layers {facts.mtp_layers})" if facts.mtp_layers else ""))
+
+
+def _kv_field(fmt: Format) -> str:
+    """The quantization key the KV dtype came from, as its source names it (`quantization_config.kv_cache_scheme`)."""
+    import re
+    m = re.search(r"`([^`]*kv_cache_(?:scheme|quant_algo))`", fmt.kv_source)
+    return m.group(1) if m else "quantization_config"
 
 
 def _format_note(fmt: Format) -> str:

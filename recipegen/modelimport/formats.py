@@ -37,6 +37,7 @@ class Format:
     kv_source: str = "vLLM --kv-cache-dtype auto: the model's dtype (bf16)"
     scalars: tuple[tuple[str, int], ...] = ()    # per-expert fp32 scalars (NVFP4 global / input scales)
     extra: tuple[dict[str, Any], ...] = ()       # further per-expert tensors vLLM allocates
+    inert: str = ""                              # quantization keys known to change no size, with why
 
 
 def expert_format(cfg: Config, text: Config, folder: Path, *, gated: bool = True) -> Format:
@@ -55,7 +56,7 @@ def expert_format(cfg: Config, text: Config, folder: Path, *, gated: bool = True
         return fmt
     if (folder / HF_QUANT).exists():
         doc = load_json(folder / HF_QUANT, limit=MAX_QUANT_BYTES, what=HF_QUANT)
-        return _modelopt(doc, ("quantization",), gated, f"{HF_QUANT} `quantization`")
+        return _modelopt(doc, (), gated, HF_QUANT)
     return _plain(text, cfg)
 
 
@@ -71,18 +72,15 @@ def _plain(text: Config, root: Config) -> Format:
 def _from_quantization_config(q: Config, gated: bool) -> Format:
     method = q.get("quant_method")
     if method == "mxfp4":
+        # vLLM 0.33 model_executor/layers/quantization/mxfp4.py Mxfp4Config.from_config returns cls(): it reads no
+        # key, and get_quant_method builds every linear layer unquantized (mxfp4.py:91-113), listed or not.
+        inert = _keys(q, {"quant_method"}, {"modules_to_not_convert": "vLLM's Mxfp4Config.from_config reads no key "
+                                             f"and builds every linear layer unquantized ({V}model_executor/layers/"
+                                             "quantization/mxfp4.py:67-68, :91-105)"}, "mxfp4")
         return Format("mxfp4", None, f"config.json `{q.name('quant_method')}` mxfp4 (e2m1 values, one ue8m0 scale "
-                      "per 32)")
+                      "per 32)" + inert, inert=inert)
     if method == "fp8":
-        block = q.get("weight_block_size")
-        if block is None:
-            return Format("fp8", None, f"config.json `{q.name('quant_method')}` fp8 (per-tensor scale)")
-        if not (isinstance(block, list) and block == [128, 128]):
-            raise q.error("weight_block_size", f"expected [128, 128] (the block vLLM's FP8 MoE allocates scales "
-                          f"for), got {block!r}")
-        return Format("fp8", {"dtype": "fp32", "block": [128, 128]},
-                      f"config.json `{q.name('quant_method')}` fp8 {q.get('fmt', 'e4m3')}, `weight_block_size` "
-                      "[128, 128] (one fp32 scale per block)", DenseFormat("fp8_block"))
+        return _fp8(q)
     if method == "compressed-tensors":
         return _compressed_int4(q)
     if method in ("modelopt", "modelopt_fp4"):
@@ -91,12 +89,103 @@ def _from_quantization_config(q: Config, gated: bool) -> Format:
                   "compressed-tensors int4, modelopt NVFP4)")
 
 
+def _keys(q: Config, read: set[str], inert: dict[str, str], method: str) -> str:
+    """Refuse any key of `q` neither read nor known to change no size; the source note for the inert ones given."""
+    for key in q.data:
+        if key not in read and key not in inert:
+            raise q.error(key, f"not a {method} quantization_config key the importer reads (it reads "
+                          f"{', '.join(sorted(read))}; known to change no size: {', '.join(sorted(inert)) or 'none'}): "
+                          "it may change the stored format or the sizes")
+    given = [k for k in inert if k in q.data]
+    return "".join(f"; `{q.name(k)}` changes no size: {inert[k]}" for k in given)
+
+
+FP8 = f"{V}model_executor/layers/quantization/fp8.py"
+
+
+def _fp8(q: Config) -> Format:
+    """vLLM 0.33 model_executor/layers/quantization/fp8.py Fp8Config.from_config (:158-175) and __init__ (:95-134)."""
+    inert = _keys(q, {"quant_method", "activation_scheme", "weight_block_size", "modules_to_not_convert",
+                      "ignored_layers"},
+                  {"fmt": f"vLLM's Fp8Config.from_config does not read it ({FP8}:158-175); weights are 1-byte e4m3",
+                   "scale_fmt": "ue8m0 only sets VLLM_USE_DEEP_GEMM_E8M0 (vLLM 0.33.0 vllm/transformers_utils/config.py:"
+                                "966-970); the block scales are still allocated fp32 (fp8.py:329-337, :620-633) and "
+                                "DeepGEMM rounds them to powers of two in place (utils/fp8_utils.py:1096-1110, "
+                                "1208-1214); the figures are that fp32 allocation"}, "fp8")
+    src_m = f"config.json `{q.name('quant_method')}` fp8"
+    scheme = q.get("activation_scheme")
+    if scheme is None:
+        raise q.error("activation_scheme", f"missing: vLLM's Fp8Config.from_config requires it ({FP8}:161)")
+    if scheme != "dynamic":
+        raise q.error("activation_scheme", f"{scheme!r}: vLLM 0.33 refuses block-wise FP8 with a non-dynamic activation "
+                      f"scheme and the importer reads only block-wise FP8 with dynamic activations ({FP8}:114-132)")
+    block = q.get("weight_block_size")
+    if block is None:
+        raise q.error("quant_method", "fp8 without `weight_block_size` (per-tensor weight scales, every linear layer "
+                      f"FP8 with per-shard fp32 scales, {FP8}:315-323): not read by the importer, which sizes "
+                      "block-wise FP8 only")
+    if not (isinstance(block, list) and block == [128, 128]):
+        raise q.error("weight_block_size", f"expected [128, 128] (the block vLLM's FP8 MoE allocates scales "
+                      f"for), got {block!r}")
+    if q.get("store_dtype") is not None:
+        raise q.error("store_dtype", "store_dtype changes the experts' format (fp8.py:199-203): not read")
+    # fp8.py:162-168: `ignored_layers`, else `modules_to_not_convert`; matched exactly
+    # (ignored_layers_match_mode "exact", utils/quant_utils.py is_layer_skipped).
+    key = "ignored_layers" if q.get("ignored_layers") else "modules_to_not_convert"
+    skipped = q.get(key) or []
+    if not isinstance(skipped, list) or not all(isinstance(x, str) for x in skipped):
+        raise q.error(key, "expected a list of module names")
+    if any(".experts" in x and "shared_expert" not in x for x in skipped):
+        raise q.error(key, "routed experts left unquantized in some layers (UnquantizedFusedMoEMethod, fp8.py:191-198): "
+                      "the importer reads one expert format for every MoE layer")
+    kept = (f"; `{q.name(key)}` ({len(skipped)} modules) stay in the model dtype, matched exactly as vLLM does "
+            f"({FP8}:162-168, :180-187; utils/quant_utils.py is_layer_skipped)") if skipped else ""
+    return Format("fp8", {"dtype": "fp32", "block": [128, 128]},
+                  f"{src_m} {q.get('fmt', 'e4m3')}, `weight_block_size` [128, 128] (one fp32 scale per block), "
+                  f"activation_scheme dynamic{kept}{inert}",
+                  DenseFormat("fp8_block", excluded=tuple(skipped), exact=True), inert=inert)
+
+
+CT = "compressed-tensors"
+
+
 def _compressed_int4(q: Config) -> Format:
+    inert = _keys(q, {"quant_method", "config_groups", "ignore", "format", "kv_cache_scheme", "sparsity_config",
+                      "transform_config"},
+                  {"quantization_status": "the state the compressor left the weights in, not their layout",
+                   "global_compression_ratio": "a statistic the compressor writes; vLLM does not read it "
+                                               f"({V}model_executor/layers/quantization/compressed_tensors/"
+                                               "compressed_tensors.py:250-270)"}, CT)
+    fmt_ = q.get("format")
+    if fmt_ not in (None, "pack-quantized"):
+        raise q.error("format", f"{fmt_!r}: the importer reads pack-quantized int4 (8 values per int32)")
+    for key in ("kv_cache_scheme", "sparsity_config", "transform_config"):
+        if q.get(key) is not None:
+            raise q.error(key, f"a {key} changes the cache or the stored weights: not read (the importer reads null)")
     groups = q.get("config_groups") or {}
     if not isinstance(groups, dict) or len(groups) != 1:
         raise q.error("config_groups", "one int4 group is what the importer reads")
     (gname, group), = groups.items()
-    weights = (group or {}).get("weights") or {} if isinstance(group, dict) else {}
+    if not isinstance(group, dict):
+        raise q.error("config_groups", f"group {gname!r}: expected an object")
+    g = q.section("config_groups").section(gname)
+    for key in group:
+        if key not in ("weights", "targets", "input_activations", "output_activations"):
+            raise g.error(key, f"not a {CT} group key the importer reads (weights, targets, input_activations, "
+                          "output_activations)")
+    for key in ("input_activations", "output_activations"):
+        if group.get(key) is not None:
+            raise g.error(key, "activation quantization (not weight-only int4): not read")
+    if group.get("targets") not in (None, ["Linear"]):
+        raise g.error("targets", f"{group.get('targets')!r}: the importer reads ['Linear']")
+    weights = group.get("weights") or {}
+    if not isinstance(weights, dict):
+        raise g.error("weights", "expected an object")
+    w = g.section("weights") if "weights" in group else g
+    for key in weights:
+        if key not in ("num_bits", "type", "group_size", "strategy", "symmetric", "actorder", "block_structure",
+                       "dynamic", "observer", "observer_kwargs"):
+            raise w.error(key, f"not a {CT} weights key the importer reads")
     size = weights.get("group_size")
     if not (weights.get("num_bits") == 4 and weights.get("type") == "int" and isinstance(size, int)
             and not isinstance(size, bool) and 1 <= size <= 4096 and weights.get("strategy", "group") == "group"):
@@ -104,53 +193,127 @@ def _compressed_int4(q: Config) -> Format:
                       "(num_bits 4, type int, strategy group)")
     if weights.get("actorder") not in (None, False):
         raise q.error("config_groups", f"group {gname!r}: actorder reorders groups (a g_idx per weight): not read")
+    if weights.get("symmetric", True) is not True:
+        raise w.error("symmetric", "asymmetric int4 stores a zero point per group: not read")
+    if weights.get("block_structure") is not None or weights.get("dynamic", False) is not False:
+        raise w.error("block_structure" if weights.get("block_structure") is not None else "dynamic",
+                      "not static group-wise weights: not read")
     ignore = q.get("ignore") or []
     if not isinstance(ignore, list) or not all(isinstance(x, str) for x in ignore):
         raise q.error("ignore", "expected a list of module names / re: patterns")
     src = (f"config.json `{q.name('config_groups')}.{gname}.weights` int4, group_size {size} (one bf16 scale per "
            f"group; vLLM's WNA16 MoE also allocates w13/w2 `weight_shape` [2] in the model dtype, "
            f"{V}model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe/"
-           "compressed_tensors_moe_wna16.py:345-355)")
+           "compressed_tensors_moe_wna16.py:345-355); weights' observer / observer_kwargs are calibration settings"
+           + inert)
     return Format("int4", {"dtype": "bf16", "block": [size]}, src,
                   DenseFormat("int4", group=size, excluded=tuple(ignore), regex=True),
                   extra=({"name": "w13_weight_shape", "shape": [2], "dtype": "bf16", "kind": "scale"},
-                         {"name": "w2_weight_shape", "shape": [2], "dtype": "bf16", "kind": "scale"}))
+                         {"name": "w2_weight_shape", "shape": [2], "dtype": "bf16", "kind": "scale"}), inert=inert)
+
+
+MODELOPT = f"{V}model_executor/layers/quantization/modelopt.py"
+_NESTED_KEYS = {"quant_algo", "kv_cache_quant_algo", "group_size", "exclude_modules", "kv_cache_scheme"}
+_FLAT_KEYS = {"quant_method", "quant_algo", "kv_cache_scheme", "kv_cache_quant_algo", "ignore", "exclude_modules",
+              "group_size", "config_groups"}
+_PRODUCER = {"producer": "ModelOpt's name and version stamp (vLLM reads it only to recognise a ModelOpt config, "
+                         f"{V}transformers_utils/model_arch_config_convertor.py:249-266)"}
 
 
 def _modelopt(doc: JsonDoc, base: tuple, gated: bool, where: str) -> Format:
-    """ModelOpt NVFP4 (vllm/model_executor/layers/quantization/modelopt.py:729-839): experts as
-    `ModelOptNvFp4FusedMoE.create_weights` allocates them (:909-1026)."""
-    node: Any = doc.data
-    for part in base:
-        node = node.get(part) if isinstance(node, dict) else None
-    if not isinstance(node, dict):
-        raise doc.error("expected an object with quant_algo", base)
+    """ModelOpt NVFP4 as vLLM 0.33 reads it: modelopt.py ModelOptQuantConfigBase.from_config (:324-410) for the
+    weights — `quantization.{quant_algo, kv_cache_quant_algo, group_size, exclude_modules}` in the nested
+    (hf_quant_config.json) form, `quant_algo`, `ignore` (else `exclude_modules`), `group_size`, `kv_cache_scheme`
+    in the flat config.json form — and utils/torch_utils.py get_kv_cache_quant_algo_string (:443-495) for the
+    cache dtype `--kv-cache-dtype auto` resolves to. Experts as ModelOptNvFp4FusedMoE.create_weights allocates
+    them (:909-1026)."""
+    root = Config(doc, base)
+    nested = "quantization" in root.data
+    if nested:
+        inert = _keys(root, {"quantization", "quant_method"}, _PRODUCER, "ModelOpt")
+        q = root.section("quantization")
+        _keys(q, _NESTED_KEYS, {}, "ModelOpt `quantization`")
+    else:
+        inert = _keys(root, _FLAT_KEYS, _PRODUCER, "ModelOpt")
+        q = root
     def field_err(name: str, message: str) -> InputError:
-        return doc.error(message, base + (name,))
-    algo = node.get("quant_algo")
+        return q.error(name, message)
+    algo = q.data.get("quant_algo")
     if not isinstance(algo, str) or algo.upper() != "NVFP4":
         raise field_err("quant_algo", f"ModelOpt quant_algo {algo!r}: the importer reads NVFP4")
-    group = node.get("group_size", NVFP4_GROUP)
+    if nested:
+        missing = [k for k in ("group_size", "kv_cache_quant_algo", "exclude_modules") if k not in q.data]
+        if missing:
+            raise field_err(missing[0], f"missing: vLLM 0.33 requires group_size, kv_cache_quant_algo and "
+                            f"exclude_modules in a nested NVFP4 config ({MODELOPT}:815-827)")
+    group = q.data.get("group_size")
+    group = NVFP4_GROUP if group is None else group
     if group != NVFP4_GROUP or isinstance(group, bool):
         raise field_err("group_size", f"group_size {group!r}: NVFP4 scales one e4m3 per {NVFP4_GROUP} values")
-    excluded = node.get("exclude_modules") or []
+    if not nested:
+        _nvfp4_groups(root)
+    # modelopt.py:341-342 (nested: exclude_modules) and :359 (flat: `ignore`, else `exclude_modules`).
+    ex_key = "ignore" if (not nested and "ignore" in q.data) else "exclude_modules"
+    excluded = q.data.get(ex_key) or []
     if not isinstance(excluded, list) or not all(isinstance(x, str) for x in excluded):
-        raise field_err("exclude_modules", "expected a list of module names / wildcards")
+        raise field_err(ex_key, "expected a list of module names / wildcards")
     if any(".experts" in x and "shared_expert" not in x for x in excluded):
-        raise field_err("exclude_modules", "routed experts left unquantized in some layers: the importer reads "
+        raise field_err(ex_key, "routed experts left unquantized in some layers: the importer reads "
                         "one expert format for every MoE layer")
-    kv_algo = node.get("kv_cache_quant_algo")
-    if kv_algo is None:
-        kv, kv_src = "bf16", f"{where}: no kv_cache_quant_algo, --kv-cache-dtype auto is the model's dtype (bf16)"
-    elif isinstance(kv_algo, str) and kv_algo.upper() == "FP8":
-        kv = "fp8"
-        kv_src = (f"{where} `kv_cache_quant_algo` FP8: --kv-cache-dtype auto resolves to fp8 "
-                  f"({V}utils/torch_utils.py:443-517, engine/arg_utils.py:2297)")
-    else:
-        raise field_err("kv_cache_quant_algo", f"{kv_algo!r}: the importer reads FP8 or none")
+    kv, kv_src = _modelopt_kv(root, q, where)
     shards = 2 if gated else 1
-    src = (f"{where} `quant_algo` NVFP4, group_size 16: e2m1 values packed 2 per byte, one e4m3 scale per 16, "
+    ex_src = (f"; `{q.name(ex_key)}` ({len(excluded)} patterns) stay in the model dtype ({MODELOPT}:191-226, "
+              f":341-359)") if excluded else ""
+    src = (f"{where} `{q.name('quant_algo')}` NVFP4, group_size 16: e2m1 values packed 2 per byte, one e4m3 scale per 16, "
            f"per expert fp32 w13_weight_scale_2 / w13_input_scale [{shards}] and w2 [1] each "
-           f"({V}model_executor/layers/quantization/modelopt.py:909-1026)")
+           f"({MODELOPT}:909-1026){ex_src}{inert}")
     return Format("nvfp4", None, src, DenseFormat("nvfp4", group=NVFP4_GROUP, excluded=tuple(excluded)), kv, kv_src,
-                  scalars=(("w13_global_scales", 2 * shards), ("w2_global_scales", 2)))
+                  scalars=(("w13_global_scales", 2 * shards), ("w2_global_scales", 2)), inert=inert)
+
+
+def _nvfp4_groups(root: Config) -> None:
+    """The flat form's `config_groups`: vLLM reads them only to route weight-only checkpoints (every group's
+    input_activations null) to W4A16_NVFP4 (modelopt.py:801-811); the importer reads W4A4 NVFP4 groups."""
+    groups = root.data.get("config_groups")
+    if groups is None:
+        return
+    if not isinstance(groups, dict) or not groups:
+        raise root.error("config_groups", "expected an object of quantization groups")
+    for name, group in groups.items():
+        g = root.section("config_groups").section(name)
+        for key in group:
+            if key not in ("weights", "input_activations", "targets"):
+                raise g.error(key, "not a ModelOpt group key the importer reads (weights, input_activations, targets)")
+        for key in ("weights", "input_activations"):
+            spec = group.get(key)
+            if spec is None:
+                raise g.error(key, f"null: {'a weight-only (W4A16_NVFP4) checkpoint, ' if key == 'input_activations' else ''}"
+                              "not read by the importer (it reads NVFP4 weights and activations)")
+            if not (isinstance(spec, dict) and spec.get("num_bits") == 4 and spec.get("type") == "float"
+                    and spec.get("group_size", NVFP4_GROUP) == NVFP4_GROUP
+                    and set(spec) <= {"num_bits", "type", "group_size", "dynamic"}):
+                raise g.error(key, f"{spec!r}: the importer reads NVFP4 groups (num_bits 4, type float, group_size 16)")
+
+
+def _modelopt_kv(root: Config, q: Config, where: str) -> tuple[str, str]:
+    """The cache dtype --kv-cache-dtype auto resolves to: get_kv_cache_quant_algo_string (vLLM 0.33.0 vllm/
+    utils/torch_utils.py:443-495) takes the first truthy of quantization.kv_cache_scheme, kv_cache_scheme,
+    quantization.kv_cache_quant_algo, kv_cache_quant_algo; a dict {dynamic false, num_bits 8, type float} or the
+    string fp8 is fp8 (e4m3)."""
+    cite = f"{V}utils/torch_utils.py:443-517, engine/arg_utils.py:2297"
+    for cfg, key in ((q, "kv_cache_scheme"), (root, "kv_cache_scheme"), (q, "kv_cache_quant_algo"),
+                     (root, "kv_cache_quant_algo")):
+        value = cfg.data.get(key)
+        if not value:
+            continue
+        if isinstance(value, dict):
+            if value.get("dynamic") is False and value.get("num_bits") == 8 and value.get("type") == "float":
+                return "fp8", (f"{where} `{cfg.name(key)}` {{dynamic false, num_bits 8, type float}}: --kv-cache-dtype "
+                               f"auto resolves to fp8 ({cite})")
+            raise cfg.error(key, f"{value!r}: the importer reads {{dynamic: false, num_bits: 8, type: float}} (FP8); "
+                            "vLLM 0.33 maps num_bits 4 to an NVFP4 cache and anything else to the model dtype with a "
+                            "warning (utils/torch_utils.py:462-479)")
+        if isinstance(value, str) and value.lower() == "fp8":
+            return "fp8", (f"{where} `{cfg.name(key)}` {value}: --kv-cache-dtype auto resolves to fp8 ({cite})")
+        raise cfg.error(key, f"{value!r}: the importer reads FP8 or none")
+    return "bf16", f"{where}: no kv_cache_scheme / kv_cache_quant_algo, --kv-cache-dtype auto is the model's dtype (bf16)"

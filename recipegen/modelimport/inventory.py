@@ -60,14 +60,17 @@ class DenseFormat:
     group: int = 0                          # nvfp4 / int4 group size
     excluded: tuple[str, ...] = ()          # modules left unquantized (patterns)
     regex: bool = False                     # `excluded` are compressed-tensors `re:` patterns / names
+    exact: bool = False                     # `excluded` are module names matched exactly (vLLM's FP8)
 
     @property
     def param_bytes(self) -> int:
         return {"fp16": 2, "fp32": 4}.get(self.kind, 2)
 
     def is_excluded(self, module: str) -> bool:
-        """vLLM 0.33's ModelOpt rule (quantization/modelopt.py:191-226: exact, substring, then wildcard),
+        """vLLM 0.33's FP8 rule (exact names, quantization/fp8.py:180-187), its ModelOpt rule (quantization/modelopt.py:191-226: exact, substring, then wildcard),
         or compressed-tensors' `ignore` (exact names and `re:` patterns)."""
+        if self.exact:
+            return module in self.excluded
         for pattern in self.excluded:
             if self.regex:
                 if pattern.startswith("re:"):
@@ -137,3 +140,30 @@ def dense_parts(tensors: Iterable[Tensor], fmt: DenseFormat) -> DenseParts:
         if t.encoder:
             out.encoder += n
     return out
+
+
+def exclusion_note(fmt: DenseFormat, tensors: Iterable[Tensor], layers: int) -> str:
+    """For exactly matched exclusions (FP8 `modules_to_not_convert`): what each entry does to the figures."""
+    if not (fmt.exact and fmt.excluded):
+        return ""
+    kinds: dict[str, str] = {}
+    for t in tensors:
+        kinds.setdefault(t.name.rsplit(".", 1)[0], t.klass)
+        kinds.setdefault(t.name, t.klass)
+    linear = [e for e in fmt.excluded if kinds.get(e) == "linear"]
+    other = [e for e in fmt.excluded if e in kinds and kinds[e] != "linear"]
+    mtp = [e for e in fmt.excluded if e not in kinds and (_layer(e) or -1) >= layers]
+    inert = [e for e in fmt.excluded if e not in kinds and e not in mtp]
+    out = f"; of the {len(fmt.excluded)} modules_to_not_convert: {len(linear)} linear layers kept in the model dtype"
+    out += f", {len(other)} norms / routers / embeddings already unquantized"
+    if mtp:
+        out += f", {len(mtp)} in MTP layers (not loaded here)"
+    if inert:
+        out += (f", {len(inert)} naming no module of the model (e.g. `{inert[0]}`): vLLM matches them exactly, so "
+                "they change nothing")
+    return out
+
+
+def _layer(name: str) -> int | None:
+    m = re.search(r"\.layers\.(\d+)(\.|$)", name)
+    return int(m.group(1)) if m else None

@@ -45,6 +45,25 @@ def is_routed_expert(name: str) -> bool:
     return ".experts." in name and "shared_expert" not in name
 
 
+_MTP_MODULE = re.compile(r"(?:^|\.)mtp\.")
+
+
+def is_mtp_module(name: str) -> bool:
+    """A tensor of a separate `mtp.` module (Qwen3-Next / Qwen3.5: `mtp.layers.0.…`, `mtp.fc.weight`), which vLLM
+    loads only for speculative decoding: the model drops `mtp.` names (vLLM 0.33.0 vllm/model_executor/models/
+    qwen3_next.py:823, qwen3_5.py:328, :478 `WeightsMapper(orig_to_new_prefix={"mtp.": None})`)."""
+    return _MTP_MODULE.search(name) is not None
+
+
+def mtp_layer_of(name: str, num_layers: int) -> int | None:
+    """The MTP layer a tensor belongs to, as a number past the decoder layers: `layers.N` with N ≥ num_layers,
+    or `mtp.layers.K` counted as num_layers + K (`mtp.fc` and the other `mtp.` tensors outside a layer: num_layers)."""
+    lay = layer_of(name)
+    if is_mtp_module(name):
+        return num_layers + (lay or 0)
+    return lay if lay is not None and lay >= num_layers else None
+
+
 def layer_of(name: str) -> int | None:
     m = _LAYER.search(name)
     return int(m.group(1)) if m else None
@@ -86,7 +105,7 @@ def read_index(path: Path, num_layers: int) -> IndexFacts:
     names = sorted(weight_map)
     facts = IndexFacts(str(path), total, names)
     facts.expert_bias_names = [n for n in names if is_routed_expert(n) and n.endswith("bias")]
-    facts.mtp_layers = sorted({lay for n in names if (lay := layer_of(n)) is not None and lay >= num_layers})
+    facts.mtp_layers = sorted({lay for n in names if (lay := mtp_layer_of(n, num_layers)) is not None})
     by_shard: dict[str, set[str]] = {}
     for name, shard in weight_map.items():
         by_shard.setdefault(shard, set()).add(name)
@@ -105,8 +124,7 @@ def read_index(path: Path, num_layers: int) -> IndexFacts:
             header = read_shard_header(path.parent / shard)
             _check_same_tensors(doc, shard, by_shard[shard], header)
             for name, nbytes in header.items():
-                lay = layer_of(name)
-                if lay is not None and lay >= num_layers:
+                if mtp_layer_of(name, num_layers) is not None:
                     mtp += nbytes
                 elif is_routed_expert(name):
                     experts += nbytes

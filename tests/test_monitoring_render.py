@@ -150,7 +150,7 @@ def test_promtool_and_a_real_prometheus_accept_the_rendered_files(project: Path,
     assert code == 0, out
     folder = project / "compose" / REFERENCE / "monitoring"
     check = subprocess.run([PROMTOOL, "check", "rules", str(folder / "rules.yml")], capture_output=True, text=True)
-    assert check.returncode == 0 and "SUCCESS: 1 rules found" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and "SUCCESS: 2 rules found" in check.stdout, check.stdout + check.stderr
     config = yaml.safe_load((folder / "prometheus.yml").read_text())
     # The container's paths, mapped to the rendered files; everything else as rendered.
     config["rule_files"] = [str(folder / "rules.yml")]
@@ -165,13 +165,25 @@ def test_promtool_and_a_real_prometheus_accept_the_rendered_files(project: Path,
             time.sleep(0.5)
         (target,) = server.targets()
         assert target["labels"]["lane"] == "agent" and target["scrapeUrl"] == "http://lane-agent:30006/metrics"
-        while server.rules()[0]["health"] == "unknown" and time.monotonic() < deadline + 30:
+        while any(r["health"] == "unknown" for r in server.rules()) and time.monotonic() < deadline + 30:
             time.sleep(0.5)
-        (rule,) = server.rules()
-        assert rule["name"] == mon.DRIFT_ALERT and rule["health"] == "ok"
-        assert rule["query"] == m.drift_expr("5m", hold="15m") and rule["duration"] == 15 * 60
+        drift, stale = server.rules()
+        assert drift["name"] == mon.DRIFT_ALERT and drift["health"] == "ok"
+        assert drift["query"] == m.drift_expr("5m", hold="15m") and drift["duration"] == 15 * 60
+        # The reference reads its counter every 15 s: stale after five missed reads, held for the window.
+        assert stale["name"] == mon.STALE_ALERT and stale["health"] == "ok"
+        assert stale["query"] == f"time() - {m.COUNTS_READ_TIME.name} > 75" and stale["duration"] == 5 * 60
     finally:
         server.stop()
+
+
+def rendered_rule(project: Path, alert: str) -> tuple[Path, dict]:
+    """The reference's rendered rules file and its alert named `alert`."""
+    code, out = run("render", REFERENCE)
+    assert code == 0, out
+    rules_file = project / "compose" / REFERENCE / "monitoring" / "rules.yml"
+    (rule,) = [r for r in yaml.safe_load(rules_file.read_text())["groups"][0]["rules"] if r["alert"] == alert]
+    return rules_file, rule
 
 
 def _minute_counters(pattern: list[tuple[int, float]]) -> tuple[str, str]:
@@ -204,10 +216,7 @@ def _minute_counters(pattern: list[tuple[int, float]]) -> tuple[str, str]:
 def test_the_rendered_drift_alert_fires_as_documented(project: Path, tmp_path: Path, case: str,
                                                       pattern: list[tuple[int, float]],
                                                       firing: list[int], silent: list[int]) -> None:
-    code, out = run("render", REFERENCE)
-    assert code == 0, out
-    rules_file = project / "compose" / REFERENCE / "monitoring" / "rules.yml"
-    (rule,) = yaml.safe_load(rules_file.read_text())["groups"][0]["rules"]
+    rules_file, rule = rendered_rule(project, mon.DRIFT_ALERT)
     picks, cold = _minute_counters(pattern)
     labels = 'lane="agent",class="agent",layer="3"'
     predicted = 0.015
@@ -231,6 +240,35 @@ def test_the_rendered_drift_alert_fires_as_documented(project: Path, tmp_path: P
     path.write_text(yaml.safe_dump(tests, sort_keys=False))
     result = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, f"{case}:\n{result.stdout}{result.stderr}"
+
+
+@needs_prometheus
+def test_the_rendered_stale_series_alert_fires_when_the_reads_stop(project: Path, tmp_path: Path) -> None:
+    rules_file, rule = rendered_rule(project, mon.STALE_ALERT)
+    # Reads every 15 s up to t = 300 s, then none: the exported read time stays 300. Its age passes
+    # 75 s (five reads) at the 390 s evaluation, and the alert fires 5 minutes on, at 690 s.
+    reads = "0+15x20 300x60"
+    labels = 'lane="agent",class="agent",instance="lane-agent:30006",job="recipegen-lanes"'
+    at_12m = 720 - 300   # the read's age at 12m: 420 s, which humanizeDuration writes "7m 0s"
+    annotations = {k: v.replace("{{ $labels.lane }}", "agent").replace("{{ $value | humanizeDuration }}", "7m 0s")
+                   for k, v in rule["annotations"].items()}
+    assert at_12m == 420
+    tests = {"rule_files": [str(rules_file)], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s",
+        "input_series": [{"series": f"{m.COUNTS_READ_TIME.name}{{{labels}}}", "values": reads},
+                         {"series": f'{m.COUNTS_READ_TIME.name}{{lane="busy",class="agent"}}',
+                          "values": "0+15x80"}],   # a lane that keeps reading: never
+        "alert_rule_test": [
+            {"eval_time": "6m", "alertname": rule["alert"], "exp_alerts": []},
+            {"eval_time": "11m", "alertname": rule["alert"], "exp_alerts": []},
+            {"eval_time": "12m", "alertname": rule["alert"], "exp_alerts": [{
+                "exp_labels": {"severity": "warning", "lane": "agent", "class": "agent",
+                               "instance": "lane-agent:30006", "job": "recipegen-lanes"},
+                "exp_annotations": annotations}]}]}]}
+    path = tmp_path / "stale_test.yml"
+    path.write_text(yaml.safe_dump(tests, sort_keys=False))
+    result = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 # ------------------------------------------------------------------ the dashboard

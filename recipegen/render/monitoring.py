@@ -37,6 +37,7 @@ PROMETHEUS_VOLUME = "prometheus-data"
 LANES_JOB = "recipegen-lanes"
 DATASOURCE_UID = "recipegen-prometheus"
 DRIFT_ALERT = "ExpertResidencyColdShareDrift"
+STALE_ALERT = "ExpertResidencyCountsStale"
 # Inside the lane's container: prometheus_client's multiprocess folder, a tmpfs (empty at every
 # start, as prometheus_client requires; a restarted container must not read the last run's files).
 MULTIPROC_TARGET = "/run/expert-residency-metrics"
@@ -136,6 +137,19 @@ def prometheus_rules(loaded: LoadedRecipe) -> dict[str, Any]:
                 "lane {{ $labels.lane }}'s routed picks landed on experts in host memory than "
                 "`recipegen check budgets` projected for class {{ $labels.class }}. Run `recipegen "
                 "drift` on the lane: it names a class whose map fits the traffic better."),
+        },
+    }, {
+        "alert": STALE_ALERT,
+        "expr": m.stale_counts_expr(monitoring.scrape_interval_s),
+        "for": monitoring.window,
+        "labels": {"severity": "warning"},
+        "annotations": {
+            "summary": "Expert residency series of lane {{ $labels.lane }} stopped updating",
+            "description": (
+                "The runtime last read lane {{ $labels.lane }}'s expert counter {{ $value | humanizeDuration }} "
+                "ago (it reads every " + monitoring.scrape_interval + "), so its expert_residency_* series, "
+                "the drift alert among them, describe the past. The lane's log says why: look for "
+                "`expert_residency: metrics update failed`."),
         },
     }]}]}
 

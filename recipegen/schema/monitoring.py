@@ -12,7 +12,8 @@ class Monitoring(StrictModel):
     every lane that runs the residency runtime exports the `expert_residency_*` series on its own
     `/metrics` beside vLLM's (a background thread reads the usage counter every `scrape_interval`),
     and the rendering gains two services behind the compose profile `monitoring` — Prometheus
-    scraping each lane, with the cold-share drift alert, and Grafana with the expert-residency
+    scraping each lane, with the cold-share drift alert and an alert for series that stopped
+    updating, and Grafana with the expert-residency
     dashboard — started only when asked (`docker compose --profile monitoring up -d`). Absent: no
     metrics thread, no monitoring services (the default)."""
 

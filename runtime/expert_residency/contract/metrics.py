@@ -137,3 +137,14 @@ def drift_expr(window: str, hold: str, tolerance: float = DRIFT_TOLERANCE) -> st
     every time, so that it never fired however far its share drifted."""
     drift = f"({lane_cold_share_expr(window)}) - on (lane, class) {PREDICTED_COLD_SHARE.name}"
     return f"last_over_time(({drift})[{hold}:]) > {tolerance!r}"
+
+
+STALE_READS = 5
+"""Counter reads a lane may miss (its read interval each) before the rendered alert calls its series
+stale: the reader runs off the step path and a busy step can delay one read, not five."""
+
+
+def stale_counts_expr(interval_s: int) -> str:
+    """PromQL: the lanes whose last counter read is older than ``STALE_READS`` read intervals (the
+    rendered stale-series alert's expression; its value is the read's age in seconds)."""
+    return f"time() - {COUNTS_READ_TIME.name} > {STALE_READS * interval_s}"

@@ -9,6 +9,9 @@ importer does not read may change the layer layout or the sizes (a layer pattern
 attention, Mamba or indexer settings). Values are checked before they reach arithmetic: type
 (a JSON true is not 1; 2.0 is not an integer), range (no zero heads, no 10^9 layers), list
 lengths; two spellings of one quantity (`num_experts` / `num_local_experts`) must agree.
+NaN / Infinity (not JSON) are refused in any field the importer reads, and in any other field
+after the fields themselves are checked — so the refusal that matters comes first — except in
+`NONFINITE_UNREAD`, fields no size depends on where transformers writes Infinity.
 Every error names the file, the line and the field as the config spells it
 (`text_config.num_hidden_layers`).
 """
@@ -108,6 +111,7 @@ FIELDS: dict[str, Field] = {
     "hidden_act": Field("str", "activation", choices=("silu",)),
     "attention_bias": Field("bool", "attention projection biases"),
     "use_qk_norm": Field("bool", "per-head q/k RMSNorm"),
+    "qkv_bias": Field("bool", "q/k/v projection biases"),
     "attention_chunk_size": Field("int", "chunked local attention length in tokens", 1, 1 << 31),
     "no_rope_layers": Field("int_list", "1 = RoPE (chunked) layer, 0 = NoPE (global) layer", 0, 1,
                             max_len=_LAYERS),
@@ -179,6 +183,17 @@ COMMON_IGNORED = frozenset({
 })
 
 
+# Fields where a NaN / Infinity is accepted because nothing reads them for a size, with why: vLLM 0.33 never reads
+# `time_step_limit` (no occurrence under vllm/), and transformers' NemotronHConfig writes its default
+# (0.0, float("inf")) as [0.0, Infinity]. Only when the family does not read the field (`check_fields`).
+NONFINITE_UNREAD: dict[str, str] = {
+    "time_step_limit": "Mamba-2 dt clamp; transformers' NemotronHConfig default (0.0, inf); vLLM 0.33 never reads it",
+}
+
+# Sections whose fields are checked by their own `check_fields` (build.read_config), not as one value.
+_SECTIONS = frozenset({"text_config", "vision_config"})
+
+
 class Config:
     """A config.json (or its `text_config`), every field checked against `FIELDS` on reading."""
 
@@ -193,7 +208,7 @@ class Config:
 
     @classmethod
     def read(cls, path: Path) -> Config:
-        doc = load_json(path, limit=MAX_CONFIG_BYTES, what="config.json")
+        doc = load_json(path, limit=MAX_CONFIG_BYTES, what="config.json", nonfinite=True)
         if not isinstance(doc.data, dict):
             raise InputError("a config.json is a JSON object", file=doc.file, line=1)
         return cls(doc)
@@ -220,9 +235,12 @@ class Config:
 
     # --- whole-config checks
     def check_fields(self, reads: set[str], ignored: set[str], arch: str) -> None:
-        """Every field is one the family reads (and of the right type) or one that changes no size."""
+        """Every field is one the family reads (and of the right type) or one that changes no size; then no
+        NaN / Infinity outside `NONFINITE_UNREAD` (after the fields, so an unread field is what is refused first)."""
         for key, value in self.data.items():
             if key in reads:
+                if key not in _SECTIONS:
+                    self._refuse_nonfinite(key, read=True)
                 self._check(key, value)
             elif key not in ignored and key not in COMMON_IGNORED:
                 known = ", ".join(sorted(reads - {"architectures", "model_type"})) or "none"
@@ -235,6 +253,17 @@ class Config:
                 (a, va), (b, vb) = given[0], given[1]
                 raise self.error(b, f"{self.name(a)} is {va!r} but {self.name(b)} is {vb!r}: two spellings of "
                                  f"one quantity ({FIELDS[a].meaning}) disagree")
+        for key in self.data:
+            if key not in reads and key not in NONFINITE_UNREAD:
+                self._refuse_nonfinite(key, read=False)
+
+    def _refuse_nonfinite(self, key: str, *, read: bool) -> None:
+        found = self.doc.nonfinite_under(self.base + (key,))
+        if found is not None:
+            path, word = found
+            raise self.doc.error(f"{word} is not a JSON number" + (" in a field the importer reads" if read else "")
+                                 + " (Python's json accepts it, other JSON readers refuse it: JSON that readers "
+                                 "disagree on)", path)
 
     def _check(self, key: str, value: Any) -> None:
         spec = FIELDS[key]

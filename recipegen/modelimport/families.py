@@ -238,6 +238,9 @@ def _mtp(cfg: Config, *names: str) -> tuple[int, str]:
 # ----------------------------------------------------------------------------------------------
 # families
 
+QWEN3_MOE = f"{V}model_executor/models/qwen3_moe.py"
+
+
 def _qwen3_moe(cfg: Config, arch: str, prefix: str = "model.") -> Built:
     """vllm/model_executor/models/qwen3_moe.py: every layer MoE unless in `mlp_only_layers` or off
     the `decoder_sparse_step` grid; GQA with q/k RMSNorm."""
@@ -252,22 +255,43 @@ def _qwen3_moe(cfg: Config, arch: str, prefix: str = "model.") -> Built:
     rule = (f"config.json `{cfg.name('decoder_sparse_step')}` {step}, `{cfg.name('mlp_only_layers')}` "
             f"{sorted(dense)} ({V}model_executor/models/qwen3_moe.py)")
     inter = cfg.need("moe_intermediate_size")
+    bias = bool(cfg.get("attention_bias", default=False))
+    attn_rule, shared_src = "every layer full attention", "Qwen3-MoE has no shared expert (qwen3_moe.py)"
+    # Fields vLLM's Qwen3-MoE does not take from the config, accepted only with what it builds.
+    if cfg.has("qkv_bias"):
+        if cfg.get("qkv_bias") != bias:
+            raise cfg.error("qkv_bias", f"{cfg.name('qkv_bias')} is {str(cfg.get('qkv_bias')).lower()}, but vLLM's "
+                            f"{arch} builds q/k/v biases from `attention_bias` ({str(bias).lower()}; {QWEN3_MOE}:376, "
+                            ":289) and never reads qkv_bias: the checkpoint's attention would not be what vLLM builds")
+        attn_rule += (f"; `{cfg.name('qkv_bias')}` {str(bias).lower()} read: q/k/v biases as `attention_bias` builds "
+                      f"them ({QWEN3_MOE}:376, :289)")
+    if cfg.has("use_qk_norm"):
+        if cfg.get("use_qk_norm") is not True:
+            raise cfg.error("use_qk_norm", f"{cfg.name('use_qk_norm')} is false, but vLLM's {arch} attention "
+                            f"always builds and applies the per-head q/k RMSNorm ({QWEN3_MOE}:326-327, :338-342)")
+        attn_rule += f"; `{cfg.name('use_qk_norm')}` true read: per-head q/k RMSNorm ({QWEN3_MOE}:326-327)"
+    if cfg.has("shared_expert_intermediate_size"):
+        si = cfg.get("shared_expert_intermediate_size")
+        if si != 0:
+            raise cfg.error("shared_expert_intermediate_size", f"{si}: vLLM's {arch} builds a shared expert and its "
+                            f"gate when it is above 0 ({QWEN3_MOE}:177-201); the importer reads it without one: only 0 "
+                            "is accepted")
+        shared_src = (f"config.json `{cfg.name('shared_expert_intermediate_size')}` 0: no shared expert "
+                      f"({QWEN3_MOE}:177-201 builds one only above 0)")
     t = embeddings(cfg, h, f"{prefix}embed_tokens.weight", "lm_head.weight" if prefix == "model." else
                    prefix.replace("model.", "", 1) + "lm_head.weight", f"{prefix}norm")
     for i in range(layers):
         p = f"{prefix}layers.{i}"
         t += _norm(f"{p}.input_layernorm", h, i) + _norm(f"{p}.post_attention_layernorm", h, i)
-        t += gqa(f"{p}.self_attn", i, h, heads, kv, hd, bias=bool(cfg.get("attention_bias", default=False)),
-                 qk_norm=True)
+        t += gqa(f"{p}.self_attn", i, h, heads, kv, hd, bias=bias, qk_norm=True)
         if i in moe:
             t += router(f"{p}.mlp.gate", i, h, routed)
         else:
             t += swiglu(f"{p}.mlp", i, h, cfg.need("intermediate_size"), "dense_mlp")
     full = list(range(layers))
     return Built(cfg, layers, layers_src, moe, rule, routed, routed_src, top_k, top_k_src, h, inter,
-                 f"config.json `{cfg.name('moe_intermediate_size')}`", 0,
-                 "Qwen3-MoE has no shared expert (qwen3_moe.py)",
-                 attention=[_full(full, "every layer full attention", kv, kv_src, hd, hd_src)], tensors=t)
+                 f"config.json `{cfg.name('moe_intermediate_size')}`", 0, shared_src,
+                 attention=[_full(full, attn_rule, kv, kv_src, hd, hd_src)], tensors=t)
 
 
 def _check_indices(cfg: Config, name: str, idx: set[int], layers: int) -> None:
@@ -827,6 +851,29 @@ def _vision_section(cfg: Config, arch: str, builds: str) -> Config:
     return cfg.section("vision_config")
 
 
+def _vision_dtype(cfg: Config, vc: Config) -> str:
+    """`vision_config.dtype` (or torch_dtype) accepted when it is the model dtype vLLM 0.33 builds the tower in, with
+    the note for the source: one dtype for the whole model (`set_default_torch_dtype(model_config.dtype)`,
+    model_loader/base_loader.py:73; the tower's parameters are made in the default dtype), taken from the root
+    `dtype`, then text_config's, and from vision_config's only when neither is given
+    (transformers_utils/model_arch_config_convertor.py:210-217)."""
+    given = vc.field("dtype", "torch_dtype")
+    if given is None:
+        return ""
+    value = vc.get("dtype", "torch_dtype")
+    text = cfg.section("text_config")
+    model_field = cfg.field("dtype", "torch_dtype") or text.field("dtype", "torch_dtype")
+    model = cfg.get("dtype", "torch_dtype") or text.get("dtype", "torch_dtype") or "bfloat16"
+    if value != model:
+        key = given.rsplit(".", 1)[-1]
+        raise vc.error(key, f"{given} is {value}, but vLLM 0.33 builds the vision tower in the one model dtype "
+                       f"({model}: " + (f"`{model_field}`" if model_field else "none given, the importer reads bf16")
+                       + f"; {V}model_executor/model_loader/base_loader.py:73, {V}transformers_utils/"
+                       "model_arch_config_convertor.py:210-217): a tower in another dtype is not what vLLM loads")
+    return (f"; `{given}` {value} read: the model dtype the tower is built in ({V}model_executor/model_loader/"
+            "base_loader.py:73)")
+
+
 def build_qwen3_moe(cfg: Config, arch: str) -> Built:
     return _qwen3_moe(cfg, arch)
 
@@ -834,9 +881,11 @@ def build_qwen3_moe(cfg: Config, arch: str) -> Built:
 def build_qwen3_vl_moe(cfg: Config, arch: str) -> Built:
     text = cfg.section("text_config")
     b = _qwen3_moe(text, arch, prefix="model.language_model.")
-    b.tensors += _qwen3_vision(_vision_section(cfg, arch, f"{V}model_executor/models/qwen3_vl_moe.py:256-262"))
+    vc = _vision_section(cfg, arch, f"{V}model_executor/models/qwen3_vl_moe.py:256-262")
+    b.tensors += _qwen3_vision(vc)
     b.encoder_src = (f"vision tower Qwen3_VisionTransformer ({QWEN3_VL}:561-665), loaded unless every modality "
-                     f"limit is 0 (--language-model-only; {V}model_executor/models/interfaces.py:347-367)")
+                     f"limit is 0 (--language-model-only; {V}model_executor/models/interfaces.py:347-367)"
+                     + _vision_dtype(cfg, vc))
     return b
 
 
@@ -851,9 +900,10 @@ def build_qwen3_5_moe(cfg: Config, arch: str) -> Built:
                      every_layer_moe=True)
     if cfg.get("tie_word_embeddings", default=False) and not b.text.has("tie_word_embeddings"):
         b.tensors = [x for x in b.tensors if x.part != "lm_head"]
-    b.tensors += _qwen3_vision(_vision_section(cfg, arch, f"{V}model_executor/models/qwen3_5.py:736-743"))
+    vc = _vision_section(cfg, arch, f"{V}model_executor/models/qwen3_5.py:736-743")
+    b.tensors += _qwen3_vision(vc)
     b.encoder_src = (f"vision tower Qwen3_VisionTransformer ({V}model_executor/models/qwen3_5.py:736-743), loaded "
-                     "unless every modality limit is 0 (--language-model-only)")
+                     "unless every modality limit is 0 (--language-model-only)" + _vision_dtype(cfg, vc))
     return b
 
 
@@ -892,7 +942,7 @@ _GDN = {"layer_types", "full_attention_interval", "linear_num_key_heads", "linea
         "moe_intermediate_size", "shared_expert_intermediate_size", "intermediate_size", "mamba_ssm_dtype"}
 _QWEN_VISION = frozenset({"hidden_size", "intermediate_size", "depth", "in_channels", "temporal_patch_size",
                           "patch_size", "num_position_embeddings", "out_hidden_size", "spatial_merge_size",
-                          "deepstack_visual_indexes"})
+                          "deepstack_visual_indexes", "dtype", "torch_dtype"})
 
 
 def _fam(name: str, archs: tuple[str, ...], types: tuple[str, ...], reads: set[str], ignored: set[str],
@@ -906,7 +956,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
         {"experts_per_token", "initial_context_length"}, _gpt_oss, "model_executor/models/gpt_oss.py"),
     _fam("qwen3-moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), _GQA | _MOE | {
         "moe_intermediate_size", "intermediate_size", "decoder_sparse_step", "mlp_only_layers",
-        "sliding_window", "use_sliding_window", "max_window_layers"}, set(), build_qwen3_moe,
+        "sliding_window", "use_sliding_window", "max_window_layers", "qkv_bias", "use_qk_norm",
+        "shared_expert_intermediate_size"}, set(), build_qwen3_moe,
         "model_executor/models/qwen3_moe.py"),
     _fam("deepseek-v3", ("DeepseekV3ForCausalLM",), ("deepseek_v3", "kimi_k2"), _GQA | _MOE | _MLA, set(),
          _deepseek, "model_executor/models/deepseek_v2.py"),

@@ -5,8 +5,13 @@ The file is opened without following it into a device or a pipe: only a regular 
 (a FIFO would block, `/dev/zero` never ends), and only up to a size bound checked before
 reading. The text is parsed here rather than by `json.loads` because a user's error needs the
 line of the field, not of the file: every key and array element gets its line. A key repeated
-in one object, NaN / Infinity (Python's json accepts them), a number longer than
-`MAX_NUMBER_DIGITS` and nesting deeper than `MAX_DEPTH` are refused with the line.
+in one object, a number longer than `MAX_NUMBER_DIGITS` and nesting deeper than `MAX_DEPTH` are
+refused with the line. NaN / Infinity / -Infinity (not JSON; Python's json accepts them) are refused
+with the line too, unless the caller passes `nonfinite=True`: then each parses to a `NonFinite`
+marker recorded in `JsonDoc.nonfinite` with its path, and the reader refuses it where it reads the
+field (config.json: `config.Config.check_fields`). transformers writes Infinity into fields no size
+depends on (Nemotron-H's `time_step_limit` [0.0, Infinity]); refusing those at parse time would hide
+the refusal that matters.
 """
 
 from __future__ import annotations
@@ -24,6 +29,17 @@ MAX_NUMBER_DIGITS = 40          # far beyond any real size; Python's int limit i
 Path_ = tuple[str | int, ...]
 
 
+@dataclass(frozen=True)
+class NonFinite:
+    """NaN, Infinity or -Infinity where JSON allows none (parsed only with `nonfinite=True`): not a number to
+    compute with; a reader of the field refuses it."""
+
+    word: str
+
+    def __repr__(self) -> str:
+        return self.word
+
+
 @dataclass
 class JsonDoc:
     """Parsed JSON and the line of each key / array element, by path (`("text_config", "hidden_size")`)."""
@@ -31,6 +47,15 @@ class JsonDoc:
     data: Any
     file: str
     lines: dict[Path_, int] = field(default_factory=dict)
+    nonfinite: dict[Path_, str] = field(default_factory=dict)    # path -> "NaN" / "Infinity" / "-Infinity"
+
+    def nonfinite_under(self, prefix: Path_) -> tuple[Path_, str] | None:
+        """The first (by line) NaN / Infinity at or under `prefix`, or None."""
+        found = [(self.line(p) or 0, p, w) for p, w in self.nonfinite.items() if p[:len(prefix)] == prefix]
+        if not found:
+            return None
+        _, path, word = min(found, key=lambda x: x[0])
+        return path, word
 
     def line(self, path: Path_) -> int | None:
         """The line of `path`, or of its nearest enclosing key."""
@@ -52,19 +77,21 @@ def dotted(path: Path_) -> str | None:
     return out or None
 
 
-def load_json(path: Path, *, limit: int, what: str) -> JsonDoc:
+def load_json(path: Path, *, limit: int, what: str, nonfinite: bool = False) -> JsonDoc:
     raw = read_regular_file(path, limit=limit, what=what)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[:exc.start].count(b"\n") + 1
         raise InputError(f"{what} is not UTF-8 text (byte {exc.start})", file=str(path), line=line) from None
-    return parse_json(text, str(path), what=what)
+    return parse_json(text, str(path), what=what, nonfinite=nonfinite)
 
 
-def parse_json(text: str, file: str, *, what: str = "JSON file") -> JsonDoc:
+def parse_json(text: str, file: str, *, what: str = "JSON file", nonfinite: bool = False) -> JsonDoc:
+    """`nonfinite`: NaN / Infinity parse to a `NonFinite` marker (recorded in `JsonDoc.nonfinite`) for the
+    reader to refuse where it reads them, instead of a refusal here."""
     doc = JsonDoc(None, file)
-    parser = _Parser(text, doc, what)
+    parser = _Parser(text, doc, what, nonfinite)
     doc.data = parser.document()
     return doc
 
@@ -76,8 +103,9 @@ _ESC = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\
 
 
 class _Parser:
-    def __init__(self, text: str, doc: JsonDoc, what: str) -> None:
+    def __init__(self, text: str, doc: JsonDoc, what: str, nonfinite: bool = False) -> None:
         self.s, self.i, self.line, self.doc, self.what = text, 0, 1, doc, what
+        self.nonfinite = nonfinite
 
     # --- errors
     def fail(self, message: str, path: Path_ = ()) -> InputError:
@@ -113,15 +141,20 @@ class _Parser:
             return self.arr(path, depth)
         if c == '"':
             return self.string(path)
+        for word in ("NaN", "Infinity", "-Infinity") if c in "NI-" else ():
+            if self.s.startswith(word, self.i):
+                if not self.nonfinite:
+                    raise self.fail(f"{word} is not a JSON number", path)
+                self.i += len(word)
+                self.doc.lines.setdefault(path, self.line)
+                self.doc.nonfinite[path] = word
+                return NonFinite(word)
         if c == "-" or c.isdigit() and c.isascii():
             return self.number(path)
         for word, val in (("true", True), ("false", False), ("null", None)):
             if self.s.startswith(word, self.i):
                 self.i += len(word)
                 return val
-        for word in ("NaN", "Infinity", "-Infinity"):
-            if self.s.startswith(word, self.i):
-                raise self.fail(f"{word} is not a JSON number", path)
         raise self.fail(f"unexpected character {c!r}", path)
 
     def obj(self, path: Path_, depth: int) -> dict[str, Any]:

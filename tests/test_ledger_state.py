@@ -132,3 +132,17 @@ def test_glm5_on_sm100_defaults_to_fp8_kv() -> None:
     blackwell = compute_lane(m, machine("10.0"), lane(tp=8, kv="20 GiB"))
     assert hopper.fig("kv.bytes_per_sequence").value == 78 * (576 * 2 + 132) * 32768
     assert blackwell.fig("kv.bytes_per_sequence").value == 78 * (576 + 132) * 32768
+
+
+def test_sparse_mla_with_an_fp8_cache_is_fp8_ds_mla_off_sm100() -> None:
+    """`--kv-cache-dtype fp8` on DeepSeek sparse attention: on Hopper vLLM's FLASHMLA_SPARSE stores
+    fp8_ds_mla, 512 fp8 values + 4 fp32 scales + 64 bf16 RoPE values = 656 B per token per layer;
+    on the SM100 family FLASHINFER_MLA_SPARSE stores plain fp8, (512 + 64) × 1 B. The indexer key
+    (index_head_dim 128 + 4 B of scale) comes on top of both."""
+    m = import_model(FIX / "glm-5")[0]
+    fp8 = lane(tp=8, kv="20 GiB", extra=["--kv-cache-dtype", "fp8"])
+    hopper = compute_lane(m, machine("9.0"), fp8)
+    blackwell = compute_lane(m, machine("10.0"), fp8)
+    assert hopper.fig("kv.bytes_per_sequence").value == 78 * (512 + 16 + 128 + 132) * 32768
+    assert blackwell.fig("kv.bytes_per_sequence").value == 78 * (576 + 132) * 32768
+

@@ -31,6 +31,13 @@ from recipegen.schema import Lane, Machine, Model
 KV_CACHE_DTYPES: dict[str, str] = {"float16": "fp16", "bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8",
                                    "fp8_e5m2": "fp8"}
 
+# DeepSeek sparse attention (an MLA group with an indexer) with an fp8 cache, off the SM100 family:
+# vLLM 0.33's sparse backends there (FLASHMLA_SPARSE; SM120's FLASHINFER_MLA_SPARSE_SM120) store it as
+# `fp8_ds_mla` (vllm/model_executor/layers/attention/mla_attention.py:359-376): per token and layer
+# 512 fp8 latent values, 4 fp32 scales and 64 bf16 RoPE values. On the SM100 family vLLM prefers
+# FLASHINFER_MLA_SPARSE for an fp8 cache (vllm/platforms/cuda.py:96-106), which stores plain fp8.
+FP8_DS_MLA_BYTES = 512 + 4 * 4 + 64 * 2
+
 _HOW = {"mla": "(kv_lora_rank + rope_head_dim) × dtype bytes (every rank)",
         "full": "2 × max(1, kv_heads // tp) × head_dim × dtype bytes",
         "sliding": "2 × max(1, kv_heads // tp) × head_dim × dtype bytes, min(window, max_model_len) tokens",
@@ -66,10 +73,17 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
     operands: dict[str, object] = {"tp": tp, "max_model_len": seq}
     in_flight = max_num_batched_tokens(machine, lane) if any(g.kind == "chunked" for g in model.attention) else None
     rates = set()
+    sm100 = (machine.gpus.compute_capability or "").split(".")[0] == "10"
     for i, group in enumerate(model.attention):
         if dtype is not None:
             group = group.model_copy(update={"kv_dtype": dtype})
-        rate = group.bytes_per_token_per_layer(tp)
+        ds_mla = group.kind == "mla" and bool(group.index_head_dim) and group.kv_dtype == "fp8" and not sm100
+        rate = (FP8_DS_MLA_BYTES + group.indexer_bytes_per_token() if ds_mla
+                else group.bytes_per_token_per_layer(tp))
+        if ds_mla and not any(n.startswith("sparse MLA with an fp8 cache") for n in notes):
+            notes.append("sparse MLA with an fp8 cache off the SM100 family: vLLM 0.33 stores it as fp8_ds_mla, "
+                         f"{FP8_DS_MLA_BYTES} B per token per layer (512 fp8 + 4 fp32 scales + 64 bf16 RoPE values; "
+                         "model_executor/layers/attention/mla_attention.py:359-376) plus the indexer key")
         rates.add(rate)
         held = seq
         if group.kind == "sliding" and group.window:
@@ -91,7 +105,8 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
         if group.kind == "chunked":
             assert in_flight is not None
             ops.update(chunk=group.chunk, max_num_batched_tokens=in_flight.value, tokens_held=held)
-        how = _HOW[group.kind] + (" + indexer key (index_head_dim + 4 per 128)" if group.index_head_dim else "")
+        how = ("fp8_ds_mla: 512 fp8 + 4 fp32 scales + 64 bf16 RoPE values (every rank)" if ds_mla
+               else _HOW[group.kind]) + (" + indexer key (index_head_dim + 4 per 128)" if group.index_head_dim else "")
         add(Figure(f"kv.layers[{i}].bytes_per_token", f"KV per token per layer, {group.kind} attention "
                    f"({len(group.layers)} layers, per GPU)", rate, "count", how, ops,
                    src_note(model.sources, f"attention[{i}].kv_heads")

@@ -20,6 +20,7 @@ from recipegen.costmodel.lane_estimate import (
     _launches,
     estimate_lane,
 )
+from recipegen.ledger import compute_lane
 from recipegen.load.recipe import load_recipe
 
 GiB = 2**30
@@ -119,6 +120,31 @@ def test_weights_the_load_walk_leaves_in_host_memory_are_read_every_step(tmp_pat
     # the committed recipe offloads experts only: nothing else crosses the link
     committed = estimate_lane(load_recipe("qwen3-next-80b-a3b-rtx5090"), "chat", streams=[1])
     assert committed.point(1).terms.host_dense == 0
+
+
+def test_the_lanes_kv_cache_dtype_sets_the_bytes_each_token_reads(tmp_path):
+    """The decode estimate reads KV at the lane's cache dtype, as the ledger sizes the pool: half the
+    bytes for an fp8 cache on Qwen3-Next's full-attention layers, and fp8_ds_mla's 656 B latent on
+    DeepSeek-V3.2 on Hopper (512 fp8 + 4 fp32 scales + 64 bf16 RoPE values; vLLM's FLASHMLA_SPARSE)."""
+    path = _write(tmp_path, "qwen3-next-80b-a3b-rtx5090", "    extra_args: [--cpu-offload-params, experts]\n",
+                  "    extra_args: [--cpu-offload-params, experts, --kv-cache-dtype, fp8]\n")
+    est = estimate_lane(load_recipe(str(path)), "chat", streams=[1, 2])
+    for streams in (1, 2):
+        # 12 full-attention layers x 2 KV heads x 256 x (K and V) x 1 B at 4,096 tokens per sequence
+        assert est.point(streams).terms.kv_bytes == streams * 12 * 4096 * 1024
+    assert any("KV read at the lane's fp8 cache (the model's own: bf16)" in n for n in est.notes)
+
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    path = _write(ds, "deepseek-v3.2-h200x8", "    max_model_len: 131072\n",
+                  "    max_model_len: 131072\n    extra_args: [--kv-cache-dtype, fp8]\n")
+    loaded = load_recipe(str(path))
+    est = estimate_lane(loaded, "chat", streams=[1, 2], context=131072)
+    for streams in (1, 2):
+        assert est.point(streams).terms.kv_bytes == 61 * streams * (2048 * (512 + 4 * 4 + 64 * 2) + 131072 * 132)
+    # the pool the ledger gives the same lane holds sequences at the same bytes per token per layer
+    ledger = compute_lane(loaded.recipe.model, loaded.recipe.machines["dgx"], loaded.recipe.lanes[0])
+    assert ledger.fig("kv.bytes_per_sequence").value == 61 * (656 + 132) * 131072
 
 
 def test_plan_json_carries_the_new_terms():

@@ -193,13 +193,30 @@ def _cold_masks(loaded: Any, lane: Any, shares: np.ndarray, hot: Sequence[int], 
     return masks
 
 
-def _attention_groups(model: Any, tp: int) -> tuple[AttentionGroup, ...]:
+def _lane_attention(model: Any, machine: Any, lane: Any, notes: list[str]) -> list[tuple[Any, int]]:
+    """Each attention group with the KV bytes per token per layer the lane caches: its
+    `--kv-cache-dtype` (or vLLM's per-model default) and fp8_ds_mla where vLLM stores that — the
+    ledger's bytes (`ledger.kv.lane_attention`), so the pool and the read agree."""
+    from recipegen.ledger.kv import kv_dtype, lane_attention
+
+    dtype = kv_dtype(model, machine, lane, notes)
+    if dtype is not None:
+        notes.append(f"KV read at the lane's {dtype} cache (the model's own: "
+                     f"{', '.join(sorted({g.kv_dtype for g in model.attention}))})")
+    return [(g, rate) for g, rate, _ in lane_attention(model, machine, lane, dtype, notes)]
+
+
+def _attention_groups(model: Any, tp: int, cached: list[tuple[Any, int]] | None = None) -> tuple[AttentionGroup, ...]:
+    """The estimate's attention groups: per group its layers, latent / KV bytes per token per layer
+    (`cached`'s where given, else the model's dtype at `tp`), window or chunk, and the sparse
+    indexer's top-k and key bytes."""
     if model.attention:
         out = []
-        for g in model.attention:
+        pairs = cached if cached is not None else [(g, g.bytes_per_token_per_layer(tp)) for g in model.attention]
+        for g, rate in pairs:
             index = float(g.indexer_bytes_per_token())
             topk = getattr(g, "index_topk", None) if index else None
-            out.append(AttentionGroup(len(g.layers), float(g.bytes_per_token_per_layer(tp)) - index,
+            out.append(AttentionGroup(len(g.layers), float(rate) - index,
                                       g.window if g.kind == "sliding" else g.chunk if g.kind == "chunked" else None,
                                       topk, index))
         return tuple(out)
@@ -328,7 +345,7 @@ def step_model(loaded: Any, lane: Any, *, placement: str, hot: Sequence[int], co
     gemms, small, launches_how = _launches(model)
     host_dense = _host_dense(model, lane, placement)
     state = _state_groups(model, lane, tp)
-    attention = _attention_groups(model, tp)
+    attention = _attention_groups(model, tp, _lane_attention(model, machine, lane, notes) if model.attention else None)
     sm = StepModel(decoder_layers=model.decoder_layers, moe=tuple(layers), top_k=model.top_k,
                    bytes_per_expert=model.expert_bytes / tp, expert_efficiency=row,
                    dense_bytes_per_layer=per_layer, head_bytes=head, attention=attention,

@@ -26,6 +26,7 @@ from recipegen.ledger.kv_state import StatePool, state_pool, state_pool_figures
 from recipegen.ledger.result import Violation, src_note
 from recipegen.ledger.workspace import max_num_batched_tokens
 from recipegen.schema import Lane, Machine, Model
+from recipegen.schema.model import AttentionLayers
 
 # vLLM 0.33 `--kv-cache-dtype` values (vllm/config/cache.py:44-67) whose element size is plain.
 KV_CACHE_DTYPES: dict[str, str] = {"float16": "fp16", "bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8",
@@ -63,6 +64,28 @@ def kv_dtype(model: Model, machine: Machine, lane: Lane, notes: list[str]) -> st
     return None
 
 
+def lane_attention(model: Model, machine: Machine, lane: Lane, dtype: str | None,
+                   notes: list[str]) -> list[tuple[AttentionLayers, int, bool]]:
+    """Each attention group as the lane caches it, given the lane's KV dtype (`kv_dtype`): the group at
+    that dtype, its bytes per token per layer on one rank, and whether vLLM stores it as fp8_ds_mla
+    (sparse MLA with an fp8 cache off the SM100 family). The ledger's pool and the cost model's KV
+    reads both take their bytes from here."""
+    sm100 = (machine.gpus.compute_capability or "").split(".")[0] == "10"
+    out = []
+    for group in model.attention:
+        if dtype is not None:
+            group = group.model_copy(update={"kv_dtype": dtype})
+        ds_mla = group.kind == "mla" and bool(group.index_head_dim) and group.kv_dtype == "fp8" and not sm100
+        rate = (FP8_DS_MLA_BYTES + group.indexer_bytes_per_token() if ds_mla
+                else group.bytes_per_token_per_layer(lane.tensor_parallel_size))
+        if ds_mla and not any(n.startswith("sparse MLA with an fp8 cache") for n in notes):
+            notes.append("sparse MLA with an fp8 cache off the SM100 family: vLLM 0.33 stores it as fp8_ds_mla, "
+                         f"{FP8_DS_MLA_BYTES} B per token per layer (512 fp8 + 4 fp32 scales + 64 bf16 RoPE values; "
+                         "model_executor/layers/attention/mla_attention.py:359-376) plus the indexer key")
+        out.append((group, rate, ds_mla))
+    return out
+
+
 def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], Figure], notes: list[str],
             violations: list[Violation]) -> tuple[float, StatePool | None]:
     """KV bytes per token of a max_model_len sequence, summed over the lane's ranks (figures added),
@@ -73,17 +96,7 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
     operands: dict[str, object] = {"tp": tp, "max_model_len": seq}
     in_flight = max_num_batched_tokens(machine, lane) if any(g.kind == "chunked" for g in model.attention) else None
     rates = set()
-    sm100 = (machine.gpus.compute_capability or "").split(".")[0] == "10"
-    for i, group in enumerate(model.attention):
-        if dtype is not None:
-            group = group.model_copy(update={"kv_dtype": dtype})
-        ds_mla = group.kind == "mla" and bool(group.index_head_dim) and group.kv_dtype == "fp8" and not sm100
-        rate = (FP8_DS_MLA_BYTES + group.indexer_bytes_per_token() if ds_mla
-                else group.bytes_per_token_per_layer(tp))
-        if ds_mla and not any(n.startswith("sparse MLA with an fp8 cache") for n in notes):
-            notes.append("sparse MLA with an fp8 cache off the SM100 family: vLLM 0.33 stores it as fp8_ds_mla, "
-                         f"{FP8_DS_MLA_BYTES} B per token per layer (512 fp8 + 4 fp32 scales + 64 bf16 RoPE values; "
-                         "model_executor/layers/attention/mla_attention.py:359-376) plus the indexer key")
+    for i, (group, rate, ds_mla) in enumerate(lane_attention(model, machine, lane, dtype, notes)):
         rates.add(rate)
         held = seq
         if group.kind == "sliding" and group.window:

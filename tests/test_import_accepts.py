@@ -13,6 +13,12 @@ config.json is from: AIConfigurator commit 095f58a). Expected figures are derive
 3. Nemotron-H configs written by transformers hold `time_step_limit` [0.0, Infinity]; vLLM 0.33 never reads the field.
    NaN / Infinity stay refused wherever the importer reads them and in every other field, except there, and only after
    the fields are checked — so NVIDIA-Nemotron-3-Super's real blocker (`moe_latent_size`) is what the user sees.
+4. nvidia/GLM-5-NVFP4 and nvidia/DeepSeek-V3.2-NVFP4's hf_quant_config.json name `kv_cache_quant_algo` FP8, an fp8 cache
+   on DeepSeek sparse attention. What vLLM 0.33 stores depends on the GPU's backend: FLASHMLA_SPARSE (Hopper, SM120)
+   keeps `fp8_ds_mla`, 512 fp8 values + 4 fp32 scales + 64 bf16 RoPE values = 656 B per token per layer
+   (model_executor/layers/attention/mla_attention.py:359-376, :1386), while the SM100 family's preferred
+   FLASHINFER_MLA_SPARSE keeps plain fp8, (512 + 64) x 1 B (platforms/cuda.py:96-106). The model file records fp8 and
+   the ledger sizes each machine's pool by its backend.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import pytest
 import yaml
 
 from recipegen.common.errors import InputError
+from recipegen.ledger import compute_lane
 from recipegen.modelimport import import_model
 from recipegen.modelimport.jsondoc import NonFinite, parse_json
 
@@ -192,3 +199,25 @@ def test_other_json_files_still_refuse_nonfinite_at_parse() -> None:
     doc = parse_json('{"a": [0.0,\n Infinity], "b": NaN}', "config.json", nonfinite=True)
     assert doc.data == {"a": [0.0, NonFinite("Infinity")], "b": NonFinite("NaN")}
     assert doc.nonfinite == {("a", 1): "Infinity", ("b",): "NaN"} and doc.line(("a", 1)) == 2
+
+
+def test_sparse_mla_with_an_fp8_cache_imports_and_each_machine_sizes_it(tmp_path: Path) -> None:
+    from test_ledger_state import lane, machine
+
+    folder = tmp_path / "glm-5-nvfp4"
+    folder.mkdir()
+    (folder / "config.json").write_bytes((FIX / "glm-5" / "config.json").read_bytes())
+    (folder / "hf_quant_config.json").write_text(json.dumps({
+        "producer": {"name": "modelopt", "version": "0.39.0"},
+        "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "group_size": 16,
+                         "exclude_modules": ["lm_head"]}}))
+    model, text = import_model(folder)
+    assert {g.kv_dtype for g in model.attention} == {"fp8"}
+    # GLM-5: 78 layers of MLA, kv_lora_rank 512 + rope 64 at 1 B, and the indexer key 128 + 4 B
+    assert model.kv_bytes_per_token == 78 * (576 + 132)
+    source = yaml.safe_load(text)["kv_bytes_per_token"]["source"]
+    assert "656 B per token per layer" in source and "per machine" in source
+    hopper = compute_lane(model, machine("9.0"), lane(tp=8, kv="20 GiB"))
+    blackwell = compute_lane(model, machine("10.0"), lane(tp=8, kv="20 GiB"))
+    assert hopper.fig("kv.bytes_per_sequence").value == 78 * (512 + 4 * 4 + 64 * 2 + 132) * 32768
+    assert blackwell.fig("kv.bytes_per_sequence").value == 78 * (576 + 132) * 32768

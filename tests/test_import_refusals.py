@@ -54,26 +54,6 @@ def test_multimodal_without_vision_config_is_refused(tmp_path: Path, fixture: st
     assert "vision tower" in e.value.message
 
 
-# --- DeepSeek sparse attention with an FP8 KV cache: the bytes per token depend on the GPU's backend
-
-def test_sparse_mla_with_fp8_kv_is_refused(tmp_path: Path) -> None:
-    # vLLM 0.33: FLASHMLA_SPARSE turns any quantized cache into fp8_ds_mla, 656 B per token per layer
-    # (mla_attention.py:359-376, :1386); SM100 prefers FLASHINFER_MLA_SPARSE for an fp8 cache, plain fp8 576 B
-    # (platforms/cuda.py:96-106). The nvidia/GLM-5-NVFP4 and DeepSeek-V3.2-NVFP4 hf_quant_config.json name
-    # kv_cache_quant_algo FP8 (AIC 095f58a).
-    folder = tmp_path / "glm-5-nvfp4"
-    folder.mkdir()
-    (folder / "config.json").write_bytes((FIX / "glm-5" / "config.json").read_bytes())
-    (folder / "hf_quant_config.json").write_text(json.dumps({
-        "producer": {"name": "modelopt", "version": "0.39.0"},
-        "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "group_size": 16,
-                         "exclude_modules": ["lm_head"]}}))
-    with pytest.raises(InputError) as e:
-        import_model(folder)
-    assert e.value.file.endswith("hf_quant_config.json") and e.value.field == "quantization.kv_cache_quant_algo"
-    assert "656 B" in e.value.message and "576 B" in e.value.message
-
-
 # --- Qwen3-Next / Qwen3.5 MTP weights under a separate `mtp.` module
 
 def _shard(path: Path, tensors: dict[str, list[int]]) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from recipegen.common.errors import InputError
 from recipegen.modelimport.config import Config
 from recipegen.modelimport.families import Built, family_of, index_ranges, sourced
-from recipegen.modelimport.formats import HF_QUANT, Format, V, expert_format
+from recipegen.modelimport.formats import Format, expert_format
 from recipegen.modelimport.inventory import DenseParts, dense_parts, exclusion_note
 from recipegen.modelimport.safetensors import INDEX_NAME, IndexFacts, is_routed_expert, mtp_layer_of, read_index
 from recipegen.schema.model import AttentionLayers, ExpertTensor, StateLayers, kv_bytes_per_token
@@ -117,16 +117,14 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
     parts = dense_parts(b.tensors, fmt.dense)
     _dense(doc, facts, parts, fmt, b, expert_bytes, inp)
     doc["dense_bytes"]["source"] += exclusion_note(fmt.dense, b.tensors, b.layers) + fmt.inert
-    if fmt.kv_dtype == "fp8" and any(g.get("index_head_dim") for g in b.attention):
-        raise InputError(
-            f"{arch} with an FP8 KV cache ({fmt.kv_source}): vLLM 0.33 sizes a sparse-MLA FP8 cache by the attention "
-            "backend the GPU picks — FLASHMLA_SPARSE (SM90, or SM120's FLASHINFER_MLA_SPARSE_SM120) stores "
-            "fp8_ds_mla, 656 B per token per layer (512 fp8 + 4 fp32 scales + 64 bf16 RoPE; "
-            f"{V}model_executor/layers/attention/mla_attention.py:359-376, :1386; v1/attention/backends/mla/"
-            "flashmla_sparse.py:79-87), SM100's preferred FLASHINFER_MLA_SPARSE stores plain fp8, 576 B "
-            f"({V}platforms/cuda.py:96-106) — so no machine-independent KV figure is right; not imported",
-            file=str(inp.config.parent / HF_QUANT) if fmt.kv_source.startswith(HF_QUANT) else cfg.file,
-            field=_kv_field(fmt))
+    # DeepSeek sparse attention with an fp8 cache: what vLLM 0.33 stores depends on the GPU's backend,
+    # so the model file keeps plain fp8 and the ledger sizes it per machine (ledger.kv.lane_attention).
+    ds_mla_note = ("; a sparse-MLA fp8 cache is counted here as plain fp8, (512 + 64) × 1 B, as vLLM's "
+                   "FLASHINFER_MLA_SPARSE stores it on the SM100 family (platforms/cuda.py:96-106); elsewhere "
+                   "FLASHMLA_SPARSE stores fp8_ds_mla, 656 B per token per layer (512 fp8 + 4 fp32 scales + 64 "
+                   "bf16 RoPE; model_executor/layers/attention/mla_attention.py:359-376), which the ledger and the "
+                   "estimate count per machine"
+                   if fmt.kv_dtype == "fp8" and any(g.get("index_head_dim") for g in b.attention) else "")
     for g in b.attention:
         g["kv_dtype"] = fmt.kv_dtype
     doc["attention"] = b.attention
@@ -138,7 +136,7 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
     per_token = kv_bytes_per_token(groups)
     doc["kv_bytes_per_token"] = sourced(f"{per_token} B", f"Σ attention layers × bytes per token per layer at one "
                                         f"rank, {fmt.kv_dtype} ({_kv_terms(groups)}; {fmt.kv_source}); sliding and "
-                                        "chunked layers counted uncapped here, the ledger caps them per sequence")
+                                        "chunked layers counted uncapped here, the ledger caps them per sequence" + ds_mla_note)
     if b.state:
         states = [StateLayers.model_validate(_plain(g)) for g in b.state]
         total = sum(len(s.layers) * s.bytes_per_sequence_per_layer(1) for s in states)
@@ -198,13 +196,6 @@ def _dense(doc: dict[str, Any], facts: IndexFacts | None, parts: DenseParts, fmt
     if facts is not None and facts.total_size is not None:
         doc["total_bytes"] = sourced(f"{facts.total_size} B", f"{INDEX_NAME} `metadata.total_size`"
                                      + (f" (includes MTP layers {facts.mtp_layers})" if facts.mtp_layers else ""))
-
-
-def _kv_field(fmt: Format) -> str:
-    """The quantization key the KV dtype came from, as its source names it (`quantization_config.kv_cache_scheme`)."""
-    import re
-    m = re.search(r"`([^`]*kv_cache_(?:scheme|quant_algo))`", fmt.kv_source)
-    return m.group(1) if m else "quantization_config"
 
 
 def _format_note(fmt: Format) -> str:

@@ -150,7 +150,7 @@ def test_promtool_and_a_real_prometheus_accept_the_rendered_files(project: Path,
     assert code == 0, out
     folder = project / "compose" / REFERENCE / "monitoring"
     check = subprocess.run([PROMTOOL, "check", "rules", str(folder / "rules.yml")], capture_output=True, text=True)
-    assert check.returncode == 0 and "SUCCESS: 2 rules found" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and "SUCCESS: 4 rules found" in check.stdout, check.stdout + check.stderr
     config = yaml.safe_load((folder / "prometheus.yml").read_text())
     # The container's paths, mapped to the rendered files; everything else as rendered.
     config["rule_files"] = [str(folder / "rules.yml")]
@@ -167,12 +167,16 @@ def test_promtool_and_a_real_prometheus_accept_the_rendered_files(project: Path,
         assert target["labels"]["lane"] == "agent" and target["scrapeUrl"] == "http://lane-agent:30006/metrics"
         while any(r["health"] == "unknown" for r in server.rules()) and time.monotonic() < deadline + 30:
             time.sleep(0.5)
-        drift, stale = server.rules()
+        drift, stale, down, not_serving = server.rules()
         assert drift["name"] == mon.DRIFT_ALERT and drift["health"] == "ok"
         assert drift["query"] == m.drift_expr("5m", hold="15m") and drift["duration"] == 15 * 60
         # The reference reads its counter every 15 s: stale after five missed reads, held for the window.
         assert stale["name"] == mon.STALE_ALERT and stale["health"] == "ok"
         assert stale["query"] == f"time() - {m.COUNTS_READ_TIME.name} > 75" and stale["duration"] == 5 * 60
+        # The lane alerts: down held for the window, not serving for the lane's 180-minute boot allowance.
+        assert (down["name"], down["health"], down["duration"]) == (mon.DOWN_ALERT, "ok", 5 * 60)
+        assert (not_serving["name"], not_serving["health"], not_serving["duration"]) == (
+            mon.NOT_SERVING_ALERT, "ok", 180 * 60)
     finally:
         server.stop()
 
@@ -270,6 +274,82 @@ def test_the_rendered_stale_series_alert_fires_when_the_reads_stop(project: Path
     result = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
+
+def _promtool_alert_test(tmp_path: Path, rules_file: Path, series: list[dict], checks: list[dict]) -> None:
+    tests = {"rule_files": [str(rules_file)], "evaluation_interval": "1m",
+             "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": checks}]}
+    path = tmp_path / "lane_alert_test.yml"
+    path.write_text(yaml.safe_dump(tests, sort_keys=False))
+    result = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_prometheus
+@pytest.mark.parametrize("case, up, down_firing, not_serving_firing, silent", [
+    # Boots for 30 minutes, serves 30, then stops answering at 60m. "Down" is pending from 60m and
+    # fires 5 minutes (the window) on; it lasts while a served sample is inside the boot allowance
+    # (180m: the reference's MoE backend autotunes), to 239m. "Not serving" fires 180m after 60m.
+    ("a crash after serving", [0] * 30 + [1] * 30 + [0] * 230, [65, 200, 235], [245, 280], [64]),
+    # A boot of 120 minutes, inside the 180-minute allowance: neither ever fires.
+    ("a long boot", [0] * 120 + [1] * 80, [], [], [60, 119, 125, 190]),
+    # A boot that never finishes: "not serving" fires at the allowance, 180m; "down" never.
+    ("a boot that never finishes", [0] * 200, [], [180, 199], [179]),
+])
+def test_the_rendered_lane_alerts_fire_as_documented(project: Path, tmp_path: Path, case: str, up: list[int],
+                                                     down_firing: list[int], not_serving_firing: list[int],
+                                                     silent: list[int]) -> None:
+    rules_file, down = rendered_rule(project, mon.DOWN_ALERT)
+    _, not_serving = rendered_rule(project, mon.NOT_SERVING_ALERT)
+    assert not_serving["for"] == "180m"       # the reference lane's health start period (compose.yaml)
+    labels = {"instance": "lane-agent:30006", "job": mon.LANES_JOB, "lane": "agent"}
+
+    def expected(rule: dict) -> list[dict]:
+        notes = {k: v.replace("{{ $labels.lane }}", "agent").replace("{{ $labels.instance }}", "lane-agent:30006")
+                 for k, v in rule["annotations"].items()}
+        return [{"exp_labels": {"severity": "critical", **labels}, "exp_annotations": notes}]
+
+    series = [{"series": 'up{instance="lane-agent:30006",job="recipegen-lanes",lane="agent"}',
+               "values": " ".join(map(str, up))},
+              # a second target of the lane that serves throughout: each target alerts on its own
+              {"series": 'up{instance="lane-chat:30007",job="recipegen-lanes",lane="agent"}',
+               "values": " ".join(["1"] * len(up))}]
+    checks = []
+    for t in sorted(set(down_firing + not_serving_firing + silent)):
+        checks.append({"eval_time": f"{t}m", "alertname": mon.DOWN_ALERT,
+                       "exp_alerts": expected(down) if t in down_firing else []})
+        checks.append({"eval_time": f"{t}m", "alertname": mon.NOT_SERVING_ALERT,
+                       "exp_alerts": expected(not_serving) if t in not_serving_firing else []})
+    _promtool_alert_test(tmp_path, rules_file, series, checks)
+
+
+def test_each_lanes_alerts_wait_its_own_boot_allowance() -> None:
+    """The lane alerts' allowance is the health start period compose.yaml gives the lane's head
+    (60m, or 180m where vLLM autotunes the MoE backend at boot), read from every committed
+    rendering; recipes without monitoring get its defaults here."""
+    from dataclasses import replace
+
+    from recipegen.schema.monitoring import Monitoring
+
+    periods_seen = set()
+    for path in sorted(Path("recipes").glob("*.yaml")):
+        loaded = load_recipe(str(path))
+        if loaded.recipe.monitoring is None:
+            loaded = replace(loaded, recipe=loaded.recipe.model_copy(update={"monitoring": Monitoring()}))
+        rules = mon.lane_availability_rules(loaded)
+        compose_files = list(Path("compose", loaded.recipe.name).glob("**/compose.yaml"))
+        assert compose_files, path
+        for compose_file in compose_files:
+            for service in yaml.safe_load(compose_file.read_text())["services"].values():
+                labels = service.get("labels", {})
+                # the engines that serve a lane's API (not a count-only profile boot, not a worker)
+                if "healthcheck" not in service or labels.get("io.recipegen.mode") == "count":
+                    continue
+                lane = labels["io.recipegen.lane"]
+                periods = {r["for"] for r in rules if r["alert"] == mon.NOT_SERVING_ALERT
+                           and lane in re.search(r'lane=~"([a-z0-9|-]+)"', r["expr"]).group(1).split("|")}
+                assert periods == {service["healthcheck"]["start_period"]}, (compose_file, lane)
+                periods_seen |= periods
+    assert periods_seen == {"60m", "180m"}
 
 # ------------------------------------------------------------------ the dashboard
 

@@ -20,6 +20,7 @@ from expert_residency.contract import metrics as m
 from recipegen.common.errors import RecipegenError
 from recipegen.common.generated import Flow, Plain, yaml_file
 from recipegen.render.compose import Service
+from recipegen.vllm_flags.moe_backend import NoBackend, choose, start_period
 
 if TYPE_CHECKING:
     from recipegen.load.recipe import LoadedRecipe
@@ -38,6 +39,8 @@ LANES_JOB = "recipegen-lanes"
 DATASOURCE_UID = "recipegen-prometheus"
 DRIFT_ALERT = "ExpertResidencyColdShareDrift"
 STALE_ALERT = "ExpertResidencyCountsStale"
+DOWN_ALERT = "RecipegenLaneDown"
+NOT_SERVING_ALERT = "RecipegenLaneNotServing"
 # Inside the lane's container: prometheus_client's multiprocess folder, a tmpfs (empty at every
 # start, as prometheus_client requires; a restarted container must not read the last run's files).
 MULTIPROC_TARGET = "/run/expert-residency-metrics"
@@ -85,6 +88,23 @@ def lane_metrics(loaded: LoadedRecipe, lane: Lane) -> LaneMetrics | None:
 
 # -- the monitoring profile ------------------------------------------------------------------------
 
+def _head_machine(lane: Lane) -> str:
+    """The machine of the lane's API-serving engine (a single-node lane's, or stage 0's of a pipeline)."""
+    pipeline = lane.parallel.pipeline if lane.parallel is not None else None
+    return pipeline[0].machine if pipeline else lane.machine
+
+
+def lane_start_period(loaded: LoadedRecipe, lane: Lane) -> str:
+    """The health start period of the lane's API-serving engine, as its compose healthcheck has it
+    (`vllm_flags.moe_backend.start_period`: longer where vLLM autotunes the MoE backend at boot)."""
+    gpus = loaded.recipe.machines[_head_machine(lane)].gpus
+    try:
+        choice = choose(loaded.recipe.model.expert_format, gpus.compute_capability, gpus.kind)
+    except NoBackend:
+        choice = None
+    return start_period(choice)
+
+
 def scrape_targets(loaded: LoadedRecipe, machine: str) -> list[tuple[str, str]]:
     """(lane, host:port) of every lane whose API-serving engine (a single-node lane, or stage 0 of
     a pipeline) runs on `machine`: the compose service `lane-<lane>` by name on the project's
@@ -92,8 +112,7 @@ def scrape_targets(loaded: LoadedRecipe, machine: str) -> list[tuple[str, str]]:
     targets = []
     for lane in loaded.recipe.lanes:
         pipeline = lane.parallel.pipeline if lane.parallel is not None else None
-        head_machine = pipeline[0].machine if pipeline else lane.machine
-        if head_machine != machine:
+        if _head_machine(lane) != machine:
             continue
         if pipeline and len(pipeline) > 1:
             targets.append((lane.name, f"{loaded.recipe.machines[machine].address}:{lane.port}"))
@@ -151,7 +170,52 @@ def prometheus_rules(loaded: LoadedRecipe) -> dict[str, Any]:
                 "the drift alert among them, describe the past. The lane's log says why: look for "
                 "`expert_residency: metrics update failed`."),
         },
-    }]}]}
+    }, *lane_availability_rules(loaded)]}]}
+
+
+def lane_availability_rules(loaded: LoadedRecipe) -> list[dict[str, Any]]:
+    """Two alerts per set of lanes with one boot allowance (the health start period): a lane whose
+    /metrics stopped answering after it had served within that allowance (a crash, a hung engine,
+    a restart), held for `window`; and one that has not answered for the whole allowance (a boot
+    that never finished, or a lane down for good). A boot inside its allowance fires neither."""
+    monitoring = loaded.recipe.monitoring
+    assert monitoring is not None
+    by_period: dict[str, list[str]] = {}
+    for lane in loaded.recipe.lanes:
+        by_period.setdefault(lane_start_period(loaded, lane), []).append(lane.name)
+    rules: list[dict[str, Any]] = []
+    for period, lanes in sorted(by_period.items()):
+        # Lane names match the schema's [a-z0-9-] pattern: nothing in them is a regex operator.
+        up = f'up{{job="{LANES_JOB}",lane=~"{"|".join(lanes)}"}}'
+        rules.append({
+            "alert": DOWN_ALERT,
+            "expr": f"{up} == 0 and on (job, instance, lane) max_over_time({up}[{period}]) == 1",
+            "for": monitoring.window,
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "Lane {{ $labels.lane }} stopped answering",
+                "description": (
+                    "Prometheus has not reached lane {{ $labels.lane }}'s /metrics ({{ $labels.instance }}) "
+                    "for " + monitoring.window + ", and it answered within the last " + period + ": the "
+                    "engine crashed, hung or is restarting. `recipegen status` shows the container's state; "
+                    "`docker compose logs lane-{{ $labels.lane }}` says why."),
+            },
+        })
+        rules.append({
+            "alert": NOT_SERVING_ALERT,
+            "expr": f"{up} == 0",
+            "for": period,
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "Lane {{ $labels.lane }} has not served for " + period,
+                "description": (
+                    "Prometheus has not reached lane {{ $labels.lane }}'s /metrics ({{ $labels.instance }}) "
+                    "for " + period + ", the longest a boot of this lane may take (its health check's "
+                    "start period): the boot never finished or the lane is down for good. "
+                    "`docker compose logs lane-{{ $labels.lane }}` says why."),
+            },
+        })
+    return rules
 
 
 def grafana_datasources(loaded: LoadedRecipe) -> dict[str, Any]:

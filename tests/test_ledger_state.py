@@ -146,3 +146,26 @@ def test_sparse_mla_with_an_fp8_cache_is_fp8_ds_mla_off_sm100() -> None:
     assert hopper.fig("kv.bytes_per_sequence").value == 78 * (512 + 16 + 128 + 132) * 32768
     assert blackwell.fig("kv.bytes_per_sequence").value == 78 * (576 + 132) * 32768
 
+
+
+def test_sparse_mla_on_sm120_is_always_fp8_ds_mla() -> None:
+    """SM120's only sparse-MLA backend in vLLM 0.33, FLASHINFER_MLA_SPARSE_SM120, turns auto, fp8 and
+    fp8_e4m3 into fp8_ds_mla (mla_attention.py `_canonicalize_sparse_mla_kv_cache_dtype`) and refuses
+    any other cache: a bf16 GLM-5 caches 656 B per token per layer there, not (512 + 64) x 2."""
+    m = import_model(FIX / "glm-5")[0]
+    for extra in ([], ["--kv-cache-dtype", "fp8"], ["--kv-cache-dtype", "fp8_e4m3"]):
+        got = compute_lane(m, machine("12.0"), lane(tp=8, kv="20 GiB", extra=extra))
+        assert got.fig("kv.bytes_per_sequence").value == 78 * (656 + 132) * 32768, extra
+        assert not [v for v in got.violations if v.kind == "attention"]
+    bf16 = compute_lane(m, machine("12.0"), lane(tp=8, kv="20 GiB", extra=["--kv-cache-dtype", "bfloat16"]))
+    (refused,) = [v for v in bf16.violations if v.kind == "attention"]
+    assert "FLASHINFER_MLA_SPARSE_SM120" in refused.message and "auto" in refused.suggestion
+
+
+def test_sparse_mla_before_sm90_has_no_backend() -> None:
+    m = import_model(FIX / "deepseek-v3.2")[0]
+    ada = compute_lane(m, machine("8.9"), lane(tp=8, max_model_len=32768, kv="20 GiB"))
+    (refused,) = [v for v in ada.violations if v.kind == "attention"]
+    assert "no sparse-MLA attention backend for compute capability 8.9" in refused.message
+    hopper = compute_lane(m, machine("9.0"), lane(tp=8, max_model_len=32768, kv="20 GiB"))
+    assert not [v for v in hopper.violations if v.kind == "attention"]

@@ -32,12 +32,40 @@ from recipegen.schema.model import AttentionLayers
 KV_CACHE_DTYPES: dict[str, str] = {"float16": "fp16", "bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8",
                                    "fp8_e5m2": "fp8"}
 
-# DeepSeek sparse attention (an MLA group with an indexer) with an fp8 cache, off the SM100 family:
-# vLLM 0.33's sparse backends there (FLASHMLA_SPARSE; SM120's FLASHINFER_MLA_SPARSE_SM120) store it as
-# `fp8_ds_mla` (vllm/model_executor/layers/attention/mla_attention.py:359-376): per token and layer
-# 512 fp8 latent values, 4 fp32 scales and 64 bf16 RoPE values. On the SM100 family vLLM prefers
-# FLASHINFER_MLA_SPARSE for an fp8 cache (vllm/platforms/cuda.py:96-106), which stores plain fp8.
+# DeepSeek sparse attention (an MLA group with an indexer): vLLM 0.33 stores the cache as its
+# attention backend asks (vllm/platforms/cuda.py:83-155 picks it; mla_attention.py:359-376 maps the
+# dtype). `fp8_ds_mla` is, per token and layer, 512 fp8 latent values, 4 fp32 scales and 64 bf16
+# RoPE values: what FLASHMLA_SPARSE stores for any quantized cache (Hopper's only fp8-capable sparse
+# backend ahead of FlashInfer's SM90 one), and what SM120's only sparse backend,
+# FLASHINFER_MLA_SPARSE_SM120, stores for auto, fp8 and fp8_e4m3 alike — a bf16 model's cache
+# included (flashinfer_mla_sparse_sm120.py:64-67 refuses any other). On the SM100 family vLLM
+# prefers FLASHINFER_MLA_SPARSE for an fp8 cache, which stores plain fp8. Before SM90 no sparse
+# MLA backend exists.
 FP8_DS_MLA_BYTES = 512 + 4 * 4 + 64 * 2
+SM120_DS_MLA_FLAGS = (None, "auto", "fp8", "fp8_e4m3")
+
+
+def sparse_mla_cache(machine: Machine, lane: Lane, kv_dtype: str) -> tuple[bool, tuple[str, str] | None]:
+    """For a DeepSeek sparse-attention group cached at `kv_dtype` (after the lane's flag): whether
+    vLLM 0.33 stores it as fp8_ds_mla on the machine's GPUs, and (why, what would work) where it
+    refuses to boot."""
+    major = (machine.gpus.compute_capability or "").split(".")[0]
+    flag = flag_value(list(lane.extra_args), "--kv-cache-dtype")
+    if major == "12":
+        if flag not in SM120_DS_MLA_FLAGS:
+            return False, (f"--kv-cache-dtype {flag}: vLLM 0.33's only sparse-MLA backend on compute capability "
+                           f"{machine.gpus.compute_capability}, FLASHINFER_MLA_SPARSE_SM120, stores fp8_ds_mla and "
+                           "refuses any other cache (v1/attention/backends/mla/flashinfer_mla_sparse_sm120.py:64-67)",
+                           "--kv-cache-dtype auto, fp8 or fp8_e4m3")
+        return True, None
+    if major in ("9", "10"):
+        return major == "9" and kv_dtype == "fp8", None
+    if not major:
+        return kv_dtype == "fp8", None      # a machine without a compute capability: as Hopper
+    return False, (f"DeepSeek sparse attention: vLLM 0.33 has no sparse-MLA attention backend for compute "
+                   f"capability {machine.gpus.compute_capability} (FLASH_ATTN_MLA_SPARSE and FLASHINFER_MLA_SPARSE_SM90 "
+                   "need 9.x, FLASHMLA_SPARSE 9.x or 10.x, SM120's 12.x; platforms/cuda.py:83-155)",
+                   "a machine whose GPUs have compute capability 9.x, 10.x or 12.x")
 
 _HOW = {"mla": "(kv_lora_rank + rope_head_dim) × dtype bytes (every rank)",
         "full": "2 × max(1, kv_heads // tp) × head_dim × dtype bytes",
@@ -70,16 +98,17 @@ def lane_attention(model: Model, machine: Machine, lane: Lane, dtype: str | None
     that dtype, its bytes per token per layer on one rank, and whether vLLM stores it as fp8_ds_mla
     (sparse MLA with an fp8 cache off the SM100 family). The ledger's pool and the cost model's KV
     reads both take their bytes from here."""
-    sm100 = (machine.gpus.compute_capability or "").split(".")[0] == "10"
     out = []
     for group in model.attention:
         if dtype is not None:
             group = group.model_copy(update={"kv_dtype": dtype})
-        ds_mla = group.kind == "mla" and bool(group.index_head_dim) and group.kv_dtype == "fp8" and not sm100
+        sparse = group.kind == "mla" and bool(group.index_head_dim)
+        ds_mla = sparse and sparse_mla_cache(machine, lane, group.kv_dtype)[0]
         rate = (FP8_DS_MLA_BYTES + group.indexer_bytes_per_token() if ds_mla
                 else group.bytes_per_token_per_layer(lane.tensor_parallel_size))
-        if ds_mla and not any(n.startswith("sparse MLA with an fp8 cache") for n in notes):
-            notes.append("sparse MLA with an fp8 cache off the SM100 family: vLLM 0.33 stores it as fp8_ds_mla, "
+        if ds_mla and not any(n.startswith("sparse MLA cache stored as fp8_ds_mla") for n in notes):
+            notes.append(f"sparse MLA cache stored as fp8_ds_mla on compute capability "
+                         f"{machine.gpus.compute_capability}: vLLM 0.33's sparse backend there keeps "
                          f"{FP8_DS_MLA_BYTES} B per token per layer (512 fp8 + 4 fp32 scales + 64 bf16 RoPE values; "
                          "model_executor/layers/attention/mla_attention.py:359-376) plus the indexer key")
         out.append((group, rate, ds_mla))
@@ -97,6 +126,10 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
     in_flight = max_num_batched_tokens(machine, lane) if any(g.kind == "chunked" for g in model.attention) else None
     rates = set()
     for i, (group, rate, ds_mla) in enumerate(lane_attention(model, machine, lane, dtype, notes)):
+        refusal = sparse_mla_cache(machine, lane, group.kv_dtype)[1] if group.index_head_dim else None
+        if refusal and not any(v.message.startswith(refusal[0]) for v in violations):
+            violations.append(Violation("attention", refusal[0] + "; vLLM refuses to boot this lane", refusal[1],
+                                        lane=lane.name))
         rates.add(rate)
         held = seq
         if group.kind == "sliding" and group.window:

@@ -20,7 +20,7 @@ USAGE_AWARE, POSITIONAL = "usage-aware", "positional"
 class Violation:
     """A budget that does not hold: which, by how much, and what to change."""
 
-    kind: str          # hbm | kv | host | load-hbm | load-host | reserve | gpu-shared | machine-host
+    kind: str          # hbm | kv | host | load-hbm | load-host | reserve | gpu-shared | machine-host | parallel | runtime | attention
     message: str
     suggestion: str
     over_bytes: float | None = None

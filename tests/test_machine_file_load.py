@@ -156,3 +156,14 @@ def test_a_reserve_without_source_keeps_its_own_message(tmp_path: Path) -> None:
     err = _tiny_error(tmp_path, 31, "      hbm: {value: 2 GiB, basis: assumed}")
     assert (err.line, err.field) == (31, "lanes[0].reserves.hbm.source")
     assert "missing required field: where the figure comes from" in str(err)
+
+
+@pytest.mark.parametrize("count, why", [("100000000000", "less than or equal to 64"), ("65", "less than or equal to 64"),
+                                        ("0", "greater than or equal to 1")])
+def test_a_gpu_count_no_host_holds(tmp_path: Path, count: str, why: str) -> None:
+    # A count of 10^11 sized a list of 10^11 GPU ids in `compare` and `new` (MemoryError); a host
+    # holds at most 64 GPUs. Line 6: the count's key, as the sizes above are named.
+    text = MACHINE.replace("    value: 1\n", f"    value: {count}\n", 1)
+    err = _error(tmp_path, text)
+    assert (err.line, err.field) == (6, "gpus.count")
+    assert str(err).endswith(f"m.yaml:6: field 'gpus.count': Input should be {why} (got {count})")

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, model_validator
 
 from recipegen.schema.base import Bandwidth, Bytes, PathError, PositiveBytes, StrictModel
 from recipegen.schema.sourced import lift_sources
+
+# GPUs one host can hold: HGX and DGX boards carry 8 (DGX-2 16); a rack such as GB200 NVL72 is 18
+# hosts of 4, each its own machine. The bound keeps a typo (or a hostile file) from sizing lists of
+# billions of GPU ids.
+MAX_GPUS_PER_MACHINE = 64
 
 
 class GpuSpec(StrictModel):
@@ -15,8 +20,8 @@ class GpuSpec(StrictModel):
 
     kind: str
     """GPU product, e.g. `GB300`, `H200 PCIe`."""
-    count: PositiveInt
-    """Number of GPUs; lanes name GPU ids 0..count-1."""
+    count: int = Field(ge=1, le=MAX_GPUS_PER_MACHINE)
+    """Number of GPUs of one host (at most 64); lanes name GPU ids 0..count-1."""
     compute_capability: str | None = Field(default=None, pattern=r"^\d+\.\d+$")
     """CUDA compute capability, e.g. `10.3`."""
     hbm: PositiveBytes

@@ -11,6 +11,7 @@ from typing import Any
 import click
 from expert_residency.formats import atomic_write_text
 
+from recipegen.cli.types import FiniteFloat
 from recipegen.common.errors import InputError
 
 
@@ -69,7 +70,7 @@ def _duration(text: str, option: str) -> float:
               help="Log of lane B (the control) to read its start-up report from.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the full result as JSON.")
-@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds per request.")
+@click.option("--timeout", type=FiniteFloat(0.0, min_open=True), default=600.0, show_default=True, help="Seconds per request.")
 def parity(url_a: str, url_b: str | None, fixture: Path | None, runs: int, max_tokens: int, seed: int,
            concurrency: int, record_path: Path | None, model_a: str | None, model_b: str | None,
            lane_log: Path | None, lane_log_b: Path | None, json_path: Path | None, timeout: float) -> None:
@@ -185,8 +186,9 @@ def knee(url: str, concurrency_text: str, duration: str, warmup: str, repetition
     from recipegen.acceptance.report import knee_json, knee_text
 
     if plot_path is not None:  # before minutes of measuring: a missing matplotlib fails now
-        from recipegen.common.plotting import pyplot
+        from recipegen.common.plotting import plot_target, pyplot
 
+        plot_target(plot_path)
         pyplot()
     levels = _concurrencies(concurrency_text)
     duration_s = _duration(duration, "--duration")

@@ -143,7 +143,7 @@ def compare(recipe: str, lane: str | None, machines: str, min_sequences: int, ma
     names = [m.strip() for m in machines.split(",") if m.strip()]
     if not names:
         raise InputError("name at least one machine", field="--machines")
-    resolved = [(n, resolve_machine(n)[1]) for n in names]
+    resolved = [(n, resolve_machine(n, "--machines")[1]) for n in names]
     rows = run_compare(recipe, lane, resolved, fit_options(min_sequences, max_model_len, concurrency))
     first = rows[0].outcome
     if as_json:

@@ -16,6 +16,8 @@ from typing import Any
 
 import click
 
+from recipegen.cli.types import FiniteFloat
+
 _STATUS_MARK = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}
 _WAIT_HELP = ("Seconds to wait for a service's health check (default 3 h: a cold boot tunes "
               "kernels). The start-up phases and a line at least every 30 s "
@@ -170,9 +172,9 @@ def status(recipe: str | None, as_json: bool) -> None:
 @click.command()
 @click.argument("recipe")
 @click.argument("lane")
-@click.option("--bytes-tolerance", default=0.005, show_default=True, type=float,
+@click.option("--bytes-tolerance", default=0.005, show_default=True, type=FiniteFloat(0.0),
               help="Relative tolerance for bank bytes.")
-@click.option("--kv-tolerance", default=0.02, show_default=True, type=float,
+@click.option("--kv-tolerance", default=0.02, show_default=True, type=FiniteFloat(0.0),
               help="Relative tolerance for KV cache tokens.")
 @_machine
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
@@ -209,7 +211,7 @@ def verify(recipe: str, lane: str, bytes_tolerance: float, kv_tolerance: float,
 @click.option("--class", "cls", default=None, help="Class to profile (default: the active class).")
 @click.option("--prompts", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Prompt fixture to drive (JSONL with prompt/messages, or one prompt per line).")
-@click.option("--serve", "serve_s", default=0.0, type=float,
+@click.option("--serve", "serve_s", default=0.0, type=FiniteFloat(0.0),
               help="Also keep the profile boot serving live traffic for this many seconds.")
 @click.option("--endpoint", default=None, help="A lane started outside Docker (base URL).")
 @click.option("--dump-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -252,12 +254,12 @@ def profile(recipe: str, lane: str, cls: str | None, prompts: Path | None, serve
 @click.command()
 @click.argument("recipe")
 @click.argument("lane")
-@click.option("--tolerance", default=0.02, show_default=True, type=float,
+@click.option("--tolerance", default=0.02, show_default=True, type=FiniteFloat(0.0, 1.0),
               help="Rise of the cold share (absolute) beyond the map's own share that counts as drift.")
-@click.option("--wait", "wait_s", default=None, type=float,
+@click.option("--wait", "wait_s", default=None, type=FiniteFloat(0.0, min_open=True),
               help="Seconds to wait for the runtime's snapshot (default: the lane's dump "
                    "interval + 30 s, in case SIGUSR1 does not reach the runtime).")
-@click.option("--window", "window_s", default=None, type=float,
+@click.option("--window", "window_s", default=None, type=FiniteFloat(0.0, min_open=True),
               help="Judge only the last SECONDS of traffic (difference of two snapshots); "
                    "default: everything since the lane started.")
 @_machine

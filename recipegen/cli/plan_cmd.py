@@ -7,8 +7,10 @@ from pathlib import Path
 
 import click
 
+from recipegen.cli.types import FiniteFloat
 from recipegen.common.errors import InputError
 from recipegen.common.units import GiB
+from recipegen.schema.lane import MAX_STREAMS
 
 
 def _streams(text: str | None) -> list[int] | None:
@@ -18,8 +20,9 @@ def _streams(text: str | None) -> list[int] | None:
         values = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
         raise InputError(f"cannot read {text!r} as concurrencies (e.g. 1,16)", field="--concurrency") from None
-    if not values or values[0] < 1:
-        raise InputError("concurrencies must be positive integers", field="--concurrency")
+    if not values or values[0] < 1 or values[-1] > MAX_STREAMS:
+        raise InputError(f"concurrencies must be integers from 1 to {MAX_STREAMS:,} (got {text!r})",
+                         field="--concurrency")
     return values
 
 
@@ -39,7 +42,7 @@ def _streams(text: str | None) -> list[int] | None:
               help="Draw the sweep to a PNG (needs matplotlib: pip install 'recipegen[plot]').")
 @click.option("--context", type=click.IntRange(1), default=None,
               help="KV tokens each sequence holds in the decode estimate (default 4,096, at most max_model_len).")
-@click.option("--acceptance", type=click.FloatRange(0.0, 1.0, max_open=True), default=None,
+@click.option("--acceptance", type=FiniteFloat(0.0, 1.0, max_open=True), default=None,
               help="Probability that a draft token is accepted, for the decode estimate (default: the lane's "
                    "speculative.acceptance, else the reference lane's DSpark figure, 0.5425).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -58,14 +61,23 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
     if plot_path is not None:  # before any arithmetic: a missing matplotlib fails in a second
         if sweep_text is None:
             raise InputError("--plot draws a sweep: add --sweep hot=LOW..HIGH", field="--plot")
-        from recipegen.common.plotting import pyplot
+        from recipegen.common.plotting import plot_target, pyplot
 
+        plot_target(plot_path)
         pyplot()
     loaded = load_recipe(recipe)
     names = [l.name for l in loaded.recipe.lanes]
     if lane not in names:
         raise InputError(f"no lane {lane!r} (lanes: {', '.join(names)})", file=str(loaded.path), field="lanes")
-    require_class(loaded, loaded.recipe.lane(lane), traffic_class)   # before any arithmetic
+    lane_spec = loaded.recipe.lane(lane)
+    require_class(loaded, lane_spec, traffic_class)   # before any arithmetic
+    if context is not None and context > lane_spec.max_model_len:
+        raise InputError(f"{context:,} tokens exceed the lane's max_model_len ({lane_spec.max_model_len:,}): "
+                         "no sequence holds more", field="--context")
+    routed = loaded.recipe.model.routed_experts
+    if prefetch_slots is not None and prefetch_slots > routed:
+        raise InputError(f"{prefetch_slots:,} spare slots per layer: the model has {routed:,} routed experts per "
+                         "layer, so at most that many can be prefetched", field="--prefetch-slots")
     streams = _streams(concurrency_text)
     ledger = compute_ledger(loaded)
     summary = fetch_summary(loaded, lane, streams=streams, ledger=ledger)

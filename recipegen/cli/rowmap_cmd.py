@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from recipegen.cli.types import FiniteFloat
 from recipegen.common.errors import InputError
 
 GEOMETRY_HELP = ("Model geometry for capture files: --recipe R, or --experts E "
@@ -379,7 +380,7 @@ def reduce(captures: tuple[str, ...], output: str, source: str | None, recipe: s
 @click.option("--seed", type=int, default=41, show_default=True, help="Random seed of the synthetic routing.")
 @click.option("--tokens", type=int, default=47_778, show_default=True,
               help="Tokens per class (47,778 × 40 layers × 6 = 11.5M selections).")
-@click.option("--correlation", type=float, default=0.15, show_default=True,
+@click.option("--correlation", type=FiniteFloat(-1.0, 1.0), default=0.15, show_default=True,
               help="Spearman rank correlation between classes (field reports: agent vs prose 0.15).")
 @click.option("--top-k", "top_k", type=int, help="Experts picked per token (with --experts).")
 @_geometry_options

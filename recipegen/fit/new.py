@@ -56,9 +56,10 @@ class NewOutcome:
         return out
 
 
-def resolve_machine(arg: str) -> tuple[str | dict[str, Any], Machine, str]:
+def resolve_machine(arg: str, option: str = "--machine") -> tuple[str | dict[str, Any], Machine, str]:
     """A catalog machine name, or a machine file (`recipegen machine detect -o FILE`): what the
-    recipe's `machines` entry holds, the validated machine, and a label."""
+    recipe's `machines` entry holds, the validated machine, and a label (`option`: the command-line
+    option that named it, for the error)."""
     if arg in load_catalog("machines"):
         from recipegen.catalog import catalog_entry
 
@@ -66,7 +67,7 @@ def resolve_machine(arg: str) -> tuple[str | dict[str, Any], Machine, str]:
     path = Path(arg).expanduser()
     if not path.is_file():
         raise InputError("not a catalog machine nor a machine file (`recipegen machine detect -o FILE`); catalog "
-                         f"machines: {', '.join(catalog_names('machines'))}", field="--machine")
+                         f"machines: {', '.join(catalog_names('machines'))}", field=option)
     from recipegen.load.machine_file import load_machine_file
 
     entry, machine = load_machine_file(path)

@@ -9,7 +9,20 @@ from typing import Any
 
 from expert_residency.formats import atomic_write_bytes
 
-from recipegen.common.errors import RecipegenError
+from recipegen.common.errors import InputError, RecipegenError
+
+
+def plot_target(path: Path, option: str = "--plot") -> None:
+    """Refuse a PNG path the write would misuse: a folder that does not exist (never created), or
+    something there that is not a regular file — a device, a FIFO, a folder, a link. The write
+    renames a temporary file over the path, so it would replace even /dev/full with a PNG."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"the folder {str(parent)!r} does not exist (it is never created)", file=str(path),
+                         field=option)
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        what = "a link" if path.is_symlink() else "a folder" if path.is_dir() else "not a regular file"
+        raise InputError(f"is {what}; the plot replaces only a regular file", file=str(path), field=option)
 
 
 def pyplot() -> Any:
@@ -30,4 +43,5 @@ def save_png(fig: Any, path: Path, *, dpi: int = 110) -> None:
         fig.savefig(buffer, dpi=dpi, format="png")
     finally:
         pyplot().close(fig)
+    plot_target(path)     # checked again at the write: the path may have changed since the command began
     atomic_write_bytes(path, buffer.getvalue())

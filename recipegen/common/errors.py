@@ -7,7 +7,7 @@ import re
 _BREAKING = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
     """`text` with line breaks and control characters as `\\uXXXX` escapes (backslashes kept)."""
     return _BREAKING.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text)
 
@@ -36,7 +36,7 @@ class InputError(RecipegenError):
         where = ""
         if file:
             where = f"{comment_text(file)}:{line}" if line else comment_text(file)
-        parts = [p for p in (where, f"field '{_one_line(field)}'" if field else "") if p]
+        parts = [p for p in (where, f"field '{one_line(field)}'" if field else "") if p]
         prefix = ": ".join(parts)
         super().__init__(f"{prefix}: {message}" if prefix else message, exit_code=2)
         self.file, self.line, self.field, self.message = file, line, field, message

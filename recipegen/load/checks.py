@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from recipegen.common.errors import one_line
 from recipegen.common.paths import escaping_link
 from recipegen.load.document import Problem
 from recipegen.multinode.checks import parallel_problems
@@ -165,7 +166,9 @@ def extra_args_problems(lane: Lane, where: tuple[str | int, ...]) -> list[Proble
     from recipegen.ledger.flags import SAME_BYTES_DTYPES, UNBUDGETED, parsed_args
 
     parsed = parsed_args(list(lane.extra_args))
-    problems: list[Problem] = [((*where, "extra_args", index), message)
+    # Each message quotes the flag as the recipe spells it: its line breaks and control characters
+    # escaped, so a value cannot start a line of its own or move the cursor over the message.
+    problems: list[Problem] = [((*where, "extra_args", index), one_line(message))
                                for index, message in parsed.problems]
     for canonical, (default, why) in UNBUDGETED.items():
         given = parsed.get(canonical)
@@ -178,6 +181,6 @@ def extra_args_problems(lane: Lane, where: tuple[str | int, ...]) -> list[Proble
             continue
         shown = f"{given.spelled[:40]}" + (f" {value[:40]}" if value is not None and "=" not in given.spelled else "")
         problems.append(((*where, "extra_args", given.index),
-                         f"{shown}: the ledger does not budget {canonical}" +
-                         (f" other than {default}" if default is not None else "") + f" ({why})"))
+                         one_line(f"{shown}: the ledger does not budget {canonical}" +
+                                  (f" other than {default}" if default is not None else "") + f" ({why})")))
     return problems

@@ -213,3 +213,19 @@ def test_the_reader_agrees_with_vllms_parser() -> None:
                 mine = sorted(mine)  # type: ignore[arg-type]
             assert mine == theirs[dest], (args, dest, mine, theirs[dest])
     assert parsed_args(["--kv-cache-dtype", "fp8", "--kv_cache_dtype=auto"]).problems  # recipes refuse
+
+
+@pytest.mark.parametrize("args", [["--x\rerror: all good"], ["--x\nfoo: bar"], ["--data-parallel-size", "2\r3"],
+                                  ["--x\u2028y"], ["--x\x1b[2Jz"]])
+def test_a_flag_or_value_cannot_break_the_message_line(project: Path, args: list[str]) -> None:
+    # The refusal quotes the item as the recipe spells it, with its line breaks and control
+    # characters escaped: a carriage return cannot overwrite the message, a newline cannot print
+    # half of it as a line of its own.
+    doc = reference_plain()
+    doc["lanes"][0]["extra_args"] = args
+    write_recipe(project, "breaks", doc)
+    out = refused("check", "budgets", "breaks", expect="lanes[0].extra_args[0]")
+    (line,) = [line for line in out.splitlines() if "extra_args[0]" in line]
+    assert not any(c in line for c in "\r\x1b\u2028")
+    assert any(e in line for e in ("\\u000d", "\\u000a", "\\u2028", "\\u001b", "\\r"))   # shown, escaped
+    assert "foo: bar" not in out.replace(line, "")

@@ -99,6 +99,8 @@ def test_rowmap_refuses_what_the_format_forbids(old: str, new: str) -> None:
     ("tokens: 6", "tokens: 6\ntokens: 6"),
     ("tokens: 6", "tokens: 99999999999999999999999"),
     ("top_k: 2", "top_k: 2\ntop_k: 2"),
+    ("top_k: 2", "top_k: 0"),          # a token picks at least one expert
+    ("top_k: 2", "top_k: 5"),          # and never more than the layer's 4
     ("num_experts: 4", "num_experts: 1000000000000"),
     ("moe_layers: 0,2", "moe_layers: 1-300000000"),
     ('meta.lane: "agent"', 'meta.lane: "agent"\nmeta.lane: "agent"'),

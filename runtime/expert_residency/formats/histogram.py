@@ -132,6 +132,10 @@ class Histogram:
                                       or not 0 <= value <= MAX_TOTAL):
                 raise FormatError("must be a non-negative integer or null", path=path,
                                   field=name)
+        if self.top_k is not None and not 1 <= self.top_k <= self.num_experts:
+            # each token picks at least one expert and never more than the layer holds
+            raise FormatError(f"top_k {self.top_k} is not between 1 and num_experts ({self.num_experts})",
+                              path=path, field="top_k")
         if self.decode_tokens is not None and self.prefill_tokens is not None and \
                 self.decode_tokens + self.prefill_tokens != self.tokens:
             raise FormatError(f"decode_tokens + prefill_tokens = "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+from expert_residency.formats._io import MAX_EXPERTS
 from pydantic import Field, NonNegativeInt, PositiveInt, StringConstraints, model_validator
 
 from recipegen.schema.adaptive import Adaptive
@@ -69,7 +70,7 @@ class Offload(StrictModel):
     """vLLM `--cpu-offload-gb` (GiB) the engine loads with, per GPU as vLLM reads it (with
     tensor parallelism each GPU offloads this much of its own shards). Usage-aware: the load-time
     placement the runtime re-homes from. Positional: the offload itself (required)."""
-    prefetch_slots_per_layer: NonNegativeInt = 0
+    prefetch_slots_per_layer: NonNegativeInt = Field(default=0, le=MAX_EXPERTS)
     """HBM slots per MoE layer reserved for a cold-expert prefetch bank. The ledger prices it out of
     the KV pool (3 slots per layer cost 43% of the v15 pool in the field report "Should a GB300
     Prefetch Its Cold Experts? Mostly No, and What to Build Instead", 2026-10-23); the residency

@@ -73,6 +73,9 @@ def _bandwidth_positive(value: Any) -> float:
 
 
 def _count(value: Any) -> int:
+    if isinstance(value, float):
+        # YAML reads 1.5e4 or 32768.0 as a float; vLLM's --max-model-len takes digits and suffixes only
+        raise UnitError(f"write a whole number (32768) or vLLM's suffixes (32K), not a float ({value!r})")
     n = parse_count(value)
     if n <= 0:
         raise UnitError(f"must be a positive whole number, got {value!r}")

@@ -79,6 +79,7 @@ def test_doctor_command_does_not_print_an_interpolated_token(project: Path) -> N
     (("lanes", 0, "max_model_len"), "\u0661M"),
     (("lanes", 0, "max_model_len"), "1e400"),
     (("lanes", 0, "max_model_len"), 10**30),
+    (("lanes", 0, "max_model_len"), 15000.0),       # YAML's 1.5e4: a float, as port 30006.0 is
     (("lanes", 0, "reserves", "hbm", "back_solved_from", "kv_pool"), "1e308 GiB"),
 ])
 def test_strict_types_where_the_docs_promise_them(project: Path, where: tuple, value) -> None:

@@ -216,3 +216,18 @@ def test_errors_do_not_echo_file_content() -> None:
 def test_a_malformed_layer_line_says_what_is_wrong(bad: str, reason: str) -> None:
     error = _rowmap_error(ROWMAP.replace("layer 0 hot 2: 3 1", bad, 1))
     assert str(error).count(reason) == 1, str(error)
+
+
+def test_a_byte_order_mark_is_named(tmp_path) -> None:
+    # An editor's BOM before the format line: the histogram reader (not the capture reader, which
+    # said "routed_experts is not valid base64") refuses it and says what is there.
+    from recipegen.common.errors import InputError
+    from recipegen.rowmap.inputs import read_histograms
+
+    path = tmp_path / "class.hist"
+    path.write_text("\ufeff" + HIST, encoding="utf-8")
+    with pytest.raises(InputError) as info:
+        read_histograms([path], None)
+    assert info.value.field == "format" and info.value.line == 1
+    assert "byte-order mark" in info.value.message
+    assert "byte-order mark" in str(_rowmap_error("\ufeff" + ROWMAP))

@@ -146,7 +146,9 @@ class RecordLines:
                                   "content line; fields are separated by single spaces",
                                   path=self._path, line=lineno)
             if not seen_format and not line.startswith("format:"):
-                raise FormatError(self._not_this_kind, path=self._path, line=lineno,
+                bom = " (it starts with a byte-order mark, U+FEFF: save it as UTF-8 without one)" \
+                    if line.startswith("\ufeff") else ""
+                raise FormatError(self._not_this_kind + bom, path=self._path, line=lineno,
                                   field="format")
             seen_format = True
             if line == "end":

@@ -167,3 +167,12 @@ def test_a_gpu_count_no_host_holds(tmp_path: Path, count: str, why: str) -> None
     err = _error(tmp_path, text)
     assert (err.line, err.field) == (6, "gpus.count")
     assert str(err).endswith(f"m.yaml:6: field 'gpus.count': Input should be {why} (got {count})")
+
+
+@pytest.mark.parametrize("extra", ["~: 2", "? [a]\n: 3", "1: 2"])
+def test_a_key_that_is_not_a_string_is_refused_at_its_line(tmp_path: Path, extra: str) -> None:
+    # MACHINE has 20 lines: the key is on line 21 (a null key and a `? [a]` key were named at line 2,
+    # the document's start)
+    assert len(MACHINE.splitlines()) == 20
+    err = _error(tmp_path, MACHINE + extra + "\n")
+    assert err.line == 21 and "Keys should be strings" in err.message

@@ -215,8 +215,9 @@ def _duplicate_key_name(exc: Exception) -> str:
 def to_plain(node: Any) -> Any:
     """ruamel's commented containers and scalar subclasses -> plain dict/list/str/int/float/bool."""
     if isinstance(node, dict):
-        return {str(k) if not isinstance(k, (int, float, bool)) else k: to_plain(v)
-                for k, v in node.items()}
+        # string subclasses become str; any other key (null, a number, a `? [a]` sequence) is kept
+        # as it is, so validation refuses it as not a string at its own line
+        return {str(k) if isinstance(k, str) else k: to_plain(v) for k, v in node.items()}
     if isinstance(node, list):
         return [to_plain(v) for v in node]
     if isinstance(node, bool) or node is None:
@@ -236,6 +237,9 @@ def line_of(document: Any, loc: Loc) -> int | None:
     node = document
     for step in loc:
         lc = getattr(node, "lc", None)
+        if isinstance(node, dict) and step not in node:
+            # validation names a key that is not a string (null, `? [a]`) by its text
+            step = next((k for k in node if not isinstance(k, str) and str(k) == str(step)), step)
         if isinstance(node, dict) and step in node:
             if lc is not None:
                 try:

@@ -17,6 +17,8 @@ from recipegen.modelimport.config import Config
 from recipegen.modelimport.families import Built, family_of, index_ranges, sourced
 from recipegen.modelimport.formats import Format, expert_format
 from recipegen.modelimport.inventory import DenseParts, dense_parts, exclusion_note
+from recipegen.modelimport.jsondoc import present
+from recipegen.modelimport.quantmatch import ExpertModules
 from recipegen.modelimport.safetensors import INDEX_NAME, IndexFacts, is_routed_expert, mtp_layer_of, read_index
 from recipegen.schema.model import AttentionLayers, ExpertTensor, StateLayers, kv_bytes_per_token
 
@@ -34,14 +36,14 @@ def locate(path: Path) -> ImportInput:
     """A config.json, or a folder with config.json (and model.safetensors.index.json if present)."""
     if path.is_dir():
         config = path / "config.json"
-        if not config.exists():
+        if not present(config, "config.json"):
             raise InputError("no config.json in this folder", file=str(path))
         index = path / INDEX_NAME
-        return ImportInput(config, index if index.exists() else None)
-    if not path.exists():
+        return ImportInput(config, index if present(index, INDEX_NAME) else None)
+    if not present(path, "the path given"):
         raise InputError("no such file or folder", file=str(path))
     index = path.parent / INDEX_NAME
-    return ImportInput(path, index if index.exists() else None)
+    return ImportInput(path, index if present(index, INDEX_NAME) else None)
 
 
 def read_config(path: Path) -> tuple[Config, Built, str]:
@@ -67,7 +69,7 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
     """The model document (plain data, YAML-ready) for `inp`."""
     cfg, b, arch = read_config(inp.config)
     text = b.text
-    fmt = expert_format(cfg, text, inp.config.parent, gated=b.gated)
+    fmt = expert_format(cfg, text, inp.config.parent, gated=b.gated, experts=ExpertModules(arch, tuple(b.moe)))
     layers, moe, routed, hidden, inter = b.layers, b.moe, b.routed, b.hidden, b.inter
     if not moe:
         raise InputError("no MoE layer: every layer is dense by the config's layer rule", file=cfg.file)

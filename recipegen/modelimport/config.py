@@ -265,8 +265,16 @@ class Config:
                                  + " (Python's json accepts it, other JSON readers refuse it: JSON that readers "
                                  "disagree on)", path)
 
-    def _check(self, key: str, value: Any) -> None:
-        spec = FIELDS[key]
+    def typed(self, key: str, spec: Field) -> Any:
+        """`key` checked against `spec` as the config fields are (`_check`): for values read outside `FIELDS`
+        (quantization settings), so a `true` or `16.0` where an integer belongs is refused here too. None when
+        absent or null."""
+        value = self.data.get(key)
+        self._check(key, value, spec)
+        return value
+
+    def _check(self, key: str, value: Any, spec: Field | None = None) -> None:
+        spec = spec or FIELDS[key]
         if value is None and spec.kind not in ("int_list", "str_list"):
             return  # JSON null: the field is absent (Hugging Face writes null for unset fields)
         kind = spec.kind

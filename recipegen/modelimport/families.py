@@ -1024,9 +1024,18 @@ BY_ARCH: dict[str, Family] = {a: f for f in FAMILIES.values() for a in f.archite
 def family_of(cfg: Config) -> tuple[Family, str]:
     """The family of `architectures[0]`, or an error naming it and the table."""
     archs = cfg.get("architectures")
-    if not archs:
+    if archs is None or archs == []:
         raise InputError("missing `architectures`: the importer picks the model's layout by it", file=cfg.file,
-                         field="architectures")
+                         line=cfg.doc.line(("architectures",)), field="architectures")
+    # A string is not a one-element list: indexing it would read its first letter as the architecture.
+    if not isinstance(archs, list):
+        got = repr(archs) if len(repr(archs)) <= 60 else repr(archs)[:57] + "..."
+        raise cfg.error("architectures", f"must be a list of strings (the model classes, e.g. "
+                        f"[\"Qwen3MoeForCausalLM\"]), got {got}")
+    for i, item in enumerate(archs):
+        if not isinstance(item, str):
+            raise cfg.doc.error(f"must be a list of strings (the model classes), got {item!r} at position {i}",
+                                cfg.base + ("architectures", i))
     arch = archs[0]
     fam = BY_ARCH.get(arch)
     if fam is None:

@@ -68,13 +68,14 @@ class DenseFormat:
 
     def is_excluded(self, module: str) -> bool:
         """vLLM 0.33's FP8 rule (exact names, quantization/fp8.py:180-187), its ModelOpt rule (quantization/modelopt.py:191-226: exact, substring, then wildcard),
-        or compressed-tensors' `ignore` (exact names and `re:` patterns)."""
+        or compressed-tensors' `ignore` (exact names, and `re:` patterns matched from the name's start with re.match,
+        not whole: quantization/utils/config_utils.py:443-446)."""
         if self.exact:
             return module in self.excluded
         for pattern in self.excluded:
             if self.regex:
                 if pattern.startswith("re:"):
-                    if re.fullmatch(pattern[3:], module):
+                    if re.match(pattern[3:], module):
                         return True
                 elif pattern == module:
                     return True

@@ -16,12 +16,13 @@ the refusal that matters.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recipegen.common.errors import InputError
+from recipegen.common.errors import InputError, one_line
 from recipegen.common.files import read_regular_file
 
 MAX_DEPTH = 64
@@ -75,6 +76,19 @@ def dotted(path: Path_) -> str | None:
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or None
+
+
+def present(path: Path, what: str) -> bool:
+    """Whether `path` is there. A symbolic link to nothing (or a loop) is refused, not read as absent: a dangling
+    hf_quant_config.json or index would otherwise import the checkpoint as if it had none."""
+    if path.is_symlink() and not path.exists():
+        try:
+            target = f" `{one_line(os.readlink(path))}`"    # a link's text may hold line breaks
+        except OSError:
+            target = ""
+        raise InputError(f"{what} is a link to nothing: its target{target} does not exist (or the link loops)",
+                         file=str(path))
+    return path.exists()
 
 
 def load_json(path: Path, *, limit: int, what: str, nonfinite: bool = False) -> JsonDoc:

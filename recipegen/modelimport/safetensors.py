@@ -41,6 +41,10 @@ DTYPE_BITS: dict[str, int] = {
 }
 
 
+def _json_type(value: object) -> str:
+    return {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "null")
+
+
 def is_routed_expert(name: str) -> bool:
     return ".experts." in name and "shared_expert" not in name
 
@@ -90,8 +94,13 @@ def read_index(path: Path, num_layers: int) -> IndexFacts:
     if not isinstance(data, dict):
         raise InputError("expected a JSON object with `weight_map`", file=doc.file, line=1)
     weight_map = data.get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
+    if weight_map is None:
         raise doc.error("missing `weight_map` (tensor name -> shard file)", ("weight_map",))
+    if not isinstance(weight_map, dict):
+        raise doc.error(f"`weight_map` must be an object (tensor name -> shard file), got a {_json_type(weight_map)}",
+                        ("weight_map",))
+    if not weight_map:
+        raise doc.error("`weight_map` is empty: it names no tensor (tensor name -> shard file)", ("weight_map",))
     if len(weight_map) > MAX_TENSORS:
         raise doc.error(f"{len(weight_map):,} tensors (at most {MAX_TENSORS:,})", ("weight_map",))
     for name, shard in weight_map.items():

@@ -32,3 +32,14 @@ def read_regular_file(path: Path, *, limit: int, what: str, display: str | None 
                          file=file) from None
     except OSError as exc:
         raise InputError(f"cannot read {what}: {exc.strerror}", file=file) from None
+
+
+def output_target(path: Path, option: str) -> None:
+    """Refuse an output path the atomic write (temp file + rename) would misuse: something there
+    that is not a regular file — a FIFO or a device (replaced by the file: as root even /dev/full),
+    a folder, or a link (replaced, not followed). A regular file there is the caller's to allow
+    (`--force`) or not."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        what = "a link" if path.is_symlink() else "a folder" if path.is_dir() else "not a regular file"
+        raise InputError(f"is {what}; an output replaces only a regular file (name the file itself)",
+                         file=str(path), field=option)

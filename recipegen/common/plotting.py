@@ -10,19 +10,17 @@ from typing import Any
 from expert_residency.formats import atomic_write_bytes
 
 from recipegen.common.errors import InputError, RecipegenError
+from recipegen.common.files import output_target
 
 
 def plot_target(path: Path, option: str = "--plot") -> None:
     """Refuse a PNG path the write would misuse: a folder that does not exist (never created), or
-    something there that is not a regular file — a device, a FIFO, a folder, a link. The write
-    renames a temporary file over the path, so it would replace even /dev/full with a PNG."""
+    something there that is not a regular file (`common.files.output_target`)."""
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(f"the folder {str(parent)!r} does not exist (it is never created)", file=str(path),
                          field=option)
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        what = "a link" if path.is_symlink() else "a folder" if path.is_dir() else "not a regular file"
-        raise InputError(f"is {what}; the plot replaces only a regular file", file=str(path), field=option)
+    output_target(path, option)
 
 
 def pyplot() -> Any:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from recipegen.common.errors import RecipegenError
+from recipegen.render.compose import Interpolated
 from recipegen.render.monitoring import scrape_annotations
 
 MACHINE_LABEL = "recipegen.io/machine"
@@ -94,8 +95,11 @@ def lws_name(loaded: Any, lane_index: int) -> str:
 
 
 def _host_path(source: str) -> str:
-    """Compose `${VAR:-default}` → default; `~` → /root (the vLLM image runs as root)."""
-    resolved = re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*:-([^}]*)\}", r"\1", source)
+    """recipegen's own Compose interpolations (`Interpolated`: `${VAR:-default}`) → default; `~` →
+    /root (the vLLM image runs as root). A recipe's path is its text: a `${X:-…}` in it stays as
+    written (Kubernetes expands nothing in hostPath), as it does in compose.yaml."""
+    resolved = (re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*:-([^}]*)\}", r"\1", source)
+                if isinstance(source, Interpolated) else str(source))
     if resolved.startswith("~"):
         resolved = "/root" + resolved[1:]
     if not resolved.startswith("/"):

@@ -60,3 +60,23 @@ def test_recipe_values_reach_the_pod_as_written() -> None:
                                                    for v in env.values()])
         # recipegen's own references are still expanded by Kubernetes
         assert args[args.index("--master-addr") + 1] == "10.0.0.1"
+
+
+def _host_paths(checkpoint: str | None) -> list[str]:
+    doc = yaml.safe_load(RECIPE.read_text(encoding="utf-8"))
+    if checkpoint is not None:
+        doc["model"]["checkpoint"] = checkpoint
+    loaded = load_recipe(RECIPE, text=yaml.safe_dump(doc, sort_keys=False))
+    (body,) = render_k8s(loaded, REPO).values()
+    lws = next(d for d in yaml.safe_load_all(body.decode()) if d["kind"] == "LeaderWorkerSet")
+    volumes = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["volumes"]
+    return [v["hostPath"]["path"] for v in volumes if "hostPath" in v]
+
+
+def test_a_checkpoint_path_is_its_text_in_host_paths() -> None:
+    # compose.yaml keeps a recipe's `${X:-…}` literal (written `$${X:-…}`); the hostPath did not: it
+    # took the default, `/${X:-root/.ssh}` mounting /root/.ssh
+    for checkpoint in ("/${X:-root/.ssh}", "/data/${X:-/etc}", "/data/a$b$$c"):
+        assert checkpoint in _host_paths(checkpoint)
+    # recipegen's own interpolation still resolves to its default: the models folder
+    assert any(p.startswith("/srv/models/") for p in _host_paths(None))

@@ -180,3 +180,63 @@ def test_an_h200_reading_recorded_by_detect_itself() -> None:
     assert machine.pinned_read_bandwidth == pytest.approx(16 * 32e9 * 128 / 130 / 8, rel=1e-4)
     assert machine.gpus.hbm_bandwidth == pytest.approx(6016 / 8 * 3201e6 * 2, rel=1e-3)   # 4.814 TB/s
     assert machine.host_memory == 131961868 * 1024
+
+
+# ------------------------------------------------------------------ NVML failures and the outputs
+
+def test_a_required_call_that_fails_names_it() -> None:
+    # NVML answers "not supported" (a raise) for the compute capability of GPU 3: no entry can be
+    # written without it, and the refusal names the call and the GPU, exit 2
+    broken = reading()
+    broken["devices"][3]["nvmlDeviceGetCudaComputeCapability"] = None
+    with pytest.raises(RecipegenError) as info:
+        detect(RecordedNvml(broken), MEMINFO, host="dgx")
+    assert info.value.exit_code == 2
+    assert "nvmlDeviceGetCudaComputeCapability (GPU 3) failed" in str(info.value)
+
+
+class _NoDriver(RecordedNvml):
+    """NVML without the driver's library: pynvml raises NVMLError_LibraryNotFound from nvmlInit."""
+
+    class LibraryNotFound(Exception):
+        pass
+
+    def nvmlInit(self) -> None:
+        raise _NoDriver.LibraryNotFound("NVML Shared Library Not Found")
+
+
+def _cli_with(monkeypatch: pytest.MonkeyPatch, table: RecordedNvml, *args: str):
+    import recipegen.catalog.detect as module
+
+    monkeypatch.setattr(module, "PynvmlTable", lambda: table)
+    return CliRunner().invoke(main, ["machine", "detect", *args])
+
+
+def test_cli_without_a_driver_is_a_clear_refusal(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    result = _cli_with(monkeypatch, _NoDriver(reading()), "--record", str(tmp_path / "r.json"))
+    assert result.exit_code == 2, result.output
+    assert "NVML: nvmlInit" in result.stderr and "NVML Shared Library Not Found" in result.stderr
+    assert "Traceback" not in result.output and not (tmp_path / "r.json").exists()
+
+
+def test_cli_outputs_are_checked_before_reading(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    result = _cli_with(monkeypatch, RecordedNvml(reading()), "-o", str(fifo), "--force")
+    assert result.exit_code == 2 and "not a regular file" in result.stderr
+    assert not fifo.is_file()
+    # an existing machine file refused without --force: the recording is not written either
+    existing = tmp_path / "box.yaml"
+    existing.write_text("mine\n")
+    result = _cli_with(monkeypatch, RecordedNvml(reading()), "-o", str(existing), "--record", str(tmp_path / "r.json"))
+    assert result.exit_code == 2 and "--force" in result.stderr
+    assert existing.read_text() == "mine\n" and not (tmp_path / "r.json").exists()
+    # with --force both are written
+    result = _cli_with(monkeypatch, RecordedNvml(reading()), "-o", str(existing), "--record", str(tmp_path / "r.json"),
+                       "--force")
+    assert result.exit_code == 0, result.output
+    recorded = json.loads((tmp_path / "r.json").read_text())
+    assert recorded["devices"] == reading()["devices"]           # the fixture's own _source note aside
+    assert yaml.safe_load(existing.read_text())["gpus"]["count"]["value"] == 8

@@ -21,14 +21,15 @@ from __future__ import annotations
 import datetime as _dt
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from recipegen.common.errors import InputError, RecipegenError
+from recipegen.common.errors import InputError, RecipegenError, one_line
 from recipegen.common.units import GiB, MiB
 from recipegen.schema import Machine
 from recipegen.schema.sourced import split_sources
@@ -101,21 +102,43 @@ def _optional(call: Callable[[], Any]) -> Any:
         return None
 
 
+def _required(what: str, call: Callable[[], Any]) -> Any:
+    """A call whose figure the entry cannot do without: its failure (pynvml's NVMLError, which is no
+    OSError) becomes a refusal naming the call, not a traceback."""
+    try:
+        return call()
+    except Exception as exc:
+        reason = one_line(str(exc)) or type(exc).__name__
+        raise RecipegenError(f"NVML: {what} failed ({reason}). `nvidia-smi` should work on this host first: "
+                             "is the NVIDIA driver installed and loaded? Or write the machine file by hand "
+                             "(docs/fit.md, `recipegen machine detect`)", exit_code=2) from None
+
+
+@contextmanager
+def _nvml_session(nvml: Any) -> Iterator[None]:
+    """nvmlInit, then nvmlShutdown however the reading ends (its own failure does not hide the first)."""
+    _required("nvmlInit (loading the driver's NVML library)", nvml.nvmlInit)
+    try:
+        yield
+    finally:
+        _optional(nvml.nvmlShutdown)
+
+
 def read_gpus(nvml: Any) -> tuple[str, list[GpuReading]]:
     """The driver version and every GPU, through the NVML function table `nvml`."""
-    nvml.nvmlInit()
-    try:
-        driver = _text(nvml.nvmlSystemGetDriverVersion())
+    with _nvml_session(nvml):
+        driver = _text(_required("nvmlSystemGetDriverVersion", nvml.nvmlSystemGetDriverVersion))
         cuda = _optional(lambda: nvml.cuda_device_totals())
         out = []
-        for i in range(int(nvml.nvmlDeviceGetCount())):
-            h = nvml.nvmlDeviceGetHandleByIndex(i)
-            v1 = nvml.nvmlDeviceGetMemoryInfo(h)
+        for i in range(int(_required("nvmlDeviceGetCount", nvml.nvmlDeviceGetCount))):
+            h = _required(f"nvmlDeviceGetHandleByIndex({i})", lambda i=i: nvml.nvmlDeviceGetHandleByIndex(i))
+            v1 = _required(f"nvmlDeviceGetMemoryInfo (GPU {i})", lambda h=h: nvml.nvmlDeviceGetMemoryInfo(h))
             v2 = _optional(lambda h=h: nvml.nvmlDeviceGetMemoryInfo(h, version=NVML_MEMORY_V2))
-            major, minor = nvml.nvmlDeviceGetCudaComputeCapability(h)
+            major, minor = _required(f"nvmlDeviceGetCudaComputeCapability (GPU {i})",
+                                     lambda h=h: nvml.nvmlDeviceGetCudaComputeCapability(h))
             c2c = _optional(lambda h=h: nvml.nvmlDeviceGetC2cModeInfoV(h))
             out.append(GpuReading(
-                i, _text(nvml.nvmlDeviceGetName(h)), int(v1.total), int(v2.reserved) if v2 is not None else None,
+                i, _text(_required(f"nvmlDeviceGetName (GPU {i})", lambda h=h: nvml.nvmlDeviceGetName(h))), int(v1.total), int(v2.reserved) if v2 is not None else None,
                 int(cuda[i]) if cuda is not None and i < len(cuda) else None, f"{major}.{minor}",
                 _optional(lambda h=h: int(nvml.nvmlDeviceGetMaxPcieLinkGeneration(h))),
                 _optional(lambda h=h: int(nvml.nvmlDeviceGetMaxPcieLinkWidth(h))),
@@ -123,8 +146,6 @@ def read_gpus(nvml: Any) -> tuple[str, list[GpuReading]]:
                 _optional(lambda h=h: int(nvml.nvmlDeviceGetMemoryBusWidth(h))),
                 _optional(lambda h=h: int(nvml.nvmlDeviceGetMaxClockInfo(h, NVML_CLOCK_MEM)))))
         return driver, out
-    finally:
-        nvml.nvmlShutdown()
 
 
 def read_mem_total(text: str) -> int:
@@ -335,21 +356,24 @@ class PynvmlTable:
 
 def record(nvml: Any) -> dict[str, Any]:
     """The raw values of every NVML call `read_gpus` makes, as a fixture (`--record FILE`)."""
-    nvml.nvmlInit()
-    try:
-        out: dict[str, Any] = {"nvmlSystemGetDriverVersion": _text(nvml.nvmlSystemGetDriverVersion()),
-                               "cuda_device_totals": _optional(lambda: nvml.cuda_device_totals()), "devices": []}
-        for i in range(int(nvml.nvmlDeviceGetCount())):
-            h = nvml.nvmlDeviceGetHandleByIndex(i)
-            v1 = nvml.nvmlDeviceGetMemoryInfo(h)
+    with _nvml_session(nvml):
+        out: dict[str, Any] = {
+            "nvmlSystemGetDriverVersion": _text(_required("nvmlSystemGetDriverVersion",
+                                                          nvml.nvmlSystemGetDriverVersion)),
+            "cuda_device_totals": _optional(lambda: nvml.cuda_device_totals()), "devices": []}
+        for i in range(int(_required("nvmlDeviceGetCount", nvml.nvmlDeviceGetCount))):
+            h = _required(f"nvmlDeviceGetHandleByIndex({i})", lambda i=i: nvml.nvmlDeviceGetHandleByIndex(i))
+            v1 = _required(f"nvmlDeviceGetMemoryInfo (GPU {i})", lambda h=h: nvml.nvmlDeviceGetMemoryInfo(h))
             v2 = _optional(lambda h=h: nvml.nvmlDeviceGetMemoryInfo(h, version=NVML_MEMORY_V2))
             c2c = _optional(lambda h=h: nvml.nvmlDeviceGetC2cModeInfoV(h))
             out["devices"].append({
-                "nvmlDeviceGetName": _text(nvml.nvmlDeviceGetName(h)),
+                "nvmlDeviceGetName": _text(_required(f"nvmlDeviceGetName (GPU {i})",
+                                                     lambda h=h: nvml.nvmlDeviceGetName(h))),
                 "nvmlDeviceGetMemoryInfo": {"total": int(v1.total), "free": int(v1.free), "used": int(v1.used)},
                 "nvmlDeviceGetMemoryInfo_v2": (None if v2 is None else {
                     "total": int(v2.total), "reserved": int(v2.reserved), "free": int(v2.free), "used": int(v2.used)}),
-                "nvmlDeviceGetCudaComputeCapability": list(nvml.nvmlDeviceGetCudaComputeCapability(h)),
+                "nvmlDeviceGetCudaComputeCapability": list(_required(
+                    f"nvmlDeviceGetCudaComputeCapability (GPU {i})", lambda h=h: nvml.nvmlDeviceGetCudaComputeCapability(h))),
                 "nvmlDeviceGetMaxPcieLinkGeneration": _optional(lambda h=h: int(nvml.nvmlDeviceGetMaxPcieLinkGeneration(h))),
                 "nvmlDeviceGetMaxPcieLinkWidth": _optional(lambda h=h: int(nvml.nvmlDeviceGetMaxPcieLinkWidth(h))),
                 "nvmlDeviceGetC2cModeInfoV": None if c2c is None else {"isC2cEnabled": int(c2c.isC2cEnabled)},
@@ -357,8 +381,6 @@ def record(nvml: Any) -> dict[str, Any]:
                 "nvmlDeviceGetMaxClockInfo_mem": _optional(lambda h=h: int(nvml.nvmlDeviceGetMaxClockInfo(h, NVML_CLOCK_MEM))),
             })
         return out
-    finally:
-        nvml.nvmlShutdown()
 
 
 class RecordedNvml:

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from recipegen.common.errors import InputError
+from recipegen.common.files import output_target
 
 
 @click.group()
@@ -22,7 +23,7 @@ def machine() -> None:
 @click.option("--name", help="Entry name (default: the host name).")
 @click.option("--record", "record_to", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the raw NVML reading (every call's values) as JSON, e.g. for a test fixture.")
-@click.option("--force", is_flag=True, help="Overwrite an existing machine file.")
+@click.option("--force", is_flag=True, help="Overwrite an existing machine file (and --record file).")
 @click.option("--json", "as_json", is_flag=True, help="Print the entry and the readings as JSON.")
 def detect(output: Path | None, name: str | None, record_to: Path | None, force: bool, as_json: bool) -> None:
     """GPUs from NVML (name, memory as the driver reports it and the part CUDA does not see, compute
@@ -36,18 +37,26 @@ def detect(output: Path | None, name: str | None, record_to: Path | None, force:
     from recipegen.catalog.detect import PynvmlTable, record, to_yaml
     from recipegen.catalog.detect import detect as run_detect
 
+    # Both outputs are checked before NVML is read: a refused run writes nothing.
+    for path, option in ((output, "--output"), (record_to, "--record")):
+        if path is None:
+            continue
+        output_target(path, option)
+        if path.exists() and not force:
+            raise InputError("exists; pass --force to overwrite", file=str(path), field=option)
+    if output is not None and record_to is not None and output.resolve() == record_to.resolve():
+        raise InputError("is given as both --output and --record", file=str(output), field="--record")
     table = PynvmlTable()
     try:
         meminfo = Path("/proc/meminfo").read_text()
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror}", file="/proc/meminfo") from None
-    if record_to is not None:
-        atomic_write_text(record_to, json.dumps(record(table), indent=2) + "\n")
+    reading = record(table) if record_to is not None else None
     found = run_detect(table, meminfo, name=name)
     text = to_yaml(found.entry)
+    if record_to is not None:
+        atomic_write_text(record_to, json.dumps(reading, indent=2) + "\n")
     if output is not None:
-        if output.exists() and not force:
-            raise InputError("exists; pass --force to overwrite", file=str(output))
         output.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(output, text)
     if as_json:

@@ -240,3 +240,14 @@ def test_cli_outputs_are_checked_before_reading(monkeypatch: pytest.MonkeyPatch,
     recorded = json.loads((tmp_path / "r.json").read_text())
     assert recorded["devices"] == reading()["devices"]           # the fixture's own _source note aside
     assert yaml.safe_load(existing.read_text())["gpus"]["count"]["value"] == 8
+
+
+@pytest.mark.parametrize("name", ["H100\u0085x: y", "a\u0085\u0085b: c", "\u0085kind: x", "x\u2028y", "caf\u00e9"])
+def test_a_gpu_name_reads_back_as_detected(name: str) -> None:
+    # PyYAML folds a raw NEL inside a quoted scalar into a space or a line break on reading
+    odd = reading()
+    for device in odd["devices"]:
+        device["nvmlDeviceGetName"] = name
+    found = detect(RecordedNvml(odd), MEMINFO, host="dgx", date="2024-11-14")
+    back = yaml.safe_load(to_yaml(found.entry))
+    assert back == found.entry and back["gpus"]["kind"] == name

@@ -305,7 +305,9 @@ def validate_entry(entry: dict[str, Any], where: str) -> Machine:
 def to_yaml(entry: dict[str, Any]) -> str:
     head = ("# A machine entry written by `recipegen machine detect`: every figure says where and when it was\n"
             "# read. A recipe takes it inline under `machines:`, or `recipegen new MODEL --machine THIS_FILE`.\n")
-    return head + yaml.safe_dump(entry, sort_keys=False, allow_unicode=True, width=110)
+    # ASCII only: PyYAML writes NEL (U+0085) raw inside a quoted scalar and reads it back as a line
+    # break, so a GPU or host name holding one would not read back as detected; escapes round-trip.
+    return head + yaml.safe_dump(entry, sort_keys=False, allow_unicode=False, width=110)
 
 
 def plain_figures(entry: dict[str, Any]) -> dict[str, Any]:

@@ -305,9 +305,21 @@ def validate_entry(entry: dict[str, Any], where: str) -> Machine:
 def to_yaml(entry: dict[str, Any]) -> str:
     head = ("# A machine entry written by `recipegen machine detect`: every figure says where and when it was\n"
             "# read. A recipe takes it inline under `machines:`, or `recipegen new MODEL --machine THIS_FILE`.\n")
-    # ASCII only: PyYAML writes NEL (U+0085) raw inside a quoted scalar and reads it back as a line
-    # break, so a GPU or host name holding one would not read back as detected; escapes round-trip.
-    return head + yaml.safe_dump(entry, sort_keys=False, allow_unicode=False, width=110)
+    return head + yaml.dump(entry, Dumper=_EntryDumper, sort_keys=False, allow_unicode=True, width=110)
+
+
+class _EntryDumper(yaml.SafeDumper):
+    """PyYAML writes NEL (U+0085) raw inside a plain or single-quoted scalar and reads it back as a
+    line break or a space, so a GPU or host name holding one would not read back as detected: such
+    strings (and U+2028 / U+2029) are written double-quoted, where they are escapes."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    style = '"' if any(c in text for c in "\x85\u2028\u2029") else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_EntryDumper.add_representer(str, _represent_str)
 
 
 def plain_figures(entry: dict[str, Any]) -> dict[str, Any]:

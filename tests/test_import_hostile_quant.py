@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from test_import_quant_keys import copy_fixture
 
 from recipegen.cli import main
 from recipegen.common.errors import InputError
@@ -40,18 +41,6 @@ KIMI_DENSE = 24_386_751_456            # tests/test_import_quant_keys.py derives
 UNQUANTIZED = "routed experts left unquantized in some layers"
 
 
-def _copy(tmp_path: Path, fixture: str, edit: Callable[[dict], Any] | None = None, *,
-          file: str = "config.json") -> Path:
-    folder = tmp_path / fixture
-    folder.mkdir(parents=True)
-    for f in (FIX / fixture).iterdir():
-        if f.name != "SOURCE.md":
-            (folder / f.name).write_bytes(f.read_bytes())
-    if edit is not None:
-        doc = json.loads((folder / file).read_text())
-        edit(doc)
-        (folder / file).write_text(json.dumps(doc, indent=2))
-    return folder
 
 
 def _line_of(path: Path, needle: str) -> int:
@@ -68,7 +57,7 @@ def _refused(folder: Path) -> InputError:
 
 
 def _kimi_ignore(tmp_path: Path, ignore: Any) -> Path:
-    return _copy(tmp_path, KIMI, lambda c: c["quantization_config"].update(ignore=ignore))
+    return copy_fixture(tmp_path, KIMI, lambda c: c["quantization_config"].update(ignore=ignore))
 
 
 # --- 1. entries vLLM matches against routed experts, through wildcards, substrings and its name mapping
@@ -116,7 +105,7 @@ def test_modelopt_entry_missing_routed_experts_is_read(tmp_path: Path, entry: st
 def test_modelopt_nested_exclude_modules_wildcard_is_refused(tmp_path: Path) -> None:
     # hf_quant_config.json (nested form): Qwen3MoeForCausalLM has a mapper (qwen3_moe.py:552), so `model.layers.3.mlp*`
     # is split to `model.layers.3.mlp`, inside `model.layers.3.mlp.experts`.
-    folder = _copy(tmp_path, QWEN_NVFP4, lambda d: d["quantization"]["exclude_modules"].append("model.layers.3.mlp*"),
+    folder = copy_fixture(tmp_path, QWEN_NVFP4, lambda d: d["quantization"]["exclude_modules"].append("model.layers.3.mlp*"),
                    file="hf_quant_config.json")
     err = _refused(folder)
     assert err.file == str(folder / "hf_quant_config.json") and err.field == "quantization.exclude_modules"
@@ -128,7 +117,7 @@ def test_modelopt_nemotron_backbone_renamed_before_matching(tmp_path: Path) -> N
     # NemotronH's mapper renames the prefix `backbone` -> `model` (nemotron_h.py:734-736); its experts are
     # `model.layers.N.mixer.experts`. Layer 1 is an `E` layer of MEMEM*...; `...layers.1.mixer` is not inside
     # `...layers.10.mixer...` (10 is `E` too), so 1 of the 23.
-    folder = _copy(tmp_path, NEMO_NVFP4, lambda d: d["quantization"]["exclude_modules"].append(
+    folder = copy_fixture(tmp_path, NEMO_NVFP4, lambda d: d["quantization"]["exclude_modules"].append(
         "backbone.layers.1.mixer*"), file="hf_quant_config.json")
     err = _refused(folder)
     assert "held by vLLM as `model.layers.1.mixer`" in err.message
@@ -139,24 +128,24 @@ def test_modelopt_nemotron_backbone_renamed_before_matching(tmp_path: Path) -> N
 def test_fp8_entries_matched_as_vllm_matches_them(tmp_path: Path) -> None:
     base, _ = import_model(FIX / QWEN_FP8)
     # `ignored_layers` wins over `modules_to_not_convert` when non-empty (fp8.py:162-168): named in the refusal.
-    folder = _copy(tmp_path, QWEN_FP8, lambda c: c["quantization_config"].update(
+    folder = copy_fixture(tmp_path, QWEN_FP8, lambda c: c["quantization_config"].update(
         ignored_layers=["model.layers.3.mlp.experts.0.gate_proj"]))
     err = _refused(folder)
     assert err.field == "quantization_config.ignored_layers" and UNQUANTIZED in err.message
     assert "entries match 1 of the 94 MoE layers" in err.message
     # An entry holding the experts' name skips the layer even when it also says `shared_expert`, which the old
     # check let through.
-    folder = _copy(tmp_path / "s", QWEN_FP8, lambda c: c["quantization_config"].update(
+    folder = copy_fixture(tmp_path / "s", QWEN_FP8, lambda c: c["quantization_config"].update(
         modules_to_not_convert=["model.layers.2.mlp.experts.shared_expert"]))
     assert "decoder layer 2," in _refused(folder).message
     # A name past the 94 decoder layers matches no module vLLM builds: read, nothing changes.
-    folder = _copy(tmp_path / "p", QWEN_FP8, lambda c: c["quantization_config"].update(
+    folder = copy_fixture(tmp_path / "p", QWEN_FP8, lambda c: c["quantization_config"].update(
         modules_to_not_convert=["model.layers.94.mlp.experts"]))
     assert import_model(folder)[0].dense_bytes == base.dense_bytes
 
 
 def _kimi_ct_ignore(tmp_path: Path, ignore: Any) -> Path:
-    return _copy(tmp_path, KIMI_CT, lambda c: c["text_config"]["quantization_config"].update(ignore=ignore))
+    return copy_fixture(tmp_path, KIMI_CT, lambda c: c["text_config"]["quantization_config"].update(ignore=ignore))
 
 
 def test_compressed_tensors_ignore_matching_routed_experts_is_refused(tmp_path: Path) -> None:
@@ -205,12 +194,12 @@ def test_modelopt_ignore_must_be_a_list(tmp_path: Path, value: Any) -> None:
 
 
 def test_modelopt_empty_ignore_does_not_win_over_exclude_modules(tmp_path: Path) -> None:
-    folder = _copy(tmp_path, KIMI, lambda c: c["quantization_config"].update(ignore={}, exclude_modules=["lm_head"]))
+    folder = copy_fixture(tmp_path, KIMI, lambda c: c["quantization_config"].update(ignore={}, exclude_modules=["lm_head"]))
     assert _refused(folder).field == "quantization_config.ignore"
 
 
 def test_modelopt_nested_exclude_modules_null_is_refused(tmp_path: Path) -> None:
-    folder = _copy(tmp_path, QWEN_NVFP4, lambda d: d["quantization"].update(exclude_modules=None),
+    folder = copy_fixture(tmp_path, QWEN_NVFP4, lambda d: d["quantization"].update(exclude_modules=None),
                    file="hf_quant_config.json")
     err = _refused(folder)
     assert err.field == "quantization.exclude_modules" and "got null" in err.message
@@ -219,7 +208,7 @@ def test_modelopt_nested_exclude_modules_null_is_refused(tmp_path: Path) -> None
 @pytest.mark.parametrize("key", ["modules_to_not_convert", "ignored_layers"])
 @pytest.mark.parametrize("value", [{}, False, 0, ""])
 def test_fp8_module_lists_must_be_lists(tmp_path: Path, key: str, value: Any) -> None:
-    folder = _copy(tmp_path, QWEN_FP8, lambda c: c["quantization_config"].update({key: value}))
+    folder = copy_fixture(tmp_path, QWEN_FP8, lambda c: c["quantization_config"].update({key: value}))
     err = _refused(folder)
     assert err.field == f"quantization_config.{key}" and "must be a list of module names" in err.message
     assert err.line == _line_of(folder / "config.json", f'"{key}"')
@@ -229,9 +218,9 @@ def test_fp8_null_lists_are_absent_as_in_vllm(tmp_path: Path) -> None:
     # fp8.py:162-168 + :117: a null `ignored_layers` falls back to `modules_to_not_convert`; a null
     # `modules_to_not_convert` is an empty list. Both leave the checkpoint's figure.
     base, _ = import_model(FIX / QWEN_FP8)
-    m, _ = import_model(_copy(tmp_path, QWEN_FP8, lambda c: c["quantization_config"].update(ignored_layers=None)))
+    m, _ = import_model(copy_fixture(tmp_path, QWEN_FP8, lambda c: c["quantization_config"].update(ignored_layers=None)))
     assert m.dense_bytes == base.dense_bytes
-    m, _ = import_model(_copy(tmp_path / "n", QWEN_FP8, lambda c: c["quantization_config"].update(
+    m, _ = import_model(copy_fixture(tmp_path / "n", QWEN_FP8, lambda c: c["quantization_config"].update(
         modules_to_not_convert=None)))
     assert m.dense_bytes == base.dense_bytes   # the checkpoint lists norms and routers only: bf16 either way
 
@@ -244,7 +233,7 @@ def test_compressed_tensors_ignore_must_be_a_list(tmp_path: Path, value: Any) ->
 
 
 def test_kv_cache_scheme_of_the_wrong_type_is_refused(tmp_path: Path) -> None:
-    err = _refused(_copy(tmp_path, KIMI, lambda c: c["quantization_config"].update(kv_cache_scheme=False)))
+    err = _refused(copy_fixture(tmp_path, KIMI, lambda c: c["quantization_config"].update(kv_cache_scheme=False)))
     assert err.field == "quantization_config.kv_cache_scheme" and "expected an object or null" in err.message
 
 
@@ -268,7 +257,7 @@ def test_kv_cache_scheme_of_the_wrong_type_is_refused(tmp_path: Path) -> None:
 ])
 def test_float_where_an_integer_belongs_is_refused(tmp_path: Path, fixture: str, file: str, edit: Callable,
                                                    field: str) -> None:
-    folder = _copy(tmp_path, fixture, edit, file=file)
+    folder = copy_fixture(tmp_path, fixture, edit, file=file)
     err = _refused(folder)
     assert err.field == field and "expected an integer" in err.message and err.file == str(folder / file)
     assert err.line is not None
@@ -277,14 +266,14 @@ def test_float_where_an_integer_belongs_is_refused(tmp_path: Path, fixture: str,
 # --- 4. messages that say what is wrong
 
 def test_architectures_string_is_not_a_list(tmp_path: Path) -> None:
-    folder = _copy(tmp_path, QWEN_FP8, lambda c: c.update(architectures="Qwen3MoeForCausalLM"))
+    folder = copy_fixture(tmp_path, QWEN_FP8, lambda c: c.update(architectures="Qwen3MoeForCausalLM"))
     err = _refused(folder)
     assert err.field == "architectures" and "must be a list of strings" in err.message
     assert "'Q'" not in err.message and err.line == _line_of(folder / "config.json", '"architectures"')
 
 
 def test_weight_map_list_must_be_an_object(tmp_path: Path) -> None:
-    folder = _copy(tmp_path, QWEN_FP8)
+    folder = copy_fixture(tmp_path, QWEN_FP8)
     (folder / "model.safetensors.index.json").write_text('{\n  "metadata": {"total_size": 10},\n  "weight_map": []\n}')
     err = _refused(folder)
     assert err.field == "weight_map" and err.line == 3
@@ -292,7 +281,7 @@ def test_weight_map_list_must_be_an_object(tmp_path: Path) -> None:
 
 
 def test_hf_quant_config_not_an_object_has_line_1(tmp_path: Path) -> None:
-    folder = _copy(tmp_path, QWEN_NVFP4)
+    folder = copy_fixture(tmp_path, QWEN_NVFP4)
     (folder / "hf_quant_config.json").write_text("[]\n")
     err = _refused(folder)
     assert err.file == str(folder / "hf_quant_config.json") and err.line == 1 and "must be a JSON object" in err.message
@@ -301,7 +290,7 @@ def test_hf_quant_config_not_an_object_has_line_1(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["config.json", "hf_quant_config.json", "model.safetensors.index.json"])
 def test_dangling_link_is_a_link_to_nothing(tmp_path: Path, name: str) -> None:
     # A dangling hf_quant_config.json was read as "no hf_quant_config.json": the NVFP4 checkpoint imported as bf16.
-    folder = _copy(tmp_path, QWEN_NVFP4)
+    folder = copy_fixture(tmp_path, QWEN_NVFP4)
     (folder / name).unlink(missing_ok=True)
     os.symlink(tmp_path / "gone.json", folder / name)
     result = CliRunner().invoke(main, ["model", "import", str(folder), "-o", "-"])

@@ -10,7 +10,9 @@ model's geometry, not from the importer.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -23,17 +25,21 @@ FIX = REPO / "tests" / "fixtures" / "hf_configs"
 KIMI = "kimi-k2.7-code-nvfp4"
 
 
-def _copy(tmp_path: Path, fixture: str, edit=None) -> Path:
+def copy_fixture(tmp_path: Path, fixture: str, edit: Callable[[dict], Any] | None = None, *,
+                 file: str = "config.json") -> Path:
+    """A copy of the fixture folder (without its SOURCE.md) in tmp_path, `edit` applied to `file`'s JSON."""
     folder = tmp_path / fixture
     folder.mkdir(parents=True)
     for f in (FIX / fixture).iterdir():
         if f.name != "SOURCE.md":
             (folder / f.name).write_bytes(f.read_bytes())
     if edit is not None:
-        cfg = json.loads((folder / "config.json").read_text())
-        edit(cfg)
-        (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+        doc = json.loads((folder / file).read_text())
+        edit(doc)
+        (folder / file).write_text(json.dumps(doc, indent=2))
     return folder
+
+
 
 
 def test_modelopt_flat_ignore_and_kv_cache_scheme() -> None:
@@ -61,7 +67,7 @@ def test_modelopt_flat_ignore_and_kv_cache_scheme() -> None:
 
 
 def test_modelopt_unread_key_is_refused(tmp_path: Path) -> None:
-    folder = _copy(tmp_path, KIMI, lambda c: c["quantization_config"].update(sparsity_config={"format": "2:4"}))
+    folder = copy_fixture(tmp_path, KIMI, lambda c: c["quantization_config"].update(sparsity_config={"format": "2:4"}))
     with pytest.raises(InputError) as e:
         import_model(folder)
     assert e.value.field == "quantization_config.sparsity_config" and "config.json" in str(e.value)
@@ -69,7 +75,7 @@ def test_modelopt_unread_key_is_refused(tmp_path: Path) -> None:
 
 def test_modelopt_weight_only_groups_are_refused(tmp_path: Path) -> None:
     # vLLM routes every-group-input_activations-null checkpoints to W4A16_NVFP4 (modelopt.py:801-811).
-    folder = _copy(tmp_path, KIMI, lambda c: c["quantization_config"]["config_groups"]["group_0"].update(
+    folder = copy_fixture(tmp_path, KIMI, lambda c: c["quantization_config"]["config_groups"]["group_0"].update(
         input_activations=None))
     with pytest.raises(InputError) as e:
         import_model(folder)
@@ -77,7 +83,7 @@ def test_modelopt_weight_only_groups_are_refused(tmp_path: Path) -> None:
 
 
 def test_modelopt_unknown_kv_scheme_is_refused(tmp_path: Path) -> None:
-    folder = _copy(tmp_path, KIMI, lambda c: c["quantization_config"].update(
+    folder = copy_fixture(tmp_path, KIMI, lambda c: c["quantization_config"].update(
         kv_cache_scheme={"dynamic": False, "num_bits": 4, "type": "float"}))
     with pytest.raises(InputError) as e:
         import_model(folder)
@@ -87,7 +93,7 @@ def test_modelopt_unknown_kv_scheme_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("key", "value"), [("quant_level", 3), ("store_dtype", "mxfp4"),
                                             ("kv_cache_scheme", {"num_bits": 8})])
 def test_fp8_unread_key_is_refused(tmp_path: Path, key: str, value: object) -> None:
-    folder = _copy(tmp_path, "qwen3-235b-a22b-fp8", lambda c: c["quantization_config"].update({key: value}))
+    folder = copy_fixture(tmp_path, "qwen3-235b-a22b-fp8", lambda c: c["quantization_config"].update({key: value}))
     with pytest.raises(InputError) as e:
         import_model(folder)
     assert e.value.field == f"quantization_config.{key}"
@@ -95,13 +101,13 @@ def test_fp8_unread_key_is_refused(tmp_path: Path, key: str, value: object) -> N
 
 def test_fp8_static_activations_and_per_tensor_are_refused(tmp_path: Path) -> None:
     # vLLM 0.33 fp8.py:127-132 raises for block-wise FP8 with a static activation scheme.
-    folder = _copy(tmp_path, "qwen3-235b-a22b-fp8", lambda c: c["quantization_config"].update(
+    folder = copy_fixture(tmp_path, "qwen3-235b-a22b-fp8", lambda c: c["quantization_config"].update(
         activation_scheme="static"))
     with pytest.raises(InputError) as e:
         import_model(folder)
     assert e.value.field == "quantization_config.activation_scheme"
     # Per-tensor FP8 (no weight_block_size) quantizes the dense layers too: refused, not sized as bf16 dense.
-    folder = _copy(tmp_path / "pt", "qwen3-235b-a22b-fp8", lambda c: c["quantization_config"].pop("weight_block_size"))
+    folder = copy_fixture(tmp_path / "pt", "qwen3-235b-a22b-fp8", lambda c: c["quantization_config"].pop("weight_block_size"))
     with pytest.raises(InputError) as e:
         import_model(folder)
     assert e.value.field == "quantization_config.quant_method" and "per-tensor" in e.value.message
@@ -118,18 +124,18 @@ def test_fp8_modules_to_not_convert_keep_linear_layers_bf16(tmp_path: Path) -> N
     # Norms and routers listed (as the real checkpoint lists 283 of them): already bf16, nothing changes.
     names = ["lm_head"] + [f"model.layers.{i}.{n}" for i in range(94)
                            for n in ("input_layernorm", "mlp.gate", "post_attention_layernorm")]
-    folder = _copy(tmp_path, "qwen3-235b-a22b-fp8",
+    folder = copy_fixture(tmp_path, "qwen3-235b-a22b-fp8",
                    lambda c: c["quantization_config"].update(modules_to_not_convert=names))
     same, _ = import_model(folder)
     assert same.dense_bytes == base.dense_bytes
     # One linear layer listed: layer 0's o_proj [4096, 64 × 128] goes from FP8 + fp32 block scales to bf16.
     o = 4096 * 8192
-    folder = _copy(tmp_path / "o", "qwen3-235b-a22b-fp8", lambda c: c["quantization_config"].update(
+    folder = copy_fixture(tmp_path / "o", "qwen3-235b-a22b-fp8", lambda c: c["quantization_config"].update(
         modules_to_not_convert=["model.layers.0.self_attn.o_proj"]))
     one, _ = import_model(folder)
     assert one.dense_bytes - base.dense_bytes == 2 * o - (o + 32 * 64 * 4)
     # Routed experts listed: some MoE layers unquantized, refused.
-    folder = _copy(tmp_path / "e", "qwen3-235b-a22b-fp8", lambda c: c["quantization_config"].update(
+    folder = copy_fixture(tmp_path / "e", "qwen3-235b-a22b-fp8", lambda c: c["quantization_config"].update(
         modules_to_not_convert=["model.layers.0.mlp.experts"]))
     with pytest.raises(InputError) as e:
         import_model(folder)
@@ -137,12 +143,12 @@ def test_fp8_modules_to_not_convert_keep_linear_layers_bf16(tmp_path: Path) -> N
 
 
 def test_compressed_tensors_unread_key_is_refused(tmp_path: Path) -> None:
-    folder = _copy(tmp_path, "kimi-k2.5", lambda c: c["text_config"]["quantization_config"].update(
+    folder = copy_fixture(tmp_path, "kimi-k2.5", lambda c: c["text_config"]["quantization_config"].update(
         kv_cache_scheme={"num_bits": 8, "type": "float"}))
     with pytest.raises(InputError) as e:
         import_model(folder)
     assert e.value.field == "text_config.quantization_config.kv_cache_scheme"
-    folder = _copy(tmp_path / "z", "kimi-k2.5", lambda c: c["text_config"]["quantization_config"]["config_groups"]
+    folder = copy_fixture(tmp_path / "z", "kimi-k2.5", lambda c: c["text_config"]["quantization_config"]["config_groups"]
                    ["group_0"]["weights"].update(symmetric=False))
     with pytest.raises(InputError) as e:
         import_model(folder)
@@ -150,7 +156,7 @@ def test_compressed_tensors_unread_key_is_refused(tmp_path: Path) -> None:
 
 
 def test_mxfp4_unread_key_is_refused(tmp_path: Path) -> None:
-    folder = _copy(tmp_path, "gpt-oss-20b", lambda c: c["quantization_config"].update(group_size=16))
+    folder = copy_fixture(tmp_path, "gpt-oss-20b", lambda c: c["quantization_config"].update(group_size=16))
     with pytest.raises(InputError) as e:
         import_model(folder)
     assert e.value.field == "quantization_config.group_size"

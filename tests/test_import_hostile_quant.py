@@ -41,8 +41,6 @@ KIMI_DENSE = 24_386_751_456            # tests/test_import_quant_keys.py derives
 UNQUANTIZED = "routed experts left unquantized in some layers"
 
 
-
-
 def _line_of(path: Path, needle: str) -> int:
     """The 1-based line of the only line of `path` holding `needle`."""
     hits = [i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line]

@@ -40,8 +40,6 @@ def copy_fixture(tmp_path: Path, fixture: str, edit: Callable[[dict], Any] | Non
     return folder
 
 
-
-
 def test_modelopt_flat_ignore_and_kv_cache_scheme() -> None:
     m, text = import_model(FIX / KIMI)
     # kv_cache_scheme {dynamic false, num_bits 8, type float}: an FP8 cache, 61 MLA layers × (512 + 64) × 1 B.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,21 +34,78 @@ def _decode_only_option(func: Any) -> Any:
                              "usage or token_ids); the field reports' histograms are decode-only.")(func)
 
 
-def _parse_size(text: str, field: str) -> int:
-    from recipegen.common.units import UnitError, parse_bytes
+# A size on the command line: at most 1 EiB (19 digits of bytes), and no longer than any way of
+# writing one ('1,152,921,504,606,846,976 B'): checked before int() or a float sees the digits.
+_MAX_SIZE_CHARS = 48
+_PLAIN_BYTES = re.compile(r"[0-9]+")
+
+
+def _parse_size(text: str, field: str, *, positive: bool = False) -> int:
+    """A byte size (`18800640`, `'17.93 MiB'`), from 0 (1 with `positive`) to 1 EiB."""
+    from recipegen.common.units import MAX_BYTES, UnitError, parse_bytes
+    if len(text) > _MAX_SIZE_CHARS:
+        raise InputError(f"{len(text):,} characters is no size (at most 1 EiB, e.g. '62 GiB')",
+                         field=field)
     stripped = text.strip().replace("_", "").replace(",", "")
-    if stripped.isdigit():
-        return int(stripped)
+    if _PLAIN_BYTES.fullmatch(stripped):
+        if len(stripped.lstrip("0")) > len(str(MAX_BYTES)) or int(stripped) > MAX_BYTES:
+            raise InputError(f"{text!r} is beyond any real size (at most 1 EiB)", field=field)
+        value = int(stripped)
+    else:
+        try:
+            value = parse_bytes(text)
+        except UnitError as exc:
+            raise InputError(str(exc), field=field) from None
+    if value < 0 or (positive and value == 0):
+        raise InputError(f"{text!r}: must be {'positive' if positive else 'zero or more'}",
+                         field=field)
+    return value
+
+
+# Longest file name an output may have: its lock and temp files (`.<name>.recipegen-lock`) beside
+# it must fit the 255 bytes a file name can be, or the refusal would name recipegen's own file.
+def _max_output_name() -> int:
+    from recipegen.common.lock import LOCK_SUFFIX, TEMP_SUFFIX
+    return 255 - 1 - max(len(LOCK_SUFFIX), len(TEMP_SUFFIX))
+
+
+def _output(path: str | Path, option: str, inputs: tuple[str | Path, ...] = ()) -> Path:
+    """An output path checked before any work: a regular file or nothing there (not a link, a
+    FIFO, a device or a folder), a file name short enough for its lock and temp, and not one
+    of the command's own input files."""
+    from recipegen.common.files import output_target
+
+    target = Path(path)
+    name = os.fsencode(target.name)
+    if not name:
+        raise InputError("names no file", file=str(path), field=option)
+    if len(name) > _max_output_name():
+        raise InputError(f"the file name is {len(name)} bytes; an output's can be at most "
+                         f"{_max_output_name()} (its lock and temp file beside it add "
+                         f"{255 - _max_output_name()})", file=str(path), field=option)
+    output_target(target, option)
     try:
-        return parse_bytes(text)
-    except UnitError as exc:
-        raise InputError(str(exc), field=field) from None
+        resolved = target.resolve()
+    except (OSError, RuntimeError) as exc:  # a link loop on the way
+        raise InputError(f"cannot resolve the path ({exc})", file=str(path), field=option) from None
+    for item in inputs:
+        source = Path(item)
+        try:
+            same = source.resolve() == resolved or (target.exists() and source.exists()
+                                                    and os.path.samefile(source, target))
+        except OSError:
+            same = False
+        if same:
+            raise InputError(f"is also an input of this command ({item}); write the output "
+                             "elsewhere", file=str(path), field=option)
+    return target
 
 
 def _geometry(recipe: str | None, experts: int | None, layers: str | None,
               bytes_per_expert: str | None, captures: list[str]) -> Any:
     from recipegen.rowmap.inputs import Geometry, capture_layer_count, parse_layers
-    bpe = _parse_size(bytes_per_expert, "--bytes-per-expert") if bytes_per_expert else None
+    bpe = (_parse_size(bytes_per_expert, "--bytes-per-expert", positive=True)
+           if bytes_per_expert is not None else None)
     if recipe:
         from recipegen.rowmap.inputs import geometry_from_recipe
         geo = geometry_from_recipe(recipe)
@@ -68,6 +126,17 @@ def _geometry(recipe: str | None, experts: int | None, layers: str | None,
     else:
         raise InputError("give --layers with --experts (e.g. --layers 0-39), or --recipe", field="--layers")
     return Geometry(moe_layers, experts, bpe, source="command line")
+
+
+def _recipe_inputs(recipe: str | None) -> tuple[Path, ...]:
+    """The recipe file `--recipe` names, when it names one (an input the output must not be)."""
+    if not recipe:
+        return ()
+    from recipegen.load.recipe import resolve_recipe_path
+    try:
+        return (resolve_recipe_path(recipe),)
+    except (InputError, OSError):  # a missing recipe is refused by the read that follows
+        return ()
 
 
 def _write(path: str | Path, text: str) -> None:
@@ -152,6 +221,7 @@ def build(inputs: tuple[str, ...], hot: int | None, cold_budget: str | None, uni
         raise InputError("give exactly one of --hot N and --cold-budget BYTES", field="--hot")
     if uniform and cold_budget is None:
         raise InputError("--uniform goes with --cold-budget", field="--uniform")
+    _output(output, "--output", (*inputs, *_recipe_inputs(recipe)))
     captures = [p for p in inputs if not is_histogram_file(p)]
     geo = _geometry(recipe, experts, layers, bytes_per_expert, captures)
     named = read_histograms(inputs, geo if geo and geo.num_experts else None,
@@ -320,8 +390,9 @@ def show(map_path: str, recipe: str | None, bytes_per_expert: str | None, as_jso
                              f"({len(geo.moe_layer_indices)} × {geo.num_experts})",
                              file=map_path, field="moe_layers")
         bpe, source = geo.bytes_per_expert, geo.source
-    elif bytes_per_expert:
-        bpe, source = _parse_size(bytes_per_expert, "--bytes-per-expert"), "command line"
+    elif bytes_per_expert is not None:
+        bpe = _parse_size(bytes_per_expert, "--bytes-per-expert", positive=True)
+        source = "command line"
     if as_json:
         hot, cold = sum(rm.hot_counts()), sum(rm.cold_counts())
         _emit_json({"map": map_path, "moe_layers": list(rm.moe_layer_indices),
@@ -352,6 +423,7 @@ def reduce(captures: tuple[str, ...], output: str, source: str | None, recipe: s
 
     from recipegen.rowmap.inputs import is_histogram_file, read_histograms
 
+    _output(output, "--output", (*captures, *_recipe_inputs(recipe)))
     for c in captures:
         if is_histogram_file(c):
             raise InputError("is already a histogram; `reduce` takes captures", file=c)
@@ -398,16 +470,29 @@ def synth(output_dir: str, classes: tuple[str, ...], seed: int, tokens: int, cor
                          field="--recipe")
     k = geo.top_k or top_k
     if not k or k <= 0 or k > geo.num_experts:
-        raise InputError("give a top-k between 1 and the expert count", field="--top-k")
-    import re
-    for name in classes:
+        raise InputError(f"give a top-k between 1 and the expert count ({geo.num_experts})",
+                         field="--top-k")
+    longest = _max_output_name() - len(".hist")
+    for name in classes:  # every name, before anything is written
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-            raise InputError(f"class name {name!r} must be letters, digits, '.', '_' or '-' "
+            raise InputError(f"class name {name[:64]!r} must be letters, digits, '.', '_' or '-' "
                              f"(it names the file)", field="--class")
-    if tokens <= 0:
-        raise InputError("must be positive", field="--tokens")
+        if len(name) > longest:
+            raise InputError(f"class name of {len(name)} characters: at most {longest} (it "
+                             f"names the file {{class}}.hist)", field="--class")
+    from expert_residency.formats.histogram import MAX_TOTAL
+    most_tokens = MAX_TOTAL // (k * len(geo.moe_layer_indices))
+    if not 0 < tokens <= most_tokens:
+        raise InputError(f"must be from 1 to {most_tokens:,} (tokens × top-k {k} × "
+                         f"{len(geo.moe_layer_indices)} MoE layers is the histogram's count "
+                         "total, at most 2^63 - 1)", field="--tokens")
     if not 0 <= correlation < 1:
         raise InputError("must be in [0, 1)", field="--correlation")
+    folder = Path(output_dir)
+    if folder.exists() and not folder.is_dir():
+        raise InputError("is not a folder", file=output_dir, field="--output-dir")
+    for name in classes:
+        _output(folder / f"{name}.hist", "--output-dir", _recipe_inputs(recipe))
     from expert_residency.formats._io import format_index_ranges
     geometry_args = (f"--recipe {recipe}" if recipe else
                      f"--experts {geo.num_experts} --layers "
@@ -446,6 +531,8 @@ def save_live(recipe: str, lane: str, cls: str, dump_dir: Path | None, machine: 
     from recipegen.ops.livemap import save_live as run
 
     path = resolve_recipe_path(recipe)
+    if output is not None:
+        _output(output, "--output", (path,))
     with recipe_lock(path, echo=click.echo):  # the class's map is the recipe's: one writer at a time
         loaded = load_recipe(path)
         root = project_root_of(loaded.base_dir)
@@ -453,6 +540,9 @@ def save_live(recipe: str, lane: str, cls: str, dump_dir: Path | None, machine: 
             from recipegen.ops.rendering import Rendering
 
             dump_dir = Rendering.load(str(path), machine).out_dir / "dumps" / lane
+        if output is not None and Path(output).resolve().is_relative_to(Path(dump_dir).resolve()):
+            raise InputError(f"is inside the dump folder {dump_dir} this command reads; write the "
+                             "map elsewhere", file=output, field="--output")
         if Path(os.path.abspath(dump_dir)).is_relative_to(root):
             # inside the project: no link on the way may lead out of it (dumps/<lane> -> /)
             project_path(root, dump_dir, what="the dump folder", field="--dump-dir")

@@ -159,19 +159,30 @@ def parse_layers(text: str) -> tuple[int, ...]:
 
 
 def capture_layer_count(path: str) -> int:
-    """Layer-axis length of a capture (to default --layers to 0..n-1)."""
+    """Layer-axis length of a capture (to default --layers to 0..n-1), at most MAX_LAYERS:
+    checked from the header before the layer list is built."""
     import numpy as np
+    from expert_residency.formats._io import MAX_LAYERS
     from expert_residency.formats.capture import iter_vllm_capture
+
+    count, line = None, None
     try:
         if capture_kind(path) == "npy":
-            return int(np.load(path, mmap_mode="r", allow_pickle=False).shape[1])
-        for ids, _, _, _, _ in iter_vllm_capture(path):
-            return int(ids.shape[1])
+            count = int(np.load(path, mmap_mode="r", allow_pickle=False).shape[1])
+        else:
+            first = next(iter_vllm_capture(path), None)
+            if first is not None:
+                count, line = int(first[0].shape[1]), first[2]
     except FormatError as exc:
         raise input_error(exc) from None
-    except (ValueError, IndexError) as exc:
+    except (ValueError, IndexError, OSError) as exc:
         raise InputError(f"cannot read capture ({exc})", file=path) from None
-    raise InputError("capture holds no routed_experts", file=path)
+    if count is None:
+        raise InputError("capture holds no routed_experts", file=path)
+    if not 0 < count <= MAX_LAYERS:
+        raise InputError(f"capture has {count:,} layers; a model has 1 to {MAX_LAYERS:,} (give "
+                         "--layers for its MoE layers)", file=path, line=line, field="layers")
+    return count
 
 
 def short_names(names: Sequence[str]) -> list[str]:

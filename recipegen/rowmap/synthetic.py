@@ -67,6 +67,14 @@ def synthetic_histogram(seed: int, class_name: str, *, moe_layer_indices: Sequen
                         correlation: float = DEFAULT_CORRELATION,
                         model_revision: str = "") -> Histogram:
     layers = tuple(moe_layer_indices)
+    from expert_residency.formats.histogram import MAX_TOTAL
+
+    # bounded before numpy sees them (`rowmap synth` words these for its options)
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k {top_k} is not between 1 and num_experts ({num_experts})")
+    if not layers or not 0 < tokens <= MAX_TOTAL // (top_k * len(layers)):
+        raise ValueError(f"{tokens} tokens x top_k {top_k} x {len(layers)} layers is no "
+                         "histogram (its count total is at most 2^63 - 1)")
     ranking = class_ranking(seed, class_name, len(layers), num_experts, correlation)
     profile = rank_profile(num_experts)
     rng = _rng(seed, "counts", class_name)

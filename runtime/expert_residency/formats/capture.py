@@ -17,6 +17,11 @@ Two capture sources:
 Layer axis: if it has as many entries as the histogram's MoE layers, entry i is MoE layer i;
 otherwise it must cover every MoE layer index (entry = decoder layer index), and only the
 MoE layers' columns are counted (dense layers carry no routing).
+
+Shapes are checked before anything is allocated from them or read (docs/formats.md, "Checked from
+the header"): a `routed_experts` `.npy` header must describe exactly the bytes after it; top_k is
+from 1 to num_experts and the layer axis fits the geometry, from a raw `.npy`'s header before its
+first chunk; at most 2^23 ids are converted to int64 at a time.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import base64
 import binascii
 import io
 import json
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -38,23 +44,69 @@ from .histogram import Histogram
 
 ProgressFn = Callable[[int, int], None]  # (units done, units total)
 
-DEFAULT_CHUNK_TOKENS = 1 << 14  # ~60 MB of int64 work arrays per chunk at 40 × top-6
+DEFAULT_CHUNK_TOKENS = 1 << 14  # ~30 MB of int64 work arrays per chunk at 40 × top-6
+# At most this many ids are converted to int64 at once (64 MiB), whatever a capture's shape:
+# chunks and steps shrink to fit, down to one token.
+_WORK_ITEMS = 1 << 23
 
 
 def decode_routed_experts(b64: str, *, path: str | os.PathLike[str] | None = None,
                           line: int | None = None) -> np.ndarray:
-    """vLLM's `routed_experts` string → array `(tokens, layers, top_k)`."""
+    """vLLM's `routed_experts` string → array `(tokens, layers, top_k)`.
+
+    The `.npy` header is read first and must describe exactly the bytes after it (a 3-D integer
+    array of `tokens × layers × top_k` items): a header declaring a larger array than the
+    string holds is refused before anything is allocated for it."""
     try:
         raw = base64.b64decode(b64, validate=True)
     except (binascii.Error, ValueError):
         raise FormatError("routed_experts is not valid base64", path=path, line=line,
                           field="routed_experts") from None
+    buffer = io.BytesIO(raw)
+    _npy_header(buffer, path=path, line=line)  # before np.load allocates what it declares
+    buffer.seek(0)
     try:
-        array = np.load(io.BytesIO(raw), allow_pickle=False)
+        array = np.load(buffer, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise FormatError(f"routed_experts is not a .npy array ({exc})", path=path, line=line,
                           field="routed_experts") from None
     return _check_capture_array(array, path=path, line=line, field="routed_experts")
+
+
+def _npy_header(buffer: io.BytesIO, *, path: Any, line: int | None
+                ) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """(shape, dtype) of the `.npy` bytes in `buffer`, checked against the bytes that follow the
+    header: a 3-D integer array whose `tokens × layers × top_k × itemsize` is exactly their
+    count. Read with numpy's own header parser (bounded header size), nothing allocated."""
+    from numpy.lib import format as npy_format
+
+    def refuse(reason: str) -> FormatError:
+        return FormatError(f"routed_experts is not a .npy array ({reason})", path=path, line=line,
+                           field="routed_experts")
+
+    try:
+        version = npy_format.read_magic(buffer)
+        if version == (1, 0):
+            shape, _, dtype = npy_format.read_array_header_1_0(buffer)
+        elif version == (2, 0):
+            shape, _, dtype = npy_format.read_array_header_2_0(buffer)
+        else:
+            raise refuse(f"unsupported .npy format version {version[0]}.{version[1]}")
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
+        raise refuse(str(exc)) from None
+    if len(shape) != 3 or any(int(n) < 0 for n in shape):
+        raise FormatError(f"capture has shape {shape}, expected (tokens, layers, top_k)",
+                          path=path, line=line, field="routed_experts")
+    if dtype.kind not in "iu":
+        raise FormatError(f"capture dtype {dtype} is not an integer type", path=path, line=line,
+                          field="routed_experts")
+    declared = math.prod(int(n) for n in shape) * dtype.itemsize  # Python ints: no overflow
+    present = len(buffer.getbuffer()) - buffer.tell()
+    if declared != present:
+        raise FormatError(f"the .npy header declares shape {shape} of {dtype} ({declared:,} "
+                          f"bytes) but {present:,} bytes follow it", path=path, line=line,
+                          field="routed_experts")
+    return tuple(int(n) for n in shape), dtype
 
 
 def _check_capture_array(array: np.ndarray, *, path: Any = None, line: int | None = None,
@@ -89,20 +141,44 @@ class HistogramAccumulator:
         n = len(self.moe_layer_indices)
         self._offsets = (np.arange(n, dtype=np.int64) * self.num_experts)[None, :, None]
 
-    def _columns(self, num_capture_layers: int, path: Any) -> np.ndarray | slice:
+    def _columns(self, num_capture_layers: int, path: Any, line: int | None = None
+                 ) -> np.ndarray | slice:
+        from ._io import MAX_LAYER_INDEX
+
         if num_capture_layers == len(self.moe_layer_indices):
             return slice(None)
-        if num_capture_layers > max(self.moe_layer_indices):
+        if max(self.moe_layer_indices) < num_capture_layers <= MAX_LAYER_INDEX + 1:
             return np.asarray(self.moe_layer_indices, dtype=np.int64)
+        if num_capture_layers > MAX_LAYER_INDEX + 1:
+            raise FormatError(f"capture has {num_capture_layers:,} layers, more than the "
+                              f"{MAX_LAYER_INDEX + 1:,} any model's layer indices reach",
+                              path=path, line=line, field="layers")
         raise FormatError(f"capture has {num_capture_layers} layers; the model has "
                           f"{len(self.moe_layer_indices)} MoE layers up to index "
-                          f"{max(self.moe_layer_indices)}", path=path, field="layers")
+                          f"{max(self.moe_layer_indices)}", path=path, line=line, field="layers")
+
+    def check_shape(self, shape: Sequence[int], *, path: Any = None, line: int | None = None
+                    ) -> np.ndarray | slice:
+        """The layer columns of a `(tokens, layers, top_k)` capture that hold the MoE layers,
+        once its shape fits the geometry: top_k from 1 to num_experts (a token picks an expert
+        at most once) and a layer axis of the MoE layers or of every decoder layer. Checked
+        from the shape alone, before any of the capture is read or converted."""
+        if len(shape) != 3:
+            raise FormatError(f"capture has shape {tuple(shape)}, expected (tokens, layers, "
+                              "top_k)", path=path, line=line)
+        top_k = int(shape[2])
+        if not 1 <= top_k <= self.num_experts:
+            raise FormatError(f"capture has top_k {top_k:,} (shape {tuple(int(n) for n in shape)}); "
+                              f"a token picks from 1 to num_experts ({self.num_experts}) experts",
+                              path=path, line=line, field="top_k")
+        return self._columns(int(shape[1]), path, line)
 
     def add(self, ids: np.ndarray, *, prefill_rows: int | None = None,
             decode_only: bool = False, path: Any = None, line: int | None = None) -> None:
         """Count `(tokens, layers, top_k)` ids; the first `prefill_rows` rows are prompt rows
         (None: unknown). With `decode_only`, prompt rows are skipped — unknown is an error."""
         ids = _check_capture_array(np.asarray(ids), path=path, line=line)
+        columns = self.check_shape(ids.shape, path=path, line=line)
         if prefill_rows is not None and not 0 <= prefill_rows <= ids.shape[0]:
             raise FormatError(f"prefill rows {prefill_rows} outside 0..{ids.shape[0]}",
                               path=path, line=line)
@@ -124,15 +200,22 @@ class HistogramAccumulator:
         elif ids.shape[2] != self.top_k:
             raise FormatError(f"top_k {ids.shape[2]} differs from earlier captures "
                               f"({self.top_k})", path=path, line=line, field="top_k")
-        picked = ids[:, self._columns(ids.shape[1], path), :].astype(np.int64, copy=False)
-        lo, hi = int(picked.min()), int(picked.max())
-        if lo < 0 or hi >= self.num_experts:
-            bad = lo if lo < 0 else hi
-            raise FormatError(f"expert id {bad} out of range 0..{self.num_experts - 1}",
-                              path=path, line=line, field="ids")
-        flat = (picked + self._offsets).ravel()
-        self.counts += np.bincount(flat, minlength=self.counts.size).reshape(self.counts.shape)
-        self.tokens += int(ids.shape[0])
+        rows = int(ids.shape[0])
+        step = max(1, _WORK_ITEMS // (len(self.moe_layer_indices) * self.top_k))
+        # every id is checked before any is counted: a refused capture leaves the counts as
+        # they were (min/max in the capture's own dtype: no int64 copy, no wrap-around)
+        for start in range(0, rows, step):
+            part = ids[start:start + step, columns, :]
+            lo, hi = int(part.min()), int(part.max())
+            if lo < 0 or hi >= self.num_experts:
+                bad = lo if lo < 0 else hi
+                raise FormatError(f"expert id {bad} out of range 0..{self.num_experts - 1}",
+                                  path=path, line=line, field="ids")
+        for start in range(0, rows, step):
+            picked = ids[start:start + step, columns, :].astype(np.int64)
+            flat = (picked + self._offsets).ravel()
+            self.counts += np.bincount(flat, minlength=self.counts.size).reshape(self.counts.shape)
+        self.tokens += rows
 
     def histogram(self, *, source: str, model_revision: str = "",
                   meta: dict[str, Any] | None = None) -> Histogram:
@@ -144,9 +227,14 @@ class HistogramAccumulator:
                          prefill_tokens=self.prefill_tokens if known else None)
 
 
-def iter_npy_chunks(path: str | os.PathLike[str], chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+def iter_npy_chunks(path: str | os.PathLike[str], chunk_tokens: int = DEFAULT_CHUNK_TOKENS, *,
+                    columns_for: Callable[[tuple[int, ...]], np.ndarray | slice] | None = None
                     ) -> Iterator[tuple[np.ndarray, int, int]]:
-    """(chunk, tokens done, tokens total) over a raw `[tokens, layers, top_k]` `.npy`."""
+    """(chunk, tokens done, tokens total) over a raw `[tokens, layers, top_k]` `.npy`.
+
+    `columns_for(shape)` (e.g. `HistogramAccumulator.check_shape`) checks the header's shape
+    before any chunk is read and picks the layer columns each chunk keeps; a chunk holds at most
+    `chunk_tokens` tokens and, past one token, no more than 2^23 ids."""
     try:
         _check_regular(path)
         array = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -155,10 +243,14 @@ def iter_npy_chunks(path: str | os.PathLike[str], chunk_tokens: int = DEFAULT_CH
     except (ValueError, OSError, EOFError) as exc:
         raise FormatError(f"not a readable .npy array ({exc})", path=path) from None
     array = _check_capture_array(array, path=path)
+    columns = columns_for(array.shape) if columns_for is not None else slice(None)
+    layers = int(array.shape[1]) if isinstance(columns, slice) else len(columns)
+    step = max(1, min(int(chunk_tokens), _WORK_ITEMS // max(1, layers * int(array.shape[2]))))
     total = int(array.shape[0])
-    for start in range(0, total, chunk_tokens):
-        stop = min(start + chunk_tokens, total)
-        yield np.asarray(array[start:stop]), stop, total
+    for start in range(0, total, step):
+        stop = min(start + step, total)
+        chunk = array[start:stop] if isinstance(columns, slice) else array[start:stop, columns, :]
+        yield np.asarray(chunk), stop, total
 
 
 def iter_vllm_capture(path: str | os.PathLike[str]
@@ -341,7 +433,9 @@ def histogram_from_captures(paths: Sequence[str | os.PathLike[str]], *,
             if decode_only:
                 raise FormatError("a raw .npy capture carries no prompt/decode split; "
                                   "drop --decode-only or capture decode rows only", path=path)
-            for chunk, done, total in iter_npy_chunks(path, chunk_tokens):
+            for chunk, done, total in iter_npy_chunks(
+                    path, chunk_tokens,
+                    columns_for=lambda shape, path=path: acc.check_shape(shape, path=path)):
                 acc.add(chunk, path=path)
                 if progress:
                     progress(base + (size * done // total if total else size), grand_total)

@@ -446,3 +446,41 @@ def test_a_residency_stage_gets_the_multiprocess_tmpfs_in_kubernetes_too(tmp_pat
     mounted = {v["mountPath"]: v["name"] for v in container["volumeMounts"]}
     empty = {v["name"]: v for v in volumes}[mounted[mon.MULTIPROC_TARGET]]
     assert empty["emptyDir"] == {"medium": "Memory"}
+
+
+def _pipeline_lane(stage0_in_hbm: bool):
+    """The two-Station reference with its stages running the runtime on the one-Station agent map,
+    layers split 17 / 23 (declared, so the split is the test's own)."""
+    path = Path("recipes/dsv41-flash-gb300x2-pp2.yaml")
+    doc = yaml.safe_load(path.read_text())
+    lane = doc["lanes"][0]
+    lane["offload"].update(hot_experts_per_layer=295, load_cpu_offload="60 GiB")
+    for stage in lane["parallel"]["pipeline"]:
+        stage["all_experts_in_hbm"] = False
+    lane["parallel"]["pipeline"][0]["all_experts_in_hbm"] = stage0_in_hbm
+    lane["parallel"]["layer_partition"] = [17, 23]
+    lane["classes"] = {"agent": {"rowmap": "maps/dsv41-flash/agent.rowmap",
+                                 "histogram": "profiles/dsv41-flash/agent.hist"}}
+    lane["active_class"] = "agent"
+    loaded = load_recipe(path, text=yaml.safe_dump(doc, sort_keys=False))
+    return loaded, loaded.recipe.lanes[0]
+
+
+def test_a_pipeline_lane_predicts_the_layers_its_series_count() -> None:
+    # The series of a pipeline lane come from stage 0 (global rank 0): decoder layers 0-16 here.
+    # Its predicted share is the map's cold picks over all picks of those layers, summed by hand.
+    rowmap = load_rowmap(Path("recipes/maps/dsv41-flash/agent.rowmap"))
+    hist = load_histogram(Path("recipes/profiles/dsv41-flash/agent.hist"))
+    rows = [r for r, layer in enumerate(hist.moe_layer_indices) if layer < 17]
+    assert len(rows) == 17
+    cold = sum(int(hist.counts[r][e]) for r in rows for e in rowmap.cold[r])
+    picks = sum(int(hist.counts[r].sum()) for r in rows)
+    loaded, lane = _pipeline_lane(stage0_in_hbm=False)
+    assert mon.predicted_cold_share(loaded, lane) == pytest.approx(cold / picks, rel=1e-12)
+    whole = hand_cold_share(Path("recipes/maps/dsv41-flash/agent.rowmap"),
+                            Path("recipes/profiles/dsv41-flash/agent.hist"))
+    assert abs(cold / picks - whole) > 1e-6           # the whole lane's share would be another figure
+    # a first stage with every expert in HBM runs no runtime: no series, nothing predicted
+    loaded, lane = _pipeline_lane(stage0_in_hbm=True)
+    assert mon.predicted_cold_share(loaded, lane) is None
+    assert runtime_env.PREDICTED_COLD_SHARE not in (mon.lane_metrics(loaded, lane) or mon.LaneMetrics({}, ())).environment

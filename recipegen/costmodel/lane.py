@@ -41,6 +41,15 @@ class ColdShare:
     synthetic: bool = False
     per_rank: tuple[tuple[float, ...], ...] | None = None
     """EP lanes: per rank, per layer, the share of picks on that rank's cold experts."""
+    layer_picks: tuple[float, ...] | None = None
+    """Per MoE layer, the class histogram's picks (the weights of `overall`); None: layers weigh alike."""
+
+    def over_layers(self, rows: Sequence[int]) -> float:
+        """The share over some MoE layers (rows of `per_layer`), weighted as `overall` is."""
+        assert self.per_layer is not None and rows
+        weights = [self.layer_picks[i] if self.layer_picks is not None else 1.0 for i in rows]
+        total = sum(weights)
+        return sum(w * self.per_layer[i] for w, i in zip(weights, rows)) / total if total else 0.0
 
 
 @dataclass(frozen=True)
@@ -206,7 +215,8 @@ def lane_cold_shares(loaded: Any, lane: Any, ledger_lane: Any, *, map_class: str
         per_rank = lane_ep_shares(model, lane, rowmap, histogram)
         out[name] = ColdShare(overall, per_layer, f"row map {map_file} on histogram {cls.histogram}",
                               bool(getattr(histogram, "meta", {}).get("synthetic")),
-                              None if per_rank is None else tuple(per_rank))
+                              None if per_rank is None else tuple(per_rank),
+                              tuple(float(x) for x in histogram.counts.sum(axis=1)))
     return out
 
 

@@ -64,11 +64,27 @@ class LaneMetrics:
 
 def predicted_cold_share(loaded: LoadedRecipe, lane: Lane) -> float | None:
     """What `recipegen check budgets` projects for the lane's active class (its row map on its
-    histogram, `costmodel.lane.lane_cold_shares`), or None when the class declares no histogram."""
+    histogram, `costmodel.lane.lane_cold_shares`), or None when the class declares no histogram.
+
+    A pipeline lane's series come from its first stage (the writer is global rank 0), so they
+    count the MoE layers that stage holds: the prediction is taken over the same layers (None
+    when it holds none, or keeps every expert in HBM and runs no runtime)."""
     from recipegen.costmodel.lane import lane_cold_shares
 
     share = lane_cold_shares(loaded, lane, None).get(lane.active_class)
-    return None if share is None or isinstance(share, str) else float(share.overall)
+    if share is None or isinstance(share, str):
+        return None
+    pipeline = lane.parallel.pipeline if lane.parallel is not None else None
+    if not pipeline or share.per_layer is None:
+        return float(share.overall)
+    if pipeline[0].all_experts_in_hbm:
+        return None
+    from recipegen.ledger.multinode import lane_stages
+
+    model = loaded.recipe.model
+    first = lane_stages(model, lane)[0]
+    rows = [i for i, layer in enumerate(model.moe_layers) if first.holds(layer)]
+    return share.over_layers(rows) if rows else None
 
 
 def lane_metrics(loaded: LoadedRecipe, lane: Lane) -> LaneMetrics | None:

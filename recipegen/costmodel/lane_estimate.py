@@ -200,9 +200,9 @@ def _lane_attention(model: Any, machine: Any, lane: Any, notes: list[str]) -> li
     from recipegen.ledger.kv import kv_dtype, lane_attention
 
     dtype = kv_dtype(model, machine, lane, notes)
-    if dtype is not None:
-        notes.append(f"KV read at the lane's {dtype} cache (the model's own: "
-                     f"{', '.join(sorted({g.kv_dtype for g in model.attention}))})")
+    own = sorted({g.kv_dtype for g in model.attention})
+    if dtype is not None and own != [dtype]:
+        notes.append(f"KV read at the lane's {dtype} cache (the model's own: {', '.join(own)})")
     return [(g, rate) for g, rate, _ in lane_attention(model, machine, lane, dtype, notes)]
 
 

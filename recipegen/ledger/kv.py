@@ -96,8 +96,8 @@ def lane_attention(model: Model, machine: Machine, lane: Lane, dtype: str | None
                    notes: list[str]) -> list[tuple[AttentionLayers, int, bool]]:
     """Each attention group as the lane caches it, given the lane's KV dtype (`kv_dtype`): the group at
     that dtype, its bytes per token per layer on one rank, and whether vLLM stores it as fp8_ds_mla
-    (sparse MLA with an fp8 cache off the SM100 family). The ledger's pool and the cost model's KV
-    reads both take their bytes from here."""
+    (sparse MLA, by the GPU's backend: `sparse_mla_cache`). The ledger's pool and the cost model's
+    KV reads both take their bytes from here."""
     out = []
     for group in model.attention:
         if dtype is not None:

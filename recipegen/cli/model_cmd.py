@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from recipegen.common.errors import InputError
+from recipegen.common.files import output_target
 
 
 @click.group()
@@ -44,6 +45,7 @@ def import_(path: Path, output: Path | None, name: str | None, checkpoint: str |
     with locked(target, what=f"model file {target}", echo=click.echo):  # one import per target at a time
         if (target.exists() or target.is_symlink()) and not force:
             raise InputError("exists; pass --force to overwrite", file=str(target))
+        output_target(target, "--output")   # --force replaces a regular file, never a device or a link
         sweep_temps(target.parent)  # what an import killed at its rename left
         write_atomically(target, text.encode("utf-8"))
     experts = m.num_moe_layers * m.routed_experts * m.expert_bytes

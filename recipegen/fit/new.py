@@ -18,6 +18,7 @@ import yaml
 
 from recipegen.catalog import catalog_names, load_catalog
 from recipegen.common.errors import InputError
+from recipegen.common.files import output_target
 from recipegen.fit.run import FitOutcome, fit_recipe
 from recipegen.fit.search import FitOptions
 from recipegen.fit.source import ModelSource, model_name_of, resolve_model
@@ -140,6 +141,7 @@ def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_labe
          min_sequences: int, force: bool, command: str) -> NewOutcome:
     if path.exists() and not force:
         raise InputError("exists; pass --force to overwrite (or -o another file)", file=str(path))
+    output_target(path, "--output")   # --force replaces a regular file, never a device or a link
     model_file = None
     model_ref: Any = source.name
     if source.model_text is not None:

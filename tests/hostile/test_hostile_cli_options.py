@@ -73,3 +73,14 @@ def test_compare_names_its_own_option(project: Path, tmp_path: Path) -> None:
     os.mkfifo(fifo)
     out = refused("compare", REFERENCE, "--machines", str(fifo), expect="field '--machines'")
     assert "field '--machine'" not in out
+
+
+@pytest.mark.parametrize("command", [("model", "import", "{fixture}"), ("new", "qwen3-30b-a3b", "--machine", "rtx-4090")])
+def test_force_replaces_a_regular_file_only(project: Path, tmp_path: Path, command: tuple[str, ...]) -> None:
+    # --force lets an output replace the file there, never a FIFO standing where the file goes
+    fixture = str(Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs" / "qwen3-30b-a3b")
+    fifo = tmp_path / "out.yaml"
+    os.mkfifo(fifo)
+    args = [a.replace("{fixture}", fixture) for a in command]
+    out = refused(*args, "-o", str(fifo), "--force", expect="not a regular file")
+    assert "field '--output'" in out and not fifo.is_file()

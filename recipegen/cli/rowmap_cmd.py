@@ -48,7 +48,7 @@ def _parse_size(text: str, field: str, *, positive: bool = False) -> int:
                          field=field)
     stripped = text.strip().replace("_", "").replace(",", "")
     if _PLAIN_BYTES.fullmatch(stripped):
-        if len(stripped.lstrip("0")) > len(str(MAX_BYTES)) or int(stripped) > MAX_BYTES:
+        if int(stripped) > MAX_BYTES:   # at most 48 digits here: int() is cheap and exact
             raise InputError(f"{text!r} is beyond any real size (at most 1 EiB)", field=field)
         value = int(stripped)
     else:

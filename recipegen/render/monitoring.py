@@ -20,7 +20,7 @@ from expert_residency.contract import metrics as m
 from recipegen.common.errors import RecipegenError
 from recipegen.common.generated import Flow, Plain, yaml_file
 from recipegen.render.compose import Service
-from recipegen.vllm_flags.moe_backend import NoBackend, choose, start_period
+from recipegen.vllm_flags.moe_backend import choose_or_auto, start_period
 
 if TYPE_CHECKING:
     from recipegen.load.recipe import LoadedRecipe
@@ -114,11 +114,8 @@ def lane_start_period(loaded: LoadedRecipe, lane: Lane) -> str:
     """The health start period of the lane's API-serving engine, as its compose healthcheck has it
     (`vllm_flags.moe_backend.start_period`: longer where vLLM autotunes the MoE backend at boot)."""
     gpus = loaded.recipe.machines[_head_machine(lane)].gpus
-    try:
-        choice = choose(loaded.recipe.model.expert_format, gpus.compute_capability, gpus.kind)
-    except NoBackend:
-        choice = None
-    return start_period(choice)
+    # A residency lane no backend admits is refused by the render before any rule is written.
+    return start_period(choose_or_auto(loaded.recipe.model.expert_format, gpus.compute_capability, gpus.kind))
 
 
 def scrape_targets(loaded: LoadedRecipe, machine: str) -> list[tuple[str, str]]:

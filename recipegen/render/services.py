@@ -20,7 +20,14 @@ from expert_residency.contract.metrics import MULTIPROC_DIR_ENV
 from recipegen.render.compose import HealthCheck, Interpolated, Mount, ServiceSpec
 from recipegen.vllm_flags import FlagTable, argv_problems
 from recipegen.vllm_flags.args import parse_args
-from recipegen.vllm_flags.moe_backend import START_PERIOD_AUTOTUNED, BackendChoice, NoBackend, choose, start_period
+from recipegen.vllm_flags.moe_backend import (
+    START_PERIOD_AUTOTUNED,
+    BackendChoice,
+    NoBackend,
+    choose,
+    choose_or_auto,
+    start_period,
+)
 
 if TYPE_CHECKING:
     from expert_residency.formats import RowMap
@@ -112,13 +119,13 @@ def _moe_backend(loaded: LoadedRecipe, index: int, recipe: Recipe, stage: Stage,
                  ) -> BackendChoice:
     """`--moe-backend` by the stage's GPU and the expert format (recipegen.vllm_flags.moe_backend); a
     residency lane no backend admits is refused (check budgets says the same)."""
-    machine = recipe.machines[stage.machine]
-    try:
-        return choose(recipe.model.expert_format, machine.gpus.compute_capability, machine.gpus.kind)
-    except NoBackend as exc:
-        if mode == "residency":
+    gpus = recipe.machines[stage.machine].gpus
+    if mode == "residency":
+        try:
+            return choose(recipe.model.expert_format, gpus.compute_capability, gpus.kind)
+        except NoBackend as exc:
             raise loaded.error(str(exc), ("lanes", index, "machine")) from None
-        return BackendChoice(None, None, str(exc))  # count boots fall back to vLLM's auto oracle
+    return choose_or_auto(recipe.model.expert_format, gpus.compute_capability, gpus.kind)
 
 
 def healthcheck_for(port: int, start_period: str = START_PERIOD_AUTOTUNED) -> HealthCheck:

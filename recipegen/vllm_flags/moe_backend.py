@@ -133,6 +133,17 @@ def choose(expert_format: str | None, compute_capability: str | None, gpu: str =
                     "admits, or placement: positional (plain vLLM, no runtime)")
 
 
+
+def choose_or_auto(expert_format: str | None, compute_capability: str | None, gpu: str = "GPU"
+                   ) -> BackendChoice:
+    """`choose`, or where no row admits the GPU no flag (vLLM's auto oracle) with that refusal as the
+    reason: what a lane without the runtime (a count boot, a positional lane) runs. The render's
+    `--moe-backend` and health start period, and the monitoring rules' boot allowance, all read it."""
+    try:
+        return choose(expert_format, compute_capability, gpu)
+    except NoBackend as exc:
+        return BackendChoice(None, None, str(exc))
+
 # Health start period of a lane: the first boot of a kernel shape that vLLM autotunes pays
 # FlashInfer's autotuner (~75 min per shape in the field report "vLLM: Pin Hot Experts",
 # 2026-09-17; two shapes for a split lane); other backends compile Triton kernels (seconds to

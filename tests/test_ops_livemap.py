@@ -134,6 +134,24 @@ def test_save_live_keeps_the_live_map_as_a_class_map(project: Path) -> None:
     assert check.exit_code == 0, check.output
 
 
+
+def test_save_live_replaces_a_class_map_only_where_it_is_a_regular_file(project: Path) -> None:
+    """A class's row-map file that is a link (to another map inside the project) is refused, as
+    every output is, and neither the link nor the map it names changes."""
+    agent = load_rowmap(project / "recipes/maps/dsv41-flash/agent.rowmap")
+    prose = load_histogram(project / "recipes/profiles/dsv41-flash/prose.hist")
+    write_dumps(project / "compose" / REFERENCE / "dumps" / "agent", agent, prose)
+    link = project / "recipes/maps/dsv41-flash/prose.rowmap"
+    kept = project / "recipes/maps/dsv41-flash/prose-kept.rowmap"
+    link.rename(kept)
+    link.symlink_to(kept.name)
+    before = kept.read_bytes()
+    result = CliRunner().invoke(main, ["rowmap", "save-live", REFERENCE, "agent", "--class", "prose"])
+    assert result.exit_code == 2, result.output
+    assert "is a link" in result.stderr and "lanes.agent.classes.prose.rowmap" in result.stderr
+    assert "Traceback" not in result.output
+    assert link.is_symlink() and kept.read_bytes() == before
+
 def test_save_live_refuses_a_map_of_another_budget(project: Path, tmp_path: Path) -> None:
     agent = load_rowmap(project / "recipes/maps/dsv41-flash/agent.rowmap")
     boot = agent.content_hash()

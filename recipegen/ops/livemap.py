@@ -160,6 +160,7 @@ def save_live(loaded: Any, lane_name: str, cls_name: str, files: Mapping[str, by
 
     from expert_residency.formats import format_rowmap
 
+    from recipegen.common.files import output_target
     from recipegen.common.lock import sweep_temps, write_atomically
 
     recipe = loaded.recipe
@@ -207,6 +208,9 @@ def save_live(loaded: Any, lane_name: str, cls_name: str, files: Mapping[str, by
     kept = RowMap(live.moe_layer_indices, live.num_experts, live.hot, live.cold,
                   {**live.provenance, "saved_from": view.snapshot.name, "lane": lane_name,
                    "class": cls_name})
+    # The class's file replaces a regular file only, as every output does: a link to another map
+    # (inside the project) would be replaced by this one, not written through.
+    output_target(target, "--output" if output is not None else f"lanes.{lane_name}.classes.{cls_name}.rowmap")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         sweep_temps(target.parent)  # what a save-live killed at its rename left

@@ -9,16 +9,17 @@ routed-expert layer's share of the HBM read limit measured in the same run, all 
 * gpt-oss-120b: ``bench/format_peer.py --formats gptoss-mxfp4``, the all-HBM ``pct_hbm`` (its
   MB per layer ÷ µs ÷ the same run's read limit).
 
-Several calls measured the same T (run ER, one H200, 2026-12-04, ``bench/results/expert_rows_h200/``).
+Several calls measured the same T (run ER, one H200, 2026-12-04, ``bench/results/expert_rows_h200/``;
+call 10, 2026-12-05: gpt-oss at T = 48 / 49 / 64 on today's defaults).
 A call's figure at T counts where it ran the kernels today's defaults run at T: the grouped
 warp-MMA loop up to the geometry's ``gw_max_tokens`` (16 for DeepSeek-V4.1; 48 for gpt-oss, whose
 K tiles are halved), the ``tl.dot`` kernels above. Each call's limit is read from the kernel
 configuration it printed. A row takes the median over the calls that count at each T, because
 single calls differ by up to ~10% at T = 1 (a 37-40 µs layer). The spread is printed.
 
-At the first T above the loop's limit the row changes kernels. Where no call measured that T, the
-calls that ran the ``tl.dot`` kernels at the limit itself stand for it (gpt-oss: T = 49 from the
-calls that ran them at 48), so the row steps down there instead of interpolating across the change.
+At the first T above the loop's limit the row changes kernels: each geometry has a measurement
+there (DeepSeek-V4.1 at T = 17, gpt-oss at T = 49), so the row steps down instead of interpolating
+across the change.
 
     python3 bench/expert_rows.py            # the rows, with every call's figure beside them
 """
@@ -68,18 +69,11 @@ def measured_shares(model: str, results: Path = RESULTS) -> dict[int, list[tuple
     pattern, read = SOURCES[model]
     today = TODAY_GW_MAX_TOKENS[model]
     by_t: dict[int, list[tuple[str, float]]] = {}
-    below_the_loop: list[tuple[str, float]] = []     # tl.dot at T = today, where a call ran it there
     for path in sorted(results.glob(pattern), key=lambda p: (_call_number(p), p.name)):
         limit, shares = read(path)
         for t, share in shares.items():
             if (t <= limit) == (t <= today):     # the same kernels as today's at this T
                 by_t.setdefault(t, []).append((path.name, share))
-        if limit < today and today in shares:
-            below_the_loop.append((f"{path.name} at T = {today}", shares[today]))
-    # Where no call measured the first T above the loop's limit, the tl.dot kernels measured at the
-    # limit stand for it: without the point the row would interpolate across the kernel change.
-    if today + 1 not in by_t and below_the_loop:
-        by_t[today + 1] = below_the_loop
     return dict(sorted(by_t.items()))
 
 
@@ -88,19 +82,13 @@ def derived_row(model: str, results: Path = RESULTS) -> dict[int, float]:
     return {t: round(statistics.median(s for _, s in calls), 2) for t, calls in measured_shares(model, results).items()}
 
 
-def _label(name: str) -> str:
-    """'call9' for a call's own T; 'call9 at T = 48' where it stands in for the T above."""
-    call, _, stand_in = name.partition(" at T = ")
-    return call.split("_")[0] + (f" at T = {stand_in}" if stand_in else "")
-
-
 def main() -> None:
     for model in SOURCES:
         print(f"{model} (grouped warp-MMA loop up to {TODAY_GW_MAX_TOKENS[model]} tokens)")
         for t, calls in measured_shares(model).items():
             shares = [s for _, s in calls]
             median = statistics.median(shares)
-            each = ", ".join(f"{_label(name)} {s:.3f}" for name, s in calls)
+            each = ", ".join(f"{name.split('_')[0]} {s:.3f}" for name, s in calls)
             print(f"  T = {t:>2}: median {median:.3f} -> {round(median, 2):.2f}  ({each}; spread {max(shares) - min(shares):.3f})")
 
 

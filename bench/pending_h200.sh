@@ -1,16 +1,16 @@
 #!/bin/bash
-# The H200 measurements the current tree still waits for, in two calls of one machine session:
+# The H200 checks of today's defaults, in two calls of one machine session (last run 2026-12-05:
+# BENCHMARKS.md, "Call 10 and the GPU suite on today's defaults", and run EF):
 #
 #   bash bench/pending_h200.sh tests        # call 1: every GPU test file on today's defaults
-#   bash bench/pending_h200.sh rows sim     # call 2: gpt-oss's MXFP4 row above the grouped loop's
+#   bash bench/pending_h200.sh rows sim     # call 2: gpt-oss's MXFP4 row across the grouped loop's
 #                                           #         limit, and the full-depth decode simulation
 #
-# tests: tests/gpu/* and the adaptive CUDA test have not run together since the grouped loop went up
-#        to 48 tokens for gpt-oss-120b's geometry and the GPU tests began sharing one routing helper.
-# rows:  gpt-oss at T = 49 and 64 (the Triton tl.dot kernels, which run from 49 tokens per step up),
-#        the measurement that replaces the T = 49 stand-in in bench/expert_rows.py's table.
-# sim:   the decode simulation as run EE ran it, now with gpt-oss's 32-token step on the grouped loop,
-#        for tests/test_estimate_validation.py's runs.
+# tests: tests/gpu/* and the adaptive CUDA test together (the Triton-interpreter twins skip where a
+#        GPU is present).
+# rows:  gpt-oss at T = 48, 49 and 64 (the grouped loop at its limit, the Triton tl.dot kernels above
+#        it), the points of bench/expert_rows.py's table on each side of the kernel change.
+# sim:   the decode simulation as runs EE and EF ran it, for tests/test_estimate_validation.py.
 #
 # Carries (ignored paths, copied onto the machine): .cache/whl (humming-kernels 0.1.19 and
 # nvidia-cuda-cccl 13.0.85 wheels from PyPI) and .cache/vsub/vllm (the unpacked vllm 0.33.0 wheel's

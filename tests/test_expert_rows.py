@@ -54,18 +54,17 @@ def test_only_calls_that_ran_todays_kernels_count():
     assert 48 not in dsv41
 
 
-def test_the_first_t_above_the_loop_is_the_tl_dot_kernels_measured_at_the_limit():
-    # gpt-oss: no call measured T = 49; the call that ran the tl.dot kernels at 48 (grouped loop up
-    # to 16) stands for it, read here from the raw fields. DeepSeek-V4.1 measured 17 itself.
-    name = "call9_format_peer_gptoss_gw16.json"
+def test_the_first_t_above_the_loop_is_measured_on_the_tl_dot_kernels():
+    # gpt-oss at T = 49 (call 10): the tl.dot kernels of a call whose grouped loop ends at 48, read
+    # here from the raw fields; the step down from 48 is the kernel change. DeepSeek-V4.1 measured 17.
+    name = "call10_format_peer_gptoss.json"
     fmt = json.loads((expert_rows.RESULTS / name).read_text())["formats"]["gptoss-mxfp4"]
-    a = fmt["per_T"]["48"]["all_hbm"]
+    a = fmt["per_T"]["49"]["all_hbm"]
     share = a["bytes_per_layer"] / (a["us_per_layer"] * 1e-6) / 1e9 / fmt["hbm_GBps"]
-    assert "warp-mma-grouped@2..16" in fmt["ours"]
-    assert expert_rows.measured_shares("gpt-oss-120b")[49] == [(f"{name} at T = 48", pytest.approx(share))]
-    assert share < 0.66 < expert_rows.derived_row("gpt-oss-120b")[48]     # the step down is the kernel change
-    dsv41 = expert_rows.measured_shares("dsv41-flash-mxfp4")
-    assert all(" at T = " not in n for n, _ in dsv41[17])
+    assert "warp-mma-grouped@2..48" in fmt["ours"]
+    assert expert_rows.measured_shares("gpt-oss-120b")[49] == [(name, pytest.approx(share))]
+    assert share < 0.66 < expert_rows.derived_row("gpt-oss-120b")[48]
+    assert 17 in expert_rows.measured_shares("dsv41-flash-mxfp4")
 
 
 @needs_gpu_experts

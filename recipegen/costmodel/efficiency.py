@@ -25,13 +25,12 @@ _FORMATS_RUN = ("BENCHMARKS.md, 'Expert formats side by side with vLLM's own ker
                 "--out $OUT` (the read limit over a 4 GB buffer, best of ten after ~0.4 s of warm-up reads)")
 # The MXFP4 rows: today's kernels (the grouped warp-MMA loop up to 16 tokens per step for
 # DeepSeek-V4.1, up to 48 for gpt-oss, whose K tiles are halved; tl.dot above, hence DeepSeek-V4.1's
-# step between T = 16 and 17, gpt-oss's between 48 and 49, whose 49 is the tl.dot kernels measured at
-# 48), each T the median over the calls that ran those kernels there (`bench/expert_rows.py`
-# derives them from the committed results; a test checks).
-_MXFP4_RUN = ("BENCHMARKS.md, 'The routed-expert rows re-measured', run ER (one H200, 2026-12-04, six calls): "
-              "`python3 bench/gpu_residency.py --tokens ...` (all-HBM step, 13 layers) and `python3 "
-              "bench/format_peer.py --formats gptoss-mxfp4 --tokens ...`, each T the median of the calls "
-              "that ran today's kernels there (bench/expert_rows.py)")
+# step between T = 16 and 17, gpt-oss's between 48 and 49), each T the median over the calls that ran
+# those kernels there (`bench/expert_rows.py` derives them from the committed results; a test checks).
+_MXFP4_RUN = ("BENCHMARKS.md, 'The routed-expert rows re-measured', run ER (one H200, 2026-12-04, six calls; "
+              "gpt-oss at T = 48 / 49 / 64 once more on 2026-12-05): `python3 bench/gpu_residency.py --tokens ...` "
+              "(all-HBM step, 13 layers) and `python3 bench/format_peer.py --formats gptoss-mxfp4 --tokens ...`, "
+              "each T the median of the calls that ran today's kernels there (bench/expert_rows.py)")
 _FP8_RUN = ("BENCHMARKS.md, 'Expert formats side by side', run 3 (2026-12-01): `PYTHONPATH=runtime python3 "
             "bench/format_peer.py --formats dsv3-fp8 --steps 1:16,6:12,16:10,96:6 --out $OUT`")
 
@@ -56,7 +55,7 @@ EXPERT_EFFICIENCY: tuple[ExpertEfficiency, ...] = (
                      _MXFP4_RUN),
     ExpertEfficiency("mxfp4", "gpt-oss-120b", 13_236_480,
                      {1: 0.33, 2: 0.55, 3: 0.61, 4: 0.60, 6: 0.69, 16: 0.76, 17: 0.75, 24: 0.77, 32: 0.76, 48: 0.73,
-                      49: 0.63, 96: 0.64},
+                      49: 0.63, 64: 0.64, 96: 0.64},
                      _MXFP4_RUN),
     ExpertEfficiency("bf16", "qwen3-30b-a3b", 9_437_184, {1: 0.62, 6: 0.85, 16: 0.91, 96: 0.86}, _FORMATS_RUN),
     ExpertEfficiency("fp8-block", "deepseek-v3", 44_050_944, {1: 0.74, 6: 0.89, 16: 0.96, 96: 0.94}, _FP8_RUN),

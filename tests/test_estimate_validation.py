@@ -3,14 +3,16 @@
 1. The field reports' GB300 throughput (DeepSeek-V4.1-Flash, k = 5): positional (v14) and
    usage-aware (v15) at one, eight and sixteen streams — "vLLM: Pin Hot Experts" (2026-09-17),
    "Confirmed: second pair"; "Should a GB300 Prefetch Its Cold Experts?" (2026-10-23), section 3.
-2. The full-depth decode simulation on one H200, four runs of the same command
+2. The full-depth decode simulation on one H200, five runs of the same command
    (`PYTHONPATH=runtime python3 bench/decode_sim.py ... --out $OUT`, BENCHMARKS.md, 'Decode step:
    full-depth simulation against the estimate'): run EB (2026-12-03,
    bench/results/decode_sim_h200.json), run EC (2026-12-04, after the cold-first launch order and
    the nine-operation MXFP4 decode, bench/results/decode_sim_h200_run_ec.json), run ED (the
    same day, after the dense layers' new T = 1 defaults, bench/results/decode_sim_h200_run_ed.json)
    and run EE (the same day, with the grouped warp-MMA MXFP4 kernels the default up to 16 tokens
-   per step, bench/results/decode_sim_h200_run_ee.json); the estimate reads each run's measured
+   per step, bench/results/decode_sim_h200_run_ee.json), and run EF (2026-12-05, the same command
+   with the grouped loop up to 48 tokens for gpt-oss, bench/results/decode_sim_h200_run_ef.json);
+   the estimate reads each run's measured
    HBM and pinned read limits and the committed efficiency tables (the routed-expert rows come
    from other runs, not these).
 
@@ -43,13 +45,14 @@ RUN_EB = ROOT / "bench" / "results" / "decode_sim_h200.json"
 RUN_EC = ROOT / "bench" / "results" / "decode_sim_h200_run_ec.json"
 RUN_ED = ROOT / "bench" / "results" / "decode_sim_h200_run_ed.json"
 RUN_EE = ROOT / "bench" / "results" / "decode_sim_h200_run_ee.json"
-RUNS = (RUN_EB, RUN_EC, RUN_ED, RUN_EE)
-RUN_IDS = ["EB", "EC", "ED", "EE"]
+RUN_EF = ROOT / "bench" / "results" / "decode_sim_h200_run_ef.json"
+RUNS = (RUN_EB, RUN_EC, RUN_ED, RUN_EE, RUN_EF)
+RUN_IDS = ["EB", "EC", "ED", "EE", "EF"]
 # Points whose kernels the committed rows no longer describe: gpt-oss-120b's step of 8 tokens ran
 # the tl.dot grouped kernels in runs EB-ED (the grouped warp-MMA loop, about a fifth shorter there,
 # became the default up to 16 tokens after them, BENCHMARKS.md run GL; run EE measured it), and its
-# step of 32 tokens ran them in every run (the loop runs up to 48 tokens for gpt-oss's halved K
-# tiles since run GT; no decode simulation has run on that since).
+# step of 32 tokens ran them in runs EB-EE (the loop runs up to 48 tokens for gpt-oss's halved K
+# tiles since run GT; run EF measured it).
 GPTOSS_8, GPTOSS_32 = ("gpt-oss-120b", "all_hbm", 8), ("gpt-oss-120b", "all_hbm", 32)
 SUPERSEDED = {RUN_EB: {GPTOSS_8, GPTOSS_32}, RUN_EC: {GPTOSS_8, GPTOSS_32}, RUN_ED: {GPTOSS_8, GPTOSS_32},
               RUN_EE: {GPTOSS_32}}
@@ -260,7 +263,7 @@ def test_h200_step_time_against_the_simulation(results):
     if results == RUN_EB:   # every point within ±15% (docs/costmodel.md)
         assert outside == {}
     else:
-        # Runs EC, ED and EE: the one point outside ±15% is the usage-aware Qwen3-30B step at T = 32,
+        # Runs EC to EF: the one point outside ±15% is the usage-aware Qwen3-30B step at T = 32,
         # where the estimate is slow (cold-first overlaps more of the hot reads with the cold stream
         # than the estimate's "longer stream + FUSED_SHORTER_SHARE x the shorter" assumes; not
         # re-fitted).

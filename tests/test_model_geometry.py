@@ -261,8 +261,9 @@ def test_fp8_kv_cache_halves_kv_per_token() -> None:
     assert got.fig("kv.tokens").value == pytest.approx(100 * GiB / (94 * 2 * 2 * 128 * 1))
     odd = lane(tp=2).model_copy(update={"extra_args": ["--kv-cache-dtype=turboquant_4bit_nc"]})
     got = compute_lane(model, machine(), odd)
-    assert got.fig("kv.tokens").value == pytest.approx(100 * GiB / (94 * 2 * 2 * 128 * 2))
-    assert any("not modelled" in n for n in got.notes)
+    # TurboQuant 4-bit: (64 + 2) + (64 + 4) = 134 B per KV head; layers 0, 1, 92, 93 stay bf16
+    assert got.fig("kv.tokens").value == pytest.approx(100 * GiB / (90 * 2 * 134 + 4 * 2 * 2 * 128 * 2))
+    assert any("TURBOQUANT" in n for n in got.notes)
 
 
 def test_expert_parallel_lane_is_refused_by_the_runtime() -> None:

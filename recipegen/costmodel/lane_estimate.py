@@ -195,8 +195,9 @@ def _cold_masks(loaded: Any, lane: Any, shares: np.ndarray, hot: Sequence[int], 
 
 def _lane_attention(model: Any, machine: Any, lane: Any, notes: list[str]) -> list[tuple[Any, int]]:
     """Each attention group with the KV bytes per token per layer the lane caches: its
-    `--kv-cache-dtype` (or vLLM's per-model default) and fp8_ds_mla where vLLM stores that — the
-    ledger's bytes (`ledger.kv.lane_attention`), so the pool and the read agree."""
+    `--kv-cache-dtype` (or vLLM's per-model default), the DeepSeek layouts where the GPU's backend
+    stores them and the packed caches' layouts — the ledger's bytes (`ledger.kv.lane_attention`), so
+    the pool and the read agree."""
     from recipegen.ledger.kv import kv_dtype, lane_attention
 
     dtype = kv_dtype(model, machine, lane, notes)

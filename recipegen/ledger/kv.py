@@ -10,6 +10,13 @@ vllm/v1/kv_cache_interface.py:918-944, which also keeps the tokens in flight dur
 chunk — not counted here) and at most `chunk` + the tokens in flight in a chunked layer
 (`ChunkedLocalAttentionSpec`, :861-888: min(chunk + max_num_batched_tokens, max_model_len)).
 
+`--kv-cache-dtype` values that are not a plain element type (vllm/config/cache.py:44-67) are
+packed by the attention backend that serves them: vLLM 0.33 builds each layer's page from the
+spec's head slots × bytes per slot (v1/kv_cache_interface.py:579-594), and the backend sets both
+(`customize_spec`, applied to every attention layer: v1/worker/gpu_model_runner.py:7109-7113).
+`lane_attention` is the one place those bytes are worked out; where vLLM has no backend for the
+value on the lane's GPUs and model, the lane is refused (`kv_cache_refusal`).
+
 State layers (Gated DeltaNet, Mamba-2) hold a fixed state per sequence; vLLM then lays the
 attention and state layers out in one pool of equal pages (`kv_state`), and a sequence costs
 what that layout gives. The lane's rate is the sequence's bytes ÷ max_model_len × tp, so the
@@ -35,54 +42,305 @@ KV_CACHE_DTYPES: dict[str, str] = {"float16": "fp16", "bfloat16": "bf16", "fp8":
 # DeepSeek sparse attention (an MLA group with an indexer): vLLM 0.33 stores the cache as its
 # attention backend asks (vllm/platforms/cuda.py:83-155 picks it; mla_attention.py:359-376 maps the
 # dtype). `fp8_ds_mla` is, per token and layer, 512 fp8 latent values, 4 fp32 scales and 64 bf16
-# RoPE values: what FLASHMLA_SPARSE stores for any quantized cache (Hopper's only fp8-capable sparse
-# backend ahead of FlashInfer's SM90 one), and what SM120's only sparse backend,
-# FLASHINFER_MLA_SPARSE_SM120, stores for auto, fp8 and fp8_e4m3 alike — a bf16 model's cache
-# included (flashinfer_mla_sparse_sm120.py:64-67 refuses any other). On the SM100 family vLLM
-# prefers FLASHINFER_MLA_SPARSE for an fp8 cache, which stores plain fp8. Before SM90 no sparse
-# MLA backend exists.
+# RoPE values: what FLASHMLA_SPARSE stores for the quantized caches it lists, `fp8` and
+# `fp8_ds_mla` (v1/attention/backends/mla/flashmla_sparse.py:149-155) — on Hopper the first sparse
+# backend that takes fp8 (platforms/cuda.py:139-154: FLASH_ATTN_MLA_SPARSE, which lists no fp8
+# cache, then FLASHMLA_SPARSE, then FLASHINFER_MLA_SPARSE_SM90). `fp8_e4m3` is not on its list, so
+# on Hopper it falls to FLASHINFER_MLA_SPARSE_SM90 (flashinfer_mla_sparse_sm90.py:148-153), which
+# stores plain fp8 — and `fp8_e4m3` is what vLLM turns a checkpoint's FP8 KV scheme into under
+# `auto` (utils/torch_utils.py:78-80, 498-513, engine/arg_utils.py:2296-2299). SM120's only sparse
+# backend, FLASHINFER_MLA_SPARSE_SM120, stores fp8_ds_mla for auto, fp8 and fp8_e4m3 alike — a
+# bf16 model's cache included (flashinfer_mla_sparse_sm120.py:64-67 refuses any other). On the
+# SM100 family vLLM prefers FLASHINFER_MLA_SPARSE for an fp8 cache, which stores plain fp8. Before
+# SM90 no sparse MLA backend exists.
 FP8_DS_MLA_BYTES = 512 + 4 * 4 + 64 * 2
-SM120_DS_MLA_FLAGS = (None, "auto", "fp8", "fp8_e4m3")
+# `--kv-cache-dtype fp8_ds_mla` named outright: FLASHMLA_SPARSE lists it (v1/attention/backends/mla/
+# flashmla_sparse.py:149-155, compute capability 9.x or 10.x: :202-204) — on the SM100 family too,
+# where FLASHINFER_MLA_SPARSE, ahead of it, refuses the name (flashinfer_mla_sparse.py:84-90,
+# :134-135) — and so does SM120's backend (flashinfer_mla_sparse.py:168-173, :218-225).
+# `nvfp4_ds_mla`: 512 fp4 (e2m1) latent values packed two a byte (256 B), 64 fp8 RoPE values and 32
+# fp8 scales, one per 16 latent values: 352 B per token and layer (flashmla_sparse.py:111-122; the
+# spec's bytes: model_executor/layers/attention/mla_attention.py:1383-1388). Only FLASHMLA_SPARSE
+# lists it (flashmla_sparse.py:154), and only on compute capability 10.x (:250-254).
+NVFP4_DS_MLA_BYTES = 512 // 2 + 64 + 512 // 16
+DS_MLA_BYTES = {"fp8_ds_mla": FP8_DS_MLA_BYTES, "nvfp4_ds_mla": NVFP4_DS_MLA_BYTES}
+SM120_DS_MLA_FLAGS = (None, "auto", "fp8", "fp8_e4m3", "fp8_ds_mla")
+
+# TurboQuant (non-MLA attention only): each KV head's key and value share one slot per token
+# (v1/attention/backends/turboquant_attn.py:140-153: state_content_bytes = slot_size_aligned, one
+# slot per KV head). Key: fp8, head_dim bytes, for 8 key bits; else ⌈head_dim × bits / 8⌉ + a 2 B
+# fp16 norm. Value: ⌈head_dim × bits / 8⌉ + 4 B (fp16 scale and zero point). The slot is rounded
+# up to an even size (model_executor/layers/quantization/turboquant/config.py:20-41 the presets'
+# bits, :128-175 the sizes). vLLM keeps the first and last n = min(2, layers // 2) decoder layers at
+# the model's dtype, none in a model with state layers (config.py:178-213, added to the skip
+# layers by engine/arg_utils.py:2334-2351; a skipped layer caches at "auto":
+# model_executor/layers/attention/attention.py:299-315).
+TURBOQUANT_BITS: dict[str, tuple[int, int]] = {"turboquant_k8v4": (8, 4), "turboquant_4bit_nc": (4, 4),
+                                               "turboquant_k3v4_nc": (3, 4), "turboquant_3bit_nc": (3, 3)}
+TURBOQUANT_BOUNDARY = 2
+# Per-token-head scaling (non-MLA on CUDA: only TRITON_ATTN lists them, v1/attention/backends/
+# triton_attn.py:326-336, any compute capability, head_size ≥ 32: :379-380): per KV head, key and
+# value of 1-byte values (int4: head_dim // 2 bytes, two values a byte) and one fp32 scale each
+# (triton_attn.py:307-319; dtypes int8 / uint8: vllm/utils/torch_utils.py:50-52).
+PER_TOKEN_HEAD = ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head")
+# NVFP4 (non-MLA only: config/vllm.py:3422-3438): FlashInfer, the only backend listing them
+# (v1/attention/backends/flashinfer.py:573-582), keeps key and value as separate head slots of
+# head_dim // 2 bytes of fp4 values + head_dim // 16 fp8 scales, one per 16 values
+# (flashinfer.py:557-570, vllm/utils/torch_utils.py:542-544). `nvfp4_4over6` is the same layout
+# with a per-block choice of scale (config/cache.py:245-246). On compute capability 8.x, 9.x and
+# 12.x FlashInfer takes plain nvfp4 only, not at head size 64 (flashinfer.py:653-658, :679-688); on
+# the SM100 family both, given its TRT-LLM kernels (:659-663, vllm/utils/flashinfer.py:675-697).
+NVFP4 = ("nvfp4", "nvfp4_4over6")
+PACKED = (*TURBOQUANT_BITS, *PER_TOKEN_HEAD, *NVFP4)
+# Values no attention backend that vLLM 0.33 picks on NVIDIA GPUs stores: the candidates are
+# FLASH_ATTN, FLASHINFER, TRITON_ATTN, FLEX_ATTENTION and TURBOQUANT, or the MLA backends
+# (platforms/cuda.py:84-181), and none lists these.
+NO_CUDA_BACKEND: dict[str, str] = {
+    "fp8_inc": "Intel Gaudi's fp8 cache (config/cache.py:241)",
+    "octave_k3v4": "the ROCm backend ROCM_OCTAVE's format (v1/attention/backends/rocm_octave_attn.py:95-99)",
+    "octave_k3v3": "the ROCm backend ROCM_OCTAVE's format (v1/attention/backends/rocm_octave_attn.py:95-99)",
+    "octave_k3v3_compact": "the ROCm backend ROCM_OCTAVE's format (v1/attention/backends/rocm_octave_attn.py:95-99)",
+    "ultraquant_4bit": "the ULTRAQUANT backend's format (v1/attention/backends/ultraquant_attn.py:71)",
+}
+# Every value vLLM 0.33 accepts (config/cache.py:44-67), "auto" aside.
+VLLM_CACHE_DTYPES = (*KV_CACHE_DTYPES, *DS_MLA_BYTES, *PACKED, *NO_CUDA_BACKEND)
+# FlashInfer's head sizes (flashinfer.py:690-693) and compute capabilities (:695-704).
+FLASHINFER_HEAD_SIZES = (64, 128, 256, 512)
 
 
-def sparse_mla_cache(machine: Machine, lane: Lane, kv_dtype: str) -> tuple[bool, tuple[str, str] | None]:
-    """For a DeepSeek sparse-attention group cached at `kv_dtype` (after the lane's flag): whether
-    vLLM 0.33 stores it as fp8_ds_mla on the machine's GPUs, and (why, what would work) where it
-    refuses to boot."""
+def _cc(machine: Machine) -> tuple[int, int] | None:
+    cc = machine.gpus.compute_capability
+    if not cc:
+        return None
+    major, _, minor = cc.partition(".")
+    return int(major), int(minor or 0)
+
+
+def cache_dtype_flag(lane: Lane) -> str | None:
+    """The lane's `--kv-cache-dtype`, None for absent or auto."""
+    flag = flag_value(list(lane.extra_args), "--kv-cache-dtype")
+    return None if flag in (None, "auto") else flag
+
+
+def turboquant_slot(cache_dtype: str, head_dim: int) -> int:
+    """Bytes of one KV head's TurboQuant slot per token: key + value, rounded up to even
+    (turboquant/config.py:128-175)."""
+    key_bits, value_bits = TURBOQUANT_BITS[cache_dtype]
+    key = head_dim if key_bits == 8 else -(-head_dim * key_bits // 8) + 2
+    slot = key + -(-head_dim * value_bits // 8) + 4
+    return slot + slot % 2
+
+
+def packed_head_bytes(cache_dtype: str, head_dim: int) -> int:
+    """Bytes one KV head caches per token (key and value together) in a packed layout."""
+    if cache_dtype in TURBOQUANT_BITS:
+        return turboquant_slot(cache_dtype, head_dim)
+    if cache_dtype in PER_TOKEN_HEAD:
+        side = head_dim // 2 if cache_dtype == "int4_per_token_head" else head_dim
+        return 2 * side + 2 * 4
+    assert cache_dtype in NVFP4, cache_dtype
+    return 2 * (head_dim // 2 + head_dim // 16)
+
+
+def turboquant_boundary(model: Model) -> list[int]:
+    """The decoder layers vLLM 0.33 keeps at the model's dtype under TurboQuant: the first and last
+    min(2, layers // 2), none in a model with state layers (turboquant/config.py:178-213)."""
+    if model.state:
+        return []
+    n = min(TURBOQUANT_BOUNDARY, model.decoder_layers // 2)
+    return sorted(set(range(n)) | set(range(model.decoder_layers - n, model.decoder_layers))) if n > 0 else []
+
+
+def kv_cache_refusal(model: Model, machine: Machine, lane: Lane) -> tuple[str, str] | None:
+    """Where vLLM 0.33 has no attention backend for the lane's `--kv-cache-dtype` on its GPUs and model
+    (its backend choice: platforms/cuda.py:84-181, each candidate checked by
+    v1/attention/backend.py:279-369; none left: "No valid attention backend found", cuda.py:471-475):
+    (why, what would work). DeepSeek sparse attention's own refusals are `sparse_mla_cache`'s."""
+    flag = cache_dtype_flag(lane)
+    if flag is None or flag not in VLLM_CACHE_DTYPES:
+        return None
+    cc = _cc(machine)
+    mla = any(g.kind == "mla" for g in model.attention)
+    sparse = any(g.index_head_dim for g in model.attention)
+    if flag in NO_CUDA_BACKEND:
+        return (f"{NO_CUDA_BACKEND[flag]}, which no attention backend vLLM 0.33 picks on NVIDIA GPUs stores "
+                "(platforms/cuda.py:84-181)", "--kv-cache-dtype auto or fp8")
+    if mla:
+        mla_only = ("the MLA backends vLLM 0.33 tries (platforms/cuda.py:96-155) list auto, float16, bfloat16, fp8 and "
+                    "fp8_e4m3 at most, the DeepSeek sparse ones also fp8_ds_mla and nvfp4_ds_mla (e.g. "
+                    "v1/attention/backends/mla/triton_mla.py:101-107, flashmla_sparse.py:149-155)")
+        if flag in NVFP4:
+            return ("vLLM 0.33 refuses an nvfp4 cache on MLA attention (config/vllm.py:3422-3438)",
+                    "--kv-cache-dtype auto or fp8" + (", or nvfp4_ds_mla on compute capability 10.x" if sparse else ""))
+        if flag == "fp8_e5m2" or flag in TURBOQUANT_BITS or flag in PER_TOKEN_HEAD:
+            return f"no MLA attention backend stores it: {mla_only}", "--kv-cache-dtype auto or fp8"
+        if flag in DS_MLA_BYTES and not sparse:
+            return (f"a DeepSeek sparse-attention layout, and this model's MLA is dense: {mla_only}",
+                    "--kv-cache-dtype auto or fp8")
+        return None
+    # Non-MLA attention.
+    if flag in DS_MLA_BYTES:
+        if flag == "nvfp4_ds_mla":
+            if cc is None or cc[0] == 10:
+                return None     # FlashInfer takes the name there; `lane_attention` says why it is not sized
+            return ("a DeepSeek sparse-MLA layout; of the attention backends for non-MLA attention only FlashInfer "
+                    "takes the name (by its nvfp4 prefix), and only on compute capability 10.x (v1/attention/backends/"
+                    "flashinfer.py:653-664)", "--kv-cache-dtype auto, fp8 or nvfp4")
+        return ("a DeepSeek sparse-MLA layout that no attention backend for non-MLA attention lists (FLASH_ATTN, "
+                "FLASHINFER, TRITON_ATTN, FLEX_ATTENTION, TURBOQUANT: v1/attention/backends/flash_attn.py:290-296, "
+                "flashinfer.py:573-582 and :653-664, triton_attn.py:326-336, flex_attention.py:96-100, "
+                "turboquant_attn.py:183-187)", "--kv-cache-dtype auto or fp8")
+    head_dims = sorted({g.head_dim for g in model.attention if g.head_dim})
+    if flag in NVFP4:
+        odd = [d for d in head_dims if d not in FLASHINFER_HEAD_SIZES]
+        if odd:
+            return (f"only FlashInfer stores it, for head sizes 64, 128, 256 and 512 (v1/attention/backends/"
+                    f"flashinfer.py:690-693); this model's are {', '.join(map(str, head_dims))}",
+                    "--kv-cache-dtype auto or fp8")
+        if cc is None or cc[0] == 10:
+            return None
+        if not (8, 0) <= cc <= (12, 1) or cc[0] not in (8, 9, 12):
+            return (f"only FlashInfer stores it, and not on compute capability {machine.gpus.compute_capability} "
+                    "(FlashInfer runs on 8.0 to 12.1, flashinfer.py:695-704, and takes nvfp4 there on 8.x, 9.x "
+                    "and 12.x or the SM100 family, 10.x, :653-664)", "--kv-cache-dtype auto or fp8")
+        if flag != "nvfp4":
+            return (f"on compute capability {machine.gpus.compute_capability} FlashInfer's FlashAttention-2 path "
+                    "takes plain nvfp4 only (v1/attention/backends/flashinfer.py:653-658); nvfp4_4over6 needs the "
+                    "SM100 family (compute capability 10.x)", "--kv-cache-dtype nvfp4")
+        if 64 in head_dims:
+            return (f"on compute capability {machine.gpus.compute_capability} FlashInfer's FlashAttention-2 prefill "
+                    "misreads an NVFP4 cache at head size 64 and refuses it (v1/attention/backends/flashinfer.py:"
+                    "679-685)",
+                    "--kv-cache-dtype auto or fp8, or a GPU of compute capability 10.x")
+        return None
+    if flag in PER_TOKEN_HEAD and head_dims and head_dims[0] < 32:
+        return (f"only TRITON_ATTN stores it, for head sizes of 32 and more (v1/attention/backends/"
+                f"triton_attn.py:379-380); this model's smallest is {head_dims[0]}", "--kv-cache-dtype auto or fp8")
+    if flag in TURBOQUANT_BITS:
+        boundary = set(turboquant_boundary(model))
+        sliding = [n for g in model.attention if g.kind == "sliding" for n in g.layers if n not in boundary]
+        if sliding:
+            return (f"TURBOQUANT, the only backend that stores it (v1/attention/backends/turboquant_attn.py:183-187), "
+                    f"has no sliding-window support (v1/attention/backend.py:332-333), and sliding layers "
+                    f"{_layer_span(sliding)} would need it", "--kv-cache-dtype auto or fp8")
+        chunked = [n for g in model.attention if g.kind == "chunked" for n in g.layers if n in boundary]
+        if chunked:
+            return (f"a chunked-attention layer takes its backend from the cache dtype (TURBOQUANT: "
+                    f"model_executor/layers/attention/chunked_local_attention.py:96-101) but caches at the model's "
+                    f"dtype when vLLM keeps it unquantized, as it does layers {_layer_span(chunked)} (engine/"
+                    f"arg_utils.py:2334-2351, attention/attention.py:299-315); TURBOQUANT's impl then fails on "
+                    f"\"auto\" (v1/attention/backends/turboquant_attn.py:339, turboquant/config.py:216-226)",
+                    "--kv-cache-dtype auto or fp8")
+    return None
+
+
+def _layer_span(layers: list[int]) -> str:
+    if len(layers) <= 6:
+        return ", ".join(map(str, layers))
+    return f"{layers[0]}, {layers[1]}, …, {layers[-1]} ({len(layers)} layers)"
+
+
+def sparse_mla_cache(machine: Machine, lane: Lane) -> tuple[str | None, tuple[str, str] | None]:
+    """For a DeepSeek sparse-attention group, by the lane's `--kv-cache-dtype` (the backend vLLM picks
+    follows the flag's spelling, not only its element size): the DeepSeek layout vLLM 0.33 stores it
+    in on the machine's GPUs (`fp8_ds_mla`, `nvfp4_ds_mla`; None: plain elements at the group's
+    dtype), and (why, what would work) where it refuses to boot."""
     major = (machine.gpus.compute_capability or "").split(".")[0]
     flag = flag_value(list(lane.extra_args), "--kv-cache-dtype")
     if major == "12":
         if flag not in SM120_DS_MLA_FLAGS:
-            return False, (f"--kv-cache-dtype {flag}: vLLM 0.33's only sparse-MLA backend on compute capability "
-                           f"{machine.gpus.compute_capability}, FLASHINFER_MLA_SPARSE_SM120, stores fp8_ds_mla and "
-                           "refuses any other cache (v1/attention/backends/mla/flashinfer_mla_sparse_sm120.py:64-67)",
-                           "--kv-cache-dtype auto, fp8 or fp8_e4m3")
-        return True, None
-    if major in ("9", "10"):
-        return major == "9" and kv_dtype == "fp8", None
-    if not major:
-        return kv_dtype == "fp8", None      # a machine without a compute capability: as Hopper
-    return False, (f"DeepSeek sparse attention: vLLM 0.33 has no sparse-MLA attention backend for compute "
-                   f"capability {machine.gpus.compute_capability} (FLASH_ATTN_MLA_SPARSE and FLASHINFER_MLA_SPARSE_SM90 "
-                   "need 9.x, FLASHMLA_SPARSE 9.x or 10.x, SM120's 12.x; platforms/cuda.py:83-155)",
-                   "a machine whose GPUs have compute capability 9.x, 10.x or 12.x")
+            return None, (f"--kv-cache-dtype {flag}: vLLM 0.33's only sparse-MLA backend on compute capability "
+                          f"{machine.gpus.compute_capability}, FLASHINFER_MLA_SPARSE_SM120, stores fp8_ds_mla and "
+                          "refuses any other cache (v1/attention/backends/mla/flashinfer_mla_sparse_sm120.py:64-67)",
+                          "--kv-cache-dtype auto, fp8, fp8_e4m3 or fp8_ds_mla")
+        return "fp8_ds_mla", None
+    if flag == "nvfp4_ds_mla":
+        if major in ("10", ""):     # a machine without a compute capability: as the only GPUs it exists on
+            return "nvfp4_ds_mla", None
+        if major == "9":
+            return None, ("--kv-cache-dtype nvfp4_ds_mla: vLLM 0.33's FLASHMLA_SPARSE stores it on compute capability "
+                          "10.x only (v1/attention/backends/mla/flashmla_sparse.py:250-254) and no other sparse-MLA "
+                          "backend lists it (flashattn_mla_sparse.py:43-47, flashinfer_mla_sparse_sm90.py:148-153)",
+                          "--kv-cache-dtype fp8 or fp8_ds_mla, or a GPU of compute capability 10.x")
+    if major in ("9", "10", ""):
+        # Hopper's FLASHMLA_SPARSE takes `fp8` (a machine without a compute capability: as Hopper);
+        # fp8_e4m3, named or a checkpoint's FP8 scheme, goes to a backend that stores plain fp8
+        hopper_fp8 = major in ("9", "") and flag == "fp8"
+        return ("fp8_ds_mla" if flag == "fp8_ds_mla" or hopper_fp8 else None), None
+    return None, (f"DeepSeek sparse attention: vLLM 0.33 has no sparse-MLA attention backend for compute "
+                  f"capability {machine.gpus.compute_capability} (FLASH_ATTN_MLA_SPARSE and FLASHINFER_MLA_SPARSE_SM90 "
+                  "need 9.x, FLASHMLA_SPARSE 9.x or 10.x, SM120's 12.x; platforms/cuda.py:83-155)",
+                  "a machine whose GPUs have compute capability 9.x, 10.x or 12.x")
 
 _HOW = {"mla": "(kv_lora_rank + rope_head_dim) × dtype bytes (every rank)",
         "full": "2 × max(1, kv_heads // tp) × head_dim × dtype bytes",
         "sliding": "2 × max(1, kv_heads // tp) × head_dim × dtype bytes, min(window, max_model_len) tokens",
         "chunked": "2 × max(1, kv_heads // tp) × head_dim × dtype bytes, min(chunk + max_num_batched_tokens, "
                    "max_model_len) tokens"}
+_DS_MLA_HOW = {"fp8_ds_mla": "fp8_ds_mla: 512 fp8 + 4 fp32 scales + 64 bf16 RoPE values (every rank)",
+               "nvfp4_ds_mla": "nvfp4_ds_mla: 512 fp4 values (256 B) + 64 fp8 RoPE values + 32 fp8 scales, one per 16 "
+                               "values (every rank)"}
+_TOKENS = {"sliding": ", min(window, max_model_len) tokens",
+           "chunked": ", min(chunk + max_num_batched_tokens, max_model_len) tokens"}
+
+
+def _packed_how(cache_dtype: str) -> str:
+    if cache_dtype in TURBOQUANT_BITS:
+        key_bits, value_bits = TURBOQUANT_BITS[cache_dtype]
+        key = "head_dim (fp8)" if key_bits == 8 else f"⌈head_dim × {key_bits} / 8⌉ + 2 (fp16 norm)"
+        return (f"{cache_dtype}: max(1, kv_heads // tp) × slot, slot = key {key} + value ⌈head_dim × {value_bits} / 8⌉ "
+                "+ 4 (fp16 scale and zero), rounded up to even")
+    if cache_dtype in PER_TOKEN_HEAD:
+        side = "head_dim // 2 (two 4-bit values a byte)" if cache_dtype == "int4_per_token_head" else "head_dim × 1 B"
+        return f"{cache_dtype}: 2 (key, value) × max(1, kv_heads // tp) × ({side} + 4 B fp32 scale)"
+    return (f"{cache_dtype}: 2 (key, value) × max(1, kv_heads // tp) × (head_dim // 2 B of fp4 values + head_dim // 16 "
+            "fp8 scales, one per 16 values)")
+
+
+def _packed_note(cache_dtype: str, model: Model) -> str:
+    dims = sorted({g.head_dim for g in model.attention if g.head_dim})
+    if cache_dtype in TURBOQUANT_BITS:
+        key_bits, value_bits = TURBOQUANT_BITS[cache_dtype]
+        key = "fp8, 1 B a value" if key_bits == 8 else f"{key_bits} bits a value + a 2 B fp16 norm"
+        slots = ", ".join(f"{turboquant_slot(cache_dtype, d)} B at head_dim {d}" for d in dims)
+        boundary = turboquant_boundary(model)
+        kept = (f"; it keeps decoder layers {', '.join(map(str, boundary))} (the first and last "
+                f"{len(boundary) // 2}) at the model's dtype (engine/arg_utils.py:2334-2351 with "
+                "turboquant/config.py:178-213)" if boundary else
+                "; a model with state layers keeps none at the model's dtype (turboquant/config.py:194-203)")
+        return (f"--kv-cache-dtype {cache_dtype}: vLLM 0.33's TURBOQUANT attention backend stores each KV head's key "
+                f"({key}) and value ({value_bits} bits a value + 4 B of fp16 scale and zero point) in one slot per "
+                f"token, rounded up to an even size — {slots} (model_executor/layers/quantization/turboquant/"
+                f"config.py:20-41, :128-175; v1/attention/backends/turboquant_attn.py:140-153){kept}")
+    if cache_dtype in PER_TOKEN_HEAD:
+        values = {"int8_per_token_head": "int8 values, 1 B each", "fp8_per_token_head": "fp8 values, 1 B each",
+                  "int4_per_token_head": "4-bit values, two a byte"}[cache_dtype]
+        return (f"--kv-cache-dtype {cache_dtype}: vLLM 0.33 serves it with TRITON_ATTN only (v1/attention/backends/"
+                f"triton_attn.py:326-336), which stores each KV head's key and value as {values}, plus one fp32 scale "
+                "each per token (triton_attn.py:307-319)")
+    return (f"--kv-cache-dtype {cache_dtype}: vLLM 0.33's FlashInfer backend stores each KV head's key and value as fp4 "
+            "(e2m1) values two a byte plus one fp8 scale per 16 values — head_dim // 2 + head_dim // 16 bytes a side "
+            "(v1/attention/backends/flashinfer.py:557-570, utils/torch_utils.py:542-544)"
+            + ("; nvfp4_4over6 is that layout with each block's scale chosen between max/6 and max/4 "
+               "(config/cache.py:245-246)" if cache_dtype == "nvfp4_4over6" else ""))
+
+
+def _note_once(notes: list[str], note: str) -> None:
+    if note not in notes:
+        notes.append(note)
 
 
 def kv_dtype(model: Model, machine: Machine, lane: Lane, notes: list[str]) -> str | None:
-    """The lane's KV dtype where it is not the model's own: `--kv-cache-dtype`, else vLLM's per-model
-    default (GLM-5 on the SM100 family: fp8_e4m3, vllm/model_executor/models/config.py:89-101)."""
+    """The lane's KV element dtype where it is a plain one other than the model's own:
+    `--kv-cache-dtype`, else vLLM's per-model default (GLM-5 on the SM100 family: fp8_e4m3,
+    vllm/model_executor/models/config.py:89-101). None for the model's own and for the packed and
+    DeepSeek layouts, which `lane_attention` sizes from the flag."""
     cache_dtype = flag_value(list(lane.extra_args), "--kv-cache-dtype")
     if cache_dtype and cache_dtype != "auto":
         dtype = KV_CACHE_DTYPES.get(cache_dtype)
-        if dtype is None:
-            notes.append(f"--kv-cache-dtype {cache_dtype} is not modelled: KV counted at the model's dtype "
-                         "(an upper bound)")
+        if dtype is None and cache_dtype not in VLLM_CACHE_DTYPES:
+            notes.append(f"--kv-cache-dtype {cache_dtype} is not a vLLM 0.33 value (config/cache.py:44-67), so not "
+                         "modelled: KV counted at the model's dtype (an upper bound)")
         return dtype
     cc = machine.gpus.compute_capability or ""
     if model.architecture == "GlmMoeDsaForCausalLM" and cc.split(".")[0] == "10":
@@ -93,26 +351,82 @@ def kv_dtype(model: Model, machine: Machine, lane: Lane, notes: list[str]) -> st
 
 
 def lane_attention(model: Model, machine: Machine, lane: Lane, dtype: str | None,
-                   notes: list[str]) -> list[tuple[AttentionLayers, int, bool]]:
+                   notes: list[str]) -> list[tuple[AttentionLayers, int, str | None]]:
     """Each attention group as the lane caches it, given the lane's KV dtype (`kv_dtype`): the group at
-    that dtype, its bytes per token per layer on one rank, and whether vLLM stores it as fp8_ds_mla
-    (sparse MLA, by the GPU's backend: `sparse_mla_cache`). The ledger's pool and the cost model's
-    KV reads both take their bytes from here."""
-    out = []
+    that dtype, its bytes per token per layer on one rank, and the layout vLLM stores it in where that
+    is not plain elements (the DeepSeek layouts of sparse MLA, by the GPU's backend:
+    `sparse_mla_cache`; the packed TurboQuant, per-token-head and NVFP4 caches). TurboQuant's groups
+    come split: the layers vLLM keeps at the model's dtype apart. The ledger's pool and the cost
+    model's KV reads both take their bytes from here."""
+    tp = lane.tensor_parallel_size
+    flag = cache_dtype_flag(lane)
+    refusal = kv_cache_refusal(model, machine, lane)
+    # A refused packed or DeepSeek value is counted at the model's dtype; a refused plain one as today.
+    upper = refusal is not None and flag not in KV_CACHE_DTYPES
+    if refusal is not None:
+        _note_once(notes, f"--kv-cache-dtype {flag}: vLLM 0.33 refuses to boot this lane with it — {refusal[0]}"
+                   + (". KV counted at the model's dtype" if upper else ""))
+    skip = flag_value(list(lane.extra_args), "--kv-cache-dtype-skip-layers")
+    if skip and flag is not None:
+        _note_once(notes, f"--kv-cache-dtype-skip-layers {skip} is not modelled: vLLM 0.33 caches the layers it names "
+                   "at the model's dtype (model_executor/layers/attention/attention.py:299-315), counted here at "
+                   f"--kv-cache-dtype {flag} (for a cache smaller than the model's dtype, a lower bound)")
+    packed = flag if flag in PACKED and refusal is None else None
+    if flag == "nvfp4_ds_mla" and refusal is None and not any(g.kind == "mla" for g in model.attention):
+        _note_once(notes, "--kv-cache-dtype nvfp4_ds_mla on non-MLA attention is not modelled: KV counted at the "
+                   "model's dtype (an upper bound). It is a DeepSeek sparse-MLA layout; vLLM 0.33's FlashInfer takes "
+                   "the name on compute capability 10.x by its nvfp4 prefix (v1/attention/backends/flashinfer.py:"
+                   "653-664) but packs only plain nvfp4 (:557-570; the name maps to its own quantization mode, "
+                   "v1/kv_cache_interface.py:134-140), so the cache would be 1 byte per element in a layout its "
+                   "kernels read as nvfp4")
+    if packed:
+        _note_once(notes, _packed_note(packed, model))
+    boundary = set(turboquant_boundary(model)) if packed in TURBOQUANT_BITS else set()
+    out: list[tuple[AttentionLayers, int, str | None]] = []
     for group in model.attention:
         if dtype is not None:
             group = group.model_copy(update={"kv_dtype": dtype})
         sparse = group.kind == "mla" and bool(group.index_head_dim)
-        ds_mla = sparse and sparse_mla_cache(machine, lane, group.kv_dtype)[0]
-        rate = (FP8_DS_MLA_BYTES + group.indexer_bytes_per_token() if ds_mla
-                else group.bytes_per_token_per_layer(lane.tensor_parallel_size))
-        if ds_mla and not any(n.startswith("sparse MLA cache stored as fp8_ds_mla") for n in notes):
-            notes.append(f"sparse MLA cache stored as fp8_ds_mla on compute capability "
-                         f"{machine.gpus.compute_capability}: vLLM 0.33's sparse backend there keeps "
-                         f"{FP8_DS_MLA_BYTES} B per token per layer (512 fp8 + 4 fp32 scales + 64 bf16 RoPE values; "
-                         "model_executor/layers/attention/mla_attention.py:359-376) plus the indexer key")
-        out.append((group, rate, ds_mla))
+        layout = sparse_mla_cache(machine, lane)[0] if sparse and not upper else None
+        if layout:
+            out.append((group, DS_MLA_BYTES[layout] + group.indexer_bytes_per_token(), layout))
+            if layout == "fp8_ds_mla" and not any(n.startswith("sparse MLA cache stored as fp8_ds_mla") for n in notes):
+                notes.append(f"sparse MLA cache stored as fp8_ds_mla on compute capability "
+                             f"{machine.gpus.compute_capability}: vLLM 0.33's sparse backend there keeps "
+                             f"{FP8_DS_MLA_BYTES} B per token per layer (512 fp8 + 4 fp32 scales + 64 bf16 RoPE values; "
+                             "model_executor/layers/attention/mla_attention.py:359-376) plus the indexer key")
+            if layout == "nvfp4_ds_mla":
+                _note_once(notes, f"sparse MLA cache stored as nvfp4_ds_mla: vLLM 0.33's FLASHMLA_SPARSE keeps "
+                           f"{NVFP4_DS_MLA_BYTES} B per token per layer (512 fp4 values two a byte, 64 fp8 RoPE values, "
+                           "32 fp8 scales — one per 16 values; v1/attention/backends/mla/flashmla_sparse.py:111-122, "
+                           "model_executor/layers/attention/mla_attention.py:1383-1388) plus the indexer key"
+                           + ("" if machine.gpus.compute_capability else
+                              "; no compute capability given: assumed 10.x, the only one vLLM stores it on"))
+            continue
+        if packed and group.kind != "mla":
+            assert group.head_dim is not None
+            quantized = [n for n in group.layers if n not in boundary]
+            kept = [n for n in group.layers if n in boundary]
+            if quantized:
+                part = group.model_copy(update={"layers": quantized}) if kept else group
+                out.append((part, group.kv_heads_per_rank(tp) * packed_head_bytes(packed, group.head_dim), packed))
+            if kept:
+                # a skipped layer caches at "auto", the model's dtype (vllm/utils/torch_utils.py:519-524): the
+                # group's own unless the checkpoint asks for an fp8 cache, which "auto" no longer means here
+                own = group.kv_dtype if group.kv_dtype != "fp8" else "bf16"
+                part = group.model_copy(update={"layers": kept, "kv_dtype": own})
+                out.append((part, part.bytes_per_token_per_layer(tp), None))
+                if own != group.kv_dtype:
+                    _note_once(notes, f"--kv-cache-dtype {packed}: the layers vLLM keeps unquantized cache at the "
+                               "model's dtype, not the checkpoint's fp8 KV scheme; counted as bf16")
+            continue
+        out.append((group, group.bytes_per_token_per_layer(tp), None))
     return out
+
+
+def _model_group(model: Model, group: AttentionLayers) -> int:
+    """The index in the model's attention groups of the group `group` was split from."""
+    return next(j for j, g in enumerate(model.attention) if group.layers[0] in g.layers)
 
 
 def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], Figure], notes: list[str],
@@ -125,8 +439,14 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
     operands: dict[str, object] = {"tp": tp, "max_model_len": seq}
     in_flight = max_num_batched_tokens(machine, lane) if any(g.kind == "chunked" for g in model.attention) else None
     rates = set()
-    for i, (group, rate, ds_mla) in enumerate(lane_attention(model, machine, lane, dtype, notes)):
-        refusal = sparse_mla_cache(machine, lane, group.kv_dtype)[1] if group.index_head_dim else None
+    refused = kv_cache_refusal(model, machine, lane)
+    if refused:
+        violations.append(Violation("attention", f"--kv-cache-dtype {cache_dtype_flag(lane)}: {refused[0]}; vLLM "
+                                    "refuses to boot this lane", refused[1], lane=lane.name))
+    # TurboQuant's groups come split: those left at the model's dtype are its first and last layers
+    turboquant = cache_dtype_flag(lane) in TURBOQUANT_BITS and refused is None
+    for i, (group, rate, layout) in enumerate(lane_attention(model, machine, lane, dtype, notes)):
+        refusal = sparse_mla_cache(machine, lane)[1] if group.index_head_dim and not refused else None
         if refusal and not any(v.message.startswith(refusal[0]) for v in violations):
             violations.append(Violation("attention", refusal[0] + "; vLLM refuses to boot this lane", refusal[1],
                                         lane=lane.name))
@@ -146,17 +466,31 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
         else:
             ops.update(kv_heads=group.kv_heads, kv_heads_per_rank=group.kv_heads_per_rank(tp),
                        head_dim=group.head_dim)
+        if layout and layout != "fp8_ds_mla":
+            ops.update(kv_cache_dtype=layout)
+            if layout in PACKED:
+                assert group.head_dim is not None
+                ops.update(bytes_per_kv_head=packed_head_bytes(layout, group.head_dim))
         if group.kind == "sliding":
             ops.update(window=group.window, tokens_held=held)
         if group.kind == "chunked":
             assert in_flight is not None
             ops.update(chunk=group.chunk, max_num_batched_tokens=in_flight.value, tokens_held=held)
-        how = ("fp8_ds_mla: 512 fp8 + 4 fp32 scales + 64 bf16 RoPE values (every rank)" if ds_mla
-               else _HOW[group.kind]) + (" + indexer key (index_head_dim + 4 per 128)" if group.index_head_dim else "")
-        add(Figure(f"kv.layers[{i}].bytes_per_token", f"KV per token per layer, {group.kind} attention "
-                   f"({len(group.layers)} layers, per GPU)", rate, "count", how, ops,
-                   src_note(model.sources, f"attention[{i}].kv_heads")
-                   or src_note(model.sources, f"attention[{i}].kv_lora_rank")
+        kept = turboquant and layout is None
+        if layout in DS_MLA_BYTES:
+            how = _DS_MLA_HOW[layout]
+        elif layout:
+            how = _packed_how(layout) + _TOKENS.get(group.kind, "")
+        else:
+            how = _HOW[group.kind] + (" (a first or last decoder layer, which TurboQuant leaves at the model's dtype)"
+                                      if kept else "")
+        how += " + indexer key (index_head_dim + 4 per 128)" if group.index_head_dim else ""
+        j = _model_group(model, group)
+        label = (f"KV per token per layer, {group.kind} attention ({len(group.layers)} layers, per GPU"
+                 + (f", {layout}" if layout and layout != "fp8_ds_mla" else ", model's dtype" if kept else "") + ")")
+        add(Figure(f"kv.layers[{i}].bytes_per_token", label, rate, "count", how, ops,
+                   src_note(model.sources, f"attention[{j}].kv_heads")
+                   or src_note(model.sources, f"attention[{j}].kv_lora_rank")
                    + (f"; chunk held: {in_flight.reason}" if group.kind == "chunked" and in_flight else "")))
         operands[f"group{i}_{group.kind}_bytes"] = layer_bytes
     pool = _with_state(model, machine, lane, rates, add, notes, violations, operands) if model.state else None

@@ -217,7 +217,14 @@ def test_sparse_mla_with_an_fp8_cache_imports_and_each_machine_sizes_it(tmp_path
     assert model.kv_bytes_per_token == 78 * (576 + 132)
     source = yaml.safe_load(text)["kv_bytes_per_token"]["source"]
     assert "656 B per token per layer" in source and "per machine" in source
-    hopper = compute_lane(model, machine("9.0"), lane(tp=8, kv="20 GiB"))
-    blackwell = compute_lane(model, machine("10.0"), lane(tp=8, kv="20 GiB"))
-    assert hopper.fig("kv.bytes_per_sequence").value == 78 * (512 + 4 * 4 + 64 * 2 + 132) * 32768
-    assert blackwell.fig("kv.bytes_per_sequence").value == 78 * (576 + 132) * 32768
+    # The checkpoint's scheme is fp8_e4m3 to vLLM: plain fp8 on Hopper and the SM100 family (FlashInfer's
+    # sparse backends), fp8_ds_mla on SM120, and on Hopper where the lane names `--kv-cache-dtype fp8`
+    # (FLASHMLA_SPARSE takes that spelling, not fp8_e4m3).
+    def per_sequence(cc: str, *extra: str) -> float:
+        return compute_lane(model, machine(cc), lane(tp=8, kv="20 GiB", extra=list(extra))).fig(
+            "kv.bytes_per_sequence").value
+
+    assert per_sequence("9.0") == per_sequence("10.0") == 78 * (576 + 132) * 32768
+    assert per_sequence("12.0") == 78 * (512 + 4 * 4 + 64 * 2 + 132) * 32768
+    assert per_sequence("9.0", "--kv-cache-dtype", "fp8") == 78 * (512 + 4 * 4 + 64 * 2 + 132) * 32768
+    assert per_sequence("9.0", "--kv-cache-dtype", "fp8_e4m3") == 78 * (576 + 132) * 32768

@@ -145,6 +145,9 @@ def test_sparse_mla_with_an_fp8_cache_is_fp8_ds_mla_off_sm100() -> None:
     blackwell = compute_lane(m, machine("10.0"), fp8)
     assert hopper.fig("kv.bytes_per_sequence").value == 78 * (512 + 16 + 128 + 132) * 32768
     assert blackwell.fig("kv.bytes_per_sequence").value == 78 * (576 + 132) * 32768
+    # fp8_e4m3 is not on FLASHMLA_SPARSE's list: Hopper's FLASHINFER_MLA_SPARSE_SM90 stores it plain
+    e4m3 = lane(tp=8, kv="20 GiB", extra=["--kv-cache-dtype", "fp8_e4m3"])
+    assert compute_lane(m, machine("9.0"), e4m3).fig("kv.bytes_per_sequence").value == 78 * (576 + 132) * 32768
 
 
 

@@ -121,11 +121,12 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
     doc["dense_bytes"]["source"] += exclusion_note(fmt.dense, b.tensors, b.layers) + fmt.inert
     # DeepSeek sparse attention with an fp8 cache: what vLLM 0.33 stores depends on the GPU's backend,
     # so the model file keeps plain fp8 and the ledger sizes it per machine (ledger.kv.lane_attention).
-    ds_mla_note = ("; a sparse-MLA fp8 cache is counted here as plain fp8, (512 + 64) × 1 B, as vLLM's "
-                   "FLASHINFER_MLA_SPARSE stores it on the SM100 family (platforms/cuda.py:96-106); on Hopper "
-                   "(FLASHMLA_SPARSE) and SM120 vLLM stores fp8_ds_mla, 656 B per token per layer (512 fp8 + 4 fp32 scales + 64 "
-                   "bf16 RoPE; model_executor/layers/attention/mla_attention.py:359-376), which the ledger and the "
-                   "estimate count per machine"
+    ds_mla_note = ("; a sparse-MLA fp8 cache is counted here as plain fp8, (512 + 64) × 1 B: vLLM 0.33 turns a "
+                   "checkpoint's FP8 KV scheme into fp8_e4m3 (utils/torch_utils.py:78-80), which FLASHINFER_MLA_SPARSE "
+                   "on the SM100 family and FLASHINFER_MLA_SPARSE_SM90 on Hopper store as plain fp8 (platforms/"
+                   "cuda.py:96-154); on SM120, or on Hopper given --kv-cache-dtype fp8, vLLM stores fp8_ds_mla, 656 B "
+                   "per token per layer (512 fp8 + 4 fp32 scales + 64 bf16 RoPE; model_executor/layers/attention/"
+                   "mla_attention.py:359-376), which the ledger and the estimate count per machine"
                    if fmt.kv_dtype == "fp8" and any(g.get("index_head_dim") for g in b.attention) else "")
     for g in b.attention:
         g["kv_dtype"] = fmt.kv_dtype

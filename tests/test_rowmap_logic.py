@@ -17,6 +17,7 @@ from recipegen.rowmap.compare import compare
 from recipegen.rowmap.diff import diff
 from recipegen.rowmap.evaluate import evaluate, leave_one_out
 from recipegen.rowmap.skew import gini_per_layer, spearman, top_overlap_per_layer, top_share
+from recipegen.rowmap.text import diff_lines
 
 
 def H(counts: list[list[int]], layers: tuple[int, ...] | None = None, **kw: object) -> Histogram:
@@ -150,6 +151,11 @@ def test_diff_by_hand() -> None:
     assert "reuses its tuned kernels" in r.verdict()
     c = RowMap((0, 1), 4, [[0], [0, 1]], [[1, 2, 3], [2, 3]])
     assert not diff(a, c).same_shape
+    # more hot rows in B: no id turns cold, layer 0's id 1 is no longer cold; both directions said
+    grown = diff(c, a, name_a="c", name_b="a")
+    assert (grown.mean_cold_changed, grown.mean_left_cold) == (0.0, 0.5)
+    assert (diff(a, c).mean_cold_changed, diff(a, c).mean_left_cold) == (0.5, 0.0)
+    assert "0.0 newly cold and 0.5 no longer cold, of 2 cold in a" in diff_lines(grown)[4]
     assert diff(a, a).same_content
     with pytest.raises(InputError, match="different geometry"):
         diff(a, RowMap((0,), 4, [[0]], [[1, 2, 3]]))

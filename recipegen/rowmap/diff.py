@@ -44,7 +44,14 @@ class DiffReport:
 
     @property
     def mean_cold_changed(self) -> float:
+        """Mean per layer of ids cold in B that were not cold in A."""
         return sum(l.cold_changed for l in self.layers) / len(self.layers) if self.layers else 0.0
+
+    @property
+    def mean_left_cold(self) -> float:
+        """Mean per layer of ids cold in A that are not cold in B (a map with more hot rows has some
+        however its cold ids are chosen)."""
+        return sum(l.left_cold for l in self.layers) / len(self.layers) if self.layers else 0.0
 
     @property
     def changed_layers(self) -> int:
@@ -65,7 +72,7 @@ class DiffReport:
                 "same_content": self.same_content,
                 "content_hash": {"a": self.content_hash_a, "b": self.content_hash_b},
                 "shape_hash": {"a": self.shape_hash_a, "b": self.shape_hash_b},
-                "mean_cold_changed": self.mean_cold_changed,
+                "mean_cold_changed": self.mean_cold_changed, "mean_left_cold": self.mean_left_cold,
                 "changed_layers": self.changed_layers, "verdict": self.verdict(),
                 "layers": [l.to_json() for l in self.layers]}
 

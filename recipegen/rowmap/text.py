@@ -115,8 +115,9 @@ def diff_lines(r: DiffReport, *, per_layer: bool = True) -> list[str]:
              f"  shape_hash   {r.shape_hash_a[:16]}… -> {r.shape_hash_b[:16]}… "
              f"({'equal' if r.same_shape else 'differs'})",
              f"  {r.verdict()}",
-             f"  layers changed: {r.changed_layers} of {len(r.layers)}; cold ids changed per "
-             f"layer: mean {r.mean_cold_changed:.1f} of {_mean_cold(r):.0f}"]
+             f"  layers changed: {r.changed_layers} of {len(r.layers)}; cold ids per layer, mean: "
+             f"{r.mean_cold_changed:.1f} newly cold and {r.mean_left_cold:.1f} no longer cold, of "
+             f"{_mean_cold(r):.0f} cold in {r.name_b}"]
     if per_layer:
         lines.append(f"  {'layer':>5} {'hot A':>6} {'hot B':>6} {'new cold':>9} {'left cold':>10}"
                      f" {'reordered':>9}")

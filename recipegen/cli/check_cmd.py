@@ -129,7 +129,7 @@ def check_budgets(recipes: tuple[str, ...], explain: bool, as_json: bool, lanes:
                 per = ", ".join(f"C{p.streams} {p.tokens_per_s:,.1f} tok/s (validation band "
                                 f"{band_text(*p.tokens_per_s_band)})"
                                 for p in estimate.points[:1] + estimate.points[1:][-1:])
-                say(f"decode speed estimate · lane {lane_name}: {per}, {estimate.placement} "
+                say(f"decode speed estimate · lane {lane_name}: {per}, {estimate.label or estimate.placement} "
                     "(recipegen plan for the terms)")
                 for warning in warnings:
                     say(f"  warning: {warning} (the memory verdict above is unchanged)")

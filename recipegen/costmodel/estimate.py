@@ -305,6 +305,9 @@ class StepTerms:
     host_dense: float = 0.0             # non-routed weights read over the host link
     host_dense_bytes: float = 0.0
     unmeasured: float = 0.0             # seconds from kernels no table measured (state layers, indexer)
+    # True where hot and cold reads of a layer overlap in one launch (``moe_layer_seconds``): then
+    # ``experts`` is less than hot + cold; False where they run one after the other (experts = hot + cold).
+    experts_overlapped: bool = False
 
     @property
     def total(self) -> float:
@@ -320,7 +323,9 @@ class StepTerms:
                 "hot_expert_bytes": self.hot_bytes, "cold_expert_bytes": self.cold_bytes,
                 "kv_bytes": self.kv_bytes, "dense_bytes": self.dense_bytes, "state_ms": self.state * 1e3,
                 "state_bytes": self.state_bytes, "host_dense_ms": self.host_dense * 1e3,
-                "host_dense_bytes": self.host_dense_bytes, "unmeasured_ms": self.unmeasured * 1e3}
+                "host_dense_bytes": self.host_dense_bytes, "unmeasured_ms": self.unmeasured * 1e3,
+                "experts_combined": ("overlapped" if self.experts_overlapped else
+                                     "in sequence" if self.cold_experts else None)}
 
 
 def step_terms(model: StepModel, point: OperatingPoint) -> StepTerms:
@@ -330,6 +335,7 @@ def step_terms(model: StepModel, point: OperatingPoint) -> StepTerms:
     eff_tokens = independent * one_stream_tokens(point.k)
     hot = cold = experts = 0.0
     unique = cold_n = hot_bytes = cold_bytes = 0.0
+    overlapped = False
     eff = model.expert_efficiency.at(t_tokens) if model.expert_efficiency else 1.0
     hot_rate = model.hbm_read * eff
     for layer in model.moe:
@@ -341,6 +347,7 @@ def step_terms(model: StepModel, point: OperatingPoint) -> StepTerms:
         cold_n += n
         hot_bytes += h * hot_rate
         cold_bytes += c * model.pinned_read
+        overlapped = overlapped or (model.fused_split and layer.cold is not None and c > 0)
     dense_bytes = model.decoder_layers * model.dense_bytes_per_layer + model.head_bytes
     gemms = (model.decoder_layers * (GEMMS_PER_LAYER + model.shared_expert_gemms)
              if model.gemm_launches is None else model.gemm_launches) + 1
@@ -376,7 +383,8 @@ def step_terms(model: StepModel, point: OperatingPoint) -> StepTerms:
                      small_kernels=small, drafter=drafter, unique_per_layer=unique / max(len(model.moe), 1),
                      cold_per_step=cold_n, hot_bytes=hot_bytes, cold_bytes=cold_bytes, kv_bytes=kv_bytes,
                      dense_bytes=dense_bytes, state=state, state_bytes=state_bytes, host_dense=host_dense,
-                     host_dense_bytes=model.host_dense_bytes, unmeasured=unmeasured)
+                     host_dense_bytes=model.host_dense_bytes, unmeasured=unmeasured,
+                     experts_overlapped=overlapped)
 
 
 def moe_layer_seconds(layer: MoeLayer, model: StepModel, eff_tokens: float, hot_rate: float

@@ -132,9 +132,12 @@ class LaneFetchSummary:
     notes: list[str] = field(default_factory=list)
     per_gpu: str = ""
     """How a lane of several GPUs reads (`costmodel.parallel.GpuReads.header`); "" for one GPU."""
+    label: str = ""
+    """The placement as people read it (`ledger.report_lane.placement_label`: "all in HBM" where nothing is cold)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"lane": self.lane, "placement": self.placement, "link_bandwidth_bytes_per_s": self.link_bandwidth,
+        return {"lane": self.lane, "placement": self.placement, "placement_label": self.label or self.placement,
+                "link_bandwidth_bytes_per_s": self.link_bandwidth,
                 "per_gpu": self.per_gpu or None,
                 "classes": [c.to_json() for c in self.classes],
                 "k_schedule": None if self.k_check is None else {
@@ -146,7 +149,7 @@ class LaneFetchSummary:
     def lines(self) -> list[str]:
         """Plain-text rows for `check budgets`."""
         out = [f"fetch tax (cold expert reads over the {self.link_bandwidth / 1e9:g} GB/s host link, "
-               f"per decode step; {self.placement}):"]
+               f"per decode step; {self.label or self.placement}):"]
         if self.per_gpu:
             out.append(f"  {self.per_gpu}; {ONE_LINK_PER_GPU}")
         if self.placement == "positional" and self.classes and self.classes[0].cold_share is not None:
@@ -274,17 +277,20 @@ def fetch_summary(loaded: Any, lane_name: str, *, streams: Sequence[int] | None 
     `ledger`: a `RecipeLedger` already computed for `loaded` (computed here otherwise).
     """
     from recipegen.ledger import compute_ledger
+    from recipegen.ledger.report_lane import placement_label
 
     recipe = loaded.recipe
     lane = recipe.lane(lane_name)
     ledger = ledger or compute_ledger(loaded)
     ledger_lane = ledger.lane(lane_name)
+    label = placement_label(ledger_lane)
     machine = recipe.machines[lane.machine]
     points = sorted({lane.concurrency.min, lane.concurrency.max}) if streams is None else list(streams)
     unique = unique_model_for(recipe.model)
     if sum(ledger_lane.active.cold_per_layer) == 0:
         return LaneFetchSummary(lane.name, lane.offload.placement, machine.pinned_read_bandwidth, [],
-                                lane_k_check(lane), ["every routed expert is in HBM: no cold reads, fetch tax 0"])
+                                lane_k_check(lane), ["every routed expert is in HBM: no cold reads, fetch tax 0"],
+                                label=label)
     classes = []
     under_active: dict[str, ColdShare | str] = {}
     if lane.offload.placement != "positional" and lane.active_class is not None:
@@ -319,7 +325,7 @@ def fetch_summary(loaded: Any, lane_name: str, *, streams: Sequence[int] | None 
                         "no fetch projection")
     return LaneFetchSummary(lane.name, lane.offload.placement, machine.pinned_read_bandwidth, classes,
                             lane_k_check(lane), notes,
-                            gpu_reads(recipe.model, lane).header(machine.pinned_read_bandwidth / 1e9))
+                            gpu_reads(recipe.model, lane).header(machine.pinned_read_bandwidth / 1e9), label)
 
 
 def lane_k_check(lane: Any) -> KScheduleCheck | None:

@@ -21,6 +21,7 @@ from recipegen.common.errors import InputError
 from recipegen.common.units import GiB, format_tokens
 from recipegen.costmodel.efficiency import expert_efficiency
 from recipegen.costmodel.estimate import (
+    FUSED_SHORTER_SHARE,
     GEMMS,
     SMALL,
     AttentionGroup,
@@ -116,6 +117,7 @@ class LaneEstimate:
     acceptance_source: str | None
     expert_efficiency_source: str
     notes: list[str] = field(default_factory=list)
+    label: str = ""                   # the placement as people read it ("all in HBM" where nothing is cold)
 
     def point(self, streams: int) -> EstimatePoint:
         for p in self.points:
@@ -128,7 +130,8 @@ class LaneEstimate:
         return {p.streams: p.tokens_per_s for p in self.points}
 
     def to_json(self) -> dict[str, Any]:
-        return {"lane": self.lane, "placement": self.placement, "hot_per_layer": self.hot_per_layer,
+        return {"lane": self.lane, "placement": self.placement, "placement_label": self.label or self.placement,
+                "hot_per_layer": self.hot_per_layer,
                 "context": self.context, "acceptance": self.acceptance, "acceptance_source": self.acceptance_source,
                 "expert_efficiency_source": self.expert_efficiency_source,
                 "tokens_per_s": {str(p.streams): p.tokens_per_s for p in self.points},
@@ -136,20 +139,49 @@ class LaneEstimate:
                 "points": [p.to_json() for p in self.points], "notes": self.notes}
 
     def lines(self) -> list[str]:
-        out = [f"{self.placement} ({self.hot_per_layer} hot experts per layer), {self.context:,} tokens of KV "
-               "per sequence:"]
+        out = [f"{self.label or self.placement} ({self.hot_per_layer} hot experts per layer), {self.context:,} "
+               "tokens of KV per sequence:"]
         for p in self.points:
             lo, hi = p.tokens_per_s_band
             t = p.terms
-            cold = f" + cold {t.cold_experts * 1e3:.2f}" if t.cold_experts else ""
             extra = (f" + state layers {t.state * 1e3:.2f}" if t.state else "") + (
                 f" + weights in host memory {t.host_dense * 1e3:.2f}" if t.host_dense else "") + (
                 f" + drafter {t.drafter * 1e3:.2f}" if t.drafter else "")
             out.append(f"  C{p.streams} k={p.k}: {p.tokens_per_s:,.1f} tok/s ({band_text(lo, hi)}); step "
-                       f"{t.total * 1e3:.2f} ms = experts {t.experts * 1e3:.2f} (hot {t.hot_experts * 1e3:.2f}{cold}) "
+                       f"{t.total * 1e3:.2f} ms = {experts_text(t)} "
                        f"+ dense {t.dense * 1e3:.2f} + attention {t.attention * 1e3:.2f}{extra} + small kernels "
                        f"{t.small_kernels * 1e3:.2f}; {t.unique_per_layer:.1f} unique experts per layer")
         return out
+
+
+# The rule by which a usage-aware layer's hot and cold reads combine (estimate.moe_layer_seconds),
+# in the words the step line and its note print.
+OVERLAP_RULE = f"per layer the longer read + {FUSED_SHORTER_SHARE:g} × the shorter"
+
+
+def experts_text(t: StepTerms) -> str:
+    """The routed-experts term of a step for people: its hot and cold parts and how they combine —
+    "+" only where they run one after the other (so the printed sum holds), else the overlap rule."""
+    total, hot, cold = t.experts * 1e3, t.hot_experts * 1e3, t.cold_experts * 1e3
+    if not t.cold_experts:
+        return f"experts {total:.2f} (hot {hot:.2f})"
+    if t.experts_overlapped:
+        return f"experts {total:.2f} (hot {hot:.2f} and cold {cold:.2f} overlapped: {OVERLAP_RULE})"
+    return f"experts {total:.2f} (hot {hot:.2f} + cold {cold:.2f})"
+
+
+def _experts_note(points: Sequence[EstimatePoint], placement: str) -> str | None:
+    """How the step line's hot and cold expert terms combine, for the note under it."""
+    if any(p.terms.experts_overlapped for p in points):
+        return ("experts: a layer's hot and cold experts are read in one launch and overlap: each MoE layer "
+                f"takes its longer read + {FUSED_SHORTER_SHARE:g} × its shorter, averaged over how many cold experts "
+                f"a step touches, so the experts term lies between the longer total + {FUSED_SHORTER_SHARE:g} × the "
+                "shorter and hot + cold (docs/costmodel.md, 'hot + cold of one layer')")
+    if any(p.terms.cold_experts for p in points):
+        how = ("each touched expert's offloaded part over the host link, then the rest from HBM"
+               if placement == "positional" else "one launch per bank on this GPU, compute capability 10.x")
+        return f"experts: hot + cold, one after the other ({how})"
+    return None
 
 
 def _format(model: Any) -> str:
@@ -171,7 +203,8 @@ def _shares(loaded: Any, lane: Any, traffic_class: str | None) -> tuple[np.ndarr
             return counts / counts.sum(axis=1, keepdims=True), f"histogram {hist_file}{synthetic}", histogram
     skew = default_skew(model.routed_experts)
     return (np.tile(skew, (model.num_moe_layers, 1)),
-            "default skew exp(-4.94 (r/E)^1.01) (no histogram for the class)", None)
+            f"default skew (no histogram for the class): pick share ∝ exp(-4.94 (r/E)^1.01), r = an expert's "
+            f"popularity rank (0 = the most picked), E = {model.routed_experts:,}, the layer's routed experts", None)
 
 
 def _cold_masks(loaded: Any, lane: Any, shares: np.ndarray, hot: Sequence[int], traffic_class: str | None,
@@ -426,6 +459,7 @@ def estimate_lane(loaded: Any, lane_name: str, *, ledger: Any = None, placement:
     require_class(loaded, lane, traffic_class)
     n = model.routed_experts
     kv_pool_tokens: float | None = None    # the placement's KV pool, where the ledger sizes it
+    label = ""                             # the lane's own placement as the ledger's report names it
     placement = placement or lane.offload.placement
     use_rowmap = hot_per_layer is None and placement == lane.offload.placement
     if hot_per_layer is not None:
@@ -445,6 +479,9 @@ def estimate_lane(loaded: Any, lane_name: str, *, ledger: Any = None, placement:
         if chosen is None:
             raise InputError(f"the ledger has no {placement} placement for lane {lane_name}", field="placement")
         hots, colds = list(chosen.hot_per_layer), list(chosen.cold_per_layer)
+        if chosen is lane_ledger.active:
+            from recipegen.ledger.report_lane import placement_label
+            label = placement_label(lane_ledger)
         kv_pool_tokens = chosen.figures["kv.tokens"].value if "kv.tokens" in chosen.figures else None
     sm, notes = step_model(loaded, lane, placement=placement, hot=hots, cold=colds, traffic_class=traffic_class,
                            use_rowmap=use_rowmap)
@@ -461,6 +498,9 @@ def estimate_lane(loaded: Any, lane_name: str, *, ledger: Any = None, placement:
         op = OperatingPoint(s, k_s, ctx, alpha if k_s else None, independent)
         terms = step_terms(sm, op)
         out.append(EstimatePoint(s, k_s, s * op.tokens_per_step_per_stream, terms, _band(machine, op, terms)))
+    experts_note = _experts_note(out, placement)
+    if experts_note:
+        notes.append(experts_note)
     over = [p.streams for p in out if kv_pool_tokens is not None and p.streams * ctx > kv_pool_tokens]
     if over:
         notes.append(f"warning: at C{', C'.join(map(str, over))} the streams' KV ({ctx:,} tokens each) exceeds the "
@@ -486,7 +526,7 @@ def estimate_lane(loaded: Any, lane_name: str, *, ledger: Any = None, placement:
     lo, hi = min(hots), max(hots)
     return LaneEstimate(lane.name, placement, str(lo) if lo == hi else f"{lo}–{hi}", ctx, out,
                         alpha if speculative else None, alpha_source if speculative else None,
-                        sm.expert_efficiency.source if sm.expert_efficiency else "none measured", notes)
+                        sm.expert_efficiency.source if sm.expert_efficiency else "none measured", notes, label)
 
 
 def require_class(loaded: Any, lane: Any, traffic_class: str | None) -> None:

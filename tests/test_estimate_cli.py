@@ -127,6 +127,23 @@ def test_a_placement_that_leaves_no_kv_is_not_offered():
     assert "does not fit" not in render_lane(compute_ledger(load_recipe("dsv41-flash-gb300")).lane("agent"))
 
 
+
+def test_a_lane_without_a_positional_placement_says_why_its_column_is_empty():
+    from recipegen.ledger.report_lane import render_lane
+    lane = compute_ledger(load_recipe("deepseek-v3-fp8-h200x8")).lane("chat")
+    assert lane.positional is None and lane.placement == "usage-aware"
+    text = render_lane(lane)
+    assert "positional: — the lane loads every routed expert into HBM (no --cpu-offload-gb at load)" in text
+    assert "no positional placement to compare" not in render_lane(
+        compute_ledger(load_recipe("dsv41-flash-gb300")).lane("agent"))
+
+
+def test_a_measured_share_prints_as_a_percentage_like_every_other_share():
+    from recipegen.ledger.report_lane import render_lane
+    text = render_lane(compute_ledger(load_recipe("dsv41-flash-gb300")).lane("agent"), explain=True)
+    # the recipe's measured positional cold-pick share (0.23 in the field report) as % not a fraction
+    assert "share of routed picks on host experts (measured) = 23%" in text
+
 def test_check_budgets_warns_about_a_far_faster_placement_but_keeps_its_verdict():
     runner = CliRunner()
     plain = runner.invoke(main, ["check", "budgets", "gpt-oss-120b-l40s"])

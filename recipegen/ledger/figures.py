@@ -41,7 +41,7 @@ class Figure:
                 return f"{int(self.value):,} tokens"
             return f"{format_tokens(self.value)} tokens"
         if self.unit == "ratio":
-            return f"{self.value:.4g}"
+            return f"{self.value * 100:.4g}%"     # shares print as % everywhere else in the output
         if self.unit == "bytes/s":
             return f"{self.value / 1e9:,.1f} GB/s"
         if float(self.value).is_integer():

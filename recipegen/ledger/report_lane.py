@@ -58,7 +58,11 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
     out.append(f"  {'':<{w0}}{head_own:<{w1}}{head_other}")
     for r, a, b in zip(rows, col_own, col_other):
         out.append(f"  {r:<{w0}}{a:<{w1}}{b}")
-    if compared is not None and compared.figures["kv.full_sequences"].value < 1:
+    if compared is None:
+        # a usage-aware lane that loads every routed expert into HBM: vLLM offloads nothing by position
+        out.append(f"  {other}: — the lane loads every routed expert into HBM (no --cpu-offload-gb at load), "
+                   "so there is no positional placement to compare")
+    elif compared.figures["kv.full_sequences"].value < 1:
         # the comparison column is what that placement would leave, not a setting that fits
         out.append(f"  {head_other}: does not fit — its KV pool ({_g(compared.figures['hbm.kv_pool'].value)}) holds "
                    "no max_model_len sequence; shown for comparison only")

@@ -111,3 +111,20 @@ def test_real_console_script(tmp_path: Path) -> None:
     proc = subprocess.run([str(exe), "check", "budgets", str(FAILURES / "hot-over-hbm-cap.yaml")],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "lower hot experts per layer to 299" in proc.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "qwen3-30b-a3b-rtx4090", "chat", "--json", "--concurrency", "0"], "field '--concurrency'"),
+    (["new", "qwen3-30b-a3b", "--machine", "nope", "--json"], "field '--machine': not a catalog machine"),
+    (["plan", "qwen3-30b-a3b-rtx4090", "chat", "--json", "--bogus"], "No such option '--bogus'"),
+])
+def test_a_failure_under_json_is_a_json_document_on_stdout_too(argv: list[str], message: str) -> None:
+    # as `check budgets --json` reports an invalid recipe: a script reading stdout gets a document,
+    # and stderr still carries the message for people
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2
+    doc = json.loads(result.stdout)
+    assert doc["ok"] is False and doc["exit_code"] == 2 and message in doc["error"]
+    assert message in result.stderr
+    plain = CliRunner().invoke(main, [a for a in argv if a != "--json"])
+    assert plain.exit_code == 2 and plain.stdout == "" and message in plain.stderr

@@ -7,7 +7,9 @@ does not pay for importing docker, httpx or matplotlib.
 from __future__ import annotations
 
 import importlib
+import json
 import sys
+from typing import NoReturn
 
 import click
 
@@ -61,22 +63,35 @@ class LazyGroup(click.Group):
         return getattr(module, attr, None)
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
+        # tokens after the program name (click >= 8.2 keeps the subcommand's name among them)
+        args = list(ctx.args)
+        json_out = "--json" in (args[:args.index("--")] if "--" in args else args)
+
+        def fail(message: str, exit_code: int) -> NoReturn:
+            click.echo(f"error: {message}", err=True)
+            if json_out:   # a script reading --json's stdout gets a document on failure too
+                click.echo(json.dumps({"ok": False, "error": message, "exit_code": exit_code}))
+            sys.exit(exit_code)
+
         try:
             _recover_interrupted_swaps()
             return super().invoke(ctx)
         except RecipegenError as exc:
-            click.echo(f"error: {exc}", err=True)
+            fail(str(exc), exc.exit_code)
+        except click.ClickException as exc:
+            if not json_out:
+                raise   # click prints its usage error as always
+            exc.show()
+            click.echo(json.dumps({"ok": False, "error": exc.format_message(), "exit_code": exc.exit_code}))
             sys.exit(exc.exit_code)
         except OSError as exc:
             # A folder that is read-only, full, or blocked by a file: the path and the reason,
             # not a traceback (exit 2 like any other bad input).
             where = f"{exc.filename}" if exc.filename is not None else ""
             where += f" -> {exc.filename2}" if exc.filename2 is not None else ""
-            click.echo(f"error: {where + ': ' if where else ''}{exc.strerror or exc}", err=True)
-            sys.exit(2)
+            fail(f"{where + ': ' if where else ''}{exc.strerror or exc}", 2)
         except RecursionError:
-            click.echo("error: input nested too deeply", err=True)
-            sys.exit(2)
+            fail("input nested too deeply", 2)
         except ValueError as exc:
             # a row map / histogram / capture problem (file, line, field in its message) that
             # reached the boundary without a command-specific wrapper
@@ -84,8 +99,7 @@ class LazyGroup(click.Group):
 
             if not isinstance(exc, FormatError):
                 raise
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
+            fail(str(exc), 2)
 
 
 def _recover_interrupted_swaps(folders: list | None = None) -> None:

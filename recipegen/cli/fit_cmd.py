@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -41,9 +43,14 @@ def fit_options(min_sequences: int, max_model_len: str | None, concurrency: int 
     return FitOptions(min_sequences=min_sequences, max_model_len=length, auto_context=auto, concurrency=concurrency)
 
 
-def context_options(func):
-    func = click.option("--concurrency", type=int,
-                        help="Most concurrent streams expected (written as the lane's concurrency.max).")(func)
+WRITTEN_CONCURRENCY = "Most concurrent streams expected (written as the lane's concurrency.max)."
+
+
+def context_options(func: Callable[..., Any] | None = None, *, concurrency_help: str = WRITTEN_CONCURRENCY) -> Any:
+    """--concurrency and --max-model-len; `concurrency_help` for a command that writes no recipe."""
+    if func is None:
+        return lambda f: context_options(f, concurrency_help=concurrency_help)
+    func = click.option("--concurrency", type=int, help=concurrency_help)(func)
     func = click.option("--max-model-len", "max_model_len",
                         help="Context in tokens, read as vLLM reads --max-model-len: 32768, 32K (= 32,768), "
                              "32k (= 32,000), 1M (= 1,048,576), 1m (= 1,000,000); or `auto`: the model's full "
@@ -129,7 +136,8 @@ def new(model_arg: str, machine_arg: str, lane: str, max_model_len: str | None, 
               help="Comma-separated catalog machines and/or machine files (recipegen machine detect -o FILE).")
 @click.option("--min-sequences", default=1, show_default=True, type=int,
               help="Full-length (max_model_len) sequences the KV pool must hold.")
-@context_options
+@context_options(concurrency_help="Most concurrent streams expected: every machine is fitted as if the lane's "
+                                  "concurrency.max were this (nothing is written).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable table.")
 def compare(recipe: str, lane: str | None, machines: str, min_sequences: int, max_model_len: str | None,
             concurrency: int | None, as_json: bool) -> None:

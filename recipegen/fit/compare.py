@@ -59,9 +59,11 @@ def table_lines(rows: list[Row], recipe: str, lane: str, max_model_len: int) -> 
         out.append("  " + "  ".join(text.ljust(w) for text, w in zip(row, widths)).rstrip())
     for r in rows:
         res = r.outcome.result
-        if res.chosen is None:
-            out.append(f"  {r.key}: nothing fits — " + "; ".join(f"{x.placement}: {x.reason}" for x in res.refusals[-1:])
-                       + (f"; smallest change: {res.suggestion}" if res.suggestion else ""))
+        if res.chosen is None:  # each placement's own reason: the one that binds differs between them
+            out.append(f"  {r.key}: nothing fits:")
+            out += [f"    {x.placement}: {x.reason}" for x in res.refusals]
+            if res.suggestion:
+                out.append(f"    smallest change that would: {res.suggestion}")
         else:
             out.append(f"  {r.key}: {res.chosen.boundary}")
     fastest = [r for r in rows if r.outcome.result.chosen is not None]

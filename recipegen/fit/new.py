@@ -158,7 +158,7 @@ def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_labe
     def attempt(offload_params: bool) -> FitOutcome:
         text = recipe_text(recipe_name, model_ref, machine_key, machine_entry, machine, lane, start,
                            concurrency or 1, offload_params, command)
-        return fit_recipe(path, lane, options, dry_run=True, text=text)
+        return fit_recipe(path, lane, options, text=text)  # `text`: fitted here, written below
 
     outcome = NewOutcome(path, source, machine_label, None, model_file)
     from expert_residency.formats import atomic_write_bytes
@@ -203,7 +203,6 @@ def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_labe
             outcome.model_file = None
             return outcome
         commit(path, fitted.text, fitted.writes)  # the maps, then the recipe; loaded again after
-        fitted.dry_run = False
         outcome.written = True
     except BaseException:
         restore_model()

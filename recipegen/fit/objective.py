@@ -5,8 +5,9 @@ The figure is the decode estimate of `recipegen.costmodel.lane_estimate.estimate
 (docs/costmodel.md, 'Decode speed'): output tokens per second at the lane's fewest expected
 streams (the speed one user sees), with the band its validation justifies. For a usage-aware
 candidate it is asked at the candidate's hot count (the class histogram's least-used experts cold,
-as the fitted map has them; the seeded synthetic default's profile is the estimate's default
-skew), for a positional one at the ledger's walk, and for every expert in HBM as such.
+as the fitted map has them, on the histogram the written class will have: the seeded synthetic
+default where the fit makes one), for a positional one at the ledger's walk, and for every expert
+in HBM as such.
 
 Where the estimate cannot be computed for a model, the cost model's projected link time per
 decode step stands in (cold expert bytes over the host link, docs/costmodel.md section 1),
@@ -15,7 +16,7 @@ labelled so: it ranks placements by what they read over the link, not by a step 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from recipegen.costmodel.lane import unique_model_for
 from recipegen.costmodel.parallel import gpu_reads
 from recipegen.ledger.result import LaneLedger, RecipeLedger
 from recipegen.load.recipe import LoadedRecipe
-from recipegen.schema import Lane, Machine, Model, Recipe
+from recipegen.schema import Lane, Machine, Model, Recipe, TrafficClass
 
 ESTIMATE = "estimate"          # Projection.kind: tokens/s of the decode estimate
 LINK_READS = "link reads"      # Projection.kind: the stand-in (negated ms of link reads per step)
@@ -51,12 +52,15 @@ class Projection:
 @dataclass(frozen=True)
 class Context:
     """What the estimate needs beyond the candidate: the recipe (model and lane classes), where it
-    lives (its histograms are read relative to it), and whether the class histogram is one the
-    fit made (not yet written: the estimate's default skew is its profile)."""
+    lives (its histograms are read relative to it), and the lane's classes and active class as a
+    usage-aware fit writes them (`recipegen.fit.rowmaps.usage_aware_classes`), so that a candidate
+    is estimated on the histogram the written recipe's class will have. A positional or all-in-HBM
+    fit leaves the classes' histograms as they are: those candidates are estimated on the lane's own."""
 
     recipe: Recipe | None
     path: Path | None
-    histogram_written: bool = True
+    usage_aware_classes: Mapping[str, TrafficClass] | None = None
+    active_class: str | None = None
 
 
 def speed(ctx: Context, model: Model, machine: Machine, lane: Lane, ledger: LaneLedger, placement: str,
@@ -77,8 +81,8 @@ def _estimate(ctx: Context, machine: Machine, lane: Lane, ledger: LaneLedger, pl
     from recipegen.costmodel.lane_estimate import band_text, estimate_lane
 
     assert ctx.recipe is not None and ctx.path is not None
-    if not ctx.histogram_written:  # the synthetic default follows the estimate's default skew
-        lane = lane.model_copy(update={"classes": {}, "active_class": None})
+    if placement == "usage-aware" and ctx.usage_aware_classes is not None:
+        lane = lane.model_copy(update={"classes": dict(ctx.usage_aware_classes), "active_class": ctx.active_class})
     recipe = ctx.recipe.model_copy(update={"lanes": [lane], "machines": {**ctx.recipe.machines, lane.machine: machine}})
     loaded: Any = LoadedRecipe(recipe=recipe, path=ctx.path)
     streams = lane.concurrency.min

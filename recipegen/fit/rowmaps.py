@@ -11,6 +11,9 @@ left untouched, so a second fit writes nothing.
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,7 @@ from recipegen.common.errors import InputError
 from recipegen.rowmap.build import build_top_n, provenance_for
 from recipegen.rowmap.inputs import input_error
 from recipegen.rowmap.synthetic import synthetic_histogram
-from recipegen.schema import Lane, Model
+from recipegen.schema import Lane, Model, TrafficClass
 
 # The synthetic default: one seed for every recipe (the class name varies the permutation), and
 # enough tokens that the counts follow the profile closely.
@@ -46,6 +49,15 @@ class ClassHistogram:
     @property
     def synthetic(self) -> bool:
         return bool(self.histogram.meta.get("synthetic"))
+
+    def origin(self) -> str:
+        """Where the histogram comes from, for people: the synthetic default this fit makes, or the
+        class's own file (itself marked synthetic where it was generated, not measured)."""
+        if self.created:
+            return "SYNTHETIC default histogram (no profile yet; `recipegen profile` replaces it)"
+        synthetic = ("; SYNTHETIC: generated, not measured traffic; `recipegen profile` replaces it"
+                     if self.synthetic else "")
+        return f"histogram {self.histogram_path} (the class's own file{synthetic})"
 
 
 @dataclass(frozen=True)
@@ -102,6 +114,32 @@ def search_histogram(hists: list[ClassHistogram], lane: Lane) -> ClassHistogram:
     return hists[0]
 
 
+def _histogram_write(h: ClassHistogram) -> FileWrite:
+    """The file of a synthetic default histogram the fit made."""
+    comments = ["expert residency histogram, SYNTHETIC default written by `recipegen fit` (no profile yet)"]
+    return FileWrite(h.histogram_path, format_histogram(h.histogram, comments=comments).encode(),
+                     f"class {h.name}: synthetic default histogram")
+
+
+@contextlib.contextmanager
+def usage_aware_classes(lane: Lane, hists: list[ClassHistogram]) -> Iterator[tuple[dict[str, TrafficClass], str]]:
+    """The lane's classes and active class as a usage-aware fit writes them (`writeback._classes`),
+    for the decode estimate, which reads each class's histogram from its file: a synthetic default
+    not written yet is read from a temporary copy of the very bytes the fit would write, so the
+    figure is the one `plan` and `check budgets` print on the written recipe."""
+    classes = dict(lane.classes or {})
+    with tempfile.TemporaryDirectory(prefix="recipegen-fit-") as tmp:
+        for h in hists:
+            histogram = h.histogram_path
+            if h.created:
+                staged = Path(tmp) / f"{h.name}.hist"
+                staged.write_bytes(_histogram_write(h).data)
+                histogram = str(staged)   # absolute: read as is beside any recipe folder
+            own = classes.get(h.name) or TrafficClass()
+            classes[h.name] = own.model_copy(update={"rowmap": h.rowmap_path, "histogram": histogram})
+        yield classes, lane.active_class or hists[0].name
+
+
 def map_writes(base: Path, hists: list[ClassHistogram], hot: int) -> tuple[list[FileWrite], dict[str, RowMap]]:
     """The files a usage-aware fit writes: each class's map at `hot` per layer (unless the file
     already holds that map) and the synthetic histograms it created."""
@@ -109,9 +147,7 @@ def map_writes(base: Path, hists: list[ClassHistogram], hot: int) -> tuple[list[
     maps: dict[str, RowMap] = {}
     for h in hists:
         if h.created:
-            comments = ["expert residency histogram, SYNTHETIC default written by `recipegen fit` (no profile yet)"]
-            writes.append(FileWrite(h.histogram_path, format_histogram(h.histogram, comments=comments).encode(),
-                                    f"class {h.name}: synthetic default histogram"))
+            writes.append(_histogram_write(h))
         prov = provenance_for([h.histogram], [Path(h.histogram_path).name], "top-n", hot=hot, fitted="recipegen fit")
         prov["histogram_checksums"] = [h.histogram.checksum()]
         rowmap = build_top_n(h.histogram, hot, prov)

@@ -11,7 +11,14 @@ from typing import Any
 from recipegen.common.errors import InputError
 from recipegen.common.units import GiB, format_bytes
 from recipegen.fit.objective import Context
-from recipegen.fit.rowmaps import ClassHistogram, FileWrite, lane_histograms, map_writes, search_histogram
+from recipegen.fit.rowmaps import (
+    ClassHistogram,
+    FileWrite,
+    lane_histograms,
+    map_writes,
+    search_histogram,
+    usage_aware_classes,
+)
 from recipegen.fit.search import USAGE_AWARE, FitOptions, FitResult, Inputs, fit_lane
 from recipegen.fit.writeback import apply_fit, commit, dump, recipe_lock
 from recipegen.load.document import display_path
@@ -89,9 +96,8 @@ class FitOutcome:
             out.append(f"  not {refusal.placement}: {refusal.reason}")
         if c.placement == USAGE_AWARE:
             for h in self.hists:
-                label = ("SYNTHETIC default histogram (no profile yet; `recipegen profile` replaces it)"
-                         if h.synthetic else f"histogram {h.histogram_path}")
-                out.append(f"  row map: class {h.name}: {h.rowmap_path}, top-{c.hot_per_layer} per layer of {label}")
+                out.append(f"  row map: class {h.name}: {h.rowmap_path}, top-{c.hot_per_layer} per layer of "
+                           f"{h.origin()}")
         if not self.changed and not self.writes:
             out.append("  unchanged: the recipe already holds this fit")
         else:
@@ -144,14 +150,15 @@ def fit_recipe(recipe: str | Path, lane_name: str | None, options: FitOptions, *
     instead of its own (`compare`). A fit that writes holds the recipe's lock from its read to
     its write."""
     writes = not dry_run and text is None and machine is None
+    # `dry_run` is only what the user asked (it is printed): `new` writes what this returns itself
     if not writes:
-        return _fit(recipe, lane_name, options, dry_run=dry_run, text=text, machine=machine)
+        return _fit(recipe, lane_name, options, dry_run=dry_run, text=text, machine=machine, write=False)
     with recipe_lock(resolve_recipe_path(recipe)):
-        return _fit(recipe, lane_name, options, dry_run=False, text=None, machine=None)
+        return _fit(recipe, lane_name, options, dry_run=False, text=None, machine=None, write=True)
 
 
 def _fit(recipe: str | Path, lane_name: str | None, options: FitOptions, *, dry_run: bool, text: str | None,
-         machine: Machine | None) -> FitOutcome:
+         machine: Machine | None, write: bool) -> FitOutcome:
     loaded = load_recipe_model(recipe, text=text)
     path = loaded.path
     _cross_checks(loaded)
@@ -173,9 +180,11 @@ def _fit(recipe: str | Path, lane_name: str | None, options: FitOptions, *, dry_
     search_machine, host_note = _machine_for_search(loaded.recipe, index, target)
     hists = lane_histograms(loaded.recipe.name, path.parent, model, lane)
     chosen_hist = search_histogram(hists, lane)
-    label = ("the SYNTHETIC default histogram" if chosen_hist.created else chosen_hist.histogram_path)
-    speed_context = Context(loaded.recipe, path, histogram_written=not chosen_hist.created)
-    result = fit_lane(Inputs(model, search_machine, lane, chosen_hist.histogram, label, speed_context), options)
+    label = ("the SYNTHETIC default histogram" if chosen_hist.created else
+             chosen_hist.histogram_path + (" (synthetic)" if chosen_hist.synthetic else ""))
+    with usage_aware_classes(lane, hists) as (classes, active):
+        speed_context = Context(loaded.recipe, path, classes, active)
+        result = fit_lane(Inputs(model, search_machine, lane, chosen_hist.histogram, label, speed_context), options)
     outcome = FitOutcome(loaded.recipe.name, path, lane.name, target.name, result, options, hists,
                          dry_run=dry_run, text=source, host_note=host_note)
     chosen = result.chosen
@@ -192,7 +201,7 @@ def _fit(recipe: str | Path, lane_name: str | None, options: FitOptions, *, dry_
     if text is not None and new_text == source:
         new_text = source
     outcome.text = new_text
-    if dry_run or (new_text == source and not outcome.writes):
+    if not write or (new_text == source and not outcome.writes):
         return outcome
     commit(path, new_text, outcome.writes)   # under the recipe's lock (fit_recipe)
     return outcome

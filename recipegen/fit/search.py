@@ -425,8 +425,12 @@ def _fit_auto_context(inputs: Inputs, lane: Lane, options: FitOptions, limit: in
         return result
     length = best * CONTEXT_STEP
     chosen, candidates, more = at(length)
-    why = (f"{length:,} tokens: the longest multiple of {CONTEXT_STEP:,} that fits ({source} is {top:,}: "
-           + "; ".join(f"{r.placement}: {r.reason}" for r in refusals[:1]) + ")")
+    assert chosen is not None
+    # what bounds the context: the chosen placement's reason one step longer, where nothing fits
+    longer = min(length + CONTEXT_STEP, top)
+    bound = [r for r in (refusals if longer == top else at(longer)[2]) if r.placement == chosen.placement]
+    why = (f"{length:,} tokens: the longest multiple of {CONTEXT_STEP:,} that fits ({source} is {top:,}; at "
+           f"{longer:,} tokens, " + "; ".join(f"{r.placement}: {r.reason}" for r in bound or refusals) + ")")
     return FitResult(lane.name, length, why, chosen, candidates, more)
 
 

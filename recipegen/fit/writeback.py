@@ -16,12 +16,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from recipegen.common.errors import RecipegenError
 from recipegen.common.units import GiB, format_bytes
 from recipegen.fit.rowmaps import SYNTHETIC_DESCRIPTION, ClassHistogram, FileWrite
 from recipegen.fit.search import ALL_HBM, USAGE_AWARE, Candidate
 from recipegen.load.document import parse_yaml, round_trip_yaml, to_plain
 from recipegen.load.recipe import load_recipe, write_recipe_atomically
+from recipegen.schema.base import Bytes, TokenCount
 
 OFFLOAD_PARAMS = ["--cpu-offload-params", "experts"]
 
@@ -52,9 +55,28 @@ def _eol(node: Any, key: str, note: str) -> None:
     node.yaml_add_eol_comment(f"# {note}", key)
 
 
-def _set(node: Any, key: str, value: Any, note: str | None = None, *, after: str | None = None) -> bool:
-    """Set `key` (keeping its place, or after `after`); True when the value changed."""
-    if key in node and to_plain(node[key]) == value:
+# The schema's own readers of a written value: `1M` and 1048576 are one max_model_len, `60 GiB`
+# and `61440 MiB` one size, so an unchanged value keeps its spelling and its comment.
+_TOKENS: TypeAdapter[int] = TypeAdapter(TokenCount)
+_BYTES: TypeAdapter[int] = TypeAdapter(Bytes)
+
+
+def _same(written: Any, value: Any, reader: TypeAdapter[Any] | None) -> bool:
+    """Whether the document's `written` value means `value` (read as the schema reads it)."""
+    written = to_plain(written)
+    if reader is None:
+        return bool(written == value)
+    try:
+        return bool(reader.validate_python(written) == reader.validate_python(value))
+    except ValidationError:  # a value the schema cannot read is replaced
+        return False
+
+
+def _set(node: Any, key: str, value: Any, note: str | None = None, *, after: str | None = None,
+         reader: TypeAdapter[Any] | None = None) -> bool:
+    """Set `key` (keeping its place, or after `after`); True when the value changed. `reader`: the
+    schema type the value is read as, so that another spelling of the same value is no change."""
+    if key in node and _same(node[key], value, reader):
         return False
     if key in node:
         node[key] = value
@@ -99,7 +121,7 @@ def apply_fit(document: Any, lane_index: int, recipe_name: str, candidate: Candi
     lane_node = document["lanes"][lane_index]
     changed: list[str] = []
     ledger = candidate.evaluation.ledger
-    if _set(lane_node, "max_model_len", max_model_len, "fitted: recipegen fit"):
+    if _set(lane_node, "max_model_len", max_model_len, "fitted: recipegen fit", reader=_TOKENS):
         changed.append(f"max_model_len {max_model_len:,}")
     if concurrency is not None:
         conc = lane_node["concurrency"]
@@ -134,7 +156,8 @@ def apply_fit(document: Any, lane_index: int, recipe_name: str, candidate: Candi
         pinned = ledger.fig("load.host_pinned_initial").value
         note = (f"fitted: vLLM --cpu-offload-gb at load (pins {format_bytes(pinned)}), then moved where the row map says"
                 if offload_bytes else "fitted: no --cpu-offload-gb at load")
-        if _set(offload, "load_cpu_offload", _gib(offload_bytes), note, after="hot_experts_per_layer"):
+        if _set(offload, "load_cpu_offload", _gib(offload_bytes), note, after="hot_experts_per_layer",
+                reader=_BYTES):
             changed.append(f"load_cpu_offload {_gib(offload_bytes)}")
     else:
         for key in ("hot_experts_per_layer", "cold_experts_budget", "adaptive", "prefetch_slots_per_layer"):
@@ -142,7 +165,7 @@ def apply_fit(document: Any, lane_index: int, recipe_name: str, candidate: Candi
                 changed.append(f"{key} dropped ({candidate.placement})")
         note = ("fitted: every routed expert in HBM (no --cpu-offload-gb)" if candidate.placement == ALL_HBM else
                 f"fitted: vLLM --cpu-offload-gb ({ledger.active.basis.split(':', 1)[-1].strip()})")
-        if _set(offload, "load_cpu_offload", _gib(offload_bytes), note, after="placement"):
+        if _set(offload, "load_cpu_offload", _gib(offload_bytes), note, after="placement", reader=_BYTES):
             changed.append(f"load_cpu_offload {_gib(offload_bytes)}")
     changed += _classes(lane_node, recipe_name, candidate, hists)
     return changed

@@ -12,31 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
-
-from recipegen.cli import main
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def run(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args))
-    return result.exit_code, result.stdout, result.stderr
-
-
-def project(tmp_path: Path, recipe: str, *, edit=None) -> Path:
-    """A copy of a shipped recipe with every map and profile, in a project of its own."""
-    root = tmp_path / "recipes"
-    for sub in ("maps", "profiles"):
-        for src in (REPO / "recipes" / sub).rglob("*"):
-            if src.is_file():
-                dst = root / sub / src.relative_to(REPO / "recipes" / sub)
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                dst.write_bytes(src.read_bytes())
-    text = (REPO / "recipes" / f"{recipe}.yaml").read_text()
-    path = root / f"{recipe}.yaml"
-    path.write_text(edit(text) if edit is not None else text)
-    return path
+from test_fit import project, run  # the shipped-recipe project and the CLI runner
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from recipegen.common.errors import InputError
 from recipegen.modelimport.config import Config
 from recipegen.modelimport.families import Built, family_of, index_ranges, sourced
 from recipegen.modelimport.formats import Format, expert_format
+from recipegen.modelimport.hfdefaults import check_root_pairing, root_class
 from recipegen.modelimport.inventory import DenseParts, dense_parts, exclusion_note
 from recipegen.modelimport.jsondoc import present
 from recipegen.modelimport.quantmatch import ExpertModules
@@ -55,7 +56,10 @@ def read_config(path: Path) -> tuple[Config, Built, str]:
     if mtype is not None and mtype not in fam.model_types:
         raise cfg.error("model_type", f"model_type {mtype!r} with architecture {arch!r}: vLLM reads that architecture "
                         f"for model_type {', '.join(fam.model_types)}")
-    if fam.text_config and arch.endswith("ForConditionalGeneration"):
+    cfg.hf, cfg.hf_why = root_class(cfg)
+    text_at_root = not (fam.text_config and arch.endswith("ForConditionalGeneration"))
+    check_root_pairing(cfg, arch, text_at_root)
+    if not text_at_root:
         if not cfg.has("text_config"):
             raise cfg.error("text_config", f"{arch} keeps the language model under `text_config`; it is missing")
         cfg.section("text_config").check_fields(set(fam.reads), set(fam.ignored), arch)

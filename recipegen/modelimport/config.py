@@ -205,6 +205,10 @@ class Config:
         if not isinstance(node, dict):
             raise doc.error("expected a JSON object", base)
         self.data: dict[str, Any] = node
+        # the transformers config class vLLM builds this object through (`hfdefaults`), or why it is not known;
+        # set by build.read_config for the root, passed on to text_config / vision_config by `section`
+        self.hf: Any = None
+        self.hf_why = "the importer has not resolved its config class"
 
     @classmethod
     def read(cls, path: Path) -> Config:
@@ -224,7 +228,10 @@ class Config:
             raise InputError(f"`{self.name(name)}` is {got}", file=self.file,
                              line=self.doc.line(self.base + (name,)) if name in self.data else None,
                              field=self.name(name))
-        return Config(self.doc, self.base + (name,))
+        child = Config(self.doc, self.base + (name,))
+        # the sub-config's class: what the parent's class builds it as (hfdefaults.HFClass.child)
+        child.hf, child.hf_why = self.hf.child(name, child) if self.hf is not None else (None, self.hf_why)
+        return child
 
     def name(self, field: str) -> str:
         """The field as the config spells it, e.g. `text_config.num_hidden_layers`."""

@@ -18,6 +18,7 @@ from expert_residency.contract.expert_formats import GPTOSS_SWIGLU_ALPHA, GPTOSS
 
 from recipegen.common.errors import InputError
 from recipegen.modelimport.config import Config
+from recipegen.modelimport.hfdefaults import HIDDEN_PER_HEAD, TF, given, phrase
 from recipegen.modelimport.inventory import Tensor
 
 V = "vLLM 0.33.0 vllm/"
@@ -126,13 +127,13 @@ def gqa(prefix: str, layer: int, h: int, heads: int, kv: int, hd: int, *, q_rows
     return t
 
 
-def mla(prefix: str, layer: int, cfg: Config, h: int) -> list[Tensor]:
+def mla(prefix: str, layer: int, cfg: Config, h: int, q_rank: int | None) -> list[Tensor]:
     """DeepSeek MLA (vllm/model_executor/models/deepseek_v2.py:953-968, :518): q_a / kv_a
-    projections and their norms whole on every rank (disable_tp), the rest split."""
+    projections and their norms whole on every rank (disable_tp), the rest split. `q_rank`: the
+    query LoRA width (`q_lora_rank` as transformers' class resolves it), None for a plain q_proj."""
     heads = cfg.need("num_attention_heads")
     rank, rope = cfg.need("kv_lora_rank"), cfg.need("qk_rope_head_dim")
     nope, vh = cfg.need("qk_nope_head_dim"), cfg.need("v_head_dim")
-    q_rank = cfg.get("q_lora_rank")
     t: list[Tensor] = []
     if q_rank:
         t += _linear(f"{prefix}.q_a_proj", q_rank, h, layer, "attention", replicated=True)
@@ -147,11 +148,13 @@ def mla(prefix: str, layer: int, cfg: Config, h: int) -> list[Tensor]:
     return t
 
 
-def dsa_indexer(prefix: str, layer: int, cfg: Config, h: int) -> list[Tensor]:
+def dsa_indexer(prefix: str, layer: int, cfg: Config, h: int, q_rank: int | None) -> list[Tensor]:
     """DeepSeek sparse attention's indexer (models/deepseek_v32/attention.py:71-87): wq_b quantized
     with the model, wk + weights_proj fused unquantized, k_norm a fp32 LayerNorm; all replicated."""
     n, d = cfg.need("index_n_heads"), cfg.need("index_head_dim")
-    q_rank = cfg.need("q_lora_rank", what="the indexer reads the query latent")
+    if q_rank is None:
+        raise cfg.error("q_lora_rank", f"`{cfg.name('q_lora_rank')}` is null: the indexer reads the query latent "
+                        "(models/deepseek_v32/attention.py:71-87), so sparse attention needs a q_lora_rank")
     t = _linear(f"{prefix}.wq_b", n * d, q_rank, layer, "indexer", replicated=True)
     t += _linear(f"{prefix}.wk", d, h, layer, "indexer", klass="linear_bf16", replicated=True)
     t += _linear(f"{prefix}.weights_proj", n, h, layer, "indexer", klass="linear_bf16", replicated=True)
@@ -177,10 +180,14 @@ def router(name: str, layer: int, h: int, experts: int, *, bias: bool = False,
     return t
 
 
-def embeddings(cfg: Config, h: int, embed: str, head: str, final_norm: str) -> list[Tensor]:
+def embeddings(cfg: Config, h: int, embed: str, head: str, final_norm: str, tie: bool | None = None) -> list[Tensor]:
+    """Embeddings, the LM head unless tied, the final norm. `tie`: what the caller knows vLLM reads instead of
+    this config's `tie_word_embeddings` (a multimodal wrapper's root value, `_root_tie`)."""
     vocab = cfg.need("vocab_size")
     t = [Tensor(embed, (vocab, h), "param", "embeddings")]
-    if not cfg.get("tie_word_embeddings", default=False):
+    if tie is None:
+        tie = bool(given(cfg, "tie_word_embeddings")[0])
+    if not tie:
         t.append(Tensor(head, (vocab, h), "param", "lm_head"))
     return t + _norm(final_norm, h, None)
 
@@ -202,20 +209,21 @@ def _experts(cfg: Config) -> tuple[int, str, int, str]:
 
 
 def _heads(cfg: Config) -> tuple[int, int, int, str, str]:
+    """Query heads, KV heads, head width and their sources. A KV-head count or head width config.json leaves out
+    (or nulls) is what the transformers class vLLM loads it through makes of that (`hfdefaults.given`): Qwen3-MoE's
+    4 KV heads, not the query heads; where that cannot be told, a refusal."""
     heads = cfg.need("num_attention_heads")
-    kv = cfg.get("num_key_value_heads") or heads
+    kv, kv_src = given(cfg, "num_key_value_heads")
     if heads % kv:
         raise cfg.error("num_key_value_heads", f"{heads} query heads do not split into {kv} KV groups "
-                        f"({cfg.name('num_attention_heads')} must be a multiple)")
+                        f"({cfg.name('num_attention_heads')} must be a multiple; {kv_src})")
     h = cfg.need("hidden_size")
-    if cfg.has("head_dim"):
-        hd, hd_src = cfg.need("head_dim"), f"config.json `{cfg.name('head_dim')}`"
-    else:
+    hd, hd_src = given(cfg, "head_dim")
+    if hd is HIDDEN_PER_HEAD:
         if h % heads:
             raise cfg.error("hidden_size", f"no head_dim and {h} does not split into {heads} heads")
-        hd, hd_src = h // heads, f"config.json `{cfg.name('hidden_size')}` / `{cfg.name('num_attention_heads')}`"
-    kv_src = (f"config.json `{cfg.name('num_key_value_heads')}`" if cfg.has("num_key_value_heads")
-              else f"config.json `{cfg.name('num_attention_heads')}` (no num_key_value_heads: multi-head)")
+        derived = f"config.json `{cfg.name('hidden_size')}` / `{cfg.name('num_attention_heads')}`"
+        hd, hd_src = h // heads, derived if "head_dim" not in cfg.data else f"{derived} ({hd_src})"
     return heads, kv, hd, kv_src, hd_src
 
 
@@ -241,22 +249,41 @@ def _mtp(cfg: Config, *names: str) -> tuple[int, str]:
 QWEN3_MOE = f"{V}model_executor/models/qwen3_moe.py"
 
 
-def _qwen3_moe(cfg: Config, arch: str, prefix: str = "model.") -> Built:
+def _qwen3_moe(cfg: Config, arch: str, prefix: str = "model.", tie: bool | None = None) -> Built:
     """vllm/model_executor/models/qwen3_moe.py: every layer MoE unless in `mlp_only_layers` or off
     the `decoder_sparse_step` grid; GQA with q/k RMSNorm."""
     layers, layers_src = _layers(cfg)
     routed, routed_src, top_k, top_k_src = _experts(cfg)
     h = cfg.need("hidden_size")
     heads, kv, hd, kv_src, hd_src = _heads(cfg)
-    step = cfg.get("decoder_sparse_step", default=1)
-    dense = set(cfg.get("mlp_only_layers", default=[]) or [])
+    step, step_src = given(cfg, "decoder_sparse_step")
+    dense_list, dense_src = given(cfg, "mlp_only_layers")
+    dense = set(dense_list)
     _check_indices(cfg, "mlp_only_layers", dense, layers)
     moe = [i for i in range(layers) if i not in dense and (i + 1) % step == 0]
-    rule = (f"config.json `{cfg.name('decoder_sparse_step')}` {step}, `{cfg.name('mlp_only_layers')}` "
-            f"{sorted(dense)} ({V}model_executor/models/qwen3_moe.py)")
+    if step_src.startswith("config.json") and dense_src.startswith("config.json"):
+        rule = (f"config.json `{cfg.name('decoder_sparse_step')}` {step}, `{cfg.name('mlp_only_layers')}` "
+                f"{sorted(dense)} ({V}model_executor/models/qwen3_moe.py)")
+    else:
+        rule = (f"{phrase(step, step_src)}; {phrase(sorted(dense), dense_src)} "
+                f"({V}model_executor/models/qwen3_moe.py)")
     inter = cfg.need("moe_intermediate_size")
-    bias = bool(cfg.get("attention_bias", default=False))
+    bias = bool(given(cfg, "attention_bias")[0])
     attn_rule, shared_src = "every layer full attention", "Qwen3-MoE has no shared expert (qwen3_moe.py)"
+    kinds, window, window_src = ["full"] * layers, None, ""
+    if arch == "Qwen3MoeForCausalLM":
+        on, on_src = given(cfg, "use_sliding_window")
+        if on:
+            # Qwen3MoeConfig keeps sliding_window only with use_sliding_window (its __post_init__); vLLM's Qwen3-MoE
+            # passes no per-layer window, and with no layer_types the model-level window is every layer's.
+            window, window_src = given(cfg, "sliding_window")
+            if window is not None:
+                kinds = ["sliding"] * layers
+                attn_rule = (f"{phrase(on, on_src)} and a window: every layer sliding — {TF} Qwen3MoeConfig keeps "
+                             "sliding_window only then, vLLM's Qwen3-MoE passes no per-layer window and, with no "
+                             f"layer_types, the model-level window applies to every layer ({V}engine/arg_utils.py:"
+                             f"2288-2294, {V}model_executor/layers/attention/attention.py:266-271; max_window_layers "
+                             "is not read)")
     # Fields vLLM's Qwen3-MoE does not take from the config, accepted only with what it builds.
     if cfg.has("qkv_bias"):
         if cfg.get("qkv_bias") != bias:
@@ -279,7 +306,7 @@ def _qwen3_moe(cfg: Config, arch: str, prefix: str = "model.") -> Built:
         shared_src = (f"config.json `{cfg.name('shared_expert_intermediate_size')}` 0: no shared expert "
                       f"({QWEN3_MOE}:177-201 builds one only above 0)")
     t = embeddings(cfg, h, f"{prefix}embed_tokens.weight", "lm_head.weight" if prefix == "model." else
-                   prefix.replace("model.", "", 1) + "lm_head.weight", f"{prefix}norm")
+                   prefix.replace("model.", "", 1) + "lm_head.weight", f"{prefix}norm", tie=tie)
     for i in range(layers):
         p = f"{prefix}layers.{i}"
         t += _norm(f"{p}.input_layernorm", h, i) + _norm(f"{p}.post_attention_layernorm", h, i)
@@ -288,10 +315,9 @@ def _qwen3_moe(cfg: Config, arch: str, prefix: str = "model.") -> Built:
             t += router(f"{p}.mlp.gate", i, h, routed)
         else:
             t += swiglu(f"{p}.mlp", i, h, cfg.need("intermediate_size"), "dense_mlp")
-    full = list(range(layers))
     return Built(cfg, layers, layers_src, moe, rule, routed, routed_src, top_k, top_k_src, h, inter,
                  f"config.json `{cfg.name('moe_intermediate_size')}`", 0, shared_src,
-                 attention=[_full(full, attn_rule, kv, kv_src, hd, hd_src)], tensors=t)
+                 attention=_attention_groups(kinds, attn_rule, window, kv, kv_src, hd, hd_src, window_src), tensors=t)
 
 
 def _check_indices(cfg: Config, name: str, idx: set[int], layers: int) -> None:
@@ -320,32 +346,18 @@ def _mixtral(cfg: Config, arch: str) -> Built:
 
 
 def _sliding(cfg: Config, layers: int) -> tuple[list[str], str, int | None]:
-    """Sliding / full per layer: `layer_types`, else `sliding_window` (+ `use_sliding_window`,
-    `max_window_layers`), else all full."""
-    window = cfg.get("sliding_window")
-    types = cfg.get("layer_types")
-    if types is not None:
-        if len(types) != layers:
-            raise cfg.error("layer_types", f"{len(types)} entries for the {layers} layers of "
-                            f"{cfg.name('num_hidden_layers')}")
-        if "linear_attention" in types:
-            raise cfg.error("layer_types", "linear_attention layers: this architecture has none in vLLM 0.33")
-        kinds = ["sliding" if x == "sliding_attention" else "full" for x in types]
-        rule = f"config.json `{cfg.name('layer_types')}`"
-    elif window and cfg.get("use_sliding_window", default=True):
-        first = cfg.get("max_window_layers", default=0) if cfg.has("use_sliding_window") else 0
-        kinds = ["sliding" if i >= first else "full" for i in range(layers)]
-        rule = f"config.json `{cfg.name('sliding_window')}`" + (", `max_window_layers`" if first else "")
-    else:
-        kinds = ["full"] * layers
-        rule = "config.json `sliding_window` null" if "sliding_window" in cfg.data else "no sliding_window"
-    if "sliding" in kinds and not window:
-        raise cfg.error("sliding_window", "sliding layers need the window in tokens")
-    return kinds, rule, window
+    """Mixtral: every layer sliding with a window, else every layer full. MixtralConfig declares no layer_types,
+    so vLLM's model-level window (`sliding_window`) is every layer's (vllm/engine/arg_utils.py:2288-2294;
+    mixtral.py passes no per-layer window)."""
+    window, src = given(cfg, "sliding_window")
+    if window:
+        return ["sliding"] * layers, f"config.json `{cfg.name('sliding_window')}`", window
+    rule = f"config.json `{cfg.name('sliding_window')}` null" if "sliding_window" in cfg.data else src
+    return ["full"] * layers, rule, None
 
 
 def _attention_groups(kinds: list[str], rule: str, window: int | None, kv: int, kv_src: str, hd: int,
-                      hd_src: str) -> list[dict[str, Any]]:
+                      hd_src: str, window_src: str = "") -> list[dict[str, Any]]:
     out = []
     for kind in ("sliding", "full"):
         idx = [i for i, k in enumerate(kinds) if k == kind]
@@ -354,9 +366,45 @@ def _attention_groups(kinds: list[str], rule: str, window: int | None, kv: int, 
         g = _full(idx, rule, kv, kv_src, hd, hd_src)
         g["kind"] = kind
         if kind == "sliding":
-            g["window"] = sourced(window, "config.json `sliding_window`")
+            g["window"] = sourced(window, window_src or "config.json `sliding_window`")
         out.append(g)
     return out
+
+
+GPT_OSS = f"{V}model_executor/models/gpt_oss.py"
+
+
+def _gpt_oss_sliding(cfg: Config, layers: int) -> tuple[list[str], str, int | None, str]:
+    """What vLLM 0.33 builds, not what `layer_types` lists: even layers get the per-layer window (gpt_oss.py:175);
+    odd layers take the model-level window, which vLLM sets only when every layer_types entry is sliding
+    (engine/arg_utils.py:2288-2294; GptOssConfig fills layer_types alternating when config.json has none). A
+    `layer_types` that lists other layers than those is refused: vLLM would not run the checkpoint's layout."""
+    window, window_src = given(cfg, "sliding_window")
+    types = cfg.get("layer_types")
+    if types is not None:
+        if len(types) != layers:
+            raise cfg.error("layer_types", f"{len(types)} entries for the {layers} layers of "
+                            f"{cfg.name('num_hidden_layers')}")
+        if "linear_attention" in types:
+            raise cfg.error("layer_types", "linear_attention layers: this architecture has none in vLLM 0.33")
+    every = types is not None and all(x == "sliding_attention" for x in types)
+    kinds = ["sliding" if window and (i % 2 == 0 or every) else "full" for i in range(layers)]
+    if types is not None:
+        listed = ["sliding" if x == "sliding_attention" else "full" for x in types]
+        if listed != kinds:
+            at = next(i for i in range(layers) if listed[i] != kinds[i])
+            raise cfg.doc.error(f"layer {at} is {types[at]}, but vLLM's GptOssForCausalLM builds it "
+                                f"{kinds[at]}: it gives even layers the window ({GPT_OSS}:175) and odd layers one only "
+                                f"when every entry is sliding_attention ({V}engine/arg_utils.py:2288-2294)"
+                                + ("; `sliding_window` is null: no window at all" if not window else "")
+                                + " — the layers vLLM runs are not the ones listed", cfg.base + ("layer_types", at))
+        rule = f"config.json `{cfg.name('layer_types')}`"
+    elif not window:
+        rule = f"{window_src}: every layer full attention ({GPT_OSS}:175 passes no window)"
+    else:
+        rule = (f"no `{cfg.name('layer_types')}` in config.json: {TF} GptOssConfig alternates sliding (even) and "
+                f"full (odd) layers, as vLLM builds them ({GPT_OSS}:175)")
+    return kinds, rule, window, window_src
 
 
 def _gpt_oss(cfg: Config, arch: str) -> Built:
@@ -364,18 +412,23 @@ def _gpt_oss(cfg: Config, arch: str) -> Built:
     routed, routed_src, top_k, top_k_src = _experts(cfg)
     h = cfg.need("hidden_size")
     heads, kv, hd, kv_src, hd_src = _heads(cfg)
-    t = embeddings(cfg, h, "model.embed_tokens.weight", "lm_head.weight", "model.norm")
+    if given(cfg, "tie_word_embeddings")[0]:
+        raise cfg.error("tie_word_embeddings", f"`{cfg.name('tie_word_embeddings')}` is true, but vLLM's "
+                        f"GptOssForCausalLM builds its own lm_head whatever it says ({GPT_OSS}:1417-1421), and whether "
+                        f"it then shares the embeddings' storage depends on the checkpoint's tensors "
+                        f"({V}model_executor/model_loader/weight_tying.py): the LM head bytes cannot be stated")
+    t = embeddings(cfg, h, "model.embed_tokens.weight", "lm_head.weight", "model.norm", tie=False)
     for i in range(layers):
         p = f"model.layers.{i}"
         t += _norm(f"{p}.input_layernorm", h, i) + _norm(f"{p}.post_attention_layernorm", h, i)
         t += gqa(f"{p}.self_attn", i, h, heads, kv, hd, bias=True, o_bias=True, sinks=True)
         t += router(f"{p}.mlp.router", i, h, routed, bias=True)
-    kinds, rule, window = _sliding(cfg, layers)
+    kinds, rule, window, window_src = _gpt_oss_sliding(cfg, layers)
     limit = cfg.need("swiglu_limit")
     b = Built(cfg, layers, layers_src, list(range(layers)), f"every decoder layer is MoE ({V}model_executor/models/gpt_oss.py)", routed,
               routed_src, top_k, top_k_src, h, cfg.need("intermediate_size"),
               f"config.json `{cfg.name('intermediate_size')}`", 0, "gpt-oss has no shared expert",
-              attention=_attention_groups(kinds, rule, window, kv, kv_src, hd, hd_src), tensors=t)
+              attention=_attention_groups(kinds, rule, window, kv, kv_src, hd, hd_src, window_src), tensors=t)
     b.activation = {"kind": "swigluoai", "alpha": GPTOSS_SWIGLU_ALPHA, "limit": float(limit)}
     b.activation_src = (f"{GPTOSS_SWIGLU_SOURCE}; config.json `swiglu_limit`; {V}model_executor/models/gpt_oss.py:400 "
                         "(activation swigluoai)")
@@ -384,31 +437,38 @@ def _gpt_oss(cfg: Config, arch: str) -> Built:
     return b
 
 
-def _deepseek(cfg: Config, arch: str, prefix: str = "model.", head: str = "lm_head.weight") -> Built:
+def _deepseek(cfg: Config, arch: str, prefix: str = "model.", head: str = "lm_head.weight",
+              tie: bool | None = None) -> Built:
     """DeepSeek-V3 / Kimi-K2 (models/deepseek_v2.py), DeepSeek-V3.2 and GLM-5 (models/deepseek_v32/):
-    MoE at layer i >= first_k_dense_replace with i % moe_layer_freq == 0 (deepseek_v2.py:1293-1297)."""
+    MoE at layer i >= first_k_dense_replace with i % moe_layer_freq == 0 (deepseek_v2.py:1293-1297).
+    Fields config.json leaves out take transformers' DeepseekV3Config / GlmMoeDsaConfig defaults (3 leading dense
+    layers, 1 shared expert, a query LoRA), as vLLM loads them (`hfdefaults`)."""
     layers, layers_src = _layers(cfg)
     routed, routed_src, top_k, top_k_src = _experts(cfg)
     h = cfg.need("hidden_size")
-    k = cfg.get("first_k_dense_replace", default=0)
+    k, k_src = given(cfg, "first_k_dense_replace")
     if k > layers:
-        raise cfg.error("first_k_dense_replace", f"{k} leading dense layers of {layers}")
-    freq = cfg.get("moe_layer_freq", default=1)
+        raise cfg.error("first_k_dense_replace", f"{k} leading dense layers of {layers} ({k_src})")
+    freq, freq_src = given(cfg, "moe_layer_freq")
     moe = [i for i in range(k, layers) if i % freq == 0]
-    rule = (f"config.json `{cfg.name('first_k_dense_replace')}` {k}"
-            + (f", `{cfg.name('moe_layer_freq')}` {freq}" if cfg.has("moe_layer_freq") else "")
-            + f" ({V}model_executor/models/deepseek_v2.py:1293-1297)")
-    shared = cfg.get("n_shared_experts", default=0) or 0
+    if k_src.startswith("config.json"):
+        rule = (f"config.json `{cfg.name('first_k_dense_replace')}` {k}"
+                + (f", `{cfg.name('moe_layer_freq')}` {freq}" if cfg.has("moe_layer_freq") else f"; {freq_src}")
+                + f" ({V}model_executor/models/deepseek_v2.py:1293-1297)")
+    else:
+        rule = f"{k_src}; {phrase(freq, freq_src)} ({V}model_executor/models/deepseek_v2.py:1293-1297)"
+    shared, shared_src = given(cfg, "n_shared_experts")
     inter = cfg.need("moe_intermediate_size")
     sparse = arch in ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
-    correction = cfg.get("topk_method") == "noaux_tc"
-    t = embeddings(cfg, h, f"{prefix}embed_tokens.weight", head, f"{prefix}norm")
+    correction = given(cfg, "topk_method")[0] == "noaux_tc"
+    q_rank = given(cfg, "q_lora_rank")[0]
+    t = embeddings(cfg, h, f"{prefix}embed_tokens.weight", head, f"{prefix}norm", tie=tie)
     for i in range(layers):
         p = f"{prefix}layers.{i}"
         t += _norm(f"{p}.input_layernorm", h, i) + _norm(f"{p}.post_attention_layernorm", h, i)
-        t += mla(f"{p}.self_attn", i, cfg, h)
+        t += mla(f"{p}.self_attn", i, cfg, h, q_rank)
         if sparse:
-            t += dsa_indexer(f"{p}.self_attn.indexer", i, cfg, h)
+            t += dsa_indexer(f"{p}.self_attn.indexer", i, cfg, h, q_rank)
         if i in moe:
             t += router(f"{p}.mlp.gate", i, h, routed,
                         correction=f"{p}.mlp.gate.e_score_correction_bias" if correction else None)
@@ -435,9 +495,8 @@ def _deepseek(cfg: Config, arch: str, prefix: str = "model.", head: str = "lm_he
                                                               f"({V}models/deepseek_v32/attention.py:65)")
     mtp, mtp_src = _mtp(cfg, "num_nextn_predict_layers")
     return Built(cfg, layers, layers_src + mtp_src, moe, rule, routed, routed_src, top_k, top_k_src, h, inter,
-                 f"config.json `{cfg.name('moe_intermediate_size')}`", shared,
-                 f"config.json `{cfg.name('n_shared_experts')}`" if cfg.has("n_shared_experts")
-                 else "no n_shared_experts", attention=[group], tensors=t, mtp_layers=mtp)
+                 f"config.json `{cfg.name('moe_intermediate_size')}`", shared, shared_src, attention=[group], tensors=t,
+                 mtp_layers=mtp)
 
 
 def _check_every_layer_indexed(cfg: Config) -> None:
@@ -455,18 +514,18 @@ def _glm4_moe(cfg: Config, arch: str) -> Built:
                         "describes what it builds")
     h = cfg.need("hidden_size")
     heads, kv, hd, kv_src, hd_src = _heads(cfg)
-    k = cfg.get("first_k_dense_replace", default=0)
+    k, k_src = given(cfg, "first_k_dense_replace")
     if k > layers:
-        raise cfg.error("first_k_dense_replace", f"{k} leading dense layers of {layers}")
+        raise cfg.error("first_k_dense_replace", f"{k} leading dense layers of {layers} ({k_src})")
     moe = list(range(k, layers))
-    shared = cfg.get("n_shared_experts", default=0) or 0
+    shared, shared_src = given(cfg, "n_shared_experts")
     inter = cfg.need("moe_intermediate_size")
+    bias, qk_norm = bool(given(cfg, "attention_bias")[0]), bool(given(cfg, "use_qk_norm")[0])
     t = embeddings(cfg, h, "model.embed_tokens.weight", "lm_head.weight", "model.norm")
     for i in range(layers):
         p = f"model.layers.{i}"
         t += _norm(f"{p}.input_layernorm", h, i) + _norm(f"{p}.post_attention_layernorm", h, i)
-        t += gqa(f"{p}.self_attn", i, h, heads, kv, hd, bias=bool(cfg.get("attention_bias", default=False)),
-                 qk_norm=bool(cfg.get("use_qk_norm", default=False)))
+        t += gqa(f"{p}.self_attn", i, h, heads, kv, hd, bias=bias, qk_norm=qk_norm)
         if i in moe:
             t += router(f"{p}.mlp.gate", i, h, routed, correction=f"{p}.mlp.gate.e_score_correction_bias")
             if shared:
@@ -475,9 +534,9 @@ def _glm4_moe(cfg: Config, arch: str) -> Built:
             t += swiglu(f"{p}.mlp", i, h, cfg.need("intermediate_size"), "dense_mlp")
     mtp, mtp_src = _mtp(cfg, "num_nextn_predict_layers")
     return Built(cfg, layers, layers_src + mtp_src, moe,
-                 f"config.json `{cfg.name('first_k_dense_replace')}` {k} ({V}model_executor/models/glm4_moe.py:353-356)",
+                 f"{phrase(k, k_src)} ({V}model_executor/models/glm4_moe.py:353-356)",
                  routed, routed_src, top_k, top_k_src, h, inter, f"config.json `{cfg.name('moe_intermediate_size')}`",
-                 shared, f"config.json `{cfg.name('n_shared_experts')}`",
+                 shared, shared_src,
                  attention=[_full(list(range(layers)), "every layer full attention", kv, kv_src, hd, hd_src)],
                  tensors=t, mtp_layers=mtp)
 
@@ -511,9 +570,9 @@ def _qwen_hybrid(cfg: Config, arch: str, prefix: str, head: str, every_layer_moe
         kinds = ["full" if x == "full_attention" else "linear" for x in types]
         rule = f"config.json `{cfg.name('layer_types')}` ({QWEN_NEXT}:668)"
     else:
-        interval = cfg.get("full_attention_interval", default=4)
+        interval, interval_src = given(cfg, "full_attention_interval")
         kinds = ["linear" if (i + 1) % interval else "full" for i in range(layers)]
-        rule = (f"config.json `{cfg.name('full_attention_interval')}` {interval}: layer i is full attention when "
+        rule = (f"{phrase(interval, interval_src)}: layer i is full attention when "
                 f"(i + 1) % {interval} == 0 (transformers' Qwen3NextConfig fills layer_types so; {QWEN_NEXT}:668)")
     full = [i for i, k in enumerate(kinds) if k == "full"]
     linear = [i for i, k in enumerate(kinds) if k == "linear"]
@@ -521,13 +580,17 @@ def _qwen_hybrid(cfg: Config, arch: str, prefix: str, head: str, every_layer_moe
         moe = list(range(layers))
         moe_rule = f"every decoder layer is MoE (qwen3_5_moe_text: {V}model_executor/models/qwen3_5.py:171-176)"
     else:
-        step = cfg.get("decoder_sparse_step", default=1)
-        dense = set(cfg.get("mlp_only_layers", default=[]) or [])
+        step, step_src = given(cfg, "decoder_sparse_step")
+        dense_list, dense_src = given(cfg, "mlp_only_layers")
+        dense = set(dense_list)
         _check_indices(cfg, "mlp_only_layers", dense, layers)
         moe = [i for i in range(layers) if i not in dense and (i + 1) % step == 0]
-        moe_rule = (f"config.json `{cfg.name('decoder_sparse_step')}` {step}, `{cfg.name('mlp_only_layers')}` "
-                    f"{sorted(dense)} ({QWEN_NEXT}:489-495)")
-    gate = cfg.get("attn_output_gate", default=True)
+        if step_src.startswith("config.json") and dense_src.startswith("config.json"):
+            moe_rule = (f"config.json `{cfg.name('decoder_sparse_step')}` {step}, `{cfg.name('mlp_only_layers')}` "
+                        f"{sorted(dense)} ({QWEN_NEXT}:489-495)")
+        else:
+            moe_rule = f"{phrase(step, step_src)}; {phrase(sorted(dense), dense_src)} ({QWEN_NEXT}:489-495)"
+    gate = bool(given(cfg, "attn_output_gate")[0])
     lk, lv = cfg.need("linear_num_key_heads"), cfg.need("linear_num_value_heads")
     dk, dv = cfg.need("linear_key_head_dim"), cfg.need("linear_value_head_dim")
     conv = cfg.need("linear_conv_kernel_dim")
@@ -535,7 +598,7 @@ def _qwen_hybrid(cfg: Config, arch: str, prefix: str, head: str, every_layer_moe
         raise cfg.error("linear_num_value_heads", f"{lv} value heads do not group over {lk} key heads")
     key_dim, value_dim = lk * dk, lv * dv
     inter = cfg.need("moe_intermediate_size")
-    si = cfg.get("shared_expert_intermediate_size", default=0) or 0
+    si, si_src = given(cfg, "shared_expert_intermediate_size")
     t = embeddings(cfg, h, f"{prefix}embed_tokens.weight", head, f"{prefix}norm")
     for i in range(layers):
         p = f"{prefix}layers.{i}"
@@ -575,11 +638,15 @@ def _qwen_hybrid(cfg: Config, arch: str, prefix: str, head: str, every_layer_moe
                                   f"--mamba-ssm-cache-dtype auto: the conv state's dtype ({V}model_executor/layers/"
                                   "mamba/mamba_utils.py:98-111)")}
     mtp, mtp_src = _mtp(cfg, "mtp_num_hidden_layers", "num_nextn_predict_layers")
+    if si and si_src.startswith("config.json"):
+        shared_src = (f"config.json `{cfg.name('shared_expert_intermediate_size')}` {si} (one shared expert and its "
+                      "sigmoid gate)")
+    else:
+        shared_src = (f"{phrase(si, si_src)} ({'one shared expert and its sigmoid gate' if si else 'no shared expert'}"
+                      f"; {QWEN_NEXT}:155)")
     return Built(cfg, layers, layers_src + mtp_src, moe, moe_rule, routed, routed_src, top_k, top_k_src, h, inter,
-                 f"config.json `{cfg.name('moe_intermediate_size')}`", 1 if si else 0,
-                 (f"config.json `{cfg.name('shared_expert_intermediate_size')}` {si} (one shared expert and its "
-                  "sigmoid gate)") if si else "no shared_expert_intermediate_size", attention=[attn], state=[state],
-                 tensors=t, mtp_layers=mtp)
+                 f"config.json `{cfg.name('moe_intermediate_size')}`", 1 if si else 0, shared_src, attention=[attn],
+                 state=[state], tensors=t, mtp_layers=mtp)
 
 
 NEMOTRON = f"{V}model_executor/models/nemotron_h.py"
@@ -603,7 +670,7 @@ def _nemotron_h(cfg: Config, arch: str) -> Built:
     routed, routed_src, top_k, top_k_src = _experts(cfg)
     h = cfg.need("hidden_size")
     heads, kv, hd, kv_src, hd_src = _heads(cfg)
-    if cfg.get("mlp_hidden_act", default="relu2") != "relu2":
+    if given(cfg, "mlp_hidden_act")[0] != "relu2":
         raise cfg.error("mlp_hidden_act", "the importer reads relu2 experts")
     nh, mhd = cfg.need("mamba_num_heads"), cfg.need("mamba_head_dim")
     groups, state_size, conv = cfg.need("n_groups"), cfg.need("ssm_state_size"), cfg.need("conv_kernel")
@@ -612,26 +679,25 @@ def _nemotron_h(cfg: Config, arch: str) -> Built:
     m_inter = nh * mhd
     conv_dim = m_inter + 2 * groups * state_size
     inter = cfg.need("moe_intermediate_size")
-    shared = cfg.get("n_shared_experts", default=0) or 0
-    si = (cfg.need("moe_shared_expert_intermediate_size") * shared) if shared else 0
-    bias = bool(cfg.get("mlp_bias", default=False))
+    shared, shared_src = given(cfg, "n_shared_experts")
+    si = (given(cfg, "moe_shared_expert_intermediate_size")[0] * shared) if shared else 0
+    bias = bool(given(cfg, "mlp_bias")[0])
+    use_bias, conv_bias = bool(given(cfg, "use_bias")[0]), bool(given(cfg, "use_conv_bias")[0])
     t = embeddings(cfg, h, "backbone.embeddings.weight", "lm_head.weight", "backbone.norm_f")
     for i, kind in enumerate(pattern):
         p = f"backbone.layers.{i}"
         t += _norm(f"{p}.norm", h, i)
         m = f"{p}.mixer"
         if kind == "M":
-            t += _linear(f"{m}.in_proj", m_inter + conv_dim + nh, h, i, "mamba",
-                         bias=bool(cfg.get("use_bias", default=False)))
+            t += _linear(f"{m}.in_proj", m_inter + conv_dim + nh, h, i, "mamba", bias=use_bias)
             t.append(Tensor(f"{m}.conv1d.weight", (conv_dim, 1, conv), "param", "mamba", i))
-            if cfg.get("use_conv_bias", default=True):
+            if conv_bias:
                 t.append(Tensor(f"{m}.conv1d.bias", (conv_dim,), "param", "mamba", i))
             t.append(Tensor(f"{m}.A_log", (nh,), "fp32", "mamba", i))
             t.append(Tensor(f"{m}.D", (nh,), "param", "mamba", i))
             t.append(Tensor(f"{m}.dt_bias", (nh,), "param", "mamba", i))
             t.append(Tensor(f"{m}.norm.weight", (m_inter,), "param", "mamba", i))
-            t += _linear(f"{m}.out_proj", h, m_inter, i, "mamba", bias=bool(cfg.get("use_bias", default=False)),
-                         row_bias=True)
+            t += _linear(f"{m}.out_proj", h, m_inter, i, "mamba", bias=use_bias, row_bias=True)
         elif kind == "E":
             t += router(f"{m}.gate", i, h, routed, correction=f"{m}.gate.e_score_correction_bias")
             if si:
@@ -647,9 +713,8 @@ def _nemotron_h(cfg: Config, arch: str) -> Built:
     if not idx["E"]:
         raise cfg.error("hybrid_override_pattern", "no E (MoE) layer: the importer describes MoE models")
     psrc = f"config.json `{cfg.name('hybrid_override_pattern')}`"
-    ssm_field = cfg.field("mamba_ssm_cache_dtype")
-    ssm = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[cfg.get("mamba_ssm_cache_dtype",
-                                                                              default="float32")]
+    ssm_value, ssm_src = given(cfg, "mamba_ssm_cache_dtype")
+    ssm = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[ssm_value]
     state = {"kind": "mamba2", "layers": sourced(index_ranges(idx["M"]), f"{psrc} M"),
              "num_heads": sourced(nh, f"config.json `{cfg.name('mamba_num_heads')}`"),
              "head_dim": sourced(mhd, f"config.json `{cfg.name('mamba_head_dim')}`"),
@@ -658,21 +723,24 @@ def _nemotron_h(cfg: Config, arch: str) -> Built:
              "conv_kernel": sourced(conv, f"config.json `{cfg.name('conv_kernel')}`"),
              "conv_dtype": sourced("bf16", f"--mamba-cache-dtype auto: the model dtype ({V}model_executor/layers/"
                                            "mamba/mamba_utils.py:98-111)"),
-             "ssm_dtype": sourced(ssm, (f"config.json `{ssm_field}`" if ssm_field else "no mamba_ssm_cache_dtype: "
-                                        "float32") + f" ({V}model_executor/models/config.py:812-839)")}
+             "ssm_dtype": sourced(ssm, f"{ssm_src} ({V}model_executor/models/config.py:812-839)")}
     attn = _full(idx["*"], f"{psrc} *", kv, kv_src, hd, hd_src) if idx["*"] else None
+    window, window_src = given(cfg, "sliding_window")
+    if attn and window:
+        # vLLM passes `sliding_window` to every attention layer as its own window (nemotron_h.py:478-488)
+        attn["kind"] = "sliding"
+        attn["window"] = sourced(window, f"{window_src}: every attention layer's window ({NEMOTRON}:478-488)")
     b = Built(cfg, layers, layers_src, idx["E"], f"{psrc} E ({NEMOTRON}:591-615)", routed, routed_src, top_k,
-              top_k_src, h, inter, f"config.json `{cfg.name('moe_intermediate_size')}`", shared,
-              f"config.json `{cfg.name('n_shared_experts')}`" if cfg.has("n_shared_experts") else "no n_shared_experts",
+              top_k_src, h, inter, f"config.json `{cfg.name('moe_intermediate_size')}`", shared, shared_src,
               attention=[attn] if attn else [], state=[state] if idx["M"] else [],
               cacheless=idx["E"] + idx["-"], cacheless_src=f"{psrc} E and -: no attention, no state", tensors=t)
     b.gated = False
     b.activation = {"kind": "relu2_no_mul"}
-    b.activation_src = (f"config.json `{cfg.name('mlp_hidden_act')}` relu2, experts without a gate: w1 [I, H] "
+    b.activation_src = (f"{phrase('relu2', given(cfg, 'mlp_hidden_act')[1])}, experts without a gate: w1 [I, H] "
                         f"(up_proj) + w2 [H, I] ({NEMOTRON}:231-245, :731 is_non_gated_moe; "
                         f"{V}model_executor/layers/fused_moe/activation.py:45 relu2_no_mul)")
     b.expert_biases = bias
-    b.bias_src = f"config.json `{cfg.name('mlp_bias')}`"
+    b.bias_src = given(cfg, "mlp_bias")[1]
     return b
 
 
@@ -681,7 +749,7 @@ def _nemotron_h(cfg: Config, arch: str) -> Built:
 LLAMA4 = f"{V}model_executor/models/llama4.py"
 
 
-def _llama4_text(cfg: Config, arch: str, prefix: str, head: str) -> Built:
+def _llama4_text(cfg: Config, arch: str, prefix: str, head: str, tie: bool | None = None) -> Built:
     """llama4.py: MoE where (i + 1) % interleave_moe_layer_step == 0 (:340-343; vLLM does not read
     `moe_layers`), a shared expert per MoE layer (:107-115), top-1 sigmoid routing with the router
     weight applied to the input; NoPE (global) layers where no_rope_layers[i] == 0, the others
@@ -706,11 +774,11 @@ def _llama4_text(cfg: Config, arch: str, prefix: str, head: str) -> Built:
         nope = [int((i + 1) % 4 != 0) for i in range(layers)]
         nope_rule = ("no `no_rope_layers`: transformers' Llama4TextConfig makes every 4th layer NoPE "
                      "(no_rope_layer_interval 4)")
-    chunk = cfg.get("attention_chunk_size")
+    chunk, chunk_src = given(cfg, "attention_chunk_size")
     global_layers = [i for i in range(layers) if nope[i] == 0]
     local = [i for i in range(layers) if nope[i] != 0]
     inter, mlp = cfg.need("intermediate_size"), cfg.need("intermediate_size_mlp")
-    t = embeddings(cfg, h, f"{prefix}embed_tokens.weight", head, f"{prefix}norm")
+    t = embeddings(cfg, h, f"{prefix}embed_tokens.weight", head, f"{prefix}norm", tie=tie)
     for i in range(layers):
         p = f"{prefix}layers.{i}"
         t += _norm(f"{p}.input_layernorm", h, i) + _norm(f"{p}.post_attention_layernorm", h, i)
@@ -729,10 +797,10 @@ def _llama4_text(cfg: Config, arch: str, prefix: str, head: str) -> Built:
             g = _full(local, f"{nope_rule} (RoPE layers: ChunkedLocalAttention, {LLAMA4}:251-263)", kv, kv_src, hd,
                       hd_src)
             g["kind"] = "chunked"
-            g["chunk"] = sourced(chunk, f"config.json `{cfg.name('attention_chunk_size')}`")
+            g["chunk"] = sourced(chunk, chunk_src)
             groups.append(g)
         else:
-            groups.append(_full(local, f"{nope_rule}; no attention_chunk_size: full attention", kv, kv_src, hd,
+            groups.append(_full(local, f"{nope_rule}; {chunk_src}: full attention", kv, kv_src, hd,
                                 hd_src))
     return Built(cfg, layers, layers_src, moe,
                  f"config.json `{cfg.name('interleave_moe_layer_step')}` {step}: (i + 1) % {step} == 0 "
@@ -749,7 +817,7 @@ def _llama4_vision(vc: Config, text_h: int) -> list[Tensor]:
         vc.need("num_channels")
     pin, pout = vc.need("projector_input_dim"), vc.need("projector_output_dim")
     vout = vc.need("vision_output_dim")
-    pbias = bool(vc.get("multi_modal_projector_bias", default=False))
+    pbias = bool(given(vc, "multi_modal_projector_bias")[0])
     patches = (img // patch) ** 2 + 1
     e = dict(encoder=True)
     t = _linear("vision_model.patch_embedding.linear", hv, ch * patch * patch, None, "encoder", **e)
@@ -781,7 +849,7 @@ def _qwen3_vision(vc: Config) -> list[Tensor]:
     hv, iv, depth = vc.need("hidden_size"), vc.need("intermediate_size"), vc.need("depth")
     ch, tp, patch = vc.need("in_channels"), vc.need("temporal_patch_size"), vc.need("patch_size")
     npos, out, merge = vc.need("num_position_embeddings"), vc.need("out_hidden_size"), vc.need("spatial_merge_size")
-    deep = vc.get("deepstack_visual_indexes", default=[]) or []
+    deep = given(vc, "deepstack_visual_indexes")[0]
     e = dict(encoder=True)
     m = hv * merge * merge
     t = [Tensor("model.visual.patch_embed.proj.weight", (hv, ch, tp, patch, patch), "param", "encoder", encoder=True),
@@ -878,9 +946,16 @@ def build_qwen3_moe(cfg: Config, arch: str) -> Built:
     return _qwen3_moe(cfg, arch)
 
 
+def _root_tie(cfg: Config) -> bool:
+    """A wrapper that builds its language model through `VllmConfig.with_hf_config(text_config)` (Qwen3-VL, Llama-4,
+    Kimi-K2.5) has vLLM 0.33 copy the root's `tie_word_embeddings` into the text config (vllm/config/vllm.py:1011-1015):
+    the root value (or the root class's default) decides, not text_config's."""
+    return bool(given(cfg, "tie_word_embeddings")[0])
+
+
 def build_qwen3_vl_moe(cfg: Config, arch: str) -> Built:
     text = cfg.section("text_config")
-    b = _qwen3_moe(text, arch, prefix="model.language_model.")
+    b = _qwen3_moe(text, arch, prefix="model.language_model.", tie=_root_tie(cfg))
     vc = _vision_section(cfg, arch, f"{V}model_executor/models/qwen3_vl_moe.py:256-262")
     b.tensors += _qwen3_vision(vc)
     b.encoder_src = (f"vision tower Qwen3_VisionTransformer ({QWEN3_VL}:561-665), loaded unless every modality "
@@ -896,10 +971,10 @@ def build_qwen3_next(cfg: Config, arch: str) -> Built:
 def build_qwen3_5_moe(cfg: Config, arch: str) -> Built:
     if arch == "Qwen3_5MoeForCausalLM":
         return _qwen_hybrid(cfg, arch, "model.", "lm_head.weight", every_layer_moe=True)
+    # vLLM's Qwen3.5 builds its language model from hf_text_config itself (qwen3_5.py:332, :353): text_config's
+    # tie_word_embeddings (or Qwen3_5MoeTextConfig's default false) decides; the root's is not read.
     b = _qwen_hybrid(cfg.section("text_config"), arch, "model.language_model.", "lm_head.weight",
                      every_layer_moe=True)
-    if cfg.get("tie_word_embeddings", default=False) and not b.text.has("tie_word_embeddings"):
-        b.tensors = [x for x in b.tensors if x.part != "lm_head"]
     vc = _vision_section(cfg, arch, f"{V}model_executor/models/qwen3_5.py:736-743")
     b.tensors += _qwen3_vision(vc)
     b.encoder_src = (f"vision tower Qwen3_VisionTransformer ({V}model_executor/models/qwen3_5.py:736-743), loaded "
@@ -909,7 +984,8 @@ def build_qwen3_5_moe(cfg: Config, arch: str) -> Built:
 
 def build_kimi_k25(cfg: Config, arch: str) -> Built:
     text = cfg.section("text_config")
-    b = _deepseek(text, "DeepseekV3ForCausalLM", prefix="language_model.model.", head="language_model.lm_head.weight")
+    b = _deepseek(text, "DeepseekV3ForCausalLM", prefix="language_model.model.", head="language_model.lm_head.weight",
+                  tie=_root_tie(cfg))
     b.tensors += _moonvit(_vision_section(cfg, arch, f"{V}model_executor/models/kimi_k25.py:349-370"), b.hidden)
     b.encoder_src = (f"vision tower MoonViT + projector ({KIMI_VIT}:709-760, :891-945; unquantized with a compressed-tensors "
                      f"checkpoint, {V}model_executor/models/kimi_k25.py:387-390; "
@@ -920,7 +996,8 @@ def build_kimi_k25(cfg: Config, arch: str) -> Built:
 def build_llama4(cfg: Config, arch: str) -> Built:
     if arch == "Llama4ForCausalLM":
         return _llama4_text(cfg, arch, "model.", "lm_head.weight")
-    b = _llama4_text(cfg.section("text_config"), arch, "language_model.model.", "language_model.lm_head.weight")
+    b = _llama4_text(cfg.section("text_config"), arch, "language_model.model.", "language_model.lm_head.weight",
+                     tie=_root_tie(cfg))
     b.tensors += _llama4_vision(_vision_section(cfg, arch, f"{V}model_executor/models/mllama4.py:765-777"), b.hidden)
     b.encoder_src = (f"vision model + projector ({V}model_executor/models/mllama4.py:123-500), loaded unless "
                      "every modality limit is 0 (--language-model-only)")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_fit import project, run  # the shipped-recipe project and the CLI runner
+from test_fit import REPO, project, run  # the shipped-recipe project and the CLI runner
 
 
 @pytest.fixture
@@ -199,3 +199,38 @@ def test_compare_help_says_concurrency_is_not_written() -> None:
     assert "written as the lane's concurrency.max" not in flat and "nothing is written" in flat
     code, out, _ = run("fit", "--help")
     assert "written as the lane's concurrency.max" in " ".join(out.split())
+
+
+VL = "qwen3-vl-30b-a3b-instruct"
+
+
+def _committed_model_file(here: Path) -> Path:
+    """The shipped Qwen3-VL model file (it records the checkpoint id a local import cannot know)."""
+    models = here / "recipes" / "models"
+    models.mkdir(parents=True)
+    target = models / f"{VL}.yaml"
+    target.write_bytes((REPO / "recipes" / "models" / f"{VL}.yaml").read_bytes())
+    return target
+
+
+def test_new_keeps_a_model_file_that_states_the_same_figures(here: Path) -> None:
+    model_file = _committed_model_file(here)
+    before = model_file.read_bytes()
+    assert yaml.safe_load(before)["checkpoint"]
+    code, out, err = run("new", str(REPO / "tests" / "fixtures" / "hf_configs" / VL), "--machine", "rtx-5090",
+                         "-o", "recipes/vl.yaml")
+    assert code == 0, out + err
+    assert model_file.read_bytes() == before     # checkpoint id and description kept, nothing rewritten
+    assert yaml.safe_load((here / "recipes" / "vl.yaml").read_text())["model"] == {"file": f"models/{VL}.yaml"}
+
+
+def test_new_names_what_differs_in_a_model_file_it_will_not_replace(here: Path) -> None:
+    model_file = _committed_model_file(here)
+    doc = yaml.safe_load(model_file.read_text())
+    doc["routed_experts"]["value"] = 64
+    model_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    before = model_file.read_bytes()
+    code, out, err = run("new", str(REPO / "tests" / "fixtures" / "hf_configs" / VL), "--machine", "rtx-5090",
+                         "-o", "recipes/vl.yaml")
+    assert code == 2 and model_file.read_bytes() == before and not (here / "recipes" / "vl.yaml").exists()
+    assert "routed_experts" in err and "--force would drop the file's checkpoint" in err

@@ -10,7 +10,7 @@ reserves (recipegen.ledger.reserves: labelled so until a measured boot replaces 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from recipegen.fit.run import FitOutcome, fit_recipe
 from recipegen.fit.search import FitOptions
 from recipegen.fit.source import ModelSource, model_name_of, resolve_model
 from recipegen.fit.writeback import commit, recipe_lock
+from recipegen.modelimport.write import describe_difference, same_figures
 from recipegen.schema import Machine
 
 VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"
@@ -146,8 +147,13 @@ def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_labe
     model_ref: Any = source.name
     if source.model_text is not None:
         model_file = path.parent / "models" / f"{source.name}.yaml"
-        if model_file.exists() and model_file.read_text(encoding="utf-8") != source.model_text and not force:
-            raise InputError("exists with other content; pass --force to overwrite", file=str(model_file))
+        existing = model_file.read_text(encoding="utf-8") if model_file.exists() else None
+        if existing is not None and existing != source.model_text and not force:
+            if same_figures(existing, source.model_text):
+                source = replace(source, model_text=existing)   # the file says more (its checkpoint id): keep it
+            else:
+                raise InputError(f"exists with other content ({describe_difference(existing, source.model_text)}); "
+                                 "pass --force to overwrite", file=str(model_file))
         model_ref = {"file": f"models/{source.name}.yaml"}
     limit = source.model.max_position_embeddings
     auto = max_model_len is None

@@ -29,6 +29,26 @@ def to_yaml(doc: dict[str, Any], *, source: str) -> str:
     return yaml_file(header, doc, what=f"the model file imported from {source}", flow_lists=True)
 
 
+# What an import of a local folder cannot know and a model file may record: the text about the model and
+# where its checkpoint lives. Two files that differ only there describe the same figures.
+DESCRIPTIVE_KEYS = ("description", "checkpoint", "revision")
+
+
+def same_figures(existing: str, fresh: str) -> bool:
+    """Whether a model file on disk and a fresh import of the same model state the same figures (they may
+    differ in the header comment and `DESCRIPTIVE_KEYS`)."""
+    import yaml
+
+    try:
+        old, new = yaml.safe_load(existing), yaml.safe_load(fresh)
+    except yaml.YAMLError:
+        return False
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return False
+    return ({k: v for k, v in old.items() if k not in DESCRIPTIVE_KEYS}
+            == {k: v for k, v in new.items() if k not in DESCRIPTIVE_KEYS})
+
+
 def describe_difference(existing: str, fresh: str) -> str:
     """What differs between a model file on disk (`existing`) and a fresh import of the same model (`fresh`), for a
     refusal to overwrite it: the top-level keys that differ, a checkpoint id (or revision) the file records and the

@@ -149,8 +149,14 @@ def _machine_check(facts: Facts, need: HostRequirement | None):
 def test_doctor_compares_the_box_with_the_recipes_machine() -> None:
     box = Machine.model_validate(detect(RecordedNvml(reading()), MEMINFO, host="dgx").entry)
     assert _machine_check(_facts(box), _need("h100-sxm-x8")).status == OK
-    # the catalog's H100 PCIe entry knows no driver reservation: its 81,559 MiB overstate CUDA's total
+    # the catalog's H100 PCIe entry takes the SXM recording's 454 MiB reservation: HBM agrees, host memory not
     check = _machine_check(_facts(box), _need("h100-pcie"))
+    assert check.status == WARN and "256.0 GiB of host memory" in check.detail
+    # an entry without the driver's reservation overstates what CUDA sees: 81,559 MiB against 79.20 GiB
+    entry = catalog_entry("machines", "h100-pcie")
+    unreserved = {**entry, "gpus": {k: v for k, v in entry["gpus"].items() if k != "driver_reserved"}}
+    need = HostRequirement("r", host_bytes=GiB, pinned_bytes=GiB, gpus=1, machine=Machine.model_validate(unreserved))
+    check = _machine_check(_facts(box), need)
     assert check.status == FAIL and "CUDA sees 79.20 GiB here" in check.detail and "machine detect" in check.fix
     check = _machine_check(_facts(box), _need("rtx-4090"))
     assert check.status == FAIL and "RTX 4090" in check.detail and "compute capability 8.9" in check.detail

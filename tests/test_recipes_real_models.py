@@ -162,10 +162,12 @@ def test_llama4_scout_on_one_h100() -> None:
     # 2 hot / 14 cold per layer.
     assert lane.fig("hbm.hot_experts").value == 2 * 48 * expert == int(22.5 * GiB)
     assert lane.fig("host.cold_experts").value == 14 * 48 * expert
-    # --cpu-offload-gb 123 at load: 3.75 GiB a layer (w13 2.5 + w2 1.25), the walk stops past the
-    # budget: 33 whole layers (123.75 GiB), pinned at powers of two (4 + 2 GiB a layer).
-    assert lane.fig("load.host_experts_initial").value == 33 * 16 * expert
-    assert lane.fig("load.host_pinned_initial").value == 33 * 6 * GiB
+    # --cpu-offload-gb 124 at load: 3.75 GiB a layer (w13 2.5 + w2 1.25), the walk stops past the
+    # budget: 33 whole layers (123.75 GiB) and layer 34's w13 (126.25 GiB), pinned at powers of two
+    # (4 + 2 GiB a layer, 4 GiB the lone w13).
+    w13 = 16 * 2 * 8192 * 5120 * 2                                  # 2.5 GiB: 16 experts' gate and up
+    assert lane.fig("load.host_experts_initial").value == 33 * 16 * expert + w13 == int(126.25 * GiB)
+    assert lane.fig("load.host_pinned_initial").value == 33 * 6 * GiB + 4 * GiB
 
 
 def test_qwen3_vl_on_one_rtx5090_counts_the_vision_tower() -> None:
@@ -242,11 +244,11 @@ def test_glm5_on_8x_h200_counts_the_indexer_and_offloads_per_gpu() -> None:
     assert per_seq / (78 * 576 * 2 * 131072) == pytest.approx(1.1146, abs=1e-4)
     assert lane.fig("hbm.hot_experts").value == 134 * 75 * expert / 8
     assert lane.fig("host.cold_experts").value == 122 * 75 * expert
-    # --cpu-offload-gb 38 per GPU: a layer's shards are 1.5 GiB (w13) + 0.75 GiB (w2); 16 layers
-    # (36 GiB) < 38, layer 17's w13 (37.5) < 38, its w2 ends the walk at 38.25 GiB: 17 whole layers
-    # on each of the 8 GPUs, pinned at 2 + 1 GiB a layer.
-    assert lane.fig("load.host_experts_initial").value == 8 * 17 * int(2.25 * GiB)
-    assert lane.fig("load.host_pinned_initial").value == 8 * 17 * 3 * GiB
+    # --cpu-offload-gb 39 per GPU: a layer's shards are 1.5 GiB (w13) + 0.75 GiB (w2); 17 layers
+    # (38.25 GiB) < 39, layer 18's w13 ends the walk at 39.75 GiB on each of the 8 GPUs, pinned at
+    # 2 + 1 GiB a layer and 2 GiB the lone w13.
+    assert lane.fig("load.host_experts_initial").value == 8 * int((17 * 2.25 + 1.5) * GiB)
+    assert lane.fig("load.host_pinned_initial").value == 8 * (17 * 3 + 2) * GiB
 
 
 def test_nvfp4_qwen3_235b_on_one_b200() -> None:

@@ -222,3 +222,13 @@ def test_one_token_cold_reads_agree_with_the_fetch_arithmetic(recipe):
     fetch_bytes = active.points[0].tax.cold_bytes.value
     assert fetch_bytes > 0
     assert estimate.point(1).terms.cold_bytes == pytest.approx(fetch_bytes, rel=1e-6)
+
+
+def test_the_positional_column_counts_the_part_layer_its_walk_offloads():
+    from recipegen.ledger.report_lane import render_lane
+    # Qwen3-VL on an RTX 5090 at --cpu-offload-gb 26: a layer's routed experts are 128 x 9,437,184 B =
+    # 1.125 GiB; 23 whole layers are 25.875 GiB, under 26, so the walk also takes layer 24's w13
+    # (2/3 of it, 0.75 GiB) before it stops: 26.625 GiB in host
+    lane = compute_ledger(load_recipe("qwen3-vl-30b-a3b-rtx5090")).lane("chat")
+    assert lane.positional is not None and lane.positional.figures["host.cold_experts"].value == 26.625 * 2**30
+    assert "all 128 cold in 23 layers + 0.75 GiB of the next" in render_lane(lane)

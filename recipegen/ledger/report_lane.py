@@ -14,13 +14,18 @@ def _g(value: float) -> str:
     return f"{value / GiB:,.2f} GiB"
 
 
-def _placement_column(p: PlacementLedger | None) -> list[str]:
+def _placement_column(p: PlacementLedger | None, layer_bytes: float) -> list[str]:
+    """One placement's column; `layer_bytes`: a whole MoE layer's routed experts (lane, all GPUs)."""
     if p is None:
         return ["—"] * 5
     f = p.figures
     if p.placement == POSITIONAL:
         whole = sum(1 for c in p.cold_per_layer if c == max(p.cold_per_layer)) if any(p.cold_per_layer) else 0
-        counts = f"all {max(p.cold_per_layer)} cold in {whole} layers" if whole else "none cold"
+        counts = f"all {max(p.cold_per_layer)} cold in {whole} layer{'s' if whole != 1 else ''}" if whole else "none cold"
+        # the walk stops past its budget, often inside the next layer (its w13 offloaded, its w2 not)
+        part = f["host.cold_experts"].value - whole * layer_bytes
+        if part > 0:
+            counts += f" + {_g(part)} of the next"
         host = _g(f["host.cold_experts"].value)
         if "positional.measured" in f:
             host += f" (measured {_g(f['positional.measured'].value)})"
@@ -50,9 +55,9 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
     head_other = f"{other}{pos_budget if other == 'positional' else ' (same budget)'}"
     rows = ["hot / cold per layer", "routed experts in HBM / GPU", "routed experts pinned in host",
             "KV pool / GPU", "KV tokens"]
-    col_own = _placement_column(lane.active)
+    col_own = _placement_column(lane.active, fig["experts.per_layer"].value)
     compared = lane.positional if own != POSITIONAL else lane.usage_aware
-    col_other = _placement_column(compared)
+    col_other = _placement_column(compared, fig["experts.per_layer"].value)
     w0 = max(len(r) for r in rows) + 2
     w1 = max(len(head_own), *(len(c) for c in col_own)) + 3
     out.append(f"  {'':<{w0}}{head_own:<{w1}}{head_other}")

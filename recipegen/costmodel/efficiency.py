@@ -20,9 +20,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-_FORMATS_RUN = ("BENCHMARKS.md, 'Expert formats side by side with vLLM's own kernel, on the H200', run 5 "
-                "(2026-12-03): `PYTHONPATH=runtime python3 bench/format_peer.py --formats gptoss-mxfp4,qwen3-bf16 "
-                "--out $OUT` (the read limit over a 4 GB buffer, best of ten after ~0.4 s of warm-up reads)")
 # The MXFP4 rows: today's kernels (the grouped warp-MMA loop up to 16 tokens per step for
 # DeepSeek-V4.1, up to 48 for gpt-oss, whose K tiles are halved; tl.dot above, hence DeepSeek-V4.1's
 # step between T = 16 and 17, gpt-oss's between 48 and 49), each T the median over the calls that ran
@@ -31,8 +28,9 @@ _MXFP4_RUN = ("BENCHMARKS.md, 'The routed-expert rows re-measured', run ER (one 
               "gpt-oss at T = 48 / 49 / 64 once more on 2026-12-05): `python3 bench/gpu_residency.py --tokens ...` "
               "(all-HBM step, 13 layers) and `python3 bench/format_peer.py --formats gptoss-mxfp4 --tokens ...`, "
               "each T the median of the calls that ran today's kernels there (bench/expert_rows.py)")
-_FP8_RUN = ("BENCHMARKS.md, 'Expert formats side by side', run 3 (2026-12-01): `PYTHONPATH=runtime python3 "
-            "bench/format_peer.py --formats dsv3-fp8 --steps 1:16,6:12,16:10,96:6 --out $OUT`")
+_DENSE_RUN = ("BENCHMARKS.md, 'The routed-expert rows re-measured', run ER call 11 (one H200, 2026-12-05, one call "
+              "per format): `python3 bench/format_peer.py --formats qwen3-bf16 | dsv3-fp8 --tokens 1,2,4,6,16,32,96 "
+              "--vllm-src ... --peer-configs ...` (bench/expert_rows.py)")
 
 
 @dataclass(frozen=True)
@@ -57,8 +55,10 @@ EXPERT_EFFICIENCY: tuple[ExpertEfficiency, ...] = (
                      {1: 0.33, 2: 0.55, 3: 0.61, 4: 0.60, 6: 0.69, 16: 0.76, 17: 0.75, 24: 0.77, 32: 0.76, 48: 0.73,
                       49: 0.63, 64: 0.64, 96: 0.64},
                      _MXFP4_RUN),
-    ExpertEfficiency("bf16", "qwen3-30b-a3b", 9_437_184, {1: 0.62, 6: 0.85, 16: 0.91, 96: 0.86}, _FORMATS_RUN),
-    ExpertEfficiency("fp8-block", "deepseek-v3", 44_050_944, {1: 0.74, 6: 0.89, 16: 0.96, 96: 0.94}, _FP8_RUN),
+    ExpertEfficiency("bf16", "qwen3-30b-a3b", 9_437_184,
+                     {1: 0.63, 2: 0.70, 4: 0.74, 6: 0.84, 16: 0.91, 32: 0.93, 96: 0.86}, _DENSE_RUN),
+    ExpertEfficiency("fp8-block", "deepseek-v3", 44_050_944,
+                     {1: 0.81, 2: 0.87, 4: 0.94, 6: 0.93, 16: 0.98, 32: 0.98, 96: 0.96}, _DENSE_RUN),
 )
 
 

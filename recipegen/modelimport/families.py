@@ -374,19 +374,26 @@ def _attention_groups(kinds: list[str], rule: str, window: int | None, kv: int, 
 GPT_OSS = f"{V}model_executor/models/gpt_oss.py"
 
 
+
+def _layer_types(cfg: Config, layers: int, absent_kind: str) -> list | None:
+    """config.json's `layer_types`, one entry per decoder layer and none of `absent_kind` (a kind of
+    layer the architecture has none of in vLLM 0.33), or None where it gives none."""
+    types = cfg.get("layer_types")
+    if types is not None:
+        if len(types) != layers:
+            raise cfg.error("layer_types", f"{len(types)} entries for the {layers} layers of "
+                            f"{cfg.name('num_hidden_layers')}")
+        if absent_kind in types:
+            raise cfg.error("layer_types", f"{absent_kind} layers: this architecture has none in vLLM 0.33")
+    return types
+
 def _gpt_oss_sliding(cfg: Config, layers: int) -> tuple[list[str], str, int | None, str]:
     """What vLLM 0.33 builds, not what `layer_types` lists: even layers get the per-layer window (gpt_oss.py:175);
     odd layers take the model-level window, which vLLM sets only when every layer_types entry is sliding
     (engine/arg_utils.py:2288-2294; GptOssConfig fills layer_types alternating when config.json has none). A
     `layer_types` that lists other layers than those is refused: vLLM would not run the checkpoint's layout."""
     window, window_src = given(cfg, "sliding_window")
-    types = cfg.get("layer_types")
-    if types is not None:
-        if len(types) != layers:
-            raise cfg.error("layer_types", f"{len(types)} entries for the {layers} layers of "
-                            f"{cfg.name('num_hidden_layers')}")
-        if "linear_attention" in types:
-            raise cfg.error("layer_types", "linear_attention layers: this architecture has none in vLLM 0.33")
+    types = _layer_types(cfg, layers, "linear_attention")
     every = types is not None and all(x == "sliding_attention" for x in types)
     kinds = ["sliding" if window and (i % 2 == 0 or every) else "full" for i in range(layers)]
     if types is not None:
@@ -554,13 +561,8 @@ def _qwen_hybrid(cfg: Config, arch: str, prefix: str, head: str, every_layer_moe
     routed, routed_src, top_k, top_k_src = _experts(cfg)
     h = cfg.need("hidden_size")
     heads, kv, hd, kv_src, hd_src = _heads(cfg)
-    types = cfg.get("layer_types")
+    types = _layer_types(cfg, layers, "sliding_attention")
     if types is not None:
-        if len(types) != layers:
-            raise cfg.error("layer_types", f"{len(types)} entries for the {layers} layers of "
-                            f"{cfg.name('num_hidden_layers')}")
-        if "sliding_attention" in types:
-            raise cfg.error("layer_types", "sliding_attention: this architecture has none in vLLM 0.33")
         interval = cfg.get("full_attention_interval")
         if interval is not None:
             implied = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]

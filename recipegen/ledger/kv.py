@@ -34,6 +34,7 @@ from recipegen.ledger.result import Violation, src_note
 from recipegen.ledger.workspace import max_num_batched_tokens
 from recipegen.schema import Lane, Machine, Model
 from recipegen.schema.model import AttentionLayers
+from recipegen.vllm_flags.moe_backend import parse_cc
 
 # vLLM 0.33 `--kv-cache-dtype` values (vllm/config/cache.py:44-67) whose element size is plain.
 KV_CACHE_DTYPES: dict[str, str] = {"float16": "fp16", "bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8",
@@ -108,14 +109,6 @@ VLLM_CACHE_DTYPES = (*KV_CACHE_DTYPES, *DS_MLA_BYTES, *PACKED, *NO_CUDA_BACKEND)
 FLASHINFER_HEAD_SIZES = (64, 128, 256, 512)
 
 
-def _cc(machine: Machine) -> tuple[int, int] | None:
-    cc = machine.gpus.compute_capability
-    if not cc:
-        return None
-    major, _, minor = cc.partition(".")
-    return int(major), int(minor or 0)
-
-
 def cache_dtype_flag(lane: Lane) -> str | None:
     """The lane's `--kv-cache-dtype`, None for absent or auto."""
     flag = flag_value(list(lane.extra_args), "--kv-cache-dtype")
@@ -159,7 +152,7 @@ def kv_cache_refusal(model: Model, machine: Machine, lane: Lane) -> tuple[str, s
     flag = cache_dtype_flag(lane)
     if flag is None or flag not in VLLM_CACHE_DTYPES:
         return None
-    cc = _cc(machine)
+    cc = parse_cc(machine.gpus.compute_capability)
     mla = any(g.kind == "mla" for g in model.attention)
     sparse = any(g.index_head_dim for g in model.attention)
     if flag in NO_CUDA_BACKEND:

@@ -375,12 +375,13 @@ def lane_attention(model: Model, machine: Machine, lane: Lane, dtype: str | None
     if packed:
         _note_once(notes, _packed_note(packed, model))
     boundary = set(turboquant_boundary(model)) if packed in TURBOQUANT_BITS else set()
+    # the sparse-MLA layout is the lane's and the GPU's, the same for every sparse group
+    ds_layout = sparse_mla_cache(machine, lane)[0] if not upper else None
     out: list[tuple[AttentionLayers, int, str | None]] = []
     for group in model.attention:
         if dtype is not None:
             group = group.model_copy(update={"kv_dtype": dtype})
-        sparse = group.kind == "mla" and bool(group.index_head_dim)
-        layout = sparse_mla_cache(machine, lane)[0] if sparse and not upper else None
+        layout = ds_layout if group.kind == "mla" and group.index_head_dim else None
         if layout:
             out.append((group, DS_MLA_BYTES[layout] + group.indexer_bytes_per_token(), layout))
             if layout == "fp8_ds_mla" and not any(n.startswith("sparse MLA cache stored as fp8_ds_mla") for n in notes):
@@ -438,11 +439,12 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
                                     "refuses to boot this lane", refused[1], lane=lane.name))
     # TurboQuant's groups come split: those left at the model's dtype are its first and last layers
     turboquant = cache_dtype_flag(lane) in TURBOQUANT_BITS and refused is None
+    sparse = any(g.index_head_dim for g in model.attention)
+    refusal = sparse_mla_cache(machine, lane)[1] if sparse and not refused else None
+    if refusal and not any(v.message.startswith(refusal[0]) for v in violations):
+        violations.append(Violation("attention", refusal[0] + "; vLLM refuses to boot this lane", refusal[1],
+                                    lane=lane.name))
     for i, (group, rate, layout) in enumerate(lane_attention(model, machine, lane, dtype, notes)):
-        refusal = sparse_mla_cache(machine, lane)[1] if group.index_head_dim and not refused else None
-        if refusal and not any(v.message.startswith(refusal[0]) for v in violations):
-            violations.append(Violation("attention", refusal[0] + "; vLLM refuses to boot this lane", refusal[1],
-                                        lane=lane.name))
         rates.add(rate)
         held = seq
         if group.kind == "sliding" and group.window:

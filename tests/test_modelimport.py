@@ -193,6 +193,32 @@ def test_index_without_shards_takes_dense_bytes_from_total_size(tmp_path: Path) 
         import_model(tmp_path)
 
 
+def test_float32_config_is_counted_as_vllm_loads_it(tmp_path: Path) -> None:
+    # vLLM 0.33's --dtype auto (what a rendered lane runs) downcasts a float32 model to bf16 on compute capability
+    # 8.0 and later (config/model.py _resolve_auto_dtype): 2 B per weight and per KV value, not 4.
+    bf16, _ = import_model(FIX / "qwen3-30b-a3b")
+    cfg = json.loads((FIX / "qwen3-30b-a3b" / "config.json").read_text())
+    assert cfg["torch_dtype"] == "bfloat16"
+    cfg["torch_dtype"] = "float32"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    m, text = import_model(tmp_path)
+    assert m.expert_bytes == 3 * 2048 * 768 * 2 == bf16.expert_bytes
+    assert m.kv_bytes_per_token == 48 * 2 * 4 * 128 * 2 == bf16.kv_bytes_per_token
+    assert m.dense_bytes == bf16.dense_bytes
+    doc = yaml.safe_load(text)
+    source = " ".join(doc["expert_tensors"]["source"].split())
+    assert [t["dtype"] for t in doc["expert_tensors"]["value"]] == ["bf16", "bf16"]
+    assert "`torch_dtype` float32; loaded as bf16" in source and "config/model.py:2440-2442" in source
+    # An index beside it sizes the stored float32 tensors: its figures would double the dense bytes, so the
+    # geometry is used and the source says why.
+    index = {"metadata": {"total_size": 4 * (bf16.dense_bytes + 48 * 128 * bf16.expert_bytes) // 2},
+             "weight_map": {"model.embed_tokens.weight": "absent.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    m2, text2 = import_model(tmp_path)
+    assert m2.dense_bytes == bf16.dense_bytes
+    assert "not used: it sizes the stored float32 tensors" in yaml.safe_load(text2)["dense_bytes"]["source"]
+
+
 def test_compressed_tensors_int4_groups(tmp_path: Path) -> None:
     # Kimi-K2-Thinking's published scheme: int4 symmetric weights, group_size 32, on Kimi-K2 geometry.
     cfg = json.loads((FIX / "kimi-k2-instruct" / "config.json").read_text())

@@ -155,10 +155,19 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
     return doc
 
 
+def _dense_from_geometry(parts: DenseParts, fmt: Format, note: str = "") -> dict[str, Any]:
+    summary = ", ".join(f"{k} {parts.parts[k]:,}" for k in _PART_ORDER if k in parts.parts)
+    return sourced(f"{parts.total} B", "derived from config.json geometry as vLLM 0.33 builds the layers: "
+                   f"{summary}" + _format_note(fmt) + note)
+
+
 def _dense(doc: dict[str, Any], facts: IndexFacts | None, parts: DenseParts, fmt: Format, b: Built,
            expert_bytes: int, inp: ImportInput) -> None:
     moe, routed = b.moe, b.routed
-    if facts is not None and facts.exact_dense_bytes is not None:
+    if facts is not None and fmt.narrowed:   # the index sizes the stored tensors, wider than what vLLM loads
+        doc["dense_bytes"] = _dense_from_geometry(parts, fmt, f"; {INDEX_NAME} not used: it sizes the stored float32 "
+                                                  f"tensors, and {fmt.narrowed}")
+    elif facts is not None and facts.exact_dense_bytes is not None:
         geometry = len(moe) * routed * expert_bytes
         check = ("the routed experts' bytes in the headers match the geometry" if facts.exact_expert_bytes == geometry
                  else f"the headers hold {facts.exact_expert_bytes:,} B of routed experts, the geometry "
@@ -180,9 +189,7 @@ def _dense(doc: dict[str, Any], facts: IndexFacts | None, parts: DenseParts, fmt
                                      + (f" (includes the non-expert tensors of MTP layers {facts.mtp_layers})"
                                         if facts.mtp_layers else ""))
     else:
-        summary = ", ".join(f"{k} {parts.parts[k]:,}" for k in _PART_ORDER if k in parts.parts)
-        doc["dense_bytes"] = sourced(f"{parts.total} B", "derived from config.json geometry as vLLM 0.33 builds the "
-                                     f"layers: {summary}" + _format_note(fmt))
+        doc["dense_bytes"] = _dense_from_geometry(parts, fmt)
     declared = int(str(doc["dense_bytes"]["value"]).split()[0])
     if parts.encoder:
         doc["encoder_bytes"] = sourced(f"{parts.encoder} B", f"of dense_bytes: {b.encoder_src}")

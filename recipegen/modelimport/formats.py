@@ -50,6 +50,7 @@ class Format:
     scalars: tuple[tuple[str, int], ...] = ()    # per-expert fp32 scalars (NVFP4 global / input scales)
     extra: tuple[dict[str, Any], ...] = ()       # further per-expert tensors vLLM allocates
     inert: str = ""                              # quantization keys known to change no size, with why
+    narrowed: str = ""                           # why vLLM loads the stored tensors at fewer bytes (float32 -> bf16)
 
 
 def expert_format(cfg: Config, text: Config, folder: Path, *, gated: bool = True,
@@ -81,10 +82,18 @@ def expert_format(cfg: Config, text: Config, folder: Path, *, gated: bool = True
 def _plain(text: Config, root: Config) -> Format:
     field_ = text.field("torch_dtype", "dtype") or root.field("torch_dtype", "dtype")
     dtype = text.get("torch_dtype", "dtype") or root.get("torch_dtype", "dtype") or "bfloat16"
-    name = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[dtype]
+    # The rendered lane runs vLLM's --dtype auto, which loads a float32 checkpoint in the platform's first dtype:
+    # 2 bytes per value, not the 4 the config names.
+    name = {"bfloat16": "bf16", "float16": "fp16", "float32": "bf16"}[dtype]
     src = f"config.json `{field_}` {dtype}" if field_ else "no quantization_config: bf16"
-    kv = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}[name]
-    return Format(name, None, src, DenseFormat(name), kv, f"vLLM --kv-cache-dtype auto: the model's dtype ({kv})")
+    narrowed = ""
+    if dtype == "float32":
+        narrowed = (f"vLLM's --dtype auto loads a float32 model as bf16 (fp16 below compute capability 8.0, 2 B "
+                    f"either way; {V}config/model.py:2440-2442, {V}platforms/cuda.py:257-263)")
+        src += f"; loaded as bf16: {narrowed}"
+    kv = {"bf16": "bf16", "fp16": "fp16"}[name]
+    return Format(name, None, src, DenseFormat(name), kv, f"vLLM --kv-cache-dtype auto: the model's dtype ({kv})",
+                  narrowed=narrowed)
 
 
 def _from_quantization_config(q: Config, gated: bool, experts: ExpertModules) -> Format:

@@ -257,7 +257,9 @@ def test_positional_lanes_same_budget_column_takes_the_workspace() -> None:
     ua = lane.usage_aware.figures
     assert GPTOSS_L40S_WORKSPACE == 98_751_645  # 94,559,261 at the unpadded 2,880 / 2,880
     assert ua["hbm.kv_pool"].operands["runtime_workspace_bytes"] == GPTOSS_L40S_WORKSPACE
-    want = machine.gpus.hbm * 0.95 - lane.figures["hbm.reserve"].value - ua["hbm.hot_experts"].value
+    # 0.95 multiplies CUDA's total: the L40S's 46,068 MiB less the 608 MiB the driver keeps (catalog)
+    want = (machine.gpus.hbm - machine.gpus.driver_reserved) * 0.95 - lane.figures["hbm.reserve"].value \
+        - ua["hbm.hot_experts"].value
     assert ua["hbm.kv_pool"].value == pytest.approx(want - GPTOSS_L40S_WORKSPACE, abs=1)
     assert "runtime_workspace_bytes" not in lane.positional.figures["hbm.kv_pool"].operands
     assert "hbm.runtime_workspace" not in lane.figures
@@ -305,7 +307,8 @@ def test_load_peak_over_the_gpu_because_of_the_workspace_is_reported() -> None:
     peak = lane.figures["load.hbm_peak"]
     assert peak.operands["runtime_workspace_bytes"] == 92_597_533
     without = peak.value - 92_597_533
-    tight = _gpu(machine, hbm=int(without) + 1)
+    # a GPU whose CUDA total (hbm less the catalog's 485 MiB driver reservation) is one byte over
+    tight = _gpu(machine, hbm=int(without) + 1 + machine.gpus.driver_reserved)
     from recipegen.ledger.load import load_figures
     from recipegen.ledger.result import Violation
 

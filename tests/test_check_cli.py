@@ -49,7 +49,7 @@ def test_human_table_shows_the_numbers() -> None:
     out = result.stdout
     for text in ("295 hot / 89 cold", "206.61 GiB", "62.33 GiB", "4.90 GiB", "2.54M tokens",
                  "250.70 GiB × 0.97 = 243.18 GiB cap", "reserve 31.67 GiB (back-solved from a measured boot",
-                 "= 251.53 GiB before page cache", "positional (--cpu-offload-gb 60)",
+                 "= 251.53 GiB before page cache", "positional at --cpu-offload-gb 60 (the lane's load offload)",
                  "(measured 61.17 GiB)", "verdict: OK"):
         assert text in out, text
 

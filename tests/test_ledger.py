@@ -317,7 +317,7 @@ def test_two_always_on_lanes_on_one_gpu(tmp_path: Path) -> None:
 def test_every_figure_explains_itself(reference) -> None:
     _, lane = reference
     for key, fig in lane.figures.items():
-        assert fig.unit in ("bytes", "tokens", "count", "ratio", "sequences"), key
+        assert fig.unit in ("bytes", "tokens", "count", "ratio", "sequences", "bytes/token"), key
         if fig.formula:
             assert fig.operands, key
         else:

@@ -133,7 +133,7 @@ class LaneFetchSummary:
     per_gpu: str = ""
     """How a lane of several GPUs reads (`costmodel.parallel.GpuReads.header`); "" for one GPU."""
     label: str = ""
-    """The placement as people read it (`ledger.report_lane.placement_label`: "all in HBM" where nothing is cold)."""
+    """The placement as people read it (`ledger.result.placement_label`: "all in HBM" where nothing is cold)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"lane": self.lane, "placement": self.placement, "placement_label": self.label or self.placement,
@@ -277,7 +277,7 @@ def fetch_summary(loaded: Any, lane_name: str, *, streams: Sequence[int] | None 
     `ledger`: a `RecipeLedger` already computed for `loaded` (computed here otherwise).
     """
     from recipegen.ledger import compute_ledger
-    from recipegen.ledger.report_lane import placement_label
+    from recipegen.ledger.result import placement_label
 
     recipe = loaded.recipe
     lane = recipe.lane(lane_name)

@@ -75,6 +75,24 @@ def band_text(lo: float, hi: float) -> str:
     return f"{low:,.1f}–{high:,.1f}" if step < 1 else f"{low:,.0f}–{high:,.0f}"
 
 
+def tp_caveat(tensor_parallel_size: int) -> str:
+    """What a tensor-parallel lane's figure leaves out, "" on one GPU: the step adds no all-reduce, and
+    every validation point behind the band is a one-GPU lane (docs/costmodel.md 'Validation')."""
+    if tensor_parallel_size <= 1:
+        return ""
+    return (f"the all-reduces between the {tensor_parallel_size} GPUs are not counted and the band was "
+            "measured on one-GPU lanes")
+
+
+def validation_band_text(lo: float, hi: float, tensor_parallel_size: int = 1) -> str:
+    """The band as a speed line prints it (the one wording); on a tensor-parallel lane it says, briefly, what
+    `tp_caveat` says in full: short enough for a table row."""
+    if tensor_parallel_size <= 1:
+        return f"validation band {band_text(lo, hi)}"
+    return (f"band {band_text(lo, hi)} validated on one-GPU lanes; all-reduces between the {tensor_parallel_size} "
+            "GPUs not counted")
+
+
 @dataclass(frozen=True)
 class EstimatePoint:
     """One concurrency: the step, its terms, output tokens/s and the band around it."""
@@ -118,6 +136,7 @@ class LaneEstimate:
     expert_efficiency_source: str
     notes: list[str] = field(default_factory=list)
     label: str = ""                   # the placement as people read it ("all in HBM" where nothing is cold)
+    tensor_parallel_size: int = 1     # >1: the figures leave the all-reduces out (tp_caveat)
 
     def point(self, streams: int) -> EstimatePoint:
         for p in self.points:
@@ -136,7 +155,8 @@ class LaneEstimate:
                 "expert_efficiency_source": self.expert_efficiency_source,
                 "tokens_per_s": {str(p.streams): p.tokens_per_s for p in self.points},
                 "tokens_per_s_band": {str(p.streams): list(p.tokens_per_s_band) for p in self.points},
-                "points": [p.to_json() for p in self.points], "notes": self.notes}
+                "points": [p.to_json() for p in self.points], "notes": self.notes,
+                "tensor_parallel_caveat": tp_caveat(self.tensor_parallel_size) or None}
 
     def lines(self) -> list[str]:
         out = [f"{self.label or self.placement} ({self.hot_per_layer} hot experts per layer), {self.context:,} "
@@ -480,7 +500,7 @@ def estimate_lane(loaded: Any, lane_name: str, *, ledger: Any = None, placement:
             raise InputError(f"the ledger has no {placement} placement for lane {lane_name}", field="placement")
         hots, colds = list(chosen.hot_per_layer), list(chosen.cold_per_layer)
         if chosen is lane_ledger.active:
-            from recipegen.ledger.report_lane import placement_label
+            from recipegen.ledger.result import placement_label
             label = placement_label(lane_ledger)
         kv_pool_tokens = chosen.figures["kv.tokens"].value if "kv.tokens" in chosen.figures else None
     sm, notes = step_model(loaded, lane, placement=placement, hot=hots, cold=colds, traffic_class=traffic_class,
@@ -526,7 +546,8 @@ def estimate_lane(loaded: Any, lane_name: str, *, ledger: Any = None, placement:
     lo, hi = min(hots), max(hots)
     return LaneEstimate(lane.name, placement, str(lo) if lo == hi else f"{lo}–{hi}", ctx, out,
                         alpha if speculative else None, alpha_source if speculative else None,
-                        sm.expert_efficiency.source if sm.expert_efficiency else "none measured", notes, label)
+                        sm.expert_efficiency.source if sm.expert_efficiency else "none measured", notes, label,
+                        lane.tensor_parallel_size)
 
 
 def require_class(loaded: Any, lane: Any, traffic_class: str | None) -> None:

@@ -43,10 +43,12 @@ class Projection:
     kind: str = ESTIMATE
     tokens_per_s: float | None = None
     band: tuple[float, float] | None = None
+    tensor_parallel_caveat: str = ""   # what a TP > 1 figure leaves out ("" on one GPU)
 
     def to_json(self) -> dict[str, object]:
         return {"kind": self.kind, "score": self.score, "text": self.text, "basis": self.basis,
-                "tokens_per_s": self.tokens_per_s, "tokens_per_s_band": list(self.band) if self.band else None}
+                "tokens_per_s": self.tokens_per_s, "tokens_per_s_band": list(self.band) if self.band else None,
+                "tensor_parallel_caveat": self.tensor_parallel_caveat or None}
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ def speed(ctx: Context, model: Model, machine: Machine, lane: Lane, ledger: Lane
 
 def _estimate(ctx: Context, machine: Machine, lane: Lane, ledger: LaneLedger, placement: str,
               hot: int | None) -> Projection:
-    from recipegen.costmodel.lane_estimate import band_text, estimate_lane
+    from recipegen.costmodel.lane_estimate import estimate_lane, tp_caveat, validation_band_text
 
     assert ctx.recipe is not None and ctx.path is not None
     if placement == "usage-aware" and ctx.usage_aware_classes is not None:
@@ -97,10 +99,12 @@ def _estimate(ctx: Context, machine: Machine, lane: Lane, ledger: LaneLedger, pl
     lo, hi = point.tokens_per_s_band
     terms = point.terms
     cold = f", cold experts {terms.cold_experts * 1e3:.2f} ms" if terms.cold_experts else ""
-    return Projection(point.tokens_per_s, f"{point.tokens_per_s:,.1f} tok/s at {streams} stream(s) (validation "
-                      f"band {band_text(lo, hi)})",
+    tp = est.tensor_parallel_size
+    return Projection(point.tokens_per_s, f"{point.tokens_per_s:,.1f} tok/s at {streams} stream(s) "
+                      f"({validation_band_text(lo, hi, tp)})",
                       f"decode estimate (docs/costmodel.md 'Decode speed'): step {terms.total * 1e3:.2f} ms{cold}, "
-                      f"{est.context:,} tokens of KV per sequence", ESTIMATE, point.tokens_per_s, (lo, hi))
+                      f"{est.context:,} tokens of KV per sequence", ESTIMATE, point.tokens_per_s, (lo, hi),
+                      tp_caveat(tp))
 
 
 def link_reads(model: Model, machine: Machine, lane: Lane, cold_share_per_layer: Sequence[float],

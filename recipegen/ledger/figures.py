@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 from recipegen.common.units import GiB, MiB, format_tokens
 
-Unit = Literal["bytes", "tokens", "count", "ratio", "sequences", "bytes/s"]
+# "bytes/token" is a rate of bytes, not a count: --json readers convert by the unit they are given
+Unit = Literal["bytes", "tokens", "count", "ratio", "sequences", "bytes/s", "bytes/token"]
 
 
 @dataclass(frozen=True)

@@ -483,7 +483,7 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
         j = _model_group(model, group)
         label = (f"KV per token per layer, {group.kind} attention ({len(group.layers)} layers, per GPU"
                  + (f", {layout}" if layout and layout != "fp8_ds_mla" else ", model's dtype" if kept else "") + ")")
-        add(Figure(f"kv.layers[{i}].bytes_per_token", label, rate, "count", how, ops,
+        add(Figure(f"kv.layers[{i}].bytes_per_token", label, rate, "bytes/token", how, ops,
                    src_note(model.sources, f"attention[{j}].kv_heads")
                    or src_note(model.sources, f"attention[{j}].kv_lora_rank")
                    + (f"; chunk held: {in_flight.reason}" if group.kind == "chunked" and in_flight else "")))
@@ -496,7 +496,7 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
                    "Σ layer kinds: layers × bytes per token per layer × tokens held", operands))
     lane_rate = per_seq / seq * tp
     add(Figure("kv.lane_bytes_per_token", "KV bytes per token at max_model_len (lane, all GPUs)",
-               lane_rate, "count", "bytes_per_sequence / max_model_len × tp",
+               lane_rate, "bytes/token", "bytes_per_sequence / max_model_len × tp",
                {"bytes_per_sequence": per_seq, "max_model_len": seq, "tp": tp}))
     return lane_rate, pool
 

@@ -122,10 +122,13 @@ def _as_loaded(model: Model, machine: Machine, lane: Lane, out: _Figures) -> Mod
 
 def _tp_note(model: Model, tp: int, out: _Figures) -> None:
     if tp > 1 and model.attention:
+        # Name only the KV layouts this model has: the note's terms are explained in the output's footer.
+        kinds = {g.kind for g in model.attention}
+        kv = ["KV heads max(1, heads // TP), replicated when TP exceeds them"] if kinds - {"mla"} else []
+        kv += ["an MLA latent on every GPU"] if "mla" in kinds else []
         out.notes.append(f"tensor parallel over {tp} GPUs: figures are per GPU as vLLM lays the model out "
-                         "(each routed expert's 1/TP shard; dense weights split or replicated by layer; KV "
-                         "heads max(1, heads // TP), replicated when TP exceeds them; an MLA latent on every "
-                         "GPU; docs/parallel.md)")
+                         "(each routed expert's 1/TP shard; dense weights split or replicated by layer; "
+                         + "; ".join(kv) + "; docs/parallel.md)")
     elif tp > 1:
         out.notes.append(f"tensor parallel over {tp} GPUs: experts, dense weights and KV are taken as "
                          "split evenly across them (per-GPU figures are lane totals / TP)")
@@ -295,7 +298,7 @@ def _kv_rate(model: Model, machine: Machine, lane: Lane, out: _Figures) -> tuple
     drafter_kv = (model.drafter.kv_bytes_per_token or 0) if (model.drafter and lane.speculative) else 0
     kv_token_bytes = target + drafter_kv
     if drafter_kv:
-        out.add(Figure("kv.bytes_per_token", "KV bytes per token (target + drafter)", kv_token_bytes, "count",
+        out.add(Figure("kv.bytes_per_token", "KV bytes per token (target + drafter)", kv_token_bytes, "bytes/token",
                        "target_kv_bytes_per_token + drafter.kv_bytes_per_token",
                        {"target_kv_bytes_per_token": target, "drafter_kv_bytes_per_token": drafter_kv}))
     return kv_token_bytes, pool

@@ -249,13 +249,13 @@ def stage_model(model: Model, layers: StageLayers, *, last: bool, tables_in_hbm:
             update["cacheless_layers"] = [n for n in model.cacheless_layers if layers.holds(n)]
         figs["stage.kv_bytes_per_token"] = Figure(
             "stage.kv_bytes_per_token", "KV bytes per token for this stage's layers (one rank)",
-            update["kv_bytes_per_token"], "count", "Σ this stage's attention layers × bytes per token per layer",
+            update["kv_bytes_per_token"], "bytes/token", "Σ this stage's attention layers × bytes per token per layer",
             {"stage_layers": layers.num_layers})
     elif model.kv_bytes_per_token is not None:
         update["kv_bytes_per_token"] = max(1, round(model.kv_bytes_per_token * share))
         figs["stage.kv_bytes_per_token"] = Figure(
             "stage.kv_bytes_per_token", "KV bytes per token for this stage's layers",
-            update["kv_bytes_per_token"], "count", "kv_bytes_per_token × stage_layers / decoder_layers",
+            update["kv_bytes_per_token"], "bytes/token", "kv_bytes_per_token × stage_layers / decoder_layers",
             {"kv_bytes_per_token": model.kv_bytes_per_token, "stage_layers": layers.num_layers,
              "decoder_layers": model.decoder_layers})
     else:

@@ -151,7 +151,7 @@ def placement_figures(p: PlacementLedger, model: Model, lane: Lane, cap: float, 
             "in host memory (read over the link each step)")
     tokens = max(0.0, kv_pool) * tp / kv_token_bytes
     f["kv.tokens"] = Figure("kv.tokens", "KV pool in tokens", tokens, "tokens",
-                            "kv_pool × tp / kv_bytes_per_token",
+                            "max(0, kv_pool) × tp / kv_bytes_per_token",
                             {"kv_pool_bytes": kv_pool, "tp": tp, "kv_bytes_per_token": kv_token_bytes,
                              "tokens_per_gib": GiB / kv_token_bytes},
                             src_note(model.sources, "kv_tokens_per_gib") or src_note(model.sources, "kv_bytes_per_token"))

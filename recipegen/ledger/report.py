@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from recipegen.ledger.multinode import MultiNodeLaneLedger
 from recipegen.ledger.multinode_report import render_multinode_lane
-from recipegen.ledger.report_lane import placement_label, render_lane
-from recipegen.ledger.result import RecipeLedger
+from recipegen.ledger.report_lane import render_lane
+from recipegen.ledger.result import RecipeLedger, placement_label
 
 
 def render_ledger(ledger: RecipeLedger, path: str, *, explain: bool = False) -> str:
@@ -14,7 +14,7 @@ def render_ledger(ledger: RecipeLedger, path: str, *, explain: bool = False) -> 
     for lane in ledger.lanes:
         if isinstance(lane, MultiNodeLaneLedger):  # a lane over several machines: one ledger per machine
             out.append(f"lane {lane.lane} · {len(lane.stages)} machines (pipeline parallel) · "
-                       f"{lane.placement}")
+                       f"{placement_label(lane)}")
             out.append(render_multinode_lane(lane, explain=explain))
             continue
         out.append(f"lane {lane.lane} · machine {lane.machine} GPU {','.join(map(str, lane.gpus))} · "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from recipegen.common.units import GiB, MiB
 from recipegen.ledger.reserves import basis_of
-from recipegen.ledger.result import POSITIONAL, LaneLedger, PlacementLedger, Violation
+from recipegen.ledger.result import POSITIONAL, LaneLedger, PlacementLedger, Violation, placement_label
 
 
 def _g(value: float) -> str:
@@ -33,14 +33,15 @@ def _placement_column(p: PlacementLedger | None, layer_bytes: float) -> list[str
         counts = p.counts_label().replace(" per layer", "")
         host = _g(f["host.cold_experts"].value)
     seqs = int(f["kv.full_sequences"].value)
-    return [counts, _g(f["hbm.hot_experts"].value), host, _g(f["hbm.kv_pool"].value),
-            f"{f['kv.tokens'].display()} ({seqs} × max_model_len)"]
+    tokens = "none" if p.kv_pool_shortfall else f["kv.tokens"].display()
+    return [counts, _g(f["hbm.hot_experts"].value), host, kv_pool_text(f["hbm.kv_pool"].value),
+            f"{tokens} ({seqs} × max_model_len)"]
 
 
-def placement_label(lane: LaneLedger) -> str:
-    """The lane's placement as a user reads it: "all in HBM" where nothing is cold (a lane with no
-    offload is positional at 0 GiB to vLLM, which says nothing useful)."""
-    return "all in HBM" if not any(lane.active.cold_per_layer) else lane.placement
+def kv_pool_text(pool: float) -> str:
+    """A KV pool for people; below zero there is none, and the cap is short by that much (a negative
+    size is not a figure)."""
+    return f"none — {_g(-pool)} short" if pool < 0 else _g(pool)
 
 
 def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
@@ -50,7 +51,9 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
     other = "positional" if own != POSITIONAL else "usage-aware"
     pos_budget = ""
     if lane.positional is not None:
-        pos_budget = f" (--cpu-offload-gb {fig['load.host_experts_initial'].operands['load_cpu_offload_bytes'] / GiB:g})"
+        # `new` and `fit` price positional at their own least offload that fits: name the one priced here
+        pos_budget = (f" at --cpu-offload-gb {fig['load.host_experts_initial'].operands['load_cpu_offload_bytes'] / GiB:g}"
+                      " (the lane's load offload)")
     head_own = f"{placement_label(lane)} (this lane)"
     head_other = f"{other}{pos_budget if other == 'positional' else ' (same budget)'}"
     rows = ["hot / cold per layer", "routed experts in HBM / GPU", "routed experts pinned in host",
@@ -67,10 +70,12 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
         # a usage-aware lane that loads every routed expert into HBM: vLLM offloads nothing by position
         out.append(f"  {other}: — the lane loads every routed expert into HBM (no --cpu-offload-gb at load), "
                    "so there is no positional placement to compare")
-    elif compared.figures["kv.full_sequences"].value < 1:
+    elif not compared.fits:
         # the comparison column is what that placement would leave, not a setting that fits
-        out.append(f"  {head_other}: does not fit — its KV pool ({_g(compared.figures['hbm.kv_pool'].value)}) holds "
-                   "no max_model_len sequence; shown for comparison only")
+        fit_note = ("; `recipegen new` and `fit` price positional at the least --cpu-offload-gb that fits"
+                    if other == POSITIONAL else "")
+        out.append(f"  {head_other}: does not fit — its KV pool ({kv_pool_text(compared.figures['hbm.kv_pool'].value)}) holds "
+                   f"no max_model_len sequence; shown for comparison only{fit_note}")
     if "budget.hot_per_layer" in fig:
         hot_budget = int(fig["budget.hot_per_layer"].value)
         if "budget.cold_per_layer" in fig:
@@ -137,8 +142,10 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
                     continue
                 seen.add(key)
                 prefix = f"[{key.split(':')[0]}] " if ":" in key else ""
-                out.extend("    " + (prefix if i == 0 else "") + line
-                           for i, line in enumerate(f.explain().splitlines()))
+                lines = f.explain().splitlines()
+                if key.endswith("hbm.kv_pool") and f.value < 0:  # the table's words, not a negative size
+                    lines[0] = f"{f.label} = {kv_pool_text(f.value)}"
+                out.extend("    " + (prefix if i == 0 else "") + line for i, line in enumerate(lines))
     out += verdict_lines(lane.ok, lane.violations, holds="every budget holds")
     return "\n".join(out)
 

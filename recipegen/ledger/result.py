@@ -55,11 +55,26 @@ class PlacementLedger:
     def counts_label(self) -> str:
         return f"{span(self.hot_per_layer)} hot / {span(self.cold_per_layer)} cold per layer"
 
+    @property
+    def fits(self) -> bool:
+        """Whether its KV pool holds one max_model_len sequence (a comparison column may not)."""
+        return self.figures["kv.full_sequences"].value >= 1
+
+    @property
+    def kv_pool_shortfall(self) -> float:
+        """Bytes the KV pool is below zero (0 when there is a pool): the hot experts alone overfill the cap."""
+        return max(0.0, -self.figures["hbm.kv_pool"].value)
+
     def to_json(self) -> dict[str, Any]:
-        return {"placement": self.placement, "basis": self.basis,
-                "hot_per_layer": compact(self.hot_per_layer),
-                "cold_per_layer": compact(self.cold_per_layer),
-                "figures": {k: f.to_json() for k, f in self.figures.items()}}
+        out: dict[str, Any] = {"placement": self.placement, "basis": self.basis,
+                               "hot_per_layer": compact(self.hot_per_layer),
+                               "cold_per_layer": compact(self.cold_per_layer),
+                               "figures": {k: f.to_json() for k, f in self.figures.items()}}
+        if "kv.full_sequences" in self.figures and "hbm.kv_pool" in self.figures:
+            # a negative figures.hbm.kv_pool is a shortfall, not a pool: say so rather than leave a reader the sign
+            out.update(fits=self.fits, kv_pool_shortfall_bytes=self.kv_pool_shortfall,
+                       kv_pool_shortfall_gib=self.kv_pool_shortfall / GiB)
+        return out
 
 
 @dataclass
@@ -91,11 +106,18 @@ class LaneLedger:
 
     def to_json(self) -> dict[str, Any]:
         return {"lane": self.lane, "machine": self.machine, "gpus": self.gpus,
-                "placement": self.placement, "ok": self.ok,
+                "placement": self.placement, "placement_label": placement_label(self), "ok": self.ok,
                 "figures": {k: f.to_json() for k, f in self.figures.items()},
                 "usage_aware": self.usage_aware.to_json(),
                 "positional": self.positional.to_json() if self.positional else None,
                 "violations": [v.to_json() for v in self.violations], "notes": self.notes}
+
+
+def placement_label(lane: LaneLedger) -> str:
+    """The lane's placement as a user reads it: "all in HBM" where nothing is cold (a lane with no
+    offload is positional at 0 GiB to vLLM, which says nothing useful). The one owner of that name:
+    the ledger table, `plan`, and every --json that carries `placement_label`."""
+    return "all in HBM" if not any(lane.active.cold_per_layer) else lane.placement
 
 
 @dataclass

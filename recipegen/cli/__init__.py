@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from typing import NoReturn
 
@@ -76,6 +77,8 @@ class LazyGroup(click.Group):
         try:
             _recover_interrupted_swaps()
             return super().invoke(ctx)
+        except BrokenPipeError:
+            _reader_left()
         except RecipegenError as exc:
             fail(str(exc), exc.exit_code)
         except click.ClickException as exc:
@@ -100,6 +103,25 @@ class LazyGroup(click.Group):
             if not isinstance(exc, FormatError):
                 raise
             fail(str(exc), 2)
+
+
+# How shells report a process killed by SIGPIPE (128 + 13).
+SIGPIPE_EXIT = 141
+
+
+def _reader_left() -> NoReturn:
+    """Whoever read stdout stopped (`recipegen check budgets X | head -1`): no message, and the
+    status a process killed by SIGPIPE reports, not 2, which means bad input. Point stdout at
+    os.devnull first, so the interpreter's last flush of what is still buffered has nowhere to
+    fail ("Exception ignored ... BrokenPipeError")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, ValueError, OSError):  # a stdout without a file descriptor (a test's capture)
+        sys.stdout = os.fdopen(devnull, "w")
+    else:
+        os.close(devnull)
+    sys.exit(SIGPIPE_EXIT)
 
 
 def _recover_interrupted_swaps(folders: list | None = None) -> None:

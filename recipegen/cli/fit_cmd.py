@@ -101,8 +101,8 @@ def fit(recipe: str, lane: str | None, min_sequences: int, max_model_len: str | 
 def new(model_arg: str, machine_arg: str, lane: str, max_model_len: str | None, concurrency: int | None,
         min_sequences: int, name: str | None, output, force: bool, as_json: bool) -> None:
     """A one-lane recipe for MODEL on a machine, fitted like `recipegen fit` (default context: the
-    model's full context if it fits, else the longest that does) and written only when every
-    budget holds.
+    model's full context if it fits, else the longest that does; 32,768 tokens where the model
+    declares no max_position_embeddings) and written only when every budget holds.
 
     MODEL is a catalog model (qwen3-30b-a3b), a local config.json or checkpoint folder, or a
     Hugging Face id (Qwen/Qwen3-30B-A3B[@revision]: config.json, hf_quant_config.json, the

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -90,21 +92,37 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
     same = {"streams": streams, "traffic_class": traffic_class, "context": context, "acceptance": acceptance}
     estimate = estimate_lane(loaded, lane, ledger=ledger, **same)
     others = alternatives(loaded, lane, ledger=ledger, **same)
+    violations = _lane_violations(ledger, lane)
+    budget_warning = _budget_warning(recipe, lane, violations)
+    limit, limit_source = _max_num_seqs(lane_spec)
+    beyond = [p.streams for p in estimate.points if p.streams > limit]
+    beyond_note = (f"above {limit_source}: vLLM runs at most {limit} sequence{'' if limit == 1 else 's'} at once "
+                   f"and queues the rest, so the figures at {', '.join(map(str, beyond))} streams are what raising "
+                   "concurrency.max would give" if beyond else None)
 
     from recipegen.cli.output import ExplainedEcho
 
     say = ExplainedEcho()  # the report for people, its shorthand explained at the end
     if as_json:
-        data = {"estimate": {**estimate.to_json(), "alternatives": [a.to_json() for a in others]},
+        data = {"budgets": {"ok": not violations, "violations": [v.to_json() for v in violations],
+                            "warning": budget_warning},
+                "max_num_seqs": {"value": limit, "source": limit_source, "streams_above": beyond,
+                                 "note": beyond_note},
+                "estimate": {**estimate.to_json(), "alternatives": [a.to_json() for a in others]},
                 "fetch": summary.to_json(), "sweep": sweep.to_json() if sweep else None,
                 "prefetch": None if price is None else {
                     "slots_per_layer": prefetch_slots, "experts": price.experts, "bank_bytes": price.bank_bytes.value,
                     "kv_tokens_lost": price.kv_tokens_lost.value, "share_of_kv_pool": price.share_of_pool.value}}
         click.echo(json.dumps(data, indent=2))
     else:
-        say("\n".join(_estimate_lines(estimate, others, traffic_class)))
+        if budget_warning:   # first: every figure below is for a lane vLLM would not start
+            say(f"warning: {budget_warning}:")
+            for v in violations:
+                say(f"  OVER BUDGET [{v.kind}]: {v.message}")   # as `check budgets` words it
+            say("")
+        say(_mark_beyond("\n".join(_estimate_lines(estimate, others, traffic_class, beyond_note)), limit))
         say("")
-        say("\n".join(summary.lines()))
+        say(_mark_beyond("\n".join(summary.lines()), limit))
         if explain:
             for c in summary.classes:
                 if c.active and c.points:
@@ -120,7 +138,7 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
                 f"({price.kv_tokens_before / 1e6:.2f}M → {price.kv_tokens_after / 1e6:.2f}M tokens)")
         if sweep is not None:
             say("")
-            say(_sweep_table(sweep, step))
+            say(_sweep_table(sweep, step, limit))
     if plot_path is not None and sweep is not None:
         from recipegen.costmodel.plot import plot_sweep
         plot_sweep(sweep, plot_path)
@@ -130,7 +148,42 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
         say.finish()
 
 
-def _estimate_lines(estimate, others, traffic_class: str | None = None) -> list[str]:  # type: ignore[no-untyped-def]
+def _lane_violations(ledger: Any, lane: str) -> list[Any]:
+    """The violations `check budgets` reports against LANE: its own (every stage's, over several
+    machines) and those of the machines it runs on."""
+    own = next(entry for entry in ledger.lanes if entry.lane == lane)
+    machines = {stage.machine for stage in getattr(own, "stages", None) or [own]}
+    return [*own.violations, *(v for v in ledger.machine_violations if v.machine in machines)]
+
+
+def _budget_warning(recipe: str, lane: str, violations: list[Any]) -> str | None:
+    """The warning over a lane whose budgets fail (plan still estimates it: a what-if, but never
+    silently); None when they hold."""
+    if not violations:
+        return None
+    return (f"lane {lane}'s budgets do not hold, so vLLM would not start it as written; the figures below assume "
+            f"it runs (run `recipegen check budgets {recipe}` for the ledger and what to change)")
+
+
+def _max_num_seqs(lane_spec: Any) -> tuple[int, str]:
+    """The most sequences vLLM runs at once on the lane, and where that comes from: render passes
+    concurrency.max as --max-num-seqs unless extra_args gives the flag (recipegen.render.services)."""
+    from recipegen.ledger.flags import flag_int
+
+    own = flag_int(list(lane_spec.extra_args), "--max-num-seqs", default=0)
+    if own:
+        return own, f"--max-num-seqs {own} (the lane's extra_args)"
+    cap = lane_spec.concurrency.max
+    return cap, f"the lane's concurrency.max {cap} (rendered as --max-num-seqs {cap})"
+
+
+def _mark_beyond(text: str, limit: int) -> str:
+    """Each C<n> of `text` above `limit` streams, marked † (the note under the estimate says why)."""
+    return re.sub(r"\bC(\d+)\b(?!†)", lambda m: m.group(0) + ("†" if int(m.group(1)) > limit else ""), text)
+
+
+def _estimate_lines(estimate, others, traffic_class: str | None = None,  # type: ignore[no-untyped-def]
+                    beyond_note: str | None = None) -> list[str]:
     """The decode estimate for people: the lane, then each alternative in one line."""
     which = (f", class {traffic_class} on its own histogram and row map (as after `recipegen swap`)"
              if traffic_class else "")
@@ -142,17 +195,19 @@ def _estimate_lines(estimate, others, traffic_class: str | None = None) -> list[
         lines.append(f"  instead, {alt.description}: {per} tok/s")
     if estimate.acceptance is not None:
         lines.append(f"  acceptance {estimate.acceptance:.4f} per draft token ({estimate.acceptance_source})")
+    if beyond_note:
+        lines.append(f"  note: † {beyond_note}")
     lines += [f"  note: {n}" for n in estimate.notes]
     return lines
 
 
-def _sweep_table(sweep, step: int | None) -> str:  # type: ignore[no-untyped-def]
+def _sweep_table(sweep, step: int | None, limit: int | None = None) -> str:  # type: ignore[no-untyped-def]
     from recipegen.costmodel.sweep import table_rows
 
     head = f"{'hot':>4} {'cold':>4} {'HBM experts':>12} {'KV pool':>9} {'KV tokens':>10} {'host pinned':>12} " \
            f"{'host free':>10} {'cold share':>10}"
-    for s in sweep.streams:
-        head += f" {f'fetch C{s}':>10}"
+    for s in sweep.streams:   # † above --max-num-seqs, as in the estimate (inside the column's width)
+        head += f" {f'fetch C{s}' + ('†' if limit is not None and s > limit else ''):>10}"
     lines = [f"lane {sweep.lane}, class {sweep.traffic_class or '-'}"
              + (f", histogram {sweep.histogram}{' (synthetic)' if sweep.histogram_synthetic else ''}"
                 if sweep.histogram else ""), head]

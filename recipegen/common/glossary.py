@@ -96,6 +96,29 @@ TERMS: tuple[Term, ...] = (
     Term("NCCL", r"\bNCCL\b", "NVIDIA's library for communication between GPUs (its buffers take HBM)"),
     Term("MARLIN", r"\bMARLIN\b|\bMarlin\b", "vLLM's Marlin MoE kernel, which lays quantized experts out "
          "padded"),
+    # vLLM spells its MoE backends in capitals (TRITON, MARLIN); Triton is a name, not an acronym.
+    Term("TRITON", r"\bTRITON\b|\bTriton\b",
+         "kernels written in Triton, OpenAI's language for GPU kernels (a name, not an acronym); TRITON is "
+         "vLLM's Triton MoE kernel, which pads quantized experts to its own tile; the runtime's split layers "
+         "are Triton kernels too"),
+    Term("FlashInfer / TRT-LLM", r"\bFlashInfer\b|FLASHINFER|TRT-?LLM",
+         "FlashInfer, a library of attention and MoE GPU kernels vLLM uses; its TRT-LLM MoE kernels (from "
+         "NVIDIA's TensorRT-LLM) run routed experts on compute capability 10.x (B200, GB200, GB300) and "
+         "allocate their scratch memory inside each call"),
+    Term("bank", r"\bbanks?\b",
+         "one of the two weight tensors the runtime splits a MoE layer's experts into: the hot bank in HBM and "
+         "the cold bank in pinned host memory (one launch per bank: the MoE kernel runs once for each, one "
+         "after the other; a prefetch bank: spare expert slots per layer)"),
+    Term("split / unsplit", r"\bunsplit\b|\bsplit is not verified\b",
+         "a MoE layer run by the runtime as two banks (hot and cold experts) / the same layer run whole, as "
+         "plain vLLM runs it; `recipegen parity` checks that the two give the same outputs"),
+    Term("split-K tickets", r"\bsplit-K\b",
+         "split-K: a matrix-multiply schedule that spreads each dot product over several thread blocks and "
+         "then adds up their partial sums; its tickets are int32 counters the runtime allocates at start-up "
+         "that hand each tile's final sum to the block that finishes last"),
+    Term("fp8-block", r"(?i)\bfp8-block\b",
+         "FP8 (E4M3) weights with one scale per 128 × 128 block, the format of DeepSeek-V3's and Qwen3's FP8 "
+         "checkpoints"),
     Term("content / shape hash", r"content_hash|shape_hash|\bCONTENT\b|\bSHAPE\b",
          "sha256 of a row map's assignment (which experts are hot) / of its bank shapes only (how many per "
          "layer); a new map with the same shape hash reuses the tuned kernels"),

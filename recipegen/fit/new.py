@@ -30,6 +30,10 @@ VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"
 VLLM_GPU_MEMORY_UTILIZATION = 0.92   # vLLM 0.33 CacheConfig.gpu_memory_utilization default
 DEFAULT_PORT = 8000
 OFFLOAD_PARAMS = ("--cpu-offload-params", "experts")
+# The context a new lane starts from when the model declares no max_position_embeddings (and no
+# --max-model-len is given); `new --help` names it.
+DEFAULT_CONTEXT = 32768
+DEFAULT_CONTEXT_WHY = "recipegen's default (the model declares no max_position_embeddings)"
 
 
 @dataclass
@@ -157,9 +161,9 @@ def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_labe
         model_ref = {"file": f"models/{source.name}.yaml"}
     limit = source.model.max_position_embeddings
     auto = max_model_len is None
-    start = max_model_len or limit or 32768
+    start = max_model_len or limit or DEFAULT_CONTEXT
     options = FitOptions(min_sequences=min_sequences, max_model_len=None if auto else max_model_len,
-                         auto_context=auto, concurrency=concurrency)
+                         auto_context=auto, concurrency=concurrency, default_context=DEFAULT_CONTEXT_WHY)
 
     def attempt(offload_params: bool) -> FitOutcome:
         text = recipe_text(recipe_name, model_ref, machine_key, machine_entry, machine, lane, start,

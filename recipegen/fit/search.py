@@ -59,6 +59,9 @@ class FitOptions:
     """Context first: the model's limit if it fits, else the longest that does."""
     concurrency: int | None = None
     """Most concurrent streams expected (the lane's `concurrency.max`)."""
+    default_context: str | None = None
+    """Where the lane's max_model_len came from when the model declares no limit, in words (`new`
+    drafts the lane with its own default: there was no lane to take it from)."""
 
 
 @dataclass(frozen=True)
@@ -408,7 +411,8 @@ def fit_lane(inputs: Inputs, options: FitOptions) -> FitResult:
 
 def _fit_auto_context(inputs: Inputs, lane: Lane, options: FitOptions, limit: int | None) -> FitResult:
     top = limit or lane.max_model_len
-    source = "the model's max_position_embeddings" if limit else "the lane's max_model_len (the model declares no limit)"
+    source = ("the model's max_position_embeddings" if limit else
+              options.default_context or "the lane's max_model_len (the model declares no limit)")
 
     def at(length: int) -> tuple[Candidate | None, list[Candidate], list[Refusal]]:
         return _search_at(inputs, lane.model_copy(update={"max_model_len": length}), options.min_sequences)

@@ -166,15 +166,13 @@ def _budget_warning(recipe: str, lane: str, violations: list[Any]) -> str | None
 
 
 def _max_num_seqs(lane_spec: Any) -> tuple[int, str]:
-    """The most sequences vLLM runs at once on the lane, and where that comes from: render passes
-    concurrency.max as --max-num-seqs unless extra_args gives the flag (recipegen.render.services)."""
-    from recipegen.ledger.flags import flag_int
+    """The most sequences vLLM runs at once on the lane, and where that comes from, in words."""
+    from recipegen.ledger.flags import max_num_seqs
 
-    own = flag_int(list(lane_spec.extra_args), "--max-num-seqs", default=0)
-    if own:
-        return own, f"--max-num-seqs {own} (the lane's extra_args)"
-    cap = lane_spec.concurrency.max
-    return cap, f"the lane's concurrency.max {cap} (rendered as --max-num-seqs {cap})"
+    seqs, in_extra_args = max_num_seqs(lane_spec.extra_args, lane_spec.concurrency.max)
+    if in_extra_args:
+        return seqs, f"--max-num-seqs {seqs} (the lane's extra_args)"
+    return seqs, f"the lane's concurrency.max {seqs} (rendered as --max-num-seqs {seqs})"
 
 
 def _mark_beyond(text: str, limit: int) -> str:

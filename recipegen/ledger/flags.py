@@ -40,6 +40,15 @@ def flag_value(args: list[str], flag: str) -> str | None:
     return ",".join(given.values) if given.kind == "list" else given.values[0]
 
 
+def max_num_seqs(extra_args: list[str] | tuple[str, ...], concurrency_max: int) -> tuple[int, bool]:
+    """The most sequences the rendered lane runs at once, and whether `extra_args` sets it: the render
+    passes `concurrency.max` as --max-num-seqs unless `extra_args` gives the flag."""
+    given = parsed_args(extra_args).get(canonical("--max-num-seqs"))
+    if given is not None and given.values:
+        return int(given.values[0]), True
+    return concurrency_max, False
+
+
 def flag_on(args: list[str], flag: str) -> bool:
     """Whether an on/off flag is on (`--x`; `--no-x` is off; absent is off)."""
     return parsed_args(args).on(canonical(flag))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from expert_residency.contract import env as runtime_env
 from expert_residency.contract.metrics import MULTIPROC_DIR_ENV
 
+from recipegen.ledger.flags import max_num_seqs
 from recipegen.render.compose import HealthCheck, Interpolated, Mount, ServiceSpec
 from recipegen.vllm_flags import FlagTable, argv_problems
 from recipegen.vllm_flags.args import parse_args
@@ -306,8 +307,9 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
     if extra.problems:  # the recipe loader refuses these first; never render past one
         at, message = extra.problems[0]
         raise loaded.error(message, ("lanes", index, "extra_args", at))
-    if "--max-num-seqs" not in extra.given:
-        argv += ["--max-num-seqs", str(lane.concurrency.max)]
+    seqs, in_extra_args = max_num_seqs(lane.extra_args, lane.concurrency.max)
+    if not in_extra_args:
+        argv += ["--max-num-seqs", str(seqs)]
     if memory.kv_cache_memory_bytes is not None:
         argv += ["--kv-cache-memory-bytes", str(memory.kv_cache_memory_bytes)]
     else:

@@ -26,10 +26,10 @@ MiB = 1 << 20
 @pytest.fixture
 def over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The shipped Qwen3-30B-A3B / RTX 4090 recipe at gpu_memory_utilization 0.70 (from 0.92).
-    By hand: 24,564 MiB × 0.70 = 16.79 GiB cap − reserve 5.50 GiB − 20 hot × 48 layers × 9,437,184 B
+    By hand: (24,564 − 485) MiB (CUDA's total: the catalog's driver reserve) × 0.70 = 16.46 GiB cap − reserve 5.50 GiB − 20 hot × 48 layers × 9,437,184 B
     (8.44 GiB) leaves at most 2.85 GiB for KV, less than one 32,768-token sequence at 98,304 B per
     token (3 GiB): the kv budget fails."""
-    cap = 24564 * MiB * 0.70
+    cap = (24564 - 485) * MiB * 0.70
     assert cap - 5.5 * GiB - 20 * 48 * 9_437_184 < 32768 * 98304
     recipe = project(tmp_path, RECIPE, edit=lambda t: t.replace("gpu_memory_utilization: 0.92",
                                                                 "gpu_memory_utilization: 0.70", 1))
@@ -223,3 +223,21 @@ def test_check_budgets_explains_what_it_prints_on_the_gb300() -> None:
     for words in ("TensorRT-LLM", "hot bank in HBM", "run whole"):
         assert words in footer
     assert "TRITON:" not in footer and "split-K" not in footer   # terms this report does not print
+
+
+def test_plan_takes_the_only_lane_when_none_is_named() -> None:
+    from recipegen.common.errors import InputError
+    from recipegen.load.recipe import LoadedRecipe, load_recipe
+
+    code, out, _ = run("plan", RECIPE)
+    named = run("plan", RECIPE, "chat")
+    assert code == 0 and named[0] == 0 and out == named[1]       # the recipe's one lane is chat
+    loaded = load_recipe(RECIPE)
+    lane = loaded.recipe.lanes[0]
+    two = LoadedRecipe(recipe=loaded.recipe.model_copy(update={"lanes": [lane, lane.model_copy(update={"name": "b"})]}),
+                       path=loaded.path)
+    assert two.lane_at("b", "to plan")[0] == 1
+    with pytest.raises(InputError, match=r"the recipe has 2 lanes \(chat, b\): name the one to plan"):
+        two.lane_at(None, "to plan")
+    with pytest.raises(InputError, match=r"no lane 'c' \(lanes: chat, b\)"):
+        two.lane_at("c", "to plan")

@@ -30,7 +30,7 @@ def _streams(text: str | None) -> list[int] | None:
 
 @click.command()
 @click.argument("recipe")
-@click.argument("lane")
+@click.argument("lane", required=False)
 @click.option("--sweep", "sweep_text", default=None, metavar="hot=LOW..HIGH[:STEP]",
               help="Tabulate hot experts per layer against HBM, KV tokens, host and projected fetch tax.")
 @click.option("--class", "traffic_class", default=None, help="Class whose traffic to estimate, on its own "
@@ -49,10 +49,11 @@ def _streams(text: str | None) -> list[int] | None:
                    "speculative.acceptance, else the reference lane's DSpark figure, 0.5425).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--explain", is_flag=True, help="Show the formula and operands of the lane's current fetch figures.")
-def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | None, concurrency_text: str | None,
+def plan(recipe: str, lane: str | None, sweep_text: str | None, traffic_class: str | None, concurrency_text: str | None,
          prefetch_slots: int | None, plot_path: Path | None, context: int | None, acceptance: float | None,
          as_json: bool, explain: bool) -> None:
-    """Decode speed estimate, projected fetch tax, KV trade-off and k checks for one LANE of RECIPE."""
+    """Decode speed estimate, projected fetch tax, KV trade-off and k checks for one LANE of RECIPE
+    (LANE may be left out when the recipe has one lane)."""
     from recipegen.costmodel.lane import fetch_summary
     from recipegen.costmodel.lane_estimate import alternatives, estimate_lane, require_class
     from recipegen.costmodel.prefetch import lane_prefetch_price
@@ -68,10 +69,8 @@ def plan(recipe: str, lane: str, sweep_text: str | None, traffic_class: str | No
         plot_target(plot_path)
         pyplot()
     loaded = load_recipe(recipe)
-    names = [l.name for l in loaded.recipe.lanes]
-    if lane not in names:
-        raise InputError(f"no lane {lane!r} (lanes: {', '.join(names)})", file=str(loaded.path), field="lanes")
-    lane_spec = loaded.recipe.lane(lane)
+    _, lane_spec = loaded.lane_at(lane, "to plan")
+    lane = lane_spec.name
     require_class(loaded, lane_spec, traffic_class)   # before any arithmetic
     if context is not None and context > lane_spec.max_model_len:
         raise InputError(f"{context:,} tokens exceed the lane's max_model_len ({lane_spec.max_model_len:,}): "

@@ -21,7 +21,6 @@ from recipegen.fit.rowmaps import (
 )
 from recipegen.fit.search import USAGE_AWARE, FitOptions, FitResult, Inputs, fit_lane
 from recipegen.fit.writeback import apply_fit, commit, dump, recipe_lock
-from recipegen.load.document import display_path
 from recipegen.load.recipe import LoadedRecipe, load_recipe_model, resolve_recipe_path
 from recipegen.schema import Machine, Recipe
 
@@ -163,7 +162,7 @@ def _fit(recipe: str | Path, lane_name: str | None, options: FitOptions, *, dry_
     path = loaded.path
     _cross_checks(loaded)
     source = text if text is not None else path.read_text(encoding="utf-8")
-    index, lane = _lane(loaded, lane_name)
+    index, lane = loaded.lane_at(lane_name, "to fit")
     if lane.parallel is not None:
         raise loaded.error("fit places one machine's lane; this lane spans several machines (pipeline "
                            "parallel): fit each stage's machine by hand (docs/multinode.md)", ("lanes", index, "parallel"))
@@ -222,20 +221,6 @@ def _cross_checks(loaded: LoadedRecipe) -> None:
                 if not message.startswith(_FIT_PROVIDES)]
     if problems:
         raise problems_error(loaded.path, loaded.document, problems)
-
-
-def _lane(loaded: LoadedRecipe, name: str | None) -> tuple[int, Any]:
-    lanes = loaded.recipe.lanes
-    if name is None:
-        if len(lanes) > 1:
-            raise InputError(f"the recipe has {len(lanes)} lanes ({', '.join(l.name for l in lanes)}): name the one "
-                             "to fit", file=display_path(loaded.path), field="lanes")
-        return 0, lanes[0]
-    for i, lane in enumerate(lanes):
-        if lane.name == name:
-            return i, lane
-    raise InputError(f"no lane {name!r} (lanes: {', '.join(l.name for l in lanes)})",
-                     file=display_path(loaded.path), field="lanes")
 
 
 def _machine_for_search(recipe: Recipe, index: int, machine: Machine) -> tuple[Machine, str]:

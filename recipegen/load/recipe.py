@@ -34,7 +34,7 @@ from recipegen.load.document import (
 )
 from recipegen.load.model_file import load_model_file
 from recipegen.load.rowmaps import read_lane_rowmaps
-from recipegen.schema import Recipe
+from recipegen.schema import Lane, Recipe
 
 RECIPES_DIRNAME = "recipes"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -70,6 +70,21 @@ class LoadedRecipe:
         """An InputError at a field of this recipe."""
         return InputError(message, file=display_path(self.path), line=self.line_of(loc),
                           field=format_loc(loc))
+
+    def lane_at(self, name: str | None, what: str = "to use") -> tuple[int, Lane]:
+        """The lane called `name` and its index; with no name, the recipe's only lane (several: refused,
+        naming them, as `what` needs one: "to fit", "to plan")."""
+        lanes = self.recipe.lanes
+        listed = ", ".join(lane.name for lane in lanes)
+        if name is None:
+            if len(lanes) > 1:
+                raise InputError(f"the recipe has {len(lanes)} lanes ({listed}): name the one {what}",
+                                 file=display_path(self.path), field="lanes")
+            return 0, lanes[0]
+        for index, lane in enumerate(lanes):
+            if lane.name == name:
+                return index, lane
+        raise InputError(f"no lane {name!r} (lanes: {listed})", file=display_path(self.path), field="lanes")
 
 
 # ---------------------------------------------------------------- locating

@@ -229,9 +229,10 @@ def test_the_positional_column_counts_the_part_layer_its_walk_offloads():
     from recipegen.ledger.report_lane import render_lane
     # Qwen3-VL on an RTX 5090 at --cpu-offload-gb 26: a layer's routed experts are 128 x 9,437,184 B =
     # 1.125 GiB; 23 whole layers are 25.875 GiB, under 26, so the walk also takes layer 24's w13
-    # (2/3 of it, 0.75 GiB) before it stops: 26.625 GiB in host. (The committed recipe loads with 27
-    # since the RTX 5090's driver reservation was subtracted: there the walk ends at 24 whole layers,
-    # 27.0 GiB, so the part layer is checked on a copy at 26.)
+    # (2/3 of it, 0.75 GiB) before it stops: 26.625 GiB in host. (The committed recipe loads with 28
+    # since the RTX 5090's driver reservation and the worker's CUDA context are counted: there the walk
+    # takes 24 whole layers, 27.0 GiB, then layer 25's w13 (27.75, still under 28) and w2 (28.125), so
+    # 25 whole layers; the part layer is checked on a copy at 26.)
     loaded = load_recipe("qwen3-vl-30b-a3b-rtx5090")
     lane = loaded.recipe.lanes[0]
     loaded.recipe.lanes[0] = lane.model_copy(update={"offload": lane.offload.model_copy(
@@ -240,5 +241,5 @@ def test_the_positional_column_counts_the_part_layer_its_walk_offloads():
     assert lane.positional is not None and lane.positional.figures["host.cold_experts"].value == 26.625 * 2**30
     assert "all 128 cold in 23 layers + 0.75 GiB of the next" in render_lane(lane)
     committed = compute_ledger(load_recipe("qwen3-vl-30b-a3b-rtx5090")).lane("chat")
-    assert committed.positional.figures["host.cold_experts"].value == 24 * 1.125 * 2**30
-    assert "all 128 cold in 24 layers" in render_lane(committed)
+    assert committed.positional.figures["host.cold_experts"].value == 25 * 1.125 * 2**30
+    assert "all 128 cold in 25 layers" in render_lane(committed)

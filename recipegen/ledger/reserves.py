@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from recipegen.common.units import GiB
+from recipegen.common.units import GiB, MiB
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.parallel import dense_per_rank
 from recipegen.ledger.result import USAGE_AWARE
@@ -28,6 +28,14 @@ ESTIMATE_HBM_ALLOWANCE = 2 * GiB
 # figures (8 GiB, 4 GiB per GPU); the page cache of the checkpoint is reclaimable and not counted.
 ESTIMATE_HOST_BASE = 8 * GiB
 ESTIMATE_HOST_PER_GPU = 4 * GiB
+# What a worker holds on its GPU before the weights load: the CUDA context, cuBLAS handles and the NCCL
+# communicators vLLM 0.33 creates first (its memory snapshot is taken "after NCCL is initialized",
+# v1/worker/gpu_worker.py:531). One public reading: "Clean vLLM memory usage before model loading is
+# ~400mb on each GPU" on an 8 × RTX 3090 lane (Sandermage/genesis-vllm-patches issue "Initial setup eats
+# 3Gb of memory on GPU0 (RTX3090, tp=8)", 2026-05-08). Assumed, rounded up: 512 MiB per GPU. At run time
+# it lies in the part of the GPU --gpu-memory-utilization leaves out; while loading, the weights and it
+# must fit the GPU together.
+LOAD_CONTEXT_ALLOWANCE = 512 * MiB
 # vLLM's fused-MoE workspaces hold bf16 activations (the model's activation dtype).
 ACTIVATION_BYTES = 2
 

@@ -241,3 +241,22 @@ def test_plan_takes_the_only_lane_when_none_is_named() -> None:
         two.lane_at(None, "to plan")
     with pytest.raises(InputError, match=r"no lane 'c' \(lanes: chat, b\)"):
         two.lane_at("c", "to plan")
+
+
+def test_the_header_of_a_new_recipe_reproduces_it(tmp_path: Path) -> None:
+    import shlex
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    args = ["new", "qwen3-30b-a3b", "--machine", "rtx-5090", "--name", "my-q30", "--min-sequences", "2",
+            "--max-model-len", "16k"]
+    code, _, err = run(*args, "-o", str(first / "recipes" / "r.yaml"), "--json")
+    assert code == 0, err
+    text = (first / "recipes" / "r.yaml").read_text()
+    header = re.search(r"^# Written by `([^`]+)`", text, re.M)
+    assert header is not None, text[:300]
+    written = shlex.split(header.group(1))
+    assert written[:2] == ["recipegen", "new"] and "--json" not in written and "-o" not in written
+    assert all(a in written for a in args[1:])          # every option that shapes the file is there
+    code, _, err = run(*written[1:], "-o", str(second / "recipes" / "r.yaml"))
+    assert code == 0, err
+    assert (second / "recipes" / "r.yaml").read_text() == text

@@ -115,7 +115,13 @@ def new(model_arg: str, machine_arg: str, lane: str, max_model_len: str | None, 
 
     options = fit_options(min_sequences, max_model_len, concurrency)
     options_len = None if options.auto_context else options.max_model_len
-    command = f"recipegen new {shlex.quote(model_arg)} --machine {shlex.quote(machine_arg)}"
+    # the command as far as it shapes the file (not where it goes, --force or --json), so the recipe's
+    # header comment reproduces it
+    shaping = [("--lane", lane if lane != "chat" else None), ("--max-model-len", max_model_len),
+               ("--concurrency", concurrency), ("--min-sequences", min_sequences if min_sequences != 1 else None),
+               ("--name", name)]
+    command = " ".join([f"recipegen new {shlex.quote(model_arg)} --machine {shlex.quote(machine_arg)}",
+                        *(f"{flag} {shlex.quote(str(value))}" for flag, value in shaping if value is not None)])
     outcome = new_recipe(model_arg, machine_arg, lane=lane, max_model_len=options_len, concurrency=concurrency,
                          min_sequences=min_sequences, output=output, name=name, force=force, command=command)
     if as_json:

@@ -286,12 +286,20 @@ def test_suggestions_are_exact() -> None:
     # Host: "raise hot experts per layer to at least 209".
     assert "host" not in {v.kind for v in _lane_with(209).violations}
     assert "host" in {v.kind for v in _lane_with(208).violations}
-    # "lower max_model_len to at most N" holds N tokens and not N + 1.
+    # "lower max_model_len to at most N" holds N tokens and not N + 1. vLLM sizes a sequence in whole
+    # blocks (up to 128 tokens: CUTLASS MLA), so N is the pool's tokens rounded down to 128, and N + 1
+    # needs one more block than the pool holds.
     failing = _lane_with(300)
-    limit = int(failing.fig("kv.tokens").value)
+    tokens = failing.fig("kv.tokens").value
+    limit = int(tokens) // 128 * 128
+    assert limit <= tokens < limit + 128
     assert f"lower max_model_len to at most {limit:,}" in failing.violations[0].suggestion
     assert _lane_with(300, max_model_len=limit).ok
     assert not _lane_with(300, max_model_len=limit + 1).ok
+    # A length that is not a whole number of blocks needs the whole last block: the pool's own token
+    # count, written as max_model_len, does not start (it did before blocks were counted).
+    if int(tokens) % 128:
+        assert not _lane_with(300, max_model_len=int(tokens)).ok
 
 
 def test_fixed_kv_pool_over_the_gpu() -> None:

@@ -108,6 +108,25 @@ VLLM_CACHE_DTYPES = (*KV_CACHE_DTYPES, *DS_MLA_BYTES, *PACKED, *NO_CUDA_BACKEND)
 # FlashInfer's head sizes (flashinfer.py:690-693) and compute capabilities (:695-704).
 FLASHINFER_HEAD_SIZES = (64, 128, 256, 512)
 
+# vLLM 0.33 starts only when the pool holds ⌈max_model_len / block⌉ whole blocks of every attention layer
+# (v1/core/kv_cache_planning.py:66-86, v1/kv_cache_interface.py:643-648). A block is 16 tokens on most
+# attention backends (kv_state.KERNEL_BLOCK) and at most 128 (CUTLASS MLA,
+# v1/attention/backends/mla/cutlass_mla.py:49-50), or the lane's --block-size: a sequence is counted at
+# max_model_len rounded up to that, exact for the largest block, at most 112 tokens high for the smallest.
+SEQUENCE_BLOCK = 128
+
+
+def sequence_block(lane: Lane) -> int:
+    """The whole-block rounding of a sequence's tokens (SEQUENCE_BLOCK, or a larger --block-size)."""
+    given = flag_value(list(lane.extra_args), "--block-size")
+    return max(SEQUENCE_BLOCK, int(given) if given and given.isdigit() else 0)
+
+
+def sequence_tokens(lane: Lane) -> int:
+    """KV tokens one max_model_len sequence takes in vLLM's whole blocks."""
+    block = sequence_block(lane)
+    return -(-lane.max_model_len // block) * block
+
 
 def cache_dtype_flag(lane: Lane) -> str | None:
     """The lane's `--kv-cache-dtype`, None for absent or auto."""

@@ -27,6 +27,7 @@ from typing import Any
 
 from recipegen.common.units import format_bytes, format_tokens
 from recipegen.ledger.figures import Figure
+from recipegen.ledger.kv import sequence_block, sequence_tokens
 from recipegen.ledger.lane import compute_lane
 from recipegen.ledger.reserves import derived_basis, reserve_basis
 from recipegen.ledger.result import LaneLedger, PlacementLedger
@@ -158,9 +159,9 @@ def compute_multinode_lane(recipe: Recipe, lane: Lane, *, rowmap_hot: Sequence[i
         "vLLM allocates the same number of KV blocks on every rank: the smallest pool decides")
     figs["kv.max_model_len"] = Figure("kv.max_model_len", "max_model_len", lane.max_model_len, "tokens", "", {})
     figs["kv.full_sequences"] = Figure(
-        "kv.full_sequences", "full max_model_len sequences that fit", math.floor(tokens[low] / lane.max_model_len),
-        "sequences", "⌊kv_tokens / max_model_len⌋", {"kv_tokens": round(tokens[low]),
-                                                      "max_model_len": lane.max_model_len})
+        "kv.full_sequences", "full max_model_len sequences that fit", math.floor(tokens[low] / sequence_tokens(lane)),
+        "sequences", "⌊kv_tokens / max_model_len in whole blocks⌋",
+        {"kv_tokens": round(tokens[low]), "max_model_len": lane.max_model_len, "block_rounding": sequence_block(lane)})
     for key, label in (("hbm.hot_experts", "hot routed experts in HBM (all stages)"),
                        ("host.cold_experts", "routed experts pinned in host (all machines)")):
         values = {f"stage{s.rank}": s.ledger.fig(key).value * (len(s.gpus) if key.startswith("hbm") else 1)

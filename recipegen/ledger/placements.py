@@ -10,6 +10,7 @@ from typing import Any
 from recipegen.common.units import GiB, format_bytes, largest_count_within
 from recipegen.ledger.budget import declared_split
 from recipegen.ledger.figures import Figure
+from recipegen.ledger.kv import sequence_block, sequence_tokens
 from recipegen.ledger.placement import experts_only, layer_param_bytes, positional_walk
 from recipegen.ledger.result import POSITIONAL, USAGE_AWARE, PlacementLedger, n_total_bytes, rounded, src_note
 from recipegen.schema import Lane, Model
@@ -156,6 +157,7 @@ def placement_figures(p: PlacementLedger, model: Model, lane: Lane, cap: float, 
                              "tokens_per_gib": GiB / kv_token_bytes},
                             src_note(model.sources, "kv_tokens_per_gib") or src_note(model.sources, "kv_bytes_per_token"))
     f["kv.full_sequences"] = Figure("kv.full_sequences", "full max_model_len sequences that fit",
-                                    math.floor(tokens / lane.max_model_len), "sequences",
-                                    "⌊kv_tokens / max_model_len⌋",
-                                    {"kv_tokens": rounded(tokens), "max_model_len": lane.max_model_len})
+                                    math.floor(tokens / sequence_tokens(lane)), "sequences",
+                                    "⌊kv_tokens / max_model_len in whole blocks⌋",
+                                    {"kv_tokens": rounded(tokens), "max_model_len": lane.max_model_len,
+                                     "block_rounding": sequence_block(lane)})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from recipegen.common.units import GiB, format_bytes, format_tokens, largest_count_within
+from recipegen.ledger.kv import sequence_block, sequence_tokens
 from recipegen.ledger.result import POSITIONAL, Violation
 from recipegen.schema import Lane, Machine, Model
 
@@ -51,9 +52,11 @@ def budget_violations(model: Model, machine: Machine, lane: Lane, cap: float, re
         out.append(Violation(
             "hbm", f"hot experts + HBM reserve exceed the HBM cap by {format_bytes(over)} "
             f"(cap {format_bytes(cap)}): no room left for KV", fix, over, lane=lane.name))
-    elif kv_tokens < lane.max_model_len:
-        short = lane.max_model_len - kv_tokens
-        fixes = [f"lower max_model_len to at most {int(kv_tokens):,}"]
+    elif kv_tokens < sequence_tokens(lane):   # vLLM sizes a sequence in whole blocks
+        short = sequence_tokens(lane) - kv_tokens
+        block = sequence_block(lane)
+        fixes = [f"lower max_model_len to at most {int(kv_tokens) // block * block:,} (a whole number of "
+                 f"{block}-token blocks)"]
         if positional:
             fixes.append(f"raise offload.load_cpu_offload by about "
                          f"{math.ceil(short * kv_token_bytes / tp / GiB)} GiB")

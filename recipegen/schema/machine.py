@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from recipegen.schema.base import Bandwidth, Bytes, PathError, PositiveBytes, StrictModel
 from recipegen.schema.sourced import lift_sources
@@ -13,6 +15,21 @@ from recipegen.schema.sourced import lift_sources
 # hosts of 4, each its own machine. The bound keeps a typo (or a hostile file) from sizing lists of
 # billions of GPU ids.
 MAX_GPUS_PER_MACHINE = 64
+# A host name as DNS writes it (RFC 1123: dot-separated labels of letters, digits and inner hyphens, each
+# at most 63 characters, 253 in all).
+_HOST_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+
+
+def is_host_address(text: str) -> bool:
+    """Whether `text` is an IPv4 / IPv6 address or a host name: what a network can reach."""
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        pass
+    if re.fullmatch(r"[0-9.]+", text):   # all digits and dots but not an IPv4 address (999.1.1.1)
+        return False
+    return 0 < len(text) <= 253 and all(_HOST_LABEL.match(label) for label in text.rstrip(".").split("."))
 
 
 class GpuSpec(StrictModel):
@@ -74,7 +91,8 @@ class Machine(StrictModel):
     nvme: Nvme | None = None
     """Local NVMe, where known."""
     address: str | None = None
-    """Host name or IP the machine is reached at (Docker host, multi-node peers)."""
+    """Host name or IP the machine is reached at (Docker host, multi-node peers): an IPv4 or IPv6
+    address, or a host name of letters, digits, hyphens and dots."""
     detected: str | None = None
     """Where and when `recipegen machine detect` read this entry (host, date, driver); absent for
     catalog and hand-written machines."""
@@ -85,6 +103,15 @@ class Machine(StrictModel):
     @classmethod
     def _split_sources(cls, data: Any) -> Any:
         return lift_sources(data)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        # it reaches --master-addr, Prometheus targets and the ops HTTP calls: only what a network can reach
+        if value is not None and not is_host_address(value):
+            raise ValueError(f"{value[:80]!r} is neither an IP address nor a host name (letters, digits, "
+                             "hyphens and dots)")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> Machine:

@@ -16,7 +16,7 @@ from recipegen.common.errors import InputError
 from recipegen.modelimport.config import Config
 from recipegen.modelimport.families import Built, family_of, index_ranges, sourced
 from recipegen.modelimport.formats import Format, expert_format
-from recipegen.modelimport.hfdefaults import check_root_pairing, root_class
+from recipegen.modelimport.hfdefaults import check_root_pairing, given, root_class
 from recipegen.modelimport.inventory import DenseParts, dense_parts, exclusion_note
 from recipegen.modelimport.jsondoc import present
 from recipegen.modelimport.quantmatch import ExpertModules
@@ -117,8 +117,7 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
     doc["hidden_size"] = sourced(hidden, f"config.json `{text.name('hidden_size')}`")
     doc["moe_intermediate_size"] = sourced(inter, b.inter_src)
     doc["expert_tensors"] = sourced(tensors, shape_src)
-    if text.has("max_position_embeddings"):
-        doc["max_position_embeddings"] = sourced(*_context_length(text))
+    doc["max_position_embeddings"] = sourced(*_context_length(text))
     doc["activation"] = sourced(b.activation, b.activation_src)
     parts = dense_parts(b.tensors, fmt.dense)
     _dense(doc, facts, parts, fmt, b, expert_bytes, inp)
@@ -239,19 +238,25 @@ def _context_length(cfg: Config) -> tuple[int, str]:
     """The longest max_model_len vLLM 0.33 accepts, as `_get_and_verify_max_len` derives it
     (vllm/config/model.py:2599-2634: × rope_scaling.factor except for YaRN-style types that are
     pre-scaled; :2657-2684: a larger `model_max_length` in config.json also allows it)."""
-    length = cfg.need("max_position_embeddings")
-    src = f"config.json `{cfg.name('max_position_embeddings')}`"
-    rope = cfg.get("rope_scaling") or {}
+    # absent: the class default, as vLLM's AutoConfig builds it (hfdefaults); null: refused (typed without None)
+    length, src = given(cfg, "max_position_embeddings")
+    # transformers 5.20.2 reads both spellings into `rope_parameters`, `rope_scaling` first when both are given
+    # (modeling_rope_utils.py:752-755, `rope_scaling or self.rope_parameters`); vLLM scales by that
+    # (vllm/transformers_utils/config.py:690-699 iter_rope_parameters)
+    key = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
+    rope = cfg.get(key) or {}
+    if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
+        raise cfg.error(key, f"`{cfg.name(key)}` nested per layer type: the importer reads one RoPE setting")
     rope_type = (rope.get("rope_type") or rope.get("type")) if isinstance(rope, dict) else None
     factor = rope.get("factor") if isinstance(rope, dict) else None
     if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
                                or not 0 < factor <= 1024):
-        raise cfg.error("rope_scaling", f"rope_scaling.factor {factor!r} is not a positive number up to 1024")
+        raise cfg.error(key, f"{key}.factor {factor!r} is not a positive number up to 1024")
     if factor and rope_type not in _PRESCALED_ROPE and rope_type != "default":
         length = int(length * float(factor))
-        src += f" × `rope_scaling.factor` {factor} ({rope_type}; vllm/config/model.py:2599-2634)"
+        src += f" × `{key}.factor` {factor} ({rope_type}; vllm/config/model.py:2599-2634)"
     elif factor:
-        src += f" (rope_scaling {rope_type}: already the scaled length, vllm/config/model.py:2610-2612)"
+        src += f" ({key} {rope_type}: already the scaled length, vllm/config/model.py:2610-2612)"
     extra = cfg.get("model_max_length")
     if isinstance(extra, int) and extra > length:
         length, src = extra, f"config.json `{cfg.name('model_max_length')}` (vllm/config/model.py:2657-2684)"

@@ -41,6 +41,7 @@ class Field:
     hi: float | None = None
     choices: tuple[str, ...] = ()
     max_len: int = 0              # lists: most elements
+    min_len: int = 0              # lists: fewest elements
 
 
 _LAYERS = 4096                    # more decoder layers than any published model, by far
@@ -148,7 +149,7 @@ FIELDS: dict[str, Field] = {
     "vt_num_hidden_layers": Field("int", "vision blocks", 1, 1024),
     "init_pos_emb_height": Field("int", "vision position grid height", 1, 4096),
     "init_pos_emb_width": Field("int", "vision position grid width", 1, 4096),
-    "merge_kernel_size": Field("int_list", "patches merged (height, width)", 1, 64, max_len=2),
+    "merge_kernel_size": Field("int_list", "patches merged (height, width)", 1, 64, max_len=2, min_len=2),
     "text_hidden_size": Field("int", "the language model's width", 1, _WIDTH),
     "mm_hidden_size": Field("int", "vision width seen by the projector", 1, _WIDTH),
     "moe_layers": Field("int_list", "MoE decoder layers", 0, _LAYERS - 1, max_len=_LAYERS),
@@ -309,6 +310,10 @@ class Config:
                 raise self.error(key, f"expected a list ({spec.meaning}), got {_short(value)}")
             if len(value) > spec.max_len:
                 raise self.error(key, f"{len(value):,} entries (at most {spec.max_len:,})")
+            if len(value) < spec.min_len:
+                exact = "exactly" if spec.min_len == spec.max_len else "at least"
+                raise self.error(key, f"{len(value):,} entr{'y' if len(value) == 1 else 'ies'} ({exact} "
+                                 f"{spec.min_len:,}: {spec.meaning})")
             for i, item in enumerate(value):
                 where = self.base + (key, i)
                 if kind == "int_list":

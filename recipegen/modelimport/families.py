@@ -625,8 +625,16 @@ def _qwen_hybrid(cfg: Config, arch: str, prefix: str, head: str, every_layer_moe
         else:
             t += swiglu(f"{p}.mlp", i, h, cfg.need("intermediate_size"), "dense_mlp")
     attn = _full(full, rule, kv, kv_src, hd, hd_src)
-    ssm_field = "mamba_ssm_dtype" if cfg.has("mamba_ssm_dtype") else None
-    ssm = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[cfg.get("mamba_ssm_dtype", default="bfloat16")]
+    # vLLM 0.33.0 reads `mamba_ssm_dtype` only through Qwen3_5ForConditionalGenerationConfig.verify_and_update_config
+    # (models/config.py:953-978), registered for the Qwen3_5* architectures alone (:1259-1262); for Qwen3-Next the
+    # field (when present: an unread key, families' `ignored`) changes nothing and the state takes the conv dtype.
+    qwen3_5 = arch.startswith("Qwen3_5")
+    ssm_field = "mamba_ssm_dtype" if qwen3_5 and cfg.has("mamba_ssm_dtype") else None
+    ssm = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[cfg.get("mamba_ssm_dtype", default="bfloat16")
+                                                                     if qwen3_5 else "bfloat16"]
+    unread = (f"; config.json `{cfg.name('mamba_ssm_dtype')}` {cfg.data['mamba_ssm_dtype']!r} is not read for {arch}: "
+              f"vLLM 0.33.0 applies it only to the Qwen3_5* architectures ({V}model_executor/models/config.py:953-978,"
+              " :1259-1262)") if not qwen3_5 and "mamba_ssm_dtype" in cfg.data else ""
     state = {"kind": "gdn", "layers": sourced(index_ranges(linear), rule),
              "num_k_heads": sourced(lk, f"config.json `{cfg.name('linear_num_key_heads')}`"),
              "num_v_heads": sourced(lv, f"config.json `{cfg.name('linear_num_value_heads')}`"),
@@ -638,7 +646,7 @@ def _qwen_hybrid(cfg: Config, arch: str, prefix: str, head: str, every_layer_moe
              "ssm_dtype": sourced(ssm, (f"config.json `{cfg.name(ssm_field)}` ({V}model_executor/models/config.py:"
                                         "953-978)") if ssm_field else
                                   f"--mamba-ssm-cache-dtype auto: the conv state's dtype ({V}model_executor/layers/"
-                                  "mamba/mamba_utils.py:98-111)")}
+                                  "mamba/mamba_utils.py:98-111)" + unread)}
     mtp, mtp_src = _mtp(cfg, "mtp_num_hidden_layers", "num_nextn_predict_layers")
     if si and si_src.startswith("config.json"):
         shared_src = (f"config.json `{cfg.name('shared_expert_intermediate_size')}` {si} (one shared expert and its "
@@ -1018,7 +1026,7 @@ _MLA = {"kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "
         "num_nextn_predict_layers", "topk_method"}
 _GDN = {"layer_types", "full_attention_interval", "linear_num_key_heads", "linear_num_value_heads",
         "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "attn_output_gate",
-        "moe_intermediate_size", "shared_expert_intermediate_size", "intermediate_size", "mamba_ssm_dtype"}
+        "moe_intermediate_size", "shared_expert_intermediate_size", "intermediate_size"}
 _QWEN_VISION = frozenset({"hidden_size", "intermediate_size", "depth", "in_channels", "temporal_patch_size",
                           "patch_size", "num_position_embeddings", "out_hidden_size", "spatial_merge_size",
                           "deepstack_visual_indexes", "dtype", "torch_dtype"})
@@ -1050,10 +1058,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     _fam("mixtral", ("MixtralForCausalLM",), ("mixtral",), _GQA | _MOE | {
         "intermediate_size", "sliding_window"}, set(), _mixtral, "model_executor/models/mixtral.py"),
     _fam("qwen3-next", ("Qwen3NextForCausalLM",), ("qwen3_next",), _GQA | _MOE | _GDN | {
-        "decoder_sparse_step", "mlp_only_layers", "use_sliding_window", "sliding_window"}, set(), build_qwen3_next,
+        "decoder_sparse_step", "mlp_only_layers", "use_sliding_window", "sliding_window"},
+        {"mamba_ssm_dtype"}, build_qwen3_next,  # vLLM 0.33.0 reads it for Qwen3_5* only (_qwen_hybrid's ssm_dtype)
         "model_executor/models/qwen3_next.py"),
     _fam("qwen3.5-moe", ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"),
-         ("qwen3_5_moe", "qwen3_5_moe_text"), _GQA | _MOE | _GDN | {"mtp_num_hidden_layers", "text_config",
+         ("qwen3_5_moe", "qwen3_5_moe_text"), _GQA | _MOE | _GDN | {"mtp_num_hidden_layers", "mamba_ssm_dtype", "text_config",
                                                                     "vision_config", "mlp_only_layers"},
          {"mtp_use_dedicated_embeddings", "image_token_id", "video_token_id", "vision_start_token_id",
           "vision_end_token_id"}, build_qwen3_5_moe, "model_executor/models/qwen3_5.py", text_config=True,

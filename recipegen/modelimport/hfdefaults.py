@@ -118,12 +118,14 @@ _DEEPSEEK_TEXT = {
                         "(vllm/model_executor/models/deepseek_v2.py:1051, :1081-1091)"),
     "moe_layer_freq": _MOE_LAYER_FREQ,
     "topk_method": _TOPK_METHOD,
+    "max_position_embeddings": Rule(4096),
 }
 
 _CLASSES: tuple[HFClass, ...] = (
     HFClass("GptOssConfig", "gpt_oss", {
         "num_key_value_heads": Rule(8),
         "head_dim": Rule(64),
+        "max_position_embeddings": Rule(131072),
         "sliding_window": Rule(128, None, null_how=_NONE_KEPT + "no window (vllm/model_executor/models/gpt_oss.py:"
                                "175)"),
         "tie_word_embeddings": Rule(False),
@@ -141,6 +143,7 @@ _CLASSES: tuple[HFClass, ...] = (
         "attention_bias": Rule(False),
         "use_sliding_window": Rule(False),
         "sliding_window": Rule(4096, None, null_how=_NONE_KEPT + "no window"),
+        "max_position_embeddings": Rule(32768),
     }),
     HFClass("DeepseekV3Config", "deepseek_v3", dict(_DEEPSEEK_TEXT)),
     HFClass("GlmMoeDsaConfig", "glm_moe_dsa", {
@@ -148,6 +151,7 @@ _CLASSES: tuple[HFClass, ...] = (
         "first_k_dense_replace": Rule(3),
         "n_shared_experts": Rule(1),
         "q_lora_rank": Rule(2048),
+        "max_position_embeddings": Rule(202752),
         "moe_layer_freq": _MOE_LAYER_FREQ,
         "topk_method": _TOPK_METHOD,
     }),
@@ -164,6 +168,7 @@ _CLASSES: tuple[HFClass, ...] = (
         "n_shared_experts": Rule(1),
         "attention_bias": Rule(False),
         "use_qk_norm": Rule(False),
+        "max_position_embeddings": Rule(131072),
     }),
     HFClass("MixtralConfig", "mixtral", {
         "num_key_value_heads": Rule(8),
@@ -174,6 +179,7 @@ _CLASSES: tuple[HFClass, ...] = (
                          "mixtral.py:173-175)"),
         "sliding_window": Rule(None, None),
         "tie_word_embeddings": Rule(False),
+        "max_position_embeddings": Rule(131072),     # 4096 * 32
     }),
     HFClass("Qwen3NextConfig", "qwen3_next", {
         "num_key_value_heads": Rule(2),
@@ -184,6 +190,7 @@ _CLASSES: tuple[HFClass, ...] = (
         "mlp_only_layers": Rule([], [], null_how="{cls}.__post_init__ makes None [] ({file})"),
         "attn_output_gate": _GATE,
         "full_attention_interval": _INTERVAL,
+        "max_position_embeddings": Rule(32768),
     }),
     HFClass("Qwen3_5MoeTextConfig", "qwen3_5_moe", {
         "num_key_value_heads": Rule(2),
@@ -192,6 +199,7 @@ _CLASSES: tuple[HFClass, ...] = (
         "shared_expert_intermediate_size": Rule(512),
         "attn_output_gate": _GATE,
         "full_attention_interval": _INTERVAL,
+        "max_position_embeddings": Rule(32768),
     }),
     HFClass("Qwen3_5MoeConfig", "qwen3_5_moe", {"tie_word_embeddings": Rule(False)},
             {"text_config": "Qwen3_5MoeTextConfig", "vision_config": "Qwen3_5MoeVisionConfig"}),
@@ -213,6 +221,7 @@ _CLASSES: tuple[HFClass, ...] = (
         "mamba_ssm_cache_dtype": Rule("float32"),
         "mlp_hidden_act": Rule("relu2"),
         "sliding_window": Rule(None, None),
+        "max_position_embeddings": Rule(4096),
     }),
     HFClass("Llama4TextConfig", "llama4", {
         "num_key_value_heads": Rule(8),
@@ -220,6 +229,7 @@ _CLASSES: tuple[HFClass, ...] = (
         "tie_word_embeddings": Rule(False),
         "attention_chunk_size": Rule(8192, None, null_how=_NONE_KEPT + "no chunking: every layer full attention "
                                      "(vllm/model_executor/models/llama4.py:251)"),
+        "max_position_embeddings": Rule(131072),     # 4096 * 32
     }),
     HFClass("Llama4Config", "llama4", {"tie_word_embeddings": Rule(False)},
             {"text_config": "Llama4TextConfig", "vision_config": "Llama4VisionConfig"}),
@@ -233,6 +243,7 @@ _CLASSES: tuple[HFClass, ...] = (
         "decoder_sparse_step": Rule(1),
         "mlp_only_layers": Rule([], [], null_how="{cls}.__post_init__ makes None [] ({file})"),
         "attention_bias": Rule(False),
+        "max_position_embeddings": Rule(128000),
     }),
     HFClass("Qwen3VLMoeConfig", "qwen3_vl_moe", {"tie_word_embeddings": Rule(False)},
             {"text_config": "Qwen3VLMoeTextConfig", "vision_config": "Qwen3VLMoeVisionConfig"}),

@@ -87,3 +87,64 @@ UNBUDGETED: dict[str, tuple[str | None, str]] = {
 }
 # Values of `--dtype` that keep the checkpoint's bytes (16-bit weights stay 16-bit).
 SAME_BYTES_DTYPES = {"auto", "half", "float16", "bfloat16"}
+
+
+# Flags the render writes from the recipe's own fields (`recipegen.render.services._service`), each
+# with the field it comes from: given again in extra_args, vLLM would keep the later one and boot
+# a lane the ledger never priced, so both `check recipe` (`recipegen.load.checks`) and `render`
+# refuse it through `rendered_flag_problems`. --max-num-seqs is not here (extra_args may set it; the
+# ledger reads it, `max_num_seqs`), nor --moe-backend (the render adds it only when not given).
+RENDERED_FROM_FIELDS: dict[str, str] = {
+    "--model": "model",
+    "--revision": "model.revision",
+    "--served-model-name": "model.name",
+    "--host": "the service's bind address, 0.0.0.0",
+    "--port": "port",
+    "--tensor-parallel-size": "gpus",
+    "--max-model-len": "max_model_len",
+    "--kv-cache-memory-bytes": "the ledger's KV budget",
+    "--gpu-memory-utilization": "the ledger's KV budget",
+    "--cpu-offload-gb": "offload",
+    "--speculative-config": "speculative",
+    "--worker-extension-cls": "offload (the runtime's worker extension)",
+    "--node-rank": "parallel.pipeline",
+    "--master-addr": "parallel.pipeline",
+    "--master-port": "parallel.pipeline",
+    "--headless": "parallel.pipeline",
+}
+
+
+def rendered_flag_problems(extra_args: list[str] | tuple[str, ...],
+                           rendered: set[str] | frozenset[str] = frozenset()) -> list[tuple[int, str]]:
+    """(item index, message) for each flag of `extra_args` that the render builds itself: those of
+    `RENDERED_FROM_FIELDS`, and `rendered` (canonical names of the flags a render wrote, e.g. a
+    multi-node launch's). Every spelling vLLM reads counts (`-tp`, `--port=9`, `--max_model_len`)."""
+    problems: list[tuple[int, str]] = []
+    for name, given in parsed_args(extra_args).given.items():
+        if name not in RENDERED_FROM_FIELDS and name not in rendered:
+            continue
+        flag = given.spelled.partition("=")[0]
+        alias = f" (vLLM reads it as {name})" if name != flag else ""
+        field = RENDERED_FROM_FIELDS.get(name)
+        source = f" ({field})" if field else ""
+        problems.append((given.index, f"{flag} is rendered from the recipe's own fields{source}{alias}; "
+                                      "change those instead of repeating it in extra_args"))
+    return problems
+
+
+def max_num_batched_tokens_problem(extra_args: list[str] | tuple[str, ...],
+                                   concurrency_max: int) -> tuple[int, str] | None:
+    """(item index, message) when extra_args' --max-num-batched-tokens is below the lane's
+    --max-num-seqs (`max_num_seqs`): vLLM 0.33 refuses that at boot, whatever chunked prefill is
+    (config/scheduler.py:331-336, `SchedulerConfig.verify_max_model_len`)."""
+    given = parsed_args(extra_args).get(canonical("--max-num-batched-tokens"))
+    if given is None or not given.values or not given.values[0].strip().isdigit():
+        return None
+    tokens = int(given.values[0])
+    seqs, in_extra_args = max_num_seqs(extra_args, concurrency_max)
+    if tokens >= seqs:
+        return None
+    source = "--max-num-seqs in extra_args" if in_extra_args else "concurrency.max"
+    return (given.index, f"--max-num-batched-tokens {tokens} is below --max-num-seqs {seqs} ({source}): "
+                         "vLLM 0.33 refuses to boot unless max_num_batched_tokens >= max_num_seqs "
+                         "(config/scheduler.py:331-336)")

@@ -161,9 +161,17 @@ def adaptive_problems(lane: Lane, where: tuple[str | int, ...]) -> list[Problem]
 def extra_args_problems(lane: Lane, where: tuple[str | int, ...]) -> list[Problem]:
     """`extra_args` as vLLM 0.33 reads them (`recipegen.vllm_flags.args`): a flag given twice,
     a spelling vLLM reads differently (`-O3`, `--flag.key`), one it lacks, a value it refuses —
-    and a flag that changes what the ledger budgets without the ledger reading it
-    (`recipegen.ledger.flags.UNBUDGETED`) — each at its own item of the list."""
-    from recipegen.ledger.flags import SAME_BYTES_DTYPES, UNBUDGETED, parsed_args
+    a flag that changes what the ledger budgets without the ledger reading it
+    (`recipegen.ledger.flags.UNBUDGETED`), a flag the render builds from the recipe's own fields
+    (`rendered_flag_problems`, the rule `render` applies) and a --max-num-batched-tokens below
+    --max-num-seqs (`max_num_batched_tokens_problem`) — each at its own item of the list."""
+    from recipegen.ledger.flags import (
+        SAME_BYTES_DTYPES,
+        UNBUDGETED,
+        max_num_batched_tokens_problem,
+        parsed_args,
+        rendered_flag_problems,
+    )
 
     parsed = parsed_args(list(lane.extra_args))
     # Each message quotes the flag as the recipe spells it: its line breaks and control characters
@@ -183,4 +191,10 @@ def extra_args_problems(lane: Lane, where: tuple[str | int, ...]) -> list[Proble
         problems.append(((*where, "extra_args", given.index),
                          one_line(f"{shown}: the ledger does not budget {canonical}" +
                                   (f" other than {default}" if default is not None else "") + f" ({why})")))
+    # the render's own flags, refused by the same rule `render` applies (one owner, ledger.flags)
+    problems.extend(((*where, "extra_args", index), one_line(message))
+                    for index, message in rendered_flag_problems(lane.extra_args))
+    batched = max_num_batched_tokens_problem(lane.extra_args, lane.concurrency.max)
+    if batched is not None:
+        problems.append(((*where, "extra_args", batched[0]), batched[1]))
     return problems

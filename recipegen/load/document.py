@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from recipegen.common.errors import InputError
+from recipegen.common.errors import InputError, one_line
 from recipegen.common.files import read_regular_file
 from recipegen.schema import Recipe
 from recipegen.schema.base import PathError, reachable_models
@@ -345,6 +345,9 @@ def validation_error(path: Path, document: Any, exc: ValidationError) -> InputEr
 def problems_error(path: Path, document: Any, problems: list[Problem]) -> InputError:
     """One InputError for all problems: the first sets file/line/field, the rest are listed."""
     file = display_path(path)
+    # Each message on one line: a value quoted in it (a path with a newline in it) has its line
+    # breaks and control characters escaped, so it cannot print as lines of its own.
+    problems = [(loc, one_line(msg)) for loc, msg in problems]
     (loc0, msg0), rest = problems[0], problems[1:]
     message = msg0
     if rest:

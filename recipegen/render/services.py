@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from expert_residency.contract import env as runtime_env
 from expert_residency.contract.metrics import MULTIPROC_DIR_ENV
 
-from recipegen.ledger.flags import max_num_seqs
+from recipegen.ledger.flags import max_num_seqs, rendered_flag_problems
 from recipegen.render.compose import HealthCheck, Interpolated, Mount, ServiceSpec
 from recipegen.vllm_flags import FlagTable, argv_problems
 from recipegen.vllm_flags.args import parse_args
@@ -324,14 +324,13 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
         argv += ["--speculative-config", speculative_json(lane.speculative)]
     if runtime_on:
         argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
-    rendered = canonical_flags(argv, inputs.flag_table)
-    for canonical, given in extra.given.items():
-        if canonical in rendered:
-            flag = given.spelled.partition("=")[0]
-            alias = f" (vLLM reads it as {canonical})" if canonical != flag else ""
-            raise loaded.error(f"{flag} is rendered from the recipe's own fields{alias}; change "
-                               "those instead of repeating it in extra_args",
-                               ("lanes", index, "extra_args", given.index))
+    # The loader refuses these first (`recipegen.load.checks.extra_args_problems`), by the same
+    # rule: the fixed set, plus whatever this render wrote (a multi-node launch's flags).
+    repeated = rendered_flag_problems(lane.extra_args, canonical_flags(argv, inputs.flag_table))
+    if repeated:
+        at, message = repeated[0]
+        raise loaded.error(message, ("lanes", index, "extra_args", at))
+    own = list(argv)
     argv += list(lane.extra_args)
     if profile:
         # Exact counts: eager keeps the count on the path verified inside an engine (the counting
@@ -341,7 +340,9 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
         # extra_args (e.g. --enable-prefix-caching) cannot undo them: argparse keeps the last.
         for flag in PROFILE_BOOT_FLAGS:
             argv += list(flag)
-    problems = argv_problems(argv, inputs.flag_table)
+    # The render's own flags in their canonical spellings only (a typo in the renderer); extra_args
+    # were read above as vLLM reads them (`--max_num_seqs` is --max-num-seqs), in their own spelling.
+    problems = argv_problems(own + argv[len(own) + len(lane.extra_args):], inputs.flag_table)
     if problems:
         raise loaded.error("the rendered `vllm serve` command is not valid for vLLM "
                            f"{inputs.flag_table.vllm_version}: " + "; ".join(problems),

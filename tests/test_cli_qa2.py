@@ -1,4 +1,4 @@
-"""QA sweep 2 (notes/qa2-findings.md), findings 5 and 7–11: `plan` on a lane whose budgets fail
+"""What a sweep of every command over the catalog's models and machines found: `plan` on a lane whose budgets fail
 says so first; a reader of stdout that leaves ends the command quietly with SIGPIPE's status;
 `plan` marks stream counts above --max-num-seqs; `render --check` documents its exit 2; `new`
 names its own default context as its own; the shorthand footer explains what the output prints."""

@@ -1,4 +1,4 @@
-"""QA3 findings 1-4 (notes/qa3-findings.md): a fuzz of `recipegen model import`.
+"""What a fuzz of `recipegen model import` (config.json variants rebuilt through transformers' classes) found.
 
 Expected values are read from the sources, not from the importer:
 
@@ -27,8 +27,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 from click.testing import CliRunner
+from test_import_qa_defaults import DROP, _import
+from test_import_qa_defaults import _variant as edited_copy
 
 from recipegen.cli import main
 from recipegen.common.errors import InputError
@@ -36,7 +37,6 @@ from recipegen.modelimport import import_model
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "tests" / "fixtures" / "hf_configs"
-DROP = object()
 
 # fixture -> (class, default) per the module docstring (transformers 5.20.2 class source)
 DEFAULTS = {
@@ -60,26 +60,11 @@ DEFAULTS = {
 
 
 def _variant(tmp_path: Path, fixture: str, edits: dict, section: str | None = None, name: str = "v") -> Path:
-    """A copy of a fixture's config.json with fields of the root (or of `section`; "text": text_config when the
-    fixture has one) set (None: JSON null) or removed (DROP)."""
-    cfg = json.loads((FIX / fixture / "config.json").read_text())
-    if section == "text":
-        section = "text_config" if "text_config" in cfg else None
-    node = cfg[section] if section else cfg
-    for key, value in edits.items():
-        if value is DROP:
-            node.pop(key, None)
-        else:
-            node[key] = value
-    folder = tmp_path / name / fixture
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
-    return folder
-
-
-def _import(folder: Path):
-    model, text = import_model(folder, name="m")
-    return model, yaml.safe_load(text)
+    """The fixture with `edits` in the root, or in `section`: "text" (text_config when the fixture has one, else
+    the root) or "vision_config" — the shared helper's sections."""
+    has_text = "text_config" in json.loads((FIX / fixture / "config.json").read_text())
+    where = {"text": "text" if has_text else "root", "vision_config": "vision", None: "root"}[section]
+    return edited_copy(tmp_path, fixture, name=name, **{where: edits})
 
 
 def _refusal(folder: Path) -> InputError:

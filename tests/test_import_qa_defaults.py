@@ -1,4 +1,4 @@
-"""QA findings 2, 15 and 16 (notes/qa-findings.md): what `model import` takes for a field config.json leaves out.
+"""What `model import` takes for a field config.json leaves out.
 
 vLLM 0.33.0 builds config.json through the transformers config class of its `model_type` (AutoConfig, vLLM's own
 registry first: deepseek_v32 and kimi_k2 are DeepseekV3Config); a field the file omits takes that class's default, a

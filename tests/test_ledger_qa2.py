@@ -1,4 +1,4 @@
-"""QA sweep 2 (notes/qa2-findings.md), the ledger's and the speed line's side:
+"""What a sweep of every command over the catalog found, the ledger's and the speed line's side:
 
 * finding 4: a comparison column whose KV pool is below zero prints no negative size: "none — X short",
   with the offload it is priced at named, and --json says fits / shortfall beside the signed figure;

@@ -1,4 +1,4 @@
-"""QA3 recipe findings 6-8 (/work/notes/qa3-findings.md): extra_args that render refuses are refused by
+"""What a fuzz of recipes found: extra_args that render refuses are refused by
 `check recipe` too (one rule, `recipegen.ledger.flags.rendered_flag_problems`), a
 --max-num-batched-tokens below --max-num-seqs is refused at load (vLLM 0.33 config/scheduler.py:331-336),
 and a recipe value's newline is escaped in the error message."""

@@ -202,7 +202,7 @@ def test_check_budgets_prints_per_machine_and_lane_summary() -> None:
     out = result.output
     assert "machine station-a · stage 0 (head)" in out and "machine station-b · stage 1 (worker)" in out
     assert "lane summary: pipeline 2 × tensor parallel 1" in out
-    assert "cost model: stage 1 (station-b) at 1 stream(s), k=5: 0.0 MB from host per step" in out
+    assert "cost model: stage 1 (station-b) at 1 stream, k=5: 0.0 MB from host per step" in out
     data = json.loads(CliRunner().invoke(main, ["check", "budgets", RECIPE, "--json"]).output)
     lane = data["recipes"][0]["lanes"][0]
     assert lane["multinode"] and [s["machine"] for s in lane["stages"]] == ["station-a", "station-b"]

@@ -106,8 +106,6 @@ def check_budgets(recipes: tuple[str, ...], explain: bool, as_json: bool, lanes:
         fetch = _fetch_summaries(loaded, ledger)
         speed = _speed(loaded, ledger)
         if as_json:
-            from recipegen.costmodel.lane_estimate import tp_caveat
-
             recipe_json = ledger.to_json()
             for lane_json in recipe_json["lanes"]:
                 if lane_json["lane"] in fetch:
@@ -117,7 +115,7 @@ def check_budgets(recipes: tuple[str, ...], explain: bool, as_json: bool, lanes:
                     lane_json["estimate"] = {"tokens_per_s": {str(s): v for s, v in estimate.tokens_per_s.items()},
                                              "alternatives": [a.to_json() for a in others],
                                              "warnings": warnings,
-                                             "tensor_parallel_caveat": tp_caveat(estimate.tensor_parallel_size) or None}
+                                             "tensor_parallel_caveat": estimate.tensor_parallel_caveat}
             results.append(recipe_json)
         else:
             from recipegen.ledger.report import render_ledger
@@ -126,11 +124,8 @@ def check_budgets(recipes: tuple[str, ...], explain: bool, as_json: bool, lanes:
             for lane_name, summary in fetch.items():
                 say(f"projected fetch tax · lane {lane_name} (recipegen plan for operands)")
                 say("\n".join(f"  {line}" for line in summary.lines()))
-            from recipegen.costmodel.lane_estimate import validation_band_text
-
             for lane_name, (estimate, _others, warnings) in speed.items():
-                per = ", ".join(f"C{p.streams} {p.tokens_per_s:,.1f} tok/s "
-                                f"({validation_band_text(*p.tokens_per_s_band, estimate.tensor_parallel_size)})"
+                per = ", ".join(f"C{p.streams} {p.tokens_per_s:,.1f} tok/s ({estimate.band_text(p)})"
                                 for p in estimate.points[:1] + estimate.points[1:][-1:])
                 say(f"decode speed estimate · lane {lane_name}: {per}, {estimate.label or estimate.placement} "
                     "(recipegen plan for the terms)")

@@ -156,6 +156,12 @@ def format_tokens(tokens: float) -> str:
     return f"{tokens:.0f}"
 
 
+def format_count(count: int, noun: str, plural: str | None = None) -> str:
+    """A count with its noun in the right number: format_count(1, "stream") -> '1 stream',
+    format_count(4, "stream") -> '4 streams' (one wording wherever a count is printed)."""
+    return f"{count} {noun if count == 1 else (plural or noun + 's')}"
+
+
 def largest_count_within(budget_bytes: float, bytes_per_item: float) -> int:
     """The rounding rule (docs/design.md 'Budget ↔ count'): a byte budget buys the largest whole count that fits."""
     if bytes_per_item <= 0:

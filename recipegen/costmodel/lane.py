@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from recipegen.common.errors import InputError
+from recipegen.common.units import format_count
 from recipegen.costmodel.fetch import FetchTax, fetch_tax
 from recipegen.costmodel.kschedule import KScheduleCheck, check_k_schedule
 from recipegen.costmodel.parallel import ONE_LINK_PER_GPU, fullest_rank, gpu_reads, lane_ep_shares
@@ -262,7 +263,7 @@ def fetch_points(loaded: Any, lane: Any, share: ColdShare, streams: Sequence[int
         tax = fetch_tax(moe_layers=model.num_moe_layers, unique_per_layer=u, cold_share=cold,
                         bytes_per_expert=reads.bytes_per_expert, link_bandwidth=machine.pinned_read_bandwidth,
                         step_time=step.seconds if step else None, cold_share_source=basis,
-                        unique_source=f"unique-experts model at {s} stream(s), k={k}",
+                        unique_source=f"unique-experts model at {format_count(s, 'stream')}, k={k}",
                         bandwidth_source=machine.sources.get("pinned_read_bandwidth", ""),
                         step_source=step.source if step else "", hbm_bandwidth=hbm)
         points.append(FetchPoint(s, k, u, tax, step.source if step else None))

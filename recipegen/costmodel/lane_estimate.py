@@ -148,6 +148,17 @@ class LaneEstimate:
     def tokens_per_s(self) -> dict[int, float]:
         return {p.streams: p.tokens_per_s for p in self.points}
 
+    @property
+    def tensor_parallel_caveat(self) -> str | None:
+        """What this estimate leaves out on a tensor-parallel lane (`tp_caveat`), None on one GPU: the
+        one owner of the JSON field, so every command that prints an estimate says the same."""
+        return tp_caveat(self.tensor_parallel_size) or None
+
+    def band_text(self, point: EstimatePoint) -> str:
+        """`point`'s validation band as a speed line prints it (`validation_band_text`): on a
+        tensor-parallel lane, the short form of `tensor_parallel_caveat`."""
+        return validation_band_text(*point.tokens_per_s_band, self.tensor_parallel_size)
+
     def to_json(self) -> dict[str, Any]:
         return {"lane": self.lane, "placement": self.placement, "placement_label": self.label or self.placement,
                 "hot_per_layer": self.hot_per_layer,
@@ -156,7 +167,7 @@ class LaneEstimate:
                 "tokens_per_s": {str(p.streams): p.tokens_per_s for p in self.points},
                 "tokens_per_s_band": {str(p.streams): list(p.tokens_per_s_band) for p in self.points},
                 "points": [p.to_json() for p in self.points], "notes": self.notes,
-                "tensor_parallel_caveat": tp_caveat(self.tensor_parallel_size) or None}
+                "tensor_parallel_caveat": self.tensor_parallel_caveat}
 
     def lines(self) -> list[str]:
         out = [f"{self.label or self.placement} ({self.hot_per_layer} hot experts per layer), {self.context:,} "

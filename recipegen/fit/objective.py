@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from recipegen.common.errors import RecipegenError
+from recipegen.common.units import format_count
 from recipegen.costmodel.fetch import fetch_tax
 from recipegen.costmodel.lane import unique_model_for
 from recipegen.costmodel.parallel import gpu_reads
@@ -100,7 +101,7 @@ def _estimate(ctx: Context, machine: Machine, lane: Lane, ledger: LaneLedger, pl
     terms = point.terms
     cold = f", cold experts {terms.cold_experts * 1e3:.2f} ms" if terms.cold_experts else ""
     tp = est.tensor_parallel_size
-    return Projection(point.tokens_per_s, f"{point.tokens_per_s:,.1f} tok/s at {streams} stream(s) "
+    return Projection(point.tokens_per_s, f"{point.tokens_per_s:,.1f} tok/s at {format_count(streams, 'stream')} "
                       f"({validation_band_text(lo, hi, tp)})",
                       f"decode estimate (docs/costmodel.md 'Decode speed'): step {terms.total * 1e3:.2f} ms{cold}, "
                       f"{est.context:,} tokens of KV per sequence", ESTIMATE, point.tokens_per_s, (lo, hi),
@@ -122,6 +123,6 @@ def link_reads(model: Model, machine: Machine, lane: Lane, cold_share_per_layer:
                     link_bandwidth=machine.pinned_read_bandwidth)
     ms = tax.fetch_ms if reads.mode != "ep" else tax.fetch_ms / reads.gpus
     spec = f", {k} speculative tokens" if k else ""
-    return Projection(-ms, f"{ms:,.2f} ms of link reads per decode step ({streams} stream(s){spec})",
+    return Projection(-ms, f"{ms:,.2f} ms of link reads per decode step ({format_count(streams, 'stream')}{spec})",
                       f"{share_basis}; {unique:.1f} unique experts per layer per step; "
                       f"{machine.pinned_read_bandwidth / 1e9:g} GB/s link (docs/costmodel.md)", LINK_READS)

@@ -9,6 +9,7 @@ this is refused when it is loaded (`recipegen.load.checks.extra_args_problems`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
 
 from recipegen.vllm_flags import load_flag_table
@@ -115,17 +116,19 @@ RENDERED_FROM_FIELDS: dict[str, str] = {
 
 
 def rendered_flag_problems(extra_args: list[str] | tuple[str, ...],
-                           rendered: set[str] | frozenset[str] = frozenset()) -> list[tuple[int, str]]:
+                           rendered: Mapping[str, str] | None = None) -> list[tuple[int, str]]:
     """(item index, message) for each flag of `extra_args` that the render builds itself: those of
-    `RENDERED_FROM_FIELDS`, and `rendered` (canonical names of the flags a render wrote, e.g. a
-    multi-node launch's). Every spelling vLLM reads counts (`-tp`, `--port=9`, `--max_model_len`)."""
+    `RENDERED_FROM_FIELDS`, and `rendered` (canonical name → the recipe field it comes from, "" when
+    none: a multi-node launch's flags, `recipegen.multinode.launch.launch_flags`, and whatever else a
+    render wrote). Every spelling vLLM reads counts (`-tp`, `--port=9`, `--max_model_len`)."""
+    also = rendered or {}
     problems: list[tuple[int, str]] = []
     for name, given in parsed_args(extra_args).given.items():
-        if name not in RENDERED_FROM_FIELDS and name not in rendered:
+        if name not in RENDERED_FROM_FIELDS and name not in also:
             continue
         flag = given.spelled.partition("=")[0]
         alias = f" (vLLM reads it as {name})" if name != flag else ""
-        field = RENDERED_FROM_FIELDS.get(name)
+        field = RENDERED_FROM_FIELDS.get(name) or also.get(name)
         source = f" ({field})" if field else ""
         problems.append((given.index, f"{flag} is rendered from the recipe's own fields{source}{alias}; "
                                       "change those instead of repeating it in extra_args"))

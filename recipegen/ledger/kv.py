@@ -362,20 +362,27 @@ def kv_dtype(model: Model, machine: Machine, lane: Lane, notes: list[str]) -> st
     return None
 
 
+def _refused_at_model_dtype(flag: str | None, refusal: tuple[str, str] | None) -> bool:
+    """Whether a refused `--kv-cache-dtype` is counted at the model's dtype: a packed or DeepSeek
+    value is (its layout is never built); a refused plain one keeps its own bytes."""
+    return refusal is not None and flag not in KV_CACHE_DTYPES
+
+
 def lane_attention(model: Model, machine: Machine, lane: Lane, dtype: str | None,
-                   notes: list[str]) -> list[tuple[AttentionLayers, int, str | None]]:
+                   notes: list[str], *,
+                   refusal_reported: bool = False) -> list[tuple[AttentionLayers, int, str | None]]:
     """Each attention group as the lane caches it, given the lane's KV dtype (`kv_dtype`): the group at
     that dtype, its bytes per token per layer on one rank, and the layout vLLM stores it in where that
     is not plain elements (the DeepSeek layouts of sparse MLA, by the GPU's backend:
     `sparse_mla_cache`; the packed TurboQuant, per-token-head and NVFP4 caches). TurboQuant's groups
     come split: the layers vLLM keeps at the model's dtype apart. The ledger's pool and the cost
-    model's KV reads both take their bytes from here."""
+    model's KV reads both take their bytes from here. `refusal_reported`: the caller reports
+    `kv_cache_refusal` itself (the ledger's violation, `kv_rate`), so no note repeats it."""
     tp = lane.tensor_parallel_size
     flag = cache_dtype_flag(lane)
     refusal = kv_cache_refusal(model, machine, lane)
-    # A refused packed or DeepSeek value is counted at the model's dtype; a refused plain one as today.
-    upper = refusal is not None and flag not in KV_CACHE_DTYPES
-    if refusal is not None:
+    upper = _refused_at_model_dtype(flag, refusal)
+    if refusal is not None and not refusal_reported:
         _note_once(notes, f"--kv-cache-dtype {flag}: vLLM 0.33 refuses to boot this lane with it — {refusal[0]}"
                    + (". KV counted at the model's dtype" if upper else ""))
     skip = flag_value(list(lane.extra_args), "--kv-cache-dtype-skip-layers")
@@ -454,8 +461,11 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
     rates = set()
     refused = kv_cache_refusal(model, machine, lane)
     if refused:
+        # the one report of the refusal per lane (`lane_attention` below is told not to note it)
+        counted = (" (KV counted at the model's dtype)"
+                   if _refused_at_model_dtype(cache_dtype_flag(lane), refused) else "")
         violations.append(Violation("attention", f"--kv-cache-dtype {cache_dtype_flag(lane)}: {refused[0]}; vLLM "
-                                    "refuses to boot this lane", refused[1], lane=lane.name))
+                                    f"refuses to boot this lane{counted}", refused[1], lane=lane.name))
     # TurboQuant's groups come split: those left at the model's dtype are its first and last layers
     turboquant = cache_dtype_flag(lane) in TURBOQUANT_BITS and refused is None
     sparse = any(g.index_head_dim for g in model.attention)
@@ -463,7 +473,8 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
     if refusal and not any(v.message.startswith(refusal[0]) for v in violations):
         violations.append(Violation("attention", refusal[0] + "; vLLM refuses to boot this lane", refusal[1],
                                     lane=lane.name))
-    for i, (group, rate, layout) in enumerate(lane_attention(model, machine, lane, dtype, notes)):
+    for i, (group, rate, layout) in enumerate(lane_attention(model, machine, lane, dtype, notes,
+                                                                 refusal_reported=True)):
         rates.add(rate)
         held = seq
         if group.kind == "sliding" and group.window:

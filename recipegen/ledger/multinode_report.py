@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from recipegen.common.units import format_bytes, format_tokens
+from recipegen.common.units import format_bytes, format_count, format_tokens
 from recipegen.ledger.adaptive import size_text
 from recipegen.ledger.multinode import MultiNodeLaneLedger
 from recipegen.ledger.report_lane import render_lane, verdict_lines
@@ -33,7 +33,7 @@ def render_multinode_lane(lane: MultiNodeLaneLedger, *, explain: bool = False) -
     fig = lane.figures
     out.append(f"  lane summary: pipeline {lane.pipeline_parallel_size} × tensor parallel "
                f"{lane.tensor_parallel_size}; KV {fig['kv.tokens'].display()} (smallest stage) → "
-               f"{int(fig['kv.full_sequences'].value)} full max_model_len sequence(s); experts in HBM "
+               f"{format_count(int(fig['kv.full_sequences'].value), 'full max_model_len sequence')}; experts in HBM "
                f"{format_bytes(fig['lane.hbm.hot_experts'].value)}, pinned in host "
                f"{format_bytes(fig['lane.host.cold_experts'].value)}; host tables {format_bytes(fig['lane.host_tables'].value)}")
     if "lane.adaptive.spare_hbm_bytes" in fig:
@@ -57,7 +57,7 @@ def render_multinode_lane(lane: MultiNodeLaneLedger, *, explain: bool = False) -
                       f"would not fit, {format_bytes(verdict.shortfall)} short ({stages})")
                    + f"; weights + reserves {format_bytes(verdict.weights_and_reserves)} of HBM caps {format_bytes(verdict.hbm_cap)}")
     for f in lane.stage_fetch:
-        out.append(f"  cost model: stage {f.rank} ({f.machine}) at {f.streams} stream(s), k={f.k}: "
+        out.append(f"  cost model: stage {f.rank} ({f.machine}) at {format_count(f.streams, 'stream')}, k={f.k}: "
                    f"{f.cold_bytes_per_step / 1e6:,.1f} MB from host per step = {f.fetch_ms:.2f} ms "
                    f"({f.basis})")
     out.append(f"  {lane.recommendation}")

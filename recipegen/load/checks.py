@@ -10,8 +10,10 @@ from pathlib import Path
 
 from recipegen.common.errors import one_line
 from recipegen.common.paths import escaping_link
+from recipegen.common.units import format_count
 from recipegen.load.document import Problem
 from recipegen.multinode.checks import parallel_problems
+from recipegen.multinode.launch import launch_flags
 from recipegen.schema.lane import Lane
 from recipegen.schema.recipe import Recipe
 
@@ -56,7 +58,7 @@ def cross_reference_problems(recipe: Recipe, base_dir: Path) -> list[Problem]:
             for j, gpu in enumerate(lane.gpus):
                 if gpu >= machine.gpus.count:
                     problems.append(((*where, "gpus", j), f"GPU id {gpu} does not exist on machine "
-                                     f"{lane.machine!r} ({machine.gpus.count} GPU(s): ids 0.."
+                                     f"{lane.machine!r} ({format_count(machine.gpus.count, 'GPU')}: ids 0.."
                                      f"{machine.gpus.count - 1})"))
             key = (lane.machine, lane.port)
             if key in seen_ports:
@@ -163,7 +165,8 @@ def extra_args_problems(lane: Lane, where: tuple[str | int, ...]) -> list[Proble
     a spelling vLLM reads differently (`-O3`, `--flag.key`), one it lacks, a value it refuses —
     a flag that changes what the ledger budgets without the ledger reading it
     (`recipegen.ledger.flags.UNBUDGETED`), a flag the render builds from the recipe's own fields
-    (`rendered_flag_problems`, the rule `render` applies) and a --max-num-batched-tokens below
+    (`rendered_flag_problems`, the rule `render` applies, with a multi-node lane's launch flags,
+    `recipegen.multinode.launch.launch_flags`) and a --max-num-batched-tokens below
     --max-num-seqs (`max_num_batched_tokens_problem`) — each at its own item of the list."""
     from recipegen.ledger.flags import (
         SAME_BYTES_DTYPES,
@@ -178,9 +181,14 @@ def extra_args_problems(lane: Lane, where: tuple[str | int, ...]) -> list[Proble
     # escaped, so a value cannot start a line of its own or move the cursor over the message.
     problems: list[Problem] = [((*where, "extra_args", index), one_line(message))
                                for index, message in parsed.problems]
+    # the render's own flags, refused by the same rule `render` applies (one owner, ledger.flags),
+    # with the flags a multi-node launch writes for this lane's topology (`launch_flags`); an item
+    # refused here is not refused again as unbudgeted (`--nnodes` on a pipeline lane)
+    rendered = rendered_flag_problems(lane.extra_args, launch_flags(lane.parallel))
+    rendered_items = {index for index, _ in rendered}
     for canonical, (default, why) in UNBUDGETED.items():
         given = parsed.get(canonical)
-        if given is None:
+        if given is None or given.index in rendered_items:
             continue
         value = given.value
         if canonical == "--dtype" and value in SAME_BYTES_DTYPES:
@@ -191,9 +199,7 @@ def extra_args_problems(lane: Lane, where: tuple[str | int, ...]) -> list[Proble
         problems.append(((*where, "extra_args", given.index),
                          one_line(f"{shown}: the ledger does not budget {canonical}" +
                                   (f" other than {default}" if default is not None else "") + f" ({why})")))
-    # the render's own flags, refused by the same rule `render` applies (one owner, ledger.flags)
-    problems.extend(((*where, "extra_args", index), one_line(message))
-                    for index, message in rendered_flag_problems(lane.extra_args))
+    problems.extend(((*where, "extra_args", index), one_line(message)) for index, message in rendered)
     batched = max_num_batched_tokens_problem(lane.extra_args, lane.concurrency.max)
     if batched is not None:
         problems.append(((*where, "extra_args", batched[0]), batched[1]))

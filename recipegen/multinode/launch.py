@@ -12,11 +12,15 @@ rule becomes. Used by compose rendering, Kubernetes rendering and the real two-n
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from recipegen.multinode.partition import StageLayers, partition_env_value, stage_layers
+from recipegen.schema.parallel import Parallel
 
 EXECUTOR_BACKEND = "mp"
+# `parallel.host_tables_in_hbm`: vLLM keeps the Engram tables in pinned host memory unless told.
+HOST_TABLES_IN_HBM_ARGS: tuple[str, ...] = ("--engram-config", json.dumps({"cpu_offload": False}))
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,26 @@ def node_args(*, pp: int, rank: int, master_addr: str, master_port: int | str) -
     if rank > 0:
         args.append("--headless")
     return args
+
+
+def host_table_args(parallel: Parallel | None) -> list[str]:
+    """The flags that place a multi-node lane's host tables (`parallel.host_tables_in_hbm`)."""
+    return list(HOST_TABLES_IN_HBM_ARGS) if parallel is not None and parallel.host_tables_in_hbm else []
+
+
+def launch_flags(parallel: Parallel | None) -> dict[str, str]:
+    """Every flag the launch of `parallel` writes on any of its nodes (canonical name → the recipe
+    field it comes from; empty for a one-machine lane). The recipe loader and the render both refuse
+    these in `extra_args` (`recipegen.ledger.flags.rendered_flag_problems`): vLLM would keep the
+    later one and boot a topology the ledger never priced, so `check recipe` refuses what `render`
+    refuses, with the same message."""
+    if parallel is None:
+        return {}
+    # rank 1 stands for every rank: a worker writes the head's flags plus --headless
+    args = node_args(pp=parallel.pipeline_parallel_size, rank=1, master_addr="head", master_port=0)
+    flags = {a: "parallel.pipeline" for a in args if a.startswith("--")}
+    flags.update((a, "parallel.host_tables_in_hbm") for a in host_table_args(parallel) if a.startswith("--"))
+    return flags
 
 
 def node_env(*, host_ip: str, stages: list[StageLayers]) -> list[tuple[str, str]]:

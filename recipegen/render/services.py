@@ -18,6 +18,7 @@ from expert_residency.contract import env as runtime_env
 from expert_residency.contract.metrics import MULTIPROC_DIR_ENV
 
 from recipegen.ledger.flags import max_num_seqs, rendered_flag_problems
+from recipegen.multinode.launch import host_table_args, launch_flags
 from recipegen.render.compose import HealthCheck, Interpolated, Mount, ServiceSpec
 from recipegen.vllm_flags import FlagTable, argv_problems
 from recipegen.vllm_flags.args import parse_args
@@ -300,9 +301,7 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
              "--tensor-parallel-size", str(len(stage.gpus)),
              "--max-model-len", str(lane.max_model_len)]
     if launch is not None:
-        argv += list(launch.args)
-        if getattr(lane.parallel, "host_tables_in_hbm", False):
-            argv += ["--engram-config", json.dumps({"cpu_offload": False})]
+        argv += [*launch.args, *host_table_args(lane.parallel)]
     extra = parse_args(list(lane.extra_args), inputs.flag_table)  # as vLLM reads them
     if extra.problems:  # the recipe loader refuses these first; never render past one
         at, message = extra.problems[0]
@@ -325,8 +324,10 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
     if runtime_on:
         argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
     # The loader refuses these first (`recipegen.load.checks.extra_args_problems`), by the same
-    # rule: the fixed set, plus whatever this render wrote (a multi-node launch's flags).
-    repeated = rendered_flag_problems(lane.extra_args, canonical_flags(argv, inputs.flag_table))
+    # rule: the fixed set plus the multi-node launch's flags (`launch_flags`, read by both); what
+    # this render wrote is added so that nothing it writes can ever be repeated.
+    rendered = {**dict.fromkeys(canonical_flags(argv, inputs.flag_table), ""), **launch_flags(lane.parallel)}
+    repeated = rendered_flag_problems(lane.extra_args, rendered)
     if repeated:
         at, message = repeated[0]
         raise loaded.error(message, ("lanes", index, "extra_args", at))

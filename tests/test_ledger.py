@@ -343,7 +343,7 @@ def test_more_streams_than_full_sequences_is_a_stated_warning(reference) -> None
     _, lane = reference
     assert lane.ok
     [warning] = [n for n in lane.notes if n.startswith("warning: concurrency")]
-    assert "up to 16 streams" in warning and "2.54M tokens = 2 full-length sequence(s)" in warning
+    assert "up to 16 streams" in warning and "2.54M tokens = 2 full-length sequences" in warning
     assert "max_model_len 1,048,576" in warning and "≤ 158,631 tokens each" in warning
     from recipegen.schema.lane import Concurrency
 

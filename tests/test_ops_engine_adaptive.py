@@ -102,7 +102,7 @@ def test_drift_shows_the_live_map(lane):
     assert figures["cold_share_live_map"] == pytest.approx(cold_share(live, traffic))
     text = ops("drift", "opstest", "agent", "--wait", "30")
     assert f"live map {live.content_hash()[:12]} ≠ the recipe's {agent.content_hash()[:12]}" in text.stdout
-    assert "cold share now 2.34%" in text.stdout and "6 swap(s) in 4 barrier(s)" in text.stdout
+    assert "cold share now 2.34%" in text.stdout and "6 swaps in 4 barriers" in text.stdout
     # the live map landed in the lane's host dump folder beside the histogram
     assert list((project.out_dir / "dumps" / "agent").glob("agent__agent__residency__*.rowmap"))
 

@@ -13,6 +13,7 @@ from expert_residency.formats import atomic_write_text
 
 from recipegen.cli.types import FiniteFloat
 from recipegen.common.errors import InputError
+from recipegen.common.units import format_count
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -138,7 +139,7 @@ def parity(url_a: str, url_b: str | None, fixture: Path | None, runs: int, max_t
         asyncio.run(main())
     if record_path is not None:
         _write_json(record_path, record_json(loaded, results["A"], identities["A"], settings))
-        click.echo(f"recorded {len(results['A'])} run(s) of {len(loaded.prompts)} prompts from {url_a} "
+        click.echo(f"recorded {format_count(len(results['A']), 'run')} of {format_count(len(loaded.prompts), 'prompt')} from {url_a} "
                    f"to {record_path}")
         return
     report = compare(loaded, results["A"], results["B"])

@@ -11,7 +11,7 @@ import click
 
 from recipegen.cli.types import FiniteFloat
 from recipegen.common.errors import InputError
-from recipegen.common.units import GiB
+from recipegen.common.units import GiB, format_count
 from recipegen.schema.lane import MAX_STREAMS
 
 
@@ -131,7 +131,7 @@ def plan(recipe: str, lane: str | None, sweep_text: str | None, traffic_class: s
                             if fig is not None:
                                 say(fig.explain())
         if price is not None:
-            say(f"\nprefetch bank of {prefetch_slots} slot(s) per layer: {price.experts} experts = "
+            say(f"\nprefetch bank of {format_count(prefetch_slots, 'slot')} per layer: {price.experts} experts = "
                 f"{price.bank_gib:.2f} GiB ≈ {price.kv_tokens_lost.value / 1e6:.2f}M KV tokens = "
                 f"{price.share_of_pool.value:.0%} of the {price.kv_pool_bytes / GiB:.2f} GiB pool "
                 f"({price.kv_tokens_before / 1e6:.2f}M → {price.kv_tokens_after / 1e6:.2f}M tokens)")

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from recipegen.common.errors import InputError, RecipegenError
+from recipegen.common.units import format_count
 from recipegen.render.compose import service_hashes  # noqa: F401 (re-export)
 
 Echo = Callable[..., None]
@@ -110,7 +111,7 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
                 click.echo(f"stale: {line}", err=True)
             click.echo("re-render with `recipegen render` and commit the result", err=True)
             sys.exit(1)
-        click.echo(f"up to date: {len(paths)} recipe(s)")
+        click.echo(f"up to date: {format_count(len(paths), 'recipe')}")
         return
 
     if show_diff:

@@ -12,6 +12,7 @@ import click
 
 from recipegen.cli.types import FiniteFloat
 from recipegen.common.errors import InputError
+from recipegen.common.units import format_count
 
 GEOMETRY_HELP = ("Model geometry for capture files: --recipe R, or --experts E "
                  "[--layers 0-39] [--top-k K].")
@@ -556,7 +557,7 @@ def save_live(recipe: str, lane: str, cls: str, dump_dir: Path | None, machine: 
         _emit_json({"written": str(target), "class": cls, **figures})
         return
     click.echo(f"wrote {target}: the live map {view.live.content_hash[:12]} of lane {lane} "
-               f"({view.live.swaps} swap(s) in {view.live.barriers} barrier(s) since boot map "
+               f"({format_count(view.live.swaps, 'swap')} in {format_count(view.live.barriers, 'barrier')} since boot map "
                f"{view.live.boot_content_hash[:12]}, as the runtime counted them, cross-checked "
                f"against the map file; hashes recomputed; from {view.snapshot.name})")
     if output is None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recipegen.common.errors import InputError
+from recipegen.common.units import format_count
 
 HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)(?:@(?P<revision>[A-Za-z0-9._/-]+))?$")
 CONFIG, QUANT, INDEX = "config.json", "hf_quant_config.json", "model.safetensors.index.json"
@@ -185,7 +186,7 @@ def _stage_shard_headers(hub, staged: HubCheckpoint, offline: bool) -> None:
         with open(staged.folder / shard, "wb") as f:
             f.write(header)
             f.truncate(8 + length + max(ends, default=0))  # the shard's size, its data a hole
-    staged.notes.append(f"{len(headers)} shard header(s) read, no tensor data")
+    staged.notes.append(f"{format_count(len(headers), 'shard header')} read, no tensor data")
 
 
 def _header_of_file(path: Path) -> bytes:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from recipegen.common.errors import InputError
-from recipegen.common.units import GiB, format_bytes
+from recipegen.common.units import GiB, format_bytes, format_count
 from recipegen.fit.objective import Context
 from recipegen.fit.rowmaps import (
     ClassHistogram,
@@ -82,7 +82,7 @@ class FitOutcome:
         out.append(f"    speed: {c.projection.text} ({c.projection.basis})")
         out.append(f"  HBM / GPU: hot experts {format_bytes(fig['hbm.hot_experts'].value)}, KV "
                    f"{format_bytes(fig['hbm.kv_pool'].value)} = {fig['kv.tokens'].display()} = "
-                   f"{int(fig['kv.full_sequences'].value)} full-length sequence(s); load peak "
+                   f"{format_count(int(fig['kv.full_sequences'].value), 'full-length sequence')}; load peak "
                    f"{format_bytes(fig['load.hbm_peak'].value)} of {format_bytes(fig['hbm.capacity'].value)}")
         out.append(f"  host: pinned experts {format_bytes(fig['host.cold_experts'].value)}, in use "
                    f"{format_bytes(fig['host.total'].value)}, load peak {format_bytes(fig['load.host_peak'].value)} "

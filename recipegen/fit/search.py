@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from recipegen.common.units import GiB, format_bytes
+from recipegen.common.units import GiB, format_bytes, format_count
 from recipegen.fit.objective import Context, Projection, link_reads, speed
 from recipegen.ledger import compute_lane
 from recipegen.ledger.parallel import expert_parallel
@@ -193,7 +193,7 @@ class _Judge:
         problems = [Problem(v.kind, v.message) for v in ledger.violations]
         seqs = int(ledger.fig("kv.full_sequences").value)
         if seqs < self.min_sequences and not {p.kind for p in problems} & {"hbm", "kv"}:
-            problems.append(Problem("sequences", f"the KV pool holds {seqs} full-length sequence(s) of "
+            problems.append(Problem("sequences", f"the KV pool holds {format_count(seqs, 'full-length sequence')} of "
                                     f"{lane.max_model_len:,} tokens, fewer than the {self.min_sequences} asked "
                                     "(--min-sequences)"))
         result = Evaluation(lane, ledger, tuple(problems))
@@ -261,7 +261,7 @@ def _all_in_hbm(judge: _Judge) -> Candidate | Refusal:
     zero = [0.0] * judge.model.num_moe_layers
     return Candidate(ALL_HBM, ev, None, 0, "every routed expert fits in HBM with the KV asked for: plain vLLM, "
                      "no --cpu-offload-gb, nothing read over the host link",
-                     f"the KV pool holds {int(kv)} full-length sequence(s) ({ev.ledger.fig('kv.tokens').display()})",
+                     f"the KV pool holds {format_count(int(kv), 'full-length sequence')} ({ev.ledger.fig('kv.tokens').display()})",
                      judge.speed(ev, ALL_HBM, None, zero, "nothing offloaded"))
 
 
@@ -309,8 +309,8 @@ def _usage_aware(judge: _Judge) -> Candidate | Refusal:
                 hot, offload = hot + 1, up
                 ev = judge.evaluate(USAGE_AWARE, hot, offload)
             shares, basis = judge.cold_share(hot)
-            why = (f"the largest hot count per layer whose HBM leaves {judge.min_sequences} full-length "
-                   f"sequence(s) of KV{' and whose load and host budgets hold' if hot < h_hbm else ''}; "
+            why = (f"the largest hot count per layer whose HBM leaves "
+                   f"{format_count(judge.min_sequences, 'full-length sequence')} of KV{' and whose load and host budgets hold' if hot < h_hbm else ''}; "
                    f"--cpu-offload-gb {offload}: the smallest whole GiB whose load-time HBM peak fits "
                    f"({format_bytes(ev.ledger.fig('load.hbm_peak').value)} of "
                    f"{format_bytes(ev.ledger.fig('hbm.capacity').value)}); the runtime then moves the "
@@ -351,8 +351,8 @@ def _positional(judge: _Judge) -> Candidate | Refusal:
     prev = judge.evaluate(POSITIONAL, None, offload - 1)
     cold = ev.ledger.active.cold_per_layer
     shares = [c / judge.experts() for c in cold]
-    why = (f"--cpu-offload-gb {offload}: the smallest whole GiB that leaves {judge.min_sequences} full-length "
-           f"sequence(s) of KV (vLLM offloads whole layers in module order: {ev.ledger.active.basis})")
+    why = (f"--cpu-offload-gb {offload}: the smallest whole GiB that leaves "
+           f"{format_count(judge.min_sequences, 'full-length sequence')} of KV (vLLM offloads whole layers in module order: {ev.ledger.active.basis})")
     return Candidate(POSITIONAL, ev, None, offload, why,
                      f"one GiB less (--cpu-offload-gb {offload - 1}) breaks {_problems_text(prev)}",
                      judge.speed(ev, POSITIONAL, None, shares,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from recipegen.common.units import GiB, format_bytes, format_tokens
+from recipegen.common.units import GiB, format_bytes, format_count, format_tokens
 from recipegen.ledger.adaptive import adaptive_host_and_link
 from recipegen.ledger.budget import declared_split
 from recipegen.ledger.figures import Figure
@@ -204,7 +204,7 @@ def _concurrency_warning(lane: Lane, out: _Figures) -> None:
     tokens = out.figs["kv.tokens"].value
     out.notes.append(
         f"warning: concurrency up to {streams} streams, but the KV pool holds {format_tokens(tokens)} tokens "
-        f"= {full} full-length sequence(s) of max_model_len {lane.max_model_len:,}: {streams} streams fit only "
+        f"= {format_count(full, 'full-length sequence')} of max_model_len {lane.max_model_len:,}: {streams} streams fit only "
         f"while they average ≤ {int(tokens // streams):,} tokens each (prompt + output); longer ones make vLLM "
         "preempt or queue requests. Lower concurrency.max or max_model_len, or give the KV pool more HBM")
 

@@ -3,7 +3,7 @@ every formula, and the verdict lines."""
 
 from __future__ import annotations
 
-from recipegen.common.units import GiB, MiB
+from recipegen.common.units import GiB, MiB, format_count
 from recipegen.ledger.reserves import basis_of
 from recipegen.ledger.result import POSITIONAL, LaneLedger, PlacementLedger, Violation, placement_label
 
@@ -114,7 +114,7 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
     per_seq = (f" of {_g(fig['kv.bytes_per_sequence'].value)} each (per GPU, by layer kind)"
                if "kv.bytes_per_sequence" in fig else "")
     out.append(f"  KV: {fig['kv.tokens'].display()} for max_model_len {int(fig['kv.max_model_len'].value):,} "
-               f"→ {int(fig['kv.full_sequences'].value)} full-length sequence(s){per_seq}")
+               f"→ {format_count(int(fig['kv.full_sequences'].value), 'full-length sequence')}{per_seq}")
     dense_host = (f" + non-routed weights offloaded {_g(fig['host.dense_offloaded'].value)}"
                   if "host.dense_offloaded" in fig else "")
     tables = (f"host tables {_g(fig['host.tables'].value)} + " if fig["host.tables"].value else "")

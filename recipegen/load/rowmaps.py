@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from recipegen.common.units import format_count
 from recipegen.ledger.budget import declared_split
 from recipegen.load.document import Problem
 from recipegen.schema import Recipe
@@ -48,7 +49,7 @@ def read_lane_rowmaps(recipe: Recipe, lane_index: int, base_dir: Path) -> tuple[
                 layer, n = wrong[0]
                 problems.append((loc, f"row map {cls.rowmap} disagrees with the budget "
                                  f"(offload.hot_experts_per_layer = {split.hot_per_layer}): layer "
-                                 f"{layer} has {n} hot ({len(wrong)} layer(s) differ). The map is the "
+                                 f"{layer} has {n} hot ({format_count(len(wrong), 'layer')} differ{'s' if len(wrong) == 1 else ''}). The map is the "
                                  "truth: rebuild it for this budget or change the budget"))
                 continue
         else:

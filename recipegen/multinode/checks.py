@@ -5,6 +5,7 @@ Returns (field path, message) problems like `recipegen.load.checks`, which calls
 
 from __future__ import annotations
 
+from recipegen.common.units import format_count
 from recipegen.multinode.partition import PartitionError, stage_layers
 from recipegen.schema.recipe import Recipe
 
@@ -29,7 +30,7 @@ def parallel_problems(recipe: Recipe, lane_index: int) -> list[Problem]:
         for j, gpu in enumerate(stage.gpus):
             if gpu >= machine.gpus.count:
                 problems.append(((*at, "gpus", j), f"GPU id {gpu} does not exist on machine "
-                                 f"{stage.machine!r} ({machine.gpus.count} GPU(s))"))
+                                 f"{stage.machine!r} ({format_count(machine.gpus.count, 'GPU')})"))
         if not machine.address:
             problems.append(((*at, "machine"), f"machine {stage.machine!r} has no address: a "
                              "multi-node lane needs every machine's address (the head's is "

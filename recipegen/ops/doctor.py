@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from recipegen.common.units import GiB as GIB
+from recipegen.common.units import format_count
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 UNLIMITED = -1
@@ -124,7 +125,7 @@ def _images_check(facts: Facts, need: HostRequirement) -> Check:
 def _paths_check(facts: Facts, need: HostRequirement) -> Check:
     missing = [p for p in need.required_paths if p not in facts.existing_paths]
     if not missing:
-        return Check("bind mounts", OK, f"{len(need.required_paths)} host path(s) present")
+        return Check("bind mounts", OK, f"{format_count(len(need.required_paths), 'host path')} present")
     return Check("bind mounts", FAIL, "missing on this host: " + ", ".join(missing),
                  "put the checkpoint there, or set RECIPEGEN_MODELS_DIR to the folder holding "
                  "the model folders (the rendered mounts read `${RECIPEGEN_MODELS_DIR:-/srv/models}`)")
@@ -179,7 +180,7 @@ def _gpu_check(facts: Facts, need: HostRequirement | None) -> Check:
     if facts.gpu_error:
         return Check("gpus", FAIL, f"nvidia-smi failed: {facts.gpu_error}",
                      "check the driver (`nvidia-smi`), reboot after a driver update")
-    detail = f"{len(facts.gpus)} GPU(s): " + "; ".join(facts.gpus)
+    detail = f"{format_count(len(facts.gpus), 'GPU')}: " + "; ".join(facts.gpus)
     if need is not None and len(facts.gpus) < need.gpus:
         return Check("gpus", FAIL, f"{detail}; {need.recipe} needs {need.gpus}",
                      "run the recipe on its machine or change the lanes' GPUs")

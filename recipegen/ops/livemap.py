@@ -19,6 +19,7 @@ from expert_residency.core.dump import LiveMap
 from expert_residency.formats import FormatError, Histogram, RowMap, parse_rowmap
 
 from recipegen.common.errors import InputError, RecipegenError
+from recipegen.common.units import format_count
 from recipegen.ops.dumps import Snapshot, snapshots
 
 
@@ -110,7 +111,7 @@ def _live_map_problems(snap: Snapshot, live: LiveMap, rowmap: RowMap) -> list[st
                             f"provenance says {str(prov[key])[:16]}")
     ceiling = live.barriers * len(rowmap.moe_layer_indices) * rowmap.num_experts
     if live.swaps > ceiling:
-        problems.append(f"{live.swaps} swaps in {live.barriers} barrier(s) over "
+        problems.append(f"{format_count(live.swaps, 'swap')} in {format_count(live.barriers, 'barrier')} over "
                         f"{len(rowmap.moe_layer_indices)} layers of {rowmap.num_experts} experts: more "
                         f"than the {ceiling} possible")
     if live.prior is not None and (not isinstance(live.prior, str) or not _NAME.fullmatch(live.prior)):
@@ -147,8 +148,8 @@ def describe(view: dict[str, Any]) -> str:
     now = f"cold share now {share:.2%} (the runtime's report of its last barrier's window" + (
         f", profile {view['prior']})" if view.get("prior") else ")") if share is not None else \
         "no barrier yet"
-    return (f"live map {view['content_hash'][:12]}{same}; {view['swaps']} swap(s) in "
-            f"{view['barriers']} barrier(s); {now}; from {view['snapshot']}")
+    return (f"live map {view['content_hash'][:12]}{same}; {format_count(view['swaps'], 'swap')} in "
+            f"{format_count(view['barriers'], 'barrier')}; {now}; from {view['snapshot']}")
 
 
 def save_live(loaded: Any, lane_name: str, cls_name: str, files: Mapping[str, bytes], *, where: str,
@@ -195,8 +196,8 @@ def save_live(loaded: Any, lane_name: str, cls_name: str, files: Mapping[str, by
     if adaptive is not None:
         cap = view.live.barriers * len(live.moe_layer_indices) * adaptive.swaps_per_layer
         if view.live.swaps > cap:
-            raise RecipegenError(f"{view.snapshot.name} reports {view.live.swaps} swaps in "
-                                 f"{view.live.barriers} barrier(s), more than the lane's "
+            raise RecipegenError(f"{view.snapshot.name} reports {format_count(view.live.swaps, 'swap')} in "
+                                 f"{format_count(view.live.barriers, 'barrier')}, more than the lane's "
                                  f"offload.adaptive.swaps_per_layer {adaptive.swaps_per_layer} allows "
                                  f"over {len(live.moe_layer_indices)} MoE layers ({cap}): not this "
                                  "lane's runtime, or edited; not saved")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from recipegen.cli import main
+from recipegen.common import glossary
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "tests" / "fixtures" / "hf_configs"
@@ -109,6 +111,11 @@ def test_compare_tabulates_each_machine(here: Path) -> None:
     lines = out.splitlines()
     assert lines[1].split()[:4] == ["machine", "GPUs", "host", "fits"]
     assert any(line.strip().startswith("rtx-4090") and " no " in line for line in lines)
+    # the usage-aware row's "(load N GiB)" is explained in the same output, under the table
+    assert re.search(r"usage-aware \(load \d+ GiB\)", out)
+    notes = out.split(glossary.HEADING, 1)[1].splitlines()
+    load = [line for line in notes if line.strip().startswith("load N GiB:")]
+    assert load and "--cpu-offload-gb" in load[0] and "load_cpu_offload" in load[0] and "per GPU" in load[0]
     assert {p: p.read_bytes() for p in (here / "recipes").rglob("*") if p.is_file()} == before  # writes nothing
 
 

@@ -40,6 +40,11 @@ TERMS: tuple[Term, ...] = (
          "experts offloaded by their place in the model (vLLM's --cpu-offload-gb takes whole layers in "
          "load order) / cold experts chosen per layer by a row map from measured routing",
          explained_by=r"positional = the same cold count"),
+    Term("load N GiB", r"\(load \d[\d,.]* GiB\)",
+         "on a usage-aware lane, vLLM's --cpu-offload-gb while it loads the weights (the recipe's "
+         "offload.load_cpu_offload, N GiB per GPU): vLLM first offloads whole layers by their place in the "
+         "model, then the residency runtime moves each layer's experts to the row map's hot and cold sets "
+         "(docs/ledger.md 'Load time')"),
     Term("hot / cold", r"\bhot\b|\bcold\b",
          "experts kept in GPU memory (HBM) / in pinned host memory, which the GPU reads in place over the "
          "host link"),

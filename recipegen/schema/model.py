@@ -388,7 +388,8 @@ class PositionalOffloadMeasurement(StrictModel):
     """What vLLM's plain `--cpu-offload-gb` actually moved to host, measured on a boot."""
 
     cpu_offload: PositiveBytes
-    """The `--cpu-offload-gb` budget of that boot (vLLM reads it as GiB)."""
+    """The `--cpu-offload-gb` budget of that boot, written with its unit (`60 GiB`: vLLM reads the
+    flag's number as GiB)."""
     offloaded: PositiveBytes
     """Bytes the offloader reported moving (it walks dense parameters too)."""
 

@@ -11,6 +11,10 @@
 # rows:  gpt-oss at T = 48, 49 and 64 (the grouped loop at its limit, the Triton tl.dot kernels above
 #        it), the points of bench/expert_rows.py's table on each side of the kernel change.
 # sim:   the decode simulation as runs EE and EF ran it, for tests/test_estimate_validation.py.
+# context: what a worker holds on the GPU before its weights load (CUDA context, cuBLAS, a Triton
+#        module, a one-rank NCCL group) and CUDA's total beside NVML's: the ledger's assumed 512 MiB
+#        load-time allowance and the H200's driver reserve, measured (bench/context_allowance.py;
+#        written 2026-12-05, not yet run).
 #
 # Carries (ignored paths, copied onto the machine): .cache/whl (humming-kernels 0.1.19 and
 # nvidia-cuda-cccl 13.0.85 wheels from PyPI) and .cache/vsub/vllm (the unpacked vllm 0.33.0 wheel's
@@ -37,6 +41,9 @@ for part in "$@"; do
            timeout ${SIM_S:-300} python3 bench/decode_sim.py --models qwen3-30b-a3b,gpt-oss-120b \
                --tokens 1,8,32 --steps 1:30,8:20,32:14 --profile 3 --out "$OUT/sim" > "$OUT/sim.log" 2>&1
            echo "sim rc=$?"; tail -30 "$OUT/sim.log" ;;
-    *)     echo "unknown part: $part (tests, rows, sim)"; exit 2 ;;
+    context) timeout ${CONTEXT_S:-120} python3 bench/context_allowance.py --out "$OUT/context_allowance.json" \
+               > "$OUT/context.log" 2>&1
+           echo "context rc=$?"; tail -8 "$OUT/context.log" ;;
+    *)     echo "unknown part: $part (tests, rows, sim, context)"; exit 2 ;;
   esac
 done

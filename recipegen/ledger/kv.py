@@ -17,6 +17,10 @@ spec's head slots × bytes per slot (v1/kv_cache_interface.py:579-594), and the 
 `lane_attention` is the one place those bytes are worked out; where vLLM has no backend for the
 value on the lane's GPUs and model, the lane is refused (`kv_cache_refusal`).
 
+`--kv-cache-dtype-skip-layers` keeps the attention layers it names at "auto", the model's dtype
+(model_executor/layers/attention/attention.py:299-315; MLA: mla_attention.py:494-500), the rest at
+the cache dtype: `lane_attention` splits each group by it (`skip_layers`, `AttentionPart`).
+
 State layers (Gated DeltaNet, Mamba-2) hold a fixed state per sequence; vLLM then lays the
 attention and state layers out in one pool of equal pages (`kv_state`), and a sequence costs
 what that layout gives. The lane's rate is the sequence's bytes ÷ max_model_len × tp, so the
@@ -25,11 +29,13 @@ pool in tokens is pool ÷ (rate / tp) and in sequences pool ÷ bytes per sequenc
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from recipegen.ledger.figures import Figure
-from recipegen.ledger.flags import flag_value
-from recipegen.ledger.kv_state import StatePool, state_pool, state_pool_figures
+from recipegen.ledger.flags import flag_value, flag_values
+from recipegen.ledger.kv_state import KERNEL_BLOCK, StatePool, state_pool, state_pool_figures
 from recipegen.ledger.result import Violation, src_note
 from recipegen.ledger.workspace import max_num_batched_tokens
 from recipegen.schema import Lane, Machine, Model
@@ -163,6 +169,56 @@ def turboquant_boundary(model: Model) -> list[int]:
     return sorted(set(range(n)) | set(range(model.decoder_layers - n, model.decoder_layers))) if n > 0 else []
 
 
+# `--kv-cache-dtype-skip-layers` (vllm/config/cache.py:282-284; argparse `nargs="+"` of strings,
+# engine/arg_utils.py:255-259, 813-816, 1415-1417: space-separated values, no comma splitting). Each
+# attention layer compares its decoder-layer index, as a string, with the values; a non-MLA layer
+# with a sliding window is also skipped by the value `sliding_window`
+# (model_executor/layers/attention/attention.py:299-315; MLA: index only, mla_attention.py:494-500).
+# A skipped layer caches at "auto", the model's dtype. vLLM checks the values no further: one that
+# names no attention layer (another spelling of a number, "0,47", an index past the last layer)
+# skips nothing.
+SKIP_FLAG = "--kv-cache-dtype-skip-layers"
+SLIDING_WINDOW = "sliding_window"
+_LAYER_INDEX = re.compile(r"0|[1-9][0-9]*")      # str(int): the only spelling that matches a layer
+
+
+@dataclass(frozen=True)
+class SkipLayers:
+    """The lane's `--kv-cache-dtype-skip-layers` as vLLM 0.33 applies it to the model."""
+
+    values: tuple[str, ...]         # as given
+    layers: frozenset[int]          # the attention layers they name (by index or as sliding-window layers)
+    ignored: tuple[str, ...]        # values that name no attention layer of the model
+
+
+def skip_layers(model: Model, lane: Lane) -> SkipLayers:
+    """The attention layers the lane's `--kv-cache-dtype-skip-layers` keeps at the model's dtype
+    (attention.py:299-315, mla_attention.py:494-500), and the values that name none."""
+    values = flag_values(list(lane.extra_args), SKIP_FLAG)
+    layers: set[int] = set()
+    ignored: list[str] = []
+    for value in values:
+        if value == SLIDING_WINDOW:
+            named = {n for g in model.attention if g.kind == "sliding" for n in g.layers}
+        elif _LAYER_INDEX.fullmatch(value):
+            named = {int(value)} & {n for g in model.attention for n in g.layers}
+        else:
+            named = set()
+        if not named:
+            ignored.append(value)
+        layers |= named
+    return SkipLayers(tuple(values), frozenset(layers), tuple(ignored))
+
+
+def kept_layers(model: Model, lane: Lane) -> set[int]:
+    """Every attention layer vLLM 0.33 keeps at the model's dtype: the lane's skip list, and under
+    TurboQuant its first and last layers, which vLLM merges into that list (engine/arg_utils.py:2334-2351)."""
+    kept = set(skip_layers(model, lane).layers)
+    if cache_dtype_flag(lane) in TURBOQUANT_BITS:
+        kept |= set(turboquant_boundary(model))
+    return kept
+
+
 def kv_cache_refusal(model: Model, machine: Machine, lane: Lane) -> tuple[str, str] | None:
     """Where vLLM 0.33 has no attention backend for the lane's `--kv-cache-dtype` on its GPUs and model
     (its backend choice: platforms/cuda.py:84-181, each candidate checked by
@@ -229,7 +285,7 @@ def kv_cache_refusal(model: Model, machine: Machine, lane: Lane) -> tuple[str, s
         return (f"only TRITON_ATTN stores it, for head sizes of 32 and more (v1/attention/backends/"
                 f"triton_attn.py:379-380); this model's smallest is {head_dims[0]}", "--kv-cache-dtype auto or fp8")
     if flag in TURBOQUANT_BITS:
-        boundary = set(turboquant_boundary(model))
+        boundary = kept_layers(model, lane)
         sliding = [n for g in model.attention if g.kind == "sliding" for n in g.layers if n not in boundary]
         if sliding:
             return (f"TURBOQUANT, the only backend that stores it (v1/attention/backends/turboquant_attn.py:183-187), "
@@ -240,10 +296,15 @@ def kv_cache_refusal(model: Model, machine: Machine, lane: Lane) -> tuple[str, s
             return (f"a chunked-attention layer takes its backend from the cache dtype (TURBOQUANT: "
                     f"model_executor/layers/attention/chunked_local_attention.py:96-101) but caches at the model's "
                     f"dtype when vLLM keeps it unquantized, as it does layers {_layer_span(chunked)} (engine/"
-                    f"arg_utils.py:2334-2351, attention/attention.py:299-315); TURBOQUANT's impl then fails on "
+                    f"arg_utils.py:2334-2351 and --kv-cache-dtype-skip-layers, attention/attention.py:299-315); "
+                    f"TURBOQUANT's impl then fails on "
                     f"\"auto\" (v1/attention/backends/turboquant_attn.py:339, turboquant/config.py:216-226)",
                     "--kv-cache-dtype auto or fp8")
     return None
+
+
+def _layers_word(layers: list[int]) -> str:
+    return f"layer{'s' if len(layers) > 1 else ''} {_layer_span(layers)}"
 
 
 def _layer_span(layers: list[int]) -> str:
@@ -368,16 +429,35 @@ def _refused_at_model_dtype(flag: str | None, refusal: tuple[str, str] | None) -
     return refusal is not None and flag not in KV_CACHE_DTYPES
 
 
+@dataclass(frozen=True)
+class AttentionPart:
+    """An attention group, or the part of one that caches alike, as the lane caches it."""
+
+    group: AttentionLayers          # its layers, at the dtype they cache at
+    rate: int                       # bytes per token per layer on one rank (a padded page's share included)
+    layout: str | None              # the packed or DeepSeek layout; None: plain elements
+    kept: bool = False              # layers vLLM keeps at the model's dtype (skip list, TurboQuant's boundary)
+    padding: tuple[int, int, int] | None = None     # a padded sliding page: (bytes/token unpadded, page, tokens)
+
+
 def lane_attention(model: Model, machine: Machine, lane: Lane, dtype: str | None,
                    notes: list[str], *,
                    refusal_reported: bool = False) -> list[tuple[AttentionLayers, int, str | None]]:
     """Each attention group as the lane caches it, given the lane's KV dtype (`kv_dtype`): the group at
     that dtype, its bytes per token per layer on one rank, and the layout vLLM stores it in where that
     is not plain elements (the DeepSeek layouts of sparse MLA, by the GPU's backend:
-    `sparse_mla_cache`; the packed TurboQuant, per-token-head and NVFP4 caches). TurboQuant's groups
-    come split: the layers vLLM keeps at the model's dtype apart. The ledger's pool and the cost
-    model's KV reads both take their bytes from here. `refusal_reported`: the caller reports
-    `kv_cache_refusal` itself (the ledger's violation, `kv_rate`), so no note repeats it."""
+    `sparse_mla_cache`; the packed TurboQuant, per-token-head and NVFP4 caches). Groups come split
+    where vLLM keeps layers at the model's dtype (`--kv-cache-dtype-skip-layers`, TurboQuant's first
+    and last layers): those layers apart (`attention_parts`). The ledger's pool and the cost model's KV
+    reads both take their bytes from here. `refusal_reported`: the caller reports `kv_cache_refusal`
+    itself (the ledger's violation, `kv_rate`), so no note repeats it."""
+    return [(p.group, p.rate, p.layout)
+            for p in attention_parts(model, machine, lane, dtype, notes, refusal_reported=refusal_reported)]
+
+
+def attention_parts(model: Model, machine: Machine, lane: Lane, dtype: str | None, notes: list[str], *,
+                    refusal_reported: bool = False) -> list[AttentionPart]:
+    """`lane_attention`'s groups, each part marked where vLLM keeps it at the model's dtype."""
     tp = lane.tensor_parallel_size
     flag = cache_dtype_flag(lane)
     refusal = kv_cache_refusal(model, machine, lane)
@@ -385,11 +465,6 @@ def lane_attention(model: Model, machine: Machine, lane: Lane, dtype: str | None
     if refusal is not None and not refusal_reported:
         _note_once(notes, f"--kv-cache-dtype {flag}: vLLM 0.33 refuses to boot this lane with it — {refusal[0]}"
                    + (". KV counted at the model's dtype" if upper else ""))
-    skip = flag_value(list(lane.extra_args), "--kv-cache-dtype-skip-layers")
-    if skip and flag is not None:
-        _note_once(notes, f"--kv-cache-dtype-skip-layers {skip} is not modelled: vLLM 0.33 caches the layers it names "
-                   "at the model's dtype (model_executor/layers/attention/attention.py:299-315), counted here at "
-                   f"--kv-cache-dtype {flag} (for a cache smaller than the model's dtype, a lower bound)")
     packed = flag if flag in PACKED and refusal is None else None
     if flag == "nvfp4_ds_mla" and refusal is None and not any(g.kind == "mla" for g in model.attention):
         _note_once(notes, "--kv-cache-dtype nvfp4_ds_mla on non-MLA attention is not modelled: KV counted at the "
@@ -400,48 +475,133 @@ def lane_attention(model: Model, machine: Machine, lane: Lane, dtype: str | None
                    "kernels read as nvfp4")
     if packed:
         _note_once(notes, _packed_note(packed, model))
+    skip = skip_layers(model, lane)
     boundary = set(turboquant_boundary(model)) if packed in TURBOQUANT_BITS else set()
-    # the sparse-MLA layout is the lane's and the GPU's, the same for every sparse group
+    # a layer vLLM keeps at "auto" (attention.py:299-315, mla_attention.py:494-500; TurboQuant's boundary is
+    # merged into the same list, engine/arg_utils.py:2334-2351); a refused layout is counted at the model's
+    # dtype throughout
+    kept = set() if upper else set(skip.layers) | boundary
+    # the sparse-MLA layout is the lane's and the GPU's, the same for every sparse group; a kept layer
+    # caches at "auto", which SM120's only sparse backend stores as fp8_ds_mla too (`sparse_mla_cache`)
     ds_layout = sparse_mla_cache(machine, lane)[0] if not upper else None
-    out: list[tuple[AttentionLayers, int, str | None]] = []
-    for group in model.attention:
-        if dtype is not None:
-            group = group.model_copy(update={"kv_dtype": dtype})
-        layout = ds_layout if group.kind == "mla" and group.index_head_dim else None
+    ds_kept = "fp8_ds_mla" if (machine.gpus.compute_capability or "").split(".")[0] == "12" else None
+
+    def cached(group: AttentionLayers, at_cache_dtype: bool) -> tuple[int, str | None]:
+        layout = (ds_layout if at_cache_dtype else ds_kept) if group.kind == "mla" and group.index_head_dim else None
         if layout:
-            out.append((group, DS_MLA_BYTES[layout] + group.indexer_bytes_per_token(), layout))
-            if layout == "fp8_ds_mla" and not any(n.startswith("sparse MLA cache stored as fp8_ds_mla") for n in notes):
-                notes.append(f"sparse MLA cache stored as fp8_ds_mla on compute capability "
-                             f"{machine.gpus.compute_capability}: vLLM 0.33's sparse backend there keeps "
-                             f"{FP8_DS_MLA_BYTES} B per token per layer (512 fp8 + 4 fp32 scales + 64 bf16 RoPE values; "
-                             "model_executor/layers/attention/mla_attention.py:359-376) plus the indexer key")
-            if layout == "nvfp4_ds_mla":
-                _note_once(notes, f"sparse MLA cache stored as nvfp4_ds_mla: vLLM 0.33's FLASHMLA_SPARSE keeps "
-                           f"{NVFP4_DS_MLA_BYTES} B per token per layer (512 fp4 values two a byte, 64 fp8 RoPE values, "
-                           "32 fp8 scales — one per 16 values; v1/attention/backends/mla/flashmla_sparse.py:111-122, "
-                           "model_executor/layers/attention/mla_attention.py:1383-1388) plus the indexer key"
-                           + ("" if machine.gpus.compute_capability else
-                              "; no compute capability given: assumed 10.x, the only one vLLM stores it on"))
-            continue
-        if packed and group.kind != "mla":
+            return DS_MLA_BYTES[layout] + group.indexer_bytes_per_token(), layout
+        if at_cache_dtype and packed and group.kind != "mla":
             assert group.head_dim is not None
-            quantized = [n for n in group.layers if n not in boundary]
-            kept = [n for n in group.layers if n in boundary]
-            if quantized:
-                part = group.model_copy(update={"layers": quantized}) if kept else group
-                out.append((part, group.kv_heads_per_rank(tp) * packed_head_bytes(packed, group.head_dim), packed))
-            if kept:
-                # a skipped layer caches at "auto", the model's dtype (vllm/utils/torch_utils.py:519-524): the
-                # group's own unless the checkpoint asks for an fp8 cache, which "auto" no longer means here
-                own = group.kv_dtype if group.kv_dtype != "fp8" else "bf16"
-                part = group.model_copy(update={"layers": kept, "kv_dtype": own})
-                out.append((part, part.bytes_per_token_per_layer(tp), None))
-                if own != group.kv_dtype:
-                    _note_once(notes, f"--kv-cache-dtype {packed}: the layers vLLM keeps unquantized cache at the "
-                               "model's dtype, not the checkpoint's fp8 KV scheme; counted as bf16")
-            continue
-        out.append((group, group.bytes_per_token_per_layer(tp), None))
+            return group.kv_heads_per_rank(tp) * packed_head_bytes(packed, group.head_dim), packed
+        return group.bytes_per_token_per_layer(tp), None
+
+    out: list[AttentionPart] = []
+    for base in model.attention:
+        group = base.model_copy(update={"kv_dtype": dtype}) if dtype is not None else base
+        rate, layout = cached(group, True)
+        held = [n for n in base.layers if n in kept]
+        if held:
+            # "auto" is the model's dtype (vllm/utils/torch_utils.py:519-524): the group's own unless the
+            # checkpoint asks for an fp8 cache, which a kept layer no longer follows (attention.py:286-315)
+            own = base.kv_dtype if base.kv_dtype != "fp8" else "bf16"
+            kept_group = base.model_copy(update={"layers": held, "kv_dtype": own})
+            kept_rate, kept_layout = cached(kept_group, False)
+            if (kept_rate, kept_layout) != (rate, layout):
+                rest = [n for n in base.layers if n not in kept]
+                if rest:
+                    out.append(AttentionPart(group.model_copy(update={"layers": rest}), rate, layout))
+                padding = None
+                if group.kind == "sliding" and kept_rate > rate:
+                    page, block = skip_sliding_page(lane, rate, kept_rate)
+                    padding, kept_rate = (kept_rate, page, block), -(-page // block)
+                out.append(AttentionPart(kept_group, kept_rate, kept_layout, kept=True, padding=padding))
+                if own != base.kv_dtype:
+                    _note_once(notes, "the layers vLLM keeps at the model's dtype cache at \"auto\", not the "
+                               "checkpoint's fp8 KV scheme (model_executor/layers/attention/attention.py:286-315); "
+                               "counted as bf16")
+                continue
+        out.append(AttentionPart(group, rate, layout))
+    for layout in dict.fromkeys(p.layout for p in out if p.layout in DS_MLA_BYTES):
+        _ds_mla_note(layout, machine, notes)
+    _skip_notes(model, skip, out, notes, upper)
     return out
+
+
+def skip_sliding_page(lane: Lane, primary: int, skipped: int) -> tuple[int, int]:
+    """The page and block (tokens) of a sliding-window layer kept at the model's dtype beside layers at
+    the cache dtype, as vLLM 0.33 sizes it. The attention block grows until a page of the cache dtype
+    holds a kernel block (16 tokens, `kv_state.KERNEL_BLOCK`) of the model's dtype — block = align ×
+    ⌈16 × skipped / (align × primary)⌉, align = max(16, --block-size) — and that page is the one every
+    kept layer pads up to (platforms/interface.py:787-793, :823-937); the sliding layer takes the
+    largest kernel block whose page fits in it (model_executor/layers/attention/attention.py:626-673,
+    :101-130). `primary`, `skipped`: bytes per token per layer at the cache and the model's dtype."""
+    given = flag_value(list(lane.extra_args), "--block-size")
+    align = max(KERNEL_BLOCK, int(given) if given and given.isdigit() else 0)
+    block = align * -(-(skipped * KERNEL_BLOCK) // (align * primary))
+    page = block * primary
+    return page, max(KERNEL_BLOCK, page // skipped // KERNEL_BLOCK * KERNEL_BLOCK)
+
+
+def _ds_mla_note(layout: str, machine: Machine, notes: list[str]) -> None:
+    if layout == "fp8_ds_mla" and not any(n.startswith("sparse MLA cache stored as fp8_ds_mla") for n in notes):
+        notes.append(f"sparse MLA cache stored as fp8_ds_mla on compute capability "
+                     f"{machine.gpus.compute_capability}: vLLM 0.33's sparse backend there keeps "
+                     f"{FP8_DS_MLA_BYTES} B per token per layer (512 fp8 + 4 fp32 scales + 64 bf16 RoPE values; "
+                     "model_executor/layers/attention/mla_attention.py:359-376) plus the indexer key")
+    if layout == "nvfp4_ds_mla":
+        _note_once(notes, f"sparse MLA cache stored as nvfp4_ds_mla: vLLM 0.33's FLASHMLA_SPARSE keeps "
+                   f"{NVFP4_DS_MLA_BYTES} B per token per layer (512 fp4 values two a byte, 64 fp8 RoPE values, "
+                   "32 fp8 scales — one per 16 values; v1/attention/backends/mla/flashmla_sparse.py:111-122, "
+                   "model_executor/layers/attention/mla_attention.py:1383-1388) plus the indexer key"
+                   + ("" if machine.gpus.compute_capability else
+                      "; no compute capability given: assumed 10.x, the only one vLLM stores it on"))
+
+
+def _part_dtype(part: AttentionPart) -> str:
+    return part.layout or part.group.kv_dtype
+
+
+def _skip_notes(model: Model, skip: SkipLayers, parts: list[AttentionPart], notes: list[str], upper: bool) -> None:
+    """What the lane's `--kv-cache-dtype-skip-layers` changes, and which of its values name nothing."""
+    if not skip.values:
+        return
+    given = " ".join(skip.values)
+    src = "model_executor/layers/attention/attention.py:299-315, mla_attention.py:494-500"
+    if skip.ignored:
+        comma = any("," in v for v in skip.ignored)
+        _note_once(notes, f"--kv-cache-dtype-skip-layers {', '.join(map(repr, skip.ignored))}: "
+                   f"{'names' if len(skip.ignored) == 1 else 'name'} no attention layer of this model, so vLLM 0.33 "
+                   f"skips nothing for {'it' if len(skip.ignored) == 1 else 'them'} (each attention layer compares "
+                   "its index, written as a plain integer, and sliding-window layers `sliding_window`, "
+                   f"{src}; vLLM checks the values no further): ignored"
+                   + ("; the flag takes its values space-separated (`nargs=\"+\"`, engine/arg_utils.py:255-259), "
+                      "a comma does not split them" if comma else ""))
+    named = [p for p in parts if p.kept and set(p.group.layers) & skip.layers]
+    if not skip.layers:
+        return
+    if upper or not named:
+        _note_once(notes, f"--kv-cache-dtype-skip-layers {given}: the layers it names cache at the model's dtype "
+                   f"({src}), as the rest of this lane's cache does: no change")
+        return
+    split = "; ".join(
+        (f"{p.group.kind} {_layers_word(sorted(p.group.layers))}"
+         if p.kept else f"{len(p.group.layers)} {p.group.kind} layer{'s' if len(p.group.layers) > 1 else ''}")
+        + f" at {p.rate:,} B per token ({_part_dtype(p)}" + (", the model's dtype" if p.kept else "") + ")"
+        for p in parts)
+    _note_once(notes, f"--kv-cache-dtype-skip-layers {given}: vLLM 0.33 caches the attention layers it names at "
+               f"\"auto\", the model's dtype ({src}); per layer and GPU: {split}")
+    for p in parts:
+        if p.padding:
+            bytes_, page, block = p.padding
+            _note_once(notes, f"sliding-window layers kept at the model's dtype ({bytes_:,} B per token) pad their "
+                       f"page to the one a block of the cache dtype fills: {page:,} B for {block} tokens, "
+                       f"{p.rate:,} B a token (platforms/interface.py:823-937, model_executor/layers/attention/"
+                       "attention.py:626-673)")
+    kinds = {g.kind for g in model.attention}
+    if "sliding" in kinds and any(p.kept and p.group.kind != "sliding" for p in parts):
+        _note_once(notes, "non-sliding layers kept at the model's dtype beside sliding-window layers: their pages "
+                   "differ from the others', which vLLM 0.33 then unifies (v1/core/kv_cache_planning.py:346-409, "
+                   ":914-1041) in a way not followed here — each layer counted at its own bytes per token")
 
 
 def _model_group(model: Model, group: AttentionLayers) -> int:
@@ -466,15 +626,17 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
                    if _refused_at_model_dtype(cache_dtype_flag(lane), refused) else "")
         violations.append(Violation("attention", f"--kv-cache-dtype {cache_dtype_flag(lane)}: {refused[0]}; vLLM "
                                     f"refuses to boot this lane{counted}", refused[1], lane=lane.name))
-    # TurboQuant's groups come split: those left at the model's dtype are its first and last layers
-    turboquant = cache_dtype_flag(lane) in TURBOQUANT_BITS and refused is None
+    # groups come split where vLLM keeps layers at the model's dtype: TurboQuant's first and last, and
+    # those --kv-cache-dtype-skip-layers names
+    boundary = set(turboquant_boundary(model)) if cache_dtype_flag(lane) in TURBOQUANT_BITS and not refused else set()
+    named = skip_layers(model, lane).layers
     sparse = any(g.index_head_dim for g in model.attention)
     refusal = sparse_mla_cache(machine, lane)[1] if sparse and not refused else None
     if refusal and not any(v.message.startswith(refusal[0]) for v in violations):
         violations.append(Violation("attention", refusal[0] + "; vLLM refuses to boot this lane", refusal[1],
                                     lane=lane.name))
-    for i, (group, rate, layout) in enumerate(lane_attention(model, machine, lane, dtype, notes,
-                                                                 refusal_reported=True)):
+    for i, part in enumerate(attention_parts(model, machine, lane, dtype, notes, refusal_reported=True)):
+        group, rate, layout, kept = part.group, part.rate, part.layout, part.kept
         rates.add(rate)
         held = seq
         if group.kind == "sliding" and group.window:
@@ -501,18 +663,29 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
         if group.kind == "chunked":
             assert in_flight is not None
             ops.update(chunk=group.chunk, max_num_batched_tokens=in_flight.value, tokens_held=held)
-        kept = turboquant and layout is None
         if layout in DS_MLA_BYTES:
             how = _DS_MLA_HOW[layout]
         elif layout:
             how = _packed_how(layout) + _TOKENS.get(group.kind, "")
         else:
-            how = _HOW[group.kind] + (" (a first or last decoder layer, which TurboQuant leaves at the model's dtype)"
-                                      if kept else "")
+            how = _HOW[group.kind]
         how += " + indexer key (index_head_dim + 4 per 128)" if group.index_head_dim else ""
+        if kept:
+            ends, listed = sorted(set(group.layers) & boundary), sorted(set(group.layers) & named)
+            why = ([f"{_layers_word(ends)}: the first and last decoder layers, which TurboQuant leaves at the "
+                    "model's dtype"] if ends else [])
+            why += [f"{_layers_word(listed)}: named by --kv-cache-dtype-skip-layers"] if listed else []
+            how += f", at the model's dtype ({'; '.join(why)})"
+        if part.padding:
+            unpadded, page, block = part.padding
+            how = (f"⌈page_bytes / block_tokens⌉: the page padded to the one a block at the cache dtype fills "
+                   f"(unpadded: {how})")
+            ops.update(bytes_per_token_unpadded=unpadded, page_bytes=page, block_tokens=block)
         j = _model_group(model, group)
         label = (f"KV per token per layer, {group.kind} attention ({len(group.layers)} layers, per GPU"
-                 + (f", {layout}" if layout and layout != "fp8_ds_mla" else ", model's dtype" if kept else "") + ")")
+                 + (f", {layout}" if layout and layout != "fp8_ds_mla" else "")
+                 + (", model's dtype" + ("" if layout else f", {group.kv_dtype}") if kept
+                    else f", {group.kv_dtype}" if named and not layout else "") + ")")
         add(Figure(f"kv.layers[{i}].bytes_per_token", label, rate, "bytes/token", how, ops,
                    src_note(model.sources, f"attention[{j}].kv_heads")
                    or src_note(model.sources, f"attention[{j}].kv_lora_rank")

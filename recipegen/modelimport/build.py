@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from recipegen.common.errors import InputError
+from recipegen.modelimport import hftypes
 from recipegen.modelimport.config import Config
 from recipegen.modelimport.families import Built, family_of, index_ranges, sourced
 from recipegen.modelimport.formats import Format, expert_format
@@ -59,13 +60,18 @@ def read_config(path: Path) -> tuple[Config, Built, str]:
     cfg.hf, cfg.hf_why = root_class(cfg)
     text_at_root = not (fam.text_config and arch.endswith("ForConditionalGeneration"))
     check_root_pairing(cfg, arch, text_at_root)
+    hftypes.check(cfg)
     if not text_at_root:
         if not cfg.has("text_config"):
             raise cfg.error("text_config", f"{arch} keeps the language model under `text_config`; it is missing")
-        cfg.section("text_config").check_fields(set(fam.reads), set(fam.ignored), arch)
+        text = cfg.section("text_config")
+        text.check_fields(set(fam.reads), set(fam.ignored), arch)
+        hftypes.check(text)
         if cfg.has("vision_config"):
-            cfg.section("vision_config").check_fields(set(fam.vision_reads) | {"model_type"},
-                                                      set(fam.vision_ignored), f"{arch} vision_config")
+            vision = cfg.section("vision_config")
+            vision.check_fields(set(fam.vision_reads) | {"model_type"}, set(fam.vision_ignored),
+                                f"{arch} vision_config")
+            hftypes.check(vision)
     return cfg, fam.build(cfg, arch), arch
 
 

@@ -361,6 +361,10 @@ class Config:
             if self.data.get(n) is not None:
                 return self.data[n]
         looked = " or ".join(f"`{self.name(n)}`" for n in names)
+        null = next((n for n in names if n in self.data), None)
+        if null is not None:    # the key is there, with null: name it and its line
+            raise self.error(null, f"`{self.name(null)}` is null, and the importer needs a value for {looked}"
+                             f"{' — ' + what if what else ''}")
         raise InputError(f"missing {looked}{' — ' + what if what else ''}", file=self.file,
                          line=self.doc.line(self.base) if self.base else None, field=self.name(names[0]))
 

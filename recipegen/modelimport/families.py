@@ -921,11 +921,13 @@ def _vision_section(cfg: Config, arch: str, builds: str) -> Config:
     not be this checkpoint's tower — so the encoder bytes could not be stated from the file."""
     value = cfg.data.get("vision_config")
     if not isinstance(value, dict):
-        got = "missing" if value is None else f"not an object ({type(value).__name__})"
+        got = ("null" if "vision_config" in cfg.data else "missing") if value is None else \
+            f"not an object ({type(value).__name__})"
         raise InputError(f"`vision_config` is {got}: {arch} builds its vision tower from it ({builds}), and without "
                          "it the tower's size (encoder bytes, part of dense bytes) cannot be read from this file; "
                          "use the checkpoint's own config.json, which carries vision_config",
-                         file=cfg.file, field=cfg.name("vision_config"))
+                         file=cfg.file, field=cfg.name("vision_config"),
+                         line=cfg.doc.line(cfg.base + ("vision_config",)) if "vision_config" in cfg.data else None)
     return cfg.section("vision_config")
 
 

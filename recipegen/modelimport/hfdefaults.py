@@ -82,10 +82,19 @@ class HFClass:
         if spec is None:
             return None, f"{TF} {self.name} builds no `{key}` sub-config ({self.file})"
         if spec == AUTO_DEEPSEEK:
-            mtype = child.data.get("model_type")
-            if mtype not in (None, "deepseek_v3", "kimi_k2"):
-                return None, (f"{TF} {self.name} builds `{child.name('model_type')}` {mtype!r} through AutoConfig: "
-                              "the class of that model_type, not DeepseekV3Config, whose defaults the importer reads")
+            # Kimi_K25Config builds text_config with AutoConfig by its model_type (absent: deepseek_v3; kimi_k2 is
+            # rewritten to deepseek_v3); a null or "" one cannot be resolved ("Cannot resolve `text_config`") and
+            # an unknown one is refused ("Unrecognized model type for subconfig"; configuration_utils.py
+            # SubConfigSpec): vLLM cannot load the file. Any other builds a class the importer does not read.
+            if "model_type" in child.data and child.data["model_type"] not in ("deepseek_v3", "kimi_k2"):
+                mtype = child.data["model_type"]
+                name = child.name("model_type")
+                raise child.error("model_type", f"`{name}` is {'null' if mtype is None else repr(mtype)}: {TF} "
+                                  f"{self.name} builds `{key}` through AutoConfig by this model_type ({self.file}; "
+                                  "absent, it is deepseek_v3, and kimi_k2 is read as deepseek_v3), which refuses a "
+                                  "null, an empty or an unknown one (vLLM 0.33.0 cannot load this config.json) and "
+                                  "builds another class's fields and defaults for any other, where the importer "
+                                  "reads DeepseekV3Config's; give deepseek_v3 or kimi_k2, or leave it out")
             return CLASSES["DeepseekV3Config"], ""
         return CLASSES[spec], ""
 

@@ -262,7 +262,9 @@ class HostReserveMeasurement(StrictModel):
     host_used: PositiveBytes
     """Host memory in use on that boot (page cache included)."""
     pinned_experts: Bytes
-    """Expert bytes pinned in host on that boot."""
+    """Expert bytes that boot moved to host as vLLM logs them (its `--cpu-offload-gb` walk, exact
+    sizes); the ledger subtracts what its pinning model says those parameters held (each rounded up
+    to a power of two), so the boot replays to its own measurement."""
 
 
 class HostReserve(StrictModel):

@@ -124,7 +124,7 @@ def test_doctor_reads_the_recipes_mounts_and_ledger(repo_root, tmp_path):
     checks = {c["name"]: c for c in json.loads(result.stdout)}
     assert result.returncode == 1  # no daemon, no GPU here
     assert checks["bind mounts"]["status"] == "ok"
-    assert "433.16 GiB" in checks["host memory"]["detail"]  # the seeds' 433.1 GiB host ledger
+    assert "379.58 GiB" in checks["host memory"]["detail"]  # 189.2 + 128.05 + 62.33 GiB host ledger
     env["RECIPEGEN_MODELS_DIR"] = str(tmp_path / "elsewhere")
     result = subprocess.run([sys.executable, "-m", "recipegen", "doctor", "dsv41-flash-gb300",
                              "--json"], cwd=repo_root, env=env, capture_output=True, text=True,

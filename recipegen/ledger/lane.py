@@ -18,9 +18,10 @@ from recipegen.ledger.kv import kv_rate, state_sequence_bound
 from recipegen.ledger.kv_state import StatePool
 from recipegen.ledger.load import load_figures
 from recipegen.ledger.parallel import dense_per_rank, ep_fullest_hot, expert_parallel, parallel_figures
+from recipegen.ledger.pinning import pinned_operands, pinned_per_layer
 from recipegen.ledger.placement import experts_only, offload_param_filter, positional_walk
 from recipegen.ledger.placements import placement_figures, positional_placement, usage_aware_placement
-from recipegen.ledger.reserves import hbm_reserve, host_reserve
+from recipegen.ledger.reserves import hbm_reserve, host_reserve, placement_hbm_reserve, reserve_basis
 from recipegen.ledger.result import POSITIONAL, USAGE_AWARE, LaneLedger, PlacementLedger, Violation, src_note
 from recipegen.ledger.runtime_check import runtime_caveat, runtime_violations
 from recipegen.ledger.verdict import budget_violations
@@ -171,7 +172,13 @@ def _placements(model: Model, machine: Machine, lane: Lane, hbm: _Hbm, bank: flo
                 ids = ([list(i) for i in rowmap_hot_ids] if placement is ua and rowmap_hot_ids is not None
                        and lane.offload.placement == USAGE_AWARE else None)
                 ep_hot = ep_fullest_hot(model, lane, placement.hot_per_layer, ids)
-            placement_figures(placement, model, lane, hbm.cap, hbm.reserve, kv_token_bytes, tp, bank,
+            # An estimated reserve holds vLLM's fused-MoE workspace only where vLLM computes the experts.
+            own_reserve = placement_hbm_reserve(model, machine, lane, out.figs["hbm.reserve"],
+                                                placement.placement, placement.hot_per_layer)
+            if own_reserve is not None:
+                placement.figures["hbm.reserve"] = own_reserve
+            placement_figures(placement, model, lane, hbm.cap,
+                              hbm.reserve if own_reserve is None else own_reserve.value, kv_token_bytes, tp, bank,
                               dense_offloaded=placement.dense_host_bytes,
                               workspace=ua_workspace if placement is ua else 0.0, ep_hot=ep_hot)
     active = pos if lane.offload.placement == POSITIONAL else ua
@@ -265,7 +272,8 @@ def _hbm_figures(model: Model, machine: Machine, lane: Lane, out: _Figures) -> _
         rest = out.add(Figure("hbm.reserve.runtime", "  of which activations, CUDA graphs, rest",
                               reserve - dense - drafter, "bytes", "reserve − dense − drafter",
                               {"reserve_bytes": reserve, "dense_bytes": dense, "drafter_bytes": drafter},
-                              "declared parts are inside the measured reserve, never added on top"))
+                              f"declared parts are inside the {reserve_basis(lane.reserves.hbm)} reserve, "
+                              "never added on top"))
         if rest.value < 0:
             out.violations.append(Violation(
                 "reserve", f"declared dense + drafter weights ({format_bytes(dense + drafter)}) exceed "
@@ -358,11 +366,25 @@ def _host_figures(model: Model, machine: Machine, lane: Lane, active: PlacementL
     add(Figure("host.cold_experts", "pinned cold experts", cold_bytes, "bytes",
                "Σ cold per layer × bytes_per_expert", {"cold_experts": sum(active.cold_per_layer),
                                                         "bytes_per_expert": e}, active.basis))
-    add(Figure("host.before_reserve", "host tables + pinned experts", tables + cold_bytes, "bytes",
-               "host_tables + cold_experts", {"host_tables_bytes": tables, "cold_experts_bytes": cold_bytes},
+    held, held_name = cold_bytes, "cold_experts"
+    if lane.offload.placement == POSITIONAL and cold_bytes:
+        # Nothing re-homes on a positional lane: vLLM's pinned blocks, each parameter rounded up to a
+        # power of two by PyTorch's caching host allocator, are what the host holds for the whole run.
+        walk = positional_walk(model, lane.offload.load_cpu_offload or 0, experts_only=experts_only(lane),
+                               ranks=lane.tensor_parallel_size)
+        formula, operands = pinned_operands(model, walk.host_per_layer)
+        held = add(Figure("host.cold_pinned", "pinned cold experts as vLLM holds them",
+                          sum(pinned_per_layer(model, walk.host_per_layer)), "bytes", formula, operands,
+                          "positional lane: the runtime never moves these experts, so vLLM's pinned blocks stay for the "
+                          "whole run; each parameter is pinned at PyTorch's caching-host-allocator size "
+                          "(vllm/model_executor/offloader/uva.py:114-116, ATen/core/CachingHostAllocator.h:"
+                          "300-309; docs/ledger.md 'Load time')")).value
+        held_name = "cold_experts_pinned"
+    add(Figure("host.before_reserve", "host tables + pinned experts", tables + held, "bytes",
+               f"host_tables + {held_name}", {"host_tables_bytes": tables, f"{held_name}_bytes": held},
                "before page cache and processes"))
     dense = active.dense_host_bytes
-    terms = [("host_tables", tables), ("cold_experts", cold_bytes)]
+    terms = [("host_tables", tables), (held_name, held)]
     if dense:
         add(active.figures["host.dense_offloaded"])
         terms.append(("dense_offloaded", dense))

@@ -8,7 +8,7 @@ from typing import Any
 
 from recipegen.common.units import GiB, format_bytes
 from recipegen.ledger.figures import Figure
-from recipegen.ledger.pinning import pinned_per_layer, rehoming_host_peak
+from recipegen.ledger.pinning import pinned_operands, pinned_per_layer, rehoming_host_peak
 from recipegen.ledger.placement import experts_only, positional_walk, rehoming_peaks
 from recipegen.ledger.reserves import LOAD_CONTEXT_ALLOWANCE
 from recipegen.ledger.result import USAGE_AWARE, PlacementLedger, Violation
@@ -45,7 +45,9 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
     pinned_peak = rehoming_host_peak(pinned, final_host, peaks.order)
     how += ("; vLLM's pinned parameters counted as PyTorch's caching host allocator reserves them "
             "(next power of two each: vllm/model_executor/offloader/uva.py:114-116, "
-            "ATen/core/CachingHostAllocator.h:300-309), released layer by layer as each is moved")
+            "ATen/core/CachingHostAllocator.h:300-309), "
+            + ("released layer by layer as each is moved" if lane.offload.placement == USAGE_AWARE
+               else "kept for the whole run"))
     if model.dense_bytes is not None:
         weights_at_load = declared_weights - dense_offloaded / tp
         weights_note = "dense (+ drafter) weights as declared" + (
@@ -58,11 +60,13 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
                {"load_cpu_offload_bytes": budget, "offloaded_bytes": walk.offloaded_bytes, "tp": tp}))
     add(Figure("load.host_experts_initial", "experts pinned after load", peaks.host_initial, "bytes",
                "positional walk(load_cpu_offload)", {"load_cpu_offload_bytes": budget}))
+    pin_formula, pin_operands = pinned_operands(model, init_host)
     add(Figure("load.host_pinned_initial", "host memory vLLM pins for them", sum(pinned), "bytes",
-               "Σ offloaded parameters, each rounded up to a power of two",
-               {"offloaded_bytes": peaks.host_initial, "offloaded_layers": sum(1 for p in pinned if p)},
-               "PyTorch's caching host allocator behind Tensor.pin_memory() (vllm/model_executor/offloader/"
-               "uva.py:114-116); measured on one NVIDIA H200, PyTorch 2.11: a 4.5 GiB tensor pinned 8 GiB"))
+               pin_formula, pin_operands,
+               "vLLM keeps a layer's values and block scales as separate parameters and pins each with "
+               "Tensor.pin_memory() (vllm/model_executor/offloader/uva.py:114-116); PyTorch's caching host "
+               "allocator reserves the next power of two of each (ATen/core/CachingHostAllocator.h:300-309); "
+               "measured on one NVIDIA H200, PyTorch 2.11: a 4.5 GiB tensor pinned 8 GiB"))
     operands = {"weights_at_load_bytes": weights_at_load, "peak_experts_bytes": peaks.hbm_peak, "tp": tp,
                 "cuda_context_bytes": LOAD_CONTEXT_ALLOWANCE}
     formula = "weights_at_load + peak expert bytes in HBM / tp + cuda_context"
@@ -104,5 +108,34 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
         violations.append(Violation(
             "load-host", f"host memory peaks at {format_bytes(host_peak)} while loading, "
             f"{format_bytes(need)} over the machine's {format_bytes(machine.host_memory)}",
-            f"lower offload.load_cpu_offload to at most {max(0, math.floor((budget - need / tp) / GiB))} GiB",
+            f"lower offload.load_cpu_offload to at most "
+            f"{_largest_fitting_load_offload(model, lane, active, tp, machine.host_memory - tables - host_reserve)} GiB",
             need, lane=lane.name))
+
+
+def _pinned_load_peak(model: Model, lane: Lane, active: PlacementLedger, tp: int, budget: float) -> float:
+    """Host bytes a load with `--cpu-offload-gb` = `budget` peaks at, beyond tables and reserve: vLLM's
+    pinned blocks (each parameter at its power-of-two size) while the runtime re-homes, and the non-routed
+    bytes the walk moved — the same arithmetic as `load.host_peak`."""
+    e = model.expert_bytes
+    walk = positional_walk(model, budget, experts_only=experts_only(lane), ranks=tp)
+    init_host = walk.host_per_layer
+    init_hbm = [model.routed_experts * e - h for h in init_host]
+    if lane.offload.placement == USAGE_AWARE:
+        final_host = [c * e for c in active.cold_per_layer]
+        peaks = rehoming_peaks(init_hbm, init_host, [h * e for h in active.hot_per_layer], final_host)
+    else:
+        final_host = init_host
+        peaks = rehoming_peaks(init_hbm, init_host, init_hbm, init_host)
+    return rehoming_host_peak(pinned_per_layer(model, init_host), final_host, peaks.order) + walk.dense_offloaded
+
+
+def _largest_fitting_load_offload(model: Model, lane: Lane, active: PlacementLedger, tp: int,
+                                  available: float) -> int:
+    """The largest whole-GiB `load_cpu_offload` whose load-time host peak fits `available` bytes (host
+    memory less tables and reserve). Pinned blocks are powers of two, so lowering the offload by the
+    bytes over does not give the answer: each whole GiB below the lane's is tried, as the ledger counts it."""
+    gib = math.floor((lane.offload.load_cpu_offload or 0) / GiB)
+    while gib > 0 and _pinned_load_peak(model, lane, active, tp, gib * GiB) > available:
+        gib -= 1
+    return gib

@@ -118,8 +118,11 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
     dense_host = (f" + non-routed weights offloaded {_g(fig['host.dense_offloaded'].value)}"
                   if "host.dense_offloaded" in fig else "")
     tables = (f"host tables {_g(fig['host.tables'].value)} + " if fig["host.tables"].value else "")
+    held = (f" in {_g(fig['host.cold_pinned'].value)} of vLLM's pinned blocks (each parameter rounded up to a "
+            "power of two, kept for the whole run)"
+            if "host.cold_pinned" in fig and fig["host.cold_pinned"].value > fig["host.cold_experts"].value else "")
     out.append(f"  Host: {tables}pinned experts "
-               f"{_g(fig['host.cold_experts'].value)} = {_g(fig['host.before_reserve'].value)} before page "
+               f"{_g(fig['host.cold_experts'].value)}{held} = {_g(fig['host.before_reserve'].value)} before page "
                f"cache; + reserve {_g(fig['host.reserve'].value)} ({_host_basis(fig['host.reserve'])}){dense_host} = {_g(fig['host.total'].value)} of "
                f"{_g(fig['host.memory'].value)} (headroom {_g(fig['host.headroom'].value)})")
     pinned = fig.get("load.host_pinned_initial")

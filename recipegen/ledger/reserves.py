@@ -12,6 +12,7 @@ from typing import Any
 from recipegen.common.units import GiB, MiB
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.parallel import dense_per_rank
+from recipegen.ledger.pinning import boot_pinning
 from recipegen.ledger.result import USAGE_AWARE
 from recipegen.schema import Lane, Machine, Model
 from recipegen.schema.lane import HbmReserve, HostReserve
@@ -54,13 +55,6 @@ def reserve_basis(spec: HbmReserve | HostReserve | None) -> str:
     return spec.basis or "declared"
 
 
-def derived_basis(spec: HbmReserve | HostReserve) -> str | None:
-    """The `basis` of a reserve derived from `spec` (a pipeline stage's share of the lane's)."""
-    if spec.back_solved_from is not None:
-        return "measured"
-    return spec.basis if spec.value is not None else None
-
-
 def _value_note(spec: HbmReserve | HostReserve) -> str:
     kind = reserve_basis(spec)
     what = {"measured": "measured input", "assumed": "assumed input (not measured)"}.get(
@@ -89,15 +83,19 @@ def hbm_reserve(model: Model, machine: Machine, lane: Lane, add: Any) -> float:
         f"back-solved from a measured boot: {spec.source}")).value
 
 
-def fused_moe_workspace(model: Model, lane: Lane, tokens: int) -> float:
+def fused_moe_workspace(model: Model, lane: Lane, tokens: int, *, vllm_computes: bool | None = None) -> float:
     """vLLM 0.33's fused-MoE workspaces for `tokens` tokens on one GPU (Triton experts,
     vllm/model_executor/layers/fused_moe/experts/triton_moe.py:240-255: workspace1 (M, top_k,
     max(I, H)) and workspace2 (M, top_k, max(2I, H)), bf16, the output reusing workspace1 —
     modular_kernel.py:1183-1205), I per rank. None on a lane whose experts the residency runtime
-    computes (its own workspace is `hbm.runtime_workspace`)."""
+    computes (its own workspace is `hbm.runtime_workspace`). `vllm_computes`: whether vLLM's own
+    fused-MoE kernels compute the experts in the placement priced (default: the lane's own)."""
     if model.moe_intermediate_size is None or model.hidden_size is None:
         return 0.0
-    if lane.offload.placement == USAGE_AWARE and lane.offload.hot_experts_per_layer != model.routed_experts:
+    if vllm_computes is None:
+        vllm_computes = not (lane.offload.placement == USAGE_AWARE
+                             and lane.offload.hot_experts_per_layer != model.routed_experts)
+    if not vllm_computes:
         return 0.0
     inter = model.moe_intermediate_size / lane.tensor_parallel_size
     hidden = model.hidden_size
@@ -126,6 +124,30 @@ def estimated_hbm_reserve(model: Model, machine: Machine, lane: Lane, add: Any) 
         f"{note} (max_num_batched_tokens: {batched.reason}; allowance: recipegen.ledger.reserves)")).value
 
 
+def placement_hbm_reserve(model: Model, machine: Machine, lane: Lane, lane_reserve: Figure,
+                          placement: str, hot_per_layer: list[int]) -> Figure | None:
+    """An estimated reserve re-estimated for one placement column, where its fused-MoE workspace
+    differs from the lane's: plain vLLM (positional) computes the experts with its fused-MoE kernels
+    and needs their workspace; usage-aware residency computes them itself unless every expert is
+    hot. None when the reserve is not estimated or the column's reserve is the lane's."""
+    from recipegen.ledger.workspace import max_num_batched_tokens
+
+    if not lane.reserves.hbm.estimated:
+        return None
+    computes = placement != USAGE_AWARE or all(h == model.routed_experts for h in hot_per_layer)
+    tokens = max_num_batched_tokens(machine, lane).value
+    moe = fused_moe_workspace(model, lane, tokens, vllm_computes=computes)
+    lane_moe = lane_reserve.operands["fused_moe_workspace_bytes"]
+    if moe == lane_moe:
+        return None
+    operands = {**lane_reserve.operands, "fused_moe_workspace_bytes": moe}
+    who = ("plain vLLM computes the experts with its fused-MoE kernels" if computes
+           else "the residency runtime computes the experts (its workspace is hbm.runtime_workspace)")
+    return Figure("hbm.reserve", "HBM reserve (estimated for this placement)",
+                  lane_reserve.value - lane_moe + moe, "bytes", lane_reserve.formula, operands,
+                  f"{ESTIMATED_NOTE}; re-estimated for this column: {who}")
+
+
 def host_reserve(model: Model, lane: Lane, add: Any, notes: list[str]) -> float:
     spec = lane.reserves.host
     if spec is None:
@@ -144,13 +166,32 @@ def host_reserve(model: Model, lane: Lane, add: Any, notes: list[str]) -> float:
                           "", {}, _value_note(spec))).value
     m = spec.back_solved_from
     assert m is not None
-    value = m.host_used - m.pinned_experts - model.host_table_bytes
+    # The boot's pinned experts by the ledger's own pinning model (recipegen.ledger.pinning), the
+    # one its load and host figures use, so replaying that boot gives back its measured host use.
+    boot = boot_pinning(model, m.pinned_experts)
+    value = m.host_used - boot.pinned_bytes - model.host_table_bytes
+    layers = f"{boot.layers_whole} MoE layers" + (" and part of one more" if boot.layers_partial else "")
+    rest = m.pinned_experts - boot.expert_bytes
     return add(Figure("host.reserve", "host reserve (page cache, processes)", value, "bytes",
-                      "measured_host_used − measured_pinned_experts − host_tables",
+                      "measured_host_used − measured_pinned_blocks − host_tables",
                       {"measured_host_used_bytes": m.host_used,
                        "measured_pinned_experts_bytes": m.pinned_experts,
+                       "measured_expert_params_bytes": boot.expert_bytes,
+                       "measured_pinned_blocks_bytes": boot.pinned_bytes,
                        "host_tables_bytes": model.host_table_bytes},
-                      f"back-solved from a measured boot: {spec.source}")).value
+                      f"back-solved from a measured boot: {spec.source}. The boot's pinned experts count as "
+                      f"vLLM pins them: the routed-expert parameters within the {m.pinned_experts / GiB:.2f} GiB "
+                      f"it offloaded ({layers}, {boot.expert_bytes / GiB:.2f} GiB), each rounded up to a power "
+                      "of two by PyTorch's caching host allocator, as in load.host_pinned_initial"
+                      + (f"; the other {rest / GiB:.2f} GiB (non-routed parameters the walk also met) stay "
+                         "inside the reserve, as the ledger's walk does not count them" if rest > 0 else "")
+                      + ". Evidence for counting them rounded: PyTorch rounds every pinned request "
+                      "(ATen/core/CachingHostAllocator.h:300-309); the offloaded bytes are vLLM's own count "
+                      "(vllm/model_executor/offloader/uva.py:124), not a reading of host memory; and on the GB300 of "
+                      "the field report 'vLLM: Pin Hot Experts' (2026-09-17), v15, which frees vLLM's pinned blocks "
+                      "for exact-size ones (62.33 GiB), left 125 GiB available against v14's 69: +56 GiB, where "
+                      "the rounding predicts +52.4 GiB (114.75 → 62.33) and exact sizes −1.8 GiB (60.51 → 62.33) (docs/ledger.md 'The host "
+                      "reserve of a measured boot')")).value
 
 
 def basis_of(figure: Figure) -> str:

@@ -7,6 +7,8 @@ import math
 
 from recipegen.common.units import GiB, format_bytes, format_tokens, largest_count_within
 from recipegen.ledger.kv import sequence_block, sequence_tokens
+from recipegen.ledger.pinning import pinned_per_layer
+from recipegen.ledger.placement import experts_only, positional_walk
 from recipegen.ledger.result import POSITIONAL, Violation
 from recipegen.schema import Lane, Machine, Model
 
@@ -77,7 +79,7 @@ def budget_violations(model: Model, machine: Machine, lane: Lane, cap: float, re
             cold_max = min(experts, largest_count_within(available, n * e))
             hot_min = experts - cold_max
             if positional:
-                fix = (f"lower offload.load_cpu_offload to at most {math.floor(available / tp / GiB)} GiB "
+                fix = (f"lower offload.load_cpu_offload to at most {_pinned_budget(model, lane, available, tp)} GiB "
                        f"(or switch to usage-aware placement with {hot_min}+ hot per layer)")
             else:
                 fix = (f"raise hot experts per layer to at least {hot_min} ({cold_max} cold, "
@@ -91,3 +93,15 @@ def budget_violations(model: Model, machine: Machine, lane: Lane, cap: float, re
             f"{format_bytes(host_reserve)} = {format_bytes(host_total)} > {format_bytes(machine.host_memory)}",
             fix, over, lane=lane.name))
     return out
+
+
+def _pinned_budget(model: Model, lane: Lane, available: float, tp: int) -> int:
+    """The largest whole-GiB `--cpu-offload-gb` whose walk, pinned as vLLM pins it (each parameter
+    rounded up to a power of two, recipegen.ledger.pinning), fits in `available` host bytes."""
+    gib = max(0, math.floor(available / tp / GiB))
+    while gib > 0:
+        walk = positional_walk(model, gib * GiB, experts_only=experts_only(lane), ranks=tp)
+        if sum(pinned_per_layer(model, walk.host_per_layer)) + walk.dense_offloaded <= available:
+            break
+        gib -= 1
+    return gib

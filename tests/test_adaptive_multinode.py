@@ -27,7 +27,7 @@ def test_adaptive_figures_per_stage_and_for_the_lane(tmp_path: Path) -> None:
     assert tail.ledger.fig("adaptive.link_bytes_per_plan").value == 2 * E * 16 * 20 == 12_032_409_600
     assert lane.fig("lane.adaptive.spare_hbm_bytes").value == 4 * E * 20 * len(tail.gpus) == 1_504_051_200
     assert lane.fig("lane.adaptive.copy_bytes_per_step").value == 150_405_120
-    assert lane.fig("lane.adaptive.copy_bytes_per_step").operands == {"stage1": 150_405_120}
+    assert lane.fig("lane.adaptive.copy_bytes_per_step").operands == {"stage1_bytes": 150_405_120}
 
 
 def test_check_budgets_shows_the_lane_adaptive_line(tmp_path: Path) -> None:

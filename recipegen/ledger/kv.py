@@ -33,6 +33,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from recipegen.common.units import GiB
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.flags import flag_value, flag_values
 from recipegen.ledger.kv_state import KERNEL_BLOCK, StatePool, state_pool, state_pool_figures
@@ -649,7 +650,7 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
         if group.kind == "mla":
             ops.update(kv_lora_rank=group.kv_lora_rank, rope_head_dim=group.rope_head_dim)
             if group.index_head_dim:
-                ops.update(indexer_bytes=group.indexer_bytes_per_token())
+                ops.update(indexer_bytes_per_token=group.indexer_bytes_per_token())
         else:
             ops.update(kv_heads=group.kv_heads, kv_heads_per_rank=group.kv_heads_per_rank(tp),
                        head_dim=group.head_dim)
@@ -657,7 +658,7 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
             ops.update(kv_cache_dtype=layout)
             if layout in PACKED:
                 assert group.head_dim is not None
-                ops.update(bytes_per_kv_head=packed_head_bytes(layout, group.head_dim))
+                ops.update(bytes_per_token_per_kv_head=packed_head_bytes(layout, group.head_dim))
         if group.kind == "sliding":
             ops.update(window=group.window, tokens_held=held)
         if group.kind == "chunked":
@@ -702,6 +703,45 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
                lane_rate, "bytes/token", "bytes_per_sequence / max_model_len × tp",
                {"bytes_per_sequence": per_seq, "max_model_len": seq, "tp": tp}))
     return lane_rate, pool
+
+
+# how the catalog's per-layer sum describes itself; not so for the per-GPU rate it is quoted beside
+_UNCAPPED = "; sliding and chunked layers counted uncapped here, the ledger caps them per sequence"
+
+
+def kv_tokens_figure(model: Model, lane: Lane, kv_pool: float, kv_token_bytes: float, tp: int) -> Figure:
+    """`kv.tokens`: one GPU's KV pool in tokens, explained per GPU. `kv_token_bytes` is the lane's
+    rate, summed over its tensor-parallel ranks (`kv.lane_bytes_per_token`, or the model's
+    `kv_bytes_per_token`; plus the drafter's), so one GPU caches kv_token_bytes / tp per token."""
+    tokens = max(0.0, kv_pool) * tp / kv_token_bytes
+    per_gpu = kv_token_bytes / tp
+    drafter = (model.drafter.kv_bytes_per_token or 0) if (model.drafter and lane.speculative) else 0
+    kinds = {g.kind for g in model.attention}
+    if model.attention:
+        how = ("kv_bytes_per_token_per_gpu is what one GPU caches per token: lane_kv_bytes_per_token "
+               "(kv.lane_bytes_per_token = kv.bytes_per_sequence, one max_model_len sequence's KV per GPU, "
+               "÷ max_model_len × tp) ÷ tp")
+        if kinds & {"sliding", "chunked"}:
+            how += "; sliding-window and chunked layers counted at the tokens they hold, not at max_model_len"
+        if model.state:
+            how += "; the state pages and the page padding included"
+        if not drafter and not model.state and not kinds & {"sliding", "chunked"} \
+                and model.kv_bytes_per_token is not None and per_gpu == model.kv_bytes_per_token:
+            source = src_note(model.sources, "kv_bytes_per_token").replace(_UNCAPPED, "")
+            how += f"; here the sum over the layers (kv.layers[*]){f' ({source})' if source else ''}"
+    else:
+        how = ("kv_bytes_per_token_per_gpu is what one GPU caches per token: the model's KV bytes per token "
+               "(all layers, one rank) ÷ tp")
+        source = src_note(model.sources, "kv_tokens_per_gib") or src_note(model.sources, "kv_bytes_per_token")
+        how += f" ({source})" if source else ""
+    if drafter:
+        how += "; the drafter's kv_bytes_per_token added to the lane's (kv.bytes_per_token)"
+    return Figure("kv.tokens", "KV pool in tokens", tokens, "tokens",
+                  "max(0, kv_pool) / kv_bytes_per_token_per_gpu, kv_bytes_per_token_per_gpu = "
+                  "lane_kv_bytes_per_token / tp",
+                  {"kv_pool_bytes": kv_pool, "kv_bytes_per_token_per_gpu": per_gpu,
+                   "tokens_per_gib_per_gpu": GiB / per_gpu, "lane_kv_bytes_per_token": kv_token_bytes, "tp": tp},
+                  how)
 
 
 def _with_state(model: Model, machine: Machine, lane: Lane, rates: set[int], add: Callable[[Figure], Figure],

@@ -35,7 +35,7 @@ from math import lcm
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.flags import flag_value
 from recipegen.schema import Lane, Machine, Model
-from recipegen.schema.model import StateLayers
+from recipegen.schema.model import STATE_DTYPE_BYTES, StateLayers
 
 KERNEL_BLOCK = 16            # smallest block of vLLM 0.33's attention backends
 GDN_CHECKPOINT_ALIGNMENT = 64   # v1/attention/backends/gdn_attn.py:34
@@ -129,17 +129,13 @@ def state_pool(model: Model, machine: Machine, lane: Lane, attn_bytes_per_token_
 
 
 def state_pool_figures(pool: StatePool, model: Model, lane: Lane) -> list[Figure]:
-    tp = lane.tensor_parallel_size
     src = "vLLM 0.33 platforms/interface.py:940-1135; v1/core/kv_cache_planning.py:416-640"
     why_align = (f"lcm({pool.kernel_align}, {GDN_CHECKPOINT_ALIGNMENT}): GDN prefill checkpoints land on block "
                  "boundaries" if pool.align != pool.kernel_align else "the attention kernels' smallest block")
     return [
-        Figure("kv.state_bytes_per_sequence_per_layer", "state per sequence per layer (per GPU, before padding)",
-               pool.state_page, "bytes", "(conv kernel − 1) × channels / tp × dtype + heads / tp × state matrix × dtype",
-               {"tp": tp, "groups": [g.kind for g in model.state]},
-               "vLLM 0.33 model_executor/layers/mamba/mamba_utils.py:186-212, :272-294"),
+        _state_figure(pool, model, lane),
         Figure("kv.block_tokens", "attention block (tokens)", pool.block_tokens, "tokens",
-               "align × ⌈state page / (align × attention bytes per token per layer)⌉",
+               "align × ⌈state_page / (align × attention bytes per token per layer)⌉",
                {"state_page_bytes": pool.state_page, "attention_bytes_per_token_per_layer": pool.attn_bytes,
                 "align": pool.align}, f"{src}; align = {why_align}"),
         Figure("kv.page_bytes", "one page: an attention block; the state padded to it (per GPU)", pool.page, "bytes",
@@ -156,6 +152,47 @@ def state_pool_figures(pool: StatePool, model: Model, lane: Lane) -> list[Figure
                "vLLM 0.33 v1/kv_cache_interface.py:1135-1141; prefix caching is on by default (config/cache.py:257; "
                "--no-enable-prefix-caching turns it off)" + _checkpoint_note(pool, model)),
     ]
+
+
+def _state_figure(pool: StatePool, model: Model, lane: Lane) -> Figure:
+    """The state page with the operands that give it: those of the state group whose page is the
+    largest (the one every page is sized for)."""
+    tp = lane.tensor_parallel_size
+    groups = lane_state_groups(model, lane)
+    g = max(groups, key=lambda group: group.bytes_per_sequence_per_layer(tp))
+    conv_dtype, ssm_dtype = STATE_DTYPE_BYTES[g.conv_dtype], STATE_DTYPE_BYTES[g.ssm_dtype]
+    channels, heads = g.conv_channels(tp), g.state_heads() // tp
+    if g.kind == "gdn":
+        assert g.num_k_heads and g.head_k_dim and g.num_v_heads and g.head_v_dim
+        matrix = {"head_v_dim": g.head_v_dim, "head_k_dim": g.head_k_dim}
+        how_channels = (f"(2 × num_k_heads × head_k_dim + num_v_heads × head_v_dim) / tp = (2 × {g.num_k_heads} × "
+                        f"{g.head_k_dim} + {g.num_v_heads} × {g.head_v_dim}) / {tp}")
+        heads_name = f"num_v_heads {g.num_v_heads}"
+    else:
+        assert g.num_heads and g.head_dim and g.n_groups and g.state_size
+        matrix = {"head_dim": g.head_dim, "state_size": g.state_size}
+        widened = g.n_groups + (0 if g.n_groups % tp == 0 else tp - g.n_groups)
+        how_channels = (f"(num_heads × head_dim + 2 × n_groups × state_size) / tp = ({g.num_heads} × {g.head_dim} + "
+                        f"2 × {widened} × {g.state_size}) / {tp}"
+                        + (f" (n_groups {g.n_groups} widened to {widened} for tp)" if widened != g.n_groups else ""))
+        heads_name = f"num_heads {g.num_heads}"
+    a, b = matrix.values()
+    conv = (g.conv_kernel - 1) * channels * conv_dtype
+    ssm = heads * a * b * ssm_dtype
+    assert conv + ssm == pool.state_page, (conv, ssm, pool.state_page)
+    names = " × ".join(matrix)
+    others = [f"{other.kind} layers {other.bytes_per_sequence_per_layer(tp):,} B" for other in groups if other is not g]
+    return Figure(
+        "kv.state_bytes_per_sequence_per_layer", "state per sequence per layer (per GPU, before padding)",
+        pool.state_page, "bytes",
+        f"(conv_kernel − 1) × conv_channels × conv_dtype_bytes + state_heads × {names} × ssm_dtype_bytes",
+        {"state": g.kind, "conv_kernel": g.conv_kernel, "conv_channels": channels, "conv_dtype": g.conv_dtype,
+         "conv_dtype_bytes": conv_dtype, "state_heads": heads, **matrix, "ssm_dtype": g.ssm_dtype,
+         "ssm_dtype_bytes": ssm_dtype, "conv_state_bytes": conv, "ssm_state_bytes": ssm, "tp": tp},
+        f"per GPU: conv_channels = {how_channels}; state_heads = {heads_name} / tp; dtypes as the model's config "
+        "and the lane's --mamba-cache-dtype / --mamba-ssm-cache-dtype give them"
+        + (f"; the other state layers' pages are smaller ({', '.join(others)})" if others else "")
+        + "; vLLM 0.33 model_executor/layers/mamba/mamba_utils.py:186-212, :272-294")
 
 
 def _checkpoint_note(pool: StatePool, model: Model) -> str:

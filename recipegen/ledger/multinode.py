@@ -29,7 +29,7 @@ from recipegen.common.units import format_bytes, format_tokens
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.kv import sequence_block, sequence_tokens
 from recipegen.ledger.lane import compute_lane
-from recipegen.ledger.reserves import derived_basis, reserve_basis
+from recipegen.ledger.reserves import reserve_basis
 from recipegen.ledger.result import LaneLedger, PlacementLedger
 from recipegen.multinode.partition import StageLayers, stage_layers
 from recipegen.schema import HbmReserve, HostReserve, HostTable, Lane, Model, Recipe
@@ -164,14 +164,14 @@ def compute_multinode_lane(recipe: Recipe, lane: Lane, *, rowmap_hot: Sequence[i
         {"kv_tokens": round(tokens[low]), "max_model_len": lane.max_model_len, "block_rounding": sequence_block(lane)})
     for key, label in (("hbm.hot_experts", "hot routed experts in HBM (all stages)"),
                        ("host.cold_experts", "routed experts pinned in host (all machines)")):
-        values = {f"stage{s.rank}": s.ledger.fig(key).value * (len(s.gpus) if key.startswith("hbm") else 1)
+        values = {f"stage{s.rank}_bytes": s.ledger.fig(key).value * (len(s.gpus) if key.startswith("hbm") else 1)
                   for s in stages}
         figs["lane." + key] = Figure("lane." + key, label, sum(values.values()), "bytes",
                                      "Σ stages" + (" (× GPUs per stage)" if key.startswith("hbm") else ""),
                                      values)
     figs["lane.host_tables"] = Figure(
         "lane.host_tables", "host tables (all machines)", sum(s.ledger.fig("host.tables").value for s in stages),
-        "bytes", "Σ stages", {f"stage{s.rank}": s.ledger.fig("host.tables").value for s in stages},
+        "bytes", "Σ stages", {f"stage{s.rank}_bytes": s.ledger.fig("host.tables").value for s in stages},
         "in HBM instead (--engram-config cpu_offload false)" if parallel.host_tables_in_hbm else "")
 
     figs.update(_adaptive_lane_figures(stages))
@@ -200,8 +200,8 @@ def _adaptive_lane_figures(stages: Sequence[StageLedger]) -> dict[str, Figure]:
     adaptive = [s for s in stages if "adaptive.spare_hbm_bytes" in s.ledger.figures]
     if not adaptive:
         return {}
-    spare = {f"stage{s.rank}": s.ledger.fig("adaptive.spare_hbm_bytes").value * len(s.gpus) for s in adaptive}
-    step = {f"stage{s.rank}": s.ledger.fig("adaptive.copy_bytes_per_step").value for s in adaptive}
+    spare = {f"stage{s.rank}_bytes": s.ledger.fig("adaptive.spare_hbm_bytes").value * len(s.gpus) for s in adaptive}
+    step = {f"stage{s.rank}_bytes": s.ledger.fig("adaptive.copy_bytes_per_step").value for s in adaptive}
     return {
         "lane.adaptive.spare_hbm_bytes": Figure(
             "lane.adaptive.spare_hbm_bytes", "adaptive: spare HBM rows (all adaptive stages' GPUs)",
@@ -225,6 +225,7 @@ def stage_model(model: Model, layers: StageLayers, *, last: bool, tables_in_hbm:
         "stage.layers", "decoder layers on this stage", layers.num_layers, "count",
         "end − start", {"start": layers.start, "end": layers.end, "moe_layers": len(layers.moe_layers)})
     tables = [t for t in model.host_tables if t.layer is None or layers.holds(t.layer)]
+    sources = dict(model.sources)     # the stage's KV rate is its own: say so where the ledger quotes a source
     update: dict[str, Any] = {"moe_layers": list(layers.moe_layers),
                               "host_tables": [] if tables_in_hbm else tables,
                               # the offload walk over whole decoder layers spans the model, not a stage:
@@ -248,12 +249,16 @@ def stage_model(model: Model, layers: StageLayers, *, last: bool, tables_in_hbm:
             states = [g.model_copy(update={"layers": [n for n in g.layers if layers.holds(n)]}) for g in model.state]
             update["state"] = [g for g in states if g.layers]
             update["cacheless_layers"] = [n for n in model.cacheless_layers if layers.holds(n)]
+        sources["kv_bytes_per_token"] = "Σ this stage's attention layers (stage.kv_bytes_per_token)"
         figs["stage.kv_bytes_per_token"] = Figure(
             "stage.kv_bytes_per_token", "KV bytes per token for this stage's layers (one rank)",
             update["kv_bytes_per_token"], "bytes/token", "Σ this stage's attention layers × bytes per token per layer",
             {"stage_layers": layers.num_layers})
     elif model.kv_bytes_per_token is not None:
         update["kv_bytes_per_token"] = max(1, round(model.kv_bytes_per_token * share))
+        sources["kv_bytes_per_token"] = (f"this stage's share of the model's {model.kv_bytes_per_token:,} B per token "
+                                         f"(stage.kv_bytes_per_token; the model's: "
+                                         f"{model.sources.get('kv_bytes_per_token', 'no source given')})")
         figs["stage.kv_bytes_per_token"] = Figure(
             "stage.kv_bytes_per_token", "KV bytes per token for this stage's layers",
             update["kv_bytes_per_token"], "bytes/token", "kv_bytes_per_token × stage_layers / decoder_layers",
@@ -262,6 +267,9 @@ def stage_model(model: Model, layers: StageLayers, *, last: bool, tables_in_hbm:
     else:
         assert model.kv_tokens_per_gib is not None
         update["kv_tokens_per_gib"] = model.kv_tokens_per_gib / share
+        sources["kv_tokens_per_gib"] = (f"this stage's share of the model's {model.kv_tokens_per_gib:,.0f} tokens per "
+                                        f"GiB (stage.kv_tokens_per_gib; the model's: "
+                                        f"{model.sources.get('kv_tokens_per_gib', 'no source given')})")
         figs["stage.kv_tokens_per_gib"] = Figure(
             "stage.kv_tokens_per_gib", "KV tokens per GiB for this stage's layers",
             update["kv_tokens_per_gib"], "count", "kv_tokens_per_gib × decoder_layers / stage_layers",
@@ -270,6 +278,7 @@ def stage_model(model: Model, layers: StageLayers, *, last: bool, tables_in_hbm:
             "every layer is taken to cache the same bytes per token (approximation)")
     if not last and model.drafter is not None:
         update["drafter"] = None
+    update["sources"] = sources
     return model.model_copy(update=update), tables, figs
 
 
@@ -285,7 +294,7 @@ def _stage(recipe: Recipe, lane: Lane, whole: LaneLedger, rank: int, layers: Sta
         raise ValueError(f"stage {rank} ({spec.machine}) holds no MoE layer")
     smodel, tables, figs = stage_model(model, layers, last=last, tables_in_hbm=tables_in_hbm)
     tp = len(spec.gpus)
-    reserve = _stage_reserve(model, whole, smodel, figs, tp, last=last)
+    reserve = _stage_reserve(model, whole, smodel, figs, tp, lane.reserves.hbm, last=last)
     if tables_in_hbm and tables:
         table_bytes = sum(t.bytes for t in tables)
         figs["stage.tables_in_hbm"] = Figure(
@@ -295,20 +304,23 @@ def _stage(recipe: Recipe, lane: Lane, whole: LaneLedger, rank: int, layers: Sta
         reserve += table_bytes / tp
     figs["stage.hbm_reserve"] = Figure(
         "stage.hbm_reserve", "stage HBM reserve (per GPU)", reserve, "bytes",
-        "runtime_rest + stage_dense / tp + drafter(last stage) / tp" + (" + tables_in_hbm" if tables_in_hbm and tables else ""),
-        {k: v for k, v in figs["stage.hbm_reserve.parts"].operands.items()},
+        ("runtime_rest + stage_dense_per_gpu (stage.dense / tp) + drafter_per_gpu (drafter / tp, last stage only)"
+         if "runtime_rest_bytes" in figs["stage.hbm_reserve.parts"].operands else "lane_reserve")
+        + (" + tables_in_hbm_per_gpu" if tables_in_hbm and tables else ""),
+        {**figs["stage.hbm_reserve.parts"].operands,
+         **({"tables_in_hbm_per_gpu_bytes": figs["stage.tables_in_hbm"].value} if "stage.tables_in_hbm" in figs else {})},
         figs["stage.hbm_reserve.parts"].note)
     del figs["stage.hbm_reserve.parts"]
+    # The stage's reserves are given to its ledger as values, then labelled by what they derive from
+    # (`_label_stage_reserves`): nothing was measured on a pipeline-parallel boot.
     updates: dict[str, Any] = {
         "machine": spec.machine, "gpus": list(spec.gpus), "parallel": None,
         "reserves": lane.reserves.model_copy(update={
-            "hbm": HbmReserve(value=f"{round(reserve)} B", basis=derived_basis(lane.reserves.hbm), source=(
-                f"stage {rank}'s share of the lane's {reserve_basis(lane.reserves.hbm)} reserve (stage.hbm_reserve)")),
+            "hbm": HbmReserve(value=f"{round(reserve)} B", source=f"stage {rank}'s share (stage.hbm_reserve)"),
             # The host reserve (page cache, processes) is the lane's, back-solved against the
             # whole model's tables; every machine is charged all of it.
             "host": None if lane.reserves.host is None else HostReserve(
-                value=f"{round(whole.fig('host.reserve').value)} B", basis=derived_basis(lane.reserves.host),
-                source=f"the lane's host reserve, per machine ({lane.reserves.host.source or 'estimated'})")})}
+                value=f"{round(whole.fig('host.reserve').value)} B", source="the lane's host reserve, per machine")})}
     hot = list(rowmap_hot[model.moe_layers.index(layers.moe_layers[0]):
                          model.moe_layers.index(layers.moe_layers[-1]) + 1]) if rowmap_hot is not None else None
     label = rowmap_label
@@ -324,6 +336,7 @@ def _stage(recipe: Recipe, lane: Lane, whole: LaneLedger, rank: int, layers: Sta
     ledger = compute_lane(smodel, machine, lane.model_copy(update=updates), rowmap_hot=hot,
                           rowmap_label=f"{label}, layers {layers.moe_layers[0]}–{layers.moe_layers[-1]}"
                           if label else None)
+    _label_stage_reserves(ledger, lane, rank, figs["stage.hbm_reserve"])
     ledger.violations[:] = [replace(v, machine=v.machine or spec.machine,
                                     message=f"stage {rank} on {spec.machine}: {v.message}")
                             for v in ledger.violations]
@@ -331,8 +344,44 @@ def _stage(recipe: Recipe, lane: Lane, whole: LaneLedger, rank: int, layers: Sta
                        [t.name for t in tables], ledger, figs)
 
 
+# How a stage's reserve derives from the lane's single-box one, by that one's basis (`reserve_basis`).
+# Each note opens with the words `reserves.basis_of` reads, so the stage prints the single box's basis
+# (back-solved, estimated, …), never "measured" for a figure that was worked out, not read.
+_DERIVED_FROM = {
+    "back-solved": "back-solved on one box, not measured on this pipeline",
+    "estimated": "estimated, not measured",
+    "measured": "measured input on one box, not on this pipeline",
+    "assumed": "assumed input (not measured)",
+    "declared": "declared input (not marked measured: set basis)",
+}
+
+
+def _label_stage_reserves(ledger: LaneLedger, lane: Lane, rank: int, stage_reserve: Figure) -> None:
+    """Relabel the stage ledger's `hbm.reserve` and `host.reserve` (given to it as plain values) with
+    what they derive from: the lane's single-box reserves, split or copied per stage."""
+    hbm = ledger.figures["hbm.reserve"]
+    kind = reserve_basis(lane.reserves.hbm)
+    split = ("the lane's whole reserve, charged to every stage" if "lane_reserve_bytes" in stage_reserve.operands
+             else "its rest after the lane's dense and drafter weights, paid on every GPU, + this stage's dense "
+                  "share, a per-layer approximation")
+    ledger.figures["hbm.reserve"] = replace(
+        hbm, label="HBM reserve (non-expert, non-KV; this stage's share)",
+        note=f"{_DERIVED_FROM.get(kind, _DERIVED_FROM['declared'])}: stage {rank}'s share of the lane's {kind} "
+             f"single-box reserve ({_source(lane.reserves.hbm)}) — {split} (stage.hbm_reserve)")
+    host = ledger.figures.get("host.reserve")
+    if lane.reserves.host is not None and host is not None:
+        kind = reserve_basis(lane.reserves.host)
+        ledger.figures["host.reserve"] = replace(
+            host, note=f"{_DERIVED_FROM.get(kind, _DERIVED_FROM['declared'])}: the lane's {kind} single-box host "
+                       f"reserve ({_source(lane.reserves.host)}), assumed on every machine: each is charged all of it")
+
+
+def _source(spec: HbmReserve | HostReserve) -> str:
+    return spec.source or ("the ledger's estimate" if spec.estimated else "no source given")
+
+
 def _stage_reserve(model: Model, whole: LaneLedger, smodel: Model, figs: dict[str, Figure], tp: int,
-                   *, last: bool) -> float:
+                   whole_reserve_spec: HbmReserve, *, last: bool) -> float:
     """runtime rest (whole lane's reserve − its dense − drafter) + this stage's dense + drafter."""
     measured = whole.fig("hbm.reserve").value
     if "hbm.reserve.runtime" in whole.figures:
@@ -340,9 +389,10 @@ def _stage_reserve(model: Model, whole: LaneLedger, smodel: Model, figs: dict[st
         dense = (smodel.dense_bytes or 0) / tp
         drafter = ((model.drafter.weights or 0) / tp) if (last and model.drafter) else 0.0
         figs["stage.hbm_reserve.parts"] = Figure(
-            "", "", 0, "bytes", "", {"runtime_rest_bytes": rest, "stage_dense_bytes": dense,
-                                     "drafter_bytes": drafter, "tp": tp},
-            "runtime rest = the lane's measured reserve − its dense and drafter weights, paid on every GPU")
+            "", "", 0, "bytes", "", {"runtime_rest_bytes": rest, "stage_dense_per_gpu_bytes": dense,
+                                     "drafter_per_gpu_bytes": drafter, "tp": tp},
+            f"runtime rest = the lane's {reserve_basis(whole_reserve_spec)} single-box reserve − its dense and drafter "
+            "weights, paid on every GPU; stage dense: a per-layer share (stage.dense, an approximation)")
         return rest + dense + drafter
     figs["stage.hbm_reserve.parts"] = Figure(
         "", "", 0, "bytes", "", {"lane_reserve_bytes": measured},

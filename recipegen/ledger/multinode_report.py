@@ -6,6 +6,17 @@ from recipegen.common.units import format_bytes, format_count, format_tokens
 from recipegen.ledger.adaptive import size_text
 from recipegen.ledger.multinode import MultiNodeLaneLedger
 from recipegen.ledger.report_lane import render_lane, verdict_lines
+from recipegen.ledger.reserves import basis_of
+
+
+def _derived(stage, key: str) -> str:
+    """What a stage's reserve derives from, in the words of the basis its figure carries."""
+    kind = basis_of(stage.ledger.fig(key))
+    if key == "hbm.reserve":
+        how = ("all of it" if "lane_reserve_bytes" in stage.figures["stage.hbm_reserve"].operands
+               else "its rest after the lane's dense and drafter weights + this stage's dense share")
+        return f"derived from the lane's {kind} single-box reserve: {how}"
+    return f"the lane's {kind} single-box host reserve, assumed on every machine"
 
 
 def render_multinode_lane(lane: MultiNodeLaneLedger, *, explain: bool = False) -> str:
@@ -17,9 +28,13 @@ def render_multinode_lane(lane: MultiNodeLaneLedger, *, explain: bool = False) -
                    f"{','.join(map(str, stage.gpus))} · layers {sl.start}–{sl.end - 1} ({moe})"
                    + (" · every expert in HBM" if stage.all_experts_in_hbm else ""))
         f = stage.figures
-        parts = [f"stage reserve {format_bytes(f['stage.hbm_reserve'].value)}"]
+        parts = [f"stage reserve {format_bytes(f['stage.hbm_reserve'].value)} ({_derived(stage, 'hbm.reserve')})"]
         if "stage.dense" in f:
-            parts.append(f"of which dense share {format_bytes(f['stage.dense'].value / len(stage.gpus))}")
+            parts.append(f"of which dense share {format_bytes(f['stage.dense'].value / len(stage.gpus))} "
+                         "(a per-layer approximation)")
+        if "host.reserve" in stage.ledger.figures and stage.ledger.fig("host.reserve").value:
+            parts.append(f"host reserve {format_bytes(stage.ledger.fig('host.reserve').value)} "
+                         f"({_derived(stage, 'host.reserve')})")
         if "stage.tables_in_hbm" in f:
             parts.append(f"host tables in HBM {format_bytes(f['stage.tables_in_hbm'].value)}")
         parts.append("host tables here: " + (", ".join(stage.tables) or "none"))

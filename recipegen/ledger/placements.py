@@ -10,7 +10,7 @@ from typing import Any
 from recipegen.common.units import GiB, format_bytes, largest_count_within
 from recipegen.ledger.budget import declared_split
 from recipegen.ledger.figures import Figure
-from recipegen.ledger.kv import sequence_block, sequence_tokens
+from recipegen.ledger.kv import kv_tokens_figure, sequence_block, sequence_tokens
 from recipegen.ledger.placement import experts_only, layer_param_bytes, positional_walk
 from recipegen.ledger.result import POSITIONAL, USAGE_AWARE, PlacementLedger, n_total_bytes, rounded, src_note
 from recipegen.schema import Lane, Model
@@ -150,12 +150,8 @@ def placement_figures(p: PlacementLedger, model: Model, lane: Lane, cap: float, 
             "positional walk over decoder layers (decoder_layer_bytes)", {"budget_bytes": lane.offload.load_cpu_offload},
             "vllm/model_executor/offloader/uva.py:74-125 walks every parameter of each decoder layer; these stay "
             "in host memory (read over the link each step)")
-    tokens = max(0.0, kv_pool) * tp / kv_token_bytes
-    f["kv.tokens"] = Figure("kv.tokens", "KV pool in tokens", tokens, "tokens",
-                            "max(0, kv_pool) × tp / kv_bytes_per_token",
-                            {"kv_pool_bytes": kv_pool, "tp": tp, "kv_bytes_per_token": kv_token_bytes,
-                             "tokens_per_gib": GiB / kv_token_bytes},
-                            src_note(model.sources, "kv_tokens_per_gib") or src_note(model.sources, "kv_bytes_per_token"))
+    f["kv.tokens"] = kv_tokens_figure(model, lane, kv_pool, kv_token_bytes, tp)
+    tokens = f["kv.tokens"].value
     f["kv.full_sequences"] = Figure("kv.full_sequences", "full max_model_len sequences that fit",
                                     math.floor(tokens / sequence_tokens(lane)), "sequences",
                                     "⌊kv_tokens / max_model_len in whole blocks⌋",

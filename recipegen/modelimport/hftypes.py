@@ -87,6 +87,18 @@ def _cls(groups: dict[str, str]) -> ClassTypes:
     return ClassTypes(out)
 
 
+# The vision tower's fields Qwen3.5's and Qwen3-VL's vision configs share (Qwen3-VL adds deepstack_visual_indexes).
+_QWEN_VISION = {
+    "int":
+        "depth hidden_size in_channels intermediate_size num_heads num_position_embeddings out_hidden_size "
+        "spatial_merge_size",
+    "int | list[int] | tuple[int, int]": "patch_size temporal_patch_size",
+    "dict | None": "rope_parameters",
+    "float": "initializer_range",
+    "str": "hidden_act",
+}
+
+
 CLASSES: dict[str, ClassTypes] = {
     "GptOssConfig": _cls({
         "int":
@@ -205,15 +217,7 @@ CLASSES: dict[str, ClassTypes] = {
         "dict | PreTrainedConfig | None": "text_config vision_config",
         "bool": "tie_word_embeddings",
     }),
-    "Qwen3_5MoeVisionConfig": _cls({
-        "int":
-            "depth hidden_size in_channels intermediate_size num_heads num_position_embeddings out_hidden_size "
-            "spatial_merge_size",
-        "int | list[int] | tuple[int, int]": "patch_size temporal_patch_size",
-        "dict | None": "rope_parameters",
-        "float": "initializer_range",
-        "str": "hidden_act",
-    }),
+    "Qwen3_5MoeVisionConfig": _cls(_QWEN_VISION),
     "NemotronHConfig": _cls({
         "int":
             "chunk_size conv_kernel expand head_dim hidden_size intermediate_size mamba_head_dim mamba_num_heads "
@@ -281,16 +285,7 @@ CLASSES: dict[str, ClassTypes] = {
         "dict | PreTrainedConfig | None": "text_config vision_config",
         "bool": "tie_word_embeddings",
     }),
-    "Qwen3VLMoeVisionConfig": _cls({
-        "int":
-            "depth hidden_size in_channels intermediate_size num_heads num_position_embeddings out_hidden_size "
-            "spatial_merge_size",
-        "int | list[int] | tuple[int, int]": "patch_size temporal_patch_size",
-        "dict | None": "rope_parameters",
-        "float": "initializer_range",
-        "list[int] | tuple[int, ...]": "deepstack_visual_indexes",
-        "str": "hidden_act",
-    }),
+    "Qwen3VLMoeVisionConfig": _cls({**_QWEN_VISION, "list[int] | tuple[int, ...]": "deepstack_visual_indexes"}),
     "Kimi_K25Config": _cls({
         "int": "image_token_id video_token_id vision_end_token_id vision_start_token_id",
         "dict | PreTrainedConfig | None": "text_config vision_config",

@@ -89,6 +89,27 @@ def test_a_launch_flag_the_ledger_also_leaves_unbudgeted_is_refused_once(project
     assert f"{flag} is rendered from the recipe's own fields (parallel.pipeline)" in at_item[0]
 
 
+@pytest.mark.parametrize("recipe, config", [
+    ("dsv41-flash-gb300", '{"cpu_offload": false}'),   # one machine: no field places the tables in HBM
+    (PIPELINE, "{}"),                                    # a pipeline lane with host_tables_in_hbm unset
+])
+def test_engram_config_in_extra_args_is_refused_on_every_lane(project: Path, recipe: str, config: str) -> None:
+    """--engram-config moves a model's Engram tables (189.2 GiB for DeepSeek-V4.1) between host and
+    HBM; the ledger reads their place only from parallel.host_tables_in_hbm, so the flag is refused
+    in extra_args on every lane, not only where the launch writes it."""
+    path = project / "recipes" / f"{recipe}.yaml"
+    text = path.read_text()
+    anchor = "    parallel:\n" if recipe == PIPELINE else "    reserves:\n"
+    assert text.count(anchor) == 1 and "extra_args:" not in text
+    path.write_text(text.replace(anchor, f"    extra_args: [--engram-config, '{config}']\n{anchor}"))
+    rel = str(path.relative_to(project))
+    for command in COMMANDS:
+        code, out = run(*command, rel)
+        assert code == 2, (command, out)
+        assert "field 'lanes[0].extra_args[0]'" in error_line(out) and "--engram-config" in error_line(out)
+    assert not (project / "compose").exists()
+
+
 def test_a_single_node_lane_may_name_the_executor_backend(project: Path) -> None:
     """No launch writes it on one machine, so `render` passes it through, and `check recipe` agrees."""
     path = edit(project, SINGLE, SINGLE_ARGS,

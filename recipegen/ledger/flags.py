@@ -85,6 +85,9 @@ UNBUDGETED: dict[str, tuple[str | None, str]] = {
     "--quantization": (None, "the model entry's format decides the weight bytes the ledger counts: "
                              "import the checkpoint you serve"),
     "--dtype": ("auto", "the ledger counts weights in the checkpoint's own dtype"),
+    "--engram-config": (None, "it places a model's Engram tables, which the ledger counts in host memory "
+                              "(vLLM's default); a pipeline lane puts them in HBM with "
+                              "parallel.host_tables_in_hbm, which the ledger budgets"),
 }
 # Values of `--dtype` that keep the checkpoint's bytes (16-bit weights stay 16-bit).
 SAME_BYTES_DTYPES = {"auto", "half", "float16", "bfloat16"}

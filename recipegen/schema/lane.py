@@ -262,8 +262,10 @@ class HostReserveMeasurement(StrictModel):
     host_used: PositiveBytes
     """Host memory in use on that boot (page cache included)."""
     pinned_experts: Bytes
-    """Expert bytes that boot moved to host as vLLM logs them (its `--cpu-offload-gb` walk, exact
-    sizes); the ledger subtracts what its pinning model says those parameters held (each rounded up
+    """Expert bytes that boot moved to host as vLLM logs them ("Total CPU offloaded parameters", its
+    `--cpu-offload-gb` walk, exact sizes), for the whole box: on a tensor-parallel boot each worker
+    logs its own shards (vllm/model_executor/offloader/uva.py:67-71), so give the sum over the
+    workers. The ledger subtracts what its pinning model says those parameters held (each rounded up
     to a power of two), so the boot replays to its own measurement."""
 
 

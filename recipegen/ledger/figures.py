@@ -7,8 +7,9 @@ from typing import Any, Literal
 
 from recipegen.common.units import GiB, MiB, format_tokens
 
-# "bytes/token" is a rate of bytes, not a count: --json readers convert by the unit they are given
-Unit = Literal["bytes", "tokens", "count", "ratio", "sequences", "bytes/s", "bytes/token"]
+# "bytes/token" is a rate of bytes, not a count, and "tokens/GiB" one of tokens: --json readers convert by
+# the unit they are given
+Unit = Literal["bytes", "tokens", "count", "ratio", "sequences", "bytes/s", "bytes/token", "tokens/GiB"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class Figure:
             return f"{format_tokens(self.value)} tokens"
         if self.unit == "bytes/token":
             return f"{_exact(self.value)} B/token"
+        if self.unit == "tokens/GiB":
+            return format_operand("tokens_per_gib", self.value)   # as its operands print
         if self.unit == "ratio":
             return f"{self.value * 100:.4g}%"     # shares print as % everywhere else in the output
         if self.unit == "bytes/s":

@@ -20,7 +20,12 @@ from recipegen.ledger.load import load_figures
 from recipegen.ledger.parallel import dense_per_rank, ep_fullest_hot, expert_parallel, parallel_figures
 from recipegen.ledger.pinning import pinned_operands, pinned_per_layer
 from recipegen.ledger.placement import experts_only, offload_param_filter, positional_walk
-from recipegen.ledger.placements import placement_figures, positional_placement, usage_aware_placement
+from recipegen.ledger.placements import (
+    placement_figures,
+    positional_experts_figure,
+    positional_placement,
+    usage_aware_placement,
+)
 from recipegen.ledger.reserves import hbm_reserve, host_reserve, placement_hbm_reserve, reserve_basis
 from recipegen.ledger.result import POSITIONAL, USAGE_AWARE, LaneLedger, PlacementLedger, Violation, src_note
 from recipegen.ledger.runtime_check import runtime_caveat, runtime_violations
@@ -209,10 +214,14 @@ def _concurrency_warning(lane: Lane, out: _Figures) -> None:
     if streams <= full:
         return
     tokens = out.figs["kv.tokens"].value
+    per_stream = out.add(Figure(
+        "kv.tokens_per_stream", "KV tokens per stream at concurrency.max (average)", int(tokens // streams), "tokens",
+        "⌊kv_tokens / streams⌋", {"kv_tokens": tokens, "streams": streams},
+        "more streams than full max_model_len sequences fit: the average each may hold while all run")).value
     out.notes.append(
         f"warning: concurrency up to {streams} streams, but the KV pool holds {format_tokens(tokens)} tokens "
         f"= {format_count(full, 'full-length sequence')} of max_model_len {lane.max_model_len:,}: {streams} streams fit only "
-        f"while they average ≤ {int(tokens // streams):,} tokens each (prompt + output); longer ones make vLLM "
+        f"while they average ≤ {per_stream:,} tokens each (prompt + output); longer ones make vLLM "
         "preempt or queue requests. Lower concurrency.max or max_model_len, or give the KV pool more HBM")
 
 
@@ -339,12 +348,17 @@ def _placement_summary(model: Model, lane: Lane, active: PlacementLedger, out: _
                    "count", "" if hot_declared else "routed_experts − cold_per_layer",
                    {} if hot_declared else {"routed_experts": n_experts, "cold_per_layer": split.cold_per_layer},
                    "declared" if hot_declared else "derived from cold_experts_budget"))
-    add(Figure("placement.hot_experts", f"hot experts in HBM ({lane.offload.placement})", active.hot_bytes,
-               "bytes", "Σ hot per layer × bytes_per_expert",
-               {"hot_experts": sum(active.hot_per_layer), "bytes_per_expert": e}, active.basis))
-    add(Figure("placement.cold_experts", f"cold experts pinned in host ({lane.offload.placement})",
-               active.cold_bytes, "bytes", "Σ cold per layer × bytes_per_expert",
-               {"cold_experts": sum(active.cold_per_layer), "bytes_per_expert": e}, active.basis))
+    hot_label = f"hot experts in HBM ({lane.offload.placement})"
+    cold_label = f"cold experts pinned in host ({lane.offload.placement})"
+    if active.placement == POSITIONAL:   # the walk's bytes (it stops inside a layer), not whole counts
+        add(positional_experts_figure("placement.hot_experts", hot_label, active, model, hot=True))
+        add(positional_experts_figure("placement.cold_experts", cold_label, active, model, hot=False))
+    else:
+        add(Figure("placement.hot_experts", hot_label, active.hot_bytes, "bytes", "Σ hot per layer × bytes_per_expert",
+                   {"hot_experts": sum(active.hot_per_layer), "bytes_per_expert": e}, active.basis))
+        add(Figure("placement.cold_experts", cold_label, active.cold_bytes, "bytes",
+                   "Σ cold per layer × bytes_per_expert",
+                   {"cold_experts": sum(active.cold_per_layer), "bytes_per_expert": e}, active.basis))
     for key in ("hbm.hot_experts", "hbm.kv_pool", "kv.tokens", "kv.full_sequences"):
         out.figs[key] = active.figures[key]
     add(Figure("kv.max_model_len", "max_model_len", lane.max_model_len, "tokens", "", {}))
@@ -363,9 +377,12 @@ def _host_figures(model: Model, machine: Machine, lane: Lane, active: PlacementL
                         {t.name + "_bytes": t.bytes for t in model.host_tables},
                         src_note(model.sources, "host_tables[0].bytes"))).value
     reserve = host_reserve(model, lane, add, out.notes)
-    add(Figure("host.cold_experts", "pinned cold experts", cold_bytes, "bytes",
-               "Σ cold per layer × bytes_per_expert", {"cold_experts": sum(active.cold_per_layer),
-                                                        "bytes_per_expert": e}, active.basis))
+    if active.placement == POSITIONAL:
+        add(positional_experts_figure("host.cold_experts", "pinned cold experts", active, model, hot=False))
+    else:
+        add(Figure("host.cold_experts", "pinned cold experts", cold_bytes, "bytes",
+                   "Σ cold per layer × bytes_per_expert", {"cold_experts": sum(active.cold_per_layer),
+                                                            "bytes_per_expert": e}, active.basis))
     held, held_name = cold_bytes, "cold_experts"
     if lane.offload.placement == POSITIONAL and cold_bytes:
         # Nothing re-homes on a positional lane: vLLM's pinned blocks, each parameter rounded up to a

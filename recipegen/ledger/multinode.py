@@ -30,7 +30,7 @@ from recipegen.ledger.figures import Figure
 from recipegen.ledger.kv import sequence_block, sequence_tokens
 from recipegen.ledger.lane import compute_lane
 from recipegen.ledger.reserves import reserve_basis
-from recipegen.ledger.result import LaneLedger, PlacementLedger
+from recipegen.ledger.result import LaneLedger, PlacementLedger, Violation
 from recipegen.multinode.partition import StageLayers, stage_layers
 from recipegen.schema import HbmReserve, HostReserve, HostTable, Lane, Model, Recipe
 from recipegen.schema.model import kv_bytes_per_token
@@ -75,6 +75,8 @@ class LayoutVerdict:
     shortfall: float                               # bytes over, summed over failing stages
     weights_and_reserves: float = 0.0              # Σ stages: reserve + experts in HBM (all GPUs)
     hbm_cap: float = 0.0                           # Σ stages: HBM cap (all GPUs)
+    key: str = ""                                  # its figures' key: layout.<key>.*
+    figures: dict[str, Figure] = field(default_factory=dict)   # the numbers its line prints, explained
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "experts_in_hbm": self.experts_in_hbm,
@@ -144,10 +146,10 @@ def compute_multinode_lane(recipe: Recipe, lane: Lane, *, rowmap_hot: Sequence[i
                      experts_in_hbm=parallel.pipeline[rank].all_experts_in_hbm,
                      tables_in_hbm=parallel.host_tables_in_hbm)
               for rank, sl in enumerate(layers)]
-    layouts = [_layout(recipe, lane, whole, layers, name, experts, tables)
-               for name, experts, tables in (
-                   ("every weight in HBM (experts and host tables)", True, True),
-                   ("every expert in HBM, host tables in host", True, False))]
+    layouts = [_layout(recipe, lane, whole, layers, name, key, experts, tables)
+               for name, key, experts, tables in (
+                   ("every weight in HBM (experts and host tables)", "all_weights_in_hbm", True, True),
+                   ("every expert in HBM, host tables in host", "experts_in_hbm", True, False))]
 
     figs: dict[str, Figure] = {}
     tokens = [s.ledger.fig("kv.tokens").value for s in stages]
@@ -174,6 +176,8 @@ def compute_multinode_lane(recipe: Recipe, lane: Lane, *, rowmap_hot: Sequence[i
         "bytes", "Σ stages", {f"stage{s.rank}_bytes": s.ledger.fig("host.tables").value for s in stages},
         "in HBM instead (--engram-config cpu_offload false)" if parallel.host_tables_in_hbm else "")
 
+    for layout in layouts:
+        figs.update(layout.figures)
     figs.update(_adaptive_lane_figures(stages))
     violations = [v for s in stages for v in s.ledger.violations]
     notes = [f"pipeline parallel {len(stages)} × tensor parallel {parallel.tensor_parallel_size} on vLLM's "
@@ -272,7 +276,7 @@ def stage_model(model: Model, layers: StageLayers, *, last: bool, tables_in_hbm:
                                         f"{model.sources.get('kv_tokens_per_gib', 'no source given')})")
         figs["stage.kv_tokens_per_gib"] = Figure(
             "stage.kv_tokens_per_gib", "KV tokens per GiB for this stage's layers",
-            update["kv_tokens_per_gib"], "count", "kv_tokens_per_gib × decoder_layers / stage_layers",
+            update["kv_tokens_per_gib"], "tokens/GiB", "kv_tokens_per_gib × decoder_layers / stage_layers",
             {"kv_tokens_per_gib": model.kv_tokens_per_gib, "stage_layers": layers.num_layers,
              "decoder_layers": model.decoder_layers},
             "every layer is taken to cache the same bytes per token (approximation)")
@@ -400,22 +404,68 @@ def _stage_reserve(model: Model, whole: LaneLedger, smodel: Model, figs: dict[st
     return measured
 
 
-def _layout(recipe: Recipe, lane: Lane, whole: LaneLedger, layers: list[StageLayers], name: str,
+def _layout(recipe: Recipe, lane: Lane, whole: LaneLedger, layers: list[StageLayers], name: str, key: str,
             experts_in_hbm: bool, tables_in_hbm: bool) -> LayoutVerdict:
     rows: list[tuple[str, float, float, bool]] = []
     shortfall = need = cap = 0.0
+    need_ops: dict[str, Any] = {}
+    cap_ops: dict[str, Any] = {}
+    short_terms: list[str] = []
+    short_ops: dict[str, Any] = {}
     for rank, sl in enumerate(layers):
         stage = _stage(recipe, lane, whole, rank, sl, None, None, experts_in_hbm=experts_in_hbm,
                        tables_in_hbm=tables_in_hbm)
         hbm = [v for v in stage.ledger.violations if v.kind in ("hbm", "kv")]
         shortfall += sum(v.over_bytes or 0 for v in hbm)
+        for v in hbm:
+            term, ops = _shortfall_term(stage, lane, v)
+            short_terms.append(term)
+            short_ops.update(ops)
         gpus = len(stage.gpus)
-        need += (stage.figures["stage.hbm_reserve"].value + stage.ledger.fig("hbm.hot_experts").value) * gpus
+        reserve, hot = stage.figures["stage.hbm_reserve"].value, stage.ledger.fig("hbm.hot_experts").value
+        need += (reserve + hot) * gpus
         cap += stage.ledger.fig("hbm.cap").value * gpus
+        need_ops.update({f"stage{rank}_reserve_bytes": reserve, f"stage{rank}_hot_experts_bytes": hot,
+                         f"stage{rank}_gpus": gpus})
+        cap_ops.update({f"stage{rank}_hbm_cap_bytes": stage.ledger.fig("hbm.cap").value, f"stage{rank}_gpus": gpus})
         rows.append((stage.machine, stage.ledger.fig("kv.tokens").value,
                      stage.ledger.fig("hbm.kv_pool").value, not hbm))
-    return LayoutVerdict(name, experts_in_hbm, tables_in_hbm, all(ok for *_, ok in rows), rows, shortfall,
-                         need, cap)
+    fits = all(ok for *_, ok in rows)
+    tables = " (host tables in HBM inside it: stage.tables_in_hbm)" if tables_in_hbm else ""
+    figs = {
+        f"layout.{key}.weights_and_reserves": Figure(
+            f"layout.{key}.weights_and_reserves", f"{name}: weights + reserves (all stages' GPUs)", need, "bytes",
+            "Σ stages (stage HBM reserve + hot experts, per GPU) × GPUs", need_ops,
+            f"what-if layout; the stage reserve as stage.hbm_reserve{tables}, hot experts as hbm.hot_experts"),
+        f"layout.{key}.hbm_caps": Figure(
+            f"layout.{key}.hbm_caps", f"{name}: HBM caps (all stages' GPUs)", cap, "bytes",
+            "Σ stages hbm_cap × GPUs", cap_ops),
+    }
+    if not fits:
+        figs[f"layout.{key}.shortfall"] = Figure(
+            f"layout.{key}.shortfall", f"{name}: short of HBM (Σ stages that do not fit, per GPU)", shortfall,
+            "bytes", "Σ stages that do not fit: " + " + ".join(short_terms), short_ops,
+            "what-if layout: each such stage's HBM over its cap (no room for KV), or the KV one max_model_len "
+            "sequence lacks")
+    return LayoutVerdict(name, experts_in_hbm, tables_in_hbm, fits, rows, shortfall, need, cap, key, figs)
+
+
+def _shortfall_term(stage: StageLedger, lane: Lane, violation: Violation) -> tuple[str, dict[str, Any]]:
+    """One failing stage's part of a layout's shortfall (the violation's over_bytes), as a formula
+    term and its operands: past the HBM cap, the KV pool's own terms, negated; a pool short of one
+    max_model_len sequence, its missing tokens × the lane's KV bytes per token."""
+    r = f"stage{stage.rank}"
+    pool = stage.ledger.fig("hbm.kv_pool")
+    if violation.kind == "hbm" and pool.value <= 0 and "kv_cache_bytes" not in pool.operands \
+            and violation.over_bytes == -pool.value:
+        return f"{r}: −({pool.formula})", {f"{r}_{k}": v for k, v in pool.operands.items()}
+    tokens = stage.ledger.fig("kv.tokens").value
+    if violation.kind == "kv" and violation.over_bytes and sequence_tokens(lane) > tokens:
+        rate = violation.over_bytes / (sequence_tokens(lane) - tokens)   # the stage's KV bytes per token (lane)
+        return (f"{r}: (max_model_len in whole blocks − kv_tokens) × lane_kv_bytes_per_token",
+                {f"{r}_sequence_tokens": sequence_tokens(lane), f"{r}_kv_tokens": tokens,
+                 f"{r}_lane_kv_bytes_per_token": rate})
+    return f"{r}_over", {f"{r}_over_bytes": violation.over_bytes}
 
 
 def _recommend(lane: Lane, stages: list[StageLedger], layouts: list[LayoutVerdict]) -> str:

@@ -71,6 +71,14 @@ def render_multinode_lane(lane: MultiNodeLaneLedger, *, explain: bool = False) -
                    + (f"fits ({stages})" if verdict.fits else
                       f"would not fit, {format_bytes(verdict.shortfall)} short ({stages})")
                    + f"; weights + reserves {format_bytes(verdict.weights_and_reserves)} of HBM caps {format_bytes(verdict.hbm_cap)}")
+    if explain:
+        # the lane's own figures (the summary's and the layouts' numbers), not the head stage's it carries too
+        head = lane.stages[0].ledger.figures if lane.stages else {}
+        own = [f for key, f in fig.items() if head.get(key) is not f]
+        if own:
+            out.append("  Lane figures:")
+            for f in own:
+                out.extend("    " + line for line in f.explain().splitlines())
     for f in lane.stage_fetch:
         out.append(f"  cost model: stage {f.rank} ({f.machine}) at {format_count(f.streams, 'stream')}, k={f.k}: "
                    f"{f.cold_bytes_per_step / 1e6:,.1f} MB from host per step = {f.fetch_ms:.2f} ms "

@@ -91,6 +91,31 @@ def positional_placement(model: Model, lane: Lane) -> PlacementLedger:
     return placement
 
 
+def walk_count(walk_bytes: float, bytes_per_expert: int) -> int | float:
+    """Routed experts in `walk_bytes`: a whole count where the walk ends at a layer's end, else the
+    fractional one (the walk stops inside a layer: its w13 offloaded, its w2 not)."""
+    whole, part = divmod(int(walk_bytes), bytes_per_expert)
+    return int(whole) if part == 0 and walk_bytes == int(walk_bytes) else walk_bytes / bytes_per_expert
+
+
+def positional_experts_figure(key: str, label: str, p: PlacementLedger, model: Model, *, hot: bool) -> Figure:
+    """A positional placement's routed experts in HBM (`hot`) or in host, as bytes of vLLM's
+    --cpu-offload-gb walk: the walk stops inside a layer, so per-layer whole counts × bytes_per_expert
+    would not redo it; the count printed beside the bytes is the exact (fractional) one."""
+    e = model.expert_bytes
+    count = walk_count(p.hot_bytes if hot else p.cold_bytes, e)
+    part = "" if isinstance(count, int) else " (fractional: the walk stops inside a layer, after some of its expert parameters)"
+    if hot:
+        return Figure(key, label, p.hot_bytes, "bytes",
+                      "experts.total − walk bytes (positional.offloaded); as a count, hot_experts = "
+                      f"(experts.total − walk bytes) / bytes_per_expert{part}",
+                      {"experts_total_bytes": n_total_bytes(model), "walk_bytes": p.cold_bytes,
+                       "hot_experts": count, "bytes_per_expert": e}, p.basis)
+    return Figure(key, label, p.cold_bytes, "bytes",
+                  f"walk bytes (positional.offloaded); as a count, cold_experts = walk bytes / bytes_per_expert{part}",
+                  {"walk_bytes": p.cold_bytes, "cold_experts": count, "bytes_per_expert": e}, p.basis)
+
+
 def placement_figures(p: PlacementLedger, model: Model, lane: Lane, cap: float, reserve: float,
                        kv_token_bytes: float, tp: int, bank: float = 0.0, dense_offloaded: float = 0.0,
                        workspace: float = 0.0, ep_hot: Any = None) -> None:
@@ -118,10 +143,14 @@ def placement_figures(p: PlacementLedger, model: Model, lane: Lane, cap: float, 
             "hbm.hot_experts", "hot routed experts in HBM (per GPU)", hot_gpu, "bytes",
             "Σ hot per layer × bytes_per_expert / tp",
             {"hot_experts": hot_total, "bytes_per_expert": e, "tp": tp}, p.basis)
-    f["host.cold_experts"] = Figure(
-        "host.cold_experts", "routed experts pinned in host", p.cold_bytes, "bytes",
-        "Σ cold per layer × bytes_per_expert" if p.placement == USAGE_AWARE else "positional walk",
-        {"cold_experts": sum(p.cold_per_layer), "bytes_per_expert": e}, p.basis)
+    if p.placement == USAGE_AWARE:
+        f["host.cold_experts"] = Figure(
+            "host.cold_experts", "routed experts pinned in host", p.cold_bytes, "bytes",
+            "Σ cold per layer × bytes_per_expert", {"cold_experts": sum(p.cold_per_layer), "bytes_per_expert": e},
+            p.basis)
+    else:
+        f["host.cold_experts"] = positional_experts_figure("host.cold_experts", "routed experts pinned in host",
+                                                           p, model, hot=False)
     if lane.kv_cache_bytes is not None:
         kv_pool = float(lane.kv_cache_bytes)
         f["hbm.kv_pool"] = Figure("hbm.kv_pool", "KV pool (per GPU, fixed)", kv_pool, "bytes",

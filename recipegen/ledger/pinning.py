@@ -62,27 +62,18 @@ def vllm_parameter_names(model: Model) -> list[list[str]]:
     return out
 
 
-def _size(nbytes: int) -> str:
-    """An exact size, to the precision the other operands print (GiB to 4 places)."""
-    if nbytes >= GiB / 8:
-        return f"{nbytes / GiB:.4f} GiB"
-    if nbytes >= MiB:
-        return f"{nbytes / MiB:.2f} MiB"
-    return f"{nbytes:,} B"
-
-
-def _pow2(nbytes: int) -> str:
-    """A power-of-two size exactly: 8 GiB, 0.5 GiB, 2 MiB."""
-    if nbytes >= GiB / 8:
-        return f"{nbytes / GiB:g} GiB"
-    if nbytes >= MiB:
-        return f"{nbytes / MiB:g} MiB"
+def _size(nbytes: int, *, power_of_two: bool = False) -> str:
+    """A size as the pinned-parameter operands print it: an exact one to the precision the other
+    operands print (GiB to 4 places), a power of two exactly (8 GiB, 0.5 GiB, 2 MiB)."""
+    for unit, factor, digits in (("GiB", GiB, ".4f"), ("MiB", MiB, ".2f")):
+        if nbytes >= (GiB / 8 if unit == "GiB" else MiB):
+            return f"{nbytes / factor:{'g' if power_of_two else digits}} {unit}"
     return f"{nbytes:,} B"
 
 
 def pinned_parameter_list(model: Model) -> list[str]:
     """One MoE layer's pinned parameters as printed operands: `name exact → rounded`."""
-    return [f"{name} {_size(b)} → {_pow2(caching_host_allocation(b))}"
+    return [f"{name} {_size(b)} → {_size(caching_host_allocation(b), power_of_two=True)}"
             for names, params in zip(vllm_parameter_names(model), vllm_parameters(model), strict=True)
             for name, b in zip(names, params, strict=True)]
 

@@ -221,3 +221,57 @@ def test_turboquant_merges_its_boundary_with_the_skip_list() -> None:
     assert "layers 0, 1, 46, 47: the first and last decoder layers" in kept_fig.formula
     assert "layer 10: named by --kv-cache-dtype-skip-layers" in kept_fig.formula
     assert got.fig("kv.lane_bytes_per_token").value == (43 * packed + 5 * kept) * 2
+
+
+# --- beside state layers ---------------------------------------------------------------------------
+#
+# vLLM 0.33 sizes the attention block for the state at the cache dtype (platforms/interface.py:783-787,
+# :940-1135: block = align × ⌈state / (align × P)⌉), then, with the skip list, bumps it in steps of
+# itself until block × P covers max(16 × S, the padded state page) (:909-925) and pads the state to
+# block × P (:931-937). A kept full-attention layer's page is block × S (attention.py:674-682), the
+# largest; the ledger prices every page at it, every attention layer at one block of tokens a page,
+# and groups of min(counts) layers over (layers at the cache dtype, kept layers, state layers)
+# (v1/core/kv_cache_planning.py:416-556: the group size is the smallest count unless the largest is
+# under 1.5 × it).
+
+NEXT = RECIPES / "qwen3-next-80b-a3b-rtx5090.yaml"
+
+
+def test_a_kept_layer_beside_state_layers_never_adds_room() -> None:
+    fp8 = _lane(NEXT, "--kv-cache-dtype", "fp8")
+    got = _lane(NEXT, "--kv-cache-dtype", "fp8", FLAG, "3")
+    # Qwen3-Next-80B-A3B: 12 full-attention layers (2 KV heads × 256), 36 Gated DeltaNet layers
+    # (conv kernel 4; 16 key heads × 128, 32 value heads × 128; bf16 state), one RTX 5090 (12.0,
+    # key head 128: GDN checkpoints, align 64, 3 state blocks a sequence), max_model_len 65,536
+    fp8_rate, bf16_rate = 2 * 2 * 256 * 1, 2 * 2 * 256 * 2                    # 1,024 and 2,048 B
+    state = 3 * (2 * 16 * 128 + 32 * 128) * 2 + 32 * 128 * 128 * 2          # 49,152 + 1,048,576
+    assert got.fig("kv.state_bytes_per_sequence_per_layer").value == state == 1_097_728
+    block = 64 * -(-state // (64 * fp8_rate))                                 # 1,088
+    required = max(16 * bf16_rate, block * fp8_rate)                          # the padded state page
+    assert block * -(-required // (block * fp8_rate)) == block                # no bump here
+    page = block * bf16_rate
+    assert got.fig("kv.block_tokens").value == block == 1088
+    assert got.fig("kv.page_bytes").value == page == 2_228_224
+    # counts 11 (fp8), 1 (kept), 36 (state): groups of 1
+    blocks = (11 + 1) * -(-65_536 // block) + 36 * 3                           # 12 × 61 + 108
+    assert got.fig("kv.bytes_per_block").value == page
+    assert got.fig("kv.bytes_per_sequence").value == blocks * page == 840 * 2_228_224
+    pool = got.fig("hbm.kv_pool").value
+    assert pool == fp8.fig("hbm.kv_pool").value
+    assert got.fig("kv.tokens").value == pytest.approx(pool * 65_536 / (blocks * page))
+    # without the flag: page block × 1,024, 1 + 3 groups of 12
+    plain = (1 * 61 + 3 * 3) * 12 * block * fp8_rate
+    assert fp8.fig("kv.bytes_per_sequence").value == plain
+    assert got.fig("kv.tokens").value <= fp8.fig("kv.tokens").value
+    assert got.fig("kv.full_sequences").value <= fp8.fig("kv.full_sequences").value
+    assert any("beside state layers" in n and "upper bound" in n for n in got.notes)
+    assert not any("the state is left out" in n for n in got.notes)
+
+
+def test_the_state_page_has_one_owner() -> None:
+    for name in ("qwen3-next-80b-a3b-rtx5090", "qwen3.5-35b-a3b-rtx5090", "nemotron-3-nano-30b-a3b-rtx4090"):
+        got = compute_ledger(load_recipe(RECIPES / f"{name}.yaml")).lanes[0]
+        fig = got.fig("kv.state_bytes_per_sequence_per_layer")
+        assert fig.operands["conv_state_bytes"] + fig.operands["ssm_state_bytes"] == fig.value
+        assert fig.operands["conv_state_bytes"] == ((fig.operands["conv_kernel"] - 1) * fig.operands["conv_channels"]
+                                                    * fig.operands["conv_dtype_bytes"])

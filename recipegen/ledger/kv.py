@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from recipegen.common.units import GiB
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.flags import flag_value, flag_values
-from recipegen.ledger.kv_state import KERNEL_BLOCK, StatePool, state_pool, state_pool_figures
+from recipegen.ledger.kv_state import KERNEL_BLOCK, KeptLayers, StatePool, state_pool, state_pool_figures
 from recipegen.ledger.result import Violation, src_note
 from recipegen.ledger.workspace import max_num_batched_tokens
 from recipegen.schema import Lane, Machine, Model
@@ -439,6 +439,7 @@ class AttentionPart:
     layout: str | None              # the packed or DeepSeek layout; None: plain elements
     kept: bool = False              # layers vLLM keeps at the model's dtype (skip list, TurboQuant's boundary)
     padding: tuple[int, int, int] | None = None     # a padded sliding page: (bytes/token unpadded, page, tokens)
+    cache_rate: int = 0             # kept layers: what they would cache per token at the cache dtype
 
 
 def lane_attention(model: Model, machine: Machine, lane: Lane, dtype: str | None,
@@ -515,7 +516,8 @@ def attention_parts(model: Model, machine: Machine, lane: Lane, dtype: str | Non
                 if group.kind == "sliding" and kept_rate > rate:
                     page, block = skip_sliding_page(lane, rate, kept_rate)
                     padding, kept_rate = (kept_rate, page, block), -(-page // block)
-                out.append(AttentionPart(kept_group, kept_rate, kept_layout, kept=True, padding=padding))
+                out.append(AttentionPart(kept_group, kept_rate, kept_layout, kept=True, padding=padding,
+                                         cache_rate=rate))
                 if own != base.kv_dtype:
                     _note_once(notes, "the layers vLLM keeps at the model's dtype cache at \"auto\", not the "
                                "checkpoint's fp8 KV scheme (model_executor/layers/attention/attention.py:286-315); "
@@ -620,6 +622,7 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
     operands: dict[str, object] = {"tp": tp, "max_model_len": seq}
     in_flight = max_num_batched_tokens(machine, lane) if any(g.kind == "chunked" for g in model.attention) else None
     rates = set()
+    parts: list[AttentionPart] = []
     refused = kv_cache_refusal(model, machine, lane)
     if refused:
         # the one report of the refusal per lane (`lane_attention` below is told not to note it)
@@ -639,6 +642,7 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
     for i, part in enumerate(attention_parts(model, machine, lane, dtype, notes, refusal_reported=True)):
         group, rate, layout, kept = part.group, part.rate, part.layout, part.kept
         rates.add(rate)
+        parts.append(part)
         held = seq
         if group.kind == "sliding" and group.window:
             held = min(seq, group.window)
@@ -692,7 +696,7 @@ def kv_rate(model: Model, machine: Machine, lane: Lane, add: Callable[[Figure], 
                    or src_note(model.sources, f"attention[{j}].kv_lora_rank")
                    + (f"; chunk held: {in_flight.reason}" if group.kind == "chunked" and in_flight else "")))
         operands[f"group{i}_{group.kind}_bytes"] = layer_bytes
-    pool = _with_state(model, machine, lane, rates, add, notes, violations, operands) if model.state else None
+    pool = _with_state(model, machine, lane, parts, add, notes, violations, operands) if model.state else None
     if pool is not None:
         per_seq = pool.bytes_per_sequence
     else:
@@ -744,8 +748,9 @@ def kv_tokens_figure(model: Model, lane: Lane, kv_pool: float, kv_token_bytes: f
                   how)
 
 
-def _with_state(model: Model, machine: Machine, lane: Lane, rates: set[int], add: Callable[[Figure], Figure],
-                notes: list[str], violations: list[Violation], operands: dict[str, object]) -> StatePool | None:
+def _with_state(model: Model, machine: Machine, lane: Lane, parts: list[AttentionPart],
+                add: Callable[[Figure], Figure], notes: list[str], violations: list[Violation],
+                operands: dict[str, object]) -> StatePool | None:
     tp = lane.tensor_parallel_size
     for i, group in enumerate(model.state):
         reason = group.split_reason(tp)
@@ -755,14 +760,25 @@ def _with_state(model: Model, machine: Machine, lane: Lane, rates: set[int], add
                                         "pick a tensor-parallel size that divides the state's heads and channels",
                                         lane=lane.name))
             return None
-    if len(rates) != 1:
+    rates = {p.rate for p in parts}
+    kept = _kept_beside_state(parts)
+    if kept is None and len(rates) != 1:
         notes.append("state layers beside attention layers of several page sizes, or none: vLLM's shared page "
                      "layout is not modelled here — the state is left out, so the KV figures are optimistic")
         return None
     if lane.speculative is not None:
         notes.append("speculative decoding on a model with state layers: vLLM keeps extra state per draft token, "
                      "not counted here (a lower bound on the state)")
-    pool = state_pool(model, machine, lane, rates.pop())
+    if kept is not None:
+        notes.append(f"--kv-cache-dtype-skip-layers beside state layers: vLLM 0.33 sizes the block for the state at "
+                     f"the cache dtype, bumps it until a page of the cache dtype covers a 16-token block of the "
+                     f"model's dtype (platforms/interface.py:909-925), pads the state to that page (:931-937), and "
+                     f"unifies every page to the largest, a kept layer's (v1/core/kv_cache_planning.py:346-409), one "
+                     f"group per spec (:416-556). Counted at an upper bound: every page at a kept layer's "
+                     f"({kept[1].rate:,} B per token), every attention layer holding one block of tokens a page")
+        pool = state_pool(model, machine, lane, kept[0], kept[1])
+    else:
+        pool = state_pool(model, machine, lane, rates.pop())
     for f in state_pool_figures(pool, model, lane):
         add(f)
     operands.update(blocks_per_sequence=pool.blocks_per_sequence, bytes_per_block=pool.bytes_per_block)
@@ -774,6 +790,21 @@ def _with_state(model: Model, machine: Machine, lane: Lane, rates: set[int], add
                 "layers_per_group": pool.group_size, "page_bytes": pool.page},
                "vLLM 0.33 v1/core/kv_cache_utils.py:1061-1093 (its concurrency: pool blocks ÷ blocks per request)"))
     return pool
+
+
+def _kept_beside_state(parts: list[AttentionPart]) -> tuple[int, KeptLayers] | None:
+    """Where attention layers kept at the model's dtype are what splits the rates: the rate at the cache
+    dtype and the kept layers (`kv_state.KeptLayers`); None otherwise."""
+    kept = [p for p in parts if p.kept]
+    primary = {p.rate for p in parts if not p.kept} | {p.cache_rate for p in kept}
+    if not kept or len(primary) != 1:
+        return None
+    rate, largest = primary.pop(), max(p.rate for p in parts)
+    if largest <= rate:
+        return None
+    buckets = tuple(n for n in (sum(len(p.group.layers) for p in parts if not p.kept),
+                                sum(len(p.group.layers) for p in kept)) if n)
+    return rate, KeptLayers(largest, buckets)
 
 
 def state_sequence_bound(pool: StatePool, lane: Lane, kv_pool: float, add: Callable[[Figure], Figure],

@@ -42,6 +42,16 @@ GDN_CHECKPOINT_ALIGNMENT = 64   # v1/attention/backends/gdn_attn.py:34
 
 
 @dataclass(frozen=True)
+class KeptLayers:
+    """Attention layers `--kv-cache-dtype-skip-layers` keeps at the model's dtype beside a quantized
+    cache, in a model with state layers: the largest bytes per token per layer of any attention part,
+    and the layer count of each attention spec (the layers at the cache dtype, those kept)."""
+
+    rate: int
+    buckets: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class StatePool:
     block_tokens: int            # attention block size vLLM picks
     attn_bytes: int              # attention bytes per token per layer (per rank)
@@ -60,6 +70,8 @@ class StatePool:
     checkpoints: bool
     align: int                   # the block's alignment in tokens
     kernel_align: int            # before the GDN checkpoint alignment
+    kept: KeptLayers | None = None   # skip-layers beside state layers: priced at the kept layers' page
+    hybrid_block: int = 0        # the block before the skip-layers bump (kept only)
 
 
 def prefix_caching(lane: Lane) -> bool:
@@ -100,7 +112,16 @@ def lane_state_groups(model: Model, lane: Lane) -> list[StateLayers]:
     return out
 
 
-def state_pool(model: Model, machine: Machine, lane: Lane, attn_bytes_per_token_per_layer: int) -> StatePool:
+def state_pool(model: Model, machine: Machine, lane: Lane, attn_bytes_per_token_per_layer: int,
+               kept: KeptLayers | None = None) -> StatePool:
+    """The pool's layout. `kept`: attention layers kept at the model's dtype (`KeptLayers`); vLLM 0.33
+    first sizes the block for the state at the cache dtype (platforms/interface.py:783-787), then
+    bumps it until a page of the cache dtype covers a kernel block of the model's dtype and the
+    padded state page (:789-793, :909-925), and pads the state to that page (:931-937). A kept
+    full-attention layer's page is then block × its own bytes per token, larger than the others
+    (model_executor/layers/attention/attention.py:674-682), and vLLM unifies the pages to the largest
+    (v1/core/kv_cache_planning.py:346-409) with one group per spec (:416-556). Priced here at an upper
+    bound: every page at the kept layers' size, every attention layer holding `block` tokens a page."""
     tp, seq = lane.tensor_parallel_size, lane.max_model_len
     state_pages = {g.bytes_per_sequence_per_layer(tp) for g in lane_state_groups(model, lane)}
     state_page = max(state_pages)
@@ -113,35 +134,74 @@ def state_pool(model: Model, machine: Machine, lane: Lane, attn_bytes_per_token_
         align = lcm(align, GDN_CHECKPOINT_ALIGNMENT)
     a = attn_bytes_per_token_per_layer
     block = align * -(-state_page // (align * a))
+    hybrid_block = block
     page = block * a
     n_attn = sum(len(g.layers) for g in model.attention)
     n_state = sum(len(g.layers) for g in model.state)
-    small, large = min(n_attn, n_state), max(n_attn, n_state)
+    buckets: tuple[int, ...] = (n_attn,)
+    if kept is not None:
+        # interface.py:909-925: required = max(kept per token × kernel block, the state page padded to
+        # block × a, where it was padded); the block grows in steps of itself until block × a covers it
+        padded = page if page != state_page else 0
+        required = max(kept.rate * KERNEL_BLOCK, padded)
+        step = max(KERNEL_BLOCK, block)
+        block = max(block, step * -(-required // (step * a)))
+        page = max(block * kept.rate, state_page)
+        buckets = kept.buckets
+    sizes = (*buckets, n_state)
+    small, large = min(sizes), max(sizes)
     group = large if large < small * 1.5 else small
-    attn_groups, state_groups = -(-n_attn // group), -(-n_state // group)
+    attn_groups, state_groups = sum(-(-n // group) for n in buckets), -(-n_state // group)
     state_blocks = (2 + (1 if checkpoints else 0)) if caching else 1
     attn_blocks = -(-seq // block)
     per_block = group * page
     blocks = attn_groups * attn_blocks + state_groups * state_blocks
     return StatePool(block, a, state_page, page, group, attn_groups, state_groups, state_blocks, attn_blocks,
                      per_block, blocks, blocks * per_block, attn_groups + state_groups * state_blocks, caching,
-                     checkpoints, align, base_align)
+                     checkpoints, align, base_align, kept, hybrid_block if kept else 0)
 
 
 def state_pool_figures(pool: StatePool, model: Model, lane: Lane) -> list[Figure]:
     src = "vLLM 0.33 platforms/interface.py:940-1135; v1/core/kv_cache_planning.py:416-640"
     why_align = (f"lcm({pool.kernel_align}, {GDN_CHECKPOINT_ALIGNMENT}): GDN prefill checkpoints land on block "
                  "boundaries" if pool.align != pool.kernel_align else "the attention kernels' smallest block")
+    block = Figure("kv.block_tokens", "attention block (tokens)", pool.block_tokens, "tokens",
+                   "align × ⌈state_page / (align × attention bytes per token per layer)⌉",
+                   {"state_page_bytes": pool.state_page, "attention_bytes_per_token_per_layer": pool.attn_bytes,
+                    "align": pool.align}, f"{src}; align = {why_align}")
+    page = Figure("kv.page_bytes", "one page: an attention block; the state padded to it (per GPU)", pool.page,
+                  "bytes", "block × attention bytes per token per layer",
+                  {"block_tokens": pool.block_tokens, "attention_bytes_per_token_per_layer": pool.attn_bytes,
+                   "state_padding_bytes": pool.page - pool.state_page}, src)
+    if pool.kept is not None:
+        hybrid_page = pool.hybrid_block * pool.attn_bytes
+        step = max(KERNEL_BLOCK, pool.hybrid_block)
+        block = Figure(
+            "kv.block_tokens", "attention block (tokens), bumped for the layers kept at the model's dtype",
+            pool.block_tokens, "tokens",
+            "max(hybrid_block, step × ⌈required_page / (step × attention bytes per token per layer)⌉), "
+            "hybrid_block = align × ⌈state_page / (align × attention bytes per token per layer)⌉, step = max(16, "
+            "hybrid_block), required_page = max(kept bytes per token per layer × 16, the state page padded to "
+            "hybrid_block × attention bytes per token per layer where it was padded)",
+            {"hybrid_block_tokens": pool.hybrid_block, "state_page_bytes": pool.state_page,
+             "attention_bytes_per_token_per_layer": pool.attn_bytes, "align": pool.align, "step_tokens": step,
+             "kept_bytes_per_token_per_layer": pool.kept.rate,
+             "required_page_bytes": max(pool.kept.rate * KERNEL_BLOCK,
+                                        hybrid_page if hybrid_page != pool.state_page else 0)},
+            f"vLLM 0.33 platforms/interface.py:940-1135 (the state), :909-925 (the layers kept at the model's dtype); "
+            f"align = {why_align}")
+        page = Figure(
+            "kv.page_bytes", "one page, priced at a kept layer's: block × its bytes per token (per GPU)", pool.page,
+            "bytes", "max(block × kept bytes per token per layer, state_page)",
+            {"block_tokens": pool.block_tokens, "kept_bytes_per_token_per_layer": pool.kept.rate,
+             "state_page_bytes": pool.state_page, "state_padding_bytes": pool.page - pool.state_page},
+            "a kept full-attention layer's page is block × its bytes per token (vLLM 0.33 model_executor/layers/"
+            "attention/attention.py:674-682), the largest, and vLLM unifies every page to the largest (v1/core/"
+            "kv_cache_planning.py:346-409); an upper bound, every layer's page counted at it")
     return [
         _state_figure(pool, model, lane),
-        Figure("kv.block_tokens", "attention block (tokens)", pool.block_tokens, "tokens",
-               "align × ⌈state_page / (align × attention bytes per token per layer)⌉",
-               {"state_page_bytes": pool.state_page, "attention_bytes_per_token_per_layer": pool.attn_bytes,
-                "align": pool.align}, f"{src}; align = {why_align}"),
-        Figure("kv.page_bytes", "one page: an attention block; the state padded to it (per GPU)", pool.page, "bytes",
-               "block × attention bytes per token per layer",
-               {"block_tokens": pool.block_tokens, "attention_bytes_per_token_per_layer": pool.attn_bytes,
-                "state_padding_bytes": pool.page - pool.state_page}, src),
+        block,
+        page,
         Figure("kv.bytes_per_block", f"one pool block: a page for each of {pool.group_size} layers (per GPU)",
                pool.bytes_per_block, "bytes", "layers per group × page",
                {"layers_per_group": pool.group_size, "page_bytes": pool.page,
@@ -161,7 +221,7 @@ def _state_figure(pool: StatePool, model: Model, lane: Lane) -> Figure:
     groups = lane_state_groups(model, lane)
     g = max(groups, key=lambda group: group.bytes_per_sequence_per_layer(tp))
     conv_dtype, ssm_dtype = STATE_DTYPE_BYTES[g.conv_dtype], STATE_DTYPE_BYTES[g.ssm_dtype]
-    channels, heads = g.conv_channels(tp), g.state_heads() // tp
+    channels, heads, conv, ssm = g.state_parts(tp)
     if g.kind == "gdn":
         assert g.num_k_heads and g.head_k_dim and g.num_v_heads and g.head_v_dim
         matrix = {"head_v_dim": g.head_v_dim, "head_k_dim": g.head_k_dim}
@@ -176,10 +236,6 @@ def _state_figure(pool: StatePool, model: Model, lane: Lane) -> Figure:
                         f"2 × {widened} × {g.state_size}) / {tp}"
                         + (f" (n_groups {g.n_groups} widened to {widened} for tp)" if widened != g.n_groups else ""))
         heads_name = f"num_heads {g.num_heads}"
-    a, b = matrix.values()
-    conv = (g.conv_kernel - 1) * channels * conv_dtype
-    ssm = heads * a * b * ssm_dtype
-    assert conv + ssm == pool.state_page, (conv, ssm, pool.state_page)
     names = " × ".join(matrix)
     others = [f"{other.kind} layers {other.bytes_per_sequence_per_layer(tp):,} B" for other in groups if other is not g]
     return Figure(

@@ -287,17 +287,26 @@ class StateLayers(StrictModel):
         groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)
         return (self.num_heads * self.head_dim + 2 * groups * self.state_size) // tp
 
-    def bytes_per_sequence_per_layer(self, tp: int = 1, spec_tokens: int = 0) -> int:
-        """State bytes one layer holds per sequence on one rank: conv (kernel − 1 + spec) × channels
-        plus heads × the recurrent matrix (vLLM's `MambaSpec.page_size_bytes` before padding)."""
-        conv = (self.conv_kernel - 1 + spec_tokens) * self.conv_channels(tp) * STATE_DTYPE_BYTES[self.conv_dtype]
+    def state_parts(self, tp: int = 1, spec_tokens: int = 0) -> tuple[int, int, int, int]:
+        """One layer's state per sequence on one rank, in its parts: (conv channels, state heads, conv
+        bytes, SSM bytes). Conv: (kernel − 1 + spec) × channels × conv dtype; SSM: heads // tp × the
+        recurrent matrix (Gated DeltaNet head_v_dim × head_k_dim, Mamba-2 head_dim × state_size) × SSM
+        dtype (vLLM 0.33 model_executor/layers/mamba/mamba_utils.py:186-212, :272-294)."""
+        channels, heads = self.conv_channels(tp), self.state_heads() // tp
+        conv = (self.conv_kernel - 1 + spec_tokens) * channels * STATE_DTYPE_BYTES[self.conv_dtype]
         if self.kind == "gdn":
-            assert self.num_v_heads and self.head_v_dim and self.head_k_dim
-            ssm = self.num_v_heads // tp * self.head_v_dim * self.head_k_dim
+            assert self.head_v_dim and self.head_k_dim
+            matrix = self.head_v_dim * self.head_k_dim
         else:
-            assert self.num_heads and self.head_dim and self.state_size
-            ssm = self.num_heads // tp * self.head_dim * self.state_size
-        return conv + ssm * STATE_DTYPE_BYTES[self.ssm_dtype]
+            assert self.head_dim and self.state_size
+            matrix = self.head_dim * self.state_size
+        return channels, heads, conv, heads * matrix * STATE_DTYPE_BYTES[self.ssm_dtype]
+
+    def bytes_per_sequence_per_layer(self, tp: int = 1, spec_tokens: int = 0) -> int:
+        """State bytes one layer holds per sequence on one rank: conv plus SSM (`state_parts`; vLLM's
+        `MambaSpec.page_size_bytes` before padding)."""
+        _, _, conv, ssm = self.state_parts(tp, spec_tokens)
+        return conv + ssm
 
 
 class DecoderLayerBytes(StrictModel):

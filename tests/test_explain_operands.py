@@ -307,5 +307,7 @@ def test_pipeline_stage_reserves_are_not_labelled_measured() -> None:
     assert all(re.search(r"host reserve [\d.]+ GiB \(the lane's back-solved single-box host reserve, assumed on "
                          r"every machine\)", line) for line in headline)
     for line in text.splitlines():
-        if line.strip().startswith(("HBM / GPU:", "Host:")):
+        if line.strip().startswith("HBM / GPU:"):   # derived on the single box's basis, not measured here
+            assert "derived from the lane's back-solved single-box reserve)" in line, line
+        if line.strip().startswith("Host:"):
             assert "(back-solved" in line, line

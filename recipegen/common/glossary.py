@@ -32,6 +32,11 @@ class Term:
         return self.explained_by is not None and re.search(self.explained_by, text) is not None
 
 
+# The budget a configuration breaks, as fit / new / compare and check budgets tag it
+# (recipegen.ledger.verdict's violation kinds; `sequences`: recipegen.fit.search).
+_BUDGET_TAG = (r"\[(?:kv|hbm|host|load-hbm|load-host|machine-host|gpu-shared|reserve|runtime|attention|parallel|"
+               r"sequences)\]")
+
 # The note the fetch projection prints beside its figures (recipegen.costmodel.lane).
 _CK_NOTE = r"C<n> k=<k>: n concurrent streams"
 
@@ -134,6 +139,18 @@ TERMS: tuple[Term, ...] = (
          "reads the recent counts and chooses its next swaps"),
     Term("Gini", r"\bGini\b", "how unevenly a layer's picks fall on its experts: 0 when even, near 1 when a "
          "few experts take them all"),
+    Term("[kv] / [hbm] / [host] / [load-host]", _BUDGET_TAG,
+         "the budget a configuration breaks: [hbm] HBM per GPU (reserve + hot experts over the cap), [kv] the KV "
+         "pool (less than one max_model_len sequence), [host] host memory in use, [load-hbm] / [load-host] HBM / "
+         "host memory at the load-time peak, [machine-host] the machine's lanes together over its host memory, "
+         "[gpu-shared] a GPU always-on lanes share, [reserve] declared weights larger than the measured HBM "
+         "reserve they are part of, [runtime] / [attention] / [parallel] what the expert residency runtime, "
+         "vLLM's attention setup or the parallel layout would refuse at boot, "
+         "[sequences] fewer full-length sequences than --min-sequences asks"),
+    Term("validation band", r"validation band|\bband \d",
+         "the range of real speeds the decode estimate allows: the estimate times the lowest and highest measured "
+         "÷ estimated tokens/s over the validation runs (docs/costmodel.md 'Validation')",
+         explained_by=r"band (the|its) validation justifies"),
     Term("synthetic", r"(?i)\bsynthetic\b",
          "an example histogram made by `recipegen rowmap synth` or `new`, not measured traffic "
          "(`recipegen profile` replaces it)"),

@@ -18,6 +18,7 @@ from recipegen.common.units import format_count
 from recipegen.costmodel.fetch import FetchTax, fetch_tax
 from recipegen.costmodel.kschedule import KScheduleCheck, check_k_schedule
 from recipegen.costmodel.parallel import ONE_LINK_PER_GPU, fullest_rank, gpu_reads, lane_ep_shares
+from recipegen.costmodel.reference import REFERENCE_MACHINE, REFERENCE_MODEL
 from recipegen.costmodel.steps import measured_step
 from recipegen.costmodel.unique_experts import UniqueExpertsModel, calibrated_model
 
@@ -196,10 +197,14 @@ def lane_cold_shares(loaded: Any, lane: Any, ledger_lane: Any, *, map_class: str
     if lane.offload.placement == "positional":
         cold = ledger_lane.active.cold_per_layer
         per_layer = tuple(c / model.routed_experts for c in cold)
+        # The field's measurement is of the reference model on the reference machine only: printed
+        # beside another lane's modelled share it would read as that lane's.
+        machine = loaded.recipe.machines.get(lane.machine)
+        measured = ("; the field reports measured ~23% / 24% of picks on the positional --cpu-offload-gb 60 lane"
+                    if model.name == REFERENCE_MODEL and getattr(machine, "name", None) == REFERENCE_MACHINE else "")
         share = ColdShare(sum(per_layer) / len(per_layer), per_layer,
                           "positional: whole layers' experts offloaded, usage-blind (cold experts per layer ÷ "
-                          f"{model.routed_experts}); the field reports measured ~23% / 24% of picks on the "
-                          "positional --cpu-offload-gb 60 lane")
+                          f"{model.routed_experts}){measured}")
         return {name: share for name in (lane.classes or {"(all traffic)": None})}
     for name, cls in lane.classes.items():
         map_name = map_class or name

@@ -11,7 +11,7 @@ from typing import Any
 
 from recipegen.common.units import GiB
 from recipegen.fit.run import FitOutcome, candidate_json, fit_recipe
-from recipegen.fit.search import USAGE_AWARE, FitOptions
+from recipegen.fit.search import PINNED_BLOCKS, USAGE_AWARE, FitOptions
 from recipegen.schema import Machine
 
 
@@ -38,8 +38,19 @@ class Row:
         else:
             placement, hot = "all in HBM", "all"
         return [self.key, gpus, host, "yes", placement, hot, fig["kv.tokens"].display().replace(" tokens", ""),
-                str(int(fig["kv.full_sequences"].value)), f"{fig['host.cold_experts'].value / GiB:,.1f} GiB",
+                str(int(fig["kv.full_sequences"].value)), _pinned_cell(fig),
                 c.projection.text]
+
+
+def _pinned_cell(fig: dict[str, Any]) -> str:
+    text = f"{fig['host.cold_experts'].value / GiB:,.1f} GiB"
+    if _in_blocks(fig):
+        text += f" (blocks {fig['host.cold_pinned'].value / GiB:,.1f} GiB)"
+    return text
+
+
+def _in_blocks(fig: dict[str, Any]) -> bool:
+    return "host.cold_pinned" in fig and fig["host.cold_pinned"].value > fig["host.cold_experts"].value
 
 
 HEADERS = ["machine", "GPUs", "host", "fits", "placement", "hot/cold per layer", "KV tokens", "sequences",
@@ -57,6 +68,9 @@ def table_lines(rows: list[Row], recipe: str, lane: str, max_model_len: int) -> 
     out = [f"compare {recipe} · lane {lane} · max_model_len {max_model_len:,}"]
     for row in cells:
         out.append("  " + "  ".join(text.ljust(w) for text, w in zip(row, widths)).rstrip())
+    if any(r.outcome.result.chosen is not None and _in_blocks(r.outcome.result.chosen.evaluation.ledger.figures)
+           for r in rows):
+        out.append(f"  host pinned: the experts' bytes; (blocks N GiB): the host memory they take: the size {PINNED_BLOCKS}")
     for r in rows:
         res = r.outcome.result
         if res.chosen is None:  # each placement's own reason: the one that binds differs between them

@@ -19,7 +19,7 @@ from recipegen.fit.rowmaps import (
     search_histogram,
     usage_aware_classes,
 )
-from recipegen.fit.search import USAGE_AWARE, FitOptions, FitResult, Inputs, fit_lane
+from recipegen.fit.search import USAGE_AWARE, FitOptions, FitResult, Inputs, fit_lane, host_in_use_text
 from recipegen.fit.writeback import apply_fit, commit, dump, recipe_lock
 from recipegen.load.recipe import LoadedRecipe, load_recipe_model, resolve_recipe_path
 from recipegen.schema import Machine, Recipe
@@ -84,8 +84,7 @@ class FitOutcome:
                    f"{format_bytes(fig['hbm.kv_pool'].value)} = {fig['kv.tokens'].display()} = "
                    f"{format_count(int(fig['kv.full_sequences'].value), 'full-length sequence')}; load peak "
                    f"{format_bytes(fig['load.hbm_peak'].value)} of {format_bytes(fig['hbm.capacity'].value)}")
-        out.append(f"  host: pinned experts {format_bytes(fig['host.cold_experts'].value)}, in use "
-                   f"{format_bytes(fig['host.total'].value)}, load peak {format_bytes(fig['load.host_peak'].value)} "
+        out.append(f"  host: {host_in_use_text(fig)}, load peak {format_bytes(fig['load.host_peak'].value)} "
                    f"of {format_bytes(fig['host.memory'].value)}")
         for other in r.candidates:
             if other is not c:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -190,7 +191,8 @@ class _Judge:
                 rowmap_ids = [sorted(row[:hot].tolist()) for row in self._order]
         ledger = compute_lane(self.model, self.machine, lane, rowmap_hot=rowmap_hot, rowmap_label=label,
                               rowmap_hot_ids=rowmap_ids)
-        problems = [Problem(v.kind, v.message) for v in ledger.violations]
+        problems = [Problem(v.kind, _host_message(ledger.figures) if v.kind == "host" else v.message)
+                    for v in ledger.violations]
         seqs = int(ledger.fig("kv.full_sequences").value)
         if seqs < self.min_sequences and not {p.kind for p in problems} & {"hbm", "kv"}:
             problems.append(Problem("sequences", f"the KV pool holds {format_count(seqs, 'full-length sequence')} of "
@@ -214,6 +216,42 @@ class _Judge:
             total = row.sum()
             shares.append(float(row[order[hot:]].sum() / total) if total else 0.0)
         return shares, f"top-{hot} map on {self.inputs.histogram_label or 'the class histogram'} (in-sample)"
+
+
+PINNED_BLOCKS = "of vLLM's pinned blocks (each parameter rounded up to a power of two)"
+
+
+def pinned_experts_text(fig: Any) -> str:
+    """The pinned experts as `check budgets` words them: on a positional lane, the experts' bytes in
+    the larger pinned blocks vLLM holds for them (what host memory counts)."""
+    text = f"pinned experts {format_bytes(fig['host.cold_experts'].value)}"
+    if "host.cold_pinned" in fig and fig["host.cold_pinned"].value > fig["host.cold_experts"].value:
+        text += f" in {format_bytes(fig['host.cold_pinned'].value)} {PINNED_BLOCKS}"
+    return text
+
+
+def host_in_use_text(fig: Any) -> str:
+    """Host memory in use as its parts (`check budgets`' Host line, shorter)."""
+    parts = []
+    if fig["host.tables"].value:
+        parts.append(f"host tables {format_bytes(fig['host.tables'].value)}")
+    parts.append(pinned_experts_text(fig))
+    if "host.dense_offloaded" in fig:
+        parts.append(f"non-routed weights offloaded {format_bytes(fig['host.dense_offloaded'].value)}")
+    parts.append(f"reserve {format_bytes(fig['host.reserve'].value)}")
+    counted = (fig["host.tables"].value + fig.get("host.cold_pinned", fig["host.cold_experts"]).value
+               + (fig["host.dense_offloaded"].value if "host.dense_offloaded" in fig else 0) + fig["host.reserve"].value)
+    if abs(counted - fig["host.total"].value) > 0.5:   # adaptive residency's spare host rows
+        parts.append(f"spare host rows {format_bytes(fig['host.total'].value - counted)}")
+    return " + ".join(parts) + f" = in use {format_bytes(fig['host.total'].value)}"
+
+
+def _host_message(fig: dict) -> str:
+    """The host budget's excess with its parts as the fit's host line words them (the pinned
+    experts, on a positional lane, in vLLM's larger pinned blocks)."""
+    total, memory = fig["host.total"].value, fig["host.memory"].value
+    return (f"host memory over by {format_bytes(total - memory)}: {host_in_use_text(fig)} > "
+            f"{format_bytes(memory)}")
 
 
 def _cold_order(histogram: object) -> list[np.ndarray]:

@@ -26,13 +26,14 @@ from recipegen.ledger.placements import (
     positional_placement,
     usage_aware_placement,
 )
-from recipegen.ledger.reserves import hbm_reserve, host_reserve, placement_hbm_reserve, reserve_basis
+from recipegen.ledger.reserves import hbm_reserve, host_reserve, placement_hbm_reserve, reserve_basis, stage_share
 from recipegen.ledger.result import POSITIONAL, USAGE_AWARE, LaneLedger, PlacementLedger, Violation, src_note
 from recipegen.ledger.runtime_check import runtime_caveat, runtime_violations
 from recipegen.ledger.verdict import budget_violations
 from recipegen.ledger.vllm_layout import as_lane_lays_out
 from recipegen.ledger.workspace import same_budget_workspace, workspace_figures
 from recipegen.schema import Lane, Machine, Model
+from recipegen.schema.lane import HbmReserve, HostReserve
 
 
 @dataclass
@@ -281,8 +282,7 @@ def _hbm_figures(model: Model, machine: Machine, lane: Lane, out: _Figures) -> _
         rest = out.add(Figure("hbm.reserve.runtime", "  of which activations, CUDA graphs, rest",
                               reserve - dense - drafter, "bytes", "reserve − dense − drafter",
                               {"reserve_bytes": reserve, "dense_bytes": dense, "drafter_bytes": drafter},
-                              f"declared parts are inside the {reserve_basis(lane.reserves.hbm)} reserve, "
-                              "never added on top"))
+                              f"declared parts are inside the {_reserve_words(lane.reserves.hbm)}, never added on top"))
         if rest.value < 0:
             out.violations.append(Violation(
                 "reserve", f"declared dense + drafter weights ({format_bytes(dense + drafter)}) exceed "
@@ -362,6 +362,13 @@ def _placement_summary(model: Model, lane: Lane, active: PlacementLedger, out: _
     for key in ("hbm.hot_experts", "hbm.kv_pool", "kv.tokens", "kv.full_sequences"):
         out.figs[key] = active.figures[key]
     add(Figure("kv.max_model_len", "max_model_len", lane.max_model_len, "tokens", "", {}))
+
+
+def _reserve_words(spec: HbmReserve | HostReserve | None) -> str:
+    """The reserve by its basis: a pipeline stage's share says it was derived, not declared."""
+    if stage_share(spec):
+        return "stage reserve derived from the lane's single-box reserve"
+    return f"{reserve_basis(spec)} reserve"
 
 
 def _host_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLedger,

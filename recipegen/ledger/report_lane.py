@@ -3,6 +3,8 @@ every formula, and the verdict lines."""
 
 from __future__ import annotations
 
+import re
+
 from recipegen.common.units import GiB, MiB, format_count
 from recipegen.ledger.reserves import basis_of
 from recipegen.ledger.result import POSITIONAL, LaneLedger, PlacementLedger, Violation, placement_label
@@ -93,7 +95,10 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
                 else f"{_g(cap.value)} (fixed KV pool)")
     reserve = fig["hbm.reserve"]
     reserve_kind = basis_of(reserve)
-    if reserve_kind == "back-solved":  # say what that means once, where it is printed
+    stage = re.search(r"(stage \d+)'s share of the lane's ([\w -]+?) single-box reserve", reserve.note)
+    if stage:  # a pipeline stage's share: worked out from the single box's reserve, never measured here
+        reserve_kind = f"{stage[1]}'s share, derived from the lane's {stage[2]} single-box reserve"
+    elif reserve_kind == "back-solved":  # say what that means once, where it is printed
         reserve_kind += " from a measured boot's KV pool: docs/design.md 'The HBM reserve'"
     elif reserve_kind == "estimated":
         reserve_kind += " from the model and machine: docs/ledger.md 'Estimated reserves'"

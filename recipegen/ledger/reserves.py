@@ -7,6 +7,7 @@ and only a reserve that carries a measurement is called measured.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from recipegen.common.units import GiB, MiB
@@ -55,6 +56,12 @@ def reserve_basis(spec: HbmReserve | HostReserve | None) -> str:
     return spec.basis or "declared"
 
 
+def stage_share(spec: HbmReserve | HostReserve | None) -> bool:
+    """Whether `spec` is a pipeline stage's share of its lane's single-box reserve, as the stage
+    ledger is given it (recipegen.ledger.multinode): a value derived there, not declared."""
+    return spec is not None and re.fullmatch(r"stage \d+'s share \(stage\.hbm_reserve\)", spec.source or "") is not None
+
+
 def _value_note(spec: HbmReserve | HostReserve) -> str:
     kind = reserve_basis(spec)
     what = {"measured": "measured input", "assumed": "assumed input (not measured)"}.get(
@@ -93,13 +100,26 @@ def fused_moe_workspace(model: Model, lane: Lane, tokens: int, *, vllm_computes:
     if model.moe_intermediate_size is None or model.hidden_size is None:
         return 0.0
     if vllm_computes is None:
-        vllm_computes = not (lane.offload.placement == USAGE_AWARE
-                             and lane.offload.hot_experts_per_layer != model.routed_experts)
+        vllm_computes = not runtime_computes(model, lane)
     if not vllm_computes:
         return 0.0
     inter = model.moe_intermediate_size / lane.tensor_parallel_size
     hidden = model.hidden_size
     return tokens * model.top_k * (max(inter, hidden) + max(2 * inter, hidden)) * ACTIVATION_BYTES
+
+
+def runtime_computes(model: Model, lane: Lane) -> bool:
+    """Whether the residency runtime, not vLLM's fused-MoE kernels, computes the lane's experts."""
+    return lane.offload.placement == USAGE_AWARE and lane.offload.hot_experts_per_layer != model.routed_experts
+
+
+def _estimate_formula(runtime: bool) -> str:
+    workspace = "max_num_batched_tokens × top_k × (max(I/tp, H) + max(2·I/tp, H)) × 2 B"
+    if runtime:   # the operand is 0 B: say why beside the product it would be
+        workspace = ("0 B here: the runtime computes the experts, so vLLM's fused-MoE workspace is not "
+                     f"allocated; where vLLM's kernels compute them, {workspace}")
+    return (f"dense per GPU + drafter / tp + fused-MoE workspace ({workspace}) + allowance for CUDA graphs "
+            "and activations")
 
 
 def estimated_hbm_reserve(model: Model, machine: Machine, lane: Lane, add: Any) -> float:
@@ -117,8 +137,7 @@ def estimated_hbm_reserve(model: Model, machine: Machine, lane: Lane, add: Any) 
         note += "; the model declares no dense_bytes, so its dense weights are missing from the estimate"
     return add(Figure(
         "hbm.reserve", "HBM reserve (estimated: dense, drafter, activations, CUDA graphs)", value, "bytes",
-        "dense per GPU + drafter / tp + fused-MoE workspace (max_num_batched_tokens × top_k × "
-        "(max(I/tp, H) + max(2·I/tp, H)) × 2 B) + allowance for CUDA graphs and activations",
+        _estimate_formula(runtime_computes(model, lane)),
         {"dense_bytes": dense.value, "drafter_bytes": drafter, "fused_moe_workspace_bytes": moe,
          "max_num_batched_tokens": batched.value, "allowance_bytes": ESTIMATE_HBM_ALLOWANCE, "tp": tp},
         f"{note} (max_num_batched_tokens: {batched.reason}; allowance: recipegen.ledger.reserves)")).value
@@ -144,7 +163,7 @@ def placement_hbm_reserve(model: Model, machine: Machine, lane: Lane, lane_reser
     who = ("plain vLLM computes the experts with its fused-MoE kernels" if computes
            else "the residency runtime computes the experts (its workspace is hbm.runtime_workspace)")
     return Figure("hbm.reserve", "HBM reserve (estimated for this placement)",
-                  lane_reserve.value - lane_moe + moe, "bytes", lane_reserve.formula, operands,
+                  lane_reserve.value - lane_moe + moe, "bytes", _estimate_formula(not computes), operands,
                   f"{ESTIMATED_NOTE}; re-estimated for this column: {who}")
 
 

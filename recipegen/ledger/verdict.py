@@ -89,7 +89,9 @@ def budget_violations(model: Model, machine: Machine, lane: Lane, cap: float, re
                             "max_model_len sequence: no split fits both; lower max_model_len or add memory")
         out.append(Violation(
             "host", f"host memory over by {format_bytes(over)}: host tables {format_bytes(tables)} + "
-            f"pinned experts {format_bytes(host_total - tables - host_reserve)} + reserve "
+            + ("vLLM's pinned blocks of the offloaded experts (each parameter rounded up to a power of two) "
+               if positional else "pinned experts ")
+            + f"{format_bytes(host_total - tables - host_reserve)} + reserve "
             f"{format_bytes(host_reserve)} = {format_bytes(host_total)} > {format_bytes(machine.host_memory)}",
             fix, over, lane=lane.name))
     return out

@@ -29,7 +29,7 @@ from recipegen.common.units import format_bytes, format_tokens
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.kv import sequence_block, sequence_tokens
 from recipegen.ledger.lane import compute_lane
-from recipegen.ledger.reserves import reserve_basis
+from recipegen.ledger.reserves import reserve_basis, stage_share_source
 from recipegen.ledger.result import LaneLedger, PlacementLedger, Violation
 from recipegen.multinode.partition import StageLayers, stage_layers
 from recipegen.schema import HbmReserve, HostReserve, HostTable, Lane, Model, Recipe
@@ -320,7 +320,7 @@ def _stage(recipe: Recipe, lane: Lane, whole: LaneLedger, rank: int, layers: Sta
     updates: dict[str, Any] = {
         "machine": spec.machine, "gpus": list(spec.gpus), "parallel": None,
         "reserves": lane.reserves.model_copy(update={
-            "hbm": HbmReserve(value=f"{round(reserve)} B", source=f"stage {rank}'s share (stage.hbm_reserve)"),
+            "hbm": HbmReserve(value=f"{round(reserve)} B", source=stage_share_source(rank)),
             # The host reserve (page cache, processes) is the lane's, back-solved against the
             # whole model's tables; every machine is charged all of it.
             "host": None if lane.reserves.host is None else HostReserve(

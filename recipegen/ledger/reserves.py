@@ -56,10 +56,19 @@ def reserve_basis(spec: HbmReserve | HostReserve | None) -> str:
     return spec.basis or "declared"
 
 
+_STAGE_SHARE = "'s share (stage.hbm_reserve)"
+
+
+def stage_share_source(rank: int) -> str:
+    """The source a pipeline stage's HBM reserve is given (recipegen.ledger.multinode), by which
+    `stage_share` knows it: one owner for the text both read."""
+    return f"stage {rank}{_STAGE_SHARE}"
+
+
 def stage_share(spec: HbmReserve | HostReserve | None) -> bool:
     """Whether `spec` is a pipeline stage's share of its lane's single-box reserve, as the stage
-    ledger is given it (recipegen.ledger.multinode): a value derived there, not declared."""
-    return spec is not None and re.fullmatch(r"stage \d+'s share \(stage\.hbm_reserve\)", spec.source or "") is not None
+    ledger is given it (`stage_share_source`): a value derived there, not declared."""
+    return spec is not None and re.fullmatch(r"stage \d+" + re.escape(_STAGE_SHARE), spec.source or "") is not None
 
 
 def _value_note(spec: HbmReserve | HostReserve) -> str:

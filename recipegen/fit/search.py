@@ -35,6 +35,7 @@ from recipegen.common.units import GiB, format_bytes, format_count
 from recipegen.fit.objective import Context, Projection, link_reads, speed
 from recipegen.ledger import compute_lane
 from recipegen.ledger.parallel import expert_parallel
+from recipegen.ledger.pinning import PINNED_ROUNDING
 from recipegen.ledger.placement import experts_only
 from recipegen.ledger.result import LaneLedger
 from recipegen.ledger.runtime_check import runtime_violations
@@ -218,7 +219,7 @@ class _Judge:
         return shares, f"top-{hot} map on {self.inputs.histogram_label or 'the class histogram'} (in-sample)"
 
 
-PINNED_BLOCKS = "of vLLM's pinned blocks (each parameter rounded up to a power of two)"
+PINNED_BLOCKS = f"of vLLM's pinned blocks ({PINNED_ROUNDING})"
 
 
 def pinned_experts_text(fig: Any) -> str:

@@ -29,7 +29,7 @@ from recipegen.common.units import format_bytes, format_tokens
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.kv import sequence_block, sequence_tokens
 from recipegen.ledger.lane import compute_lane
-from recipegen.ledger.reserves import reserve_basis, stage_share_source
+from recipegen.ledger.reserves import reserve_basis, stage_share_source, stage_share_words
 from recipegen.ledger.result import LaneLedger, PlacementLedger, Violation
 from recipegen.multinode.partition import StageLayers, stage_layers
 from recipegen.schema import HbmReserve, HostReserve, HostTable, Lane, Model, Recipe
@@ -370,8 +370,8 @@ def _label_stage_reserves(ledger: LaneLedger, lane: Lane, rank: int, stage_reser
                   "share, a per-layer approximation")
     ledger.figures["hbm.reserve"] = replace(
         hbm, label="HBM reserve (non-expert, non-KV; this stage's share)",
-        note=f"{_DERIVED_FROM.get(kind, _DERIVED_FROM['declared'])}: stage {rank}'s share of the lane's {kind} "
-             f"single-box reserve ({_source(lane.reserves.hbm)}) — {split} (stage.hbm_reserve)")
+        note=f"{_DERIVED_FROM.get(kind, _DERIVED_FROM['declared'])}: {stage_share_words(rank, kind)} "
+             f"({_source(lane.reserves.hbm)}) — {split} (stage.hbm_reserve)")
     host = ledger.figures.get("host.reserve")
     if lane.reserves.host is not None and host is not None:
         kind = reserve_basis(lane.reserves.host)

@@ -3,10 +3,9 @@ every formula, and the verdict lines."""
 
 from __future__ import annotations
 
-import re
-
 from recipegen.common.units import GiB, MiB, format_count
-from recipegen.ledger.reserves import basis_of
+from recipegen.ledger.pinning import PINNED_ROUNDING
+from recipegen.ledger.reserves import basis_of, stage_share_of
 from recipegen.ledger.result import POSITIONAL, LaneLedger, PlacementLedger, Violation, placement_label
 
 
@@ -95,9 +94,9 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
                 else f"{_g(cap.value)} (fixed KV pool)")
     reserve = fig["hbm.reserve"]
     reserve_kind = basis_of(reserve)
-    stage = re.search(r"(stage \d+)'s share of the lane's ([\w -]+?) single-box reserve", reserve.note)
+    stage = stage_share_of(reserve.note)
     if stage:  # a pipeline stage's share: worked out from the single box's reserve, never measured here
-        reserve_kind = f"{stage[1]}'s share, derived from the lane's {stage[2]} single-box reserve"
+        reserve_kind = f"{stage[0]}'s share, derived from the lane's {stage[1]} single-box reserve"
     elif reserve_kind == "back-solved":  # say what that means once, where it is printed
         reserve_kind += " from a measured boot's KV pool: docs/design.md 'The HBM reserve'"
     elif reserve_kind == "estimated":
@@ -123,8 +122,7 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
     dense_host = (f" + non-routed weights offloaded {_g(fig['host.dense_offloaded'].value)}"
                   if "host.dense_offloaded" in fig else "")
     tables = (f"host tables {_g(fig['host.tables'].value)} + " if fig["host.tables"].value else "")
-    held = (f" in {_g(fig['host.cold_pinned'].value)} of vLLM's pinned blocks (each parameter rounded up to a "
-            "power of two, kept for the whole run)"
+    held = (f" in {_g(fig['host.cold_pinned'].value)} of vLLM's pinned blocks ({PINNED_ROUNDING}, kept for the whole run)"
             if "host.cold_pinned" in fig and fig["host.cold_pinned"].value > fig["host.cold_experts"].value else "")
     out.append(f"  Host: {tables}pinned experts "
                f"{_g(fig['host.cold_experts'].value)}{held} = {_g(fig['host.before_reserve'].value)} before page "

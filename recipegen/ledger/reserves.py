@@ -65,6 +65,17 @@ def stage_share_source(rank: int) -> str:
     return f"stage {rank}{_STAGE_SHARE}"
 
 
+def stage_share_words(rank: int, kind: str) -> str:
+    """How a pipeline stage's HBM reserve note names what it derives from (`stage_share_of` reads it)."""
+    return f"stage {rank}'s share of the lane's {kind} single-box reserve"
+
+
+def stage_share_of(note: str) -> tuple[str, str] | None:
+    """(`stage N`, the single-box reserve's basis) where `note` is a stage reserve's (`stage_share_words`)."""
+    found = re.search(r"(stage \d+)'s share of the lane's ([\w -]+?) single-box reserve", note)
+    return (found[1], found[2]) if found else None
+
+
 def stage_share(spec: HbmReserve | HostReserve | None) -> bool:
     """Whether `spec` is a pipeline stage's share of its lane's single-box reserve, as the stage
     ledger is given it (`stage_share_source`): a value derived there, not declared."""

@@ -7,7 +7,7 @@ import math
 
 from recipegen.common.units import GiB, format_bytes, format_tokens, largest_count_within
 from recipegen.ledger.kv import sequence_block, sequence_tokens
-from recipegen.ledger.pinning import pinned_per_layer
+from recipegen.ledger.pinning import PINNED_ROUNDING, pinned_per_layer
 from recipegen.ledger.placement import experts_only, positional_walk
 from recipegen.ledger.result import POSITIONAL, Violation
 from recipegen.schema import Lane, Machine, Model
@@ -89,7 +89,7 @@ def budget_violations(model: Model, machine: Machine, lane: Lane, cap: float, re
                             "max_model_len sequence: no split fits both; lower max_model_len or add memory")
         out.append(Violation(
             "host", f"host memory over by {format_bytes(over)}: host tables {format_bytes(tables)} + "
-            + ("vLLM's pinned blocks of the offloaded experts (each parameter rounded up to a power of two) "
+            + (f"vLLM's pinned blocks of the offloaded experts ({PINNED_ROUNDING}) "
                if positional else "pinned experts ")
             + f"{format_bytes(host_total - tables - host_reserve)} + reserve "
             f"{format_bytes(host_reserve)} = {format_bytes(host_total)} > {format_bytes(machine.host_memory)}",

@@ -10,6 +10,7 @@ from typing import Any
 
 from recipegen.common.errors import InputError
 from recipegen.common.units import GiB, format_bytes, format_count
+from recipegen.fit.choice import not_chosen_text
 from recipegen.fit.objective import Context
 from recipegen.fit.rowmaps import (
     ClassHistogram,
@@ -89,7 +90,7 @@ class FitOutcome:
         for other in r.candidates:
             if other is not c:
                 out.append(f"  also fits: {other.placement} ({other.projection.text}); not chosen: "
-                           f"{c.projection.text} is faster")
+                           f"{not_chosen_text(c, other)}")
         for refusal in r.refusals:
             out.append(f"  not {refusal.placement}: {refusal.reason}")
         if c.placement == USAGE_AWARE:

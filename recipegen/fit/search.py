@@ -32,12 +32,14 @@ from typing import Any
 import numpy as np
 
 from recipegen.common.units import GiB, format_bytes, format_count
+from recipegen.fit.choice import choose
+from recipegen.fit.closest import Tried, closest_text
+from recipegen.fit.judged import Candidate, Evaluation, Problem
 from recipegen.fit.objective import Context, Projection, link_reads, speed
 from recipegen.ledger import compute_lane
 from recipegen.ledger.parallel import expert_parallel
 from recipegen.ledger.pinning import PINNED_ROUNDING
 from recipegen.ledger.placement import experts_only
-from recipegen.ledger.result import LaneLedger
 from recipegen.ledger.runtime_check import runtime_violations
 from recipegen.rowmap.build import hot_preference_order
 from recipegen.schema import Lane, Machine, Model
@@ -64,52 +66,6 @@ class FitOptions:
     default_context: str | None = None
     """Where the lane's max_model_len came from when the model declares no limit, in words (`new`
     drafts the lane with its own default: there was no lane to take it from)."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    kind: str       # a ledger violation kind, or `sequences`
-    message: str
-
-    def text(self) -> str:
-        return f"[{self.kind}] {self.message}"
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """One configuration of the lane, judged by the ledger."""
-
-    lane: Lane
-    ledger: LaneLedger
-    problems: tuple[Problem, ...]
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def kinds(self) -> set[str]:
-        return {p.kind for p in self.problems}
-
-
-@dataclass
-class Candidate:
-    """A placement where every budget holds, at its boundary."""
-
-    placement: str
-    evaluation: Evaluation
-    hot_per_layer: int | None      # usage-aware only
-    load_offload_gib: int          # vLLM --cpu-offload-gb at load (0: none)
-    why: str                       # how the figures were chosen
-    boundary: str                  # one step further and what breaks
-    projection: Projection
-
-    @property
-    def lane(self) -> Lane:
-        return self.evaluation.lane
-
-    @property
-    def kv_tokens(self) -> float:
-        return self.evaluation.ledger.fig("kv.tokens").value
 
 
 @dataclass(frozen=True)
@@ -192,7 +148,7 @@ class _Judge:
                 rowmap_ids = [sorted(row[:hot].tolist()) for row in self._order]
         ledger = compute_lane(self.model, self.machine, lane, rowmap_hot=rowmap_hot, rowmap_label=label,
                               rowmap_hot_ids=rowmap_ids)
-        problems = [Problem(v.kind, _host_message(ledger.figures) if v.kind == "host" else v.message)
+        problems = [Problem(v.kind, _host_message(ledger.figures) if v.kind == "host" else v.message, v.over_bytes)
                     for v in ledger.violations]
         seqs = int(ledger.fig("kv.full_sequences").value)
         if seqs < self.min_sequences and not {p.kind for p in problems} & {"hbm", "kv"}:
@@ -331,13 +287,13 @@ def _usage_aware(judge: _Judge) -> Candidate | Refusal:
     if h_host > h_hbm:
         return Refusal(USAGE_AWARE, f"no split fits both: HBM holds at most {h_hbm} hot per layer with the KV "
                        f"asked for, host memory needs at least {h_host} hot (its cold bank and reserve)")
-    last: Evaluation | None = None
+    tried: list[Tried] = []
     for hot in range(h_hbm, h_host - 1, -1):
         offload = _load_offload(judge, USAGE_AWARE, hot)
         if offload is None:
             continue
         ev = judge.evaluate(USAGE_AWARE, hot, offload)
-        last = ev
+        tried.append(Tried(hot, offload, ev))
         if ev.ok:
             # a load offload that walks non-routed weights too frees HBM for good: the count
             # found with none may grow (the KV the walk frees)
@@ -358,8 +314,10 @@ def _usage_aware(judge: _Judge) -> Candidate | Refusal:
                              judge.speed(ev, USAGE_AWARE, hot, shares, basis))
         if ev.kinds() - {"load-host", "load-hbm"}:
             break  # a budget a lower hot count does not relieve
-    reason = _problems_text(last) if last is not None else "no --cpu-offload-gb keeps the load-time HBM peak in HBM"
-    return Refusal(USAGE_AWARE, f"no hot count between {h_host} and {h_hbm} per layer holds every budget: {reason}")
+    head = f"no hot count between {h_host} and {h_hbm} per layer holds every budget"
+    if not tried:
+        return Refusal(USAGE_AWARE, f"{head}: no --cpu-offload-gb keeps the load-time HBM peak in HBM")
+    return Refusal(USAGE_AWARE, f"{head}; {closest_text(tried)}")
 
 
 def _ua_boundary(judge: _Judge, hot: int) -> str:
@@ -422,8 +380,7 @@ def _search_at(inputs: Inputs, lane: Lane, min_sequences: int) -> tuple[Candidat
                       judge.cold_share(c.hot_per_layer)[0] if c.placement == USAGE_AWARE else
                       [x / judge.experts() for x in c.evaluation.ledger.active.cold_per_layer])
             c.projection = link_reads(judge.model, judge.machine, c.lane, shares, c.projection.basis)
-    best = max(candidates, key=lambda c: (c.projection.score, c.kv_tokens))
-    return best, candidates, refusals
+    return choose(candidates), candidates, refusals
 
 
 # ------------------------------------------------------------------ the fit
@@ -492,8 +449,10 @@ def _smallest_change(inputs: Inputs, lane: Lane, options: FitOptions, length: in
             inputs, lane.model_copy(update={"max_model_len": n * CONTEXT_STEP}), options.min_sequences)[0] is not None)
         if best is not None:
             return f"lower max_model_len to {best * CONTEXT_STEP:,} tokens (--max-model-len {best * CONTEXT_STEP})"
-    if options.min_sequences > 1 and _search_at(inputs, lane, 1)[0] is not None:
-        return "ask for fewer full-length sequences (--min-sequences 1 fits)"
+    # the smallest change is the most sequences that fit (fewer only ever fit too)
+    most = _last_true(1, options.min_sequences - 1, lambda m: _search_at(inputs, lane, m)[0] is not None)
+    if most is not None:
+        return f"ask for fewer full-length sequences (--min-sequences {most} is the most that fits)"
     roomy = inputs.machine.model_copy(update={"host_memory": 1 << 60})
     wide = Inputs(inputs.model, roomy, lane, inputs.histogram, inputs.histogram_label, inputs.speed_context)
     found = _search_at(wide, lane, options.min_sequences)[0]

@@ -43,7 +43,7 @@ this module applies them to a lane. tests/test_ledger_workspace.py checks them a
 arithmetic and against the runtime's own tensors (`nbytes`) on CPU. vLLM's
 `max_num_batched_tokens` default is read from vLLM 0.33.0's `engine/arg_utils.py`
 (`get_batch_defaults`, lines 2946-3039, and `_set_default_max_num_seqs_and_batched_tokens_args`,
-lines 3151-3200).
+lines 3151-3230).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ from expert_residency.contract.sizing import (
 from recipegen.common.units import GiB
 from recipegen.ledger.adaptive import adaptive_hbm
 from recipegen.ledger.figures import Figure
-from recipegen.ledger.flags import flag_value, parsed_args
+from recipegen.ledger.flags import flag_value, max_num_seqs, parsed_args
 from recipegen.ledger.parallel import expert_parallel
 from recipegen.ledger.result import USAGE_AWARE
 from recipegen.ledger.vllm_layout import lane_geometry
@@ -111,9 +111,14 @@ class BatchedTokens:
 
 
 def max_num_batched_tokens(machine: Machine, lane: Lane) -> BatchedTokens:
-    """`--max-num-batched-tokens` from extra_args, else vLLM 0.33's `vllm serve` default for the
-    GPU (doubled by `--performance-mode throughput`, at least max_model_len with
-    `--no-enable-chunked-prefill`)."""
+    """`--max-num-batched-tokens` from extra_args, else the value vLLM 0.33 sets when the flag is
+    not given (`_set_default_max_num_seqs_and_batched_tokens_args`, engine/arg_utils.py:3151-3230):
+    the `vllm serve` default for the GPU, doubled by `--performance-mode throughput`, at least
+    max_model_len with `--no-enable-chunked-prefill`, then at most max_num_seqs × max_model_len.
+
+    Not modelled: the batched data-parallel MoE default (256 tokens, :3167-3170; it needs
+    --data-parallel-size > 1, which the recipe loader refuses) and the multimodal prefix-LM floor
+    (:3201-3216; no catalog model is one)."""
     args = list(lane.extra_args)
     given = flag_value(args, "--max-num-batched-tokens")
     if given is not None and given.strip().isdigit():
@@ -130,7 +135,17 @@ def max_num_batched_tokens(machine: Machine, lane: Lane) -> BatchedTokens:
         value, why = 2 * value, why + ", doubled by --performance-mode throughput (:3184-3186)"
     chunked = parsed_args(args).get("--enable-chunked-prefill")
     if chunked is not None and not chunked.on and lane.max_model_len > value:
-        value, why = lane.max_model_len, "max_model_len: chunked prefill off (engine/arg_utils.py:3190-3198)"
+        value, why = lane.max_model_len, "max_model_len: chunked prefill off (engine/arg_utils.py:3194-3199)"
+    # vLLM 0.33 then caps its default at max_num_seqs × max_model_len (engine/arg_utils.py:3221-3224);
+    # the render always passes --max-num-seqs (concurrency.max unless extra_args gives it), so that
+    # is the max_num_seqs vLLM uses here.
+    seqs, in_extra_args = max_num_seqs(args, lane.concurrency.max)
+    cap = seqs * lane.max_model_len
+    if cap < value:
+        source = "--max-num-seqs in extra_args" if in_extra_args else "concurrency.max"
+        value, why = cap, (f"max_num_seqs {seqs} ({source}) × max_model_len {lane.max_model_len:,}: "
+                           "vLLM 0.33 caps its default there (engine/arg_utils.py:3221-3224); "
+                           f"uncapped it would be {value:,}, {why}")
     return BatchedTokens(value, why)
 
 

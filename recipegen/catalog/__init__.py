@@ -74,3 +74,31 @@ def figures_without_source(kind: str) -> list[str]:
         for k, v in entry.items():
             walk(v, f"{name}.{k}", k)
     return missing
+
+
+def entry_lines(kind: str) -> list[tuple[str, str]]:
+    """(catalog id, one line about it) for every entry of a catalog, by id: for a model its layers,
+    routed experts, top-k, expert format, routed-expert bytes and context; for a machine its GPUs ×
+    the memory the driver reports, host memory ("assumed" where no datasheet or measurement fixes
+    it) and the GPU's read of pinned host memory; then the entry's description."""
+    from recipegen.common.units import format_bandwidth, format_bytes
+    from recipegen.schema import Machine, Model
+
+    lines: list[tuple[str, str]] = []
+    for name in catalog_names(kind):
+        entry = catalog_entry(kind, name)
+        if kind == "models":
+            m = Model.model_validate(entry)
+            routed = m.num_moe_layers * m.routed_experts * m.expert_bytes
+            context = f", context {m.max_position_embeddings:,}" if m.max_position_embeddings else ""
+            text = (f"{m.decoder_layers} layers ({m.num_moe_layers} MoE) × {m.routed_experts} experts, "
+                    f"top-{m.top_k}, {m.expert_format}, routed experts {format_bytes(routed)}{context}")
+        else:
+            box = Machine.model_validate(entry)
+            assumed = " (assumed)" if box.sources.get("host_memory", "").startswith("assumed") else ""
+            text = (f"{box.gpus.count} × {box.gpus.kind}, {format_bytes(box.gpus.hbm)} HBM per GPU, host "
+                    f"{format_bytes(box.host_memory)}{assumed}, pinned read "
+                    f"{format_bandwidth(box.pinned_read_bandwidth)}")
+        description = str(entry.get("description") or "").strip()
+        lines.append((name, f"{text} — {description}" if description else text))
+    return lines

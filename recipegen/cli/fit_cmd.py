@@ -21,14 +21,12 @@ def parse_context(value: str | None) -> tuple[int | None, bool]:
         return None, False
     if value.strip().lower() == "auto":
         return None, True
-    from recipegen.common.units import UnitError, parse_count
+    from recipegen.common.units import UnitError, parse_positive_count
 
     try:
-        n = parse_count(value)
+        n = parse_positive_count(value)
     except UnitError as exc:
         raise InputError(f"{exc} (a token count such as 32768 or 32K, or auto)", field="--max-model-len") from None
-    if n <= 0:
-        raise InputError("must be positive", field="--max-model-len")
     return n, False
 
 
@@ -87,8 +85,9 @@ def fit(recipe: str, lane: str | None, min_sequences: int, max_model_len: str | 
 @click.command()
 @click.argument("model_arg", metavar="MODEL")
 @click.option("--machine", "machine_arg", required=True,
-              help="A catalog machine (recipegen/catalog/machines.yaml) or a machine file written by "
-                   "`recipegen machine detect -o FILE`.")
+              help="A catalog machine (`recipegen machine list` names them) or a machine file: one written by "
+                   "`recipegen machine detect -o FILE`, or `catalog: <id>` plus the figures that differ "
+                   "(e.g. `host_memory: 144 GiB`).")
 @click.option("--lane", default="chat", show_default=True, help="The lane's name.")
 @context_options
 @click.option("--min-sequences", default=1, show_default=True, type=int,
@@ -104,10 +103,11 @@ def new(model_arg: str, machine_arg: str, lane: str, max_model_len: str | None, 
     model's full context if it fits, else the longest that does; 32,768 tokens where the model
     declares no max_position_embeddings) and written only when every budget holds.
 
-    MODEL is a catalog model (qwen3-30b-a3b), a local config.json or checkpoint folder, or a
-    Hugging Face id (Qwen/Qwen3-30B-A3B[@revision]: config.json, hf_quant_config.json, the
-    safetensors index and shard headers, no weights; HF_TOKEN, HF_HUB_OFFLINE and the hub cache
-    honoured; pip install 'recipegen[hf]'). Exit 0 written, 1 nothing fits, 2 bad input.
+    MODEL is a catalog model (qwen3-30b-a3b; `recipegen model list` names them), a local
+    config.json or checkpoint folder, or a Hugging Face id (Qwen/Qwen3-30B-A3B[@revision]:
+    config.json, hf_quant_config.json, the safetensors index and shard headers, no weights;
+    HF_TOKEN, HF_HUB_OFFLINE and the hub cache honoured; pip install 'recipegen[hf]'). Exit 0
+    written, 1 nothing fits, 2 bad input.
     """
     import shlex
 
@@ -139,7 +139,8 @@ def new(model_arg: str, machine_arg: str, lane: str, max_model_len: str | None, 
 @click.argument("recipe")
 @click.argument("lane", required=False)
 @click.option("--machines", required=True,
-              help="Comma-separated catalog machines and/or machine files (recipegen machine detect -o FILE).")
+              help="Comma-separated catalog machines (`recipegen machine list`) and/or machine files "
+                   "(`recipegen machine detect -o FILE`, or `catalog: <id>` plus the figures that differ).")
 @click.option("--min-sequences", default=1, show_default=True, type=int,
               help="Full-length (max_model_len) sequences the KV pool must hold.")
 @context_options(concurrency_help="Most concurrent streams expected: every machine is fitted as if the lane's "

@@ -1,5 +1,5 @@
 """`recipegen machine detect`: this box as a machine entry (thin layer over
-`recipegen.catalog.detect`)."""
+`recipegen.catalog.detect`); `recipegen machine list`: the catalog machines."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from recipegen.common.files import output_target
 
 @click.group()
 def machine() -> None:
-    """Machines: read this box's GPUs and host memory into a machine entry."""
+    """Machines: list the catalog's, or read this box's GPUs and host memory into a machine entry."""
 
 
 @machine.command()
@@ -70,3 +70,20 @@ def detect(output: Path | None, name: str | None, record_to: Path | None, force:
         click.echo(f"wrote {output}: {found.summary()}")
     for note in found.notes:
         click.echo(f"note: {note}", err=True)
+
+
+@machine.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print the ids and their lines as JSON.")
+def list_(as_json: bool) -> None:
+    """The catalog machines, one a line: the id `recipegen new --machine` and a recipe's
+    `machines:` take, its GPUs × HBM, host memory and pinned-read bandwidth. A machine file may start
+    from one (`catalog: <id>` plus the figures that differ)."""
+    from recipegen.catalog import entry_lines
+
+    lines = entry_lines("machines")
+    if as_json:
+        click.echo(json.dumps([{"id": name, "summary": text} for name, text in lines], indent=2))
+        return
+    width = max(len(name) for name, _ in lines)
+    for name, text in lines:
+        click.echo(f"{name:<{width}}  {text}")

@@ -1,7 +1,9 @@
-"""`recipegen model import PATH`: write a model file from a Hugging Face config.json."""
+"""`recipegen model import PATH`: write a model file from a Hugging Face config.json;
+`recipegen model list`: the catalog models."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,7 +19,7 @@ if TYPE_CHECKING:
 
 @click.group()
 def model() -> None:
-    """Model files: import a Hugging Face config.json."""
+    """Models: list the catalog's, or import a Hugging Face config.json as a model file."""
 
 
 @model.command("import")
@@ -74,3 +76,19 @@ def kv_caps(m: Model) -> str:
                         f"{'' if len(g.layers) != 1 else 's'} at most their {g.chunk:,}-token chunk plus the tokens "
                         "in flight")
     return f" at full length; {', '.join(caps)}" if caps else ""
+
+
+@model.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print the ids and their lines as JSON.")
+def list_(as_json: bool) -> None:
+    """The catalog models, one a line: the id `recipegen new` and a recipe's `model:` take,
+    its layers, routed experts, top-k, expert format, routed-expert bytes and context."""
+    from recipegen.catalog import entry_lines
+
+    lines = entry_lines("models")
+    if as_json:
+        click.echo(json.dumps([{"id": name, "summary": text} for name, text in lines], indent=2))
+        return
+    width = max(len(name) for name, _ in lines)
+    for name, text in lines:
+        click.echo(f"{name:<{width}}  {text}")

@@ -69,9 +69,10 @@ TERMS: tuple[Term, ...] = (
          "experts moved into HBM, v12 and v14 positional (--cpu-offload-gb 60; v14 with speculative decoding), "
          "v15 the usage-aware 295 hot / 89 cold row map"),
     Term("off60", r"\boff60\b", "positional offload with --cpu-offload-gb 60 (60 GiB of experts in host memory)"),
+    # No in-place explanation: "tensor parallel over 8 GPUs" names the layout but not the abbreviation,
+    # and "TP 8" is printed beside it.
     Term("TP", r"\bTP\b",
-         "tensor parallel: every GPU of the lane holds a 1/TP slice of each weight (vLLM --tensor-parallel-size)",
-         explained_by=r"tensor parallel"),
+         "tensor parallelism: each of the lane's N GPUs (TP N) holds 1/N of every weight (vLLM --tensor-parallel-size N)"),
     Term("EP", r"\bEP\b",
          "expert parallel: each GPU holds whole experts, its share of them (vLLM --enable-expert-parallel)"),
     Term("PP", r"\bPP\b",

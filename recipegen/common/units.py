@@ -24,7 +24,9 @@ BANDWIDTH_UNITS: dict[str, int] = {f"{unit}/s": factor for unit, factor in BYTE_
 # ASCII digits only ([0-9], not \d): the published JSON Schema allows nothing else.
 _NUMBER = r"(?P<num>[+-]?(?:[0-9]+(?:[_,][0-9]{3})*(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)"
 _QUANTITY_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<unit>[A-Za-z]+(?:/s)?)?\s*$")
-_COUNT_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<suffix>[kKmMgG]?)\s*$")
+# A leading sign is read (vLLM's int() reads '-5' too) so that a negative count is refused as
+# not positive (`parse_positive_count`) rather than as unreadable.
+_COUNT_RE = re.compile(r"^\s*(?P<sign>[+-]?)(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<suffix>[kKmMgG]?)\s*$")
 # Bounds far above any real figure (a GB300 has ~0.25 TiB of HBM, its host ~0.5 TiB), below
 # where float arithmetic or an allocation sized from the figure would go wrong.
 MAX_BYTES = 2**60          # 1 EiB
@@ -102,16 +104,26 @@ def _parse_count(value: object) -> int:
     if not match:
         raise UnitError(f"cannot read {value!r} as a whole number (e.g. 1048576, '1M' or '128k')")
     number, suffix = match.group("num"), match.group("suffix")
+    sign = -1 if match.group("sign") == "-" else 1
     if not suffix:
         if "." in number:
             raise UnitError(f"expected a whole number, got {value!r}")
-        return int(number)
+        return sign * int(number)
     if suffix in "kmg":
-        return int(float(number) * {"k": KB, "m": MB, "g": GB}[suffix])
+        return sign * int(float(number) * {"k": KB, "m": MB, "g": GB}[suffix])
     if "." in number:
         raise UnitError(f"decimals are not allowed with binary suffix {suffix!r} in {value!r} "
                         f"(vLLM refuses them too); did you mean {number}{suffix.lower()}?")
-    return int(number) * {"K": KiB, "M": MiB, "G": GiB}[suffix]
+    return sign * int(number) * {"K": KiB, "M": MiB, "G": GiB}[suffix]
+
+
+def parse_positive_count(value: object) -> int:
+    """A count that must be at least 1 (a token count, max_model_len): zero and negative numbers
+    are refused alike, as not positive."""
+    n = parse_count(value)
+    if n <= 0:
+        raise UnitError(f"must be positive, got {value!r}")
+    return n
 
 
 def parse_scaled_number(value: object) -> float:

@@ -3,7 +3,9 @@ machine detect -o FILE` writes, or one written by hand).
 
 Read like a recipe (the same YAML parser and the same error wording), so a mistake in it is
 reported with the machine file's own line and field, as it would be inline under a recipe's
-`machines:`.
+`machines:`. Like a recipe's `machines:` entry it may start from a catalog machine and override
+figures (`catalog: h200-pcie` with `host_memory: 144 GiB`), through the same resolver
+(`recipegen.schema.MachineEntry`).
 """
 
 from __future__ import annotations
@@ -11,26 +13,36 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
+from recipegen.catalog import catalog_entry
 from recipegen.common.errors import InputError
 from recipegen.load.document import display_path, read_yaml_file, to_plain, validation_error
-from recipegen.schema import Machine
+from recipegen.schema import Machine, MachineEntry
 
 # A detected entry is about 2 KB; anything near this is not a machine file.
 MAX_MACHINE_FILE_BYTES = 1 * 2**20
+_MACHINE_ENTRY: TypeAdapter[Machine] = TypeAdapter(MachineEntry)
+WHOLE_ENTRY_HINT = ("to fix it: write the whole entry (`recipegen machine detect -o FILE` on the box writes "
+                    "one), or start from a catalog machine and give only the figures that differ, e.g. "
+                    "`catalog: h200-pcie` and `host_memory: 144 GiB` (`recipegen machine list` names them)")
 
 
 def load_machine_file(path: Path) -> tuple[dict[str, Any], Machine]:
-    """The raw entry (sourced figures intact, what a recipe's `machines:` takes) and the validated
-    machine of the file at `path`. Only a regular file of at most `MAX_MACHINE_FILE_BYTES` is read."""
+    """The raw entry (sourced figures intact, what a recipe's `machines:` takes: an inline machine or
+    `{catalog: name, …overrides}`) and the validated machine of the file at `path`. Only a regular
+    file of at most `MAX_MACHINE_FILE_BYTES` is read."""
     document = read_yaml_file(path, limit=MAX_MACHINE_FILE_BYTES, what="machine file")
     if not isinstance(document, dict):
         raise InputError("a machine file is one YAML mapping (name, gpus, host_memory, ...)",
                          file=display_path(path))
     plain = to_plain(document)
     try:
-        machine = Machine.model_validate(plain)
+        machine = _MACHINE_ENTRY.validate_python(plain, context={"catalog": catalog_entry})
     except ValidationError as exc:
-        raise validation_error(path, document, exc) from None
+        error = validation_error(path, document, exc)
+        if "catalog" in plain or not any(e["type"] == "missing" for e in exc.errors()):
+            raise error from None
+        raise InputError(f"{error.message}\n  {WHOLE_ENTRY_HINT}", file=error.file, line=error.line,
+                         field=error.field) from None
     return plain, machine

@@ -16,7 +16,7 @@ from recipegen.schema.lane import (
 )
 from recipegen.schema.machine import GpuSpec, Machine, Nvme
 from recipegen.schema.model import Drafter, ExpertTensor, HostTable, Model, UniqueExperts
-from recipegen.schema.recipe import SCHEMA_VERSION, Recipe
+from recipegen.schema.recipe import SCHEMA_VERSION, MachineEntry, Recipe
 
 __all__ = [
     "Bandwidth", "Bytes", "PathError", "PositiveBytes", "StrictModel", "TokenCount",
@@ -24,5 +24,5 @@ __all__ = [
     "Acceptance", "Lane", "Offload", "Reserves", "Speculative", "TrafficClass",
     "GpuSpec", "Machine", "Nvme",
     "Drafter", "ExpertTensor", "HostTable", "Model", "UniqueExperts",
-    "SCHEMA_VERSION", "Recipe",
+    "SCHEMA_VERSION", "MachineEntry", "Recipe",
 ]

@@ -6,7 +6,13 @@ from typing import Annotated, Any, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, WithJsonSchema
 
-from recipegen.common.units import UnitError, parse_bandwidth, parse_bytes, parse_count, parse_scaled_number
+from recipegen.common.units import (
+    UnitError,
+    parse_bandwidth,
+    parse_bytes,
+    parse_positive_count,
+    parse_scaled_number,
+)
 
 
 class StrictModel(BaseModel):
@@ -76,10 +82,7 @@ def _count(value: Any) -> int:
     if isinstance(value, float):
         # YAML reads 1.5e4 or 32768.0 as a float; vLLM's --max-model-len takes digits and suffixes only
         raise UnitError(f"write a whole number (32768) or vLLM's suffixes (32K), not a float ({value!r})")
-    n = parse_count(value)
-    if n <= 0:
-        raise UnitError(f"must be a positive whole number, got {value!r}")
-    return n
+    return parse_positive_count(value)
 
 
 def _scaled_positive(value: Any) -> float:

@@ -31,8 +31,11 @@ def _resolve(kind: str, value: Any, info: ValidationInfo) -> Any:
     if isinstance(value, dict) and "catalog" in value:
         name = value["catalog"]
         if not isinstance(name, str):
-            raise ValueError("catalog must be a catalog name")
-        entry = dict(catalog_entry(kind, name))
+            raise PathError("catalog must be a catalog name", ("catalog",))
+        try:
+            entry = dict(catalog_entry(kind, name))
+        except ValueError as exc:  # unknown name: reported at the `catalog:` line
+            raise PathError(str(exc), ("catalog",)) from None
         overrides = {k: v for k, v in value.items() if k != "catalog"}
         overrides.update(_same_gpu_overrides(entry, overrides))
         # An overridden figure no longer carries the catalog's source.
@@ -55,6 +58,12 @@ def _same_gpu_overrides(entry: dict[str, Any], overrides: dict[str, Any]) -> dic
     if given.get("kind", base.get("kind")) != base.get("kind"):
         return {}
     return {"gpus": {**base, **given}}
+
+
+MachineEntry = Annotated[Machine, BeforeValidator(lambda v, info: _resolve("machines", v, info))]
+"""A machine as a recipe's `machines:` and a machine file (`recipegen new --machine FILE`) both take
+it: a catalog name, `{catalog: name, …overrides}`, or inline; the catalog lookup comes in the
+validation context (`catalog`)."""
 
 
 def _model_file(value: dict[str, Any], info: ValidationInfo) -> Any:
@@ -91,7 +100,7 @@ class Recipe(StrictModel):
     `{catalog: name, …overrides}`, `{file: models/<name>.yaml, …overrides}` (a model file written by
     `recipegen model import`, relative to the recipe), or an inline model."""
     machines: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=NAME_MAX_LENGTH)],
-                   Annotated[Machine, BeforeValidator(lambda v, info: _resolve("machines", v, info))]] = Field(min_length=1)
+                   MachineEntry] = Field(min_length=1)
     """Machines by key: each a catalog name, `{catalog: name, address: …}`, or inline."""
     lanes: list[Lane] = Field(min_length=1)
     """The lanes (one vLLM engine and one compose service each)."""

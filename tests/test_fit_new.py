@@ -85,7 +85,7 @@ def test_a_context_the_model_refuses_names_the_option_not_an_unwritten_file(here
 
 def test_new_refuses_what_it_cannot_read(here: Path) -> None:
     code, _, err = run("new", "not a model", "--machine", "rtx-4090")
-    assert code == 2 and "field 'MODEL'" in err and "catalog models:" in err
+    assert code == 2 and "field 'MODEL'" in err and "catalog models (`recipegen model list` describes them):" in err
     code, _, err = run("new", "qwen3-30b-a3b", "--machine", "no-such-box")
     assert code == 2 and "field '--machine'" in err
 

@@ -5,11 +5,15 @@ KV tokens and full-length sequences, pinned host memory, and the speed figure th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from recipegen.common.units import GiB
+from recipegen.fit.choice import choose, not_chosen_text, same_speed, shown
+from recipegen.fit.judged import Candidate
+from recipegen.fit.objective import ESTIMATE
 from recipegen.fit.run import FitOutcome, candidate_json, fit_recipe
 from recipegen.fit.search import PINNED_BLOCKS, USAGE_AWARE, FitOptions
 from recipegen.schema import Machine
@@ -80,17 +84,38 @@ def table_lines(rows: list[Row], recipe: str, lane: str, max_model_len: int) -> 
                 out.append(f"    smallest change that would: {res.suggestion}")
         else:
             out.append(f"  {r.key}: {res.chosen.boundary}")
-    fastest = [r for r in rows if r.outcome.result.chosen is not None]
-    if fastest:
-        best = max(fastest, key=lambda r: (r.outcome.result.chosen.projection.score,  # type: ignore[union-attr]
-                                           r.outcome.result.chosen.kv_tokens))  # type: ignore[union-attr]
-        what = ("the decode estimate at the lane's fewest expected streams, with the band its validation "
-                "justifies (docs/costmodel.md 'Decode speed')" if best.outcome.result.chosen.projection.kind == "estimate"  # type: ignore[union-attr]
-                else "projected link reads per decode step (docs/costmodel.md)")
-        out.append(f"  fastest: {best.key} (speed: {what}; `recipegen fit` ranks placements by the same figure)")
+    fitted = [(r.key, c) for r in rows if (c := r.outcome.result.chosen) is not None]
+    if fitted:
+        out.append(f"  fastest: {fastest_text(fitted)}")
     out.append("  every figure from the ledger `check budgets` prints; nothing written — `recipegen new MODEL "
                "--machine NAME` writes the recipe for the machine you choose")
     return out
+
+
+def fastest_text(fitted: Sequence[tuple[str, Candidate]]) -> str:
+    """The `fastest:` line (after the label) for the machines where the lane fits, (name, chosen
+    placement) in the order named: `recipegen fit`'s rule between placements (`choice.choose`) and
+    its words (`choice.not_chosen_text`). Speed figures that differ only by floating-point rounding
+    are the same figure (`choice.same_speed`): the larger KV pool decides, and where that is equal
+    too the line names a tie instead of calling the machine named first the fastest."""
+    best = choose([c for _, c in fitted])
+    top = best.projection
+    what = ("the decode estimate at the lane's fewest expected streams, with the band its validation "
+            "justifies (docs/costmodel.md 'Decode speed')" if top.kind == ESTIMATE
+            else "projected link reads per decode step (docs/costmodel.md)")
+    basis = f"(speed: {what}; `recipegen fit` ranks placements by the same figure)"
+    tied = [(k, c) for k, c in fitted if c is best or (same_speed(c.projection.score, top.score)
+                                                       and round(c.kv_tokens) == round(best.kv_tokens))]
+    if len(tied) > 1:
+        names = [k for k, _ in tied]
+        head = f"a tie between {', '.join(names[:-1])} and {names[-1]}: the same speed ({top.text}) and KV pool"
+    else:
+        head = tied[0][0]
+    # a machine whose figure prints the same, or differs by rounding only: why it is not the one named
+    close = [f"over {k}: {not_chosen_text(best, c)}" for k, c in fitted
+             if all(c is not t for _, t in tied)
+             and (shown(c.projection) == shown(top) or same_speed(c.projection.score, top.score))]
+    return "; ".join([f"{head} {basis}", *close])
 
 
 def rows_json(rows: list[Row]) -> list[dict[str, Any]]:

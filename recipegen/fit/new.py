@@ -72,8 +72,11 @@ def resolve_machine(arg: str, option: str = "--machine") -> tuple[str | dict[str
         return arg, Machine.model_validate(catalog_entry("machines", arg)), f"catalog machine {arg}"
     path = Path(arg).expanduser()
     if not path.is_file():
-        raise InputError("not a catalog machine nor a machine file (`recipegen machine detect -o FILE`); catalog "
-                         f"machines: {', '.join(catalog_names('machines'))}", field=option)
+        raise InputError(f"{arg!r} is not a catalog machine nor a machine file; catalog machines "
+                         f"(`recipegen machine list` describes them): {', '.join(catalog_names('machines'))}; a "
+                         "machine file is what `recipegen machine detect -o FILE` writes on the box, or a catalog "
+                         "machine with the figures that differ (`catalog: <id>` and e.g. `host_memory: 144 GiB`)",
+                         field=option)
     from recipegen.load.machine_file import load_machine_file
 
     entry, machine = load_machine_file(path)

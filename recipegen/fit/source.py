@@ -48,7 +48,8 @@ def resolve_model(arg: str) -> ModelSource:
     hub_id = parse_hub_id(arg)
     if hub_id is None:
         raise InputError("not a catalog model, a local config.json or checkpoint folder, nor a Hugging Face id "
-                         f"(org/name[@revision]); catalog models: {', '.join(catalog_names('models'))}",
+                         f"(org/name[@revision]); catalog models (`recipegen model list` describes them): "
+                         f"{', '.join(catalog_names('models'))}",
                          field="MODEL")
     repo, revision = hub_id
     if revision is None:
@@ -56,7 +57,7 @@ def resolve_model(arg: str) -> ModelSource:
             if str(entry.get("checkpoint", "")).lower() == repo.lower():
                 source = ModelSource("catalog", name, _catalog_model(name), label=f"catalog model {name}")
                 source.notes.append(f"{repo} is the catalog's {name} (imported from its config.json, with "
-                                    "provenance: docs/models.md); pass {repo}@main to read the hub instead")
+                                    f"provenance: docs/models.md); pass {repo}@main to read the hub instead")
                 return source
     return _from_hub(repo, revision)
 

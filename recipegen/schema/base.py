@@ -113,7 +113,9 @@ TokenCount = Annotated[int, BeforeValidator(_count), WithJsonSchema(
     {"anyOf": [{"type": "integer", "minimum": 1},
                {"type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*[kKmMgG]?\s*$"}],
      "examples": [1048576, "1M", "128k"],
-     "description": "A whole number; vLLM's suffixes accepted: k/m/g decimal, K/M/G binary (1M = 1048576)."})]
+     "description": "A positive whole number (1 or more, at most 2^53; not a float such as 32768.0), or text: "
+                    "digits with an optional vLLM suffix, k/m/g decimal (x 10^3 / 10^6 / 10^9; a fraction allowed, "
+                    "25.6k = 25600) or K/M/G binary (x 2^10 / 2^20 / 2^30; whole numbers only, 1M = 1048576)."})]
 """A positive whole number that may use vLLM's k/K/m/M suffixes."""
 
 ScaledNumber = Annotated[float, BeforeValidator(_scaled_positive), WithJsonSchema(

@@ -171,3 +171,16 @@ def test_an_unknown_model_points_at_the_list_command() -> None:
     result = CliRunner().invoke(main, ["new", "no-such-model", "--machine", "rtx-5090"])
     assert result.exit_code == 2
     assert "`recipegen model list`" in result.output and "qwen3-30b-a3b" in result.output
+
+
+def test_machines_with_different_kinds_of_speed_figure_are_not_ranked() -> None:
+    # a tok/s estimate scores > 0 and the link-read stand-in <= 0 (negated ms; 0 with nothing offloaded):
+    # ranking them on one scale would call the estimated machine fastest whatever the figures
+    from recipegen.fit.objective import LINK_READS
+
+    estimated = _cand(20.0, 100)
+    all_hbm = SimpleNamespace(projection=Projection(0.0, "no link reads (every routed expert in HBM)",
+                                                    "nothing offloaded", LINK_READS), kv_tokens=500)
+    line = fastest_text([("a", estimated), ("b", all_hbm)])  # type: ignore[list-item]
+    assert line.startswith("not ranked: the machines' speed figures are of different kinds"), line
+    assert "a: 20.0 tok/s" in line and "b: no link reads" in line

@@ -98,6 +98,12 @@ def fastest_text(fitted: Sequence[tuple[str, Candidate]]) -> str:
     its words (`choice.not_chosen_text`). Speed figures that differ only by floating-point rounding
     are the same figure (`choice.same_speed`): the larger KV pool decides, and where that is equal
     too the line names a tie instead of calling the machine named first the fastest."""
+    kinds = {c.projection.kind for _, c in fitted}
+    if len(kinds) > 1:
+        # a decode estimate (tok/s) and the link-read stand-in (ms) are not one scale: no ranking
+        return ("not ranked: the machines' speed figures are of different kinds ("
+                + "; ".join(f"{k}: {c.projection.text}" for k, c in fitted)
+                + "); the decode estimate is not available for every machine (see each row)")
     best = choose([c for _, c in fitted])
     top = best.projection
     what = ("the decode estimate at the lane's fewest expected streams, with the band its validation "

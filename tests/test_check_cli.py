@@ -116,7 +116,7 @@ def test_real_console_script(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("argv, message", [
     (["plan", "qwen3-30b-a3b-rtx4090", "chat", "--json", "--concurrency", "0"], "field '--concurrency'"),
-    (["new", "qwen3-30b-a3b", "--machine", "nope", "--json"], "field '--machine': not a catalog machine"),
+    (["new", "qwen3-30b-a3b", "--machine", "nope", "--json"], "field '--machine': 'nope' is not a catalog machine"),
     (["plan", "qwen3-30b-a3b-rtx4090", "chat", "--json", "--bogus"], "No such option '--bogus'"),
 ])
 def test_a_failure_under_json_is_a_json_document_on_stdout_too(argv: list[str], message: str) -> None:

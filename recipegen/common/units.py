@@ -24,9 +24,10 @@ BANDWIDTH_UNITS: dict[str, int] = {f"{unit}/s": factor for unit, factor in BYTE_
 # ASCII digits only ([0-9], not \d): the published JSON Schema allows nothing else.
 _NUMBER = r"(?P<num>[+-]?(?:[0-9]+(?:[_,][0-9]{3})*(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)"
 _QUANTITY_RE = re.compile(rf"^\s*{_NUMBER}\s*(?P<unit>[A-Za-z]+(?:/s)?)?\s*$")
-# A leading sign is read (vLLM's int() reads '-5' too) so that a negative count is refused as
-# not positive (`parse_positive_count`) rather than as unreadable.
-_COUNT_RE = re.compile(r"^\s*(?P<sign>[+-]?)(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<suffix>[kKmMgG]?)\s*$")
+# A leading minus is read (vLLM's int() reads '-5' too) so that a negative count is refused as
+# not positive (`parse_positive_count`) rather than as unreadable; a plus is not (vLLM refuses
+# '+32k': utils/argparse_utils.py:42, 74; the published JSON Schema's pattern has no sign).
+_COUNT_RE = re.compile(r"^\s*(?P<sign>-?)(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<suffix>[kKmMgG]?)\s*$")
 # Bounds far above any real figure (a GB300 has ~0.25 TiB of HBM, its host ~0.5 TiB), below
 # where float arithmetic or an allocation sized from the figure would go wrong.
 MAX_BYTES = 2**60          # 1 EiB

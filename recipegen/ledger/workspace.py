@@ -43,7 +43,7 @@ this module applies them to a lane. tests/test_ledger_workspace.py checks them a
 arithmetic and against the runtime's own tensors (`nbytes`) on CPU. vLLM's
 `max_num_batched_tokens` default is read from vLLM 0.33.0's `engine/arg_utils.py`
 (`get_batch_defaults`, lines 2946-3039, and `_set_default_max_num_seqs_and_batched_tokens_args`,
-lines 3151-3230).
+lines 3151-3236).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class BatchedTokens:
 
 def max_num_batched_tokens(machine: Machine, lane: Lane) -> BatchedTokens:
     """`--max-num-batched-tokens` from extra_args, else the value vLLM 0.33 sets when the flag is
-    not given (`_set_default_max_num_seqs_and_batched_tokens_args`, engine/arg_utils.py:3151-3230):
+    not given (`_set_default_max_num_seqs_and_batched_tokens_args`, engine/arg_utils.py:3151-3236):
     the `vllm serve` default for the GPU, doubled by `--performance-mode throughput`, at least
     max_model_len with `--no-enable-chunked-prefill`, then at most max_num_seqs × max_model_len.
 

@@ -1,7 +1,7 @@
 """A grouped step's expert launches on fewer slot rows than slots (``KernelConfig.slot_programs``),
 under ``TRITON_INTERPRET=1``: each program walks the slots ``slot, slot + rows, ...``, so every slot
 is still computed once — the same output bits as one program per possible slot, split and
-unsplit, with and without the usage counter (its counts equal too), for steps whose slots
+unsplit (hot and cold banks), with the usage counter (its counts equal too) and with split-K small steps, for steps whose slots
 outnumber the rows several times over and for a row count above the step's slots.
 """
 
@@ -75,3 +75,45 @@ def test_slot_programs_must_not_be_negative() -> None:
         KernelConfig(slot_programs=-1)
     assert "slot-programs48" in KernelConfig(slot_programs=48).describe()
     assert "slot-programs" not in KernelConfig().describe()
+
+
+def test_slot_rows_with_split_k_same_bits_and_tickets_reset_under_triton_interpreter() -> None:
+    # a small step with the K reductions split: each split's partials and the tile's ticket are
+    # indexed by the real slot, whichever program walks it; two steps in a row check the tickets
+    # were left at zero
+    if rerun_interpreted(__file__, "test_slot_rows_with_split_k_same_bits_and_tickets_reset_under_triton_interpreter"):
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    from expert_residency.core.banks import build_unsplit_layer
+    from expert_residency.core.counter import ExpertCounter
+    from expert_residency.gpu import experts as gx
+    from expert_residency.gpu.layout import to_kernel_layout
+    from expert_residency.mxfp4 import quantize_mxfp4
+
+    torch.manual_seed(6)
+    p13, s13 = quantize_mxfp4(torch.randn(E, 2 * I, H) * 0.05)
+    p2, s2 = quantize_mxfp4(torch.randn(E, H, I) * 0.05)
+    full = {"w13_weight": p13, "w13_weight_scale": s13, "w2_weight": p2, "w2_weight_scale": s2}
+    tiles = dict(block_m=4, block_n1=64, block_k1=128, block_n2=64, block_k2=64, split_k1=2, split_k2=2)
+    to_kernel_layout(full, gx.KernelConfig(**tiles))
+    layer = build_unsplit_layer(full, layer_index=0)
+    ids = torch.tensor([[3, 5], [5, 0], [7, 3]])          # T = 3: a small step, 4 slots of 6 possible
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(3, H, generator=gen).bfloat16()
+    weights = torch.softmax(torch.randn(3, K, generator=gen), -1)
+
+    outs, counts = {}, {}
+    for rows in (0, 1, 2):
+        ex = gx.TritonMxfp4Experts(gx.ExpertShape(H, I), E, K, max_tokens=8, device="cpu",
+                                   config=gx.KernelConfig(**tiles, slot_programs=rows))
+        assert gx.effective_splits(ex.shape, ex.config) == (2, 2)
+        counter = ExpertCounter([0], E, device="cpu")
+        first = ex.forward(layer, x, weights, ids, counter=counter).clone()
+        outs[rows] = ex.forward(layer, x, weights, ids, counter=counter).clone()
+        assert torch.equal(first, outs[rows]), rows         # the second step saw clean tickets
+        counts[rows] = counter.counts.flatten()[:E].to(torch.int64)
+
+    assert torch.isfinite(outs[0].float()).all() and outs[0].abs().sum() > 0
+    for rows in (1, 2):
+        assert torch.equal(outs[rows], outs[0]), rows
+        assert torch.equal(counts[rows], 2 * torch.bincount(ids.flatten(), minlength=E)), rows

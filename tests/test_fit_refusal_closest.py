@@ -90,7 +90,29 @@ def test_closest_is_fewest_budgets_then_fewest_bytes_and_no_shortfall_is_oversta
     text = closest_text(tried)
     assert text.startswith("the closest to fitting, 11 hot per layer (--cpu-offload-gb 10 at load), breaks "
                            "[load-host] load-host figures"), text
-    assert "10 hot per layer is only 1.00 GiB over [load-host] but breaks [host] too" in text, text
+    # 10 hot's other budget, [host], is one the closest count holds: named with its shortfall, and "too"
+    assert text.endswith("(10 hot per layer is only 1.00 GiB over [load-host] but 0.50 GiB over [host] too)"), text
     # a refusal that is not a matter of bytes is the farthest
     assert closest_text([_tried(9, ("runtime", None)), _tried(8, ("load-host", 40 * GiB))]).startswith(
         "the closest to fitting, 8 hot")
+
+
+def test_a_nearer_count_names_its_shortfall_on_a_budget_the_closest_breaks_too() -> None:
+    """12 hot is over by 1 + 1 GiB, 11 hot by 0.5 + 3 GiB: 12 is the closest (the same two budgets,
+    fewer bytes). 11 comes nearer on [load-host] only; on [host] it is 3 GiB over, and 12 breaks
+    [host] as well, so the note gives that figure and no "too"."""
+    text = closest_text([_tried(12, ("load-host", 1 * GiB), ("host", 1 * GiB)),
+                         _tried(11, ("load-host", 0.5 * GiB), ("host", 3 * GiB))])
+    assert text.startswith("the closest to fitting, 12 hot per layer"), text
+    assert text.endswith("(11 hot per layer is only 0.50 GiB over [load-host] but 3.00 GiB over [host])"), text
+    assert "too" not in text, text
+
+
+def test_a_nearer_count_splits_the_budgets_the_closest_breaks_from_the_ones_it_holds() -> None:
+    """The nearer count breaks [host] (which the closest breaks too: no "too"), [kv] by 1 GiB and
+    [runtime] (no byte figure), which the closest holds: those two take one "too"."""
+    text = closest_text([_tried(12, ("load-host", 1 * GiB), ("host", 1 * GiB)),
+                         _tried(11, ("load-host", 0.25 * GiB), ("host", 2 * GiB), ("kv", 1 * GiB),
+                                ("runtime", None))])
+    assert text.endswith("(11 hot per layer is only 0.25 GiB over [load-host] but 2.00 GiB over [host], "
+                         "and 1.00 GiB over [kv] and breaks [runtime] too)"), text

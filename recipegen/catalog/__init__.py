@@ -89,14 +89,13 @@ def entry_lines(kind: str) -> list[tuple[str, str]]:
         entry = catalog_entry(kind, name)
         if kind == "models":
             m = Model.model_validate(entry)
-            routed = m.num_moe_layers * m.routed_experts * m.expert_bytes
             context = f", context {m.max_position_embeddings:,}" if m.max_position_embeddings else ""
             text = (f"{m.decoder_layers} layers ({m.num_moe_layers} MoE) × {m.routed_experts} experts, "
-                    f"top-{m.top_k}, {m.expert_format}, routed experts {format_bytes(routed)}{context}")
+                    f"top-{m.top_k}, {m.expert_format}, routed experts {format_bytes(m.routed_expert_bytes)}{context}")
         else:
             box = Machine.model_validate(entry)
             assumed = " (assumed)" if box.sources.get("host_memory", "").startswith("assumed") else ""
-            text = (f"{box.gpus.count} × {box.gpus.kind}, {format_bytes(box.gpus.hbm)} HBM per GPU, host "
+            text = (f"{box.gpus.count} × {box.gpus.kind}, {format_bytes(box.gpus.hbm)} GPU memory each, host "
                     f"{format_bytes(box.host_memory)}{assumed}, pinned read "
                     f"{format_bandwidth(box.pinned_read_bandwidth)}")
         description = str(entry.get("description") or "").strip()

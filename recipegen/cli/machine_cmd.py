@@ -76,14 +76,8 @@ def detect(output: Path | None, name: str | None, record_to: Path | None, force:
 @click.option("--json", "as_json", is_flag=True, help="Print the ids and their lines as JSON.")
 def list_(as_json: bool) -> None:
     """The catalog machines, one a line: the id `recipegen new --machine` and a recipe's
-    `machines:` take, its GPUs × HBM, host memory and pinned-read bandwidth. A machine file may start
+    `machines:` take, its GPUs × GPU memory, host memory and pinned-read bandwidth. A machine file may start
     from one (`catalog: <id>` plus the figures that differ)."""
-    from recipegen.catalog import entry_lines
+    from recipegen.cli.output import echo_catalog_list
 
-    lines = entry_lines("machines")
-    if as_json:
-        click.echo(json.dumps([{"id": name, "summary": text} for name, text in lines], indent=2))
-        return
-    width = max(len(name) for name, _ in lines)
-    for name, text in lines:
-        click.echo(f"{name:<{width}}  {text}")
+    echo_catalog_list("machines", as_json)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,7 +53,7 @@ def import_(path: Path, output: Path | None, name: str | None, checkpoint: str |
         output_target(target, "--output")   # --force replaces a regular file, never a device or a link
         sweep_temps(target.parent)  # what an import killed at its rename left
         write_atomically(target, text.encode("utf-8"))
-    experts = m.num_moe_layers * m.routed_experts * m.expert_bytes
+    experts = m.routed_expert_bytes
     click.echo(f"wrote {target}: {m.decoder_layers} layers ({m.num_moe_layers} MoE) × {m.routed_experts} experts, "
                f"top-{m.top_k}, {m.expert_bytes:,} B per expert ({experts / 2**30:,.2f} GiB of routed experts), "
                f"KV {m.kv_token_bytes:,.0f} B per token{kv_caps(m)}"
@@ -83,12 +82,6 @@ def kv_caps(m: Model) -> str:
 def list_(as_json: bool) -> None:
     """The catalog models, one a line: the id `recipegen new` and a recipe's `model:` take,
     its layers, routed experts, top-k, expert format, routed-expert bytes and context."""
-    from recipegen.catalog import entry_lines
+    from recipegen.cli.output import echo_catalog_list
 
-    lines = entry_lines("models")
-    if as_json:
-        click.echo(json.dumps([{"id": name, "summary": text} for name, text in lines], indent=2))
-        return
-    width = max(len(name) for name, _ in lines)
-    for name, text in lines:
-        click.echo(f"{name:<{width}}  {text}")
+    echo_catalog_list("models", as_json)

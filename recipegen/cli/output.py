@@ -44,3 +44,19 @@ def explained() -> Iterator[Callable[..., None]]:
         yield echo
     finally:
         echo.finish()
+
+
+def echo_catalog_list(kind: str, as_json: bool) -> None:
+    """`recipegen model list` / `machine list`: each catalog entry's id and its line
+    (`recipegen.catalog.entry_lines`), in columns or as JSON."""
+    import json
+
+    from recipegen.catalog import entry_lines
+
+    lines = entry_lines(kind)
+    if as_json:
+        click.echo(json.dumps([{"id": name, "summary": text} for name, text in lines], indent=2))
+        return
+    width = max(len(name) for name, _ in lines)
+    for name, text in lines:
+        click.echo(f"{name:<{width}}  {text}")

@@ -72,7 +72,8 @@ TERMS: tuple[Term, ...] = (
     # No in-place explanation: "tensor parallel over 8 GPUs" names the layout but not the abbreviation,
     # and "TP 8" is printed beside it.
     Term("TP", r"\bTP\b",
-         "tensor parallelism: each of the lane's N GPUs (TP N) holds 1/N of every weight (vLLM --tensor-parallel-size N)"),
+         "tensor parallelism: each of the lane's N GPUs (TP N) holds a 1/N shard of most weights; some, such as "
+         "norms and the router, are whole on every GPU instead (vLLM --tensor-parallel-size N)"),
     Term("EP", r"\bEP\b",
          "expert parallel: each GPU holds whole experts, its share of them (vLLM --enable-expert-parallel)"),
     Term("PP", r"\bPP\b",

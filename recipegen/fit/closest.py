@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from recipegen.common.units import format_bytes
-from recipegen.fit.judged import Evaluation
+from recipegen.fit.judged import Evaluation, Problem
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,21 @@ def closest_text(tried: Sequence[Tried]) -> str:
                   and other.over_bytes < problem.over_bytes]
         if nearer:
             over, t = min(nearer, key=lambda x: (x[0], -x[1].hot))
-            also = ", ".join(f"[{k}]" for k in sorted(t.evaluation.kinds() - {problem.kind}))
-            notes.append(f"{t.hot} hot per layer is only {format_bytes(over)} over [{problem.kind}] but breaks "
-                         f"{also} too")
+            others = sorted((p for p in t.evaluation.problems if p.kind != problem.kind), key=lambda p: p.kind)
+            shared = [_shortfall(p) for p in others if p.kind in best.evaluation.kinds()]
+            extra = [_shortfall(p) for p in others if p.kind not in best.evaluation.kinds()]
+            parts = ([_and(shared)] if shared else []) + ([f"{_and(extra)} too"] if extra else [])
+            notes.append(f"{t.hot} hot per layer is only {format_bytes(over)} over [{problem.kind}]"
+                         + (f" but {', and '.join(parts)}" if parts else ""))
     return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _shortfall(problem: Problem) -> str:
+    """A budget broken, with by how much where it is one of bytes."""
+    if problem.over_bytes is None:
+        return f"breaks [{problem.kind}]"
+    return f"{format_bytes(problem.over_bytes)} over [{problem.kind}]"
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"

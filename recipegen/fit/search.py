@@ -117,7 +117,7 @@ class _Judge:
     def max_offload_gib(self) -> int:
         """An offload that moves everything the walk can move (every routed expert, and the
         non-routed weights too unless the lane offloads experts only)."""
-        total = self.model.num_moe_layers * self.model.routed_experts * self.model.expert_bytes
+        total = self.model.routed_expert_bytes
         if not experts_only(self.lane):
             total += self.model.dense_bytes or 0
         # vLLM reads --cpu-offload-gb per GPU: each of the TP ranks offloads its 1/TP shards

@@ -148,7 +148,8 @@ class RecipeLedger:
 
 
 def n_total_bytes(model: Model) -> int:
-    return model.num_moe_layers * model.routed_experts * model.expert_bytes
+    """`experts.total`: the schema owns the figure (`Model.routed_expert_bytes`)."""
+    return model.routed_expert_bytes
 
 
 def src_note(sources: dict[str, str], key: str) -> str:

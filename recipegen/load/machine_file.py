@@ -19,6 +19,7 @@ from recipegen.catalog import catalog_entry
 from recipegen.common.errors import InputError
 from recipegen.load.document import display_path, read_yaml_file, to_plain, validation_error
 from recipegen.schema import Machine, MachineEntry
+from recipegen.schema.recipe import same_gpu_kind
 
 # A detected entry is about 2 KB; anything near this is not a machine file.
 MAX_MACHINE_FILE_BYTES = 1 * 2**20
@@ -41,8 +42,32 @@ def load_machine_file(path: Path) -> tuple[dict[str, Any], Machine]:
         machine = _MACHINE_ENTRY.validate_python(plain, context={"catalog": catalog_entry})
     except ValidationError as exc:
         error = validation_error(path, document, exc)
-        if "catalog" in plain or not any(e["type"] == "missing" for e in exc.errors()):
+        missing = [e["loc"] for e in exc.errors() if e["type"] == "missing"]
+        if "catalog" not in plain:
+            hint = WHOLE_ENTRY_HINT if missing else None
+        else:
+            hint = _other_gpu_hint(plain) if any(loc[:1] == ("gpus",) for loc in missing) else None
+        if hint is None:
             raise error from None
-        raise InputError(f"{error.message}\n  {WHOLE_ENTRY_HINT}", file=error.file, line=error.line,
+        raise InputError(f"{error.message}\n  {hint}", file=error.file, line=error.line,
                          field=error.field) from None
     return plain, machine
+
+
+def _other_gpu_hint(plain: dict[str, Any]) -> str | None:
+    """For a file that starts from a catalog machine and misses `gpus` fields: its `gpus.kind` is not
+    the catalog machine's, so its `gpus` block replaced the catalog's whole (None otherwise)."""
+    given = plain.get("gpus")
+    if not isinstance(given, dict) or "kind" not in given or not isinstance(plain["catalog"], str):
+        return None
+    try:
+        base = catalog_entry("machines", plain["catalog"]).get("gpus") or {}
+    except ValueError:
+        return None
+    if same_gpu_kind(given["kind"], base.get("kind")):
+        return None
+    kind = base.get("kind")
+    return (f"to fix it: `gpus.kind` {str(given['kind'])[:40]!r} is not the GPU of catalog machine "
+            f"{plain['catalog']} ({kind!r}), and a `gpus` block of another kind replaces the catalog's whole "
+            f"`gpus` block: leave `kind` out (or write {kind!r}) to keep the catalog's GPU figures and change "
+            "only those given, or give the whole block (count, hbm, hbm_bandwidth and compute_capability)")

@@ -603,6 +603,11 @@ class Model(StrictModel):
         return len(self.moe_layers)
 
     @property
+    def routed_expert_bytes(self) -> int:
+        """Bytes of every routed expert of every MoE layer (one copy, unsharded)."""
+        return self.num_moe_layers * self.routed_experts * self.expert_bytes
+
+    @property
     def kv_token_bytes(self) -> float:
         """KV bytes per token, from either declared form."""
         if self.kv_bytes_per_token is not None:

@@ -50,14 +50,20 @@ def _resolve(kind: str, value: Any, info: ValidationInfo) -> Any:
 def _same_gpu_overrides(entry: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """A `gpus` override of the catalog's own GPU kind (or naming none) changes only the fields it
     names: the box's driver-reported `hbm` or its GPU count must not drop the catalog's compute
-    capability, which picks the MoE backend and the runtime's bank kernel. Another kind replaces
-    the whole block."""
+    capability, which picks the MoE backend and the runtime's bank kernel. The kind is compared
+    without letter case (`h200` is the catalog's `H200`), and the catalog's spelling is kept.
+    Another kind replaces the whole block."""
     base, given = entry.get("gpus"), overrides.get("gpus")
     if not isinstance(base, dict) or not isinstance(given, dict):
         return {}
-    if given.get("kind", base.get("kind")) != base.get("kind"):
+    if "kind" in given and not same_gpu_kind(given["kind"], base.get("kind")):
         return {}
-    return {"gpus": {**base, **given}}
+    return {"gpus": {**base, **given, **({"kind": base["kind"]} if "kind" in base else {})}}
+
+
+def same_gpu_kind(a: Any, b: Any) -> bool:
+    """Whether two `gpus.kind` values name one GPU: equal but for letter case and outer spaces."""
+    return isinstance(a, str) and isinstance(b, str) and a.strip().casefold() == b.strip().casefold()
 
 
 MachineEntry = Annotated[Machine, BeforeValidator(lambda v, info: _resolve("machines", v, info))]

@@ -13,12 +13,17 @@ after the real ones. This bench times the same CUDA-graph step two ways on the s
   not something the runtime can do inside a graph, where the routing changes per replay).
 
 The ratio ``exact ÷ bound`` is the most a persistent slot loop (a grid sized to the GPU, each
-program walking slots) could save on that step. Same kernels, same bits (checked: outputs equal).
+program walking slots) could save on that step.
 
     python3 bench/empty_slots.py --tokens 16,32,96 --layers 8 --out $OUT/empty_slots.json
 
-Written 2026-12-05 for the next H200 session, with ``KernelConfig.slot_programs`` (the persistent
-slot loop, off by default); not yet run on a GPU.
+Run on one H100 80GB HBM3, 2026-12-05 (BENCHMARKS.md, run H1): exact ÷ bound 1.000 / 1.000 / 1.001
+at T = 16 / 32 / 96 — the empty programs cost nothing measurable, and a persistent slot loop built to
+remove them (timed beside the default with bench/peer_moe.py in the same machine session, commit
+fccd45a) was no faster (0.997-1.019 with 64 or 128 slot rows, 1.08-1.11 with 32), so it was taken
+out again. ``same_bits`` compares the two graphs' outputs; it read false at T = 16 and 32 and true at
+96 in that run, not explained (a bench-only patch of the grid; the runtime's bit-identity is
+tested elsewhere, split == unsplit on the GPU).
 """
 
 from __future__ import annotations

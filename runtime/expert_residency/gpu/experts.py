@@ -173,24 +173,12 @@ class KernelConfig:
     # H200, gpt-oss-120b layer at T = 17 / 24 / 32 / 48: all-HBM 0.79 / 0.78 / 0.80 / 0.85 of the
     # tl.dot layer, usage-aware 0.94-1.00, positional 1.01-1.06 (BENCHMARKS.md, run GT).
     gw_max_tokens_small_tiles: int = 48
-    # Grouped tl.dot steps: programs along the slot axis of the two expert launches (0: one per
-    # slot a step can have, min(T * top_k, E), each program at most one slot). A grid fixed for
-    # graph capture launches every possible slot, so at DeepSeek-V4.1 geometry and T = 96 about
-    # 184 of 384 slot rows are programs that read the slot count and exit; with N > 0 the grid
-    # is min(N, that bound) rows and each program walks slots N apart (``SLOT_LOOP``). Same
-    # arithmetic per slot: the same bits. Off: not yet timed on a GPU (bench/empty_slots.py measures
-    # what the empty programs cost, bench/peer_moe.py --compare "sp64:slot_programs=64" the option);
-    # with it off the kernels compile to the same SASS as before it existed (sm_90, triton 3.6).
-    slot_programs: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_registers", "max_registers_large", "gw_max_registers"):
             cap = getattr(self, name)
             if cap and not 32 <= cap <= 255:   # ptxas' range for .maxnreg
                 raise ValueError(f"{name} {cap} is not 0 (the compiler's choice) or 32..255 registers")
-        if self.slot_programs < 0:
-            raise ValueError(f"slot_programs {self.slot_programs} is not 0 (one program per possible slot) "
-                             "or a positive number of programs")
 
     def describe(self) -> str:
         kind = {0: "int-dequant", 1: "dot_scaled", 2: "prmt-dequant", 3: "mma-order"}.get(
@@ -222,8 +210,6 @@ class KernelConfig:
                         text += "(pass-grid)"
                     if self.gw_max_registers:
                         text += f"(regs<={self.gw_max_registers})"
-        if self.slot_programs:
-            text += f" slot-programs{self.slot_programs}"
         if not self.cold_first:    # the default (cold experts' slots first) goes unsaid
             text += " id-order-slots"
         if self.pdl:
@@ -635,9 +621,6 @@ class TritonMxfp4Experts:
         elif (not one_token and 2 <= t <= cfg.gw_max_tokens and s1 == 1 and s2 == 1 and self._t1_groups is not None
               and cfg.block_n1 == 64 and x.data_ptr() % 4 == 0 and x.stride(0) % 2 == 0):
             gw1, gw2 = self._t1_groups
-        # slot rows of the tl.dot launches' grid (KernelConfig.slot_programs)
-        slot_rows = min(max_slots, cfg.slot_programs) if cfg.slot_programs and not one_token else max_slots
-        slot_loop = dict(SLOT_LOOP=True) if slot_rows < max_slots else {}
         # a slot holds at most T picks (a token picks an expert once)
         passes = 1 if cfg.gw_pass_loop else triton.cdiv(t, 8)
         gw_cap = dict(maxnreg=cfg.gw_max_registers) if cfg.gw_max_registers else {}
@@ -673,7 +656,7 @@ class TritonMxfp4Experts:
                 PROGRAMS=stream1, HAS_TOKEN_MASK=token_mask is not None, **act_args,
                 **launch, **self._pdl_args())
         else:
-            kernels.w13_swiglu_kernel[(shape.intermediate // cfg.block_n1, slot_rows, s1)](
+            kernels.w13_swiglu_kernel[(shape.intermediate // cfg.block_n1, max_slots, s1)](
                 x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX],
                 ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.act,
                 counts if count_in_kernel else ws.dummy_i64, tokens if count_in_kernel else ws.dummy_i64,
@@ -685,7 +668,7 @@ class TritonMxfp4Experts:
                 TILE_MAJOR=cfg.tile_major, COUNT=count_in_kernel,
                 SWIGLU_LIMIT=0.0 if self.swiglu_limit is None else self.swiglu_limit,
                 SPLIT=s1, **small_args, HAS_BIAS=has_bias, ACT=1 if self.activation == SWIGLUOAI else 0,
-                ALPHA=float(self.swiglu_alpha), **launch, **slot_loop,
+                ALPHA=float(self.swiglu_alpha), **launch,
                 **self._pdl_args())
         if g2:
             kernels_t1.w2_t1_kernel[(shape.hidden // cfg.block_n2, k)](
@@ -715,7 +698,7 @@ class TritonMxfp4Experts:
                 HAS_TOKEN_MASK=token_mask is not None, HAS_BIAS=has_bias,
                 **launch, **self._pdl_args())
         else:
-            kernels.w2_kernel[(shape.hidden // cfg.block_n2, slot_rows, s2)](
+            kernels.w2_kernel[(shape.hidden // cfg.block_n2, max_slots, s2)](
                 ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX],
                 ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, ws.pick_out,
                 w2.stride(0), s2w.stride(0),
@@ -724,7 +707,7 @@ class TritonMxfp4Experts:
                 H=shape.hidden, INTER=shape.intermediate,
                 BM=cfg.block_m, BN=cfg.block_n2, BK=cfg.block_k2, DEQUANT=cfg.dequant,
                 TILE_MAJOR=cfg.tile_major, TOP_K=k, SPLIT=s2, **small_args, HAS_BIAS=has_bias,
-                **launch, **slot_loop, **self._pdl_args(),
+                **launch, **self._pdl_args(),
                 # T=1 fused finalize: the token's weights, the output row, one ticket per row tile
                 # (the w2 split tickets, unused when w2 is unsplit; every launch leaves them at zero)
                 **self._fused_finalize_args(fin, ws))

@@ -467,7 +467,7 @@ def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s
                       SPLIT: tl.constexpr = 1, ONE_TOKEN: tl.constexpr = False,
                       HAS_TOKEN_MASK: tl.constexpr = False, PART_PICKS: tl.constexpr = 1,
                       HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0, ALPHA: tl.constexpr = 1.0,
-                      PDL: tl.constexpr = False, SLOT_LOOP: tl.constexpr = False):
+                      PDL: tl.constexpr = False):
     """``act[p, n] = bf16(silu(gate_n . x_t) * (up_n . x_t))`` for every pick ``p`` of the slot.
 
     ``SWIGLU_LIMIT`` > 0: vLLM 0.33's clamped SwiGLU for SILU experts (``swiglu_limit``),
@@ -501,54 +501,17 @@ def w13_swiglu_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s
                                      (pid_n == 0) & (slot == 0) & first_split, TOP_K, HAS_TOKEN_MASK, COUNT)
         if ok == 0:
             return
-        _w13_slot(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, act_ptr,
-                  counts_ptr, stride_x, w_expert_stride, s_expert_stride, part_ptr, ticket_ptr,
-                  hot_b_ptr, cold_b_ptr, b_expert_stride, pid_n, slot, expert, slot, slot + 1, first_split,
-                  H, INTER, TOP_K, BM, BN, BK, DEQUANT, TILE_MAJOR, COUNT, SWIGLU_LIMIT, SPLIT, ONE_TOKEN,
-                  PART_PICKS, HAS_BIAS, ACT, ALPHA)
+        start = slot
+        end = slot + 1
     else:
         if COUNT:
             if (pid_n == 0) & (slot == 0) & first_split:
                 tl.atomic_add(tokens_ptr, tl.load(n_tokens_ptr).to(tl.int64))
-        # ``SLOT_LOOP`` (``KernelConfig.slot_programs``): the grid's slot axis is shorter than the
-        # slots a step can have and each program walks slots ``slot, slot + grid, ...``; otherwise
-        # one program per possible slot, at most one slot each (the loop compiled out). A slot's
-        # arithmetic does not depend on which program runs it.
-        n_slots = tl.load(num_slots_ptr)
-        if SLOT_LOOP:
-            while slot < n_slots:
-                start = tl.load(slot_start_ptr + slot)
-                end = tl.load(slot_start_ptr + slot + 1)
-                expert = tl.load(slot_expert_ptr + slot)
-                _w13_slot(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, act_ptr,
-                          counts_ptr, stride_x, w_expert_stride, s_expert_stride, part_ptr, ticket_ptr,
-                          hot_b_ptr, cold_b_ptr, b_expert_stride, pid_n, slot, expert, start, end, first_split,
-                          H, INTER, TOP_K, BM, BN, BK, DEQUANT, TILE_MAJOR, COUNT, SWIGLU_LIMIT, SPLIT,
-                          ONE_TOKEN, PART_PICKS, HAS_BIAS, ACT, ALPHA)
-                slot += tl.num_programs(1)
-        else:
-            if slot >= n_slots:
-                return
-            start = tl.load(slot_start_ptr + slot)
-            end = tl.load(slot_start_ptr + slot + 1)
-            expert = tl.load(slot_expert_ptr + slot)
-            _w13_slot(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, act_ptr,
-                      counts_ptr, stride_x, w_expert_stride, s_expert_stride, part_ptr, ticket_ptr,
-                      hot_b_ptr, cold_b_ptr, b_expert_stride, pid_n, slot, expert, start, end, first_split,
-                      H, INTER, TOP_K, BM, BN, BK, DEQUANT, TILE_MAJOR, COUNT, SWIGLU_LIMIT, SPLIT,
-                      ONE_TOKEN, PART_PICKS, HAS_BIAS, ACT, ALPHA)
-
-
-@triton.jit
-def _w13_slot(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, act_ptr,
-              counts_ptr, stride_x, w_expert_stride, s_expert_stride, part_ptr, ticket_ptr,
-              hot_b_ptr, cold_b_ptr, b_expert_stride, pid_n, slot, expert, start, end, first_split,
-              H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
-              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr,
-              TILE_MAJOR: tl.constexpr, COUNT: tl.constexpr, SWIGLU_LIMIT: tl.constexpr,
-              SPLIT: tl.constexpr, ONE_TOKEN: tl.constexpr, PART_PICKS: tl.constexpr,
-              HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ALPHA: tl.constexpr):
-    """``w13_swiglu_kernel``'s work on one slot (picks ``start .. end`` of ``expert``) and one row tile."""
+        if slot >= tl.load(num_slots_ptr):
+            return
+        start = tl.load(slot_start_ptr + slot)
+        end = tl.load(slot_start_ptr + slot + 1)
+        expert = tl.load(slot_expert_ptr + slot)
     if COUNT:
         if (pid_n == 0) & first_split:
             tl.atomic_add(counts_ptr + expert, (end - start).to(tl.int64))
@@ -611,8 +574,7 @@ def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
               TILE_MAJOR: tl.constexpr, TOP_K: tl.constexpr = 1, SPLIT: tl.constexpr = 1,
               ONE_TOKEN: tl.constexpr = False, HAS_TOKEN_MASK: tl.constexpr = False,
               PART_PICKS: tl.constexpr = 1, HAS_BIAS: tl.constexpr = False,
-              FUSE_FINALIZE: tl.constexpr = False, PDL: tl.constexpr = False,
-              SLOT_LOOP: tl.constexpr = False):
+              FUSE_FINALIZE: tl.constexpr = False, PDL: tl.constexpr = False):
     """``y[p, n] = bf16(w2_n . act_p (+ b2_n))``: one unreduced output row per pick. ``ONE_TOKEN``
     and ``SPLIT`` (over the intermediate dimension; fp32 partials ``[SPLIT, PART_PICKS, H]`` added
     in split order by the tile's last split) as in ``w13_swiglu_kernel``; ``HAS_BIAS``: the
@@ -628,10 +590,10 @@ def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
     _pdl_enter(PDL)
     pid_n = tl.program_id(0)
     slot = tl.program_id(1)
-    rows = pid_n * BN + tl.arange(0, BN)
     if ONE_TOKEN:
         expert, ok = _one_token_pick(ids_ptr, token_mask_ptr, ids_ptr, slot, E, False, TOP_K,
                                      HAS_TOKEN_MASK, False)
+        start = slot
         if FUSE_FINALIZE:  # a skipped pick computes nothing but still takes its ticket
             expert = tl.where(ok, expert, 0)
             end = tl.where(ok, slot + 1, slot)
@@ -639,44 +601,12 @@ def w2_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
             if ok == 0:
                 return
             end = slot + 1
-        _w2_slot(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, y_ptr,
-                 w_expert_stride, s_expert_stride, part_ptr, ticket_ptr, hot_b_ptr, cold_b_ptr,
-                 b_expert_stride, pid_n, slot, expert, slot, end, H, INTER, BM, BN, BK, DEQUANT,
-                 TILE_MAJOR, SPLIT, ONE_TOKEN, PART_PICKS, HAS_BIAS)
-        if FUSE_FINALIZE:
-            if _last_of_split(fin_ticket_ptr + pid_n, TOP_K):
-                _finalize_rows(y_ptr, weights_ptr, ids_ptr, out_ptr, rows, E, H, TOP_K, BN)
     else:
-        n_slots = tl.load(num_slots_ptr)
-        if SLOT_LOOP:   # as in w13_swiglu_kernel
-            while slot < n_slots:
-                start = tl.load(slot_start_ptr + slot)
-                end = tl.load(slot_start_ptr + slot + 1)
-                expert = tl.load(slot_expert_ptr + slot)
-                _w2_slot(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, y_ptr,
-                         w_expert_stride, s_expert_stride, part_ptr, ticket_ptr, hot_b_ptr, cold_b_ptr,
-                         b_expert_stride, pid_n, slot, expert, start, end, H, INTER, BM, BN, BK,
-                         DEQUANT, TILE_MAJOR, SPLIT, ONE_TOKEN, PART_PICKS, HAS_BIAS)
-                slot += tl.num_programs(1)
-        else:
-            if slot >= n_slots:
-                return
-            start = tl.load(slot_start_ptr + slot)
-            end = tl.load(slot_start_ptr + slot + 1)
-            expert = tl.load(slot_expert_ptr + slot)
-            _w2_slot(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, y_ptr,
-                     w_expert_stride, s_expert_stride, part_ptr, ticket_ptr, hot_b_ptr, cold_b_ptr,
-                     b_expert_stride, pid_n, slot, expert, start, end, H, INTER, BM, BN, BK,
-                     DEQUANT, TILE_MAJOR, SPLIT, ONE_TOKEN, PART_PICKS, HAS_BIAS)
-
-
-@triton.jit
-def _w2_slot(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, y_ptr,
-             w_expert_stride, s_expert_stride, part_ptr, ticket_ptr, hot_b_ptr, cold_b_ptr, b_expert_stride,
-             pid_n, slot, expert, start, end, H: tl.constexpr, INTER: tl.constexpr, BM: tl.constexpr,
-             BN: tl.constexpr, BK: tl.constexpr, DEQUANT: tl.constexpr, TILE_MAJOR: tl.constexpr,
-             SPLIT: tl.constexpr, ONE_TOKEN: tl.constexpr, PART_PICKS: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """``w2_kernel``'s work on one slot (picks ``start .. end`` of ``expert``) and one row tile."""
+        if slot >= tl.load(num_slots_ptr):
+            return
+        start = tl.load(slot_start_ptr + slot)
+        end = tl.load(slot_start_ptr + slot + 1)
+        expert = tl.load(slot_expert_ptr + slot)
     w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride)
     s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride)
     rows = pid_n * BN + tl.arange(0, BN)
@@ -715,6 +645,9 @@ def _w2_slot(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, s
                 acc += bias
             tl.store(dest, acc.to(tl.bfloat16), mask=m_ok[None, :])
         m0 += BM
+    if FUSE_FINALIZE:
+        if _last_of_split(fin_ticket_ptr + pid_n, TOP_K):
+            _finalize_rows(y_ptr, weights_ptr, ids_ptr, out_ptr, rows, E, H, TOP_K, BN)
 
 
 @triton.jit

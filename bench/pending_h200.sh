@@ -12,7 +12,7 @@
 #        it), the points of bench/expert_rows.py's table on each side of the kernel change.
 # sim:   the decode simulation as runs EE and EF ran it, for tests/test_estimate_validation.py.
 # context: what a worker holds on the GPU before its weights load (CUDA context, cuBLAS, a Triton
-#        module, a one-rank NCCL group) and CUDA's total beside NVML's: the ledger's assumed 512 MiB
+#        module, a one-rank NCCL group) and CUDA's total beside NVML's: the ledger's load-time allowance (measured 2026-12-05 on an H100)
 #        load-time allowance and the H200's driver reserve, measured (bench/context_allowance.py;
 #        written 2026-12-05, not yet run).
 #

@@ -72,8 +72,9 @@ def test_positional_walk_figures_redo_from_walk_bytes(recipe: str) -> None:
 def test_positional_walk_counts_as_printed() -> None:
     """The finding's numbers: the fractional counts the walk bytes give."""
     glm = [f for f in figures(explain("glm-5-h200x8")) if "walk_bytes" in f.operands]
-    assert {f.operands["cold_experts"] for f in glm} == {"4522.67"}
-    assert all(f.display == "318.00 GiB" for f in glm)
+    # 8 GPUs × 42 GiB walked = 336 GiB of 72 MiB experts = 4,778.67 (the walk stops after a w13)
+    assert {f.operands["cold_experts"] for f in glm} == {"4778.67"}
+    assert all(f.display == "336.00 GiB" for f in glm)
     qwen = figures(explain("qwen3-235b-a22b-fp8-h200"))
     hot = next(f for f in qwen if f.label == "hot experts in HBM (positional)")
     cold = next(f for f in qwen if f.label == "cold experts pinned in host (positional)")

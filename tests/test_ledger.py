@@ -179,9 +179,10 @@ def test_load_time_peaks(reference) -> None:
     assert lane.fig("load.host_experts_initial").value == walk.offloaded_bytes
     hbm_initial = lane.fig("load.hbm_experts_initial").value
     dense = lane.fig("hbm.reserve.dense").value
-    # the peak also holds what the worker has on the GPU before loading: 512 MiB assumed (CUDA context, NCCL)
-    assert lane.fig("load.hbm_peak").operands["cuda_context_bytes"] == 512 * 2**20
-    peak_experts = lane.fig("load.hbm_peak").value - dense - 512 * 2**20
+    # the peak also holds what the worker has on the GPU before loading: on one GPU the CUDA context and
+    # cuBLAS, 717 MiB measured on an H100, counted as 768 MiB
+    assert lane.fig("load.hbm_peak").operands["cuda_context_bytes"] == 768 * 2**20
+    peak_experts = lane.fig("load.hbm_peak").value - dense - 768 * 2**20
     # Neither side rises more than one layer above the higher of its load and final levels.
     assert max(hbm_initial, lane.fig("hbm.hot_experts").value) < peak_experts <= \
         max(hbm_initial, lane.fig("hbm.hot_experts").value) + layer

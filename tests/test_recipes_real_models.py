@@ -250,11 +250,11 @@ def test_glm5_on_8x_h200_counts_the_indexer_and_offloads_per_gpu() -> None:
     assert per_seq / (78 * 576 * 2 * 131072) == pytest.approx(1.1146, abs=1e-4)
     assert lane.fig("hbm.hot_experts").value == 134 * 75 * expert / 8
     assert lane.fig("host.cold_experts").value == 122 * 75 * expert
-    # --cpu-offload-gb 39 per GPU: a layer's shards are 1.5 GiB (w13) + 0.75 GiB (w2); 17 layers
-    # (38.25 GiB) < 39, layer 18's w13 ends the walk at 39.75 GiB on each of the 8 GPUs, pinned at
+    # --cpu-offload-gb 41 per GPU: a layer's shards are 1.5 GiB (w13) + 0.75 GiB (w2); 18 layers
+    # (40.5 GiB) < 41, layer 19's w13 ends the walk at 42 GiB on each of the 8 GPUs, pinned at
     # 2 + 1 GiB a layer and 2 GiB the lone w13.
-    assert lane.fig("load.host_experts_initial").value == 8 * int((17 * 2.25 + 1.5) * GiB)
-    assert lane.fig("load.host_pinned_initial").value == 8 * (17 * 3 + 2) * GiB
+    assert lane.fig("load.host_experts_initial").value == 8 * int((18 * 2.25 + 1.5) * GiB)
+    assert lane.fig("load.host_pinned_initial").value == 8 * (18 * 3 + 2) * GiB
 
 
 def test_nvfp4_qwen3_235b_on_one_b200() -> None:

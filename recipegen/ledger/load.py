@@ -10,7 +10,7 @@ from recipegen.common.units import GiB, format_bytes
 from recipegen.ledger.figures import Figure
 from recipegen.ledger.pinning import pinned_operands, pinned_per_layer, rehoming_host_peak
 from recipegen.ledger.placement import experts_only, positional_walk, rehoming_peaks
-from recipegen.ledger.reserves import LOAD_CONTEXT_ALLOWANCE
+from recipegen.ledger.reserves import load_context_allowance
 from recipegen.ledger.result import USAGE_AWARE, PlacementLedger, Violation
 from recipegen.schema import Lane, Machine, Model
 
@@ -67,11 +67,14 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
                "Tensor.pin_memory() (vllm/model_executor/offloader/uva.py:114-116); PyTorch's caching host "
                "allocator reserves the next power of two of each (ATen/core/CachingHostAllocator.h:300-309); "
                "measured on one NVIDIA H200, PyTorch 2.11: a 4.5 GiB tensor pinned 8 GiB"))
+    context = load_context_allowance(tp)
     operands = {"weights_at_load_bytes": weights_at_load, "peak_experts_bytes": peaks.hbm_peak, "tp": tp,
-                "cuda_context_bytes": LOAD_CONTEXT_ALLOWANCE}
+                "cuda_context_bytes": context}
     formula = "weights_at_load + peak expert bytes in HBM / tp + cuda_context"
-    weights_note += ("; cuda_context: what the worker holds before the weights load (CUDA context, NCCL), "
-                     "assumed 512 MiB (recipegen.ledger.reserves)")
+    weights_note += ("; cuda_context: what the worker holds before the weights load (CUDA context and cuBLAS, "
+                     "with NCCL on a tensor-parallel lane), measured on one H100: "
+                     + ("768 MiB on one GPU" if tp <= 1 else "1,344 MiB per GPU with NCCL, a floor")
+                     + " (recipegen.ledger.reserves)")
     if workspace:
         operands["runtime_workspace_bytes"] = workspace
         formula += " + runtime_workspace"
@@ -79,7 +82,7 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
                          "runtime moves the first layer's experts (vllm_plugin/worker_runtime.py "
                          "after_model_loaded)")
     hbm_peak = add(Figure("load.hbm_peak", "HBM peak during load (per GPU)",
-                          weights_at_load + peaks.hbm_peak / tp + workspace + LOAD_CONTEXT_ALLOWANCE, "bytes", formula,
+                          weights_at_load + peaks.hbm_peak / tp + workspace + context, "bytes", formula,
                           operands, f"{how}; {weights_note}; KV is allocated after")).value
     if dense_offloaded:
         host_peak = add(Figure("load.host_peak", "host peak during load",

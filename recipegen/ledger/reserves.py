@@ -30,14 +30,24 @@ ESTIMATE_HBM_ALLOWANCE = 2 * GiB
 # figures (8 GiB, 4 GiB per GPU); the page cache of the checkpoint is reclaimable and not counted.
 ESTIMATE_HOST_BASE = 8 * GiB
 ESTIMATE_HOST_PER_GPU = 4 * GiB
-# What a worker holds on its GPU before the weights load: the CUDA context, cuBLAS handles and the NCCL
-# communicators vLLM 0.33 creates first (its memory snapshot is taken "after NCCL is initialized",
-# v1/worker/gpu_worker.py:531). One public reading: "Clean vLLM memory usage before model loading is
-# ~400mb on each GPU" on an 8 × RTX 3090 lane (Sandermage/genesis-vllm-patches issue "Initial setup eats
-# 3Gb of memory on GPU0 (RTX3090, tp=8)", 2026-05-08). Assumed, rounded up: 512 MiB per GPU. At run time
-# it lies in the part of the GPU --gpu-memory-utilization leaves out; while loading, the weights and it
-# must fit the GPU together.
-LOAD_CONTEXT_ALLOWANCE = 512 * MiB
+# What a worker holds on its GPU before the weights load: the CUDA context, cuBLAS and, on a lane of
+# more than one GPU, the NCCL communicators vLLM 0.33 creates first (its memory snapshot is taken
+# "after NCCL is initialized", v1/worker/gpu_worker.py:531; a one-GPU group creates no device
+# communicator, distributed/parallel_state.py:550). Measured on one NVIDIA H100 80GB HBM3 (driver
+# 580.159.04, PyTorch 2.11.0+cu130), 2026-12-05, by NVML against the device before the process touched
+# CUDA (bench/context_allowance.py): CUDA context 529 MiB, with cuBLAS 717 MiB (a Triton module adds
+# nothing measurable), with a one-rank NCCL group and an all-reduce 1,281 MiB. Rounded up to 64 MiB:
+# 768 MiB on a one-GPU lane, 1,344 MiB per GPU on a tensor-parallel one (a floor there: NCCL's buffers
+# grow with the ranks). The earlier assumption, 512 MiB from a public "~400mb on each GPU" on RTX 3090s,
+# was below the H100's context alone. At run time it lies in the part of the GPU
+# --gpu-memory-utilization leaves out; while loading, the weights and it must fit the GPU together.
+LOAD_CONTEXT_ONE_GPU = 768 * MiB
+LOAD_CONTEXT_WITH_NCCL = 1344 * MiB
+
+
+def load_context_allowance(tp: int) -> int:
+    """Bytes a worker holds on its GPU before the weights load, per GPU of a lane of `tp` GPUs."""
+    return LOAD_CONTEXT_ONE_GPU if tp <= 1 else LOAD_CONTEXT_WITH_NCCL
 # vLLM's fused-MoE workspaces hold bf16 activations (the model's activation dtype).
 ACTIVATION_BYTES = 2
 

@@ -7,12 +7,12 @@ Schema description says what the validator accepts."""
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
+from doc_commands import commands_and_quotes
 from pydantic import TypeAdapter, ValidationError
 
 from recipegen.cli import main
@@ -107,16 +107,7 @@ def test_compare_calls_a_catalog_machine_and_its_file_with_more_ram_a_tie(here: 
 def _fit_page_blocks() -> list[tuple[list[str], list[str]]]:
     """(argv, quoted output lines) of every docs/fit.md block that quotes output (indented lines)."""
     blocks = FIT_PAGE.read_text(encoding="utf-8").split("```")[1::2]
-    out: list[tuple[list[str], list[str]]] = []
-    for block in blocks:
-        if block.startswith("yaml") or not re.search(r"^  ", block, re.M):
-            continue
-        for line in block.strip("\n").splitlines():
-            if line.startswith("recipegen "):
-                out.append((shlex.split(line)[1:], []))
-            elif line.strip():
-                out[-1][1].append(line.rstrip())
-    return out
+    return commands_and_quotes([b for b in blocks if not b.startswith("yaml") and re.search(r"^  ", b, re.M)])
 
 
 def test_the_fit_page_quotes_what_its_commands_print(here: Path) -> None:

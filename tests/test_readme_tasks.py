@@ -3,11 +3,11 @@ project, and every output line the README quotes found in that command's output.
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from doc_commands import commands_and_quotes
 
 from recipegen.cli import main
 
@@ -18,14 +18,7 @@ def tasks() -> list[tuple[list[str], list[str]]]:
     """(command argv, quoted output lines) in README order, from the section's code blocks."""
     text = README.read_text(encoding="utf-8")
     section = text.split("### From a model and a machine")[1].split("\n### ")[0]
-    out: list[tuple[list[str], list[str]]] = []
-    for block in section.split("```")[1::2]:
-        for line in block.strip("\n").splitlines():
-            if line.startswith("recipegen "):
-                out.append((shlex.split(line)[1:], []))
-            elif line.strip():
-                out[-1][1].append(line.rstrip())
-    return out
+    return commands_and_quotes(section.split("```")[1::2])
 
 
 def test_the_readme_tasks_print_what_the_readme_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -73,7 +73,8 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
     formula = "weights_at_load + peak expert bytes in HBM / tp + cuda_context"
     weights_note += ("; cuda_context: what the worker holds before the weights load (CUDA context and cuBLAS, "
                      "with NCCL on a tensor-parallel lane), measured on one H100: "
-                     + ("768 MiB on one GPU" if tp <= 1 else "1,344 MiB per GPU with NCCL, a floor")
+                     + (f"{context / 2**20:,.0f} MiB on one GPU" if tp <= 1
+                        else f"{context / 2**20:,.0f} MiB per GPU with NCCL, a floor")
                      + " (recipegen.ledger.reserves)")
     if workspace:
         operands["runtime_workspace_bytes"] = workspace

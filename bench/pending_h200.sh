@@ -12,9 +12,15 @@
 #        it), the points of bench/expert_rows.py's table on each side of the kernel change.
 # sim:   the decode simulation as runs EE and EF ran it, for tests/test_estimate_validation.py.
 # context: what a worker holds on the GPU before its weights load (CUDA context, cuBLAS, a Triton
-#        module, a one-rank NCCL group) and CUDA's total beside NVML's: the ledger's load-time allowance (measured 2026-12-05 on an H100)
-#        load-time allowance and the H200's driver reserve, measured (bench/context_allowance.py;
-#        written 2026-12-05, not yet run).
+#        module, a one-rank NCCL group) and CUDA's total beside NVML's: the ledger's load-time
+#        allowance and the card's driver reserve (bench/context_allowance.py; run on an H100 on
+#        2026-12-05, BENCHMARKS.md; not yet on an H200).
+# w2rows: the w2 launch's row tile at 256 (Humming's) beside today's 128, each in its own process
+#        beside Humming, at T = 16 and 96 (with 3 pipeline stages as the default and 2 / 4 beside
+#        it): whether more weight bytes in flight per program close w2's gap (run H1's Nsight
+#        profile: 464 against Humming's 410 us at T = 96 on an H100). 256-row w2 tiles turn the
+#        warp-MMA kernels off (64 / 128 rows only), so T <= 16 runs tl.dot there. Written
+#        2026-12-05, not yet run (no GPU started).
 #
 # Carries (ignored paths, copied onto the machine): .cache/whl (humming-kernels 0.1.19 and
 # nvidia-cuda-cccl 13.0.85 wheels from PyPI) and .cache/vsub/vllm (the unpacked vllm 0.33.0 wheel's
@@ -44,6 +50,15 @@ for part in "$@"; do
     context) timeout ${CONTEXT_S:-120} python3 bench/context_allowance.py --out "$OUT/context_allowance.json" \
                > "$OUT/context.log" 2>&1
            echo "context rc=$?"; tail -8 "$OUT/context.log" ;;
-    *)     echo "unknown part: $part (tests, rows, sim, context)"; exit 2 ;;
+    w2rows) for v in base:block_n2=128 n2_256:block_n2=256; do
+               label=${v%%:*}
+               timeout ${W2ROWS_S:-110} python3 bench/peer_moe.py --peers humming --vllm-src "$VLLM_SRC" \
+                   --tokens 16,96 --steps 16:10,96:6 --config "${v#*:}" \
+                   --compare "s2:num_stages_large=2;s4:num_stages_large=4" --out "/tmp/w2rows_$label" \
+                   > "$OUT/w2rows_$label.log" 2>&1
+               echo "w2rows $label rc=$?"; cp "/tmp/w2rows_$label/peer_moe.md" "$OUT/w2rows_$label.md" 2>/dev/null
+               tail -12 "$OUT/w2rows_$label.log"
+             done ;;
+    *)     echo "unknown part: $part (tests, rows, sim, context, w2rows)"; exit 2 ;;
   esac
 done

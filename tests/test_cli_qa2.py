@@ -249,14 +249,47 @@ def test_the_header_of_a_new_recipe_reproduces_it(tmp_path: Path) -> None:
     first, second = tmp_path / "a", tmp_path / "b"
     args = ["new", "qwen3-30b-a3b", "--machine", "rtx-5090", "--name", "my-q30", "--min-sequences", "2",
             "--max-model-len", "16k"]
-    code, _, err = run(*args, "-o", str(first / "recipes" / "r.yaml"), "--json")
+    code, _, err = run(*args, "-o", str(first / "recipes" / "my-q30.yaml"), "--json")
     assert code == 0, err
-    text = (first / "recipes" / "r.yaml").read_text()
+    text = (first / "recipes" / "my-q30.yaml").read_text()
     header = re.search(r"^# Written by `([^`]+)`", text, re.M)
     assert header is not None, text[:300]
     written = shlex.split(header.group(1))
     assert written[:2] == ["recipegen", "new"] and "--json" not in written and "-o" not in written
     assert all(a in written for a in args[1:])          # every option that shapes the file is there
-    code, _, err = run(*written[1:], "-o", str(second / "recipes" / "r.yaml"))
+    code, _, err = run(*written[1:], "-o", str(second / "recipes" / "my-q30.yaml"))
     assert code == 0, err
-    assert (second / "recipes" / "r.yaml").read_text() == text
+    assert (second / "recipes" / "my-q30.yaml").read_text() == text
+
+
+def test_new_names_the_recipe_after_its_output_file(tmp_path: Path) -> None:
+    """`-o FILE.yaml` without --name: the recipe's name is FILE's name without .yaml (a recipe's name
+    must be its file's), and the header names it so that it reproduces the recipe."""
+    import shlex
+
+    out = tmp_path / "recipes" / "small-q30.yaml"
+    code, _, err = run("new", "qwen3-30b-a3b", "--machine", "rtx-5090", "-o", str(out))
+    assert code == 0, err
+    text = out.read_text()
+    assert yaml.safe_load(text)["name"] == "small-q30"
+    written = shlex.split(re.search(r"^# Written by `([^`]+)`", text, re.M).group(1))  # type: ignore[union-attr]
+    assert written[written.index("--name") + 1] == "small-q30"
+    code, _, err = run("check", "budgets", str(out))
+    assert code == 0, err
+
+
+def test_new_refuses_a_name_other_than_its_output_file(tmp_path: Path) -> None:
+    """--name and -o that disagree: refused up front (exit 2, one error line naming both and the
+    fix), nothing drafted or written."""
+    out = tmp_path / "recipes" / "r.yaml"
+    code, out_text, err = run("new", "qwen3-30b-a3b", "--machine", "rtx-5090", "--name", "my-q30", "-o", str(out))
+    assert code == 2, err
+    assert out_text == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "--name 'my-q30'" in lines[0] and f"-o {str(out)!r}" in lines[0]
+    assert "drop --name" in lines[0] and "my-q30.yaml" in lines[0]
+    assert not out.exists() and not (tmp_path / "recipes").exists()
+    code, _, err = run("new", "qwen3-30b-a3b", "--machine", "rtx-5090", "-o", str(tmp_path / "R.yaml"))
+    assert code == 2 and "is not a recipe name" in err and "Traceback" not in err, err
+    assert not (tmp_path / "R.yaml").exists()

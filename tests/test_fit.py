@@ -72,7 +72,8 @@ def test_usage_aware_boundary_is_hand_arithmetic(tmp_path: Path) -> None:
         text = recipe.read_text().replace("hot_experts_per_layer: 20 ", f"hot_experts_per_layer: {hot} ") \
             .replace("load_cpu_offload: 37 GiB", f"load_cpu_offload: {gib} GiB")
         trial = recipe.with_name(f"trial-{gib}.yaml")
-        trial.write_text(text.replace("maps/qwen3-30b-a3b/chat.rowmap", "maps/trial.rowmap"))
+        trial.write_text(text.replace("maps/qwen3-30b-a3b/chat.rowmap", "maps/trial.rowmap")
+                         .replace("\nname: qwen3-30b-a3b-rtx4090\n", f"\nname: trial-{gib}\n"))  # the file's name
         code, _, err = run("rowmap", "build", str(tmp_path / "recipes/profiles/qwen3-30b-a3b/chat.hist"),
                            "--hot", str(hot), "-o", str(tmp_path / "recipes/maps/trial.rowmap"))
         assert code == 0, err

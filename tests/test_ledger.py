@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -109,12 +110,19 @@ def test_reserve_is_fixed_when_the_budget_moves(tmp_path: Path) -> None:
     free exactly 5 x 40 experts of HBM for KV."""
     _copy_with_maps(tmp_path, hot=290)
     text = REFERENCE.read_text().replace("hot_experts_per_layer: 295      #", "hot_experts_per_layer: 290      #")
-    (tmp_path / "r.yaml").write_text(text.replace("maps/dsv41-flash/", "maps/x/"))
+    (tmp_path / "r.yaml").write_text(_named(text.replace("maps/dsv41-flash/", "maps/x/"), "r"))
     moved = compute_ledger(load_recipe(tmp_path / "r.yaml")).lane("agent")
     base = compute_ledger(load_recipe(REFERENCE)).lane("agent")
     e = load_recipe(REFERENCE).recipe.model.expert_bytes
     assert moved.fig("hbm.reserve").value == base.fig("hbm.reserve").value
     assert moved.fig("hbm.kv_pool").value - base.fig("hbm.kv_pool").value == pytest.approx(5 * 40 * e)
+
+
+def _named(text: str, name: str) -> str:
+    """A recipe copy declares the name of the file it is written to (`name` must be the file's stem)."""
+    renamed, count = re.subn(r"^name: .*$", f"name: {name}", text, count=1, flags=re.M)
+    assert count == 1
+    return renamed
 
 
 def _copy_with_maps(folder: Path, hot: int) -> None:
@@ -133,7 +141,7 @@ def test_map_is_the_truth_for_a_byte_budget(tmp_path: Path) -> None:
     for cls in ("agent", "prose", "math"):
         save_rowmap(rowmap, tmp_path / "maps" / "x" / f"{cls}.rowmap")
     text = REFERENCE.read_text().replace("hot_experts_per_layer: 295 ", "cold_experts_budget: 62.34 GiB ")
-    (tmp_path / "r.yaml").write_text(text.replace("maps/dsv41-flash/", "maps/x/"))
+    (tmp_path / "r.yaml").write_text(_named(text.replace("maps/dsv41-flash/", "maps/x/"), "r"))
     lane = compute_ledger(load_recipe(tmp_path / "r.yaml")).lane("agent")
     assert lane.usage_aware.hot_per_layer == hot
     assert gib(lane.fig("hbm.hot_experts").value) == pytest.approx(206.61, abs=0.005)
@@ -316,7 +324,7 @@ def test_fixed_kv_pool_over_the_gpu() -> None:
 def test_two_always_on_lanes_on_one_gpu(tmp_path: Path) -> None:
     base = Path(__file__).parent / "bad_recipes"
     shutil.copytree(base / "maps", tmp_path / "maps")
-    text = (base / "valid" / "tiny.yaml").read_text().replace("../maps/", "maps/")
+    text = _named((base / "valid" / "tiny.yaml").read_text().replace("../maps/", "maps/"), "two")
     second = text[text.index("  - name: main"):].replace("name: main", "name: side").replace("port: 8000", "port: 8001")
     (tmp_path / "two.yaml").write_text(text + second)
     ledger = compute_ledger(load_recipe(tmp_path / "two.yaml"))

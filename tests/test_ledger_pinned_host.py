@@ -89,7 +89,8 @@ def test_positional_host_fix_is_the_largest_budget_whose_blocks_fit(tmp_path: Pa
     PCIe box, where the committed 116 GiB is over)."""
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text((RECIPES / "qwen3-235b-a22b-fp8-h200.yaml").read_text()
-                      .replace("catalog: h200-sxm-x8", "catalog: h200-pcie"))
+                      .replace("catalog: h200-sxm-x8", "catalog: h200-pcie")
+                      .replace("\nname: qwen3-235b-a22b-fp8-h200\n", "\nname: recipe\n"))  # the file's name
     loaded = load_recipe(recipe, read_maps=False)
     spec, model = loaded.recipe.lane("chat"), loaded.recipe.model
     pcie = loaded.recipe.machines["dgx"]

@@ -52,6 +52,7 @@ def _lane(tmp_path: Path, catalog: str, extra_args: tuple[str, ...] = (), hot: i
     lane's `env` added)."""
     text = (REPO / "recipes" / "gpt-oss-120b-l40s.yaml").read_text()
     text = text.replace("catalog: l40s", f"catalog: {catalog}")
+    text = text.replace("\nname: gpt-oss-120b-l40s\n", f"\nname: gpt-oss-{catalog}\n")  # the file's name
     recipe = tmp_path / f"gpt-oss-{catalog}.yaml"
     recipe.write_text(text)
     loaded = load_recipe(str(recipe))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
@@ -74,12 +75,19 @@ def test_declared_partition_like_vllm_env() -> None:
 
 # ------------------------------------------------------------------ schema refusals
 
+def _named(text: str, name: str) -> str:
+    """A recipe copy declares the name of the file it is written to (`name` must be the file's stem)."""
+    renamed, count = re.subn(r"^name: .*$", f"name: {name}", text, count=1, flags=re.M)
+    assert count == 1
+    return renamed
+
+
 def _write_variant(tmp_path: Path, old: str, new: str) -> Path:
     text = (REPO / "recipes" / f"{RECIPE}.yaml").read_text()
     assert old in text, old
     path = tmp_path / "recipes" / "variant.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text.replace(old, new))
+    path.write_text(_named(text.replace(old, new), "variant"))
     return path
 
 
@@ -129,7 +137,7 @@ def test_host_tables_in_hbm_needs_host_tables(tmp_path: Path) -> None:
     text = text.replace("      master_port: 29501", "      master_port: 29501\n      host_tables_in_hbm: true")
     path = tmp_path / "recipes" / "variant.yaml"
     path.parent.mkdir(parents=True)
-    path.write_text(text)
+    path.write_text(_named(text, "variant"))
     with pytest.raises(InputError) as info:
         load_recipe(path)
     assert info.value.field == "lanes[0].parallel.host_tables_in_hbm"

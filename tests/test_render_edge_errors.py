@@ -3,7 +3,9 @@ is wrong and what to do, never a traceback or a Python repr, and nothing half-wr
 
 - a file where the output folder (or a folder inside it) goes;
 - `verify` / `drift` before the recipe was ever rendered (Compose would fail on the folder);
-- two recipes with the same `name` (both would render into compose/<name>/).
+- two recipes with the same `name` (both would render into compose/<name>/): a copy that keeps
+  another recipe's name is refused for not being its file's name, and the recipe whose name it
+  took for sharing it.
 """
 
 from __future__ import annotations
@@ -175,25 +177,40 @@ def test_rendering_all_recipes_with_one_name_twice_writes_nothing(project: Path,
     assert not (project / "compose").exists(), out
 
 
-@pytest.mark.parametrize("args", [("render", SINGLE), ("render", "dup"), ("render", "--check")])
-def test_each_of_two_recipes_with_one_name_is_refused(project: Path, duplicate: Path,
-                                                      args: tuple[str, ...]) -> None:
-    code, out = run(*args)
-    assert code == 2, out  # --check: not "stale" (1) forever, but the cause
+def test_a_recipe_whose_name_another_declares_is_refused(project: Path, duplicate: Path) -> None:
+    """SINGLE is valid on its own; dup.yaml beside it declares SINGLE's name: rendering SINGLE is
+    refused naming both, nothing written."""
+    code, out = run("render", SINGLE)
+    assert code == 2, out
     assert_clean(out)
     assert "field 'name'" in out and "has the same name" in out
     assert "recipes/dup.yaml" in out and f"recipes/{SINGLE}.yaml" in out
     assert not (project / "compose" / SINGLE).exists()
 
 
+@pytest.mark.parametrize("args", [("render", "dup"), ("render", "--check")])
+def test_the_copy_that_keeps_another_recipes_name_is_refused_for_its_file_name(
+        project: Path, duplicate: Path, args: tuple[str, ...]) -> None:
+    """dup.yaml declares SINGLE's name: a recipe's name must be its file's, so it is refused for
+    that first (naming both names and the fix), before it could render over SINGLE's folder."""
+    code, out = run(*args)
+    assert code == 2, out  # --check: not "stale" (1) forever, but the cause
+    assert_clean(out)
+    line = _name_line(duplicate)
+    assert f"recipes/dup.yaml:{line}: field 'name': name '{SINGLE}' is not the file's name 'dup'" in out, out
+    assert f"write `name: dup` or rename the file to {SINGLE}.yaml" in out, out
+    assert not (project / "compose" / SINGLE).exists()
+    assert not (project / "compose" / "dup").exists()
+
+
 def test_a_recipe_that_only_mentions_another_name_renders(project: Path) -> None:
     text = (project / "recipes" / f"{SINGLE}.yaml").read_text()
     other = text.replace(f"name: {SINGLE}", "name: qwen3-other", 1).replace("port: 8000", "port: 8001")
-    (project / "recipes" / "other.yaml").write_text(f"# a variant of {SINGLE}\n" + other)
+    (project / "recipes" / "qwen3-other.yaml").write_text(f"# a variant of {SINGLE}\n" + other)
     code, out = run("render", SINGLE)
     assert code == 0, out
     assert (project / "compose" / SINGLE / "compose.yaml").is_file()
-    code, out = run("render", "other")
+    code, out = run("render", "qwen3-other")
     assert code == 0, out
     assert (project / "compose" / "qwen3-other" / "compose.yaml").is_file()
 
@@ -202,8 +219,13 @@ def test_check_recipe_refuses_both_recipes_of_one_name(project: Path, duplicate:
     code, out = run("check", "recipe")
     assert code == 2, out
     errors = [l for l in out.splitlines() if l.startswith("error:")]
-    assert len(errors) == 2 and all(f"has the same name {SINGLE}" in e for e in errors), out
-    assert {e.split(":")[1].strip() for e in errors} == {"recipes/dup.yaml", f"recipes/{SINGLE}.yaml"}
+    # both are refused: dup.yaml first for declaring a name other than its file's, SINGLE for the
+    # name dup.yaml also declares (both would render into compose/<name>/)
+    assert len(errors) == 2, out
+    by_file = {e.split(":")[1].strip(): e for e in errors}
+    assert set(by_file) == {"recipes/dup.yaml", f"recipes/{SINGLE}.yaml"}, out
+    assert f"name '{SINGLE}' is not the file's name 'dup'" in by_file["recipes/dup.yaml"], out
+    assert f"recipes/dup.yaml:{_name_line(duplicate)} has the same name {SINGLE}" in by_file[f"recipes/{SINGLE}.yaml"], out
 
 
 def test_k8s_refuses_a_multinode_recipe_whose_name_another_has(project: Path) -> None:

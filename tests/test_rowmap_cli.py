@@ -232,7 +232,8 @@ def _qwen_project(root: Path) -> Path:
         (root / "recipes" / rel).write_bytes((repo / rel).read_bytes())
     recipe = root / "recipes" / "q.yaml"
     recipe.write_text((repo / "qwen3-30b-a3b-rtx4090.yaml").read_text()
-                      .replace("hot_experts_per_layer: 20 ", "hot_experts_per_layer: 24 "))
+                      .replace("hot_experts_per_layer: 20 ", "hot_experts_per_layer: 24 ")
+                      .replace("\nname: qwen3-30b-a3b-rtx4090\n", "\nname: q\n"))  # the file's name
     return recipe
 
 

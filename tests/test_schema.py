@@ -92,8 +92,8 @@ def test_speculative_schedule_follows_vllm() -> None:
 def test_catalog_override_keeps_other_sources(tmp_path: Path) -> None:
     src = Path(__file__).parent.parent / "recipes" / "dsv41-flash-gb300-off60.yaml"
     text = src.read_text().replace("    address: 127.0.0.1\n", "    address: 10.1.2.3\n    host_memory: 480 GiB\n")
-    (tmp_path / "r.yaml").write_text(text)
-    machine = load_recipe(tmp_path / "r.yaml").recipe.machines["station"]
+    (tmp_path / "dsv41-flash-gb300-off60.yaml").write_text(text)
+    machine = load_recipe(tmp_path / "dsv41-flash-gb300-off60.yaml").recipe.machines["station"]
     assert machine.address == "10.1.2.3" and machine.host_memory == 480 * GiB
     assert "host_memory" not in machine.sources  # an overridden figure no longer cites the seed
     assert "gpus.hbm" in machine.sources
@@ -104,8 +104,8 @@ def test_inline_sourced_figures(tmp_path: Path) -> None:
     text = base.replace("host_memory: 64 GiB", 'host_memory: {value: 64 GiB, source: "measured on box"}')
     shutil.copytree(Path(__file__).parent / "bad_recipes" / "maps", tmp_path / "maps")
     (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "t.yaml").write_text(text)
-    machine = load_recipe(tmp_path / "sub" / "t.yaml").recipe.machines["box"]
+    (tmp_path / "sub" / "tiny.yaml").write_text(text)
+    machine = load_recipe(tmp_path / "sub" / "tiny.yaml").recipe.machines["box"]
     assert machine.host_memory == 64 * GiB and machine.sources["host_memory"] == "measured on box"
 
 

@@ -10,6 +10,8 @@ reserves (recipegen.ledger.reserves: labelled so until a measured boot replaces 
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,8 +25,11 @@ from recipegen.fit.run import FitOutcome, fit_recipe
 from recipegen.fit.search import FitOptions
 from recipegen.fit.source import ModelSource, model_name_of, resolve_model
 from recipegen.fit.writeback import commit, recipe_lock
+from recipegen.load.recipe import recipe_file_stem
 from recipegen.modelimport.write import describe_difference, same_figures
 from recipegen.schema import Machine
+from recipegen.schema.lane import NAME_MAX_LENGTH
+from recipegen.schema.patterns import FILE_NAME
 
 VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"
 VLLM_GPU_MEMORY_UTILIZATION = 0.92   # vLLM 0.33 CacheConfig.gpu_memory_utilization default
@@ -126,11 +131,16 @@ _Dumper.add_representer(list, _flow_scalar_lists)
 def new_recipe(model_arg: str, machine_arg: str, *, lane: str = "chat", max_model_len: int | None = None,
                concurrency: int | None = None, min_sequences: int = 1, output: Path | None = None,
                name: str | None = None, force: bool = False, command: str = "recipegen new") -> NewOutcome:
+    from_output = _name_from_output(output, name) if output is not None else None   # before any look-up
     source = resolve_model(model_arg)
     machine_entry, machine, machine_label = resolve_machine(machine_arg)
     machine_key = model_name_of(machine.name).replace(".", "-").replace("_", "-")
-    recipe_name = name or (model_name_of(output.stem) if output is not None else
-                           model_name_of(f"{source.name}-{machine.name}"))
+    default_name = model_name_of(f"{source.name}-{machine.name}")
+    recipe_name = from_output or name or default_name
+    if from_output is not None:
+        if name is None and recipe_name != default_name:
+            # the header reproduces the recipe: its name came from -o, which the header leaves out
+            command += f" --name {shlex.quote(recipe_name)}"
     path = output or Path("recipes") / f"{recipe_name}.yaml"
     made = not path.parent.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,6 +152,22 @@ def new_recipe(model_arg: str, machine_arg: str, *, lane: str = "chat", max_mode
         if made and not any(path.parent.iterdir()):
             path.parent.rmdir()  # nothing written: no folder left behind either
     return outcome
+
+
+def _name_from_output(output: Path, name: str | None) -> str:
+    """The recipe's name when `-o FILE` is given: FILE's name without `.yaml` (a recipe's `name` must
+    be its file's, `recipegen.load.recipe.file_name_problems`). Refused up front, before anything is
+    drafted, where --name says otherwise or the file's name is no recipe name."""
+    stem = recipe_file_stem(output)
+    if name is not None and name != stem:
+        raise InputError(f"--name {name!r} and -o {str(output)!r} disagree: a recipe's name is its file's "
+                         f"name without .yaml ({stem!r}); drop --name, or write to "
+                         f"-o {str(output.parent / (name + '.yaml'))!r}")
+    if not re.fullmatch(FILE_NAME.regex, stem) or len(stem) > NAME_MAX_LENGTH:
+        raise InputError(f"-o {str(output)!r}: a recipe's name is its file's name without .yaml, and {stem!r} "
+                         f"is not a recipe name ({FILE_NAME.hint}, at most {NAME_MAX_LENGTH} characters); "
+                         "pass -o a file named so")
+    return stem
 
 
 def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_label: str, machine_key: str,

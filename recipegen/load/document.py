@@ -16,6 +16,7 @@ from recipegen.common.errors import InputError, one_line
 from recipegen.common.files import read_regular_file
 from recipegen.schema import Recipe
 from recipegen.schema.base import PathError, reachable_models
+from recipegen.schema.patterns import pattern_hint
 
 # Bounds on what a recipe file may be before anything walks it (the reference is ~5 KB).
 MAX_RECIPE_CHARS = 1 << 20
@@ -313,9 +314,12 @@ def describe_error(error: dict[str, Any]) -> tuple[Loc, str]:
     if is_key:
         loc = loc[:-1]
     if kind == "string_pattern_mismatch":
+        # the field's own hint (recipegen.schema.patterns owns one per pattern), never another's
         what = "name" if is_key else "value"
-        return loc, (f"{what} {_shown(value)} is not allowed: use lowercase letters, digits and '-' "
-                     f"(pattern {ctx.get('pattern')})")
+        regex = ctx.get("pattern")
+        hint = pattern_hint(regex)
+        advice = f"use {hint}" if hint else "it must match the pattern"
+        return loc, f"{what} {_shown(value)} is not allowed: {advice} (pattern {regex})"
     message = str(error["msg"])
     for prefix in ("Value error, ", "Assertion failed, "):
         if message.startswith(prefix):

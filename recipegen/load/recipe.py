@@ -35,6 +35,8 @@ from recipegen.load.document import (
 from recipegen.load.model_file import load_model_file
 from recipegen.load.rowmaps import read_lane_rowmaps
 from recipegen.schema import Lane, Recipe
+from recipegen.schema.lane import NAME_MAX_LENGTH
+from recipegen.schema.patterns import FILE_NAME
 
 RECIPES_DIRNAME = "recipes"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -188,6 +190,31 @@ def _validated_document(path: Path, document: Any) -> tuple[Recipe, Any]:
     return recipe, document
 
 
+def recipe_file_stem(path: Path) -> str:
+    """The recipe name a file's name stands for: its name without `.yaml` (or `.yml`)."""
+    name = path.name
+    for suffix in (".yaml", ".yml"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[:-len(suffix)]
+    return name
+
+
+def file_name_problems(recipe: Recipe, path: Path) -> list[Problem]:
+    """A recipe's `name` must be its file's name without `.yaml`: rendered output goes to
+    `compose/<name>/`, while `render`, `check`, `up` and the generated files' headers name the recipe
+    by its file, so a mismatch renders into a folder no command finds again."""
+    stem = recipe_file_stem(path)
+    if recipe.name == stem:
+        return []
+    # the stem is quoted as shown by repr: a file name may hold anything
+    fixes = [f"write `name: {stem}`"] if re.fullmatch(FILE_NAME.regex, stem) and \
+        len(stem) <= NAME_MAX_LENGTH else []
+    fixes.append(f"rename the file to {recipe.name}.yaml")
+    return [(("name",), f"name {recipe.name!r} is not the file's name {stem!r} (the file name without "
+             ".yaml): rendered output goes to compose/<name>/ and commands name a recipe by its file, "
+             f"so the two must agree; {' or '.join(fixes)}")]
+
+
 def load_recipe(path_or_name: str | os.PathLike[str], *, read_maps: bool = True,
                 text: str | None = None) -> LoadedRecipe:
     """Read, validate and cross-check a recipe. Raises InputError on any problem.
@@ -195,9 +222,11 @@ def load_recipe(path_or_name: str | os.PathLike[str], *, read_maps: bool = True,
     `text`: take this as the file's content (to check a write before making it)."""
     path = resolve_recipe_path(path_or_name) if text is None else Path(path_or_name)
     recipe, document = _read_validated(path, text)
+    # listed after the file's other problems, with them: each is worth fixing on its own
+    misnamed = file_name_problems(recipe, path)
     cross = cross_reference_problems(recipe, path.parent)
     if cross:
-        raise problems_error(path, document, cross)
+        raise problems_error(path, document, cross + misnamed)
     loaded = LoadedRecipe(recipe=recipe, path=path, document=document)
     if read_maps:
         problems: list[Problem] = []
@@ -207,7 +236,9 @@ def load_recipe(path_or_name: str | os.PathLike[str], *, read_maps: bool = True,
             for cls, rowmap in maps.items():
                 loaded.rowmaps[(lane.name, cls)] = rowmap
         if problems:
-            raise problems_error(path, document, problems)
+            raise problems_error(path, document, problems + misnamed)
+    if misnamed:
+        raise problems_error(path, document, misnamed)
     return loaded
 
 
@@ -219,6 +250,9 @@ def load_recipe_model(path_or_name: str | os.PathLike[str], *, text: str | None 
     `text`: take this as the file's content (a recipe not yet written)."""
     path = resolve_recipe_path(path_or_name) if text is None else Path(path_or_name)
     recipe, document = _read_validated(path, text)
+    misnamed = file_name_problems(recipe, path)
+    if misnamed:
+        raise problems_error(path, document, misnamed)
     return LoadedRecipe(recipe=recipe, path=path, document=document)
 
 
@@ -277,8 +311,11 @@ def active_class_text(target: Path, text: str, lane: str, cls: str) -> str:
     if "active_class" in lane_node:
         # inherited through a YAML merge key (`<<: *defaults`): writing it would change every
         # lane that shares the anchor
-        raise loaded.error("active_class comes from a YAML merge key (`<<:`); write it in the "
-                           "lane itself to swap classes", ("lanes", index, "active_class"))
+        line = _merged_line(lane_node, "active_class")
+        raise InputError("active_class comes from a YAML merge key (`<<:`); write it in the lane "
+                         "itself to swap classes", file=file,
+                         line=line or loaded.line_of(("lanes", index, "active_class")),
+                         field=format_loc(("lanes", index, "active_class")))
     import io
 
     lane_node["active_class"] = cls
@@ -288,6 +325,16 @@ def active_class_text(target: Path, text: str, lane: str, cls: str) -> str:
     buffer = io.StringIO()
     yaml.dump(document, buffer)
     return buffer.getvalue()
+
+
+def _merged_line(node: Any, key: str) -> int | None:
+    """The 1-based line where `key` is written in the mapping a merge key brought it from (the
+    anchored value, which is what to edit; the `<<:` line itself is not recorded by the parser)."""
+    for merged in getattr(node, "merge", None) or []:
+        source = merged[1] if isinstance(merged, tuple) else merged   # older ruamel: (position, map)
+        if key in source and hasattr(source, "lc"):
+            return int(source.lc.value(key)[0]) + 1
+    return None
 
 
 def _own_key(node: Any, key: str) -> bool:

@@ -20,6 +20,7 @@ from recipegen.schema.base import (
     _scaled_positive,
     reachable_models,
 )
+from recipegen.schema.patterns import pattern_hint
 from recipegen.schema.recipe import SCHEMA_VERSION, Recipe
 
 
@@ -79,13 +80,26 @@ def _unit_func(annotation: Any) -> Callable[[Any], Any] | None:
     return None
 
 
+def _pattern_of(annotation: Any) -> str | None:
+    """The text pattern an annotated field is checked against (`Field(pattern=…)`,
+    `StringConstraints(pattern=…)`), or None."""
+    for item in getattr(annotation, "__metadata__", ()):
+        pattern = getattr(item, "pattern", None)
+        if isinstance(pattern, str):
+            return pattern
+    return None
+
+
 def _type_name(annotation: Any) -> str:
     metadata = getattr(annotation, "__metadata__", None)
     if metadata is not None:
         func = _unit_func(annotation)
         if func is not None:
             return _UNIT_TYPES[func]
-        return _type_name(get_args(annotation)[0])
+        inner = _type_name(get_args(annotation)[0])
+        hint = pattern_hint(_pattern_of(annotation))
+        # the hint a refusal prints (recipegen.schema.patterns), so the page and the error agree
+        return f"{inner} ({hint.replace('|', chr(92) + '|')})" if hint else inner
     origin = get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in get_args(annotation) if a is not type(None)]

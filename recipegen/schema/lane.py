@@ -5,17 +5,23 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from expert_residency.formats._io import MAX_EXPERTS
-from pydantic import Field, NonNegativeInt, PositiveInt, StringConstraints, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, StringConstraints, field_validator, model_validator
 
 from recipegen.schema.adaptive import Adaptive
 from recipegen.schema.base import Bytes, PathError, PositiveBytes, StrictModel, TokenCount
 from recipegen.schema.parallel import Parallel
+from recipegen.schema.patterns import ENV_KEY, IMAGE, SERVICE_NAME
 
-NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
+NAME_PATTERN = SERVICE_NAME.regex
 # Names of recipes, machines, lanes and classes become folder and file names (a dump file holds
 # a lane's and a class's name), Compose service names and Kubernetes labels (at most 63
 # characters): longer ones are refused at their line.
 NAME_MAX_LENGTH = 63
+# A lane's compose service, and so its host name on the compose network (what Prometheus
+# scrapes), is `lane-<name>`: one DNS label, at most 63 characters, leaves 58 for the name.
+LANE_SERVICE_PREFIX = "lane-"
+DNS_LABEL_MAX_LENGTH = 63
+LANE_NAME_MAX_LENGTH = DNS_LABEL_MAX_LENGTH - len(LANE_SERVICE_PREFIX)
 # Bounds far above any lane (the reference serves up to 16 streams, k=5), below what a per-batch-
 # size table may expand to: checks walk every batch size up to concurrency.max.
 MAX_STREAMS = 65_536
@@ -23,8 +29,8 @@ MAX_SPECULATIVE_K = 64
 _Streams = Annotated[PositiveInt, Field(le=MAX_STREAMS)]
 # What Compose and the container see as a variable name / an image reference; nothing that
 # could start YAML structure or a Compose interpolation.
-ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
+ENV_KEY_PATTERN = ENV_KEY.regex
+IMAGE_PATTERN = IMAGE.regex
 
 # vLLM 0.33 `SpeculativeMethod` (vllm/config/speculative.py), the values a recipe may name.
 SPECULATIVE_METHODS = (
@@ -319,8 +325,9 @@ class TrafficClass(StrictModel):
 class Lane(StrictModel):
     """One vLLM engine: fixed GPUs of one machine, one port, one image, one active traffic class."""
 
-    name: str = Field(pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)
-    """Lane name; its compose service is `lane-<name>`."""
+    name: str = Field(pattern=NAME_PATTERN, json_schema_extra={"maxLength": LANE_NAME_MAX_LENGTH})
+    """Lane name, at most 58 characters: its compose service, and its host name on the compose
+    network (the one Prometheus scrapes), is `lane-<name>`, one DNS label of at most 63."""
     machine: str
     """Key of the machine in the recipe's `machines` (multi-node lanes will add a placement list)."""
     gpus: list[NonNegativeInt] = Field(min_length=1)
@@ -358,6 +365,17 @@ class Lane(StrictModel):
     parallel: Parallel | None = None
     """Span several machines: pipeline stages (one machine each, `machine`/`gpus` above are stage
     0, the head), their layer split and rendezvous port (see docs/multinode.md)."""
+
+    @field_validator("name")
+    @classmethod
+    def _name_fits_a_dns_label(cls, value: str) -> str:
+        if len(value) > LANE_NAME_MAX_LENGTH:
+            raise ValueError(f"lane name of {len(value):,} characters: at most {LANE_NAME_MAX_LENGTH}, "
+                             f"because the lane's compose service and host name is "
+                             f"`{LANE_SERVICE_PREFIX}<name>`, one DNS label, and a DNS label holds at "
+                             f"most {DNS_LABEL_MAX_LENGTH} characters (a longer host name does not "
+                             "resolve, so Prometheus could never scrape the lane)")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> Lane:

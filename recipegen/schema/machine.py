@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from recipegen.schema.base import Bandwidth, Bytes, PathError, PositiveBytes, StrictModel
+from recipegen.schema.patterns import COMPUTE_CAPABILITY, FILE_NAME
 from recipegen.schema.sourced import lift_sources
 
 # GPUs one host can hold: HGX and DGX boards carry 8 (DGX-2 16); a rack such as GB200 NVL72 is 18
@@ -39,7 +40,7 @@ class GpuSpec(StrictModel):
     """GPU product, e.g. `GB300`, `H200 PCIe`."""
     count: int = Field(ge=1, le=MAX_GPUS_PER_MACHINE)
     """Number of GPUs of one host (at most 64); lanes name GPU ids 0..count-1."""
-    compute_capability: str | None = Field(default=None, pattern=r"^\d+\.\d+$")
+    compute_capability: str | None = Field(default=None, pattern=COMPUTE_CAPABILITY.regex)
     """CUDA compute capability, e.g. `10.3`."""
     hbm: PositiveBytes
     """GPU memory per GPU as the driver reports it (`nvidia-smi --query-gpu=memory.total`, NVML's
@@ -78,7 +79,7 @@ class Nvme(StrictModel):
 class Machine(StrictModel):
     """A box: GPUs, host memory, GPU↔host link, NVMe, address."""
 
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    name: str = Field(pattern=FILE_NAME.regex)
     """Catalog name."""
     description: str = ""
     """Free text."""

@@ -11,6 +11,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 
 from recipegen.common.units import GiB
 from recipegen.schema.base import Bytes, PathError, PositiveBytes, ScaledNumber, StrictModel
+from recipegen.schema.patterns import FILE_NAME
 from recipegen.schema.sourced import lift_sources
 
 # Storage per logical element: (bits per value, values per scale block, bytes per scale).
@@ -406,7 +407,7 @@ class PositionalOffloadMeasurement(StrictModel):
 class Model(StrictModel):
     """A MoE checkpoint: geometry, sizes, and the measured figures the ledger needs."""
 
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    name: str = Field(pattern=FILE_NAME.regex)
     """Catalog name (lowercase, `-`, `.`, `_`)."""
     description: str = ""
     """Free text."""

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from recipegen.schema.base import StrictModel
+from recipegen.schema.patterns import IPV4, MINUTES, RETENTION, SECONDS
+
+# Prometheus drops an instant series from a query 5 minutes after its last sample (the query
+# lookback, `--query.lookback-delta`, default 5m): scrapes further apart than that leave `up` and
+# the cold-share gauges absent between samples, and an alert fires or not by the scrape's phase.
+PROMETHEUS_LOOKBACK_S = 300
+MAX_SCRAPE_INTERVAL_S = PROMETHEUS_LOOKBACK_S
 
 
 class Monitoring(StrictModel):
@@ -17,23 +24,24 @@ class Monitoring(StrictModel):
     dashboard — started only when asked (`docker compose --profile monitoring up -d`). Absent: no
     metrics thread, no monitoring services (the default)."""
 
-    scrape_interval: str = Field(default="15s", pattern=r"^[1-9][0-9]{0,3}s$")
+    scrape_interval: str = Field(default="15s", pattern=SECONDS.regex)
     """How often Prometheus scrapes each lane and the runtime reads its counter, in seconds with
-    the unit (`15s`)."""
-    window: str = Field(default="5m", pattern=r"^[1-9][0-9]{0,2}m$")
+    the unit (`15s`), at most `300s`: Prometheus forgets an instant series 5 minutes after its last
+    sample (its default query lookback), so between scrapes further apart the lane's `up` and
+    cold-share series vanish and the alerts would fire or not depending on when the scrape
+    happened."""
+    window: str = Field(default="5m", pattern=MINUTES.regex)
     """The window of the runtime's window gauges (cold share, hot-hit ratio per layer) and of the
     drift alert's rates, in minutes with the unit (`5m`); at least two scrapes long."""
-    drift_for: str = Field(default="15m", pattern=r"^[1-9][0-9]{0,2}m$")
+    drift_for: str = Field(default="15m", pattern=MINUTES.regex)
     """How long the live cold share must exceed the ledger's prediction by more than 2 points
     before the `ExpertResidencyColdShareDrift` alert fires, in minutes with the unit. Through a
     pause in traffic no longer than this the alert keeps the lane's last share with traffic, so a
     lane that idles between bursts still alerts."""
-    retention: str = Field(default="15d", pattern=r"^[1-9][0-9]{0,3}[hdw]$")
+    retention: str = Field(default="15d", pattern=RETENTION.regex)
     """How long Prometheus keeps samples (`--storage.tsdb.retention.time`), with its unit
     (`h`, `d` or `w`)."""
-    bind_address: str = Field(default="127.0.0.1",
-                              pattern=r"^(?:(?:25[0-5]|2[0-4][0-9]|1?[0-9]{1,2})\.){3}"
-                                      r"(?:25[0-5]|2[0-4][0-9]|1?[0-9]{1,2})$")
+    bind_address: str = Field(default="127.0.0.1", pattern=IPV4.regex)
     """The host address Prometheus' and Grafana's ports are published on (IPv4). The default
     keeps them on the machine itself (reach them over SSH); `0.0.0.0` publishes them to every
     network the machine is on (Grafana lets anonymous visitors view the dashboard)."""
@@ -41,6 +49,17 @@ class Monitoring(StrictModel):
     """Host port of Prometheus' web interface and API."""
     grafana_port: int = Field(default=3000, ge=1, le=65535)
     """Host port of Grafana."""
+
+    @field_validator("scrape_interval")
+    @classmethod
+    def _scrapes_within_the_lookback(cls, value: str) -> str:
+        if int(value[:-1]) > MAX_SCRAPE_INTERVAL_S:
+            raise ValueError(f"{value!r} is above {MAX_SCRAPE_INTERVAL_S}s: Prometheus forgets an instant "
+                             f"series {PROMETHEUS_LOOKBACK_S // 60} minutes after its last sample (its "
+                             "default query lookback), so with scrapes further apart the lane's `up` "
+                             "and cold-share series vanish between samples and the alerts fire or not "
+                             f"by chance; scrape at most every {MAX_SCRAPE_INTERVAL_S}s (e.g. 15s)")
+        return value
 
     @property
     def scrape_interval_s(self) -> int:

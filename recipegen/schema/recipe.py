@@ -11,6 +11,7 @@ from recipegen.schema.lane import NAME_MAX_LENGTH, Lane
 from recipegen.schema.machine import Machine
 from recipegen.schema.model import Model
 from recipegen.schema.monitoring import Monitoring
+from recipegen.schema.patterns import FILE_NAME, SERVICE_NAME
 
 SCHEMA_VERSION = 1
 
@@ -97,15 +98,16 @@ class Recipe(StrictModel):
 
     version: Literal[1]
     """Schema version of this file (currently 1)."""
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", max_length=NAME_MAX_LENGTH)
-    """Recipe name; rendered output goes to `compose/<name>/`."""
+    name: str = Field(pattern=FILE_NAME.regex, max_length=NAME_MAX_LENGTH)
+    """Recipe name, the recipe's file name without `.yaml` (`recipes/<name>.yaml`): rendered
+    output goes to `compose/<name>/`, and commands name the recipe by its file."""
     description: str = ""
     """Free text."""
     model: Model
     """A model catalog name (`recipegen/catalog/models.yaml`, `recipegen/catalog/models/`),
     `{catalog: name, …overrides}`, `{file: models/<name>.yaml, …overrides}` (a model file written by
     `recipegen model import`, relative to the recipe), or an inline model."""
-    machines: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=NAME_MAX_LENGTH)],
+    machines: dict[Annotated[str, StringConstraints(pattern=SERVICE_NAME.regex, max_length=NAME_MAX_LENGTH)],
                    MachineEntry] = Field(min_length=1)
     """Machines by key: each a catalog name, `{catalog: name, address: …}`, or inline."""
     lanes: list[Lane] = Field(min_length=1)

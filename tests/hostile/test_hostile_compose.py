@@ -239,11 +239,16 @@ def test_names_that_become_keys_are_refused(project: Path, field: tuple, value: 
 
 @needs_compose
 def test_recipe_file_name_cannot_add_top_level_keys(project: Path) -> None:
-    """The recipe's file name goes into the header comment: a newline in it stays a comment."""
+    """The recipe's path goes into the header comment: a newline in it stays a comment. (A file
+    is named after its recipe, so the newline sits in the folder holding it.)"""
     doc = _baseline()
     doc["name"] = "named"
-    folder = project / "recipes"
-    hostile = folder / "named\ninclude:\n  - other.yaml\n#.yaml"
+    folder = project / "recipes" / "sub\ninclude:\n  - other.yaml\n#"
+    folder.mkdir()
+    for entry in ("maps", "profiles", "models"):
+        if (project / "recipes" / entry).exists():
+            (folder / entry).symlink_to(project / "recipes" / entry, target_is_directory=True)
+    hostile = folder / "named.yaml"
     write_recipe(project, "named", doc).rename(hostile)
     code, out = cli("render", str(hostile))
     assert code == 0, out

@@ -192,26 +192,38 @@ def test_a_value_is_refused_at_its_line_or_rendered_with_the_structure_unchanged
 
 @pytest.mark.parametrize("payload", [p for p in PAYLOADS if len(p) < 200] + ["F" * 200],
                          ids=[i for p, i in zip(PAYLOADS, IDS) if len(p) < 200] + ["200 chars"])
-def test_a_recipe_file_name_is_data(project: Path, clean: dict, payload: str) -> None:
-    """The file name reaches the header comment and `x-recipegen.recipe_file`: the files have the
-    clean render's structure and the name arrives whole."""
-    stem = "r" + payload.replace("/", "_").replace("\x00", "_")
-    code, out, folder = _render(project, "hostile", _baseline(), file_stem=stem)
+def test_a_recipe_path_is_data(project: Path, clean: dict, payload: str) -> None:
+    """The recipe's path reaches the header comment and `x-recipegen.recipe_file`: the files have
+    the clean render's structure and the path arrives whole. (A recipe's file is named after the
+    recipe, so the payload is the name of the folder holding it, `recipes/<payload>/hostile.yaml`.)"""
+    folder_name = "r" + payload.replace("/", "_").replace("\x00", "_")
+    doc = _baseline()
+    for lane in doc["lanes"]:
+        for cls in lane.get("classes", {}).values():
+            for key in ("rowmap", "histogram"):
+                if key in cls:
+                    cls[key] = f"../{cls[key]}"
+    path = project / "recipes" / folder_name / "hostile.yaml"
+    path.parent.mkdir()
+    write_recipe(project, "hostile", doc).rename(path)
+    code, out = cli("render", str(path))
     assert code == 0, out
+    folder = project / "compose" / "hostile"
     assert _structure(folder) == clean
-    doc = yaml.safe_load((folder / "compose.yaml").read_text(encoding="utf-8"))
-    assert doc["x-recipegen"]["recipe_file"] == f"../../recipes/{stem}.yaml".replace("$", "$$")
+    compose = yaml.safe_load((folder / "compose.yaml").read_text(encoding="utf-8"))
+    assert compose["x-recipegen"]["recipe_file"] == f"../../recipes/{folder_name}/hostile.yaml".replace("$", "$$")
 
 
 NAME_FIELDS = {
     # field: (where, how an error names it, what the schema admits)
     "recipe name": (("name",), "name", r"[a-z0-9][a-z0-9._-]{0,62}"),
-    "lane name": (("lanes", 0, "name"), "lanes[0].name", r"[a-z0-9][a-z0-9-]{0,62}"),
+    # `lane-<name>` is one DNS label (at most 63 characters): a lane name holds at most 58
+    "lane name": (("lanes", 0, "name"), "lanes[0].name", r"[a-z0-9][a-z0-9-]{0,57}"),
     "lane profile": (("lanes", 0, "profile"), "lanes[0].profile", r"[a-z0-9][a-z0-9-]{0,62}"),
     "active class": (("lanes", 0, "active_class"), "lanes[0].active_class", r"agent|prose|math"),
 }
 BAD_NAMES = [(field, p) for field, (_, _, admitted) in sorted(NAME_FIELDS.items())
-             for p in PAYLOADS + ["a" * 64, "Agent", "a_b", "a.b", "a/b", "../x"]
+             for p in PAYLOADS + ["a" * 64, "a" * 59, "Agent", "a_b", "a.b", "a/b", "../x"]
              if not re.fullmatch(admitted, p)]
 
 
@@ -234,23 +246,25 @@ def test_names_that_become_keys_or_file_names_are_refused_at_their_line(
 @pytest.mark.parametrize("name", ["l" * 63, "null", "true", "yes", "on", "1e3", "0x10", "0"])
 def test_names_that_pass_render_with_the_structure_of_a_plain_one(
         project: Path, clean: dict, name: str) -> None:
-    """The longest names, and names a YAML reader would take for a boolean, null or number when
-    bare, as the recipe's and the lane's name: the same files and keys, the name as a string."""
+    """The longest names (63 characters for the recipe, 58 for the lane, whose service is
+    `lane-<name>`), and names a YAML reader would take for a boolean, null or number when bare, as
+    the recipe's and the lane's name: the same files and keys, the name as a string."""
     doc = _baseline()
-    doc["lanes"][0]["name"] = doc["name"] = name
+    lane = name[:58]
+    doc["name"], doc["lanes"][0]["name"] = name, lane
     path = project / "recipes" / f"{name}.yaml"
     path.write_text(json.dumps(doc), encoding="utf-8")  # JSON is YAML, every string quoted
     code, out = cli("render", str(path))
     assert code == 0, out
     folder = project / "compose" / name
     structure = _structure(folder)
-    renamed = {path: ({p.replace("lane-agent", f"lane-{name}").replace("agent-cache", f"{name}-cache")
-                       for p in paths}, {s.replace("lane-agent", f"lane-{name}") for s in services})
+    renamed = {path: ({p.replace("lane-agent", f"lane-{lane}").replace("agent-cache", f"{lane}-cache")
+                       for p in paths}, {s.replace("lane-agent", f"lane-{lane}") for s in services})
                for path, (paths, services) in clean.items()}
     assert structure == renamed
     compose = yaml.safe_load((folder / "compose.yaml").read_text(encoding="utf-8"))
     assert compose["x-recipegen"]["recipe"] == name and compose["name"] == name
-    assert compose["services"][f"lane-{name}"]["labels"]["io.recipegen.lane"] == name
+    assert compose["services"][f"lane-{lane}"]["labels"]["io.recipegen.lane"] == lane
 
 
 def test_two_lanes_whose_services_would_share_a_name_are_refused(project: Path) -> None:

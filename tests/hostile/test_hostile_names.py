@@ -97,14 +97,17 @@ def _compose_keys(path: Path) -> tuple[set[str], dict[str, Any]]:
 
 @pytest.mark.parametrize("name", [p for p in NAME_PAYLOADS if "/" not in p],
                          ids=[repr(p)[:20] for p in NAME_PAYLOADS if "/" not in p])
-def test_a_recipe_file_name_cannot_add_keys_to_compose_or_kubernetes(project: Path, name: str) -> None:
-    """The recipe's file name is quoted in both headers (compose.yaml and the LeaderWorkerSet
-    file): with any name the files hold the same keys and documents as with a plain one."""
+def test_a_recipe_path_cannot_add_keys_to_compose_or_kubernetes(project: Path, name: str) -> None:
+    """The recipe's path (relative to the output folder) is quoted in both headers (compose.yaml
+    and the LeaderWorkerSet file). A recipe's file is named after the recipe, so the hostile text
+    sits in the folder holding it (`recipes/<name>/hostile.yaml`): with any folder name the files
+    hold the same keys and documents as with a plain one."""
     pp = yaml.safe_load((REPO / "recipes" / "dsv41-flash-gb300x2-pp2.yaml").read_text())
-    for stem, recipe_name in (("plain", "plain"), (name, "hostile")):
+    for folder, recipe_name in (("plain-folder", "plain"), (name, "hostile")):
         doc = copy.deepcopy(pp)
         doc["name"] = recipe_name
-        path = project / "recipes" / f"{stem}.yaml"
+        path = project / "recipes" / folder / f"{recipe_name}.yaml"
+        path.parent.mkdir()
         path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
         code, out = cli("render", str(path))
         assert code == 0, out
@@ -115,13 +118,30 @@ def test_a_recipe_file_name_cannot_add_keys_to_compose_or_kubernetes(project: Pa
         keys, hostile = _compose_keys(project / "compose" / "hostile" / machine / "compose.yaml")
         assert keys == plain_keys == {"name", "x-recipegen", "services", "volumes"}
         assert set(hostile["services"]) == set(plain["services"])
-        assert hostile["x-recipegen"]["recipe_file"].endswith(f"{name}.yaml")
+        assert hostile["x-recipegen"]["recipe_file"].endswith(f"{name}/hostile.yaml")
     plain_docs = list(yaml.safe_load_all((project / "k8s" / "plain" / "agent.yaml").read_text()))
     text = (project / "k8s" / "hostile" / "agent.yaml").read_text(encoding="utf-8")
     docs = list(yaml.safe_load_all(text))
     assert [d["kind"] for d in docs] == [d["kind"] for d in plain_docs]
     assert not any(d["kind"] == "Pod" for d in docs)
     _comments_then_yaml(text, 5)
+
+
+@pytest.mark.parametrize("name", [p for p in NAME_PAYLOADS if "/" not in p],
+                         ids=[repr(p)[:20] for p in NAME_PAYLOADS if "/" not in p])
+def test_a_recipe_file_named_otherwise_than_its_name_is_refused_on_one_line(project: Path, name: str) -> None:
+    """A hostile file name is never a recipe's name: the file is refused at its `name:` line, the
+    file name escaped onto the one line of the message, and nothing is rendered."""
+    doc = yaml.safe_load((REPO / "recipes" / "dsv41-flash-gb300x2-pp2.yaml").read_text())
+    doc["name"] = "hostile"
+    path = project / "recipes" / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    for command in (("render", str(path)), ("k8s", str(path))):
+        code, out = cli(*command)
+        assert code == 2, out
+        assert out.startswith("error: ") and out.count("\n") == 1, repr(out)
+        assert "field 'name'" in out and "name 'hostile' is not the file's name" in out
+    assert not (project / "compose" / "hostile").exists() and not (project / "k8s" / "hostile").exists()
 
 
 @pytest.mark.parametrize("name", ["in\nformat: expert-residency-histogram", "in\u2028num_experts: 1",

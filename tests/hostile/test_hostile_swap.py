@@ -267,7 +267,12 @@ def test_merge_key_active_class_is_a_clean_error(project: Path) -> None:
     lanes = load_recipe(path, read_maps=False).recipe.lanes
     assert [l.name for l in lanes] == ["agent", "batch"] and lanes[1].active_class == "agent"
     before = path.read_bytes()
-    refused("render", "merged", "--class", "batch=prose", expect="merge key")
+    out = refused("render", "merged", "--class", "batch=prose", expect="merge key")
+    # it points at the value to edit: the anchored lane's own `active_class:` line
+    lines = text.splitlines()
+    first_lane = lines.index("- &first")
+    anchored = next(i for i in range(first_lane, len(lines)) if lines[i].startswith("  active_class:")) + 1
+    assert f"merged.yaml:{anchored}: field 'lanes[1].active_class'" in out, out
     assert path.read_bytes() == before
     assert not _temps(project)
 

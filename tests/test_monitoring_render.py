@@ -6,6 +6,7 @@ bad `monitoring` fields refused naming file, line and field."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -18,7 +19,7 @@ from click.testing import CliRunner
 from compose_support import needs_compose
 from expert_residency.contract import env as runtime_env
 from expert_residency.contract import metrics as m
-from expert_residency.formats import load_histogram, load_rowmap
+from expert_residency.formats import load_histogram, load_rowmap, save_histogram
 from prometheus_support import PROMTOOL, SKIP_REASON, PrometheusServer, prometheus_available
 
 from recipegen.cli import main
@@ -47,6 +48,18 @@ def hand_cold_share(rowmap_path: Path, histogram_path: Path) -> float:
     return cold / int(hist.counts.sum())
 
 
+def measured_histogram(project: Path, committed: str) -> str:
+    """A copy of a committed histogram (all of them are synthetic) under recipes/ of the scratch
+    project, the same counts without the `synthetic` mark, as `recipegen profile` would write a
+    measured one; its path relative to recipes/."""
+    source = load_histogram(project / "recipes" / committed)
+    assert source.meta.get("synthetic") is True, committed
+    copy = committed.replace(".hist", "-measured.hist")
+    save_histogram(dataclasses.replace(source, meta={k: v for k, v in source.meta.items() if k != "synthetic"}),
+                   project / "recipes" / copy)
+    return copy
+
+
 # ------------------------------------------------------------------ compose
 
 @needs_compose
@@ -62,12 +75,13 @@ def test_reference_rendering_carries_the_monitoring_profile(project: Path) -> No
     assert env[runtime_env.METRICS_INTERVAL_S] == "15" and env[runtime_env.METRICS_WINDOW_S] == "300"
     assert env[m.MULTIPROC_DIR_ENV] == mon.MULTIPROC_TARGET
     assert lane["tmpfs"] == [mon.MULTIPROC_TARGET]
-    # The ledger's projection for the active class: its map on its histogram, as check budgets prints.
+    # The reference's histograms are synthetic (check budgets says so): no prediction is exported,
+    # so the drift alert has no baseline.
     recipes = project / "recipes"
     want = hand_cold_share(recipes / "maps/dsv41-flash/agent.rowmap", recipes / "profiles/dsv41-flash/agent.hist")
-    assert float(env[runtime_env.PREDICTED_COLD_SHARE]) == pytest.approx(want, rel=1e-12)
     code, out = run("check", "budgets", REFERENCE)
-    assert f"agent (active) on the active map: cold share {want:.2%}" in out
+    assert f"agent (active) on the active map: cold share {want:.2%}, synthetic histogram" in out
+    assert runtime_env.PREDICTED_COLD_SHARE not in env
     # The profile boot stays without metrics (count-only, its own folder of dumps).
     assert runtime_env.METRICS not in services["lane-agent-profile"]["environment"]
     assert "tmpfs" not in services["lane-agent-profile"]
@@ -88,7 +102,8 @@ def test_reference_rendering_carries_the_monitoring_profile(project: Path) -> No
     config = yaml.safe_load((folder / mon.PROMETHEUS_CONFIG).read_text())
     (job,) = config["scrape_configs"]
     assert job["job_name"] == mon.LANES_JOB and job["metrics_path"] == "/metrics"
-    assert job["static_configs"] == [{"targets": ["lane-agent:30006"], "labels": {"lane": "agent"}}]
+    # (the reference's lane has no compose profile: it is always on, and its lane alerts apply)
+    assert job["static_configs"] == [{"targets": ["lane-agent:30006"], "labels": {"lane": "agent", "always_on": "true"}}]
     sources = yaml.safe_load((folder / mon.GRAFANA_DATASOURCES).read_text())["datasources"]
     assert sources[0]["uid"] == mon.DATASOURCE_UID and sources[0]["url"] == "http://prometheus:9090"
     assert (folder / mon.GRAFANA_DASHBOARD).read_bytes() == dash.DASHBOARD_FILE.read_bytes()
@@ -225,9 +240,16 @@ def test_the_rendered_drift_alert_fires_as_documented(project: Path, tmp_path: P
     labels = 'lane="agent",class="agent",layer="3"'
     predicted = 0.015
     minutes = sum(n for n, _ in pattern)
-    # The alert's text with the lane, the class and the drift (10% - 1.5% = 8.5%) filled in.
-    annotations = {k: v.replace("{{ $labels.lane }}", "agent").replace("{{ $labels.class }}", "agent")
-                   .replace("{{ $value | humanizePercentage }}", "8.5%") for k, v in rule["annotations"].items()}
+    # The alert's text as people read it, written out here: both shares (10% live, the 1.5%
+    # predicted) and the gap in percentage points (10 - 1.5 = 8.5), not a relative "8.5% more".
+    annotations = {
+        "summary": "Cold share of lane agent above the ledger's prediction",
+        "description": (
+            "Over the lane's last 5m with traffic (a pause of up to 15m keeps it), 10% of lane agent's "
+            "routed picks landed on experts in host memory, against the 1.5% `recipegen check budgets` "
+            "projected for class agent: 8.5 percentage points above the prediction (the alert fires when "
+            "the gap stays above 2 percentage points for 15m). Run `recipegen drift` on the lane: it names "
+            "a class whose map fits the traffic better.")}
     expected = [{"exp_labels": {"severity": "warning", "lane": "agent", "class": "agent"},
                  "exp_annotations": annotations}]
     tests = {"rule_files": [str(rules_file)], "evaluation_interval": "1m", "tests": [{
@@ -301,17 +323,17 @@ def test_the_rendered_lane_alerts_fire_as_documented(project: Path, tmp_path: Pa
     rules_file, down = rendered_rule(project, mon.DOWN_ALERT)
     _, not_serving = rendered_rule(project, mon.NOT_SERVING_ALERT)
     assert not_serving["for"] == "180m"       # the reference lane's health start period (compose.yaml)
-    labels = {"instance": "lane-agent:30006", "job": mon.LANES_JOB, "lane": "agent"}
+    labels = {"instance": "lane-agent:30006", "job": mon.LANES_JOB, "lane": "agent", "always_on": "true"}
 
     def expected(rule: dict) -> list[dict]:
         notes = {k: v.replace("{{ $labels.lane }}", "agent").replace("{{ $labels.instance }}", "lane-agent:30006")
                  for k, v in rule["annotations"].items()}
         return [{"exp_labels": {"severity": "critical", **labels}, "exp_annotations": notes}]
 
-    series = [{"series": 'up{instance="lane-agent:30006",job="recipegen-lanes",lane="agent"}',
+    series = [{"series": 'up{instance="lane-agent:30006",job="recipegen-lanes",lane="agent",always_on="true"}',
                "values": " ".join(map(str, up))},
               # a second target of the lane that serves throughout: each target alerts on its own
-              {"series": 'up{instance="lane-chat:30007",job="recipegen-lanes",lane="agent"}',
+              {"series": 'up{instance="lane-chat:30007",job="recipegen-lanes",lane="agent",always_on="true"}',
                "values": " ".join(["1"] * len(up))}]
     checks = []
     for t in sorted(set(down_firing + not_serving_firing + silent)):
@@ -368,15 +390,32 @@ def test_committed_dashboard_is_what_the_typed_builder_writes() -> None:
 
 def test_dashboard_panels_and_queries() -> None:
     board = json.loads(dash.DASHBOARD_FILE.read_text())
-    panels = {p["title"]: p for p in board["panels"] if p["type"] != "row"}
+    # the heat map is repeated per lane, its title naming the lane
+    panels = {p["title"].removesuffix(dash.PER_LANE): p for p in board["panels"] if p["type"] != "row"}
     queries = dash.panel_queries()
     assert set(panels) == set(queries)
     for title, panel in panels.items():
         assert panel["datasource"] == {"type": "prometheus", "uid": mon.DATASOURCE_UID}
         assert [t["expr"] for t in panel["targets"]] == [q for q, _ in queries[title]]
         assert len({t["refId"] for t in panel["targets"]}) == len(panel["targets"])
-    assert panels["Hot-hit rate by MoE layer"]["type"] == "heatmap"
-    assert panels["Hot-hit rate by MoE layer"]["options"]["calculate"] is False
+    hot_hit = panels["Hot-hit rate by MoE layer"]
+    assert hot_hit["type"] == "heatmap" and hot_hit["options"]["calculate"] is False
+    # one heat map per lane, its rows one lane's layers: lanes (of other models) are never merged
+    assert hot_hit["title"] == "Hot-hit rate by MoE layer: lane $lane" and hot_hit["repeat"] == "lane"
+    (expr,) = [t["expr"] for t in hot_hit["targets"]]
+    assert expr.count("sum by (lane, layer) (") == 2 and "sum by (layer)" not in expr
+    # No panel puts a fraction, a rate and a count on one axis: each series' unit, by query.
+    units = {t["expr"]: p.get("fieldConfig", {}).get("defaults", {}).get("unit") for p in panels.values()
+             for t in p["targets"]}
+    kv = 'max by (lane) (vllm:kv_cache_usage_perc{lane=~"$lane"})'
+    running = 'sum by (lane) (vllm:num_requests_running{lane=~"$lane"})'
+    swaps = 'sum by (lane) (rate(expert_residency_swaps_total{lane=~"$lane"}[$__rate_interval]))'
+    moved = 'sum by (lane) (expert_residency_live_map_moved_experts{lane=~"$lane"})'
+    assert (units[kv], units[running], units[swaps], units[moved]) == ("percentunit", "short", "short", "short")
+    panel_of = {t["expr"]: title for title, p in panels.items() for t in p["targets"]}
+    assert len({panel_of[kv], panel_of[running], panel_of[swaps], panel_of[moved]}) == 4
+    assert (panels[panel_of[kv]]["fieldConfig"]["defaults"]["min"],
+            panels[panel_of[kv]]["fieldConfig"]["defaults"]["max"]) == (0, 1)
     live = panels["Cold share: live against the ledger's prediction"]["targets"]
     assert m.PREDICTED_COLD_SHARE.name in live[1]["expr"] and m.COLD_PICKS.name in live[0]["expr"]
     # A 24-column grid, no two panels overlapping.
@@ -448,9 +487,9 @@ def test_a_residency_stage_gets_the_multiprocess_tmpfs_in_kubernetes_too(tmp_pat
     assert empty["emptyDir"] == {"medium": "Memory"}
 
 
-def _pipeline_lane(stage0_in_hbm: bool):
+def _pipeline_lane(stage0_in_hbm: bool, histogram: str):
     """The two-Station reference with its stages running the runtime on the one-Station agent map,
-    layers split 17 / 23 (declared, so the split is the test's own)."""
+    layers split 17 / 23 (declared, so the split is the test's own), its class on `histogram`."""
     path = Path("recipes/dsv41-flash-gb300x2-pp2.yaml")
     doc = yaml.safe_load(path.read_text())
     lane = doc["lanes"][0]
@@ -459,28 +498,31 @@ def _pipeline_lane(stage0_in_hbm: bool):
         stage["all_experts_in_hbm"] = False
     lane["parallel"]["pipeline"][0]["all_experts_in_hbm"] = stage0_in_hbm
     lane["parallel"]["layer_partition"] = [17, 23]
-    lane["classes"] = {"agent": {"rowmap": "maps/dsv41-flash/agent.rowmap",
-                                 "histogram": "profiles/dsv41-flash/agent.hist"}}
+    lane["classes"] = {"agent": {"rowmap": "maps/dsv41-flash/agent.rowmap", "histogram": histogram}}
     lane["active_class"] = "agent"
     loaded = load_recipe(path, text=yaml.safe_dump(doc, sort_keys=False))
     return loaded, loaded.recipe.lanes[0]
 
 
-def test_a_pipeline_lane_predicts_the_layers_its_series_count() -> None:
+def test_a_pipeline_lane_predicts_the_layers_its_series_count(project: Path) -> None:
     # The series of a pipeline lane come from stage 0 (global rank 0): decoder layers 0-16 here.
-    # Its predicted share is the map's cold picks over all picks of those layers, summed by hand.
+    # Its predicted share is the map's cold picks over all picks of those layers, summed by hand
+    # (on a measured histogram: a synthetic one gives no prediction).
+    histogram = measured_histogram(project, "profiles/dsv41-flash/agent.hist")
     rowmap = load_rowmap(Path("recipes/maps/dsv41-flash/agent.rowmap"))
-    hist = load_histogram(Path("recipes/profiles/dsv41-flash/agent.hist"))
+    hist = load_histogram(Path("recipes") / histogram)
     rows = [r for r, layer in enumerate(hist.moe_layer_indices) if layer < 17]
     assert len(rows) == 17
     cold = sum(int(hist.counts[r][e]) for r in rows for e in rowmap.cold[r])
     picks = sum(int(hist.counts[r].sum()) for r in rows)
-    loaded, lane = _pipeline_lane(stage0_in_hbm=False)
+    loaded, lane = _pipeline_lane(stage0_in_hbm=False, histogram=histogram)
     assert mon.predicted_cold_share(loaded, lane) == pytest.approx(cold / picks, rel=1e-12)
-    whole = hand_cold_share(Path("recipes/maps/dsv41-flash/agent.rowmap"),
-                            Path("recipes/profiles/dsv41-flash/agent.hist"))
+    whole = hand_cold_share(Path("recipes/maps/dsv41-flash/agent.rowmap"), Path("recipes") / histogram)
     assert abs(cold / picks - whole) > 1e-6           # the whole lane's share would be another figure
+    # the same lane on the synthetic histogram: nothing predicted
+    loaded, lane = _pipeline_lane(stage0_in_hbm=False, histogram="profiles/dsv41-flash/agent.hist")
+    assert mon.predicted_cold_share(loaded, lane) is None
     # a first stage with every expert in HBM runs no runtime: no series, nothing predicted
-    loaded, lane = _pipeline_lane(stage0_in_hbm=True)
+    loaded, lane = _pipeline_lane(stage0_in_hbm=True, histogram=histogram)
     assert mon.predicted_cold_share(loaded, lane) is None
     assert runtime_env.PREDICTED_COLD_SHARE not in (mon.lane_metrics(loaded, lane) or mon.LaneMetrics({}, ())).environment

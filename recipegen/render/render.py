@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from recipegen.common.errors import InputError, RecipegenError
 from recipegen.load.document import display_path
 from recipegen.render.compose import lane_service, render_compose
-from recipegen.render.compose_validate import validate_compose_file
+from recipegen.render.compose_validate import ComposeValidationError, validate_compose_file
 from recipegen.render.monitoring import monitoring_project
 from recipegen.render.output import (
     RenderedFiles,
@@ -257,8 +257,13 @@ def validate_rendering(rendering: Rendering, *, prefer_docker_cli: bool) -> list
             staged = Path(scratch) / relative
             staged.mkdir(parents=True, exist_ok=True)
             (staged / COMPOSE_FILE).write_bytes(files[COMPOSE_FILE])
-            version = validate_compose_file(staged / COMPOSE_FILE, prefer_docker_cli=prefer_docker_cli)
-            reports.append(f"{out_dir / COMPOSE_FILE}: valid (Docker Compose {version})")
+            target = display_path(out_dir / COMPOSE_FILE)
+            try:
+                version = validate_compose_file(staged / COMPOSE_FILE, prefer_docker_cli=prefer_docker_cli)
+            except ComposeValidationError as err:  # name the file the user will have, not the copy
+                raise ComposeValidationError(str(err).replace(str(staged / COMPOSE_FILE), target)
+                                             + " (checked before writing: nothing was written)") from None
+            reports.append(f"{target}: valid (Docker Compose {version})")
     return reports
 
 

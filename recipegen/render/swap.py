@@ -37,6 +37,7 @@ from pathlib import Path
 
 from recipegen.common.errors import InputError, RecipegenError
 from recipegen.common.lock import LockBusy, output_lock, recipe_lock
+from recipegen.load.document import display_path
 from recipegen.load.recipe import RECIPE_TEMP_SUFFIX, read_recipe_bytes, recipe_temp_path, write_recipe_atomically
 
 JOURNAL_SUFFIX = ".recipegen-swap.json"
@@ -170,7 +171,7 @@ def _roll_back(recipe_path: Path, journal_file: Path) -> str | None:
     _restore(recipe_path, journal)
     journal_file.unlink(missing_ok=True)
     swaps = ", ".join(f"lane {lane} back on {old}" for lane, old, _ in journal["swaps"])
-    return (f"{recipe_path}: an interrupted class swap was rolled back ({swaps}); "
+    return (f"{display_path(recipe_path)}: an interrupted class swap was rolled back ({swaps}); "
             "recipe and rendering are as before it")
 
 
@@ -195,7 +196,7 @@ def swap_classes(recipe_path: Path, swaps: list[tuple[str, str]], *,
     """
     with recipe_lock(recipe_path, echo=echo):
         if journal_path(recipe_path) in _ACTIVE:
-            raise RecipegenError(f"{recipe_path}: a class swap of this recipe is already under way "
+            raise RecipegenError(f"{display_path(recipe_path)}: a class swap of this recipe is already under way "
                                  "in this process")
         # holding the lock: a journal here was left by a process that died mid-swap
         line = _roll_back(recipe_path, journal_path(recipe_path))
@@ -216,12 +217,12 @@ def _swap_locked(recipe_path: Path, swaps: list[tuple[str, str]], *, validate: b
     for lane, _ in swaps:
         if lane not in previous:
             raise InputError(f"no lane {lane!r} (lanes: {', '.join(previous)})",
-                             file=str(recipe_path), field="--class")
+                             file=display_path(recipe_path), field="--class")
     old_bytes = read_recipe_bytes(recipe_path)
     try:
         text = old_bytes.decode("utf-8")
     except UnicodeDecodeError:
-        raise InputError("not UTF-8 text", file=str(recipe_path)) from None
+        raise InputError("not UTF-8 text", file=display_path(recipe_path)) from None
     new_text = text
     changed: list[tuple[str, str | None, str]] = []
     for lane, cls in swaps:
@@ -256,7 +257,7 @@ def _swap_locked(recipe_path: Path, swaps: list[tuple[str, str]], *, validate: b
                 _write_atomically(recipe_path, new_text.encode("utf-8"),
                                   recipe_temp_path(recipe_path))
             for lane, old, cls in changed:
-                echo(f"{recipe_path}: lane {lane}: active_class {old} -> {cls}")
+                echo(f"{display_path(recipe_path)}: lane {lane}: active_class {old} -> {cls}")
             outcome.written = write_rendering(rendering)
             if apply is not None:
                 apply()
@@ -264,7 +265,7 @@ def _swap_locked(recipe_path: Path, swaps: list[tuple[str, str]], *, validate: b
             _restore(recipe_path, json.loads(journal.read_text(encoding="utf-8")))
             journal.unlink(missing_ok=True)
             if changed:
-                echo(f"{recipe_path}: swap failed; recipe and rendering restored "
+                echo(f"{display_path(recipe_path)}: swap failed; recipe and rendering restored "
                      f"({', '.join(f'lane {lane} on {old}' for lane, old, _ in changed)})")
             if restore is not None:
                 restore()

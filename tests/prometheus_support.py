@@ -27,6 +27,17 @@ def prometheus_available() -> bool:
 SKIP_REASON = "Debian's prometheus package is absent (install it with scripts/setup-prometheus.sh)"
 
 
+def promtool_alert_test(folder: Path, rules_file: Path, series: list[dict], checks: list[dict]) -> None:
+    """`promtool test rules` on `rules_file` with these input series (one sample a minute) and
+    alert checks, written to a file in `folder`; fails the test with promtool's own report."""
+    tests = {"rule_files": [str(rules_file)], "evaluation_interval": "1m",
+             "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": checks}]}
+    path = folder / "alert_rule_test.yml"
+    path.write_text(yaml.safe_dump(tests, sort_keys=False))
+    result = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @dataclass
 class PrometheusServer:
     workdir: Path

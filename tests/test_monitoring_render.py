@@ -20,7 +20,7 @@ from compose_support import needs_compose
 from expert_residency.contract import env as runtime_env
 from expert_residency.contract import metrics as m
 from expert_residency.formats import load_histogram, load_rowmap, save_histogram
-from prometheus_support import PROMTOOL, SKIP_REASON, PrometheusServer, prometheus_available
+from prometheus_support import PROMTOOL, SKIP_REASON, PrometheusServer, prometheus_available, promtool_alert_test
 
 from recipegen.cli import main
 from recipegen.k8s.render import render_k8s
@@ -297,15 +297,6 @@ def test_the_rendered_stale_series_alert_fires_when_the_reads_stop(project: Path
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _promtool_alert_test(tmp_path: Path, rules_file: Path, series: list[dict], checks: list[dict]) -> None:
-    tests = {"rule_files": [str(rules_file)], "evaluation_interval": "1m",
-             "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": checks}]}
-    path = tmp_path / "lane_alert_test.yml"
-    path.write_text(yaml.safe_dump(tests, sort_keys=False))
-    result = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
 @needs_prometheus
 @pytest.mark.parametrize("case, up, down_firing, not_serving_firing, silent", [
     # Boots for 30 minutes, serves 30, then stops answering at 60m. "Down" is pending from 60m and
@@ -341,7 +332,7 @@ def test_the_rendered_lane_alerts_fire_as_documented(project: Path, tmp_path: Pa
                        "exp_alerts": expected(down) if t in down_firing else []})
         checks.append({"eval_time": f"{t}m", "alertname": mon.NOT_SERVING_ALERT,
                        "exp_alerts": expected(not_serving) if t in not_serving_firing else []})
-    _promtool_alert_test(tmp_path, rules_file, series, checks)
+    promtool_alert_test(tmp_path, rules_file, series, checks)
 
 
 def test_each_lanes_alerts_wait_its_own_boot_allowance() -> None:

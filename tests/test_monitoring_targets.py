@@ -16,7 +16,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from expert_residency.contract import env as runtime_env
-from prometheus_support import PROMTOOL, SKIP_REASON, PrometheusServer, prometheus_available
+from prometheus_support import PROMTOOL, SKIP_REASON, PrometheusServer, prometheus_available, promtool_alert_test
 from test_monitoring_render import measured_histogram
 
 from recipegen.cli import main
@@ -184,12 +184,7 @@ def test_a_lane_behind_a_profile_never_pages_while_off(tmp_path: Path) -> None:
               for t, on in down.items()]
     checks += [{"eval_time": f"{t}m", "alertname": mon.NOT_SERVING_ALERT,
                 "exp_alerts": expected(mon.NOT_SERVING_ALERT) if on else []} for t, on in not_serving.items()]
-    tests = {"rule_files": [str(rules_file)], "evaluation_interval": "1m",
-             "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": checks}]}
-    path = tmp_path / "profile_lane_test.yml"
-    path.write_text(yaml.safe_dump(tests, sort_keys=False))
-    result = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+    promtool_alert_test(tmp_path, rules_file, series, checks)
 
 
 @needs_prometheus

@@ -19,8 +19,8 @@
 #        beside Humming, at T = 16 and 96 (with 3 pipeline stages as the default and 2 / 4 beside
 #        it): whether more weight bytes in flight per program close w2's gap (run H1's Nsight
 #        profile: 464 against Humming's 410 us at T = 96 on an H100). 256-row w2 tiles turn the
-#        warp-MMA kernels off (64 / 128 rows only), so T <= 16 runs tl.dot there. Written
-#        2026-12-05, not yet run (no GPU started).
+#        warp-MMA kernels off (64 / 128 rows only), so T <= 16 runs tl.dot there. Run on an H100
+#        on 2026-12-05 (BENCHMARKS.md, run H2: 0.990x at T = 96, 1.007x at 16); not yet on an H200.
 #
 # Carries (ignored paths, copied onto the machine): .cache/whl (humming-kernels 0.1.19 and
 # nvidia-cuda-cccl 13.0.85 wheels from PyPI) and .cache/vsub/vllm (the unpacked vllm 0.33.0 wheel's

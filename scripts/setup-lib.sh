@@ -192,6 +192,11 @@ same_filesystem() { [ "$(stat -c %d "$1")" = "$(stat -c %d "$2")" ]; }
 disk_check() {
   local route=$1 fast=$2 here=0 work=$DISK_WORK_MIB tmp=${TMPDIR:-/tmp} parts=() free
   local big=CPU; [ "$route" = pypi ] && big=PYPI
+  if [ ! -d "$tmp" ]; then
+    echo "setup: TMPDIR ($tmp) is not a folder: pip and the tests write their temporary files" \
+      "there; create it or point TMPDIR at one, then run ./scripts/test again" >&2
+    return 1
+  fi
   if ! dev_ready; then
     local v="DISK_DEV_MIB_$big"; here=$(( here + ${!v} )); parts+=(".venv ${!v}")
   fi

@@ -296,6 +296,25 @@ def test_name_other_than_the_file_is_refused_naming_both(tmp_path: Path) -> None
     assert "write `name: other-name` or rename the file to tiny.yaml" in first
 
 
+@pytest.mark.parametrize("file_name", ["tiny.yml", "tiny", "tiny.YAML", "tiny.yaml.bak"])
+def test_a_recipe_file_not_ending_in_yaml_is_refused(tmp_path: Path, file_name: str) -> None:
+    # `render NAME`, `--check` and the orphan check find recipes as recipes/<name>.yaml only: a
+    # tiny.yml would render into compose/tiny/ that no command finds again
+    data = _tiny(tmp_path)
+    err = _refusal(tmp_path, data, file_name)
+    assert err.field == "name" and err.line == _line_of(tmp_path, "name: tiny", file_name), str(err)
+    assert f"the recipe's file name {file_name!r} does not end in .yaml" in str(err)
+    assert "rename the file to tiny.yaml" in str(err)
+
+
+def test_new_refuses_an_output_file_not_ending_in_yaml(tmp_path: Path) -> None:
+    target = tmp_path / "q.yml"
+    result = CliRunner().invoke(main, ["new", "qwen3-30b-a3b", "--machine", "rtx4090", "-o", str(target)])
+    assert result.exit_code == 2, result.output
+    assert "ends in .yaml" in result.output and "Traceback" not in result.output
+    assert not target.exists()
+
+
 def test_name_mismatch_is_refused_without_reading_maps_too(tmp_path: Path) -> None:
     data = _tiny(tmp_path)
     (tmp_path / "copy.yaml").write_text(yaml.safe_dump(data, sort_keys=False))

@@ -92,3 +92,11 @@ def test_a_tmpdir_on_another_filesystem_is_checked_on_its_own(tmp_path: Path) ->
     assert f"TMPDIR ({other}) has" in r.stderr and f"need about {huge} MiB there" in r.stderr
     # The same working room is not added to the checkout's filesystem.
     assert "the filesystem holding" not in r.stderr
+
+
+def test_a_tmpdir_that_is_no_folder_stops_the_setup_saying_so(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-folder"
+    r = disk_check(tmp_path, "configured", 1, tmpdir=missing)
+    assert r.returncode == 1
+    assert r.stderr.startswith(f"setup: TMPDIR ({missing}) is not a folder"), r.stderr
+    assert "No such file" not in r.stderr and "integer expression" not in r.stderr   # no shell noise

@@ -25,7 +25,7 @@ from recipegen.fit.run import FitOutcome, fit_recipe
 from recipegen.fit.search import FitOptions
 from recipegen.fit.source import ModelSource, model_name_of, resolve_model
 from recipegen.fit.writeback import commit, recipe_lock
-from recipegen.load.recipe import recipe_file_stem
+from recipegen.load.recipe import RECIPE_SUFFIX, recipe_file_stem
 from recipegen.modelimport.write import describe_difference, same_figures
 from recipegen.schema import Machine
 from recipegen.schema.lane import NAME_MAX_LENGTH
@@ -158,6 +158,9 @@ def _name_from_output(output: Path, name: str | None) -> str:
     """The recipe's name when `-o FILE` is given: FILE's name without `.yaml` (a recipe's `name` must
     be its file's, `recipegen.load.recipe.file_name_problems`). Refused up front, before anything is
     drafted, where --name says otherwise or the file's name is no recipe name."""
+    if not output.name.endswith(RECIPE_SUFFIX):
+        raise InputError(f"-o {str(output)!r}: a recipe's file is <name>{RECIPE_SUFFIX} (commands find it as "
+                         f"recipes/<name>{RECIPE_SUFFIX}); pass -o a file whose name ends in {RECIPE_SUFFIX}")
     stem = recipe_file_stem(output)
     if name is not None and name != stem:
         raise InputError(f"--name {name!r} and -o {str(output)!r} disagree: a recipe's name is its file's "

@@ -39,6 +39,7 @@ from recipegen.schema.lane import NAME_MAX_LENGTH
 from recipegen.schema.patterns import FILE_NAME
 
 RECIPES_DIRNAME = "recipes"
+RECIPE_SUFFIX = ".yaml"   # a recipe is recipes/<name>.yaml
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -191,28 +192,33 @@ def _validated_document(path: Path, document: Any) -> tuple[Recipe, Any]:
 
 
 def recipe_file_stem(path: Path) -> str:
-    """The recipe name a file's name stands for: its name without `.yaml` (or `.yml`)."""
+    """The recipe name a file's name stands for: its name without `.yaml` (the whole name when it
+    does not end so, which `file_name_problems` refuses)."""
     name = path.name
-    for suffix in (".yaml", ".yml"):
-        if name.endswith(suffix) and len(name) > len(suffix):
-            return name[:-len(suffix)]
+    if name.endswith(RECIPE_SUFFIX) and len(name) > len(RECIPE_SUFFIX):
+        return name[:-len(RECIPE_SUFFIX)]
     return name
 
 
 def file_name_problems(recipe: Recipe, path: Path) -> list[Problem]:
-    """A recipe's `name` must be its file's name without `.yaml`: rendered output goes to
+    """A recipe's file is `<name>.yaml`, its `name` that name: rendered output goes to
     `compose/<name>/`, while `render`, `check`, `up` and the generated files' headers name the recipe
-    by its file, so a mismatch renders into a folder no command finds again."""
+    by its file (found as `recipes/<name>.yaml`), so a mismatch, or another suffix such as `.yml`,
+    renders into a folder no command finds again."""
+    if not path.name.endswith(RECIPE_SUFFIX):
+        return [(("name",), f"the recipe's file name {path.name!r} does not end in {RECIPE_SUFFIX}: "
+                 f"commands find a recipe by its name as recipes/<name>{RECIPE_SUFFIX} and render it into "
+                 f"compose/<name>/; rename the file to {recipe.name}{RECIPE_SUFFIX}")]
     stem = recipe_file_stem(path)
     if recipe.name == stem:
         return []
     # the stem is quoted as shown by repr: a file name may hold anything
     fixes = [f"write `name: {stem}`"] if re.fullmatch(FILE_NAME.regex, stem) and \
         len(stem) <= NAME_MAX_LENGTH else []
-    fixes.append(f"rename the file to {recipe.name}.yaml")
+    fixes.append(f"rename the file to {recipe.name}{RECIPE_SUFFIX}")
     return [(("name",), f"name {recipe.name!r} is not the file's name {stem!r} (the file name without "
-             ".yaml): rendered output goes to compose/<name>/ and commands name a recipe by its file, "
-             f"so the two must agree; {' or '.join(fixes)}")]
+             f"{RECIPE_SUFFIX}): rendered output goes to compose/<name>/ and commands name a recipe by its "
+             f"file, so the two must agree; {' or '.join(fixes)}")]
 
 
 def load_recipe(path_or_name: str | os.PathLike[str], *, read_maps: bool = True,

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from recipegen.common.errors import RecipegenError
-from recipegen.render.compose_validate import COMPOSE_ENV  # noqa: F401 (re-export)
 
 
 class ComposeError(RecipegenError):

@@ -126,7 +126,7 @@ def build_dashboard() -> Any:
         title, "percentunit", "Share of routed picks served from pinned host memory, per lane and "
         "class, against what `recipegen check budgets` projected for the active class (none where "
         "the class's histogram is synthetic or missing). The rendered alert fires when the live share "
-        "stays more than 2 percentage points above the prediction for `drift_for`.")
+        f"stays more than {m.DRIFT_TOLERANCE * 100:g} percentage points above the prediction for `drift_for`.")
         .min(0).id(next(ids)))
     board = board.with_panel(series_panel(
         "Host-link bytes per second (cold expert reads)", "Bps",

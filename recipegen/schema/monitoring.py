@@ -5,13 +5,15 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from recipegen.schema.base import StrictModel
-from recipegen.schema.patterns import IPV4, MINUTES, RETENTION, SECONDS
+from recipegen.schema.patterns import (
+    IPV4,
+    MAX_SCRAPE_INTERVAL_S,
+    MINUTES,
+    PROMETHEUS_LOOKBACK_S,
+    RETENTION,
+    SECONDS,
+)
 
-# Prometheus drops an instant series from a query 5 minutes after its last sample (the query
-# lookback, `--query.lookback-delta`, default 5m): scrapes further apart than that leave `up` and
-# the cold-share gauges absent between samples, and an alert fires or not by the scrape's phase.
-PROMETHEUS_LOOKBACK_S = 300
-MAX_SCRAPE_INTERVAL_S = PROMETHEUS_LOOKBACK_S
 
 
 class Monitoring(StrictModel):
@@ -34,7 +36,7 @@ class Monitoring(StrictModel):
     """The window of the runtime's window gauges (cold share, hot-hit ratio per layer) and of the
     drift alert's rates, in minutes with the unit (`5m`); at least two scrapes long."""
     drift_for: str = Field(default="15m", pattern=MINUTES.regex)
-    """How long the live cold share must exceed the ledger's prediction by more than 2 points
+    """How long the live cold share must exceed the ledger's prediction by more than 2 percentage points
     before the `ExpertResidencyColdShareDrift` alert fires, in minutes with the unit. Through a
     pause in traffic no longer than this the alert keeps the lane's last share with traffic, so a
     lane that idles between bursts still alerts."""

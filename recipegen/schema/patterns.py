@@ -26,7 +26,7 @@ class TextPattern:
 
 SERVICE_NAME = TextPattern(
     r"^[a-z0-9][a-z0-9-]*$",
-    "lowercase letters, digits and '-', starting with a letter or digit, e.g. chat")
+    "lowercase letters, digits and '-', starting with a letter or digit, e.g. agent or station-a")
 """Lane, class, profile and machine-key names: they become compose service, profile and folder
 names and DNS host names, where '.' and '_' do not belong."""
 
@@ -54,10 +54,16 @@ COMPUTE_CAPABILITY = TextPattern(
     "the major and minor version as digits joined by '.', e.g. 9.0 or 10.3")
 """A CUDA compute capability."""
 
-# At most 300 s: the `Monitoring.scrape_interval` validator refuses more (Prometheus' lookback).
+# Prometheus drops an instant series from a query 5 minutes after its last sample (the query
+# lookback, `--query.lookback-delta`, default 5m): scrapes further apart than that leave `up` and
+# the cold-share gauges absent between samples, and an alert fires or not by the scrape's phase.
+# The `Monitoring.scrape_interval` validator refuses more; the pattern admits up to 9999.
+PROMETHEUS_LOOKBACK_S = 300
+MAX_SCRAPE_INTERVAL_S = PROMETHEUS_LOOKBACK_S
+
 SECONDS = TextPattern(
     r"^[1-9][0-9]{0,3}s$",
-    "whole seconds with the unit s, 1 to 300, e.g. 15s")
+    f"whole seconds with the unit s, 1 to {MAX_SCRAPE_INTERVAL_S}, e.g. 15s")
 """A Prometheus duration in whole seconds."""
 
 MINUTES = TextPattern(

@@ -254,3 +254,62 @@ def test_no_notes_without_monitoring_or_without_the_runtime() -> None:
     assert loaded.recipe.lanes[0].offload.placement == "positional"
     loaded = dataclasses.replace(loaded, recipe=loaded.recipe.model_copy(update={"monitoring": Monitoring()}))
     assert mon.drift_baseline_notes(loaded) == []
+
+
+def test_a_recipe_outside_recipes_is_named_by_its_path(project: Path) -> None:
+    # Its bare name resolves to recipes/<name>.yaml, another file: following a note that named it
+    # would profile (and later re-render) the wrong recipe. The note names the path instead.
+    import shutil
+
+    shutil.copytree(project / "recipes", project / "elsewhere")
+    outside = project / "elsewhere" / f"{REFERENCE}.yaml"
+    profile = f"`recipegen profile elsewhere/{REFERENCE}.yaml agent --class agent --prompts FILE`"
+    (note,) = mon.drift_baseline_notes(load_recipe(outside))
+    assert profile in note, note
+    assert mon.recipe_argument(load_recipe(outside)) == f"elsewhere/{REFERENCE}.yaml"
+    code, out = run("render", f"elsewhere/{REFERENCE}.yaml")
+    assert code == 0, out
+    assert "note: lane agent: no drift alert baseline" in out and profile in out, out
+    # ... and what it names resolves to this same file
+    from recipegen.load.recipe import resolve_recipe_path
+
+    assert resolve_recipe_path(f"elsewhere/{REFERENCE}.yaml").resolve() == outside.resolve()
+    # the recipe under recipes/, named by its path or by its name, keeps the bare name
+    for arg in (REFERENCE, f"recipes/{REFERENCE}.yaml"):
+        (note,) = mon.drift_baseline_notes(load_recipe(arg))
+        assert f"`recipegen profile {REFERENCE} agent --class agent --prompts FILE`" in note, note
+
+
+def test_a_recipe_away_from_any_recipes_folder_is_named_by_its_absolute_path(
+        project: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # The current folder has no recipes/: the bare name resolves to the installed checkout's
+    # recipe (the reviewer's case), another file; the note gives the path, absolute since the
+    # file is outside the current folder.
+    import shutil
+
+    other = tmp_path_factory.mktemp("other")
+    shutil.copytree(project / "recipes", other / "recipes")
+    shutil.rmtree(project / "recipes")
+    path = other / "recipes" / f"{REFERENCE}.yaml"
+    (note,) = mon.drift_baseline_notes(load_recipe(path))
+    assert f"`recipegen profile {path} agent --class agent --prompts FILE`" in note, note
+
+
+def test_exports_series_is_what_the_head_service_runs() -> None:
+    # One rule (render.monitoring.runs_residency) for both: a lane's head service runs the runtime
+    # with its row map (mode "residency") exactly where the monitoring render expects its series.
+    from recipegen.load.recipe import list_recipes
+    from recipegen.render.render import render_recipe
+
+    seen = set()
+    for path in list_recipes():
+        loaded = load_recipe(path)
+        rendering = render_recipe(loaded)
+        services = {}
+        for files in rendering.folders.values():
+            services.update(yaml.safe_load(files["compose.yaml"])["services"])
+        for lane in loaded.recipe.lanes:
+            mode = services[mon.lane_service_name(lane.name)]["labels"]["io.recipegen.mode"]
+            assert mon.exports_series(loaded, lane) == (mode == "residency"), (path.name, lane.name, mode)
+            seen.add(mode)
+    assert {"residency", "off"} <= seen

@@ -10,9 +10,12 @@ import pytest
 from click.testing import CliRunner
 
 from recipegen.cli import main
+from recipegen.schema.patterns import SERVICE_NAME
 
 RECIPE = "dsv41-flash-gb300"
-RULE = "lowercase letters, digits and '-', starting with a letter or digit (pattern ^[a-z0-9][a-z0-9-]*$)"
+# The refusal says what a name may be in the words of the pattern's one owner (its hint, whatever
+# its example) and gives the pattern itself: both read from recipegen.schema.patterns, not copied.
+RULE = f"{SERVICE_NAME.hint} (pattern {SERVICE_NAME.regex})"
 
 
 def run(*args: str) -> tuple[int, str]:
@@ -37,6 +40,7 @@ def test_an_invalid_name_is_named_not_the_form(project: Path, value: str, messag
     assert code == 2, out
     assert out.startswith(f"error: field '--class': --class {value!r}: "), out
     assert message in out, out
+    assert "^[a-z0-9][a-z0-9-]*$" in out and "lowercase" in out, out   # the rule a user can act on
     assert "Traceback" not in out
     assert recipe.read_bytes() == before and not (project / "compose").exists()
 

@@ -15,12 +15,12 @@ from recipegen.common.units import format_count
 from recipegen.render.compose import service_hashes  # noqa: F401 (re-export)
 
 Echo = Callable[..., None]
-# What a lane or class name may be (the recipe schema's pattern, recipegen.schema.lane), in words.
-_NAME_RULE = "lowercase letters, digits and '-', starting with a letter or digit"
 
 
 def _parse_class_args(values: tuple[str, ...]) -> list[tuple[str, str]]:
-    from recipegen.schema.lane import NAME_PATTERN
+    # What a lane or class name may be: the recipe schema's pattern and its hint, read from their
+    # one owner (recipegen.schema.patterns), never copied.
+    from recipegen.schema.patterns import SERVICE_NAME
 
     swaps = []
     for value in values:
@@ -29,9 +29,9 @@ def _parse_class_args(values: tuple[str, ...]) -> list[tuple[str, str]]:
                              field="--class")
         lane, cls = value.split("=", 1)
         for what, name in (("lane", lane), ("class", cls)):
-            if not re.fullmatch(NAME_PATTERN, name):
+            if not re.fullmatch(SERVICE_NAME.regex, name):
                 raise InputError(f"--class {value!r}: {name!r} is not a valid {what} name: "
-                                 f"{_NAME_RULE} (pattern {NAME_PATTERN})", field="--class")
+                                 f"{SERVICE_NAME.hint} (pattern {SERVICE_NAME.regex})", field="--class")
         swaps.append((lane, cls))
     lanes = [lane for lane, _ in swaps]
     if len(set(lanes)) != len(lanes):

@@ -37,6 +37,7 @@ def _header(recipe: str, recipe_file: str, pp: int, machines: str, k8s: str, lws
 
 def _stage_specs(loaded: Any, lane_index: int, project_root: Path) -> tuple[dict[int, Any], dict[int, bytes]]:
     from recipegen.render.render import checked_ledger, lane_memory, output_root, runtime_dir_for
+    from recipegen.render.monitoring import lane_service_name
     from recipegen.render.services import RenderInputs, build_services
     from recipegen.vllm_flags import TARGET_VLLM_VERSION, load_flag_table
 
@@ -53,7 +54,7 @@ def _stage_specs(loaded: Any, lane_index: int, project_root: Path) -> tuple[dict
         inputs = RenderInputs(**_inputs(out_dir=output_root(project_root, recipe.name) / stage.machine,
                                         runtime_dir=runtime_dir, memory=memory, flag_table=table))
         services, _volumes, files = build_services(loaded, stage.machine, inputs)
-        name = f"lane-{lane.name}" if rank == 0 else f"lane-{lane.name}-worker-{rank}"
+        name = lane_service_name(lane.name, rank)
         matches = [s for s in services if s.name == name]
         if not matches:
             raise RecipegenError(f"the compose rendering has no service {name} on {stage.machine}")

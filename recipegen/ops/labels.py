@@ -14,12 +14,15 @@ MODE = PREFIX + "mode"
 
 
 def lane_service(lane: str) -> str:
-    return f"lane-{lane}"
+    """The lane's API-serving engine service (`render.monitoring.lane_service_name`, its one builder)."""
+    from recipegen.render.monitoring import lane_service_name
+
+    return lane_service_name(lane)
 
 
 def profile_service(lane: str) -> str:
     """The lane's count-only profile-boot service (compose profile `profile`)."""
-    return f"lane-{lane}-profile"
+    return f"{lane_service(lane)}-profile"
 
 
 PROFILE_BOOT_PROFILE = "profile"

@@ -33,10 +33,15 @@ def running_lane(dep: Deployment, lane_name: str) -> ContainerInfo:
     return info
 
 
-def _endpoint(dep: Deployment, lane_name: str) -> str:
+def lane_endpoint(dep: Deployment, lane_name: str) -> str:
+    """The base URL of the lane's API on its machine (`http://host:port`; an IPv6 address in
+    brackets, `render.monitoring.host_port`)."""
+    from recipegen.render.monitoring import host_port
+
     lane = dep.lane(lane_name)
     address = dep.loaded.recipe.machines[lane.machine].address or "127.0.0.1"
-    return f"http://{address}:{lane.port}"
+    return f"http://{host_port(address, lane.port)}"
+
 
 
 def _load_map(dep: Deployment, lane_name: str, cls_name: str) -> Any:
@@ -56,7 +61,7 @@ def kv_capacity(dep: Deployment, lane_name: str, log_text: str) -> KvCapacity | 
     import httpx
 
     try:
-        reply = httpx.get(f"{_endpoint(dep, lane_name)}/metrics", timeout=15)
+        reply = httpx.get(f"{lane_endpoint(dep, lane_name)}/metrics", timeout=15)
         if reply.status_code == 200:
             found = kv_from_metrics(reply.text)
             if found is not None:

@@ -36,7 +36,7 @@ from recipegen.ops.dumps import (
     wait_for_snapshot,
 )
 from recipegen.ops.engine import list_dir, request_snapshot, service_container
-from recipegen.ops.live import _asked
+from recipegen.ops.live import _asked, lane_endpoint
 from recipegen.ops.prompts import drive, load_prompts
 
 Echo = Callable[[str], None]
@@ -182,9 +182,7 @@ def profile_in_docker(dep: Deployment, lane_name: str, traffic_class: str | None
         if not folder:
             raise RecipegenError(f"{prof_svc} has no {runtime_env.DUMP_DIR}: re-render")
         seen = set(list_dir(client, info.id, folder))
-        lane = dep.lane(lane_name)
-        address = dep.loaded.recipe.machines[lane.machine].address or "127.0.0.1"
-        endpoint = f"http://{address}:{lane.port}"
+        endpoint = lane_endpoint(dep, lane_name)
         if prompt_list:
             echo(f"{prof_svc}: driving {len(prompt_list)} prompts at {endpoint}")
             drive(endpoint, prompt_list)

@@ -11,6 +11,7 @@ profile's services and files, every file built as data and serialized (YAML, JSO
 from __future__ import annotations
 
 import ipaddress
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from expert_residency.contract import metrics as m
 from recipegen.common.errors import RecipegenError
 from recipegen.common.generated import Flow, Plain, yaml_file
 from recipegen.render.compose import Service
+from recipegen.schema.lane import LANE_SERVICE_PREFIX
 from recipegen.vllm_flags.moe_backend import choose_or_auto, start_period
 
 if TYPE_CHECKING:
@@ -65,22 +67,43 @@ class LaneMetrics:
     tmpfs: tuple[str, ...]
 
 
-def exports_series(loaded: LoadedRecipe, lane: Lane) -> bool:
-    """Whether the lane's API-serving engine runs the residency runtime, whose worker exports the
-    `expert_residency_*` series (a usage-aware lane; on a pipeline, a first stage that holds MoE
-    layers and keeps some experts cold)."""
+def lane_service_name(lane: str, rank: int = 0) -> str:
+    """The compose service (and Kubernetes object) of a lane's engine: `lane-<lane>` for the
+    API-serving one (rank 0; its host name on the compose network, the scrape target), and
+    `lane-<lane>-worker-<rank>` for a pipeline's headless stages. The one builder of these names
+    (render.services, ops.labels and k8s call it), from the schema's `LANE_SERVICE_PREFIX`, which
+    the lane-name length limit leaves room for. It lives here, below render.services, which
+    imports this module (`lane_metrics`), so that the scrape targets can use it without a cycle."""
+    name = f"{LANE_SERVICE_PREFIX}{lane}"
+    return name if rank == 0 else f"{name}-worker-{rank}"
+
+
+def runs_residency(loaded: LoadedRecipe, lane: Lane, rank: int = 0) -> bool:
+    """Whether the engine of the lane's stage `rank` (the lane itself, not its count-only profile
+    boot) runs the residency runtime with the active class's row map: a usage-aware lane, on a
+    stage that keeps some experts out of HBM and, on a multi-node pipeline, holds MoE layers (a
+    stage without any has nothing to re-home). The one owner of this rule: the compose service's
+    mode (`render.services`) and `exports_series` both ask it."""
     if lane.offload.placement != "usage-aware":
         return False
     pipeline = lane.parallel.pipeline if lane.parallel is not None else None
     if not pipeline:
         return True
-    if pipeline[0].all_experts_in_hbm:
+    if pipeline[rank].all_experts_in_hbm:
         return False
-    from recipegen.ledger.multinode import lane_stages
+    if len(pipeline) == 1:
+        return True
+    from recipegen.multinode.launch import lane_launches
 
-    model = loaded.recipe.model
-    first = lane_stages(model, lane)[0]
-    return any(first.holds(layer) for layer in model.moe_layers)
+    return bool(lane_launches(loaded.recipe, lane)[rank].layers.moe_layers)
+
+
+def exports_series(loaded: LoadedRecipe, lane: Lane) -> bool:
+    """Whether the lane's API-serving engine runs the residency runtime, whose worker exports the
+    `expert_residency_*` series: what its compose service runs (`runs_residency` of stage 0: a
+    usage-aware lane; on a pipeline, a first stage that holds MoE layers and keeps some experts
+    cold)."""
+    return runs_residency(loaded, lane, 0)
 
 
 def _prediction(loaded: LoadedRecipe, lane: Lane) -> tuple[float | None, str | None]:
@@ -100,10 +123,10 @@ def _prediction(loaded: LoadedRecipe, lane: Lane) -> tuple[float | None, str | N
     pipeline = lane.parallel.pipeline if lane.parallel is not None else None
     if not pipeline or share.per_layer is None:
         return float(share.overall), None
-    from recipegen.ledger.multinode import lane_stages
+    from recipegen.ledger.multinode import lane_stages as ledger_stages
 
     model = loaded.recipe.model
-    first = lane_stages(model, lane)[0]
+    first = ledger_stages(model, lane)[0]
     rows = [i for i, layer in enumerate(model.moe_layers) if first.holds(layer)]
     return share.over_layers(rows), None
 
@@ -119,6 +142,24 @@ def predicted_cold_share(loaded: LoadedRecipe, lane: Lane) -> float | None:
     return _prediction(loaded, lane)[0]
 
 
+def recipe_argument(loaded: LoadedRecipe) -> str:
+    """What to type on a command line for this same recipe: its bare name where that resolves
+    to this file (`recipegen.load.recipe.resolve_recipe_path`, from here), else its path as
+    `display_path` shows it (a recipe outside ./recipes/, whose bare name resolves elsewhere or
+    nowhere)."""
+    from recipegen.common.errors import InputError
+    from recipegen.load.document import display_path
+    from recipegen.load.recipe import resolve_recipe_path
+
+    name = loaded.recipe.name
+    try:
+        if resolve_recipe_path(name).resolve() == loaded.path.resolve():
+            return name
+    except (InputError, OSError):
+        pass
+    return display_path(loaded.path)
+
+
 def drift_baseline_notes(loaded: LoadedRecipe) -> list[str]:
     """One line per lane that exports residency series with monitoring on but gets no predicted
     cold share for its active class, saying why and what to do (for `recipegen render` to print):
@@ -127,7 +168,7 @@ def drift_baseline_notes(loaded: LoadedRecipe) -> list[str]:
     if loaded.recipe.monitoring is None:
         return []
     notes = []
-    recipe = loaded.recipe.name
+    recipe = shlex.quote(recipe_argument(loaded))
     for lane in loaded.recipe.lanes:
         if not exports_series(loaded, lane):
             continue
@@ -207,7 +248,7 @@ def scrape_targets(loaded: LoadedRecipe, machine: str) -> list[tuple[str, str]]:
             assert address is not None   # a multi-node lane's machines declare one (multinode.checks)
             targets.append((lane.name, host_port(address, lane.port)))
         else:
-            targets.append((lane.name, f"lane-{lane.name}:{lane.port}"))
+            targets.append((lane.name, f"{lane_service_name(lane.name)}:{lane.port}"))
     return targets
 
 

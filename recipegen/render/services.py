@@ -20,6 +20,7 @@ from expert_residency.contract.metrics import MULTIPROC_DIR_ENV
 from recipegen.ledger.flags import max_num_seqs, rendered_flag_problems
 from recipegen.multinode.launch import host_table_args, launch_flags
 from recipegen.render.compose import HealthCheck, Interpolated, Mount, ServiceSpec
+from recipegen.render.monitoring import lane_metrics, lane_service_name, runs_residency
 from recipegen.vllm_flags import FlagTable, argv_problems
 from recipegen.vllm_flags.args import parse_args
 from recipegen.vllm_flags.moe_backend import (
@@ -190,7 +191,7 @@ class Stage:
         return self.pipeline_size > 1
 
     def service_name(self, lane: str) -> str:
-        return f"lane-{lane}" if self.rank == 0 else f"lane-{lane}-worker-{self.rank}"
+        return lane_service_name(lane, self.rank)
 
 
 def lane_stages(lane: Lane) -> list[Stage]:
@@ -266,10 +267,7 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
              profile: bool) -> tuple[ServiceSpec, dict[str, bytes]]:
     recipe = loaded.recipe
     launch = _multi_node_launch(loaded, lane, stage) if stage.multi_node else None
-    usage_aware = lane.offload.placement == "usage-aware" and not stage.all_experts_in_hbm
-    if launch is not None and not launch.layers.moe_layers:
-        usage_aware = False  # a stage without MoE layers has nothing to re-home
-    mode = "count" if profile else ("residency" if usage_aware else "off")
+    mode = "count" if profile else ("residency" if runs_residency(loaded, lane, stage.rank) else "off")
     runtime_on = mode != "off"
     cls = lane.active_class if mode == "residency" else None
     rowmap = loaded.rowmaps.get((lane.name, cls)) if cls is not None else None
@@ -405,8 +403,6 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
             files.update(adaptive_files)
     tmpfs: tuple[str, ...] = ()
     if mode == "residency":
-        from recipegen.render.monitoring import lane_metrics
-
         metrics = lane_metrics(loaded, lane)  # the recipe's `monitoring`: the lane's own /metrics
         if metrics is not None:
             env.update(metrics.environment)

@@ -15,7 +15,6 @@ from recipegen.schema.patterns import (
 )
 
 
-
 class Monitoring(StrictModel):
     """Residency metrics and a monitoring stack. Present (`monitoring: {}` takes every default):
     every lane that runs the residency runtime exports the `expert_residency_*` series on its own

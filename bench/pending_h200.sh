@@ -21,6 +21,8 @@
 #        profile: 464 against Humming's 410 us at T = 96 on an H100). 256-row w2 tiles turn the
 #        warp-MMA kernels off (64 / 128 rows only), so T <= 16 runs tl.dot there. Run on an H100
 #        on 2026-12-05 (BENCHMARKS.md, run H2: 0.990x at T = 96, 1.007x at 16); not yet on an H200.
+# ws:    the warp-specialized expert GEMMs of bench/ws_probe.py beside the runtime's launches at
+#        T = 6 ... 96 (run WS on an H100, 2026-12-05: 94-99% of the HBM read; not yet on an H200).
 #
 # Carries (ignored paths, copied onto the machine): .cache/whl (humming-kernels 0.1.19 and
 # nvidia-cuda-cccl 13.0.85 wheels from PyPI) and .cache/vsub/vllm (the unpacked vllm 0.33.0 wheel's
@@ -59,6 +61,10 @@ for part in "$@"; do
                echo "w2rows $label rc=$?"; cp "/tmp/w2rows_$label/peer_moe.md" "$OUT/w2rows_$label.md" 2>/dev/null
                tail -12 "$OUT/w2rows_$label.log"
              done ;;
-    *)     echo "unknown part: $part (tests, rows, sim, context, w2rows)"; exit 2 ;;
+    ws)    mkdir -p "$OUT/ws"
+           timeout ${WS_S:-240} python3 bench/ws_probe.py --tokens 6,16,32,96 \
+               --variants "ws:bm=8;bm16:;s3:bm=8,stages=3;s6:bm=8,stages=6" --out "$OUT/ws" > "$OUT/ws.log" 2>&1
+           echo "ws rc=$?"; tail -6 "$OUT/ws.log" | cut -c1-400 ;;
+    *)     echo "unknown part: $part (tests, rows, sim, context, w2rows, ws)"; exit 2 ;;
   esac
 done

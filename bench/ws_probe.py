@@ -1,0 +1,453 @@
+#!/usr/bin/env python3
+"""A probe of the next kernel structure: the w2 expert GEMM as a warp-specialized Gluon kernel.
+
+Not a path any user runs. Our grouped expert launches (``gpu.kernels.w2_kernel``) have every warp
+of a program copy its weight tiles (cp.async), wait at two CTA barriers per K step, decode and
+multiply: on the H200 they read 74–79% of the HBM limit at T >= 16 where Humming's persistent,
+warp-specialized kernels read 90–94% (BENCHMARKS.md, runs MX3 and RC). This probe keeps our
+layout (``gpu.layout``, MMA order), our decode (``kernels._MMA_WORD_TO_BF16_PTX``) and our
+grouping, and changes only how the bytes reach the tensor cores:
+
+- a persistent grid (programs walk the step's (slot, row tile) items ``G`` apart);
+- a loader partition (``LOADER_WARPS`` warps, few registers) that copies each K step's weight
+  tile, its scales (4 bytes per lane group, one copy per lane) and the slot's activation rows
+  into a ring of ``STAGES`` shared-memory buffers, each signalled by an mbarrier when its copies
+  land;
+- the default partition (one warpgroup) that waits on a buffer, reads it into registers, frees
+  it, decodes and multiplies (``mma.sync`` m16n8k16, the decode's register order) and stores each
+  slot's rows as ``w2_kernel`` does (``y[pick, n]``, bf16, unreduced).
+
+So the warps that copy never wait on arithmetic and the warps that compute never wait at a CTA
+barrier. It runs beside ``w2_kernel`` on the same workspace (the runtime layer's own grouping and
+w2 input of the same step) and reports both launches' read rate against the HBM read limit
+measured in the same process, and the largest difference of their outputs.
+
+    python3 bench/ws_probe.py --tokens 16,96 --out $OUT           # a CUDA GPU (sm_90)
+    PYTHONPATH=/tmp/t36 python3 bench/ws_probe.py --sass          # compile for sm_90 here, no GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "runtime"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from expert_residency.gpu import kernels  # noqa: E402
+
+_DECODE_PTX = gl.constexpr(kernels._MMA_WORD_TO_BF16_PTX.value)
+# Gluon is experimental and its API moves: Triton 3.6 names the cp.async copy
+# async_copy_global_to_shared, later releases async_load (same arguments; the old name raises).
+_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
+
+@gluon.jit
+def _expert_base(codes_ptr, expert, hot_ptr, cold_ptr, expert_stride):
+    code = gl.load(codes_ptr + expert)
+    row = gl.where(code >= 0, code, -code - 1).to(gl.int64)
+    return gl.where(code >= 0, hot_ptr, cold_ptr) + row * expert_stride
+
+
+@gluon.jit
+def _loader(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
+            sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr,
+            w_expert_stride, s_expert_stride, wbuf, sbuf, abuf, ready, empty,
+            K: gl.constexpr, ROW_DIV: gl.constexpr, NT: gl.constexpr, UP_TILE: gl.constexpr,
+            BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+            GATED: gl.constexpr, LOADER_WARPS: gl.constexpr):
+    """Copies each K step's weight tile(s) (the gate and up tiles when ``GATED``), their scales
+    (each lane group's 4 bytes once per lane) and the slot's input rows (``src[pick // ROW_DIV]``:
+    the layer input by token for w13, the w2 input by pick) into ring buffer ``it % STAGES``."""
+    ROWS: gl.constexpr = BN * BK // 32
+    KT: gl.constexpr = K // BK
+    TILES: gl.constexpr = 2 if GATED else 1
+    LW: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [LOADER_WARPS, 1], [1, 0])
+    LS: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [LOADER_WARPS, 1], [1, 0])
+    LA: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [LOADER_WARPS, 1], [1, 0])
+    rw = gl.arange(0, ROWS, layout=gl.SliceLayout(1, LW))
+    w_off = rw[:, None] * 16 + gl.arange(0, 16, layout=gl.SliceLayout(0, LW))[None, :]
+    rs = gl.arange(0, ROWS, layout=gl.SliceLayout(1, LS))
+    s_off = (rs // 4)[:, None] * 4 + gl.arange(0, 4, layout=gl.SliceLayout(0, LS))[None, :]
+    ma = gl.arange(0, BM, layout=gl.SliceLayout(1, LA))
+    ka = gl.arange(0, BK, layout=gl.SliceLayout(0, LA))
+    n_items = gl.load(num_slots_ptr) * NT
+    it = 0
+    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        slot = item // NT
+        tile = item % NT
+        start = gl.load(slot_start_ptr + slot)
+        end = gl.load(slot_start_ptr + slot + 1)
+        expert = gl.load(slot_expert_ptr + slot)
+        w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride)
+        s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride)
+        for m0 in range(start, end, BM):
+            mm = m0 + ma
+            m_ok = mm < end
+            picks = gl.load(sorted_pick_ptr + mm, mask=m_ok, other=0)
+            src_rows = src_ptr + (picks // ROW_DIV).to(gl.int64) * K
+            for kt in range(KT):
+                s = it % STAGES
+                mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+                for j in gl.static_range(TILES):
+                    t64 = ((tile + j * UP_TILE) * KT + kt).to(gl.int64)
+                    _async_load(wbuf.index(s * TILES + j),
+                                                           w_base + t64 * (BN * BK // 2) + w_off)
+                    _async_load(sbuf.index(s * TILES + j),
+                                                           s_base + t64 * (BN * BK // 32) + s_off)
+                _async_load(abuf.index(s), src_rows[:, None] + (kt * BK + ka)[None, :],
+                                                       mask=m_ok[:, None])
+                async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
+                it += 1
+
+
+@gluon.jit
+def _decode_tile(packed, sc, BN: gl.constexpr, BK: gl.constexpr, A_LAYOUT: gl.constexpr):
+    """``kernels._load_mma_tile``'s decode on registers already read: ``packed`` [ROWS, 16] uint8,
+    ``sc`` [ROWS, 4] int32 (bytes (b0, h) of each lane's rows) -> bf16 [BN, BK] in ``A_LAYOUT``."""
+    R: gl.constexpr = BN // 64
+    BH: gl.constexpr = BK // 64
+    ROWS: gl.constexpr = BN * BK // 32
+    mult = sc * 0x00800080 + 0x3F003F00
+    mult = gl.reshape(mult, (ROWS, 2, 1, 2, 1))
+    mult = gl.reshape(mult.broadcast_to((ROWS, 2, 2, 2, 2)), (ROWS, 16))
+    mult = gl.convert_layout(mult, packed.type.layout)
+    r0, r1 = gl.inline_asm_elementwise(_DECODE_PTX, "=r,=r,=r,=r,r,r,r,r,r", [packed, mult],
+                                       dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
+    w = gl.reshape(gl.join(r0, r1), (R, BH, 4, 8, 4, 2, 2, 2, 2, 2))
+    w = gl.permute(w, (0, 2, 7, 3, 1, 5, 6, 9, 4, 8))
+    return gl.convert_layout(gl.reshape(w, (BN, BK)), A_LAYOUT)
+
+
+@gluon.jit
+def _compute(out_ptr, sorted_pick_ptr, slot_start_ptr, num_slots_ptr, wbuf, sbuf, abuf, ready, empty,
+             K: gl.constexpr, OUT_STRIDE: gl.constexpr, NT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+             BK: gl.constexpr, STAGES: gl.constexpr, GATED: gl.constexpr, SWIGLU_LIMIT: gl.constexpr):
+    """Waits on each ring buffer, reads it into registers, frees it, decodes and multiplies;
+    stores each slot pass's rows: bf16 products (w2), or SwiGLU of gate and up (w13, as
+    ``kernels._glu`` with ``ACT == 0``)."""
+    KT: gl.constexpr = K // BK
+    TILES: gl.constexpr = 2 if GATED else 1
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    LW: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0])
+    LS: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0])
+    n_items = gl.load(num_slots_ptr) * NT
+    it = 0
+    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        slot = item // NT
+        tile = item % NT
+        start = gl.load(slot_start_ptr + slot)
+        end = gl.load(slot_start_ptr + slot + 1)
+        for m0 in range(start, end, BM):
+            acc = gl.zeros([BN, BM], gl.float32, MMA)
+            acc_u = gl.zeros([BN, BM], gl.float32, MMA)
+            for _kt in range(KT):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                packed = wbuf.index(s * TILES).load(LW)
+                sc = sbuf.index(s * TILES).load(LS).to(gl.int32)
+                if GATED:
+                    packed_u = wbuf.index(s * TILES + 1).load(LW)
+                    sc_u = sbuf.index(s * TILES + 1).load(LS).to(gl.int32)
+                b = abuf.index(s).permute((1, 0)).load(B_L)
+                mbarrier.arrive(empty.index(s))
+                acc = mma_v2(_decode_tile(packed, sc, BN, BK, A_L), b, acc)
+                if GATED:
+                    acc_u = mma_v2(_decode_tile(packed_u, sc_u, BN, BK, A_L), b, acc_u)
+                it += 1
+            rows = tile * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
+            mm = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, MMA))
+            m_ok = mm < end
+            picks = gl.load(sorted_pick_ptr + mm, mask=m_ok, other=0).to(gl.int64)
+            if GATED:
+                if SWIGLU_LIMIT > 0:
+                    acc = gl.minimum(acc, SWIGLU_LIMIT)
+                    acc_u = gl.minimum(gl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT)
+                acc = acc / (1.0 + gl.exp(-acc)) * acc_u
+            gl.store(out_ptr + picks[None, :] * OUT_STRIDE + rows[:, None], acc.to(gl.bfloat16),
+                     mask=m_ok[None, :])
+
+
+@gluon.jit
+def _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
+               sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, out_ptr,
+               w_expert_stride, s_expert_stride,
+               K: gl.constexpr, ROWS_OUT: gl.constexpr, ROW_DIV: gl.constexpr, GATED: gl.constexpr,
+               SWIGLU_LIMIT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+               STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
+    """One expert GEMM of a grouped step, persistent and warp-specialized: w2 (``GATED`` False:
+    ``out[p] = w2 . src[p]``, ``ROWS_OUT`` = H) or w13 + SwiGLU (``GATED``: gate rows ``n`` and up rows
+    ``n + ROWS_OUT`` applied to ``src[p // ROW_DIV]``, ``ROWS_OUT`` = I)."""
+    ROWS: gl.constexpr = BN * BK // 32
+    NT: gl.constexpr = ROWS_OUT // BN
+    TILES: gl.constexpr = 2 if GATED else 1
+    wbuf = gl.allocate_shared_memory(gl.uint8, [STAGES * TILES, ROWS, 16], gl.SwizzledSharedLayout(16, 1, 1, [1, 0]))
+    sbuf = gl.allocate_shared_memory(gl.uint8, [STAGES * TILES, ROWS, 4], gl.SwizzledSharedLayout(4, 1, 1, [1, 0]))
+    abuf = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=32 * LOADER_WARPS)  # each loader thread's copies land
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (_compute, (out_ptr, sorted_pick_ptr, slot_start_ptr, num_slots_ptr, wbuf, sbuf, abuf, ready, empty,
+                    K, ROWS_OUT, NT, BM, BN, BK, STAGES, GATED, SWIGLU_LIMIT)),
+        (_loader, (src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
+                   sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr,
+                   w_expert_stride, s_expert_stride, wbuf, sbuf, abuf, ready, empty,
+                   K, ROW_DIV, NT, NT, BM, BN, BK, STAGES, GATED, LOADER_WARPS)),
+    ], [LOADER_WARPS], [LOADER_REGS])
+
+
+# Two kernels of one body: the profiler tells launches apart by name.
+@gluon.jit
+def w13_ws_kernel(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
+                  sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, out_ptr,
+                  w_expert_stride, s_expert_stride,
+                  K: gl.constexpr, ROWS_OUT: gl.constexpr, ROW_DIV: gl.constexpr, GATED: gl.constexpr,
+                  SWIGLU_LIMIT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                  STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
+    _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, slot_start_ptr,
+               slot_expert_ptr, num_slots_ptr, out_ptr, w_expert_stride, s_expert_stride, K, ROWS_OUT, ROW_DIV,
+               GATED, SWIGLU_LIMIT, BM, BN, BK, STAGES, LOADER_WARPS, LOADER_REGS)
+
+
+@gluon.jit
+def w2_ws_kernel(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
+                 sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, out_ptr,
+                 w_expert_stride, s_expert_stride,
+                 K: gl.constexpr, ROWS_OUT: gl.constexpr, ROW_DIV: gl.constexpr, GATED: gl.constexpr,
+                 SWIGLU_LIMIT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                 STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
+    _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, slot_start_ptr,
+               slot_expert_ptr, num_slots_ptr, out_ptr, w_expert_stride, s_expert_stride, K, ROWS_OUT, ROW_DIV,
+               GATED, SWIGLU_LIMIT, BM, BN, BK, STAGES, LOADER_WARPS, LOADER_REGS)
+
+
+WS_ARGS = [("src_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("hot_s_ptr", "*u8"),
+           ("cold_w_ptr", "*u8"), ("cold_s_ptr", "*u8"), ("sorted_pick_ptr", "*i32"), ("slot_start_ptr", "*i32"),
+           ("slot_expert_ptr", "*i32"), ("num_slots_ptr", "*i32"), ("out_ptr", "*bf16"),
+           ("w_expert_stride", "i64"), ("s_expert_stride", "i64")]
+
+
+def parse_variant(text: str) -> dict:
+    """'stages=4,loader_warps=4,loader_regs=56,ctas=2,bm=16' -> the launch settings."""
+    cfg = dict(stages=4, loader_warps=4, loader_regs=56, ctas=2, bm=16, maxnreg=128)
+    for item in filter(None, text.split(",")):
+        key, value = item.split("=")
+        if key not in cfg:
+            raise SystemExit(f"unknown setting {key!r} (have {sorted(cfg)})")
+        cfg[key] = int(value)
+    return cfg
+
+
+GEMMS = ("w13", "w2")
+
+
+def gemm_constexprs(which: str, cfg: dict, hidden: int, inter: int, top_k: int, swiglu_limit: float) -> dict:
+    """The launch constants of one GEMM: w13 + SwiGLU over the layer input (64-row gate and up
+    tiles, the runtime's default w13 layout) or w2 over the w2 input (128-row tiles)."""
+    common = dict(BM=cfg["bm"], BK=128, STAGES=cfg["stages"], LOADER_WARPS=cfg["loader_warps"],
+                  LOADER_REGS=cfg["loader_regs"])
+    if which == "w13":
+        return dict(K=hidden, ROWS_OUT=inter, ROW_DIV=top_k, GATED=True, SWIGLU_LIMIT=swiglu_limit, BN=64, **common)
+    return dict(K=inter, ROWS_OUT=hidden, ROW_DIV=1, GATED=False, SWIGLU_LIMIT=0.0, BN=128, **common)
+
+
+KERNELS = {"w13": w13_ws_kernel, "w2": w2_ws_kernel}
+
+
+def sass_report(cfg: dict, which: str, hidden: int, inter: int) -> dict:
+    """Compile for sm_90 without a GPU and count the consumer loop's SASS (kernel_sass's tools)."""
+    import kernel_sass as ks
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    ks.use_target(90)
+    constexprs = gemm_constexprs(which, cfg, hidden, inter, 6, 10.0)
+    sig = dict(WS_ARGS)
+    sig.update({k: "constexpr" for k in constexprs})
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(WS_ARGS))}
+    src = GluonASTSource(fn=KERNELS[which], signature=sig, constexprs=constexprs, attrs=attrs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=4, maxnreg=cfg["maxnreg"]))
+    sass = ks.cuobjdump(kernel, "-sass")
+    regs = ks.cuobjdump(kernel, "-res-usage")
+    loop = _mma_loop(sass)
+    return {"regs": int(re.search(r"REG:(\d+)", regs).group(1)), "shared_bytes": kernel.metadata.shared,
+            "consumer_loop_instructions": len(loop),
+            # a thread decodes BN * BK / 128 weights of each tile per K step
+            "per_weight": len(loop) / ((2 if which == "w13" else 1) * constexprs["BN"] * 128 // 128),
+            "spill_instructions": sum(1 for line in sass.splitlines() if re.search(r"\b(LDL|STL)\b", line)),
+            "loop_ops": dict(collections.Counter(ks_op(t) for t in loop)),
+            # cp.async copies per loader thread and K step (the loader loop: the one that copies)
+            "loader_copies": sum(1 for t in _loop_with(sass, "LDGSTS") if ks_op(t) == "LDGSTS")}
+
+
+def ks_op(text: str) -> str:
+    return re.match(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", text).group(1)
+
+
+def _mma_loop(sass: str) -> list[str]:
+    """The shortest backward branch's body that holds an MMA: the consumer's K loop (the shorter
+    loops are the mbarrier waits)."""
+    return _loop_with(sass, "HMMA")
+
+
+def _loop_with(sass: str, op: str) -> list[str]:
+    """The shortest backward branch's body that holds ``op``."""
+    addr = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
+    lines = [(int(m.group(1), 16), m.group(2)) for m in map(addr.search, sass.splitlines()) if m]
+    best: list[str] = []
+    for at, text in lines:
+        target = re.search(r"BRA\s+0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < at:
+            body = [t for a, t in lines if int(target.group(1), 16) <= a <= at]
+            if any(op in t for t in body) and (not best or len(body) < len(best)):
+                best = body
+    return best
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", default="16,96")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--variants", default="ws:", help="';'-separated 'label:key=value,...' (stages, loader_warps, "
+                                                       "loader_regs, ctas, bm, maxnreg)")
+    ap.add_argument("--sass", action="store_true", help="compile for sm_90 here and count SASS; no GPU")
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
+    args = ap.parse_args()
+    variants = {}
+    for item in filter(None, (c.strip() for c in args.variants.split(";"))):
+        label, fields = item.split(":", 1)
+        variants[label] = parse_variant(fields)
+    if args.sass:
+        for label, cfg in variants.items():
+            for which in GEMMS:
+                print(label, which, json.dumps(sass_report(cfg, which, 5120, 2304)))
+        return 0
+    return run_gpu(args, variants)
+
+
+def run_gpu(args, variants: dict) -> int:
+    import gpu_residency as gr
+    import torch
+    from expert_residency.core.banks import build_unsplit_layer
+    from expert_residency.gpu.experts import KernelConfig, TritonMxfp4Experts
+    from layer_parts import kernel_times
+
+    dev, shape, experts, k = gr.DEV, gr.DSV41, 384, 6
+    tokens = [int(t) for t in args.tokens.split(",")]
+    if min(tokens) < 2:
+        raise SystemExit("T = 1 runs ungrouped (no slots to walk): give tokens of 2 or more")
+    gen = torch.Generator(device=dev).manual_seed(7)
+    kx = TritonMxfp4Experts(shape, experts, k, max_tokens=max(tokens), device=dev,
+                            config=KernelConfig(pdl=False), swiglu_limit=10.0)
+    cfg = kx.config
+    if (cfg.block_n2, cfg.block_k2) != (128, 128):
+        raise SystemExit("the probe reads 128 x 128 w2 tiles")
+    layers = []
+    for i in range(args.layers):
+        ckpt = gr.random_layer(experts, gen)
+        kx.to_kernel_layout(ckpt)
+        layers.append(build_unsplit_layer(ckpt, layer_index=i))
+        del ckpt
+    limit = gr.hbm_read_limit()["GBps"]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"HBM read limit {limit:.0f} GB/s; {torch.cuda.get_device_name(0)}, {sms} SMs", flush=True)
+    ws = kx.workspace
+    result = {"hbm_read_GBps": limit, "device": torch.cuda.get_device_name(0), "rows": []}
+    for t in tokens:
+        ids = torch.stack([torch.stack([torch.randperm(experts, generator=gen, device=dev)[:k] for _ in range(t)])
+                           for _ in range(args.layers)])
+        x = torch.randn(args.layers, t, shape.hidden, generator=gen, device=dev).to(torch.bfloat16)
+        uniq = sum(len(torch.unique(ids[i])) for i in range(args.layers)) / args.layers
+        w2_bytes = uniq * shape.hidden * (shape.intermediate // 2 + shape.intermediate // 32)
+        w13_bytes = uniq * 2 * shape.intermediate * (shape.hidden // 2 + shape.hidden // 32)
+        gemm_bytes = {"w13": w13_bytes, "w2": w2_bytes}
+        outs = {label: {"w13": torch.empty(t * k, shape.intermediate, dtype=torch.bfloat16, device=dev),
+                        "w2": torch.empty(t * k, shape.hidden, dtype=torch.bfloat16, device=dev)}
+                for label in variants}
+
+        def launch_ws(layer, label, which):
+            v = variants[label]
+            hot = layer.hot
+            cold = layer.cold if layer.cold.num_rows else layer.hot   # as pick_outputs passes them
+            name = "w13_weight" if which == "w13" else "w2_weight"
+            w, sw = hot[name], hot[name + "_scale"]
+            const = gemm_constexprs(which, v, shape.hidden, shape.intermediate, k, 10.0)
+            items = t * k * (const["ROWS_OUT"] // const["BN"])   # slots <= picks
+            src = x_now[0] if which == "w13" else ws.act   # w2 reads the runtime's w2 input
+            KERNELS[which][(min(sms * v["ctas"], items),)](
+                src, layer.row_codes, w, sw, cold[name], cold[name + "_scale"],
+                ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, outs[label][which],
+                w.stride(0), sw.stride(0), **const, num_warps=4, maxnreg=v["maxnreg"])
+
+        # correctness: layer 0's step; each GEMM beside the runtime's output of the same workspace
+        x_now = [x[0]]
+        kx.pick_outputs(layers[0], x[0], ids[0])
+        torch.cuda.synchronize()
+        refs = {"w13": ws.act[: t * k].float(), "w2": ws.pick_out[: t * k].float()}
+        diffs = {}
+        for label in variants:
+            for which in GEMMS:
+                launch_ws(layers[0], label, which)
+                torch.cuda.synchronize()
+                got, ref = outs[label][which].float(), refs[which]
+                diffs[f"{label}/{which}"] = {"max_abs": (got - ref).abs().max().item(),
+                                             "rel_l2": ((got - ref).norm() / ref.norm()).item(),
+                                             "bitwise_equal_rows": int((got == ref).all(dim=1).sum().item())}
+
+        # each variant in its own profiled loop, beside the runtime's step of the same layers
+        times, runtime = {}, collections.defaultdict(list)
+        for label in variants:
+            def step(label=label):
+                for i in range(args.layers):
+                    x_now[0] = x[i]
+                    kx.pick_outputs(layers[i], x[i], ids[i])
+                    for which in GEMMS:
+                        launch_ws(layers[i], label, which)
+            per = {n: us / args.layers for n, us in kernel_times(step, args.steps).items()}
+            for which in GEMMS:
+                times[f"{label}/{which}"] = sum(us for n, us in per.items() if n.startswith(f"{which}_ws"))
+                # the runtime's launch of this T (the tl.dot kernels, or the grouped warp-MMA ones)
+                runtime[which].append(sum(us for n, us in per.items()
+                                          if n.startswith(f"{which}_") and not n.startswith(f"{which}_ws")))
+            runtime["rest"].append(sum(us for n, us in per.items()
+                                       if not n.startswith(("w13_", "w2_"))))
+        med = {key: sorted(v)[len(v) // 2] for key, v in runtime.items()}
+        for which in GEMMS:
+            times[f"runtime/{which}"] = med[which]
+        row = {"T": t, "unique_experts": uniq, "MB": {w: b / 1e6 for w, b in gemm_bytes.items()},
+               "us": times, "runtime_us_each_loop": dict(runtime), "diff": diffs,
+               "pct_hbm": {n: 100 * gemm_bytes[n.split("/")[1]] / (us * 1e-6) / 1e9 / limit
+                           for n, us in times.items() if us},
+               "ratio_to_runtime": {n: us / med[n.split("/")[1]] for n, us in times.items()},
+               # kernel sums, eager (no programmatic dependent launch): the runtime's layer, and the
+               # same with its two expert launches replaced by the probe's
+               "layer_us": {"runtime": med["w13"] + med["w2"] + med["rest"],
+                            **{label: times[f"{label}/w13"] + times[f"{label}/w2"] + med["rest"]
+                               for label in variants}}}
+        print(json.dumps(row), flush=True)
+        result["rows"].append(row)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "ws_probe.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -296,9 +296,10 @@ def test_a_recipe_away_from_any_recipes_folder_is_named_by_its_absolute_path(
 
 
 def test_exports_series_is_what_the_head_service_runs() -> None:
-    # One rule (render.monitoring.runs_residency) for both: a lane's head service runs the runtime
+    # One rule (render.lanes.runs_residency) for both: a lane's head service runs the runtime
     # with its row map (mode "residency") exactly where the monitoring render expects its series.
     from recipegen.load.recipe import list_recipes
+    from recipegen.render.lanes import lane_service_name
     from recipegen.render.render import render_recipe
 
     seen = set()
@@ -309,7 +310,7 @@ def test_exports_series_is_what_the_head_service_runs() -> None:
         for files in rendering.folders.values():
             services.update(yaml.safe_load(files["compose.yaml"])["services"])
         for lane in loaded.recipe.lanes:
-            mode = services[mon.lane_service_name(lane.name)]["labels"]["io.recipegen.mode"]
+            mode = services[lane_service_name(lane.name)]["labels"]["io.recipegen.mode"]
             assert mon.exports_series(loaded, lane) == (mode == "residency"), (path.name, lane.name, mode)
             seen.add(mode)
     assert {"residency", "off"} <= seen

@@ -280,15 +280,15 @@ def test_snapshots_of_another_process_do_not_vouch_for_each_other():
 
 
 def test_lane_service_names_have_one_builder() -> None:
-    # `lane-<name>` comes from the schema's prefix (whose length the lane-name limit leaves room
-    # for), built in one place that render, ops and k8s all call.
-    from recipegen.render.monitoring import lane_service_name
+    # `lane-<name>` comes from the schema's prefix (the lane-name limit leaves room for it and the
+    # profile boot's suffix), built in one place that render, ops and k8s all call.
+    from recipegen.render.lanes import lane_service_name, profile_service_name
     from recipegen.render.services import Stage
     from recipegen.schema.lane import DNS_LABEL_MAX_LENGTH, LANE_NAME_MAX_LENGTH, LANE_SERVICE_PREFIX
 
     assert lane_service_name("chat") == labels.lane_service("chat") == f"{LANE_SERVICE_PREFIX}chat"
-    assert labels.profile_service("chat") == f"{LANE_SERVICE_PREFIX}chat-profile"
+    assert labels.profile_service("chat") == profile_service_name("chat") == f"{LANE_SERVICE_PREFIX}chat-profile"
     assert lane_service_name("chat", 2) == Stage(2, "b", (0,), pipeline_size=3).service_name("chat") \
         == f"{LANE_SERVICE_PREFIX}chat-worker-2"
     assert Stage(0, "a", (0,)).service_name("chat") == lane_service_name("chat")
-    assert len(lane_service_name("a" * LANE_NAME_MAX_LENGTH)) == DNS_LABEL_MAX_LENGTH
+    assert len(profile_service_name("a" * LANE_NAME_MAX_LENGTH)) == DNS_LABEL_MAX_LENGTH

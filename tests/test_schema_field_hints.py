@@ -1,6 +1,6 @@
 """A refused value is told what its own field takes: every pattern-checked field's refusal prints the
 hint of that field's pattern (recipegen.schema.patterns), with file, line and field; a lane name
-fits a DNS label once `lane-` is in front; a scrape interval stays inside Prometheus' lookback; a
+fits a DNS label once `lane-` is in front and `-profile` after it; a scrape interval stays inside Prometheus' lookback; a
 recipe's `name` is its file's name."""
 
 from __future__ import annotations
@@ -204,30 +204,33 @@ def test_the_cli_prints_the_hint_without_a_traceback(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- item: lane names fit a DNS label
 
-def test_lane_name_of_58_characters_is_taken(tmp_path: Path) -> None:
-    assert LANE_NAME_MAX_LENGTH == 58 == 63 - len("lane-")
+def test_lane_name_of_50_characters_is_taken(tmp_path: Path) -> None:
+    # Every lane renders `lane-<name>-profile`, its longest service on one machine.
+    assert LANE_NAME_MAX_LENGTH == 50 == 63 - len("lane-") - len("-profile")
     data = _tiny(tmp_path)
-    data["lanes"][0]["name"] = "a" * 58
+    data["lanes"][0]["name"] = "a" * 50
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    assert load_recipe(tmp_path / "tiny.yaml").recipe.lanes[0].name == "a" * 58
+    assert load_recipe(tmp_path / "tiny.yaml").recipe.lanes[0].name == "a" * 50
 
 
-@pytest.mark.parametrize("length", [59, 63, 64, 5000])
-def test_lane_name_longer_than_58_is_refused_at_its_line(tmp_path: Path, length: int) -> None:
+@pytest.mark.parametrize("length", [51, 58, 59, 63, 64, 5000])
+def test_lane_name_longer_than_50_is_refused_at_its_line(tmp_path: Path, length: int) -> None:
     data = _tiny(tmp_path)
     data["lanes"][0]["name"] = "a" * length
     err = _refusal(tmp_path, data)
     assert err.field == "lanes[0].name"
     assert err.line == _line_of(tmp_path, "name: aaaa"), str(err)  # the lane's `- name:` line
     message = str(err)
-    assert f"lane name of {length:,} characters: at most 58" in message
-    assert "`lane-<name>`" in message and "DNS label" in message and "63 characters" in message
-    assert "a" * 59 not in message  # the name is not echoed
+    assert f"lane name of {length:,} characters: at most 50" in message
+    assert "`lane-<name>-profile`" in message and "one DNS label of at most 63 characters" in message
+    assert f"would have {length + 13:,} characters, {length - 50:,} too many" in message
+    assert ("a" * length in message) == (length <= 63)  # a name is echoed only while it could be one
+    assert "a" * 64 not in message
 
 
 def test_long_lane_name_is_refused_by_check_recipe(tmp_path: Path) -> None:
     data = _tiny(tmp_path)
-    data["lanes"][0]["name"] = "a" * 59
+    data["lanes"][0]["name"] = "a" * 51
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     result = CliRunner().invoke(main, ["check", "recipe", str(tmp_path / "tiny.yaml")])
     assert result.exit_code == 2
@@ -241,7 +244,7 @@ def test_committed_recipes_lane_names_fit(repo_root: Path) -> None:
     assert names and all(len(n) <= LANE_NAME_MAX_LENGTH for n in names)
 
 
-def test_a_58_character_lane_renders_a_scrape_target_that_fits_a_dns_label(repo_root: Path) -> None:
+def test_a_50_character_lane_renders_services_that_fit_a_dns_label(repo_root: Path) -> None:
     from recipegen.render.render import render_recipe
 
     path = repo_root / "recipes" / "dsv41-flash-gb300.yaml"
@@ -258,6 +261,10 @@ def test_a_58_character_lane_renders_a_scrape_target_that_fits_a_dns_label(repo_
     targets = re.findall(r"(lane-[a-z0-9-]+):\d+", prometheus[0].decode())
     assert f"lane-{long_name}" in targets
     assert all(len(t) <= 63 for t in targets)
+    services = [name for files in rendering.folders.values()
+                for name in yaml.safe_load(files["compose.yaml"])["services"]]
+    assert f"lane-{long_name}-profile" in services
+    assert max(len(n) for n in services) == 63
 
 
 # ---------------------------------------------------------------- item: scrape interval <= 300 s

@@ -18,6 +18,7 @@ from expert_residency.formats import FormatError, find_report_lines
 
 from recipegen.acceptance.client import EndpointClient, EndpointError
 from recipegen.common.errors import InputError
+from recipegen.schema.lane import LANE_SERVICE_PREFIX
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "0.0.0.0", "::1"}
 
@@ -90,7 +91,7 @@ def _docker_lane_log(base_url: str) -> tuple[str | None, str | None]:
         for container in containers:
             labels = container.labels or {}
             service = labels.get("com.docker.compose.service", "")
-            if not service.startswith("lane-"):
+            if not service.startswith(LANE_SERVICE_PREFIX):
                 continue
             if _serves_port(container.attrs, port):
                 logs = container.logs(stdout=True, stderr=True).decode("utf-8", errors="replace")

@@ -255,6 +255,7 @@ def _report(written: list[Path], old: dict[Path, dict[str, str]],
     """One line per folder, per generated file and per service: what the render wrote."""
     from recipegen.load.document import display_path
     from recipegen.render.output import read_manifest
+    from recipegen.schema.lane import LANE_PROFILE_SUFFIX
 
     for compose_file in written:
         folder = compose_file.parent
@@ -280,7 +281,7 @@ def _report(written: list[Path], old: dict[Path, dict[str, str]],
                 say(f"  service {service}: {mark} — {role} (config hash {new[service][:12]})")
             else:
                 say(f"  service {service}: {role}")
-        lanes = [s for s in changed if not s.endswith("-profile")]
+        lanes = [s for s in changed if not s.endswith(LANE_PROFILE_SUFFIX)]
         if hashes and lanes:
             say(f"  apply: docker compose -f {display_path(compose_file)} up -d "
                 f"{' '.join(lanes)}")

@@ -37,7 +37,7 @@ def _header(recipe: str, recipe_file: str, pp: int, machines: str, k8s: str, lws
 
 def _stage_specs(loaded: Any, lane_index: int, project_root: Path) -> tuple[dict[int, Any], dict[int, bytes]]:
     from recipegen.render.render import checked_ledger, lane_memory, output_root, runtime_dir_for
-    from recipegen.render.monitoring import lane_service_name
+    from recipegen.render.lanes import lane_service_name
     from recipegen.render.services import RenderInputs, build_services
     from recipegen.vllm_flags import TARGET_VLLM_VERSION, load_flag_table
 

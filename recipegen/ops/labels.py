@@ -14,15 +14,18 @@ MODE = PREFIX + "mode"
 
 
 def lane_service(lane: str) -> str:
-    """The lane's API-serving engine service (`render.monitoring.lane_service_name`, its one builder)."""
-    from recipegen.render.monitoring import lane_service_name
+    """The lane's API-serving engine service (`render.lanes.lane_service_name`, its one builder)."""
+    from recipegen.render.lanes import lane_service_name
 
     return lane_service_name(lane)
 
 
 def profile_service(lane: str) -> str:
-    """The lane's count-only profile-boot service (compose profile `profile`)."""
-    return f"{lane_service(lane)}-profile"
+    """The lane's count-only profile-boot service (compose profile `profile`;
+    `render.lanes.profile_service_name`, its one builder)."""
+    from recipegen.render.lanes import profile_service_name
+
+    return profile_service_name(lane)
 
 
 PROFILE_BOOT_PROFILE = "profile"

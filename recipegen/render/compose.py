@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from recipegen.common.errors import RecipegenError
 from recipegen.common.generated import Comment, Flow, Plain, block_lines, block_yaml
+from recipegen.render.lanes import profile_service_name
+from recipegen.schema.lane import LANE_SERVICE_PREFIX
 
 CONFIG_HASH_LABEL = "io.recipegen.config-hash"
 
@@ -201,7 +203,7 @@ def render_compose(*, project_name: str, recipe_name: str, recipe_file: str, vll
               "is stale.",
               f"Start a lane: `docker compose up -d {first}` (from this folder).",
               "Profile boot (count-only, never together with its lane): `docker compose --profile "
-              "profile up -d lane-<lane>-profile`."]
+              f"profile up -d {profile_service_name('<lane>')}`."]
     entries = [hashed_service(s) for s in services]  # Compose-literal already
     document = {**compose_literal({"name": project_name,
                                    "x-recipegen": {"recipe": recipe_name, "recipe_file": recipe_file,
@@ -231,7 +233,7 @@ def service_hashes(compose_text: str) -> dict[str, str]:
     for line in compose_text.splitlines():
         service = _SERVICE_LINE.match(line)
         if service:
-            current = service.group(1) if service.group(1).startswith("lane-") else None
+            current = service.group(1) if service.group(1).startswith(LANE_SERVICE_PREFIX) else None
             continue
         digest = _HASH_LINE.match(line)
         if digest and current:

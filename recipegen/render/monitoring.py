@@ -22,7 +22,7 @@ from expert_residency.contract import metrics as m
 from recipegen.common.errors import RecipegenError
 from recipegen.common.generated import Flow, Plain, yaml_file
 from recipegen.render.compose import Service
-from recipegen.schema.lane import LANE_SERVICE_PREFIX
+from recipegen.render.lanes import lane_service_name, runs_residency
 from recipegen.vllm_flags.moe_backend import choose_or_auto, start_period
 
 if TYPE_CHECKING:
@@ -67,40 +67,9 @@ class LaneMetrics:
     tmpfs: tuple[str, ...]
 
 
-def lane_service_name(lane: str, rank: int = 0) -> str:
-    """The compose service (and Kubernetes object) of a lane's engine: `lane-<lane>` for the
-    API-serving one (rank 0; its host name on the compose network, the scrape target), and
-    `lane-<lane>-worker-<rank>` for a pipeline's headless stages. The one builder of these names
-    (render.services, ops.labels and k8s call it), from the schema's `LANE_SERVICE_PREFIX`, which
-    the lane-name length limit leaves room for. It lives here, below render.services, which
-    imports this module (`lane_metrics`), so that the scrape targets can use it without a cycle."""
-    name = f"{LANE_SERVICE_PREFIX}{lane}"
-    return name if rank == 0 else f"{name}-worker-{rank}"
-
-
-def runs_residency(loaded: LoadedRecipe, lane: Lane, rank: int = 0) -> bool:
-    """Whether the engine of the lane's stage `rank` (the lane itself, not its count-only profile
-    boot) runs the residency runtime with the active class's row map: a usage-aware lane, on a
-    stage that keeps some experts out of HBM and, on a multi-node pipeline, holds MoE layers (a
-    stage without any has nothing to re-home). The one owner of this rule: the compose service's
-    mode (`render.services`) and `exports_series` both ask it."""
-    if lane.offload.placement != "usage-aware":
-        return False
-    pipeline = lane.parallel.pipeline if lane.parallel is not None else None
-    if not pipeline:
-        return True
-    if pipeline[rank].all_experts_in_hbm:
-        return False
-    if len(pipeline) == 1:
-        return True
-    from recipegen.multinode.launch import lane_launches
-
-    return bool(lane_launches(loaded.recipe, lane)[rank].layers.moe_layers)
-
-
 def exports_series(loaded: LoadedRecipe, lane: Lane) -> bool:
     """Whether the lane's API-serving engine runs the residency runtime, whose worker exports the
-    `expert_residency_*` series: what its compose service runs (`runs_residency` of stage 0: a
+    `expert_residency_*` series: what its compose service runs (`render.lanes.runs_residency` of stage 0: a
     usage-aware lane; on a pipeline, a first stage that holds MoE layers and keeps some experts
     cold)."""
     return runs_residency(loaded, lane, 0)
@@ -356,7 +325,7 @@ def lane_availability_rules(loaded: LoadedRecipe) -> list[dict[str, Any]]:
                     "Prometheus has not reached lane {{ $labels.lane }}'s /metrics ({{ $labels.instance }}) "
                     "for " + monitoring.window + ", and it answered within the last " + period + ": the "
                     "engine crashed, hung or is restarting. `recipegen status` shows the container's state; "
-                    "`docker compose logs lane-{{ $labels.lane }}` says why."),
+                    "`docker compose logs " + lane_service_name("{{ $labels.lane }}") + "` says why."),
             },
         })
         rules.append({
@@ -370,7 +339,7 @@ def lane_availability_rules(loaded: LoadedRecipe) -> list[dict[str, Any]]:
                     "Prometheus has not reached lane {{ $labels.lane }}'s /metrics ({{ $labels.instance }}) "
                     "for " + period + ", the longest a boot of this lane may take (its health check's "
                     "start period): the boot never finished or the lane is down for good. "
-                    "`docker compose logs lane-{{ $labels.lane }}` says why."),
+                    "`docker compose logs " + lane_service_name("{{ $labels.lane }}") + "` says why."),
             },
         })
     return rules

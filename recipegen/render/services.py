@@ -20,7 +20,8 @@ from expert_residency.contract.metrics import MULTIPROC_DIR_ENV
 from recipegen.ledger.flags import max_num_seqs, rendered_flag_problems
 from recipegen.multinode.launch import host_table_args, launch_flags
 from recipegen.render.compose import HealthCheck, Interpolated, Mount, ServiceSpec
-from recipegen.render.monitoring import lane_metrics, lane_service_name, runs_residency
+from recipegen.render.lanes import lane_service_name, profile_service_name, runs_residency
+from recipegen.render.monitoring import lane_metrics
 from recipegen.vllm_flags import FlagTable, argv_problems
 from recipegen.vllm_flags.args import parse_args
 from recipegen.vllm_flags.moe_backend import (
@@ -193,6 +194,9 @@ class Stage:
     def service_name(self, lane: str) -> str:
         return lane_service_name(lane, self.rank)
 
+    def profile_service_name(self, lane: str) -> str:
+        return profile_service_name(lane, self.rank)
+
 
 def lane_stages(lane: Lane) -> list[Stage]:
     parallel = getattr(lane, "parallel", None)
@@ -245,7 +249,7 @@ def refuse_service_collisions(loaded: LoadedRecipe) -> None:
     owners: dict[str, str] = {}
     for index, lane in enumerate(loaded.recipe.lanes):
         for stage in lane_stages(lane):
-            for name in (stage.service_name(lane.name), stage.service_name(lane.name) + "-profile"):
+            for name in (stage.service_name(lane.name), stage.profile_service_name(lane.name)):
                 other = owners.setdefault(name, lane.name)
                 if other != lane.name:
                     raise loaded.error(f"lane {lane.name!r} would render a compose service named "
@@ -347,7 +351,7 @@ def _service(loaded: LoadedRecipe, index: int, lane: Lane, stage: Stage, inputs:
                            f"{inputs.flag_table.vllm_version}: " + "; ".join(problems),
                            ("lanes", index, "extra_args"))
 
-    name = stage.service_name(lane.name) + ("-profile" if profile else "")
+    name = stage.profile_service_name(lane.name) if profile else stage.service_name(lane.name)
     out_dir = inputs.out_dir
     mounts: list[Mount] = [model_mount, Mount("volume", cache_volume, CACHE_TARGET, False)]
     env: dict[str, str] = {

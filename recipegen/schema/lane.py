@@ -17,11 +17,17 @@ NAME_PATTERN = SERVICE_NAME.regex
 # a lane's and a class's name), Compose service names and Kubernetes labels (at most 63
 # characters): longer ones are refused at their line.
 NAME_MAX_LENGTH = 63
-# A lane's compose service, and so its host name on the compose network (what Prometheus
-# scrapes), is `lane-<name>`: one DNS label, at most 63 characters, leaves 58 for the name.
+# The parts of a lane's compose service names (`recipegen.render.lanes` builds the names from
+# them, the lane's checks below bound them): `lane-<name>` is the engine that serves the API, and
+# so its host name on the compose network (what Prometheus scrapes); stage r >= 1 of a multi-node
+# lane is `lane-<name>-worker-<r>`; each of these engines has a count-only profile boot, the same
+# name with `-profile` after it. Every one is a host name, one DNS label of at most 63 characters:
+# the profile boot every lane has leaves 50 for the name, a multi-node lane's workers less.
 LANE_SERVICE_PREFIX = "lane-"
+LANE_WORKER_SUFFIX = "-worker-"  # followed by the stage's rank
+LANE_PROFILE_SUFFIX = "-profile"
 DNS_LABEL_MAX_LENGTH = 63
-LANE_NAME_MAX_LENGTH = DNS_LABEL_MAX_LENGTH - len(LANE_SERVICE_PREFIX)
+LANE_NAME_MAX_LENGTH = DNS_LABEL_MAX_LENGTH - len(LANE_SERVICE_PREFIX) - len(LANE_PROFILE_SUFFIX)
 # Bounds far above any lane (the reference serves up to 16 streams, k=5), below what a per-batch-
 # size table may expand to: checks walk every batch size up to concurrency.max.
 MAX_STREAMS = 65_536
@@ -326,8 +332,10 @@ class Lane(StrictModel):
     """One vLLM engine: fixed GPUs of one machine, one port, one image, one active traffic class."""
 
     name: str = Field(pattern=NAME_PATTERN, json_schema_extra={"maxLength": LANE_NAME_MAX_LENGTH})
-    """Lane name, at most 58 characters: its compose service, and its host name on the compose
-    network (the one Prometheus scrapes), is `lane-<name>`, one DNS label of at most 63."""
+    """Lane name, at most 50 characters: its compose service, and its host name on the compose
+    network (the one Prometheus scrapes), is `lane-<name>`, its profile boot `lane-<name>-profile`,
+    each one DNS label of at most 63; a multi-node lane's workers, `lane-<name>-worker-<r>-profile`
+    at the longest, take `-worker-<r>` more."""
     machine: str
     """Key of the machine in the recipe's `machines` (multi-node lanes will add a placement list)."""
     gpus: list[NonNegativeInt] = Field(min_length=1)
@@ -369,12 +377,9 @@ class Lane(StrictModel):
     @field_validator("name")
     @classmethod
     def _name_fits_a_dns_label(cls, value: str) -> str:
-        if len(value) > LANE_NAME_MAX_LENGTH:
-            raise ValueError(f"lane name of {len(value):,} characters: at most {LANE_NAME_MAX_LENGTH}, "
-                             f"because the lane's compose service and host name is "
-                             f"`{LANE_SERVICE_PREFIX}<name>`, one DNS label, and a DNS label holds at "
-                             f"most {DNS_LABEL_MAX_LENGTH} characters (a longer host name does not "
-                             "resolve, so Prometheus could never scrape the lane)")
+        problem = service_name_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @model_validator(mode="after")
@@ -390,11 +395,41 @@ class Lane(StrictModel):
                 raise PathError(f"stage 0 runs on the lane's own machine and GPUs (the head serves "
                                 f"the API): expected machine {self.machine!r} gpus {self.gpus}, got "
                                 f"{head.machine!r} {head.gpus}", ("parallel", "pipeline", 0))
+            problem = service_name_problem(self.name, len(self.parallel.pipeline))
+            if problem:
+                raise PathError(problem, ("name",))
         return self
 
     @property
     def tensor_parallel_size(self) -> int:
         return len(self.gpus)
+
+
+def longest_service_name(name: str, stages: int = 1) -> str:
+    """The longest compose service name a lane of `stages` engines renders (`recipegen.render.lanes`
+    builds each): the profile boot of its last stage, `lane-<name>-profile` on one machine,
+    `lane-<name>-worker-<stages - 1>-profile` on a multi-node lane."""
+    worker = f"{LANE_WORKER_SUFFIX}{stages - 1}" if stages > 1 else ""
+    return f"{LANE_SERVICE_PREFIX}{name}{worker}{LANE_PROFILE_SUFFIX}"
+
+
+def service_name_problem(name: str, stages: int = 1) -> str | None:
+    """Why a lane named `name` with `stages` engines cannot be rendered, or None: its longest
+    compose service name (`longest_service_name`) must be one DNS label. The name itself is shown
+    only while it is short enough to be a name at all (a 5,000-character one is not echoed)."""
+    length = len(longest_service_name(name, stages))
+    over = length - DNS_LABEL_MAX_LENGTH
+    if over <= 0:
+        return None
+    room = len(name) - over
+    what = ("its count-only profile boot" if stages == 1 else
+            f"the count-only profile boot of stage {stages - 1}, the last of its {stages} pipeline stages,")
+    shown = f" (here {longest_service_name(name, stages)})" if len(name) <= NAME_MAX_LENGTH else ""
+    return (f"lane name of {len(name):,} characters: at most {room}, because its longest compose "
+            f"service, {what} `{longest_service_name('<name>', stages)}`{shown}, would have {length:,} "
+            f"characters, {over:,} too many: a compose service's name is its host name on the compose "
+            f"network, one DNS label of at most {DNS_LABEL_MAX_LENGTH} characters (a longer one does "
+            f"not resolve); shorten the lane name by {over:,} character{'s' if over > 1 else ''}")
 
 
 def prior_classes(lane: Lane) -> list[str]:

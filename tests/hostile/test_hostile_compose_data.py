@@ -217,8 +217,8 @@ def test_a_recipe_path_is_data(project: Path, clean: dict, payload: str) -> None
 NAME_FIELDS = {
     # field: (where, how an error names it, what the schema admits)
     "recipe name": (("name",), "name", r"[a-z0-9][a-z0-9._-]{0,62}"),
-    # `lane-<name>` is one DNS label (at most 63 characters): a lane name holds at most 58
-    "lane name": (("lanes", 0, "name"), "lanes[0].name", r"[a-z0-9][a-z0-9-]{0,57}"),
+    # `lane-<name>-profile` is one DNS label (at most 63 characters): a lane name holds at most 50
+    "lane name": (("lanes", 0, "name"), "lanes[0].name", r"[a-z0-9][a-z0-9-]{0,49}"),
     "lane profile": (("lanes", 0, "profile"), "lanes[0].profile", r"[a-z0-9][a-z0-9-]{0,62}"),
     "active class": (("lanes", 0, "active_class"), "lanes[0].active_class", r"agent|prose|math"),
 }

@@ -12,6 +12,9 @@ histograms, mounted like the row map). Each becomes one prior named by the histo
 ``meta.class`` (else the file's stem), restricted to the MoE layers this worker holds.
 
 Parsing errors raise ``ValueError`` naming the variable and the field; nothing here touches a device.
+The spec's parsing is standard library only (numpy is imported by the priors' reader), so the
+plugin's settings check ``EXPERT_RESIDENCY_ADAPTIVE`` in vLLM's API server, before any engine
+process starts, with this same parser the worker uses.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ..contract.env import ADAPTIVE as ENV_ADAPTIVE
 from ..contract.env import ADAPTIVE_PRIORS as ENV_PRIORS
 from .adaptive_config import AdaptiveConfig
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _OFF = ("", "off", "0", "false", "no")
 _ON = ("on", "1", "true", "yes")
@@ -84,6 +89,8 @@ def priors_from_histograms(paths: Sequence[str | os.PathLike[str]],
 
     A layer with no counts gets a uniform row (nothing known is not "never picked").
     """
+    import numpy as np
+
     from ..formats.histogram import load_histogram
 
     priors: dict[str, np.ndarray] = {}

@@ -100,6 +100,34 @@ def check_interval(interval: float, what: str) -> None:
                          "between snapshots")
 
 
+_FOLDER_FIX = "name a folder for the histogram dumps (created if missing), or unset it"
+
+
+def check_dump_folder(folder: str | os.PathLike[str]) -> None:
+    """Refuse a dump folder the writer could not use (ValueError naming ``EXPERT_RESIDENCY_DUMP_DIR``,
+    the value and what to do): something other than a folder at that path, a folder this process
+    cannot write, or a missing one whose nearest existing parent is not a writable folder (the
+    writer creates it, ``HistogramDumper.start``). The one check of that variable's folder: the
+    vLLM plugin runs it in the API server, before any engine process starts, and again in the worker
+    before the writer starts. Nothing is created here."""
+    shown = f"{ENV_DIR}={os.fspath(folder)!r}"
+    path = Path(folder)
+    if os.path.lexists(path) and not path.is_dir():   # a file, or a link to nothing / to a file
+        raise ValueError(f"{shown} is not a folder: {_FOLDER_FIX}")
+    if path.is_dir():
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ValueError(f"{shown} is not writable by this process: {_FOLDER_FIX}")
+        return
+    parent = path.absolute().parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{shown} cannot be created: {parent} is not a folder; {_FOLDER_FIX}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{shown} cannot be created: {parent} is not writable by this process; "
+                         f"{_FOLDER_FIX}")
+
+
 @dataclass(frozen=True)
 class DumpConfig:
     folder: Path

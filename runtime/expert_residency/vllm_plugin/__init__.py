@@ -10,8 +10,10 @@ set to something other than ``off`` (see ``settings``).
 
 When active, ``register()``:
 
-1. refuses unsupported vLLM versions, a missing/unreadable row map and a ``content_hash``
-   mismatch — in the API server process, before any engine process starts;
+1. refuses a bad environment value (``settings``: every variable, ``EXPERT_RESIDENCY_ADAPTIVE``
+   included), unsupported vLLM versions, a dump folder that cannot be used, a missing, unreadable
+   or folder row map and a ``content_hash`` mismatch — in the API server process, before any
+   engine process starts (``preboot_checks``);
 2. swaps vLLM's expert container for ``ResidencyRoutedExperts`` (``RoutedExperts.register_oot``)
    and hooks the model loader's return (``loader_hook``), where the worker runtime re-homes the
    experts or starts counting, before KV-cache sizing.
@@ -24,7 +26,7 @@ import os
 from .refusal import REFUSAL_EXIT_CODE, REFUSAL_TAG, ResidencyRefused, refuse
 from .settings import PluginSettings, SettingsError, load_settings
 
-__all__ = ["register", "REFUSAL_TAG", "REFUSAL_EXIT_CODE", "ResidencyRefused", "PluginSettings",
+__all__ = ["register", "preboot_checks", "REFUSAL_TAG", "REFUSAL_EXIT_CODE", "ResidencyRefused", "PluginSettings",
            "load_settings"]
 
 _registered_pid: int | None = None
@@ -47,7 +49,7 @@ def register() -> None:
     reason = unsupported_version_reason(installed_vllm_version())
     if reason is not None:
         refuse(reason, exit_process=True)
-    rowmap = _load_rowmap(settings)
+    rowmap = preboot_checks(settings)
 
     from vllm.model_executor.custom_op import op_registry_oot
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
@@ -66,12 +68,35 @@ def register() -> None:
     _registered_pid = os.getpid()
 
 
+def preboot_checks(settings: PluginSettings):  # -> RowMap | None
+    """The checks ``register()`` runs on the files the environment names, after the version gate
+    and before vLLM is touched (API server first): the dump folder, then the row map (returned,
+    None without one). A refusal exits with status 3."""
+    _check_dump_dir(settings)
+    return _load_rowmap(settings)
+
+
+def _check_dump_dir(settings: PluginSettings) -> None:
+    if settings.dump_dir is None:
+        return
+    from ..core.dump import check_dump_folder
+
+    try:
+        check_dump_folder(settings.dump_dir)
+    except ValueError as exc:
+        refuse(str(exc), exit_process=True)
+
+
 def _load_rowmap(settings: PluginSettings):  # -> RowMap | None
     if settings.rowmap_path is None:
         return None
     from ..formats import FormatError, load_rowmap
 
     path = settings.rowmap_path
+    if os.path.isdir(path):
+        refuse(f"row map {path} (EXPERT_RESIDENCY_ROWMAP) is a folder, not a row map file: set "
+               "EXPERT_RESIDENCY_ROWMAP to the .rowmap file itself (a bind mount of a host file "
+               "that does not exist is created as an empty folder)", exit_process=True)
     if not os.path.isfile(path):
         refuse(f"row map {path} (EXPERT_RESIDENCY_ROWMAP) does not exist", exit_process=True)
     try:

@@ -1,6 +1,8 @@
 """The runtime's environment, parsed once per process (standard library only). The variables'
 names and meanings are defined in ``contract.env``: ``EXPERT_RESIDENCY_MODE``, ``_ROWMAP``,
-``_CONTENT_HASH``, ``_DUMP_DIR``, ``_DUMP_INTERVAL_S``, ``_LANE``, ``_CLASS``, ``_PER_PICK``.
+``_CONTENT_HASH``, ``_DUMP_DIR``, ``_DUMP_INTERVAL_S``, ``_LANE``, ``_CLASS``, ``_PER_PICK``; the
+metrics variables (``metrics.config``) and ``EXPERT_RESIDENCY_ADAPTIVE`` (checked with
+``core.adaptive_setup``'s parser; the worker parses it again to build the policy).
 
 Modes:
 
@@ -25,6 +27,7 @@ from expert_residency.contract.env import LANE as ENV_LANE
 from expert_residency.contract.env import MODE as ENV_MODE
 from expert_residency.contract.env import PER_PICK as ENV_PER_PICK
 from expert_residency.contract.env import ROWMAP as ENV_ROWMAP
+from expert_residency.core.adaptive_setup import adaptive_from_env
 from expert_residency.core.dump import DEFAULT_INTERVAL_S, ENV_INTERVAL, interval_from_env
 from expert_residency.metrics.config import MetricsConfig, metrics_from_env
 
@@ -102,6 +105,12 @@ def load_settings(environ: Mapping[str, str] | None = None) -> PluginSettings:
                             f"{', '.join(PER_PICK_CHOICES)}")
     try:
         metrics = metrics_from_env(env)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+    # Checked here so that a bad spec refuses in the API server, before any engine process; the
+    # worker parses it again (same parser) where it builds the policy.
+    try:
+        adaptive_from_env(env)
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     settings = PluginSettings(mode=mode, rowmap_path=rowmap, content_hash=content_hash, per_pick=per_pick,

@@ -202,7 +202,12 @@ class WorkerRuntime:
             from pathlib import Path
 
             from ..core import DumpConfig, HistogramDumper
+            from ..core.dump import check_dump_folder
 
+            try:  # checked in the API server already (register); the folder may have changed since
+                check_dump_folder(self.settings.dump_dir)
+            except ValueError as exc:
+                refuse(str(exc))
             config = DumpConfig(Path(self.settings.dump_dir), self.settings.dump_interval_s,
                                 self.settings.lane, self.settings.traffic_class,
                                 self.settings.dump_mode_name)

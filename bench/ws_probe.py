@@ -37,211 +37,12 @@ import sys
 from pathlib import Path
 
 import triton
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "runtime"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from expert_residency.gpu import kernels  # noqa: E402
-
-_DECODE_PTX = gl.constexpr(kernels._MMA_WORD_TO_BF16_PTX.value)
-# Gluon is experimental and its API moves: Triton 3.6 names the cp.async copy
-# async_copy_global_to_shared, later releases async_load (same arguments; the old name raises).
-_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
-
-
-@gluon.jit
-def _expert_base(codes_ptr, expert, hot_ptr, cold_ptr, expert_stride):
-    code = gl.load(codes_ptr + expert)
-    row = gl.where(code >= 0, code, -code - 1).to(gl.int64)
-    return gl.where(code >= 0, hot_ptr, cold_ptr) + row * expert_stride
-
-
-@gluon.jit
-def _loader(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
-            sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr,
-            w_expert_stride, s_expert_stride, wbuf, sbuf, abuf, ready, empty,
-            K: gl.constexpr, ROW_DIV: gl.constexpr, NT: gl.constexpr, UP_TILE: gl.constexpr,
-            BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-            GATED: gl.constexpr, LOADER_WARPS: gl.constexpr):
-    """Copies each K step's weight tile(s) (the gate and up tiles when ``GATED``), their scales
-    (each lane group's 4 bytes once per lane) and the slot's input rows (``src[pick // ROW_DIV]``:
-    the layer input by token for w13, the w2 input by pick) into ring buffer ``it % STAGES``."""
-    ROWS: gl.constexpr = BN * BK // 32
-    KT: gl.constexpr = K // BK
-    TILES: gl.constexpr = 2 if GATED else 1
-    LW: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [LOADER_WARPS, 1], [1, 0])
-    LS: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [LOADER_WARPS, 1], [1, 0])
-    LA: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [LOADER_WARPS, 1], [1, 0])
-    rw = gl.arange(0, ROWS, layout=gl.SliceLayout(1, LW))
-    w_off = rw[:, None] * 16 + gl.arange(0, 16, layout=gl.SliceLayout(0, LW))[None, :]
-    rs = gl.arange(0, ROWS, layout=gl.SliceLayout(1, LS))
-    s_off = (rs // 4)[:, None] * 4 + gl.arange(0, 4, layout=gl.SliceLayout(0, LS))[None, :]
-    ma = gl.arange(0, BM, layout=gl.SliceLayout(1, LA))
-    ka = gl.arange(0, BK, layout=gl.SliceLayout(0, LA))
-    n_items = gl.load(num_slots_ptr) * NT
-    it = 0
-    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
-        slot = item // NT
-        tile = item % NT
-        start = gl.load(slot_start_ptr + slot)
-        end = gl.load(slot_start_ptr + slot + 1)
-        expert = gl.load(slot_expert_ptr + slot)
-        w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride)
-        s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride)
-        for m0 in range(start, end, BM):
-            mm = m0 + ma
-            m_ok = mm < end
-            picks = gl.load(sorted_pick_ptr + mm, mask=m_ok, other=0)
-            src_rows = src_ptr + (picks // ROW_DIV).to(gl.int64) * K
-            for kt in range(KT):
-                s = it % STAGES
-                mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-                for j in gl.static_range(TILES):
-                    t64 = ((tile + j * UP_TILE) * KT + kt).to(gl.int64)
-                    _async_load(wbuf.index(s * TILES + j),
-                                                           w_base + t64 * (BN * BK // 2) + w_off)
-                    _async_load(sbuf.index(s * TILES + j),
-                                                           s_base + t64 * (BN * BK // 32) + s_off)
-                _async_load(abuf.index(s), src_rows[:, None] + (kt * BK + ka)[None, :],
-                                                       mask=m_ok[:, None])
-                async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
-                it += 1
-
-
-@gluon.jit
-def _decode_tile(packed, sc, BN: gl.constexpr, BK: gl.constexpr, A_LAYOUT: gl.constexpr):
-    """``kernels._load_mma_tile``'s decode on registers already read: ``packed`` [ROWS, 16] uint8,
-    ``sc`` [ROWS, 4] int32 (bytes (b0, h) of each lane's rows) -> bf16 [BN, BK] in ``A_LAYOUT``."""
-    R: gl.constexpr = BN // 64
-    BH: gl.constexpr = BK // 64
-    ROWS: gl.constexpr = BN * BK // 32
-    mult = sc * 0x00800080 + 0x3F003F00
-    mult = gl.reshape(mult, (ROWS, 2, 1, 2, 1))
-    mult = gl.reshape(mult.broadcast_to((ROWS, 2, 2, 2, 2)), (ROWS, 16))
-    mult = gl.convert_layout(mult, packed.type.layout)
-    r0, r1 = gl.inline_asm_elementwise(_DECODE_PTX, "=r,=r,=r,=r,r,r,r,r,r", [packed, mult],
-                                       dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
-    w = gl.reshape(gl.join(r0, r1), (R, BH, 4, 8, 4, 2, 2, 2, 2, 2))
-    w = gl.permute(w, (0, 2, 7, 3, 1, 5, 6, 9, 4, 8))
-    return gl.convert_layout(gl.reshape(w, (BN, BK)), A_LAYOUT)
-
-
-@gluon.jit
-def _compute(out_ptr, sorted_pick_ptr, slot_start_ptr, num_slots_ptr, wbuf, sbuf, abuf, ready, empty,
-             K: gl.constexpr, OUT_STRIDE: gl.constexpr, NT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-             BK: gl.constexpr, STAGES: gl.constexpr, GATED: gl.constexpr, SWIGLU_LIMIT: gl.constexpr):
-    """Waits on each ring buffer, reads it into registers, frees it, decodes and multiplies;
-    stores each slot pass's rows: bf16 products (w2), or SwiGLU of gate and up (w13, as
-    ``kernels._glu`` with ``ACT == 0``)."""
-    KT: gl.constexpr = K // BK
-    TILES: gl.constexpr = 2 if GATED else 1
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
-    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-    B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-    LW: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0])
-    LS: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0])
-    n_items = gl.load(num_slots_ptr) * NT
-    it = 0
-    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
-        slot = item // NT
-        tile = item % NT
-        start = gl.load(slot_start_ptr + slot)
-        end = gl.load(slot_start_ptr + slot + 1)
-        for m0 in range(start, end, BM):
-            acc = gl.zeros([BN, BM], gl.float32, MMA)
-            acc_u = gl.zeros([BN, BM], gl.float32, MMA)
-            for _kt in range(KT):
-                s = it % STAGES
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                packed = wbuf.index(s * TILES).load(LW)
-                sc = sbuf.index(s * TILES).load(LS).to(gl.int32)
-                if GATED:
-                    packed_u = wbuf.index(s * TILES + 1).load(LW)
-                    sc_u = sbuf.index(s * TILES + 1).load(LS).to(gl.int32)
-                b = abuf.index(s).permute((1, 0)).load(B_L)
-                mbarrier.arrive(empty.index(s))
-                acc = mma_v2(_decode_tile(packed, sc, BN, BK, A_L), b, acc)
-                if GATED:
-                    acc_u = mma_v2(_decode_tile(packed_u, sc_u, BN, BK, A_L), b, acc_u)
-                it += 1
-            rows = tile * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
-            mm = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, MMA))
-            m_ok = mm < end
-            picks = gl.load(sorted_pick_ptr + mm, mask=m_ok, other=0).to(gl.int64)
-            if GATED:
-                if SWIGLU_LIMIT > 0:
-                    acc = gl.minimum(acc, SWIGLU_LIMIT)
-                    acc_u = gl.minimum(gl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT)
-                acc = acc / (1.0 + gl.exp(-acc)) * acc_u
-            gl.store(out_ptr + picks[None, :] * OUT_STRIDE + rows[:, None], acc.to(gl.bfloat16),
-                     mask=m_ok[None, :])
-
-
-@gluon.jit
-def _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
-               sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, out_ptr,
-               w_expert_stride, s_expert_stride,
-               K: gl.constexpr, ROWS_OUT: gl.constexpr, ROW_DIV: gl.constexpr, GATED: gl.constexpr,
-               SWIGLU_LIMIT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-               STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
-    """One expert GEMM of a grouped step, persistent and warp-specialized: w2 (``GATED`` False:
-    ``out[p] = w2 . src[p]``, ``ROWS_OUT`` = H) or w13 + SwiGLU (``GATED``: gate rows ``n`` and up rows
-    ``n + ROWS_OUT`` applied to ``src[p // ROW_DIV]``, ``ROWS_OUT`` = I)."""
-    ROWS: gl.constexpr = BN * BK // 32
-    NT: gl.constexpr = ROWS_OUT // BN
-    TILES: gl.constexpr = 2 if GATED else 1
-    wbuf = gl.allocate_shared_memory(gl.uint8, [STAGES * TILES, ROWS, 16], gl.SwizzledSharedLayout(16, 1, 1, [1, 0]))
-    sbuf = gl.allocate_shared_memory(gl.uint8, [STAGES * TILES, ROWS, 4], gl.SwizzledSharedLayout(4, 1, 1, [1, 0]))
-    abuf = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=32 * LOADER_WARPS)  # each loader thread's copies land
-        mbarrier.init(empty.index(i), count=1)
-    gl.warp_specialize([
-        (_compute, (out_ptr, sorted_pick_ptr, slot_start_ptr, num_slots_ptr, wbuf, sbuf, abuf, ready, empty,
-                    K, ROWS_OUT, NT, BM, BN, BK, STAGES, GATED, SWIGLU_LIMIT)),
-        (_loader, (src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
-                   sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr,
-                   w_expert_stride, s_expert_stride, wbuf, sbuf, abuf, ready, empty,
-                   K, ROW_DIV, NT, NT, BM, BN, BK, STAGES, GATED, LOADER_WARPS)),
-    ], [LOADER_WARPS], [LOADER_REGS])
-
-
-# Two kernels of one body: the profiler tells launches apart by name.
-@gluon.jit
-def w13_ws_kernel(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
-                  sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, out_ptr,
-                  w_expert_stride, s_expert_stride,
-                  K: gl.constexpr, ROWS_OUT: gl.constexpr, ROW_DIV: gl.constexpr, GATED: gl.constexpr,
-                  SWIGLU_LIMIT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                  STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
-    _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, slot_start_ptr,
-               slot_expert_ptr, num_slots_ptr, out_ptr, w_expert_stride, s_expert_stride, K, ROWS_OUT, ROW_DIV,
-               GATED, SWIGLU_LIMIT, BM, BN, BK, STAGES, LOADER_WARPS, LOADER_REGS)
-
-
-@gluon.jit
-def w2_ws_kernel(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
-                 sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, out_ptr,
-                 w_expert_stride, s_expert_stride,
-                 K: gl.constexpr, ROWS_OUT: gl.constexpr, ROW_DIV: gl.constexpr, GATED: gl.constexpr,
-                 SWIGLU_LIMIT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                 STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
-    _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, slot_start_ptr,
-               slot_expert_ptr, num_slots_ptr, out_ptr, w_expert_stride, s_expert_stride, K, ROWS_OUT, ROW_DIV,
-               GATED, SWIGLU_LIMIT, BM, BN, BK, STAGES, LOADER_WARPS, LOADER_REGS)
-
-
-WS_ARGS = [("src_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("hot_s_ptr", "*u8"),
-           ("cold_w_ptr", "*u8"), ("cold_s_ptr", "*u8"), ("sorted_pick_ptr", "*i32"), ("slot_start_ptr", "*i32"),
-           ("slot_expert_ptr", "*i32"), ("num_slots_ptr", "*i32"), ("out_ptr", "*bf16"),
-           ("w_expert_stride", "i64"), ("s_expert_stride", "i64")]
+from expert_residency.gpu.kernels_ws import KERNELS, WS_ARGS, gemm_constants  # noqa: E402
 
 
 def parse_variant(text: str) -> dict:
@@ -259,16 +60,9 @@ GEMMS = ("w13", "w2")
 
 
 def gemm_constexprs(which: str, cfg: dict, hidden: int, inter: int, top_k: int, swiglu_limit: float) -> dict:
-    """The launch constants of one GEMM: w13 + SwiGLU over the layer input (64-row gate and up
-    tiles, the runtime's default w13 layout) or w2 over the w2 input (128-row tiles)."""
-    common = dict(BM=cfg["bm"], BK=128, STAGES=cfg["stages"], LOADER_WARPS=cfg["loader_warps"],
-                  LOADER_REGS=cfg["loader_regs"])
-    if which == "w13":
-        return dict(K=hidden, ROWS_OUT=inter, ROW_DIV=top_k, GATED=True, SWIGLU_LIMIT=swiglu_limit, BN=64, **common)
-    return dict(K=inter, ROWS_OUT=hidden, ROW_DIV=1, GATED=False, SWIGLU_LIMIT=0.0, BN=128, **common)
-
-
-KERNELS = {"w13": w13_ws_kernel, "w2": w2_ws_kernel}
+    """The launch constants of one GEMM under a variant's settings (the runtime's own builder)."""
+    return gemm_constants(which, hidden, inter, top_k, swiglu_limit=swiglu_limit, block_m=cfg["bm"],
+                          stages=cfg["stages"], loader_warps=cfg["loader_warps"], loader_regs=cfg["loader_regs"])
 
 
 def sass_report(cfg: dict, which: str, hidden: int, inter: int) -> dict:
@@ -395,6 +189,7 @@ def run_gpu(args, variants: dict) -> int:
             KERNELS[which][(min(sms * v["ctas"], items),)](
                 src, layer.row_codes, w, sw, cold[name], cold[name + "_scale"],
                 ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, outs[label][which],
+                ws.dummy_i64, ws.dummy_i64, ws.n_tokens,
                 w.stride(0), sw.stride(0), **const, num_warps=4, maxnreg=v["maxnreg"])
 
         # correctness: layer 0's step; each GEMM beside the runtime's output of the same workspace

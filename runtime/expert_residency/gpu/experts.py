@@ -38,6 +38,11 @@ from ..core.banks import ExpertBank, ResidentLayer
 from ..core.formats_ref import SWIGLUOAI, deinterleave_gate_up
 from ..core.reference import check_swiglu_limit
 from . import kernels, kernels_t1
+
+try:  # Gluon (Triton's lower-level language) is experimental; without it the tl.dot kernels run
+    from . import kernels_ws
+except ImportError:
+    kernels_ws = None
 from .layout import check_mma_tiles, is_mma_order, to_kernel_layout
 from .tile_rules import check_compiled_block_m
 
@@ -173,6 +178,16 @@ class KernelConfig:
     # H200, gpt-oss-120b layer at T = 17 / 24 / 32 / 48: all-HBM 0.79 / 0.78 / 0.80 / 0.85 of the
     # tl.dot layer, usage-aware 0.94-1.00, positional 1.01-1.06 (BENCHMARKS.md, run GT).
     gw_max_tokens_small_tiles: int = 48
+    # Grouped steps where the tl.dot launches would run (above gw_max_tokens, unsplit, SiLU-GLU
+    # experts without biases, the MMA-order layout's default tiles: w13 64 x 128, w2 128 x 128,
+    # CUDA sm_90+, a Triton with Gluon): the two expert launches run warp-specialized and
+    # persistent instead (``gpu.kernels_ws``: loader warps copy tiles into an mbarrier ring, one
+    # warpgroup decodes and multiplies), ws_programs_per_sm programs per SM. Each pick row is the
+    # same fp32 sum in the same order as tl.dot's (measured bit for bit on an H100 at T = 32 / 96).
+    # H100, DeepSeek-V4.1: 94-99% of the HBM read where the tl.dot launches read 84-95%, both GEMMs
+    # 0.87-0.96x at T = 32 / 96 (BENCHMARKS.md, run WS). Off by default until measured on the H200.
+    ws_grouped: bool = False
+    ws_programs_per_sm: int = 2
 
     def __post_init__(self) -> None:
         for name in ("max_registers", "max_registers_large", "gw_max_registers"):
@@ -210,6 +225,8 @@ class KernelConfig:
                         text += "(pass-grid)"
                     if self.gw_max_registers:
                         text += f"(regs<={self.gw_max_registers})"
+        if self.ws_grouped:
+            text += f" warp-specialized-grouped@>{self.gw_max_tokens}x{self.ws_programs_per_sm}/SM"
         if not self.cold_first:    # the default (cold experts' slots first) goes unsaid
             text += " id-order-slots"
         if self.pdl:
@@ -395,6 +412,18 @@ def warp_mma_shared_bytes(stages: int, unroll: int, warpgroups: int, streams: in
     return max(stages - 1, 0) * unroll * 128 * warpgroups * 20 * streams
 
 
+WS_TILES = (64, 128, 128, 128)  # (block_n1, block_k1, block_n2, block_k2) gpu.kernels_ws reads
+
+
+def runs_warp_specialized(device: torch.device, config: KernelConfig) -> bool:
+    """Whether ``config.ws_grouped``'s kernels (``gpu.kernels_ws``) can run on ``device``: Gluon
+    importable, compiled CUDA of compute capability 9.0+ (warp specialization), the MMA-order
+    layout with the tiles those kernels read. Steps they cannot take keep the tl.dot kernels."""
+    return (config.ws_grouped and kernels_ws is not None and runs_warp_mma(device)
+            and torch.cuda.get_device_capability(device)[0] >= 9 and is_mma_order(config)
+            and (config.block_n1, config.block_k1, config.block_n2, config.block_k2) == WS_TILES)
+
+
 def runs_warp_mma(device: torch.device) -> bool:
     """Whether the T = 1 warp-MMA kernels can run on ``device``: compiled (inline PTX does not run
     under TRITON_INTERPRET=1) CUDA of compute capability 8.0+ (``mma.sync`` bf16)."""
@@ -466,6 +495,7 @@ class TritonMxfp4Experts:
                          and torch.cuda.get_device_capability(self.device)[0] >= 9)
         groups = t1_warpgroups(shape, config)
         self._t1_groups = groups if groups is not None and runs_warp_mma(self.device) else None
+        self._ws = runs_warp_specialized(self.device, config)
 
     def to_kernel_layout(self, tensors: dict[str, torch.Tensor]) -> None:
         """Re-order a layer's full expert tensors for these kernels (in place; ``gpu.layout``).
@@ -621,6 +651,9 @@ class TritonMxfp4Experts:
         elif (not one_token and 2 <= t <= cfg.gw_max_tokens and s1 == 1 and s2 == 1 and self._t1_groups is not None
               and cfg.block_n1 == 64 and x.data_ptr() % 4 == 0 and x.stride(0) % 2 == 0):
             gw1, gw2 = self._t1_groups
+        # the warp-specialized launches take the grouped steps tl.dot would (unsplit, no biases, SiLU)
+        ws_step = (self._ws and not one_token and not gw1 and s1 == 1 and s2 == 1 and not has_bias
+                   and self.activation != SWIGLUOAI and x.stride(0) == shape.hidden)
         # a slot holds at most T picks (a token picks an expert once)
         passes = 1 if cfg.gw_pass_loop else triton.cdiv(t, 8)
         gw_cap = dict(maxnreg=cfg.gw_max_registers) if cfg.gw_max_registers else {}
@@ -645,6 +678,8 @@ class TritonMxfp4Experts:
                 COUNT=count_in_kernel, CHAINS=cfg.t1_chains1, UNROLL=cfg.t1_unroll1,
                 **act_args, PASS_LOOP=cfg.gw_pass_loop, SMEM_STAGES=cfg.t1_smem_stages,
                 num_warps=4 * gw1, num_stages=1, **gw_cap, **self._pdl_args())
+        elif ws_step:
+            self._launch_ws("w13", x, codes, hot, cold, max_slots, ws.act, count_in_kernel, counts, tokens)
         elif stream1:
             kernels.w13_stream_kernel[(stream1,)](
                 x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX], ws.act,
@@ -687,6 +722,8 @@ class TritonMxfp4Experts:
                 H=shape.hidden, INTER=shape.intermediate, BN=cfg.block_n2, BK=cfg.block_k2, KSPLIT=gw2,
                 CHAINS=cfg.t1_chains2, HAS_BIAS=has_bias, UNROLL=cfg.t1_unroll2, PASS_LOOP=cfg.gw_pass_loop,
                 SMEM_STAGES=cfg.t1_smem_stages, num_warps=4 * gw2, num_stages=1, **gw_cap, **self._pdl_args())
+        elif ws_step:
+            self._launch_ws("w2", ws.act, codes, hot, cold, max_slots, ws.pick_out, False, None, None)
         elif stream2:
             kernels.w2_stream_kernel[(stream2,)](
                 ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX], ws.pick_out,
@@ -711,6 +748,25 @@ class TritonMxfp4Experts:
                 # T=1 fused finalize: the token's weights, the output row, one ticket per row tile
                 # (the w2 split tickets, unused when w2 is unsplit; every launch leaves them at zero)
                 **self._fused_finalize_args(fin, ws))
+
+    def _launch_ws(self, which: str, src: torch.Tensor, codes: torch.Tensor, hot: ExpertBank, cold: ExpertBank,
+                   max_slots: int, out: torch.Tensor, count: bool, counts: torch.Tensor | None,
+                   tokens: torch.Tensor | None) -> None:
+        """One expert GEMM of a grouped step through ``gpu.kernels_ws`` (``KernelConfig.ws_grouped``):
+        a persistent grid of ``ws_programs_per_sm`` programs per SM, at most one per (slot, row tile)."""
+        ws, shape = self.workspace, self.shape
+        name = W13 if which == "w13" else W2
+        w, sw = hot[name], hot[name + SCALE_SUFFIX]
+        const = kernels_ws.gemm_constants(which, shape.hidden, shape.intermediate, self.top_k,
+                                          swiglu_limit=0.0 if self.swiglu_limit is None else self.swiglu_limit,
+                                          count=count)
+        items = max_slots * (const["ROWS_OUT"] // const["BN"])
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        kernels_ws.KERNELS[which][(min(sms * self.config.ws_programs_per_sm, items),)](
+            src, codes, w, sw, cold[name], cold[name + SCALE_SUFFIX],
+            ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, out,
+            counts if count else ws.dummy_i64, tokens if count else ws.dummy_i64, ws.n_tokens,
+            w.stride(0), sw.stride(0), **const, num_warps=4, maxnreg=kernels_ws.MAX_REGISTERS)
 
     def _check_step(self, x: torch.Tensor, ids: torch.Tensor, hot: ExpertBank, cold: ExpertBank) -> None:
         """ValueError unless ``ids [T, top_k]`` fits the workspace, ``x`` is bf16 ``[T, H]`` with unit

@@ -21,8 +21,10 @@
 #        profile: 464 against Humming's 410 us at T = 96 on an H100). 256-row w2 tiles turn the
 #        warp-MMA kernels off (64 / 128 rows only), so T <= 16 runs tl.dot there. Run on an H100
 #        on 2026-12-05 (BENCHMARKS.md, run H2: 0.990x at T = 96, 1.007x at 16); not yet on an H200.
-# ws:    the warp-specialized expert GEMMs of bench/ws_probe.py beside the runtime's launches at
-#        T = 6 ... 96 (run WS on an H100, 2026-12-05: 94-99% of the HBM read; not yet on an H200).
+# ws:    the warp-specialized expert GEMMs (bench/ws_probe.py beside the previous launches), then
+#        the layer with today's default (warp-specialized from 6 tokens per step) beside the previous
+#        default (ws_grouped=0), against Humming and on the residency step (run WS on H100s,
+#        2026-12-05; not yet on an H200).
 #
 # Carries (ignored paths, copied onto the machine): .cache/whl (humming-kernels 0.1.19 and
 # nvidia-cuda-cccl 13.0.85 wheels from PyPI) and .cache/vsub/vllm (the unpacked vllm 0.33.0 wheel's
@@ -62,9 +64,16 @@ for part in "$@"; do
                tail -12 "$OUT/w2rows_$label.log"
              done ;;
     ws)    mkdir -p "$OUT/ws"
-           timeout ${WS_S:-240} python3 bench/ws_probe.py --tokens 6,16,32,96 \
+           timeout ${WS_S:-150} python3 bench/ws_probe.py --tokens 6,16,32,96 \
                --variants "ws:bm=8;bm16:;s3:bm=8,stages=3;s6:bm=8,stages=6" --out "$OUT/ws" > "$OUT/ws.log" 2>&1
-           echo "ws rc=$?"; tail -6 "$OUT/ws.log" | cut -c1-400 ;;
+           echo "ws probe rc=$?"; tail -4 "$OUT/ws.log" | cut -c1-400
+           # today's default (warp-specialized from 6 tokens) beside the previous one, both placements
+           timeout ${WS_S:-150} python3 bench/peer_moe.py --peers humming --vllm-src "$VLLM_SRC" --tokens 6,16,32,96 \
+               --steps 6:16,16:10,32:8,96:5 --compare "prev:ws_grouped=0" --out /tmp/ws_pm > "$OUT/ws_peer.log" 2>&1
+           echo "ws peer rc=$?"; cp /tmp/ws_pm/peer_moe.md "$OUT/ws_peer.md" 2>/dev/null
+           timeout ${WS_S:-150} python3 bench/gpu_residency.py --layers 8 --cold-layers 2 --tokens 6,16,32,96 \
+               --steps 6:30,16:16,32:10,96:6 --compare "prev:ws_grouped=0" --out /tmp/ws_gr > "$OUT/ws_residency.log" 2>&1
+           echo "ws residency rc=$?"; cp /tmp/ws_gr/gpu_residency.md "$OUT/ws_residency.md" 2>/dev/null ;;
     *)     echo "unknown part: $part (tests, rows, sim, context, w2rows, ws)"; exit 2 ;;
   esac
 done

@@ -1,7 +1,8 @@
-"""The warp-specialized grouped expert launches (``KernelConfig.ws_grouped``, ``gpu.kernels_ws``) on
-a GPU of compute capability 9.0+: every pick row and output equal the tl.dot launches' bit for bit
-(the steps they take are the ones tl.dot would), split == unsplit with cold experts in pinned host
-memory, the usage counter exact, and a captured graph replayed with new routing equal to eager."""
+"""The warp-specialized grouped expert launches (``KernelConfig.ws_grouped``, the default on sm_90+,
+``gpu.kernels_ws``) on a GPU of compute capability 9.0+: every pick row and output equal the tl.dot
+launches' bit for bit (``BASE``: both off, so tl.dot takes every grouped step), split == unsplit with
+cold experts in pinned host memory, the usage counter exact, a captured graph replayed with new
+routing equal to eager, and a kernel that does not compile falls back to tl.dot."""
 
 from __future__ import annotations
 
@@ -18,13 +19,24 @@ from expert_residency.gpu.graphs import CapturedStep  # noqa: E402
 from routing_draws import random_routing  # noqa: E402
 from test_gpu_residency import DEV, DSV41, SMALL, activations, make_layers  # noqa: E402
 
-WS = KernelConfig(ws_grouped=True)
+WS = KernelConfig()
+BASE = KernelConfig(ws_grouped=False, gw_max_tokens=0)   # tl.dot at every grouped step
+
+
+def _step(geometry, experts: int, cold: int, tokens: int, seed: int):
+    """Split and unsplit layers of ``experts`` (``cold`` of them in pinned host memory), routing
+    over both banks and activations for a step of ``tokens``."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    unsplit, split, hot_ids, cold_ids, _ = make_layers(geometry, experts, cold, gen)
+    ids, w = random_routing(tokens, experts, 6, gen, hot_ids, cold_ids)
+    return unsplit, split, ids, w, activations(tokens, geometry.hidden, gen)
 if not runs_warp_specialized(DEV, WS):
     pytest.skip("the warp-specialized kernels need sm_90+ and a Triton with Gluon", allow_module_level=True)
 
 
-@pytest.mark.parametrize("shape,experts,cold,tokens", [("small", 16, 6, 17), ("small", 16, 6, 40),
-                                                       ("dsv41", 32, 12, 17), ("dsv41", 64, 24, 96)])
+@pytest.mark.parametrize("shape,experts,cold,tokens", [("small", 16, 6, 6), ("small", 16, 6, 17), ("small", 16, 6, 40),
+                                                       ("dsv41", 32, 12, 6), ("dsv41", 32, 12, 16),
+                                                       ("dsv41", 64, 24, 96)])
 def test_same_bits_as_tl_dot_split_and_unsplit_with_counter(shape: str, experts: int, cold: int,
                                                             tokens: int) -> None:
     geometry = SMALL if shape == "small" else DSV41
@@ -34,8 +46,9 @@ def test_same_bits_as_tl_dot_split_and_unsplit_with_counter(shape: str, experts:
     ids, w = random_routing(tokens, experts, k, gen, hot_ids, cold_ids)
     ids[0, 0] = -1   # another rank's expert (expert parallelism): adds nothing
     x = activations(tokens, geometry.hidden, gen)
-    base = TritonMxfp4Experts(geometry, experts, k, max_tokens=tokens, device=DEV, swiglu_limit=10.0)
+    base = TritonMxfp4Experts(geometry, experts, k, max_tokens=tokens, device=DEV, swiglu_limit=10.0, config=BASE)
     ws = TritonMxfp4Experts(geometry, experts, k, max_tokens=tokens, device=DEV, swiglu_limit=10.0, config=WS)
+    assert ws._gw_max_tokens() == WS.ws_min_tokens - 1
     expected_rows = base.pick_outputs(unsplit, x, ids).clone()
     expected = base.forward(unsplit, x, w, ids)
     counter = ExpertCounter([0], experts, device=DEV)
@@ -61,5 +74,37 @@ def test_graph_replay_with_new_routing_equals_eager() -> None:
     ids2, w2 = random_routing(tokens, experts, k, gen)
     x2 = activations(tokens, SMALL.hidden, gen)
     replayed = graph.replay(x2, w2, ids2).clone()
-    base = TritonMxfp4Experts(SMALL, experts, k, max_tokens=tokens, device=DEV)
+    base = TritonMxfp4Experts(SMALL, experts, k, max_tokens=tokens, device=DEV, config=BASE)
     assert torch.equal(replayed, base.forward(unsplit, x2, w2, ids2))
+
+
+@pytest.mark.parametrize("fields", [dict(ws_cold_programs=1), dict(ws_cold_programs=0), dict(cold_first=False),
+                                    dict(ws_programs_per_sm=1)])
+def test_cold_program_split_and_grid_settings_keep_the_bits(fields: dict) -> None:
+    experts, k, tokens = 32, 6, 33
+    unsplit, split, ids, w, x = _step(DSV41, experts, 12, tokens, 350)
+    base = TritonMxfp4Experts(DSV41, experts, k, max_tokens=tokens, device=DEV, config=BASE)
+    ws = TritonMxfp4Experts(DSV41, experts, k, max_tokens=tokens, device=DEV, config=KernelConfig(**fields))
+    assert torch.equal(ws.forward(split, x, w, ids), base.forward(unsplit, x, w, ids))
+
+
+def test_a_kernel_that_does_not_compile_falls_back_to_tl_dot(monkeypatch) -> None:
+    from expert_residency.gpu import kernels_ws
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("async_copy_global_to_shared has been removed; call async_load instead")
+            return launch
+
+    monkeypatch.setitem(kernels_ws.KERNELS, "w13", Broken())
+    experts, k, tokens = 16, 6, 20
+    unsplit, split, ids, w, x = _step(SMALL, experts, 6, tokens, 360)
+    base = TritonMxfp4Experts(SMALL, experts, k, max_tokens=tokens, device=DEV, config=BASE)
+    ws = TritonMxfp4Experts(SMALL, experts, k, max_tokens=tokens, device=DEV, config=WS)
+    assert ws._gw_max_tokens() == WS.ws_min_tokens - 1
+    with pytest.warns(RuntimeWarning, match="did not compile with Triton .*async_load.*keeps the tl.dot kernels"):
+        out = ws.forward(split, x, w, ids)
+    assert torch.equal(out, base.forward(unsplit, x, w, ids))
+    assert not ws._ws   # later steps go straight to tl.dot, and the warp-MMA kernels keep 2..16 again
+    assert ws._gw_max_tokens() == WS.gw_max_tokens

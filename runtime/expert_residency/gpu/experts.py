@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -178,16 +179,25 @@ class KernelConfig:
     # H200, gpt-oss-120b layer at T = 17 / 24 / 32 / 48: all-HBM 0.79 / 0.78 / 0.80 / 0.85 of the
     # tl.dot layer, usage-aware 0.94-1.00, positional 1.01-1.06 (BENCHMARKS.md, run GT).
     gw_max_tokens_small_tiles: int = 48
-    # Grouped steps where the tl.dot launches would run (above gw_max_tokens, unsplit, SiLU-GLU
-    # experts without biases, the MMA-order layout's default tiles: w13 64 x 128, w2 128 x 128,
-    # CUDA sm_90+, a Triton with Gluon): the two expert launches run warp-specialized and
-    # persistent instead (``gpu.kernels_ws``: loader warps copy tiles into an mbarrier ring, one
-    # warpgroup decodes and multiplies), ws_programs_per_sm programs per SM. Each pick row is the
-    # same fp32 sum in the same order as tl.dot's (measured bit for bit on an H100 at T = 32 / 96).
-    # H100, DeepSeek-V4.1: 94-99% of the HBM read where the tl.dot launches read 84-95%, both GEMMs
-    # 0.87-0.96x at T = 32 / 96 (BENCHMARKS.md, run WS). Off by default until measured on the H200.
-    ws_grouped: bool = False
+    # Grouped steps of ws_min_tokens tokens and more (unsplit, SiLU-GLU experts without biases, the
+    # MMA-order layout's default tiles: w13 64 x 128, w2 128 x 128; CUDA sm_90+ and a Triton with
+    # Gluon, else nothing changes): the two expert launches run warp-specialized and persistent
+    # (``gpu.kernels_ws``: a loader warpgroup copies tiles into an mbarrier ring, one warpgroup
+    # decodes and multiplies), ws_programs_per_sm programs per SM, taking those steps from both the
+    # grouped warp-MMA kernels (which then keep 2 .. ws_min_tokens - 1) and tl.dot. Each pick row is
+    # the same fp32 sum in the same order as tl.dot's (the same bits; from the warp-MMA kernels' two
+    # chains ~1e-5 apart). H100, DeepSeek-V4.1, 8 layers: all-HBM 0.93 / 0.93 / 0.93 / 0.97 of the
+    # previous default's step at T = 6 / 16 / 32 / 96, usage-aware 0.94 / 0.88 / 0.78 / 0.75
+    # (BENCHMARKS.md, run WS). T = 2 was mixed (all-HBM 0.94, usage-aware 1.00-1.03), 3-5 unmeasured.
+    ws_grouped: bool = True
+    ws_min_tokens: int = 6
     ws_programs_per_sm: int = 2
+    # On a split layer (cold slots grouped first): this many of the persistent programs walk the
+    # cold experts' items and the rest the hot ones, so the hot reads stream beside the host link's
+    # (a few programs keep the link busy). With every program taking items a fixed stride apart each
+    # started on a cold expert and the usage-aware step lost 1-8%; 4 / 8 / 16 / 32 / 64 cold programs:
+    # 8 best at T = 17 / 32 / 96 (run WS).
+    ws_cold_programs: int = 8
 
     def __post_init__(self) -> None:
         for name in ("max_registers", "max_registers_large", "gw_max_registers"):
@@ -226,7 +236,9 @@ class KernelConfig:
                     if self.gw_max_registers:
                         text += f"(regs<={self.gw_max_registers})"
         if self.ws_grouped:
-            text += f" warp-specialized-grouped@>{self.gw_max_tokens}x{self.ws_programs_per_sm}/SM"
+            # sm_90+ with Gluon only, where it takes these steps from the warp-MMA grouped kernels
+            text += (f" warp-specialized-grouped@>={self.ws_min_tokens}(sm90+)x{self.ws_programs_per_sm}/SM"
+                     f"(cold-programs{self.ws_cold_programs})")
         if not self.cold_first:    # the default (cold experts' slots first) goes unsaid
             text += " id-order-slots"
         if self.pdl:
@@ -496,6 +508,7 @@ class TritonMxfp4Experts:
         groups = t1_warpgroups(shape, config)
         self._t1_groups = groups if groups is not None and runs_warp_mma(self.device) else None
         self._ws = runs_warp_specialized(self.device, config)
+        self._ws_compiled: set = set()
 
     def to_kernel_layout(self, tensors: dict[str, torch.Tensor]) -> None:
         """Re-order a layer's full expert tensors for these kernels (in place; ``gpu.layout``).
@@ -648,11 +661,12 @@ class TritonMxfp4Experts:
         g1 = g2 = gw1 = gw2 = 0
         if one_token and self._t1_groups is not None and x.data_ptr() % 4 == 0:
             g1, g2 = self._t1_groups
-        elif (not one_token and 2 <= t <= cfg.gw_max_tokens and s1 == 1 and s2 == 1 and self._t1_groups is not None
+        elif (not one_token and 2 <= t <= self._gw_max_tokens() and s1 == 1 and s2 == 1 and self._t1_groups is not None
               and cfg.block_n1 == 64 and x.data_ptr() % 4 == 0 and x.stride(0) % 2 == 0):
             gw1, gw2 = self._t1_groups
         # the warp-specialized launches take the grouped steps tl.dot would (unsplit, no biases, SiLU)
-        ws_step = (self._ws and not one_token and not gw1 and s1 == 1 and s2 == 1 and not has_bias
+        ws_step = (self._ws and not one_token and not gw1 and t >= cfg.ws_min_tokens and s1 == 1 and s2 == 1
+                   and not has_bias
                    and self.activation != SWIGLUOAI and x.stride(0) == shape.hidden)
         # a slot holds at most T picks (a token picks an expert once)
         passes = 1 if cfg.gw_pass_loop else triton.cdiv(t, 8)
@@ -678,8 +692,9 @@ class TritonMxfp4Experts:
                 COUNT=count_in_kernel, CHAINS=cfg.t1_chains1, UNROLL=cfg.t1_unroll1,
                 **act_args, PASS_LOOP=cfg.gw_pass_loop, SMEM_STAGES=cfg.t1_smem_stages,
                 num_warps=4 * gw1, num_stages=1, **gw_cap, **self._pdl_args())
-        elif ws_step:
-            self._launch_ws("w13", x, codes, hot, cold, max_slots, ws.act, count_in_kernel, counts, tokens)
+        elif ws_step and self._launch_ws("w13", x, codes, hot, cold, max_slots, ws.act, count_in_kernel, counts,
+                                         tokens):
+            pass
         elif stream1:
             kernels.w13_stream_kernel[(stream1,)](
                 x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX], ws.act,
@@ -722,8 +737,8 @@ class TritonMxfp4Experts:
                 H=shape.hidden, INTER=shape.intermediate, BN=cfg.block_n2, BK=cfg.block_k2, KSPLIT=gw2,
                 CHAINS=cfg.t1_chains2, HAS_BIAS=has_bias, UNROLL=cfg.t1_unroll2, PASS_LOOP=cfg.gw_pass_loop,
                 SMEM_STAGES=cfg.t1_smem_stages, num_warps=4 * gw2, num_stages=1, **gw_cap, **self._pdl_args())
-        elif ws_step:
-            self._launch_ws("w2", ws.act, codes, hot, cold, max_slots, ws.pick_out, False, None, None)
+        elif ws_step and self._launch_ws("w2", ws.act, codes, hot, cold, max_slots, ws.pick_out, False, None, None):
+            pass
         elif stream2:
             kernels.w2_stream_kernel[(stream2,)](
                 ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX], ws.pick_out,
@@ -749,24 +764,50 @@ class TritonMxfp4Experts:
                 # (the w2 split tickets, unused when w2 is unsplit; every launch leaves them at zero)
                 **self._fused_finalize_args(fin, ws))
 
+    def _gw_max_tokens(self) -> int:
+        """The largest grouped step the warp-MMA grouped kernels take: below ws_min_tokens where the
+        warp-specialized kernels run (``_ws``; it turns off if they fail to compile), else
+        ``gw_max_tokens``."""
+        cfg = self.config
+        return min(cfg.gw_max_tokens, cfg.ws_min_tokens - 1) if self._ws else cfg.gw_max_tokens
+
     def _launch_ws(self, which: str, src: torch.Tensor, codes: torch.Tensor, hot: ExpertBank, cold: ExpertBank,
                    max_slots: int, out: torch.Tensor, count: bool, counts: torch.Tensor | None,
-                   tokens: torch.Tensor | None) -> None:
+                   tokens: torch.Tensor | None) -> bool:
         """One expert GEMM of a grouped step through ``gpu.kernels_ws`` (``KernelConfig.ws_grouped``):
-        a persistent grid of ``ws_programs_per_sm`` programs per SM, at most one per (slot, row tile)."""
-        ws, shape = self.workspace, self.shape
+        a persistent grid of ``ws_programs_per_sm`` programs per SM, at most one per (slot, row tile).
+        False (nothing launched) if the kernel does not compile the first time (Gluon's API moves
+        between Triton releases): a warning names the error and the layer keeps the tl.dot kernels."""
+        ws, shape, cfg = self.workspace, self.shape, self.config
         name = W13 if which == "w13" else W2
         w, sw = hot[name], hot[name + SCALE_SUFFIX]
+        tiles = (shape.intermediate // 64) if which == "w13" else (shape.hidden // 128)
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        programs = min(sms * cfg.ws_programs_per_sm, max_slots * tiles)
+        cold_programs = min(cfg.ws_cold_programs, programs // 2) if cold is not hot and cfg.cold_first else 0
         const = kernels_ws.gemm_constants(which, shape.hidden, shape.intermediate, self.top_k,
                                           swiglu_limit=0.0 if self.swiglu_limit is None else self.swiglu_limit,
-                                          count=count)
-        items = max_slots * (const["ROWS_OUT"] // const["BN"])
-        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        kernels_ws.KERNELS[which][(min(sms * self.config.ws_programs_per_sm, items),)](
-            src, codes, w, sw, cold[name], cold[name + SCALE_SUFFIX],
-            ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, out,
-            counts if count else ws.dummy_i64, tokens if count else ws.dummy_i64, ws.n_tokens,
-            w.stride(0), sw.stride(0), **const, num_warps=4, maxnreg=kernels_ws.MAX_REGISTERS)
+                                          count=count, cold_programs=cold_programs,
+                                          max_slots=ws.max_tokens * ws.top_k)
+        args = (src, codes, w, sw, cold[name], cold[name + SCALE_SUFFIX],
+                ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, out,
+                counts if count else ws.dummy_i64, tokens if count else ws.dummy_i64, ws.n_tokens,
+                w.stride(0), sw.stride(0))
+        launch = kernels_ws.KERNELS[which][(programs,)]
+        key = (which, tuple(sorted(const.items())))
+        if key in self._ws_compiled:
+            launch(*args, **const, num_warps=4, maxnreg=kernels_ws.MAX_REGISTERS)
+            return True
+        try:  # the first launch of each variant compiles it
+            launch(*args, **const, num_warps=4, maxnreg=kernels_ws.MAX_REGISTERS)
+        except Exception as exc:  # noqa: BLE001 - any compile failure: keep the tl.dot kernels
+            warnings.warn(f"the warp-specialized {which} kernel (gpu.kernels_ws) did not compile with Triton "
+                          f"{triton.__version__}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
+                          "this layer keeps the tl.dot kernels", RuntimeWarning, stacklevel=2)
+            self._ws = False
+            return False
+        self._ws_compiled.add(key)
+        return True
 
     def _check_step(self, x: torch.Tensor, ids: torch.Tensor, hot: ExpertBank, cold: ExpertBank) -> None:
         """ValueError unless ``ids [T, top_k]`` fits the workspace, ``x`` is bf16 ``[T, H]`` with unit

@@ -42,9 +42,43 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 
 @gluon.jit
 def _expert_base(codes_ptr, expert, hot_ptr, cold_ptr, expert_stride):
+    """``kernels._expert_base`` in Gluon (Gluon kernels call Gluon functions): ``expert``'s first
+    byte in the bank the row map names."""
     code = gl.load(codes_ptr + expert)
     row = gl.where(code >= 0, code, -code - 1).to(gl.int64)
     return gl.where(code >= 0, hot_ptr, cold_ptr) + row * expert_stride
+
+
+@gluon.jit
+def _item_range(codes_ptr, slot_expert_ptr, num_slots_ptr, NT: gl.constexpr, COLD_PROGRAMS: gl.constexpr,
+                SEARCH_STEPS: gl.constexpr):
+    """This program's (slot, row tile) items, ``range(first, end, stride)`` over items ``slot * NT +
+    tile``. ``COLD_PROGRAMS`` > 0 (a split layer grouped cold slots first): programs below it walk
+    the cold slots' items, the others the hot slots', so the hot reads stream beside the cold ones
+    instead of every program starting on an expert read over the host link. The number of cold
+    slots is found by bisection over the slots' row-map codes (``SEARCH_STEPS`` >= log2(slots + 1))."""
+    n_slots = gl.load(num_slots_ptr)
+    pid = gl.program_id(0)
+    programs = gl.num_programs(0)
+    if COLD_PROGRAMS > 0:
+        lo = 0        # slots below lo read cold experts, slots from hi on hot ones
+        hi = n_slots
+        for _ in gl.static_range(SEARCH_STEPS):
+            mid = (lo + hi) // 2
+            inside = mid < hi
+            code = gl.load(codes_ptr + gl.load(slot_expert_ptr + mid, mask=inside, other=0), mask=inside, other=0)
+            lo = gl.where(inside & (code < 0), mid + 1, lo)
+            hi = gl.where(inside & (code >= 0), mid, hi)
+        cold_items = lo * NT
+        on_cold = pid < COLD_PROGRAMS
+        first = gl.where(on_cold, pid, cold_items + pid - COLD_PROGRAMS)
+        end = gl.where(on_cold, cold_items, n_slots * NT)
+        stride = gl.where(on_cold, COLD_PROGRAMS, programs - COLD_PROGRAMS)
+    else:
+        first = pid
+        end = n_slots * NT
+        stride = programs
+    return first, end, stride
 
 
 @gluon.jit
@@ -53,7 +87,8 @@ def _loader(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
             w_expert_stride, s_expert_stride, wbuf, sbuf, abuf, ready, empty,
             K: gl.constexpr, ROW_DIV: gl.constexpr, NT: gl.constexpr, UP_TILE: gl.constexpr,
             BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-            GATED: gl.constexpr, LOADER_WARPS: gl.constexpr):
+            GATED: gl.constexpr, LOADER_WARPS: gl.constexpr, COLD_PROGRAMS: gl.constexpr,
+            SEARCH_STEPS: gl.constexpr):
     """Copies each K step's weight tile(s) (the gate and up tiles when ``GATED``), their scales
     (each lane group's 4 bytes once per lane) and the slot's input rows (``src[pick // ROW_DIV]``:
     the layer input by token for w13, the w2 input by pick) into ring buffer ``it % STAGES``."""
@@ -69,9 +104,9 @@ def _loader(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
     s_off = (rs // 4)[:, None] * 4 + gl.arange(0, 4, layout=gl.SliceLayout(0, LS))[None, :]
     ma = gl.arange(0, BM, layout=gl.SliceLayout(1, LA))
     ka = gl.arange(0, BK, layout=gl.SliceLayout(0, LA))
-    n_items = gl.load(num_slots_ptr) * NT
+    first, last, stride = _item_range(codes_ptr, slot_expert_ptr, num_slots_ptr, NT, COLD_PROGRAMS, SEARCH_STEPS)
     it = 0
-    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+    for item in range(first, last, stride):
         slot = item // NT
         tile = item % NT
         start = gl.load(slot_start_ptr + slot)
@@ -118,11 +153,11 @@ def _decode_tile(packed, sc, BN: gl.constexpr, BK: gl.constexpr, A_LAYOUT: gl.co
 
 
 @gluon.jit
-def _compute(out_ptr, sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, counts_ptr, tokens_ptr,
+def _compute(out_ptr, codes_ptr, sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, counts_ptr, tokens_ptr,
              n_tokens_ptr, wbuf, sbuf, abuf, ready, empty,
              K: gl.constexpr, OUT_STRIDE: gl.constexpr, NT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
              BK: gl.constexpr, STAGES: gl.constexpr, GATED: gl.constexpr, SWIGLU_LIMIT: gl.constexpr,
-             COUNT: gl.constexpr):
+             COUNT: gl.constexpr, COLD_PROGRAMS: gl.constexpr, SEARCH_STEPS: gl.constexpr):
     """Waits on each ring buffer, reads it into registers, frees it, decodes and multiplies;
     stores each slot pass's rows: bf16 products (w2), or SwiGLU of gate and up (w13, as
     ``kernels._glu`` with ``ACT == 0``)."""
@@ -136,9 +171,9 @@ def _compute(out_ptr, sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slot
     if COUNT:
         if gl.program_id(0) == 0:
             gl.atomic_add(tokens_ptr, gl.load(n_tokens_ptr).to(gl.int64))
-    n_items = gl.load(num_slots_ptr) * NT
+    first, last, stride = _item_range(codes_ptr, slot_expert_ptr, num_slots_ptr, NT, COLD_PROGRAMS, SEARCH_STEPS)
     it = 0
-    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+    for item in range(first, last, stride):
         slot = item // NT
         tile = item % NT
         start = gl.load(slot_start_ptr + slot)
@@ -182,7 +217,8 @@ def _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
                counts_ptr, tokens_ptr, n_tokens_ptr, w_expert_stride, s_expert_stride,
                K: gl.constexpr, ROWS_OUT: gl.constexpr, ROW_DIV: gl.constexpr, GATED: gl.constexpr,
                SWIGLU_LIMIT: gl.constexpr, COUNT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-               BK: gl.constexpr, STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
+               BK: gl.constexpr, STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr,
+               COLD_PROGRAMS: gl.constexpr, SEARCH_STEPS: gl.constexpr):
     """One expert GEMM of a grouped step, persistent and warp-specialized: w2 (``GATED`` False:
     ``out[p] = w2 . src[p]``, ``ROWS_OUT`` = H) or w13 + SwiGLU (``GATED``: gate rows ``n`` and up rows
     ``n + ROWS_OUT`` applied to ``src[p // ROW_DIV]``, ``ROWS_OUT`` = I)."""
@@ -198,13 +234,13 @@ def _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
         mbarrier.init(ready.index(i), count=32 * LOADER_WARPS)  # each loader thread's copies land
         mbarrier.init(empty.index(i), count=1)
     gl.warp_specialize([
-        (_compute, (out_ptr, sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, counts_ptr,
+        (_compute, (out_ptr, codes_ptr, sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, counts_ptr,
                     tokens_ptr, n_tokens_ptr, wbuf, sbuf, abuf, ready, empty,
-                    K, ROWS_OUT, NT, BM, BN, BK, STAGES, GATED, SWIGLU_LIMIT, COUNT)),
+                    K, ROWS_OUT, NT, BM, BN, BK, STAGES, GATED, SWIGLU_LIMIT, COUNT, COLD_PROGRAMS, SEARCH_STEPS)),
         (_loader, (src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
                    sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr,
                    w_expert_stride, s_expert_stride, wbuf, sbuf, abuf, ready, empty,
-                   K, ROW_DIV, NT, NT, BM, BN, BK, STAGES, GATED, LOADER_WARPS)),
+                   K, ROW_DIV, NT, NT, BM, BN, BK, STAGES, GATED, LOADER_WARPS, COLD_PROGRAMS, SEARCH_STEPS)),
     ], [LOADER_WARPS], [LOADER_REGS])
 
 
@@ -215,11 +251,12 @@ def w13_ws_kernel(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_p
                   counts_ptr, tokens_ptr, n_tokens_ptr, w_expert_stride, s_expert_stride,
                   K: gl.constexpr, ROWS_OUT: gl.constexpr, ROW_DIV: gl.constexpr, GATED: gl.constexpr,
                   SWIGLU_LIMIT: gl.constexpr, COUNT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                  BK: gl.constexpr, STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                  BK: gl.constexpr, STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                  COLD_PROGRAMS: gl.constexpr = 0, SEARCH_STEPS: gl.constexpr = 1):
     _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, slot_start_ptr,
                slot_expert_ptr, num_slots_ptr, out_ptr, counts_ptr, tokens_ptr, n_tokens_ptr, w_expert_stride,
                s_expert_stride, K, ROWS_OUT, ROW_DIV, GATED, SWIGLU_LIMIT, COUNT, BM, BN, BK, STAGES,
-               LOADER_WARPS, LOADER_REGS)
+               LOADER_WARPS, LOADER_REGS, COLD_PROGRAMS, SEARCH_STEPS)
 
 
 @gluon.jit
@@ -228,11 +265,12 @@ def w2_ws_kernel(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_pt
                  counts_ptr, tokens_ptr, n_tokens_ptr, w_expert_stride, s_expert_stride,
                  K: gl.constexpr, ROWS_OUT: gl.constexpr, ROW_DIV: gl.constexpr, GATED: gl.constexpr,
                  SWIGLU_LIMIT: gl.constexpr, COUNT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                 BK: gl.constexpr, STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                 BK: gl.constexpr, STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                 COLD_PROGRAMS: gl.constexpr = 0, SEARCH_STEPS: gl.constexpr = 1):
     _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, slot_start_ptr,
                slot_expert_ptr, num_slots_ptr, out_ptr, counts_ptr, tokens_ptr, n_tokens_ptr, w_expert_stride,
                s_expert_stride, K, ROWS_OUT, ROW_DIV, GATED, SWIGLU_LIMIT, COUNT, BM, BN, BK, STAGES,
-               LOADER_WARPS, LOADER_REGS)
+               LOADER_WARPS, LOADER_REGS, COLD_PROGRAMS, SEARCH_STEPS)
 
 
 WS_ARGS = [("src_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("hot_s_ptr", "*u8"),
@@ -252,10 +290,14 @@ MAX_REGISTERS = 128
 
 def gemm_constants(which: str, hidden: int, inter: int, top_k: int, *, swiglu_limit: float = 0.0,
                    count: bool = False, block_m: int = BLOCK_M, stages: int = STAGES,
-                   loader_warps: int = LOADER_WARPS, loader_regs: int = LOADER_REGS) -> dict:
+                   loader_warps: int = LOADER_WARPS, loader_regs: int = LOADER_REGS,
+                   cold_programs: int = 0, max_slots: int = 1) -> dict:
     """The constants of one launch: w13 + SwiGLU over the layer input (64-row gate and up tiles,
-    the token of pick p is p // top_k) or w2 over the w2 input (128-row tiles, by pick)."""
-    common = dict(BM=block_m, BK=128, STAGES=stages, LOADER_WARPS=loader_warps, LOADER_REGS=loader_regs)
+    the token of pick p is p // top_k) or w2 over the w2 input (128-row tiles, by pick).
+    ``cold_programs``: programs that walk the cold slots' items (``_item_range``; 0: every program
+    walks every item), the bisection sized for ``max_slots`` slots."""
+    common = dict(BM=block_m, BK=128, STAGES=stages, LOADER_WARPS=loader_warps, LOADER_REGS=loader_regs,
+                  COLD_PROGRAMS=cold_programs, SEARCH_STEPS=max(1, max_slots.bit_length()))
     if which == "w13":
         return dict(K=hidden, ROWS_OUT=inter, ROW_DIV=top_k, GATED=True, SWIGLU_LIMIT=float(swiglu_limit),
                     COUNT=count, BN=64, **common)

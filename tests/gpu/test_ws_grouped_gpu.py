@@ -57,6 +57,7 @@ def test_same_bits_as_tl_dot_split_and_unsplit_with_counter(shape: str, experts:
     assert torch.equal(rows[valid], expected_rows[valid])
     assert torch.equal(ws.forward(unsplit, x, w, ids), expected)
     assert torch.equal(ws.forward(split, x, w, ids), expected)
+    assert {which for which, _ in ws._ws_compiled} == {"w13", "w2"} and ws._ws   # they ran, no fallback
     picked = ids[valid].flatten()
     assert torch.equal(counter.counts[0], torch.bincount(picked, minlength=experts))
     assert int(counter.tokens[0]) == tokens
@@ -74,6 +75,7 @@ def test_graph_replay_with_new_routing_equals_eager() -> None:
     ids2, w2 = random_routing(tokens, experts, k, gen)
     x2 = activations(tokens, SMALL.hidden, gen)
     replayed = graph.replay(x2, w2, ids2).clone()
+    assert {which for which, _ in ex._ws_compiled} == {"w13", "w2"}
     base = TritonMxfp4Experts(SMALL, experts, k, max_tokens=tokens, device=DEV, config=BASE)
     assert torch.equal(replayed, base.forward(unsplit, x2, w2, ids2))
 
@@ -86,6 +88,7 @@ def test_cold_program_split_and_grid_settings_keep_the_bits(fields: dict) -> Non
     base = TritonMxfp4Experts(DSV41, experts, k, max_tokens=tokens, device=DEV, config=BASE)
     ws = TritonMxfp4Experts(DSV41, experts, k, max_tokens=tokens, device=DEV, config=KernelConfig(**fields))
     assert torch.equal(ws.forward(split, x, w, ids), base.forward(unsplit, x, w, ids))
+    assert {which for which, _ in ws._ws_compiled} == {"w13", "w2"} and ws._ws
 
 
 def test_a_kernel_that_does_not_compile_falls_back_to_tl_dot(monkeypatch) -> None:
@@ -103,7 +106,7 @@ def test_a_kernel_that_does_not_compile_falls_back_to_tl_dot(monkeypatch) -> Non
     base = TritonMxfp4Experts(SMALL, experts, k, max_tokens=tokens, device=DEV, config=BASE)
     ws = TritonMxfp4Experts(SMALL, experts, k, max_tokens=tokens, device=DEV, config=WS)
     assert ws._gw_max_tokens() == WS.ws_min_tokens - 1
-    with pytest.warns(RuntimeWarning, match="did not compile with Triton .*async_load.*keeps the tl.dot kernels"):
+    with pytest.warns(RuntimeWarning, match="did not compile with Triton .*async_load.*other MoE kernels from now on"):
         out = ws.forward(split, x, w, ids)
     assert torch.equal(out, base.forward(unsplit, x, w, ids))
     assert not ws._ws   # later steps go straight to tl.dot, and the warp-MMA kernels keep 2..16 again

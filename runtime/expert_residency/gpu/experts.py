@@ -40,9 +40,9 @@ from ..core.formats_ref import SWIGLUOAI, deinterleave_gate_up
 from ..core.reference import check_swiglu_limit
 from . import kernels, kernels_t1
 
-try:  # Gluon (Triton's lower-level language) is experimental; without it the tl.dot kernels run
+try:  # Gluon (Triton's lower-level language) is experimental; without it the other kernels run
     from . import kernels_ws
-except ImportError:
+except (ImportError, AttributeError):   # absent, or its names moved (kernels_ws resolves them at import)
     kernels_ws = None
 from .layout import check_mma_tiles, is_mma_order, to_kernel_layout
 from .tile_rules import check_compiled_block_m
@@ -187,7 +187,7 @@ class KernelConfig:
     # grouped warp-MMA kernels (which then keep 2 .. ws_min_tokens - 1) and tl.dot. Each pick row is
     # the same fp32 sum in the same order as tl.dot's (the same bits; from the warp-MMA kernels' two
     # chains ~1e-5 apart). H100, DeepSeek-V4.1, 8 layers: all-HBM 0.93 / 0.93 / 0.93 / 0.97 of the
-    # previous default's step at T = 6 / 16 / 32 / 96, usage-aware 0.94 / 0.88 / 0.78 / 0.75
+    # previous default's step at T = 6 / 16 / 32 / 96, usage-aware 0.94 / 0.88 / 0.78 / 0.77
     # (BENCHMARKS.md, run WS). T = 2 was mixed (all-HBM 0.94, usage-aware 1.00-1.03), 3-5 unmeasured.
     ws_grouped: bool = True
     ws_min_tokens: int = 6
@@ -204,6 +204,15 @@ class KernelConfig:
             cap = getattr(self, name)
             if cap and not 32 <= cap <= 255:   # ptxas' range for .maxnreg
                 raise ValueError(f"{name} {cap} is not 0 (the compiler's choice) or 32..255 registers")
+        if self.ws_min_tokens < 2:
+            raise ValueError(f"ws_min_tokens {self.ws_min_tokens}: the warp-specialized launches take grouped "
+                             "steps, of 2 tokens or more (T = 1 runs ungrouped)")
+        if self.ws_programs_per_sm < 1:
+            raise ValueError(f"ws_programs_per_sm {self.ws_programs_per_sm}: the persistent grid needs at least "
+                             "one program per SM")
+        if self.ws_cold_programs < 0:
+            raise ValueError(f"ws_cold_programs {self.ws_cold_programs} is not a count of programs (0: every "
+                             "program walks every item)")
 
     def describe(self) -> str:
         kind = {0: "int-dequant", 1: "dot_scaled", 2: "prmt-dequant", 3: "mma-order"}.get(
@@ -428,11 +437,12 @@ WS_TILES = (64, 128, 128, 128)  # (block_n1, block_k1, block_n2, block_k2) gpu.k
 
 
 def runs_warp_specialized(device: torch.device, config: KernelConfig) -> bool:
-    """Whether ``config.ws_grouped``'s kernels (``gpu.kernels_ws``) can run on ``device``: Gluon
-    importable, compiled CUDA of compute capability 9.0+ (warp specialization), the MMA-order
-    layout with the tiles those kernels read. Steps they cannot take keep the tl.dot kernels."""
+    """Whether ``config.ws_grouped``'s kernels (``gpu.kernels_ws``) run on ``device``: Gluon
+    importable, compiled CUDA of compute capability 9.x (Hopper: warp specialization needs 9.0+, and
+    only Hopper was measured), the MMA-order layout with the tiles those kernels read. Steps they
+    cannot take keep the other kernels."""
     return (config.ws_grouped and kernels_ws is not None and runs_warp_mma(device)
-            and torch.cuda.get_device_capability(device)[0] >= 9 and is_mma_order(config)
+            and torch.cuda.get_device_capability(device)[0] == 9 and is_mma_order(config)
             and (config.block_n1, config.block_k1, config.block_n2, config.block_k2) == WS_TILES)
 
 
@@ -667,7 +677,7 @@ class TritonMxfp4Experts:
         # the warp-specialized launches take the grouped steps tl.dot would (unsplit, no biases, SiLU)
         ws_step = (self._ws and not one_token and not gw1 and t >= cfg.ws_min_tokens and s1 == 1 and s2 == 1
                    and not has_bias
-                   and self.activation != SWIGLUOAI and x.stride(0) == shape.hidden)
+                   and self.activation != SWIGLUOAI and x.stride(0) == shape.hidden and x.data_ptr() % 16 == 0)
         # a slot holds at most T picks (a token picks an expert once)
         passes = 1 if cfg.gw_pass_loop else triton.cdiv(t, 8)
         gw_cap = dict(maxnreg=cfg.gw_max_registers) if cfg.gw_max_registers else {}
@@ -788,7 +798,7 @@ class TritonMxfp4Experts:
         const = kernels_ws.gemm_constants(which, shape.hidden, shape.intermediate, self.top_k,
                                           swiglu_limit=0.0 if self.swiglu_limit is None else self.swiglu_limit,
                                           count=count, cold_programs=cold_programs,
-                                          max_slots=ws.max_tokens * ws.top_k)
+                                          max_slots=min(ws.max_tokens * ws.top_k, self.num_experts))
         args = (src, codes, w, sw, cold[name], cold[name + SCALE_SUFFIX],
                 ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, out,
                 counts if count else ws.dummy_i64, tokens if count else ws.dummy_i64, ws.n_tokens,
@@ -801,9 +811,11 @@ class TritonMxfp4Experts:
         try:  # the first launch of each variant compiles it
             launch(*args, **const, num_warps=4, maxnreg=kernels_ws.MAX_REGISTERS)
         except Exception as exc:  # noqa: BLE001 - any compile failure: keep the tl.dot kernels
-            warnings.warn(f"the warp-specialized {which} kernel (gpu.kernels_ws) did not compile with Triton "
-                          f"{triton.__version__}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
-                          "this layer keeps the tl.dot kernels", RuntimeWarning, stacklevel=2)
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            warnings.warn(f"expert residency: the warp-specialized {which} expert kernel did not compile with "
+                          f"Triton {triton.__version__} ({type(exc).__name__}: {first_line}); grouped steps use "
+                          "the other MoE kernels from now on (same results, measured slower on Hopper)",
+                          RuntimeWarning, stacklevel=2)
             self._ws = False
             return False
         self._ws_compiled.add(key)

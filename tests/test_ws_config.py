@@ -1,0 +1,85 @@
+"""The warp-specialized grouped launches' settings (``KernelConfig.ws_*``, ``gpu.kernels_ws``) without
+a GPU: refusals name the value, where they may run, the launch constants, and the variants the
+runtime launches compile for sm_90 with the installed Triton (tests/test_ws_probe_sass.py counts the
+probe's SASS; whether they compute the tl.dot launches' bits is tests/gpu/test_ws_grouped_gpu.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from tiers import needs_gpu_experts
+
+pytestmark = needs_gpu_experts
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("field,value,words", [("ws_min_tokens", 1, "grouped steps, of 2 tokens or more"),
+                                               ("ws_programs_per_sm", 0, "at least one program per SM"),
+                                               ("ws_cold_programs", -1, "not a count of programs")])
+def test_settings_out_of_range_are_refused_naming_the_value(field: str, value: int, words: str) -> None:
+    from expert_residency.gpu.experts import KernelConfig
+
+    with pytest.raises(ValueError) as err:
+        KernelConfig(**{field: value})
+    assert f"{field} {value}" in str(err.value) and words in str(err.value)
+
+
+def test_they_run_only_on_hopper_with_the_default_tiles() -> None:
+    import torch
+    from expert_residency.gpu.experts import KernelConfig, runs_warp_specialized
+
+    assert not runs_warp_specialized(torch.device("cpu"), KernelConfig())
+    assert "warp-specialized-grouped@>=6(sm90+)x2/SM(cold-programs8)" in KernelConfig().describe()
+    assert "warp-specialized" not in KernelConfig(ws_grouped=False).describe()
+
+
+def test_launch_constants_follow_the_gemm() -> None:
+    from expert_residency.gpu import kernels_ws
+
+    w13 = kernels_ws.gemm_constants("w13", 5120, 2304, 6, swiglu_limit=10.0, count=True, cold_programs=8,
+                                    max_slots=384)
+    w2 = kernels_ws.gemm_constants("w2", 5120, 2304, 6, count=True, cold_programs=8, max_slots=384)
+    assert (w13["K"], w13["ROWS_OUT"], w13["ROW_DIV"], w13["BN"], w13["GATED"], w13["COUNT"]) == (5120, 2304, 6, 64,
+                                                                                                   True, True)
+    # w2 reads the w2 input by pick and never counts (the w13 launch counts each slot once)
+    assert (w2["K"], w2["ROWS_OUT"], w2["ROW_DIV"], w2["BN"], w2["GATED"], w2["COUNT"]) == (2304, 5120, 1, 128,
+                                                                                             False, False)
+    # bisection over up to 384 slots: 384 < 2**9
+    assert w13["SEARCH_STEPS"] == w2["SEARCH_STEPS"] == 9 and w13["COLD_PROGRAMS"] == 8
+
+
+@pytest.mark.parametrize("which", ["w13", "w2"])
+def test_the_variants_the_runtime_launches_compile_for_sm90(which: str) -> None:
+    spec = importlib.util.find_spec("triton")
+    if not (Path(spec.origin).parent / "backends/nvidia/bin/cuobjdump").exists():
+        pytest.skip("this Triton has no NVIDIA backend tools (ptxas, cuobjdump) to compile for sm_90")
+    sys.path.insert(0, str(ROOT / "bench"))
+    import kernel_sass
+    import triton
+    import triton.language.target_info as target_info
+    from expert_residency.gpu import kernels_ws
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    replaced = kernel_sass.use_target(90)
+    try:
+        for cold in (0, 8):
+            const = kernels_ws.gemm_constants(which, 5120, 2304, 6, swiglu_limit=10.0, count=which == "w13",
+                                              cold_programs=cold, max_slots=384)
+            sig = dict(kernels_ws.WS_ARGS)
+            sig.update({k: "constexpr" for k in const})
+            attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(kernels_ws.WS_ARGS))}
+            src = GluonASTSource(fn=kernels_ws.KERNELS[which], signature=sig, constexprs=const, attrs=attrs)
+            kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                    options=dict(num_warps=4, maxnreg=kernels_ws.MAX_REGISTERS))
+            sass = kernel_sass.cuobjdump(kernel, "-sass")
+            assert "HMMA" in sass and "LDGSTS" in sass and "SYNCS" in sass   # MMAs, cp.async, mbarriers
+            # the counter's atomics only where it counts (the w13 launch)
+            assert ("RED" in sass or "ATOM" in sass) == (which == "w13")
+            assert not any(op in sass for op in ("LDL", "STL"))   # no spills
+    finally:
+        target_info.current_target = replaced

@@ -124,12 +124,9 @@ def _loader(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
                 mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
                 for j in gl.static_range(TILES):
                     t64 = ((tile + j * UP_TILE) * KT + kt).to(gl.int64)
-                    _async_load(wbuf.index(s * TILES + j),
-                                                           w_base + t64 * (BN * BK // 2) + w_off)
-                    _async_load(sbuf.index(s * TILES + j),
-                                                           s_base + t64 * (BN * BK // 32) + s_off)
-                _async_load(abuf.index(s), src_rows[:, None] + (kt * BK + ka)[None, :],
-                                                       mask=m_ok[:, None])
+                    _async_load(wbuf.index(s * TILES + j), w_base + t64 * (BN * BK // 2) + w_off)
+                    _async_load(sbuf.index(s * TILES + j), s_base + t64 * (BN * BK // 32) + s_off)
+                _async_load(abuf.index(s), src_rows[:, None] + (kt * BK + ka)[None, :], mask=m_ok[:, None])
                 async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
                 it += 1
 

@@ -22,7 +22,7 @@
 #        warp-MMA kernels off (64 / 128 rows only), so T <= 16 runs tl.dot there. Run on an H100
 #        on 2026-12-05 (BENCHMARKS.md, run H2: 0.990x at T = 96, 1.007x at 16); not yet on an H200.
 # ws:    the warp-specialized expert GEMMs (bench/ws_probe.py beside the previous launches), then
-#        the layer with today's default (warp-specialized from 6 tokens per step) beside the previous
+#        the layer with today's default (warp-specialized from 2 tokens per step) beside the previous
 #        default (ws_grouped=0), against Humming and on the residency step (run WS on H100s,
 #        2026-12-05; not yet on an H200).
 #
@@ -67,7 +67,7 @@ for part in "$@"; do
            timeout ${WS_S:-150} python3 bench/ws_probe.py --tokens 6,16,32,96 \
                --variants "ws:bm=8;bm16:;s3:bm=8,stages=3;s6:bm=8,stages=6" --out "$OUT/ws" > "$OUT/ws.log" 2>&1
            echo "ws probe rc=$?"; tail -4 "$OUT/ws.log" | cut -c1-400
-           # today's default (warp-specialized from 6 tokens) beside the previous one, both placements
+           # today's default (warp-specialized from 2 tokens) beside the previous one, both placements
            timeout ${WS_S:-150} python3 bench/peer_moe.py --peers humming --vllm-src "$VLLM_SRC" --tokens 6,16,32,96 \
                --steps 6:16,16:10,32:8,96:5 --compare "prev:ws_grouped=0" --out /tmp/ws_pm > "$OUT/ws_peer.log" 2>&1
            echo "ws peer rc=$?"; cp /tmp/ws_pm/peer_moe.md "$OUT/ws_peer.md" 2>/dev/null

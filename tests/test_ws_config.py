@@ -33,7 +33,7 @@ def test_they_run_only_on_hopper_with_the_default_tiles() -> None:
     from expert_residency.gpu.experts import KernelConfig, runs_warp_specialized
 
     assert not runs_warp_specialized(torch.device("cpu"), KernelConfig())
-    assert "warp-specialized-grouped@>=6(sm90+)x2/SM(cold-programs8)" in KernelConfig().describe()
+    assert "warp-specialized-grouped@>=2(sm90+)x2/SM(cold-programs8)" in KernelConfig().describe()
     assert "warp-specialized" not in KernelConfig(ws_grouped=False).describe()
 
 

@@ -34,7 +34,8 @@ if not runs_warp_specialized(DEV, WS):
     pytest.skip("the warp-specialized kernels need sm_90+ and a Triton with Gluon", allow_module_level=True)
 
 
-@pytest.mark.parametrize("shape,experts,cold,tokens", [("small", 16, 6, 6), ("small", 16, 6, 17), ("small", 16, 6, 40),
+@pytest.mark.parametrize("shape,experts,cold,tokens", [("small", 16, 6, 2), ("small", 16, 6, 6), ("small", 16, 6, 17),
+                                                       ("small", 16, 6, 40), ("dsv41", 32, 12, 3),
                                                        ("dsv41", 32, 12, 6), ("dsv41", 32, 12, 16),
                                                        ("dsv41", 64, 24, 96)])
 def test_same_bits_as_tl_dot_split_and_unsplit_with_counter(shape: str, experts: int, cold: int,

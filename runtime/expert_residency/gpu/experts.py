@@ -163,7 +163,8 @@ class KernelConfig:
     # 16 and 0.99 / 1.00 of the usage-aware step; at T = 96 1.01-1.02, so not above 16 (BENCHMARKS.md,
     # run GL; with a launch per possible pass, run GW, it had lengthened the usage-aware step). From 24
     # to 48 tokens 0.97-0.98 of tl.dot all-HBM but 1.02 on the usage-aware step (a pass of eight picks
-    # reads a cold expert over the host link once per pass; run GT), so 16 stays.
+    # reads a cold expert over the host link once per pass; run GT), so 16 stays. On sm_90+ the
+    # warp-specialized launches below take these steps from ws_min_tokens on (all of them by default).
     gw_max_tokens: int = 16
     # With gw_max_tokens: each program runs its slot's passes of eight picks in turn (a grid of
     # one pass) instead of one program per possible pass (a grid of ceil(T / 8) passes, most of
@@ -184,13 +185,15 @@ class KernelConfig:
     # Gluon, else nothing changes): the two expert launches run warp-specialized and persistent
     # (``gpu.kernels_ws``: a loader warpgroup copies tiles into an mbarrier ring, one warpgroup
     # decodes and multiplies), ws_programs_per_sm programs per SM, taking those steps from both the
-    # grouped warp-MMA kernels (which then keep 2 .. ws_min_tokens - 1) and tl.dot. Each pick row is
-    # the same fp32 sum in the same order as tl.dot's (the same bits; from the warp-MMA kernels' two
-    # chains ~1e-5 apart). H100, DeepSeek-V4.1, 8 layers: all-HBM 0.93 / 0.93 / 0.93 / 0.97 of the
-    # previous default's step at T = 6 / 16 / 32 / 96, usage-aware 0.94 / 0.88 / 0.78 / 0.77
-    # (BENCHMARKS.md, run WS). T = 2 was mixed (all-HBM 0.94, usage-aware 1.00-1.03), 3-5 unmeasured.
+    # grouped warp-MMA kernels (which keep 2 .. ws_min_tokens - 1, none at the default) and tl.dot.
+    # Each pick row is the same fp32 sum in the same order as tl.dot's (the same bits; from the
+    # warp-MMA kernels' two chains ~1e-5 apart). H100, DeepSeek-V4.1, 8 layers: all-HBM 0.95 / 0.93 /
+    # 0.92 / 0.94 of the grouped warp-MMA kernels' step at T = 2 / 3 / 4 / 5, usage-aware 0.98 / 0.96
+    # / 0.98 / 0.99 (an earlier call had T = 2 at 1.03 usage-aware: within that step's noise); 0.93 /
+    # 0.93 / 0.93 / 0.97 of the previous default's all-HBM step at T = 6 / 16 / 32 / 96, usage-aware
+    # 0.94 / 0.88 / 0.78 / 0.77 (BENCHMARKS.md, run WS).
     ws_grouped: bool = True
-    ws_min_tokens: int = 6
+    ws_min_tokens: int = 2
     ws_programs_per_sm: int = 2
     # On a split layer (cold slots grouped first): this many of the persistent programs walk the
     # cold experts' items and the rest the hot ones, so the hot reads stream beside the host link's

@@ -25,6 +25,10 @@
 #        the layer with today's default (warp-specialized from 2 tokens per step) beside the previous
 #        default (ws_grouped=0), against Humming and on the residency step (run WS on H100s,
 #        2026-12-05; not yet on an H200).
+# t1ws:  T = 1 through the warp-specialized launches (one_token off, so T = 1 is grouped like larger
+#        steps, then ws_min_tokens=1), with 2 / 3 / 4 programs per SM, beside today's T = 1 kernels
+#        (the warp-MMA loops; 62-64% of the H200's HBM read, 76% of an H100's) and the grouped tl.dot
+#        path, against Humming and on the residency step; and the GPU test of that path. Not yet run.
 #
 # Carries (ignored paths, copied onto the machine): .cache/whl (humming-kernels 0.1.19 and
 # nvidia-cuda-cccl 13.0.85 wheels from PyPI) and .cache/vsub/vllm (the unpacked vllm 0.33.0 wheel's
@@ -74,6 +78,17 @@ for part in "$@"; do
            timeout ${WS_S:-150} python3 bench/gpu_residency.py --layers 8 --cold-layers 2 --tokens 6,16,32,96 \
                --steps 6:30,16:16,32:10,96:6 --compare "prev:ws_grouped=0" --out /tmp/ws_gr > "$OUT/ws_residency.log" 2>&1
            echo "ws residency rc=$?"; cp /tmp/ws_gr/gpu_residency.md "$OUT/ws_residency.md" 2>/dev/null ;;
-    *)     echo "unknown part: $part (tests, rows, sim, context, w2rows, ws)"; exit 2 ;;
+    t1ws)  mkdir -p "$OUT/t1ws"
+           timeout ${T1WS_S:-200} python3 bench/peer_moe.py --peers humming --vllm-src "$VLLM_SRC" --tokens 1,2 \
+               --steps 1:40,2:30 --compare "grp1:one_token=0;ws1:one_token=0,ws_min_tokens=1;ws1p3:one_token=0,ws_min_tokens=1,ws_programs_per_sm=3;ws1p4:one_token=0,ws_min_tokens=1,ws_programs_per_sm=4" \
+               --out /tmp/t1ws_pm > "$OUT/t1ws/peer.log" 2>&1
+           echo "t1ws peer rc=$?"; cp /tmp/t1ws_pm/peer_moe.md "$OUT/t1ws/" 2>/dev/null; tail -12 "$OUT/t1ws/peer.log"
+           timeout ${T1WS_S:-200} python3 bench/gpu_residency.py --layers 8 --cold-layers 2 --tokens 1 --steps 1:40 \
+               --compare "ws1:one_token=0,ws_min_tokens=1;ws1p3:one_token=0,ws_min_tokens=1,ws_programs_per_sm=3" \
+               --out /tmp/t1ws_gr > "$OUT/t1ws/res.log" 2>&1
+           echo "t1ws residency rc=$?"; cp /tmp/t1ws_gr/gpu_residency.md "$OUT/t1ws/" 2>/dev/null
+           timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_ws_grouped_gpu.py > "$OUT/t1ws/tests.log" 2>&1
+           echo "t1ws tests rc=$?"; tail -3 "$OUT/t1ws/tests.log" ;;
+    *)     echo "unknown part: $part (tests, rows, sim, context, w2rows, ws, t1ws)"; exit 2 ;;
   esac
 done

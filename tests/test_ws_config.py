@@ -17,7 +17,7 @@ pytestmark = needs_gpu_experts
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("field,value,words", [("ws_min_tokens", 1, "grouped steps, of 2 tokens or more"),
+@pytest.mark.parametrize("field,value,words", [("ws_min_tokens", 0, "not a token count of 1 or more"),
                                                ("ws_programs_per_sm", 0, "at least one program per SM"),
                                                ("ws_cold_programs", -1, "not a count of programs")])
 def test_settings_out_of_range_are_refused_naming_the_value(field: str, value: int, words: str) -> None:

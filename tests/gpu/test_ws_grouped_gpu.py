@@ -92,6 +92,20 @@ def test_cold_program_split_and_grid_settings_keep_the_bits(fields: dict) -> Non
     assert {which for which, _ in ws._ws_compiled} == {"w13", "w2"} and ws._ws
 
 
+def test_t1_grouped_with_one_token_off_has_the_tl_dot_bits() -> None:
+    """ws_min_tokens=1 with one_token off: T = 1 grouped like larger steps, through these launches."""
+    experts, k, tokens = 32, 6, 1
+    unsplit, split, ids, w, x = _step(DSV41, experts, 12, tokens, 370)
+    grouped_tl_dot = KernelConfig(ws_grouped=False, gw_max_tokens=0, one_token=False)
+    base = TritonMxfp4Experts(DSV41, experts, k, max_tokens=tokens, device=DEV, config=grouped_tl_dot)
+    ws = TritonMxfp4Experts(DSV41, experts, k, max_tokens=tokens, device=DEV,
+                            config=KernelConfig(one_token=False, ws_min_tokens=1))
+    counter = ExpertCounter([0], experts, device=DEV)
+    assert torch.equal(ws.forward(split, x, w, ids, counter=counter), base.forward(unsplit, x, w, ids))
+    assert {which for which, _ in ws._ws_compiled} == {"w13", "w2"} and ws._ws
+    assert torch.equal(counter.counts[0], torch.bincount(ids.flatten(), minlength=experts))
+
+
 def test_a_kernel_that_does_not_compile_falls_back_to_tl_dot(monkeypatch) -> None:
     from expert_residency.gpu import kernels_ws
 

@@ -8,21 +8,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
-from recipegen.cli import main
+from cli_support import CliResult, invoke
 
 REPO = Path(__file__).resolve().parent.parent
 FAILURES = Path(__file__).parent / "budget_failures"
 
 
-def run(*args: str):
-    return CliRunner().invoke(main, ["check", "budgets", *args])
+def check_budgets(*args: str) -> CliResult:
+    return invoke("check", "budgets", *args)
 
 
 def test_json_reproduces_the_reference_numbers() -> None:
-    result = run(str(REPO / "recipes" / "dsv41-flash-gb300.yaml"), "--json")
-    assert result.exit_code == 0, result.output
+    result = check_budgets(str(REPO / "recipes" / "dsv41-flash-gb300.yaml"), "--json")
+    assert result.code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["ok"] is True
     lane = doc["recipes"][0]["lanes"][0]
@@ -44,8 +42,8 @@ def test_json_reproduces_the_reference_numbers() -> None:
 
 
 def test_human_table_shows_the_numbers() -> None:
-    result = run(str(REPO / "recipes" / "dsv41-flash-gb300.yaml"))
-    assert result.exit_code == 0
+    result = check_budgets(str(REPO / "recipes" / "dsv41-flash-gb300.yaml"))
+    assert result.code == 0
     out = result.stdout
     for text in ("295 hot / 89 cold", "206.61 GiB", "62.33 GiB", "4.90 GiB", "2.54M tokens",
                  "250.70 GiB × 0.97 = 243.18 GiB cap", "reserve 31.67 GiB (back-solved from a measured boot",
@@ -55,8 +53,8 @@ def test_human_table_shows_the_numbers() -> None:
 
 
 def test_explain_prints_formulas() -> None:
-    result = run(str(REPO / "recipes" / "dsv41-flash-gb300.yaml"), "--explain")
-    assert result.exit_code == 0
+    result = check_budgets(str(REPO / "recipes" / "dsv41-flash-gb300.yaml"), "--explain")
+    assert result.code == 0
     assert "KV pool (per GPU) = 4.90 GiB" in result.stdout
     assert "= hbm_cap − reserve − hot_experts" in result.stdout
     assert "back-solved from a measured boot" in result.stdout
@@ -65,8 +63,8 @@ def test_explain_prints_formulas() -> None:
 
 def test_default_checks_every_shipped_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
-    result = run()
-    assert result.exit_code == 0, result.output
+    result = check_budgets()
+    assert result.code == 0, result.output
     shipped = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
     for name in shipped:
         assert f"verdict: OK ({name})" in result.stdout
@@ -79,8 +77,8 @@ def test_default_checks_every_shipped_recipe(monkeypatch: pytest.MonkeyPatch) ->
     ("kv-below-max-model-len", "less than one max_model_len sequence"),
 ])
 def test_failures_exit_1_with_explanation(name: str, text: str) -> None:
-    result = run(str(FAILURES / f"{name}.yaml"))
-    assert result.exit_code == 1, result.output
+    result = check_budgets(str(FAILURES / f"{name}.yaml"))
+    assert result.code == 1, result.output
     assert text in result.stdout and "→ " in result.stdout
     assert "verdict: OVER BUDGET" in result.stdout
 
@@ -89,17 +87,17 @@ def test_worst_exit_code_wins() -> None:
     good = str(REPO / "recipes" / "dsv41-flash-gb300.yaml")
     bad = str(FAILURES / "kv-below-max-model-len.yaml")
     invalid = str(Path(__file__).parent / "bad_recipes" / "missing_unit.yaml")
-    assert run(good, bad).exit_code == 1
-    result = run(good, bad, invalid, "--json")
-    assert result.exit_code == 2
+    assert check_budgets(good, bad).code == 1
+    result = check_budgets(good, bad, invalid, "--json")
+    assert result.code == 2
     doc = json.loads(result.stdout)
     assert [r["ok"] for r in doc["recipes"]] == [True, False, False]
     assert "missing unit" in doc["recipes"][2]["error"]
 
 
 def test_lane_filter() -> None:
-    result = run(str(REPO / "recipes" / "dsv41-flash-gb300.yaml"), "--lane", "nope")
-    assert result.exit_code == 2 and "no lane nope" in result.stderr
+    result = check_budgets(str(REPO / "recipes" / "dsv41-flash-gb300.yaml"), "--lane", "nope")
+    assert result.code == 2 and "no lane nope" in result.stderr
 
 
 def test_real_console_script(tmp_path: Path) -> None:
@@ -122,10 +120,10 @@ def test_real_console_script(tmp_path: Path) -> None:
 def test_a_failure_under_json_is_a_json_document_on_stdout_too(argv: list[str], message: str) -> None:
     # as `check budgets --json` reports an invalid recipe: a script reading stdout gets a document,
     # and stderr still carries the message for people
-    result = CliRunner().invoke(main, argv)
-    assert result.exit_code == 2
+    result = invoke(*argv)
+    assert result.code == 2
     doc = json.loads(result.stdout)
     assert doc["ok"] is False and doc["exit_code"] == 2 and message in doc["error"]
     assert message in result.stderr
-    plain = CliRunner().invoke(main, [a for a in argv if a != "--json"])
-    assert plain.exit_code == 2 and plain.stdout == "" and message in plain.stderr
+    plain = invoke(*(a for a in argv if a != "--json"))
+    assert plain.code == 2 and plain.stdout == "" and message in plain.stderr

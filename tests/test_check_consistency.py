@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
+from cli_support import invoke
 
-from recipegen.cli import main
 from recipegen.common.units import format_count
 from recipegen.costmodel.lane_estimate import tp_caveat
 from recipegen.ledger.flags import RENDERED_FROM_FIELDS, canonical
@@ -29,11 +28,6 @@ SINGLE = "qwen3-30b-a3b-rtx4090"         # one machine, one GPU
 SINGLE_ARGS = "extra_args: [--cpu-offload-params, experts]"
 TENSOR_PARALLEL = "deepseek-v3.2-h200x8"  # one machine, TP 8
 COMMANDS = [("check", "recipe"), ("check", "budgets"), ("render",)]
-
-
-def run(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args))
-    return result.exit_code, result.output
 
 
 def edit(project: Path, recipe: str, old: str, new: str) -> Path:
@@ -71,9 +65,9 @@ def test_a_launch_flag_in_a_pipeline_lanes_extra_args_is_refused_alike_by_every_
     expected = (f"error: {rel}:{line}: field 'lanes[0].extra_args[0]': {flag} is rendered from the recipe's "
                 f"own fields ({field}); change those instead of repeating it in extra_args")
     for command in COMMANDS:
-        code, out = run(*command, rel)
-        assert code == 2, (command, out)
-        assert error_line(out) == expected, (command, out)
+        result = invoke(*command, rel)
+        assert result.code == 2, (command, result.output)
+        assert error_line(result.output) == expected, (command, result.output)
     assert not (project / "compose").exists()
 
 
@@ -82,10 +76,10 @@ def test_a_launch_flag_the_ledger_also_leaves_unbudgeted_is_refused_once(project
     """On a pipeline lane `--nnodes` is both a launch flag and, elsewhere, a flag the ledger does not
     budget; the item gets the launch flag's message only, not a second one."""
     path = pipeline_with_extra_args(project, f"{flag}, '2'", host_tables_in_hbm=False)
-    code, out = run("check", "recipe", str(path.relative_to(project)))
-    assert code == 2, out
-    at_item = [line for line in out.splitlines() if "'lanes[0].extra_args[0]'" in line]
-    assert len(at_item) == 1, out
+    result = invoke("check", "recipe", str(path.relative_to(project)))
+    assert result.code == 2, result.output
+    at_item = [line for line in result.output.splitlines() if "'lanes[0].extra_args[0]'" in line]
+    assert len(at_item) == 1, result.output
     assert f"{flag} is rendered from the recipe's own fields (parallel.pipeline)" in at_item[0]
 
 
@@ -104,9 +98,10 @@ def test_engram_config_in_extra_args_is_refused_on_every_lane(project: Path, rec
     path.write_text(text.replace(anchor, f"    extra_args: [--engram-config, '{config}']\n{anchor}"))
     rel = str(path.relative_to(project))
     for command in COMMANDS:
-        code, out = run(*command, rel)
-        assert code == 2, (command, out)
-        assert "field 'lanes[0].extra_args[0]'" in error_line(out) and "--engram-config" in error_line(out)
+        result = invoke(*command, rel)
+        assert result.code == 2, (command, result.output)
+        error = error_line(result.output)
+        assert "field 'lanes[0].extra_args[0]'" in error and "--engram-config" in error
     assert not (project / "compose").exists()
 
 
@@ -116,8 +111,8 @@ def test_a_single_node_lane_may_name_the_executor_backend(project: Path) -> None
                 "extra_args: [--cpu-offload-params, experts, --distributed-executor-backend, mp]")
     rel = str(path.relative_to(project))
     for command in COMMANDS:
-        code, out = run(*command, rel)
-        assert code == 0, (command, out)
+        result = invoke(*command, rel)
+        assert result.code == 0, (command, result.output)
     compose = yaml.safe_load((project / "compose" / SINGLE / "compose.yaml").read_text())
     argv = compose["services"]["lane-chat"]["command"]
     assert argv.count("--distributed-executor-backend") == 1
@@ -143,8 +138,8 @@ def test_every_flag_a_pipeline_render_writes_is_one_the_loader_refuses(project: 
     pipeline lane, but for the two the render leaves to extra_args when given there. (Its tables in
     HBM would not fit: --engram-config is covered by the two tests above.)"""
     path = project / "recipes" / f"{PIPELINE}.yaml"
-    code, out = run("render", str(path.relative_to(project)))
-    assert code == 0, out
+    result = invoke("render", str(path.relative_to(project)))
+    assert result.code == 0, result.output
     parallel = load_recipe(path).recipe.lanes[0].parallel
     refused = set(RENDERED_FROM_FIELDS) | set(launch_flags(parallel)) | {"--max-num-seqs", "--moe-backend"}
     seen = 0
@@ -161,11 +156,11 @@ def test_every_flag_a_pipeline_render_writes_is_one_the_loader_refuses(project: 
 
 def test_a_refused_kv_cache_dtype_is_reported_once_per_lane(project: Path) -> None:
     path = edit(project, SINGLE, SINGLE_ARGS, "extra_args: [--cpu-offload-params, experts, --kv-cache-dtype, fp8_inc]")
-    code, out = run("check", "budgets", str(path.relative_to(project)))
-    assert code == 1, out
-    assert out.count("Intel Gaudi's fp8 cache") == 1, out
-    assert out.count("refuses to boot this lane") == 1, out
-    line = next(line for line in out.splitlines() if "Intel Gaudi's fp8 cache" in line)
+    result = invoke("check", "budgets", str(path.relative_to(project)))
+    assert result.code == 1, result.output
+    assert result.output.count("Intel Gaudi's fp8 cache") == 1, result.output
+    assert result.output.count("refuses to boot this lane") == 1, result.output
+    line = next(line for line in result.output.splitlines() if "Intel Gaudi's fp8 cache" in line)
     assert line.startswith("  OVER BUDGET [attention]: --kv-cache-dtype fp8_inc: ")
     assert line.endswith("vLLM refuses to boot this lane (KV counted at the model's dtype)")
 
@@ -180,10 +175,10 @@ def test_counts_print_in_the_right_number() -> None:
 
 
 def test_no_output_says_stream_s(project: Path) -> None:
-    code, out = run("check", "budgets", f"recipes/{PIPELINE}.yaml")
-    assert code == 0, out
-    assert "stream(s)" not in out
-    assert re.search(r"cost model: stage 0 \(station-a\) at 1 stream, k=5", out), out
+    result = invoke("check", "budgets", f"recipes/{PIPELINE}.yaml")
+    assert result.code == 0, result.output
+    assert "stream(s)" not in result.output
+    assert re.search(r"cost model: stage 0 \(station-a\) at 1 stream, k=5", result.output), result.output
 
 
 # ------------------------------------------------------------------ the tensor-parallel caveat
@@ -191,13 +186,13 @@ def test_no_output_says_stream_s(project: Path) -> None:
 def test_the_json_caveat_is_the_estimates_and_agrees_with_the_text_line() -> None:
     gpus = len(load_recipe(TENSOR_PARALLEL).recipe.lanes[0].gpus)
     assert gpus > 1
-    code, text = run("check", "budgets", TENSOR_PARALLEL)
-    assert code == 0, text
-    speed = next(l for l in text.splitlines() if l.startswith("decode speed estimate · "))
+    result = invoke("check", "budgets", TENSOR_PARALLEL)
+    assert result.code == 0, result.output
+    speed = next(l for l in result.output.splitlines() if l.startswith("decode speed estimate · "))
     said = {int(n) for n in re.findall(r"all-reduces between the (\d+) GPUs not counted", speed)}
     assert said == {gpus} and "validated on one-GPU lanes" in speed, speed
-    code, out = run("check", "budgets", TENSOR_PARALLEL, "--json")
-    assert code == 0, out
-    caveat = json.loads(out)["recipes"][0]["lanes"][0]["estimate"]["tensor_parallel_caveat"]
+    result = invoke("check", "budgets", TENSOR_PARALLEL, "--json")
+    assert result.code == 0, result.output
+    caveat = json.loads(result.output)["recipes"][0]["lanes"][0]["estimate"]["tensor_parallel_caveat"]
     assert caveat == tp_caveat(gpus)
     assert f"all-reduces between the {gpus} GPUs are not counted" in caveat and "one-GPU lanes" in caveat

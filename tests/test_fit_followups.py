@@ -11,11 +11,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 from doc_commands import commands_and_quotes
 from pydantic import TypeAdapter, ValidationError
 
-from recipegen.cli import main
 from recipegen.fit.compare import fastest_text
 from recipegen.fit.objective import Projection
 from recipegen.schema.base import TokenCount
@@ -30,22 +29,17 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def run(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args))
-    return result.exit_code, result.output
-
-
 # ------------------------------------------------------------------ --machine error
 
 @pytest.mark.parametrize("command", [["new", "qwen3-30b-a3b", "--machine", "no-such-box"],
                                      ["compare", "dsv41-flash-gb300", "--machines", "h200-pcie,no-such-box"]])
 def test_an_unknown_machine_points_at_the_list_and_both_file_forms(here: Path, command: list[str]) -> None:
-    code, err = run(*command)
-    assert code == 2, err
-    assert "'no-such-box' is not a catalog machine nor a machine file" in err
-    assert "`recipegen machine list`" in err and "h200-pcie" in err
-    assert "`recipegen machine detect -o FILE`" in err and "`catalog: <id>`" in err
-    assert "Traceback" not in err
+    result = invoke(*command)
+    assert result.code == 2, result.output
+    assert "'no-such-box' is not a catalog machine nor a machine file" in result.output
+    assert "`recipegen machine list`" in result.output and "h200-pcie" in result.output
+    assert "`recipegen machine detect -o FILE`" in result.output and "`catalog: <id>`" in result.output
+    assert "Traceback" not in result.output
 
 
 # ------------------------------------------------------------------ compare's fastest line
@@ -91,15 +85,16 @@ def test_a_clearly_faster_machine_is_named_alone() -> None:
 def test_compare_calls_a_catalog_machine_and_its_file_with_more_ram_a_tie(here: Path) -> None:
     """The same H200 with 144 GiB of host memory instead of 125.87: Qwen3-30B-A3B fits all in HBM on
     both, with the same speed and KV pool; the line named the first machine fastest before."""
-    code, out = run("new", "qwen3-30b-a3b", "--machine", "h200-pcie", "-o", "recipes/q.yaml")
-    assert code == 0, out
+    result = invoke("new", "qwen3-30b-a3b", "--machine", "h200-pcie", "-o", "recipes/q.yaml")
+    assert result.code == 0, result.output
     (here / "box.yaml").write_text("catalog: h200-pcie\nhost_memory: 144 GiB\n")
-    code, out = run("compare", "recipes/q.yaml", "--machines", "h200-pcie,box.yaml")
-    assert code == 0, out
-    line = next(x for x in out.splitlines() if x.startswith("  fastest:"))
+    result = invoke("compare", "recipes/q.yaml", "--machines", "h200-pcie,box.yaml")
+    assert result.code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("  fastest:"))
     assert line.startswith("  fastest: a tie between h200-pcie and box.yaml: the same speed ("), line
     speed = line.split(": the same speed (")[1].split(") and KV pool")[0]
-    assert [x.endswith(speed) for x in out.splitlines()[2:4]] == [True, True], out  # both rows print it
+    rows = result.output.splitlines()[2:4]
+    assert [x.endswith(speed) for x in rows] == [True, True], result.output  # both rows print it
 
 
 # ------------------------------------------------------------------ docs/fit.md and README
@@ -118,17 +113,18 @@ def test_the_fit_page_quotes_what_its_commands_print(here: Path) -> None:
     found = _fit_page_blocks()
     assert sorted(argv[-1] for argv, _ in found) == ["7", "box.yaml", "h200-pcie"]
     for i, (argv, quoted) in enumerate(found):
-        code, out = run(*argv, "-o", f"recipes/r{i}.yaml")
-        assert code in (0, 1), out
-        lines = [x.rstrip() for x in out.splitlines()]
+        result = invoke(*argv, "-o", f"recipes/r{i}.yaml")
+        assert result.code in (0, 1), result.output
+        lines = [x.rstrip() for x in result.output.splitlines()]
         for want in quoted:
-            assert want in lines, f"`recipegen {' '.join(argv)}` no longer prints:\n{want}\n--- it printed:\n{out}"
+            assert want in lines, \
+                f"`recipegen {' '.join(argv)}` no longer prints:\n{want}\n--- it printed:\n{result.output}"
 
 
 @pytest.mark.parametrize("kind", ["model", "machine"])
 def test_the_list_commands_the_docs_show_run(kind: str) -> None:
-    code, out = run(kind, "list")
-    assert code == 0 and out.strip(), out
+    result = invoke(kind, "list")
+    assert result.code == 0 and result.output.strip(), result.output
     assert f"recipegen {kind} list" in (REPO / "README.md").read_text(encoding="utf-8").split(
         "## The operator's workflow")[1].split("```")[1]
     assert f"recipegen {kind} list" in FIT_PAGE.read_text(encoding="utf-8")
@@ -151,16 +147,15 @@ def test_the_token_count_description_says_what_the_validator_accepts() -> None:
 
 def test_a_catalog_checkpoint_id_names_the_hub_revision_to_pass(tmp_path: Path) -> None:
     # the note told users to pass the literal text "{repo}@main"
-    result = CliRunner().invoke(main, ["new", "Qwen/Qwen3-30B-A3B", "--machine", "rtx-5090",
-                                       "-o", str(tmp_path / "q.yaml")])
-    assert result.exit_code == 0, result.output
+    result = invoke("new", "Qwen/Qwen3-30B-A3B", "--machine", "rtx-5090", "-o", str(tmp_path / "q.yaml"))
+    assert result.code == 0, result.output
     assert "pass Qwen/Qwen3-30B-A3B@main to read the hub instead" in result.output
     assert "{repo}" not in result.output
 
 
 def test_an_unknown_model_points_at_the_list_command() -> None:
-    result = CliRunner().invoke(main, ["new", "no-such-model", "--machine", "rtx-5090"])
-    assert result.exit_code == 2
+    result = invoke("new", "no-such-model", "--machine", "rtx-5090")
+    assert result.code == 2
     assert "`recipegen model list`" in result.output and "qwen3-30b-a3b" in result.output
 
 

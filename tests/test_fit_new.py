@@ -8,19 +8,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
+from cli_support import invoke
 
-from recipegen.cli import main
 from recipegen.common import glossary
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "tests" / "fixtures" / "hf_configs"
 GiB, MiB = 2**30, 2**20
-
-
-def run(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args))
-    return result.exit_code, result.stdout, result.stderr
 
 
 @pytest.fixture
@@ -30,8 +24,8 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_new_from_the_catalog_writes_a_fitted_recipe_check_passes(here: Path) -> None:
-    code, out, err = run("new", "qwen3-30b-a3b", "--machine", "rtx-5090")
-    assert code == 0, out + err
+    result = invoke("new", "qwen3-30b-a3b", "--machine", "rtx-5090")
+    assert result.code == 0, result.stdout + result.stderr
     path = here / "recipes" / "qwen3-30b-a3b-rtx-5090.yaml"
     doc = yaml.safe_load(path.read_text())
     lane = doc["lanes"][0]
@@ -42,78 +36,81 @@ def test_new_from_the_catalog_writes_a_fitted_recipe_check_passes(here: Path) ->
     assert lane["offload"]["placement"] == "usage-aware" and lane["active_class"] == "chat"
     assert "hot_experts_per_layer" in lane["offload"]
     assert (here / "recipes" / lane["classes"]["chat"]["rowmap"]).is_file()
-    code, out, _ = run("check", "budgets", str(path))
-    assert code == 0 and "(estimated from the model and machine" in out
-    code, out, _ = run("fit", str(path))                      # new called the same function
-    assert code == 0 and "unchanged: the recipe already holds this fit" in out
-    code, _, err = run("new", "qwen3-30b-a3b", "--machine", "rtx-5090")
-    assert code == 2 and "--force" in err
+    result = invoke("check", "budgets", str(path))
+    assert result.code == 0 and "(estimated from the model and machine" in result.stdout
+    result = invoke("fit", str(path))                      # new called the same function
+    assert result.code == 0 and "unchanged: the recipe already holds this fit" in result.stdout
+    result = invoke("new", "qwen3-30b-a3b", "--machine", "rtx-5090")
+    assert result.code == 2 and "--force" in result.stderr
 
 
 def test_new_from_a_local_checkpoint_writes_its_model_file(here: Path) -> None:
-    code, out, err = run("new", str(FIX / "qwen3-30b-a3b"), "--machine", "h200-pcie", "--max-model-len", "32K")
-    assert code == 0, out + err
+    result = invoke("new", str(FIX / "qwen3-30b-a3b"), "--machine", "h200-pcie", "--max-model-len", "32K")
+    assert result.code == 0, result.stdout + result.stderr
     doc = yaml.safe_load((here / "recipes" / "qwen3-30b-a3b-h200-pcie.yaml").read_text())
     assert doc["model"] == {"file": "models/qwen3-30b-a3b.yaml"}
     assert doc["lanes"][0]["max_model_len"] == 32768
     assert "offload" not in doc["lanes"][0]          # all in HBM: the section that would say nothing is left out
-    code, out, _ = run("check", "budgets", str(here / "recipes" / "qwen3-30b-a3b-h200-pcie.yaml"))
-    assert code == 0 and "GPU 0 · all in HBM\n" in out and "all in HBM (this lane)" in out   # as `new` said
+    result = invoke("check", "budgets", str(here / "recipes" / "qwen3-30b-a3b-h200-pcie.yaml"))
+    assert result.code == 0
+    assert "GPU 0 · all in HBM\n" in result.stdout and "all in HBM (this lane)" in result.stdout   # as `new` said
     model = yaml.safe_load((here / "recipes" / "models" / "qwen3-30b-a3b.yaml").read_text())
     assert model["routed_experts"]["value"] == 128
 
 
 def test_new_writes_nothing_when_nothing_fits(here: Path) -> None:
-    code, out, err = run("new", "kimi-k2-instruct", "--machine", "rtx-4090")
-    assert code == 1, out + err
-    assert "nothing fits" in out and not (here / "recipes").exists()
+    result = invoke("new", "kimi-k2-instruct", "--machine", "rtx-4090")
+    assert result.code == 1, result.stdout + result.stderr
+    assert "nothing fits" in result.stdout and not (here / "recipes").exists()
 
 
 def test_new_from_a_local_checkpoint_leaves_no_folder_when_nothing_fits(here: Path) -> None:
-    code, out, err = run("new", str(FIX / "kimi-k2-instruct"), "--machine", "rtx-4090")
-    assert code == 1, out + err
-    assert "nothing fits" in out and not (here / "recipes").exists()
+    result = invoke("new", str(FIX / "kimi-k2-instruct"), "--machine", "rtx-4090")
+    assert result.code == 1, result.stdout + result.stderr
+    assert "nothing fits" in result.stdout and not (here / "recipes").exists()
 
 
 def test_a_context_the_model_refuses_names_the_option_not_an_unwritten_file(here: Path) -> None:
     # Qwen3-30B-A3B's max_position_embeddings is 40,960; 128K = 131,072 tokens
-    code, _, err = run("new", "qwen3-30b-a3b", "--machine", "rtx-5090", "--max-model-len", "128K",
-                       "-o", str(here / "fresh.yaml"))
-    assert code == 2 and err.startswith("error: field '--max-model-len': max_model_len 131,072 exceeds"), err
-    assert "fresh.yaml" not in err and not (here / "fresh.yaml").exists()
+    result = invoke("new", "qwen3-30b-a3b", "--machine", "rtx-5090", "--max-model-len", "128K",
+                    "-o", str(here / "fresh.yaml"))
+    assert result.code == 2, result.stderr
+    assert result.stderr.startswith("error: field '--max-model-len': max_model_len 131,072 exceeds"), result.stderr
+    assert "fresh.yaml" not in result.stderr and not (here / "fresh.yaml").exists()
 
 
 def test_new_refuses_what_it_cannot_read(here: Path) -> None:
-    code, _, err = run("new", "not a model", "--machine", "rtx-4090")
-    assert code == 2 and "field 'MODEL'" in err and "catalog models (`recipegen model list` describes them):" in err
-    code, _, err = run("new", "qwen3-30b-a3b", "--machine", "no-such-box")
-    assert code == 2 and "field '--machine'" in err
+    result = invoke("new", "not a model", "--machine", "rtx-4090")
+    assert result.code == 2 and "field 'MODEL'" in result.stderr
+    assert "catalog models (`recipegen model list` describes them):" in result.stderr
+    result = invoke("new", "qwen3-30b-a3b", "--machine", "no-such-box")
+    assert result.code == 2 and "field '--machine'" in result.stderr
 
 
 def test_a_hub_id_of_a_catalog_checkpoint_is_the_catalog_entry(here: Path) -> None:
-    code, out, err = run("new", "Qwen/Qwen3-30B-A3B", "--machine", "rtx-5090", "--name", "q")
-    assert code == 0, out + err
-    assert "is the catalog's qwen3-30b-a3b" in out
+    result = invoke("new", "Qwen/Qwen3-30B-A3B", "--machine", "rtx-5090", "--name", "q")
+    assert result.code == 0, result.stdout + result.stderr
+    assert "is the catalog's qwen3-30b-a3b" in result.stdout
     assert yaml.safe_load((here / "recipes" / "q.yaml").read_text())["model"] == "qwen3-30b-a3b"
 
 
 def test_compare_tabulates_each_machine(here: Path) -> None:
-    code, _, err = run("new", "deepseek-v3", "--machine", "h200-sxm-x8", "--name", "dsv3")
-    assert code == 0, err
+    result = invoke("new", "deepseek-v3", "--machine", "h200-sxm-x8", "--name", "dsv3")
+    assert result.code == 0, result.stderr
     before = {p: p.read_bytes() for p in (here / "recipes").rglob("*") if p.is_file()}
-    code, out, err = run("compare", "dsv3", "--machines", "h200-sxm-x8,h100-sxm-x8,rtx-4090", "--json")
-    assert code == 0, err
-    rows = {r["machine"]: r for r in json.loads(out)["machines"]}
+    result = invoke("compare", "dsv3", "--machines", "h200-sxm-x8,h100-sxm-x8,rtx-4090", "--json")
+    assert result.code == 0, result.stderr
+    rows = {r["machine"]: r for r in json.loads(result.stdout)["machines"]}
     assert rows["h200-sxm-x8"]["chosen"]["placement"] == "all in HBM"
     assert rows["h100-sxm-x8"]["chosen"]["placement"] == "usage-aware"
     assert rows["rtx-4090"]["fits"] is False and rows["rtx-4090"]["suggestion"]
-    code, out, _ = run("compare", "dsv3", "--machines", "h200-sxm-x8,h100-sxm-x8,rtx-4090")
-    lines = out.splitlines()
+    result = invoke("compare", "dsv3", "--machines", "h200-sxm-x8,h100-sxm-x8,rtx-4090")
+    lines = result.stdout.splitlines()
     assert lines[1].split()[:4] == ["machine", "GPUs", "host", "fits"]
     assert any(line.strip().startswith("rtx-4090") and " no " in line for line in lines)
     # the usage-aware row's "(load N GiB)" is explained in the same output, under the table
-    assert re.search(r"usage-aware \(load \d+ GiB\)", out)
-    notes = out.split(glossary.HEADING, 1)[1].splitlines()
+    assert re.search(r"usage-aware \(load \d+ GiB\)", result.stdout)
+    notes = result.stdout.split(glossary.HEADING, 1)[1].splitlines()
     load = [line for line in notes if line.strip().startswith("load N GiB:")]
     assert load and "--cpu-offload-gb" in load[0] and "load_cpu_offload" in load[0] and "per GPU" in load[0]
     assert {p: p.read_bytes() for p in (here / "recipes").rglob("*") if p.is_file()} == before  # writes nothing
@@ -152,13 +149,13 @@ lanes:
 def test_measured_only_where_the_reserve_says_so(tmp_path: Path, hbm: str, label: str) -> None:
     path = tmp_path / "r.yaml"
     path.write_text(RESERVE_RECIPE.format(hbm=hbm, host="{value: 8 GiB, source: guess}"))
-    code, out, _ = run("check", "budgets", str(path))
-    assert code == 0, out
-    line = next(x for x in out.splitlines() if "HBM / GPU:" in x)
+    result = invoke("check", "budgets", str(path))
+    assert result.code == 0, result.stdout
+    line = next(x for x in result.stdout.splitlines() if "HBM / GPU:" in x)
     assert f"reserve 5.00 GiB {label}" in line
-    assert "reserve 8.00 GiB (declared, not marked measured)" in out
+    assert "reserve 8.00 GiB (declared, not marked measured)" in result.stdout
     if "guess" in hbm and "measured" not in label:
-        assert "(measured)" not in out
+        assert "(measured)" not in result.stdout
 
 
 def test_estimated_reserves_by_hand(tmp_path: Path) -> None:
@@ -167,22 +164,23 @@ def test_estimated_reserves_by_hand(tmp_path: Path) -> None:
     max(1,536, 2,048)) × 2 B + a 2 GiB allowance; host: 8 GiB + 4 GiB for the one GPU."""
     path = tmp_path / "r.yaml"
     path.write_text(RESERVE_RECIPE.format(hbm="{estimated: true}", host="{estimated: true}"))
-    code, out, err = run("check", "budgets", str(path), "--json")
-    assert code == 0, out + err
-    fig = json.loads(out)["recipes"][0]["lanes"][0]["figures"]
+    result = invoke("check", "budgets", str(path), "--json")
+    assert result.code == 0, result.stdout + result.stderr
+    fig = json.loads(result.stdout)["recipes"][0]["lanes"][0]["figures"]
     moe = 2048 * 8 * (2048 + 2048) * 2
     assert fig["hbm.reserve"]["value"] == 3_082_186_752 + moe + 2 * GiB
     assert fig["hbm.reserve"]["note"].startswith("estimated")
     assert fig["host.reserve"]["value"] == 8 * GiB + 4 * GiB
-    code, out, _ = run("check", "budgets", str(path))
-    assert "(estimated from the model and machine" in out and "+ reserve 12.00 GiB (estimated)" in out
+    result = invoke("check", "budgets", str(path))
+    assert "(estimated from the model and machine" in result.stdout
+    assert "+ reserve 12.00 GiB (estimated)" in result.stdout
     # usage-aware: the runtime computes the experts, so vLLM's fused-MoE workspace is not there
     ua = RESERVE_RECIPE.format(hbm="{estimated: true}", host="{estimated: true}").replace(
         "{placement: positional, load_cpu_offload: 31 GiB}",
         "{placement: usage-aware, hot_experts_per_layer: 128, load_cpu_offload: 0 GiB}")
     path.write_text(ua)
-    code, out, err = run("check", "budgets", str(path), "--json")
-    fig = json.loads(out)["recipes"][0]["lanes"][0]["figures"]
+    result = invoke("check", "budgets", str(path), "--json")
+    fig = json.loads(result.stdout)["recipes"][0]["lanes"][0]["figures"]
     assert fig["hbm.reserve"]["value"] == 3_082_186_752 + moe + 2 * GiB   # every expert hot: plain vLLM
     path.write_text(ua.replace("hot_experts_per_layer: 128, load_cpu_offload: 0 GiB",
                                "hot_experts_per_layer: 100, load_cpu_offload: 30 GiB"))
@@ -198,11 +196,11 @@ def test_estimated_reserves_by_hand(tmp_path: Path) -> None:
 def test_a_reserve_needs_a_source_unless_estimated(tmp_path: Path) -> None:
     path = tmp_path / "r.yaml"
     path.write_text(RESERVE_RECIPE.format(hbm="{value: 5 GiB}", host="{estimated: true}"))
-    code, _, err = run("check", "recipe", str(path))
-    assert code == 2 and "reserves.hbm.source" in err
+    result = invoke("check", "recipe", str(path))
+    assert result.code == 2 and "reserves.hbm.source" in result.stderr
     path.write_text(RESERVE_RECIPE.format(hbm="{estimated: true, value: 5 GiB}", host="{estimated: true}"))
-    code, _, err = run("check", "recipe", str(path))
-    assert code == 2 and "exactly one of value, back_solved_from and estimated" in err
+    result = invoke("check", "recipe", str(path))
+    assert result.code == 2 and "exactly one of value, back_solved_from and estimated" in result.stderr
 
 
 def test_a_machine_file_name_cannot_add_to_the_recipe(here: Path) -> None:
@@ -214,8 +212,8 @@ def test_a_machine_file_name_cannot_add_to_the_recipe(here: Path) -> None:
     entry = catalog_entry("machines", "h200-pcie")
     entry["name"] = "box"
     (here / name).write_text(yaml.safe_dump(entry))
-    code, out, err = run("new", "qwen3-30b-a3b", "--machine", name, "--name", "n")
-    assert code == 0, out + err
+    result = invoke("new", "qwen3-30b-a3b", "--machine", name, "--name", "n")
+    assert result.code == 0, result.stdout + result.stderr
     text = (here / "recipes" / "n.yaml").read_text()
     doc = yaml.safe_load(text)
     assert set(doc) == {"version", "name", "description", "model", "machines", "lanes"} and doc["version"] == 1
@@ -229,9 +227,9 @@ def test_when_only_a_shorter_context_and_a_bigger_host_together_fit_both_are_nam
     from recipegen.catalog import catalog_entry
 
     model = str(FIX / "llama-4-scout-17b-16e-instruct")
-    code, out, err = run("new", model, "--machine", "h200-pcie", "--json")
-    assert code == 1, out + err
-    suggestion = json.loads(out)["suggestion"]
+    result = invoke("new", model, "--machine", "h200-pcie", "--json")
+    assert result.code == 1, result.stdout + result.stderr
+    suggestion = json.loads(result.stdout)["suggestion"]
     assert suggestion.startswith("both a shorter context and a bigger host"), suggestion
     length = int(suggestion.split("--max-model-len ")[1].split(")")[0])
     need = int(suggestion.split("at least ")[1].split(" GiB")[0])
@@ -249,7 +247,7 @@ def test_when_only_a_shorter_context_and_a_bigger_host_together_fit_both_are_nam
         "both, one GiB of host short": ("small.yaml", str(length)),
         "both": ("roomy.yaml", str(length)),
     }
-    codes = {what: run("new", model, "--machine", machine, "--max-model-len", context, "--force", "--json")[0]
+    codes = {what: invoke("new", model, "--machine", machine, "--max-model-len", context, "--force", "--json").code
              for what, (machine, context) in tried.items()}
     assert codes == {"shorter context alone": 1, "bigger host alone": 1, "both, one GiB of host short": 1,
                      "both": 0}

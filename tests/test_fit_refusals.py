@@ -18,10 +18,9 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from click.testing import CliRunner
+from cli_support import invoke
 
 from recipegen.catalog import catalog_entry
-from recipegen.cli import main
 from recipegen.fit.choice import choose, not_chosen_text
 from recipegen.fit.closest import Tried, closest_text
 from recipegen.fit.judged import Problem
@@ -31,9 +30,10 @@ GiB = 2**30
 
 
 def run(*args: str) -> tuple[int, dict]:
-    result = CliRunner().invoke(main, [*args, "--json"])
-    assert result.exit_code in (0, 1), result.output
-    return result.exit_code, json.loads(result.stdout)
+    """``recipegen ARGS --json``, which must exit 0 or 1: the exit code and the document printed."""
+    result = invoke(*args, "--json")
+    assert result.code in (0, 1), result.output
+    return result.code, json.loads(result.stdout)
 
 
 @pytest.fixture
@@ -155,9 +155,9 @@ def test_equal_printed_speeds_are_not_called_faster(here: Path) -> None:
     """Qwen3-30B-A3B on an RTX 5090 with 7 sequences: usage-aware at 0 hot and positional with
     every layer offloaded both leave every expert cold, and print the same tok/s and band."""
     args = ["new", "qwen3-30b-a3b", "--machine", "rtx-5090", "--min-sequences", "7"]
-    text = CliRunner().invoke(main, [*args, "-o", "a.yaml"])
-    assert text.exit_code == 0, text.output
-    data = json.loads(CliRunner().invoke(main, [*args, "-o", "b.yaml", "--json"]).stdout)
+    text = invoke(*args, "-o", "a.yaml")
+    assert text.code == 0, text.output
+    data = json.loads(invoke(*args, "-o", "b.yaml", "--json").stdout)
     chosen = data["chosen"]
     other = next(c for c in data["candidates"] if c["placement"] != chosen["placement"])
     assert chosen["speed"]["text"] == other["speed"]["text"]   # the case: figures equal as printed

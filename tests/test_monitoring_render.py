@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
+from cli_support import invoke
 from compose_support import needs_compose
 from expert_residency.contract import env as runtime_env
 from expert_residency.contract import metrics as m
 from expert_residency.formats import load_histogram, load_rowmap, save_histogram
 from prometheus_support import PROMTOOL, SKIP_REASON, PrometheusServer, prometheus_available, promtool_alert_test
 
-from recipegen.cli import main
 from recipegen.k8s.render import render_k8s
 from recipegen.load.recipe import load_recipe
 from recipegen.render import dashboard as dash
@@ -34,11 +33,6 @@ REFERENCE = "dsv41-flash-gb300"
 PP2 = "dsv41-flash-gb300x2-pp2"
 VLLM033 = REPO / ".cache" / "vllm-0.33.0" / "vllm"
 needs_prometheus = pytest.mark.skipif(not prometheus_available(), reason=SKIP_REASON)
-
-
-def run(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return result.exit_code, result.output
 
 
 def hand_cold_share(rowmap_path: Path, histogram_path: Path) -> float:
@@ -64,8 +58,8 @@ def measured_histogram(project: Path, committed: str) -> str:
 
 @needs_compose
 def test_reference_rendering_carries_the_monitoring_profile(project: Path) -> None:
-    code, out = run("render", REFERENCE, "--validate")
-    assert code == 0, out
+    result = invoke("render", REFERENCE, "--validate")
+    assert result.code == 0, result.output
     folder = project / "compose" / REFERENCE
     model = compose_config_json(folder / "compose.yaml")
     services = model["services"]
@@ -79,8 +73,8 @@ def test_reference_rendering_carries_the_monitoring_profile(project: Path) -> No
     # so the drift alert has no baseline.
     recipes = project / "recipes"
     want = hand_cold_share(recipes / "maps/dsv41-flash/agent.rowmap", recipes / "profiles/dsv41-flash/agent.hist")
-    code, out = run("check", "budgets", REFERENCE)
-    assert f"agent (active) on the active map: cold share {want:.2%}, synthetic histogram" in out
+    result = invoke("check", "budgets", REFERENCE)
+    assert f"agent (active) on the active map: cold share {want:.2%}, synthetic histogram" in result.output
     assert runtime_env.PREDICTED_COLD_SHARE not in env
     # The profile boot stays without metrics (count-only, its own folder of dumps).
     assert runtime_env.METRICS not in services["lane-agent-profile"]["environment"]
@@ -116,8 +110,8 @@ def test_a_recipe_value_cannot_reach_the_monitoring_files_as_structure(project: 
     text = (project / "recipes" / f"{REFERENCE}.yaml").read_text()
     text = text.replace("  window: 5m\n", "  window: 5m\n  bind_address: 0.0.0.0\n")
     (project / "recipes" / f"{REFERENCE}.yaml").write_text(text)
-    code, out = run("render", REFERENCE, "--validate")
-    assert code == 0, out
+    result = invoke("render", REFERENCE, "--validate")
+    assert result.code == 0, result.output
     services = compose_config_json(project / "compose" / REFERENCE / "compose.yaml")["services"]
     assert services["grafana"]["ports"][0]["host_ip"] == "0.0.0.0"
     from recipegen.render.compose import Service, hashed_service, service_text
@@ -132,8 +126,8 @@ def test_monitoring_changes_only_what_it_adds(project: Path) -> None:
     text = path.read_text()
     start = text.index("# The lane exports its residency")
     path.write_text(text[:start] + text[text.index("lanes:\n", start):])
-    code, out = run("render", REFERENCE)
-    assert code == 0, out
+    result = invoke("render", REFERENCE)
+    assert result.code == 0, result.output
     compose = (project / "compose" / REFERENCE / "compose.yaml").read_text()
     assert "EXPERT_RESIDENCY_METRICS" not in compose and "tmpfs" not in compose
     assert "prometheus" not in compose and not (project / "compose" / REFERENCE / "monitoring").exists()
@@ -151,18 +145,18 @@ def test_bad_monitoring_fields_are_refused_with_file_line_and_field(project: Pat
     path = project / "recipes" / f"{REFERENCE}.yaml"
     text = path.read_text().replace("  scrape_interval: 15s\n", "").replace("  window: 5m\n", edit)
     path.write_text(text)
-    code, out = run("check", "recipe", REFERENCE)
-    assert code == 2, out
-    assert f"{REFERENCE}.yaml:" in out and field in out, out
-    assert "Traceback" not in out
+    result = invoke("check", "recipe", REFERENCE)
+    assert result.code == 2, result.output
+    assert f"{REFERENCE}.yaml:" in result.output and field in result.output, result.output
+    assert "Traceback" not in result.output
 
 
 # ------------------------------------------------------------------ Prometheus' files
 
 @needs_prometheus
 def test_promtool_and_a_real_prometheus_accept_the_rendered_files(project: Path, tmp_path: Path) -> None:
-    code, out = run("render", REFERENCE)
-    assert code == 0, out
+    result = invoke("render", REFERENCE)
+    assert result.code == 0, result.output
     folder = project / "compose" / REFERENCE / "monitoring"
     check = subprocess.run([PROMTOOL, "check", "rules", str(folder / "rules.yml")], capture_output=True, text=True)
     assert check.returncode == 0 and "SUCCESS: 4 rules found" in check.stdout, check.stdout + check.stderr
@@ -198,8 +192,8 @@ def test_promtool_and_a_real_prometheus_accept_the_rendered_files(project: Path,
 
 def rendered_rule(project: Path, alert: str) -> tuple[Path, dict]:
     """The reference's rendered rules file and its alert named `alert`."""
-    code, out = run("render", REFERENCE)
-    assert code == 0, out
+    result = invoke("render", REFERENCE)
+    assert result.code == 0, result.output
     rules_file = project / "compose" / REFERENCE / "monitoring" / "rules.yml"
     (rule,) = [r for r in yaml.safe_load(rules_file.read_text())["groups"][0]["rules"] if r["alert"] == alert]
     return rules_file, rule

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
+from cli_support import invoke
 from expert_residency.contract import env as runtime_env
 from prometheus_support import PROMTOOL, SKIP_REASON, PrometheusServer, prometheus_available, promtool_alert_test
 from test_monitoring_render import measured_histogram
 
-from recipegen.cli import main
 from recipegen.load.recipe import load_recipe
 from recipegen.render import monitoring as mon
 
@@ -27,11 +26,6 @@ REFERENCE = "dsv41-flash-gb300"
 PP2 = "dsv41-flash-gb300x2-pp2"
 QWEN = "qwen3-30b-a3b-rtx4090"
 needs_prometheus = pytest.mark.skipif(not prometheus_available(), reason=SKIP_REASON)
-
-
-def run(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return result.exit_code, result.output
 
 
 def edit_recipe(project: Path, name: str, *replacements: tuple[str, str]) -> None:
@@ -59,8 +53,8 @@ def test_a_target_brackets_an_ipv6_address_only(host: str, target: str) -> None:
 
 def test_a_multi_node_head_at_an_ipv6_address_is_scraped_in_brackets(project: Path) -> None:
     edit_recipe(project, PP2, ("address: 10.0.0.1 ", "address: 'fd00::2' "))
-    code, out = run("render", PP2)
-    assert code == 0, out
+    result = invoke("render", PP2)
+    assert result.code == 0, result.output
     config = yaml.safe_load((project / "compose" / PP2 / "station-a" / mon.PROMETHEUS_CONFIG).read_text())
     (static,) = config["scrape_configs"][0]["static_configs"]
     assert static["targets"] == ["[fd00::2]:30006"]
@@ -96,8 +90,8 @@ def test_a_real_prometheus_scrapes_an_ipv6_head_as_rendered(project: Path, tmp_p
     try:
         edit_recipe(project, PP2, ("address: 10.0.0.1 ", "address: '::1' "),
                     ("    port: 30006\n", f"    port: {port}\n"))
-        code, out = run("render", PP2)
-        assert code == 0, out
+        result = invoke("render", PP2)
+        assert result.code == 0, result.output
         folder = project / "compose" / PP2 / "station-a" / "monitoring"
         config = yaml.safe_load((folder / "prometheus.yml").read_text())
         config["rule_files"] = [str(folder / "rules.yml")]
@@ -191,8 +185,8 @@ def test_a_lane_behind_a_profile_never_pages_while_off(tmp_path: Path) -> None:
 def test_a_recipe_whose_only_lane_has_a_profile_renders_no_lane_alerts(project: Path) -> None:
     edit_recipe(project, QWEN, ("lanes:\n", "monitoring: {}\nlanes:\n"),
                 ("    port: 8000\n", "    port: 8000\n    profile: batch\n"))
-    code, out = run("render", QWEN)
-    assert code == 0, out
+    result = invoke("render", QWEN)
+    assert result.code == 0, result.output
     folder = project / "compose" / QWEN / "monitoring"
     config = yaml.safe_load((folder / "prometheus.yml").read_text())
     assert config["scrape_configs"][0]["static_configs"] == [
@@ -229,8 +223,8 @@ def test_a_class_without_a_histogram_gives_no_baseline_and_says_so(project: Path
 def test_a_measured_histogram_is_the_baseline(project: Path) -> None:
     histogram = measured_histogram(project, "profiles/dsv41-flash/agent.hist")
     edit_recipe(project, REFERENCE, ("histogram: profiles/dsv41-flash/agent.hist\n", f"histogram: {histogram}\n"))
-    code, out = run("render", REFERENCE)
-    assert code == 0, out
+    result = invoke("render", REFERENCE)
+    assert result.code == 0, result.output
     # The map's cold experts' picks over all picks, summed here from the files.
     from expert_residency.formats import load_histogram, load_rowmap
 
@@ -267,9 +261,9 @@ def test_a_recipe_outside_recipes_is_named_by_its_path(project: Path) -> None:
     (note,) = mon.drift_baseline_notes(load_recipe(outside))
     assert profile in note, note
     assert mon.recipe_argument(load_recipe(outside)) == f"elsewhere/{REFERENCE}.yaml"
-    code, out = run("render", f"elsewhere/{REFERENCE}.yaml")
-    assert code == 0, out
-    assert "note: lane agent: no drift alert baseline" in out and profile in out, out
+    result = invoke("render", f"elsewhere/{REFERENCE}.yaml")
+    assert result.code == 0, result.output
+    assert "note: lane agent: no drift alert baseline" in result.output and profile in result.output, result.output
     # ... and what it names resolves to this same file
     from recipegen.load.recipe import resolve_recipe_path
 

@@ -13,9 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 
-from recipegen.cli import main
 from recipegen.common import glossary
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,18 +23,13 @@ MAPS = REPO / "recipes" / "maps" / "dsv41-flash"
 PROFILES = REPO / "recipes" / "profiles" / "dsv41-flash"
 
 
-def run(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args))
-    return result.exit_code, result.stdout
-
-
 # ------------------------------------------------------------------ render says what it wrote
 
 
 def test_render_names_every_file_and_service_it_wrote_and_no_ledger(project: Path) -> None:
-    code, out = run("render", "dsv41-flash-gb300-off60")
-    assert code == 0, out
-    lines = out.splitlines()
+    result = invoke("render", "dsv41-flash-gb300-off60")
+    assert result.code == 0, result.stdout
+    lines = result.stdout.splitlines()
     # a first render: both generated files are new (the positional lane mounts no row map and the
     # recipe has no monitoring block)
     assert lines[:3] == ["wrote compose/dsv41-flash-gb300-off60/ from recipes/dsv41-flash-gb300-off60.yaml: "
@@ -46,32 +40,33 @@ def test_render_names_every_file_and_service_it_wrote_and_no_ledger(project: Pat
                                "offload (--cpu-offload-gb 60), without the runtime, port 30006 (config hash ")
     assert lines[4].startswith("  service lane-agent-profile: changed — count-only profiling boot of lane "
                                "agent, started by `recipegen profile`")
-    assert "HBM / GPU:" not in out and "verdict" not in out     # the ledger only with --verbose
+    assert "HBM / GPU:" not in result.stdout and "verdict" not in result.stdout     # the ledger only with --verbose
     # a second render: nothing changed, and it says so file by file
-    code, out = run("render", "dsv41-flash-gb300-off60")
-    assert "2 files, none changed" in out.splitlines()[0]
-    assert "  file compose.yaml: unchanged" in out.splitlines()
-    assert "apply:" not in out
+    result = invoke("render", "dsv41-flash-gb300-off60")
+    assert "2 files, none changed" in result.stdout.splitlines()[0]
+    assert "  file compose.yaml: unchanged" in result.stdout.splitlines()
+    assert "apply:" not in result.stdout
 
 
 def test_render_verbose_prints_the_ledger_first(project: Path) -> None:
-    code, out = run("render", REFERENCE, "--verbose")
-    assert code == 0, out
-    ledger_at = out.index("HBM / GPU: 250.70 GiB × 0.97 = 243.18 GiB cap")
-    assert ledger_at < out.index(f"wrote compose/{REFERENCE}/")
-    assert "verdict: OK" in out
+    result = invoke("render", REFERENCE, "--verbose")
+    assert result.code == 0, result.stdout
+    ledger_at = result.stdout.index("HBM / GPU: 250.70 GiB × 0.97 = 243.18 GiB cap")
+    assert ledger_at < result.stdout.index(f"wrote compose/{REFERENCE}/")
+    assert "verdict: OK" in result.stdout
 
 
 def test_render_diff_with_nothing_to_change_says_so(project: Path) -> None:
-    assert run("render", REFERENCE)[0] == 0
-    code, out = run("render", REFERENCE, "--diff")
-    assert code == 0
-    assert out.startswith(f"no change: compose/{REFERENCE}/ already holds what recipes/{REFERENCE}.yaml renders")
+    assert invoke("render", REFERENCE).code == 0
+    result = invoke("render", REFERENCE, "--diff")
+    assert result.code == 0
+    assert result.stdout.startswith(f"no change: compose/{REFERENCE}/ already holds what "
+                                    f"recipes/{REFERENCE}.yaml renders")
     # and with a change it prints the change, not that line
     recipe = project / "recipes" / f"{REFERENCE}.yaml"
     recipe.write_text(recipe.read_text().replace("active_class: agent", "active_class: prose", 1))
-    code, out = run("render", REFERENCE, "--diff")
-    assert "no change" not in out and '+      io.recipegen.class: "prose"' in out
+    result = invoke("render", REFERENCE, "--diff")
+    assert "no change" not in result.stdout and '+      io.recipegen.class: "prose"' in result.stdout
 
 
 # ------------------------------------------------------------------ --plot without matplotlib
@@ -93,9 +88,8 @@ def test_plan_plot_without_matplotlib_fails_before_computing(monkeypatch: pytest
         raise AssertionError("plan read the recipe before finding matplotlib missing")
 
     monkeypatch.setattr(recipe_module, "load_recipe", must_not_load)
-    result = CliRunner().invoke(main, ["plan", REFERENCE, "agent", "--sweep", "hot=250..384",
-                                       "--plot", str(tmp_path / "s.png")])
-    assert result.exit_code == 2, result.output
+    result = invoke("plan", REFERENCE, "agent", "--sweep", "hot=250..384", "--plot", str(tmp_path / "s.png"))
+    assert result.code == 2, result.output
     assert "--plot needs matplotlib: pip install 'recipegen[plot]'" in result.output
     assert not (tmp_path / "s.png").exists()
 
@@ -104,8 +98,8 @@ def test_knee_plot_without_matplotlib_fails_before_measuring(monkeypatch: pytest
                                                              tmp_path: Path) -> None:
     _no_matplotlib(monkeypatch)
     # port 9 (discard) on loopback: had knee tried to measure, the error would be a connection's
-    result = CliRunner().invoke(main, ["knee", "http://127.0.0.1:9", "--plot", str(tmp_path / "k.png")])
-    assert result.exit_code == 2, result.output
+    result = invoke("knee", "http://127.0.0.1:9", "--plot", str(tmp_path / "k.png"))
+    assert result.code == 2, result.output
     assert "--plot needs matplotlib: pip install 'recipegen[plot]'" in result.output
 
 
@@ -145,18 +139,18 @@ def _reports(root: Path) -> dict[str, str]:
     out = {}
     recipes = sorted(p.stem for p in (root / "recipes").glob("*.yaml"))
     for name in recipes:
-        out[f"check budgets {name}"] = run("check", "budgets", name)[1]
-        out[f"check budgets {name} --explain"] = run("check", "budgets", name, "--explain")[1]
-    out["plan"] = run("plan", REFERENCE, "agent", "--explain", "--sweep", "hot=280..300:10")[1]
-    out["rowmap show"] = run("rowmap", "show", str(MAPS / "agent.rowmap"), "--recipe", REFERENCE)[1]
-    out["rowmap eval"] = run("rowmap", "eval", str(MAPS / "agent.rowmap"), str(PROFILES / "agent.hist"),
-                             str(PROFILES / "prose.hist"))[1]
-    out["rowmap diff"] = run("rowmap", "diff", "--summary", str(MAPS / "agent.rowmap"),
-                             str(MAPS / "prose.rowmap"))[1]
-    out["rowmap compare"] = run("rowmap", "compare", str(PROFILES / "agent.hist"),
-                                str(PROFILES / "prose.hist"))[1]
-    out["render --verbose"] = run("render", "dsv41-flash-gb300x2-pp2", "--verbose")[1]
-    out["new"] = run("new", "qwen3-30b-a3b", "--machine", "rtx-5090")[1]
+        out[f"check budgets {name}"] = invoke("check", "budgets", name).stdout
+        out[f"check budgets {name} --explain"] = invoke("check", "budgets", name, "--explain").stdout
+    out["plan"] = invoke("plan", REFERENCE, "agent", "--explain", "--sweep", "hot=280..300:10").stdout
+    out["rowmap show"] = invoke("rowmap", "show", str(MAPS / "agent.rowmap"), "--recipe", REFERENCE).stdout
+    out["rowmap eval"] = invoke("rowmap", "eval", str(MAPS / "agent.rowmap"), str(PROFILES / "agent.hist"),
+                                str(PROFILES / "prose.hist")).stdout
+    out["rowmap diff"] = invoke("rowmap", "diff", "--summary", str(MAPS / "agent.rowmap"),
+                                str(MAPS / "prose.rowmap")).stdout
+    out["rowmap compare"] = invoke("rowmap", "compare", str(PROFILES / "agent.hist"),
+                                   str(PROFILES / "prose.hist")).stdout
+    out["render --verbose"] = invoke("render", "dsv41-flash-gb300x2-pp2", "--verbose").stdout
+    out["new"] = invoke("new", "qwen3-30b-a3b", "--machine", "rtx-5090").stdout
     return out
 
 
@@ -182,8 +176,8 @@ def test_an_explained_term_gets_no_footnote_and_json_gets_none() -> None:
     assert "C<n>" not in names and "k=<n>" not in names and "fetch tax" not in names
     assert "hot / cold" in names                            # "cold" is used and not explained
     assert glossary.footnotes("nothing to explain here") == []
-    code, out = run("check", "budgets", REFERENCE, "--json")
-    assert glossary.HEADING not in out
+    result = invoke("check", "budgets", REFERENCE, "--json")
+    assert glossary.HEADING not in result.stdout
 
 
 def test_the_docs_list_every_term_the_output_explains() -> None:

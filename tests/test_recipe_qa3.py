@@ -8,17 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
-from recipegen.cli import main
+from cli_support import invoke
 
 RECIPE = "qwen3-30b-a3b-rtx4090"
 BASE_ARGS = "extra_args: [--cpu-offload-params, experts]"
-
-
-def run(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args))
-    return result.exit_code, result.output
 
 
 def with_extra_args(project: Path, items: str) -> Path:
@@ -41,11 +34,11 @@ def with_extra_args(project: Path, items: str) -> Path:
 def test_render_owned_flags_in_extra_args_are_refused_by_every_command(
         project: Path, items: str, flag: str, command: tuple[str, ...]) -> None:
     path = with_extra_args(project, items)
-    code, out = run(*command, str(path.relative_to(project)))
-    assert code == 2, out
+    result = invoke(*command, str(path.relative_to(project)))
+    assert result.code == 2, result.output
     line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if "extra_args:" in text)
     assert f"{RECIPE}.yaml:{line}: field 'lanes[0].extra_args[2]': {flag} is rendered from the recipe's " \
-           "own fields" in out
+           "own fields" in result.output
     assert not (project / "compose").exists()
 
 
@@ -55,11 +48,11 @@ def test_underscore_spelling_of_max_num_seqs_is_read_as_vllm_reads_it(project: P
     path = with_extra_args(project, '--max_num_seqs, "99"')
     rel = str(path.relative_to(project))
     for command in (("check", "recipe"), ("check", "budgets")):
-        code, out = run(*command, rel)
-        assert code == 0, out
-    code, out = run("render", rel)
-    assert code == 0, out
-    assert "not a `vllm serve` flag" not in out
+        result = invoke(*command, rel)
+        assert result.code == 0, result.output
+    result = invoke("render", rel)
+    assert result.code == 0, result.output
+    assert "not a `vllm serve` flag" not in result.output
     compose = (project / "compose" / RECIPE / "compose.yaml").read_text()
     assert '"--max_num_seqs"' in compose and '"--max-num-seqs"' not in compose
 
@@ -73,17 +66,17 @@ def test_underscore_spelling_of_max_num_seqs_is_read_as_vllm_reads_it(project: P
 def test_batched_tokens_below_max_num_seqs_is_refused(project: Path, items: str, seqs: int, source: str,
                                                      command: tuple[str, ...]) -> None:
     path = with_extra_args(project, items)
-    code, out = run(*command, str(path.relative_to(project)))
-    assert code == 2, out
-    assert "field 'lanes[0].extra_args[2]': --max-num-batched-tokens" in out
-    assert f"is below --max-num-seqs {seqs} ({source})" in out
-    assert "config/scheduler.py:331-336" in out
+    result = invoke(*command, str(path.relative_to(project)))
+    assert result.code == 2, result.output
+    assert "field 'lanes[0].extra_args[2]': --max-num-batched-tokens" in result.output
+    assert f"is below --max-num-seqs {seqs} ({source})" in result.output
+    assert "config/scheduler.py:331-336" in result.output
 
 
 def test_batched_tokens_equal_to_max_num_seqs_passes(project: Path) -> None:
     path = with_extra_args(project, '--max-num-batched-tokens, "2048", --max-num-seqs, "2048"')
-    code, out = run("check", "recipe", str(path.relative_to(project)))
-    assert code == 0, out
+    result = invoke("check", "recipe", str(path.relative_to(project)))
+    assert result.code == 0, result.output
 
 
 def test_newline_in_a_path_value_is_escaped_in_the_message(project: Path) -> None:
@@ -92,7 +85,7 @@ def test_newline_in_a_path_value_is_escaped_in_the_message(project: Path) -> Non
     old = "rowmap: maps/qwen3-30b-a3b/chat.rowmap"
     assert text.count(old) == 1
     path.write_text(text.replace(old, 'rowmap: "maps/qwen3-30b-a3b/chat.rowmap\\n        x: 1"'))
-    code, out = run("check", "recipe", str(path.relative_to(project)))
-    assert code == 2, out
-    assert len(out.strip().splitlines()) == 1, out
-    assert "file not found: maps/qwen3-30b-a3b/chat.rowmap\\u000a        x: 1 (resolved to" in out
+    result = invoke("check", "recipe", str(path.relative_to(project)))
+    assert result.code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert "file not found: maps/qwen3-30b-a3b/chat.rowmap\\u000a        x: 1 (resolved to" in result.output

@@ -87,7 +87,10 @@ def render_lane(lane: LaneLedger, *, explain: bool = False) -> str:
             declared = (f"hot_experts_per_layer {hot_budget} → "
                         f"{int(fig['experts.per_layer'].value / fig['experts.bytes_per_expert'].value) - hot_budget}"
                         f" cold per layer = {_g(fig['budget.cold_bytes'].value)} in host")
-        out.append(f"  Budget: {declared}; the row map is the truth ({lane.usage_aware.basis.split(';')[0]})")
+        if fig["budget.cold_bytes"].value > 0:
+            out.append(f"  Budget: {declared}; the row map is the truth ({lane.usage_aware.basis.split(';')[0]})")
+        else:   # every expert in HBM: no row map decides anything
+            out.append(f"  Budget: {declared}: every expert in HBM")
     cap = fig["hbm.cap"]
     util = cap.operands.get("gpu_memory_utilization")
     cap_text = (f"{_g(fig['hbm.capacity'].value)} × {util:g} = {_g(cap.value)} cap" if util is not None

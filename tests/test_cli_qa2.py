@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_fit import REPO, project, run  # the shipped-recipe project and the CLI runner
+from cli_support import invoke
+from test_fit import REPO, project  # the repository root and the shipped-recipe project
 
 from recipegen.common import glossary
 
@@ -41,24 +42,25 @@ def over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 # ------------------------------------------------------------------ finding 5: plan on a lane over budget
 
 def test_plan_says_first_that_the_lanes_budgets_fail(over: Path) -> None:
-    code, checked, _ = run("check", "budgets", RECIPE)
-    assert code == 1 and "verdict: OVER BUDGET" in checked
-    violation = next(line.strip() for line in checked.splitlines() if line.strip().startswith("OVER BUDGET [kv]"))
-    code, out, err = run("plan", RECIPE, "chat")
-    assert code == 0, err            # plan documents no exit code for this: still a what-if estimate
-    lines = out.splitlines()
+    checked = invoke("check", "budgets", RECIPE)
+    assert checked.code == 1 and "verdict: OVER BUDGET" in checked.stdout
+    violation = next(line.strip() for line in checked.stdout.splitlines()
+                     if line.strip().startswith("OVER BUDGET [kv]"))
+    result = invoke("plan", RECIPE, "chat")
+    assert result.code == 0, result.stderr   # plan documents no exit code for this: still a what-if estimate
+    lines = result.stdout.splitlines()
     assert lines[0].startswith("warning: lane chat's budgets do not hold")
     assert "vLLM would not start it" in lines[0] and f"`recipegen check budgets {RECIPE}`" in lines[0]
     assert lines[1].strip() == violation                   # worded as `check budgets` words it
-    assert out.index(violation) < out.index("decode speed estimate")
+    assert result.stdout.index(violation) < result.stdout.index("decode speed estimate")
 
 
 def test_plan_json_carries_the_same_violations_as_check_budgets(over: Path) -> None:
-    _, checked, _ = run("check", "budgets", RECIPE, "--json")
-    lane = json.loads(checked)["recipes"][0]["lanes"][0]
-    code, out, err = run("plan", RECIPE, "chat", "--json")
-    assert code == 0, err
-    budgets = json.loads(out)["budgets"]
+    checked = invoke("check", "budgets", RECIPE, "--json")
+    lane = json.loads(checked.stdout)["recipes"][0]["lanes"][0]
+    result = invoke("plan", RECIPE, "chat", "--json")
+    assert result.code == 0, result.stderr
+    budgets = json.loads(result.stdout)["budgets"]
     assert budgets["ok"] is False and [v["kind"] for v in budgets["violations"]] == ["kv"]
     assert budgets["violations"] == lane["violations"]
     assert "vLLM would not start it" in budgets["warning"] and "recipegen check budgets" in budgets["warning"]
@@ -67,10 +69,10 @@ def test_plan_json_carries_the_same_violations_as_check_budgets(over: Path) -> N
 def test_plan_on_a_lane_within_budget_warns_of_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     project(tmp_path, RECIPE)
     monkeypatch.chdir(tmp_path)
-    code, out, _ = run("plan", RECIPE, "chat")
-    assert code == 0 and "budgets do not hold" not in out and "OVER BUDGET" not in out
-    _, out, _ = run("plan", RECIPE, "chat", "--json")
-    assert json.loads(out)["budgets"] == {"ok": True, "violations": [], "warning": None}
+    result = invoke("plan", RECIPE, "chat")
+    assert result.code == 0 and "budgets do not hold" not in result.stdout and "OVER BUDGET" not in result.stdout
+    result = invoke("plan", RECIPE, "chat", "--json")
+    assert json.loads(result.stdout)["budgets"] == {"ok": True, "violations": [], "warning": None}
 
 
 # ------------------------------------------------------------------ finding 7: a reader that leaves
@@ -106,8 +108,8 @@ def test_head_reads_the_first_line_and_the_status_is_not_bad_input() -> None:
 # ------------------------------------------------------------------ finding 8: beyond --max-num-seqs
 
 def _rendered_max_num_seqs(root: Path) -> int:
-    code, _, err = run("render", RECIPE)
-    assert code == 0, err
+    result = invoke("render", RECIPE)
+    assert result.code == 0, result.stderr
     command = (root / "compose" / RECIPE / "compose.yaml").read_text()
     return int(re.search(r"--max-num-seqs\W+(\d+)", command).group(1))
 
@@ -117,27 +119,27 @@ def test_plan_marks_the_stream_counts_vllm_would_not_run(tmp_path: Path, monkeyp
     monkeypatch.chdir(tmp_path)
     assert yaml.safe_load(recipe.read_text())["lanes"][0]["concurrency"]["max"] == 2
     assert _rendered_max_num_seqs(tmp_path) == 2
-    code, out, err = run("plan", RECIPE, "chat", "--concurrency", "1,2,4,16")
-    assert code == 0, err
-    steps = {int(m.group(1)): m.group(2) for m in re.finditer(r"^    C(\d+)(†?) k=", out, re.M)}
+    result = invoke("plan", RECIPE, "chat", "--concurrency", "1,2,4,16")
+    assert result.code == 0, result.stderr
+    steps = {int(m.group(1)): m.group(2) for m in re.finditer(r"^    C(\d+)(†?) k=", result.stdout, re.M)}
     assert steps == {1: "", 2: "", 4: "†", 16: "†"}
-    fetch = next(line for line in out.splitlines() if "on the active map" in line)
+    fetch = next(line for line in result.stdout.splitlines() if "on the active map" in line)
     assert "C2 k=" in fetch and "C4† k=" in fetch and "C16† k=" in fetch
-    note = next(line for line in out.splitlines() if line.startswith("  note: †"))
+    note = next(line for line in result.stdout.splitlines() if line.startswith("  note: †"))
     assert "concurrency.max 2" in note and "--max-num-seqs 2" in note and "at most 2 sequences at once" in note
     assert "4, 16 streams" in note
-    _, out, _ = run("plan", RECIPE, "chat", "--concurrency", "1,2,4,16", "--json")
-    limit = json.loads(out)["max_num_seqs"]
+    result = invoke("plan", RECIPE, "chat", "--concurrency", "1,2,4,16", "--json")
+    limit = json.loads(result.stdout)["max_num_seqs"]
     assert limit["value"] == 2 and limit["streams_above"] == [4, 16]
 
 
 def test_within_max_num_seqs_nothing_is_marked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     project(tmp_path, RECIPE)
     monkeypatch.chdir(tmp_path)
-    _, out, _ = run("plan", RECIPE, "chat")
-    assert "†" not in out
-    _, out, _ = run("plan", RECIPE, "chat", "--json")
-    assert json.loads(out)["max_num_seqs"]["streams_above"] == []
+    result = invoke("plan", RECIPE, "chat")
+    assert "†" not in result.stdout
+    result = invoke("plan", RECIPE, "chat", "--json")
+    assert json.loads(result.stdout)["max_num_seqs"]["streams_above"] == []
 
 
 def test_an_explicit_max_num_seqs_in_extra_args_is_the_limit(tmp_path: Path,
@@ -147,24 +149,24 @@ def test_an_explicit_max_num_seqs_in_extra_args_is_the_limit(tmp_path: Path,
     assert "--max-num-seqs, '4'" in recipe.read_text()
     monkeypatch.chdir(tmp_path)
     assert _rendered_max_num_seqs(tmp_path) == 4
-    code, out, err = run("plan", RECIPE, "chat", "--concurrency", "1,4,16")
-    assert code == 0, err
-    assert {int(m.group(1)): m.group(2) for m in re.finditer(r"^    C(\d+)(†?) k=", out, re.M)} == \
+    result = invoke("plan", RECIPE, "chat", "--concurrency", "1,4,16")
+    assert result.code == 0, result.stderr
+    assert {int(m.group(1)): m.group(2) for m in re.finditer(r"^    C(\d+)(†?) k=", result.stdout, re.M)} == \
         {1: "", 4: "", 16: "†"}
-    assert "--max-num-seqs 4 (the lane's extra_args)" in out
+    assert "--max-num-seqs 4 (the lane's extra_args)" in result.stdout
 
 
 # ------------------------------------------------------------------ finding 9: render --check's exit 2
 
 def test_render_check_documents_the_exit_2_it_gives(over: Path) -> None:
-    _, help_text, _ = run("render", "--help")
-    flat = " ".join(help_text.split())
+    result = invoke("render", "--help")
+    flat = " ".join(result.stdout.split())
     assert "0 when current, 2 when a recipe cannot be rendered (invalid, or its budgets fail" in flat
-    code, _, err = run("render", "--check", RECIPE)            # over budget
-    assert code == 2 and "budgets fail" in err
+    result = invoke("render", "--check", RECIPE)            # over budget
+    assert result.code == 2 and "budgets fail" in result.stderr
     (over.parent / "broken.yaml").write_text("version: 1\nname: broken\n")
-    code, _, _ = run("render", "--check", "broken")            # invalid
-    assert code == 2
+    result = invoke("render", "--check", "broken")            # invalid
+    assert result.code == 2
 
 
 # ------------------------------------------------------------------ finding 10: new's own default context
@@ -173,14 +175,14 @@ def test_new_names_its_default_context_as_its_own(tmp_path: Path, monkeypatch: p
     entry = yaml.safe_load((REPO / "recipegen" / "catalog" / "models.yaml").read_text())["dsv41-flash-mxfp4"]
     assert "max_position_embeddings" not in entry            # the model declares no limit
     monkeypatch.chdir(tmp_path)
-    code, out, err = run("new", "dsv41-flash-mxfp4", "--machine", "gb300-station")
-    assert code == 0, err
-    context = next(line for line in out.splitlines() if line.strip().startswith("context:"))
+    result = invoke("new", "dsv41-flash-mxfp4", "--machine", "gb300-station")
+    assert result.code == 0, result.stderr
+    context = next(line for line in result.stdout.splitlines() if line.strip().startswith("context:"))
     assert "max_model_len 32,768" in context
     assert "recipegen's default" in context and "no max_position_embeddings" in context
     assert "the lane's max_model_len" not in context
-    _, help_text, _ = run("new", "--help")
-    assert "32,768 tokens where the model declares no max_position_embeddings" in " ".join(help_text.split())
+    result = invoke("new", "--help")
+    assert "32,768 tokens where the model declares no max_position_embeddings" in " ".join(result.stdout.split())
 
 
 def test_fit_on_a_lane_still_names_the_lanes_context() -> None:
@@ -216,9 +218,9 @@ def test_an_entry_is_printed_only_where_its_term_is() -> None:
 
 
 def test_check_budgets_explains_what_it_prints_on_the_gb300() -> None:
-    code, out, _ = run("check", "budgets", "dsv41-flash-gb300")
-    assert code == 0
-    report, _, footer = out.partition(glossary.HEADING)
+    result = invoke("check", "budgets", "dsv41-flash-gb300")
+    assert result.code == 0
+    report, _, footer = result.stdout.partition(glossary.HEADING)
     assert "FlashInfer TRT-LLM banks" in report and "split == unsplit" in report
     for words in ("TensorRT-LLM", "hot bank in HBM", "run whole"):
         assert words in footer
@@ -229,9 +231,9 @@ def test_plan_takes_the_only_lane_when_none_is_named() -> None:
     from recipegen.common.errors import InputError
     from recipegen.load.recipe import LoadedRecipe, load_recipe
 
-    code, out, _ = run("plan", RECIPE)
-    named = run("plan", RECIPE, "chat")
-    assert code == 0 and named[0] == 0 and out == named[1]       # the recipe's one lane is chat
+    unnamed = invoke("plan", RECIPE)
+    named = invoke("plan", RECIPE, "chat")
+    assert unnamed.code == 0 and named.code == 0 and unnamed.stdout == named.stdout   # the recipe's one lane is chat
     loaded = load_recipe(RECIPE)
     lane = loaded.recipe.lanes[0]
     two = LoadedRecipe(recipe=loaded.recipe.model_copy(update={"lanes": [lane, lane.model_copy(update={"name": "b"})]}),
@@ -249,16 +251,16 @@ def test_the_header_of_a_new_recipe_reproduces_it(tmp_path: Path) -> None:
     first, second = tmp_path / "a", tmp_path / "b"
     args = ["new", "qwen3-30b-a3b", "--machine", "rtx-5090", "--name", "my-q30", "--min-sequences", "2",
             "--max-model-len", "16k"]
-    code, _, err = run(*args, "-o", str(first / "recipes" / "my-q30.yaml"), "--json")
-    assert code == 0, err
+    result = invoke(*args, "-o", str(first / "recipes" / "my-q30.yaml"), "--json")
+    assert result.code == 0, result.stderr
     text = (first / "recipes" / "my-q30.yaml").read_text()
     header = re.search(r"^# Written by `([^`]+)`", text, re.M)
     assert header is not None, text[:300]
     written = shlex.split(header.group(1))
     assert written[:2] == ["recipegen", "new"] and "--json" not in written and "-o" not in written
     assert all(a in written for a in args[1:])          # every option that shapes the file is there
-    code, _, err = run(*written[1:], "-o", str(second / "recipes" / "my-q30.yaml"))
-    assert code == 0, err
+    result = invoke(*written[1:], "-o", str(second / "recipes" / "my-q30.yaml"))
+    assert result.code == 0, result.stderr
     assert (second / "recipes" / "my-q30.yaml").read_text() == text
 
 
@@ -268,28 +270,29 @@ def test_new_names_the_recipe_after_its_output_file(tmp_path: Path) -> None:
     import shlex
 
     out = tmp_path / "recipes" / "small-q30.yaml"
-    code, _, err = run("new", "qwen3-30b-a3b", "--machine", "rtx-5090", "-o", str(out))
-    assert code == 0, err
+    result = invoke("new", "qwen3-30b-a3b", "--machine", "rtx-5090", "-o", str(out))
+    assert result.code == 0, result.stderr
     text = out.read_text()
     assert yaml.safe_load(text)["name"] == "small-q30"
     written = shlex.split(re.search(r"^# Written by `([^`]+)`", text, re.M).group(1))  # type: ignore[union-attr]
     assert written[written.index("--name") + 1] == "small-q30"
-    code, _, err = run("check", "budgets", str(out))
-    assert code == 0, err
+    result = invoke("check", "budgets", str(out))
+    assert result.code == 0, result.stderr
 
 
 def test_new_refuses_a_name_other_than_its_output_file(tmp_path: Path) -> None:
     """--name and -o that disagree: refused up front (exit 2, one error line naming both and the
     fix), nothing drafted or written."""
     out = tmp_path / "recipes" / "r.yaml"
-    code, out_text, err = run("new", "qwen3-30b-a3b", "--machine", "rtx-5090", "--name", "my-q30", "-o", str(out))
-    assert code == 2, err
-    assert out_text == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    result = invoke("new", "qwen3-30b-a3b", "--machine", "rtx-5090", "--name", "my-q30", "-o", str(out))
+    assert result.code == 2, result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert "--name 'my-q30'" in lines[0] and f"-o {str(out)!r}" in lines[0]
     assert "drop --name" in lines[0] and "my-q30.yaml" in lines[0]
     assert not out.exists() and not (tmp_path / "recipes").exists()
-    code, _, err = run("new", "qwen3-30b-a3b", "--machine", "rtx-5090", "-o", str(tmp_path / "R.yaml"))
-    assert code == 2 and "is not a recipe name" in err and "Traceback" not in err, err
+    result = invoke("new", "qwen3-30b-a3b", "--machine", "rtx-5090", "-o", str(tmp_path / "R.yaml"))
+    assert result.code == 2, result.stderr
+    assert "is not a recipe name" in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert not (tmp_path / "R.yaml").exists()

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_fit import REPO, project, run  # the shipped-recipe project and the CLI runner
+from cli_support import invoke
+from test_fit import REPO, project  # the repository root and the shipped-recipe project
 
 
 @pytest.fixture
@@ -22,9 +23,9 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def fit_json(*args: str) -> dict:
-    code, out, err = run("fit", *args, "--json")
-    assert code in (0, 1), err
-    return json.loads(out)
+    result = invoke("fit", *args, "--json")
+    assert result.code in (0, 1), result.stderr
+    return json.loads(result.stdout)
 
 
 # ------------------------------------------------------------------ a value spelled another way is no change
@@ -36,11 +37,11 @@ def test_an_unchanged_suffixed_context_keeps_its_spelling_and_comment(tmp_path: 
     recipe = project(tmp_path, "qwen3-30b-a3b-rtx4090",
                      edit=lambda t: re.sub(r"max_model_len: 32768\b.*", line, t, count=1))
     assert line in recipe.read_text()
-    result = fit_json(str(recipe), "--dry-run")
-    assert result["max_model_len"] == 32768 and result["changed"]
-    assert not [c for c in result["changed"] if c.startswith("max_model_len")], result["changed"]
-    code, out, err = run("fit", str(recipe))
-    assert code == 0, out + err
+    doc = fit_json(str(recipe), "--dry-run")
+    assert doc["max_model_len"] == 32768 and doc["changed"]
+    assert not [c for c in doc["changed"] if c.startswith("max_model_len")], doc["changed"]
+    result = invoke("fit", str(recipe))
+    assert result.code == 0, result.stdout + result.stderr
     after = recipe.read_text()
     assert line in after
     assert yaml.safe_load(after)["lanes"][0]["max_model_len"] == "32K"
@@ -50,47 +51,47 @@ def test_the_shipped_1m_context_is_no_change(tmp_path: Path) -> None:
     """dsv41-flash-gb300 writes `max_model_len: 1M` (1,048,576 tokens, vLLM's reading)."""
     recipe = project(tmp_path, "dsv41-flash-gb300")
     assert "max_model_len: 1M " in recipe.read_text()
-    result = fit_json(str(recipe), "--dry-run")
-    assert result["max_model_len"] == 2**20
-    assert not [c for c in result["changed"] if c.startswith("max_model_len")], result["changed"]
+    doc = fit_json(str(recipe), "--dry-run")
+    assert doc["max_model_len"] == 2**20
+    assert not [c for c in doc["changed"] if c.startswith("max_model_len")], doc["changed"]
 
 
 def test_a_load_offload_in_other_units_is_no_change(tmp_path: Path) -> None:
     """After a fit, `load_cpu_offload: N GiB` written as N × 1,024 MiB with a note is the same size:
     a second fit writes nothing."""
     recipe = project(tmp_path, "qwen3-30b-a3b-rtx4090")
-    code, out, err = run("fit", str(recipe))
-    assert code == 0, out + err
+    result = invoke("fit", str(recipe))
+    assert result.code == 0, result.stdout + result.stderr
     gib = yaml.safe_load(recipe.read_text())["lanes"][0]["offload"]["load_cpu_offload"]
     n = int(gib.removesuffix(" GiB"))
     text = re.sub(r"load_cpu_offload: .*", f"load_cpu_offload: {n * 1024} MiB   # my note", recipe.read_text(), count=1)
     recipe.write_text(text)
-    code, out, err = run("fit", str(recipe))
-    assert code == 0, out + err
-    assert "unchanged: the recipe already holds this fit" in out
+    result = invoke("fit", str(recipe))
+    assert result.code == 0, result.stdout + result.stderr
+    assert "unchanged: the recipe already holds this fit" in result.stdout
     assert recipe.read_text() == text
 
 
 # ------------------------------------------------------------------ one speed figure for one lane
 
 def _check_budgets_tokens_per_s(recipe: Path) -> float:
-    code, out, err = run("check", "budgets", str(recipe), "--json")
-    assert code == 0, out + err
-    return json.loads(out)["recipes"][0]["lanes"][0]["estimate"]["tokens_per_s"]["1"]
+    result = invoke("check", "budgets", str(recipe), "--json")
+    assert result.code == 0, result.stdout + result.stderr
+    return json.loads(result.stdout)["recipes"][0]["lanes"][0]["estimate"]["tokens_per_s"]["1"]
 
 
 def _plan_tokens_per_s(recipe: Path) -> float:
-    code, out, err = run("plan", str(recipe), "chat")
-    assert code == 0, out + err
-    return float(re.search(r"C1 k=0: ([0-9.,]+) tok/s", out).group(1).replace(",", ""))
+    result = invoke("plan", str(recipe), "chat")
+    assert result.code == 0, result.stdout + result.stderr
+    return float(re.search(r"C1 k=0: ([0-9.,]+) tok/s", result.stdout).group(1).replace(",", ""))
 
 
 def test_new_prints_the_speed_the_written_recipe_gets(here: Path) -> None:
     """`new` estimates on the synthetic histogram it writes, so its figure is `fit --dry-run`'s,
     `check budgets`'s and `plan`'s on the written recipe."""
-    code, out, err = run("new", "qwen3-30b-a3b", "--machine", "rtx-5090", "--json")
-    assert code == 0, out + err
-    made = json.loads(out)
+    result = invoke("new", "qwen3-30b-a3b", "--machine", "rtx-5090", "--json")
+    assert result.code == 0, result.stdout + result.stderr
+    made = json.loads(result.stdout)
     assert made["chosen"]["placement"] == "usage-aware" and made["rowmaps"][0]["synthetic"]
     recipe = here / made["recipe_path"]
     refit = fit_json(str(recipe), "--dry-run")
@@ -107,12 +108,12 @@ def test_compare_on_an_unprofiled_lane_prints_the_speed_fit_writes(tmp_path: Pat
     """gpt-oss-120b on the L40S has no class: compare and fit both estimate the usage-aware lane on
     the synthetic default the fit writes; `check budgets` on the written recipe says the same."""
     recipe = project(tmp_path, "gpt-oss-120b-l40s")
-    code, out, err = run("compare", str(recipe), "--machines", "l40s", "--json")
-    assert code == 0, out + err
-    row = json.loads(out)["machines"][0]
+    result = invoke("compare", str(recipe), "--machines", "l40s", "--json")
+    assert result.code == 0, result.stdout + result.stderr
+    row = json.loads(result.stdout)["machines"][0]
     assert row["chosen"]["placement"] == "usage-aware"
-    code, out, err = run("fit", str(recipe))
-    assert code == 0, out + err
+    result = invoke("fit", str(recipe))
+    assert result.code == 0, result.stdout + result.stderr
     assert _check_budgets_tokens_per_s(recipe) == pytest.approx(row["chosen"]["speed"]["tokens_per_s"], rel=1e-12)
 
 
@@ -121,28 +122,28 @@ def test_compare_on_an_unprofiled_lane_prints_the_speed_fit_writes(tmp_path: Pat
 def test_compare_names_every_placements_reason_when_nothing_fits(here: Path) -> None:
     """Qwen3-30B-A3B's recipe for the RTX 5090 (40,960 tokens) on the RTX 4090: each placement is
     refused for its own budget; the table's note names all of them, as --json lists them."""
-    code, out, err = run("new", "qwen3-30b-a3b", "--machine", "rtx-5090", "-o", "q.yaml")
-    assert code == 0, out + err
+    result = invoke("new", "qwen3-30b-a3b", "--machine", "rtx-5090", "-o", "q.yaml")
+    assert result.code == 0, result.stdout + result.stderr
     args = ("compare", "q.yaml", "--machines", "rtx-4090,rtx-5090")
-    code, out, err = run(*args, "--json")
-    assert code == 0, out + err
-    rows = json.loads(out)["machines"]
+    result = invoke(*args, "--json")
+    assert result.code == 0, result.stdout + result.stderr
+    rows = json.loads(result.stdout)["machines"]
     assert not rows[0]["fits"] and rows[1]["fits"]
     refusals = rows[0]["refusals"]
     assert {r["placement"] for r in refusals} == {"all in HBM", "usage-aware", "positional"}
-    code, text, _ = run(*args)
-    assert code == 0
+    table = invoke(*args)
+    assert table.code == 0
     for r in refusals:
-        assert f"{r['placement']}: {r['reason']}" in text
+        assert f"{r['placement']}: {r['reason']}" in table.stdout
 
 
 def test_new_names_what_bounds_the_context(here: Path) -> None:
     """`new` on the RTX 4090 fits a shorter context than the model's 40,960; the reason it gives is
     the chosen placement's refusal one step longer — what `fit --max-model-len` at that length says —
     not the all-in-HBM refusal, which has nothing to do with context."""
-    code, out, err = run("new", "qwen3-30b-a3b", "--machine", "rtx-4090", "--json")
-    assert code == 0, out + err
-    made = json.loads(out)
+    result = invoke("new", "qwen3-30b-a3b", "--machine", "rtx-4090", "--json")
+    assert result.code == 0, result.stdout + result.stderr
+    made = json.loads(result.stdout)
     length, placement = made["max_model_len"], made["chosen"]["placement"]
     assert length < 40960 and placement != "all in HBM"
     longer = fit_json(str(here / made["recipe_path"]), "--max-model-len", str(length + 1024), "--dry-run")
@@ -160,9 +161,9 @@ def test_the_row_map_line_names_the_class_histogram_file(tmp_path: Path) -> None
     synthetic); none of them is the synthetic default a fit makes."""
     recipe = project(tmp_path, "dsv41-flash-gb300")
     classes = yaml.safe_load(recipe.read_text())["lanes"][0]["classes"]
-    code, out, err = run("fit", str(recipe), "--dry-run")
-    assert code == 0, out + err
-    rows = {m.group(1): m.group(2) for m in re.finditer(r"row map: class (\w+): .*? of (.*)", out)}
+    result = invoke("fit", str(recipe), "--dry-run")
+    assert result.code == 0, result.stdout + result.stderr
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"row map: class (\w+): .*? of (.*)", result.stdout)}
     assert set(rows) == set(classes)
     for name, cls in classes.items():
         assert rows[name].startswith(f"histogram {cls['histogram']} (the class's own file"), rows[name]
@@ -171,34 +172,35 @@ def test_the_row_map_line_names_the_class_histogram_file(tmp_path: Path) -> None
 
 def test_the_row_map_line_names_the_synthetic_default_it_writes(tmp_path: Path) -> None:
     recipe = project(tmp_path, "gpt-oss-120b-l40s")
-    code, out, err = run("fit", str(recipe))
-    assert code == 0, out + err
+    result = invoke("fit", str(recipe))
+    assert result.code == 0, result.stdout + result.stderr
     histogram = yaml.safe_load(recipe.read_text())["lanes"][0]["classes"]["chat"]["histogram"]
-    line = next(x for x in out.splitlines() if "row map: class chat" in x)
+    line = next(x for x in result.stdout.splitlines() if "row map: class chat" in x)
     assert line.endswith("of SYNTHETIC default histogram (no profile yet; `recipegen profile` replaces it)"), line
-    assert f"wrote: {histogram} (class chat: synthetic default histogram)" in out
-    code, out, err = run("fit", str(recipe), "--dry-run")      # now the class's own (synthetic) file
-    line = next(x for x in out.splitlines() if "row map: class chat" in x)
+    assert f"wrote: {histogram} (class chat: synthetic default histogram)" in result.stdout
+    result = invoke("fit", str(recipe), "--dry-run")      # now the class's own (synthetic) file
+    line = next(x for x in result.stdout.splitlines() if "row map: class chat" in x)
     assert f"histogram {histogram} (the class's own file; SYNTHETIC" in line and "default" not in line
 
 
 # ------------------------------------------------------------------ what new and compare say they do
 
 def test_new_that_fits_nothing_claims_no_dry_run(here: Path) -> None:
-    code, out, err = run("new", "kimi-k2-instruct", "--machine", "rtx-4090")
-    assert code == 1, out + err
-    assert "nothing written: nothing fits" in out and "dry run" not in out
-    code, out, _ = run("new", "kimi-k2-instruct", "--machine", "rtx-4090", "--json")
-    assert code == 1 and json.loads(out)["dry_run"] is False and json.loads(out)["written"] is False
+    result = invoke("new", "kimi-k2-instruct", "--machine", "rtx-4090")
+    assert result.code == 1, result.stdout + result.stderr
+    assert "nothing written: nothing fits" in result.stdout and "dry run" not in result.stdout
+    result = invoke("new", "kimi-k2-instruct", "--machine", "rtx-4090", "--json")
+    assert result.code == 1
+    assert json.loads(result.stdout)["dry_run"] is False and json.loads(result.stdout)["written"] is False
 
 
 def test_compare_help_says_concurrency_is_not_written() -> None:
-    code, out, _ = run("compare", "--help")
-    assert code == 0
-    flat = " ".join(out.split())
+    result = invoke("compare", "--help")
+    assert result.code == 0
+    flat = " ".join(result.stdout.split())
     assert "written as the lane's concurrency.max" not in flat and "nothing is written" in flat
-    code, out, _ = run("fit", "--help")
-    assert "written as the lane's concurrency.max" in " ".join(out.split())
+    result = invoke("fit", "--help")
+    assert "written as the lane's concurrency.max" in " ".join(result.stdout.split())
 
 
 VL = "qwen3-vl-30b-a3b-instruct"
@@ -217,9 +219,9 @@ def test_new_keeps_a_model_file_that_states_the_same_figures(here: Path) -> None
     model_file = _committed_model_file(here)
     before = model_file.read_bytes()
     assert yaml.safe_load(before)["checkpoint"]
-    code, out, err = run("new", str(REPO / "tests" / "fixtures" / "hf_configs" / VL), "--machine", "rtx-5090",
-                         "-o", "recipes/vl.yaml")
-    assert code == 0, out + err
+    result = invoke("new", str(REPO / "tests" / "fixtures" / "hf_configs" / VL), "--machine", "rtx-5090",
+                    "-o", "recipes/vl.yaml")
+    assert result.code == 0, result.stdout + result.stderr
     assert model_file.read_bytes() == before     # checkpoint id and description kept, nothing rewritten
     assert yaml.safe_load((here / "recipes" / "vl.yaml").read_text())["model"] == {"file": f"models/{VL}.yaml"}
 
@@ -230,7 +232,7 @@ def test_new_names_what_differs_in_a_model_file_it_will_not_replace(here: Path) 
     doc["routed_experts"]["value"] = 64
     model_file.write_text(yaml.safe_dump(doc, sort_keys=False))
     before = model_file.read_bytes()
-    code, out, err = run("new", str(REPO / "tests" / "fixtures" / "hf_configs" / VL), "--machine", "rtx-5090",
-                         "-o", "recipes/vl.yaml")
-    assert code == 2 and model_file.read_bytes() == before and not (here / "recipes" / "vl.yaml").exists()
-    assert "routed_experts" in err and "--force would drop the file's checkpoint" in err
+    result = invoke("new", str(REPO / "tests" / "fixtures" / "hf_configs" / VL), "--machine", "rtx-5090",
+                    "-o", "recipes/vl.yaml")
+    assert result.code == 2 and model_file.read_bytes() == before and not (here / "recipes" / "vl.yaml").exists()
+    assert "routed_experts" in result.stderr and "--force would drop the file's checkpoint" in result.stderr

@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
-from test_fit import REPO, run  # the CLI runner
+from cli_support import invoke
+from test_fit import REPO  # the repository root
 
 from recipegen.common import glossary
 
@@ -35,51 +36,52 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_new_prints_the_pinned_blocks_check_budgets_prints_and_the_host_line_adds_up(here: Path) -> None:
-    code, out, err = run("new", str(NEMOTRON), "--machine", "rtx-5090", "-o", "n.yaml")
-    assert code == 0, out + err
-    assert "chose: positional" in out
-    line = next(x for x in out.splitlines() if x.strip().startswith("host: "))
+    new = invoke("new", str(NEMOTRON), "--machine", "rtx-5090", "-o", "n.yaml")
+    assert new.code == 0, new.stdout + new.stderr
+    assert "chose: positional" in new.stdout
+    line = next(x for x in new.stdout.splitlines() if x.strip().startswith("host: "))
     m = re.search(rf"pinned experts {GIB} in {GIB} of vLLM's pinned blocks \(each parameter rounded up to a "
                   rf"power of two\) \+ reserve {GIB} = in use {GIB}", line)
     assert m, line
     exact, blocks, reserve, total = map(_gib, m.groups())
     assert blocks > exact
     assert blocks + reserve == pytest.approx(total, abs=0.011)   # the line adds up
-    code, cb, err = run("check", "budgets", "n.yaml")
-    assert code == 0, cb + err
-    assert f"pinned experts {m[1]} GiB in {m[2]} GiB of vLLM's pinned blocks" in cb
-    assert f"= {m[4]} GiB of " in cb
+    budgets = invoke("check", "budgets", "n.yaml")
+    assert budgets.code == 0, budgets.stdout + budgets.stderr
+    assert f"pinned experts {m[1]} GiB in {m[2]} GiB of vLLM's pinned blocks" in budgets.stdout
+    assert f"= {m[4]} GiB of " in budgets.stdout
 
 
 def test_compare_refusal_and_table_say_which_pinned_figure(here: Path) -> None:
-    code, out, err = run("compare", "recipes/nemotron-3-nano-30b-a3b-rtx4090.yaml", "--machines",
-                         "rtx-4090,rtx-5090")
-    assert code == 0, out + err
-    refusal = next(x for x in out.splitlines() if "breaks [host]" in x)
+    result = invoke("compare", "recipes/nemotron-3-nano-30b-a3b-rtx4090.yaml", "--machines",
+                    "rtx-4090,rtx-5090")
+    assert result.code == 0, result.stdout + result.stderr
+    refusal = next(x for x in result.stdout.splitlines() if "breaks [host]" in x)
     m = re.search(rf"pinned experts {GIB} in {GIB} of vLLM's pinned blocks \(each parameter rounded up to a "
                   rf"power of two\) \+ reserve {GIB} = in use {GIB} > {GIB}", refusal)
     assert m, refusal
     exact, blocks, reserve, total, memory = map(_gib, m.groups())
     assert blocks > exact and blocks + reserve == pytest.approx(total, abs=0.011) and total > memory
-    row = next(x for x in out.splitlines() if x.strip().startswith("rtx-5090") and "positional" in x)
+    row = next(x for x in result.stdout.splitlines() if x.strip().startswith("rtx-5090") and "positional" in x)
     assert re.search(r"[0-9.]+ GiB \(blocks [0-9.]+ GiB\)", row), row
-    assert "(blocks N GiB): the host memory they take" in out
+    assert "(blocks N GiB): the host memory they take" in result.stdout
 
 
 # ------------------------------------------------------------------ shorthand explained where printed
 
 
 def test_budget_tags_and_the_validation_band_are_explained_where_printed(here: Path) -> None:
-    code, out, err = run("new", "qwen3-30b-a3b", "--machine", "rtx-4090", "-o", "q.yaml")
-    assert code == 0, out + err
-    body, footer = out.split(glossary.HEADING)
+    new = invoke("new", "qwen3-30b-a3b", "--machine", "rtx-4090", "-o", "q.yaml")
+    assert new.code == 0, new.stdout + new.stderr
+    body, footer = new.stdout.split(glossary.HEADING)
     tags = set(re.findall(r"\[(kv|hbm|host|load-host|load-hbm)\]", body))
     assert tags and "validation band" in body
     for tag in tags:
-        assert re.search(rf"^  \[kv\] / .*: .*\[{tag}\] \w", footer, re.M), f"[{tag}] unexplained:\n{out}"
-    assert re.search(r"^  validation band: the range of real speeds", out, re.M), out
-    code, cb, err = run("check", "budgets", "q.yaml")
-    assert "validation band" in cb and re.search(r"^  validation band: ", cb, re.M), cb
+        assert re.search(rf"^  \[kv\] / .*: .*\[{tag}\] \w", footer, re.M), f"[{tag}] unexplained:\n{new.stdout}"
+    assert re.search(r"^  validation band: the range of real speeds", new.stdout, re.M), new.stdout
+    budgets = invoke("check", "budgets", "q.yaml")
+    assert "validation band" in budgets.stdout, budgets.stdout
+    assert re.search(r"^  validation band: ", budgets.stdout, re.M), budgets.stdout
     design = (REPO / "docs" / "design.md").read_text(encoding="utf-8")
     for term in glossary.TERMS:
         if term.name in ("validation band", "[kv] / [hbm] / [host] / [load-host]"):
@@ -90,26 +92,27 @@ def test_budget_tags_and_the_validation_band_are_explained_where_printed(here: P
 
 
 def test_a_stage_reserve_reads_derived_in_the_headline_and_the_explain_note(here: Path) -> None:
-    code, out, err = run("check", "budgets", "dsv41-flash-gb300x2-pp2", "--explain")
-    assert code == 0, out + err
-    stage_basis = re.findall(r"stage reserve [0-9.]+ GiB \(derived from the lane's (\S+) single-box reserve", out)
+    result = invoke("check", "budgets", "dsv41-flash-gb300x2-pp2", "--explain")
+    assert result.code == 0, result.stdout + result.stderr
+    stage_basis = re.findall(r"stage reserve [0-9.]+ GiB \(derived from the lane's (\S+) single-box reserve",
+                             result.stdout)
     assert stage_basis and len(set(stage_basis)) == 1
-    headlines = [x for x in out.splitlines() if x.strip().startswith("HBM / GPU:")]
+    headlines = [x for x in result.stdout.splitlines() if x.strip().startswith("HBM / GPU:")]
     assert len(headlines) == 2
     for rank, line in enumerate(headlines):
         assert f"(stage {rank}'s share, derived from the lane's {stage_basis[0]} single-box reserve)" in line
         assert "measured boot" not in line
-    assert "inside the declared reserve" not in out
-    assert out.count("inside the stage reserve derived from the lane's single-box reserve") == 2
+    assert "inside the declared reserve" not in result.stdout
+    assert result.stdout.count("inside the stage reserve derived from the lane's single-box reserve") == 2
 
 
 # ------------------------------------------------------------------ the field's measurement, on its own lane
 
 
 def _cold_share_lines(recipe: str) -> list[str]:
-    code, out, err = run("plan", recipe, "--explain")
-    assert code == 0, out + err
-    return [x for x in out.splitlines() if "mean per-layer cold share" in x and "positional:" in x]
+    result = invoke("plan", recipe, "--explain")
+    assert result.code == 0, result.stdout + result.stderr
+    return [x for x in result.stdout.splitlines() if "mean per-layer cold share" in x and "positional:" in x]
 
 
 def test_the_reference_lanes_positional_measurement_is_printed_only_beside_it(here: Path) -> None:
@@ -123,9 +126,9 @@ def test_the_reference_lanes_positional_measurement_is_printed_only_beside_it(he
 
 
 def test_the_estimated_reserve_says_why_its_fused_moe_workspace_is_zero(here: Path) -> None:
-    code, out, err = run("check", "budgets", "qwen3.5-35b-a3b-rtx5090", "--explain")
-    assert code == 0, out + err
-    formulas = [x for x in out.splitlines() if "fused-MoE workspace (" in x]
+    result = invoke("check", "budgets", "qwen3.5-35b-a3b-rtx5090", "--explain")
+    assert result.code == 0, result.stdout + result.stderr
+    formulas = [x for x in result.stdout.splitlines() if "fused-MoE workspace (" in x]
     zero = [x for x in formulas if "fused_moe_workspace_bytes=0 B" in x]
     nonzero = [x for x in formulas if "fused_moe_workspace_bytes=0 B" not in x]
     assert zero and nonzero

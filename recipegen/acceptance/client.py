@@ -9,7 +9,9 @@ statistics, else one per non-empty chunk.
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -18,11 +20,27 @@ from typing import Any
 
 import httpx
 
-from recipegen.common.errors import RecipegenError
+from recipegen.common.errors import RecipegenError, one_line
 
 
 class EndpointError(RecipegenError):
     """The endpoint could not be reached or answered with an error."""
+
+
+class EndpointUnreachable(EndpointError):
+    """No (complete) answer: connection refused, host unreachable, a timeout or a broken connection."""
+
+
+# The identity probe (/v1/models, /version: a run's first requests) gets its own short timeout.
+# vLLM answers both from its API server without going through the engine, promptly even under load.
+# It binds its port before it loads the model (vllm/entrypoints/launchers/launcher.py, setup_server),
+# so a booting vLLM accepts connections and answers nothing for minutes, as a hung server does:
+# either way, say so after 30 s instead of after the per-request timeout (--timeout, 600 s by
+# default), which is sized for long generations on a loaded lane.
+IDENTITY_TIMEOUT_S = 30.0
+CONNECT_TIMEOUT_S = 10.0
+# An HTTP error's body in a message: at most this many characters, on one line.
+ERROR_BODY_CHARS = 200
 
 
 def normalize_base_url(url: str) -> str:
@@ -86,10 +104,11 @@ class EndpointClient:
                  max_connections: int = 64, api_key: str | None = None) -> None:
         self.base_url = normalize_base_url(url)
         self._model = model
+        self.timeout_s = timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(
             base_url=self.base_url, headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            timeout=httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s)),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
 
     async def __aenter__(self) -> EndpointClient:
@@ -103,13 +122,27 @@ class EndpointClient:
         await self._client.aclose()
 
     # --- discovery ---------------------------------------------------------------------
+    @property
+    def model_name(self) -> str | None:
+        """The model named with --model, or the one /v1/models gave; None before that."""
+        return self._model
+
+    @property
+    def identity_timeout_s(self) -> float:
+        """How long the identity probe waits for an answer (IDENTITY_TIMEOUT_S, or less with a shorter --timeout)."""
+        return min(IDENTITY_TIMEOUT_S, self.timeout_s)
+
     async def get_json(self, path: str) -> Any:
+        """GET `path` as part of the identity probe: a short timeout of its own (IDENTITY_TIMEOUT_S)."""
+        limit = self.identity_timeout_s
         try:
-            response = await self._client.get(path)
+            response = await self._client.get(
+                path, timeout=httpx.Timeout(limit, connect=min(CONNECT_TIMEOUT_S, limit)))
         except httpx.HTTPError as exc:
-            raise EndpointError(f"{self.base_url}{path}: {_describe(exc)}") from None
+            raise EndpointUnreachable(f"{self.base_url}{path}: {_describe(exc, limit, probe=True)}") from None
         if response.status_code != 200:
-            raise EndpointError(f"{self.base_url}{path}: HTTP {response.status_code}: {response.text[:200]}")
+            raise EndpointError(self._http_error(path, response.status_code, response.reason_phrase,
+                                                 response.text))
         try:
             return response.json()
         except ValueError:
@@ -130,6 +163,22 @@ class EndpointClient:
                 raise EndpointError(f"{self.base_url} serves no model")
             self._model = str(models[0].get("id"))
         return self._model
+
+    def _http_error(self, path: str, status: int, reason: str, body: str) -> str:
+        """One line: the URL, the status and the start of the body; a hint when a 404 looks like a wrong URL."""
+        message = f"{self.base_url}{path}: HTTP {status}{' ' + reason if reason else ''}"
+        summary = error_body_summary(body)
+        if summary:
+            message += f": {summary}"
+        base_path = httpx.URL(self.base_url).path.rstrip("/")
+        if status == 404 and base_path:
+            root = str(httpx.URL(self.base_url).copy_with(path="/")).rstrip("/")
+            if base_path.endswith("/v1"):
+                message += f" (hint: the endpoint is the server's base URL, without /v1: {root})"
+            else:
+                message += (f" (hint: the endpoint is the server's base URL, e.g. {root}, without a path "
+                            f"such as {base_path}, unless a proxy serves it there)")
+        return message
 
     # --- generation --------------------------------------------------------------------
     def _body(self, request: Request, model: str, *, stream: bool) -> tuple[str, dict[str, Any]]:
@@ -159,11 +208,15 @@ class EndpointClient:
         try:
             response = await self._client.post(path, json=body)
         except httpx.HTTPError as exc:
-            raise EndpointError(f"{self.base_url}{path}: {_describe(exc)}") from None
+            raise EndpointUnreachable(f"{self.base_url}{path}: {_describe(exc, self.timeout_s)}") from None
         latency = time.monotonic() - start
         if response.status_code != 200:
-            raise EndpointError(f"{self.base_url}{path}: HTTP {response.status_code}: {response.text[:300]}")
-        data = response.json()
+            raise EndpointError(self._http_error(path, response.status_code, response.reason_phrase,
+                                                 response.text))
+        try:
+            data = response.json()
+        except ValueError:
+            raise EndpointError(f"{self.base_url}{path}: the answer is not JSON") from None
         choice = (data.get("choices") or [{}])[0]
         text, token_ids = _choice_output(choice, chat=request.is_chat)
         usage = data.get("usage") or {}
@@ -185,7 +238,8 @@ class EndpointClient:
             async with self._client.stream("POST", path, json=body) as response:
                 if response.status_code != 200:
                     text = (await response.aread()).decode("utf-8", "replace")
-                    raise EndpointError(f"{self.base_url}{path}: HTTP {response.status_code}: {text[:300]}")
+                    raise EndpointError(self._http_error(path, response.status_code, response.reason_phrase,
+                                                         text))
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -208,7 +262,7 @@ class EndpointClient:
                         stats.arrivals.append((now, n))
                         yield n
         except httpx.HTTPError as exc:
-            raise EndpointError(f"{self.base_url}{path}: {_describe(exc)}") from None
+            raise EndpointUnreachable(f"{self.base_url}{path}: {_describe(exc, self.timeout_s)}") from None
         finally:
             stats.end = time.monotonic()
 
@@ -247,9 +301,34 @@ def _chunk_tokens(chunk: dict[str, Any], usage_seen: int, *, chat: bool) -> tupl
     return 0, usage_seen
 
 
-def _describe(exc: httpx.HTTPError) -> str:
+def error_body_summary(body: str, limit: int = ERROR_BODY_CHARS) -> str:
+    """An HTTP error body as one short line: an OpenAI-style error's message, an HTML page's text
+    without its tags, anything else as it is; whitespace collapsed, at most `limit` characters."""
+    text = body.strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        message = error.get("message") if isinstance(error, dict) else data.get("message")
+        if isinstance(message, str) and message.strip():
+            text = message
+    elif text.startswith("<"):   # an HTML page (a proxy's or a static server's 404): its words
+        text = html.unescape(re.sub(r"(?s)<(head|script|style)\b.*?</\1>|<!--.*?-->|<[^>]*>", " ", text))
+    text = one_line(" ".join(text.split()))
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _describe(exc: httpx.HTTPError, limit_s: float, *, probe: bool = False) -> str:
     if isinstance(exc, httpx.ConnectError):
         return "connection refused or host unreachable (is the lane up? `recipegen status`)"
+    if isinstance(exc, httpx.ConnectTimeout):
+        return (f"no connection within {min(CONNECT_TIMEOUT_S, limit_s):g} s "
+                "(ConnectTimeout; is the host reachable?)")
+    if isinstance(exc, httpx.ReadTimeout) and probe:
+        return (f"the server accepted the connection but sent no answer within {limit_s:g} s "
+                "(still loading the model? vLLM accepts connections while it boots; else it is hung)")
     if isinstance(exc, httpx.TimeoutException):
-        return f"timed out ({type(exc).__name__})"
+        return f"no answer within {limit_s:g} s ({type(exc).__name__}; --timeout sets the limit)"
     return f"{type(exc).__name__}: {exc}"

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from expert_residency.formats import FormatError, find_report_lines
 
-from recipegen.acceptance.client import EndpointClient, EndpointError
+from recipegen.acceptance.client import EndpointClient, EndpointError, EndpointUnreachable
 from recipegen.common.errors import InputError
 from recipegen.schema.lane import LANE_SERVICE_PREFIX
 
@@ -24,20 +24,37 @@ LOCAL_HOSTS = {"127.0.0.1", "localhost", "0.0.0.0", "::1"}
 
 
 async def describe_endpoint(client: EndpointClient, *, lane_log: Path | None = None,
-                            look_in_docker: bool = True) -> dict[str, Any]:
-    """Models, server version and (when found) the lane's start-up reports and hashes."""
+                            look_in_docker: bool = True, strict: bool = False) -> dict[str, Any]:
+    """Models, server version and (when found) the lane's start-up reports and hashes.
+
+    These are a run's first requests, each with the short identity timeout
+    (`client.IDENTITY_TIMEOUT_S`). An endpoint that does not answer at all (`EndpointUnreachable`)
+    is noted and not asked again, or, with `strict` (the commands), ends the run here, as does a
+    failed /v1/models when no model was named; other HTTP errors are noted."""
     info: dict[str, Any] = {"url": client.base_url}
+    answered = True
     try:
-        info["models"] = [{k: m.get(k) for k in ("id", "root", "max_model_len") if k in m}
-                          for m in await client.models()]
+        models = await client.models()
+        info["models"] = [{k: m.get(k) for k in ("id", "root", "max_model_len", "owned_by") if k in m}
+                          for m in models]
+        if any(m.get("owned_by") == "vllm" for m in models):   # vLLM's model cards say owned_by "vllm"
+            info["server"] = "vLLM"
     except EndpointError as exc:
+        unanswered = isinstance(exc, EndpointUnreachable)
+        if strict and (unanswered or client.model_name is None):   # nothing can be sent
+            raise
         info["models_error"] = str(exc)
-    try:
-        version = await client.get_json("/version")
-        if isinstance(version, dict) and "version" in version:
-            info["server_version"] = version["version"]
-    except EndpointError:
-        pass
+        answered = not unanswered
+    if answered:
+        try:
+            version = await client.get_json("/version")
+            if isinstance(version, dict) and "version" in version:
+                info["server_version"] = version["version"]
+        except EndpointUnreachable:
+            if strict:
+                raise
+        except EndpointError:
+            pass
     log_text, where = None, None
     if lane_log is not None:
         try:

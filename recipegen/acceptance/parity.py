@@ -27,7 +27,8 @@ from recipegen.acceptance.client import EndpointClient, Generation, Request
 from recipegen.acceptance.fixture import Fixture, Prompt
 
 Status = Literal["exact", "nondeterministic", "diverges"]
-CONTEXT_CHARS = 40
+CONTEXT_CHARS = 24   # common text shown before the divergence, at most
+PIECE_CHARS = 12     # how far a diverging piece reaches back and on from the first differing character
 
 
 @dataclass(frozen=True)
@@ -48,16 +49,46 @@ class Divergence:
 
     unit: Literal["token", "char"]
     index: int
-    common: str      # the text just before the divergence
-    left: str        # what each side continues with
-    right: str
+    common: str      # the text just before the diverging pieces
+    left: str        # each side's diverging piece: from the word boundary before the
+    right: str       # first differing character to the next one (the diverging token, usually)
 
     def describe(self) -> str:
+        if not self.left and not self.right:
+            return f"{self.unit} {self.index}: …{self.common!r} (the same text, other token ids)"
         return f"{self.unit} {self.index}: …{self.common!r} then {self.left!r} vs {self.right!r}"
 
 
+def _piece_start(a: str, b: str, char: int) -> int:
+    """Where the word holding the first differing character `char` starts (its leading space
+    included, as tokenizers split ' host'); `char` itself when it starts a word on either side or no
+    word boundary is near (text without spaces)."""
+    if a[char - 1:char].isspace():
+        return char - 1
+    if any(char >= len(t) or t[char].isspace() for t in (a, b)):
+        return char
+    start = char
+    while start > 0 and char - start < PIECE_CHARS and not a[start - 1].isspace():
+        start -= 1
+    if start == 0:
+        return 0
+    return start - 1 if a[start - 1].isspace() else char
+
+
+def _piece(text: str, start: int, char: int) -> str:
+    """From `start` to the end of the word that `text[char]` belongs to (at most PIECE_CHARS past `char`)."""
+    end = min(len(text), char + 1)
+    while end < len(text) and end - char < PIECE_CHARS and not text[end].isspace():
+        end += 1
+    return text[start:end]
+
+
 def first_divergence(a: Output, b: Output, context: int = CONTEXT_CHARS) -> Divergence | None:
-    """None when a and b are identical; else where they first differ, with text context."""
+    """None when a and b are identical; else where they first differ, with text context.
+
+    The server gives token ids but not each token's text, so the diverging pieces are cut from the
+    text at word boundaries around the first differing character: the diverging word, which for
+    most tokenizers is the diverging token (`' host'` vs `' that'`)."""
     if a.token_ids is not None and b.token_ids is not None:
         if a.token_ids == b.token_ids:
             return None
@@ -69,8 +100,11 @@ def first_divergence(a: Output, b: Output, context: int = CONTEXT_CHARS) -> Dive
         index = _common_prefix(a.text, b.text)
         unit = "char"
     char = _common_prefix(a.text, b.text)
-    return Divergence(unit=unit, index=index, common=a.text[max(0, char - context):char],
-                      left=a.text[char:char + context], right=b.text[char:char + context])
+    if a.text == b.text:   # other token ids for the same text
+        return Divergence(unit=unit, index=index, common=a.text[max(0, char - context):], left="", right="")
+    start = _piece_start(a.text, b.text, char)
+    return Divergence(unit=unit, index=index, common=a.text[max(0, start - context):start],
+                      left=_piece(a.text, start, char), right=_piece(b.text, start, char))
 
 
 def _common_prefix(a: Sequence[object], b: Sequence[object]) -> int:

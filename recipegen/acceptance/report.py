@@ -12,7 +12,7 @@ from recipegen.acceptance.parity import ParityReport
 def identity_lines(label: str, info: dict[str, Any]) -> list[str]:
     models = ", ".join(str(m.get("id")) for m in info.get("models", [])) or info.get("models_error", "?")
     lines = [f"{label}: {info.get('url')}  model {models}"
-             + (f"  vLLM {info['server_version']}" if info.get("server_version") else "")
+             + (f"  {_server(info)}" if info.get("server_version") or info.get("server") else "")
              + (f"  (recorded in {info['recording']})" if info.get("recording") else "")]
     if info.get("lane_reports"):
         lane = info.get("lane") or "?"
@@ -27,19 +27,33 @@ def identity_lines(label: str, info: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _server(info: dict[str, Any]) -> str:
+    """What the server said it is: "vLLM 0.33.0" only when its model cards say vLLM owns them,
+    else the bare /version string ("server version X")."""
+    version = info.get("server_version")
+    if info.get("server"):
+        return f"{info['server']} {version}" if version else str(info["server"])
+    return f"server version {version}"
+
+
 def _short(hashes: Any) -> str:
     if not hashes:
         return "-"
     return ",".join(h[:12] for h in hashes)
 
 
-def parity_text(report: ParityReport, identities: dict[str, dict[str, Any]], *, fixture_name: str) -> str:
+def parity_text(report: ParityReport, identities: dict[str, dict[str, Any]], *, fixture_name: str,
+                settings: dict[str, Any] | None = None) -> str:
     lines = []
     for label in ("A", "B"):
         if label in identities:
             lines += identity_lines(label, identities[label])
     n = len(report.verdicts)
     lines.append(f"fixture {fixture_name}: {n} prompts, {report.runs_a} run(s) of A, {report.runs_b} run(s) of B")
+    if settings:
+        s = settings
+        lines.append(f"each request: temperature {s.get('temperature', 0.0):g} (greedy), seed {s.get('seed')}, "
+                     f"--max-tokens {s.get('max_tokens')}; --concurrency {s.get('concurrency')}")
     lines.append("")
     lines.append(f"{'prompt':<16} {'category':<12} {'verdict':<17} detail")
     for v in report.verdicts:
@@ -88,13 +102,25 @@ def knee_text(result: KneeResult) -> str:
         lines.append(f"{level.label:<4} {level.concurrency:>4} {t.mean:>10.1f} {t.min:>8.1f} {t.max:>8.1f} "
                      f"{t.relative:>6.1%} {_ms(level.latency_p50):>10} {_ms(p90):>10} "
                      f"{_ms(sorted(ttft)[len(ttft) // 2] if ttft else None):>8} {requests:>5}")
+    labels = {level.label for level in result.levels}
+    lines.append("")
+    lines.append("leg A: the candidate (URL)" + ("; B: the control (--compare); A2: the candidate again, after B "
+                                                 "(A B A)" if "B" in labels else ""))
+    lines.append("conc: concurrent request streams; tok/s: output tokens per second of a window (mean, min, max "
+                 "over the windows); spread: (max - min) / mean of the windows' tok/s")
+    lines.append("p50 lat ms: median of the windows' median request latency; p90 lat ms: the highest window's "
+                 "90th percentile; ttft ms: median of the windows' median time to first token; req: requests that started after the "
+                 "warm-up and finished inside a window, all windows together")
     comparisons = compare_levels(result)
     if comparisons:
         lines.append("")
         lines.append("candidate (A, A2) vs control (B):")
         for c in comparisons:
-            lines.append(f"  C{c.concurrency}: {c.candidate.mean:.1f} vs {c.control.mean:.1f} tok/s "
-                         f"({c.change:+.1%}); candidate drift across the window {c.candidate_drift:.1%}")
+            noise = max(c.candidate.relative, c.control.relative)
+            verdict = "; within the spread, not a measured difference" if abs(c.change) <= noise else ""
+            lines.append(f"  C{c.concurrency}: {c.candidate.mean:.1f} (spread {c.candidate.relative:.1%}) vs "
+                         f"{c.control.mean:.1f} (spread {c.control.relative:.1%}) tok/s: {c.change:+.1%}{verdict}; "
+                         f"candidate drift between A and A2 {c.candidate_drift:.1%}")
     return "\n".join(lines)
 
 

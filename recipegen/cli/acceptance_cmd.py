@@ -6,7 +6,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from expert_residency.formats import atomic_write_text
@@ -14,6 +14,9 @@ from expert_residency.formats import atomic_write_text
 from recipegen.cli.types import FiniteFloat
 from recipegen.common.errors import InputError
 from recipegen.common.units import format_count
+
+if TYPE_CHECKING:
+    from recipegen.acceptance.client import EndpointClient
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -47,6 +50,27 @@ def _duration(text: str, option: str) -> float:
     return value
 
 
+# One definition for both commands: the same option, help and default on parity and knee.
+_timeout_option = click.option(
+    "--timeout", type=FiniteFloat(0.0, min_open=True), default=600.0, show_default=True,
+    help="Seconds to wait for each request's answer (the first requests, /v1/models and /version, "
+         "wait at most 30 s).")
+
+
+def _say(text: str) -> None:
+    """A progress line on stderr, in knee's "… what now" form (stdout keeps the report)."""
+    click.echo(f"… {text}", err=True)
+
+
+async def _identify(client: EndpointClient, *, lane_log: Path | None) -> dict[str, Any]:
+    """The endpoint's identity (the run's first requests), announced first: a dead server is
+    reported after the short identity timeout, not after --timeout."""
+    from recipegen.acceptance.identity import describe_endpoint
+
+    _say(f"asking {client.base_url} what it serves (/v1/models, /version; up to {client.identity_timeout_s:g} s)")
+    return await describe_endpoint(client, lane_log=lane_log, strict=True)
+
+
 @click.command()
 @click.argument("url_a")
 @click.argument("url_b", required=False)
@@ -71,7 +95,7 @@ def _duration(text: str, option: str) -> float:
               help="Log of lane B (the control) to read its start-up report from.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the full result as JSON.")
-@click.option("--timeout", type=FiniteFloat(0.0, min_open=True), default=600.0, show_default=True, help="Seconds per request.")
+@_timeout_option
 def parity(url_a: str, url_b: str | None, fixture: Path | None, runs: int, max_tokens: int, seed: int,
            concurrency: int, record_path: Path | None, model_a: str | None, model_b: str | None,
            lane_log: Path | None, lane_log_b: Path | None, json_path: Path | None, timeout: float) -> None:
@@ -82,13 +106,12 @@ def parity(url_a: str, url_b: str | None, fixture: Path | None, runs: int, max_t
     """
     from recipegen.acceptance.client import EndpointClient
     from recipegen.acceptance.fixture import load_fixture
-    from recipegen.acceptance.identity import describe_endpoint
     from recipegen.acceptance.parity import compare, read_record, record_json, run_fixture
     from recipegen.acceptance.report import parity_json, parity_text
 
     loaded = load_fixture(fixture)
     settings = {"fixture": loaded.name, "runs": runs, "max_tokens": max_tokens, "seed": seed,
-                "concurrency": concurrency}
+                "temperature": 0.0, "concurrency": concurrency}
     if record_path is not None and url_b is not None:
         raise InputError("--record takes one endpoint (URL_A); compare the recording later", field="--record")
     if record_path is None and url_b is None:
@@ -123,8 +146,11 @@ def parity(url_a: str, url_b: str | None, fixture: Path | None, runs: int, max_t
                    for label, (source, model, _) in live.items()}
         try:
             for label, client in clients.items():
-                identities[label] = await describe_endpoint(client, lane_log=live[label][2])
+                identities[label] = await _identify(client, lane_log=live[label][2])
             total = runs * len(loaded.prompts) * len(clients)
+            _say(f"{format_count(runs, 'run')} of {format_count(len(loaded.prompts), 'prompt')} on "
+                 f"{' and '.join(clients)}; waiting for the first answer from {next(iter(clients.values())).base_url} "
+                 f"(up to {timeout:g} s a request, --timeout)")
             with click.progressbar(length=total, label="parity", file=sys.stderr) as bar:
                 for _ in range(runs):  # alternate the live endpoints run by run: one window
                     for label, client in clients.items():
@@ -143,7 +169,7 @@ def parity(url_a: str, url_b: str | None, fixture: Path | None, runs: int, max_t
                    f"to {record_path}")
         return
     report = compare(loaded, results["A"], results["B"])
-    _explained(parity_text(report, identities, fixture_name=loaded.name))
+    _explained(parity_text(report, identities, fixture_name=loaded.name, settings=settings))
     if json_path is not None:
         _write_json(json_path, parity_json(report, identities, settings))
     if not report.passed:
@@ -176,13 +202,14 @@ def parity(url_a: str, url_b: str | None, fixture: Path | None, runs: int, max_t
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Draw tok/s and latency per concurrency to a PNG (needs matplotlib: "
                    "pip install 'recipegen[plot]').")
+@_timeout_option
 def knee(url: str, concurrency_text: str, duration: str, warmup: str, repetitions: int, max_tokens: int,
          control_url: str | None, fixture: Path | None, ignore_eos: bool, model: str | None,
-         lane_log: Path | None, lane_log_b: Path | None, json_path: Path | None, plot_path: Path | None) -> None:
+         lane_log: Path | None, lane_log_b: Path | None, json_path: Path | None, plot_path: Path | None,
+         timeout: float) -> None:
     """Steady-state output tok/s and latency of URL at each concurrency."""
     from recipegen.acceptance.client import EndpointClient
     from recipegen.acceptance.fixture import load_fixture
-    from recipegen.acceptance.identity import describe_endpoint
     from recipegen.acceptance.knee import run_knee
     from recipegen.acceptance.report import knee_json, knee_text
 
@@ -199,16 +226,17 @@ def knee(url: str, concurrency_text: str, duration: str, warmup: str, repetition
     prompts = load_fixture(fixture).prompts
 
     async def main() -> Any:
-        async with EndpointClient(url, model=model, max_connections=max(levels) + 4) as candidate:
-            control = EndpointClient(control_url, max_connections=max(levels) + 4) if control_url else None
+        async with EndpointClient(url, model=model, max_connections=max(levels) + 4,
+                                  timeout_s=timeout) as candidate:
+            control = EndpointClient(control_url, max_connections=max(levels) + 4,
+                                     timeout_s=timeout) if control_url else None
             try:
-                endpoints = {"A": await describe_endpoint(candidate, lane_log=lane_log)}
+                endpoints = {"A": await _identify(candidate, lane_log=lane_log)}
                 if control is not None:
-                    endpoints["B"] = await describe_endpoint(control, lane_log=lane_log_b)
+                    endpoints["B"] = await _identify(control, lane_log=lane_log_b)
                 result = await run_knee(candidate, prompts, concurrencies=levels, warmup_s=warmup_s,
                                         duration_s=duration_s, repetitions=repetitions, max_tokens=max_tokens,
-                                        control=control, ignore_eos=ignore_eos,
-                                        progress=lambda text: click.echo(f"… {text}", err=True))
+                                        control=control, ignore_eos=ignore_eos, progress=_say)
                 result.endpoints = endpoints
                 return result
             finally:

@@ -469,7 +469,7 @@ def test_a_residency_stage_gets_the_multiprocess_tmpfs_in_kubernetes_too(tmp_pat
     container, volumes = _container(spec, recipe="r", lane="x", rank=0, leader=True, map_volume=None)
     mounted = {v["mountPath"]: v["name"] for v in container["volumeMounts"]}
     empty = {v["name"]: v for v in volumes}[mounted[mon.MULTIPROC_TARGET]]
-    assert empty["emptyDir"] == {"medium": "Memory"}
+    assert empty["emptyDir"] == {"medium": "Memory", "sizeLimit": "256Mi"}
 
 
 def _pipeline_lane(stage0_in_hbm: bool, histogram: str):

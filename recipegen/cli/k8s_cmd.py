@@ -21,20 +21,25 @@ def _targets(recipes: tuple[str, ...]) -> list[str]:
 @click.command()
 @click.argument("recipes", nargs=-1)
 @click.option("--check", is_flag=True,
-              help="Write nothing; exit 1 if a committed manifest differs from what would be written.")
+              help="Write nothing; exit 1 if a committed manifest differs from what would be written "
+                   "(prints `up to date: N recipes` when none does).")
 def k8s(recipes: tuple[str, ...], check: bool) -> None:
     """Render the Kubernetes manifests of RECIPES' multi-node lanes (default: every recipe under
     recipes/). Every manifest is validated (kubernetes-validate for core kinds, the vendored
-    LeaderWorkerSet CRD schema for the LWS) before anything is written."""
+    LeaderWorkerSet CRD schema for the LWS) before anything is written. Each file is reported as
+    `recipegen render` reports its files: new, changed, unchanged, or removed."""
     from recipegen.common.lock import recipe_lock
-    from recipegen.k8s.render import name_collisions, render_k8s, stale_files, write_k8s
+    from recipegen.common.units import format_count
+    from recipegen.k8s.render import REMOVED, UNCHANGED, name_collisions, render_k8s, stale_files, write_k8s
     from recipegen.load.document import display_path
     from recipegen.load.recipe import load_recipe, resolve_recipe_path
     from recipegen.render.render import project_root_for
 
     stale_total = 0
+    with_lanes = 0
     claimed: dict[str, str] = {}  # LeaderWorkerSet name -> recipe, across this run
-    for target in _targets(recipes):
+    targets = _targets(recipes)
+    for target in targets:
         with recipe_lock(resolve_recipe_path(target), echo=click.echo, readers_only=True):
             loaded = load_recipe(target)
             root = project_root_for(loaded.path)
@@ -43,6 +48,7 @@ def k8s(recipes: tuple[str, ...], check: bool) -> None:
             if collisions:
                 raise RecipegenError("\n  ".join(collisions))
             claimed.update({f"{loaded.name}-{p.stem}": loaded.name for p in files})
+            with_lanes += bool(files)
             if check:
                 stale = stale_files(loaded, root, files)
                 stale_total += len(stale)
@@ -51,10 +57,18 @@ def k8s(recipes: tuple[str, ...], check: bool) -> None:
                 continue
             if not files and recipes:
                 click.echo(f"{loaded.name}: no lane spans machines; nothing to render")
-            for path in write_k8s(loaded, root, files):
-                click.echo(f"wrote {display_path(path)}")
-    if check and stale_total:
-        sys.exit(1)
+            for path, status in write_k8s(loaded, root, files):
+                if status == UNCHANGED:
+                    click.echo(f"{display_path(path)}: unchanged")
+                elif status == REMOVED:
+                    click.echo(f"removed {display_path(path)} (no longer rendered)")
+                else:
+                    click.echo(f"wrote {display_path(path)}: {status}")
+    if check:
+        if stale_total:
+            sys.exit(1)
+        click.echo(f"up to date: {format_count(len(targets), 'recipe')} "
+                   f"({with_lanes} with multi-node lanes)")
 
 
 if __name__ == "__main__":  # until the root CLI maps `k8s` (recipegen/cli/__init__.py)

@@ -9,25 +9,44 @@ LWS worker index = pipeline stage), each node's own address (`VLLM_HOST_IP` from
 host paths (compose's `${VAR:-default}` resolved to the default), the cache volume (a host path per
 lane, so kernel tuning survives restarts like the compose named volume), row-map slices and an
 adaptive lane's prior histograms (one ConfigMap), GPUs (`nvidia.com/gpu` = tensor-parallel size), and placement: pods land on nodes
-labelled `recipegen.io/machine=<machine key>` (stage 0 on the head's machine, workers on theirs).
+labelled `recipegen.io/machine=<machine key>` (stage 0 on the head's machine, workers on theirs),
+and memory: each pod requests its stage's host memory from the budget ledger (`host_memory_request`).
+Every host path a pod mounts is listed, with what the operator puts there, in `LaneManifests.host_paths`:
+the manifest's header is written from it (docs/multinode.md lists the same constants; a test holds it to them).
 """
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from recipegen.common.errors import RecipegenError
 from recipegen.render.compose import Interpolated
 from recipegen.render.monitoring import scrape_annotations
+from recipegen.render.services import DUMP_TARGET, HF_HUB_TARGET, MODELS_TARGET, RUNTIME_TARGET
 
 MACHINE_LABEL = "recipegen.io/machine"
 ANNOTATION_PREFIX = "recipegen.io/"
 CACHE_HOST_ROOT = "/var/cache/recipegen"
 DUMPS_HOST_ROOT = "/var/lib/recipegen/dumps"
 RUNTIME_HOST_PATH = "/opt/recipegen/runtime"
+# An HF-repo-id checkpoint: compose mounts `${HF_HUB_CACHE:-~/.cache/huggingface/hub}` (the compose
+# user's home); a node has no such user, so the pod mounts root's hub cache there (the vLLM image
+# runs as root and reads it at the same path inside the container, offline).
+HF_HUB_HOST_PATH = "/root/.cache/huggingface/hub"
+# hostPath types: "Directory" must exist before the pod starts (the kubelet refuses the pod
+# otherwise); "DirectoryOrCreate" is made empty by the kubelet when missing.
+MUST_EXIST = "Directory"
+CREATED = "DirectoryOrCreate"
+# The Memory-medium emptyDir of prometheus_client's multiprocess folder (PROMETHEUS_MULTIPROC_DIR):
+# its files (one per process and metric type, 64 KiB at first, doubled as series are added) take a
+# few MiB; the bound keeps a runaway from growing unseen in the node's memory (tmpfs counts against
+# the pod's memory): Kubernetes sizes a memory-backed emptyDir's tmpfs to its sizeLimit.
+METRICS_EMPTYDIR_LIMIT = "256Mi"
+MIB = 1 << 20
 LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"
 WORKER_INDEX = "$(LWS_WORKER_INDEX)"
 # A first boot of a new kernel shape autotunes for a long time (compose: 180 min start period).
@@ -44,9 +63,55 @@ def prior_key(source: str) -> str:
 
 
 @dataclass(frozen=True)
+class HostPath:
+    """A hostPath volume the nodes must provide: where, of which type, and what goes there."""
+
+    path: str
+    type: str
+    what: str
+
+    @property
+    def provided(self) -> str:
+        return "must exist" if self.type == MUST_EXIST else "created empty if missing"
+
+
+def runtime_host_path() -> HostPath:
+    return HostPath(RUNTIME_HOST_PATH, MUST_EXIST,
+                    f"the residency runtime, mounted read-only at {RUNTIME_TARGET}: copy this checkout's "
+                    f"runtime/ folder there (`rsync -a --delete runtime/ <node>:{RUNTIME_HOST_PATH}/`), "
+                    "the version the pod annotation recipegen.io/runtime-version names")
+
+
+def dumps_host_path(recipe: str, lane: str) -> HostPath:
+    return HostPath(f"{DUMPS_HOST_ROOT}/{recipe}/{lane}", CREATED,
+                    f"histogram snapshots the runtime writes (drift on a live lane), {DUMP_TARGET} "
+                    "in the pod")
+
+
+def cache_host_path(recipe: str, lane: str) -> HostPath:
+    return HostPath(f"{CACHE_HOST_ROOT}/{recipe}/{lane}", CREATED,
+                    "compile and autotune caches (vLLM, Triton, FlashInfer), kept across restarts")
+
+
+def hf_hub_host_path(repo_id: str) -> HostPath:
+    return HostPath(HF_HUB_HOST_PATH, MUST_EXIST,
+                    f"the Hugging Face hub cache holding {repo_id}, downloaded beforehand as root "
+                    "(the pod runs with HF_HUB_OFFLINE=1)")
+
+
+def model_host_path(path: str, *, default: bool) -> HostPath:
+    where = (" (compose's RECIPEGEN_MODELS_DIR default: a pod reads no .env; give model.checkpoint an "
+             "absolute path for another folder)" if default else " (the recipe's model.checkpoint)")
+    return HostPath(path, MUST_EXIST,
+                    f"the checkpoint folder, mounted read-only at {MODELS_TARGET}/<model>{where}")
+
+
+@dataclass(frozen=True)
 class LaneManifests:
     lane: str
     documents: list[dict[str, Any]]
+    # Every hostPath of the lane's pods: (machine keys whose nodes mount it, the path).
+    host_paths: list[tuple[tuple[str, ...], HostPath]] = field(default_factory=list)
 
 
 # The LeaderWorkerSet's name, `<recipe>-<lane>`, names every object of the lane: the Service
@@ -94,17 +159,33 @@ def lws_name(loaded: Any, lane_index: int) -> str:
     return name
 
 
-def _host_path(source: str) -> str:
-    """recipegen's own Compose interpolations (`Interpolated`: `${VAR:-default}`) → default; `~` →
-    /root (the vLLM image runs as root). A recipe's path is its text: a `${X:-…}` in it stays as
-    written (Kubernetes expands nothing in hostPath), as it does in compose.yaml."""
+def _host_path(source: str, loaded: Any = None) -> str:
+    """The host path of the model mount: recipegen's own Compose interpolation (`Interpolated`:
+    `${VAR:-default}`) → its default; a recipe's absolute `model.checkpoint` as written (a `${X:-…}`
+    in it stays: Kubernetes expands nothing in hostPath, as it stays in compose.yaml).
+
+    Anything else — a relative path, or `~…`, whose meaning depends on the folder or the user that
+    runs Compose — has no one host path on a node, and is refused (the recipe loader refuses such a
+    checkpoint first; this is the defensive second check), naming the recipe's file and field when
+    `loaded` is given."""
     resolved = (re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*:-([^}]*)\}", r"\1", source)
                 if isinstance(source, Interpolated) else str(source))
-    if resolved.startswith("~"):
-        resolved = "/root" + resolved[1:]
     if not resolved.startswith("/"):
-        raise RecipegenError(f"cannot turn compose mount source {source!r} into a host path")
+        why = ("`~` is the home of whoever runs Compose, and a node has no such user"
+               if resolved.startswith("~") else "a relative path has no one folder on a node")
+        message = (f"checkpoint {str(source)[:200]!r} is not an absolute path, so it cannot be a "
+                   f"Kubernetes hostPath ({why}); write the folder's absolute path, or a Hugging Face "
+                   "repo id")
+        if loaded is not None:
+            raise loaded.error(message, ("model", "checkpoint"))
+        raise RecipegenError(message + " (field model.checkpoint)")
     return resolved
+
+
+def host_memory_request(host_bytes: float) -> str:
+    """A stage's host memory in bytes as a Kubernetes quantity: whole mebibytes (`Mi` = 2**20 bytes;
+    `M` would be 10**6), rounded up, so the request is never below the ledger's figure."""
+    return f"{math.ceil(host_bytes / MIB)}Mi"
 
 
 def k8s_literal(value: str) -> str:
@@ -122,8 +203,13 @@ def _replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
     return out
 
 
-def _container(spec: Any, *, recipe: str, lane: str, rank: int, leader: bool,
-               map_volume: str | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _container(spec: Any, *, recipe: str, lane: str, rank: int, leader: bool, map_volume: str | None,
+               loaded: Any = None, host_bytes: float | None = None,
+               host_paths: list[HostPath] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One stage's container and volumes. `host_bytes`: its memory request (none when not given);
+    `host_paths` gets each hostPath the volumes need; `loaded` names the recipe in a refusal."""
+    if host_paths is None:
+        host_paths = []
     argv = [k8s_literal(arg) for arg in spec.command]
     argv = _replace_flag(argv, "--master-addr", LEADER_ADDRESS)
     if not leader:
@@ -138,9 +224,9 @@ def _container(spec: Any, *, recipe: str, lane: str, rank: int, leader: bool,
     volumes: list[dict[str, Any]] = []
     for i, m in enumerate(spec.mounts):
         vname = f"m{i}"
+        host: HostPath | None = None
         if m.type == "volume":
-            host = f"{CACHE_HOST_ROOT}/{recipe}/{lane}"
-            volumes.append({"name": vname, "hostPath": {"path": host, "type": "DirectoryOrCreate"}})
+            host = cache_host_path(recipe, lane)
         elif m.source.startswith("maps/"):
             assert map_volume is not None
             mounts.append({"name": map_volume, "mountPath": m.target, "subPath": f"stage-{rank}.rowmap",
@@ -151,21 +237,36 @@ def _container(spec: Any, *, recipe: str, lane: str, rank: int, leader: bool,
             mounts.append({"name": map_volume, "mountPath": m.target, "subPath": prior_key(m.source),
                            "readOnly": True})
             continue
-        elif m.source.startswith("dumps/"):
-            volumes.append({"name": vname, "hostPath": {"path": f"{DUMPS_HOST_ROOT}/{recipe}/{lane}",
-                                                        "type": "DirectoryOrCreate"}})
-        elif m.target.startswith("/opt/"):
-            volumes.append({"name": vname, "hostPath": {"path": RUNTIME_HOST_PATH, "type": "Directory"}})
+        elif m.target == DUMP_TARGET:
+            host = dumps_host_path(recipe, lane)
+        elif m.target == RUNTIME_TARGET:
+            host = runtime_host_path()
+        elif m.target == HF_HUB_TARGET:
+            host = hf_hub_host_path(str(loaded.recipe.model.checkpoint))
+        elif m.target.startswith(MODELS_TARGET + "/"):
+            host = model_host_path(_host_path(m.source, loaded), default=isinstance(m.source, Interpolated))
         else:
-            volumes.append({"name": vname, "hostPath": {"path": _host_path(m.source), "type": "Directory"}})
+            raise RecipegenError(f"internal error: no Kubernetes volume for the compose mount "
+                                 f"{m.source!r} → {m.target}")
+        host_paths.append(host)
+        volumes.append({"name": vname, "hostPath": {"path": host.path, "type": host.type}})
         mounts.append({"name": vname, "mountPath": m.target, "readOnly": bool(m.read_only)})
     for i, path in enumerate(spec.tmpfs):
         # compose's tmpfs (prometheus_client's multiprocess folder): empty at every pod start
-        volumes.append({"name": f"t{i}", "emptyDir": {"medium": "Memory"}})
+        volumes.append({"name": f"t{i}", "emptyDir": {"medium": "Memory", "sizeLimit": METRICS_EMPTYDIR_LIMIT}})
         mounts.append({"name": f"t{i}", "mountPath": path})
     mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    # 16 GiB: compose's shm_size (SHM_SIZE, recipegen/render/services.py, since 3a56a19; no source
+    # recorded), dropped from compose for `ipc: host` (9549e9f), which a pod does not have.
     volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory",
                                                  "sizeLimit": spec.shm_size.replace("gb", "Gi")}})
+    resources: dict[str, Any] = {"limits": {"nvidia.com/gpu": len(spec.device_ids)}}
+    if host_bytes is not None:
+        # The stage's host memory from the budget ledger, as a request only (the scheduler places
+        # the pod where it fits, and the pod is Burstable, not BestEffort). No memory limit: pinned
+        # host memory and the checkpoint's page cache are charged to the pod, and crossing a limit
+        # would OOM-kill the engine (docs/multinode.md, "Kubernetes").
+        resources["requests"] = {"memory": host_memory_request(host_bytes)}
     container: dict[str, Any] = {
         "name": "vllm",
         "image": spec.image,
@@ -173,7 +274,7 @@ def _container(spec: Any, *, recipe: str, lane: str, rank: int, leader: bool,
         "args": argv,
         "env": env,
         "envFrom": [{"secretRef": {"name": f"{recipe}-secrets", "optional": True}}],
-        "resources": {"limits": {"nvidia.com/gpu": len(spec.device_ids)}},
+        "resources": resources,
         "volumeMounts": mounts,
     }
     if leader:
@@ -197,11 +298,13 @@ def _pod_template(container: dict[str, Any], volumes: list[dict[str, Any]], *, l
 
 
 def lane_manifests(loaded: Any, lane_index: int, specs: dict[int, Any],
-                   slices: dict[int, bytes]) -> LaneManifests:
+                   slices: dict[int, bytes], host_bytes: dict[int, float] | None = None) -> LaneManifests:
     """The LeaderWorkerSet (+ Service, + ConfigMap of row-map slices) of one multi-node lane.
 
     `specs`: the compose ServiceSpec of each stage (rank → spec); `slices`: rank → row-map slice
-    bytes for the stages that run the residency runtime.
+    bytes for the stages that run the residency runtime; `host_bytes`: rank → the stage's host
+    memory from the ledger (`recipegen.k8s.render.stage_host_bytes`), each pod's memory request —
+    the worker template's is the largest of its stages' (one template serves them all).
     """
     recipe = loaded.recipe
     lane = recipe.lanes[lane_index]
@@ -246,10 +349,15 @@ def lane_manifests(loaded: Any, lane_index: int, specs: dict[int, Any],
             "metadata": {"name": f"{name}-rowmaps", "labels": base_labels},
             "data": data})
     templates: dict[str, Any] = {}
+    host_paths: dict[HostPath, set[str]] = {}
     for role, rank in (("leader", 0), ("worker", 1)):
         spec = specs[rank]
-        container, volumes = _container(spec, recipe=recipe.name, lane=lane.name, rank=rank,
-                                        leader=role == "leader", map_volume=map_volume)
+        ranks = [0] if role == "leader" else list(range(1, pp))
+        request = max(host_bytes[r] for r in ranks) if host_bytes is not None else None
+        paths: list[HostPath] = []
+        container, volumes = _container(spec, loaded=loaded, recipe=recipe.name, lane=lane.name, rank=rank,
+                                        leader=role == "leader", map_volume=map_volume,
+                                        host_bytes=request, host_paths=paths)
         if map_volume:
             volumes.append({"name": map_volume, "configMap": {"name": f"{name}-rowmaps"}})
         annotations = {ANNOTATION_PREFIX + k.removeprefix("io.recipegen."): v for k, v in spec.labels
@@ -260,6 +368,8 @@ def lane_manifests(loaded: Any, lane_index: int, specs: dict[int, Any],
             annotations.update(scrape_annotations(lane.port))
         machines = ([lane.parallel.pipeline[0].machine] if role == "leader" else
                     sorted({s.machine for s in lane.parallel.pipeline[1:]}))
+        for path in paths:
+            host_paths.setdefault(path, set()).update(machines)
         templates[f"{role}Template"] = _pod_template(
             container, volumes, labels={**base_labels, "role": role}, annotations=annotations,
             machines=machines, grace_s=int(spec.stop_grace_period.rstrip("s")))
@@ -286,7 +396,9 @@ def lane_manifests(loaded: Any, lane_index: int, specs: dict[int, Any],
                  "selector": {"leaderworkerset.sigs.k8s.io/name": name, "role": "leader"},
                  "ports": [{"name": "http", "port": lane.port, "targetPort": lane.port,
                             "protocol": "TCP"}]}})
-    return LaneManifests(lane.name, documents)
+    order = [s.machine for s in lane.parallel.pipeline]
+    listed = [(tuple(sorted(on, key=order.index)), path) for path, on in host_paths.items()]
+    return LaneManifests(lane.name, documents, listed)
 
 
 def manifest_path(project_root: Path, recipe_name: str, lane: str) -> Path:

@@ -22,6 +22,7 @@ from recipegen.multinode.launch import host_table_args, launch_flags
 from recipegen.render.compose import HealthCheck, Interpolated, Mount, ServiceSpec
 from recipegen.render.lanes import lane_service_name, profile_service_name, runs_residency
 from recipegen.render.monitoring import lane_metrics
+from recipegen.schema.patterns import is_hf_repo_id
 from recipegen.vllm_flags import FlagTable, argv_problems
 from recipegen.vllm_flags.args import parse_args
 from recipegen.vllm_flags.moe_backend import (
@@ -161,7 +162,7 @@ def _model_source(recipe: Recipe) -> tuple[str, Mount, tuple[tuple[str, str], ..
     model = recipe.model
     checkpoint = model.checkpoint
     target = f"{MODELS_TARGET}/{model.name}"
-    if checkpoint and not checkpoint.startswith("/") and re.fullmatch(r"[\w.-]+/[\w.-]+", checkpoint):
+    if checkpoint and not checkpoint.startswith("/") and is_hf_repo_id(checkpoint):
         mount = Mount("bind", Interpolated("${HF_HUB_CACHE:-~/.cache/huggingface/hub}"),
                       HF_HUB_TARGET, True)
         return checkpoint, mount, (("HF_HUB_OFFLINE", "1"),)

@@ -225,7 +225,8 @@ def recipe_reference_markdown(catalog_names: Callable[[str], list[str]]) -> str:
         "",
         f"Schema version {SCHEMA_VERSION}. Unknown fields are errors. Sizes carry units (GiB = 2^30 "
         "bytes, GB = 10^9); a bare number where a unit is needed is an error. Paths are relative to "
-        "the recipe file. Inside `model` and `machines` any figure may be written as "
+        "the recipe file, except `model.checkpoint` (an absolute path on the machine that runs the "
+        "lane, or a Hugging Face repo id). Inside `model` and `machines` any figure may be written as "
         "`{value: …, source: \"…\"}` to cite where it comes from.",
         "",
         "Check a recipe with `recipegen check recipe RECIPE` (every problem with file, line and "

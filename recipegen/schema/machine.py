@@ -33,6 +33,41 @@ def is_host_address(text: str) -> bool:
     return 0 < len(text) <= 253 and all(_HOST_LABEL.match(label) for label in text.rstrip(".").split("."))
 
 
+def address_refusal(text: str) -> str | None:
+    """Why `text` cannot be a machine's `address`, or None when other machines can reach it there.
+
+    Beyond `is_host_address`: an unspecified address (`0.0.0.0`, `::`) names no machine, and an IPv6
+    zone id (`fd00::1%eth0`) names an interface of one machine while the address is copied to the
+    others (the head's is every node's `--master-addr`)."""
+    shown = repr(text[:80])
+    if not is_host_address(text):
+        inner = text[1:-1] if text.startswith("[") and text.endswith("]") else None
+        if inner is not None and _ip(inner) is not None:
+            return (f"{shown} is neither an IP address nor a host name: write the address without "
+                    f"brackets ({inner}); recipegen adds them where a URL needs them")
+        return f"{shown} is neither an IP address nor a host name (letters, digits, hyphens and dots)"
+    ip = _ip(text)
+    if ip is None:
+        return None
+    mapped = getattr(ip, "ipv4_mapped", None)
+    if ip.is_unspecified or (mapped is not None and mapped.is_unspecified):
+        return (f"{shown} is the unspecified address, which names no machine: other machines (the "
+                "multi-node peers, Prometheus, recipegen's HTTP calls) reach this machine at its "
+                "address; give its own IP address or host name")
+    if getattr(ip, "scope_id", None):
+        return (f"{shown} carries a zone id (%{ip.scope_id}), which names a network interface on one "
+                "machine, while the address is copied to the other machines (the head's is every "
+                f"node's --master-addr): write it without the zone ({text.split('%', 1)[0]})")
+    return None
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
 class GpuSpec(StrictModel):
     """The machine's GPUs (all of one kind)."""
 
@@ -93,7 +128,9 @@ class Machine(StrictModel):
     """Local NVMe, where known."""
     address: str | None = None
     """Host name or IP the machine is reached at (Docker host, multi-node peers): an IPv4 or IPv6
-    address, or a host name of letters, digits, hyphens and dots."""
+    address (without brackets), or a host name of letters, digits, hyphens and dots. Not an
+    unspecified address (`0.0.0.0`, `::`), which names no machine, and no IPv6 zone id (`%eth0`),
+    which names an interface of this machine only."""
     detected: str | None = None
     """Where and when `recipegen machine detect` read this entry (host, date, driver); absent for
     catalog and hand-written machines."""
@@ -109,9 +146,9 @@ class Machine(StrictModel):
     @classmethod
     def _address(cls, value: str | None) -> str | None:
         # it reaches --master-addr, Prometheus targets and the ops HTTP calls: only what a network can reach
-        if value is not None and not is_host_address(value):
-            raise ValueError(f"{value[:80]!r} is neither an IP address nor a host name (letters, digits, "
-                             "hyphens and dots)")
+        problem = address_refusal(value) if value is not None else None
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @model_validator(mode="after")

@@ -11,7 +11,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 
 from recipegen.common.units import GiB
 from recipegen.schema.base import Bytes, PathError, PositiveBytes, ScaledNumber, StrictModel
-from recipegen.schema.patterns import FILE_NAME
+from recipegen.schema.patterns import FILE_NAME, checkpoint_refusal
 from recipegen.schema.sourced import lift_sources
 
 # Storage per logical element: (bits per value, values per scale block, bytes per scale).
@@ -414,7 +414,11 @@ class Model(StrictModel):
     architecture: str | None = None
     """vLLM architecture class (config.json `architectures[0]`)."""
     checkpoint: str | None = None
-    """Checkpoint id (Hugging Face repo or path)."""
+    """Where the engine loads the weights from: a Hugging Face repo id `org/name` (mounted from the
+    host's Hugging Face hub cache) or an absolute path on the machine that runs the lane (mounted
+    read-only); omitted: `<RECIPEGEN_MODELS_DIR>/<name>` (default `/srv/models/<name>`). A relative
+    or `~/…` path is refused: Compose would resolve it against the rendered compose folder (or the
+    home of whoever runs it), and Kubernetes not at all."""
     revision: str | None = None
     """Checkpoint revision (commit); maps and histograms record it as provenance."""
     decoder_layers: PositiveInt
@@ -501,6 +505,16 @@ class Model(StrictModel):
     @classmethod
     def _expand_ranges(cls, value: Any) -> Any:
         return expand_index_ranges(value)
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _checkpoint(cls, value: str | None) -> str | None:
+        # the rendering mounts a repo id or an absolute path (render.services._model_source);
+        # anything else would be resolved by Compose against the compose folder
+        problem = checkpoint_refusal(value) if value is not None else None
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> Model:

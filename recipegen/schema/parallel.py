@@ -45,7 +45,9 @@ class Parallel(StrictModel):
     (`vllm/distributed/utils.py::get_pp_indices`: even split, the remainder to the stages before
     the last)."""
     master_port: int = Field(default=VLLM_DEFAULT_MASTER_PORT, ge=1, le=65535)
-    """`--master-port` on the head's address: the port the nodes rendezvous on."""
+    """`--master-port` on the head's address: the port the nodes rendezvous on. Not an API port on
+    the head, nor, with `monitoring`, its Prometheus or Grafana port (`prometheus_port`,
+    `grafana_port`)."""
     host_tables_in_hbm: bool = False
     """Place the model's host tables (DeepSeek-V4.1's Engram tables) in HBM instead of pinned
     host memory: vLLM `--engram-config '{"cpu_offload": false}'` (its default keeps them in host)."""

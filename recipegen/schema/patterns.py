@@ -9,6 +9,7 @@ refusal of a value that does not match prints that pattern's `hint`
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -81,6 +82,40 @@ IPV4 = TextPattern(
     "an IPv4 address such as 127.0.0.1 (this machine only) or 0.0.0.0 (every network); "
     "no IPv6 address or host name")
 """An IPv4 address in dotted-decimal form."""
+
+# A model checkpoint (`model.checkpoint`) is one of the two things the rendering can mount
+# (`recipegen.render.services._model_source`): a Hugging Face repo id, served from the host's hub
+# cache, or an absolute path on the machine that runs the lane; `_model_source` tells them apart
+# with `is_hf_repo_id` below. A repo id follows the Hub's own rule (huggingface_hub
+# `validate_repo_id`: each part starts and ends with a letter, digit or `_`; no `..` or `--`), so
+# `./x` and `../x` are relative paths, not ids, and are refused. Anything else (a relative path, `~/…`) would be resolved by Compose
+# against the rendered compose folder or the invoking user's home, and by nothing in Kubernetes.
+_HF_PART = r"\w(?:[\w.-]*\w)?"
+HF_REPO_ID = re.compile(rf"{_HF_PART}/{_HF_PART}")
+"""A Hugging Face repo id `org/name`, matched whole (`fullmatch`)."""
+
+CHECKPOINT_HINT = ("an absolute path on the machine that runs the lane, or a Hugging Face repo id "
+                   "'org/name' (e.g. /srv/models/my-model or deepseek-ai/DeepSeek-V3)")
+"""What `model.checkpoint` accepts, in the words of its refusal."""
+
+
+def is_hf_repo_id(text: str) -> bool:
+    """Whether `text` is a Hugging Face repo id `org/name` (see `HF_REPO_ID`)."""
+    return HF_REPO_ID.fullmatch(text) is not None and ".." not in text and "--" not in text
+
+
+def checkpoint_refusal(text: str) -> str | None:
+    """Why `text` cannot be a `model.checkpoint`, or None when it is an absolute path or a repo id."""
+    if text.startswith("/") or is_hf_repo_id(text):
+        return None
+    shown = repr(text) if len(repr(text)) <= 80 else f"{repr(text)[:60]}… ({len(text):,} characters)"
+    message = (f"{shown} is not a checkpoint: use {CHECKPOINT_HINT}; a relative path would resolve "
+               "against the rendered compose folder (compose/<recipe>/<machine>/), not against the recipe")
+    if text.startswith("~"):
+        message += ("; and Compose expands '~' to the home of whoever runs docker compose, which a "
+                    "Kubernetes hostPath cannot")
+    return message
+
 
 PATTERNS: tuple[TextPattern, ...] = (SERVICE_NAME, FILE_NAME, ENV_KEY, IMAGE, COMPUTE_CAPABILITY,
                                      SECONDS, MINUTES, RETENTION, IPV4)

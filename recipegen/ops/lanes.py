@@ -132,6 +132,16 @@ def _swap(dep: Deployment, lane_name: str, new_class: str, *, wait_s: int, echo:
         raise InputError(f"lane {lane_name} has no class {new_class!r} (classes: "
                          f"{', '.join(lane.classes) or 'none'})", file=str(dep.loaded.path),
                          field=f"lanes.{lane_name}.classes")
+    if lane.parallel is not None and len(lane.parallel.pipeline) > 1:
+        # Every stage's engine belongs to one vLLM group: a class swap restarts the lane on every
+        # machine, which one machine's compose project cannot do (nor roll back).
+        machines = ", ".join(stage.machine for stage in lane.parallel.pipeline)
+        index, _ = dep.loaded.lane_at(lane_name)
+        raise dep.loaded.error(f"lane {lane_name} spans machines ({machines}); swap recreates one machine's "
+                               f"service, and a pipeline-parallel lane restarts on every machine at once: "
+                               f"`recipegen render {dep.rendering.recipe_arg} --class {lane_name}={new_class}`, "
+                               f"then `recipegen up {dep.rendering.recipe_arg} --machine <machine>` on each of "
+                               f"{machines} (docs/multinode.md)", ("lanes", index, "parallel"))
     dep.client()
     previous = lane.active_class or ""
     if not previous:

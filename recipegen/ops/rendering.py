@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipegen.common.errors import InputError
-
 
 @dataclass
 class Rendering:
@@ -47,13 +45,11 @@ class Rendering:
             self.machine = None  # one folder: --machine (e.g. from RECIPEGEN_MACHINE) is moot
             return
         if self.machine is not None and self.machine not in machines:
-            raise InputError(f"{self.loaded.name} has no lanes on machine {self.machine!r} "
-                             f"(machines: {', '.join(machines)})", file=str(self.loaded.path),
-                             field="machines")
+            raise self.loaded.error(f"{self.loaded.name} has no lanes on machine {self.machine!r} "
+                                    f"(machines: {', '.join(machines)})", ("machines",))
         if self.machine is None and len(machines) > 1:
-            raise InputError(f"{self.loaded.name} spans machines {', '.join(machines)}: name the "
-                             "one this engine runs on with --machine (or RECIPEGEN_MACHINE)",
-                             file=str(self.loaded.path), field="machines")
+            raise self.loaded.error(f"{self.loaded.name} spans machines {', '.join(machines)}: name the "
+                                    "one this engine runs on with --machine (or RECIPEGEN_MACHINE)", ("machines",))
 
     @property
     def out_dir(self) -> Path:

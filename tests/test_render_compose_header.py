@@ -32,3 +32,19 @@ def test_header_commands_name_services_of_this_file(path: Path) -> None:
 def test_a_worker_machine_names_its_own_profile_boot() -> None:
     worker = REPO / "compose" / "dsv41-flash-gb300x2-pp2" / "station-b" / "compose.yaml"
     assert "up -d lane-agent-worker-1-profile`" in worker.read_text().splitlines()[3]
+
+
+def test_a_lane_named_like_a_profile_boot_is_not_taken_for_one(project: Path) -> None:
+    """A lane may be called `chat-profile`: its engine `lane-chat-profile` must not be named as
+    the count-only boot (that is `lane-chat-profile-profile`, behind the compose profile)."""
+    from cli_support import invoke
+
+    recipe = project / "recipes" / "dsv41-flash-gb300.yaml"
+    text = recipe.read_text()
+    assert text.count("  - name: agent ") == 1
+    recipe.write_text(text.replace("  - name: agent ", "  - name: chat-profile ", 1))
+    result = invoke("render", "dsv41-flash-gb300")
+    assert result.code == 0, result.output
+    header = (project / "compose" / "dsv41-flash-gb300" / "compose.yaml").read_text().splitlines()[:4]
+    assert header[2].endswith("`docker compose up -d lane-chat-profile` (from this folder).")
+    assert header[3].endswith("`docker compose --profile profile up -d lane-chat-profile-profile`.")

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from recipegen.common.errors import RecipegenError
 from recipegen.common.generated import Comment, Flow, Plain, block_lines, block_yaml
-from recipegen.schema.lane import LANE_PROFILE_SUFFIX, LANE_SERVICE_PREFIX
+from recipegen.schema.lane import LANE_SERVICE_PREFIX
 
 CONFIG_HASH_LABEL = "io.recipegen.config-hash"
 
@@ -41,6 +41,10 @@ class HealthCheck:
     timeout: str = "10s"
     retries: int = 5
     start_period: str = "180m"
+
+
+# The compose profile of a lane's count-only profile boot (`docker compose --profile profile up`).
+PROFILE_COMPOSE_PROFILE = "profile"
 
 
 @dataclass(frozen=True)
@@ -201,8 +205,10 @@ def render_compose(*, project_name: str, recipe_name: str, recipe_file: str, vll
               "Change the recipe and re-render; `recipegen render --check` fails while this file "
               "is stale.",
               f"Start a lane: `docker compose up -d {first}` (from this folder)."]
-    # the profile boots this file really has (a multi-node worker's carry its rank: -worker-N-profile)
-    profile_boots = [s.name for s in services if s.name.endswith(LANE_PROFILE_SUFFIX)]
+    # the profile boots this file really has, by their compose profile (a multi-node worker's carry
+    # its rank, -worker-N-profile; a lane may itself be named `x-profile`, so not by name)
+    profile_boots = [s.name for s in services
+                     if tuple(s.body.get("profiles") or ()) == (PROFILE_COMPOSE_PROFILE,)]
     if profile_boots:
         header.append("Profile boot (count-only, never together with its lane): `docker compose --profile "
                       f"profile up -d {profile_boots[0]}`"

@@ -19,7 +19,7 @@ from expert_residency.contract.metrics import MULTIPROC_DIR_ENV
 
 from recipegen.ledger.flags import max_num_seqs, rendered_flag_problems
 from recipegen.multinode.launch import host_table_args, launch_flags
-from recipegen.render.compose import HealthCheck, Interpolated, Mount, ServiceSpec
+from recipegen.render.compose import PROFILE_COMPOSE_PROFILE, HealthCheck, Interpolated, Mount, ServiceSpec
 from recipegen.render.lanes import lane_service_name, profile_service_name, runs_residency
 from recipegen.render.monitoring import lane_metrics
 from recipegen.schema.patterns import is_hf_repo_id
@@ -60,7 +60,6 @@ DUMP_INTERVAL_LANE_S = 600
 SHM_SIZE = "16gb"
 # Health start period: by the lane's MoE backend (recipegen.vllm_flags.moe_backend.start_period).
 SECRETS_ENV_FILE = "secrets.env"
-PROFILE_COMPOSE_PROFILE = "profile"
 PROFILE_BOOT_FLAGS: tuple[tuple[str, ...], ...] = (
     ("--enforce-eager",), ("--no-enable-prefix-caching",), ("--shutdown-timeout", "10"))
 PROFILE_STOP_GRACE_PERIOD = "20s"  # > --shutdown-timeout: compose waits for the final snapshot

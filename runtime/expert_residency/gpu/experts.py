@@ -191,8 +191,9 @@ class KernelConfig:
     # 0.92 / 0.94 of the grouped warp-MMA kernels' step at T = 2 / 3 / 4 / 5, usage-aware 0.98 / 0.96
     # / 0.98 / 0.99 (an earlier call had T = 2 at 1.03 usage-aware: within that step's noise); 0.93 /
     # 0.93 / 0.93 / 0.97 of the previous default's all-HBM step at T = 6 / 16 / 32 / 96, usage-aware
-    # 0.94 / 0.88 / 0.78 / 0.77 (BENCHMARKS.md, run WS). 1 reaches T = 1 only with one_token off
-    # (T = 1 grouped like larger steps): not measured yet (bench/pending_h200.sh t1ws).
+    # 0.94 / 0.88 / 0.78 / 0.77 (BENCHMARKS.md, run WS). 1 takes T = 1 wherever T = 1 is grouped:
+    # with one_token off, or a step outside the small schedule (T = 1 otherwise runs ungrouped, on
+    # the T = 1 kernels): not measured yet (bench/pending_h200.sh t1ws).
     ws_grouped: bool = True
     ws_min_tokens: int = 2
     ws_programs_per_sm: int = 2
@@ -209,8 +210,8 @@ class KernelConfig:
             if cap and not 32 <= cap <= 255:   # ptxas' range for .maxnreg
                 raise ValueError(f"{name} {cap} is not 0 (the compiler's choice) or 32..255 registers")
         if self.ws_min_tokens < 1:
-            raise ValueError(f"ws_min_tokens {self.ws_min_tokens} is not a token count of 1 or more (1 reaches "
-                             "T = 1 only with one_token off, which groups T = 1 like larger steps)")
+            raise ValueError(f"ws_min_tokens {self.ws_min_tokens} is not a token count of 1 or more (1 takes "
+                             "T = 1 only where T = 1 is grouped, as with one_token off)")
         if self.ws_programs_per_sm < 1:
             raise ValueError(f"ws_programs_per_sm {self.ws_programs_per_sm}: the persistent grid needs at least "
                              "one program per SM")

@@ -14,7 +14,7 @@ from test_adaptive_k8s import _mixed_recipe
 def test_swap_of_a_multi_node_lane_is_refused_naming_the_procedure(tmp_path: Path) -> None:
     path = _mixed_recipe(tmp_path)
     before = path.read_bytes()
-    result = invoke("swap", str(path), "agent", "--class", "agent", "--machine", "station-b")
+    result = invoke("swap", str(path), "agent", "--class", "agent")   # no --machine: refused all the same
     line = next(n for n, text in enumerate(before.decode().splitlines(), 1) if text.strip() == "parallel:")
     assert result.code == 2, result.output
     assert result.stderr.startswith(f"error: {path}:{line}: field 'lanes[0].parallel': "

@@ -89,8 +89,12 @@ def swap(recipe: str, lane: str, cls: str, overrides: tuple[Path, ...], machine:
     class (recipe and rendering) and service (exit 1)."""
     from dataclasses import asdict
 
+    from recipegen.load.recipe import load_recipe
+    from recipegen.ops.lanes import refuse_unswappable
     from recipegen.ops.lanes import swap as run_swap
 
+    # before the machine is resolved: a multi-node lane is refused whatever --machine says
+    refuse_unswappable(load_recipe(recipe), lane, cls, recipe)
     result = run_swap(_deployment(recipe, overrides, machine), lane, cls, wait_s=wait_timeout,
                       echo=(lambda s: click.echo(s, err=True)) if as_json else click.echo,
                       progress=_progress)

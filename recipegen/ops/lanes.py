@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from recipegen.common.errors import InputError, RecipegenError
+from recipegen.load.recipe import LoadedRecipe
 from recipegen.ops import labels
 from recipegen.ops.compose import ComposeError
 from recipegen.ops.deployment import Deployment, dependency_order, lane_services, rendered_label, service_profiles
@@ -125,23 +126,29 @@ def swap(dep: Deployment, lane_name: str, new_class: str, *, wait_s: int = DEFAU
         return _swap(dep, lane_name, new_class, wait_s=wait_s, echo=echo, progress=progress or echo)
 
 
-def _swap(dep: Deployment, lane_name: str, new_class: str, *, wait_s: int, echo: Echo,
-          progress: Echo) -> SwapResult:
-    lane = dep.lane(lane_name)
+def refuse_unswappable(loaded: LoadedRecipe, lane_name: str, new_class: str, recipe_arg: str) -> None:
+    """InputError at its line unless `swap` can serve `new_class` on `lane_name`: the lane has that
+    class and runs on one machine. Checked before the machine is resolved (`--machine`), which a
+    multi-node lane's swap could not use anyway."""
+    index, lane = loaded.lane_at(lane_name)
     if new_class not in lane.classes:
-        raise InputError(f"lane {lane_name} has no class {new_class!r} (classes: "
-                         f"{', '.join(lane.classes) or 'none'})", file=str(dep.loaded.path),
-                         field=f"lanes.{lane_name}.classes")
+        raise loaded.error(f"lane {lane_name} has no class {new_class!r} (classes: "
+                           f"{', '.join(lane.classes) or 'none'})", ("lanes", index, "classes"))
     if lane.parallel is not None and len(lane.parallel.pipeline) > 1:
         # Every stage's engine belongs to one vLLM group: a class swap restarts the lane on every
         # machine, which one machine's compose project cannot do (nor roll back).
         machines = ", ".join(stage.machine for stage in lane.parallel.pipeline)
-        index, _ = dep.loaded.lane_at(lane_name)
-        raise dep.loaded.error(f"lane {lane_name} spans machines ({machines}); swap recreates one machine's "
-                               f"service, and a pipeline-parallel lane restarts on every machine at once: "
-                               f"`recipegen render {dep.rendering.recipe_arg} --class {lane_name}={new_class}`, "
-                               f"then `recipegen up {dep.rendering.recipe_arg} --machine <machine>` on each of "
-                               f"{machines} (docs/multinode.md)", ("lanes", index, "parallel"))
+        raise loaded.error(f"lane {lane_name} spans machines ({machines}); swap recreates one machine's "
+                           f"service, and a pipeline-parallel lane restarts on every machine at once: "
+                           f"`recipegen render {recipe_arg} --class {lane_name}={new_class}`, then "
+                           f"`recipegen up {recipe_arg} --machine <machine>` on each of {machines} "
+                           f"(docs/multinode.md)", ("lanes", index, "parallel"))
+
+
+def _swap(dep: Deployment, lane_name: str, new_class: str, *, wait_s: int, echo: Echo,
+          progress: Echo) -> SwapResult:
+    lane = dep.lane(lane_name)
+    refuse_unswappable(dep.loaded, lane_name, new_class, dep.rendering.recipe_arg)
     dep.client()
     previous = lane.active_class or ""
     if not previous:

@@ -129,9 +129,11 @@ def make_handler(model: FakeModel) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def serve(model: FakeModel) -> Iterator[str]:
-    """Run the fake server on a free loopback port; yields its base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(model))
+def serve(model: FakeModel | type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Run a loopback HTTP server on a free port; yields its base URL. `model`: the fake model
+    (served by `make_handler`), or a request handler class of the test's own."""
+    handler = model if isinstance(model, type) else make_handler(model)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

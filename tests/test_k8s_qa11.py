@@ -1,5 +1,6 @@
-"""QA pass 11 on the Kubernetes manifests: each pod requests its stage's host memory from the budget
-ledger (the figures `check budgets --json` prints, as whole Mi rounded up; no memory limit); the
+"""QA pass 11 on the Kubernetes manifests: each pod requests host memory from the budget ledger (the
+figures `check budgets --json` prints, as whole Mi rounded up; the one worker template the largest
+of its stages', which the header prints for the workers; no memory limit); the
 header lists every hostPath the nodes must provide (the runtime's included) and docs/multinode.md
 the same paths; a relative or `~` checkpoint is refused naming the recipe file and
 `model.checkpoint`; `recipegen k8s --check` says so when everything is current; `recipegen k8s`
@@ -26,6 +27,39 @@ from recipegen.load.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = "dsv41-flash-gb300x2-pp2"
+
+
+def _reference_variant(tmp_path: Path, *edits: tuple[str, str]) -> Path:
+    """A copy of the reference recipe under `tmp_path/recipes/`, each (old, new) edit made once."""
+    text = (REPO / "recipes" / f"{RECIPE}.yaml").read_text(encoding="utf-8")
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    path = tmp_path / "recipes" / f"{RECIPE}.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _recipe_with(tmp_path: Path, checkpoint: str) -> Path:
+    """The reference recipe with `model.checkpoint: <checkpoint>`."""
+    return _reference_variant(tmp_path, ("  catalog: dsv41-flash-mxfp4\n",
+                                         f"  catalog: dsv41-flash-mxfp4\n  checkpoint: {checkpoint}\n"))
+
+
+def _pp3_recipe(tmp_path: Path) -> Path:
+    """The reference over three Stations with unequal host figures: engram-0 (94.6 GiB, layer 1) on
+    stage 0, none on stage 1, engram-1 cut to 50 GiB and moved to layer 30, on stage 2."""
+    return _reference_variant(
+        tmp_path,
+        ("      bytes: {value: 94.6 GiB, source: \"the field report 'vLLM: Pin Hot Experts' (2026-09-17), "
+         "'Where the experts live today'\"}\n      layer: 15\n",
+         "      bytes: {value: 50 GiB, source: a test's figure}\n      layer: 30\n"),
+        ("    address: 10.0.0.2\n",
+         "    address: 10.0.0.2\n  station-c:\n    catalog: gb300-station\n    address: 10.0.0.3\n"),
+        ("        - {machine: station-b, gpus: [0], all_experts_in_hbm: true}\n",
+         "        - {machine: station-b, gpus: [0], all_experts_in_hbm: true}\n"
+         "        - {machine: station-c, gpus: [0], all_experts_in_hbm: true}\n"))
 
 
 def _manifest(path: str | Path, root: Path) -> tuple[str, list[dict[str, Any]]]:
@@ -75,7 +109,7 @@ def test_memory_request_is_the_ledgers_host_figure(mixed: bool, tmp_path: Path,
         resources = templates[role]["containers"][0]["resources"]
         assert resources["requests"] == {"memory": expected[machine]}, (role, resources)
         assert "memory" not in resources["limits"]            # deliberately no memory limit
-        assert f"{machine} {expected[machine]}" in text        # and the header says it
+        assert f"#   {role} ({machine}) {expected[machine]} (" in text   # and the header says it
     if not mixed:   # the figures docs/multinode.md quotes
         assert expected == {"station-a": "324864Mi", "station-b": "131124Mi"}
     else:
@@ -83,6 +117,42 @@ def test_memory_request_is_the_ledgers_host_figure(mixed: bool, tmp_path: Path,
         figures = lane["stages"][1]["ledger"]["figures"]
         assert figures["load.host_peak"]["value"] > figures["host.total"]["value"]
     assert all(validate_manifest(d) == [] for d in docs)
+
+
+def test_pp3_workers_request_the_largest_of_their_stages_and_the_header_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One LeaderWorkerSet worker template serves stages 1 and 2: both worker pods request the larger
+    of their two figures, and the header prints that figure for the workers, not each stage's own."""
+    path = _pp3_recipe(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    expected = _expected_requests(str(path))
+    a, b, c = expected["station-a"], expected["station-b"], expected["station-c"]
+    mib = {machine: int(value.removesuffix("Mi")) for machine, value in expected.items()}
+    assert mib["station-b"] < mib["station-c"] < mib["station-a"], expected   # unequal, as built
+    text, docs = _manifest(path, tmp_path)
+    templates = _templates(docs)
+    lws = next(d for d in docs if d["kind"] == "LeaderWorkerSet")
+    assert lws["spec"]["leaderWorkerTemplate"]["size"] == 3
+    assert templates["leader"]["containers"][0]["resources"]["requests"] == {"memory": a}
+    assert templates["worker"]["containers"][0]["resources"]["requests"] == {"memory": c}
+    header = text.split("\n---\n")[0]
+    assert f"#   leader (station-a) {a} (" in header
+    assert f"#   workers (station-b, station-c) {c} (" in header and " each: one worker template" in header
+    assert f"the largest of their stages' figures (station-b {b}, station-c {c})." in header
+    assert f"station-b {b} (" not in header     # stage 1's own figure is not shown as its request
+    assert all(validate_manifest(d) == [] for d in docs)
+
+
+def test_a_hub_mount_without_the_recipe_is_an_error_not_an_attribute_error() -> None:
+    from recipegen.render.compose import Interpolated, Mount, ServiceSpec
+    from recipegen.render.services import HF_HUB_TARGET
+
+    spec = ServiceSpec(name="lane-x", image="i", command=("--master-addr", "a", "--node-rank", "0"),
+                       environment=(), mounts=(Mount("bind", Interpolated("${HF_HUB_CACHE:-~/h}"),
+                                                     HF_HUB_TARGET, True),),
+                       device_ids=("0",), port=8000, healthcheck=None, labels=(), tmpfs=())
+    with pytest.raises(RecipegenError, match="needs the recipe"):
+        manifests._container(spec, recipe="r", lane="x", rank=0, leader=True, map_volume=None)
 
 
 def test_header_lists_every_host_path_with_what_goes_there(tmp_path: Path) -> None:
@@ -130,12 +200,8 @@ def test_a_checkpoint_without_one_host_path_is_refused_naming_file_and_field(
         checkpoint: str, tmp_path: Path) -> None:
     """The loader refuses these first (another engineer's change); `recipegen k8s` keeps a
     defensive refusal of its own, never mapping `~` to /root."""
-    text = (REPO / "recipes" / f"{RECIPE}.yaml").read_text(encoding="utf-8")
-    text = text.replace("  catalog: dsv41-flash-mxfp4\n",
-                        "  catalog: dsv41-flash-mxfp4\n  checkpoint: /data/models/x\n", 1)
-    path = tmp_path / "recipes" / f"{RECIPE}.yaml"
-    path.parent.mkdir()
-    path.write_text(text, encoding="utf-8")
+    path = _recipe_with(tmp_path, "/data/models/x")
+    text = path.read_text(encoding="utf-8")
     loaded = load_recipe(path)
     line = next(n for n, l in enumerate(text.splitlines(), 1) if l.startswith("  checkpoint:"))
     with pytest.raises(InputError) as caught:
@@ -148,12 +214,7 @@ def test_a_checkpoint_without_one_host_path_is_refused_naming_file_and_field(
 
 
 def test_an_absolute_checkpoint_is_its_host_path(tmp_path: Path) -> None:
-    text = (REPO / "recipes" / f"{RECIPE}.yaml").read_text(encoding="utf-8")
-    text = text.replace("  catalog: dsv41-flash-mxfp4\n",
-                        "  catalog: dsv41-flash-mxfp4\n  checkpoint: /data/models/x\n", 1)
-    path = tmp_path / "recipes" / f"{RECIPE}.yaml"
-    path.parent.mkdir()
-    path.write_text(text, encoding="utf-8")
+    path = _recipe_with(tmp_path, "/data/models/x")
     header, docs = _manifest(path, tmp_path)
     volumes = _templates(docs)["leader"]["volumes"]
     assert {"name": "m0", "hostPath": {"path": "/data/models/x", "type": "Directory"}} in volumes
@@ -183,12 +244,7 @@ def test_an_unchanged_manifest_is_reported_unchanged(project: Path) -> None:
 def test_a_hub_repo_checkpoint_mounts_roots_hub_cache(tmp_path: Path) -> None:
     """Compose's `${HF_HUB_CACHE:-~/.cache/huggingface/hub}` is the compose user's; on a node the
     pod mounts root's hub cache (a named constant, not a guess from `~`), and the header says so."""
-    text = (REPO / "recipes" / f"{RECIPE}.yaml").read_text(encoding="utf-8")
-    text = text.replace("  catalog: dsv41-flash-mxfp4\n",
-                        "  catalog: dsv41-flash-mxfp4\n  checkpoint: example-org/dsv41-flash\n", 1)
-    path = tmp_path / "recipes" / f"{RECIPE}.yaml"
-    path.parent.mkdir()
-    path.write_text(text, encoding="utf-8")
+    path = _recipe_with(tmp_path, "example-org/dsv41-flash")
     header, docs = _manifest(path, tmp_path)
     volumes = _templates(docs)["worker"]["volumes"]
     assert {"name": "m0", "hostPath": {"path": manifests.HF_HUB_HOST_PATH, "type": "Directory"}} in volumes

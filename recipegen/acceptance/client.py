@@ -171,13 +171,10 @@ class EndpointClient:
         if summary:
             message += f": {summary}"
         base_path = httpx.URL(self.base_url).path.rstrip("/")
-        if status == 404 and base_path:
+        if status == 404 and base_path:   # (a trailing /v1 is already gone: normalize_base_url)
             root = str(httpx.URL(self.base_url).copy_with(path="/")).rstrip("/")
-            if base_path.endswith("/v1"):
-                message += f" (hint: the endpoint is the server's base URL, without /v1: {root})"
-            else:
-                message += (f" (hint: the endpoint is the server's base URL, e.g. {root}, without a path "
-                            f"such as {base_path}, unless a proxy serves it there)")
+            message += (f" (hint: the endpoint is the server's base URL, e.g. {root}, without a path "
+                        f"such as {base_path}, unless a proxy serves it there)")
         return message
 
     # --- generation --------------------------------------------------------------------
@@ -301,21 +298,33 @@ def _chunk_tokens(chunk: dict[str, Any], usage_seen: int, *, chat: bool) -> tupl
     return 0, usage_seen
 
 
+def _json_error_message(data: dict[str, Any]) -> str | None:
+    """The message of a JSON error body: OpenAI's `{"error": {"message": …}}`, a string `error`,
+    FastAPI's `{"detail": …}` (vLLM's unknown route: `{"detail": "Not Found"}`; a validation
+    error: a list of `{"msg": …}`, the first taken) or vLLM's own `{"message": …}`."""
+    error, detail = data.get("error"), data.get("detail")
+    if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+        detail = detail[0].get("msg")
+    for message in (error.get("message") if isinstance(error, dict) else error, detail, data.get("message")):
+        if isinstance(message, str) and message.strip():
+            return message
+    return None
+
+
 def error_body_summary(body: str, limit: int = ERROR_BODY_CHARS) -> str:
-    """An HTTP error body as one short line: an OpenAI-style error's message, an HTML page's text
-    without its tags, anything else as it is; whitespace collapsed, at most `limit` characters."""
+    """An HTTP error body as one short line: a JSON error's message (`_json_error_message`), an
+    HTML page's text without its tags, anything else as it is; whitespace collapsed, at most
+    `limit` characters."""
     text = body.strip()
     try:
         data = json.loads(text)
     except ValueError:
         data = None
     if isinstance(data, dict):
-        error = data.get("error")
-        message = error.get("message") if isinstance(error, dict) else data.get("message")
-        if isinstance(message, str) and message.strip():
-            text = message
+        text = _json_error_message(data) or text
     elif text.startswith("<"):   # an HTML page (a proxy's or a static server's 404): its words
-        text = html.unescape(re.sub(r"(?s)<(head|script|style)\b.*?</\1>|<!--.*?-->|<[^>]*>", " ", text))
+        text = html.unescape(re.sub(r"<(head|script|style)\b.*?</\1\s*>|<!--.*?-->|<[^>]*>", " ", text,
+                                    flags=re.S | re.I))
     text = one_line(" ".join(text.split()))
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 

@@ -10,7 +10,8 @@ host paths (compose's `${VAR:-default}` resolved to the default), the cache volu
 lane, so kernel tuning survives restarts like the compose named volume), row-map slices and an
 adaptive lane's prior histograms (one ConfigMap), GPUs (`nvidia.com/gpu` = tensor-parallel size), and placement: pods land on nodes
 labelled `recipegen.io/machine=<machine key>` (stage 0 on the head's machine, workers on theirs),
-and memory: each pod requests its stage's host memory from the budget ledger (`host_memory_request`).
+and memory: the leader's pod requests its stage's host memory from the budget ledger
+(`host_memory_request`), the worker template the largest of its stages' (one template serves them all).
 Every host path a pod mounts is listed, with what the operator puts there, in `LaneManifests.host_paths`:
 the manifest's header is written from it (docs/multinode.md lists the same constants; a test holds it to them).
 """
@@ -21,12 +22,15 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recipegen.common.errors import RecipegenError
 from recipegen.render.compose import Interpolated
 from recipegen.render.monitoring import scrape_annotations
 from recipegen.render.services import DUMP_TARGET, HF_HUB_TARGET, MODELS_TARGET, RUNTIME_TARGET
+
+if TYPE_CHECKING:
+    from recipegen.load.recipe import LoadedRecipe
 
 MACHINE_LABEL = "recipegen.io/machine"
 ANNOTATION_PREFIX = "recipegen.io/"
@@ -112,6 +116,8 @@ class LaneManifests:
     documents: list[dict[str, Any]]
     # Every hostPath of the lane's pods: (machine keys whose nodes mount it, the path).
     host_paths: list[tuple[tuple[str, ...], HostPath]] = field(default_factory=list)
+    # The host memory each template requests, in bytes: "leader", "worker" (none without figures).
+    memory_requests: dict[str, float] = field(default_factory=dict)
 
 
 # The LeaderWorkerSet's name, `<recipe>-<lane>`, names every object of the lane: the Service
@@ -204,10 +210,12 @@ def _replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
 
 
 def _container(spec: Any, *, recipe: str, lane: str, rank: int, leader: bool, map_volume: str | None,
-               loaded: Any = None, host_bytes: float | None = None,
+               loaded: LoadedRecipe | None = None, host_bytes: float | None = None,
                host_paths: list[HostPath] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One stage's container and volumes. `host_bytes`: its memory request (none when not given);
-    `host_paths` gets each hostPath the volumes need; `loaded` names the recipe in a refusal."""
+    `host_paths` gets each hostPath the volumes need. `loaded`: the recipe, which names its file in
+    a refusal and is required for a Hugging Face hub mount (the repo id the header names); it stays
+    optional for a spec without one (a unit test builds such a spec by hand)."""
     if host_paths is None:
         host_paths = []
     argv = [k8s_literal(arg) for arg in spec.command]
@@ -242,6 +250,9 @@ def _container(spec: Any, *, recipe: str, lane: str, rank: int, leader: bool, ma
         elif m.target == RUNTIME_TARGET:
             host = runtime_host_path()
         elif m.target == HF_HUB_TARGET:
+            if loaded is None:
+                raise RecipegenError(f"internal error: the Hugging Face hub mount {m.target} needs the "
+                                     "recipe (loaded=) for its repo id")
             host = hf_hub_host_path(str(loaded.recipe.model.checkpoint))
         elif m.target.startswith(MODELS_TARGET + "/"):
             host = model_host_path(_host_path(m.source, loaded), default=isinstance(m.source, Interpolated))
@@ -349,11 +360,14 @@ def lane_manifests(loaded: Any, lane_index: int, specs: dict[int, Any],
             "metadata": {"name": f"{name}-rowmaps", "labels": base_labels},
             "data": data})
     templates: dict[str, Any] = {}
+    requests: dict[str, float] = {}
     host_paths: dict[HostPath, set[str]] = {}
     for role, rank in (("leader", 0), ("worker", 1)):
         spec = specs[rank]
         ranks = [0] if role == "leader" else list(range(1, pp))
         request = max(host_bytes[r] for r in ranks) if host_bytes is not None else None
+        if request is not None:
+            requests[role] = request
         paths: list[HostPath] = []
         container, volumes = _container(spec, loaded=loaded, recipe=recipe.name, lane=lane.name, rank=rank,
                                         leader=role == "leader", map_volume=map_volume,
@@ -398,7 +412,7 @@ def lane_manifests(loaded: Any, lane_index: int, specs: dict[int, Any],
                             "protocol": "TCP"}]}})
     order = [s.machine for s in lane.parallel.pipeline]
     listed = [(tuple(sorted(on, key=order.index)), path) for path, on in host_paths.items()]
-    return LaneManifests(lane.name, documents, listed)
+    return LaneManifests(lane.name, documents, listed, requests)
 
 
 def manifest_path(project_root: Path, recipe_name: str, lane: str) -> Path:

@@ -39,3 +39,25 @@ def test_check_recipe_refuses_an_address_naming_file_line_and_field(tmp_path: Pa
     assert result.exit_code == 2, result.output
     assert f"{recipe.name}:{line}" in result.output and "address" in result.output, result.output
     assert "neither an IP address nor a host name" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("text,words", [
+    ("fe80::1", "IPv6 link-local address"),               # unreachable without a zone
+    ("fe80::1%eth0", "IPv6 link-local address"),          # the zone names this box's interface only
+    ("[fe80::1%eth0]", "without brackets (recipegen adds them where a URL needs them); and 'fe80::1%eth0' is an IPv6 "
+                       "link-local address"),            # one refusal that says both
+    ("fd00::1%eth0", "needs none: write fd00::1"),
+    ("[::]", "and '::' is the unspecified address"),
+    ("[fd00::1]", "without brackets (recipegen adds them where a URL needs them): fd00::1"),
+])
+def test_addresses_other_machines_cannot_use_are_refused_with_the_fix(text: str, words: str) -> None:
+    from recipegen.schema.machine import address_refusal
+
+    assert words in (address_refusal(text) or "")
+
+
+@pytest.mark.parametrize("text", ["169.254.10.2", "fd00::1", "2001:db8::7", "10.0.0.1", "station-b"])
+def test_addresses_other_machines_can_use_pass(text: str) -> None:
+    from recipegen.schema.machine import address_refusal
+
+    assert address_refusal(text) is None

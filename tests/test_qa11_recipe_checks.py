@@ -5,8 +5,8 @@ serve them are refused at their own line, naming the file, the line and the fiel
   `org/name` (the two forms `recipegen.render.services._model_source` mounts); a relative path (Compose
   resolves it against the rendered compose folder) or a `~` path (the invoking user's home in Compose,
   nothing in Kubernetes) is refused.
-- A machine's `address` is not an unspecified address (`0.0.0.0`, `::`), carries no IPv6 zone id, and a
-  bracketed IPv6 address is told to drop the brackets.
+- A machine's `address` is not an unspecified address (`0.0.0.0`, `::`), not IPv6 link-local, carries no
+  IPv6 zone id, and a bracketed IPv6 address is told to drop the brackets.
 - A multi-node lane's `parallel.master_port` is not the monitoring profile's Prometheus or Grafana host
   port, which the head publishes beside the rendezvous.
 
@@ -103,9 +103,10 @@ def test_an_absolute_path_or_a_repo_id_is_accepted_and_mounted_as_such(tmp_path:
     ("'::'", "is the unspecified address, which names no machine"),
     ("'0:0:0:0:0:0:0:0'", "is the unspecified address, which names no machine"),
     ("'::ffff:0.0.0.0'", "is the unspecified address, which names no machine"),
-    ("'fd00::1%eth0'", "carries a zone id (%eth0), which names a network interface on one machine"),
-    ("'fe80::1%2'", "carries a zone id (%2)"),
-    ('"[fd00::1]"', "write the address without brackets (fd00::1)"),
+    ("'fd00::1%eth0'", "carries a zone id (%eth0), which names a network interface of one machine"),
+    ("'fe80::1%2'", "is an IPv6 link-local address"),
+    ("'fe80::1'", "is an IPv6 link-local address"),
+    ('"[fd00::1]"', "write the address without brackets (recipegen adds them where a URL needs them): fd00::1"),
 ])
 def test_an_address_no_peer_can_reach_is_refused_at_its_line(tmp_path: Path, value: str, words: str,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:

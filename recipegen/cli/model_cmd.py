@@ -26,7 +26,8 @@ def model() -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Model file to write (default: recipes/models/<name>.yaml; '-' for stdout).")
 @click.option("--name", help="Model name (default: the folder's name, lowercased).")
-@click.option("--checkpoint", help="Checkpoint id to record, e.g. openai/gpt-oss-120b.")
+@click.option("--checkpoint", help="Checkpoint to record as model.checkpoint: an absolute path on the serving "
+              "machine or a Hugging Face repo id org/name, e.g. openai/gpt-oss-120b.")
 @click.option("--force", is_flag=True, help="Overwrite an existing model file.")
 def import_(path: Path, output: Path | None, name: str | None, checkpoint: str | None, force: bool) -> None:
     """PATH: a config.json, or a folder with config.json (and model.safetensors.index.json).
@@ -37,7 +38,12 @@ def import_(path: Path, output: Path | None, name: str | None, checkpoint: str |
     from recipegen.common.lock import locked, sweep_temps, write_atomically
     from recipegen.common.paths import project_path
     from recipegen.modelimport import import_model
+    from recipegen.schema.patterns import checkpoint_refusal
 
+    # the option's value, named as the option (not as a field of config.json), before any reading
+    problem = checkpoint_refusal(checkpoint) if checkpoint is not None else None
+    if problem is not None:
+        raise InputError(problem, field="--checkpoint")
     m, text = import_model(path, name=name, checkpoint=checkpoint)
     if output is not None and str(output) == "-":
         click.echo(text, nl=False)

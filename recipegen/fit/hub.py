@@ -30,8 +30,10 @@ from pathlib import Path
 
 from recipegen.common.errors import InputError
 from recipegen.common.units import format_count
+from recipegen.schema.patterns import is_hf_repo_id
 
-HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)(?:@(?P<revision>[A-Za-z0-9._/-]+))?$")
+# a branch, tag or commit after `@`; the repo id before it is `is_hf_repo_id`'s (schema.patterns)
+HUB_REVISION = re.compile(r"[A-Za-z0-9._/-]+")
 CONFIG, QUANT, INDEX = "config.json", "hf_quant_config.json", "model.safetensors.index.json"
 # A safetensors header larger than this is not plausible (DeepSeek-V3's largest shard: ~300 KB).
 MAX_HEADER = 100 * 2**20
@@ -54,11 +56,18 @@ class HubCheckpoint:
 
 
 def parse_hub_id(text: str) -> tuple[str, str | None] | None:
-    """`org/name[@revision]` -> (repo id, revision), or None when `text` is not one."""
-    match = HUB_ID.match(text)
-    if match is None or text.startswith((".", "/")) or "//" in text:
+    """`org/name[@revision]` -> (repo id, revision), or None when `text` is not one.
+
+    The repo id is a `model.checkpoint` id (`is_hf_repo_id`: the Hub's rule, with the namespace
+    required), so the model a hub read builds carries a checkpoint its schema accepts."""
+    repo, at, revision = text.partition("@")
+    if not is_hf_repo_id(repo):
         return None
-    return match.group("repo"), match.group("revision")
+    if not at:
+        return repo, None
+    if HUB_REVISION.fullmatch(revision) is None or "//" in revision:
+        return None
+    return repo, revision
 
 
 def _hub():

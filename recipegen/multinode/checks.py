@@ -1,5 +1,8 @@
 """Cross-field checks of a multi-node lane: its stages' machines, GPUs, addresses, ports, layers.
 
+master_port has its rules here, all of them: not the lane's API port, not another lane's on the head
+machine, not the monitoring profile's Prometheus or Grafana port.
+
 Returns (field path, message) problems like `recipegen.load.checks`, which calls this per lane.
 """
 
@@ -54,6 +57,14 @@ def parallel_problems(recipe: Recipe, lane_index: int) -> list[Problem]:
         if other is not lane and other.machine == lane.machine and other.port == parallel.master_port:
             problems.append(((*where, "master_port"), f"master_port {parallel.master_port} is lanes[{i}]'s "
                              f"API port on machine {lane.machine!r}"))
+    # The head (the lane's own machine, host network) serves the API, so the monitoring profile
+    # publishes Prometheus and Grafana there too, beside the rendezvous on master_port.
+    monitoring = recipe.monitoring
+    for field, service in (("prometheus_port", "Prometheus"), ("grafana_port", "Grafana")):
+        if monitoring is not None and getattr(monitoring, field) == parallel.master_port:
+            problems.append(((*where, "master_port"), f"master_port {parallel.master_port} is monitoring.{field}: "
+                             f"{service} publishes it on the head machine {lane.machine!r}, where vLLM's nodes "
+                             "rendezvous on master_port"))
     if parallel.host_tables_in_hbm and not recipe.model.host_tables:
         problems.append(((*where, "host_tables_in_hbm"), f"model {recipe.model.name} declares no host "
                          "tables (vLLM refuses --engram-config for a model without Engram layers)"))

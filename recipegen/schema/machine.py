@@ -36,28 +36,40 @@ def is_host_address(text: str) -> bool:
 def address_refusal(text: str) -> str | None:
     """Why `text` cannot be a machine's `address`, or None when other machines can reach it there.
 
-    Beyond `is_host_address`: an unspecified address (`0.0.0.0`, `::`) names no machine, and an IPv6
-    zone id (`fd00::1%eth0`) names an interface of one machine while the address is copied to the
-    others (the head's is every node's `--master-addr`)."""
+    Beyond `is_host_address`: an unspecified address (`0.0.0.0`, `::`) names no machine; an IPv6
+    link-local one (`fe80::/10`) is reached only through an interface each peer names by a zone id
+    of its own, while the address is copied to the other machines (the head's is every node's
+    `--master-addr`); a zone id on any other address names an interface of this machine only.
+    (IPv4 link-local, 169.254.0.0/16, needs no zone: two directly cabled boxes may use it.) A bracketed IP address is judged as
+    the address inside, so the first refusal is the last."""
     shown = repr(text[:80])
+    inner = text[1:-1] if text.startswith("[") and text.endswith("]") else None
+    if inner is not None and _ip(inner) is not None:
+        problem = _ip_problem(repr(inner[:80]), inner)
+        return (f"{shown}: write the address without brackets (recipegen adds them where a URL needs "
+                f"them){'; and ' + problem if problem else f': {inner}'}")
     if not is_host_address(text):
-        inner = text[1:-1] if text.startswith("[") and text.endswith("]") else None
-        if inner is not None and _ip(inner) is not None:
-            return (f"{shown} is neither an IP address nor a host name: write the address without "
-                    f"brackets ({inner}); recipegen adds them where a URL needs them")
         return f"{shown} is neither an IP address nor a host name (letters, digits, hyphens and dots)"
+    return _ip_problem(shown, text) if _ip(text) is not None else None
+
+
+def _ip_problem(shown: str, text: str) -> str | None:
     ip = _ip(text)
-    if ip is None:
-        return None
+    assert ip is not None
     mapped = getattr(ip, "ipv4_mapped", None)
     if ip.is_unspecified or (mapped is not None and mapped.is_unspecified):
         return (f"{shown} is the unspecified address, which names no machine: other machines (the "
                 "multi-node peers, Prometheus, recipegen's HTTP calls) reach this machine at its "
                 "address; give its own IP address or host name")
+    if ip.version == 6 and ip.is_link_local:
+        return (f"{shown} is an IPv6 link-local address: another machine reaches it only through an "
+                "interface it names by a zone id of its own (fe80::1%eth0 on one box may be %enp1s0 on "
+                "the next), while this address is copied to every machine of the lane and to "
+                "Prometheus; give a global or unique-local address (such as fd00::1) or a host name")
     if getattr(ip, "scope_id", None):
-        return (f"{shown} carries a zone id (%{ip.scope_id}), which names a network interface on one "
+        return (f"{shown} carries a zone id (%{ip.scope_id}), which names a network interface of one "
                 "machine, while the address is copied to the other machines (the head's is every "
-                f"node's --master-addr): write it without the zone ({text.split('%', 1)[0]})")
+                f"node's --master-addr); this address needs none: write {text.split('%', 1)[0]}")
     return None
 
 
@@ -129,8 +141,9 @@ class Machine(StrictModel):
     address: str | None = None
     """Host name or IP the machine is reached at (Docker host, multi-node peers): an IPv4 or IPv6
     address (without brackets), or a host name of letters, digits, hyphens and dots. Not an
-    unspecified address (`0.0.0.0`, `::`), which names no machine, and no IPv6 zone id (`%eth0`),
-    which names an interface of this machine only."""
+    unspecified address (`0.0.0.0`, `::`), which names no machine, no IPv6 link-local address
+    (`fe80::…`, reached only through an interface each peer names itself), and no IPv6 zone id
+    (`%eth0`), which names an interface of this machine only."""
     detected: str | None = None
     """Where and when `recipegen machine detect` read this entry (host, date, driver); absent for
     catalog and hand-written machines."""

@@ -86,22 +86,46 @@ IPV4 = TextPattern(
 # A model checkpoint (`model.checkpoint`) is one of the two things the rendering can mount
 # (`recipegen.render.services._model_source`): a Hugging Face repo id, served from the host's hub
 # cache, or an absolute path on the machine that runs the lane; `_model_source` tells them apart
-# with `is_hf_repo_id` below. A repo id follows the Hub's own rule (huggingface_hub
-# `validate_repo_id`: each part starts and ends with a letter, digit or `_`; no `..` or `--`), so
-# `./x` and `../x` are relative paths, not ids, and are refused. Anything else (a relative path, `~/…`) would be resolved by Compose
-# against the rendered compose folder or the invoking user's home, and by nothing in Kubernetes.
-_HF_PART = r"\w(?:[\w.-]*\w)?"
-HF_REPO_ID = re.compile(rf"{_HF_PART}/{_HF_PART}")
-"""A Hugging Face repo id `org/name`, matched whole (`fullmatch`)."""
+# with `is_hf_repo_id` below. A repo id follows the Hub's rule, with the namespace required
+# (huggingface_hub `validate_repo_id`, whose `REPO_ID_REGEX` makes the namespace optional): each
+# part 1 to 96 ASCII letters, digits, '_', '-' and '.', starting and ending with a letter, digit or
+# '_'; no '--' or '..'; not ending in '.git'. The namespace is required: one word (`gpt2`, `models`)
+# reads as a relative folder just as well, and the Hub serves its old single-word ids under a
+# namespace (`gpt2` is `openai-community/gpt2`); `recipegen new/fit MODEL` reads ids by the same
+# rule (`recipegen.fit.hub.parse_hub_id`). So `./x` and `../x` are relative paths, not ids, and are
+# refused; so is anything else that is neither (a relative path, `~/…`), which Compose would resolve
+# against the rendered compose folder or the invoking user's home, and nothing in Kubernetes.
+HF_PART_MAX = 96
+_HF_PART = rf"\w(?:[\w.-]{{0,{HF_PART_MAX - 2}}}\w)?"
+HF_REPO_ID = re.compile(rf"{_HF_PART}/{_HF_PART}", re.ASCII)
+"""The characters and lengths of a Hugging Face repo id `org/name`, matched whole (`fullmatch`);
+`is_hf_repo_id` adds the Hub's rule's remaining refusals ('--', '..', a '.git' ending)."""
+_HF_NAME = re.compile(_HF_PART, re.ASCII)
 
 CHECKPOINT_HINT = ("an absolute path on the machine that runs the lane, or a Hugging Face repo id "
                    "'org/name' (e.g. /srv/models/my-model or deepseek-ai/DeepSeek-V3)")
 """What `model.checkpoint` accepts, in the words of its refusal."""
 
+HF_NAMESPACE_NEEDED = ("a Hugging Face repo id needs its namespace: org/name "
+                       "(e.g. openai-community/gpt2)")
+"""The refusal of a repo id without its namespace (`gpt2`): the Hub's rule allows one, a checkpoint
+does not (one word reads as a relative folder too; see above)."""
+
+
+def _hub_rule_extras(text: str) -> bool:
+    return ".." not in text and "--" not in text and not text.endswith(".git")
+
 
 def is_hf_repo_id(text: str) -> bool:
-    """Whether `text` is a Hugging Face repo id `org/name` (see `HF_REPO_ID`)."""
-    return HF_REPO_ID.fullmatch(text) is not None and ".." not in text and "--" not in text
+    """Whether `text` is a Hugging Face repo id `org/name`: the Hub's rule, with the namespace
+    required (see `HF_REPO_ID`)."""
+    return HF_REPO_ID.fullmatch(text) is not None and _hub_rule_extras(text)
+
+
+def is_hf_repo_name(text: str) -> bool:
+    """Whether `text` is a Hugging Face repo id without its namespace (`gpt2`), which the Hub's rule
+    allows and `is_hf_repo_id` does not."""
+    return _HF_NAME.fullmatch(text) is not None and _hub_rule_extras(text)
 
 
 def checkpoint_refusal(text: str) -> str | None:
@@ -109,8 +133,13 @@ def checkpoint_refusal(text: str) -> str | None:
     if text.startswith("/") or is_hf_repo_id(text):
         return None
     shown = repr(text) if len(repr(text)) <= 80 else f"{repr(text)[:60]}… ({len(text):,} characters)"
-    message = (f"{shown} is not a checkpoint: use {CHECKPOINT_HINT}; a relative path would resolve "
-               "against the rendered compose folder (compose/<recipe>/<machine>/), not against the recipe")
+    relative = ("a relative path would resolve against the rendered compose folder "
+                "(compose/<recipe>/<machine>/), not against the recipe")
+    if is_hf_repo_name(text):
+        # `gpt2` is most likely a repo id without its namespace, `models` a folder: say both
+        return (f"{shown} is not a checkpoint: {HF_NAMESPACE_NEEDED}; read as a path it is relative, and "
+                f"{relative}; use {CHECKPOINT_HINT}")
+    message = f"{shown} is not a checkpoint: use {CHECKPOINT_HINT}; {relative}"
     if text.startswith("~"):
         message += ("; and Compose expands '~' to the home of whoever runs docker compose, which a "
                     "Kubernetes hostPath cannot")

@@ -174,17 +174,7 @@ class Recipe(StrictModel):
             for lane in self.lanes:
                 if lane.port == port:
                     raise PathError(f"{field} {port} is lane {lane.name}'s port", ("monitoring", field))
-        # A multi-node lane's head (its own machine, host network) serves the API, so the monitoring
-        # profile publishes Prometheus and Grafana there, beside the rendezvous on master_port.
-        for i, lane in enumerate(self.lanes):
-            if lane.parallel is None:
-                continue
-            master_port = lane.parallel.master_port
-            for field, service in (("prometheus_port", "Prometheus"), ("grafana_port", "Grafana")):
-                if getattr(monitoring, field) == master_port:
-                    raise PathError(f"master_port {master_port} is monitoring.{field}: {service} publishes "
-                                    f"it on the head machine {lane.machine!r}, where vLLM's nodes "
-                                    "rendezvous on master_port", ("lanes", i, "parallel", "master_port"))
+        # a multi-node lane's master_port against these ports: recipegen.multinode.checks
         return self
 
     def lane(self, name: str) -> Lane:

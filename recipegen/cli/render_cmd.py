@@ -6,13 +6,13 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 import click
 
 from recipegen.common.errors import InputError, RecipegenError
 from recipegen.common.units import format_count
 from recipegen.render.compose import service_hashes  # noqa: F401 (re-export)
+from recipegen.render.output import FolderBefore, file_status
 
 Echo = Callable[..., None]
 
@@ -218,28 +218,6 @@ def _before_write(folders: list[Path]) -> dict[Path, FolderBefore]:
     return before
 
 
-class FolderBefore(NamedTuple):
-    manifest: dict[str, str]          # generated file → sha256 the last render wrote
-    on_disk: dict[str, str | None]    # generated file → sha256 of its bytes now (None: missing)
-
-
-def _file_status(name: str, digest: str, before: FolderBefore) -> str:
-    """What the report says of a generated file a render wrote (docs/render.md, "Swapping a
-    class"): new / changed / unchanged against the bytes on disk before the write, and, where
-    those were not what the last render wrote (its manifest), that a hand edit was replaced."""
-    if name not in before.manifest:
-        return "new"
-    written, on_disk = before.manifest[name], before.on_disk.get(name)
-    if on_disk == digest:
-        return "unchanged"
-    if on_disk == written:
-        return "changed"
-    hand = "deleted by hand" if on_disk is None else "edited by hand"
-    if written == digest:
-        return f"rewritten ({hand} since the last render)"
-    return f"changed (was also {hand} since the last render)"
-
-
 def _output_folders(root: Path) -> list[Path]:
     """compose/<recipe> and the machine folders an earlier render wrote below it."""
     from recipegen.render.output import MANIFEST_NAME
@@ -261,7 +239,7 @@ def _report(written: list[Path], old: dict[Path, dict[str, str]],
         folder = compose_file.parent
         before = befores.get(folder, FolderBefore({}, {}))
         after = read_manifest(folder) or {}
-        files = {name: _file_status(name, digest, before) for name, digest in after.items()}
+        files = {name: file_status(name, digest, before) for name, digest in after.items()}
         files.update({name: "removed" for name in before.manifest if name not in after})
         touched = sum(1 for mark in files.values() if mark != "unchanged")
         rewritten = sum(1 for mark in files.values() if mark.startswith("rewritten"))

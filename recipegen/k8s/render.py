@@ -221,32 +221,22 @@ def name_collisions(project_root: Path, recipe_name: str, files: dict[Path, byte
 
 
 # What a run did to a manifest file (the words `recipegen render` reports its files with).
-NEW, CHANGED, UNCHANGED, REMOVED = "new", "changed", "unchanged", "removed"
-REWRITTEN = "rewritten (edited by hand since the last run)"
+UNCHANGED, REMOVED = "unchanged", "removed"
 
 
 def _file_changes(out_dir: Path, files: dict[Path, bytes]) -> list[tuple[Path, str]]:
-    """Each file of `files` against the folder before the write — new, changed, unchanged, or
-    rewritten over a hand edit — and each file the last run wrote that `files` no longer holds:
-    removed. From the folder's manifest and the bytes on disk (`recipegen.render.output`)."""
+    """Each file of `files` against the folder before the write, in `recipegen render`'s words
+    (`recipegen.render.output.file_status`: new, changed, unchanged, rewritten over a hand edit),
+    and each file the last run wrote that `files` no longer holds: removed."""
     import hashlib
 
-    from recipegen.render.output import disk_digests, read_manifest
+    from recipegen.render.output import FolderBefore, disk_digests, file_status, read_manifest
 
     manifest = read_manifest(out_dir) or {}
-    on_disk = disk_digests(out_dir, manifest, limit=READ_LIMIT)
-    out: list[tuple[Path, str]] = []
-    for path, data in sorted(files.items()):
-        relative = path.relative_to(out_dir).as_posix()
-        digest = hashlib.sha256(data).hexdigest()
-        if relative not in manifest:
-            out.append((path, NEW))
-        elif on_disk.get(relative) == digest:
-            out.append((path, UNCHANGED))
-        elif on_disk.get(relative) == manifest[relative]:
-            out.append((path, CHANGED))
-        else:
-            out.append((path, REWRITTEN))
+    before = FolderBefore(manifest, disk_digests(out_dir, manifest, limit=READ_LIMIT))
+    out = [(path, file_status(path.relative_to(out_dir).as_posix(), hashlib.sha256(data).hexdigest(), before,
+                              last="the last run"))
+           for path, data in sorted(files.items())]
     kept = {p.relative_to(out_dir).as_posix() for p in files}
     out += [(out_dir / relative, REMOVED) for relative in sorted(manifest) if relative not in kept]
     return out

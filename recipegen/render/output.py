@@ -17,6 +17,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from recipegen.common.errors import RecipegenError
 
@@ -90,6 +91,31 @@ def read_generated(path: Path, *, limit: int) -> bytes:
     except UnreadableFile as exc:
         raise RecipegenError(f"{path}: {exc.strerror}; recipegen wrote a regular file here — move "
                              "this one away and render again") from None
+
+
+class FolderBefore(NamedTuple):
+    """An output folder as it was before a write."""
+
+    manifest: dict[str, str]          # generated file → sha256 the last write put in the manifest
+    on_disk: dict[str, str | None]    # generated file → sha256 of its bytes then (`disk_digests`)
+
+
+def file_status(name: str, digest: str, before: FolderBefore, *, last: str = "the last render") -> str:
+    """What a report says of a generated file a write produced (`digest`; docs/render.md,
+    "Swapping a class"): new / changed / unchanged against the bytes on disk before the write, and,
+    where those were not what the last write put there (its manifest), that a hand edit was
+    replaced. `last` names that write in the words of the command that reports."""
+    if name not in before.manifest:
+        return "new"
+    written, on_disk = before.manifest[name], before.on_disk.get(name)
+    if on_disk == digest:
+        return "unchanged"
+    if on_disk == written:
+        return "changed"
+    hand = "deleted by hand" if on_disk is None else "edited by hand"
+    if written == digest:
+        return f"rewritten ({hand} since {last})"
+    return f"changed (was also {hand} since {last})"
 
 
 def disk_digests(out_dir: Path, manifest: dict[str, str], *, limit: int) -> dict[str, str | None]:

@@ -106,7 +106,7 @@ def test_a_lane_whose_profile_service_would_exceed_63_is_refused(tmp_path: Path,
     assert f"lane name of {len(name)} characters: at most 50" in message
     assert f"its count-only profile boot `lane-<name>-profile` (here lane-{name}-profile)" in message
     assert f"would have {63 + over} characters, {over} too many" in message
-    assert "one DNS label of at most 63 characters" in message
+    assert "its host name on the compose network, one DNS label of at most 63 characters" in message
     assert f"shorten the lane name by {over} character" in message
 
 
@@ -127,6 +127,9 @@ def test_a_pipeline_lane_whose_worker_service_would_exceed_63_is_refused(tmp_pat
     assert f"`lane-<name>-worker-{last}-profile` (here lane-{name}-worker-{last}-profile)" in message
     assert "would have 64 characters, 1 too many" in message
     assert "shorten the lane name by 1 character" in message
+    # Its engines run on the machines' own network: the reason is the kept limit, not a host name.
+    assert "each machine's own network, where a service's name is no host name" in message
+    assert "host name on the compose network" not in message
     # `recipegen check recipe` says the same: file:line, the field, exit 2, no traceback.
     result = CliRunner().invoke(main, ["check", "recipe", str(path)])
     assert result.exit_code == 2

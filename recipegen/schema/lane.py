@@ -425,11 +425,15 @@ def service_name_problem(name: str, stages: int = 1) -> str | None:
     what = ("its count-only profile boot" if stages == 1 else
             f"the count-only profile boot of stage {stages - 1}, the last of its {stages} pipeline stages,")
     shown = f" (here {longest_service_name(name, stages)})" if len(name) <= NAME_MAX_LENGTH else ""
+    why = (f"a compose service's name is its host name on the compose network, one DNS label of at "
+           f"most {DNS_LABEL_MAX_LENGTH} characters (a longer one does not resolve)" if stages == 1 else
+           f"a multi-node lane's engines use each machine's own network, where a service's name is no "
+           f"host name, but its services keep the compose-network limit of one DNS label "
+           f"({DNS_LABEL_MAX_LENGTH} characters) so that the lane renders alike on one machine or several")
     return (f"lane name of {len(name):,} characters: at most {room}, because its longest compose "
             f"service, {what} `{longest_service_name('<name>', stages)}`{shown}, would have {length:,} "
-            f"characters, {over:,} too many: a compose service's name is its host name on the compose "
-            f"network, one DNS label of at most {DNS_LABEL_MAX_LENGTH} characters (a longer one does "
-            f"not resolve); shorten the lane name by {over:,} character{'s' if over > 1 else ''}")
+            f"characters, {over:,} too many: {why}; shorten the lane name by {over:,} "
+            f"character{'s' if over > 1 else ''}")
 
 
 def prior_classes(lane: Lane) -> list[str]:

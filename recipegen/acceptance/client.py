@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from recipegen.acceptance.timeouts import IDENTITY_TIMEOUT_S, REQUEST_TIMEOUT_S
 from recipegen.common.errors import RecipegenError, one_line
 
 
@@ -31,13 +32,6 @@ class EndpointUnreachable(EndpointError):
     """No (complete) answer: connection refused, host unreachable, a timeout or a broken connection."""
 
 
-# The identity probe (/v1/models, /version: a run's first requests) gets its own short timeout.
-# vLLM answers both from its API server without going through the engine, promptly even under load.
-# It binds its port before it loads the model (vllm/entrypoints/launchers/launcher.py, setup_server),
-# so a booting vLLM accepts connections and answers nothing for minutes, as a hung server does:
-# either way, say so after 30 s instead of after the per-request timeout (--timeout, 600 s by
-# default), which is sized for long generations on a loaded lane.
-IDENTITY_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
 # An HTTP error's body in a message: at most this many characters, on one line.
 ERROR_BODY_CHARS = 200
@@ -100,7 +94,7 @@ class StreamStats:
 class EndpointClient:
     """An OpenAI-compatible endpoint; use as `async with EndpointClient(url) as client:`."""
 
-    def __init__(self, url: str, *, model: str | None = None, timeout_s: float = 600.0,
+    def __init__(self, url: str, *, model: str | None = None, timeout_s: float = REQUEST_TIMEOUT_S,
                  max_connections: int = 64, api_key: str | None = None) -> None:
         self.base_url = normalize_base_url(url)
         self._model = model

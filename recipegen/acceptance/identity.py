@@ -28,7 +28,7 @@ async def describe_endpoint(client: EndpointClient, *, lane_log: Path | None = N
     """Models, server version and (when found) the lane's start-up reports and hashes.
 
     These are a run's first requests, each with the short identity timeout
-    (`client.IDENTITY_TIMEOUT_S`). An endpoint that does not answer at all (`EndpointUnreachable`)
+    (`timeouts.IDENTITY_TIMEOUT_S`). An endpoint that does not answer at all (`EndpointUnreachable`)
     is noted and not asked again, or, with `strict` (the commands), ends the run here, as does a
     failed /v1/models when no model was named; other HTTP errors are noted."""
     info: dict[str, Any] = {"url": client.base_url}

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from expert_residency.formats import atomic_write_text
 
+from recipegen.acceptance.timeouts import IDENTITY_TIMEOUT_S, REQUEST_TIMEOUT_S
 from recipegen.cli.types import FiniteFloat
 from recipegen.common.errors import InputError
 from recipegen.common.units import format_count
@@ -52,9 +53,9 @@ def _duration(text: str, option: str) -> float:
 
 # One definition for both commands: the same option, help and default on parity and knee.
 _timeout_option = click.option(
-    "--timeout", type=FiniteFloat(0.0, min_open=True), default=600.0, show_default=True,
+    "--timeout", type=FiniteFloat(0.0, min_open=True), default=REQUEST_TIMEOUT_S, show_default=True,
     help="Seconds to wait for each request's answer (the first requests, /v1/models and /version, "
-         "wait at most 30 s).")
+         f"wait at most {IDENTITY_TIMEOUT_S:g} s).")
 
 
 def _say(text: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from recipegen.cli.types import FileNameText
 from recipegen.common.errors import InputError
 
 
@@ -92,7 +93,7 @@ def fit(recipe: str, lane: str | None, min_sequences: int, max_model_len: str | 
 @context_options
 @click.option("--min-sequences", default=1, show_default=True, type=int,
               help="Full-length (max_model_len) sequences the KV pool must hold.")
-@click.option("--name", help="Recipe name (default: <model>-<machine>).")
+@click.option("--name", type=FileNameText("recipe", bounded=True), help="Recipe name (default: <model>-<machine>).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Recipe file to write (default: recipes/<name>.yaml).")
 @click.option("--force", is_flag=True, help="Overwrite an existing recipe (and model file).")

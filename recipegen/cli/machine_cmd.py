@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from recipegen.cli.types import FileNameText
 from recipegen.common.errors import InputError
 from recipegen.common.files import output_target
 
@@ -20,7 +21,7 @@ def machine() -> None:
 @machine.command()
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Machine file to write (default: print it).")
-@click.option("--name", help="Entry name (default: the host name).")
+@click.option("--name", type=FileNameText("machine"), help="Entry name (default: the host name).")
 @click.option("--record", "record_to", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the raw NVML reading (every call's values) as JSON, e.g. for a test fixture.")
 @click.option("--force", is_flag=True, help="Overwrite an existing machine file (and --record file).")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from recipegen.cli.types import FileNameText
 from recipegen.common.errors import InputError
 from recipegen.common.files import output_target
 
@@ -25,7 +26,7 @@ def model() -> None:
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Model file to write (default: recipes/models/<name>.yaml; '-' for stdout).")
-@click.option("--name", help="Model name (default: the folder's name, lowercased).")
+@click.option("--name", type=FileNameText("model"), help="Model name (default: the folder's name, lowercased).")
 @click.option("--checkpoint", help="Checkpoint to record as model.checkpoint: an absolute path on the serving "
               "machine or a Hugging Face repo id org/name, e.g. openai/gpt-oss-120b.")
 @click.option("--force", is_flag=True, help="Overwrite an existing model file.")

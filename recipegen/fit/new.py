@@ -28,8 +28,7 @@ from recipegen.fit.writeback import commit, recipe_lock
 from recipegen.load.recipe import RECIPE_SUFFIX, recipe_file_stem
 from recipegen.modelimport.write import describe_difference, same_figures
 from recipegen.schema import Machine
-from recipegen.schema.lane import NAME_MAX_LENGTH
-from recipegen.schema.patterns import FILE_NAME
+from recipegen.schema.patterns import FILE_NAME, NAME_MAX_LENGTH
 
 VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"
 VLLM_GPU_MEMORY_UTILIZATION = 0.92   # vLLM 0.33 CacheConfig.gpu_memory_utilization default

@@ -35,8 +35,7 @@ from recipegen.load.document import (
 from recipegen.load.model_file import load_model_file
 from recipegen.load.rowmaps import read_lane_rowmaps
 from recipegen.schema import Lane, Recipe
-from recipegen.schema.lane import NAME_MAX_LENGTH
-from recipegen.schema.patterns import FILE_NAME
+from recipegen.schema.patterns import FILE_NAME, NAME_MAX_LENGTH
 
 RECIPES_DIRNAME = "recipes"
 RECIPE_SUFFIX = ".yaml"   # a recipe is recipes/<name>.yaml

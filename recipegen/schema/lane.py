@@ -10,13 +10,9 @@ from pydantic import Field, NonNegativeInt, PositiveInt, StringConstraints, fiel
 from recipegen.schema.adaptive import Adaptive
 from recipegen.schema.base import Bytes, PathError, PositiveBytes, StrictModel, TokenCount
 from recipegen.schema.parallel import Parallel
-from recipegen.schema.patterns import ENV_KEY, IMAGE, SERVICE_NAME
+from recipegen.schema.patterns import ENV_KEY, IMAGE, NAME_MAX_LENGTH, SERVICE_NAME
 
 NAME_PATTERN = SERVICE_NAME.regex
-# Names of recipes, machines, lanes and classes become folder and file names (a dump file holds
-# a lane's and a class's name), Compose service names and Kubernetes labels (at most 63
-# characters): longer ones are refused at their line.
-NAME_MAX_LENGTH = 63
 # The parts of a lane's compose service names (`recipegen.render.lanes` builds the names from
 # them, the lane's checks below bound them): `lane-<name>` is the engine that serves the API, and
 # so its host name on the compose network (what Prometheus scrapes); stage r >= 1 of a multi-node

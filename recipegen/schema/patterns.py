@@ -12,6 +12,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+# Names of recipes, machines, lanes and classes become folder and file names (a dump file holds
+# a lane's and a class's name), Compose service names and Kubernetes labels (at most 63
+# characters): longer ones are refused at their line.
+NAME_MAX_LENGTH = 63
+
 
 @dataclass(frozen=True)
 class TextPattern:

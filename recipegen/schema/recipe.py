@@ -7,11 +7,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 
 from recipegen.schema.base import PathError, StrictModel
-from recipegen.schema.lane import NAME_MAX_LENGTH, Lane
+from recipegen.schema.lane import Lane
 from recipegen.schema.machine import Machine
 from recipegen.schema.model import Model
 from recipegen.schema.monitoring import Monitoring
-from recipegen.schema.patterns import FILE_NAME, SERVICE_NAME
+from recipegen.schema.patterns import FILE_NAME, NAME_MAX_LENGTH, SERVICE_NAME
 
 SCHEMA_VERSION = 1
 

@@ -29,6 +29,9 @@
 #        steps, then ws_min_tokens=1), with 2 / 3 / 4 programs per SM, beside today's T = 1 kernels
 #        (the warp-MMA loops; 62-64% of the H200's HBM read, 76% of an H100's) and the grouped tl.dot
 #        path, against Humming and on the residency step; and the GPU test of that path. Not yet run.
+# dsrows: DeepSeek-V4.1's routed-expert row of the step-time estimate on today's default kernels
+#        (13 layers as run ER, all in HBM and usage-aware, T = 1 to 96; the row's source since
+#        the warp-specialized launches became the default from 2 tokens per step). Not yet run.
 #
 # Carries (ignored paths, copied onto the machine): .cache/whl (humming-kernels 0.1.19 and
 # nvidia-cuda-cccl 13.0.85 wheels from PyPI) and .cache/vsub/vllm (the unpacked vllm 0.33.0 wheel's
@@ -89,6 +92,11 @@ for part in "$@"; do
            echo "t1ws residency rc=$?"; cp /tmp/t1ws_gr/gpu_residency.md "$OUT/t1ws/" 2>/dev/null
            timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_ws_grouped_gpu.py > "$OUT/t1ws/tests.log" 2>&1
            echo "t1ws tests rc=$?"; tail -3 "$OUT/t1ws/tests.log" ;;
-    *)     echo "unknown part: $part (tests, rows, sim, context, w2rows, ws, t1ws)"; exit 2 ;;
+    dsrows) timeout ${DSROWS_S:-200} python3 bench/gpu_residency.py --layers 13 --cold-layers 3 \
+               --tokens 1,2,3,4,6,16,24,32,96 --steps 1:200,2:120,3:100,4:100,6:80,16:50,24:40,32:30,96:12 \
+               --out /tmp/dsrows > "$OUT/dsrows.log" 2>&1
+           echo "dsrows rc=$?"; cp /tmp/dsrows/gpu_residency.json "$OUT/dsrows_residency13.json" 2>/dev/null
+           tail -14 "$OUT/dsrows.log" | cut -c1-300 ;;
+    *)     echo "unknown part: $part (tests, rows, sim, context, w2rows, ws, t1ws, dsrows)"; exit 2 ;;
   esac
 done

@@ -143,17 +143,11 @@ def test_the_qwen3_235b_recipe_says_what_check_and_fit_print(project: Path) -> N
 
 
 # The H100 catalog entry with its datasheet's 80 GB read as decimal (docs/models.md, "Machines").
+# The catalog's H100 PCIe with only its memory read off the datasheet as decimal: the driver's
+# reserve and every other figure as the catalog has them, so the KV pools differ by the reading alone.
 H100_DECIMAL = """\
-name: h100-decimal
-description: one H100 PCIe, its memory read off the datasheet as decimal
-gpus:
-  kind: H100 PCIe
-  count: {value: 1, source: "one GPU"}
-  compute_capability: {value: "9.0", source: "as the catalog's h100-pcie"}
-  hbm: {value: 80 GB, source: "the datasheet's 80 GB, read as decimal"}
-  hbm_bandwidth: {value: 2.0 TB/s, source: "as the catalog's h100-pcie"}
-host_memory: {value: 256 GiB, source: "as the catalog's h100-pcie"}
-pinned_read_bandwidth: {value: 64 GB/s, source: "as the catalog's h100-pcie"}
+catalog: h100-pcie
+gpus: {hbm: 80 GB}
 """
 
 
@@ -169,6 +163,7 @@ def test_models_quotes_the_h100_kv_pool_read_in_decimal(project: Path) -> None:
     assert_quotes(DOCS / "models.md", f"{80e9 / 2**30:.2f} GiB",
                   f"comes out {ratio:.1f}× too small with it: {decimal['gib']:.2f} GiB instead of "
                   f"{driver['gib']:.2f} GiB")
+    assert_quotes(REPO / "README.md", f"left a KV pool of {decimal['gib']:.2f} GiB, one sequence")
 
 
 def test_operations_quotes_the_ledgers_v15_prediction() -> None:
@@ -219,3 +214,12 @@ def test_code_fences_stand_on_lines_of_their_own(page: Path) -> None:
     for n, line in lines:
         assert re.fullmatch(r"\s*```[\w+-]*", line), f"{page.name}:{n}: text beside a code fence: {line!r}"
     assert len(lines) % 2 == 0, f"{page.name}: an unclosed code fence"
+
+
+def test_models_quotes_the_qwen3_vl_load_peak_and_its_context_allowance() -> None:
+    doc = json.loads(cli("check", "budgets", str(RECIPES / "qwen3-vl-30b-a3b-rtx5090.yaml"), "--json").stdout)
+    figures = doc["recipes"][0]["lanes"][0]["figures"]
+    peak, capacity = figures["load.hbm_peak"], figures["hbm.capacity"]
+    context_gib = peak["operands"]["cuda_context_bytes"] / 2**30
+    assert_quotes(DOCS / "models.md", f"the load peaks at {peak['gib']:.2f} of the {capacity['gib']:.2f} GiB CUDA "
+                  f"can allocate ({context_gib:.2f} GiB of it the CUDA context")

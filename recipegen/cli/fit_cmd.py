@@ -93,7 +93,9 @@ def fit(recipe: str, lane: str | None, min_sequences: int, max_model_len: str | 
 @context_options
 @click.option("--min-sequences", default=1, show_default=True, type=int,
               help="Full-length (max_model_len) sequences the KV pool must hold.")
-@click.option("--name", type=FileNameText("recipe", bounded=True), help="Recipe name (default: <model>-<machine>).")
+@click.option("--name", type=FileNameText("recipe", bounded=True),
+              help="Recipe name (default: <model>-<machine>; for a machine file, <machine> is its own `name:`, "
+                   "else its file name without .yaml).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Recipe file to write (default: recipes/<name>.yaml).")
 @click.option("--force", is_flag=True, help="Overwrite an existing recipe (and model file).")
@@ -104,7 +106,9 @@ def new(model_arg: str, machine_arg: str, lane: str, max_model_len: str | None, 
     model's full context if it fits, else the longest that does; 32,768 tokens where the model
     declares no max_position_embeddings) and written only when every budget holds.
 
-    MODEL is a catalog model (qwen3-30b-a3b; `recipegen model list` names them), a local
+    MODEL is a catalog model (qwen3-30b-a3b; `recipegen model list` names them), a model file
+    (models/<name>.yaml, as `recipegen model import` writes it; the recipe reads it as
+    `model: {file: …}`, where it is or, outside the recipe's project, copied beside it), a local
     config.json or checkpoint folder, or a Hugging Face id (Qwen/Qwen3-30B-A3B[@revision]:
     config.json, hf_quant_config.json, the safetensors index and shard headers, no weights;
     HF_TOKEN, HF_HUB_OFFLINE and the hub cache honoured; pip install 'recipegen[hf]'). Exit 0
@@ -128,8 +132,9 @@ def new(model_arg: str, machine_arg: str, lane: str, max_model_len: str | None, 
     if as_json:
         payload = outcome.fit.to_json() if outcome.fit is not None else {}
         payload.update(recipe_path=str(outcome.recipe_path), written=outcome.written,
-                       model=outcome.model.label, model_notes=outcome.model.notes,
-                       model_file=str(outcome.model_file) if outcome.model_file else None)
+                       model=outcome.model.label, model_notes=outcome.model.notes + outcome.notes,
+                       model_file=str(outcome.model_file) if outcome.model_file else None,
+                       model_reference=outcome.model_ref)
         click.echo(json.dumps(payload, indent=2))
     else:
         _explained("\n".join(outcome.lines()))
@@ -154,13 +159,15 @@ def compare(recipe: str, lane: str | None, machines: str, min_sequences: int, ma
     Writes nothing. Exit 0 when the lane fits some machine, 1 when it fits none."""
     from recipegen.fit.compare import compare as run_compare
     from recipegen.fit.compare import rows_json, table_lines
-    from recipegen.fit.new import resolve_machine
+    from recipegen.fit.new import machine_key, resolve_machine
 
     names = [m.strip() for m in machines.split(",") if m.strip()]
     if not names:
         raise InputError("name at least one machine", field="--machines")
-    resolved = [(n, resolve_machine(n, "--machines")[1]) for n in names]
-    rows = run_compare(recipe, lane, resolved, fit_options(min_sequences, max_model_len, concurrency))
+    entries = [(n, resolve_machine(n, "--machines")) for n in names]
+    resolved = [(n, machine) for n, (_, machine, _) in entries]
+    keys = [machine_key(n, entry) for n, (entry, _, _) in entries]
+    rows = run_compare(recipe, lane, resolved, fit_options(min_sequences, max_model_len, concurrency), keys)
     first = rows[0].outcome
     if as_json:
         click.echo(json.dumps({"recipe": first.recipe, "lane": first.lane, "machines": rows_json(rows)}, indent=2))

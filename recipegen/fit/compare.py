@@ -24,6 +24,7 @@ class Row:
     key: str                  # what the user named (catalog name or file)
     machine: Machine
     outcome: FitOutcome
+    name: str = ""            # the name `new` would key it by (a file's own name or stem); "": machine.name
 
     def cells(self) -> list[str]:
         m, c = self.machine, self.outcome.result.chosen
@@ -61,9 +62,13 @@ HEADERS = ["machine", "GPUs", "host", "fits", "placement", "hot/cold per layer",
            "host pinned", "speed"]
 
 
-def compare(recipe: str | Path, lane: str | None, machines: list[tuple[str, Machine]], options: FitOptions) -> list[Row]:
-    return [Row(key, machine, fit_recipe(recipe, lane, options, dry_run=True, machine=machine))
-            for key, machine in machines]
+def compare(recipe: str | Path, lane: str | None, machines: list[tuple[str, Machine]], options: FitOptions,
+            names: Sequence[str] | None = None) -> list[Row]:
+    """`names`: per machine, the name `new` would key it by (`recipegen.fit.new.machine_key`: a
+    machine file's own `name:` or its file name, not the catalog machine it starts from)."""
+    return [Row(key, machine, fit_recipe(recipe, lane, options, dry_run=True, machine=machine),
+                names[i] if names is not None else "")
+            for i, (key, machine) in enumerate(machines)]
 
 
 def table_lines(rows: list[Row], recipe: str, lane: str, max_model_len: int) -> list[str]:
@@ -128,7 +133,7 @@ def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         c = r.outcome.result.chosen
-        out.append({"machine": r.key, "name": r.machine.name, "gpus": r.machine.gpus.count,
+        out.append({"machine": r.key, "name": r.name or r.machine.name, "gpus": r.machine.gpus.count,
                     "gpu": r.machine.gpus.kind, "fits": c is not None,
                     "max_model_len": r.outcome.result.max_model_len,
                     "chosen": candidate_json(c) if c is not None else None,

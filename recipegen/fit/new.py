@@ -10,6 +10,7 @@ reserves (recipegen.ledger.reserves: labelled so until a measured boot replaces 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from dataclasses import dataclass, field, replace
@@ -21,10 +22,12 @@ import yaml
 from recipegen.catalog import catalog_names, load_catalog
 from recipegen.common.errors import InputError
 from recipegen.common.files import output_target
+from recipegen.common.paths import escaping_link
 from recipegen.fit.run import FitOutcome, fit_recipe
 from recipegen.fit.search import FitOptions
 from recipegen.fit.source import ModelSource, model_name_of, resolve_model
 from recipegen.fit.writeback import commit, recipe_lock
+from recipegen.load.checks import inside_project, project_root_of
 from recipegen.load.recipe import RECIPE_SUFFIX, recipe_file_stem
 from recipegen.modelimport.write import describe_difference, same_figures
 from recipegen.schema import Machine
@@ -49,6 +52,7 @@ class NewOutcome:
     model_file: Path | None = None
     written: bool = False
     notes: list[str] = field(default_factory=list)
+    model_ref: Any = None   # the recipe's `model:` value
 
     def lines(self) -> list[str]:
         out = [f"new recipe {self.recipe_path}: {self.model.label} on {self.machine_label}"]
@@ -84,7 +88,34 @@ def resolve_machine(arg: str, option: str = "--machine") -> tuple[str | dict[str
     from recipegen.load.machine_file import load_machine_file
 
     entry, machine = load_machine_file(path)
-    return entry, machine, f"machine {machine.name} ({path})"
+    key = machine_key(arg, entry)
+    base = entry.get("catalog")
+    if isinstance(base, str):
+        own = [k for k in entry if k not in ("catalog", "name")]
+        given = f", with its own {', '.join(own)}" if own else ""
+        return entry, machine, f"machine {key} ({arg}: catalog machine {base}{given})"
+    return entry, machine, f"machine {key} ({arg})"
+
+
+def machine_key(arg: str, entry: str | dict[str, Any]) -> str:
+    """The name a machine goes by in what `new` drafts — its key under the recipe's `machines:` and
+    the second half of the default recipe name `<model>-<machine>` — and in `compare --json`: a
+    catalog machine's id; for a machine file, the file's own `name:` where it gives one, else the
+    file's name without .yaml / .yml (`box.yaml` -> `box`), never the catalog machine it starts
+    from (two boxes of one catalog machine would draft one recipe name). Made a machine key
+    (lowercase letters, digits, '-')."""
+    if isinstance(entry, str):
+        text = entry
+    else:
+        own = entry.get("name")
+        stem = Path(arg).name
+        for suffix in (".yaml", ".yml"):
+            if stem.lower().endswith(suffix) and len(stem) > len(suffix):
+                stem = stem[: -len(suffix)]
+                break
+        text = own if isinstance(own, str) and own.strip() else stem
+    key = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:NAME_MAX_LENGTH].rstrip("-")
+    return key or "machine"
 
 
 def recipe_text(name: str, model_ref: Any, machine_key: str, machine_entry: Any, machine: Machine, lane: str,
@@ -133,8 +164,8 @@ def new_recipe(model_arg: str, machine_arg: str, *, lane: str = "chat", max_mode
     from_output = _name_from_output(output, name) if output is not None else None   # before any look-up
     source = resolve_model(model_arg)
     machine_entry, machine, machine_label = resolve_machine(machine_arg)
-    machine_key = model_name_of(machine.name).replace(".", "-").replace("_", "-")
-    default_name = model_name_of(f"{source.name}-{machine.name}")
+    key = machine_key(machine_arg, machine_entry)
+    default_name = model_name_of(f"{source.name}-{key}")
     recipe_name = from_output or name or default_name
     if from_output is not None:
         if name is None and recipe_name != default_name:
@@ -145,7 +176,7 @@ def new_recipe(model_arg: str, machine_arg: str, *, lane: str = "chat", max_mode
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with recipe_lock(path):  # from the exists check to the write: two `new` to one file, one writes
-            outcome = _new(source, machine_entry, machine, machine_label, machine_key, recipe_name, path, lane,
+            outcome = _new(source, machine_entry, machine, machine_label, key, recipe_name, path, lane,
                            max_model_len, concurrency, min_sequences, force, command)
     finally:
         if made and not any(path.parent.iterdir()):
@@ -172,6 +203,17 @@ def _name_from_output(output: Path, name: str | None) -> str:
     return stem
 
 
+def model_file_reference(recipe: Path, model_file: Path) -> str | None:
+    """`model_file` as the recipe at `recipe` references it (`model: {file: …}`): its path relative
+    to the recipe's folder, where the recipe loader takes it (inside the recipe's project, through
+    no link that leaves it: `recipegen.load.recipe`); None where it cannot."""
+    base = recipe.parent
+    relative = Path(os.path.relpath(os.path.abspath(model_file), os.path.abspath(base))).as_posix()
+    if not inside_project(base, relative) or escaping_link(project_root_of(base), base / relative) is not None:
+        return None
+    return relative
+
+
 def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_label: str, machine_key: str,
          recipe_name: str, path: Path, lane: str, max_model_len: int | None, concurrency: int | None,
          min_sequences: int, force: bool, command: str) -> NewOutcome:
@@ -180,6 +222,18 @@ def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_labe
     output_target(path, "--output")   # --force replaces a regular file, never a device or a link
     model_file = None
     model_ref: Any = source.name
+    notes: list[str] = []
+    if source.file is not None:   # a model file: referenced where it is, as a recipe does
+        relative = model_file_reference(path, source.file)
+        if relative is not None:
+            model_ref = {"file": relative}
+            notes.append(f"the recipe reads the model file where it is: model: {{file: {relative}}} "
+                         "(relative to the recipe)")
+        else:   # out of the recipe's reach: a copy beside it, as for a checkpoint
+            source = replace(source, model_text=source.file.read_text(encoding="utf-8"))
+            notes.append(f"{source.file} is outside the recipe's project ({project_root_of(path.parent)}: the "
+                         "folder holding recipes/, or the one above the recipe's), where a recipe's model: "
+                         f"{{file: …}} cannot reach: copied to models/{source.name}.yaml beside the recipe")
     if source.model_text is not None:
         model_file = path.parent / "models" / f"{source.name}.yaml"
         existing = model_file.read_text(encoding="utf-8") if model_file.exists() else None
@@ -201,7 +255,7 @@ def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_labe
                            concurrency or 1, offload_params, command)
         return fit_recipe(path, lane, options, text=text)  # `text`: fitted here, written below
 
-    outcome = NewOutcome(path, source, machine_label, None, model_file)
+    outcome = NewOutcome(path, source, machine_label, None, model_file, notes=notes, model_ref=model_ref)
     from expert_residency.formats import atomic_write_bytes
 
     previous_model: bytes | None = None

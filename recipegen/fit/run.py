@@ -44,6 +44,13 @@ class FitOutcome:
     text: str = ""
     dry_run: bool = False
     host_note: str = ""
+    machine_key: str = ""   # the lane's key under `machines:`, where it is not the machine's own name
+
+    @property
+    def machine_text(self) -> str:
+        """The machine as the header names it: the recipe's key for it, and the machine (a catalog
+        id) where the two differ (`box (h200-pcie)`)."""
+        return f"{self.machine_key} ({self.machine})" if self.machine_key not in ("", self.machine) else self.machine
 
     @property
     def fitted(self) -> bool:
@@ -57,7 +64,7 @@ class FitOutcome:
 
     def lines(self) -> list[str]:
         r, c = self.result, self.result.chosen
-        out = [f"fit {self.recipe} · lane {self.lane} · machine {self.machine}"
+        out = [f"fit {self.recipe} · lane {self.lane} · machine {self.machine_text}"
                + (" (dry run: nothing written)" if self.dry_run else "")]
         out.append(f"  context: max_model_len {r.max_model_len:,} — {r.context_why}")
         if self.host_note:
@@ -116,6 +123,7 @@ class FitOutcome:
         r, c = self.result, self.result.chosen
         out: dict[str, Any] = {
             "recipe": self.recipe, "path": str(self.path), "lane": self.lane, "machine": self.machine,
+            "machine_key": self.machine_key or self.machine,
             "fitted": c is not None, "dry_run": self.dry_run, "max_model_len": r.max_model_len,
             "context": r.context_why, "min_sequences": self.options.min_sequences,
             "refusals": [{"placement": x.placement, "reason": x.reason} for x in r.refusals],
@@ -185,7 +193,8 @@ def _fit(recipe: str | Path, lane_name: str | None, options: FitOptions, *, dry_
         speed_context = Context(loaded.recipe, path, classes, active)
         result = fit_lane(Inputs(model, search_machine, lane, chosen_hist.histogram, label, speed_context), options)
     outcome = FitOutcome(loaded.recipe.name, path, lane.name, target.name, result, options, hists,
-                         dry_run=dry_run, text=source, host_note=host_note)
+                         dry_run=dry_run, text=source, host_note=host_note,
+                         machine_key=lane.machine if machine is None else "")
     chosen = result.chosen
     if chosen is None:
         return outcome

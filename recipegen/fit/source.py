@@ -1,6 +1,8 @@
-"""`recipegen new MODEL`: what MODEL names — a catalog model, a local `config.json` or checkpoint
-folder, or a Hugging Face id (`org/name[@revision]`) — as a validated model and, for the last two,
-the model file to write beside the recipe. Local checkpoints and hub ids go through the model
+"""`recipegen new MODEL`: what MODEL names — a catalog model, a model file (what `recipegen model
+import` writes, and a recipe reads as `model: {file: …}`), a local `config.json` or checkpoint folder,
+or a Hugging Face id (`org/name[@revision]`) — as a validated model and, for the last two, the model
+file to write beside the recipe. A model file is read by the recipes' own loader
+(`recipegen.load.model_file.load_model_file`); local checkpoints and hub ids go through the model
 importer's public entry point (`recipegen.modelimport.import_model`), exactly as
 `recipegen model import` does."""
 
@@ -23,12 +25,13 @@ from recipegen.schema import Model
 class ModelSource:
     """The model a new recipe serves."""
 
-    kind: str                      # catalog | checkpoint | hub
+    kind: str                      # catalog | file | checkpoint | hub
     name: str
     model: Model
     model_text: str | None = None  # the model file to write (models/<name>.yaml), when not a catalog model
     label: str = ""
     notes: list[str] = field(default_factory=list)
+    file: Path | None = None       # kind `file`: the model file MODEL named, which the recipe references
 
 
 def model_name_of(text: str) -> str:
@@ -40,6 +43,8 @@ def resolve_model(arg: str) -> ModelSource:
     if arg in load_catalog("models"):
         return ModelSource("catalog", arg, _catalog_model(arg), label=f"catalog model {arg}")
     path = Path(arg).expanduser()
+    if is_model_file(path):
+        return _from_model_file(path, arg)
     if path.exists():
         folder = path if path.is_dir() else path.parent
         name = model_name_of(folder.resolve().name)
@@ -47,7 +52,8 @@ def resolve_model(arg: str) -> ModelSource:
         return ModelSource("checkpoint", model.name, model, text, label=f"checkpoint {arg}")
     hub_id = parse_hub_id(arg)
     if hub_id is None:
-        raise InputError("not a catalog model, a local config.json or checkpoint folder, nor a Hugging Face id "
+        raise InputError("not a catalog model, a model file (models/<name>.yaml), a local config.json or "
+                         "checkpoint folder, nor a Hugging Face id "
                          f"(org/name[@revision]); catalog models (`recipegen model list` describes them): "
                          f"{', '.join(catalog_names('models'))}",
                          field="MODEL")
@@ -60,6 +66,27 @@ def resolve_model(arg: str) -> ModelSource:
                                     f"provenance: docs/models.md); pass {repo}@main to read the hub instead")
                 return source
     return _from_hub(repo, revision)
+
+
+MODEL_FILE_SUFFIXES = (".yaml", ".yml")
+
+
+def is_model_file(path: Path) -> bool:
+    """Whether MODEL names a model file (one model mapping, what `recipegen model import` writes)
+    rather than a `config.json`: a file whose name ends in .yaml / .yml."""
+    return path.suffix.lower() in MODEL_FILE_SUFFIXES and path.is_file()
+
+
+def _from_model_file(path: Path, arg: str) -> ModelSource:
+    """A model file, read and validated by the loader recipes use for `model: {file: …}`."""
+    from recipegen.load.model_file import load_model_file
+
+    document = load_model_file(path.name, base=path.parent)
+    try:
+        model = Model.model_validate(document)
+    except ValidationError as exc:  # load_model_file validated it: not expected
+        raise InputError(f"model file does not validate: {exc.errors()[0]['msg']}", file=arg) from None
+    return ModelSource("file", model.name, model, label=f"model file {arg}", file=path)
 
 
 def _catalog_model(name: str) -> Model:

@@ -96,7 +96,8 @@ def test_positional_host_fix_is_the_largest_budget_whose_blocks_fit(tmp_path: Pa
     pcie = loaded.recipe.machines["dgx"]
     host = [v for v in compute_lane(model, pcie, spec).violations if v.kind == "host"]
     assert host
-    n = int(re.search(r"at most (\d+) GiB", host[0].suggestion).group(1))
+    # where HBM cannot take the rest, the value is said as the lever that would break it
+    n = int(re.search(r"load_cpu_offload to (?:at most )?(\d+) GiB", host[0].suggestion).group(1))
 
     def with_budget(gib: int):
         offload = spec.offload.model_copy(update={"load_cpu_offload": gib * GiB})
@@ -238,7 +239,8 @@ def test_load_host_fix_is_the_largest_load_offload_whose_peak_fits() -> None:
     machine = loaded.recipe.machines[spec.machine]
     load_host = [v for v in compute_lane(model, machine, spec).violations if v.kind == "load-host"]
     assert load_host
-    n = int(re.search(r"at most (\d+) GiB", load_host[0].suggestion).group(1))
+    # where HBM cannot take the rest, the value is said as the lever that would break it
+    n = int(re.search(r"load_cpu_offload to (?:at most )?(\d+) GiB", load_host[0].suggestion).group(1))
 
     def load_host_peak(gib: int) -> tuple[float, set[str]]:
         offload = spec.offload.model_copy(update={"load_cpu_offload": gib * GiB})

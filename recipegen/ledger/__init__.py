@@ -5,7 +5,8 @@ and tokens), host (tables, pinned experts, reserve), both placements (positional
 and load-time peaks; every figure in bytes with its formula and operands; violations with what to
 change. See docs/ledger.md.
 
-Modules, imports one way: `result` (the returned data) ← `reserves`, `placements`, `verdict`,
+Modules, imports one way: `result` (the returned data) ← `fix_check` (whether a suggested change
+fits the other budgets; `compute_lane` is handed down to it) ← `reserves`, `placements`, `verdict`,
 `load`, `workspace` (the runtime's start-up HBM) (one part of a lane's figures each) ← `lane` (`compute_lane`) ← `multinode` (a lane over
 several machines: `compute_lane` per stage) ← `recipe` (`compute_ledger`, shared budgets). The
 human text: `report_lane` ← `multinode_report` ← `report`.

@@ -93,14 +93,15 @@ def compute_lane(model: Model, machine: Machine, lane: Lane, *,
                                             hbm.reserve - active.dense_host_bytes / tp, kv_for_checks,
                                             kv_tokens, host_total, tables, reserve_host, tp,
                                             fixed_kv=lane.kv_cache_bytes, bank=bank,
-                                            kv_token_bytes=kv_token_bytes, workspace=workspace))
+                                            kv_token_bytes=kv_token_bytes, workspace=workspace,
+                                            recompute=compute_lane))
     _runtime_check(model, machine, lane, out)
 
     # --- load time (after the verdict: a side already over budget at the end is not re-reported)
     final_over = {v.kind for v in out.violations}
     load_figures(model, machine, lane, active, out.add, hbm.reserve, hbm.weights, tables, reserve_host,
                  out.violations, tp, skip_hbm="hbm" in final_over, skip_host="host" in final_over,
-                 dense_offloaded=active.dense_host_bytes, workspace=workspace)
+                 dense_offloaded=active.dense_host_bytes, workspace=workspace, recompute=compute_lane)
     return LaneLedger(lane.name, lane.machine, list(lane.gpus), lane.offload.placement, out.figs, ua, pos,
                       out.violations, out.notes)
 

@@ -1,5 +1,6 @@
 """Load-time figures: the lane loads with vLLM's `--cpu-offload-gb`, then the runtime re-homes to
-the row map; the HBM and host peaks between the two states, and the violations they cause."""
+the row map; the HBM and host peaks between the two states, and the violations they cause (each
+fix checked against the lane's other budgets before it is offered: `fix_check.vetted`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from recipegen.common.units import GiB, format_bytes
 from recipegen.ledger.figures import Figure
+from recipegen.ledger.fix_check import UNWORDED, Fix, Recompute, trial, vetted
 from recipegen.ledger.pinning import pinned_operands, pinned_per_layer, rehoming_host_peak
 from recipegen.ledger.placement import experts_only, positional_walk, rehoming_peaks
 from recipegen.ledger.reserves import load_context_allowance
@@ -18,7 +20,8 @@ from recipegen.schema import Lane, Machine, Model
 def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLedger, add: Any,
                   reserve: float, declared_weights: float, tables: float, host_reserve: float,
                   violations: list[Violation], tp: int, *, skip_hbm: bool = False,
-                  skip_host: bool = False, dense_offloaded: float = 0.0, workspace: float = 0.0) -> None:
+                  skip_host: bool = False, dense_offloaded: float = 0.0, workspace: float = 0.0,
+                  recompute: Recompute | None = None) -> None:
     """`dense_offloaded`: non-routed bytes the walk moved to host (out of HBM, into pinned host).
     `workspace`: the runtime's start-up HBM per GPU (`workspace`): the plugin allocates the counter,
     step masks and kernel objects in `after_model_loaded` before `core.rehome_model` re-homes the
@@ -100,21 +103,30 @@ def load_figures(model: Model, machine: Machine, lane: Lane, active: PlacementLe
                                 "peak_pinned_bytes": pinned_peak,
                                 "peak_expert_bytes_unrounded": peaks.host_peak}, how)).value
     capacity = machine.gpus.usable
+    # A fix leaves a usage-aware lane's split, row map included, as it is: only the load offload changes.
+    rowmap_hot = active.hot_per_layer if lane.offload.placement == USAGE_AWARE else None
     if hbm_peak > capacity and not skip_hbm:
         need = hbm_peak - capacity
+        gib = math.ceil((budget + need) / GiB)
+        fix = Fix(f"raise offload.load_cpu_offload to at least {gib} GiB so fewer experts land in HBM at load",
+                  f"raising offload.load_cpu_offload to {gib} GiB", offload={"load_cpu_offload": gib * GiB})
         violations.append(Violation(
             "load-hbm", f"HBM peaks at {format_bytes(hbm_peak)} while loading, {format_bytes(need)} over "
             f"the GPU's {format_bytes(capacity)}",
-            f"raise offload.load_cpu_offload to at least {math.ceil((budget + need) / GiB)} GiB so "
-            "fewer experts land in HBM at load", need, lane=lane.name))
+            vetted(model, machine, lane, "load-hbm", [fix], fix.text, rowmap_hot=rowmap_hot, recompute=recompute), need, lane=lane.name))
     if host_peak > machine.host_memory and not skip_host:
         need = host_peak - machine.host_memory
+        if trial():   # the value is a search over load offloads, and a trial lane's fix is never printed
+            suggestion = UNWORDED
+        else:
+            gib = _largest_fitting_load_offload(model, lane, active, tp, machine.host_memory - tables - host_reserve)
+            fix = Fix(f"lower offload.load_cpu_offload to at most {gib} GiB",
+                      f"lowering offload.load_cpu_offload to {gib} GiB", offload={"load_cpu_offload": gib * GiB})
+            suggestion = vetted(model, machine, lane, "load-host", [fix], fix.text, rowmap_hot=rowmap_hot, recompute=recompute)
         violations.append(Violation(
             "load-host", f"host memory peaks at {format_bytes(host_peak)} while loading, "
             f"{format_bytes(need)} over the machine's {format_bytes(machine.host_memory)}",
-            f"lower offload.load_cpu_offload to at most "
-            f"{_largest_fitting_load_offload(model, lane, active, tp, machine.host_memory - tables - host_reserve)} GiB",
-            need, lane=lane.name))
+            suggestion, need, lane=lane.name))
 
 
 def _pinned_load_peak(model: Model, lane: Lane, active: PlacementLedger, tp: int, budget: float) -> float:

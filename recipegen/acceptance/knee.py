@@ -68,6 +68,15 @@ class Level:
         values = [w.latency_p50_s for w in self.windows if w.latency_p50_s is not None]
         return statistics.median(values) if values else None
 
+    @property
+    def decode_rate(self) -> float | None:
+        """The per-request decode rate: each request's tokens ÷ its latency, the mean over the
+        requests of every window (each window's `stream_tok_s_mean` weighted by its requests)."""
+        rated = [(w.stream_tok_s_mean, w.requests) for w in self.windows
+                 if w.stream_tok_s_mean is not None and w.requests]
+        total = sum(n for _, n in rated)
+        return sum(rate * n for rate, n in rated) / total if total else None
+
 
 def spread(values: Sequence[float]) -> Spread:
     if not values:

@@ -36,6 +36,16 @@ def _server(info: dict[str, Any]) -> str:
     return f"server version {version}"
 
 
+def identity_user_text(info: dict[str, Any]) -> list[str]:
+    """The values of `identity_lines` that are not recipegen's words: the endpoint's URL, what its
+    server said (model names, version), the recording and log it was read from, the lane and class
+    its start-up report named. The glossary leaves them out (recipegen.cli.output)."""
+    values = [info.get("url"), info.get("recording"), info.get("server_version"), info.get("lane"),
+              info.get("traffic_class"), info.get("lane_report_source")]
+    values += [m.get(k) for m in info.get("models", []) if isinstance(m, dict) for k in ("id", "root")]
+    return [str(v) for v in values if v]
+
+
 def _short(hashes: Any) -> str:
     if not hashes:
         return "-"
@@ -72,6 +82,21 @@ def parity_text(report: ParityReport, identities: dict[str, dict[str, Any]], *, 
     return "\n".join(lines)
 
 
+def parity_user_text(report: ParityReport, identities: dict[str, dict[str, Any]], *, fixture_name: str
+                     ) -> list[str]:
+    """What `parity_text` prints that is not recipegen's words: the endpoints' identities, the
+    fixture's name, prompt ids and categories, and the model's own text quoted where outputs part."""
+    values = [fixture_name]
+    for info in identities.values():
+        values += identity_user_text(info)
+    for v in report.verdicts:
+        values += [v.prompt_id, v.category]
+        for d in (v.divergence, v.self_divergence):
+            if d is not None:
+                values += [repr(d.common), repr(d.left), repr(d.right)]
+    return values
+
+
 def parity_json(report: ParityReport, identities: dict[str, dict[str, Any]], settings: dict[str, Any]
                 ) -> dict[str, Any]:
     return {"passed": report.passed, "settings": settings, "endpoints": identities,
@@ -84,6 +109,11 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.0f}"
 
 
+def knee_user_text(result: KneeResult) -> list[str]:
+    """What `knee_text` prints that is not recipegen's words: the endpoints' identities."""
+    return [v for info in result.endpoints.values() for v in identity_user_text(info)]
+
+
 def knee_text(result: KneeResult) -> str:
     lines = []
     for label, info in result.endpoints.items():
@@ -93,15 +123,17 @@ def knee_text(result: KneeResult) -> str:
                  f"max_tokens {s.get('max_tokens')}")
     lines.append("")
     lines.append(f"{'leg':<4} {'conc':>4} {'tok/s mean':>10} {'min':>8} {'max':>8} {'spread':>7} "
-                 f"{'p50 lat ms':>10} {'p90 lat ms':>10} {'ttft ms':>8} {'req':>5}")
+                 f"{'p50 lat ms':>10} {'p90 lat ms':>10} {'ttft ms':>8} {'tok/s/req':>9} {'req':>5}")
     for level in result.levels:
         t = level.tok_s
         p90 = max((w.latency_p90_s for w in level.windows if w.latency_p90_s is not None), default=None)
         ttft = [w.ttft_p50_s for w in level.windows if w.ttft_p50_s is not None]
         requests = sum(w.requests for w in level.windows)
+        rate = level.decode_rate
         lines.append(f"{level.label:<4} {level.concurrency:>4} {t.mean:>10.1f} {t.min:>8.1f} {t.max:>8.1f} "
-                     f"{t.relative:>6.1%} {_ms(level.latency_p50):>10} {_ms(p90):>10} "
-                     f"{_ms(sorted(ttft)[len(ttft) // 2] if ttft else None):>8} {requests:>5}")
+                     f"{t.relative:>7.1%} {_ms(level.latency_p50):>10} {_ms(p90):>10} "
+                     f"{_ms(sorted(ttft)[len(ttft) // 2] if ttft else None):>8} "
+                     f"{'-' if rate is None else f'{rate:.1f}':>9} {requests:>5}")
     labels = {level.label for level in result.levels}
     lines.append("")
     lines.append("leg A: the candidate (URL)" + ("; B: the control (--compare); A2: the candidate again, after B "
@@ -111,6 +143,8 @@ def knee_text(result: KneeResult) -> str:
     lines.append("p50 lat ms: median of the windows' median request latency; p90 lat ms: the highest window's "
                  "90th percentile; ttft ms: median of the windows' median time to first token; req: requests that started after the "
                  "warm-up and finished inside a window, all windows together")
+    lines.append("tok/s/req: the per-request decode rate, each request's output tokens ÷ its latency (time to "
+                 "first token included), averaged over the requests counted in req")
     comparisons = compare_levels(result)
     if comparisons:
         lines.append("")

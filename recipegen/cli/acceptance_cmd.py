@@ -108,7 +108,7 @@ def parity(url_a: str, url_b: str | None, fixture: Path | None, runs: int, max_t
     from recipegen.acceptance.client import EndpointClient
     from recipegen.acceptance.fixture import load_fixture
     from recipegen.acceptance.parity import compare, read_record, record_json, run_fixture
-    from recipegen.acceptance.report import parity_json, parity_text
+    from recipegen.acceptance.report import parity_json, parity_text, parity_user_text
 
     loaded = load_fixture(fixture)
     settings = {"fixture": loaded.name, "runs": runs, "max_tokens": max_tokens, "seed": seed,
@@ -170,7 +170,8 @@ def parity(url_a: str, url_b: str | None, fixture: Path | None, runs: int, max_t
                    f"to {record_path}")
         return
     report = compare(loaded, results["A"], results["B"])
-    _explained(parity_text(report, identities, fixture_name=loaded.name, settings=settings))
+    _explained(parity_text(report, identities, fixture_name=loaded.name, settings=settings),
+               parity_user_text(report, identities, fixture_name=loaded.name))
     if json_path is not None:
         _write_json(json_path, parity_json(report, identities, settings))
     if not report.passed:
@@ -212,7 +213,7 @@ def knee(url: str, concurrency_text: str, duration: str, warmup: str, repetition
     from recipegen.acceptance.client import EndpointClient
     from recipegen.acceptance.fixture import load_fixture
     from recipegen.acceptance.knee import run_knee
-    from recipegen.acceptance.report import knee_json, knee_text
+    from recipegen.acceptance.report import knee_json, knee_text, knee_user_text
 
     if plot_path is not None:  # before minutes of measuring: a missing matplotlib fails now
         from recipegen.common.plotting import plot_target, pyplot
@@ -245,7 +246,7 @@ def knee(url: str, concurrency_text: str, duration: str, warmup: str, repetition
                     await control.aclose()
 
     result = asyncio.run(main())
-    _explained(knee_text(result))
+    _explained(knee_text(result), knee_user_text(result))
     if json_path is not None:
         _write_json(json_path, knee_json(result))
     if plot_path is not None:
@@ -254,9 +255,10 @@ def knee(url: str, concurrency_text: str, duration: str, warmup: str, repetition
         click.echo(f"plot written to {plot_path}")
 
 
-def _explained(text: str) -> None:
-    """A report for people, its shorthand explained after it."""
+def _explained(text: str, user_text: list[str]) -> None:
+    """A report for people, its shorthand explained after it (in recipegen's words only: the
+    endpoints' URLs, what their servers and recordings said and the fixture's own text are left out)."""
     from recipegen.cli.output import explained
 
-    with explained() as say:
+    with explained(user_text) as say:
         say(text)

@@ -101,7 +101,9 @@ def plan(recipe: str, lane: str | None, sweep_text: str | None, traffic_class: s
 
     from recipegen.cli.output import ExplainedEcho
 
-    say = ExplainedEcho()  # the report for people, its shorthand explained at the end
+    # the report for people, its shorthand explained at the end (in recipegen's words: the
+    # recipe's own names and files are the user's)
+    say = ExplainedEcho(user_text=_recipe_names(loaded, lane_spec))
     if as_json:
         data = {"budgets": {"ok": not violations, "violations": [v.to_json() for v in violations],
                             "warning": budget_warning},
@@ -145,6 +147,15 @@ def plan(recipe: str, lane: str | None, sweep_text: str | None, traffic_class: s
             say(f"plot written to {plot_path}")
     if not as_json:
         say.finish()
+
+
+def _recipe_names(loaded: Any, lane_spec: Any) -> list[str]:
+    """What the report prints that the recipe's author named: the recipe, its file, the lane, its
+    machine, its classes and their row map and histogram files (not recipegen's shorthand)."""
+    names = [loaded.recipe.name, str(loaded.path), lane_spec.name, lane_spec.machine]
+    for name, cls in lane_spec.classes.items():
+        names += [name, *(f for f in (cls.rowmap, cls.histogram) if f)]
+    return names
 
 
 def _lane_violations(ledger: Any, lane: str) -> list[Any]:
@@ -208,9 +219,12 @@ def _sweep_table(sweep, step: int | None, limit: int | None = None) -> str:  # t
     lines = [f"lane {sweep.lane}, class {sweep.traffic_class or '-'}"
              + (f", histogram {sweep.histogram}{' (synthetic)' if sweep.histogram_synthetic else ''}"
                 if sweep.histogram else ""), head]
+    here = " ◀ lane's offload budget, usage-aware" if sweep.positional else " ◀ lane now"
+    marked, broken = False, set[str]()
     for r in table_rows(sweep, step):
-        here = " ◀ lane's offload budget, usage-aware" if sweep.positional else " ◀ lane now"
         mark = here if r.hot == round(sweep.current_hot) else ""
+        marked = marked or bool(mark)
+        broken.update(r.violations)
         bad = f"  ✗ {', '.join(r.violations)}" if r.violations else ""
         line = (f"{r.hot:>4} {r.cold:>4} {r.hot_bytes / GiB:>8.2f} GiB {r.kv_pool_bytes / GiB:>5.2f} GiB "
                 f"{r.kv_tokens / 1e6:>9.2f}M {r.cold_bytes / GiB:>8.2f} GiB {r.host_headroom / GiB:>6.1f} GiB "
@@ -218,5 +232,33 @@ def _sweep_table(sweep, step: int | None, limit: int | None = None) -> str:  # t
         for p in r.points:
             line += f" {p.tax.fetch_ms:>7.2f} ms"
         lines.append(line + mark + bad)
+    beyond = limit is not None and any(s > limit for s in sweep.streams)
+    lines += _sweep_legend(here.strip() if marked else None, sorted(broken), beyond)
     lines += [f"note: {n}" for n in sweep.notes]
     return "\n".join(lines)
+
+
+def _sweep_legend(mark: str | None, broken: list[str], beyond: bool) -> list[str]:
+    """What each column and marker of the sweep table means, printed under it (as knee's report and
+    `compare` explain their columns): the markers only where a row carries them."""
+    from recipegen.common.glossary import BUDGET_KINDS
+
+    lines = ["hot / cold: experts per MoE layer kept in HBM / in pinned host memory; HBM experts: the hot "
+             "experts' bytes per GPU; KV pool: the HBM per GPU left for the KV cache (below zero: the hot experts "
+             "and the reserve do not fit); KV tokens: the tokens that pool holds (M: millions)",
+             "host pinned: the cold experts' bytes in pinned host memory, the lane's GPUs together; host free: the "
+             "machine's host memory less the host memory in use (`check budgets`' host headroom); cold share: the share of the class's routed picks that fall on cold experts (note "
+             "below); fetch C<n>: the projected fetch tax per decode step at n concurrent streams (as in the fetch tax "
+             "above, at the row's cold share)"
+             + ("; †: above --max-num-seqs (the note under the decode speed estimate)" if beyond else "")]
+    marks = []
+    if mark is not None:
+        marks.append(f"{mark}: the lane's hot experts per layer as its recipe stands" if mark == "◀ lane now" else
+                     f"{mark}: the hot count the positional lane's --cpu-offload-gb bytes would buy as a "
+                     "usage-aware lane")
+    if broken:
+        marks.append("✗ <kind>: a budget the row breaks, as `check budgets` names it (vLLM would not start "
+                     "the lane with that many hot): " + "; ".join(f"{k}: {BUDGET_KINDS.get(k, k)}" for k in broken))
+    if marks:
+        lines.append("; ".join(marks))
+    return lines

@@ -10,6 +10,7 @@ explain in place (`footnotes`). docs/design.md, 'Shorthand in the output', lists
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 HEADING = "shorthand above (docs/design.md, 'Shorthand in the output'):"
@@ -32,10 +33,25 @@ class Term:
         return self.explained_by is not None and re.search(self.explained_by, text) is not None
 
 
-# The budget a configuration breaks, as fit / new / compare and check budgets tag it
-# (recipegen.ledger.verdict's violation kinds; `sequences`: recipegen.fit.search).
-_BUDGET_TAG = (r"\[(?:kv|hbm|host|load-hbm|load-host|machine-host|gpu-shared|reserve|runtime|attention|parallel|"
-               r"sequences)\]")
+# The budget a configuration breaks (recipegen.ledger.verdict's violation kinds; `sequences`:
+# recipegen.fit.search), each in words: fit / new / compare and check budgets tag it [kind] (the
+# term below explains those), `plan --sweep` marks a row ✗ kind and explains the kinds it printed
+# under its table (recipegen.cli.plan_cmd).
+BUDGET_KINDS: dict[str, str] = {
+    "hbm": "HBM per GPU (reserve + hot experts over the cap)",
+    "kv": "the KV pool (less than one max_model_len sequence)",
+    "host": "host memory in use",
+    "load-hbm": "HBM at the load-time peak",
+    "load-host": "host memory at the load-time peak",
+    "machine-host": "the machine's lanes together over its host memory",
+    "gpu-shared": "a GPU always-on lanes share",
+    "reserve": "declared weights larger than the measured HBM reserve they are part of",
+    "runtime": "what the expert residency runtime would refuse at boot",
+    "attention": "what vLLM's attention setup would refuse at boot",
+    "parallel": "what the parallel layout would refuse at boot",
+    "sequences": "fewer full-length sequences than --min-sequences asks",
+}
+_BUDGET_TAG = r"\[(?:" + "|".join(map(re.escape, BUDGET_KINDS)) + r")\]"
 
 # The note the fetch projection prints beside its figures (recipegen.costmodel.lane).
 _CK_NOTE = r"C<n> k=<k>: n concurrent streams"
@@ -159,14 +175,34 @@ TERMS: tuple[Term, ...] = (
 )
 
 
-def used_terms(text: str) -> list[Term]:
-    """The terms `text` uses and does not explain in place, in the table's order."""
+# What stands in for a user's value in the text the terms are matched in: no term matches it.
+_MASK = "\x00"
+
+
+def mask_user_text(text: str, user_text: Iterable[str] = ()) -> str:
+    """`text` with every occurrence of the user's own values (paths, URLs, names they gave,
+    what a server or a recording said) masked, so that only recipegen's own words are matched:
+    a recording named v14.json is not the reference lane's v14. A value is masked where it stands
+    whole (not inside a longer word: a lane named `agent` leaves `agents` alone); longer values first."""
+    values = sorted({v for v in user_text if v and v.strip()}, key=len, reverse=True)
+    for value in values:
+        pattern = (r"(?<!\w)" if re.match(r"\w", value) else "") + re.escape(value) + \
+                  (r"(?!\w)" if re.search(r"\w$", value) else "")
+        text = re.sub(pattern, _MASK, text)
+    return text
+
+
+def used_terms(text: str, user_text: Iterable[str] = ()) -> list[Term]:
+    """The terms `text` uses and does not explain in place, in the table's order; the values in
+    `user_text` are not recipegen's words and neither use nor explain a term (`mask_user_text`)."""
+    text = mask_user_text(text, user_text)
     return [t for t in TERMS if t.used_in(text) and not t.explained_in(text)]
 
 
-def footnotes(text: str) -> list[str]:
-    """The lines that explain the shorthand of `text` (none when it uses none)."""
-    terms = used_terms(text)
+def footnotes(text: str, user_text: Iterable[str] = ()) -> list[str]:
+    """The lines that explain the shorthand of `text` (none when it uses none), the values in
+    `user_text` left out of the matching (`used_terms`)."""
+    terms = used_terms(text, user_text)
     if not terms:
         return []
     return [HEADING, *(f"  {t.name}: {t.meaning}" for t in terms)]

@@ -97,7 +97,7 @@ def test_worst_exit_code_wins() -> None:
 
 def test_lane_filter() -> None:
     result = check_budgets(str(REPO / "recipes" / "dsv41-flash-gb300.yaml"), "--lane", "nope")
-    assert result.code == 2 and "no lane nope" in result.stderr
+    assert result.code == 2 and "field '--lane': the recipe has no lane 'nope' (lanes: agent)" in result.stderr
 
 
 def test_real_console_script(tmp_path: Path) -> None:

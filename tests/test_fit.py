@@ -274,7 +274,7 @@ def test_a_reserve_smaller_than_the_dense_weights_is_named(tmp_path: Path) -> No
     (["--max-model-len", "2000000"], "--max-model-len"),
     (["--min-sequences", "0"], "--min-sequences"),
     (["--concurrency", "0"], "--concurrency"),
-    (["nolane"], "lanes"),
+    (["nolane"], "LANE"),   # the positional argument, as every lane resolver names it
 ])
 def test_bad_input_exits_2_naming_the_field(tmp_path: Path, args: list[str], field: str) -> None:
     recipe = project(tmp_path, "qwen3-30b-a3b-rtx4090")

@@ -16,7 +16,7 @@ from recipegen.catalog import catalog_entry
 from recipegen.catalog.detect import RecordedNvml, detect, pcie_lane_bytes_per_s, read_mem_total, to_yaml
 from recipegen.cli import main
 from recipegen.common.errors import InputError, RecipegenError
-from recipegen.ops.doctor import FAIL, OK, WARN, Facts, HostRequirement, evaluate
+from recipegen.ops.doctor import FAIL, NVML_MODULE_FIX, OK, WARN, Facts, HostRequirement, evaluate
 from recipegen.schema import Machine
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "nvml" / "dgx-h100-565.57.01.json"
@@ -161,7 +161,9 @@ def test_doctor_compares_the_box_with_the_recipes_machine() -> None:
     check = _machine_check(_facts(box), _need("rtx-4090"))
     assert check.status == FAIL and "RTX 4090" in check.detail and "compute capability 8.9" in check.detail
     assert _machine_check(_facts(box), None).status == OK
-    check = _machine_check(_facts(None, "reading the GPUs needs nvidia-ml-py"), None)
+    unread = _facts(None, "reading the GPUs needs nvidia-ml-py")
+    unread.detect_fix = NVML_MODULE_FIX       # what doctor sets when the import fails (tests/test_doctor_nvml_hint.py)
+    check = _machine_check(unread, None)
     assert check.status == WARN and "recipegen[nvml]" in check.fix
     healthy = copy.copy(_facts(None))
     healthy.detect_error = ""

@@ -28,6 +28,18 @@ REPO = Path(__file__).resolve().parent.parent
 REFERENCE = "dsv41-flash-gb300"
 
 
+@pytest.fixture
+def project(project: Path) -> Path:
+    """The scratch project with the reference lane made adaptive (as tests/test_ops_engine_adaptive.py
+    does): save-live reads the live map only an adaptive lane writes, and refuses any other lane."""
+    recipe = project / "recipes" / f"{REFERENCE}.yaml"
+    text = recipe.read_text()
+    anchor = "      hot_experts_per_layer: 295"
+    end = text.index("\n", text.index(anchor)) + 1
+    recipe.write_text(text[:end] + "      adaptive: {swaps_per_layer: 4, priors: [prose, math]}\n" + text[end:])
+    return project
+
+
 class FixedCounter:
     """What the dump writer reads from an `ExpertCounter`: its histogram."""
 

@@ -31,14 +31,14 @@ def test_render_names_every_file_and_service_it_wrote_and_no_ledger(project: Pat
     assert result.code == 0, result.stdout
     lines = result.stdout.splitlines()
     # a first render: both generated files are new (the positional lane mounts no row map and the
-    # recipe has no monitoring block)
+    # recipe has no monitoring block), and so are its services
     assert lines[:3] == ["wrote compose/dsv41-flash-gb300-off60/ from recipes/dsv41-flash-gb300-off60.yaml: "
-                         "2 files, 2 changed",
+                         "2 files, 2 new",
                          "  file compose.yaml: new",
                          "  file .gitignore: new"]
-    assert lines[3].startswith("  service lane-agent: changed — vLLM engine of lane agent: vLLM's positional "
+    assert lines[3].startswith("  service lane-agent: new — vLLM engine of lane agent: vLLM's positional "
                                "offload (--cpu-offload-gb 60), without the runtime, port 30006 (config hash ")
-    assert lines[4].startswith("  service lane-agent-profile: changed — count-only profiling boot of lane "
+    assert lines[4].startswith("  service lane-agent-profile: new — count-only profiling boot of lane "
                                "agent, started by `recipegen profile`")
     assert "HBM / GPU:" not in result.stdout and "verdict" not in result.stdout     # the ledger only with --verbose
     # a second render: nothing changed, and it says so file by file
@@ -156,17 +156,23 @@ def _reports(root: Path) -> dict[str, str]:
 
 def test_every_report_explains_its_shorthand(project: Path) -> None:
     reports = _reports(project)
+    # The recipe names given on the command line are the user's names, not recipegen's shorthand
+    # (dsv41-flash-gb300-off60's "off60"): the glossary leaves them out (recipegen.cli.output).
+    names = sorted((p.stem for p in (project / "recipes").glob("*.yaml")), key=len, reverse=True)
     seen: set[str] = set()
     for what, text in reports.items():
         assert text.strip(), what
+        for name in names:
+            text = text.replace(name, "")
         for pattern, words in EXPLAINED.items():
             if re.search(pattern, text):
                 seen.add(pattern)
                 assert words in text, f"`recipegen {what}` prints {pattern} without explaining it ({words!r})"
         for jargon in NEVER:
             assert jargon not in text, f"`recipegen {what}` still prints {jargon!r}"
-    # the reports above do meet most of these (the test would be empty otherwise)
-    assert len(seen) >= 15, sorted(set(EXPLAINED) - seen)
+    # the reports above do meet most of these (the test would be empty otherwise); off60 they print
+    # only inside the recipe name dsv41-flash-gb300-off60, left out above
+    assert len(seen) >= 14, sorted(set(EXPLAINED) - seen)
 
 
 def test_an_explained_term_gets_no_footnote_and_json_gets_none() -> None:

@@ -244,7 +244,7 @@ def test_swap_changes_only_that_service_and_keeps_the_recipe_layout(project: Pat
     assert "lane-agent: changed" in result.output and "lane-agent-profile: unchanged" in result.output
     # what was written, one line per file and per service
     lines = result.output.splitlines()
-    assert f"wrote compose/{REFERENCE}/ from recipes/{REFERENCE}.yaml: 8 files, 3 changed" in lines
+    assert f"wrote compose/{REFERENCE}/ from recipes/{REFERENCE}.yaml: 8 files, 1 new, 2 changed" in lines
     for line in ("  file compose.yaml: changed", "  file maps/agent/prose.rowmap: new",
                  "  file maps/agent/agent.rowmap: removed", "  file monitoring/prometheus.yml: unchanged"):
         assert line in lines, (line, result.output)

@@ -42,6 +42,7 @@ def check_recipe(recipes: tuple[str, ...]) -> None:
     from recipegen.load.document import display_path
     from recipegen.load.recipe import load_recipe
     from recipegen.render.render import refuse_shared_name
+    from recipegen.render.services import hub_checkpoint_note
 
     failed = 0
     for target in _targets(recipes):
@@ -59,6 +60,9 @@ def check_recipe(recipes: tuple[str, ...]) -> None:
             + f", {lane.machine} GPU {','.join(map(str, lane.gpus))}, port {lane.port})"
             for lane in r.lanes)
         click.echo(f"ok  {display_path(loaded.path)}: {r.name}, model {r.model.name}; {lanes}")
+        note = hub_checkpoint_note(r)   # `checkpoints/x` reads as a repo id too: say which it is
+        if note:
+            click.echo(f"  note: {note}")
     if failed:
         sys.exit(EXIT_INVALID)
 
@@ -92,9 +96,9 @@ def check_budgets(recipes: tuple[str, ...], explain: bool, as_json: bool, lanes:
             else:
                 click.echo(f"error: {exc}", err=True)
             continue
-        unknown = [name for name in lanes if name not in {l.name for l in loaded.recipe.lanes}]
+        unknown = [name for name in dict.fromkeys(lanes) if name not in {l.name for l in loaded.recipe.lanes}]
         if unknown and recipes:
-            raise RecipegenError(f"{display_path(loaded.path)}: no lane {', '.join(unknown)}")
+            raise loaded.no_lane_error(unknown, "--lane")
         ledger = compute_ledger(loaded)
         if lanes:
             ledger.lanes = [l for l in ledger.lanes if l.lane in lanes]

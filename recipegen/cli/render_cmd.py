@@ -241,12 +241,8 @@ def _report(written: list[Path], old: dict[Path, dict[str, str]],
         after = read_manifest(folder) or {}
         files = {name: file_status(name, digest, before) for name, digest in after.items()}
         files.update({name: "removed" for name in before.manifest if name not in after})
-        touched = sum(1 for mark in files.values() if mark != "unchanged")
-        rewritten = sum(1 for mark in files.values() if mark.startswith("rewritten"))
         source = f" from {display_path(recipe_path)}" if recipe_path is not None else ""
-        say(f"wrote {display_path(folder)}/{source}: {len(after)} files, "
-            + (f"{touched} changed" if touched else "none changed")
-            + (f" ({rewritten} rewritten over hand edits)" if rewritten else ""))
+        say(f"wrote {display_path(folder)}/{source}: {len(after)} files, {_counts(files.values())}")
         for name in sorted(files, key=lambda n: (n != "compose.yaml", n)):
             say(f"  file {name}: {files[name]}")
         text = compose_file.read_text(encoding="utf-8")
@@ -255,7 +251,7 @@ def _report(written: list[Path], old: dict[Path, dict[str, str]],
         changed = [s for s in new if hashes.get(s) != new[s]]
         for service, role in _services(text).items():
             if service in new:
-                mark = "changed" if service in changed else "unchanged"
+                mark = "new" if service not in hashes else "changed" if service in changed else "unchanged"
                 say(f"  service {service}: {mark} — {role} (config hash {new[service][:12]})")
             else:
                 say(f"  service {service}: {role}")
@@ -263,6 +259,17 @@ def _report(written: list[Path], old: dict[Path, dict[str, str]],
         if hashes and lanes:
             say(f"  apply: docker compose -f {display_path(compose_file)} up -d "
                 f"{' '.join(lanes)}")
+
+
+def _counts(marks) -> str:
+    """The summary of a folder's file statuses (`file_status`): how many are new, how many changed
+    (rewritten and removed included), and of those how many replaced a hand edit; "none changed"."""
+    marks = list(marks)
+    new = sum(1 for mark in marks if mark == "new")
+    changed = sum(1 for mark in marks if mark not in ("new", "unchanged"))
+    rewritten = sum(1 for mark in marks if mark.startswith("rewritten"))
+    parts = ([f"{new} new"] if new else []) + ([f"{changed} changed"] if changed else [])
+    return (", ".join(parts) or "none changed") + (f" ({rewritten} rewritten over hand edits)" if rewritten else "")
 
 
 def _services(compose_text: str) -> dict[str, str]:
@@ -322,9 +329,12 @@ def _render_with_swaps(path: Path, swaps: list[tuple[str, str]], validate: bool,
 
 
 def _echo_drift_notes(loaded, say: Echo) -> None:
-    """Monitored lanes whose active class exports no predicted cold share (docs/metrics.md): the
-    cold-share drift alert has no baseline there, which the operator should hear at render time."""
+    """What the operator should hear at render time: a checkpoint read as a Hugging Face repo id
+    (one line: `checkpoints/x` is that shape too), and monitored lanes whose active class exports no
+    predicted cold share (docs/metrics.md), where the cold-share drift alert has no baseline."""
     from recipegen.render.monitoring import drift_baseline_notes
+    from recipegen.render.services import hub_checkpoint_note
 
-    for note in drift_baseline_notes(loaded):
+    hub = hub_checkpoint_note(loaded.recipe)
+    for note in ([hub] if hub else []) + drift_baseline_notes(loaded):
         say(f"  note: {note}")

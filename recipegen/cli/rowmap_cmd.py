@@ -529,6 +529,7 @@ def save_live(recipe: str, lane: str, cls: str, dump_dir: Path | None, machine: 
     from recipegen.load.checks import project_root_of
     from recipegen.load.recipe import load_recipe, resolve_recipe_path
     from recipegen.ops.dumps import read_host_dir
+    from recipegen.ops.livemap import adaptive_lane
     from recipegen.ops.livemap import save_live as run
 
     path = resolve_recipe_path(recipe)
@@ -536,6 +537,7 @@ def save_live(recipe: str, lane: str, cls: str, dump_dir: Path | None, machine: 
         _output(output, "--output", (path,))
     with recipe_lock(path, echo=click.echo):  # the class's map is the recipe's: one writer at a time
         loaded = load_recipe(path)
+        adaptive_lane(loaded, lane)   # the recipe first: a lane that writes no live map, no dump to read
         root = project_root_of(loaded.base_dir)
         if dump_dir is None:
             from recipegen.ops.rendering import Rendering

@@ -28,6 +28,7 @@ from recipegen.load.document import (
     line_of,
     parse_yaml,
     problems_error,
+    read_yaml_file,
     round_trip_yaml,
     to_plain,
     validation_error,
@@ -73,20 +74,30 @@ class LoadedRecipe:
         return InputError(message, file=display_path(self.path), line=self.line_of(loc),
                           field=format_loc(loc))
 
-    def lane_at(self, name: str | None, what: str = "to use") -> tuple[int, Lane]:
+    def lane_at(self, name: str | None, what: str = "to use", *, option: str = "LANE") -> tuple[int, Lane]:
         """The lane called `name` and its index; with no name, the recipe's only lane (several: refused,
-        naming them, as `what` needs one: "to fit", "to plan")."""
+        naming them, as `what` needs one: "to fit", "to plan"). A name the recipe has no lane of is
+        refused by `no_lane_error`, naming `option`, the argument or option that gave it."""
         lanes = self.recipe.lanes
-        listed = ", ".join(lane.name for lane in lanes)
         if name is None:
             if len(lanes) > 1:
+                listed = ", ".join(lane.name for lane in lanes)
                 raise InputError(f"the recipe has {len(lanes)} lanes ({listed}): name the one {what}",
                                  file=display_path(self.path), field="lanes")
             return 0, lanes[0]
         for index, lane in enumerate(lanes):
             if lane.name == name:
                 return index, lane
-        raise InputError(f"no lane {name!r} (lanes: {listed})", file=display_path(self.path), field="lanes")
+        raise self.no_lane_error([name], option)
+
+    def no_lane_error(self, names: list[str], option: str = "LANE") -> InputError:
+        """The one refusal of lane names this recipe has no lane of, whichever command took them:
+        the recipe's file, the argument or option that named them as the field (`LANE`, `--lane`,
+        `--class`), and the recipe's lanes."""
+        listed = ", ".join(lane.name for lane in self.recipe.lanes)
+        unknown = ", ".join(repr(name) for name in names)
+        return InputError(f"the recipe has no lane{'s' if len(names) > 1 else ''} {unknown} (lanes: {listed})",
+                          file=display_path(self.path), field=option)
 
 
 # ---------------------------------------------------------------- locating
@@ -229,7 +240,7 @@ def load_recipe(path_or_name: str | os.PathLike[str], *, read_maps: bool = True,
     recipe, document = _read_validated(path, text)
     # listed after the file's other problems, with them: each is worth fixing on its own
     misnamed = file_name_problems(recipe, path)
-    cross = cross_reference_problems(recipe, path.parent)
+    cross = cross_reference_problems(recipe, path.parent) + local_checkpoint_problems(recipe, path, document)
     if cross:
         raise problems_error(path, document, cross + misnamed)
     loaded = LoadedRecipe(recipe=recipe, path=path, document=document)
@@ -255,10 +266,55 @@ def load_recipe_model(path_or_name: str | os.PathLike[str], *, text: str | None 
     `text`: take this as the file's content (a recipe not yet written)."""
     path = resolve_recipe_path(path_or_name) if text is None else Path(path_or_name)
     recipe, document = _read_validated(path, text)
-    misnamed = file_name_problems(recipe, path)
-    if misnamed:
-        raise problems_error(path, document, misnamed)
+    problems = local_checkpoint_problems(recipe, path, document) + file_name_problems(recipe, path)
+    if problems:
+        raise problems_error(path, document, problems)
     return LoadedRecipe(recipe=recipe, path=path, document=document)
+
+
+def local_checkpoint_problems(recipe: Recipe, path: Path, document: Any) -> list[Problem]:
+    """A `model.checkpoint` written as a relative path that names something on this disk.
+
+    `org/name` is a Hugging Face repo id by the schema's one rule (`recipegen.schema.patterns`), and
+    the rendering mounts it from the hub cache; but `checkpoints/gpt-oss-120b` is that shape too.
+    Where a file or folder of that relative path exists beside the recipe, in its project (the
+    folder holding `recipes/`) or in the current folder, the text is refused at its line: it is a
+    local checkpoint written without its absolute path. A checkpoint the catalog gives is the
+    catalog's repo id, not checked. Written in the recipe: a problem at its line (returned); in the
+    recipe's model file (`model: {file: …}`): refused at that file's line (raised)."""
+    checkpoint = recipe.model.checkpoint
+    if not checkpoint or checkpoint.startswith("/"):
+        return []
+    node = document.get("model") if isinstance(document, dict) else None
+    if not isinstance(node, dict):
+        return []   # a catalog name: the catalog's repo id
+    base = path.parent
+    folders = {"in the recipe's folder": base, "in the project folder (the one holding recipes/)": project_root_of(base)}
+    try:
+        folders["in the current folder"] = Path.cwd()
+    except OSError:   # the current folder was removed: nothing is relative to it
+        pass
+    found, where = None, ""
+    for what, folder in folders.items():
+        candidate = os.path.abspath(os.path.join(folder, checkpoint))
+        if os.path.lexists(candidate):
+            found, where = candidate, what
+            break
+    if found is None:
+        return []
+    message = (f"{checkpoint!r} looks like a local path: it exists {where}, as {found}; write its "
+               f"absolute path, `checkpoint: {found}` (as written it reads as a Hugging Face repo id "
+               "org/name, which would be mounted from the hub cache instead)")
+    if "checkpoint" in node:
+        return [(("model", "checkpoint"), message)]
+    if not isinstance(node.get("file"), str):
+        return []   # `{catalog: name, …}`: the catalog's repo id
+    from recipegen.load.model_file import MAX_MODEL_FILE_BYTES
+
+    model_path = base / node["file"]
+    model_document = read_yaml_file(model_path, limit=MAX_MODEL_FILE_BYTES, what="model file")
+    raise InputError(message, file=display_path(model_path), line=line_of(model_document, ("checkpoint",)),
+                     field="checkpoint")
 
 
 # ---------------------------------------------------------------- write-back
@@ -292,11 +348,7 @@ def active_class_text(target: Path, text: str, lane: str, cls: str) -> str:
     document = parse_yaml(text, file)
     recipe, document = _validated_document(target, document)
     loaded = LoadedRecipe(recipe=recipe, path=target, document=document)
-    index = next((i for i, item in enumerate(recipe.lanes) if item.name == lane), None)
-    if index is None:
-        raise InputError(f"no lane {lane!r} (lanes: {', '.join(l.name for l in recipe.lanes)})",
-                         file=file, field="lanes")
-    lane_model = recipe.lanes[index]
+    index, lane_model = loaded.lane_at(lane, option="lanes")
     if cls not in lane_model.classes:
         raise loaded.error(f"class {cls!r} is not declared in lane {lane!r} (declared: "
                            f"{', '.join(lane_model.classes) or 'none'})", ("lanes", index, "classes"))

@@ -72,13 +72,10 @@ class Deployment:
             self._client = connect(self.env)
         return self._client
 
-    def lane(self, name: str) -> Any:
-        for lane in self.loaded.recipe.lanes:
-            if lane.name == name:
-                return lane
-        known = ", ".join(lane.name for lane in self.loaded.recipe.lanes)
-        raise InputError(f"recipe {self.recipe_name} has no lane {name!r} (lanes: {known})",
-                         file=str(self.loaded.path), field="lanes")
+    def lane(self, name: str, option: str = "LANE") -> Any:
+        """The recipe's lane `name`; an unknown name is refused naming `option`, the argument that
+        gave it (`LoadedRecipe.no_lane_error`)."""
+        return self.loaded.lane_at(name, option=option)[1]
 
     def lane_names(self) -> list[str]:
         return [lane.name for lane in self.loaded.recipe.lanes]

@@ -64,6 +64,7 @@ class Facts:
     detected: Any = None                            # this box as `recipegen machine detect` reads it
     detected_summary: str = ""
     detect_error: str = ""                          # why it could not be read
+    detect_fix: str = ""                            # what to do about it (`_detect_machine`)
 
 
 def _fmt_limit(value: int | None) -> str:
@@ -199,7 +200,7 @@ def _machine_check(facts: Facts, need: HostRequirement | None) -> Check:
     recipe's ledger was computed for."""
     if facts.detected is None:
         return Check("machine", WARN, f"could not read this box's GPUs through NVML: {facts.detect_error}",
-                     "pip install 'recipegen[nvml]' (nvidia-ml-py) to compare it with the recipe's machine")
+                     facts.detect_fix)
     box = facts.detected
     if need is None or need.machine is None:
         return Check("machine", OK, f"detected {facts.detected_summary} (`recipegen machine detect -o FILE` "
@@ -358,19 +359,43 @@ def gather_facts(env: Mapping[str, str] | None = None, need: HostRequirement | N
     return facts
 
 
+# What the machine row advises when this box could not be read: the Python binding missing (the
+# import failed), or the driver's NVML library (the binding imports, nvmlInit or a reading fails:
+# the `gpus` row's advice), or the readings not making a machine entry.
+COMPARE = "to compare this box with the recipe's machine"
+NVML_MODULE_FIX = f"pip install 'recipegen[nvml]' (nvidia-ml-py) {COMPARE}"
+NVML_DRIVER_FIX = (f"nvidia-ml-py is installed; NVML is the driver's library: install or load the NVIDIA "
+                   f"driver (`nvidia-smi` must list the GPUs; reboot after a driver update) {COMPARE}")
+NVML_ENTRY_FIX = (f"`recipegen machine detect` shows the readings; or write the machine entry by hand "
+                  f"(docs/fit.md) {COMPARE}")
+
+
 def _detect_machine(facts: Facts) -> None:
     """This box through NVML (`recipegen.catalog.detect`), when nvidia-ml-py and a driver are here."""
     from recipegen.catalog.detect import PynvmlTable, detect
-    from recipegen.common.errors import RecipegenError
+    from recipegen.common.errors import InputError, RecipegenError
     from recipegen.schema import Machine
 
     try:
-        found = detect(PynvmlTable(), Path("/proc/meminfo").read_text())
-    except RecipegenError as exc:
-        facts.detect_error = str(exc)
+        table = PynvmlTable()
+    except RecipegenError as exc:   # the import failed: the one case pip fixes
+        facts.detect_error, facts.detect_fix = str(exc), NVML_MODULE_FIX
+        return
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+    except OSError as exc:
+        facts.detect_error = f"cannot read /proc/meminfo: {exc.strerror}"
+        return
+    try:
+        found = detect(table, meminfo)
+    except InputError as exc:       # read, but not a valid machine entry
+        facts.detect_error, facts.detect_fix = str(exc), NVML_ENTRY_FIX
+        return
+    except RecipegenError as exc:   # an NVML call failed, nvmlInit first of all: the driver
+        facts.detect_error, facts.detect_fix = str(exc), NVML_DRIVER_FIX
         return
     except Exception as exc:  # the driver's own errors (NVMLError_LibraryNotFound, ...)
-        facts.detect_error = f"{type(exc).__name__}: {exc}"
+        facts.detect_error, facts.detect_fix = f"{type(exc).__name__}: {exc}", NVML_DRIVER_FIX
         return
     facts.detected = Machine.model_validate(found.entry)
     facts.detected_summary = found.summary()

@@ -65,7 +65,7 @@ def up(dep: Deployment, lanes: list[str], *, wait_s: int = DEFAULT_WAIT_S,
     (`ops.startup`)."""
     progress = progress or echo
     for name in lanes:
-        dep.lane(name)
+        dep.lane(name, "LANES")
     dep.client()  # a clear error now if the engine is not reachable, before rendering
     _ensure_rendered(dep, echo)
     config = dep.project().config()

@@ -152,6 +152,17 @@ def describe(view: dict[str, Any]) -> str:
             f"{format_count(view['barriers'], 'barrier')}; {now}; from {view['snapshot']}")
 
 
+def adaptive_lane(loaded: Any, lane_name: str) -> Any:
+    """The recipe's lane `lane_name`, which must be adaptive: only an adaptive lane's runtime writes
+    a live row map into its snapshots (docs/adaptive.md). Checked before any dump is read, so a
+    lane without `offload.adaptive` is refused at its line, not as a missing dump folder."""
+    index, lane = loaded.lane_at(lane_name)
+    if lane.offload.adaptive is None:
+        raise loaded.error(f"lane {lane_name} has no offload.adaptive: save-live reads the live row map an "
+                           "adaptive lane writes (docs/adaptive.md)", ("lanes", index, "offload"))
+    return lane
+
+
 def save_live(loaded: Any, lane_name: str, cls_name: str, files: Mapping[str, bytes], *, where: str,
               output: Any = None) -> tuple[Any, LiveMapView]:
     """Write the newest live map of `lane_name` among `files` as class `cls_name`'s map (its
@@ -165,10 +176,7 @@ def save_live(loaded: Any, lane_name: str, cls_name: str, files: Mapping[str, by
     from recipegen.common.lock import sweep_temps, write_atomically
 
     recipe = loaded.recipe
-    lane = next((l for l in recipe.lanes if l.name == lane_name), None)
-    if lane is None:
-        raise InputError(f"{recipe.name} has no lane {lane_name!r} (lanes: "
-                         f"{', '.join(l.name for l in recipe.lanes)})", file=str(loaded.path), field="lanes")
+    lane = adaptive_lane(loaded, lane_name)
     target: Path
     if output is None:
         cls = lane.classes.get(cls_name)

@@ -66,9 +66,7 @@ class ProfileResult:
 def profile_target(loaded: Any, lane_name: str, traffic_class: str | None) -> ProfileTarget:
     from recipegen.ledger.budget import declared_split
 
-    lane = next((l for l in loaded.recipe.lanes if l.name == lane_name), None)
-    if lane is None:
-        raise InputError(f"no lane {lane_name!r}", file=str(loaded.path), field="lanes")
+    _, lane = loaded.lane_at(lane_name)
     cls_name = traffic_class or lane.active_class
     if not cls_name or cls_name not in lane.classes:
         raise InputError(f"lane {lane_name} has no class {cls_name!r} (classes: "

@@ -151,6 +151,30 @@ def speculative_json(spec: Speculative) -> str:
     return json.dumps(config, separators=(", ", ": "))
 
 
+HF_HUB_SOURCE = "${HF_HUB_CACHE:-~/.cache/huggingface/hub}"
+"""The host folder a repo-id checkpoint is mounted from (Compose interpolates it)."""
+
+
+def hub_repo_id(recipe: Recipe) -> str | None:
+    """The model's checkpoint when the rendering reads it as a Hugging Face repo id (mounted from
+    the hub cache, offline), else None (an absolute path, or the models folder)."""
+    checkpoint = recipe.model.checkpoint
+    if checkpoint and not checkpoint.startswith("/") and is_hf_repo_id(checkpoint):
+        return checkpoint
+    return None
+
+
+def hub_checkpoint_note(recipe: Recipe) -> str | None:
+    """One line for `recipegen render` and `recipegen check recipe` when the checkpoint is read as a
+    repo id: `checkpoints/x` is that shape too, and a local folder so written would not be mounted."""
+    repo_id = hub_repo_id(recipe)
+    if repo_id is None:
+        return None
+    return (f"model.checkpoint {repo_id} is read as a Hugging Face repo id (mounted from the hub cache, "
+            f"{HF_HUB_SOURCE}, with HF_HUB_OFFLINE=1: download it there first); a local checkpoint needs "
+            "an absolute path")
+
+
 def _model_source(recipe: Recipe) -> tuple[str, Mount, tuple[tuple[str, str], ...]]:
     """`--model` value, the read-only model mount, and env it needs.
 
@@ -161,9 +185,8 @@ def _model_source(recipe: Recipe) -> tuple[str, Mount, tuple[tuple[str, str], ..
     model = recipe.model
     checkpoint = model.checkpoint
     target = f"{MODELS_TARGET}/{model.name}"
-    if checkpoint and not checkpoint.startswith("/") and is_hf_repo_id(checkpoint):
-        mount = Mount("bind", Interpolated("${HF_HUB_CACHE:-~/.cache/huggingface/hub}"),
-                      HF_HUB_TARGET, True)
+    if checkpoint and hub_repo_id(recipe) == checkpoint:
+        mount = Mount("bind", Interpolated(HF_HUB_SOURCE), HF_HUB_TARGET, True)
         return checkpoint, mount, (("HF_HUB_OFFLINE", "1"),)
     # A checkpoint path is the recipe's text: its `$` stay literal. The default is recipegen's
     # own interpolation (the host's models folder from `.env` or the shell).

@@ -214,10 +214,9 @@ def _swap_locked(recipe_path: Path, swaps: list[tuple[str, str]], *, validate: b
 
     before = load_recipe(recipe_path, read_maps=False)
     previous = {lane.name: lane.active_class for lane in before.recipe.lanes}
-    for lane, _ in swaps:
-        if lane not in previous:
-            raise InputError(f"no lane {lane!r} (lanes: {', '.join(previous)})",
-                             file=display_path(recipe_path), field="--class")
+    unknown = [lane for lane, _ in swaps if lane not in previous]
+    if unknown:
+        raise before.no_lane_error(unknown, "--class")
     old_bytes = read_recipe_bytes(recipe_path)
     try:
         text = old_bytes.decode("utf-8")

@@ -59,6 +59,10 @@ def _edit_meta(path: Path, key: str, value: object) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+# save-live reads the live map an adaptive lane writes: the reference lane made adaptive
+pytestmark = pytest.mark.usefixtures("adaptive_project")
+
+
 def _meta(path: Path, key: str) -> object:
     line = next(l for l in path.read_text().splitlines() if l.startswith(f"meta.{key}: "))
     return json.loads(line.split(": ", 1)[1])
@@ -171,9 +175,9 @@ def test_swaps_past_what_any_barrier_allows_are_refused(project: Path, dumps: Pa
 def test_swaps_past_the_lanes_own_cap_are_refused_by_save_live(project: Path, dumps: Path) -> None:
     recipe = project / "recipes" / f"{REFERENCE}.yaml"
     text = recipe.read_text()
-    assert text.count("      placement: usage-aware\n") == 1
-    recipe.write_text(text.replace("      placement: usage-aware\n",
-                                   "      placement: usage-aware\n      adaptive: {swaps_per_layer: 0}\n"))
+    adaptive = "      adaptive: {swaps_per_layer: 4, priors: [prose, math]}\n"   # adaptive_project's
+    assert text.count(adaptive) == 1
+    recipe.write_text(text.replace(adaptive, "      adaptive: {swaps_per_layer: 0}\n"))
     _save_live(expect="swaps_per_layer 0 allows")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from expert_residency.core.dump import DumpConfig, HistogramDumper
 from expert_residency.formats import RowMap, load_histogram, load_rowmap
 from hostile_support import REFERENCE, cli, killed_at_rename
@@ -103,6 +104,7 @@ def _live_dumps(project: Path) -> RowMap:
     return live
 
 
+@pytest.mark.usefixtures("adaptive_project")
 def test_a_save_live_killed_at_its_rename_keeps_the_old_map_and_is_cleaned_next(project: Path) -> None:
     live = _live_dumps(project)
     maps = project / "recipes" / "maps" / "dsv41-flash"

@@ -127,6 +127,7 @@ def test_kubernetes_output_is_not_written_through_a_link(project: Path, outside:
     assert snapshot(outside) == before
 
 
+@pytest.mark.usefixtures("adaptive_project")
 def test_a_dump_folder_linked_out_is_not_read(project: Path, outside: Path) -> None:
     """`rowmap save-live` reads compose/<recipe>/dumps/<lane> by default: a link there leading
     out of the project (a container can create one in its bind mount) is refused."""

@@ -191,6 +191,7 @@ def test_hostile_capture_files_are_clean_errors(project: Path, name: str) -> Non
 
 
 
+@pytest.mark.usefixtures("adaptive_project")
 def test_save_live_killed_at_its_rename_leaves_nothing_the_next_run_keeps(project: Path) -> None:
     import shutil
 

@@ -11,6 +11,7 @@ budget is applied too, and the budget it names must break by the amount it says.
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -235,3 +236,37 @@ def test_load_host_fix_that_overfills_hbm_at_load_is_named(tmp_path: Path) -> No
     assert re.fullmatch(r"no single change to this lane fits this machine: lowering offload\.load_cpu_offload to "
                         r"\d+ GiB would put HBM [\d.]+ GiB over while loading; `recipegen fit RECIPE --dry-run` "
                         r"searches placements and names the smallest machine change", fix), fix
+
+
+def _load_peak_hbm(doc: Doc, tmp_path: Path, name: str) -> tuple[float, float]:
+    """The printed HBM load-time peak and what the GPU can allocate, in GiB (`Load: … peak HBM X GiB of Y GiB`)."""
+    doc = _with_rowmap(doc, tmp_path)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({**doc, "name": name}, sort_keys=False))
+    out = invoke("check", "budgets", str(path)).stdout
+    m = re.search(r"peak HBM ([\d,.]+) GiB of ([\d,.]+) GiB", out)
+    assert m, out
+    return float(m[1].replace(",", "")), float(m[2].replace(",", ""))
+
+
+def test_a_fix_that_lowers_a_load_peak_already_over_is_still_offered(tmp_path: Path) -> None:
+    """GLM-5's lane moved to 8x H100: over the HBM cap at steady state, and its load peak is over
+    too (the ledger reports no load-time violation on a side already over at the end). Lowering the
+    hot count is the lever for HBM; it leaves the load peak over, but lower than it was, so it is not
+    the fix that "puts HBM over while loading" and must be offered, not refused."""
+    doc = _doc(REPO / "recipes" / "glm-5-h200x8.yaml")
+    doc["machines"]["dgx"]["catalog"] = "h100-sxm-x8"
+    (tmp_path / "models").mkdir()
+    shutil.copy(REPO / "recipes" / doc["model"]["file"], tmp_path / doc["model"]["file"])
+    _, before = _budgets(doc, tmp_path, "glm")
+    fix = before["hbm"][1]
+    offered = re.search(r"lower hot experts per layer to (\d+)", fix)
+    assert offered and " would " not in fix, fix
+    peak_before, capacity = _load_peak_hbm(doc, tmp_path, "glm-peak")
+    assert peak_before > capacity   # over already, though no [load-hbm] line says so
+    changed = _copy(doc)
+    _offload(hot_experts_per_layer=int(offered[1]))(changed)
+    _, after = _budgets(changed, tmp_path, "glm-fix")
+    assert "hbm" not in after and "kv" not in after, after
+    peak_after, _ = _load_peak_hbm(changed, tmp_path, "glm-fix-peak")
+    assert peak_after < peak_before

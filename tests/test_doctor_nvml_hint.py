@@ -60,3 +60,21 @@ def test_the_doctor_command_says_the_same(monkeypatch: pytest.MonkeyPatch, tmp_p
                                              "RECIPEGEN_COMPOSE": "/nonexistent/docker-compose"})
     checks = {c["name"]: c for c in json.loads(result.stdout)}
     assert "recipegen[nvml]" not in checks["machine"]["fix"] and "NVIDIA driver" in checks["machine"]["fix"]
+
+
+def test_a_working_nvml_without_a_figure_is_not_sent_to_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML answered but gives no figure the entry needs (here: no GPU at all): the fix is the
+    machine entry, not the driver, which works."""
+    from recipegen.catalog import detect as detect_module
+
+    def no_gpu(*_args: object, **_kwargs: object) -> None:
+        raise detect_module.RecipegenError("NVML lists no GPU on this machine")
+
+    monkeypatch.setitem(sys.modules, "pynvml", types.ModuleType("pynvml"))
+    monkeypatch.setattr(detect_module, "PynvmlTable", lambda: object())
+    monkeypatch.setattr(detect_module, "detect", no_gpu)
+    facts = Facts()
+    doctor._detect_machine(facts)
+    row = _machine_row(facts)
+    assert row.status == WARN and "NVML lists no GPU" in row.detail
+    assert "driver" not in row.fix and PIP not in row.fix and "write the machine entry by hand" in row.fix

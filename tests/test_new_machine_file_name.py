@@ -98,3 +98,25 @@ def test_fit_names_a_keyed_machine_with_what_it_is(here: Path) -> None:
     assert result.output.startswith("fit qwen3-30b-a3b-box · lane chat · machine box (h200-pcie) (dry run")
     out = json.loads(invoke("fit", "recipes/qwen3-30b-a3b-box.yaml", "--dry-run", "--json").stdout)
     assert (out["machine"], out["machine_key"]) == ("h200-pcie", "box")
+
+
+@pytest.mark.parametrize("file_name, text", [
+    ("rtx-4090.yaml", "catalog: rtx-5090\n"),                              # another catalog machine
+    ("rtx-5090.yaml", "catalog: rtx-5090\nhost_memory: 64 GiB\n"),         # its own, with other figures
+    ("desk.yaml", "name: rtx-5090\ncatalog: rtx-5090\nhost_memory: 64 GiB\n"),
+])
+def test_a_machine_file_named_as_a_catalog_machine_it_is_not_is_refused(here: Path, file_name: str, text: str) -> None:
+    """Its recipe and key would be `<model>-<catalog id>`, what `new --machine <catalog id>` drafts."""
+    (here / file_name).write_text(text)
+    result = invoke("new", "qwen3-30b-a3b", "--machine", file_name)
+    assert result.code == 2, result.output
+    assert f"{file_name}: field 'name'" in result.stderr
+    assert "give the file a `name:` of its own" in result.stderr
+    assert not (here / "recipes").exists()
+
+
+def test_a_machine_file_that_is_just_its_catalog_machine_keeps_its_name(here: Path) -> None:
+    (here / "rtx-5090.yaml").write_text("catalog: rtx-5090\n")
+    result = invoke("new", "qwen3-30b-a3b", "--machine", "rtx-5090.yaml")
+    assert result.code == 0, result.output
+    assert (here / "recipes" / "qwen3-30b-a3b-rtx-5090.yaml").is_file()

@@ -102,6 +102,12 @@ def _optional(call: Callable[[], Any]) -> Any:
         return None
 
 
+class NvmlCallError(RecipegenError):
+    """An NVML call failed (nvmlInit first of all): the driver's library is missing, not loaded or
+    answers nothing. Its other refusals (no GPU listed, a figure NVML does not give) come from a
+    working NVML and are `RecipegenError`s."""
+
+
 def _required(what: str, call: Callable[[], Any]) -> Any:
     """A call whose figure the entry cannot do without: its failure (pynvml's NVMLError, which is no
     OSError) becomes a refusal naming the call, not a traceback."""
@@ -109,7 +115,7 @@ def _required(what: str, call: Callable[[], Any]) -> Any:
         return call()
     except Exception as exc:
         reason = one_line(str(exc)) or type(exc).__name__
-        raise RecipegenError(f"NVML: {what} failed ({reason}). `nvidia-smi` should work on this host first: "
+        raise NvmlCallError(f"NVML: {what} failed ({reason}). `nvidia-smi` should work on this host first: "
                              "is the NVIDIA driver installed and loaded? Or write the machine file by hand "
                              "(docs/fit.md, `recipegen machine detect`)", exit_code=2) from None
 

@@ -158,13 +158,7 @@ TERMS: tuple[Term, ...] = (
     Term("Gini", r"\bGini\b", "how unevenly a layer's picks fall on its experts: 0 when even, near 1 when a "
          "few experts take them all"),
     Term("[kv] / [hbm] / [host] / [load-host]", _BUDGET_TAG,
-         "the budget a configuration breaks: [hbm] HBM per GPU (reserve + hot experts over the cap), [kv] the KV "
-         "pool (less than one max_model_len sequence), [host] host memory in use, [load-hbm] / [load-host] HBM / "
-         "host memory at the load-time peak, [machine-host] the machine's lanes together over its host memory, "
-         "[gpu-shared] a GPU always-on lanes share, [reserve] declared weights larger than the measured HBM "
-         "reserve they are part of, [runtime] / [attention] / [parallel] what the expert residency runtime, "
-         "vLLM's attention setup or the parallel layout would refuse at boot, "
-         "[sequences] fewer full-length sequences than --min-sequences asks"),
+         "the budget a configuration breaks: " + ", ".join(f"[{kind}] {what}" for kind, what in BUDGET_KINDS.items())),
     Term("validation band", r"validation band|\bband \d",
          "the range of real speeds the decode estimate allows: the estimate times the lowest and highest measured "
          "÷ estimated tokens/s over the validation runs (docs/costmodel.md 'Validation')",

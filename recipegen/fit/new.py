@@ -90,8 +90,17 @@ def resolve_machine(arg: str, option: str = "--machine") -> tuple[str | dict[str
     entry, machine = load_machine_file(path)
     key = machine_key(arg, entry)
     base = entry.get("catalog")
+    own = [k for k in entry if k not in ("catalog", "name")]
+    if key in catalog_names("machines") and (base != key or own):
+        # what new drafts for this file would be named as the catalog machine's, which it is not
+        source = "its `name:`" if isinstance(entry.get("name"), str) and entry["name"].strip() else "its file name"
+        raise InputError(f"named {key!r} by {source}, the name of the catalog machine {key}, which this file "
+                         f"is not ({'a catalog machine ' + base if isinstance(base, str) else 'its own figures'}"
+                         f"{' with its own ' + ', '.join(own) if isinstance(base, str) and own else ''}): the "
+                         "recipe and machine key new drafts are named after the file and would pass for the "
+                         f"catalog machine's; give the file a `name:` of its own (e.g. `name: {key}-box`)",
+                         file=arg, field="name")
     if isinstance(base, str):
-        own = [k for k in entry if k not in ("catalog", "name")]
         given = f", with its own {', '.join(own)}" if own else ""
         return entry, machine, f"machine {key} ({arg}: catalog machine {base}{given})"
     return entry, machine, f"machine {key} ({arg})"

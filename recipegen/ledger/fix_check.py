@@ -101,7 +101,7 @@ def vetted(model: Model, machine: Machine, lane: Lane, kind: str, fixes: Sequenc
         keeps_split = not any(k in fix.offload for k in ("placement", "hot_experts_per_layer",
                                                            "cold_experts_budget"))
         after = _recompute(recompute, model, machine, changed_lane(lane, fix), rowmap_hot if keeps_split else None)
-        broken = [] if after is None else _broken(kind, after, baseline)
+        broken = [] if after is None else _broken(kind, after, baseline, machine)
         if broken:
             refused.append(f"{fix.doing} would {_joined([words for _, words in broken])}")
             dead_end = dead_end and any((k in HOST_SIDE) != (kind in HOST_SIDE) for k, _ in broken)
@@ -130,7 +130,26 @@ def _recompute(recompute: Recompute, model: Model, machine: Machine, lane: Lane,
         _inside.reset(token)
 
 
-def _broken(kind: str, after: LaneLedger, baseline: Callable[[], LaneLedger | None]) -> list[tuple[str, str]]:
+def _over_now(kind: str, now: LaneLedger | None, machine: Machine) -> float:
+    """How far the lane as it stands is over the `kind` budget (0: within it). A load peak counts
+    from its figure: the ledger does not report a load-time violation on a side already over at the
+    end (`lane.compute_lane`), yet the peak is over all the same, and a fix that lowers it is not
+    what puts it over."""
+    if now is None:
+        return 0.0
+    said = [w.over_bytes or 0.0 for w in now.violations if w.kind == kind]
+    if said:
+        return said[0]
+    peak_and_cap = {"load-hbm": ("load.hbm_peak", machine.gpus.usable),
+                    "load-host": ("load.host_peak", machine.host_memory)}.get(kind)
+    if peak_and_cap is None or peak_and_cap[0] not in now.figures:
+        return 0.0
+    key, cap = peak_and_cap
+    return max(0.0, now.fig(key).value - cap)
+
+
+def _broken(kind: str, after: LaneLedger, baseline: Callable[[], LaneLedger | None],
+            machine: Machine) -> list[tuple[str, str]]:
     """What the changed lane breaks, (budget, in words) each (none: the fix fits): the `kind` budget
     the fix is for still over, or another budget over that was not, or further over than it is now."""
     said: list[tuple[str, str]] = []
@@ -138,9 +157,8 @@ def _broken(kind: str, after: LaneLedger, baseline: Callable[[], LaneLedger | No
         if v.kind not in BUDGETS:
             continue
         if v.kind != kind:
-            now = baseline()
-            before = [w for w in (now.violations if now is not None else []) if w.kind == v.kind]
-            if before and (v.over_bytes or 0) <= (before[0].over_bytes or 0) * (1 + 1e-9):
+            before = _over_now(v.kind, baseline(), machine)
+            if before > 0 and (v.over_bytes or 0) <= before * (1 + 1e-9):
                 continue   # over already, and no further: not this fix's doing
         said.append((v.kind, _words(v, after)))
     return said

@@ -277,9 +277,10 @@ def local_checkpoint_problems(recipe: Recipe, path: Path, document: Any) -> list
 
     `org/name` is a Hugging Face repo id by the schema's one rule (`recipegen.schema.patterns`), and
     the rendering mounts it from the hub cache; but `checkpoints/gpt-oss-120b` is that shape too.
-    Where a file or folder of that relative path exists beside the recipe, in its project (the
-    folder holding `recipes/`) or in the current folder, the text is refused at its line: it is a
-    local checkpoint written without its absolute path. A checkpoint the catalog gives is the
+    Where a file or folder of that relative path exists beside the recipe or in its project (the
+    folder holding `recipes/`), the text is refused at its line: it is a local checkpoint written
+    without its absolute path. Not the current folder: a recipe means the same wherever a command
+    runs (a hub download into ./Qwen/… must not make the shipped Qwen recipes fail there). A checkpoint the catalog gives is the
     catalog's repo id, not checked. Written in the recipe: a problem at its line (returned); in the
     recipe's model file (`model: {file: …}`): refused at that file's line (raised)."""
     checkpoint = recipe.model.checkpoint
@@ -290,10 +291,6 @@ def local_checkpoint_problems(recipe: Recipe, path: Path, document: Any) -> list
         return []   # a catalog name: the catalog's repo id
     base = path.parent
     folders = {"in the recipe's folder": base, "in the project folder (the one holding recipes/)": project_root_of(base)}
-    try:
-        folders["in the current folder"] = Path.cwd()
-    except OSError:   # the current folder was removed: nothing is relative to it
-        pass
     found, where = None, ""
     for what, folder in folders.items():
         candidate = os.path.abspath(os.path.join(folder, checkpoint))

@@ -199,7 +199,7 @@ def _machine_check(facts: Facts, need: HostRequirement | None) -> Check:
     """This box as the driver reports it (`recipegen machine detect`) against the machine the
     recipe's ledger was computed for."""
     if facts.detected is None:
-        return Check("machine", WARN, f"could not read this box's GPUs through NVML: {facts.detect_error}",
+        return Check("machine", WARN, f"could not read this box as `recipegen machine detect` does: {facts.detect_error}",
                      facts.detect_fix)
     box = facts.detected
     if need is None or need.machine is None:
@@ -372,7 +372,7 @@ NVML_ENTRY_FIX = (f"`recipegen machine detect` shows the readings; or write the 
 
 def _detect_machine(facts: Facts) -> None:
     """This box through NVML (`recipegen.catalog.detect`), when nvidia-ml-py and a driver are here."""
-    from recipegen.catalog.detect import PynvmlTable, detect
+    from recipegen.catalog.detect import NvmlCallError, PynvmlTable, detect
     from recipegen.common.errors import InputError, RecipegenError
     from recipegen.schema import Machine
 
@@ -383,16 +383,20 @@ def _detect_machine(facts: Facts) -> None:
         return
     try:
         meminfo = Path("/proc/meminfo").read_text()
-    except OSError as exc:
-        facts.detect_error = f"cannot read /proc/meminfo: {exc.strerror}"
+    except OSError as exc:   # the host memory half of the reading, not NVML's
+        facts.detect_error = f"cannot read /proc/meminfo (the host memory): {exc.strerror}"
+        facts.detect_fix = f"write the machine entry by hand (docs/fit.md) {COMPARE}"
         return
     try:
         found = detect(table, meminfo)
     except InputError as exc:       # read, but not a valid machine entry
         facts.detect_error, facts.detect_fix = str(exc), NVML_ENTRY_FIX
         return
-    except RecipegenError as exc:   # an NVML call failed, nvmlInit first of all: the driver
+    except NvmlCallError as exc:    # an NVML call failed, nvmlInit first of all: the driver
         facts.detect_error, facts.detect_fix = str(exc), NVML_DRIVER_FIX
+        return
+    except RecipegenError as exc:   # NVML answered, without a GPU or a figure the entry needs
+        facts.detect_error, facts.detect_fix = str(exc), NVML_ENTRY_FIX
         return
     except Exception as exc:  # the driver's own errors (NVMLError_LibraryNotFound, ...)
         facts.detect_error, facts.detect_fix = f"{type(exc).__name__}: {exc}", NVML_DRIVER_FIX

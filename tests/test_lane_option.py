@@ -47,6 +47,11 @@ def test_every_command_that_takes_a_lane_refuses_alike(project: Path, args: tupl
     assert not (project / "compose").exists()
 
 
+def test_up_names_every_unknown_lane(project: Path) -> None:
+    result = invoke("up", RECIPE, "nope", "agent", "nope2", env=NO_DOCKER)
+    assert (result.code, result.stderr) == (2, _refusal("LANES", "lanes 'nope', 'nope2'")), result.output
+
+
 def test_the_resolver_itself(project: Path) -> None:
     loaded = load_recipe(RECIPE)
     assert loaded.lane_at("agent")[1].name == "agent"

@@ -64,8 +64,9 @@ def up(dep: Deployment, lanes: list[str], *, wait_s: int = DEFAULT_WAIT_S,
     (default: `echo`) gets the start-up phases, heartbeats and Compose's own lines
     (`ops.startup`)."""
     progress = progress or echo
-    for name in lanes:
-        dep.lane(name, "LANES")
+    unknown = [name for name in lanes if name not in dep.lane_names()]
+    if unknown:   # every unknown name at once, not the first only
+        raise dep.loaded.no_lane_error(unknown, "LANES")
     dep.client()  # a clear error now if the engine is not reachable, before rendering
     _ensure_rendered(dep, echo)
     config = dep.project().config()

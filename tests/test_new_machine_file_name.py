@@ -120,3 +120,25 @@ def test_a_machine_file_that_is_just_its_catalog_machine_keeps_its_name(here: Pa
     result = invoke("new", "qwen3-30b-a3b", "--machine", "rtx-5090.yaml")
     assert result.code == 0, result.output
     assert (here / "recipes" / "qwen3-30b-a3b-rtx-5090.yaml").is_file()
+
+
+def test_a_second_box_of_the_same_file_name_is_told_what_the_existing_recipe_was_drafted_for(here: Path) -> None:
+    (here / "a").mkdir()
+    (here / "b").mkdir()
+    (here / "a" / "box.yaml").write_text(BOX)
+    (here / "b" / "box.yml").write_text("catalog: h200-pcie\nhost_memory: 160 GiB\n")
+    assert invoke("new", "qwen3-30b-a3b", "--machine", "a/box.yaml").code == 0
+    before = (here / "recipes" / "qwen3-30b-a3b-box.yaml").read_bytes()
+    second = invoke("new", "qwen3-30b-a3b", "--machine", "b/box.yml")
+    assert second.code == 2
+    assert second.stderr == (
+        "error: recipes/qwen3-30b-a3b-box.yaml: exists, drafted for another machine box {catalog: h200-pcie, "
+        "host_memory: 144 GiB} (this one: box {catalog: h200-pcie, host_memory: 160 GiB}); draft this one under "
+        "another name (--name, or -o another file), or pass --force to overwrite it\n")
+    assert (here / "recipes" / "qwen3-30b-a3b-box.yaml").read_bytes() == before
+    # the same draft again is the plain refusal: nothing else to say
+    again = invoke("new", "qwen3-30b-a3b", "--machine", "a/box.yaml")
+    assert again.stderr == "error: recipes/qwen3-30b-a3b-box.yaml: exists; pass --force to overwrite (or -o another file)\n"
+    assert invoke("new", "qwen3-30b-a3b", "--machine", "b/box.yml", "--name", "qwen3-box-b").code == 0
+    other_model = invoke("new", "gpt-oss-120b", "--machine", "a/box.yaml", "-o", "recipes/qwen3-30b-a3b-box.yaml")
+    assert "exists, drafted for another model qwen3-30b-a3b (this one: gpt-oss-120b);" in other_model.stderr

@@ -223,11 +223,43 @@ def model_file_reference(recipe: Path, model_file: Path) -> str | None:
     return relative
 
 
+def _machine_said(key: str, entry: Any) -> str:
+    """A recipe's `machines` entry in a refusal: `box {catalog: h200-pcie, host_memory: 144 GiB}`."""
+    if isinstance(entry, str):
+        return key if entry == key else f"{key} (catalog machine {entry})"
+    return f"{key} {yaml.safe_dump(entry, default_flow_style=True, sort_keys=False).strip()}"
+
+
+def _exists_refusal(path: Path, source: ModelSource, machine_key: str, machine_entry: Any) -> InputError:
+    """The refusal of a recipe file that exists. Where that recipe was drafted for another machine
+    or model (two machine files `a/box.yaml` and `b/box.yml` name one recipe), it says which, so
+    that `--force` is not taken for a refresh of the same recipe."""
+    try:
+        existing = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        existing = None
+    others: list[str] = []
+    if isinstance(existing, dict):
+        machines = existing.get("machines")
+        if isinstance(machines, dict) and machines != {machine_key: machine_entry}:
+            said = "; ".join(_machine_said(key, entry) for key, entry in machines.items())
+            others.append(f"machine {said} (this one: {_machine_said(machine_key, machine_entry)})")
+        model = existing.get("model")
+        model_name = (Path(str(model["file"])).stem if isinstance(model, dict) and "file" in model
+                      else model if isinstance(model, str) else None)
+        if model_name is not None and model_name != source.name:
+            others.append(f"model {model_name} (this one: {source.name})")
+    if not others:
+        return InputError("exists; pass --force to overwrite (or -o another file)", file=str(path))
+    return InputError(f"exists, drafted for another {' and '.join(others)}; draft this one under "
+                      "another name (--name, or -o another file), or pass --force to overwrite it", file=str(path))
+
+
 def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_label: str, machine_key: str,
          recipe_name: str, path: Path, lane: str, max_model_len: int | None, concurrency: int | None,
          min_sequences: int, force: bool, command: str) -> NewOutcome:
     if path.exists() and not force:
-        raise InputError("exists; pass --force to overwrite (or -o another file)", file=str(path))
+        raise _exists_refusal(path, source, machine_key, machine_entry)
     output_target(path, "--output")   # --force replaces a regular file, never a device or a link
     model_file = None
     model_ref: Any = source.name

@@ -147,6 +147,10 @@ def _refused(fix: str) -> list[tuple[str, Change, list[tuple[str, str]]]]:
         changes = [change(m) for pattern, change in _REFUSED for m in [re.search(pattern, lever)] if m]
         assert len(changes) == 1, clause
         said = []
+        refusal = re.fullmatch(r"make the expert residency runtime refuse the lane at (?:boot|load): (.*)", broken)
+        if refusal:   # the lane's own runtime line must say the same reason
+            out.append((clause, changes[0], [("runtime", refusal[1])]))
+            continue
         for part in re.split(r" and (?=HBM|host)", broken.removeprefix("put ")):
             for words, (kind, _) in _BREAKS.items():
                 m = re.fullmatch(re.escape(words).replace(r"\{\}", r"([\d,.]+ GiB)"), part)
@@ -186,7 +190,7 @@ def _assert_every_fix_holds(doc: Doc, tmp_path: Path, name: str) -> dict[str, tu
             assert said, clause
             for broken, amount in said:
                 assert broken in after, f"{clause!r}: but [{broken}] holds: {sorted(after)}"
-                own = dict(_BREAKS.values())[broken].format(amount)
+                own = amount if broken == "runtime" else dict(_BREAKS.values())[broken].format(amount)
                 assert own in after[broken][0], f"{clause!r}: the run says {after[broken][0]}"
     return before
 
@@ -270,3 +274,23 @@ def test_a_fix_that_lowers_a_load_peak_already_over_is_still_offered(tmp_path: P
     assert "hbm" not in after and "kv" not in after, after
     peak_after, _ = _load_peak_hbm(changed, tmp_path, "glm-fix-peak")
     assert peak_after < peak_before
+
+
+def test_a_switch_the_runtime_would_refuse_is_said_as_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nemotron-3-Nano's experts are relu2 without a gate, which the runtime's split cannot compute:
+    on a 5090 box with 56 GiB of host memory its positional lane is over on the host, and the
+    usage-aware lever, which would fit no budget either way, is said as the runtime's refusal (it
+    was offered as a load-time host overflow, as if more hot experts would do)."""
+    monkeypatch.chdir(tmp_path)
+    config = REPO / "tests" / "fixtures" / "hf_configs" / "nemotron-3-nano-30b-a3b" / "config.json"
+    made = invoke("new", str(config), "--machine", "rtx-5090", "--name", "nano")
+    assert made.code == 0, made.output
+    doc = _doc(tmp_path / "recipes" / "nano.yaml")
+    doc["machines"]["rtx-5090"] = {"catalog": "rtx-5090", "host_memory": "56 GiB"}
+    doc["model"] = {"file": "recipes/models/nemotron-3-nano-30b-a3b.yaml"}   # from tmp_path, where _budgets writes
+    before = _assert_every_fix_holds(doc, tmp_path, "nano56")
+    fix = before["host"][1]
+    assert fix.startswith("no single change to this lane fits this machine: lowering offload.load_cpu_offload to ")
+    assert re.search(r"switching to usage-aware placement with \d+ hot per layer would make the expert residency "
+                     r"runtime refuse the lane at boot: expert activation 'relu2_no_mul': experts without a gate "
+                     r"\(an up projection only, e\.g\. Nemotron-H's relu2\); `recipegen fit", fix), fix

@@ -15,6 +15,7 @@ arithmetic gives.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -24,8 +25,11 @@ from recipegen.common.units import format_bytes, format_tokens
 from recipegen.ledger.result import LaneLedger, Violation
 from recipegen.schema import Lane, Machine, Model
 
-BUDGETS = ("hbm", "kv", "host", "load-hbm", "load-host")
-"""The budgets a fix is checked against: what `verdict` and `load` report."""
+BUDGETS = ("hbm", "kv", "host", "load-hbm", "load-host", "runtime")
+"""The budgets a fix is checked against: what `verdict` and `load` report, and whether the expert
+residency runtime would take the lane (a switch to usage-aware placement runs its split, which some
+experts' activations or formats cannot have: `runtime_check`)."""
+RUNTIME_REFUSAL = re.compile(r"the expert residency runtime would refuse this lane at (boot|load): ")
 HOST_SIDE = ("host", "load-host")
 """Budgets of host memory; the rest are of HBM. Every lever here moves experts between the two, so
 one that breaks a budget on the side it moves them to breaks it further the further it goes."""
@@ -104,7 +108,8 @@ def vetted(model: Model, machine: Machine, lane: Lane, kind: str, fixes: Sequenc
         broken = [] if after is None else _broken(kind, after, baseline, machine)
         if broken:
             refused.append(f"{fix.doing} would {_joined([words for _, words in broken])}")
-            dead_end = dead_end and any((k in HOST_SIDE) != (kind in HOST_SIDE) for k, _ in broken)
+            # a runtime refusal holds whatever the hot count: no further step of that lever fits either
+            dead_end = dead_end and any(k == "runtime" or (k in HOST_SIDE) != (kind in HOST_SIDE) for k, _ in broken)
         else:
             kept.append(fix)
     if not refused:
@@ -156,12 +161,17 @@ def _broken(kind: str, after: LaneLedger, baseline: Callable[[], LaneLedger | No
     for v in after.violations:
         if v.kind not in BUDGETS:
             continue
-        if v.kind != kind:
+        if v.kind == "runtime":
+            now = baseline()
+            if now is not None and any(w.kind == "runtime" for w in now.violations):
+                continue   # refused already: not this fix's doing
+        elif v.kind != kind:
             before = _over_now(v.kind, baseline(), machine)
             if before > 0 and (v.over_bytes or 0) <= before * (1 + 1e-9):
                 continue   # over already, and no further: not this fix's doing
         said.append((v.kind, _words(v, after)))
-    return said
+    refusal = [s for s in said if s[0] == "runtime"]
+    return refusal or said   # a lane the runtime refuses: what else it would break is beside the point
 
 
 def _joined(said: list[str]) -> str:
@@ -172,6 +182,13 @@ def _joined(said: list[str]) -> str:
 
 def _words(v: Violation, after: LaneLedger) -> str:
     over = format_bytes(v.over_bytes or 0)
+    if v.kind == "runtime":
+        found = RUNTIME_REFUSAL.match(v.message)
+        reason = v.message[found.end():] if found else v.message
+        # its first clause: the fix line joins levers with '; ' and ', and '
+        reason = reason.split("; ")[0]
+        return (f"make the expert residency runtime refuse the lane at {found.group(1)}: {reason}"
+                if found else f"be refused at boot: {reason}")
     if v.kind == "kv":
         return (f"leave the KV pool {format_tokens(after.fig('kv.tokens').value)} tokens, less than one "
                 f"max_model_len sequence ({int(after.fig('kv.max_model_len').value):,} tokens)")

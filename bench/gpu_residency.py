@@ -53,7 +53,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from expert_residency.core.banks import ExpertBank, ResidentLayer, build_unsplit_layer  # noqa: E402
 from expert_residency.core.counter import ExpertCounter  # noqa: E402
 from expert_residency.core.devmap import encode_row_codes  # noqa: E402
-from expert_residency.gpu.experts import ExpertShape, KernelConfig, TritonMxfp4Experts  # noqa: E402
+from expert_residency.gpu.experts import (  # noqa: E402
+    ExpertShape,
+    KernelConfig,
+    TritonMxfp4Experts,
+    runs_warp_specialized,
+)
 from expert_residency.gpu.graphs import CapturedStep  # noqa: E402
 from expert_residency.gpu.pinned import PinnedRegion  # noqa: E402
 from expert_residency.gpu.tile_rules import check_compiled_block_m  # noqa: E402
@@ -328,6 +333,8 @@ def main() -> int:
     # the cold-only probe runs T=96 on the default experts whatever --tokens says
     ex = TritonMxfp4Experts(DSV41, experts, k, max_tokens=max(ex_max_tokens, 96), device=DEV, config=config)
     results["config"] = asdict(config)
+    # whether the warp-specialized launches ran (sm_90 and Gluon only): bench/expert_rows.py reads it
+    results["warp_specialized"] = runs_warp_specialized(DEV, ex.config)
     counter = ExpertCounter(list(range(layers)), experts, device=DEV, top_k=k)
     compare = {}
     for item in filter(None, (c.strip() for c in args.compare.split(";"))):

@@ -93,6 +93,10 @@ def fit(recipe: str, lane: str | None, min_sequences: int, max_model_len: str | 
 @context_options
 @click.option("--min-sequences", default=1, show_default=True, type=int,
               help="Full-length (max_model_len) sequences the KV pool must hold.")
+@click.option("--gpus", "gpu_count", type=int, default=None,
+              help="How many of the machine's GPUs the lane runs on, as one tensor-parallel engine on GPUs "
+                   "0..N-1 (default: all of them). Fewer leaves the rest for other lanes; the estimate counts "
+                   "no all-reduces between GPUs, so it flatters a model split over many.")
 @click.option("--name", type=FileNameText("recipe", bounded=True),
               help="Recipe name (default: <model>-<machine>; for a machine file, <machine> is its own `name:`, "
                    "else its file name without .yaml).")
@@ -101,7 +105,7 @@ def fit(recipe: str, lane: str | None, min_sequences: int, max_model_len: str | 
 @click.option("--force", is_flag=True, help="Overwrite an existing recipe (and model file).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 def new(model_arg: str, machine_arg: str, lane: str, max_model_len: str | None, concurrency: int | None,
-        min_sequences: int, name: str | None, output, force: bool, as_json: bool) -> None:
+        min_sequences: int, gpu_count: int | None, name: str | None, output, force: bool, as_json: bool) -> None:
     """A one-lane recipe for MODEL on a machine, fitted like `recipegen fit` (default context: the
     model's full context if it fits, else the longest that does; 32,768 tokens where the model
     declares no max_position_embeddings) and written only when every budget holds.
@@ -124,11 +128,12 @@ def new(model_arg: str, machine_arg: str, lane: str, max_model_len: str | None, 
     # header comment reproduces it
     shaping = [("--lane", lane if lane != "chat" else None), ("--max-model-len", max_model_len),
                ("--concurrency", concurrency), ("--min-sequences", min_sequences if min_sequences != 1 else None),
-               ("--name", name)]
+               ("--gpus", gpu_count), ("--name", name)]
     command = " ".join([f"recipegen new {shlex.quote(model_arg)} --machine {shlex.quote(machine_arg)}",
                         *(f"{flag} {shlex.quote(str(value))}" for flag, value in shaping if value is not None)])
     outcome = new_recipe(model_arg, machine_arg, lane=lane, max_model_len=options_len, concurrency=concurrency,
-                         min_sequences=min_sequences, output=output, name=name, force=force, command=command)
+                         min_sequences=min_sequences, gpu_count=gpu_count, output=output, name=name, force=force,
+                         command=command)
     if as_json:
         payload = outcome.fit.to_json() if outcome.fit is not None else {}
         payload.update(recipe_path=str(outcome.recipe_path), written=outcome.written,

@@ -128,14 +128,15 @@ def machine_key(arg: str, entry: str | dict[str, Any]) -> str:
 
 
 def recipe_text(name: str, model_ref: Any, machine_key: str, machine_entry: Any, machine: Machine, lane: str,
-                max_model_len: int, concurrency: int, offload_params: bool, command: str) -> str:
+                max_model_len: int, concurrency: int, offload_params: bool, command: str,
+                gpu_count: int | None = None) -> str:
     doc: dict[str, Any] = {
         "version": 1, "name": name,
         "description": f"{name}: written by `{command}`, fitted by `recipegen fit`",
         "model": model_ref,
         "machines": {machine_key: machine_entry},
         "lanes": [{
-            "name": lane, "machine": machine_key, "gpus": list(range(machine.gpus.count)), "port": DEFAULT_PORT,
+            "name": lane, "machine": machine_key, "gpus": list(range(gpu_count or machine.gpus.count)), "port": DEFAULT_PORT,
             "image": VLLM_IMAGE, "gpu_memory_utilization": VLLM_GPU_MEMORY_UTILIZATION,
             "max_model_len": max_model_len, "concurrency": {"min": 1, "max": concurrency},
             **({"extra_args": list(OFFLOAD_PARAMS)} if offload_params else {}),
@@ -168,12 +169,15 @@ _Dumper.add_representer(list, _flow_scalar_lists)
 
 
 def new_recipe(model_arg: str, machine_arg: str, *, lane: str = "chat", max_model_len: int | None = None,
-               concurrency: int | None = None, min_sequences: int = 1, output: Path | None = None,
-               name: str | None = None, force: bool = False, command: str = "recipegen new") -> NewOutcome:
+               concurrency: int | None = None, min_sequences: int = 1, gpu_count: int | None = None,
+               output: Path | None = None, name: str | None = None, force: bool = False,
+               command: str = "recipegen new") -> NewOutcome:
     from_output = _name_from_output(output, name) if output is not None else None   # before any look-up
     source = resolve_model(model_arg)
     machine_entry, machine, machine_label = resolve_machine(machine_arg)
     key = machine_key(machine_arg, machine_entry)
+    if gpu_count is not None:
+        _check_gpu_count(gpu_count, source, machine, machine_label)
     default_name = model_name_of(f"{source.name}-{key}")
     recipe_name = from_output or name or default_name
     if from_output is not None:
@@ -186,11 +190,26 @@ def new_recipe(model_arg: str, machine_arg: str, *, lane: str = "chat", max_mode
     try:
         with recipe_lock(path):  # from the exists check to the write: two `new` to one file, one writes
             outcome = _new(source, machine_entry, machine, machine_label, key, recipe_name, path, lane,
-                           max_model_len, concurrency, min_sequences, force, command)
+                           max_model_len, concurrency, min_sequences, force, command, gpu_count)
     finally:
         if made and not any(path.parent.iterdir()):
             path.parent.rmdir()  # nothing written: no folder left behind either
     return outcome
+
+
+def _check_gpu_count(gpu_count: int, source: ModelSource, machine: Machine, machine_label: str) -> None:
+    """`--gpus N`: at least one, at most the machine's, and a tensor-parallel size vLLM boots this
+    model at (its attention heads split evenly), refused up front with the counts that do."""
+    from recipegen.ledger.parallel import head_problems
+
+    if not 1 <= gpu_count <= machine.gpus.count:
+        raise InputError(f"{gpu_count}: a lane runs on 1 to {machine.gpus.count} GPUs of {machine_label}",
+                         field="--gpus")
+    problems = head_problems(source.model, gpu_count)
+    if problems:
+        booting = [n for n in range(1, machine.gpus.count + 1) if not head_problems(source.model, n)]
+        raise InputError(f"{problems[0][0]}; on this machine vLLM boots {source.name} on "
+                         f"{', '.join(map(str, booting))} GPUs", field="--gpus")
 
 
 def _name_from_output(output: Path, name: str | None) -> str:
@@ -257,7 +276,7 @@ def _exists_refusal(path: Path, source: ModelSource, machine_key: str, machine_e
 
 def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_label: str, machine_key: str,
          recipe_name: str, path: Path, lane: str, max_model_len: int | None, concurrency: int | None,
-         min_sequences: int, force: bool, command: str) -> NewOutcome:
+         min_sequences: int, force: bool, command: str, gpu_count: int | None = None) -> NewOutcome:
     if path.exists() and not force:
         raise _exists_refusal(path, source, machine_key, machine_entry)
     output_target(path, "--output")   # --force replaces a regular file, never a device or a link
@@ -293,7 +312,7 @@ def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_labe
 
     def attempt(offload_params: bool) -> FitOutcome:
         text = recipe_text(recipe_name, model_ref, machine_key, machine_entry, machine, lane, start,
-                           concurrency or 1, offload_params, command)
+                           concurrency or 1, offload_params, command, gpu_count)
         return fit_recipe(path, lane, options, text=text)  # `text`: fitted here, written below
 
     outcome = NewOutcome(path, source, machine_label, None, model_file, notes=notes, model_ref=model_ref)

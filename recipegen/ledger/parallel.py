@@ -204,30 +204,35 @@ def parallel_figures(model: Model, lane: Lane, active: PlacementLedger, figs: di
 
 
 def head_violations(model: Model, lane: Lane, tp: int) -> list[Violation]:
+    """`head_problems` as the lane's violations: each a lane vLLM will not boot."""
+    return [Violation("parallel", message, fix, lane=lane.name) for message, fix in head_problems(model, tp)]
+
+
+def head_problems(model: Model, tp: int) -> list[tuple[str, str]]:
     """The attention heads vLLM 0.33 splits over `tp` ranks, as it checks them at boot: the query
     heads must divide evenly (`verify_with_parallel_config`, vllm/config/model.py:1559-1564), and
     the KV heads either divide evenly over the ranks or, when fewer than the ranks, be replicated
     evenly (`QKVParallelLinear`: `divide(tp, kv)` or `divide(kv, tp)`, an assertion,
-    vllm/model_executor/layers/linear.py:1064-1070). Each failure is a lane vLLM will not boot."""
-    out: list[Violation] = []
+    vllm/model_executor/layers/linear.py:1064-1070). Each (message, fix) is a failure at boot."""
+    out: list[tuple[str, str]] = []
     heads = model.attention_heads
     if heads is not None and heads % tp:
-        out.append(Violation(
-            "parallel", f"{tp} GPUs do not divide the model's {heads} attention heads: vLLM 0.33 refuses "
+        out.append((
+            f"{tp} GPUs do not divide the model's {heads} attention heads: vLLM 0.33 refuses "
             f"to boot (\"Total number of attention heads ({heads}) must be divisible by tensor parallel "
             f"size ({tp})\", vllm/config/model.py:1559-1564)",
-            "use a GPU count that divides the attention heads", lane=lane.name))
+            "use a GPU count that divides the attention heads"))
     kv_heads = sorted({g.kv_heads for g in model.attention if g.kv_heads is not None}
                       | ({model.dense_tensor_parallel.kv_heads} if model.dense_tensor_parallel is not None
                          and model.dense_tensor_parallel.kv_heads is not None else set()))
     for kv in kv_heads:
         if (tp >= kv and tp % kv) or (tp < kv and kv % tp):
-            out.append(Violation(
-                "parallel", f"{tp} GPUs and {kv} KV heads: vLLM 0.33 splits KV heads evenly over the ranks, "
+            out.append((
+                f"{tp} GPUs and {kv} KV heads: vLLM 0.33 splits KV heads evenly over the ranks, "
                 f"or replicates them evenly when there are fewer heads than ranks, and asserts one of the two "
                 f"(divide(), vllm/model_executor/layers/linear.py:1064-1070); {kv} and {tp} divide neither "
                 "way, so the engine fails at boot",
-                "use a GPU count that divides the KV heads or that they divide", lane=lane.name))
+                "use a GPU count that divides the KV heads or that they divide"))
     return out
 
 

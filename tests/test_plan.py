@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 
-from recipegen.cli import main
 from recipegen.common.errors import InputError
 from recipegen.costmodel.fetch import fetch_tax
 from recipegen.costmodel.lane import fetch_summary, unique_model_for
@@ -29,7 +28,7 @@ def reference():
 def test_figure3_from_the_reference_recipe(reference, row):
     model = reference.recipe.model
     machine = reference.recipe.machines["station"]
-    step = measured_step(model.name, machine.name, "usage-aware", 1, 5)
+    step = measured_step(model.name, machine.name, "usage-aware", 295, 1, 5)
     tax = fetch_tax(moe_layers=model.num_moe_layers, unique_per_layer=unique_model_for(model).unique(0, 1),
                     cold_share=row.cold_share, bytes_per_expert=model.expert_bytes,
                     link_bandwidth=machine.pinned_read_bandwidth, step_time=step.seconds)
@@ -97,9 +96,8 @@ def test_bad_sweep_is_an_input_error(text, message):
 
 def test_plan_cli_table_and_plot(tmp_path):
     png = tmp_path / "sweep.png"
-    result = CliRunner().invoke(main, ["plan", REFERENCE, "agent", "--sweep", "hot=250..384", "--plot", str(png),
-                                       "--prefetch-slots", "3"], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
+    result = invoke("plan", REFERENCE, "agent", "--sweep", "hot=250..384", "--plot", str(png), "--prefetch-slots", "3")
+    assert result.code == 0, result.output
     line = next(l for l in result.output.splitlines() if "◀ lane now" in l)
     assert line.split()[:2] == ["295", "89"] and "2.54M" in line
     assert "120 experts = 2.10 GiB ≈ 1.09M KV tokens = 43% of the 4.90 GiB pool" in result.output
@@ -107,19 +105,19 @@ def test_plan_cli_table_and_plot(tmp_path):
 
 
 def test_plan_cli_json_and_errors(tmp_path):
-    result = CliRunner().invoke(main, ["plan", REFERENCE, "agent", "--sweep", "hot=290..300:5", "--json"])
-    assert result.exit_code == 0, result.output
+    result = invoke("plan", REFERENCE, "agent", "--sweep", "hot=290..300:5", "--json")
+    assert result.code == 0, result.output
     data = json.loads(result.output)
     assert [r["hot_per_layer"] for r in data["sweep"]["rows"]] == list(range(290, 301))
-    bad = CliRunner().invoke(main, ["plan", REFERENCE, "nope"])
-    assert bad.exit_code == 2 and "no lane 'nope'" in bad.output and "Traceback" not in bad.output
-    bad = CliRunner().invoke(main, ["plan", REFERENCE, "agent", "--plot", str(tmp_path / "x.png")])
-    assert bad.exit_code == 2 and "--sweep" in bad.output
+    bad = invoke("plan", REFERENCE, "nope")
+    assert bad.code == 2 and "no lane 'nope'" in bad.output and "Traceback" not in bad.output
+    bad = invoke("plan", REFERENCE, "agent", "--plot", str(tmp_path / "x.png"))
+    assert bad.code == 2 and "--sweep" in bad.output
 
 
 def test_plan_explain_shows_every_operand():
-    result = CliRunner().invoke(main, ["plan", REFERENCE, "agent", "--explain", "--concurrency", "1"])
-    assert result.exit_code == 0, result.output
+    result = invoke("plan", REFERENCE, "agent", "--explain", "--concurrency", "1")
+    assert result.code == 0, result.output
     for text in ("MoE layers = 40", "unique experts per layer = 22.5", "bytes per expert = 18,800,640 B",
                  "link bandwidth = 340 GB/s", "step time = 14.6 ms", "row map maps/dsv41-flash/agent.rowmap"):
         assert text in result.output

@@ -19,7 +19,7 @@ from recipegen.costmodel.fetch import FetchTax, fetch_tax
 from recipegen.costmodel.kschedule import KScheduleCheck, check_k_schedule
 from recipegen.costmodel.parallel import ONE_LINK_PER_GPU, fullest_rank, gpu_reads, lane_ep_shares
 from recipegen.costmodel.reference import REFERENCE_MACHINE, REFERENCE_MODEL
-from recipegen.costmodel.steps import measured_step
+from recipegen.costmodel.steps import lane_split, measured_step
 from recipegen.costmodel.unique_experts import UniqueExpertsModel, calibrated_model
 
 
@@ -242,7 +242,10 @@ def _load_histogram(path: Path) -> Any:
 
 
 def fetch_points(loaded: Any, lane: Any, share: ColdShare, streams: Sequence[int],
-                 unique: UniqueExpertsModel) -> tuple[FetchPoint, ...]:
+                 unique: UniqueExpertsModel, *, as_measured: bool = True) -> tuple[FetchPoint, ...]:
+    """`as_measured`: this is the traffic and map the lane runs (its active class on its own map; any
+    class of a positional lane, whose cold experts no map chooses), so a step measured for the lane
+    is this case's step; another class's traffic, or a map after a swap, has a step never measured."""
     model = loaded.recipe.model
     machine = loaded.recipe.machines[lane.machine]
     reads = gpu_reads(model, lane)
@@ -264,7 +267,8 @@ def fetch_points(loaded: Any, lane: Any, share: ColdShare, streams: Sequence[int
     for s in streams:
         k = _k_at(lane, s)
         u = unique.unique(k, s)
-        step = measured_step(model.name, machine.name, lane.offload.placement, s, k)
+        step = (measured_step(model.name, machine.name, lane.offload.placement, lane_split(lane.offload), s, k)
+                if as_measured else None)
         tax = fetch_tax(moe_layers=model.num_moe_layers, unique_per_layer=u, cold_share=cold,
                         bytes_per_expert=reads.bytes_per_expert, link_bandwidth=machine.pinned_read_bandwidth,
                         step_time=step.seconds if step else None, cold_share_source=basis,
@@ -309,9 +313,10 @@ def fetch_summary(loaded: Any, lane_name: str, *, streams: Sequence[int] | None 
         other = under_active.get(name)
         other_share = other if isinstance(other, ColdShare) and not active else None
         classes.append(ClassFetch(
-            name, active, share, fetch_points(loaded, lane, share, points, unique),
+            name, active, share, fetch_points(loaded, lane, share, points, unique, as_measured=active),
             under_active=other_share,
-            under_active_points=fetch_points(loaded, lane, other_share, points, unique) if other_share else ()))
+            under_active_points=fetch_points(loaded, lane, other_share, points, unique, as_measured=False)
+            if other_share else ()))
     notes = ["C<n> k=<k>: n concurrent streams, k speculative (draft) tokens per step, k=0 without "
              "speculation (docs/design.md, 'Shorthand in the output')",
              "fetch = MoE layers × unique experts per layer (calibrated model) × cold share × bytes per "

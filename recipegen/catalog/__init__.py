@@ -95,7 +95,10 @@ def entry_lines(kind: str) -> list[tuple[str, str]]:
         else:
             box = Machine.model_validate(entry)
             assumed = " (assumed)" if box.sources.get("host_memory", "").startswith("assumed") else ""
-            text = (f"{box.gpus.count} × {box.gpus.kind}, {format_bytes(box.gpus.hbm)} GPU memory each, host "
+            # the driver's total, and what CUDA allocates of it where the catalog knows the reserve
+            allocatable = (f" (CUDA allocates {format_bytes(box.gpus.usable)})" if box.gpus.driver_reserved
+                           else "")
+            text = (f"{box.gpus.count} × {box.gpus.kind}, {format_bytes(box.gpus.hbm)} GPU memory each{allocatable}, host "
                     f"{format_bytes(box.host_memory)}{assumed}, pinned read "
                     f"{format_bandwidth(box.pinned_read_bandwidth)}")
         description = str(entry.get("description") or "").strip()

@@ -80,6 +80,8 @@ def table_lines(rows: list[Row], recipe: str, lane: str, max_model_len: int) -> 
     if any(r.outcome.result.chosen is not None and _in_blocks(r.outcome.result.chosen.evaluation.ledger.figures)
            for r in rows):
         out.append(f"  host pinned: the experts' bytes; (blocks N GiB): the host memory they take: the size {PINNED_BLOCKS}")
+    out.append("  GPUs: count × kind and the memory per GPU CUDA can allocate (the driver's total less its reserve; "
+               "`recipegen machine list` gives both); host: the machine's host memory")
     for r in rows:
         res = r.outcome.result
         if res.chosen is None:  # each placement's own reason: the one that binds differs between them
@@ -134,7 +136,9 @@ def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
     for r in rows:
         c = r.outcome.result.chosen
         out.append({"machine": r.key, "name": r.name or r.machine.name, "gpus": r.machine.gpus.count,
-                    "gpu": r.machine.gpus.kind, "fits": c is not None,
+                    "gpu": r.machine.gpus.kind, "gpu_memory_bytes": r.machine.gpus.hbm,
+                    "gpu_memory_allocatable_bytes": r.machine.gpus.usable,
+                    "host_memory_bytes": r.machine.host_memory, "fits": c is not None,
                     "max_model_len": r.outcome.result.max_model_len,
                     "chosen": candidate_json(c) if c is not None else None,
                     "refusals": [{"placement": x.placement, "reason": x.reason} for x in r.outcome.result.refusals],

@@ -51,3 +51,11 @@ def test_the_counts_offered_are_those_the_heads_divide(here: Path) -> None:
     assert expect == [1, 2, 4, 8]
     result = invoke("new", "gpt-oss-20b", "--machine", "h200-sxm-x8", "--gpus", "6")
     assert result.stderr.rstrip().endswith(f"on this machine vLLM boots gpt-oss-20b on {', '.join(map(str, expect))} GPUs")
+
+
+def test_a_refused_draft_says_so_on_its_first_line(here: Path) -> None:
+    result = invoke("new", "kimi-k2-instruct", "--machine", "rtx-4090")
+    assert result.code == 1
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("new recipe recipes/kimi-k2-instruct-rtx-4090.yaml (not written: nothing fits): "), first
+    assert not (here / "recipes" / "kimi-k2-instruct-rtx-4090.yaml").exists()

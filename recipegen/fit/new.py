@@ -55,7 +55,10 @@ class NewOutcome:
     model_ref: Any = None   # the recipe's `model:` value
 
     def lines(self) -> list[str]:
-        out = [f"new recipe {self.recipe_path}: {self.model.label} on {self.machine_label}"]
+        refused = self.fit is not None and not self.fit.fitted and not self.written
+        # a refusal must not open as if the file were written
+        out = [f"new recipe {self.recipe_path}{' (not written: nothing fits)' if refused else ''}: "
+               f"{self.model.label} on {self.machine_label}"]
         out += [f"  note: {n}" for n in self.model.notes + self.notes]
         if self.fit is not None:  # a new recipe: what changed from the template is all of it
             out += [line for line in self.fit.lines() if not line.startswith(("  changed:", "  unchanged:",

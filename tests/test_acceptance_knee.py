@@ -6,12 +6,11 @@ import json
 
 import pytest
 from acceptance_support import FakeModel, serve
-from click.testing import CliRunner
+from cli_support import invoke
 from expert_residency.formats import StartupReport, format_report_line
 
 from recipegen.acceptance.client import StreamStats
 from recipegen.acceptance.knee import spread, window_stats
-from recipegen.cli import main
 
 
 def stream(start, end, arrivals, finish="length"):
@@ -43,11 +42,11 @@ def test_spread_reports_relative_range():
 def test_knee_measures_concurrency_scaling_with_spread_and_plot(tmp_path):
     delay = 0.01  # 100 tok/s per stream
     with serve(FakeModel(token_delay_s=delay)) as url:
-        result = CliRunner().invoke(main, [
+        result = invoke(
             "knee", url, "--concurrency", "1,2,4", "--duration", "1s", "--warmup", "0.4s",
             "--repetitions", "2", "--max-tokens", "16", "--json", str(tmp_path / "k.json"),
-            "--plot", str(tmp_path / "k.png")], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
+            "--plot", str(tmp_path / "k.png"))
+    assert result.code == 0, result.output
     data = json.loads((tmp_path / "k.json").read_text())
     by_c = {lv["concurrency"]: lv for lv in data["levels"]}
     assert set(by_c) == {1, 2, 4}
@@ -64,11 +63,10 @@ def test_knee_measures_concurrency_scaling_with_spread_and_plot(tmp_path):
 
 def test_knee_compare_runs_candidate_control_candidate(tmp_path):
     with serve(FakeModel(token_delay_s=0.005)) as fast, serve(FakeModel(token_delay_s=0.01)) as slow:
-        result = CliRunner().invoke(main, [
+        result = invoke(
             "knee", fast, "--compare", slow, "--concurrency", "2", "--duration", "0.8s", "--warmup", "0.3s",
-            "--repetitions", "1", "--max-tokens", "8", "--json", str(tmp_path / "c.json")],
-            catch_exceptions=False)
-    assert result.exit_code == 0, result.output
+            "--repetitions", "1", "--max-tokens", "8", "--json", str(tmp_path / "c.json"))
+    assert result.code == 0, result.output
     data = json.loads((tmp_path / "c.json").read_text())
     assert [lv["label"] for lv in data["levels"]] == ["A", "B", "A2"]
     (comparison,) = data["comparisons"]
@@ -83,11 +81,10 @@ def test_knee_records_the_lanes_startup_report_and_hashes(tmp_path):
     log = tmp_path / "lane.log"
     log.write_text("INFO starting\n(Worker pid=1) " + format_report_line(report) + "\nINFO ready\n")
     with serve(FakeModel(token_delay_s=0.002)) as url:
-        result = CliRunner().invoke(main, [
+        result = invoke(
             "knee", url, "--concurrency", "1", "--duration", "0.3s", "--warmup", "0", "--repetitions", "1",
-            "--max-tokens", "4", "--lane-log", str(log), "--json", str(tmp_path / "k.json")],
-            catch_exceptions=False)
-    assert result.exit_code == 0, result.output
+            "--max-tokens", "4", "--lane-log", str(log), "--json", str(tmp_path / "k.json"))
+    assert result.code == 0, result.output
     endpoint = json.loads((tmp_path / "k.json").read_text())["endpoints"]["A"]
     assert endpoint["content_hashes"] == ["c" * 64] and endpoint["shape_hashes"] == ["s" * 64]
     assert endpoint["lane"] == "agent" and endpoint["server_version"] == "fake-0.1"
@@ -100,8 +97,8 @@ def test_knee_records_the_lanes_startup_report_and_hashes(tmp_path):
     (["--duration", "soon"], "--duration"),
 ])
 def test_knee_rejects_bad_options_clearly(args, message):
-    result = CliRunner().invoke(main, ["knee", "http://127.0.0.1:9", *args])
-    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+    result = invoke("knee", "http://127.0.0.1:9", *args)
+    assert result.code == 2 and message in result.output and "Traceback" not in result.output
 
 
 def test_lane_container_is_matched_by_published_or_listening_port():

@@ -6,11 +6,10 @@ import json
 
 import pytest
 from acceptance_support import FakeModel, serve
-from click.testing import CliRunner
+from cli_support import invoke
 
 from recipegen.acceptance.fixture import Prompt, load_fixture, parse_fixture
 from recipegen.acceptance.parity import Output, first_divergence, judge_prompt
-from recipegen.cli import main
 from recipegen.common.errors import InputError
 
 P = Prompt(id="p", category="agent", prompt="x")
@@ -120,7 +119,7 @@ def test_recorded_runs_attribute_per_prompt(tmp_path):
         (tmp_path / name).write_text(json.dumps(record_json(fixture, runs, {}, settings)))
     result = run_parity(tmp_path / "a.json", tmp_path / "b.json", "--fixture", path, "--max-tokens", "300",
                         "--seed", "0", "--json", tmp_path / "r.json")
-    assert result.exit_code == 1, result.output
+    assert result.code == 1, result.output
     early = next(line for line in result.output.splitlines() if line.startswith("early "))
     late = next(line for line in result.output.splitlines() if line.startswith("late "))
     assert "diverges" in early and "A≠B at token 0" in early and "(token 200)" in early
@@ -160,7 +159,7 @@ def write_fixture(tmp_path, n=6, jitter_ids=()):
 
 
 def run_parity(*args):
-    return CliRunner().invoke(main, ["parity", *map(str, args)], catch_exceptions=False)
+    return invoke("parity", *map(str, args))
 
 
 def test_parity_of_a_server_against_itself_passes(tmp_path):
@@ -168,7 +167,7 @@ def test_parity_of_a_server_against_itself_passes(tmp_path):
     with serve(FakeModel()) as url:
         result = run_parity(url, url, "--fixture", fixture, "--runs", "2", "--max-tokens", "12",
                             "--json", tmp_path / "r.json")
-    assert result.exit_code == 0, result.output
+    assert result.code == 0, result.output
     assert "PASS" in result.output and "exact 7/7" in result.output
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["passed"] and data["summary"]["exact"] == 7
@@ -180,7 +179,7 @@ def test_parity_detects_a_perturbed_engine(tmp_path):
     fixture = write_fixture(tmp_path)
     with serve(FakeModel(weight_seed=0)) as url_a, serve(FakeModel(weight_seed=1)) as url_b:
         result = run_parity(url_a, url_b, "--fixture", fixture, "--runs", "2", "--max-tokens", "12")
-    assert result.exit_code == 1, result.output
+    assert result.code == 1, result.output
     assert "FAIL" in result.output and "diverges 7/7" in result.output
     assert "A≠B at token 3" in result.output  # the fake engines agree on the first three tokens
 
@@ -189,7 +188,7 @@ def test_serving_nondeterminism_is_not_a_placement_effect(tmp_path):
     fixture = write_fixture(tmp_path, jitter_ids=(2,))
     with serve(FakeModel(jitter=("JITTER",))) as url:
         result = run_parity(url, url, "--fixture", fixture, "--runs", "2", "--max-tokens", "12")
-    assert result.exit_code == 0, result.output
+    assert result.code == 0, result.output
     assert "nondeterministic 1/7" in result.output
     row = next(line for line in result.output.splitlines() if line.startswith("p2 "))
     assert "nondeterministic" in row and "A≠A at token 6" in row
@@ -200,15 +199,14 @@ def test_text_comparison_when_the_server_gives_no_token_ids(tmp_path):
     with serve(FakeModel(with_token_ids=False)) as url_a, \
             serve(FakeModel(with_token_ids=False, weight_seed=5)) as url_b:
         result = run_parity(url_a, url_b, "--fixture", fixture, "--runs", "1", "--max-tokens", "8")
-    assert result.exit_code == 1 and "A≠B at char" in result.output
+    assert result.code == 1 and "A≠B at char" in result.output
     assert "one run of A cannot tell" in result.output
 
 
 def test_unreachable_endpoint_is_a_clear_error(tmp_path):
     fixture = write_fixture(tmp_path, n=1)
-    result = CliRunner().invoke(main, ["parity", "http://127.0.0.1:9", "http://127.0.0.1:9", "--fixture",
-                                       str(fixture)])
-    assert result.exit_code == 2
+    result = invoke("parity", "http://127.0.0.1:9", "http://127.0.0.1:9", "--fixture", str(fixture))
+    assert result.code == 2
     assert "error: http://127.0.0.1:9/v1/models: connection refused" in result.output
     assert "Traceback" not in result.output
 
@@ -218,17 +216,16 @@ def test_recorded_runs_compare_across_boots(tmp_path):
     record = tmp_path / "control.json"
     with serve(FakeModel()) as url:
         made = run_parity(url, "--record", record, "--fixture", fixture, "--runs", "2", "--max-tokens", "10")
-    assert made.exit_code == 0, made.output
+    assert made.code == 0, made.output
     assert json.loads(record.read_text())["format"] == "recipegen-parity-record"
     with serve(FakeModel()) as url:  # a fresh "boot" of the same engine: passes against the recording
         same = run_parity(url, record, "--fixture", fixture, "--max-tokens", "10")
-    assert same.exit_code == 0 and "recorded in" in same.output, same.output
+    assert same.code == 0 and "recorded in" in same.output, same.output
     with serve(FakeModel(weight_seed=9)) as url:
         other = run_parity(url, record, "--fixture", fixture, "--max-tokens", "10")
-    assert other.exit_code == 1 and "diverges 7/7" in other.output
+    assert other.code == 1 and "diverges 7/7" in other.output
     # a recording made with other settings is refused, naming the file and field
-    bad = CliRunner().invoke(main, ["parity", str(record), str(record), "--fixture", str(fixture),
-                                    "--max-tokens", "11"])
-    assert bad.exit_code == 2 and "settings.max_tokens" in bad.output
+    bad = invoke("parity", str(record), str(record), "--fixture", str(fixture), "--max-tokens", "11")
+    assert bad.code == 2 and "settings.max_tokens" in bad.output
     both = run_parity(record, record, "--fixture", fixture, "--max-tokens", "10")
-    assert both.exit_code == 0 and "PASS" in both.output
+    assert both.code == 0 and "PASS" in both.output

@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
+from cli_support import invoke
 from expert_residency.contract.env import ADAPTIVE as ENV_ADAPTIVE
 from expert_residency.contract.env import ADAPTIVE_PRIORS as ENV_PRIORS
 from expert_residency.core.adaptive_config import AdaptiveConfig
 from expert_residency.core.adaptive_setup import format_adaptive_spec
 from test_multinode import _mixed_recipe
 
-from recipegen.cli import main
 from recipegen.common.errors import InputError
 from recipegen.k8s import manifests
 from recipegen.k8s.render import render_k8s
@@ -75,7 +74,7 @@ def test_a_configmap_over_the_limit_is_refused_at_the_adaptive_field(tmp_path: P
     err = info.value
     assert (Path(err.file).name, err.line, err.field) == (path.name, line, "lanes[0].offload.adaptive.priors")
     assert "more than a Kubernetes ConfigMap holds (64,000 B)" in str(err)
-    result = CliRunner().invoke(main, ["k8s", str(path)])
-    assert result.exit_code == 2 and f"{path.name}:{line}" in result.output, result.output
+    result = invoke("k8s", str(path))
+    assert result.code == 2 and f"{path.name}:{line}" in result.output, result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "k8s").exists()

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from click.testing import CliRunner
+from cli_support import invoke
 from test_adaptive_k8s import _adaptive_recipe
 
-from recipegen.cli import main
 from recipegen.ledger import compute_ledger
 from recipegen.load.recipe import load_recipe
 
@@ -31,8 +30,8 @@ def test_adaptive_figures_per_stage_and_for_the_lane(tmp_path: Path) -> None:
 
 
 def test_check_budgets_shows_the_lane_adaptive_line(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["check", "budgets", str(_adaptive_recipe(tmp_path))])
-    assert result.exit_code in (0, 1), result.output
+    result = invoke("check", "budgets", str(_adaptive_recipe(tmp_path)))
+    assert result.code in (0, 1), result.output
     # 1,504,051,200 B = 1.40 GiB; 150,405,120 B = 0.14 GiB
     assert "adaptive residency: spare rows 1.40 GiB of HBM over the adaptive stages' GPUs" in result.output
     assert "at most 0.14 GiB per step and GPU over the busiest stage's host link" in result.output

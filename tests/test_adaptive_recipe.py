@@ -12,12 +12,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 from compose_support import needs_compose
 from expert_residency.core.adaptive_config import AdaptiveConfig
 from expert_residency.core.adaptive_setup import parse_adaptive_spec
 
-from recipegen.cli import main
 from recipegen.common.errors import InputError
 from recipegen.ledger import compute_ledger
 from recipegen.load.recipe import load_recipe
@@ -143,8 +142,8 @@ def test_a_barrier_swaps_at_most_the_smaller_bank(project: Path, swaps: int) -> 
 
 def test_swaps_per_layer_past_any_model_is_refused_at_its_line(project: Path) -> None:
     with_adaptive(project, "      adaptive: {swaps_per_layer: 1000000000000}\n")
-    result = CliRunner().invoke(main, ["check", "budgets", REFERENCE])
-    assert result.exit_code == 2 and "offload.adaptive.swaps_per_layer" in result.output, result.output
+    result = invoke("check", "budgets", REFERENCE)
+    assert result.code == 2 and "offload.adaptive.swaps_per_layer" in result.output, result.output
     assert "Traceback" not in result.output
 
 
@@ -156,14 +155,14 @@ def test_ledger_has_no_adaptive_figure_when_off(project: Path) -> None:
 
 def test_check_budgets_shows_the_figures(project: Path) -> None:
     with_adaptive(project, "      adaptive: {}\n")
-    result = CliRunner().invoke(main, ["check", "budgets", REFERENCE, "--explain"])
-    assert result.exit_code == 0, result.output
+    result = invoke("check", "budgets", REFERENCE, "--explain")
+    assert result.code == 0, result.output
     # defaults: 4 spare rows × 18,800,640 × 40 = 3,008,102,400 B = 2.80 GiB; one plan at most
     # 2 × 18,800,640 × 16 × 40 = 24,064,819,200 B = 22.41 GiB
     assert "spare HBM rows (per GPU) = 2.80 GiB" in result.output
     assert "host-link traffic of one plan, at most (per GPU) = 22.41 GiB" in result.output
     assert "swaps_per_layer=16, moe_layers=40" in result.output
-    result = CliRunner().invoke(main, ["check", "budgets", REFERENCE, "--json"])
+    result = invoke("check", "budgets", REFERENCE, "--json")
     assert '"adaptive.link_bytes_per_plan"' in result.output and "24064819200" in result.output
     assert '"adaptive.spare_hbm_bytes"' in result.output and "3008102400" in result.output
 
@@ -175,8 +174,8 @@ def test_check_budgets_shows_the_figures(project: Path) -> None:
 def test_render_passes_settings_and_mounts_priors(project: Path) -> None:
     with_adaptive(project, "      adaptive:\n        swaps_per_layer: 4\n        decay: 0.8\n"
                            "        priors: [prose, math]\n")
-    result = CliRunner().invoke(main, ["render", REFERENCE, "--validate"])
-    assert result.exit_code == 0, result.output
+    result = invoke("render", REFERENCE, "--validate")
+    assert result.code == 0, result.output
     out = project / "compose" / REFERENCE
     model = compose_config_json(out / "compose.yaml")
     lane = model["services"]["lane-agent"]
@@ -196,8 +195,8 @@ def test_render_passes_settings_and_mounts_priors(project: Path) -> None:
     profile_env = model["services"]["lane-agent-profile"]["environment"]
     assert not [k for k in profile_env if "ADAPTIVE" in k]
     # Turning adaptive on changes the lane's config hash (compose recreates it), not the profile boot's.
-    check = CliRunner().invoke(main, ["render", REFERENCE, "--check"])
-    assert check.exit_code == 0, check.output
+    check = invoke("render", REFERENCE, "--check")
+    assert check.code == 0, check.output
 
 
 def test_reference_rendering_carries_nothing_adaptive() -> None:
@@ -212,8 +211,8 @@ def test_render_refuses_a_prior_histogram_of_another_geometry(project: Path) -> 
     other = next(p for p in (project / "recipes" / "profiles").rglob("*.hist") if "dsv41" not in str(p))
     shutil.copyfile(other, hist)
     before = sorted(p.relative_to(project) for p in project.rglob("*") if p.is_file())
-    result = CliRunner().invoke(main, ["render", REFERENCE])
-    assert result.exit_code == 2
+    result = invoke("render", REFERENCE)
+    assert result.code == 2
     assert re.search(r"dsv41-flash-gb300\.yaml:\d+: field 'lanes\[0\]\.classes\.prose\.histogram'", result.stderr)
     assert "experts per layer, the model has 384" in result.stderr
     assert sorted(p.relative_to(project) for p in project.rglob("*") if p.is_file()) == before

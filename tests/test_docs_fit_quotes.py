@@ -8,9 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from click.testing import CliRunner
-
-from recipegen.cli import main
+from cli_support import invoke
 
 REPO = Path(__file__).resolve().parent.parent
 FIT_PAGE = REPO / "docs" / "fit.md"
@@ -23,8 +21,8 @@ def page_text() -> str:
 
 
 def new_json(tmp_path: Path, *args: str) -> dict:
-    result = CliRunner().invoke(main, ["new", *args, "--json", "-o", str(tmp_path / "out.yaml")])
-    assert result.exit_code in (0, 1), result.output
+    result = invoke("new", *args, "--json", "-o", str(tmp_path / "out.yaml"))
+    assert result.code in (0, 1), result.output
     return json.loads(result.output)
 
 

@@ -24,10 +24,9 @@ import re
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_support import CliResult, invoke
 from expert_residency.contract.sizing import small_step_limit
 
-from recipegen.cli import main
 from recipegen.costmodel.lane_estimate import BAND_ONE_STREAM
 from recipegen.ledger.workspace import (
     counter_and_mask_bytes,
@@ -58,9 +57,9 @@ def assert_quotes(path: Path, *figures: str) -> None:
         assert figure in text, f"{path.relative_to(REPO)} no longer quotes {figure!r} (the command prints it)"
 
 
-def cli(*args: str, exit_code: int = 0) -> Result:
-    result = CliRunner().invoke(main, list(args))
-    assert result.exit_code == exit_code, result.output
+def cli(*args: str, exit_code: int = 0) -> CliResult:
+    result = invoke(*args)
+    assert result.code == exit_code, result.output
     return result
 
 

@@ -7,9 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 
-from recipegen.cli import main
 from recipegen.costmodel.lane_estimate import DEFAULT_ACCEPTANCE, estimate_lane
 from recipegen.load.recipe import load_recipe
 
@@ -54,9 +53,9 @@ def test_acceptance_rate_in_the_recipe(tmp_path):
 ])
 def test_a_bad_acceptance_is_refused_naming_the_field(tmp_path, new, field, message):
     path = _write(tmp_path, "dsv41-flash-gb300", "        mean_length: 2.13\n        k: 5\n", new)
-    result = CliRunner().invoke(main, ["check", "recipe", str(path)])
-    assert result.exit_code == 2, result.output
-    text = result.output + (result.stderr if result.stderr_bytes is not None else "")
+    result = invoke("check", "recipe", str(path))
+    assert result.code == 2, result.output
+    text = result.output + result.stderr
     assert f"{path.name}:" in text and f"acceptance.{field}" in text and message in text, text
     assert "Traceback" not in text
 
@@ -64,5 +63,5 @@ def test_a_bad_acceptance_is_refused_naming_the_field(tmp_path, new, field, mess
 def test_the_acceptance_needs_a_source(tmp_path):
     path = _write(tmp_path, "dsv41-flash-gb300", "        source: \"the field report 'vLLM: Pin Hot Experts' "
                   "(2026-09-17): v14 C1", "        note: \"v14 C1")
-    result = CliRunner().invoke(main, ["check", "recipe", str(path)])
-    assert result.exit_code == 2 and "acceptance" in result.output + result.stderr
+    result = invoke("check", "recipe", str(path))
+    assert result.code == 2 and "acceptance" in result.output + result.stderr

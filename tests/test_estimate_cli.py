@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 
-from recipegen.cli import main
 from recipegen.common.errors import InputError
 from recipegen.costmodel.lane_estimate import (
     FAR_BELOW,
@@ -22,8 +21,8 @@ from recipegen.load.recipe import load_recipe
 
 
 def test_plan_json_carries_tokens_per_s_per_concurrency_with_its_band():
-    result = CliRunner().invoke(main, ["plan", "dsv41-flash-gb300", "agent", "--json"])
-    assert result.exit_code == 0, result.output
+    result = invoke("plan", "dsv41-flash-gb300", "agent", "--json")
+    assert result.code == 0, result.output
     data = json.loads(result.output)["estimate"]
     assert set(data["tokens_per_s"]) == {"1", "2", "4", "8", "16"}
     for streams, value in data["tokens_per_s"].items():
@@ -49,8 +48,8 @@ def test_a_printed_band_holds_the_computed_one(lo: float, hi: float, text: str) 
 
 
 def test_plan_prints_the_estimate_and_the_other_placement():
-    result = CliRunner().invoke(main, ["plan", "gpt-oss-120b-l40s", "chat", "--context", "1024"])
-    assert result.exit_code == 0, result.output
+    result = invoke("plan", "gpt-oss-120b-l40s", "chat", "--context", "1024")
+    assert result.code == 0, result.output
     out = result.output
     assert "decode speed estimate · lane chat" in out and "1,024 tokens of KV per sequence" in out
     assert "C1 k=0:" in out and "C2 k=0:" in out
@@ -58,26 +57,24 @@ def test_plan_prints_the_estimate_and_the_other_placement():
 
 
 def test_plan_options_change_the_estimate():
-    runner = CliRunner()
     def c1(*args):
-        out = runner.invoke(main, ["plan", "dsv41-flash-gb300", "agent", "--json", "--concurrency", "1", *args])
-        assert out.exit_code == 0, out.output
+        out = invoke("plan", "dsv41-flash-gb300", "agent", "--json", "--concurrency", "1", *args)
+        assert out.code == 0, out.output
         return json.loads(out.output)["estimate"]["points"][0]
     base, longer, sure = c1(), c1("--context", "262144"), c1("--acceptance", "0.9")
     assert longer["terms"]["attention_ms"] > base["terms"]["attention_ms"]
     # α = 0.9, k = 5: (1 - 0.9^6) / 0.1 tokens per step
     assert sure["tokens_per_step"] == pytest.approx((1 - 0.9 ** 6) / 0.1)
-    bad = runner.invoke(main, ["plan", "dsv41-flash-gb300", "agent", "--acceptance", "1.5"])
-    assert bad.exit_code == 2
+    bad = invoke("plan", "dsv41-flash-gb300", "agent", "--acceptance", "1.5")
+    assert bad.code == 2
 
 
 def test_plan_class_estimates_that_class_and_refuses_an_unknown_one():
-    runner = CliRunner()
-    bad = runner.invoke(main, ["plan", "dsv41-flash-gb300", "agent", "--class", "nope"])
-    assert bad.exit_code == 2 and "--class" in bad.output and "agent, prose, math" in bad.output
+    bad = invoke("plan", "dsv41-flash-gb300", "agent", "--class", "nope")
+    assert bad.code == 2 and "--class" in bad.output and "agent, prose, math" in bad.output
     assert "Traceback" not in bad.output
-    out = runner.invoke(main, ["plan", "dsv41-flash-gb300", "agent", "--class", "prose"])
-    assert out.exit_code == 0, out.output
+    out = invoke("plan", "dsv41-flash-gb300", "agent", "--class", "prose")
+    assert out.code == 0, out.output
     assert "class prose on its own histogram and row map" in out.output
     assert "histogram profiles/dsv41-flash/prose.hist" in out.output and "agent.hist" not in out.output.split("fetch tax")[0]
     # the alternatives are estimated for the same class
@@ -146,16 +143,15 @@ def test_a_measured_share_prints_as_a_percentage_like_every_other_share():
     assert "share of routed picks on host experts (measured) = 23%" in text
 
 def test_check_budgets_warns_about_a_far_faster_placement_but_keeps_its_verdict():
-    runner = CliRunner()
-    plain = runner.invoke(main, ["check", "budgets", "gpt-oss-120b-l40s"])
+    plain = invoke("check", "budgets", "gpt-oss-120b-l40s")
     assert "decode speed estimate · lane chat" in plain.output
     assert "warning: estimated" in plain.output and "below usage-aware residency at the same host budget" in plain.output
-    data = json.loads(runner.invoke(main, ["check", "budgets", "gpt-oss-120b-l40s", "--json"]).output)
+    data = json.loads(invoke("check", "budgets", "gpt-oss-120b-l40s", "--json").output)
     lane = data["recipes"][0]["lanes"][0]
     assert lane["ok"] == data["ok"]                     # the verdict is the ledger's alone
     assert lane["estimate"]["warnings"] and lane["estimate"]["tokens_per_s"]["1"] > 0
     # no warning where nothing computable is faster by FAR_BELOW
-    quiet = runner.invoke(main, ["check", "budgets", "dsv41-flash-gb300"])
+    quiet = invoke("check", "budgets", "dsv41-flash-gb300")
     assert "decode speed estimate · lane agent" in quiet.output and "warning: estimated" not in quiet.output
 
 
@@ -196,8 +192,8 @@ def test_fit_and_compare_api_what_ifs():
 
 
 def test_positional_fetch_line_reads_as_words():
-    result = CliRunner().invoke(main, ["check", "budgets", "qwen3-next-80b-a3b-rtx5090"])
-    assert result.exit_code == 0, result.output
+    result = invoke("check", "budgets", "qwen3-next-80b-a3b-rtx5090")
+    assert result.code == 0, result.output
     out = result.output
     # 128 GiB of 3 GiB layers: 42 whole layers, then the 43rd's 2 GiB w13 reaches the budget
     assert ("the experts of 42 of 48 MoE layers (and part of 1 more) sit in host memory (vLLM's "

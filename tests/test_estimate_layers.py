@@ -12,9 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 
-from recipegen.cli import main
 from recipegen.costmodel.lane_estimate import (
     BAND_ONE_STREAM,
     _launches,
@@ -148,9 +147,8 @@ def test_the_lanes_kv_cache_dtype_sets_the_bytes_each_token_reads(tmp_path):
 
 
 def test_plan_json_carries_the_new_terms():
-    result = CliRunner().invoke(main, ["plan", "nemotron-3-nano-30b-a3b-rtx4090", "chat", "--json",
-                                       "--concurrency", "2"])
-    assert result.exit_code == 0, result.output
+    result = invoke("plan", "nemotron-3-nano-30b-a3b-rtx4090", "chat", "--json", "--concurrency", "2")
+    assert result.code == 0, result.output
     terms = json.loads(result.output)["estimate"]["points"][0]["terms"]
     assert terms["state_bytes"] == 2 * 2 * 23 * 2_134_016
     assert terms["unmeasured_ms"] == pytest.approx(terms["state_ms"])

@@ -16,9 +16,8 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 
-from recipegen.cli import main
 from recipegen.ledger import compute_ledger
 from recipegen.ledger.figures import format_operand, operand_unit
 from recipegen.ledger.kv import kv_tokens_figure
@@ -121,8 +120,8 @@ def assert_reproduces(fig: Printed, recomputed: float) -> None:
 
 @cache
 def explain(recipe: str) -> str:
-    result = CliRunner().invoke(main, ["check", "budgets", str(ROOT / "recipes" / f"{recipe}.yaml"), "--explain"])
-    assert result.exit_code in (0, 1), result.output
+    result = invoke("check", "budgets", str(ROOT / "recipes" / f"{recipe}.yaml"), "--explain")
+    assert result.code in (0, 1), result.output
     return result.output
 
 

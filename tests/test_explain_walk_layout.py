@@ -11,10 +11,8 @@ import math
 import re
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 from test_explain_operands import ROOT, Printed, assert_reproduces, explain, figures, find_all, number
-
-from recipegen.cli import main
 
 GIB = 2**30
 WALK_RECIPES = ("glm-5-h200x8", "llama-4-scout-17b-16e-h100", "qwen3-235b-a22b-fp8-h200")
@@ -23,8 +21,8 @@ PP = "dsv41-flash-gb300x2-pp2"
 
 
 def _json(recipe: str) -> dict:
-    result = CliRunner().invoke(main, ["check", "budgets", str(ROOT / "recipes" / f"{recipe}.yaml"), "--json"])
-    assert result.exit_code in (0, 1), result.output
+    result = invoke("check", "budgets", str(ROOT / "recipes" / f"{recipe}.yaml"), "--json")
+    assert result.code in (0, 1), result.output
     return json.loads(result.output)
 
 

@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 from test_import_quant_keys import copy_fixture
 
-from recipegen.cli import main
 from recipegen.common.errors import InputError
 from recipegen.modelimport import import_model
 from recipegen.modelimport.families import BY_ARCH
@@ -291,8 +290,8 @@ def test_dangling_link_is_a_link_to_nothing(tmp_path: Path, name: str) -> None:
     folder = copy_fixture(tmp_path, QWEN_NVFP4)
     (folder / name).unlink(missing_ok=True)
     os.symlink(tmp_path / "gone.json", folder / name)
-    result = CliRunner().invoke(main, ["model", "import", str(folder), "-o", "-"])
-    assert result.exit_code == 2, result.output
+    result = invoke("model", "import", str(folder), "-o", "-")
+    assert result.code == 2, result.output
     assert "link to nothing" in result.output and name in result.output and "Traceback" not in result.output
 
 

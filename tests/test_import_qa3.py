@@ -27,11 +27,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 from test_import_qa_defaults import DROP, _import
 from test_import_qa_defaults import _variant as edited_copy
 
-from recipegen.cli import main
 from recipegen.common.errors import InputError
 from recipegen.modelimport import import_model
 
@@ -124,8 +123,8 @@ def test_recipe_check_refuses_a_max_model_len_above_the_default(tmp_path: Path) 
              ln.split("max_model_len:")[0] + "max_model_len: 65536" if ln.strip().startswith("max_model_len:") else ln
              for ln in text.splitlines()]
     (recipes / "q30-nomax-test.yaml").write_text("\n".join(lines) + "\n")
-    result = CliRunner().invoke(main, ["check", "recipe", str(recipes / "q30-nomax-test.yaml")])
-    assert result.exit_code == 2, result.output
+    result = invoke("check", "recipe", str(recipes / "q30-nomax-test.yaml"))
+    assert result.code == 2, result.output
     assert "65,536" in result.output and "32,768" in result.output and "max_position_embeddings" in result.output
 
 

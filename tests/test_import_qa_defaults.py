@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
+from cli_support import invoke
 
 from recipegen.common.errors import InputError
 from recipegen.modelimport import import_model
@@ -241,14 +241,11 @@ def test_every_accepted_model_type_has_its_transformers_class() -> None:
 # --- finding 16: the summary line says what the per-token KV figure assumes
 
 def test_summary_line_names_the_sliding_layers_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from recipegen.cli import main
     monkeypatch.chdir(REPO)
-    result = CliRunner().invoke(main, ["model", "import", "tests/fixtures/hf_configs/gpt-oss-120b", "-o",
-                                       str(tmp_path / "g.yaml")])
-    assert result.exit_code == 0, result.output
+    result = invoke("model", "import", "tests/fixtures/hf_configs/gpt-oss-120b", "-o", str(tmp_path / "g.yaml"))
+    assert result.code == 0, result.output
     assert "KV 73,728 B per token at full length; 18 sliding layers hold at most 128 tokens" in result.output
-    result = CliRunner().invoke(main, ["model", "import", "tests/fixtures/hf_configs/qwen3-30b-a3b", "-o",
-                                       str(tmp_path / "q.yaml")])
+    result = invoke("model", "import", "tests/fixtures/hf_configs/qwen3-30b-a3b", "-o", str(tmp_path / "q.yaml"))
     assert "KV 98,304 B per token\n" in result.output and "full length" not in result.output
 
 

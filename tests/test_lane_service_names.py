@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner
+from cli_support import invoke
 
-from recipegen.cli import main
 from recipegen.common.errors import InputError
 from recipegen.load.recipe import load_recipe
 from recipegen.render import lanes
@@ -131,8 +130,8 @@ def test_a_pipeline_lane_whose_worker_service_would_exceed_63_is_refused(tmp_pat
     assert "each machine's own network, where a service's name is no host name" in message
     assert "host name on the compose network" not in message
     # `recipegen check recipe` says the same: file:line, the field, exit 2, no traceback.
-    result = CliRunner().invoke(main, ["check", "recipe", str(path)])
-    assert result.exit_code == 2
+    result = invoke("check", "recipe", str(path))
+    assert result.code == 2
     assert f"variant.yaml:{err.line}" in result.stderr and "lanes[0].name" in result.stderr
     assert f"-worker-{last}-profile" in result.stderr and "Traceback" not in result.output + result.stderr
 

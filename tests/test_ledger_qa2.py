@@ -15,18 +15,17 @@ import json
 import re
 from pathlib import Path
 
-from click.testing import CliRunner
+from cli_support import invoke
 from test_fit import project  # a copy of a shipped recipe with its maps and profiles
 
-from recipegen.cli import main
 from recipegen.common.units import GiB
 from recipegen.ledger import compute_ledger
 from recipegen.load.recipe import load_recipe
 
 
 def _cli(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args))
-    return result.exit_code, result.output
+    result = invoke(*args)
+    return result.code, result.output
 
 
 # ------------------------------------------------------------------ finding 4

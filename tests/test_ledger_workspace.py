@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from cli_support import invoke
 from expert_residency.contract.sizing import (
     dense_ticket_bytes,
     fitted_tile,
@@ -135,12 +136,8 @@ def test_no_workspace_where_the_runtime_is_not_mounted() -> None:
 
 
 def test_cli_prints_the_workspace_line() -> None:
-    from click.testing import CliRunner
-
-    from recipegen.cli import main
-
-    result = CliRunner().invoke(main, ["check", "budgets", str(REPO / "recipes" / "qwen3-30b-a3b-rtx4090.yaml")])
-    assert result.exit_code == 0, result.output
+    result = invoke("check", "budgets", str(REPO / "recipes" / "qwen3-30b-a3b-rtx4090.yaml"))
+    assert result.code == 0, result.output
     [line] = [l for l in result.output.splitlines() if l.strip().startswith("runtime workspace =")]
     assert "kernels 88.25 MiB" in line and "max_num_batched_tokens 2,048 × top-k 8" in line  # 92,537,364 B
     assert "before vLLM sizes the KV cache" in line

@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 from test_fit import project  # a copy of a shipped recipe with its maps and profiles
 
-from recipegen.cli import main
 from recipegen.schema.machine import is_host_address
 
 RECIPE = "dsv41-flash-gb300"   # its machine is `{catalog: …, address: 127.0.0.1}`
@@ -35,8 +34,8 @@ def test_check_recipe_refuses_an_address_naming_file_line_and_field(tmp_path: Pa
     assert f"address: {bad}" in text
     line = text[:text.index(f"address: {bad}")].count("\n") + 1
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(main, ["check", "recipe", str(recipe)])
-    assert result.exit_code == 2, result.output
+    result = invoke("check", "recipe", str(recipe))
+    assert result.code == 2, result.output
     assert f"{recipe.name}:{line}" in result.output and "address" in result.output, result.output
     assert "neither an IP address nor a host name" in result.output and "Traceback" not in result.output
 

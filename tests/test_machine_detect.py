@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
+from cli_support import invoke
 
 from recipegen.catalog import catalog_entry
 from recipegen.catalog.detect import RecordedNvml, detect, pcie_lane_bytes_per_s, read_mem_total, to_yaml
-from recipegen.cli import main
 from recipegen.common.errors import InputError, RecipegenError
 from recipegen.ops.doctor import FAIL, NVML_MODULE_FIX, OK, WARN, Facts, HostRequirement, evaluate
 from recipegen.schema import Machine
@@ -112,8 +111,8 @@ def test_cli_without_nvidia_ml_py_says_how_to_get_it() -> None:
         pytest.skip("nvidia-ml-py is installed here")
     except ImportError:
         pass
-    result = CliRunner().invoke(main, ["machine", "detect"])
-    assert result.exit_code == 2 and "pip install 'recipegen[nvml]'" in result.stderr
+    result = invoke("machine", "detect")
+    assert result.code == 2 and "pip install 'recipegen[nvml]'" in result.stderr
 
 
 def test_a_detected_entry_serves_new_and_a_recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,12 +120,12 @@ def test_a_detected_entry_serves_new_and_a_recipe(tmp_path: Path, monkeypatch: p
     machine_file = tmp_path / "dgx.yaml"
     machine_file.write_text(to_yaml(found.entry))
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(main, ["new", "deepseek-v3", "--machine", str(machine_file), "--name", "d"])
-    assert result.exit_code == 0, result.output
+    result = invoke("new", "deepseek-v3", "--machine", str(machine_file), "--name", "d")
+    assert result.code == 0, result.output
     doc = yaml.safe_load((tmp_path / "recipes" / "d.yaml").read_text())
     assert doc["machines"]["dgx"]["detected"] == "dgx, 2024-11-14, NVML driver 565.57.01"
-    result = CliRunner().invoke(main, ["check", "budgets", str(tmp_path / "recipes" / "d.yaml")])
-    assert result.exit_code == 0 and "79.20 GiB" in result.output        # 85,045,477,376 B: what CUDA sees
+    result = invoke("check", "budgets", str(tmp_path / "recipes" / "d.yaml"))
+    assert result.code == 0 and "79.20 GiB" in result.output        # 85,045,477,376 B: what CUDA sees
 
 
 # ------------------------------------------------------------------ doctor
@@ -217,12 +216,12 @@ def _cli_with(monkeypatch: pytest.MonkeyPatch, table: RecordedNvml, *args: str):
     import recipegen.catalog.detect as module
 
     monkeypatch.setattr(module, "PynvmlTable", lambda: table)
-    return CliRunner().invoke(main, ["machine", "detect", *args])
+    return invoke("machine", "detect", *args)
 
 
 def test_cli_without_a_driver_is_a_clear_refusal(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     result = _cli_with(monkeypatch, _NoDriver(reading()), "--record", str(tmp_path / "r.json"))
-    assert result.exit_code == 2, result.output
+    assert result.code == 2, result.output
     assert "NVML: nvmlInit" in result.stderr and "NVML Shared Library Not Found" in result.stderr
     assert "Traceback" not in result.output and not (tmp_path / "r.json").exists()
 
@@ -233,18 +232,18 @@ def test_cli_outputs_are_checked_before_reading(monkeypatch: pytest.MonkeyPatch,
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     result = _cli_with(monkeypatch, RecordedNvml(reading()), "-o", str(fifo), "--force")
-    assert result.exit_code == 2 and "not a regular file" in result.stderr
+    assert result.code == 2 and "not a regular file" in result.stderr
     assert not fifo.is_file()
     # an existing machine file refused without --force: the recording is not written either
     existing = tmp_path / "box.yaml"
     existing.write_text("mine\n")
     result = _cli_with(monkeypatch, RecordedNvml(reading()), "-o", str(existing), "--record", str(tmp_path / "r.json"))
-    assert result.exit_code == 2 and "--force" in result.stderr
+    assert result.code == 2 and "--force" in result.stderr
     assert existing.read_text() == "mine\n" and not (tmp_path / "r.json").exists()
     # with --force both are written
     result = _cli_with(monkeypatch, RecordedNvml(reading()), "-o", str(existing), "--record", str(tmp_path / "r.json"),
                        "--force")
-    assert result.exit_code == 0, result.output
+    assert result.code == 0, result.output
     recorded = json.loads((tmp_path / "r.json").read_text())
     assert recorded["devices"] == reading()["devices"]           # the fixture's own _source note aside
     assert yaml.safe_load(existing.read_text())["gpus"]["count"]["value"] == 8

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_support import invoke
 
 from recipegen.catalog import catalog_entry
 from recipegen.common.errors import InputError
@@ -157,22 +158,19 @@ def test_recipe_references_a_model_file(tmp_path: Path) -> None:
 
 
 def test_cli_writes_the_model_file_and_refuses_to_overwrite(tmp_path: Path) -> None:
-    from click.testing import CliRunner
-
-    from recipegen.cli import main
     out = tmp_path / "m.yaml"
     args = ["model", "import", str(FIX / "glm-4.5-air"), "-o", str(out), "--checkpoint", "zai-org/GLM-4.5-Air"]
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 0, result.output
+    result = invoke(*args)
+    assert result.code == 0, result.output
     doc = yaml.safe_load(out.read_text())
     assert doc["checkpoint"] == "zai-org/GLM-4.5-Air" and doc["moe_layers"]["value"] == "1-45"
-    again = CliRunner().invoke(main, args)
-    assert again.exit_code == 2 and "--force" in again.output
+    again = invoke(*args)
+    assert again.code == 2 and "--force" in again.output
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text('{"architectures": ["X"], "num_hidden_layers": 2}')
-    result = CliRunner().invoke(main, ["model", "import", str(bad), "-o", "-"])
-    assert result.exit_code == 2 and "architecture 'X'" in result.output and "Traceback" not in result.output
+    result = invoke("model", "import", str(bad), "-o", "-")
+    assert result.code == 2 and "architecture 'X'" in result.output and "Traceback" not in result.output
 
 
 def test_index_without_shards_takes_dense_bytes_from_total_size(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_support import invoke
 
 from recipegen.common.errors import InputError
 from recipegen.modelimport import import_model
@@ -235,13 +236,10 @@ def test_every_new_fixture_validates_as_a_model() -> None:
 
 
 def test_import_summary_names_expert_bytes_moe_layers_kv_and_state(tmp_path: Path) -> None:
-    from click.testing import CliRunner
-
-    from recipegen.cli import main
     out = tmp_path / "m.yaml"
-    result = CliRunner().invoke(main, ["model", "import", str(FIX / "qwen3-next-80b-a3b-thinking"), "-o", str(out)])
-    assert result.exit_code == 0, result.output
+    result = invoke("model", "import", str(FIX / "qwen3-next-80b-a3b-thinking"), "-o", str(out))
+    assert result.code == 0, result.output
     assert "(48 MoE)" in result.output and "6,291,456 B per expert" in result.output
     assert "KV 24,576 B per token" in result.output and "state 39,518,208 B per sequence" in result.output
-    plain = CliRunner().invoke(main, ["model", "import", str(FIX / "qwen3-30b-a3b"), "-o", str(tmp_path / "q.yaml")])
+    plain = invoke("model", "import", str(FIX / "qwen3-30b-a3b"), "-o", str(tmp_path / "q.yaml"))
     assert "KV 98,304 B per token" in plain.output and "state" not in plain.output

@@ -9,9 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 
-from recipegen.cli import main
 from recipegen.vllm_flags.moe_backend import (
     START_PERIOD_AUTOTUNED,
     START_PERIOD_DEFAULT,
@@ -69,8 +68,8 @@ def test_start_period_follows_autotuning() -> None:
 
 
 def _run(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return result.exit_code, result.output
+    result = invoke(*args)
+    return result.code, result.output
 
 
 def test_rendered_lanes_get_their_gpus_backend(project: Path) -> None:

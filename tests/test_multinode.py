@@ -13,10 +13,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 from vllm033_source import vllm033_source
 
-from recipegen.cli import main
 from recipegen.common.errors import InputError
 from recipegen.common.units import GiB
 from recipegen.ledger import compute_ledger
@@ -126,8 +125,8 @@ def test_bad_multinode_recipes_name_file_line_field(tmp_path: Path, old: str, ne
     assert message in str(err)
     assert err.line is not None and err.file is not None
     # The CLI prints it without a traceback and exits 2.
-    result = CliRunner().invoke(main, ["check", "recipe", str(path)])
-    assert result.exit_code == 2 and "Traceback" not in result.output
+    result = invoke("check", "recipe", str(path))
+    assert result.code == 2 and "Traceback" not in result.output
 
 
 def test_host_tables_in_hbm_needs_host_tables(tmp_path: Path) -> None:
@@ -206,13 +205,13 @@ def test_all_hbm_verdicts_and_recommendation(ledger: Any) -> None:
 
 
 def test_check_budgets_prints_per_machine_and_lane_summary() -> None:
-    result = CliRunner().invoke(main, ["check", "budgets", RECIPE])
-    assert result.exit_code == 0, result.output
+    result = invoke("check", "budgets", RECIPE)
+    assert result.code == 0, result.output
     out = result.output
     assert "machine station-a · stage 0 (head)" in out and "machine station-b · stage 1 (worker)" in out
     assert "lane summary: pipeline 2 × tensor parallel 1" in out
     assert "cost model: stage 1 (station-b) at 1 stream, k=5: 0.0 MB from host per step" in out
-    data = json.loads(CliRunner().invoke(main, ["check", "budgets", RECIPE, "--json"]).output)
+    data = json.loads(invoke("check", "budgets", RECIPE, "--json").output)
     lane = data["recipes"][0]["lanes"][0]
     assert lane["multinode"] and [s["machine"] for s in lane["stages"]] == ["station-a", "station-b"]
     assert lane["layouts"][0]["fits"] is False and lane["layouts"][1]["fits"] is True

@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner
+from cli_support import invoke
 
-from recipegen.cli.k8s_cmd import k8s
 from recipegen.k8s.render import render_k8s
 from recipegen.k8s.validate import lws_schema_source, validate_manifest
 from recipegen.load.recipe import load_recipe
@@ -28,8 +27,8 @@ def docs() -> list[dict[str, Any]]:
 
 
 def test_committed_manifests_are_current() -> None:
-    result = CliRunner().invoke(k8s, [RECIPE, "--check"])
-    assert result.exit_code == 0, result.output
+    result = invoke("k8s", RECIPE, "--check")
+    assert result.code == 0, result.output
 
 
 def test_leaderworkerset_shape(docs: list[dict[str, Any]]) -> None:

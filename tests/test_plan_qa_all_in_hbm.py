@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 
-from recipegen.cli import main
 from recipegen.ledger import compute_ledger
 from recipegen.load.recipe import load_recipe
 
@@ -36,8 +35,8 @@ def test_the_recipes_cover_both_cases():
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_check_budgets_names_the_placement_as_the_ledger_table_does(recipe):
     lane, _, name = _expected(recipe)
-    result = CliRunner().invoke(main, ["check", "budgets", recipe])
-    assert result.exit_code == 0, result.output
+    result = invoke("check", "budgets", recipe)
+    assert result.code == 0, result.output
     lines = result.output.splitlines()
     header = next(l for l in lines if l.startswith(f"lane {lane} · "))
     assert header.endswith(f" · {name}")
@@ -50,13 +49,13 @@ def test_check_budgets_names_the_placement_as_the_ledger_table_does(recipe):
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_plan_names_the_placement_as_the_ledger_table_does(recipe):
     lane, placement, name = _expected(recipe)
-    result = CliRunner().invoke(main, ["plan", recipe, lane])
-    assert result.exit_code == 0, result.output
+    result = invoke("plan", recipe, lane)
+    assert result.code == 0, result.output
     lines = result.output.splitlines()
     assert lines[1].startswith(f"  {name} ("), lines[1]
     fetch = next(l for l in lines if "fetch tax (cold expert reads" in l)
     assert fetch.endswith(f"per decode step; {name}):"), fetch
-    data = json.loads(CliRunner().invoke(main, ["plan", recipe, lane, "--json"]).output)
+    data = json.loads(invoke("plan", recipe, lane, "--json").output)
     # JSON keeps the placement computed and adds the name people read
     assert data["estimate"]["placement"] == placement and data["estimate"]["placement_label"] == name
     assert data["fetch"]["placement"] == placement and data["fetch"]["placement_label"] == name

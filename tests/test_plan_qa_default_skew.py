@@ -7,9 +7,8 @@ from __future__ import annotations
 import re
 
 import numpy as np
-from click.testing import CliRunner
+from cli_support import invoke
 
-from recipegen.cli import main
 from recipegen.costmodel.estimate import default_skew
 from recipegen.load.recipe import load_recipe
 
@@ -17,8 +16,8 @@ RECIPE, LANE = "qwen3-235b-a22b-nvfp4-b200", "chat"   # its class has no histogr
 
 
 def test_default_skew_note_defines_r_and_e():
-    result = CliRunner().invoke(main, ["plan", RECIPE, LANE])
-    assert result.exit_code == 0, result.output
+    result = invoke("plan", RECIPE, LANE)
+    assert result.code == 0, result.output
     note = next(l for l in result.output.splitlines() if "note: routing:" in l)
     formula = re.search(r"exp\(-(\d+(?:\.\d+)?) \(r/E\)\^(\d+(?:\.\d+)?)\)", note)
     assert formula, note

@@ -13,9 +13,8 @@ import re
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 
-from recipegen.cli import main
 from recipegen.load.recipe import load_recipe
 
 # (recipe, lane): usage-aware on an RTX 5090 and on 8 × H200 (overlapped), positional on an L40S and
@@ -34,8 +33,8 @@ def _serial(recipe: str, lane: str) -> bool:
 
 
 def _plan(recipe: str, lane: str, *args: str) -> str:
-    result = CliRunner().invoke(main, ["plan", recipe, lane, *args])
-    assert result.exit_code == 0, result.output
+    result = invoke("plan", recipe, lane, *args)
+    assert result.code == 0, result.output
     return result.output
 
 

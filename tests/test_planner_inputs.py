@@ -8,10 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 
 from recipegen.catalog import catalog_names
-from recipegen.cli import main
 from recipegen.common.errors import InputError
 from recipegen.common.glossary import HEADING
 from recipegen.common.units import UnitError, parse_count, parse_positive_count
@@ -24,8 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _run(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args))
-    return result.exit_code, result.output
+    result = invoke(*args)
+    return result.code, result.output
 
 
 # ------------------------------------------------------------------ the batched-tokens cap

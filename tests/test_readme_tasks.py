@@ -6,10 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 from doc_commands import commands_and_quotes
-
-from recipegen.cli import main
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -26,8 +24,8 @@ def test_the_readme_tasks_print_what_the_readme_says(tmp_path: Path, monkeypatch
     found = tasks()
     assert [argv[0] for argv, _ in found] == ["new", "check", "new", "check", "new", "compare"]
     for argv, quoted in found:
-        result = CliRunner().invoke(main, argv)
-        assert result.exit_code == 0, f"{argv}: {result.output}"
+        result = invoke(*argv)
+        assert result.code == 0, f"{argv}: {result.output}"
         lines = [line.rstrip() for line in result.stdout.splitlines()]
         for want in quoted:
             assert want in lines, f"`recipegen {' '.join(argv)}` no longer prints:\n{want}\n--- it printed:\n{result.stdout}"

@@ -7,9 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 
-from recipegen.cli import main
 from recipegen.common.errors import InputError
 from recipegen.load.recipe import load_recipe
 
@@ -52,8 +51,8 @@ def test_bad_recipe_error(path: Path) -> None:
 
 @pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
 def test_bad_recipe_cli_exit_2_without_traceback(path: Path) -> None:
-    result = CliRunner().invoke(main, ["check", "recipe", str(path)])
-    assert result.exit_code == 2, result.output
+    result = invoke("check", "recipe", str(path))
+    assert result.code == 2, result.output
     assert result.stderr.startswith("error: "), result.stderr
     assert f"{path.name}:" in result.stderr
     assert "Traceback" not in result.output + result.stderr
@@ -75,8 +74,8 @@ def test_all_problems_of_a_file_are_listed(tmp_path: Path) -> None:
 
 
 def test_budget_check_of_invalid_recipe_exits_2() -> None:
-    result = CliRunner().invoke(main, ["check", "budgets", str(CORPUS / "missing_unit.yaml")])
-    assert result.exit_code == 2
+    result = invoke("check", "budgets", str(CORPUS / "missing_unit.yaml"))
+    assert result.code == 2
     assert "missing unit" in result.stderr
 
 

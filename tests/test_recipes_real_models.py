@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cli_support import invoke
 
 from recipegen.common.units import GiB
 from recipegen.ledger import compute_ledger
@@ -124,14 +125,11 @@ def _model(name: str):
 ])
 def test_model_files_are_the_import_of_their_fixture(fixture: str, checkpoint: str, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from click.testing import CliRunner
-
-    from recipegen.cli import main
     monkeypatch.chdir(REPO)
     out = tmp_path / f"{fixture}.yaml"
-    result = CliRunner().invoke(main, ["model", "import", f"tests/fixtures/hf_configs/{fixture}",
-                                       "--checkpoint", checkpoint, "-o", str(out)])
-    assert result.exit_code == 0, result.output
+    result = invoke("model", "import", f"tests/fixtures/hf_configs/{fixture}",
+                    "--checkpoint", checkpoint, "-o", str(out))
+    assert result.code == 0, result.output
     assert out.read_text() == (REPO / "recipes" / "models" / f"{fixture}.yaml").read_text()
 
 

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 from expert_residency.formats import load_histogram, load_rowmap
 
-from recipegen.cli import main
 from recipegen.rowmap import cold_share, projected_cold_share
 from recipegen.rowmap.evaluate import skew_of
 from recipegen.rowmap.skew import spearman_per_layer
@@ -72,19 +71,17 @@ def test_skew_and_class_correlation_match_the_seeds(hists: dict) -> None:
 
 def test_regeneration_is_byte_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1795910400")
-    runner = CliRunner()
     # run exactly what regenerate.sh runs, into a copy of the tree layout
     monkeypatch.chdir(tmp_path)
     args = ["rowmap", "synth", "--seed", "41", "--tokens", "47778", "--correlation", "0.15",
             "--experts", "384", "--layers", "0-39", "--top-k", "6",
             "-o", "recipes/profiles/dsv41-flash"]
-    assert runner.invoke(main, args).exit_code == 0
+    assert invoke(*args).code == 0
     for c in CLASSES:
         rel = f"recipes/profiles/dsv41-flash/{c}.hist"
         assert (tmp_path / rel).read_bytes() == (ROOT / rel).read_bytes()
         out = f"recipes/maps/dsv41-flash/{c}.rowmap"
-        assert runner.invoke(main, ["rowmap", "build", rel, "--hot", "295",
-                                    "--bytes-per-expert", "18800640", "-o", out]).exit_code == 0
+        assert invoke("rowmap", "build", rel, "--hot", "295", "--bytes-per-expert", "18800640", "-o", out).code == 0
         assert (tmp_path / out).read_bytes() == (ROOT / out).read_bytes()
 
 
@@ -98,10 +95,10 @@ def test_projected_cold_share_for_check_budgets() -> None:
 def test_eval_command_on_the_examples() -> None:
     args = ["rowmap", "eval", str(MAPS / "agent.rowmap"), str(PROFILES / "agent.hist"),
             str(PROFILES / "prose.hist")]
-    text = CliRunner().invoke(main, args)
-    assert text.exit_code == 0
+    text = invoke(*args)
+    assert text.code == 0
     assert "agent.hist [synthetic]" in text.stdout and "leave-one-out" in text.stdout
-    report = json.loads(CliRunner().invoke(main, args + ["--json"]).stdout)
+    report = json.loads(invoke(*args, "--json").stdout)
     agent, prose = report["histograms"]
     assert 0.015 <= agent["cold_share"] <= 0.027 and prose["cold_share"] > 0.10
     assert agent["synthetic"] and report["combined"]["selections"] == 2 * 47778 * 240

@@ -7,10 +7,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 
 from recipegen.catalog import catalog_entry, catalog_names, figures_without_source
-from recipegen.cli import main
 from recipegen.common.errors import InputError
 from recipegen.common.units import GiB, MiB
 from recipegen.load.document import parse_yaml, to_plain
@@ -75,8 +74,8 @@ def test_reference_recipes_load(name: str, repo_root: Path, monkeypatch: pytest.
 
 def test_check_recipe_cli_reports_valid(repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(repo_root)
-    result = CliRunner().invoke(main, ["check", "recipe"])
-    assert result.exit_code == 0, result.output
+    result = invoke("check", "recipe")
+    assert result.code == 0, result.output
     assert "ok  recipes/dsv41-flash-gb300.yaml" in result.stdout
     assert "ok  recipes/dsv41-flash-gb300-off60.yaml" in result.stdout
 
@@ -165,8 +164,8 @@ def test_set_active_class_refuses(recipe_copy: Path, lane: str, cls: str, messag
 
 def test_json_schema_accepts_shipped_recipes_and_rejects_unknown_fields(repo_root: Path) -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    result = CliRunner().invoke(main, ["schema"])
-    assert result.exit_code == 0
+    result = invoke("schema")
+    assert result.code == 0
     schema = json.loads(result.stdout)
     validator = jsonschema.Draft202012Validator(schema)
     for path in sorted((repo_root / "recipes").glob("*.yaml")):
@@ -178,8 +177,8 @@ def test_json_schema_accepts_shipped_recipes_and_rejects_unknown_fields(repo_roo
 
 def test_markdown_reference_is_current(repo_root: Path) -> None:
     doc = repo_root / "docs" / "recipe-reference.md"
-    result = CliRunner().invoke(main, ["schema", "--markdown", "-o", str(doc), "--check"])
-    assert result.exit_code == 0, result.output + result.stderr
+    result = invoke("schema", "--markdown", "-o", str(doc), "--check")
+    assert result.code == 0, result.output + result.stderr
     text = doc.read_text()
     for heading in ("## Recipe", "## Model", "## Machine", "## Lane", "## Offload", "## Speculative"):
         assert heading in text

@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner
+from cli_support import invoke
 from pydantic import TypeAdapter
 
-from recipegen.cli import main
 from recipegen.common.errors import InputError
 from recipegen.load.recipe import load_recipe, load_recipe_model
 from recipegen.schema import Bandwidth, Bytes, PositiveBytes, TokenCount
@@ -195,8 +194,8 @@ def test_the_cli_prints_the_hint_without_a_traceback(tmp_path: Path) -> None:
     data = _tiny(tmp_path)
     data["monitoring"] = {"bind_address": "::1"}
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    result = CliRunner().invoke(main, ["check", "recipe", str(tmp_path / "tiny.yaml")])
-    assert result.exit_code == 2
+    result = invoke("check", "recipe", str(tmp_path / "tiny.yaml"))
+    assert result.code == 2
     assert result.stderr.startswith("error: ") and "Traceback" not in result.output + result.stderr
     assert "monitoring.bind_address" in result.stderr and "an IPv4 address such as 127.0.0.1" in result.stderr
     assert GENERIC not in result.stderr
@@ -232,8 +231,8 @@ def test_long_lane_name_is_refused_by_check_recipe(tmp_path: Path) -> None:
     data = _tiny(tmp_path)
     data["lanes"][0]["name"] = "a" * 51
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    result = CliRunner().invoke(main, ["check", "recipe", str(tmp_path / "tiny.yaml")])
-    assert result.exit_code == 2
+    result = invoke("check", "recipe", str(tmp_path / "tiny.yaml"))
+    assert result.code == 2
     assert "tiny.yaml:" in result.stderr and "lanes[0].name" in result.stderr
     assert "Traceback" not in result.output + result.stderr
 
@@ -316,8 +315,8 @@ def test_a_recipe_file_not_ending_in_yaml_is_refused(tmp_path: Path, file_name: 
 
 def test_new_refuses_an_output_file_not_ending_in_yaml(tmp_path: Path) -> None:
     target = tmp_path / "q.yml"
-    result = CliRunner().invoke(main, ["new", "qwen3-30b-a3b", "--machine", "rtx4090", "-o", str(target)])
-    assert result.exit_code == 2, result.output
+    result = invoke("new", "qwen3-30b-a3b", "--machine", "rtx4090", "-o", str(target))
+    assert result.code == 2, result.output
     assert "ends in .yaml" in result.output and "Traceback" not in result.output
     assert not target.exists()
 
@@ -352,8 +351,8 @@ def test_the_cli_refuses_a_renamed_recipe_before_writing(tmp_path: Path) -> None
     (tmp_path / "recipes").mkdir()
     shutil.move(tmp_path / "maps", tmp_path / "recipes" / "maps")
     (tmp_path / "recipes" / "tiny.yaml").write_text(yaml.safe_dump({**data, "name": "other-name"}, sort_keys=False))
-    result = CliRunner().invoke(main, ["render", str(tmp_path / "recipes" / "tiny.yaml")])
-    assert result.exit_code == 2, result.output
+    result = invoke("render", str(tmp_path / "recipes" / "tiny.yaml"))
+    assert result.code == 2, result.output
     assert "tiny.yaml:" in result.stderr and "field 'name'" in result.stderr
     assert "'other-name'" in result.stderr and "'tiny'" in result.stderr
     assert "Traceback" not in result.output + result.stderr

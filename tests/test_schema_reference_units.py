@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner
+from cli_support import invoke
 from pydantic import BaseModel, ValidationError
 
 from recipegen.catalog import catalog_names
-from recipegen.cli import main
 from recipegen.schema.base import reachable_models
 from recipegen.schema.export import recipe_reference_markdown
 from recipegen.schema.recipe import Recipe
@@ -113,8 +112,8 @@ def _json_unit(prop: dict[str, Any]) -> str | None:
 
 
 def test_the_reference_and_the_json_schema_agree_on_units(rows: dict) -> None:
-    result = CliRunner().invoke(main, ["schema"])
-    assert result.exit_code == 0, result.output
+    result = invoke("schema")
+    assert result.code == 0, result.output
     schema = json.loads(result.stdout)
     defs = {**schema.get("$defs", {}), "Recipe": schema}
     compared = 0

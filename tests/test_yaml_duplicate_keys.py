@@ -7,9 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 
-from recipegen.cli import main
 from recipegen.common.errors import InputError
 from recipegen.load.document import parse_yaml
 from recipegen.load.recipe import load_recipe
@@ -75,8 +74,8 @@ def test_the_cli_prints_it_without_a_traceback(tmp_path: Path) -> None:
     lines.insert(23, "    port: 8001")
     path = tmp_path / "dup.yaml"
     path.write_text("\n".join(lines) + "\n")
-    result = CliRunner().invoke(main, ["check", "recipe", str(path)])
-    assert result.exit_code == 2
+    result = invoke("check", "recipe", str(path))
+    assert result.code == 2
     assert result.stderr.startswith("error: ") and "Traceback" not in result.output + result.stderr
     assert result.stderr.splitlines()[0].endswith(
         "dup.yaml:24: field 'lanes[0].port': duplicate key 'port' (first defined on line 23)")

@@ -11,9 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from click.testing import CliRunner
-
-from recipegen.cli import main
+from cli_support import invoke
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = "dsv41-flash-gb300"
@@ -60,13 +58,10 @@ def killed_at_rename(project: Path, *args: str, at: int = 1) -> subprocess.Compl
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    """Exit code and combined output; fails the test on any Python exception escaping."""
-    result = CliRunner().invoke(main, list(args), env=env)
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise AssertionError(f"traceback instead of an error for {args}: "
-                             f"{type(result.exception).__name__}: {result.exception}")
+    """Exit code and combined output; fails the test on any Python exception escaping (`invoke`)."""
+    result = invoke(*args, env=env)
     assert "Traceback" not in result.output, result.output
-    return result.exit_code, result.output
+    return result.code, result.output
 
 
 def refused(*args: str, expect: str = "") -> str:

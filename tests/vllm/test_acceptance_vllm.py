@@ -16,14 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_support import invoke
 from expert_residency.formats import load_rowmap
 from vllm_support.prompts import PROMPTS
 from vllm_support.server import VllmServer
 from vllm_support.shared import Boot, SharedContext, register_boot, shared_job
 from vllm_support.tiny_moe import write_tiny_moe
-
-from recipegen.cli import main
 
 pytestmark = pytest.mark.vllm
 
@@ -35,7 +33,7 @@ MAPS = {"map1": ("residency-hot6", "hot6"), "map2": ("residency-hot5", "hot5")}
 
 
 def parity(*args: object):
-    return CliRunner().invoke(main, ["parity", *map(str, args)], catch_exceptions=False)
+    return invoke("parity", *map(str, args))
 
 
 def _common(fixture: Path) -> list[object]:
@@ -64,7 +62,7 @@ def _unsplit_reference(server: VllmServer, ctx: SharedContext) -> dict:
     record = ctx.work / "unsplit.json"
     self_parity = parity(server.base_url, server.base_url, *_common(fixture))
     made = parity(server.base_url, "--record", record, *_common(fixture))
-    assert made.exit_code == 0, made.output
+    assert made.code == 0, made.output
     return {"fixture": fixture, "record": record, "self_parity": self_parity}
 
 
@@ -77,16 +75,16 @@ def _map_job(name: str):
         result = parity(server.base_url, reference["record"], *common, "--lane-log", server.log_path,
                         "--json", ctx.work / f"{name}-vs-unsplit.json")
         made = parity(server.base_url, "--record", record, *common, "--lane-log", server.log_path)
-        assert made.exit_code == 0, made.output
+        assert made.code == 0, made.output
         out = {"vs_unsplit": result, "record": record,
                "vs_unsplit_json": ctx.work / f"{name}-vs-unsplit.json"}
         if name == "map1":
-            knee = CliRunner().invoke(main, [
+            knee = invoke(
                 "knee", server.base_url, "--concurrency", "1,2,4", "--duration", "6s", "--warmup", "3s",
                 "--repetitions", "2", "--max-tokens", "32", "--fixture", str(reference["fixture"]),
                 "--lane-log", str(server.log_path), "--json", str(ctx.work / "knee.json"),
-                "--plot", str(ctx.work / "knee.png")], catch_exceptions=False)
-            assert knee.exit_code == 0, knee.output
+                "--plot", str(ctx.work / "knee.png"))
+            assert knee.code == 0, knee.output
             out.update(knee=json.loads((ctx.work / "knee.json").read_text()), knee_output=knee.output)
         return out
     return run
@@ -125,14 +123,14 @@ def boots(engine_plan, tiny_maps) -> Boots:
 
 def test_parity_of_a_server_against_itself_passes(boots: Boots) -> None:
     result = boots.self_parity
-    assert result.exit_code == 0, result.output
+    assert result.code == 0, result.output
     assert "exact 6/6" in result.output and "A1×A2 6/6" in result.output
 
 
 @pytest.mark.parametrize("pair", ["map1-vs-unsplit", "map2-vs-unsplit", "map2-vs-map1"])
 def test_residency_maps_change_no_token(boots: Boots, pair: str) -> None:
     result = boots.map_results[pair]
-    assert result.exit_code == 0, result.output
+    assert result.code == 0, result.output
     assert "exact 6/6" in result.output and "diverges 0/6" in result.output
 
 
@@ -146,7 +144,7 @@ def test_parity_records_the_lanes_map_hashes(boots: Boots) -> None:
 
 def test_a_perturbed_engine_is_detected(boots: Boots) -> None:
     result = boots.perturbed
-    assert result.exit_code == 1, result.output
+    assert result.code == 1, result.output
     assert "FAIL" in result.output and "diverges 6/6" in result.output
 
 

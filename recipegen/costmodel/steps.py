@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from recipegen.common.units import GiB
-
 from recipegen.costmodel.reports import PIN_REPORT as SEED_PIN
 from recipegen.costmodel.reports import PREFETCH_REPORT as SEED_PREFETCH
 

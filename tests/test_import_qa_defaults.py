@@ -91,8 +91,10 @@ def test_a_null_kv_head_count_is_refused_where_transformers_refuses_it(tmp_path:
 
 
 def test_without_model_type_a_default_cannot_be_told_and_is_refused(tmp_path: Path) -> None:
+    # refused at model_type itself: transformers' AutoConfig cannot pick the config class without it
     msg = _refusal(_variant(tmp_path, "qwen3-30b-a3b", {"num_key_value_heads": DROP, "model_type": DROP}))
-    assert "num_key_value_heads" in msg and "model_type" in msg and "folder's name" in msg
+    assert "field 'model_type'" in msg and "has no `model_type`" in msg and "AutoConfig" in msg
+    assert msg.rstrip().endswith("uses: qwen3_moe")
 
 
 def test_mixtral_and_gpt_oss_heads_and_head_dim(tmp_path: Path) -> None:

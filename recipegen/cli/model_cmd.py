@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from recipegen.cli.types import FileNameText
 from recipegen.common.errors import InputError
 from recipegen.common.files import output_target
-
-if TYPE_CHECKING:
-    from recipegen.schema import Model
 
 
 @click.group()
@@ -38,7 +34,7 @@ def import_(path: Path, output: Path | None, name: str | None, checkpoint: str |
     """
     from recipegen.common.lock import locked, sweep_temps, write_atomically
     from recipegen.common.paths import project_path
-    from recipegen.modelimport import import_model
+    from recipegen.modelimport import import_model, import_summary
     from recipegen.schema.patterns import checkpoint_refusal
 
     # the option's value, named as the option (not as a field of config.json), before any reading
@@ -60,28 +56,7 @@ def import_(path: Path, output: Path | None, name: str | None, checkpoint: str |
         output_target(target, "--output")   # --force replaces a regular file, never a device or a link
         sweep_temps(target.parent)  # what an import killed at its rename left
         write_atomically(target, text.encode("utf-8"))
-    experts = m.routed_expert_bytes
-    click.echo(f"wrote {target}: {m.decoder_layers} layers ({m.num_moe_layers} MoE) × {m.routed_experts} experts, "
-               f"top-{m.top_k}, {m.expert_bytes:,} B per expert ({experts / 2**30:,.2f} GiB of routed experts), "
-               f"KV {m.kv_token_bytes:,.0f} B per token{kv_caps(m)}"
-               + (f", state {m.state_bytes_per_sequence:,} B per sequence ({sum(len(g.layers) for g in m.state)} "
-                  "state layers, one GPU)" if m.state_bytes_per_sequence else ""))
-
-
-def kv_caps(m: Model) -> str:
-    """"" when every layer keeps the whole sequence; else what the per-token KV figure assumes (every layer at full
-    length) and which layers keep less: "at full length; 18 sliding layers hold at most 128 tokens". The ledger
-    caps them per sequence at each lane's max_model_len (docs/ledger.md)."""
-    caps = []
-    for g in m.attention:
-        if g.kind == "sliding" and g.window:
-            caps.append(f"{len(g.layers)} sliding layer{'s' if len(g.layers) != 1 else ''} hold"
-                        f"{'' if len(g.layers) != 1 else 's'} at most {g.window:,} tokens")
-        elif g.kind == "chunked" and g.chunk:
-            caps.append(f"{len(g.layers)} chunked-attention layer{'s' if len(g.layers) != 1 else ''} hold"
-                        f"{'' if len(g.layers) != 1 else 's'} at most their {g.chunk:,}-token chunk plus the tokens "
-                        "in flight")
-    return f" at full length; {', '.join(caps)}" if caps else ""
+    click.echo(f"wrote {target}: {import_summary(m)}")
 
 
 @model.command("list")

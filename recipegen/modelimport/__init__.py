@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from recipegen.modelimport.build import describe, locate
-from recipegen.modelimport.write import model_from_document, to_yaml
+from recipegen.modelimport.write import import_summary, model_from_document, to_yaml
 
-__all__ = ["import_model", "describe", "locate", "to_yaml", "model_from_document"]
+__all__ = ["import_model", "import_summary", "describe", "locate", "to_yaml", "model_from_document"]
 
 
 def import_model(path: Path, *, name: str | None = None, checkpoint: str | None = None):

@@ -15,9 +15,9 @@ from typing import Any
 from recipegen.common.errors import InputError
 from recipegen.modelimport import hftypes
 from recipegen.modelimport.config import Config
-from recipegen.modelimport.families import Built, family_of, index_ranges, sourced
+from recipegen.modelimport.families import Built, Family, family_of, index_ranges, sourced
 from recipegen.modelimport.formats import Format, expert_format
-from recipegen.modelimport.hfdefaults import check_root_pairing, given, root_class
+from recipegen.modelimport.hfdefaults import COMPOSITE, ROOT, check_root_pairing, given, root_class
 from recipegen.modelimport.inventory import DenseParts, dense_parts, exclusion_note
 from recipegen.modelimport.jsondoc import present
 from recipegen.modelimport.quantmatch import ExpertModules
@@ -52,13 +52,16 @@ def read_config(path: Path) -> tuple[Config, Built, str]:
     """The config checked against its family, and the family's build of it."""
     cfg = Config.read(path)
     fam, arch = family_of(cfg)
-    cfg.check_fields(set(fam.reads), set(fam.ignored), arch)
+    text_at_root = not (fam.text_config and arch.endswith("ForConditionalGeneration"))
+    # keys a multimodal wrapper carries at its root that size nothing (image preprocessing): not text_config's
+    cfg.check_fields(set(fam.reads), set(fam.ignored) | (set() if text_at_root else set(fam.root_ignored)), arch)
     mtype = cfg.get("model_type")
-    if mtype is not None and mtype not in fam.model_types:
+    if mtype is None:
+        raise _no_model_type(cfg, fam, arch, text_at_root)
+    if mtype not in fam.model_types:
         raise cfg.error("model_type", f"model_type {mtype!r} with architecture {arch!r}: vLLM reads that architecture "
                         f"for model_type {', '.join(fam.model_types)}")
     cfg.hf, cfg.hf_why = root_class(cfg)
-    text_at_root = not (fam.text_config and arch.endswith("ForConditionalGeneration"))
     check_root_pairing(cfg, arch, text_at_root)
     hftypes.check(cfg)
     if not text_at_root:
@@ -75,6 +78,22 @@ def read_config(path: Path) -> tuple[Config, Built, str]:
     return cfg, fam.build(cfg, arch), arch
 
 
+def _no_model_type(cfg: Config, fam: Family, arch: str, text_at_root: bool) -> InputError:
+    """A config.json without `model_type` (or with a null one): vLLM 0.33.0 builds the file through transformers'
+    AutoConfig (vllm/transformers_utils/config.py:361-369 takes `model_type` from the file and maps an architecture
+    to one only for LongcatFlash; :445 AutoConfig.from_pretrained), which without one cannot pick the config class
+    and refuses the file (transformers 5.19.0 models/auto/configuration_auto.py:442-445) unless `auto_map` names
+    remote code: the recipe would describe a checkpoint vLLM does not load."""
+    # the model types of this architecture: a composite one (language model under text_config) for a wrapper
+    fits = [t for t in fam.model_types if t in ROOT and (ROOT[t] in COMPOSITE) == (not text_at_root)]
+    head = "`model_type` is null" if "model_type" in cfg.data else "config.json has no `model_type`"
+    return cfg.error("model_type", f"{head}: vLLM 0.33.0 loads config.json "
+                     "through transformers' AutoConfig (vllm/transformers_utils/config.py:361-369, :445), which "
+                     "cannot pick the config class without it and refuses the file (\"Unrecognized model … Should "
+                     "have a `model_type` key\", transformers 5.19.0 models/auto/configuration_auto.py:442-445); add "
+                     f"the model type {arch} uses: {' or '.join(fits or fam.model_types)}")
+
+
 def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> dict[str, Any]:
     """The model document (plain data, YAML-ready) for `inp`."""
     cfg, b, arch = read_config(inp.config)
@@ -82,7 +101,8 @@ def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> d
     fmt = expert_format(cfg, text, inp.config.parent, gated=b.gated, experts=ExpertModules(arch, tuple(b.moe)))
     layers, moe, routed, hidden, inter = b.layers, b.moe, b.routed, b.hidden, b.inter
     if not moe:
-        raise InputError("no MoE layer: every layer is dense by the config's layer rule", file=cfg.file)
+        # each family refuses its own all-dense rule naming the field (families._all_dense); this is the backstop
+        raise InputError(f"no MoE layer: every layer is dense by {b.moe_rule}", file=cfg.file)
     rows = 2 * inter if b.gated else inter
     unit = {"mxfp4": 32, "nvfp4": 16, "int4": (fmt.scale or {}).get("block", [2])[0], "fp8": 1}.get(fmt.dtype, 1)
     for width, field_ in ((hidden, "hidden_size"), (inter, b.inter_src.split("`")[1].rsplit(".", 1)[-1])):

@@ -365,8 +365,20 @@ class Config:
         if null is not None:    # the key is there, with null: name it and its line
             raise self.error(null, f"`{self.name(null)}` is null, and the importer needs a value for {looked}"
                              f"{' — ' + what if what else ''}")
-        raise InputError(f"missing {looked}{' — ' + what if what else ''}", file=self.file,
+        meaning = what or (FIELDS[names[0]].meaning if names[0] in FIELDS else "")
+        raise InputError(f"missing {looked}{' — ' + meaning if meaning else ''}: {self._no_default_why()}; write the "
+                         "checkpoint's value", file=self.file,
                          line=self.doc.line(self.base) if self.base else None, field=self.name(names[0]))
+
+    def _no_default_why(self) -> str:
+        """Why a field `need` asks for is not taken from the transformers config class vLLM builds the file through
+        (docs/models.md, "Fields config.json leaves out"): those are the model's geometry, and a class default is a
+        placeholder size, not the checkpoint's."""
+        cls = getattr(self.hf, "name", None)
+        whose = f"transformers' {cls}" if cls else "the transformers config class"
+        return (f"the importer does not take {whose} default for the model's geometry (a layer count, a width, a "
+                "head or expert count, a layer layout, an activation constant): a class default is a placeholder, not "
+                "this checkpoint's value (docs/models.md, \"Fields config.json leaves out\")")
 
     def src(self, *names: str) -> str:
         """'config.json `a` × `b`' (the first given spelling of each)."""

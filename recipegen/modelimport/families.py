@@ -74,6 +74,9 @@ class Family:
     text_config: bool = False                    # the language model is under `text_config`
     vision_reads: frozenset[str] = frozenset()
     vision_ignored: frozenset[str] = frozenset()
+    # keys accepted unread at the root of the multimodal architecture (…ForConditionalGeneration) only, never in
+    # text_config: settings that size no tensor and that vLLM does not read from config.json (image preprocessing)
+    root_ignored: frozenset[str] = frozenset()
 
 
 def index_ranges(idx: list[int]) -> str | list[int]:
@@ -260,6 +263,7 @@ def _qwen3_moe(cfg: Config, arch: str, prefix: str = "model.", tie: bool | None 
     dense_list, dense_src = given(cfg, "mlp_only_layers")
     dense = set(dense_list)
     _check_indices(cfg, "mlp_only_layers", dense, layers)
+    _sparse_step_dense(cfg, layers, step, step_src, dense, dense_src, f"{QWEN3_MOE}:385-392")
     moe = [i for i in range(layers) if i not in dense and (i + 1) % step == 0]
     if step_src.startswith("config.json") and dense_src.startswith("config.json"):
         rule = (f"config.json `{cfg.name('decoder_sparse_step')}` {step}, `{cfg.name('mlp_only_layers')}` "
@@ -324,6 +328,33 @@ def _check_indices(cfg: Config, name: str, idx: set[int], layers: int) -> None:
     bad = sorted(i for i in idx if i >= layers)
     if bad:
         raise cfg.error(name, f"layer {bad[0]} is past the {layers} decoder layers")
+
+
+def _all_layers(layers: int) -> str:
+    return f"all {layers} layers" if layers != 1 else "the one layer"
+
+
+def _all_dense(cfg: Config, field_: str, why: str, layers: int, where: str) -> InputError:
+    """The refusal for a layer rule that leaves no MoE layer, naming the field (and its line) that made every layer
+    dense: "`first_k_dense_replace` 61 makes all 61 layers dense: no MoE layer to offload"."""
+    return cfg.error(field_, f"{why} makes {_all_layers(layers)} dense: no MoE layer to offload (the importer "
+                     f"describes MoE models; {where})")
+
+
+def _sparse_step_dense(cfg: Config, layers: int, step: int, step_src: str, dense: set[int],
+                       dense_src: str, where: str) -> None:
+    """Qwen3-MoE / Qwen3-Next: layer i is MoE when i is not in `mlp_only_layers` and (i + 1) % decoder_sparse_step
+    == 0. Refused, naming the field that left none (its class default never does), when no layer is MoE."""
+    sparse = [i for i in range(layers) if (i + 1) % step == 0]
+    if any(i not in dense for i in sparse):
+        return
+    if not sparse:
+        raise _all_dense(cfg, "decoder_sparse_step", f"{phrase(step, step_src)} ((i + 1) % {step} == 0 for no layer "
+                         f"i below {layers})", layers, where)
+    why = phrase(index_ranges(sorted(dense)), dense_src)
+    if len(sparse) < layers:    # the list takes out the layers the step leaves MoE
+        why += f" with {phrase(step, step_src)}"
+    raise _all_dense(cfg, "mlp_only_layers", why, layers, where)
 
 
 def _mixtral(cfg: Config, arch: str) -> Built:
@@ -458,6 +489,13 @@ def _deepseek(cfg: Config, arch: str, prefix: str = "model.", head: str = "lm_he
         raise cfg.error("first_k_dense_replace", f"{k} leading dense layers of {layers} ({k_src})")
     freq, freq_src = given(cfg, "moe_layer_freq")
     moe = [i for i in range(k, layers) if i % freq == 0]
+    where = f"MoE layers are i >= first_k_dense_replace with i % moe_layer_freq == 0, {V}model_executor/models/" \
+            "deepseek_v2.py:1293-1297"
+    if k == layers:
+        raise _all_dense(cfg, "first_k_dense_replace", phrase(k, k_src), layers, where)
+    if not moe:
+        raise _all_dense(cfg, "moe_layer_freq", f"{phrase(freq, freq_src)} after {phrase(k, k_src)} (no layer "
+                         f"{k}-{layers - 1} is a multiple of {freq})", layers, where)
     if k_src.startswith("config.json"):
         rule = (f"config.json `{cfg.name('first_k_dense_replace')}` {k}"
                 + (f", `{cfg.name('moe_layer_freq')}` {freq}" if cfg.has("moe_layer_freq") else f"; {freq_src}")
@@ -484,7 +522,8 @@ def _deepseek(cfg: Config, arch: str, prefix: str = "model.", head: str = "lm_he
         else:
             t += swiglu(f"{p}.mlp", i, h, cfg.need("intermediate_size"), "dense_mlp")
     rank, rope = cfg.need("kv_lora_rank"), cfg.need("qk_rope_head_dim")
-    group: dict[str, Any] = {"kind": "mla", "layers": sourced(f"0-{layers - 1}", "config.json `kv_lora_rank` (every "
+    group: dict[str, Any] = {"kind": "mla", "layers": sourced(f"0-{layers - 1}", f"config.json "
+                                                                                  f"`{cfg.name('kv_lora_rank')}` (every "
                                                                                   "layer MLA)"),
                              "kv_lora_rank": sourced(rank, f"config.json `{cfg.name('kv_lora_rank')}`"),
                              "rope_head_dim": sourced(rope, f"config.json `{cfg.name('qk_rope_head_dim')}`"),
@@ -524,6 +563,9 @@ def _glm4_moe(cfg: Config, arch: str) -> Built:
     k, k_src = given(cfg, "first_k_dense_replace")
     if k > layers:
         raise cfg.error("first_k_dense_replace", f"{k} leading dense layers of {layers} ({k_src})")
+    if k == layers:
+        raise _all_dense(cfg, "first_k_dense_replace", phrase(k, k_src), layers,
+                         f"MoE layers are i >= first_k_dense_replace, {V}model_executor/models/glm4_moe.py:353-356")
     moe = list(range(k, layers))
     shared, shared_src = given(cfg, "n_shared_experts")
     inter = cfg.need("moe_intermediate_size")
@@ -586,6 +628,7 @@ def _qwen_hybrid(cfg: Config, arch: str, prefix: str, head: str, every_layer_moe
         dense_list, dense_src = given(cfg, "mlp_only_layers")
         dense = set(dense_list)
         _check_indices(cfg, "mlp_only_layers", dense, layers)
+        _sparse_step_dense(cfg, layers, step, step_src, dense, dense_src, f"{QWEN_NEXT}:489-495")
         moe = [i for i in range(layers) if i not in dense and (i + 1) % step == 0]
         if step_src.startswith("config.json") and dense_src.startswith("config.json"):
             moe_rule = (f"config.json `{cfg.name('decoder_sparse_step')}` {step}, `{cfg.name('mlp_only_layers')}` "
@@ -770,6 +813,9 @@ def _llama4_text(cfg: Config, arch: str, prefix: str, head: str, tie: bool | Non
     heads, kv, hd, kv_src, hd_src = _heads(cfg)
     step = cfg.need("interleave_moe_layer_step")
     moe = [i for i in range(layers) if (i + 1) % step == 0]
+    if not moe:
+        raise _all_dense(cfg, "interleave_moe_layer_step", f"`{cfg.name('interleave_moe_layer_step')}` {step} "
+                         f"((i + 1) % {step} == 0 for no layer i below {layers})", layers, f"{LLAMA4}:340-343")
     listed = cfg.get("moe_layers")
     if listed is not None and sorted(listed) != moe:
         raise cfg.error("moe_layers", f"{cfg.name('moe_layers')} lists {index_ranges(sorted(listed))}, but vLLM builds "
@@ -1084,6 +1130,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
          {"boi_token_index", "eoi_token_index", "image_token_index", "attn_temperature_tuning", "attn_scale",
           "floor_scale", "for_llm_compressor", "cache_implementation", "router_jitter_noise"}, build_llama4,
          "model_executor/models/mllama4.py, llama4.py", text_config=True,
+         # image preprocessing (add_global_tile, max_patches, resize_to_max_canvas): vLLM 0.33.0 takes its image
+         # processor settings from preprocessor_config.json (vllm/transformers_utils/config.py:1244-1255), never this
+         # key, and no tensor's size depends on it
+         root_ignored=frozenset({"image_processor_config"}),
          vision_reads=frozenset({"hidden_size", "intermediate_size", "num_hidden_layers", "patch_size",
                                  "image_size", "num_channels", "projector_input_dim", "projector_output_dim",
                                  "vision_output_dim", "multi_modal_projector_bias"}),

@@ -1,4 +1,4 @@
-"""The model document as YAML, and its validation as a `Model` before it is written."""
+"""The model document as YAML, its validation as a `Model` before it is written, and the line an import prints."""
 
 from __future__ import annotations
 
@@ -9,6 +9,37 @@ from pydantic import ValidationError
 from recipegen.common.errors import InputError
 from recipegen.common.generated import yaml_file
 from recipegen.schema import Model
+
+
+def import_summary(m: Model) -> str:
+    """What `recipegen model import` prints after "wrote <file>: ": layers (MoE layers) × routed experts (+ shared
+    experts), top-k, bytes per expert, the routed experts' total, KV bytes per token (with what sliding and chunked
+    layers keep, `kv_caps`) and, for a model with state layers, the state bytes per sequence. KV and state are one
+    GPU's at tensor parallel 1 (the model file's figures; the ledger re-derives them per rank)."""
+    shared = f" (+{m.shared_experts} shared)" if m.shared_experts else ""
+    text = (f"{m.decoder_layers} layers ({m.num_moe_layers} MoE) × {m.routed_experts} experts{shared}, top-{m.top_k}, "
+            f"{m.expert_bytes:,} B per expert ({m.routed_expert_bytes / 2**30:,.2f} GiB of routed experts), "
+            f"KV {m.kv_token_bytes:,.0f} B per token{kv_caps(m)}")
+    if m.state_bytes_per_sequence:
+        text += (f", state {m.state_bytes_per_sequence:,} B per sequence ({sum(len(g.layers) for g in m.state)} "
+                 "state layers, per GPU at tensor parallel 1)")
+    return text
+
+
+def kv_caps(m: Model) -> str:
+    """"" when every layer keeps the whole sequence; else what the per-token KV figure assumes (every layer at full
+    length) and which layers keep less: "at full length; 18 sliding layers hold at most 128 tokens". The ledger
+    caps them per sequence at each lane's max_model_len (docs/ledger.md)."""
+    caps = []
+    for g in m.attention:
+        if g.kind == "sliding" and g.window:
+            caps.append(f"{len(g.layers)} sliding layer{'s' if len(g.layers) != 1 else ''} hold"
+                        f"{'' if len(g.layers) != 1 else 's'} at most {g.window:,} tokens")
+        elif g.kind == "chunked" and g.chunk:
+            caps.append(f"{len(g.layers)} chunked-attention layer{'s' if len(g.layers) != 1 else ''} hold"
+                        f"{'' if len(g.layers) != 1 else 's'} at most their {g.chunk:,}-token chunk plus the tokens "
+                        "in flight")
+    return f" at full length; {', '.join(caps)}" if caps else ""
 
 
 def model_from_document(doc: dict[str, Any], file: str) -> Model:

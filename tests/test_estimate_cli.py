@@ -100,10 +100,10 @@ def test_streams_whose_kv_exceeds_the_pool_are_named():
     context = 1_048_576
     assert 2 * context <= pool < 3 * context        # two full sequences fit, three do not
     est = estimate_lane(loaded, "agent", streams=[1, 2, 3], context=context)
-    (warning,) = [n for n in est.notes if "exceeds the KV pool" in n]
-    assert warning.startswith("warning: at C3 the streams' KV")
-    assert not any("exceeds the KV pool" in n for n in estimate_lane(loaded, "agent", streams=[1, 2],
-                                                                      context=context).notes)
+    (warning,) = [w for w in est.warnings if "exceeds the KV pool" in w]
+    assert warning.startswith("at C3 the streams' KV")
+    assert not any("exceeds the KV pool" in w for w in estimate_lane(loaded, "agent", streams=[1, 2],
+                                                                      context=context).warnings)
 
 
 def test_a_placement_that_leaves_no_kv_is_not_offered():

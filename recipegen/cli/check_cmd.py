@@ -117,6 +117,8 @@ def check_budgets(recipes: tuple[str, ...], explain: bool, as_json: bool, lanes:
                 if lane_json["lane"] in speed:
                     estimate, others, warnings = speed[lane_json["lane"]]
                     lane_json["estimate"] = {"tokens_per_s": {str(s): v for s, v in estimate.tokens_per_s.items()},
+                                             "tokens_per_s_band": {str(p.streams): list(p.tokens_per_s_band)
+                                                                   for p in estimate.points},
                                              "alternatives": [a.to_json() for a in others],
                                              "warnings": warnings,
                                              "tensor_parallel_caveat": estimate.tensor_parallel_caveat}

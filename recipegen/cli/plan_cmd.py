@@ -55,7 +55,7 @@ def plan(recipe: str, lane: str | None, sweep_text: str | None, traffic_class: s
     """Decode speed estimate, projected fetch tax, KV trade-off and k checks for one LANE of RECIPE
     (LANE may be left out when the recipe has one lane)."""
     from recipegen.costmodel.lane import fetch_summary
-    from recipegen.costmodel.lane_estimate import alternatives, estimate_lane, require_class
+    from recipegen.costmodel.lane_estimate import alternatives, estimate_lane, require_class, speculation_findings
     from recipegen.costmodel.prefetch import lane_prefetch_price
     from recipegen.costmodel.sweep import parse_sweep, sweep_hot
     from recipegen.ledger import compute_ledger
@@ -91,6 +91,9 @@ def plan(recipe: str, lane: str | None, sweep_text: str | None, traffic_class: s
     same = {"streams": streams, "traffic_class": traffic_class, "context": context, "acceptance": acceptance}
     estimate = estimate_lane(loaded, lane, ledger=ledger, **same)
     others = alternatives(loaded, lane, ledger=ledger, **same)
+    # the estimate itself unchanged: what k=0 would give beside it, where the bands tell them apart
+    estimate.warnings.extend(speculation_findings(loaded, lane, estimate, ledger=ledger, traffic_class=traffic_class,
+                                                  context=context, acceptance=acceptance))
     violations = _lane_violations(ledger, lane)
     budget_warning = _budget_warning(recipe, lane, violations)
     limit, limit_source = _max_num_seqs(lane_spec)
@@ -195,14 +198,18 @@ def _estimate_lines(estimate, others, traffic_class: str | None = None,  # type:
     """The decode estimate for people: the lane, then each alternative in one line."""
     which = (f", class {traffic_class} on its own histogram and row map (as after `recipegen swap`)"
              if traffic_class else "")
+    # what the band is, said once here (the glossary's "validation band" is explained by this line)
+    speculating = estimate.acceptance is not None
+    held = ("; it holds at the draft acceptance stated below: traffic whose drafts are accepted more or less "
+            "often runs outside it" if speculating else "")
     lines = [f"decode speed estimate · lane {estimate.lane}{which} (output tokens/s, in parentheses the band "
-             "the validation justifies: docs/costmodel.md, 'Decode speed'):"]
+             f"the validation justifies, rounded outward{held}: docs/costmodel.md, 'Decode speed'):"]
     lines += ["  " + line for line in estimate.lines()]
     for alt in others:
-        per = ", ".join(f"C{s} {v:,.1f}" for s, v in alt.estimate.tokens_per_s.items())
-        lines.append(f"  instead, {alt.description}: {per} tok/s")
-    if estimate.acceptance is not None:
+        lines.append(f"  instead, {alt.description}: {alt.per_concurrency_text()} tok/s")
+    if speculating:
         lines.append(f"  acceptance {estimate.acceptance:.4f} per draft token ({estimate.acceptance_source})")
+    lines += [f"  warning: {w}" for w in estimate.warnings]
     if beyond_note:
         lines.append(f"  note: † {beyond_note}")
     lines += [f"  note: {n}" for n in estimate.notes]

@@ -160,8 +160,10 @@ TERMS: tuple[Term, ...] = (
     Term("[kv] / [hbm] / [host] / [load-host]", _BUDGET_TAG,
          "the budget a configuration breaks: " + ", ".join(f"[{kind}] {what}" for kind, what in BUDGET_KINDS.items())),
     Term("validation band", r"validation band|\bband \d",
-         "the range of real speeds the decode estimate allows: the estimate times the lowest and highest measured "
-         "÷ estimated tokens/s over the validation runs (docs/costmodel.md 'Validation')",
+         "the range of real speeds the decode estimate allows at the draft acceptance it states (traffic whose "
+         "drafts are accepted more or less often runs outside it): the estimate times the lowest and highest "
+         "measured ÷ estimated tokens/s over the validation runs, printed rounded outward (docs/costmodel.md "
+         "'Validation')",
          explained_by=r"band (the|its) validation justifies"),
     Term("synthetic", r"(?i)\bsynthetic\b",
          "an example histogram made by `recipegen rowmap synth` or `new`, not measured traffic "

@@ -137,6 +137,9 @@ class LaneEstimate:
     notes: list[str] = field(default_factory=list)
     label: str = ""                   # the placement as people read it ("all in HBM" where nothing is cold)
     tensor_parallel_size: int = 1     # >1: the figures leave the all-reduces out (tp_caveat)
+    warnings: list[str] = field(default_factory=list)   # what `plan` prints as warnings, not notes
+    hot_counts: tuple[int, ...] = ()  # hot experts of each MoE layer (positional: 0 or all, a part for one)
+    routed_experts: int = 0           # routed experts per MoE layer
 
     def point(self, streams: int) -> EstimatePoint:
         for p in self.points:
@@ -159,19 +162,58 @@ class LaneEstimate:
         tensor-parallel lane, the short form of `tensor_parallel_caveat`."""
         return validation_band_text(*point.tokens_per_s_band, self.tensor_parallel_size)
 
+    @property
+    def hot_experts_per_layer(self) -> int | None:
+        """The hot experts of every MoE layer where one count holds for all of them (usage-aware, all in
+        HBM), None where it does not (a positional lane: whole layers are in host memory, the others
+        in HBM; a usage-aware lane with per-layer counts). ``hot_per_layer`` is the same as text."""
+        if not self.hot_counts or len(set(self.hot_counts)) != 1:
+            return None
+        if self.placement == "positional" and 0 < self.hot_counts[0] < self.routed_experts:
+            return None
+        return self.hot_counts[0]
+
+    @property
+    def host_layers(self) -> tuple[int, int, int] | None:
+        """A positional estimate with experts in host memory: (MoE layers whose experts are all in host
+        memory, layers with a part of them there, MoE layers); None otherwise."""
+        if self.placement != "positional" or not self.hot_counts or not self.routed_experts:
+            return None
+        whole = sum(1 for h in self.hot_counts if h == 0)
+        partial = sum(1 for h in self.hot_counts if 0 < h < self.routed_experts)
+        if not whole and not partial:
+            return None
+        return whole, partial, len(self.hot_counts)
+
+    @property
+    def residency(self) -> str:
+        """Where the routed experts sit, in words: "295 hot experts per layer", or for a positional
+        lane the layers vLLM's --cpu-offload-gb walk put in host memory (the fetch tax's wording)."""
+        layers = self.host_layers
+        if layers is not None:
+            whole, partial, total = layers
+            more = f" (and part of {partial} more)" if partial else ""
+            return f"whole MoE layers: the experts of {whole} of {total} MoE layers{more} in host memory"
+        if self.placement == "positional" and not self.hot_counts:
+            return "vLLM's --cpu-offload-gb: whole layers' experts in host memory"
+        return f"{self.hot_per_layer} hot experts per layer"
+
     def to_json(self) -> dict[str, Any]:
+        layers = self.host_layers
         return {"lane": self.lane, "placement": self.placement, "placement_label": self.label or self.placement,
-                "hot_per_layer": self.hot_per_layer,
+                "hot_per_layer": self.hot_per_layer, "hot_experts_per_layer": self.hot_experts_per_layer,
+                "residency": self.residency,
+                "moe_layers_in_host_memory": None if layers is None else {
+                    "whole": layers[0], "partial": layers[1], "moe_layers": layers[2]},
                 "context": self.context, "acceptance": self.acceptance, "acceptance_source": self.acceptance_source,
                 "expert_efficiency_source": self.expert_efficiency_source,
                 "tokens_per_s": {str(p.streams): p.tokens_per_s for p in self.points},
                 "tokens_per_s_band": {str(p.streams): list(p.tokens_per_s_band) for p in self.points},
-                "points": [p.to_json() for p in self.points], "notes": self.notes,
+                "points": [p.to_json() for p in self.points], "notes": self.notes, "warnings": self.warnings,
                 "tensor_parallel_caveat": self.tensor_parallel_caveat}
 
     def lines(self) -> list[str]:
-        out = [f"{self.label or self.placement} ({self.hot_per_layer} hot experts per layer), {self.context:,} "
-               "tokens of KV per sequence:"]
+        out = [f"{self.label or self.placement} ({self.residency}), {self.context:,} tokens of KV per sequence:"]
         for p in self.points:
             lo, hi = p.tokens_per_s_band
             t = p.terms
@@ -532,11 +574,12 @@ def estimate_lane(loaded: Any, lane_name: str, *, ledger: Any = None, placement:
     experts_note = _experts_note(out, placement)
     if experts_note:
         notes.append(experts_note)
+    warnings = []
     over = [p.streams for p in out if kv_pool_tokens is not None and p.streams * ctx > kv_pool_tokens]
     if over:
-        notes.append(f"warning: at C{', C'.join(map(str, over))} the streams' KV ({ctx:,} tokens each) exceeds the "
-                     f"KV pool of {format_tokens(kv_pool_tokens)} tokens: vLLM would queue or preempt some of "
-                     "them; the estimate assumes all of them decode")
+        warnings.append(f"at C{', C'.join(map(str, over))} the streams' KV ({ctx:,} tokens each) exceeds the "
+                        f"KV pool of {format_tokens(kv_pool_tokens)} tokens: vLLM would queue or preempt some of "
+                        "them; the estimate assumes all of them decode")
     if k is not None:
         notes.append(f"k={k} at every concurrency (a what-if, not the lane's k)")
     if independent_streams is not None:
@@ -558,7 +601,7 @@ def estimate_lane(loaded: Any, lane_name: str, *, ledger: Any = None, placement:
     return LaneEstimate(lane.name, placement, str(lo) if lo == hi else f"{lo}–{hi}", ctx, out,
                         alpha if speculative else None, alpha_source if speculative else None,
                         sm.expert_efficiency.source if sm.expert_efficiency else "none measured", notes, label,
-                        lane.tensor_parallel_size)
+                        lane.tensor_parallel_size, warnings, tuple(int(h) for h in hots), n)
 
 
 def require_class(loaded: Any, lane: Any, traffic_class: str | None) -> None:
@@ -608,8 +651,17 @@ class Alternative:
     estimate: LaneEstimate
 
     def to_json(self) -> dict[str, Any]:
+        est = self.estimate
         return {"name": self.name, "description": self.description, "tokens_per_s":
-                {str(s): v for s, v in self.estimate.tokens_per_s.items()}}
+                {str(p.streams): p.tokens_per_s for p in est.points},
+                "tokens_per_s_band": {str(p.streams): list(p.tokens_per_s_band) for p in est.points},
+                "tensor_parallel_caveat": est.tensor_parallel_caveat}
+
+    def per_concurrency_text(self) -> str:
+        """Its tokens/s per concurrency with each band, as the lane's own step lines print them:
+        "C1 183.5 (152–223), C2 256.6 (…)"."""
+        return ", ".join(f"C{p.streams} {p.tokens_per_s:,.1f} ({band_text(*p.tokens_per_s_band)})"
+                         for p in self.estimate.points)
 
 
 def all_hbm_context(loaded: Any, lane_name: str) -> int | None:
@@ -689,15 +741,71 @@ def _runtime_serves(loaded: Any, lane: Any, placement: str, lane_ledger: Any) ->
     return not any(v.kind == "runtime" for v in ledger.violations)
 
 
+def bands_overlap(a: EstimatePoint, b: EstimatePoint) -> bool:
+    """Whether two points' validation bands (unrounded) share any speed: where they do, the
+    validation cannot tell the two figures apart."""
+    (lo_a, hi_a), (lo_b, hi_b) = a.tokens_per_s_band, b.tokens_per_s_band
+    return lo_a <= hi_b and lo_b <= hi_a
+
+
+def _bands_verdict(ours: EstimatePoint, theirs: EstimatePoint) -> str:
+    """The two bands as printed and whether they overlap, for a line that compares two estimates."""
+    both = f"validation bands {band_text(*ours.tokens_per_s_band)} and {band_text(*theirs.tokens_per_s_band)} tok/s"
+    if bands_overlap(ours, theirs):
+        ratio = theirs.tokens_per_s / ours.tokens_per_s
+        return (f"{both} overlap, so the validation does not support the {ratio:.1f}x: the two may run at the "
+                "same speed")
+    return f"{both} do not overlap"
+
+
 def speed_warnings(base: LaneEstimate, options: Sequence[Alternative]) -> list[str]:
     """A line per alternative estimated at least FAR_BELOW times faster at one stream or at the
-    lane's largest concurrency."""
+    lane's largest concurrency, with both validation bands and whether they overlap."""
     out = []
     for alt in options:
         for s in sorted({base.points[0].streams, base.points[-1].streams}):
-            ours, theirs = base.tokens_per_s.get(s), alt.estimate.tokens_per_s.get(s)
-            if ours and theirs and theirs >= FAR_BELOW * ours:
-                out.append(f"estimated {ours:,.1f} tok/s at C{s}, {theirs / ours:.1f}x below {alt.description} "
-                           f"({theirs:,.1f} tok/s)")
+            ours, theirs = _point_or_none(base, s), _point_or_none(alt.estimate, s)
+            if ours is None or theirs is None or not ours.tokens_per_s or not theirs.tokens_per_s:
+                continue
+            if theirs.tokens_per_s >= FAR_BELOW * ours.tokens_per_s:
+                out.append(f"estimated {ours.tokens_per_s:,.1f} tok/s at C{s}, "
+                           f"{theirs.tokens_per_s / ours.tokens_per_s:.1f}x below {alt.description} "
+                           f"({theirs.tokens_per_s:,.1f} tok/s); {_bands_verdict(ours, theirs)}")
                 break
     return out
+
+
+def _point_or_none(estimate: LaneEstimate, streams: int) -> EstimatePoint | None:
+    try:
+        return estimate.point(streams)
+    except KeyError:
+        return None
+
+
+def speculation_findings(loaded: Any, lane_name: str, estimate: LaneEstimate, *, ledger: Any = None,
+                         traffic_class: str | None = None, context: int | None = None,
+                         acceptance: float | None = None) -> list[str]:
+    """A warning where the lane's speculation is estimated slower than none (k=0: the same lane,
+    placement, class, context and concurrencies) at the acceptance `estimate` assumes, naming each such
+    concurrency with both figures and bands; said only where at one of them at least the two bands do
+    not overlap (where they overlap everywhere, the validation cannot tell the two apart: nothing to
+    say). The estimate itself is not changed."""
+    spec = [p for p in estimate.points if p.k > 0]
+    if not spec or estimate.acceptance is None:
+        return []
+    plain = estimate_lane(loaded, lane_name, ledger=ledger, placement=estimate.placement,
+                          streams=[p.streams for p in spec], traffic_class=traffic_class, context=context,
+                          acceptance=acceptance, k=0)
+    slower, apart = [], False
+    for p in spec:
+        q = plain.point(p.streams)
+        if q.tokens_per_s > p.tokens_per_s:
+            overlap = bands_overlap(p, q)
+            apart = apart or not overlap
+            slower.append(f"C{p.streams} k={p.k} {p.tokens_per_s:,.1f} tok/s ({band_text(*p.tokens_per_s_band)}) "
+                          f"against k=0 {q.tokens_per_s:,.1f} ({band_text(*q.tokens_per_s_band)})"
+                          + (", bands overlap" if overlap else ""))
+    if not apart:
+        return []
+    return [f"speculation is estimated slower than none (k=0) at acceptance {estimate.acceptance:.4f}: "
+            f"{'; '.join(slower)}; a lower k (or none) is faster at that acceptance"]

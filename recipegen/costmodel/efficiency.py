@@ -20,14 +20,18 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-# The MXFP4 rows: today's kernels (the grouped warp-MMA loop up to 16 tokens per step for
-# DeepSeek-V4.1, up to 48 for gpt-oss, whose K tiles are halved; tl.dot above, hence DeepSeek-V4.1's
-# step between T = 16 and 17, gpt-oss's between 48 and 49), each T the median over the calls that ran
-# those kernels there (`bench/expert_rows.py` derives them from the committed results; a test checks).
+# The MXFP4 rows: today's kernels (for DeepSeek-V4.1 the T = 1 loops, then on Hopper the
+# warp-specialized launches from 2 tokens per step, so no kernel change above, and on every other GPU
+# the grouped warp-MMA loop up to 16 tokens and tl.dot above, its step between 16 and 17; for gpt-oss, whose
+# biased SwiGLU-OAI experts those launches do not take, the grouped warp-MMA loop up to 48 tokens, its
+# K tiles being halved, and tl.dot above, hence its step between 48 and 49), each T the median over
+# the calls that ran those kernels there (`bench/expert_rows.py` derives them from the committed
+# results; a test checks).
 _MXFP4_RUN = ("BENCHMARKS.md, 'The routed-expert rows re-measured', run ER (one H200, 2026-12-04, six calls; "
-              "gpt-oss at T = 48 / 49 / 64 once more on 2026-12-05): `python3 bench/gpu_residency.py --tokens ...` "
-              "(all-HBM step, 13 layers) and `python3 bench/format_peer.py --formats gptoss-mxfp4 --tokens ...`, "
-              "each T the median of the calls that ran today's kernels there (bench/expert_rows.py)")
+              "gpt-oss at T = 48 / 49 / 64 once more on 2026-12-05; DeepSeek-V4.1 on the warp-specialized default, "
+              "call 12, 2026-12-06): `python3 bench/gpu_residency.py --tokens ...` (all-HBM step, 13 layers) and "
+              "`python3 bench/format_peer.py --formats gptoss-mxfp4 --tokens ...`, each T the median of the calls "
+              "that ran today's kernels there (bench/expert_rows.py)")
 _DENSE_RUN = ("BENCHMARKS.md, 'The routed-expert rows re-measured', run ER call 11 (one H200, 2026-12-05, one call "
               "per format): `python3 bench/format_peer.py --formats qwen3-bf16 | dsv3-fp8 --tokens 1,2,4,6,16,32,96 "
               "--vllm-src ... --peer-configs ...` (bench/expert_rows.py)")
@@ -42,12 +46,24 @@ class ExpertEfficiency:
     bytes_per_expert: int
     by_tokens: Mapping[int, float]
     source: str
+    # The GPUs whose kernels the row measured, by compute capability major: 9 (Hopper, where the
+    # runtime runs the warp-specialized launches), None (every GPU without a row of its own: the
+    # runtime's kernels there, all measured on the H200)
+    compute_capability_major: int | None = None
+
+    @property
+    def key(self) -> str:
+        """The row's name in `bench/expert_rows.py`: the model, and `@sm90` for a Hopper-only row."""
+        return self.model + (f"@sm{self.compute_capability_major}0" if self.compute_capability_major else "")
 
     def at(self, tokens: float) -> float:
         return log_interpolate(self.by_tokens, tokens)
 
 
 EXPERT_EFFICIENCY: tuple[ExpertEfficiency, ...] = (
+    ExpertEfficiency("mxfp4", "dsv41-flash-mxfp4", 18_800_640,
+                     {1: 0.63, 2: 0.61, 3: 0.65, 4: 0.72, 6: 0.75, 16: 0.83, 24: 0.84, 32: 0.85, 96: 0.81},
+                     _MXFP4_RUN, compute_capability_major=9),
     ExpertEfficiency("mxfp4", "dsv41-flash-mxfp4", 18_800_640,
                      {1: 0.63, 2: 0.61, 3: 0.65, 4: 0.69, 6: 0.72, 16: 0.77, 17: 0.74, 24: 0.76, 32: 0.77, 96: 0.78},
                      _MXFP4_RUN),
@@ -62,10 +78,16 @@ EXPERT_EFFICIENCY: tuple[ExpertEfficiency, ...] = (
 )
 
 
-def expert_efficiency(expert_format: str, model: str, bytes_per_expert: float) -> ExpertEfficiency | None:
+def expert_efficiency(expert_format: str, model: str, bytes_per_expert: float,
+                      compute_capability: str | None = None) -> ExpertEfficiency | None:
     """The row measured on this catalog model, else the same format's row nearest in bytes per
-    expert (log distance), else None (a format never measured)."""
-    rows = [r for r in EXPERT_EFFICIENCY if r.expert_format == expert_format]
+    expert (log distance), else None (a format never measured); of a model's rows, the one for this
+    GPU's kernels (`compute_capability`, "9.0"), else its row for every other GPU."""
+    major = int(compute_capability.split(".")[0]) if compute_capability else None
+    rows = [r for r in EXPERT_EFFICIENCY if r.expert_format == expert_format
+            and r.compute_capability_major in (None, major)]
+    own = {r.model for r in rows if r.compute_capability_major is not None}
+    rows = [r for r in rows if r.compute_capability_major is not None or r.model not in own]
     for row in rows:
         if row.model == model:
             return row

@@ -437,7 +437,8 @@ def step_model(loaded: Any, lane: Any, *, placement: str, hot: Sequence[int], co
     per_layer, head, dense_how = _dense(model, tp)
     notes.append(f"dense weights: {dense_how}")
     fmt = _format(model)
-    row = expert_efficiency(fmt, model.name, model.expert_bytes)
+    row = expert_efficiency(fmt, model.name, model.expert_bytes,
+                            str(getattr(machine.gpus, "compute_capability", "") or "") or None)
     if row is None:
         notes.append(f"no measured efficiency for {fmt} experts: hot experts read at the full HBM rate "
                      "(a lower bound on their time)")

@@ -14,24 +14,27 @@
 # context: what a worker holds on the GPU before its weights load (CUDA context, cuBLAS, a Triton
 #        module, a one-rank NCCL group) and CUDA's total beside NVML's: the ledger's load-time
 #        allowance and the card's driver reserve (bench/context_allowance.py; run on an H100 on
-#        2026-12-05, BENCHMARKS.md; not yet on an H200).
+#        2026-12-05, BENCHMARKS.md; on an H200 on 2026-12-06, run WH call 4).
 # w2rows: the w2 launch's row tile at 256 (Humming's) beside today's 128, each in its own process
 #        beside Humming, at T = 16 and 96 (with 3 pipeline stages as the default and 2 / 4 beside
 #        it): whether more weight bytes in flight per program close w2's gap (run H1's Nsight
 #        profile: 464 against Humming's 410 us at T = 96 on an H100). 256-row w2 tiles turn the
 #        warp-MMA kernels off (64 / 128 rows only), so T <= 16 runs tl.dot there. Run on an H100
-#        on 2026-12-05 (BENCHMARKS.md, run H2: 0.990x at T = 96, 1.007x at 16); not yet on an H200.
+#        on 2026-12-05 (BENCHMARKS.md, run H2: 0.990x at T = 96, 1.007x at 16); on an H200 on 2026-12-06
+#        (run WH call 4: 1.11x at T = 16, 1.00x at 96).
 # ws:    the warp-specialized expert GEMMs (bench/ws_probe.py beside the previous launches), then
 #        the layer with today's default (warp-specialized from 2 tokens per step) beside the previous
 #        default (ws_grouped=0), against Humming and on the residency step (run WS on H100s,
-#        2026-12-05; not yet on an H200).
+#        2026-12-05; on the H200 on 2026-12-06, run WH call 1).
 # t1ws:  T = 1 through the warp-specialized launches (one_token off, so T = 1 is grouped like larger
 #        steps, then ws_min_tokens=1), with 2 / 3 / 4 programs per SM, beside today's T = 1 kernels
 #        (the warp-MMA loops; 62-64% of the H200's HBM read, 76% of an H100's) and the grouped tl.dot
-#        path, against Humming and on the residency step; and the GPU test of that path. Not yet run.
+#        path, against Humming and on the residency step; and the GPU test of that path (its peer
+#        part and the test ran on the H200 on 2026-12-06, run WH: 1.12x the T = 1 loops).
 # dsrows: DeepSeek-V4.1's routed-expert row of the step-time estimate on today's default kernels
 #        (13 layers as run ER, all in HBM and usage-aware, T = 1 to 96; the row's source since
-#        the warp-specialized launches became the default from 2 tokens per step). Not yet run.
+#        the warp-specialized launches became the default from 2 tokens per step). Run on the H200
+#        on 2026-12-06 (run WH call 2: bench/results/expert_rows_h200/call12_residency13_ws.*).
 #
 # Carries (ignored paths, copied onto the machine): .cache/whl (humming-kernels 0.1.19 and
 # nvidia-cuda-cccl 13.0.85 wheels from PyPI) and .cache/vsub/vllm (the unpacked vllm 0.33.0 wheel's

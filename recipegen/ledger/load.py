@@ -152,6 +152,15 @@ def _largest_fitting_load_offload(model: Model, lane: Lane, active: PlacementLed
     memory less tables and reserve). Pinned blocks are powers of two, so lowering the offload by the
     bytes over does not give the answer: each whole GiB below the lane's is tried, as the ledger counts it."""
     gib = math.floor((lane.offload.load_cpu_offload or 0) / GiB)
-    while gib > 0 and _pinned_load_peak(model, lane, active, tp, gib * GiB) > available:
+    while gib > 0 and (_pinned_at_load(model, lane, tp, gib * GiB) > available
+                       or _pinned_load_peak(model, lane, active, tp, gib * GiB) > available):
         gib -= 1
     return gib
+
+
+def _pinned_at_load(model: Model, lane: Lane, tp: int, budget: float) -> float:
+    """What `_pinned_load_peak` starts from, its floor: every offloaded layer's pinned blocks and the
+    non-routed bytes the walk moved, before any re-homing. Cheap; where it is over already, the
+    re-homing order (a search) need not be planned to know the offload does not fit."""
+    walk = positional_walk(model, budget, experts_only=experts_only(lane), ranks=tp)
+    return sum(pinned_per_layer(model, walk.host_per_layer)) + walk.dense_offloaded

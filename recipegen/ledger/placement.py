@@ -5,6 +5,8 @@ Pure arithmetic on per-layer byte lists; no I/O.
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 from recipegen.ledger.flags import flag_values
@@ -132,15 +134,23 @@ def rehoming_peaks(initial_hbm: list[int], initial_host: list[int],
     neither side exceeds max(initial, final) by more than one layer. A layer the positional walk
     offloaded only partly (w13 on the host, w2 still in HBM) is planned with its exact split.
     """
-    from expert_residency.core.plan import LayerPlacement, plan_rehome_order
-
-    layers = [LayerPlacement(i, initial_host[i] == 0, final_hbm[i], final_host[i],
-                             device_bytes=initial_hbm[i])
-              for i in range(len(initial_hbm))]
-    if all(initial_hbm[i] == final_hbm[i] and initial_host[i] == final_host[i] for i in range(len(layers))):
+    if all(initial_hbm[i] == final_hbm[i] and initial_host[i] == final_host[i] for i in range(len(initial_hbm))):
         hbm, host = sum(initial_hbm), sum(initial_host)
         return RehomingPeaks(hbm, host, hbm, host, hbm, host, [])
+    peak, final, order = _planned(tuple(initial_hbm), tuple(initial_host), tuple(final_hbm), tuple(final_host))
+    return RehomingPeaks(sum(initial_hbm), sum(initial_host), max(peak[0], sum(initial_hbm)),
+                         max(peak[1], sum(initial_host)), final[0], final[1], list(order))
+
+
+@functools.lru_cache(maxsize=8192)
+def _planned(initial_hbm: tuple[int, ...], initial_host: tuple[int, ...], final_hbm: tuple[int, ...],
+             final_host: tuple[int, ...]) -> tuple[tuple[int, int], tuple[int, int], tuple[int, ...]]:
+    """The runtime's re-homing plan (peak, final, order) for these placements. Kept: a fit searches
+    load offloads for each hot count and lands on the same placements many times, and the plan is a
+    search of its own."""
+    from expert_residency.core.plan import LayerPlacement, plan_rehome_order
+
+    layers = [LayerPlacement(i, initial_host[i] == 0, final_hbm[i], final_host[i], device_bytes=initial_hbm[i])
+              for i in range(len(initial_hbm))]
     plan = plan_rehome_order(layers)
-    return RehomingPeaks(sum(initial_hbm), sum(initial_host), max(plan.peak[0], sum(initial_hbm)),
-                         max(plan.peak[1], sum(initial_host)), plan.final[0], plan.final[1],
-                         list(plan.order))
+    return tuple(plan.peak), tuple(plan.final), tuple(plan.order)

@@ -260,3 +260,14 @@ def test_costmodel_quotes_what_plan_and_check_budgets_print(project: Path):
             "name: dsv41-flash-gb300-off60", "name: off150"))
     warning = re.search(r"warning: (estimated .*? do not overlap)", run("check", "budgets", "off150", code=1).stdout)
     assert warning and warning[1] in doc
+
+
+def test_a_tensor_parallel_lane_says_beside_its_bands_what_they_leave_out():
+    # the QA saw `plan` print a bare "(847–1,166)" on a TP-8 lane's step line, the caveat only in a note
+    # further down; the lane's line above its bands now says it, as `new` and `compare` do on theirs
+    data = plan_json("deepseek-v3-fp8-h200x8")
+    assert data["tensor_parallel_caveat"] and "8 GPUs" in data["tensor_parallel_caveat"]
+    placement_line = run("plan", "deepseek-v3-fp8-h200x8").stdout.splitlines()[1]
+    assert placement_line.endswith(f"; {data['tensor_parallel_caveat']}:"), placement_line
+    one_gpu = run("plan", "gpt-oss-120b-l40s").stdout.splitlines()[1]
+    assert one_gpu.endswith("tokens of KV per sequence:") and "all-reduces" not in one_gpu

@@ -213,7 +213,10 @@ class LaneEstimate:
                 "tensor_parallel_caveat": self.tensor_parallel_caveat}
 
     def lines(self) -> list[str]:
-        out = [f"{self.label or self.placement} ({self.residency}), {self.context:,} tokens of KV per sequence:"]
+        caveat = self.tensor_parallel_caveat
+        # on a tensor-parallel lane the bands below do not hold what they hold on one GPU: said where they are
+        out = [f"{self.label or self.placement} ({self.residency}), {self.context:,} tokens of KV per sequence"
+               + (f"; {caveat}:" if caveat else ":")]
         for p in self.points:
             lo, hi = p.tokens_per_s_band
             t = p.terms

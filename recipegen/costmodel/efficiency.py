@@ -28,10 +28,13 @@ from dataclasses import dataclass
 # the calls that ran those kernels there (`bench/expert_rows.py` derives them from the committed
 # results; a test checks).
 _MXFP4_RUN = ("BENCHMARKS.md, 'The routed-expert rows re-measured', run ER (one H200, 2026-12-04, six calls; "
-              "gpt-oss at T = 48 / 49 / 64 once more on 2026-12-05; DeepSeek-V4.1 on the warp-specialized default, "
-              "call 12, 2026-12-06): `python3 bench/gpu_residency.py --tokens ...` (all-HBM step, 13 layers) and "
-              "`python3 bench/format_peer.py --formats gptoss-mxfp4 --tokens ...`, each T the median of the calls "
-              "that ran today's kernels there (bench/expert_rows.py)")
+              "gpt-oss at T = 48 / 49 / 64 once more on 2026-12-05): `python3 bench/gpu_residency.py --tokens ...` "
+              "(all-HBM step, 13 layers) and `python3 bench/format_peer.py --formats gptoss-mxfp4 --tokens ...`, each T "
+              "the median of the calls that ran those kernels there (bench/expert_rows.py)")
+_MXFP4_HOPPER_RUN = ("BENCHMARKS.md, 'Run WH: the warp-specialized default on the H200' (one H200, 2026-12-06, call 2 = "
+                     "bench/results/expert_rows_h200/call12_residency13_ws.json): `bash bench/pending_h200.sh dsrows` "
+                     "(all-HBM step, 13 layers, T = 1 to 96); T = 1 the median with run ER's calls, which ran the same "
+                     "T = 1 loops (bench/expert_rows.py)")
 _DENSE_RUN = ("BENCHMARKS.md, 'The routed-expert rows re-measured', run ER call 11 (one H200, 2026-12-05, one call "
               "per format): `python3 bench/format_peer.py --formats qwen3-bf16 | dsv3-fp8 --tokens 1,2,4,6,16,32,96 "
               "--vllm-src ... --peer-configs ...` (bench/expert_rows.py)")
@@ -63,7 +66,7 @@ class ExpertEfficiency:
 EXPERT_EFFICIENCY: tuple[ExpertEfficiency, ...] = (
     ExpertEfficiency("mxfp4", "dsv41-flash-mxfp4", 18_800_640,
                      {1: 0.63, 2: 0.61, 3: 0.65, 4: 0.72, 6: 0.75, 16: 0.83, 24: 0.84, 32: 0.85, 96: 0.81},
-                     _MXFP4_RUN, compute_capability_major=9),
+                     _MXFP4_HOPPER_RUN, compute_capability_major=9),
     ExpertEfficiency("mxfp4", "dsv41-flash-mxfp4", 18_800_640,
                      {1: 0.63, 2: 0.61, 3: 0.65, 4: 0.69, 6: 0.72, 16: 0.77, 17: 0.74, 24: 0.76, 32: 0.77, 96: 0.78},
                      _MXFP4_RUN),
@@ -79,11 +82,14 @@ EXPERT_EFFICIENCY: tuple[ExpertEfficiency, ...] = (
 
 
 def expert_efficiency(expert_format: str, model: str, bytes_per_expert: float,
-                      compute_capability: str | None = None) -> ExpertEfficiency | None:
+                      compute_capability: str | None = None,
+                      warp_specialized: bool = True) -> ExpertEfficiency | None:
     """The row measured on this catalog model, else the same format's row nearest in bytes per
     expert (log distance), else None (a format never measured); of a model's rows, the one for this
-    GPU's kernels (`compute_capability`, "9.0"), else its row for every other GPU."""
-    major = int(compute_capability.split(".")[0]) if compute_capability else None
+    GPU's kernels (`compute_capability`, "9.0"), else its row for every other GPU. The Hopper rows
+    measured the warp-specialized launches, which take SiLU-gated experts without biases only:
+    `warp_specialized` False (other experts) keeps the other GPUs' rows on Hopper too."""
+    major = int(compute_capability.split(".")[0]) if compute_capability and warp_specialized else None
     rows = [r for r in EXPERT_EFFICIENCY if r.expert_format == expert_format
             and r.compute_capability_major in (None, major)]
     own = {r.model for r in rows if r.compute_capability_major is not None}

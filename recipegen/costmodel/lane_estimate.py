@@ -440,8 +440,11 @@ def step_model(loaded: Any, lane: Any, *, placement: str, hot: Sequence[int], co
     per_layer, head, dense_how = _dense(model, tp)
     notes.append(f"dense weights: {dense_how}")
     fmt = _format(model)
+    # the Hopper rows measured the warp-specialized launches: SiLU-gated experts without biases only
+    silu = model.activation is None or model.activation.kind == "silu"
     row = expert_efficiency(fmt, model.name, model.expert_bytes,
-                            str(getattr(machine.gpus, "compute_capability", "") or "") or None)
+                            str(getattr(machine.gpus, "compute_capability", "") or "") or None,
+                            warp_specialized=silu and not model.expert_biases)
     if row is None:
         notes.append(f"no measured efficiency for {fmt} experts: hot experts read at the full HBM rate "
                      "(a lower bound on their time)")
@@ -812,4 +815,4 @@ def speculation_findings(loaded: Any, lane_name: str, estimate: LaneEstimate, *,
     if not apart:
         return []
     return [f"speculation is estimated slower than none (k=0) at acceptance {estimate.acceptance:.4f}: "
-            f"{'; '.join(slower)}; a lower k (or none) is faster at that acceptance"]
+            f"{'; '.join(slower)}; without speculation (k=0) it is faster at that acceptance"]

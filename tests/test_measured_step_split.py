@@ -63,3 +63,16 @@ def test_every_step_names_the_split_it_was_measured_at() -> None:
             assert step.split == 295 and "295 hot" in step.source
     assert measured_step("dsv41-flash-mxfp4", "gb300-station", "usage-aware", 296, 1, 5) is None
     assert measured_step("dsv41-flash-mxfp4", "gb300-station", "positional", 60 * GiB, 1, 0).seconds == 0.0111
+
+
+def test_a_machine_that_overrides_the_catalogs_rates_is_another_machine(project: Path) -> None:
+    # the reference's step was measured on the catalog's GB300 (340 GB/s over C2C); an entry that
+    # names it and declares a 100 GB/s link printed "38.07 ms = 158.6% of the measured 24 ms step"
+    doc = yaml.safe_load((project / "recipes" / f"{OFF60}.yaml").read_text())
+    doc["name"] = "slow"
+    doc["machines"]["station"]["pinned_read_bandwidth"] = "100 GB/s"
+    (project / "recipes" / "slow.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    _, c1 = _c1("slow")
+    assert c1.tax.fetch_ms > 24 and c1.tax.share is None
+    _, same = _c1(OFF60)
+    assert same.tax.share is not None   # the catalog's own figures: the measured step is this lane's

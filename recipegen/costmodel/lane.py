@@ -268,7 +268,7 @@ def fetch_points(loaded: Any, lane: Any, share: ColdShare, streams: Sequence[int
         k = _k_at(lane, s)
         u = unique.unique(k, s)
         step = (measured_step(model.name, machine.name, lane.offload.placement, lane_split(lane.offload), s, k)
-                if as_measured else None)
+                if as_measured and _as_catalogued(machine) else None)
         tax = fetch_tax(moe_layers=model.num_moe_layers, unique_per_layer=u, cold_share=cold,
                         bytes_per_expert=reads.bytes_per_expert, link_bandwidth=machine.pinned_read_bandwidth,
                         step_time=step.seconds if step else None, cold_share_source=basis,
@@ -277,6 +277,21 @@ def fetch_points(loaded: Any, lane: Any, share: ColdShare, streams: Sequence[int
                         step_source=step.source if step else "", hbm_bandwidth=hbm)
         points.append(FetchPoint(s, k, u, tax, step.source if step else None))
     return tuple(points)
+
+
+def _as_catalogued(machine: Any) -> bool:
+    """Whether the lane's machine has its catalog entry's rates and GPUs (a measured step belongs to
+    the machine it was measured on: one that overrides the link or the GPUs is another machine)."""
+    from recipegen.catalog import catalog_entry
+    from recipegen.schema import Machine
+
+    try:
+        catalogued = Machine.model_validate(catalog_entry("machines", machine.name))
+    except Exception:  # noqa: BLE001 - not a catalog machine: no measured step is keyed to it anyway
+        return False
+    return (catalogued.pinned_read_bandwidth, catalogued.gpus.hbm_bandwidth, catalogued.gpus.kind,
+            catalogued.gpus.count) == (machine.pinned_read_bandwidth, machine.gpus.hbm_bandwidth,
+                                       machine.gpus.kind, machine.gpus.count)
 
 
 def fetch_summary(loaded: Any, lane_name: str, *, streams: Sequence[int] | None = None,

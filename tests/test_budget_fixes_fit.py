@@ -148,8 +148,8 @@ def _refused(fix: str) -> list[tuple[str, Change, list[tuple[str, str]]]]:
         assert len(changes) == 1, clause
         said = []
         refusal = re.fullmatch(r"make the expert residency runtime refuse the lane at (?:boot|load): (.*)", broken)
-        if refusal:   # the lane's own runtime line must say the same reason
-            out.append((clause, changes[0], [("runtime", refusal[1])]))
+        if refusal:   # the lane's own runtime line must say the same reason (its '; ' said as ' — ')
+            out.append((clause, changes[0], [("runtime", refusal[1].replace(" — ", "; "))]))
             continue
         for part in re.split(r" and (?=HBM|host)", broken.removeprefix("put ")):
             for words, (kind, _) in _BREAKS.items():
@@ -293,4 +293,20 @@ def test_a_switch_the_runtime_would_refuse_is_said_as_refused(tmp_path: Path, mo
     assert fix.startswith("no single change to this lane fits this machine: lowering offload.load_cpu_offload to ")
     assert re.search(r"switching to usage-aware placement with \d+ hot per layer would make the expert residency "
                      r"runtime refuse the lane at boot: expert activation 'relu2_no_mul': experts without a gate "
-                     r"\(an up projection only, e\.g\. Nemotron-H's relu2\); `recipegen fit", fix), fix
+                     r"\(an up projection only, e\.g\. Nemotron-H's relu2\) — the runtime's split computes gated "
+                     r"experts only \(w13 = gate \+ up rows\); `recipegen fit", fix), fix
+
+
+def test_a_refusal_the_lane_can_lift_keeps_its_remedy_and_is_no_dead_end(tmp_path: Path) -> None:
+    """gpt-oss on a one-GPU B200 box: the usage-aware lever meets two refusals at load, the first of
+    which the lane lifts itself (EXPERT_RESIDENCY_BANK_KERNEL=triton). The reason was cut at its first
+    '; ', dropping that remedy, and the line counted the lever as one no hot count could save."""
+    doc = _doc(REPO / "recipes" / "gpt-oss-120b-l40s.yaml")
+    (key,) = doc["machines"]
+    doc["machines"][key] = {"catalog": "b200-x8", "gpus": {"count": 1, "hbm": "48 GB"}, "host_memory": "145 GiB"}
+    code, found = _budgets(doc, tmp_path, "gb")
+    assert code == 1 and "host" in found, found
+    fix = found["host"][1]
+    assert fix.startswith("lower offload.load_cpu_offload to at most "), fix          # offered, not a dead end
+    assert "— set EXPERT_RESIDENCY_BANK_KERNEL=triton" in fix and ", and at load: vLLM's MXFP4 backend" in fix, fix
+    assert "no single change" not in fix

@@ -46,7 +46,7 @@ BUDGET_KINDS: dict[str, str] = {
     "machine-host": "the machine's lanes together over its host memory",
     "gpu-shared": "a GPU always-on lanes share",
     "reserve": "declared weights larger than the measured HBM reserve they are part of",
-    "runtime": "what the expert residency runtime would refuse at boot",
+    "runtime": "what the expert residency runtime would refuse at boot or at load",
     "attention": "what vLLM's attention setup would refuse at boot",
     "parallel": "what the parallel layout would refuse at boot",
     "sequences": "fewer full-length sequences than --min-sequences asks",

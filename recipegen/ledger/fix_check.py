@@ -108,7 +108,8 @@ def vetted(model: Model, machine: Machine, lane: Lane, kind: str, fixes: Sequenc
         broken = [] if after is None else _broken(kind, after, baseline, machine)
         if broken:
             refused.append(f"{fix.doing} would {_joined([words for _, words in broken])}")
-            # a runtime refusal holds whatever the hot count: no further step of that lever fits either
+            # a runtime refusal holds whatever the hot count (no further step of that lever fits either),
+            # unless the lane itself can lift it (an environment setting: "runtime-lane")
             dead_end = dead_end and any(k == "runtime" or (k in HOST_SIDE) != (kind in HOST_SIDE) for k, _ in broken)
         else:
             kept.append(fix)
@@ -169,8 +170,14 @@ def _broken(kind: str, after: LaneLedger, baseline: Callable[[], LaneLedger | No
             before = _over_now(v.kind, baseline(), machine)
             if before > 0 and (v.over_bytes or 0) <= before * (1 + 1e-9):
                 continue   # over already, and no further: not this fix's doing
-        said.append((v.kind, _words(v, after)))
-    refusal = [s for s in said if s[0] == "runtime"]
+        # a refusal the lane can lift itself (an environment setting the runtime names) is not a dead end
+        kind_said = "runtime-lane" if v.kind == "runtime" and "set env" in v.suggestion else v.kind
+        said.append((kind_said, _words(v, after)))
+    refusal = [s for s in said if s[0].startswith("runtime")]
+    if len(refusal) > 1:   # one clause: "refuse the lane at load: A, and at load: B"
+        kinds = {k for k, _ in refusal}
+        words = refusal[0][1] + "".join(", and " + w.split(" refuse the lane ", 1)[1] for _, w in refusal[1:])
+        refusal = [("runtime" if "runtime" in kinds else "runtime-lane", words)]
     return refusal or said   # a lane the runtime refuses: what else it would break is beside the point
 
 
@@ -185,8 +192,8 @@ def _words(v: Violation, after: LaneLedger) -> str:
     if v.kind == "runtime":
         found = RUNTIME_REFUSAL.match(v.message)
         reason = v.message[found.end():] if found else v.message
-        # its first clause: the fix line joins levers with '; ' and ', and '
-        reason = reason.split("; ")[0]
+        # whole, with its own remedy; the fix line joins levers with '; ', so its clauses are set apart
+        reason = reason.replace("; ", " — ")
         return (f"make the expert residency runtime refuse the lane at {found.group(1)}: {reason}"
                 if found else f"be refused at boot: {reason}")
     if v.kind == "kv":

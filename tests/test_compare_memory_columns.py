@@ -27,6 +27,19 @@ def test_compare_json_carries_the_memory_the_table_shows(project) -> None:
     usable = rows["rtx-4090"]["gpu_memory_allocatable_bytes"] / GiB
     assert f"1 × RTX 4090 {usable:,.1f} GiB" in text
     assert "GPUs: count × kind and the memory per GPU CUDA can allocate" in text
+    assert rows["rtx-4090"]["driver_reserve_known"] is True
+
+
+def test_compare_marks_what_the_catalog_assumes(project) -> None:
+    # the H200 NVL's host memory is the catalog's assumption and its reserve unknown (machine list
+    # says "(assumed)" and gives no CUDA figure); compare said neither
+    machine = Machine.model_validate(catalog_entry("machines", "h200-nvl"))
+    assert machine.sources["host_memory"].startswith("assumed") and not machine.gpus.driver_reserved
+    result = invoke("compare", "qwen3-30b-a3b-rtx4090", "--machines", "h200-nvl", "--json")
+    (row,) = json.loads(result.stdout)["machines"]
+    assert row["host_memory_assumed"] is True and row["driver_reserve_known"] is False
+    text = invoke("compare", "qwen3-30b-a3b-rtx4090", "--machines", "h200-nvl").stdout
+    assert f"{machine.host_memory / GiB:,.0f} GiB (assumed)" in text
 
 
 def test_machine_list_names_both_figures_where_the_reserve_is_known() -> None:

@@ -29,7 +29,7 @@ class Row:
     def cells(self) -> list[str]:
         m, c = self.machine, self.outcome.result.chosen
         gpus = f"{m.gpus.count} × {m.gpus.kind} {m.gpus.usable / GiB:,.1f} GiB"
-        host = f"{m.host_memory / GiB:,.0f} GiB"
+        host = f"{m.host_memory / GiB:,.0f} GiB" + (" (assumed)" if _host_assumed(m) else "")
         if c is None:
             return [self.key, gpus, host, "no", "—", "—", "—", "—", "—", "—"]
         fig = c.evaluation.ledger.figures
@@ -45,6 +45,11 @@ class Row:
         return [self.key, gpus, host, "yes", placement, hot, fig["kv.tokens"].display().replace(" tokens", ""),
                 str(int(fig["kv.full_sequences"].value)), _pinned_cell(fig),
                 c.projection.text]
+
+
+def _host_assumed(machine: Machine) -> bool:
+    """The catalog's host memory is an assumption (no public figure for the box), as `machine list` marks it."""
+    return machine.sources.get("host_memory", "").startswith("assumed")
 
 
 def _pinned_cell(fig: dict[str, Any]) -> str:
@@ -80,8 +85,9 @@ def table_lines(rows: list[Row], recipe: str, lane: str, max_model_len: int) -> 
     if any(r.outcome.result.chosen is not None and _in_blocks(r.outcome.result.chosen.evaluation.ledger.figures)
            for r in rows):
         out.append(f"  host pinned: the experts' bytes; (blocks N GiB): the host memory they take: the size {PINNED_BLOCKS}")
-    out.append("  GPUs: count × kind and the memory per GPU CUDA can allocate (the driver's total less its reserve; "
-               "`recipegen machine list` gives both); host: the machine's host memory")
+    out.append("  GPUs: count × kind and the memory per GPU CUDA can allocate (the driver's total less its reserve "
+               "where the catalog knows the reserve, else the total: `recipegen machine list` gives both); host: the "
+               "machine's host memory ((assumed): no public figure for the box)")
     for r in rows:
         res = r.outcome.result
         if res.chosen is None:  # each placement's own reason: the one that binds differs between them
@@ -138,7 +144,9 @@ def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
         out.append({"machine": r.key, "name": r.name or r.machine.name, "gpus": r.machine.gpus.count,
                     "gpu": r.machine.gpus.kind, "gpu_memory_bytes": r.machine.gpus.hbm,
                     "gpu_memory_allocatable_bytes": r.machine.gpus.usable,
-                    "host_memory_bytes": r.machine.host_memory, "fits": c is not None,
+                    "driver_reserve_known": bool(r.machine.gpus.driver_reserved),
+                    "host_memory_bytes": r.machine.host_memory, "host_memory_assumed": _host_assumed(r.machine),
+                    "fits": c is not None,
                     "max_model_len": r.outcome.result.max_model_len,
                     "chosen": candidate_json(c) if c is not None else None,
                     "refusals": [{"placement": x.placement, "reason": x.reason} for x in r.outcome.result.refusals],

@@ -6,7 +6,6 @@ Pure arithmetic on per-layer byte lists; no I/O.
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 
 from recipegen.ledger.flags import flag_values

@@ -5,12 +5,17 @@ the counts it can."""
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from pathlib import Path
 
 import pytest
 import yaml
 from cli_support import invoke
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf_configs"
+CATALOG = Path(__file__).resolve().parent.parent / "recipegen" / "catalog" / "models"
 
 
 @pytest.fixture
@@ -59,3 +64,88 @@ def test_a_refused_draft_says_so_on_its_first_line(here: Path) -> None:
     first = result.stdout.splitlines()[0]
     assert first.startswith("new recipe recipes/kimi-k2-instruct-rtx-4090.yaml (not written: nothing fits): "), first
     assert not (here / "recipes" / "kimi-k2-instruct-rtx-4090.yaml").exists()
+
+
+# Review 18, findings 1 and 3: a config whose heads and expert shards split differently. One rule
+# (`parallel_problems`) refuses --gpus up front, lists the counts that boot, and is the ledger's
+# [parallel] check; without --gpus, a machine whose GPU count vLLM cannot boot is answered with those
+# counts, not with "more GPU memory".
+
+def _odd_heads(here: Path) -> tuple[Path, dict]:
+    config = json.loads((FIXTURES / "qwen3-30b-a3b" / "config.json").read_text())
+    config.update(num_attention_heads=40, num_key_value_heads=5, moe_intermediate_size=768)
+    folder = here / "hf" / "q"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder, config
+
+
+def _boots(config: dict, n: int) -> bool:
+    heads, kv, inter = config["num_attention_heads"], config["num_key_value_heads"], config["moe_intermediate_size"]
+    return heads % n == 0 and (n % kv == 0 if n >= kv else kv % n == 0) and inter % n == 0
+
+
+def test_gpus_refused_on_heads_offers_only_counts_the_shards_divide_too(here: Path) -> None:
+    folder, config = _odd_heads(here)
+    expect = [n for n in range(1, 9) if _boots(config, n)]
+    heads_only = [n for n in range(1, 9) if _boots({**config, "moe_intermediate_size": math.lcm(*range(1, 9))}, n)]
+    assert expect == [1] and heads_only == [1, 5]      # 5 splits the heads but not the 768 shards
+    result = invoke("new", str(folder), "--machine", "h200-sxm-x8", "--gpus", "4")
+    assert result.code == 2, result.output
+    assert result.stderr.startswith("error: field '--gpus': 4 GPUs and 5 KV heads: ")
+    assert result.stderr.rstrip().endswith(f"on this machine vLLM boots q on {', '.join(map(str, expect))} GPUs")
+    five = invoke("new", str(folder), "--machine", "h200-sxm-x8", "--gpus", "5")
+    assert five.code == 2, five.output       # up front, not a fit that then fails on [parallel]
+    assert five.stderr.startswith(f"error: field '--gpus': moe_intermediate_size {config['moe_intermediate_size']} "
+                                  "is not divisible by 5 GPUs: vLLM asserts intermediate_size % tp_size == 0")
+    assert not (here / "recipes").exists()
+    one = invoke("new", str(folder), "--machine", "h200-sxm-x8", "--gpus", str(expect[0]), "--name", "q1")
+    assert one.code == 0, one.output
+
+
+def test_a_shard_count_is_refused_up_front_for_a_model_without_heads(here: Path) -> None:
+    # deepseek-v3 (MLA) declares no head counts: only its expert shards decide the count
+    model = yaml.safe_load((CATALOG / "deepseek-v3.yaml").read_text())
+    inter = model["moe_intermediate_size"]["value"]
+    assert inter % 6
+    result = invoke("new", "deepseek-v3", "--machine", "h200-sxm-x8", "--gpus", "6")
+    assert result.code == 2, result.output
+    assert result.stderr.startswith(f"error: field '--gpus': moe_intermediate_size {inter} is not divisible by 6 "
+                                    "GPUs: vLLM asserts intermediate_size % tp_size == 0")
+    expect = [n for n in range(1, 9) if inter % n == 0]
+    assert result.stderr.rstrip().endswith(f"vLLM boots deepseek-v3 on {', '.join(map(str, expect))} GPUs")
+    assert not (here / "recipes").exists()
+
+
+def test_the_ledger_refuses_what_new_refuses(here: Path) -> None:
+    folder, config = _odd_heads(here)
+    from recipegen.fit.source import resolve_model
+    from recipegen.ledger.parallel import booting_counts, parallel_problems
+
+    model = resolve_model(str(folder)).model
+    assert booting_counts(model, 8) == [n for n in range(1, 9) if _boots(config, n)]
+    assert [m[:len("moe_intermediate_size")] for m, _ in parallel_problems(model, 5)] == ["moe_intermediate_size"]
+    assert parallel_problems(model, 5, expert_parallel=True) == []   # whole experts per rank: no shard
+    # a recipe on 5 GPUs (drafted at 1, its lane widened by hand): the ledger's [parallel] says the same
+    assert invoke("new", str(folder), "--machine", "h200-sxm-x8", "--gpus", "1", "--name", "q5").code == 0
+    path = here / "recipes" / "q5.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["lanes"][0]["gpus"] = [0, 1, 2, 3, 4]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    check = invoke("check", "budgets", "recipes/q5.yaml")
+    assert check.code != 0
+    assert f"OVER BUDGET [parallel]: {parallel_problems(model, 5)[0][0]}\n" in check.stdout
+
+
+def test_without_gpus_a_count_vllm_cannot_boot_names_the_counts_that_boot(here: Path) -> None:
+    folder, config = _odd_heads(here)
+    expect = [n for n in range(1, 9) if _boots(config, n)]
+    assert not _boots(config, 8)
+    result = invoke("new", str(folder), "--machine", "h200-sxm-x8")
+    assert result.code == 1, result.output
+    assert "[parallel] 8 GPUs and 5 KV heads" in result.stdout
+    line = next(x for x in result.stdout.splitlines() if x.startswith("  smallest change that would: "))
+    assert line == ("  smallest change that would: a GPU count vLLM boots q at: "
+                    + " or ".join(f"--gpus {n}" for n in expect)
+                    + "; on this lane's 8 GPUs every placement fails on [parallel], which no memory changes")
+    assert "more GPU memory" not in result.stdout

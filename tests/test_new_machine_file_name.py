@@ -142,3 +142,26 @@ def test_a_second_box_of_the_same_file_name_is_told_what_the_existing_recipe_was
     assert invoke("new", "qwen3-30b-a3b", "--machine", "b/box.yml", "--name", "qwen3-box-b").code == 0
     other_model = invoke("new", "gpt-oss-120b", "--machine", "a/box.yaml", "-o", "recipes/qwen3-30b-a3b-box.yaml")
     assert "exists, drafted for another model qwen3-30b-a3b (this one: gpt-oss-120b);" in other_model.stderr
+
+
+def test_a_machine_file_that_resolves_to_the_existing_recipes_machine_gets_the_plain_exists(here: Path) -> None:
+    # Review 18, finding 12: `catalog: h200-sxm-x8` in h200-sxm-x8.yaml is the catalog machine
+    # h200-sxm-x8 itself: the machines are compared resolved, not as raw entries
+    assert invoke("new", "qwen3-30b-a3b", "--machine", "h200-sxm-x8").code == 0
+    (here / "x").mkdir()
+    (here / "x" / "h200-sxm-x8.yaml").write_text("catalog: h200-sxm-x8\n")
+    same = invoke("new", "qwen3-30b-a3b", "--machine", "x/h200-sxm-x8.yaml")
+    assert same.code == 2
+    assert same.stderr == ("error: recipes/qwen3-30b-a3b-h200-sxm-x8.yaml: exists; pass --force to overwrite "
+                           "(or -o another file)\n")
+    # a file that differs in a figure is still another machine, under the same key
+    (here / "y").mkdir()
+    (here / "y" / "box.yaml").write_text("catalog: h200-sxm-x8\n")
+    assert invoke("new", "qwen3-30b-a3b", "--machine", "y/box.yaml").code == 0
+    (here / "z").mkdir()
+    (here / "z" / "box.yaml").write_text("catalog: h200-sxm-x8\nhost_memory: 100 GiB\n")
+    other = invoke("new", "qwen3-30b-a3b", "--machine", "z/box.yaml")
+    assert other.code == 2
+    assert other.stderr.startswith("error: recipes/qwen3-30b-a3b-box.yaml: exists, drafted for another machine box "
+                                   "{catalog: h200-sxm-x8} (this one: box {catalog: h200-sxm-x8, host_memory: "
+                                   "100 GiB}); "), other.stderr

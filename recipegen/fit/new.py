@@ -202,17 +202,18 @@ def new_recipe(model_arg: str, machine_arg: str, *, lane: str = "chat", max_mode
 
 def _check_gpu_count(gpu_count: int, source: ModelSource, machine: Machine, machine_label: str) -> None:
     """`--gpus N`: at least one, at most the machine's, and a tensor-parallel size vLLM boots this
-    model at (its attention heads split evenly), refused up front with the counts that do."""
-    from recipegen.ledger.parallel import head_problems
+    model at (the ledger's own [parallel] rule, `parallel_problems`: heads and expert shards),
+    refused up front with the counts that do."""
+    from recipegen.ledger.parallel import booting_counts, parallel_problems
 
     if not 1 <= gpu_count <= machine.gpus.count:
         raise InputError(f"{gpu_count}: a lane runs on 1 to {machine.gpus.count} GPUs of {machine_label}",
                          field="--gpus")
-    problems = head_problems(source.model, gpu_count)
+    problems = parallel_problems(source.model, gpu_count)
     if problems:
-        booting = [n for n in range(1, machine.gpus.count + 1) if not head_problems(source.model, n)]
-        raise InputError(f"{problems[0][0]}; on this machine vLLM boots {source.name} on "
-                         f"{', '.join(map(str, booting))} GPUs", field="--gpus")
+        raise InputError(f"{'; '.join(message for message, _ in problems)}; on this machine vLLM boots "
+                         f"{source.name} on {', '.join(map(str, booting_counts(source.model, machine.gpus.count)))} GPUs",
+                         field="--gpus")
 
 
 def _name_from_output(output: Path, name: str | None) -> str:
@@ -252,6 +253,28 @@ def _machine_said(key: str, entry: Any) -> str:
     return f"{key} {yaml.safe_dump(entry, default_flow_style=True, sort_keys=False).strip()}"
 
 
+def _same_machines(machines: dict[Any, Any], machine_key: str, machine_entry: Any) -> bool:
+    """An existing recipe's `machines` is this draft's: one entry, under the same key, that resolves
+    to the same machine (`catalog: h200-sxm-x8` is the catalog's `h200-sxm-x8`), through the
+    resolver a recipe's `machines:` and a machine file use (`recipegen.schema.MachineEntry`)."""
+    if list(machines) != [machine_key]:
+        return False
+    if machines[machine_key] == machine_entry:
+        return True
+    from pydantic import TypeAdapter, ValidationError
+
+    from recipegen.catalog import catalog_entry
+    from recipegen.schema import MachineEntry
+
+    adapter: TypeAdapter[Machine] = TypeAdapter(MachineEntry)
+    try:
+        resolved = [adapter.validate_python(e, context={"catalog": catalog_entry})
+                    for e in (machines[machine_key], machine_entry)]
+    except (ValidationError, ValueError, InputError):
+        return False
+    return resolved[0] == resolved[1]
+
+
 def _exists_refusal(path: Path, source: ModelSource, machine_key: str, machine_entry: Any) -> InputError:
     """The refusal of a recipe file that exists. Where that recipe was drafted for another machine
     or model (two machine files `a/box.yaml` and `b/box.yml` name one recipe), it says which, so
@@ -263,7 +286,7 @@ def _exists_refusal(path: Path, source: ModelSource, machine_key: str, machine_e
     others: list[str] = []
     if isinstance(existing, dict):
         machines = existing.get("machines")
-        if isinstance(machines, dict) and machines != {machine_key: machine_entry}:
+        if isinstance(machines, dict) and not _same_machines(machines, machine_key, machine_entry):
             said = "; ".join(_machine_said(key, entry) for key, entry in machines.items())
             others.append(f"machine {said} (this one: {_machine_said(machine_key, machine_entry)})")
         model = existing.get("model")
@@ -311,7 +334,8 @@ def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_labe
     auto = max_model_len is None
     start = max_model_len or limit or DEFAULT_CONTEXT
     options = FitOptions(min_sequences=min_sequences, max_model_len=None if auto else max_model_len,
-                         auto_context=auto, concurrency=concurrency, default_context=DEFAULT_CONTEXT_WHY)
+                         auto_context=auto, concurrency=concurrency, default_context=DEFAULT_CONTEXT_WHY,
+                         gpus_option="--gpus")
 
     def attempt(offload_params: bool) -> FitOutcome:
         text = recipe_text(recipe_name, model_ref, machine_key, machine_entry, machine, lane, start,

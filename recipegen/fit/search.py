@@ -37,7 +37,7 @@ from recipegen.fit.closest import Tried, closest_text
 from recipegen.fit.judged import Candidate, Evaluation, Problem
 from recipegen.fit.objective import Context, Projection, link_reads, speed
 from recipegen.ledger import compute_lane
-from recipegen.ledger.parallel import expert_parallel
+from recipegen.ledger.parallel import booting_counts, expert_parallel, parallel_problems
 from recipegen.ledger.pinning import PINNED_ROUNDING
 from recipegen.ledger.placement import experts_only
 from recipegen.ledger.runtime_check import runtime_violations
@@ -66,6 +66,9 @@ class FitOptions:
     default_context: str | None = None
     """Where the lane's max_model_len came from when the model declares no limit, in words (`new`
     drafts the lane with its own default: there was no lane to take it from)."""
+    gpus_option: str | None = None
+    """The command-line option that sets the lane's GPU count (`new --gpus`), named where the count
+    is what fails; None: the lane's `gpus:` list."""
 
 
 @dataclass(frozen=True)
@@ -438,7 +441,12 @@ def _smallest_change(inputs: Inputs, lane: Lane, options: FitOptions, length: in
                      context_tried: bool = False) -> str:
     """Nothing fits: the one change that would make something fit, tried in this order — a
     reserve that cannot hold the model's dense weights, a shorter context, fewer sequences, more
-    host memory, more host memory with a shorter context; else more GPU memory."""
+    host memory, more host memory with a shorter context; else more GPU memory. First of all, a GPU
+    count vLLM does not boot the model at ([parallel] in every placement, whatever the memory): the
+    counts it boots at."""
+    count = _gpu_count_change(inputs, lane, options)
+    if count:
+        return count
     reserve = _Judge(inputs, lane, options.min_sequences).evaluate(POSITIONAL, None, 0)
     if "reserve" in reserve.kinds():
         return ("re-measure the HBM reserve (reserves.hbm): it is smaller than the dense weights it holds — or "
@@ -472,6 +480,21 @@ def _smallest_change(inputs: Inputs, lane: Lane, options: FitOptions, length: in
     return (f"more GPU memory: even with every routed expert offloaded, HBM holds no full-length sequence, "
             f"down to {min(length, CONTEXT_STEP):,} tokens of context (a GPU with more memory, or more GPUs for tensor "
             "parallelism)")
+
+
+def _gpu_count_change(inputs: Inputs, lane: Lane, options: FitOptions) -> str:
+    """The GPU counts of the machine vLLM boots the model at, where the lane's is not one of them
+    (`parallel_problems`, the ledger's [parallel] rule); "" where it is."""
+    tp, ep = lane.tensor_parallel_size, expert_parallel(lane)
+    if not parallel_problems(inputs.model, tp, expert_parallel=ep):
+        return ""
+    counts = booting_counts(inputs.model, inputs.machine.gpus.count, expert_parallel=ep)
+    if options.gpus_option:
+        said = " or ".join(f"{options.gpus_option} {n}" for n in counts)
+    else:
+        said = f"{' or '.join(map(str, counts))} of the machine's {inputs.machine.gpus.count} (the lane's gpus:)"
+    return (f"a GPU count vLLM boots {inputs.model.name} at: {said}; on this lane's {tp} GPUs every placement fails "
+            "on [parallel], which no memory changes")
 
 
 def _host_needed(inputs: Inputs, found: Candidate) -> str:

@@ -150,7 +150,7 @@ def parallel_figures(model: Model, lane: Lane, active: PlacementLedger, figs: di
         return
     e = model.expert_bytes
     ep = expert_parallel(lane)
-    violations.extend(head_violations(model, lane, tp))
+    violations.extend(parallel_violations(model, lane, tp))
     add(Figure("parallel.ranks", "GPUs (vLLM ranks) of the lane on this machine", tp, "count", "len(gpus)",
                {"gpus": list(lane.gpus)}, "expert parallel (--enable-expert-parallel)" if ep else "tensor parallel"))
     if ep:
@@ -203,9 +203,35 @@ def parallel_figures(model: Model, lane: Lane, active: PlacementLedger, figs: di
                  + f"{kv_text}; {cold_text}")
 
 
-def head_violations(model: Model, lane: Lane, tp: int) -> list[Violation]:
-    """`head_problems` as the lane's violations: each a lane vLLM will not boot."""
-    return [Violation("parallel", message, fix, lane=lane.name) for message, fix in head_problems(model, tp)]
+def parallel_violations(model: Model, lane: Lane, tp: int) -> list[Violation]:
+    """`parallel_problems` as the lane's violations: each a lane vLLM will not boot."""
+    return [Violation("parallel", message, fix, lane=lane.name)
+            for message, fix in parallel_problems(model, tp, expert_parallel=expert_parallel(lane))]
+
+
+def parallel_problems(model: Model, tp: int, *, expert_parallel: bool = False) -> list[tuple[str, str]]:
+    """Every reason vLLM 0.33 will not boot `model` over `tp` ranks that the model alone decides (the
+    one rule of the ledger's [parallel] check and of `new --gpus`): the attention heads
+    (`head_problems`) and, under tensor parallelism of the routed experts (no `expert_parallel`), the
+    experts' intermediate size (`shard_problems`). Each (message, fix) is a failure at boot."""
+    if tp == 1:
+        return []
+    return head_problems(model, tp) + ([] if expert_parallel else shard_problems(model, tp))
+
+
+def booting_counts(model: Model, gpus: int, *, expert_parallel: bool = False) -> list[int]:
+    """The GPU counts, 1 to `gpus`, vLLM 0.33 boots `model` at (no `parallel_problems`)."""
+    return [n for n in range(1, gpus + 1) if not parallel_problems(model, n, expert_parallel=expert_parallel)]
+
+
+def shard_problems(model: Model, tp: int) -> list[tuple[str, str]]:
+    """vLLM asserts I % tp == 0 where each rank holds a shard of every routed expert."""
+    inter = model.moe_intermediate_size
+    if inter is None or not inter % tp:
+        return []
+    return [(f"moe_intermediate_size {inter} is not divisible by {tp} GPUs: vLLM asserts "
+             "intermediate_size % tp_size == 0 (fused_moe/config.py:1351-1353)",
+             "use a GPU count that divides it, or --enable-expert-parallel")]
 
 
 def head_problems(model: Model, tp: int) -> list[tuple[str, str]]:
@@ -237,16 +263,11 @@ def head_problems(model: Model, tp: int) -> list[tuple[str, str]]:
 
 
 def _shard_checks(model: Model, lane: Lane, tp: int, notes: list[str], violations: list[Violation]) -> None:
-    """vLLM asserts I % tp == 0; a shard that cuts a scale block is padded or refined by vLLM and
-    refused by the residency runtime (`expert_residency.parallel.tp`)."""
+    """A shard that cuts a scale block is padded or refined by vLLM and refused by the residency
+    runtime (`expert_residency.parallel.tp`). A size that does not divide at all is `shard_problems`'
+    (a [parallel] violation from `parallel_violations`): nothing more to say of it here."""
     inter = model.moe_intermediate_size
-    if inter is None:
-        return
-    if inter % tp:
-        violations.append(Violation(
-            "parallel", f"moe_intermediate_size {inter} is not divisible by {tp} GPUs: vLLM asserts "
-            "intermediate_size % tp_size == 0 (fused_moe/config.py:1351-1353)",
-            "use a GPU count that divides it, or --enable-expert-parallel", lane=lane.name))
+    if inter is None or inter % tp:
         return
     block = SHARD_BLOCK.get(model.expert_format or "")
     if block and (inter // tp) % block:

@@ -10,11 +10,12 @@ states the expected figures from the config itself:
 - finding 2: a geometry field config.json leaves out is refused saying why the transformers class default is not
   taken, and docs/models.md names every field refused so;
 - finding 4: a config.json without `model_type` is refused at that field (vLLM 0.33.0 loads config.json through
-  transformers' AutoConfig, which cannot pick the config class without it), naming the model type to add;
+  transformers' AutoConfig, which cannot pick the config class without it; where `auto_map` names an AutoConfig,
+  the refusal says the file relies on remote code, which the importer does not read), naming the model type to add;
 - finding 5: Llama-4's root `image_processor_config` (image preprocessing) is accepted and changes no figure;
   anywhere else it is still an unread field;
 - finding 6: Kimi-K2.5's MLA layers cite `text_config.kv_lora_rank`, where the key is; the import summary names the
-  shared experts and says what "per GPU" the state figure is;
+  shared experts and says once that its KV and state figures are per GPU at tensor parallel 1;
 - finding 1: the vLLM 0.33.0 lines the importer cites for YaRN (and the new citations) say what it claims.
 """
 
@@ -100,12 +101,14 @@ def test_deepseek_moe_layer_freq_with_no_multiple_past_the_dense_layers(tmp_path
     cfg = _config("deepseek-v3")
     layers, k = cfg["num_hidden_layers"], cfg["first_k_dense_replace"]       # 61, 3
     # MoE layers are i in [k, layers) with i % freq == 0: a freq of `layers` has no multiple there
-    assert not [i for i in range(k, layers) if i % layers == 0]
     folder = _variant(tmp_path, "deepseek-v3", {"moe_layer_freq": layers})
     err = _refused(folder)
     assert f"config.json:{_line(folder, 'moe_layer_freq')}: field 'moe_layer_freq':" in err
     assert f"`moe_layer_freq` {layers}" in err and f"`first_k_dense_replace` {k}" in err
-    assert f"makes all {layers} layers dense" in err
+    assert f"(no layer {k}-{layers - 1} is a multiple of {layers}) makes all {layers} layers dense" in err
+    # one step below, the last layer (layers - 1, past the dense ones) is a multiple: one MoE layer, imported
+    fewer = _doc(_variant(tmp_path, "deepseek-v3", {"moe_layer_freq": layers - 1}, name="fewer"))
+    assert str(fewer["moe_layers"]["value"]) == f"{layers - 1}-{layers - 1}"
 
 
 def test_qwen3_moe_mlp_only_layers_listing_every_layer(tmp_path: Path) -> None:
@@ -157,13 +160,22 @@ def test_llama4_interleave_step_past_every_layer(tmp_path: Path) -> None:
     err = _refused(folder)
     assert (f"config.json:{_line(folder, 'interleave_moe_layer_step')}: field "
             "'text_config.interleave_moe_layer_step':") in err
-    assert f"`text_config.interleave_moe_layer_step` {layers + 1}" in err and f"all {layers} layers dense" in err
+    # worded as the other families' all-dense refusals: "config.json `<field>` <value> (...) makes all ..."
+    assert (f"field 'text_config.interleave_moe_layer_step': config.json `text_config.interleave_moe_layer_step` "
+            f"{layers + 1} ((i + 1) % {layers + 1} == 0 for no layer i below {layers}) makes all {layers} layers "
+            "dense") in err
 
 
-def test_no_refusal_is_left_without_its_field() -> None:
-    # the backstop in build.describe names the family's rule; every family's own refusal comes first
-    assert "every layer is dense by the config's layer rule" not in (REPO / "recipegen" / "modelimport" /
-                                                                     "build.py").read_text()
+def test_a_family_without_a_layer_rule_refuses_at_its_own_field(tmp_path: Path) -> None:
+    # Nemotron-H has no dense-layer rule of the others' kind: its pattern without an E leaves no MoE layer, and the
+    # refusal names the pattern (with its line), not a backstop without a field
+    cfg = _config("nemotron-3-nano-30b-a3b")
+    pattern = cfg["hybrid_override_pattern"]
+    assert "E" in pattern
+    folder = _variant(tmp_path, "nemotron-3-nano-30b-a3b", {"hybrid_override_pattern": pattern.replace("E", "M")})
+    err = _refused(folder)
+    assert (f"config.json:{_line(folder, 'hybrid_override_pattern')}: field 'hybrid_override_pattern': no E (MoE) "
+            "layer: the importer describes MoE models") in err
 
 
 # --- finding 2: a geometry field left out: refused, saying why the class default is not taken
@@ -230,6 +242,22 @@ def test_no_model_type_is_refused_at_the_field(tmp_path: Path) -> None:
     assert "field 'model_type': config.json has no `model_type`" in err
     assert "AutoConfig" in err and "cannot pick the config class" in err
     assert err.rstrip().endswith(f"add the model type {arch} uses: {mtype}")
+
+
+def test_no_model_type_with_an_auto_map_config_says_it_relies_on_remote_code(tmp_path: Path) -> None:
+    cfg = _config("deepseek-v3")
+    arch, remote = cfg["architectures"][0], cfg["auto_map"]["AutoConfig"]
+    del cfg["model_type"]
+    err = _refused(_write(tmp_path, cfg))
+    assert (f"field 'model_type': config.json has no `model_type`, and `auto_map` names the AutoConfig class "
+            f"{remote!r}: the file relies on remote code") in err
+    assert "--trust-remote-code" in err and "the importer reads no remote code" in err
+    assert "cannot pick the config class" not in err
+    assert err.rstrip().endswith(f"add the model type {arch} uses: deepseek_v3 or kimi_k2")
+    # an auto_map without an AutoConfig entry: transformers does not take the remote path, the plain refusal
+    cfg["auto_map"] = {k: v for k, v in cfg["auto_map"].items() if k != "AutoConfig"}
+    err = _refused(_write(tmp_path, cfg, "no-autoconfig"))
+    assert "cannot pick the config class" in err and "remote code" not in err
 
 
 def test_no_model_type_on_a_wrapper_names_the_wrappers_type(tmp_path: Path) -> None:
@@ -331,13 +359,19 @@ def test_summary_names_the_shared_expert() -> None:
                                         f"{q['num_experts']} experts, top-{q['num_experts_per_tok']}, ")
 
 
-def test_summary_says_what_per_gpu_the_state_is() -> None:
+def test_summary_says_once_that_kv_and_state_are_per_gpu() -> None:
     cfg = _config("qwen3-next-80b-a3b-thinking")
     layers, interval = cfg["num_hidden_layers"], cfg["full_attention_interval"]
     state_layers = layers - layers // interval                                 # Gated DeltaNet layers: 36
     m, _ = import_model(FIX / "qwen3-next-80b-a3b-thinking")
     text = import_summary(m)
-    assert f"({state_layers} state layers, per GPU at tensor parallel 1)" in text and "one GPU" not in text
+    # one qualifier, before the KV figure, covering KV and state alike
+    assert text.count("per GPU at tensor parallel 1") == 1 and "one GPU" not in text
+    assert text.index("per GPU at tensor parallel 1: KV ") < text.index(", state ")
+    assert text.endswith(f"B per sequence ({state_layers} state layers)")
+    # a model without state: the same qualifier on its KV figure
+    plain = import_summary(import_model(FIX / "deepseek-v3")[0])
+    assert "per GPU at tensor parallel 1: KV " in plain and "state" not in plain
     assert f"× {cfg['num_experts']} experts (+1 shared), top-{cfg['num_experts_per_tok']}," in text
     # docs/models.md quotes this line for this model
     quoted = f"wrote recipes/models/qwen3-next-80b-a3b-thinking.yaml: {text}"

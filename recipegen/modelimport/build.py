@@ -17,7 +17,7 @@ from recipegen.modelimport import hftypes
 from recipegen.modelimport.config import Config
 from recipegen.modelimport.families import Built, Family, family_of, index_ranges, sourced
 from recipegen.modelimport.formats import Format, expert_format
-from recipegen.modelimport.hfdefaults import COMPOSITE, ROOT, check_root_pairing, given, root_class
+from recipegen.modelimport.hfdefaults import COMPOSITE, ROOT, TF, check_root_pairing, given, root_class
 from recipegen.modelimport.inventory import DenseParts, dense_parts, exclusion_note
 from recipegen.modelimport.jsondoc import present
 from recipegen.modelimport.quantmatch import ExpertModules
@@ -81,17 +81,26 @@ def read_config(path: Path) -> tuple[Config, Built, str]:
 def _no_model_type(cfg: Config, fam: Family, arch: str, text_at_root: bool) -> InputError:
     """A config.json without `model_type` (or with a null one): vLLM 0.33.0 builds the file through transformers'
     AutoConfig (vllm/transformers_utils/config.py:361-369 takes `model_type` from the file and maps an architecture
-    to one only for LongcatFlash; :445 AutoConfig.from_pretrained), which without one cannot pick the config class
-    and refuses the file (transformers 5.19.0 models/auto/configuration_auto.py:442-445) unless `auto_map` names
-    remote code: the recipe would describe a checkpoint vLLM does not load."""
+    to one only for LongcatFlash; :445 AutoConfig.from_pretrained). Without one, AutoConfig loads the file only
+    through remote code, where `auto_map` names an AutoConfig class and the code is trusted (vLLM's
+    --trust-remote-code; transformers 5.20.2 models/auto/configuration_auto.py:398, :413-418), and refuses it
+    otherwise (:442-445). The importer reads no remote code, so it refuses both: where `auto_map` names an
+    AutoConfig, saying that the file relies on remote code. Either way it names the model type to add."""
     # the model types of this architecture: a composite one (language model under text_config) for a wrapper
     fits = [t for t in fam.model_types if t in ROOT and (ROOT[t] in COMPOSITE) == (not text_at_root)]
     head = "`model_type` is null" if "model_type" in cfg.data else "config.json has no `model_type`"
+    add = f"add the model type {arch} uses: {' or '.join(fits or fam.model_types)}"
+    auto_map = cfg.data.get("auto_map")
+    remote = auto_map.get("AutoConfig") if isinstance(auto_map, dict) else None
+    if remote:
+        return cfg.error("model_type", f"{head}, and `auto_map` names the AutoConfig class {remote!r}: the file relies "
+                         "on remote code, which transformers' AutoConfig runs only when vLLM 0.33.0 is given "
+                         f"--trust-remote-code ({TF} models/auto/configuration_auto.py:398, :413-418); the importer "
+                         f"reads no remote code; {add}")
     return cfg.error("model_type", f"{head}: vLLM 0.33.0 loads config.json "
                      "through transformers' AutoConfig (vllm/transformers_utils/config.py:361-369, :445), which "
                      "cannot pick the config class without it and refuses the file (\"Unrecognized model … Should "
-                     "have a `model_type` key\", transformers 5.19.0 models/auto/configuration_auto.py:442-445); add "
-                     f"the model type {arch} uses: {' or '.join(fits or fam.model_types)}")
+                     f"have a `model_type` key\", {TF} models/auto/configuration_auto.py:442-445); {add}")
 
 
 def describe(inp: ImportInput, *, name: str, checkpoint: str | None = None) -> dict[str, Any]:

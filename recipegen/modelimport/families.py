@@ -814,8 +814,9 @@ def _llama4_text(cfg: Config, arch: str, prefix: str, head: str, tie: bool | Non
     step = cfg.need("interleave_moe_layer_step")
     moe = [i for i in range(layers) if (i + 1) % step == 0]
     if not moe:
-        raise _all_dense(cfg, "interleave_moe_layer_step", f"`{cfg.name('interleave_moe_layer_step')}` {step} "
-                         f"((i + 1) % {step} == 0 for no layer i below {layers})", layers, f"{LLAMA4}:340-343")
+        step_src = f"config.json `{cfg.name('interleave_moe_layer_step')}`"
+        raise _all_dense(cfg, "interleave_moe_layer_step", f"{phrase(step, step_src)} ((i + 1) % {step} == 0 for "
+                         f"no layer i below {layers})", layers, f"{LLAMA4}:340-343")
     listed = cfg.get("moe_layers")
     if listed is not None and sorted(listed) != moe:
         raise cfg.error("moe_layers", f"{cfg.name('moe_layers')} lists {index_ranges(sorted(listed))}, but vLLM builds "

@@ -291,7 +291,7 @@ def root_class(cfg: Config) -> tuple[HFClass | None, str]:
     if mtype is None:
         # build.read_config refuses such a file before this (`_no_model_type`); this is for any other caller
         return None, ("config.json has no `model_type`, without which transformers' AutoConfig cannot pick the config "
-                      "class (transformers 5.19.0 models/auto/configuration_auto.py:442-445)")
+                      f"class ({TF} models/auto/configuration_auto.py:442-445)")
     name = ROOT.get(mtype) if isinstance(mtype, str) else None
     if name is None:
         return None, f"the importer has no record of the config class for model_type {mtype!r}"

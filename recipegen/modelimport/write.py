@@ -13,16 +13,16 @@ from recipegen.schema import Model
 
 def import_summary(m: Model) -> str:
     """What `recipegen model import` prints after "wrote <file>: ": layers (MoE layers) × routed experts (+ shared
-    experts), top-k, bytes per expert, the routed experts' total, KV bytes per token (with what sliding and chunked
-    layers keep, `kv_caps`) and, for a model with state layers, the state bytes per sequence. KV and state are one
-    GPU's at tensor parallel 1 (the model file's figures; the ledger re-derives them per rank)."""
+    experts), top-k, bytes per expert, the routed experts' total, then, qualified once as one GPU's at tensor
+    parallel 1 (the model file's figures; the ledger re-derives them per rank), the KV bytes per token (with what
+    sliding and chunked layers keep, `kv_caps`) and, for a model with state layers, the state bytes per sequence."""
     shared = f" (+{m.shared_experts} shared)" if m.shared_experts else ""
     text = (f"{m.decoder_layers} layers ({m.num_moe_layers} MoE) × {m.routed_experts} experts{shared}, top-{m.top_k}, "
             f"{m.expert_bytes:,} B per expert ({m.routed_expert_bytes / 2**30:,.2f} GiB of routed experts), "
-            f"KV {m.kv_token_bytes:,.0f} B per token{kv_caps(m)}")
+            f"per GPU at tensor parallel 1: KV {m.kv_token_bytes:,.0f} B per token{kv_caps(m)}")
     if m.state_bytes_per_sequence:
         text += (f", state {m.state_bytes_per_sequence:,} B per sequence ({sum(len(g.layers) for g in m.state)} "
-                 "state layers, per GPU at tensor parallel 1)")
+                 "state layers)")
     return text
 
 

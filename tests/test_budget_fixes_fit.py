@@ -310,3 +310,13 @@ def test_a_refusal_the_lane_can_lift_keeps_its_remedy_and_is_no_dead_end(tmp_pat
     assert fix.startswith("lower offload.load_cpu_offload to at most "), fix          # offered, not a dead end
     assert "— set EXPERT_RESIDENCY_BANK_KERNEL=triton" in fix and ", and at load: vLLM's MXFP4 backend" in fix, fix
     assert "no single change" not in fix
+
+
+
+def test_which_broken_budgets_put_a_lever_past_fixing() -> None:
+    from recipegen.ledger.fix_check import breaks_past_fixing
+    # a host fix that overfills HBM, or one the runtime refuses whatever the hot count: past fixing
+    assert breaks_past_fixing("host", ["hbm"]) and breaks_past_fixing("host", ["runtime"])
+    # one that overfills the host further, or one the lane's own environment setting lifts: not
+    assert not breaks_past_fixing("host", ["load-host"])
+    assert not breaks_past_fixing("host", ["runtime-lane"]) and not breaks_past_fixing("hbm", ["runtime-lane"])

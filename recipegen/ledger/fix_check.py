@@ -108,9 +108,7 @@ def vetted(model: Model, machine: Machine, lane: Lane, kind: str, fixes: Sequenc
         broken = [] if after is None else _broken(kind, after, baseline, machine)
         if broken:
             refused.append(f"{fix.doing} would {_joined([words for _, words in broken])}")
-            # a runtime refusal holds whatever the hot count (no further step of that lever fits either),
-            # unless the lane itself can lift it (an environment setting: "runtime-lane")
-            dead_end = dead_end and any(k == "runtime" or (k in HOST_SIDE) != (kind in HOST_SIDE) for k, _ in broken)
+            dead_end = dead_end and breaks_past_fixing(kind, [k for k, _ in broken])
         else:
             kept.append(fix)
     if not refused:
@@ -120,6 +118,15 @@ def vetted(model: Model, machine: Machine, lane: Lane, kind: str, fixes: Sequenc
     if dead_end:
         return f"no single change to this lane fits this machine: {', and '.join(refused)}; {FIT_POINTER}"
     return f"{', and '.join(refused)}; {FIT_SEARCH}"
+
+
+def breaks_past_fixing(kind: str, broken: Sequence[str]) -> bool:
+    """Whether a lever for a `kind` violation that breaks the budgets `broken` cannot be saved by going
+    less far: it breaks a budget on the side it moves experts to, or the runtime refuses the changed
+    lane whatever the hot count ("runtime"). A refusal the lane lifts itself, an environment setting
+    the runtime names ("runtime-lane"), is not past fixing, whichever side the violation is on."""
+    return any(k == "runtime" or (k != "runtime-lane" and (k in HOST_SIDE) != (kind in HOST_SIDE))
+               for k in broken)
 
 
 def _recompute(recompute: Recompute, model: Model, machine: Machine, lane: Lane,

@@ -263,12 +263,13 @@ def fetch_points(loaded: Any, lane: Any, share: ColdShare, streams: Sequence[int
             cold = ([c / reads.gpus for c in share.per_layer] if share.per_layer is not None
                     else share.overall / reads.gpus)
             basis += f"; per GPU: assumed split evenly over {reads.gpus} EP ranks (no per-expert histogram)"
+    measured_here = as_measured and _as_catalogued(machine)   # once: a catalog look-up and a validation
     points = []
     for s in streams:
         k = _k_at(lane, s)
         u = unique.unique(k, s)
         step = (measured_step(model.name, machine.name, lane.offload.placement, lane_split(lane.offload), s, k)
-                if as_measured and _as_catalogued(machine) else None)
+                if measured_here else None)
         tax = fetch_tax(moe_layers=model.num_moe_layers, unique_per_layer=u, cold_share=cold,
                         bytes_per_expert=reads.bytes_per_expert, link_bandwidth=machine.pinned_read_bandwidth,
                         step_time=step.seconds if step else None, cold_share_source=basis,

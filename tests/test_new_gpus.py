@@ -149,3 +149,21 @@ def test_without_gpus_a_count_vllm_cannot_boot_names_the_counts_that_boot(here: 
                     + " or ".join(f"--gpus {n}" for n in expect)
                     + "; on this lane's 8 GPUs every placement fails on [parallel], which no memory changes")
     assert "more GPU memory" not in result.stdout
+
+
+def test_a_recipe_drafted_for_another_lane_size_says_so_before_force_would_change_it(here: Path) -> None:
+    assert invoke("new", "gpt-oss-20b", "--machine", "h200-sxm-x8", "--gpus", "2").code == 0
+    recipe = here / "recipes" / "gpt-oss-20b-h200-sxm-x8.yaml"
+    before = recipe.read_bytes()
+    plain = invoke("new", "gpt-oss-20b", "--machine", "h200-sxm-x8")
+    assert plain.code == 2
+    assert plain.stderr == ("error: recipes/gpt-oss-20b-h200-sxm-x8.yaml: exists, drafted for another lane size: 2 GPUs "
+                            "per lane (this one: 8, every GPU of the machine, without --gpus); draft this one under "
+                            "another name (--name, or -o another file), or pass --force to overwrite it\n")
+    one = invoke("new", "gpt-oss-20b", "--machine", "h200-sxm-x8", "--gpus", "1")
+    assert "drafted for another lane size: 2 GPUs per lane (this one: 1, --gpus);" in one.stderr
+    assert recipe.read_bytes() == before
+    # the same count again is the plain refusal
+    again = invoke("new", "gpt-oss-20b", "--machine", "h200-sxm-x8", "--gpus", "2")
+    assert again.stderr == ("error: recipes/gpt-oss-20b-h200-sxm-x8.yaml: exists; pass --force to overwrite "
+                            "(or -o another file)\n")

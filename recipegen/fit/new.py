@@ -275,10 +275,12 @@ def _same_machines(machines: dict[Any, Any], machine_key: str, machine_entry: An
     return resolved[0] == resolved[1]
 
 
-def _exists_refusal(path: Path, source: ModelSource, machine_key: str, machine_entry: Any) -> InputError:
-    """The refusal of a recipe file that exists. Where that recipe was drafted for another machine
-    or model (two machine files `a/box.yaml` and `b/box.yml` name one recipe), it says which, so
-    that `--force` is not taken for a refresh of the same recipe."""
+def _exists_refusal(path: Path, source: ModelSource, machine_key: str, machine_entry: Any,
+                    gpus: int, gpus_said: str) -> InputError:
+    """The refusal of a recipe file that exists. Where that recipe was drafted for another machine,
+    model (two machine files `a/box.yaml` and `b/box.yml` name one recipe) or lane size (`--gpus`),
+    it says which, so that `--force` is not taken for a refresh of the same recipe. `gpus`: the GPUs
+    of this draft's lane, `gpus_said` where that count comes from."""
     try:
         existing = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
@@ -294,6 +296,13 @@ def _exists_refusal(path: Path, source: ModelSource, machine_key: str, machine_e
                       else model if isinstance(model, str) else None)
         if model_name is not None and model_name != source.name:
             others.append(f"model {model_name} (this one: {source.name})")
+        lanes = existing.get("lanes")
+        lane_gpus = ({len(lane["gpus"]) for lane in lanes if isinstance(lane, dict) and isinstance(lane.get("gpus"), list)}
+                     if isinstance(lanes, list) else set())
+        if not others and lane_gpus and lane_gpus != {gpus}:
+            said = " and ".join(str(n) for n in sorted(lane_gpus))
+            others.append(f"lane size: {said} GPU{'s' if lane_gpus != {1} else ''} per lane (this one: {gpus}, "
+                          f"{gpus_said})")
     if not others:
         return InputError("exists; pass --force to overwrite (or -o another file)", file=str(path))
     return InputError(f"exists, drafted for another {' and '.join(others)}; draft this one under "
@@ -304,7 +313,8 @@ def _new(source: ModelSource, machine_entry: Any, machine: Machine, machine_labe
          recipe_name: str, path: Path, lane: str, max_model_len: int | None, concurrency: int | None,
          min_sequences: int, force: bool, command: str, gpu_count: int | None = None) -> NewOutcome:
     if path.exists() and not force:
-        raise _exists_refusal(path, source, machine_key, machine_entry)
+        raise _exists_refusal(path, source, machine_key, machine_entry, gpu_count or machine.gpus.count,
+                              "--gpus" if gpu_count else "every GPU of the machine, without --gpus")
     output_target(path, "--output")   # --force replaces a regular file, never a device or a link
     model_file = None
     model_ref: Any = source.name

@@ -35,6 +35,13 @@
 #        (13 layers as run ER, all in HBM and usage-aware, T = 1 to 96; the row's source since
 #        the warp-specialized launches became the default from 2 tokens per step). Run on the H200
 #        on 2026-12-06 (run WH call 2: bench/results/expert_rows_h200/call12_residency13_ws.*).
+# occ:   the warp-specialized launches at 4 programs per SM, at the register cap that lets them share
+#        the SM's register file (tile_rules.ws_max_registers: 64 registers; run WH's "3 programs per
+#        SM" ran at 128, so its third program per SM waited for a second wave), and with each item's
+#        slot rows, expert and pick ids read an item ahead (ws_prefetch): each GEMM alone
+#        (bench/ws_probe.py), the layer beside Humming, the residency step, and the GPU test of those
+#        settings' bits. Run on an H100 on
+#        2026-12-06 with 3 and 4 programs per SM, no prefetch (bench/results/occ_h100/).
 #
 # Carries (ignored paths, copied onto the machine): .cache/whl (humming-kernels 0.1.19 and
 # nvidia-cuda-cccl 13.0.85 wheels from PyPI) and .cache/vsub/vllm (the unpacked vllm 0.33.0 wheel's
@@ -100,6 +107,21 @@ for part in "$@"; do
                --out /tmp/dsrows > "$OUT/dsrows.log" 2>&1
            echo "dsrows rc=$?"; cp /tmp/dsrows/gpu_residency.json "$OUT/dsrows_residency13.json" 2>/dev/null
            tail -14 "$OUT/dsrows.log" | cut -c1-300 ;;
-    *)     echo "unknown part: $part (tests, rows, sim, context, w2rows, ws, t1ws, dsrows)"; exit 2 ;;
+    occ)   mkdir -p "$OUT/occ"
+           timeout ${OCC_S:-170} python3 bench/ws_probe.py --tokens 6,16,32,96 \
+               --variants "p2:bm=8;pf:bm=8,prefetch=1;p4:bm=8,ctas=4;p4pf:bm=8,ctas=4,prefetch=1" --out "$OUT/occ" \
+               > "$OUT/occ/probe.log" 2>&1
+           echo "occ probe rc=$?"; tail -4 "$OUT/occ/probe.log" | cut -c1-300
+           timeout ${OCC_S:-170} python3 bench/peer_moe.py --peers humming --vllm-src "$VLLM_SRC" --tokens 2,6,16,32,96 \
+               --steps 2:20,6:16,16:10,32:8,96:5 --compare "pf:ws_prefetch=1;p4:ws_programs_per_sm=4;p4pf:ws_programs_per_sm=4,ws_prefetch=1" \
+               --out /tmp/occ_pm > "$OUT/occ/peer.log" 2>&1
+           echo "occ peer rc=$?"; cp /tmp/occ_pm/peer_moe.md "$OUT/occ/" 2>/dev/null; tail -12 "$OUT/occ/peer.log"
+           timeout ${OCC_S:-170} python3 bench/gpu_residency.py --layers 8 --cold-layers 2 --tokens 2,6,16,32,96 \
+               --steps 2:30,6:30,16:16,32:10,96:6 --compare "pf:ws_prefetch=1;p4:ws_programs_per_sm=4;p4pf:ws_programs_per_sm=4,ws_prefetch=1" \
+               --out /tmp/occ_gr > "$OUT/occ/res.log" 2>&1
+           echo "occ residency rc=$?"; cp /tmp/occ_gr/gpu_residency.md "$OUT/occ/" 2>/dev/null; tail -12 "$OUT/occ/res.log"
+           timeout 200 python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_ws_grouped_gpu.py > "$OUT/occ/tests.log" 2>&1
+           echo "occ tests rc=$?"; tail -3 "$OUT/occ/tests.log" ;;
+    *)     echo "unknown part: $part (tests, rows, sim, context, w2rows, ws, t1ws, dsrows, occ)"; exit 2 ;;
   esac
 done

@@ -44,16 +44,19 @@ sys.path.insert(0, str(ROOT / "runtime"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from expert_residency.gpu.kernels_ws import KERNELS, WS_ARGS, gemm_constants  # noqa: E402
+from expert_residency.gpu.tile_rules import ws_max_registers  # noqa: E402
 
 
 def parse_variant(text: str) -> dict:
-    """'stages=4,loader_warps=4,loader_regs=56,ctas=2,bm=16' -> the launch settings."""
-    cfg = dict(stages=4, loader_warps=4, loader_regs=56, ctas=2, bm=16, maxnreg=128)
+    """'stages=4,loader_warps=4,loader_regs=56,ctas=2,bm=16' -> the launch settings; maxnreg
+    (0: the runtime's cap for ``ctas`` programs per SM, ``tile_rules.ws_max_registers``)."""
+    cfg = dict(stages=4, loader_warps=4, loader_regs=56, ctas=2, bm=16, maxnreg=0, prefetch=0)
     for item in filter(None, text.split(",")):
         key, value = item.split("=")
         if key not in cfg:
             raise SystemExit(f"unknown setting {key!r} (have {sorted(cfg)})")
         cfg[key] = int(value)
+    cfg["maxnreg"] = cfg["maxnreg"] or ws_max_registers(cfg["ctas"])
     return cfg
 
 
@@ -63,7 +66,8 @@ GEMMS = ("w13", "w2")
 def gemm_constexprs(which: str, cfg: dict, hidden: int, inter: int, top_k: int, swiglu_limit: float) -> dict:
     """The launch constants of one GEMM under a variant's settings (the runtime's own builder)."""
     return gemm_constants(which, hidden, inter, top_k, swiglu_limit=swiglu_limit, block_m=cfg["bm"],
-                          stages=cfg["stages"], loader_warps=cfg["loader_warps"], loader_regs=cfg["loader_regs"])
+                          stages=cfg["stages"], loader_warps=cfg["loader_warps"], loader_regs=cfg["loader_regs"],
+                          prefetch=bool(cfg["prefetch"]))
 
 
 def sass_report(cfg: dict, which: str, hidden: int, inter: int) -> dict:
@@ -122,7 +126,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--variants", default="ws:", help="';'-separated 'label:key=value,...' (stages, loader_warps, "
-                                                       "loader_regs, ctas, bm, maxnreg)")
+                                                       "loader_regs, ctas, bm, maxnreg, prefetch)")
     ap.add_argument("--sass", action="store_true", help="compile for sm_90 here and count SASS; no GPU")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     args = ap.parse_args()

@@ -33,7 +33,7 @@ def test_they_run_only_on_hopper_with_the_default_tiles() -> None:
     from expert_residency.gpu.experts import KernelConfig, runs_warp_specialized
 
     assert not runs_warp_specialized(torch.device("cpu"), KernelConfig())
-    assert "warp-specialized-grouped@>=2(sm90+)x2/SM(cold-programs8)" in KernelConfig().describe()
+    assert "warp-specialized-grouped@>=2(sm9x)x2/SM(cold-programs8)" in KernelConfig().describe()
     assert "warp-specialized" not in KernelConfig(ws_grouped=False).describe()
 
 
@@ -52,6 +52,27 @@ def test_launch_constants_follow_the_gemm() -> None:
     assert w13["SEARCH_STEPS"] == w2["SEARCH_STEPS"] == 9 and w13["COLD_PROGRAMS"] == 8
 
 
+def test_programs_per_sm_set_the_register_cap_that_lets_them_share_the_register_file() -> None:
+    from expert_residency.gpu.tile_rules import ws_max_registers
+
+    # 256 threads per program (compute warpgroup + loader warpgroup), 65,536 registers per SM, a
+    # multiple of 8: 2 x 256 x 128, 3 x 256 x 80 (85 rounded down), 4 x 256 x 64 fill the file.
+    assert [ws_max_registers(n) for n in (1, 2, 3, 4)] == [128, 128, 80, 64]
+    for n in (2, 3, 4):
+        assert n * 256 * ws_max_registers(n) <= 65536 < n * 256 * (ws_max_registers(n) + 8)
+
+
+@pytest.mark.parametrize("value", [0, 5])
+def test_programs_per_sm_outside_what_an_sm_holds_are_refused(value: int) -> None:
+    from expert_residency.gpu.experts import KernelConfig
+    from expert_residency.gpu.tile_rules import ws_max_registers
+
+    for refuse in (lambda: KernelConfig(ws_programs_per_sm=value), lambda: ws_max_registers(value)):
+        with pytest.raises(ValueError) as err:
+            refuse()
+        assert f"ws_programs_per_sm {value}" in str(err.value)
+
+
 @pytest.mark.parametrize("which", ["w13", "w2"])
 def test_the_variants_the_runtime_launches_compile_for_sm90(which: str) -> None:
     spec = importlib.util.find_spec("triton")
@@ -62,20 +83,23 @@ def test_the_variants_the_runtime_launches_compile_for_sm90(which: str) -> None:
     import triton
     import triton.language.target_info as target_info
     from expert_residency.gpu import kernels_ws
+    from expert_residency.gpu.tile_rules import ws_max_registers
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     replaced = kernel_sass.use_target(90)
     try:
-        for cold in (0, 8):
+        # two programs per SM (the default) at both cold splits, four (the tightest cap) without one;
+        # the item-ahead reads on and off
+        for cold, programs, prefetch in ((0, 2, False), (8, 2, True), (0, 4, True)):
             const = kernels_ws.gemm_constants(which, 5120, 2304, 6, swiglu_limit=10.0, count=which == "w13",
-                                              cold_programs=cold, max_slots=384)
+                                              cold_programs=cold, max_slots=384, prefetch=prefetch)
             sig = dict(kernels_ws.WS_ARGS)
             sig.update({k: "constexpr" for k in const})
             attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(kernels_ws.WS_ARGS))}
             src = GluonASTSource(fn=kernels_ws.KERNELS[which], signature=sig, constexprs=const, attrs=attrs)
             kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                    options=dict(num_warps=4, maxnreg=kernels_ws.MAX_REGISTERS))
+                                    options=dict(num_warps=4, maxnreg=ws_max_registers(programs)))
             sass = kernel_sass.cuobjdump(kernel, "-sass")
             assert "HMMA" in sass and "LDGSTS" in sass and "SYNCS" in sass   # MMAs, cp.async, mbarriers
             # the counter's atomics only where it counts (the w13 launch)

@@ -102,7 +102,7 @@ def _layers(name: str, config: KernelConfig, seed: int = 3, layer_index: int = 0
 
 def _config(name: str, **fields) -> KernelConfig:
     # the warp-MMA kernels under test: the warp-specialized grouped launches (which take grouped
-    # steps from ws_min_tokens on, sm_90+) stay off unless a test asks for them
+    # steps from ws_min_tokens on, compute capability 9.x) stay off unless a test asks for them
     fields.setdefault("ws_grouped", False)
     return config_for_shape(GEOMETRIES[name][0], KernelConfig(**fields))
 

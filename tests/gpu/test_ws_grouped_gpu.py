@@ -1,5 +1,5 @@
-"""The warp-specialized grouped expert launches (``KernelConfig.ws_grouped``, the default on sm_90+,
-``gpu.kernels_ws``) on a GPU of compute capability 9.0+: every pick row and output equal the tl.dot
+"""The warp-specialized grouped expert launches (``KernelConfig.ws_grouped``, the default on Hopper,
+``gpu.kernels_ws``) on a GPU of compute capability 9.x: every pick row and output equal the tl.dot
 launches' bit for bit (``BASE``: both off, so tl.dot takes every grouped step), split == unsplit with
 cold experts in pinned host memory, the usage counter exact, a captured graph replayed with new
 routing equal to eager, and a kernel that does not compile falls back to tl.dot."""
@@ -31,7 +31,8 @@ def _step(geometry, experts: int, cold: int, tokens: int, seed: int):
     ids, w = random_routing(tokens, experts, 6, gen, hot_ids, cold_ids)
     return unsplit, split, ids, w, activations(tokens, geometry.hidden, gen)
 if not runs_warp_specialized(DEV, WS):
-    pytest.skip("the warp-specialized kernels need sm_90+ and a Triton with Gluon", allow_module_level=True)
+    pytest.skip("the warp-specialized kernels need compute capability 9.x and a Triton with Gluon",
+                allow_module_level=True)
 
 
 @pytest.mark.parametrize("shape,experts,cold,tokens", [("small", 16, 6, 2), ("small", 16, 6, 6), ("small", 16, 6, 17),
@@ -82,7 +83,9 @@ def test_graph_replay_with_new_routing_equals_eager() -> None:
 
 
 @pytest.mark.parametrize("fields", [dict(ws_cold_programs=1), dict(ws_cold_programs=0), dict(cold_first=False),
-                                    dict(ws_programs_per_sm=1)])
+                                    dict(ws_programs_per_sm=1), dict(ws_programs_per_sm=4),
+                                    dict(ws_prefetch=not WS.ws_prefetch),
+                                    dict(ws_prefetch=not WS.ws_prefetch, ws_programs_per_sm=3)])
 def test_cold_program_split_and_grid_settings_keep_the_bits(fields: dict) -> None:
     experts, k, tokens = 32, 6, 33
     unsplit, split, ids, w, x = _step(DSV41, experts, 12, tokens, 350)

@@ -45,7 +45,7 @@ try:  # Gluon (Triton's lower-level language) is experimental; without it the ot
 except (ImportError, AttributeError):   # absent, or its names moved (kernels_ws resolves them at import)
     kernels_ws = None
 from .layout import check_mma_tiles, is_mma_order, to_kernel_layout
-from .tile_rules import check_compiled_block_m
+from .tile_rules import WS_MAX_PROGRAMS_PER_SM, check_compiled_block_m, ws_max_registers
 
 if TYPE_CHECKING:
     from ..core.counter import ExpertCounter
@@ -163,7 +163,7 @@ class KernelConfig:
     # 16 and 0.99 / 1.00 of the usage-aware step; at T = 96 1.01-1.02, so not above 16 (BENCHMARKS.md,
     # run GL; with a launch per possible pass, run GW, it had lengthened the usage-aware step). From 24
     # to 48 tokens 0.97-0.98 of tl.dot all-HBM but 1.02 on the usage-aware step (a pass of eight picks
-    # reads a cold expert over the host link once per pass; run GT), so 16 stays. On sm_90+ the
+    # reads a cold expert over the host link once per pass; run GT), so 16 stays. On Hopper (9.x) the
     # warp-specialized launches below take these steps from ws_min_tokens on (all of them by default).
     gw_max_tokens: int = 16
     # With gw_max_tokens: each program runs its slot's passes of eight picks in turn (a grid of
@@ -181,8 +181,8 @@ class KernelConfig:
     # tl.dot layer, usage-aware 0.94-1.00, positional 1.01-1.06 (BENCHMARKS.md, run GT).
     gw_max_tokens_small_tiles: int = 48
     # Grouped steps of ws_min_tokens tokens and more (unsplit, SiLU-GLU experts without biases, the
-    # MMA-order layout's default tiles: w13 64 x 128, w2 128 x 128; CUDA sm_90+ and a Triton with
-    # Gluon, else nothing changes): the two expert launches run warp-specialized and persistent
+    # MMA-order layout's default tiles: w13 64 x 128, w2 128 x 128; CUDA compute capability 9.x and a
+    # Triton with Gluon, else nothing changes): the two expert launches run warp-specialized and persistent
     # (``gpu.kernels_ws``: a loader warpgroup copies tiles into an mbarrier ring, one warpgroup
     # decodes and multiplies), ws_programs_per_sm programs per SM, taking those steps from both the
     # grouped warp-MMA kernels (which keep 2 .. ws_min_tokens - 1, none at the default) and tl.dot.
@@ -197,6 +197,11 @@ class KernelConfig:
     ws_grouped: bool = True
     ws_min_tokens: int = 2
     ws_programs_per_sm: int = 2
+    # The warp-specialized launches read each item's slot rows, expert and pick ids an item ahead
+    # (``kernels_ws._slot_of``), so those global reads' latency passes behind the previous item's
+    # K steps instead of stalling both partitions at every item's start. The same copies and
+    # products: the same bits.
+    ws_prefetch: bool = False
     # On a split layer (cold slots grouped first): this many of the persistent programs walk the
     # cold experts' items and the rest the hot ones, so the hot reads stream beside the host link's
     # (a few programs keep the link busy). With every program taking items a fixed stride apart each
@@ -212,9 +217,10 @@ class KernelConfig:
         if self.ws_min_tokens < 1:
             raise ValueError(f"ws_min_tokens {self.ws_min_tokens} is not a token count of 1 or more (1 takes "
                              "T = 1 only where T = 1 is grouped, as with one_token off)")
-        if self.ws_programs_per_sm < 1:
+        if not 1 <= self.ws_programs_per_sm <= WS_MAX_PROGRAMS_PER_SM:
             raise ValueError(f"ws_programs_per_sm {self.ws_programs_per_sm}: the persistent grid needs at least "
-                             "one program per SM")
+                             f"one program per SM, and an SM holds at most {WS_MAX_PROGRAMS_PER_SM} (registers and "
+                             "shared memory)")
         if self.ws_cold_programs < 0:
             raise ValueError(f"ws_cold_programs {self.ws_cold_programs} is not a count of programs (0: every "
                              "program walks every item)")
@@ -250,9 +256,12 @@ class KernelConfig:
                     if self.gw_max_registers:
                         text += f"(regs<={self.gw_max_registers})"
         if self.ws_grouped:
-            # sm_90+ with Gluon only, where it takes these steps from the warp-MMA grouped kernels
-            text += (f" warp-specialized-grouped@>={self.ws_min_tokens}(sm90+)x{self.ws_programs_per_sm}/SM"
+            # compute capability 9.x with Gluon only, where it takes these steps from the warp-MMA
+            # grouped kernels
+            text += (f" warp-specialized-grouped@>={self.ws_min_tokens}(sm9x)x{self.ws_programs_per_sm}/SM"
                      f"(cold-programs{self.ws_cold_programs})")
+            if self.ws_prefetch:
+                text += "+prefetch"
         if not self.cold_first:    # the default (cold experts' slots first) goes unsaid
             text += " id-order-slots"
         if self.pdl:
@@ -803,7 +812,8 @@ class TritonMxfp4Experts:
         const = kernels_ws.gemm_constants(which, shape.hidden, shape.intermediate, self.top_k,
                                           swiglu_limit=0.0 if self.swiglu_limit is None else self.swiglu_limit,
                                           count=count, cold_programs=cold_programs,
-                                          max_slots=min(ws.max_tokens * ws.top_k, self.num_experts))
+                                          max_slots=min(ws.max_tokens * ws.top_k, self.num_experts),
+                                          prefetch=cfg.ws_prefetch)
         args = (src, codes, w, sw, cold[name], cold[name + SCALE_SUFFIX],
                 ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, out,
                 counts if count else ws.dummy_i64, tokens if count else ws.dummy_i64, ws.n_tokens,
@@ -811,10 +821,10 @@ class TritonMxfp4Experts:
         launch = kernels_ws.KERNELS[which][(programs,)]
         key = (which, tuple(sorted(const.items())))
         if key in self._ws_compiled:
-            launch(*args, **const, num_warps=4, maxnreg=kernels_ws.MAX_REGISTERS)
+            launch(*args, **const, num_warps=4, maxnreg=ws_max_registers(cfg.ws_programs_per_sm))
             return True
         try:  # the first launch of each variant compiles it
-            launch(*args, **const, num_warps=4, maxnreg=kernels_ws.MAX_REGISTERS)
+            launch(*args, **const, num_warps=4, maxnreg=ws_max_registers(cfg.ws_programs_per_sm))
         except Exception as exc:  # noqa: BLE001 - any compile failure: keep the tl.dot kernels
             first_line = str(exc).splitlines()[0] if str(exc) else ""
             warnings.warn(f"expert residency: the warp-specialized {which} expert kernel did not compile with "

@@ -82,13 +82,22 @@ def _item_range(codes_ptr, slot_expert_ptr, num_slots_ptr, NT: gl.constexpr, COL
 
 
 @gluon.jit
+def _slot_of(item, last, NT: gl.constexpr):
+    """The slot of item ``item``, whose rows and expert are read a whole item ahead of their use
+    (``PREFETCH``: the loads' latency then passes behind the previous item's K steps instead of
+    stalling the partition at each item's start). An item past the program's last reads the last
+    one's (slot 0 where the program has none): every read stays inside the step's slots."""
+    return gl.maximum(gl.minimum(item, last - 1), 0) // NT
+
+
+@gluon.jit
 def _loader(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
             sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr,
             w_expert_stride, s_expert_stride, wbuf, sbuf, abuf, ready, empty,
             K: gl.constexpr, ROW_DIV: gl.constexpr, NT: gl.constexpr, UP_TILE: gl.constexpr,
             BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
             GATED: gl.constexpr, LOADER_WARPS: gl.constexpr, COLD_PROGRAMS: gl.constexpr,
-            SEARCH_STEPS: gl.constexpr):
+            SEARCH_STEPS: gl.constexpr, PREFETCH: gl.constexpr):
     """Copies each K step's weight tile(s) (the gate and up tiles when ``GATED``), their scales
     (each lane group's 4 bytes once per lane) and the slot's input rows (``src[pick // ROW_DIV]``:
     the layer input by token for w13, the w2 input by pick) into ring buffer ``it % STAGES``."""
@@ -105,16 +114,32 @@ def _loader(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
     ma = gl.arange(0, BM, layout=gl.SliceLayout(1, LA))
     ka = gl.arange(0, BK, layout=gl.SliceLayout(0, LA))
     first, last, stride = _item_range(codes_ptr, slot_expert_ptr, num_slots_ptr, NT, COLD_PROGRAMS, SEARCH_STEPS)
+    ahead = _slot_of(first, last, NT)
+    next_start = gl.load(slot_start_ptr + ahead)
+    next_end = gl.load(slot_start_ptr + ahead + 1)
+    next_expert = gl.load(slot_expert_ptr + ahead)
     it = 0
     for item in range(first, last, stride):
         slot = item // NT
         tile = item % NT
-        start = gl.load(slot_start_ptr + slot)
-        end = gl.load(slot_start_ptr + slot + 1)
-        expert = gl.load(slot_expert_ptr + slot)
+        if PREFETCH:
+            start = next_start
+            end = next_end
+            expert = next_expert
+            ahead = _slot_of(item + stride, last, NT)
+            next_start = gl.load(slot_start_ptr + ahead)
+            next_end = gl.load(slot_start_ptr + ahead + 1)
+            next_expert = gl.load(slot_expert_ptr + ahead)
+        else:
+            start = gl.load(slot_start_ptr + slot)
+            end = gl.load(slot_start_ptr + slot + 1)
+            expert = gl.load(slot_expert_ptr + slot)
         w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride)
         s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride)
-        for m0 in range(start, end, BM):
+        # the passes counted, not range(start, end, BM): Triton 3.6 does not carry a value read an
+        # item ahead (PREFETCH) that only a nested loop's bounds use (3.9 does)
+        for p in range((end - start + BM - 1) // BM):
+            m0 = start + p * BM
             mm = m0 + ma
             m_ok = mm < end
             picks = gl.load(sorted_pick_ptr + mm, mask=m_ok, other=0)
@@ -154,7 +179,7 @@ def _compute(out_ptr, codes_ptr, sorted_pick_ptr, slot_start_ptr, slot_expert_pt
              n_tokens_ptr, wbuf, sbuf, abuf, ready, empty,
              K: gl.constexpr, OUT_STRIDE: gl.constexpr, NT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
              BK: gl.constexpr, STAGES: gl.constexpr, GATED: gl.constexpr, SWIGLU_LIMIT: gl.constexpr,
-             COUNT: gl.constexpr, COLD_PROGRAMS: gl.constexpr, SEARCH_STEPS: gl.constexpr):
+             COUNT: gl.constexpr, COLD_PROGRAMS: gl.constexpr, SEARCH_STEPS: gl.constexpr, PREFETCH: gl.constexpr):
     """Waits on each ring buffer, reads it into registers, frees it, decodes and multiplies;
     stores each slot pass's rows: bf16 products (w2), or SwiGLU of gate and up (w13, as
     ``kernels._glu`` with ``ACT == 0``)."""
@@ -169,16 +194,30 @@ def _compute(out_ptr, codes_ptr, sorted_pick_ptr, slot_start_ptr, slot_expert_pt
         if gl.program_id(0) == 0:
             gl.atomic_add(tokens_ptr, gl.load(n_tokens_ptr).to(gl.int64))
     first, last, stride = _item_range(codes_ptr, slot_expert_ptr, num_slots_ptr, NT, COLD_PROGRAMS, SEARCH_STEPS)
+    ahead = _slot_of(first, last, NT)
+    next_start = gl.load(slot_start_ptr + ahead)
+    next_end = gl.load(slot_start_ptr + ahead + 1)
     it = 0
     for item in range(first, last, stride):
         slot = item // NT
         tile = item % NT
-        start = gl.load(slot_start_ptr + slot)
-        end = gl.load(slot_start_ptr + slot + 1)
+        if PREFETCH:
+            start = next_start
+            end = next_end
+            ahead = _slot_of(item + stride, last, NT)
+            next_start = gl.load(slot_start_ptr + ahead)
+            next_end = gl.load(slot_start_ptr + ahead + 1)
+        else:
+            start = gl.load(slot_start_ptr + slot)
+            end = gl.load(slot_start_ptr + slot + 1)
         if COUNT:
             if tile == 0:
                 gl.atomic_add(counts_ptr + gl.load(slot_expert_ptr + slot), (end - start).to(gl.int64))
-        for m0 in range(start, end, BM):
+        for p in range((end - start + BM - 1) // BM):   # as the loader's
+            m0 = start + p * BM
+            if PREFETCH:   # the pass's pick ids, read before its K steps: the stores need them after
+                mm = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, MMA))
+                picks = gl.load(sorted_pick_ptr + mm, mask=mm < end, other=0).to(gl.int64)
             acc = gl.zeros([BN, BM], gl.float32, MMA)
             acc_u = gl.zeros([BN, BM], gl.float32, MMA)
             for _kt in range(KT):
@@ -198,7 +237,8 @@ def _compute(out_ptr, codes_ptr, sorted_pick_ptr, slot_start_ptr, slot_expert_pt
             rows = tile * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
             mm = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, MMA))
             m_ok = mm < end
-            picks = gl.load(sorted_pick_ptr + mm, mask=m_ok, other=0).to(gl.int64)
+            if not PREFETCH:
+                picks = gl.load(sorted_pick_ptr + mm, mask=m_ok, other=0).to(gl.int64)
             if GATED:
                 if SWIGLU_LIMIT > 0:
                     acc = gl.minimum(acc, SWIGLU_LIMIT)
@@ -215,7 +255,7 @@ def _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
                K: gl.constexpr, ROWS_OUT: gl.constexpr, ROW_DIV: gl.constexpr, GATED: gl.constexpr,
                SWIGLU_LIMIT: gl.constexpr, COUNT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                BK: gl.constexpr, STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr,
-               COLD_PROGRAMS: gl.constexpr, SEARCH_STEPS: gl.constexpr):
+               COLD_PROGRAMS: gl.constexpr, SEARCH_STEPS: gl.constexpr, PREFETCH: gl.constexpr):
     """One expert GEMM of a grouped step, persistent and warp-specialized: w2 (``GATED`` False:
     ``out[p] = w2 . src[p]``, ``ROWS_OUT`` = H) or w13 + SwiGLU (``GATED``: gate rows ``n`` and up rows
     ``n + ROWS_OUT`` applied to ``src[p // ROW_DIV]``, ``ROWS_OUT`` = I)."""
@@ -233,11 +273,13 @@ def _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
     gl.warp_specialize([
         (_compute, (out_ptr, codes_ptr, sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, counts_ptr,
                     tokens_ptr, n_tokens_ptr, wbuf, sbuf, abuf, ready, empty,
-                    K, ROWS_OUT, NT, BM, BN, BK, STAGES, GATED, SWIGLU_LIMIT, COUNT, COLD_PROGRAMS, SEARCH_STEPS)),
+                    K, ROWS_OUT, NT, BM, BN, BK, STAGES, GATED, SWIGLU_LIMIT, COUNT, COLD_PROGRAMS, SEARCH_STEPS,
+                    PREFETCH)),
         (_loader, (src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
                    sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr,
                    w_expert_stride, s_expert_stride, wbuf, sbuf, abuf, ready, empty,
-                   K, ROW_DIV, NT, NT, BM, BN, BK, STAGES, GATED, LOADER_WARPS, COLD_PROGRAMS, SEARCH_STEPS)),
+                   K, ROW_DIV, NT, NT, BM, BN, BK, STAGES, GATED, LOADER_WARPS, COLD_PROGRAMS, SEARCH_STEPS,
+                   PREFETCH)),
     ], [LOADER_WARPS], [LOADER_REGS])
 
 
@@ -249,11 +291,12 @@ def w13_ws_kernel(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_p
                   K: gl.constexpr, ROWS_OUT: gl.constexpr, ROW_DIV: gl.constexpr, GATED: gl.constexpr,
                   SWIGLU_LIMIT: gl.constexpr, COUNT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                   BK: gl.constexpr, STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                  COLD_PROGRAMS: gl.constexpr = 0, SEARCH_STEPS: gl.constexpr = 1):
+                  COLD_PROGRAMS: gl.constexpr = 0, SEARCH_STEPS: gl.constexpr = 1,
+                  PREFETCH: gl.constexpr = False):
     _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, slot_start_ptr,
                slot_expert_ptr, num_slots_ptr, out_ptr, counts_ptr, tokens_ptr, n_tokens_ptr, w_expert_stride,
                s_expert_stride, K, ROWS_OUT, ROW_DIV, GATED, SWIGLU_LIMIT, COUNT, BM, BN, BK, STAGES,
-               LOADER_WARPS, LOADER_REGS, COLD_PROGRAMS, SEARCH_STEPS)
+               LOADER_WARPS, LOADER_REGS, COLD_PROGRAMS, SEARCH_STEPS, PREFETCH)
 
 
 @gluon.jit
@@ -263,11 +306,12 @@ def w2_ws_kernel(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_pt
                  K: gl.constexpr, ROWS_OUT: gl.constexpr, ROW_DIV: gl.constexpr, GATED: gl.constexpr,
                  SWIGLU_LIMIT: gl.constexpr, COUNT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                  BK: gl.constexpr, STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                 COLD_PROGRAMS: gl.constexpr = 0, SEARCH_STEPS: gl.constexpr = 1):
+                 COLD_PROGRAMS: gl.constexpr = 0, SEARCH_STEPS: gl.constexpr = 1,
+                  PREFETCH: gl.constexpr = False):
     _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, slot_start_ptr,
                slot_expert_ptr, num_slots_ptr, out_ptr, counts_ptr, tokens_ptr, n_tokens_ptr, w_expert_stride,
                s_expert_stride, K, ROWS_OUT, ROW_DIV, GATED, SWIGLU_LIMIT, COUNT, BM, BN, BK, STAGES,
-               LOADER_WARPS, LOADER_REGS, COLD_PROGRAMS, SEARCH_STEPS)
+               LOADER_WARPS, LOADER_REGS, COLD_PROGRAMS, SEARCH_STEPS, PREFETCH)
 
 
 WS_ARGS = [("src_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("hot_s_ptr", "*u8"),
@@ -277,24 +321,25 @@ WS_ARGS = [("src_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("
 KERNELS = {"w13": w13_ws_kernel, "w2": w2_ws_kernel}
 
 # Launch settings measured best on an H100 (BENCHMARKS.md, run WS): 8 tokens per slot pass, four
-# ring buffers, a loader warpgroup of 56 registers, 128 per thread (two programs per SM).
+# ring buffers, a loader warpgroup of 56 registers. The register cap per thread follows the programs
+# per SM (``tile_rules.ws_max_registers``: 128 at two).
 BLOCK_M = 8
 STAGES = 4
 LOADER_WARPS = 4
 LOADER_REGS = 56
-MAX_REGISTERS = 128
 
 
 def gemm_constants(which: str, hidden: int, inter: int, top_k: int, *, swiglu_limit: float = 0.0,
                    count: bool = False, block_m: int = BLOCK_M, stages: int = STAGES,
                    loader_warps: int = LOADER_WARPS, loader_regs: int = LOADER_REGS,
-                   cold_programs: int = 0, max_slots: int = 1) -> dict:
+                   cold_programs: int = 0, max_slots: int = 1, prefetch: bool = False) -> dict:
     """The constants of one launch: w13 + SwiGLU over the layer input (64-row gate and up tiles,
     the token of pick p is p // top_k) or w2 over the w2 input (128-row tiles, by pick).
     ``cold_programs``: programs that walk the cold slots' items (``_item_range``; 0: every program
-    walks every item), the bisection sized for ``max_slots`` slots."""
+    walks every item), the bisection sized for ``max_slots`` slots. ``prefetch``: each item's slot rows,
+    expert and pick ids read an item ahead (``_slot_of``; the same copies and products)."""
     common = dict(BM=block_m, BK=128, STAGES=stages, LOADER_WARPS=loader_warps, LOADER_REGS=loader_regs,
-                  COLD_PROGRAMS=cold_programs, SEARCH_STEPS=max(1, max_slots.bit_length()))
+                  COLD_PROGRAMS=cold_programs, SEARCH_STEPS=max(1, max_slots.bit_length()), PREFETCH=prefetch)
     if which == "w13":
         return dict(K=hidden, ROWS_OUT=inter, ROW_DIV=top_k, GATED=True, SWIGLU_LIMIT=float(swiglu_limit),
                     COUNT=count, BN=64, **common)

@@ -1,4 +1,5 @@
-"""Which tile shapes the compiled MXFP4 kernels may run with (standard library only).
+"""Which tile shapes the compiled MXFP4 kernels may run with, and how many warp-specialized
+programs share an SM (standard library only).
 
 ``KernelConfig.block_m`` (tokens per tile) below 16 is refused for compiled kernels: measured on
 one NVIDIA H200 (2026-12-01), the MMA-order decode (``dequant=3``, the default) compiled with
@@ -42,3 +43,28 @@ def check_compiled_block_m(config: Any, device: Any) -> None:
     reason = compiled_block_m_reason(config.block_m, config.dequant, device_type)
     if reason is not None:
         raise ValueError(reason)
+
+
+# A Hopper SM's register file: 64 Ki 32-bit registers shared by the programs resident on it.
+SM_REGISTERS = 64 * 1024
+# Threads of one warp-specialized program (``gpu.kernels_ws``): the compute warpgroup and the loader
+# partition, which Triton pads to a whole warpgroup so that its warps can hand registers over.
+WS_THREADS = 256
+# The cap at two programs per SM, where the launches were measured first (BENCHMARKS.md, run WS).
+WS_MAX_REGISTERS = 128
+# Four programs use 4 x 49 KiB of the SM's 227 KiB of shared memory and 64 registers per thread; five
+# would leave 48, and the compute loop then spills (SASS, Triton 3.6).
+WS_MAX_PROGRAMS_PER_SM = 4
+
+
+def ws_max_registers(programs_per_sm: int) -> int:
+    """ptxas' register cap (Triton's ``maxnreg``) at which ``programs_per_sm`` warp-specialized
+    programs fit one SM's register file together. A program launches with the cap for each of its
+    256 threads (its loader then hands its surplus to the compute warpgroup), so N programs fit at
+    65,536 / (256 N) registers, rounded down to ptxas' step of 8, and at most 128. Launched at 128
+    with three programs per SM, the third program of each SM waits for one of the first two to end
+    (the persistent grid then runs in two waves)."""
+    if not 1 <= programs_per_sm <= WS_MAX_PROGRAMS_PER_SM:
+        raise ValueError(f"ws_programs_per_sm {programs_per_sm}: a Hopper SM holds 1 to "
+                         f"{WS_MAX_PROGRAMS_PER_SM} of these programs")
+    return min(WS_MAX_REGISTERS, SM_REGISTERS // (WS_THREADS * programs_per_sm) // 8 * 8)

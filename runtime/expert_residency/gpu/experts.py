@@ -193,7 +193,9 @@ class KernelConfig:
     # 0.93 / 0.93 / 0.97 of the previous default's all-HBM step at T = 6 / 16 / 32 / 96, usage-aware
     # 0.94 / 0.88 / 0.78 / 0.77 (BENCHMARKS.md, run WS). 1 takes T = 1 wherever T = 1 is grouped:
     # with one_token off, or a step outside the small schedule (T = 1 otherwise runs ungrouped, on
-    # the T = 1 kernels): not measured yet (bench/pending_h200.sh t1ws).
+    # the T = 1 kernels): 1.12x the T = 1 loops' layer on the H200 (run WH), so 2 stays.
+    # ws_programs_per_sm (1..4) sets the launches' register cap too (tile_rules.ws_max_registers);
+    # 3 and 4 were 1.01-1.07x the layer's time on H100s (run OC).
     ws_grouped: bool = True
     ws_min_tokens: int = 2
     ws_programs_per_sm: int = 2

@@ -40,7 +40,7 @@
 #        SM" ran at 128, so its third program per SM waited for a second wave), and with each item's
 #        slot rows, expert and pick ids read an item ahead (ws_prefetch): each GEMM alone
 #        (bench/ws_probe.py), the layer beside Humming, the residency step, and the GPU test of those
-#        settings' bits. Run on an H100 on
+#        settings' bits (OCC_PROBE / OCC_COMPARE replace the variants). Run on an H100 on
 #        2026-12-06 with 3 and 4 programs per SM, no prefetch (bench/results/occ_h100/).
 #
 # Carries (ignored paths, copied onto the machine): .cache/whl (humming-kernels 0.1.19 and
@@ -109,15 +109,15 @@ for part in "$@"; do
            tail -14 "$OUT/dsrows.log" | cut -c1-300 ;;
     occ)   mkdir -p "$OUT/occ"
            timeout ${OCC_S:-170} python3 bench/ws_probe.py --tokens 6,16,32,96 \
-               --variants "p2:bm=8;pf:bm=8,prefetch=1;p4:bm=8,ctas=4;p4pf:bm=8,ctas=4,prefetch=1" --out "$OUT/occ" \
+               --variants "${OCC_PROBE:-p2:bm=8;pf:bm=8,prefetch=1;p4:bm=8,ctas=4;p4pf:bm=8,ctas=4,prefetch=1}" --out "$OUT/occ" \
                > "$OUT/occ/probe.log" 2>&1
            echo "occ probe rc=$?"; tail -4 "$OUT/occ/probe.log" | cut -c1-300
            timeout ${OCC_S:-170} python3 bench/peer_moe.py --peers humming --vllm-src "$VLLM_SRC" --tokens 2,6,16,32,96 \
-               --steps 2:20,6:16,16:10,32:8,96:5 --compare "pf:ws_prefetch=1;p4:ws_programs_per_sm=4;p4pf:ws_programs_per_sm=4,ws_prefetch=1" \
+               --steps 2:20,6:16,16:10,32:8,96:5 --compare "${OCC_COMPARE:-pf:ws_prefetch=1;p4:ws_programs_per_sm=4;p4pf:ws_programs_per_sm=4,ws_prefetch=1}" \
                --out /tmp/occ_pm > "$OUT/occ/peer.log" 2>&1
            echo "occ peer rc=$?"; cp /tmp/occ_pm/peer_moe.md "$OUT/occ/" 2>/dev/null; tail -12 "$OUT/occ/peer.log"
            timeout ${OCC_S:-170} python3 bench/gpu_residency.py --layers 8 --cold-layers 2 --tokens 2,6,16,32,96 \
-               --steps 2:30,6:30,16:16,32:10,96:6 --compare "pf:ws_prefetch=1;p4:ws_programs_per_sm=4;p4pf:ws_programs_per_sm=4,ws_prefetch=1" \
+               --steps 2:30,6:30,16:16,32:10,96:6 --compare "${OCC_COMPARE:-pf:ws_prefetch=1;p4:ws_programs_per_sm=4;p4pf:ws_programs_per_sm=4,ws_prefetch=1}" \
                --out /tmp/occ_gr > "$OUT/occ/res.log" 2>&1
            echo "occ residency rc=$?"; cp /tmp/occ_gr/gpu_residency.md "$OUT/occ/" 2>/dev/null; tail -12 "$OUT/occ/res.log"
            timeout 200 python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_ws_grouped_gpu.py > "$OUT/occ/tests.log" 2>&1

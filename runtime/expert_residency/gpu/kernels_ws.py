@@ -307,7 +307,7 @@ def w2_ws_kernel(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_pt
                  SWIGLU_LIMIT: gl.constexpr, COUNT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                  BK: gl.constexpr, STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr,
                  COLD_PROGRAMS: gl.constexpr = 0, SEARCH_STEPS: gl.constexpr = 1,
-                  PREFETCH: gl.constexpr = False):
+                 PREFETCH: gl.constexpr = False):
     _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, slot_start_ptr,
                slot_expert_ptr, num_slots_ptr, out_ptr, counts_ptr, tokens_ptr, n_tokens_ptr, w_expert_stride,
                s_expert_stride, K, ROWS_OUT, ROW_DIV, GATED, SWIGLU_LIMIT, COUNT, BM, BN, BK, STAGES,

@@ -91,6 +91,19 @@ def _slot_of(item, last, NT: gl.constexpr):
 
 
 @gluon.jit
+def _pass_range(start, end, BM: gl.constexpr, PREFETCH: gl.constexpr):
+    """A slot's passes of ``BM`` picks as ``range(lo, hi, step)`` with pass ``p`` starting at pick
+    ``base + p * scale``: ``range(start, end, BM)`` itself, or with ``PREFETCH`` the passes counted
+    (``start + p * BM``): Triton 3.6 does not carry across a loop's iterations a value read an item
+    ahead whose only use is a nested loop's bounds (every iteration read the value from before the
+    loop; 3.9 compiles it right), and counting uses both values in arithmetic."""
+    if PREFETCH:
+        return 0, (end - start + BM - 1) // BM, 1, start, BM
+    else:
+        return start, end, BM, 0, 1
+
+
+@gluon.jit
 def _loader(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
             sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr,
             w_expert_stride, s_expert_stride, wbuf, sbuf, abuf, ready, empty,
@@ -136,10 +149,9 @@ def _loader(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
             expert = gl.load(slot_expert_ptr + slot)
         w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride)
         s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride)
-        # the passes counted, not range(start, end, BM): Triton 3.6 does not carry a value read an
-        # item ahead (PREFETCH) that only a nested loop's bounds use (3.9 does)
-        for p in range((end - start + BM - 1) // BM):
-            m0 = start + p * BM
+        lo, hi, step, base, scale = _pass_range(start, end, BM, PREFETCH)
+        for p in range(lo, hi, step):
+            m0 = base + p * scale
             mm = m0 + ma
             m_ok = mm < end
             picks = gl.load(sorted_pick_ptr + mm, mask=m_ok, other=0)
@@ -213,8 +225,9 @@ def _compute(out_ptr, codes_ptr, sorted_pick_ptr, slot_start_ptr, slot_expert_pt
         if COUNT:
             if tile == 0:
                 gl.atomic_add(counts_ptr + gl.load(slot_expert_ptr + slot), (end - start).to(gl.int64))
-        for p in range((end - start + BM - 1) // BM):   # as the loader's
-            m0 = start + p * BM
+        lo, hi, step, base, scale = _pass_range(start, end, BM, PREFETCH)
+        for p in range(lo, hi, step):
+            m0 = base + p * scale
             if PREFETCH:   # the pass's pick ids, read before its K steps: the stores need them after
                 mm = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, MMA))
                 picks = gl.load(sorted_pick_ptr + mm, mask=mm < end, other=0).to(gl.int64)

@@ -52,8 +52,8 @@ SM_REGISTERS = 64 * 1024
 WS_THREADS = 256
 # The cap at two programs per SM, where the launches were measured first (BENCHMARKS.md, run WS).
 WS_MAX_REGISTERS = 128
-# Four programs use 4 x 49 KiB of the SM's 227 KiB of shared memory and 64 registers per thread; five
-# would leave 48, and the compute loop then spills (SASS, Triton 3.6).
+# Four programs use 4 x 49,412 bytes of the SM's 228 KiB of shared memory and 64 registers per thread;
+# five would leave 48 registers, and the compute loop then spills (SASS, Triton 3.6).
 WS_MAX_PROGRAMS_PER_SM = 4
 
 

@@ -127,10 +127,11 @@ def _loader(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
     ma = gl.arange(0, BM, layout=gl.SliceLayout(1, LA))
     ka = gl.arange(0, BK, layout=gl.SliceLayout(0, LA))
     first, last, stride = _item_range(codes_ptr, slot_expert_ptr, num_slots_ptr, NT, COLD_PROGRAMS, SEARCH_STEPS)
-    ahead = _slot_of(first, last, NT)
-    next_start = gl.load(slot_start_ptr + ahead)
-    next_end = gl.load(slot_start_ptr + ahead + 1)
-    next_expert = gl.load(slot_expert_ptr + ahead)
+    if PREFETCH:
+        ahead = _slot_of(first, last, NT)
+        next_start = gl.load(slot_start_ptr + ahead)
+        next_end = gl.load(slot_start_ptr + ahead + 1)
+        next_expert = gl.load(slot_expert_ptr + ahead)
     it = 0
     for item in range(first, last, stride):
         slot = item // NT
@@ -206,9 +207,10 @@ def _compute(out_ptr, codes_ptr, sorted_pick_ptr, slot_start_ptr, slot_expert_pt
         if gl.program_id(0) == 0:
             gl.atomic_add(tokens_ptr, gl.load(n_tokens_ptr).to(gl.int64))
     first, last, stride = _item_range(codes_ptr, slot_expert_ptr, num_slots_ptr, NT, COLD_PROGRAMS, SEARCH_STEPS)
-    ahead = _slot_of(first, last, NT)
-    next_start = gl.load(slot_start_ptr + ahead)
-    next_end = gl.load(slot_start_ptr + ahead + 1)
+    if PREFETCH:
+        ahead = _slot_of(first, last, NT)
+        next_start = gl.load(slot_start_ptr + ahead)
+        next_end = gl.load(slot_start_ptr + ahead + 1)
     it = 0
     for item in range(first, last, stride):
         slot = item // NT

@@ -50,7 +50,7 @@ from expert_residency.gpu.tile_rules import ws_max_registers  # noqa: E402
 def parse_variant(text: str) -> dict:
     """'stages=4,loader_warps=4,loader_regs=56,ctas=2,bm=16' -> the launch settings; maxnreg
     (0: the runtime's cap for ``ctas`` programs per SM, ``tile_rules.ws_max_registers``)."""
-    cfg = dict(stages=4, loader_warps=4, loader_regs=56, ctas=2, bm=16, maxnreg=0, prefetch=0)
+    cfg = dict(stages=4, loader_warps=4, loader_regs=56, ctas=2, bm=16, maxnreg=0, prefetch=0, trel=0)
     for item in filter(None, text.split(",")):
         key, value = item.split("=")
         if key not in cfg:
@@ -67,7 +67,7 @@ def gemm_constexprs(which: str, cfg: dict, hidden: int, inter: int, top_k: int, 
     """The launch constants of one GEMM under a variant's settings (the runtime's own builder)."""
     return gemm_constants(which, hidden, inter, top_k, swiglu_limit=swiglu_limit, block_m=cfg["bm"],
                           stages=cfg["stages"], loader_warps=cfg["loader_warps"], loader_regs=cfg["loader_regs"],
-                          prefetch=bool(cfg["prefetch"]))
+                          prefetch=bool(cfg["prefetch"]), thread_release=bool(cfg["trel"]))
 
 
 def sass_report(cfg: dict, which: str, hidden: int, inter: int) -> dict:
@@ -126,8 +126,13 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--variants", default="ws:", help="';'-separated 'label:key=value,...' (stages, loader_warps, "
-                                                       "loader_regs, ctas, bm, maxnreg, prefetch)")
+                                                       "loader_regs, ctas, bm, maxnreg, prefetch, trel)")
     ap.add_argument("--sass", action="store_true", help="compile for sm_90 here and count SASS; no GPU")
+    ap.add_argument("--l2", action="store_true",
+                    help="every expert of a layer read from its bank's first row (the row map's codes all 0): "
+                         "a layer's weights then stay in L2, so each launch runs at what its own instructions "
+                         "allow rather than at the HBM read rate (give --layers 1: one layer's 18.8 MB fits "
+                         "the L2); read rates are still given as a share of the HBM read limit")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     args = ap.parse_args()
     variants = {}
@@ -165,11 +170,13 @@ def run_gpu(args, variants: dict) -> int:
         kx.to_kernel_layout(ckpt)
         layers.append(build_unsplit_layer(ckpt, layer_index=i))
         del ckpt
+        if args.l2:
+            layers[-1].row_codes.zero_()
     limit = gr.hbm_read_limit()["GBps"]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"HBM read limit {limit:.0f} GB/s; {torch.cuda.get_device_name(0)}, {sms} SMs", flush=True)
     ws = kx.workspace
-    result = {"hbm_read_GBps": limit, "device": torch.cuda.get_device_name(0), "rows": []}
+    result = {"hbm_read_GBps": limit, "device": torch.cuda.get_device_name(0), "l2": args.l2, "rows": []}
     for t in tokens:
         ids = torch.stack([torch.stack([torch.randperm(experts, generator=gen, device=dev)[:k] for _ in range(t)])
                            for _ in range(args.layers)])

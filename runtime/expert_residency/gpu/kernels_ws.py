@@ -192,7 +192,8 @@ def _compute(out_ptr, codes_ptr, sorted_pick_ptr, slot_start_ptr, slot_expert_pt
              n_tokens_ptr, wbuf, sbuf, abuf, ready, empty,
              K: gl.constexpr, OUT_STRIDE: gl.constexpr, NT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
              BK: gl.constexpr, STAGES: gl.constexpr, GATED: gl.constexpr, SWIGLU_LIMIT: gl.constexpr,
-             COUNT: gl.constexpr, COLD_PROGRAMS: gl.constexpr, SEARCH_STEPS: gl.constexpr, PREFETCH: gl.constexpr):
+             COUNT: gl.constexpr, COLD_PROGRAMS: gl.constexpr, SEARCH_STEPS: gl.constexpr, PREFETCH: gl.constexpr,
+             THREAD_RELEASE: gl.constexpr):
     """Waits on each ring buffer, reads it into registers, frees it, decodes and multiplies;
     stores each slot pass's rows: bf16 products (w2), or SwiGLU of gate and up (w13, as
     ``kernels._glu`` with ``ACT == 0``)."""
@@ -244,7 +245,10 @@ def _compute(out_ptr, codes_ptr, sorted_pick_ptr, slot_start_ptr, slot_expert_pt
                     packed_u = wbuf.index(s * TILES + 1).load(LW)
                     sc_u = sbuf.index(s * TILES + 1).load(LS).to(gl.int32)
                 b = abuf.index(s).permute((1, 0)).load(B_L)
-                mbarrier.arrive(empty.index(s))
+                if THREAD_RELEASE:   # each thread arrives: no warpgroup barrier before the arrive
+                    async_copy.mbarrier_arrive(empty.index(s), increment_count=False)
+                else:
+                    mbarrier.arrive(empty.index(s))
                 acc = mma_v2(_decode_tile(packed, sc, BN, BK, A_L), b, acc)
                 if GATED:
                     acc_u = mma_v2(_decode_tile(packed_u, sc_u, BN, BK, A_L), b, acc_u)
@@ -270,7 +274,8 @@ def _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
                K: gl.constexpr, ROWS_OUT: gl.constexpr, ROW_DIV: gl.constexpr, GATED: gl.constexpr,
                SWIGLU_LIMIT: gl.constexpr, COUNT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                BK: gl.constexpr, STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr,
-               COLD_PROGRAMS: gl.constexpr, SEARCH_STEPS: gl.constexpr, PREFETCH: gl.constexpr):
+               COLD_PROGRAMS: gl.constexpr, SEARCH_STEPS: gl.constexpr, PREFETCH: gl.constexpr,
+               THREAD_RELEASE: gl.constexpr):
     """One expert GEMM of a grouped step, persistent and warp-specialized: w2 (``GATED`` False:
     ``out[p] = w2 . src[p]``, ``ROWS_OUT`` = H) or w13 + SwiGLU (``GATED``: gate rows ``n`` and up rows
     ``n + ROWS_OUT`` applied to ``src[p // ROW_DIV]``, ``ROWS_OUT`` = I)."""
@@ -284,12 +289,12 @@ def _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=32 * LOADER_WARPS)  # each loader thread's copies land
-        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(i), count=128 if THREAD_RELEASE else 1)
     gl.warp_specialize([
         (_compute, (out_ptr, codes_ptr, sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr, counts_ptr,
                     tokens_ptr, n_tokens_ptr, wbuf, sbuf, abuf, ready, empty,
                     K, ROWS_OUT, NT, BM, BN, BK, STAGES, GATED, SWIGLU_LIMIT, COUNT, COLD_PROGRAMS, SEARCH_STEPS,
-                    PREFETCH)),
+                    PREFETCH, THREAD_RELEASE)),
         (_loader, (src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
                    sorted_pick_ptr, slot_start_ptr, slot_expert_ptr, num_slots_ptr,
                    w_expert_stride, s_expert_stride, wbuf, sbuf, abuf, ready, empty,
@@ -307,11 +312,11 @@ def w13_ws_kernel(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_p
                   SWIGLU_LIMIT: gl.constexpr, COUNT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                   BK: gl.constexpr, STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr,
                   COLD_PROGRAMS: gl.constexpr = 0, SEARCH_STEPS: gl.constexpr = 1,
-                  PREFETCH: gl.constexpr = False):
+                  PREFETCH: gl.constexpr = False, THREAD_RELEASE: gl.constexpr = False):
     _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, slot_start_ptr,
                slot_expert_ptr, num_slots_ptr, out_ptr, counts_ptr, tokens_ptr, n_tokens_ptr, w_expert_stride,
                s_expert_stride, K, ROWS_OUT, ROW_DIV, GATED, SWIGLU_LIMIT, COUNT, BM, BN, BK, STAGES,
-               LOADER_WARPS, LOADER_REGS, COLD_PROGRAMS, SEARCH_STEPS, PREFETCH)
+               LOADER_WARPS, LOADER_REGS, COLD_PROGRAMS, SEARCH_STEPS, PREFETCH, THREAD_RELEASE)
 
 
 @gluon.jit
@@ -322,11 +327,11 @@ def w2_ws_kernel(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_pt
                  SWIGLU_LIMIT: gl.constexpr, COUNT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                  BK: gl.constexpr, STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr,
                  COLD_PROGRAMS: gl.constexpr = 0, SEARCH_STEPS: gl.constexpr = 1,
-                 PREFETCH: gl.constexpr = False):
+                 PREFETCH: gl.constexpr = False, THREAD_RELEASE: gl.constexpr = False):
     _expert_ws(src_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, sorted_pick_ptr, slot_start_ptr,
                slot_expert_ptr, num_slots_ptr, out_ptr, counts_ptr, tokens_ptr, n_tokens_ptr, w_expert_stride,
                s_expert_stride, K, ROWS_OUT, ROW_DIV, GATED, SWIGLU_LIMIT, COUNT, BM, BN, BK, STAGES,
-               LOADER_WARPS, LOADER_REGS, COLD_PROGRAMS, SEARCH_STEPS, PREFETCH)
+               LOADER_WARPS, LOADER_REGS, COLD_PROGRAMS, SEARCH_STEPS, PREFETCH, THREAD_RELEASE)
 
 
 WS_ARGS = [("src_ptr", "*bf16"), ("codes_ptr", "*i32"), ("hot_w_ptr", "*u8"), ("hot_s_ptr", "*u8"),
@@ -347,14 +352,21 @@ LOADER_REGS = 56
 def gemm_constants(which: str, hidden: int, inter: int, top_k: int, *, swiglu_limit: float = 0.0,
                    count: bool = False, block_m: int = BLOCK_M, stages: int = STAGES,
                    loader_warps: int = LOADER_WARPS, loader_regs: int = LOADER_REGS,
-                   cold_programs: int = 0, max_slots: int = 1, prefetch: bool = False) -> dict:
+                   cold_programs: int = 0, max_slots: int = 1, prefetch: bool = False,
+                   thread_release: bool = False) -> dict:
     """The constants of one launch: w13 + SwiGLU over the layer input (64-row gate and up tiles,
     the token of pick p is p // top_k) or w2 over the w2 input (128-row tiles, by pick).
     ``cold_programs``: programs that walk the cold slots' items (``_item_range``; 0: every program
     walks every item), the bisection sized for ``max_slots`` slots. ``prefetch``: each item's slot rows,
-    expert and pick ids read an item ahead (``_slot_of``; the same copies and products)."""
+    expert and pick ids read an item ahead (``_slot_of``; the same copies and products).
+    ``thread_release``: a probe of what the compute warpgroup's barrier before each buffer's release
+    costs (``bench/ws_probe.py``): every compute thread frees the buffer with its own
+    ``cp.async.mbarrier.arrive`` instead of one thread after a warpgroup barrier. PTX orders that
+    arrive after the thread's cp.async copies only, not its shared-memory reads, so the runtime
+    never sets it."""
     common = dict(BM=block_m, BK=128, STAGES=stages, LOADER_WARPS=loader_warps, LOADER_REGS=loader_regs,
-                  COLD_PROGRAMS=cold_programs, SEARCH_STEPS=max(1, max_slots.bit_length()), PREFETCH=prefetch)
+                  COLD_PROGRAMS=cold_programs, SEARCH_STEPS=max(1, max_slots.bit_length()), PREFETCH=prefetch,
+                  THREAD_RELEASE=thread_release)
     if which == "w13":
         return dict(K=hidden, ROWS_OUT=inter, ROW_DIV=top_k, GATED=True, SWIGLU_LIMIT=float(swiglu_limit),
                     COUNT=count, BN=64, **common)

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("field,value,words", [("ws_min_tokens", 0, "not a token count of 1 or more"),
-                                               ("ws_programs_per_sm", 0, "at least one program per SM"),
+                                               ("ws_programs_per_sm", -1, "at least one program per SM"),
                                                ("ws_cold_programs", -1, "not a count of programs")])
 def test_settings_out_of_range_are_refused_naming_the_value(field: str, value: int, words: str) -> None:
     from expert_residency.gpu.experts import KernelConfig
@@ -33,7 +33,9 @@ def test_they_run_only_on_hopper_with_the_default_tiles() -> None:
     from expert_residency.gpu.experts import KernelConfig, runs_warp_specialized
 
     assert not runs_warp_specialized(torch.device("cpu"), KernelConfig())
-    assert "warp-specialized-grouped@>=2(sm9x)x2/SM(cold-programs8)" in KernelConfig().describe()
+    # the default takes its programs per SM from the GPU: 2 or 4
+    assert "warp-specialized-grouped@>=2(sm9x)x2|4/SM(cold-programs8)" in KernelConfig().describe()
+    assert "(sm9x)x3/SM" in KernelConfig(ws_programs_per_sm=3).describe()
     assert "warp-specialized" not in KernelConfig(ws_grouped=False).describe()
 
 
@@ -62,15 +64,46 @@ def test_programs_per_sm_set_the_register_cap_that_lets_them_share_the_register_
         assert n * 256 * ws_max_registers(n) <= 65536 < n * 256 * (ws_max_registers(n) + 8)
 
 
-@pytest.mark.parametrize("value", [0, 5])
+@pytest.mark.parametrize("value", [-1, 0, 5])
 def test_programs_per_sm_outside_what_an_sm_holds_are_refused(value: int) -> None:
     from expert_residency.gpu.experts import KernelConfig
     from expert_residency.gpu.tile_rules import ws_max_registers
 
-    for refuse in (lambda: KernelConfig(ws_programs_per_sm=value), lambda: ws_max_registers(value)):
+    refusals = [lambda: ws_max_registers(value)]
+    if value:   # the config's 0 is "by the GPU", a count the launches resolve before the cap
+        refusals.append(lambda: KernelConfig(ws_programs_per_sm=value))
+    for refuse in refusals:
         with pytest.raises(ValueError) as err:
             refuse()
         assert f"ws_programs_per_sm {value}" in str(err.value)
+
+
+# NVIDIA's H100 and H200 datasheets: 3.35 TB/s (H100 SXM, 132 SMs), 4.8 TB/s (H200 SXM, 132 SMs),
+# 2.0 TB/s (H100 PCIe, 114 SMs) over 5,120- / 6,144-bit HBM buses; the memory clocks are the ones
+# that give those rates (CUDA reports 2,619 MHz on the H100 SXM).
+H100_SXM = dict(memory_clock_khz=2_619_000, bus_width_bits=5120, sms=132)     # 3.35 TB/s
+H200_SXM = dict(memory_clock_khz=3_125_000, bus_width_bits=6144, sms=132)     # 4.8 TB/s
+H100_PCIE = dict(memory_clock_khz=1_562_500, bus_width_bits=5120, sms=114)    # 2.0 TB/s
+
+
+@pytest.mark.parametrize("gpu,programs", [(H100_SXM, 2), (H200_SXM, 4), (H100_PCIE, 2)])
+def test_programs_per_sm_follow_the_memory_bandwidth_per_sm(gpu: dict, programs: int) -> None:
+    from expert_residency.gpu.tile_rules import peak_memory_bytes_per_s, ws_programs_for
+
+    peak = peak_memory_bytes_per_s(gpu["memory_clock_khz"], gpu["bus_width_bits"])
+    # double data rate over the bus, in bytes: clock (Hz) x 2 x bits / 8
+    assert peak == gpu["memory_clock_khz"] * 1000 * 2 * gpu["bus_width_bits"] // 8
+    assert ws_programs_for(peak, gpu["sms"]) == programs
+
+
+def test_programs_per_sm_without_the_memory_figures_stay_two_and_no_sms_is_refused() -> None:
+    from expert_residency.gpu.tile_rules import ws_programs_for
+
+    assert ws_programs_for(0.0, 132) == 2
+    # the threshold itself: 30 GB/s per SM is two, just above it four
+    assert ws_programs_for(132 * 30e9, 132) == 2 and ws_programs_for(132 * 30.1e9, 132) == 4
+    with pytest.raises(ValueError, match="sms 0"):
+        ws_programs_for(4.8e12, 0)
 
 
 @pytest.mark.parametrize("which", ["w13", "w2"])

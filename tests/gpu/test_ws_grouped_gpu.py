@@ -85,7 +85,9 @@ def test_graph_replay_with_new_routing_equals_eager() -> None:
 @pytest.mark.parametrize("fields", [dict(ws_cold_programs=1), dict(ws_cold_programs=0), dict(cold_first=False),
                                     dict(ws_programs_per_sm=1), dict(ws_programs_per_sm=4),
                                     dict(ws_prefetch=not WS.ws_prefetch),
-                                    dict(ws_prefetch=not WS.ws_prefetch, ws_programs_per_sm=3)])
+                                    dict(ws_prefetch=not WS.ws_prefetch, ws_programs_per_sm=3),
+                                    dict(ws_programs_per_sm=2), dict(ws_loader_warps1=1, ws_loader_warps2=1),
+                                    dict(ws_loader_warps1=2, ws_loader_warps2=2, ws_programs_per_sm=4)])
 def test_cold_program_split_and_grid_settings_keep_the_bits(fields: dict) -> None:
     experts, k, tokens = 32, 6, 33
     unsplit, split, ids, w, x = _step(DSV41, experts, 12, tokens, 350)
@@ -129,3 +131,12 @@ def test_a_kernel_that_does_not_compile_falls_back_to_tl_dot(monkeypatch) -> Non
     assert torch.equal(out, base.forward(unsplit, x, w, ids))
     assert not ws._ws   # later steps go straight to tl.dot, and the warp-MMA kernels keep 2..16 again
     assert ws._gw_max_tokens() == WS.gw_max_tokens
+
+
+def test_programs_per_sm_by_default_are_what_was_measured_best_on_this_gpu() -> None:
+    """0 (the default) resolves from the device's memory clock and bus width: 4 on an H200, 2 on an
+    H100 (BENCHMARKS.md, runs SH and OC); other GPUs only resolve to 2 or 4."""
+    ex = TritonMxfp4Experts(SMALL, 32, 6, max_tokens=4, device=DEV, config=KernelConfig())
+    name = torch.cuda.get_device_name(DEV)
+    expected = 4 if "H200" in name else 2 if "H100" in name else None
+    assert ex.ws_programs_per_sm == expected if expected else ex.ws_programs_per_sm in (2, 4)

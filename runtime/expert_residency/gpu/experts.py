@@ -25,6 +25,7 @@ one stream share it. ``pick_outputs`` returns a view of it: consume it before th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import warnings
 from dataclasses import dataclass
@@ -45,7 +46,13 @@ try:  # Gluon (Triton's lower-level language) is experimental; without it the ot
 except (ImportError, AttributeError):   # absent, or its names moved (kernels_ws resolves them at import)
     kernels_ws = None
 from .layout import check_mma_tiles, is_mma_order, to_kernel_layout
-from .tile_rules import WS_MAX_PROGRAMS_PER_SM, check_compiled_block_m, ws_max_registers
+from .tile_rules import (
+    WS_MAX_PROGRAMS_PER_SM,
+    check_compiled_block_m,
+    peak_memory_bytes_per_s,
+    ws_max_registers,
+    ws_programs_for,
+)
 
 if TYPE_CHECKING:
     from ..core.counter import ExpertCounter
@@ -195,15 +202,23 @@ class KernelConfig:
     # with one_token off, or a step outside the small schedule (T = 1 otherwise runs ungrouped, on
     # the T = 1 kernels): 1.12x the T = 1 loops' layer on the H200 (run WH), so 2 stays.
     # ws_programs_per_sm (1..4) sets the launches' register cap too (tile_rules.ws_max_registers);
-    # 3 and 4 were 1.01-1.07x the layer's time on H100s (run OC).
+    # 0 takes it from the GPU's memory bandwidth per SM (tile_rules.ws_programs_for): 4 on an H200,
+    # where two programs' instructions do not keep up with its memory (0.95-0.96x the layer's time
+    # at T = 16-96, 85-89% of the HBM read: run SH), 2 on an H100 (four were 1.01-1.06x: run OC).
     ws_grouped: bool = True
     ws_min_tokens: int = 2
-    ws_programs_per_sm: int = 2
+    ws_programs_per_sm: int = 0
     # The warp-specialized launches read each item's slot rows, expert and pick ids an item ahead
     # (``kernels_ws._slot_of``), so those global reads' latency passes behind the previous item's
     # K steps instead of stalling both partitions at every item's start. The same copies and
     # products: the same bits.
     ws_prefetch: bool = False
+    # Warps of the loader partition of the w13 and of the w2 launch (1, 2 or 4): with one, its copies
+    # need no barrier among loader warps (Triton puts two per K step between them). H200, four
+    # programs per SM, each GEMM alone: w13 88-89% of the HBM read with one loader warp against
+    # 86-87% with four at T = 16-96, w2 86-87% either way (run SH).
+    ws_loader_warps1: int = 4
+    ws_loader_warps2: int = 4
     # On a split layer (cold slots grouped first): this many of the persistent programs walk the
     # cold experts' items and the rest the hot ones, so the hot reads stream beside the host link's
     # (a few programs keep the link busy). With every program taking items a fixed stride apart each
@@ -219,10 +234,13 @@ class KernelConfig:
         if self.ws_min_tokens < 1:
             raise ValueError(f"ws_min_tokens {self.ws_min_tokens} is not a token count of 1 or more (1 takes "
                              "T = 1 only where T = 1 is grouped, as with one_token off)")
-        if not 1 <= self.ws_programs_per_sm <= WS_MAX_PROGRAMS_PER_SM:
+        if not 0 <= self.ws_programs_per_sm <= WS_MAX_PROGRAMS_PER_SM:
             raise ValueError(f"ws_programs_per_sm {self.ws_programs_per_sm}: the persistent grid needs at least "
                              f"one program per SM, and an SM holds at most {WS_MAX_PROGRAMS_PER_SM} (registers and "
-                             "shared memory)")
+                             "shared memory); 0 takes the count from the GPU's memory bandwidth per SM")
+        for name in ("ws_loader_warps1", "ws_loader_warps2"):
+            if getattr(self, name) not in (1, 2, 4):
+                raise ValueError(f"{name} {getattr(self, name)} is not 1, 2 or 4 loader warps")
         if self.ws_cold_programs < 0:
             raise ValueError(f"ws_cold_programs {self.ws_cold_programs} is not a count of programs (0: every "
                              "program walks every item)")
@@ -260,10 +278,13 @@ class KernelConfig:
         if self.ws_grouped:
             # compute capability 9.x with Gluon only, where it takes these steps from the warp-MMA
             # grouped kernels
-            text += (f" warp-specialized-grouped@>={self.ws_min_tokens}(sm9x)x{self.ws_programs_per_sm}/SM"
+            per_sm = self.ws_programs_per_sm or "2|4"   # 0: by the GPU's memory bandwidth per SM
+            text += (f" warp-specialized-grouped@>={self.ws_min_tokens}(sm9x)x{per_sm}/SM"
                      f"(cold-programs{self.ws_cold_programs})")
             if self.ws_prefetch:
                 text += "+prefetch"
+            if (self.ws_loader_warps1, self.ws_loader_warps2) != (4, 4):
+                text += f"(loader-warps{self.ws_loader_warps1}/{self.ws_loader_warps2})"
         if not self.cold_first:    # the default (cold experts' slots first) goes unsaid
             text += " id-order-slots"
         if self.pdl:
@@ -797,25 +818,38 @@ class TritonMxfp4Experts:
         cfg = self.config
         return min(cfg.gw_max_tokens, cfg.ws_min_tokens - 1) if self._ws else cfg.gw_max_tokens
 
+    @functools.cached_property
+    def ws_programs_per_sm(self) -> int:
+        """The warp-specialized launches' programs per SM on this GPU: the config's, or with 0 the
+        count for its memory bandwidth per SM (``tile_rules.ws_programs_for``; 2 where the device
+        properties do not say the memory clock)."""
+        if self.config.ws_programs_per_sm:
+            return self.config.ws_programs_per_sm
+        props = torch.cuda.get_device_properties(self.device)
+        peak = peak_memory_bytes_per_s(getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0))
+        return ws_programs_for(peak, props.multi_processor_count)
+
     def _launch_ws(self, which: str, src: torch.Tensor, codes: torch.Tensor, hot: ExpertBank, cold: ExpertBank,
                    max_slots: int, out: torch.Tensor, count: bool, counts: torch.Tensor | None,
                    tokens: torch.Tensor | None) -> bool:
         """One expert GEMM of a grouped step through ``gpu.kernels_ws`` (``KernelConfig.ws_grouped``):
-        a persistent grid of ``ws_programs_per_sm`` programs per SM, at most one per (slot, row tile).
+        a persistent grid of ``ws_programs_per_sm`` programs per SM (``self.ws_programs_per_sm``), at
+        most one per (slot, row tile).
         False (nothing launched) if the kernel does not compile the first time (Gluon's API moves
         between Triton releases): a warning names the error and the layer keeps the tl.dot kernels."""
         ws, shape, cfg = self.workspace, self.shape, self.config
         name = W13 if which == "w13" else W2
         w, sw = hot[name], hot[name + SCALE_SUFFIX]
         tiles = (shape.intermediate // 64) if which == "w13" else (shape.hidden // 128)
-        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        programs = min(sms * cfg.ws_programs_per_sm, max_slots * tiles)
+        per_sm = self.ws_programs_per_sm
+        programs = min(torch.cuda.get_device_properties(self.device).multi_processor_count * per_sm, max_slots * tiles)
         cold_programs = min(cfg.ws_cold_programs, programs // 2) if cold is not hot and cfg.cold_first else 0
         const = kernels_ws.gemm_constants(which, shape.hidden, shape.intermediate, self.top_k,
                                           swiglu_limit=0.0 if self.swiglu_limit is None else self.swiglu_limit,
                                           count=count, cold_programs=cold_programs,
                                           max_slots=min(ws.max_tokens * ws.top_k, self.num_experts),
-                                          prefetch=cfg.ws_prefetch)
+                                          prefetch=cfg.ws_prefetch,
+                                          loader_warps=cfg.ws_loader_warps1 if which == "w13" else cfg.ws_loader_warps2)
         args = (src, codes, w, sw, cold[name], cold[name + SCALE_SUFFIX],
                 ws.sorted_pick, ws.slot_start, ws.slot_expert, ws.num_slots, out,
                 counts if count else ws.dummy_i64, tokens if count else ws.dummy_i64, ws.n_tokens,
@@ -823,10 +857,10 @@ class TritonMxfp4Experts:
         launch = kernels_ws.KERNELS[which][(programs,)]
         key = (which, tuple(sorted(const.items())))
         if key in self._ws_compiled:
-            launch(*args, **const, num_warps=4, maxnreg=ws_max_registers(cfg.ws_programs_per_sm))
+            launch(*args, **const, num_warps=4, maxnreg=ws_max_registers(per_sm))
             return True
         try:  # the first launch of each variant compiles it
-            launch(*args, **const, num_warps=4, maxnreg=ws_max_registers(cfg.ws_programs_per_sm))
+            launch(*args, **const, num_warps=4, maxnreg=ws_max_registers(per_sm))
         except Exception as exc:  # noqa: BLE001 - any compile failure: keep the tl.dot kernels
             first_line = str(exc).splitlines()[0] if str(exc) else ""
             warnings.warn(f"expert residency: the warp-specialized {which} expert kernel did not compile with "

@@ -1,5 +1,5 @@
 """Which tile shapes the compiled MXFP4 kernels may run with, and how many warp-specialized
-programs share an SM (standard library only).
+programs share an SM (standard library only; the GPU's figures come in as arguments).
 
 ``KernelConfig.block_m`` (tokens per tile) below 16 is refused for compiled kernels: measured on
 one NVIDIA H200 (2026-12-01), the MMA-order decode (``dequant=3``, the default) compiled with
@@ -68,3 +68,29 @@ def ws_max_registers(programs_per_sm: int) -> int:
         raise ValueError(f"ws_programs_per_sm {programs_per_sm}: a Hopper SM holds 1 to "
                          f"{WS_MAX_PROGRAMS_PER_SM} of these programs")
     return min(WS_MAX_REGISTERS, SM_REGISTERS // (WS_THREADS * programs_per_sm) // 8 * 8)
+
+
+# HBM read bandwidth per SM above which the warp-specialized launches run four programs per SM
+# instead of two. Two programs' instructions keep up with an H100 SXM's memory (3.35 TB/s peak over
+# 132 SMs: 25 GB/s per SM; they read 93-99% of its measured HBM rate at 16-96 tokens, and four were
+# 1.01-1.06x slower: BENCHMARKS.md, run OC) but not with an H200's (4.8 TB/s: 36 GB/s per SM; two
+# read 80-84%, four 84-89%, the same bits: run SH). With each expert's weights held in L2, where
+# memory does not limit, two programs per SM on an H100 read at most 3.8-4.0 TB/s and four 4.3 TB/s
+# (run SH): what a program's own instructions allow, which an H200's memory outruns.
+WS_FOUR_PROGRAMS_ABOVE_BYTES_PER_S_PER_SM = 30e9
+
+
+def peak_memory_bytes_per_s(memory_clock_khz: int, bus_width_bits: int) -> float:
+    """A GPU's peak memory bandwidth from its device properties (CUDA's ``memoryClockRate``, kHz,
+    and ``memoryBusWidth``, bits): two transfers per clock over the bus (HBM3 / HBM3e)."""
+    return 2.0 * memory_clock_khz * 1e3 * bus_width_bits / 8
+
+
+def ws_programs_for(peak_bytes_per_s: float, sms: int) -> int:
+    """Warp-specialized programs per SM for a GPU of ``sms`` SMs and ``peak_bytes_per_s`` of memory
+    bandwidth (``KernelConfig.ws_programs_per_sm`` = 0): 4 above
+    ``WS_FOUR_PROGRAMS_ABOVE_BYTES_PER_S_PER_SM`` per SM, else 2 (also when the figures are unknown:
+    ``peak_bytes_per_s`` 0)."""
+    if sms <= 0:
+        raise ValueError(f"sms {sms}: a GPU has at least one SM")
+    return 4 if peak_bytes_per_s / sms > WS_FOUR_PROGRAMS_ABOVE_BYTES_PER_S_PER_SM else 2

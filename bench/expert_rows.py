@@ -46,12 +46,14 @@ class Kernels:
     """The grouped warp-MMA loop's limit (0: no such loop)."""
     ws_min_tokens: int | None = None
     """The warp-specialized launches take grouped steps from this T (None: they do not run)."""
+    ws_programs_per_sm: int = 2
+    """Their programs per SM (a run records the count it resolved; runs before that ran 2)."""
 
     def at(self, tokens: int) -> str:
         if tokens == 1:
             return "t1"
         if self.ws_min_tokens is not None and tokens >= self.ws_min_tokens:
-            return "warp-specialized"
+            return f"warp-specialized x{self.ws_programs_per_sm}/SM"
         return "warp-mma-grouped" if tokens <= self.gw_max_tokens else "tl.dot"
 
 
@@ -77,7 +79,8 @@ def _dsv41_shares(path: Path) -> tuple[Kernels, dict[int, float]]:
     config = run["config"]
     # calls before the warp-specialized launches recorded neither the setting nor whether they ran
     ws = config["ws_min_tokens"] if run.get("warp_specialized") else None
-    return Kernels(config["gw_max_tokens"], ws), shares
+    per_sm = run.get("ws_programs_per_sm") or config.get("ws_programs_per_sm") or 2
+    return Kernels(config["gw_max_tokens"], ws, per_sm), shares
 
 
 def _format_shares(key: str):

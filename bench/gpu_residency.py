@@ -335,6 +335,8 @@ def main() -> int:
     results["config"] = asdict(config)
     # whether the warp-specialized launches ran (sm_90 and Gluon only): bench/expert_rows.py reads it
     results["warp_specialized"] = runs_warp_specialized(DEV, ex.config)
+    # their programs per SM on this GPU (the config's 0 resolves by its memory bandwidth per SM)
+    results["ws_programs_per_sm"] = ex.ws_programs_per_sm
     counter = ExpertCounter(list(range(layers)), experts, device=DEV, top_k=k)
     compare = {}
     for item in filter(None, (c.strip() for c in args.compare.split(";"))):

@@ -646,6 +646,7 @@ def main() -> int:
     limits = {"hbm_read": gr.read_bandwidth(ours[0].hot.tensors["w13_weight"], 10)}
     hbm_bw = limits["hbm_read"]["GBps"] * GB
     results = {"env": env, "args": vars(args), "config": config.describe(), "limits": limits,
+               "ws_programs_per_sm": ex.ws_programs_per_sm,   # the config's 0 resolved on this GPU
                "humming": humming_info, "errors": results_errors, "per_T": {}}
     results["variants"] = {label: (("FP8 activations (gpu.experts_w4a8) " if isinstance(v, TritonW4a8Experts) else "")
                                    + v.config.describe()) for label, (v, _) in variants.items()}
@@ -683,10 +684,17 @@ PEER_TITLES = {"humming": "Humming (vLLM 0.33's pick for DeepSeek-V4 MXFP4 on SM
                "matmul_ogs": "matmul_ogs (vLLM 0.33's pick for gpt-oss on SM90; not DeepSeek-V4's)"}
 
 
+def _per_sm_note(r: dict) -> str:
+    """The warp-specialized launches' programs per SM where the config leaves them to the GPU
+    (``x2|4/SM``): the count this run resolved."""
+    n = r.get("ws_programs_per_sm")
+    return f" ({n} programs per SM on this GPU)" if n and "x2|4/SM" in r["config"] else ""
+
+
 def markdown(r: dict) -> str:
     lim = r["limits"]["hbm_read"]["GBps"]
     lines = [f"GPU: {r['env']['gpu']} ({r['env']['sms']} SMs), torch {r['env']['torch']}, triton {r['env']['triton']}, "
-             f"humming {r['env'].get('humming')}; ours: {r['config']}; SiLU clamp {r['args'].get('swiglu_limit')}; "
+             f"humming {r['env'].get('humming')}; ours: {r['config']}{_per_sm_note(r)}; SiLU clamp {r['args'].get('swiglu_limit')}; "
              f"HBM read limit {lim:.0f} GB/s (same run)", "",
              "Correctness (layer 0, T=6, relative L2 vs fp32 dequantized references of each kernel's activation): "
              + ", ".join(f"{k} {v:.2e}" for k, v in r.get("check", {}).items()), "",

@@ -134,9 +134,14 @@ def test_a_kernel_that_does_not_compile_falls_back_to_tl_dot(monkeypatch) -> Non
 
 
 def test_programs_per_sm_by_default_are_what_was_measured_best_on_this_gpu() -> None:
-    """0 (the default) resolves from the device's memory clock and bus width: 4 on an H200, 2 on an
-    H100 (BENCHMARKS.md, runs SH and OC); other GPUs only resolve to 2 or 4."""
+    """0 (the default) resolves from the device's memory clock and bus width on layers with every
+    expert in HBM: 4 on an H200, 2 on an H100 (BENCHMARKS.md, runs SH and OC; other GPUs only
+    resolve to 2 or 4); split layers take 2. A count in the config holds on both."""
     ex = TritonMxfp4Experts(SMALL, 32, 6, max_tokens=4, device=DEV, config=KernelConfig())
     name = torch.cuda.get_device_name(DEV)
     expected = 4 if "H200" in name else 2 if "H100" in name else None
+    assert ex.ws_programs_on(split=False) == ex.ws_programs_per_sm
     assert ex.ws_programs_per_sm == expected if expected else ex.ws_programs_per_sm in (2, 4)
+    assert ex.ws_programs_on(split=True) == 2
+    three = TritonMxfp4Experts(SMALL, 32, 6, max_tokens=4, device=DEV, config=KernelConfig(ws_programs_per_sm=3))
+    assert three.ws_programs_on(split=True) == three.ws_programs_on(split=False) == 3

@@ -202,9 +202,11 @@ class KernelConfig:
     # with one_token off, or a step outside the small schedule (T = 1 otherwise runs ungrouped, on
     # the T = 1 kernels): 1.12x the T = 1 loops' layer on the H200 (run WH), so 2 stays.
     # ws_programs_per_sm (1..4) sets the launches' register cap too (tile_rules.ws_max_registers);
-    # 0 takes it from the GPU's memory bandwidth per SM (tile_rules.ws_programs_for): 4 on an H200,
-    # where two programs' instructions do not keep up with its memory (0.95-0.96x the layer's time
-    # at T = 16-96, 85-89% of the HBM read: run SH), 2 on an H100 (four were 1.01-1.06x: run OC).
+    # 0 takes it from the GPU's memory bandwidth per SM (tile_rules.ws_programs_for) on layers with
+    # every expert in HBM: 4 on an H200, where two programs' instructions do not keep up with its
+    # memory (0.94-0.96x the all-HBM step at T = 2-96, 84-89% of the HBM read at 16-96: run SH), 2 on
+    # an H100 (four were 1.01-1.06x: run OC); and 2 on split layers, whose step the host link sets
+    # (four were 1.01-1.03x the usage-aware step at T = 2 / 16 / 32 / 96 on the H200, in two calls).
     ws_grouped: bool = True
     ws_min_tokens: int = 2
     ws_programs_per_sm: int = 0
@@ -216,7 +218,8 @@ class KernelConfig:
     # Warps of the loader partition of the w13 and of the w2 launch (1, 2 or 4): with one, its copies
     # need no barrier among loader warps (Triton puts two per K step between them). H200, four
     # programs per SM, each GEMM alone: w13 88-89% of the HBM read with one loader warp against
-    # 86-87% with four at T = 16-96, w2 86-87% either way (run SH).
+    # 86-87% with four at T = 16-96, w2 86-87% either way; but on an H100 at two programs per SM one
+    # loader warp made the layer 1.03-1.06x slower at T = 2-96 (run SH), so 4 stays.
     ws_loader_warps1: int = 4
     ws_loader_warps2: int = 4
     # On a split layer (cold slots grouped first): this many of the persistent programs walk the
@@ -818,11 +821,17 @@ class TritonMxfp4Experts:
         cfg = self.config
         return min(cfg.gw_max_tokens, cfg.ws_min_tokens - 1) if self._ws else cfg.gw_max_tokens
 
+    def ws_programs_on(self, split: bool) -> int:
+        """The warp-specialized launches' programs per SM on a split layer (``split``: a cold bank)
+        or one with every expert in HBM: the config's count, or with 0 two on a split layer and
+        ``ws_programs_per_sm`` on the other (``KernelConfig.ws_programs_per_sm``)."""
+        return self.config.ws_programs_per_sm or (2 if split else self.ws_programs_per_sm)
+
     @functools.cached_property
     def ws_programs_per_sm(self) -> int:
-        """The warp-specialized launches' programs per SM on this GPU: the config's, or with 0 the
-        count for its memory bandwidth per SM (``tile_rules.ws_programs_for``; 2 where the device
-        properties do not say the memory clock)."""
+        """The warp-specialized launches' programs per SM on this GPU for layers with every expert in
+        HBM: the config's, or with 0 the count for its memory bandwidth per SM
+        (``tile_rules.ws_programs_for``; 2 where the device properties do not say the memory clock)."""
         if self.config.ws_programs_per_sm:
             return self.config.ws_programs_per_sm
         props = torch.cuda.get_device_properties(self.device)
@@ -833,15 +842,14 @@ class TritonMxfp4Experts:
                    max_slots: int, out: torch.Tensor, count: bool, counts: torch.Tensor | None,
                    tokens: torch.Tensor | None) -> bool:
         """One expert GEMM of a grouped step through ``gpu.kernels_ws`` (``KernelConfig.ws_grouped``):
-        a persistent grid of ``ws_programs_per_sm`` programs per SM (``self.ws_programs_per_sm``), at
-        most one per (slot, row tile).
+        a persistent grid of ``ws_programs_on`` programs per SM, at most one per (slot, row tile).
         False (nothing launched) if the kernel does not compile the first time (Gluon's API moves
         between Triton releases): a warning names the error and the layer keeps the tl.dot kernels."""
         ws, shape, cfg = self.workspace, self.shape, self.config
         name = W13 if which == "w13" else W2
         w, sw = hot[name], hot[name + SCALE_SUFFIX]
         tiles = (shape.intermediate // 64) if which == "w13" else (shape.hidden // 128)
-        per_sm = self.ws_programs_per_sm
+        per_sm = self.ws_programs_on(split=cold is not hot)
         programs = min(torch.cuda.get_device_properties(self.device).multi_processor_count * per_sm, max_slots * tiles)
         cold_programs = min(cfg.ws_cold_programs, programs // 2) if cold is not hot and cfg.cold_first else 0
         const = kernels_ws.gemm_constants(which, shape.hidden, shape.intermediate, self.top_k,

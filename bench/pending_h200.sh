@@ -41,7 +41,10 @@
 #        slot rows, expert and pick ids read an item ahead (ws_prefetch): each GEMM alone
 #        (bench/ws_probe.py), the layer beside Humming, the residency step, and the GPU test of those
 #        settings' bits (OCC_PROBE / OCC_COMPARE replace the variants). Run on an H100 on
-#        2026-12-06 with 3 and 4 programs per SM, no prefetch (bench/results/occ_h100/).
+#        2026-12-06 with 3 and 4 programs per SM, no prefetch (bench/results/occ_h100/), and on the
+#        H200 the same day (run SH call 2, bench/results/sh/: four programs per SM became its default).
+#        With today's default (ws_programs_per_sm 0: four on an H200's all-HBM layers) name the
+#        baseline explicitly: OCC_COMPARE="p2:ws_programs_per_sm=2;...".
 #
 # Carries (ignored paths, copied onto the machine): .cache/whl (humming-kernels 0.1.19 and
 # nvidia-cuda-cccl 13.0.85 wheels from PyPI) and .cache/vsub/vllm (the unpacked vllm 0.33.0 wheel's

@@ -32,7 +32,7 @@ _MXFP4_RUN = ("BENCHMARKS.md, 'The routed-expert rows re-measured', run ER (one 
               "(all-HBM step, 13 layers) and `python3 bench/format_peer.py --formats gptoss-mxfp4 --tokens ...`, each T "
               "the median of the calls that ran those kernels there (bench/expert_rows.py)")
 # Measured at two warp-specialized programs per SM, what split layers run; since run SH an H200's
-# layers with every expert in HBM run four, 0.94-0.96x this row's step time at T = 2-96 (BENCHMARKS.md).
+# layers with every expert in HBM run four, 0.94-0.97x this row's step time at T = 2-96 (BENCHMARKS.md).
 _MXFP4_HOPPER_RUN = ("BENCHMARKS.md, 'Run WH: the warp-specialized default on the H200' (one H200, 2026-12-06, call 2 = "
                      "bench/results/expert_rows_h200/call12_residency13_ws.json): `bash bench/pending_h200.sh dsrows` "
                      "(all-HBM step, 13 layers, T = 1 to 96); T = 1 the median with run ER's calls, which ran the same "

@@ -204,7 +204,7 @@ class KernelConfig:
     # ws_programs_per_sm (1..4) sets the launches' register cap too (tile_rules.ws_max_registers);
     # 0 takes it from the GPU's memory bandwidth per SM (tile_rules.ws_programs_for) on layers with
     # every expert in HBM: 4 on an H200, where two programs' instructions do not keep up with its
-    # memory (0.94-0.96x the all-HBM step at T = 2-96, 84-89% of the HBM read at 16-96: run SH), 2 on
+    # memory (0.94-0.97x the all-HBM step at T = 2-96, 84-89% of the HBM read at 16-96: run SH), 2 on
     # an H100 (four were 1.01-1.06x: run OC); and 2 on split layers, whose step the host link sets
     # (four were 1.01-1.03x the usage-aware step at T = 2 / 16 / 32 / 96 on the H200, in two calls).
     ws_grouped: bool = True

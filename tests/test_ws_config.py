@@ -141,3 +141,16 @@ def test_the_variants_the_runtime_launches_compile_for_sm90(which: str) -> None:
             assert not any(op in sass for op in ("LDL", "STL"))   # no spills
     finally:
         target_info.current_target = replaced
+
+
+def test_split_layers_keep_two_programs_per_sm_and_a_configured_count_holds_everywhere() -> None:
+    import torch
+    from expert_residency.gpu.experts import ExpertShape, KernelConfig, TritonMxfp4Experts
+
+    shape, cpu = ExpertShape(hidden=256, intermediate=128), torch.device("cpu")
+    tiles = dict(block_m=4, block_n1=64, block_k1=128, block_n2=128, block_k2=128)
+    # the default (0): a split layer runs two whatever the GPU (its step is the host link's); the
+    # all-HBM count needs the GPU's figures (tests/gpu/test_ws_grouped_gpu.py)
+    assert TritonMxfp4Experts(shape, 8, 2, 4, cpu, KernelConfig(**tiles)).ws_programs_on(split=True) == 2
+    three = TritonMxfp4Experts(shape, 8, 2, 4, cpu, KernelConfig(ws_programs_per_sm=3, **tiles))
+    assert three.ws_programs_on(split=True) == three.ws_programs_on(split=False) == 3

@@ -48,6 +48,7 @@ except (ImportError, AttributeError):   # absent, or its names moved (kernels_ws
 from .layout import check_mma_tiles, is_mma_order, to_kernel_layout
 from .tile_rules import (
     WS_MAX_PROGRAMS_PER_SM,
+    WS_PROGRAMS_MEMORY_BOUND,
     check_compiled_block_m,
     peak_memory_bytes_per_s,
     ws_max_registers,
@@ -825,7 +826,9 @@ class TritonMxfp4Experts:
         """The warp-specialized launches' programs per SM on a split layer (``split``: a cold bank)
         or one with every expert in HBM: the config's count, or with 0 two on a split layer and
         ``ws_programs_per_sm`` on the other (``KernelConfig.ws_programs_per_sm``)."""
-        return self.config.ws_programs_per_sm or (2 if split else self.ws_programs_per_sm)
+        if split and not self.config.ws_programs_per_sm:
+            return WS_PROGRAMS_MEMORY_BOUND
+        return self.ws_programs_per_sm
 
     @functools.cached_property
     def ws_programs_per_sm(self) -> int:

@@ -78,6 +78,10 @@ def ws_max_registers(programs_per_sm: int) -> int:
 # memory does not limit, two programs per SM on an H100 read at most 3.8-4.0 TB/s and four 4.3 TB/s
 # (run SH): what a program's own instructions allow, which an H200's memory outruns.
 WS_FOUR_PROGRAMS_ABOVE_BYTES_PER_S_PER_SM = 30e9
+# Programs per SM where the memory sets the pace (at or below that bandwidth per SM, and on split
+# layers, whose step the host link sets) and where the programs' instructions do (above it).
+WS_PROGRAMS_MEMORY_BOUND = 2
+WS_PROGRAMS_INSTRUCTION_BOUND = 4
 
 
 def peak_memory_bytes_per_s(memory_clock_khz: int, bus_width_bits: int) -> float:
@@ -88,9 +92,11 @@ def peak_memory_bytes_per_s(memory_clock_khz: int, bus_width_bits: int) -> float
 
 def ws_programs_for(peak_bytes_per_s: float, sms: int) -> int:
     """Warp-specialized programs per SM for a GPU of ``sms`` SMs and ``peak_bytes_per_s`` of memory
-    bandwidth (``KernelConfig.ws_programs_per_sm`` = 0): 4 above
-    ``WS_FOUR_PROGRAMS_ABOVE_BYTES_PER_S_PER_SM`` per SM, else 2 (also when the figures are unknown:
+    bandwidth (``KernelConfig.ws_programs_per_sm`` = 0): four above
+    ``WS_FOUR_PROGRAMS_ABOVE_BYTES_PER_S_PER_SM`` per SM, else two (also when the figures are unknown:
     ``peak_bytes_per_s`` 0)."""
     if sms <= 0:
         raise ValueError(f"sms {sms}: a GPU has at least one SM")
-    return 4 if peak_bytes_per_s / sms > WS_FOUR_PROGRAMS_ABOVE_BYTES_PER_S_PER_SM else 2
+    if peak_bytes_per_s / sms > WS_FOUR_PROGRAMS_ABOVE_BYTES_PER_S_PER_SM:
+        return WS_PROGRAMS_INSTRUCTION_BOUND
+    return WS_PROGRAMS_MEMORY_BOUND

@@ -6,7 +6,8 @@ with HBM at small batch).
     PYTHONPATH=runtime python3 bench/kernel_sass.py [--dequant 3] [--block-n1 64] [--block-k1 128]
         [--block-n2 128] [--block-k2 128] [--num-stages 4] [--split-k1 N] [--split-k2 N] [--one-token]
         [--fuse-finalize] [--pdl] [--stream-k1 P] [--stream-k2 P]
-        [--warp-mma G1/G2 [--grouped [--gw-max-registers R]] --chains C [--unroll U1/U2] [--smem-stages S]]
+        [--warp-mma G1/G2 [--grouped [--gw-max-registers R]] --chains C [--unroll U1/U2] [--smem-stages S]
+         [--t1-max-registers R]]
         [--max-registers R] [--dump DIR]
 
 Uses whatever Triton is importable (the H200 image has 3.6.0; install the same version into a
@@ -135,6 +136,28 @@ def innermost_loop(sass: str) -> list[str]:
     return best or []
 
 
+def load_use_distances(body: list[str]) -> list[int]:
+    """For each 128-bit global load of a loop body: how many MMAs the warp issues between the load
+    and the first instruction that reads one of its four registers (going round the loop: a load
+    that feeds the next trip counts the MMAs to the trip's end and from the next trip's start).
+    What hides the load's latency is the work between those two points."""
+    out = []
+    for at, text in enumerate(body):
+        load = re.search(r"\bLDG\S*\.128\s+R(\d+),", text)
+        if not load:
+            continue
+        regs = {f"R{int(load.group(1)) + k}" for k in range(4)}
+        mmas = 0
+        for step in range(1, len(body) + 1):
+            later = body[(at + step) % len(body)]
+            operands = re.sub(r"^(?:@!?U?P\w+\s+)?\S+\s*", "", later).split(",")
+            if set(re.findall(r"\bR\d+\b", ",".join(operands[1:]))) & regs:
+                break
+            mmas += "HMMA" in later
+        out.append(mmas)
+    return sorted(out)
+
+
 def report(name: str, kernel, weights_per_iter: int, dump: Path | None) -> dict:
     sass = cuobjdump(kernel, "-sass")
     res = cuobjdump(kernel, "-res-usage")
@@ -168,6 +191,9 @@ def report(name: str, kernel, weights_per_iter: int, dump: Path | None) -> dict:
         out["mmas_after_each_wide_load"] = after
         print(f"  the loop's {len(mma)} MMAs: how many follow each of its {len(wide)} 128-bit loads: {after} "
               "(few: the next trip starts by waiting for that load)")
+        out["mmas_between_each_wide_load_and_its_use"] = load_use_distances(body)
+        print(f"  MMAs between each 128-bit load and the first use of its registers: "
+              f"{out['mmas_between_each_wide_load_and_its_use']}")
     return out
 
 
@@ -201,6 +227,9 @@ def main() -> int:
     ap.add_argument("--smem-stages", type=int, default=0,
                     help="with --warp-mma: weights through Triton's shared-memory pipeline of this many stages "
                          "(KernelConfig.t1_smem_stages; 0: the register ring)")
+    ap.add_argument("--t1-max-registers", type=int, default=KernelConfig.t1_max_registers,
+                    help="with --warp-mma (T = 1): the launches' register cap (KernelConfig.t1_max_registers; 0: "
+                         "the compiler's choice)")
     ap.add_argument("--gw-max-registers", type=int, default=KernelConfig.gw_max_registers,
                     help="with --grouped: the register cap of the grouped launches (KernelConfig.gw_max_registers, "
                          "its default; 0: the compiler's choice)")
@@ -249,13 +278,13 @@ def main() -> int:
                              dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BK=a.block_k1, KSPLIT=g1,
                                   CHAINS=a.chains, COUNT=True, SWIGLU_LIMIT=0.0, HAS_BIAS=False, ACT=0, ALPHA=1.0,
                                   HAS_TOKEN_MASK=False, PDL=a.pdl, UNROLL=unroll1, BN1=a.block_n1,
-                                  SMEM_STAGES=a.smem_stages), 4 * g1, 1)
+                                  SMEM_STAGES=a.smem_stages), 4 * g1, 1, a.t1_max_registers or None)
         report("w13-warp-mma", w13, unroll1 * 2 * 32, a.dump)  # per loop trip: its half-steps of gate and up
         w2 = compile_kernel(kernels_t1.w2_t1_kernel, W2_T1_ARGS,
                             dict(H=a.hidden, INTER=a.intermediate, TOP_K=6, BN=a.block_n2, BK=a.block_k2, KSPLIT=g2,
                                  CHAINS=a.chains, HAS_TOKEN_MASK=False, HAS_BIAS=False,
                                  FUSE_FINALIZE=a.fuse_finalize, PDL=a.pdl, UNROLL=unroll2,
-                                 SMEM_STAGES=a.smem_stages), 4 * g2, 1)
+                                 SMEM_STAGES=a.smem_stages), 4 * g2, 1, a.t1_max_registers or None)
         report("w2-warp-mma", w2, unroll2 * (a.block_n2 // 64) * 32, a.dump)  # the trip's half-steps of each rep
         return 0
     w13 = compile_kernel(kernels.w13_swiglu_kernel, W13_ARGS,

@@ -20,6 +20,8 @@ Claims and how each can fail:
 * the loop trip length (``t1_unroll*``: 4, 12, 16 against the default 8) changes no bit: the same
   outputs and per-pick rows as the default (``torch.equal``), split == unsplit, at every
   geometry, and the launches really take it (the kernels' ``UNROLL`` argument);
+* the T = 1 launches' register cap (``t1_max_registers``, 128) changes no bit against uncapped
+  launches (hot, cold and straddling tokens, split == unsplit), and the launches take it;
 * the shared-memory pipeline (``t1_smem_stages``: 2 stages of 8 half-steps, 3 of 4) changes no
   bit against the register ring with the same trips, at T = 1 and in grouped steps of 5 and 12
   tokens, split == unsplit, and the launches take it (``SMEM_STAGES``);
@@ -392,6 +394,31 @@ def test_grouped_step_graph_replay_equals_eager() -> None:
         assert torch.equal(replayed, ex.forward(unsplit, x, w, ids))
         recount += torch.bincount(ids.flatten(), minlength=E)
     assert torch.equal(counter.counts[0], recount) and int(counter.tokens[0]) == 3 * t
+
+
+@pytest.mark.parametrize("name", list(GEOMETRIES))
+def test_register_cap_changes_no_bit(name: str, monkeypatch) -> None:
+    """``t1_max_registers`` (128 by default) changes how ptxas allocates registers and schedules
+    loads, not what is multiplied: on hot, cold and straddling tokens the outputs and per-pick
+    rows equal the uncapped launches' bit for bit, split == unsplit, and the T = 1 launches take
+    the cap (``maxnreg``) while the uncapped ones pass none."""
+    base, split0, _, _, hot, cold = _layers(name, _config(name, t1_max_registers=0))
+    ex, split, unsplit, _, _, _ = _layers(name, _config(name))
+    w13 = _LaunchArgs(kernels_t1.w13_t1_kernel)
+    w2 = _LaunchArgs(kernels_t1.w2_t1_kernel)
+    monkeypatch.setattr(kernels_t1, "w13_t1_kernel", w13)
+    monkeypatch.setattr(kernels_t1, "w2_t1_kernel", w2)
+    k = ex.top_k
+    for ids, w, x in _tokens(hot, cold, ex, 47):
+        expect = base.forward(split0, x, w, ids).clone()
+        assert "maxnreg" not in w13.kwargs and "maxnreg" not in w2.kwargs
+        routed = ((ids >= 0) & (ids < E)).view(-1)
+        expect_picks = base.workspace.pick_out[:k][routed].clone()
+        out = ex.forward(split, x, w, ids).clone()
+        assert w13.kwargs["maxnreg"] == w2.kwargs["maxnreg"] == KernelConfig.t1_max_registers == 128
+        assert torch.equal(out, expect)
+        assert torch.equal(ex.workspace.pick_out[:k][routed], expect_picks)
+        assert torch.equal(out, ex.forward(unsplit, x, w, ids))
 
 
 @pytest.mark.parametrize("smem", [(2, 8), (3, 4)], ids=lambda s: "stages{}-unroll{}".format(*s))

@@ -12,7 +12,8 @@ Claims and how each can fail:
 * the generated PTX has, per 32-bit word, the layout's decode (``kernels.word_decode_ptx``, the
   same text the tl.dot path uses) and one ``mma.sync.m16n8k16`` accumulating into chain ``word %
   chains``; its operand numbers match the constraint string (PTX: A 4, B 2, C/D 4 registers);
-* the loop trip length (``t1_unroll*``) is checked by name and shown by ``describe``.
+* the loop trip length (``t1_unroll*``) and the launches' register cap (``t1_max_registers``) are
+  checked by name and shown by ``describe``.
 """
 
 from __future__ import annotations
@@ -64,6 +65,18 @@ def test_loop_trip_length_is_checked(name: str, value: int) -> None:
 def test_loop_trip_length_is_described() -> None:
     assert "unroll8/8" in KernelConfig().describe()
     assert "unroll4/12" in KernelConfig(t1_unroll1=4, t1_unroll2=12).describe()
+
+
+@pytest.mark.parametrize("value", [16, 256, -8])
+def test_register_cap_is_checked(value: int) -> None:
+    with pytest.raises(ValueError, match=f"t1_max_registers {value} is not 0 .* or 32..255"):
+        KernelConfig(t1_max_registers=value)
+
+
+def test_register_cap_is_described() -> None:
+    assert "regs<=128" in KernelConfig().describe()
+    assert "unroll8/8 regs<=96" in KernelConfig(t1_max_registers=96).describe()
+    assert "unroll8/8 warp" in KernelConfig(t1_max_registers=0).describe()
 
 
 def test_not_on_cpu_or_under_the_interpreter(monkeypatch) -> None:

@@ -151,6 +151,13 @@ class KernelConfig:
     # (42.9 vs 45.1 us per all-HBM T=1 layer), 12 and 16 are slower (47.4, 55.8; BENCHMARKS.md).
     t1_unroll1: int = 8
     t1_unroll2: int = 8
+    # Register cap of the T = 1 warp-MMA launches (0: the compiler's choice). A T = 1 step has
+    # fewer programs than two per SM hold (DeepSeek-V4.1: 216 / 240 on 132 SMs), so two programs of
+    # two warpgroups must share an SM's 65,536 registers: 128 each. Given the cap, ptxas also keeps
+    # w2's weight loads further ahead of their use (it took 100 registers unasked and issued some
+    # loads 4 MMAs before their first use; at 128, 12 or more): on an H100 the 8-layer T = 1 step
+    # took 0.97-1.00x the uncapped one's time in four runs (BENCHMARKS.md, run TP). The same bits.
+    t1_max_registers: int = 128
     # Warp-MMA launches (T = 1 and grouped): 0 keeps four half-steps of weights in flight per
     # thread in registers (a ring); 2..4 hands the weight loads to Triton's software pipeline
     # instead, which copies them asynchronously into t1_smem_stages - 1 shared-memory stages of
@@ -231,7 +238,7 @@ class KernelConfig:
     ws_cold_programs: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("max_registers", "max_registers_large", "gw_max_registers"):
+        for name in ("max_registers", "max_registers_large", "gw_max_registers", "t1_max_registers"):
             cap = getattr(self, name)
             if cap and not 32 <= cap <= 255:   # ptxas' range for .maxnreg
                 raise ValueError(f"{name} {cap} is not 0 (the compiler's choice) or 32..255 registers")
@@ -271,6 +278,8 @@ class KernelConfig:
                 text += (f" T1-warp-mma{self.t1_warpgroups1}/{self.t1_warpgroups2}"
                          f"x{self.t1_chains1}/{self.t1_chains2}")
                 text += f" unroll{self.t1_unroll1}/{self.t1_unroll2}"
+                if self.t1_max_registers:
+                    text += f" regs<={self.t1_max_registers}"
                 if self.t1_smem_stages:
                     text += f" smem-stages{self.t1_smem_stages}"
                 if self.gw_max_tokens >= 2:
@@ -722,6 +731,7 @@ class TritonMxfp4Experts:
         # a slot holds at most T picks (a token picks an expert once)
         passes = 1 if cfg.gw_pass_loop else triton.cdiv(t, 8)
         gw_cap = dict(maxnreg=cfg.gw_max_registers) if cfg.gw_max_registers else {}
+        t1_cap = dict(maxnreg=cfg.t1_max_registers) if cfg.t1_max_registers else {}
         if g1:
             kernels_t1.w13_t1_kernel[(shape.intermediate // 64, k)](
                 x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX], ws.act,
@@ -731,7 +741,8 @@ class TritonMxfp4Experts:
                 H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BK=cfg.block_k1, KSPLIT=g1,
                 COUNT=count_in_kernel, CHAINS=cfg.t1_chains1,
                 HAS_TOKEN_MASK=token_mask is not None, UNROLL=cfg.t1_unroll1, BN1=cfg.block_n1,
-                SMEM_STAGES=cfg.t1_smem_stages, **act_args, num_warps=4 * g1, num_stages=1, **self._pdl_args())
+                SMEM_STAGES=cfg.t1_smem_stages, **act_args, num_warps=4 * g1, num_stages=1,
+                **t1_cap, **self._pdl_args())
         elif gw1:
             kernels_t1.w13_gw_kernel[(shape.intermediate // 64, max_slots, passes)](
                 x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX],
@@ -779,7 +790,7 @@ class TritonMxfp4Experts:
                 H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BN=cfg.block_n2, BK=cfg.block_k2,
                 KSPLIT=g2, CHAINS=cfg.t1_chains2, HAS_TOKEN_MASK=token_mask is not None,
                 HAS_BIAS=has_bias, UNROLL=cfg.t1_unroll2, SMEM_STAGES=cfg.t1_smem_stages,
-                num_warps=4 * g2, num_stages=1, **self._pdl_args())
+                num_warps=4 * g2, num_stages=1, **t1_cap, **self._pdl_args())
         elif gw2:
             kernels_t1.w2_gw_kernel[(shape.hidden // cfg.block_n2, max_slots, passes)](
                 ws.act, codes, w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX],

@@ -45,6 +45,9 @@
 #        H200 the same day (run SH call 2, bench/results/sh/: four programs per SM became its default).
 #        With today's default (ws_programs_per_sm 0: four on an H200's all-HBM layers) name the
 #        baseline explicitly: OCC_COMPARE="p2:ws_programs_per_sm=2;...".
+# t1cap: the T = 1 launches' register cap (KernelConfig.t1_max_registers, 128 by default since run TP,
+#        measured on H100s only: 0.97-1.00x the uncapped step) on the H200: 13 layers at T = 1 with
+#        the uncapped launches beside, then the cap's GPU test.
 #
 # Carries (ignored paths, copied onto the machine): .cache/whl (humming-kernels 0.1.19 and
 # nvidia-cuda-cccl 13.0.85 wheels from PyPI) and .cache/vsub/vllm (the unpacked vllm 0.33.0 wheel's
@@ -125,6 +128,13 @@ for part in "$@"; do
            echo "occ residency rc=$?"; cp /tmp/occ_gr/gpu_residency.md "$OUT/occ/" 2>/dev/null; tail -12 "$OUT/occ/res.log"
            timeout 200 python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_ws_grouped_gpu.py > "$OUT/occ/tests.log" 2>&1
            echo "occ tests rc=$?"; tail -3 "$OUT/occ/tests.log" ;;
-    *)     echo "unknown part: $part (tests, rows, sim, context, w2rows, ws, t1ws, dsrows, occ)"; exit 2 ;;
+    t1cap) timeout ${T1CAP_S:-200} python3 bench/gpu_residency.py --layers 13 --cold-layers 3 --tokens 1 \
+               --steps 1:300 --compare "nocap:t1_max_registers=0" --out /tmp/t1cap > "$OUT/t1cap.log" 2>&1
+           echo "t1cap rc=$?"; cp /tmp/t1cap/gpu_residency.md "$OUT/t1cap_residency13.md" 2>/dev/null
+           grep -E '^\{' "$OUT/t1cap.log"
+           timeout 150 python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_t1_warp_mma.py -k register_cap \
+               > "$OUT/t1cap_tests.log" 2>&1
+           echo "t1cap tests rc=$?"; tail -3 "$OUT/t1cap_tests.log" ;;
+    *)     echo "unknown part: $part (tests, rows, sim, context, w2rows, ws, t1ws, dsrows, occ, t1cap)"; exit 2 ;;
   esac
 done

@@ -385,6 +385,25 @@ def make_step(ex: TritonMxfp4Experts, layers: list[ResidentLayer], tokens: int, 
 COMPARED_CASES = ("all_hbm", "usage_aware")
 
 
+def timing_order(names: list[str]) -> list[str]:
+    """The order the cases of a step are timed in (reversed every other step): each compared case
+    (``case@label``) right after its own case, so a config and the one it is compared with always
+    neighbour each other and swap places from one step to the next; ``usage_counter`` right before
+    ``usage_aware`` (the counter's cost is their paired difference). With every compared case after
+    all the default ones, an H100 gave the T = 1 register cap 0.97-0.98x of the uncapped step where
+    the cap was the compared config and 1.00x where it was the default (BENCHMARKS.md, run TP)."""
+    compared = [n for n in names if "@" in n]
+    order: list[str] = []
+    for name in names:
+        if "@" in name or name == "usage_counter":
+            continue
+        if name == "usage_aware" and "usage_counter" in names:
+            order.append("usage_counter")
+        order.append(name)
+        order += [c for c in compared if c.split("@")[0] == name]
+    return order + [n for n in names if n not in order]
+
+
 def run_tokens(tokens, steps, ex, cases, cold_sets, p, k, per_expert, hbm_bw, pin_bw, counter, seed,
                compare=None):
     """``compare``: {label: experts of another config}; their all-HBM and usage-aware steps are
@@ -411,7 +430,7 @@ def run_tokens(tokens, steps, ex, cases, cold_sets, p, k, per_expert, hbm_bw, pi
 
     graphs["finalize_only"] = CapturedStep(fin_step, x, weights[0], ids[0])
     times = {case: [] for case in graphs}
-    order = list(graphs.items())
+    order = [(case, graphs[case]) for case in timing_order(list(graphs))]
     for s in range(steps):
         # Same routing for every case, timed one after another; the order flips every step so that
         # no case always follows the same neighbour (paired differences such as the counter's

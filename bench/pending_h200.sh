@@ -48,6 +48,9 @@
 # t1cap: the T = 1 launches' register cap (KernelConfig.t1_max_registers, 128 by default since run TP,
 #        measured on H100s only: 0.97-1.00x the uncapped step) on the H200: 13 layers at T = 1 with
 #        the uncapped launches beside, then the cap's GPU test.
+# t1fused: the one-launch T = 1 layer (KernelConfig.t1_fused, off; written 2026-12-06 and never run on
+#        a GPU): its GPU test first, under a timeout (a wait that never ends would show as rc 124),
+#        then 13 layers at T = 1 beside the two launches, and beside Humming.
 #
 # Carries (ignored paths, copied onto the machine): .cache/whl (humming-kernels 0.1.19 and
 # nvidia-cuda-cccl 13.0.85 wheels from PyPI) and .cache/vsub/vllm (the unpacked vllm 0.33.0 wheel's
@@ -135,6 +138,16 @@ for part in "$@"; do
            timeout 150 python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_t1_warp_mma.py -k register_cap \
                > "$OUT/t1cap_tests.log" 2>&1
            echo "t1cap tests rc=$?"; tail -3 "$OUT/t1cap_tests.log" ;;
-    *)     echo "unknown part: $part (tests, rows, sim, context, w2rows, ws, t1ws, dsrows, occ, t1cap)"; exit 2 ;;
+    t1fused) timeout ${T1FUSED_TEST_S:-200} python3 -m pytest -q -x -rfE -p no:cacheprovider tests/gpu/test_t1_warp_mma.py \
+               -k one_launch > "$OUT/t1fused_tests.log" 2>&1
+           echo "t1fused tests rc=$?"; tail -3 "$OUT/t1fused_tests.log"
+           timeout ${T1FUSED_S:-200} python3 bench/gpu_residency.py --layers 13 --cold-layers 3 --tokens 1 \
+               --steps 1:300 --compare "fused:t1_fused=1" --out /tmp/t1fused > "$OUT/t1fused.log" 2>&1
+           echo "t1fused rc=$?"; cp /tmp/t1fused/gpu_residency.md "$OUT/t1fused_residency13.md" 2>/dev/null
+           grep -E '^\{' "$OUT/t1fused.log"
+           timeout 150 python3 bench/peer_moe.py --peers humming --vllm-src "$VLLM_SRC" --tokens 1 --steps 1:60 \
+               --compare "fused:t1_fused=1" --out /tmp/t1fused_pm > "$OUT/t1fused_peer.log" 2>&1
+           echo "t1fused peer rc=$?"; tail -8 "$OUT/t1fused_peer.log" ;;
+    *)     echo "unknown part: $part (tests, rows, sim, context, w2rows, ws, t1ws, dsrows, occ, t1cap, t1fused)"; exit 2 ;;
   esac
 done

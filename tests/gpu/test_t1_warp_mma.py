@@ -22,6 +22,10 @@ Claims and how each can fail:
   geometry, and the launches really take it (the kernels' ``UNROLL`` argument);
 * the T = 1 launches' register cap (``t1_max_registers``, 128) changes no bit against uncapped
   launches (hot, cold and straddling tokens, split == unsplit), and the launches take it;
+* the one-launch T = 1 layer (``t1_fused``, off by default) gives the separate launches' output,
+  per-pick rows and counter bit for bit (hot, cold, straddling, skipped picks, a masked token),
+  split == unsplit, is the only expert launch, leaves its per-pick counts at zero, and replays in a
+  CUDA graph as eager;
 * the shared-memory pipeline (``t1_smem_stages``: 2 stages of 8 half-steps, 3 of 4) changes no
   bit against the register ring with the same trips, at T = 1 and in grouped steps of 5 and 12
   tokens, split == unsplit, and the launches take it (``SMEM_STAGES``);
@@ -420,6 +424,61 @@ def test_register_cap_changes_no_bit(name: str, monkeypatch) -> None:
         assert torch.equal(out, expect)
         assert torch.equal(ex.workspace.pick_out[:k], expect_picks)
         assert torch.equal(out, ex.forward(unsplit, x, w, ids))
+
+
+@pytest.mark.parametrize("name", list(GEOMETRIES))
+def test_one_launch_gives_the_separate_launches_bits(name: str, monkeypatch) -> None:
+    """``t1_fused``: the T = 1 layer in one launch (``kernels_t1.t1_fused_kernel``) runs the two
+    launches' arithmetic item by item, so on hot, cold and straddling tokens, a token with two
+    skipped picks (-1 and E) and a masked token its output, its per-pick rows of computed picks and
+    the counter equal the separate launches' bit for bit; split == unsplit; it is the only expert
+    launch; its per-pick counts are back at zero after every call (the next call's waits start from
+    them); and three layers captured in a CUDA graph replay with new routing as eager."""
+    base, split0, _, _, hot, cold = _layers(name, _config(name))
+    ex, split, unsplit, _, _, _ = _layers(name, _config(name, t1_fused=True))
+    k = ex.top_k
+    fused = _LaunchCount(kernels_t1.t1_fused_kernel)
+    separate = _record_t1_launches(monkeypatch)
+    monkeypatch.setattr(kernels_t1, "t1_fused_kernel", fused)
+    gen = torch.Generator(device=DEV).manual_seed(61)
+    steps = [(ids, w, x, None) for ids, w, x in _tokens(hot, cold, ex, 59)]
+    x = torch.randn(1, ex.shape.hidden, generator=gen, device=DEV).bfloat16()
+    w = torch.softmax(torch.randn(1, k, generator=gen, device=DEV), -1)
+    steps.append((torch.tensor([hot[:k - 2] + [-1, E]], device=DEV), w, x, None))
+    steps.append((torch.tensor([cold[:k]], device=DEV), w, x, torch.zeros(1, dtype=torch.int32, device=DEV)))
+    for ids, w, x, mask in steps:
+        c_base, c_ex = ExpertCounter([0], E, device=DEV), ExpertCounter([0], E, device=DEV)
+        expect = base.forward(split0, x, w, ids, counter=c_base, token_mask=mask).clone()
+        routed = ((ids >= 0) & (ids < E)).view(-1)
+        expect_picks = base.workspace.pick_out[:k][routed].clone()
+        calls = (fused.calls, separate[0].calls, separate[1].calls)
+        out = ex.forward(split, x, w, ids, counter=c_ex, token_mask=mask).clone()
+        assert (fused.calls, separate[0].calls, separate[1].calls) == (calls[0] + 1, calls[1], calls[2])
+        assert int(ex.split_scratch.t1_ready.abs().sum()) == 0
+        assert torch.equal(c_ex.counts, c_base.counts) and torch.equal(c_ex.tokens, c_base.tokens)
+        if mask is None:   # a masked token's output rows are unspecified
+            assert torch.equal(out, expect)
+            assert torch.equal(ex.workspace.pick_out[:k][routed], expect_picks)
+            assert torch.equal(out, ex.forward(unsplit, x, w, ids))
+    built = [_layers(name, _config(name, t1_fused=True), seed=s, layer_index=i) for i, s in enumerate((4, 5, 6))]
+    outs = [torch.empty(1, ex.shape.hidden, dtype=torch.bfloat16, device=DEV) for _ in built]
+
+    def step(xs, ws, idss):
+        for i, layer in enumerate(built):
+            layer[0].forward(layer[1], xs[i], ws[i], idss[i], out=outs[i])
+        return torch.stack(outs)
+
+    def routing():
+        ids = torch.stack([torch.randperm(E, generator=gen, device=DEV)[:k].view(1, k) for _ in built])
+        ws = torch.softmax(torch.randn(len(built), 1, k, generator=gen, device=DEV), -1)
+        return torch.randn(len(built), 1, ex.shape.hidden, generator=gen, device=DEV).bfloat16(), ws, ids
+
+    graph = CapturedStep(step, *routing())
+    for _ in range(3):
+        xs, ws, idss = routing()
+        replayed = graph.replay(xs, ws, idss).clone()
+        eager = torch.stack([layer[0].forward(layer[2], xs[i], ws[i], idss[i]) for i, layer in enumerate(built)])
+        assert torch.equal(replayed, eager)
 
 
 @pytest.mark.parametrize("smem", [(2, 8), (3, 4)], ids=lambda s: "stages{}-unroll{}".format(*s))

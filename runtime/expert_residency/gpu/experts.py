@@ -51,6 +51,7 @@ from .tile_rules import (
     WS_PROGRAMS_MEMORY_BOUND,
     check_compiled_block_m,
     peak_memory_bytes_per_s,
+    t1_fused_programs,
     ws_max_registers,
     ws_programs_for,
 )
@@ -158,6 +159,15 @@ class KernelConfig:
     # loads 4 MMAs before their first use; at 128, 12 or more): on an H100 the 8-layer T = 1 step
     # took 0.97-1.00x the uncapped one's time in four runs (BENCHMARKS.md, run TP). The same bits.
     t1_max_registers: int = 128
+    # T = 1 with the fused finalize and equal warpgroup counts: the layer in one launch
+    # (``kernels_t1.t1_fused_kernel``: the w13 items, then the w2 items, each pick's w2 tiles waiting
+    # on a count its w13 tiles raise), on as many programs as the GPU holds at once
+    # (``tile_rules.t1_fused_programs``; needs t1_max_registers). Meant to take off the second
+    # launch's hand-off and ramp, part of the ~13.5 us per layer that does not shrink with the bytes
+    # (BENCHMARKS.md, run TP). The separate launches' arithmetic, so their bits. Written 2026-12-06 and
+    # not yet run on a GPU: its GPU test and its timing (bench/pending_h200.sh t1fused) come first;
+    # off until then.
+    t1_fused: bool = False
     # Warp-MMA launches (T = 1 and grouped): 0 keeps four half-steps of weights in flight per
     # thread in registers (a ring); 2..4 hands the weight loads to Triton's software pipeline
     # instead, which copies them asynchronously into t1_smem_stages - 1 shared-memory stages of
@@ -252,6 +262,9 @@ class KernelConfig:
         for name in ("ws_loader_warps1", "ws_loader_warps2"):
             if getattr(self, name) not in (1, 2, 4):
                 raise ValueError(f"{name} {getattr(self, name)} is not 1, 2 or 4 loader warps")
+        if self.t1_fused and not self.t1_max_registers:
+            raise ValueError("t1_fused needs t1_max_registers (the register cap sets how many programs the GPU "
+                             "holds at once; 0 leaves it to the compiler)")
         if self.ws_cold_programs < 0:
             raise ValueError(f"ws_cold_programs {self.ws_cold_programs} is not a count of programs (0: every "
                              "program walks every item)")
@@ -280,6 +293,8 @@ class KernelConfig:
                 text += f" unroll{self.t1_unroll1}/{self.t1_unroll2}"
                 if self.t1_max_registers:
                     text += f" regs<={self.t1_max_registers}"
+                if self.t1_fused and self.fuse_finalize:
+                    text += " one-launch"
                 if self.t1_smem_stages:
                     text += f" smem-stages{self.t1_smem_stages}"
                 if self.gw_max_tokens >= 2:
@@ -416,6 +431,9 @@ class SplitScratch:
                                    dtype=torch.float32, device=dev)
         self.stream_tickets2 = torch.zeros(k * (shape.hidden // config.block_n2) if config.stream_k2 else 0,
                                            dtype=torch.int32, device=dev)
+        # The one-launch T = 1 layer's per-pick counts (t1_fused): w13 tiles stored, w2 tiles past
+        # their wait; zero between launches (the last w2 tile of a pick resets both).
+        self.t1_ready = torch.zeros(2 * k if config.t1_fused else 0, dtype=torch.int32, device=dev)
 
     @staticmethod
     def bytes_for(max_tokens: int, top_k: int, shape: ExpertShape, config: KernelConfig) -> int:
@@ -732,6 +750,21 @@ class TritonMxfp4Experts:
         passes = 1 if cfg.gw_pass_loop else triton.cdiv(t, 8)
         gw_cap = dict(maxnreg=cfg.gw_max_registers) if cfg.gw_max_registers else {}
         t1_cap = dict(maxnreg=cfg.t1_max_registers) if cfg.t1_max_registers else {}
+        if g1 and g1 == g2 and fin is not None and cfg.t1_fused and not cfg.t1_smem_stages:
+            nt13, nt2 = shape.intermediate // 64, shape.hidden // cfg.block_n2
+            fa = self._fused_finalize_args(fin, ws)
+            kernels_t1.t1_fused_kernel[(self._t1_fused_programs(g1, k * max(nt13, nt2)),)](
+                x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX], w2, s2w, cold[W2], cold[W2 + SCALE_SUFFIX],
+                ws.act, ws.pick_out, counts if count_in_kernel else ws.dummy_i64,
+                tokens if count_in_kernel else ws.dummy_i64, w13.stride(0), s13.stride(0), w2.stride(0),
+                s2w.stride(0), ids, mask_arg, self.num_experts, b13[0], b13[1],
+                b13[0].stride(0) if has_bias else 0, b2[0], b2[1], b2[0].stride(0) if has_bias else 0,
+                fa["weights_ptr"], fa["out_ptr"], fa["fin_ticket_ptr"], sc.t1_ready[:k], sc.t1_ready[k:],
+                H=shape.hidden, INTER=shape.intermediate, TOP_K=k, BK1=cfg.block_k1, BN2=cfg.block_n2,
+                BK2=cfg.block_k2, KSPLIT=g1, CHAINS1=cfg.t1_chains1, CHAINS2=cfg.t1_chains2, COUNT=count_in_kernel,
+                HAS_TOKEN_MASK=token_mask is not None, UNROLL1=cfg.t1_unroll1, UNROLL2=cfg.t1_unroll2,
+                BN1=cfg.block_n1, **act_args, num_warps=4 * g1, num_stages=1, **t1_cap, **self._pdl_args())
+            return
         if g1:
             kernels_t1.w13_t1_kernel[(shape.intermediate // 64, k)](
                 x, codes, w13, s13, cold[W13], cold[W13 + SCALE_SUFFIX], ws.act,
@@ -825,6 +858,13 @@ class TritonMxfp4Experts:
                 # T=1 fused finalize: the token's weights, the output row, one ticket per row tile
                 # (the w2 split tickets, unused when w2 is unsplit; every launch leaves them at zero)
                 **self._fused_finalize_args(fin, ws))
+
+    def _t1_fused_programs(self, warpgroups: int, items: int) -> int:
+        """``tile_rules.t1_fused_programs`` for this device and config."""
+        props = torch.cuda.get_device_properties(self.device)
+        return t1_fused_programs(props.multi_processor_count, getattr(props, "regs_per_multiprocessor", 65536),
+                                 getattr(props, "max_threads_per_multi_processor", 2048),
+                                 self.config.t1_max_registers, warpgroups, items)
 
     def _gw_max_tokens(self) -> int:
         """The largest grouped step the warp-MMA grouped kernels take: below ws_min_tokens where the

@@ -213,10 +213,26 @@ def _thread_offsets(KSPLIT: tl.constexpr, x_row):
 
 
 @triton.jit
+def _wait_until(ptr, target):
+    """Spin until the int32 at ``ptr`` reaches ``target``: polled with volatile loads and a short
+    sleep between polls (an acquire load invalidates the SM's L1, where co-resident programs keep
+    their input row, so it is not what polls), then one acquire load (GPU scope: what was stored
+    before the releases that raised the count is visible after)."""
+    while tl.load(ptr, volatile=True) < target:
+        tl.inline_asm_elementwise("nanosleep.u32 64;\nmov.u32 $0, 0;", "=r,r", [target], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+    # The acquire, once (a loop so that its value is used: the count only grows until every w2 tile
+    # of the pick, this one included, is past its wait).
+    while tl.atomic_add(ptr, 0, sem="acquire", scope="gpu") < target:
+        pass
+
+
+@triton.jit
 def _warp_mma_rows(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES: tl.constexpr, BH: tl.constexpr,
                    STEP_W: tl.constexpr, STEP_S: tl.constexpr, KSPLIT: tl.constexpr, TWO: tl.constexpr,
                    CHAINS: tl.constexpr, PDL_AFTER_PROLOGUE: tl.constexpr = False, UNROLL: tl.constexpr = 8,
-                   x_row=0, SMEM_STAGES: tl.constexpr = 0):
+                   x_row=0, SMEM_STAGES: tl.constexpr = 0, ready_ptr=0, ready_target=0,
+                   WAIT_READY: tl.constexpr = False):
     """fp32 fragments ``[128, 4]`` (thread ``t`` of the tile's warpgroup, accumulator element
     ``j``: row ``16 * (t // 32) + (t % 32) // 4 + 8 * (j // 2)`` of the rep, the token in every
     column) of stream A (and B) times the input row over ``HALVES`` K half-steps, the
@@ -229,7 +245,9 @@ def _warp_mma_rows(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES: tl.const
     (0: the register ring below): the weights instead reach the MMAs through Triton's software
     pipeline, ``SMEM_STAGES`` shared-memory stages of ``UNROLL`` half-steps each (asynchronous
     copies, ``SMEM_STAGES - 1`` loop trips ahead), the input row through plain loads; the same
-    MMAs in the same order, so the same bits."""
+    MMAs in the same order, so the same bits. ``WAIT_READY``: after the first four half-steps'
+    weight loads are issued, wait until the int32 at ``ready_ptr`` reaches ``ready_target``
+    (``_wait_until``) before the input row is read (``t1_fused_kernel``'s w2 items)."""
     if SMEM_STAGES > 0:
         return _warp_mma_rows_pipelined(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES, BH, STEP_W, STEP_S,
                                         KSPLIT, TWO, CHAINS, PDL_AFTER_PROLOGUE, UNROLL, x_row, SMEM_STAGES)
@@ -250,6 +268,8 @@ def _warp_mma_rows(x_pairs, w_base, s_base, a_w, b_w, a_s, b_s, HALVES: tl.const
     w3a, s3a, w3b, s3b = _fetch(w_base, s_base, tl.minimum(3, LAST) * KSPLIT + grp, a_w, b_w, a_s, b_s, w_off,
                                 s_off, BH, STEP_W, STEP_S, TWO)
     _pdl_enter(PDL_AFTER_PROLOGUE)
+    if WAIT_READY:
+        _wait_until(ready_ptr, ready_target)
     # UNROLL half-steps per loop trip. ptxas issues the refills that the next trip consumes
     # (loop-carried) after the trip's last MMA, so each trip starts by waiting for them; the
     # refills consumed later in the same trip it issues early. Longer trips make that wait rarer.
@@ -387,6 +407,19 @@ def w13_t1_kernel(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr
     if COUNT:
         if pid_n == 0:
             tl.atomic_add(counts_ptr + expert, 1)
+    _w13_t1_tile(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, act_ptr, w_expert_stride,
+                 s_expert_stride, hot_b_ptr, cold_b_ptr, b_expert_stride, expert, slot, pid_n, H, INTER, BK, KSPLIT,
+                 CHAINS, SWIGLU_LIMIT, HAS_BIAS, ACT, ALPHA, UNROLL, BN1, SMEM_STAGES)
+
+
+@triton.jit
+def _w13_t1_tile(x_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, act_ptr, w_expert_stride,
+                 s_expert_stride, hot_b_ptr, cold_b_ptr, b_expert_stride, expert, slot, pid_n, H: tl.constexpr,
+                 INTER: tl.constexpr, BK: tl.constexpr, KSPLIT: tl.constexpr, CHAINS: tl.constexpr,
+                 SWIGLU_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, ALPHA: tl.constexpr,
+                 UNROLL: tl.constexpr, BN1: tl.constexpr, SMEM_STAGES: tl.constexpr):
+    """``w13_t1_kernel``'s work for one computed pick (``slot``, expert ``expert``) and 64-row tile
+    ``pid_n``: the activation rows, stored."""
     i32 = tl.pointer_type(tl.int32)
     w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride).to(i32)
     s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride).to(i32)
@@ -441,33 +474,110 @@ def w2_t1_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_pt
         if ok == 0:
             return
     if ok:
-        i32 = tl.pointer_type(tl.int32)
-        w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride).to(i32)
-        s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride).to(i32)
-        NK: tl.constexpr = INTER // BK
-        BH: tl.constexpr = BK // 64
-        STEP_W: tl.constexpr = BN * BK // 8
-        STEP_S: tl.constexpr = BN * BK // 128
-        a_w = pid_n * NK * STEP_W
-        a_s = pid_n * NK * STEP_S
-        # rep 1 of a 128-row tile: the blocks after rep 0's BH blocks of each K step
-        acc0, acc1 = _warp_mma_rows(act_ptr.to(i32) + slot * (INTER // 2), w_base, s_base, a_w,
-                                    a_w + BH * _BLOCK_WORDS, a_s, a_s + BH * _BLOCK_SCALE_WORDS, NK * BH, BH,
-                                    STEP_W, STEP_S, KSPLIT, BN == 128, CHAINS, PDL, UNROLL,
-                                    SMEM_STAGES=SMEM_STAGES)
-        rows, keep = _fragment_rows()
-        rows += pid_n * BN
-        if HAS_BIAS:
-            b_base = _expert_base(codes_ptr, expert, hot_b_ptr, cold_b_ptr, b_expert_stride)
-            acc0 += tl.load(b_base + rows).to(tl.float32)
-            if BN == 128:
-                acc1 += tl.load(b_base + rows + 64).to(tl.float32)
-        tl.store(y_ptr + slot * H + rows, acc0.to(tl.bfloat16), mask=keep)
-        if BN == 128:
-            tl.store(y_ptr + slot * H + rows + 64, acc1.to(tl.bfloat16), mask=keep)
+        _w2_t1_tile(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, y_ptr, w_expert_stride,
+                    s_expert_stride, hot_b_ptr, cold_b_ptr, b_expert_stride, expert, slot, pid_n, H, INTER, BN, BK,
+                    KSPLIT, CHAINS, HAS_BIAS, PDL, UNROLL, SMEM_STAGES)
     if FUSE_FINALIZE:
         if _last_of_split(fin_ticket_ptr + pid_n, TOP_K):
             _finalize_rows(y_ptr, weights_ptr, ids_ptr, out_ptr, pid_n * BN + tl.arange(0, BN), E, H, TOP_K, BN)
+
+
+@triton.jit
+def t1_fused_kernel(x_ptr, codes_ptr, hot13_w_ptr, hot13_s_ptr, cold13_w_ptr, cold13_s_ptr,
+                    hot2_w_ptr, hot2_s_ptr, cold2_w_ptr, cold2_s_ptr, act_ptr, y_ptr, counts_ptr, tokens_ptr,
+                    w13_expert_stride, s13_expert_stride, w2_expert_stride, s2_expert_stride, ids_ptr,
+                    token_mask_ptr, E, hot13_b_ptr, cold13_b_ptr, b13_expert_stride, hot2_b_ptr, cold2_b_ptr,
+                    b2_expert_stride, weights_ptr, out_ptr, fin_ticket_ptr, ready_ptr, seen_ptr,
+                    H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, BK1: tl.constexpr,
+                    BN2: tl.constexpr, BK2: tl.constexpr, KSPLIT: tl.constexpr, CHAINS1: tl.constexpr,
+                    CHAINS2: tl.constexpr, COUNT: tl.constexpr, HAS_TOKEN_MASK: tl.constexpr = False,
+                    SWIGLU_LIMIT: tl.constexpr = 0.0, HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0,
+                    ALPHA: tl.constexpr = 1.0, PDL: tl.constexpr = False, UNROLL1: tl.constexpr = 8,
+                    UNROLL2: tl.constexpr = 8, BN1: tl.constexpr = 64):
+    """The T = 1 layer in one launch: ``w13_t1_kernel``'s (pick, 64-row tile) items, then
+    ``w2_t1_kernel``'s (pick, row tile) items with its fused finalize, walked ``num_programs`` apart by
+    a grid that fits the GPU at once (every program resident: a w2 item waits on other programs).
+
+    A w13 item stores its activation rows, then adds 1 to its pick's ``ready`` count (release,
+    after a barrier over the program's stores). A w2 item issues its first four half-steps of
+    weights, waits until its pick's count reaches ``INTER // 64`` (every tile of that pick's
+    activation row stored; ``_warp_mma_rows`` with ``WAIT_READY``) and goes on as ``w2_t1_kernel``
+    does; so a pick's w2 tiles start as soon as its own w13 tiles are done, with no launch between.
+    The last w2 item of a pick to pass its wait (a ``seen`` count) puts both counts back to 0 for
+    the next launch. Each item runs the separate kernels' arithmetic, so the bits are theirs. Skipped
+    picks (ids outside ``0..E-1``, masked tokens) are neither computed nor waited on; they take
+    their finalize tickets as in ``w2_t1_kernel``."""
+    _pdl_enter(PDL)
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    NT13: tl.constexpr = INTER // 64
+    NT2: tl.constexpr = H // BN2
+    for item in range(pid, NT13 * TOP_K, programs):
+        pid_n = item % NT13
+        slot = item // NT13
+        expert, ok = _one_token_pick(ids_ptr, token_mask_ptr, tokens_ptr, slot, E, item == 0, TOP_K,
+                                     HAS_TOKEN_MASK, COUNT)
+        if ok:
+            if COUNT:
+                if pid_n == 0:
+                    tl.atomic_add(counts_ptr + expert, 1)
+            _w13_t1_tile(x_ptr, codes_ptr, hot13_w_ptr, hot13_s_ptr, cold13_w_ptr, cold13_s_ptr, act_ptr,
+                         w13_expert_stride, s13_expert_stride, hot13_b_ptr, cold13_b_ptr, b13_expert_stride, expert,
+                         slot, pid_n, H, INTER, BK1, KSPLIT, CHAINS1, SWIGLU_LIMIT, HAS_BIAS, ACT, ALPHA, UNROLL1,
+                         BN1, 0)
+            tl.debug_barrier()   # every thread's stores of the tile before the release
+            tl.atomic_add(ready_ptr + slot, 1, sem="release", scope="gpu")
+    for item in range(pid, NT2 * TOP_K, programs):
+        pid_n = item % NT2
+        slot = item // NT2
+        expert, ok = _one_token_pick(ids_ptr, token_mask_ptr, ids_ptr, slot, E, False, TOP_K, HAS_TOKEN_MASK,
+                                     False)
+        if ok:
+            _w2_t1_tile(act_ptr, codes_ptr, hot2_w_ptr, hot2_s_ptr, cold2_w_ptr, cold2_s_ptr, y_ptr,
+                        w2_expert_stride, s2_expert_stride, hot2_b_ptr, cold2_b_ptr, b2_expert_stride, expert, slot,
+                        pid_n, H, INTER, BN2, BK2, KSPLIT, CHAINS2, HAS_BIAS, False, UNROLL2, 0,
+                        ready_ptr + slot, NT13, True)
+            if tl.atomic_add(seen_ptr + slot, 1, sem="relaxed", scope="gpu") == NT2 - 1:
+                tl.atomic_xchg(ready_ptr + slot, 0)   # every w2 tile of the pick is past its wait
+                tl.atomic_xchg(seen_ptr + slot, 0)
+        if _last_of_split(fin_ticket_ptr + pid_n, TOP_K):
+            _finalize_rows(y_ptr, weights_ptr, ids_ptr, out_ptr, pid_n * BN2 + tl.arange(0, BN2), E, H, TOP_K, BN2)
+
+
+@triton.jit
+def _w2_t1_tile(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, y_ptr, w_expert_stride,
+                s_expert_stride, hot_b_ptr, cold_b_ptr, b_expert_stride, expert, slot, pid_n, H: tl.constexpr,
+                INTER: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KSPLIT: tl.constexpr, CHAINS: tl.constexpr,
+                HAS_BIAS: tl.constexpr, PDL: tl.constexpr, UNROLL: tl.constexpr, SMEM_STAGES: tl.constexpr,
+                ready_ptr=0, ready_target=0, WAIT_READY: tl.constexpr = False):
+    """``w2_t1_kernel``'s work for one computed pick (``slot``, expert ``expert``) and row tile
+    ``pid_n``: its ``BN`` output rows, stored (``PDL`` / ``WAIT_READY``: the wait after the first
+    weight loads, ``_warp_mma_rows``)."""
+    i32 = tl.pointer_type(tl.int32)
+    w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride).to(i32)
+    s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride).to(i32)
+    NK: tl.constexpr = INTER // BK
+    BH: tl.constexpr = BK // 64
+    STEP_W: tl.constexpr = BN * BK // 8
+    STEP_S: tl.constexpr = BN * BK // 128
+    a_w = pid_n * NK * STEP_W
+    a_s = pid_n * NK * STEP_S
+    # rep 1 of a 128-row tile: the blocks after rep 0's BH blocks of each K step
+    acc0, acc1 = _warp_mma_rows(act_ptr.to(i32) + slot * (INTER // 2), w_base, s_base, a_w,
+                                a_w + BH * _BLOCK_WORDS, a_s, a_s + BH * _BLOCK_SCALE_WORDS, NK * BH, BH,
+                                STEP_W, STEP_S, KSPLIT, BN == 128, CHAINS, PDL, UNROLL,
+                                SMEM_STAGES=SMEM_STAGES, ready_ptr=ready_ptr, ready_target=ready_target,
+                                WAIT_READY=WAIT_READY)
+    rows, keep = _fragment_rows()
+    rows += pid_n * BN
+    if HAS_BIAS:
+        b_base = _expert_base(codes_ptr, expert, hot_b_ptr, cold_b_ptr, b_expert_stride)
+        acc0 += tl.load(b_base + rows).to(tl.float32)
+        if BN == 128:
+            acc1 += tl.load(b_base + rows + 64).to(tl.float32)
+    tl.store(y_ptr + slot * H + rows, acc0.to(tl.bfloat16), mask=keep)
+    if BN == 128:
+        tl.store(y_ptr + slot * H + rows + 64, acc1.to(tl.bfloat16), mask=keep)
 
 
 # -- grouped steps (T >= 2): the same loops on up to eight picks of one expert per pass --------------

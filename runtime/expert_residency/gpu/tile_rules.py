@@ -100,3 +100,22 @@ def ws_programs_for(peak_bytes_per_s: float, sms: int) -> int:
     if peak_bytes_per_s / sms > WS_FOUR_PROGRAMS_ABOVE_BYTES_PER_S_PER_SM:
         return WS_PROGRAMS_INSTRUCTION_BOUND
     return WS_PROGRAMS_MEMORY_BOUND
+
+
+def t1_fused_programs(sms: int, registers_per_sm: int, threads_per_sm: int, max_registers: int,
+                      warpgroups: int, items: int) -> int:
+    """Programs of the one-launch T = 1 layer (``kernels_t1.t1_fused_kernel``): as many as the GPU
+    holds at once — its w2 items wait on other programs' w13 items, so every program must be
+    resident — and no more than the larger of its two item lists. A program of ``warpgroups``
+    warpgroups (128 threads each) under a register cap of ``max_registers`` per thread takes
+    ``max_registers * 128 * warpgroups`` of an SM's ``registers_per_sm`` (the cap, not what ptxas
+    happens to use: the count must hold whatever the compiler does)."""
+    if min(sms, registers_per_sm, threads_per_sm, max_registers, warpgroups, items) <= 0:
+        raise ValueError("t1_fused_programs: every figure must be positive (a register cap of 0 leaves the "
+                         "programs per SM unknown)")
+    threads = 128 * warpgroups
+    per_sm = min(registers_per_sm // (max_registers * threads), threads_per_sm // threads)
+    if per_sm < 1:
+        raise ValueError(f"t1_fused_programs: a program of {threads} threads at {max_registers} registers does not "
+                         f"fit an SM of {registers_per_sm} registers")
+    return min(sms * per_sm, items)

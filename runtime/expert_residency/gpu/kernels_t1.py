@@ -545,6 +545,18 @@ def t1_fused_kernel(x_ptr, codes_ptr, hot13_w_ptr, hot13_s_ptr, cold13_w_ptr, co
 
 
 @triton.jit
+def _w2_tile_words(codes_ptr, expert, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, w_expert_stride,
+                   s_expert_stride, pid_n, NK: tl.constexpr, STEP_W: tl.constexpr, STEP_S: tl.constexpr):
+    """A w2 row tile's weights: ``expert``'s weight and scale bases in the bank the row map names
+    (int32 pointers) and the tile's first weight and scale words after them (``NK`` K steps of
+    ``STEP_W`` / ``STEP_S`` words per tile row)."""
+    i32 = tl.pointer_type(tl.int32)
+    w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride).to(i32)
+    s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride).to(i32)
+    return w_base, s_base, pid_n * NK * STEP_W, pid_n * NK * STEP_S
+
+
+@triton.jit
 def _w2_t1_tile(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr, y_ptr, w_expert_stride,
                 s_expert_stride, hot_b_ptr, cold_b_ptr, b_expert_stride, expert, slot, pid_n, H: tl.constexpr,
                 INTER: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KSPLIT: tl.constexpr, CHAINS: tl.constexpr,
@@ -554,14 +566,12 @@ def _w2_t1_tile(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr
     ``pid_n``: its ``BN`` output rows, stored (``PDL`` / ``WAIT_READY``: the wait after the first
     weight loads, ``_warp_mma_rows``)."""
     i32 = tl.pointer_type(tl.int32)
-    w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride).to(i32)
-    s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride).to(i32)
     NK: tl.constexpr = INTER // BK
     BH: tl.constexpr = BK // 64
     STEP_W: tl.constexpr = BN * BK // 8
     STEP_S: tl.constexpr = BN * BK // 128
-    a_w = pid_n * NK * STEP_W
-    a_s = pid_n * NK * STEP_S
+    w_base, s_base, a_w, a_s = _w2_tile_words(codes_ptr, expert, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
+                                              w_expert_stride, s_expert_stride, pid_n, NK, STEP_W, STEP_S)
     # rep 1 of a 128-row tile: the blocks after rep 0's BH blocks of each K step
     acc0, acc1 = _warp_mma_rows(act_ptr.to(i32) + slot * (INTER // 2), w_base, s_base, a_w,
                                 a_w + BH * _BLOCK_WORDS, a_s, a_s + BH * _BLOCK_SCALE_WORDS, NK * BH, BH,
@@ -719,15 +729,12 @@ def w2_gw_kernel(act_ptr, codes_ptr, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_pt
     expert, start, m0, end = _gw_slot(slot_start_ptr, slot_expert_ptr, num_slots_ptr, slot, tl.program_id(2))
     if m0 >= end:
         return
-    i32 = tl.pointer_type(tl.int32)
-    w_base = _expert_base(codes_ptr, expert, hot_w_ptr, cold_w_ptr, w_expert_stride).to(i32)
-    s_base = _expert_base(codes_ptr, expert, hot_s_ptr, cold_s_ptr, s_expert_stride).to(i32)
     NK: tl.constexpr = INTER // BK
     BH: tl.constexpr = BK // 64
     STEP_W: tl.constexpr = BN * BK // 8
     STEP_S: tl.constexpr = BN * BK // 128
-    a_w = pid_n * NK * STEP_W
-    a_s = pid_n * NK * STEP_S
+    w_base, s_base, a_w, a_s = _w2_tile_words(codes_ptr, expert, hot_w_ptr, hot_s_ptr, cold_w_ptr, cold_s_ptr,
+                                              w_expert_stride, s_expert_stride, pid_n, NK, STEP_W, STEP_S)
     rows, _ = _fragment_rows()
     rows += pid_n * BN
     if PASS_LOOP:

@@ -859,12 +859,17 @@ class TritonMxfp4Experts:
                 # (the w2 split tickets, unused when w2 is unsplit; every launch leaves them at zero)
                 **self._fused_finalize_args(fin, ws))
 
+    @functools.cached_property
+    def _sm_resources(self) -> tuple[int, int, int]:
+        """The device's SMs, and the registers and threads one SM holds (CUDA's device properties;
+        Hopper's 65,536 and 2,048 where torch does not report them)."""
+        props = torch.cuda.get_device_properties(self.device)
+        return (props.multi_processor_count, getattr(props, "regs_per_multiprocessor", 65536),
+                getattr(props, "max_threads_per_multi_processor", 2048))
+
     def _t1_fused_programs(self, warpgroups: int, items: int) -> int:
         """``tile_rules.t1_fused_programs`` for this device and config."""
-        props = torch.cuda.get_device_properties(self.device)
-        return t1_fused_programs(props.multi_processor_count, getattr(props, "regs_per_multiprocessor", 65536),
-                                 getattr(props, "max_threads_per_multi_processor", 2048),
-                                 self.config.t1_max_registers, warpgroups, items)
+        return t1_fused_programs(*self._sm_resources, self.config.t1_max_registers, warpgroups, items)
 
     def _gw_max_tokens(self) -> int:
         """The largest grouped step the warp-MMA grouped kernels take: below ws_min_tokens where the

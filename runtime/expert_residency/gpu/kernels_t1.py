@@ -26,6 +26,10 @@ bit-identical to the unsplit one. The counter, the token mask, skipped picks (id
 ``fma(0, 0, acc)``), expert biases, both activations and the fused finalize behave exactly as in
 ``gpu.kernels``' T = 1 schedule, through the same helpers.
 
+``t1_fused_kernel`` (``KernelConfig.t1_fused``, off) runs a T = 1 layer's w13 and w2 items in one
+launch through the same per-tile helpers (``_w13_t1_tile``, ``_w2_t1_tile``), each pick's w2 tiles
+waiting on a count its w13 tiles raise.
+
 GPU only: Triton's interpreter cannot run inline PTX, so under ``TRITON_INTERPRET=1`` the launch
 logic takes ``gpu.kernels``' T = 1 schedule (``gpu.experts``).
 """

@@ -48,9 +48,12 @@
 # t1cap: the T = 1 launches' register cap (KernelConfig.t1_max_registers, 128 by default since run TP,
 #        measured on H100s only: 0.97-1.00x the uncapped step) on the H200: 13 layers at T = 1 with
 #        the uncapped launches beside, then the cap's GPU test.
-# t1fused: the one-launch T = 1 layer (KernelConfig.t1_fused, off; written 2026-12-06 and never run on
-#        a GPU): its GPU test first, under a timeout (a wait that never ends would show as rc 124),
-#        then 13 layers at T = 1 beside the two launches, and beside Humming.
+# t1fused: the one-launch T = 1 layer (KernelConfig.t1_fused, off): its GPU test first, under a timeout
+#        (a wait that never ends would show as rc 124), then 13 layers at T = 1 beside the two
+#        launches, and beside Humming. Run on an H100 on 2026-12-06 (BENCHMARKS.md, run OL: bits
+#        equal, 1.10-1.12x slower than the two launches).
+# LAYERS / COLD_LAYERS (13 / 3) set the residency step of t1cap and t1fused: 13 DeepSeek-V4.1 layers do
+# not fit an H100's 80 GB, 8 / 3 do.
 #
 # Carries (ignored paths, copied onto the machine): .cache/whl (humming-kernels 0.1.19 and
 # nvidia-cuda-cccl 13.0.85 wheels from PyPI) and .cache/vsub/vllm (the unpacked vllm 0.33.0 wheel's
@@ -131,7 +134,7 @@ for part in "$@"; do
            echo "occ residency rc=$?"; cp /tmp/occ_gr/gpu_residency.md "$OUT/occ/" 2>/dev/null; tail -12 "$OUT/occ/res.log"
            timeout 200 python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_ws_grouped_gpu.py > "$OUT/occ/tests.log" 2>&1
            echo "occ tests rc=$?"; tail -3 "$OUT/occ/tests.log" ;;
-    t1cap) timeout ${T1CAP_S:-200} python3 bench/gpu_residency.py --layers 13 --cold-layers 3 --tokens 1 \
+    t1cap) timeout ${T1CAP_S:-200} python3 bench/gpu_residency.py --layers ${LAYERS:-13} --cold-layers ${COLD_LAYERS:-3} --tokens 1 \
                --steps 1:300 --compare "nocap:t1_max_registers=0" --out /tmp/t1cap > "$OUT/t1cap.log" 2>&1
            echo "t1cap rc=$?"; cp /tmp/t1cap/gpu_residency.md "$OUT/t1cap_residency13.md" 2>/dev/null
            grep -E '^\{' "$OUT/t1cap.log"
@@ -141,7 +144,7 @@ for part in "$@"; do
     t1fused) timeout ${T1FUSED_TEST_S:-200} python3 -m pytest -q -x -rfE -p no:cacheprovider tests/gpu/test_t1_warp_mma.py \
                -k one_launch > "$OUT/t1fused_tests.log" 2>&1
            echo "t1fused tests rc=$?"; tail -3 "$OUT/t1fused_tests.log"
-           timeout ${T1FUSED_S:-200} python3 bench/gpu_residency.py --layers 13 --cold-layers 3 --tokens 1 \
+           timeout ${T1FUSED_S:-200} python3 bench/gpu_residency.py --layers ${LAYERS:-13} --cold-layers ${COLD_LAYERS:-3} --tokens 1 \
                --steps 1:300 --compare "fused:t1_fused=1" --out /tmp/t1fused > "$OUT/t1fused.log" 2>&1
            echo "t1fused rc=$?"; cp /tmp/t1fused/gpu_residency.md "$OUT/t1fused_residency13.md" 2>/dev/null
            grep -E '^\{' "$OUT/t1fused.log"

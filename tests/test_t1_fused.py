@@ -1,4 +1,5 @@
-"""The one-launch T = 1 layer (``KernelConfig.t1_fused``, off by default: not yet run on a GPU).
+"""The one-launch T = 1 layer (``KernelConfig.t1_fused``, off by default: 1.10-1.12x slower than the separate
+launches on an H100, BENCHMARKS.md run OL).
 
 Claims and how each can fail:
 * ``tile_rules.t1_fused_programs``: as many programs as the GPU holds at once under the register

@@ -164,9 +164,11 @@ class KernelConfig:
     # on a count its w13 tiles raise), on as many programs as the GPU holds at once
     # (``tile_rules.t1_fused_programs``; needs t1_max_registers). Meant to take off the second
     # launch's hand-off and ramp, part of the ~13.5 us per layer that does not shrink with the bytes
-    # (BENCHMARKS.md, run TP). The separate launches' arithmetic, so their bits. Written 2026-12-06 and
-    # not yet run on a GPU: its GPU test and its timing (bench/pending_h200.sh t1fused) come first;
-    # off until then.
+    # (BENCHMARKS.md, run TP). The separate launches' arithmetic, so their bits (GPU test passed on
+    # an H100). Off: 1.10-1.12x slower than the separate launches on an H100, with or without its
+    # wait (run OL: each w2 item is bound to the program that ran a w13 item, where separate
+    # launches let the hardware place w2's programs as SMs free). Not timed on an H200
+    # (bench/pending_h200.sh t1fused).
     t1_fused: bool = False
     # Warp-MMA launches (T = 1 and grouped): 0 keeps four half-steps of weights in flight per
     # thread in registers (a ring); 2..4 hands the weight loads to Triton's software pipeline
